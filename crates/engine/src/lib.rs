@@ -1,0 +1,1 @@
+//! engram-engine (placeholder while the crate is being written)

@@ -1,0 +1,1 @@
+//! engram-gguf (placeholder while the crate is being written)

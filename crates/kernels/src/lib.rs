@@ -1,0 +1,1 @@
+//! engram-kernels (placeholder while the crate is being written)

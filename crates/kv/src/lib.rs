@@ -1,0 +1,1 @@
+//! engram-kv (placeholder while the crate is being written)

@@ -1,0 +1,1 @@
+//! engram-model (placeholder while the crate is being written)

@@ -1,0 +1,1 @@
+//! engram-tokenizer (placeholder while the crate is being written)
