@@ -1,1 +1,21 @@
-//! engram-engine (placeholder while the crate is being written)
+//! # engram-engine — generation
+//!
+//! Turns a model and a KV store into text: sampling ([`Sampler`]), stop
+//! strings that never leak a partial match into a stream ([`StopMatcher`]),
+//! chunked prefill with bounded peak memory, and a generation loop that
+//! streams UTF-8-safe text ([`Generator`]).
+//!
+//! Architecture invariant: the engine owns sequences and their caches; the
+//! model stays immutable and shared, the KV store stays ignorant of text.
+
+mod error;
+mod generate;
+mod rng;
+mod sampling;
+mod stop;
+
+pub use error::EngineError;
+pub use generate::{FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
+pub use rng::Rng;
+pub use sampling::{Sampler, SamplingParams};
+pub use stop::StopMatcher;

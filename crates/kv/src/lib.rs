@@ -1,1 +1,30 @@
-//! engram-kv (placeholder while the crate is being written)
+//! # engram-kv — the KV store
+//!
+//! Keys and values live in fixed-size token blocks ([`Block`]): for every
+//! layer, keys and values in separate contiguous arrays laid out
+//! `[num_kv_heads][BLOCK_TOKENS][head_dim]`, so attention streams one head's
+//! keys without striding. A sequence's cache ([`SeqKv`]) is a table of
+//! refcounted blocks; sequences that start the same way share full blocks
+//! read-only, and a shared block is copied before it is written
+//! (copy-on-write via `Arc::make_mut`).
+//!
+//! Every byte of block storage is charged to a [`KvPool`] whose budget is
+//! hard: reserving room for new tokens fails with [`KvError::OutOfMemory`]
+//! instead of exceeding it, and a block returns its bytes when its last
+//! owner drops it.
+//!
+//! Architecture invariant: this crate knows the model only through
+//! [`engram_model::KvCache`] and the shape numbers; it knows nothing of
+//! requests, HTTP or tokenizers.
+
+mod block;
+mod error;
+mod format;
+mod pool;
+mod seq;
+
+pub use block::{Block, BLOCK_TOKENS};
+pub use error::KvError;
+pub use format::KvFormat;
+pub use pool::{KvLayout, KvPool};
+pub use seq::SeqKv;

@@ -1,1 +1,29 @@
-//! engram-model (placeholder while the crate is being written)
+//! # engram-model — model execution
+//!
+//! Loads Llama-family models (GGUF files and Hugging Face folders) and runs
+//! their forward pass on the CPU over caches owned by someone else.
+//!
+//! Main types: [`Model`] (immutable weights + tokenizer + fingerprint),
+//! [`SeqStep`] (one sequence's tokens in a batched step), [`KvCache`] (the
+//! interface the KV store implements for attention).
+//!
+//! Architecture invariant: this crate knows nothing about sessions, files of
+//! cached KV, HTTP or scheduling. It reads model files and computes.
+
+pub mod attention;
+pub mod config;
+pub mod error;
+pub mod forward;
+pub mod kv;
+pub mod load;
+pub mod model;
+pub mod ops;
+pub mod rope;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig, RopeConfig, RopeStyle};
+pub use error::{ModelError, Result};
+pub use forward::{Logits, SeqStep};
+pub use kv::{KvCache, KvChunk, KvData};
+pub use model::{Fingerprint, Model};
+pub use weights::{ModelWeights, Weight};

@@ -1,0 +1,15 @@
+//! Errors of the engine.
+
+/// Errors raised while generating.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] engram_model::ModelError),
+    #[error(transparent)]
+    Kv(#[from] engram_kv::KvError),
+    #[error(transparent)]
+    Tokenizer(#[from] engram_tokenizer::TokenizerError),
+    /// The request itself is unusable (empty prompt, too long, bad parameter).
+    #[error("{0}")]
+    BadRequest(String),
+}

@@ -1,0 +1,215 @@
+//! `Generator`: one sequence's generation loop over a model and a KV cache.
+//!
+//! ```text
+//!  cache:   [ reused prefix | new prompt tokens (chunked prefill) | generated ... ]
+//!  tokens:  what the cache holds, token for token (generated tokens are kept
+//!           as generated, never re-tokenized from text)
+//! ```
+//! Invariant: `tokens()` always equals the tokens whose keys and values the
+//! cache holds, in order; reuse only ever keeps a prefix of them.
+
+use std::time::Instant;
+
+use engram_kv::{KvPool, SeqKv};
+use engram_model::{Logits, Model, SeqStep};
+use engram_tokenizer::StreamDecoder;
+
+use crate::error::EngineError;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::stop::StopMatcher;
+
+/// Prompt tokens per forward call. Bounds peak activation memory (the FFN
+/// buffers are `chunk * ffn * 4` bytes each) while keeping matmuls wide
+/// enough to run at GEMM speed.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token or stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    /// The caller's callback asked to stop (client went away).
+    Cancelled,
+}
+
+impl FinishReason {
+    /// OpenAI's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Timings of one generation, in milliseconds.
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the cache instead of computed.
+    pub cached_tokens: usize,
+    pub prefill_ms: f64,
+    /// From the call to the first sampled token.
+    pub ttft_ms: f64,
+    pub decode_tokens: usize,
+    pub decode_ms: f64,
+}
+
+impl Timings {
+    /// Prefill throughput over computed tokens.
+    pub fn prefill_tok_s(&self) -> f64 {
+        (self.prompt_tokens - self.cached_tokens) as f64 / (self.prefill_ms / 1e3).max(1e-9)
+    }
+    /// Decode throughput (tokens after the first).
+    pub fn decode_tok_s(&self) -> f64 {
+        self.decode_tokens.saturating_sub(1) as f64 / (self.decode_ms / 1e3).max(1e-9)
+    }
+}
+
+/// The result of [`Generator::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub timings: Timings,
+}
+
+/// A sequence: its cache and the tokens in it.
+pub struct Generator<'m> {
+    model: &'m Model,
+    kv: SeqKv,
+    tokens: Vec<u32>,
+    prefill_chunk: usize,
+}
+
+impl<'m> Generator<'m> {
+    /// An empty sequence whose cache is charged to `pool`.
+    pub fn new(model: &'m Model, pool: &KvPool) -> Generator<'m> {
+        Generator { model, kv: SeqKv::new(pool), tokens: Vec::new(), prefill_chunk: DEFAULT_PREFILL_CHUNK }
+    }
+
+    /// Sets the prefill chunk (tokens per forward call), at least 1.
+    pub fn with_prefill_chunk(mut self, n: usize) -> Self {
+        self.prefill_chunk = n.max(1);
+        self
+    }
+
+    /// The tokens the cache holds.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The sequence's cache.
+    pub fn kv(&self) -> &SeqKv {
+        &self.kv
+    }
+
+    /// Drops cached tokens from `n` on.
+    pub fn truncate(&mut self, n: usize) {
+        self.kv.truncate(n);
+        self.tokens.truncate(n);
+    }
+
+    /// Appends `tokens` to the cache in chunks; returns the logits of every
+    /// token if `all`, else of the last one only.
+    pub fn feed(&mut self, tokens: &[u32], all: bool) -> Result<Vec<f32>, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::BadRequest("nothing to feed".into()));
+        }
+        let limit = self.model.config.max_positions;
+        if self.tokens.len() + tokens.len() > limit {
+            return Err(EngineError::BadRequest(format!(
+                "{} tokens exceed the model's context of {limit}",
+                self.tokens.len() + tokens.len()
+            )));
+        }
+        let mut out = Vec::new();
+        for (i, chunk) in tokens.chunks(self.prefill_chunk).enumerate() {
+            let last = (i + 1) * self.prefill_chunk >= tokens.len();
+            self.kv.reserve(chunk.len())?;
+            let want = if all { Logits::All } else if last { Logits::Last } else { Logits::None };
+            let mut step = [SeqStep { tokens: chunk, first_pos: self.tokens.len(), kv: &mut self.kv, logits: want }];
+            let logits = self.model.forward(&mut step)?.pop().unwrap_or_default();
+            self.tokens.extend_from_slice(chunk);
+            out.extend(logits);
+        }
+        Ok(out)
+    }
+
+    /// Generates a continuation of `prompt`, reusing the longest cached token
+    /// prefix. `on_text` receives streamed text (never a split UTF-8
+    /// character, never part of a stop string); returning `false` cancels.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &SamplingParams,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation, EngineError> {
+        params.validate()?;
+        if prompt.is_empty() {
+            return Err(EngineError::BadRequest("the prompt is empty".into()));
+        }
+        let start = Instant::now();
+        // Reuse: keep the common prefix, but always recompute at least the last
+        // prompt token, whose logits we need.
+        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        self.truncate(common);
+        let mut timings = Timings { prompt_tokens: prompt.len(), cached_tokens: common, ..Default::default() };
+        let mut logits = self.feed(&prompt[common..], false)?;
+        timings.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
+
+        let tok = &self.model.tokenizer;
+        let mut sampler = Sampler::new(params.clone());
+        if params.repetition_penalty != 1.0 || params.frequency_penalty != 0.0 || params.presence_penalty != 0.0 {
+            sampler.observe(prompt);
+        }
+        let mut decoder = StreamDecoder::new(tok, prompt);
+        let mut stops = StopMatcher::new(&params.stop);
+        let mut text = String::new();
+        let mut generated = Vec::new();
+        let decode_start = Instant::now();
+        let mut finish = FinishReason::Length;
+        let ctx = self.model.config.max_positions;
+        while generated.len() < params.max_tokens {
+            let t = sampler.sample(&mut logits);
+            if generated.is_empty() {
+                timings.ttft_ms = start.elapsed().as_secs_f64() * 1e3;
+            }
+            generated.push(t);
+            if (!params.ignore_eos && tok.is_stop_token(t)) || params.stop_token_ids.contains(&t) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            let piece = decoder.push(t)?;
+            let (release, stopped) = stops.push(&piece);
+            text.push_str(&release);
+            if !release.is_empty() && !on_text(&release) {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            if stopped {
+                finish = FinishReason::Stop;
+                break;
+            }
+            if generated.len() >= params.max_tokens || self.tokens.len() + 1 >= ctx {
+                break;
+            }
+            logits = self.feed(&[t], false)?;
+        }
+        if finish == FinishReason::Length {
+            let (release, _) = stops.push(&decoder.flush());
+            let rest = release + &stops.finish();
+            if !rest.is_empty() {
+                on_text(&rest);
+            }
+            text.push_str(&rest);
+        }
+        timings.decode_tokens = generated.len();
+        timings.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
+        Ok(Generation { text, tokens: generated, finish, timings })
+    }
+}

@@ -1,0 +1,106 @@
+//! Causal attention of a step's queries over a sequence's cached keys and
+//! values, read chunk by chunk from the KV store (flash-attention-style
+//! online softmax), so the cache is never gathered or expanded in full.
+//!
+//! Invariant: the result for a query depends only on the set of visible
+//! cached tokens and their chunking, not on how many other queries share the
+//! step, so prefilling in one chunk, several, or token by token agrees.
+
+use half::f16;
+
+use crate::kv::{KvCache, KvData};
+use crate::ops::{axpy, dot};
+
+/// What one attention task computes: the queries of one sequence for one KV head group.
+pub struct AttnTask<'a> {
+    pub kv: &'a dyn KvCache,
+    pub layer: usize,
+    /// Queries `[num_queries, num_heads * head_dim]` (already rotated).
+    pub q: &'a [f32],
+    pub num_queries: usize,
+    /// Position of the first query; query `t` sits at `first_pos + t`.
+    pub first_pos: usize,
+    pub kv_head: usize,
+    pub group: usize,
+    pub head_dim: usize,
+    pub num_heads: usize,
+}
+
+/// Returns `[num_queries, group, head_dim]` attention outputs for the task's heads.
+pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
+    let hd = t.head_dim;
+    let rows = t.num_queries * t.group;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0.0f32; rows];
+    let mut acc = vec![0.0f32; rows * hd];
+    let mut kbuf: Vec<f32> = Vec::new();
+    let mut vbuf: Vec<f32> = Vec::new();
+    let mut scores: Vec<f32> = Vec::new();
+    let q_width = t.num_heads * hd;
+    t.kv.for_each_chunk(t.layer, &mut |chunk| {
+        let off = t.kv_head * chunk.head_stride;
+        let n = chunk.len;
+        let keys = view(chunk.keys, off, n * hd, &mut kbuf);
+        let values = view(chunk.values, off, n * hd, &mut vbuf);
+        scores.resize(n, 0.0);
+        for qi in 0..t.num_queries {
+            let qpos = t.first_pos + qi;
+            if qpos < chunk.first_pos {
+                continue;
+            }
+            let visible = (qpos - chunk.first_pos + 1).min(n);
+            for j in 0..t.group {
+                let head = t.kv_head * t.group + j;
+                let q = &t.q[qi * q_width + head * hd..qi * q_width + (head + 1) * hd];
+                let mut mx = f32::NEG_INFINITY;
+                for i in 0..visible {
+                    let s = if chunk.mask.is_some_and(|mk| !mk[i]) {
+                        f32::NEG_INFINITY
+                    } else {
+                        dot(q, &keys[i * hd..(i + 1) * hd]) * scale
+                    };
+                    scores[i] = s;
+                    mx = mx.max(s);
+                }
+                if mx == f32::NEG_INFINITY {
+                    continue;
+                }
+                let r = qi * t.group + j;
+                let m_new = m[r].max(mx);
+                let corr = (m[r] - m_new).exp();
+                let a = &mut acc[r * hd..(r + 1) * hd];
+                if corr != 1.0 {
+                    l[r] *= corr;
+                    a.iter_mut().for_each(|x| *x *= corr);
+                }
+                for i in 0..visible {
+                    if scores[i] == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let p = (scores[i] - m_new).exp();
+                    l[r] += p;
+                    axpy(a, p, &values[i * hd..(i + 1) * hd]);
+                }
+                m[r] = m_new;
+            }
+        }
+    });
+    for r in 0..rows {
+        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+        acc[r * hd..(r + 1) * hd].iter_mut().for_each(|x| *x *= inv);
+    }
+    acc
+}
+
+/// Borrows f32 data in place, or converts f16 into `buf` (one block at a time).
+fn view<'a>(data: KvData<'a>, off: usize, len: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    match data {
+        KvData::F32(s) => &s[off..off + len],
+        KvData::F16(s) => {
+            buf.clear();
+            buf.extend(s[off..off + len].iter().map(|h: &f16| h.to_f32()));
+            buf
+        }
+    }
+}

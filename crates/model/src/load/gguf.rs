@@ -1,0 +1,207 @@
+//! GGUF files (v2/v3) as llama.cpp writes them: architecture `llama`,
+//! `mistral` or `qwen2`; tensors F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K used
+//! in place from the file mapping; the tokenizer and chat template from
+//! `tokenizer.ggml.*` metadata.
+//!
+//! NOTE: llama.cpp's converter permutes the rows of `attn_q` / `attn_k` for
+//! `llama`-family models so that RoPE rotates adjacent pairs; we keep the
+//! file as it is and rotate adjacent pairs (`RopeStyle::Interleaved`) rather
+//! than copying the weights back. `qwen2` files are not permuted (NEOX).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use engram_gguf::{GgufFile, TensorInfo};
+use engram_kernels::DType;
+use engram_tokenizer::{GgufVocab, Tokenizer};
+
+use super::Loaded;
+use crate::config::{Arch, ModelConfig, RopeConfig, RopeStyle};
+use crate::error::{config_err, tensor_err, ModelError, Result};
+use crate::weights::{LayerWeights, ModelWeights, Storage, Weight};
+
+/// Loads a GGUF model file.
+pub fn load_gguf(path: &Path) -> Result<Loaded> {
+    let file = GgufFile::open(path)?;
+    let label = path.display().to_string();
+    let arch_name = file.get_str("general.architecture")?;
+    let arch = Arch::parse(&arch_name).ok_or_else(|| ModelError::UnsupportedArch { file: label.clone(), arch: arch_name.clone() })?;
+    let config = parse_config(&file, arch, &arch_name, &label)?;
+    let tokenizer = Tokenizer::from_gguf_vocab(&read_vocab(&file)?)
+        .map_err(|e| config_err(&label, "tokenizer.ggml", e.to_string()))?;
+    // A second read-only mapping of the same file: the page cache shares the
+    // pages, and the weights then own their bytes independently of `file`.
+    let map = {
+        let fh = std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        // SAFETY: read-only mapping; see load::hf for the same reasoning.
+        Arc::new(unsafe { memmap2::Mmap::map(&fh) }.map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?)
+    };
+    let weights = build_weights(&config, &file, &map, &label)?;
+    let mut identity = Vec::new();
+    for (k, v) in &file.header().metadata {
+        identity.extend_from_slice(k.as_bytes());
+        identity.extend_from_slice(format!("{v:?}").as_bytes());
+    }
+    for t in &file.header().tensors {
+        identity.extend_from_slice(format!("{}:{:?}:{};", t.name, t.dims, t.ggml_type).as_bytes());
+        let d = file.tensor_data(t);
+        identity.extend_from_slice(&d[..d.len().min(64)]);
+    }
+    Ok(Loaded { config, weights, tokenizer, source: format!("gguf:{label}"), identity })
+}
+
+fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelConfig> {
+    let key = |k: &str| format!("{a}.{k}");
+    let hidden = f.get_u64(&key("embedding_length"))? as usize;
+    let num_heads = f.get_u64(&key("attention.head_count"))? as usize;
+    let num_kv_heads = f.get_u64_opt(&key("attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(num_heads);
+    let head_dim = match f.get_u64_opt(&key("attention.key_length"))? {
+        Some(h) => h as usize,
+        None if num_heads > 0 => hidden / num_heads,
+        None => 0,
+    };
+    let theta = f.get_f32_opt(&key("rope.freq_base"))?.unwrap_or(10000.0);
+    let mut inv_freq = RopeConfig::base_inv_freq(theta, head_dim);
+    let mut scaling = "none".to_string();
+    // Llama 3.1-style scaling arrives as per-pair divisors in the `rope_freqs.weight` tensor.
+    if let Some(t) = f.header().tensor("rope_freqs.weight") {
+        let factors = small_vector(f, t, label)?;
+        if factors.len() != inv_freq.len() {
+            return Err(tensor_err(label, "rope_freqs.weight", format!("{} factors, expected {}", factors.len(), inv_freq.len())));
+        }
+        for (fr, fac) in inv_freq.iter_mut().zip(&factors) {
+            *fr /= fac;
+        }
+        scaling = "rope_freqs".into();
+    } else if let Some(kind) = f.get_str_opt(&key("rope.scaling.type"))? {
+        match kind.as_str() {
+            "linear" => {
+                let factor = f.get_f32_opt(&key("rope.scaling.factor"))?.unwrap_or(1.0);
+                inv_freq.iter_mut().for_each(|x| *x /= factor);
+                scaling = format!("linear:{factor}");
+            }
+            "none" => {}
+            other => return Err(config_err(label, &key("rope.scaling.type"), format!("\"{other}\" is not supported (linear, none)"))),
+        }
+    }
+    let vocab = match f.get_u64_opt(&key("vocab_size"))? {
+        Some(v) => v as usize,
+        None => f
+            .header()
+            .tensor("token_embd.weight")
+            .and_then(|t| t.dims.get(1).copied())
+            .ok_or_else(|| tensor_err(label, "token_embd.weight", "missing"))? as usize,
+    };
+    let style = if arch == Arch::Qwen2 { RopeStyle::Neox } else { RopeStyle::Interleaved };
+    let config = ModelConfig {
+        arch,
+        hidden,
+        num_layers: f.get_u64(&key("block_count"))? as usize,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        ffn: f.get_u64(&key("feed_forward_length"))? as usize,
+        vocab,
+        rms_eps: f.get_f32_opt(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+        rope: RopeConfig { theta, style, inv_freq, scaling },
+        max_positions: f.get_u64_opt(&key("context_length"))?.map(|v| v as usize).unwrap_or(4096),
+        qkv_bias: f.header().tensor("blk.0.attn_q.bias").is_some(),
+        tied_embeddings: f.header().tensor("output.weight").is_none(),
+    };
+    config.validate(label)?;
+    Ok(config)
+}
+
+fn read_vocab(f: &GgufFile) -> Result<GgufVocab> {
+    let id = |k: &str| -> Result<Option<u32>> { Ok(f.get_u64_opt(k)?.map(|v| v as u32)) };
+    Ok(GgufVocab {
+        model: f.get_str("tokenizer.ggml.model")?,
+        pre: f.get_str_opt("tokenizer.ggml.pre")?,
+        tokens: f.get_str_array_opt("tokenizer.ggml.tokens")?.ok_or_else(|| {
+            config_err(&f.path().display().to_string(), "tokenizer.ggml.tokens", "missing (the file carries no tokenizer)")
+        })?,
+        scores: f.get_f32_array_opt("tokenizer.ggml.scores")?,
+        token_types: f.get_i32_array_opt("tokenizer.ggml.token_type")?,
+        merges: f.get_str_array_opt("tokenizer.ggml.merges")?,
+        bos_id: id("tokenizer.ggml.bos_token_id")?,
+        eos_id: id("tokenizer.ggml.eos_token_id")?,
+        eot_id: id("tokenizer.ggml.eot_token_id")?,
+        unk_id: id("tokenizer.ggml.unknown_token_id")?,
+        pad_id: id("tokenizer.ggml.padding_token_id")?,
+        add_bos: f.get_bool_opt("tokenizer.ggml.add_bos_token")?,
+        add_eos: f.get_bool_opt("tokenizer.ggml.add_eos_token")?,
+        chat_template: f.get_str_opt("tokenizer.chat_template")?,
+    })
+}
+
+fn dtype_of(t: &TensorInfo, label: &str) -> Result<DType> {
+    DType::from_ggml_type_id(t.ggml_type).ok_or_else(|| {
+        let name = engram_gguf::ggml_type(t.ggml_type).map(|g| g.name).unwrap_or("unknown");
+        tensor_err(label, &t.name, format!("type {name} (id {}) is not supported (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)", t.ggml_type))
+    })
+}
+
+fn small_vector(f: &GgufFile, t: &TensorInfo, label: &str) -> Result<Vec<f32>> {
+    let dtype = dtype_of(t, label)?;
+    let n: u64 = t.dims.iter().product();
+    let mut out = vec![0.0; n as usize];
+    let bytes = f.tensor_data(t);
+    if dtype.row_bytes(n as usize) != Some(bytes.len()) {
+        return Err(tensor_err(label, &t.name, "data size does not match its shape"));
+    }
+    engram_kernels::dequantize_row(dtype, bytes, &mut out);
+    Ok(out)
+}
+
+fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label: &str) -> Result<ModelWeights> {
+    let base = f.header().data_offset as usize;
+    let matrix = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
+        let t = f.header().tensor(name).ok_or_else(|| tensor_err(label, name, "missing"))?;
+        // GGUF lists dims innermost first: [cols, rows].
+        if t.dims.as_slice() != [cols as u64, rows as u64] {
+            return Err(tensor_err(label, name, format!("shape {:?}, expected [{cols}, {rows}]", t.dims)));
+        }
+        let start = base + t.offset as usize;
+        Weight::new(label, name, dtype_of(t, label)?, rows, cols, Storage::Mapped(map.clone(), start..start + t.n_bytes as usize))
+    };
+    let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
+        let t = f.header().tensor(name).ok_or_else(|| tensor_err(label, name, "missing"))?;
+        if t.dims.as_slice() != [len as u64] {
+            return Err(tensor_err(label, name, format!("shape {:?}, expected [{len}]", t.dims)));
+        }
+        small_vector(f, t, label)
+    };
+    let opt_vector = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        if f.header().tensor(name).is_some() {
+            Ok(Some(vector(name, len)?))
+        } else {
+            Ok(None)
+        }
+    };
+    let embed = matrix("token_embd.weight", c.vocab, c.hidden)?;
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for i in 0..c.num_layers {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        layers.push(LayerWeights {
+            attn_norm: vector(&n("attn_norm.weight"), c.hidden)?,
+            q: matrix(&n("attn_q.weight"), c.q_width(), c.hidden)?,
+            k: matrix(&n("attn_k.weight"), c.kv_width(), c.hidden)?,
+            v: matrix(&n("attn_v.weight"), c.kv_width(), c.hidden)?,
+            q_bias: opt_vector(&n("attn_q.bias"), c.q_width())?,
+            k_bias: opt_vector(&n("attn_k.bias"), c.kv_width())?,
+            v_bias: opt_vector(&n("attn_v.bias"), c.kv_width())?,
+            o: matrix(&n("attn_output.weight"), c.hidden, c.q_width())?,
+            ffn_norm: vector(&n("ffn_norm.weight"), c.hidden)?,
+            gate: matrix(&n("ffn_gate.weight"), c.ffn, c.hidden)?,
+            up: matrix(&n("ffn_up.weight"), c.ffn, c.hidden)?,
+            down: matrix(&n("ffn_down.weight"), c.hidden, c.ffn)?,
+        });
+    }
+    let final_norm = vector("output_norm.weight", c.hidden)?;
+    let output = if f.header().tensor("output.weight").is_some() {
+        matrix("output.weight", c.vocab, c.hidden)?
+    } else {
+        embed.clone()
+    };
+    Ok(ModelWeights { embed, layers, final_norm, output })
+}

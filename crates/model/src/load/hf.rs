@@ -1,0 +1,240 @@
+//! Hugging Face folders: `config.json`, `tokenizer.json` (+ config and chat
+//! template files, read by `engram-tokenizer`), and `model.safetensors` or a
+//! sharded `model.safetensors.index.json`. Tensors are memory-mapped and
+//! used in their stored dtype (f32, f16, bf16).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use engram_kernels::DType;
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+use serde_json::Value as Json;
+
+use super::Loaded;
+use crate::config::{Arch, Llama3Scaling, ModelConfig, RopeConfig, RopeStyle};
+use crate::error::{config_err, tensor_err, ModelError, Result};
+use crate::weights::{LayerWeights, ModelWeights, Storage, Weight};
+
+/// Loads a Hugging Face model folder.
+pub fn load_hf(dir: &Path) -> Result<Loaded> {
+    let config_path = dir.join("config.json");
+    let config_text = read(&config_path)?;
+    let file = config_path.display().to_string();
+    let json: Json = serde_json::from_str(&config_text).map_err(|e| config_err(&file, "(json)", e.to_string()))?;
+    let config = parse_config(&json, &file)?;
+    let tokenizer = engram_tokenizer::Tokenizer::from_hf_dir(dir)?;
+    let tensors = TensorSet::open(dir)?;
+    let weights = build_weights(&config, &tensors)?;
+    let mut identity = config_text.into_bytes();
+    identity.extend_from_slice(&tensors.identity);
+    Ok(Loaded { config, weights, tokenizer, source: format!("hf:{}", dir.display()), identity })
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })
+}
+
+fn get_usize(j: &Json, file: &str, key: &str) -> Result<Option<usize>> {
+    match j.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(|x| Some(x as usize))
+            .ok_or_else(|| config_err(file, key, format!("expected a non-negative integer, found {v}"))),
+    }
+}
+
+fn req_usize(j: &Json, file: &str, key: &str) -> Result<usize> {
+    get_usize(j, file, key)?.ok_or_else(|| config_err(file, key, "missing"))
+}
+
+fn get_f32(j: &Json, file: &str, key: &str) -> Result<Option<f32>> {
+    match j.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| config_err(file, key, format!("expected a number, found {v}"))),
+    }
+}
+
+/// Parses `config.json` (`file` names it in errors).
+pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
+    let model_type = j.get("model_type").and_then(|v| v.as_str()).unwrap_or("llama");
+    let arch = Arch::parse(model_type)
+        .ok_or_else(|| ModelError::UnsupportedArch { file: file.to_string(), arch: model_type.to_string() })?;
+    let hidden = req_usize(j, file, "hidden_size")?;
+    let num_heads = req_usize(j, file, "num_attention_heads")?;
+    let num_kv_heads = get_usize(j, file, "num_key_value_heads")?.unwrap_or(num_heads);
+    let head_dim = match get_usize(j, file, "head_dim")? {
+        Some(h) => h,
+        None if num_heads > 0 => hidden / num_heads,
+        None => 0,
+    };
+    let theta = get_f32(j, file, "rope_theta")?.unwrap_or(10000.0);
+    let mut inv_freq = RopeConfig::base_inv_freq(theta, head_dim);
+    let mut scaling = "none".to_string();
+    if let Some(rs) = j.get("rope_scaling").filter(|v| !v.is_null()) {
+        let kind = rs.get("rope_type").or_else(|| rs.get("type")).and_then(|v| v.as_str()).unwrap_or("");
+        let factor = get_f32(rs, file, "factor")?.unwrap_or(1.0);
+        match kind {
+            "llama3" => {
+                let s = Llama3Scaling {
+                    factor,
+                    low_freq_factor: get_f32(rs, file, "low_freq_factor")?.unwrap_or(1.0),
+                    high_freq_factor: get_f32(rs, file, "high_freq_factor")?.unwrap_or(4.0),
+                    original_max_position: get_f32(rs, file, "original_max_position_embeddings")?.unwrap_or(8192.0),
+                };
+                RopeConfig::apply_llama3(&mut inv_freq, s);
+                scaling = format!("llama3:{s:?}");
+            }
+            "linear" => {
+                inv_freq.iter_mut().for_each(|f| *f /= factor);
+                scaling = format!("linear:{factor}");
+            }
+            "default" | "" => {}
+            other => return Err(config_err(file, "rope_scaling.rope_type", format!("\"{other}\" is not supported (llama3, linear)"))),
+        }
+    }
+    let config = ModelConfig {
+        arch,
+        hidden,
+        num_layers: req_usize(j, file, "num_hidden_layers")?,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        ffn: req_usize(j, file, "intermediate_size")?,
+        vocab: req_usize(j, file, "vocab_size")?,
+        rms_eps: get_f32(j, file, "rms_norm_eps")?.unwrap_or(1e-6),
+        rope: RopeConfig { theta, style: RopeStyle::Neox, inv_freq, scaling },
+        max_positions: get_usize(j, file, "max_position_embeddings")?.unwrap_or(4096),
+        qkv_bias: arch == Arch::Qwen2 || j.get("attention_bias").and_then(|v| v.as_bool()).unwrap_or(false),
+        tied_embeddings: j.get("tie_word_embeddings").and_then(|v| v.as_bool()).unwrap_or(false),
+    };
+    config.validate(file)?;
+    Ok(config)
+}
+
+/// The union of the safetensors files of a folder, by tensor name.
+struct TensorSet {
+    /// name -> (file label, mapping, dtype, shape, byte range)
+    tensors: HashMap<String, (String, Arc<Mmap>, DType, Vec<usize>, std::ops::Range<usize>)>,
+    identity: Vec<u8>,
+}
+
+impl TensorSet {
+    fn open(dir: &Path) -> Result<TensorSet> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index.exists() {
+            let text = read(&index)?;
+            let file = index.display().to_string();
+            let j: Json = serde_json::from_str(&text).map_err(|e| config_err(&file, "(json)", e.to_string()))?;
+            let map = j.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| config_err(&file, "weight_map", "missing"))?;
+            let mut names: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_string)).collect();
+            names.sort();
+            names.dedup();
+            for n in &names {
+                if n.contains('/') || n.contains("..") {
+                    return Err(config_err(&file, "weight_map", format!("shard name \"{n}\" leaves the folder")));
+                }
+            }
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else {
+            return Err(ModelError::Io {
+                path: single,
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "missing (nor is there model.safetensors.index.json)"),
+            });
+        };
+        let mut set = TensorSet { tensors: HashMap::new(), identity: Vec::new() };
+        for path in files {
+            let f = std::fs::File::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+            // SAFETY: the mapping is read-only; a model file modified while mapped is the
+            // user's error, exactly as for llama.cpp and candle.
+            let map = Arc::new(unsafe { Mmap::map(&f) }.map_err(|source| ModelError::Io { path: path.clone(), source })?);
+            let label = path.display().to_string();
+            let st = SafeTensors::deserialize(&map).map_err(|e| tensor_err(&label, "(header)", e.to_string()))?;
+            let base = map.as_ptr() as usize;
+            let mut names: Vec<(String, safetensors::tensor::TensorView)> = st.tensors();
+            names.sort_by(|a, b| a.0.cmp(&b.0));
+            for (name, view) in names {
+                let dtype = match view.dtype() {
+                    safetensors::Dtype::F32 => DType::F32,
+                    safetensors::Dtype::F16 => DType::F16,
+                    safetensors::Dtype::BF16 => DType::BF16,
+                    other => return Err(tensor_err(&label, &name, format!("dtype {other:?} is not supported (f32, f16, bf16)"))),
+                };
+                let start = view.data().as_ptr() as usize - base;
+                let range = start..start + view.data().len();
+                set.identity.extend_from_slice(format!("{name}:{dtype:?}:{:?};", view.shape()).as_bytes());
+                // A content sample makes two fixtures of the same shape but different seeds differ.
+                let d = view.data();
+                set.identity.extend_from_slice(&d[..d.len().min(64)]);
+                set.tensors.insert(name, (label.clone(), map.clone(), dtype, view.shape().to_vec(), range));
+            }
+        }
+        Ok(set)
+    }
+
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Weight> {
+        let (file, map, dtype, have, range) = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| tensor_err("model.safetensors", name, "missing"))?;
+        if have.as_slice() != shape {
+            return Err(tensor_err(file, name, format!("shape {have:?}, expected {shape:?}")));
+        }
+        let (rows, cols) = match shape {
+            [n] => (1, *n),
+            [r, c] => (*r, *c),
+            _ => return Err(tensor_err(file, name, "expected a 1-D or 2-D tensor")),
+        };
+        Weight::new(file, name, *dtype, rows, cols, Storage::Mapped(map.clone(), range.clone()))
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        Ok(self.get(name, &[len])?.to_f32())
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+}
+
+fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
+    let embed = t.get("model.embed_tokens.weight", &[c.vocab, c.hidden])?;
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for i in 0..c.num_layers {
+        let p = format!("model.layers.{i}");
+        let bias = |n: &str, len: usize| -> Result<Option<Vec<f32>>> {
+            let name = format!("{p}.self_attn.{n}.bias");
+            if c.qkv_bias || t.has(&name) {
+                Ok(Some(t.vector(&name, len)?))
+            } else {
+                Ok(None)
+            }
+        };
+        layers.push(LayerWeights {
+            attn_norm: t.vector(&format!("{p}.input_layernorm.weight"), c.hidden)?,
+            q: t.get(&format!("{p}.self_attn.q_proj.weight"), &[c.q_width(), c.hidden])?,
+            k: t.get(&format!("{p}.self_attn.k_proj.weight"), &[c.kv_width(), c.hidden])?,
+            v: t.get(&format!("{p}.self_attn.v_proj.weight"), &[c.kv_width(), c.hidden])?,
+            q_bias: bias("q_proj", c.q_width())?,
+            k_bias: bias("k_proj", c.kv_width())?,
+            v_bias: bias("v_proj", c.kv_width())?,
+            o: t.get(&format!("{p}.self_attn.o_proj.weight"), &[c.hidden, c.q_width()])?,
+            ffn_norm: t.vector(&format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
+            gate: t.get(&format!("{p}.mlp.gate_proj.weight"), &[c.ffn, c.hidden])?,
+            up: t.get(&format!("{p}.mlp.up_proj.weight"), &[c.ffn, c.hidden])?,
+            down: t.get(&format!("{p}.mlp.down_proj.weight"), &[c.hidden, c.ffn])?,
+        });
+    }
+    let final_norm = t.vector("model.norm.weight", c.hidden)?;
+    let output = if t.has("lm_head.weight") {
+        t.get("lm_head.weight", &[c.vocab, c.hidden])?
+    } else {
+        embed.clone()
+    };
+    Ok(ModelWeights { embed, layers, final_norm, output })
+}

@@ -1,0 +1,128 @@
+//! Weight storage: every matrix is a byte range of a memory-mapped file (or an
+//! owned buffer) in its on-disk format, so F16 stays F16 and quantized
+//! weights are never expanded; the kernels read them in place.
+//!
+//! Invariant: a `Weight`'s byte length equals `rows * dtype.row_bytes(cols)`,
+//! checked when it is created.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use engram_kernels::{DType, WeightMatrix};
+use memmap2::Mmap;
+
+use crate::error::{tensor_err, Result};
+
+/// Where a weight's bytes live.
+#[derive(Clone)]
+pub enum Storage {
+    /// A range of a read-only file mapping shared by all tensors of that file.
+    Mapped(Arc<Mmap>, Range<usize>),
+    /// Bytes owned by the model (converted or generated tensors).
+    Owned(Arc<Vec<u8>>),
+}
+
+impl Storage {
+    /// The raw bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mapped(map, r) => &map[r.clone()],
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+/// A 2-D weight matrix `[rows = out features, cols = in features]`.
+#[derive(Clone)]
+pub struct Weight {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    storage: Storage,
+}
+
+impl Weight {
+    /// Wraps storage after checking its length against shape and format.
+    pub fn new(file: &str, name: &str, dtype: DType, rows: usize, cols: usize, storage: Storage) -> Result<Self> {
+        let row_bytes = dtype.row_bytes(cols).ok_or_else(|| {
+            tensor_err(file, name, format!("{cols} columns are not a whole number of {} blocks", dtype.name()))
+        })?;
+        let want = rows.checked_mul(row_bytes).ok_or_else(|| tensor_err(file, name, "size overflows"))?;
+        let have = storage.bytes().len();
+        if have != want {
+            return Err(tensor_err(file, name, format!("holds {have} bytes, shape [{rows}, {cols}] {} needs {want}", dtype.name())));
+        }
+        Ok(Weight { dtype, rows, cols, storage })
+    }
+
+    /// A kernel view of the whole matrix.
+    pub fn matrix(&self) -> WeightMatrix<'_> {
+        WeightMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, data: self.storage.bytes() }
+    }
+
+    /// Dequantizes row `r` into `out` (`cols` floats): used for embedding lookup.
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        let rb = self.dtype.row_bytes(self.cols).expect("validated at construction");
+        engram_kernels::dequantize_row(self.dtype, &self.storage.bytes()[r * rb..(r + 1) * rb], out);
+    }
+
+    /// All elements as f32 (for small tensors such as norms and biases).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        for r in 0..self.rows {
+            self.row_f32(r, &mut out[r * self.cols..(r + 1) * self.cols]);
+        }
+        out
+    }
+
+    /// Bytes of weight data.
+    pub fn num_bytes(&self) -> usize {
+        self.storage.bytes().len()
+    }
+}
+
+/// The tensors of one decoder layer.
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub q: Weight,
+    pub k: Weight,
+    pub v: Weight,
+    pub q_bias: Option<Vec<f32>>,
+    pub k_bias: Option<Vec<f32>>,
+    pub v_bias: Option<Vec<f32>>,
+    pub o: Weight,
+    pub ffn_norm: Vec<f32>,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+}
+
+/// All tensors of a model. The output matrix may be the embedding (tied).
+pub struct ModelWeights {
+    pub embed: Weight,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: Vec<f32>,
+    pub output: Weight,
+}
+
+impl ModelWeights {
+    /// Total bytes of weight data (the tied output is counted once).
+    pub fn num_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|w| w.num_bytes()).sum::<usize>())
+            .sum();
+        let out = if std::ptr::eq(self.output.storage.bytes().as_ptr(), self.embed.storage.bytes().as_ptr()) {
+            0
+        } else {
+            self.output.num_bytes()
+        };
+        self.embed.num_bytes() + layers + out
+    }
+
+    /// The dominant weight format (that of the first layer's q projection), for display.
+    pub fn main_dtype(&self) -> DType {
+        self.layers.first().map(|l| l.q.dtype).unwrap_or(self.embed.dtype)
+    }
+}
