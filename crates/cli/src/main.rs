@@ -1,1 +1,57 @@
-fn main() {}
+//! `engram`: the command-line entry point. Each subcommand lives in its own
+//! module; this file only parses arguments and dispatches.
+
+mod bench_speed;
+mod chat;
+mod common;
+mod fixture_cmd;
+mod generate;
+
+use clap::{Parser, Subcommand};
+
+/// Engram: an on-device LLM runtime that never prefills the same context twice.
+#[derive(Parser)]
+#[command(name = "engram", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a continuation of a prompt; prints only the generated text on stdout.
+    Generate(generate::Args),
+    /// Interactive chat with streaming output and per-turn timings.
+    Chat(chat::Args),
+    /// Write a deterministic random-weight model (HF folder + GGUF files).
+    Fixture(fixture_cmd::Args),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Prefill and decode tokens/s (512-token prompt, 128 decoded tokens).
+    Speed(bench_speed::Args),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ENGRAM_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Fixture(a) => fixture_cmd::run(a),
+        Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,144 @@
+//! Options and helpers shared by the subcommands: model loading, threads,
+//! sampling flags, the data directory and the default model.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use engram_engine::SamplingParams;
+use engram_fixture::{GgufFormat, Shape};
+use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_model::Model;
+
+/// Model, threads and cache flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A GGUF file or a Hugging Face folder. Default: the embedded fixture
+    /// model, generated on first use in the data directory.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Worker threads (default: physical cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// KV cache format: f16 or f32.
+    #[arg(long, default_value = "f16")]
+    pub kv_format: String,
+    /// KV cache RAM budget in MiB.
+    #[arg(long, default_value_t = 2048)]
+    pub kv_budget_mib: usize,
+    /// Where caches and the default model live (default: $ENGRAM_DATA_DIR or ~/.local/share/engram).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// Sampling flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    /// The engine's parameters.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            seed: self.seed,
+            max_tokens: self.max_tokens,
+            stop: self.stop.clone(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: self.ignore_eos,
+        }
+    }
+}
+
+/// Physical cores (distinct core ids in /proc/cpuinfo), else logical CPUs.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return logical };
+    let mut cores = std::collections::HashSet::new();
+    let mut phys = String::new();
+    for line in info.lines() {
+        if let Some(v) = line.strip_prefix("physical id") {
+            phys = v.trim_start_matches([' ', '\t', ':']).to_string();
+        } else if let Some(v) = line.strip_prefix("core id") {
+            cores.insert((phys.clone(), v.trim_start_matches([' ', '\t', ':']).to_string()));
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
+}
+
+/// The data directory.
+pub fn data_dir(arg: &Option<PathBuf>) -> PathBuf {
+    if let Some(d) = arg {
+        return d.clone();
+    }
+    if let Some(d) = std::env::var_os("ENGRAM_DATA_DIR") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("engram")
+}
+
+/// The embedded default model: the `tiny` fixture's Q8_0 GGUF, generated on first use.
+pub fn default_model(data: &Path) -> Result<PathBuf> {
+    let dir = data.join("models");
+    let files = engram_fixture::ensure(Shape::Tiny, &dir, &[GgufFormat::Q8_0], &mut |msg| eprintln!("[default model] {msg}"))
+        .context("generating the default model")?;
+    Ok(files.gguf(GgufFormat::Q8_0).expect("tiny fits q8_0").to_path_buf())
+}
+
+/// Sets threads and loads the model named by `args` (or the default).
+pub fn load_model(args: &ModelArgs) -> Result<Model> {
+    engram_kernels::set_num_threads(args.threads.unwrap_or_else(physical_cores).max(1));
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => default_model(&data_dir(&args.data_dir))?,
+    };
+    let t = Instant::now();
+    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    eprintln!("loaded {} in {:.0} ms ({} threads)", model.describe(), t.elapsed().as_secs_f64() * 1e3, engram_kernels::num_threads());
+    Ok(model)
+}
+
+/// A KV pool for `model` as the flags say.
+pub fn kv_pool(model: &Model, args: &ModelArgs) -> Result<KvPool> {
+    let format: KvFormat = args.kv_format.parse()?;
+    Ok(KvPool::new(KvLayout::of(&model.config), format, args.kv_budget_mib << 20))
+}
