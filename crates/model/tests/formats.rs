@@ -1,0 +1,48 @@
+//! The same weights through every loader: the HF folder (f32) against GGUF
+//! F16 / Q8_0 / Q4_0, within tolerances that reflect each format's rounding.
+
+mod common;
+
+use common::*;
+use engram_fixture::GgufFormat;
+use engram_model::Model;
+
+#[test]
+fn gguf_formats_track_the_f32_model() {
+    let hf = Model::load(&tiny_hf()).unwrap();
+    let ids = hf.tokenizer.encode(PROMPT, true).unwrap().ids;
+    let reference = all_logits(&hf, &ids);
+    // Tolerances: relative to the largest |logit|. F16 weights round each weight
+    // once (~5e-4); Q8_0 also quantizes activations to 8 bits; Q4_0 keeps 4 bits.
+    for (format, tol) in [(GgufFormat::F16, 5e-3), (GgufFormat::Q8_0, 3e-2), (GgufFormat::Q4_0, 0.25)] {
+        let m = Model::load(&tiny_gguf(format)).unwrap();
+        let gguf_ids = m.tokenizer.encode(PROMPT, true).unwrap().ids;
+        assert_eq!(gguf_ids, ids, "{format:?}: GGUF tokenizer disagrees with tokenizer.json");
+        let logits = all_logits(&m, &ids);
+        let err = rel_err(&logits, &reference);
+        eprintln!("{format:?}: max relative logit error {err:.2e}");
+        assert!(err < tol, "{format:?}: relative error {err} exceeds {tol}");
+    }
+}
+
+#[test]
+fn greedy_continuation_agrees_between_hf_and_f16_gguf() {
+    let hf = Model::load(&tiny_hf()).unwrap();
+    let f16 = Model::load(&tiny_gguf(GgufFormat::F16)).unwrap();
+    let ids = hf.tokenizer.encode(PROMPT, true).unwrap().ids;
+    let a = greedy(&hf, &ids, 16);
+    let b = greedy(&f16, &ids, 16);
+    let agree = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(agree >= 8, "F16 GGUF diverged from f32 after {agree} tokens: {a:?} vs {b:?}");
+}
+
+#[test]
+fn fingerprints_are_stable_and_distinguish_files() {
+    let a = Model::load(&tiny_hf()).unwrap();
+    let b = Model::load(&tiny_hf()).unwrap();
+    assert_eq!(a.fingerprint, b.fingerprint);
+    let q8 = Model::load(&tiny_gguf(GgufFormat::Q8_0)).unwrap();
+    let q4 = Model::load(&tiny_gguf(GgufFormat::Q4_0)).unwrap();
+    assert_ne!(a.fingerprint, q8.fingerprint);
+    assert_ne!(q8.fingerprint, q4.fingerprint);
+}
