@@ -29,13 +29,8 @@ pub fn load_gguf(path: &Path) -> Result<Loaded> {
     let config = parse_config(&file, arch, &arch_name, &label)?;
     let tokenizer = Tokenizer::from_gguf_vocab(&read_vocab(&file)?)
         .map_err(|e| config_err(&label, "tokenizer.ggml", e.to_string()))?;
-    // A second read-only mapping of the same file: the page cache shares the
-    // pages, and the weights then own their bytes independently of `file`.
-    let map = {
-        let fh = std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-        // SAFETY: read-only mapping; see load::hf for the same reasoning.
-        Arc::new(unsafe { memmap2::Mmap::map(&fh) }.map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?)
-    };
+    // The weights share the file's mapping, so they outlive `file`.
+    let map = file.mmap().clone();
     let weights = build_weights(&config, &file, &map, &label)?;
     let mut identity = Vec::new();
     for (k, v) in &file.header().metadata {
