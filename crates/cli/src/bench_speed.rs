@@ -45,7 +45,7 @@ pub fn run(a: Args) -> Result<()> {
         logits = gen.feed(&prompt[..1], false).unwrap_or(logits);
         let t = Instant::now();
         for _ in 0..a.decode_tokens {
-            let next = engram_engine_argmax(&logits);
+            let next = engram_engine::argmax(&logits);
             logits = gen.feed(&[next], false)?;
         }
         best_tg = best_tg.max(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
@@ -70,16 +70,6 @@ pub fn run(a: Args) -> Result<()> {
         println!("| {} | {} | {threads} | {best_pp:.1} | {best_tg:.1} |", model.source, model.weights.main_dtype().name());
     }
     Ok(())
-}
-
-fn engram_engine_argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Touches every weight page and runs a short step so timing excludes page faults and first-use costs.

@@ -17,5 +17,5 @@ mod stop;
 pub use error::EngineError;
 pub use generate::{FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
 pub use rng::Rng;
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{argmax, Sampler, SamplingParams};
 pub use stop::StopMatcher;

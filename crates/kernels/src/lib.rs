@@ -1,1 +1,33 @@
-//! engram-kernels (placeholder while the crate is being written)
+//! engram-kernels: the hot path of Engram — ggml-compatible quantized weight formats and the
+//! matmul kernels that consume them.
+//!
+//! * [`DType`] / [`WeightMatrix`]: byte-exact ggml block formats (F32, F16, BF16, Q8_0, Q4_0,
+//!   Q4_K, Q6_K) viewed in place (e.g. straight out of an mmapped GGUF).
+//! * [`quantize`] / [`dequantize_row`]: conversion to and from f32 (ggml reference quantizers).
+//! * [`matmul`]: `out = x · Wᵀ` for any number of tokens, SIMD-dispatched at runtime (AVX-512
+//!   VNNI, AVX2, portable scalar) and parallelized over output rows on [`pool`].
+//!
+//! Module map: `dtype` (formats, errors), `blocks` (byte layouts), `quantize` (f32 → blocks,
+//! activation quantization), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
+//! `simd::{scalar, avx2, avx512}` (tile kernels), `pool` (thread pool).
+
+mod blocks;
+mod dequant;
+mod dtype;
+mod matmul;
+mod pool;
+mod quantize;
+mod simd;
+
+pub use dequant::dequantize_row;
+pub use dtype::{DType, KernelError, WeightMatrix};
+pub use matmul::matmul;
+pub use pool::{num_threads, pool, set_num_threads};
+pub use quantize::quantize;
+
+/// Internals exposed for tests and benchmarks; not a stable API.
+#[doc(hidden)]
+pub mod internal {
+    pub use crate::matmul::matmul_with;
+    pub use crate::simd::Isa;
+}

@@ -1,1 +1,32 @@
-//! engram-tokenizer (placeholder while the crate is being written)
+//! `engram-tokenizer`: tokenizers for Llama-family models.
+//!
+//! Owner: the tokenizer crate of Engram. What it provides:
+//! * [`Tokenizer`] — a `tokenizers::Tokenizer` plus BOS/EOS/stop ids and the chat
+//!   template, loaded from a Hugging Face folder ([`Tokenizer::from_hf_dir`]) or
+//!   built from a GGUF vocabulary ([`Tokenizer::from_gguf_vocab`], [`GgufVocab`]);
+//! * [`StreamDecoder`] — UTF-8-safe incremental detokenization whose outputs
+//!   concatenate to exactly what a full decode gives;
+//! * [`ChatTemplate`] — Jinja chat templates rendered as `transformers` does;
+//! * [`train_bpe`] — the deterministic byte-level BPE of the fixture models, trained
+//!   on [`FIXTURE_CORPUS`].
+//!
+//! Invariants kept across the crate: offsets are byte offsets into the input;
+//! errors about files name the file; nothing here touches the network.
+
+mod chat_template;
+mod error;
+mod gguf_vocab;
+mod hf;
+mod stream;
+mod tokenizer;
+mod train;
+
+pub use chat_template::{ChatMessage, ChatTemplate};
+pub use error::{Result, TokenizerError};
+pub use gguf_vocab::GgufVocab;
+pub use stream::StreamDecoder;
+pub use tokenizer::{Encoding, Tokenizer};
+pub use train::{train_bpe, FIXTURE_CORPUS, FIXTURE_SPECIAL_TOKENS};
+
+/// Re-export of the underlying `tokenizers` crate (for `Tokenizer::inner`).
+pub use tokenizers;
