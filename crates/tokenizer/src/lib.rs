@@ -13,6 +13,8 @@
 //! Invariants kept across the crate: offsets are byte offsets into the input;
 //! errors about files name the file; nothing here touches the network.
 
+#![warn(missing_docs)]
+
 mod chat_template;
 mod error;
 mod gguf_vocab;

@@ -1,0 +1,346 @@
+//! Building a tokenizer from the vocabulary a GGUF file carries
+//! (`tokenizer.ggml.*` keys; the model loader fills [`GgufVocab`]).
+//!
+//! Owner: `engram-tokenizer`. Invariants:
+//! * `model = "gpt2"`: byte-level BPE; vocabulary = `tokens` (id = index), merges =
+//!   `merges` (`"a b"` strings, in rank order); the split regex depends on `pre`
+//!   (`default`/`gpt-2`/`gpt2`: GPT-2; `llama-bpe`/`llama3`: Llama 3, with
+//!   `ignore_merges` like llama.cpp and HF; `qwen2`: Qwen2, with NFC);
+//!   other `pre` values are rejected rather than tokenized wrongly;
+//! * `model = "llama"`: SentencePiece-style BPE with byte fallback; merges are derived
+//!   from the scores exactly as HF's `LlamaConverter`/`SentencePieceExtractor` do
+//!   (`generate_merges`: every piece splittable into two vocabulary pieces gives a
+//!   merge; merges are ranked by the merged piece's score, descending, ties by longer
+//!   left then longer right half, then piece id order); normalizer
+//!   `Prepend("▁") + Replace(" ", "▁")`; decoder `Replace("▁", " ") + ByteFallback
+//!   + Fuse + Strip(left 1)`;
+//! * token types: 3 (CONTROL) and 2 (UNKNOWN) become special added tokens, 4
+//!   (USER_DEFINED) non-special added tokens (matched verbatim in text, kept by
+//!   `decode(.., true)`), 5 (UNUSED) and 6 (BYTE) stay plain vocabulary entries;
+//!   the BOS/EOS/EOT/UNK/PAD ids are special whatever their type;
+//! * BOS is prepended when `add_bos` (default: true for `llama`, false for `gpt2`),
+//!   EOS appended when `add_eos` (default false);
+//! * stop ids: EOS and EOT.
+
+use crate::chat_template::ChatTemplate;
+use crate::error::{Result, TokenizerError};
+use crate::tokenizer::{SpecialFacts, Tokenizer};
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as NormSequence, NFC};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::{AddedToken, SplitDelimiterBehavior};
+
+/// Facts a GGUF file carries about its tokenizer (the model loader fills this from
+/// `tokenizer.ggml.*` keys).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GgufVocab {
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE) or `"llama"` (SentencePiece).
+    pub model: String,
+    /// `tokenizer.ggml.pre`: pre-tokenizer flavour for `gpt2` (`"llama-bpe"`, `"qwen2"`, ...).
+    pub pre: Option<String>,
+    /// `tokenizer.ggml.tokens`: token strings, id = index.
+    pub tokens: Vec<String>,
+    /// `tokenizer.ggml.scores`: SentencePiece scores (same length as `tokens`).
+    pub scores: Option<Vec<f32>>,
+    /// `tokenizer.ggml.token_type`: 1 normal, 2 unknown, 3 control, 4 user-defined,
+    /// 5 unused, 6 byte.
+    pub token_types: Option<Vec<i32>>,
+    /// `tokenizer.ggml.merges`: `"left right"` strings in rank order (`gpt2`).
+    pub merges: Option<Vec<String>>,
+    /// `tokenizer.ggml.bos_token_id`.
+    pub bos_id: Option<u32>,
+    /// `tokenizer.ggml.eos_token_id`.
+    pub eos_id: Option<u32>,
+    /// `tokenizer.ggml.eot_token_id` (end of turn; a stop token).
+    pub eot_id: Option<u32>,
+    /// `tokenizer.ggml.unknown_token_id`.
+    pub unk_id: Option<u32>,
+    /// `tokenizer.ggml.padding_token_id`.
+    pub pad_id: Option<u32>,
+    /// `tokenizer.ggml.add_bos_token`.
+    pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.add_eos_token`.
+    pub add_eos: Option<bool>,
+    /// `tokenizer.chat_template`.
+    pub chat_template: Option<String>,
+}
+
+/// GGUF token types (`llama_token_type`).
+const TYPE_UNKNOWN: i32 = 2;
+const TYPE_CONTROL: i32 = 3;
+const TYPE_USER_DEFINED: i32 = 4;
+
+const GPT2_REGEX: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+fn err(msg: impl Into<String>) -> TokenizerError {
+    TokenizerError::GgufVocab(msg.into())
+}
+
+impl Tokenizer {
+    /// Build a tokenizer from a GGUF file's vocabulary (see the module docs for the rules).
+    pub fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer> {
+        let n = v.tokens.len();
+        if n == 0 {
+            return Err(err("tokenizer.ggml.tokens is empty"));
+        }
+        if let Some(s) = &v.scores {
+            if s.len() != n {
+                return Err(err(format!(
+                    "tokenizer.ggml.scores has {} entries for {n} tokens",
+                    s.len()
+                )));
+            }
+        }
+        if let Some(t) = &v.token_types {
+            if t.len() != n {
+                return Err(err(format!(
+                    "tokenizer.ggml.token_type has {} entries for {n} tokens",
+                    t.len()
+                )));
+            }
+        }
+        for (name, id) in [
+            ("bos_token_id", v.bos_id),
+            ("eos_token_id", v.eos_id),
+            ("eot_token_id", v.eot_id),
+            ("unknown_token_id", v.unk_id),
+            ("padding_token_id", v.pad_id),
+        ] {
+            if let Some(id) = id {
+                if id as usize >= n {
+                    return Err(err(format!(
+                        "tokenizer.ggml.{name} = {id} is outside the vocabulary of {n} tokens"
+                    )));
+                }
+            }
+        }
+
+        let mut vocab: Vocab = Vocab::default();
+        for (i, t) in v.tokens.iter().enumerate() {
+            vocab.entry(t.clone()).or_insert(i as u32);
+        }
+
+        let (mut inner, add_bos_default) = match v.model.as_str() {
+            "gpt2" => (build_gpt2(v, vocab)?, false),
+            "llama" => (build_llama(v, vocab)?, true),
+            other => return Err(err(format!(
+                "tokenizer.ggml.model {other:?} is not supported (supported: \"gpt2\", \"llama\")"
+            ))),
+        };
+
+        // Added tokens: control/unknown (+ the named special ids) special, user-defined not.
+        let named: Vec<u32> = [v.bos_id, v.eos_id, v.eot_id, v.unk_id, v.pad_id]
+            .into_iter()
+            .flatten()
+            .collect();
+        let mut specials = Vec::new();
+        let mut user = Vec::new();
+        for (i, t) in v.tokens.iter().enumerate() {
+            let ty = v.token_types.as_ref().map(|ts| ts[i]).unwrap_or(1);
+            if ty == TYPE_CONTROL || ty == TYPE_UNKNOWN || named.contains(&(i as u32)) {
+                specials.push(AddedToken::from(t.clone(), true).normalized(false));
+            } else if ty == TYPE_USER_DEFINED {
+                user.push(AddedToken::from(t.clone(), false).normalized(false));
+            }
+        }
+        inner.add_special_tokens(&specials);
+        inner.add_tokens(&user);
+
+        // Post-processor: BOS / EOS.
+        let add_bos = v.add_bos.unwrap_or(add_bos_default) && v.bos_id.is_some();
+        let add_eos = v.add_eos.unwrap_or(false) && v.eos_id.is_some();
+        if add_bos || add_eos {
+            let bos = v.bos_id.map(|i| (v.tokens[i as usize].clone(), i));
+            let eos = v.eos_id.map(|i| (v.tokens[i as usize].clone(), i));
+            let mut single = Vec::new();
+            let mut pair = Vec::new();
+            let mut special_tokens = Vec::new();
+            if add_bos {
+                let (b, id) = bos.clone().expect("checked");
+                single.push(format!("{b}:0"));
+                special_tokens.push((b, id));
+            }
+            single.push("$A:0".to_string());
+            if add_eos {
+                let (e, id) = eos.clone().expect("checked");
+                single.push(format!("{e}:0"));
+                if !special_tokens.iter().any(|(s, _)| *s == e) {
+                    special_tokens.push((e, id));
+                }
+            }
+            pair.extend(single.iter().cloned());
+            pair.extend(
+                single
+                    .iter()
+                    .map(|p| p.replace("$A", "$B").replace(":0", ":1")),
+            );
+            let pp = TemplateProcessing::builder()
+                .try_single(single)
+                .map_err(|e| err(format!("post-processor: {e}")))?
+                .try_pair(pair)
+                .map_err(|e| err(format!("post-processor: {e}")))?
+                .special_tokens(special_tokens)
+                .build()
+                .map_err(|e| err(format!("post-processor: {e}")))?;
+            inner.with_post_processor(Some(pp));
+        }
+
+        let tok_of = |id: Option<u32>| id.map(|i| v.tokens[i as usize].clone());
+        let facts = SpecialFacts {
+            bos_token: tok_of(v.bos_id),
+            eos_token: tok_of(v.eos_id),
+            extra_stop_ids: v.eot_id.into_iter().collect(),
+            add_bos_override: None,
+        };
+        let chat_template = match &v.chat_template {
+            Some(src) => Some(
+                ChatTemplate::new(src).map_err(|e| err(format!("tokenizer.chat_template: {e}")))?,
+            ),
+            None => None,
+        };
+        Tokenizer::from_parts(inner, facts, chat_template)
+    }
+}
+
+fn build_gpt2(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
+    let merges_src = v
+        .merges
+        .as_ref()
+        .ok_or_else(|| err("model \"gpt2\" needs tokenizer.ggml.merges"))?;
+    let mut merges = Vec::with_capacity(merges_src.len());
+    for (i, m) in merges_src.iter().enumerate() {
+        let (a, b) = m
+            .split_once(' ')
+            .ok_or_else(|| err(format!("merge #{i} {m:?} is not \"left right\"")))?;
+        merges.push((a.to_string(), b.to_string()));
+    }
+    let pre = v.pre.as_deref().unwrap_or("default");
+    let (regex, ignore_merges, nfc) = match pre {
+        "default" | "gpt-2" | "gpt2" => (None, false, false),
+        "llama-bpe" | "llama3" | "llama-v3" => (Some(LLAMA3_REGEX), true, false),
+        "qwen2" => (Some(QWEN2_REGEX), false, true),
+        other => {
+            return Err(err(format!(
+                "tokenizer.ggml.pre {other:?} is not supported (supported: default, gpt-2, llama-bpe, llama3, qwen2)"
+            )))
+        }
+    };
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| err(format!("byte-level BPE: {e}")))?;
+    let mut tok = tokenizers::Tokenizer::new(bpe);
+    match regex {
+        None => {
+            tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+        }
+        Some(re) => {
+            let split = Split::new(
+                SplitPattern::Regex(re.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| err(format!("pre-tokenizer regex: {e}")))?;
+            let seq = PreSequence::new(vec![
+                PreTokenizerWrapper::Split(split),
+                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
+            ]);
+            tok.with_pre_tokenizer(Some(seq));
+        }
+    }
+    debug_assert!(GPT2_REGEX.contains("\\p{L}")); // the ByteLevel built-in regex
+    if nfc {
+        tok.with_normalizer(Some(NFC));
+    }
+    tok.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
+    Ok(tok)
+}
+
+/// Merges of a SentencePiece vocabulary, as HF's `generate_merges(vocab, vocab_scores)`
+/// (used by `SentencePieceExtractor` / `LlamaConverter`): for every piece, each split
+/// into two vocabulary pieces is a merge (ordered by the ids of the halves); then all
+/// merges are sorted, stably, by (score, left length, right length) descending, lengths
+/// in characters.
+pub(crate) fn spm_merges(
+    tokens: &[String],
+    scores: &[f32],
+    vocab: &Vocab,
+) -> Vec<(String, String)> {
+    // (left id, right id, score, left chars, right chars)
+    let mut merges: Vec<(u32, u32, f32, usize, usize)> = Vec::new();
+    for (id, (piece, &score)) in tokens.iter().zip(scores).enumerate() {
+        if vocab.get(piece.as_str()) != Some(&(id as u32)) {
+            continue; // a duplicate spelling: only its first id is in the vocabulary
+        }
+        let n_chars = piece.chars().count();
+        let mut local = Vec::new();
+        for (k, (i, _)) in piece.char_indices().enumerate().skip(1) {
+            let (l, r) = piece.split_at(i);
+            if let (Some(&li), Some(&ri)) = (vocab.get(l), vocab.get(r)) {
+                local.push((li, ri, score, k, n_chars - k));
+            }
+        }
+        local.sort_by_key(|&(l, r, ..)| (l, r));
+        merges.extend(local);
+    }
+    merges.sort_by(|a, b| {
+        b.2.partial_cmp(&a.2)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(b.3.cmp(&a.3))
+            .then(b.4.cmp(&a.4))
+    });
+    merges
+        .into_iter()
+        .map(|(l, r, ..)| (tokens[l as usize].clone(), tokens[r as usize].clone()))
+        .collect()
+}
+
+fn build_llama(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
+    let scores: Vec<f32> = match &v.scores {
+        Some(s) => s.clone(),
+        None => (0..v.tokens.len()).map(|i| -(i as f32)).collect(),
+    };
+    let merges = spm_merges(&v.tokens, &scores, &vocab);
+    let unk = v
+        .unk_id
+        .map(|i| v.tokens[i as usize].clone())
+        .or_else(|| vocab.contains_key("<unk>").then(|| "<unk>".to_string()));
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .fuse_unk(true)
+        .byte_fallback(true);
+    if let Some(u) = unk {
+        builder = builder.unk_token(u);
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| err(format!("SentencePiece BPE: {e}")))?;
+    let mut tok = tokenizers::Tokenizer::new(bpe);
+    let normalizer = NormSequence::new(vec![
+        NormalizerWrapper::Prepend(Prepend::new("▁".to_string())),
+        NormalizerWrapper::Replace(Replace::new(" ", "▁").map_err(|e| err(e.to_string()))?),
+    ]);
+    tok.with_normalizer(Some(normalizer));
+    let decoder = DecoderSequence::new(vec![
+        DecoderWrapper::Replace(Replace::new("▁", " ").map_err(|e| err(e.to_string()))?),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+        DecoderWrapper::Strip(Strip::new(' ', 1, 0)),
+    ]);
+    tok.with_decoder(Some(decoder));
+    Ok(tok)
+}
