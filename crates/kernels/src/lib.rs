@@ -11,6 +11,16 @@
 //! activation quantization), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
 //! `simd::{scalar, avx2, avx512}` (tile kernels), `pool` (thread pool).
 
+// Kernels index fixed-size register arrays by row/token on purpose (the loops unroll), keep
+// explicit `%` checks (MSRV), and pass many raw tile parameters.
+#![allow(
+    clippy::needless_range_loop,
+    clippy::too_many_arguments,
+    clippy::type_complexity,
+    clippy::manual_is_multiple_of,
+    clippy::missing_safety_doc
+)]
+
 mod blocks;
 mod dequant;
 mod dtype;

@@ -1,0 +1,78 @@
+//! Block → f32 decoding ([`dequantize_row`]). This is the readable definition of every format
+//! (the kernels must agree with it) and what the tests use as ground truth.
+//!
+//! Invariant: output element `i` is exactly what ggml's `dequantize_row_*` produces for input
+//! element `i` (same float operations: `d*q` and `d*sc*q - dmin*m`).
+
+use crate::blocks::*;
+use crate::dtype::DType;
+
+/// Decodes one row (or any whole number of blocks) of `dtype` into `out`.
+///
+/// # Panics
+/// If `row` is not a whole number of blocks or `out.len()` differs from the element count.
+pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
+    let (be, bb) = (dtype.block_elems(), dtype.block_bytes());
+    assert!(row.len() % bb == 0, "dequantize_row: {} bytes is not whole {} blocks", row.len(), dtype);
+    assert_eq!(out.len(), row.len() / bb * be, "dequantize_row: output length");
+    let blocks = row.chunks_exact(bb).zip(out.chunks_exact_mut(be));
+    match dtype {
+        DType::F32 => blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DType::F16 => blocks.for_each(|(b, o)| o[0] = f16_at(b, 0)),
+        DType::BF16 => blocks.for_each(|(b, o)| o[0] = bf16_at(b, 0)),
+        DType::Q8_0 => blocks.for_each(|(b, o)| {
+            let d = f16_at(b, 0);
+            for j in 0..QK {
+                o[j] = d * (b[2 + j] as i8) as f32;
+            }
+        }),
+        DType::Q4_0 => blocks.for_each(|(b, o)| {
+            let d = f16_at(b, 0);
+            for j in 0..QK / 2 {
+                o[j] = d * ((b[2 + j] & 0xF) as i32 - 8) as f32;
+                o[j + 16] = d * ((b[2 + j] >> 4) as i32 - 8) as f32;
+            }
+        }),
+        DType::Q4K => blocks.for_each(|(b, o)| dequant_q4k_block(b, o)),
+        DType::Q6K => blocks.for_each(|(b, o)| dequant_q6k_block(b, o)),
+    }
+}
+
+/// `dequantize_row_q4_K` for one block.
+fn dequant_q4k_block(b: &[u8], o: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let dmin = f16_at(b, 2);
+    let qs = &b[Q4K_QS..Q4K_QS + 128];
+    for c in 0..4 {
+        let (s1, m1) = scale_min_k4(2 * c, &b[Q4K_SCALES..]);
+        let (s2, m2) = scale_min_k4(2 * c + 1, &b[Q4K_SCALES..]);
+        let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
+        let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
+        for l in 0..32 {
+            o[64 * c + l] = d1 * (qs[32 * c + l] & 0xF) as f32 - m1;
+            o[64 * c + 32 + l] = d2 * (qs[32 * c + l] >> 4) as f32 - m2;
+        }
+    }
+}
+
+/// The 6-bit value (0..64) of element `i` of a Q6_K block: for half `h = i / 128` and
+/// `r = i % 128 = 32k + l`, the low 4 bits are nibble `k / 2` of `ql[64h + l + 32(k % 2)]`
+/// and the high 2 bits are bits `2k..2k+2` of `qh[32h + l]`.
+#[inline(always)]
+pub(crate) fn q6k_value(b: &[u8], i: usize) -> i32 {
+    let (h, r) = (i / 128, i % 128);
+    let (k, l) = (r / 32, r % 32);
+    let ql = b[64 * h + l + 32 * (k % 2)];
+    let lo = if k < 2 { ql & 0xF } else { ql >> 4 };
+    let hi = (b[Q6K_QH + 32 * h + l] >> (2 * k)) & 3;
+    (lo | (hi << 4)) as i32
+}
+
+/// `dequantize_row_q6_K` for one block; sub-block of 16 elements `i / 16` uses scale `i / 16`.
+fn dequant_q6k_block(b: &[u8], o: &mut [f32]) {
+    let d = f16_at(b, Q6K_D);
+    for (i, v) in o.iter_mut().enumerate() {
+        let sc = b[Q6K_SCALES + i / 16] as i8 as f32;
+        *v = d * sc * (q6k_value(b, i) - 32) as f32;
+    }
+}

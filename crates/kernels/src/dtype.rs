@@ -1,0 +1,179 @@
+//! Weight storage formats ([`DType`]), the validated weight view ([`WeightMatrix`]) and the
+//! crate's error type ([`KernelError`]).
+//!
+//! Invariant: a `WeightMatrix` that exists always has `cols % dtype.block_elems() == 0` and
+//! `data.len() == rows * dtype.row_bytes(cols)`, so kernels may index blocks without checks.
+
+/// Weight storage formats, byte-compatible with ggml/GGUF blocks (see `ggml-common.h`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE f32, 4 bytes per element.
+    F32,
+    /// IEEE f16, 2 bytes per element.
+    F16,
+    /// bfloat16 (the top 16 bits of an f32), 2 bytes per element.
+    BF16,
+    /// 32 elements: `f16 d` + 32 × `i8`; value = q·d.
+    Q8_0,
+    /// 32 elements: `f16 d` + 16 bytes of nibbles; value = (q−8)·d.
+    Q4_0,
+    /// 256 elements: `f16 d, f16 dmin`, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles.
+    Q4K,
+    /// 256 elements: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 × `i8` scales, `f16 d`.
+    Q6K,
+}
+
+impl DType {
+    /// All formats, in a fixed order (handy for tests and benches).
+    pub const ALL: [DType; 7] =
+        [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4K, DType::Q6K];
+
+    /// The `ggml_type` enum value used in GGUF tensor infos.
+    pub fn ggml_type_id(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q8_0 => 8,
+            DType::Q4K => 12,
+            DType::Q6K => 14,
+            DType::BF16 => 30,
+        }
+    }
+
+    /// Inverse of [`DType::ggml_type_id`]; `None` for ggml types this crate does not support.
+    pub fn from_ggml_type_id(id: u32) -> Option<DType> {
+        Some(match id {
+            0 => DType::F32,
+            1 => DType::F16,
+            2 => DType::Q4_0,
+            8 => DType::Q8_0,
+            12 => DType::Q4K,
+            14 => DType::Q6K,
+            30 => DType::BF16,
+            _ => return None,
+        })
+    }
+
+    /// Lower-case ggml name ("f32", "q4_k", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
+            DType::Q4K => "q4_k",
+            DType::Q6K => "q6_k",
+        }
+    }
+
+    /// Number of elements one block encodes (1 for the float formats).
+    pub fn block_elems(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q8_0 | DType::Q4_0 => 32,
+            DType::Q4K | DType::Q6K => 256,
+        }
+    }
+
+    /// Size in bytes of one block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q8_0 => 34,
+            DType::Q4_0 => 18,
+            DType::Q4K => 144,
+            DType::Q6K => 210,
+        }
+    }
+
+    /// Bytes of one row of `cols` elements; `None` if `cols` is not a whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        if cols % self.block_elems() != 0 {
+            return None;
+        }
+        (cols / self.block_elems()).checked_mul(self.block_bytes())
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Errors reported by the kernels' public entry points (they never panic on bad shapes
+/// passed to the fallible constructors/quantizers).
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// `cols` is not a multiple of the format's block size.
+    #[error("{dtype}: cols {cols} is not a multiple of the block size {block}")]
+    BadCols {
+        /// Format.
+        dtype: DType,
+        /// Offending column count.
+        cols: usize,
+        /// Required multiple.
+        block: usize,
+    },
+    /// The byte buffer does not hold exactly `rows` rows.
+    #[error("{dtype}: expected {expected} bytes for {rows}x{cols}, got {got}")]
+    BadLength {
+        /// Format.
+        dtype: DType,
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+        /// Required length in bytes (or f32 elements for `quantize`).
+        expected: usize,
+        /// Actual length.
+        got: usize,
+    },
+}
+
+/// A row-major weight matrix `[rows = out features, cols = in features]` in `dtype` layout
+/// (each row is `cols / block_elems` consecutive blocks).
+///
+/// `data` may be unaligned (it is often a slice of a memory-mapped GGUF or safetensors file);
+/// the kernels only use unaligned loads on it.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightMatrix<'a> {
+    /// Storage format of `data`.
+    pub dtype: DType,
+    /// Number of rows (output features).
+    pub rows: usize,
+    /// Number of columns (input features).
+    pub cols: usize,
+    /// Raw block bytes, `rows * dtype.row_bytes(cols)` long.
+    pub data: &'a [u8],
+}
+
+impl<'a> WeightMatrix<'a> {
+    /// Validates that `cols` is a whole number of blocks and `data` has exactly the right length.
+    pub fn new(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
+        let rb = dtype.row_bytes(cols).ok_or(KernelError::BadCols {
+            dtype,
+            cols,
+            block: dtype.block_elems(),
+        })?;
+        let expected = rb.saturating_mul(rows);
+        if data.len() != expected {
+            return Err(KernelError::BadLength { dtype, rows, cols, expected, got: data.len() });
+        }
+        Ok(WeightMatrix { dtype, rows, cols, data })
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.dtype.row_bytes(self.cols).expect("validated in new")
+    }
+
+    /// The raw bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+}

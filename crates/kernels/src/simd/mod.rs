@@ -1,0 +1,161 @@
+//! Instruction-set selection ([`Isa`]) and the tile interface every kernel implements.
+//!
+//! A *tile kernel* computes `out[t][r]` for `nr` consecutive weight rows × `nt` consecutive
+//! tokens (at most [`tile_limits`]), decoding each weight block once and reusing it for every
+//! token in the tile. Invariant (the "n_tokens independence" guarantee): for a fixed `Isa`, the
+//! floating-point operations applied to one (row, token) accumulator are the same whatever
+//! `nr`/`nt` are, so a token's output is bitwise identical whether it is computed alone (GEMV)
+//! or inside any batch (GEMM).
+//!
+//! Paths: `scalar` (portable, any target, also the reference), `avx2` (AVX2+FMA+F16C,
+//! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
+//! 16-lane float kernels; K-quants reuse the AVX2 kernels). A NEON module would slot in
+//! beside them behind `cfg(target_arch = "aarch64")`.
+
+use crate::dtype::{DType, WeightMatrix};
+use crate::quantize::{ActQ8, ActQ8K};
+
+pub(crate) mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+
+/// A kernel implementation family. `Isa::detect()` picks the best one the CPU supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust; compiles everywhere.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL + VNNI (plus AVX2/FMA/F16C).
+    Avx512,
+}
+
+impl Isa {
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The best available path (cached after the first call).
+    pub fn detect() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            [Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
+        })
+    }
+
+    /// All paths this CPU can run, best last.
+    pub fn available() -> Vec<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.is_available()).collect()
+    }
+}
+
+/// Activations prepared once per matmul call, in the form the weight format's kernels need.
+pub(crate) enum Acts<'a> {
+    /// Float weights multiply f32 activations directly.
+    F32(&'a [f32]),
+    /// Q4_0 / Q8_0 weights: Q8_0-style activation blocks.
+    Q8(ActQ8),
+    /// Q4_K / Q6_K weights: Q8_K activation blocks.
+    Q8K(ActQ8K),
+}
+
+impl<'a> Acts<'a> {
+    /// Quantizes/wraps `n` activation rows for weights of type `dtype`.
+    pub(crate) fn prepare(dtype: DType, x: &'a [f32], n: usize, cols: usize) -> Acts<'a> {
+        match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => Acts::F32(x),
+            DType::Q4_0 => Acts::Q8(ActQ8::new(x, n, cols, 8)),
+            DType::Q8_0 => Acts::Q8(ActQ8::new(x, n, cols, 128)),
+            DType::Q4K | DType::Q6K => Acts::Q8K(ActQ8K::new(x, n, cols)),
+        }
+    }
+}
+
+/// Everything a tile kernel needs besides the tile coordinates.
+pub(crate) struct TileCtx<'a> {
+    /// The weights.
+    pub w: &'a WeightMatrix<'a>,
+    /// Prepared activations.
+    pub acts: &'a Acts<'a>,
+    /// Output base pointer (`out[t * ldo + r]`).
+    pub out: *mut f32,
+    /// Output row stride (= `w.rows`).
+    pub ldo: usize,
+}
+
+// SAFETY: the raw output pointer is only written through disjoint tiles (see `run_tile`).
+unsafe impl Send for TileCtx<'_> {}
+unsafe impl Sync for TileCtx<'_> {}
+
+/// Largest (rows, tokens) tile the path handles in one kernel call for `dtype`.
+pub(crate) fn tile_limits(isa: Isa, dtype: DType) -> (usize, usize) {
+    match (isa, dtype) {
+        (Isa::Scalar, _) => (1, 1),
+        (_, DType::Q4K | DType::Q6K) => (1, 4),
+        _ => (4, 4),
+    }
+}
+
+/// Runs one tile: rows `r0..r0+nr`, tokens `t0..t0+nt` (within [`tile_limits`]).
+///
+/// # Safety
+/// `isa` must be available, the tile must be in bounds, and no other thread may write the
+/// same output elements concurrently.
+pub(crate) unsafe fn run_tile(isa: Isa, c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usize) {
+    match isa {
+        Isa::Scalar => scalar::tile(c, r0, nr, t0, nt),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::tile(c, r0, nr, t0, nt),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => avx512::tile(c, r0, nr, t0, nt),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => scalar::tile(c, r0, nr, t0, nt),
+    }
+}
+
+/// Expands a runtime `(nr, nt)` in 1..=4 × 1..=4 into a call of `f::<pre.., NR, NT>(args)`.
+#[allow(unused_macros)]
+macro_rules! tile_dispatch {
+    ($nr:expr, $nt:expr, $f:ident [$($pre:tt),*] ($($arg:expr),*)) => {
+        match ($nr, $nt) {
+            (1, 1) => $f::<$($pre,)* 1, 1>($($arg),*),
+            (1, 2) => $f::<$($pre,)* 1, 2>($($arg),*),
+            (1, 3) => $f::<$($pre,)* 1, 3>($($arg),*),
+            (1, 4) => $f::<$($pre,)* 1, 4>($($arg),*),
+            (2, 1) => $f::<$($pre,)* 2, 1>($($arg),*),
+            (2, 2) => $f::<$($pre,)* 2, 2>($($arg),*),
+            (2, 3) => $f::<$($pre,)* 2, 3>($($arg),*),
+            (2, 4) => $f::<$($pre,)* 2, 4>($($arg),*),
+            (3, 1) => $f::<$($pre,)* 3, 1>($($arg),*),
+            (3, 2) => $f::<$($pre,)* 3, 2>($($arg),*),
+            (3, 3) => $f::<$($pre,)* 3, 3>($($arg),*),
+            (3, 4) => $f::<$($pre,)* 3, 4>($($arg),*),
+            (4, 1) => $f::<$($pre,)* 4, 1>($($arg),*),
+            (4, 2) => $f::<$($pre,)* 4, 2>($($arg),*),
+            (4, 3) => $f::<$($pre,)* 4, 3>($($arg),*),
+            (4, 4) => $f::<$($pre,)* 4, 4>($($arg),*),
+            _ => unreachable!("tile {}x{} out of range", $nr, $nt),
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use tile_dispatch;
