@@ -1,0 +1,88 @@
+//! The block pool's budget and copy-on-write sharing, without a model.
+
+use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv, BLOCK_TOKENS};
+use engram_model::{KvCache, KvData};
+
+const LAYOUT: KvLayout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4 };
+
+fn write_tokens(kv: &mut SeqKv, first: usize, n: usize, tag: f32) {
+    let w = LAYOUT.num_kv_heads * LAYOUT.head_dim;
+    for layer in 0..LAYOUT.num_layers {
+        let k: Vec<f32> = (0..n * w).map(|i| tag + (first * w + i) as f32).collect();
+        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+        kv.write(layer, first, &k, &v, n);
+    }
+}
+
+fn read_keys(kv: &SeqKv, layer: usize) -> Vec<f32> {
+    // Token-major [t][head][d], from head-major chunks.
+    let mut out = Vec::new();
+    kv.for_each_chunk(layer, &mut |c| {
+        let KvData::F32(k) = c.keys else { panic!("f32 pool") };
+        for t in 0..c.len {
+            for h in 0..LAYOUT.num_kv_heads {
+                let off = h * c.head_stride + t * LAYOUT.head_dim;
+                out.extend_from_slice(&k[off..off + LAYOUT.head_dim]);
+            }
+        }
+    });
+    out
+}
+
+#[test]
+fn budget_is_hard_and_released_on_drop() {
+    let probe = KvPool::new(LAYOUT, KvFormat::F32, 0);
+    let pool = KvPool::new(LAYOUT, KvFormat::F32, 3 * probe.block_bytes());
+    let mut a = SeqKv::new(&pool);
+    a.reserve(2 * BLOCK_TOKENS).unwrap();
+    assert_eq!(pool.used(), 2 * pool.block_bytes());
+    let mut b = SeqKv::new(&pool);
+    let e = b.reserve(2 * BLOCK_TOKENS).unwrap_err();
+    assert!(e.to_string().contains("budget"));
+    assert_eq!(pool.used(), 2 * pool.block_bytes(), "a refused reservation charges nothing");
+    b.reserve(BLOCK_TOKENS).unwrap();
+    assert!(pool.used() <= pool.budget());
+    drop(a);
+    assert_eq!(pool.used(), pool.block_bytes());
+    drop(b);
+    assert_eq!(pool.used(), 0);
+}
+
+#[test]
+fn forks_share_blocks_and_copy_on_write() {
+    let pool = KvPool::new(LAYOUT, KvFormat::F32, 1 << 20);
+    let mut a = SeqKv::new(&pool);
+    let n = BLOCK_TOKENS + 5;
+    a.reserve(n).unwrap();
+    write_tokens(&mut a, 0, n, 0.0);
+    let before = read_keys(&a, 1);
+    let used = pool.used();
+    let mut b = a.fork(n);
+    assert_eq!(pool.used(), used, "a fork shares, it does not copy");
+    // b writes into the shared partial block: it must get its own copy.
+    b.reserve(3).unwrap();
+    assert_eq!(pool.used(), used + pool.block_bytes());
+    write_tokens(&mut b, n, 3, 1000.0);
+    assert_eq!(read_keys(&a, 1), before, "the original is untouched");
+    assert_eq!(&read_keys(&b, 1)[..before.len()], &before[..]);
+    assert_eq!(b.len(), n + 3);
+    // Truncate then overwrite: positions past the cut are replaced, not appended.
+    b.truncate(BLOCK_TOKENS + 1);
+    assert_eq!(b.len(), BLOCK_TOKENS + 1);
+    assert_eq!(read_keys(&b, 0).len(), (BLOCK_TOKENS + 1) * LAYOUT.num_kv_heads * LAYOUT.head_dim);
+}
+
+#[test]
+fn f16_format_rounds_once() {
+    let pool = KvPool::new(LAYOUT, KvFormat::F16, 1 << 20);
+    assert_eq!(pool.bytes_per_token() * 2, KvPool::new(LAYOUT, KvFormat::F32, 1).bytes_per_token());
+    let mut a = SeqKv::new(&pool);
+    a.reserve(3).unwrap();
+    write_tokens(&mut a, 0, 3, 0.25);
+    a.for_each_chunk(0, &mut |c| {
+        let KvData::F16(k) = c.keys else { panic!("f16 pool") };
+        assert_eq!(k[0].to_f32(), 0.25);
+        assert_eq!(c.len, 3);
+    });
+    assert!("q3".parse::<KvFormat>().is_err());
+}
