@@ -20,7 +20,7 @@ pub struct ModelArgs {
     /// Worker threads (default: physical cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// KV cache format: f16 or f32.
+    /// KV cache format: f16 (default), f32 (exact), q8 or q4 (quantized, approximate).
     #[arg(long, default_value = "f16")]
     pub kv_format: String,
     /// KV cache RAM budget in MiB.
@@ -140,5 +140,5 @@ pub fn load_model(args: &ModelArgs) -> Result<Model> {
 /// A KV pool for `model` as the flags say.
 pub fn kv_pool(model: &Model, args: &ModelArgs) -> Result<KvPool> {
     let format: KvFormat = args.kv_format.parse()?;
-    Ok(KvPool::new(KvLayout::of(&model.config), format, args.kv_budget_mib << 20))
+    Ok(KvPool::try_new(KvLayout::of(&model.config), format, args.kv_budget_mib << 20)?)
 }

@@ -1,46 +1,42 @@
 //! One block: `BLOCK_TOKENS` tokens of keys and values for every layer.
 //!
+//! Byte layout (identical in RAM and in persisted files, so a restored file
+//! is used where it lies): for each layer, the keys section then the values
+//! section; each section is `[num_kv_heads][BLOCK_TOKENS]` rows of
+//! `elem.row_bytes(head_dim)` bytes.
+//!
 //! NOTE: 32 tokens per block. It is seed 001's finest prefix granularity, so
 //! prefix sharing loses at most 31 tokens; one head's 32 f16 keys of dim 64
 //! are 4 KiB, which stays in L1 while a step's queries read them; and a
-//! partial last block wastes under 32 tokens per sequence. Larger blocks
-//! would cut per-chunk overhead in attention, which measures negligible.
+//! partial last block wastes under 32 tokens per sequence.
 
-use half::f16;
+use std::sync::Arc;
 
-use crate::format::KvFormat;
-use crate::pool::{KvLayout, KvPool};
+use memmap2::Mmap;
+
+use crate::pool::KvPool;
 
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 32;
 
-/// Element storage of a block.
-#[derive(Clone)]
-pub(crate) enum Data {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+/// Where a block's bytes live.
+pub(crate) enum Storage {
+    /// Heap memory, writable while the block is not shared.
+    Owned(Vec<u8>),
+    /// A read-only range of a mapped cache file (restored from disk).
+    Mapped { map: Arc<Mmap>, offset: usize },
 }
 
-/// A block of cached keys and values. Its bytes are charged to the pool from
+/// A block of cached keys and values. Its bytes are charged to its pool from
 /// creation until drop; copy-on-write copies are charged before they are made.
 pub struct Block {
-    pub(crate) data: Data,
+    pub(crate) storage: Storage,
     /// Tokens filled, `0..=BLOCK_TOKENS`.
     pub(crate) len: usize,
     pub(crate) pool: KvPool,
 }
 
 impl Block {
-    /// Elements per layer per kind (keys or values).
-    pub(crate) fn layer_elems(layout: &KvLayout) -> usize {
-        layout.num_kv_heads * BLOCK_TOKENS * layout.head_dim
-    }
-
-    /// Bytes one block occupies in `format`.
-    pub fn bytes_for(layout: &KvLayout, format: KvFormat) -> usize {
-        2 * layout.num_layers * Self::layer_elems(layout) * format.elem_bytes()
-    }
-
     /// Tokens stored.
     pub fn len(&self) -> usize {
         self.len
@@ -49,10 +45,28 @@ impl Block {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// True when the bytes are a mapped file region (read-only).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.storage, Storage::Mapped { .. })
+    }
+    /// The block's bytes in the layout described in the module doc.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Owned(v) => v,
+            Storage::Mapped { map, offset } => &map[*offset..*offset + self.pool.block_bytes()],
+        }
+    }
+    /// Writable bytes, or `None` for a mapped block.
+    pub(crate) fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match &mut self.storage {
+            Storage::Owned(v) => Some(v),
+            Storage::Mapped { .. } => None,
+        }
+    }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        self.pool.release(Block::bytes_for(&self.pool.layout(), self.pool.format()));
+        self.pool.release(self.pool.block_bytes());
     }
 }

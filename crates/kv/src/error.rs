@@ -7,6 +7,12 @@ pub enum KvError {
     #[error("KV cache budget exhausted: need {needed} more bytes, {used} of {budget} bytes in use")]
     OutOfMemory { needed: usize, used: usize, budget: usize },
     /// Asked for a format this build does not know.
-    #[error("unknown KV format \"{0}\" (expected f32 or f16)")]
+    #[error("unknown KV format \"{0}\" (expected f32, f16, q8 or q4)")]
     UnknownFormat(String),
+    /// The format cannot store this model's heads.
+    #[error("KV format {format} cannot store heads of dimension {head_dim} (needs an even head dimension)")]
+    UnsupportedShape { format: &'static str, head_dim: usize },
+    /// Bytes handed to the pool do not form whole blocks of its layout.
+    #[error("mapped KV data: {0}")]
+    BadMapping(String),
 }

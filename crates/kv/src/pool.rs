@@ -1,14 +1,16 @@
 //! `KvPool`: the RAM budget every block is charged to.
 //!
 //! Invariant: `used() <= budget()` at all times; `try_charge` is the only way
-//! bytes are added and it refuses rather than exceed the budget.
+//! bytes are added and it refuses rather than exceed the budget. Mapped
+//! blocks are charged too: their pages are resident once attention reads them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use half::f16;
+use engram_model::KvElem;
+use memmap2::Mmap;
 
-use crate::block::{Block, Data, BLOCK_TOKENS};
+use crate::block::{Block, Storage, BLOCK_TOKENS};
 use crate::error::KvError;
 use crate::format::KvFormat;
 
@@ -30,6 +32,7 @@ impl KvLayout {
 struct Inner {
     layout: KvLayout,
     format: KvFormat,
+    elem: KvElem,
     budget: usize,
     used: AtomicUsize,
 }
@@ -40,9 +43,22 @@ pub struct KvPool(Arc<Inner>);
 
 impl KvPool {
     /// A pool for `layout` in `format` that never holds more than `budget_bytes`.
+    ///
+    /// Panics if the format cannot hold the heads (odd head_dim with q4); use
+    /// [`KvPool::try_new`] to get an error instead.
     pub fn new(layout: KvLayout, format: KvFormat, budget_bytes: usize) -> KvPool {
-        KvPool(Arc::new(Inner { layout, format, budget: budget_bytes, used: AtomicUsize::new(0) }))
+        Self::try_new(layout, format, budget_bytes).expect("KV format fits the model")
     }
+
+    /// Like [`KvPool::new`], with an error for shapes the format cannot store.
+    pub fn try_new(layout: KvLayout, format: KvFormat, budget_bytes: usize) -> Result<KvPool, KvError> {
+        if layout.head_dim % 2 != 0 {
+            return Err(KvError::UnsupportedShape { format: format.name(), head_dim: layout.head_dim });
+        }
+        let elem = format.elem(layout.head_dim);
+        Ok(KvPool(Arc::new(Inner { layout, format, elem, budget: budget_bytes, used: AtomicUsize::new(0) })))
+    }
+
     /// The cache shape.
     pub fn layout(&self) -> KvLayout {
         self.0.layout
@@ -50,6 +66,10 @@ impl KvPool {
     /// The storage format.
     pub fn format(&self) -> KvFormat {
         self.0.format
+    }
+    /// The row encoding attention reads.
+    pub fn elem(&self) -> KvElem {
+        self.0.elem
     }
     /// The hard budget in bytes.
     pub fn budget(&self) -> usize {
@@ -59,9 +79,13 @@ impl KvPool {
     pub fn used(&self) -> usize {
         self.0.used.load(Ordering::Acquire)
     }
+    /// Bytes of one keys-or-values section of one layer in a block.
+    pub fn section_bytes(&self) -> usize {
+        self.0.layout.num_kv_heads * BLOCK_TOKENS * self.0.elem.row_bytes(self.0.layout.head_dim)
+    }
     /// Bytes of one block.
     pub fn block_bytes(&self) -> usize {
-        Block::bytes_for(&self.0.layout, self.0.format)
+        2 * self.0.layout.num_layers * self.section_bytes()
     }
     /// Bytes per cached token (block bytes / tokens per block).
     pub fn bytes_per_token(&self) -> usize {
@@ -83,15 +107,22 @@ impl KvPool {
     }
 
     /// An empty block whose bytes the caller has already charged with `try_charge`.
-    pub(crate) fn charged_empty_block(&self) -> Block {
-        let elems = 2 * self.0.layout.num_layers * Block::layer_elems(&self.0.layout);
-        Block {
-            data: match self.0.format {
-                KvFormat::F32 => Data::F32(vec![0.0; elems]),
-                KvFormat::F16 => Data::F16(vec![f16::ZERO; elems]),
-            },
-            len: 0,
-            pool: self.clone(),
+    pub(crate) fn charged_block(&self, bytes: Vec<u8>, len: usize) -> Block {
+        debug_assert_eq!(bytes.len(), self.block_bytes());
+        Block { storage: Storage::Owned(bytes), len, pool: self.clone() }
+    }
+
+    /// Wraps `block_bytes()` bytes of `map` at `offset` holding `len` tokens as a
+    /// read-only block, charging it. The caller has validated the contents.
+    pub fn mapped_block(&self, map: &Arc<Mmap>, offset: usize, len: usize) -> Result<Block, KvError> {
+        let end = offset.checked_add(self.block_bytes()).filter(|&e| e <= map.len());
+        if end.is_none() || len == 0 || len > BLOCK_TOKENS {
+            return Err(KvError::BadMapping(format!(
+                "block at offset {offset} with {len} tokens does not fit a {}-byte mapping",
+                map.len()
+            )));
         }
+        self.try_charge(self.block_bytes())?;
+        Ok(Block { storage: Storage::Mapped { map: map.clone(), offset }, len, pool: self.clone() })
     }
 }

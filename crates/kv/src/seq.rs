@@ -3,17 +3,19 @@
 //! ```text
 //!  positions: 0 ............................................ len   len+reserved
 //!  blocks:    [ shared, full ][ shared, full ][ own, partial  ][ own, empty ]
-//!              read-only (refcount > 1)         written in place  reserved room
+//!              read-only (refcount > 1        written in place  reserved room
+//!              or mapped from a file)
 //! ```
 //! Invariant: tokens are stored at contiguous positions `0..len`; block `b`
-//! holds positions `b*32 .. b*32 + 32`; only blocks this sequence owns alone
-//! are written (a shared block is copied first, and that copy is charged).
+//! holds positions `b*32 .. b*32 + 32`; only heap blocks this sequence owns
+//! alone are written (a shared or mapped block is copied first, and the copy
+//! is charged before it is made).
 
 use std::sync::Arc;
 
 use engram_model::{KvCache, KvChunk, KvData};
 
-use crate::block::{Block, Data, BLOCK_TOKENS};
+use crate::block::{Block, BLOCK_TOKENS};
 use crate::error::KvError;
 use crate::pool::KvPool;
 
@@ -30,6 +32,14 @@ impl SeqKv {
         SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0 }
     }
 
+    /// A cache over existing blocks (shared from an index or restored from
+    /// disk) holding `len` tokens. Blocks must come from `pool` and all but the
+    /// last must be full.
+    pub fn from_blocks(pool: &KvPool, blocks: Vec<Arc<Block>>, len: usize) -> SeqKv {
+        debug_assert_eq!(blocks.len(), len.div_ceil(BLOCK_TOKENS));
+        SeqKv { pool: pool.clone(), blocks, len }
+    }
+
     /// Tokens stored.
     pub fn len(&self) -> usize {
         self.len
@@ -42,21 +52,29 @@ impl SeqKv {
     pub fn pool(&self) -> &KvPool {
         &self.pool
     }
+    /// The blocks covering positions `0..len` (and any reserved room after).
+    pub fn blocks(&self) -> &[Arc<Block>] {
+        &self.blocks[..self.len.div_ceil(BLOCK_TOKENS)]
+    }
 
     /// Makes room for `n` more tokens: allocates blocks and un-shares the
-    /// partial last block if another sequence holds it. All or nothing.
+    /// partial last block if it is shared or mapped. All or nothing.
     pub fn reserve(&mut self, n: usize) -> Result<(), KvError> {
         let need_blocks = (self.len + n).div_ceil(BLOCK_TOKENS);
         let new_blocks = need_blocks.saturating_sub(self.blocks.len());
-        let cow = self.len % BLOCK_TOKENS != 0 && n > 0 && Arc::strong_count(&self.blocks[self.len / BLOCK_TOKENS]) > 1;
-        self.pool.try_charge((new_blocks + cow as usize) * self.pool.block_bytes())?;
+        let partial = self.len / BLOCK_TOKENS;
+        let cow = n > 0 && self.len % BLOCK_TOKENS != 0 && {
+            let b = &self.blocks[partial];
+            Arc::strong_count(b) > 1 || b.is_mapped()
+        };
+        let bb = self.pool.block_bytes();
+        self.pool.try_charge((new_blocks + cow as usize) * bb)?;
         if cow {
-            let idx = self.len / BLOCK_TOKENS;
-            let copy = Block { data: self.blocks[idx].data.clone(), len: self.blocks[idx].len, pool: self.pool.clone() };
-            self.blocks[idx] = Arc::new(copy);
+            let copy = self.pool.charged_block(self.blocks[partial].bytes().to_vec(), self.len % BLOCK_TOKENS);
+            self.blocks[partial] = Arc::new(copy);
         }
         for _ in 0..new_blocks {
-            self.blocks.push(Arc::new(self.pool.charged_empty_block()));
+            self.blocks.push(Arc::new(self.pool.charged_block(vec![0u8; bb], 0)));
         }
         Ok(())
     }
@@ -74,8 +92,8 @@ impl SeqKv {
             return;
         }
         self.len = num_tokens;
-        // Blocks past the end are released; a partial last block keeps stale
-        // tokens past `len`, which `for_each_chunk` hides and the next write overwrites.
+        // A partial last block keeps stale tokens past `len`, which
+        // `for_each_chunk` hides and the next write overwrites.
         self.blocks.truncate(num_tokens.div_ceil(BLOCK_TOKENS));
     }
 
@@ -83,38 +101,27 @@ impl SeqKv {
     pub fn num_bytes(&self) -> usize {
         self.blocks.len() * self.pool.block_bytes()
     }
-
-    fn layer_slices(&self, layer: usize) -> (usize, usize) {
-        let per = Block::layer_elems(&self.pool.layout());
-        (layer * 2 * per, per)
-    }
 }
 
 impl KvCache for SeqKv {
     fn write(&mut self, layer: usize, first_pos: usize, keys: &[f32], values: &[f32], num_tokens: usize) {
         let layout = self.pool.layout();
         let (hd, nh) = (layout.head_dim, layout.num_kv_heads);
-        let (base, per) = self.layer_slices(layer);
+        let elem = self.pool.elem();
+        let rb = elem.row_bytes(hd);
+        let sec = self.pool.section_bytes();
+        let (kbase, vbase) = (2 * layer * sec, (2 * layer + 1) * sec);
         for t in 0..num_tokens {
             let pos = first_pos + t;
             let (bi, slot) = (pos / BLOCK_TOKENS, pos % BLOCK_TOKENS);
             let block = Arc::get_mut(&mut self.blocks[bi]).expect("SeqKv::write: block not reserved or still shared");
-            let (krow, vrow) = (&keys[t * nh * hd..(t + 1) * nh * hd], &values[t * nh * hd..(t + 1) * nh * hd]);
+            let row = t * nh * hd;
+            let bytes = block.bytes_mut().expect("SeqKv::write: reserve() un-maps the block it writes");
             for h in 0..nh {
-                let off = h * BLOCK_TOKENS * hd + slot * hd;
-                let (ks, vs) = (&krow[h * hd..(h + 1) * hd], &vrow[h * hd..(h + 1) * hd]);
-                match &mut block.data {
-                    Data::F32(d) => {
-                        d[base + off..base + off + hd].copy_from_slice(ks);
-                        d[base + per + off..base + per + off + hd].copy_from_slice(vs);
-                    }
-                    Data::F16(d) => {
-                        for i in 0..hd {
-                            d[base + off + i] = half::f16::from_f32(ks[i]);
-                            d[base + per + off + i] = half::f16::from_f32(vs[i]);
-                        }
-                    }
-                }
+                let off = (h * BLOCK_TOKENS + slot) * rb;
+                let (ks, vs) = (&keys[row + h * hd..row + (h + 1) * hd], &values[row + h * hd..row + (h + 1) * hd]);
+                elem.encode_row(ks, &mut bytes[kbase + off..kbase + off + rb]);
+                elem.encode_row(vs, &mut bytes[vbase + off..vbase + off + rb]);
             }
             block.len = block.len.max(slot + 1);
         }
@@ -126,18 +133,17 @@ impl KvCache for SeqKv {
     }
 
     fn for_each_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
-        let (base, per) = self.layer_slices(layer);
+        let sec = self.pool.section_bytes();
+        let elem = self.pool.elem();
         for (bi, b) in self.blocks.iter().enumerate() {
             let len = b.len.min(self.len.saturating_sub(bi * BLOCK_TOKENS));
             if len == 0 {
                 break;
             }
-            let (keys, values) = match &b.data {
-                Data::F32(d) => (KvData::F32(&d[base..base + per]), KvData::F32(&d[base + per..base + 2 * per])),
-                Data::F16(d) => (KvData::F16(&d[base..base + per]), KvData::F16(&d[base + per..base + 2 * per])),
-            };
-            let hd = self.pool.layout().head_dim;
-            f(&KvChunk { first_pos: bi * BLOCK_TOKENS, len, head_stride: BLOCK_TOKENS * hd, keys, values, mask: None });
+            let bytes = b.bytes();
+            let keys = KvData { elem, bytes: &bytes[2 * layer * sec..(2 * layer + 1) * sec] };
+            let values = KvData { elem, bytes: &bytes[(2 * layer + 1) * sec..(2 * layer + 2) * sec] };
+            f(&KvChunk { first_pos: bi * BLOCK_TOKENS, len, capacity: BLOCK_TOKENS, keys, values, mask: None });
         }
     }
 }

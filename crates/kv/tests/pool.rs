@@ -1,7 +1,7 @@
 //! The block pool's budget and copy-on-write sharing, without a model.
 
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv, BLOCK_TOKENS};
-use engram_model::{KvCache, KvData};
+use engram_model::{KvCache, KvElem};
 
 const LAYOUT: KvLayout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4 };
 
@@ -18,11 +18,13 @@ fn read_keys(kv: &SeqKv, layer: usize) -> Vec<f32> {
     // Token-major [t][head][d], from head-major chunks.
     let mut out = Vec::new();
     kv.for_each_chunk(layer, &mut |c| {
-        let KvData::F32(k) = c.keys else { panic!("f32 pool") };
+        let rb = c.keys.elem.row_bytes(LAYOUT.head_dim);
         for t in 0..c.len {
             for h in 0..LAYOUT.num_kv_heads {
-                let off = h * c.head_stride + t * LAYOUT.head_dim;
-                out.extend_from_slice(&k[off..off + LAYOUT.head_dim]);
+                let off = (h * c.capacity + t) * rb;
+                let mut row = vec![0f32; LAYOUT.head_dim];
+                c.keys.elem.decode_row(&c.keys.bytes[off..off + rb], &mut row);
+                out.extend_from_slice(&row);
             }
         }
     });
@@ -80,9 +82,19 @@ fn f16_format_rounds_once() {
     a.reserve(3).unwrap();
     write_tokens(&mut a, 0, 3, 0.25);
     a.for_each_chunk(0, &mut |c| {
-        let KvData::F16(k) = c.keys else { panic!("f16 pool") };
-        assert_eq!(k[0].to_f32(), 0.25);
+        assert_eq!(c.keys.elem, KvElem::F16);
+        let mut row = vec![0f32; LAYOUT.head_dim];
+        c.keys.elem.decode_row(&c.keys.bytes[..2 * LAYOUT.head_dim], &mut row);
+        assert_eq!(row[0], 0.25);
         assert_eq!(c.len, 3);
     });
     assert!("q3".parse::<KvFormat>().is_err());
+    for f in KvFormat::ALL {
+        assert_eq!(f.name().parse::<KvFormat>().unwrap(), f);
+    }
+    let f16 = KvPool::new(LAYOUT, KvFormat::F16, 1).bytes_per_token() as f64;
+    let q4 = KvPool::new(KvLayout { head_dim: 64, ..LAYOUT }, KvFormat::Q4, 1).bytes_per_token() as f64;
+    let f16_64 = KvPool::new(KvLayout { head_dim: 64, ..LAYOUT }, KvFormat::F16, 1).bytes_per_token() as f64;
+    assert!(q4 / f16_64 <= 0.3, "q4 is {} of f16", q4 / f16_64);
+    assert!(f16 > 0.0);
 }

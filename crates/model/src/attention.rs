@@ -6,8 +6,6 @@
 //! cached tokens and their chunking, not on how many other queries share the
 //! step, so prefilling in one chunk, several, or token by token agrees.
 
-use half::f16;
-
 use crate::kv::{KvCache, KvData};
 use crate::ops::{axpy, dot};
 
@@ -39,10 +37,9 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
     let mut scores: Vec<f32> = Vec::new();
     let q_width = t.num_heads * hd;
     t.kv.for_each_chunk(t.layer, &mut |chunk| {
-        let off = t.kv_head * chunk.head_stride;
         let n = chunk.len;
-        let keys = view(chunk.keys, off, n * hd, &mut kbuf);
-        let values = view(chunk.values, off, n * hd, &mut vbuf);
+        let keys = view(chunk.keys, t.kv_head * chunk.capacity, n, hd, &mut kbuf);
+        let values = view(chunk.values, t.kv_head * chunk.capacity, n, hd, &mut vbuf);
         scores.resize(n, 0.0);
         for qi in 0..t.num_queries {
             let qpos = t.first_pos + qi;
@@ -93,14 +90,15 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
     acc
 }
 
-/// Borrows f32 data in place, or converts f16 into `buf` (one block at a time).
-fn view<'a>(data: KvData<'a>, off: usize, len: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-    match data {
-        KvData::F32(s) => &s[off..off + len],
-        KvData::F16(s) => {
-            buf.clear();
-            buf.extend(s[off..off + len].iter().map(|h: &f16| h.to_f32()));
-            buf
-        }
+/// Decodes rows `first_row .. first_row + n` into `buf` (one chunk at a
+/// time, so the cache is never expanded in full). f32 rows are decoded too:
+/// mapped bytes carry no alignment guarantee, and the copy is L1-sized.
+fn view<'a>(data: KvData<'_>, first_row: usize, n: usize, hd: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    let rb = data.elem.row_bytes(hd);
+    buf.resize(n * hd, 0.0);
+    let src = &data.bytes[first_row * rb..(first_row + n) * rb];
+    for (row, out) in src.chunks_exact(rb).zip(buf.chunks_exact_mut(hd)) {
+        data.elem.decode_row(row, out);
     }
+    buf
 }

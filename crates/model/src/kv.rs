@@ -13,15 +13,109 @@
 
 use half::f16;
 
-/// The element storage of one chunk's keys or values, laid out
-/// `[num_kv_heads][stride / head_dim][head_dim]` (head-major, so one head's
-/// keys are contiguous and attention streams them).
+/// Element formats of stored keys and values. Quantized formats hold each
+/// token-head row as groups of `group` elements: an f16 scale then the codes
+/// (Q8: one i8 per element; Q4: byte `j` holds element `j` in its low nibble
+/// and element `j + group/2` in its high nibble, value = (code - 8) * scale).
+/// With `group == 32` these are exactly ggml's Q8_0 and Q4_0 blocks, so the
+/// kernels' SIMD decoders read them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvElem {
+    F32,
+    F16,
+    Q8 { group: usize },
+    Q4 { group: usize },
+}
+
+impl KvElem {
+    /// Bytes of one token-head row of `head_dim` elements.
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        match self {
+            KvElem::F32 => 4 * head_dim,
+            KvElem::F16 => 2 * head_dim,
+            KvElem::Q8 { group } => head_dim / group * (2 + group),
+            KvElem::Q4 { group } => head_dim / group * (2 + group / 2),
+        }
+    }
+
+    /// Decodes one row into `out` (`head_dim` floats).
+    pub fn decode_row(self, row: &[u8], out: &mut [f32]) {
+        use engram_kernels::{dequantize_row, DType};
+        match self {
+            KvElem::F32 => dequantize_row(DType::F32, row, out),
+            KvElem::F16 => dequantize_row(DType::F16, row, out),
+            KvElem::Q8 { group: 32 } => dequantize_row(DType::Q8_0, row, out),
+            KvElem::Q4 { group: 32 } => dequantize_row(DType::Q4_0, row, out),
+            KvElem::Q8 { group } => {
+                for (o, g) in out.chunks_exact_mut(group).zip(row.chunks_exact(2 + group)) {
+                    let d = f16::from_le_bytes([g[0], g[1]]).to_f32();
+                    for (x, &q) in o.iter_mut().zip(&g[2..]) {
+                        *x = d * (q as i8) as f32;
+                    }
+                }
+            }
+            KvElem::Q4 { group } => {
+                for (o, g) in out.chunks_exact_mut(group).zip(row.chunks_exact(2 + group / 2)) {
+                    let d = f16::from_le_bytes([g[0], g[1]]).to_f32();
+                    let half = group / 2;
+                    for (j, &b) in g[2..].iter().enumerate() {
+                        o[j] = d * ((b & 0x0f) as i32 - 8) as f32;
+                        o[j + half] = d * ((b >> 4) as i32 - 8) as f32;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Encodes one row of `head_dim` floats into `out` (`row_bytes` bytes).
+    pub fn encode_row(self, x: &[f32], out: &mut [u8]) {
+        match self {
+            KvElem::F32 => {
+                for (b, v) in out.chunks_exact_mut(4).zip(x) {
+                    b.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            KvElem::F16 => {
+                for (b, v) in out.chunks_exact_mut(2).zip(x) {
+                    b.copy_from_slice(&f16::from_f32(*v).to_le_bytes());
+                }
+            }
+            KvElem::Q8 { group } => {
+                for (g, xs) in out.chunks_exact_mut(2 + group).zip(x.chunks_exact(group)) {
+                    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let d = amax / 127.0;
+                    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                    g[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+                    for (q, v) in g[2..].iter_mut().zip(xs) {
+                        *q = ((v * inv).round().clamp(-127.0, 127.0) as i8) as u8;
+                    }
+                }
+            }
+            KvElem::Q4 { group } => {
+                for (g, xs) in out.chunks_exact_mut(2 + group / 2).zip(x.chunks_exact(group)) {
+                    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let d = amax / 7.0;
+                    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                    g[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+                    let half = group / 2;
+                    for (j, b) in g[2..].iter_mut().enumerate() {
+                        let q0 = ((xs[j] * inv).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
+                        let q1 = ((xs[j + half] * inv).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
+                        *b = q0 | (q1 << 4);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The storage of one chunk's keys or values: rows of `elem.row_bytes(head_dim)`
+/// bytes laid out `[num_kv_heads][capacity]` (head-major, so one head's
+/// tokens are contiguous and attention streams them).
 #[derive(Clone, Copy, Debug)]
-pub enum KvData<'a> {
-    /// Exact f32.
-    F32(&'a [f32]),
-    /// Exact-enough f16 (one rounding of each stored value).
-    F16(&'a [f16]),
+pub struct KvData<'a> {
+    pub elem: KvElem,
+    pub bytes: &'a [u8],
 }
 
 /// A run of cached tokens for one layer, as attention sees it.
@@ -31,8 +125,8 @@ pub struct KvChunk<'a> {
     pub first_pos: usize,
     /// Number of valid tokens.
     pub len: usize,
-    /// Elements between the starts of consecutive heads (>= `len * head_dim`).
-    pub head_stride: usize,
+    /// Token rows reserved per head (>= `len`): head `h`'s token `t` is row `h * capacity + t`.
+    pub capacity: usize,
     pub keys: KvData<'a>,
     pub values: KvData<'a>,
     /// `Some(mask)`: token `i` is attended only if `mask[i]`.
@@ -49,4 +143,54 @@ pub trait KvCache: Send + Sync {
 
     /// Calls `f` with every chunk of `layer`, in increasing position order.
     fn for_each_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantized_rows_round_trip_within_their_step() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.13).collect();
+        for (elem, tol) in [
+            (KvElem::F32, 0.0),
+            (KvElem::F16, 2e-3),
+            (KvElem::Q8 { group: 32 }, 0.012),
+            (KvElem::Q4 { group: 32 }, 0.11),
+            (KvElem::Q8 { group: 16 }, 0.012),
+            (KvElem::Q4 { group: 16 }, 0.11),
+        ] {
+            let mut bytes = vec![0u8; elem.row_bytes(64)];
+            elem.encode_row(&x, &mut bytes);
+            let mut y = vec![0f32; 64];
+            elem.decode_row(&bytes, &mut y);
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = x.iter().zip(&y).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / amax;
+            assert!(err <= tol, "{elem:?}: {err}");
+        }
+        assert_eq!(KvElem::Q4 { group: 32 }.row_bytes(64) * 100 / KvElem::F16.row_bytes(64), 28);
+    }
+
+    #[test]
+    fn group_32_decoders_agree_with_the_generic_ones() {
+        // The SIMD (ggml) decoders and the generic loops must read the same layout.
+        let x: Vec<f32> = (0..64).map(|i| ((i * 53 % 29) as f32 - 14.0) * 0.07).collect();
+        for elem in [KvElem::Q8 { group: 32 }, KvElem::Q4 { group: 32 }] {
+            let mut bytes = vec![0u8; elem.row_bytes(64)];
+            elem.encode_row(&x, &mut bytes);
+            let mut fast = vec![0f32; 64];
+            elem.decode_row(&bytes, &mut fast);
+            let mut slow = vec![0f32; 64];
+            for (g, o) in bytes.chunks_exact(bytes.len() / 2).zip(slow.chunks_exact_mut(32)) {
+                let d = f16::from_le_bytes([g[0], g[1]]).to_f32();
+                for j in 0..32 {
+                    o[j] = match elem {
+                        KvElem::Q8 { .. } => d * (g[2 + j] as i8) as f32,
+                        _ => d * (if j < 16 { g[2 + j] & 15 } else { g[2 + j - 16] >> 4 } as i32 - 8) as f32,
+                    };
+                }
+            }
+            assert_eq!(fast, slow, "{elem:?}");
+        }
+    }
 }

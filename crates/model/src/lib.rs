@@ -24,6 +24,6 @@ pub mod weights;
 pub use config::{Arch, ModelConfig, RopeConfig, RopeStyle};
 pub use error::{ModelError, Result};
 pub use forward::{Logits, SeqStep};
-pub use kv::{KvCache, KvChunk, KvData};
+pub use kv::{KvCache, KvChunk, KvData, KvElem};
 pub use model::{Fingerprint, Model};
 pub use weights::{ModelWeights, Weight};

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use engram_fixture::{FixtureFiles, GgufFormat, Shape};
-use engram_model::{KvCache, KvChunk, KvData, Logits, Model, SeqStep};
+use engram_model::{KvCache, KvChunk, KvData, KvElem, Logits, Model, SeqStep};
 
 /// The tiny fixture (HF folder + f16/q8_0/q4_0 GGUF), generated once per process.
 pub fn tiny() -> &'static FixtureFiles {
@@ -84,7 +84,9 @@ impl KvCache for VecKv {
             return;
         }
         let (k, v) = &self.head_major[layer];
-        f(&KvChunk { first_pos: 0, len: t, head_stride: t * self.head_dim, keys: KvData::F32(k), values: KvData::F32(v), mask: None })
+        let (k, v): (Vec<u8>, Vec<u8>) = (k.iter().flat_map(|x| x.to_le_bytes()).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect());
+        let (keys, values) = (KvData { elem: KvElem::F32, bytes: &k }, KvData { elem: KvElem::F32, bytes: &v });
+        f(&KvChunk { first_pos: 0, len: t, capacity: t, keys, values, mask: None })
     }
 }
 

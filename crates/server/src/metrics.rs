@@ -1,0 +1,108 @@
+//! Server metrics, rendered as Prometheus text at `GET /metrics`.
+//!
+//! Counters are atomics written by handlers and the engine thread; the
+//! histograms have fixed buckets (seconds). Gauges that belong to the engine
+//! (KV bytes in use, sessions, queue) are read at render time.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+const BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// A latency histogram.
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, seconds: f64) {
+        for (b, c) in BUCKETS.iter().zip(&self.counts) {
+            if seconds <= *b {
+                c.fetch_add(1, Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_us.fetch_add((seconds * 1e6) as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in BUCKETS.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", c.load(Relaxed));
+        }
+        let n = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {n}");
+    }
+}
+
+/// Everything `/metrics` reports.
+#[derive(Default)]
+pub struct Metrics {
+    /// `(route, status) -> count`.
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    pub tokens_reused: AtomicU64,
+    pub tokens_computed: AtomicU64,
+    pub tokens_generated: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub steps: AtomicU64,
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    /// Gauges the engine thread refreshes after each step.
+    pub kv_bytes_used: AtomicU64,
+    pub kv_bytes_budget: AtomicU64,
+    pub sessions_idle: AtomicU64,
+    pub sequences_running: AtomicU64,
+    pub requests_waiting: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts one finished HTTP request.
+    pub fn count_request(&self, route: &str, status: u16) {
+        let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((route.to_string(), status)).or_insert(0) += 1;
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "# HELP engram_requests_total HTTP requests by route and status.\n# TYPE engram_requests_total counter");
+        for ((route, status), n) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "engram_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
+        }
+        let counters: [(&str, &str, &AtomicU64); 7] = [
+            ("engram_cache_hits_total", "Requests that reused cached tokens.", &self.cache_hits),
+            ("engram_cache_misses_total", "Requests that reused nothing.", &self.cache_misses),
+            ("engram_prompt_tokens_reused_total", "Prompt tokens served from the KV cache.", &self.tokens_reused),
+            ("engram_prompt_tokens_computed_total", "Prompt tokens prefilled.", &self.tokens_computed),
+            ("engram_generated_tokens_total", "Tokens sampled.", &self.tokens_generated),
+            ("engram_cancelled_total", "Sequences cancelled because the client went away.", &self.cancelled),
+            ("engram_steps_total", "Batched forward steps.", &self.steps),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));
+        }
+        let gauges: [(&str, &str, &AtomicU64); 5] = [
+            ("engram_kv_bytes_used", "KV cache RAM in use (bytes).", &self.kv_bytes_used),
+            ("engram_kv_bytes_budget", "KV cache RAM budget (bytes).", &self.kv_bytes_budget),
+            ("engram_sessions_idle", "Cached sessions not in use.", &self.sessions_idle),
+            ("engram_sequences_running", "Sequences in the batch.", &self.sequences_running),
+            ("engram_requests_waiting", "Requests queued for admission.", &self.requests_waiting),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", v.load(Relaxed));
+        }
+        self.ttft.render(&mut out, "engram_time_to_first_token_seconds", "From submission to the first sampled token.");
+        self.inter_token.render(&mut out, "engram_inter_token_seconds", "Between consecutive tokens of a sequence.");
+        out
+    }
+}
