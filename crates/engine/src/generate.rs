@@ -74,6 +74,11 @@ impl Timings {
 pub struct Generation {
     pub text: String,
     pub tokens: Vec<u32>,
+    /// Byte offset in `text`'s decoded stream where each token's text ends. A
+    /// token that ends inside a UTF-8 character gets the end of the token
+    /// completing it, so every end is a valid resume point (`<= text.len()`
+    /// for tokens that are part of `text`; larger for tokens cut by a stop string).
+    pub token_ends: Vec<usize>,
     pub finish: FinishReason,
     pub timings: Timings,
 }
@@ -90,6 +95,18 @@ impl<'m> Generator<'m> {
     /// An empty sequence whose cache is charged to `pool`.
     pub fn new(model: &'m Model, pool: &KvPool) -> Generator<'m> {
         Generator { model, kv: SeqKv::new(pool), tokens: Vec::new(), prefill_chunk: DEFAULT_PREFILL_CHUNK }
+    }
+
+    /// A sequence resuming from a cache that holds exactly `tokens` (from a
+    /// session or a shared prefix).
+    pub fn from_parts(model: &'m Model, kv: SeqKv, tokens: Vec<u32>) -> Generator<'m> {
+        assert_eq!(kv.len(), tokens.len(), "a cache must hold exactly its tokens");
+        Generator { model, kv, tokens, prefill_chunk: DEFAULT_PREFILL_CHUNK }
+    }
+
+    /// The cache and the tokens it holds.
+    pub fn into_parts(self) -> (SeqKv, Vec<u32>) {
+        (self.kv, self.tokens)
     }
 
     /// Sets the prefill chunk (tokens per forward call), at least 1.
@@ -171,6 +188,8 @@ impl<'m> Generator<'m> {
         let mut stops = StopMatcher::new(&params.stop);
         let mut text = String::new();
         let mut generated = Vec::new();
+        let mut token_ends: Vec<usize> = Vec::new();
+        let mut decoded_len = 0usize;
         let decode_start = Instant::now();
         let mut finish = FinishReason::Length;
         let ctx = self.model.config.max_positions;
@@ -185,6 +204,14 @@ impl<'m> Generator<'m> {
                 break;
             }
             let piece = decoder.push(t)?;
+            token_ends.push(usize::MAX);
+            if !piece.is_empty() {
+                decoded_len += piece.len();
+                // This token completes the text of any still-pending ones.
+                for e in token_ends.iter_mut().rev().take_while(|e| **e == usize::MAX) {
+                    *e = decoded_len;
+                }
+            }
             let (release, stopped) = stops.push(&piece);
             text.push_str(&release);
             if !release.is_empty() && !on_text(&release) {
@@ -201,15 +228,22 @@ impl<'m> Generator<'m> {
             logits = self.feed(&[t], false)?;
         }
         if finish == FinishReason::Length {
-            let (release, _) = stops.push(&decoder.flush());
+            let tail = decoder.flush();
+            decoded_len += tail.len();
+            let (release, _) = stops.push(&tail);
             let rest = release + &stops.finish();
             if !rest.is_empty() {
                 on_text(&rest);
             }
             text.push_str(&rest);
         }
+        for e in token_ends.iter_mut().filter(|e| **e == usize::MAX) {
+            *e = decoded_len;
+        }
+        // A stop token (not part of the text) ends where the text ends.
+        token_ends.resize(generated.len(), decoded_len);
         timings.decode_tokens = generated.len();
         timings.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
-        Ok(Generation { text, tokens: generated, finish, timings })
+        Ok(Generation { text, tokens: generated, token_ends, finish, timings })
     }
 }

@@ -1,0 +1,25 @@
+//! # engram-context — context policies
+//!
+//! Decides which cached tokens a new request can reuse, so that no context
+//! is prefilled twice:
+//!
+//! - [`PrefixIndex`] (seed 001): every full block of every finished
+//!   sequence is indexed by a chained hash of (parent hash, block tokens,
+//!   model fingerprint). A new sequence reuses the longest indexed chain at
+//!   any block boundary — seed 001's multi-granularity matching for free.
+//!   A hash hit is confirmed against the stored tokens, so a collision is a
+//!   miss, never a wrong answer.
+//! - [`SessionStore`] (seed 004): per-owner sessions holding their rendered
+//!   text, token ids, per-token character offsets and cache. A request's
+//!   text is matched by characters: EXACT, EXTEND (only new text is
+//!   tokenized and prefilled) or DIVERGE (reuse up to the last token
+//!   boundary inside the common text).
+//!
+//! Architecture invariant: policies decide *what* to reuse; they never touch
+//! weights, and they only build caches out of blocks through `engram-kv`.
+
+mod prefix;
+mod session;
+
+pub use prefix::{chain_hashes, PrefixIndex};
+pub use session::{Checkout, MatchKind, Session, SessionStore};

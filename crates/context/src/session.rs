@@ -1,0 +1,220 @@
+//! Sessions matched by characters (seed 004).
+//!
+//! ```text
+//!  session text:  <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!
+//!  new text:      <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n...
+//!                 |------------------- common characters -------------------|  -> EXTEND: tokenize only the rest
+//! ```
+//! A token is reusable when its text ends inside the common characters; the
+//! new text is tokenized from the end of the last reused token.
+//!
+//! Invariant: a checkout's cache holds exactly `tokens[..reused]`, and
+//! `tokens` is what the model will have seen once the rest is prefilled —
+//! generated tokens are kept as generated, never re-tokenized.
+
+use std::collections::HashMap;
+
+use engram_kv::{KvPool, SeqKv};
+use engram_model::Fingerprint;
+use engram_tokenizer::{Tokenizer, TokenizerError};
+
+use crate::prefix::PrefixIndex;
+
+/// How a request matched the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatchKind {
+    /// The text equals a session's text.
+    Exact,
+    /// A session's text is a prefix of the new text.
+    Extend,
+    /// The texts share a prefix, then differ.
+    Diverge,
+    /// Only the shared prefix index (or nothing) was reused.
+    Prefix,
+    /// Nothing reused.
+    Miss,
+}
+
+impl MatchKind {
+    /// Lower-case name for metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatchKind::Exact => "exact",
+            MatchKind::Extend => "extend",
+            MatchKind::Diverge => "diverge",
+            MatchKind::Prefix => "prefix",
+            MatchKind::Miss => "miss",
+        }
+    }
+}
+
+/// A conversation kept across requests.
+pub struct Session {
+    pub id: String,
+    pub owner: String,
+    /// The text the tokens came from (rendered prompt + generated text).
+    pub text: String,
+    pub tokens: Vec<u32>,
+    /// Byte end of each token's text in `text` (non-decreasing; specials that
+    /// render no text end where the previous token ends).
+    pub token_ends: Vec<usize>,
+    pub kv: SeqKv,
+    pub last_used: u64,
+}
+
+/// What a request gets back: a cache holding `tokens[..reused]`, and the full token sequence to run.
+pub struct Checkout {
+    pub session_id: String,
+    pub kind: MatchKind,
+    pub tokens: Vec<u32>,
+    pub token_ends: Vec<usize>,
+    pub reused: usize,
+    pub kv: SeqKv,
+}
+
+/// Sessions of every owner plus the shared prefix index, for one model and pool.
+pub struct SessionStore {
+    pool: KvPool,
+    sessions: HashMap<(String, String), Session>,
+    index: PrefixIndex,
+    clock: u64,
+    next_id: u64,
+}
+
+/// The longest common prefix of `a` and `b`, in bytes, on a char boundary.
+fn common_prefix(a: &str, b: &str) -> usize {
+    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    while !a.is_char_boundary(n) || !b.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
+}
+
+impl SessionStore {
+    /// A store whose caches are charged to `pool`, for the model with
+    /// `fingerprint` (combined here with the KV format: a format change is a miss).
+    pub fn new(pool: KvPool, fingerprint: Fingerprint) -> SessionStore {
+        let fp = Fingerprint(engram_model::model::fnv1a64(fingerprint.0, pool.format().name().as_bytes()));
+        SessionStore { pool, sessions: HashMap::new(), index: PrefixIndex::new(fp), clock: 0, next_id: 0 }
+    }
+
+    /// The pool caches are charged to.
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+    /// The shared prefix index.
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+    /// Sessions of `owner`.
+    pub fn sessions_of<'a>(&'a self, owner: &'a str) -> impl Iterator<Item = &'a Session> + 'a {
+        self.sessions.values().filter(move |s| s.owner == owner)
+    }
+    /// Removes a session; true if it existed.
+    pub fn remove(&mut self, owner: &str, id: &str) -> bool {
+        self.sessions.remove(&(owner.to_string(), id.to_string())).is_some()
+    }
+
+    /// Finds what `owner` can reuse for `text`: the named session if given,
+    /// else the owner's session sharing the most characters, else the prefix
+    /// index. `add_special` is how a cold request would tokenize `text`
+    /// (true for raw prompts, false for rendered chat templates).
+    pub fn checkout(
+        &mut self,
+        owner: &str,
+        session_id: Option<&str>,
+        text: &str,
+        add_special: bool,
+        tok: &Tokenizer,
+    ) -> Result<Checkout, TokenizerError> {
+        self.clock += 1;
+        let candidate = match session_id {
+            Some(id) => self.sessions.get(&(owner.to_string(), id.to_string())),
+            None => self
+                .sessions
+                .values()
+                .filter(|s| s.owner == owner)
+                .max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
+        };
+        let session_id = match (session_id, candidate) {
+            (Some(id), _) => id.to_string(),
+            (None, Some(s)) if common_prefix(&s.text, text) > 0 => s.id.clone(),
+            _ => {
+                self.next_id += 1;
+                format!("s{}-{}", self.clock, self.next_id)
+            }
+        };
+        if let Some(s) = candidate {
+            let c = common_prefix(&s.text, text);
+            // Reuse the longest run of tokens whose text ends inside the common part.
+            let k = s.token_ends.iter().take_while(|&&e| e <= c).count();
+            if k > 0 {
+                let boundary = s.token_ends[k - 1];
+                let kind = if s.text == text {
+                    MatchKind::Exact
+                } else if c == s.text.len() {
+                    MatchKind::Extend
+                } else {
+                    MatchKind::Diverge
+                };
+                let rest = tok.encode(&text[boundary..], false)?;
+                let mut tokens = s.tokens[..k].to_vec();
+                let mut token_ends = s.token_ends[..k].to_vec();
+                tokens.extend(&rest.ids);
+                token_ends.extend(rest.offsets.iter().map(|o| boundary + o.1));
+                fix_ends(&mut token_ends[k..], boundary);
+                let kv = s.kv.fork(k);
+                return Ok(Checkout { session_id, kind, tokens, token_ends, reused: k, kv });
+            }
+        }
+        let enc = tok.encode(text, add_special)?;
+        let mut token_ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
+        fix_ends(&mut token_ends, 0);
+        let kv = self.index.lookup(&self.pool, &enc.ids);
+        let reused = kv.len();
+        let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
+        Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv })
+    }
+
+    /// Stores (or replaces) a session after a request, and indexes its full
+    /// blocks for sharing. `tokens`/`token_ends` describe `text`; tokens whose
+    /// text ends past `text` (cut by a stop string) are dropped from the cache.
+    pub fn checkin(&mut self, owner: &str, session_id: &str, text: String, mut tokens: Vec<u32>, mut token_ends: Vec<usize>, mut kv: SeqKv) {
+        self.clock += 1;
+        let keep = token_ends.iter().take_while(|&&e| e <= text.len()).count().min(kv.len());
+        tokens.truncate(keep);
+        token_ends.truncate(keep);
+        kv.truncate(keep);
+        self.index.insert(&tokens, &kv);
+        let s = Session { id: session_id.to_string(), owner: owner.to_string(), text, tokens, token_ends, kv, last_used: self.clock };
+        self.sessions.insert((owner.to_string(), session_id.to_string()), s);
+    }
+
+    /// Frees RAM for `bytes` more: first idle prefix-index blocks, then the
+    /// least recently used sessions' caches. Returns whether enough was freed.
+    pub fn make_room(&mut self, bytes: usize) -> bool {
+        let target = |p: &KvPool| p.used() + bytes <= p.budget();
+        if target(&self.pool) {
+            return true;
+        }
+        let bb = self.pool.block_bytes();
+        self.index.evict(bytes, bb);
+        while !target(&self.pool) {
+            let Some(key) = self.sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) else {
+                return false;
+            };
+            self.sessions.remove(&key);
+            self.index.evict(bytes, bb);
+        }
+        true
+    }
+}
+
+/// Token ends must be non-decreasing and at least `floor` (specials report (0, 0)).
+fn fix_ends(ends: &mut [usize], floor: usize) {
+    let mut m = floor;
+    for e in ends.iter_mut() {
+        m = m.max(*e);
+        *e = m;
+    }
+}

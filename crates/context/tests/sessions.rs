@@ -1,0 +1,141 @@
+//! Every reuse path — EXACT, EXTEND, DIVERGE, shared prefix — against a cold
+//! run over the same tokens: same greedy tokens, logits within tolerance
+//! (invariant 1), for f32 and f16 KV; plus a property test over random
+//! conversations with edits, evictions under a tiny budget and sessions
+//! sharing prefixes.
+
+use engram_context::{MatchKind, SessionStore};
+use engram_engine::{Generator, SamplingParams};
+use engram_fixture::{GgufFormat, Shape};
+use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_model::Model;
+use proptest::prelude::*;
+use std::sync::OnceLock;
+
+fn model() -> &'static Model {
+    static M: OnceLock<(tempfile::TempDir, Model)> = OnceLock::new();
+    &M.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let f = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+        let m = Model::load(&f.hf_dir).unwrap();
+        (dir, m)
+    })
+    .1
+}
+
+fn greedy(n: usize) -> SamplingParams {
+    SamplingParams { max_tokens: n, ignore_eos: true, ..Default::default() }
+}
+
+fn rel(a: &[f32], b: &[f32]) -> f32 {
+    let s = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / s
+}
+
+/// One turn through the store; checks it against a cold run and returns (kind, reused, generated text).
+fn turn(store: &mut SessionStore, owner: &str, text: &str, n: usize) -> (MatchKind, usize, String) {
+    let m = model();
+    let co = store.checkout(owner, None, text, true, &m.tokenizer).unwrap();
+    let (kind, reused, sid) = (co.kind, co.reused, co.session_id.clone());
+    if std::env::var("DBG").is_ok() { eprintln!("{owner} {kind:?} reused {reused}/{} sid {sid} ends {:?}", co.tokens.len(), &co.token_ends[..co.token_ends.len().min(12)]); }
+    // Hot: logits of the last prompt token from the reused cache.
+    let mut hot = Generator::from_parts(m, co.kv, co.tokens[..reused].to_vec());
+    let keep = reused.min(co.tokens.len() - 1);
+    hot.truncate(keep);
+    let hot_logits = hot.feed(&co.tokens[keep..], false).unwrap();
+    let mut cold = Generator::new(m, store.pool());
+    let cold_logits = cold.feed(&co.tokens, false).unwrap();
+    let err = rel(&hot_logits, &cold_logits);
+    assert!(err < 1e-5, "{kind:?} reused {reused}: logits differ from cold by {err}");
+    // Greedy continuation from both.
+    hot.truncate(keep);
+    let g = hot.generate(&co.tokens, &greedy(n), &mut |_| true).unwrap();
+    let c = Generator::new(m, store.pool()).generate(&co.tokens, &greedy(n), &mut |_| true).unwrap();
+    assert_eq!(g.tokens, c.tokens, "{kind:?}: hot and cold greedy tokens differ");
+    let (kv, cached) = hot.into_parts();
+    let mut tokens = co.tokens.clone();
+    tokens.extend(&g.tokens);
+    let mut ends = co.token_ends.clone();
+    ends.extend(g.token_ends.iter().map(|e| e + text.len()));
+    assert!(cached.len() <= tokens.len() && tokens.starts_with(&cached));
+    store.checkin(owner, &sid, format!("{text}{}", g.text), tokens, ends, kv);
+    (kind, reused, g.text)
+}
+
+#[test]
+fn exact_extend_diverge_and_shared_prefix_equal_cold() {
+    let m = model();
+    for format in [KvFormat::F32, KvFormat::F16] {
+        let pool = KvPool::new(KvLayout::of(&m.config), format, 256 << 20);
+        let mut store = SessionStore::new(pool, m.fingerprint);
+        let system = "You are a careful assistant who keeps every fact about the user's week. ".repeat(3);
+        let t1 = format!("{system}User: plan my Monday.\nAssistant:");
+        let (k1, r1, out1) = turn(&mut store, "alice", &t1, 8);
+        assert_eq!((k1, r1), (MatchKind::Miss, 0));
+        // EXTEND: the client resends the conversation plus a new message.
+        let t2 = format!("{t1}{out1}\nUser: and Tuesday?\nAssistant:");
+        let (k2, r2, out2) = turn(&mut store, "alice", &t2, 8);
+        assert_eq!(k2, MatchKind::Extend, "{format:?}");
+        assert!(r2 > 20, "reused {r2}");
+        // EXACT: the same text again.
+        let t2b = format!("{t2}{out2}");
+        let (k3, _, _) = turn(&mut store, "alice", &t2b, 4);
+        assert_eq!(k3, MatchKind::Exact);
+        // DIVERGE: an edit of the last user message.
+        let t3 = format!("{t1}{out1}\nUser: and Wednesday instead?\nAssistant:");
+        let (k4, r4, _) = turn(&mut store, "alice", &t3, 4);
+        assert_eq!(k4, MatchKind::Diverge);
+        assert!(r4 > 20);
+        // Another owner with the same system prompt: shared prefix blocks, not alice's session.
+        let (k5, r5, _) = turn(&mut store, "bob", &format!("{system}User: hello\nAssistant:"), 4);
+        assert_eq!(k5, MatchKind::Prefix, "{format:?}");
+        assert!(r5 >= 32 && r5 % 32 == 0, "whole blocks: {r5}");
+    }
+}
+
+#[test]
+fn eviction_under_a_tiny_budget_keeps_answers_exact() {
+    let m = model();
+    let layout = KvLayout::of(&m.config);
+    let bb = KvPool::new(layout, KvFormat::F32, 0).block_bytes();
+    let pool = KvPool::new(layout, KvFormat::F32, 12 * bb);
+    let mut store = SessionStore::new(pool.clone(), m.fingerprint);
+    for i in 0..6 {
+        let text = format!("Conversation {i}: tell me about blocks, budgets and eviction order number {i}.");
+        let co = store.checkout("u", None, &text, true, &m.tokenizer).unwrap();
+        drop(co);
+        assert!(store.make_room(6 * bb), "room for a new turn");
+        turn(&mut store, "u", &text, 4);
+        assert!(pool.used() <= pool.budget());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    /// Random turns: extend, edit an earlier part, repeat, switch owner; under a small budget.
+    #[test]
+    fn random_conversations_match_cold(ops in proptest::collection::vec((0u8..4, 0usize..5, 0u8..2), 1..7)) {
+        let m = model();
+        let layout = KvLayout::of(&m.config);
+        let bb = KvPool::new(layout, KvFormat::F16, 0).block_bytes();
+        let pool = KvPool::new(layout, KvFormat::F16, 40 * bb);
+        let mut store = SessionStore::new(pool.clone(), m.fingerprint);
+        let words = ["cache ", "block ", "turn ", "agent ", "é日本 "];
+        let mut texts: Vec<String> = vec!["Start: ".into(), "Start: ".into()];
+        for (op, w, owner) in ops {
+            let o = owner as usize;
+            let t = &mut texts[o];
+            match op {
+                0 | 1 => t.push_str(words[w]),
+                2 => { let cut = t.char_indices().nth(t.chars().count() / 2).map(|(i, _)| i).unwrap_or(0); t.truncate(cut); t.push_str(words[w]); }
+                _ => {}
+            }
+            if t.is_empty() { t.push_str("x"); }
+            let text = t.clone();
+            prop_assert!(store.make_room(8 * bb));
+            let (_, _, out) = turn(&mut store, if o == 0 { "a" } else { "b" }, &text, 3);
+            texts[o] = format!("{text}{out}");
+            prop_assert!(pool.used() <= pool.budget());
+        }
+    }
+}
