@@ -6,7 +6,7 @@
 //! cached tokens and their chunking, not on how many other queries share the
 //! step, so prefilling in one chunk, several, or token by token agrees.
 
-use crate::kv::{KvCache, KvData};
+use crate::kv::{KvCache, KvData, KvElem};
 use crate::ops::{axpy, dot};
 
 /// What one attention task computes: the queries of one sequence for one KV head group.
@@ -29,15 +29,31 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
     let scale = 1.0 / (hd as f32).sqrt();
+    // Queries of this KV head's group, pre-scaled, gathered contiguously: row r = (query, head-in-group).
+    let q_width = t.num_heads * hd;
+    let mut q = vec![0.0f32; rows * hd];
+    for qi in 0..t.num_queries {
+        for j in 0..t.group {
+            let head = t.kv_head * t.group + j;
+            let src = &t.q[qi * q_width + head * hd..qi * q_width + (head + 1) * hd];
+            let dst = &mut q[(qi * t.group + j) * hd..(qi * t.group + j + 1) * hd];
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = s * scale;
+            }
+        }
+    }
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
     let mut acc = vec![0.0f32; rows * hd];
     let mut kbuf: Vec<f32> = Vec::new();
     let mut vbuf: Vec<f32> = Vec::new();
     let mut scores: Vec<f32> = Vec::new();
-    let q_width = t.num_heads * hd;
     t.kv.for_each_chunk(t.layer, &mut |chunk| {
         let n = chunk.len;
+        let last_pos = t.first_pos + t.num_queries - 1;
+        if n == 0 || chunk.first_pos > last_pos {
+            return;
+        }
         let keys = view(chunk.keys, t.kv_head * chunk.capacity, n, hd, &mut kbuf);
         let values = view(chunk.values, t.kv_head * chunk.capacity, n, hd, &mut vbuf);
         scores.resize(n, 0.0);
@@ -48,22 +64,25 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
             }
             let visible = (qpos - chunk.first_pos + 1).min(n);
             for j in 0..t.group {
-                let head = t.kv_head * t.group + j;
-                let q = &t.q[qi * q_width + head * hd..qi * q_width + (head + 1) * hd];
+                let r = qi * t.group + j;
+                let qr = &q[r * hd..(r + 1) * hd];
                 let mut mx = f32::NEG_INFINITY;
-                for i in 0..visible {
-                    let s = if chunk.mask.is_some_and(|mk| !mk[i]) {
-                        f32::NEG_INFINITY
-                    } else {
-                        dot(q, &keys[i * hd..(i + 1) * hd]) * scale
-                    };
-                    scores[i] = s;
+                for (i, s) in scores[..visible].iter_mut().enumerate() {
+                    *s = dot(qr, &keys[i * hd..(i + 1) * hd]);
+                }
+                if let Some(mask) = chunk.mask {
+                    for (s, &keep) in scores[..visible].iter_mut().zip(mask) {
+                        if !keep {
+                            *s = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                for &s in &scores[..visible] {
                     mx = mx.max(s);
                 }
                 if mx == f32::NEG_INFINITY {
                     continue;
                 }
-                let r = qi * t.group + j;
                 let m_new = m[r].max(mx);
                 let corr = (m[r] - m_new).exp();
                 let a = &mut acc[r * hd..(r + 1) * hd];
@@ -71,14 +90,13 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
                     l[r] *= corr;
                     a.iter_mut().for_each(|x| *x *= corr);
                 }
-                for i in 0..visible {
-                    if scores[i] == f32::NEG_INFINITY {
-                        continue;
-                    }
-                    let p = (scores[i] - m_new).exp();
-                    l[r] += p;
+                let mut sum = 0.0;
+                for (i, s) in scores[..visible].iter().enumerate() {
+                    let p = (s - m_new).exp();
+                    sum += p;
                     axpy(a, p, &values[i * hd..(i + 1) * hd]);
                 }
+                l[r] += sum;
                 m[r] = m_new;
             }
         }
@@ -91,14 +109,21 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
 }
 
 /// Decodes rows `first_row .. first_row + n` into `buf` (one chunk at a
-/// time, so the cache is never expanded in full). f32 rows are decoded too:
-/// mapped bytes carry no alignment guarantee, and the copy is L1-sized.
+/// time, so the cache is never expanded in full). A head's rows are
+/// contiguous, so ggml-layout formats decode in one call. f32 rows are
+/// decoded too: mapped bytes carry no alignment guarantee, and the copy is
+/// L1-sized.
 fn view<'a>(data: KvData<'_>, first_row: usize, n: usize, hd: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
     let rb = data.elem.row_bytes(hd);
     buf.resize(n * hd, 0.0);
     let src = &data.bytes[first_row * rb..(first_row + n) * rb];
-    for (row, out) in src.chunks_exact(rb).zip(buf.chunks_exact_mut(hd)) {
-        data.elem.decode_row(row, out);
+    match data.elem {
+        KvElem::F32 | KvElem::F16 | KvElem::Q8 { group: 32 } | KvElem::Q4 { group: 32 } => data.elem.decode_row(src, buf),
+        _ => {
+            for (row, out) in src.chunks_exact(rb).zip(buf.chunks_exact_mut(hd)) {
+                data.elem.decode_row(row, out);
+            }
+        }
     }
     buf
 }

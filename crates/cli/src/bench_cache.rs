@@ -1,0 +1,249 @@
+//! `engram bench cache`: time to first token for a new 64-token user turn
+//! after a history of H tokens — cold (no cache), hot (history in memory),
+//! warm (a freshly started process restores the history from disk) — plus
+//! shared-prefix TTFT, restore throughput, bytes per token, decode speed at
+//! depth and, for approximate KV formats, quality against f32 KV.
+//!
+//! The warm case runs in a child process (`--warm-child`) that loads the
+//! model first and then times restore + prefill + first token, so nothing
+//! of the parent's memory helps it. The entry file was just written, so it
+//! sits in the page cache (reported as `page_cache: "warm"`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use engram_context::PrefixIndex;
+use engram_engine::{Generator, SamplingParams};
+use engram_kv::persist::{cache_fingerprint, read_entry, write_entry, EntryKind, EntryMeta};
+use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_model::{Fingerprint, Model};
+use serde_json::json;
+
+use crate::common::{data_dir, kv_pool, load_model, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// History lengths in tokens, comma-separated.
+    #[arg(long, default_value = "1024,4096,16384")]
+    history: String,
+    /// System prompt lengths for the shared-prefix rows (empty: skip).
+    #[arg(long, default_value = "180,1024,4096")]
+    system: String,
+    /// Tokens in the new user message.
+    #[arg(long, default_value_t = 64)]
+    user_tokens: usize,
+    /// Tokens decoded after the first, to measure decode speed at depth.
+    #[arg(long, default_value_t = 32)]
+    decode_tokens: usize,
+    /// One JSON object per line instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Internal: run the warm measurement for `--entry` and print JSON.
+    #[arg(long, hide = true)]
+    warm_child: bool,
+    #[arg(long, hide = true)]
+    entry: Option<PathBuf>,
+}
+
+fn tokens(model: &Model, n: usize, salt: u64) -> Vec<u32> {
+    let vocab = model.tokenizer.vocab_size().min(model.config.vocab).max(2) as u64;
+    (0..n as u64).map(|i| (((i + salt) * 2_654_435_761 + 97 * salt + 12345) % (vocab - 1) + 1) as u32).collect()
+}
+
+fn one_token() -> SamplingParams {
+    SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() }
+}
+
+fn ttft(gen: &mut Generator<'_>, prompt: &[u32]) -> Result<f64> {
+    let t = Instant::now();
+    gen.generate(prompt, &one_token(), &mut |_| true)?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = load_model(&a.model)?;
+    let pool = kv_pool(&model, &a.model)?;
+    let format = pool.format();
+    let fp = cache_fingerprint(model.fingerprint, format);
+    if a.warm_child {
+        return warm_child(&a, &model, &pool, &fp);
+    }
+    let dir = data_dir(&a.model.data_dir).join("bench-cache");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let histories: Vec<usize> = parse_list(&a.history)?;
+    let mut rows = Vec::new();
+    for &h in &histories {
+        eprintln!("history {h}: cold prefill of {} tokens (this is the slow part)...", h + a.user_tokens);
+        let history = tokens(&model, h, 1);
+        let mut prompt = history.clone();
+        prompt.extend(tokens(&model, a.user_tokens, 7));
+        let cold = ttft(&mut Generator::new(&model, &pool), &prompt)?;
+
+        let mut hot_gen = Generator::new(&model, &pool);
+        hot_gen.feed(&history, false)?;
+        let hot = ttft(&mut hot_gen, &prompt)?;
+        // Decode speed at this depth, continuing the hot sequence.
+        let t = Instant::now();
+        let g = hot_gen.generate(&prompt, &SamplingParams { max_tokens: a.decode_tokens + 1, ignore_eos: true, ..Default::default() }, &mut |_| true)?;
+        let decode_tok_s = (g.tokens.len().saturating_sub(1)) as f64 / (t.elapsed().as_secs_f64() - g.timings.ttft_ms / 1e3).max(1e-9);
+
+        // Persist the history, then restore it in a fresh process.
+        let mut hist_gen = Generator::new(&model, &pool);
+        hist_gen.feed(&history, false)?;
+        let (kv, toks) = hist_gen.into_parts();
+        let path = dir.join(format!("history-{h}-{format}.safetensors"));
+        let meta = EntryMeta { fingerprint: fp.clone(), kind: EntryKind::Session, owner: "bench".into(), tokens: toks, text: String::new(), offsets: Vec::new(), created_unix: 0 };
+        let t = Instant::now();
+        let bytes = write_entry(&path, &meta, &kv)?;
+        let write_ms = t.elapsed().as_secs_f64() * 1e3;
+        drop(kv);
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .args(child_args(&a, &path, h))
+            .output()
+            .context("running the warm-start child")?;
+        if !child.status.success() {
+            anyhow::bail!("warm child failed: {}", String::from_utf8_lossy(&child.stderr));
+        }
+        let warm: serde_json::Value = serde_json::from_slice(&child.stdout).context("warm child output")?;
+        let _ = std::fs::remove_file(&path);
+        rows.push(json!({
+            "history_tokens": h,
+            "kv_format": format.name(),
+            "user_tokens": a.user_tokens,
+            "ttft_cold_ms": round(cold),
+            "ttft_hot_ms": round(hot),
+            "ttft_warm_ms": warm["ttft_warm_ms"],
+            "restore_ms": warm["restore_ms"],
+            "restore_gb_s": warm["restore_gb_s"],
+            "page_cache": "warm",
+            "persist_write_ms": round(write_ms),
+            "entry_bytes": bytes,
+            "bytes_per_token": pool.bytes_per_token(),
+            "decode_tok_s_at_depth": round(decode_tok_s),
+            "threads": engram_kernels::num_threads(),
+        }));
+        print_row(&a, rows.last().unwrap());
+    }
+    for &s in &parse_list(&a.system)? {
+        let system = tokens(&model, s, 3);
+        let mut prompt = system.clone();
+        prompt.extend(tokens(&model, a.user_tokens, 11));
+        let cold = ttft(&mut Generator::new(&model, &pool), &prompt)?;
+        let mut index = PrefixIndex::new(Fingerprint(model.fingerprint.0 ^ 1));
+        let mut g = Generator::new(&model, &pool);
+        g.feed(&system, false)?;
+        let (kv, toks) = g.into_parts();
+        index.insert(&toks, &kv);
+        drop(kv);
+        let t = Instant::now();
+        let shared = index.lookup(&pool, &prompt);
+        let reused = shared.len();
+        let mut gen = Generator::from_parts(&model, shared, prompt[..reused].to_vec());
+        gen.generate(&prompt, &one_token(), &mut |_| true)?;
+        let hit = t.elapsed().as_secs_f64() * 1e3;
+        rows.push(json!({
+            "system_prompt_tokens": s,
+            "kv_format": format.name(),
+            "reused_tokens": reused,
+            "ttft_cold_ms": round(cold),
+            "ttft_shared_prefix_ms": round(hit),
+            "speedup": round(cold / hit),
+        }));
+        print_row(&a, rows.last().unwrap());
+    }
+    if !format.is_exact() {
+        rows.push(quality(&model, format)?);
+        print_row(&a, rows.last().unwrap());
+    }
+    Ok(())
+}
+
+/// Logit error and top-1 agreement of `format` KV against f32 KV over 512 tokens of real text.
+fn quality(model: &Model, format: KvFormat) -> Result<serde_json::Value> {
+    let text = engram_tokenizer::FIXTURE_CORPUS.chars().take(4000).collect::<String>();
+    let mut ids = model.tokenizer.encode(&text, true)?.ids;
+    ids.truncate(512);
+    let layout = KvLayout::of(&model.config);
+    let exact = Generator::new(model, &KvPool::new(layout, KvFormat::F32, 1 << 34)).feed(&ids, true)?;
+    let approx = Generator::new(model, &KvPool::new(layout, format, 1 << 34)).feed(&ids, true)?;
+    let v = model.config.vocab;
+    let (mut agree, mut max_err, mut kl) = (0usize, 0f32, 0f64);
+    for (e, q) in exact.chunks_exact(v).zip(approx.chunks_exact(v)) {
+        agree += (engram_engine::argmax(e) == engram_engine::argmax(q)) as usize;
+        let scale = e.iter().fold(0f32, |m, x| m.max(x.abs()));
+        max_err = max_err.max(e.iter().zip(q).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale);
+        kl += kl_div(e, q);
+    }
+    let n = ids.len();
+    Ok(json!({
+        "quality_vs_f32": format.name(),
+        "positions": n,
+        "top1_agreement": round(agree as f64 / n as f64),
+        "mean_kl_nats": (kl / n as f64 * 1e6).round() / 1e6,
+        "max_rel_logit_err": round(max_err as f64),
+    }))
+}
+
+fn kl_div(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let lse = |x: &[f32]| {
+        let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
+    };
+    let (lp, lq) = (lse(p_logits), lse(q_logits));
+    p_logits.iter().zip(q_logits).map(|(&a, &b)| {
+        let pa = a as f64 - lp;
+        pa.exp() * (pa - (b as f64 - lq))
+    }).sum()
+}
+
+fn warm_child(a: &Args, model: &Model, pool: &KvPool, fp: &str) -> Result<()> {
+    let path = a.entry.as_ref().context("--entry is required with --warm-child")?;
+    let h = parse_list(&a.history)?[0];
+    let mut prompt = tokens(model, h, 1);
+    prompt.extend(tokens(model, a.user_tokens, 7));
+    let t = Instant::now();
+    let (meta, kv) = read_entry(path, pool, fp, model.config.vocab)?;
+    let restore_ms = t.elapsed().as_secs_f64() * 1e3;
+    let bytes = std::fs::metadata(path)?.len() as f64;
+    let mut gen = Generator::from_parts(model, kv, meta.tokens);
+    gen.generate(&prompt, &one_token(), &mut |_| true)?;
+    let ttft = t.elapsed().as_secs_f64() * 1e3;
+    println!("{}", json!({ "ttft_warm_ms": round(ttft), "restore_ms": round(restore_ms), "restore_gb_s": round(bytes / (restore_ms / 1e3) / 1e9) }));
+    Ok(())
+}
+
+fn child_args(a: &Args, entry: &std::path::Path, h: usize) -> Vec<String> {
+    let mut v = vec!["bench".into(), "cache".into(), "--warm-child".into(), "--entry".into(), entry.display().to_string()];
+    v.extend(["--history".into(), h.to_string(), "--user-tokens".into(), a.user_tokens.to_string()]);
+    v.extend(["--kv-format".into(), a.model.kv_format.clone(), "--kv-budget-mib".into(), a.model.kv_budget_mib.to_string()]);
+    if let Some(m) = &a.model.model {
+        v.extend(["--model".into(), m.display().to_string()]);
+    }
+    if let Some(t) = a.model.threads {
+        v.extend(["--threads".into(), t.to_string()]);
+    }
+    if let Some(d) = &a.model.data_dir {
+        v.extend(["--data-dir".into(), d.display().to_string()]);
+    }
+    v
+}
+
+fn parse_list(s: &str) -> Result<Vec<usize>> {
+    s.split(',').filter(|x| !x.trim().is_empty()).map(|x| x.trim().parse::<usize>().with_context(|| format!("\"{x}\" is not a token count"))).collect()
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn print_row(a: &Args, row: &serde_json::Value) {
+    if a.json {
+        println!("{row}");
+    } else {
+        let cells: Vec<String> = row.as_object().unwrap().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("{}", cells.join("  "));
+    }
+}
