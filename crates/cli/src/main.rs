@@ -1,11 +1,14 @@
 //! `engram`: the command-line entry point. Each subcommand lives in its own
 //! module; this file only parses arguments and dispatches.
 
+mod bench_cache;
 mod bench_speed;
+mod cache_cmd;
 mod chat;
 mod common;
 mod fixture_cmd;
 mod generate;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -23,8 +26,12 @@ enum Command {
     Generate(generate::Args),
     /// Interactive chat with streaming output and per-turn timings.
     Chat(chat::Args),
+    /// OpenAI- and Anthropic-compatible HTTP server with continuous batching.
+    Serve(serve::Args),
     /// Write a deterministic random-weight model (HF folder + GGUF files).
     Fixture(fixture_cmd::Args),
+    /// Persisted KV cache entries: ls, inspect, rm, pin, unpin, gc.
+    Cache(cache_cmd::Args),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -36,6 +43,10 @@ enum Command {
 enum BenchCommand {
     /// Prefill and decode tokens/s (512-token prompt, 128 decoded tokens).
     Speed(bench_speed::Args),
+    /// Time to first token: cold vs hot vs warm (restored from disk), shared prefixes, KV formats.
+    Cache(bench_cache::Args),
+    /// Aggregate decode tokens/s with 1, 2, 4, 8 concurrent sessions through the server's scheduler.
+    Serve(serve::BenchArgs),
 }
 
 fn main() {
@@ -47,8 +58,12 @@ fn main() {
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Fixture(a) => fixture_cmd::run(a),
+        Command::Cache(a) => cache_cmd::run(a),
         Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
+        Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
+        Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

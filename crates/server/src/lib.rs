@@ -1,1 +1,161 @@
-//! placeholder
+//! # engram-server — the HTTP serving layer
+//!
+//! OpenAI-compatible (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models`), Anthropic-compatible (`/v1/messages`) and agent
+//! (`/v1/agents`) endpoints, plus `/health` and Prometheus `/metrics`, over a
+//! continuous-batching scheduler ([`scheduler`]) that reuses cached sessions
+//! ([`sessions`]).
+//!
+//! Main types: [`Server`] (engine thread + shared state; [`Server::router`]
+//! builds the axum app, so tests bind port 0), [`ServerConfig`],
+//! [`EngineHandle`] (submit a [`Job`], receive [`Event`]s), [`ApiError`].
+//!
+//! Architecture invariant: handlers never touch the model's forward pass,
+//! KV blocks or sessions; they tokenize, validate and talk to the one engine
+//! thread over channels. The engine thread never sees HTTP.
+
+mod agents;
+mod anthropic;
+mod api;
+pub mod error;
+pub mod metrics;
+mod openai;
+pub mod scheduler;
+pub mod sessions;
+mod sse;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use engram_kv::KvPool;
+use engram_model::Model;
+
+pub use error::ApiError;
+pub use metrics::Metrics;
+pub use scheduler::{EngineHandle, Event, Job, SchedulerConfig};
+
+/// How the server behaves.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The id `/v1/models` lists; requests must name it or an alias.
+    pub model_id: String,
+    /// `(api key, tenant)`. Empty: no authentication, one tenant `default`.
+    pub api_keys: Vec<(String, String)>,
+    pub scheduler: SchedulerConfig,
+}
+
+impl ServerConfig {
+    /// Defaults for `model_id`.
+    pub fn new(model_id: impl Into<String>) -> ServerConfig {
+        ServerConfig { model_id: model_id.into(), api_keys: Vec::new(), scheduler: SchedulerConfig::default() }
+    }
+}
+
+/// State shared by handlers.
+pub(crate) struct Shared {
+    pub model: Arc<Model>,
+    pub config: ServerConfig,
+    pub engine: EngineHandle,
+    pub metrics: Arc<Metrics>,
+    pub agents: agents::Agents,
+}
+
+pub(crate) type AppState = Arc<Shared>;
+
+/// A running engine plus what the router needs. Dropping every router and
+/// the server stops the engine thread once in-flight requests are done.
+pub struct Server {
+    state: AppState,
+    engine_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Starts the engine thread for `model` with KV charged to `pool`.
+    pub fn start(model: Arc<Model>, pool: KvPool, config: ServerConfig) -> Server {
+        let metrics = Arc::new(Metrics::default());
+        let (engine, thread) = EngineHandle::start(model.clone(), pool, config.scheduler.clone(), metrics.clone());
+        let state = Arc::new(Shared { model, config, engine, metrics, agents: Default::default() });
+        Server { state, engine_thread: Some(thread) }
+    }
+
+    /// A handle to submit jobs directly (benchmarks).
+    pub fn engine(&self) -> EngineHandle {
+        self.state.engine.clone()
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.state.metrics.clone()
+    }
+
+    /// The axum app.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/health", get(health))
+            .route("/metrics", get(render_metrics))
+            .route("/v1/models", get(openai::models))
+            .route("/v1/chat/completions", post(openai::chat))
+            .route("/v1/completions", post(openai::completions))
+            .route("/v1/messages", post(anthropic::messages))
+            .route("/v1/agents", post(agents::create).get(agents::list))
+            .route("/v1/agents/{id}", get(agents::get).delete(agents::delete))
+            .route("/v1/agents/{id}/generate", post(agents::generate))
+            .fallback(not_found)
+            .layer(middleware::from_fn_with_state(self.state.clone(), count_requests))
+            .with_state(self.state.clone())
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then lets in-flight
+    /// requests finish for at most `grace`.
+    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static, grace: Duration) -> std::io::Result<()> {
+        let app = self.router();
+        let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
+        let signal = async move {
+            shutdown.await;
+            let _ = fired_tx.send(());
+        };
+        let server = axum::serve(listener, app).with_graceful_shutdown(signal);
+        let deadline = async move {
+            if fired_rx.await.is_ok() {
+                tokio::time::sleep(grace).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            r = server => r?,
+            _ = deadline => tracing::warn!("in-flight requests did not finish within {grace:?}; exiting anyway"),
+        }
+        drop(self.state);
+        // The engine exits once the last handle is gone; do not wait on stuck work.
+        if let Some(t) = self.engine_thread {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        Ok(())
+    }
+}
+
+async fn health(State(s): State<AppState>) -> Response {
+    axum::Json(serde_json::json!({"status": "ok", "model": s.config.model_id})).into_response()
+}
+
+async fn render_metrics(State(s): State<AppState>) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()))
+}
+
+async fn count_requests(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
+    let r = next.run(req).await;
+    s.metrics.count_request(&route, r.status().as_u16());
+    r
+}

@@ -1,0 +1,229 @@
+//! `engram cache`: list, inspect, pin, remove and garbage-collect the
+//! persisted KV entries in `<data-dir>/kv` (an `engram_kv::DiskStore`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use engram_kv::{DiskStore, EntryStats, EvictionPolicy};
+use serde_json::json;
+
+/// Default disk budget of the KV store, in MiB.
+pub const DEFAULT_DISK_BUDGET_MIB: u64 = 4096;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    command: CacheCommand,
+    /// Where caches live (default: $ENGRAM_DATA_DIR or ~/.local/share/engram); the store is <data-dir>/kv.
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+    /// Disk budget of the store in MiB.
+    #[arg(long, global = true, default_value_t = DEFAULT_DISK_BUDGET_MIB)]
+    disk_budget_mib: u64,
+    /// Eviction policy used by gc: lru, lfu or weighted.
+    #[arg(long, global = true, default_value = "weighted")]
+    eviction: String,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum CacheCommand {
+    /// List entries: id, kind, owner, tokens, size, hits, age, pinned; totals against the budget.
+    Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one entry's metadata, fingerprint, format and the start of its text.
+    Inspect {
+        id: String,
+        /// Print JSON (with the whole text) instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete one entry.
+    Rm { id: String },
+    /// Pin an entry so eviction never removes it.
+    Pin { id: String },
+    /// Unpin an entry.
+    Unpin { id: String },
+    /// Drop unreadable entries (checksums verified) and evict by policy until the store fits the budget.
+    Gc,
+}
+
+/// The store directory for `--data-dir`.
+pub fn store_dir(data_dir: &Option<PathBuf>) -> PathBuf {
+    crate::common::data_dir(data_dir).join("kv")
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let dir = store_dir(&args.data_dir);
+    let policy: EvictionPolicy = args.eviction.parse().map_err(anyhow::Error::msg)?;
+    let budget = args.disk_budget_mib.checked_mul(1 << 20).context("--disk-budget-mib is too large")?;
+    let mut store = DiskStore::open(&dir, budget, policy).with_context(|| format!("opening the KV store {}", dir.display()))?;
+    let unknown = |id: &str| anyhow::anyhow!("no cache entry with id {id:?} in {} (see `engram cache ls`)", dir.display());
+    match args.command {
+        CacheCommand::Ls { json } => ls(&store, json),
+        CacheCommand::Inspect { id, json } => {
+            if store.stats(&id).is_none() {
+                return Err(unknown(&id));
+            }
+            inspect(&store, &id, json)
+        }
+        CacheCommand::Rm { id } => {
+            if !store.remove(&id)? {
+                return Err(unknown(&id));
+            }
+            println!("removed {id}");
+            Ok(())
+        }
+        CacheCommand::Pin { id } | CacheCommand::Unpin { id } if store.stats(&id).is_none() => Err(unknown(&id)),
+        CacheCommand::Pin { id } => Ok(store.pin(&id, true)?),
+        CacheCommand::Unpin { id } => Ok(store.pin(&id, false)?),
+        CacheCommand::Gc => {
+            let r = store.gc()?;
+            for id in &r.dropped {
+                println!("dropped unreadable {id}");
+            }
+            for id in &r.evicted {
+                println!("evicted {id} ({policy})");
+            }
+            println!(
+                "freed {}; {} of {} budget in use",
+                human_bytes(r.freed_bytes),
+                human_bytes(r.used_bytes),
+                human_bytes(r.budget_bytes)
+            );
+            Ok(())
+        }
+    }
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn ls(store: &DiskStore, as_json: bool) -> Result<()> {
+    let entries = store.list();
+    let (used, budget) = (store.used_bytes(), store.budget_bytes());
+    if as_json {
+        let list: Vec<_> = entries.iter().map(stats_json).collect();
+        let out = json!({"dir": store.dir(), "used_bytes": used, "budget_bytes": budget, "entries": list});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let now = now_unix();
+    let owner_w = entries.iter().map(|e| e.owner.chars().count()).max().unwrap_or(0).clamp(5, 24);
+    let id_w = entries.iter().map(|e| e.id.chars().count()).max().unwrap_or(0).clamp(2, 40);
+    println!("{:<id_w$}  {:<7}  {:<owner_w$}  {:>8}  {:>10}  {:>6}  {:>6}  PINNED", "ID", "KIND", "OWNER", "TOKENS", "SIZE", "HITS", "AGE");
+    for e in &entries {
+        println!(
+            "{:<id_w$}  {:<7}  {:<owner_w$}  {:>8}  {:>10}  {:>6}  {:>6}  {}",
+            e.id,
+            e.kind.name(),
+            e.owner,
+            e.num_tokens,
+            human_bytes(e.bytes),
+            e.hits,
+            human_age(now.saturating_sub(e.created_unix)),
+            if e.pinned { "yes" } else { "" }
+        );
+    }
+    println!(
+        "{} entries, {} of {} budget ({:.1}%) in {}",
+        entries.len(),
+        human_bytes(used),
+        human_bytes(budget),
+        if budget == 0 { 0.0 } else { used as f64 * 100.0 / budget as f64 },
+        store.dir().display()
+    );
+    Ok(())
+}
+
+fn stats_json(e: &EntryStats) -> serde_json::Value {
+    json!({
+        "id": e.id, "kind": e.kind.name(), "owner": e.owner, "num_tokens": e.num_tokens, "bytes": e.bytes,
+        "hits": e.hits, "created_unix": e.created_unix, "last_used_unix": e.last_used_unix, "pinned": e.pinned,
+    })
+}
+
+fn inspect(store: &DiskStore, id: &str, as_json: bool) -> Result<()> {
+    let info = store.inspect(id)?;
+    let stats = store.stats(id).expect("checked by the caller");
+    let m = &info.meta;
+    if as_json {
+        let mut v = stats_json(stats);
+        let o = v.as_object_mut().expect("an object");
+        o.insert("fingerprint".into(), json!(m.fingerprint));
+        o.insert("kv_format".into(), json!(info.format.name()));
+        o.insert("num_layers".into(), json!(info.layout.num_layers));
+        o.insert("num_kv_heads".into(), json!(info.layout.num_kv_heads));
+        o.insert("head_dim".into(), json!(info.layout.head_dim));
+        o.insert("num_blocks".into(), json!(info.num_blocks));
+        o.insert("block_bytes".into(), json!(info.block_bytes));
+        o.insert("checksum".into(), json!(format!("{:016x}", info.checksum)));
+        o.insert("tokens".into(), json!(m.tokens));
+        o.insert("text".into(), json!(m.text));
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let now = now_unix();
+    let head: String = m.text.chars().take(80).collect();
+    let more = if m.text.chars().count() > 80 { "..." } else { "" };
+    println!("id           {id}");
+    println!("file         {}", store.entry_path(id)?.display());
+    println!("kind         {}", m.kind);
+    println!("owner        {}", if m.owner.is_empty() { "(shared)" } else { &m.owner });
+    println!("fingerprint  {}", m.fingerprint);
+    println!("kv format    {}", info.format);
+    println!(
+        "layout       {} layers x {} KV heads x head_dim {}",
+        info.layout.num_layers, info.layout.num_kv_heads, info.layout.head_dim
+    );
+    println!("tokens       {} in {} blocks of {}", info.num_tokens, info.num_blocks, human_bytes(info.block_bytes as u64));
+    println!("size         {} ({} bytes)", human_bytes(info.file_bytes), info.file_bytes);
+    println!("created      {} ago", human_age(now.saturating_sub(m.created_unix)));
+    println!("last used    {} ago", human_age(now.saturating_sub(stats.last_used_unix)));
+    println!("hits         {}", stats.hits);
+    println!("pinned       {}", if stats.pinned { "yes" } else { "no" });
+    println!("checksum     {:016x} (xxh3-64)", info.checksum);
+    println!("text         \"{}\"{more}", head.escape_debug());
+    Ok(())
+}
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn human_age(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 2 * 86_400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_ages_read_well() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+        assert_eq!(human_age(59), "59s");
+        assert_eq!(human_age(3 * 3600), "3h");
+        assert_eq!(human_age(10 * 86_400), "10d");
+    }
+}

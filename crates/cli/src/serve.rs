@@ -1,0 +1,194 @@
+//! `engram serve`: the OpenAI- and Anthropic-compatible HTTP server, and
+//! `engram bench serve`: aggregate decode tokens/s with 1, 2, 4, 8
+//! concurrent sessions through the same scheduler, in process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use engram_engine::SamplingParams;
+use engram_server::{Event, Job, SchedulerConfig, Server, ServerConfig};
+
+use crate::common::{data_dir, default_model, kv_pool, load_model, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// 0 picks a free port (the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// `KEY=TENANT` (repeatable). With none, no authentication and one tenant.
+    #[arg(long = "api-key")]
+    api_keys: Vec<String>,
+    /// Most sequences decoded together.
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace_s: u64,
+}
+
+/// The model path the flags name (the default model is generated if needed)
+/// and the id the server lists it under.
+fn model_path(m: &mut ModelArgs) -> Result<String> {
+    let path = match &m.model {
+        Some(p) => p.clone(),
+        None => default_model(&data_dir(&m.data_dir))?,
+    };
+    let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "engram".into());
+    m.model = Some(path);
+    Ok(id)
+}
+
+pub fn run(mut a: Args) -> Result<()> {
+    let model_id = model_path(&mut a.model)?;
+    let model = Arc::new(load_model(&a.model)?);
+    let pool = kv_pool(&model, &a.model)?;
+    let mut api_keys = Vec::new();
+    for kv in &a.api_keys {
+        let Some((k, t)) = kv.split_once('=') else { bail!("--api-key wants KEY=TENANT, got {kv:?}") };
+        if k.is_empty() || t.is_empty() {
+            bail!("--api-key wants KEY=TENANT, got {kv:?}");
+        }
+        api_keys.push((k.to_string(), t.to_string()));
+    }
+    let config = ServerConfig {
+        model_id,
+        api_keys,
+        scheduler: SchedulerConfig { max_batch: a.max_batch.max(1), prefill_chunk: a.prefill_chunk.max(1), ..Default::default() },
+    };
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().with_context(|| format!("bad address {}:{}", a.host, a.port))?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        let server = Server::start(model, pool, config);
+        eprintln!("listening on http://{local}");
+        server.serve(listener, shutdown_signal(), Duration::from_secs(a.shutdown_grace_s)).await?;
+        eprintln!("shut down");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("shutting down: finishing in-flight requests");
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt tokens per session.
+    #[arg(long, default_value_t = 64)]
+    prompt_tokens: usize,
+    /// Tokens decoded per session.
+    #[arg(long, default_value_t = 64)]
+    decode_tokens: usize,
+    /// Concurrency levels, comma-separated.
+    #[arg(long, default_value = "1,2,4,8")]
+    concurrency: String,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn bench(mut a: BenchArgs) -> Result<()> {
+    let model_id = model_path(&mut a.model)?;
+    let model = Arc::new(load_model(&a.model)?);
+    let pool = kv_pool(&model, &a.model)?;
+    let levels: Vec<usize> = a.concurrency.split(',').map(|s| s.trim().parse()).collect::<Result<_, _>>().context("--concurrency")?;
+    let max_c = levels.iter().copied().max().unwrap_or(1);
+    let config = ServerConfig { model_id, api_keys: Vec::new(), scheduler: SchedulerConfig { max_batch: max_c, ..Default::default() } };
+    let server = Server::start(model.clone(), pool, config);
+    let engine = server.engine();
+    let vocab = model.tokenizer.vocab_size().min(model.config.vocab).max(1) as u64;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut round = 0u64;
+    for &c in std::iter::once(&1).chain(&levels) {
+        // The first pass (concurrency 1) warms the weights up and is not reported.
+        let warm = round == 0;
+        round += 1;
+        let params = SamplingParams { max_tokens: a.decode_tokens, ignore_eos: true, ..Default::default() };
+        let t0 = Instant::now();
+        let mut rxs = Vec::with_capacity(c);
+        for i in 0..c as u64 {
+            // Distinct prompts per session and round, so nothing is reused.
+            let salt = round * 1000 + i;
+            let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect();
+            let job = Job { tenant: format!("bench-{salt}"), session: None, prompt, params: params.clone() };
+            rxs.push(engine.submit(job).map_err(|e| anyhow::anyhow!(e.message))?);
+        }
+        // Every receiver is drained concurrently, so the times are when events arrived.
+        let (tokens, first_all, ttft_sum) = rt.block_on(async {
+            let tasks: Vec<_> = rxs
+                .into_iter()
+                .map(|mut rx| {
+                    tokio::spawn(async move {
+                        let mut first = None;
+                        while let Some(ev) = rx.recv().await {
+                            match ev {
+                                Event::Text(_) if first.is_none() => first = Some(t0.elapsed()),
+                                Event::Finished { completion_tokens, .. } => return Ok((completion_tokens, first.unwrap_or_else(|| t0.elapsed()))),
+                                Event::Failed(e) => return Err(anyhow::anyhow!(e.message)),
+                                _ => {}
+                            }
+                        }
+                        Err(anyhow::anyhow!("the engine stopped"))
+                    })
+                })
+                .collect();
+            let (mut tokens, mut first_all, mut ttft_sum) = (0usize, Duration::ZERO, 0.0);
+            for t in tasks {
+                let (n, first) = t.await??;
+                tokens += n;
+                first_all = first_all.max(first);
+                ttft_sum += first.as_secs_f64();
+            }
+            anyhow::Ok((tokens, first_all, ttft_sum))
+        })?;
+        let wall = t0.elapsed();
+        if warm {
+            continue;
+        }
+        let decode_s = (wall - first_all).as_secs_f64().max(1e-9);
+        let agg = tokens.saturating_sub(c) as f64 / decode_s;
+        let overall = tokens as f64 / wall.as_secs_f64();
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"concurrency": c, "aggregate_decode_tok_s": agg, "overall_tok_s": overall,
+                                   "mean_ttft_ms": ttft_sum / c as f64 * 1e3, "tokens": tokens,
+                                   "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens,
+                                   "threads": engram_kernels::num_threads(), "model": model.describe(), "kv_format": a.model.kv_format})
+            );
+        } else {
+            println!("concurrency {c:>2}: {agg:>9.1} tok/s aggregate decode, {overall:>9.1} tok/s overall, mean TTFT {:.1} ms", ttft_sum / c as f64 * 1e3);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! Agents: named owners with their own isolated cache.
+//!
+//! Each agent's requests run in its own tenant key (`<tenant>\x1fagent:<id>`)
+//! on one named session, so nothing else can match its cache, and the
+//! scheduler runs its requests one at a time in arrival order (a named
+//! session is busy while a request uses it). Deleting an agent drops its
+//! cached session.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use engram_tokenizer::ChatMessage;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::api::{self, Sampling, StopField};
+use crate::error::ApiError;
+use crate::openai::{finish_str, to_chat, InMessage};
+use crate::scheduler::Job;
+use crate::AppState;
+
+/// One agent.
+#[derive(Clone, Debug, Serialize)]
+pub struct Agent {
+    pub id: String,
+    pub object: &'static str,
+    pub name: Option<String>,
+    pub system: Option<String>,
+    pub created_at: u64,
+}
+
+/// Agents of every tenant.
+#[derive(Default)]
+pub struct Agents {
+    by_tenant: Mutex<HashMap<String, BTreeMap<String, Agent>>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Agents {
+    fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, BTreeMap<String, Agent>>) -> R) -> R {
+        f(&mut self.by_tenant.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+fn cache_key(tenant: &str, id: &str) -> String {
+    format!("{tenant}\u{1f}agent:{id}")
+}
+
+#[derive(Deserialize)]
+struct CreateRequest {
+    id: Option<String>,
+    name: Option<String>,
+    #[serde(alias = "instructions", alias = "system_prompt")]
+    system: Option<String>,
+}
+
+/// `POST /v1/agents`.
+pub(crate) async fn create(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let tenant = api::tenant(&s, &headers)?;
+    let req: CreateRequest = if body.is_empty() { CreateRequest { id: None, name: None, system: None } } else { api::parse(&body)? };
+    let id = match req.id {
+        Some(id) => {
+            api::check_id("id", &id)?;
+            id
+        }
+        None => format!("agent-{}", s.agents.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1),
+    };
+    let agent = Agent { id: id.clone(), object: "agent", name: req.name, system: req.system, created_at: api::now_s() };
+    s.agents.with(|m| {
+        let mine = m.entry(tenant).or_default();
+        if mine.contains_key(&id) {
+            return Err(ApiError::conflict(format!("agent {id:?} already exists")));
+        }
+        mine.insert(id, agent.clone());
+        Ok(())
+    })?;
+    Ok((StatusCode::CREATED, axum::Json(agent)).into_response())
+}
+
+/// `GET /v1/agents`.
+pub(crate) async fn list(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let tenant = api::tenant(&s, &headers)?;
+    let data: Vec<Agent> = s.agents.with(|m| m.get(&tenant).map(|a| a.values().cloned().collect()).unwrap_or_default());
+    Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
+}
+
+fn find(s: &AppState, tenant: &str, id: &str) -> Result<Agent, ApiError> {
+    api::check_id("id", id)?;
+    s.agents
+        .with(|m| m.get(tenant).and_then(|a| a.get(id)).cloned())
+        .ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))
+}
+
+/// `GET /v1/agents/{id}`.
+pub(crate) async fn get(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let tenant = api::tenant(&s, &headers)?;
+    Ok(axum::Json(find(&s, &tenant, &id)?).into_response())
+}
+
+/// `DELETE /v1/agents/{id}`.
+pub(crate) async fn delete(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let tenant = api::tenant(&s, &headers)?;
+    find(&s, &tenant, &id)?;
+    s.agents.with(|m| m.get_mut(&tenant).map(|a| a.remove(&id)));
+    s.engine.forget(cache_key(&tenant, &id));
+    Ok(axum::Json(json!({"id": id, "object": "agent.deleted", "deleted": true})).into_response())
+}
+
+#[derive(Deserialize)]
+struct GenerateRequest {
+    messages: Option<Vec<InMessage>>,
+    prompt: Option<String>,
+    max_tokens: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    seed: Option<i64>,
+    stop: Option<StopField>,
+}
+
+/// `POST /v1/agents/{id}/generate`: `messages` (or `prompt`, one user
+/// message) after the agent's system prompt, on the agent's own session.
+pub(crate) async fn generate(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+    let tenant = api::tenant(&s, &headers)?;
+    let agent = find(&s, &tenant, &id)?;
+    let req: GenerateRequest = api::parse(&body)?;
+    let mut chat: Vec<ChatMessage> = agent.system.iter().map(|t| ChatMessage::new("system", t.clone())).collect();
+    match (req.messages, req.prompt) {
+        (Some(m), None) => chat.extend(to_chat(m)?),
+        (None, Some(p)) => chat.push(ChatMessage::new("user", p)),
+        _ => return Err(ApiError::bad_request("give exactly one of `messages` and `prompt`")),
+    }
+    let prompt = api::render_chat(&s, &chat)?;
+    let sampling = Sampling {
+        max_tokens: req.max_tokens,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        seed: req.seed,
+        stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
+        ..Default::default()
+    };
+    let params = api::params(&s, prompt.len(), sampling)?;
+    let job = Job { tenant: cache_key(&tenant, &id), session: Some("main".into()), prompt, params };
+    let (st, mut rx) = api::start(&s, job).await?;
+    let done = api::collect(&mut rx).await?;
+    Ok(axum::Json(json!({
+        "agent_id": id,
+        "object": "agent.generation",
+        "text": done.text,
+        "finish_reason": finish_str(done.finish),
+        "usage": {"prompt_tokens": st.prompt_tokens, "completion_tokens": done.completion_tokens,
+                  "total_tokens": st.prompt_tokens + done.completion_tokens,
+                  "prompt_tokens_details": {"cached_tokens": st.cached_tokens}},
+    }))
+    .into_response())
+}

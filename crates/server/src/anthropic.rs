@@ -1,0 +1,127 @@
+//! Anthropic Messages API: `POST /v1/messages`, non-streamed and streamed
+//! (`message_start`, `content_block_start`, `content_block_delta`,
+//! `content_block_stop`, `message_delta`, `message_stop`). Errors use
+//! Anthropic's body shape.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use engram_engine::FinishReason;
+use engram_tokenizer::ChatMessage;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::{self, Sampling};
+use crate::error::{AnthropicError, ApiError};
+use crate::openai::Content;
+use crate::scheduler::{Event, Job};
+use crate::{sse, AppState};
+
+#[derive(Deserialize)]
+struct InMessage {
+    role: String,
+    content: Content,
+}
+
+#[derive(Deserialize)]
+struct MessagesRequest {
+    model: Option<String>,
+    max_tokens: i64,
+    messages: Vec<InMessage>,
+    system: Option<Content>,
+    stream: Option<bool>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    stop_sequences: Option<Vec<String>>,
+    session_id: Option<String>,
+}
+
+fn stop_reason(f: FinishReason, stopped_by_sequence: bool) -> &'static str {
+    match f {
+        FinishReason::Length => "max_tokens",
+        FinishReason::Stop if stopped_by_sequence => "stop_sequence",
+        FinishReason::Stop | FinishReason::Cancelled => "end_turn",
+    }
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, AnthropicError> {
+    let tenant = api::tenant(&s, &headers)?;
+    let req: MessagesRequest = api::parse(&body)?;
+    api::check_model(&s, req.model.as_deref())?;
+    let session = api::session(&headers, req.session_id.as_deref())?;
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_param("messages", "messages must contain at least one message").into());
+    }
+    let mut chat = Vec::new();
+    if let Some(sys) = req.system {
+        chat.push(ChatMessage::new("system", sys.text("system")?));
+    }
+    for (i, m) in req.messages.into_iter().enumerate() {
+        if m.role != "user" && m.role != "assistant" {
+            return Err(ApiError::bad_param(&format!("messages[{i}].role"), format!("unsupported role {:?} (expected user or assistant)", m.role)).into());
+        }
+        chat.push(ChatMessage::new(m.role, m.content.text(&format!("messages[{i}].content"))?));
+    }
+    let prompt = api::render_chat(&s, &chat)?;
+    let temperature = req.temperature;
+    if temperature.is_some_and(|t| t > 1.0) {
+        return Err(ApiError::bad_param("temperature", "temperature must be in [0, 1]").into());
+    }
+    let sampling = Sampling {
+        max_tokens: Some(req.max_tokens),
+        temperature: Some(temperature.unwrap_or(1.0)),
+        top_p: req.top_p,
+        top_k: req.top_k,
+        stop: req.stop_sequences.unwrap_or_default(),
+        ..Default::default()
+    };
+    let params = api::params(&s, prompt.len(), sampling)?;
+    let (st, mut rx) = api::start(&s, Job { tenant, session, prompt, params }).await?;
+    let id = api::new_id("msg");
+    let model = s.config.model_id.clone();
+    if !req.stream.unwrap_or(false) {
+        let done = api::collect(&mut rx).await?;
+        let body = json!({
+            "id": id, "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": done.text}],
+            "stop_reason": stop_reason(done.finish, done.stop_string),
+            "stop_sequence": null,
+            "usage": {"input_tokens": st.prompt_tokens - st.cached_tokens, "output_tokens": done.completion_tokens,
+                      "cache_read_input_tokens": st.cached_tokens, "cache_creation_input_tokens": 0},
+        });
+        let mut r = axum::Json(body).into_response();
+        if let Ok(v) = st.session_id.parse() {
+            r.headers_mut().insert("x-session-id", v);
+        }
+        return Ok(r);
+    }
+    let ev = |name: &str, v: serde_json::Value| SseEvent::default().event(name).data(v.to_string());
+    let first = vec![
+        ev("message_start", json!({"type": "message_start", "message": {
+            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": st.prompt_tokens - st.cached_tokens, "output_tokens": 0,
+                      "cache_read_input_tokens": st.cached_tokens, "cache_creation_input_tokens": 0}}})),
+        ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+    ];
+    let format: sse::Formatter = Box::new(move |e| match e {
+        Some(Event::Text(t)) => (vec![ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}))], false),
+        Some(Event::Finished { finish, completion_tokens, stop_string }) => (
+            vec![
+                ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, stop_string), "stop_sequence": null},
+                                           "usage": {"output_tokens": completion_tokens}})),
+                ev("message_stop", json!({"type": "message_stop"})),
+            ],
+            true,
+        ),
+        Some(Event::Failed(e)) => (vec![ev("error", e.anthropic_body())], true),
+        Some(Event::Started { .. }) => (vec![], false),
+        None => (vec![ev("error", ApiError::internal("the engine stopped").anthropic_body())], true),
+    });
+    Ok(sse::respond(first, rx, format, vec![("x-session-id", st.session_id.clone())]))
+}

@@ -1,0 +1,242 @@
+//! What every endpoint shares: authentication (API key → tenant), session
+//! ids, JSON parsing into 400s, model-name checks, prompt limits, sampling
+//! parameters, and running a job to its first event.
+
+use axum::http::HeaderMap;
+use engram_engine::{FinishReason, SamplingParams};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::error::ApiError;
+use crate::scheduler::{Event, Job};
+use crate::AppState;
+
+/// The tenant a request acts for.
+pub fn tenant(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    if s.config.api_keys.is_empty() {
+        return Ok("default".into());
+    }
+    let bearer = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+    let key = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim));
+    let Some(key) = key else {
+        return Err(ApiError::unauthorized("missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)"));
+    };
+    s.config
+        .api_keys
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, t)| t.clone())
+        .ok_or_else(|| ApiError::unauthorized("invalid API key"))
+}
+
+/// Checks an id that names a session or an agent: 1..=128 characters of
+/// `[A-Za-z0-9_.:-]`, not `.`/`..` — it may become a file name later.
+pub fn check_id(param: &str, id: &str) -> Result<(), ApiError> {
+    let ok_chars = id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
+    if id.is_empty() || id.len() > 128 || !ok_chars || id.contains("..") || id == "." {
+        return Err(ApiError::bad_param(param, format!("invalid {param} {id:?}: use 1 to 128 characters of A-Z a-z 0-9 _ - . : (no \"..\", no \"/\")")));
+    }
+    Ok(())
+}
+
+/// The session a request names: the `session_id` body field, else the
+/// `X-Session-Id` header.
+pub fn session(headers: &HeaderMap, body: Option<&str>) -> Result<Option<String>, ApiError> {
+    let id = match body {
+        Some(b) => Some(b.to_string()),
+        None => match headers.get("x-session-id") {
+            Some(v) => Some(v.to_str().map_err(|_| ApiError::bad_param("session_id", "X-Session-Id is not ASCII"))?.to_string()),
+            None => None,
+        },
+    };
+    if let Some(id) = &id {
+        check_id("session_id", id)?;
+    }
+    Ok(id)
+}
+
+/// Parses a JSON body; any error is a 400 that says where.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request("the request body is empty; expected a JSON object"));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        let msg = format!("invalid JSON body: {e}");
+        // serde names the field in "missing field `x`" / "unknown variant"; pass it as param.
+        let param = msg.split('`').nth(1).filter(|_| msg.contains("field `")).map(str::to_string);
+        ApiError { param, ..ApiError::bad_request(msg) }
+    })
+}
+
+/// Ids a request may name as `model`.
+pub fn model_ids(s: &AppState) -> Vec<String> {
+    let mut ids = vec![s.config.model_id.clone(), "default".into(), "engram".into()];
+    let src = &s.model.source;
+    if !src.is_empty() && !ids.contains(src) {
+        ids.push(src.clone());
+    }
+    ids
+}
+
+/// Accepts the served model and its aliases (or no model at all).
+pub fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        None => Ok(()),
+        Some(m) if model_ids(s).iter().any(|id| id == m) => Ok(()),
+        Some(m) => Err(ApiError::unknown_model(format!(
+            "The model `{m}` does not exist; this server serves `{}` (aliases: {})",
+            s.config.model_id,
+            model_ids(s)[1..].join(", ")
+        ))),
+    }
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        }
+    }
+}
+
+/// Sampling fields common to the APIs, all optional.
+#[derive(Default, Debug)]
+pub struct Sampling {
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+/// Validates limits and builds the engine's parameters for `prompt_len`.
+pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingParams, ApiError> {
+    let ctx = s.model.config.max_positions;
+    if prompt_len == 0 {
+        return Err(ApiError::bad_request("the prompt is empty"));
+    }
+    if prompt_len >= ctx {
+        return Err(ApiError { code: Some("context_length_exceeded"), ..ApiError::bad_param("messages", format!("the prompt is {prompt_len} tokens; this model's context is {ctx} tokens")) });
+    }
+    let room = ctx - prompt_len;
+    let max_tokens = match f.max_tokens {
+        None => room,
+        Some(n) if n < 1 => return Err(ApiError::bad_param("max_tokens", format!("max_tokens must be at least 1, got {n}"))),
+        Some(n) if n as u64 > room as u64 => {
+            return Err(ApiError { code: Some("context_length_exceeded"), ..ApiError::bad_param("max_tokens", format!("max_tokens is {n}, but the prompt ({prompt_len} tokens) leaves room for at most {room} in this model's context of {ctx} tokens")) })
+        }
+        Some(n) => n as usize,
+    };
+    if let Some(k) = f.top_k {
+        if k < 0 && k != -1 {
+            return Err(ApiError::bad_param("top_k", "top_k must be >= 0 (or -1 for no limit)"));
+        }
+    }
+    if let Some(t) = f.temperature {
+        if t > 2.0 {
+            return Err(ApiError::bad_param("temperature", format!("temperature must be in [0, 2], got {t}")));
+        }
+    }
+    for (name, v) in [("frequency_penalty", f.frequency_penalty), ("presence_penalty", f.presence_penalty)] {
+        if let Some(v) = v {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(ApiError::bad_param(name, format!("{name} must be in [-2, 2], got {v}")));
+            }
+        }
+    }
+    if f.stop.len() > 16 {
+        return Err(ApiError::bad_param("stop", "at most 16 stop sequences"));
+    }
+    let p = SamplingParams {
+        temperature: f.temperature.unwrap_or(1.0),
+        top_k: f.top_k.filter(|&k| k > 0).unwrap_or(0) as usize,
+        top_p: f.top_p.unwrap_or(1.0),
+        min_p: f.min_p.unwrap_or(0.0),
+        repetition_penalty: f.repetition_penalty.unwrap_or(1.0),
+        frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: f.presence_penalty.unwrap_or(0.0),
+        seed: f.seed.unwrap_or(0) as u64,
+        max_tokens,
+        stop: f.stop,
+        stop_token_ids: Vec::new(),
+        ignore_eos: f.ignore_eos,
+    };
+    p.validate()?;
+    Ok(p)
+}
+
+/// What the engine said when it admitted a request.
+pub struct Started {
+    pub session_id: String,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// Submits `job` and waits until it is admitted (or refused).
+pub async fn start(s: &AppState, job: Job) -> Result<(Started, UnboundedReceiver<Event>), ApiError> {
+    let mut rx = s.engine.submit(job)?;
+    match rx.recv().await {
+        Some(Event::Started { session_id, prompt_tokens, cached_tokens }) => Ok((Started { session_id, prompt_tokens, cached_tokens }, rx)),
+        Some(Event::Failed(e)) => Err(e),
+        Some(other) => Err(ApiError::internal(format!("engine protocol: expected Started, got {other:?}"))),
+        None => Err(ApiError::unavailable("the engine stopped")),
+    }
+}
+
+/// A whole (non-streamed) answer.
+pub struct Completed {
+    pub text: String,
+    pub finish: FinishReason,
+    pub completion_tokens: usize,
+    pub stop_string: bool,
+}
+
+/// Reads events to the end.
+pub async fn collect(rx: &mut UnboundedReceiver<Event>) -> Result<Completed, ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Finished { finish, completion_tokens, stop_string } => return Ok(Completed { text, finish, completion_tokens, stop_string }),
+            Event::Failed(e) => return Err(e),
+            Event::Started { .. } => {}
+        }
+    }
+    Err(ApiError::internal("the engine stopped before the answer was complete"))
+}
+
+/// Seconds since the epoch (for `created` fields).
+pub fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A fresh response id with `prefix`.
+pub fn new_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("{prefix}-{:x}{:04x}", now_s(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Renders a conversation with the model's chat template and encodes it.
+pub fn render_chat(s: &AppState, messages: &[engram_tokenizer::ChatMessage]) -> Result<Vec<u32>, ApiError> {
+    let tok = &s.model.tokenizer;
+    let tpl = tok.chat_template().ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
+    let text = tpl.render(messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
+    Ok(tok.encode(&text, false)?.ids)
+}

@@ -1,0 +1,316 @@
+//! OpenAI-compatible endpoints: `/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models`. Extensions: `session_id` (or `X-Session-Id`) names a
+//! session; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos` as in vLLM;
+//! responses carry the session in `X-Session-Id`.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use engram_engine::FinishReason;
+use engram_tokenizer::ChatMessage;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{self, Sampling, Started, StopField};
+use crate::error::ApiError;
+use crate::scheduler::{Event, Job};
+use crate::{sse, AppState};
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+impl Content {
+    /// The text of a message; only text parts are supported.
+    pub(crate) fn text(self, param: &str) -> Result<String, ApiError> {
+        match self {
+            Content::Text(t) => Ok(t),
+            Content::Parts(parts) => {
+                let mut out = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), p.text) {
+                        ("text", Some(t)) => out.push_str(&t),
+                        (kind, _) => return Err(ApiError::bad_param(param, format!("content part of type {kind:?} is not supported (only text)"))),
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct InMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+/// Converts OpenAI messages to chat-template messages.
+pub(crate) fn to_chat(messages: Vec<InMessage>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_param("messages", "messages must contain at least one message"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            other => return Err(ApiError::bad_param(&format!("messages[{i}].role"), format!("unsupported role {other:?} (expected system, developer, user or assistant)"))),
+        };
+        let content = match m.content {
+            Some(c) => c.text(&format!("messages[{i}].content"))?,
+            None => String::new(),
+        };
+        out.push(ChatMessage::new(role, content));
+    }
+    Ok(out)
+}
+
+#[derive(Deserialize)]
+struct ChatRequest {
+    model: Option<String>,
+    messages: Vec<InMessage>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<StopField>,
+    n: Option<i64>,
+    session_id: Option<String>,
+    ignore_eos: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptField {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+#[derive(Deserialize)]
+struct CompletionRequest {
+    model: Option<String>,
+    prompt: PromptField,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<StopField>,
+    n: Option<i64>,
+    session_id: Option<String>,
+    ignore_eos: Option<bool>,
+}
+
+fn check_n(n: Option<i64>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ApiError::bad_param("n", format!("only n=1 is supported, got {n}"))),
+    }
+}
+
+/// OpenAI's spelling of a finish reason.
+pub(crate) fn finish_str(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}
+
+fn usage(st: &Started, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": st.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": st.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": st.cached_tokens},
+    })
+}
+
+fn with_session(mut r: Response, session_id: &str) -> Response {
+    if let Ok(v) = session_id.parse() {
+        r.headers_mut().insert("x-session-id", v);
+    }
+    r
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(s): State<AppState>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{"id": s.config.model_id, "object": "model", "created": 0, "owned_by": "engram",
+                  "max_model_len": s.model.config.max_positions}],
+    }))
+    .into_response()
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let tenant = api::tenant(&s, &headers)?;
+    let req: ChatRequest = api::parse(&body)?;
+    api::check_model(&s, req.model.as_deref())?;
+    check_n(req.n)?;
+    let session = api::session(&headers, req.session_id.as_deref())?;
+    let messages = to_chat(req.messages)?;
+    let prompt = api::render_chat(&s, &messages)?;
+    let sampling = Sampling {
+        max_tokens: req.max_completion_tokens.or(req.max_tokens),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        min_p: req.min_p,
+        frequency_penalty: req.frequency_penalty,
+        presence_penalty: req.presence_penalty,
+        repetition_penalty: req.repetition_penalty,
+        seed: req.seed,
+        stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+    };
+    let params = api::params(&s, prompt.len(), sampling)?;
+    let (st, mut rx) = api::start(&s, Job { tenant, session, prompt, params }).await?;
+    let id = api::new_id("chatcmpl");
+    let created = api::now_s();
+    let model = s.config.model_id.clone();
+    if !req.stream.unwrap_or(false) {
+        let done = api::collect(&mut rx).await?;
+        let body = json!({
+            "id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
+                         "logprobs": null, "finish_reason": finish_str(done.finish)}],
+            "usage": usage(&st, done.completion_tokens),
+            "session_id": st.session_id,
+        });
+        return Ok(with_session(axum::Json(body).into_response(), &st.session_id));
+    }
+    let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |delta: Value, finish: Option<&str>| {
+            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+        }
+    };
+    let first = vec![SseEvent::default().data(chunk(json!({"role": "assistant", "content": ""}), None).to_string())];
+    let session_id = st.session_id.clone();
+    let format: sse::Formatter = Box::new(move |ev| match ev {
+        Some(Event::Text(t)) => (vec![SseEvent::default().data(chunk(json!({"content": t}), None).to_string())], false),
+        Some(Event::Finished { finish, completion_tokens, .. }) => {
+            let mut out = vec![SseEvent::default().data(chunk(json!({}), Some(finish_str(finish))).to_string())];
+            if include_usage {
+                let u = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [], "usage": usage(&st, completion_tokens)});
+                out.push(SseEvent::default().data(u.to_string()));
+            }
+            out.push(SseEvent::default().data("[DONE]"));
+            (out, true)
+        }
+        Some(Event::Failed(e)) => (vec![SseEvent::default().data(e.openai_body().to_string())], true),
+        Some(Event::Started { .. }) => (vec![], false),
+        None => (vec![SseEvent::default().data(ApiError::internal("the engine stopped").openai_body().to_string())], true),
+    });
+    Ok(sse::respond(first, rx, format, vec![("x-session-id", session_id)]))
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let tenant = api::tenant(&s, &headers)?;
+    let req: CompletionRequest = api::parse(&body)?;
+    api::check_model(&s, req.model.as_deref())?;
+    check_n(req.n)?;
+    let session = api::session(&headers, req.session_id.as_deref())?;
+    let tok = &s.model.tokenizer;
+    let prompt = match req.prompt {
+        PromptField::Text(t) => tok.encode(&t, true)?.ids,
+        PromptField::Texts(v) if v.len() == 1 => tok.encode(&v[0], true)?.ids,
+        PromptField::Texts(v) => return Err(ApiError::bad_param("prompt", format!("exactly one prompt is supported, got {}", v.len()))),
+        PromptField::Ids(ids) => {
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= s.model.config.vocab) {
+                return Err(ApiError::bad_param("prompt", format!("token id {bad} is outside the vocabulary of {}", s.model.config.vocab)));
+            }
+            ids
+        }
+    };
+    let sampling = Sampling {
+        max_tokens: Some(req.max_tokens.unwrap_or(16)),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        min_p: req.min_p,
+        frequency_penalty: req.frequency_penalty,
+        presence_penalty: req.presence_penalty,
+        repetition_penalty: req.repetition_penalty,
+        seed: req.seed,
+        stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+    };
+    let params = api::params(&s, prompt.len(), sampling)?;
+    let (st, mut rx) = api::start(&s, Job { tenant, session, prompt, params }).await?;
+    let id = api::new_id("cmpl");
+    let created = api::now_s();
+    let model = s.config.model_id.clone();
+    if !req.stream.unwrap_or(false) {
+        let done = api::collect(&mut rx).await?;
+        let body = json!({
+            "id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": done.text, "logprobs": null, "finish_reason": finish_str(done.finish)}],
+            "usage": usage(&st, done.completion_tokens),
+            "session_id": st.session_id,
+        });
+        return Ok(with_session(axum::Json(body).into_response(), &st.session_id));
+    }
+    let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+    let session_id = st.session_id.clone();
+    let chunk = move |text: &str, finish: Option<&str>| {
+        json!({"id": id, "object": "text_completion", "created": created, "model": model,
+               "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]})
+    };
+    let format: sse::Formatter = Box::new(move |ev| match ev {
+        Some(Event::Text(t)) => (vec![SseEvent::default().data(chunk(&t, None).to_string())], false),
+        Some(Event::Finished { finish, completion_tokens, .. }) => {
+            let mut last = chunk("", Some(finish_str(finish)));
+            if include_usage {
+                last["usage"] = usage(&st, completion_tokens);
+            }
+            (vec![SseEvent::default().data(last.to_string()), SseEvent::default().data("[DONE]")], true)
+        }
+        Some(Event::Failed(e)) => (vec![SseEvent::default().data(e.openai_body().to_string())], true),
+        Some(Event::Started { .. }) => (vec![], false),
+        None => (vec![SseEvent::default().data(ApiError::internal("the engine stopped").openai_body().to_string())], true),
+    });
+    Ok(sse::respond(Vec::new(), rx, format, vec![("x-session-id", session_id)]))
+}

@@ -1,0 +1,496 @@
+//! The scheduler: one engine thread owns the model's running sequences, the
+//! KV pool and the session store; HTTP handlers talk to it over channels.
+//!
+//! ```text
+//!  handlers --Job--> [waiting queue] --admit--> [active batch] --step--> Model::forward
+//!     ^                (session busy,             every decoding seq: 1 token
+//!     |                 batch full)               + at most ONE prefill chunk (round-robin)
+//!     +---- Event (Started, Text, Finished | Failed) per request, over its own channel
+//! ```
+//! Each step runs every decoding sequence's next token and one prompt chunk
+//! (at most `prefill_chunk` tokens) of one prefilling sequence in a single
+//! forward call, so weights are read once per step and a new request's first
+//! token never waits for another request's whole answer. Prefills take turns
+//! round-robin, so a long prompt cannot starve a short one.
+//!
+//! Admission is by the KV budget: a chunk runs only if its blocks can be
+//! reserved (idle sessions are evicted LRU first); a request that cannot make
+//! progress while nothing else runs fails with 503. A request whose receiver
+//! is dropped (client gone) is cancelled before the next step; the tokens it
+//! computed stay cached in its session.
+//!
+//! Invariant: a request's tokens do not depend on what else is in the batch
+//! (batched forward = alone, tested in `crates/model/tests/chunking.rs`; the
+//! server's concurrency test checks the end-to-end consequence).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use engram_engine::{FinishReason, Sampler, SamplingParams, StopMatcher};
+use engram_kv::{KvPool, SeqKv, BLOCK_TOKENS};
+use engram_model::{Logits, Model, SeqStep};
+use engram_tokenizer::StreamDecoder;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::sessions::SessionStore;
+
+/// Scheduler limits.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Most prompt tokens prefilled per step.
+    pub prefill_chunk: usize,
+    /// Most sequences in the batch at once.
+    pub max_batch: usize,
+    /// Most requests queued or running before new ones get 429.
+    pub max_pending: usize,
+    /// Most idle sessions kept.
+    pub max_sessions: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig { prefill_chunk: 256, max_batch: 16, max_pending: 256, max_sessions: 256 }
+    }
+}
+
+/// One generation request.
+pub struct Job {
+    /// Sessions never cross this key.
+    pub tenant: String,
+    /// A named session, or `None` to match by longest common prefix.
+    pub session: Option<String>,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+}
+
+/// What a request hears back, in order: `Started`, any number of `Text`,
+/// then `Finished` — or a single `Failed` before `Started`.
+#[derive(Debug)]
+pub enum Event {
+    Started { session_id: String, prompt_tokens: usize, cached_tokens: usize },
+    Text(String),
+    /// `stop_string`: the text was cut at a stop string (not a stop token).
+    Finished { finish: FinishReason, completion_tokens: usize, stop_string: bool },
+    Failed(ApiError),
+}
+
+enum Command {
+    Submit(Job, UnboundedSender<Event>, Instant),
+    /// Drop the idle sessions of a tenant key.
+    Forget(String),
+}
+
+/// A cheap, cloneable handle to the engine thread. The thread exits when the
+/// last handle is dropped and the running requests have finished.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    pending: Arc<AtomicUsize>,
+    max_pending: usize,
+    pub metrics: Arc<Metrics>,
+}
+
+impl EngineHandle {
+    /// Starts the engine thread.
+    pub fn start(model: Arc<Model>, pool: KvPool, config: SchedulerConfig, metrics: Arc<Metrics>) -> (EngineHandle, std::thread::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let handle = EngineHandle { tx, pending: pending.clone(), max_pending: config.max_pending, metrics: metrics.clone() };
+        let thread = std::thread::Builder::new()
+            .name("engram-engine".into())
+            .spawn(move || Engine::new(&model, pool, config, metrics, pending).run(rx))
+            .expect("spawning the engine thread");
+        (handle, thread)
+    }
+
+    /// Queues a request; its events arrive on the returned receiver. Dropping
+    /// the receiver cancels the request.
+    pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Event>, ApiError> {
+        if self.pending.fetch_add(1, Relaxed) >= self.max_pending {
+            self.pending.fetch_sub(1, Relaxed);
+            return Err(ApiError::overloaded(format!("{} requests are already queued or running; retry later", self.max_pending)));
+        }
+        let (tx, rx) = unbounded_channel();
+        if self.tx.send(Command::Submit(job, tx, Instant::now())).is_err() {
+            self.pending.fetch_sub(1, Relaxed);
+            return Err(ApiError::unavailable("the engine is shutting down"));
+        }
+        Ok(rx)
+    }
+
+    /// Drops the idle sessions of a tenant key.
+    pub fn forget(&self, tenant: String) {
+        let _ = self.tx.send(Command::Forget(tenant));
+    }
+}
+
+/// A request in the batch.
+struct Seq<'m> {
+    id: u64,
+    tenant: String,
+    session_id: String,
+    named: bool,
+    events: UnboundedSender<Event>,
+    params: SamplingParams,
+    prompt: Vec<u32>,
+    /// Exactly what `kv` holds.
+    tokens: Vec<u32>,
+    kv: SeqKv,
+    /// This step's input.
+    input: Vec<u32>,
+    /// The sampled token to feed next (decoding); `None` while prefilling.
+    next: Option<u32>,
+    num_generated: usize,
+    stopped_by_string: bool,
+    sampler: Sampler,
+    decoder: StreamDecoder<'m>,
+    stops: StopMatcher,
+    submitted: Instant,
+    last_token: Option<Instant>,
+}
+
+impl Seq<'_> {
+    fn prefilling(&self) -> bool {
+        self.next.is_none() && self.tokens.len() < self.prompt.len()
+    }
+}
+
+struct Engine<'m> {
+    model: &'m Model,
+    pool: KvPool,
+    config: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    pending: Arc<AtomicUsize>,
+    sessions: SessionStore,
+    waiting: VecDeque<(Job, UnboundedSender<Event>, Instant)>,
+    active: Vec<Seq<'m>>,
+    next_id: u64,
+    /// Id of the sequence that got the last prefill chunk (round-robin).
+    last_prefill: u64,
+}
+
+impl<'m> Engine<'m> {
+    fn new(model: &'m Model, pool: KvPool, config: SchedulerConfig, metrics: Arc<Metrics>, pending: Arc<AtomicUsize>) -> Self {
+        metrics.kv_bytes_budget.store(pool.budget() as u64, Relaxed);
+        let sessions = SessionStore::new(config.max_sessions);
+        Engine { model, pool, config, metrics, pending, sessions, waiting: VecDeque::new(), active: Vec::new(), next_id: 0, last_prefill: 0 }
+    }
+
+    fn run(mut self, rx: Receiver<Command>) {
+        let mut open = true;
+        loop {
+            if self.active.is_empty() && self.waiting.is_empty() {
+                if !open {
+                    break;
+                }
+                match rx.recv() {
+                    Ok(c) => self.command(c),
+                    Err(_) => break,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(c) => self.command(c),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            self.cancel_gone();
+            self.admit();
+            self.step();
+            self.refresh_gauges();
+        }
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::Submit(job, tx, t) => self.waiting.push_back((job, tx, t)),
+            Command::Forget(tenant) => self.sessions.forget_tenant(&tenant),
+        }
+    }
+
+    fn refresh_gauges(&self) {
+        let m = &self.metrics;
+        m.kv_bytes_used.store(self.pool.used() as u64, Relaxed);
+        m.sessions_idle.store(self.sessions.len() as u64, Relaxed);
+        m.sequences_running.store(self.active.len() as u64, Relaxed);
+        m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
+    }
+
+    /// Ends a sequence: reports, and returns its cache to the session store.
+    fn retire(&mut self, at: usize, outcome: Result<FinishReason, ApiError>) {
+        let s = self.active.remove(at);
+        self.pending.fetch_sub(1, Relaxed);
+        match outcome {
+            Ok(finish) => {
+                if finish == FinishReason::Cancelled {
+                    self.metrics.cancelled.fetch_add(1, Relaxed);
+                }
+                let _ = s.events.send(Event::Finished { finish, completion_tokens: s.num_generated, stop_string: s.stopped_by_string });
+            }
+            Err(e) => {
+                let _ = s.events.send(Event::Failed(e));
+            }
+        }
+        let mut kv = s.kv;
+        // Drop blocks reserved past the end (a failed or unused reservation).
+        kv.truncate(s.tokens.len());
+        self.sessions.checkin(&s.tenant, s.session_id, s.named, kv, s.tokens);
+    }
+
+    fn cancel_gone(&mut self) {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].events.is_closed() {
+                self.retire(i, Ok(FinishReason::Cancelled));
+            } else {
+                i += 1;
+            }
+        }
+        let before = self.waiting.len();
+        self.waiting.retain(|(_, tx, _)| !tx.is_closed());
+        let gone = before - self.waiting.len();
+        self.pending.fetch_sub(gone, Relaxed);
+        self.metrics.cancelled.fetch_add(gone as u64, Relaxed);
+    }
+
+    /// Moves waiting requests into the batch, in order, skipping those whose
+    /// named session is in use (so one session's requests run in order).
+    fn admit(&mut self) {
+        let mut i = 0;
+        while i < self.waiting.len() && self.active.len() < self.config.max_batch {
+            let (job, _, _) = &self.waiting[i];
+            let busy = job.session.as_ref().is_some_and(|sid| {
+                self.active.iter().any(|a| a.tenant == job.tenant && &a.session_id == sid)
+                    || self.waiting.iter().take(i).any(|(w, _, _)| w.tenant == job.tenant && w.session.as_ref() == Some(sid))
+            });
+            if busy {
+                i += 1;
+                continue;
+            }
+            let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
+            let blocks = job.prompt.len().div_ceil(BLOCK_TOKENS);
+            if blocks * self.pool.block_bytes() > self.pool.budget() {
+                self.pending.fetch_sub(1, Relaxed);
+                let _ = tx.send(Event::Failed(ApiError::unavailable(format!(
+                    "the prompt needs {} bytes of KV cache; the budget is {} bytes",
+                    blocks * self.pool.block_bytes(),
+                    self.pool.budget()
+                ))));
+                continue;
+            }
+            let c = self.sessions.checkout(&job.tenant, job.session.as_deref(), &job.prompt, &self.pool);
+            let m = &self.metrics;
+            if c.cached_len > 0 {
+                m.cache_hits.fetch_add(1, Relaxed);
+                m.tokens_reused.fetch_add(c.cached_len as u64, Relaxed);
+            } else {
+                m.cache_misses.fetch_add(1, Relaxed);
+            }
+            let _ = tx.send(Event::Started { session_id: c.session_id.clone(), prompt_tokens: job.prompt.len(), cached_tokens: c.cached_len });
+            let mut sampler = Sampler::new(job.params.clone());
+            let p = &job.params;
+            if p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+                sampler.observe(&job.prompt);
+            }
+            self.next_id += 1;
+            self.active.push(Seq {
+                id: self.next_id,
+                tenant: job.tenant,
+                session_id: c.session_id,
+                named: c.named,
+                events: tx,
+                decoder: StreamDecoder::new(&self.model.tokenizer, &job.prompt),
+                stops: StopMatcher::new(&job.params.stop),
+                params: job.params,
+                prompt: job.prompt,
+                tokens: c.tokens,
+                kv: c.kv,
+                input: Vec::new(),
+                next: None,
+                num_generated: 0,
+                stopped_by_string: false,
+                sampler,
+                submitted,
+                last_token: None,
+            });
+        }
+    }
+
+    /// Reserves room for `n` tokens in sequence `at`, evicting idle sessions
+    /// while that helps.
+    fn reserve(&mut self, at: usize, n: usize) -> bool {
+        loop {
+            if self.active[at].kv.reserve(n).is_ok() {
+                return true;
+            }
+            if !self.sessions.evict_lru() {
+                return false;
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        // Decoders first: each needs room for one token.
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].next.is_some() && !self.reserve(i, 1) {
+                // NOTE: no preemption yet; a sequence that cannot grow ends as if
+                // it hit its length limit, keeping what it has.
+                self.finish_text(i);
+                self.retire(i, Ok(FinishReason::Length));
+                continue;
+            }
+            i += 1;
+        }
+        // One prefill chunk, round-robin by sequence id.
+        let mut cands: Vec<usize> = (0..self.active.len()).filter(|&i| self.active[i].prefilling()).collect();
+        let split = cands.iter().position(|&i| self.active[i].id > self.last_prefill).unwrap_or(0);
+        cands.rotate_left(split);
+        let mut chosen = None;
+        for &c in &cands {
+            let s = &self.active[c];
+            let n = (s.prompt.len() - s.tokens.len()).min(self.config.prefill_chunk.max(1));
+            if self.reserve(c, n) {
+                chosen = Some((c, n));
+                break;
+            }
+        }
+        let decoding = self.active.iter().any(|s| s.next.is_some());
+        if chosen.is_none() && !decoding {
+            if let Some(&c) = cands.first() {
+                // Nothing runs that could ever free memory: this one cannot fit now.
+                let e = ApiError::unavailable(format!(
+                    "KV cache budget exhausted ({} of {} bytes in use); retry later",
+                    self.pool.used(),
+                    self.pool.budget()
+                ));
+                self.retire(c, Err(e));
+            }
+            return;
+        }
+        let chunk_of = chosen.map(|(c, _)| self.active[c].id);
+        let mut want = Vec::with_capacity(self.active.len());
+        for (i, s) in self.active.iter_mut().enumerate() {
+            s.input.clear();
+            if let Some(t) = s.next {
+                s.input.push(t);
+                want.push(Logits::Last);
+            } else if let Some((c, n)) = chosen.filter(|&(c, _)| c == i) {
+                let at = s.tokens.len();
+                s.input.extend_from_slice(&s.prompt[at..at + n]);
+                want.push(if at + n == s.prompt.len() { Logits::Last } else { Logits::None });
+                let _ = c;
+            } else {
+                want.push(Logits::None);
+            }
+        }
+        if let Some(id) = chunk_of {
+            self.last_prefill = id;
+        }
+        let mut who = Vec::new();
+        let mut steps = Vec::new();
+        for (i, s) in self.active.iter_mut().enumerate() {
+            if s.input.is_empty() {
+                continue;
+            }
+            let Seq { input, tokens, kv, .. } = s;
+            steps.push(SeqStep { tokens: input.as_slice(), first_pos: tokens.len(), kv, logits: want[i] });
+            who.push(i);
+        }
+        if steps.is_empty() {
+            return;
+        }
+        let result = self.model.forward(&mut steps);
+        drop(steps);
+        self.metrics.steps.fetch_add(1, Relaxed);
+        let outs = match result {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!("forward failed: {e}");
+                for &i in who.iter().rev() {
+                    let s = &mut self.active[i];
+                    let keep = s.tokens.len();
+                    s.kv.truncate(keep);
+                    self.retire(i, Err(ApiError::internal(format!("model error: {e}"))));
+                }
+                return;
+            }
+        };
+        // Process in reverse so retiring (removal) keeps earlier indices valid.
+        for (&i, mut logits) in who.iter().zip(outs).rev() {
+            let s = &mut self.active[i];
+            if s.next.is_none() {
+                self.metrics.tokens_computed.fetch_add(s.input.len() as u64, Relaxed);
+            }
+            let input = std::mem::take(&mut s.input);
+            s.tokens.extend_from_slice(&input);
+            s.input = input;
+            if logits.is_empty() {
+                continue;
+            }
+            if let Some(outcome) = self.sample(i, &mut logits) {
+                self.retire(i, outcome);
+            }
+        }
+    }
+
+    /// Samples sequence `at`'s next token and streams its text; returns the
+    /// outcome if the sequence is done.
+    fn sample(&mut self, at: usize, logits: &mut [f32]) -> Option<Result<FinishReason, ApiError>> {
+        let ctx = self.model.config.max_positions;
+        let m = self.metrics.clone();
+        let s = &mut self.active[at];
+        let t = s.sampler.sample(logits);
+        let now = Instant::now();
+        match s.last_token {
+            None => m.ttft.observe(now.duration_since(s.submitted).as_secs_f64()),
+            Some(prev) => m.inter_token.observe(now.duration_since(prev).as_secs_f64()),
+        }
+        s.last_token = Some(now);
+        s.num_generated += 1;
+        m.tokens_generated.fetch_add(1, Relaxed);
+        s.next = None;
+        let tok = &self.model.tokenizer;
+        if (!s.params.ignore_eos && tok.is_stop_token(t)) || s.params.stop_token_ids.contains(&t) {
+            self.finish_text(at);
+            return Some(Ok(FinishReason::Stop));
+        }
+        let piece = match s.decoder.push(t) {
+            Ok(p) => p,
+            Err(e) => return Some(Err(ApiError::internal(format!("detokenizing: {e}")))),
+        };
+        let (release, stopped) = s.stops.push(&piece);
+        if !release.is_empty() && s.events.send(Event::Text(release)).is_err() {
+            return Some(Ok(FinishReason::Cancelled));
+        }
+        if stopped {
+            s.stopped_by_string = true;
+            return Some(Ok(FinishReason::Stop));
+        }
+        if s.num_generated >= s.params.max_tokens || s.tokens.len() + 1 >= ctx {
+            self.finish_text(at);
+            return Some(Ok(FinishReason::Length));
+        }
+        s.next = Some(t);
+        None
+    }
+
+    /// Releases text held back by the decoder and the stop matcher.
+    fn finish_text(&mut self, at: usize) {
+        let s = &mut self.active[at];
+        let (release, _) = s.stops.push(&s.decoder.flush());
+        let rest = release + &s.stops.finish();
+        if !rest.is_empty() {
+            let _ = s.events.send(Event::Text(rest));
+        }
+    }
+}

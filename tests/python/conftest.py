@@ -1,0 +1,63 @@
+"""Starts a real `engram serve` on a tiny fixture model for the tests.
+
+The binary is `target/release/engram` (override with ENGRAM_BIN); the
+fixture is generated into a temporary directory with `engram fixture tiny`.
+The server binds port 0 and prints its address on stderr.
+"""
+
+import os
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("ENGRAM_BIN", ROOT / "target" / "release" / "engram"))
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    if not BIN.exists():
+        pytest.fail(f"{BIN} not found; run `cargo build --release -p engram-cli` first")
+    tmp = tmp_path_factory.mktemp("engram")
+    subprocess.run([str(BIN), "fixture", "tiny", "--out", str(tmp / "fx"), "--formats", "q8_0"],
+                   check=True, capture_output=True)
+    model = tmp / "fx" / "tiny-q8_0.gguf"
+    proc = subprocess.Popen(
+        [str(BIN), "serve", "--model", str(model), "--port", "0", "--data-dir", str(tmp),
+         "--kv-format", "f32", "--threads", "2"],
+        stderr=subprocess.PIPE, text=True)
+    addr = None
+    deadline = time.time() + 60
+    lines = []
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"listening on (http://\S+)", line)
+        if m:
+            addr = m.group(1)
+            break
+    if addr is None:
+        proc.kill()
+        pytest.fail("server did not start:\n" + "".join(lines))
+    # Keep draining stderr so the server never blocks on a full pipe.
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    for _ in range(100):
+        try:
+            if requests.get(addr + "/health", timeout=2).status_code == 200:
+                break
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    yield {"base": addr, "model": "tiny-q8_0", "proc": proc}
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
