@@ -9,19 +9,21 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: &[String]) -> StopMatcher {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), pending: String::new() }
+        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), pending: String::new(), matched: None }
     }
 
     /// Adds text; returns `(releasable text, stopped)`. After a stop, the text
     /// before the stop string is released and the rest is discarded.
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+        if let Some((at, which)) = self.stops.iter().enumerate().filter_map(|(i, s)| self.pending.find(s.as_str()).map(|at| (at, i))).min() {
+            self.matched = Some(which);
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return (out, true);
@@ -43,6 +45,11 @@ impl StopMatcher {
         (out, false)
     }
 
+    /// The stop string that ended the stream, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
+    }
+
     /// Releases whatever is held (the stream ended without a stop string).
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.pending)
@@ -59,6 +66,7 @@ mod tests {
         assert_eq!(m.push("Hello"), ("Hello".into(), false));
         assert_eq!(m.push(" there\nUs"), (" there".into(), false));
         assert_eq!(m.push("er: hi"), ("".into(), true));
+        assert_eq!(m.matched(), Some("\nUser:"));
         let mut m = StopMatcher::new(&["END".to_string()]);
         assert_eq!(m.push("an E"), ("an ".into(), false));
         assert_eq!(m.push("xit"), ("Exit".into(), false));

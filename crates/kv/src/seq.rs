@@ -86,12 +86,11 @@ impl SeqKv {
         SeqKv { pool: self.pool.clone(), blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n }
     }
 
-    /// Forgets tokens from `num_tokens` on (blocks past it are released).
+    /// Forgets tokens from `num_tokens` on and releases blocks past it,
+    /// including reserved room that was never written.
     pub fn truncate(&mut self, num_tokens: usize) {
-        if num_tokens >= self.len {
-            return;
-        }
-        self.len = num_tokens;
+        self.len = self.len.min(num_tokens);
+        let num_tokens = self.len;
         // A partial last block keeps stale tokens past `len`, which
         // `for_each_chunk` hides and the next write overwrites.
         self.blocks.truncate(num_tokens.div_ceil(BLOCK_TOKENS));
