@@ -79,6 +79,7 @@ pub struct SessionStore {
     index: PrefixIndex,
     clock: u64,
     next_id: u64,
+    max_sessions: usize,
 }
 
 /// The longest common prefix of `a` and `b`, in bytes, on a char boundary.
@@ -95,7 +96,75 @@ impl SessionStore {
     /// `fingerprint` (combined here with the KV format: a format change is a miss).
     pub fn new(pool: KvPool, fingerprint: Fingerprint) -> SessionStore {
         let fp = Fingerprint(engram_model::model::fnv1a64(fingerprint.0, pool.format().name().as_bytes()));
-        SessionStore { pool, sessions: HashMap::new(), index: PrefixIndex::new(fp), clock: 0, next_id: 0 }
+        SessionStore { pool, sessions: HashMap::new(), index: PrefixIndex::new(fp), clock: 0, next_id: 0, max_sessions: usize::MAX }
+    }
+
+    /// Keeps at most `n` sessions (least recently used dropped first).
+    pub fn with_max_sessions(mut self, n: usize) -> SessionStore {
+        self.max_sessions = n.max(1);
+        self
+    }
+
+    /// Number of sessions held.
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+    /// True when no session is held.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+
+    fn fresh_id(&mut self) -> String {
+        self.next_id += 1;
+        format!("sess-{}-{}", self.clock, self.next_id)
+    }
+
+    /// Drops the least recently used session (and prefix blocks nobody
+    /// shares any more); false if there was no session.
+    pub fn evict_lru(&mut self) -> bool {
+        let Some(key) = self.sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) else {
+            return false;
+        };
+        self.sessions.remove(&key);
+        self.index.evict(usize::MAX, self.pool.block_bytes());
+        true
+    }
+
+    /// Drops every session of `owner`.
+    pub fn forget_owner(&mut self, owner: &str) {
+        self.sessions.retain(|(o, _), _| o != owner);
+    }
+
+    /// Like [`SessionStore::checkout`] for a request that arrives as token
+    /// ids (no text): matched by the longest common token prefix.
+    pub fn checkout_tokens(&mut self, owner: &str, session_id: Option<&str>, prompt: &[u32]) -> Checkout {
+        self.clock += 1;
+        let common = |s: &Session| s.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(s.kv.len());
+        let candidate = match session_id {
+            Some(id) => self.sessions.get(&(owner.to_string(), id.to_string())),
+            None => self.sessions.values().filter(|s| s.owner == owner).max_by_key(|s| (common(s), s.last_used)),
+        };
+        let found = candidate.map(|s| (s.id.clone(), common(s), s.tokens.len(), s.kv.fork(common(s))));
+        let (kind, id, k, kv) = match found {
+            Some((id, k, len, kv)) if k > 0 => {
+                let kind = if k == prompt.len() && k == len {
+                    MatchKind::Exact
+                } else if k == len {
+                    MatchKind::Extend
+                } else {
+                    MatchKind::Diverge
+                };
+                let id = if session_id.is_none() && kind == MatchKind::Diverge { self.fresh_id() } else { id };
+                (kind, id, k, kv)
+            }
+            _ => {
+                let kv = self.index.lookup(&self.pool, prompt);
+                let k = kv.len();
+                let id = session_id.map(str::to_string).unwrap_or_else(|| self.fresh_id());
+                (if k > 0 { MatchKind::Prefix } else { MatchKind::Miss }, id, k, kv)
+            }
+        };
+        Checkout { session_id: id, kind, tokens: prompt.to_vec(), token_ends: vec![0; prompt.len()], reused: k, kv }
     }
 
     /// The pool caches are charged to.
@@ -136,15 +205,18 @@ impl SessionStore {
                 .filter(|s| s.owner == owner)
                 .max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
         };
-        let session_id = match (session_id, candidate) {
+        // An unnamed request continues a session only if it extends it; one that
+        // diverges forks a new session, leaving the original to its owner.
+        let continues = |s: &Session| common_prefix(&s.text, text) == s.text.len() && !s.text.is_empty();
+        let matched_id = candidate.filter(|s| session_id.is_some() || continues(s)).map(|s| s.id.clone());
+        let candidate = candidate.map(|s| (s.text.clone(), s.token_ends.clone(), s.tokens.clone(), s.kv.fork(s.kv.len())));
+        let session_id = match (session_id, matched_id) {
             (Some(id), _) => id.to_string(),
-            (None, Some(s)) if common_prefix(&s.text, text) > 0 => s.id.clone(),
-            _ => {
-                self.next_id += 1;
-                format!("s{}-{}", self.clock, self.next_id)
-            }
+            (None, Some(id)) => id,
+            _ => self.fresh_id(),
         };
-        if let Some(s) = candidate {
+        if let Some((s_text, s_ends, s_tokens, s_kv)) = candidate {
+            let s = Session { id: String::new(), owner: String::new(), text: s_text, tokens: s_tokens, token_ends: s_ends, kv: s_kv, last_used: 0 };
             let c = common_prefix(&s.text, text);
             // Reuse the longest run of tokens whose text ends inside the common part.
             let k = s.token_ends.iter().take_while(|&&e| e <= c).count();
@@ -186,8 +258,13 @@ impl SessionStore {
         token_ends.truncate(keep);
         kv.truncate(keep);
         self.index.insert(&tokens, &kv);
+        if tokens.is_empty() {
+            self.sessions.remove(&(owner.to_string(), session_id.to_string()));
+            return;
+        }
         let s = Session { id: session_id.to_string(), owner: owner.to_string(), text, tokens, token_ends, kv, last_used: self.clock };
         self.sessions.insert((owner.to_string(), session_id.to_string()), s);
+        while self.sessions.len() > self.max_sessions && self.evict_lru() {}
     }
 
     /// Frees RAM for `bytes` more: first idle prefix-index blocks, then the

@@ -139,3 +139,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn owners_never_share_sessions_and_empty_sessions_are_dropped() {
+    let m = model();
+    let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
+    let mut store = SessionStore::new(pool, m.fingerprint);
+    let text = "A private conversation that only its owner may continue.";
+    turn(&mut store, "alice", text, 4);
+    // Same text, other owner: no session match (only whole shared prefix blocks could be reused).
+    let co = store.checkout("mallory", None, text, true, &m.tokenizer).unwrap();
+    assert!(matches!(co.kind, MatchKind::Miss | MatchKind::Prefix), "{:?}", co.kind);
+    assert_eq!(store.sessions_of("mallory").count(), 0);
+    // A named session of another owner is not found either.
+    let alice_id = store.sessions_of("alice").next().unwrap().id.clone();
+    let co = store.checkout("mallory", Some(&alice_id), text, true, &m.tokenizer).unwrap();
+    assert_ne!(co.kind, MatchKind::Exact);
+    // Checking in nothing keeps nothing.
+    let kv = engram_kv::SeqKv::new(store.pool());
+    store.checkin("bob", "empty", String::new(), Vec::new(), Vec::new(), kv);
+    assert_eq!(store.sessions_of("bob").count(), 0);
+    store.forget_owner("alice");
+    assert_eq!(store.len(), 0);
+}

@@ -134,7 +134,7 @@ pub(crate) async fn generate(State(s): State<AppState>, headers: HeaderMap, Path
         (None, Some(p)) => chat.push(ChatMessage::new("user", p)),
         _ => return Err(ApiError::bad_request("give exactly one of `messages` and `prompt`")),
     }
-    let prompt = api::render_chat(&s, &chat)?;
+    let (text, prompt) = api::render_chat(&s, &chat)?;
     let sampling = Sampling {
         max_tokens: req.max_tokens,
         temperature: req.temperature,
@@ -145,7 +145,7 @@ pub(crate) async fn generate(State(s): State<AppState>, headers: HeaderMap, Path
         ..Default::default()
     };
     let params = api::params(&s, prompt.len(), sampling)?;
-    let job = Job { tenant: cache_key(&tenant, &id), session: Some("main".into()), prompt, params };
+    let job = Job { tenant: cache_key(&tenant, &id), session: Some("main".into()), text: Some(text), add_special: false, prompt, params };
     let (st, mut rx) = api::start(&s, job).await?;
     let done = api::collect(&mut rx).await?;
     Ok(axum::Json(json!({

@@ -66,7 +66,7 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         }
         chat.push(ChatMessage::new(m.role, m.content.text(&format!("messages[{i}].content"))?));
     }
-    let prompt = api::render_chat(&s, &chat)?;
+    let (text, prompt) = api::render_chat(&s, &chat)?;
     let temperature = req.temperature;
     if temperature.is_some_and(|t| t > 1.0) {
         return Err(ApiError::bad_param("temperature", "temperature must be in [0, 1]").into());
@@ -80,7 +80,7 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         ..Default::default()
     };
     let params = api::params(&s, prompt.len(), sampling)?;
-    let (st, mut rx) = api::start(&s, Job { tenant, session, prompt, params }).await?;
+    let (st, mut rx) = api::start(&s, Job { tenant, session, text: Some(text), add_special: false, prompt, params }).await?;
     let id = api::new_id("msg");
     let model = s.config.model_id.clone();
     if !req.stream.unwrap_or(false) {

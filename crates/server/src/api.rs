@@ -234,9 +234,10 @@ pub fn new_id(prefix: &str) -> String {
 }
 
 /// Renders a conversation with the model's chat template and encodes it.
-pub fn render_chat(s: &AppState, messages: &[engram_tokenizer::ChatMessage]) -> Result<Vec<u32>, ApiError> {
+pub fn render_chat(s: &AppState, messages: &[engram_tokenizer::ChatMessage]) -> Result<(String, Vec<u32>), ApiError> {
     let tok = &s.model.tokenizer;
     let tpl = tok.chat_template().ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
     let text = tpl.render(messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
-    Ok(tok.encode(&text, false)?.ids)
+    let ids = tok.encode(&text, false)?.ids;
+    Ok((text, ids))
 }

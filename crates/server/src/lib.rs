@@ -4,7 +4,8 @@
 //! `/v1/models`), Anthropic-compatible (`/v1/messages`) and agent
 //! (`/v1/agents`) endpoints, plus `/health` and Prometheus `/metrics`, over a
 //! continuous-batching scheduler ([`scheduler`]) that reuses cached sessions
-//! ([`sessions`]).
+//! (`engram_context::SessionStore`: character-level EXACT / EXTEND / DIVERGE
+//! matching and the shared prefix index).
 //!
 //! Main types: [`Server`] (engine thread + shared state; [`Server::router`]
 //! builds the axum app, so tests bind port 0), [`ServerConfig`],
@@ -21,7 +22,6 @@ pub mod error;
 pub mod metrics;
 mod openai;
 pub mod scheduler;
-pub mod sessions;
 mod sse;
 
 use std::future::Future;

@@ -48,6 +48,8 @@ impl Histogram {
 pub struct Metrics {
     /// `(route, status) -> count`.
     requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Cache lookups by how they matched (exact, extend, diverge, prefix, miss).
+    lookups: Mutex<BTreeMap<String, u64>>,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     pub tokens_reused: AtomicU64,
@@ -72,12 +74,22 @@ impl Metrics {
         *m.entry((route.to_string(), status)).or_insert(0) += 1;
     }
 
+    /// Counts one cache lookup by its match kind.
+    pub fn count_match(&self, kind: &str) {
+        let mut m = self.lookups.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry(kind.to_string()).or_insert(0) += 1;
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "# HELP engram_requests_total HTTP requests by route and status.\n# TYPE engram_requests_total counter");
         for ((route, status), n) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "engram_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
+        }
+        let _ = writeln!(out, "# HELP engram_cache_lookups_total Cache lookups by match path.\n# TYPE engram_cache_lookups_total counter");
+        for (kind, n) in self.lookups.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "engram_cache_lookups_total{{path=\"{kind}\"}} {n}");
         }
         let counters: [(&str, &str, &AtomicU64); 7] = [
             ("engram_cache_hits_total", "Requests that reused cached tokens.", &self.cache_hits),

@@ -187,7 +187,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     check_n(req.n)?;
     let session = api::session(&headers, req.session_id.as_deref())?;
     let messages = to_chat(req.messages)?;
-    let prompt = api::render_chat(&s, &messages)?;
+    let (text, prompt) = api::render_chat(&s, &messages)?;
     let sampling = Sampling {
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         temperature: req.temperature,
@@ -202,7 +202,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         ignore_eos: req.ignore_eos.unwrap_or(false),
     };
     let params = api::params(&s, prompt.len(), sampling)?;
-    let (st, mut rx) = api::start(&s, Job { tenant, session, prompt, params }).await?;
+    let (st, mut rx) = api::start(&s, Job { tenant, session, text: Some(text), add_special: false, prompt, params }).await?;
     let id = api::new_id("chatcmpl");
     let created = api::now_s();
     let model = s.config.model_id.clone();
@@ -254,15 +254,21 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     check_n(req.n)?;
     let session = api::session(&headers, req.session_id.as_deref())?;
     let tok = &s.model.tokenizer;
-    let prompt = match req.prompt {
-        PromptField::Text(t) => tok.encode(&t, true)?.ids,
-        PromptField::Texts(v) if v.len() == 1 => tok.encode(&v[0], true)?.ids,
+    let (text, prompt) = match req.prompt {
+        PromptField::Text(t) => {
+            let ids = tok.encode(&t, true)?.ids;
+            (Some(t), ids)
+        }
+        PromptField::Texts(v) if v.len() == 1 => {
+            let ids = tok.encode(&v[0], true)?.ids;
+            (v.into_iter().next(), ids)
+        }
         PromptField::Texts(v) => return Err(ApiError::bad_param("prompt", format!("exactly one prompt is supported, got {}", v.len()))),
         PromptField::Ids(ids) => {
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= s.model.config.vocab) {
                 return Err(ApiError::bad_param("prompt", format!("token id {bad} is outside the vocabulary of {}", s.model.config.vocab)));
             }
-            ids
+            (None, ids)
         }
     };
     let sampling = Sampling {
@@ -279,7 +285,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
         ignore_eos: req.ignore_eos.unwrap_or(false),
     };
     let params = api::params(&s, prompt.len(), sampling)?;
-    let (st, mut rx) = api::start(&s, Job { tenant, session, prompt, params }).await?;
+    let (st, mut rx) = api::start(&s, Job { tenant, session, text, add_special: true, prompt, params }).await?;
     let id = api::new_id("cmpl");
     let created = api::now_s();
     let model = s.config.model_id.clone();

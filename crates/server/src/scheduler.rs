@@ -37,7 +37,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::sessions::SessionStore;
+use engram_context::SessionStore;
 
 /// Scheduler limits.
 #[derive(Clone, Debug)]
@@ -62,8 +62,15 @@ impl Default for SchedulerConfig {
 pub struct Job {
     /// Sessions never cross this key.
     pub tenant: String,
-    /// A named session, or `None` to match by longest common prefix.
+    /// A named session, or `None` to match by characters against the tenant's sessions.
     pub session: Option<String>,
+    /// The prompt text (rendered chat or raw completion), matched by
+    /// characters; `None` for prompts sent as token ids.
+    pub text: Option<String>,
+    /// How `text` is tokenized cold (true: the model's BOS rule for raw prompts).
+    pub add_special: bool,
+    /// The prompt tokenized whole (used for validation; the session store
+    /// may reuse a cached tokenization of the common part instead).
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
 }
@@ -134,8 +141,14 @@ struct Seq<'m> {
     id: u64,
     tenant: String,
     session_id: String,
-    named: bool,
     events: UnboundedSender<Event>,
+    /// The prompt text, if the request had one (sessions are matched by it).
+    prompt_text: Option<String>,
+    /// Byte end of each prompt token's text, then of each generated token's
+    /// in `prompt_text + decoded` (`usize::MAX` while a character is incomplete).
+    token_ends: Vec<usize>,
+    /// Everything the decoder produced (before stop strings cut it).
+    decoded: String,
     params: SamplingParams,
     prompt: Vec<u32>,
     /// Exactly what `kv` holds.
@@ -177,7 +190,7 @@ struct Engine<'m> {
 impl<'m> Engine<'m> {
     fn new(model: &'m Model, pool: KvPool, config: SchedulerConfig, metrics: Arc<Metrics>, pending: Arc<AtomicUsize>) -> Self {
         metrics.kv_bytes_budget.store(pool.budget() as u64, Relaxed);
-        let sessions = SessionStore::new(config.max_sessions);
+        let sessions = SessionStore::new(pool.clone(), model.fingerprint).with_max_sessions(config.max_sessions);
         Engine { model, pool, config, metrics, pending, sessions, waiting: VecDeque::new(), active: Vec::new(), next_id: 0, last_prefill: 0 }
     }
 
@@ -213,7 +226,7 @@ impl<'m> Engine<'m> {
     fn command(&mut self, c: Command) {
         match c {
             Command::Submit(job, tx, t) => self.waiting.push_back((job, tx, t)),
-            Command::Forget(tenant) => self.sessions.forget_tenant(&tenant),
+            Command::Forget(tenant) => self.sessions.forget_owner(&tenant),
         }
     }
 
@@ -243,7 +256,16 @@ impl<'m> Engine<'m> {
         let mut kv = s.kv;
         // Drop blocks reserved past the end (a failed or unused reservation).
         kv.truncate(s.tokens.len());
-        self.sessions.checkin(&s.tenant, s.session_id, s.named, kv, s.tokens);
+        let n = s.tokens.len();
+        match s.prompt_text {
+            Some(p) => {
+                let mut ends = s.token_ends;
+                ends.truncate(n);
+                let text = p + &s.decoded;
+                self.sessions.checkin(&s.tenant, &s.session_id, text, s.tokens, ends, kv);
+            }
+            None => self.sessions.checkin(&s.tenant, &s.session_id, String::new(), s.tokens, vec![0; n], kv),
+        }
     }
 
     fn cancel_gone(&mut self) {
@@ -287,33 +309,62 @@ impl<'m> Engine<'m> {
                 ))));
                 continue;
             }
-            let c = self.sessions.checkout(&job.tenant, job.session.as_deref(), &job.prompt, &self.pool);
+            let tok = &self.model.tokenizer;
+            let c = match &job.text {
+                Some(text) => match self.sessions.checkout(&job.tenant, job.session.as_deref(), text, job.add_special, tok) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.pending.fetch_sub(1, Relaxed);
+                        let _ = tx.send(Event::Failed(ApiError::bad_request(format!("tokenizing the prompt: {e}"))));
+                        continue;
+                    }
+                },
+                None => self.sessions.checkout_tokens(&job.tenant, job.session.as_deref(), &job.prompt),
+            };
+            // The cache holds c.tokens[..reused]; the last prompt token is always
+            // recomputed, since its logits start generation.
+            let prompt = c.tokens;
+            let cached_len = c.reused.min(prompt.len().saturating_sub(1));
+            let mut kv = c.kv;
+            kv.truncate(cached_len);
+            if prompt.is_empty() || prompt.len() >= self.model.config.max_positions {
+                self.pending.fetch_sub(1, Relaxed);
+                let _ = tx.send(Event::Failed(ApiError::bad_request(format!(
+                    "the prompt has {} tokens; the model's context is {}",
+                    prompt.len(),
+                    self.model.config.max_positions
+                ))));
+                continue;
+            }
             let m = &self.metrics;
-            if c.cached_len > 0 {
+            m.count_match(c.kind.name());
+            if cached_len > 0 {
                 m.cache_hits.fetch_add(1, Relaxed);
-                m.tokens_reused.fetch_add(c.cached_len as u64, Relaxed);
+                m.tokens_reused.fetch_add(cached_len as u64, Relaxed);
             } else {
                 m.cache_misses.fetch_add(1, Relaxed);
             }
-            let _ = tx.send(Event::Started { session_id: c.session_id.clone(), prompt_tokens: job.prompt.len(), cached_tokens: c.cached_len });
+            let _ = tx.send(Event::Started { session_id: c.session_id.clone(), prompt_tokens: prompt.len(), cached_tokens: cached_len });
             let mut sampler = Sampler::new(job.params.clone());
             let p = &job.params;
             if p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-                sampler.observe(&job.prompt);
+                sampler.observe(&prompt);
             }
             self.next_id += 1;
             self.active.push(Seq {
                 id: self.next_id,
                 tenant: job.tenant,
                 session_id: c.session_id,
-                named: c.named,
                 events: tx,
-                decoder: StreamDecoder::new(&self.model.tokenizer, &job.prompt),
+                prompt_text: job.text,
+                token_ends: c.token_ends,
+                decoded: String::new(),
+                decoder: StreamDecoder::new(&self.model.tokenizer, &prompt),
                 stops: StopMatcher::new(&job.params.stop),
                 params: job.params,
-                prompt: job.prompt,
-                tokens: c.tokens,
-                kv: c.kv,
+                tokens: prompt[..cached_len].to_vec(),
+                prompt,
+                kv,
                 input: Vec::new(),
                 next: None,
                 num_generated: 0,
@@ -468,6 +519,15 @@ impl<'m> Engine<'m> {
             Ok(p) => p,
             Err(e) => return Some(Err(ApiError::internal(format!("detokenizing: {e}")))),
         };
+        s.token_ends.push(usize::MAX);
+        if !piece.is_empty() {
+            s.decoded.push_str(&piece);
+            let end = s.prompt_text.as_ref().map_or(0, |p| p.len()) + s.decoded.len();
+            // This token completes the text of any still-pending ones.
+            for e in s.token_ends.iter_mut().rev().take_while(|e| **e == usize::MAX) {
+                *e = end;
+            }
+        }
         let (release, stopped) = s.stops.push(&piece);
         if !release.is_empty() && s.events.send(Event::Text(release)).is_err() {
             return Some(Ok(FinishReason::Cancelled));

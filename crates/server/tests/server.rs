@@ -421,7 +421,7 @@ fn decoding_sequences_share_steps() {
     let engine = server.engine();
     let params = engram_engine::SamplingParams { max_tokens: 32, ignore_eos: true, ..Default::default() };
     let rxs: Vec<_> = (0..4u32)
-        .map(|i| engine.submit(engram_server::Job { tenant: format!("t{i}"), session: None, prompt: vec![1, 100 + i, 200 + i, 300 + i], params: params.clone() }).unwrap())
+        .map(|i| engine.submit(engram_server::Job { tenant: format!("t{i}"), session: None, text: None, add_special: false, prompt: vec![1, 100 + i, 200 + i, 300 + i], params: params.clone() }).unwrap())
         .collect();
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let mut total = 0;
