@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use engram_kv::{DiskStore, EntryStats, EvictionPolicy};
 use serde_json::json;
 
@@ -60,6 +60,9 @@ pub fn run(args: Args) -> Result<()> {
     let policy: EvictionPolicy = args.eviction.parse().map_err(anyhow::Error::msg)?;
     let budget = args.disk_budget_mib.checked_mul(1 << 20).context("--disk-budget-mib is too large")?;
     let mut store = DiskStore::open(&dir, budget, policy).with_context(|| format!("opening the KV store {}", dir.display()))?;
+    if let CacheCommand::Inspect { id, .. } | CacheCommand::Rm { id } | CacheCommand::Pin { id } | CacheCommand::Unpin { id } = &args.command {
+        engram_kv::disk::validate_id(id)?;
+    }
     let unknown = |id: &str| anyhow::anyhow!("no cache entry with id {id:?} in {} (see `engram cache ls`)", dir.display());
     match args.command {
         CacheCommand::Ls { json } => ls(&store, json),
@@ -217,6 +220,51 @@ fn human_age(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engram_kv::{EntryKind, EntryMeta, KvFormat, KvLayout, KvPool, SeqKv};
+    use engram_model::KvCache;
+
+    fn args(data_dir: &std::path::Path, command: CacheCommand) -> Args {
+        Args { command, data_dir: Some(data_dir.to_path_buf()), disk_budget_mib: 1, eviction: "lru".into() }
+    }
+
+    #[test]
+    fn subcommands_on_a_real_store() {
+        let data = std::env::temp_dir().join(format!("engram-cache-cmd-{}", std::process::id()));
+        let pool = KvPool::new(KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 32 }, KvFormat::F16, 64 << 20);
+        let mut store = DiskStore::open(store_dir(&Some(data.clone())), 1 << 30, EvictionPolicy::Lru).unwrap();
+        for (i, n) in [40usize, 2500].into_iter().enumerate() {
+            let mut kv = SeqKv::new(&pool);
+            kv.reserve(n).unwrap();
+            let x = vec![0.5f32; n * 64];
+            for layer in 0..2 {
+                kv.write(layer, 0, &x, &x, n);
+            }
+            let meta = EntryMeta {
+                fingerprint: "0123456789abcdef-f16".into(),
+                kind: EntryKind::Session,
+                owner: format!("agent-{i}"),
+                tokens: vec![1; n],
+                text: "Hello, world!\n".repeat(n / 4),
+                offsets: Vec::new(),
+                created_unix: now_unix() - 3600,
+            };
+            store.put(&format!("s{i}"), &meta, &kv).unwrap();
+        }
+        drop(store);
+        run(args(&data, CacheCommand::Ls { json: false })).unwrap();
+        run(args(&data, CacheCommand::Ls { json: true })).unwrap();
+        run(args(&data, CacheCommand::Inspect { id: "s1".into(), json: false })).unwrap();
+        run(args(&data, CacheCommand::Pin { id: "s0".into() })).unwrap();
+        assert!(run(args(&data, CacheCommand::Inspect { id: "nope".into(), json: false })).is_err());
+        assert!(run(args(&data, CacheCommand::Rm { id: "../x".into() })).unwrap_err().to_string().contains("invalid"));
+        // The 1 MiB budget keeps the pinned entry and evicts the other.
+        run(args(&data, CacheCommand::Gc)).unwrap();
+        let store = DiskStore::open(store_dir(&Some(data.clone())), 1 << 30, EvictionPolicy::Lru).unwrap();
+        assert_eq!(store.list().iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["s0"]);
+        run(args(&data, CacheCommand::Rm { id: "s0".into() })).unwrap();
+        assert!(run(args(&data, CacheCommand::Rm { id: "s0".into() })).is_err());
+        std::fs::remove_dir_all(&data).unwrap();
+    }
 
     #[test]
     fn sizes_and_ages_read_well() {

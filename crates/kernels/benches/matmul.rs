@@ -1,9 +1,13 @@
 //! matmul throughput per format: GEMV (1 token × 2048×2048 and 8192×2048) and GEMM
 //! (512 tokens × 2048×2048). Default run is short. Set `ENGRAM_TABLE=1` to instead print a
 //! GFLOP/s + GB/s table and a Llama-1B-shape tok/s estimate (hidden 2048, FFN 8192, 16 layers,
-//! vocab 32000), with the pool at its default size (or `ENGRAM_THREADS`).
+//! vocab 32000), with the pool at its default size (or `ENGRAM_THREADS`). Table filters:
+//! `ENGRAM_DTYPES=q8_0,q4_0` (formats), `ENGRAM_ISA=avx512,amx` (kernel paths; default: the
+//! detected best), `ENGRAM_DECODE_ONLY=1` (skip the 512-token rows), so paths can be compared
+//! side by side in one run.
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
+use engram_kernels::internal::{matmul_with, Isa};
 use engram_kernels::*;
 use std::time::{Duration, Instant};
 
@@ -37,9 +41,10 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-fn time(w: &WeightMatrix, n: usize) -> f64 {
+fn time(isa: Isa, w: &WeightMatrix, n: usize) -> f64 {
     let x = act(n * w.cols);
     let mut out = vec![0f32; n * w.rows];
+    let matmul = |w: &WeightMatrix, x: &[f32], n: usize, out: &mut [f32]| matmul_with(isa, w, x, n, out);
     matmul(w, &x, n, &mut out);
     let mut best = f64::MAX;
     let start = Instant::now();
@@ -61,14 +66,32 @@ fn table() {
     println!("{:6} {:>5} {:>14} {:>9} {:>9} {:>10}", "dtype", "n", "shape", "GFLOP/s", "GB/s", "ms");
     // Llama-1B layer: q,o 2048x2048; k,v 512x2048; gate,up 8192x2048; down 2048x8192; + lm head.
     let layer = [(2048usize, 2048usize, 2usize), (512, 2048, 2), (8192, 2048, 2), (2048, 8192, 1)];
-    for d in DType::ALL {
+    let dtypes: Vec<DType> = match std::env::var("ENGRAM_DTYPES") {
+        Ok(v) => DType::ALL.into_iter().filter(|d| v.split(',').any(|n| n == d.name())).collect(),
+        Err(_) => DType::ALL.to_vec(),
+    };
+    let isas: Vec<Isa> = match std::env::var("ENGRAM_ISA") {
+        Ok(v) => Isa::available()
+            .into_iter()
+            .filter(|i| v.split(',').any(|n| n.eq_ignore_ascii_case(&format!("{i:?}"))))
+            .collect(),
+        Err(_) => vec![Isa::detect()],
+    };
+    let decode_only = std::env::var("ENGRAM_DECODE_ONLY").is_ok();
+    for (isa, d) in isas.iter().flat_map(|&i| dtypes.iter().map(move |&d| (i, d))) {
+        if d == dtypes[0] {
+            println!("path = {isa:?}");
+        }
         let mut est = [0f64; 2];
         for (k, &n) in [1usize, 512].iter().enumerate() {
+            if decode_only && n > 1 {
+                continue;
+            }
             let mut total = 0.0;
             for &(rows, cols, count) in layer.iter().chain(std::iter::once(&(32000usize, 2048usize, 0usize))) {
                 let bytes = make(d, rows, cols);
                 let w = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
-                let s = time(&w, n);
+                let s = time(isa, &w, n);
                 if count == 0 {
                     total += s; // lm head once per forward
                 } else {

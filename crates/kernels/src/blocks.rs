@@ -62,15 +62,46 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// All eight (scale, min) pairs of a Q4_K block, unpacked.
+/// All eight (scale, min) pairs of a Q4_K block, unpacked (same values as [`scale_min_k4`]).
+///
+/// Uses ggml's word-wise trick (kmask1/2/3 in the AVX2 `vec_dot_q4_K_q8_K`): a handful of
+/// 32-bit shifts and masks instead of per-byte branches — this runs once per row and
+/// super-block in every Q4_K kernel, so it is hot in GEMV.
 #[inline(always)]
 pub fn scales_mins_k4(q: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let mut s = [0u8; 8];
-    let mut m = [0u8; 8];
-    for j in 0..8 {
-        let (a, b) = scale_min_k4(j, q);
-        s[j] = a;
-        m[j] = b;
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let u = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    let s0 = u0 & K1;
+    let s1 = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let m0 = u1 & K1;
+    let m1 = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    let cat = |a: u32, b: u32| ((a as u64) | ((b as u64) << 32)).to_le_bytes();
+    (cat(s0, s1), cat(m0, m1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scales_mins_k4_matches_per_index() {
+        let mut x = 0x1234_5678u32;
+        for _ in 0..1000 {
+            let q: Vec<u8> = (0..12)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x as u8
+                })
+                .collect();
+            let (s, m) = scales_mins_k4(&q);
+            for j in 0..8 {
+                assert_eq!((s[j], m[j]), scale_min_k4(j, &q), "j={j} q={q:?}");
+            }
+        }
     }
-    (s, m)
 }

@@ -4,12 +4,13 @@
 //! * [`DType`] / [`WeightMatrix`]: byte-exact ggml block formats (F32, F16, BF16, Q8_0, Q4_0,
 //!   Q4_K, Q6_K) viewed in place (e.g. straight out of an mmapped GGUF).
 //! * [`quantize`] / [`dequantize_row`]: conversion to and from f32 (ggml reference quantizers).
-//! * [`matmul`]: `out = x · Wᵀ` for any number of tokens, SIMD-dispatched at runtime (AVX-512
-//!   VNNI, AVX2, portable scalar) and parallelized over output rows on [`pool`].
+//! * [`matmul`]: `out = x · Wᵀ` for any number of tokens, SIMD-dispatched at runtime (AMX-INT8
+//!   for Q4_0/Q8_0, AVX-512 VNNI, AVX2, portable scalar) and parallelized over output rows on
+//!   [`pool`].
 //!
 //! Module map: `dtype` (formats, errors), `blocks` (byte layouts), `quantize` (f32 → blocks,
 //! activation quantization), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
-//! `simd::{scalar, avx2, avx512}` (tile kernels), `pool` (thread pool).
+//! `simd::{scalar, avx2, avx512, amx}` (kernels), `pool` (thread pool).
 
 // Kernels index fixed-size register arrays by row/token on purpose (the loops unroll), keep
 // explicit `%` checks (MSRV), and pass many raw tile parameters.

@@ -10,6 +10,10 @@
 //!   of ≤ 4 rows, one register-tiled kernel call (`simd::run_tile`), decoding each weight block
 //!   once per group and reusing it for all tokens in the group. `n_tokens = 1` is the same code
 //!   with a 1-token tile (GEMV), so it streams weights at memory bandwidth.
+//! * Exception, `Isa::Amx` with Q4_0/Q8_0: chunks are multiples of 16 rows and go whole to
+//!   `simd::amx::run_rows`, which repacks the chunk's weights once into AMX tile layout and
+//!   sweeps 16-token groups over it (or, for ≤ 3 tokens, runs a VNNI kernel on the weights in
+//!   place).
 //!
 //! Invariant (relied upon by chunked prefill): for a given CPU path the result for token `t`
 //! is **bitwise identical** whatever `n_tokens` is and whichever other tokens share the call,
@@ -50,11 +54,27 @@ pub fn matmul_with(isa: Isa, w: &WeightMatrix, x: &[f32], n_tokens: usize, out: 
         return;
     }
     let acts = Acts::prepare(w.dtype, x, n_tokens, w.cols);
-    let (nr_max, nt_max) = tile_limits(isa, w.dtype);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let (mut nr_max, nt_max) = tile_limits(isa, w.dtype);
     let ctx = TileCtx { w, acts: &acts, out: out.as_mut_ptr(), ldo: w.rows };
     let rows = w.rows;
+    #[cfg(target_arch = "x86_64")]
+    let amx_acts = match (isa, &acts) {
+        (Isa::Amx, Acts::Q8(a)) => {
+            nr_max = crate::simd::amx::GROUP;
+            Some(a)
+        }
+        _ => None,
+    };
 
     let run_rows = |r0: usize, r1: usize| {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(a) = amx_acts {
+            // SAFETY: isa checked above; chunks start at multiples of nr_max = GROUP and own
+            // disjoint rows.
+            unsafe { crate::simd::amx::run_rows(&ctx, a, r0, r1, n_tokens) };
+            return;
+        }
         let mut t0 = 0;
         while t0 < n_tokens {
             let nt = nt_max.min(n_tokens - t0);

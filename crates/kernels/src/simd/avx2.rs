@@ -7,7 +7,7 @@
 //! * Q8_0: signed × signed via the sign trick `vpmaddubsw(|w|, sign(x, w))` (|128·127·2| < 2^15).
 //! * Q4_K / Q6_K: `vpmaddubsw` on the 4-/6-bit values, then `vpmaddwd` with the sub-block
 //!   scales, integer accumulation over the super-block, one FMA per super-block; the min /
-//!   −32 offset terms use the Q8_K block sums in scalar integer code.
+//!   −32 offset terms are one `vpmaddwd` of the Q8_K block sums with the mins / scales.
 //!
 //! Invariant: see `simd/mod.rs` — per-accumulator operation order is independent of the tile.
 
@@ -82,6 +82,16 @@ pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
+}
+
+/// Exact wrapping sum of 8 i32 lanes (integer, so the order does not matter).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
+    _mm_cvtsi128_si32(s)
 }
 
 /// f16 bits at `p` (unaligned) → f32, using F16C.
@@ -224,6 +234,9 @@ unsafe fn q4k_tile<const NT: usize>(
         let d = f16_load(b);
         let dmin = f16_load(b.add(2));
         let (sc, m) = scales_mins_k4(std::slice::from_raw_parts(b.add(Q4K_SCALES), 12));
+        // Σ_j m_j·(bsum[2j] + bsum[2j+1]) as one `vpmaddwd`: m_j repeated in i16 lanes 2j, 2j+1.
+        let m8 = _mm_loadl_epi64(m.as_ptr() as *const __m128i);
+        let mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
         let mut q = [_mm256_setzero_si256(); 8];
         for c in 0..4 {
             let v = _mm256_loadu_si256(b.add(Q4K_QS + 32 * c) as *const __m256i);
@@ -239,11 +252,8 @@ unsafe fn q4k_tile<const NT: usize>(
                 let p = _mm256_maddubs_epi16(q[j], xv);
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(sc[j] as i16)));
             }
-            let bs = a.bsums.as_ptr().add(ab * 16);
-            let mut msum = 0i32;
-            for j in 0..8 {
-                msum += m[j] as i32 * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32);
-            }
+            let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
+            let msum = hsum_i32(_mm256_madd_epi16(bs, mv));
             let dx = *a.d.get_unchecked(ab);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc[t]);
             macc[t] += dmin * dx * msum as f32;
@@ -289,6 +299,8 @@ unsafe fn q6k_tile<const NT: usize>(
                 _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
             );
         }
+        // The 16 sub-block scales as i16, for Σ_j sc_j·bsum_j in one `vpmaddwd`.
+        let scv = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         for g in 0..8 {
             s[g] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1] as i16), _mm_set1_epi16(sc[2 * g] as i16));
         }
@@ -300,11 +312,8 @@ unsafe fn q6k_tile<const NT: usize>(
                 let xv = _mm256_loadu_si256(xp.add(32 * g) as *const __m256i);
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], xv), s[g]));
             }
-            let bs = a.bsums.as_ptr().add(ab * 16);
-            let mut corr = 0i32;
-            for j in 0..16 {
-                corr += sc[j] as i32 * *bs.add(j) as i32;
-            }
+            let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
+            let corr = hsum_i32(_mm256_madd_epi16(bs, scv));
             let dd = d * *a.d.get_unchecked(ab);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd), acc[t]);
             macc[t] += dd * (32 * corr) as f32;

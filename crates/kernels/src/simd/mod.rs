@@ -9,8 +9,10 @@
 //!
 //! Paths: `scalar` (portable, any target, also the reference), `avx2` (AVX2+FMA+F16C,
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
-//! 16-lane float kernels; K-quants reuse the AVX2 kernels). A NEON module would slot in
-//! beside them behind `cfg(target_arch = "aarch64")`.
+//! 16-lane float kernels; K-quants reuse the AVX2 kernels), `amx` (AMX-INT8 tiles for
+//! Q4_0/Q8_0, driven per row chunk by `amx::run_rows` instead of `run_tile`; other formats on
+//! that path use `avx512`). A NEON module would slot in beside them behind
+//! `cfg(target_arch = "aarch64")`.
 
 use crate::dtype::{DType, WeightMatrix};
 use crate::quantize::{ActQ8, ActQ8K};
@@ -18,6 +20,8 @@ use crate::quantize::{ActQ8, ActQ8K};
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 
@@ -30,6 +34,9 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512 F/BW/VL + VNNI (plus AVX2/FMA/F16C).
     Avx512,
+    /// [`Isa::Avx512`] plus AMX-INT8 tiles for Q4_0/Q8_0 (other formats run the AVX-512
+    /// kernels). Needs OS support (Linux `arch_prctl` permission, requested on detection).
+    Amx,
 }
 
 impl Isa {
@@ -49,6 +56,8 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512.is_available() && amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -58,13 +67,13 @@ impl Isa {
     pub fn detect() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            [Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
+            [Isa::Amx, Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
         })
     }
 
     /// All paths this CPU can run, best last.
     pub fn available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.is_available()).collect()
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx].into_iter().filter(|i| i.is_available()).collect()
     }
 }
 
@@ -126,7 +135,7 @@ pub(crate) unsafe fn run_tile(isa: Isa, c: &TileCtx, r0: usize, nr: usize, t0: u
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::tile(c, r0, nr, t0, nt),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => avx512::tile(c, r0, nr, t0, nt),
+        Isa::Avx512 | Isa::Amx => avx512::tile(c, r0, nr, t0, nt),
         #[cfg(not(target_arch = "x86_64"))]
         _ => scalar::tile(c, r0, nr, t0, nt),
     }

@@ -1,0 +1,516 @@
+//! `DiskStore`: a directory of cache entries under a hard byte budget.
+//!
+//! ```text
+//!  <dir>/<id>.safetensors        one entry each (format: `persist.rs`)
+//!  <dir>/index.json              stats headers do not carry: hits, last use, pin
+//!  <dir>/.<name>.tmp-<pid>-<n>   an interrupted write; deleted by `open`
+//! ```
+//! Invariants:
+//! * `used_bytes() <= budget` after every `put` and `gc` (SYSTEM.md invariant
+//!   5): `put` evicts first, and refuses an entry that cannot fit with a
+//!   clear error. During a replacement the temp file is counted too.
+//! * Pinned entries are never evicted.
+//! * Nothing on disk is trusted: files that fail validation are deleted with
+//!   a warning and reported as misses; a missing or corrupt `index.json` is
+//!   rebuilt from the entries' headers (hits and pins start over).
+//!
+//! Mechanism apart from policy (as in SGLang's radix cache): the store keeps
+//! [`EntryStats`] and evicts the lowest [`EvictionPolicy::priority`] first.
+//!
+//! NOTE: one process writes a store at a time; others (`engram cache ls`)
+//! may open it meanwhile. Temp files name their writer's pid, and `open`
+//! deletes only those whose writer is gone (on Linux, no `/proc/<pid>`;
+//! elsewhere all of them), so listing never breaks a live write.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde_json::{json, Value};
+
+use crate::persist::{self, EntryInfo, EntryKind, EntryMeta, PersistError};
+use crate::pool::KvPool;
+use crate::seq::SeqKv;
+
+/// File name extension of entries.
+pub const ENTRY_EXT: &str = "safetensors";
+/// The stats file.
+pub const INDEX_FILE: &str = "index.json";
+/// Longest id accepted.
+pub const MAX_ID_LEN: usize = 200;
+/// Weighted policy: recency halves every this many seconds of disuse.
+pub const RECENCY_HALF_LIFE_SECS: f64 = 24.0 * 3600.0;
+
+/// Errors of the disk store.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// The id would not name a plain file in the store.
+    #[error("invalid cache entry id {id:?}: {reason}")]
+    InvalidId { id: String, reason: &'static str },
+    /// No entry with this id.
+    #[error("no cache entry with id {0:?}")]
+    UnknownId(String),
+    /// The entry is larger than the whole budget.
+    #[error("cache entry {id:?} is {bytes} bytes, larger than the whole disk budget of {budget} bytes")]
+    TooLarge { id: String, bytes: u64, budget: u64 },
+    /// Pinned entries leave too little room.
+    #[error("cache entry {id:?} ({bytes} bytes) does not fit: pinned entries hold {pinned} of the {budget}-byte disk budget")]
+    PinnedFull { id: String, bytes: u64, pinned: u64, budget: u64 },
+    /// The file system failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing or restoring an entry failed.
+    #[error(transparent)]
+    Persist(#[from] PersistError),
+}
+
+/// Result alias of the disk store.
+pub type Result<T> = std::result::Result<T, DiskError>;
+
+/// Which entries go first when room is needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EvictionPolicy {
+    /// Least recently used first.
+    Lru,
+    /// Fewest hits first (ties: least recently used).
+    Lfu,
+    /// Seed 001's weighted score, with a recency that decays (see `priority`).
+    #[default]
+    Weighted,
+}
+
+impl EvictionPolicy {
+    /// All policies.
+    pub const ALL: [EvictionPolicy; 3] = [EvictionPolicy::Lru, EvictionPolicy::Lfu, EvictionPolicy::Weighted];
+
+    /// Canonical name.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictionPolicy::Lru => "lru",
+            EvictionPolicy::Lfu => "lfu",
+            EvictionPolicy::Weighted => "weighted",
+        }
+    }
+
+    /// The entry's priority at time `now`: the lowest is evicted first.
+    ///
+    /// * `Lru`: `last_used_unix`.
+    /// * `Lfu`: `hits`.
+    /// * `Weighted`: `0.6 * hits / (hits + 1) + 0.4 * 0.5^(age / 1 day)`,
+    ///   `age = now - last_used_unix`.
+    ///
+    /// NOTE: seed 001 scores `access_count * 0.6 + recency * 0.4` with a
+    /// recency that grows with age, which keeps stale entries and evicts
+    /// fresh ones. Here both terms lie in `[0, 1]`: frequency saturates (0,
+    /// .5, .67, .75, ...) so hits alone cannot keep an entry forever, and
+    /// recency halves with every day of disuse.
+    pub fn priority(self, s: &EntryStats, now: u64) -> f64 {
+        match self {
+            EvictionPolicy::Lru => s.last_used_unix as f64,
+            EvictionPolicy::Lfu => s.hits as f64,
+            EvictionPolicy::Weighted => {
+                let freq = s.hits as f64 / (s.hits as f64 + 1.0);
+                let age = now.saturating_sub(s.last_used_unix) as f64;
+                0.6 * freq + 0.4 * 0.5f64.powf(age / RECENCY_HALF_LIFE_SECS)
+            }
+        }
+    }
+
+    /// Ids of unpinned entries in eviction order (ties: least recently used,
+    /// then id).
+    pub fn eviction_order(self, entries: &[EntryStats], now: u64) -> Vec<String> {
+        let mut v: Vec<(f64, u64, &str)> = entries
+            .iter()
+            .filter(|s| !s.pinned)
+            .map(|s| (self.priority(s, now), s.last_used_unix, s.id.as_str()))
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(b.2)));
+        v.into_iter().map(|(_, _, id)| id.to_string()).collect()
+    }
+}
+
+impl std::fmt::Display for EvictionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for EvictionPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        EvictionPolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown eviction policy {s:?} (expected lru, lfu or weighted)"))
+    }
+}
+
+/// What the store knows about one entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EntryStats {
+    pub id: String,
+    pub kind: EntryKind,
+    pub owner: String,
+    /// File size.
+    pub bytes: u64,
+    pub hits: u64,
+    pub created_unix: u64,
+    pub last_used_unix: u64,
+    pub pinned: bool,
+    pub num_tokens: usize,
+}
+
+/// What `gc` did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GcReport {
+    /// Entries whose files failed validation (deleted).
+    pub dropped: Vec<String>,
+    /// Entries evicted to meet the budget.
+    pub evicted: Vec<String>,
+    /// Bytes freed by both.
+    pub freed_bytes: u64,
+    pub used_bytes: u64,
+    pub budget_bytes: u64,
+}
+
+/// A directory of cache entries under a byte budget.
+pub struct DiskStore {
+    dir: PathBuf,
+    budget_bytes: u64,
+    policy: EvictionPolicy,
+    entries: BTreeMap<String, EntryStats>,
+    /// Fixed clock for tests and simulations; `None` is the system clock.
+    now: Option<u64>,
+}
+
+/// Checks that `id` names a plain file inside the store: 1..=200 characters,
+/// no `/`, `\`, `..`, NUL or leading `.` (temp files and hidden files).
+pub fn validate_id(id: &str) -> Result<()> {
+    let reason = if id.is_empty() {
+        "empty"
+    } else if id.chars().count() > MAX_ID_LEN {
+        "longer than 200 characters"
+    } else if id.contains(['/', '\\']) {
+        "contains a path separator"
+    } else if id.contains("..") {
+        "contains \"..\""
+    } else if id.contains('\0') {
+        "contains NUL"
+    } else if id.starts_with('.') {
+        "starts with '.'"
+    } else {
+        return Ok(());
+    };
+    Err(DiskError::InvalidId { id: id.to_string(), reason })
+}
+
+/// True when the temp file's writer (the pid in its name) may still be
+/// writing it: a live process other than a dead one we can see in `/proc`.
+fn temp_writer_alive(name: &str) -> bool {
+    let pid = name.rsplit_once(persist::TEMP_MARK).and_then(|(_, rest)| rest.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+    match pid {
+        Some(pid) if Path::new("/proc/self").exists() => Path::new(&format!("/proc/{pid}")).exists(),
+        _ => false,
+    }
+}
+
+impl DiskStore {
+    /// Opens (creating if needed) the store in `dir`: reads every entry's
+    /// header, deletes bad files and temp files with a warning, and loads
+    /// stats from `index.json` (rebuilt when missing or corrupt). Does not
+    /// evict: `gc` or the next `put` enforce a smaller budget.
+    pub fn open(dir: impl Into<PathBuf>, budget_bytes: u64, policy: EvictionPolicy) -> Result<DiskStore> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir).map_err(|e| DiskError::Io { path: dir.clone(), source: e })?;
+        let mut store = DiskStore { dir, budget_bytes, policy, entries: BTreeMap::new(), now: None };
+        store.scan(false)?;
+        Ok(store)
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    /// The byte budget.
+    pub fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
+    }
+    /// The eviction policy.
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+    /// Bytes of all entries' files.
+    pub fn used_bytes(&self) -> u64 {
+        self.entries.values().map(|s| s.bytes).sum()
+    }
+    /// All entries, by id.
+    pub fn list(&self) -> Vec<EntryStats> {
+        self.entries.values().cloned().collect()
+    }
+    /// One entry's stats.
+    pub fn stats(&self, id: &str) -> Option<&EntryStats> {
+        self.entries.get(id)
+    }
+    /// Fixes the clock (unix seconds) for tests and simulations; `None`
+    /// returns to the system clock.
+    pub fn set_now(&mut self, now: Option<u64>) {
+        self.now = now;
+    }
+    /// The file of entry `id` (which may not exist).
+    pub fn entry_path(&self, id: &str) -> Result<PathBuf> {
+        validate_id(id)?;
+        Ok(self.dir.join(format!("{id}.{ENTRY_EXT}")))
+    }
+
+    /// The header of entry `id` (for `cache inspect`).
+    pub fn inspect(&self, id: &str) -> Result<EntryInfo> {
+        let path = self.entry_path(id)?;
+        if !self.entries.contains_key(id) {
+            return Err(DiskError::UnknownId(id.to_string()));
+        }
+        Ok(persist::read_meta(&path)?)
+    }
+
+    /// Stores `kv` as entry `id`, replacing any entry of that id (keeping its
+    /// hits and pin). Evicts by policy first so the budget holds.
+    pub fn put(&mut self, id: &str, meta: &EntryMeta, kv: &SeqKv) -> Result<()> {
+        let path = self.entry_path(id)?;
+        let bytes = persist::encoded_len(meta, kv)?;
+        self.make_room(id, bytes)?;
+        persist::write_entry(&path, meta, kv)?;
+        let now = self.now();
+        let old = self.entries.remove(id);
+        self.entries.insert(
+            id.to_string(),
+            EntryStats {
+                id: id.to_string(),
+                kind: meta.kind,
+                owner: meta.owner.clone(),
+                bytes,
+                hits: old.as_ref().map_or(0, |o| o.hits),
+                created_unix: meta.created_unix,
+                last_used_unix: now,
+                pinned: old.is_some_and(|o| o.pinned),
+                num_tokens: kv.len(),
+            },
+        );
+        self.save_index()
+    }
+
+    /// Restores entry `id` into `pool` if it exists and was made by
+    /// `fingerprint`; counts a hit. A bad file is deleted with a warning and
+    /// reported as a miss; an entry of another model or format is a miss and
+    /// stays. Errors: an invalid id, I/O, or a RAM budget too small for it.
+    pub fn get(&mut self, id: &str, pool: &KvPool, fingerprint: &str, vocab_size: usize) -> Result<Option<(EntryMeta, SeqKv)>> {
+        let path = self.entry_path(id)?;
+        if !self.entries.contains_key(id) {
+            return Ok(None);
+        }
+        match persist::read_entry(&path, pool, fingerprint, vocab_size) {
+            Ok(found) => {
+                let now = self.now();
+                if let Some(s) = self.entries.get_mut(id) {
+                    s.hits += 1;
+                    s.last_used_unix = now;
+                }
+                // Stats are advisory: a failed index write must not fail a restore.
+                if let Err(e) = self.save_index() {
+                    tracing::warn!("cache index not saved: {e}");
+                }
+                Ok(Some(found))
+            }
+            Err(e) if e.is_corrupt() || matches!(e, PersistError::NotFound { .. }) => {
+                tracing::warn!("dropping cache entry {id:?}: {e}");
+                self.drop_entry(id)?;
+                Ok(None)
+            }
+            Err(e @ PersistError::Mismatch { .. }) => {
+                tracing::debug!("cache miss for {id:?}: {e}");
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes entry `id`; false when there was none.
+    pub fn remove(&mut self, id: &str) -> Result<bool> {
+        validate_id(id)?;
+        if !self.entries.contains_key(id) {
+            return Ok(false);
+        }
+        self.drop_entry(id)?;
+        Ok(true)
+    }
+
+    /// Pins (never evicted) or unpins entry `id`.
+    pub fn pin(&mut self, id: &str, pinned: bool) -> Result<()> {
+        validate_id(id)?;
+        let s = self.entries.get_mut(id).ok_or_else(|| DiskError::UnknownId(id.to_string()))?;
+        s.pinned = pinned;
+        self.save_index()
+    }
+
+    /// Re-reads the directory, deletes entries whose files fail full
+    /// validation (checksum included) and temp files, then evicts by policy
+    /// until the budget holds.
+    pub fn gc(&mut self) -> Result<GcReport> {
+        let before = self.used_bytes();
+        let dropped = self.scan(true)?;
+        let mut report = GcReport { dropped, budget_bytes: self.budget_bytes, ..GcReport::default() };
+        let order = self.policy.eviction_order(&self.list(), self.now());
+        for id in order {
+            if self.used_bytes() <= self.budget_bytes {
+                break;
+            }
+            self.drop_entry(&id)?;
+            report.evicted.push(id);
+        }
+        report.used_bytes = self.used_bytes();
+        report.freed_bytes = before.saturating_sub(report.used_bytes);
+        self.save_index()?;
+        Ok(report)
+    }
+
+    // -----------------------------------------------------------------------
+    // Internals.
+
+    fn now(&self) -> u64 {
+        self.now.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+        })
+    }
+
+    /// Evicts so that `bytes` more fit, counting the current entry `id` (it
+    /// stays on disk until the new file is renamed over it). Checks
+    /// feasibility before evicting anything.
+    fn make_room(&mut self, id: &str, bytes: u64) -> Result<()> {
+        let budget = self.budget_bytes;
+        if bytes > budget {
+            return Err(DiskError::TooLarge { id: id.to_string(), bytes, budget });
+        }
+        let pinned: u64 = self.entries.values().filter(|s| s.pinned && s.id != id).map(|s| s.bytes).sum();
+        if pinned + bytes > budget {
+            return Err(DiskError::PinnedFull { id: id.to_string(), bytes, pinned, budget });
+        }
+        let others: Vec<EntryStats> = self.entries.values().filter(|s| s.id != id).cloned().collect();
+        for victim in self.policy.eviction_order(&others, self.now()) {
+            if self.used_bytes() + bytes <= budget {
+                break;
+            }
+            tracing::info!("evicting cache entry {victim:?} ({} policy)", self.policy);
+            self.drop_entry(&victim)?;
+        }
+        if self.used_bytes() + bytes > budget {
+            // Only the old version of `id` is in the way: a crash from here
+            // to the rename loses the entry (a miss), never the budget.
+            self.drop_entry(id)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the file and the stats of `id`.
+    fn drop_entry(&mut self, id: &str) -> Result<()> {
+        let path = self.entry_path(id)?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(DiskError::Io { path, source: e }),
+        }
+        self.entries.remove(id);
+        self.save_index()
+    }
+
+    /// Rebuilds `entries` from the directory (headers, plus the checksum when
+    /// `verify`) and `index.json`. Deletes temp files and bad entries; returns
+    /// the ids of the latter.
+    fn scan(&mut self, verify: bool) -> Result<Vec<String>> {
+        let io = |e| DiskError::Io { path: self.dir.clone(), source: e };
+        let mut found = BTreeMap::new();
+        let mut dropped = Vec::new();
+        for dirent in std::fs::read_dir(&self.dir).map_err(io)? {
+            let dirent = dirent.map_err(io)?;
+            let Ok(name) = dirent.file_name().into_string() else { continue };
+            let path = dirent.path();
+            if persist::is_temp_name(&name) {
+                if !temp_writer_alive(&name) {
+                    tracing::warn!("removing interrupted write {}", path.display());
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
+            }
+            let Some(id) = name.strip_suffix(&format!(".{ENTRY_EXT}")) else { continue };
+            if validate_id(id).is_err() {
+                continue;
+            }
+            let read = if verify { persist::verify_entry(&path) } else { persist::read_meta(&path) };
+            match read {
+                Ok(info) => {
+                    let stats = EntryStats {
+                        id: id.to_string(),
+                        kind: info.meta.kind,
+                        owner: info.meta.owner,
+                        bytes: info.file_bytes,
+                        hits: 0,
+                        created_unix: info.meta.created_unix,
+                        last_used_unix: info.meta.created_unix,
+                        pinned: false,
+                        num_tokens: info.num_tokens,
+                    };
+                    found.insert(id.to_string(), stats);
+                }
+                Err(PersistError::NotFound { .. }) => {}
+                Err(e) if e.is_corrupt() => {
+                    tracing::warn!("dropping cache entry {id:?}: {e}");
+                    let _ = std::fs::remove_file(&path);
+                    dropped.push(id.to_string());
+                }
+                Err(e) => tracing::warn!("skipping cache entry {id:?}: {e}"),
+            }
+        }
+        self.load_index(&mut found);
+        self.entries = found;
+        Ok(dropped)
+    }
+
+    /// Applies `index.json` stats to `found`; ignores it when unreadable.
+    fn load_index(&self, found: &mut BTreeMap<String, EntryStats>) {
+        let path = self.dir.join(INDEX_FILE);
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                tracing::warn!("{}: {e}; rebuilding cache stats from headers", path.display());
+                return;
+            }
+        };
+        let parsed: Option<Value> = serde_json::from_slice(&text).ok();
+        let entries = parsed.as_ref().filter(|v| v["version"] == 1).and_then(|v| v["entries"].as_object());
+        let Some(entries) = entries else {
+            tracing::warn!("{}: not a cache index; rebuilding cache stats from headers", path.display());
+            return;
+        };
+        for (id, s) in entries {
+            if let Some(st) = found.get_mut(id) {
+                st.hits = s["hits"].as_u64().unwrap_or(0);
+                st.last_used_unix = s["last_used_unix"].as_u64().unwrap_or(st.created_unix);
+                st.pinned = s["pinned"].as_bool().unwrap_or(false);
+            }
+        }
+    }
+
+    fn save_index(&self) -> Result<()> {
+        let entries: serde_json::Map<String, Value> = self
+            .entries
+            .values()
+            .map(|s| (s.id.clone(), json!({"hits": s.hits, "last_used_unix": s.last_used_unix, "pinned": s.pinned})))
+            .collect();
+        let bytes = serde_json::to_vec_pretty(&json!({"version": 1, "entries": entries})).expect("JSON values serialize");
+        let path = self.dir.join(INDEX_FILE);
+        persist::atomic_write(&path, |w| w.write_all(&bytes)).map_err(|e| DiskError::Io { path, source: e })
+    }
+}

@@ -1,0 +1,616 @@
+//! Cache entry files: one sequence's KV plus what is needed to reuse it, as a
+//! safetensors file that is restored by mapping it, not by copying it.
+//!
+//! ```text
+//!  0          8                               8+n (a multiple of 8)           end
+//!  [ n: u64 LE ][ JSON header, space-padded     ][ tensor "kv": U8 [num_blocks, block_bytes] ]
+//!                {"__metadata__": {...},          row b = Block::bytes() of block b
+//!                 "kv": {"dtype":"U8", ...}}      (positions b*32 .. b*32+32)
+//! ```
+//! The `__metadata__` keys, all string-valued (see [`KEYS`]): `magic`
+//! (`engram-kv`), `version` (`1`), `fingerprint` ([`cache_fingerprint`]),
+//! `kv_format`, `block_tokens`, `num_layers`, `num_kv_heads`, `head_dim`,
+//! `num_tokens`, `tokens` (JSON array of u32), `text`, `offsets` (JSON array of
+//! `[start, end]` byte ranges into `text`, one per token, or empty), `kind`
+//! (`session` | `prefix`), `owner`, `created_unix` and `checksum`: xxh3-64,
+//! 16 lowercase hex digits, over every other key and value (sorted by key,
+//! each length-prefixed) followed by the tensor bytes.
+//!
+//! Invariants:
+//! * Nothing read is trusted (SYSTEM.md invariant 3): any byte string either
+//!   yields exactly an entry that was written or a [`PersistError`] naming the
+//!   file and the reason. Never a panic; the only allocation before
+//!   validation is the header, bounded by [`MAX_HEADER_BYTES`].
+//! * Writes are crash-safe (invariant 4): a temp file in the same directory,
+//!   fsync, rename, fsync of the directory. A kill at any moment leaves the
+//!   old file or the new one. Files are never modified in place, which is
+//!   also what makes mapping them safe: a restored sequence keeps reading the
+//!   old inode while a newer version replaces the name.
+//! * Restored blocks are the file's pages ([`KvPool::mapped_block`]), charged
+//!   to the RAM budget like any block; writing after a restore copies the
+//!   partial last block first (copy-on-write in `SeqKv::reserve`).
+//!
+//! NOTE: the header is built and parsed with the `safetensors` crate's
+//! `Metadata` (so its offset and shape rules apply), but the tensor bytes are
+//! streamed by hand: `safetensors::serialize_to_file` wants each tensor as one
+//! contiguous `View::data()`, and a sequence's rows are scattered blocks, so
+//! it would first copy the whole cache (hundreds of MiB) into one buffer.
+//!
+//! NOTE: stale slots of a partial last block (tokens past the sequence's
+//! length, left by `truncate`) are written as zeros, so trimmed text never
+//! reaches the disk.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use engram_model::Fingerprint;
+use memmap2::Mmap;
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::Dtype;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::block::BLOCK_TOKENS;
+use crate::error::KvError;
+use crate::format::KvFormat;
+use crate::pool::{KvLayout, KvPool};
+use crate::seq::SeqKv;
+
+/// The `magic` metadata value.
+pub const MAGIC: &str = "engram-kv";
+/// The `version` metadata value this build writes and reads.
+pub const VERSION: u32 = 1;
+/// The one tensor's name.
+pub const TENSOR_NAME: &str = "kv";
+/// Headers larger than this are refused before anything is allocated.
+/// 64 MiB holds the tokens, offsets and text of well over a million tokens.
+pub const MAX_HEADER_BYTES: u64 = 64 << 20;
+/// The metadata keys, exactly; a file with any other key set is refused.
+pub const KEYS: [&str; 16] = [
+    "magic",
+    "version",
+    "fingerprint",
+    "kv_format",
+    "block_tokens",
+    "num_layers",
+    "num_kv_heads",
+    "head_dim",
+    "num_tokens",
+    "tokens",
+    "text",
+    "offsets",
+    "kind",
+    "owner",
+    "created_unix",
+    "checksum",
+];
+
+/// Marks temp files: `.<final name>.tmp-<pid>-<n>`. Readers skip names that
+/// start with a dot; `DiskStore::open` deletes these.
+pub(crate) const TEMP_MARK: &str = ".tmp-";
+
+// Shape limits checked before any arithmetic on them (no overflow below).
+const MAX_LAYERS: u64 = 4096;
+const MAX_KV_HEADS: u64 = 4096;
+const MAX_HEAD_DIM: u64 = 65536;
+const MAX_FINGERPRINT: usize = 256;
+
+/// What an entry is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// One owner's conversation or agent state, extended turn by turn.
+    Session,
+    /// A read-only shared prefix (system prompt, document).
+    Prefix,
+}
+
+impl EntryKind {
+    /// The `kind` metadata value.
+    pub fn name(self) -> &'static str {
+        match self {
+            EntryKind::Session => "session",
+            EntryKind::Prefix => "prefix",
+        }
+    }
+    /// The kind named `s`, if any.
+    pub fn parse(s: &str) -> Option<EntryKind> {
+        match s {
+            "session" => Some(EntryKind::Session),
+            "prefix" => Some(EntryKind::Prefix),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for EntryKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What an entry carries besides the KV bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryMeta {
+    /// [`cache_fingerprint`] of the model and KV format that made the KV.
+    pub fingerprint: String,
+    pub kind: EntryKind,
+    /// The session, agent or tenant the entry belongs to (empty: shared).
+    pub owner: String,
+    /// One token id per cached position.
+    pub tokens: Vec<u32>,
+    /// The rendered text the tokens were encoded from.
+    pub text: String,
+    /// Byte range of each token in `text`, or empty when unknown.
+    pub offsets: Vec<(usize, usize)>,
+    pub created_unix: u64,
+}
+
+/// An entry's header: its metadata and the shape of its KV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryInfo {
+    pub meta: EntryMeta,
+    pub format: KvFormat,
+    pub layout: KvLayout,
+    pub num_tokens: usize,
+    pub num_blocks: usize,
+    pub block_bytes: usize,
+    /// Size of the whole file.
+    pub file_bytes: u64,
+    pub checksum: u64,
+}
+
+/// Why an entry file could not be used. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// No file at the path.
+    #[error("{}: no such cache entry", path.display())]
+    NotFound { path: PathBuf },
+    /// The file system failed (reading, writing, renaming).
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is damaged or not an entry at all: drop it and recompute.
+    #[error("{}: invalid cache entry: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    /// A sound entry made by another model, KV format or layout: a miss.
+    #[error("{}: cache entry has {what} {found}, expected {expected}", path.display())]
+    Mismatch { path: PathBuf, what: &'static str, found: String, expected: String },
+    /// The entry cannot be written as given (caller bug or unsupported shape).
+    #[error("{}: cannot write cache entry: {reason}", path.display())]
+    Unwritable { path: PathBuf, reason: String },
+    /// The restored blocks do not fit the RAM budget.
+    #[error("{}: {source}", path.display())]
+    Kv {
+        path: PathBuf,
+        #[source]
+        source: KvError,
+    },
+}
+
+impl PersistError {
+    /// The file concerned.
+    pub fn path(&self) -> &Path {
+        match self {
+            PersistError::NotFound { path }
+            | PersistError::Io { path, .. }
+            | PersistError::Invalid { path, .. }
+            | PersistError::Mismatch { path, .. }
+            | PersistError::Unwritable { path, .. }
+            | PersistError::Kv { path, .. } => path,
+        }
+    }
+    /// True when the file itself is bad and should be deleted.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, PersistError::Invalid { .. })
+    }
+    fn io(path: &Path, source: std::io::Error) -> PersistError {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            PersistError::NotFound { path: path.to_path_buf() }
+        } else {
+            PersistError::Io { path: path.to_path_buf(), source }
+        }
+    }
+    fn invalid(path: &Path, reason: impl Into<String>) -> PersistError {
+        PersistError::Invalid { path: path.to_path_buf(), reason: reason.into() }
+    }
+}
+
+/// The fingerprint string entries carry: the model's fingerprint (weights,
+/// tokenizer, template, positional settings) and the KV format, e.g.
+/// `0123456789abcdef-f16`. Any difference is a miss.
+pub fn cache_fingerprint(model: Fingerprint, format: KvFormat) -> String {
+    format!("{model}-{format}")
+}
+
+/// Bytes [`write_entry`] would write for `kv` with `meta` (for budgeting
+/// before writing).
+pub fn encoded_len(meta: &EntryMeta, kv: &SeqKv) -> Result<u64, PersistError> {
+    let p = Path::new("<entry>");
+    let prepared = prepare(p, meta, kv)?;
+    Ok(prepared.total_len())
+}
+
+/// Writes `kv` and `meta` to `path` atomically (temp file in the same
+/// directory, fsync, rename, fsync of the directory). Returns the bytes written.
+pub fn write_entry(path: &Path, meta: &EntryMeta, kv: &SeqKv) -> Result<u64, PersistError> {
+    let prepared = prepare(path, meta, kv)?;
+    atomic_write(path, |w| {
+        w.write_all(&(prepared.header.len() as u64).to_le_bytes())?;
+        w.write_all(&prepared.header)?;
+        for row in &prepared.rows {
+            w.write_all(row)?;
+        }
+        Ok(())
+    })
+    .map_err(|e| PersistError::Io { path: path.to_path_buf(), source: e })?;
+    Ok(prepared.total_len())
+}
+
+/// Writes a file atomically: `.<name>.tmp-<pid>-<n>` in the same directory,
+/// fsync, rename over `path`, fsync of the directory. On error the temp file
+/// is removed and `path` is untouched.
+pub(crate) fn atomic_write(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> std::io::Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no UTF-8 file name"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp = dir.join(format!(".{name}{TEMP_MARK}{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+    let result = (|| -> std::io::Result<()> {
+        let file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        write(&mut w)?;
+        let file = w.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&tmp, path)?;
+        // The rename is durable only once the directory is.
+        File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Reads and validates an entry's header only (no checksum of the tensor
+/// bytes): for listing.
+pub fn read_meta(path: &Path) -> Result<EntryInfo, PersistError> {
+    let mut file = File::open(path).map_err(|e| PersistError::io(path, e))?;
+    let file_len = file.metadata().map_err(|e| PersistError::io(path, e))?.len();
+    if file_len < 8 {
+        return Err(PersistError::invalid(path, format!("file is {file_len} bytes, shorter than a safetensors header")));
+    }
+    let mut n8 = [0u8; 8];
+    file.read_exact(&mut n8).map_err(|e| PersistError::io(path, e))?;
+    let n = header_len(n8, file_len).map_err(|r| PersistError::invalid(path, r))?;
+    let mut header = vec![0u8; n];
+    file.read_exact(&mut header).map_err(|e| PersistError::io(path, e))?;
+    parse_header(&header, file_len).map(|(info, _)| info).map_err(|r| PersistError::invalid(path, r))
+}
+
+/// Reads an entry's header and checks the checksum over all its bytes,
+/// without restoring it (for `gc`).
+pub fn verify_entry(path: &Path) -> Result<EntryInfo, PersistError> {
+    let (map, n, info, hasher) = map_entry(path)?;
+    check_sum(path, &map[8 + n..], &info, hasher)?;
+    Ok(info)
+}
+
+/// Maps the entry at `path`, validates everything (header, shape against
+/// `pool`, fingerprint, token ids below `vocab_size`, checksum) and returns
+/// its metadata and a sequence whose blocks are the file's mapped rows.
+pub fn read_entry(
+    path: &Path,
+    pool: &KvPool,
+    expect_fingerprint: &str,
+    vocab_size: usize,
+) -> Result<(EntryMeta, SeqKv), PersistError> {
+    let (map, n, info, hasher) = map_entry(path)?;
+    let mismatch = |what, found: String, expected: String| PersistError::Mismatch {
+        path: path.to_path_buf(),
+        what,
+        found,
+        expected,
+    };
+    // Cheap checks first: a miss from another model must not read the data.
+    if info.meta.fingerprint != expect_fingerprint {
+        return Err(mismatch("fingerprint", info.meta.fingerprint.clone(), expect_fingerprint.to_string()));
+    }
+    if info.format != pool.format() {
+        return Err(mismatch("KV format", info.format.to_string(), pool.format().to_string()));
+    }
+    if info.layout != pool.layout() {
+        return Err(mismatch("layout", format!("{:?}", info.layout), format!("{:?}", pool.layout())));
+    }
+    if info.block_bytes != pool.block_bytes() {
+        return Err(PersistError::invalid(path, format!("block of {} bytes, pool uses {}", info.block_bytes, pool.block_bytes())));
+    }
+    if let Some((i, &t)) = info.meta.tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab_size) {
+        return Err(PersistError::invalid(path, format!("token {i} has id {t}, vocabulary has {vocab_size}")));
+    }
+    let data_offset = 8 + n;
+    check_sum(path, &map[data_offset..], &info, hasher)?;
+
+    let mut blocks = Vec::with_capacity(info.num_blocks);
+    for b in 0..info.num_blocks {
+        let len = (info.num_tokens - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
+        let block = pool
+            .mapped_block(&map, data_offset + b * info.block_bytes, len)
+            .map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
+        blocks.push(Arc::new(block));
+    }
+    let kv = SeqKv::from_blocks(pool, blocks, info.num_tokens);
+    Ok((info.meta, kv))
+}
+
+/// True for names [`write_entry`] gives its temp files.
+pub(crate) fn is_temp_name(name: &str) -> bool {
+    name.starts_with('.') && name.contains(TEMP_MARK)
+}
+
+// ---------------------------------------------------------------------------
+// Internals: header building, parsing and checksums.
+
+struct Prepared<'a> {
+    /// JSON, space-padded to a multiple of 8 bytes.
+    header: Vec<u8>,
+    rows: Vec<Cow<'a, [u8]>>,
+}
+
+impl Prepared<'_> {
+    fn total_len(&self) -> u64 {
+        8 + self.header.len() as u64 + self.rows.iter().map(|r| r.len() as u64).sum::<u64>()
+    }
+}
+
+fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv) -> Result<Prepared<'a>, PersistError> {
+    let unwritable = |reason: String| PersistError::Unwritable { path: path.to_path_buf(), reason };
+    let pool = kv.pool();
+    let layout = pool.layout();
+    let num_tokens = kv.len();
+    if num_tokens == 0 {
+        return Err(unwritable("the sequence is empty".into()));
+    }
+    if meta.tokens.len() != num_tokens {
+        return Err(unwritable(format!("{} token ids for {num_tokens} cached positions", meta.tokens.len())));
+    }
+    check_fingerprint(&meta.fingerprint).map_err(unwritable)?;
+    check_offsets(&meta.offsets, &meta.text, num_tokens).map_err(unwritable)?;
+
+    let blocks = kv.blocks();
+    let mut rows: Vec<Cow<'a, [u8]>> = blocks.iter().map(|b| Cow::Borrowed(b.bytes())).collect();
+    let tail = num_tokens % BLOCK_TOKENS;
+    if tail != 0 {
+        let last = rows.last_mut().expect("a non-empty sequence has a block");
+        let mut bytes = last.to_vec();
+        zero_stale_slots(pool, &mut bytes, tail);
+        *last = Cow::Owned(bytes);
+    }
+
+    let mut m: HashMap<String, String> = HashMap::new();
+    let mut put = |k: &str, v: String| {
+        m.insert(k.to_string(), v);
+    };
+    put("magic", MAGIC.into());
+    put("version", VERSION.to_string());
+    put("fingerprint", meta.fingerprint.clone());
+    put("kv_format", pool.format().name().into());
+    put("block_tokens", BLOCK_TOKENS.to_string());
+    put("num_layers", layout.num_layers.to_string());
+    put("num_kv_heads", layout.num_kv_heads.to_string());
+    put("head_dim", layout.head_dim.to_string());
+    put("num_tokens", num_tokens.to_string());
+    put("tokens", serde_json::to_string(&meta.tokens).expect("u32s serialize"));
+    put("text", meta.text.clone());
+    put("offsets", serde_json::to_string(&meta.offsets).expect("pairs serialize"));
+    put("kind", meta.kind.name().into());
+    put("owner", meta.owner.clone());
+    put("created_unix", meta.created_unix.to_string());
+    let mut h = meta_hasher(&m);
+    for r in &rows {
+        h.update(r);
+    }
+    m.insert("checksum".into(), format!("{:016x}", h.digest()));
+
+    let bb = pool.block_bytes();
+    let info = TensorInfo { dtype: Dtype::U8, shape: vec![rows.len(), bb], data_offsets: (0, rows.len() * bb) };
+    let md = Metadata::new(Some(m), vec![(TENSOR_NAME.to_string(), info)]).map_err(|e| unwritable(e.to_string()))?;
+    let mut header = serde_json::to_vec(&md).map_err(|e| unwritable(e.to_string()))?;
+    // Pad to 8 bytes so the tensor data (and every row) stays 8-byte aligned.
+    header.resize(header.len().next_multiple_of(8), b' ');
+    if header.len() as u64 > MAX_HEADER_BYTES {
+        return Err(unwritable(format!("header of {} bytes exceeds the {MAX_HEADER_BYTES}-byte limit", header.len())));
+    }
+    Ok(Prepared { header, rows })
+}
+
+/// Zeroes slots `len..BLOCK_TOKENS` of every layer's key and value rows.
+fn zero_stale_slots(pool: &KvPool, bytes: &mut [u8], len: usize) {
+    let layout = pool.layout();
+    let rb = pool.elem().row_bytes(layout.head_dim);
+    let sec = pool.section_bytes();
+    for s in 0..2 * layout.num_layers {
+        for h in 0..layout.num_kv_heads {
+            let start = s * sec + (h * BLOCK_TOKENS + len) * rb;
+            let end = s * sec + (h + 1) * BLOCK_TOKENS * rb;
+            bytes[start..end].fill(0);
+        }
+    }
+}
+
+/// A hasher fed every metadata key and value except `checksum`, sorted by
+/// key, each length-prefixed (so no two maps hash the same input).
+fn meta_hasher(m: &HashMap<String, String>) -> Xxh3 {
+    let mut keys: Vec<&String> = m.keys().filter(|k| k.as_str() != "checksum").collect();
+    keys.sort();
+    let mut h = Xxh3::new();
+    for k in keys {
+        let v = &m[k];
+        h.update(&(k.len() as u64).to_le_bytes());
+        h.update(k.as_bytes());
+        h.update(&(v.len() as u64).to_le_bytes());
+        h.update(v.as_bytes());
+    }
+    h
+}
+
+fn check_sum(path: &Path, data: &[u8], info: &EntryInfo, mut hasher: Xxh3) -> Result<(), PersistError> {
+    hasher.update(data);
+    let got = hasher.digest();
+    if got != info.checksum {
+        return Err(PersistError::invalid(path, format!("checksum mismatch: stored {:016x}, computed {got:016x}", info.checksum)));
+    }
+    Ok(())
+}
+
+/// Maps the file and parses its header: (map, header length, info, hasher
+/// over the metadata).
+fn map_entry(path: &Path) -> Result<(Arc<Mmap>, usize, EntryInfo, Xxh3), PersistError> {
+    let file = File::open(path).map_err(|e| PersistError::io(path, e))?;
+    let file_len = file.metadata().map_err(|e| PersistError::io(path, e))?.len();
+    if file_len < 8 {
+        return Err(PersistError::invalid(path, format!("file is {file_len} bytes, shorter than a safetensors header")));
+    }
+    // SAFETY: entry files are never modified in place (writers rename a new
+    // file over the name), so the mapped inode does not change under us; a
+    // foreign process truncating it is the same hazard as for mapped weights.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| PersistError::io(path, e))?;
+    let file_len = map.len() as u64;
+    let n8: [u8; 8] = map[..8].try_into().expect("length checked");
+    let n = header_len(n8, file_len).map_err(|r| PersistError::invalid(path, r))?;
+    let (info, hasher) = parse_header(&map[8..8 + n], file_len).map_err(|r| PersistError::invalid(path, r))?;
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::WillNeed);
+    Ok((Arc::new(map), n, info, hasher))
+}
+
+/// The header length from the first 8 bytes, checked against the limits
+/// before anything is allocated.
+fn header_len(n8: [u8; 8], file_len: u64) -> Result<usize, String> {
+    let n = u64::from_le_bytes(n8);
+    if n > MAX_HEADER_BYTES {
+        return Err(format!("header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit"));
+    }
+    if n > file_len - 8 {
+        return Err(format!("header of {n} bytes runs past the end of the {file_len}-byte file"));
+    }
+    if n % 8 != 0 {
+        return Err(format!("header length {n} is not a multiple of 8 (tensor data would be misaligned)"));
+    }
+    Ok(n as usize)
+}
+
+/// Validates a header against the file length. Returns the entry's info and
+/// a hasher already fed the metadata.
+fn parse_header(header: &[u8], file_len: u64) -> Result<(EntryInfo, Xxh3), String> {
+    let md: Metadata = serde_json::from_slice(header).map_err(|e| format!("header is not safetensors JSON: {e}"))?;
+    let m = md.metadata().as_ref().ok_or("header has no __metadata__")?;
+    let tensors = md.tensors();
+    let Some(ti) = tensors.get(TENSOR_NAME).filter(|_| tensors.len() == 1) else {
+        let mut names: Vec<_> = tensors.keys().cloned().collect();
+        names.sort();
+        return Err(format!("expected one tensor \"{TENSOR_NAME}\", found {names:?}"));
+    };
+    let get = |k: &str| m.get(k).map(String::as_str).ok_or_else(|| format!("metadata key \"{k}\" missing"));
+    if get("magic")? != MAGIC {
+        return Err(format!("magic is {:?}, not {MAGIC:?}", get("magic")?));
+    }
+    if get("version")? != VERSION.to_string() {
+        return Err(format!("version {:?}, this build reads {VERSION}", get("version")?));
+    }
+    if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(format!("unknown metadata key {k:?}"));
+    }
+    let num = |k: &str, lo: u64, hi: u64| -> Result<u64, String> {
+        let s = get(k)?;
+        let v: u64 = s.parse().map_err(|_| format!("{k} is {s:?}, not a number"))?;
+        if v.to_string() != s || v < lo || v > hi {
+            return Err(format!("{k} is {s:?}, expected {lo}..={hi}"));
+        }
+        Ok(v)
+    };
+    let format: KvFormat = get("kv_format")?.parse().map_err(|e: KvError| e.to_string())?;
+    num("block_tokens", BLOCK_TOKENS as u64, BLOCK_TOKENS as u64)?;
+    let layout = KvLayout {
+        num_layers: num("num_layers", 1, MAX_LAYERS)? as usize,
+        num_kv_heads: num("num_kv_heads", 1, MAX_KV_HEADS)? as usize,
+        head_dim: num("head_dim", 2, MAX_HEAD_DIM)? as usize,
+    };
+    let probe = KvPool::try_new(layout, format, 0).map_err(|e| e.to_string())?;
+    let block_bytes = probe.block_bytes();
+    // The data cannot be longer than the file, which bounds num_tokens.
+    let num_tokens = num("num_tokens", 1, file_len)? as usize;
+    let num_blocks = num_tokens.div_ceil(BLOCK_TOKENS);
+    let data_len = num_blocks.checked_mul(block_bytes).ok_or("tensor size overflows")?;
+    if ti.dtype != Dtype::U8 || ti.shape != [num_blocks, block_bytes] || ti.data_offsets != (0, data_len) {
+        return Err(format!(
+            "tensor is {:?} {:?} at {:?}, expected U8 [{num_blocks}, {block_bytes}] at (0, {data_len})",
+            ti.dtype, ti.shape, ti.data_offsets
+        ));
+    }
+    let expect_len = (data_len as u64).checked_add(8 + header.len() as u64).ok_or("tensor size overflows")?;
+    if file_len != expect_len {
+        return Err(format!("file is {file_len} bytes, header describes {expect_len}"));
+    }
+    let fingerprint = get("fingerprint")?.to_string();
+    check_fingerprint(&fingerprint)?;
+    let kind = EntryKind::parse(get("kind")?).ok_or_else(|| format!("kind {:?} is not session or prefix", m["kind"]))?;
+    let created_unix = num("created_unix", 0, u64::MAX)?;
+    let tokens: Vec<u32> = serde_json::from_str(get("tokens")?).map_err(|e| format!("tokens: {e}"))?;
+    if tokens.len() != num_tokens {
+        return Err(format!("{} token ids for {num_tokens} tokens", tokens.len()));
+    }
+    let text = get("text")?.to_string();
+    let offsets: Vec<(usize, usize)> = serde_json::from_str(get("offsets")?).map_err(|e| format!("offsets: {e}"))?;
+    check_offsets(&offsets, &text, num_tokens)?;
+    let cs = get("checksum")?;
+    let checksum = u64::from_str_radix(cs, 16)
+        .ok()
+        .filter(|c| format!("{c:016x}") == cs)
+        .ok_or_else(|| format!("checksum {cs:?} is not 16 lowercase hex digits"))?;
+    let hasher = meta_hasher(m);
+    let meta = EntryMeta { fingerprint, kind, owner: get("owner")?.to_string(), tokens, text, offsets, created_unix };
+    let info = EntryInfo { meta, format, layout, num_tokens, num_blocks, block_bytes, file_bytes: file_len, checksum };
+    Ok((info, hasher))
+}
+
+fn check_fingerprint(f: &str) -> Result<(), String> {
+    if f.is_empty() || f.len() > MAX_FINGERPRINT || !f.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("fingerprint {f:?} is not 1..={MAX_FINGERPRINT} printable ASCII characters"));
+    }
+    Ok(())
+}
+
+/// Offsets are empty or one per token; each lies within `text` on character
+/// boundaries; non-empty ranges are monotone (starts and ends never go
+/// back). Empty ranges (special tokens, `(0, 0)`) may appear anywhere.
+fn check_offsets(offsets: &[(usize, usize)], text: &str, num_tokens: usize) -> Result<(), String> {
+    if !offsets.is_empty() && offsets.len() != num_tokens {
+        return Err(format!("{} offsets for {num_tokens} tokens", offsets.len()));
+    }
+    let mut prev = (0usize, 0usize);
+    for (i, &(s, e)) in offsets.iter().enumerate() {
+        if s > e || e > text.len() || !text.is_char_boundary(s) || !text.is_char_boundary(e) {
+            return Err(format!("offset {i} ({s}, {e}) is not a range of the {}-byte text on character boundaries", text.len()));
+        }
+        if s < e {
+            if s < prev.0 || e < prev.1 {
+                return Err(format!("offset {i} ({s}, {e}) goes back before ({}, {})", prev.0, prev.1));
+            }
+            prev = (s, e);
+        }
+    }
+    Ok(())
+}

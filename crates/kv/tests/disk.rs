@@ -1,0 +1,332 @@
+//! The disk store: hard budget, eviction policies, pins, stats across
+//! reopen, bad files dropped as misses, id validation.
+
+use std::path::Path;
+
+use engram_kv::persist::encoded_len;
+use engram_kv::{DiskError, DiskStore, EntryKind, EntryMeta, EntryStats, EvictionPolicy, KvFormat, KvLayout, KvPool, SeqKv};
+use engram_model::KvCache;
+
+const LAYOUT: KvLayout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 32 };
+const FP: &str = "1111222233334444-f16";
+const VOCAB: usize = 1000;
+const DAY: u64 = 86_400;
+const T: u64 = 1_800_000_000;
+
+fn pool() -> KvPool {
+    KvPool::new(LAYOUT, KvFormat::F16, 256 << 20)
+}
+
+fn entry(pool: &KvPool, n: usize, seed: u32) -> (EntryMeta, SeqKv) {
+    let mut kv = SeqKv::new(pool);
+    kv.reserve(n).unwrap();
+    let w = LAYOUT.num_kv_heads * LAYOUT.head_dim;
+    for layer in 0..LAYOUT.num_layers {
+        let k: Vec<f32> = (0..n * w).map(|i| ((i as u32 * 7 + seed) % 100) as f32 * 0.01).collect();
+        kv.write(layer, 0, &k, &k, n);
+    }
+    let meta = EntryMeta {
+        fingerprint: FP.into(),
+        kind: if seed % 2 == 0 { EntryKind::Session } else { EntryKind::Prefix },
+        owner: format!("owner{seed}"),
+        tokens: (0..n as u32).map(|i| (i + seed) % VOCAB as u32).collect(),
+        text: "x".repeat(n),
+        offsets: (0..n).map(|i| (i, i + 1)).collect(),
+        created_unix: T - 100 * DAY,
+    };
+    (meta, kv)
+}
+
+fn files_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+fn ids(store: &DiskStore) -> Vec<String> {
+    store.list().into_iter().map(|s| s.id).collect()
+}
+
+#[test]
+fn budget_is_never_exceeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let one = {
+        let (m, kv) = entry(&p, 100, 0);
+        encoded_len(&m, &kv).unwrap()
+    };
+    let budget = 5 * one;
+    for policy in EvictionPolicy::ALL {
+        let mut store = DiskStore::open(dir.path().join(policy.name()), budget, policy).unwrap();
+        for i in 0..40u32 {
+            let n = 1 + (i as usize * 37) % 200;
+            let (m, kv) = entry(&p, n, i);
+            store.set_now(Some(T + i as u64));
+            store.put(&format!("e{}", i % 13), &m, &kv).unwrap();
+            assert!(store.used_bytes() <= budget, "{policy}: {} > {budget}", store.used_bytes());
+            assert_eq!(files_bytes(store.dir()), store.used_bytes(), "{policy}: sizes on disk agree");
+            assert!(store.stats(&format!("e{}", i % 13)).is_some(), "the entry just put is there");
+            if i % 3 == 0 {
+                let _ = store.get(&format!("e{}", (i + 5) % 13), &p, FP, VOCAB).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn an_entry_larger_than_the_budget_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 300, 1);
+    let mut store = DiskStore::open(dir.path(), 1000, EvictionPolicy::Lru).unwrap();
+    let e = store.put("big", &m, &kv).unwrap_err();
+    assert!(matches!(e, DiskError::TooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("larger than the whole disk budget"), "{e}");
+    assert_eq!(store.used_bytes(), 0);
+}
+
+/// Three equal entries, then a fourth that needs one evicted:
+/// * `a`: 1 hit, last used 30 days ago  (weighted: 0.6*0.5 + 0.4*~0 = 0.30)
+/// * `b`: 0 hits, used a minute ago     (weighted: 0 + 0.4*~1 = 0.40)
+/// * `c`: 20 hits, last used 60 days ago (weighted: 0.6*0.95 + 0 = 0.57)
+///
+/// LRU evicts `c`, LFU evicts `b`, weighted evicts `a`.
+fn evicted_by(policy: EvictionPolicy) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 64, 0);
+    let size = encoded_len(&m, &kv).unwrap();
+    let mut store = DiskStore::open(dir.path(), 3 * size, policy).unwrap();
+    store.set_now(Some(T - 60 * DAY));
+    store.put("c", &m, &kv).unwrap();
+    for _ in 0..20 {
+        assert!(store.get("c", &p, FP, VOCAB).unwrap().is_some());
+    }
+    store.set_now(Some(T - 30 * DAY));
+    store.put("a", &m, &kv).unwrap();
+    assert!(store.get("a", &p, FP, VOCAB).unwrap().is_some());
+    store.set_now(Some(T - 60));
+    store.put("b", &m, &kv).unwrap();
+    store.set_now(Some(T));
+    let before = ids(&store);
+    store.put("d", &m, &kv).unwrap();
+    assert!(store.used_bytes() <= 3 * size);
+    let after = ids(&store);
+    assert_eq!(after.len(), 3);
+    let gone: Vec<_> = before.into_iter().filter(|i| !after.contains(i)).collect();
+    assert_eq!(gone.len(), 1);
+    gone[0].clone()
+}
+
+#[test]
+fn each_policy_evicts_its_victim() {
+    assert_eq!(evicted_by(EvictionPolicy::Lru), "c");
+    assert_eq!(evicted_by(EvictionPolicy::Lfu), "b");
+    assert_eq!(evicted_by(EvictionPolicy::Weighted), "a");
+}
+
+fn stats(id: &str, hits: u64, last_used_unix: u64, pinned: bool) -> EntryStats {
+    EntryStats {
+        id: id.into(),
+        kind: EntryKind::Session,
+        owner: String::new(),
+        bytes: 1,
+        hits,
+        created_unix: 0,
+        last_used_unix,
+        pinned,
+        num_tokens: 1,
+    }
+}
+
+#[test]
+fn priority_functions() {
+    let now = T;
+    let s = [
+        stats("old-popular", 50, now - 10 * DAY, false),
+        stats("new-unused", 0, now - 5, false),
+        stats("pinned-oldest", 0, 0, true),
+        stats("mid", 2, now - DAY, false),
+    ];
+    assert_eq!(EvictionPolicy::Lru.eviction_order(&s, now), ["old-popular", "mid", "new-unused"]);
+    assert_eq!(EvictionPolicy::Lfu.eviction_order(&s, now), ["new-unused", "mid", "old-popular"]);
+    // Weighted: recency decays with age (seed 001's grew with it).
+    let w = EvictionPolicy::Weighted;
+    let fresh = w.priority(&stats("x", 3, now, false), now);
+    let day = w.priority(&stats("x", 3, now - DAY, false), now);
+    let month = w.priority(&stats("x", 3, now - 30 * DAY, false), now);
+    assert!(fresh > day && day > month, "{fresh} {day} {month}");
+    assert!((fresh - day - 0.2).abs() < 1e-9, "recency halves per day of disuse");
+    assert!(w.priority(&stats("x", 4, now, false), now) > fresh, "more hits, higher priority");
+    assert!(w.priority(&stats("x", u64::MAX, now, false), now) <= 1.0);
+    assert_eq!(w.eviction_order(&s, now), ["new-unused", "old-popular", "mid"]);
+    assert!(EvictionPolicy::ALL.iter().all(|p| !p.eviction_order(&s, now).contains(&"pinned-oldest".to_string())));
+    assert_eq!("lfu".parse::<EvictionPolicy>().unwrap(), EvictionPolicy::Lfu);
+}
+
+#[test]
+fn pinned_entries_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 64, 0);
+    let size = encoded_len(&m, &kv).unwrap();
+    let mut store = DiskStore::open(dir.path(), 3 * size, EvictionPolicy::Lru).unwrap();
+    store.set_now(Some(T));
+    store.put("keep", &m, &kv).unwrap();
+    store.pin("keep", true).unwrap();
+    for i in 0..10 {
+        store.set_now(Some(T + 1 + i));
+        store.put(&format!("x{i}"), &m, &kv).unwrap();
+        assert!(store.stats("keep").is_some(), "the pinned (and oldest) entry was evicted");
+    }
+    store.pin("x9", true).unwrap();
+    store.pin("x8", true).unwrap();
+    let e = store.put("y", &m, &kv).unwrap_err();
+    assert!(matches!(e, DiskError::PinnedFull { .. }), "{e}");
+    assert_eq!(ids(&store), ["keep", "x8", "x9"], "a refused put evicts nothing");
+    // gc with a smaller budget still keeps pins.
+    drop(store);
+    let mut store = DiskStore::open(dir.path(), size, EvictionPolicy::Lru).unwrap();
+    let report = store.gc().unwrap();
+    assert!(report.evicted.is_empty());
+    store.pin("x8", false).unwrap();
+    let report = store.gc().unwrap();
+    assert_eq!(report.evicted, ["x8"]);
+    assert!(matches!(store.pin("nope", true), Err(DiskError::UnknownId(_))));
+}
+
+#[test]
+fn reopen_keeps_stats_and_rebuilds_a_bad_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 40, 2);
+    {
+        let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Weighted).unwrap();
+        store.set_now(Some(T));
+        store.put("s1", &m, &kv).unwrap();
+        store.put("s2", &m, &kv).unwrap();
+        store.set_now(Some(T + 50));
+        let (m2, kv2) = store.get("s1", &p, FP, VOCAB).unwrap().unwrap();
+        assert_eq!((m2, kv2.len()), (m.clone(), 40));
+        store.get("s1", &p, FP, VOCAB).unwrap().unwrap();
+        store.pin("s2", true).unwrap();
+    }
+    let store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Weighted).unwrap();
+    let s1 = store.stats("s1").unwrap();
+    assert_eq!((s1.hits, s1.last_used_unix, s1.pinned, s1.num_tokens), (2, T + 50, false, 40));
+    assert_eq!((s1.kind, s1.owner.as_str(), s1.created_unix), (m.kind, m.owner.as_str(), m.created_unix));
+    assert!(store.stats("s2").unwrap().pinned);
+    drop(store);
+
+    std::fs::write(dir.path().join("index.json"), b"{ not json").unwrap();
+    let store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Weighted).unwrap();
+    assert_eq!(ids(&store), ["s1", "s2"], "entries come from the headers");
+    assert_eq!(store.stats("s1").unwrap().hits, 0);
+    std::fs::remove_file(dir.path().join("index.json")).unwrap();
+    assert_eq!(ids(&DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Weighted).unwrap()), ["s1", "s2"]);
+}
+
+fn flip_byte(path: &Path, from_end: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let i = bytes.len() - from_end as usize;
+    bytes[i] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn corrupt_files_are_dropped_as_misses() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 70, 3);
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    for id in ["a", "b", "c", "d"] {
+        store.put(id, &m, &kv).unwrap();
+    }
+    // Data corruption found at `get`: a miss, and the file is gone.
+    flip_byte(&store.entry_path("a").unwrap(), 100);
+    assert!(store.get("a", &p, FP, VOCAB).unwrap().is_none());
+    assert!(!store.entry_path("a").unwrap().exists());
+    assert!(store.stats("a").is_none());
+    // Another model's or format's entry is a miss that stays.
+    assert!(store.get("b", &p, "9999999999999999-f16", VOCAB).unwrap().is_none());
+    assert!(store.stats("b").is_some());
+    // A file that vanished behind the store's back is a miss.
+    std::fs::remove_file(store.entry_path("d").unwrap()).unwrap();
+    assert!(store.get("d", &p, FP, VOCAB).unwrap().is_none());
+    assert!(store.stats("d").is_none());
+    // A bad header is dropped at open; bad data is dropped by gc.
+    drop(store);
+    std::fs::write(dir.path().join("junk.safetensors"), b"\x08\0\0\0\0\0\0\0{}      ").unwrap();
+    flip_byte(&dir.path().join("c.safetensors"), 7);
+    std::fs::write(dir.path().join("notes.txt"), b"not ours").unwrap();
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    assert_eq!(ids(&store), ["b", "c"]);
+    assert!(!dir.path().join("junk.safetensors").exists());
+    let report = store.gc().unwrap();
+    assert_eq!(report.dropped, ["c"]);
+    assert_eq!(ids(&store), ["b"]);
+    assert!(dir.path().join("notes.txt").exists(), "files that are not entries are left alone");
+    assert!(store.get("b", &p, FP, VOCAB).unwrap().is_some());
+}
+
+#[test]
+fn replacing_an_entry_keeps_its_stats_and_counts_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 64, 0);
+    let (m2, kv2) = entry(&p, 90, 4);
+    let size2 = encoded_len(&m2, &kv2).unwrap();
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    store.put("s", &m, &kv).unwrap();
+    store.get("s", &p, FP, VOCAB).unwrap().unwrap();
+    store.pin("s", true).unwrap();
+    store.put("s", &m2, &kv2).unwrap();
+    let s = store.stats("s").unwrap();
+    assert_eq!((s.hits, s.pinned, s.num_tokens, s.bytes), (1, true, 90, size2));
+    assert_eq!(store.used_bytes(), size2);
+    assert_eq!(store.get("s", &p, FP, VOCAB).unwrap().unwrap().0, m2);
+    assert!(store.remove("s").unwrap());
+    assert!(!store.remove("s").unwrap());
+    assert_eq!(store.used_bytes(), 0);
+    // An entry that only fits once its old version is gone still goes in.
+    let mut store = DiskStore::open(dir.path(), size2 + 10, EvictionPolicy::Lru).unwrap();
+    store.put("t", &m2, &kv2).unwrap();
+    store.put("t", &m2, &kv2).unwrap();
+    assert_eq!(store.used_bytes(), size2);
+}
+
+#[test]
+fn ids_that_are_not_plain_names_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 8, 0);
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    let long = "x".repeat(201);
+    for id in ["a/b", "../x", "..", "a\\b", "nul\0", "", long.as_str(), ".hidden", "/abs"] {
+        assert!(matches!(store.put(id, &m, &kv), Err(DiskError::InvalidId { .. })), "put accepted {id:?}");
+        assert!(matches!(store.get(id, &p, FP, VOCAB), Err(DiskError::InvalidId { .. })), "get accepted {id:?}");
+        assert!(store.remove(id).is_err() && store.pin(id, true).is_err());
+    }
+    assert_eq!(files_bytes(dir.path()), 0);
+    assert!(std::fs::read_dir(dir.path().parent().unwrap()).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().starts_with("x.safetensors")));
+    for id in ["agent-7:session 3", "é", &"y".repeat(200)] {
+        store.put(id, &m, &kv).unwrap();
+    }
+    assert_eq!(store.list().len(), 3);
+}
+
+#[test]
+fn open_removes_only_temp_files_of_dead_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let dead = dir.path().join(".e.safetensors.tmp-4000000000-0");
+    let live = dir.path().join(format!(".e.safetensors.tmp-{}-99", std::process::id()));
+    std::fs::write(&dead, b"half a write").unwrap();
+    std::fs::write(&live, b"a write in progress").unwrap();
+    let store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    assert!(store.list().is_empty(), "temp files are not entries");
+    assert!(!dead.exists(), "an interrupted write is cleaned up");
+    assert!(live.exists(), "a live writer's temp file is left alone");
+}

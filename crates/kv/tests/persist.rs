@@ -1,0 +1,438 @@
+//! Cache entry files: round trips in every KV format, mapped restore with
+//! copy-on-write, and rejection of every kind of bad file (invariant 3).
+
+use std::path::{Path, PathBuf};
+
+use engram_kv::persist::{self, MAX_HEADER_BYTES};
+use engram_kv::{read_entry, read_meta, write_entry, EntryKind, EntryMeta, KvFormat, KvLayout, KvPool, PersistError, SeqKv, BLOCK_TOKENS};
+use engram_model::KvCache;
+use proptest::prelude::*;
+
+const LAYOUT: KvLayout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 64 };
+const VOCAB: usize = 1000;
+const FP: &str = "0123456789abcdef-f16";
+
+fn pool(format: KvFormat) -> KvPool {
+    KvPool::new(LAYOUT, format, 64 << 20)
+}
+
+/// Writes `n` tokens of deterministic pseudo-random keys and values.
+fn fill(kv: &mut SeqKv, first: usize, n: usize, seed: u64) {
+    let layout = kv.pool().layout();
+    let w = layout.num_kv_heads * layout.head_dim;
+    kv.reserve(n).unwrap();
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+    };
+    for layer in 0..layout.num_layers {
+        let k: Vec<f32> = (0..n * w).map(|_| next()).collect();
+        let v: Vec<f32> = (0..n * w).map(|_| next()).collect();
+        kv.write(layer, first, &k, &v, n);
+    }
+}
+
+fn make_kv(pool: &KvPool, n: usize, seed: u64) -> SeqKv {
+    let mut kv = SeqKv::new(pool);
+    fill(&mut kv, 0, n, seed);
+    kv
+}
+
+/// Text "w0 w1 ... " with a multi-byte character in every word, and the byte
+/// range of each word.
+fn meta(n: usize, fingerprint: &str) -> EntryMeta {
+    let mut text = String::new();
+    let mut offsets = Vec::new();
+    for i in 0..n {
+        let s = text.len();
+        text.push_str(&format!("wé{i}"));
+        offsets.push((s, text.len()));
+        text.push(if i % 7 == 6 { '\n' } else { ' ' });
+    }
+    EntryMeta {
+        fingerprint: fingerprint.to_string(),
+        kind: EntryKind::Session,
+        owner: "agent-1".into(),
+        tokens: (0..n as u32).map(|i| (i * 37 + 5) % VOCAB as u32).collect(),
+        text,
+        offsets,
+        created_unix: 1_700_000_000,
+    }
+}
+
+/// What attention sees: per layer, per chunk, the visible rows of keys and values.
+fn visible(kv: &SeqKv) -> Vec<(usize, usize, Vec<u8>, Vec<u8>)> {
+    let layout = kv.pool().layout();
+    let mut out = Vec::new();
+    for layer in 0..layout.num_layers {
+        kv.for_each_chunk(layer, &mut |c| {
+            let rb = c.keys.elem.row_bytes(layout.head_dim);
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            for h in 0..layout.num_kv_heads {
+                let r = h * c.capacity * rb..(h * c.capacity + c.len) * rb;
+                k.extend_from_slice(&c.keys.bytes[r.clone()]);
+                v.extend_from_slice(&c.values.bytes[r]);
+            }
+            out.push((c.first_pos, c.len, k, v));
+        });
+    }
+    out
+}
+
+fn entry_file(dir: &Path, n: usize, format: KvFormat) -> PathBuf {
+    let p = pool(format);
+    let kv = make_kv(&p, n, 7);
+    let path = dir.join("e.safetensors");
+    write_entry(&path, &meta(n, FP), &kv).unwrap();
+    path
+}
+
+/// Reads `bytes` as an entry file; must not panic.
+fn read_bytes(dir: &Path, bytes: &[u8]) -> Result<(EntryMeta, SeqKv), PersistError> {
+    let path = dir.join("x.safetensors");
+    std::fs::write(&path, bytes).unwrap();
+    let r = read_entry(&path, &pool(KvFormat::F16), FP, VOCAB);
+    // The header-only reader must agree that the file is bad or not.
+    let m = read_meta(&path);
+    if r.is_ok() {
+        assert!(m.is_ok(), "read_meta rejects what read_entry accepts: {:?}", m.err());
+    }
+    r
+}
+
+fn expect_invalid(r: Result<(EntryMeta, SeqKv), PersistError>, needle: &str) {
+    match r {
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains(needle), "error {msg:?} does not mention {needle:?}");
+            assert!(msg.contains(".safetensors"), "error {msg:?} does not name the file");
+        }
+        Ok(_) => panic!("accepted a bad file (expected an error about {needle:?})"),
+    }
+}
+
+#[test]
+fn round_trip_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    for format in KvFormat::ALL {
+        for n in [1, BLOCK_TOKENS, 3 * BLOCK_TOKENS + 5] {
+            let p = pool(format);
+            let kv = make_kv(&p, n, n as u64);
+            let path = dir.path().join(format!("{format}-{n}.safetensors"));
+            let m = meta(n, FP);
+            let written = write_entry(&path, &m, &kv).unwrap();
+            assert_eq!(written, std::fs::metadata(&path).unwrap().len());
+            assert_eq!(written, persist::encoded_len(&m, &kv).unwrap());
+
+            let used = p.used();
+            let (m2, kv2) = read_entry(&path, &p, FP, VOCAB).unwrap();
+            assert_eq!(m2, m);
+            assert_eq!(kv2.len(), n);
+            assert_eq!(visible(&kv2), visible(&kv), "{format}, {n} tokens");
+            assert!(kv2.blocks().iter().all(|b| b.is_mapped()), "restored blocks are the file's pages");
+            assert_eq!(p.used(), used + n.div_ceil(BLOCK_TOKENS) * p.block_bytes(), "mapped blocks are charged");
+
+            let info = read_meta(&path).unwrap();
+            assert_eq!((info.meta, info.format, info.layout, info.num_tokens), (m, format, LAYOUT, n));
+            assert_eq!(info.num_blocks, n.div_ceil(BLOCK_TOKENS));
+            assert_eq!(persist::verify_entry(&path).unwrap().checksum, info.checksum);
+        }
+    }
+}
+
+#[test]
+fn data_is_8_byte_aligned() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = entry_file(dir.path(), 40, KvFormat::F16);
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    assert_eq!((8 + n) % 8, 0);
+    // A plain safetensors reader sees one U8 tensor of [blocks, block_bytes].
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("kv").unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::U8);
+    assert_eq!(t.shape(), &[2, pool(KvFormat::F16).block_bytes()]);
+    let (_, md) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let keys: std::collections::BTreeSet<&str> = md.metadata().as_ref().unwrap().keys().map(|k| k.as_str()).collect();
+    assert_eq!(keys, persist::KEYS.into_iter().collect());
+}
+
+#[test]
+fn writing_after_restore_copies_on_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 2 * BLOCK_TOKENS + 3;
+    let path = entry_file(dir.path(), n, KvFormat::F16);
+    let file_before = std::fs::read(&path).unwrap();
+    let p = pool(KvFormat::F16);
+    let (_, mut kv) = read_entry(&path, &p, FP, VOCAB).unwrap();
+    let before = visible(&kv);
+    let used = p.used();
+    fill(&mut kv, n, 2, 99);
+    // The partial mapped block was replaced by a charged copy, and released.
+    assert_eq!(p.used(), used);
+    assert!(kv.blocks()[0].is_mapped() && kv.blocks()[1].is_mapped() && !kv.blocks()[2].is_mapped());
+    assert_eq!(kv.len(), n + 2);
+    let after = visible(&kv);
+    // Full blocks are unchanged; the partial one keeps its first 3 tokens.
+    for (a, b) in before.iter().zip(&after) {
+        if a.1 == BLOCK_TOKENS {
+            assert_eq!(a, b);
+        } else {
+            assert_eq!(b.1, a.1 + 2);
+        }
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), file_before, "the file is never written through");
+    let (_, again) = read_entry(&path, &p, FP, VOCAB).unwrap();
+    assert_eq!(visible(&again), before);
+}
+
+#[test]
+fn stale_slots_are_not_persisted() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(KvFormat::F32);
+    let mut kv = make_kv(&p, BLOCK_TOKENS + 20, 3);
+    kv.truncate(BLOCK_TOKENS + 4);
+    let path = dir.path().join("t.safetensors");
+    write_entry(&path, &meta(BLOCK_TOKENS + 4, FP), &kv).unwrap();
+    let (_, r) = read_entry(&path, &p, FP, VOCAB).unwrap();
+    assert_eq!(visible(&r), visible(&kv));
+    let last = r.blocks()[1].bytes();
+    let rb = p.elem().row_bytes(LAYOUT.head_dim);
+    let sec = p.section_bytes();
+    for s in 0..2 * LAYOUT.num_layers {
+        for h in 0..LAYOUT.num_kv_heads {
+            let stale = &last[s * sec + (h * BLOCK_TOKENS + 4) * rb..s * sec + (h + 1) * BLOCK_TOKENS * rb];
+            assert!(stale.iter().all(|&b| b == 0), "trimmed tokens reached the disk");
+        }
+    }
+}
+
+#[test]
+fn truncated_files_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = entry_file(dir.path(), 40, KvFormat::F16);
+    let bytes = std::fs::read(&path).unwrap();
+    let n = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut lens: Vec<usize> = (0..80).collect();
+    lens.extend((80..n + 80).step_by(13));
+    lens.extend((n..bytes.len()).step_by(997));
+    lens.extend([n - 1, n, n + 1, bytes.len() - 1]);
+    for len in lens {
+        assert!(read_bytes(dir.path(), &bytes[..len]).is_err(), "accepted a file truncated to {len} of {} bytes", bytes.len());
+    }
+    assert!(read_bytes(dir.path(), &bytes).is_ok());
+}
+
+#[test]
+fn oversized_header_length_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = entry_file(dir.path(), 5, KvFormat::F16);
+    let mut bytes = std::fs::read(&path).unwrap();
+    for n in [MAX_HEADER_BYTES + 8, u64::MAX, 1 << 40] {
+        bytes[..8].copy_from_slice(&n.to_le_bytes());
+        expect_invalid(read_bytes(dir.path(), &bytes), "exceeds");
+    }
+    // In range but past the end of the file.
+    let past = (bytes.len() as u64 + 8) & !7;
+    bytes[..8].copy_from_slice(&past.to_le_bytes());
+    expect_invalid(read_bytes(dir.path(), &bytes), "past the end");
+}
+
+/// Rewrites one metadata value in place (same length, so offsets hold).
+fn edit_header(bytes: &[u8], from: &str, to: &str) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let n = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..n]).unwrap();
+    assert_eq!(header.matches(from).count(), 1, "{from} not unique in header");
+    let mut out = bytes[..8].to_vec();
+    out.extend_from_slice(header.replace(from, to).as_bytes());
+    out.extend_from_slice(&bytes[n..]);
+    out
+}
+
+#[test]
+fn wrong_magic_version_or_fields_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = entry_file(dir.path(), 40, KvFormat::F16);
+    let bytes = std::fs::read(&path).unwrap();
+    let cases = [
+        (r#""magic":"engram-kv""#, r#""magic":"engram-kx""#, "magic"),
+        (r#""version":"1""#, r#""version":"2""#, "version"),
+        (r#""block_tokens":"32""#, r#""block_tokens":"16""#, "block_tokens"),
+        (r#""num_tokens":"40""#, r#""num_tokens":"41""#, "token ids"),
+        (r#""num_tokens":"40""#, r#""num_tokens":"99""#, "tensor"),
+        (r#""num_tokens":"40""#, r#""num_tokens":"04""#, "num_tokens"),
+        (r#""head_dim":"64""#, r#""head_dim":"63""#, "head"),
+        (r#""kind":"session""#, r#""kind":"sessio_""#, "kind"),
+        (r#""owner":"agent-1""#, r#""owner":"agent-2""#, "checksum"),
+        (r#""created_unix":"1700000000""#, r#""created_unix":"1700000001""#, "checksum"),
+        (r#""dtype":"U8""#, r#""dtype":"I8""#, "tensor"),
+        (r#""owner":"#, r#""ownex":"#, "unknown metadata key"),
+    ];
+    for (from, to, needle) in cases {
+        expect_invalid(read_bytes(dir.path(), &edit_header(&bytes, from, to)), needle);
+    }
+}
+
+#[test]
+fn foreign_safetensors_files_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..64).map(|i| i as u8).collect();
+    let w = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4, 4], &data).unwrap();
+    let b = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![64], &data).unwrap();
+    let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    let file = safetensors::serialize([("weight", w.clone()), ("bias", b)], Some(meta)).unwrap();
+    expect_invalid(read_bytes(dir.path(), &file), "tensor");
+    // A lone "kv" tensor without our metadata.
+    let file = safetensors::serialize([("kv", w)], None).unwrap();
+    expect_invalid(read_bytes(dir.path(), &file), "__metadata__");
+    // Not safetensors at all.
+    expect_invalid(read_bytes(dir.path(), b"GGUF\x03\0\0\0 this is not a cache entry"), "");
+    expect_invalid(read_bytes(dir.path(), b""), "shorter");
+}
+
+#[test]
+fn fingerprint_format_and_layout_mismatches_are_misses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = entry_file(dir.path(), 40, KvFormat::F16);
+    let e = read_entry(&path, &pool(KvFormat::F16), "fedcba9876543210-f16", VOCAB).err().expect("an error");
+    assert!(matches!(e, PersistError::Mismatch { what: "fingerprint", .. }), "{e}");
+    assert!(!e.is_corrupt());
+    let e = read_entry(&path, &pool(KvFormat::Q8), FP, VOCAB).err().expect("an error");
+    assert!(matches!(e, PersistError::Mismatch { what: "KV format", .. }), "{e}");
+    let other = KvPool::new(KvLayout { num_layers: 3, ..LAYOUT }, KvFormat::F16, 1 << 30);
+    let e = read_entry(&path, &other, FP, VOCAB).err().expect("an error");
+    assert!(matches!(e, PersistError::Mismatch { what: "layout", .. }), "{e}");
+    let fp = engram_kv::cache_fingerprint(engram_model::Fingerprint(0x0123_4567_89ab_cdef), KvFormat::F16);
+    assert_eq!(fp, FP);
+}
+
+#[test]
+fn token_ids_must_be_in_the_vocabulary() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = entry_file(dir.path(), 40, KvFormat::F16);
+    let max = *meta(40, FP).tokens.iter().max().unwrap() as usize;
+    assert!(read_entry(&path, &pool(KvFormat::F16), FP, max + 1).is_ok());
+    let e = read_entry(&path, &pool(KvFormat::F16), FP, max).err().expect("an error");
+    assert!(e.is_corrupt() && e.to_string().contains("vocabulary"), "{e}");
+}
+
+#[test]
+fn restore_over_the_ram_budget_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = entry_file(dir.path(), 3 * BLOCK_TOKENS, KvFormat::F16);
+    let small = KvPool::new(LAYOUT, KvFormat::F16, 2 * pool(KvFormat::F16).block_bytes());
+    let e = read_entry(&path, &small, FP, VOCAB).err().expect("an error");
+    assert!(matches!(e, PersistError::Kv { .. }) && !e.is_corrupt(), "{e}");
+    assert_eq!(small.used(), 0, "partially restored blocks are released");
+}
+
+#[test]
+fn bad_metadata_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(KvFormat::F16);
+    let kv = make_kv(&p, 10, 1);
+    let path = dir.path().join("w.safetensors");
+    let mut m = meta(10, FP);
+    m.tokens.pop();
+    assert!(matches!(write_entry(&path, &m, &kv), Err(PersistError::Unwritable { .. })));
+    let mut m = meta(10, FP);
+    m.offsets[3] = (1, 2); // inside "é"
+    assert!(write_entry(&path, &m, &kv).is_err());
+    let mut m = meta(10, FP);
+    m.offsets.swap(2, 3);
+    assert!(write_entry(&path, &m, &kv).is_err());
+    let mut m = meta(10, FP);
+    m.fingerprint = "has space".into();
+    assert!(write_entry(&path, &m, &kv).is_err());
+    assert!(write_entry(&path, &meta(0, FP), &SeqKv::new(&p)).is_err());
+    // Empty offsets (text unknown) and special tokens' empty ranges are fine.
+    let mut m = meta(10, FP);
+    m.offsets.clear();
+    write_entry(&path, &m, &kv).unwrap();
+    let mut m = meta(10, FP);
+    m.offsets[0] = (0, 0);
+    m.offsets[5] = (0, 0);
+    write_entry(&path, &m, &kv).unwrap();
+    assert_eq!(read_entry(&path, &p, FP, VOCAB).unwrap().0, m);
+    assert!(!std::fs::read_dir(dir.path()).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains(".tmp-")));
+}
+
+fn sample_file() -> &'static (tempfile::TempDir, Vec<u8>, usize) {
+    static FILE: std::sync::OnceLock<(tempfile::TempDir, Vec<u8>, usize)> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = entry_file(dir.path(), 2 * BLOCK_TOKENS + 7, KvFormat::F16);
+        let bytes = std::fs::read(&path).unwrap();
+        let n = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        (dir, bytes, n)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A flipped bit anywhere (header or data) is caught.
+    #[test]
+    fn bit_flips_are_caught(in_header in any::<bool>(), pos in any::<prop::sample::Index>(), bit in 0u8..8) {
+        let (_, bytes, n) = sample_file();
+        let pos = if in_header { pos.index(*n) } else { pos.index(bytes.len()) };
+        let mut bad = bytes.clone();
+        bad[pos] ^= 1 << bit;
+        let dir = tempfile::tempdir().unwrap();
+        prop_assert!(read_bytes(dir.path(), &bad).is_err(), "flip of bit {} at byte {} accepted", bit, pos);
+    }
+
+    /// Arbitrary bytes after a plausible length prefix never panic.
+    #[test]
+    fn garbage_never_panics(len in 0u64..4096, body in prop::collection::vec(any::<u8>(), 0..4096)) {
+        let mut bytes = len.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&body);
+        let dir = tempfile::tempdir().unwrap();
+        prop_assert!(read_bytes(dir.path(), &bytes).is_err());
+    }
+}
+
+/// Restore throughput of a ~256 MiB entry (1B-shaped: 16 layers, 8 KV heads,
+/// head_dim 64, f16, 8192 tokens). `cargo test --release -p engram-kv --test
+/// persist -- --ignored --nocapture restore_throughput`.
+#[test]
+#[ignore]
+fn restore_throughput() {
+    let layout = KvLayout { num_layers: 16, num_kv_heads: 8, head_dim: 64 };
+    let p = KvPool::new(layout, KvFormat::F16, 1 << 30);
+    let n = 8192;
+    let kv = make_kv(&p, n, 1);
+    let dir = tempfile::tempdir_in(std::env::var_os("ENGRAM_BENCH_DIR").unwrap_or_else(|| ".".into())).unwrap();
+    let path = dir.path().join("big.safetensors");
+    let m = EntryMeta { fingerprint: FP.into(), tokens: vec![1; n], text: String::new(), offsets: vec![], ..meta(0, FP) };
+    let t = std::time::Instant::now();
+    let bytes = write_entry(&path, &m, &kv).unwrap();
+    let write_s = t.elapsed().as_secs_f64();
+    drop(kv);
+    let mib = bytes as f64 / (1 << 20) as f64;
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let (_, r) = read_entry(&path, &p, FP, VOCAB).unwrap();
+        let s = t.elapsed().as_secs_f64();
+        best = best.min(s);
+        assert_eq!(r.len(), n);
+    }
+    let t = std::time::Instant::now();
+    let info = read_meta(&path).unwrap();
+    let meta_s = t.elapsed().as_secs_f64();
+    println!(
+        "entry {mib:.0} MiB ({} blocks of {} KiB): write+fsync {:.2} s ({:.2} GB/s); restore (map + validate + checksum, page cache warm) {:.1} ms = {:.2} GB/s; header only {:.2} ms",
+        info.num_blocks,
+        info.block_bytes >> 10,
+        write_s,
+        bytes as f64 / write_s / 1e9,
+        best * 1e3,
+        bytes as f64 / best / 1e9,
+        meta_s * 1e3
+    );
+}
