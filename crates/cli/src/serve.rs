@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use engram_engine::SamplingParams;
-use engram_server::{Event, Job, SchedulerConfig, Server, ServerConfig};
+use engram_kv::EvictionPolicy;
+use engram_server::{DiskConfig, Event, Job, SchedulerConfig, Server, ServerConfig};
 
 use crate::common::{data_dir, default_model, kv_pool, load_model, ModelArgs};
 
@@ -33,6 +34,12 @@ pub struct Args {
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_s: u64,
+    /// Disk budget for persisted sessions, in MiB (0: keep sessions in RAM only).
+    #[arg(long, default_value_t = 4096)]
+    disk_budget_mib: u64,
+    /// Which persisted entries go first when the disk budget is full: lru, lfu or weighted.
+    #[arg(long, default_value = "weighted")]
+    eviction: String,
 }
 
 /// The model path the flags name (the default model is generated if needed)
@@ -45,6 +52,16 @@ fn model_path(m: &mut ModelArgs) -> Result<String> {
     let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "engram".into());
     m.model = Some(path);
     Ok(id)
+}
+
+/// The session store's disk tier: `<data-dir>/kv`, shared with `engram cache`.
+fn disk_config(a: &Args) -> Result<Option<DiskConfig>> {
+    if a.disk_budget_mib == 0 {
+        return Ok(None);
+    }
+    let policy: EvictionPolicy = a.eviction.parse().map_err(anyhow::Error::msg)?;
+    let budget_bytes = a.disk_budget_mib.checked_mul(1 << 20).context("--disk-budget-mib is too large")?;
+    Ok(Some(DiskConfig { dir: crate::cache_cmd::store_dir(&a.model.data_dir), budget_bytes, policy }))
 }
 
 pub fn run(mut a: Args) -> Result<()> {
@@ -62,7 +79,12 @@ pub fn run(mut a: Args) -> Result<()> {
     let config = ServerConfig {
         model_id,
         api_keys,
-        scheduler: SchedulerConfig { max_batch: a.max_batch.max(1), prefill_chunk: a.prefill_chunk.max(1), ..Default::default() },
+        scheduler: SchedulerConfig {
+            max_batch: a.max_batch.max(1),
+            prefill_chunk: a.prefill_chunk.max(1),
+            disk: disk_config(&a)?,
+            ..Default::default()
+        },
     };
     let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().with_context(|| format!("bad address {}:{}", a.host, a.port))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

@@ -14,12 +14,17 @@
 //!   text is matched by characters: EXACT, EXTEND (only new text is
 //!   tokenized and prefilled) or DIVERGE (reuse up to the last token
 //!   boundary inside the common text).
+//! - [`PersistedSessions`] (seed 004's disk persistence): sessions written
+//!   after each turn in the background and restored by mapping the file
+//!   when a later request — possibly in a restarted process — matches them.
 //!
 //! Architecture invariant: policies decide *what* to reuse; they never touch
 //! weights, and they only build caches out of blocks through `engram-kv`.
 
+mod persist;
 mod prefix;
 mod session;
 
+pub use persist::{disk_id, CatalogEntry, PersistedSessions};
 pub use prefix::{chain_hashes, PrefixIndex};
 pub use session::{Checkout, MatchKind, Session, SessionStore};

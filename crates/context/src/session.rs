@@ -18,6 +18,7 @@ use engram_kv::{KvPool, SeqKv};
 use engram_model::Fingerprint;
 use engram_tokenizer::{Tokenizer, TokenizerError};
 
+use crate::persist::{CatalogEntry, PersistedSessions};
 use crate::prefix::PrefixIndex;
 
 /// How a request matched the cache.
@@ -80,6 +81,12 @@ pub struct SessionStore {
     clock: u64,
     next_id: u64,
     max_sessions: usize,
+    /// The disk tier: sessions are saved after each turn and restored on demand.
+    disk: Option<PersistedSessions>,
+    /// Persisted sessions not in RAM, by (owner, id).
+    on_disk: HashMap<(String, String), CatalogEntry>,
+    vocab: usize,
+    restored: u64,
 }
 
 /// The longest common prefix of `a` and `b`, in bytes, on a char boundary.
@@ -96,7 +103,88 @@ impl SessionStore {
     /// `fingerprint` (combined here with the KV format: a format change is a miss).
     pub fn new(pool: KvPool, fingerprint: Fingerprint) -> SessionStore {
         let fp = Fingerprint(engram_model::model::fnv1a64(fingerprint.0, pool.format().name().as_bytes()));
-        SessionStore { pool, sessions: HashMap::new(), index: PrefixIndex::new(fp), clock: 0, next_id: 0, max_sessions: usize::MAX }
+        SessionStore {
+            pool,
+            sessions: HashMap::new(),
+            index: PrefixIndex::new(fp),
+            clock: 0,
+            next_id: 0,
+            max_sessions: usize::MAX,
+            disk: None,
+            on_disk: HashMap::new(),
+            vocab: usize::MAX,
+            restored: 0,
+        }
+    }
+
+    /// Adds the disk tier: every checked-in session is saved in the
+    /// background, sessions evicted from RAM stay findable, and sessions a
+    /// previous process saved are restored when a request matches them.
+    /// `vocab` bounds token ids read back from files.
+    pub fn with_disk(mut self, disk: PersistedSessions, vocab: usize) -> SessionStore {
+        for e in disk.catalog() {
+            self.on_disk.insert((e.owner.clone(), e.session_id.clone()), e);
+        }
+        self.disk = Some(disk);
+        self.vocab = vocab;
+        self
+    }
+
+    /// Sessions restored from disk so far.
+    pub fn restored_count(&self) -> u64 {
+        self.restored
+    }
+
+    /// Sessions known on disk but not loaded.
+    pub fn on_disk_count(&self) -> usize {
+        self.on_disk.len()
+    }
+
+    /// Bytes the disk tier holds (0 without one).
+    pub fn disk_used_bytes(&self) -> u64 {
+        self.disk.as_ref().map_or(0, |d| d.used_bytes())
+    }
+
+    /// Waits until every session checked in so far is on disk.
+    pub fn flush(&self) {
+        if let Some(d) = &self.disk {
+            d.flush();
+        }
+    }
+
+    /// Loads the persisted session that matches `text` best for `owner` if it
+    /// beats every session in RAM.
+    fn restore_best(&mut self, owner: &str, session_id: Option<&str>, text: &str) {
+        if self.disk.is_none() || self.on_disk.is_empty() {
+            return;
+        }
+        let in_ram = self.sessions.values().filter(|s| s.owner == owner).map(|s| common_prefix(&s.text, text)).max().unwrap_or(0);
+        let pick = match session_id {
+            Some(id) if !self.sessions.contains_key(&(owner.to_string(), id.to_string())) => {
+                self.on_disk.get(&(owner.to_string(), id.to_string())).cloned()
+            }
+            Some(_) => None,
+            None => self
+                .on_disk
+                .values()
+                .filter(|e| e.owner == owner && common_prefix(&e.text, text) > in_ram)
+                .max_by_key(|e| common_prefix(&e.text, text))
+                .cloned(),
+        };
+        let Some(e) = pick else { return };
+        self.on_disk.remove(&(e.owner.clone(), e.session_id.clone()));
+        let disk = self.disk.as_ref().expect("checked above");
+        let Some((meta, kv)) = disk.load(&e.disk_id, &self.pool, self.vocab) else { return };
+        let n = kv.len().min(meta.tokens.len());
+        let mut kv = kv;
+        kv.truncate(n);
+        let mut tokens = meta.tokens;
+        tokens.truncate(n);
+        let mut token_ends: Vec<usize> = meta.offsets.iter().map(|o| o.1).collect();
+        token_ends.resize(n, meta.text.len());
+        self.restored += 1;
+        let s = Session { id: e.session_id.clone(), owner: e.owner.clone(), text: meta.text, tokens, token_ends, kv, last_used: self.clock };
+        self.sessions.insert((e.owner, e.session_id), s);
     }
 
     /// Keeps at most `n` sessions (least recently used dropped first).
@@ -125,7 +213,12 @@ impl SessionStore {
         let Some(key) = self.sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) else {
             return false;
         };
-        self.sessions.remove(&key);
+        let s = self.sessions.remove(&key).expect("key from the map");
+        if self.disk.is_some() {
+            // Offloaded, not forgotten: the disk tier still has it.
+            let disk_id = crate::persist::disk_id(&s.owner, &s.id);
+            self.on_disk.insert(key, CatalogEntry { owner: s.owner, session_id: s.id, disk_id, text: s.text });
+        }
         self.index.evict(usize::MAX, self.pool.block_bytes());
         true
     }
@@ -133,6 +226,7 @@ impl SessionStore {
     /// Drops every session of `owner`.
     pub fn forget_owner(&mut self, owner: &str) {
         self.sessions.retain(|(o, _), _| o != owner);
+        self.on_disk.retain(|(o, _), _| o != owner);
     }
 
     /// Like [`SessionStore::checkout`] for a request that arrives as token
@@ -197,6 +291,7 @@ impl SessionStore {
         tok: &Tokenizer,
     ) -> Result<Checkout, TokenizerError> {
         self.clock += 1;
+        self.restore_best(owner, session_id, text);
         let candidate = match session_id {
             Some(id) => self.sessions.get(&(owner.to_string(), id.to_string())),
             None => self
@@ -262,6 +357,10 @@ impl SessionStore {
             self.sessions.remove(&(owner.to_string(), session_id.to_string()));
             return;
         }
+        if let Some(d) = &self.disk {
+            d.save(owner, session_id, &text, &tokens, &token_ends, kv.fork(kv.len()));
+        }
+        self.on_disk.remove(&(owner.to_string(), session_id.to_string()));
         let s = Session { id: session_id.to_string(), owner: owner.to_string(), text, tokens, token_ends, kv, last_used: self.clock };
         self.sessions.insert((owner.to_string(), session_id.to_string()), s);
         while self.sessions.len() > self.max_sessions && self.evict_lru() {}

@@ -38,7 +38,7 @@ use engram_model::Model;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
-pub use scheduler::{EngineHandle, Event, Job, SchedulerConfig};
+pub use scheduler::{DiskConfig, EngineHandle, Event, Job, SchedulerConfig};
 
 /// How the server behaves.
 #[derive(Clone, Debug)]

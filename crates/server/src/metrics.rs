@@ -63,6 +63,9 @@ pub struct Metrics {
     pub kv_bytes_used: AtomicU64,
     pub kv_bytes_budget: AtomicU64,
     pub sessions_idle: AtomicU64,
+    pub sessions_on_disk: AtomicU64,
+    pub sessions_restored: AtomicU64,
+    pub disk_bytes_used: AtomicU64,
     pub sequences_running: AtomicU64,
     pub requests_waiting: AtomicU64,
 }
@@ -103,7 +106,10 @@ impl Metrics {
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));
         }
-        let gauges: [(&str, &str, &AtomicU64); 5] = [
+        let gauges: [(&str, &str, &AtomicU64); 8] = [
+            ("engram_sessions_on_disk", "Persisted sessions not loaded in RAM.", &self.sessions_on_disk),
+            ("engram_sessions_restored", "Sessions restored from disk since start (warm hits).", &self.sessions_restored),
+            ("engram_kv_disk_bytes_used", "Persisted KV cache on disk (bytes).", &self.disk_bytes_used),
             ("engram_kv_bytes_used", "KV cache RAM in use (bytes).", &self.kv_bytes_used),
             ("engram_kv_bytes_budget", "KV cache RAM budget (bytes).", &self.kv_bytes_budget),
             ("engram_sessions_idle", "Cached sessions not in use.", &self.sessions_idle),

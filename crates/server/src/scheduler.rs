@@ -48,13 +48,23 @@ pub struct SchedulerConfig {
     pub max_batch: usize,
     /// Most requests queued or running before new ones get 429.
     pub max_pending: usize,
-    /// Most idle sessions kept.
+    /// Most idle sessions kept in RAM.
     pub max_sessions: usize,
+    /// Where sessions persist across restarts (`None`: RAM only).
+    pub disk: Option<DiskConfig>,
+}
+
+/// The disk tier of the session store.
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    pub dir: std::path::PathBuf,
+    pub budget_bytes: u64,
+    pub policy: engram_kv::EvictionPolicy,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        SchedulerConfig { prefill_chunk: 256, max_batch: 16, max_pending: 256, max_sessions: 256 }
+        SchedulerConfig { prefill_chunk: 256, max_batch: 16, max_pending: 256, max_sessions: 256, disk: None }
     }
 }
 
@@ -190,7 +200,17 @@ struct Engine<'m> {
 impl<'m> Engine<'m> {
     fn new(model: &'m Model, pool: KvPool, config: SchedulerConfig, metrics: Arc<Metrics>, pending: Arc<AtomicUsize>) -> Self {
         metrics.kv_bytes_budget.store(pool.budget() as u64, Relaxed);
-        let sessions = SessionStore::new(pool.clone(), model.fingerprint).with_max_sessions(config.max_sessions);
+        let mut sessions = SessionStore::new(pool.clone(), model.fingerprint).with_max_sessions(config.max_sessions);
+        if let Some(d) = &config.disk {
+            let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
+            match engram_context::PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {
+                Ok(p) => {
+                    sessions = sessions.with_disk(p, model.config.vocab);
+                    tracing::info!("{} persisted sessions found in {}", sessions.on_disk_count(), d.dir.display());
+                }
+                Err(e) => tracing::warn!("sessions will not persist: {e}"),
+            }
+        }
         Engine { model, pool, config, metrics, pending, sessions, waiting: VecDeque::new(), active: Vec::new(), next_id: 0, last_prefill: 0 }
     }
 
@@ -234,6 +254,9 @@ impl<'m> Engine<'m> {
         let m = &self.metrics;
         m.kv_bytes_used.store(self.pool.used() as u64, Relaxed);
         m.sessions_idle.store(self.sessions.len() as u64, Relaxed);
+        m.sessions_on_disk.store(self.sessions.on_disk_count() as u64, Relaxed);
+        m.sessions_restored.store(self.sessions.restored_count(), Relaxed);
+        m.disk_bytes_used.store(self.sessions.disk_used_bytes(), Relaxed);
         m.sequences_running.store(self.active.len() as u64, Relaxed);
         m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
     }

@@ -438,3 +438,87 @@ fn decoding_sequences_share_steps() {
     let steps = server.metrics().steps.load(std::sync::atomic::Ordering::Relaxed);
     assert!(steps < 2 * 32 + 8, "{steps} steps for 4 x 32 tokens: not batched");
 }
+
+/// Starts a server that stops when `stop` is sent; joining the thread waits
+/// for its shutdown (engine finished, sessions flushed to disk).
+fn start_stoppable(config: ServerConfig) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>) {
+    let model = model();
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let server = Server::start(model, pool, config);
+            server.serve(listener, async { let _ = stop_rx.await; }, Duration::from_secs(5)).await.unwrap();
+        });
+    });
+    (rx.recv().unwrap(), stop_tx, t)
+}
+
+fn metric(addr: SocketAddr, line_prefix: &str) -> f64 {
+    let m = request(addr, "GET", "/metrics", &[], "").body;
+    m.lines().find(|l| l.starts_with(line_prefix)).and_then(|l| l.rsplit(' ').next()).map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// Three turns, stop, start a new server on the same data directory: the
+/// fourth turn is a warm hit restored from disk, visible in `usage` and `/metrics`,
+/// and its answer equals what a server without any cache gives.
+#[test]
+fn a_restarted_server_restores_the_conversation_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut c = ServerConfig::new("tiny");
+        c.scheduler.disk = Some(engram_server::DiskConfig { dir: dir.path().join("kv"), budget_bytes: 256 << 20, policy: engram_kv::EvictionPolicy::Weighted });
+        c
+    };
+    let (addr, stop, thread) = start_stoppable(config());
+    let mut messages = vec![json!({"role": "system", "content": "You remember everything the user says."})];
+    let ask = |addr, messages: &Vec<Value>| {
+        let r = request(addr, "POST", "/v1/chat/completions", &[], &json!({"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0}).to_string());
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    for turn in 0..3 {
+        messages.push(json!({"role": "user", "content": format!("Turn {turn}: remember the number {}.", 7 * turn + 3)}));
+        let r = ask(addr, &messages);
+        if turn > 0 {
+            assert!(r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0);
+        }
+        messages.push(json!({"role": "assistant", "content": r["choices"][0]["message"]["content"]}));
+    }
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    assert!(std::fs::read_dir(dir.path().join("kv")).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with("session-")));
+
+    let (addr, stop, thread) = start_stoppable(config());
+    messages.push(json!({"role": "user", "content": "Which numbers did I tell you?"}));
+    let r = ask(addr, &messages);
+    let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let prompt = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(cached * 2 > prompt, "warm hit: {cached} of {prompt} prompt tokens from disk");
+    assert_eq!(metric(addr, "engram_sessions_restored"), 1.0);
+    assert_eq!(metric(addr, "engram_cache_lookups_total{path=\"extend\"}"), 1.0);
+    let warm_answer = r["choices"][0]["message"]["content"].clone();
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+
+    // A server that never restarted, fed the same turns, answers the same from RAM.
+    let (hot, stop, thread) = start_stoppable(ServerConfig::new("tiny"));
+    let mut replay = vec![messages[0].clone()];
+    for turn in 0..4 {
+        replay.push(messages[1 + 2 * turn].clone());
+        let r = ask(hot, &replay);
+        if turn < 3 {
+            assert_eq!(r["choices"][0]["message"]["content"], messages[2 + 2 * turn]["content"], "greedy turns replay identically");
+            replay.push(messages[2 + 2 * turn].clone());
+        } else {
+            assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), cached, "hot and warm reuse the same tokens");
+            assert_eq!(r["choices"][0]["message"]["content"], warm_answer, "warm (restored) equals hot (in memory)");
+        }
+    }
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+}

@@ -1,0 +1,170 @@
+//! Sessions on disk: written after each turn by a background thread, found
+//! again by a restarted process, restored by mapping the file.
+//!
+//! ```text
+//!  engine thread: checkin ──(fork of the cache: shares blocks, no copy)──> writer thread ──> DiskStore::put
+//!                 checkout <── restore (mmap + validate) <── catalog of persisted sessions (owner, id, text)
+//! ```
+//! An entry's `owner` metadata is `"<owner>/<session id>"` (session ids never
+//! contain `/`). Invariant: what `flush` returns after is on disk, written
+//! atomically (temp file, fsync, rename); a file that fails validation is
+//! dropped by the store and the session is recomputed, never misused.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use engram_kv::disk::{DiskError, DiskStore, EvictionPolicy};
+use engram_kv::persist::{EntryKind, EntryMeta};
+use engram_kv::{KvPool, SeqKv};
+
+/// The store file id of a session (a hash: owners may contain any character).
+pub fn disk_id(owner: &str, session_id: &str) -> String {
+    let h = engram_model::model::fnv1a64(0, format!("{owner}\u{0}{session_id}").as_bytes());
+    format!("session-{h:016x}")
+}
+
+/// A persisted session the process knows about but has not loaded.
+#[derive(Clone, Debug)]
+pub struct CatalogEntry {
+    pub owner: String,
+    pub session_id: String,
+    pub disk_id: String,
+    pub text: String,
+}
+
+enum Msg {
+    Save(String, EntryMeta, SeqKv),
+    Flush(Sender<()>),
+}
+
+/// The disk tier of a [`crate::SessionStore`].
+pub struct PersistedSessions {
+    store: Arc<Mutex<DiskStore>>,
+    fingerprint: String,
+    tx: Option<Sender<Msg>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl PersistedSessions {
+    /// Opens (or creates) the store at `dir` for caches whose fingerprint is
+    /// `fingerprint` (see `engram_kv::persist::cache_fingerprint`).
+    pub fn open(dir: &Path, budget_bytes: u64, policy: EvictionPolicy, fingerprint: String) -> Result<PersistedSessions, DiskError> {
+        let store = Arc::new(Mutex::new(DiskStore::open(dir, budget_bytes, policy)?));
+        let (tx, rx) = channel::<Msg>();
+        let st = store.clone();
+        let writer = std::thread::Builder::new()
+            .name("engram-persist".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    // Coalesce: only the newest save of each session is written.
+                    let mut batch = vec![first];
+                    batch.extend(rx.try_iter());
+                    let mut latest: HashMap<String, usize> = HashMap::new();
+                    for (i, m) in batch.iter().enumerate() {
+                        if let Msg::Save(id, ..) = m {
+                            latest.insert(id.clone(), i);
+                        }
+                    }
+                    for (i, m) in batch.into_iter().enumerate() {
+                        match m {
+                            Msg::Save(id, meta, kv) if latest.get(&id) == Some(&i) => {
+                                let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
+                                if let Err(e) = s.put(&id, &meta, &kv) {
+                                    tracing::warn!("session {id} not persisted: {e}");
+                                }
+                            }
+                            Msg::Save(..) => {}
+                            Msg::Flush(done) => {
+                                let _ = done.send(());
+                            }
+                        }
+                    }
+                }
+            })
+            .map_err(|e| DiskError::Io { path: dir.to_path_buf(), source: e })?;
+        Ok(PersistedSessions { store, fingerprint, tx: Some(tx), writer: Some(writer) })
+    }
+
+    /// Sessions on disk made by this model and KV format.
+    pub fn catalog(&self) -> Vec<CatalogEntry> {
+        let s = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        s.list()
+            .into_iter()
+            .filter(|e| e.kind == EntryKind::Session)
+            .filter_map(|e| {
+                let info = s.inspect(&e.id).ok()?;
+                if info.meta.fingerprint != self.fingerprint {
+                    return None;
+                }
+                let (owner, sid) = info.meta.owner.rsplit_once('/')?;
+                Some(CatalogEntry { owner: owner.to_string(), session_id: sid.to_string(), disk_id: e.id.clone(), text: info.meta.text })
+            })
+            .collect()
+    }
+
+    /// Queues a session for writing (off the caller's thread). `kv` should be
+    /// a fork: it shares the session's blocks until the writer is done.
+    pub fn save(&self, owner: &str, session_id: &str, text: &str, tokens: &[u32], token_ends: &[usize], kv: SeqKv) {
+        let mut prev = 0;
+        let offsets = token_ends
+            .iter()
+            .map(|&e| {
+                let o = (prev.min(e), e);
+                prev = e;
+                o
+            })
+            .collect();
+        let meta = EntryMeta {
+            fingerprint: self.fingerprint.clone(),
+            kind: EntryKind::Session,
+            owner: format!("{owner}/{session_id}"),
+            tokens: tokens.to_vec(),
+            text: text.to_string(),
+            offsets,
+            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        };
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Save(disk_id(owner, session_id), meta, kv));
+        }
+    }
+
+    /// Maps a persisted session into `pool`; `None` if it is gone or invalid.
+    pub fn load(&self, disk_id: &str, pool: &KvPool, vocab: usize) -> Option<(EntryMeta, SeqKv)> {
+        let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        match s.get(disk_id, pool, &self.fingerprint, vocab) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!("restoring {disk_id}: {e}");
+                None
+            }
+        }
+    }
+
+    /// Bytes of entries in the store.
+    pub fn used_bytes(&self) -> u64 {
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).used_bytes()
+    }
+
+    /// Blocks until every queued save is on disk.
+    pub fn flush(&self) {
+        if let Some(tx) = &self.tx {
+            let (done, wait) = channel();
+            if tx.send(Msg::Flush(done)).is_ok() {
+                let _ = wait.recv();
+            }
+        }
+    }
+}
+
+impl Drop for PersistedSessions {
+    fn drop(&mut self) {
+        self.flush();
+        self.tx = None;
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
