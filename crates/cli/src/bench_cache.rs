@@ -5,9 +5,10 @@
 //! depth and, for approximate KV formats, quality against f32 KV.
 //!
 //! The warm case runs in a child process (`--warm-child`) that loads the
-//! model first and then times restore + prefill + first token, so nothing
-//! of the parent's memory helps it. The entry file was just written, so it
-//! sits in the page cache (reported as `page_cache: "warm"`).
+//! model first (and runs one 4-token step, so weights are paged in as in a
+//! server that is up) and then times restore + prefill + first token, so
+//! nothing of the parent's memory helps it. The entry file was just written,
+//! so it sits in the page cache (reported as `page_cache: "warm"`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -82,18 +83,20 @@ pub fn run(a: Args) -> Result<()> {
         prompt.extend(tokens(&model, a.user_tokens, 7));
         let cold = ttft(&mut Generator::new(&model, &pool), &prompt)?;
 
-        let mut hot_gen = Generator::new(&model, &pool);
-        hot_gen.feed(&history, false)?;
+        // The history is prefilled once; the hot turn runs on a fork of it and
+        // the persisted entry is written from it.
+        let mut hist_gen = Generator::new(&model, &pool);
+        hist_gen.feed(&history, false)?;
+        let (kv, toks) = hist_gen.into_parts();
+        let mut hot_gen = Generator::from_parts(&model, kv.fork(kv.len()), toks.clone());
         let hot = ttft(&mut hot_gen, &prompt)?;
         // Decode speed at this depth, continuing the hot sequence.
         let t = Instant::now();
         let g = hot_gen.generate(&prompt, &SamplingParams { max_tokens: a.decode_tokens + 1, ignore_eos: true, ..Default::default() }, &mut |_| true)?;
         let decode_tok_s = (g.tokens.len().saturating_sub(1)) as f64 / (t.elapsed().as_secs_f64() - g.timings.ttft_ms / 1e3).max(1e-9);
+        drop(hot_gen);
 
         // Persist the history, then restore it in a fresh process.
-        let mut hist_gen = Generator::new(&model, &pool);
-        hist_gen.feed(&history, false)?;
-        let (kv, toks) = hist_gen.into_parts();
         let path = dir.join(format!("history-{h}-{format}.safetensors"));
         let meta = EntryMeta { fingerprint: fp.clone(), kind: EntryKind::Session, owner: "bench".into(), tokens: toks, text: String::new(), offsets: Vec::new(), created_unix: 0 };
         let t = Instant::now();
@@ -204,6 +207,9 @@ fn warm_child(a: &Args, model: &Model, pool: &KvPool, fp: &str) -> Result<()> {
     let h = parse_list(&a.history)?[0];
     let mut prompt = tokens(model, h, 1);
     prompt.extend(tokens(model, a.user_tokens, 7));
+    // A started server has run steps already: page the weights in and start
+    // the thread pool before timing, as `bench speed` does.
+    Generator::new(model, pool).feed(&prompt[..4.min(prompt.len())], false)?;
     let t = Instant::now();
     let (meta, kv) = read_entry(path, pool, fp, model.config.vocab)?;
     let restore_ms = t.elapsed().as_secs_f64() * 1e3;
