@@ -162,3 +162,42 @@ fn owners_never_share_sessions_and_empty_sessions_are_dropped() {
     store.forget_owner("alice");
     assert_eq!(store.len(), 0);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+    /// Random turns with restarts: the store is dropped (its sessions flushed
+    /// to disk) and reopened; every turn still equals a cold run, and a turn
+    /// right after a restart reuses the persisted session.
+    #[test]
+    fn conversations_survive_restarts(ops in proptest::collection::vec((0u8..3, 0usize..5), 2..7)) {
+        let m = model();
+        let dir = tempfile::tempdir().unwrap();
+        let layout = KvLayout::of(&m.config);
+        let pool = KvPool::new(layout, KvFormat::F32, 64 << 20);
+        let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
+        let open = || {
+            let disk = engram_context::PersistedSessions::open(dir.path(), 64 << 20, engram_kv::EvictionPolicy::Lru, fp.clone()).unwrap();
+            SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
+        };
+        let mut store = open();
+        let words = ["cache ", "block ", "turn ", "agent ", "é日本 "];
+        let mut text = String::from("Start: ");
+        let mut restarted = false;
+        let mut turns = 0;
+        for (op, w) in ops {
+            match op {
+                0 => text.push_str(words[w]),
+                1 => { text.push_str(words[w]); text.push_str(words[(w + 1) % 5]); }
+                _ => { drop(store); store = open(); restarted = turns > 0; text.push_str(words[w]); }
+            }
+            let (kind, reused, out) = turn(&mut store, "a", &text, 3);
+            if restarted {
+                prop_assert!(reused > 0 && kind == MatchKind::Extend, "after a restart: {kind:?} reused {reused}");
+                prop_assert_eq!(store.restored_count(), 1);
+                restarted = false;
+            }
+            text = format!("{text}{out}");
+            turns += 1;
+        }
+    }
+}

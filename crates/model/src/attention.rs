@@ -25,6 +25,10 @@ pub struct AttnTask<'a> {
 }
 
 /// Returns `[num_queries, group, head_dim]` attention outputs for the task's heads.
+///
+/// Per chunk: keys are decoded once and transposed to `[head_dim][n]`, so
+/// each query row's scores are `head_dim` vector FMAs over the chunk's
+/// tokens (no horizontal sums); `exp` is the vectorisable [`exp_approx`].
 pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
@@ -46,15 +50,22 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
     let mut l = vec![0.0f32; rows];
     let mut acc = vec![0.0f32; rows * hd];
     let mut kbuf: Vec<f32> = Vec::new();
+    let mut kt: Vec<f32> = Vec::new();
     let mut vbuf: Vec<f32> = Vec::new();
     let mut scores: Vec<f32> = Vec::new();
+    let last_pos = t.first_pos + t.num_queries - 1;
     t.kv.for_each_chunk(t.layer, &mut |chunk| {
         let n = chunk.len;
-        let last_pos = t.first_pos + t.num_queries - 1;
         if n == 0 || chunk.first_pos > last_pos {
             return;
         }
         let keys = view(chunk.keys, t.kv_head * chunk.capacity, n, hd, &mut kbuf);
+        kt.resize(hd * n, 0.0);
+        for (i, k) in keys.chunks_exact(hd).enumerate() {
+            for (d, &x) in k.iter().enumerate() {
+                kt[d * n + i] = x;
+            }
+        }
         let values = view(chunk.values, t.kv_head * chunk.capacity, n, hd, &mut vbuf);
         scores.resize(n, 0.0);
         for qi in 0..t.num_queries {
@@ -66,35 +77,44 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
             for j in 0..t.group {
                 let r = qi * t.group + j;
                 let qr = &q[r * hd..(r + 1) * hd];
-                let mut mx = f32::NEG_INFINITY;
-                for (i, s) in scores[..visible].iter_mut().enumerate() {
-                    *s = dot(qr, &keys[i * hd..(i + 1) * hd]);
+                let s = &mut scores[..n];
+                s.fill(0.0);
+                for (d, &qd) in qr.iter().enumerate() {
+                    let krow = &kt[d * n..(d + 1) * n];
+                    for (x, &k) in s.iter_mut().zip(krow) {
+                        *x += qd * k;
+                    }
+                }
+                for x in &mut s[visible..] {
+                    *x = f32::NEG_INFINITY;
                 }
                 if let Some(mask) = chunk.mask {
-                    for (s, &keep) in scores[..visible].iter_mut().zip(mask) {
+                    for (x, &keep) in s.iter_mut().zip(mask) {
                         if !keep {
-                            *s = f32::NEG_INFINITY;
+                            *x = f32::NEG_INFINITY;
                         }
                     }
                 }
-                for &s in &scores[..visible] {
-                    mx = mx.max(s);
-                }
+                let mx = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
                 if mx == f32::NEG_INFINITY {
                     continue;
                 }
                 let m_new = m[r].max(mx);
-                let corr = (m[r] - m_new).exp();
+                let corr = exp_approx(m[r] - m_new);
                 let a = &mut acc[r * hd..(r + 1) * hd];
                 if corr != 1.0 {
                     l[r] *= corr;
                     a.iter_mut().for_each(|x| *x *= corr);
                 }
                 let mut sum = 0.0;
-                for (i, s) in scores[..visible].iter().enumerate() {
-                    let p = (s - m_new).exp();
-                    sum += p;
-                    axpy(a, p, &values[i * hd..(i + 1) * hd]);
+                for x in s.iter_mut() {
+                    *x = exp_approx(*x - m_new);
+                    sum += *x;
+                }
+                for (i, &p) in s[..visible].iter().enumerate() {
+                    if p != 0.0 {
+                        axpy(a, p, &values[i * hd..(i + 1) * hd]);
+                    }
                 }
                 l[r] += sum;
                 m[r] = m_new;
@@ -106,6 +126,50 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
         acc[r * hd..(r + 1) * hd].iter_mut().for_each(|x| *x *= inv);
     }
     acc
+}
+
+/// `e^x` for `x <= 0` (softmax arguments), branch-free so loops over it
+/// vectorise: range reduction by `ln 2` (magic-number rounding), a degree-6
+/// polynomial on `[-ln2/2, ln2/2]`, and the exponent put back through the
+/// float's bits. Relative error below 2e-7 (a few ulp); `-inf` and
+/// anything below -87 give exactly 0.
+#[inline(always)]
+pub fn exp_approx(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let xc = x.max(-87.0);
+    let n = (xc * LOG2E + MAGIC) - MAGIC;
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_51 + r * (0.008_333_452 + r * 0.001_393_3)))));
+    let bits = ((n as i32 + 127) as u32) << 23;
+    let y = p * f32::from_bits(bits);
+    if x < -87.0 {
+        0.0
+    } else {
+        y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_approx;
+
+    #[test]
+    fn exp_approx_is_accurate_on_softmax_arguments() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x <= 0.0 {
+            let (a, b) = (exp_approx(x) as f64, (x as f64).exp());
+            worst = worst.max(((a - b) / b).abs());
+            x += 0.001;
+        }
+        assert!(worst < 5e-7, "worst relative error {worst}");
+        assert_eq!(exp_approx(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_approx(-100.0), 0.0);
+        assert_eq!(exp_approx(0.0), 1.0);
+    }
 }
 
 /// Decodes rows `first_row .. first_row + n` into `buf` (one chunk at a
