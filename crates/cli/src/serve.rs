@@ -144,7 +144,8 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
     let model = Arc::new(load_model(&a.model)?);
     let pool = kv_pool(&model, &a.model)?;
     let levels: Vec<usize> = a.concurrency.split(',').map(|s| s.trim().parse()).collect::<Result<_, _>>().context("--concurrency")?;
-    let max_c = levels.iter().copied().max().unwrap_or(1);
+    // At least 2, so the staggered-arrival measurement can batch its two users.
+    let max_c = levels.iter().copied().max().unwrap_or(1).max(2);
     let config = ServerConfig { model_id, api_keys: Vec::new(), scheduler: SchedulerConfig { max_batch: max_c, ..Default::default() } };
     let server = Server::start(model.clone(), pool, config);
     let engine = server.engine();
@@ -212,5 +213,51 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
             println!("concurrency {c:>2}: {agg:>9.1} tok/s aggregate decode, {overall:>9.1} tok/s overall, mean TTFT {:.1} ms", ttft_sum / c as f64 * 1e3);
         }
     }
-    Ok(())
+    staggered(&a, &engine, &rt, vocab)
+}
+
+/// Seed 004's staggered arrivals: user B arrives when user A has its first
+/// token. B's time to first token with interleaved prefill + decode, against
+/// B's wait if requests ran one after the other (A's remaining generation,
+/// then B alone) — both measured from B's arrival.
+fn staggered(a: &BenchArgs, engine: &engram_server::EngineHandle, rt: &tokio::runtime::Runtime, vocab: u64) -> Result<()> {
+    let prompt = |salt: u64| -> Vec<u32> { (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect() };
+    let params = SamplingParams { max_tokens: a.decode_tokens, ignore_eos: true, ..Default::default() };
+    let job = |salt: u64| Job { tenant: format!("stagger-{salt}"), session: None, text: None, add_special: false, prompt: prompt(salt), params: params.clone() };
+    let first_text = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>| async move {
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Text(_) => return Ok(rx),
+                Event::Failed(e) => return Err(anyhow::anyhow!(e.message)),
+                _ => {}
+            }
+        }
+        Err(anyhow::anyhow!("the engine stopped"))
+    };
+    let finish = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>| async move { while rx.recv().await.is_some() {} };
+    let sub = |j: Job| engine.submit(j).map_err(|e| anyhow::anyhow!(e.message));
+    rt.block_on(async {
+        // Interleaved: B joins while A decodes.
+        let rx_a = first_text(sub(job(900_001))?).await?;
+        let t_b = Instant::now();
+        let rx_b = first_text(sub(job(900_002))?).await?;
+        let interleaved = t_b.elapsed().as_secs_f64();
+        finish(rx_a).await;
+        finish(rx_b).await;
+        // Sequential: B waits for A to finish, then runs alone.
+        let rx_a = first_text(sub(job(900_003))?).await?;
+        let t_b = Instant::now();
+        finish(rx_a).await;
+        let rx_b = first_text(sub(job(900_004))?).await?;
+        let sequential = t_b.elapsed().as_secs_f64();
+        finish(rx_b).await;
+        let row = serde_json::json!({"second_user_ttft_interleaved_ms": interleaved * 1e3, "second_user_ttft_sequential_ms": sequential * 1e3,
+                                     "speedup": sequential / interleaved, "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens});
+        if a.json {
+            println!("{row}");
+        } else {
+            println!("second user TTFT: {:.1} ms interleaved vs {:.1} ms sequential ({:.2}x)", interleaved * 1e3, sequential * 1e3, sequential / interleaved);
+        }
+        anyhow::Ok(())
+    })
 }

@@ -85,3 +85,23 @@ fn fingerprints_are_stable_and_distinguish_files() {
     assert_ne!(a.fingerprint, q8.fingerprint);
     assert_ne!(q8.fingerprint, q4.fingerprint);
 }
+
+/// Qwen2: qkv bias, tied embeddings, and GGUF files that are not permuted
+/// (NEOX RoPE) — the HF folder and the F16 / Q8_0 GGUF of the same weights agree.
+#[test]
+fn qwen2_hf_and_gguf_agree() {
+    use engram_fixture::Shape;
+    let dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(Shape::TinyQwen2, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::F16, GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    let hf = Model::load(&files.hf_dir).unwrap();
+    assert!(hf.config.qkv_bias && hf.config.tied_embeddings);
+    let ids = hf.tokenizer.encode(PROMPT, true).unwrap().ids;
+    let reference = all_logits(&hf, &ids);
+    for (format, tol) in [(GgufFormat::F16, 5e-3), (GgufFormat::Q8_0, 6e-2)] {
+        let m = Model::load(files.gguf(format).unwrap()).unwrap();
+        assert_eq!(m.config.arch, engram_model::Arch::Qwen2);
+        assert_eq!(m.config.rope.style, engram_model::RopeStyle::Neox);
+        let err = rel_err(&all_logits(&m, &ids), &reference);
+        assert!(err < tol, "{format:?}: {err}");
+    }
+}
