@@ -96,6 +96,60 @@ impl SeqKv {
         self.blocks.truncate(num_tokens.div_ceil(BLOCK_TOKENS));
     }
 
+    /// Appends tokens `range` of `src` at this sequence's end, moving them to
+    /// new positions: keys are re-rotated by the position shift (keys are
+    /// stored after RoPE), values copied. This is how a cached chunk (a
+    /// document, seed 003) is reused at another position. The result equals
+    /// the chunk's keys computed at the new positions up to float rounding;
+    /// deeper layers still carry the chunk's original context (that is the
+    /// approximation chunk reuse makes, and callers must measure it).
+    pub fn extend_shifted(&mut self, src: &SeqKv, range: std::ops::Range<usize>, rope: &engram_model::RopeConfig) -> Result<(), KvError> {
+        let n = range.len();
+        if n == 0 {
+            return Ok(());
+        }
+        assert!(range.end <= src.len(), "extend_shifted: range past the source's end");
+        let layout = self.pool.layout();
+        let (hd, w) = (layout.head_dim, layout.num_kv_heads * layout.head_dim);
+        let first = self.len;
+        self.reserve(n)?;
+        let (cos, sin) = engram_model::rope::shift(rope, first as i64 - range.start as i64);
+        for layer in 0..layout.num_layers {
+            let (mut k, v) = src.read_rows(layer, range.clone());
+            for head in k.chunks_exact_mut(hd) {
+                engram_model::rope::rotate_head(rope.style, head, &cos, &sin);
+            }
+            debug_assert_eq!(k.len(), n * w);
+            self.write(layer, first, &k, &v, n);
+        }
+        Ok(())
+    }
+
+    /// Keys and values of positions `range` for `layer`, token-major f32
+    /// `[n, num_kv_heads * head_dim]`.
+    pub fn read_rows(&self, layer: usize, range: std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) {
+        let layout = self.pool.layout();
+        let (hd, nh) = (layout.head_dim, layout.num_kv_heads);
+        let w = nh * hd;
+        let (mut k, mut v) = (vec![0f32; range.len() * w], vec![0f32; range.len() * w]);
+        self.for_each_chunk(layer, &mut |c| {
+            let rb = c.keys.elem.row_bytes(hd);
+            for t in 0..c.len {
+                let pos = c.first_pos + t;
+                if !range.contains(&pos) {
+                    continue;
+                }
+                let i = pos - range.start;
+                for h in 0..nh {
+                    let off = (h * c.capacity + t) * rb;
+                    c.keys.elem.decode_row(&c.keys.bytes[off..off + rb], &mut k[i * w + h * hd..i * w + (h + 1) * hd]);
+                    c.values.elem.decode_row(&c.values.bytes[off..off + rb], &mut v[i * w + h * hd..i * w + (h + 1) * hd]);
+                }
+            }
+        });
+        (k, v)
+    }
+
     /// Bytes of blocks this sequence references (shared blocks counted in full).
     pub fn num_bytes(&self) -> usize {
         self.blocks.len() * self.pool.block_bytes()

@@ -29,6 +29,12 @@ impl RopeTable {
     }
 }
 
+/// `cos`/`sin` of `delta * inv_freq[i]` for a signed position shift: rotating
+/// a key stored at position `p` by these gives (up to rounding) the key at `p + delta`.
+pub fn shift(cfg: &RopeConfig, delta: i64) -> (Vec<f32>, Vec<f32>) {
+    cfg.inv_freq.iter().map(|&f| ((f as f64 * delta as f64).cos() as f32, (f as f64 * delta as f64).sin() as f32)).unzip()
+}
+
 /// Rotates every head of each row of `x` (`[rows, num_heads * head_dim]`), row `r` by table row `r`.
 pub fn apply(style: RopeStyle, table: &RopeTable, x: &mut [f32], head_dim: usize) {
     let half = table.half;
