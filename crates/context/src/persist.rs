@@ -131,6 +131,35 @@ impl PersistedSessions {
         }
     }
 
+    /// Shared prefix chains on disk made by this model and KV format: (store id, tokens).
+    pub fn prefix_catalog(&self) -> Vec<(String, Vec<u32>)> {
+        let s = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        s.list()
+            .into_iter()
+            .filter(|e| e.kind == EntryKind::Prefix)
+            .filter_map(|e| {
+                let info = s.inspect(&e.id).ok()?;
+                (info.meta.fingerprint == self.fingerprint).then(|| (e.id.clone(), info.meta.tokens))
+            })
+            .collect()
+    }
+
+    /// Queues a shared prefix chain (whole blocks) for writing as `id`.
+    pub fn save_prefix(&self, id: &str, tokens: &[u32], kv: SeqKv) {
+        let meta = EntryMeta {
+            fingerprint: self.fingerprint.clone(),
+            kind: EntryKind::Prefix,
+            owner: String::new(),
+            tokens: tokens.to_vec(),
+            text: String::new(),
+            offsets: Vec::new(),
+            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        };
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Save(id.to_string(), meta, kv));
+        }
+    }
+
     /// Maps a persisted session into `pool`; `None` if it is gone or invalid.
     pub fn load(&self, disk_id: &str, pool: &KvPool, vocab: usize) -> Option<(EntryMeta, SeqKv)> {
         let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());

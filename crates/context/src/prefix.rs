@@ -57,6 +57,11 @@ impl PrefixIndex {
         PrefixIndex { fingerprint, entries: HashMap::new(), clock: 0, hits: 0, misses: 0 }
     }
 
+    /// The fingerprint chains are hashed with.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
     /// Number of indexed blocks.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -87,6 +87,8 @@ pub struct SessionStore {
     on_disk: HashMap<(String, String), CatalogEntry>,
     vocab: usize,
     restored: u64,
+    /// Shared prefix chains on disk: (store id, tokens), and the ids written or known.
+    prefixes_on_disk: Vec<(String, Vec<u32>)>,
 }
 
 /// The longest common prefix of `a` and `b`, in bytes, on a char boundary.
@@ -114,6 +116,7 @@ impl SessionStore {
             on_disk: HashMap::new(),
             vocab: usize::MAX,
             restored: 0,
+            prefixes_on_disk: Vec::new(),
         }
     }
 
@@ -125,6 +128,7 @@ impl SessionStore {
         for e in disk.catalog() {
             self.on_disk.insert((e.owner.clone(), e.session_id.clone()), e);
         }
+        self.prefixes_on_disk = disk.prefix_catalog();
         self.disk = Some(disk);
         self.vocab = vocab;
         self
@@ -337,10 +341,54 @@ impl SessionStore {
         let enc = tok.encode(text, add_special)?;
         let mut token_ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
         fix_ends(&mut token_ends, 0);
-        let kv = self.index.lookup(&self.pool, &enc.ids);
+        let mut kv = self.index.lookup(&self.pool, &enc.ids);
+        if self.restore_prefix(&enc.ids, kv.len()) {
+            kv = self.index.lookup(&self.pool, &enc.ids);
+        }
         let reused = kv.len();
+        self.persist_prefix(&enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
         Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv })
+    }
+
+    /// Loads the longest persisted prefix chain that `ids` starts with, if it
+    /// beats the `reused` tokens the RAM index gave; true if one was loaded.
+    fn restore_prefix(&mut self, ids: &[u32], reused: usize) -> bool {
+        let Some(disk) = &self.disk else { return false };
+        let best = self
+            .prefixes_on_disk
+            .iter()
+            .filter(|(_, t)| t.len() > reused && ids.starts_with(t))
+            .max_by_key(|(_, t)| t.len())
+            .map(|(id, _)| id.clone());
+        let Some(id) = best else { return false };
+        match disk.load(&id, &self.pool, self.vocab) {
+            Some((meta, kv)) => {
+                self.index.insert(&meta.tokens[..kv.len()], &kv);
+                true
+            }
+            None => {
+                self.prefixes_on_disk.retain(|(i, _)| *i != id);
+                false
+            }
+        }
+    }
+
+    /// A chain the index just shared is evidently common (a system prompt):
+    /// persist it as a shared prefix entry, once.
+    fn persist_prefix(&mut self, ids: &[u32], kv: &SeqKv) {
+        let n = kv.len();
+        let Some(disk) = &self.disk else { return };
+        if n == 0 {
+            return;
+        }
+        let hashes = crate::prefix::chain_hashes(self.index.fingerprint(), &ids[..n]);
+        let id = format!("prefix-{:016x}", hashes[hashes.len() - 1]);
+        if self.prefixes_on_disk.iter().any(|(i, _)| *i == id) {
+            return;
+        }
+        disk.save_prefix(&id, &ids[..n], kv.fork(n));
+        self.prefixes_on_disk.push((id, ids[..n].to_vec()));
     }
 
     /// Stores (or replaces) a session after a request, and indexes its full

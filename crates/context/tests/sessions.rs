@@ -201,3 +201,29 @@ proptest! {
         }
     }
 }
+
+/// A system prompt shared by two owners is persisted as a prefix chain; a
+/// restarted store gives a third owner those blocks from disk, and the turn
+/// still equals a cold run.
+#[test]
+fn shared_prefix_chains_survive_a_restart() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
+    let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
+    let open = || {
+        let disk = engram_context::PersistedSessions::open(dir.path(), 64 << 20, engram_kv::EvictionPolicy::Weighted, fp.clone()).unwrap();
+        SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
+    };
+    let system = "You are the assistant of a clinic; answer briefly and kindly, and never guess. ".repeat(3);
+    let mut store = open();
+    turn(&mut store, "alice", &format!("{system}User: hi\nAssistant:"), 3);
+    let (kind, reused, _) = turn(&mut store, "bob", &format!("{system}User: hello\nAssistant:"), 3);
+    assert_eq!(kind, MatchKind::Prefix);
+    assert!(reused >= 64);
+    drop(store);
+    let mut store = open();
+    let (kind, reused2, _) = turn(&mut store, "carol", &format!("{system}User: good morning\nAssistant:"), 3);
+    assert_eq!(kind, MatchKind::Prefix, "restored from the persisted chain");
+    assert_eq!(reused2, reused);
+}
