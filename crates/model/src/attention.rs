@@ -7,7 +7,7 @@
 //! step, so prefilling in one chunk, several, or token by token agrees.
 
 use crate::kv::{KvCache, KvData, KvElem};
-use crate::ops::{axpy, dot};
+use crate::ops::axpy;
 
 /// What one attention task computes: the queries of one sequence for one KV head group.
 pub struct AttnTask<'a> {
