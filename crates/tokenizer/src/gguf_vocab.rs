@@ -14,9 +14,10 @@
 //!   left then longer right half, then piece id order); normalizer
 //!   `Prepend("▁") + Replace(" ", "▁")`; decoder `Replace("▁", " ") + ByteFallback
 //!   + Fuse + Strip(left 1)`;
-//! * token types: 3 (CONTROL) and 2 (UNKNOWN) become special added tokens, 4
-//!   (USER_DEFINED) non-special added tokens (matched verbatim in text, kept by
-//!   `decode(.., true)`), 5 (UNUSED) and 6 (BYTE) stay plain vocabulary entries;
+//! * token types: 3 (CONTROL), 2 (UNKNOWN) and 5 (UNUSED: vocabulary padding up
+//!   to the embedding's rows, which llama.cpp renders as nothing) become special
+//!   added tokens, 4 (USER_DEFINED) non-special added tokens (matched verbatim in
+//!   text, kept by `decode(.., true)`), 6 (BYTE) stay plain vocabulary entries;
 //!   the BOS/EOS/EOT/UNK/PAD ids are special whatever their type;
 //! * BOS is prepended when `add_bos` (default: true for `llama`, false for `gpt2`),
 //!   EOS appended when `add_eos` (default false);
@@ -78,6 +79,7 @@ pub struct GgufVocab {
 /// GGUF token types (`llama_token_type`).
 const TYPE_UNKNOWN: i32 = 2;
 const TYPE_CONTROL: i32 = 3;
+const TYPE_UNUSED: i32 = 5;
 const TYPE_USER_DEFINED: i32 = 4;
 
 const GPT2_REGEX: &str =
@@ -150,7 +152,7 @@ impl Tokenizer {
         let mut user = Vec::new();
         for (i, t) in v.tokens.iter().enumerate() {
             let ty = v.token_types.as_ref().map(|ts| ts[i]).unwrap_or(1);
-            if ty == TYPE_CONTROL || ty == TYPE_UNKNOWN || named.contains(&(i as u32)) {
+            if ty == TYPE_CONTROL || ty == TYPE_UNKNOWN || ty == TYPE_UNUSED || named.contains(&(i as u32)) {
                 specials.push(AddedToken::from(t.clone(), true).normalized(false));
             } else if ty == TYPE_USER_DEFINED {
                 user.push(AddedToken::from(t.clone(), false).normalized(false));
