@@ -5,8 +5,15 @@
 //! `[num_kv_heads][BLOCK_TOKENS][head_dim]`, so attention streams one head's
 //! keys without striding. A sequence's cache ([`SeqKv`]) is a table of
 //! refcounted blocks; sequences that start the same way share full blocks
-//! read-only, and a shared block is copied before it is written
-//! (copy-on-write via `Arc::make_mut`).
+//! read-only, and a shared or file-mapped block is copied before it is
+//! written (copy-on-write in [`SeqKv::reserve`]). Formats: f32, f16, q8, q4
+//! ([`KvFormat`]).
+//!
+//! Persistence: [`persist`] writes a sequence as a safetensors entry whose
+//! one tensor holds the blocks' bytes as they lie in RAM, validated and
+//! checksummed, so restoring maps the file and attention reads it in place;
+//! [`disk`] keeps entries under a disk budget with LRU / LFU / weighted
+//! eviction and pins.
 //!
 //! Every byte of block storage is charged to a [`KvPool`] whose budget is
 //! hard: reserving room for new tokens fails with [`KvError::OutOfMemory`]
