@@ -7,7 +7,7 @@
 //! step, so prefilling in one chunk, several, or token by token agrees.
 
 use crate::kv::{KvCache, KvData, KvElem};
-use crate::ops::axpy;
+use crate::ops::{axpy, dot};
 
 /// What one attention task computes: the queries of one sequence for one KV head group.
 pub struct AttnTask<'a> {
@@ -60,10 +60,15 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
             return;
         }
         let keys = view(chunk.keys, t.kv_head * chunk.capacity, n, hd, &mut kbuf);
-        kt.resize(hd * n, 0.0);
-        for (i, k) in keys.chunks_exact(hd).enumerate() {
-            for (d, &x) in k.iter().enumerate() {
-                kt[d * n + i] = x;
+        // Transposing pays off only when many query rows share the chunk
+        // (prefill); a decode step's few rows take plain dot products.
+        let transposed = rows >= 8;
+        if transposed {
+            kt.resize(hd * n, 0.0);
+            for (i, k) in keys.chunks_exact(hd).enumerate() {
+                for (d, &x) in k.iter().enumerate() {
+                    kt[d * n + i] = x;
+                }
             }
         }
         let values = view(chunk.values, t.kv_head * chunk.capacity, n, hd, &mut vbuf);
@@ -78,11 +83,17 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
                 let r = qi * t.group + j;
                 let qr = &q[r * hd..(r + 1) * hd];
                 let s = &mut scores[..n];
-                s.fill(0.0);
-                for (d, &qd) in qr.iter().enumerate() {
-                    let krow = &kt[d * n..(d + 1) * n];
-                    for (x, &k) in s.iter_mut().zip(krow) {
-                        *x += qd * k;
+                if transposed {
+                    s.fill(0.0);
+                    for (d, &qd) in qr.iter().enumerate() {
+                        let krow = &kt[d * n..(d + 1) * n];
+                        for (x, &k) in s.iter_mut().zip(krow) {
+                            *x += qd * k;
+                        }
+                    }
+                } else {
+                    for (x, k) in s.iter_mut().zip(keys.chunks_exact(hd)) {
+                        *x = dot(qr, k);
                     }
                 }
                 for x in &mut s[visible..] {
@@ -111,9 +122,13 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
                     *x = exp_approx(*x - m_new);
                     sum += *x;
                 }
-                for (i, &p) in s[..visible].iter().enumerate() {
-                    if p != 0.0 {
-                        axpy(a, p, &values[i * hd..(i + 1) * hd]);
+                match hd {
+                    64 => accumulate_pv::<64>(a, &s[..visible], values),
+                    128 => accumulate_pv::<128>(a, &s[..visible], values),
+                    _ => {
+                        for (i, &p) in s[..visible].iter().enumerate() {
+                            axpy(a, p, &values[i * hd..(i + 1) * hd]);
+                        }
                     }
                 }
                 l[r] += sum;
@@ -126,6 +141,22 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
         acc[r * hd..(r + 1) * hd].iter_mut().for_each(|x| *x *= inv);
     }
     acc
+}
+
+/// `acc += Σ_i p[i] * values[i]` for a head dimension known at compile
+/// time, so the accumulator stays in registers across the chunk's tokens
+/// instead of round-tripping through memory once per token.
+#[inline(always)]
+fn accumulate_pv<const HD: usize>(acc: &mut [f32], p: &[f32], values: &[f32]) {
+    let mut r = [0f32; HD];
+    r.copy_from_slice(&acc[..HD]);
+    for (i, &pi) in p.iter().enumerate() {
+        let v: &[f32; HD] = values[i * HD..(i + 1) * HD].try_into().expect("a row of HD values");
+        for d in 0..HD {
+            r[d] += pi * v[d];
+        }
+    }
+    acc[..HD].copy_from_slice(&r);
 }
 
 /// `e^x` for `x <= 0` (softmax arguments), branch-free so loops over it
