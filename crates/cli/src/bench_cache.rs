@@ -92,13 +92,25 @@ pub fn run(a: Args) -> Result<()> {
         let hot = ttft(&mut hot_gen, &prompt)?;
         // Decode speed at this depth, continuing the hot sequence.
         let t = Instant::now();
-        let g = hot_gen.generate(&prompt, &SamplingParams { max_tokens: a.decode_tokens + 1, ignore_eos: true, ..Default::default() }, &mut |_| true)?;
+        let g = hot_gen.generate(
+            &prompt,
+            &SamplingParams { max_tokens: a.decode_tokens + 1, ignore_eos: true, ..Default::default() },
+            &mut |_| true,
+        )?;
         let decode_tok_s = (g.tokens.len().saturating_sub(1)) as f64 / (t.elapsed().as_secs_f64() - g.timings.ttft_ms / 1e3).max(1e-9);
         drop(hot_gen);
 
         // Persist the history, then restore it in a fresh process.
         let path = dir.join(format!("history-{h}-{format}.safetensors"));
-        let meta = EntryMeta { fingerprint: fp.clone(), kind: EntryKind::Session, owner: "bench".into(), tokens: toks, text: String::new(), offsets: Vec::new(), created_unix: 0 };
+        let meta = EntryMeta {
+            fingerprint: fp.clone(),
+            kind: EntryKind::Session,
+            owner: "bench".into(),
+            tokens: toks,
+            text: String::new(),
+            offsets: Vec::new(),
+            created_unix: 0,
+        };
         let t = Instant::now();
         let bytes = write_entry(&path, &meta, &kv)?;
         let write_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -196,10 +208,14 @@ fn kl_div(p_logits: &[f32], q_logits: &[f32]) -> f64 {
         m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
     };
     let (lp, lq) = (lse(p_logits), lse(q_logits));
-    p_logits.iter().zip(q_logits).map(|(&a, &b)| {
-        let pa = a as f64 - lp;
-        pa.exp() * (pa - (b as f64 - lq))
-    }).sum()
+    p_logits
+        .iter()
+        .zip(q_logits)
+        .map(|(&a, &b)| {
+            let pa = a as f64 - lp;
+            pa.exp() * (pa - (b as f64 - lq))
+        })
+        .sum()
 }
 
 fn warm_child(a: &Args, model: &Model, pool: &KvPool, fp: &str) -> Result<()> {
@@ -217,7 +233,10 @@ fn warm_child(a: &Args, model: &Model, pool: &KvPool, fp: &str) -> Result<()> {
     let mut gen = Generator::from_parts(model, kv, meta.tokens);
     gen.generate(&prompt, &one_token(), &mut |_| true)?;
     let ttft = t.elapsed().as_secs_f64() * 1e3;
-    println!("{}", json!({ "ttft_warm_ms": round(ttft), "restore_ms": round(restore_ms), "restore_gb_s": round(bytes / (restore_ms / 1e3) / 1e9) }));
+    println!(
+        "{}",
+        json!({ "ttft_warm_ms": round(ttft), "restore_ms": round(restore_ms), "restore_gb_s": round(bytes / (restore_ms / 1e3) / 1e9) })
+    );
     Ok(())
 }
 
@@ -238,7 +257,10 @@ fn child_args(a: &Args, entry: &std::path::Path, h: usize) -> Vec<String> {
 }
 
 fn parse_list(s: &str) -> Result<Vec<usize>> {
-    s.split(',').filter(|x| !x.trim().is_empty()).map(|x| x.trim().parse::<usize>().with_context(|| format!("\"{x}\" is not a token count"))).collect()
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| x.trim().parse::<usize>().with_context(|| format!("\"{x}\" is not a token count")))
+        .collect()
 }
 
 fn round(x: f64) -> f64 {

@@ -60,7 +60,9 @@ pub fn run(args: Args) -> Result<()> {
     let policy: EvictionPolicy = args.eviction.parse().map_err(anyhow::Error::msg)?;
     let budget = args.disk_budget_mib.checked_mul(1 << 20).context("--disk-budget-mib is too large")?;
     let mut store = DiskStore::open(&dir, budget, policy).with_context(|| format!("opening the KV store {}", dir.display()))?;
-    if let CacheCommand::Inspect { id, .. } | CacheCommand::Rm { id } | CacheCommand::Pin { id } | CacheCommand::Unpin { id } = &args.command {
+    if let CacheCommand::Inspect { id, .. } | CacheCommand::Rm { id } | CacheCommand::Pin { id } | CacheCommand::Unpin { id } =
+        &args.command
+    {
         engram_kv::disk::validate_id(id)?;
     }
     let unknown = |id: &str| anyhow::anyhow!("no cache entry with id {id:?} in {} (see `engram cache ls`)", dir.display());
@@ -178,10 +180,7 @@ fn inspect(store: &DiskStore, id: &str, as_json: bool) -> Result<()> {
     println!("owner        {}", if m.owner.is_empty() { "(shared)" } else { &m.owner });
     println!("fingerprint  {}", m.fingerprint);
     println!("kv format    {}", info.format);
-    println!(
-        "layout       {} layers x {} KV heads x head_dim {}",
-        info.layout.num_layers, info.layout.num_kv_heads, info.layout.head_dim
-    );
+    println!("layout       {} layers x {} KV heads x head_dim {}", info.layout.num_layers, info.layout.num_kv_heads, info.layout.head_dim);
     println!("tokens       {} in {} blocks of {}", info.num_tokens, info.num_blocks, human_bytes(info.block_bytes as u64));
     println!("size         {} ({} bytes)", human_bytes(info.file_bytes), info.file_bytes);
     println!("created      {} ago", human_age(now.saturating_sub(m.created_unix)));

@@ -163,7 +163,8 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
             // Distinct prompts per session and round, so nothing is reused.
             let salt = round * 1000 + i;
             let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect();
-            let job = Job { tenant: format!("bench-{salt}"), session: None, text: None, add_special: false, prompt, params: params.clone() };
+            let job =
+                Job { tenant: format!("bench-{salt}"), session: None, text: None, add_special: false, prompt, params: params.clone() };
             rxs.push(engine.submit(job).map_err(|e| anyhow::anyhow!(e.message))?);
         }
         // Every receiver is drained concurrently, so the times are when events arrived.
@@ -176,7 +177,9 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
                         while let Some(ev) = rx.recv().await {
                             match ev {
                                 Event::Text(_) if first.is_none() => first = Some(t0.elapsed()),
-                                Event::Finished { completion_tokens, .. } => return Ok((completion_tokens, first.unwrap_or_else(|| t0.elapsed()))),
+                                Event::Finished { completion_tokens, .. } => {
+                                    return Ok((completion_tokens, first.unwrap_or_else(|| t0.elapsed())))
+                                }
                                 Event::Failed(e) => return Err(anyhow::anyhow!(e.message)),
                                 _ => {}
                             }
@@ -210,7 +213,10 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
                                    "threads": engram_kernels::num_threads(), "model": model.describe(), "kv_format": a.model.kv_format})
             );
         } else {
-            println!("concurrency {c:>2}: {agg:>9.1} tok/s aggregate decode, {overall:>9.1} tok/s overall, mean TTFT {:.1} ms", ttft_sum / c as f64 * 1e3);
+            println!(
+                "concurrency {c:>2}: {agg:>9.1} tok/s aggregate decode, {overall:>9.1} tok/s overall, mean TTFT {:.1} ms",
+                ttft_sum / c as f64 * 1e3
+            );
         }
     }
     staggered(&a, &engine, &rt, vocab)
@@ -221,9 +227,17 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
 /// B's wait if requests ran one after the other (A's remaining generation,
 /// then B alone) — both measured from B's arrival.
 fn staggered(a: &BenchArgs, engine: &engram_server::EngineHandle, rt: &tokio::runtime::Runtime, vocab: u64) -> Result<()> {
-    let prompt = |salt: u64| -> Vec<u32> { (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect() };
+    let prompt =
+        |salt: u64| -> Vec<u32> { (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect() };
     let params = SamplingParams { max_tokens: a.decode_tokens, ignore_eos: true, ..Default::default() };
-    let job = |salt: u64| Job { tenant: format!("stagger-{salt}"), session: None, text: None, add_special: false, prompt: prompt(salt), params: params.clone() };
+    let job = |salt: u64| Job {
+        tenant: format!("stagger-{salt}"),
+        session: None,
+        text: None,
+        add_special: false,
+        prompt: prompt(salt),
+        params: params.clone(),
+    };
     let first_text = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>| async move {
         while let Some(ev) = rx.recv().await {
             match ev {

@@ -122,12 +122,8 @@ impl PrefixIndex {
     /// Drops least-recently-used entries that no sequence shares until at
     /// least `bytes` are released or nothing more can be; returns bytes released.
     pub fn evict(&mut self, bytes: usize, block_bytes: usize) -> usize {
-        let mut idle: Vec<(u64, u64)> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| Arc::strong_count(&e.block) == 1)
-            .map(|(h, e)| (e.last_used, *h))
-            .collect();
+        let mut idle: Vec<(u64, u64)> =
+            self.entries.iter().filter(|(_, e)| Arc::strong_count(&e.block) == 1).map(|(h, e)| (e.last_used, *h)).collect();
         idle.sort_unstable();
         let mut freed = 0;
         for (_, h) in idle {

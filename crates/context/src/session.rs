@@ -187,7 +187,8 @@ impl SessionStore {
         let mut token_ends: Vec<usize> = meta.offsets.iter().map(|o| o.1).collect();
         token_ends.resize(n, meta.text.len());
         self.restored += 1;
-        let s = Session { id: e.session_id.clone(), owner: e.owner.clone(), text: meta.text, tokens, token_ends, kv, last_used: self.clock };
+        let s =
+            Session { id: e.session_id.clone(), owner: e.owner.clone(), text: meta.text, tokens, token_ends, kv, last_used: self.clock };
         self.sessions.insert((e.owner, e.session_id), s);
     }
 
@@ -298,11 +299,7 @@ impl SessionStore {
         self.restore_best(owner, session_id, text);
         let candidate = match session_id {
             Some(id) => self.sessions.get(&(owner.to_string(), id.to_string())),
-            None => self
-                .sessions
-                .values()
-                .filter(|s| s.owner == owner)
-                .max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
+            None => self.sessions.values().filter(|s| s.owner == owner).max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
         };
         // An unnamed request continues a session only if it extends it; one that
         // diverges forks a new session, leaving the original to its owner.
@@ -315,7 +312,15 @@ impl SessionStore {
             _ => self.fresh_id(),
         };
         if let Some((s_text, s_ends, s_tokens, s_kv)) = candidate {
-            let s = Session { id: String::new(), owner: String::new(), text: s_text, tokens: s_tokens, token_ends: s_ends, kv: s_kv, last_used: 0 };
+            let s = Session {
+                id: String::new(),
+                owner: String::new(),
+                text: s_text,
+                tokens: s_tokens,
+                token_ends: s_ends,
+                kv: s_kv,
+                last_used: 0,
+            };
             let c = common_prefix(&s.text, text);
             // Reuse the longest run of tokens whose text ends inside the common part.
             let k = s.token_ends.iter().take_while(|&&e| e <= c).count();
@@ -394,7 +399,15 @@ impl SessionStore {
     /// Stores (or replaces) a session after a request, and indexes its full
     /// blocks for sharing. `tokens`/`token_ends` describe `text`; tokens whose
     /// text ends past `text` (cut by a stop string) are dropped from the cache.
-    pub fn checkin(&mut self, owner: &str, session_id: &str, text: String, mut tokens: Vec<u32>, mut token_ends: Vec<usize>, mut kv: SeqKv) {
+    pub fn checkin(
+        &mut self,
+        owner: &str,
+        session_id: &str,
+        text: String,
+        mut tokens: Vec<u32>,
+        mut token_ends: Vec<usize>,
+        mut kv: SeqKv,
+    ) {
         self.clock += 1;
         let keep = token_ends.iter().take_while(|&&e| e <= text.len()).count().min(kv.len());
         tokens.truncate(keep);

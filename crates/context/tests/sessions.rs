@@ -37,7 +37,13 @@ fn turn(store: &mut SessionStore, owner: &str, text: &str, n: usize) -> (MatchKi
     let m = model();
     let co = store.checkout(owner, None, text, true, &m.tokenizer).unwrap();
     let (kind, reused, sid) = (co.kind, co.reused, co.session_id.clone());
-    if std::env::var("DBG").is_ok() { eprintln!("{owner} {kind:?} reused {reused}/{} sid {sid} ends {:?}", co.tokens.len(), &co.token_ends[..co.token_ends.len().min(12)]); }
+    if std::env::var("DBG").is_ok() {
+        eprintln!(
+            "{owner} {kind:?} reused {reused}/{} sid {sid} ends {:?}",
+            co.tokens.len(),
+            &co.token_ends[..co.token_ends.len().min(12)]
+        );
+    }
     // Hot: logits of the last prompt token from the reused cache.
     let mut hot = Generator::from_parts(m, co.kv, co.tokens[..reused].to_vec());
     let keep = reused.min(co.tokens.len() - 1);

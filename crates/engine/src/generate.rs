@@ -148,7 +148,13 @@ impl<'m> Generator<'m> {
         for (i, chunk) in tokens.chunks(self.prefill_chunk).enumerate() {
             let last = (i + 1) * self.prefill_chunk >= tokens.len();
             self.kv.reserve(chunk.len())?;
-            let want = if all { Logits::All } else if last { Logits::Last } else { Logits::None };
+            let want = if all {
+                Logits::All
+            } else if last {
+                Logits::Last
+            } else {
+                Logits::None
+            };
             let mut step = [SeqStep { tokens: chunk, first_pos: self.tokens.len(), kv: &mut self.kv, logits: want }];
             let logits = self.model.forward(&mut step)?.pop().unwrap_or_default();
             self.tokens.extend_from_slice(chunk);

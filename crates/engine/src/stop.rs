@@ -22,7 +22,8 @@ impl StopMatcher {
     /// before the stop string is released and the rest is discarded.
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some((at, which)) = self.stops.iter().enumerate().filter_map(|(i, s)| self.pending.find(s.as_str()).map(|at| (at, i))).min() {
+        if let Some((at, which)) = self.stops.iter().enumerate().filter_map(|(i, s)| self.pending.find(s.as_str()).map(|at| (at, i))).min()
+        {
             self.matched = Some(which);
             let out = self.pending[..at].to_string();
             self.pending.clear();

@@ -92,10 +92,12 @@ fn stop_strings_tokens_and_limits() {
     let stop: String = free.text[cut..].chars().take(3).collect();
     let params = SamplingParams { stop: vec![stop.clone()], ..greedy(20) };
     let mut streamed = String::new();
-    let g = Generator::new(&m, &pool).generate(&ids, &params, &mut |s| {
-        streamed.push_str(s);
-        true
-    }).unwrap();
+    let g = Generator::new(&m, &pool)
+        .generate(&ids, &params, &mut |s| {
+            streamed.push_str(s);
+            true
+        })
+        .unwrap();
     assert_eq!(g.finish, FinishReason::Stop);
     assert!(free.text.starts_with(&g.text) && !g.text.contains(&stop), "{:?} / {:?}", g.text, stop);
     assert_eq!(streamed, g.text, "streamed text equals the result");

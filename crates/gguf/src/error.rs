@@ -40,9 +40,7 @@ pub enum GgufError {
     #[error("unsupported GGUF version {0} (supported: 2, 3)")]
     UnsupportedVersion(u32),
     /// A big-endian GGUF file (only little-endian is supported).
-    #[error(
-        "big-endian GGUF files are not supported (version field reads {0:#010x} little-endian)"
-    )]
+    #[error("big-endian GGUF files are not supported (version field reads {0:#010x} little-endian)")]
     BigEndian(u32),
     /// The data ended in the middle of a field.
     #[error("truncated while reading {what}")]
@@ -117,10 +115,7 @@ impl GgufError {
     pub fn in_file(self, path: &Path) -> GgufError {
         match self {
             e @ GgufError::InFile { .. } => e,
-            e => GgufError::InFile {
-                path: path.to_path_buf(),
-                error: Box::new(e),
-            },
+            e => GgufError::InFile { path: path.to_path_buf(), error: Box::new(e) },
         }
     }
 

@@ -52,25 +52,16 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<GgufFile> {
         let wrap = |e: GgufError| e.in_file(path);
         let file = File::open(path).map_err(|e| wrap(GgufError::io("cannot open", e)))?;
-        let len = file
-            .metadata()
-            .map_err(|e| wrap(GgufError::io("cannot stat", e)))?
-            .len();
+        let len = file.metadata().map_err(|e| wrap(GgufError::io("cannot stat", e)))?.len();
         if len == 0 {
             // Zero-length files cannot be mapped portably.
-            return Err(wrap(GgufError::Truncated {
-                what: "magic (the file is empty)".to_string(),
-            }));
+            return Err(wrap(GgufError::Truncated { what: "magic (the file is empty)".to_string() }));
         }
         // SAFETY: the map is read-only; we rely (as every mmap reader does)
         // on the file not being modified while it is open.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| wrap(GgufError::io("cannot mmap", e)))?;
         let header = Gguf::parse(&map).map_err(wrap)?;
-        Ok(GgufFile {
-            path: path.to_path_buf(),
-            map: Arc::new(map),
-            header,
-        })
+        Ok(GgufFile { path: path.to_path_buf(), map: Arc::new(map), header })
     }
 
     /// The parsed header.
@@ -106,11 +97,7 @@ impl GgufFile {
         let bytes = self.bytes();
         match (start, end) {
             (Some(s), Some(e)) if e <= bytes.len() as u64 => &bytes[s as usize..e as usize],
-            _ => panic!(
-                "{}: tensor \"{}\" is not from this file (data range outside the file)",
-                self.path.display(),
-                t.name
-            ),
+            _ => panic!("{}: tensor \"{}\" is not from this file (data range outside the file)", self.path.display(), t.name),
         }
     }
 

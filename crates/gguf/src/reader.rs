@@ -99,13 +99,7 @@ impl<'a> Cursor<'a> {
     fn take(&mut self, n: u64, what: What) -> Result<&'a [u8]> {
         let rem = self.remaining();
         if n > rem {
-            return Err(GgufError::Truncated {
-                what: format!(
-                    "{} (need {n} bytes at offset {}, {rem} left)",
-                    what(),
-                    self.pos
-                ),
-            });
+            return Err(GgufError::Truncated { what: format!("{} (need {n} bytes at offset {}, {rem} left)", what(), self.pos) });
         }
         let n = n as usize; // n <= rem <= usize::MAX
         let s = &self.buf[self.pos..self.pos + n];
@@ -131,18 +125,12 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, max: u64, what: What) -> Result<String> {
         let len = self.u64(&|| format!("{} length", what()))?;
         if len > max {
-            return Err(GgufError::Malformed(format!(
-                "{} has length {len}, more than the limit of {max} bytes",
-                what()
-            )));
+            return Err(GgufError::Malformed(format!("{} has length {len}, more than the limit of {max} bytes", what())));
         }
         let bytes = self.take(len, what)?;
         match std::str::from_utf8(bytes) {
             Ok(s) => Ok(s.to_string()),
-            Err(e) => Err(GgufError::Malformed(format!(
-                "{} is not valid UTF-8 ({e})",
-                what()
-            ))),
+            Err(e) => Err(GgufError::Malformed(format!("{} is not valid UTF-8 ({e})", what()))),
         }
     }
 
@@ -161,27 +149,16 @@ impl<'a> Cursor<'a> {
             GGUF_TYPE_BOOL => match self.array::<1>(what)?[0] {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
-                b => {
-                    return Err(GgufError::Malformed(format!(
-                        "{} is a bool with invalid byte {b} (expected 0 or 1)",
-                        what()
-                    )))
-                }
+                b => return Err(GgufError::Malformed(format!("{} is a bool with invalid byte {b} (expected 0 or 1)", what()))),
             },
             GGUF_TYPE_STRING => Value::String(self.string(MAX_STRING_LEN, what)?),
             GGUF_TYPE_ARRAY => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(GgufError::Malformed(format!(
-                        "{} nests arrays more than {MAX_ARRAY_DEPTH} deep",
-                        what()
-                    )));
+                    return Err(GgufError::Malformed(format!("{} nests arrays more than {MAX_ARRAY_DEPTH} deep", what())));
                 }
                 let elem_ty = self.u32(&|| format!("{} array element type", what()))?;
                 let Some(min) = min_encoded_size(elem_ty) else {
-                    return Err(GgufError::Malformed(format!(
-                        "{} is an array with unknown element type {elem_ty}",
-                        what()
-                    )));
+                    return Err(GgufError::Malformed(format!("{} is an array with unknown element type {elem_ty}", what())));
                 };
                 let count = self.u64(&|| format!("{} array length", what()))?;
                 if count > MAX_ARRAY_LEN {
@@ -209,12 +186,7 @@ impl<'a> Cursor<'a> {
                 }
                 Value::Array(items)
             }
-            other => {
-                return Err(GgufError::Malformed(format!(
-                    "{} has unknown value type {other}",
-                    what()
-                )))
-            }
+            other => return Err(GgufError::Malformed(format!("{} has unknown value type {other}", what()))),
         })
     }
 }
@@ -238,9 +210,7 @@ impl Gguf {
         let version = c.u32(&|| "version".to_string())?;
         match version {
             2 | 3 => {}
-            v if v & 0xffff == 0 && matches!(v.swap_bytes(), 2 | 3) => {
-                return Err(GgufError::BigEndian(v))
-            }
+            v if v & 0xffff == 0 && matches!(v.swap_bytes(), 2 | 3) => return Err(GgufError::BigEndian(v)),
             v => return Err(GgufError::UnsupportedVersion(v)),
         }
         let tensor_count = c.u64(&|| "tensor count".to_string())?;
@@ -271,9 +241,7 @@ impl Gguf {
             let ty = c.u32(&|| format!("metadata key #{i} (\"{key}\" value type)"))?;
             let value = c.value(ty, 0, &|| format!("metadata key #{i} (\"{key}\" value)"))?;
             if !keys.insert(key.clone()) {
-                return Err(GgufError::Malformed(format!(
-                    "metadata key \"{key}\" appears more than once"
-                )));
+                return Err(GgufError::Malformed(format!("metadata key \"{key}\" appears more than once")));
             }
             metadata.push((key, value));
         }
@@ -289,9 +257,7 @@ impl Gguf {
                 if a == 0 || !a.is_power_of_two() || a > MAX_ALIGNMENT {
                     return Err(GgufError::InvalidValue {
                         key: ALIGNMENT_KEY.to_string(),
-                        reason: format!(
-                            "alignment {a} is not a power of two between 1 and {MAX_ALIGNMENT}"
-                        ),
+                        reason: format!("alignment {a} is not a power of two between 1 and {MAX_ALIGNMENT}"),
                     });
                 }
                 a
@@ -314,36 +280,24 @@ impl Gguf {
             }
             let ggml_type = c.u32(&|| format!("tensor info #{i} (\"{name}\" type)"))?;
             let offset = c.u64(&|| format!("tensor info #{i} (\"{name}\" offset)"))?;
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ggml_type,
-                offset,
-                n_bytes: 0,
-            });
+            tensors.push(TensorInfo { name, dims, ggml_type, offset, n_bytes: 0 });
         }
 
         let header_end = c.pos as u64;
-        let data_offset = align_up(header_end, alignment)
-            .ok_or_else(|| GgufError::Malformed("data section offset overflows".to_string()))?;
+        let data_offset =
+            align_up(header_end, alignment).ok_or_else(|| GgufError::Malformed("data section offset overflows".to_string()))?;
         let file_size = bytes.len() as u64;
 
         let mut names = HashSet::with_capacity(tensors.len());
         for t in &mut tensors {
             if !names.insert(t.name.as_str()) {
-                return Err(GgufError::InvalidTensor {
-                    tensor: t.name.clone(),
-                    reason: "name appears more than once".to_string(),
-                });
+                return Err(GgufError::InvalidTensor { tensor: t.name.clone(), reason: "name appears more than once".to_string() });
             }
             t.n_bytes = tensor_n_bytes(&t.name, &t.dims, t.ggml_type)?;
             if t.offset % alignment != 0 {
                 return Err(GgufError::InvalidTensor {
                     tensor: t.name.clone(),
-                    reason: format!(
-                        "data offset {} is not a multiple of the alignment {alignment}",
-                        t.offset
-                    ),
+                    reason: format!("data offset {} is not a multiple of the alignment {alignment}", t.offset),
                 });
             }
             let start = data_offset.checked_add(t.offset);
@@ -374,13 +328,7 @@ impl Gguf {
             }
         }
 
-        Ok(Gguf {
-            version,
-            alignment,
-            metadata,
-            tensors,
-            data_offset,
-        })
+        Ok(Gguf { version, alignment, metadata, tensors, data_offset })
     }
 
     /// The metadata value for `key`, if present.
@@ -431,9 +379,7 @@ impl Gguf {
 
     /// An array of strings; `None` if the key is absent.
     pub fn get_str_array_opt(&self, key: &str) -> Result<Option<Vec<String>>> {
-        self.typed_array(key, "an array of strings", |v| {
-            v.as_str().map(str::to_string)
-        })
+        self.typed_array(key, "an array of strings", |v| v.as_str().map(str::to_string))
     }
 
     /// An array of `F32`/`F64`; `None` if the key is absent.
@@ -447,9 +393,7 @@ impl Gguf {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };
-        let arr = v
-            .as_array()
-            .ok_or_else(|| type_err(key, v, "an array of integers"))?;
+        let arr = v.as_array().ok_or_else(|| type_err(key, v, "an array of integers"))?;
         let mut out = Vec::with_capacity(arr.len());
         for (i, e) in arr.iter().enumerate() {
             if !e.is_integer() {
@@ -468,39 +412,24 @@ impl Gguf {
         Ok(Some(out))
     }
 
-    fn typed<'s, T>(
-        &'s self,
-        key: &str,
-        expected: &'static str,
-        f: impl Fn(&'s Value) -> Option<T>,
-    ) -> Result<Option<T>> {
+    fn typed<'s, T>(&'s self, key: &str, expected: &'static str, f: impl Fn(&'s Value) -> Option<T>) -> Result<Option<T>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => f(v).map(Some).ok_or_else(|| type_err(key, v, expected)),
         }
     }
 
-    fn typed_array<T>(
-        &self,
-        key: &str,
-        expected: &'static str,
-        f: impl Fn(&Value) -> Option<T>,
-    ) -> Result<Option<Vec<T>>> {
+    fn typed_array<T>(&self, key: &str, expected: &'static str, f: impl Fn(&Value) -> Option<T>) -> Result<Option<Vec<T>>> {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };
         let arr = v.as_array().ok_or_else(|| type_err(key, v, expected))?;
-        arr.iter()
-            .map(|e| f(e).ok_or_else(|| type_err(key, v, expected)))
-            .collect::<Result<Vec<T>>>()
-            .map(Some)
+        arr.iter().map(|e| f(e).ok_or_else(|| type_err(key, v, expected))).collect::<Result<Vec<T>>>().map(Some)
     }
 }
 
 fn missing(key: &str) -> GgufError {
-    GgufError::MissingKey {
-        key: key.to_string(),
-    }
+    GgufError::MissingKey { key: key.to_string() }
 }
 
 fn type_err(key: &str, v: &Value, expected: &'static str) -> GgufError {
@@ -508,31 +437,18 @@ fn type_err(key: &str, v: &Value, expected: &'static str) -> GgufError {
         Some(x) if x < 0 => format!("{} (negative value {x})", v.type_name()),
         _ => v.describe(),
     };
-    GgufError::MetadataType {
-        key: key.to_string(),
-        found,
-        expected,
-    }
+    GgufError::MetadataType { key: key.to_string(), found, expected }
 }
 
 /// Size in bytes of a tensor with the given shape and ggml type, validating
 /// that the type is known, there are at most [`MAX_DIMS`] dims, the row
 /// length is a whole number of blocks and nothing overflows.
 pub fn tensor_n_bytes(name: &str, dims: &[u64], ggml_type_id: u32) -> Result<u64> {
-    let invalid = |reason: String| GgufError::InvalidTensor {
-        tensor: name.to_string(),
-        reason,
-    };
+    let invalid = |reason: String| GgufError::InvalidTensor { tensor: name.to_string(), reason };
     if dims.len() > MAX_DIMS {
-        return Err(invalid(format!(
-            "has {} dimensions, more than the limit of {MAX_DIMS}",
-            dims.len()
-        )));
+        return Err(invalid(format!("has {} dimensions, more than the limit of {MAX_DIMS}", dims.len())));
     }
-    let ty = ggml_type(ggml_type_id).ok_or_else(|| GgufError::UnknownGgmlType {
-        tensor: name.to_string(),
-        id: ggml_type_id,
-    })?;
+    let ty = ggml_type(ggml_type_id).ok_or_else(|| GgufError::UnknownGgmlType { tensor: name.to_string(), id: ggml_type_id })?;
     let n_elements = dims
         .iter()
         .try_fold(1u64, |a, &d| a.checked_mul(d))
@@ -544,10 +460,5 @@ pub fn tensor_n_bytes(name: &str, dims: &[u64], ggml_type_id: u32) -> Result<u64
             ty.name, ty.block_elems
         )));
     }
-    ty.bytes_for(n_elements).ok_or_else(|| {
-        invalid(format!(
-            "byte size of shape {dims:?} as {} overflows",
-            ty.name
-        ))
-    })
+    ty.bytes_for(n_elements).ok_or_else(|| invalid(format!("byte size of shape {dims:?} as {} overflows", ty.name)))
 }

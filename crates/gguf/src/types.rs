@@ -83,12 +83,7 @@ impl GgmlType {
 const QK_K: u64 = 256;
 
 const fn t(id: u32, name: &'static str, block_elems: u64, block_bytes: u64) -> GgmlType {
-    GgmlType {
-        id,
-        name,
-        block_elems,
-        block_bytes,
-    }
+    GgmlType { id, name, block_elems, block_bytes }
 }
 
 /// Every ggml type this crate can size, ordered by id.
@@ -137,10 +132,7 @@ pub fn ggml_type(id: u32) -> Option<GgmlType> {
 
 /// Looks up a ggml type by its ggml name (case-insensitive, e.g. `"q4_k"`).
 pub fn ggml_type_by_name(name: &str) -> Option<GgmlType> {
-    GGML_TYPES
-        .iter()
-        .copied()
-        .find(|t| t.name.eq_ignore_ascii_case(name))
+    GGML_TYPES.iter().copied().find(|t| t.name.eq_ignore_ascii_case(name))
 }
 
 #[cfg(test)]

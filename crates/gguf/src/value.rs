@@ -165,14 +165,7 @@ impl Value {
     pub fn is_integer(&self) -> bool {
         matches!(
             self,
-            Value::U8(_)
-                | Value::I8(_)
-                | Value::U16(_)
-                | Value::I16(_)
-                | Value::U32(_)
-                | Value::I32(_)
-                | Value::U64(_)
-                | Value::I64(_)
+            Value::U8(_) | Value::I8(_) | Value::U16(_) | Value::I16(_) | Value::U32(_) | Value::I32(_) | Value::U64(_) | Value::I64(_)
         )
     }
 

@@ -41,10 +41,7 @@ impl std::fmt::Debug for GgufWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GgufWriter")
             .field("metadata", &self.metadata)
-            .field(
-                "tensors",
-                &self.tensors.iter().map(|t| &t.name).collect::<Vec<_>>(),
-            )
+            .field("tensors", &self.tensors.iter().map(|t| &t.name).collect::<Vec<_>>())
             .finish()
     }
 }
@@ -69,17 +66,8 @@ impl GgufWriter {
     /// Fails if the name is taken or too long, the type is unknown, the shape
     /// is invalid for the type, or `data.len()` is not the size the shape
     /// and type imply.
-    pub fn add_tensor(
-        &mut self,
-        name: &str,
-        dims: &[u64],
-        ggml_type: u32,
-        data: Vec<u8>,
-    ) -> Result<()> {
-        let invalid = |reason: String| GgufError::InvalidTensor {
-            tensor: name.to_string(),
-            reason,
-        };
+    pub fn add_tensor(&mut self, name: &str, dims: &[u64], ggml_type: u32, data: Vec<u8>) -> Result<()> {
+        let invalid = |reason: String| GgufError::InvalidTensor { tensor: name.to_string(), reason };
         if name.len() as u64 > MAX_NAME_LEN {
             return Err(invalid(format!("name is longer than {MAX_NAME_LEN} bytes")));
         }
@@ -94,12 +82,7 @@ impl GgufWriter {
                 crate::ggml_type(ggml_type).map_or("?", |t| t.name)
             )));
         }
-        self.tensors.push(PendingTensor {
-            name: name.to_string(),
-            dims: dims.to_vec(),
-            ggml_type,
-            data,
-        });
+        self.tensors.push(PendingTensor { name: name.to_string(), dims: dims.to_vec(), ggml_type, data });
         Ok(())
     }
 
@@ -107,17 +90,10 @@ impl GgufWriter {
         match self.metadata.iter().find(|(k, _)| k == ALIGNMENT_KEY) {
             None => Ok(DEFAULT_ALIGNMENT),
             Some((_, v)) => {
-                let bad = |reason: String| GgufError::InvalidValue {
-                    key: ALIGNMENT_KEY.to_string(),
-                    reason,
-                };
-                let a = v.as_u64().ok_or_else(|| {
-                    bad(format!("has type {}, expected an integer", v.describe()))
-                })?;
+                let bad = |reason: String| GgufError::InvalidValue { key: ALIGNMENT_KEY.to_string(), reason };
+                let a = v.as_u64().ok_or_else(|| bad(format!("has type {}, expected an integer", v.describe())))?;
                 if a == 0 || !a.is_power_of_two() || a > MAX_ALIGNMENT {
-                    return Err(bad(format!(
-                        "alignment {a} is not a power of two between 1 and {MAX_ALIGNMENT}"
-                    )));
+                    return Err(bad(format!("alignment {a} is not a power of two between 1 and {MAX_ALIGNMENT}")));
                 }
                 Ok(a)
             }
@@ -128,10 +104,7 @@ impl GgufWriter {
     fn validate(&self) -> Result<u64> {
         for (key, value) in &self.metadata {
             if key.len() as u64 > MAX_NAME_LEN {
-                return Err(GgufError::InvalidValue {
-                    key: key.clone(),
-                    reason: format!("key is longer than {MAX_NAME_LEN} bytes"),
-                });
+                return Err(GgufError::InvalidValue { key: key.clone(), reason: format!("key is longer than {MAX_NAME_LEN} bytes") });
             }
             validate_value(key, value, 0)?;
         }
@@ -190,28 +163,17 @@ impl GgufWriter {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let file_name = path
-            .file_name()
-            .ok_or_else(|| GgufError::Malformed("output path has no file name".to_string()))?;
+        let file_name = path.file_name().ok_or_else(|| GgufError::Malformed("output path has no file name".to_string()))?;
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let tmp = dir.join(format!(
-            ".{}.tmp.{}.{}",
-            file_name.to_string_lossy(),
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(|e| GgufError::io("cannot create temporary file", e))?;
+        let tmp =
+            dir.join(format!(".{}.tmp.{}.{}", file_name.to_string_lossy(), std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+        let file =
+            OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(|e| GgufError::io("cannot create temporary file", e))?;
         let result = (|| {
             self.write_to(&file)?;
-            file.sync_all()
-                .map_err(|e| GgufError::io("fsync failed", e))?;
+            file.sync_all().map_err(|e| GgufError::io("fsync failed", e))?;
             drop(file);
-            fs::rename(&tmp, path)
-                .map_err(|e| GgufError::io("cannot rename temporary file into place", e))
+            fs::rename(&tmp, path).map_err(|e| GgufError::io("cannot rename temporary file into place", e))
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
@@ -264,14 +226,9 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
 }
 
 fn validate_value(key: &str, v: &Value, depth: u32) -> Result<()> {
-    let bad = |reason: String| GgufError::InvalidValue {
-        key: key.to_string(),
-        reason,
-    };
+    let bad = |reason: String| GgufError::InvalidValue { key: key.to_string(), reason };
     match v {
-        Value::String(s) if s.len() as u64 > MAX_STRING_LEN => {
-            Err(bad(format!("string is longer than {MAX_STRING_LEN} bytes")))
-        }
+        Value::String(s) if s.len() as u64 > MAX_STRING_LEN => Err(bad(format!("string is longer than {MAX_STRING_LEN} bytes"))),
         Value::Array(a) => {
             if depth + 1 > MAX_ARRAY_DEPTH {
                 return Err(bad(format!("arrays nest more than {MAX_ARRAY_DEPTH} deep")));

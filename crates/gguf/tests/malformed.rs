@@ -6,12 +6,7 @@ use engram_gguf::*;
 fn truncated_at_every_byte() {
     let bytes = sample_bytes();
     let g = Gguf::parse(&bytes).unwrap();
-    let data_end = g
-        .tensors
-        .iter()
-        .map(|t| g.data_offset + t.offset + t.n_bytes)
-        .max()
-        .unwrap();
+    let data_end = g.tensors.iter().map(|t| g.data_offset + t.offset + t.n_bytes).max().unwrap();
     for n in 0..data_end as usize {
         let r = Gguf::parse(&bytes[..n]);
         assert!(r.is_err(), "prefix of {n} bytes parsed");
@@ -26,10 +21,7 @@ fn truncation_messages_name_the_field() {
     let mut r = Raw::header(3, 1, 0);
     r.str("weight").u32(2).u64(4);
     let e = err_of(&r.0);
-    assert!(
-        e.starts_with("truncated while reading tensor info #0 (\"weight\" dim 1)"),
-        "{e}"
-    );
+    assert!(e.starts_with("truncated while reading tensor info #0 (\"weight\" dim 1)"), "{e}");
     let mut r = Raw::header(3, 0, 1);
     r.u64(10).bytes(b"abc");
     // One key/value needs at least 13 bytes; 11 are left.
@@ -37,26 +29,15 @@ fn truncation_messages_name_the_field() {
     let mut r = Raw::header(3, 0, 1);
     r.str("general.name").u32(8).u64(100).bytes(b"short");
     let e = err_of(&r.0);
-    assert!(
-        e.starts_with(
-            "truncated while reading metadata key #0 (\"general.name\" value) (need 100 bytes"
-        ),
-        "{e}"
-    );
+    assert!(e.starts_with("truncated while reading metadata key #0 (\"general.name\" value) (need 100 bytes"), "{e}");
 }
 
 #[test]
 fn wrong_magic() {
     let mut bytes = sample_bytes();
     bytes[..4].copy_from_slice(b"glTF");
-    assert_eq!(
-        err_of(&bytes),
-        "not a GGUF file (magic 0x46546c67, expected \"GGUF\")"
-    );
-    assert!(matches!(
-        Gguf::parse(&bytes),
-        Err(GgufError::BadMagic { found: 0x46546c67 })
-    ));
+    assert_eq!(err_of(&bytes), "not a GGUF file (magic 0x46546c67, expected \"GGUF\")");
+    assert!(matches!(Gguf::parse(&bytes), Err(GgufError::BadMagic { found: 0x46546c67 })));
 }
 
 #[test]
@@ -64,10 +45,7 @@ fn unsupported_versions() {
     let mut bytes = sample_bytes();
     for v in [0u32, 1, 4, u32::MAX] {
         bytes[4..8].copy_from_slice(&v.to_le_bytes());
-        assert_eq!(
-            err_of(&bytes),
-            format!("unsupported GGUF version {v} (supported: 2, 3)")
-        );
+        assert_eq!(err_of(&bytes), format!("unsupported GGUF version {v} (supported: 2, 3)"));
     }
     bytes[4..8].copy_from_slice(&3u32.to_be_bytes());
     assert!(err_of(&bytes).starts_with("big-endian GGUF files are not supported"));
@@ -77,25 +55,14 @@ fn unsupported_versions() {
 fn huge_counts_and_lengths() {
     // Each of these would allocate petabytes if trusted.
     let e = err_of(&Raw::header(3, u64::MAX, 0).0);
-    assert!(
-        e.starts_with("tensor count 18446744073709551615 is impossible"),
-        "{e}"
-    );
+    assert!(e.starts_with("tensor count 18446744073709551615 is impossible"), "{e}");
     let e = err_of(&Raw::header(3, 0, u64::MAX).0);
-    assert!(
-        e.starts_with("metadata key/value count 18446744073709551615 is impossible"),
-        "{e}"
-    );
+    assert!(e.starts_with("metadata key/value count 18446744073709551615 is impossible"), "{e}");
 
     let mut r = Raw::header(3, 0, 1);
     r.u64(u64::MAX).bytes(&[0; 16]);
     let e = err_of(&r.0);
-    assert!(
-        e.starts_with(
-            "metadata key #0 (name) has length 18446744073709551615, more than the limit"
-        ),
-        "{e}"
-    );
+    assert!(e.starts_with("metadata key #0 (name) has length 18446744073709551615, more than the limit"), "{e}");
 
     let mut r = Raw::header(3, 0, 1);
     r.str("k").u32(8).u64(1 << 40).bytes(&[0; 16]);
@@ -138,10 +105,7 @@ fn huge_counts_and_lengths() {
 fn unknown_value_type_and_bad_values() {
     let mut r = Raw::header(3, 0, 1);
     r.str("k").u32(13).u64(0);
-    assert_eq!(
-        err_of(&r.0),
-        "metadata key #0 (\"k\" value) has unknown value type 13"
-    );
+    assert_eq!(err_of(&r.0), "metadata key #0 (\"k\" value) has unknown value type 13");
     let mut r = Raw::header(3, 0, 1);
     r.str("k").u32(9).u32(77).u64(0);
     assert!(err_of(&r.0).contains("array with unknown element type 77"));
@@ -159,27 +123,20 @@ fn unknown_value_type_and_bad_values() {
     assert!(err_of(&r.0).contains("alignment 24 is not a power of two"));
     let mut r = Raw::header(3, 0, 1);
     r.str("general.alignment").u32(8).str("32");
-    assert_eq!(
-        err_of(&r.0),
-        "metadata key \"general.alignment\" has type string, expected an integer"
-    );
+    assert_eq!(err_of(&r.0), "metadata key \"general.alignment\" has type string, expected an integer");
 }
 
 #[test]
 fn tensor_data_out_of_bounds() {
     let mut r = Raw::header(3, 1, 0);
-    r.tensor("blk.0.attn_q.weight", &[16], GGML_TYPE_F32, 0)
-        .data(32, 63);
+    r.tensor("blk.0.attn_q.weight", &[16], GGML_TYPE_F32, 0).data(32, 63);
     let len = r.0.len();
     assert_eq!(
         err_of(&r.0),
-        format!(
-            "tensor \"blk.0.attn_q.weight\" data [offset 96, 64 bytes] lies past the end of the file (size {len})",
-        )
+        format!("tensor \"blk.0.attn_q.weight\" data [offset 96, 64 bytes] lies past the end of the file (size {len})",)
     );
     let mut r = Raw::header(3, 1, 0);
-    r.tensor("t", &[1], GGML_TYPE_F32, u64::MAX - 31)
-        .data(32, 64);
+    r.tensor("t", &[1], GGML_TYPE_F32, u64::MAX - 31).data(32, 64);
     assert!(err_of(&r.0).contains("lies past the end of the file"));
 }
 
@@ -187,10 +144,7 @@ fn tensor_data_out_of_bounds() {
 fn misaligned_offset() {
     let mut r = Raw::header(3, 1, 0);
     r.tensor("t", &[1], GGML_TYPE_F32, 4).data(32, 64);
-    assert_eq!(
-        err_of(&r.0),
-        "tensor \"t\": data offset 4 is not a multiple of the alignment 32"
-    );
+    assert_eq!(err_of(&r.0), "tensor \"t\": data offset 4 is not a multiple of the alignment 32");
 }
 
 #[test]
@@ -198,46 +152,31 @@ fn unknown_ggml_type() {
     let mut r = Raw::header(3, 1, 0);
     r.tensor("weird", &[32], 4, 0).data(32, 64);
     assert_eq!(err_of(&r.0), "tensor \"weird\" has unknown ggml type 4");
-    assert!(matches!(
-        Gguf::parse(&r.0),
-        Err(GgufError::UnknownGgmlType { id: 4, .. })
-    ));
+    assert!(matches!(Gguf::parse(&r.0), Err(GgufError::UnknownGgmlType { id: 4, .. })));
 }
 
 #[test]
 fn row_not_multiple_of_block() {
     let mut r = Raw::header(3, 1, 0);
     r.tensor("q", &[16, 4], GGML_TYPE_Q4_0, 0).data(32, 64);
-    assert_eq!(
-        err_of(&r.0),
-        "tensor \"q\": row length 16 (dims [16, 4]) is not a multiple of the Q4_0 block size 32"
-    );
+    assert_eq!(err_of(&r.0), "tensor \"q\": row length 16 (dims [16, 4]) is not a multiple of the Q4_0 block size 32");
 }
 
 #[test]
 fn duplicate_tensor_name() {
     let mut r = Raw::header(3, 2, 0);
-    r.tensor("t", &[8], GGML_TYPE_F32, 0)
-        .tensor("t", &[8], GGML_TYPE_F32, 32)
-        .data(32, 64);
+    r.tensor("t", &[8], GGML_TYPE_F32, 0).tensor("t", &[8], GGML_TYPE_F32, 32).data(32, 64);
     assert_eq!(err_of(&r.0), "tensor \"t\": name appears more than once");
 }
 
 #[test]
 fn overlapping_tensors() {
     let mut r = Raw::header(3, 2, 0);
-    r.tensor("a", &[16], GGML_TYPE_F32, 0)
-        .tensor("b", &[8], GGML_TYPE_F32, 32)
-        .data(32, 64);
-    assert_eq!(
-        err_of(&r.0),
-        "tensor \"b\": data [offset 32, 32 bytes] overlaps tensor \"a\" [offset 0, 64 bytes]"
-    );
+    r.tensor("a", &[16], GGML_TYPE_F32, 0).tensor("b", &[8], GGML_TYPE_F32, 32).data(32, 64);
+    assert_eq!(err_of(&r.0), "tensor \"b\": data [offset 32, 32 bytes] overlaps tensor \"a\" [offset 0, 64 bytes]");
     // Adjacent is fine, order in the header need not match order in the data.
     let mut r = Raw::header(3, 2, 0);
-    r.tensor("a", &[8], GGML_TYPE_F32, 32)
-        .tensor("b", &[8], GGML_TYPE_F32, 0)
-        .data(32, 64);
+    r.tensor("a", &[8], GGML_TYPE_F32, 32).tensor("b", &[8], GGML_TYPE_F32, 0).data(32, 64);
     let g = Gguf::parse(&r.0).unwrap();
     assert_eq!(g.tensor("a").unwrap().offset, 32);
 }
@@ -246,20 +185,14 @@ fn overlapping_tensors() {
 fn typed_getters_report_key() {
     let g = Gguf::parse(&sample_bytes()).unwrap();
     let e = g.get_u64("general.architecture").unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "metadata key \"general.architecture\" has type string, expected a non-negative integer"
-    );
+    assert_eq!(e.to_string(), "metadata key \"general.architecture\" has type string, expected a non-negative integer");
     assert_eq!(
         g.get_u64("i8").unwrap_err().to_string(),
         "metadata key \"i8\" has type i8 (negative value -7), expected a non-negative integer"
     );
     assert_eq!(g.get_u64("u16").unwrap(), 65535);
     assert_eq!(g.get_u64_opt("nope").unwrap(), None);
-    assert_eq!(
-        g.get_u64("nope").unwrap_err().to_string(),
-        "metadata key \"nope\" is missing"
-    );
+    assert_eq!(g.get_u64("nope").unwrap_err().to_string(), "metadata key \"nope\" is missing");
     assert_eq!(
         g.get_str_array_opt("scores").unwrap_err().to_string(),
         "metadata key \"scores\" has type array of f32, expected an array of strings"

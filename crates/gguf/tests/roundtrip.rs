@@ -24,32 +24,12 @@ fn round_trip_all_value_types_and_tensors() {
     assert_eq!(g.get("f64"), Some(&Value::F64(-2.25)));
     assert_eq!(g.get("bool"), Some(&Value::Bool(true)));
     assert_eq!(g.get_str("unicode").unwrap(), "héllo ✓");
-    assert_eq!(
-        g.get_str_array_opt("tokens").unwrap().unwrap(),
-        vec!["a", "bc", ""]
-    );
-    assert_eq!(
-        g.get_f32_array_opt("scores").unwrap().unwrap(),
-        vec![0.5, -1.0]
-    );
-    assert_eq!(
-        g.get_i32_array_opt("types").unwrap().unwrap(),
-        vec![1, 2, 3]
-    );
-    assert_eq!(
-        g.get("nested"),
-        Some(&Value::Array(vec![
-            Value::from(vec![1u8, 2]),
-            Value::Array(vec![]),
-            Value::from(vec!["x"]),
-        ]))
-    );
+    assert_eq!(g.get_str_array_opt("tokens").unwrap().unwrap(), vec!["a", "bc", ""]);
+    assert_eq!(g.get_f32_array_opt("scores").unwrap().unwrap(), vec![0.5, -1.0]);
+    assert_eq!(g.get_i32_array_opt("types").unwrap().unwrap(), vec![1, 2, 3]);
+    assert_eq!(g.get("nested"), Some(&Value::Array(vec![Value::from(vec![1u8, 2]), Value::Array(vec![]), Value::from(vec!["x"]),])));
     assert_eq!(g.get("empty"), Some(&Value::Array(vec![])));
-    assert_eq!(
-        g.metadata.first().unwrap().0,
-        "general.architecture",
-        "order kept"
-    );
+    assert_eq!(g.metadata.first().unwrap().0, "general.architecture", "order kept");
     assert_eq!(g.get("absent"), None);
 
     let names: Vec<_> = g.tensors.iter().map(|t| t.name.as_str()).collect();
@@ -91,40 +71,21 @@ fn custom_alignment_respected() {
 #[test]
 fn writer_rejects_bad_input() {
     let mut w = GgufWriter::new();
-    let e = w
-        .add_tensor("t", &[4], GGML_TYPE_F32, vec![0; 15])
-        .unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "tensor \"t\": data is 15 bytes, but shape [4] of type F32 needs 16"
-    );
+    let e = w.add_tensor("t", &[4], GGML_TYPE_F32, vec![0; 15]).unwrap_err();
+    assert_eq!(e.to_string(), "tensor \"t\": data is 15 bytes, but shape [4] of type F32 needs 16");
     let e = w.add_tensor("t", &[4], 99, vec![]).unwrap_err();
     assert_eq!(e.to_string(), "tensor \"t\" has unknown ggml type 99");
-    let e = w
-        .add_tensor("t", &[33], GGML_TYPE_Q4_0, vec![])
-        .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("not a multiple of the Q4_0 block size 32"),
-        "{e}"
-    );
-    let e = w
-        .add_tensor("t", &[1; 9], GGML_TYPE_F32, vec![0; 4])
-        .unwrap_err();
+    let e = w.add_tensor("t", &[33], GGML_TYPE_Q4_0, vec![]).unwrap_err();
+    assert!(e.to_string().contains("not a multiple of the Q4_0 block size 32"), "{e}");
+    let e = w.add_tensor("t", &[1; 9], GGML_TYPE_F32, vec![0; 4]).unwrap_err();
     assert!(e.to_string().contains("9 dimensions"), "{e}");
     w.add_tensor("t", &[1], GGML_TYPE_F32, vec![0; 4]).unwrap();
-    let e = w
-        .add_tensor("t", &[1], GGML_TYPE_F32, vec![0; 4])
-        .unwrap_err();
+    let e = w.add_tensor("t", &[1], GGML_TYPE_F32, vec![0; 4]).unwrap_err();
     assert_eq!(e.to_string(), "tensor \"t\": name appears more than once");
 
     w.add("mixed", Value::Array(vec![Value::U8(1), Value::from("x")]));
     let e = w.write_to(Vec::new()).unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("metadata key \"mixed\": array is not homogeneous"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("metadata key \"mixed\": array is not homogeneous"), "{e}");
     w.add("mixed", Value::U8(1)); // replaces in place
     w.add("general.alignment", Value::U32(48));
     let e = w.write_to(Vec::new()).unwrap_err();

@@ -32,7 +32,8 @@ fn bench(c: &mut Criterion) {
             if n == 1 {
                 g.throughput(Throughput::Bytes(bytes.len() as u64));
             } else {
-                g.throughput(Throughput::Elements((2 * rows * cols * n) as u64)); // FLOPs
+                g.throughput(Throughput::Elements((2 * rows * cols * n) as u64));
+                // FLOPs
             }
             let id = BenchmarkId::new(d.name(), format!("{n}x{cols}->{rows}"));
             g.bench_function(id, |b| b.iter(|| matmul(&w, &x, n, &mut out)));
@@ -71,10 +72,7 @@ fn table() {
         Err(_) => DType::ALL.to_vec(),
     };
     let isas: Vec<Isa> = match std::env::var("ENGRAM_ISA") {
-        Ok(v) => Isa::available()
-            .into_iter()
-            .filter(|i| v.split(',').any(|n| n.eq_ignore_ascii_case(&format!("{i:?}"))))
-            .collect(),
+        Ok(v) => Isa::available().into_iter().filter(|i| v.split(',').any(|n| n.eq_ignore_ascii_case(&format!("{i:?}")))).collect(),
         Err(_) => vec![Isa::detect()],
     };
     let decode_only = std::env::var("ENGRAM_DECODE_ONLY").is_ok();

@@ -25,8 +25,7 @@ pub enum DType {
 
 impl DType {
     /// All formats, in a fixed order (handy for tests and benches).
-    pub const ALL: [DType; 7] =
-        [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4K, DType::Q6K];
+    pub const ALL: [DType; 7] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4K, DType::Q6K];
 
     /// The `ggml_type` enum value used in GGUF tensor infos.
     pub fn ggml_type_id(self) -> u32 {
@@ -154,11 +153,7 @@ pub struct WeightMatrix<'a> {
 impl<'a> WeightMatrix<'a> {
     /// Validates that `cols` is a whole number of blocks and `data` has exactly the right length.
     pub fn new(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
-        let rb = dtype.row_bytes(cols).ok_or(KernelError::BadCols {
-            dtype,
-            cols,
-            block: dtype.block_elems(),
-        })?;
+        let rb = dtype.row_bytes(cols).ok_or(KernelError::BadCols { dtype, cols, block: dtype.block_elems() })?;
         let expected = rb.saturating_mul(rows);
         if data.len() != expected {
             return Err(KernelError::BadLength { dtype, rows, cols, expected, got: data.len() });

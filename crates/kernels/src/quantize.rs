@@ -27,20 +27,10 @@ pub(crate) fn nearest_int(x: f32) -> i32 {
 /// Quantizes `src` (`rows × cols` f32, row-major) to `dtype` blocks; returns `rows * row_bytes`
 /// bytes. F32/F16/BF16 are plain conversions (round-to-nearest-even).
 pub fn quantize(dtype: DType, src: &[f32], cols: usize) -> Result<Vec<u8>, KernelError> {
-    let rb = dtype.row_bytes(cols).ok_or(KernelError::BadCols {
-        dtype,
-        cols,
-        block: dtype.block_elems(),
-    })?;
+    let rb = dtype.row_bytes(cols).ok_or(KernelError::BadCols { dtype, cols, block: dtype.block_elems() })?;
     let rows = src.len().checked_div(cols).unwrap_or(0);
     if cols == 0 || src.len() % cols != 0 {
-        return Err(KernelError::BadLength {
-            dtype,
-            rows,
-            cols,
-            expected: rows * cols,
-            got: src.len(),
-        });
+        return Err(KernelError::BadLength { dtype, rows, cols, expected: rows * cols, got: src.len() });
     }
     let mut out = vec![0u8; rows * rb];
     for (x, y) in src.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
@@ -107,15 +97,7 @@ fn q4_0_block(x: &[f32], b: &mut [u8]) {
 /// ggml's `make_qkx2_quants`: weighted least-squares search for (scale, min) of an
 /// asymmetric `nmax`-level quantization. Returns (scale, −min) and fills `l`.
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
-    x: &[f32],
-    w: &[f32],
-    nmax: i32,
-    l: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-) -> (f32, f32) {
+fn make_qkx2_quants(x: &[f32], w: &[f32], nmax: i32, l: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> (f32, f32) {
     let n = x.len();
     let mut min = x[0];
     let mut max = x[0];
@@ -443,10 +425,7 @@ impl ActQ8K {
             }
             *d = 1.0 / iscale;
         };
-        let it = x[..nb * QK_K]
-            .chunks_exact(QK_K)
-            .zip(a.qs.chunks_exact_mut(QK_K))
-            .zip(a.d.iter_mut().zip(a.bsums.chunks_exact_mut(16)));
+        let it = x[..nb * QK_K].chunks_exact(QK_K).zip(a.qs.chunks_exact_mut(QK_K)).zip(a.d.iter_mut().zip(a.bsums.chunks_exact_mut(16)));
         if nb >= 512 {
             use rayon::prelude::*;
             let items: Vec<_> = it.collect();

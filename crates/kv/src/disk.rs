@@ -124,11 +124,8 @@ impl EvictionPolicy {
     /// Ids of unpinned entries in eviction order (ties: least recently used,
     /// then id).
     pub fn eviction_order(self, entries: &[EntryStats], now: u64) -> Vec<String> {
-        let mut v: Vec<(f64, u64, &str)> = entries
-            .iter()
-            .filter(|s| !s.pinned)
-            .map(|s| (self.priority(s, now), s.last_used_unix, s.id.as_str()))
-            .collect();
+        let mut v: Vec<(f64, u64, &str)> =
+            entries.iter().filter(|s| !s.pinned).map(|s| (self.priority(s, now), s.last_used_unix, s.id.as_str())).collect();
         v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(b.2)));
         v.into_iter().map(|(_, _, id)| id.to_string()).collect()
     }
@@ -380,9 +377,7 @@ impl DiskStore {
     // Internals.
 
     fn now(&self) -> u64 {
-        self.now.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-        })
+        self.now.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0))
     }
 
     /// Evicts so that `bytes` more fit, counting the current entry `id` (it

@@ -311,19 +311,9 @@ pub fn verify_entry(path: &Path) -> Result<EntryInfo, PersistError> {
 /// Maps the entry at `path`, validates everything (header, shape against
 /// `pool`, fingerprint, token ids below `vocab_size`, checksum) and returns
 /// its metadata and a sequence whose blocks are the file's mapped rows.
-pub fn read_entry(
-    path: &Path,
-    pool: &KvPool,
-    expect_fingerprint: &str,
-    vocab_size: usize,
-) -> Result<(EntryMeta, SeqKv), PersistError> {
+pub fn read_entry(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize) -> Result<(EntryMeta, SeqKv), PersistError> {
     let (map, n, info, hasher) = map_entry(path)?;
-    let mismatch = |what, found: String, expected: String| PersistError::Mismatch {
-        path: path.to_path_buf(),
-        what,
-        found,
-        expected,
-    };
+    let mismatch = |what, found: String, expected: String| PersistError::Mismatch { path: path.to_path_buf(), what, found, expected };
     // Cheap checks first: a miss from another model must not read the data.
     if info.meta.fingerprint != expect_fingerprint {
         return Err(mismatch("fingerprint", info.meta.fingerprint.clone(), expect_fingerprint.to_string()));

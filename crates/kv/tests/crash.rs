@@ -9,7 +9,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engram_kv::{read_entry, write_entry, DiskStore, EntryKind, EntryMeta, EvictionPolicy, KvFormat, KvLayout, KvPool, PersistError, SeqKv};
+use engram_kv::{
+    read_entry, write_entry, DiskStore, EntryKind, EntryMeta, EvictionPolicy, KvFormat, KvLayout, KvPool, PersistError, SeqKv,
+};
 use engram_model::KvCache;
 
 const LAYOUT: KvLayout = KvLayout { num_layers: 4, num_kv_heads: 4, head_dim: 64 };
@@ -125,7 +127,8 @@ fn killed_writer_leaves_old_or_new_entry() {
         assert!(started.elapsed() < Duration::from_secs(20), "crash test over its time bound");
     }
     assert!(seen, "no write ever completed");
-    let torn = std::fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp-")).count();
+    let torn =
+        std::fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp-")).count();
     eprintln!("after 20 kills: A {} times, B {} times; {torn} interrupted writes seen", saw[0], saw[1]);
 
     // Readers ignored any temp file a kill left; opening the store removes them.

@@ -311,7 +311,11 @@ fn ids_that_are_not_plain_names_are_rejected() {
         assert!(store.remove(id).is_err() && store.pin(id, true).is_err());
     }
     assert_eq!(files_bytes(dir.path()), 0);
-    assert!(std::fs::read_dir(dir.path().parent().unwrap()).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().starts_with("x.safetensors")));
+    assert!(std::fs::read_dir(dir.path().parent().unwrap()).unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("x.safetensors")));
     for id in ["agent-7:session 3", "é", &"y".repeat(200)] {
         store.put(id, &m, &kv).unwrap();
     }

@@ -75,9 +75,7 @@ pub struct Llama3Scaling {
 impl RopeConfig {
     /// Plain RoPE frequencies `theta^(-2i/d)`, computed in f64 as transformers does.
     pub fn base_inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
-        (0..head_dim / 2)
-            .map(|i| (1.0 / (theta as f64).powf((2 * i) as f64 / head_dim as f64)) as f32)
-            .collect()
+        (0..head_dim / 2).map(|i| (1.0 / (theta as f64).powf((2 * i) as f64 / head_dim as f64)) as f32).collect()
     }
 
     /// Applies Llama 3.1 scaling exactly as transformers' `_compute_llama3_parameters`.
@@ -89,8 +87,7 @@ impl RopeConfig {
             if wavelen > low_wavelen {
                 *f /= s.factor;
             } else if wavelen >= high_wavelen {
-                let smooth = (s.original_max_position / wavelen - s.low_freq_factor)
-                    / (s.high_freq_factor - s.low_freq_factor);
+                let smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
                 *f = (1.0 - smooth) * *f / s.factor + smooth * *f;
             }
         }

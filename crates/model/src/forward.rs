@@ -111,17 +111,20 @@ impl Model {
             for s in seqs.iter() {
                 let n = s.tokens.len();
                 for g in 0..c.num_kv_heads {
-                    tasks.push((row0, AttnTask {
-                        kv: &*s.kv,
-                        layer: li,
-                        q: &q[row0 * qw..(row0 + n) * qw],
-                        num_queries: n,
-                        first_pos: s.first_pos,
-                        kv_head: g,
-                        group,
-                        head_dim: c.head_dim,
-                        num_heads: c.num_heads,
-                    }));
+                    tasks.push((
+                        row0,
+                        AttnTask {
+                            kv: &*s.kv,
+                            layer: li,
+                            q: &q[row0 * qw..(row0 + n) * qw],
+                            num_queries: n,
+                            first_pos: s.first_pos,
+                            kv_head: g,
+                            group,
+                            head_dim: c.head_dim,
+                            num_heads: c.num_heads,
+                        },
+                    ));
                 }
                 row0 += n;
             }

@@ -44,9 +44,9 @@ pub struct Weight {
 impl Weight {
     /// Wraps storage after checking its length against shape and format.
     pub fn new(file: &str, name: &str, dtype: DType, rows: usize, cols: usize, storage: Storage) -> Result<Self> {
-        let row_bytes = dtype.row_bytes(cols).ok_or_else(|| {
-            tensor_err(file, name, format!("{cols} columns are not a whole number of {} blocks", dtype.name()))
-        })?;
+        let row_bytes = dtype
+            .row_bytes(cols)
+            .ok_or_else(|| tensor_err(file, name, format!("{cols} columns are not a whole number of {} blocks", dtype.name())))?;
         let want = rows.checked_mul(row_bytes).ok_or_else(|| tensor_err(file, name, "size overflows"))?;
         let have = storage.bytes().len();
         if have != want {

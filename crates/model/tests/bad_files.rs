@@ -18,7 +18,10 @@ fn load_err(path: &Path) -> String {
 }
 
 /// Rewrites the Q8_0 fixture with `edit` applied to its metadata and tensors.
-fn rewritten(name: &str, edit: impl Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>)) -> (tempfile::TempDir, PathBuf) {
+fn rewritten(
+    name: &str,
+    edit: impl Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>),
+) -> (tempfile::TempDir, PathBuf) {
     let src = std::fs::read(tiny_gguf(GgufFormat::Q8_0)).unwrap();
     let g = Gguf::parse(&src).unwrap();
     let mut meta = g.metadata.clone();

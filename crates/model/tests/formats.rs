@@ -92,7 +92,14 @@ fn fingerprints_are_stable_and_distinguish_files() {
 fn qwen2_hf_and_gguf_agree() {
     use engram_fixture::Shape;
     let dir = tempfile::tempdir().unwrap();
-    let files = engram_fixture::generate(Shape::TinyQwen2, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::F16, GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    let files = engram_fixture::generate(
+        Shape::TinyQwen2,
+        engram_fixture::DEFAULT_SEED,
+        dir.path(),
+        &[GgufFormat::F16, GgufFormat::Q8_0],
+        &mut |_| {},
+    )
+    .unwrap();
     let hf = Model::load(&files.hf_dir).unwrap();
     assert!(hf.config.qkv_bias && hf.config.tied_embeddings);
     let ids = hf.tokenizer.encode(PROMPT, true).unwrap().ids;

@@ -90,9 +90,7 @@ pub(crate) async fn list(State(s): State<AppState>, headers: HeaderMap) -> Resul
 
 fn find(s: &AppState, tenant: &str, id: &str) -> Result<Agent, ApiError> {
     api::check_id("id", id)?;
-    s.agents
-        .with(|m| m.get(tenant).and_then(|a| a.get(id)).cloned())
-        .ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))
+    s.agents.with(|m| m.get(tenant).and_then(|a| a.get(id)).cloned()).ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))
 }
 
 /// `GET /v1/agents/{id}`.
@@ -124,7 +122,12 @@ struct GenerateRequest {
 
 /// `POST /v1/agents/{id}/generate`: `messages` (or `prompt`, one user
 /// message) after the agent's system prompt, on the agent's own session.
-pub(crate) async fn generate(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+pub(crate) async fn generate(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
     let agent = find(&s, &tenant, &id)?;
     let req: GenerateRequest = api::parse(&body)?;

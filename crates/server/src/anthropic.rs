@@ -62,7 +62,11 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     }
     for (i, m) in req.messages.into_iter().enumerate() {
         if m.role != "user" && m.role != "assistant" {
-            return Err(ApiError::bad_param(&format!("messages[{i}].role"), format!("unsupported role {:?} (expected user or assistant)", m.role)).into());
+            return Err(ApiError::bad_param(
+                &format!("messages[{i}].role"),
+                format!("unsupported role {:?} (expected user or assistant)", m.role),
+            )
+            .into());
         }
         chat.push(ChatMessage::new(m.role, m.content.text(&format!("messages[{i}].content"))?));
     }
@@ -101,20 +105,29 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     }
     let ev = |name: &str, v: serde_json::Value| SseEvent::default().event(name).data(v.to_string());
     let first = vec![
-        ev("message_start", json!({"type": "message_start", "message": {
+        ev(
+            "message_start",
+            json!({"type": "message_start", "message": {
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
             "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": st.prompt_tokens - st.cached_tokens, "output_tokens": 0,
-                      "cache_read_input_tokens": st.cached_tokens, "cache_creation_input_tokens": 0}}})),
+                      "cache_read_input_tokens": st.cached_tokens, "cache_creation_input_tokens": 0}}}),
+        ),
         ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
     ];
     let format: sse::Formatter = Box::new(move |e| match e {
-        Some(Event::Text(t)) => (vec![ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}))], false),
+        Some(Event::Text(t)) => (
+            vec![ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}))],
+            false,
+        ),
         Some(Event::Finished { finish, completion_tokens, stop_string }) => (
             vec![
                 ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-                ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, stop_string), "stop_sequence": null},
-                                           "usage": {"output_tokens": completion_tokens}})),
+                ev(
+                    "message_delta",
+                    json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, stop_string), "stop_sequence": null},
+                                           "usage": {"output_tokens": completion_tokens}}),
+                ),
                 ev("message_stop", json!({"type": "message_stop"})),
             ],
             true,

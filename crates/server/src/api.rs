@@ -22,12 +22,7 @@ pub fn tenant(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     let Some(key) = key else {
         return Err(ApiError::unauthorized("missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)"));
     };
-    s.config
-        .api_keys
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, t)| t.clone())
-        .ok_or_else(|| ApiError::unauthorized("invalid API key"))
+    s.config.api_keys.iter().find(|(k, _)| k == key).map(|(_, t)| t.clone()).ok_or_else(|| ApiError::unauthorized("invalid API key"))
 }
 
 /// Checks an id that names a session or an agent: 1..=128 characters of
@@ -35,7 +30,10 @@ pub fn tenant(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
 pub fn check_id(param: &str, id: &str) -> Result<(), ApiError> {
     let ok_chars = id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
     if id.is_empty() || id.len() > 128 || !ok_chars || id.contains("..") || id == "." {
-        return Err(ApiError::bad_param(param, format!("invalid {param} {id:?}: use 1 to 128 characters of A-Z a-z 0-9 _ - . : (no \"..\", no \"/\")")));
+        return Err(ApiError::bad_param(
+            param,
+            format!("invalid {param} {id:?}: use 1 to 128 characters of A-Z a-z 0-9 _ - . : (no \"..\", no \"/\")"),
+        ));
     }
     Ok(())
 }
@@ -132,7 +130,10 @@ pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingPa
         return Err(ApiError::bad_request("the prompt is empty"));
     }
     if prompt_len >= ctx {
-        return Err(ApiError { code: Some("context_length_exceeded"), ..ApiError::bad_param("messages", format!("the prompt is {prompt_len} tokens; this model's context is {ctx} tokens")) });
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::bad_param("messages", format!("the prompt is {prompt_len} tokens; this model's context is {ctx} tokens"))
+        });
     }
     let room = ctx - prompt_len;
     let max_tokens = match f.max_tokens {
@@ -213,7 +214,9 @@ pub async fn collect(rx: &mut UnboundedReceiver<Event>) -> Result<Completed, Api
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
-            Event::Finished { finish, completion_tokens, stop_string } => return Ok(Completed { text, finish, completion_tokens, stop_string }),
+            Event::Finished { finish, completion_tokens, stop_string } => {
+                return Ok(Completed { text, finish, completion_tokens, stop_string })
+            }
             Event::Failed(e) => return Err(e),
             Event::Started { .. } => {}
         }

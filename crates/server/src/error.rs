@@ -44,7 +44,11 @@ impl ApiError {
 
     /// 404 for an unknown model, OpenAI's `model_not_found`.
     pub fn unknown_model(message: impl Into<String>) -> ApiError {
-        ApiError { param: Some("model".into()), code: Some("model_not_found"), ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", message) }
+        ApiError {
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
+        }
     }
 
     /// 401.
@@ -59,12 +63,20 @@ impl ApiError {
 
     /// 429: too many requests queued; retry later.
     pub fn overloaded(message: impl Into<String>) -> ApiError {
-        ApiError { retry_after: Some(1), code: Some("rate_limit_exceeded"), ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message) }
+        ApiError {
+            retry_after: Some(1),
+            code: Some("rate_limit_exceeded"),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+        }
     }
 
     /// 503: the KV budget cannot hold the request now.
     pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError { retry_after: Some(5), code: Some("kv_budget_exhausted"), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", message) }
+        ApiError {
+            retry_after: Some(5),
+            code: Some("kv_budget_exhausted"),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", message)
+        }
     }
 
     /// 500.

@@ -113,7 +113,12 @@ impl Server {
 
     /// Serves on `listener` until `shutdown` resolves, then lets in-flight
     /// requests finish for at most `grace`.
-    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static, grace: Duration) -> std::io::Result<()> {
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        grace: Duration,
+    ) -> std::io::Result<()> {
         let app = self.router();
         let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {

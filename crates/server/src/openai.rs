@@ -49,7 +49,9 @@ impl Content {
                 for p in parts {
                     match (p.kind.as_str(), p.text) {
                         ("text", Some(t)) => out.push_str(&t),
-                        (kind, _) => return Err(ApiError::bad_param(param, format!("content part of type {kind:?} is not supported (only text)"))),
+                        (kind, _) => {
+                            return Err(ApiError::bad_param(param, format!("content part of type {kind:?} is not supported (only text)")))
+                        }
                     }
                 }
                 Ok(out)
@@ -76,7 +78,12 @@ pub(crate) fn to_chat(messages: Vec<InMessage>) -> Result<Vec<ChatMessage>, ApiE
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            other => return Err(ApiError::bad_param(&format!("messages[{i}].role"), format!("unsupported role {other:?} (expected system, developer, user or assistant)"))),
+            other => {
+                return Err(ApiError::bad_param(
+                    &format!("messages[{i}].role"),
+                    format!("unsupported role {other:?} (expected system, developer, user or assistant)"),
+                ))
+            }
         };
         let content = match m.content {
             Some(c) => c.text(&format!("messages[{i}].content"))?,

@@ -89,10 +89,18 @@ pub struct Job {
 /// then `Finished` — or a single `Failed` before `Started`.
 #[derive(Debug)]
 pub enum Event {
-    Started { session_id: String, prompt_tokens: usize, cached_tokens: usize },
+    Started {
+        session_id: String,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
     Text(String),
     /// `stop_string`: the text was cut at a stop string (not a stop token).
-    Finished { finish: FinishReason, completion_tokens: usize, stop_string: bool },
+    Finished {
+        finish: FinishReason,
+        completion_tokens: usize,
+        stop_string: bool,
+    },
     Failed(ApiError),
 }
 
@@ -114,7 +122,12 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     /// Starts the engine thread.
-    pub fn start(model: Arc<Model>, pool: KvPool, config: SchedulerConfig, metrics: Arc<Metrics>) -> (EngineHandle, std::thread::JoinHandle<()>) {
+    pub fn start(
+        model: Arc<Model>,
+        pool: KvPool,
+        config: SchedulerConfig,
+        metrics: Arc<Metrics>,
+    ) -> (EngineHandle, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let pending = Arc::new(AtomicUsize::new(0));
         let handle = EngineHandle { tx, pending: pending.clone(), max_pending: config.max_pending, metrics: metrics.clone() };
@@ -211,7 +224,18 @@ impl<'m> Engine<'m> {
                 Err(e) => tracing::warn!("sessions will not persist: {e}"),
             }
         }
-        Engine { model, pool, config, metrics, pending, sessions, waiting: VecDeque::new(), active: Vec::new(), next_id: 0, last_prefill: 0 }
+        Engine {
+            model,
+            pool,
+            config,
+            metrics,
+            pending,
+            sessions,
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            next_id: 0,
+            last_prefill: 0,
+        }
     }
 
     fn run(mut self, rx: Receiver<Command>) {

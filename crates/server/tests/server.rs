@@ -16,7 +16,8 @@ fn model() -> Arc<Model> {
     static M: OnceLock<(tempfile::TempDir, Arc<Model>)> = OnceLock::new();
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+        let files =
+            engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
         let m = Model::load(files.gguf(GgufFormat::Q8_0).unwrap()).unwrap();
         (dir, Arc::new(m))
     })
@@ -195,7 +196,13 @@ fn named_session_is_reused_and_isolated() {
     let r1 = chat(addr, &msgs, json!({"session_id": "named-1"}));
     assert_eq!(r1.status, 200);
     assert_eq!(r1.header("x-session-id"), Some("named-1"));
-    let r2 = request(addr, "POST", "/v1/chat/completions", &[("X-Session-Id", "named-1")], &json!({"messages": msgs, "max_tokens": 4, "temperature": 0}).to_string());
+    let r2 = request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("X-Session-Id", "named-1")],
+        &json!({"messages": msgs, "max_tokens": 4, "temperature": 0}).to_string(),
+    );
     assert_eq!(r2.status, 200, "{}", r2.body);
     let p = r2.json()["usage"]["prompt_tokens"].as_u64().unwrap();
     assert_eq!(r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), p - 1);
@@ -377,7 +384,10 @@ fn a_prompt_that_can_never_fit_gets_503_with_retry_after() {
     // Two blocks of KV: 64 tokens.
     let m = model();
     let block = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 0).block_bytes();
-    let addr = start(2 * block, ServerConfig { scheduler: SchedulerConfig { max_sessions: 4, ..Default::default() }, ..ServerConfig::new("tiny") });
+    let addr = start(
+        2 * block,
+        ServerConfig { scheduler: SchedulerConfig { max_sessions: 4, ..Default::default() }, ..ServerConfig::new("tiny") },
+    );
     let long = "many words in a row ".repeat(40);
     let r = chat(addr, &json!([{"role": "user", "content": long}]), json!({}));
     assert_eq!(r.status, 503, "{}", r.body);
@@ -393,7 +403,12 @@ fn a_dropped_client_cancels_its_sequence() {
     let addr = start(64 << 20, ServerConfig::new("tiny"));
     let mut s = TcpStream::connect(addr).unwrap();
     let body = json!({"messages": [{"role": "user", "content": "cancel me"}], "max_tokens": 4000, "temperature": 0, "ignore_eos": true, "stream": true}).to_string();
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
     let mut buf = [0u8; 4096];
     let n = s.read(&mut buf).unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
@@ -421,7 +436,18 @@ fn decoding_sequences_share_steps() {
     let engine = server.engine();
     let params = engram_engine::SamplingParams { max_tokens: 32, ignore_eos: true, ..Default::default() };
     let rxs: Vec<_> = (0..4u32)
-        .map(|i| engine.submit(engram_server::Job { tenant: format!("t{i}"), session: None, text: None, add_special: false, prompt: vec![1, 100 + i, 200 + i, 300 + i], params: params.clone() }).unwrap())
+        .map(|i| {
+            engine
+                .submit(engram_server::Job {
+                    tenant: format!("t{i}"),
+                    session: None,
+                    text: None,
+                    add_special: false,
+                    prompt: vec![1, 100 + i, 200 + i, 300 + i],
+                    params: params.clone(),
+                })
+                .unwrap()
+        })
         .collect();
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let mut total = 0;
@@ -452,7 +478,16 @@ fn start_stoppable(config: ServerConfig) -> (SocketAddr, tokio::sync::oneshot::S
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
             let server = Server::start(model, pool, config);
-            server.serve(listener, async { let _ = stop_rx.await; }, Duration::from_secs(5)).await.unwrap();
+            server
+                .serve(
+                    listener,
+                    async {
+                        let _ = stop_rx.await;
+                    },
+                    Duration::from_secs(5),
+                )
+                .await
+                .unwrap();
         });
     });
     (rx.recv().unwrap(), stop_tx, t)
@@ -471,13 +506,23 @@ fn a_restarted_server_restores_the_conversation_from_disk() {
     let dir = tempfile::tempdir().unwrap();
     let config = || {
         let mut c = ServerConfig::new("tiny");
-        c.scheduler.disk = Some(engram_server::DiskConfig { dir: dir.path().join("kv"), budget_bytes: 256 << 20, policy: engram_kv::EvictionPolicy::Weighted });
+        c.scheduler.disk = Some(engram_server::DiskConfig {
+            dir: dir.path().join("kv"),
+            budget_bytes: 256 << 20,
+            policy: engram_kv::EvictionPolicy::Weighted,
+        });
         c
     };
     let (addr, stop, thread) = start_stoppable(config());
     let mut messages = vec![json!({"role": "system", "content": "You remember everything the user says."})];
     let ask = |addr, messages: &Vec<Value>| {
-        let r = request(addr, "POST", "/v1/chat/completions", &[], &json!({"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0}).to_string());
+        let r = request(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &json!({"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0}).to_string(),
+        );
         assert_eq!(r.status, 200, "{}", r.body);
         r.json()
     };
@@ -515,7 +560,11 @@ fn a_restarted_server_restores_the_conversation_from_disk() {
             assert_eq!(r["choices"][0]["message"]["content"], messages[2 + 2 * turn]["content"], "greedy turns replay identically");
             replay.push(messages[2 + 2 * turn].clone());
         } else {
-            assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), cached, "hot and warm reuse the same tokens");
+            assert_eq!(
+                r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+                cached,
+                "hot and warm reuse the same tokens"
+            );
             assert_eq!(r["choices"][0]["message"]["content"], warm_answer, "warm (restored) equals hot (in memory)");
         }
     }

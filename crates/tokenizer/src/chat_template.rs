@@ -34,10 +34,7 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// Build a message from a role and its text.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
 }
 
@@ -51,9 +48,7 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate")
-            .field("source_len", &self.source.len())
-            .finish()
+        f.debug_struct("ChatTemplate").field("source_len", &self.source.len()).finish()
     }
 }
 
@@ -76,13 +71,8 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         let prepared = neutralize_generation_tags(source);
-        env.add_template_owned(NAME, prepared).map_err(|e| {
-            TokenizerError::ChatTemplate(format!("does not compile: {}", describe(&e)))
-        })?;
-        Ok(ChatTemplate {
-            env,
-            source: source.to_string(),
-        })
+        env.add_template_owned(NAME, prepared).map_err(|e| TokenizerError::ChatTemplate(format!("does not compile: {}", describe(&e))))?;
+        Ok(ChatTemplate { env, source: source.to_string() })
     }
 
     /// The template source as given.
@@ -92,17 +82,8 @@ impl ChatTemplate {
 
     /// Render a conversation. `add_generation_prompt` asks the template to open an
     /// assistant turn at the end.
-    pub fn render(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        bos_token: &str,
-        eos_token: &str,
-    ) -> Result<String> {
-        let tmpl = self
-            .env
-            .get_template(NAME)
-            .map_err(|e| TokenizerError::ChatTemplate(describe(&e)))?;
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, bos_token: &str, eos_token: &str) -> Result<String> {
+        let tmpl = self.env.get_template(NAME).map_err(|e| TokenizerError::ChatTemplate(describe(&e)))?;
         let ctx = minijinja::context! {
             messages => Value::from_serialize(messages),
             add_generation_prompt => add_generation_prompt,
@@ -111,8 +92,7 @@ impl ChatTemplate {
             tools => Value::from(()),
             documents => Value::from(()),
         };
-        tmpl.render(ctx)
-            .map_err(|e| TokenizerError::ChatTemplate(describe(&e)))
+        tmpl.render(ctx).map_err(|e| TokenizerError::ChatTemplate(describe(&e)))
     }
 }
 
@@ -182,12 +162,8 @@ fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, Error> {
             if let Some(s) = v.as_str() {
                 Some(s.to_string())
             } else {
-                let n = i64::try_from(v.clone()).map_err(|_| {
-                    Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: indent must be an int or a string",
-                    )
-                })?;
+                let n = i64::try_from(v.clone())
+                    .map_err(|_| Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string"))?;
                 Some(" ".repeat(n.max(0) as usize))
             }
         }
@@ -198,23 +174,13 @@ fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, Error> {
             let b = v.get_item(&Value::from(1))?;
             match (a.as_str(), b.as_str()) {
                 (Some(a), Some(b)) => (a.to_string(), b.to_string()),
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be a pair of strings",
-                    ))
-                }
+                _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair of strings")),
             }
         }
         _ if indent.is_some() => (",".to_string(), ": ".to_string()),
         _ => (", ".to_string(), ": ".to_string()),
     };
-    let fmt = JsonFmt {
-        indent: indent.as_deref(),
-        item_sep: &item_sep,
-        key_sep: &key_sep,
-        sort_keys: sort_keys.unwrap_or(false),
-    };
+    let fmt = JsonFmt { indent: indent.as_deref(), item_sep: &item_sep, key_sep: &key_sep, sort_keys: sort_keys.unwrap_or(false) };
     let mut out = String::new();
     fmt.write(value, 0, &mut out)?;
     Ok(Value::from(out))
@@ -315,36 +281,13 @@ impl JsonFmt<'_> {
 // ---------------------------------------------------------------- strftime_now
 
 fn strftime_now(fmt: String) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     strftime_utc(&fmt, secs)
 }
 
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
-const DAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
+const MONTHS: [&str; 12] =
+    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// Days since 1970-01-01 -> (year, month 1..=12, day 1..=31) (Howard Hinnant's algorithm).
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
@@ -443,26 +386,11 @@ mod tests {
         // Values from Python: datetime.fromtimestamp(ts, timezone.utc).strftime(FMT)
         const FMT: &str = "%Y-%m-%d %H:%M:%S %a %A %b %B %j %-d %I %p %y %e|%u %w";
         for (ts, want) in [
-            (
-                0,
-                "1970-01-01 00:00:00 Thu Thursday Jan January 001 1 12 AM 70  1|4 4",
-            ),
-            (
-                951782400,
-                "2000-02-29 00:00:00 Tue Tuesday Feb February 060 29 12 AM 00 29|2 2",
-            ),
-            (
-                1735689599,
-                "2024-12-31 23:59:59 Tue Tuesday Dec December 366 31 11 PM 24 31|2 2",
-            ),
-            (
-                1709164800,
-                "2024-02-29 00:00:00 Thu Thursday Feb February 060 29 12 AM 24 29|4 4",
-            ),
-            (
-                -86400,
-                "1969-12-31 00:00:00 Wed Wednesday Dec December 365 31 12 AM 69 31|3 3",
-            ),
+            (0, "1970-01-01 00:00:00 Thu Thursday Jan January 001 1 12 AM 70  1|4 4"),
+            (951782400, "2000-02-29 00:00:00 Tue Tuesday Feb February 060 29 12 AM 00 29|2 2"),
+            (1735689599, "2024-12-31 23:59:59 Tue Tuesday Dec December 366 31 11 PM 24 31|2 2"),
+            (1709164800, "2024-02-29 00:00:00 Thu Thursday Feb February 060 29 12 AM 24 29|4 4"),
+            (-86400, "1969-12-31 00:00:00 Wed Wednesday Dec December 365 31 12 AM 69 31|3 3"),
         ] {
             assert_eq!(strftime_utc(FMT, ts), want, "ts={ts}");
         }

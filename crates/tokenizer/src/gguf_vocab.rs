@@ -82,9 +82,9 @@ const TYPE_CONTROL: i32 = 3;
 const TYPE_UNUSED: i32 = 5;
 const TYPE_USER_DEFINED: i32 = 4;
 
-const GPT2_REGEX: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const LLAMA3_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 fn err(msg: impl Into<String>) -> TokenizerError {
@@ -100,18 +100,12 @@ impl Tokenizer {
         }
         if let Some(s) = &v.scores {
             if s.len() != n {
-                return Err(err(format!(
-                    "tokenizer.ggml.scores has {} entries for {n} tokens",
-                    s.len()
-                )));
+                return Err(err(format!("tokenizer.ggml.scores has {} entries for {n} tokens", s.len())));
             }
         }
         if let Some(t) = &v.token_types {
             if t.len() != n {
-                return Err(err(format!(
-                    "tokenizer.ggml.token_type has {} entries for {n} tokens",
-                    t.len()
-                )));
+                return Err(err(format!("tokenizer.ggml.token_type has {} entries for {n} tokens", t.len())));
             }
         }
         for (name, id) in [
@@ -123,9 +117,7 @@ impl Tokenizer {
         ] {
             if let Some(id) = id {
                 if id as usize >= n {
-                    return Err(err(format!(
-                        "tokenizer.ggml.{name} = {id} is outside the vocabulary of {n} tokens"
-                    )));
+                    return Err(err(format!("tokenizer.ggml.{name} = {id} is outside the vocabulary of {n} tokens")));
                 }
             }
         }
@@ -138,16 +130,11 @@ impl Tokenizer {
         let (mut inner, add_bos_default) = match v.model.as_str() {
             "gpt2" => (build_gpt2(v, vocab)?, false),
             "llama" => (build_llama(v, vocab)?, true),
-            other => return Err(err(format!(
-                "tokenizer.ggml.model {other:?} is not supported (supported: \"gpt2\", \"llama\")"
-            ))),
+            other => return Err(err(format!("tokenizer.ggml.model {other:?} is not supported (supported: \"gpt2\", \"llama\")"))),
         };
 
         // Added tokens: control/unknown (+ the named special ids) special, user-defined not.
-        let named: Vec<u32> = [v.bos_id, v.eos_id, v.eot_id, v.unk_id, v.pad_id]
-            .into_iter()
-            .flatten()
-            .collect();
+        let named: Vec<u32> = [v.bos_id, v.eos_id, v.eot_id, v.unk_id, v.pad_id].into_iter().flatten().collect();
         let mut specials = Vec::new();
         let mut user = Vec::new();
         for (i, t) in v.tokens.iter().enumerate() {
@@ -184,11 +171,7 @@ impl Tokenizer {
                 }
             }
             pair.extend(single.iter().cloned());
-            pair.extend(
-                single
-                    .iter()
-                    .map(|p| p.replace("$A", "$B").replace(":0", ":1")),
-            );
+            pair.extend(single.iter().map(|p| p.replace("$A", "$B").replace(":0", ":1")));
             let pp = TemplateProcessing::builder()
                 .try_single(single)
                 .map_err(|e| err(format!("post-processor: {e}")))?
@@ -208,9 +191,7 @@ impl Tokenizer {
             add_bos_override: None,
         };
         let chat_template = match &v.chat_template {
-            Some(src) => Some(
-                ChatTemplate::new(src).map_err(|e| err(format!("tokenizer.chat_template: {e}")))?,
-            ),
+            Some(src) => Some(ChatTemplate::new(src).map_err(|e| err(format!("tokenizer.chat_template: {e}")))?),
             None => None,
         };
         Tokenizer::from_parts(inner, facts, chat_template)
@@ -218,15 +199,10 @@ impl Tokenizer {
 }
 
 fn build_gpt2(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
-    let merges_src = v
-        .merges
-        .as_ref()
-        .ok_or_else(|| err("model \"gpt2\" needs tokenizer.ggml.merges"))?;
+    let merges_src = v.merges.as_ref().ok_or_else(|| err("model \"gpt2\" needs tokenizer.ggml.merges"))?;
     let mut merges = Vec::with_capacity(merges_src.len());
     for (i, m) in merges_src.iter().enumerate() {
-        let (a, b) = m
-            .split_once(' ')
-            .ok_or_else(|| err(format!("merge #{i} {m:?} is not \"left right\"")))?;
+        let (a, b) = m.split_once(' ').ok_or_else(|| err(format!("merge #{i} {m:?} is not \"left right\"")))?;
         merges.push((a.to_string(), b.to_string()));
     }
     let pre = v.pre.as_deref().unwrap_or("default");
@@ -235,9 +211,7 @@ fn build_gpt2(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
         "llama-bpe" | "llama3" | "llama-v3" => (Some(LLAMA3_REGEX), true, false),
         "qwen2" => (Some(QWEN2_REGEX), false, true),
         other => {
-            return Err(err(format!(
-                "tokenizer.ggml.pre {other:?} is not supported (supported: default, gpt-2, llama-bpe, llama3, qwen2)"
-            )))
+            return Err(err(format!("tokenizer.ggml.pre {other:?} is not supported (supported: default, gpt-2, llama-bpe, llama3, qwen2)")))
         }
     };
     let bpe = BPE::builder()
@@ -251,12 +225,8 @@ fn build_gpt2(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
             tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
         }
         Some(re) => {
-            let split = Split::new(
-                SplitPattern::Regex(re.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| err(format!("pre-tokenizer regex: {e}")))?;
+            let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
+                .map_err(|e| err(format!("pre-tokenizer regex: {e}")))?;
             let seq = PreSequence::new(vec![
                 PreTokenizerWrapper::Split(split),
                 PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
@@ -277,11 +247,7 @@ fn build_gpt2(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
 /// into two vocabulary pieces is a merge (ordered by the ids of the halves); then all
 /// merges are sorted, stably, by (score, left length, right length) descending, lengths
 /// in characters.
-pub(crate) fn spm_merges(
-    tokens: &[String],
-    scores: &[f32],
-    vocab: &Vocab,
-) -> Vec<(String, String)> {
+pub(crate) fn spm_merges(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(String, String)> {
     // (left id, right id, score, left chars, right chars)
     let mut merges: Vec<(u32, u32, f32, usize, usize)> = Vec::new();
     for (id, (piece, &score)) in tokens.iter().zip(scores).enumerate() {
@@ -299,16 +265,8 @@ pub(crate) fn spm_merges(
         local.sort_by_key(|&(l, r, ..)| (l, r));
         merges.extend(local);
     }
-    merges.sort_by(|a, b| {
-        b.2.partial_cmp(&a.2)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(b.3.cmp(&a.3))
-            .then(b.4.cmp(&a.4))
-    });
-    merges
-        .into_iter()
-        .map(|(l, r, ..)| (tokens[l as usize].clone(), tokens[r as usize].clone()))
-        .collect()
+    merges.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap_or(std::cmp::Ordering::Equal).then(b.3.cmp(&a.3)).then(b.4.cmp(&a.4)));
+    merges.into_iter().map(|(l, r, ..)| (tokens[l as usize].clone(), tokens[r as usize].clone())).collect()
 }
 
 fn build_llama(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
@@ -317,20 +275,12 @@ fn build_llama(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
         None => (0..v.tokens.len()).map(|i| -(i as f32)).collect(),
     };
     let merges = spm_merges(&v.tokens, &scores, &vocab);
-    let unk = v
-        .unk_id
-        .map(|i| v.tokens[i as usize].clone())
-        .or_else(|| vocab.contains_key("<unk>").then(|| "<unk>".to_string()));
-    let mut builder = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .fuse_unk(true)
-        .byte_fallback(true);
+    let unk = v.unk_id.map(|i| v.tokens[i as usize].clone()).or_else(|| vocab.contains_key("<unk>").then(|| "<unk>".to_string()));
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).fuse_unk(true).byte_fallback(true);
     if let Some(u) = unk {
         builder = builder.unk_token(u);
     }
-    let bpe = builder
-        .build()
-        .map_err(|e| err(format!("SentencePiece BPE: {e}")))?;
+    let bpe = builder.build().map_err(|e| err(format!("SentencePiece BPE: {e}")))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
     let normalizer = NormSequence::new(vec![
         NormalizerWrapper::Prepend(Prepend::new("▁".to_string())),

@@ -21,10 +21,7 @@ fn read_optional(path: &Path) -> Result<Option<String>> {
     match std::fs::read_to_string(path) {
         Ok(s) => Ok(Some(s)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(TokenizerError::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
+        Err(source) => Err(TokenizerError::Io { path: path.to_path_buf(), source }),
     }
 }
 
@@ -34,10 +31,7 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     };
     serde_json::from_str(&text)
         .map(Some)
-        .map_err(|e| TokenizerError::Parse {
-            path: path.to_path_buf(),
-            message: format!("invalid JSON: {e}"),
-        })
+        .map_err(|e| TokenizerError::Parse { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })
 }
 
 /// `"<s>"` or `{"content": "<s>", ...}` or null.
@@ -49,18 +43,12 @@ fn token_text(v: Option<&Value>, path: &Path, key: &str) -> Result<Option<String
             Some(Value::String(s)) => Ok(Some(s.clone())),
             _ => Err(bad(path, format!("`{key}` object has no string `content`"))),
         },
-        Some(other) => Err(bad(
-            path,
-            format!("`{key}` must be a string or an object, got {other}"),
-        )),
+        Some(other) => Err(bad(path, format!("`{key}` must be a string or an object, got {other}"))),
     }
 }
 
 fn bad(path: &Path, message: String) -> TokenizerError {
-    TokenizerError::Parse {
-        path: path.to_path_buf(),
-        message,
-    }
+    TokenizerError::Parse { path: path.to_path_buf(), message }
 }
 
 fn template_from_config(v: &Value, path: &Path) -> Result<Option<String>> {
@@ -69,32 +57,20 @@ fn template_from_config(v: &Value, path: &Path) -> Result<Option<String>> {
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Array(list)) => {
             let named = |name: &str| {
-                list.iter().find_map(|e| {
-                    (e.get("name")?.as_str()? == name)
-                        .then(|| e.get("template")?.as_str().map(str::to_string))
-                        .flatten()
-                })
-            };
-            let first = || {
                 list.iter()
-                    .find_map(|e| e.get("template")?.as_str().map(str::to_string))
+                    .find_map(|e| (e.get("name")?.as_str()? == name).then(|| e.get("template")?.as_str().map(str::to_string)).flatten())
             };
+            let first = || list.iter().find_map(|e| e.get("template")?.as_str().map(str::to_string));
             Ok(named("default").or_else(first))
         }
-        Some(_) => Err(bad(
-            path,
-            "`chat_template` must be a string or a list".into(),
-        )),
+        Some(_) => Err(bad(path, "`chat_template` must be a string or a list".into())),
     }
 }
 
 fn ids_of(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
         _ => Vec::new(),
     }
 }
@@ -111,15 +87,11 @@ impl Tokenizer {
         let bytes = match std::fs::read(&tj) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(TokenizerError::MissingFile {
-                    path: tj,
-                    hint: "a Hugging Face model folder needs tokenizer.json",
-                })
+                return Err(TokenizerError::MissingFile { path: tj, hint: "a Hugging Face model folder needs tokenizer.json" })
             }
             Err(source) => return Err(TokenizerError::Io { path: tj, source }),
         };
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|e| bad(&tj, format!("not a valid tokenizer.json: {e}")))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| bad(&tj, format!("not a valid tokenizer.json: {e}")))?;
 
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg = read_json(&cfg_path)?;
@@ -150,10 +122,7 @@ impl Tokenizer {
             template_src = Some((t, jinja_path));
         }
 
-        let gen_eos = gen
-            .as_ref()
-            .map(|g| ids_of(g.get("eos_token_id")))
-            .unwrap_or_default();
+        let gen_eos = gen.as_ref().map(|g| ids_of(g.get("eos_token_id"))).unwrap_or_default();
         if facts.bos_token.is_none() {
             facts.bos_token = gen
                 .as_ref()
@@ -162,22 +131,17 @@ impl Tokenizer {
                 .or_else(|| guess_bos(&inner));
         }
         if facts.eos_token.is_none() {
-            facts.eos_token = gen_eos
-                .first()
-                .and_then(|&id| inner.id_to_token(id))
-                .or_else(|| {
-                    ["</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>"]
-                        .iter()
-                        .find(|t| inner.get_added_vocabulary().is_special_token(t))
-                        .map(|t| t.to_string())
-                });
+            facts.eos_token = gen_eos.first().and_then(|&id| inner.id_to_token(id)).or_else(|| {
+                ["</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>"]
+                    .iter()
+                    .find(|t| inner.get_added_vocabulary().is_special_token(t))
+                    .map(|t| t.to_string())
+            });
         }
         facts.extra_stop_ids = gen_eos;
 
         let chat_template = match template_src {
-            Some((src, path)) => {
-                Some(ChatTemplate::new(&src).map_err(|e| bad(&path, e.to_string()))?)
-            }
+            Some((src, path)) => Some(ChatTemplate::new(&src).map_err(|e| bad(&path, e.to_string()))?),
             None => None,
         };
         Tokenizer::from_parts(inner, facts, chat_template)

@@ -50,24 +50,10 @@ impl<'t> StreamDecoder<'t> {
 
     /// Like [`StreamDecoder::new`], choosing whether special tokens are skipped
     /// (the output then matches `decode(.., skip_special_tokens)`).
-    pub fn with_skip_special_tokens(
-        tok: &'t Tokenizer,
-        prompt_ids: &[u32],
-        skip_special_tokens: bool,
-    ) -> Self {
-        let byte_fallback = tok
-            .inner()
-            .get_decoder()
-            .and_then(|d| serde_json::to_string(d).ok())
-            .is_some_and(|j| j.contains("\"ByteFallback\""));
-        let mut s = StreamDecoder {
-            tok,
-            skip_special_tokens,
-            byte_fallback,
-            ids: Vec::new(),
-            read: 0,
-            prefix_text: String::new(),
-        };
+    pub fn with_skip_special_tokens(tok: &'t Tokenizer, prompt_ids: &[u32], skip_special_tokens: bool) -> Self {
+        let byte_fallback =
+            tok.inner().get_decoder().and_then(|d| serde_json::to_string(d).ok()).is_some_and(|j| j.contains("\"ByteFallback\""));
+        let mut s = StreamDecoder { tok, skip_special_tokens, byte_fallback, ids: Vec::new(), read: 0, prefix_text: String::new() };
         // Take enough of the prompt's tail that its text is non-empty and, for
         // byte-fallback decoders, that it does not start inside a run of byte tokens.
         let n = prompt_ids.len();
@@ -94,19 +80,13 @@ impl<'t> StreamDecoder<'t> {
 
     /// A `<0xXX>` token of a byte-fallback decoder.
     fn is_byte_token(&self, id: u32) -> bool {
-        self.byte_fallback
-            && self
-                .tok
-                .id_to_token(id)
-                .is_some_and(|t| t.len() == 6 && t.starts_with("<0x") && t.ends_with('>'))
+        self.byte_fallback && self.tok.id_to_token(id).is_some_and(|t| t.len() == 6 && t.starts_with("<0x") && t.ends_with('>'))
     }
 
     fn decode(&self, ids: &[u32]) -> String {
         // `tokenizers` decoding of known ids does not fail in practice; an error
         // here would mean a broken decoder, in which case no text is produced.
-        self.tok
-            .decode(ids, self.skip_special_tokens)
-            .unwrap_or_default()
+        self.tok.decode(ids, self.skip_special_tokens).unwrap_or_default()
     }
 
     fn is_skipped(&self, id: u32) -> bool {
@@ -118,11 +98,7 @@ impl<'t> StreamDecoder<'t> {
         if !self.byte_fallback {
             return false;
         }
-        self.ids
-            .iter()
-            .rev()
-            .find(|&&id| !self.is_skipped(id))
-            .is_some_and(|&last| self.is_byte_token(last))
+        self.ids.iter().rev().find(|&&id| !self.is_skipped(id)).is_some_and(|&last| self.is_byte_token(last))
     }
 
     /// Text of `new_text` beyond `prefix_text` (from the first difference if the

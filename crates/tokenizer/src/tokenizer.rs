@@ -71,19 +71,10 @@ impl Tokenizer {
         inner.with_truncation(None).map_err(TokenizerError::tk)?;
         inner.with_padding(None);
 
-        let bos_id = facts
-            .bos_token
-            .as_deref()
-            .and_then(|t| inner.token_to_id(t));
-        let eos_id = facts
-            .eos_token
-            .as_deref()
-            .and_then(|t| inner.token_to_id(t));
+        let bos_id = facts.bos_token.as_deref().and_then(|t| inner.token_to_id(t));
+        let eos_id = facts.eos_token.as_deref().and_then(|t| inner.token_to_id(t));
         let mut stop_ids = Vec::new();
-        for id in eos_id
-            .into_iter()
-            .chain(facts.extra_stop_ids.iter().copied())
-        {
+        for id in eos_id.into_iter().chain(facts.extra_stop_ids.iter().copied()) {
             if !stop_ids.contains(&id) {
                 stop_ids.push(id);
             }
@@ -113,11 +104,7 @@ impl Tokenizer {
     /// input (if any); EOS is the first of `</s>`, `<|endoftext|>`, `<|end_of_text|>`,
     /// `<eos>`, `<|im_end|>` that is a special token. No chat template.
     pub fn from_tokenizers(inner: tokenizers::Tokenizer) -> Result<Tokenizer> {
-        let facts = SpecialFacts {
-            bos_token: guess_bos(&inner),
-            eos_token: guess_eos(&inner),
-            ..Default::default()
-        };
+        let facts = SpecialFacts { bos_token: guess_bos(&inner), eos_token: guess_eos(&inner), ..Default::default() };
         Tokenizer::from_parts(inner, facts, None)
     }
 
@@ -125,10 +112,7 @@ impl Tokenizer {
     /// the model asks for it). Text that spells a special token (e.g. `<|im_start|>`)
     /// becomes that token.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Encoding> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(TokenizerError::tk)?;
+        let enc = self.inner.encode(text, add_special_tokens).map_err(TokenizerError::tk)?;
         let mut ids = enc.get_ids().to_vec();
         let mut offsets = enc.get_offsets().to_vec();
         if add_special_tokens {
@@ -136,10 +120,7 @@ impl Tokenizer {
                 if want && ids.first() != Some(&bos) {
                     ids.insert(0, bos);
                     offsets.insert(0, (0, 0));
-                } else if !want
-                    && ids.first() == Some(&bos)
-                    && enc.get_special_tokens_mask().first() == Some(&1)
-                {
+                } else if !want && ids.first() == Some(&bos) && enc.get_special_tokens_mask().first() == Some(&1) {
                     ids.remove(0);
                     offsets.remove(0);
                 }
@@ -150,9 +131,7 @@ impl Tokenizer {
 
     /// Decode ids to text (ids outside the vocabulary are skipped).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(TokenizerError::tk)
+        self.inner.decode(ids, skip_special_tokens).map_err(TokenizerError::tk)
     }
 
     /// Number of ids, added tokens included.
@@ -202,10 +181,7 @@ impl Tokenizer {
 
     /// Whether `id` is a special added token (skipped by `decode(.., true)`).
     pub fn is_special_id(&self, id: u32) -> bool {
-        self.inner
-            .get_added_vocabulary()
-            .simple_id_to_token(id)
-            .is_some_and(|t| self.inner.get_added_vocabulary().is_special_token(&t))
+        self.inner.get_added_vocabulary().simple_id_to_token(id).is_some_and(|t| self.inner.get_added_vocabulary().is_special_token(&t))
     }
 
     /// The model's chat template, if it has one.
@@ -228,23 +204,14 @@ pub(crate) fn guess_bos(inner: &tokenizers::Tokenizer) -> Option<String> {
     let probe = inner.encode("", true).ok()?;
     let first = *probe.get_ids().first()?;
     let tok = inner.get_added_vocabulary().simple_id_to_token(first)?;
-    inner
-        .get_added_vocabulary()
-        .is_special_token(&tok)
-        .then_some(tok)
+    inner.get_added_vocabulary().is_special_token(&tok).then_some(tok)
 }
 
 fn guess_eos(inner: &tokenizers::Tokenizer) -> Option<String> {
-    [
-        "</s>",
-        "<|endoftext|>",
-        "<|end_of_text|>",
-        "<eos>",
-        "<|im_end|>",
-    ]
-    .iter()
-    .find(|t| inner.get_added_vocabulary().is_special_token(t))
-    .map(|t| t.to_string())
+    ["</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|im_end|>"]
+        .iter()
+        .find(|t| inner.get_added_vocabulary().is_special_token(t))
+        .map(|t| t.to_string())
 }
 
 #[cfg(test)]

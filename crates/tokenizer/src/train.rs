@@ -38,11 +38,7 @@ pub const FIXTURE_SPECIAL_TOKENS: [&str; 4] = ["<s>", "</s>", "<|im_start|>", "<
 ///   prepends it to every single sequence (`"<s> $A"`), like Llama tokenizers.
 ///
 /// The corpus is fed line by line with line endings kept, so newline tokens exist.
-pub fn train_bpe(
-    corpus: &str,
-    vocab_size: usize,
-    special_tokens: &[&str],
-) -> Result<tokenizers::Tokenizer> {
+pub fn train_bpe(corpus: &str, vocab_size: usize, special_tokens: &[&str]) -> Result<tokenizers::Tokenizer> {
     let min = 256 + special_tokens.len();
     if vocab_size < min {
         return Err(TokenizerError::Invalid(format!(
@@ -51,15 +47,10 @@ pub fn train_bpe(
     }
     for (i, s) in special_tokens.iter().enumerate() {
         if s.is_empty() || special_tokens[..i].contains(s) {
-            return Err(TokenizerError::Invalid(format!(
-                "train_bpe: special token {s:?} is empty or repeated"
-            )));
+            return Err(TokenizerError::Invalid(format!("train_bpe: special token {s:?} is empty or repeated")));
         }
     }
-    let specials: Vec<AddedToken> = special_tokens
-        .iter()
-        .map(|s| AddedToken::from(s.to_string(), true))
-        .collect();
+    let specials: Vec<AddedToken> = special_tokens.iter().map(|s| AddedToken::from(s.to_string(), true)).collect();
     let trainer = BpeTrainer::builder()
         .vocab_size(vocab_size)
         .min_frequency(2)
@@ -72,13 +63,10 @@ pub fn train_bpe(
     let mut tok = tokenizers::Tokenizer::new(BPE::default());
     tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     tok.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
-    tok.train(&mut trainer, corpus.split_inclusive('\n'))
-        .map_err(TokenizerError::tk)?;
+    tok.train(&mut trainer, corpus.split_inclusive('\n')).map_err(TokenizerError::tk)?;
 
     if special_tokens.contains(&"<s>") {
-        let bos_id = tok
-            .token_to_id("<s>")
-            .ok_or_else(|| TokenizerError::tk("trained vocabulary lacks <s>"))?;
+        let bos_id = tok.token_to_id("<s>").ok_or_else(|| TokenizerError::tk("trained vocabulary lacks <s>"))?;
         let pp = TemplateProcessing::builder()
             .try_single("<s>:0 $A:0")
             .map_err(TokenizerError::tk)?

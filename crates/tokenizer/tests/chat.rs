@@ -6,13 +6,7 @@ use engram_tokenizer::*;
 
 fn conversations() -> Vec<(&'static str, Vec<ChatMessage>)> {
     vec![
-        (
-            "sys_user",
-            vec![
-                ChatMessage::new("system", "  You are helpful.  "),
-                ChatMessage::new("user", "Hi  there!"),
-            ],
-        ),
+        ("sys_user", vec![ChatMessage::new("system", "  You are helpful.  "), ChatMessage::new("user", "Hi  there!")]),
         (
             "multi",
             vec![
@@ -21,24 +15,15 @@ fn conversations() -> Vec<(&'static str, Vec<ChatMessage>)> {
                 ChatMessage::new("user", "Tell me about café 日本語 🚀"),
             ],
         ),
-        (
-            "bad",
-            vec![ChatMessage::new("user", "a"), ChatMessage::new("user", "b")],
-        ),
+        ("bad", vec![ChatMessage::new("user", "a"), ChatMessage::new("user", "b")]),
     ]
 }
 
 #[test]
 fn templates_match_transformers() {
-    let expected: serde_json::Value =
-        serde_json::from_str(include_str!("data/expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(include_str!("data/expected.json")).unwrap();
     let mut checked = 0;
-    for (name, src) in [
-        ("chatml", CHATML),
-        ("llama3", LLAMA3),
-        ("llama2", LLAMA2),
-        ("blocks", BLOCKS),
-    ] {
+    for (name, src) in [("chatml", CHATML), ("llama3", LLAMA3), ("llama2", LLAMA2), ("blocks", BLOCKS)] {
         let t = ChatTemplate::new(src).unwrap();
         for (conv, msgs) in conversations() {
             for agp in [false, true] {
@@ -62,14 +47,9 @@ fn templates_match_transformers() {
 #[test]
 fn raise_exception_is_an_error() {
     let t = ChatTemplate::new(LLAMA2).unwrap();
-    let e = t
-        .render(&[ChatMessage::new("assistant", "x")], false, "<s>", "</s>")
-        .unwrap_err();
+    let e = t.render(&[ChatMessage::new("assistant", "x")], false, "<s>", "</s>").unwrap_err();
     assert!(matches!(e, TokenizerError::ChatTemplate(_)));
-    assert!(
-        e.to_string().contains("Conversation roles must alternate"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("Conversation roles must alternate"), "{e}");
 }
 
 #[test]
@@ -91,10 +71,7 @@ fn strftime_now_and_helpers() {
     assert!(d.len() == 10 && d[4] == b'-' && d[7] == b'-', "{out}");
     let year: i32 = parts[0][..4].parse().unwrap();
     assert!((2024..2200).contains(&year));
-    assert!(
-        parts[1].ends_with(&parts[0][..4]) && parts[1].len() == 11,
-        "{out}"
-    );
+    assert!(parts[1].ends_with(&parts[0][..4]) && parts[1].len() == 11, "{out}");
     assert_eq!(parts[2], r#"["a", "b"]"#);
     assert_eq!(parts[3], "x");
     assert_eq!(parts[4], "3.0");
@@ -106,9 +83,7 @@ fn fixture_chatml_renders_to_special_tokens() {
     // what the fixture models do: ChatML template over the fixture tokenizer
     let tk = Tokenizer::from_tokenizers(fixture().clone()).unwrap();
     let t = ChatTemplate::new(CHATML).unwrap();
-    let text = t
-        .render(&[ChatMessage::new("user", "Hi")], true, "<s>", "</s>")
-        .unwrap();
+    let text = t.render(&[ChatMessage::new("user", "Hi")], true, "<s>", "</s>").unwrap();
     let ids = tk.encode(&text, true).unwrap().ids;
     assert_eq!(&ids[..2], &[0, 2]);
     assert_eq!(ids.iter().filter(|&&i| i == 3).count(), 1);

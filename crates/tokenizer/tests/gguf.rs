@@ -43,10 +43,7 @@ fn gpt2_vocab_matches_tokenizer_json() {
     let from_json = Tokenizer::from_tokenizers(fixture().clone()).unwrap();
     let from_gguf = Tokenizer::from_gguf_vocab(&fixture_vocab("gpt-2")).unwrap();
     assert_eq!(from_gguf.vocab_size(), from_json.vocab_size());
-    let corpus_bits = [
-        &FIXTURE_CORPUS[1000..3000],
-        &FIXTURE_CORPUS[FIXTURE_CORPUS.len() - 3000..],
-    ];
+    let corpus_bits = [&FIXTURE_CORPUS[1000..3000], &FIXTURE_CORPUS[FIXTURE_CORPUS.len() - 3000..]];
     for s in SAMPLES.iter().copied().chain(corpus_bits) {
         for add in [true, false] {
             let a = from_json.encode(s, add).unwrap();
@@ -54,24 +51,16 @@ fn gpt2_vocab_matches_tokenizer_json() {
             assert_eq!(a.ids, b.ids, "{s:?} add={add}");
             assert_eq!(a.offsets, b.offsets, "{s:?}");
             for skip in [true, false] {
-                assert_eq!(
-                    from_json.decode(&a.ids, skip).unwrap(),
-                    from_gguf.decode(&b.ids, skip).unwrap()
-                );
+                assert_eq!(from_json.decode(&a.ids, skip).unwrap(), from_gguf.decode(&b.ids, skip).unwrap());
             }
         }
     }
     assert_eq!(from_gguf.bos_id(), Some(0));
     assert_eq!(from_gguf.eos_token(), Some("</s>"));
-    assert!(
-        from_gguf.is_stop_token(1) && from_gguf.is_stop_token(3) && !from_gguf.is_stop_token(2)
-    );
+    assert!(from_gguf.is_stop_token(1) && from_gguf.is_stop_token(3) && !from_gguf.is_stop_token(2));
     assert!(from_gguf.is_special_id(2));
     let t = from_gguf.chat_template().unwrap();
-    assert!(t
-        .render(&[ChatMessage::new("user", "x")], true, "<s>", "</s>")
-        .unwrap()
-        .ends_with("assistant\n"));
+    assert!(t.render(&[ChatMessage::new("user", "x")], true, "<s>", "</s>").unwrap().ends_with("assistant\n"));
 }
 
 #[test]
@@ -120,10 +109,7 @@ fn sentencepiece_vocab_encodes_like_llama() {
     // byte fallback for pieces outside the vocabulary, unk never needed
     let e = tk.encode("hi é日", false).unwrap();
     let toks: Vec<String> = e.ids.iter().map(|&i| tk.id_to_token(i).unwrap()).collect();
-    assert_eq!(
-        toks,
-        ["▁h", "<0x69>", "▁", "é", "<0xE6>", "<0x97>", "<0xA5>"]
-    );
+    assert_eq!(toks, ["▁h", "<0x69>", "▁", "é", "<0xE6>", "<0x97>", "<0xA5>"]);
     assert_eq!(tk.decode(&e.ids, false).unwrap(), "hi é日");
 
     // merges ranked by score: "▁cat" via "▁c"+"at" (both ranked above "ca"/"▁ca")
@@ -168,10 +154,7 @@ fn gguf_errors_are_clear() {
 
     let mut v = fixture_vocab("gpt-2");
     v.merges = None;
-    assert!(Tokenizer::from_gguf_vocab(&v)
-        .unwrap_err()
-        .to_string()
-        .contains("merges"));
+    assert!(Tokenizer::from_gguf_vocab(&v).unwrap_err().to_string().contains("merges"));
 
     let mut v = spm_vocab();
     v.eos_id = Some(100_000);
@@ -180,10 +163,7 @@ fn gguf_errors_are_clear() {
 
     let mut v = spm_vocab();
     v.scores = Some(vec![0.0; 3]);
-    assert!(Tokenizer::from_gguf_vocab(&v)
-        .unwrap_err()
-        .to_string()
-        .contains("scores"));
+    assert!(Tokenizer::from_gguf_vocab(&v).unwrap_err().to_string().contains("scores"));
 
     let mut v = spm_vocab();
     v.chat_template = Some("{% if %}".into());
@@ -195,26 +175,10 @@ fn gguf_errors_are_clear() {
 /// (reference produced by `tests/data/gen_spm_reference.py`; scores have ties).
 #[test]
 fn sentencepiece_merges_match_transformers() {
-    let r: serde_json::Value =
-        serde_json::from_str(include_str!("data/spm_merges_reference.json")).unwrap();
-    let tokens: Vec<String> = r["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap().to_string())
-        .collect();
-    let scores: Vec<f32> = r["scores"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_f64().unwrap() as f32)
-        .collect();
-    let want: Vec<&str> = r["merges"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m.as_str().unwrap())
-        .collect();
+    let r: serde_json::Value = serde_json::from_str(include_str!("data/spm_merges_reference.json")).unwrap();
+    let tokens: Vec<String> = r["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    let scores: Vec<f32> = r["scores"].as_array().unwrap().iter().map(|s| s.as_f64().unwrap() as f32).collect();
+    let want: Vec<&str> = r["merges"].as_array().unwrap().iter().map(|m| m.as_str().unwrap()).collect();
     let n = tokens.len();
     let v = GgufVocab {
         model: "llama".into(),

@@ -7,10 +7,7 @@ use engram_tokenizer::*;
 fn missing_tokenizer_json_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let e = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
-    let want = format!(
-        "{}: missing (a Hugging Face model folder needs tokenizer.json)",
-        dir.path().join("tokenizer.json").display()
-    );
+    let want = format!("{}: missing (a Hugging Face model folder needs tokenizer.json)", dir.path().join("tokenizer.json").display());
     assert_eq!(e, want);
 }
 
@@ -19,37 +16,19 @@ fn parse_errors_name_the_file() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("tokenizer.json"), "{not json").unwrap();
     let e = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        e.starts_with(&dir.path().join("tokenizer.json").display().to_string()),
-        "{e}"
-    );
+    assert!(e.starts_with(&dir.path().join("tokenizer.json").display().to_string()), "{e}");
 
     write_dir(dir.path(), &[("tokenizer_config.json", "[1,")]);
     let e = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
     assert!(e.contains("tokenizer_config.json: invalid JSON"), "{e}");
 
-    write_dir(
-        dir.path(),
-        &[("tokenizer_config.json", r#"{"bos_token": 5}"#)],
-    );
+    write_dir(dir.path(), &[("tokenizer_config.json", r#"{"bos_token": 5}"#)]);
     let e = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        e.contains("tokenizer_config.json") && e.contains("bos_token"),
-        "{e}"
-    );
+    assert!(e.contains("tokenizer_config.json") && e.contains("bos_token"), "{e}");
 
-    write_dir(
-        dir.path(),
-        &[
-            ("tokenizer_config.json", "{}"),
-            ("chat_template.jinja", "{% for %}"),
-        ],
-    );
+    write_dir(dir.path(), &[("tokenizer_config.json", "{}"), ("chat_template.jinja", "{% for %}")]);
     let e = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        e.contains("chat_template.jinja") && e.contains("does not compile"),
-        "{e}"
-    );
+    assert!(e.contains("chat_template.jinja") && e.contains("does not compile"), "{e}");
 }
 
 #[test]
@@ -90,10 +69,7 @@ fn config_variants() {
                 })
                 .to_string(),
             ),
-            (
-                "generation_config.json",
-                r#"{"bos_token_id": 0, "eos_token_id": [3, 1]}"#,
-            ),
+            ("generation_config.json", r#"{"bos_token_id": 0, "eos_token_id": [3, 1]}"#),
         ],
     );
     let tk = Tokenizer::from_hf_dir(dir.path()).unwrap();
@@ -108,10 +84,7 @@ fn config_variants() {
     write_dir(
         dir.path(),
         &[
-            (
-                "tokenizer_config.json",
-                r#"{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "CONFIG"}"#,
-            ),
+            ("tokenizer_config.json", r#"{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "CONFIG"}"#),
             ("chat_template.jinja", LLAMA3),
             ("generation_config.json", r#"{"eos_token_id": 3}"#),
         ],
@@ -125,13 +98,7 @@ fn config_variants() {
 #[test]
 fn add_bos_token_from_config_is_obeyed() {
     let dir = tempfile::tempdir().unwrap();
-    write_dir(
-        dir.path(),
-        &[(
-            "tokenizer_config.json",
-            r#"{"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": false}"#,
-        )],
-    );
+    write_dir(dir.path(), &[("tokenizer_config.json", r#"{"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": false}"#)]);
     let tk = Tokenizer::from_hf_dir(dir.path()).unwrap();
     let e = tk.encode("Hello", true).unwrap();
     assert_eq!(e.ids, tk.encode("Hello", false).unwrap().ids);
@@ -139,13 +106,7 @@ fn add_bos_token_from_config_is_obeyed() {
     let e = tk.encode("<s>Hello", true).unwrap();
     assert_eq!(e.ids[0], 0);
 
-    write_dir(
-        dir.path(),
-        &[(
-            "tokenizer_config.json",
-            r#"{"bos_token": "<s>", "add_bos_token": true}"#,
-        )],
-    );
+    write_dir(dir.path(), &[("tokenizer_config.json", r#"{"bos_token": "<s>", "add_bos_token": true}"#)]);
     let tk = Tokenizer::from_hf_dir(dir.path()).unwrap();
     let e = tk.encode("Hello", true).unwrap();
     assert_eq!(e.ids[0], 0);

@@ -52,10 +52,7 @@ fn random_ids(rng: &mut Rng, tk: &Tokenizer, pools: &[Vec<u32>], len: usize) -> 
 }
 
 fn run_random(tk: &Tokenizer, byte_pool: Vec<u32>, seeds: u64) {
-    let mut pools: Vec<Vec<u32>> = SAMPLES
-        .iter()
-        .map(|s| tk.encode(s, false).unwrap().ids)
-        .collect();
+    let mut pools: Vec<Vec<u32>> = SAMPLES.iter().map(|s| tk.encode(s, false).unwrap().ids).collect();
     pools.push(byte_pool);
     let mut defined = 0;
     let mut total = 0;
@@ -65,11 +62,7 @@ fn run_random(tk: &Tokenizer, byte_pool: Vec<u32>, seeds: u64) {
         let gen = random_ids(&mut rng, tk, &pools, gen_len);
         let prompt = match rng.below(3) {
             0 => Vec::new(),
-            1 => {
-                tk.encode(SAMPLES[rng.below(SAMPLES.len())], true)
-                    .unwrap()
-                    .ids
-            }
+            1 => tk.encode(SAMPLES[rng.below(SAMPLES.len())], true).unwrap().ids,
             _ => {
                 let n = rng.below(12);
                 random_ids(&mut rng, tk, &pools, n)
@@ -82,20 +75,14 @@ fn run_random(tk: &Tokenizer, byte_pool: Vec<u32>, seeds: u64) {
             }
         }
     }
-    assert!(
-        defined * 10 >= total * 8,
-        "only {defined}/{total} cases checkable"
-    );
+    assert!(defined * 10 >= total * 8, "only {defined}/{total} cases checkable");
 }
 
 #[test]
 fn byte_level_random_sequences() {
     let tk = Tokenizer::from_tokenizers(fixture().clone()).unwrap();
     // single-byte tokens for UTF-8 lead and continuation bytes
-    let byte_pool: Vec<u32> = "é日🚀—"
-        .bytes()
-        .map(|b| (4..260u32).find(|&id| byte_of(&tk, id) == Some(b)).unwrap())
-        .collect();
+    let byte_pool: Vec<u32> = "é日🚀—".bytes().map(|b| (4..260u32).find(|&id| byte_of(&tk, id) == Some(b)).unwrap()).collect();
     run_random(&tk, byte_pool, 600);
 }
 
@@ -109,8 +96,7 @@ fn byte_of(tk: &Tokenizer, id: u32) -> Option<u8> {
     }
     // GPT-2 bytes_to_unicode inverse
     let cp = c as u32;
-    let printable =
-        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     if printable(cp) {
         return Some(cp as u8);
     }
@@ -152,10 +138,7 @@ fn streams_text_as_it_completes() {
     assert_eq!(sd.flush(), "");
     assert_eq!(pieces.concat(), text);
     // text comes out while streaming, not all at the end
-    assert!(
-        pieces.iter().filter(|p| !p.is_empty()).count() >= 8,
-        "{pieces:?}"
-    );
+    assert!(pieces.iter().filter(|p| !p.is_empty()).count() >= 8, "{pieces:?}");
     assert_eq!(pieces[0], "H");
 
     // the leading space after a prompt is kept (SentencePiece strips it only at text start)

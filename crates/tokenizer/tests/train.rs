@@ -72,14 +72,9 @@ fn training_is_deterministic_across_processes() {
     for (i, par) in [None, Some("false"), Some("true")].into_iter().enumerate() {
         let out = dir.path().join(format!("t{i}.json"));
         let mut cmd = std::process::Command::new(&exe);
-        cmd.args([
-            "--ignored",
-            "--exact",
-            "emit_fixture_json",
-            "--test-threads=1",
-        ])
-        .env("ENGRAM_TOK_EMIT", &out)
-        .stdout(std::process::Stdio::null());
+        cmd.args(["--ignored", "--exact", "emit_fixture_json", "--test-threads=1"])
+            .env("ENGRAM_TOK_EMIT", &out)
+            .stdout(std::process::Stdio::null());
         match par {
             Some(v) => cmd.env("TOKENIZERS_PARALLELISM", v),
             None => cmd.env_remove("TOKENIZERS_PARALLELISM"),
@@ -87,10 +82,7 @@ fn training_is_deterministic_across_processes() {
         let status = cmd.status().unwrap();
         assert!(status.success());
         let got = std::fs::read_to_string(&out).unwrap();
-        assert!(
-            got == fixture_json(),
-            "process {i} trained a different tokenizer.json"
-        );
+        assert!(got == fixture_json(), "process {i} trained a different tokenizer.json");
     }
 }
 
@@ -121,10 +113,7 @@ fn fixture_loads_in_python() {
     let dir = tempfile::tempdir().unwrap();
     write_dir(
         dir.path(),
-        &[(
-            "tokenizer_config.json",
-            r#"{"bos_token": "<s>", "eos_token": "</s>", "tokenizer_class": "PreTrainedTokenizerFast"}"#,
-        )],
+        &[("tokenizer_config.json", r#"{"bos_token": "<s>", "eos_token": "</s>", "tokenizer_class": "PreTrainedTokenizerFast"}"#)],
     );
     let samples = serde_json::to_string(SAMPLES).unwrap();
     std::fs::write(dir.path().join("samples.json"), &samples).unwrap();
@@ -145,28 +134,13 @@ print(json.dumps(out))
         .env("HF_HUB_OFFLINE", "1")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "python failed: {}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let tk = Tokenizer::from_hf_dir(dir.path()).unwrap();
     for (i, s) in SAMPLES.iter().enumerate() {
-        let ours: Vec<u64> = tk
-            .encode(s, true)
-            .unwrap()
-            .ids
-            .iter()
-            .map(|&x| x as u64)
-            .collect();
+        let ours: Vec<u64> = tk.encode(s, true).unwrap().ids.iter().map(|&x| x as u64).collect();
         for lib in ["tokenizers", "transformers"] {
-            let theirs: Vec<u64> = v[lib][i]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap())
-                .collect();
+            let theirs: Vec<u64> = v[lib][i].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
             assert_eq!(ours, theirs, "{lib} differs on {s:?}");
         }
     }

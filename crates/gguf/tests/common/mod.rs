@@ -23,25 +23,13 @@ pub fn sample_writer() -> GgufWriter {
     w.add("tokens", Value::from(vec!["a", "bc", ""]));
     w.add("scores", Value::from(vec![0.5f32, -1.0]));
     w.add("types", Value::from(vec![1i32, 2, 3]));
-    w.add(
-        "nested",
-        Value::Array(vec![
-            Value::from(vec![1u8, 2]),
-            Value::Array(vec![]),
-            Value::from(vec!["x"]),
-        ]),
-    );
+    w.add("nested", Value::Array(vec![Value::from(vec![1u8, 2]), Value::Array(vec![]), Value::from(vec!["x"])]));
     w.add("empty", Value::Array(vec![]));
-    w.add_tensor("f32", &[3, 2], GGML_TYPE_F32, (0..24).collect())
-        .unwrap();
-    w.add_tensor("f16", &[5], GGML_TYPE_F16, vec![0xAB; 10])
-        .unwrap();
-    w.add_tensor("q8", &[64, 2], GGML_TYPE_Q8_0, vec![0x11; 4 * 34])
-        .unwrap();
-    w.add_tensor("q4k", &[256], GGML_TYPE_Q4_K, vec![0x22; 144])
-        .unwrap();
-    w.add_tensor("bf16", &[1, 1, 1, 3], GGML_TYPE_BF16, vec![0x33; 6])
-        .unwrap();
+    w.add_tensor("f32", &[3, 2], GGML_TYPE_F32, (0..24).collect()).unwrap();
+    w.add_tensor("f16", &[5], GGML_TYPE_F16, vec![0xAB; 10]).unwrap();
+    w.add_tensor("q8", &[64, 2], GGML_TYPE_Q8_0, vec![0x11; 4 * 34]).unwrap();
+    w.add_tensor("q4k", &[256], GGML_TYPE_Q4_K, vec![0x22; 144]).unwrap();
+    w.add_tensor("bf16", &[1, 1, 1, 3], GGML_TYPE_BF16, vec![0x33; 6]).unwrap();
     w
 }
 

@@ -109,10 +109,7 @@ unsafe fn load8<const K: u8>(p: *const u8, i: usize) -> __m256 {
     match K {
         0 => _mm256_loadu_ps(p.add(4 * i) as *const f32),
         1 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i) as *const __m128i)),
-        _ => _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(2 * i) as *const __m128i)),
-            16,
-        )),
+        _ => _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(2 * i) as *const __m128i)), 16)),
     }
 }
 
@@ -217,14 +214,7 @@ unsafe fn q8_tile<const Q4: bool, const NR: usize, const NT: usize>(
 
 /// Q4_K × Q8_K, one row, NT tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_tile<const NT: usize>(
-    w: *const u8,
-    _rb: usize,
-    a: &crate::quantize::ActQ8K,
-    t0: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn q4k_tile<const NT: usize>(w: *const u8, _rb: usize, a: &crate::quantize::ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let nb = a.blocks_per_row;
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); NT];
@@ -266,14 +256,7 @@ unsafe fn q4k_tile<const NT: usize>(
 
 /// Q6_K × Q8_K, one row, NT tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_tile<const NT: usize>(
-    w: *const u8,
-    _rb: usize,
-    a: &crate::quantize::ActQ8K,
-    t0: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn q6k_tile<const NT: usize>(w: *const u8, _rb: usize, a: &crate::quantize::ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let nb = a.blocks_per_row;
     let m4 = _mm256_set1_epi8(0x0F);
     let m30 = _mm256_set1_epi8(0x30);
@@ -292,12 +275,9 @@ unsafe fn q6k_tile<const NT: usize>(
             let qh = _mm256_loadu_si256(b.add(Q6K_QH + 32 * h) as *const __m256i);
             q[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
             q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-            q[4 * h + 2] =
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
-            q[4 * h + 3] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
-            );
+            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+            q[4 * h + 3] =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
         }
         // The 16 sub-block scales as i16, for Σ_j sc_j·bsum_j in one `vpmaddwd`.
         let scv = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));

@@ -47,7 +47,11 @@ unsafe fn load16<const K: u8, const MASKED: bool>(p: *const u8, i: usize, m: u16
     match K {
         0 => {
             let q = p.add(4 * i) as *const f32;
-            if MASKED { _mm512_maskz_loadu_ps(m, q) } else { _mm512_loadu_ps(q) }
+            if MASKED {
+                _mm512_maskz_loadu_ps(m, q)
+            } else {
+                _mm512_loadu_ps(q)
+            }
         }
         _ => {
             let q = p.add(2 * i) as *const __m256i;
@@ -161,17 +165,9 @@ unsafe fn q8_tile<const Q4: bool, const NR: usize, const NT: usize>(
             let ab = (t0 + t) * nb + i;
             let (xq, xb, xd) = (a.qs.as_ptr().add(ab * QK), a.bias.as_ptr().add(ab * 8), a.dv.as_ptr().add(ab * 8));
             let (xv, bias, dx) = if two {
-                (
-                    _mm512_loadu_si512(xq as *const __m512i),
-                    _mm512_loadu_si512(xb as *const __m512i),
-                    _mm512_loadu_ps(xd),
-                )
+                (_mm512_loadu_si512(xq as *const __m512i), _mm512_loadu_si512(xb as *const __m512i), _mm512_loadu_ps(xd))
             } else {
-                (
-                    _mm512_maskz_loadu_epi8(0xFFFF_FFFF, xq),
-                    _mm512_maskz_loadu_epi32(0x00FF, xb),
-                    _mm512_maskz_loadu_ps(0x00FF, xd),
-                )
+                (_mm512_maskz_loadu_epi8(0xFFFF_FFFF, xq), _mm512_maskz_loadu_epi32(0x00FF, xb), _mm512_maskz_loadu_ps(0x00FF, xd))
             };
             for r in 0..NR {
                 let dot = _mm512_dpbusd_epi32(bias, wv[r], xv);

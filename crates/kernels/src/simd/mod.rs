@@ -17,13 +17,13 @@
 use crate::dtype::{DType, WeightMatrix};
 use crate::quantize::{ActQ8, ActQ8K};
 
-pub(crate) mod scalar;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+pub(crate) mod scalar;
 
 /// A kernel implementation family. `Isa::detect()` picks the best one the CPU supports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,9 +45,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-            }
+            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 Isa::Avx2.is_available()
@@ -66,9 +64,7 @@ impl Isa {
     /// The best available path (cached after the first call).
     pub fn detect() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            [Isa::Amx, Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
-        })
+        *BEST.get_or_init(|| [Isa::Amx, Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar))
     }
 
     /// All paths this CPU can run, best last.

@@ -39,9 +39,7 @@ fn dot(c: &TileCtx, r: usize, t: usize) -> f32 {
                 let ab = t * a.blocks_per_row + i;
                 let xq = &a.qs[ab * QK..ab * QK + QK];
                 let isum: i32 = if q4 {
-                    (0..16)
-                        .map(|j| (b[2 + j] & 0xF) as i32 * xq[j] as i32 + (b[2 + j] >> 4) as i32 * xq[j + 16] as i32)
-                        .sum::<i32>()
+                    (0..16).map(|j| (b[2 + j] & 0xF) as i32 * xq[j] as i32 + (b[2 + j] >> 4) as i32 * xq[j + 16] as i32).sum::<i32>()
                         - 8 * a.sum[ab]
                 } else {
                     (0..QK).map(|j| (b[2 + j] as i8) as i32 * xq[j] as i32).sum()

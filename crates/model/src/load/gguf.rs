@@ -27,8 +27,7 @@ pub fn load_gguf(path: &Path) -> Result<Loaded> {
     let arch_name = file.get_str("general.architecture")?;
     let arch = Arch::parse(&arch_name).ok_or_else(|| ModelError::UnsupportedArch { file: label.clone(), arch: arch_name.clone() })?;
     let config = parse_config(&file, arch, &arch_name, &label)?;
-    let tokenizer = Tokenizer::from_gguf_vocab(&read_vocab(&file)?)
-        .map_err(|e| config_err(&label, "tokenizer.ggml", e.to_string()))?;
+    let tokenizer = Tokenizer::from_gguf_vocab(&read_vocab(&file)?).map_err(|e| config_err(&label, "tokenizer.ggml", e.to_string()))?;
     // The weights share the file's mapping, so they outlive `file`.
     let map = file.mmap().clone();
     let weights = build_weights(&config, &file, &map, &label)?;
@@ -193,10 +192,6 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
         });
     }
     let final_norm = vector("output_norm.weight", c.hidden)?;
-    let output = if f.header().tensor("output.weight").is_some() {
-        matrix("output.weight", c.vocab, c.hidden)?
-    } else {
-        embed.clone()
-    };
+    let output = if f.header().tensor("output.weight").is_some() { matrix("output.weight", c.vocab, c.hidden)? } else { embed.clone() };
     Ok(ModelWeights { embed, layers, final_norm, output })
 }

@@ -39,10 +39,9 @@ fn read(path: &Path) -> Result<String> {
 fn get_usize(j: &Json, file: &str, key: &str) -> Result<Option<usize>> {
     match j.get(key) {
         None | Some(Json::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(|x| Some(x as usize))
-            .ok_or_else(|| config_err(file, key, format!("expected a non-negative integer, found {v}"))),
+        Some(v) => {
+            v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| config_err(file, key, format!("expected a non-negative integer, found {v}")))
+        }
     }
 }
 
@@ -60,8 +59,8 @@ fn get_f32(j: &Json, file: &str, key: &str) -> Result<Option<f32>> {
 /// Parses `config.json` (`file` names it in errors).
 pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
     let model_type = j.get("model_type").and_then(|v| v.as_str()).unwrap_or("llama");
-    let arch = Arch::parse(model_type)
-        .ok_or_else(|| ModelError::UnsupportedArch { file: file.to_string(), arch: model_type.to_string() })?;
+    let arch =
+        Arch::parse(model_type).ok_or_else(|| ModelError::UnsupportedArch { file: file.to_string(), arch: model_type.to_string() })?;
     let hidden = req_usize(j, file, "hidden_size")?;
     let num_heads = req_usize(j, file, "num_attention_heads")?;
     let num_kv_heads = get_usize(j, file, "num_key_value_heads")?.unwrap_or(num_heads);
@@ -178,10 +177,7 @@ impl TensorSet {
     }
 
     fn get(&self, name: &str, shape: &[usize]) -> Result<Weight> {
-        let (file, map, dtype, have, range) = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| tensor_err("model.safetensors", name, "missing"))?;
+        let (file, map, dtype, have, range) = self.tensors.get(name).ok_or_else(|| tensor_err("model.safetensors", name, "missing"))?;
         if have.as_slice() != shape {
             return Err(tensor_err(file, name, format!("shape {have:?}, expected {shape:?}")));
         }
@@ -231,10 +227,6 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
         });
     }
     let final_norm = t.vector("model.norm.weight", c.hidden)?;
-    let output = if t.has("lm_head.weight") {
-        t.get("lm_head.weight", &[c.vocab, c.hidden])?
-    } else {
-        embed.clone()
-    };
+    let output = if t.has("lm_head.weight") { t.get("lm_head.weight", &[c.vocab, c.hidden])? } else { embed.clone() };
     Ok(ModelWeights { embed, layers, final_norm, output })
 }

@@ -69,35 +69,14 @@ pub fn spm_vocab() -> GgufVocab {
         scores.push(0.0);
     }
     // base characters, then merged pieces with decreasing scores (= merge rank)
-    let base = [
-        "▁", "h", "e", "l", "o", "w", "r", "d", ",", "a", "t", "c", "é",
-    ];
+    let base = ["▁", "h", "e", "l", "o", "w", "r", "d", ",", "a", "t", "c", "é"];
     for p in base {
         tokens.push(p.into());
         types.push(1);
         scores.push(-100.0);
     }
-    let merged = [
-        "▁h",
-        "he",
-        "ll",
-        "lo",
-        "▁he",
-        "llo",
-        "▁hello",
-        "▁w",
-        "or",
-        "▁wor",
-        "ld",
-        "▁world",
-        "at",
-        "▁c",
-        "▁cat",
-        "▁▁",
-        "▁▁▁▁",
-        "ca",
-        "▁ca",
-    ];
+    let merged =
+        ["▁h", "he", "ll", "lo", "▁he", "llo", "▁hello", "▁w", "or", "▁wor", "ld", "▁world", "at", "▁c", "▁cat", "▁▁", "▁▁▁▁", "ca", "▁ca"];
     for (i, p) in merged.iter().enumerate() {
         tokens.push(p.to_string());
         types.push(1);
