@@ -7,7 +7,7 @@
 //! step, so prefilling in one chunk, several, or token by token agrees.
 
 use crate::kv::{KvCache, KvData, KvElem};
-use crate::ops::{axpy, dot};
+use crate::ops::axpy;
 
 /// What one attention task computes: the queries of one sequence for one KV head group.
 pub struct AttnTask<'a> {
@@ -60,15 +60,14 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
             return;
         }
         let keys = view(chunk.keys, t.kv_head * chunk.capacity, n, hd, &mut kbuf);
-        // Transposing pays off only when many query rows share the chunk
-        // (prefill); a decode step's few rows take plain dot products.
-        let transposed = rows >= 8;
-        if transposed {
-            kt.resize(hd * n, 0.0);
-            for (i, k) in keys.chunks_exact(hd).enumerate() {
-                for (d, &x) in k.iter().enumerate() {
-                    kt[d * n + i] = x;
-                }
+        // NOTE: always transposed, even for a decode step's few rows: the
+        // score of a query must not depend on how many other queries share the
+        // step (chunked prefill = one-shot, bitwise), and a dot product with
+        // its own summation order would break that.
+        kt.resize(hd * n, 0.0);
+        for (i, k) in keys.chunks_exact(hd).enumerate() {
+            for (d, &x) in k.iter().enumerate() {
+                kt[d * n + i] = x;
             }
         }
         let values = view(chunk.values, t.kv_head * chunk.capacity, n, hd, &mut vbuf);
@@ -83,17 +82,11 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
                 let r = qi * t.group + j;
                 let qr = &q[r * hd..(r + 1) * hd];
                 let s = &mut scores[..n];
-                if transposed {
-                    s.fill(0.0);
-                    for (d, &qd) in qr.iter().enumerate() {
-                        let krow = &kt[d * n..(d + 1) * n];
-                        for (x, &k) in s.iter_mut().zip(krow) {
-                            *x += qd * k;
-                        }
-                    }
-                } else {
-                    for (x, k) in s.iter_mut().zip(keys.chunks_exact(hd)) {
-                        *x = dot(qr, k);
+                s.fill(0.0);
+                for (d, &qd) in qr.iter().enumerate() {
+                    let krow = &kt[d * n..(d + 1) * n];
+                    for (x, &k) in s.iter_mut().zip(krow) {
+                        *x += qd * k;
                     }
                 }
                 for x in &mut s[visible..] {
