@@ -2,13 +2,13 @@
 //! template over the whole history and reuses the cached token prefix, so
 //! only the new message is prefilled.
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 
 use anyhow::Result;
 use engram_engine::Generator;
 use engram_tokenizer::ChatMessage;
 
-use crate::common::{kv_pool, load_model, ModelArgs, SamplingArgs};
+use crate::common::{kv_pool, load_model, stdout_sink, ModelArgs, SamplingArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -40,11 +40,7 @@ pub fn run(a: Args) -> Result<()> {
         history.push(ChatMessage { role: "user".into(), content: line.trim_end_matches(['\n', '\r']).to_string() });
         let text = tpl.render(&history, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
         let ids = tok.encode(&text, false)?.ids;
-        let stdout = std::io::stdout();
-        let out = gen.generate(&ids, &params, &mut |piece| {
-            let mut lock = stdout.lock();
-            lock.write_all(piece.as_bytes()).is_ok() && lock.flush().is_ok()
-        })?;
+        let out = gen.generate(&ids, &params, &mut stdout_sink)?;
         println!();
         let t = &out.timings;
         eprintln!(

@@ -142,3 +142,11 @@ pub fn kv_pool(model: &Model, args: &ModelArgs) -> Result<KvPool> {
     let format: KvFormat = args.kv_format.parse()?;
     Ok(KvPool::try_new(KvLayout::of(&model.config), format, args.kv_budget_mib << 20)?)
 }
+
+/// A streaming sink that writes generated text to stdout as it arrives;
+/// returns false (cancel) once stdout is gone, e.g. a closed pipe.
+pub fn stdout_sink(piece: &str) -> bool {
+    use std::io::Write;
+    let mut lock = std::io::stdout().lock();
+    lock.write_all(piece.as_bytes()).is_ok() && lock.flush().is_ok()
+}

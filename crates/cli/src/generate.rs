@@ -1,13 +1,11 @@
 //! `engram generate`: one prompt in, the generated text out on stdout
 //! (streamed), statistics on stderr.
 
-use std::io::Write;
-
 use anyhow::Result;
 use engram_engine::Generator;
 use engram_tokenizer::ChatMessage;
 
-use crate::common::{kv_pool, load_model, ModelArgs, SamplingArgs};
+use crate::common::{kv_pool, load_model, stdout_sink, ModelArgs, SamplingArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -40,11 +38,7 @@ pub fn run(a: Args) -> Result<()> {
         tok.encode(&a.prompt, true)?.ids
     };
     let mut gen = Generator::new(&model, &pool);
-    let stdout = std::io::stdout();
-    let out = gen.generate(&ids, &a.sampling.params(), &mut |piece| {
-        let mut lock = stdout.lock();
-        lock.write_all(piece.as_bytes()).is_ok() && lock.flush().is_ok()
-    })?;
+    let out = gen.generate(&ids, &a.sampling.params(), &mut stdout_sink)?;
     println!();
     let t = &out.timings;
     eprintln!(

@@ -83,6 +83,19 @@ pub struct Generation {
     pub timings: Timings,
 }
 
+/// Records the text end of a token just decoded. A token that produced no
+/// text yet (it ends inside a UTF-8 character) is pending (`usize::MAX`)
+/// until a later token completes the text; `end` is where the decoded text
+/// ends after this token, and it becomes the end of every pending token.
+pub fn push_token_end(ends: &mut Vec<usize>, produced_text: bool, end: usize) {
+    ends.push(usize::MAX);
+    if produced_text {
+        for e in ends.iter_mut().rev().take_while(|e| **e == usize::MAX) {
+            *e = end;
+        }
+    }
+}
+
 /// A sequence: its cache and the tokens in it.
 pub struct Generator<'m> {
     model: &'m Model,
@@ -210,14 +223,8 @@ impl<'m> Generator<'m> {
                 break;
             }
             let piece = decoder.push(t)?;
-            token_ends.push(usize::MAX);
-            if !piece.is_empty() {
-                decoded_len += piece.len();
-                // This token completes the text of any still-pending ones.
-                for e in token_ends.iter_mut().rev().take_while(|e| **e == usize::MAX) {
-                    *e = decoded_len;
-                }
-            }
+            decoded_len += piece.len();
+            push_token_end(&mut token_ends, !piece.is_empty(), decoded_len);
             let (release, stopped) = stops.push(&piece);
             text.push_str(&release);
             if !release.is_empty() && !on_text(&release) {

@@ -15,7 +15,7 @@ mod sampling;
 mod stop;
 
 pub use error::EngineError;
-pub use generate::{FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
+pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
 pub use stop::StopMatcher;

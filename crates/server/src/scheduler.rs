@@ -566,15 +566,9 @@ impl<'m> Engine<'m> {
             Ok(p) => p,
             Err(e) => return Some(Err(ApiError::internal(format!("detokenizing: {e}")))),
         };
-        s.token_ends.push(usize::MAX);
-        if !piece.is_empty() {
-            s.decoded.push_str(&piece);
-            let end = s.prompt_text.as_ref().map_or(0, |p| p.len()) + s.decoded.len();
-            // This token completes the text of any still-pending ones.
-            for e in s.token_ends.iter_mut().rev().take_while(|e| **e == usize::MAX) {
-                *e = end;
-            }
-        }
+        s.decoded.push_str(&piece);
+        let end = s.prompt_text.as_ref().map_or(0, |p| p.len()) + s.decoded.len();
+        engram_engine::push_token_end(&mut s.token_ends, !piece.is_empty(), end);
         let (release, stopped) = s.stops.push(&piece);
         if !release.is_empty() && s.events.send(Event::Text(release)).is_err() {
             return Some(Ok(FinishReason::Cancelled));
