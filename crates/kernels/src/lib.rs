@@ -8,6 +8,9 @@
 //!   for Q4_0/Q8_0, AVX-512 VNNI, AVX2, portable scalar) and parallelized over output rows on
 //!   [`pool`].
 //!
+//! * [`flash`]: attention of query rows over key/value chunks on AMX-BF16 tiles (where the CPU
+//!   has them; callers keep a portable path).
+//!
 //! Module map: `dtype` (formats, errors), `blocks` (byte layouts), `quantize` (f32 → blocks,
 //! activation quantization), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
 //! `simd::{scalar, avx2, avx512, amx}` (kernels), `pool` (thread pool).
@@ -25,6 +28,7 @@
 mod blocks;
 mod dequant;
 mod dtype;
+pub mod flash;
 mod matmul;
 mod pool;
 mod quantize;
