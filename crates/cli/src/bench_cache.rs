@@ -7,8 +7,12 @@
 //! The warm case runs in a child process (`--warm-child`) that loads the
 //! model first (and runs one 4-token step, so weights are paged in as in a
 //! server that is up) and then times restore + prefill + first token, so
-//! nothing of the parent's memory helps it. The entry file was just written,
-//! so it sits in the page cache (reported as `page_cache: "warm"`).
+//! nothing of the parent's memory helps it. It runs twice: first with the
+//! entry file dropped from the page cache (`posix_fadvise(DONTNEED)`; the
+//! fraction still resident is measured with `mincore` and reported), so the
+//! restored blocks are read from disk as attention touches them
+//! (`ttft_warm_disk_ms`), then again with the file in the page cache
+//! (`ttft_warm_ms`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -42,11 +46,18 @@ pub struct Args {
     /// One JSON object per line instead of tables.
     #[arg(long)]
     json: bool,
+    /// Skip the cold (no cache) history measurements, which dominate the run time
+    /// (`ttft_cold_ms` is then null): for iterating on hot and warm.
+    #[arg(long)]
+    skip_cold: bool,
     /// Internal: run the warm measurement for `--entry` and print JSON.
     #[arg(long, hide = true)]
     warm_child: bool,
     #[arg(long, hide = true)]
     entry: Option<PathBuf>,
+    /// Internal: drop the entry file from the page cache before the warm measurement.
+    #[arg(long, hide = true)]
+    evict: bool,
 }
 
 fn tokens(model: &Model, n: usize, salt: u64) -> Vec<u32> {
@@ -77,11 +88,11 @@ pub fn run(a: Args) -> Result<()> {
     let histories: Vec<usize> = parse_list(&a.history)?;
     let mut rows = Vec::new();
     for &h in &histories {
-        eprintln!("history {h}: cold prefill of {} tokens (this is the slow part)...", h + a.user_tokens);
+        eprintln!("history {h}: prefill of {} tokens (the slow part)...", h + a.user_tokens);
         let history = tokens(&model, h, 1);
         let mut prompt = history.clone();
         prompt.extend(tokens(&model, a.user_tokens, 7));
-        let cold = ttft(&mut Generator::new(&model, &pool), &prompt)?;
+        let cold = if a.skip_cold { None } else { Some(ttft(&mut Generator::new(&model, &pool), &prompt)?) };
 
         // The history is prefilled once; the hot turn runs on a fork of it and
         // the persisted entry is written from it.
@@ -115,25 +126,21 @@ pub fn run(a: Args) -> Result<()> {
         let bytes = write_entry(&path, &meta, &kv)?;
         let write_ms = t.elapsed().as_secs_f64() * 1e3;
         drop(kv);
-        let child = std::process::Command::new(std::env::current_exe()?)
-            .args(child_args(&a, &path, h))
-            .output()
-            .context("running the warm-start child")?;
-        if !child.status.success() {
-            anyhow::bail!("warm child failed: {}", String::from_utf8_lossy(&child.stderr));
-        }
-        let warm: serde_json::Value = serde_json::from_slice(&child.stdout).context("warm child output")?;
+        let disk = warm_run(&a, &path, h, true)?;
+        let warm = warm_run(&a, &path, h, false)?;
         let _ = std::fs::remove_file(&path);
         rows.push(json!({
             "history_tokens": h,
             "kv_format": format.name(),
             "user_tokens": a.user_tokens,
-            "ttft_cold_ms": round(cold),
+            "ttft_cold_ms": cold.map(round),
             "ttft_hot_ms": round(hot),
             "ttft_warm_ms": warm["ttft_warm_ms"],
             "restore_ms": warm["restore_ms"],
             "restore_gb_s": warm["restore_gb_s"],
-            "page_cache": "warm",
+            "ttft_warm_disk_ms": disk["ttft_warm_ms"],
+            "resident_before_disk_run": disk["resident_fraction"],
+            "restore_disk_ms": disk["restore_ms"],
             "persist_write_ms": round(write_ms),
             "entry_bytes": bytes,
             "bytes_per_token": pool.bytes_per_token(),
@@ -176,46 +183,64 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Logit error and top-1 agreement of `format` KV against f32 KV over 512 tokens of real text.
+/// Logit error and top-1 agreement of `format` KV against f32 KV over 512 tokens of real text
+/// (prefilled; `engram bench kv-quality` scores token by token and compares more schemes).
 fn quality(model: &Model, format: KvFormat) -> Result<serde_json::Value> {
     let text = engram_tokenizer::FIXTURE_CORPUS.chars().take(4000).collect::<String>();
     let mut ids = model.tokenizer.encode(&text, true)?.ids;
     ids.truncate(512);
     let layout = KvLayout::of(&model.config);
     let exact = Generator::new(model, &KvPool::new(layout, KvFormat::F32, 1 << 34)).feed(&ids, true)?;
-    let approx = Generator::new(model, &KvPool::new(layout, format, 1 << 34)).feed(&ids, true)?;
-    let v = model.config.vocab;
-    let (mut agree, mut max_err, mut kl) = (0usize, 0f32, 0f64);
-    for (e, q) in exact.chunks_exact(v).zip(approx.chunks_exact(v)) {
-        agree += (engram_engine::argmax(e) == engram_engine::argmax(q)) as usize;
-        let scale = e.iter().fold(0f32, |m, x| m.max(x.abs()));
-        max_err = max_err.max(e.iter().zip(q).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale);
-        kl += kl_div(e, q);
-    }
-    let n = ids.len();
-    Ok(json!({
-        "quality_vs_f32": format.name(),
-        "positions": n,
-        "top1_agreement": round(agree as f64 / n as f64),
-        "mean_kl_nats": (kl / n as f64 * 1e6).round() / 1e6,
-        "max_rel_logit_err": round(max_err as f64),
-    }))
+    let pool = KvPool::new(layout, format, 1 << 34);
+    let approx = Generator::new(model, &pool).feed(&ids, true)?;
+    let bytes_vs_f16 = pool.bytes_per_token() as f64 / KvPool::new(layout, KvFormat::F16, 1).bytes_per_token() as f64;
+    let mut row = crate::bench_kv_quality::compare(format.name(), &exact, &approx, model.config.vocab, bytes_vs_f16);
+    row["quality_vs_f32"] = row["scheme"].take();
+    Ok(row)
 }
 
-fn kl_div(p_logits: &[f32], q_logits: &[f32]) -> f64 {
-    let lse = |x: &[f32]| {
-        let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-        m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
-    };
-    let (lp, lq) = (lse(p_logits), lse(q_logits));
-    p_logits
-        .iter()
-        .zip(q_logits)
-        .map(|(&a, &b)| {
-            let pa = a as f64 - lp;
-            pa.exp() * (pa - (b as f64 - lq))
-        })
-        .sum()
+/// Runs the warm-start child for the entry at `path` and returns its JSON line.
+fn warm_run(a: &Args, path: &std::path::Path, h: usize, evict: bool) -> Result<serde_json::Value> {
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(child_args(a, path, h));
+    if evict {
+        cmd.arg("--evict");
+    }
+    let child = cmd.output().context("running the warm-start child")?;
+    if !child.status.success() {
+        anyhow::bail!("warm child failed: {}", String::from_utf8_lossy(&child.stderr));
+    }
+    serde_json::from_slice(&child.stdout).context("warm child output")
+}
+
+/// Asks the kernel to drop `path` from the page cache (clean pages only: entries are fsynced
+/// when written) and returns the fraction of its pages still resident afterwards.
+#[cfg(unix)]
+fn evict_from_page_cache(path: &std::path::Path) -> Result<f64> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path)?;
+    // SAFETY: a valid open descriptor; the advice only affects caching.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    anyhow::ensure!(rc == 0, "posix_fadvise failed: {rc}");
+    resident_fraction(&file)
+}
+
+#[cfg(unix)]
+fn resident_fraction(file: &std::fs::File) -> Result<f64> {
+    // SAFETY: read-only mapping of a file this process does not modify; only inspected by mincore.
+    let map = unsafe { memmap2::Mmap::map(file)? };
+    let page = 4096;
+    let pages = map.len().div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `map` is a live mapping of `map.len()` bytes and `vec` has one byte per page.
+    let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), vec.as_mut_ptr()) };
+    anyhow::ensure!(rc == 0, "mincore failed");
+    Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as f64 / pages.max(1) as f64)
+}
+
+#[cfg(not(unix))]
+fn evict_from_page_cache(_path: &std::path::Path) -> Result<f64> {
+    Ok(1.0)
 }
 
 fn warm_child(a: &Args, model: &Model, pool: &KvPool, fp: &str) -> Result<()> {
@@ -226,6 +251,7 @@ fn warm_child(a: &Args, model: &Model, pool: &KvPool, fp: &str) -> Result<()> {
     // A started server has run steps already: page the weights in and start
     // the thread pool before timing, as `bench speed` does.
     Generator::new(model, pool).feed(&prompt[..4.min(prompt.len())], false)?;
+    let resident = if a.evict { evict_from_page_cache(path)? } else { 1.0 };
     let t = Instant::now();
     let (meta, kv) = read_entry(path, pool, fp, model.config.vocab)?;
     let restore_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -235,7 +261,12 @@ fn warm_child(a: &Args, model: &Model, pool: &KvPool, fp: &str) -> Result<()> {
     let ttft = t.elapsed().as_secs_f64() * 1e3;
     println!(
         "{}",
-        json!({ "ttft_warm_ms": round(ttft), "restore_ms": round(restore_ms), "restore_gb_s": round(bytes / (restore_ms / 1e3) / 1e9) })
+        json!({
+            "ttft_warm_ms": round(ttft),
+            "restore_ms": round(restore_ms),
+            "restore_gb_s": round(bytes / (restore_ms / 1e3) / 1e9),
+            "resident_fraction": round(resident),
+        })
     );
     Ok(())
 }

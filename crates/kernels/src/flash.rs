@@ -29,6 +29,19 @@ pub fn supported(head_dim: usize) -> bool {
 
 pub use imp::Flash;
 
+/// Hints the CPU to bring `bytes` into cache (one prefetch per 64-byte line); no effect on
+/// results, a no-op where there is no prefetch instruction.
+#[inline]
+pub fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: prefetching never faults and does not change memory; SSE is baseline on x86-64.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use super::CHUNK;
@@ -83,6 +96,8 @@ mod imp {
         p: Vec<Line>,
         o: Vec<Line>,
         vt: Vec<f32>,
+        /// The current block's rescale factors `e^(m_old - m_new)`, from softmax to accumulate.
+        corr: [f32; 16],
     }
 
     /// Round-to-nearest-even bf16 of `x` (finite inputs), as the hardware's `vcvtneps2bf16`.
@@ -137,6 +152,7 @@ mod imp {
                 p: vec![ZERO; 2 * T],
                 o: vec![ZERO; 4 * T],
                 vt: vec![0.0; hd * CHUNK],
+                corr: [0.0; 16],
             }
         }
 
@@ -280,8 +296,8 @@ mod imp {
         }
 
         /// Online softmax of block `b` over the scores in `self.s`: masks, updates `m` and `l`,
-        /// rescales the block's accumulators by `e^(m_old - m_new)` and writes `Pᵀ` (hi, lo)
-        /// for [`Self::accumulate`].
+        /// and leaves `Pᵀ` (hi, lo) and the rescale factors `e^(m_old - m_new)` for
+        /// [`Self::accumulate`].
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
         unsafe fn softmax(&mut self, b: usize, n: usize, key_pos0: usize, causal: bool, mask: Option<&[bool]>) {
             let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
@@ -311,7 +327,7 @@ mod imp {
             let mut sum = _mm512_setzero_ps();
             let (ph, pl) = (self.p.as_mut_ptr() as *mut __m512i, self.p.as_mut_ptr().add(T) as *mut __m512i);
             let hi_mask = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-            let inter = interleave_idx();
+            let inter = _mm512_loadu_si512(INTERLEAVE_IDX.as_ptr() as *const _);
             for j in 0..CHUNK / 2 {
                 let pa = exp16(_mm512_sub_ps(_mm512_load_ps(s.add(2 * j * 16)), m_safe));
                 let pb = exp16(_mm512_sub_ps(_mm512_load_ps(s.add((2 * j + 1) * 16)), m_safe));
@@ -329,17 +345,14 @@ mod imp {
             let l_old = _mm512_loadu_ps(self.l.as_ptr().add(b * 16));
             _mm512_storeu_ps(self.l.as_mut_ptr().add(b * 16), _mm512_fmadd_ps(l_old, corr, sum));
             _mm512_storeu_ps(self.m.as_mut_ptr().add(b * 16), m_new);
-            // Rescale this block's accumulators now; `accumulate` then only adds.
-            let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
-            for d in 0..self.hd {
-                let a = acc.add(d * 16);
-                _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(a), corr));
-            }
+            _mm512_storeu_ps(self.corr.as_mut_ptr(), corr);
         }
 
-        /// `Oᵀ += Vᵀ · Pᵀ` for block `b`, four 16-dim blocks per tile pass.
+        /// `Oᵀ = Oᵀ · corr + Vᵀ · Pᵀ` for block `b` (`corr` = the rescale factors [`Self::softmax`]
+        /// left), four 16-dim blocks per tile pass.
         #[target_feature(enable = "avx512f")]
         unsafe fn accumulate(&mut self, b: usize) {
+            let corr = _mm512_loadu_ps(self.corr.as_ptr());
             let stride = 64usize;
             let dbs = self.hd / 16;
             let p = self.p.as_ptr();
@@ -388,7 +401,7 @@ mod imp {
                 let of = o as *const f32;
                 for i in 0..cnt * 16 {
                     let a = acc.add(i * 16);
-                    _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), _mm512_load_ps(of.add(i * 16))));
+                    _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), corr, _mm512_load_ps(of.add(i * 16))));
                 }
                 db0 += cnt;
             }
@@ -422,18 +435,9 @@ mod imp {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn transpose16(r: &mut [__m512; 16]) {
-        for s in [8usize, 4, 2, 1] {
-            let (mut lo, mut hi) = ([0i32; 16], [0i32; 16]);
-            for j in 0..16 {
-                if j & s == 0 {
-                    lo[j] = j as i32;
-                    hi[j] = (j + s) as i32;
-                } else {
-                    lo[j] = (j - s) as i32 | 16;
-                    hi[j] = j as i32 | 16;
-                }
-            }
-            let (lo, hi) = (_mm512_loadu_si512(lo.as_ptr() as *const _), _mm512_loadu_si512(hi.as_ptr() as *const _));
+        for (k, s) in [8usize, 4, 2, 1].into_iter().enumerate() {
+            let lo = _mm512_loadu_si512(TRANSPOSE_IDX[k][0].as_ptr() as *const _);
+            let hi = _mm512_loadu_si512(TRANSPOSE_IDX[k][1].as_ptr() as *const _);
             for i in 0..16 {
                 if i & s == 0 {
                     let (a, b) = (r[i], r[i + s]);
@@ -444,17 +448,43 @@ mod imp {
         }
     }
 
+    /// `permutex2var` indices of [`transpose16`]'s stages (s = 8, 4, 2, 1): for the upper row of
+    /// a pair, lane `j` keeps its own element if `j & s == 0`, else takes the lower row's `j - s`;
+    /// the lower row takes the upper's `j + s`, or keeps its own.
+    static TRANSPOSE_IDX: [[[i32; 16]; 2]; 4] = transpose_idx();
+
+    const fn transpose_idx() -> [[[i32; 16]; 2]; 4] {
+        let mut t = [[[0i32; 16]; 2]; 4];
+        let mut k = 0;
+        while k < 4 {
+            let s = 8 >> k;
+            let mut j = 0;
+            while j < 16 {
+                if j & s == 0 {
+                    t[k][0][j] = j as i32;
+                    t[k][1][j] = (j + s) as i32;
+                } else {
+                    t[k][0][j] = (j - s) as i32 | 16;
+                    t[k][1][j] = j as i32 | 16;
+                }
+                j += 1;
+            }
+            k += 1;
+        }
+        t
+    }
+
     /// Word permutation taking `[a0..a15, b0..b15]` to `[a0, b0, a1, b1, ..]`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn interleave_idx() -> __m512i {
+    static INTERLEAVE_IDX: [i16; 32] = {
         let mut idx = [0i16; 32];
-        for r in 0..16 {
+        let mut r = 0;
+        while r < 16 {
             idx[2 * r] = r as i16;
             idx[2 * r + 1] = 16 + r as i16;
+            r += 1;
         }
-        _mm512_loadu_si512(idx.as_ptr() as *const _)
-    }
+        idx
+    };
 
     /// `e^x` on 16 lanes for softmax arguments (`x <= 0`, `-inf` → 0): the same range reduction
     /// and degree-6 polynomial as the model's scalar `exp_approx`, with `vscalefps` for `2^n`.

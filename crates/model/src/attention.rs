@@ -70,7 +70,12 @@ fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
     let rows = t.num_queries * t.group;
     let q = gather_queries(t);
     let mut flash = engram_kernels::flash::Flash::new(&q, rows, hd, t.first_pos, t.group);
-    let (mut kbuf, mut vbuf) = (Vec::new(), Vec::new());
+    let (mut kbuf, mut vbuf, mut mbuf) = (Vec::new(), Vec::new(), Vec::new());
+    // A one-chunk software pipeline: a chunk's rows are prefetched, then the previous chunk
+    // (already decoded into the buffers) is attended, then this one is decoded — so its memory
+    // arrives while the tiles work instead of stalling the decode (long contexts are read from
+    // RAM, 32 tokens of one head at a time, which the hardware prefetcher barely follows).
+    let mut pending: Option<(usize, usize, bool)> = None; // (n, first position, masked)
     let last_pos = t.first_pos + t.num_queries - 1;
     t.kv.for_each_chunk(t.layer, &mut |chunk| {
         if chunk.len == 0 || chunk.first_pos > last_pos {
@@ -80,12 +85,26 @@ fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
         while start < chunk.len {
             let n = (chunk.len - start).min(engram_kernels::flash::CHUNK);
             let row0 = t.kv_head * chunk.capacity + start;
-            let keys = view(chunk.keys, row0, n, hd, &mut kbuf);
-            let values = view(chunk.values, row0, n, hd, &mut vbuf);
-            flash.add_chunk(keys, values, n, chunk.first_pos + start, chunk.mask.map(|m| &m[start..start + n]));
+            for data in [chunk.keys, chunk.values] {
+                let rb = data.elem.row_bytes(hd);
+                engram_kernels::flash::prefetch(&data.bytes[row0 * rb..(row0 + n) * rb]);
+            }
+            if let Some((pn, ppos, masked)) = pending.take() {
+                flash.add_chunk(&kbuf, &vbuf, pn, ppos, masked.then_some(&mbuf[..]));
+            }
+            view(chunk.keys, row0, n, hd, &mut kbuf);
+            view(chunk.values, row0, n, hd, &mut vbuf);
+            if let Some(m) = chunk.mask {
+                mbuf.clear();
+                mbuf.extend_from_slice(&m[start..start + n]);
+            }
+            pending = Some((n, chunk.first_pos + start, chunk.mask.is_some()));
             start += n;
         }
     });
+    if let Some((pn, ppos, masked)) = pending {
+        flash.add_chunk(&kbuf, &vbuf, pn, ppos, masked.then_some(&mbuf[..]));
+    }
     let mut out = vec![0.0f32; rows * hd];
     flash.finish(&mut out);
     out
