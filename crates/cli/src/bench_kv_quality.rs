@@ -14,7 +14,9 @@
 //! * `kivi4`: KIVI — keys per channel (each head dimension's 32 values of a
 //!   block share a scale and minimum), values per token, both asymmetric
 //!   4-bit, with the window (KIVI needs it: a channel group is only complete
-//!   when the block is).
+//!   when the block is);
+//! * `kivi4-sym`: the same split with symmetric groups (one scale, Q4_0
+//!   arithmetic), so it costs exactly what `q4` costs.
 
 use std::path::PathBuf;
 
@@ -56,6 +58,8 @@ enum Scheme {
     Q41Window,
     /// Keys per channel over the block's 32 tokens, values per token; asymmetric 4-bit.
     Kivi4,
+    /// As `Kivi4` but symmetric (Q4_0 arithmetic: one scale per group), so it costs what `q4` does.
+    Kivi4Sym,
 }
 
 impl Scheme {
@@ -64,6 +68,7 @@ impl Scheme {
             Scheme::Q4Window => "q4+window",
             Scheme::Q41Window => "q4_1+window",
             Scheme::Kivi4 => "kivi4",
+            Scheme::Kivi4Sym => "kivi4-sym",
         }
     }
 
@@ -76,6 +81,7 @@ impl Scheme {
             Scheme::Q41Window => 2.0 * (data + 4.0 * per_token_groups),
             // Keys: one (scale, min) f16 pair per channel per 32-token block.
             Scheme::Kivi4 => (data + 4.0 * hd as f64 / BLOCK as f64) + (data + 4.0 * per_token_groups),
+            Scheme::Kivi4Sym => (data + 2.0 * hd as f64 / BLOCK as f64) + (data + 2.0 * per_token_groups),
         }
     }
 }
@@ -113,16 +119,25 @@ impl SimQuantKv {
                     kf.chunks_exact_mut(32).for_each(|g| asym4_round_trip(g));
                     vf.chunks_exact_mut(32).for_each(|g| asym4_round_trip(g));
                 }
-                Scheme::Kivi4 => {
+                Scheme::Kivi4 | Scheme::Kivi4Sym => {
+                    let sym = scheme == Scheme::Kivi4Sym;
                     // Channel d of this head's block: elements d, d + hd, ... (stride hd).
                     for d in 0..hd {
                         let mut ch: Vec<f32> = (0..BLOCK).map(|t| kf[t * hd + d]).collect();
-                        asym4_round_trip(&mut ch);
+                        if sym {
+                            q4_0_round_trip(&mut ch);
+                        } else {
+                            asym4_round_trip(&mut ch);
+                        }
                         for t in 0..BLOCK {
                             kf[t * hd + d] = ch[t];
                         }
                     }
-                    vf.chunks_exact_mut(32).for_each(|g| asym4_round_trip(g));
+                    if sym {
+                        vf.chunks_exact_mut(hd).for_each(q4_0_round_trip);
+                    } else {
+                        vf.chunks_exact_mut(32).for_each(asym4_round_trip);
+                    }
                 }
             }
             k[rows.clone()].copy_from_slice(&bytes(&kf));
@@ -225,7 +240,7 @@ pub fn run(a: Args) -> Result<()> {
         let bytes = pool_of(format).bytes_per_token() as f64 / (c.num_layers * c.num_kv_heads) as f64;
         rows.push(compare(format.name(), &exact, &logits, c.vocab, bytes / f16_bytes));
     }
-    for scheme in [Scheme::Q4Window, Scheme::Q41Window, Scheme::Kivi4] {
+    for scheme in [Scheme::Q4Window, Scheme::Q41Window, Scheme::Kivi4, Scheme::Kivi4Sym] {
         let mut kv = SimQuantKv::new(scheme, c.num_layers, c.num_kv_heads, c.head_dim);
         let mut pos = 0;
         for chunk in prefix.chunks(engram_engine::DEFAULT_PREFILL_CHUNK) {
