@@ -3,12 +3,13 @@
 //! behind the choice of `q8`/`q4` (README, "KV formats").
 //!
 //! Rows: the shipped formats (`q8`, `q4`: ggml Q8_0/Q4_0 groups of 32 along
-//! each token's head dimension, quantized as written) through the real KV
-//! pool; and three alternatives simulated exactly by [`SimQuantKv`] (values
-//! quantized and dequantized at the point a real format would, attention then
-//! reads f32):
-//! * `q4+window`: `q4`, but the last, partial 32-token block stays f32 until
-//!   it fills (a full-precision recent window);
+//! each token's head dimension, quantized as written, with the sequence's
+//! partial last block also kept in f16 — the recent window) through the real
+//! KV pool; and alternatives simulated by [`SimQuantKv`] (values quantized and
+//! dequantized at the point a real format would, attention then reads f32):
+//! * `q4-no-window`: `q4` without the window (what it was before);
+//! * `q4-sim`: the shipped `q4` simulated (a check that the simulation is
+//!   faithful: it should match the `q4` row closely);
 //! * `q4_1+window`: asymmetric 4-bit (scale + minimum per group of 32, like
 //!   ggml Q4_1) per token, with the window;
 //! * `kivi4`: KIVI — keys per channel (each head dimension's 32 values of a
@@ -52,7 +53,9 @@ const BLOCK: usize = 32;
 /// A quantization scheme simulated by [`SimQuantKv`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Scheme {
-    /// ggml Q4_0 per token, applied when a block fills (the window).
+    /// ggml Q4_0 per token as each row is written, no window (what `q4` was before the window).
+    Q4NoWindow,
+    /// ggml Q4_0 per token, applied when a block fills: the shipped `q4` (a check of the simulation).
     Q4Window,
     /// Asymmetric 4-bit per token (group 32 along dims), when a block fills.
     Q41Window,
@@ -65,7 +68,8 @@ enum Scheme {
 impl Scheme {
     fn name(self) -> &'static str {
         match self {
-            Scheme::Q4Window => "q4+window",
+            Scheme::Q4NoWindow => "q4-no-window",
+            Scheme::Q4Window => "q4-sim",
             Scheme::Q41Window => "q4_1+window",
             Scheme::Kivi4 => "kivi4",
             Scheme::Kivi4Sym => "kivi4-sym",
@@ -77,7 +81,7 @@ impl Scheme {
         let data = hd as f64 / 2.0;
         let per_token_groups = (hd / 32) as f64;
         match self {
-            Scheme::Q4Window => 2.0 * (data + 2.0 * per_token_groups),
+            Scheme::Q4NoWindow | Scheme::Q4Window => 2.0 * (data + 2.0 * per_token_groups),
             Scheme::Q41Window => 2.0 * (data + 4.0 * per_token_groups),
             // Keys: one (scale, min) f16 pair per channel per 32-token block.
             Scheme::Kivi4 => (data + 4.0 * hd as f64 / BLOCK as f64) + (data + 4.0 * per_token_groups),
@@ -87,8 +91,8 @@ impl Scheme {
 }
 
 /// An f32 KV cache holding exactly what `scheme` would give back: tokens of the last, partial
-/// block are kept as written; when a block fills, its keys and values are replaced by their
-/// quantize → dequantize round trip.
+/// block are kept as written (except `Q4NoWindow`, quantized at once); when a block fills, its
+/// keys and values are replaced by their quantize → dequantize round trip.
 struct SimQuantKv {
     scheme: Scheme,
     heads: usize,
@@ -111,6 +115,7 @@ impl SimQuantKv {
             let mut kf = floats(&k[rows.clone()]);
             let mut vf = floats(&v[rows.clone()]);
             match scheme {
+                Scheme::Q4NoWindow => {} // quantized as written, in `write`
                 Scheme::Q4Window => {
                     kf.chunks_exact_mut(hd).for_each(q4_0_round_trip);
                     vf.chunks_exact_mut(hd).for_each(q4_0_round_trip);
@@ -160,8 +165,14 @@ impl KvCache for SimQuantKv {
             let (k, v) = &mut self.blocks[layer][b];
             for h in 0..heads {
                 let at = ((h * BLOCK + slot) * hd) * 4;
-                k[at..at + hd * 4].copy_from_slice(&bytes(&keys[t * width + h * hd..t * width + (h + 1) * hd]));
-                v[at..at + hd * 4].copy_from_slice(&bytes(&values[t * width + h * hd..t * width + (h + 1) * hd]));
+                let mut kr = keys[t * width + h * hd..t * width + (h + 1) * hd].to_vec();
+                let mut vr = values[t * width + h * hd..t * width + (h + 1) * hd].to_vec();
+                if self.scheme == Scheme::Q4NoWindow {
+                    q4_0_round_trip(&mut kr);
+                    q4_0_round_trip(&mut vr);
+                }
+                k[at..at + hd * 4].copy_from_slice(&bytes(&kr));
+                v[at..at + hd * 4].copy_from_slice(&bytes(&vr));
             }
             self.len[layer] = self.len[layer].max(pos + 1);
             if slot == BLOCK - 1 {
@@ -240,7 +251,7 @@ pub fn run(a: Args) -> Result<()> {
         let bytes = pool_of(format).bytes_per_token() as f64 / (c.num_layers * c.num_kv_heads) as f64;
         rows.push(compare(format.name(), &exact, &logits, c.vocab, bytes / f16_bytes));
     }
-    for scheme in [Scheme::Q4Window, Scheme::Q41Window, Scheme::Kivi4, Scheme::Kivi4Sym] {
+    for scheme in [Scheme::Q4NoWindow, Scheme::Q4Window, Scheme::Q41Window, Scheme::Kivi4, Scheme::Kivi4Sym] {
         let mut kv = SimQuantKv::new(scheme, c.num_layers, c.num_kv_heads, c.head_dim);
         let mut pos = 0;
         for chunk in prefix.chunks(engram_engine::DEFAULT_PREFILL_CHUNK) {

@@ -7,7 +7,9 @@
 //! refcounted blocks; sequences that start the same way share full blocks
 //! read-only, and a shared or file-mapped block is copied before it is
 //! written (copy-on-write in [`SeqKv::reserve`]). Formats: f32, f16, q8, q4
-//! ([`KvFormat`]).
+//! ([`KvFormat`]); q8 and q4 keep the sequence's partial last block in f16 as
+//! well (a recent window, `tail.rs`), so the newest tokens are attended at
+//! full precision.
 //!
 //! Persistence: [`persist`] writes a sequence as a safetensors entry whose
 //! one tensor holds the blocks' bytes as they lie in RAM, validated and
@@ -31,6 +33,7 @@ mod format;
 pub mod persist;
 mod pool;
 mod seq;
+mod tail;
 
 pub use block::{Block, BLOCK_TOKENS};
 pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport};

@@ -87,6 +87,19 @@ impl KvPool {
     pub fn block_bytes(&self) -> usize {
         2 * self.0.layout.num_layers * self.section_bytes()
     }
+    /// True when sequences keep an f16 recent window beside their partial last block
+    /// (the quantized formats; see `tail.rs`).
+    pub fn has_window(&self) -> bool {
+        !self.0.format.is_exact()
+    }
+    /// Bytes of one keys-or-values section of one layer in a recent-window copy (f16 rows).
+    pub(crate) fn tail_section_bytes(&self) -> usize {
+        self.0.layout.num_kv_heads * BLOCK_TOKENS * KvElem::F16.row_bytes(self.0.layout.head_dim)
+    }
+    /// Bytes of one recent-window copy (charged per sequence that has one).
+    pub fn tail_bytes(&self) -> usize {
+        2 * self.0.layout.num_layers * self.tail_section_bytes()
+    }
     /// Bytes per cached token (block bytes / tokens per block).
     pub fn bytes_per_token(&self) -> usize {
         self.block_bytes() / BLOCK_TOKENS

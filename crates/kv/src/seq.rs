@@ -9,27 +9,33 @@
 //! Invariant: tokens are stored at contiguous positions `0..len`; block `b`
 //! holds positions `b*32 .. b*32 + 32`; only heap blocks this sequence owns
 //! alone are written (a shared or mapped block is copied first, and the copy
-//! is charged before it is made).
+//! is charged before it is made). With a quantized format, the partial last
+//! block is also held in f16 (the recent window, `tail.rs`) and attention
+//! reads that copy while the block is partial.
 
 use std::sync::Arc;
 
-use engram_model::{KvCache, KvChunk, KvData};
+use engram_model::{KvCache, KvChunk, KvData, KvElem};
 
 use crate::block::{Block, BLOCK_TOKENS};
 use crate::error::KvError;
 use crate::pool::KvPool;
+use crate::tail::Tail;
 
 /// A sequence's cache.
 pub struct SeqKv {
     pool: KvPool,
     blocks: Vec<Arc<Block>>,
     len: usize,
+    /// The recent window (quantized formats only): valid for the first `len - 32·block`
+    /// tokens of block `tail.block`; shared with forks until either side writes.
+    tail: Option<Arc<Tail>>,
 }
 
 impl SeqKv {
     /// An empty cache charged to `pool`.
     pub fn new(pool: &KvPool) -> SeqKv {
-        SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0 }
+        SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0, tail: None }
     }
 
     /// A cache over existing blocks (shared from an index or restored from
@@ -37,7 +43,7 @@ impl SeqKv {
     /// last must be full.
     pub fn from_blocks(pool: &KvPool, blocks: Vec<Arc<Block>>, len: usize) -> SeqKv {
         debug_assert_eq!(blocks.len(), len.div_ceil(BLOCK_TOKENS));
-        SeqKv { pool: pool.clone(), blocks, len }
+        SeqKv { pool: pool.clone(), blocks, len, tail: None }
     }
 
     /// Tokens stored.
@@ -58,7 +64,9 @@ impl SeqKv {
     }
 
     /// Makes room for `n` more tokens: allocates blocks and un-shares the
-    /// partial last block if it is shared or mapped. All or nothing.
+    /// partial last block if it is shared or mapped; with a quantized format,
+    /// also makes the recent window (the f16 copy of the block the new tokens
+    /// end in, when they leave it partial) this sequence's own. All or nothing.
     pub fn reserve(&mut self, n: usize) -> Result<(), KvError> {
         let need_blocks = (self.len + n).div_ceil(BLOCK_TOKENS);
         let new_blocks = need_blocks.saturating_sub(self.blocks.len());
@@ -67,8 +75,15 @@ impl SeqKv {
             let b = &self.blocks[partial];
             Arc::strong_count(b) > 1 || b.is_mapped()
         };
+        let end = self.len + n;
+        let tail_block = (n > 0 && self.pool.has_window() && end % BLOCK_TOKENS != 0).then_some(end / BLOCK_TOKENS);
+        let tail_charge = match (tail_block, &self.tail) {
+            (None, _) => 0,
+            (Some(tb), Some(t)) if t.block == tb && Arc::strong_count(t) == 1 => 0,
+            (Some(_), _) => self.pool.tail_bytes(),
+        };
         let bb = self.pool.block_bytes();
-        self.pool.try_charge((new_blocks + cow as usize) * bb)?;
+        self.pool.try_charge((new_blocks + cow as usize) * bb + tail_charge)?;
         if cow {
             let copy = self.pool.charged_block(self.blocks[partial].bytes().to_vec(), self.len % BLOCK_TOKENS);
             self.blocks[partial] = Arc::new(copy);
@@ -76,14 +91,54 @@ impl SeqKv {
         for _ in 0..new_blocks {
             self.blocks.push(Arc::new(self.pool.charged_block(vec![0u8; bb], 0)));
         }
+        match tail_block {
+            None if n > 0 => self.tail = None,
+            None => {}
+            Some(tb) => {
+                let current = self.tail.take().filter(|t| t.block == tb);
+                let tail = match current {
+                    Some(t) if tail_charge == 0 => t,
+                    Some(t) => Arc::new(t.charged_copy()),
+                    None => Arc::new(self.tail_from_block(tb)),
+                };
+                self.tail = Some(tail);
+            }
+        }
         Ok(())
+    }
+
+    /// A charged window for block `tb`, its rows for the tokens this sequence
+    /// already holds there decoded from the block (they were quantized before).
+    fn tail_from_block(&self, tb: usize) -> Tail {
+        let mut tail = Tail::charged(&self.pool, tb);
+        let held = self.len.saturating_sub(tb * BLOCK_TOKENS).min(BLOCK_TOKENS);
+        if held > 0 {
+            let layout = self.pool.layout();
+            let (hd, elem) = (layout.head_dim, self.pool.elem());
+            let (rb, rb16) = (elem.row_bytes(hd), engram_model::KvElem::F16.row_bytes(hd));
+            let (sec, tsec) = (self.pool.section_bytes(), self.pool.tail_section_bytes());
+            let src = self.blocks[tb].bytes();
+            let mut row = vec![0f32; hd];
+            for section in 0..2 * layout.num_layers {
+                for h in 0..layout.num_kv_heads {
+                    for slot in 0..held {
+                        let i = h * BLOCK_TOKENS + slot;
+                        elem.decode_row(&src[section * sec + i * rb..section * sec + (i + 1) * rb], &mut row);
+                        let at = section * tsec + i * rb16;
+                        engram_model::KvElem::F16.encode_row(&row, &mut tail.bytes[at..at + rb16]);
+                    }
+                }
+            }
+        }
+        tail
     }
 
     /// A new sequence sharing this one's first `num_tokens` tokens (whole
     /// blocks are shared; a partial block is shared until either side writes).
     pub fn fork(&self, num_tokens: usize) -> SeqKv {
         let n = num_tokens.min(self.len);
-        SeqKv { pool: self.pool.clone(), blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n }
+        let tail = self.tail.clone().filter(|t| n % BLOCK_TOKENS != 0 && t.block == n / BLOCK_TOKENS);
+        SeqKv { pool: self.pool.clone(), blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n, tail }
     }
 
     /// Forgets tokens from `num_tokens` on and releases blocks past it,
@@ -94,6 +149,9 @@ impl SeqKv {
         // A partial last block keeps stale tokens past `len`, which
         // `for_each_chunk` hides and the next write overwrites.
         self.blocks.truncate(num_tokens.div_ceil(BLOCK_TOKENS));
+        if self.tail.as_ref().is_some_and(|t| num_tokens % BLOCK_TOKENS == 0 || t.block != num_tokens / BLOCK_TOKENS) {
+            self.tail = None;
+        }
     }
 
     /// Appends tokens `range` of `src` at this sequence's end, moving them to
@@ -150,9 +208,9 @@ impl SeqKv {
         (k, v)
     }
 
-    /// Bytes of blocks this sequence references (shared blocks counted in full).
+    /// Bytes of blocks (and the recent window) this sequence references, shared ones counted in full.
     pub fn num_bytes(&self) -> usize {
-        self.blocks.len() * self.pool.block_bytes()
+        self.blocks.len() * self.pool.block_bytes() + self.tail.as_ref().map_or(0, |t| t.bytes.len())
     }
 }
 
@@ -164,6 +222,8 @@ impl KvCache for SeqKv {
         let rb = elem.row_bytes(hd);
         let sec = self.pool.section_bytes();
         let (kbase, vbase) = (2 * layer * sec, (2 * layer + 1) * sec);
+        let tsec = self.pool.tail_section_bytes();
+        let rb16 = KvElem::F16.row_bytes(hd);
         for t in 0..num_tokens {
             let pos = first_pos + t;
             let (bi, slot) = (pos / BLOCK_TOKENS, pos % BLOCK_TOKENS);
@@ -177,6 +237,21 @@ impl KvCache for SeqKv {
                 elem.encode_row(vs, &mut bytes[vbase + off..vbase + off + rb]);
             }
             block.len = block.len.max(slot + 1);
+            if self.tail.as_mut().is_some_and(|tl| tl.block == bi && Arc::get_mut(tl).is_none()) {
+                // Shared since `reserve` (a fork taken mid-step): fall back to the quantized
+                // block, which holds every row, rather than write into the other's window.
+                self.tail = None;
+            }
+            if let Some(tail) = self.tail.as_mut().filter(|tl| tl.block == bi) {
+                let tail = Arc::get_mut(tail).expect("unshared just above");
+                for h in 0..nh {
+                    let off = (h * BLOCK_TOKENS + slot) * rb16;
+                    let (ks, vs) = (&keys[row + h * hd..row + (h + 1) * hd], &values[row + h * hd..row + (h + 1) * hd]);
+                    let (k0, v0) = (2 * layer * tsec + off, (2 * layer + 1) * tsec + off);
+                    KvElem::F16.encode_row(ks, &mut tail.bytes[k0..k0 + rb16]);
+                    KvElem::F16.encode_row(vs, &mut tail.bytes[v0..v0 + rb16]);
+                }
+            }
         }
         // Layer 0 is written first in every step, so from then on the step's
         // tokens count as stored (later layers' attention must see them).
@@ -193,7 +268,11 @@ impl KvCache for SeqKv {
             if len == 0 {
                 break;
             }
-            let bytes = b.bytes();
+            let window = self.tail.as_ref().filter(|t| t.block == bi && len < BLOCK_TOKENS);
+            let (elem, bytes, sec) = match window {
+                Some(t) => (KvElem::F16, &t.bytes[..], self.pool.tail_section_bytes()),
+                None => (elem, b.bytes(), sec),
+            };
             let keys = KvData { elem, bytes: &bytes[2 * layer * sec..(2 * layer + 1) * sec] };
             let values = KvData { elem, bytes: &bytes[(2 * layer + 1) * sec..(2 * layer + 2) * sec] };
             f(&KvChunk { first_pos: bi * BLOCK_TOKENS, len, capacity: BLOCK_TOKENS, keys, values, mask: None });

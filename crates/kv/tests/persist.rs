@@ -131,7 +131,10 @@ fn round_trip_every_format() {
             let (m2, kv2) = read_entry(&path, &p, FP, VOCAB).unwrap();
             assert_eq!(m2, m);
             assert_eq!(kv2.len(), n);
-            assert_eq!(visible(&kv2), visible(&kv), "{format}, {n} tokens");
+            // Files hold the blocks' bytes; the f16 recent window of q8/q4 lives in RAM only,
+            // so compare with the same blocks seen without it.
+            let blocks_only = SeqKv::from_blocks(&p, kv.blocks().to_vec(), n);
+            assert_eq!(visible(&kv2), visible(&blocks_only), "{format}, {n} tokens");
             assert!(kv2.blocks().iter().all(|b| b.is_mapped()), "restored blocks are the file's pages");
             assert_eq!(p.used(), used + n.div_ceil(BLOCK_TOKENS) * p.block_bytes(), "mapped blocks are charged");
 

@@ -346,12 +346,13 @@ impl<'m> Engine<'m> {
                 continue;
             }
             let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
-            let blocks = job.prompt.len().div_ceil(BLOCK_TOKENS);
-            if blocks * self.pool.block_bytes() > self.pool.budget() {
+            // Whole blocks, plus the f16 recent window quantized formats keep beside them.
+            let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
+            let need = job.prompt.len().div_ceil(BLOCK_TOKENS) * self.pool.block_bytes() + window;
+            if need > self.pool.budget() {
                 self.pending.fetch_sub(1, Relaxed);
                 let _ = tx.send(Event::Failed(ApiError::unavailable(format!(
-                    "the prompt needs {} bytes of KV cache; the budget is {} bytes",
-                    blocks * self.pool.block_bytes(),
+                    "the prompt needs {need} bytes of KV cache; the budget is {} bytes",
                     self.pool.budget()
                 ))));
                 continue;
