@@ -33,7 +33,6 @@ Usage (from the repository root):
 """
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -44,8 +43,7 @@ import tempfile
 import time
 import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_ENGRAM = os.path.join(REPO, "target", "release", "engram")
+from _bench_common import DEFAULT_ENGRAM, write_json_out
 
 WORDS = (
     "the system reads a request parses the fields checks the cache and then schedules "
@@ -282,10 +280,7 @@ def main():
         print(f"\nnote: {n}")
     print(f"\nserver logs: {log_dir}")
     if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-        print(f"wrote {args.json_out}", file=sys.stderr)
+        write_json_out(args.json_out, result)
 
 
 if __name__ == "__main__":

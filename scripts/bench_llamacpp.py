@@ -30,29 +30,17 @@ Missing fixture files are generated with
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_ENGRAM = os.path.join(REPO, "target", "release", "engram")
+from _bench_common import DEFAULT_ENGRAM, argmax_last, import_llama_cpp_or_exit, load_llama, machine, run_json_child, write_json_out
+
 SHAPE = "llama-1b"
 FORMATS = ["q4_0", "q8_0", "f16", "q4_k_m"]  # q4_k_m is optional
 REQUIRED = ["q4_0", "q8_0", "f16"]
 N_PROMPT = 512
 N_GEN = 128
-
-
-def machine():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or platform.machine()
 
 
 def ensure_fixture(engram, fixture_dir):
@@ -83,42 +71,9 @@ def prompt_tokens(n_vocab, n):
 
 
 def bench_llamacpp(path, threads, reps, extra_bufts=True):
-    import numpy as np
-    import llama_cpp
-    import llama_cpp.llama as llama_mod
-    from llama_cpp import Llama
-
-    if not extra_bufts:
-        # llama-bench's --no-repack: no repacked / AMX weight buffers. Llama()
-        # does not expose `use_extra_bufts`, so patch the defaults it starts from.
-        orig = llama_cpp.llama_model_default_params
-
-        def params():
-            p = orig()
-            p.use_extra_bufts = False
-            return p
-
-        llama_mod.llama_cpp.llama_model_default_params = params
-
-    llm = Llama(
-        model_path=path,
-        n_ctx=2 * N_PROMPT,
-        n_batch=N_PROMPT,
-        n_ubatch=N_PROMPT,
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_gpu_layers=0,
-        use_mmap=True,
-        logits_all=False,
-        verbose=False,
-    )
+    llm = load_llama(path, 2 * N_PROMPT, N_PROMPT, threads, extra_bufts)
     n_vocab = llm.n_vocab()
     tokens = prompt_tokens(n_vocab, N_PROMPT)
-
-    def last_argmax():
-        # llama-cpp-python 0.3.x no longer copies logits into `llm.scores` unless
-        # logits_all=True, so read the context's last-token logits directly.
-        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
 
     # Warm-up: pages the weights in and lets llama.cpp allocate its buffers.
     llm.reset()
@@ -133,11 +88,11 @@ def bench_llamacpp(path, threads, reps, extra_bufts=True):
 
         llm.reset()
         llm.eval(tokens[:1])
-        nxt = last_argmax()
+        nxt = argmax_last(llm, n_vocab)
         t = time.perf_counter()
         for _ in range(N_GEN):
             llm.eval([nxt])
-            nxt = last_argmax()
+            nxt = argmax_last(llm, n_vocab)
         best_tg = max(best_tg, N_GEN / (time.perf_counter() - t))
     del llm
     return {"prefill_tok_s": round(best_pp, 2), "decode_tok_s": round(best_tg, 2)}
@@ -148,12 +103,11 @@ def bench_llamacpp_isolated(path, threads, reps):
     whole run; it also returns the memory). If llama.cpp crashes with its extra
     weight buffer types (repack / AMX), retries without them and says so."""
     for extra in (True, False):
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", path, "--threads", str(threads), "--reps", str(reps)]
+        child_args = ["--child", path, "--threads", str(threads), "--reps", str(reps)]
         if not extra:
-            cmd.append("--no-extra-bufts")
-        out = subprocess.run(cmd, capture_output=True, text=True)
+            child_args.append("--no-extra-bufts")
+        out, r = run_json_child(__file__, child_args)
         if out.returncode == 0:
-            r = json.loads(out.stdout.strip().splitlines()[-1])
             r["llamacpp_extra_bufts"] = extra
             return r
         print(f"llama.cpp failed on {path} (exit {out.returncode}, extra buffer types {'on' if extra else 'off'}):\n{out.stderr[-1500:]}", file=sys.stderr)
@@ -194,10 +148,7 @@ def main():
 
     if not os.path.exists(args.engram):
         sys.exit(f"{args.engram} not found: run `cargo build --release -p engram-cli` or pass --engram")
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python")
+    import_llama_cpp_or_exit()
 
     wanted = [f for f in args.formats.split(",") if f]
     files = [(f, p) for f, p in ensure_fixture(args.engram, args.fixture_dir) if f in wanted]
@@ -253,10 +204,7 @@ def main():
         elif r["llamacpp_extra_bufts"] is None:
             print(f"{r['format']}: llama.cpp failed; see stderr")
     if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-        print(f"wrote {args.json_out}", file=sys.stderr)
+        write_json_out(args.json_out, result)
 
 
 if __name__ == "__main__":

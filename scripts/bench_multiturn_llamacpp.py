@@ -39,11 +39,11 @@ Usage (from the repository root):
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
+
+from _bench_common import argmax_last, import_llama_cpp_or_exit, load_llama, machine, run_json_child, write_json_out
 
 N_USER = 64
 N_BATCH = 512
@@ -66,48 +66,9 @@ def user_tokens(h):
     return history_tokens(N_USER, seed=h + 1)
 
 
-def load_llama(path, n_ctx, threads, extra_bufts):
-    import llama_cpp
-    import llama_cpp.llama as llama_mod
-    from llama_cpp import Llama
-
-    if not extra_bufts:
-        # llama-bench's --no-repack: no repacked / AMX weight buffers. Llama()
-        # does not expose `use_extra_bufts`, so patch the defaults it starts from
-        # (the same approach as scripts/bench_llamacpp.py).
-        orig = llama_cpp.llama_model_default_params
-
-        def params():
-            p = orig()
-            p.use_extra_bufts = False
-            return p
-
-        llama_mod.llama_cpp.llama_model_default_params = params
-
-    return Llama(
-        model_path=path,
-        n_ctx=n_ctx,
-        n_batch=N_BATCH,
-        n_ubatch=N_BATCH,
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_gpu_layers=0,
-        use_mmap=True,
-        logits_all=False,
-        verbose=False,
-    )
-
-
-def argmax_last(llm):
-    import numpy as np
-
-    n_vocab = llm.n_vocab()
-    return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
-
-
 def child_main(path, h, threads, extra_bufts, state_path):
     """cold + hot, and writes the post-history state to state_path."""
-    llm = load_llama(path, h + CTX_MARGIN, threads, extra_bufts)
+    llm = load_llama(path, h + CTX_MARGIN, N_BATCH, threads, extra_bufts)
     hist, user = history_tokens(h), user_tokens(h)
 
     # Warm-up: pages the weights in, lets llama.cpp allocate its buffers.
@@ -197,7 +158,7 @@ def child_warm(path, h, threads, extra_bufts, state_path, n_tokens):
 
     import llama_cpp
 
-    llm = load_llama(path, h + CTX_MARGIN, threads, extra_bufts)
+    llm = load_llama(path, h + CTX_MARGIN, N_BATCH, threads, extra_bufts)
     user = user_tokens(h)
     # Warm-up (not timed): weights paged in, compute buffers allocated.
     llm.reset()
@@ -240,22 +201,10 @@ def child_warm(path, h, threads, extra_bufts, state_path, n_tokens):
 
 
 def run_child(args_list):
-    cmd = [sys.executable, os.path.abspath(__file__)] + args_list
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out, r = run_json_child(__file__, args_list)
     if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def machine():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or platform.machine()
+        raise RuntimeError(f"{' '.join(out.args)} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
+    return r
 
 
 def main():
@@ -279,10 +228,7 @@ def main():
         print(json.dumps(child_warm(args.model, args.h, args.threads, args.extra_bufts, args.state, args.n_tokens)))
         return
 
-    try:
-        import llama_cpp
-    except ImportError:
-        sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python")
+    llama_cpp = import_llama_cpp_or_exit()
     if not os.path.exists(args.model):
         sys.exit(f"{args.model} not found")
 
@@ -346,10 +292,7 @@ def main():
               f"state file {'in page cache' if pc and pc > 0.99 else 'resident fraction ' + str(pc)} (just written); "
               f"first tokens {r['first_token']}")
     if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-        print(f"wrote {args.json_out}", file=sys.stderr)
+        write_json_out(args.json_out, result)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,10 @@ pub struct Args {
     /// One JSON object per line instead of tables.
     #[arg(long)]
     json: bool,
+    /// Hot and warm measurements are repeated this many times and the median reported
+    /// (timings on shared 2-core machines swing by tens of percent).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
     /// Skip the cold (no cache) history measurements, which dominate the run time
     /// (`ttft_cold_ms` is then null): for iterating on hot and warm.
     #[arg(long)]
@@ -99,8 +103,15 @@ pub fn run(a: Args) -> Result<()> {
         let mut hist_gen = Generator::new(&model, &pool);
         hist_gen.feed(&history, false)?;
         let (kv, toks) = hist_gen.into_parts();
+        let mut hots = Vec::new();
         let mut hot_gen = Generator::from_parts(&model, kv.fork(kv.len()), toks.clone());
-        let hot = ttft(&mut hot_gen, &prompt)?;
+        for rep in 0..a.repeat.max(1) {
+            if rep > 0 {
+                hot_gen = Generator::from_parts(&model, kv.fork(kv.len()), toks.clone());
+            }
+            hots.push(ttft(&mut hot_gen, &prompt)?);
+        }
+        let hot = median(hots);
         // Decode speed at this depth, continuing the hot sequence.
         let t = Instant::now();
         let g = hot_gen.generate(
@@ -126,8 +137,8 @@ pub fn run(a: Args) -> Result<()> {
         let bytes = write_entry(&path, &meta, &kv)?;
         let write_ms = t.elapsed().as_secs_f64() * 1e3;
         drop(kv);
-        let disk = warm_run(&a, &path, h, true)?;
-        let warm = warm_run(&a, &path, h, false)?;
+        let disk = median_run(&a, &path, h, true)?;
+        let warm = median_run(&a, &path, h, false)?;
         let _ = std::fs::remove_file(&path);
         rows.push(json!({
             "history_tokens": h,
@@ -146,6 +157,7 @@ pub fn run(a: Args) -> Result<()> {
             "bytes_per_token": pool.bytes_per_token(),
             "decode_tok_s_at_depth": round(decode_tok_s),
             "threads": engram_kernels::num_threads(),
+            "repeats": a.repeat.max(1),
         }));
         print_row(&a, rows.last().unwrap());
     }
@@ -195,8 +207,23 @@ fn quality(model: &Model, format: KvFormat) -> Result<serde_json::Value> {
     let approx = Generator::new(model, &pool).feed(&ids, true)?;
     let bytes_vs_f16 = pool.bytes_per_token() as f64 / KvPool::new(layout, KvFormat::F16, 1).bytes_per_token() as f64;
     let mut row = crate::bench_kv_quality::compare(format.name(), &exact, &approx, model.config.vocab, bytes_vs_f16);
-    row["quality_vs_f32"] = row["scheme"].take();
+    let obj = row.as_object_mut().expect("compare returns an object");
+    let name = obj.remove("scheme").expect("compare names the scheme");
+    obj.insert("quality_vs_f32".into(), name);
     Ok(row)
+}
+
+/// The middle of `xs` (the upper middle for an even count).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// [`warm_run`] `--repeat` times; the run with the median TTFT.
+fn median_run(a: &Args, path: &std::path::Path, h: usize, evict: bool) -> Result<serde_json::Value> {
+    let mut runs = (0..a.repeat.max(1)).map(|_| warm_run(a, path, h, evict)).collect::<Result<Vec<_>>>()?;
+    runs.sort_by(|x, y| x["ttft_warm_ms"].as_f64().unwrap_or(0.0).total_cmp(&y["ttft_warm_ms"].as_f64().unwrap_or(0.0)));
+    Ok(runs.swap_remove(runs.len() / 2))
 }
 
 /// Runs the warm-start child for the entry at `path` and returns its JSON line.

@@ -104,7 +104,7 @@ impl SessionStore {
     /// A store whose caches are charged to `pool`, for the model with
     /// `fingerprint` (combined here with the KV format: a format change is a miss).
     pub fn new(pool: KvPool, fingerprint: Fingerprint) -> SessionStore {
-        let fp = Fingerprint(engram_model::model::fnv1a64(fingerprint.0, pool.format().name().as_bytes()));
+        let fp = engram_kv::cache_key(fingerprint, pool.format());
         SessionStore {
             pool,
             sessions: HashMap::new(),

@@ -229,6 +229,13 @@ pub fn cache_fingerprint(model: Fingerprint, format: KvFormat) -> String {
     format!("{model}-{format}")
 }
 
+/// The same identity as [`cache_fingerprint`] as one hash (model fingerprint
+/// extended by the format name), for keys that hash it further, such as the
+/// prefix index's chained block hashes. Any difference is a miss.
+pub fn cache_key(model: Fingerprint, format: KvFormat) -> Fingerprint {
+    Fingerprint(engram_model::model::fnv1a64(model.0, format.name().as_bytes()))
+}
+
 /// Bytes [`write_entry`] would write for `kv` with `meta` (for budgeting
 /// before writing).
 pub fn encoded_len(meta: &EntryMeta, kv: &SeqKv) -> Result<u64, PersistError> {
