@@ -121,8 +121,8 @@ impl SimQuantKv {
                     vf.chunks_exact_mut(hd).for_each(q4_0_round_trip);
                 }
                 Scheme::Q41Window => {
-                    kf.chunks_exact_mut(32).for_each(|g| asym4_round_trip(g));
-                    vf.chunks_exact_mut(32).for_each(|g| asym4_round_trip(g));
+                    kf.chunks_exact_mut(32).for_each(asym4_round_trip);
+                    vf.chunks_exact_mut(32).for_each(asym4_round_trip);
                 }
                 Scheme::Kivi4 | Scheme::Kivi4Sym => {
                     let sym = scheme == Scheme::Kivi4Sym;

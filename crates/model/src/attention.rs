@@ -249,6 +249,26 @@ pub fn exp_approx(x: f32) -> f32 {
     }
 }
 
+/// Decodes rows `first_row .. first_row + n` into `buf` (one chunk at a
+/// time, so the cache is never expanded in full). A head's rows are
+/// contiguous, so ggml-layout formats decode in one call. f32 rows are
+/// decoded too: mapped bytes carry no alignment guarantee, and the copy is
+/// L1-sized.
+fn view<'a>(data: KvData<'_>, first_row: usize, n: usize, hd: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    let rb = data.elem.row_bytes(hd);
+    buf.resize(n * hd, 0.0);
+    let src = &data.bytes[first_row * rb..(first_row + n) * rb];
+    match data.elem {
+        KvElem::F32 | KvElem::F16 | KvElem::Q8 { group: 32 } | KvElem::Q4 { group: 32 } => data.elem.decode_row(src, buf),
+        _ => {
+            for (row, out) in src.chunks_exact(rb).zip(buf.chunks_exact_mut(hd)) {
+                data.elem.decode_row(row, out);
+            }
+        }
+    }
+    buf
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,8 +279,11 @@ mod tests {
         elem: KvElem,
         heads: usize,
         hd: usize,
-        chunks: Vec<(usize, usize, Vec<u8>, Vec<u8>, Option<Vec<bool>>)>,
+        chunks: Vec<TestChunk>,
     }
+
+    /// First position, length, key bytes, value bytes, mask.
+    type TestChunk = (usize, usize, Vec<u8>, Vec<u8>, Option<Vec<bool>>);
 
     impl ChunkedKv {
         fn new(elem: KvElem, heads: usize, hd: usize, tokens: usize, seed: u64, masked: bool) -> Self {
@@ -360,24 +383,4 @@ mod tests {
         assert_eq!(exp_approx(-100.0), 0.0);
         assert_eq!(exp_approx(0.0), 1.0);
     }
-}
-
-/// Decodes rows `first_row .. first_row + n` into `buf` (one chunk at a
-/// time, so the cache is never expanded in full). A head's rows are
-/// contiguous, so ggml-layout formats decode in one call. f32 rows are
-/// decoded too: mapped bytes carry no alignment guarantee, and the copy is
-/// L1-sized.
-fn view<'a>(data: KvData<'_>, first_row: usize, n: usize, hd: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-    let rb = data.elem.row_bytes(hd);
-    buf.resize(n * hd, 0.0);
-    let src = &data.bytes[first_row * rb..(first_row + n) * rb];
-    match data.elem {
-        KvElem::F32 | KvElem::F16 | KvElem::Q8 { group: 32 } | KvElem::Q4 { group: 32 } => data.elem.decode_row(src, buf),
-        _ => {
-            for (row, out) in src.chunks_exact(rb).zip(buf.chunks_exact_mut(hd)) {
-                data.elem.decode_row(row, out);
-            }
-        }
-    }
-    buf
 }
