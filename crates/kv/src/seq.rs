@@ -115,7 +115,7 @@ impl SeqKv {
         if held > 0 {
             let layout = self.pool.layout();
             let (hd, elem) = (layout.head_dim, self.pool.elem());
-            let (rb, rb16) = (elem.row_bytes(hd), engram_model::KvElem::F16.row_bytes(hd));
+            let (rb, rb16) = (elem.row_bytes(hd), KvElem::F16.row_bytes(hd));
             let (sec, tsec) = (self.pool.section_bytes(), self.pool.tail_section_bytes());
             let src = self.blocks[tb].bytes();
             let mut row = vec![0f32; hd];
@@ -125,7 +125,7 @@ impl SeqKv {
                         let i = h * BLOCK_TOKENS + slot;
                         elem.decode_row(&src[section * sec + i * rb..section * sec + (i + 1) * rb], &mut row);
                         let at = section * tsec + i * rb16;
-                        engram_model::KvElem::F16.encode_row(&row, &mut tail.bytes[at..at + rb16]);
+                        KvElem::F16.encode_row(&row, &mut tail.bytes[at..at + rb16]);
                     }
                 }
             }

@@ -277,8 +277,6 @@ mod tests {
     /// A one-layer cache of 32-token chunks (the last one partial), keys/values encoded in `elem`.
     struct ChunkedKv {
         elem: KvElem,
-        heads: usize,
-        hd: usize,
         chunks: Vec<TestChunk>,
     }
 
@@ -308,7 +306,7 @@ mod tests {
                 chunks.push((pos, len, k, v, mask));
                 pos += len;
             }
-            ChunkedKv { elem, heads, hd, chunks }
+            ChunkedKv { elem, chunks }
         }
     }
 
@@ -317,7 +315,6 @@ mod tests {
             unreachable!("read-only test cache")
         }
         fn for_each_chunk(&self, _layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
-            let _ = (self.heads, self.hd);
             for (first_pos, len, k, v, mask) in &self.chunks {
                 f(&KvChunk {
                     first_pos: *first_pos,
