@@ -11,7 +11,8 @@
 //! bf16, round-to-nearest) and each product is `hi·hi + hi·lo + lo·hi`, accumulated in f32 by
 //! the tile unit. An f16 key or value splits exactly; an f32 query or probability keeps ~16
 //! bits; the dropped `lo·lo` term is below 2⁻¹⁶ of `|x||y|`. Scores and outputs agree with the
-//! f32 reference to about 1e-5 relative (tested below), at several times its speed.
+//! f32 reference to about 1e-5 relative (`engram-model`'s attention tests compare the two
+//! paths), at several times its speed.
 //!
 //! Invariant: every operation on one query row's scores, running max, sum and output
 //! accumulator depends only on that row's query, its position and the chunks it sees — never
@@ -70,8 +71,8 @@ mod imp {
         })
     }
 
-    /// Online-softmax attention state for up to any number of query rows (padded to 16) of one
-    /// KV head. Create with [`Flash::new`], feed chunks in position order with
+    /// Online-softmax attention state for any number of query rows (padded to a multiple of 16)
+    /// of one KV head. Create with [`Flash::new`], feed chunks in position order with
     /// [`Flash::add_chunk`], read the result with [`Flash::finish`].
     pub struct Flash {
         hd: usize,
@@ -79,7 +80,8 @@ mod imp {
         blocks: usize,
         /// Dim halves of 32 for the score product (head dims padded with zeros).
         halves: usize,
-        /// Position of every row, per block of 16 (padding rows sit at `u32::MAX`: see all).
+        /// Position of every row, per block of 16 (padding rows: `u32::MAX`; they multiply zero
+        /// queries and are never read back).
         qpos: Vec<[u32; 16]>,
         /// Queries, per block and half: hi tile then lo tile (VNNI `B` layout).
         q: Vec<Line>,
@@ -91,7 +93,8 @@ mod imp {
         k: Vec<Line>,
         /// Values transposed, per 16-dim block: hi tile then lo tile.
         v: Vec<Line>,
-        /// Scratch: `Sᵀ` (2 tiles), `Pᵀ` hi + lo (2 tiles), `Oᵀ` (4 tiles), `Vᵀ` in f32.
+        /// Scratch: `Sᵀ` (2 tiles), `Pᵀ` hi + lo (2 tiles), one pass of `Vᵀ·Pᵀ` (4 tiles), `Vᵀ`
+        /// in f32.
         s: Vec<Line>,
         p: Vec<Line>,
         o: Vec<Line>,
