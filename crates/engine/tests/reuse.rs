@@ -1,6 +1,7 @@
 //! A generator that reuses its cached token prefix gives the same greedy
 //! tokens and logits as a cold run over the same tokens (invariant 1), for
-//! f32 and f16 KV, and chunked prefill equals one-shot prefill.
+//! f32 and f16 KV, and chunked prefill equals one-shot prefill; for q8/q4 KV,
+//! reuse adds no more error than the format itself.
 
 use engram_engine::{FinishReason, Generator, SamplingParams};
 use engram_fixture::{GgufFormat, Shape};
@@ -127,4 +128,39 @@ fn budget_exhaustion_is_a_clear_error() {
     assert_eq!(pool.used(), 0, "nothing stays charged after the failure");
     let ok = Generator::new(&m, &pool).generate(&ids[..40], &greedy(2), &mut |_| true);
     assert!(ok.is_ok());
+}
+
+/// Quantized KV (q8, q4 with their f16 recent window): reuse across turns adds no more error
+/// than the format itself — the hot turn's logits are as close to the cold run's as the cold
+/// run's are to f32 KV (within a factor), and the window keeps decoding's newest tokens at f16.
+#[test]
+fn quantized_reuse_stays_within_the_format_error() {
+    let (_d, m) = model();
+    let turn1 = m.tokenizer.encode("Quantized caches keep a recent window in full precision.", true).unwrap().ids;
+    let reference = |format| {
+        let pool = pool(&m, format);
+        let mut hot = Generator::new(&m, &pool);
+        let g1 = hot.generate(&turn1, &greedy(20), &mut |_| true).unwrap();
+        let mut turn2 = turn1.clone();
+        turn2.extend(&g1.tokens);
+        turn2.extend(m.tokenizer.encode(" Next question, please.", false).unwrap().ids);
+        // Hot: everything up to the new message comes from the cache (fed token by token).
+        let cached = turn1.len() + g1.tokens.len() - 1;
+        let (mut kv, toks) = hot.into_parts();
+        kv.truncate(cached);
+        let mut hot = Generator::from_parts(&m, kv, toks[..cached].to_vec());
+        let hot_logits = hot.feed(&turn2[cached..], true).unwrap();
+        let cold_logits = Generator::new(&m, &pool).feed(&turn2, true).unwrap();
+        let tail = cold_logits.len() - hot_logits.len();
+        (hot_logits, cold_logits[tail..].to_vec())
+    };
+    let (_, exact) = reference(KvFormat::F32);
+    for format in [KvFormat::Q8, KvFormat::Q4] {
+        let (hot, cold) = reference(format);
+        let format_err = max_rel(&cold, &exact);
+        let reuse_err = max_rel(&hot, &cold);
+        eprintln!("{format:?}: cold vs f32 {format_err:.3e}, hot vs cold {reuse_err:.3e}");
+        assert!(format_err > 0.0, "{format:?} should not be exact");
+        assert!(reuse_err <= 2.0 * format_err + 1e-4, "{format:?}: reuse error {reuse_err} vs format error {format_err}");
+    }
 }
