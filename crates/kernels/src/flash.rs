@@ -93,14 +93,10 @@ mod imp {
         k: Vec<Line>,
         /// Values transposed, per 16-dim block: hi tile then lo tile.
         v: Vec<Line>,
-        /// Scratch: `Sᵀ` (2 tiles), `Pᵀ` hi + lo (2 tiles), one pass of `Vᵀ·Pᵀ` (4 tiles), `Vᵀ`
-        /// in f32.
+        /// Scratch: `Sᵀ` (2 tiles), `Pᵀ` hi + lo (2 tiles), `Vᵀ` in f32.
         s: Vec<Line>,
         p: Vec<Line>,
-        o: Vec<Line>,
         vt: Vec<f32>,
-        /// The current block's rescale factors `e^(m_old - m_new)`, from softmax to accumulate.
-        corr: [f32; 16],
     }
 
     /// Round-to-nearest-even bf16 of `x` (finite inputs), as the hardware's `vcvtneps2bf16`.
@@ -153,9 +149,7 @@ mod imp {
                 v: vec![ZERO; hd / 16 * 2 * T],
                 s: vec![ZERO; 2 * T],
                 p: vec![ZERO; 2 * T],
-                o: vec![ZERO; 4 * T],
                 vt: vec![0.0; hd * CHUNK],
-                corr: [0.0; 16],
             }
         }
 
@@ -299,8 +293,8 @@ mod imp {
         }
 
         /// Online softmax of block `b` over the scores in `self.s`: masks, updates `m` and `l`,
-        /// and leaves `Pᵀ` (hi, lo) and the rescale factors `e^(m_old - m_new)` for
-        /// [`Self::accumulate`].
+        /// rescales the block's accumulators by `e^(m_old - m_new)` where a maximum moved, and
+        /// leaves `Pᵀ` (hi, lo) for [`Self::accumulate`].
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
         unsafe fn softmax(&mut self, b: usize, n: usize, key_pos0: usize, causal: bool, mask: Option<&[bool]>) {
             let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
@@ -348,18 +342,25 @@ mod imp {
             let l_old = _mm512_loadu_ps(self.l.as_ptr().add(b * 16));
             _mm512_storeu_ps(self.l.as_mut_ptr().add(b * 16), _mm512_fmadd_ps(l_old, corr, sum));
             _mm512_storeu_ps(self.m.as_mut_ptr().add(b * 16), m_new);
-            _mm512_storeu_ps(self.corr.as_mut_ptr(), corr);
+            // Rescale the block's accumulators only when some row's maximum moved (rare once a
+            // row has seen a few hundred keys); multiplying the other rows by exactly 1.0 would
+            // leave them unchanged, so a row's arithmetic still does not depend on its neighbours.
+            if _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(corr, _mm512_set1_ps(1.0)) != 0 {
+                let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
+                for d in 0..self.hd {
+                    let a = acc.add(d * 16);
+                    _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(a), corr));
+                }
+            }
         }
 
-        /// `Oᵀ = Oᵀ · corr + Vᵀ · Pᵀ` for block `b` (`corr` = the rescale factors [`Self::softmax`]
-        /// left), four 16-dim blocks per tile pass.
+        /// `Oᵀ += Vᵀ · Pᵀ` for block `b`, accumulated by the tile unit straight into the block's
+        /// accumulators (loaded as the product tiles, stored back), four 16-dim blocks per pass.
         #[target_feature(enable = "avx512f")]
         unsafe fn accumulate(&mut self, b: usize) {
-            let corr = _mm512_loadu_ps(self.corr.as_ptr());
             let stride = 64usize;
             let dbs = self.hd / 16;
             let p = self.p.as_ptr();
-            let o = self.o.as_mut_ptr();
             asm!(
                 "tileloadd tmm4, [{ph} + {s}*1]",
                 "tileloadd tmm5, [{pl} + {s}*1]",
@@ -368,45 +369,23 @@ mod imp {
                 s = in(reg) stride,
                 options(nostack, readonly),
             );
-            let mut db0 = 0;
-            while db0 < dbs {
-                let cnt = (dbs - db0).min(4);
-                asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
-                macro_rules! pass {
-                    ($c:literal, $i:expr) => {
-                        let v = self.v.as_ptr().add((db0 + $i) * 2 * T);
-                        asm!(
-                            "tileloadd tmm6, [{vh} + {s}*1]",
-                            "tileloadd tmm7, [{vl} + {s}*1]",
-                            concat!("tdpbf16ps tmm", $c, ", tmm6, tmm4"),
-                            concat!("tdpbf16ps tmm", $c, ", tmm6, tmm5"),
-                            concat!("tdpbf16ps tmm", $c, ", tmm7, tmm4"),
-                            concat!("tilestored [{o} + {s}*1], tmm", $c),
-                            vh = in(reg) v,
-                            vl = in(reg) v.add(T),
-                            o = in(reg) o.add($i * T),
-                            s = in(reg) stride,
-                            options(nostack),
-                        );
-                    };
-                }
-                pass!("0", 0);
-                if cnt > 1 {
-                    pass!("1", 1);
-                }
-                if cnt > 2 {
-                    pass!("2", 2);
-                }
-                if cnt > 3 {
-                    pass!("3", 3);
-                }
-                let acc = self.acc.as_mut_ptr().add((b * self.hd + db0 * 16) * 16);
-                let of = o as *const f32;
-                for i in 0..cnt * 16 {
-                    let a = acc.add(i * 16);
-                    _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), corr, _mm512_load_ps(of.add(i * 16))));
-                }
-                db0 += cnt;
+            let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
+            for db in 0..dbs {
+                let v = self.v.as_ptr().add(db * 2 * T);
+                asm!(
+                    "tileloadd tmm0, [{a} + {s}*1]",
+                    "tileloadd tmm6, [{vh} + {s}*1]",
+                    "tileloadd tmm7, [{vl} + {s}*1]",
+                    "tdpbf16ps tmm0, tmm6, tmm4",
+                    "tdpbf16ps tmm0, tmm6, tmm5",
+                    "tdpbf16ps tmm0, tmm7, tmm4",
+                    "tilestored [{a} + {s}*1], tmm0",
+                    a = in(reg) acc.add(db * 16 * 16),
+                    vh = in(reg) v,
+                    vl = in(reg) v.add(T),
+                    s = in(reg) stride,
+                    options(nostack),
+                );
             }
         }
     }
