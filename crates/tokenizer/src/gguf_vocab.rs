@@ -41,6 +41,21 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
+/// The merges of a parsed byte-level BPE `tokenizer.json` in GGUF's form: `"a b"` strings in rank
+/// order, whether the file writes a merge as `"a b"` or as `["a", "b"]`. `None` when the model has
+/// no merges list or an entry is neither form.
+pub fn gguf_merges(tokenizer_json: &serde_json::Value) -> Option<Vec<String>> {
+    let merges = tokenizer_json["model"]["merges"].as_array()?;
+    merges
+        .iter()
+        .map(|m| match m {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Array(p) if p.len() == 2 => Some(format!("{} {}", p[0].as_str()?, p[1].as_str()?)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Facts a GGUF file carries about its tokenizer (the model loader fills this from
 /// `tokenizer.ggml.*` keys).
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -25,7 +25,7 @@ mod train;
 
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use error::{Result, TokenizerError};
-pub use gguf_vocab::GgufVocab;
+pub use gguf_vocab::{gguf_merges, GgufVocab};
 pub use stream::StreamDecoder;
 pub use tokenizer::{Encoding, Tokenizer};
 pub use train::{train_bpe, FIXTURE_CORPUS, FIXTURE_SPECIAL_TOKENS};

@@ -10,18 +10,7 @@ fn fixture_vocab(pre: &str) -> GgufVocab {
     let tk = fixture();
     let n = tk.get_vocab_size(true) as u32;
     let tokens: Vec<String> = (0..n).map(|i| tk.id_to_token(i).unwrap()).collect();
-    let merges: Vec<String> = j["model"]["merges"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| match m {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Array(p) => {
-                format!("{} {}", p[0].as_str().unwrap(), p[1].as_str().unwrap())
-            }
-            _ => panic!("merge format"),
-        })
-        .collect();
+    let merges = gguf_merges(&j).expect("fixture merges");
     let token_types = (0..n).map(|i| if i < 4 { 3 } else { 1 }).collect();
     GgufVocab {
         model: "gpt2".into(),
@@ -204,18 +193,7 @@ fn sentencepiece_merges_match_transformers() {
     };
     let tk = Tokenizer::from_gguf_vocab(&v).unwrap();
     let j: serde_json::Value = serde_json::from_str(&tk.inner().to_string(false).unwrap()).unwrap();
-    let got: Vec<String> = j["model"]["merges"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| match m {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Array(p) => {
-                format!("{} {}", p[0].as_str().unwrap(), p[1].as_str().unwrap())
-            }
-            _ => panic!(),
-        })
-        .collect();
+    let got = gguf_merges(&j).expect("merges");
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "merge #{i}");
