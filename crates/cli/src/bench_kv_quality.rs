@@ -97,8 +97,8 @@ struct SimQuantKv {
     scheme: Scheme,
     heads: usize,
     hd: usize,
-    /// Per layer: blocks of `[heads][BLOCK][hd]` f32 as little-endian bytes (keys, values).
-    blocks: Vec<Vec<(Vec<u8>, Vec<u8>)>>,
+    /// Per layer: blocks of `[heads][BLOCK][hd]` f32 (keys, values).
+    blocks: Vec<Vec<(Vec<f32>, Vec<f32>)>>,
     len: Vec<usize>,
 }
 
@@ -108,17 +108,15 @@ impl SimQuantKv {
     }
 
     fn seal(&mut self, layer: usize, block: usize) {
-        let (heads, hd, scheme) = (self.heads, self.hd, self.scheme);
+        let (hd, scheme) = (self.hd, self.scheme);
         let (k, v) = &mut self.blocks[layer][block];
-        for h in 0..heads {
-            let rows = h * BLOCK * hd * 4..(h + 1) * BLOCK * hd * 4;
-            let mut kf = floats(&k[rows.clone()]);
-            let mut vf = floats(&v[rows.clone()]);
+        // Per head: `BLOCK` rows of `hd`.
+        for (kf, vf) in k.chunks_exact_mut(BLOCK * hd).zip(v.chunks_exact_mut(BLOCK * hd)) {
             match scheme {
                 Scheme::Q4NoWindow => {} // quantized as written, in `write`
                 Scheme::Q4Window => {
-                    kf.chunks_exact_mut(hd).for_each(q4_0_round_trip);
-                    vf.chunks_exact_mut(hd).for_each(q4_0_round_trip);
+                    kf.chunks_exact_mut(hd).for_each(q4_row_round_trip);
+                    vf.chunks_exact_mut(hd).for_each(q4_row_round_trip);
                 }
                 Scheme::Q41Window => {
                     kf.chunks_exact_mut(32).for_each(asym4_round_trip);
@@ -130,7 +128,7 @@ impl SimQuantKv {
                     for d in 0..hd {
                         let mut ch: Vec<f32> = (0..BLOCK).map(|t| kf[t * hd + d]).collect();
                         if sym {
-                            q4_0_round_trip(&mut ch);
+                            q4_row_round_trip(&mut ch);
                         } else {
                             asym4_round_trip(&mut ch);
                         }
@@ -139,14 +137,12 @@ impl SimQuantKv {
                         }
                     }
                     if sym {
-                        vf.chunks_exact_mut(hd).for_each(q4_0_round_trip);
+                        vf.chunks_exact_mut(hd).for_each(q4_row_round_trip);
                     } else {
                         vf.chunks_exact_mut(32).for_each(asym4_round_trip);
                     }
                 }
             }
-            k[rows.clone()].copy_from_slice(&bytes(&kf));
-            v[rows].copy_from_slice(&bytes(&vf));
         }
     }
 }
@@ -159,20 +155,19 @@ impl KvCache for SimQuantKv {
             let pos = first_pos + t;
             let (b, slot) = (pos / BLOCK, pos % BLOCK);
             while self.blocks[layer].len() <= b {
-                let size = heads * BLOCK * hd * 4;
-                self.blocks[layer].push((vec![0; size], vec![0; size]));
+                let size = heads * BLOCK * hd;
+                self.blocks[layer].push((vec![0.0; size], vec![0.0; size]));
             }
             let (k, v) = &mut self.blocks[layer][b];
             for h in 0..heads {
-                let at = ((h * BLOCK + slot) * hd) * 4;
-                let mut kr = keys[t * width + h * hd..t * width + (h + 1) * hd].to_vec();
-                let mut vr = values[t * width + h * hd..t * width + (h + 1) * hd].to_vec();
+                let (dst, src) = ((h * BLOCK + slot) * hd, t * width + h * hd);
+                let (kr, vr) = (&mut k[dst..dst + hd], &mut v[dst..dst + hd]);
+                kr.copy_from_slice(&keys[src..src + hd]);
+                vr.copy_from_slice(&values[src..src + hd]);
                 if self.scheme == Scheme::Q4NoWindow {
-                    q4_0_round_trip(&mut kr);
-                    q4_0_round_trip(&mut vr);
+                    q4_row_round_trip(kr);
+                    q4_row_round_trip(vr);
                 }
-                k[at..at + hd * 4].copy_from_slice(&bytes(&kr));
-                v[at..at + hd * 4].copy_from_slice(&bytes(&vr));
             }
             self.len[layer] = self.len[layer].max(pos + 1);
             if slot == BLOCK - 1 {
@@ -184,29 +179,22 @@ impl KvCache for SimQuantKv {
     fn for_each_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
         for (b, (k, v)) in self.blocks[layer].iter().enumerate() {
             let len = self.len[layer].saturating_sub(b * BLOCK).min(BLOCK);
+            // `KvElem::F32` rows are little-endian f32: the native layout on every target we build.
             f(&KvChunk {
                 first_pos: b * BLOCK,
                 len,
                 capacity: BLOCK,
-                keys: KvData { elem: KvElem::F32, bytes: k },
-                values: KvData { elem: KvElem::F32, bytes: v },
+                keys: KvData { elem: KvElem::F32, bytes: bytemuck::cast_slice(k) },
+                values: KvData { elem: KvElem::F32, bytes: bytemuck::cast_slice(v) },
                 mask: None,
             });
         }
     }
 }
 
-fn floats(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
-
-fn bytes(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-/// The shipped `q4` round trip (ggml Q4_0 rows, groups of 32).
-fn q4_0_round_trip(row: &mut [f32]) {
-    let elem = KvElem::Q4 { group: 32 };
+/// The shipped `q4` round trip of one row (`KvFormat::Q4`'s groups: 32 where the row divides).
+fn q4_row_round_trip(row: &mut [f32]) {
+    let elem = KvFormat::Q4.elem(row.len());
     let mut enc = vec![0u8; elem.row_bytes(row.len())];
     elem.encode_row(row, &mut enc);
     elem.decode_row(&enc, row);
