@@ -99,16 +99,10 @@ mod imp {
         vt: Vec<f32>,
     }
 
-    /// Round-to-nearest-even bf16 of `x` (finite inputs), as the hardware's `vcvtneps2bf16`.
-    fn bf16(x: f32) -> u16 {
-        let b = x.to_bits();
-        ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
-    }
-
-    /// `x = hi + lo`, both bf16.
+    /// `x = hi + lo`, both bf16 rounded to nearest even (as the hardware's `vcvtneps2bf16`).
     fn split(x: f32) -> (u16, u16) {
-        let hi = bf16(x);
-        (hi, bf16(x - f32::from_bits((hi as u32) << 16)))
+        let hi = half::bf16::from_f32(x);
+        (hi.to_bits(), half::bf16::from_f32(x - hi.to_f32()).to_bits())
     }
 
     impl Flash {
