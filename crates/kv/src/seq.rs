@@ -219,23 +219,15 @@ impl KvCache for SeqKv {
         let layout = self.pool.layout();
         let (hd, nh) = (layout.head_dim, layout.num_kv_heads);
         let elem = self.pool.elem();
-        let rb = elem.row_bytes(hd);
-        let sec = self.pool.section_bytes();
-        let (kbase, vbase) = (2 * layer * sec, (2 * layer + 1) * sec);
-        let tsec = self.pool.tail_section_bytes();
-        let rb16 = KvElem::F16.row_bytes(hd);
+        let (sec, tsec) = (self.pool.section_bytes(), self.pool.tail_section_bytes());
+        let w = nh * hd;
         for t in 0..num_tokens {
             let pos = first_pos + t;
             let (bi, slot) = (pos / BLOCK_TOKENS, pos % BLOCK_TOKENS);
+            let (ks, vs) = (&keys[t * w..(t + 1) * w], &values[t * w..(t + 1) * w]);
             let block = Arc::get_mut(&mut self.blocks[bi]).expect("SeqKv::write: block not reserved or still shared");
-            let row = t * nh * hd;
             let bytes = block.bytes_mut().expect("SeqKv::write: reserve() un-maps the block it writes");
-            for h in 0..nh {
-                let off = (h * BLOCK_TOKENS + slot) * rb;
-                let (ks, vs) = (&keys[row + h * hd..row + (h + 1) * hd], &values[row + h * hd..row + (h + 1) * hd]);
-                elem.encode_row(ks, &mut bytes[kbase + off..kbase + off + rb]);
-                elem.encode_row(vs, &mut bytes[vbase + off..vbase + off + rb]);
-            }
+            encode_token(bytes, elem, sec, layer, slot, ks, vs, hd);
             block.len = block.len.max(slot + 1);
             if self.tail.as_mut().is_some_and(|tl| tl.block == bi && Arc::get_mut(tl).is_none()) {
                 // Shared since `reserve` (a fork taken mid-step): fall back to the quantized
@@ -244,13 +236,7 @@ impl KvCache for SeqKv {
             }
             if let Some(tail) = self.tail.as_mut().filter(|tl| tl.block == bi) {
                 let tail = Arc::get_mut(tail).expect("unshared just above");
-                for h in 0..nh {
-                    let off = (h * BLOCK_TOKENS + slot) * rb16;
-                    let (ks, vs) = (&keys[row + h * hd..row + (h + 1) * hd], &values[row + h * hd..row + (h + 1) * hd]);
-                    let (k0, v0) = (2 * layer * tsec + off, (2 * layer + 1) * tsec + off);
-                    KvElem::F16.encode_row(ks, &mut tail.bytes[k0..k0 + rb16]);
-                    KvElem::F16.encode_row(vs, &mut tail.bytes[v0..v0 + rb16]);
-                }
+                encode_token(&mut tail.bytes, KvElem::F16, tsec, layer, slot, ks, vs, hd);
             }
         }
         // Layer 0 is written first in every step, so from then on the step's
@@ -277,5 +263,18 @@ impl KvCache for SeqKv {
             let values = KvData { elem, bytes: &bytes[(2 * layer + 1) * sec..(2 * layer + 2) * sec] };
             f(&KvChunk { first_pos: bi * BLOCK_TOKENS, len, capacity: BLOCK_TOKENS, keys, values, mask: None });
         }
+    }
+}
+
+/// Encodes one token's keys and values (`[num_kv_heads * head_dim]` each) as `elem` rows at
+/// `slot` of `layer` in `bytes`, a buffer in the block layout (`block.rs`) with `sec`-byte sections.
+#[allow(clippy::too_many_arguments)]
+fn encode_token(bytes: &mut [u8], elem: KvElem, sec: usize, layer: usize, slot: usize, keys: &[f32], values: &[f32], hd: usize) {
+    let rb = elem.row_bytes(hd);
+    for (h, (ks, vs)) in keys.chunks_exact(hd).zip(values.chunks_exact(hd)).enumerate() {
+        let off = (h * BLOCK_TOKENS + slot) * rb;
+        let (k0, v0) = (2 * layer * sec + off, (2 * layer + 1) * sec + off);
+        elem.encode_row(ks, &mut bytes[k0..k0 + rb]);
+        elem.encode_row(vs, &mut bytes[v0..v0 + rb]);
     }
 }
