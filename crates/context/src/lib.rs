@@ -27,4 +27,4 @@ mod session;
 
 pub use persist::{disk_id, CatalogEntry, PersistedSessions};
 pub use prefix::{chain_hashes, PrefixIndex};
-pub use session::{Checkout, MatchKind, Session, SessionStore};
+pub use session::{Checkout, MatchKind, PendingRestore, Session, SessionStore};

@@ -3,7 +3,9 @@
 //!
 //! ```text
 //!  engine thread: checkin ──(fork of the cache: shares blocks, no copy)──> writer thread ──> DiskStore::put
-//!                 checkout <── restore (mmap + validate) <── catalog of persisted sessions (owner, id, text)
+//!                 checkout <── restore (mmap + validate header) <── catalog of persisted sessions (owner, id, text)
+//!                    └─ the checksum of the KV bytes runs on its own thread beside the prefill;
+//!                       the engine waits for it before the first token (`PendingRestore`)
 //! ```
 //! An entry's `owner` metadata is `"<owner>/<session id>"` (session ids never
 //! contain `/`). Invariant: what `flush` returns after is on disk, written
@@ -17,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use engram_kv::disk::{DiskError, DiskStore, EvictionPolicy};
-use engram_kv::persist::{EntryKind, EntryMeta};
+use engram_kv::persist::{ChecksumCheck, EntryKind, EntryMeta, PersistError};
 use engram_kv::{KvPool, SeqKv};
 
 /// The store file id of a session (a hash: owners may contain any character).
@@ -169,6 +171,29 @@ impl PersistedSessions {
                 tracing::warn!("restoring {disk_id}: {e}");
                 None
             }
+        }
+    }
+
+    /// [`PersistedSessions::load`] without waiting for the checksum of the
+    /// KV bytes (see [`DiskStore::get_unverified`]): nothing computed from the
+    /// sequence may be used before the check passes; on failure call
+    /// [`PersistedSessions::drop_corrupt`].
+    pub fn load_unverified(&self, disk_id: &str, pool: &KvPool, vocab: usize) -> Option<(EntryMeta, SeqKv, ChecksumCheck)> {
+        let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        match s.get_unverified(disk_id, pool, &self.fingerprint, vocab) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!("restoring {disk_id}: {e}");
+                None
+            }
+        }
+    }
+
+    /// Deletes the entry `disk_id`, whose checksum failed with `why`.
+    pub fn drop_corrupt(&self, disk_id: &str, why: &PersistError) {
+        let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = s.drop_corrupt(disk_id, why) {
+            tracing::warn!("deleting {disk_id}: {e}");
         }
     }
 

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use engram_kv::{KvPool, SeqKv};
+use engram_kv::{ChecksumCheck, KvPool, SeqKv};
 use engram_model::Fingerprint;
 use engram_tokenizer::{Tokenizer, TokenizerError};
 
@@ -71,6 +71,23 @@ pub struct Checkout {
     pub token_ends: Vec<usize>,
     pub reused: usize,
     pub kv: SeqKv,
+    /// `Some` when `kv` was just restored from a file whose checksum is still
+    /// being computed: the caller may run the model on `kv` meanwhile, but
+    /// must pass this to [`SessionStore::verify_restore`] before it shows,
+    /// keeps or checks in anything computed from it, and start over without
+    /// the cache when that returns false.
+    pub restore: Option<PendingRestore>,
+}
+
+/// A session restored from disk whose file's checksum is being computed on
+/// another thread (so reading the file and prefilling the new turn overlap).
+/// Until [`SessionStore::verify_restore`] accepts it, the session is in
+/// neither the store's RAM sessions nor its disk catalog.
+#[must_use = "a restored session is unverified until SessionStore::verify_restore"]
+pub struct PendingRestore {
+    session: Session,
+    disk_id: String,
+    check: ChecksumCheck,
 }
 
 /// Sessions of every owner plus the shared prefix index, for one model and pool.
@@ -157,10 +174,10 @@ impl SessionStore {
     }
 
     /// Loads the persisted session that matches `text` best for `owner` if it
-    /// beats every session in RAM.
-    fn restore_best(&mut self, owner: &str, session_id: Option<&str>, text: &str) {
+    /// beats every session in RAM; its checksum is still running.
+    fn restore_best(&mut self, owner: &str, session_id: Option<&str>, text: &str) -> Option<PendingRestore> {
         if self.disk.is_none() || self.on_disk.is_empty() {
-            return;
+            return None;
         }
         let in_ram = self.sessions.values().filter(|s| s.owner == owner).map(|s| common_prefix(&s.text, text)).max().unwrap_or(0);
         let pick = match session_id {
@@ -174,22 +191,39 @@ impl SessionStore {
                 .filter(|e| e.owner == owner && common_prefix(&e.text, text) > in_ram)
                 .max_by_key(|e| common_prefix(&e.text, text))
                 .cloned(),
-        };
-        let Some(e) = pick else { return };
-        self.on_disk.remove(&(e.owner.clone(), e.session_id.clone()));
+        }?;
+        self.on_disk.remove(&(pick.owner.clone(), pick.session_id.clone()));
         let disk = self.disk.as_ref().expect("checked above");
-        let Some((meta, kv)) = disk.load(&e.disk_id, &self.pool, self.vocab) else { return };
+        let (meta, mut kv, check) = disk.load_unverified(&pick.disk_id, &self.pool, self.vocab)?;
         let n = kv.len().min(meta.tokens.len());
-        let mut kv = kv;
         kv.truncate(n);
         let mut tokens = meta.tokens;
         tokens.truncate(n);
         let mut token_ends: Vec<usize> = meta.offsets.iter().map(|o| o.1).collect();
         token_ends.resize(n, meta.text.len());
-        self.restored += 1;
-        let s =
-            Session { id: e.session_id.clone(), owner: e.owner.clone(), text: meta.text, tokens, token_ends, kv, last_used: self.clock };
-        self.sessions.insert((e.owner, e.session_id), s);
+        let session = Session { id: pick.session_id, owner: pick.owner, text: meta.text, tokens, token_ends, kv, last_used: self.clock };
+        Some(PendingRestore { session, disk_id: pick.disk_id, check })
+    }
+
+    /// Waits for a restored session's checksum. True: the file was sound, the
+    /// session joins the store (unless the request already replaced it) and
+    /// what was computed from its cache stands. False: the file was corrupt
+    /// and is deleted; the caller discards what it computed from the cache.
+    pub fn verify_restore(&mut self, p: PendingRestore) -> bool {
+        match p.check.wait() {
+            Ok(()) => {
+                self.restored += 1;
+                let key = (p.session.owner.clone(), p.session.id.clone());
+                self.sessions.entry(key).or_insert(p.session);
+                true
+            }
+            Err(e) => {
+                if let Some(d) = &self.disk {
+                    d.drop_corrupt(&p.disk_id, &e);
+                }
+                false
+            }
+        }
     }
 
     /// Keeps at most `n` sessions (least recently used dropped first).
@@ -263,7 +297,7 @@ impl SessionStore {
                 (if k > 0 { MatchKind::Prefix } else { MatchKind::Miss }, id, k, kv)
             }
         };
-        Checkout { session_id: id, kind, tokens: prompt.to_vec(), token_ends: vec![0; prompt.len()], reused: k, kv }
+        Checkout { session_id: id, kind, tokens: prompt.to_vec(), token_ends: vec![0; prompt.len()], reused: k, kv, restore: None }
     }
 
     /// The pool caches are charged to.
@@ -296,10 +330,11 @@ impl SessionStore {
         tok: &Tokenizer,
     ) -> Result<Checkout, TokenizerError> {
         self.clock += 1;
-        self.restore_best(owner, session_id, text);
-        let candidate = match session_id {
-            Some(id) => self.sessions.get(&(owner.to_string(), id.to_string())),
-            None => self.sessions.values().filter(|s| s.owner == owner).max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
+        let mut restore = self.restore_best(owner, session_id, text);
+        let candidate = match (&restore, session_id) {
+            (Some(p), _) => Some(&p.session),
+            (None, Some(id)) => self.sessions.get(&(owner.to_string(), id.to_string())),
+            (None, None) => self.sessions.values().filter(|s| s.owner == owner).max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
         };
         // An unnamed request continues a session only if it extends it; one that
         // diverges forks a new session, leaving the original to its owner.
@@ -340,8 +375,12 @@ impl SessionStore {
                 token_ends.extend(rest.offsets.iter().map(|o| boundary + o.1));
                 fix_ends(&mut token_ends[k..], boundary);
                 let kv = s.kv.fork(k);
-                return Ok(Checkout { session_id, kind, tokens, token_ends, reused: k, kv });
+                return Ok(Checkout { session_id, kind, tokens, token_ends, reused: k, kv, restore });
             }
+        }
+        if let Some(p) = restore.take() {
+            // Restored but not reusable for this text: keep it if it is sound.
+            self.verify_restore(p);
         }
         let enc = tok.encode(text, add_special)?;
         let mut token_ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
@@ -353,7 +392,7 @@ impl SessionStore {
         let reused = kv.len();
         self.persist_prefix(&enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
-        Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv })
+        Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv, restore: None })
     }
 
     /// Loads the longest persisted prefix chain that `ids` starts with, if it

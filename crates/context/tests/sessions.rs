@@ -35,7 +35,11 @@ fn rel(a: &[f32], b: &[f32]) -> f32 {
 /// One turn through the store; checks it against a cold run and returns (kind, reused, generated text).
 fn turn(store: &mut SessionStore, owner: &str, text: &str, n: usize) -> (MatchKind, usize, String) {
     let m = model();
-    let co = store.checkout(owner, None, text, true, &m.tokenizer).unwrap();
+    let mut co = store.checkout(owner, None, text, true, &m.tokenizer).unwrap();
+    // A session restored from disk is verified here, before its results are used.
+    if let Some(p) = co.restore.take() {
+        assert!(store.verify_restore(p), "a sound session file failed its checksum");
+    }
     let (kind, reused, sid) = (co.kind, co.reused, co.session_id.clone());
     if std::env::var("DBG").is_ok() {
         eprintln!(
@@ -232,4 +236,45 @@ fn shared_prefix_chains_survive_a_restart() {
     let (kind, reused2, _) = turn(&mut store, "carol", &format!("{system}User: good morning\nAssistant:"), 3);
     assert_eq!(kind, MatchKind::Prefix, "restored from the persisted chain");
     assert_eq!(reused2, reused);
+}
+
+/// A session file whose KV bytes were damaged on disk: the restore hands out
+/// its blocks at once, the checksum fails, the file is deleted, and the next
+/// checkout recomputes cold.
+#[test]
+fn a_damaged_session_file_is_caught_and_recomputed() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
+    let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
+    let open = || {
+        let disk = engram_context::PersistedSessions::open(dir.path(), 64 << 20, engram_kv::EvictionPolicy::Lru, fp.clone()).unwrap();
+        SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
+    };
+    let mut store = open();
+    let text = "Notes: the meeting moved to Thursday at noon. ".repeat(4);
+    let (_, _, out) = turn(&mut store, "a", &text, 4);
+    drop(store);
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("session-"))
+        .collect();
+    assert_eq!(files.len(), 1);
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x08;
+    std::fs::write(&files[0], &bytes).unwrap();
+
+    let mut store = open();
+    let next = format!("{text}{out} And Friday?");
+    let co = store.checkout("a", None, &next, true, &m.tokenizer).unwrap();
+    assert_eq!(co.kind, MatchKind::Extend, "the header is sound, so the session is restored");
+    let p = co.restore.expect("a restored session comes with its pending check");
+    drop(co.kv);
+    assert!(!store.verify_restore(p), "damaged KV bytes must fail the checksum");
+    assert!(!files[0].exists(), "the damaged file is deleted");
+    assert_eq!(store.restored_count(), 0);
+    let (kind, reused, _) = turn(&mut store, "a", &next, 2);
+    assert_eq!((kind, reused), (MatchKind::Miss, 0), "recomputed cold");
 }

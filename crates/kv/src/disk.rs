@@ -29,7 +29,7 @@ use std::str::FromStr;
 
 use serde_json::{json, Value};
 
-use crate::persist::{self, EntryInfo, EntryKind, EntryMeta, PersistError};
+use crate::persist::{self, ChecksumCheck, EntryInfo, EntryKind, EntryMeta, PersistError};
 use crate::pool::KvPool;
 use crate::seq::SeqKv;
 
@@ -304,11 +304,35 @@ impl DiskStore {
     /// reported as a miss; an entry of another model or format is a miss and
     /// stays. Errors: an invalid id, I/O, or a RAM budget too small for it.
     pub fn get(&mut self, id: &str, pool: &KvPool, fingerprint: &str, vocab_size: usize) -> Result<Option<(EntryMeta, SeqKv)>> {
+        let Some((meta, kv, check)) = self.get_unverified(id, pool, fingerprint, vocab_size)? else {
+            return Ok(None);
+        };
+        match check.wait() {
+            Ok(()) => Ok(Some((meta, kv))),
+            Err(e) => {
+                drop(kv);
+                self.drop_corrupt(id, &e)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// [`DiskStore::get`] that returns before the checksum of the KV bytes
+    /// is known ([`persist::open_entry`]): the caller computes on the blocks
+    /// meanwhile, must wait for the [`ChecksumCheck`] before using anything
+    /// computed from them, and calls [`DiskStore::drop_corrupt`] when it fails.
+    pub fn get_unverified(
+        &mut self,
+        id: &str,
+        pool: &KvPool,
+        fingerprint: &str,
+        vocab_size: usize,
+    ) -> Result<Option<(EntryMeta, SeqKv, ChecksumCheck)>> {
         let path = self.entry_path(id)?;
         if !self.entries.contains_key(id) {
             return Ok(None);
         }
-        match persist::read_entry(&path, pool, fingerprint, vocab_size) {
+        match persist::open_entry(&path, pool, fingerprint, vocab_size) {
             Ok(found) => {
                 let now = self.now();
                 if let Some(s) = self.entries.get_mut(id) {
@@ -322,8 +346,7 @@ impl DiskStore {
                 Ok(Some(found))
             }
             Err(e) if e.is_corrupt() || matches!(e, PersistError::NotFound { .. }) => {
-                tracing::warn!("dropping cache entry {id:?}: {e}");
-                self.drop_entry(id)?;
+                self.drop_corrupt(id, &e)?;
                 Ok(None)
             }
             Err(e @ PersistError::Mismatch { .. }) => {
@@ -332,6 +355,12 @@ impl DiskStore {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Deletes entry `id`, which failed validation with `why`, with a warning.
+    pub fn drop_corrupt(&mut self, id: &str, why: &PersistError) -> Result<()> {
+        tracing::warn!("dropping cache entry {id:?}: {why}");
+        self.drop_entry(id)
     }
 
     /// Deletes entry `id`; false when there was none.

@@ -39,6 +39,9 @@ pub use block::{Block, BLOCK_TOKENS};
 pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport};
 pub use error::KvError;
 pub use format::KvFormat;
-pub use persist::{cache_fingerprint, cache_key, read_entry, read_meta, write_entry, EntryInfo, EntryKind, EntryMeta, PersistError};
+pub use persist::{
+    cache_fingerprint, cache_key, open_entry, read_entry, read_meta, write_entry, ChecksumCheck, EntryInfo, EntryKind, EntryMeta,
+    PersistError,
+};
 pub use pool::{KvLayout, KvPool};
 pub use seq::SeqKv;

@@ -311,7 +311,9 @@ pub fn read_meta(path: &Path) -> Result<EntryInfo, PersistError> {
 /// without restoring it (for `gc`).
 pub fn verify_entry(path: &Path) -> Result<EntryInfo, PersistError> {
     let (map, n, info, hasher) = map_entry(path)?;
-    check_sum(path, &map[8 + n..], &info, hasher)?;
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::Sequential);
+    check_sum(path, &map[8 + n..], info.checksum, hasher)?;
     Ok(info)
 }
 
@@ -319,6 +321,41 @@ pub fn verify_entry(path: &Path) -> Result<EntryInfo, PersistError> {
 /// `pool`, fingerprint, token ids below `vocab_size`, checksum) and returns
 /// its metadata and a sequence whose blocks are the file's mapped rows.
 pub fn read_entry(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize) -> Result<(EntryMeta, SeqKv), PersistError> {
+    let (meta, kv, check) = open_entry(path, pool, expect_fingerprint, vocab_size)?;
+    check.wait()?;
+    Ok((meta, kv))
+}
+
+/// A checksum over an entry's bytes being computed on its own thread.
+///
+/// Invariant: until [`ChecksumCheck::wait`] returns `Ok`, the KV it came
+/// with may hold any bytes; it may be read (attention on garbage numbers is
+/// harmless) but nothing computed from it may be shown, kept or shared.
+#[must_use = "a restored entry is unverified until its check is waited for"]
+pub struct ChecksumCheck {
+    path: PathBuf,
+    handle: std::thread::JoinHandle<Result<(), PersistError>>,
+}
+
+impl ChecksumCheck {
+    /// Waits for the checksum; `Err` ([`PersistError::is_corrupt`]) when the
+    /// bytes are not the ones written.
+    pub fn wait(self) -> Result<(), PersistError> {
+        self.handle.join().unwrap_or_else(|_| Err(PersistError::invalid(&self.path, "checksum thread panicked")))
+    }
+}
+
+/// [`read_entry`] without waiting for the checksum of the KV bytes: every
+/// other check has passed, and the checksum runs on a background thread while
+/// the caller starts computing on the mapped blocks (reading them from disk
+/// once, for both). The caller must [`ChecksumCheck::wait`] before it uses
+/// anything computed from the sequence, and drop it on `Err`.
+pub fn open_entry(
+    path: &Path,
+    pool: &KvPool,
+    expect_fingerprint: &str,
+    vocab_size: usize,
+) -> Result<(EntryMeta, SeqKv, ChecksumCheck), PersistError> {
     let (map, n, info, hasher) = map_entry(path)?;
     let mismatch = |what, found: String, expected: String| PersistError::Mismatch { path: path.to_path_buf(), what, found, expected };
     // Cheap checks first: a miss from another model must not read the data.
@@ -338,7 +375,18 @@ pub fn read_entry(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_si
         return Err(PersistError::invalid(path, format!("token {i} has id {t}, vocabulary has {vocab_size}")));
     }
     let data_offset = 8 + n;
-    check_sum(path, &map[data_offset..], &info, hasher)?;
+    let check = {
+        let (map, file, checksum) = (map.clone(), path.to_path_buf(), info.checksum);
+        let (num_blocks, block_bytes, layer_bytes) = (info.num_blocks, info.block_bytes, 2 * pool.section_bytes());
+        let handle = std::thread::Builder::new()
+            .name("engram-kv-checksum".into())
+            .spawn(move || {
+                read_ahead_layer_major(&map, data_offset, num_blocks, block_bytes, layer_bytes);
+                check_sum(&file, &map[data_offset..], checksum, hasher)
+            })
+            .map_err(|e| PersistError::io(path, e))?;
+        ChecksumCheck { path: path.to_path_buf(), handle }
+    };
 
     let mut blocks = Vec::with_capacity(info.num_blocks);
     for b in 0..info.num_blocks {
@@ -349,7 +397,24 @@ pub fn read_entry(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_si
         blocks.push(Arc::new(block));
     }
     let kv = SeqKv::from_blocks(pool, blocks, info.num_tokens);
-    Ok((info.meta, kv))
+    Ok((info.meta, kv, check))
+}
+
+/// Asks the kernel to read the entry's KV in the order a forward pass reads
+/// it: layer 0's keys and values of every block, then layer 1's, and so on.
+/// The file is block-major, so plain sequential readahead would make the
+/// first layer wait for the whole file; in this order layer `l` is in memory
+/// after `(l + 1) / num_layers` of the read, and the prefill computes while
+/// the rest arrives. Advice only: errors are ignored and nothing waits here.
+fn read_ahead_layer_major(map: &Mmap, data_offset: usize, num_blocks: usize, block_bytes: usize, layer_bytes: usize) {
+    #[cfg(unix)]
+    for layer in 0..block_bytes / layer_bytes {
+        for b in 0..num_blocks {
+            let _ = map.advise_range(memmap2::Advice::WillNeed, data_offset + b * block_bytes + layer * layer_bytes, layer_bytes);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (map, data_offset, num_blocks, block_bytes, layer_bytes);
 }
 
 /// True for names [`write_entry`] gives its temp files.
@@ -463,11 +528,11 @@ fn meta_hasher(m: &HashMap<String, String>) -> Xxh3 {
     h
 }
 
-fn check_sum(path: &Path, data: &[u8], info: &EntryInfo, mut hasher: Xxh3) -> Result<(), PersistError> {
+fn check_sum(path: &Path, data: &[u8], stored: u64, mut hasher: Xxh3) -> Result<(), PersistError> {
     hasher.update(data);
     let got = hasher.digest();
-    if got != info.checksum {
-        return Err(PersistError::invalid(path, format!("checksum mismatch: stored {:016x}, computed {got:016x}", info.checksum)));
+    if got != stored {
+        return Err(PersistError::invalid(path, format!("checksum mismatch: stored {stored:016x}, computed {got:016x}")));
     }
     Ok(())
 }
@@ -488,8 +553,6 @@ fn map_entry(path: &Path) -> Result<(Arc<Mmap>, usize, EntryInfo, Xxh3), Persist
     let n8: [u8; 8] = map[..8].try_into().expect("length checked");
     let n = header_len(n8, file_len).map_err(|r| PersistError::invalid(path, r))?;
     let (info, hasher) = parse_header(&map[8..8 + n], file_len).map_err(|r| PersistError::invalid(path, r))?;
-    #[cfg(unix)]
-    let _ = map.advise(memmap2::Advice::WillNeed);
     Ok((Arc::new(map), n, info, hasher))
 }
 

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use engram_kv::persist::{self, MAX_HEADER_BYTES};
-use engram_kv::{read_entry, read_meta, write_entry, EntryKind, EntryMeta, KvFormat, KvLayout, KvPool, PersistError, SeqKv, BLOCK_TOKENS};
+use engram_kv::{
+    open_entry, read_entry, read_meta, write_entry, EntryKind, EntryMeta, KvFormat, KvLayout, KvPool, PersistError, SeqKv, BLOCK_TOKENS,
+};
 use engram_model::KvCache;
 use proptest::prelude::*;
 
@@ -100,6 +102,13 @@ fn read_bytes(dir: &Path, bytes: &[u8]) -> Result<(EntryMeta, SeqKv), PersistErr
     if r.is_ok() {
         assert!(m.is_ok(), "read_meta rejects what read_entry accepts: {:?}", m.err());
     }
+    // So must the restore whose checksum runs beside the caller's work: a
+    // file it opens is still read without panics, and its check decides.
+    let deferred = open_entry(&path, &pool(KvFormat::F16), FP, VOCAB).and_then(|(_, kv, check)| {
+        let _ = visible(&kv);
+        check.wait()
+    });
+    assert_eq!(deferred.is_ok(), r.is_ok(), "open_entry + wait disagrees with read_entry: {:?}", deferred.err());
     r
 }
 
@@ -373,6 +382,23 @@ fn sample_file() -> &'static (tempfile::TempDir, Vec<u8>, usize) {
         let n = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         (dir, bytes, n)
     })
+}
+
+/// A damaged KV byte passes every check but the checksum: the deferred
+/// restore hands out the blocks at once and its check then fails.
+#[test]
+fn deferred_check_catches_damaged_kv_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = entry_file(dir.path(), 3 * BLOCK_TOKENS + 5, KvFormat::F16);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1000;
+    bytes[last] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let (_, kv, check) = open_entry(&path, &pool(KvFormat::F16), FP, VOCAB).expect("the header is sound");
+    assert_eq!(kv.len(), 3 * BLOCK_TOKENS + 5);
+    let e = check.wait().expect_err("the checksum must fail");
+    assert!(e.is_corrupt() && e.to_string().contains("checksum mismatch"), "{e}");
+    expect_invalid(read_entry(&path, &pool(KvFormat::F16), FP, VOCAB), "checksum mismatch");
 }
 
 proptest! {

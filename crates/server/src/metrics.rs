@@ -57,6 +57,8 @@ pub struct Metrics {
     pub tokens_generated: AtomicU64,
     pub cancelled: AtomicU64,
     pub steps: AtomicU64,
+    /// Sessions restored from disk whose checksum then failed (recomputed cold).
+    pub restores_failed: AtomicU64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
     /// Gauges the engine thread refreshes after each step.
@@ -94,7 +96,7 @@ impl Metrics {
         for (kind, n) in self.lookups.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "engram_cache_lookups_total{{path=\"{kind}\"}} {n}");
         }
-        let counters: [(&str, &str, &AtomicU64); 7] = [
+        let counters: [(&str, &str, &AtomicU64); 8] = [
             ("engram_cache_hits_total", "Requests that reused cached tokens.", &self.cache_hits),
             ("engram_cache_misses_total", "Requests that reused nothing.", &self.cache_misses),
             ("engram_prompt_tokens_reused_total", "Prompt tokens served from the KV cache.", &self.tokens_reused),
@@ -102,6 +104,7 @@ impl Metrics {
             ("engram_generated_tokens_total", "Tokens sampled.", &self.tokens_generated),
             ("engram_cancelled_total", "Sequences cancelled because the client went away.", &self.cancelled),
             ("engram_steps_total", "Batched forward steps.", &self.steps),
+            ("engram_restores_failed_total", "Restored sessions whose file failed its checksum (recomputed cold).", &self.restores_failed),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));

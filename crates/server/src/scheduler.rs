@@ -37,7 +37,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use engram_context::SessionStore;
+use engram_context::{PendingRestore, SessionStore};
 
 /// Scheduler limits.
 #[derive(Clone, Debug)]
@@ -69,6 +69,7 @@ impl Default for SchedulerConfig {
 }
 
 /// One generation request.
+#[derive(Clone)]
 pub struct Job {
     /// Sessions never cross this key.
     pub tenant: String,
@@ -188,6 +189,13 @@ struct Seq<'m> {
     stops: StopMatcher,
     submitted: Instant,
     last_token: Option<Instant>,
+    /// A session restored from disk whose checksum is still running, and the
+    /// job to admit again if it fails: the sequence prefills on the restored
+    /// cache and waits for the check (and only then reports `Started`) before
+    /// its first token.
+    restore: Option<(PendingRestore, Job)>,
+    /// Prompt tokens taken from the cache at admission.
+    cached: usize,
 }
 
 impl Seq<'_> {
@@ -287,6 +295,14 @@ impl<'m> Engine<'m> {
 
     /// Ends a sequence: reports, and returns its cache to the session store.
     fn retire(&mut self, at: usize, outcome: Result<FinishReason, ApiError>) {
+        // Ended before its first token (cancelled, failed): what it computed on
+        // an unverified restore is kept only if the file proves sound.
+        if let Some((p, _)) = self.active[at].restore.take() {
+            if !self.sessions.verify_restore(p) {
+                self.metrics.restores_failed.fetch_add(1, Relaxed);
+                self.active[at].tokens.clear();
+            }
+        }
         let s = self.active.remove(at);
         self.pending.fetch_sub(1, Relaxed);
         match outcome {
@@ -346,6 +362,7 @@ impl<'m> Engine<'m> {
                 continue;
             }
             let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
+            let retry = job.clone();
             // Whole blocks, plus the f16 recent window quantized formats keep beside them.
             let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
             let need = job.prompt.len().div_ceil(BLOCK_TOKENS) * self.pool.block_bytes() + window;
@@ -392,7 +409,10 @@ impl<'m> Engine<'m> {
             } else {
                 m.cache_misses.fetch_add(1, Relaxed);
             }
-            let _ = tx.send(Event::Started { session_id: c.session_id.clone(), prompt_tokens: prompt.len(), cached_tokens: cached_len });
+            if c.restore.is_none() {
+                let _ =
+                    tx.send(Event::Started { session_id: c.session_id.clone(), prompt_tokens: prompt.len(), cached_tokens: cached_len });
+            }
             let mut sampler = Sampler::new(job.params.clone());
             let p = &job.params;
             if p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
@@ -420,6 +440,8 @@ impl<'m> Engine<'m> {
                 sampler,
                 submitted,
                 last_token: None,
+                restore: c.restore.map(|p| (p, retry)),
+                cached: cached_len,
             });
         }
     }
@@ -536,10 +558,35 @@ impl<'m> Engine<'m> {
             if logits.is_empty() {
                 continue;
             }
+            if self.active[i].restore.is_some() && !self.settle_restore(i) {
+                continue;
+            }
             if let Some(outcome) = self.sample(i, &mut logits) {
                 self.retire(i, outcome);
             }
         }
+    }
+
+    /// Waits for the checksum of the session sequence `at` was restored from.
+    /// True: the file was sound; reports `Started`. False: it was corrupt (now
+    /// deleted), and so may be the tokens and text matched against it: the
+    /// sequence is dropped with what it computed and its job admitted again
+    /// first, as if it had just arrived (it is matched anew, without the file).
+    fn settle_restore(&mut self, at: usize) -> bool {
+        let Some((p, job)) = self.active[at].restore.take() else { return true };
+        if self.sessions.verify_restore(p) {
+            let s = &self.active[at];
+            let _ =
+                s.events.send(Event::Started { session_id: s.session_id.clone(), prompt_tokens: s.prompt.len(), cached_tokens: s.cached });
+            return true;
+        }
+        let s = self.active.remove(at);
+        let m = &self.metrics;
+        m.restores_failed.fetch_add(1, Relaxed);
+        m.tokens_reused.fetch_sub(s.cached as u64, Relaxed);
+        m.cache_hits.fetch_sub(u64::from(s.cached > 0), Relaxed);
+        self.waiting.push_front((job, s.events, s.submitted));
+        false
     }
 
     /// Samples sequence `at`'s next token and streams its text; returns the

@@ -498,6 +498,63 @@ fn metric(addr: SocketAddr, line_prefix: &str) -> f64 {
     m.lines().find(|l| l.starts_with(line_prefix)).and_then(|l| l.rsplit(' ').next()).map_or(0.0, |v| v.parse().unwrap())
 }
 
+/// A session file damaged on disk between two runs: the restarted server
+/// restores it (its header is sound), prefills on it while the checksum runs,
+/// finds the damage before the first token, and answers from a cold prefill:
+/// the same answer as a server without a cache, no cached tokens reported,
+/// the file deleted and the failure counted.
+#[test]
+fn a_damaged_session_file_is_recomputed_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut c = ServerConfig::new("tiny");
+        c.scheduler.disk =
+            Some(engram_server::DiskConfig { dir: dir.path().join("kv"), budget_bytes: 256 << 20, policy: engram_kv::EvictionPolicy::Lru });
+        c
+    };
+    let ask = |addr, messages: &Vec<Value>| {
+        let body = json!({"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0}).to_string();
+        let r = request(addr, "POST", "/v1/chat/completions", &[], &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let (addr, stop, thread) = start_stoppable(config());
+    let mut messages = vec![json!({"role": "user", "content": "Remember: the code word is heron, and the gate is 14."})];
+    let r = ask(addr, &messages);
+    messages.push(json!({"role": "assistant", "content": r["choices"][0]["message"]["content"]}));
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    let session_files = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir.path().join("kv"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("session-"))
+            .collect()
+    };
+    let files = session_files();
+    assert_eq!(files.len(), 1);
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let at = bytes.len() - 64;
+    bytes[at] ^= 0x10;
+    std::fs::write(&files[0], &bytes).unwrap();
+
+    messages.push(json!({"role": "user", "content": "What was the code word?"}));
+    let (addr, stop, thread) = start_stoppable(config());
+    let r = ask(addr, &messages);
+    assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), 0, "nothing reused from the damaged file");
+    assert_eq!(metric(addr, "engram_restores_failed_total"), 1.0);
+    assert_eq!(metric(addr, "engram_sessions_restored"), 0.0);
+    assert!(!files[0].exists() || std::fs::read(&files[0]).unwrap() != bytes, "the damaged file is gone");
+    let answer = r["choices"][0]["message"]["content"].clone();
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+
+    let (cold, stop, thread) = start_stoppable(ServerConfig::new("tiny"));
+    assert_eq!(ask(cold, &messages)["choices"][0]["message"]["content"], answer, "the answer equals a cold server's");
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+}
+
 /// Three turns, stop, start a new server on the same data directory: the
 /// fourth turn is a warm hit restored from disk, visible in `usage` and `/metrics`,
 /// and its answer equals what a server without any cache gives.
