@@ -164,3 +164,39 @@ fn quantized_reuse_stays_within_the_format_error() {
         assert!(reuse_err <= 2.0 * format_err + 1e-4, "{format:?}: reuse error {reuse_err} vs format error {format_err}");
     }
 }
+
+/// A sequence written to disk and restored (blocks mapped; for q8/q4 the
+/// f16 recent window of the partial last block read back too) continues
+/// exactly as the live one: the same logits, bitwise, in every format.
+#[test]
+fn a_restored_sequence_continues_as_the_live_one() {
+    use engram_kv::persist::{cache_fingerprint, read_entry, write_entry, EntryKind, EntryMeta};
+    let (_d, m) = model();
+    let dir = tempfile::tempdir().unwrap();
+    let history = m.tokenizer.encode("A restored cache must attend its newest tokens as the live one did.", true).unwrap().ids;
+    assert!(history.len() % engram_kv::BLOCK_TOKENS != 0, "the history should end in a partial block");
+    let next = m.tokenizer.encode(" And then?", false).unwrap().ids;
+    for format in KvFormat::ALL {
+        let pool = pool(&m, format);
+        let mut g = Generator::new(&m, &pool);
+        g.feed(&history, false).unwrap();
+        let (kv, toks) = g.into_parts();
+        let fp = cache_fingerprint(m.fingerprint, format);
+        let meta = EntryMeta {
+            fingerprint: fp.clone(),
+            kind: EntryKind::Session,
+            owner: "t".into(),
+            tokens: toks.clone(),
+            text: String::new(),
+            offsets: Vec::new(),
+            created_unix: 0,
+        };
+        let path = dir.path().join(format!("{format}.safetensors"));
+        write_entry(&path, &meta, &kv).unwrap();
+        let (_, restored) = read_entry(&path, &pool, &fp, m.config.vocab).unwrap();
+        assert_eq!(restored.window().is_some(), pool.has_window(), "{format:?}");
+        let live = Generator::from_parts(&m, kv.fork(kv.len()), toks.clone()).feed(&next, true).unwrap();
+        let warm = Generator::from_parts(&m, restored, toks).feed(&next, true).unwrap();
+        assert!(live == warm, "{format:?}: restored logits differ from the live sequence's by {}", max_rel(&warm, &live));
+    }
+}

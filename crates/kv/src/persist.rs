@@ -2,19 +2,23 @@
 //! safetensors file that is restored by mapping it, not by copying it.
 //!
 //! ```text
-//!  0          8                               8+n (a multiple of 8)           end
-//!  [ n: u64 LE ][ JSON header, space-padded     ][ tensor "kv": U8 [num_blocks, block_bytes] ]
-//!                {"__metadata__": {...},          row b = Block::bytes() of block b
-//!                 "kv": {"dtype":"U8", ...}}      (positions b*32 .. b*32+32)
+//!  0          8                               8+n (a multiple of 8)
+//!  [ n: u64 LE ][ JSON header, space-padded     ][ tensor "kv": U8 [num_blocks, block_bytes] ][ "window": U8 [w] ]
+//!                {"__metadata__": {...},          row b = Block::bytes() of block b            optional: q8/q4
+//!                 "kv": {...}, "window": {...}}   (positions b*32 .. b*32+32)                   recent window
 //! ```
+//! `window`, present only for a q8/q4 sequence that ends in a partial block
+//! and held its recent window, is that window (`tail.rs`: the partial
+//! block's rows in f16, block layout), so a restored sequence attends its
+//! newest tokens exactly as the live one did.
 //! The `__metadata__` keys, all string-valued (see [`KEYS`]): `magic`
-//! (`engram-kv`), `version` (`1`), `fingerprint` ([`cache_fingerprint`]),
+//! (`engram-kv`), `version` (`2`), `fingerprint` ([`cache_fingerprint`]),
 //! `kv_format`, `block_tokens`, `num_layers`, `num_kv_heads`, `head_dim`,
 //! `num_tokens`, `tokens` (JSON array of u32), `text`, `offsets` (JSON array of
 //! `[start, end]` byte ranges into `text`, one per token, or empty), `kind`
 //! (`session` | `prefix`), `owner`, `created_unix` and `checksum`: xxh3-64,
 //! 16 lowercase hex digits, over every other key and value (sorted by key,
-//! each length-prefixed) followed by the tensor bytes.
+//! each length-prefixed) followed by the tensor bytes (`kv`, then `window`).
 //!
 //! Invariants:
 //! * Nothing read is trusted (SYSTEM.md invariant 3): any byte string either
@@ -48,7 +52,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use engram_model::Fingerprint;
+use engram_model::{Fingerprint, KvElem};
 use memmap2::Mmap;
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::Dtype;
@@ -63,9 +67,11 @@ use crate::seq::SeqKv;
 /// The `magic` metadata value.
 pub const MAGIC: &str = "engram-kv";
 /// The `version` metadata value this build writes and reads.
-pub const VERSION: u32 = 1;
-/// The one tensor's name.
+pub const VERSION: u32 = 2;
+/// The block rows' tensor name.
 pub const TENSOR_NAME: &str = "kv";
+/// The optional recent window's tensor name.
+pub const WINDOW_TENSOR: &str = "window";
 /// Headers larger than this are refused before anything is allocated.
 /// 64 MiB holds the tokens, offsets and text of well over a million tokens.
 pub const MAX_HEADER_BYTES: u64 = 64 << 20;
@@ -158,6 +164,8 @@ pub struct EntryInfo {
     pub num_tokens: usize,
     pub num_blocks: usize,
     pub block_bytes: usize,
+    /// Bytes of the recent window stored after the blocks (0: none).
+    pub window_bytes: usize,
     /// Size of the whole file.
     pub file_bytes: u64,
     pub checksum: u64,
@@ -254,6 +262,9 @@ pub fn write_entry(path: &Path, meta: &EntryMeta, kv: &SeqKv) -> Result<u64, Per
         for row in &prepared.rows {
             w.write_all(row)?;
         }
+        if let Some(win) = &prepared.window {
+            w.write_all(win)?;
+        }
         Ok(())
     })
     .map_err(|e| PersistError::Io { path: path.to_path_buf(), source: e })?;
@@ -312,7 +323,7 @@ pub fn read_meta(path: &Path) -> Result<EntryInfo, PersistError> {
 pub fn verify_entry(path: &Path) -> Result<EntryInfo, PersistError> {
     let (map, n, info, hasher) = map_entry(path)?;
     #[cfg(unix)]
-    let _ = map.advise(memmap2::Advice::Sequential);
+    let _ = map.advise(memmap2::Advice::WillNeed);
     check_sum(path, &map[8 + n..], info.checksum, hasher)?;
     Ok(info)
 }
@@ -321,9 +332,18 @@ pub fn verify_entry(path: &Path) -> Result<EntryInfo, PersistError> {
 /// `pool`, fingerprint, token ids below `vocab_size`, checksum) and returns
 /// its metadata and a sequence whose blocks are the file's mapped rows.
 pub fn read_entry(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize) -> Result<(EntryMeta, SeqKv), PersistError> {
-    let (meta, kv, check) = open_entry(path, pool, expect_fingerprint, vocab_size)?;
+    let (meta, kv, check) = open(path, pool, expect_fingerprint, vocab_size, ReadOrder::Sequential)?;
     check.wait()?;
     Ok((meta, kv))
+}
+
+/// How the checksum thread asks the kernel to read the file.
+#[derive(Clone, Copy)]
+enum ReadOrder {
+    /// File order (the whole file at once): fastest when the caller waits for all of it.
+    Sequential,
+    /// The order a forward pass reads the KV (see [`read_ahead_layer_major`]).
+    LayerMajor,
 }
 
 /// A checksum over an entry's bytes being computed on its own thread.
@@ -356,6 +376,16 @@ pub fn open_entry(
     expect_fingerprint: &str,
     vocab_size: usize,
 ) -> Result<(EntryMeta, SeqKv, ChecksumCheck), PersistError> {
+    open(path, pool, expect_fingerprint, vocab_size, ReadOrder::LayerMajor)
+}
+
+fn open(
+    path: &Path,
+    pool: &KvPool,
+    expect_fingerprint: &str,
+    vocab_size: usize,
+    order: ReadOrder,
+) -> Result<(EntryMeta, SeqKv, ChecksumCheck), PersistError> {
     let (map, n, info, hasher) = map_entry(path)?;
     let mismatch = |what, found: String, expected: String| PersistError::Mismatch { path: path.to_path_buf(), what, found, expected };
     // Cheap checks first: a miss from another model must not read the data.
@@ -381,7 +411,15 @@ pub fn open_entry(
         let handle = std::thread::Builder::new()
             .name("engram-kv-checksum".into())
             .spawn(move || {
-                read_ahead_layer_major(&map, data_offset, num_blocks, block_bytes, layer_bytes);
+                match order {
+                    ReadOrder::LayerMajor => read_ahead_layer_major(&map, data_offset, num_blocks, block_bytes, layer_bytes),
+                    #[cfg(unix)]
+                    ReadOrder::Sequential => {
+                        let _ = map.advise(memmap2::Advice::WillNeed);
+                    }
+                    #[cfg(not(unix))]
+                    ReadOrder::Sequential => {}
+                }
                 check_sum(&file, &map[data_offset..], checksum, hasher)
             })
             .map_err(|e| PersistError::io(path, e))?;
@@ -396,7 +434,11 @@ pub fn open_entry(
             .map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
         blocks.push(Arc::new(block));
     }
-    let kv = SeqKv::from_blocks(pool, blocks, info.num_tokens);
+    let mut kv = SeqKv::from_blocks(pool, blocks, info.num_tokens);
+    if info.window_bytes > 0 {
+        let at = data_offset + info.num_blocks * info.block_bytes;
+        kv.set_window(&map[at..at + info.window_bytes]).map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
+    }
     Ok((info.meta, kv, check))
 }
 
@@ -429,11 +471,13 @@ struct Prepared<'a> {
     /// JSON, space-padded to a multiple of 8 bytes.
     header: Vec<u8>,
     rows: Vec<Cow<'a, [u8]>>,
+    window: Option<Vec<u8>>,
 }
 
 impl Prepared<'_> {
     fn total_len(&self) -> u64 {
-        8 + self.header.len() as u64 + self.rows.iter().map(|r| r.len() as u64).sum::<u64>()
+        let window = self.window.as_ref().map_or(0, |w| w.len() as u64);
+        8 + self.header.len() as u64 + self.rows.iter().map(|r| r.len() as u64).sum::<u64>() + window
     }
 }
 
@@ -457,9 +501,14 @@ fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv) -> Result<Prepared<
     if tail != 0 {
         let last = rows.last_mut().expect("a non-empty sequence has a block");
         let mut bytes = last.to_vec();
-        zero_stale_slots(pool, &mut bytes, tail);
+        zero_stale_slots(layout, pool.elem().row_bytes(layout.head_dim), pool.section_bytes(), &mut bytes, tail);
         *last = Cow::Owned(bytes);
     }
+    let window = kv.window().map(|w| {
+        let mut bytes = w.to_vec();
+        zero_stale_slots(layout, KvElem::F16.row_bytes(layout.head_dim), pool.tail_section_bytes(), &mut bytes, tail);
+        bytes
+    });
 
     let mut m: HashMap<String, String> = HashMap::new();
     let mut put = |k: &str, v: String| {
@@ -484,25 +533,32 @@ fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv) -> Result<Prepared<
     for r in &rows {
         h.update(r);
     }
+    if let Some(w) = &window {
+        h.update(w);
+    }
     m.insert("checksum".into(), format!("{:016x}", h.digest()));
 
     let bb = pool.block_bytes();
-    let info = TensorInfo { dtype: Dtype::U8, shape: vec![rows.len(), bb], data_offsets: (0, rows.len() * bb) };
-    let md = Metadata::new(Some(m), vec![(TENSOR_NAME.to_string(), info)]).map_err(|e| unwritable(e.to_string()))?;
+    let kv_len = rows.len() * bb;
+    let mut tensors =
+        vec![(TENSOR_NAME.to_string(), TensorInfo { dtype: Dtype::U8, shape: vec![rows.len(), bb], data_offsets: (0, kv_len) })];
+    if let Some(w) = &window {
+        let info = TensorInfo { dtype: Dtype::U8, shape: vec![w.len()], data_offsets: (kv_len, kv_len + w.len()) };
+        tensors.push((WINDOW_TENSOR.to_string(), info));
+    }
+    let md = Metadata::new(Some(m), tensors).map_err(|e| unwritable(e.to_string()))?;
     let mut header = serde_json::to_vec(&md).map_err(|e| unwritable(e.to_string()))?;
     // Pad to 8 bytes so the tensor data (and every row) stays 8-byte aligned.
     header.resize(header.len().next_multiple_of(8), b' ');
     if header.len() as u64 > MAX_HEADER_BYTES {
         return Err(unwritable(format!("header of {} bytes exceeds the {MAX_HEADER_BYTES}-byte limit", header.len())));
     }
-    Ok(Prepared { header, rows })
+    Ok(Prepared { header, rows, window })
 }
 
-/// Zeroes slots `len..BLOCK_TOKENS` of every layer's key and value rows.
-fn zero_stale_slots(pool: &KvPool, bytes: &mut [u8], len: usize) {
-    let layout = pool.layout();
-    let rb = pool.elem().row_bytes(layout.head_dim);
-    let sec = pool.section_bytes();
+/// Zeroes slots `len..BLOCK_TOKENS` of every layer's key and value rows in
+/// `bytes`, a buffer in the block layout with `rb`-byte rows and `sec`-byte sections.
+fn zero_stale_slots(layout: KvLayout, rb: usize, sec: usize, bytes: &mut [u8], len: usize) {
     for s in 0..2 * layout.num_layers {
         for h in 0..layout.num_kv_heads {
             let start = s * sec + (h * BLOCK_TOKENS + len) * rb;
@@ -578,10 +634,11 @@ fn parse_header(header: &[u8], file_len: u64) -> Result<(EntryInfo, Xxh3), Strin
     let md: Metadata = serde_json::from_slice(header).map_err(|e| format!("header is not safetensors JSON: {e}"))?;
     let m = md.metadata().as_ref().ok_or("header has no __metadata__")?;
     let tensors = md.tensors();
-    let Some(ti) = tensors.get(TENSOR_NAME).filter(|_| tensors.len() == 1) else {
+    let window_ti = tensors.get(WINDOW_TENSOR);
+    let Some(ti) = tensors.get(TENSOR_NAME).filter(|_| tensors.len() == 1 + window_ti.is_some() as usize) else {
         let mut names: Vec<_> = tensors.keys().cloned().collect();
         names.sort();
-        return Err(format!("expected one tensor \"{TENSOR_NAME}\", found {names:?}"));
+        return Err(format!("expected the tensor \"{TENSOR_NAME}\" and optionally \"{WINDOW_TENSOR}\", found {names:?}"));
     };
     let get = |k: &str| m.get(k).map(String::as_str).ok_or_else(|| format!("metadata key \"{k}\" missing"));
     if get("magic")? != MAGIC {
@@ -620,7 +677,28 @@ fn parse_header(header: &[u8], file_len: u64) -> Result<(EntryInfo, Xxh3), Strin
             ti.dtype, ti.shape, ti.data_offsets
         ));
     }
-    let expect_len = (data_len as u64).checked_add(8 + header.len() as u64).ok_or("tensor size overflows")?;
+    let window_bytes = match window_ti {
+        None => 0,
+        Some(w) => {
+            let wb = probe.tail_bytes();
+            if !probe.has_window() || num_tokens % BLOCK_TOKENS == 0 {
+                return Err(format!(
+                    "a recent window for {num_tokens} tokens of {format} KV (only q8/q4 sequences ending in a partial block keep one)"
+                ));
+            }
+            if w.dtype != Dtype::U8 || w.shape != [wb] || w.data_offsets != (data_len, data_len + wb) {
+                return Err(format!(
+                    "window tensor is {:?} {:?} at {:?}, expected U8 [{wb}] at ({data_len}, {})",
+                    w.dtype,
+                    w.shape,
+                    w.data_offsets,
+                    data_len + wb
+                ));
+            }
+            wb
+        }
+    };
+    let expect_len = (data_len as u64).checked_add(window_bytes as u64 + 8 + header.len() as u64).ok_or("tensor size overflows")?;
     if file_len != expect_len {
         return Err(format!("file is {file_len} bytes, header describes {expect_len}"));
     }
@@ -642,7 +720,7 @@ fn parse_header(header: &[u8], file_len: u64) -> Result<(EntryInfo, Xxh3), Strin
         .ok_or_else(|| format!("checksum {cs:?} is not 16 lowercase hex digits"))?;
     let hasher = meta_hasher(m);
     let meta = EntryMeta { fingerprint, kind, owner: get("owner")?.to_string(), tokens, text, offsets, created_unix };
-    let info = EntryInfo { meta, format, layout, num_tokens, num_blocks, block_bytes, file_bytes: file_len, checksum };
+    let info = EntryInfo { meta, format, layout, num_tokens, num_blocks, block_bytes, window_bytes, file_bytes: file_len, checksum };
     Ok((info, hasher))
 }
 

@@ -208,6 +208,35 @@ impl SeqKv {
         (k, v)
     }
 
+    /// The recent window's bytes (f16 rows in the block layout, `tail.rs`)
+    /// when this sequence holds one for its partial last block: rows
+    /// `0..len % BLOCK_TOKENS` of every layer and head are the attended values.
+    pub fn window(&self) -> Option<&[u8]> {
+        let t = self.tail.as_ref()?;
+        (self.len % BLOCK_TOKENS != 0 && t.block == self.len / BLOCK_TOKENS).then_some(&t.bytes[..])
+    }
+
+    /// Gives the partial last block a recent window copied from `bytes`, as
+    /// [`SeqKv::window`] returned them (a restored file's), charging it.
+    /// Errors: a format without a window, no partial last block, a size other
+    /// than the pool's window, or the RAM budget.
+    pub fn set_window(&mut self, bytes: &[u8]) -> Result<(), KvError> {
+        if !self.pool.has_window() || self.len % BLOCK_TOKENS == 0 || bytes.len() != self.pool.tail_bytes() {
+            return Err(KvError::BadMapping(format!(
+                "a {}-byte recent window for {} tokens of {} KV (expected {} bytes, a quantized format and a partial last block)",
+                bytes.len(),
+                self.len,
+                self.pool.format(),
+                self.pool.tail_bytes()
+            )));
+        }
+        self.pool.try_charge(bytes.len())?;
+        let mut tail = Tail::charged(&self.pool, self.len / BLOCK_TOKENS);
+        tail.bytes.copy_from_slice(bytes);
+        self.tail = Some(Arc::new(tail));
+        Ok(())
+    }
+
     /// Bytes of blocks (and the recent window) this sequence references, shared ones counted in full.
     pub fn num_bytes(&self) -> usize {
         self.blocks.len() * self.pool.block_bytes() + self.tail.as_ref().map_or(0, |t| t.bytes.len())

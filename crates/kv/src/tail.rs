@@ -8,6 +8,9 @@
 //! with `engram bench kv-quality` on pycode-7m: the window alone lowers q4's
 //! mean KL against f32 KV 2.3–2.6x at no cost in stored bytes.
 //!
+//! Entry files store it after the blocks (`persist.rs`, tensor `window`), so
+//! a restored sequence reads its newest tokens as the live one did.
+//!
 //! Layout: a block's (see `block.rs`) with f16 rows. Invariant: rows
 //! `0..k` of the tail are valid whenever the owning sequence holds `k` tokens
 //! of block `block`; it is charged to the pool for its lifetime.

@@ -140,12 +140,14 @@ fn round_trip_every_format() {
             let (m2, kv2) = read_entry(&path, &p, FP, VOCAB).unwrap();
             assert_eq!(m2, m);
             assert_eq!(kv2.len(), n);
-            // Files hold the blocks' bytes; the f16 recent window of q8/q4 lives in RAM only,
-            // so compare with the same blocks seen without it.
-            let blocks_only = SeqKv::from_blocks(&p, kv.blocks().to_vec(), n);
-            assert_eq!(visible(&kv2), visible(&blocks_only), "{format}, {n} tokens");
+            // Attention sees what it saw before: the blocks, and for q8/q4 ending in a partial
+            // block, the f16 recent window persisted beside them.
+            assert_eq!(visible(&kv2), visible(&kv), "{format}, {n} tokens");
+            assert_eq!(kv2.window(), kv.window(), "{format}, {n} tokens: the recent window");
+            assert_eq!(kv2.window().is_some(), p.has_window() && n % BLOCK_TOKENS != 0);
             assert!(kv2.blocks().iter().all(|b| b.is_mapped()), "restored blocks are the file's pages");
-            assert_eq!(p.used(), used + n.div_ceil(BLOCK_TOKENS) * p.block_bytes(), "mapped blocks are charged");
+            let window = kv2.window().map_or(0, <[u8]>::len);
+            assert_eq!(p.used(), used + n.div_ceil(BLOCK_TOKENS) * p.block_bytes() + window, "mapped blocks and the window are charged");
 
             let info = read_meta(&path).unwrap();
             assert_eq!((info.meta, info.format, info.layout, info.num_tokens), (m, format, LAYOUT, n));
@@ -272,7 +274,7 @@ fn wrong_magic_version_or_fields_are_rejected() {
     let bytes = std::fs::read(&path).unwrap();
     let cases = [
         (r#""magic":"engram-kv""#, r#""magic":"engram-kx""#, "magic"),
-        (r#""version":"1""#, r#""version":"2""#, "version"),
+        (r#""version":"2""#, r#""version":"1""#, "version"),
         (r#""block_tokens":"32""#, r#""block_tokens":"16""#, "block_tokens"),
         (r#""num_tokens":"40""#, r#""num_tokens":"41""#, "token ids"),
         (r#""num_tokens":"40""#, r#""num_tokens":"99""#, "tensor"),
@@ -287,6 +289,41 @@ fn wrong_magic_version_or_fields_are_rejected() {
     for (from, to, needle) in cases {
         expect_invalid(read_bytes(dir.path(), &edit_header(&bytes, from, to)), needle);
     }
+}
+
+/// The q8/q4 recent window is checked like the blocks: its shape, that the
+/// format and length call for one, and the checksum.
+#[test]
+fn bad_recent_windows_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = BLOCK_TOKENS + 5;
+    let p = pool(KvFormat::Q4);
+    let path = dir.path().join("w.safetensors");
+    write_entry(&path, &meta(n, FP), &make_kv(&p, n, 5)).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let wb = p.tail_bytes();
+    let q4 = |bytes: &[u8]| {
+        let path = dir.path().join("x.safetensors");
+        std::fs::write(&path, bytes).unwrap();
+        read_entry(&path, &pool(KvFormat::Q4), FP, VOCAB)
+    };
+    assert!(q4(&bytes).is_ok());
+    let shape = format!("[{wb}]");
+    let cases = [
+        (shape.clone(), format!("[{:0w$}]", wb - 2, w = shape.len() - 2), "tensor"),
+        (r#""window":"#.to_string(), r#""windox":"#.to_string(), "tensor"),
+        (r#""num_tokens":"37""#.to_string(), r#""num_tokens":"64""#.to_string(), "recent window"),
+    ];
+    for (from, to, needle) in cases {
+        expect_invalid(q4(&edit_header(&bytes, &from, &to)), needle);
+    }
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    expect_invalid(q4(&flipped), "checksum");
+    // `read_meta` reports the window's size; exact formats keep none.
+    assert_eq!(read_meta(&path).unwrap().window_bytes, wb);
+    assert_eq!(read_meta(&entry_file(dir.path(), n, KvFormat::F16)).unwrap().window_bytes, 0);
 }
 
 #[test]
