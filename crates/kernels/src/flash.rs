@@ -5,7 +5,10 @@
 //! * scores `Sᵀ[key][row] = K · Qᵀ`: `A` = the chunk's keys (16 keys × 32 dims per tile, as
 //!   stored), `B` = the queries in the VNNI layout (packed once in [`Flash::new`]);
 //! * output `Oᵀ[dim][row] += Vᵀ · Pᵀ`: `A` = the chunk's values transposed (16 dims × 32 keys),
-//!   `B` = the probabilities, interleaved in key pairs straight from the softmax registers.
+//!   `B` = the probabilities, interleaved in key pairs straight from the softmax registers. The
+//!   tile unit sums pairs of the reduction dimension together; here pair `j` is keys `j` and
+//!   `j + 16` (not `2j`, `2j + 1`), so that f16 values can be paired by interleaving two rows
+//!   ([`Flash::add_chunk_f16`]) instead of transposing them word by word.
 //!
 //! Precision: bf16 keeps 8 significant bits, so every operand is split as `x = hi + lo` (both
 //! bf16, round-to-nearest) and each product is `hi·hi + hi·lo + lo·hi`, accumulated in f32 by
@@ -160,19 +163,41 @@ mod imp {
             unsafe {
                 self.pack_keys(keys, n);
                 self.pack_values(values, n);
-                configure();
-                let last_key = (key_pos0 + n - 1) as u32;
-                for b in 0..self.blocks {
-                    // Rows whose position precedes the whole chunk see none of it: skipping them
-                    // leaves their state bitwise as an all-masked update would.
-                    if self.qpos[b].iter().all(|&p| p == u32::MAX || (p as usize) < key_pos0) {
-                        continue;
-                    }
-                    let causal = self.qpos[b].iter().any(|&p| p < last_key);
-                    self.scores(b);
-                    self.softmax(b, n, key_pos0, causal, mask);
-                    self.accumulate(b);
+                self.attend_packed(n, key_pos0, mask);
+            }
+        }
+
+        /// [`Flash::add_chunk`] for keys and values stored as f16 (`[n, head_dim]` little-endian
+        /// IEEE half floats, as the KV store's f16 blocks hold them), packed into tiles straight
+        /// from the half floats. Bitwise the same result as `add_chunk` on their f32 values.
+        pub fn add_chunk_f16(&mut self, keys: &[u8], values: &[u8], n: usize, key_pos0: usize, mask: Option<&[bool]>) {
+            assert!(n <= CHUNK && keys.len() >= n * self.hd * 2 && values.len() >= n * self.hd * 2);
+            if n == 0 {
+                return;
+            }
+            // SAFETY: as in `add_chunk`; the packers read `n * hd` halves of each slice (checked).
+            unsafe {
+                self.pack_keys_f16(keys, n);
+                self.pack_values_f16(values, n);
+                self.attend_packed(n, key_pos0, mask);
+            }
+        }
+
+        /// Runs every row block over the packed chunk (`self.k`, `self.v`).
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+        unsafe fn attend_packed(&mut self, n: usize, key_pos0: usize, mask: Option<&[bool]>) {
+            configure();
+            let last_key = (key_pos0 + n - 1) as u32;
+            for b in 0..self.blocks {
+                // Rows whose position precedes the whole chunk see none of it: skipping them
+                // leaves their state bitwise as an all-masked update would.
+                if self.qpos[b].iter().all(|&p| p == u32::MAX || (p as usize) < key_pos0) {
+                    continue;
                 }
+                let causal = self.qpos[b].iter().any(|&p| p < last_key);
+                self.scores(b);
+                self.softmax(b, n, key_pos0, causal, mask);
+                self.accumulate(b);
             }
         }
 
@@ -234,11 +259,68 @@ mod imp {
             }
             for d in 0..hd {
                 let (db, r) = (d / 16, d % 16);
-                let (hi, lo) = (self.v.as_mut_ptr().add(db * 2 * T + r) as *mut u8, self.v.as_mut_ptr().add(db * 2 * T + T + r) as *mut u8);
-                for part in 0..2 {
-                    let (xh, xl) = split16(_mm512_loadu_ps(vt.as_ptr().add(d * CHUNK + part * 16)));
-                    _mm256_store_si256(hi.add(part * 32) as *mut __m256i, xh);
-                    _mm256_store_si256(lo.add(part * 32) as *mut __m256i, xl);
+                // Word pairs (key j, key j + 16): the pairing the softmax writes `Pᵀ` in.
+                let (xh, xl) =
+                    split_interleaved(_mm512_loadu_ps(vt.as_ptr().add(d * CHUNK)), _mm512_loadu_ps(vt.as_ptr().add(d * CHUNK + 16)));
+                _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + r) as *mut __m512i, xh);
+                _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + T + r) as *mut __m512i, xl);
+            }
+        }
+
+        /// [`Self::pack_keys`] from f16 rows: each tile line is 32 consecutive halves of one key.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
+        unsafe fn pack_keys_f16(&mut self, keys: &[u8], n: usize) {
+            let (hd, halves) = (self.hd, self.halves);
+            let src = keys.as_ptr() as *const u16;
+            for key in 0..CHUNK {
+                let (kh, i) = (key / 16, key % 16);
+                for h in 0..halves {
+                    let base = (kh * halves + h) * 2 * T;
+                    let x = if key < n { load_halves(src.add(key * hd + h * 32), hd - h * 32) } else { _mm512_setzero_si512() };
+                    let (xh, xl) = split32(x);
+                    _mm512_store_si512(self.k.as_mut_ptr().add(base + i) as *mut __m512i, xh);
+                    _mm512_store_si512(self.k.as_mut_ptr().add(base + T + i) as *mut __m512i, xl);
+                }
+            }
+        }
+
+        /// [`Self::pack_values`] from f16 rows, without a word-by-word transpose: rows `j` and
+        /// `j + 16` are interleaved into dword pairs (one `vpunpck` per 16 dims), which a 16×16
+        /// dword transpose turns into `Vᵀ` lines already in the (key j, key j + 16) pairing.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
+        unsafe fn pack_values_f16(&mut self, values: &[u8], n: usize) {
+            let hd = self.hd;
+            let parts = self.halves;
+            let src = values.as_ptr() as *const u16;
+            let row = |key: usize, part: usize| {
+                if key < n {
+                    load_halves(src.add(key * hd + part * 32), hd - part * 32)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            };
+            // Pair vectors, per (part, low/high interleave): 16 dwords for 16 dims, one per j.
+            let mut r = [_mm512_setzero_ps(); 16];
+            for part in 0..parts {
+                for upper in [false, true] {
+                    for (j, rj) in r.iter_mut().enumerate() {
+                        let (a, b) = (row(j, part), row(j + 16, part));
+                        let w = if upper { _mm512_unpackhi_epi16(a, b) } else { _mm512_unpacklo_epi16(a, b) };
+                        *rj = _mm512_castsi512_ps(w);
+                    }
+                    transpose16(&mut r);
+                    // Line i of the transpose holds the dims that dword i of the pair vectors
+                    // held: within each 128-bit lane L, words 0-3 (low) or 4-7 (high) of 8.
+                    for (i, line) in r.iter().enumerate() {
+                        let d = part * 32 + (i / 4) * 8 + usize::from(upper) * 4 + i % 4;
+                        if d >= hd {
+                            continue;
+                        }
+                        let (xh, xl) = split32(_mm512_castps_si512(*line));
+                        let (db, rr) = (d / 16, d % 16);
+                        _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + rr) as *mut __m512i, xh);
+                        _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + T + rr) as *mut __m512i, xl);
+                    }
                 }
             }
         }
@@ -317,19 +399,13 @@ mod imp {
             let corr = exp16(_mm512_sub_ps(m_old, m_safe));
             let mut sum = _mm512_setzero_ps();
             let (ph, pl) = (self.p.as_mut_ptr() as *mut __m512i, self.p.as_mut_ptr().add(T) as *mut __m512i);
-            let hi_mask = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-            let inter = _mm512_loadu_si512(INTERLEAVE_IDX.as_ptr() as *const _);
             for j in 0..CHUNK / 2 {
-                let pa = exp16(_mm512_sub_ps(_mm512_load_ps(s.add(2 * j * 16)), m_safe));
-                let pb = exp16(_mm512_sub_ps(_mm512_load_ps(s.add((2 * j + 1) * 16)), m_safe));
+                // Line j of `Pᵀ` pairs keys j and j + 16 (see the module doc).
+                let pa = exp16(_mm512_sub_ps(_mm512_load_ps(s.add(j * 16)), m_safe));
+                let pb = exp16(_mm512_sub_ps(_mm512_load_ps(s.add((j + 16) * 16)), m_safe));
                 sum = _mm512_add_ps(sum, pa);
                 sum = _mm512_add_ps(sum, pb);
-                // dword r = bf16(pb[r]) << 16 | bf16(pa[r]): the VNNI pair layout of `B`.
-                let hi = _mm512_permutexvar_epi16(inter, std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(pb, pa)));
-                let fa = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(hi));
-                let fb = _mm512_castsi512_ps(_mm512_and_si512(hi, hi_mask));
-                let lo = _mm512_cvtne2ps_pbh(_mm512_sub_ps(pb, fb), _mm512_sub_ps(pa, fa));
-                let lo = _mm512_permutexvar_epi16(inter, std::mem::transmute::<__m512bh, __m512i>(lo));
+                let (hi, lo) = split_interleaved(pa, pb);
                 _mm512_store_si512(ph.add(j), hi);
                 _mm512_store_si512(pl.add(j), lo);
             }
@@ -404,6 +480,46 @@ mod imp {
         let back = _mm512_cvtpbh_ps(hi);
         let lo = _mm512_cvtneps_pbh(_mm512_sub_ps(x, back));
         (std::mem::transmute::<__m256bh, __m256i>(hi), std::mem::transmute::<__m256bh, __m256i>(lo))
+    }
+
+    /// 32 halves (f16 bits) → (hi, lo) bf16 lines with `x = hi + lo` exactly, word order kept:
+    /// the same bits as [`split16`] on the halves' f32 values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
+    unsafe fn split32(halves: __m512i) -> (__m512i, __m512i) {
+        let a = _mm512_cvtph_ps(_mm512_castsi512_si256(halves));
+        let b = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(halves));
+        let hi = _mm512_cvtne2ps_pbh(b, a);
+        let hi_bits = std::mem::transmute::<__m512bh, __m512i>(hi);
+        let ha = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi_bits))));
+        let hb = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(hi_bits))));
+        let lo = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
+        (hi_bits, std::mem::transmute::<__m512bh, __m512i>(lo))
+    }
+
+    /// Two 16-float vectors → (hi, lo) bf16 lines whose dword `r` is `[x0[r], x1[r]]` (a `B` or
+    /// `A` operand's pair layout), with `x = hi + lo` as in [`split16`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn split_interleaved(x0: __m512, x1: __m512) -> (__m512i, __m512i) {
+        let inter = _mm512_loadu_si512(INTERLEAVE_IDX.as_ptr() as *const _);
+        // dword r = bf16(x1[r]) << 16 | bf16(x0[r]).
+        let hi = _mm512_permutexvar_epi16(inter, std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(x1, x0)));
+        let f0 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(hi));
+        let f1 = _mm512_castsi512_ps(_mm512_and_si512(hi, _mm512_set1_epi32(0xFFFF_0000u32 as i32)));
+        let lo = _mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, f1), _mm512_sub_ps(x0, f0));
+        (hi, _mm512_permutexvar_epi16(inter, std::mem::transmute::<__m512bh, __m512i>(lo)))
+    }
+
+    /// Loads 32 halves from `src`, of which the first `avail` exist (the rest read as zero).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn load_halves(src: *const u16, avail: usize) -> __m512i {
+        if avail >= 32 {
+            _mm512_loadu_si512(src as *const _)
+        } else {
+            _mm512_maskz_loadu_epi16((1u32 << avail) - 1, src as *const i16)
+        }
     }
 
     /// Transposes a 16×16 f32 matrix held as 16 row vectors: four butterfly stages, each

@@ -63,19 +63,20 @@ fn gather_queries(t: &AttnTask<'_>) -> Vec<f32> {
     q
 }
 
-/// The tile path: each chunk's keys and values are decoded to f32 (one chunk at a time) and
-/// handed to [`engram_kernels::flash::Flash`], which keeps the online softmax per row.
+/// The tile path: each chunk's keys and values are handed to [`engram_kernels::flash::Flash`],
+/// which keeps the online softmax per row — f16 chunks as stored (packed into tiles straight from
+/// the halves), other formats decoded to f32 first, one chunk at a time.
 fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
     let q = gather_queries(t);
     let mut flash = engram_kernels::flash::Flash::new(&q, rows, hd, t.first_pos, t.group);
-    let (mut kbuf, mut vbuf, mut mbuf) = (Vec::new(), Vec::new(), Vec::new());
+    let mut pending = Pending::default();
     // A one-chunk software pipeline: a chunk's rows are prefetched, then the previous chunk
-    // (already decoded into the buffers) is attended, then this one is decoded — so its memory
-    // arrives while the tiles work instead of stalling the decode (long contexts are read from
-    // RAM, 32 tokens of one head at a time, which the hardware prefetcher barely follows).
-    let mut pending: Option<(usize, usize, bool)> = None; // (n, first position, masked)
+    // (already copied or decoded into `pending`) is attended, then this one is copied or
+    // decoded — so its memory arrives while the tiles work instead of stalling (long contexts
+    // are read from RAM, 32 tokens of one head at a time, which the hardware prefetcher barely
+    // follows).
     let last_pos = t.first_pos + t.num_queries - 1;
     t.kv.for_each_chunk(t.layer, &mut |chunk| {
         if chunk.len == 0 || chunk.first_pos > last_pos {
@@ -89,25 +90,59 @@ fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
                 let rb = data.elem.row_bytes(hd);
                 engram_kernels::flash::prefetch(&data.bytes[row0 * rb..(row0 + n) * rb]);
             }
-            if let Some((pn, ppos, masked)) = pending.take() {
-                flash.add_chunk(&kbuf, &vbuf, pn, ppos, masked.then_some(&mbuf[..]));
-            }
-            view(chunk.keys, row0, n, hd, &mut kbuf);
-            view(chunk.values, row0, n, hd, &mut vbuf);
-            if let Some(m) = chunk.mask {
-                mbuf.clear();
-                mbuf.extend_from_slice(&m[start..start + n]);
-            }
-            pending = Some((n, chunk.first_pos + start, chunk.mask.is_some()));
+            pending.attend(&mut flash);
+            pending.fill(chunk, row0, n, hd, start);
             start += n;
         }
     });
-    if let Some((pn, ppos, masked)) = pending {
-        flash.add_chunk(&kbuf, &vbuf, pn, ppos, masked.then_some(&mbuf[..]));
-    }
+    pending.attend(&mut flash);
     let mut out = vec![0.0f32; rows * hd];
     flash.finish(&mut out);
     out
+}
+
+/// The chunk [`attend_tiles`] attends next: f16 rows as stored, or rows decoded to f32.
+#[derive(Default)]
+struct Pending {
+    /// (rows, first position, masked, f16) of the chunk held, if any.
+    chunk: Option<(usize, usize, bool, bool)>,
+    halves: (Vec<u8>, Vec<u8>),
+    floats: (Vec<f32>, Vec<f32>),
+    mask: Vec<bool>,
+}
+
+impl Pending {
+    /// Holds rows `row0 .. row0 + n` of `chunk` (its tokens `start ..`).
+    fn fill(&mut self, chunk: &crate::kv::KvChunk<'_>, row0: usize, n: usize, hd: usize, start: usize) {
+        let f16 = chunk.keys.elem == KvElem::F16 && chunk.values.elem == KvElem::F16;
+        if f16 {
+            let rb = KvElem::F16.row_bytes(hd);
+            let (k, v) = &mut self.halves;
+            k.clear();
+            k.extend_from_slice(&chunk.keys.bytes[row0 * rb..(row0 + n) * rb]);
+            v.clear();
+            v.extend_from_slice(&chunk.values.bytes[row0 * rb..(row0 + n) * rb]);
+        } else {
+            view(chunk.keys, row0, n, hd, &mut self.floats.0);
+            view(chunk.values, row0, n, hd, &mut self.floats.1);
+        }
+        if let Some(m) = chunk.mask {
+            self.mask.clear();
+            self.mask.extend_from_slice(&m[start..start + n]);
+        }
+        self.chunk = Some((n, chunk.first_pos + start, chunk.mask.is_some(), f16));
+    }
+
+    /// Attends the chunk held, if any, and empties.
+    fn attend(&mut self, flash: &mut engram_kernels::flash::Flash) {
+        let Some((n, pos, masked, f16)) = self.chunk.take() else { return };
+        let mask = masked.then_some(&self.mask[..]);
+        if f16 {
+            flash.add_chunk_f16(&self.halves.0, &self.halves.1, n, pos, mask);
+        } else {
+            flash.add_chunk(&self.floats.0, &self.floats.1, n, pos, mask);
+        }
+    }
 }
 
 /// The portable path (any CPU, any head dimension).

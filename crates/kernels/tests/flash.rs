@@ -1,0 +1,39 @@
+//! The f16 entry of the tile attention packs halves straight into tiles; it must give bitwise
+//! what the f32 entry gives for the same values — every head dimension the tiles take, partial
+//! chunks, masks, causal rows, any number of query rows.
+
+use engram_kernels::flash::{supported, Flash, CHUNK};
+use half::f16;
+
+fn values(n: usize, seed: usize) -> Vec<f16> {
+    (0..n).map(|i| f16::from_f32(((i * 2654435761 + seed * 97) % 2001) as f32 / 400.0 - 2.5)).collect()
+}
+
+#[test]
+fn f16_chunks_equal_their_f32_values_bitwise() {
+    if !supported(16) {
+        eprintln!("no AMX-BF16 here: tile path not tested");
+        return;
+    }
+    for (hd, rows, chunks, last) in [(16, 5, 3, 7), (48, 33, 2, 32), (64, 256, 4, 19), (64, 4, 5, 1), (128, 17, 2, 30), (80, 16, 1, 32)] {
+        let q: Vec<f32> = values(rows * hd, 3).iter().map(|x| x.to_f32() * 0.2).collect();
+        let pos0 = (chunks - 1) * CHUNK + last - rows.min(last);
+        let mut a = Flash::new(&q, rows, hd, pos0, 1);
+        let mut b = Flash::new(&q, rows, hd, pos0, 1);
+        for c in 0..chunks {
+            let n = if c + 1 == chunks { last } else { CHUNK };
+            let (k, v) = (values(n * hd, 10 + c), values(n * hd, 20 + c));
+            let mask: Vec<bool> = (0..n).map(|i| (i * 7 + c) % 5 != 0).collect();
+            let mask = (c % 2 == 1).then_some(&mask[..]);
+            let bytes = |x: &[f16]| x.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
+            let floats = |x: &[f16]| x.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
+            a.add_chunk_f16(&bytes(&k), &bytes(&v), n, c * CHUNK, mask);
+            b.add_chunk(&floats(&k), &floats(&v), n, c * CHUNK, mask);
+        }
+        let (mut oa, mut ob) = (vec![0f32; rows * hd], vec![0f32; rows * hd]);
+        a.finish(&mut oa);
+        b.finish(&mut ob);
+        assert!(oa.iter().any(|x| *x != 0.0), "hd {hd}: nothing attended");
+        assert!(oa.iter().zip(&ob).all(|(x, y)| x.to_bits() == y.to_bits()), "hd {hd} rows {rows}: f16 entry differs from f32");
+    }
+}
