@@ -377,38 +377,32 @@ mod imp {
             let s = self.s.as_mut_ptr() as *mut f32;
             let qpos = _mm512_loadu_si512(self.qpos[b].as_ptr() as *const _);
             let mut mx = ninf;
+            // Every key visible to every row (a full chunk of history, the common case): no score
+            // is -inf, so nothing is rewritten and `exp` needs no guard for it.
+            let all_visible = n == CHUNK && mask.is_none() && !causal;
             for i in 0..CHUNK {
                 let row = s.add(i * 16);
                 let mut x = _mm512_load_ps(row);
-                let hidden = i >= n || mask.is_some_and(|m| !m[i]);
-                if hidden {
-                    x = ninf;
-                } else if causal {
-                    // Visible to a row iff key position <= row position (unsigned compare).
-                    let kp = _mm512_set1_epi32((key_pos0 + i) as i32);
-                    let vis = _mm512_cmple_epu32_mask(kp, qpos);
-                    x = _mm512_mask_blend_ps(vis, ninf, x);
+                if !all_visible {
+                    let hidden = i >= n || mask.is_some_and(|m| !m[i]);
+                    if hidden {
+                        x = ninf;
+                    } else if causal {
+                        // Visible to a row iff key position <= row position (unsigned compare).
+                        let kp = _mm512_set1_epi32((key_pos0 + i) as i32);
+                        let vis = _mm512_cmple_epu32_mask(kp, qpos);
+                        x = _mm512_mask_blend_ps(vis, ninf, x);
+                    }
+                    _mm512_store_ps(row, x);
                 }
-                _mm512_store_ps(row, x);
                 mx = _mm512_max_ps(mx, x);
             }
             let m_old = _mm512_loadu_ps(self.m.as_ptr().add(b * 16));
             let m_new = _mm512_max_ps(m_old, mx);
             // A row that has seen nothing yet keeps m = -inf; subtract 0 instead so exp gives 0.
             let m_safe = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, ninf), m_new, _mm512_setzero_ps());
-            let corr = exp16(_mm512_sub_ps(m_old, m_safe));
-            let mut sum = _mm512_setzero_ps();
-            let (ph, pl) = (self.p.as_mut_ptr() as *mut __m512i, self.p.as_mut_ptr().add(T) as *mut __m512i);
-            for j in 0..CHUNK / 2 {
-                // Line j of `Pᵀ` pairs keys j and j + 16 (see the module doc).
-                let pa = exp16(_mm512_sub_ps(_mm512_load_ps(s.add(j * 16)), m_safe));
-                let pb = exp16(_mm512_sub_ps(_mm512_load_ps(s.add((j + 16) * 16)), m_safe));
-                sum = _mm512_add_ps(sum, pa);
-                sum = _mm512_add_ps(sum, pb);
-                let (hi, lo) = split_interleaved(pa, pb);
-                _mm512_store_si512(ph.add(j), hi);
-                _mm512_store_si512(pl.add(j), lo);
-            }
+            let corr = exp16::<true>(_mm512_sub_ps(m_old, m_safe));
+            let sum = if all_visible { self.probabilities::<false>(m_safe) } else { self.probabilities::<true>(m_safe) };
             let l_old = _mm512_loadu_ps(self.l.as_ptr().add(b * 16));
             _mm512_storeu_ps(self.l.as_mut_ptr().add(b * 16), _mm512_fmadd_ps(l_old, corr, sum));
             _mm512_storeu_ps(self.m.as_mut_ptr().add(b * 16), m_new);
@@ -422,6 +416,27 @@ mod imp {
                     _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(a), corr));
                 }
             }
+        }
+
+        /// `Pᵀ = e^(Sᵀ - m)` (hi, lo) into `self.p` from the scores in `self.s`; returns the
+        /// per-row sums. `GUARD`: some scores may be -inf (see [`exp16`]).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+        unsafe fn probabilities<const GUARD: bool>(&mut self, m_safe: __m512) -> __m512 {
+            let s = self.s.as_ptr() as *const f32;
+            let (ph, pl) = (self.p.as_mut_ptr() as *mut __m512i, self.p.as_mut_ptr().add(T) as *mut __m512i);
+            let mut sum = _mm512_setzero_ps();
+            for j in 0..CHUNK / 2 {
+                // Line j of `Pᵀ` pairs keys j and j + 16 (see the module doc).
+                let pa = exp16::<GUARD>(_mm512_sub_ps(_mm512_load_ps(s.add(j * 16)), m_safe));
+                let pb = exp16::<GUARD>(_mm512_sub_ps(_mm512_load_ps(s.add((j + 16) * 16)), m_safe));
+                sum = _mm512_add_ps(sum, pa);
+                sum = _mm512_add_ps(sum, pb);
+                let (hi, lo) = split_interleaved(pa, pb);
+                _mm512_store_si512(ph.add(j), hi);
+                _mm512_store_si512(pl.add(j), lo);
+            }
+            sum
         }
 
         /// `Oᵀ += Vᵀ · Pᵀ` for block `b`, accumulated by the tile unit straight into the block's
@@ -578,12 +593,15 @@ mod imp {
         idx
     };
 
-    /// `e^x` on 16 lanes for softmax arguments (`x <= 0`, `-inf` → 0): the same range reduction
-    /// and degree-6 polynomial as the model's scalar `exp_approx`, with `vscalefps` for `2^n`.
+    /// `e^x` on 16 lanes for softmax arguments (`x <= 0`): the same range reduction and degree-6
+    /// polynomial as the model's scalar `exp_approx`, with `vscalefps` for `2^n`. `GUARD` maps
+    /// `-inf` (and anything below -87) to exactly 0, as `exp_approx` does; without it the
+    /// arguments must be finite, and those below -87 give at most a denormal, which adds nothing
+    /// to a row sum of at least 1 and which the tile unit reads as zero — the same result bits.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn exp16(x: __m512) -> __m512 {
-        let xc = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    unsafe fn exp16<const GUARD: bool>(x: __m512) -> __m512 {
+        let xc = if GUARD { _mm512_max_ps(x, _mm512_set1_ps(-87.0)) } else { x };
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
             xc,
             _mm512_set1_ps(std::f32::consts::LOG2_E),
@@ -595,7 +613,11 @@ mod imp {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
         let y = _mm512_scalef_ps(p, n);
-        _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(-87.0)), y)
+        if GUARD {
+            _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(-87.0)), y)
+        } else {
+            y
+        }
     }
 }
 
