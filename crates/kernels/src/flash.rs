@@ -8,7 +8,7 @@
 //!   `B` = the probabilities, interleaved in key pairs straight from the softmax registers. The
 //!   tile unit sums pairs of the reduction dimension together; here pair `j` is keys `j` and
 //!   `j + 16` (not `2j`, `2j + 1`), so that f16 values can be paired by interleaving two rows
-//!   ([`Flash::add_chunk_f16`]) instead of transposing them word by word.
+//!   ([`Flash::add_rows`] with [`Rows::F16`]) instead of transposing them word by word.
 //!
 //! Precision: bf16 keeps 8 significant bits, so every operand is split as `x = hi + lo` (both
 //! bf16, round-to-nearest) and each product is `hi·hi + hi·lo + lo·hi`, accumulated in f32 by
@@ -33,6 +33,33 @@ pub fn supported(head_dim: usize) -> bool {
 
 pub use imp::Flash;
 
+/// A chunk's keys or values as one KV head stores them: `n` rows of `head_dim` values, in one
+/// of the KV formats. The tiles are packed straight from these rows (no f32 copy of the chunk).
+#[derive(Clone, Copy, Debug)]
+pub enum Rows<'a> {
+    /// `[n * head_dim]` floats.
+    F32(&'a [f32]),
+    /// `[n * head_dim]` little-endian IEEE half floats.
+    F16(&'a [u8]),
+    /// ggml Q8_0 blocks of 32 (`head_dim % 32 == 0`): per block an f16 scale and 32 `i8`.
+    Q8_0(&'a [u8]),
+    /// ggml Q4_0 blocks of 32 (`head_dim % 32 == 0`): per block an f16 scale and 16 bytes of
+    /// nibbles (byte `j`: value `j` low, value `j + 16` high, both offset by 8).
+    Q4_0(&'a [u8]),
+}
+
+impl Rows<'_> {
+    /// Whether the slice holds at least `n` rows of `head_dim` values (and the format can).
+    fn holds(&self, n: usize, head_dim: usize) -> bool {
+        match *self {
+            Rows::F32(x) => x.len() >= n * head_dim,
+            Rows::F16(x) => x.len() >= n * head_dim * 2,
+            Rows::Q8_0(x) => head_dim % 32 == 0 && x.len() >= n * head_dim / 32 * 34,
+            Rows::Q4_0(x) => head_dim % 32 == 0 && x.len() >= n * head_dim / 32 * 18,
+        }
+    }
+}
+
 /// Hints the CPU to bring `bytes` into cache (one prefetch per 64-byte line); no effect on
 /// results, a no-op where there is no prefetch instruction.
 #[inline]
@@ -48,7 +75,7 @@ pub fn prefetch(bytes: &[u8]) {
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::CHUNK;
+    use super::{Rows, CHUNK};
     use std::arch::asm;
     use std::arch::x86_64::*;
 
@@ -155,30 +182,25 @@ mod imp {
         /// row's own position is hidden from that row (causal). Chunks must come in position
         /// order for the online softmax to be exact, as in the reference.
         pub fn add_chunk(&mut self, keys: &[f32], values: &[f32], n: usize, key_pos0: usize, mask: Option<&[bool]>) {
-            assert!(n <= CHUNK && keys.len() >= n * self.hd && values.len() >= n * self.hd);
-            if n == 0 {
-                return;
-            }
-            // SAFETY: `new` checked `supported` (AMX-BF16 + AVX-512 BF16/BW and the tile permission).
-            unsafe {
-                self.pack_keys(keys, n);
-                self.pack_values(values, n);
-                self.attend_packed(n, key_pos0, mask);
-            }
+            self.add_rows(Rows::F32(keys), Rows::F32(values), n, key_pos0, mask);
         }
 
-        /// [`Flash::add_chunk`] for keys and values stored as f16 (`[n, head_dim]` little-endian
-        /// IEEE half floats, as the KV store's f16 blocks hold them), packed into tiles straight
-        /// from the half floats. Bitwise the same result as `add_chunk` on their f32 values.
-        pub fn add_chunk_f16(&mut self, keys: &[u8], values: &[u8], n: usize, key_pos0: usize, mask: Option<&[bool]>) {
-            assert!(n <= CHUNK && keys.len() >= n * self.hd * 2 && values.len() >= n * self.hd * 2);
+        /// [`Flash::add_chunk`] for rows as the KV store holds them ([`Rows`]), packed into tiles
+        /// straight from the stored format: bitwise the same result as `add_chunk` on their f32
+        /// values. Panics if a slice holds fewer than `n` rows.
+        pub fn add_rows(&mut self, keys: Rows<'_>, values: Rows<'_>, n: usize, key_pos0: usize, mask: Option<&[bool]>) {
+            assert!(n <= CHUNK && keys.holds(n, self.hd) && values.holds(n, self.hd), "add_rows: short or unsupported rows");
             if n == 0 {
                 return;
             }
-            // SAFETY: as in `add_chunk`; the packers read `n * hd` halves of each slice (checked).
+            // SAFETY: `new` checked `supported` (AMX-BF16 + AVX-512 BF16/BW and the tile
+            // permission); `holds` checked that the packers' reads of `n` rows are in bounds.
             unsafe {
-                self.pack_keys_f16(keys, n);
-                self.pack_values_f16(values, n);
+                self.pack_keys(keys, n);
+                match values {
+                    Rows::F16(v) => self.pack_values_f16(v, n),
+                    _ => self.pack_values(values, n),
+                }
                 self.attend_packed(n, key_pos0, mask);
             }
         }
@@ -217,29 +239,30 @@ mod imp {
 
         /// Keys as `A` tiles: line `i` of (key half `kh`, dim half `h`) = key `16·kh + i`'s
         /// dims `32h .. 32h + 32`, split into hi and lo tiles; missing keys and dims are zero.
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-        unsafe fn pack_keys(&mut self, keys: &[f32], n: usize) {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
+        unsafe fn pack_keys(&mut self, keys: Rows<'_>, n: usize) {
             let (hd, halves) = (self.hd, self.halves);
             for key in 0..CHUNK {
                 let (kh, i) = (key / 16, key % 16);
                 for h in 0..halves {
                     let base = (kh * halves + h) * 2 * T;
-                    let (hi, lo) = (self.k.as_mut_ptr().add(base + i) as *mut u8, self.k.as_mut_ptr().add(base + T + i) as *mut u8);
-                    for part in 0..2 {
-                        let d = h * 32 + part * 16;
-                        let x = if key < n && d < hd { _mm512_loadu_ps(keys.as_ptr().add(key * hd + d)) } else { _mm512_setzero_ps() };
-                        let (xh, xl) = split16(x);
-                        _mm256_store_si256(hi.add(part * 32) as *mut __m256i, xh);
-                        _mm256_store_si256(lo.add(part * 32) as *mut __m256i, xl);
-                    }
+                    let (a, b) = if key < n {
+                        (load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd))
+                    } else {
+                        (_mm512_setzero_ps(), _mm512_setzero_ps())
+                    };
+                    let (xh, xl) = split_pair(a, b);
+                    _mm512_store_si512(self.k.as_mut_ptr().add(base + i) as *mut __m512i, xh);
+                    _mm512_store_si512(self.k.as_mut_ptr().add(base + T + i) as *mut __m512i, xl);
                 }
             }
         }
 
         /// Values as `A` tiles of `Vᵀ`: line `r` of dim block `db` = dim `16·db + r` over the
-        /// chunk's 32 keys (missing keys zero), split into hi and lo tiles.
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-        unsafe fn pack_values(&mut self, values: &[f32], n: usize) {
+        /// chunk's 32 keys (missing keys zero), split into hi and lo tiles, keys paired
+        /// (`j`, `j + 16`).
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
+        unsafe fn pack_values(&mut self, values: Rows<'_>, n: usize) {
             let hd = self.hd;
             let vt = &mut self.vt;
             for kb in 0..CHUNK / 16 {
@@ -248,7 +271,7 @@ mod imp {
                     for (i, row) in r.iter_mut().enumerate() {
                         let key = kb * 16 + i;
                         if key < n {
-                            *row = _mm512_loadu_ps(values.as_ptr().add(key * hd + db * 16));
+                            *row = load16(values, key, db, hd);
                         }
                     }
                     transpose16(&mut r);
@@ -264,23 +287,6 @@ mod imp {
                     split_interleaved(_mm512_loadu_ps(vt.as_ptr().add(d * CHUNK)), _mm512_loadu_ps(vt.as_ptr().add(d * CHUNK + 16)));
                 _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + r) as *mut __m512i, xh);
                 _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + T + r) as *mut __m512i, xl);
-            }
-        }
-
-        /// [`Self::pack_keys`] from f16 rows: each tile line is 32 consecutive halves of one key.
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
-        unsafe fn pack_keys_f16(&mut self, keys: &[u8], n: usize) {
-            let (hd, halves) = (self.hd, self.halves);
-            let src = keys.as_ptr() as *const u16;
-            for key in 0..CHUNK {
-                let (kh, i) = (key / 16, key % 16);
-                for h in 0..halves {
-                    let base = (kh * halves + h) * 2 * T;
-                    let x = if key < n { load_halves(src.add(key * hd + h * 32), hd - h * 32) } else { _mm512_setzero_si512() };
-                    let (xh, xl) = split32(x);
-                    _mm512_store_si512(self.k.as_mut_ptr().add(base + i) as *mut __m512i, xh);
-                    _mm512_store_si512(self.k.as_mut_ptr().add(base + T + i) as *mut __m512i, xl);
-                }
             }
         }
 
@@ -487,23 +493,19 @@ mod imp {
         asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
     }
 
-    /// 16 floats → (hi, lo) bf16 halves with `x ≈ hi + lo` (exact for f16 inputs).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    unsafe fn split16(x: __m512) -> (__m256i, __m256i) {
-        let hi = _mm512_cvtneps_pbh(x);
-        let back = _mm512_cvtpbh_ps(hi);
-        let lo = _mm512_cvtneps_pbh(_mm512_sub_ps(x, back));
-        (std::mem::transmute::<__m256bh, __m256i>(hi), std::mem::transmute::<__m256bh, __m256i>(lo))
-    }
-
-    /// 32 halves (f16 bits) → (hi, lo) bf16 lines with `x = hi + lo` exactly, word order kept:
-    /// the same bits as [`split16`] on the halves' f32 values.
+    /// 32 halves (f16 bits) → (hi, lo) bf16 lines with `x = hi + lo` exactly, word order kept.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
     unsafe fn split32(halves: __m512i) -> (__m512i, __m512i) {
-        let a = _mm512_cvtph_ps(_mm512_castsi512_si256(halves));
-        let b = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(halves));
+        split_pair(_mm512_cvtph_ps(_mm512_castsi512_si256(halves)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(halves)))
+    }
+
+    /// Two 16-float vectors → one (hi, lo) pair of 32-word bf16 lines, `a` then `b`: `hi` is
+    /// `x` rounded to nearest even (as `vcvtneps2bf16`), `lo` the rest rounded the same way, so
+    /// `x ≈ hi + lo` to ~16 bits (exactly for f16 values).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn split_pair(a: __m512, b: __m512) -> (__m512i, __m512i) {
         let hi = _mm512_cvtne2ps_pbh(b, a);
         let hi_bits = std::mem::transmute::<__m512bh, __m512i>(hi);
         let ha = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi_bits))));
@@ -513,7 +515,7 @@ mod imp {
     }
 
     /// Two 16-float vectors → (hi, lo) bf16 lines whose dword `r` is `[x0[r], x1[r]]` (a `B` or
-    /// `A` operand's pair layout), with `x = hi + lo` as in [`split16`].
+    /// `A` operand's pair layout), split into hi and lo as in [`split_pair`].
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     unsafe fn split_interleaved(x0: __m512, x1: __m512) -> (__m512i, __m512i) {
@@ -534,6 +536,35 @@ mod imp {
             _mm512_loadu_si512(src as *const _)
         } else {
             _mm512_maskz_loadu_epi16((1u32 << avail) - 1, src as *const i16)
+        }
+    }
+
+    /// Dims `16·c .. 16·c + 16` of row `key` of `rows` as floats (dims past `hd` read as
+    /// zero), exactly the values `dequantize_row` gives for the stored format.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn load16(rows: super::Rows<'_>, key: usize, c: usize, hd: usize) -> __m512 {
+        use super::Rows;
+        let d0 = 16 * c;
+        if d0 >= hd {
+            return _mm512_setzero_ps();
+        }
+        match rows {
+            Rows::F32(x) => _mm512_loadu_ps(x.as_ptr().add(key * hd + d0)),
+            Rows::F16(x) => _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add((key * hd + d0) * 2) as *const __m256i)),
+            Rows::Q8_0(x) => {
+                let block = x.as_ptr().add((key * hd / 32 + c / 2) * 34);
+                let d = _mm512_set1_ps(half::f16::from_bits(u16::from_le_bytes([*block, *block.add(1)])).to_f32());
+                let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(2 + 16 * (c % 2)) as *const __m128i));
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(q))
+            }
+            Rows::Q4_0(x) => {
+                let block = x.as_ptr().add((key * hd / 32 + c / 2) * 18);
+                let d = _mm512_set1_ps(half::f16::from_bits(u16::from_le_bytes([*block, *block.add(1)])).to_f32());
+                let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(block.add(2) as *const __m128i));
+                let nib = if c % 2 == 0 { _mm512_and_si512(bytes, _mm512_set1_epi32(0xF)) } else { _mm512_srli_epi32::<4>(bytes) };
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(nib, _mm512_set1_epi32(8))))
+            }
         }
     }
 
@@ -635,6 +666,7 @@ mod imp {
             panic!("flash attention needs x86-64 AMX-BF16")
         }
         pub fn add_chunk(&mut self, _k: &[f32], _v: &[f32], _n: usize, _key_pos0: usize, _mask: Option<&[bool]>) {}
+        pub fn add_rows(&mut self, _k: super::Rows<'_>, _v: super::Rows<'_>, _n: usize, _key_pos0: usize, _mask: Option<&[bool]>) {}
         pub fn finish(&self, _out: &mut [f32]) {}
     }
 }

@@ -1,8 +1,9 @@
-//! The f16 entry of the tile attention packs halves straight into tiles; it must give bitwise
-//! what the f32 entry gives for the same values — every head dimension the tiles take, partial
-//! chunks, masks, causal rows, any number of query rows.
+//! The tile attention packs stored rows (f16, Q8_0, Q4_0) straight into tiles; each must give
+//! bitwise what the f32 entry gives for the same values — every head dimension the tiles take,
+//! partial chunks, masks, causal rows, any number of query rows.
 
-use engram_kernels::flash::{supported, Flash, CHUNK};
+use engram_kernels::flash::{supported, Flash, Rows, CHUNK};
+use engram_kernels::{dequantize_row, quantize, DType};
 use half::f16;
 
 fn values(n: usize, seed: usize) -> Vec<f16> {
@@ -27,7 +28,7 @@ fn f16_chunks_equal_their_f32_values_bitwise() {
             let mask = (c % 2 == 1).then_some(&mask[..]);
             let bytes = |x: &[f16]| x.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
             let floats = |x: &[f16]| x.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
-            a.add_chunk_f16(&bytes(&k), &bytes(&v), n, c * CHUNK, mask);
+            a.add_rows(Rows::F16(&bytes(&k)), Rows::F16(&bytes(&v)), n, c * CHUNK, mask);
             b.add_chunk(&floats(&k), &floats(&v), n, c * CHUNK, mask);
         }
         let (mut oa, mut ob) = (vec![0f32; rows * hd], vec![0f32; rows * hd]);
@@ -35,5 +36,49 @@ fn f16_chunks_equal_their_f32_values_bitwise() {
         b.finish(&mut ob);
         assert!(oa.iter().any(|x| *x != 0.0), "hd {hd}: nothing attended");
         assert!(oa.iter().zip(&ob).all(|(x, y)| x.to_bits() == y.to_bits()), "hd {hd} rows {rows}: f16 entry differs from f32");
+    }
+}
+
+fn rows_of(dtype: DType, b: &[u8]) -> Rows<'_> {
+    if dtype == DType::Q8_0 {
+        Rows::Q8_0(b)
+    } else {
+        Rows::Q4_0(b)
+    }
+}
+
+#[test]
+fn q8_0_and_q4_0_chunks_equal_their_f32_values_bitwise() {
+    if !supported(32) {
+        eprintln!("no AMX-BF16 here: tile path not tested");
+        return;
+    }
+    for dtype in [DType::Q8_0, DType::Q4_0] {
+        for (hd, rows, chunks, last) in [(32, 5, 3, 7), (64, 256, 3, 19), (64, 4, 2, 1), (128, 17, 2, 32)] {
+            let q: Vec<f32> = values(rows * hd, 5).iter().map(|x| x.to_f32() * 0.2).collect();
+            let pos0 = (chunks - 1) * CHUNK + last - rows.min(last);
+            let mut a = Flash::new(&q, rows, hd, pos0, 1);
+            let mut b = Flash::new(&q, rows, hd, pos0, 1);
+            for c in 0..chunks {
+                let n = if c + 1 == chunks { last } else { CHUNK };
+                let quantized = |seed| {
+                    let x: Vec<f32> = values(n * hd, seed).iter().map(|h| h.to_f32()).collect();
+                    let bytes = quantize(dtype, &x, hd).unwrap();
+                    let mut back = vec![0f32; n * hd];
+                    dequantize_row(dtype, &bytes, &mut back);
+                    (bytes, back)
+                };
+                let ((kb, kf), (vb, vf)) = (quantized(30 + c), quantized(40 + c));
+                let mask: Vec<bool> = (0..n).map(|i| (i * 3 + c) % 4 != 0).collect();
+                let mask = (c == 1).then_some(&mask[..]);
+                a.add_rows(rows_of(dtype, &kb), rows_of(dtype, &vb), n, c * CHUNK, mask);
+                b.add_chunk(&kf, &vf, n, c * CHUNK, mask);
+            }
+            let (mut oa, mut ob) = (vec![0f32; rows * hd], vec![0f32; rows * hd]);
+            a.finish(&mut oa);
+            b.finish(&mut ob);
+            assert!(oa.iter().any(|x| *x != 0.0), "{dtype} hd {hd}: nothing attended");
+            assert!(oa.iter().zip(&ob).all(|(x, y)| x.to_bits() == y.to_bits()), "{dtype} hd {hd} rows {rows}: differs from f32");
+        }
     }
 }

@@ -450,6 +450,10 @@ fn open(
 /// the rest arrives. Advice only: errors are ignored and nothing waits here.
 fn read_ahead_layer_major(map: &Mmap, data_offset: usize, num_blocks: usize, block_bytes: usize, layer_bytes: usize) {
     #[cfg(unix)]
+    if resident(map) {
+        return; // In the page cache already: thousands of advice calls would only cost CPU.
+    }
+    #[cfg(unix)]
     for layer in 0..block_bytes / layer_bytes {
         for b in 0..num_blocks {
             let _ = map.advise_range(memmap2::Advice::WillNeed, data_offset + b * block_bytes + layer * layer_bytes, layer_bytes);
@@ -457,6 +461,18 @@ fn read_ahead_layer_major(map: &Mmap, data_offset: usize, num_blocks: usize, blo
     }
     #[cfg(not(unix))]
     let _ = (map, data_offset, num_blocks, block_bytes, layer_bytes);
+}
+
+/// Whether every page of `map` is in memory (`mincore`); false when unknown.
+#[cfg(unix)]
+fn resident(map: &Mmap) -> bool {
+    // SAFETY: `sysconf` has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let mut vec = vec![0u8; map.len().div_ceil(page)];
+    // SAFETY: `map` is a live mapping of `map.len()` bytes starting on a page boundary, and `vec`
+    // has one byte per page of it.
+    let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), vec.as_mut_ptr()) };
+    rc == 0 && vec.iter().all(|&b| b & 1 != 0)
 }
 
 /// True for names [`write_entry`] gives its temp files.

@@ -64,8 +64,8 @@ fn gather_queries(t: &AttnTask<'_>) -> Vec<f32> {
 }
 
 /// The tile path: each chunk's keys and values are handed to [`engram_kernels::flash::Flash`],
-/// which keeps the online softmax per row — f16 chunks as stored (packed into tiles straight from
-/// the halves), other formats decoded to f32 first, one chunk at a time.
+/// which keeps the online softmax per row — as stored where it can pack the format into tiles
+/// itself (f16, Q8_0, Q4_0), else decoded to f32 first, one chunk at a time.
 fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
@@ -101,12 +101,13 @@ fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
     out
 }
 
-/// The chunk [`attend_tiles`] attends next: f16 rows as stored, or rows decoded to f32.
+/// The chunk [`attend_tiles`] attends next: its rows as stored (f16, Q8_0 and Q4_0 groups of
+/// 32 are packed into tiles from their bytes), or decoded to f32 (other groups).
 #[derive(Default)]
 struct Pending {
-    /// (rows, first position, masked, f16) of the chunk held, if any.
-    chunk: Option<(usize, usize, bool, bool)>,
-    halves: (Vec<u8>, Vec<u8>),
+    /// (rows, first position, masked, stored format when packed from bytes) of the chunk held.
+    chunk: Option<(usize, usize, bool, Option<KvElem>)>,
+    bytes: (Vec<u8>, Vec<u8>),
     floats: (Vec<f32>, Vec<f32>),
     mask: Vec<bool>,
 }
@@ -114,14 +115,15 @@ struct Pending {
 impl Pending {
     /// Holds rows `row0 .. row0 + n` of `chunk` (its tokens `start ..`).
     fn fill(&mut self, chunk: &crate::kv::KvChunk<'_>, row0: usize, n: usize, hd: usize, start: usize) {
-        let f16 = chunk.keys.elem == KvElem::F16 && chunk.values.elem == KvElem::F16;
-        if f16 {
-            let rb = KvElem::F16.row_bytes(hd);
-            let (k, v) = &mut self.halves;
-            k.clear();
-            k.extend_from_slice(&chunk.keys.bytes[row0 * rb..(row0 + n) * rb]);
-            v.clear();
-            v.extend_from_slice(&chunk.values.bytes[row0 * rb..(row0 + n) * rb]);
+        let elem = chunk.keys.elem;
+        let stored = (elem == chunk.values.elem && matches!(elem, KvElem::F16 | KvElem::Q8 { group: 32 } | KvElem::Q4 { group: 32 }))
+            .then_some(elem);
+        if stored.is_some() {
+            let rb = elem.row_bytes(hd);
+            for (buf, data) in [(&mut self.bytes.0, chunk.keys), (&mut self.bytes.1, chunk.values)] {
+                buf.clear();
+                buf.extend_from_slice(&data.bytes[row0 * rb..(row0 + n) * rb]);
+            }
         } else {
             view(chunk.keys, row0, n, hd, &mut self.floats.0);
             view(chunk.values, row0, n, hd, &mut self.floats.1);
@@ -130,17 +132,20 @@ impl Pending {
             self.mask.clear();
             self.mask.extend_from_slice(&m[start..start + n]);
         }
-        self.chunk = Some((n, chunk.first_pos + start, chunk.mask.is_some(), f16));
+        self.chunk = Some((n, chunk.first_pos + start, chunk.mask.is_some(), stored));
     }
 
     /// Attends the chunk held, if any, and empties.
     fn attend(&mut self, flash: &mut engram_kernels::flash::Flash) {
-        let Some((n, pos, masked, f16)) = self.chunk.take() else { return };
+        use engram_kernels::flash::Rows;
+        let Some((n, pos, masked, stored)) = self.chunk.take() else { return };
         let mask = masked.then_some(&self.mask[..]);
-        if f16 {
-            flash.add_chunk_f16(&self.halves.0, &self.halves.1, n, pos, mask);
-        } else {
-            flash.add_chunk(&self.floats.0, &self.floats.1, n, pos, mask);
+        let (k, v) = (&self.bytes.0[..], &self.bytes.1[..]);
+        match stored {
+            Some(KvElem::F16) => flash.add_rows(Rows::F16(k), Rows::F16(v), n, pos, mask),
+            Some(KvElem::Q8 { .. }) => flash.add_rows(Rows::Q8_0(k), Rows::Q8_0(v), n, pos, mask),
+            Some(KvElem::Q4 { .. }) => flash.add_rows(Rows::Q4_0(k), Rows::Q4_0(v), n, pos, mask),
+            _ => flash.add_chunk(&self.floats.0, &self.floats.1, n, pos, mask),
         }
     }
 }
