@@ -246,12 +246,12 @@ mod imp {
                 let (kh, i) = (key / 16, key % 16);
                 for h in 0..halves {
                     let base = (kh * halves + h) * 2 * T;
-                    let (a, b) = if key < n {
-                        (load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd))
-                    } else {
-                        (_mm512_setzero_ps(), _mm512_setzero_ps())
+                    let (xh, xl) = match keys {
+                        _ if key >= n => split_pair(_mm512_setzero_ps(), _mm512_setzero_ps()),
+                        // One 64-byte load per line.
+                        Rows::F16(x) => split32(load_halves((x.as_ptr() as *const u16).add(key * hd + h * 32), hd - h * 32)),
+                        _ => split_pair(load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd)),
                     };
-                    let (xh, xl) = split_pair(a, b);
                     _mm512_store_si512(self.k.as_mut_ptr().add(base + i) as *mut __m512i, xh);
                     _mm512_store_si512(self.k.as_mut_ptr().add(base + T + i) as *mut __m512i, xl);
                 }

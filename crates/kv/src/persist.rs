@@ -405,6 +405,20 @@ fn open(
         return Err(PersistError::invalid(path, format!("token {i} has id {t}, vocabulary has {vocab_size}")));
     }
     let data_offset = 8 + n;
+    let mut blocks = Vec::with_capacity(info.num_blocks);
+    for b in 0..info.num_blocks {
+        let len = (info.num_tokens - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
+        let block = pool
+            .mapped_block(&map, data_offset + b * info.block_bytes, len)
+            .map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
+        blocks.push(Arc::new(block));
+    }
+    let mut kv = SeqKv::from_blocks(pool, blocks, info.num_tokens);
+    if info.window_bytes > 0 {
+        let at = data_offset + info.num_blocks * info.block_bytes;
+        kv.set_window(&map[at..at + info.window_bytes]).map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
+    }
+    // Started last: an entry that failed above (a full RAM budget) is not read in vain.
     let check = {
         let (map, file, checksum) = (map.clone(), path.to_path_buf(), info.checksum);
         let (num_blocks, block_bytes, layer_bytes) = (info.num_blocks, info.block_bytes, 2 * pool.section_bytes());
@@ -425,20 +439,6 @@ fn open(
             .map_err(|e| PersistError::io(path, e))?;
         ChecksumCheck { path: path.to_path_buf(), handle }
     };
-
-    let mut blocks = Vec::with_capacity(info.num_blocks);
-    for b in 0..info.num_blocks {
-        let len = (info.num_tokens - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-        let block = pool
-            .mapped_block(&map, data_offset + b * info.block_bytes, len)
-            .map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
-        blocks.push(Arc::new(block));
-    }
-    let mut kv = SeqKv::from_blocks(pool, blocks, info.num_tokens);
-    if info.window_bytes > 0 {
-        let at = data_offset + info.num_blocks * info.block_bytes;
-        kv.set_window(&map[at..at + info.window_bytes]).map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
-    }
     Ok((info.meta, kv, check))
 }
 

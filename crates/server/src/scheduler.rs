@@ -362,7 +362,6 @@ impl<'m> Engine<'m> {
                 continue;
             }
             let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
-            let retry = job.clone();
             // Whole blocks, plus the f16 recent window quantized formats keep beside them.
             let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
             let need = job.prompt.len().div_ceil(BLOCK_TOKENS) * self.pool.block_bytes() + window;
@@ -386,6 +385,9 @@ impl<'m> Engine<'m> {
                 },
                 None => self.sessions.checkout_tokens(&job.tenant, job.session.as_deref(), &job.prompt),
             };
+            // Restored from disk with its checksum still running: keep the job to
+            // admit it again, matched anew, should the file prove corrupt.
+            let retry = c.restore.is_some().then(|| job.clone());
             // The cache holds c.tokens[..reused]; the last prompt token is always
             // recomputed, since its logits start generation.
             let prompt = c.tokens;
@@ -440,7 +442,7 @@ impl<'m> Engine<'m> {
                 sampler,
                 submitted,
                 last_token: None,
-                restore: c.restore.map(|p| (p, retry)),
+                restore: c.restore.zip(retry),
                 cached: cached_len,
             });
         }
