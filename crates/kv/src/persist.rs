@@ -332,18 +332,28 @@ pub fn verify_entry(path: &Path) -> Result<EntryInfo, PersistError> {
 /// `pool`, fingerprint, token ids below `vocab_size`, checksum) and returns
 /// its metadata and a sequence whose blocks are the file's mapped rows.
 pub fn read_entry(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize) -> Result<(EntryMeta, SeqKv), PersistError> {
-    let (meta, kv, check) = open(path, pool, expect_fingerprint, vocab_size, ReadOrder::Sequential)?;
-    check.wait()?;
+    let (meta, kv, sum) = open(path, pool, expect_fingerprint, vocab_size)?;
+    // The caller waits for all of it: the whole file at once is the fastest read.
+    #[cfg(unix)]
+    let _ = sum.map.advise(memmap2::Advice::WillNeed);
+    sum.check()?;
     Ok((meta, kv))
 }
 
-/// How the checksum thread asks the kernel to read the file.
-#[derive(Clone, Copy)]
-enum ReadOrder {
-    /// File order (the whole file at once): fastest when the caller waits for all of it.
-    Sequential,
-    /// The order a forward pass reads the KV (see [`read_ahead_layer_major`]).
-    LayerMajor,
+/// What is left to verify of an opened entry: the checksum over its bytes.
+struct PendingSum {
+    path: PathBuf,
+    map: Arc<Mmap>,
+    data_offset: usize,
+    checksum: u64,
+    /// Already fed the metadata.
+    hasher: Xxh3,
+}
+
+impl PendingSum {
+    fn check(self) -> Result<(), PersistError> {
+        check_sum(&self.path, &self.map[self.data_offset..], self.checksum, self.hasher)
+    }
 }
 
 /// A checksum over an entry's bytes being computed on its own thread.
@@ -376,16 +386,22 @@ pub fn open_entry(
     expect_fingerprint: &str,
     vocab_size: usize,
 ) -> Result<(EntryMeta, SeqKv, ChecksumCheck), PersistError> {
-    open(path, pool, expect_fingerprint, vocab_size, ReadOrder::LayerMajor)
+    let (meta, kv, sum) = open(path, pool, expect_fingerprint, vocab_size)?;
+    let (num_blocks, block_bytes, layer_bytes) = (kv.blocks().len(), pool.block_bytes(), 2 * pool.section_bytes());
+    let handle = std::thread::Builder::new()
+        .name("engram-kv-checksum".into())
+        .spawn(move || {
+            read_ahead_layer_major(&sum.map, sum.data_offset, num_blocks, block_bytes, layer_bytes);
+            sum.check()
+        })
+        .map_err(|e| PersistError::io(path, e))?;
+    Ok((meta, kv, ChecksumCheck { path: path.to_path_buf(), handle }))
 }
 
-fn open(
-    path: &Path,
-    pool: &KvPool,
-    expect_fingerprint: &str,
-    vocab_size: usize,
-    order: ReadOrder,
-) -> Result<(EntryMeta, SeqKv, ChecksumCheck), PersistError> {
+/// Maps and validates everything but the checksum, which it leaves to the
+/// caller. Nothing is read of the KV bytes beyond the window's copy, so an
+/// entry that fails here (a full RAM budget) is not read in vain.
+fn open(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize) -> Result<(EntryMeta, SeqKv, PendingSum), PersistError> {
     let (map, n, info, hasher) = map_entry(path)?;
     let mismatch = |what, found: String, expected: String| PersistError::Mismatch { path: path.to_path_buf(), what, found, expected };
     // Cheap checks first: a miss from another model must not read the data.
@@ -418,28 +434,8 @@ fn open(
         let at = data_offset + info.num_blocks * info.block_bytes;
         kv.set_window(&map[at..at + info.window_bytes]).map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
     }
-    // Started last: an entry that failed above (a full RAM budget) is not read in vain.
-    let check = {
-        let (map, file, checksum) = (map.clone(), path.to_path_buf(), info.checksum);
-        let (num_blocks, block_bytes, layer_bytes) = (info.num_blocks, info.block_bytes, 2 * pool.section_bytes());
-        let handle = std::thread::Builder::new()
-            .name("engram-kv-checksum".into())
-            .spawn(move || {
-                match order {
-                    ReadOrder::LayerMajor => read_ahead_layer_major(&map, data_offset, num_blocks, block_bytes, layer_bytes),
-                    #[cfg(unix)]
-                    ReadOrder::Sequential => {
-                        let _ = map.advise(memmap2::Advice::WillNeed);
-                    }
-                    #[cfg(not(unix))]
-                    ReadOrder::Sequential => {}
-                }
-                check_sum(&file, &map[data_offset..], checksum, hasher)
-            })
-            .map_err(|e| PersistError::io(path, e))?;
-        ChecksumCheck { path: path.to_path_buf(), handle }
-    };
-    Ok((info.meta, kv, check))
+    let sum = PendingSum { path: path.to_path_buf(), map, data_offset, checksum: info.checksum, hasher };
+    Ok((info.meta, kv, sum))
 }
 
 /// Asks the kernel to read the entry's KV in the order a forward pass reads
