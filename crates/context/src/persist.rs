@@ -8,7 +8,8 @@
 //!                       the engine waits for it before the first token (`PendingRestore`)
 //! ```
 //! An entry's `owner` metadata is `"<owner>/<session id>"` (session ids never
-//! contain `/`). Invariant: what `flush` returns after is on disk, written
+//! contain `/`). Invariant: saves and removals of a session are carried out in
+//! the order they were queued; what `flush` returns after is on disk (or gone), written
 //! atomically (temp file, fsync, rename); a file that fails validation is
 //! dropped by the store and the session is recomputed, never misused.
 
@@ -39,7 +40,18 @@ pub struct CatalogEntry {
 
 enum Msg {
     Save(String, EntryMeta, SeqKv),
+    Remove(String),
     Flush(Sender<()>),
+}
+
+impl Msg {
+    /// The entry a save or remove is about.
+    fn entry(&self) -> Option<&str> {
+        match self {
+            Msg::Save(id, ..) | Msg::Remove(id) => Some(id),
+            Msg::Flush(_) => None,
+        }
+    }
 }
 
 /// The disk tier of a [`crate::SessionStore`].
@@ -61,24 +73,34 @@ impl PersistedSessions {
             .name("engram-persist".into())
             .spawn(move || {
                 while let Ok(first) = rx.recv() {
-                    // Coalesce: only the newest save of each session is written.
+                    // Coalesce: only the newest save or remove of each session is
+                    // carried out (a remove queued after a save wins, and the
+                    // other way round), in the order they were queued.
                     let mut batch = vec![first];
                     batch.extend(rx.try_iter());
                     let mut latest: HashMap<String, usize> = HashMap::new();
                     for (i, m) in batch.iter().enumerate() {
-                        if let Msg::Save(id, ..) = m {
-                            latest.insert(id.clone(), i);
+                        if let Some(id) = m.entry() {
+                            latest.insert(id.to_string(), i);
                         }
                     }
                     for (i, m) in batch.into_iter().enumerate() {
+                        if m.entry().is_some_and(|id| latest.get(id) != Some(&i)) {
+                            continue;
+                        }
                         match m {
-                            Msg::Save(id, meta, kv) if latest.get(&id) == Some(&i) => {
+                            Msg::Save(id, meta, kv) => {
                                 let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
                                 if let Err(e) = s.put(&id, &meta, &kv) {
                                     tracing::warn!("session {id} not persisted: {e}");
                                 }
                             }
-                            Msg::Save(..) => {}
+                            Msg::Remove(id) => {
+                                let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
+                                if let Err(e) = s.remove(&id) {
+                                    tracing::warn!("session {id} not deleted: {e}");
+                                }
+                            }
                             Msg::Flush(done) => {
                                 let _ = done.send(());
                             }
@@ -186,6 +208,14 @@ impl PersistedSessions {
                 tracing::warn!("restoring {disk_id}: {e}");
                 None
             }
+        }
+    }
+
+    /// Queues the deletion of a session's file, after any save of it queued
+    /// before (so a save in flight cannot bring it back).
+    pub fn remove(&self, owner: &str, session_id: &str) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Remove(disk_id(owner, session_id)));
         }
     }
 

@@ -262,10 +262,20 @@ impl SessionStore {
         true
     }
 
-    /// Drops every session of `owner`.
+    /// Drops every session of `owner`, in RAM and on disk (the files are
+    /// deleted by the writer thread, after any save of them already queued).
+    /// Blocks they share with the prefix index stay there until evicted: the
+    /// index is keyed by content, not by owner.
     pub fn forget_owner(&mut self, owner: &str) {
-        self.sessions.retain(|(o, _), _| o != owner);
-        self.on_disk.retain(|(o, _), _| o != owner);
+        let mine = |(o, _): &(String, String)| o == owner;
+        let ids: Vec<String> = self.sessions.keys().chain(self.on_disk.keys()).filter(|k| mine(k)).map(|(_, id)| id.clone()).collect();
+        self.sessions.retain(|k, _| !mine(k));
+        self.on_disk.retain(|k, _| !mine(k));
+        if let Some(d) = &self.disk {
+            for id in ids {
+                d.remove(owner, &id);
+            }
+        }
     }
 
     /// Like [`SessionStore::checkout`] for a request that arrives as token

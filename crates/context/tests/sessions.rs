@@ -278,3 +278,30 @@ fn a_damaged_session_file_is_caught_and_recomputed() {
     let (kind, reused, _) = turn(&mut store, "a", &next, 2);
     assert_eq!((kind, reused), (MatchKind::Miss, 0), "recomputed cold");
 }
+
+/// Forgetting an owner deletes its persisted sessions — even one whose save
+/// is still queued — and leaves other owners' alone: after a restart the
+/// forgotten owner starts cold and the other is restored.
+#[test]
+fn a_forgotten_owner_is_gone_from_disk_too() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
+    let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
+    let open = || {
+        let disk = engram_context::PersistedSessions::open(dir.path(), 64 << 20, engram_kv::EvictionPolicy::Lru, fp.clone()).unwrap();
+        SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
+    };
+    let mut store = open();
+    let (_, _, a_out) = turn(&mut store, "alice", "Alice: my locker is 31.", 3);
+    let (_, _, b_out) = turn(&mut store, "bob", "Bob: my locker is 12.", 3);
+    // Alice's save may still be queued: the removal is ordered after it.
+    store.forget_owner("alice");
+    drop(store);
+    let mut store = open();
+    assert_eq!(store.on_disk_count(), 1, "only bob's session is left on disk");
+    let (_, reused, _) = turn(&mut store, "alice", &format!("Alice: my locker is 31.{a_out} Which?"), 3);
+    assert_eq!(reused, 0, "alice starts cold");
+    let (kind, reused, _) = turn(&mut store, "bob", &format!("Bob: my locker is 12.{b_out} Which?"), 3);
+    assert!(kind == MatchKind::Extend && reused > 0, "bob is restored: {kind:?} {reused}");
+}

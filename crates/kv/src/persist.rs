@@ -274,7 +274,7 @@ pub fn write_entry(path: &Path, meta: &EntryMeta, kv: &SeqKv) -> Result<u64, Per
 /// Writes a file atomically: `.<name>.tmp-<pid>-<n>` in the same directory,
 /// fsync, rename over `path`, fsync of the directory. On error the temp file
 /// is removed and `path` is untouched.
-pub(crate) fn atomic_write(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> std::io::Result<()> {
+pub fn atomic_write(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> std::io::Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()

@@ -3,48 +3,24 @@
 //! Each agent's requests run in its own tenant key (`<tenant>\x1fagent:<id>`)
 //! on one named session, so nothing else can match its cache, and the
 //! scheduler runs its requests one at a time in arrival order (a named
-//! session is busy while a request uses it). Deleting an agent drops its
-//! cached session.
-
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+//! session is busy while a request uses it). Agents are kept by
+//! [`crate::agent_registry`] (on disk when sessions are). Deleting an agent
+//! drops its cached session, in RAM and on disk, and fails its queued requests.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use engram_tokenizer::ChatMessage;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 
+use crate::agent_registry::Agent;
 use crate::api::{self, Sampling, StopField};
 use crate::error::ApiError;
 use crate::openai::{finish_str, to_chat, InMessage};
 use crate::scheduler::Job;
 use crate::AppState;
-
-/// One agent.
-#[derive(Clone, Debug, Serialize)]
-pub struct Agent {
-    pub id: String,
-    pub object: &'static str,
-    pub name: Option<String>,
-    pub system: Option<String>,
-    pub created_at: u64,
-}
-
-/// Agents of every tenant.
-#[derive(Default)]
-pub struct Agents {
-    by_tenant: Mutex<HashMap<String, BTreeMap<String, Agent>>>,
-    next: std::sync::atomic::AtomicU64,
-}
-
-impl Agents {
-    fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, BTreeMap<String, Agent>>) -> R) -> R {
-        f(&mut self.by_tenant.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
 
 fn cache_key(tenant: &str, id: &str) -> String {
     format!("{tenant}\u{1f}agent:{id}")
@@ -62,35 +38,23 @@ struct CreateRequest {
 pub(crate) async fn create(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
     let req: CreateRequest = if body.is_empty() { CreateRequest { id: None, name: None, system: None } } else { api::parse(&body)? };
-    let id = match req.id {
-        Some(id) => {
-            api::check_id("id", &id)?;
-            id
-        }
-        None => format!("agent-{}", s.agents.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1),
-    };
-    let agent = Agent { id: id.clone(), object: "agent", name: req.name, system: req.system, created_at: api::now_s() };
-    s.agents.with(|m| {
-        let mine = m.entry(tenant).or_default();
-        if mine.contains_key(&id) {
-            return Err(ApiError::conflict(format!("agent {id:?} already exists")));
-        }
-        mine.insert(id, agent.clone());
-        Ok(())
-    })?;
+    if let Some(id) = &req.id {
+        api::check_id("id", id)?;
+    }
+    let agent = s.agents.create(&tenant, req.id, req.name, req.system)?;
     Ok((StatusCode::CREATED, axum::Json(agent)).into_response())
 }
 
 /// `GET /v1/agents`.
 pub(crate) async fn list(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
-    let data: Vec<Agent> = s.agents.with(|m| m.get(&tenant).map(|a| a.values().cloned().collect()).unwrap_or_default());
+    let data: Vec<Agent> = s.agents.list(&tenant);
     Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
 }
 
 fn find(s: &AppState, tenant: &str, id: &str) -> Result<Agent, ApiError> {
     api::check_id("id", id)?;
-    s.agents.with(|m| m.get(tenant).and_then(|a| a.get(id)).cloned()).ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))
+    s.agents.get(tenant, id).ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))
 }
 
 /// `GET /v1/agents/{id}`.
@@ -102,8 +66,8 @@ pub(crate) async fn get(State(s): State<AppState>, headers: HeaderMap, Path(id):
 /// `DELETE /v1/agents/{id}`.
 pub(crate) async fn delete(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
-    find(&s, &tenant, &id)?;
-    s.agents.with(|m| m.get_mut(&tenant).map(|a| a.remove(&id)));
+    api::check_id("id", &id)?;
+    s.agents.remove(&tenant, &id)?;
     s.engine.forget(cache_key(&tenant, &id));
     Ok(axum::Json(json!({"id": id, "object": "agent.deleted", "deleted": true})).into_response())
 }

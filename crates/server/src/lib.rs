@@ -15,6 +15,7 @@
 //! KV blocks or sessions; they tokenize, validate and talk to the one engine
 //! thread over channels. The engine thread never sees HTTP.
 
+mod agent_registry;
 mod agents;
 mod anthropic;
 mod api;
@@ -63,7 +64,7 @@ pub(crate) struct Shared {
     pub config: ServerConfig,
     pub engine: EngineHandle,
     pub metrics: Arc<Metrics>,
-    pub agents: agents::Agents,
+    pub agents: agent_registry::Agents,
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -80,7 +81,11 @@ impl Server {
     pub fn start(model: Arc<Model>, pool: KvPool, config: ServerConfig) -> Server {
         let metrics = Arc::new(Metrics::default());
         let (engine, thread) = EngineHandle::start(model.clone(), pool, config.scheduler.clone(), metrics.clone());
-        let state = Arc::new(Shared { model, config, engine, metrics, agents: Default::default() });
+        let agents = match &config.scheduler.disk {
+            Some(d) => agent_registry::Agents::open(&d.dir),
+            None => agent_registry::Agents::in_memory(),
+        };
+        let state = Arc::new(Shared { model, config, engine, metrics, agents });
         Server { state, engine_thread: Some(thread) }
     }
 

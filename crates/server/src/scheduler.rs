@@ -196,6 +196,8 @@ struct Seq<'m> {
     restore: Option<(PendingRestore, Job)>,
     /// Prompt tokens taken from the cache at admission.
     cached: usize,
+    /// Its owner was forgotten while it ran: its cache is dropped, not checked in.
+    forgotten: bool,
 }
 
 impl Seq<'_> {
@@ -278,7 +280,7 @@ impl<'m> Engine<'m> {
     fn command(&mut self, c: Command) {
         match c {
             Command::Submit(job, tx, t) => self.waiting.push_back((job, tx, t)),
-            Command::Forget(tenant) => self.sessions.forget_owner(&tenant),
+            Command::Forget(tenant) => self.forget(&tenant),
         }
     }
 
@@ -291,6 +293,23 @@ impl<'m> Engine<'m> {
         m.disk_bytes_used.store(self.sessions.disk_used_bytes(), Relaxed);
         m.sequences_running.store(self.active.len() as u64, Relaxed);
         m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
+    }
+
+    /// Drops everything cached for `tenant`: its sessions (RAM and disk), the
+    /// caches of its running sequences once they end, and its queued requests,
+    /// which fail (their owner is gone).
+    fn forget(&mut self, tenant: &str) {
+        self.sessions.forget_owner(tenant);
+        for s in self.active.iter_mut().filter(|s| s.tenant == tenant) {
+            s.forgotten = true;
+        }
+        let (gone, keep): (VecDeque<_>, VecDeque<_>) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|(job, ..)| job.tenant == tenant);
+        self.waiting = keep;
+        for (_, events, _) in gone {
+            self.pending.fetch_sub(1, Relaxed);
+            let _ = events.send(Event::Failed(ApiError::not_found("the owner of this request was deleted before it ran")));
+        }
     }
 
     /// Ends a sequence: reports, and returns its cache to the session store.
@@ -315,6 +334,9 @@ impl<'m> Engine<'m> {
             Err(e) => {
                 let _ = s.events.send(Event::Failed(e));
             }
+        }
+        if s.forgotten {
+            return;
         }
         let mut kv = s.kv;
         // Drop blocks reserved past the end (a failed or unused reservation).
@@ -444,6 +466,7 @@ impl<'m> Engine<'m> {
                 last_token: None,
                 restore: c.restore.zip(retry),
                 cached: cached_len,
+                forgotten: false,
             });
         }
     }

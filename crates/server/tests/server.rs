@@ -628,3 +628,54 @@ fn a_restarted_server_restores_the_conversation_from_disk() {
     stop.send(()).unwrap();
     thread.join().unwrap();
 }
+
+/// An agent made before a restart is still there after it, with its cached
+/// session restored from disk (the same answer, the prompt taken from the
+/// cache); deleting it deletes its session file, and it stays deleted after
+/// the next restart.
+#[test]
+fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut c = ServerConfig::new("tiny");
+        c.scheduler.disk =
+            Some(engram_server::DiskConfig { dir: dir.path().join("kv"), budget_bytes: 256 << 20, policy: engram_kv::EvictionPolicy::Lru });
+        c
+    };
+    let session_files = || {
+        std::fs::read_dir(dir.path().join("kv"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("session-"))
+            .count()
+    };
+    let g = |addr| {
+        let r = post(addr, "/v1/agents/planner/generate", &json!({"prompt": "plan the day", "max_tokens": 6, "temperature": 0}));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let (addr, stop, thread) = start_stoppable(config());
+    assert_eq!(post(addr, "/v1/agents", &json!({"id": "planner", "name": "Planner", "system": "You plan."})).status, 201);
+    let first = g(addr);
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    assert_eq!(session_files(), 1);
+
+    let (addr, stop, thread) = start_stoppable(config());
+    let agent = request(addr, "GET", "/v1/agents/planner", &[], "").json();
+    assert_eq!((agent["name"].as_str(), agent["system"].as_str()), (Some("Planner"), Some("You plan.")));
+    let again = g(addr);
+    let p = again["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), p - 1, "restored from disk");
+    assert_eq!(metric(addr, "engram_sessions_restored"), 1.0);
+    assert_eq!(again["text"], first["text"], "restored answers as the first run did");
+    assert_eq!(request(addr, "DELETE", "/v1/agents/planner", &[], "").status, 200);
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    assert_eq!(session_files(), 0, "the deleted agent's session file is gone");
+
+    let (addr, stop, thread) = start_stoppable(config());
+    assert_eq!(request(addr, "GET", "/v1/agents/planner", &[], "").status, 404);
+    assert_eq!(request(addr, "GET", "/v1/agents", &[], "").json()["data"].as_array().unwrap().len(), 0);
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+}

@@ -1,0 +1,302 @@
+//! The agent registry: the agents of every tenant (id, name, system prompt),
+//! in memory and — when the server persists sessions — in
+//! `<session dir>/agents.json`, so that agents, like their cached sessions,
+//! survive a restart.
+//!
+//! Invariants: a create or delete that reports success is on disk (written
+//! atomically: temp file, fsync, rename) before the caller answers; one that
+//! cannot be saved changes nothing. A registry file that cannot be trusted
+//! (unreadable, not JSON, another format or version, an invalid or repeated
+//! id, over [`MAX_FILE_BYTES`]) is moved aside to `agents.json.bad-<unix
+//! time>` — kept for the user, never half-used — and the server starts with no
+//! agents.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api;
+use crate::error::ApiError;
+
+/// The registry file's name inside the session directory.
+pub const FILE_NAME: &str = "agents.json";
+/// Larger registry files are not read (a registry of thousands of agents with
+/// long system prompts is a few MiB).
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+const FORMAT: &str = "engram-agents";
+const VERSION: u32 = 1;
+
+/// One agent, as the API shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Agent {
+    pub id: String,
+    pub object: &'static str,
+    pub name: Option<String>,
+    pub system: Option<String>,
+    pub created_at: u64,
+}
+
+/// The file: every tenant's agents, flattened, and the counter for generated ids.
+#[derive(Serialize, Deserialize)]
+struct RegistryFile {
+    format: String,
+    version: u32,
+    next: u64,
+    agents: Vec<StoredAgent>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredAgent {
+    tenant: String,
+    id: String,
+    name: Option<String>,
+    system: Option<String>,
+    created_at: u64,
+}
+
+#[derive(Clone, Default)]
+struct Registry {
+    by_tenant: HashMap<String, BTreeMap<String, Agent>>,
+    /// Ids `agent-N` are generated from `next + 1` on.
+    next: u64,
+}
+
+/// Agents of every tenant, saved to `file` (if any) on every change.
+pub struct Agents {
+    registry: Mutex<Registry>,
+    file: Option<PathBuf>,
+}
+
+impl Agents {
+    /// A registry kept in memory only (the server does not persist sessions).
+    pub fn in_memory() -> Agents {
+        Agents { registry: Mutex::new(Registry::default()), file: None }
+    }
+
+    /// The registry saved in `dir` (created on the first save), loaded if the
+    /// file exists; a file that cannot be trusted is moved aside with a warning.
+    pub fn open(dir: &Path) -> Agents {
+        let file = dir.join(FILE_NAME);
+        let registry = match load(&file) {
+            Ok(r) => {
+                let n: usize = r.by_tenant.values().map(BTreeMap::len).sum();
+                if n > 0 {
+                    tracing::info!("{n} agents restored from {}", file.display());
+                }
+                r
+            }
+            Err(why) => {
+                let aside = dir.join(format!("{FILE_NAME}.bad-{}", api::now_s()));
+                match std::fs::rename(&file, &aside) {
+                    Ok(()) => tracing::warn!("{}: {why}; moved to {} and starting with no agents", file.display(), aside.display()),
+                    Err(e) => tracing::warn!("{}: {why}; could not move it aside ({e}); starting with no agents", file.display()),
+                }
+                Registry::default()
+            }
+        };
+        Agents { registry: Mutex::new(registry), file: Some(file) }
+    }
+
+    /// Applies `change` and saves; if saving fails the registry is left as it
+    /// was and the error is returned.
+    fn update<R>(&self, change: impl FnOnce(&mut Registry) -> Result<R, ApiError>) -> Result<R, ApiError> {
+        let mut current = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = current.clone();
+        let out = change(&mut next)?;
+        if let Some(file) = &self.file {
+            save(file, &next)
+                .map_err(|e| ApiError::internal(format!("the agent registry could not be saved to {}: {e}", file.display())))?;
+        }
+        *current = next;
+        Ok(out)
+    }
+
+    /// Adds an agent for `tenant`: `id` if given (409 if taken), else the next
+    /// free `agent-N`.
+    pub fn create(&self, tenant: &str, id: Option<String>, name: Option<String>, system: Option<String>) -> Result<Agent, ApiError> {
+        self.update(|r| {
+            let id = match id {
+                Some(id) => id,
+                None => loop {
+                    r.next += 1;
+                    let id = format!("agent-{}", r.next);
+                    if !r.by_tenant.get(tenant).is_some_and(|a| a.contains_key(&id)) {
+                        break id;
+                    }
+                },
+            };
+            let mine = r.by_tenant.entry(tenant.to_string()).or_default();
+            if mine.contains_key(&id) {
+                return Err(ApiError::conflict(format!("agent {id:?} already exists")));
+            }
+            let agent = Agent { id: id.clone(), object: "agent", name, system, created_at: api::now_s() };
+            mine.insert(id, agent.clone());
+            Ok(agent)
+        })
+    }
+
+    /// `tenant`'s agents, by id.
+    pub fn list(&self, tenant: &str) -> Vec<Agent> {
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        r.by_tenant.get(tenant).map(|a| a.values().cloned().collect()).unwrap_or_default()
+    }
+
+    /// One of `tenant`'s agents.
+    pub fn get(&self, tenant: &str, id: &str) -> Option<Agent> {
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        r.by_tenant.get(tenant).and_then(|a| a.get(id)).cloned()
+    }
+
+    /// Removes one of `tenant`'s agents; 404 if there is none.
+    pub fn remove(&self, tenant: &str, id: &str) -> Result<(), ApiError> {
+        self.update(|r| {
+            let mine = r.by_tenant.get_mut(tenant);
+            match mine.and_then(|a| a.remove(id)) {
+                Some(_) => {
+                    r.by_tenant.retain(|_, a| !a.is_empty());
+                    Ok(())
+                }
+                None => Err(ApiError::not_found(format!("no agent {id:?}"))),
+            }
+        })
+    }
+}
+
+/// Reads and checks the registry at `file`; a missing file is an empty registry.
+fn load(file: &Path) -> Result<Registry, String> {
+    let size = match std::fs::metadata(file) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Registry::default()),
+        Err(e) => return Err(e.to_string()),
+    };
+    if size > MAX_FILE_BYTES {
+        return Err(format!("{size} bytes, over the {MAX_FILE_BYTES}-byte limit for an agent registry"));
+    }
+    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
+    let f: RegistryFile = serde_json::from_slice(&bytes).map_err(|e| format!("not an agent registry: {e}"))?;
+    if f.format != FORMAT || f.version != VERSION {
+        return Err(format!("format {:?} version {}, expected {FORMAT:?} version {VERSION}", f.format, f.version));
+    }
+    let mut r = Registry { by_tenant: HashMap::new(), next: f.next };
+    for a in f.agents {
+        api::check_id("id", &a.id).map_err(|e| e.message)?;
+        let mine = r.by_tenant.entry(a.tenant).or_default();
+        if mine.contains_key(&a.id) {
+            return Err(format!("agent {:?} listed twice", a.id));
+        }
+        mine.insert(a.id.clone(), Agent { id: a.id, object: "agent", name: a.name, system: a.system, created_at: a.created_at });
+    }
+    Ok(r)
+}
+
+fn save(file: &Path, r: &Registry) -> std::io::Result<()> {
+    let mut agents: Vec<StoredAgent> = r
+        .by_tenant
+        .iter()
+        .flat_map(|(tenant, a)| {
+            a.values().map(|a| StoredAgent {
+                tenant: tenant.clone(),
+                id: a.id.clone(),
+                name: a.name.clone(),
+                system: a.system.clone(),
+                created_at: a.created_at,
+            })
+        })
+        .collect();
+    agents.sort_by(|a, b| (&a.tenant, &a.id).cmp(&(&b.tenant, &b.id)));
+    let f = RegistryFile { format: FORMAT.into(), version: VERSION, next: r.next, agents };
+    let bytes = serde_json::to_vec_pretty(&f).map_err(std::io::Error::other)?;
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    engram_kv::persist::atomic_write(file, |w| std::io::Write::write_all(w, &bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bad_files(dir: &Path) -> Vec<Vec<u8>> {
+        let mut found: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("agents.json.bad-"))
+            .collect();
+        found.sort();
+        found.iter().map(|p| std::fs::read(p).unwrap()).collect()
+    }
+
+    #[test]
+    fn agents_round_trip_through_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Agents::open(dir.path());
+        a.create("t1", Some("planner".into()), Some("Planner".into()), Some("You plan.".into())).unwrap();
+        let gen = a.create("t1", None, None, None).unwrap();
+        a.create("t2", Some("planner".into()), None, None).unwrap();
+        assert_eq!(a.create("t1", Some("planner".into()), None, None).unwrap_err().status, 409);
+        a.remove("t2", "planner").unwrap();
+        assert_eq!(a.remove("t2", "planner").unwrap_err().status, 404);
+
+        let b = Agents::open(dir.path());
+        let ids: Vec<String> = b.list("t1").into_iter().map(|x| x.id).collect();
+        assert_eq!(ids, vec![gen.id.clone(), "planner".to_string()]);
+        assert_eq!(b.get("t1", "planner").unwrap().system.as_deref(), Some("You plan."));
+        assert!(b.list("t2").is_empty());
+        // Generated ids keep counting after a restart.
+        assert_ne!(b.create("t1", None, None, None).unwrap().id, gen.id);
+        assert!(bad_files(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn untrusted_registry_files_are_moved_aside_not_used() {
+        let good = {
+            let dir = tempfile::tempdir().unwrap();
+            Agents::open(dir.path()).create("t", Some("a".into()), None, Some("sys".into())).unwrap();
+            std::fs::read(dir.path().join(FILE_NAME)).unwrap()
+        };
+        let text = String::from_utf8(good.clone()).unwrap();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("garbage", b"\x00\x01not json at all".to_vec()),
+            ("truncated", good[..good.len() / 2].to_vec()),
+            ("foreign JSON", br#"{"entries": {}, "version": 1}"#.to_vec()),
+            ("other version", text.replace("\"version\": 1", "\"version\": 9").into_bytes()),
+            ("bad id", text.replace("\"id\": \"a\"", "\"id\": \"../a\"").into_bytes()),
+            ("repeated id", {
+                let one = text.split("\"agents\": [").nth(1).unwrap().rsplit_once(']').unwrap().0.trim().to_string();
+                text.replace(&one, &format!("{one}, {one}")).into_bytes()
+            }),
+        ];
+        for (what, bytes) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join(FILE_NAME), &bytes).unwrap();
+            let a = Agents::open(dir.path());
+            assert!(a.list("t").is_empty(), "{what}: nothing trusted");
+            assert_eq!(bad_files(dir.path()), vec![bytes.clone()], "{what}: kept aside unchanged");
+            // The registry works from empty and saves a sound file again.
+            a.create("t", Some("b".into()), None, None).unwrap();
+            assert_eq!(Agents::open(dir.path()).list("t").len(), 1, "{what}");
+        }
+        // Oversized (sparse, so the test stays cheap): refused before reading.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::File::create(dir.path().join(FILE_NAME)).unwrap().set_len(MAX_FILE_BYTES + 1).unwrap();
+        assert!(Agents::open(dir.path()).list("t").is_empty());
+        assert_eq!(bad_files(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn a_failed_save_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Agents::open(dir.path());
+        a.create("t", Some("kept".into()), None, None).unwrap();
+        // A directory where the file should be: every save fails.
+        std::fs::remove_file(dir.path().join(FILE_NAME)).unwrap();
+        std::fs::create_dir(dir.path().join(FILE_NAME)).unwrap();
+        let e = a.create("t", Some("new".into()), None, None).unwrap_err();
+        assert_eq!(e.status, 500, "{}", e.message);
+        assert!(a.get("t", "new").is_none());
+        assert_eq!(a.remove("t", "kept").unwrap_err().status, 500);
+        assert!(a.get("t", "kept").is_some());
+    }
+}
