@@ -1,28 +1,38 @@
 //! The global kernel thread pool ([`pool`], [`set_num_threads`], [`num_threads`]).
 //!
-//! Invariant: `pool()` always returns the most recently configured pool; a replaced pool is
-//! leaked (its idle threads stay parked) because `&'static ThreadPool` references to it may
-//! still be alive. `set_num_threads` is meant to be called once at startup.
+//! Invariant: `pool()` always returns the most recently configured pool. Pools are never freed
+//! (`&'static ThreadPool` references may still be alive) but are kept one per size and reused,
+//! so switching sizes back and forth (benchmarks) parks at most one pool's threads per size.
 
 use rayon::ThreadPool;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Mutex;
 
 static POOL: AtomicPtr<ThreadPool> = AtomicPtr::new(std::ptr::null_mut());
-static LOCK: Mutex<()> = Mutex::new(());
+/// Serialises installs; holds every pool made so far, by size.
+static LOCK: Mutex<Vec<&'static ThreadPool>> = Mutex::new(Vec::new());
 
 fn default_threads() -> usize {
     // std exposes logical CPUs only; on SMT machines callers should pass physical cores.
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
-fn install(n: usize) -> &'static ThreadPool {
-    let p = rayon::ThreadPoolBuilder::new()
-        .num_threads(n.max(1))
-        .thread_name(|i| format!("engram-kernel-{i}"))
-        .build()
-        .expect("failed to build the kernel thread pool");
-    let p: &'static ThreadPool = Box::leak(Box::new(p));
+/// Makes the pool of `n` threads current (reusing one made earlier); the caller holds `LOCK`.
+fn install(made: &mut Vec<&'static ThreadPool>, n: usize) -> &'static ThreadPool {
+    let n = n.max(1);
+    let p = match made.iter().find(|p| p.current_num_threads() == n) {
+        Some(p) => *p,
+        None => {
+            let p = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .thread_name(|i| format!("engram-kernel-{i}"))
+                .build()
+                .expect("failed to build the kernel thread pool");
+            let p: &'static ThreadPool = Box::leak(Box::new(p));
+            made.push(p);
+            p
+        }
+    };
     POOL.store(p as *const ThreadPool as *mut ThreadPool, Ordering::Release);
     p
 }
@@ -35,24 +45,21 @@ pub fn pool() -> &'static ThreadPool {
         // SAFETY: pools are leaked, never freed.
         return unsafe { &*p };
     }
-    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut made = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let p = POOL.load(Ordering::Acquire);
     if !p.is_null() {
+        // SAFETY: as above.
         return unsafe { &*p };
     }
-    install(default_threads())
+    install(&mut made, default_threads())
 }
 
-/// Sets the size of the global kernel thread pool (`n = 0` is treated as 1). Replaces the pool
-/// if the size changes.
+/// Sets the size of the global kernel thread pool (`n = 0` is treated as 1): switches to the
+/// pool of that size, made on first request.
 pub fn set_num_threads(n: usize) {
     let n = n.max(1);
-    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let p = POOL.load(Ordering::Acquire);
-    if !p.is_null() && unsafe { &*p }.current_num_threads() == n {
-        return;
-    }
-    install(n);
+    let mut made = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    install(&mut made, n);
 }
 
 /// Number of threads in the global kernel pool.

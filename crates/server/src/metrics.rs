@@ -85,6 +85,15 @@ impl Metrics {
         *m.entry(kind.to_string()).or_insert(0) += 1;
     }
 
+    /// Takes back one [`Metrics::count_match`] of `kind` (a request admitted
+    /// again after its restore failed is counted once).
+    pub fn uncount_match(&self, kind: &str) {
+        let mut m = self.lookups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(kind) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();

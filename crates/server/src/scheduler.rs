@@ -194,8 +194,9 @@ struct Seq<'m> {
     /// cache and waits for the check (and only then reports `Started`) before
     /// its first token.
     restore: Option<(PendingRestore, Job)>,
-    /// Prompt tokens taken from the cache at admission.
+    /// Prompt tokens taken from the cache at admission, and how they matched.
     cached: usize,
+    match_kind: &'static str,
     /// Its owner was forgotten while it ran: its cache is dropped, not checked in.
     forgotten: bool,
 }
@@ -466,6 +467,7 @@ impl<'m> Engine<'m> {
                 last_token: None,
                 restore: c.restore.zip(retry),
                 cached: cached_len,
+                match_kind: c.kind.name(),
                 forgotten: false,
             });
         }
@@ -608,8 +610,14 @@ impl<'m> Engine<'m> {
         let s = self.active.remove(at);
         let m = &self.metrics;
         m.restores_failed.fetch_add(1, Relaxed);
+        // Admitted again below, the job is counted again: take back this admission's counts.
+        m.uncount_match(s.match_kind);
         m.tokens_reused.fetch_sub(s.cached as u64, Relaxed);
-        m.cache_hits.fetch_sub(u64::from(s.cached > 0), Relaxed);
+        if s.cached > 0 {
+            m.cache_hits.fetch_sub(1, Relaxed);
+        } else {
+            m.cache_misses.fetch_sub(1, Relaxed);
+        }
         self.waiting.push_front((job, s.events, s.submitted));
         false
     }

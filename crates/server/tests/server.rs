@@ -543,6 +543,15 @@ fn a_damaged_session_file_is_recomputed_not_used() {
     let r = ask(addr, &messages);
     assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), 0, "nothing reused from the damaged file");
     assert_eq!(metric(addr, "engram_restores_failed_total"), 1.0);
+    let lookups = request(addr, "GET", "/metrics", &[], "").body;
+    let counted: f64 = lookups
+        .lines()
+        .filter(|l| l.starts_with("engram_cache_lookups_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(counted, 1.0, "one request, one lookup (the failed restore's admission is taken back)\n{lookups}");
+    assert_eq!(metric(addr, "engram_cache_misses_total"), 1.0);
+    assert_eq!(metric(addr, "engram_cache_hits_total"), 0.0);
     assert_eq!(metric(addr, "engram_sessions_restored"), 0.0);
     assert!(!files[0].exists() || std::fs::read(&files[0]).unwrap() != bytes, "the damaged file is gone");
     let answer = r["choices"][0]["message"]["content"].clone();
