@@ -114,7 +114,7 @@ def stop(proc):
             proc.wait()
 
 
-def converse(base, model, turns, max_tokens, echo_assistant, label):
+def converse(base, model, turns, max_tokens, echo_assistant, label, one_token=False):
     from openai import OpenAI
 
     client = OpenAI(base_url=base, api_key="unused", timeout=600)
@@ -148,6 +148,10 @@ def converse(base, model, turns, max_tokens, echo_assistant, label):
                         ttft = now - t0
                     text.append(content)
         total = time.perf_counter() - t0
+        if one_token:
+            # The whole request is the prefill plus one token: its time is the TTFT,
+            # whatever that token renders as.
+            ttft = total
         reply = "".join(text)
         prompt_tokens = getattr(usage, "prompt_tokens", None) if usage else None
         cached = None
@@ -179,7 +183,7 @@ def run_engram(args, log_dir):
     try:
         if not wait_ready(base, proc, args.start_timeout):
             raise RuntimeError(f"engram serve did not come up (exit {proc.poll()}); see {log.name}")
-        return converse(base, "default", args.turns, args.max_tokens, args.echo_assistant, "engram"), " ".join(cmd)
+        return converse(base, "default", args.turns, args.max_tokens, args.echo_assistant, "engram", args.one_token), " ".join(cmd)
     finally:
         stop(proc)
         log.close()
@@ -200,7 +204,7 @@ def run_llamacpp(args, log_dir):
     try:
         if not wait_ready(base, proc, args.start_timeout):
             raise RuntimeError(f"llama_cpp.server did not come up (exit {proc.poll()}); see {log.name}")
-        rows = converse(base, "default", args.turns, args.max_tokens, args.echo_assistant, "llama.cpp")
+        rows = converse(base, "default", args.turns, args.max_tokens, args.echo_assistant, "llama.cpp", args.one_token)
         if proc.poll() is not None:
             raise RuntimeError(f"llama_cpp.server exited ({proc.returncode}); see {log.name}")
         return rows, shown
@@ -225,10 +229,15 @@ def main():
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--llamacpp-extra-bufts", action="store_true", help="keep llama.cpp's repack/AMX weight buffers (may segfault)")
     ap.add_argument("--echo-assistant", action="store_true", help="resend the generated replies instead of a fixed one")
+    ap.add_argument("--one-token", action="store_true",
+                    help="ask for one token per turn and report the whole request's time as TTFT (robust when a "
+                         "random-weight model's first tokens render as empty text)")
     ap.add_argument("--start-timeout", type=float, default=120)
     ap.add_argument("--log-dir", help="server logs (default: a temporary directory, printed)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
+    if args.one_token:
+        args.max_tokens = 1
 
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="http-mt-logs-")
     os.makedirs(log_dir, exist_ok=True)
@@ -271,7 +280,7 @@ def main():
         pt = e.get("prompt_tokens") or lr.get("prompt_tokens")
         print(f"| {i + 1} | {fmt(pt, 'd')} | {fmt(e.get('cached_tokens'), 'd')} | {fmt(e.get('ttft_ms'))} | {fmt(lr.get('ttft_ms'))} "
               f"| {fmt(lr.get('first_chunk_ms'))} |")
-    print("\nTTFT = first streamed chunk with non-empty content. Engram sends its role chunk at once (before prefill)\n"
+    print("\nTTFT = the whole one-token request (--one-token)." if args.one_token else "\nTTFT = first streamed chunk with non-empty content. Engram sends its role chunk at once (before prefill)\n"
           "and then one content chunk per token. llama_cpp.server sends its role chunk together with the first\n"
           "generated text chunk, i.e. after prefill + the first token, so its 'first chunk' is the time to the\n"
           "first token even when that token renders as empty text (special/unused tokens of a random-weight\n"

@@ -1,9 +1,12 @@
 //! Does vector work overlap the AMX tile unit on this CPU? `cargo run --release -p
 //! engram-kernels --example amx_overlap`: times a loop of 4 independent `tdpbf16ps`, a loop of N
 //! AVX-512 FMAs (8 independent chains), and both interleaved in one loop. Perfect overlap would
-//! give the larger of the two; no overlap, their sum. (On the Sapphire Rapids machine of the
-//! README, vector work slowed to about half rate beside the tile products, which bounds what
-//! software pipelining can gain in `flash.rs`.)
+//! give the larger of the two; no overlap, their sum. On the Sapphire Rapids machine of the
+//! README, up to ~64 FMAs hide beside 4 tile products (~16 per product: 512-bit vector work runs
+//! at about one instruction per cycle while the tile unit works), and past that the times add
+//! up. The attention softmax needs ~25-40 vector instructions per tile product, which is why
+//! interleaving it with the tile work (tried: blocks software-pipelined) did not pay off there;
+//! `amx_ports` shows the instruction mix is not the cause.
 
 #[cfg(target_arch = "x86_64")]
 fn main() {

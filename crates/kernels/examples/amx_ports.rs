@@ -1,0 +1,100 @@
+//! Which AVX-512 instructions run beside the AMX tile unit on this CPU: `cargo run --release -p
+//! engram-kernels --example amx_ports`. For each instruction, times a loop of 4 independent
+//! `tdpbf16ps`, a loop of 64 of the instruction (8 independent chains), and both interleaved.
+//! Perfect overlap gives the larger of the two, none their sum. The softmax of `flash.rs` is
+//! written with the instructions that overlap.
+
+#[cfg(target_arch = "x86_64")]
+fn main() {
+    use std::arch::asm;
+    use std::time::Instant;
+
+    #[derive(Clone, Copy)]
+    #[repr(C, align(64))]
+    struct Line([u8; 64]);
+
+    macro_rules! bench {
+        ($name:literal, $ins:literal) => {{
+            #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+            unsafe fn run(iters: usize, tiles: bool, vec: bool) -> f64 {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    if tiles {
+                        asm!(
+                            "tdpbf16ps tmm0, tmm4, tmm5",
+                            "tdpbf16ps tmm1, tmm4, tmm5",
+                            "tdpbf16ps tmm2, tmm4, tmm5",
+                            "tdpbf16ps tmm3, tmm4, tmm5",
+                            options(nostack, nomem)
+                        );
+                    }
+                    if vec {
+                        for _ in 0..8 {
+                            asm!(
+                                concat!($ins, " zmm0, zmm0, zmm8"),
+                                concat!($ins, " zmm1, zmm1, zmm8"),
+                                concat!($ins, " zmm2, zmm2, zmm8"),
+                                concat!($ins, " zmm3, zmm3, zmm8"),
+                                concat!($ins, " zmm4, zmm4, zmm8"),
+                                concat!($ins, " zmm5, zmm5, zmm8"),
+                                concat!($ins, " zmm6, zmm6, zmm8"),
+                                concat!($ins, " zmm7, zmm7, zmm8"),
+                                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                                options(nostack, nomem)
+                            );
+                        }
+                    }
+                }
+                t.elapsed().as_secs_f64() * 1e9 / iters as f64
+            }
+            let iters = 1_000_000;
+            // SAFETY: `supported` checked AMX-BF16, AVX-512 BF16 and the tile permission.
+            let (a, b, c) = unsafe { (run(iters, true, false), run(iters, false, true), run(iters, true, true)) };
+            println!("| `{}` | {a:.1} ns | {b:.1} ns | {c:.1} ns | {:.0}% |", $name, 100.0 * (a + b - c) / a.min(b));
+        }};
+    }
+
+    if !engram_kernels::flash::supported(64) {
+        eprintln!("no AMX-BF16 on this machine");
+        return;
+    }
+    let mut cfg = Line([0; 64]);
+    cfg.0[0] = 1;
+    for t in 0..8 {
+        cfg.0[16 + 2 * t..18 + 2 * t].copy_from_slice(&64u16.to_le_bytes());
+        cfg.0[48 + t] = 16;
+    }
+    let ones = vec![Line([0x3f; 64]); 16];
+    // SAFETY: as above; the tiles read 16 lines of `ones`.
+    unsafe {
+        asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+        asm!("tileloadd tmm4, [{0} + {1}*1]", "tileloadd tmm5, [{0} + {1}*1]", in(reg) ones.as_ptr(), in(reg) 64usize, options(nostack, readonly));
+    }
+    println!("| 64 of | 4 tile products | the 64 alone | interleaved | overlap (of the shorter) |");
+    println!("|---|---:|---:|---:|---:|");
+    bench!("vfmadd231ps", "vfmadd231ps");
+    bench!("vaddps", "vaddps");
+    bench!("vmulps", "vmulps");
+    bench!("vmaxps", "vmaxps");
+    bench!("vsubps", "vsubps");
+    bench!("vscalefps", "vscalefps");
+    bench!("vpaddd", "vpaddd");
+    bench!("vpandd", "vpandd");
+    bench!("vpermw", "vpermw");
+    bench!("vpermps", "vpermps");
+    bench!("vpermt2ps", "vpermt2ps");
+    bench!("vpunpcklwd", "vpunpcklwd");
+    bench!("vcvtne2ps2bf16", "vcvtne2ps2bf16");
+    bench!("vpsllvd", "vpsllvd");
+    bench!("vpsrlvd", "vpsrlvd");
+    bench!("vpshufb", "vpshufb");
+
+    // SAFETY: releases the tile state configured above.
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main() {
+    eprintln!("AMX is x86-64 only");
+}
