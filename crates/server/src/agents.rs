@@ -16,9 +16,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::agent_registry::Agent;
-use crate::api::{self, Sampling, StopField};
+use crate::api;
 use crate::error::ApiError;
-use crate::openai::{finish_str, to_chat, InMessage};
+use crate::openai::{finish_str, to_chat, InMessage, SamplingFields};
 use crate::scheduler::Job;
 use crate::AppState;
 
@@ -77,11 +77,8 @@ struct GenerateRequest {
     messages: Option<Vec<InMessage>>,
     prompt: Option<String>,
     max_tokens: Option<i64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<i64>,
-    seed: Option<i64>,
-    stop: Option<StopField>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
 }
 
 /// `POST /v1/agents/{id}/generate`: `messages` (or `prompt`, one user
@@ -102,15 +99,7 @@ pub(crate) async fn generate(
         _ => return Err(ApiError::bad_request("give exactly one of `messages` and `prompt`")),
     }
     let (text, prompt) = api::render_chat(&s, &chat)?;
-    let sampling = Sampling {
-        max_tokens: req.max_tokens,
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        seed: req.seed,
-        stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
-        ..Default::default()
-    };
+    let sampling = req.sampling.with_max_tokens(req.max_tokens);
     let params = api::params(&s, prompt.len(), sampling)?;
     let job = Job { tenant: cache_key(&tenant, &id), session: Some("main".into()), text: Some(text), add_special: false, prompt, params };
     let (st, mut rx) = api::start(&s, job).await?;

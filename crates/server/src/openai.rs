@@ -94,14 +94,11 @@ pub(crate) fn to_chat(messages: Vec<InMessage>) -> Result<Vec<ChatMessage>, ApiE
     Ok(out)
 }
 
+/// The sampling fields every generation endpoint but Anthropic's accepts
+/// (OpenAI's names plus the common extensions `top_k`, `min_p`,
+/// `repetition_penalty`, `ignore_eos`), flattened into each request.
 #[derive(Deserialize)]
-struct ChatRequest {
-    model: Option<String>,
-    messages: Vec<InMessage>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    max_tokens: Option<i64>,
-    max_completion_tokens: Option<i64>,
+pub(crate) struct SamplingFields {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<i64>,
@@ -111,9 +108,40 @@ struct ChatRequest {
     repetition_penalty: Option<f32>,
     seed: Option<i64>,
     stop: Option<StopField>,
+    ignore_eos: Option<bool>,
+}
+
+impl SamplingFields {
+    /// The request's sampling with its `max_tokens` (validated by `api::params`).
+    pub(crate) fn with_max_tokens(self, max_tokens: Option<i64>) -> Sampling {
+        Sampling {
+            max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+            stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ChatRequest {
+    model: Option<String>,
+    messages: Vec<InMessage>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
     n: Option<i64>,
     session_id: Option<String>,
-    ignore_eos: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -131,18 +159,10 @@ struct CompletionRequest {
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
     max_tokens: Option<i64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<i64>,
-    min_p: Option<f32>,
-    frequency_penalty: Option<f32>,
-    presence_penalty: Option<f32>,
-    repetition_penalty: Option<f32>,
-    seed: Option<i64>,
-    stop: Option<StopField>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
     n: Option<i64>,
     session_id: Option<String>,
-    ignore_eos: Option<bool>,
 }
 
 fn check_n(n: Option<i64>) -> Result<(), ApiError> {
@@ -195,19 +215,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let session = api::session(&headers, req.session_id.as_deref())?;
     let messages = to_chat(req.messages)?;
     let (text, prompt) = api::render_chat(&s, &messages)?;
-    let sampling = Sampling {
-        max_tokens: req.max_completion_tokens.or(req.max_tokens),
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        frequency_penalty: req.frequency_penalty,
-        presence_penalty: req.presence_penalty,
-        repetition_penalty: req.repetition_penalty,
-        seed: req.seed,
-        stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
-        ignore_eos: req.ignore_eos.unwrap_or(false),
-    };
+    let sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
     let params = api::params(&s, prompt.len(), sampling)?;
     let (st, mut rx) = api::start(&s, Job { tenant, session, text: Some(text), add_special: false, prompt, params }).await?;
     let id = api::new_id("chatcmpl");
@@ -278,19 +286,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
             (None, ids)
         }
     };
-    let sampling = Sampling {
-        max_tokens: Some(req.max_tokens.unwrap_or(16)),
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        frequency_penalty: req.frequency_penalty,
-        presence_penalty: req.presence_penalty,
-        repetition_penalty: req.repetition_penalty,
-        seed: req.seed,
-        stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
-        ignore_eos: req.ignore_eos.unwrap_or(false),
-    };
+    let sampling = req.sampling.with_max_tokens(Some(req.max_tokens.unwrap_or(16)));
     let params = api::params(&s, prompt.len(), sampling)?;
     let (st, mut rx) = api::start(&s, Job { tenant, session, text, add_special: true, prompt, params }).await?;
     let id = api::new_id("cmpl");
