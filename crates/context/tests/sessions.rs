@@ -23,6 +23,15 @@ fn model() -> &'static Model {
     .1
 }
 
+/// An f32 session store over `pool` with a 64 MiB disk tier in `dir`: what a
+/// (re)started process opens.
+fn open_with_disk(pool: &KvPool, dir: &std::path::Path, policy: engram_kv::EvictionPolicy) -> SessionStore {
+    let m = model();
+    let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
+    let disk = engram_context::PersistedSessions::open(dir, 64 << 20, policy, fp).unwrap();
+    SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
+}
+
 fn greedy(n: usize) -> SamplingParams {
     SamplingParams { max_tokens: n, ignore_eos: true, ..Default::default() }
 }
@@ -184,11 +193,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let layout = KvLayout::of(&m.config);
         let pool = KvPool::new(layout, KvFormat::F32, 64 << 20);
-        let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
-        let open = || {
-            let disk = engram_context::PersistedSessions::open(dir.path(), 64 << 20, engram_kv::EvictionPolicy::Lru, fp.clone()).unwrap();
-            SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
-        };
+        let open = || open_with_disk(&pool, dir.path(), engram_kv::EvictionPolicy::Lru);
         let mut store = open();
         let words = ["cache ", "block ", "turn ", "agent ", "é日本 "];
         let mut text = String::from("Start: ");
@@ -220,11 +225,7 @@ fn shared_prefix_chains_survive_a_restart() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
-    let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
-    let open = || {
-        let disk = engram_context::PersistedSessions::open(dir.path(), 64 << 20, engram_kv::EvictionPolicy::Weighted, fp.clone()).unwrap();
-        SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
-    };
+    let open = || open_with_disk(&pool, dir.path(), engram_kv::EvictionPolicy::Weighted);
     let system = "You are the assistant of a clinic; answer briefly and kindly, and never guess. ".repeat(3);
     let mut store = open();
     turn(&mut store, "alice", &format!("{system}User: hi\nAssistant:"), 3);
@@ -246,11 +247,7 @@ fn a_damaged_session_file_is_caught_and_recomputed() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
-    let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
-    let open = || {
-        let disk = engram_context::PersistedSessions::open(dir.path(), 64 << 20, engram_kv::EvictionPolicy::Lru, fp.clone()).unwrap();
-        SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
-    };
+    let open = || open_with_disk(&pool, dir.path(), engram_kv::EvictionPolicy::Lru);
     let mut store = open();
     let text = "Notes: the meeting moved to Thursday at noon. ".repeat(4);
     let (_, _, out) = turn(&mut store, "a", &text, 4);
@@ -287,11 +284,7 @@ fn a_forgotten_owner_is_gone_from_disk_too() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
-    let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
-    let open = || {
-        let disk = engram_context::PersistedSessions::open(dir.path(), 64 << 20, engram_kv::EvictionPolicy::Lru, fp.clone()).unwrap();
-        SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
-    };
+    let open = || open_with_disk(&pool, dir.path(), engram_kv::EvictionPolicy::Lru);
     let mut store = open();
     let (_, _, a_out) = turn(&mut store, "alice", "Alice: my locker is 31.", 3);
     let (_, _, b_out) = turn(&mut store, "bob", "Bob: my locker is 12.", 3);

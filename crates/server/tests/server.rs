@@ -493,6 +493,13 @@ fn start_stoppable(config: ServerConfig) -> (SocketAddr, tokio::sync::oneshot::S
     (rx.recv().unwrap(), stop_tx, t)
 }
 
+/// A server config that persists sessions (and agents) under `<dir>/kv`, 256 MiB.
+fn persisting(dir: &std::path::Path, policy: engram_kv::EvictionPolicy) -> ServerConfig {
+    let mut c = ServerConfig::new("tiny");
+    c.scheduler.disk = Some(engram_server::DiskConfig { dir: dir.join("kv"), budget_bytes: 256 << 20, policy });
+    c
+}
+
 fn metric(addr: SocketAddr, line_prefix: &str) -> f64 {
     let m = request(addr, "GET", "/metrics", &[], "").body;
     m.lines().find(|l| l.starts_with(line_prefix)).and_then(|l| l.rsplit(' ').next()).map_or(0.0, |v| v.parse().unwrap())
@@ -506,12 +513,7 @@ fn metric(addr: SocketAddr, line_prefix: &str) -> f64 {
 #[test]
 fn a_damaged_session_file_is_recomputed_not_used() {
     let dir = tempfile::tempdir().unwrap();
-    let config = || {
-        let mut c = ServerConfig::new("tiny");
-        c.scheduler.disk =
-            Some(engram_server::DiskConfig { dir: dir.path().join("kv"), budget_bytes: 256 << 20, policy: engram_kv::EvictionPolicy::Lru });
-        c
-    };
+    let config = || persisting(dir.path(), engram_kv::EvictionPolicy::Lru);
     let ask = |addr, messages: &Vec<Value>| {
         let body = json!({"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0}).to_string();
         let r = request(addr, "POST", "/v1/chat/completions", &[], &body);
@@ -570,15 +572,7 @@ fn a_damaged_session_file_is_recomputed_not_used() {
 #[test]
 fn a_restarted_server_restores_the_conversation_from_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let config = || {
-        let mut c = ServerConfig::new("tiny");
-        c.scheduler.disk = Some(engram_server::DiskConfig {
-            dir: dir.path().join("kv"),
-            budget_bytes: 256 << 20,
-            policy: engram_kv::EvictionPolicy::Weighted,
-        });
-        c
-    };
+    let config = || persisting(dir.path(), engram_kv::EvictionPolicy::Weighted);
     let (addr, stop, thread) = start_stoppable(config());
     let mut messages = vec![json!({"role": "system", "content": "You remember everything the user says."})];
     let ask = |addr, messages: &Vec<Value>| {
@@ -645,12 +639,7 @@ fn a_restarted_server_restores_the_conversation_from_disk() {
 #[test]
 fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
     let dir = tempfile::tempdir().unwrap();
-    let config = || {
-        let mut c = ServerConfig::new("tiny");
-        c.scheduler.disk =
-            Some(engram_server::DiskConfig { dir: dir.path().join("kv"), budget_bytes: 256 << 20, policy: engram_kv::EvictionPolicy::Lru });
-        c
-    };
+    let config = || persisting(dir.path(), engram_kv::EvictionPolicy::Lru);
     let session_files = || {
         std::fs::read_dir(dir.path().join("kv"))
             .unwrap()
