@@ -337,6 +337,9 @@ impl<'m> Engine<'m> {
             }
         }
         if s.forgotten {
+            // Also drops what a restore verified after the owner was forgotten
+            // (it joined the store then) and deletes its file again.
+            self.sessions.forget_owner(&s.tenant);
             return;
         }
         let mut kv = s.kv;
@@ -618,7 +621,12 @@ impl<'m> Engine<'m> {
         } else {
             m.cache_misses.fetch_sub(1, Relaxed);
         }
-        self.waiting.push_front((job, s.events, s.submitted));
+        if s.forgotten {
+            self.pending.fetch_sub(1, Relaxed);
+            let _ = s.events.send(Event::Failed(ApiError::not_found("the owner of this request was deleted before it ran")));
+        } else {
+            self.waiting.push_front((job, s.events, s.submitted));
+        }
         false
     }
 

@@ -677,3 +677,35 @@ fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
     stop.send(()).unwrap();
     thread.join().unwrap();
 }
+
+/// An agent deleted while one of its requests is generating: the request
+/// finishes, but its cache is not kept (nothing on disk once the server
+/// stopped), and requests for it after the delete are 404.
+#[test]
+fn an_agent_deleted_mid_generation_leaves_no_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, stop, thread) = start_stoppable(persisting(dir.path(), engram_kv::EvictionPolicy::Lru));
+    assert_eq!(post(addr, "/v1/agents", &json!({"id": "scribe", "system": "You write."})).status, 201);
+    let long = std::thread::spawn(move || {
+        post(addr, "/v1/agents/scribe/generate", &json!({"prompt": "write", "max_tokens": 3000, "ignore_eos": true, "temperature": 0}))
+    });
+    let t0 = std::time::Instant::now();
+    while metric(addr, "engram_sequences_running") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the generation never started");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(request(addr, "DELETE", "/v1/agents/scribe", &[], "").status, 200);
+    let r = long.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3000, "it ran to the end after the delete");
+    let again = post(addr, "/v1/agents/scribe/generate", &json!({"prompt": "write", "max_tokens": 1}));
+    assert_eq!(again.status, 404);
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    let files: Vec<_> = std::fs::read_dir(dir.path().join("kv"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("session-"))
+        .collect();
+    assert!(files.is_empty(), "the deleted agent's cache was written: {files:?}");
+}
