@@ -28,32 +28,28 @@ pub const MAX_FILE_BYTES: u64 = 64 << 20;
 const FORMAT: &str = "engram-agents";
 const VERSION: u32 = 1;
 
-/// One agent, as the API shows it.
-#[derive(Clone, Debug, Serialize)]
+/// One agent, as the API shows it and the file stores it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Agent {
     pub id: String,
+    #[serde(skip_deserializing, default = "agent_object")]
     pub object: &'static str,
     pub name: Option<String>,
     pub system: Option<String>,
     pub created_at: u64,
 }
 
-/// The file: every tenant's agents, flattened, and the counter for generated ids.
+fn agent_object() -> &'static str {
+    "agent"
+}
+
+/// The file: every tenant's agents (by id) and the counter for generated ids.
 #[derive(Serialize, Deserialize)]
 struct RegistryFile {
     format: String,
     version: u32,
     next: u64,
-    agents: Vec<StoredAgent>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredAgent {
-    tenant: String,
-    id: String,
-    name: Option<String>,
-    system: Option<String>,
-    created_at: u64,
+    tenants: BTreeMap<String, Vec<Agent>>,
 }
 
 #[derive(Clone, Default)]
@@ -180,33 +176,22 @@ fn load(file: &Path) -> Result<Registry, String> {
         return Err(format!("format {:?} version {}, expected {FORMAT:?} version {VERSION}", f.format, f.version));
     }
     let mut r = Registry { by_tenant: HashMap::new(), next: f.next };
-    for a in f.agents {
-        api::check_id("id", &a.id).map_err(|e| e.message)?;
-        let mine = r.by_tenant.entry(a.tenant).or_default();
-        if mine.contains_key(&a.id) {
-            return Err(format!("agent {:?} listed twice", a.id));
+    for (tenant, agents) in f.tenants {
+        let mine = r.by_tenant.entry(tenant).or_default();
+        for a in agents {
+            api::check_id("id", &a.id).map_err(|e| e.message)?;
+            if mine.contains_key(&a.id) {
+                return Err(format!("agent {:?} listed twice", a.id));
+            }
+            mine.insert(a.id.clone(), a);
         }
-        mine.insert(a.id.clone(), Agent { id: a.id, object: "agent", name: a.name, system: a.system, created_at: a.created_at });
     }
     Ok(r)
 }
 
 fn save(file: &Path, r: &Registry) -> std::io::Result<()> {
-    let mut agents: Vec<StoredAgent> = r
-        .by_tenant
-        .iter()
-        .flat_map(|(tenant, a)| {
-            a.values().map(|a| StoredAgent {
-                tenant: tenant.clone(),
-                id: a.id.clone(),
-                name: a.name.clone(),
-                system: a.system.clone(),
-                created_at: a.created_at,
-            })
-        })
-        .collect();
-    agents.sort_by(|a, b| (&a.tenant, &a.id).cmp(&(&b.tenant, &b.id)));
-    let f = RegistryFile { format: FORMAT.into(), version: VERSION, next: r.next, agents };
+    let tenants = r.by_tenant.iter().map(|(t, a)| (t.clone(), a.values().cloned().collect())).collect();
+    let f = RegistryFile { format: FORMAT.into(), version: VERSION, next: r.next, tenants };
     let bytes = serde_json::to_vec_pretty(&f).map_err(std::io::Error::other)?;
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
@@ -264,7 +249,7 @@ mod tests {
             ("other version", text.replace("\"version\": 1", "\"version\": 9").into_bytes()),
             ("bad id", text.replace("\"id\": \"a\"", "\"id\": \"../a\"").into_bytes()),
             ("repeated id", {
-                let one = text.split("\"agents\": [").nth(1).unwrap().rsplit_once(']').unwrap().0.trim().to_string();
+                let one = text.split("\"t\": [").nth(1).unwrap().rsplit_once(']').unwrap().0.trim().to_string();
                 text.replace(&one, &format!("{one}, {one}")).into_bytes()
             }),
         ];
