@@ -160,6 +160,11 @@ impl EngineHandle {
     }
 }
 
+/// What a request whose owner was forgotten (a deleted agent) before it ran gets.
+fn owner_gone() -> Event {
+    Event::Failed(ApiError::not_found("the owner of this request was deleted before it ran"))
+}
+
 /// A request in the batch.
 struct Seq<'m> {
     id: u64,
@@ -309,7 +314,7 @@ impl<'m> Engine<'m> {
         self.waiting = keep;
         for (_, events, _) in gone {
             self.pending.fetch_sub(1, Relaxed);
-            let _ = events.send(Event::Failed(ApiError::not_found("the owner of this request was deleted before it ran")));
+            let _ = events.send(owner_gone());
         }
     }
 
@@ -623,7 +628,7 @@ impl<'m> Engine<'m> {
         }
         if s.forgotten {
             self.pending.fetch_sub(1, Relaxed);
-            let _ = s.events.send(Event::Failed(ApiError::not_found("the owner of this request was deleted before it ran")));
+            let _ = s.events.send(owner_gone());
         } else {
             self.waiting.push_front((job, s.events, s.submitted));
         }

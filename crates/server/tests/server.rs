@@ -500,6 +500,15 @@ fn persisting(dir: &std::path::Path, policy: engram_kv::EvictionPolicy) -> Serve
     c
 }
 
+/// The session entry files a [`persisting`] server keeps under `<dir>/kv`.
+fn session_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir.join("kv"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("session-"))
+        .collect()
+}
+
 fn metric(addr: SocketAddr, line_prefix: &str) -> f64 {
     let m = request(addr, "GET", "/metrics", &[], "").body;
     m.lines().find(|l| l.starts_with(line_prefix)).and_then(|l| l.rsplit(' ').next()).map_or(0.0, |v| v.parse().unwrap())
@@ -526,14 +535,7 @@ fn a_damaged_session_file_is_recomputed_not_used() {
     messages.push(json!({"role": "assistant", "content": r["choices"][0]["message"]["content"]}));
     stop.send(()).unwrap();
     thread.join().unwrap();
-    let session_files = || -> Vec<std::path::PathBuf> {
-        std::fs::read_dir(dir.path().join("kv"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("session-"))
-            .collect()
-    };
-    let files = session_files();
+    let files = session_files(dir.path());
     assert_eq!(files.len(), 1);
     let mut bytes = std::fs::read(&files[0]).unwrap();
     let at = bytes.len() - 64;
@@ -596,7 +598,7 @@ fn a_restarted_server_restores_the_conversation_from_disk() {
     }
     stop.send(()).unwrap();
     thread.join().unwrap();
-    assert!(std::fs::read_dir(dir.path().join("kv")).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with("session-")));
+    assert!(!session_files(dir.path()).is_empty());
 
     let (addr, stop, thread) = start_stoppable(config());
     messages.push(json!({"role": "user", "content": "Which numbers did I tell you?"}));
@@ -640,12 +642,6 @@ fn a_restarted_server_restores_the_conversation_from_disk() {
 fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
     let dir = tempfile::tempdir().unwrap();
     let config = || persisting(dir.path(), engram_kv::EvictionPolicy::Lru);
-    let session_files = || {
-        std::fs::read_dir(dir.path().join("kv"))
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("session-"))
-            .count()
-    };
     let g = |addr| {
         let r = post(addr, "/v1/agents/planner/generate", &json!({"prompt": "plan the day", "max_tokens": 6, "temperature": 0}));
         assert_eq!(r.status, 200, "{}", r.body);
@@ -656,7 +652,7 @@ fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
     let first = g(addr);
     stop.send(()).unwrap();
     thread.join().unwrap();
-    assert_eq!(session_files(), 1);
+    assert_eq!(session_files(dir.path()).len(), 1);
 
     let (addr, stop, thread) = start_stoppable(config());
     let agent = request(addr, "GET", "/v1/agents/planner", &[], "").json();
@@ -669,7 +665,7 @@ fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
     assert_eq!(request(addr, "DELETE", "/v1/agents/planner", &[], "").status, 200);
     stop.send(()).unwrap();
     thread.join().unwrap();
-    assert_eq!(session_files(), 0, "the deleted agent's session file is gone");
+    assert_eq!(session_files(dir.path()).len(), 0, "the deleted agent's session file is gone");
 
     let (addr, stop, thread) = start_stoppable(config());
     assert_eq!(request(addr, "GET", "/v1/agents/planner", &[], "").status, 404);
@@ -702,10 +698,6 @@ fn an_agent_deleted_mid_generation_leaves_no_cache() {
     assert_eq!(again.status, 404);
     stop.send(()).unwrap();
     thread.join().unwrap();
-    let files: Vec<_> = std::fs::read_dir(dir.path().join("kv"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("session-"))
-        .collect();
+    let files = session_files(dir.path());
     assert!(files.is_empty(), "the deleted agent's cache was written: {files:?}");
 }
