@@ -19,6 +19,18 @@ fn main() {
     #[repr(C, align(64))]
     struct Line([u8; 64]);
 
+    /// 4 independent tile products of the operands in tmm4 and tmm5.
+    #[inline(always)]
+    unsafe fn four_products() {
+        asm!(
+            "tdpbf16ps tmm0, tmm4, tmm5",
+            "tdpbf16ps tmm1, tmm4, tmm5",
+            "tdpbf16ps tmm2, tmm4, tmm5",
+            "tdpbf16ps tmm3, tmm4, tmm5",
+            options(nostack, nomem)
+        );
+    }
+
     #[target_feature(enable = "avx512f")]
     unsafe fn run(iters: usize, tiles: bool, fmas: usize) -> f64 {
         let mut v = [_mm512_set1_ps(1.0); 8];
@@ -26,13 +38,7 @@ fn main() {
         let t = Instant::now();
         for _ in 0..iters {
             if tiles {
-                asm!(
-                    "tdpbf16ps tmm0, tmm4, tmm5",
-                    "tdpbf16ps tmm1, tmm4, tmm5",
-                    "tdpbf16ps tmm2, tmm4, tmm5",
-                    "tdpbf16ps tmm3, tmm4, tmm5",
-                    options(nostack, nomem)
-                );
+                four_products();
             }
             for _ in 0..fmas / 8 {
                 for x in v.iter_mut() {
@@ -52,13 +58,7 @@ fn main() {
                 let t = Instant::now();
                 for _ in 0..iters {
                     if tiles {
-                        asm!(
-                            "tdpbf16ps tmm0, tmm4, tmm5",
-                            "tdpbf16ps tmm1, tmm4, tmm5",
-                            "tdpbf16ps tmm2, tmm4, tmm5",
-                            "tdpbf16ps tmm3, tmm4, tmm5",
-                            options(nostack, nomem)
-                        );
+                        four_products();
                     }
                     if vec {
                         for _ in 0..8 {
