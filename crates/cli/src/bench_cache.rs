@@ -147,6 +147,7 @@ pub fn run(a: Args) -> Result<()> {
         rows.push(json!({
             "history_tokens": h,
             "kv_format": format.name(),
+            "attention": model.attention.name(),
             "user_tokens": a.user_tokens,
             "ttft_cold_ms": cold.map(round),
             "ttft_hot_ms": round(hot),
@@ -190,6 +191,7 @@ pub fn run(a: Args) -> Result<()> {
         rows.push(json!({
             "system_prompt_tokens": s,
             "kv_format": format.name(),
+            "attention": model.attention.name(),
             "reused_tokens": reused,
             "ttft_cold_ms": round(cold),
             "ttft_shared_prefix_ms": round(hit),
@@ -328,6 +330,7 @@ fn child_args(a: &Args, entry: &std::path::Path, h: usize) -> Vec<String> {
     let mut v = vec!["bench".into(), "cache".into(), "--warm-child".into(), "--entry".into(), entry.display().to_string()];
     v.extend(["--history".into(), h.to_string(), "--user-tokens".into(), a.user_tokens.to_string()]);
     v.extend(["--kv-format".into(), a.model.kv_format.clone(), "--kv-budget-mib".into(), a.model.kv_budget_mib.to_string()]);
+    v.extend(["--attention".into(), a.model.attention.clone()]);
     if let Some(m) = &a.model.model {
         v.extend(["--model".into(), m.display().to_string()]);
     }

@@ -18,6 +18,11 @@
 //!   when the block is);
 //! * `kivi4-sym`: the same split with symmetric groups (one scale, Q4_0
 //!   arithmetic), so it costs exactly what `q4` costs.
+//!
+//! And the opt-in bf16 attention (`--attention bf16`, [`engram_model::AttentionPrecision`]) with
+//! each shipped format (`f16+bf16-attn`, ...), against the same exact f32 reference. Where the
+//! CPU has no AMX-BF16 tiles attention runs the portable f32 path and those rows equal the
+//! plain ones.
 
 use std::path::PathBuf;
 
@@ -25,7 +30,7 @@ use anyhow::{Context, Result};
 use engram_engine::Generator;
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::kv::{KvCache, KvChunk, KvData, KvElem};
-use engram_model::{Logits, SeqStep};
+use engram_model::{AttentionPrecision, Logits, Model, SeqStep};
 use half::f16;
 use serde_json::json;
 
@@ -213,7 +218,8 @@ fn asym4_round_trip(g: &mut [f32]) {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let model = load_model(&a.model)?;
+    // The reference and the format rows run exact attention whatever `--attention` says.
+    let mut model = load_model(&a.model)?.with_attention(AttentionPrecision::Exact);
     let text = match &a.text {
         Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
         None => engram_tokenizer::FIXTURE_CORPUS.to_string(),
@@ -226,18 +232,18 @@ pub fn run(a: Args) -> Result<()> {
     let half = ids.len() / 2;
     let (prefix, rest) = ids.split_at(half);
     let pool_of = |format| KvPool::new(layout, format, 1 << 34);
-    let decode = |format| -> Result<Vec<f32>> {
-        let mut g = Generator::new(&model, &pool_of(format));
+    let decode = |model: &Model, format| -> Result<Vec<f32>> {
+        let mut g = Generator::new(model, &pool_of(format));
         g.feed(prefix, false)?;
         Ok(g.with_prefill_chunk(1).feed(rest, true)?)
     };
-    let exact = decode(KvFormat::F32)?;
+    let exact = decode(&model, KvFormat::F32)?;
     let f16_bytes = 2.0 * 2.0 * c.head_dim as f64;
+    let bytes_vs_f16 = |format| pool_of(format).bytes_per_token() as f64 / (layout.num_layers * layout.num_kv_heads) as f64 / f16_bytes;
     let mut rows = Vec::new();
     for format in [KvFormat::F16, KvFormat::Q8, KvFormat::Q4] {
-        let logits = decode(format)?;
-        let bytes = pool_of(format).bytes_per_token() as f64 / (c.num_layers * c.num_kv_heads) as f64;
-        rows.push(compare(format.name(), &exact, &logits, c.vocab, bytes / f16_bytes));
+        let logits = decode(&model, format)?;
+        rows.push(compare(format.name(), &exact, &logits, c.vocab, bytes_vs_f16(format)));
     }
     for scheme in [Scheme::Q4NoWindow, Scheme::Q4Window, Scheme::Q41Window, Scheme::Kivi4, Scheme::Kivi4Sym] {
         let mut kv = SimQuantKv::new(scheme, c.num_layers, c.num_kv_heads, c.head_dim);
@@ -253,6 +259,12 @@ pub fn run(a: Args) -> Result<()> {
         }
         rows.push(compare(scheme.name(), &exact, &logits, c.vocab, scheme.bytes_per_head_token(c.head_dim) / f16_bytes));
     }
+    let (vocab, formats) = (c.vocab, [KvFormat::F32, KvFormat::F16, KvFormat::Q8, KvFormat::Q4]);
+    model.set_attention(AttentionPrecision::Bf16);
+    for format in formats {
+        let logits = decode(&model, format)?;
+        rows.push(compare(&format!("{}+bf16-attn", format.name()), &exact, &logits, vocab, bytes_vs_f16(format)));
+    }
     for r in &rows {
         if a.json {
             println!("{r}");
@@ -260,10 +272,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     if !a.json {
         println!("{} tokens prefilled, {} scored one at a time; each scheme vs f32 KV", prefix.len(), rest.len());
-        println!("{:<12} {:>8} {:>12} {:>14} {:>10}", "scheme", "top-1", "mean KL", "max rel err", "bytes/f16");
+        println!("{:<17} {:>8} {:>12} {:>14} {:>10}", "scheme", "top-1", "mean KL", "max rel err", "bytes/f16");
         for r in &rows {
             println!(
-                "{:<12} {:>8.4} {:>12.3e} {:>14.3e} {:>10.3}",
+                "{:<17} {:>8.4} {:>12.3e} {:>14.3e} {:>10.3}",
                 r["scheme"].as_str().unwrap(),
                 r["top1_agreement"].as_f64().unwrap(),
                 r["mean_kl_nats"].as_f64().unwrap(),

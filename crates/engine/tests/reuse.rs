@@ -1,12 +1,12 @@
 //! A generator that reuses its cached token prefix gives the same greedy
 //! tokens and logits as a cold run over the same tokens (invariant 1), for
-//! f32 and f16 KV, and chunked prefill equals one-shot prefill; for q8/q4 KV,
-//! reuse adds no more error than the format itself.
+//! f32 and f16 KV and with the opt-in bf16 attention, and chunked prefill equals
+//! one-shot prefill; for q8/q4 KV, reuse adds no more error than the format itself.
 
 use engram_engine::{FinishReason, Generator, SamplingParams};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
-use engram_model::Model;
+use engram_model::{AttentionPrecision, Model};
 
 fn model() -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
@@ -30,21 +30,29 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn multi_turn_reuse_equals_cold() {
-    let (_d, m) = model();
-    for format in [KvFormat::F32, KvFormat::F16] {
-        let pool = pool(&m, format);
+    let (_d, mut m) = model();
+    for (format, attention) in
+        [(KvFormat::F32, AttentionPrecision::Exact), (KvFormat::F16, AttentionPrecision::Exact), (KvFormat::F16, AttentionPrecision::Bf16)]
+    {
+        m.set_attention(attention);
+        let m = &m;
+        let pool = pool(m, format);
         let turn1 = m.tokenizer.encode("The ephemeral stream holds recent dialogue turns.", true).unwrap().ids;
-        let mut hot = Generator::new(&m, &pool);
+        let mut hot = Generator::new(m, &pool);
         let g1 = hot.generate(&turn1, &greedy(12), &mut |_| true).unwrap();
         // Turn 2 = turn 1 + what was generated + a new message (EXTEND by tokens).
         let mut turn2 = turn1.clone();
         turn2.extend(&g1.tokens);
         turn2.extend(m.tokenizer.encode(" And then the user asked again.", false).unwrap().ids);
         let g2 = hot.generate(&turn2, &greedy(12), &mut |_| true).unwrap();
-        assert_eq!(g2.timings.cached_tokens, turn1.len() + g1.tokens.len() - 1, "{format:?}: reused all but the last generated token");
-        let mut cold = Generator::new(&m, &pool);
+        assert_eq!(
+            g2.timings.cached_tokens,
+            turn1.len() + g1.tokens.len() - 1,
+            "{format:?} {attention:?}: reused all but the last generated token"
+        );
+        let mut cold = Generator::new(m, &pool);
         let c2 = cold.generate(&turn2, &greedy(12), &mut |_| true).unwrap();
-        assert_eq!(g2.tokens, c2.tokens, "{format:?}: hot vs cold greedy tokens");
+        assert_eq!(g2.tokens, c2.tokens, "{format:?} {attention:?}: hot vs cold greedy tokens");
         assert_eq!(g2.text, c2.text);
 
         // Diverge: an edit in the middle keeps only the common prefix.
@@ -52,8 +60,8 @@ fn multi_turn_reuse_equals_cold() {
         turn3.extend(m.tokenizer.encode(" something else entirely", false).unwrap().ids);
         let g3 = hot.generate(&turn3, &greedy(8), &mut |_| true).unwrap();
         assert_eq!(g3.timings.cached_tokens, turn1.len() / 2);
-        let c3 = Generator::new(&m, &pool).generate(&turn3, &greedy(8), &mut |_| true).unwrap();
-        assert_eq!(g3.tokens, c3.tokens, "{format:?}: diverged reuse vs cold");
+        let c3 = Generator::new(m, &pool).generate(&turn3, &greedy(8), &mut |_| true).unwrap();
+        assert_eq!(g3.tokens, c3.tokens, "{format:?} {attention:?}: diverged reuse vs cold");
 
         // Exact repeat: everything but the last token comes from the cache.
         let g4 = hot.generate(&turn3, &greedy(8), &mut |_| true).unwrap();
@@ -64,16 +72,20 @@ fn multi_turn_reuse_equals_cold() {
 
 #[test]
 fn chunked_prefill_logits_equal_one_shot() {
-    let (_d, m) = model();
+    let (_d, mut m) = model();
     let pool = pool(&m, KvFormat::F32);
     let ids = m.tokenizer.encode(&"Blocks of thirty-two tokens, shared and budgeted. ".repeat(8), true).unwrap().ids;
     assert!(ids.len() > 64);
-    let whole = Generator::new(&m, &pool).with_prefill_chunk(ids.len()).feed(&ids, true).unwrap();
-    for chunk in [1, 7, 32, 33] {
-        let got = Generator::new(&m, &pool).with_prefill_chunk(chunk).feed(&ids, true).unwrap();
-        let err = max_rel(&got, &whole);
-        assert!(err < 1e-5, "chunk {chunk}: {err}");
+    for attention in [AttentionPrecision::Bf16, AttentionPrecision::Exact] {
+        m.set_attention(attention);
+        let whole = Generator::new(&m, &pool).with_prefill_chunk(ids.len()).feed(&ids, true).unwrap();
+        for chunk in [1, 7, 32, 33] {
+            let got = Generator::new(&m, &pool).with_prefill_chunk(chunk).feed(&ids, true).unwrap();
+            let err = max_rel(&got, &whole);
+            assert!(err < 1e-5, "{attention:?} chunk {chunk}: {err}");
+        }
     }
+    let whole = Generator::new(&m, &pool).with_prefill_chunk(ids.len()).feed(&ids, true).unwrap();
     // f16 KV stays close to f32 KV.
     let p16 = KvPool::new(KvLayout::of(&m.config), KvFormat::F16, 64 << 20);
     let got = Generator::new(&m, &p16).feed(&ids, true).unwrap();

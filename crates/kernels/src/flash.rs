@@ -17,6 +17,12 @@
 //! f32 reference to about 1e-5 relative (`engram-model`'s attention tests compare the two
 //! paths), at several times its speed.
 //!
+//! [`Precision::Bf16`] (opt-in) drops the `lo` halves: one product per tile pair, operands
+//! rounded to bf16 (8 significant bits) and accumulated in f32 — the precision of GPU
+//! flash attention, where `P` is bf16 — with a cheaper `2^x` (relative error < 1e-4, below the
+//! bf16 rounding of `P`). About 1e-3 relative to the f32 reference, measured per model by
+//! `engram bench kv-quality --attention bf16`.
+//!
 //! Invariant: every operation on one query row's scores, running max, sum and output
 //! accumulator depends only on that row's query, its position and the chunks it sees — never
 //! on the other rows sharing the tile — so a row's result is bitwise the same whether it is
@@ -26,12 +32,45 @@
 pub const CHUNK: usize = 32;
 
 /// Whether the tile path runs on this machine for `head_dim`: AMX-BF16 tiles (with the OS
-/// granting tile state), AVX-512 BF16, and a head dimension that is a multiple of 16 up to 256.
+/// granting tile state), AVX-512 BF16/BW/DQ, and a head dimension that is a multiple of 16 up to 256.
 pub fn supported(head_dim: usize) -> bool {
     head_dim % 16 == 0 && head_dim > 0 && head_dim <= 256 && imp::available()
 }
 
 pub use imp::Flash;
+
+/// How exactly the tile path multiplies; chosen per model load, part of its fingerprint (a cache
+/// computed one way is a miss for the other).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// Every operand split into two bf16 halves (three products): ~1e-5 of the f32 reference.
+    #[default]
+    Exact,
+    /// Operands rounded to bf16, one product, f32 accumulation: ~1e-3 of the reference, about
+    /// twice as fast at long context.
+    Bf16,
+}
+
+impl Precision {
+    /// The name the CLI and fingerprints use: `exact` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "exact" => Ok(Precision::Exact),
+            "bf16" => Ok(Precision::Bf16),
+            _ => Err(format!("unknown attention precision {s:?} (expected exact or bf16)")),
+        }
+    }
+}
 
 /// A chunk's keys or values as one KV head stores them: `n` rows of `head_dim` values, in one
 /// of the KV formats. The tiles are packed straight from these rows (no f32 copy of the chunk).
@@ -75,7 +114,7 @@ pub fn prefetch(bytes: &[u8]) {
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::{Rows, CHUNK};
+    use super::{Precision, Rows, CHUNK};
     use std::arch::asm;
     use std::arch::x86_64::*;
 
@@ -98,6 +137,7 @@ mod imp {
                 && crate::simd::Isa::Amx.is_available()
                 && is_x86_feature_detected!("avx512bf16")
                 && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512dq")
         })
     }
 
@@ -105,6 +145,8 @@ mod imp {
     /// of one KV head. Create with [`Flash::new`], feed chunks in position order with
     /// [`Flash::add_chunk`], read the result with [`Flash::finish`].
     pub struct Flash {
+        /// [`Precision::Exact`]: hi and lo tiles; else hi tiles only, scores in log2 units.
+        exact: bool,
         hd: usize,
         rows: usize,
         blocks: usize,
@@ -123,7 +165,8 @@ mod imp {
         k: Vec<Line>,
         /// Values transposed, per 16-dim block: hi tile then lo tile.
         v: Vec<Line>,
-        /// Scratch: `Sᵀ` (2 tiles), `Pᵀ` hi + lo (2 tiles), `Vᵀ` in f32.
+        /// Scratch, two slots each (of 2 tiles): `Sᵀ`, `Pᵀ` (hi + lo, or two blocks' hi); `Vᵀ`
+        /// in f32.
         s: Vec<Line>,
         p: Vec<Line>,
         vt: Vec<f32>,
@@ -140,6 +183,14 @@ mod imp {
         /// row `r` sits at position `pos0 + r / rows_per_pos` and sees keys at positions up to
         /// its own. Panics unless [`super::supported`]`(head_dim)`.
         pub fn new(q: &[f32], rows: usize, head_dim: usize, pos0: usize, rows_per_pos: usize) -> Flash {
+            Flash::with_precision(q, rows, head_dim, pos0, rows_per_pos, Precision::Exact)
+        }
+
+        /// [`Flash::new`] at the given [`Precision`].
+        pub fn with_precision(q: &[f32], rows: usize, head_dim: usize, pos0: usize, rows_per_pos: usize, precision: Precision) -> Flash {
+            let exact = precision == Precision::Exact;
+            // Bf16 works in log2 units (`2^x` is cheaper than `e^x`): scores are `log2(e)·q·k`.
+            let qscale = if exact { 1.0 } else { std::f32::consts::LOG2_E };
             assert!(super::supported(head_dim), "flash attention needs AMX-BF16 and head_dim % 16 == 0");
             assert_eq!(q.len(), rows * head_dim);
             let hd = head_dim;
@@ -151,7 +202,7 @@ mod imp {
                 let (b, n) = (r / 16, r % 16);
                 qpos[b][n] = (pos0 + r / rows_per_pos) as u32;
                 for d in 0..hd {
-                    let (hi, lo) = split(q[r * hd + d]);
+                    let (hi, lo) = split(q[r * hd + d] * qscale);
                     let (h, j, e) = (d / 32, (d % 32) / 2, d % 2);
                     let base = (b * halves + h) * 2 * T;
                     let at = n * 4 + e * 2;
@@ -160,6 +211,7 @@ mod imp {
                 }
             }
             Flash {
+                exact,
                 hd,
                 rows,
                 blocks,
@@ -171,8 +223,8 @@ mod imp {
                 acc: vec![0.0; blocks * hd * 16],
                 k: vec![ZERO; 2 * halves * 2 * T],
                 v: vec![ZERO; hd / 16 * 2 * T],
-                s: vec![ZERO; 2 * T],
-                p: vec![ZERO; 2 * T],
+                s: vec![ZERO; 4 * T],
+                p: vec![ZERO; 4 * T],
                 vt: vec![0.0; hd * CHUNK],
             }
         }
@@ -196,30 +248,65 @@ mod imp {
             // SAFETY: `new` checked `supported` (AMX-BF16 + AVX-512 BF16/BW and the tile
             // permission); `holds` checked that the packers' reads of `n` rows are in bounds.
             unsafe {
-                self.pack_keys(keys, n);
-                match values {
-                    Rows::F16(v) => self.pack_values_f16(v, n),
-                    _ => self.pack_values(values, n),
+                if self.exact {
+                    self.pack_keys::<true>(keys, n);
+                    match values {
+                        Rows::F16(v) => self.pack_values_f16::<true>(v, n),
+                        _ => self.pack_values::<true>(values, n),
+                    }
+                    self.attend_packed::<true>(n, key_pos0, mask);
+                } else {
+                    self.pack_keys::<false>(keys, n);
+                    match values {
+                        Rows::F16(v) => self.pack_values_f16::<false>(v, n),
+                        _ => self.pack_values::<false>(values, n),
+                    }
+                    self.attend_packed::<false>(n, key_pos0, mask);
                 }
-                self.attend_packed(n, key_pos0, mask);
             }
         }
 
-        /// Runs every row block over the packed chunk (`self.k`, `self.v`).
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-        unsafe fn attend_packed(&mut self, n: usize, key_pos0: usize, mask: Option<&[bool]>) {
+        /// Runs every row block over the packed chunk (`self.k`, `self.v`). `EXACT`: see
+        /// [`Flash::exact`]; the const parameters below mean the same.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
+        unsafe fn attend_packed<const EXACT: bool>(&mut self, n: usize, key_pos0: usize, mask: Option<&[bool]>) {
             configure();
             let last_key = (key_pos0 + n - 1) as u32;
-            for b in 0..self.blocks {
-                // Rows whose position precedes the whole chunk see none of it: skipping them
-                // leaves their state bitwise as an all-masked update would.
-                if self.qpos[b].iter().all(|&p| p == u32::MAX || (p as usize) < key_pos0) {
-                    continue;
+            // Rows whose position precedes the whole chunk see none of it: skipping them leaves
+            // their state bitwise as an all-masked update would.
+            let sees = |qpos: &[u32; 16]| !qpos.iter().all(|&p| p == u32::MAX || (p as usize) < key_pos0);
+            let causal = |qpos: &[u32; 16]| qpos.iter().any(|&p| p < last_key);
+            if EXACT {
+                for b in 0..self.blocks {
+                    if !sees(&self.qpos[b]) {
+                        continue;
+                    }
+                    let c = causal(&self.qpos[b]);
+                    self.scores::<EXACT>(b, 0);
+                    self.softmax::<EXACT>(b, 0, n, key_pos0, c, mask);
+                    self.accumulate::<EXACT>(b, 0);
                 }
-                let causal = self.qpos[b].iter().any(|&p| p < last_key);
-                self.scores(b);
-                self.softmax(b, n, key_pos0, causal, mask);
-                self.accumulate(b);
+                return;
+            }
+            // Software-pipelined in three stages: block `b`'s softmax runs on the vector units
+            // between the next block's scores and the previous block's value products, on tiles
+            // apart (scores 0-3, values 4-7) and scratch slots apart — so the tile unit works
+            // while the vectors do, and a `Pᵀ` is loaded into tiles a whole softmax after its
+            // stores (a tile load waits for the stores it reads to reach the cache).
+            let mut next = (0..self.blocks).find(|&b| sees(&self.qpos[b]));
+            let mut slot = 0;
+            if let Some(b) = next {
+                self.scores::<EXACT>(b, slot);
+            }
+            while let Some(b) = next {
+                next = (b + 1..self.blocks).find(|&b| sees(&self.qpos[b]));
+                if let Some(nb) = next {
+                    self.scores::<EXACT>(nb, 1 - slot);
+                }
+                let c = causal(&self.qpos[b]);
+                self.softmax::<EXACT>(b, slot, n, key_pos0, c, mask);
+                self.accumulate::<EXACT>(b, slot);
+                slot = 1 - slot;
             }
         }
 
@@ -240,20 +327,25 @@ mod imp {
         /// Keys as `A` tiles: line `i` of (key half `kh`, dim half `h`) = key `16·kh + i`'s
         /// dims `32h .. 32h + 32`, split into hi and lo tiles; missing keys and dims are zero.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
-        unsafe fn pack_keys(&mut self, keys: Rows<'_>, n: usize) {
+        unsafe fn pack_keys<const EXACT: bool>(&mut self, keys: Rows<'_>, n: usize) {
             let (hd, halves) = (self.hd, self.halves);
             for key in 0..CHUNK {
                 let (kh, i) = (key / 16, key % 16);
                 for h in 0..halves {
                     let base = (kh * halves + h) * 2 * T;
-                    let (xh, xl) = match keys {
-                        _ if key >= n => split_pair(_mm512_setzero_ps(), _mm512_setzero_ps()),
+                    let (a, b) = match keys {
+                        _ if key >= n => (_mm512_setzero_ps(), _mm512_setzero_ps()),
                         // One 64-byte load per line.
-                        Rows::F16(x) => split32(load_halves((x.as_ptr() as *const u16).add(key * hd + h * 32), hd - h * 32)),
-                        _ => split_pair(load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd)),
+                        Rows::F16(x) => halves_to_ps(load_halves((x.as_ptr() as *const u16).add(key * hd + h * 32), hd - h * 32)),
+                        _ => (load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd)),
                     };
-                    _mm512_store_si512(self.k.as_mut_ptr().add(base + i) as *mut __m512i, xh);
-                    _mm512_store_si512(self.k.as_mut_ptr().add(base + T + i) as *mut __m512i, xl);
+                    if EXACT {
+                        let (xh, xl) = split_pair(a, b);
+                        _mm512_store_si512(self.k.as_mut_ptr().add(base + i) as *mut __m512i, xh);
+                        _mm512_store_si512(self.k.as_mut_ptr().add(base + T + i) as *mut __m512i, xl);
+                    } else {
+                        _mm512_store_si512(self.k.as_mut_ptr().add(base + i) as *mut __m512i, bf16_pair(a, b));
+                    }
                 }
             }
         }
@@ -262,7 +354,7 @@ mod imp {
         /// chunk's 32 keys (missing keys zero), split into hi and lo tiles, keys paired
         /// (`j`, `j + 16`).
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
-        unsafe fn pack_values(&mut self, values: Rows<'_>, n: usize) {
+        unsafe fn pack_values<const EXACT: bool>(&mut self, values: Rows<'_>, n: usize) {
             let hd = self.hd;
             let vt = &mut self.vt;
             for kb in 0..CHUNK / 16 {
@@ -283,10 +375,14 @@ mod imp {
             for d in 0..hd {
                 let (db, r) = (d / 16, d % 16);
                 // Word pairs (key j, key j + 16): the pairing the softmax writes `Pᵀ` in.
-                let (xh, xl) =
-                    split_interleaved(_mm512_loadu_ps(vt.as_ptr().add(d * CHUNK)), _mm512_loadu_ps(vt.as_ptr().add(d * CHUNK + 16)));
-                _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + r) as *mut __m512i, xh);
-                _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + T + r) as *mut __m512i, xl);
+                let (x0, x1) = (_mm512_loadu_ps(vt.as_ptr().add(d * CHUNK)), _mm512_loadu_ps(vt.as_ptr().add(d * CHUNK + 16)));
+                if EXACT {
+                    let (xh, xl) = split_interleaved(x0, x1);
+                    _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + r) as *mut __m512i, xh);
+                    _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + T + r) as *mut __m512i, xl);
+                } else {
+                    _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + r) as *mut __m512i, bf16_interleaved(x0, x1));
+                }
             }
         }
 
@@ -294,7 +390,7 @@ mod imp {
         /// `j + 16` are interleaved into dword pairs (one `vpunpck` per 16 dims), which a 16×16
         /// dword transpose turns into `Vᵀ` lines already in the (key j, key j + 16) pairing.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
-        unsafe fn pack_values_f16(&mut self, values: &[u8], n: usize) {
+        unsafe fn pack_values_f16<const EXACT: bool>(&mut self, values: &[u8], n: usize) {
             let hd = self.hd;
             let parts = self.halves;
             let src = values.as_ptr() as *const u16;
@@ -322,10 +418,15 @@ mod imp {
                         if d >= hd {
                             continue;
                         }
-                        let (xh, xl) = split32(_mm512_castps_si512(*line));
+                        let (a, b) = halves_to_ps(_mm512_castps_si512(*line));
                         let (db, rr) = (d / 16, d % 16);
-                        _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + rr) as *mut __m512i, xh);
-                        _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + T + rr) as *mut __m512i, xl);
+                        if EXACT {
+                            let (xh, xl) = split_pair(a, b);
+                            _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + rr) as *mut __m512i, xh);
+                            _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + T + rr) as *mut __m512i, xl);
+                        } else {
+                            _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + rr) as *mut __m512i, bf16_pair(a, b));
+                        }
                     }
                 }
             }
@@ -333,13 +434,29 @@ mod imp {
 
         /// `Sᵀ` of block `b` into `self.s` (2 tiles: keys 0–15, 16–31).
         #[target_feature(enable = "avx512f")]
-        unsafe fn scores(&mut self, b: usize) {
+        unsafe fn scores<const EXACT: bool>(&mut self, b: usize, slot: usize) {
             let stride = 64usize;
             asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
             for h in 0..self.halves {
                 let q = self.q.as_ptr().add((b * self.halves + h) * 2 * T);
                 let k0 = self.k.as_ptr().add(h * 2 * T);
                 let k1 = self.k.as_ptr().add((self.halves + h) * 2 * T);
+                if !EXACT {
+                    // Tiles 0-3 only: [`Self::accumulate`] keeps to 4-7 at this precision.
+                    asm!(
+                        "tileloadd tmm2, [{qh} + {s}*1]",
+                        "tileloadd tmm3, [{k0h} + {s}*1]",
+                        "tdpbf16ps tmm0, tmm3, tmm2",
+                        "tileloadd tmm3, [{k1h} + {s}*1]",
+                        "tdpbf16ps tmm1, tmm3, tmm2",
+                        qh = in(reg) q,
+                        k0h = in(reg) k0,
+                        k1h = in(reg) k1,
+                        s = in(reg) stride,
+                        options(nostack, readonly),
+                    );
+                    continue;
+                }
                 asm!(
                     "tileloadd tmm2, [{qh} + {s}*1]",
                     "tileloadd tmm3, [{ql} + {s}*1]",
@@ -363,7 +480,7 @@ mod imp {
                     options(nostack, readonly),
                 );
             }
-            let s = self.s.as_mut_ptr();
+            let s = self.s.as_mut_ptr().add(slot * 2 * T);
             asm!(
                 "tilestored [{s0} + {st}*1], tmm0",
                 "tilestored [{s1} + {st}*1], tmm1",
@@ -377,12 +494,22 @@ mod imp {
         /// Online softmax of block `b` over the scores in `self.s`: masks, updates `m` and `l`,
         /// rescales the block's accumulators by `e^(m_old - m_new)` where a maximum moved, and
         /// leaves `Pᵀ` (hi, lo) for [`Self::accumulate`].
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-        unsafe fn softmax(&mut self, b: usize, n: usize, key_pos0: usize, causal: bool, mask: Option<&[bool]>) {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
+        unsafe fn softmax<const EXACT: bool>(
+            &mut self,
+            b: usize,
+            slot: usize,
+            n: usize,
+            key_pos0: usize,
+            causal: bool,
+            mask: Option<&[bool]>,
+        ) {
             let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-            let s = self.s.as_mut_ptr() as *mut f32;
+            let s = self.s.as_mut_ptr().add(slot * 2 * T) as *mut f32;
             let qpos = _mm512_loadu_si512(self.qpos[b].as_ptr() as *const _);
-            let mut mx = ninf;
+            // Four running maxima, combined at the end: one chain of 32 dependent `vmaxps` would
+            // hold every `exp` below back by its latency (max is exact, so the order is free).
+            let mut mx = [ninf; 4];
             // Every key visible to every row (a full chunk of history, the common case): no score
             // is -inf, so nothing is rewritten and `exp` needs no guard for it.
             let all_visible = n == CHUNK && mask.is_none() && !causal;
@@ -401,14 +528,19 @@ mod imp {
                     }
                     _mm512_store_ps(row, x);
                 }
-                mx = _mm512_max_ps(mx, x);
+                mx[i % 4] = _mm512_max_ps(mx[i % 4], x);
             }
+            let mx = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
             let m_old = _mm512_loadu_ps(self.m.as_ptr().add(b * 16));
             let m_new = _mm512_max_ps(m_old, mx);
             // A row that has seen nothing yet keeps m = -inf; subtract 0 instead so exp gives 0.
             let m_safe = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, ninf), m_new, _mm512_setzero_ps());
-            let corr = exp16::<true>(_mm512_sub_ps(m_old, m_safe));
-            let sum = if all_visible { self.probabilities::<false>(m_safe) } else { self.probabilities::<true>(m_safe) };
+            let corr = if EXACT { exp16::<true>(_mm512_sub_ps(m_old, m_safe)) } else { exp2_16::<true>(_mm512_sub_ps(m_old, m_safe)) };
+            let sum = if all_visible {
+                self.probabilities::<EXACT, false>(slot, m_safe)
+            } else {
+                self.probabilities::<EXACT, true>(slot, m_safe)
+            };
             let l_old = _mm512_loadu_ps(self.l.as_ptr().add(b * 16));
             _mm512_storeu_ps(self.l.as_mut_ptr().add(b * 16), _mm512_fmadd_ps(l_old, corr, sum));
             _mm512_storeu_ps(self.m.as_mut_ptr().add(b * 16), m_new);
@@ -425,11 +557,15 @@ mod imp {
         }
 
         /// `Pᵀ = e^(Sᵀ - m)` (hi, lo) into `self.p` from the scores in `self.s`; returns the
-        /// per-row sums. `GUARD`: some scores may be -inf (see [`exp16`]).
+        /// per-row sums. `GUARD`: some scores may be -inf (see [`exp16`]). Not `EXACT`: `2^(Sᵀ - m)`
+        /// into the hi tile only.
         #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-        unsafe fn probabilities<const GUARD: bool>(&mut self, m_safe: __m512) -> __m512 {
-            let s = self.s.as_ptr() as *const f32;
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
+        unsafe fn probabilities<const EXACT: bool, const GUARD: bool>(&mut self, slot: usize, m_safe: __m512) -> __m512 {
+            if !EXACT {
+                return self.probabilities_bf16::<GUARD>(slot, m_safe);
+            }
+            let s = self.s.as_ptr().add(slot * 2 * T) as *const f32;
             let (ph, pl) = (self.p.as_mut_ptr() as *mut __m512i, self.p.as_mut_ptr().add(T) as *mut __m512i);
             let mut sum = _mm512_setzero_ps();
             for j in 0..CHUNK / 2 {
@@ -445,13 +581,57 @@ mod imp {
             sum
         }
 
+        /// [`Self::probabilities`] at [`Precision::Bf16`].
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
+        unsafe fn probabilities_bf16<const GUARD: bool>(&mut self, slot: usize, m_safe: __m512) -> __m512 {
+            let s = self.s.as_ptr().add(slot * 2 * T) as *const f32;
+            let ph = self.p.as_mut_ptr().add(slot * 2 * T) as *mut __m512i;
+            let mut sum = _mm512_setzero_ps();
+            for j in 0..CHUNK / 2 {
+                let pa = exp2_16::<GUARD>(_mm512_sub_ps(_mm512_load_ps(s.add(j * 16)), m_safe));
+                let pb = exp2_16::<GUARD>(_mm512_sub_ps(_mm512_load_ps(s.add((j + 16) * 16)), m_safe));
+                sum = _mm512_add_ps(sum, _mm512_add_ps(pa, pb));
+                _mm512_store_si512(ph.add(j), bf16_interleaved(pa, pb));
+            }
+            sum
+        }
+
         /// `Oᵀ += Vᵀ · Pᵀ` for block `b`, accumulated by the tile unit straight into the block's
         /// accumulators (loaded as the product tiles, stored back), four 16-dim blocks per pass.
         #[target_feature(enable = "avx512f")]
-        unsafe fn accumulate(&mut self, b: usize) {
+        unsafe fn accumulate<const EXACT: bool>(&mut self, b: usize, slot: usize) {
             let stride = 64usize;
             let dbs = self.hd / 16;
-            let p = self.p.as_ptr();
+            let p = self.p.as_ptr().add(slot * 2 * T);
+            if !EXACT {
+                asm!("tileloadd tmm4, [{ph} + {s}*1]", ph = in(reg) p, s = in(reg) stride, options(nostack, readonly));
+                let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
+                // Tiles 4-7 only (scores keep to 0-3): accumulators alternate between tmm5 and
+                // tmm6 so one dim block's store overlaps the next one's load and product.
+                macro_rules! dims {
+                    ($db:expr, $acc:literal) => {
+                        asm!(
+                            concat!("tileloadd ", $acc, ", [{a} + {s}*1]"),
+                            "tileloadd tmm7, [{vh} + {s}*1]",
+                            concat!("tdpbf16ps ", $acc, ", tmm7, tmm4"),
+                            concat!("tilestored [{a} + {s}*1], ", $acc),
+                            a = in(reg) acc.add($db * 16 * 16),
+                            vh = in(reg) self.v.as_ptr().add($db * 2 * T),
+                            s = in(reg) stride,
+                            options(nostack),
+                        )
+                    };
+                }
+                for db in 0..dbs {
+                    if db % 2 == 0 {
+                        dims!(db, "tmm5");
+                    } else {
+                        dims!(db, "tmm6");
+                    }
+                }
+                return;
+            }
             asm!(
                 "tileloadd tmm4, [{ph} + {s}*1]",
                 "tileloadd tmm5, [{pl} + {s}*1]",
@@ -493,11 +673,27 @@ mod imp {
         asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
     }
 
-    /// 32 halves (f16 bits) → (hi, lo) bf16 lines with `x = hi + lo` exactly, word order kept.
+    /// 32 halves (f16 bits) → two 16-float vectors (exact), word order kept.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
-    unsafe fn split32(halves: __m512i) -> (__m512i, __m512i) {
-        split_pair(_mm512_cvtph_ps(_mm512_castsi512_si256(halves)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(halves)))
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn halves_to_ps(halves: __m512i) -> (__m512, __m512) {
+        (_mm512_cvtph_ps(_mm512_castsi512_si256(halves)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(halves)))
+    }
+
+    /// Two 16-float vectors → one 32-word bf16 line, `a` then `b`, rounded to nearest even: the
+    /// `hi` of [`split_pair`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn bf16_pair(a: __m512, b: __m512) -> __m512i {
+        std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(b, a))
+    }
+
+    /// The `hi` line of [`split_interleaved`]: dword `r` is `[bf16(x0[r]), bf16(x1[r])]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn bf16_interleaved(x0: __m512, x1: __m512) -> __m512i {
+        let inter = _mm512_loadu_si512(INTERLEAVE_IDX.as_ptr() as *const _);
+        _mm512_permutexvar_epi16(inter, std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(x1, x0)))
     }
 
     /// Two 16-float vectors → one (hi, lo) pair of 32-word bf16 lines, `a` then `b`: `hi` is
@@ -650,6 +846,27 @@ mod imp {
             y
         }
     }
+
+    /// `2^x` on 16 lanes for the bf16 softmax (`x <= 0`): `x - floor(x)` by `vreduceps`, a
+    /// degree-3 polynomial on [0, 1) with `p(0) = 1` exactly (so an unmoved maximum rescales by
+    /// exactly 1), relative error < 9e-5, and `vscalefps` for `2^floor(x)`. `GUARD` as in
+    /// [`exp16`] (below -126: exactly 0).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn exp2_16<const GUARD: bool>(x: __m512) -> __m512 {
+        let xc = if GUARD { _mm512_max_ps(x, _mm512_set1_ps(-126.0)) } else { x };
+        let f = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(xc);
+        let mut p = _mm512_set1_ps(0.077_067_085);
+        for c in [0.227_644_95f32, 0.695_116_8, 1.0] {
+            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+        }
+        let y = _mm512_scalef_ps(p, xc);
+        if GUARD {
+            _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(-126.0)), y)
+        } else {
+            y
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -663,6 +880,9 @@ mod imp {
 
     impl Flash {
         pub fn new(_q: &[f32], _rows: usize, _head_dim: usize, _pos0: usize, _rows_per_pos: usize) -> Flash {
+            panic!("flash attention needs x86-64 AMX-BF16")
+        }
+        pub fn with_precision(_q: &[f32], _r: usize, _hd: usize, _p: usize, _g: usize, _x: super::Precision) -> Flash {
             panic!("flash attention needs x86-64 AMX-BF16")
         }
         pub fn add_chunk(&mut self, _k: &[f32], _v: &[f32], _n: usize, _key_pos0: usize, _mask: Option<&[bool]>) {}

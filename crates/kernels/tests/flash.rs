@@ -1,8 +1,8 @@
 //! The tile attention packs stored rows (f16, Q8_0, Q4_0) straight into tiles; each must give
 //! bitwise what the f32 entry gives for the same values — every head dimension the tiles take,
-//! partial chunks, masks, causal rows, any number of query rows.
+//! partial chunks, masks, causal rows, any number of query rows — at both precisions.
 
-use engram_kernels::flash::{supported, Flash, Rows, CHUNK};
+use engram_kernels::flash::{supported, Flash, Precision, Rows, CHUNK};
 use engram_kernels::{dequantize_row, quantize, DType};
 use half::f16;
 
@@ -16,11 +16,12 @@ fn f16_chunks_equal_their_f32_values_bitwise() {
         eprintln!("no AMX-BF16 here: tile path not tested");
         return;
     }
-    for (hd, rows, chunks, last) in [(16, 5, 3, 7), (48, 33, 2, 32), (64, 256, 4, 19), (64, 4, 5, 1), (128, 17, 2, 30), (80, 16, 1, 32)] {
+    let cases = [(16, 5, 3, 7), (48, 33, 2, 32), (64, 256, 4, 19), (64, 4, 5, 1), (128, 17, 2, 30), (80, 16, 1, 32)];
+    for ((hd, rows, chunks, last), precision) in cases.into_iter().flat_map(|c| [(c, Precision::Exact), (c, Precision::Bf16)]) {
         let q: Vec<f32> = values(rows * hd, 3).iter().map(|x| x.to_f32() * 0.2).collect();
         let pos0 = (chunks - 1) * CHUNK + last - rows.min(last);
-        let mut a = Flash::new(&q, rows, hd, pos0, 1);
-        let mut b = Flash::new(&q, rows, hd, pos0, 1);
+        let mut a = Flash::with_precision(&q, rows, hd, pos0, 1, precision);
+        let mut b = Flash::with_precision(&q, rows, hd, pos0, 1, precision);
         for c in 0..chunks {
             let n = if c + 1 == chunks { last } else { CHUNK };
             let (k, v) = (values(n * hd, 10 + c), values(n * hd, 20 + c));
@@ -35,7 +36,7 @@ fn f16_chunks_equal_their_f32_values_bitwise() {
         a.finish(&mut oa);
         b.finish(&mut ob);
         assert!(oa.iter().any(|x| *x != 0.0), "hd {hd}: nothing attended");
-        assert!(oa.iter().zip(&ob).all(|(x, y)| x.to_bits() == y.to_bits()), "hd {hd} rows {rows}: f16 entry differs from f32");
+        assert!(oa.iter().zip(&ob).all(|(x, y)| x.to_bits() == y.to_bits()), "{precision:?} hd {hd} rows {rows}: f16 differs from f32");
     }
 }
 
@@ -54,11 +55,12 @@ fn q8_0_and_q4_0_chunks_equal_their_f32_values_bitwise() {
         return;
     }
     for dtype in [DType::Q8_0, DType::Q4_0] {
-        for (hd, rows, chunks, last) in [(32, 5, 3, 7), (64, 256, 3, 19), (64, 4, 2, 1), (128, 17, 2, 32)] {
+        let cases = [(32, 5, 3, 7), (64, 256, 3, 19), (64, 4, 2, 1), (128, 17, 2, 32)];
+        for ((hd, rows, chunks, last), precision) in cases.into_iter().flat_map(|c| [(c, Precision::Exact), (c, Precision::Bf16)]) {
             let q: Vec<f32> = values(rows * hd, 5).iter().map(|x| x.to_f32() * 0.2).collect();
             let pos0 = (chunks - 1) * CHUNK + last - rows.min(last);
-            let mut a = Flash::new(&q, rows, hd, pos0, 1);
-            let mut b = Flash::new(&q, rows, hd, pos0, 1);
+            let mut a = Flash::with_precision(&q, rows, hd, pos0, 1, precision);
+            let mut b = Flash::with_precision(&q, rows, hd, pos0, 1, precision);
             for c in 0..chunks {
                 let n = if c + 1 == chunks { last } else { CHUNK };
                 let quantized = |seed| {
@@ -78,7 +80,7 @@ fn q8_0_and_q4_0_chunks_equal_their_f32_values_bitwise() {
             a.finish(&mut oa);
             b.finish(&mut ob);
             assert!(oa.iter().any(|x| *x != 0.0), "{dtype} hd {hd}: nothing attended");
-            assert!(oa.iter().zip(&ob).all(|(x, y)| x.to_bits() == y.to_bits()), "{dtype} hd {hd} rows {rows}: differs from f32");
+            assert!(oa.iter().zip(&ob).all(|(x, y)| x.to_bits() == y.to_bits()), "{precision:?} {dtype} hd {hd} rows {rows}: differs");
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Attention over a cached sequence, all in: `cargo run --release -p engram-kv --example
-//! attend_speed [HISTORY] [QUERIES] [FORMAT] [REPEATS]` (defaults 16384, 64, f16, 3). One layer of llama-1b's
+//! attend_speed [HISTORY] [QUERIES] [FORMAT] [REPEATS] [PRECISION]` (defaults 16384, 64, f16, 3,
+//! exact). One layer of llama-1b's
 //! shape (8 KV heads of 64, 4 query heads each), the cache filled with random rows, attention run
 //! for every KV head on one thread, as one hot turn's layer does. Prints ms and ns per
 //! (16-row block × 32-key chunk), to compare with `engram-kernels`' `flash_speed` (the kernel
@@ -17,6 +18,7 @@ fn main() {
     let queries: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(64);
     let format: KvFormat = args.get(2).map_or(Ok(KvFormat::F16), |a| a.parse()).expect("format");
     let repeats: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(3);
+    let precision: engram_model::AttentionPrecision = args.get(4).map_or(Ok(Default::default()), |a| a.parse()).expect("precision");
     let (kv_heads, group, hd) = (8, 4, 64);
     let layout = KvLayout { num_layers: 1, num_kv_heads: kv_heads, head_dim: hd };
     let pool = KvPool::new(layout, format, 8 << 30);
@@ -48,12 +50,14 @@ fn main() {
                 group,
                 head_dim: hd,
                 num_heads: kv_heads * group,
+                precision,
             };
             check += attend(&task)[0];
         }
         let s = t.elapsed().as_secs_f64();
         println!(
-            "{format} history {history} queries {queries}: {:.2} ms per layer, {:.0} ns per block-chunk (check {check:.4})",
+            "{format} {} history {history} queries {queries}: {:.2} ms per layer, {:.0} ns per block-chunk (check {check:.4})",
+            precision.name(),
             s * 1e3,
             s * 1e9 / block_chunks as f64
         );

@@ -22,6 +22,8 @@ pub struct AttnTask<'a> {
     pub group: usize,
     pub head_dim: usize,
     pub num_heads: usize,
+    /// The tile path's precision (the portable path is always f32).
+    pub precision: crate::AttentionPrecision,
 }
 
 /// Returns `[num_queries, group, head_dim]` attention outputs for the task's heads.
@@ -70,7 +72,7 @@ fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
     let q = gather_queries(t);
-    let mut flash = engram_kernels::flash::Flash::new(&q, rows, hd, t.first_pos, t.group);
+    let mut flash = engram_kernels::flash::Flash::with_precision(&q, rows, hd, t.first_pos, t.group, t.precision);
     let mut pending = Pending::default();
     // A one-chunk software pipeline: a chunk's rows are prefetched, then the previous chunk
     // (already copied or decoded into `pending`) is attended, then this one is copied or
@@ -313,6 +315,7 @@ fn view<'a>(data: KvData<'_>, first_row: usize, n: usize, hd: usize, buf: &'a mu
 mod tests {
     use super::*;
     use crate::kv::KvChunk;
+    use crate::AttentionPrecision;
 
     /// A one-layer cache of 32-token chunks (the last one partial), keys/values encoded in `elem`.
     struct ChunkedKv {
@@ -390,13 +393,26 @@ mod tests {
             let kv = ChunkedKv::new(elem, heads_kv, hd, tokens, hd as u64 + tokens as u64, masked);
             let num_heads = heads_kv * group;
             let q = queries(nq, num_heads * hd, tokens as u64);
-            for kv_head in 0..heads_kv {
-                let task =
-                    AttnTask { kv: &kv, layer: 0, q: &q, num_queries: nq, first_pos: tokens - nq, kv_head, group, head_dim: hd, num_heads };
+            for (kv_head, precision) in (0..heads_kv).flat_map(|h| [(h, AttentionPrecision::Exact), (h, AttentionPrecision::Bf16)]) {
+                let task = AttnTask {
+                    kv: &kv,
+                    layer: 0,
+                    q: &q,
+                    num_queries: nq,
+                    first_pos: tokens - nq,
+                    kv_head,
+                    group,
+                    head_dim: hd,
+                    num_heads,
+                    precision,
+                };
                 let (a, b) = (attend_tiles(&task), attend_portable(&task));
                 let amax = b.iter().fold(0f32, |m, x| m.max(x.abs()));
                 let err = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
-                assert!(err < 2e-5, "hd {hd} group {group} tokens {tokens} queries {nq} {elem:?}: {err:e}");
+                // Exact: ~1e-5 of f32. Bf16: operands rounded to 8 significant bits.
+                let tolerance = if precision == AttentionPrecision::Exact { 2e-5 } else { 1e-2 };
+                eprintln!("{precision:?} hd {hd} tokens {tokens} queries {nq} {elem:?}: {err:e}");
+                assert!(err < tolerance, "{precision:?} hd {hd} group {group} tokens {tokens} queries {nq} {elem:?}: {err:e}");
                 // Row independence: the last query alone gives bitwise the batch's last row.
                 let width = num_heads * hd;
                 let alone = AttnTask { q: &q[(nq - 1) * width..], num_queries: 1, first_pos: tokens - 1, ..task };

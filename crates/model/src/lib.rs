@@ -25,5 +25,5 @@ pub use config::{Arch, ModelConfig, RopeConfig, RopeStyle};
 pub use error::{ModelError, Result};
 pub use forward::{Logits, SeqStep};
 pub use kv::{KvCache, KvChunk, KvData, KvElem};
-pub use model::{Fingerprint, Model};
+pub use model::{AttentionPrecision, Fingerprint, Model};
 pub use weights::{ModelWeights, Weight};

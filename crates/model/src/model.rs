@@ -42,7 +42,13 @@ pub struct Model {
     pub fingerprint: Fingerprint,
     /// `gguf:<path>` or `hf:<path>`.
     pub source: String,
+    /// How the attention tiles multiply ([`Model::with_attention`]); `Exact` unless chosen.
+    pub attention: AttentionPrecision,
+    /// The fingerprint as loaded (exact attention).
+    loaded_fingerprint: Fingerprint,
 }
+
+pub use engram_kernels::flash::Precision as AttentionPrecision;
 
 impl Model {
     /// Loads a GGUF file or a Hugging Face folder.
@@ -54,7 +60,34 @@ impl Model {
             h = fnv1a64(h, t.source().as_bytes());
         }
         h = fnv1a64(h, l.tokenizer.inner().to_string(false).unwrap_or_default().as_bytes());
-        Ok(Model { config: l.config, weights: l.weights, tokenizer: l.tokenizer, fingerprint: Fingerprint(h), source: l.source })
+        Ok(Model {
+            config: l.config,
+            weights: l.weights,
+            tokenizer: l.tokenizer,
+            fingerprint: Fingerprint(h),
+            source: l.source,
+            attention: AttentionPrecision::Exact,
+            loaded_fingerprint: Fingerprint(h),
+        })
+    }
+
+    /// The model computing attention at `precision`. Invariant: a model's caches are only
+    /// reused by a model with the same fingerprint, so anything but `Exact` changes it (a cache
+    /// computed with bf16 attention is not one an exact run would compute); `Exact` keeps the
+    /// loaded fingerprint, so existing caches stay valid.
+    pub fn with_attention(mut self, precision: AttentionPrecision) -> Model {
+        self.set_attention(precision);
+        self
+    }
+
+    /// [`Model::with_attention`] in place.
+    pub fn set_attention(&mut self, precision: AttentionPrecision) {
+        let base = self.loaded_fingerprint;
+        self.fingerprint = match precision {
+            AttentionPrecision::Exact => base,
+            p => Fingerprint(fnv1a64(base.0, format!("attention={}", p.name()).as_bytes())),
+        };
+        self.attention = precision;
     }
 
     /// A one-line description for logs: architecture, size, format.

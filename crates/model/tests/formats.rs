@@ -84,6 +84,13 @@ fn fingerprints_are_stable_and_distinguish_files() {
     let q4 = Model::load(&tiny_gguf(GgufFormat::Q4_0)).unwrap();
     assert_ne!(a.fingerprint, q8.fingerprint);
     assert_ne!(q8.fingerprint, q4.fingerprint);
+    // Bf16 attention computes other caches: another fingerprint; back to exact, the loaded one.
+    let exact = a.fingerprint;
+    let mut a = a.with_attention(engram_model::AttentionPrecision::Bf16);
+    assert_ne!(a.fingerprint, exact);
+    assert_eq!(a.fingerprint, b.with_attention(engram_model::AttentionPrecision::Bf16).fingerprint, "stable");
+    a.set_attention(engram_model::AttentionPrecision::Exact);
+    assert_eq!(a.fingerprint, exact);
 }
 
 /// Qwen2: qkv bias, tied embeddings, and GGUF files that are not permuted
