@@ -330,7 +330,7 @@ fn child_args(a: &Args, entry: &std::path::Path, h: usize) -> Vec<String> {
     let mut v = vec!["bench".into(), "cache".into(), "--warm-child".into(), "--entry".into(), entry.display().to_string()];
     v.extend(["--history".into(), h.to_string(), "--user-tokens".into(), a.user_tokens.to_string()]);
     v.extend(["--kv-format".into(), a.model.kv_format.clone(), "--kv-budget-mib".into(), a.model.kv_budget_mib.to_string()]);
-    v.extend(["--attention".into(), a.model.attention.clone()]);
+    v.extend(["--attention".into(), a.model.attention.name().into()]);
     if let Some(m) = &a.model.model {
         v.extend(["--model".into(), m.display().to_string()]);
     }

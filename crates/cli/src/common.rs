@@ -27,7 +27,7 @@ pub struct ModelArgs {
     /// bf16, ~1.6x faster attention at long context on AMX CPUs, ~5e-3 of f32; caches computed
     /// one way are not reused the other).
     #[arg(long, default_value = "exact")]
-    pub attention: String,
+    pub attention: engram_model::AttentionPrecision,
     /// KV cache RAM budget in MiB.
     #[arg(long, default_value_t = 2048)]
     pub kv_budget_mib: usize,
@@ -137,7 +137,7 @@ pub fn load_model(args: &ModelArgs) -> Result<Model> {
         None => default_model(&data_dir(&args.data_dir))?,
     };
     let t = Instant::now();
-    let attention: engram_model::AttentionPrecision = args.attention.parse().map_err(anyhow::Error::msg)?;
+    let attention = args.attention;
     let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?.with_attention(attention);
     eprintln!(
         "loaded {} in {:.0} ms ({} threads, {} attention)",

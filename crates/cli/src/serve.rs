@@ -210,7 +210,8 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
                 serde_json::json!({"concurrency": c, "aggregate_decode_tok_s": agg, "overall_tok_s": overall,
                                    "mean_ttft_ms": ttft_sum / c as f64 * 1e3, "tokens": tokens,
                                    "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens,
-                                   "threads": engram_kernels::num_threads(), "model": model.describe(), "kv_format": a.model.kv_format})
+                                   "threads": engram_kernels::num_threads(), "model": model.describe(), "kv_format": a.model.kv_format,
+                                   "attention": model.attention.name()})
             );
         } else {
             println!(
