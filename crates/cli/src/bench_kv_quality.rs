@@ -192,6 +192,7 @@ impl KvCache for SimQuantKv {
                 keys: KvData { elem: KvElem::F32, bytes: bytemuck::cast_slice(k) },
                 values: KvData { elem: KvElem::F32, bytes: bytemuck::cast_slice(v) },
                 mask: None,
+                ahead: None,
             });
         }
     }

@@ -1,8 +1,9 @@
-//! Hot-turn time to first token with exact vs bf16 attention, side by side in one process:
-//! `cargo run --release -p engram-engine --example attention_ab -- MODEL.gguf [HISTORY] [REPEATS]`
-//! (defaults 16384, 5). The history is prefilled once (the slow part); each repeat then runs
-//! the 64-token turn on a fork of it with each precision in turn, so the two columns share the
-//! machine's drift. Prints one line per repeat and the medians.
+//! Hot-turn time to first token with exact vs bf16 attention at several history lengths, all
+//! alternated in one process: `cargo run --release -p engram-engine --example attention_ab --
+//! MODEL.gguf [HISTORIES] [REPEATS]` (defaults `1024,16384`, 7). Each history is prefilled once
+//! (the slow part); every repeat then runs the 64-token turn on a fork of each history with each
+//! precision, so all columns share the machine's drift. Prints each repeat, the medians, and each
+//! history's median over the first history's (the "16K within 1.5x of 1K").
 
 use std::time::Instant;
 
@@ -12,36 +13,53 @@ use engram_model::{AttentionPrecision, Model};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let path = args.first().expect("usage: attention_ab MODEL [HISTORY] [REPEATS]");
-    let history: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(16384);
-    let repeats: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5);
+    let path = args.first().expect("usage: attention_ab MODEL [HISTORIES] [REPEATS]");
+    let histories: Vec<usize> =
+        args.get(1).map_or("1024,16384", |s| s.as_str()).split(',').map(|h| h.trim().parse().expect("history length")).collect();
+    let repeats: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(7).max(1);
     let mut model = Model::load(std::path::Path::new(path)).expect("model");
-    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 8 << 30);
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 16 << 30);
     let vocab = model.config.vocab.min(model.tokenizer.vocab_size()) as u64;
     let ids = |n: usize, salt: u64| -> Vec<u32> { (0..n as u64).map(|i| ((i * 2_654_435_761 + salt) % (vocab - 1) + 1) as u32).collect() };
-    let hist = ids(history, 1);
-    let mut prompt = hist.clone();
-    prompt.extend(ids(64, 7));
-    eprintln!("prefilling {history} tokens...");
-    let mut g = Generator::new(&model, &pool);
-    g.feed(&hist, false).expect("prefill");
-    let (kv, toks) = g.into_parts();
-    let one = SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() };
-    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for rep in 0..repeats {
-        for (i, p) in [AttentionPrecision::Exact, AttentionPrecision::Bf16].into_iter().enumerate() {
-            model.set_attention(p);
-            let mut hot = Generator::from_parts(&model, kv.fork(kv.len()), toks.clone());
-            let t = Instant::now();
-            hot.generate(&prompt, &one, &mut |_| true).expect("turn");
-            times[i].push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        println!("repeat {rep}: exact {:.1} ms, bf16 {:.1} ms", times[0][rep], times[1][rep]);
+    let precisions = [AttentionPrecision::Exact, AttentionPrecision::Bf16];
+    let mut cases = Vec::new();
+    for &h in &histories {
+        eprintln!("prefilling {h} tokens...");
+        let hist = ids(h, 1);
+        let mut prompt = hist.clone();
+        prompt.extend(ids(64, 7));
+        let mut g = Generator::new(&model, &pool);
+        g.feed(&hist, false).expect("prefill");
+        let (kv, toks) = g.into_parts();
+        cases.push((h, prompt, kv, toks));
     }
-    let median = |v: &mut Vec<f64>| {
+    let one = SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() };
+    // times[history][precision]
+    let mut times = vec![vec![Vec::new(); precisions.len()]; histories.len()];
+    for rep in 0..repeats {
+        let mut line = format!("repeat {rep}:");
+        for (hi, (h, prompt, kv, toks)) in cases.iter().enumerate() {
+            for (pi, &p) in precisions.iter().enumerate() {
+                model.set_attention(p);
+                let mut hot = Generator::from_parts(&model, kv.fork(kv.len()), toks.clone());
+                let t = Instant::now();
+                hot.generate(prompt, &one, &mut |_| true).expect("turn");
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                times[hi][pi].push(ms);
+                line += &format!("  {h} {} {ms:.1} ms", p.name());
+            }
+        }
+        println!("{line}");
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (e, b) = (median(&mut times[0]), median(&mut times[1]));
-    println!("history {history}: median exact {e:.1} ms, bf16 {b:.1} ms ({:.2}x)", e / b);
+    println!("{:>8} {:>10} {:>10} {:>12} {:>12}", "history", "exact ms", "bf16 ms", "exact / 1st", "bf16 / 1st");
+    for (hi, &h) in histories.iter().enumerate() {
+        let (e, b) = (median(&times[hi][0]), median(&times[hi][1]));
+        let (e0, b0) = (median(&times[0][0]), median(&times[0][1]));
+        println!("{h:>8} {e:>10.1} {b:>10.1} {:>11.2}x {:>11.2}x", e / e0, b / b0);
+    }
 }

@@ -99,14 +99,14 @@ impl Rows<'_> {
     }
 }
 
-/// Hints the CPU to bring `bytes` into cache (one prefetch per 64-byte line); no effect on
+/// Hints the CPU to bring `bytes` into L2 (one prefetch per 64-byte line); no effect on
 /// results, a no-op where there is no prefetch instruction.
 #[inline]
-pub fn prefetch(bytes: &[u8]) {
+pub fn prefetch_l2(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     for line in bytes.chunks(64) {
         // SAFETY: prefetching never faults and does not change memory; SSE is baseline on x86-64.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8) };
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr() as *const i8) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
@@ -124,6 +124,20 @@ mod imp {
     struct Line([u8; 64]);
 
     const ZERO: Line = Line([0; 64]);
+    /// Chunks per group in the grouped bf16 path: 8 × 8 KB of packed keys and values, which the
+    /// row blocks then share from L1.
+    const GROUP: usize = 8;
+    /// The grouped path moves a row's maximum only when a score exceeds it by more than this
+    /// (log2 units): probabilities up to 2^8, exact in f32 sums, and accumulators in tiles
+    /// rescaled rarely (each rescale is a round trip through memory).
+    const LAZY_MAX: f32 = 8.0;
+
+    /// A chunk packed and waiting in its slot for [`Flash::attend_group`].
+    struct Queued {
+        n: usize,
+        key_pos0: usize,
+        mask: Option<[bool; CHUNK]>,
+    }
     /// Lines per tile (every tile here is 16 rows × 64 bytes).
     const T: usize = 16;
 
@@ -147,6 +161,15 @@ mod imp {
     pub struct Flash {
         /// [`Precision::Exact`]: hi and lo tiles; else hi tiles only, scores in log2 units.
         exact: bool,
+        /// Bf16 with `head_dim <= 64`: chunks are queued [`GROUP`] at a time and each row block
+        /// runs over the whole group with its accumulators held in tiles (see `attend_group`).
+        grouped: bool,
+        queued: Vec<Queued>,
+        /// Scratch of `attend_group`: the (row block, queued chunk) pairs to run, in order.
+        items: Vec<(usize, usize)>,
+        /// Lines of `k` and `v` per chunk slot.
+        k_lines: usize,
+        v_lines: usize,
         hd: usize,
         rows: usize,
         blocks: usize,
@@ -210,8 +233,16 @@ mod imp {
                     qp[base + T + j].0[at..at + 2].copy_from_slice(&lo.to_le_bytes());
                 }
             }
+            let grouped = !exact && hd <= 64;
+            let slots = if grouped { GROUP } else { 1 };
+            let (k_lines, v_lines) = (2 * halves * 2 * T, hd / 16 * 2 * T);
             Flash {
                 exact,
+                grouped,
+                queued: Vec::with_capacity(GROUP),
+                items: Vec::new(),
+                k_lines,
+                v_lines,
                 hd,
                 rows,
                 blocks,
@@ -221,8 +252,8 @@ mod imp {
                 m: vec![f32::NEG_INFINITY; blocks * 16],
                 l: vec![0.0; blocks * 16],
                 acc: vec![0.0; blocks * hd * 16],
-                k: vec![ZERO; 2 * halves * 2 * T],
-                v: vec![ZERO; hd / 16 * 2 * T],
+                k: vec![ZERO; slots * k_lines],
+                v: vec![ZERO; slots * v_lines],
                 s: vec![ZERO; 4 * T],
                 p: vec![ZERO; 4 * T],
                 vt: vec![0.0; hd * CHUNK],
@@ -249,19 +280,33 @@ mod imp {
             // permission); `holds` checked that the packers' reads of `n` rows are in bounds.
             unsafe {
                 if self.exact {
-                    self.pack_keys::<true>(keys, n);
+                    self.pack_keys::<true>(keys, n, 0);
                     match values {
-                        Rows::F16(v) => self.pack_values_f16::<true>(v, n),
-                        _ => self.pack_values::<true>(values, n),
+                        Rows::F16(v) => self.pack_values_f16::<true>(v, n, 0),
+                        _ => self.pack_values::<true>(values, n, 0),
                     }
                     self.attend_packed::<true>(n, key_pos0, mask);
                 } else {
-                    self.pack_keys::<false>(keys, n);
+                    // Grouped: queued in the next slot, attended when the group is full (or
+                    // at `finish`); else in slot 0, at once.
+                    let slot = if self.grouped { self.queued.len() } else { 0 };
+                    self.pack_keys::<false>(keys, n, slot);
                     match values {
-                        Rows::F16(v) => self.pack_values_f16::<false>(v, n),
-                        _ => self.pack_values::<false>(values, n),
+                        Rows::F16(v) => self.pack_values_f16::<false>(v, n, slot),
+                        _ => self.pack_values::<false>(values, n, slot),
                     }
-                    self.attend_packed::<false>(n, key_pos0, mask);
+                    if self.grouped {
+                        let mut m = [true; CHUNK];
+                        if let Some(mask) = mask {
+                            m[..n].copy_from_slice(&mask[..n]);
+                        }
+                        self.queued.push(Queued { n, key_pos0, mask: mask.map(|_| m) });
+                        if self.queued.len() == GROUP {
+                            self.attend_group();
+                        }
+                    } else {
+                        self.attend_packed::<false>(n, key_pos0, mask);
+                    }
                 }
             }
         }
@@ -283,7 +328,7 @@ mod imp {
                     }
                     let c = causal(&self.qpos[b]);
                     self.scores::<EXACT>(b, 0);
-                    self.softmax::<EXACT>(b, 0, n, key_pos0, c, mask);
+                    self.softmax::<EXACT, false>(b, 0, n, key_pos0, c, mask);
                     self.accumulate::<EXACT>(b, 0);
                 }
                 return;
@@ -304,14 +349,18 @@ mod imp {
                     self.scores::<EXACT>(nb, 1 - slot);
                 }
                 let c = causal(&self.qpos[b]);
-                self.softmax::<EXACT>(b, slot, n, key_pos0, c, mask);
+                self.softmax::<EXACT, false>(b, slot, n, key_pos0, c, mask);
                 self.accumulate::<EXACT>(b, slot);
                 slot = 1 - slot;
             }
         }
 
         /// Writes the normalised outputs, `[rows, head_dim]`. A row that saw no token gets zeros.
-        pub fn finish(&self, out: &mut [f32]) {
+        pub fn finish(&mut self, out: &mut [f32]) {
+            if !self.queued.is_empty() {
+                // SAFETY: as in `add_rows` (only chunks packed there are queued).
+                unsafe { self.attend_group() };
+            }
             let hd = self.hd;
             assert_eq!(out.len(), self.rows * hd);
             for r in 0..self.rows {
@@ -327,8 +376,9 @@ mod imp {
         /// Keys as `A` tiles: line `i` of (key half `kh`, dim half `h`) = key `16·kh + i`'s
         /// dims `32h .. 32h + 32`, split into hi and lo tiles; missing keys and dims are zero.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
-        unsafe fn pack_keys<const EXACT: bool>(&mut self, keys: Rows<'_>, n: usize) {
+        unsafe fn pack_keys<const EXACT: bool>(&mut self, keys: Rows<'_>, n: usize, slot: usize) {
             let (hd, halves) = (self.hd, self.halves);
+            let kp = self.k.as_mut_ptr().add(slot * self.k_lines);
             for key in 0..CHUNK {
                 let (kh, i) = (key / 16, key % 16);
                 for h in 0..halves {
@@ -341,10 +391,10 @@ mod imp {
                     };
                     if EXACT {
                         let (xh, xl) = split_pair(a, b);
-                        _mm512_store_si512(self.k.as_mut_ptr().add(base + i) as *mut __m512i, xh);
-                        _mm512_store_si512(self.k.as_mut_ptr().add(base + T + i) as *mut __m512i, xl);
+                        _mm512_store_si512(kp.add(base + i) as *mut __m512i, xh);
+                        _mm512_store_si512(kp.add(base + T + i) as *mut __m512i, xl);
                     } else {
-                        _mm512_store_si512(self.k.as_mut_ptr().add(base + i) as *mut __m512i, bf16_pair(a, b));
+                        _mm512_store_si512(kp.add(base + i) as *mut __m512i, bf16_pair(a, b));
                     }
                 }
             }
@@ -354,8 +404,9 @@ mod imp {
         /// chunk's 32 keys (missing keys zero), split into hi and lo tiles, keys paired
         /// (`j`, `j + 16`).
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
-        unsafe fn pack_values<const EXACT: bool>(&mut self, values: Rows<'_>, n: usize) {
+        unsafe fn pack_values<const EXACT: bool>(&mut self, values: Rows<'_>, n: usize, slot: usize) {
             let hd = self.hd;
+            let vp = self.v.as_mut_ptr().add(slot * self.v_lines);
             let vt = &mut self.vt;
             for kb in 0..CHUNK / 16 {
                 for db in 0..hd / 16 {
@@ -378,10 +429,10 @@ mod imp {
                 let (x0, x1) = (_mm512_loadu_ps(vt.as_ptr().add(d * CHUNK)), _mm512_loadu_ps(vt.as_ptr().add(d * CHUNK + 16)));
                 if EXACT {
                     let (xh, xl) = split_interleaved(x0, x1);
-                    _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + r) as *mut __m512i, xh);
-                    _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + T + r) as *mut __m512i, xl);
+                    _mm512_store_si512(vp.add(db * 2 * T + r) as *mut __m512i, xh);
+                    _mm512_store_si512(vp.add(db * 2 * T + T + r) as *mut __m512i, xl);
                 } else {
-                    _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + r) as *mut __m512i, bf16_interleaved(x0, x1));
+                    _mm512_store_si512(vp.add(db * 2 * T + r) as *mut __m512i, bf16_interleaved(x0, x1));
                 }
             }
         }
@@ -390,8 +441,9 @@ mod imp {
         /// `j + 16` are interleaved into dword pairs (one `vpunpck` per 16 dims), which a 16×16
         /// dword transpose turns into `Vᵀ` lines already in the (key j, key j + 16) pairing.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
-        unsafe fn pack_values_f16<const EXACT: bool>(&mut self, values: &[u8], n: usize) {
+        unsafe fn pack_values_f16<const EXACT: bool>(&mut self, values: &[u8], n: usize, slot: usize) {
             let hd = self.hd;
+            let vp = self.v.as_mut_ptr().add(slot * self.v_lines);
             let parts = self.halves;
             let src = values.as_ptr() as *const u16;
             let row = |key: usize, part: usize| {
@@ -422,10 +474,10 @@ mod imp {
                         let (db, rr) = (d / 16, d % 16);
                         if EXACT {
                             let (xh, xl) = split_pair(a, b);
-                            _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + rr) as *mut __m512i, xh);
-                            _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + T + rr) as *mut __m512i, xl);
+                            _mm512_store_si512(vp.add(db * 2 * T + rr) as *mut __m512i, xh);
+                            _mm512_store_si512(vp.add(db * 2 * T + T + rr) as *mut __m512i, xl);
                         } else {
-                            _mm512_store_si512(self.v.as_mut_ptr().add(db * 2 * T + rr) as *mut __m512i, bf16_pair(a, b));
+                            _mm512_store_si512(vp.add(db * 2 * T + rr) as *mut __m512i, bf16_pair(a, b));
                         }
                     }
                 }
@@ -491,11 +543,169 @@ mod imp {
             );
         }
 
+        /// The grouped bf16 path over the queued chunks: each row block that sees any of them
+        /// loads its accumulators into tiles 2–5 once, runs every chunk (scores into tiles 0–1
+        /// from 6–7, the lazy softmax, value products from 6–7), and stores them once — instead
+        /// of a load and a store of every accumulator per block and chunk. As in
+        /// [`Self::attend_packed`], the next item's scores are issued before this one's softmax.
+        /// Per row, the same operations in the same order as chunk by chunk, so the grouping
+        /// (and which rows share a tile) never changes a result.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
+        unsafe fn attend_group(&mut self) {
+            configure();
+            let queued = std::mem::take(&mut self.queued);
+            let mut items = std::mem::take(&mut self.items);
+            items.clear();
+            for b in 0..self.blocks {
+                for (c, q) in queued.iter().enumerate() {
+                    // Rows whose position precedes the whole chunk see none of it (skipping
+                    // leaves them bitwise as an all-masked update would).
+                    if !self.qpos[b].iter().all(|&p| p == u32::MAX || (p as usize) < q.key_pos0) {
+                        items.push((b, c));
+                    }
+                }
+            }
+            // Per item `i`: the value products of item `i - 1` (its `Pᵀ` long stored), the scores
+            // of item `i + 1`, then the softmax of item `i` — so the tile unit always has work
+            // queued that does not wait for the softmax running on the vector units.
+            let mut held = None;
+            if let Some(&(b, c)) = items.first() {
+                self.group_scores(b, c, 0);
+            }
+            for i in 0..items.len() {
+                let (b, c) = items[i];
+                let slot = i % 2;
+                if i > 0 {
+                    self.group_values(items[i - 1].1, 1 - slot);
+                }
+                if held != Some(b) {
+                    if let Some(pb) = held {
+                        self.acc_tiles::<true>(pb);
+                    }
+                    self.acc_tiles::<false>(b);
+                    held = Some(b);
+                }
+                if let Some(&(nb, nc)) = items.get(i + 1) {
+                    self.group_scores(nb, nc, 1 - slot);
+                }
+                let q = &queued[c];
+                let last_key = (q.key_pos0 + q.n - 1) as u32;
+                let causal = self.qpos[b].iter().any(|&p| p < last_key);
+                self.softmax::<false, true>(b, slot, q.n, q.key_pos0, causal, q.mask.as_ref().map(|m| &m[..]));
+            }
+            if let Some(&(_, c)) = items.last() {
+                self.group_values(c, (items.len() - 1) % 2);
+            }
+            if let Some(pb) = held {
+                self.acc_tiles::<true>(pb);
+            }
+            self.items = items;
+            self.queued = queued;
+            self.queued.clear();
+        }
+
+        /// Block `b`'s accumulators ↔ tiles 2–5 (dim block `db` in tile `2 + db`): `STORE`
+        /// writes them back, else loads them.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn acc_tiles<const STORE: bool>(&mut self, b: usize) {
+            let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
+            let (dbs, stride) = (self.hd / 16, 64usize);
+            macro_rules! tile {
+                ($db:literal, $t:literal) => {
+                    if $db < dbs {
+                        let a = acc.add($db * 16 * 16);
+                        if STORE {
+                            asm!(concat!("tilestored [{a} + {s}*1], ", $t), a = in(reg) a, s = in(reg) stride, options(nostack));
+                        } else {
+                            asm!(concat!("tileloadd ", $t, ", [{a} + {s}*1]"), a = in(reg) a, s = in(reg) stride, options(nostack, readonly));
+                        }
+                    }
+                };
+            }
+            tile!(0, "tmm2");
+            tile!(1, "tmm3");
+            tile!(2, "tmm4");
+            tile!(3, "tmm5");
+        }
+
+        /// Multiplies the held accumulators (tiles 2–5) of block `b` by `corr` per row, through
+        /// memory.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn rescale_tiles(&mut self, b: usize, corr: __m512) {
+            self.acc_tiles::<true>(b);
+            let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
+            for d in 0..self.hd {
+                let a = acc.add(d * 16);
+                _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(a), corr));
+            }
+            self.acc_tiles::<false>(b);
+        }
+
+        /// `Sᵀ` of block `b` against queued chunk `c` into scratch `slot`: tiles 0–1 from 6–7.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn group_scores(&mut self, b: usize, c: usize, slot: usize) {
+            let stride = 64usize;
+            asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
+            let k = self.k.as_ptr().add(c * self.k_lines);
+            for h in 0..self.halves {
+                asm!(
+                    "tileloadd tmm6, [{q} + {s}*1]",
+                    "tileloadd tmm7, [{k0} + {s}*1]",
+                    "tdpbf16ps tmm0, tmm7, tmm6",
+                    "tileloadd tmm7, [{k1} + {s}*1]",
+                    "tdpbf16ps tmm1, tmm7, tmm6",
+                    q = in(reg) self.q.as_ptr().add((b * self.halves + h) * 2 * T),
+                    k0 = in(reg) k.add(h * 2 * T),
+                    k1 = in(reg) k.add((self.halves + h) * 2 * T),
+                    s = in(reg) stride,
+                    options(nostack, readonly),
+                );
+            }
+            let s = self.s.as_mut_ptr().add(slot * 2 * T);
+            asm!(
+                "tilestored [{s0} + {st}*1], tmm0",
+                "tilestored [{s1} + {st}*1], tmm1",
+                s0 = in(reg) s,
+                s1 = in(reg) s.add(T),
+                st = in(reg) stride,
+                options(nostack),
+            );
+        }
+
+        /// `Oᵀ += Vᵀ · Pᵀ` into the held accumulators: `Pᵀ` of scratch `slot` in tile 6, queued
+        /// chunk `c`'s values through tile 7.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn group_values(&mut self, c: usize, slot: usize) {
+            let stride = 64usize;
+            asm!("tileloadd tmm6, [{p} + {s}*1]", p = in(reg) self.p.as_ptr().add(slot * 2 * T), s = in(reg) stride, options(nostack, readonly));
+            let v = self.v.as_ptr().add(c * self.v_lines);
+            let dbs = self.hd / 16;
+            macro_rules! dims {
+                ($db:literal, $t:literal) => {
+                    if $db < dbs {
+                        asm!(
+                            "tileloadd tmm7, [{v} + {s}*1]",
+                            concat!("tdpbf16ps ", $t, ", tmm7, tmm6"),
+                            v = in(reg) v.add($db * 2 * T),
+                            s = in(reg) stride,
+                            options(nostack, readonly),
+                        );
+                    }
+                };
+            }
+            dims!(0, "tmm2");
+            dims!(1, "tmm3");
+            dims!(2, "tmm4");
+            dims!(3, "tmm5");
+        }
+
         /// Online softmax of block `b` over the scores in `self.s`: masks, updates `m` and `l`,
         /// rescales the block's accumulators by `e^(m_old - m_new)` where a maximum moved, and
-        /// leaves `Pᵀ` (hi, lo) for [`Self::accumulate`].
+        /// leaves `Pᵀ` (hi, lo) for [`Self::accumulate`]. `LAZY` (the grouped path): a row's
+        /// maximum moves only past [`LAZY_MAX`], and the accumulators are the ones held in
+        /// tiles ([`Self::rescale_tiles`]).
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
-        unsafe fn softmax<const EXACT: bool>(
+        unsafe fn softmax<const EXACT: bool, const LAZY: bool>(
             &mut self,
             b: usize,
             slot: usize,
@@ -532,7 +742,13 @@ mod imp {
             }
             let mx = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
             let m_old = _mm512_loadu_ps(self.m.as_ptr().add(b * 16));
-            let m_new = _mm512_max_ps(m_old, mx);
+            let m_new = if LAZY {
+                // -inf + LAZY_MAX is -inf: a row's first visible score always moves it.
+                let moving = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, _mm512_add_ps(m_old, _mm512_set1_ps(LAZY_MAX)));
+                _mm512_mask_blend_ps(moving, m_old, _mm512_max_ps(m_old, mx))
+            } else {
+                _mm512_max_ps(m_old, mx)
+            };
             // A row that has seen nothing yet keeps m = -inf; subtract 0 instead so exp gives 0.
             let m_safe = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, ninf), m_new, _mm512_setzero_ps());
             let corr = if EXACT { exp16::<true>(_mm512_sub_ps(m_old, m_safe)) } else { exp2_16::<true>(_mm512_sub_ps(m_old, m_safe)) };
@@ -547,7 +763,13 @@ mod imp {
             // Rescale the block's accumulators only when some row's maximum moved (rare once a
             // row has seen a few hundred keys); multiplying the other rows by exactly 1.0 would
             // leave them unchanged, so a row's arithmetic still does not depend on its neighbours.
-            if _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(corr, _mm512_set1_ps(1.0)) != 0 {
+            let moved = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(corr, _mm512_set1_ps(1.0));
+            if LAZY {
+                // A row with l = 0 has accumulated only zeros: scaling it changes nothing.
+                if moved & _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(l_old, _mm512_setzero_ps()) != 0 {
+                    self.rescale_tiles(b, corr);
+                }
+            } else if moved != 0 {
                 let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
                 for d in 0..self.hd {
                     let a = acc.add(d * 16);
@@ -887,6 +1109,6 @@ mod imp {
         }
         pub fn add_chunk(&mut self, _k: &[f32], _v: &[f32], _n: usize, _key_pos0: usize, _mask: Option<&[bool]>) {}
         pub fn add_rows(&mut self, _k: super::Rows<'_>, _v: super::Rows<'_>, _n: usize, _key_pos0: usize, _mask: Option<&[bool]>) {}
-        pub fn finish(&self, _out: &mut [f32]) {}
+        pub fn finish(&mut self, _out: &mut [f32]) {}
     }
 }

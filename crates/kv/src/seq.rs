@@ -22,6 +22,12 @@ use crate::error::KvError;
 use crate::pool::KvPool;
 use crate::tail::Tail;
 
+/// How many blocks ahead [`SeqKv`]'s chunks point attention for prefetching
+/// ([`KvChunk::ahead`]): 8 blocks of one head's keys and values are 64 KiB (f16, head dim
+/// 64), far enough to cover DRAM latency behind a grouped attention pass, near enough to stay
+/// in L2.
+const PREFETCH_AHEAD: usize = 8;
+
 /// A sequence's cache.
 pub struct SeqKv {
     pool: KvPool,
@@ -278,11 +284,17 @@ impl KvCache for SeqKv {
     fn for_each_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
         let sec = self.pool.section_bytes();
         let elem = self.pool.elem();
+        let full = |bi: usize| self.blocks.get(bi).filter(|b| b.len.min(self.len.saturating_sub(bi * BLOCK_TOKENS)) == BLOCK_TOKENS);
         for (bi, b) in self.blocks.iter().enumerate() {
             let len = b.len.min(self.len.saturating_sub(bi * BLOCK_TOKENS));
             if len == 0 {
                 break;
             }
+            // A full block PREFETCH_AHEAD further on (never the window: it is small and hot).
+            let ahead = full(bi + PREFETCH_AHEAD).map(|a| {
+                let bytes = a.bytes();
+                (&bytes[2 * layer * sec..(2 * layer + 1) * sec], &bytes[(2 * layer + 1) * sec..(2 * layer + 2) * sec])
+            });
             let window = self.tail.as_ref().filter(|t| t.block == bi && len < BLOCK_TOKENS);
             let (elem, bytes, sec) = match window {
                 Some(t) => (KvElem::F16, &t.bytes[..], self.pool.tail_section_bytes()),
@@ -290,7 +302,7 @@ impl KvCache for SeqKv {
             };
             let keys = KvData { elem, bytes: &bytes[2 * layer * sec..(2 * layer + 1) * sec] };
             let values = KvData { elem, bytes: &bytes[(2 * layer + 1) * sec..(2 * layer + 2) * sec] };
-            f(&KvChunk { first_pos: bi * BLOCK_TOKENS, len, capacity: BLOCK_TOKENS, keys, values, mask: None });
+            f(&KvChunk { first_pos: bi * BLOCK_TOKENS, len, capacity: BLOCK_TOKENS, keys, values, mask: None, ahead });
         }
     }
 }

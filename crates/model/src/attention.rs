@@ -68,88 +68,57 @@ fn gather_queries(t: &AttnTask<'_>) -> Vec<f32> {
 /// The tile path: each chunk's keys and values are handed to [`engram_kernels::flash::Flash`],
 /// which keeps the online softmax per row — as stored where it can pack the format into tiles
 /// itself (f16, Q8_0, Q4_0), else decoded to f32 first, one chunk at a time.
+///
+/// Long contexts are read from RAM, 32 tokens of one head at a time (8 KiB of f16 keys and
+/// values per head and block, a whole block's stride apart), which the hardware prefetcher
+/// barely follows; so the rows of the chunk the cache names as [`KvChunk::ahead`] are
+/// prefetched into L2 while this one is packed and attended, and arrive before they are needed.
 fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
+    use engram_kernels::flash::{prefetch_l2, Rows, CHUNK};
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
     let q = gather_queries(t);
     let mut flash = engram_kernels::flash::Flash::with_precision(&q, rows, hd, t.first_pos, t.group, t.precision);
-    let mut pending = Pending::default();
-    // A one-chunk software pipeline: a chunk's rows are prefetched, then the previous chunk
-    // (already copied or decoded into `pending`) is attended, then this one is copied or
-    // decoded — so its memory arrives while the tiles work instead of stalling (long contexts
-    // are read from RAM, 32 tokens of one head at a time, which the hardware prefetcher barely
-    // follows).
+    let (mut kf, mut vf) = (Vec::new(), Vec::new());
     let last_pos = t.first_pos + t.num_queries - 1;
     t.kv.for_each_chunk(t.layer, &mut |chunk| {
         if chunk.len == 0 || chunk.first_pos > last_pos {
             return;
         }
+        if let Some((k, v)) = chunk.ahead {
+            for (bytes, elem) in [(k, chunk.keys.elem), (v, chunk.values.elem)] {
+                let rb = elem.row_bytes(hd);
+                let row0 = t.kv_head * chunk.capacity;
+                prefetch_l2(&bytes[row0 * rb..(row0 + chunk.capacity) * rb]);
+            }
+        }
+        let elem = chunk.keys.elem;
+        let packed = elem == chunk.values.elem && matches!(elem, KvElem::F16 | KvElem::Q8 { group: 32 } | KvElem::Q4 { group: 32 });
         let mut start = 0;
         while start < chunk.len {
-            let n = (chunk.len - start).min(engram_kernels::flash::CHUNK);
+            let n = (chunk.len - start).min(CHUNK);
             let row0 = t.kv_head * chunk.capacity + start;
-            for data in [chunk.keys, chunk.values] {
-                let rb = data.elem.row_bytes(hd);
-                engram_kernels::flash::prefetch(&data.bytes[row0 * rb..(row0 + n) * rb]);
+            let mask = chunk.mask.map(|m| &m[start..start + n]);
+            let pos = chunk.first_pos + start;
+            if packed {
+                let rb = elem.row_bytes(hd);
+                let (k, v) = (&chunk.keys.bytes[row0 * rb..(row0 + n) * rb], &chunk.values.bytes[row0 * rb..(row0 + n) * rb]);
+                match elem {
+                    KvElem::F16 => flash.add_rows(Rows::F16(k), Rows::F16(v), n, pos, mask),
+                    KvElem::Q8 { .. } => flash.add_rows(Rows::Q8_0(k), Rows::Q8_0(v), n, pos, mask),
+                    _ => flash.add_rows(Rows::Q4_0(k), Rows::Q4_0(v), n, pos, mask),
+                }
+            } else {
+                let k = view(chunk.keys, row0, n, hd, &mut kf);
+                let v = view(chunk.values, row0, n, hd, &mut vf);
+                flash.add_chunk(k, v, n, pos, mask);
             }
-            pending.attend(&mut flash);
-            pending.fill(chunk, row0, n, hd, start);
             start += n;
         }
     });
-    pending.attend(&mut flash);
     let mut out = vec![0.0f32; rows * hd];
     flash.finish(&mut out);
     out
-}
-
-/// The chunk [`attend_tiles`] attends next: its rows as stored (f16, Q8_0 and Q4_0 groups of
-/// 32 are packed into tiles from their bytes), or decoded to f32 (other groups).
-#[derive(Default)]
-struct Pending {
-    /// (rows, first position, masked, stored format when packed from bytes) of the chunk held.
-    chunk: Option<(usize, usize, bool, Option<KvElem>)>,
-    bytes: (Vec<u8>, Vec<u8>),
-    floats: (Vec<f32>, Vec<f32>),
-    mask: Vec<bool>,
-}
-
-impl Pending {
-    /// Holds rows `row0 .. row0 + n` of `chunk` (its tokens `start ..`).
-    fn fill(&mut self, chunk: &crate::kv::KvChunk<'_>, row0: usize, n: usize, hd: usize, start: usize) {
-        let elem = chunk.keys.elem;
-        let stored = (elem == chunk.values.elem && matches!(elem, KvElem::F16 | KvElem::Q8 { group: 32 } | KvElem::Q4 { group: 32 }))
-            .then_some(elem);
-        if stored.is_some() {
-            let rb = elem.row_bytes(hd);
-            for (buf, data) in [(&mut self.bytes.0, chunk.keys), (&mut self.bytes.1, chunk.values)] {
-                buf.clear();
-                buf.extend_from_slice(&data.bytes[row0 * rb..(row0 + n) * rb]);
-            }
-        } else {
-            view(chunk.keys, row0, n, hd, &mut self.floats.0);
-            view(chunk.values, row0, n, hd, &mut self.floats.1);
-        }
-        if let Some(m) = chunk.mask {
-            self.mask.clear();
-            self.mask.extend_from_slice(&m[start..start + n]);
-        }
-        self.chunk = Some((n, chunk.first_pos + start, chunk.mask.is_some(), stored));
-    }
-
-    /// Attends the chunk held, if any, and empties.
-    fn attend(&mut self, flash: &mut engram_kernels::flash::Flash) {
-        use engram_kernels::flash::Rows;
-        let Some((n, pos, masked, stored)) = self.chunk.take() else { return };
-        let mask = masked.then_some(&self.mask[..]);
-        let (k, v) = (&self.bytes.0[..], &self.bytes.1[..]);
-        match stored {
-            Some(KvElem::F16) => flash.add_rows(Rows::F16(k), Rows::F16(v), n, pos, mask),
-            Some(KvElem::Q8 { .. }) => flash.add_rows(Rows::Q8_0(k), Rows::Q8_0(v), n, pos, mask),
-            Some(KvElem::Q4 { .. }) => flash.add_rows(Rows::Q4_0(k), Rows::Q4_0(v), n, pos, mask),
-            _ => flash.add_chunk(&self.floats.0, &self.floats.1, n, pos, mask),
-        }
-    }
 }
 
 /// The portable path (any CPU, any head dimension).
@@ -366,6 +335,7 @@ mod tests {
                     keys: KvData { elem: self.elem, bytes: k },
                     values: KvData { elem: self.elem, bytes: v },
                     mask: mask.as_deref(),
+                    ahead: None,
                 });
             }
         }

@@ -131,6 +131,10 @@ pub struct KvChunk<'a> {
     pub values: KvData<'a>,
     /// `Some(mask)`: token `i` is attended only if `mask[i]`.
     pub mask: Option<&'a [bool]>,
+    /// The same layer's key and value bytes of a chunk further on (same layout and capacity
+    /// as `keys` / `values`), for attention to prefetch while it works on this one; never read
+    /// for a result. `None` where there is none or the cache does not say.
+    pub ahead: Option<(&'a [u8], &'a [u8])>,
 }
 
 /// One sequence's KV cache, as the forward pass uses it.

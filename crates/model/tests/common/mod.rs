@@ -87,7 +87,7 @@ impl KvCache for VecKv {
         let (k, v): (Vec<u8>, Vec<u8>) =
             (k.iter().flat_map(|x| x.to_le_bytes()).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect());
         let (keys, values) = (KvData { elem: KvElem::F32, bytes: &k }, KvData { elem: KvElem::F32, bytes: &v });
-        f(&KvChunk { first_pos: 0, len: t, capacity: t, keys, values, mask: None })
+        f(&KvChunk { first_pos: 0, len: t, capacity: t, keys, values, mask: None, ahead: None })
     }
 }
 
