@@ -84,3 +84,62 @@ fn q8_0_and_q4_0_chunks_equal_their_f32_values_bitwise() {
         }
     }
 }
+
+/// f64 softmax attention of every row over all `keys` (causal by position), `[rows, hd]`.
+fn reference(q: &[f32], k: &[f32], v: &[f32], rows: usize, hd: usize, pos0: usize) -> Vec<f32> {
+    let keys = k.len() / hd;
+    let mut out = vec![0f32; rows * hd];
+    for r in 0..rows {
+        let visible = (pos0 + r + 1).min(keys);
+        let s: Vec<f64> = (0..visible).map(|j| (0..hd).map(|d| q[r * hd + d] as f64 * k[j * hd + d] as f64).sum()).collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let l: f64 = p.iter().sum();
+        for d in 0..hd {
+            out[r * hd + d] = (p.iter().enumerate().map(|(j, pj)| pj * v[j * hd + d] as f64).sum::<f64>() / l) as f32;
+        }
+    }
+    out
+}
+
+/// Scores that keep growing chunk after chunk move every row's maximum again and again — in the
+/// grouped bf16 path past its lazy threshold, so the accumulators held in tiles are rescaled
+/// mid-group (14 times here, checked) — and both precisions still match an f64 reference (exact
+/// to 2e-5, bf16 to 1e-2; measured 5–6e-6 and 3–5e-3),
+/// with any number of chunks per group (partial groups at `finish`) and rows alone or together.
+#[test]
+fn growing_scores_rescale_and_match_an_f64_reference() {
+    if !supported(64) {
+        eprintln!("no AMX-BF16 here: tile path not tested");
+        return;
+    }
+    let (hd, rows) = (64, 40);
+    for chunks in [3, 8, 13] {
+        let keys = chunks * CHUNK;
+        let pos0 = keys - rows;
+        let q: Vec<f32> = values(rows * hd, 1).iter().map(|x| x.to_f32() * 0.03).collect();
+        // Chunk c's keys scaled by 0.5 + c/2 up to 3: each chunk's scores ~2 nats above the last
+        // one's, so the maxima move past the lazy threshold (8 log2 units) every few chunks.
+        let k: Vec<f32> =
+            values(keys * hd, 2).iter().enumerate().map(|(i, x)| x.to_f32() * (0.5 + (i / hd / CHUNK) as f32 / 2.0).min(3.0)).collect();
+        let v: Vec<f32> = values(keys * hd, 3).iter().map(|x| x.to_f32()).collect();
+        let want = reference(&q, &k, &v, rows, hd, pos0);
+        let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (precision, tolerance) in [(Precision::Exact, 2e-5), (Precision::Bf16, 1e-2)] {
+            let run = |rows: usize, q: &[f32], pos0: usize| {
+                let mut f = Flash::with_precision(q, rows, hd, pos0, 1, precision);
+                for c in 0..chunks {
+                    f.add_chunk(&k[c * CHUNK * hd..(c + 1) * CHUNK * hd], &v[c * CHUNK * hd..(c + 1) * CHUNK * hd], CHUNK, c * CHUNK, None);
+                }
+                let mut out = vec![0f32; rows * hd];
+                f.finish(&mut out);
+                out
+            };
+            let got = run(rows, &q, pos0);
+            let err = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / amax;
+            assert!(err < tolerance, "{precision:?} {chunks} chunks: {err:e}");
+            let last = run(1, &q[(rows - 1) * hd..], pos0 + rows - 1);
+            assert_eq!(last, got[(rows - 1) * hd..].to_vec(), "{precision:?} {chunks} chunks: a row alone differs");
+        }
+    }
+}
