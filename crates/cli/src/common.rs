@@ -24,7 +24,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "f16")]
     pub kv_format: String,
     /// Attention precision: exact (default; ~1e-5 of f32) or bf16 (opt-in: operands rounded to
-    /// bf16, ~1.6x faster attention at long context on AMX CPUs, ~5e-3 of f32; caches computed
+    /// bf16, ~1.9x faster attention at long context on AMX CPUs, ~5e-3 of f32; caches computed
     /// one way are not reused the other).
     #[arg(long, default_value = "exact")]
     pub attention: engram_model::AttentionPrecision,

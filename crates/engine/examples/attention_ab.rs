@@ -1,6 +1,7 @@
 //! Hot-turn time to first token with exact vs bf16 attention at several history lengths, all
 //! alternated in one process: `cargo run --release -p engram-engine --example attention_ab --
-//! MODEL.gguf [HISTORIES] [REPEATS]` (defaults `1024,16384`, 7). Each history is prefilled once
+//! MODEL.gguf [HISTORIES] [REPEATS] [KV_FORMAT]` (defaults `1024,16384`, 7, f16). Each history is
+//! prefilled once
 //! (the slow part); every repeat then runs the 64-token turn on a fork of each history with each
 //! precision, so all columns share the machine's drift. Prints each repeat, the medians, and each
 //! history's median over the first history's (the "16K within 1.5x of 1K").
@@ -13,12 +14,13 @@ use engram_model::{AttentionPrecision, Model};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let path = args.first().expect("usage: attention_ab MODEL [HISTORIES] [REPEATS]");
+    let path = args.first().expect("usage: attention_ab MODEL [HISTORIES] [REPEATS] [KV_FORMAT]");
     let histories: Vec<usize> =
         args.get(1).map_or("1024,16384", |s| s.as_str()).split(',').map(|h| h.trim().parse().expect("history length")).collect();
     let repeats: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(7).max(1);
+    let format: KvFormat = args.get(3).map_or(Ok(KvFormat::F16), |a| a.parse()).expect("KV format");
     let mut model = Model::load(std::path::Path::new(path)).expect("model");
-    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 16 << 30);
+    let pool = KvPool::new(KvLayout::of(&model.config), format, 16 << 30);
     let vocab = model.config.vocab.min(model.tokenizer.vocab_size()) as u64;
     let ids = |n: usize, salt: u64| -> Vec<u32> { (0..n as u64).map(|i| ((i * 2_654_435_761 + salt) % (vocab - 1) + 1) as u32).collect() };
     let precisions = [AttentionPrecision::Exact, AttentionPrecision::Bf16];
@@ -56,6 +58,7 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    println!("{format} KV");
     println!("{:>8} {:>10} {:>10} {:>12} {:>12}", "history", "exact ms", "bf16 ms", "exact / 1st", "bf16 / 1st");
     for (hi, &h) in histories.iter().enumerate() {
         let (e, b) = (median(&times[hi][0]), median(&times[hi][1]));
