@@ -147,7 +147,7 @@ pub fn run(a: Args) -> Result<()> {
         rows.push(json!({
             "history_tokens": h,
             "kv_format": format.name(),
-            "attention": model.attention.name(),
+            "attention": model.attention().name(),
             "user_tokens": a.user_tokens,
             "ttft_cold_ms": cold.map(round),
             "ttft_hot_ms": round(hot),
@@ -191,7 +191,7 @@ pub fn run(a: Args) -> Result<()> {
         rows.push(json!({
             "system_prompt_tokens": s,
             "kv_format": format.name(),
-            "attention": model.attention.name(),
+            "attention": model.attention().name(),
             "reused_tokens": reused,
             "ttft_cold_ms": round(cold),
             "ttft_shared_prefix_ms": round(hit),

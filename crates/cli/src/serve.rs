@@ -211,7 +211,7 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
                                    "mean_ttft_ms": ttft_sum / c as f64 * 1e3, "tokens": tokens,
                                    "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens,
                                    "threads": engram_kernels::num_threads(), "model": model.describe(), "kv_format": a.model.kv_format,
-                                   "attention": model.attention.name()})
+                                   "attention": model.attention().name()})
             );
         } else {
             println!(

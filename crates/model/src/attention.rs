@@ -381,7 +381,6 @@ mod tests {
                 let err = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
                 // Exact: ~1e-5 of f32. Bf16: operands rounded to 8 significant bits.
                 let tolerance = if precision == AttentionPrecision::Exact { 2e-5 } else { 1e-2 };
-                eprintln!("{precision:?} hd {hd} tokens {tokens} queries {nq} {elem:?}: {err:e}");
                 assert!(err < tolerance, "{precision:?} hd {hd} group {group} tokens {tokens} queries {nq} {elem:?}: {err:e}");
                 // Row independence: the last query alone gives bitwise the batch's last row.
                 let width = num_heads * hd;

@@ -123,7 +123,7 @@ impl Model {
                             group,
                             head_dim: c.head_dim,
                             num_heads: c.num_heads,
-                            precision: self.attention,
+                            precision: self.attention(),
                         },
                     ));
                 }

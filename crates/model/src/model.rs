@@ -42,8 +42,9 @@ pub struct Model {
     pub fingerprint: Fingerprint,
     /// `gguf:<path>` or `hf:<path>`.
     pub source: String,
-    /// How the attention tiles multiply ([`Model::with_attention`]); `Exact` unless chosen.
-    pub attention: AttentionPrecision,
+    /// How the attention tiles multiply; private so that it never disagrees with the
+    /// fingerprint ([`Model::with_attention`] changes both).
+    attention: AttentionPrecision,
     /// The fingerprint as loaded (exact attention).
     loaded_fingerprint: Fingerprint,
 }
@@ -78,6 +79,11 @@ impl Model {
     pub fn with_attention(mut self, precision: AttentionPrecision) -> Model {
         self.set_attention(precision);
         self
+    }
+
+    /// The attention precision this model runs ([`Model::with_attention`]); `Exact` unless chosen.
+    pub fn attention(&self) -> AttentionPrecision {
+        self.attention
     }
 
     /// [`Model::with_attention`] in place.
