@@ -534,13 +534,19 @@ mod imp {
                     options(nostack, readonly),
                 );
             }
+            self.store_scores(slot);
+        }
+
+        /// Stores the score tiles (0: keys 0–15, 1: keys 16–31) into scratch `slot`.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn store_scores(&mut self, slot: usize) {
             let s = self.s.as_mut_ptr().add(slot * 2 * T);
             asm!(
                 "tilestored [{s0} + {st}*1], tmm0",
                 "tilestored [{s1} + {st}*1], tmm1",
                 s0 = in(reg) s,
                 s1 = in(reg) s.add(T),
-                st = in(reg) stride,
+                st = in(reg) 64usize,
                 options(nostack),
             );
         }
@@ -663,15 +669,7 @@ mod imp {
                     options(nostack, readonly),
                 );
             }
-            let s = self.s.as_mut_ptr().add(slot * 2 * T);
-            asm!(
-                "tilestored [{s0} + {st}*1], tmm0",
-                "tilestored [{s1} + {st}*1], tmm1",
-                s0 = in(reg) s,
-                s1 = in(reg) s.add(T),
-                st = in(reg) stride,
-                options(nostack),
-            );
+            self.store_scores(slot);
         }
 
         /// `Oᵀ += Vᵀ · Pᵀ` into the held accumulators: `Pᵀ` of scratch `slot` in tile 6, queued
