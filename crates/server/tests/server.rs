@@ -12,17 +12,21 @@ use engram_model::Model;
 use engram_server::{SchedulerConfig, Server, ServerConfig};
 use serde_json::{json, Value};
 
-fn model() -> Arc<Model> {
-    static M: OnceLock<(tempfile::TempDir, Arc<Model>)> = OnceLock::new();
+/// The tiny fixture's Q8_0 GGUF (generated once per test binary) and the model loaded from it.
+fn fixture() -> &'static (tempfile::TempDir, std::path::PathBuf, Arc<Model>) {
+    static M: OnceLock<(tempfile::TempDir, std::path::PathBuf, Arc<Model>)> = OnceLock::new();
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let files =
             engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-        let m = Model::load(files.gguf(GgufFormat::Q8_0).unwrap()).unwrap();
-        (dir, Arc::new(m))
+        let path = files.gguf(GgufFormat::Q8_0).unwrap().to_path_buf();
+        let m = Model::load(&path).unwrap();
+        (dir, path, Arc::new(m))
     })
-    .1
-    .clone()
+}
+
+fn model() -> Arc<Model> {
+    fixture().2.clone()
 }
 
 /// Starts a server on its own runtime thread; returns its address.
@@ -468,7 +472,14 @@ fn decoding_sequences_share_steps() {
 /// Starts a server that stops when `stop` is sent; joining the thread waits
 /// for its shutdown (engine finished, sessions flushed to disk).
 fn start_stoppable(config: ServerConfig) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>) {
-    let model = model();
+    start_stoppable_with(model(), config)
+}
+
+/// [`start_stoppable`] with another model (e.g. the same file at another attention precision).
+fn start_stoppable_with(
+    model: Arc<Model>,
+    config: ServerConfig,
+) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>) {
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20);
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -638,6 +649,50 @@ fn a_restarted_server_restores_the_conversation_from_disk() {
 /// session restored from disk (the same answer, the prompt taken from the
 /// cache); deleting it deletes its session file, and it stays deleted after
 /// the next restart.
+/// A session persisted by a server with exact attention is not reused by one running the same
+/// model file with bf16 attention on the same data directory (their caches differ, so do their
+/// fingerprints), and the bf16 server answers as a cold one does; its own session is then
+/// reused by its own restart.
+#[test]
+fn another_attention_precision_never_reuses_a_persisted_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || persisting(dir.path(), engram_kv::EvictionPolicy::Weighted);
+    let turn1 = json!([{"role": "user", "content": "Remember the number 42 for me."}]);
+    let (addr, stop, thread) = start_stoppable(config());
+    let first = chat(addr, &turn1, json!({"max_tokens": 6}));
+    assert_eq!(first.status, 200, "{}", first.body);
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    assert!(!session_files(dir.path()).is_empty());
+
+    let bf16 = || Arc::new(Model::load(&fixture().1).unwrap().with_attention(engram_model::AttentionPrecision::Bf16));
+    let turn2 = json!([
+        {"role": "user", "content": "Remember the number 42 for me."},
+        {"role": "assistant", "content": content(&first)},
+        {"role": "user", "content": "Which number was it?"}
+    ]);
+    let cached = |r: &Resp| r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let (addr, stop, thread) = start_stoppable_with(bf16(), config());
+    let warm = chat(addr, &turn2, json!({"max_tokens": 6}));
+    assert_eq!(warm.status, 200, "{}", warm.body);
+    assert_eq!(cached(&warm), 0, "an exact session reused by a bf16 server");
+    assert_eq!(metric(addr, "engram_sessions_restored"), 0.0);
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    let (cold, stop, thread) = start_stoppable_with(bf16(), ServerConfig::new("tiny"));
+    assert_eq!(content(&chat(cold, &turn2, json!({"max_tokens": 6}))), content(&warm), "bf16 answer = a cold bf16 server's");
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+
+    // The bf16 server's own session is found by its own restart.
+    let (addr, stop, thread) = start_stoppable_with(bf16(), config());
+    let again = chat(addr, &turn2, json!({"max_tokens": 6}));
+    assert!(cached(&again) > 0, "a bf16 session not reused by a bf16 restart");
+    assert_eq!(content(&again), content(&warm));
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+}
+
 #[test]
 fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
     let dir = tempfile::tempdir().unwrap();
