@@ -76,6 +76,7 @@ fn chunked_prefill_logits_equal_one_shot() {
     let pool = pool(&m, KvFormat::F32);
     let ids = m.tokenizer.encode(&"Blocks of thirty-two tokens, shared and budgeted. ".repeat(8), true).unwrap().ids;
     assert!(ids.len() > 64);
+    // Exact last: the f16 comparison below runs exact.
     for attention in [AttentionPrecision::Bf16, AttentionPrecision::Exact] {
         m.set_attention(attention);
         let whole = Generator::new(&m, &pool).with_prefill_chunk(ids.len()).feed(&ids, true).unwrap();

@@ -1,7 +1,8 @@
 //! Throughput of the AMX-BF16 attention block kernel (`engram_kernels::flash`), single thread:
 //! `cargo run --release -p engram-kernels --example flash_speed [ROWS] [KEYS]`.
-//! Both precisions, interleaved. Prints ns per (16-row block × 32-key chunk) and effective GFLOP/s (QKᵀ + PV, 4·hd flops per
-//! row-key pair), so changes to the kernel can be compared side by side.
+//! Both precisions interleaved (`FLASH_PRECISION=exact|bf16` for one). Prints ns per (16-row
+//! block × 32-key chunk) and effective GFLOP/s (QKᵀ + PV, 4·hd flops per row-key pair), so
+//! changes to the kernel can be compared side by side.
 
 use std::time::Instant;
 
