@@ -391,13 +391,7 @@ mod imp {
                         Rows::F16(x) => halves_to_ps(load_halves((x.as_ptr() as *const u16).add(key * hd + h * 32), hd - h * 32)),
                         _ => (load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd)),
                     };
-                    if EXACT {
-                        let (xh, xl) = split_pair(a, b);
-                        _mm512_store_si512(kp.add(base + i) as *mut __m512i, xh);
-                        _mm512_store_si512(kp.add(base + T + i) as *mut __m512i, xl);
-                    } else {
-                        _mm512_store_si512(kp.add(base + i) as *mut __m512i, bf16_pair(a, b));
-                    }
+                    store_bf16::<EXACT, false>(kp.add(base), i, a, b);
                 }
             }
         }
@@ -429,13 +423,7 @@ mod imp {
                 let (db, r) = (d / 16, d % 16);
                 // Word pairs (key j, key j + 16): the pairing the softmax writes `Pᵀ` in.
                 let (x0, x1) = (_mm512_loadu_ps(vt.as_ptr().add(d * CHUNK)), _mm512_loadu_ps(vt.as_ptr().add(d * CHUNK + 16)));
-                if EXACT {
-                    let (xh, xl) = split_interleaved(x0, x1);
-                    _mm512_store_si512(vp.add(db * 2 * T + r) as *mut __m512i, xh);
-                    _mm512_store_si512(vp.add(db * 2 * T + T + r) as *mut __m512i, xl);
-                } else {
-                    _mm512_store_si512(vp.add(db * 2 * T + r) as *mut __m512i, bf16_interleaved(x0, x1));
-                }
+                store_bf16::<EXACT, true>(vp.add(db * 2 * T), r, x0, x1);
             }
         }
 
@@ -474,13 +462,7 @@ mod imp {
                         }
                         let (a, b) = halves_to_ps(_mm512_castps_si512(*line));
                         let (db, rr) = (d / 16, d % 16);
-                        if EXACT {
-                            let (xh, xl) = split_pair(a, b);
-                            _mm512_store_si512(vp.add(db * 2 * T + rr) as *mut __m512i, xh);
-                            _mm512_store_si512(vp.add(db * 2 * T + T + rr) as *mut __m512i, xl);
-                        } else {
-                            _mm512_store_si512(vp.add(db * 2 * T + rr) as *mut __m512i, bf16_pair(a, b));
-                        }
+                        store_bf16::<EXACT, false>(vp.add(db * 2 * T), rr, a, b);
                     }
                 }
             }
@@ -893,6 +875,22 @@ mod imp {
             cfg.0[48 + t] = 16;
         }
         asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+    }
+
+    /// Stores two 16-float vectors as line `r` of the bf16 tile at `tile`: words `a` then `b`,
+    /// or with `INTERLEAVED` dword `j` = `[a[j], b[j]]`. `EXACT`: split into hi (this tile) and
+    /// lo (the tile after it), else rounded once into this tile.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn store_bf16<const EXACT: bool, const INTERLEAVED: bool>(tile: *mut Line, r: usize, a: __m512, b: __m512) {
+        if EXACT {
+            let (hi, lo) = if INTERLEAVED { split_interleaved(a, b) } else { split_pair(a, b) };
+            _mm512_store_si512(tile.add(r) as *mut __m512i, hi);
+            _mm512_store_si512(tile.add(T + r) as *mut __m512i, lo);
+        } else {
+            let hi = if INTERLEAVED { bf16_interleaved(a, b) } else { bf16_pair(a, b) };
+            _mm512_store_si512(tile.add(r) as *mut __m512i, hi);
+        }
     }
 
     /// 32 halves (f16 bits) → two 16-float vectors (exact), word order kept.
