@@ -260,9 +260,9 @@ pub fn run(a: Args) -> Result<()> {
         }
         rows.push(compare(scheme.name(), &exact, &logits, c.vocab, scheme.bytes_per_head_token(c.head_dim) / f16_bytes));
     }
-    let (vocab, formats) = (c.vocab, [KvFormat::F32, KvFormat::F16, KvFormat::Q8, KvFormat::Q4]);
+    let vocab = c.vocab;
     model.set_attention(AttentionPrecision::Bf16);
-    for format in formats {
+    for format in [KvFormat::F32, KvFormat::F16, KvFormat::Q8, KvFormat::Q4] {
         let logits = decode(&model, format)?;
         rows.push(compare(&format!("{}+bf16-attn", format.name()), &exact, &logits, vocab, bytes_vs_f16(format)));
     }
