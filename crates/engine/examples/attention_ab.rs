@@ -23,7 +23,11 @@ fn main() {
     let pool = KvPool::new(KvLayout::of(&model.config), format, 16 << 30);
     let vocab = model.config.vocab.min(model.tokenizer.vocab_size()) as u64;
     let ids = |n: usize, salt: u64| -> Vec<u32> { (0..n as u64).map(|i| ((i * 2_654_435_761 + salt) % (vocab - 1) + 1) as u32).collect() };
-    let precisions = [AttentionPrecision::Exact, AttentionPrecision::Bf16];
+    // `ATTENTION=exact|bf16` runs one precision only (for profiling one path).
+    let precisions: Vec<AttentionPrecision> = match std::env::var("ATTENTION") {
+        Ok(p) => vec![p.parse().expect("ATTENTION: exact or bf16")],
+        Err(_) => vec![AttentionPrecision::Exact, AttentionPrecision::Bf16],
+    };
     let mut cases = Vec::new();
     for &h in &histories {
         eprintln!("prefilling {h} tokens...");
@@ -59,10 +63,17 @@ fn main() {
         v[v.len() / 2]
     };
     println!("{format} KV");
-    println!("{:>8} {:>10} {:>10} {:>12} {:>12}", "history", "exact ms", "bf16 ms", "exact / 1st", "bf16 / 1st");
+    let mut head = format!("{:>8}", "history");
+    for p in &precisions {
+        head += &format!(" {:>10} {:>12}", format!("{} ms", p.name()), format!("{} / 1st", p.name()));
+    }
+    println!("{head}");
     for (hi, &h) in histories.iter().enumerate() {
-        let (e, b) = (median(&times[hi][0]), median(&times[hi][1]));
-        let (e0, b0) = (median(&times[0][0]), median(&times[0][1]));
-        println!("{h:>8} {e:>10.1} {b:>10.1} {:>11.2}x {:>11.2}x", e / e0, b / b0);
+        let mut line = format!("{h:>8}");
+        for pi in 0..precisions.len() {
+            let (t, t0) = (median(&times[hi][pi]), median(&times[0][pi]));
+            line += &format!(" {t:>10.1} {:>11.2}x", t / t0);
+        }
+        println!("{line}");
     }
 }

@@ -71,10 +71,11 @@ fn gather_queries(t: &AttnTask<'_>) -> Vec<f32> {
 ///
 /// Long contexts are read from RAM, 32 tokens of one head at a time (8 KiB of f16 keys and
 /// values per head and block, a whole block's stride apart), which the hardware prefetcher
-/// barely follows; so the rows of the chunk the cache names as [`KvChunk::ahead`] are
-/// prefetched into L2 while this one is packed and attended, and arrive before they are needed.
+/// barely follows; so the rows of the chunk the cache names as [`KvChunk::ahead`] are queued
+/// with [`engram_kernels::flash::Flash::prefetch`], which issues them into L2 a few lines per
+/// row block while this chunk is attended, and they arrive before they are needed.
 fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
-    use engram_kernels::flash::{prefetch_l2, Rows, CHUNK};
+    use engram_kernels::flash::{Rows, CHUNK};
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
     let q = gather_queries(t);
@@ -89,7 +90,7 @@ fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
             for (bytes, elem) in [(k, chunk.keys.elem), (v, chunk.values.elem)] {
                 let rb = elem.row_bytes(hd);
                 let row0 = t.kv_head * chunk.capacity;
-                prefetch_l2(&bytes[row0 * rb..(row0 + chunk.capacity) * rb]);
+                flash.prefetch(&bytes[row0 * rb..(row0 + chunk.capacity) * rb]);
             }
         }
         let elem = chunk.keys.elem;

@@ -102,19 +102,6 @@ impl Rows<'_> {
     }
 }
 
-/// Hints the CPU to bring `bytes` into L2 (one prefetch per 64-byte line); no effect on
-/// results, a no-op where there is no prefetch instruction.
-#[inline]
-pub fn prefetch_l2(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        // SAFETY: prefetching never faults and does not change memory; SSE is baseline on x86-64.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr() as *const i8) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
-
 #[cfg(target_arch = "x86_64")]
 mod imp;
 
@@ -136,6 +123,7 @@ mod imp {
         }
         pub fn add_chunk(&mut self, _k: &[f32], _v: &[f32], _n: usize, _key_pos0: usize, _mask: Option<&[bool]>) {}
         pub fn add_rows(&mut self, _k: super::Rows<'_>, _v: super::Rows<'_>, _n: usize, _key_pos0: usize, _mask: Option<&[bool]>) {}
+        pub fn prefetch(&mut self, _bytes: &[u8]) {}
         pub fn finish(&mut self, _out: &mut [f32]) {}
     }
 }

@@ -48,6 +48,7 @@ impl Flash {
         // Per item `i`: the value products of item `i - 1` (its `Pᵀ` long stored), the scores
         // of item `i + 1`, then the softmax of item `i` — so the tile unit always has work
         // queued that does not wait for the softmax running on the vector units.
+        let share = self.prefetch_share(items.len());
         let mut held = None;
         if let Some(&(b, c)) = items.first() {
             self.group_scores(b, c, 0);
@@ -55,6 +56,7 @@ impl Flash {
         for i in 0..items.len() {
             let (b, c) = items[i];
             let slot = i % 2;
+            self.issue_prefetches(share);
             if i > 0 {
                 self.group_values(items[i - 1].1, 1 - slot);
             }
@@ -135,8 +137,8 @@ impl Flash {
                 "tileloadd tmm7, [{k1} + {s}*1]",
                 "tdpbf16ps tmm1, tmm7, tmm6",
                 q = in(reg) self.q.as_ptr().add((b * self.halves + h) * 2 * T),
-                k0 = in(reg) k.add(h * 2 * T),
-                k1 = in(reg) k.add((self.halves + h) * 2 * T),
+                k0 = in(reg) k.add(h * self.pair),
+                k1 = in(reg) k.add((self.halves + h) * self.pair),
                 s = in(reg) stride,
                 options(nostack, readonly),
             );
@@ -158,7 +160,7 @@ impl Flash {
                     asm!(
                         "tileloadd tmm7, [{v} + {s}*1]",
                         concat!("tdpbf16ps ", $t, ", tmm7, tmm6"),
-                        v = in(reg) v.add($db * 2 * T),
+                        v = in(reg) v.add($db * self.pair),
                         s = in(reg) stride,
                         options(nostack, readonly),
                     );

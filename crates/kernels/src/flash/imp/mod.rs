@@ -50,6 +50,9 @@ pub struct Flash {
     items: Vec<(usize, usize)>,
     /// Lines of `k` and `v` per chunk slot.
     k_lines: usize,
+    /// Lines per key or value tile pair in `k` and `v`: hi then lo tile (exact), or the hi
+    /// tile alone, so a bf16 chunk's tiles lie contiguous and spread over every L1 set.
+    pair: usize,
     v_lines: usize,
     hd: usize,
     rows: usize,
@@ -74,6 +77,9 @@ pub struct Flash {
     s: Vec<Line>,
     p: Vec<Line>,
     vt: Vec<f32>,
+    /// Lines queued by [`Flash::prefetch`] (address, count), issued a few per row block.
+    prefetch: std::collections::VecDeque<(usize, usize)>,
+    prefetch_lines: usize,
 }
 
 /// `x = hi + lo`, both bf16 rounded to nearest even (as the hardware's `vcvtneps2bf16`).
@@ -116,13 +122,15 @@ impl Flash {
         }
         let grouped = !exact && hd <= 64;
         let slots = if grouped { GROUP } else { 1 };
-        let (k_lines, v_lines) = (2 * halves * 2 * T, hd / 16 * 2 * T);
+        let pair = if exact { 2 * T } else { T };
+        let (k_lines, v_lines) = (2 * halves * pair, hd / 16 * pair);
         Flash {
             exact,
             grouped,
             queued: Vec::with_capacity(GROUP),
             items: Vec::new(),
             k_lines,
+            pair,
             v_lines,
             hd,
             rows,
@@ -138,6 +146,8 @@ impl Flash {
             s: vec![ZERO; 4 * T],
             p: vec![ZERO; 4 * T],
             vt: vec![0.0; hd * CHUNK],
+            prefetch: std::collections::VecDeque::new(),
+            prefetch_lines: 0,
         }
     }
 
@@ -192,6 +202,43 @@ impl Flash {
         }
     }
 
+    /// Queues `bytes` (a later chunk's stored rows) to be prefetched into L2 while the next
+    /// chunks are attended: a few lines per row block, not all at once — a burst of a chunk's
+    /// 128 prefetches fills the core's queue of outstanding misses and stalls it. A hint only:
+    /// the bytes are never read here, and no result depends on it.
+    pub fn prefetch(&mut self, bytes: &[u8]) {
+        let lines = bytes.len().div_ceil(64);
+        if lines > 0 {
+            self.prefetch.push_back((bytes.as_ptr() as usize, lines));
+            self.prefetch_lines += lines;
+        }
+    }
+
+    /// How many queued lines to issue per row block so the queue drains over `steps` of them.
+    fn prefetch_share(&self, steps: usize) -> usize {
+        self.prefetch_lines.div_ceil(steps.max(1))
+    }
+
+    /// Issues up to `lines` queued prefetches (into L2).
+    #[inline]
+    fn issue_prefetches(&mut self, mut lines: usize) {
+        while lines > 0 {
+            let Some((addr, count)) = self.prefetch.front_mut() else { return };
+            let n = lines.min(*count);
+            for i in 0..n {
+                // SAFETY: prefetching never faults and changes no memory.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>((*addr + 64 * i) as *const i8) };
+            }
+            *addr += 64 * n;
+            *count -= n;
+            lines -= n;
+            self.prefetch_lines -= n;
+            if *count == 0 {
+                self.prefetch.pop_front();
+            }
+        }
+    }
+
     /// Runs every row block over the packed chunk (`self.k`, `self.v`). `EXACT`: see
     /// [`Flash::exact`]; the const parameters below mean the same.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
@@ -202,8 +249,10 @@ impl Flash {
         // their state bitwise as an all-masked update would.
         let sees = |qpos: &[u32; 16]| !qpos.iter().all(|&p| p == u32::MAX || (p as usize) < key_pos0);
         let causal = |qpos: &[u32; 16]| qpos.iter().any(|&p| p < last_key);
+        let share = self.prefetch_share(self.blocks);
         if EXACT {
             for b in 0..self.blocks {
+                self.issue_prefetches(share);
                 if !sees(&self.qpos[b]) {
                     continue;
                 }
@@ -223,6 +272,7 @@ impl Flash {
             self.scores::<EXACT>(b, slot);
         }
         while let Some(b) = next {
+            self.issue_prefetches(share);
             next = (b + 1..self.blocks).find(|&b| sees(&self.qpos[b]));
             if let Some(nb) = next {
                 self.scores::<EXACT>(nb, 1 - slot);
@@ -241,6 +291,8 @@ impl Flash {
             // SAFETY: as in `add_rows` (only chunks packed there are queued).
             unsafe { self.attend_group() };
         }
+        self.prefetch.clear();
+        self.prefetch_lines = 0;
         let hd = self.hd;
         assert_eq!(out.len(), self.rows * hd);
         for r in 0..self.rows {
@@ -260,8 +312,8 @@ impl Flash {
         asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
         for h in 0..self.halves {
             let q = self.q.as_ptr().add((b * self.halves + h) * 2 * T);
-            let k0 = self.k.as_ptr().add(h * 2 * T);
-            let k1 = self.k.as_ptr().add((self.halves + h) * 2 * T);
+            let k0 = self.k.as_ptr().add(h * self.pair);
+            let k1 = self.k.as_ptr().add((self.halves + h) * self.pair);
             if !EXACT {
                 // Tiles 0-3 only: [`Self::accumulate`] keeps to 4-7 at this precision.
                 asm!(
@@ -455,7 +507,7 @@ impl Flash {
                         concat!("tdpbf16ps ", $acc, ", tmm7, tmm4"),
                         concat!("tilestored [{a} + {s}*1], ", $acc),
                         a = in(reg) acc.add($db * 16 * 16),
-                        vh = in(reg) self.v.as_ptr().add($db * 2 * T),
+                        vh = in(reg) self.v.as_ptr().add($db * self.pair),
                         s = in(reg) stride,
                         options(nostack),
                     )
@@ -480,7 +532,7 @@ impl Flash {
         );
         let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
         for db in 0..dbs {
-            let v = self.v.as_ptr().add(db * 2 * T);
+            let v = self.v.as_ptr().add(db * self.pair);
             asm!(
                 "tileloadd tmm0, [{a} + {s}*1]",
                 "tileloadd tmm6, [{vh} + {s}*1]",

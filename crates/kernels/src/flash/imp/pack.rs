@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::vector::*;
-use super::{Flash, Rows, CHUNK, T};
+use super::{Flash, Rows, CHUNK};
 
 impl Flash {
     /// Keys as `A` tiles: line `i` of (key half `kh`, dim half `h`) = key `16·kh + i`'s
@@ -13,17 +13,28 @@ impl Flash {
     pub(super) unsafe fn pack_keys<const EXACT: bool>(&mut self, keys: Rows<'_>, n: usize, slot: usize) {
         let (hd, halves) = (self.hd, self.halves);
         let kp = self.k.as_mut_ptr().add(slot * self.k_lines);
-        for key in 0..CHUNK {
-            let (kh, i) = (key / 16, key % 16);
+        let line = |key: usize, h: usize| kp.add((key / 16 * halves + h) * self.pair);
+        if let Rows::F16(x) = keys {
+            // The common case in its own loop: one 64-byte load per line, no per-line match.
+            let src = x.as_ptr() as *const u16;
+            for key in 0..n {
+                for h in 0..halves {
+                    let (a, b) = halves_to_ps(load_halves(src.add(key * hd + h * 32), hd - h * 32));
+                    store_bf16::<EXACT, false>(line(key, h), key % 16, a, b);
+                }
+            }
+        } else {
+            for key in 0..n {
+                for h in 0..halves {
+                    let (a, b) = (load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd));
+                    store_bf16::<EXACT, false>(line(key, h), key % 16, a, b);
+                }
+            }
+        }
+        let zero = _mm512_setzero_ps();
+        for key in n..CHUNK {
             for h in 0..halves {
-                let base = (kh * halves + h) * 2 * T;
-                let (a, b) = match keys {
-                    _ if key >= n => (_mm512_setzero_ps(), _mm512_setzero_ps()),
-                    // One 64-byte load per line.
-                    Rows::F16(x) => halves_to_ps(load_halves((x.as_ptr() as *const u16).add(key * hd + h * 32), hd - h * 32)),
-                    _ => (load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd)),
-                };
-                store_bf16::<EXACT, false>(kp.add(base), i, a, b);
+                store_bf16::<EXACT, false>(line(key, h), key % 16, zero, zero);
             }
         }
     }
@@ -55,7 +66,7 @@ impl Flash {
             let (db, r) = (d / 16, d % 16);
             // Word pairs (key j, key j + 16): the pairing the softmax writes `Pᵀ` in.
             let (x0, x1) = (_mm512_loadu_ps(vt.as_ptr().add(d * CHUNK)), _mm512_loadu_ps(vt.as_ptr().add(d * CHUNK + 16)));
-            store_bf16::<EXACT, true>(vp.add(db * 2 * T), r, x0, x1);
+            store_bf16::<EXACT, true>(vp.add(db * self.pair), r, x0, x1);
         }
     }
 
@@ -94,7 +105,7 @@ impl Flash {
                     }
                     let (a, b) = halves_to_ps(_mm512_castps_si512(*line));
                     let (db, rr) = (d / 16, d % 16);
-                    store_bf16::<EXACT, false>(vp.add(db * 2 * T), rr, a, b);
+                    store_bf16::<EXACT, false>(vp.add(db * self.pair), rr, a, b);
                 }
             }
         }

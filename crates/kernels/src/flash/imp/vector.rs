@@ -114,18 +114,26 @@ pub(super) unsafe fn load16(rows: super::Rows<'_>, key: usize, c: usize, hd: usi
 
 /// Transposes a 16×16 f32 matrix held as 16 row vectors: four butterfly stages, each
 /// swapping the off-diagonal `s × s` sub-blocks (s = 8, 4, 2, 1) with two-source permutes.
-#[inline]
-#[target_feature(enable = "avx512f")]
+/// (One const-generic stage each, so every loop unrolls and the rows stay in registers.)
+#[inline(always)]
 pub(super) unsafe fn transpose16(r: &mut [__m512; 16]) {
-    for (k, s) in [8usize, 4, 2, 1].into_iter().enumerate() {
-        let lo = _mm512_loadu_si512(TRANSPOSE_IDX[k][0].as_ptr() as *const _);
-        let hi = _mm512_loadu_si512(TRANSPOSE_IDX[k][1].as_ptr() as *const _);
-        for i in 0..16 {
-            if i & s == 0 {
-                let (a, b) = (r[i], r[i + s]);
-                r[i] = _mm512_permutex2var_ps(a, lo, b);
-                r[i + s] = _mm512_permutex2var_ps(a, hi, b);
-            }
+    transpose_stage::<8, 0>(r);
+    transpose_stage::<4, 1>(r);
+    transpose_stage::<2, 2>(r);
+    transpose_stage::<1, 3>(r);
+}
+
+/// One stage of [`transpose16`]: rows `i` and `i + S` (for `i & S == 0`) exchange their
+/// off-diagonal `S`-lane blocks, with the indices of stage `K`.
+#[inline(always)]
+unsafe fn transpose_stage<const S: usize, const K: usize>(r: &mut [__m512; 16]) {
+    let lo = _mm512_loadu_si512(TRANSPOSE_IDX[K][0].as_ptr() as *const _);
+    let hi = _mm512_loadu_si512(TRANSPOSE_IDX[K][1].as_ptr() as *const _);
+    for i in 0..16 {
+        if i & S == 0 {
+            let (a, b) = (r[i], r[i + S]);
+            r[i] = _mm512_permutex2var_ps(a, lo, b);
+            r[i + S] = _mm512_permutex2var_ps(a, hi, b);
         }
     }
 }
