@@ -250,22 +250,10 @@ impl Flash {
         let sees = |qpos: &[u32; 16]| !qpos.iter().all(|&p| p == u32::MAX || (p as usize) < key_pos0);
         let causal = |qpos: &[u32; 16]| qpos.iter().any(|&p| p < last_key);
         let share = self.prefetch_share(self.blocks);
-        if EXACT {
-            for b in 0..self.blocks {
-                self.issue_prefetches(share);
-                if !sees(&self.qpos[b]) {
-                    continue;
-                }
-                let c = causal(&self.qpos[b]);
-                self.scores::<EXACT>(b, 0);
-                self.softmax::<EXACT, false>(b, 0, n, key_pos0, c, mask);
-                self.accumulate::<EXACT>(b, 0);
-            }
-            return;
-        }
-        // Bf16 with head dims over 64 (the grouped path takes the rest): the next block's
-        // scores are issued before this block's softmax, on tiles apart (scores 0-3, values
-        // 4-7) and scratch slots apart, so the tile unit works while the vectors do.
+        // Exact, or bf16 with head dims over 64 (the grouped path takes the rest): the next
+        // block's scores are issued before this block's softmax, into the other scratch slot
+        // (and at bf16 on tiles apart: scores 0-3, values 4-7), so the tile unit has work
+        // queued while the vectors run.
         let mut next = (0..self.blocks).find(|&b| sees(&self.qpos[b]));
         let mut slot = 0;
         if let Some(b) = next {
@@ -390,10 +378,25 @@ impl Flash {
         let qpos = _mm512_loadu_si512(self.qpos[b].as_ptr() as *const _);
         // Four running maxima, combined at the end: one chain of 32 dependent `vmaxps` would
         // hold every `exp` below back by its latency (max is exact, so the order is free).
-        let mut mx = [ninf; 4];
         // Every key visible to every row (a full chunk of history, the common case): no score
         // is -inf, so nothing is rewritten and `exp` needs no guard for it.
         let all_visible = n == CHUNK && mask.is_none() && !causal;
+        if LAZY && all_visible {
+            // The maxima as they stand, without looking for the chunk's own: if no row's sum
+            // reaches 2^LAZY_MAX, no score passed its row's maximum by LAZY_MAX, so none
+            // would move, and these are the probabilities and sums the full path below
+            // computes (bitwise: it also leaves `corr` = 1 and `l` = l + sum for such rows).
+            let m_old = _mm512_loadu_ps(self.m.as_ptr().add(b * 16));
+            if _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_old, ninf) == 0 {
+                let sum = self.probabilities_bf16::<false>(slot, m_old);
+                if _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(sum, _mm512_set1_ps(LAZY_MAX.exp2())) == 0 {
+                    let l = self.l.as_mut_ptr().add(b * 16);
+                    _mm512_storeu_ps(l, _mm512_add_ps(_mm512_loadu_ps(l), sum));
+                    return;
+                }
+            }
+        }
+        let mut mx = [ninf; 4];
         for i in 0..CHUNK {
             let row = s.add(i * 16);
             let mut x = _mm512_load_ps(row);
@@ -456,7 +459,8 @@ impl Flash {
             return self.probabilities_bf16::<GUARD>(slot, m_safe);
         }
         let s = self.s.as_ptr().add(slot * 2 * T) as *const f32;
-        let (ph, pl) = (self.p.as_mut_ptr() as *mut __m512i, self.p.as_mut_ptr().add(T) as *mut __m512i);
+        let p = self.p.as_mut_ptr().add(slot * 2 * T);
+        let (ph, pl) = (p as *mut __m512i, p.add(T) as *mut __m512i);
         let mut sum = _mm512_setzero_ps();
         for j in 0..CHUNK / 2 {
             // Line j of `Pᵀ` pairs keys j and j + 16 (see the module doc).
@@ -477,14 +481,18 @@ impl Flash {
     unsafe fn probabilities_bf16<const GUARD: bool>(&mut self, slot: usize, m_safe: __m512) -> __m512 {
         let s = self.s.as_ptr().add(slot * 2 * T) as *const f32;
         let ph = self.p.as_mut_ptr().add(slot * 2 * T) as *mut __m512i;
-        let mut sum = _mm512_setzero_ps();
+        // Row sums of the rounded probabilities, as the tile unit weighs the values: one
+        // `vdpbf16ps` by (1, 1) per line, over two chains.
+        let ones = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3F80_3F80));
+        let mut sum = [_mm512_setzero_ps(); 2];
         for j in 0..CHUNK / 2 {
             let pa = exp2_16::<GUARD>(_mm512_sub_ps(_mm512_load_ps(s.add(j * 16)), m_safe));
             let pb = exp2_16::<GUARD>(_mm512_sub_ps(_mm512_load_ps(s.add((j + 16) * 16)), m_safe));
-            sum = _mm512_add_ps(sum, _mm512_add_ps(pa, pb));
-            _mm512_store_si512(ph.add(j), bf16_interleaved(pa, pb));
+            let line = bf16_interleaved(pa, pb);
+            _mm512_store_si512(ph.add(j), line);
+            sum[j % 2] = _mm512_dpbf16_ps(sum[j % 2], std::mem::transmute::<__m512i, __m512bh>(line), ones);
         }
-        sum
+        _mm512_add_ps(sum[0], sum[1])
     }
 
     /// `Oᵀ += Vᵀ · Pᵀ` for block `b`, accumulated by the tile unit straight into the block's
