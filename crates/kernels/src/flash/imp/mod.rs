@@ -484,15 +484,19 @@ impl Flash {
         // Row sums of the rounded probabilities, as the tile unit weighs the values: one
         // `vdpbf16ps` by (1, 1) per line, over two chains.
         let ones = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3F80_3F80));
-        let mut sum = [_mm512_setzero_ps(); 2];
-        for j in 0..CHUNK / 2 {
+        let line = |j: usize| {
             let pa = exp2_16::<GUARD>(_mm512_sub_ps(_mm512_load_ps(s.add(j * 16)), m_safe));
             let pb = exp2_16::<GUARD>(_mm512_sub_ps(_mm512_load_ps(s.add((j + 16) * 16)), m_safe));
             let line = bf16_interleaved(pa, pb);
             _mm512_store_si512(ph.add(j), line);
-            sum[j % 2] = _mm512_dpbf16_ps(sum[j % 2], std::mem::transmute::<__m512i, __m512bh>(line), ones);
+            std::mem::transmute::<__m512i, __m512bh>(line)
+        };
+        let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for j in (0..CHUNK / 2).step_by(2) {
+            s0 = _mm512_dpbf16_ps(s0, line(j), ones);
+            s1 = _mm512_dpbf16_ps(s1, line(j + 1), ones);
         }
-        _mm512_add_ps(sum[0], sum[1])
+        _mm512_add_ps(s0, s1)
     }
 
     /// `Oᵀ += Vᵀ · Pᵀ` for block `b`, accumulated by the tile unit straight into the block's
