@@ -98,18 +98,26 @@ pub(super) unsafe fn load16(rows: super::Rows<'_>, key: usize, c: usize, hd: usi
         Rows::F16(x) => _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add((key * hd + d0) * 2) as *const __m256i)),
         Rows::Q8_0(x) => {
             let block = x.as_ptr().add((key * hd / 32 + c / 2) * 34);
-            let d = _mm512_set1_ps(half::f16::from_bits(u16::from_le_bytes([*block, *block.add(1)])).to_f32());
+            let d = scale16(block);
             let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(2 + 16 * (c % 2)) as *const __m128i));
             _mm512_mul_ps(d, _mm512_cvtepi32_ps(q))
         }
         Rows::Q4_0(x) => {
             let block = x.as_ptr().add((key * hd / 32 + c / 2) * 18);
-            let d = _mm512_set1_ps(half::f16::from_bits(u16::from_le_bytes([*block, *block.add(1)])).to_f32());
+            let d = scale16(block);
             let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(block.add(2) as *const __m128i));
             let nib = if c % 2 == 0 { _mm512_and_si512(bytes, _mm512_set1_epi32(0xF)) } else { _mm512_srli_epi32::<4>(bytes) };
             _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(nib, _mm512_set1_epi32(8))))
         }
     }
+}
+
+/// A quantized block's f16 scale (its first two bytes, little-endian) in all 16 lanes, by
+/// the hardware conversion.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn scale16(block: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes([*block, *block.add(1)])))
 }
 
 /// Transposes a 16×16 f32 matrix held as 16 row vectors: four butterfly stages, each
