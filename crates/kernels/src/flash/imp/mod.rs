@@ -82,10 +82,36 @@ pub struct Flash {
     prefetch_lines: usize,
 }
 
-/// `x = hi + lo`, both bf16 rounded to nearest even (as the hardware's `vcvtneps2bf16`).
-fn split(x: f32) -> (u16, u16) {
-    let hi = half::bf16::from_f32(x);
-    (hi.to_bits(), half::bf16::from_f32(x - hi.to_f32()).to_bits())
+/// Queries (times `scale`) as `B` tiles, per block of 16 rows and dim half of 32: line `j`
+/// holds dims `2j, 2j + 1` of each row `n` as dword `n`, split into a hi tile and the lo tile
+/// after it ([`split_pair`]); missing rows and dims are zero. Each row's 16 dim pairs are one
+/// vector, so a block is 16 rows split and one dword transpose per tile.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn pack_queries(q: &[f32], rows: usize, hd: usize, scale: f32, qp: &mut [Line]) {
+    let (halves, scale) = (hd.div_ceil(32), _mm512_set1_ps(scale));
+    let load = |r: usize, d0: usize| {
+        if r < rows && d0 < hd {
+            _mm512_mul_ps(_mm512_loadu_ps(q.as_ptr().add(r * hd + d0)), scale)
+        } else {
+            _mm512_setzero_ps()
+        }
+    };
+    for b in 0..rows.div_ceil(16) {
+        for h in 0..halves {
+            let (mut hi, mut lo) = ([_mm512_setzero_ps(); 16], [_mm512_setzero_ps(); 16]);
+            for n in 0..16 {
+                let (h_bits, l_bits) = split_pair(load(16 * b + n, 32 * h), load(16 * b + n, 32 * h + 16));
+                (hi[n], lo[n]) = (_mm512_castsi512_ps(h_bits), _mm512_castsi512_ps(l_bits));
+            }
+            transpose16(&mut hi);
+            transpose16(&mut lo);
+            let base = qp.as_mut_ptr().add((b * halves + h) * 2 * T);
+            for j in 0..16 {
+                _mm512_store_ps(base.add(j) as *mut f32, hi[j]);
+                _mm512_store_ps(base.add(T + j) as *mut f32, lo[j]);
+            }
+        }
+    }
 }
 
 impl Flash {
@@ -109,17 +135,11 @@ impl Flash {
         let mut qp = vec![ZERO; blocks * halves * 2 * T];
         let mut qpos = vec![[u32::MAX; 16]; blocks];
         for r in 0..rows {
-            let (b, n) = (r / 16, r % 16);
-            qpos[b][n] = (pos0 + r / rows_per_pos) as u32;
-            for d in 0..hd {
-                let (hi, lo) = split(q[r * hd + d] * qscale);
-                let (h, j, e) = (d / 32, (d % 32) / 2, d % 2);
-                let base = (b * halves + h) * 2 * T;
-                let at = n * 4 + e * 2;
-                qp[base + j].0[at..at + 2].copy_from_slice(&hi.to_le_bytes());
-                qp[base + T + j].0[at..at + 2].copy_from_slice(&lo.to_le_bytes());
-            }
+            qpos[r / 16][r % 16] = (pos0 + r / rows_per_pos) as u32;
         }
+        // SAFETY: `supported` checked AVX-512 (F, BW, VL, BF16); `pack_queries` reads `rows`
+        // rows of `hd` values of `q` (length asserted above) and writes within `qp`.
+        unsafe { pack_queries(q, rows, hd, qscale, &mut qp) };
         let grouped = !exact && hd <= 64;
         let slots = if grouped { GROUP } else { 1 };
         let pair = if exact { 2 * T } else { T };
