@@ -7,7 +7,9 @@
 //! past that the times add up. Second: the same at 64 for each instruction the attention softmax
 //! uses — all overlap alike, so it is the amount of vector work, not the mix. The softmax needs
 //! ~25-40 vector instructions per tile product, which is why interleaving it with the tile work
-//! (tried: blocks software-pipelined) did not pay off there.
+//! (tried: blocks software-pipelined) did not pay off there. Third: tile loads and stores beside
+//! 64 FMAs — unlike products, they do not overlap vector work at all (interleaved ≈ the sum),
+//! so every `tileloadd`/`tilestored` of the attention kernel adds to its time.
 
 #[cfg(target_arch = "x86_64")]
 fn main() {
@@ -29,6 +31,46 @@ fn main() {
             "tdpbf16ps tmm3, tmm4, tmm5",
             options(nostack, nomem)
         );
+    }
+
+    /// Tile memory operations: `loads` = 4 `tileloadd` (tiles 4-7, the same `ones` the
+    /// products read, from L1), else one
+    /// `tilestored` (tile 0 into `dst`).
+    #[inline(always)]
+    unsafe fn tile_memory(loads: bool, src: *const Line, dst: *mut Line) {
+        if loads {
+            asm!(
+                "tileloadd tmm4, [{0} + {1}*1]",
+                "tileloadd tmm5, [{0} + {1}*1]",
+                "tileloadd tmm6, [{0} + {1}*1]",
+                "tileloadd tmm7, [{0} + {1}*1]",
+                in(reg) src, in(reg) 64usize, options(nostack, readonly)
+            );
+        } else {
+            asm!("tilestored [{0} + {1}*1], tmm0", in(reg) dst, in(reg) 64usize, options(nostack));
+        }
+    }
+
+    /// [`run`] with tile memory operations in place of the products (`ops`: 0 none, 1 loads,
+    /// 2 a store) beside `fmas` FMAs.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn run_memory(iters: usize, ops: u8, fmas: usize, src: *const Line, dst: *mut Line) -> f64 {
+        let mut v = [_mm512_set1_ps(1.0); 8];
+        let m = _mm512_set1_ps(0.999);
+        let t = Instant::now();
+        for _ in 0..iters {
+            if ops > 0 {
+                tile_memory(ops == 1, src, dst);
+            }
+            for _ in 0..fmas / 8 {
+                for x in v.iter_mut() {
+                    *x = _mm512_fmadd_ps(*x, m, m);
+                }
+            }
+        }
+        let ns = t.elapsed().as_secs_f64() * 1e9 / iters as f64;
+        std::hint::black_box(v);
+        ns
     }
 
     #[target_feature(enable = "avx512f")]
@@ -132,6 +174,20 @@ fn main() {
     bench!("vpsllvd", "vpsllvd");
     bench!("vpsrlvd", "vpsrlvd");
     bench!("vpshufb", "vpshufb");
+
+    println!();
+    println!("| beside 64 FMAs | the tile operations alone | the FMAs alone | interleaved | sum of the two |");
+    println!("|---|---:|---:|---:|---:|");
+    let mut stored = vec![Line([0; 64]); 16];
+    for (ops, name) in [(1u8, "4 `tileloadd` (L1)"), (2, "1 `tilestored`")] {
+        // SAFETY: as above; the loads read the 16 lines of `ones`, the store writes 16 lines of
+        // `stored`.
+        let (a, b, c) = unsafe {
+            let (src, dst) = (ones.as_ptr(), stored.as_mut_ptr());
+            (run_memory(iters, ops, 0, src, dst), run_memory(iters, 0, 64, src, dst), run_memory(iters, ops, 64, src, dst))
+        };
+        println!("| {name} | {a:.1} ns | {b:.1} ns | {c:.1} ns | {:.1} ns |", a + b);
+    }
 
     // SAFETY: releases the tile state configured above.
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
