@@ -40,6 +40,39 @@ fn f16_chunks_equal_their_f32_values_bitwise() {
     }
 }
 
+/// `Flash::prefetch` is a hint: queued lines (here also of buffers freed before they are
+/// issued) change no bit of the result, at either precision, across group boundaries.
+#[test]
+fn prefetching_changes_no_result() {
+    if !supported(64) {
+        eprintln!("no AMX-BF16 here: tile path not tested");
+        return;
+    }
+    let (hd, rows, chunks) = (64, 48, 19);
+    let q: Vec<f32> = values(rows * hd, 5).iter().map(|x| x.to_f32() * 0.2).collect();
+    let pos0 = chunks * CHUNK - rows;
+    for precision in [Precision::Exact, Precision::Bf16] {
+        let mut a = Flash::with_precision(&q, rows, hd, pos0, 1, precision);
+        let mut b = Flash::with_precision(&q, rows, hd, pos0, 1, precision);
+        let far = vec![7u8; 1 << 20];
+        for c in 0..chunks {
+            let bytes = |x: &[f16]| x.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
+            let (k, v) = (bytes(&values(CHUNK * hd, 30 + c)), bytes(&values(CHUNK * hd, 40 + c)));
+            let gone = bytes(&values(CHUNK * hd, 50 + c));
+            a.prefetch(&gone);
+            drop(gone);
+            a.prefetch(&far[c * 4096..(c + 8) * 4096]);
+            a.prefetch(&[]);
+            a.add_rows(Rows::F16(&k), Rows::F16(&v), CHUNK, c * CHUNK, None);
+            b.add_rows(Rows::F16(&k), Rows::F16(&v), CHUNK, c * CHUNK, None);
+        }
+        let (mut oa, mut ob) = (vec![0f32; rows * hd], vec![0f32; rows * hd]);
+        a.finish(&mut oa);
+        b.finish(&mut ob);
+        assert!(oa.iter().zip(&ob).all(|(x, y)| x.to_bits() == y.to_bits()), "{precision:?}: prefetching changed the result");
+    }
+}
+
 fn rows_of(dtype: DType, b: &[u8]) -> Rows<'_> {
     if dtype == DType::Q8_0 {
         Rows::Q8_0(b)

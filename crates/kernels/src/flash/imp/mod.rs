@@ -72,8 +72,8 @@ pub struct Flash {
     k: Vec<Line>,
     /// Values transposed, per 16-dim block: hi tile then lo tile.
     v: Vec<Line>,
-    /// Scratch, two slots each (of 2 tiles): `Sᵀ`, `Pᵀ` (hi + lo, or two blocks' hi); `Vᵀ`
-    /// in f32.
+    /// Scratch, two slots each (of 2 tiles): `Sᵀ` (keys 0–15, 16–31), `Pᵀ` (hi + lo at
+    /// exact, hi alone at bf16); `Vᵀ` in f32.
     s: Vec<Line>,
     p: Vec<Line>,
     vt: Vec<f32>,
@@ -246,7 +246,8 @@ impl Flash {
             let Some((addr, count)) = self.prefetch.front_mut() else { return };
             let n = lines.min(*count);
             for i in 0..n {
-                // SAFETY: prefetching never faults and changes no memory.
+                // SAFETY: prefetching never faults (not even on an address unmapped since it
+                // was queued) and changes no memory.
                 unsafe { _mm_prefetch::<_MM_HINT_T1>((*addr + 64 * i) as *const i8) };
             }
             *addr += 64 * n;

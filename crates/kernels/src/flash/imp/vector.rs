@@ -123,6 +123,8 @@ unsafe fn scale16(block: *const u8) -> __m512 {
 /// Transposes a 16×16 f32 matrix held as 16 row vectors: four butterfly stages, each
 /// swapping the off-diagonal `s × s` sub-blocks (s = 8, 4, 2, 1) with two-source permutes.
 /// (One const-generic stage each, so every loop unrolls and the rows stay in registers.)
+/// Callers must enable AVX-512F (every caller here is a `target_feature` function it is
+/// inlined into).
 #[inline(always)]
 pub(super) unsafe fn transpose16(r: &mut [__m512; 16]) {
     transpose_stage::<8, 0>(r);
