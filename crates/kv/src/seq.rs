@@ -284,27 +284,31 @@ impl KvCache for SeqKv {
     fn for_each_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
         let sec = self.pool.section_bytes();
         let elem = self.pool.elem();
-        let full = |bi: usize| self.blocks.get(bi).filter(|b| b.len.min(self.len.saturating_sub(bi * BLOCK_TOKENS)) == BLOCK_TOKENS);
+        // Tokens of block `bi` this sequence holds.
+        let held = |bi: usize| self.blocks.get(bi).map_or(0, |b| b.len.min(self.len.saturating_sub(bi * BLOCK_TOKENS)));
         for (bi, b) in self.blocks.iter().enumerate() {
-            let len = b.len.min(self.len.saturating_sub(bi * BLOCK_TOKENS));
+            let len = held(bi);
             if len == 0 {
                 break;
             }
             // A full block PREFETCH_AHEAD further on (never the window: it is small and hot).
-            let ahead = full(bi + PREFETCH_AHEAD).map(|a| {
-                let bytes = a.bytes();
-                (&bytes[2 * layer * sec..(2 * layer + 1) * sec], &bytes[(2 * layer + 1) * sec..(2 * layer + 2) * sec])
-            });
+            let ahead =
+                (held(bi + PREFETCH_AHEAD) == BLOCK_TOKENS).then(|| layer_sections(self.blocks[bi + PREFETCH_AHEAD].bytes(), layer, sec));
             let window = self.tail.as_ref().filter(|t| t.block == bi && len < BLOCK_TOKENS);
             let (elem, bytes, sec) = match window {
                 Some(t) => (KvElem::F16, &t.bytes[..], self.pool.tail_section_bytes()),
                 None => (elem, b.bytes(), sec),
             };
-            let keys = KvData { elem, bytes: &bytes[2 * layer * sec..(2 * layer + 1) * sec] };
-            let values = KvData { elem, bytes: &bytes[(2 * layer + 1) * sec..(2 * layer + 2) * sec] };
+            let (k, v) = layer_sections(bytes, layer, sec);
+            let (keys, values) = (KvData { elem, bytes: k }, KvData { elem, bytes: v });
             f(&KvChunk { first_pos: bi * BLOCK_TOKENS, len, capacity: BLOCK_TOKENS, keys, values, mask: None, ahead });
         }
     }
+}
+
+/// A block's (or window's) keys and values of `layer`, whose sections are `sec` bytes each.
+fn layer_sections(bytes: &[u8], layer: usize, sec: usize) -> (&[u8], &[u8]) {
+    (&bytes[2 * layer * sec..(2 * layer + 1) * sec], &bytes[(2 * layer + 1) * sec..(2 * layer + 2) * sec])
 }
 
 /// Encodes one token's keys and values (`[num_kv_heads * head_dim]` each) as `elem` rows at
