@@ -79,39 +79,6 @@ pub struct Flash {
     vt: Vec<f32>,
     /// Lines queued by [`Flash::prefetch`] (address, count), issued a few per row block.
     prefetch: std::collections::VecDeque<(usize, usize)>,
-    prefetch_lines: usize,
-}
-
-/// Queries (times `scale`) as `B` tiles, per block of 16 rows and dim half of 32: line `j`
-/// holds dims `2j, 2j + 1` of each row `n` as dword `n`, split into a hi tile and the lo tile
-/// after it ([`split_pair`]); missing rows and dims are zero. Each row's 16 dim pairs are one
-/// vector, so a block is 16 rows split and one dword transpose per tile.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn pack_queries(q: &[f32], rows: usize, hd: usize, scale: f32, qp: &mut [Line]) {
-    let (halves, scale) = (hd.div_ceil(32), _mm512_set1_ps(scale));
-    let load = |r: usize, d0: usize| {
-        if r < rows && d0 < hd {
-            _mm512_mul_ps(_mm512_loadu_ps(q.as_ptr().add(r * hd + d0)), scale)
-        } else {
-            _mm512_setzero_ps()
-        }
-    };
-    for b in 0..rows.div_ceil(16) {
-        for h in 0..halves {
-            let (mut hi, mut lo) = ([_mm512_setzero_ps(); 16], [_mm512_setzero_ps(); 16]);
-            for n in 0..16 {
-                let (h_bits, l_bits) = split_pair(load(16 * b + n, 32 * h), load(16 * b + n, 32 * h + 16));
-                (hi[n], lo[n]) = (_mm512_castsi512_ps(h_bits), _mm512_castsi512_ps(l_bits));
-            }
-            transpose16(&mut hi);
-            transpose16(&mut lo);
-            let base = qp.as_mut_ptr().add((b * halves + h) * 2 * T);
-            for j in 0..16 {
-                _mm512_store_ps(base.add(j) as *mut f32, hi[j]);
-                _mm512_store_ps(base.add(T + j) as *mut f32, lo[j]);
-            }
-        }
-    }
 }
 
 impl Flash {
@@ -139,7 +106,7 @@ impl Flash {
         }
         // SAFETY: `supported` checked AVX-512 (F, BW, VL, BF16); `pack_queries` reads `rows`
         // rows of `hd` values of `q` (length asserted above) and writes within `qp`.
-        unsafe { pack_queries(q, rows, hd, qscale, &mut qp) };
+        unsafe { pack::pack_queries(q, rows, hd, qscale, &mut qp) };
         let grouped = !exact && hd <= 64;
         let slots = if grouped { GROUP } else { 1 };
         let pair = if exact { 2 * T } else { T };
@@ -167,7 +134,6 @@ impl Flash {
             p: vec![ZERO; 4 * T],
             vt: vec![0.0; hd * CHUNK],
             prefetch: std::collections::VecDeque::new(),
-            prefetch_lines: 0,
         }
     }
 
@@ -191,21 +157,13 @@ impl Flash {
         // permission); `holds` checked that the packers' reads of `n` rows are in bounds.
         unsafe {
             if self.exact {
-                self.pack_keys::<true>(keys, n, 0);
-                match values {
-                    Rows::F16(v) => self.pack_values_f16::<true>(v, n, 0),
-                    _ => self.pack_values::<true>(values, n, 0),
-                }
+                self.pack_chunk::<true>(keys, values, n, 0);
                 self.attend_packed::<true>(n, key_pos0, mask);
             } else {
                 // Grouped: queued in the next slot, attended when the group is full (or
                 // at `finish`); else in slot 0, at once.
                 let slot = if self.grouped { self.queued.len() } else { 0 };
-                self.pack_keys::<false>(keys, n, slot);
-                match values {
-                    Rows::F16(v) => self.pack_values_f16::<false>(v, n, slot),
-                    _ => self.pack_values::<false>(values, n, slot),
-                }
+                self.pack_chunk::<false>(keys, values, n, slot);
                 if self.grouped {
                     let mut m = [true; CHUNK];
                     if let Some(mask) = mask {
@@ -230,13 +188,12 @@ impl Flash {
         let lines = bytes.len().div_ceil(64);
         if lines > 0 {
             self.prefetch.push_back((bytes.as_ptr() as usize, lines));
-            self.prefetch_lines += lines;
         }
     }
 
     /// How many queued lines to issue per row block so the queue drains over `steps` of them.
     fn prefetch_share(&self, steps: usize) -> usize {
-        self.prefetch_lines.div_ceil(steps.max(1))
+        self.prefetch.iter().map(|&(_, lines)| lines).sum::<usize>().div_ceil(steps.max(1))
     }
 
     /// Issues up to `lines` queued prefetches (into L2).
@@ -253,7 +210,6 @@ impl Flash {
             *addr += 64 * n;
             *count -= n;
             lines -= n;
-            self.prefetch_lines -= n;
             if *count == 0 {
                 self.prefetch.pop_front();
             }
@@ -301,7 +257,6 @@ impl Flash {
             unsafe { self.attend_group() };
         }
         self.prefetch.clear();
-        self.prefetch_lines = 0;
         let hd = self.hd;
         assert_eq!(out.len(), self.rows * hd);
         for r in 0..self.rows {

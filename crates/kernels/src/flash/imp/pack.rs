@@ -4,9 +4,52 @@
 use std::arch::x86_64::*;
 
 use super::vector::*;
-use super::{Flash, Rows, CHUNK};
+use super::{Flash, Line, Rows, CHUNK, T};
+
+/// Queries (times `scale`) as `B` tiles, per block of 16 rows and dim half of 32: line `j`
+/// holds dims `2j, 2j + 1` of each row `n` as dword `n`, split into a hi tile and the lo tile
+/// after it ([`split_pair`]); missing rows and dims are zero. Each row's 16 dim pairs are one
+/// vector, so a block is 16 rows split and one dword transpose per tile.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(super) unsafe fn pack_queries(q: &[f32], rows: usize, hd: usize, scale: f32, qp: &mut [Line]) {
+    let (halves, scale) = (hd.div_ceil(32), _mm512_set1_ps(scale));
+    let load = |r: usize, d0: usize| {
+        if r < rows && d0 < hd {
+            _mm512_mul_ps(_mm512_loadu_ps(q.as_ptr().add(r * hd + d0)), scale)
+        } else {
+            _mm512_setzero_ps()
+        }
+    };
+    for b in 0..rows.div_ceil(16) {
+        for h in 0..halves {
+            let (mut hi, mut lo) = ([_mm512_setzero_ps(); 16], [_mm512_setzero_ps(); 16]);
+            for n in 0..16 {
+                let (h_bits, l_bits) = split_pair(load(16 * b + n, 32 * h), load(16 * b + n, 32 * h + 16));
+                (hi[n], lo[n]) = (_mm512_castsi512_ps(h_bits), _mm512_castsi512_ps(l_bits));
+            }
+            transpose16(&mut hi);
+            transpose16(&mut lo);
+            let base = qp.as_mut_ptr().add((b * halves + h) * 2 * T);
+            for j in 0..16 {
+                _mm512_store_ps(base.add(j) as *mut f32, hi[j]);
+                _mm512_store_ps(base.add(T + j) as *mut f32, lo[j]);
+            }
+        }
+    }
+}
 
 impl Flash {
+    /// A chunk's keys and values into slot `slot` ([`Self::pack_keys`], and
+    /// [`Self::pack_values_f16`] for f16 rows, else [`Self::pack_values`]).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
+    pub(super) unsafe fn pack_chunk<const EXACT: bool>(&mut self, keys: Rows<'_>, values: Rows<'_>, n: usize, slot: usize) {
+        self.pack_keys::<EXACT>(keys, n, slot);
+        match values {
+            Rows::F16(v) => self.pack_values_f16::<EXACT>(v, n, slot),
+            _ => self.pack_values::<EXACT>(values, n, slot),
+        }
+    }
+
     /// Keys as `A` tiles: line `i` of (key half `kh`, dim half `h`) = key `16·kh + i`'s
     /// dims `32h .. 32h + 32`, split into hi and lo tiles; missing keys and dims are zero.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
@@ -14,21 +57,14 @@ impl Flash {
         let (hd, halves) = (self.hd, self.halves);
         let kp = self.k.as_mut_ptr().add(slot * self.k_lines);
         let line = |key: usize, h: usize| kp.add((key / 16 * halves + h) * self.pair);
-        if let Rows::F16(x) = keys {
-            // The common case in its own loop: one 64-byte load per line, no per-line match.
-            let src = x.as_ptr() as *const u16;
-            for key in 0..n {
-                for h in 0..halves {
-                    let (a, b) = halves_to_ps(load_halves(src.add(key * hd + h * 32), hd - h * 32));
-                    store_bf16::<EXACT, false>(line(key, h), key % 16, a, b);
-                }
-            }
-        } else {
-            for key in 0..n {
-                for h in 0..halves {
-                    let (a, b) = (load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd));
-                    store_bf16::<EXACT, false>(line(key, h), key % 16, a, b);
-                }
+        for key in 0..n {
+            for h in 0..halves {
+                let (a, b) = match keys {
+                    // One 64-byte load per line.
+                    Rows::F16(x) => halves_to_ps(load_halves((x.as_ptr() as *const u16).add(key * hd + h * 32), hd - h * 32)),
+                    _ => (load16(keys, key, 2 * h, hd), load16(keys, key, 2 * h + 1, hd)),
+                };
+                store_bf16::<EXACT, false>(line(key, h), key % 16, a, b);
             }
         }
         let zero = _mm512_setzero_ps();
