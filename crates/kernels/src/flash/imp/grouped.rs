@@ -38,9 +38,7 @@ impl Flash {
         items.clear();
         for b in 0..self.blocks {
             for (c, q) in queued.iter().enumerate() {
-                // Rows whose position precedes the whole chunk see none of it (skipping
-                // leaves them bitwise as an all-masked update would).
-                if !self.qpos[b].iter().all(|&p| p == u32::MAX || (p as usize) < q.key_pos0) {
+                if self.sees(b, q.key_pos0) {
                     items.push((b, c));
                 }
             }
@@ -71,8 +69,7 @@ impl Flash {
                 self.group_scores(nb, nc, 1 - slot);
             }
             let q = &queued[c];
-            let last_key = (q.key_pos0 + q.n - 1) as u32;
-            let causal = self.qpos[b].iter().any(|&p| p < last_key);
+            let causal = self.causal(b, q.n, q.key_pos0);
             self.softmax::<false, true>(b, slot, q.n, q.key_pos0, causal, q.mask.as_ref().map(|m| &m[..]));
         }
         if let Some(&(_, c)) = items.last() {
@@ -115,11 +112,7 @@ impl Flash {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn rescale_tiles(&mut self, b: usize, corr: __m512) {
         self.acc_tiles::<true>(b);
-        let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
-        for d in 0..self.hd {
-            let a = acc.add(d * 16);
-            _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(a), corr));
-        }
+        self.scale_acc(b, corr);
         self.acc_tiles::<false>(b);
     }
 

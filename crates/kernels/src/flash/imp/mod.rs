@@ -221,32 +221,41 @@ impl Flash {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
     unsafe fn attend_packed<const EXACT: bool>(&mut self, n: usize, key_pos0: usize, mask: Option<&[bool]>) {
         configure();
-        let last_key = (key_pos0 + n - 1) as u32;
-        // Rows whose position precedes the whole chunk see none of it: skipping them leaves
-        // their state bitwise as an all-masked update would.
-        let sees = |qpos: &[u32; 16]| !qpos.iter().all(|&p| p == u32::MAX || (p as usize) < key_pos0);
-        let causal = |qpos: &[u32; 16]| qpos.iter().any(|&p| p < last_key);
         let share = self.prefetch_share(self.blocks);
         // Exact, or bf16 with head dims over 64 (the grouped path takes the rest): the next
         // block's scores are issued before this block's softmax, into the other scratch slot
         // (and at bf16 on tiles apart: scores 0-3, values 4-7), so the tile unit has work
         // queued while the vectors run.
-        let mut next = (0..self.blocks).find(|&b| sees(&self.qpos[b]));
+        let mut next = (0..self.blocks).find(|&b| self.sees(b, key_pos0));
         let mut slot = 0;
         if let Some(b) = next {
             self.scores::<EXACT>(b, slot);
         }
         while let Some(b) = next {
             self.issue_prefetches(share);
-            next = (b + 1..self.blocks).find(|&b| sees(&self.qpos[b]));
+            next = (b + 1..self.blocks).find(|&b| self.sees(b, key_pos0));
             if let Some(nb) = next {
                 self.scores::<EXACT>(nb, 1 - slot);
             }
-            let c = causal(&self.qpos[b]);
+            let c = self.causal(b, n, key_pos0);
             self.softmax::<EXACT, false>(b, slot, n, key_pos0, c, mask);
             self.accumulate::<EXACT>(b, slot);
             slot = 1 - slot;
         }
+    }
+
+    /// Whether any row of block `b` sees a chunk starting at `key_pos0`. Rows whose position
+    /// precedes the whole chunk see none of it: skipping them leaves their state bitwise as an
+    /// all-masked update would.
+    fn sees(&self, b: usize, key_pos0: usize) -> bool {
+        !self.qpos[b].iter().all(|&p| p == u32::MAX || (p as usize) < key_pos0)
+    }
+
+    /// Whether the chunk of `n` keys at `key_pos0` ends after some row of block `b`, so the
+    /// softmax must hide keys from that row (causal).
+    fn causal(&self, b: usize, n: usize, key_pos0: usize) -> bool {
+        let last_key = (key_pos0 + n - 1) as u32;
+        self.qpos[b].iter().any(|&p| p < last_key)
     }
 
     /// Attends any chunks still queued, then writes the normalised outputs, `[rows,
@@ -352,8 +361,6 @@ impl Flash {
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let s = self.s.as_mut_ptr().add(slot * 2 * T) as *mut f32;
         let qpos = _mm512_loadu_si512(self.qpos[b].as_ptr() as *const _);
-        // Four running maxima, combined at the end: one chain of 32 dependent `vmaxps` would
-        // hold every `exp` below back by its latency (max is exact, so the order is free).
         // Every key visible to every row (a full chunk of history, the common case): no score
         // is -inf, so nothing is rewritten and `exp` needs no guard for it.
         let all_visible = n == CHUNK && mask.is_none() && !causal;
@@ -372,6 +379,8 @@ impl Flash {
                 }
             }
         }
+        // Four running maxima, combined at the end: one chain of 32 dependent `vmaxps` would
+        // hold every `exp` below back by its latency (max is exact, so the order is free).
         let mut mx = [ninf; 4];
         for i in 0..CHUNK {
             let row = s.add(i * 16);
@@ -417,11 +426,18 @@ impl Flash {
                 self.rescale_tiles(b, corr);
             }
         } else if moved != 0 {
-            let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
-            for d in 0..self.hd {
-                let a = acc.add(d * 16);
-                _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(a), corr));
-            }
+            self.scale_acc(b, corr);
+        }
+    }
+
+    /// Multiplies block `b`'s accumulators in memory by `corr` per row.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scale_acc(&mut self, b: usize, corr: __m512) {
+        let acc = self.acc.as_mut_ptr().add(b * self.hd * 16);
+        for d in 0..self.hd {
+            let a = acc.add(d * 16);
+            _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(a), corr));
         }
     }
 
