@@ -6,6 +6,11 @@ use engram_kernels::flash::{supported, Flash, Precision, Rows, CHUNK};
 use engram_kernels::{dequantize_row, quantize, DType};
 use half::f16;
 
+/// Little-endian f16 rows as the KV store holds them.
+fn bytes(x: &[f16]) -> Vec<u8> {
+    x.iter().flat_map(|h| h.to_le_bytes()).collect()
+}
+
 fn values(n: usize, seed: usize) -> Vec<f16> {
     (0..n).map(|i| f16::from_f32(((i * 2654435761 + seed * 97) % 2001) as f32 / 400.0 - 2.5)).collect()
 }
@@ -27,7 +32,6 @@ fn f16_chunks_equal_their_f32_values_bitwise() {
             let (k, v) = (values(n * hd, 10 + c), values(n * hd, 20 + c));
             let mask: Vec<bool> = (0..n).map(|i| (i * 7 + c) % 5 != 0).collect();
             let mask = (c % 2 == 1).then_some(&mask[..]);
-            let bytes = |x: &[f16]| x.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
             let floats = |x: &[f16]| x.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
             a.add_rows(Rows::F16(&bytes(&k)), Rows::F16(&bytes(&v)), n, c * CHUNK, mask);
             b.add_chunk(&floats(&k), &floats(&v), n, c * CHUNK, mask);
@@ -56,7 +60,6 @@ fn prefetching_changes_no_result() {
         let mut b = Flash::with_precision(&q, rows, hd, pos0, 1, precision);
         let far = vec![7u8; 1 << 20];
         for c in 0..chunks {
-            let bytes = |x: &[f16]| x.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
             let (k, v) = (bytes(&values(CHUNK * hd, 30 + c)), bytes(&values(CHUNK * hd, 40 + c)));
             let gone = bytes(&values(CHUNK * hd, 50 + c));
             a.prefetch(&gone);
