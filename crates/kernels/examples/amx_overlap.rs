@@ -33,54 +33,38 @@ fn main() {
         );
     }
 
-    /// Tile memory operations: `loads` = 4 `tileloadd` (tiles 4-7, the same `ones` the
-    /// products read, from L1), else one
-    /// `tilestored` (tile 0 into `dst`).
-    #[inline(always)]
-    unsafe fn tile_memory(loads: bool, src: *const Line, dst: *mut Line) {
-        if loads {
-            asm!(
-                "tileloadd tmm4, [{0} + {1}*1]",
-                "tileloadd tmm5, [{0} + {1}*1]",
-                "tileloadd tmm6, [{0} + {1}*1]",
-                "tileloadd tmm7, [{0} + {1}*1]",
-                in(reg) src, in(reg) 64usize, options(nostack, readonly)
-            );
-        } else {
-            asm!("tilestored [{0} + {1}*1], tmm0", in(reg) dst, in(reg) 64usize, options(nostack));
-        }
+    /// What each iteration of [`run`] issues on the tile unit before its FMAs.
+    #[derive(Clone, Copy)]
+    enum TileWork {
+        Nothing,
+        /// [`four_products`].
+        Products,
+        /// 4 `tileloadd` of the 16 lines at `src` (tiles 4-7: the same `ones` the products
+        /// read, from L1).
+        Loads,
+        /// One `tilestored` of tile 0 into the 16 lines at `dst`.
+        Store,
     }
 
-    /// [`run`] with tile memory operations in place of the products (`ops`: 0 none, 1 loads,
-    /// 2 a store) beside `fmas` FMAs.
+    /// `iters` iterations of `work` then `fmas` AVX-512 FMAs (8 independent chains); ns per
+    /// iteration.
     #[target_feature(enable = "avx512f")]
-    unsafe fn run_memory(iters: usize, ops: u8, fmas: usize, src: *const Line, dst: *mut Line) -> f64 {
+    unsafe fn run(iters: usize, work: TileWork, fmas: usize, src: *const Line, dst: *mut Line) -> f64 {
         let mut v = [_mm512_set1_ps(1.0); 8];
         let m = _mm512_set1_ps(0.999);
         let t = Instant::now();
         for _ in 0..iters {
-            if ops > 0 {
-                tile_memory(ops == 1, src, dst);
-            }
-            for _ in 0..fmas / 8 {
-                for x in v.iter_mut() {
-                    *x = _mm512_fmadd_ps(*x, m, m);
-                }
-            }
-        }
-        let ns = t.elapsed().as_secs_f64() * 1e9 / iters as f64;
-        std::hint::black_box(v);
-        ns
-    }
-
-    #[target_feature(enable = "avx512f")]
-    unsafe fn run(iters: usize, tiles: bool, fmas: usize) -> f64 {
-        let mut v = [_mm512_set1_ps(1.0); 8];
-        let m = _mm512_set1_ps(0.999);
-        let t = Instant::now();
-        for _ in 0..iters {
-            if tiles {
-                four_products();
+            match work {
+                TileWork::Nothing => {}
+                TileWork::Products => four_products(),
+                TileWork::Loads => asm!(
+                    "tileloadd tmm4, [{0} + {1}*1]",
+                    "tileloadd tmm5, [{0} + {1}*1]",
+                    "tileloadd tmm6, [{0} + {1}*1]",
+                    "tileloadd tmm7, [{0} + {1}*1]",
+                    in(reg) src, in(reg) 64usize, options(nostack, readonly)
+                ),
+                TileWork::Store => asm!("tilestored [{0} + {1}*1], tmm0", in(reg) dst, in(reg) 64usize, options(nostack)),
             }
             for _ in 0..fmas / 8 {
                 for x in v.iter_mut() {
@@ -148,11 +132,16 @@ fn main() {
         asm!("tileloadd tmm4, [{0} + {1}*1]", "tileloadd tmm5, [{0} + {1}*1]", in(reg) ones.as_ptr(), in(reg) 64usize, options(nostack, readonly));
     }
     let iters = 2_000_000;
+    let mut stored = vec![Line([0; 64]); 16];
+    let (src, dst) = (ones.as_ptr(), stored.as_mut_ptr());
     println!("| FMAs per iteration | 4 tile products alone | FMAs alone | interleaved | sum of the two |");
     println!("|---:|---:|---:|---:|---:|");
     for fmas in [16usize, 32, 64, 96, 128] {
         // SAFETY: as above.
-        let (a, b, c) = unsafe { (run(iters, true, 0), run(iters, false, fmas), run(iters, true, fmas)) };
+        let (a, b, c) = unsafe {
+            use TileWork::{Nothing, Products};
+            (run(iters, Products, 0, src, dst), run(iters, Nothing, fmas, src, dst), run(iters, Products, fmas, src, dst))
+        };
         println!("| {fmas} | {a:.1} ns | {b:.1} ns | {c:.1} ns | {:.1} ns |", a + b);
     }
     println!();
@@ -178,14 +167,11 @@ fn main() {
     println!();
     println!("| beside 64 FMAs | the tile operations alone | the FMAs alone | interleaved | sum of the two |");
     println!("|---|---:|---:|---:|---:|");
-    let mut stored = vec![Line([0; 64]); 16];
-    for (ops, name) in [(1u8, "4 `tileloadd` (L1)"), (2, "1 `tilestored`")] {
-        // SAFETY: as above; the loads read the 16 lines of `ones`, the store writes 16 lines of
-        // `stored`.
-        let (a, b, c) = unsafe {
-            let (src, dst) = (ones.as_ptr(), stored.as_mut_ptr());
-            (run_memory(iters, ops, 0, src, dst), run_memory(iters, 0, 64, src, dst), run_memory(iters, ops, 64, src, dst))
-        };
+    for (work, name) in [(TileWork::Loads, "4 `tileloadd` (L1)"), (TileWork::Store, "1 `tilestored`")] {
+        // SAFETY: as above; the loads read the 16 lines of `ones`, the store writes the 16 lines
+        // of `stored`.
+        let (a, b, c) =
+            unsafe { (run(iters, work, 0, src, dst), run(iters, TileWork::Nothing, 64, src, dst), run(iters, work, 64, src, dst)) };
         println!("| {name} | {a:.1} ns | {b:.1} ns | {c:.1} ns | {:.1} ns |", a + b);
     }
 
