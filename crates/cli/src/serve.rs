@@ -163,8 +163,15 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
             // Distinct prompts per session and round, so nothing is reused.
             let salt = round * 1000 + i;
             let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect();
-            let job =
-                Job { tenant: format!("bench-{salt}"), session: None, text: None, add_special: false, prompt, params: params.clone() };
+            let job = Job {
+                tenant: format!("bench-{salt}"),
+                session: None,
+                text: None,
+                add_special: false,
+                prompt,
+                params: params.clone(),
+                pinned: false,
+            };
             rxs.push(engine.submit(job).map_err(|e| anyhow::anyhow!(e.message))?);
         }
         // Every receiver is drained concurrently, so the times are when events arrived.
@@ -238,6 +245,7 @@ fn staggered(a: &BenchArgs, engine: &engram_server::EngineHandle, rt: &tokio::ru
         add_special: false,
         prompt: prompt(salt),
         params: params.clone(),
+        pinned: false,
     };
     let first_text = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>| async move {
         while let Some(ev) = rx.recv().await {

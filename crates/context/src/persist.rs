@@ -39,7 +39,8 @@ pub struct CatalogEntry {
 }
 
 enum Msg {
-    Save(String, EntryMeta, SeqKv),
+    /// Entry id, what to write, and whether to pin it.
+    Save(String, EntryMeta, SeqKv, bool),
     Remove(String),
     Flush(Sender<()>),
 }
@@ -89,9 +90,10 @@ impl PersistedSessions {
                             continue;
                         }
                         match m {
-                            Msg::Save(id, meta, kv) => {
+                            Msg::Save(id, meta, kv, pin) => {
                                 let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
-                                if let Err(e) = s.put(&id, &meta, &kv) {
+                                let saved = if pin { s.put_pinned(&id, &meta, &kv) } else { s.put(&id, &meta, &kv) };
+                                if let Err(e) = saved {
                                     tracing::warn!("session {id} not persisted: {e}");
                                 }
                             }
@@ -131,7 +133,10 @@ impl PersistedSessions {
 
     /// Queues a session for writing (off the caller's thread). `kv` should be
     /// a fork: it shares the session's blocks until the writer is done.
-    pub fn save(&self, owner: &str, session_id: &str, text: &str, tokens: &[u32], token_ends: &[usize], kv: SeqKv) {
+    /// `pinned`: the entry is pinned (see [`DiskStore::put_pinned`]); else
+    /// it keeps the pin it had.
+    #[allow(clippy::too_many_arguments)]
+    pub fn save(&self, owner: &str, session_id: &str, text: &str, tokens: &[u32], token_ends: &[usize], kv: SeqKv, pinned: bool) {
         let mut prev = 0;
         let offsets = token_ends
             .iter()
@@ -151,7 +156,7 @@ impl PersistedSessions {
             created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         };
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Save(disk_id(owner, session_id), meta, kv));
+            let _ = tx.send(Msg::Save(disk_id(owner, session_id), meta, kv, pinned));
         }
     }
 
@@ -180,7 +185,7 @@ impl PersistedSessions {
             created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         };
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Save(id.to_string(), meta, kv));
+            let _ = tx.send(Msg::Save(id.to_string(), meta, kv, false));
         }
     }
 

@@ -12,7 +12,7 @@
 //! `tokens` is what the model will have seen once the rest is prefilled —
 //! generated tokens are kept as generated, never re-tokenized.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use engram_kv::{ChecksumCheck, KvPool, SeqKv};
 use engram_model::Fingerprint;
@@ -106,6 +106,8 @@ pub struct SessionStore {
     restored: u64,
     /// Shared prefix chains on disk: (store id, tokens), and the ids written or known.
     prefixes_on_disk: Vec<(String, Vec<u32>)>,
+    /// Owners whose sessions are pinned on disk when saved (named agents).
+    pinned_owners: HashSet<String>,
 }
 
 /// The longest common prefix of `a` and `b`, in bytes, on a char boundary.
@@ -134,6 +136,7 @@ impl SessionStore {
             vocab: usize::MAX,
             restored: 0,
             prefixes_on_disk: Vec::new(),
+            pinned_owners: HashSet::new(),
         }
     }
 
@@ -262,11 +265,23 @@ impl SessionStore {
         true
     }
 
+    /// Pins `owner`'s sessions on disk from their next save on (a named
+    /// agent's: never evicted by the disk policy, only by deleting the owner
+    /// through [`SessionStore::forget_owner`], which also unpins). A pinned
+    /// save that would take pinned entries past the disk budget is not
+    /// written (a warning in the log; the RAM copy is unaffected).
+    pub fn pin_owner(&mut self, owner: &str) {
+        if !self.pinned_owners.contains(owner) {
+            self.pinned_owners.insert(owner.to_string());
+        }
+    }
+
     /// Drops every session of `owner`, in RAM and on disk (the files are
     /// deleted by the writer thread, after any save of them already queued).
     /// Blocks they share with the prefix index stay there until evicted: the
     /// index is keyed by content, not by owner.
     pub fn forget_owner(&mut self, owner: &str) {
+        self.pinned_owners.remove(owner);
         let mine = |(o, _): &(String, String)| o == owner;
         let ids: Vec<String> = self.sessions.keys().chain(self.on_disk.keys()).filter(|k| mine(k)).map(|(_, id)| id.clone()).collect();
         self.sessions.retain(|k, _| !mine(k));
@@ -468,7 +483,7 @@ impl SessionStore {
             return;
         }
         if let Some(d) = &self.disk {
-            d.save(owner, session_id, &text, &tokens, &token_ends, kv.fork(kv.len()));
+            d.save(owner, session_id, &text, &tokens, &token_ends, kv.fork(kv.len()), self.pinned_owners.contains(owner));
         }
         self.on_disk.remove(&(owner.to_string(), session_id.to_string()));
         let s = Session { id: session_id.to_string(), owner: owner.to_string(), text, tokens, token_ends, kv, last_used: self.clock };

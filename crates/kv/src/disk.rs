@@ -276,6 +276,18 @@ impl DiskStore {
     /// Stores `kv` as entry `id`, replacing any entry of that id (keeping its
     /// hits and pin). Evicts by policy first so the budget holds.
     pub fn put(&mut self, id: &str, meta: &EntryMeta, kv: &SeqKv) -> Result<()> {
+        self.store(id, meta, kv, None)
+    }
+
+    /// [`DiskStore::put`], and pins the entry (a named agent's session): it
+    /// is never evicted, and fails with [`DiskError::PinnedFull`] — changing
+    /// nothing — when pinned entries would exceed the budget.
+    pub fn put_pinned(&mut self, id: &str, meta: &EntryMeta, kv: &SeqKv) -> Result<()> {
+        self.store(id, meta, kv, Some(true))
+    }
+
+    /// `put` with the entry's pin set to `pin`, or kept when `None`.
+    fn store(&mut self, id: &str, meta: &EntryMeta, kv: &SeqKv, pin: Option<bool>) -> Result<()> {
         let path = self.entry_path(id)?;
         let bytes = persist::encoded_len(meta, kv)?;
         self.make_room(id, bytes)?;
@@ -292,7 +304,7 @@ impl DiskStore {
                 hits: old.as_ref().map_or(0, |o| o.hits),
                 created_unix: meta.created_unix,
                 last_used_unix: now,
-                pinned: old.is_some_and(|o| o.pinned),
+                pinned: pin.unwrap_or(old.is_some_and(|o| o.pinned)),
                 num_tokens: kv.len(),
             },
         );

@@ -198,6 +198,31 @@ fn pinned_entries_survive() {
     assert!(matches!(store.pin("nope", true), Err(DiskError::UnknownId(_))));
 }
 
+/// `put_pinned` stores and pins in one step (a named agent's session); a plain
+/// `put` of the same id keeps the pin; a pinned put that would take pinned
+/// entries past the budget is refused and changes nothing on disk.
+#[test]
+fn put_pinned_pins_and_is_refused_past_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 64, 0);
+    let size = encoded_len(&m, &kv).unwrap();
+    let mut store = DiskStore::open(dir.path(), 2 * size, EvictionPolicy::Lru).unwrap();
+    store.set_now(Some(T));
+    store.put_pinned("agent-a", &m, &kv).unwrap();
+    store.set_now(Some(T + 1));
+    store.put("agent-a", &m, &kv).unwrap();
+    assert!(store.stats("agent-a").unwrap().pinned, "a plain re-save unpinned it");
+    store.put("chat", &m, &kv).unwrap();
+    store.set_now(Some(T + 2));
+    store.put_pinned("agent-b", &m, &kv).unwrap();
+    assert_eq!(ids(&store), ["agent-a", "agent-b"], "the unpinned chat makes room, not the older pin");
+    let before = files_bytes(dir.path());
+    let e = store.put_pinned("agent-c", &m, &kv).unwrap_err();
+    assert!(matches!(e, DiskError::PinnedFull { .. }), "{e}");
+    assert_eq!((ids(&store), files_bytes(dir.path())), (vec!["agent-a".to_string(), "agent-b".to_string()], before));
+}
+
 #[test]
 fn reopen_keeps_stats_and_rebuilds_a_bad_index() {
     let dir = tempfile::tempdir().unwrap();

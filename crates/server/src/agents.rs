@@ -101,7 +101,15 @@ pub(crate) async fn generate(
     let (text, prompt) = api::render_chat(&s, &chat)?;
     let sampling = req.sampling.with_max_tokens(req.max_tokens);
     let params = api::params(&s, prompt.len(), sampling)?;
-    let job = Job { tenant: cache_key(&tenant, &id), session: Some("main".into()), text: Some(text), add_special: false, prompt, params };
+    let job = Job {
+        tenant: cache_key(&tenant, &id),
+        session: Some("main".into()),
+        text: Some(text),
+        add_special: false,
+        prompt,
+        params,
+        pinned: true,
+    };
     let (st, mut rx) = api::start(&s, job).await?;
     let done = api::collect(&mut rx).await?;
     Ok(axum::Json(json!({

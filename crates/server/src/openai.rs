@@ -217,7 +217,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let (text, prompt) = api::render_chat(&s, &messages)?;
     let sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
     let params = api::params(&s, prompt.len(), sampling)?;
-    let (st, mut rx) = api::start(&s, Job { tenant, session, text: Some(text), add_special: false, prompt, params }).await?;
+    let (st, mut rx) = api::start(&s, Job { tenant, session, text: Some(text), add_special: false, prompt, params, pinned: false }).await?;
     let id = api::new_id("chatcmpl");
     let created = api::now_s();
     let model = s.config.model_id.clone();
@@ -288,7 +288,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     };
     let sampling = req.sampling.with_max_tokens(Some(req.max_tokens.unwrap_or(16)));
     let params = api::params(&s, prompt.len(), sampling)?;
-    let (st, mut rx) = api::start(&s, Job { tenant, session, text, add_special: true, prompt, params }).await?;
+    let (st, mut rx) = api::start(&s, Job { tenant, session, text, add_special: true, prompt, params, pinned: false }).await?;
     let id = api::new_id("cmpl");
     let created = api::now_s();
     let model = s.config.model_id.clone();

@@ -84,6 +84,9 @@ pub struct Job {
     /// may reuse a cached tokenization of the common part instead).
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
+    /// Pin the tenant's sessions on disk (a named agent's): never evicted by
+    /// the disk policy, removed only when the agent is deleted.
+    pub pinned: bool,
 }
 
 /// What a request hears back, in order: `Started`, any number of `Text`,
@@ -403,6 +406,9 @@ impl<'m> Engine<'m> {
                     self.pool.budget()
                 ))));
                 continue;
+            }
+            if job.pinned {
+                self.sessions.pin_owner(&job.tenant);
             }
             let tok = &self.model.tokenizer;
             let c = match &job.text {

@@ -449,6 +449,7 @@ fn decoding_sequences_share_steps() {
                     add_special: false,
                     prompt: vec![1, 100 + i, 200 + i, 300 + i],
                     params: params.clone(),
+                    pinned: false,
                 })
                 .unwrap()
         })
@@ -645,10 +646,6 @@ fn a_restarted_server_restores_the_conversation_from_disk() {
     thread.join().unwrap();
 }
 
-/// An agent made before a restart is still there after it, with its cached
-/// session restored from disk (the same answer, the prompt taken from the
-/// cache); deleting it deletes its session file, and it stays deleted after
-/// the next restart.
 /// A session persisted by a server with exact attention is not reused by one running the same
 /// model file with bf16 attention on the same data directory (their caches differ, so do their
 /// fingerprints), and the bf16 server answers as a cold one does; its own session is then
@@ -693,6 +690,10 @@ fn another_attention_precision_never_reuses_a_persisted_session() {
     thread.join().unwrap();
 }
 
+/// An agent made before a restart is still there after it, with its cached
+/// session restored from disk (the same answer, the prompt taken from the
+/// cache); deleting it deletes its session file, and it stays deleted after
+/// the next restart.
 #[test]
 fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -727,6 +728,51 @@ fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
     assert_eq!(request(addr, "GET", "/v1/agents", &[], "").json()["data"].as_array().unwrap().len(), 0);
     stop.send(()).unwrap();
     thread.join().unwrap();
+}
+
+/// A named agent's session is pinned on disk: under a disk budget that holds
+/// only some sessions, the least recently used (LRU policy) are evicted as
+/// chats come in — but never the agent's, though it is the oldest — and
+/// `engram cache ls` would show it pinned.
+#[test]
+fn an_agents_session_is_pinned_on_disk_and_outlives_newer_chats() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |budget: u64| {
+        let mut c = persisting(dir.path(), engram_kv::EvictionPolicy::Lru);
+        c.scheduler.disk.as_mut().unwrap().budget_bytes = budget;
+        c
+    };
+    let (addr, stop, thread) = start_stoppable(config(256 << 20));
+    assert_eq!(post(addr, "/v1/agents", &json!({"id": "keeper", "system": "You keep notes."})).status, 201);
+    let r = post(addr, "/v1/agents/keeper/generate", &json!({"prompt": "note: milk", "max_tokens": 4, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    let files = session_files(dir.path());
+    assert_eq!(files.len(), 1);
+    let (agent_file, agent_bytes) = (files[0].clone(), std::fs::metadata(&files[0]).unwrap().len());
+    // Strictly the least recently used entry from here on (the store's clock has 1 s steps).
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+
+    // Room for the agent (two blocks: its system prompt) and one or two chats (one block each).
+    let (addr, stop, thread) = start_stoppable(config(agent_bytes * 2));
+    for i in 0..4 {
+        let r = chat(
+            addr,
+            &json!([{"role": "user", "content": format!("chat {i}")}]),
+            json!({"max_tokens": 4, "session_id": format!("chat-{i}")}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    let files = session_files(dir.path());
+    assert!(files.len() < 4, "the budget forced too few evictions: {files:?}");
+    assert!(files.contains(&agent_file), "the pinned agent session was evicted: {files:?}");
+    let store = engram_kv::disk::DiskStore::open(&dir.path().join("kv"), u64::MAX, engram_kv::EvictionPolicy::Lru).unwrap();
+    let pinned: Vec<_> = store.list().into_iter().filter(|e| e.pinned).map(|e| e.owner).collect();
+    assert_eq!(pinned.len(), 1, "exactly the agent's session is pinned: {pinned:?}");
+    assert!(pinned[0].contains("agent:keeper"), "{pinned:?}");
 }
 
 /// An agent deleted while one of its requests is generating: the request
