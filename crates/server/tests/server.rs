@@ -769,7 +769,7 @@ fn an_agents_session_is_pinned_on_disk_and_outlives_newer_chats() {
     let files = session_files(dir.path());
     assert!(files.len() < 4, "the budget forced too few evictions: {files:?}");
     assert!(files.contains(&agent_file), "the pinned agent session was evicted: {files:?}");
-    let store = engram_kv::disk::DiskStore::open(&dir.path().join("kv"), u64::MAX, engram_kv::EvictionPolicy::Lru).unwrap();
+    let store = engram_kv::disk::DiskStore::open(dir.path().join("kv"), u64::MAX, engram_kv::EvictionPolicy::Lru).unwrap();
     let pinned: Vec<_> = store.list().into_iter().filter(|e| e.pinned).map(|e| e.owner).collect();
     assert_eq!(pinned.len(), 1, "exactly the agent's session is pinned: {pinned:?}");
     assert!(pinned[0].contains("agent:keeper"), "{pinned:?}");
