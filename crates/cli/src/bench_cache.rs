@@ -17,6 +17,14 @@
 //! from disk while the prefill runs (`ttft_warm_disk_ms`), then again with
 //! the file in the page cache (`ttft_warm_ms`). `restore_ms` is a separate
 //! synchronous restore (map + checksum of the whole file) for throughput.
+//!
+//! Every history is prefilled first; then `--repeat` rounds each run the hot
+//! turns of all histories back to back and then their warm starts, so the
+//! ratios (`hot_vs_first_history`: this history's hot TTFT over the first
+//! history's in the same round; `warm_vs_hot`, `warm_disk_vs_hot`) are taken
+//! side by side within a round — the machine's drift between rounds cancels —
+//! and reported as the median over rounds. Without `--json` the rows end as
+//! markdown tables on stdout (each row's every field goes to stderr as it is done).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -83,6 +91,22 @@ fn ttft(gen: &mut Generator<'_>, prompt: &[u32]) -> Result<f64> {
     Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
+/// One history length's state across the rounds of [`run`].
+struct History {
+    tokens: usize,
+    prompt: Vec<u32>,
+    kv: engram_kv::SeqKv,
+    toks: Vec<u32>,
+    cold_ms: Option<f64>,
+    path: PathBuf,
+    entry_bytes: u64,
+    write_ms: f64,
+    hot_ms: Vec<f64>,
+    /// Warm-child results: file in the page cache, and evicted from it.
+    warm: Vec<serde_json::Value>,
+    warm_disk: Vec<serde_json::Value>,
+}
+
 pub fn run(a: Args) -> Result<()> {
     let model = load_model(&a.model)?;
     let pool = kv_pool(&model, &a.model)?;
@@ -93,68 +117,91 @@ pub fn run(a: Args) -> Result<()> {
     }
     let dir = data_dir(&a.model.data_dir).join("bench-cache");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let histories: Vec<usize> = parse_list(&a.history)?;
-    let mut rows = Vec::new();
-    for &h in &histories {
+    let mut hs = Vec::new();
+    for h in parse_list(&a.history)? {
         eprintln!("history {h}: prefill of {} tokens (the slow part)...", h + a.user_tokens);
         let history = tokens(&model, h, 1);
         let mut prompt = history.clone();
         prompt.extend(tokens(&model, a.user_tokens, 7));
-        let cold = if a.skip_cold { None } else { Some(ttft(&mut Generator::new(&model, &pool), &prompt)?) };
-
-        // The history is prefilled once; the hot turn runs on a fork of it and
-        // the persisted entry is written from it.
+        let cold_ms = if a.skip_cold { None } else { Some(ttft(&mut Generator::new(&model, &pool), &prompt)?) };
+        // The history is prefilled once; every hot turn runs on a fork of it, and the
+        // persisted entry the warm starts restore is written from it.
         let mut hist_gen = Generator::new(&model, &pool);
         hist_gen.feed(&history, false)?;
         let (kv, toks) = hist_gen.into_parts();
-        let mut hots = Vec::new();
-        let mut hot_gen = Generator::from_parts(&model, kv.fork(kv.len()), toks.clone());
-        for rep in 0..a.repeat.max(1) {
-            if rep > 0 {
-                hot_gen = Generator::from_parts(&model, kv.fork(kv.len()), toks.clone());
-            }
-            hots.push(ttft(&mut hot_gen, &prompt)?);
-        }
-        let hot = median(hots);
-        // Decode speed at this depth, continuing the hot sequence.
-        let t = Instant::now();
-        let g = hot_gen.generate(
-            &prompt,
-            &SamplingParams { max_tokens: a.decode_tokens + 1, ignore_eos: true, ..Default::default() },
-            &mut |_| true,
-        )?;
-        let decode_tok_s = (g.tokens.len().saturating_sub(1)) as f64 / (t.elapsed().as_secs_f64() - g.timings.ttft_ms / 1e3).max(1e-9);
-        drop(hot_gen);
-
-        // Persist the history, then restore it in a fresh process.
         let path = dir.join(format!("history-{h}-{format}.safetensors"));
         let meta = EntryMeta {
             fingerprint: fp.clone(),
             kind: EntryKind::Session,
             owner: "bench".into(),
-            tokens: toks,
+            tokens: toks.clone(),
             text: String::new(),
             offsets: Vec::new(),
             created_unix: 0,
         };
         let t = Instant::now();
-        let bytes = write_entry(&path, &meta, &kv)?;
+        let entry_bytes = write_entry(&path, &meta, &kv)?;
         let write_ms = t.elapsed().as_secs_f64() * 1e3;
-        drop(kv);
-        let disk = median_run(&a, &path, h, true)?;
-        let warm = median_run(&a, &path, h, false)?;
-        let _ = std::fs::remove_file(&path);
+        hs.push(History {
+            tokens: h,
+            prompt,
+            kv,
+            toks,
+            cold_ms,
+            path,
+            entry_bytes,
+            write_ms,
+            hot_ms: vec![],
+            warm: vec![],
+            warm_disk: vec![],
+        });
+    }
+    // Rounds: the hot turns of every history back to back (side by side, so the machine's
+    // drift cancels in their ratios), then each history's two warm starts (fresh processes).
+    let rounds = a.repeat.max(1);
+    for round in 0..rounds {
+        eprintln!("round {}/{rounds}: hot turns, then warm starts...", round + 1);
+        for x in hs.iter_mut() {
+            let mut hot = Generator::from_parts(&model, x.kv.fork(x.kv.len()), x.toks.clone());
+            x.hot_ms.push(ttft(&mut hot, &x.prompt)?);
+        }
+        for x in hs.iter_mut() {
+            x.warm_disk.push(warm_run(&a, &x.path, x.tokens, true)?);
+            x.warm.push(warm_run(&a, &x.path, x.tokens, false)?);
+        }
+    }
+    let mut rows = Vec::new();
+    let first_hot = hs.first().map(|x| x.hot_ms.clone()).unwrap_or_default();
+    for x in hs {
+        // Decode speed at this depth, continuing a hot sequence.
+        let mut gen = Generator::from_parts(&model, x.kv.fork(x.kv.len()), x.toks.clone());
+        let t = Instant::now();
+        let g = gen.generate(
+            &x.prompt,
+            &SamplingParams { max_tokens: a.decode_tokens + 1, ignore_eos: true, ..Default::default() },
+            &mut |_| true,
+        )?;
+        let decode_tok_s = (g.tokens.len().saturating_sub(1)) as f64 / (t.elapsed().as_secs_f64() - g.timings.ttft_ms / 1e3).max(1e-9);
+        drop(gen);
+        let _ = std::fs::remove_file(&x.path);
+        let warm_ms =
+            |runs: &[serde_json::Value]| -> Vec<f64> { runs.iter().map(|r| r["ttft_warm_ms"].as_f64().unwrap_or(f64::NAN)).collect() };
+        let per_round = |num: &[f64], den: &[f64]| median(num.iter().zip(den).map(|(n, d)| n / d).collect());
+        let (warm, disk) = (median_by_ttft(x.warm.clone()), median_by_ttft(x.warm_disk.clone()));
         rows.push(json!({
-            "history_tokens": h,
+            "history_tokens": x.tokens,
             "kv_format": format.name(),
             "attention": model.attention().name(),
             "user_tokens": a.user_tokens,
-            "ttft_cold_ms": cold.map(round),
-            "ttft_hot_ms": round(hot),
+            "ttft_cold_ms": x.cold_ms.map(round),
+            "ttft_hot_ms": round(median(x.hot_ms.clone())),
+            "hot_vs_first_history": round(per_round(&x.hot_ms, &first_hot)),
             "ttft_warm_ms": warm["ttft_warm_ms"],
+            "warm_vs_hot": round(per_round(&warm_ms(&x.warm), &x.hot_ms)),
             "restore_ms": warm["restore_ms"],
             "restore_gb_s": warm["restore_gb_s"],
             "ttft_warm_disk_ms": disk["ttft_warm_ms"],
+            "warm_disk_vs_hot": round(per_round(&warm_ms(&x.warm_disk), &x.hot_ms)),
             "resident_before_disk_run": disk["resident_fraction"],
             "restore_disk_ms": disk["restore_ms"],
             "restore_disk_gb_s": disk["restore_gb_s"],
@@ -162,12 +209,12 @@ pub fn run(a: Args) -> Result<()> {
             "open_disk_ms": disk["open_ms"],
             "checksum_wait_ms": warm["checksum_wait_ms"],
             "checksum_wait_disk_ms": disk["checksum_wait_ms"],
-            "persist_write_ms": round(write_ms),
-            "entry_bytes": bytes,
+            "persist_write_ms": round(x.write_ms),
+            "entry_bytes": x.entry_bytes,
             "bytes_per_token": pool.bytes_per_token(),
             "decode_tok_s_at_depth": round(decode_tok_s),
             "threads": engram_kernels::num_threads(),
-            "repeats": a.repeat.max(1),
+            "repeats": rounds,
         }));
         print_row(&a, rows.last().unwrap());
     }
@@ -203,7 +250,62 @@ pub fn run(a: Args) -> Result<()> {
         rows.push(quality(&model, format)?);
         print_row(&a, rows.last().unwrap());
     }
+    if !a.json {
+        print_tables(&rows);
+    }
     Ok(())
+}
+
+/// The history and shared-prefix rows as markdown tables (stdout; `--json` prints the rows).
+fn print_tables(rows: &[serde_json::Value]) {
+    let ms = |v: &serde_json::Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.0} ms"));
+    let x = |v: &serde_json::Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.2}x"));
+    let hist: Vec<_> = rows.iter().filter(|r| r.get("history_tokens").is_some()).collect();
+    if let Some(r0) = hist.first() {
+        let text = |k: &str| r0[k].as_str().unwrap_or("?").to_string();
+        println!(
+            "\nKV {}, attention {}, {} threads; medians of {} rounds, ratios the medians of each round's ratio",
+            text("kv_format"),
+            text("attention"),
+            r0["threads"],
+            r0["repeats"]
+        );
+        println!("| history | cold TTFT | hot TTFT | hot / first row | warm TTFT | warm / hot | warm, file evicted | evicted / hot | decode tok/s | bytes/token |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in hist {
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} |",
+                r["history_tokens"],
+                ms(&r["ttft_cold_ms"]),
+                ms(&r["ttft_hot_ms"]),
+                x(&r["hot_vs_first_history"]),
+                ms(&r["ttft_warm_ms"]),
+                x(&r["warm_vs_hot"]),
+                ms(&r["ttft_warm_disk_ms"]),
+                x(&r["warm_disk_vs_hot"]),
+                r["decode_tok_s_at_depth"].as_f64().unwrap_or(f64::NAN),
+                r["bytes_per_token"],
+            );
+        }
+    }
+    for r in rows.iter().filter(|r| r.get("quality_vs_f32").is_some()) {
+        let cells: Vec<String> = r.as_object().unwrap().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("\nquality: {}", cells.join("  "));
+    }
+    let sys: Vec<_> = rows.iter().filter(|r| r.get("system_prompt_tokens").is_some()).collect();
+    if !sys.is_empty() {
+        println!("\n| system prompt | cold TTFT | shared-prefix TTFT | speed-up |");
+        println!("|---:|---:|---:|---:|");
+        for r in sys {
+            println!(
+                "| {} | {} | {} | {} |",
+                r["system_prompt_tokens"],
+                ms(&r["ttft_cold_ms"]),
+                ms(&r["ttft_shared_prefix_ms"]),
+                x(&r["speedup"])
+            );
+        }
+    }
 }
 
 /// Logit error and top-1 agreement of `format` KV against f32 KV over 512 tokens of real text
@@ -230,11 +332,10 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// [`warm_run`] `--repeat` times; the run with the median TTFT.
-fn median_run(a: &Args, path: &std::path::Path, h: usize, evict: bool) -> Result<serde_json::Value> {
-    let mut runs = (0..a.repeat.max(1)).map(|_| warm_run(a, path, h, evict)).collect::<Result<Vec<_>>>()?;
+/// The warm run with the median TTFT.
+fn median_by_ttft(mut runs: Vec<serde_json::Value>) -> serde_json::Value {
     runs.sort_by(|x, y| x["ttft_warm_ms"].as_f64().unwrap_or(0.0).total_cmp(&y["ttft_warm_ms"].as_f64().unwrap_or(0.0)));
-    Ok(runs.swap_remove(runs.len() / 2))
+    runs.swap_remove(runs.len() / 2)
 }
 
 /// Runs the warm-start child for the entry at `path` and returns its JSON line.
@@ -354,11 +455,13 @@ fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// `--json`: the row on stdout; else its fields as `key=value` on stderr (progress and the
+/// details the final tables leave out).
 fn print_row(a: &Args, row: &serde_json::Value) {
     if a.json {
         println!("{row}");
     } else {
         let cells: Vec<String> = row.as_object().unwrap().iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!("{}", cells.join("  "));
+        eprintln!("{}", cells.join("  "));
     }
 }
