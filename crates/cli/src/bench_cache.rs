@@ -18,8 +18,9 @@
 //! the file in the page cache (`ttft_warm_ms`). `restore_ms` is a separate
 //! synchronous restore (map + checksum of the whole file) for throughput.
 //!
-//! Every history is prefilled first; then `--repeat` rounds each run the hot
-//! turns of all histories back to back and then their warm starts, so the
+//! Every history is prefilled first; then `--repeat` rounds each run an
+//! untimed hot turn, the hot turns of all histories back to back (in reverse
+//! order every other round) and then their warm starts, so the
 //! ratios (`hot_vs_first_history`: this history's hot TTFT over the first
 //! history's in the same round; `warm_vs_hot`, `warm_disk_vs_hot`) are taken
 //! side by side within a round — the machine's drift between rounds cancels —
@@ -58,8 +59,9 @@ pub struct Args {
     /// One JSON object per line instead of tables.
     #[arg(long)]
     json: bool,
-    /// Hot and warm measurements are repeated this many times and the median reported
-    /// (timings on shared 2-core machines swing by tens of percent).
+    /// Rounds: each times every history's hot turn and its two warm starts; times are the
+    /// medians over rounds, ratios the medians of each round's ratio (timings on shared
+    /// 2-core machines swing by tens of percent between minutes).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
     /// Skip the cold (no cache) history measurements, which dominate the run time
@@ -161,7 +163,15 @@ pub fn run(a: Args) -> Result<()> {
     let rounds = a.repeat.max(1);
     for round in 0..rounds {
         eprintln!("round {}/{rounds}: hot turns, then warm starts...", round + 1);
-        for x in hs.iter_mut() {
+        // An untimed turn first (after the warm-start children the caches and the thread pool
+        // are cold, which would burden whichever history came first), then every history,
+        // in reverse order every other round.
+        if let Some(x) = hs.first() {
+            ttft(&mut Generator::from_parts(&model, x.kv.fork(x.kv.len()), x.toks.clone()), &x.prompt)?;
+        }
+        let order: Vec<usize> = if round % 2 == 0 { (0..hs.len()).collect() } else { (0..hs.len()).rev().collect() };
+        for i in order {
+            let x = &mut hs[i];
             let mut hot = Generator::from_parts(&model, x.kv.fork(x.kv.len()), x.toks.clone());
             x.hot_ms.push(ttft(&mut hot, &x.prompt)?);
         }
@@ -196,6 +206,7 @@ pub fn run(a: Args) -> Result<()> {
             "ttft_cold_ms": x.cold_ms.map(round),
             "ttft_hot_ms": round(median(x.hot_ms.clone())),
             "hot_vs_first_history": round(per_round(&x.hot_ms, &first_hot)),
+            "ttft_hot_rounds_ms": x.hot_ms.iter().map(|&t| round(t)).collect::<Vec<_>>(),
             "ttft_warm_ms": warm["ttft_warm_ms"],
             "warm_vs_hot": round(per_round(&warm_ms(&x.warm), &x.hot_ms)),
             "restore_ms": warm["restore_ms"],
