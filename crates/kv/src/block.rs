@@ -19,10 +19,59 @@ use crate::pool::KvPool;
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 32;
 
+/// One cache line; [`LineBytes`] are made of these.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Heap bytes that start on a 64-byte boundary, so every head's rows in a block start on a
+/// cache line (sections are whole lines in every format) and the attention kernels' 64-byte
+/// loads never straddle two lines. (A plain `Vec<u8>` of a block's size comes from `malloc`
+/// at 16 bytes past a line: every load of a 128-byte f16 row was split.)
+#[derive(Clone)]
+pub(crate) struct LineBytes {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl std::ops::Deref for LineBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::ops::DerefMut for LineBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
+impl LineBytes {
+    /// `len` zero bytes.
+    pub(crate) fn zeroed(len: usize) -> LineBytes {
+        LineBytes { lines: vec![bytemuck::Zeroable::zeroed(); len.div_ceil(64)], len }
+    }
+    /// A copy of `bytes`.
+    pub(crate) fn copy_of(bytes: &[u8]) -> LineBytes {
+        let mut b = LineBytes::zeroed(bytes.len());
+        b.as_mut_slice().copy_from_slice(bytes);
+        b
+    }
+    /// The bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.lines)[..self.len]
+    }
+    /// The bytes, writable.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
+    }
+}
+
 /// Where a block's bytes live.
 pub(crate) enum Storage {
-    /// Heap memory, writable while the block is not shared.
-    Owned(Vec<u8>),
+    /// Heap memory (line-aligned), writable while the block is not shared.
+    Owned(LineBytes),
     /// A read-only range of a mapped cache file (restored from disk).
     Mapped { map: Arc<Mmap>, offset: usize },
 }
@@ -52,14 +101,14 @@ impl Block {
     /// The block's bytes in the layout described in the module doc.
     pub fn bytes(&self) -> &[u8] {
         match &self.storage {
-            Storage::Owned(v) => v,
+            Storage::Owned(v) => v.as_slice(),
             Storage::Mapped { map, offset } => &map[*offset..*offset + self.pool.block_bytes()],
         }
     }
     /// Writable bytes, or `None` for a mapped block.
     pub(crate) fn bytes_mut(&mut self) -> Option<&mut [u8]> {
         match &mut self.storage {
-            Storage::Owned(v) => Some(v),
+            Storage::Owned(v) => Some(v.as_mut_slice()),
             Storage::Mapped { .. } => None,
         }
     }

@@ -480,7 +480,7 @@ pub(crate) fn is_temp_name(name: &str) -> bool {
 // Internals: header building, parsing and checksums.
 
 struct Prepared<'a> {
-    /// JSON, space-padded to a multiple of 8 bytes.
+    /// JSON, space-padded so that the data after it starts at a multiple of 64 bytes.
     header: Vec<u8>,
     rows: Vec<Cow<'a, [u8]>>,
     window: Option<Vec<u8>>,
@@ -560,8 +560,10 @@ fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv) -> Result<Prepared<
     }
     let md = Metadata::new(Some(m), tensors).map_err(|e| unwritable(e.to_string()))?;
     let mut header = serde_json::to_vec(&md).map_err(|e| unwritable(e.to_string()))?;
-    // Pad to 8 bytes so the tensor data (and every row) stays 8-byte aligned.
-    header.resize(header.len().next_multiple_of(8), b' ');
+    // Pad so the tensor data starts on a 64-byte line of the (page-aligned) mapping: then every
+    // mapped block and head section does too, as in RAM (`block::LineBytes`). Readers only
+    // require a multiple of 8 (the safetensors rule), so older files still load.
+    header.resize((8 + header.len()).next_multiple_of(64) - 8, b' ');
     if header.len() as u64 > MAX_HEADER_BYTES {
         return Err(unwritable(format!("header of {} bytes exceeds the {MAX_HEADER_BYTES}-byte limit", header.len())));
     }

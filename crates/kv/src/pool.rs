@@ -120,8 +120,8 @@ impl KvPool {
     }
 
     /// An empty block whose bytes the caller has already charged with `try_charge`.
-    pub(crate) fn charged_block(&self, bytes: Vec<u8>, len: usize) -> Block {
-        debug_assert_eq!(bytes.len(), self.block_bytes());
+    pub(crate) fn charged_block(&self, bytes: crate::block::LineBytes, len: usize) -> Block {
+        debug_assert_eq!(bytes.as_slice().len(), self.block_bytes());
         Block { storage: Storage::Owned(bytes), len, pool: self.clone() }
     }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use engram_model::{KvCache, KvChunk, KvData, KvElem};
 
-use crate::block::{Block, BLOCK_TOKENS};
+use crate::block::{Block, LineBytes, BLOCK_TOKENS};
 use crate::error::KvError;
 use crate::pool::KvPool;
 use crate::tail::Tail;
@@ -91,11 +91,11 @@ impl SeqKv {
         let bb = self.pool.block_bytes();
         self.pool.try_charge((new_blocks + cow as usize) * bb + tail_charge)?;
         if cow {
-            let copy = self.pool.charged_block(self.blocks[partial].bytes().to_vec(), self.len % BLOCK_TOKENS);
+            let copy = self.pool.charged_block(LineBytes::copy_of(self.blocks[partial].bytes()), self.len % BLOCK_TOKENS);
             self.blocks[partial] = Arc::new(copy);
         }
         for _ in 0..new_blocks {
-            self.blocks.push(Arc::new(self.pool.charged_block(vec![0u8; bb], 0)));
+            self.blocks.push(Arc::new(self.pool.charged_block(LineBytes::zeroed(bb), 0)));
         }
         match tail_block {
             None if n > 0 => self.tail = None,

@@ -20,14 +20,14 @@ use crate::pool::KvPool;
 /// An f16 copy of block `block`'s rows (keys and values, every layer).
 pub(crate) struct Tail {
     pub(crate) block: usize,
-    pub(crate) bytes: Vec<u8>,
+    pub(crate) bytes: crate::block::LineBytes,
     pool: KvPool,
 }
 
 impl Tail {
     /// A zeroed tail for `block` whose bytes the caller has already charged.
     pub(crate) fn charged(pool: &KvPool, block: usize) -> Tail {
-        Tail { block, bytes: vec![0u8; pool.tail_bytes()], pool: pool.clone() }
+        Tail { block, bytes: crate::block::LineBytes::zeroed(pool.tail_bytes()), pool: pool.clone() }
     }
 
     /// A copy, charged by the caller.

@@ -157,13 +157,38 @@ fn round_trip_every_format() {
     }
 }
 
+/// Every head's rows start on a 64-byte line, in RAM and mapped from a file, in every format
+/// (the attention kernels load 64 bytes at a time), including the recent window's.
+fn assert_line_aligned(kv: &SeqKv, what: &str) {
+    for layer in 0..LAYOUT.num_layers {
+        kv.for_each_chunk(layer, &mut |c| {
+            for (part, d) in [("keys", c.keys), ("values", c.values)] {
+                let rb = d.elem.row_bytes(LAYOUT.head_dim);
+                for h in 0..LAYOUT.num_kv_heads {
+                    let at = d.bytes[h * c.capacity * rb..].as_ptr() as usize;
+                    assert_eq!(at % 64, 0, "{what}: layer {layer}, {part} of head {h} at position {}", c.first_pos);
+                }
+            }
+        });
+    }
+}
+
 #[test]
-fn data_is_8_byte_aligned() {
+fn data_starts_on_a_cache_line_in_files_and_in_ram() {
     let dir = tempfile::tempdir().unwrap();
+    for format in KvFormat::ALL {
+        let p = pool(format);
+        let kv = make_kv(&p, 3 * BLOCK_TOKENS + 5, 9);
+        assert_line_aligned(&kv, &format!("{format} in RAM"));
+        let path = dir.path().join(format!("{format}.safetensors"));
+        write_entry(&path, &meta(kv.len(), FP), &kv).unwrap();
+        let (_, mapped) = read_entry(&path, &p, FP, VOCAB).unwrap();
+        assert_line_aligned(&mapped, &format!("{format} mapped"));
+    }
     let path = entry_file(dir.path(), 40, KvFormat::F16);
     let bytes = std::fs::read(&path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    assert_eq!((8 + n) % 8, 0);
+    assert_eq!((8 + n) % 64, 0, "the tensor data starts on a line");
     // A plain safetensors reader sees one U8 tensor of [blocks, block_bytes].
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("kv").unwrap();
