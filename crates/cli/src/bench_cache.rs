@@ -119,8 +119,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     let dir = data_dir(&a.model.data_dir).join("bench-cache");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let histories = parse_list(&a.history)?;
+    check_budget(&pool, &histories, a.user_tokens, !a.skip_cold)?;
     let mut hs = Vec::new();
-    for h in parse_list(&a.history)? {
+    for h in histories {
         eprintln!("history {h}: prefill of {} tokens (the slow part)...", h + a.user_tokens);
         let history = tokens(&model, h, 1);
         let mut prompt = history.clone();
@@ -264,6 +266,26 @@ pub fn run(a: Args) -> Result<()> {
     if !a.json {
         print_tables(&rows);
     }
+    Ok(())
+}
+
+/// Every history stays in memory through the rounds (and, with `cold`, the largest is also
+/// prefilled once more beside them): fail at once, saying what budget would do, rather than
+/// minutes in.
+fn check_budget(pool: &KvPool, histories: &[usize], user_tokens: usize, cold: bool) -> Result<()> {
+    let blocks = |tokens: usize| tokens.div_ceil(engram_kv::BLOCK_TOKENS) + 1;
+    let largest = histories.iter().copied().max().unwrap_or(0);
+    let held: usize = histories.iter().map(|&h| blocks(h + user_tokens)).sum();
+    let need = (held + if cold { blocks(largest + user_tokens) } else { 0 }) * pool.block_bytes();
+    anyhow::ensure!(
+        need <= pool.budget(),
+        "bench cache keeps every history's KV in memory, and without --skip-cold prefills the largest once more: {} MiB \
+         for {histories:?} in {}; the KV budget is {} MiB: pass --kv-budget-mib {} or fewer --history lengths",
+        need >> 20,
+        pool.format(),
+        pool.budget() >> 20,
+        (need >> 20) + 64
+    );
     Ok(())
 }
 
