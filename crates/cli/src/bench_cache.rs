@@ -322,8 +322,7 @@ fn print_tables(rows: &[serde_json::Value]) {
         }
     }
     for r in rows.iter().filter(|r| r.get("quality_vs_f32").is_some()) {
-        let cells: Vec<String> = r.as_object().unwrap().iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!("\nquality: {}", cells.join("  "));
+        println!("\nquality: {}", fields(r));
     }
     let sys: Vec<_> = rows.iter().filter(|r| r.get("system_prompt_tokens").is_some()).collect();
     if !sys.is_empty() {
@@ -494,7 +493,12 @@ fn print_row(a: &Args, row: &serde_json::Value) {
     if a.json {
         println!("{row}");
     } else {
-        let cells: Vec<String> = row.as_object().unwrap().iter().map(|(k, v)| format!("{k}={v}")).collect();
-        eprintln!("{}", cells.join("  "));
+        eprintln!("{}", fields(row));
     }
+}
+
+/// A row's fields as `key=value`, two spaces apart.
+fn fields(row: &serde_json::Value) -> String {
+    let cells: Vec<String> = row.as_object().map_or(Vec::new(), |o| o.iter().map(|(k, v)| format!("{k}={v}")).collect());
+    cells.join("  ")
 }
