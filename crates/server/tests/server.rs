@@ -1,146 +1,18 @@
-//! End-to-end tests against a real server on 127.0.0.1:0, over a tiny
-//! HTTP/1.1 client on `std::net::TcpStream` (no client crate in the tree).
+//! End-to-end tests against a real server on 127.0.0.1:0 (the helpers and the
+//! HTTP client are in `common`; the agents' tests in `agents.rs`).
+
+mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::{Arc, OnceLock};
+use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::Duration;
 
-use engram_fixture::{GgufFormat, Shape};
+use common::*;
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 use engram_server::{SchedulerConfig, Server, ServerConfig};
 use serde_json::{json, Value};
-
-/// The tiny fixture's Q8_0 GGUF (generated once per test binary) and the model loaded from it.
-fn fixture() -> &'static (tempfile::TempDir, std::path::PathBuf, Arc<Model>) {
-    static M: OnceLock<(tempfile::TempDir, std::path::PathBuf, Arc<Model>)> = OnceLock::new();
-    M.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let files =
-            engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-        let path = files.gguf(GgufFormat::Q8_0).unwrap().to_path_buf();
-        let m = Model::load(&path).unwrap();
-        (dir, path, Arc::new(m))
-    })
-}
-
-fn model() -> Arc<Model> {
-    fixture().2.clone()
-}
-
-/// Starts a server on its own runtime thread; returns its address.
-fn start(budget_bytes: usize, config: ServerConfig) -> SocketAddr {
-    let model = model();
-    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, budget_bytes);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            let server = Server::start(model, pool, config);
-            server.serve(listener, std::future::pending(), Duration::from_secs(1)).await.unwrap();
-        });
-    });
-    rx.recv().unwrap()
-}
-
-fn shared() -> SocketAddr {
-    static A: OnceLock<SocketAddr> = OnceLock::new();
-    *A.get_or_init(|| start(256 << 20, ServerConfig::new("tiny")))
-}
-
-struct Resp {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-    /// `data:` payloads of an SSE body, with their `event:` names.
-    fn sse(&self) -> Vec<(Option<String>, String)> {
-        let mut out = Vec::new();
-        for block in self.body.split("\n\n") {
-            let mut ev = None;
-            let mut data = None;
-            for line in block.lines() {
-                if let Some(e) = line.strip_prefix("event: ") {
-                    ev = Some(e.to_string());
-                } else if let Some(d) = line.strip_prefix("data: ") {
-                    data = Some(d.to_string());
-                }
-            }
-            if let Some(d) = data {
-                out.push((ev, d));
-            }
-        }
-        out
-    }
-}
-
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(std::str::from_utf8(&raw[..eol]).unwrap().trim(), 16).unwrap();
-        if size == 0 {
-            break;
-        }
-        out.extend_from_slice(&raw[eol + 2..eol + 2 + size]);
-        raw = &raw[eol + 2 + size + 2..];
-    }
-    out
-}
-
-fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
-    if !body.is_empty() {
-        req.push_str("Content-Type: application/json\r\n");
-    }
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("header end");
-    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
-    let mut lines = head.lines();
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
-    let headers: Vec<(String, String)> = lines.filter_map(|l| l.split_once(": ").map(|(k, v)| (k.to_string(), v.to_string()))).collect();
-    let mut body = raw[split + 4..].to_vec();
-    if headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked")) {
-        body = dechunk(&body);
-    }
-    Resp { status, headers, body: String::from_utf8(body).unwrap() }
-}
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> Resp {
-    request(addr, "POST", path, &[], &body.to_string())
-}
-
-fn chat(addr: SocketAddr, messages: &Value, extra: Value) -> Resp {
-    let mut body = json!({"model": "tiny", "messages": messages, "max_tokens": 16, "temperature": 0});
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
-    post(addr, "/v1/chat/completions", &body)
-}
-
-fn content(r: &Resp) -> String {
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string()
-}
 
 #[test]
 fn chat_stream_equals_non_stream() {
@@ -346,27 +218,6 @@ fn completions_models_health_metrics() {
 }
 
 #[test]
-fn agents_have_their_own_cache() {
-    let addr = shared();
-    let r = post(addr, "/v1/agents", &json!({"id": "planner", "system": "You plan."}));
-    assert_eq!(r.status, 201, "{}", r.body);
-    assert_eq!(post(addr, "/v1/agents", &json!({"id": "planner"})).status, 409);
-    assert_eq!(post(addr, "/v1/agents", &json!({"id": "a/b"})).status, 400);
-    let list = request(addr, "GET", "/v1/agents", &[], "").json();
-    assert!(list["data"].as_array().unwrap().iter().any(|a| a["id"] == "planner"));
-    let g = |prompt: &str| post(addr, "/v1/agents/planner/generate", &json!({"prompt": prompt, "max_tokens": 4, "temperature": 0}));
-    let r1 = g("plan the day");
-    assert_eq!(r1.status, 200, "{}", r1.body);
-    let r2 = g("plan the day");
-    let p = r2.json()["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert_eq!(r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), p - 1);
-    assert_eq!(request(addr, "GET", "/v1/agents/planner", &[], "").status, 200);
-    assert_eq!(request(addr, "DELETE", "/v1/agents/planner", &[], "").status, 200);
-    assert_eq!(request(addr, "GET", "/v1/agents/planner", &[], "").status, 404);
-    assert_eq!(g("plan the day").status, 404);
-}
-
-#[test]
 fn api_keys_map_to_tenants() {
     let mut config = ServerConfig::new("tiny");
     config.api_keys = vec![("k1".into(), "alice".into()), ("k2".into(), "bob".into())];
@@ -468,62 +319,6 @@ fn decoding_sequences_share_steps() {
     assert_eq!(total, 4 * 32);
     let steps = server.metrics().steps.load(std::sync::atomic::Ordering::Relaxed);
     assert!(steps < 2 * 32 + 8, "{steps} steps for 4 x 32 tokens: not batched");
-}
-
-/// Starts a server that stops when `stop` is sent; joining the thread waits
-/// for its shutdown (engine finished, sessions flushed to disk).
-fn start_stoppable(config: ServerConfig) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>) {
-    start_stoppable_with(model(), config)
-}
-
-/// [`start_stoppable`] with another model (e.g. the same file at another attention precision).
-fn start_stoppable_with(
-    model: Arc<Model>,
-    config: ServerConfig,
-) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>) {
-    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let t = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            let server = Server::start(model, pool, config);
-            server
-                .serve(
-                    listener,
-                    async {
-                        let _ = stop_rx.await;
-                    },
-                    Duration::from_secs(5),
-                )
-                .await
-                .unwrap();
-        });
-    });
-    (rx.recv().unwrap(), stop_tx, t)
-}
-
-/// A server config that persists sessions (and agents) under `<dir>/kv`, 256 MiB.
-fn persisting(dir: &std::path::Path, policy: engram_kv::EvictionPolicy) -> ServerConfig {
-    let mut c = ServerConfig::new("tiny");
-    c.scheduler.disk = Some(engram_server::DiskConfig { dir: dir.join("kv"), budget_bytes: 256 << 20, policy });
-    c
-}
-
-/// The session entry files a [`persisting`] server keeps under `<dir>/kv`.
-fn session_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    std::fs::read_dir(dir.join("kv"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("session-"))
-        .collect()
-}
-
-fn metric(addr: SocketAddr, line_prefix: &str) -> f64 {
-    let m = request(addr, "GET", "/metrics", &[], "").body;
-    m.lines().find(|l| l.starts_with(line_prefix)).and_then(|l| l.rsplit(' ').next()).map_or(0.0, |v| v.parse().unwrap())
 }
 
 /// A session file damaged on disk between two runs: the restarted server
@@ -688,117 +483,4 @@ fn another_attention_precision_never_reuses_a_persisted_session() {
     assert_eq!(content(&again), content(&warm));
     stop.send(()).unwrap();
     thread.join().unwrap();
-}
-
-/// An agent made before a restart is still there after it, with its cached
-/// session restored from disk (the same answer, the prompt taken from the
-/// cache); deleting it deletes its session file, and it stays deleted after
-/// the next restart.
-#[test]
-fn agents_and_their_sessions_survive_a_restart_and_deletion_removes_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = || persisting(dir.path(), engram_kv::EvictionPolicy::Lru);
-    let g = |addr| {
-        let r = post(addr, "/v1/agents/planner/generate", &json!({"prompt": "plan the day", "max_tokens": 6, "temperature": 0}));
-        assert_eq!(r.status, 200, "{}", r.body);
-        r.json()
-    };
-    let (addr, stop, thread) = start_stoppable(config());
-    assert_eq!(post(addr, "/v1/agents", &json!({"id": "planner", "name": "Planner", "system": "You plan."})).status, 201);
-    let first = g(addr);
-    stop.send(()).unwrap();
-    thread.join().unwrap();
-    assert_eq!(session_files(dir.path()).len(), 1);
-
-    let (addr, stop, thread) = start_stoppable(config());
-    let agent = request(addr, "GET", "/v1/agents/planner", &[], "").json();
-    assert_eq!((agent["name"].as_str(), agent["system"].as_str()), (Some("Planner"), Some("You plan.")));
-    let again = g(addr);
-    let p = again["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), p - 1, "restored from disk");
-    assert_eq!(metric(addr, "engram_sessions_restored"), 1.0);
-    assert_eq!(again["text"], first["text"], "restored answers as the first run did");
-    assert_eq!(request(addr, "DELETE", "/v1/agents/planner", &[], "").status, 200);
-    stop.send(()).unwrap();
-    thread.join().unwrap();
-    assert_eq!(session_files(dir.path()).len(), 0, "the deleted agent's session file is gone");
-
-    let (addr, stop, thread) = start_stoppable(config());
-    assert_eq!(request(addr, "GET", "/v1/agents/planner", &[], "").status, 404);
-    assert_eq!(request(addr, "GET", "/v1/agents", &[], "").json()["data"].as_array().unwrap().len(), 0);
-    stop.send(()).unwrap();
-    thread.join().unwrap();
-}
-
-/// A named agent's session is pinned on disk: under a disk budget that holds
-/// only some sessions, the least recently used (LRU policy) are evicted as
-/// chats come in — but never the agent's, though it is the oldest — and
-/// `engram cache ls` would show it pinned.
-#[test]
-fn an_agents_session_is_pinned_on_disk_and_outlives_newer_chats() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = |budget: u64| {
-        let mut c = persisting(dir.path(), engram_kv::EvictionPolicy::Lru);
-        c.scheduler.disk.as_mut().unwrap().budget_bytes = budget;
-        c
-    };
-    let (addr, stop, thread) = start_stoppable(config(256 << 20));
-    assert_eq!(post(addr, "/v1/agents", &json!({"id": "keeper", "system": "You keep notes."})).status, 201);
-    let r = post(addr, "/v1/agents/keeper/generate", &json!({"prompt": "note: milk", "max_tokens": 4, "temperature": 0}));
-    assert_eq!(r.status, 200, "{}", r.body);
-    stop.send(()).unwrap();
-    thread.join().unwrap();
-    let files = session_files(dir.path());
-    assert_eq!(files.len(), 1);
-    let (agent_file, agent_bytes) = (files[0].clone(), std::fs::metadata(&files[0]).unwrap().len());
-    // Strictly the least recently used entry from here on (the store's clock has 1 s steps).
-    std::thread::sleep(std::time::Duration::from_millis(1100));
-
-    // Room for the agent (two blocks: its system prompt) and one or two chats (one block each).
-    let (addr, stop, thread) = start_stoppable(config(agent_bytes * 2));
-    for i in 0..4 {
-        let r = chat(
-            addr,
-            &json!([{"role": "user", "content": format!("chat {i}")}]),
-            json!({"max_tokens": 4, "session_id": format!("chat-{i}")}),
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
-    }
-    stop.send(()).unwrap();
-    thread.join().unwrap();
-    let files = session_files(dir.path());
-    assert!(files.len() < 4, "the budget forced too few evictions: {files:?}");
-    assert!(files.contains(&agent_file), "the pinned agent session was evicted: {files:?}");
-    let store = engram_kv::disk::DiskStore::open(dir.path().join("kv"), u64::MAX, engram_kv::EvictionPolicy::Lru).unwrap();
-    let pinned: Vec<_> = store.list().into_iter().filter(|e| e.pinned).map(|e| e.owner).collect();
-    assert_eq!(pinned.len(), 1, "exactly the agent's session is pinned: {pinned:?}");
-    assert!(pinned[0].contains("agent:keeper"), "{pinned:?}");
-}
-
-/// An agent deleted while one of its requests is generating: the request
-/// finishes, but its cache is not kept (nothing on disk once the server
-/// stopped), and requests for it after the delete are 404.
-#[test]
-fn an_agent_deleted_mid_generation_leaves_no_cache() {
-    let dir = tempfile::tempdir().unwrap();
-    let (addr, stop, thread) = start_stoppable(persisting(dir.path(), engram_kv::EvictionPolicy::Lru));
-    assert_eq!(post(addr, "/v1/agents", &json!({"id": "scribe", "system": "You write."})).status, 201);
-    let long = std::thread::spawn(move || {
-        post(addr, "/v1/agents/scribe/generate", &json!({"prompt": "write", "max_tokens": 3000, "ignore_eos": true, "temperature": 0}))
-    });
-    let t0 = std::time::Instant::now();
-    while metric(addr, "engram_sequences_running") < 1.0 {
-        assert!(t0.elapsed() < Duration::from_secs(60), "the generation never started");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    assert_eq!(request(addr, "DELETE", "/v1/agents/scribe", &[], "").status, 200);
-    let r = long.join().unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.json()["usage"]["completion_tokens"], 3000, "it ran to the end after the delete");
-    let again = post(addr, "/v1/agents/scribe/generate", &json!({"prompt": "write", "max_tokens": 1}));
-    assert_eq!(again.status, 404);
-    stop.send(()).unwrap();
-    thread.join().unwrap();
-    let files = session_files(dir.path());
-    assert!(files.is_empty(), "the deleted agent's cache was written: {files:?}");
 }
