@@ -95,10 +95,13 @@ fn ttft(gen: &mut Generator<'_>, prompt: &[u32]) -> Result<f64> {
 
 /// One history length's state across the rounds of [`run`].
 struct History {
-    tokens: usize,
+    /// Its length in tokens.
+    len: usize,
+    /// History and the new user turn.
     prompt: Vec<u32>,
+    /// The prefilled history: its cache and token ids.
     kv: engram_kv::SeqKv,
-    toks: Vec<u32>,
+    ids: Vec<u32>,
     cold_ms: Option<f64>,
     path: PathBuf,
     entry_bytes: u64,
@@ -107,6 +110,13 @@ struct History {
     /// Warm-child results: file in the page cache, and evicted from it.
     warm: Vec<serde_json::Value>,
     warm_disk: Vec<serde_json::Value>,
+}
+
+impl History {
+    /// A generator on a fork of the prefilled history (the history itself stays untouched).
+    fn hot<'m>(&self, model: &'m Model) -> Generator<'m> {
+        Generator::from_parts(model, self.kv.fork(self.kv.len()), self.ids.clone())
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -132,13 +142,13 @@ pub fn run(a: Args) -> Result<()> {
         // persisted entry the warm starts restore is written from it.
         let mut hist_gen = Generator::new(&model, &pool);
         hist_gen.feed(&history, false)?;
-        let (kv, toks) = hist_gen.into_parts();
+        let (kv, ids) = hist_gen.into_parts();
         let path = dir.join(format!("history-{h}-{format}.safetensors"));
         let meta = EntryMeta {
             fingerprint: fp.clone(),
             kind: EntryKind::Session,
             owner: "bench".into(),
-            tokens: toks.clone(),
+            tokens: ids.clone(),
             text: String::new(),
             offsets: Vec::new(),
             created_unix: 0,
@@ -146,19 +156,7 @@ pub fn run(a: Args) -> Result<()> {
         let t = Instant::now();
         let entry_bytes = write_entry(&path, &meta, &kv)?;
         let write_ms = t.elapsed().as_secs_f64() * 1e3;
-        hs.push(History {
-            tokens: h,
-            prompt,
-            kv,
-            toks,
-            cold_ms,
-            path,
-            entry_bytes,
-            write_ms,
-            hot_ms: vec![],
-            warm: vec![],
-            warm_disk: vec![],
-        });
+        hs.push(History { len: h, prompt, kv, ids, cold_ms, path, entry_bytes, write_ms, hot_ms: vec![], warm: vec![], warm_disk: vec![] });
     }
     // Rounds: the hot turns of every history back to back (side by side, so the machine's
     // drift cancels in their ratios), then each history's two warm starts (fresh processes).
@@ -169,24 +167,24 @@ pub fn run(a: Args) -> Result<()> {
         // are cold, which would burden whichever history came first), then every history,
         // in reverse order every other round.
         if let Some(x) = hs.first() {
-            ttft(&mut Generator::from_parts(&model, x.kv.fork(x.kv.len()), x.toks.clone()), &x.prompt)?;
+            ttft(&mut x.hot(&model), &x.prompt)?;
         }
         let order: Vec<usize> = if round % 2 == 0 { (0..hs.len()).collect() } else { (0..hs.len()).rev().collect() };
         for i in order {
             let x = &mut hs[i];
-            let mut hot = Generator::from_parts(&model, x.kv.fork(x.kv.len()), x.toks.clone());
+            let mut hot = x.hot(&model);
             x.hot_ms.push(ttft(&mut hot, &x.prompt)?);
         }
         for x in hs.iter_mut() {
-            x.warm_disk.push(warm_run(&a, &x.path, x.tokens, true)?);
-            x.warm.push(warm_run(&a, &x.path, x.tokens, false)?);
+            x.warm_disk.push(warm_run(&a, &x.path, x.len, true)?);
+            x.warm.push(warm_run(&a, &x.path, x.len, false)?);
         }
     }
     let mut rows = Vec::new();
     let first_hot = hs.first().map(|x| x.hot_ms.clone()).unwrap_or_default();
     for x in hs {
         // Decode speed at this depth, continuing a hot sequence.
-        let mut gen = Generator::from_parts(&model, x.kv.fork(x.kv.len()), x.toks.clone());
+        let mut gen = x.hot(&model);
         let t = Instant::now();
         let g = gen.generate(
             &x.prompt,
@@ -201,7 +199,7 @@ pub fn run(a: Args) -> Result<()> {
         let per_round = |num: &[f64], den: &[f64]| median(num.iter().zip(den).map(|(n, d)| n / d).collect());
         let (warm, disk) = (median_by_ttft(x.warm.clone()), median_by_ttft(x.warm_disk.clone()));
         rows.push(json!({
-            "history_tokens": x.tokens,
+            "history_tokens": x.len,
             "kv_format": format.name(),
             "attention": model.attention().name(),
             "user_tokens": a.user_tokens,
