@@ -187,6 +187,8 @@ impl KvCache for SimQuantKv {
             // `KvElem::F32` rows are little-endian f32: the native layout on every target we build.
             f(&KvChunk {
                 first_pos: b * BLOCK,
+                positions: None,
+                key_index: b * BLOCK,
                 len,
                 capacity: BLOCK,
                 keys: KvData { elem: KvElem::F32, bytes: bytemuck::cast_slice(k) },
@@ -250,12 +252,30 @@ pub fn run(a: Args) -> Result<()> {
         let mut kv = SimQuantKv::new(scheme, c.num_layers, c.num_kv_heads, c.head_dim);
         let mut pos = 0;
         for chunk in prefix.chunks(engram_engine::DEFAULT_PREFILL_CHUNK) {
-            model.forward(&mut [SeqStep { tokens: chunk, first_pos: pos, kv: &mut kv, logits: Logits::None }])?;
+            model.forward(&mut [SeqStep {
+                tokens: chunk,
+                first_pos: pos,
+                positions: None,
+                key_mask: None,
+                kv: &mut kv,
+                logits: Logits::None,
+            }])?;
             pos += chunk.len();
         }
         let mut logits = Vec::with_capacity(rest.len() * c.vocab);
         for t in rest.chunks(1) {
-            logits.extend(model.forward(&mut [SeqStep { tokens: t, first_pos: pos, kv: &mut kv, logits: Logits::Last }])?.remove(0));
+            logits.extend(
+                model
+                    .forward(&mut [SeqStep {
+                        tokens: t,
+                        first_pos: pos,
+                        positions: None,
+                        key_mask: None,
+                        kv: &mut kv,
+                        logits: Logits::Last,
+                    }])?
+                    .remove(0),
+            );
             pos += 1;
         }
         rows.push(compare(scheme.name(), &exact, &logits, c.vocab, scheme.bytes_per_head_token(c.head_dim) / f16_bytes));

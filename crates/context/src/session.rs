@@ -249,19 +249,18 @@ impl SessionStore {
         format!("sess-{}-{}", self.clock, self.next_id)
     }
 
-    /// Drops the least recently used session (and prefix blocks nobody
-    /// shares any more); false if there was no session.
-    pub fn evict_lru(&mut self) -> bool {
+    /// Drops the least recently used session from RAM; false if there was none. With a disk
+    /// tier it is offloaded, not forgotten (restorable on a later match). Its blocks return
+    /// to the pool once nothing else shares them.
+    fn evict_session(&mut self) -> bool {
         let Some(key) = self.sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) else {
             return false;
         };
         let s = self.sessions.remove(&key).expect("key from the map");
         if self.disk.is_some() {
-            // Offloaded, not forgotten: the disk tier still has it.
             let disk_id = crate::persist::disk_id(&s.owner, &s.id);
             self.on_disk.insert(key, CatalogEntry { owner: s.owner, session_id: s.id, disk_id, text: s.text });
         }
-        self.index.evict(usize::MAX, self.pool.block_bytes());
         true
     }
 
@@ -488,26 +487,29 @@ impl SessionStore {
         self.on_disk.remove(&(owner.to_string(), session_id.to_string()));
         let s = Session { id: session_id.to_string(), owner: owner.to_string(), text, tokens, token_ends, kv, last_used: self.clock };
         self.sessions.insert((owner.to_string(), session_id.to_string()), s);
-        while self.sessions.len() > self.max_sessions && self.evict_lru() {}
+        while self.sessions.len() > self.max_sessions && self.evict_session() {}
     }
 
-    /// Frees RAM for `bytes` more: first idle prefix-index blocks, then the
-    /// least recently used sessions' caches. Returns whether enough was freed.
+    /// Frees RAM until `bytes` more fit the pool's budget — the one RAM eviction path (the
+    /// scheduler's reservations and tests alike): first idle prefix-index blocks (nobody
+    /// shares them; a later request recomputes or restores them), least recently used first,
+    /// then least recently used sessions (offloaded to the disk tier where there is one), each
+    /// step only as much as still missing. Returns whether `bytes` now fit.
     pub fn make_room(&mut self, bytes: usize) -> bool {
-        let target = |p: &KvPool| p.used() + bytes <= p.budget();
-        if target(&self.pool) {
-            return true;
-        }
+        let missing = |p: &KvPool| (p.used() + bytes).saturating_sub(p.budget());
         let bb = self.pool.block_bytes();
-        self.index.evict(bytes, bb);
-        while !target(&self.pool) {
-            let Some(key) = self.sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) else {
-                return false;
-            };
-            self.sessions.remove(&key);
-            self.index.evict(bytes, bb);
+        loop {
+            let need = missing(&self.pool);
+            if need == 0 {
+                return true;
+            }
+            if self.index.evict(need, bb) >= need {
+                continue;
+            }
+            if !self.evict_session() {
+                return missing(&self.pool) == 0;
+            }
         }
-        true
     }
 }
 

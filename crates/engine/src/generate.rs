@@ -10,13 +10,11 @@
 
 use std::time::Instant;
 
+use crate::decoding::Decoding;
+use crate::error::EngineError;
+use crate::sampling::SamplingParams;
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
-use engram_tokenizer::StreamDecoder;
-
-use crate::error::EngineError;
-use crate::sampling::{Sampler, SamplingParams};
-use crate::stop::StopMatcher;
 
 /// Prompt tokens per forward call. Bounds peak activation memory (the FFN
 /// buffers are `chunk * ffn * 4` bytes each) while keeping matmuls wide
@@ -168,7 +166,8 @@ impl<'m> Generator<'m> {
             } else {
                 Logits::None
             };
-            let mut step = [SeqStep { tokens: chunk, first_pos: self.tokens.len(), kv: &mut self.kv, logits: want }];
+            let mut step =
+                [SeqStep { tokens: chunk, first_pos: self.tokens.len(), positions: None, key_mask: None, kv: &mut self.kv, logits: want }];
             let logits = self.model.forward(&mut step)?.pop().unwrap_or_default();
             self.tokens.extend_from_slice(chunk);
             out.extend(logits);
@@ -198,65 +197,31 @@ impl<'m> Generator<'m> {
         let mut logits = self.feed(&prompt[common..], false)?;
         timings.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
 
-        let tok = &self.model.tokenizer;
-        let mut sampler = Sampler::new(params.clone());
-        if params.repetition_penalty != 1.0 || params.frequency_penalty != 0.0 || params.presence_penalty != 0.0 {
-            sampler.observe(prompt);
-        }
-        let mut decoder = StreamDecoder::new(tok, prompt);
-        let mut stops = StopMatcher::new(&params.stop);
+        let mut out = Decoding::new(&self.model.tokenizer, prompt, params, 0);
         let mut text = String::new();
-        let mut generated = Vec::new();
-        let mut token_ends: Vec<usize> = Vec::new();
-        let mut decoded_len = 0usize;
         let decode_start = Instant::now();
-        let mut finish = FinishReason::Length;
         let ctx = self.model.config.max_positions;
-        while generated.len() < params.max_tokens {
-            let t = sampler.sample(&mut logits);
-            if generated.is_empty() {
+        let finish = loop {
+            if params.max_tokens == 0 {
+                break FinishReason::Length;
+            }
+            let t = out.sample(&mut logits);
+            if out.generated().is_empty() {
                 timings.ttft_ms = start.elapsed().as_secs_f64() * 1e3;
             }
-            generated.push(t);
-            if (!params.ignore_eos && tok.is_stop_token(t)) || params.stop_token_ids.contains(&t) {
-                finish = FinishReason::Stop;
-                break;
+            let step = out.accept(t, self.tokens.len() + 1 < ctx)?;
+            text.push_str(&step.release);
+            if !step.release.is_empty() && !on_text(&step.release) {
+                break FinishReason::Cancelled;
             }
-            let piece = decoder.push(t)?;
-            decoded_len += piece.len();
-            push_token_end(&mut token_ends, !piece.is_empty(), decoded_len);
-            let (release, stopped) = stops.push(&piece);
-            text.push_str(&release);
-            if !release.is_empty() && !on_text(&release) {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if stopped {
-                finish = FinishReason::Stop;
-                break;
-            }
-            if generated.len() >= params.max_tokens || self.tokens.len() + 1 >= ctx {
-                break;
+            if let Some(finish) = step.done {
+                break finish;
             }
             logits = self.feed(&[t], false)?;
-        }
-        if finish == FinishReason::Length {
-            let tail = decoder.flush();
-            decoded_len += tail.len();
-            let (release, _) = stops.push(&tail);
-            let rest = release + &stops.finish();
-            if !rest.is_empty() {
-                on_text(&rest);
-            }
-            text.push_str(&rest);
-        }
-        for e in token_ends.iter_mut().filter(|e| **e == usize::MAX) {
-            *e = decoded_len;
-        }
-        // A stop token (not part of the text) ends where the text ends.
-        token_ends.resize(generated.len(), decoded_len);
-        timings.decode_tokens = generated.len();
+        };
+        let (tokens, token_ends) = (out.generated().to_vec(), out.finished_token_ends());
+        timings.decode_tokens = tokens.len();
         timings.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
-        Ok(Generation { text, tokens: generated, token_ends, finish, timings })
+        Ok(Generation { text, tokens, token_ends, finish, timings })
     }
 }

@@ -3,17 +3,20 @@
 //! Turns a model and a KV store into text: sampling ([`Sampler`]), stop
 //! strings that never leak a partial match into a stream ([`StopMatcher`]),
 //! chunked prefill with bounded peak memory, and a generation loop that
-//! streams UTF-8-safe text ([`Generator`]).
+//! streams UTF-8-safe text ([`Generator`]); [`Decoding`] is the one place a sampled
+//! token is accepted (stop tokens, stop strings, limits), for the CLI and the server alike.
 //!
 //! Architecture invariant: the engine owns sequences and their caches; the
 //! model stays immutable and shared, the KV store stays ignorant of text.
 
+mod decoding;
 mod error;
 mod generate;
 mod rng;
 mod sampling;
 mod stop;
 
+pub use decoding::{Accepted, Decoding};
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
 pub use rng::Rng;

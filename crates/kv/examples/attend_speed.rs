@@ -35,6 +35,7 @@ fn main() {
         kv.write(0, first, &k, &v, n);
     }
     let q: Vec<f32> = (0..queries * kv_heads * group * hd).map(|i| rnd(i + 5) * 3.0).collect();
+    let positions: Vec<u32> = (history..history + queries).map(|p| p as u32).collect();
     let block_chunks = (queries * group).div_ceil(16) * total.div_ceil(32) * kv_heads;
     for _ in 0..repeats {
         let t = Instant::now();
@@ -45,7 +46,8 @@ fn main() {
                 layer: 0,
                 q: &q,
                 num_queries: queries,
-                first_pos: history,
+                positions: &positions,
+                key_mask: None,
                 kv_head,
                 group,
                 head_dim: hd,

@@ -34,6 +34,7 @@ pub mod persist;
 mod pool;
 mod seq;
 mod tail;
+mod view;
 
 pub use block::{Block, BLOCK_TOKENS};
 pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport};
@@ -45,3 +46,4 @@ pub use persist::{
 };
 pub use pool::{KvLayout, KvPool};
 pub use seq::SeqKv;
+pub use view::{KvView, Span};

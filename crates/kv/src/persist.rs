@@ -501,6 +501,9 @@ fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv) -> Result<Prepared<
     if num_tokens == 0 {
         return Err(unwritable("the sequence is empty".into()));
     }
+    if kv.has_moved_positions() {
+        return Err(unwritable("some tokens sit at moved positions, which entry files do not record".into()));
+    }
     if meta.tokens.len() != num_tokens {
         return Err(unwritable(format!("{} token ids for {num_tokens} cached positions", meta.tokens.len())));
     }

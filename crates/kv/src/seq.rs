@@ -6,8 +6,10 @@
 //!              read-only (refcount > 1        written in place  reserved room
 //!              or mapped from a file)
 //! ```
-//! Invariant: tokens are stored at contiguous positions `0..len`; block `b`
-//! holds positions `b*32 .. b*32 + 32`; only heap blocks this sequence owns
+//! Invariant: tokens are stored at contiguous slots `0..len`; block `b`
+//! holds slots `b*32 .. b*32 + 32`; a token's position is its slot unless the
+//! sequence was given explicit positions ([`SeqKv::move_slots`], or a step with
+//! positions: `KvCache::place`), which chunks then carry; only heap blocks this sequence owns
 //! alone are written (a shared or mapped block is copied first, and the copy
 //! is charged before it is made). With a quantized format, the partial last
 //! block is also held in f16 (the recent window, `tail.rs`) and attention
@@ -36,12 +38,15 @@ pub struct SeqKv {
     /// The recent window (quantized formats only): valid for the first `len - 32·block`
     /// tokens of block `tail.block`; shared with forks until either side writes.
     tail: Option<Arc<Tail>>,
+    /// The position of each slot `0..len` when some differ from the slot (moved tokens,
+    /// trees of drafts); `None`: slot = position.
+    positions: Option<Vec<u32>>,
 }
 
 impl SeqKv {
     /// An empty cache charged to `pool`.
     pub fn new(pool: &KvPool) -> SeqKv {
-        SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0, tail: None }
+        SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0, tail: None, positions: None }
     }
 
     /// A cache over existing blocks (shared from an index or restored from
@@ -49,7 +54,7 @@ impl SeqKv {
     /// last must be full.
     pub fn from_blocks(pool: &KvPool, blocks: Vec<Arc<Block>>, len: usize) -> SeqKv {
         debug_assert_eq!(blocks.len(), len.div_ceil(BLOCK_TOKENS));
-        SeqKv { pool: pool.clone(), blocks, len, tail: None }
+        SeqKv { pool: pool.clone(), blocks, len, tail: None, positions: None }
     }
 
     /// Tokens stored.
@@ -144,7 +149,8 @@ impl SeqKv {
     pub fn fork(&self, num_tokens: usize) -> SeqKv {
         let n = num_tokens.min(self.len);
         let tail = self.tail.clone().filter(|t| n % BLOCK_TOKENS != 0 && t.block == n / BLOCK_TOKENS);
-        SeqKv { pool: self.pool.clone(), blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n, tail }
+        let positions = self.positions.as_ref().map(|p| p[..n].to_vec());
+        SeqKv { pool: self.pool.clone(), blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n, tail, positions }
     }
 
     /// Forgets tokens from `num_tokens` on and releases blocks past it,
@@ -152,6 +158,9 @@ impl SeqKv {
     pub fn truncate(&mut self, num_tokens: usize) {
         self.len = self.len.min(num_tokens);
         let num_tokens = self.len;
+        if let Some(p) = self.positions.as_mut() {
+            p.truncate(num_tokens);
+        }
         // A partial last block keeps stale tokens past `len`, which
         // `for_each_chunk` hides and the next write overwrites.
         self.blocks.truncate(num_tokens.div_ceil(BLOCK_TOKENS));
@@ -189,8 +198,82 @@ impl SeqKv {
         Ok(())
     }
 
-    /// Keys and values of positions `range` for `layer`, token-major f32
-    /// `[n, num_kv_heads * head_dim]`.
+    /// The position of the token in `slot` (`< len`).
+    pub fn position(&self, slot: usize) -> usize {
+        self.positions.as_ref().map_or(slot, |p| p[slot] as usize)
+    }
+
+    /// Whether some token sits at a position other than its slot. Entry files store slot
+    /// positions only, so such a sequence is not persisted (`persist::write_entry` refuses).
+    pub fn has_moved_positions(&self) -> bool {
+        self.positions.as_ref().is_some_and(|p| p.iter().enumerate().any(|(i, &x)| x as usize != i))
+    }
+
+    /// Gives the tokens in `slots` the positions `new_first ..`: keys are re-rotated by each
+    /// token's shift (keys are stored after RoPE; projections are not recomputed), values are
+    /// untouched. Blocks that are shared or mapped are copied first (charged; all or
+    /// nothing), so no other sequence sees the move. f32/f16 keys equal keys computed at the
+    /// new positions to float rounding; q8/q4 keys are decoded, rotated and quantized again
+    /// (one more rounding step: `kv/tests/positions.rs` measures it).
+    pub fn move_slots(&mut self, slots: std::ops::Range<usize>, new_first: usize, rope: &engram_model::RopeConfig) -> Result<(), KvError> {
+        assert!(slots.end <= self.len, "move_slots: slots past the end");
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let (b0, b1) = (slots.start / BLOCK_TOKENS, (slots.end - 1) / BLOCK_TOKENS);
+        let shared = |b: &Arc<Block>| Arc::strong_count(b) > 1 || b.is_mapped();
+        let copies = self.blocks[b0..=b1].iter().filter(|b| shared(b)).count();
+        let window_copy = self.tail.as_ref().is_some_and(|t| (b0..=b1).contains(&t.block) && Arc::strong_count(t) > 1);
+        self.pool.try_charge(copies * self.pool.block_bytes() + if window_copy { self.pool.tail_bytes() } else { 0 })?;
+        for bi in b0..=b1 {
+            if shared(&self.blocks[bi]) {
+                let len = self.blocks[bi].len;
+                self.blocks[bi] = Arc::new(self.pool.charged_block(LineBytes::copy_of(self.blocks[bi].bytes()), len));
+            }
+        }
+        if window_copy {
+            let t = self.tail.take().expect("checked above");
+            self.tail = Some(Arc::new(t.charged_copy()));
+        }
+        let layout = self.pool.layout();
+        let (hd, w) = (layout.head_dim, layout.num_kv_heads * layout.head_dim);
+        let deltas: Vec<i64> = slots.clone().enumerate().map(|(i, s)| (new_first + i) as i64 - self.position(s) as i64).collect();
+        let mut shifts = std::collections::HashMap::new();
+        for &d in &deltas {
+            shifts.entry(d).or_insert_with(|| engram_model::rope::shift(rope, d));
+        }
+        let (elem, sec, tsec) = (self.pool.elem(), self.pool.section_bytes(), self.pool.tail_section_bytes());
+        for layer in 0..layout.num_layers {
+            let (mut k, _) = self.read_rows(layer, slots.clone());
+            for (t, row) in k.chunks_exact_mut(w).enumerate() {
+                let (cos, sin) = &shifts[&deltas[t]];
+                for head in row.chunks_exact_mut(hd) {
+                    engram_model::rope::rotate_head(rope.style, head, cos, sin);
+                }
+            }
+            // Keys only: values do not depend on position, and re-encoding a q4 row is not
+            // idempotent (its scale comes from the decoded maximum).
+            for (t, slot) in slots.clone().enumerate() {
+                let (bi, at) = (slot / BLOCK_TOKENS, slot % BLOCK_TOKENS);
+                let ks = &k[t * w..(t + 1) * w];
+                let block = Arc::get_mut(&mut self.blocks[bi]).expect("un-shared above");
+                encode_keys(block.bytes_mut().expect("un-mapped above"), elem, sec, layer, at, ks, hd);
+                if let Some(tail) = self.tail.as_mut().filter(|t| t.block == bi) {
+                    let tail = Arc::get_mut(tail).expect("un-shared above");
+                    encode_keys(&mut tail.bytes, KvElem::F16, tsec, layer, at, ks, hd);
+                }
+            }
+        }
+        let len = self.len;
+        let p = self.positions.get_or_insert_with(|| (0..len as u32).collect());
+        for (i, s) in slots.enumerate() {
+            p[s] = (new_first + i) as u32;
+        }
+        Ok(())
+    }
+
+    /// Keys and values of slots `range` (positions, unless moved) for `layer`, token-major
+    /// f32 `[n, num_kv_heads * head_dim]`.
     pub fn read_rows(&self, layer: usize, range: std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) {
         let layout = self.pool.layout();
         let (hd, nh) = (layout.head_dim, layout.num_kv_heads);
@@ -199,11 +282,11 @@ impl SeqKv {
         self.for_each_chunk(layer, &mut |c| {
             let rb = c.keys.elem.row_bytes(hd);
             for t in 0..c.len {
-                let pos = c.first_pos + t;
-                if !range.contains(&pos) {
+                let slot = c.key_index + t;
+                if !range.contains(&slot) {
                     continue;
                 }
-                let i = pos - range.start;
+                let i = slot - range.start;
                 for h in 0..nh {
                     let off = (h * c.capacity + t) * rb;
                     c.keys.elem.decode_row(&c.keys.bytes[off..off + rb], &mut k[i * w + h * hd..i * w + (h + 1) * hd]);
@@ -212,6 +295,11 @@ impl SeqKv {
             }
         });
         (k, v)
+    }
+
+    /// The recent window when it holds block `bi`'s attended rows (a quantized partial block).
+    pub(crate) fn window_of(&self, bi: usize) -> Option<Arc<Tail>> {
+        self.tail.as_ref().filter(|t| t.block == bi && self.len < (bi + 1) * BLOCK_TOKENS).cloned()
     }
 
     /// The recent window's bytes (f16 rows in the block layout, `tail.rs`)
@@ -278,7 +366,24 @@ impl KvCache for SeqKv {
         // tokens count as stored (later layers' attention must see them).
         if layer == 0 {
             self.len = first_pos + num_tokens;
+            if let Some(p) = self.positions.as_mut() {
+                // Tokens written without `place` sit at their slots.
+                p.truncate(self.len);
+                let have = p.len();
+                p.extend((have..self.len).map(|s| s as u32));
+            }
         }
+    }
+
+    fn place(&mut self, first_slot: usize, positions: &[u32]) -> Result<(), String> {
+        if first_slot > self.len {
+            return Err(format!("positions for slot {first_slot} of a sequence of {} tokens", self.len));
+        }
+        let len = self.len;
+        let p = self.positions.get_or_insert_with(|| (0..len as u32).collect());
+        p.truncate(first_slot);
+        p.extend_from_slice(positions);
+        Ok(())
     }
 
     fn for_each_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
@@ -301,7 +406,18 @@ impl KvCache for SeqKv {
             };
             let (k, v) = layer_sections(bytes, layer, sec);
             let (keys, values) = (KvData { elem, bytes: k }, KvData { elem, bytes: v });
-            f(&KvChunk { first_pos: bi * BLOCK_TOKENS, len, capacity: BLOCK_TOKENS, keys, values, mask: None, ahead });
+            let positions = self.positions.as_ref().map(|p| &p[bi * BLOCK_TOKENS..bi * BLOCK_TOKENS + len]);
+            f(&KvChunk {
+                first_pos: bi * BLOCK_TOKENS,
+                positions,
+                key_index: bi * BLOCK_TOKENS,
+                len,
+                capacity: BLOCK_TOKENS,
+                keys,
+                values,
+                mask: None,
+                ahead,
+            });
         }
     }
 }
@@ -321,5 +437,15 @@ fn encode_token(bytes: &mut [u8], elem: KvElem, sec: usize, layer: usize, slot: 
         let (k0, v0) = (2 * layer * sec + off, (2 * layer + 1) * sec + off);
         elem.encode_row(ks, &mut bytes[k0..k0 + rb]);
         elem.encode_row(vs, &mut bytes[v0..v0 + rb]);
+    }
+}
+
+/// Encodes one token's keys (`[num_kv_heads * head_dim]`) as `elem` rows at `slot` of `layer`
+/// in `bytes` (block layout, `sec`-byte sections), leaving its values as they are.
+fn encode_keys(bytes: &mut [u8], elem: KvElem, sec: usize, layer: usize, slot: usize, keys: &[f32], hd: usize) {
+    let rb = elem.row_bytes(hd);
+    for (h, ks) in keys.chunks_exact(hd).enumerate() {
+        let k0 = 2 * layer * sec + (h * BLOCK_TOKENS + slot) * rb;
+        elem.encode_row(ks, &mut bytes[k0..k0 + rb]);
     }
 }

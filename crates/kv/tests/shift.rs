@@ -10,7 +10,7 @@ use engram_model::{Logits, Model, SeqStep};
 fn run(model: &Model, kv: &mut SeqKv, tokens: &[u32]) {
     kv.reserve(tokens.len()).unwrap();
     let first_pos = kv.len();
-    let mut step = [SeqStep { tokens, first_pos, kv, logits: Logits::None }];
+    let mut step = [SeqStep { tokens, first_pos, positions: None, key_mask: None, kv, logits: Logits::None }];
     model.forward(&mut step).unwrap();
 }
 

@@ -5,9 +5,12 @@
 //! Invariant: the result for a query depends only on the set of visible
 //! cached tokens and their chunking, not on how many other queries share the
 //! step, so prefilling in one chunk, several, or token by token agrees.
+//! Visibility is the view contract (`view.rs`): per-key positions, chunk
+//! masks and the step's per-row [`KeyMask`].
 
-use crate::kv::{KvCache, KvData, KvElem};
+use crate::kv::{KvCache, KvChunk, KvData, KvElem};
 use crate::ops::axpy;
+use crate::view::{KeyMask, KvRead};
 
 /// What one attention task computes: the queries of one sequence for one KV head group.
 pub struct AttnTask<'a> {
@@ -16,8 +19,10 @@ pub struct AttnTask<'a> {
     /// Queries `[num_queries, num_heads * head_dim]` (already rotated).
     pub q: &'a [f32],
     pub num_queries: usize,
-    /// Position of the first query; query `t` sits at `first_pos + t`.
-    pub first_pos: usize,
+    /// Position of each query token (`num_queries` entries; any order, repeats allowed).
+    pub positions: &'a [u32],
+    /// Which view keys each query token may see; `None`: all (causality still applies).
+    pub key_mask: Option<&'a KeyMask>,
     pub kv_head: usize,
     pub group: usize,
     pub head_dim: usize,
@@ -75,15 +80,17 @@ fn gather_queries(t: &AttnTask<'_>) -> Vec<f32> {
 /// with [`engram_kernels::flash::Flash::prefetch`], which issues them into L2 a few lines per
 /// row block while this chunk is attended, and they arrive before they are needed.
 fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
-    use engram_kernels::flash::{Rows, CHUNK};
+    use engram_kernels::flash::{KeyVisibility, Rows, CHUNK};
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
     let q = gather_queries(t);
-    let mut flash = engram_kernels::flash::Flash::with_precision(&q, rows, hd, t.first_pos, t.group, t.precision);
+    let row_pos: Vec<u32> = (0..rows).map(|r| t.positions[r / t.group]).collect();
+    let mut flash = engram_kernels::flash::Flash::with_positions(&q, hd, &row_pos, t.precision);
     let (mut kf, mut vf) = (Vec::new(), Vec::new());
-    let last_pos = t.first_pos + t.num_queries - 1;
-    t.kv.for_each_chunk(t.layer, &mut |chunk| {
-        if chunk.len == 0 || chunk.first_pos > last_pos {
+    let last_pos = t.positions.iter().copied().max().unwrap_or(0) as usize;
+    let mut row_mask = Vec::new();
+    t.kv.for_each_chunk_of(&read(t, &q), &mut |chunk| {
+        if chunk.len == 0 || lowest_position(chunk) > last_pos {
             return;
         }
         if let Some((k, v)) = chunk.ahead {
@@ -99,20 +106,27 @@ fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
         while start < chunk.len {
             let n = (chunk.len - start).min(CHUNK);
             let row0 = t.kv_head * chunk.capacity + start;
-            let mask = chunk.mask.map(|m| &m[start..start + n]);
-            let pos = chunk.first_pos + start;
+            let vis = KeyVisibility {
+                pos0: chunk.first_pos + start,
+                positions: chunk.positions.map(|p| &p[start..start + n]),
+                mask: chunk.mask.map(|m| &m[start..start + n]),
+                row_mask: t.key_mask.map(|m| {
+                    tile_row_mask(m, t.group, rows, chunk.key_index + start, n, &mut row_mask);
+                    &row_mask[..]
+                }),
+            };
             if packed {
                 let rb = elem.row_bytes(hd);
                 let (k, v) = (&chunk.keys.bytes[row0 * rb..(row0 + n) * rb], &chunk.values.bytes[row0 * rb..(row0 + n) * rb]);
                 match elem {
-                    KvElem::F16 => flash.add_rows(Rows::F16(k), Rows::F16(v), n, pos, mask),
-                    KvElem::Q8 { .. } => flash.add_rows(Rows::Q8_0(k), Rows::Q8_0(v), n, pos, mask),
-                    _ => flash.add_rows(Rows::Q4_0(k), Rows::Q4_0(v), n, pos, mask),
+                    KvElem::F16 => flash.add_visible(Rows::F16(k), Rows::F16(v), n, &vis),
+                    KvElem::Q8 { .. } => flash.add_visible(Rows::Q8_0(k), Rows::Q8_0(v), n, &vis),
+                    _ => flash.add_visible(Rows::Q4_0(k), Rows::Q4_0(v), n, &vis),
                 }
             } else {
                 let k = view(chunk.keys, row0, n, hd, &mut kf);
                 let v = view(chunk.values, row0, n, hd, &mut vf);
-                flash.add_chunk(k, v, n, pos, mask);
+                flash.add_visible(Rows::F32(k), Rows::F32(v), n, &vis);
             }
             start += n;
         }
@@ -120,6 +134,31 @@ fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
     let mut out = vec![0.0f32; rows * hd];
     flash.finish(&mut out);
     out
+}
+
+/// The request a task makes of its cache (`view.rs`).
+fn read<'a>(t: &'a AttnTask<'_>, q: &'a [f32]) -> KvRead<'a> {
+    KvRead { layer: t.layer, kv_head: t.kv_head, queries: q, group: t.group, positions: t.positions }
+}
+
+/// The lowest position of a chunk's keys.
+fn lowest_position(c: &KvChunk<'_>) -> usize {
+    c.positions.map_or(c.first_pos, |p| p[..c.len].iter().copied().min().unwrap_or(u32::MAX) as usize)
+}
+
+/// The tile kernel's per-row mask for keys `key0 .. key0 + n` of the view: bit `r % 16` of
+/// `out[(r / 16) * CHUNK + i]` is query row `r`'s (token `r / group`) bit for key `key0 + i`.
+fn tile_row_mask(mask: &KeyMask, group: usize, rows: usize, key0: usize, n: usize, out: &mut Vec<u16>) {
+    use engram_kernels::flash::CHUNK;
+    out.clear();
+    out.resize(rows.div_ceil(16) * CHUNK, 0);
+    for r in 0..rows {
+        for i in 0..n {
+            if mask.sees(r / group, key0 + i) {
+                out[r / 16 * CHUNK + i] |= 1 << (r % 16);
+            }
+        }
+    }
 }
 
 /// The portable path (any CPU, any head dimension).
@@ -138,10 +177,10 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
     let mut kt: Vec<f32> = Vec::new();
     let mut vbuf: Vec<f32> = Vec::new();
     let mut scores: Vec<f32> = Vec::new();
-    let last_pos = t.first_pos + t.num_queries - 1;
-    t.kv.for_each_chunk(t.layer, &mut |chunk| {
+    let last_pos = t.positions.iter().copied().max().unwrap_or(0) as usize;
+    t.kv.for_each_chunk_of(&read(t, &q), &mut |chunk| {
         let n = chunk.len;
-        if n == 0 || chunk.first_pos > last_pos {
+        if n == 0 || lowest_position(chunk) > last_pos {
             return;
         }
         let keys = view(chunk.keys, t.kv_head * chunk.capacity, n, hd, &mut kbuf);
@@ -158,11 +197,14 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
         let values = view(chunk.values, t.kv_head * chunk.capacity, n, hd, &mut vbuf);
         scores.resize(n, 0.0);
         for qi in 0..t.num_queries {
-            let qpos = t.first_pos + qi;
-            if qpos < chunk.first_pos {
-                continue;
-            }
-            let visible = (qpos - chunk.first_pos + 1).min(n);
+            let qpos = t.positions[qi] as usize;
+            // Keys past `visible` are hidden from this query (causal, in a contiguous chunk;
+            // with explicit positions or a row mask, key by key below).
+            let visible = match chunk.positions {
+                None if qpos < chunk.first_pos => continue,
+                None => (qpos - chunk.first_pos + 1).min(n),
+                Some(_) => n,
+            };
             for j in 0..t.group {
                 let r = qi * t.group + j;
                 let qr = &q[r * hd..(r + 1) * hd];
@@ -180,6 +222,20 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
                 if let Some(mask) = chunk.mask {
                     for (x, &keep) in s.iter_mut().zip(mask) {
                         if !keep {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                if let Some(pos) = chunk.positions {
+                    for (x, &p) in s.iter_mut().zip(pos) {
+                        if p as usize > qpos {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                if let Some(mask) = t.key_mask {
+                    for (i, x) in s.iter_mut().enumerate() {
+                        if !mask.sees(qi, chunk.key_index + i) {
                             *x = f32::NEG_INFINITY;
                         }
                     }
@@ -284,7 +340,6 @@ fn view<'a>(data: KvData<'_>, first_row: usize, n: usize, hd: usize, buf: &'a mu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::KvChunk;
     use crate::AttentionPrecision;
 
     /// A one-layer cache of 32-token chunks (the last one partial), keys/values encoded in `elem`.
@@ -331,6 +386,8 @@ mod tests {
             for (first_pos, len, k, v, mask) in &self.chunks {
                 f(&KvChunk {
                     first_pos: *first_pos,
+                    positions: None,
+                    key_index: *first_pos,
                     len: *len,
                     capacity: 32,
                     keys: KvData { elem: self.elem, bytes: k },
@@ -364,13 +421,15 @@ mod tests {
             let kv = ChunkedKv::new(elem, heads_kv, hd, tokens, hd as u64 + tokens as u64, masked);
             let num_heads = heads_kv * group;
             let q = queries(nq, num_heads * hd, tokens as u64);
+            let positions: Vec<u32> = (tokens - nq..tokens).map(|p| p as u32).collect();
             for (kv_head, precision) in (0..heads_kv).flat_map(|h| [(h, AttentionPrecision::Exact), (h, AttentionPrecision::Bf16)]) {
                 let task = AttnTask {
                     kv: &kv,
                     layer: 0,
                     q: &q,
                     num_queries: nq,
-                    first_pos: tokens - nq,
+                    positions: &positions,
+                    key_mask: None,
                     kv_head,
                     group,
                     head_dim: hd,
@@ -385,7 +444,7 @@ mod tests {
                 assert!(err < tolerance, "{precision:?} hd {hd} group {group} tokens {tokens} queries {nq} {elem:?}: {err:e}");
                 // Row independence: the last query alone gives bitwise the batch's last row.
                 let width = num_heads * hd;
-                let alone = AttnTask { q: &q[(nq - 1) * width..], num_queries: 1, first_pos: tokens - 1, ..task };
+                let alone = AttnTask { q: &q[(nq - 1) * width..], num_queries: 1, positions: &positions[nq - 1..], ..task };
                 let span = group * hd;
                 assert_eq!(attend_tiles(&alone), a[(nq - 1) * span..].to_vec(), "hd {hd}: alone != in batch");
             }

@@ -17,6 +17,7 @@ use crate::kv::KvCache;
 use crate::model::Model;
 use crate::ops::{add_bias, add_in_place, rms_norm, swiglu};
 use crate::rope::{self, RopeTable};
+use crate::view::KeyMask;
 use engram_kernels::matmul;
 
 /// Which logits a sequence wants back from a step.
@@ -32,12 +33,35 @@ pub enum Logits {
 
 /// One sequence's part of a step.
 pub struct SeqStep<'a> {
-    /// Tokens to run, at positions `first_pos ..`.
+    /// Tokens to run, stored in the cache from slot `first_pos` on.
     pub tokens: &'a [u32],
+    /// The slot the first token is written to, and, unless `positions` is given, the
+    /// position of the first token (token `i` at `first_pos + i`: a linear sequence).
     pub first_pos: usize,
-    /// The sequence's cache; must already hold positions `< first_pos` and have room for the tokens.
+    /// The logical position of each token (RoPE and causality), when they are not
+    /// `first_pos ..`: a tree of drafts, a sequence whose cache holds moved spans.
+    pub positions: Option<&'a [u32]>,
+    /// Which keys of the cache's view each token may see (`view.rs`); `None`: all of them
+    /// (causality still applies).
+    pub key_mask: Option<&'a KeyMask>,
+    /// The sequence's cache; must already hold what the tokens attend to and have room for the tokens.
     pub kv: &'a mut dyn KvCache,
     pub logits: Logits,
+}
+
+impl<'a> SeqStep<'a> {
+    /// A linear step: `tokens` at positions (and slots) `first_pos ..`, no mask.
+    pub fn new(tokens: &'a [u32], first_pos: usize, kv: &'a mut dyn KvCache, logits: Logits) -> SeqStep<'a> {
+        SeqStep { tokens, first_pos, positions: None, key_mask: None, kv, logits }
+    }
+
+    /// Logical positions of the step's tokens.
+    pub fn token_positions(&self) -> Vec<u32> {
+        match self.positions {
+            Some(p) => p.to_vec(),
+            None => (self.first_pos..self.first_pos + self.tokens.len()).map(|p| p as u32).collect(),
+        }
+    }
 }
 
 impl Model {
@@ -53,8 +77,16 @@ impl Model {
             if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= c.vocab) {
                 return Err(ModelError::BadInput(format!("token id {bad} is outside the vocabulary of {}", c.vocab)));
             }
-            if s.first_pos + s.tokens.len() > c.max_positions.max(1 << 20) {
-                return Err(ModelError::BadInput(format!("position {} is beyond any supported context", s.first_pos + s.tokens.len())));
+            let limit = c.max_positions.max(1 << 20);
+            let last = s.positions.map_or(s.first_pos + s.tokens.len(), |p| p.iter().map(|&x| x as usize + 1).max().unwrap_or(0));
+            if last > limit || s.first_pos + s.tokens.len() > limit {
+                return Err(ModelError::BadInput(format!("position {last} is beyond any supported context")));
+            }
+            if s.positions.is_some_and(|p| p.len() != s.tokens.len()) {
+                return Err(ModelError::BadInput("a step's positions must name one position per token".into()));
+            }
+            if s.key_mask.is_some_and(|m| m.rows() != s.tokens.len()) {
+                return Err(ModelError::BadInput("a step's key mask must have one row per token".into()));
             }
         }
         let (h, qw, kvw) = (c.hidden, c.q_width(), c.kv_width());
@@ -68,8 +100,13 @@ impl Model {
                 row += 1;
             }
         }
-        let positions = seqs.iter().flat_map(|s| s.first_pos..s.first_pos + s.tokens.len());
-        let table = RopeTable::new(&c.rope, positions.collect::<Vec<_>>().into_iter());
+        for s in seqs.iter_mut() {
+            if let Some(p) = s.positions {
+                s.kv.place(s.first_pos, p).map_err(ModelError::BadInput)?;
+            }
+        }
+        let positions: Vec<Vec<u32>> = seqs.iter().map(|s| s.token_positions()).collect();
+        let table = RopeTable::new(&c.rope, positions.iter().flatten().map(|&p| p as usize));
 
         let mut xn = vec![0.0f32; total * h];
         let mut q = vec![0.0f32; total * qw];
@@ -108,7 +145,7 @@ impl Model {
             // One task per (sequence, kv head): disjoint outputs, shared read-only caches.
             let mut tasks = Vec::new();
             let mut row0 = 0;
-            for s in seqs.iter() {
+            for (s, pos) in seqs.iter().zip(&positions) {
                 let n = s.tokens.len();
                 for g in 0..c.num_kv_heads {
                     tasks.push((
@@ -118,7 +155,8 @@ impl Model {
                             layer: li,
                             q: &q[row0 * qw..(row0 + n) * qw],
                             num_queries: n,
-                            first_pos: s.first_pos,
+                            positions: pos,
+                            key_mask: s.key_mask,
                             kv_head: g,
                             group,
                             head_dim: c.head_dim,

@@ -6,10 +6,12 @@
 //! them without rotating; moving cached tokens to new positions is the KV
 //! store's job (it re-rotates by the position delta).
 //!
-//! Invariant: within one [`KvChunk`] positions are contiguous
-//! (`first_pos .. first_pos + len`); a chunk may be masked per position, and
-//! chunks arrive in increasing position order. A query at position `p`
-//! attends exactly to the stored positions `<= p` whose mask is set.
+//! Invariant: a chunk's keys sit at positions `first_pos .. first_pos + len`
+//! unless it names them one by one (`positions`); a chunk may be masked per
+//! key; chunks may come in any order (the online softmax does not care) and
+//! make up the sequence's *view* (`view.rs`). A query at position `p`
+//! attends exactly to the keys of the view at positions `<= p` whose mask
+//! (and the step's [`crate::KeyMask`] bit, if any) is set.
 
 use half::f16;
 
@@ -121,8 +123,13 @@ pub struct KvData<'a> {
 /// A run of cached tokens for one layer, as attention sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct KvChunk<'a> {
-    /// Position of the first token.
+    /// Position of the first token (and of token `i`, `first_pos + i`, unless `positions` is given).
     pub first_pos: usize,
+    /// Position of each token (`len` entries), for tokens at arbitrary positions.
+    pub positions: Option<&'a [u32]>,
+    /// Number of the chunk's first key in the view (the order the cache yields keys), which a
+    /// [`crate::KeyMask`] addresses.
+    pub key_index: usize,
     /// Number of valid tokens.
     pub len: usize,
     /// Token rows reserved per head (>= `len`): head `h`'s token `t` is row `h * capacity + t`.
@@ -145,8 +152,25 @@ pub trait KvCache: Send + Sync {
     /// the forward pass, so this does not fail for lack of room.
     fn write(&mut self, layer: usize, first_pos: usize, keys: &[f32], values: &[f32], num_tokens: usize);
 
-    /// Calls `f` with every chunk of `layer`, in increasing position order.
+    /// Gives the tokens stored from slot `first_slot` on (this step's, `positions.len()` of
+    /// them) the logical positions `positions`, before they are written. Called by the forward
+    /// pass for steps with explicit positions. The default refuses: such a cache stores every
+    /// token at its slot's position.
+    fn place(&mut self, first_slot: usize, positions: &[u32]) -> Result<(), String> {
+        let _ = (first_slot, positions);
+        Err("this KV cache keeps every token at its slot's position".into())
+    }
+
+    /// Calls `f` with every chunk of `layer` (every KV head's rows), in the view's order.
     fn for_each_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>));
+
+    /// Calls `f` with the chunks attention reads for one KV head and these queries: the view
+    /// of `read.kv_head` (a cache may select a subset per head, or fetch rows that are not in
+    /// RAM before handing them over). Key numbering ([`KvChunk::key_index`]) is the same for
+    /// every head. The default is every chunk of [`KvCache::for_each_chunk`].
+    fn for_each_chunk_of(&self, read: &crate::KvRead<'_>, f: &mut dyn FnMut(&KvChunk<'_>)) {
+        self.for_each_chunk(read.layer, f)
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod load;
 pub mod model;
 pub mod ops;
 pub mod rope;
+pub mod view;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeConfig, RopeStyle};
@@ -26,4 +27,5 @@ pub use error::{ModelError, Result};
 pub use forward::{Logits, SeqStep};
 pub use kv::{KvCache, KvChunk, KvData, KvElem};
 pub use model::{AttentionPrecision, Fingerprint, Model};
+pub use view::{KeyMask, KvRead};
 pub use weights::{ModelWeights, Weight};

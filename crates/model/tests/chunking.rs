@@ -13,7 +13,7 @@ fn chunked_logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
     let mut out = Vec::new();
     let mut pos = 0;
     for c in tokens.chunks(chunk) {
-        let mut step = [SeqStep { tokens: c, first_pos: pos, kv: &mut kv, logits: Logits::All }];
+        let mut step = [SeqStep { tokens: c, first_pos: pos, positions: None, key_mask: None, kv: &mut kv, logits: Logits::All }];
         out.extend(model.forward(&mut step).unwrap().remove(0));
         pos += c.len();
     }
@@ -48,9 +48,9 @@ fn batched_sequences_match_each_sequence_alone() {
     // Prefill a and b together, plus c as a prompt of another length.
     let (mut ka, mut kb, mut kc) = (VecKv::new(&model), VecKv::new(&model), VecKv::new(&model));
     let mut steps = [
-        SeqStep { tokens: &a, first_pos: 0, kv: &mut ka, logits: Logits::All },
-        SeqStep { tokens: &b, first_pos: 0, kv: &mut kb, logits: Logits::All },
-        SeqStep { tokens: &c_prefix, first_pos: 0, kv: &mut kc, logits: Logits::All },
+        SeqStep { tokens: &a, first_pos: 0, positions: None, key_mask: None, kv: &mut ka, logits: Logits::All },
+        SeqStep { tokens: &b, first_pos: 0, positions: None, key_mask: None, kv: &mut kb, logits: Logits::All },
+        SeqStep { tokens: &c_prefix, first_pos: 0, positions: None, key_mask: None, kv: &mut kc, logits: Logits::All },
     ];
     let out = model.forward(&mut steps).unwrap();
     assert!(rel_err(&out[0], &alone_a) < 1e-5);
@@ -65,8 +65,8 @@ fn batched_sequences_match_each_sequence_alone() {
     let mut full_b = b.clone();
     full_b.extend(&extra_b);
     let mut steps = [
-        SeqStep { tokens: &next, first_pos: a.len(), kv: &mut ka, logits: Logits::Last },
-        SeqStep { tokens: &extra_b, first_pos: b.len(), kv: &mut kb, logits: Logits::All },
+        SeqStep { tokens: &next, first_pos: a.len(), positions: None, key_mask: None, kv: &mut ka, logits: Logits::Last },
+        SeqStep { tokens: &extra_b, first_pos: b.len(), positions: None, key_mask: None, kv: &mut kb, logits: Logits::All },
     ];
     let out = model.forward(&mut steps).unwrap();
     let ref_a = all_logits(&model, &full_a);
@@ -81,10 +81,10 @@ fn bad_forward_input_is_an_error() {
     let model = Model::load(&tiny_hf()).unwrap();
     let mut kv = VecKv::new(&model);
     let bad = [model.config.vocab as u32];
-    let mut step = [SeqStep { tokens: &bad, first_pos: 0, kv: &mut kv, logits: Logits::Last }];
+    let mut step = [SeqStep { tokens: &bad, first_pos: 0, positions: None, key_mask: None, kv: &mut kv, logits: Logits::Last }];
     let e = model.forward(&mut step).unwrap_err().to_string();
     assert!(e.contains("outside the vocabulary"), "{e}");
     let empty: [u32; 0] = [];
-    let mut step = [SeqStep { tokens: &empty, first_pos: 0, kv: &mut kv, logits: Logits::Last }];
+    let mut step = [SeqStep { tokens: &empty, first_pos: 0, positions: None, key_mask: None, kv: &mut kv, logits: Logits::Last }];
     assert!(model.forward(&mut step).is_err());
 }

@@ -29,10 +29,9 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use engram_engine::{FinishReason, Sampler, SamplingParams, StopMatcher};
+use engram_engine::{Decoding, FinishReason, SamplingParams};
 use engram_kv::{KvPool, SeqKv, BLOCK_TOKENS};
 use engram_model::{Logits, Model, SeqStep};
-use engram_tokenizer::StreamDecoder;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
@@ -176,12 +175,9 @@ struct Seq<'m> {
     events: UnboundedSender<Event>,
     /// The prompt text, if the request had one (sessions are matched by it).
     prompt_text: Option<String>,
-    /// Byte end of each prompt token's text, then of each generated token's
-    /// in `prompt_text + decoded` (`usize::MAX` while a character is incomplete).
-    token_ends: Vec<usize>,
-    /// Everything the decoder produced (before stop strings cut it).
-    decoded: String,
-    params: SamplingParams,
+    /// Byte end of each prompt token's text in `prompt_text` (the generated
+    /// tokens' follow in `out`, in `prompt_text + out.decoded()`).
+    prompt_ends: Vec<usize>,
     prompt: Vec<u32>,
     /// Exactly what `kv` holds.
     tokens: Vec<u32>,
@@ -190,11 +186,8 @@ struct Seq<'m> {
     input: Vec<u32>,
     /// The sampled token to feed next (decoding); `None` while prefilling.
     next: Option<u32>,
-    num_generated: usize,
-    stopped_by_string: bool,
-    sampler: Sampler,
-    decoder: StreamDecoder<'m>,
-    stops: StopMatcher,
+    /// Sampling, detokenizing and stopping (shared with the CLI's `Generator`).
+    out: Decoding<'m>,
     submitted: Instant,
     last_token: Option<Instant>,
     /// A session restored from disk whose checksum is still running, and the
@@ -338,7 +331,11 @@ impl<'m> Engine<'m> {
                 if finish == FinishReason::Cancelled {
                     self.metrics.cancelled.fetch_add(1, Relaxed);
                 }
-                let _ = s.events.send(Event::Finished { finish, completion_tokens: s.num_generated, stop_string: s.stopped_by_string });
+                let _ = s.events.send(Event::Finished {
+                    finish,
+                    completion_tokens: s.out.generated().len(),
+                    stop_string: s.out.stopped_by_string(),
+                });
             }
             Err(e) => {
                 let _ = s.events.send(Event::Failed(e));
@@ -356,9 +353,10 @@ impl<'m> Engine<'m> {
         let n = s.tokens.len();
         match s.prompt_text {
             Some(p) => {
-                let mut ends = s.token_ends;
+                let mut ends = s.prompt_ends;
+                ends.extend_from_slice(s.out.token_ends());
                 ends.truncate(n);
-                let text = p + &s.decoded;
+                let text = p + s.out.decoded();
                 self.sessions.checkin(&s.tenant, &s.session_id, text, s.tokens, ends, kv);
             }
             None => self.sessions.checkin(&s.tenant, &s.session_id, String::new(), s.tokens, vec![0; n], kv),
@@ -452,11 +450,8 @@ impl<'m> Engine<'m> {
                 let _ =
                     tx.send(Event::Started { session_id: c.session_id.clone(), prompt_tokens: prompt.len(), cached_tokens: cached_len });
             }
-            let mut sampler = Sampler::new(job.params.clone());
-            let p = &job.params;
-            if p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-                sampler.observe(&prompt);
-            }
+            let text_base = job.text.as_ref().map_or(0, |t| t.len());
+            let out = Decoding::new(&self.model.tokenizer, &prompt, &job.params, text_base);
             self.next_id += 1;
             self.active.push(Seq {
                 id: self.next_id,
@@ -464,19 +459,13 @@ impl<'m> Engine<'m> {
                 session_id: c.session_id,
                 events: tx,
                 prompt_text: job.text,
-                token_ends: c.token_ends,
-                decoded: String::new(),
-                decoder: StreamDecoder::new(&self.model.tokenizer, &prompt),
-                stops: StopMatcher::new(&job.params.stop),
-                params: job.params,
+                prompt_ends: c.token_ends,
+                out,
                 tokens: prompt[..cached_len].to_vec(),
                 prompt,
                 kv,
                 input: Vec::new(),
                 next: None,
-                num_generated: 0,
-                stopped_by_string: false,
-                sampler,
                 submitted,
                 last_token: None,
                 restore: c.restore.zip(retry),
@@ -487,17 +476,15 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// Reserves room for `n` tokens in sequence `at`, evicting idle sessions
-    /// while that helps.
+    /// Reserves room for `n` tokens in sequence `at`, making room first if the pool is short
+    /// (`SessionStore::make_room`: idle prefix blocks, then idle sessions, only as much as
+    /// the reservation can take — its new blocks, a copied partial block, a recent window).
     fn reserve(&mut self, at: usize, n: usize) -> bool {
-        loop {
-            if self.active[at].kv.reserve(n).is_ok() {
-                return true;
-            }
-            if !self.sessions.evict_lru() {
-                return false;
-            }
+        if self.active[at].kv.reserve(n).is_ok() {
+            return true;
         }
+        let most = (n.div_ceil(BLOCK_TOKENS) + 1) * self.pool.block_bytes() + self.pool.tail_bytes();
+        self.sessions.make_room(most) && self.active[at].kv.reserve(n).is_ok()
     }
 
     fn step(&mut self) {
@@ -507,7 +494,10 @@ impl<'m> Engine<'m> {
             if self.active[i].next.is_some() && !self.reserve(i, 1) {
                 // NOTE: no preemption yet; a sequence that cannot grow ends as if
                 // it hit its length limit, keeping what it has.
-                self.finish_text(i);
+                let rest = self.active[i].out.flush();
+                if !rest.is_empty() {
+                    let _ = self.active[i].events.send(Event::Text(rest));
+                }
                 self.retire(i, Ok(FinishReason::Length));
                 continue;
             }
@@ -565,7 +555,7 @@ impl<'m> Engine<'m> {
                 continue;
             }
             let Seq { input, tokens, kv, .. } = s;
-            steps.push(SeqStep { tokens: input.as_slice(), first_pos: tokens.len(), kv, logits: want[i] });
+            steps.push(SeqStep { tokens: input.as_slice(), first_pos: tokens.len(), positions: None, key_mask: None, kv, logits: want[i] });
             who.push(i);
         }
         if steps.is_empty() {
@@ -647,51 +637,26 @@ impl<'m> Engine<'m> {
         let ctx = self.model.config.max_positions;
         let m = self.metrics.clone();
         let s = &mut self.active[at];
-        let t = s.sampler.sample(logits);
+        let t = s.out.sample(logits);
         let now = Instant::now();
         match s.last_token {
             None => m.ttft.observe(now.duration_since(s.submitted).as_secs_f64()),
             Some(prev) => m.inter_token.observe(now.duration_since(prev).as_secs_f64()),
         }
         s.last_token = Some(now);
-        s.num_generated += 1;
         m.tokens_generated.fetch_add(1, Relaxed);
         s.next = None;
-        let tok = &self.model.tokenizer;
-        if (!s.params.ignore_eos && tok.is_stop_token(t)) || s.params.stop_token_ids.contains(&t) {
-            self.finish_text(at);
-            return Some(Ok(FinishReason::Stop));
-        }
-        let piece = match s.decoder.push(t) {
-            Ok(p) => p,
+        let step = match s.out.accept(t, s.tokens.len() + 1 < ctx) {
+            Ok(step) => step,
             Err(e) => return Some(Err(ApiError::internal(format!("detokenizing: {e}")))),
         };
-        s.decoded.push_str(&piece);
-        let end = s.prompt_text.as_ref().map_or(0, |p| p.len()) + s.decoded.len();
-        engram_engine::push_token_end(&mut s.token_ends, !piece.is_empty(), end);
-        let (release, stopped) = s.stops.push(&piece);
-        if !release.is_empty() && s.events.send(Event::Text(release)).is_err() {
+        if !step.release.is_empty() && s.events.send(Event::Text(step.release)).is_err() {
             return Some(Ok(FinishReason::Cancelled));
         }
-        if stopped {
-            s.stopped_by_string = true;
-            return Some(Ok(FinishReason::Stop));
-        }
-        if s.num_generated >= s.params.max_tokens || s.tokens.len() + 1 >= ctx {
-            self.finish_text(at);
-            return Some(Ok(FinishReason::Length));
+        if let Some(finish) = step.done {
+            return Some(Ok(finish));
         }
         s.next = Some(t);
         None
-    }
-
-    /// Releases text held back by the decoder and the stop matcher.
-    fn finish_text(&mut self, at: usize) {
-        let s = &mut self.active[at];
-        let (release, _) = s.stops.push(&s.decoder.flush());
-        let rest = release + &s.stops.finish();
-        if !rest.is_empty() {
-            let _ = s.events.send(Event::Text(rest));
-        }
     }
 }

@@ -42,6 +42,47 @@ pub fn supported(head_dim: usize) -> bool {
 
 pub use imp::Flash;
 
+/// Where a chunk's keys sit and which query rows may see them, beyond causality (a row sees a
+/// key only at or before its own position). The common case — keys at `pos0 ..`, no masks —
+/// is [`KeyVisibility::at`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeyVisibility<'a> {
+    /// Position of key `i`: `pos0 + i`, unless `positions` is given.
+    pub pos0: usize,
+    /// Position of key `i` (at least `n` entries): for keys moved to arbitrary positions
+    /// (a tree of drafts, a reused chunk, a cluster of keys from anywhere in the context).
+    pub positions: Option<&'a [u32]>,
+    /// `mask[i] == false` hides key `i` from every row.
+    pub mask: Option<&'a [bool]>,
+    /// Per query row: bit `r % 16` of `row_mask[(r / 16) * CHUNK + i]` set lets row `r` see
+    /// key `i` (a tree of drafts: each draft sees its own branch). At least
+    /// `rows.div_ceil(16) * CHUNK` entries.
+    pub row_mask: Option<&'a [u16]>,
+}
+
+impl KeyVisibility<'static> {
+    /// Keys at contiguous positions `pos0 ..`, no masks.
+    pub fn at(pos0: usize) -> KeyVisibility<'static> {
+        KeyVisibility { pos0, ..KeyVisibility::default() }
+    }
+}
+
+impl KeyVisibility<'_> {
+    /// Position of key `i`.
+    #[inline]
+    pub fn position(&self, i: usize) -> usize {
+        self.positions.map_or(self.pos0 + i, |p| p[i] as usize)
+    }
+
+    /// The lowest and highest positions of keys `0..n` (`n > 0`).
+    pub fn span(&self, n: usize) -> (usize, usize) {
+        match self.positions {
+            None => (self.pos0, self.pos0 + n - 1),
+            Some(p) => p[..n].iter().fold((usize::MAX, 0), |(lo, hi), &x| (lo.min(x as usize), hi.max(x as usize))),
+        }
+    }
+}
+
 /// How exactly the tile path multiplies; chosen per model load, part of its fingerprint (a cache
 /// computed one way is a miss for the other).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -123,6 +164,10 @@ mod imp {
         }
         pub fn add_chunk(&mut self, _k: &[f32], _v: &[f32], _n: usize, _key_pos0: usize, _mask: Option<&[bool]>) {}
         pub fn add_rows(&mut self, _k: super::Rows<'_>, _v: super::Rows<'_>, _n: usize, _key_pos0: usize, _mask: Option<&[bool]>) {}
+        pub fn with_positions(_q: &[f32], _hd: usize, _pos: &[u32], _x: super::Precision) -> Flash {
+            panic!("flash attention needs x86-64 AMX-BF16")
+        }
+        pub fn add_visible(&mut self, _k: super::Rows<'_>, _v: super::Rows<'_>, _n: usize, _vis: &super::KeyVisibility<'_>) {}
         pub fn prefetch(&mut self, _bytes: &[u8]) {}
         pub fn finish(&mut self, _out: &mut [f32]) {}
     }

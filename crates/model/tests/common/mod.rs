@@ -87,21 +87,21 @@ impl KvCache for VecKv {
         let (k, v): (Vec<u8>, Vec<u8>) =
             (k.iter().flat_map(|x| x.to_le_bytes()).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect());
         let (keys, values) = (KvData { elem: KvElem::F32, bytes: &k }, KvData { elem: KvElem::F32, bytes: &v });
-        f(&KvChunk { first_pos: 0, len: t, capacity: t, keys, values, mask: None, ahead: None })
+        f(&KvChunk { first_pos: 0, positions: None, key_index: 0, len: t, capacity: t, keys, values, mask: None, ahead: None })
     }
 }
 
 /// Logits of every position of `tokens`, computed in one step on a fresh cache.
 pub fn all_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
     let mut kv = VecKv::new(model);
-    let mut step = [SeqStep { tokens, first_pos: 0, kv: &mut kv, logits: Logits::All }];
+    let mut step = [SeqStep { tokens, first_pos: 0, positions: None, key_mask: None, kv: &mut kv, logits: Logits::All }];
     model.forward(&mut step).expect("forward").remove(0)
 }
 
 /// Greedy continuation of `prompt` for `n` tokens, one token per step.
 pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut kv = VecKv::new(model);
-    let mut step = [SeqStep { tokens: prompt, first_pos: 0, kv: &mut kv, logits: Logits::Last }];
+    let mut step = [SeqStep { tokens: prompt, first_pos: 0, positions: None, key_mask: None, kv: &mut kv, logits: Logits::Last }];
     let mut logits = model.forward(&mut step).expect("forward").remove(0);
     let mut out = Vec::new();
     let mut pos = prompt.len();
@@ -109,7 +109,7 @@ pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
         let t = argmax(&logits);
         out.push(t);
         let toks = [t];
-        let mut step = [SeqStep { tokens: &toks, first_pos: pos, kv: &mut kv, logits: Logits::Last }];
+        let mut step = [SeqStep { tokens: &toks, first_pos: pos, positions: None, key_mask: None, kv: &mut kv, logits: Logits::Last }];
         logits = model.forward(&mut step).expect("forward").remove(0);
         pos += 1;
     }

@@ -4,7 +4,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::{configure, Flash, CHUNK, T};
+use super::{configure, Flash, KeyVisibility, CHUNK, T};
 
 /// Chunks per group in the grouped bf16 path: 8 × 8 KB of packed keys and values, which the
 /// row blocks then share from L1.
@@ -69,8 +69,9 @@ impl Flash {
                 self.group_scores(nb, nc, 1 - slot);
             }
             let q = &queued[c];
-            let causal = self.causal(b, q.n, q.key_pos0);
-            self.softmax::<false, true>(b, slot, q.n, q.key_pos0, causal, q.mask.as_ref().map(|m| &m[..]));
+            let causal = self.causal(b, q.key_pos0 + q.n - 1);
+            let vis = KeyVisibility { pos0: q.key_pos0, mask: q.mask.as_ref().map(|m| &m[..]), ..KeyVisibility::default() };
+            self.softmax::<false, true>(b, slot, q.n, &vis, causal);
         }
         if let Some(&(_, c)) = items.last() {
             self.group_values(c, (items.len() - 1) % 2);

@@ -2,7 +2,7 @@
 //! (scores, online softmax, value products). The packers (`pack`), the grouped bf16 path
 //! (`grouped`) and the vector helpers (`vector`) have files of their own.
 
-use super::{Precision, Rows, CHUNK};
+use super::{KeyVisibility, Precision, Rows, CHUNK};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
@@ -91,6 +91,17 @@ impl Flash {
 
     /// [`Flash::new`] at the given [`Precision`].
     pub fn with_precision(q: &[f32], rows: usize, head_dim: usize, pos0: usize, rows_per_pos: usize, precision: Precision) -> Flash {
+        let positions: Vec<u32> = (0..rows).map(|r| (pos0 + r / rows_per_pos) as u32).collect();
+        Flash::with_positions(q, head_dim, &positions, precision)
+    }
+
+    /// Query rows at arbitrary positions: row `r` (of `positions.len()`) sits at
+    /// `positions[r]` and sees keys at positions up to its own (and as [`KeyVisibility`]
+    /// allows). Positions need not be contiguous or ordered (a tree of drafts). Panics unless
+    /// [`super::supported`]`(head_dim)`, or if a position is `u32::MAX` (reserved for padding).
+    pub fn with_positions(q: &[f32], head_dim: usize, positions: &[u32], precision: Precision) -> Flash {
+        let rows = positions.len();
+        assert!(positions.iter().all(|&p| p != u32::MAX), "query position u32::MAX is reserved");
         let exact = precision == Precision::Exact;
         // Bf16 works in log2 units (`2^x` is cheaper than `e^x`): scores are `log2(e)·q·k`.
         let qscale = if exact { 1.0 } else { std::f32::consts::LOG2_E };
@@ -101,8 +112,8 @@ impl Flash {
         let halves = hd.div_ceil(32);
         let mut qp = vec![ZERO; blocks * halves * 2 * T];
         let mut qpos = vec![[u32::MAX; 16]; blocks];
-        for r in 0..rows {
-            qpos[r / 16][r % 16] = (pos0 + r / rows_per_pos) as u32;
+        for (r, &p) in positions.iter().enumerate() {
+            qpos[r / 16][r % 16] = p;
         }
         // SAFETY: `supported` checked AVX-512 (F, BW, VL, BF16); `pack_queries` reads `rows`
         // rows of `hd` values of `q` (length asserted above) and writes within `qp`.
@@ -149,16 +160,40 @@ impl Flash {
     /// straight from the stored format: bitwise the same result as `add_chunk` on their f32
     /// values. Panics if a slice holds fewer than `n` rows.
     pub fn add_rows(&mut self, keys: Rows<'_>, values: Rows<'_>, n: usize, key_pos0: usize, mask: Option<&[bool]>) {
+        self.add_visible(keys, values, n, &KeyVisibility { pos0: key_pos0, mask, ..KeyVisibility::default() });
+    }
+
+    /// [`Flash::add_rows`] for keys at the positions and with the per-row visibility `vis`
+    /// gives (moved spans, trees of drafts). Chunks with explicit positions or row masks are
+    /// attended at once, never grouped (each row's arithmetic is the chunk-by-chunk path's).
+    /// Panics if a slice holds fewer than `n` rows, or a visibility slice fewer entries than
+    /// its doc names.
+    pub fn add_visible(&mut self, keys: Rows<'_>, values: Rows<'_>, n: usize, vis: &KeyVisibility<'_>) {
         assert!(n <= CHUNK && keys.holds(n, self.hd) && values.holds(n, self.hd), "add_rows: short or unsupported rows");
+        assert!(
+            vis.positions.map_or(true, |p| p.len() >= n) && vis.mask.map_or(true, |m| m.len() >= n),
+            "add_visible: short positions or mask"
+        );
+        assert!(vis.row_mask.map_or(true, |m| m.len() >= self.blocks * CHUNK), "add_visible: short row mask");
         if n == 0 {
             return;
         }
+        let (key_pos0, mask) = (vis.pos0, vis.mask);
+        let simple = vis.positions.is_none() && vis.row_mask.is_none();
         // SAFETY: `new` checked `supported` (AMX-BF16 + AVX-512 BF16/BW and the tile
         // permission); `holds` checked that the packers' reads of `n` rows are in bounds.
         unsafe {
             if self.exact {
                 self.pack_chunk::<true>(keys, values, n, 0);
-                self.attend_packed::<true>(n, key_pos0, mask);
+                self.attend_packed::<true>(n, vis);
+            } else if !simple {
+                // Not grouped: the queue is attended first (chunks stay in order), then this
+                // chunk alone in slot 0.
+                if !self.queued.is_empty() {
+                    self.attend_group();
+                }
+                self.pack_chunk::<false>(keys, values, n, 0);
+                self.attend_packed::<false>(n, vis);
             } else {
                 // Grouped: queued in the next slot, attended when the group is full (or
                 // at `finish`); else in slot 0, at once.
@@ -174,7 +209,7 @@ impl Flash {
                         self.attend_group();
                     }
                 } else {
-                    self.attend_packed::<false>(n, key_pos0, mask);
+                    self.attend_packed::<false>(n, vis);
                 }
             }
         }
@@ -219,43 +254,43 @@ impl Flash {
     /// Runs every row block over the packed chunk (`self.k`, `self.v`). `EXACT`: see
     /// [`Flash::exact`]; the const parameters below mean the same.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
-    unsafe fn attend_packed<const EXACT: bool>(&mut self, n: usize, key_pos0: usize, mask: Option<&[bool]>) {
+    unsafe fn attend_packed<const EXACT: bool>(&mut self, n: usize, vis: &KeyVisibility<'_>) {
         configure();
+        let (lo, hi) = vis.span(n);
         let share = self.prefetch_share(self.blocks);
         // Exact, or bf16 with head dims over 64 (the grouped path takes the rest): the next
         // block's scores are issued before this block's softmax, into the other scratch slot
         // (and at bf16 on tiles apart: scores 0-3, values 4-7), so the tile unit has work
         // queued while the vectors run.
-        let mut next = (0..self.blocks).find(|&b| self.sees(b, key_pos0));
+        let mut next = (0..self.blocks).find(|&b| self.sees(b, lo));
         let mut slot = 0;
         if let Some(b) = next {
             self.scores::<EXACT>(b, slot);
         }
         while let Some(b) = next {
             self.issue_prefetches(share);
-            next = (b + 1..self.blocks).find(|&b| self.sees(b, key_pos0));
+            next = (b + 1..self.blocks).find(|&b| self.sees(b, lo));
             if let Some(nb) = next {
                 self.scores::<EXACT>(nb, 1 - slot);
             }
-            let c = self.causal(b, n, key_pos0);
-            self.softmax::<EXACT, false>(b, slot, n, key_pos0, c, mask);
+            let c = self.causal(b, hi);
+            self.softmax::<EXACT, false>(b, slot, n, vis, c);
             self.accumulate::<EXACT>(b, slot);
             slot = 1 - slot;
         }
     }
 
-    /// Whether any row of block `b` sees a chunk starting at `key_pos0`. Rows whose position
-    /// precedes the whole chunk see none of it: skipping them leaves their state bitwise as an
-    /// all-masked update would.
-    fn sees(&self, b: usize, key_pos0: usize) -> bool {
-        !self.qpos[b].iter().all(|&p| p == u32::MAX || (p as usize) < key_pos0)
+    /// Whether any row of block `b` sees a chunk whose lowest key position is `lo`. Rows whose
+    /// position precedes the whole chunk see none of it: skipping them leaves their state
+    /// bitwise as an all-masked update would.
+    fn sees(&self, b: usize, lo: usize) -> bool {
+        !self.qpos[b].iter().all(|&p| p == u32::MAX || (p as usize) < lo)
     }
 
-    /// Whether the chunk of `n` keys at `key_pos0` ends after some row of block `b`, so the
-    /// softmax must hide keys from that row (causal).
-    fn causal(&self, b: usize, n: usize, key_pos0: usize) -> bool {
-        let last_key = (key_pos0 + n - 1) as u32;
-        self.qpos[b].iter().any(|&p| p < last_key)
+    /// Whether a chunk whose highest key position is `hi` has a key after some row of block
+    /// `b`, so the softmax must hide keys from that row (causal).
+    fn causal(&self, b: usize, hi: usize) -> bool {
+        self.qpos[b].iter().any(|&p| (p as usize) < hi)
     }
 
     /// Attends any chunks still queued, then writes the normalised outputs, `[rows,
@@ -354,16 +389,17 @@ impl Flash {
         b: usize,
         slot: usize,
         n: usize,
-        key_pos0: usize,
+        vis: &KeyVisibility<'_>,
         causal: bool,
-        mask: Option<&[bool]>,
     ) {
+        let mask = vis.mask;
+        let row_mask = vis.row_mask.map(|m| &m[b * CHUNK..(b + 1) * CHUNK]);
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let s = self.s.as_mut_ptr().add(slot * 2 * T) as *mut f32;
         let qpos = _mm512_loadu_si512(self.qpos[b].as_ptr() as *const _);
         // Every key visible to every row (a full chunk of history, the common case): no score
         // is -inf, so nothing is rewritten and `exp` needs no guard for it.
-        let all_visible = n == CHUNK && mask.is_none() && !causal;
+        let all_visible = n == CHUNK && mask.is_none() && !causal && row_mask.is_none();
         if LAZY && all_visible {
             // The maxima as they stand, without looking for the chunk's own: if no row's sum
             // reaches 2^LAZY_MAX, no score passed its row's maximum by LAZY_MAX, so none
@@ -389,11 +425,16 @@ impl Flash {
                 let hidden = i >= n || mask.is_some_and(|m| !m[i]);
                 if hidden {
                     x = ninf;
-                } else if causal {
-                    // Visible to a row iff key position <= row position (unsigned compare).
-                    let kp = _mm512_set1_epi32((key_pos0 + i) as i32);
-                    let vis = _mm512_cmple_epu32_mask(kp, qpos);
-                    x = _mm512_mask_blend_ps(vis, ninf, x);
+                } else {
+                    let mut seen: __mmask16 = row_mask.map_or(0xffff, |m| m[i]);
+                    if causal {
+                        // Visible to a row iff key position <= row position (unsigned compare).
+                        let kp = _mm512_set1_epi32(vis.position(i) as i32);
+                        seen &= _mm512_cmple_epu32_mask(kp, qpos);
+                    }
+                    if seen != 0xffff {
+                        x = _mm512_mask_blend_ps(seen, ninf, x);
+                    }
                 }
                 _mm512_store_ps(row, x);
             }

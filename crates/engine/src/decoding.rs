@@ -1,0 +1,128 @@
+//! `Decoding`: the output side of one sequence — sampling, detokenizing, stop tokens and stop
+//! strings, the token limit — with one [`Decoding::accept`] per sampled token. The CLI's
+//! [`crate::Generator`] and the server's scheduler both decode through it, so they end a
+//! sequence the same way and stream the same text.
+//!
+//! Invariant: the concatenation of every `release` equals the generated text up to the stop
+//! string (if one matched) — text held back as a possible stop-string prefix is released when
+//! the sequence ends any other way (a stop token, the length limit), never dropped.
+
+use engram_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::error::EngineError;
+use crate::generate::{push_token_end, FinishReason};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::stop::StopMatcher;
+
+/// What accepting one token produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Accepted {
+    /// Text that can be shown now (possibly empty).
+    pub release: String,
+    /// `Some`: the sequence is done (the accepted token is not fed back).
+    pub done: Option<FinishReason>,
+}
+
+/// One sequence's sampler, stream decoder and stop matcher.
+pub struct Decoding<'t> {
+    tok: &'t Tokenizer,
+    params: SamplingParams,
+    sampler: Sampler,
+    decoder: StreamDecoder<'t>,
+    stops: StopMatcher,
+    generated: Vec<u32>,
+    decoded: String,
+    text_base: usize,
+    token_ends: Vec<usize>,
+    stopped_by_string: bool,
+}
+
+impl<'t> Decoding<'t> {
+    /// Decoding after `prompt` (penalties observe it; the decoder continues its text).
+    /// Token ends are reported as `text_base +` the end in the decoded text.
+    pub fn new(tok: &'t Tokenizer, prompt: &[u32], params: &SamplingParams, text_base: usize) -> Decoding<'t> {
+        let mut sampler = Sampler::new(params.clone());
+        if params.repetition_penalty != 1.0 || params.frequency_penalty != 0.0 || params.presence_penalty != 0.0 {
+            sampler.observe(prompt);
+        }
+        Decoding {
+            tok,
+            params: params.clone(),
+            sampler,
+            decoder: StreamDecoder::new(tok, prompt),
+            stops: StopMatcher::new(&params.stop),
+            generated: Vec::new(),
+            decoded: String::new(),
+            text_base,
+            token_ends: Vec::new(),
+            stopped_by_string: false,
+        }
+    }
+
+    /// Samples the next token from `logits` (does not accept it).
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.sampler.sample(logits)
+    }
+
+    /// Accepts sampled token `t`. `room`: whether the context can take one more token after
+    /// this one (else the sequence ends at its length). A stop token or string, or the
+    /// `max_tokens` limit, ends it too; whatever text is held back is released then.
+    pub fn accept(&mut self, t: u32, room: bool) -> Result<Accepted, EngineError> {
+        self.generated.push(t);
+        if (!self.params.ignore_eos && self.tok.is_stop_token(t)) || self.params.stop_token_ids.contains(&t) {
+            return Ok(Accepted { release: self.flush(), done: Some(FinishReason::Stop) });
+        }
+        let piece = self.decoder.push(t)?;
+        self.decoded.push_str(&piece);
+        push_token_end(&mut self.token_ends, !piece.is_empty(), self.text_base + self.decoded.len());
+        let (mut release, stopped) = self.stops.push(&piece);
+        if stopped {
+            self.stopped_by_string = true;
+            return Ok(Accepted { release, done: Some(FinishReason::Stop) });
+        }
+        if self.generated.len() >= self.params.max_tokens || !room {
+            release.push_str(&self.flush());
+            return Ok(Accepted { release, done: Some(FinishReason::Length) });
+        }
+        Ok(Accepted { release, done: None })
+    }
+
+    /// Releases text held by the decoder and the stop matcher (the sequence ends without a
+    /// stop string: cut short by its cache, say).
+    pub fn flush(&mut self) -> String {
+        let tail = self.decoder.flush();
+        self.decoded.push_str(&tail);
+        let (release, _) = self.stops.push(&tail);
+        release + &self.stops.finish()
+    }
+
+    /// Tokens accepted so far (a stop token included).
+    pub fn generated(&self) -> &[u32] {
+        &self.generated
+    }
+
+    /// Everything the decoder produced, before any stop string cut it.
+    pub fn decoded(&self) -> &str {
+        &self.decoded
+    }
+
+    /// `text_base +` the end of each accepted token's text (`usize::MAX` while a character is
+    /// incomplete; a stop token has none yet: see [`Decoding::finished_token_ends`]).
+    pub fn token_ends(&self) -> &[usize] {
+        &self.token_ends
+    }
+
+    /// Token ends with every pending end, and every token without text (a stop token), at
+    /// the end of the decoded text: one per accepted token.
+    pub fn finished_token_ends(&self) -> Vec<usize> {
+        let end = self.text_base + self.decoded.len();
+        let mut ends: Vec<usize> = self.token_ends.iter().map(|&e| if e == usize::MAX { end } else { e }).collect();
+        ends.resize(self.generated.len(), end);
+        ends
+    }
+
+    /// Whether a stop string (not a token) ended the sequence.
+    pub fn stopped_by_string(&self) -> bool {
+        self.stopped_by_string
+    }
+}

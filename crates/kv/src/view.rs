@@ -1,0 +1,208 @@
+//! `KvView`: a sequence's view of the KV as an ordered list of read-only spans (runs of
+//! slots of any blocks, each at its own logical positions and for a chosen set of KV heads),
+//! followed by the sequence's own [`SeqKv`] that its new tokens are written to.
+//!
+//! ```text
+//!  view keys:  [ span: persistent stream ][ span: turn 3 ][ span: turn 7 ][ own SeqKv: this turn ... ]
+//!  positions:    0 .. 120                   120 .. 410      410 .. 530      530 ..   (any, with gaps)
+//!  blocks:       shared, mapped             shared          shared          owned, written in place
+//! ```
+//!
+//! A span shares its blocks (an `Arc` per block: the bytes stay charged once, to whoever made
+//! them, for as long as any view holds them); it is never written. Leaving a span out of the
+//! view masks it for every query of the sequence; a [`engram_model::KeyMask`] on the step masks
+//! per query row. Moving a span to new positions is a copy with re-rotated keys
+//! ([`SeqKv::extend_shifted`], [`SeqKv::move_slots`]): a span's positions are only what
+//! causality compares.
+//!
+//! Invariant: the view yields the spans in order (those selecting the KV head asked for),
+//! then the own sequence's chunks; keys are numbered in that order for every head (a span a
+//! head does not select still takes its numbers), so a key mask means the same for every head.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use engram_model::{KvCache, KvChunk, KvData, KvElem, KvRead};
+
+use crate::block::{Block, BLOCK_TOKENS};
+use crate::seq::SeqKv;
+use crate::tail::Tail;
+
+/// Where a span's rows live.
+#[derive(Clone)]
+enum SpanRows {
+    /// A block, in the pool's format.
+    Block(Arc<Block>),
+    /// A quantized sequence's recent window (f16 rows in the block layout).
+    Window(Arc<Tail>),
+}
+
+/// Slots `start .. start + len` of one block (or recent window) at logical positions, for a
+/// set of KV heads. Made by [`SeqKv::spans`]; read-only.
+#[derive(Clone)]
+pub struct Span {
+    rows: SpanRows,
+    start: usize,
+    len: usize,
+    /// Position of each token (`len` entries).
+    positions: Arc<[u32]>,
+    /// Bit `h` set: KV head `h` attends to this span.
+    heads: u64,
+}
+
+impl Span {
+    /// Tokens in the span.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a span of no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The positions of the span's tokens.
+    pub fn positions(&self) -> &[u32] {
+        &self.positions
+    }
+
+    /// This span for the KV heads whose bits are set in `heads` only (bit `h`: head `h`).
+    pub fn for_heads(mut self, heads: u64) -> Span {
+        self.heads = heads;
+        self
+    }
+
+    /// The same rows, re-labelled with new positions (`len` of them). Keys are NOT re-rotated:
+    /// this changes only what causality compares (a tree's draft keys, keys whose rotation
+    /// was already made right elsewhere). To move keys, see [`SeqKv::move_slots`].
+    pub fn at_positions(mut self, positions: &[u32]) -> Span {
+        assert_eq!(positions.len(), self.len, "Span::at_positions: one position per token");
+        self.positions = positions.into();
+        self
+    }
+
+    fn selects(&self, head: usize) -> bool {
+        head < 64 && self.heads >> head & 1 == 1
+    }
+}
+
+impl SeqKv {
+    /// Read-only spans over `slots` (`<= len`), one per block touched, at the tokens' current
+    /// positions, for every head. They share this sequence's blocks (and recent window, for a
+    /// quantized partial block), so writing here later copies first.
+    pub fn spans(&self, slots: Range<usize>) -> Vec<Span> {
+        assert!(slots.end <= self.len(), "SeqKv::spans: slots past the end");
+        let mut out = Vec::new();
+        let mut s = slots.start;
+        while s < slots.end {
+            let bi = s / BLOCK_TOKENS;
+            let end = slots.end.min((bi + 1) * BLOCK_TOKENS);
+            let rows = match self.window_of(bi) {
+                Some(t) => SpanRows::Window(t),
+                None => SpanRows::Block(self.blocks()[bi].clone()),
+            };
+            let positions: Arc<[u32]> = (s..end).map(|x| self.position(x) as u32).collect();
+            out.push(Span { rows, start: s % BLOCK_TOKENS, len: end - s, positions, heads: u64::MAX });
+            s = end;
+        }
+        out
+    }
+}
+
+/// A sequence's view: read-only spans, then its own [`SeqKv`]. Implements the model's
+/// [`KvCache`]: writes go to the own sequence (at its slots; positions as the step gives).
+pub struct KvView {
+    spans: Vec<Span>,
+    span_keys: usize,
+    own: SeqKv,
+}
+
+impl KvView {
+    /// A view of `spans` (attended in this order) followed by `own`.
+    pub fn new(spans: Vec<Span>, own: SeqKv) -> KvView {
+        let span_keys = spans.iter().map(|s| s.len).sum();
+        KvView { spans, span_keys, own }
+    }
+
+    /// The spans.
+    pub fn spans(&self) -> &[Span] {
+        &self.spans
+    }
+
+    /// Keys in the spans (the own sequence's keys are numbered from here).
+    pub fn span_keys(&self) -> usize {
+        self.span_keys
+    }
+
+    /// Keys in the whole view.
+    pub fn num_keys(&self) -> usize {
+        self.span_keys + self.own.len()
+    }
+
+    /// The own sequence.
+    pub fn own(&self) -> &SeqKv {
+        &self.own
+    }
+
+    /// The own sequence, to reserve room in or truncate.
+    pub fn own_mut(&mut self) -> &mut SeqKv {
+        &mut self.own
+    }
+
+    /// The own sequence back, dropping the spans.
+    pub fn into_own(self) -> SeqKv {
+        self.own
+    }
+
+    fn emit(&self, layer: usize, head: Option<usize>, f: &mut dyn FnMut(&KvChunk<'_>)) {
+        let layout = self.own.pool().layout();
+        let (sec, tsec) = (self.own.pool().section_bytes(), self.own.pool().tail_section_bytes());
+        let mut key = 0;
+        for span in &self.spans {
+            let key_index = key;
+            key += span.len;
+            if head.is_some_and(|h| !span.selects(h)) || span.len == 0 {
+                continue;
+            }
+            let (elem, bytes, sec) = match &span.rows {
+                SpanRows::Block(b) => (self.own.pool().elem(), b.bytes(), sec),
+                SpanRows::Window(t) => (KvElem::F16, &t.bytes[..], tsec),
+            };
+            let rb = elem.row_bytes(layout.head_dim);
+            // Row `h * 32 + start + t` of the block is row `h * 32 + t` of the slice.
+            let k = &bytes[2 * layer * sec + span.start * rb..(2 * layer + 1) * sec];
+            let v = &bytes[(2 * layer + 1) * sec + span.start * rb..(2 * layer + 2) * sec];
+            f(&KvChunk {
+                first_pos: span.positions[0] as usize,
+                positions: Some(&span.positions),
+                key_index,
+                len: span.len,
+                capacity: BLOCK_TOKENS,
+                keys: KvData { elem, bytes: k },
+                values: KvData { elem, bytes: v },
+                mask: None,
+                ahead: None,
+            });
+        }
+        let offset = self.span_keys;
+        self.own.for_each_chunk(layer, &mut |c| f(&KvChunk { key_index: c.key_index + offset, ..*c }));
+    }
+}
+
+impl KvCache for KvView {
+    fn write(&mut self, layer: usize, first_slot: usize, keys: &[f32], values: &[f32], num_tokens: usize) {
+        self.own.write(layer, first_slot, keys, values, num_tokens)
+    }
+
+    fn place(&mut self, first_slot: usize, positions: &[u32]) -> Result<(), String> {
+        self.own.place(first_slot, positions)
+    }
+
+    fn for_each_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
+        self.emit(layer, None, f)
+    }
+
+    fn for_each_chunk_of(&self, read: &KvRead<'_>, f: &mut dyn FnMut(&KvChunk<'_>)) {
+        self.emit(read.layer, Some(read.kv_head), f)
+    }
+}

@@ -1,0 +1,90 @@
+//! What attention asks a cache for, and which keys each query row may see.
+//!
+//! A sequence's *view* of the KV is whatever its [`crate::KvCache`] yields: an ordered list
+//! of chunks, each with its own logical positions (not necessarily contiguous with the
+//! chunk before, not necessarily the order the keys were written in), possibly a different
+//! subset per KV head ([`KvRead::kv_head`]). Keys in the view are numbered in the order the
+//! cache yields them (a chunk's [`crate::KvChunk::key_index`] is its first key's number);
+//! a [`KeyMask`] addresses keys by that number.
+//!
+//! Invariant (the view contract): a query row at position `p` attends exactly to the keys
+//! the view yields for its KV head whose position is `<= p`, whose chunk mask is set, and
+//! whose bit in the step's [`KeyMask`] row (if any) is set — whatever order the chunks come
+//! in and however they are split.
+
+/// What one attention task reads: one layer, one KV head, the task's queries.
+///
+/// A cache may use the queries to choose what to yield (per-head cluster selection, seed
+/// 002); it must yield the same keys for the same request, and it never sees the result.
+#[derive(Clone, Copy, Debug)]
+pub struct KvRead<'a> {
+    pub layer: usize,
+    pub kv_head: usize,
+    /// `[query tokens × group, head_dim]`, rotated and scaled by `1/√head_dim`: row
+    /// `t * group + j` is query token `t`'s `j`-th head of this KV head's group.
+    pub queries: &'a [f32],
+    /// Query heads per KV head.
+    pub group: usize,
+    /// Logical position of each query token.
+    pub positions: &'a [u32],
+}
+
+/// Per query token of a step, the keys of its sequence's view it may see: one bit per key
+/// (numbered as in the module doc), a row of bits per query token. Keys past [`KeyMask::keys`]
+/// are visible (a mask speaks for the keys it was made for; later keys are the caller's to
+/// add). A tree of drafts costs one bit per (draft, key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyMask {
+    rows: usize,
+    keys: usize,
+    words: usize,
+    bits: Vec<u64>,
+}
+
+impl KeyMask {
+    /// `rows` query tokens that see all of `keys` keys.
+    pub fn all(rows: usize, keys: usize) -> KeyMask {
+        let words = keys.div_ceil(64);
+        KeyMask { rows, keys, words, bits: vec![u64::MAX; rows * words] }
+    }
+
+    /// `rows` query tokens that see none of `keys` keys.
+    pub fn none(rows: usize, keys: usize) -> KeyMask {
+        let words = keys.div_ceil(64);
+        KeyMask { rows, keys, words, bits: vec![0; rows * words] }
+    }
+
+    /// Query tokens (rows).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Keys the mask covers.
+    pub fn keys(&self) -> usize {
+        self.keys
+    }
+
+    /// Lets `row` see `key` (`on`) or hides it. Panics outside `rows × keys`.
+    pub fn set(&mut self, row: usize, key: usize, on: bool) {
+        assert!(row < self.rows && key < self.keys, "KeyMask::set({row}, {key}) outside {} x {}", self.rows, self.keys);
+        let w = &mut self.bits[row * self.words + key / 64];
+        if on {
+            *w |= 1 << (key % 64);
+        } else {
+            *w &= !(1 << (key % 64));
+        }
+    }
+
+    /// Sets `keys` (a range) for `row` to `on`.
+    pub fn set_range(&mut self, row: usize, keys: std::ops::Range<usize>, on: bool) {
+        for k in keys {
+            self.set(row, k, on);
+        }
+    }
+
+    /// Whether `row` may see `key` (keys past [`KeyMask::keys`] are visible).
+    #[inline]
+    pub fn sees(&self, row: usize, key: usize) -> bool {
+        key >= self.keys || self.bits[row * self.words + key / 64] >> (key % 64) & 1 == 1
+    }
+}
