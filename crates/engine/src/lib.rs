@@ -12,13 +12,17 @@
 mod decoding;
 mod error;
 mod generate;
+pub mod metrics;
 mod rng;
 mod sampling;
+pub mod scheduler;
 mod stop;
 
 pub use decoding::{Accepted, Decoding};
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
+pub use metrics::Metrics;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
+pub use scheduler::{run_engine, Command, DiskConfig, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig};
 pub use stop::StopMatcher;

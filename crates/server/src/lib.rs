@@ -20,7 +20,8 @@ mod agents;
 mod anthropic;
 mod api;
 pub mod error;
-pub mod metrics;
+/// The metrics the engine and the handlers share (`engram_engine::metrics`).
+pub use engram_engine::metrics;
 mod openai;
 pub mod scheduler;
 mod sse;

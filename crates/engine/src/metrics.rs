@@ -1,6 +1,7 @@
-//! Server metrics, rendered as Prometheus text at `GET /metrics`.
+//! Engine and server metrics, rendered as Prometheus text (the server serves it at
+//! `GET /metrics`).
 //!
-//! Counters are atomics written by handlers and the engine thread; the
+//! Counters are atomics written by request handlers and the engine thread; the
 //! histograms have fixed buckets (seconds). Gauges that belong to the engine
 //! (KV bytes in use, sessions, queue) are read at render time.
 

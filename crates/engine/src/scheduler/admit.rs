@@ -1,0 +1,118 @@
+//! Admission: waiting jobs join the batch in order (a named session's jobs one at a time),
+//! matched against the session store; room for a step's tokens is made through the one RAM
+//! eviction path.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use engram_kv::BLOCK_TOKENS;
+
+use super::{Engine, Event, JobError, JobErrorKind, Seq};
+use crate::decoding::Decoding;
+
+impl Engine<'_> {
+    /// Moves waiting requests into the batch, in order, skipping those whose
+    /// named session is in use (so one session's requests run in order).
+    pub(super) fn admit(&mut self) {
+        let mut i = 0;
+        while i < self.waiting.len() && self.active.len() < self.config.max_batch {
+            let (job, _, _) = &self.waiting[i];
+            let busy = job.session.as_ref().is_some_and(|sid| {
+                self.active.iter().any(|a| a.tenant == job.tenant && &a.session_id == sid)
+                    || self.waiting.iter().take(i).any(|(w, _, _)| w.tenant == job.tenant && w.session.as_ref() == Some(sid))
+            });
+            if busy {
+                i += 1;
+                continue;
+            }
+            let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
+            // Whole blocks, plus the f16 recent window quantized formats keep beside them.
+            let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
+            let need = job.prompt.len().div_ceil(BLOCK_TOKENS) * self.pool.block_bytes() + window;
+            if need > self.pool.budget() {
+                self.pending.fetch_sub(1, Relaxed);
+                tx.send(Event::Failed(JobError::new(
+                    JobErrorKind::Unavailable,
+                    format!("the prompt needs {need} bytes of KV cache; the budget is {} bytes", self.pool.budget()),
+                )));
+                continue;
+            }
+            if job.pinned {
+                self.sessions.pin_owner(&job.tenant);
+            }
+            let tok = &self.model.tokenizer;
+            let c = match &job.text {
+                Some(text) => match self.sessions.checkout(&job.tenant, job.session.as_deref(), text, job.add_special, tok) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.pending.fetch_sub(1, Relaxed);
+                        tx.send(Event::Failed(JobError::new(JobErrorKind::BadRequest, format!("tokenizing the prompt: {e}"))));
+                        continue;
+                    }
+                },
+                None => self.sessions.checkout_tokens(&job.tenant, job.session.as_deref(), &job.prompt),
+            };
+            // Restored from disk with its checksum still running: keep the job to
+            // admit it again, matched anew, should the file prove corrupt.
+            let retry = c.restore.is_some().then(|| job.clone());
+            // The cache holds c.tokens[..reused]; the last prompt token is always
+            // recomputed, since its logits start generation.
+            let prompt = c.tokens;
+            let cached_len = c.reused.min(prompt.len().saturating_sub(1));
+            let mut kv = c.kv;
+            kv.truncate(cached_len);
+            if prompt.is_empty() || prompt.len() >= self.model.config.max_positions {
+                self.pending.fetch_sub(1, Relaxed);
+                tx.send(Event::Failed(JobError::new(
+                    JobErrorKind::BadRequest,
+                    format!("the prompt has {} tokens; the model's context is {}", prompt.len(), self.model.config.max_positions),
+                )));
+                continue;
+            }
+            let m = &self.metrics;
+            m.count_match(c.kind.name());
+            if cached_len > 0 {
+                m.cache_hits.fetch_add(1, Relaxed);
+                m.tokens_reused.fetch_add(cached_len as u64, Relaxed);
+            } else {
+                m.cache_misses.fetch_add(1, Relaxed);
+            }
+            if c.restore.is_none() {
+                tx.send(Event::Started { session_id: c.session_id.clone(), prompt_tokens: prompt.len(), cached_tokens: cached_len });
+            }
+            let text_base = job.text.as_ref().map_or(0, |t| t.len());
+            let out = Decoding::new(&self.model.tokenizer, &prompt, &job.params, text_base);
+            self.next_id += 1;
+            self.active.push(Seq {
+                id: self.next_id,
+                tenant: job.tenant,
+                session_id: c.session_id,
+                events: tx,
+                prompt_text: job.text,
+                prompt_ends: c.token_ends,
+                out,
+                tokens: prompt[..cached_len].to_vec(),
+                prompt,
+                kv,
+                input: Vec::new(),
+                next: None,
+                submitted,
+                last_token: None,
+                restore: c.restore.zip(retry),
+                cached: cached_len,
+                match_kind: c.kind.name(),
+                forgotten: false,
+            });
+        }
+    }
+
+    /// Reserves room for `n` tokens in sequence `at`, making room first if the pool is short
+    /// (`SessionStore::make_room`: idle prefix blocks, then idle sessions, only as much as
+    /// the reservation can take — its new blocks, a copied partial block, a recent window).
+    pub(super) fn reserve(&mut self, at: usize, n: usize) -> bool {
+        if self.active[at].kv.reserve(n).is_ok() {
+            return true;
+        }
+        let most = (n.div_ceil(BLOCK_TOKENS) + 1) * self.pool.block_bytes() + self.pool.tail_bytes();
+        self.sessions.make_room(most) && self.active[at].kv.reserve(n).is_ok()
+    }
+}

@@ -1,0 +1,395 @@
+//! The scheduler: one engine thread owns the model's running sequences, the
+//! KV pool and the session store; callers (the HTTP server, a test) talk to it
+//! over channels. It knows neither HTTP nor async runtimes: events go out
+//! through an [`EventSink`], failures are [`JobError`]s.
+//!
+//! ```text
+//!  handlers --Job--> [waiting queue] --admit--> [active batch] --step--> Model::forward
+//!     ^                (session busy,             every decoding seq: 1 token
+//!     |                 batch full)               + at most ONE prefill chunk (round-robin)
+//!     +---- Event (Started, Text, Finished | Failed) per request, over its own channel
+//! ```
+//! Each step runs every decoding sequence's next token and one prompt chunk
+//! (at most `prefill_chunk` tokens) of one prefilling sequence in a single
+//! forward call, so weights are read once per step and a new request's first
+//! token never waits for another request's whole answer. Prefills take turns
+//! round-robin, so a long prompt cannot starve a short one.
+//!
+//! Admission is by the KV budget: a chunk runs only if its blocks can be
+//! reserved (room is made first through `SessionStore::make_room`, the one RAM
+//! eviction path: idle prefix blocks, then idle sessions, offloaded to disk); a
+//! request that cannot make progress while nothing else runs fails
+//! ([`JobErrorKind::Unavailable`]). A request whose sink is closed (client gone)
+//! is cancelled before the next step; the tokens it
+//! computed stay cached in its session.
+//!
+//! Invariant: a request's tokens do not depend on what else is in the batch
+//! (batched forward = alone, tested in `crates/model/tests/chunking.rs`; the
+//! server's concurrency test checks the end-to-end consequence).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use engram_context::{PendingRestore, SessionStore};
+use engram_kv::{KvPool, SeqKv};
+use engram_model::Model;
+
+use crate::decoding::Decoding;
+use crate::generate::FinishReason;
+use crate::metrics::Metrics;
+use crate::sampling::SamplingParams;
+
+mod admit;
+mod step;
+
+/// Scheduler limits.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Most prompt tokens prefilled per step.
+    pub prefill_chunk: usize,
+    /// Most sequences in the batch at once.
+    pub max_batch: usize,
+    /// Most requests queued or running before new ones get 429.
+    pub max_pending: usize,
+    /// Most idle sessions kept in RAM.
+    pub max_sessions: usize,
+    /// Where sessions persist across restarts (`None`: RAM only).
+    pub disk: Option<DiskConfig>,
+}
+
+/// The disk tier of the session store.
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    pub dir: std::path::PathBuf,
+    pub budget_bytes: u64,
+    pub policy: engram_kv::EvictionPolicy,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig { prefill_chunk: 256, max_batch: 16, max_pending: 256, max_sessions: 256, disk: None }
+    }
+}
+
+/// One generation request.
+#[derive(Clone)]
+pub struct Job {
+    /// Sessions never cross this key.
+    pub tenant: String,
+    /// A named session, or `None` to match by characters against the tenant's sessions.
+    pub session: Option<String>,
+    /// The prompt text (rendered chat or raw completion), matched by
+    /// characters; `None` for prompts sent as token ids.
+    pub text: Option<String>,
+    /// How `text` is tokenized cold (true: the model's BOS rule for raw prompts).
+    pub add_special: bool,
+    /// The prompt tokenized whole (used for validation; the session store
+    /// may reuse a cached tokenization of the common part instead).
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// Pin the tenant's sessions on disk (a named agent's): never evicted by
+    /// the disk policy, removed only when the agent is deleted.
+    pub pinned: bool,
+}
+
+/// What a request hears back, in order: `Started`, any number of `Text`,
+/// then `Finished` — or a single `Failed` before `Started`.
+#[derive(Debug)]
+pub enum Event {
+    Started {
+        session_id: String,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
+    Text(String),
+    /// `stop_string`: the text was cut at a stop string (not a stop token).
+    Finished {
+        finish: FinishReason,
+        completion_tokens: usize,
+        stop_string: bool,
+    },
+    Failed(JobError),
+}
+
+/// Why a job failed; the server maps each kind to its HTTP status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobErrorKind {
+    /// The request cannot be served as given (a prompt past the context, untokenizable).
+    BadRequest,
+    /// Its owner was deleted before it ran.
+    NotFound,
+    /// Not now: the KV budget cannot take it (retry later).
+    Unavailable,
+    /// The engine failed (model error, detokenizing).
+    Internal,
+}
+
+/// A failed job: its kind and a message for the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobError {
+    pub kind: JobErrorKind,
+    pub message: String,
+}
+
+impl JobError {
+    fn new(kind: JobErrorKind, message: impl Into<String>) -> JobError {
+        JobError { kind, message: message.into() }
+    }
+}
+
+impl std::fmt::Display for JobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Where one job's [`Event`]s go (a channel to an HTTP handler, a test's vector).
+pub trait EventSink: Send {
+    /// Delivers an event; false once the receiver is gone (the job is then cancelled).
+    fn send(&self, event: Event) -> bool;
+    /// Whether the receiver is gone.
+    fn is_closed(&self) -> bool;
+}
+
+/// What the engine thread is asked to do.
+pub enum Command {
+    /// Queue a job; its events go to the sink. The instant is when it was submitted.
+    Submit(Job, Box<dyn EventSink>, Instant),
+    /// Drop the idle sessions of a tenant key.
+    Forget(String),
+}
+
+/// Runs the engine loop for `model` on this thread until every [`Command`] sender is gone
+/// and the running jobs have finished. `pending` counts jobs queued or running: the caller
+/// increments it on submit, the engine decrements it as each job ends.
+pub fn run_engine(
+    model: &Model,
+    pool: KvPool,
+    config: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    pending: Arc<AtomicUsize>,
+    rx: Receiver<Command>,
+) {
+    Engine::new(model, pool, config, metrics, pending).run(rx)
+}
+
+/// What a request whose owner was forgotten (a deleted agent) before it ran gets.
+fn owner_gone() -> Event {
+    Event::Failed(JobError::new(JobErrorKind::NotFound, "the owner of this request was deleted before it ran"))
+}
+
+/// A request in the batch.
+struct Seq<'m> {
+    id: u64,
+    tenant: String,
+    session_id: String,
+    events: Box<dyn EventSink>,
+    /// The prompt text, if the request had one (sessions are matched by it).
+    prompt_text: Option<String>,
+    /// Byte end of each prompt token's text in `prompt_text` (the generated
+    /// tokens' follow in `out`, in `prompt_text + out.decoded()`).
+    prompt_ends: Vec<usize>,
+    prompt: Vec<u32>,
+    /// Exactly what `kv` holds.
+    tokens: Vec<u32>,
+    kv: SeqKv,
+    /// This step's input.
+    input: Vec<u32>,
+    /// The sampled token to feed next (decoding); `None` while prefilling.
+    next: Option<u32>,
+    /// Sampling, detokenizing and stopping (shared with the CLI's `Generator`).
+    out: Decoding<'m>,
+    submitted: Instant,
+    last_token: Option<Instant>,
+    /// A session restored from disk whose checksum is still running, and the
+    /// job to admit again if it fails: the sequence prefills on the restored
+    /// cache and waits for the check (and only then reports `Started`) before
+    /// its first token.
+    restore: Option<(PendingRestore, Job)>,
+    /// Prompt tokens taken from the cache at admission, and how they matched.
+    cached: usize,
+    match_kind: &'static str,
+    /// Its owner was forgotten while it ran: its cache is dropped, not checked in.
+    forgotten: bool,
+}
+
+impl Seq<'_> {
+    fn prefilling(&self) -> bool {
+        self.next.is_none() && self.tokens.len() < self.prompt.len()
+    }
+}
+
+struct Engine<'m> {
+    model: &'m Model,
+    pool: KvPool,
+    config: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    pending: Arc<AtomicUsize>,
+    sessions: SessionStore,
+    waiting: VecDeque<(Job, Box<dyn EventSink>, Instant)>,
+    active: Vec<Seq<'m>>,
+    next_id: u64,
+    /// Id of the sequence that got the last prefill chunk (round-robin).
+    last_prefill: u64,
+}
+
+impl<'m> Engine<'m> {
+    fn new(model: &'m Model, pool: KvPool, config: SchedulerConfig, metrics: Arc<Metrics>, pending: Arc<AtomicUsize>) -> Self {
+        metrics.kv_bytes_budget.store(pool.budget() as u64, Relaxed);
+        let mut sessions = SessionStore::new(pool.clone(), model.fingerprint).with_max_sessions(config.max_sessions);
+        if let Some(d) = &config.disk {
+            let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
+            match engram_context::PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {
+                Ok(p) => {
+                    sessions = sessions.with_disk(p, model.config.vocab);
+                    tracing::info!("{} persisted sessions found in {}", sessions.on_disk_count(), d.dir.display());
+                }
+                Err(e) => tracing::warn!("sessions will not persist: {e}"),
+            }
+        }
+        Engine {
+            model,
+            pool,
+            config,
+            metrics,
+            pending,
+            sessions,
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            next_id: 0,
+            last_prefill: 0,
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Command>) {
+        let mut open = true;
+        loop {
+            if self.active.is_empty() && self.waiting.is_empty() {
+                if !open {
+                    break;
+                }
+                match rx.recv() {
+                    Ok(c) => self.command(c),
+                    Err(_) => break,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(c) => self.command(c),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            self.cancel_gone();
+            self.admit();
+            self.step();
+            self.refresh_gauges();
+        }
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::Submit(job, tx, t) => self.waiting.push_back((job, tx, t)),
+            Command::Forget(tenant) => self.forget(&tenant),
+        }
+    }
+
+    fn refresh_gauges(&self) {
+        let m = &self.metrics;
+        m.kv_bytes_used.store(self.pool.used() as u64, Relaxed);
+        m.sessions_idle.store(self.sessions.len() as u64, Relaxed);
+        m.sessions_on_disk.store(self.sessions.on_disk_count() as u64, Relaxed);
+        m.sessions_restored.store(self.sessions.restored_count(), Relaxed);
+        m.disk_bytes_used.store(self.sessions.disk_used_bytes(), Relaxed);
+        m.sequences_running.store(self.active.len() as u64, Relaxed);
+        m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
+    }
+
+    /// Drops everything cached for `tenant`: its sessions (RAM and disk), the
+    /// caches of its running sequences once they end, and its queued requests,
+    /// which fail (their owner is gone).
+    fn forget(&mut self, tenant: &str) {
+        self.sessions.forget_owner(tenant);
+        for s in self.active.iter_mut().filter(|s| s.tenant == tenant) {
+            s.forgotten = true;
+        }
+        let (gone, keep): (VecDeque<_>, VecDeque<_>) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|(job, ..)| job.tenant == tenant);
+        self.waiting = keep;
+        for (_, events, _) in gone {
+            self.pending.fetch_sub(1, Relaxed);
+            events.send(owner_gone());
+        }
+    }
+
+    /// Ends a sequence: reports, and returns its cache to the session store.
+    fn retire(&mut self, at: usize, outcome: Result<FinishReason, JobError>) {
+        // Ended before its first token (cancelled, failed): what it computed on
+        // an unverified restore is kept only if the file proves sound.
+        if let Some((p, _)) = self.active[at].restore.take() {
+            if !self.sessions.verify_restore(p) {
+                self.metrics.restores_failed.fetch_add(1, Relaxed);
+                self.active[at].tokens.clear();
+            }
+        }
+        let s = self.active.remove(at);
+        self.pending.fetch_sub(1, Relaxed);
+        match outcome {
+            Ok(finish) => {
+                if finish == FinishReason::Cancelled {
+                    self.metrics.cancelled.fetch_add(1, Relaxed);
+                }
+                s.events.send(Event::Finished {
+                    finish,
+                    completion_tokens: s.out.generated().len(),
+                    stop_string: s.out.stopped_by_string(),
+                });
+            }
+            Err(e) => {
+                s.events.send(Event::Failed(e));
+            }
+        }
+        if s.forgotten {
+            // Also drops what a restore verified after the owner was forgotten
+            // (it joined the store then) and deletes its file again.
+            self.sessions.forget_owner(&s.tenant);
+            return;
+        }
+        let mut kv = s.kv;
+        // Drop blocks reserved past the end (a failed or unused reservation).
+        kv.truncate(s.tokens.len());
+        let n = s.tokens.len();
+        match s.prompt_text {
+            Some(p) => {
+                let mut ends = s.prompt_ends;
+                ends.extend_from_slice(s.out.token_ends());
+                ends.truncate(n);
+                let text = p + s.out.decoded();
+                self.sessions.checkin(&s.tenant, &s.session_id, text, s.tokens, ends, kv);
+            }
+            None => self.sessions.checkin(&s.tenant, &s.session_id, String::new(), s.tokens, vec![0; n], kv),
+        }
+    }
+
+    fn cancel_gone(&mut self) {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].events.is_closed() {
+                self.retire(i, Ok(FinishReason::Cancelled));
+            } else {
+                i += 1;
+            }
+        }
+        let before = self.waiting.len();
+        self.waiting.retain(|(_, tx, _)| !tx.is_closed());
+        let gone = before - self.waiting.len();
+        self.pending.fetch_sub(gone, Relaxed);
+        self.metrics.cancelled.fetch_add(gone as u64, Relaxed);
+    }
+}

@@ -1,0 +1,183 @@
+//! One step: every decoding sequence's next token plus at most one prefill chunk
+//! (round-robin) in a single forward call; then sampling and streaming per sequence.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use engram_model::{Logits, SeqStep};
+
+use super::{owner_gone, Engine, Event, JobError, JobErrorKind, Seq};
+use crate::generate::FinishReason;
+
+impl Engine<'_> {
+    pub(super) fn step(&mut self) {
+        // Decoders first: each needs room for one token.
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].next.is_some() && !self.reserve(i, 1) {
+                // NOTE: no preemption yet; a sequence that cannot grow ends as if
+                // it hit its length limit, keeping what it has.
+                let rest = self.active[i].out.flush();
+                if !rest.is_empty() {
+                    self.active[i].events.send(Event::Text(rest));
+                }
+                self.retire(i, Ok(FinishReason::Length));
+                continue;
+            }
+            i += 1;
+        }
+        // One prefill chunk, round-robin by sequence id.
+        let mut cands: Vec<usize> = (0..self.active.len()).filter(|&i| self.active[i].prefilling()).collect();
+        let split = cands.iter().position(|&i| self.active[i].id > self.last_prefill).unwrap_or(0);
+        cands.rotate_left(split);
+        let mut chosen = None;
+        for &c in &cands {
+            let s = &self.active[c];
+            let n = (s.prompt.len() - s.tokens.len()).min(self.config.prefill_chunk.max(1));
+            if self.reserve(c, n) {
+                chosen = Some((c, n));
+                break;
+            }
+        }
+        let decoding = self.active.iter().any(|s| s.next.is_some());
+        if chosen.is_none() && !decoding {
+            if let Some(&c) = cands.first() {
+                // Nothing runs that could ever free memory: this one cannot fit now.
+                let e = JobError::new(
+                    JobErrorKind::Unavailable,
+                    format!("KV cache budget exhausted ({} of {} bytes in use); retry later", self.pool.used(), self.pool.budget()),
+                );
+                self.retire(c, Err(e));
+            }
+            return;
+        }
+        let chunk_of = chosen.map(|(c, _)| self.active[c].id);
+        let mut want = Vec::with_capacity(self.active.len());
+        for (i, s) in self.active.iter_mut().enumerate() {
+            s.input.clear();
+            if let Some(t) = s.next {
+                s.input.push(t);
+                want.push(Logits::Last);
+            } else if let Some((c, n)) = chosen.filter(|&(c, _)| c == i) {
+                let at = s.tokens.len();
+                s.input.extend_from_slice(&s.prompt[at..at + n]);
+                want.push(if at + n == s.prompt.len() { Logits::Last } else { Logits::None });
+                let _ = c;
+            } else {
+                want.push(Logits::None);
+            }
+        }
+        if let Some(id) = chunk_of {
+            self.last_prefill = id;
+        }
+        let mut who = Vec::new();
+        let mut steps = Vec::new();
+        for (i, s) in self.active.iter_mut().enumerate() {
+            if s.input.is_empty() {
+                continue;
+            }
+            let Seq { input, tokens, kv, .. } = s;
+            steps.push(SeqStep { tokens: input.as_slice(), first_pos: tokens.len(), positions: None, key_mask: None, kv, logits: want[i] });
+            who.push(i);
+        }
+        if steps.is_empty() {
+            return;
+        }
+        let result = self.model.forward(&mut steps);
+        drop(steps);
+        self.metrics.steps.fetch_add(1, Relaxed);
+        let outs = match result {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!("forward failed: {e}");
+                for &i in who.iter().rev() {
+                    let s = &mut self.active[i];
+                    let keep = s.tokens.len();
+                    s.kv.truncate(keep);
+                    self.retire(i, Err(JobError::new(JobErrorKind::Internal, format!("model error: {e}"))));
+                }
+                return;
+            }
+        };
+        // Process in reverse so retiring (removal) keeps earlier indices valid.
+        for (&i, mut logits) in who.iter().zip(outs).rev() {
+            let s = &mut self.active[i];
+            if s.next.is_none() {
+                self.metrics.tokens_computed.fetch_add(s.input.len() as u64, Relaxed);
+            }
+            let input = std::mem::take(&mut s.input);
+            s.tokens.extend_from_slice(&input);
+            s.input = input;
+            if logits.is_empty() {
+                continue;
+            }
+            if self.active[i].restore.is_some() && !self.settle_restore(i) {
+                continue;
+            }
+            if let Some(outcome) = self.sample(i, &mut logits) {
+                self.retire(i, outcome);
+            }
+        }
+    }
+
+    /// Waits for the checksum of the session sequence `at` was restored from.
+    /// True: the file was sound; reports `Started`. False: it was corrupt (now
+    /// deleted), and so may be the tokens and text matched against it: the
+    /// sequence is dropped with what it computed and its job admitted again
+    /// first, as if it had just arrived (it is matched anew, without the file).
+    fn settle_restore(&mut self, at: usize) -> bool {
+        let Some((p, job)) = self.active[at].restore.take() else { return true };
+        if self.sessions.verify_restore(p) {
+            let s = &self.active[at];
+            s.events.send(Event::Started { session_id: s.session_id.clone(), prompt_tokens: s.prompt.len(), cached_tokens: s.cached });
+            return true;
+        }
+        let s = self.active.remove(at);
+        let m = &self.metrics;
+        m.restores_failed.fetch_add(1, Relaxed);
+        // Admitted again below, the job is counted again: take back this admission's counts.
+        m.uncount_match(s.match_kind);
+        m.tokens_reused.fetch_sub(s.cached as u64, Relaxed);
+        if s.cached > 0 {
+            m.cache_hits.fetch_sub(1, Relaxed);
+        } else {
+            m.cache_misses.fetch_sub(1, Relaxed);
+        }
+        if s.forgotten {
+            self.pending.fetch_sub(1, Relaxed);
+            s.events.send(owner_gone());
+        } else {
+            self.waiting.push_front((job, s.events, s.submitted));
+        }
+        false
+    }
+
+    /// Samples sequence `at`'s next token and streams its text; returns the
+    /// outcome if the sequence is done.
+    fn sample(&mut self, at: usize, logits: &mut [f32]) -> Option<Result<FinishReason, JobError>> {
+        let ctx = self.model.config.max_positions;
+        let m = self.metrics.clone();
+        let s = &mut self.active[at];
+        let t = s.out.sample(logits);
+        let now = Instant::now();
+        match s.last_token {
+            None => m.ttft.observe(now.duration_since(s.submitted).as_secs_f64()),
+            Some(prev) => m.inter_token.observe(now.duration_since(prev).as_secs_f64()),
+        }
+        s.last_token = Some(now);
+        m.tokens_generated.fetch_add(1, Relaxed);
+        s.next = None;
+        let step = match s.out.accept(t, s.tokens.len() + 1 < ctx) {
+            Ok(step) => step,
+            Err(e) => return Some(Err(JobError::new(JobErrorKind::Internal, format!("detokenizing: {e}")))),
+        };
+        if !step.release.is_empty() && !s.events.send(Event::Text(step.release)) {
+            return Some(Ok(FinishReason::Cancelled));
+        }
+        if let Some(finish) = step.done {
+            return Some(Ok(finish));
+        }
+        s.next = Some(t);
+        None
+    }
+}
