@@ -6,15 +6,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use engram_engine::SamplingParams;
-use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 
 /// Model, threads and cache flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A GGUF file or a Hugging Face folder. Default: the embedded fixture
-    /// model, generated on first use in the data directory.
+    /// A GGUF file or a Hugging Face folder. Default: the embedded pycode-7m
+    /// (a small trained Python-code model, Q8_0), written on first use into the data directory.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Worker threads (default: physical cores).
@@ -121,12 +120,40 @@ pub fn data_dir(arg: &Option<PathBuf>) -> PathBuf {
     base.join("engram")
 }
 
-/// The embedded default model: the `tiny` fixture's Q8_0 GGUF, generated on first use.
+/// The default model's file name, in `<data-dir>/models/`.
+pub const DEFAULT_MODEL_FILE: &str = "pycode-7m-q8_0.gguf";
+
+/// The default model's bytes: `models/pycode-7m/pycode-7m-q8_0.gguf`, the
+/// small trained Python-code model, embedded so that no download and no
+/// checkout is needed at run time.
+static DEFAULT_MODEL: &[u8] = include_bytes!("../../../models/pycode-7m/pycode-7m-q8_0.gguf");
+
+/// The embedded default model (pycode-7m, Q8_0) as a file: `<data>/models/pycode-7m-q8_0.gguf`.
+/// Invariant: the returned file holds exactly the embedded bytes. It is
+/// written once (a temporary file renamed into place, so a reader never sees
+/// a partial file) and reused while its bytes match; a damaged or stale copy is
+/// replaced.
 pub fn default_model(data: &Path) -> Result<PathBuf> {
     let dir = data.join("models");
-    let files = engram_fixture::ensure(Shape::Tiny, &dir, &[GgufFormat::Q8_0], &mut |msg| eprintln!("[default model] {msg}"))
-        .context("generating the default model")?;
-    Ok(files.gguf(GgufFormat::Q8_0).expect("tiny fits q8_0").to_path_buf())
+    let path = dir.join(DEFAULT_MODEL_FILE);
+    let intact = std::fs::metadata(&path).is_ok_and(|m| m.len() == DEFAULT_MODEL.len() as u64)
+        && std::fs::read(&path).is_ok_and(|b| b == DEFAULT_MODEL);
+    if !intact {
+        use std::io::Write;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut tmp = tempfile::NamedTempFile::new_in(&dir).with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+        tmp.write_all(DEFAULT_MODEL)?;
+        // NOTE: a temporary file is created 0600; the model is no secret.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        }
+        tmp.as_file().sync_all()?;
+        tmp.persist(&path).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("[default model] wrote pycode-7m (Q8_0, {:.1} MiB) to {}", DEFAULT_MODEL.len() as f64 / (1 << 20) as f64, path.display());
+    }
+    Ok(path)
 }
 
 /// Sets threads and loads the model named by `args` (or the default).

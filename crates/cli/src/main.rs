@@ -7,6 +7,7 @@ mod bench_speed;
 mod cache_cmd;
 mod chat;
 mod common;
+mod convert_cmd;
 mod fixture_cmd;
 mod generate;
 mod serve;
@@ -31,6 +32,8 @@ enum Command {
     Serve(serve::Args),
     /// Write a deterministic random-weight model (HF folder + GGUF files).
     Fixture(fixture_cmd::Args),
+    /// Convert a Llama-family Hugging Face folder to a GGUF file (f32, f16, bf16, q8_0, q4_0).
+    Convert(convert_cmd::Args),
     /// Persisted KV cache entries: ls, inspect, rm, pin, unpin, gc.
     Cache(cache_cmd::Args),
     /// Benchmarks.
@@ -63,6 +66,7 @@ fn main() {
         Command::Chat(a) => chat::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Fixture(a) => fixture_cmd::run(a),
+        Command::Convert(a) => convert_cmd::run(a),
         Command::Cache(a) => cache_cmd::run(a),
         Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
         Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
