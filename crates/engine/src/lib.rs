@@ -13,6 +13,7 @@ mod decoding;
 mod error;
 mod generate;
 pub mod metrics;
+pub mod policy;
 mod rng;
 mod sampling;
 pub mod scheduler;
@@ -22,7 +23,10 @@ pub use decoding::{Accepted, Decoding};
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
 pub use metrics::Metrics;
+pub use policy::{ContextPolicy, PolicyStats, Retired};
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
-pub use scheduler::{run_engine, Command, DiskConfig, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig};
+pub use scheduler::{
+    default_policy, run_engine, run_engine_with, Command, DiskConfig, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig,
+};
 pub use stop::StopMatcher;

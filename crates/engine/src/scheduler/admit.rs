@@ -40,16 +40,13 @@ impl Engine<'_> {
                 self.sessions.pin_owner(&job.tenant);
             }
             let tok = &self.model.tokenizer;
-            let c = match &job.text {
-                Some(text) => match self.sessions.checkout(&job.tenant, job.session.as_deref(), text, job.add_special, tok) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        self.pending.fetch_sub(1, Relaxed);
-                        tx.send(Event::Failed(JobError::new(JobErrorKind::BadRequest, format!("tokenizing the prompt: {e}"))));
-                        continue;
-                    }
-                },
-                None => self.sessions.checkout_tokens(&job.tenant, job.session.as_deref(), &job.prompt),
+            let c = match self.sessions.admit(&job.tenant, job.session.as_deref(), job.text.as_deref(), job.add_special, &job.prompt, tok) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.pending.fetch_sub(1, Relaxed);
+                    tx.send(Event::Failed(JobError::new(JobErrorKind::BadRequest, format!("tokenizing the prompt: {e}"))));
+                    continue;
+                }
             };
             // Restored from disk with its checksum still running: keep the job to
             // admit it again, matched anew, should the file prove corrupt.

@@ -40,6 +40,7 @@ use engram_model::Model;
 use crate::decoding::Decoding;
 use crate::generate::FinishReason;
 use crate::metrics::Metrics;
+use crate::policy::{ContextPolicy, Retired};
 use crate::sampling::SamplingParams;
 
 mod admit;
@@ -173,7 +174,38 @@ pub fn run_engine(
     pending: Arc<AtomicUsize>,
     rx: Receiver<Command>,
 ) {
-    Engine::new(model, pool, config, metrics, pending).run(rx)
+    let policy = default_policy(model, &pool, &config);
+    run_engine_with(model, pool, config, policy, metrics, pending, rx)
+}
+
+/// [`run_engine`] with a context policy of the caller's (the seam seed policies plug into).
+pub fn run_engine_with(
+    model: &Model,
+    pool: KvPool,
+    config: SchedulerConfig,
+    policy: Box<dyn ContextPolicy>,
+    metrics: Arc<Metrics>,
+    pending: Arc<AtomicUsize>,
+    rx: Receiver<Command>,
+) {
+    Engine::new(model, pool, config, policy, metrics, pending).run(rx)
+}
+
+/// Today's behaviour: a [`SessionStore`] (sessions matched by characters, the shared prefix
+/// index, persistence to `config.disk` when given).
+pub fn default_policy(model: &Model, pool: &KvPool, config: &SchedulerConfig) -> Box<dyn ContextPolicy> {
+    let mut sessions = SessionStore::new(pool.clone(), model.fingerprint).with_max_sessions(config.max_sessions);
+    if let Some(d) = &config.disk {
+        let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
+        match engram_context::PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {
+            Ok(p) => {
+                sessions = sessions.with_disk(p, model.config.vocab);
+                tracing::info!("{} persisted sessions found in {}", sessions.on_disk_count(), d.dir.display());
+            }
+            Err(e) => tracing::warn!("sessions will not persist: {e}"),
+        }
+    }
+    Box::new(sessions)
 }
 
 /// What a request whose owner was forgotten (a deleted agent) before it ran gets.
@@ -228,7 +260,10 @@ struct Engine<'m> {
     config: SchedulerConfig,
     metrics: Arc<Metrics>,
     pending: Arc<AtomicUsize>,
-    sessions: SessionStore,
+    /// What is reused, kept, evicted and persisted (`policy.rs`).
+    sessions: Box<dyn ContextPolicy>,
+    /// Whether the policy may have background work (asked again after every retirement).
+    idle_work: bool,
     waiting: VecDeque<(Job, Box<dyn EventSink>, Instant)>,
     active: Vec<Seq<'m>>,
     next_id: u64,
@@ -237,20 +272,17 @@ struct Engine<'m> {
 }
 
 impl<'m> Engine<'m> {
-    fn new(model: &'m Model, pool: KvPool, config: SchedulerConfig, metrics: Arc<Metrics>, pending: Arc<AtomicUsize>) -> Self {
+    fn new(
+        model: &'m Model,
+        pool: KvPool,
+        config: SchedulerConfig,
+        sessions: Box<dyn ContextPolicy>,
+        metrics: Arc<Metrics>,
+        pending: Arc<AtomicUsize>,
+    ) -> Self {
         metrics.kv_bytes_budget.store(pool.budget() as u64, Relaxed);
-        let mut sessions = SessionStore::new(pool.clone(), model.fingerprint).with_max_sessions(config.max_sessions);
-        if let Some(d) = &config.disk {
-            let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
-            match engram_context::PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {
-                Ok(p) => {
-                    sessions = sessions.with_disk(p, model.config.vocab);
-                    tracing::info!("{} persisted sessions found in {}", sessions.on_disk_count(), d.dir.display());
-                }
-                Err(e) => tracing::warn!("sessions will not persist: {e}"),
-            }
-        }
         Engine {
+            idle_work: true,
             model,
             pool,
             config,
@@ -271,9 +303,22 @@ impl<'m> Engine<'m> {
                 if !open {
                     break;
                 }
-                match rx.recv() {
-                    Ok(c) => self.command(c),
-                    Err(_) => break,
+                if self.idle_work {
+                    // The idle hook: one slice of the policy's background work per pass, so a
+                    // job that arrives meanwhile waits at most one slice.
+                    match rx.try_recv() {
+                        Ok(c) => self.command(c),
+                        Err(TryRecvError::Empty) => {
+                            self.idle_work = self.sessions.idle_slice();
+                            continue;
+                        }
+                        Err(TryRecvError::Disconnected) => open = false,
+                    }
+                } else {
+                    match rx.recv() {
+                        Ok(c) => self.command(c),
+                        Err(_) => break,
+                    }
                 }
             }
             loop {
@@ -303,10 +348,11 @@ impl<'m> Engine<'m> {
     fn refresh_gauges(&self) {
         let m = &self.metrics;
         m.kv_bytes_used.store(self.pool.used() as u64, Relaxed);
-        m.sessions_idle.store(self.sessions.len() as u64, Relaxed);
-        m.sessions_on_disk.store(self.sessions.on_disk_count() as u64, Relaxed);
-        m.sessions_restored.store(self.sessions.restored_count(), Relaxed);
-        m.disk_bytes_used.store(self.sessions.disk_used_bytes(), Relaxed);
+        let st = self.sessions.stats();
+        m.sessions_idle.store(st.sessions_idle, Relaxed);
+        m.sessions_on_disk.store(st.sessions_on_disk, Relaxed);
+        m.sessions_restored.store(st.sessions_restored, Relaxed);
+        m.disk_bytes_used.store(st.disk_bytes_used, Relaxed);
         m.sequences_running.store(self.active.len() as u64, Relaxed);
         m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
     }
@@ -371,10 +417,18 @@ impl<'m> Engine<'m> {
                 ends.extend_from_slice(s.out.token_ends());
                 ends.truncate(n);
                 let text = p + s.out.decoded();
-                self.sessions.checkin(&s.tenant, &s.session_id, text, s.tokens, ends, kv);
+                self.sessions.retire(Retired { owner: s.tenant, session_id: s.session_id, text, tokens: s.tokens, token_ends: ends, kv });
             }
-            None => self.sessions.checkin(&s.tenant, &s.session_id, String::new(), s.tokens, vec![0; n], kv),
+            None => self.sessions.retire(Retired {
+                owner: s.tenant,
+                session_id: s.session_id,
+                text: String::new(),
+                tokens: s.tokens,
+                token_ends: vec![0; n],
+                kv,
+            }),
         }
+        self.idle_work = true;
     }
 
     fn cancel_gone(&mut self) {

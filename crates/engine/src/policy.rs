@@ -1,0 +1,123 @@
+//! The context-policy seam: what a job reuses, what is kept, evicted and persisted, decided
+//! outside the scheduler. The scheduler calls a [`ContextPolicy`] at admission
+//! ([`ContextPolicy::admit`]), before growing a sequence ([`ContextPolicy::make_room`]),
+//! at retirement ([`ContextPolicy::retire`]) and, when no job is waiting or running, for
+//! background work in slices ([`ContextPolicy::idle_slice`]).
+//!
+//! The default policy is [`SessionStore`]: sessions matched by characters (EXACT / EXTEND /
+//! DIVERGE), the shared prefix index, persistence to the disk tier, one RAM eviction path.
+//!
+//! Invariant: a checkout's cache holds exactly `tokens[..reused]` (what the policy promises
+//! the scheduler); a policy builds caches only through `engram-kv`.
+
+use engram_context::{Checkout, PendingRestore, SessionStore};
+use engram_kv::SeqKv;
+use engram_tokenizer::Tokenizer;
+
+/// A sequence handed back at retirement.
+pub struct Retired {
+    pub owner: String,
+    pub session_id: String,
+    /// The prompt text plus the decoded text (empty for prompts sent as token ids).
+    pub text: String,
+    /// Exactly what `kv` holds.
+    pub tokens: Vec<u32>,
+    /// Per token, where its text ends in `text` (zeros for id prompts).
+    pub token_ends: Vec<usize>,
+    pub kv: SeqKv,
+}
+
+/// Gauges a policy reports (the server's `/metrics`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PolicyStats {
+    pub sessions_idle: u64,
+    pub sessions_on_disk: u64,
+    pub sessions_restored: u64,
+    pub disk_bytes_used: u64,
+}
+
+/// Decides what each sequence reuses and what is kept. See the module doc.
+pub trait ContextPolicy: Send {
+    /// What `owner` reuses for a prompt given as `text` (matched by characters; `add_special`
+    /// is how it tokenizes cold) or, with `text` `None`, as the token ids `prompt`.
+    fn admit(
+        &mut self,
+        owner: &str,
+        session: Option<&str>,
+        text: Option<&str>,
+        add_special: bool,
+        prompt: &[u32],
+        tok: &Tokenizer,
+    ) -> Result<Checkout, String>;
+
+    /// `owner`'s saved state is pinned on disk (a named agent's).
+    fn pin_owner(&mut self, owner: &str);
+
+    /// Frees RAM until `bytes` more fit the KV budget; whether they do.
+    fn make_room(&mut self, bytes: usize) -> bool;
+
+    /// Waits for a restored file's checksum; true if it is sound (see [`Checkout::restore`]).
+    fn verify_restore(&mut self, restore: PendingRestore) -> bool;
+
+    /// Keeps (or drops) a finished sequence.
+    fn retire(&mut self, retired: Retired);
+
+    /// Drops everything kept for `owner`, in RAM and on disk.
+    fn forget_owner(&mut self, owner: &str);
+
+    /// Gauges for metrics.
+    fn stats(&self) -> PolicyStats;
+
+    /// Runs one slice of background work (precomputing a likely next prompt, compacting,
+    /// prefetching) while nothing waits: short enough that a job arriving meanwhile waits at
+    /// most this one slice. Returns whether more work remains. The default has none.
+    fn idle_slice(&mut self) -> bool {
+        false
+    }
+}
+
+impl ContextPolicy for SessionStore {
+    fn admit(
+        &mut self,
+        owner: &str,
+        session: Option<&str>,
+        text: Option<&str>,
+        add_special: bool,
+        prompt: &[u32],
+        tok: &Tokenizer,
+    ) -> Result<Checkout, String> {
+        match text {
+            Some(text) => self.checkout(owner, session, text, add_special, tok).map_err(|e| e.to_string()),
+            None => Ok(self.checkout_tokens(owner, session, prompt)),
+        }
+    }
+
+    fn pin_owner(&mut self, owner: &str) {
+        SessionStore::pin_owner(self, owner)
+    }
+
+    fn make_room(&mut self, bytes: usize) -> bool {
+        SessionStore::make_room(self, bytes)
+    }
+
+    fn verify_restore(&mut self, restore: PendingRestore) -> bool {
+        SessionStore::verify_restore(self, restore)
+    }
+
+    fn retire(&mut self, r: Retired) {
+        self.checkin(&r.owner, &r.session_id, r.text, r.tokens, r.token_ends, r.kv)
+    }
+
+    fn forget_owner(&mut self, owner: &str) {
+        SessionStore::forget_owner(self, owner)
+    }
+
+    fn stats(&self) -> PolicyStats {
+        PolicyStats {
+            sessions_idle: self.len() as u64,
+            sessions_on_disk: self.on_disk_count() as u64,
+            sessions_restored: self.restored_count(),
+            disk_bytes_used: self.disk_used_bytes(),
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! The idle hook: a policy's background work runs in slices while nothing waits, and a job
+//! that arrives meanwhile waits at most one slice — counted, not timed: the slices that run
+//! between a submission and its admission are at most one. The measured wait is printed.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use engram_context::{Checkout, PendingRestore, SessionStore};
+use engram_engine::{
+    run_engine_with, Command, ContextPolicy, Event, EventSink, Job, Metrics, PolicyStats, Retired, SamplingParams, SchedulerConfig,
+};
+use engram_fixture::{GgufFormat, Shape};
+use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_model::Model;
+use engram_tokenizer::Tokenizer;
+
+const SLICE: Duration = Duration::from_millis(15);
+
+/// The default policy plus endless background work in `SLICE`-long slices, counted.
+struct Busy {
+    inner: SessionStore,
+    slices: Arc<AtomicUsize>,
+    /// The slice count when each job was admitted.
+    admitted_at: Arc<Mutex<Vec<usize>>>,
+}
+
+impl ContextPolicy for Busy {
+    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
+        self.admitted_at.lock().unwrap().push(self.slices.load(SeqCst));
+        self.inner.admit(o, s, t, a, p, tok)
+    }
+    fn pin_owner(&mut self, owner: &str) {
+        ContextPolicy::pin_owner(&mut self.inner, owner)
+    }
+    fn make_room(&mut self, bytes: usize) -> bool {
+        ContextPolicy::make_room(&mut self.inner, bytes)
+    }
+    fn verify_restore(&mut self, r: PendingRestore) -> bool {
+        ContextPolicy::verify_restore(&mut self.inner, r)
+    }
+    fn retire(&mut self, r: Retired) {
+        self.inner.retire(r)
+    }
+    fn forget_owner(&mut self, owner: &str) {
+        ContextPolicy::forget_owner(&mut self.inner, owner)
+    }
+    fn stats(&self) -> PolicyStats {
+        self.inner.stats()
+    }
+    fn idle_slice(&mut self) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < SLICE {
+            std::hint::spin_loop();
+        }
+        self.slices.fetch_add(1, SeqCst);
+        true
+    }
+}
+
+/// Records when `Started` arrives.
+struct Started(Arc<Mutex<Option<Instant>>>, Arc<AtomicUsize>);
+
+impl EventSink for Started {
+    fn send(&self, e: Event) -> bool {
+        match e {
+            Event::Started { .. } => *self.0.lock().unwrap() = Some(Instant::now()),
+            Event::Finished { .. } | Event::Failed(_) => {
+                self.1.fetch_add(1, SeqCst);
+            }
+            Event::Text(_) => {}
+        }
+        true
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_job_arriving_during_idle_work_waits_at_most_one_slice() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
+    let slices = Arc::new(AtomicUsize::new(0));
+    let admitted_at = Arc::new(Mutex::new(Vec::new()));
+    let policy =
+        Busy { inner: SessionStore::new(pool.clone(), model.fingerprint), slices: slices.clone(), admitted_at: admitted_at.clone() };
+    let (tx, rx) = mpsc::channel();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let engine = {
+        let (model, pending) = (model.clone(), pending.clone());
+        std::thread::spawn(move || {
+            run_engine_with(&model, pool, SchedulerConfig::default(), Box::new(policy), Arc::new(Metrics::default()), pending, rx)
+        })
+    };
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut waits = Vec::new();
+    for round in 0..6 {
+        // Let background work run, then arrive at some point inside a slice.
+        std::thread::sleep(SLICE * 3 + Duration::from_millis(round * 4));
+        let before = slices.load(SeqCst);
+        assert!(before > 0, "background work ran while idle");
+        let started = Arc::new(Mutex::new(None));
+        let prompt = model.tokenizer.encode("def f(x):", true).unwrap().ids;
+        let job = Job {
+            tenant: "t".into(),
+            session: None,
+            text: None,
+            add_special: true,
+            prompt,
+            params: SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() },
+            pinned: false,
+        };
+        pending.fetch_add(1, SeqCst);
+        let submitted = Instant::now();
+        tx.send(Command::Submit(job, Box::new(Started(started.clone(), done.clone())), submitted)).unwrap();
+        while done.load(SeqCst) <= round as usize {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let at = *admitted_at.lock().unwrap().last().unwrap();
+        assert!(at - before <= 1, "round {round}: {} slices ran between the submission and the admission", at - before);
+        waits.push(started.lock().unwrap().expect("started").duration_since(submitted));
+    }
+    drop(tx);
+    // The engine keeps slicing while idle; with the sender gone it stops at the next pass.
+    engine.join().unwrap();
+    let worst = waits.iter().max().unwrap();
+    eprintln!("slice {SLICE:?}: submission to Started, worst of {}: {worst:?} (all: {waits:?})", waits.len());
+}
