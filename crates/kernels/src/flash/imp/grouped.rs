@@ -71,7 +71,7 @@ impl Flash {
             let q = &queued[c];
             let causal = self.causal(b, q.key_pos0 + q.n - 1);
             let vis = KeyVisibility { pos0: q.key_pos0, mask: q.mask.as_ref().map(|m| &m[..]), ..KeyVisibility::default() };
-            self.softmax::<false, true>(b, slot, q.n, &vis, causal);
+            self.softmax::<false, true, false>(b, slot, q.n, &vis, causal);
         }
         if let Some(&(_, c)) = items.last() {
             self.group_values(c, (items.len() - 1) % 2);

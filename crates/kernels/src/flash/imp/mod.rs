@@ -257,6 +257,9 @@ impl Flash {
     unsafe fn attend_packed<const EXACT: bool>(&mut self, n: usize, vis: &KeyVisibility<'_>) {
         configure();
         let (lo, hi) = vis.span(n);
+        // Keys at named positions or a per-row mask: the softmax's general instance; else
+        // the one for contiguous keys (no per-key position or row-mask work at all).
+        let general = vis.positions.is_some() || vis.row_mask.is_some();
         let share = self.prefetch_share(self.blocks);
         // Exact, or bf16 with head dims over 64 (the grouped path takes the rest): the next
         // block's scores are issued before this block's softmax, into the other scratch slot
@@ -274,7 +277,11 @@ impl Flash {
                 self.scores::<EXACT>(nb, 1 - slot);
             }
             let c = self.causal(b, hi);
-            self.softmax::<EXACT, false>(b, slot, n, vis, c);
+            if general {
+                self.softmax::<EXACT, false, true>(b, slot, n, vis, c);
+            } else {
+                self.softmax::<EXACT, false, false>(b, slot, n, vis, c);
+            }
             self.accumulate::<EXACT>(b, slot);
             slot = 1 - slot;
         }
@@ -384,7 +391,7 @@ impl Flash {
     /// maximum moves only past [`LAZY_MAX`], and the accumulators are the ones held in
     /// tiles ([`Self::rescale_tiles`]).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512dq")]
-    unsafe fn softmax<const EXACT: bool, const LAZY: bool>(
+    unsafe fn softmax<const EXACT: bool, const LAZY: bool, const GENERAL: bool>(
         &mut self,
         b: usize,
         slot: usize,
@@ -393,7 +400,7 @@ impl Flash {
         causal: bool,
     ) {
         let mask = vis.mask;
-        let row_mask = vis.row_mask.map(|m| &m[b * CHUNK..(b + 1) * CHUNK]);
+        let row_mask = if GENERAL { vis.row_mask.map(|m| &m[b * CHUNK..(b + 1) * CHUNK]) } else { None };
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let s = self.s.as_mut_ptr().add(slot * 2 * T) as *mut f32;
         let qpos = _mm512_loadu_si512(self.qpos[b].as_ptr() as *const _);
@@ -425,10 +432,16 @@ impl Flash {
                 let hidden = i >= n || mask.is_some_and(|m| !m[i]);
                 if hidden {
                     x = ninf;
+                } else if !GENERAL {
+                    if causal {
+                        // Visible to a row iff key position <= row position (unsigned compare).
+                        let kp = _mm512_set1_epi32((vis.pos0 + i) as i32);
+                        let seen = _mm512_cmple_epu32_mask(kp, qpos);
+                        x = _mm512_mask_blend_ps(seen, ninf, x);
+                    }
                 } else {
                     let mut seen: __mmask16 = row_mask.map_or(0xffff, |m| m[i]);
                     if causal {
-                        // Visible to a row iff key position <= row position (unsigned compare).
                         let kp = _mm512_set1_epi32(vis.position(i) as i32);
                         seen &= _mm512_cmple_epu32_mask(kp, qpos);
                     }
