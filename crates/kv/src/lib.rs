@@ -30,6 +30,7 @@ mod block;
 pub mod disk;
 mod error;
 mod format;
+mod pending;
 pub mod persist;
 mod pool;
 mod seq;
@@ -40,6 +41,7 @@ pub use block::{Block, BLOCK_TOKENS};
 pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport};
 pub use error::KvError;
 pub use format::KvFormat;
+pub use pending::PendingRows;
 pub use persist::{
     cache_fingerprint, cache_key, open_entry, read_entry, read_meta, write_entry, ChecksumCheck, EntryInfo, EntryKind, EntryMeta,
     PersistError,

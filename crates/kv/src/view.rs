@@ -25,6 +25,7 @@ use std::sync::Arc;
 use engram_model::{KvCache, KvChunk, KvData, KvElem, KvRead};
 
 use crate::block::{Block, BLOCK_TOKENS};
+use crate::pending::PendingRows;
 use crate::seq::SeqKv;
 use crate::tail::Tail;
 
@@ -35,6 +36,8 @@ enum SpanRows {
     Block(Arc<Block>),
     /// A quantized sequence's recent window (f16 rows in the block layout).
     Window(Arc<Tail>),
+    /// A block's rows that arrive layer by layer (`pending.rs`); a reader waits for its layer.
+    Pending(Arc<PendingRows>),
 }
 
 /// Slots `start .. start + len` of one block (or recent window) at logical positions, for a
@@ -79,6 +82,16 @@ impl Span {
         assert_eq!(positions.len(), self.len, "Span::at_positions: one position per token");
         self.positions = positions.into();
         self
+    }
+
+    /// Slots `slots` (within one block, `< 32`) of rows still to arrive, at `positions`, for
+    /// every head: the reader asks for each layer when it needs it and waits for it.
+    pub fn pending(rows: Arc<PendingRows>, slots: Range<usize>, positions: &[u32]) -> Span {
+        assert!(
+            slots.end <= BLOCK_TOKENS && slots.len() == positions.len() && !slots.is_empty(),
+            "Span::pending: one block's slots, one position each"
+        );
+        Span { rows: SpanRows::Pending(rows), start: slots.start, len: slots.len(), positions: positions.into(), heads: u64::MAX }
     }
 
     fn selects(&self, head: usize) -> bool {
@@ -164,14 +177,19 @@ impl KvView {
             if head.is_some_and(|h| !span.selects(h)) || span.len == 0 {
                 continue;
             }
-            let (elem, bytes, sec) = match &span.rows {
-                SpanRows::Block(b) => (self.own.pool().elem(), b.bytes(), sec),
-                SpanRows::Window(t) => (KvElem::F16, &t.bytes[..], tsec),
+            let fetched;
+            let (elem, bytes, sec, first) = match &span.rows {
+                SpanRows::Block(b) => (self.own.pool().elem(), b.bytes(), sec, 2 * layer * sec),
+                SpanRows::Window(t) => (KvElem::F16, &t.bytes[..], tsec, 2 * layer * tsec),
+                SpanRows::Pending(p) => {
+                    fetched = p.wait(layer);
+                    (self.own.pool().elem(), &fetched[..], sec, 0)
+                }
             };
             let rb = elem.row_bytes(layout.head_dim);
             // Row `h * 32 + start + t` of the block is row `h * 32 + t` of the slice.
-            let k = &bytes[2 * layer * sec + span.start * rb..(2 * layer + 1) * sec];
-            let v = &bytes[(2 * layer + 1) * sec + span.start * rb..(2 * layer + 2) * sec];
+            let k = &bytes[first + span.start * rb..first + sec];
+            let v = &bytes[first + sec + span.start * rb..first + 2 * sec];
             f(&KvChunk {
                 first_pos: span.positions[0] as usize,
                 positions: Some(&span.positions),

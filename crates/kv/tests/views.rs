@@ -197,3 +197,68 @@ fn a_span_for_one_head_is_read_by_that_head_only() {
     assert_eq!(numbers(0), (0..10).chain(40..43).collect::<Vec<_>>());
     assert_eq!(numbers(1), (0..43).collect::<Vec<_>>());
 }
+
+/// Rows not in RAM (`PendingRows`): the reader asks for its layer and waits; once they
+/// arrive, attention equals the same rows read from RAM, bitwise. Their bytes are charged
+/// from creation to drop.
+#[test]
+fn rows_that_arrive_later_equal_rows_in_ram() {
+    use engram_kv::PendingRows;
+    use std::sync::{mpsc, Mutex};
+    use std::time::{Duration, Instant};
+
+    let mut s = 11;
+    let pool = KvPool::new(LAYOUT, KvFormat::F16, 16 << 20);
+    let a = random_seq(&pool, 40, &mut s);
+    let sec = pool.section_bytes();
+    let block0 = a.blocks()[0].bytes().to_vec();
+    let positions: Vec<u32> = (0..32).collect();
+
+    let before = pool.used();
+    let (ask, asked) = mpsc::channel::<usize>();
+    let ask = Mutex::new(ask);
+    let rows = PendingRows::new(&pool, move |layer| ask.lock().unwrap().send(layer).unwrap()).unwrap();
+    assert_eq!(pool.used(), before + pool.block_bytes(), "charged before anything arrives");
+    let fetcher = {
+        let rows = rows.clone();
+        std::thread::spawn(move || {
+            let layer = asked.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            rows.fill(layer, &block0[2 * layer * sec..(2 * layer + 2) * sec]);
+            layer
+        })
+    };
+    let own = |s: &mut u64| random_seq(&pool, 3, s);
+    let (mut s1, mut s2) = (99, 99);
+    let in_ram = KvView::new(a.spans(0..32), own(&mut s1));
+    let later = KvView::new(vec![Span::pending(rows.clone(), 0..32, &positions)], own(&mut s2));
+    let q: Vec<f32> = (0..HEADS * GROUP * HD).map(|_| rnd(&mut s)).collect();
+    let pos = [40u32];
+    for (precision, head) in [(AttentionPrecision::Exact, 0), (AttentionPrecision::Bf16, 1)] {
+        let run = |kv: &KvView| -> Vec<f32> {
+            attend(&AttnTask {
+                kv,
+                layer: 0,
+                q: &q,
+                num_queries: 1,
+                positions: &pos,
+                key_mask: None,
+                kv_head: head,
+                group: GROUP,
+                head_dim: HD,
+                num_heads: HEADS * GROUP,
+                precision,
+            })
+        };
+        let t = Instant::now();
+        let got = run(&later);
+        if head == 0 {
+            assert!(t.elapsed() >= Duration::from_millis(15), "the first read waited for the rows");
+        }
+        assert_eq!(got, run(&in_ram), "{precision:?}: rows that arrived later differ");
+    }
+    assert_eq!(fetcher.join().unwrap(), 0, "the reader asked for layer 0");
+    drop((later, rows));
+    drop(in_ram);
+    assert_eq!(pool.used(), before, "released with the last reader");
+}
