@@ -6,8 +6,8 @@
 //!  <dir>/.<name>.tmp-<pid>-<n>   an interrupted write; deleted by `open`
 //! ```
 //! Invariants:
-//! * `used_bytes() <= budget` after every `put` and `gc` (SYSTEM.md invariant
-//!   5): `put` evicts first, and refuses an entry that cannot fit with a
+//! * `used_bytes() <= budget` after every `put` and `gc` (the project's
+//!   budget invariant, ARCHITECTURE.md (5)): `put` evicts first, and refuses an entry that cannot fit with a
 //!   clear error. During a replacement the temp file is counted too.
 //! * Pinned entries are never evicted.
 //! * Nothing on disk is trusted: files that fail validation are deleted with

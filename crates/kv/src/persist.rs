@@ -21,7 +21,7 @@
 //! each length-prefixed) followed by the tensor bytes (`kv`, then `window`).
 //!
 //! Invariants:
-//! * Nothing read is trusted (SYSTEM.md invariant 3): any byte string either
+//! * Nothing read is trusted (ARCHITECTURE.md invariant (3)): any byte string either
 //!   yields exactly an entry that was written or a [`PersistError`] naming the
 //!   file and the reason. Never a panic; the only allocation before
 //!   validation is the header, bounded by [`MAX_HEADER_BYTES`].

@@ -1,7 +1,7 @@
 //! The interface through which attention reads and writes keys and values.
 //!
-//! The model never owns a cache (STYLE.md: "the cache is passed in from
-//! outside"): the KV store implements [`KvCache`] for one sequence and the
+//! The model never owns a cache (the cache is passed in from outside): the
+//! KV store implements [`KvCache`] for one sequence and the
 //! forward pass calls it. Keys are stored *after* RoPE, so attention reads
 //! them without rotating; moving cached tokens to new positions is the KV
 //! store's job (it re-rotates by the position delta).
