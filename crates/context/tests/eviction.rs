@@ -1,0 +1,832 @@
+//! A state machine over the session store and the KV store (issue 13, item 6): random runs of
+//! checkouts (EXTEND / DIVERGE / EXACT / new) whose prompts go through the `tiny` model and are
+//! checked in, forks, truncations, moves of slots to new positions (`SeqKv::move_slots`), views
+//! over a held sequence's spans, `SessionStore::make_room` (the one RAM eviction path) and,
+//! with a disk tier, restarts that drop every RAM session so later checkouts restore them
+//! from their files — all in a pool whose budget is a few sessions' worth.
+//!
+//! After every operation:
+//! 1. `pool.used()` equals the bytes of the distinct live blocks (and recent windows). The
+//!    test sees the blocks of every session (`sessions_of`) and of every sequence it holds;
+//!    the prefix index only says how many entries it has. A block's `Arc::strong_count` minus
+//!    the references the test knows of is the number of index entries holding it (0 or 1,
+//!    asserted), so distinct blocks = blocks seen + index entries − index entries that hold a
+//!    block seen. The persistence thread's forks are gone after `flush()`, which runs first.
+//! 2. `pool.used() <= pool.budget()`.
+//! 3. Every answer equals a cold run over the same tokens at the same positions on a fresh
+//!    sequence in another pool (f32 KV: last-prompt-token logits within 1e-5 relative, greedy
+//!    tokens equal): after each checkout, after a sequence is extended, after a move that
+//!    keeps every token's relative distances (a whole-sequence shift), and through a view.
+//!
+//! `make_room` is checked as the policy it documents: nothing evicted when the bytes already
+//! fit; idle prefix blocks first (exactly `ceil(missing / block)` of them when they suffice,
+//! no session touched); sessions least recently used first; offloaded to the disk tier, not
+//! forgotten; `false` only when nothing evictable is left; `true` only when the bytes fit —
+//! and a reservation of at most those bytes then succeeds. A move never changes a sequence
+//! that shares its blocks (every other sequence's rows compared bitwise).
+//!
+//! A q8 run checks the accounting with recent windows (charged per distinct window; answers
+//! are not compared there: reused q8 KV is not bitwise a cold run's).
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
+
+use engram_context::{MatchKind, PersistedSessions, SessionStore};
+use engram_fixture::{GgufFormat, Shape};
+use engram_kv::{Block, EvictionPolicy, KvFormat, KvLayout, KvPool, KvView, SeqKv, BLOCK_TOKENS};
+use engram_model::{KvCache, Logits, Model, SeqStep};
+use engram_tokenizer::StreamDecoder;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+fn model() -> &'static Model {
+    static M: OnceLock<(tempfile::TempDir, Model)> = OnceLock::new();
+    &M.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let f = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+        let m = Model::load(&f.hf_dir).unwrap();
+        (dir, m)
+    })
+    .1
+}
+
+const OWNERS: [&str; 3] = ["ana", "bo", "cy"];
+/// About 75 tokens: two full blocks the prefix index shares between owners, and a partial one.
+const SYSTEM: &str = "System: you are a careful assistant who remembers blocks, budgets and every session you evicted. \
+                      Answer briefly; never guess; keep each owner's facts apart from every other owner's. ";
+const WORDS: [&str; 6] = ["cache ", "block budget ", "evict the oldest ", "é日本 ", "turn ", "a longer user message about sessions "];
+/// Texts longer than this start a new conversation instead of extending (keeps prompts short).
+const MAX_TEXT: usize = 500;
+/// Sequences the test holds at most (the oldest is dropped).
+const MAX_HELD: usize = 3;
+/// Relative tolerance for answers over keys re-rotated by a move: the same 1e-5 (measured
+/// up to 1.6e-6 over 600 cases; re-rotation adds rounding a cold run at those positions does
+/// not have). Kept apart so the report shows both.
+const ROTATED_TOL: f32 = 1e-5;
+const EXACT_TOL: f32 = 1e-5;
+
+fn rel(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let s = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / s
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    // The first maximum, as the engine's greedy sampler picks it.
+    x.iter().enumerate().fold(0, |b, (i, &v)| if v > x[b] { i } else { b }) as u32
+}
+
+/// Runs `tokens` into `kv` from `slot` (at `positions`, or linear) and returns the last token's logits.
+fn step(kv: &mut dyn KvCache, slot: usize, tokens: &[u32], positions: Option<&[u32]>) -> Vec<f32> {
+    let mut s = [SeqStep { tokens, first_pos: slot, positions, key_mask: None, kv, logits: Logits::Last }];
+    model().forward(&mut s).expect("forward").remove(0)
+}
+
+/// Greedy decoding of `n` tokens after `logits`, each fed back into `kv` (positions after `last_pos`).
+fn greedy(kv: &mut dyn KvCache, mut slot: usize, mut logits: Vec<f32>, n: usize, last_pos: Option<u32>) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut pos = last_pos;
+    for _ in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        let p = pos.map(|p| [p + 1]);
+        logits = step(kv, slot, &[t], p.as_ref().map(|p| &p[..]));
+        pos = pos.map(|p| p + 1);
+        slot += 1;
+    }
+    out
+}
+
+/// The cold run: `tokens` at `positions` (or linear) on a fresh sequence in a roomy pool of
+/// `format`, then `n` greedy tokens. Returns (last prompt token's logits, greedy tokens).
+fn cold(format: KvFormat, tokens: &[u32], positions: Option<&[u32]>, n: usize) -> (Vec<f32>, Vec<u32>) {
+    let m = model();
+    let pool = KvPool::new(KvLayout::of(&m.config), format, 1 << 30);
+    let mut kv = SeqKv::new(&pool);
+    kv.reserve(tokens.len() + n).unwrap();
+    let logits = step(&mut kv, 0, tokens, positions);
+    let gen = greedy(&mut kv, tokens.len(), logits.clone(), n, positions.map(|p| p[p.len() - 1]));
+    (logits, gen)
+}
+
+/// Bytes `kv.reserve(n)` may charge at most: new blocks, a copy of a shared partial last
+/// block, a recent window.
+fn need_for(pool: &KvPool, kv: &SeqKv, n: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let len = kv.len();
+    let new_blocks = (len + n).div_ceil(BLOCK_TOKENS) - len.div_ceil(BLOCK_TOKENS);
+    let cow = (!len.is_multiple_of(BLOCK_TOKENS)) as usize;
+    let window = if pool.has_window() { pool.tail_bytes() } else { 0 };
+    (new_blocks + cow) * pool.block_bytes() + window
+}
+
+/// Every layer's keys and values of `kv`, as bits (to compare a sequence before and after
+/// another sequence's move).
+fn digest(kv: &SeqKv) -> Vec<u32> {
+    let layers = model().config.num_layers;
+    let mut out = Vec::new();
+    for l in 0..layers {
+        let (k, v) = kv.read_rows(l, 0..kv.len());
+        out.extend(k.iter().chain(&v).map(|x| x.to_bits()));
+    }
+    out
+}
+
+#[derive(Clone, Copy, Debug)]
+enum How {
+    Extend,
+    Exact,
+    /// Cut the owner's last text at this fraction (of 256) of its characters, then add a word.
+    Diverge(u8),
+    New,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Turn { owner: u8, how: How, word: u8, gen: u8 },
+    ForkSession { owner: u8, pick: u8, frac: u8 },
+    ForkHeld { idx: u8, frac: u8 },
+    Truncate { idx: u8, frac: u8 },
+    ExtendHeld { idx: u8, word: u8 },
+    Move { idx: u8, start: u8, len: u8, shift: u8, whole: bool },
+    View { idx: u8, word: u8 },
+    DropHeld { idx: u8 },
+    MakeRoom { blocks: u8 },
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let how = prop_oneof![
+        3 => Just(How::Extend),
+        1 => Just(How::Exact),
+        2 => any::<u8>().prop_map(How::Diverge),
+        1 => Just(How::New),
+    ];
+    prop_oneof![
+        7 => (0u8..3, how, any::<u8>(), 0u8..8).prop_map(|(owner, how, word, gen)| Op::Turn { owner, how, word, gen }),
+        4 => (0u8..3, any::<u8>(), any::<u8>()).prop_map(|(owner, pick, frac)| Op::ForkSession { owner, pick, frac }),
+        1 => (any::<u8>(), any::<u8>()).prop_map(|(idx, frac)| Op::ForkHeld { idx, frac }),
+        1 => (any::<u8>(), any::<u8>()).prop_map(|(idx, frac)| Op::Truncate { idx, frac }),
+        2 => (any::<u8>(), any::<u8>()).prop_map(|(idx, word)| Op::ExtendHeld { idx, word }),
+        4 => (any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<bool>())
+            .prop_map(|(idx, start, len, shift, whole)| Op::Move { idx, start, len, shift, whole }),
+        2 => (any::<u8>(), any::<u8>()).prop_map(|(idx, word)| Op::View { idx, word }),
+        1 => any::<u8>().prop_map(|idx| Op::DropHeld { idx }),
+        2 => (0u8..16).prop_map(|blocks| Op::MakeRoom { blocks }),
+        1 => Just(Op::Restart),
+    ]
+}
+
+/// A sequence the test holds (as a caller between steps would), with what it must contain.
+struct Held {
+    kv: SeqKv,
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    /// `Some(s)`: tokens from slot `s` on were computed attending to keys whose distances a
+    /// move changed since, so no cold run reproduces them.
+    stale_from: Option<usize>,
+    /// Some keys were re-rotated by a move (answers compared within `ROTATED_TOL`).
+    rotated: bool,
+}
+
+impl Held {
+    fn cold_comparable(&self) -> bool {
+        self.stale_from.is_none()
+    }
+}
+
+/// What happened over a run, to show that the interesting paths were taken.
+#[derive(Default, Debug)]
+struct Stats {
+    ops: usize,
+    turns: usize,
+    kinds: HashMap<&'static str, usize>,
+    refused: usize,
+    cold_compared: usize,
+    bitwise_equal: usize,
+    max_err: f32,
+    max_rotated_err: f32,
+    make_room_calls: usize,
+    used_dropped: usize,
+    sessions_evicted: usize,
+    index_evicted: usize,
+    restores: usize,
+    lost_restores: usize,
+    restarts: usize,
+    moves: usize,
+    moves_refused: usize,
+    views: usize,
+    max_used_blocks: usize,
+}
+
+impl Stats {
+    fn add(&mut self, o: Stats) {
+        self.ops += o.ops;
+        self.turns += o.turns;
+        for (k, v) in o.kinds {
+            *self.kinds.entry(k).or_default() += v;
+        }
+        self.refused += o.refused;
+        self.cold_compared += o.cold_compared;
+        self.bitwise_equal += o.bitwise_equal;
+        self.max_err = self.max_err.max(o.max_err);
+        self.max_rotated_err = self.max_rotated_err.max(o.max_rotated_err);
+        self.make_room_calls += o.make_room_calls;
+        self.used_dropped += o.used_dropped;
+        self.sessions_evicted += o.sessions_evicted;
+        self.index_evicted += o.index_evicted;
+        self.restores += o.restores;
+        self.lost_restores += o.lost_restores;
+        self.restarts += o.restarts;
+        self.moves += o.moves;
+        self.moves_refused += o.moves_refused;
+        self.views += o.views;
+        self.max_used_blocks = self.max_used_blocks.max(o.max_used_blocks);
+    }
+}
+
+/// Distinct live blocks and recent windows, as counted from outside the store.
+struct Census {
+    blocks: usize,
+    /// Prefix index entries no sequence shares (what `make_room` may drop first).
+    idle_index: usize,
+    windows: usize,
+}
+
+struct Machine {
+    pool: KvPool,
+    format: KvFormat,
+    store: SessionStore,
+    disk: Option<tempfile::TempDir>,
+    held: Vec<Held>,
+    /// Each owner's last checked-in text ("" before the first).
+    texts: [String; 3],
+    stats: Stats,
+}
+
+impl Machine {
+    fn new(format: KvFormat, budget_blocks: usize, disk: bool) -> Machine {
+        let m = model();
+        let layout = KvLayout::of(&m.config);
+        let bb = KvPool::new(layout, format, 0).block_bytes();
+        let pool = KvPool::new(layout, format, budget_blocks * bb);
+        let disk = disk.then(|| tempfile::tempdir().unwrap());
+        let store = Self::open(&pool, format, disk.as_ref());
+        Machine { pool, format, store, disk, held: Vec::new(), texts: Default::default(), stats: Stats::default() }
+    }
+
+    fn open(pool: &KvPool, format: KvFormat, disk: Option<&tempfile::TempDir>) -> SessionStore {
+        let m = model();
+        let store = SessionStore::new(pool.clone(), m.fingerprint);
+        match disk {
+            None => store,
+            Some(dir) => {
+                let fp = engram_kv::cache_fingerprint(m.fingerprint, format);
+                let d = PersistedSessions::open(dir.path(), 64 << 20, EvictionPolicy::Lru, fp).unwrap();
+                store.with_disk(d, m.config.vocab)
+            }
+        }
+    }
+
+    fn exact(&self) -> bool {
+        self.format == KvFormat::F32
+    }
+
+    fn sessions(&self) -> Vec<&engram_context::Session> {
+        let mut v: Vec<_> = OWNERS.iter().flat_map(|o| self.store.sessions_of(o)).collect();
+        v.sort_by(|a, b| (&a.owner, &a.id).cmp(&(&b.owner, &b.id)));
+        v
+    }
+
+    fn census(&self, extra: &[&SeqKv]) -> Census {
+        self.store.flush();
+        let sessions = self.sessions();
+        assert_eq!(sessions.len(), self.store.len(), "every session belongs to a known owner");
+        let seqs = sessions.iter().map(|s| &s.kv).chain(self.held.iter().map(|h| &h.kv)).chain(extra.iter().copied());
+        // Block address -> (references the test knows of, strong count).
+        let mut seen: HashMap<*const Block, (usize, usize)> = HashMap::new();
+        let mut windows: HashSet<*const u8> = HashSet::new();
+        for kv in seqs {
+            for b in kv.blocks() {
+                seen.entry(Arc::as_ptr(b)).or_insert((0, Arc::strong_count(b))).0 += 1;
+            }
+            if let Some(w) = kv.window() {
+                windows.insert(w.as_ptr());
+            }
+        }
+        let mut in_index = 0;
+        for (known, strong) in seen.values() {
+            assert!(strong >= known);
+            let hidden = strong - known;
+            assert!(
+                hidden <= 1,
+                "a block has {hidden} holders besides the sessions and the held sequences (the prefix index holds a block once)"
+            );
+            in_index += hidden;
+        }
+        let index = self.store.index().len();
+        assert!(in_index <= index, "{in_index} blocks held by something other than the index's {index} entries");
+        Census { blocks: seen.len() + index - in_index, idle_index: index - in_index, windows: windows.len() }
+    }
+
+    /// Invariants (1) and (2), and the shape of every sequence.
+    fn check(&mut self, extra: &[&SeqKv]) {
+        let c = self.census(extra);
+        let want = c.blocks * self.pool.block_bytes() + c.windows * self.pool.tail_bytes();
+        assert_eq!(
+            self.pool.used(),
+            want,
+            "pool.used() vs {} distinct blocks and {} windows ({} sessions, {} index entries, {} held)",
+            c.blocks,
+            c.windows,
+            self.store.len(),
+            self.store.index().len(),
+            self.held.len()
+        );
+        assert!(self.pool.used() <= self.pool.budget());
+        self.stats.max_used_blocks = self.stats.max_used_blocks.max(c.blocks);
+        for h in &self.held {
+            assert_eq!(h.kv.len(), h.tokens.len());
+            assert_eq!(h.positions.len(), h.tokens.len());
+            for (s, &p) in h.positions.iter().enumerate() {
+                assert_eq!(h.kv.position(s), p as usize, "slot {s}'s position");
+            }
+        }
+        for s in self.sessions() {
+            assert_eq!(s.kv.len(), s.tokens.len(), "a session's cache holds exactly its tokens");
+            assert_eq!(s.token_ends.len(), s.tokens.len());
+            assert!(!s.kv.has_moved_positions());
+        }
+    }
+
+    /// `make_room` with every property it documents checked; `extra`: sequences alive besides
+    /// the sessions and the held ones (the request being admitted).
+    fn make_room(&mut self, bytes: usize, extra: &[&SeqKv]) -> bool {
+        let bb = self.pool.block_bytes();
+        let before = self.census(extra);
+        let used0 = self.pool.used();
+        let index0 = self.store.index().len();
+        let on_disk0 = self.store.on_disk_count();
+        let sessions0: Vec<(String, String, u64)> = self.sessions().iter().map(|s| (s.owner.clone(), s.id.clone(), s.last_used)).collect();
+        let ok = self.store.make_room(bytes);
+        self.stats.make_room_calls += 1;
+        let after = self.census(extra);
+        let used1 = self.pool.used();
+        let index1 = self.store.index().len();
+        let kept: HashSet<(String, String)> = self.sessions().iter().map(|s| (s.owner.clone(), s.id.clone())).collect();
+        let (gone, stayed): (Vec<_>, Vec<_>) = sessions0.iter().partition(|(o, i, _)| !kept.contains(&(o.clone(), i.clone())));
+        let missing = (used0 + bytes).saturating_sub(self.pool.budget());
+        assert!(index1 <= index0 && used1 <= used0, "make_room only frees");
+        if ok {
+            assert!(used1 + bytes <= self.pool.budget(), "make_room said {bytes} bytes fit: used {used1} of {}", self.pool.budget());
+        } else {
+            assert!(
+                self.store.is_empty() && after.idle_index == 0,
+                "make_room gave up with {} sessions and {} idle prefix blocks left",
+                self.store.len(),
+                after.idle_index
+            );
+        }
+        if missing == 0 {
+            assert!(gone.is_empty() && index1 == index0 && used1 == used0, "nothing is evicted when the bytes already fit");
+        } else if before.idle_index * bb >= missing {
+            // Idle prefix blocks suffice: exactly as many as needed go, and no session.
+            assert!(gone.is_empty(), "a session was evicted while idle prefix blocks covered the need");
+            assert_eq!(index0 - index1, missing.div_ceil(bb), "idle prefix blocks evicted for {missing} missing bytes");
+            assert_eq!(used0 - used1, (index0 - index1) * bb);
+        }
+        if let (Some(newest_gone), Some(oldest_kept)) = (gone.iter().map(|s| s.2).max(), stayed.iter().map(|s| s.2).min()) {
+            assert!(newest_gone <= oldest_kept, "sessions are evicted least recently used first");
+        }
+        if self.disk.is_some() {
+            assert_eq!(self.store.on_disk_count(), on_disk0 + gone.len(), "evicted sessions are offloaded to disk, not forgotten");
+        }
+        self.stats.sessions_evicted += gone.len();
+        self.stats.index_evicted += index0 - index1;
+        self.stats.used_dropped += (used1 < used0) as usize;
+        self.check(extra);
+        ok
+    }
+
+    fn apply(&mut self, op: &Op) {
+        self.stats.ops += 1;
+        match *op {
+            Op::Turn { owner, how, word, gen } => self.turn(owner as usize % OWNERS.len(), how, word as usize, gen as usize),
+            Op::ForkSession { owner, pick, frac } => {
+                let name = OWNERS[owner as usize % OWNERS.len()];
+                let mut ss: Vec<_> = self.store.sessions_of(name).collect();
+                if ss.is_empty() {
+                    return;
+                }
+                ss.sort_by(|a, b| a.id.cmp(&b.id));
+                let s = ss[pick as usize % ss.len()];
+                let n = s.kv.len() * frac as usize / 255;
+                let h = Held {
+                    kv: s.kv.fork(n),
+                    tokens: s.tokens[..n].to_vec(),
+                    positions: (0..n as u32).collect(),
+                    stale_from: None,
+                    rotated: false,
+                };
+                self.hold(h);
+            }
+            Op::ForkHeld { idx, frac } => {
+                let Some(i) = self.pick(idx) else { return };
+                let h = &self.held[i];
+                let n = h.kv.len() * frac as usize / 255;
+                let f = Held {
+                    kv: h.kv.fork(n),
+                    tokens: h.tokens[..n].to_vec(),
+                    positions: h.positions[..n].to_vec(),
+                    stale_from: h.stale_from.filter(|&s| s < n),
+                    rotated: h.rotated,
+                };
+                self.hold(f);
+            }
+            Op::Truncate { idx, frac } => {
+                let Some(i) = self.pick(idx) else { return };
+                let h = &mut self.held[i];
+                let n = h.kv.len() * frac as usize / 255;
+                h.kv.truncate(n);
+                h.tokens.truncate(n);
+                h.positions.truncate(n);
+                h.stale_from = h.stale_from.filter(|&s| s < n);
+            }
+            Op::ExtendHeld { idx, word } => {
+                if let Some(i) = self.pick(idx) {
+                    self.extend_held(i, word as usize);
+                }
+            }
+            Op::Move { idx, start, len, shift, whole } => {
+                if let Some(i) = self.pick(idx) {
+                    self.move_slots(i, start, len, shift, whole);
+                }
+            }
+            Op::View { idx, word } => {
+                if let Some(i) = self.pick(idx) {
+                    self.view(i, word as usize);
+                }
+            }
+            Op::DropHeld { idx } => {
+                if let Some(i) = self.pick(idx) {
+                    self.held.remove(i);
+                }
+            }
+            Op::MakeRoom { blocks } => {
+                self.make_room(blocks as usize * self.pool.block_bytes(), &[]);
+            }
+            Op::Restart => {
+                if self.disk.is_none() {
+                    return;
+                }
+                self.store.flush();
+                // Drop the old store (and its writer) before the new one opens the directory.
+                let old = std::mem::replace(&mut self.store, SessionStore::new(self.pool.clone(), model().fingerprint));
+                drop(old);
+                self.store = Self::open(&self.pool, self.format, self.disk.as_ref());
+                self.stats.restarts += 1;
+            }
+        }
+        self.check(&[]);
+    }
+
+    fn pick(&self, idx: u8) -> Option<usize> {
+        (!self.held.is_empty()).then(|| idx as usize % self.held.len())
+    }
+
+    fn hold(&mut self, h: Held) {
+        if self.held.len() >= MAX_HELD {
+            self.held.remove(0);
+        }
+        self.held.push(h);
+    }
+
+    /// Compares hot logits and greedy tokens with the cold run; `tol` relative.
+    fn compare(&mut self, what: &str, hot: &[f32], hot_gen: &[u32], tokens: &[u32], positions: Option<&[u32]>, rotated: bool) {
+        if !self.exact() {
+            assert!(hot.iter().all(|x| x.is_finite()), "{what}: logits are finite");
+            return;
+        }
+        let (cold_logits, cold_gen) = cold(self.format, tokens, positions, hot_gen.len());
+        let err = rel(hot, &cold_logits);
+        let tol = if rotated { ROTATED_TOL } else { EXACT_TOL };
+        assert!(
+            err <= tol,
+            "{what}: logits differ from a cold run over the same {} tokens by {err:e} (rotated keys: {rotated})",
+            tokens.len()
+        );
+        assert_eq!(hot_gen, &cold_gen[..], "{what}: greedy tokens differ from a cold run's");
+        self.stats.cold_compared += 1;
+        if rotated {
+            self.stats.max_rotated_err = self.stats.max_rotated_err.max(err);
+        } else {
+            self.stats.max_err = self.stats.max_err.max(err);
+            self.stats.bitwise_equal += (hot.iter().zip(&cold_logits).all(|(a, b)| a.to_bits() == b.to_bits())) as usize;
+        }
+    }
+
+    fn turn(&mut self, owner: usize, how: How, word: usize, gen: usize) {
+        let m = model();
+        let name = OWNERS[owner];
+        let w = WORDS[word % WORDS.len()];
+        let last = self.texts[owner].clone();
+        let text = match how {
+            _ if last.is_empty() || last.len() > MAX_TEXT => format!("{SYSTEM}{name}: {w}"),
+            How::New => format!("{SYSTEM}{name}: {w}"),
+            How::Extend => format!("{last}{w}"),
+            How::Exact => last.clone(),
+            How::Diverge(f) => {
+                let starts: Vec<usize> = last.char_indices().map(|(i, _)| i).collect();
+                let cut = starts[starts.len() * f as usize / 256];
+                format!("{}{w}", &last[..cut])
+            }
+        };
+        // EXACT is certain when a session has this text and none extends it (a longer one would
+        // tie on common characters, and the more recently used of the two wins).
+        let exact_in_ram = self.store.sessions_of(name).any(|s| s.text == text)
+            && !self.store.sessions_of(name).any(|s| s.text != text && s.text.starts_with(&text));
+        let (on_disk0, restored0) = (self.store.on_disk_count(), self.store.restored_count());
+        let mut co = self.store.checkout(name, None, &text, true, &m.tokenizer).unwrap();
+        if let Some(p) = co.restore.take() {
+            assert!(self.store.verify_restore(p), "a sound session file failed its checksum");
+        }
+        let restored = self.store.restored_count() > restored0;
+        self.stats.restores += restored as usize;
+        if self.store.on_disk_count() < on_disk0 && !restored {
+            // The catalog entry was taken but nothing was restored (see the ignored test below).
+            self.stats.lost_restores += 1;
+        }
+        *self.stats.kinds.entry(co.kind.name()).or_default() += 1;
+        if exact_in_ram {
+            assert_eq!(co.kind, MatchKind::Exact, "the same text as a session in RAM");
+        }
+        assert_eq!(co.kv.len(), co.reused, "a checkout's cache holds tokens[..reused]");
+        assert!(co.reused <= co.tokens.len() && !co.tokens.is_empty());
+        assert_eq!(co.token_ends.len(), co.tokens.len());
+        self.check(&[&co.kv]);
+
+        // As the scheduler does: the last prompt token is always recomputed.
+        let tokens = co.tokens;
+        let n = tokens.len();
+        let keep = co.reused.min(n - 1);
+        let mut kv = co.kv;
+        kv.truncate(keep);
+        let total = n - keep + gen;
+        let need = need_for(&self.pool, &kv, total);
+        let fits = self.make_room(need, &[&kv]);
+        let used0 = self.pool.used();
+        if kv.reserve(total).is_err() {
+            assert!(!fits, "make_room said {need} bytes fit, then reserve refused them");
+            assert_eq!(self.pool.used(), used0, "a refused reservation charges nothing");
+            self.stats.refused += 1;
+            return;
+        }
+        self.stats.turns += 1;
+        let hot = step(&mut kv, keep, &tokens[keep..], None);
+        let hot_gen = greedy(&mut kv, n, hot.clone(), gen, None);
+        self.compare(&format!("{:?} turn of {name} reusing {}", co.kind, co.reused), &hot, &hot_gen, &tokens, None, false);
+
+        // Check in prompt + generated tokens, each generated token's text end as streamed.
+        let mut dec = StreamDecoder::new(&m.tokenizer, &tokens);
+        let mut out = text.clone();
+        let mut ends = co.token_ends;
+        for &t in &hot_gen {
+            out.push_str(&dec.push(t).unwrap());
+            ends.push(out.len());
+        }
+        let mut all = tokens;
+        all.extend(&hot_gen);
+        assert_eq!(kv.len(), all.len());
+        self.store.checkin(name, &co.session_id, out.clone(), all, ends, kv);
+        self.texts[owner] = out;
+    }
+
+    fn extend_held(&mut self, i: usize, word: usize) {
+        let m = model();
+        let w = m.tokenizer.encode(WORDS[word % WORDS.len()], false).unwrap().ids;
+        let need = need_for(&self.pool, &self.held[i].kv, w.len());
+        let fits = self.make_room(need, &[]);
+        let h = &mut self.held[i];
+        let used0 = self.pool.used();
+        if h.kv.reserve(w.len()).is_err() {
+            assert!(!fits, "make_room said {need} bytes fit, then reserve refused them");
+            assert_eq!(self.pool.used(), used0, "a refused reservation charges nothing");
+            self.stats.refused += 1;
+            return;
+        }
+        let first = h.positions.last().map_or(0, |&p| p + 1);
+        let pos: Vec<u32> = (first..first + w.len() as u32).collect();
+        let slot = h.kv.len();
+        let moved = h.positions.iter().enumerate().any(|(s, &p)| p as usize != s);
+        let logits = step(&mut h.kv, slot, &w, moved.then_some(&pos[..]));
+        h.tokens.extend(&w);
+        h.positions.extend(&pos);
+        if h.cold_comparable() {
+            let (tokens, positions, rotated) = (h.tokens.clone(), h.positions.clone(), h.rotated);
+            self.compare("a held sequence extended", &logits, &[], &tokens, Some(&positions), rotated);
+        }
+    }
+
+    fn move_slots(&mut self, i: usize, start: u8, len: u8, shift: u8, whole: bool) {
+        let n = self.held[i].kv.len();
+        if n == 0 {
+            return;
+        }
+        let (a, b) = if whole {
+            (0, n)
+        } else {
+            let a = n * start as usize / 256;
+            (a, a + 1 + len as usize % (n - a))
+        };
+        let old: Vec<u32> = self.held[i].positions.clone();
+        // Forward by up to 191 or back by up to 64 positions (never below 0).
+        let new_first = (old[a] as i64 + shift as i64 - 64).max(0) as usize;
+        let bb = self.pool.block_bytes();
+        let blocks = (b - 1) / BLOCK_TOKENS - a / BLOCK_TOKENS + 1;
+        let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
+        let fits = self.make_room(blocks * bb + window, &[]);
+        // Every other sequence, to show the move changes none of them.
+        let others: Vec<(String, Vec<u32>)> = self
+            .sessions()
+            .iter()
+            .map(|s| (format!("session {}/{}", s.owner, s.id), digest(&s.kv)))
+            .chain(self.held.iter().enumerate().filter(|&(j, _)| j != i).map(|(j, h)| (format!("held {j}"), digest(&h.kv))))
+            .collect();
+        let used0 = self.pool.used();
+        let rope = &model().config.rope;
+        let h = &mut self.held[i];
+        if h.kv.move_slots(a..b, new_first, rope).is_err() {
+            assert!(!fits, "make_room said the copies fit, then move_slots refused");
+            assert_eq!(self.pool.used(), used0, "a refused move charges nothing");
+            for (s, &p) in old.iter().enumerate() {
+                assert_eq!(h.kv.position(s), p as usize, "a refused move moves nothing");
+            }
+            self.stats.moves_refused += 1;
+            return;
+        }
+        self.stats.moves += 1;
+        for (k, s) in (a..b).enumerate() {
+            h.positions[s] = (new_first + k) as u32;
+        }
+        h.rotated = true;
+        // Tokens keep their relative distances where the moved run starts the sequence and was
+        // contiguous before: only tokens after it (which attended to it) go stale.
+        let contiguous = (a..b).all(|s| old[s] == old[a] + (s - a) as u32);
+        let stale = if a == 0 && contiguous { b } else { a };
+        h.stale_from = h.stale_from.map_or(Some(stale), |s| Some(s.min(stale))).filter(|&s| s < n);
+        let others_now: Vec<Vec<u32>> = self
+            .sessions()
+            .iter()
+            .map(|s| digest(&s.kv))
+            .chain(self.held.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, h)| digest(&h.kv)))
+            .collect();
+        assert_eq!(others.len(), others_now.len());
+        for ((what, d0), d1) in others.iter().zip(&others_now) {
+            assert!(d0 == d1, "moving slots of held {i} changed {what}, which shares its blocks");
+        }
+        self.check(&[]);
+        // A whole, uniformly shifted sequence still answers as a cold run at its new positions.
+        if self.held[i].cold_comparable() {
+            self.extend_held(i, 0);
+        }
+    }
+
+    /// A view of held sequence `i`'s spans (at their positions) followed by a new sequence
+    /// holding a few more tokens: equal to a cold run over all of them at those positions.
+    fn view(&mut self, i: usize, word: usize) {
+        let m = model();
+        let w = m.tokenizer.encode(WORDS[word % WORDS.len()], false).unwrap().ids;
+        let mut own = SeqKv::new(&self.pool);
+        // Room first: while the view lives, its spans are references the census cannot see.
+        let fits = self.make_room(need_for(&self.pool, &own, w.len()), &[]);
+        if own.reserve(w.len()).is_err() {
+            assert!(!fits, "make_room said the view's block fits, then reserve refused it");
+            self.stats.refused += 1;
+            return;
+        }
+        let h = &self.held[i];
+        let n = h.kv.len();
+        let first = h.positions.last().map_or(0, |&p| p + 1);
+        let pos: Vec<u32> = (first..first + w.len() as u32).collect();
+        let mut view = KvView::new(h.kv.spans(0..n), own);
+        assert_eq!(view.span_keys(), n);
+        let used0 = self.pool.used();
+        let logits = step(&mut view, 0, &w, Some(&pos));
+        assert_eq!(self.pool.used(), used0, "writing into reserved room charges nothing");
+        assert_eq!(view.num_keys(), n + w.len());
+        drop(view);
+        self.stats.views += 1;
+        if h.cold_comparable() {
+            let tokens: Vec<u32> = h.tokens.iter().chain(&w).copied().collect();
+            let positions: Vec<u32> = h.positions.iter().chain(&pos).copied().collect();
+            let rotated = h.rotated;
+            self.compare("a view of a held sequence's spans", &logits, &[], &tokens, Some(&positions), rotated);
+        }
+    }
+}
+
+/// Runs `cases` random sequences of operations in `format` under a budget of `budget_blocks`
+/// blocks, half of them with a disk tier; returns what happened.
+fn run_machine(format: KvFormat, budget_blocks: usize, cases: u32) -> Stats {
+    let total = RefCell::new(Stats::default());
+    // PROPTEST_CASES=n runs more (or fewer) cases, as with `proptest!`.
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
+    let config = Config { cases, failure_persistence: None, max_shrink_iters: 256, ..Config::default() };
+    let mut runner = TestRunner::new(config);
+    let strategy = (any::<bool>(), proptest::collection::vec(op(), 1..=30));
+    let result = runner.run(&strategy, |(disk, ops)| {
+        let mut machine = Machine::new(format, budget_blocks, disk);
+        machine.check(&[]);
+        for op in &ops {
+            machine.apply(op);
+        }
+        let stats = std::mem::take(&mut machine.stats);
+        drop(machine);
+        total.borrow_mut().add(stats);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    total.into_inner()
+}
+
+#[test]
+fn random_operations_keep_the_budget_the_byte_count_and_cold_answers() {
+    let t = std::time::Instant::now();
+    let s = run_machine(KvFormat::F32, 7, 32);
+    eprintln!("f32: {s:#?}\n({:.1} s)", t.elapsed().as_secs_f32());
+    // The interesting paths were taken, across the cases.
+    assert!(s.sessions_evicted > 0 && s.index_evicted > 0 && s.used_dropped > 0, "eviction happened: {s:?}");
+    assert!(s.restores > 0 && s.restarts > 0, "sessions were restored from disk: {s:?}");
+    assert!(s.moves > 0 && s.views > 0 && s.cold_compared > s.turns, "{s:?}");
+    for kind in ["exact", "extend", "diverge", "prefix"] {
+        assert!(s.kinds.get(kind).copied().unwrap_or(0) > 0, "no {kind} checkout: {s:?}");
+    }
+}
+
+#[test]
+fn random_operations_keep_the_byte_count_with_recent_windows() {
+    let t = std::time::Instant::now();
+    let s = run_machine(KvFormat::Q8, 7, 16);
+    eprintln!("q8: {s:#?}\n({:.1} s)", t.elapsed().as_secs_f32());
+    assert!(s.sessions_evicted > 0 && s.used_dropped > 0, "eviction happened: {s:?}");
+}
+
+/// The byte count is not vacuous: a fork of a session's blocks that the census is not told
+/// about (a leaked holder) makes `check` fail.
+#[test]
+fn the_byte_count_notices_a_holder_it_was_not_told_about() {
+    let mut mc = Machine::new(KvFormat::F32, 64, false);
+    mc.turn(0, How::New, 3, 4);
+    mc.check(&[]);
+    let s = mc.store.sessions_of(OWNERS[0]).next().unwrap();
+    assert!(!s.kv.len().is_multiple_of(BLOCK_TOKENS), "a partial last block (not in the prefix index)");
+    let mut hidden = s.kv.fork(s.kv.len());
+    hidden.reserve(1).unwrap(); // copies the shared partial block: bytes nobody else holds
+    let leaked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mc.check(&[])));
+    assert!(leaked.is_err(), "a sequence the census does not see must break the count");
+    mc.check(&[&hidden]);
+    let shared = {
+        let s = mc.store.sessions_of(OWNERS[0]).next().unwrap();
+        s.kv.fork(s.kv.len())
+    };
+    let leaked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mc.check(&[&hidden])));
+    assert!(leaked.is_err(), "a hidden second holder of a session's blocks must break the count");
+    drop(shared);
+    mc.check(&[&hidden]);
+}
+
+/// A session offloaded to disk whose restore does not fit the RAM budget at that moment
+/// (the pool is full of running sequences) must stay restorable once RAM frees up:
+/// "offloaded to disk, not forgotten".
+#[test]
+#[ignore = "bug: SessionStore::restore_best removes the catalog entry before loading; a load refused by the RAM budget (KvError::OutOfMemory from mapped_block) forgets the session until a restart"]
+fn a_restore_refused_by_the_ram_budget_leaves_the_session_restorable() {
+    let mut mc = Machine::new(KvFormat::F32, 12, true);
+    mc.turn(0, How::New, 0, 2);
+    let text = mc.texts[0].clone();
+    let blocks = mc.store.sessions_of(OWNERS[0]).next().unwrap().kv.blocks().len();
+    assert!(blocks >= 2);
+    // Offload everything: the session goes to disk.
+    assert!(mc.make_room(mc.pool.budget(), &[]));
+    assert_eq!(mc.store.on_disk_count(), 1);
+    // Running sequences fill the pool but for one block: the session's blocks do not fit.
+    let bb = mc.pool.block_bytes();
+    let mut hog = SeqKv::new(&mc.pool);
+    hog.reserve((mc.pool.budget() - mc.pool.used()) / bb * BLOCK_TOKENS - BLOCK_TOKENS).unwrap();
+    let next = format!("{text}turn ");
+    let co = mc.store.checkout(OWNERS[0], None, &next, true, &model().tokenizer).unwrap();
+    assert!(co.restore.is_none(), "the restore cannot fit");
+    drop(co);
+    drop(hog);
+    assert_eq!(mc.store.on_disk_count(), 1, "the session is still on disk and in the catalog after a refused restore");
+    let mut co = mc.store.checkout(OWNERS[0], None, &next, true, &model().tokenizer).unwrap();
+    if let Some(p) = co.restore.take() {
+        assert!(mc.store.verify_restore(p));
+    }
+    assert_eq!(co.kind, MatchKind::Extend, "restored once RAM is free");
+}
