@@ -204,16 +204,16 @@ impl PersistedSessions {
     /// [`PersistedSessions::load`] without waiting for the checksum of the
     /// KV bytes (see [`DiskStore::get_unverified`]): nothing computed from the
     /// sequence may be used before the check passes; on failure call
-    /// [`PersistedSessions::drop_corrupt`].
-    pub fn load_unverified(&self, disk_id: &str, pool: &KvPool, vocab: usize) -> Option<(EntryMeta, SeqKv, ChecksumCheck)> {
+    /// [`PersistedSessions::drop_corrupt`]. `Ok(None)`: no such entry; an error
+    /// says why it could not be used now (a RAM-budget refusal leaves the file sound).
+    pub fn load_unverified(
+        &self,
+        disk_id: &str,
+        pool: &KvPool,
+        vocab: usize,
+    ) -> Result<Option<(EntryMeta, SeqKv, ChecksumCheck)>, DiskError> {
         let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        match s.get_unverified(disk_id, pool, &self.fingerprint, vocab) {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::warn!("restoring {disk_id}: {e}");
-                None
-            }
-        }
+        s.get_unverified(disk_id, pool, &self.fingerprint, vocab).inspect_err(|e| tracing::warn!("restoring {disk_id}: {e}"))
     }
 
     /// Queues the deletion of a session's file, after any save of it queued

@@ -195,9 +195,19 @@ impl SessionStore {
                 .max_by_key(|e| common_prefix(&e.text, text))
                 .cloned(),
         }?;
-        self.on_disk.remove(&(pick.owner.clone(), pick.session_id.clone()));
         let disk = self.disk.as_ref().expect("checked above");
-        let (meta, mut kv, check) = disk.load_unverified(&pick.disk_id, &self.pool, self.vocab)?;
+        let key = (pick.owner.clone(), pick.session_id.clone());
+        let (meta, mut kv, check) = match disk.load_unverified(&pick.disk_id, &self.pool, self.vocab) {
+            Ok(Some(found)) => found,
+            // The RAM budget refused it for now: the file is sound and stays restorable.
+            Err(engram_kv::DiskError::Persist(engram_kv::PersistError::Kv { .. })) => return None,
+            // Gone, damaged or foreign: forget it.
+            Ok(None) | Err(_) => {
+                self.on_disk.remove(&key);
+                return None;
+            }
+        };
+        self.on_disk.remove(&key);
         let n = kv.len().min(meta.tokens.len());
         kv.truncate(n);
         let mut tokens = meta.tokens;
@@ -461,7 +471,8 @@ impl SessionStore {
 
     /// Stores (or replaces) a session after a request, and indexes its full
     /// blocks for sharing. `tokens`/`token_ends` describe `text`; tokens whose
-    /// text ends past `text` (cut by a stop string) are dropped from the cache.
+    /// text ends past `text` (cut by a stop string) are dropped from the cache, and
+    /// so are tokens from the first one at a moved position on (`SeqKv::move_slots`).
     pub fn checkin(
         &mut self,
         owner: &str,
@@ -472,7 +483,8 @@ impl SessionStore {
         mut kv: SeqKv,
     ) {
         self.clock += 1;
-        let keep = token_ends.iter().take_while(|&&e| e <= text.len()).count().min(kv.len());
+        // Tokens past a moved one are not what a prefill of the text computes: not kept.
+        let keep = token_ends.iter().take_while(|&&e| e <= text.len()).count().min(kv.linear_prefix());
         tokens.truncate(keep);
         token_ends.truncate(keep);
         kv.truncate(keep);

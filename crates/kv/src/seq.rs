@@ -209,6 +209,12 @@ impl SeqKv {
         self.positions.as_ref().is_some_and(|p| p.iter().enumerate().any(|(i, &x)| x as usize != i))
     }
 
+    /// How many leading tokens sit at their slot's position (all of them unless moved): the
+    /// part of the cache that equals a plain prefill of its tokens.
+    pub fn linear_prefix(&self) -> usize {
+        self.positions.as_ref().map_or(self.len, |p| p.iter().enumerate().take_while(|&(i, &x)| x as usize == i).count())
+    }
+
     /// Gives the tokens in `slots` the positions `new_first ..`: keys are re-rotated by each
     /// token's shift (keys are stored after RoPE; projections are not recomputed), values are
     /// untouched. Blocks that are shared or mapped are copied first (charged; all or
