@@ -2,10 +2,10 @@
 //!
 //! OpenAI-compatible (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`, `/v1/embeddings`), Anthropic-compatible (`/v1/messages`) and agent
-//! (`/v1/agents`) endpoints, plus `/health` and Prometheus `/metrics`, over a
-//! continuous-batching scheduler ([`scheduler`]) that reuses cached sessions
-//! (`engram_context::SessionStore`: character-level EXACT / EXTEND / DIVERGE
-//! matching and the shared prefix index).
+//! (`/v1/agents`) endpoints, plus `/health` and Prometheus `/metrics`, over
+//! `engram-engine`'s continuous-batching scheduler (its default context policy
+//! reuses cached sessions: character-level EXACT / EXTEND / DIVERGE matching
+//! and the shared prefix index); [`scheduler`] is the tokio handle to it.
 //!
 //! Main types: [`Server`] (engine thread + shared state; [`Server::router`]
 //! builds the axum app, so tests bind port 0), [`ServerConfig`],
