@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use engram_engine::scheduler::{self as engine, Command, EventSink, JobError, JobErrorKind};
-use engram_engine::FinishReason;
 use engram_kv::KvPool;
 use engram_model::Model;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -27,23 +26,8 @@ use crate::metrics::Metrics;
 pub use engram_engine::scheduler::{DiskConfig, Job, SchedulerConfig};
 
 /// What a request hears back, in order: `Started`, any number of `Text`,
-/// then `Finished` — or a single `Failed` before `Started`.
-#[derive(Debug)]
-pub enum Event {
-    Started {
-        session_id: String,
-        prompt_tokens: usize,
-        cached_tokens: usize,
-    },
-    Text(String),
-    /// `stop_string`: the text was cut at a stop string (not a stop token).
-    Finished {
-        finish: FinishReason,
-        completion_tokens: usize,
-        stop_string: bool,
-    },
-    Failed(ApiError),
-}
+/// then `Finished` — or a single `Failed` (as an [`ApiError`]) before `Started`.
+pub type Event = engine::Event<ApiError>;
 
 impl From<JobError> for ApiError {
     fn from(e: JobError) -> ApiError {
@@ -61,17 +45,7 @@ struct Sink(UnboundedSender<Event>);
 
 impl EventSink for Sink {
     fn send(&self, event: engine::Event) -> bool {
-        let event = match event {
-            engine::Event::Started { session_id, prompt_tokens, cached_tokens } => {
-                Event::Started { session_id, prompt_tokens, cached_tokens }
-            }
-            engine::Event::Text(t) => Event::Text(t),
-            engine::Event::Finished { finish, completion_tokens, stop_string } => {
-                Event::Finished { finish, completion_tokens, stop_string }
-            }
-            engine::Event::Failed(e) => Event::Failed(e.into()),
-        };
-        self.0.send(event).is_ok()
+        self.0.send(event.map_err(ApiError::from)).is_ok()
     }
 
     fn is_closed(&self) -> bool {

@@ -97,9 +97,10 @@ pub struct Job {
 }
 
 /// What a request hears back, in order: `Started`, any number of `Text`,
-/// then `Finished` — or a single `Failed` before `Started`.
+/// then `Finished` — or a single `Failed` before `Started`. `E` is how a failure is
+/// told: a [`JobError`] here, the caller's own error type after [`Event::map_err`].
 #[derive(Debug)]
-pub enum Event {
+pub enum Event<E = JobError> {
     Started {
         session_id: String,
         prompt_tokens: usize,
@@ -112,7 +113,19 @@ pub enum Event {
         completion_tokens: usize,
         stop_string: bool,
     },
-    Failed(JobError),
+    Failed(E),
+}
+
+impl<E> Event<E> {
+    /// The same event with its failure converted.
+    pub fn map_err<F>(self, f: impl FnOnce(E) -> F) -> Event<F> {
+        match self {
+            Event::Started { session_id, prompt_tokens, cached_tokens } => Event::Started { session_id, prompt_tokens, cached_tokens },
+            Event::Text(t) => Event::Text(t),
+            Event::Finished { finish, completion_tokens, stop_string } => Event::Finished { finish, completion_tokens, stop_string },
+            Event::Failed(e) => Event::Failed(f(e)),
+        }
+    }
 }
 
 /// Why a job failed; the server maps each kind to its HTTP status.
