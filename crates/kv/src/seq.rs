@@ -220,7 +220,7 @@ impl SeqKv {
     /// untouched. Blocks that are shared or mapped are copied first (charged; all or
     /// nothing), so no other sequence sees the move. f32/f16 keys equal keys computed at the
     /// new positions to float rounding; q8/q4 keys are decoded, rotated and quantized again
-    /// (one more rounding step: `kv/tests/positions.rs` measures it).
+    /// (one more rounding step: `kv/tests/views_model.rs` measures it).
     pub fn move_slots(&mut self, slots: std::ops::Range<usize>, new_first: usize, rope: &engram_model::RopeConfig) -> Result<(), KvError> {
         assert!(slots.end <= self.len, "move_slots: slots past the end");
         if slots.is_empty() {
