@@ -206,7 +206,7 @@ impl SeqKv {
     /// Whether some token sits at a position other than its slot. Entry files store slot
     /// positions only, so such a sequence is not persisted (`persist::write_entry` refuses).
     pub fn has_moved_positions(&self) -> bool {
-        self.positions.as_ref().is_some_and(|p| p.iter().enumerate().any(|(i, &x)| x as usize != i))
+        self.linear_prefix() < self.len
     }
 
     /// How many leading tokens sit at their slot's position (all of them unless moved): the

@@ -37,10 +37,10 @@ impl Engine<'_> {
                 continue;
             }
             if job.pinned {
-                self.sessions.pin_owner(&job.tenant);
+                self.policy.pin_owner(&job.tenant);
             }
             let tok = &self.model.tokenizer;
-            let c = match self.sessions.admit(&job.tenant, job.session.as_deref(), job.text.as_deref(), job.add_special, &job.prompt, tok) {
+            let c = match self.policy.admit(&job.tenant, job.session.as_deref(), job.text.as_deref(), job.add_special, &job.prompt, tok) {
                 Ok(c) => c,
                 Err(e) => {
                     self.pending.fetch_sub(1, Relaxed);
@@ -110,6 +110,6 @@ impl Engine<'_> {
             return true;
         }
         let most = (n.div_ceil(BLOCK_TOKENS) + 1) * self.pool.block_bytes() + self.pool.tail_bytes();
-        self.sessions.make_room(most) && self.active[at].kv.reserve(n).is_ok()
+        self.policy.make_room(most) && self.active[at].kv.reserve(n).is_ok()
     }
 }

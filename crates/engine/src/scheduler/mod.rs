@@ -274,7 +274,7 @@ struct Engine<'m> {
     metrics: Arc<Metrics>,
     pending: Arc<AtomicUsize>,
     /// What is reused, kept, evicted and persisted (`policy.rs`).
-    sessions: Box<dyn ContextPolicy>,
+    policy: Box<dyn ContextPolicy>,
     /// Whether the policy may have background work (asked again after every retirement).
     idle_work: bool,
     waiting: VecDeque<(Job, Box<dyn EventSink>, Instant)>,
@@ -289,7 +289,7 @@ impl<'m> Engine<'m> {
         model: &'m Model,
         pool: KvPool,
         config: SchedulerConfig,
-        sessions: Box<dyn ContextPolicy>,
+        policy: Box<dyn ContextPolicy>,
         metrics: Arc<Metrics>,
         pending: Arc<AtomicUsize>,
     ) -> Self {
@@ -301,7 +301,7 @@ impl<'m> Engine<'m> {
             config,
             metrics,
             pending,
-            sessions,
+            policy,
             waiting: VecDeque::new(),
             active: Vec::new(),
             next_id: 0,
@@ -322,7 +322,7 @@ impl<'m> Engine<'m> {
                     match rx.try_recv() {
                         Ok(c) => self.command(c),
                         Err(TryRecvError::Empty) => {
-                            self.idle_work = self.sessions.idle_slice();
+                            self.idle_work = self.policy.idle_slice();
                             continue;
                         }
                         Err(TryRecvError::Disconnected) => open = false,
@@ -361,7 +361,7 @@ impl<'m> Engine<'m> {
     fn refresh_gauges(&self) {
         let m = &self.metrics;
         m.kv_bytes_used.store(self.pool.used() as u64, Relaxed);
-        let st = self.sessions.stats();
+        let st = self.policy.stats();
         m.sessions_idle.store(st.sessions_idle, Relaxed);
         m.sessions_on_disk.store(st.sessions_on_disk, Relaxed);
         m.sessions_restored.store(st.sessions_restored, Relaxed);
@@ -374,7 +374,7 @@ impl<'m> Engine<'m> {
     /// caches of its running sequences once they end, and its queued requests,
     /// which fail (their owner is gone).
     fn forget(&mut self, tenant: &str) {
-        self.sessions.forget_owner(tenant);
+        self.policy.forget_owner(tenant);
         for s in self.active.iter_mut().filter(|s| s.tenant == tenant) {
             s.forgotten = true;
         }
@@ -392,7 +392,7 @@ impl<'m> Engine<'m> {
         // Ended before its first token (cancelled, failed): what it computed on
         // an unverified restore is kept only if the file proves sound.
         if let Some((p, _)) = self.active[at].restore.take() {
-            if !self.sessions.verify_restore(p) {
+            if !self.policy.verify_restore(p) {
                 self.metrics.restores_failed.fetch_add(1, Relaxed);
                 self.active[at].tokens.clear();
             }
@@ -417,30 +417,23 @@ impl<'m> Engine<'m> {
         if s.forgotten {
             // Also drops what a restore verified after the owner was forgotten
             // (it joined the store then) and deletes its file again.
-            self.sessions.forget_owner(&s.tenant);
+            self.policy.forget_owner(&s.tenant);
             return;
         }
         let mut kv = s.kv;
         // Drop blocks reserved past the end (a failed or unused reservation).
         kv.truncate(s.tokens.len());
         let n = s.tokens.len();
-        match s.prompt_text {
+        let (text, token_ends) = match s.prompt_text {
             Some(p) => {
                 let mut ends = s.prompt_ends;
                 ends.extend_from_slice(s.out.token_ends());
                 ends.truncate(n);
-                let text = p + s.out.decoded();
-                self.sessions.retire(Retired { owner: s.tenant, session_id: s.session_id, text, tokens: s.tokens, token_ends: ends, kv });
+                (p + s.out.decoded(), ends)
             }
-            None => self.sessions.retire(Retired {
-                owner: s.tenant,
-                session_id: s.session_id,
-                text: String::new(),
-                tokens: s.tokens,
-                token_ends: vec![0; n],
-                kv,
-            }),
-        }
+            None => (String::new(), vec![0; n]),
+        };
+        self.policy.retire(Retired { owner: s.tenant, session_id: s.session_id, text, tokens: s.tokens, token_ends, kv });
         self.idle_work = true;
     }
 

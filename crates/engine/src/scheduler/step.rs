@@ -127,7 +127,7 @@ impl Engine<'_> {
     /// first, as if it had just arrived (it is matched anew, without the file).
     fn settle_restore(&mut self, at: usize) -> bool {
         let Some((p, job)) = self.active[at].restore.take() else { return true };
-        if self.sessions.verify_restore(p) {
+        if self.policy.verify_restore(p) {
             let s = &self.active[at];
             s.events.send(Event::Started { session_id: s.session_id.clone(), prompt_tokens: s.prompt.len(), cached_tokens: s.cached });
             return true;
