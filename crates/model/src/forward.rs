@@ -29,6 +29,9 @@ pub enum Logits {
     Last,
     /// For every token of the chunk (scoring, tests).
     All,
+    /// No logits: every token's final-normed hidden state instead (the rows the LM head
+    /// would multiply; `tokens * hidden` floats), for pooling into a text vector.
+    Hidden,
 }
 
 /// One sequence's part of a step.
@@ -66,7 +69,8 @@ impl<'a> SeqStep<'a> {
 
 impl Model {
     /// Runs one step. Returns, per sequence, its logits: empty for
-    /// [`Logits::None`], `vocab` floats for `Last`, `tokens * vocab` for `All`.
+    /// [`Logits::None`], `vocab` floats for `Last`, `tokens * vocab` for `All`;
+    /// for `Hidden`, `tokens * hidden` final-normed states (no LM head).
     pub fn forward(&self, seqs: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
@@ -192,7 +196,7 @@ impl Model {
         for s in seqs.iter() {
             let n = s.tokens.len();
             match s.logits {
-                Logits::None => {}
+                Logits::None | Logits::Hidden => {}
                 Logits::Last => want.push(row0 + n - 1),
                 Logits::All => want.extend(row0..row0 + n),
             }
@@ -208,15 +212,25 @@ impl Model {
             matmul(&w.output.matrix(), &sel, want.len(), &mut logits_all);
         }
         let mut out = Vec::with_capacity(seqs.len());
-        let mut cursor = 0;
+        let (mut cursor, mut row0) = (0, 0);
         for s in seqs.iter() {
+            let n = s.tokens.len();
             let rows = match s.logits {
                 Logits::None => 0,
                 Logits::Last => 1,
-                Logits::All => s.tokens.len(),
+                Logits::All => n,
+                Logits::Hidden => {
+                    // The same normed rows the LM head would be fed, so `hidden × output = All`.
+                    let mut hid = vec![0.0f32; n * h];
+                    rms_norm(&x[row0 * h..(row0 + n) * h], &w.final_norm, c.rms_eps, &mut hid);
+                    out.push(hid);
+                    row0 += n;
+                    continue;
+                }
             };
             out.push(logits_all[cursor * c.vocab..(cursor + rows) * c.vocab].to_vec());
             cursor += rows;
+            row0 += n;
         }
         Ok(out)
     }
