@@ -31,6 +31,10 @@ pub enum EmbedError {
     /// A call was malformed (token id out of range, empty sequence).
     #[error("invalid input: {0}")]
     BadInput(String),
+    /// A [`crate::TextEncoder`] implemented elsewhere failed while encoding (its own error,
+    /// as text, after the encoder's id).
+    #[error("{encoder}: {reason}")]
+    Backend { encoder: String, reason: String },
 }
 
 /// Result alias for the encoder crate.

@@ -1,0 +1,42 @@
+//! [`TextEncoder`]: the seam between whatever turns texts into vectors and
+//! the code that serves or measures them (`/v1/embeddings`, `engram bench
+//! relevance`). [`Encoder`] (a sentence-transformers folder) implements it
+//! here; other crates may implement it over other models — `engram-engine`'s
+//! `PooledEncoder` pools the loaded LLM's hidden states — without this crate
+//! knowing about them.
+//!
+//! Invariant: an implementation is immutable once built (`&self`), shareable
+//! across threads (`Send + Sync`, served behind an `Arc`), and gives each
+//! text a vector that depends on that text only.
+
+use std::fmt;
+
+use crate::encoder::{Embeddings, Encoder};
+use crate::error::Result;
+
+/// Something that turns texts into fixed-size vectors.
+pub trait TextEncoder: Send + Sync + fmt::Debug {
+    /// The id responses report and requests may name.
+    fn id(&self) -> &str;
+    /// Floats per vector.
+    fn dim(&self) -> usize;
+    /// One line for logs: what it is and where it came from.
+    fn describe(&self) -> String;
+    /// Vectors and token counts of `texts`, in input order.
+    fn encode(&self, texts: &[String]) -> Result<Embeddings>;
+}
+
+impl TextEncoder for Encoder {
+    fn id(&self) -> &str {
+        Encoder::id(self)
+    }
+    fn dim(&self) -> usize {
+        Encoder::dim(self)
+    }
+    fn describe(&self) -> String {
+        Encoder::describe(self)
+    }
+    fn encode(&self, texts: &[String]) -> Result<Embeddings> {
+        Encoder::encode(self, texts)
+    }
+}
