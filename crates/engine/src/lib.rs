@@ -4,7 +4,9 @@
 //! strings that never leak a partial match into a stream ([`StopMatcher`]),
 //! chunked prefill with bounded peak memory, and a generation loop that
 //! streams UTF-8-safe text ([`Generator`]); [`Decoding`] is the one place a sampled
-//! token is accepted (stop tokens, stop strings, limits), for the CLI and the server alike.
+//! token is accepted (stop tokens, stop strings, limits), for the CLI and the server alike;
+//! [`PooledEncoder`] is the loaded LLM as an `engram_embed::TextEncoder` (mean of its
+//! final-normed hidden states), the fallback where no sentence encoder is installed.
 //!
 //! Architecture invariant: the engine owns sequences and their caches; the
 //! model stays immutable and shared, the KV store stays ignorant of text.
@@ -14,6 +16,7 @@ mod error;
 mod generate;
 pub mod metrics;
 pub mod policy;
+pub mod pooled;
 mod rng;
 mod sampling;
 pub mod scheduler;
@@ -24,6 +27,7 @@ pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
 pub use metrics::Metrics;
 pub use policy::{ContextPolicy, PolicyStats, Retired};
+pub use pooled::PooledEncoder;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
 pub use scheduler::{
