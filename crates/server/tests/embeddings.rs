@@ -1,7 +1,8 @@
 //! `/v1/embeddings` end to end on a real server on 127.0.0.1:0: OpenAI's
 //! response shape, vectors equal to the library's (float and base64),
-//! 400s for bad input, 401 without a key, 501 without an encoder. On the
-//! tiny encoder fixture always; on the real all-MiniLM-L6-v2 where it is
+//! 400s for bad input, 401 without a key, 501 without an encoder, the LLM's
+//! pooled hidden states as the fallback encoder (named so in `model`). On
+//! the tiny encoder fixture always; on the real all-MiniLM-L6-v2 where it is
 //! installed (required when `CI=true`).
 
 mod common;
@@ -11,7 +12,8 @@ use std::sync::{Arc, OnceLock};
 
 use base64::Engine as _;
 use common::*;
-use engram_embed::Encoder;
+use engram_embed::{Encoder, TextEncoder};
+use engram_engine::PooledEncoder;
 use engram_server::ServerConfig;
 use serde_json::{json, Value};
 
@@ -182,4 +184,58 @@ fn the_real_minilm_is_served_as_the_library_computes_it() {
     }
     assert_eq!(want.num_tokens[2], 256, "truncated at max_seq_length");
     assert_eq!(v["usage"]["prompt_tokens"], want.num_tokens.iter().sum::<usize>());
+}
+
+/// A server whose encoder is the fallback: the tiny LLM's pooled hidden states.
+fn pooled() -> &'static (Arc<PooledEncoder>, SocketAddr) {
+    static S: OnceLock<(Arc<PooledEncoder>, SocketAddr)> = OnceLock::new();
+    S.get_or_init(|| {
+        let enc = Arc::new(PooledEncoder::new(model(), "tiny"));
+        let addr = start(64 << 20, ServerConfig { embedder: Some(enc.clone()), ..ServerConfig::new("tiny") });
+        (enc, addr)
+    })
+}
+
+#[test]
+fn the_llm_pooled_fallback_is_served_and_named_as_such() {
+    let (enc, addr) = pooled();
+    let texts = ["the cat sat on the mat.", "", "rust code and python code, session memory and disk cache"];
+    let r = embed(*addr, json!({"input": texts}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["model"], "tiny:pooled-hidden");
+    let want = enc.encode(&texts.map(String::from)).unwrap();
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), texts.len());
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(d["object"], "embedding");
+        assert_eq!(d["index"], i);
+        let got = floats(&d["embedding"]);
+        assert_eq!(got.len(), model().config.hidden, "dimension = the LLM's hidden size");
+        let norm = got.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "input {i}: norm {norm}");
+        assert_eq!(got, want.vectors[i], "input {i}");
+    }
+    let tokens: usize = want.num_tokens.iter().sum();
+    assert_eq!(v["usage"], json!({"prompt_tokens": tokens, "total_tokens": tokens}));
+    // Deterministic, and a text's vector does not depend on the rest of the request.
+    let again = embed(*addr, json!({"model": "tiny:pooled-hidden", "input": texts[2], "dimensions": enc.dim()}));
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(floats(&again.json()["data"][0]["embedding"]), floats(&data[2]["embedding"]));
+    for alias in ["default", "embedding"] {
+        assert_eq!(embed(*addr, json!({"model": alias, "input": "x"})).status, 200);
+    }
+}
+
+#[test]
+fn the_pooled_fallback_still_refuses_bad_input_clearly() {
+    let (enc, addr) = pooled();
+    let addr = *addr;
+    assert_error(&embed(addr, json!({"input": []})), 400, Some("input"), "empty array");
+    assert_error(&embed(addr, json!({"input": [[1, 2, 3]]})), 400, Some("input"), "token");
+    assert_error(&embed(addr, json!({"input": "x", "dimensions": enc.dim() + 1})), 400, Some("dimensions"), "dimensional");
+    let r = embed(addr, json!({"input": "x", "model": "all-MiniLM-L6-v2"}));
+    assert_error(&r, 404, Some("model"), "tiny:pooled-hidden");
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
 }
