@@ -339,7 +339,7 @@ fn print_tables(rows: &[serde_json::Value]) {
 }
 
 /// Logit error and top-1 agreement of `format` KV against f32 KV over 512 tokens of real text
-/// (prefilled; `engram bench kv-quality` scores token by token and compares more schemes).
+/// (prefilled; `engram bench fidelity` scores token by token and compares more schemes).
 fn quality(model: &Model, format: KvFormat) -> Result<serde_json::Value> {
     let text = engram_tokenizer::FIXTURE_CORPUS.chars().take(4000).collect::<String>();
     let mut ids = model.tokenizer.encode(&text, true)?.ids;
@@ -349,10 +349,11 @@ fn quality(model: &Model, format: KvFormat) -> Result<serde_json::Value> {
     let pool = KvPool::new(layout, format, 1 << 34);
     let approx = Generator::new(model, &pool).feed(&ids, true)?;
     let bytes_vs_f16 = pool.bytes_per_token() as f64 / KvPool::new(layout, KvFormat::F16, 1).bytes_per_token() as f64;
-    let mut row = crate::bench_kv_quality::compare(format.name(), &exact, &approx, model.config.vocab, bytes_vs_f16);
-    let obj = row.as_object_mut().expect("compare returns an object");
-    let name = obj.remove("scheme").expect("compare names the scheme");
-    obj.insert("quality_vs_f32".into(), name);
+    let mut row = crate::fidelity::measure::Scores::compare(&exact, &approx, model.config.vocab, &[]).json();
+    let obj = row.as_object_mut().expect("Scores::json is an object");
+    obj.retain(|k, _| ["positions", "top1_agreement", "mean_kl_nats", "max_rel_logit_err"].contains(&k.as_str()));
+    obj.insert("bytes_vs_f16".into(), ((bytes_vs_f16 * 1e3).round() / 1e3).into());
+    obj.insert("quality_vs_f32".into(), format.name().into());
     Ok(row)
 }
 

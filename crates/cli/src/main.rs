@@ -2,12 +2,12 @@
 //! module; this file only parses arguments and dispatches.
 
 mod bench_cache;
-mod bench_kv_quality;
 mod bench_speed;
 mod cache_cmd;
 mod chat;
 mod common;
 mod convert_cmd;
+mod fidelity;
 mod fixture_cmd;
 mod generate;
 mod serve;
@@ -49,8 +49,8 @@ enum BenchCommand {
     Speed(bench_speed::Args),
     /// Time to first token: cold vs hot vs warm (restored from disk), shared prefixes, KV formats.
     Cache(bench_cache::Args),
-    /// Next-token fidelity of each KV quantization scheme (shipped and alternatives) vs f32 KV.
-    KvQuality(bench_kv_quality::Args),
+    /// What each approximation (q8/q4 KV, bf16 attention, eviction, chunk reuse) costs vs the exact path.
+    Fidelity(fidelity::Args),
     /// Aggregate decode tokens/s with 1, 2, 4, 8 concurrent sessions through the server's scheduler.
     Serve(serve::BenchArgs),
 }
@@ -71,7 +71,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
         Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
         Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
-        Command::Bench { which: BenchCommand::KvQuality(a) } => bench_kv_quality::run(a),
+        Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
