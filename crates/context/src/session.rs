@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use engram_kv::{ChecksumCheck, KvPool, SeqKv};
+use engram_kv::{ChecksumCheck, KvPool, SeqKv, Span};
 use engram_model::Fingerprint;
 use engram_tokenizer::{Tokenizer, TokenizerError};
 
@@ -64,6 +64,7 @@ pub struct Session {
 }
 
 /// What a request gets back: a cache holding `tokens[..reused]`, and the full token sequence to run.
+/// The sequence's view of the KV is `spans` (attended first, never written) then `kv`.
 pub struct Checkout {
     pub session_id: String,
     pub kind: MatchKind,
@@ -77,6 +78,11 @@ pub struct Checkout {
     /// keeps or checks in anything computed from it, and start over without
     /// the cache when that returns false.
     pub restore: Option<PendingRestore>,
+    /// Read-only spans of KV held elsewhere (a document chunk, a persistent stream) that the
+    /// sequence attends before its own tokens; with any, `kv`'s tokens sit at positions from
+    /// [`engram_kv::KvView::own_first_position`] on (so `kv` must start empty or be placed
+    /// there). Empty from the session store, which reuses prefixes linearly.
+    pub spans: Vec<Span>,
 }
 
 /// A session restored from disk whose file's checksum is being computed on
@@ -331,7 +337,16 @@ impl SessionStore {
                 (if k > 0 { MatchKind::Prefix } else { MatchKind::Miss }, id, k, kv)
             }
         };
-        Checkout { session_id: id, kind, tokens: prompt.to_vec(), token_ends: vec![0; prompt.len()], reused: k, kv, restore: None }
+        Checkout {
+            session_id: id,
+            kind,
+            tokens: prompt.to_vec(),
+            token_ends: vec![0; prompt.len()],
+            reused: k,
+            kv,
+            restore: None,
+            spans: Vec::new(),
+        }
     }
 
     /// The pool caches are charged to.
@@ -409,7 +424,7 @@ impl SessionStore {
                 token_ends.extend(rest.offsets.iter().map(|o| boundary + o.1));
                 fix_ends(&mut token_ends[k..], boundary);
                 let kv = s.kv.fork(k);
-                return Ok(Checkout { session_id, kind, tokens, token_ends, reused: k, kv, restore });
+                return Ok(Checkout { session_id, kind, tokens, token_ends, reused: k, kv, restore, spans: Vec::new() });
             }
         }
         if let Some(p) = restore.take() {
@@ -426,7 +441,7 @@ impl SessionStore {
         let reused = kv.len();
         self.persist_prefix(&enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
-        Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv, restore: None })
+        Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv, restore: None, spans: Vec::new() })
     }
 
     /// Loads the longest persisted prefix chain that `ids` starts with, if it

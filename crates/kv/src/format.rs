@@ -2,13 +2,13 @@
 //!
 //! `f32` is bit-exact and `f16` rounds each value once: both keep invariant 1
 //! (exact reuse). `q8` and `q4` are approximations, opt-in and measured
-//! (`engram bench cache`, `engram bench kv-quality`): symmetric groups of 32
+//! (`engram bench cache`, `engram bench fidelity`): symmetric groups of 32
 //! elements along each token-head row with an f16 scale — ggml's Q8_0 / Q4_0
 //! blocks — for keys and values alike, plus a recent window: a sequence's
 //! partial last block is also kept in f16 and attended from there
 //! (`tail.rs`), so the newest up to 31 tokens are read at full precision.
 //!
-//! NOTE: the choice, measured on pycode-7m (`engram bench kv-quality`, two
+//! NOTE: the choice, measured on pycode-7m (`engram bench fidelity`, two
 //! Python files, 512 tokens prefilled then 512 scored one at a time, mean KL
 //! against f32 KV): q4 without the window 7.8e-3 / 9.6e-3; with it (shipped)
 //! 3.4e-3 / 3.7e-3 at the same 0.28x of f16; KIVI's per-channel keys on top,

@@ -5,7 +5,7 @@
 //! shared blocks hold), but while it is the sequence's last, partial block
 //! attention reads this copy instead, so the newest (up to 31) tokens — the
 //! ones local attention weighs most — are attended at f16 precision. Measured
-//! with `engram bench kv-quality` on pycode-7m: the window alone lowers q4's
+//! with `engram bench fidelity` on pycode-7m: the window alone lowers q4's
 //! mean KL against f32 KV 2.3–2.6x at no cost in stored bytes.
 //!
 //! Entry files store it after the blocks (`persist.rs`, tensor `window`), so

@@ -127,6 +127,8 @@ impl SeqKv {
 pub struct KvView {
     spans: Vec<Span>,
     span_keys: usize,
+    /// One past the spans' last position: where the own tokens start.
+    own_first: usize,
     own: SeqKv,
 }
 
@@ -134,7 +136,21 @@ impl KvView {
     /// A view of `spans` (attended in this order) followed by `own`.
     pub fn new(spans: Vec<Span>, own: SeqKv) -> KvView {
         let span_keys = spans.iter().map(|s| s.len).sum();
-        KvView { spans, span_keys, own }
+        let own_first = spans.iter().flat_map(|s| s.positions.iter()).max().map_or(0, |&p| p as usize + 1);
+        KvView { spans, span_keys, own_first, own }
+    }
+
+    /// The position of the own sequence's first slot: one past the spans' last position
+    /// (0 without spans, where slots are positions). A step on the view stores its tokens at
+    /// the own slots and gives them positions from here ([`KvView::step_positions`]).
+    pub fn own_first_position(&self) -> usize {
+        self.own_first
+    }
+
+    /// The positions of `n` tokens stored from own slot `first_slot` on, or `None` where slots
+    /// are positions (no spans: the linear fast path).
+    pub fn step_positions(&self, first_slot: usize, n: usize) -> Option<Vec<u32>> {
+        (self.own_first > 0).then(|| (self.own_first + first_slot..self.own_first + first_slot + n).map(|p| p as u32).collect())
     }
 
     /// The spans.

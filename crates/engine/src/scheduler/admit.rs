@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use engram_kv::BLOCK_TOKENS;
+use engram_kv::{KvView, BLOCK_TOKENS};
 
 use super::{Engine, Event, JobError, JobErrorKind, Seq};
 use crate::decoding::Decoding;
@@ -55,13 +55,24 @@ impl Engine<'_> {
             // recomputed, since its logits start generation.
             let prompt = c.tokens;
             let cached_len = c.reused.min(prompt.len().saturating_sub(1));
-            let mut kv = c.kv;
-            kv.truncate(cached_len);
-            if prompt.is_empty() || prompt.len() >= self.model.config.max_positions {
+            let mut kv = KvView::new(c.spans, c.kv);
+            kv.own_mut().truncate(cached_len);
+            let context = kv.own_first_position() + prompt.len();
+            if prompt.is_empty() || context >= self.model.config.max_positions {
                 self.pending.fetch_sub(1, Relaxed);
+                let spans = kv.own_first_position();
+                let with = if spans > 0 { format!(" after {spans} positions of attached context") } else { String::new() };
                 tx.send(Event::Failed(JobError::new(
                     JobErrorKind::BadRequest,
-                    format!("the prompt has {} tokens; the model's context is {}", prompt.len(), self.model.config.max_positions),
+                    format!("the prompt has {} tokens{with}; the model's context is {}", prompt.len(), self.model.config.max_positions),
+                )));
+                continue;
+            }
+            if kv.own_first_position() > 0 && (0..cached_len).any(|s| kv.own().position(s) != kv.own_first_position() + s) {
+                self.pending.fetch_sub(1, Relaxed);
+                tx.send(Event::Failed(JobError::new(
+                    JobErrorKind::Internal,
+                    "the context policy attached spans before a cache whose tokens are not placed after them",
                 )));
                 continue;
             }
@@ -106,10 +117,10 @@ impl Engine<'_> {
     /// (`SessionStore::make_room`: idle prefix blocks, then idle sessions, only as much as
     /// the reservation can take — its new blocks, a copied partial block, a recent window).
     pub(super) fn reserve(&mut self, at: usize, n: usize) -> bool {
-        if self.active[at].kv.reserve(n).is_ok() {
+        if self.active[at].kv.own_mut().reserve(n).is_ok() {
             return true;
         }
         let most = (n.div_ceil(BLOCK_TOKENS) + 1) * self.pool.block_bytes() + self.pool.tail_bytes();
-        self.policy.make_room(most) && self.active[at].kv.reserve(n).is_ok()
+        self.policy.make_room(most) && self.active[at].kv.own_mut().reserve(n).is_ok()
     }
 }

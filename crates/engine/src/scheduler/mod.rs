@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use engram_context::{PendingRestore, SessionStore};
-use engram_kv::{KvPool, SeqKv};
+use engram_kv::{KvPool, KvView};
 use engram_model::Model;
 
 use crate::decoding::Decoding;
@@ -238,9 +238,10 @@ struct Seq<'m> {
     /// tokens' follow in `out`, in `prompt_text + out.decoded()`).
     prompt_ends: Vec<usize>,
     prompt: Vec<u32>,
-    /// Exactly what `kv` holds.
+    /// Exactly what `kv`'s own sequence holds.
     tokens: Vec<u32>,
-    kv: SeqKv,
+    /// The sequence's view: the policy's spans, then its own tokens.
+    kv: KvView,
     /// This step's input.
     input: Vec<u32>,
     /// The sampled token to feed next (decoding); `None` while prefilling.
@@ -420,7 +421,7 @@ impl<'m> Engine<'m> {
             self.policy.forget_owner(&s.tenant);
             return;
         }
-        let mut kv = s.kv;
+        let mut kv = s.kv.into_own();
         // Drop blocks reserved past the end (a failed or unused reservation).
         kv.truncate(s.tokens.len());
         let n = s.tokens.len();

@@ -72,12 +72,15 @@ impl Engine<'_> {
         }
         let mut who = Vec::new();
         let mut steps = Vec::new();
-        for (i, s) in self.active.iter_mut().enumerate() {
+        // Explicit positions only for sequences whose view has spans before their own tokens.
+        let positions: Vec<Option<Vec<u32>>> = self.active.iter().map(|s| s.kv.step_positions(s.tokens.len(), s.input.len())).collect();
+        for ((i, s), positions) in self.active.iter_mut().enumerate().zip(&positions) {
             if s.input.is_empty() {
                 continue;
             }
             let Seq { input, tokens, kv, .. } = s;
-            steps.push(SeqStep { tokens: input.as_slice(), first_pos: tokens.len(), positions: None, key_mask: None, kv, logits: want[i] });
+            let (tokens, first_pos, positions) = (input.as_slice(), tokens.len(), positions.as_deref());
+            steps.push(SeqStep { tokens, first_pos, positions, key_mask: None, kv, logits: want[i] });
             who.push(i);
         }
         if steps.is_empty() {
@@ -93,7 +96,7 @@ impl Engine<'_> {
                 for &i in who.iter().rev() {
                     let s = &mut self.active[i];
                     let keep = s.tokens.len();
-                    s.kv.truncate(keep);
+                    s.kv.own_mut().truncate(keep);
                     self.retire(i, Err(JobError::new(JobErrorKind::Internal, format!("model error: {e}"))));
                 }
                 return;

@@ -21,7 +21,7 @@
 //! rounded to bf16 (8 significant bits) and accumulated in f32 — the precision of GPU
 //! flash attention, where `P` is bf16 — with a cheaper `2^x` (relative error < 1e-4, below the
 //! bf16 rounding of `P`). 4–8e-3 of the f32 reference at the output (tests), a mean KL of
-//! ~5e-6 nats on a trained model (`engram bench kv-quality`). With head dims up to 64 it is
+//! ~5e-6 nats on a trained model (`engram bench fidelity`). With head dims up to 64 it is
 //! grouped: chunks are queued eight at a time and each row block runs over all of them
 //! with its accumulators held in tiles (`attend_group`); outputs are complete after
 //! [`Flash::finish`].
