@@ -175,15 +175,8 @@ impl Encoder {
     /// returns it), in order.
     pub fn embed_ids(&self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::with_capacity(seqs.len());
-        let mut start = 0;
-        while start < seqs.len() {
-            let mut end = start;
-            let mut tokens = 0;
-            while end < seqs.len() && (end == start || tokens + seqs[end].len() <= MAX_BATCH_TOKENS) {
-                tokens += seqs[end].len();
-                end += 1;
-            }
-            let batch: Vec<&[u32]> = seqs[start..end].iter().map(|s| s.as_slice()).collect();
+        for range in crate::vector::token_batches(seqs, MAX_BATCH_TOKENS) {
+            let batch: Vec<&[u32]> = seqs[range].iter().map(|s| s.as_slice()).collect();
             let (hidden, ranges) = self.bert.forward(&batch)?;
             for r in ranges {
                 let mut v = pool(&hidden, self.dim(), r, self.layout.pooling);
@@ -192,7 +185,6 @@ impl Encoder {
                 }
                 out.push(v);
             }
-            start = end;
         }
         Ok(out)
     }

@@ -8,7 +8,7 @@
 //! Main types: [`Encoder`] (`load(dir)`, `discover()`, `encode(texts)`),
 //! [`TextEncoder`] (the trait servers and benches take, so another crate can
 //! plug in another encoder), [`Embeddings`], [`EmbedError`]; helpers
-//! [`cosine`], [`normalize`]; [`relevance`] (the labelled relevance set and
+//! [`cosine`], [`normalize`], [`token_batches`]; [`relevance`] (the labelled relevance set and
 //! its ROC AUC / precision / recall).
 //!
 //! Module map: `config` (the folder's JSON files, checked), `weights`
@@ -39,4 +39,4 @@ pub use config::PoolingMode;
 pub use encoder::{Embeddings, Encoder};
 pub use error::{EmbedError, Result};
 pub use text_encoder::TextEncoder;
-pub use vector::{cosine, normalize};
+pub use vector::{cosine, normalize, token_batches};

@@ -55,3 +55,20 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     }
     (ab / (aa.sqrt() * bb.sqrt())) as f32
 }
+
+/// Consecutive batches of `seqs` (as index ranges, in order, covering all of them) of at most
+/// `max_tokens` tokens each; a longer sequence makes a batch alone.
+pub fn token_batches<T>(seqs: &[Vec<T>], max_tokens: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < seqs.len() {
+        let (mut end, mut tokens) = (start, 0);
+        while end < seqs.len() && (end == start || tokens + seqs[end].len() <= max_tokens) {
+            tokens += seqs[end].len();
+            end += 1;
+        }
+        out.push(start..end);
+        start = end;
+    }
+    out
+}

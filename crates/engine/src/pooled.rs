@@ -68,16 +68,8 @@ impl PooledEncoder {
     /// Vectors of already tokenized texts (each non-empty), in order.
     pub fn embed_ids(&self, seqs: &[Vec<u32>]) -> engram_embed::Result<Vec<Vec<f32>>> {
         let mut out = Vec::with_capacity(seqs.len());
-        let mut start = 0;
-        while start < seqs.len() {
-            let mut end = start;
-            let mut tokens = 0;
-            while end < seqs.len() && (end == start || tokens + seqs[end].len() <= MAX_BATCH_TOKENS) {
-                tokens += seqs[end].len();
-                end += 1;
-            }
-            out.extend(self.embed_batch(&seqs[start..end])?);
-            start = end;
+        for range in engram_embed::token_batches(seqs, MAX_BATCH_TOKENS) {
+            out.extend(self.embed_batch(&seqs[range])?);
         }
         Ok(out)
     }

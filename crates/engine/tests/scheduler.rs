@@ -4,37 +4,16 @@
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
-use engram_engine::{run_engine, Command, Event, EventSink, FinishReason, Generator, Job, Metrics, SamplingParams, SchedulerConfig};
+mod common;
+
+use common::Collect;
+use engram_engine::{run_engine, Command, FinishReason, Generator, Job, Metrics, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
-
-/// Collects a job's events.
-#[derive(Clone, Default)]
-struct Collect(Arc<Mutex<Vec<Event>>>);
-
-impl EventSink for Collect {
-    fn send(&self, event: Event) -> bool {
-        self.0.lock().unwrap().push(event);
-        true
-    }
-    fn is_closed(&self) -> bool {
-        false
-    }
-}
-
-impl Collect {
-    /// The streamed text and how the job finished.
-    fn outcome(&self) -> (String, Option<FinishReason>) {
-        let events = self.0.lock().unwrap();
-        let text = events.iter().filter_map(|e| if let Event::Text(t) = e { Some(t.as_str()) } else { None }).collect();
-        let finish = events.iter().find_map(|e| if let Event::Finished { finish, .. } = e { Some(*finish) } else { None });
-        (text, finish)
-    }
-}
 
 #[test]
 fn scheduled_jobs_equal_the_generator_alone_and_batched() {

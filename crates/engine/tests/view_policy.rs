@@ -6,13 +6,15 @@
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use engram_context::{Checkout, PendingRestore, SessionStore};
+mod common;
+
+use common::Collect;
 use engram_engine::{
-    run_engine_with, Command, ContextPolicy, Event, EventSink, Generator, Job, Metrics, PolicyStats, Retired, SamplingParams,
-    SchedulerConfig,
+    run_engine_with, Command, ContextPolicy, Generator, Job, Metrics, PolicyStats, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
@@ -53,27 +55,6 @@ impl ContextPolicy for AttachDoc {
     }
     fn stats(&self) -> PolicyStats {
         self.inner.stats()
-    }
-}
-
-#[derive(Clone, Default)]
-struct Collect(Arc<Mutex<Vec<Event>>>);
-
-impl EventSink for Collect {
-    fn send(&self, event: Event) -> bool {
-        self.0.lock().unwrap().push(event);
-        true
-    }
-    fn is_closed(&self) -> bool {
-        false
-    }
-}
-
-impl Collect {
-    fn text(&self) -> String {
-        let events = self.0.lock().unwrap();
-        assert!(events.iter().any(|e| matches!(e, Event::Finished { .. })), "the job finished: {:?}", events.len());
-        events.iter().filter_map(|e| if let Event::Text(t) = e { Some(t.as_str()) } else { None }).collect()
     }
 }
 
@@ -125,8 +106,10 @@ fn a_policy_that_attaches_a_document_generates_what_a_cold_run_over_both_does() 
     }
     drop(tx);
     engine.join().unwrap();
-    assert_eq!(sinks[0].text(), want_reader, "document attached as spans vs a cold run over document + prompt");
-    assert_eq!(sinks[1].text(), want_plain, "the plain sequence batched beside it");
+    let (reader, plain) = (sinks[0].outcome(), sinks[1].outcome());
+    assert!(reader.1.is_some() && plain.1.is_some(), "both jobs finished");
+    assert_eq!(reader.0, want_reader, "document attached as spans vs a cold run over document + prompt");
+    assert_eq!(plain.0, want_plain, "the plain sequence batched beside it");
     for (l, rows) in doc_rows.iter().enumerate() {
         assert!(doc.read_rows(l, 0..doc_ids.len()) == *rows, "layer {l} of the attached document changed");
     }
