@@ -2,7 +2,10 @@
 //!
 //! Order (as llama.cpp and transformers): penalties on raw logits, then
 //! temperature, then top-k, top-p and min-p filters, then a draw. A
-//! temperature of 0 is greedy (argmax after penalties; ties go to the lowest id).
+//! temperature of 0 is greedy (argmax after penalties; ties go to the lowest id),
+//! and so is a temperature so small that logits / temperature overflows f32
+//! (1e-45, say): the limit of the distribution is the argmax, while the
+//! overflowed values would make `inf - inf` NaN probabilities.
 //! Invariant: the same params, seed and logits give the same token.
 
 use crate::error::EngineError;
@@ -123,7 +126,9 @@ impl Sampler {
         let inv_t = 1.0 / p.temperature;
         let mut cand: Vec<(u32, f32)> =
             logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l * inv_t)).collect();
-        if cand.is_empty() {
+        // NOTE: a finite logit scaled to ±inf (or 0 × inf = NaN) means the
+        // temperature is below what f32 resolves here: take its limit, greedy.
+        if cand.is_empty() || cand.iter().any(|c| !c.1.is_finite()) {
             return argmax(logits);
         }
         // Sort descending by logit, ties by id, so filtering is deterministic.
@@ -209,6 +214,24 @@ mod tests {
         // min_p = 1 keeps only the best token.
         let only = SamplingParams { temperature: 1.0, min_p: 1.0, seed: 1, ..Default::default() };
         assert!(run(&only).iter().all(|&t| t == sorted[0]));
+    }
+
+    /// Issue 19: temperature 1e-45 made logits / temperature overflow to
+    /// ±inf (and 0 × inf = NaN), so every probability was NaN and the draw
+    /// fell through to the lowest-ranked token.
+    #[test]
+    fn a_tiny_temperature_is_greedy_not_nan() {
+        let logits: Vec<f32> = vec![0.5, 3.0, -1.0, 0.0, 2.9, -7.0];
+        for temperature in [1e-45, 1e-40, 1e-38, f32::MIN_POSITIVE] {
+            for seed in 0..20 {
+                let p = SamplingParams { temperature, top_k: 0, seed, ..Default::default() };
+                let mut s = Sampler::new(p);
+                assert_eq!(s.sample(&mut logits.clone()), 1, "temperature {temperature:e}, seed {seed}");
+                // With the filters on, too.
+                let p = SamplingParams { temperature, top_k: 3, top_p: 0.9, min_p: 0.1, seed, ..Default::default() };
+                assert_eq!(Sampler::new(p).sample(&mut logits.clone()), 1, "filtered, temperature {temperature:e}");
+            }
+        }
     }
 
     #[test]
