@@ -60,6 +60,8 @@ pub struct Metrics {
     pub steps: AtomicU64,
     /// Sessions restored from disk whose checksum then failed (recomputed cold).
     pub restores_failed: AtomicU64,
+    /// Steps whose forward pass or sampling panicked (their sequences failed; the engine went on).
+    pub step_faults: AtomicU64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
     /// Gauges the engine thread refreshes after each step.
@@ -106,7 +108,7 @@ impl Metrics {
         for (kind, n) in self.lookups.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "engram_cache_lookups_total{{path=\"{kind}\"}} {n}");
         }
-        let counters: [(&str, &str, &AtomicU64); 8] = [
+        let counters: [(&str, &str, &AtomicU64); 9] = [
             ("engram_cache_hits_total", "Requests that reused cached tokens.", &self.cache_hits),
             ("engram_cache_misses_total", "Requests that reused nothing.", &self.cache_misses),
             ("engram_prompt_tokens_reused_total", "Prompt tokens served from the KV cache.", &self.tokens_reused),
@@ -115,6 +117,7 @@ impl Metrics {
             ("engram_cancelled_total", "Sequences cancelled because the client went away.", &self.cancelled),
             ("engram_steps_total", "Batched forward steps.", &self.steps),
             ("engram_restores_failed_total", "Restored sessions whose file failed its checksum (recomputed cold).", &self.restores_failed),
+            ("engram_step_faults_total", "Steps that panicked (their sequences failed with an engine fault).", &self.step_faults),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));

@@ -25,6 +25,8 @@ mod anthropic;
 mod api;
 mod embeddings;
 pub mod error;
+#[cfg(test)]
+mod health_tests;
 /// The metrics the engine and the handlers share (`engram_engine::metrics`).
 pub use engram_engine::metrics;
 mod openai;
@@ -161,7 +163,13 @@ impl Server {
     }
 }
 
+/// 200 `{"status": "ok"}` while the engine thread runs; 503 `{"status": "engine_down"}` once
+/// it has died (every generation request then gets 503 too).
 async fn health(State(s): State<AppState>) -> Response {
+    if !s.engine.is_alive() {
+        let body = serde_json::json!({"status": "engine_down", "model": s.config.model_id, "error": "the engine thread has stopped"});
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    }
     axum::Json(serde_json::json!({"status": "ok", "model": s.config.model_id})).into_response()
 }
 

@@ -9,9 +9,13 @@
 //!     +---- Event (Started, Text, Finished | Failed) +  per request, over its own channel
 //! ```
 //! Dropping a request's receiver cancels it before the engine's next step.
+//!
+//! The engine contains a panic in a step (its sequences fail, it goes on); should the thread
+//! die anyway, [`EngineHandle::is_alive`] turns false, `/health` answers 503 and every new
+//! request gets a 503 saying the engine has stopped.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::mpsc::{self, Sender};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -60,7 +64,22 @@ pub struct EngineHandle {
     tx: Sender<Command>,
     pending: Arc<AtomicUsize>,
     max_pending: usize,
+    /// False once the engine thread has ended (returned or panicked).
+    alive: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
+}
+
+/// Held by the engine thread: marks the engine stopped when the thread ends, by return or
+/// by unwinding from a panic.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Relaxed);
+        if std::thread::panicking() {
+            tracing::error!("the engine thread panicked; /health reports the engine down and new requests get 503");
+        }
+    }
 }
 
 impl EngineHandle {
@@ -71,19 +90,42 @@ impl EngineHandle {
         config: SchedulerConfig,
         metrics: Arc<Metrics>,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
+        let max_pending = config.max_pending;
+        Self::spawn(max_pending, metrics.clone(), move |pending, rx| engine::run_engine(&model, pool, config, metrics, pending, rx))
+    }
+
+    /// Starts the engine thread running `body` (the engine loop, or a test's stand-in that
+    /// dies) with the job counter and the command channel.
+    pub(crate) fn spawn(
+        max_pending: usize,
+        metrics: Arc<Metrics>,
+        body: impl FnOnce(Arc<AtomicUsize>, Receiver<Command>) + Send + 'static,
+    ) -> (EngineHandle, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let pending = Arc::new(AtomicUsize::new(0));
-        let handle = EngineHandle { tx, pending: pending.clone(), max_pending: config.max_pending, metrics: metrics.clone() };
+        let alive = Arc::new(AtomicBool::new(true));
+        let handle = EngineHandle { tx, pending: pending.clone(), max_pending, alive: alive.clone(), metrics };
         let thread = std::thread::Builder::new()
             .name("engram-engine".into())
-            .spawn(move || engine::run_engine(&model, pool, config, metrics, pending, rx))
+            .spawn(move || {
+                let _alive = AliveGuard(alive);
+                body(pending, rx)
+            })
             .expect("spawning the engine thread");
         (handle, thread)
+    }
+
+    /// Whether the engine thread is still running (false after it died of a panic).
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Relaxed)
     }
 
     /// Queues a request; its events arrive on the returned receiver. Dropping
     /// the receiver cancels the request.
     pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Event>, ApiError> {
+        if !self.is_alive() {
+            return Err(engine_down());
+        }
         if self.pending.fetch_add(1, Relaxed) >= self.max_pending {
             self.pending.fetch_sub(1, Relaxed);
             return Err(ApiError::overloaded(format!("{} requests are already queued or running; retry later", self.max_pending)));
@@ -91,7 +133,8 @@ impl EngineHandle {
         let (tx, rx) = unbounded_channel();
         if self.tx.send(Command::Submit(job, Box::new(Sink(tx)), Instant::now())).is_err() {
             self.pending.fetch_sub(1, Relaxed);
-            return Err(ApiError::unavailable("the engine is shutting down"));
+            // The receiver is gone only once the engine thread has ended.
+            return Err(engine_down());
         }
         Ok(rx)
     }
@@ -99,5 +142,50 @@ impl EngineHandle {
     /// Drops the idle sessions of a tenant key.
     pub fn forget(&self, tenant: String) {
         let _ = self.tx.send(Command::Forget(tenant));
+    }
+}
+
+/// What a request gets once the engine thread has died: a 503 that says so (not a KV-budget
+/// "retry later": it will not come back without a restart).
+fn engine_down() -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        code: Some("engine_down"),
+        retry_after: None,
+        ..ApiError::internal("the engine thread has stopped after a fault; the server must be restarted")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue_19_a_dead_engine_thread_is_reported_and_refuses_jobs() {
+        let (handle, thread) = EngineHandle::spawn(4, Arc::new(Metrics::default()), |_, _rx| panic!("injected engine fault"));
+        assert!(thread.join().is_err(), "the stand-in engine died");
+        assert!(!handle.is_alive());
+        let job = Job {
+            tenant: "t".into(),
+            session: None,
+            text: None,
+            add_special: false,
+            prompt: vec![1],
+            params: Default::default(),
+            pinned: false,
+        };
+        let e = handle.submit(job).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.code, Some("engine_down"));
+        assert!(e.message.contains("engine thread has stopped"), "{}", e.message);
+        assert_eq!(handle.pending.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_running_engine_is_alive() {
+        let (handle, thread) = EngineHandle::spawn(4, Arc::new(Metrics::default()), |_, rx| while rx.recv().is_ok() {});
+        assert!(handle.is_alive());
+        drop(handle);
+        thread.join().unwrap();
     }
 }

@@ -1,6 +1,12 @@
 //! One step: every decoding sequence's next token plus at most one prefill chunk
 //! (round-robin) in a single forward call; then sampling and streaming per sequence.
+//!
+//! Invariant: a panic in the forward pass or in a sequence's sampling is contained to the
+//! step: the sequences it computed fail with an Internal "engine fault" error and their
+//! caches are dropped (never checked in); the engine thread goes on serving.
 
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
@@ -86,12 +92,21 @@ impl Engine<'_> {
         if steps.is_empty() {
             return;
         }
-        let result = self.model.forward(&mut steps);
+        // A panic in the forward pass (a kernel, a cache write) fails this step's sequences,
+        // not the engine thread: every other request, queued or to come, goes on.
+        let result = catch_unwind(AssertUnwindSafe(|| self.model.forward(&mut steps)));
         drop(steps);
         self.metrics.steps.fetch_add(1, Relaxed);
         let outs = match result {
-            Ok(o) => o,
-            Err(e) => {
+            Ok(Ok(o)) => o,
+            Err(panic) => {
+                let message = self.fault(&*panic, "the forward pass");
+                for &i in who.iter().rev() {
+                    self.retire_faulted(i, &message);
+                }
+                return;
+            }
+            Ok(Err(e)) => {
                 tracing::error!("forward failed: {e}");
                 for &i in who.iter().rev() {
                     let s = &mut self.active[i];
@@ -117,10 +132,49 @@ impl Engine<'_> {
             if self.active[i].restore.is_some() && !self.settle_restore(i) {
                 continue;
             }
-            if let Some(outcome) = self.sample(i, &mut logits) {
-                self.retire(i, outcome);
+            // Sampling and detokenizing are contained per sequence: one that panics fails alone.
+            match catch_unwind(AssertUnwindSafe(|| self.sample(i, &mut logits))) {
+                Ok(Some(outcome)) => self.retire(i, outcome),
+                Ok(None) => {}
+                Err(panic) => {
+                    let message = self.fault(&*panic, "sampling");
+                    self.retire_faulted(i, &message);
+                }
             }
         }
+    }
+
+    /// Counts and logs a panic caught in `stage` of a step; returns its message.
+    fn fault(&self, panic: &(dyn Any + Send), stage: &str) -> String {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        self.metrics.step_faults.fetch_add(1, Relaxed);
+        tracing::error!("engine fault in {stage}: {message}; its sequences fail, the engine goes on");
+        message
+    }
+
+    /// Ends sequence `at` after a panic in its step: it fails with an Internal "engine fault"
+    /// error and its cache is dropped, never checked in. NOTE: the panic may have left the
+    /// sequence half-updated (`kv` written for tokens not in `tokens`, a reservation unused,
+    /// `out` mid-token), so nothing of it is trusted; its blocks go back to the pool on drop.
+    fn retire_faulted(&mut self, at: usize, message: &str) {
+        // A pending restore is still settled: the file's verdict does not depend on this step
+        // (a sound file's session joins the store as read from disk; a corrupt one is deleted).
+        if let Some((p, _)) = self.active[at].restore.take() {
+            if !self.policy.verify_restore(p) {
+                self.metrics.restores_failed.fetch_add(1, Relaxed);
+            }
+        }
+        let s = self.active.remove(at);
+        self.pending.fetch_sub(1, Relaxed);
+        s.events.send(Event::Failed(JobError::new(JobErrorKind::Internal, format!("engine fault: {message}"))));
+        if s.forgotten {
+            self.policy.forget_owner(&s.tenant);
+        }
+        self.idle_work = true;
     }
 
     /// Waits for the checksum of the session sequence `at` was restored from.
