@@ -85,6 +85,28 @@ def test_bad_requests(client, server, kwargs):
     assert e.value.body and e.value.body.get("message")
 
 
+@pytest.mark.parametrize("field,kwargs", [
+    ("tools", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
+    ("logit_bias", dict(logit_bias={"5": 10})),
+    ("logprobs", dict(logprobs=True, top_logprobs=2)),
+])
+def test_unsupported_fields_are_refused_by_name(client, server, field, kwargs):
+    # Issue 19: these were silently ignored.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=server["model"], messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=2, **kwargs)
+    assert e.value.body["param"] == field
+    assert f"`{field}`" in e.value.body["message"]
+
+
+def test_a_body_over_the_limit_is_a_json_413(client, server):
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model=server["model"], max_tokens=2,
+                                       messages=[{"role": "user", "content": "a" * (3 << 20)}])
+    assert e.value.status_code == 413
+    assert e.value.body["code"] == "request_too_large"
+
+
 def test_unknown_model(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])

@@ -1,7 +1,8 @@
 //! Anthropic Messages API: `POST /v1/messages`, non-streamed and streamed
 //! (`message_start`, `content_block_start`, `content_block_delta`,
 //! `content_block_stop`, `message_delta`, `message_stop`). Errors use
-//! Anthropic's body shape.
+//! Anthropic's body shape. `tools` and `tool_choice` are rejected with a
+//! 400 naming the field.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -13,7 +14,7 @@ use engram_tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::{self, Sampling};
+use crate::api::{self, Sampling, Unsupported};
 use crate::error::{AnthropicError, ApiError};
 use crate::openai::Content;
 use crate::scheduler::{Event, Job};
@@ -37,6 +38,8 @@ struct MessagesRequest {
     top_k: Option<i64>,
     stop_sequences: Option<Vec<String>>,
     session_id: Option<String>,
+    #[serde(flatten)]
+    unsupported: Unsupported,
 }
 
 fn stop_reason(f: FinishReason, stopped_by_sequence: bool) -> &'static str {
@@ -52,6 +55,7 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     let tenant = api::tenant(&s, &headers)?;
     let req: MessagesRequest = api::parse(&body)?;
     api::check_model(&s, req.model.as_deref())?;
+    req.unsupported.check()?;
     let session = api::session(&headers, req.session_id.as_deref())?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_param("messages", "messages must contain at least one message").into());

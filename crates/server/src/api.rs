@@ -67,6 +67,51 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     })
 }
 
+/// Request fields of the OpenAI and Anthropic APIs this server does not
+/// implement, flattened into each request so they are rejected with a 400
+/// naming the field instead of being silently ignored (serde ignores
+/// unknown fields). NOTE: values that ask for nothing (`null`, `false`,
+/// `[]`, `{}`, `"none"`) are accepted, as some clients always send them.
+#[derive(Deserialize, Debug, Default)]
+pub struct Unsupported {
+    tools: Option<serde_json::Value>,
+    tool_choice: Option<serde_json::Value>,
+    functions: Option<serde_json::Value>,
+    function_call: Option<serde_json::Value>,
+    logit_bias: Option<serde_json::Value>,
+    logprobs: Option<serde_json::Value>,
+    top_logprobs: Option<serde_json::Value>,
+}
+
+impl Unsupported {
+    /// A 400 for the first field that asks for something.
+    pub fn check(&self) -> Result<(), ApiError> {
+        use serde_json::Value;
+        let fields = [
+            ("tools", &self.tools, "tool calling is not supported"),
+            ("tool_choice", &self.tool_choice, "tool calling is not supported"),
+            ("functions", &self.functions, "function calling is not supported"),
+            ("function_call", &self.function_call, "function calling is not supported"),
+            ("logit_bias", &self.logit_bias, "logit_bias is not supported"),
+            ("logprobs", &self.logprobs, "logprobs are not supported"),
+            ("top_logprobs", &self.top_logprobs, "logprobs are not supported"),
+        ];
+        for (name, value, why) in fields {
+            let asks = match value {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+                Some(Value::Array(a)) => !a.is_empty(),
+                Some(Value::Object(o)) => !o.is_empty(),
+                Some(Value::String(s)) => s != "none",
+                Some(_) => true,
+            };
+            if asks {
+                return Err(ApiError::bad_param(name, format!("`{name}`: {why} by this server; remove the field")));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Ids a request may name as `model`.
 pub fn model_ids(s: &AppState) -> Vec<String> {
     let mut ids = vec![s.config.model_id.clone(), "default".into(), "engram".into()];

@@ -37,6 +37,18 @@ impl ApiError {
         ApiError { param: Some(param.to_string()), ..ApiError::bad_request(message) }
     }
 
+    /// 413: the body is over `limit` bytes.
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError {
+            code: Some("request_too_large"),
+            ..ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("the request body is over this server's limit of {limit} bytes"),
+            )
+        }
+    }
+
     /// 404.
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message)
@@ -94,6 +106,7 @@ impl ApiError {
         let kind = match self.status.as_u16() {
             401 => "authentication_error",
             404 => "not_found_error",
+            413 => "request_too_large",
             429 => "rate_limit_error",
             503 | 529 => "overloaded_error",
             s if s >= 500 => "api_error",

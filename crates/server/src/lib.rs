@@ -37,7 +37,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -48,6 +48,9 @@ use engram_model::Model;
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use scheduler::{DiskConfig, EngineHandle, Event, Job, SchedulerConfig};
+
+/// The largest request body any route reads (a bigger one is a 413).
+pub const MAX_BODY_BYTES: usize = 2 << 20;
 
 /// How the server behaves.
 #[derive(Clone, Debug)]
@@ -124,6 +127,8 @@ impl Server {
             .route("/v1/agents/{id}", get(agents::get).delete(agents::delete))
             .route("/v1/agents/{id}/generate", post(agents::generate))
             .fallback(not_found)
+            .layer(middleware::from_fn(json_too_large))
+            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .layer(middleware::from_fn_with_state(self.state.clone(), count_requests))
             .with_state(self.state.clone())
     }
@@ -186,4 +191,22 @@ async fn count_requests(State(s): State<AppState>, req: Request, next: Next) -> 
     let r = next.run(req).await;
     s.metrics.count_request(&route, r.status().as_u16());
     r
+}
+
+/// axum's body limit answers a plain-text 413 before any handler runs;
+/// this renders it as the API's JSON error (Anthropic's shape under
+/// `/v1/messages`, OpenAI's elsewhere), as every other rejection is.
+async fn json_too_large(req: Request, next: Next) -> Response {
+    let anthropic = req.uri().path().starts_with("/v1/messages");
+    let r = next.run(req).await;
+    let json = r.headers().get(axum::http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if r.status() != axum::http::StatusCode::PAYLOAD_TOO_LARGE || json {
+        return r;
+    }
+    let e = ApiError::too_large(MAX_BODY_BYTES);
+    if anthropic {
+        error::AnthropicError(e).into_response()
+    } else {
+        e.into_response()
+    }
 }

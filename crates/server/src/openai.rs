@@ -1,7 +1,9 @@
 //! OpenAI-compatible endpoints: `/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`. Extensions: `session_id` (or `X-Session-Id`) names a
 //! session; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos` as in vLLM;
-//! responses carry the session in `X-Session-Id`.
+//! responses carry the session in `X-Session-Id`. Not implemented, and
+//! rejected with a 400 naming the field: `tools`, `tool_choice`,
+//! `functions`, `function_call`, `logit_bias`, `logprobs`, `top_logprobs`.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -13,7 +15,7 @@ use engram_tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{self, Sampling, Started, StopField};
+use crate::api::{self, Sampling, Started, StopField, Unsupported};
 use crate::error::ApiError;
 use crate::scheduler::{Event, Job};
 use crate::{sse, AppState};
@@ -140,6 +142,8 @@ struct ChatRequest {
     max_completion_tokens: Option<i64>,
     #[serde(flatten)]
     sampling: SamplingFields,
+    #[serde(flatten)]
+    unsupported: Unsupported,
     n: Option<i64>,
     session_id: Option<String>,
 }
@@ -161,6 +165,8 @@ struct CompletionRequest {
     max_tokens: Option<i64>,
     #[serde(flatten)]
     sampling: SamplingFields,
+    #[serde(flatten)]
+    unsupported: Unsupported,
     n: Option<i64>,
     session_id: Option<String>,
 }
@@ -211,6 +217,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let tenant = api::tenant(&s, &headers)?;
     let req: ChatRequest = api::parse(&body)?;
     api::check_model(&s, req.model.as_deref())?;
+    req.unsupported.check()?;
     check_n(req.n)?;
     let session = api::session(&headers, req.session_id.as_deref())?;
     let messages = to_chat(req.messages)?;
@@ -266,6 +273,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     let tenant = api::tenant(&s, &headers)?;
     let req: CompletionRequest = api::parse(&body)?;
     api::check_model(&s, req.model.as_deref())?;
+    req.unsupported.check()?;
     check_n(req.n)?;
     let session = api::session(&headers, req.session_id.as_deref())?;
     let tok = &s.model.tokenizer;
