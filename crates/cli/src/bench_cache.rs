@@ -238,10 +238,10 @@ pub fn run(a: Args) -> Result<()> {
         let mut g = Generator::new(&model, &pool);
         g.feed(&system, false)?;
         let (kv, toks) = g.into_parts();
-        index.insert(&toks, &kv);
+        index.insert(None, &toks, &kv);
         drop(kv);
         let t = Instant::now();
-        let shared = index.lookup(&pool, &prompt);
+        let shared = index.lookup(&pool, None, &prompt);
         let reused = shared.len();
         let mut gen = Generator::from_parts(&model, shared, prompt[..reused].to_vec());
         gen.generate(&prompt, &one_token(), &mut |_| true)?;

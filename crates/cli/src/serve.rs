@@ -50,6 +50,11 @@ pub struct Args {
     /// else the LLM's pooled hidden states (with a warning).
     #[arg(long, value_name = "PATH|pooled|none")]
     embedder: Option<PathBuf>,
+    /// Let every tenant (API key) reuse the prefix blocks other tenants computed. Off by
+    /// default: reuse would tell a tenant, through `cached_tokens` and time to first token,
+    /// that another tenant sent the same text.
+    #[arg(long)]
+    share_prefixes_across_tenants: bool,
 }
 
 /// The encoder `--embedder` (or `$ENGRAM_EMBEDDER`) names, or the one discovered, or the
@@ -126,6 +131,7 @@ pub fn run(mut a: Args) -> Result<()> {
             max_batch: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
             disk: disk_config(&a)?,
+            share_prefixes_across_tenants: a.share_prefixes_across_tenants,
             ..Default::default()
         },
     };

@@ -5,7 +5,8 @@
 //!
 //! - [`PrefixIndex`] (seed 001): every full block of every finished
 //!   sequence is indexed by a chained hash of (parent hash, block tokens,
-//!   model fingerprint). A new sequence reuses the longest indexed chain at
+//!   model fingerprint), its root salted per tenant unless sharing across
+//!   tenants is opted into. A new sequence reuses the longest indexed chain at
 //!   any block boundary — seed 001's multi-granularity matching for free.
 //!   A hash hit is confirmed against the stored tokens, so a collision is a
 //!   miss, never a wrong answer.
@@ -25,6 +26,6 @@ mod persist;
 mod prefix;
 mod session;
 
-pub use persist::{disk_id, CatalogEntry, PersistedSessions};
-pub use prefix::{chain_hashes, PrefixIndex};
+pub use persist::{disk_id, CatalogEntry, PersistedSessions, PrefixCatalogEntry};
+pub use prefix::{chain_hashes, chain_root, PrefixIndex};
 pub use session::{Checkout, MatchKind, PendingRestore, Session, SessionStore};

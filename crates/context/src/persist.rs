@@ -8,7 +8,8 @@
 //!                       the engine waits for it before the first token (`PendingRestore`)
 //! ```
 //! An entry's `owner` metadata is `"<owner>/<session id>"` (session ids never
-//! contain `/`). Invariant: saves and removals of a session are carried out in
+//! contain `/`); a shared prefix chain's is its salt, `"salt/<tenant>"`, or empty
+//! for a chain shared across tenants. Invariant: saves and removals of a session are carried out in
 //! the order they were queued; what `flush` returns after is on disk (or gone), written
 //! atomically (temp file, fsync, rename); a file that fails validation is
 //! dropped by the store and the session is recomputed, never misused.
@@ -27,6 +28,15 @@ use engram_kv::{KvPool, SeqKv};
 pub fn disk_id(owner: &str, session_id: &str) -> String {
     let h = engram_model::model::fnv1a64(0, format!("{owner}\u{0}{session_id}").as_bytes());
     format!("session-{h:016x}")
+}
+
+/// A persisted shared prefix chain: whole blocks of `tokens`, findable only by lookups
+/// under `salt` (see [`crate::prefix::chain_root`]).
+#[derive(Clone, Debug)]
+pub struct PrefixCatalogEntry {
+    pub disk_id: String,
+    pub salt: Option<String>,
+    pub tokens: Vec<u32>,
 }
 
 /// A persisted session the process knows about but has not loaded.
@@ -160,25 +170,32 @@ impl PersistedSessions {
         }
     }
 
-    /// Shared prefix chains on disk made by this model and KV format: (store id, tokens).
-    pub fn prefix_catalog(&self) -> Vec<(String, Vec<u32>)> {
+    /// Shared prefix chains on disk made by this model and KV format.
+    pub fn prefix_catalog(&self) -> Vec<PrefixCatalogEntry> {
         let s = self.store.lock().unwrap_or_else(|e| e.into_inner());
         s.list()
             .into_iter()
             .filter(|e| e.kind == EntryKind::Prefix)
             .filter_map(|e| {
                 let info = s.inspect(&e.id).ok()?;
-                (info.meta.fingerprint == self.fingerprint).then(|| (e.id.clone(), info.meta.tokens))
+                if info.meta.fingerprint != self.fingerprint {
+                    return None;
+                }
+                let salt = match info.meta.owner.as_str() {
+                    "" => None,
+                    o => Some(o.strip_prefix("salt/")?.to_string()),
+                };
+                Some(PrefixCatalogEntry { disk_id: e.id.clone(), salt, tokens: info.meta.tokens })
             })
             .collect()
     }
 
-    /// Queues a shared prefix chain (whole blocks) for writing as `id`.
-    pub fn save_prefix(&self, id: &str, tokens: &[u32], kv: SeqKv) {
+    /// Queues a shared prefix chain (whole blocks) indexed under `salt` for writing as `id`.
+    pub fn save_prefix(&self, id: &str, salt: Option<&str>, tokens: &[u32], kv: SeqKv) {
         let meta = EntryMeta {
             fingerprint: self.fingerprint.clone(),
             kind: EntryKind::Prefix,
-            owner: String::new(),
+            owner: salt.map_or_else(String::new, |s| format!("salt/{s}")),
             tokens: tokens.to_vec(),
             text: String::new(),
             offsets: Vec::new(),

@@ -2,12 +2,17 @@
 //!
 //! ```text
 //!  tokens:  [ b0: 0..32 ][ b1: 32..64 ][ b2: 64..96 ][ partial ]
-//!  hashes:    h0 = H(seed, fp, b0)  h1 = H(h0, fp, b1)  h2 = H(h1, fp, b2)   (partial: not indexed)
+//!  root  =  fp                       (salt None: shared by every tenant)
+//!           H(fp, "salt", owner)     (salt Some(owner): that tenant's chains only)
+//!  hashes:    h0 = H(root, fp, b0)  h1 = H(h0, fp, b1)  h2 = H(h1, fp, b2)   (partial: not indexed)
 //! ```
 //! Invariant: an entry is returned only if its stored tokens and parent hash
 //! equal the query's, so the reused chain is token-for-token the query's
-//! prefix. Hashes use FNV-1a over little-endian ids: stable across
-//! processes and versions, so persisted chains stay findable.
+//! prefix — and, since the root is salted (like vLLM's `cache_salt`), a
+//! lookup under one salt never returns a block indexed under another: a
+//! tenant's `cached_tokens` say nothing about what other tenants sent.
+//! Hashes use FNV-1a over little-endian ids: stable across processes and
+//! versions, so persisted chains stay findable.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,9 +28,25 @@ struct Entry {
     last_used: u64,
 }
 
-/// The chained hashes of the full blocks of `tokens`.
-pub fn chain_hashes(fingerprint: Fingerprint, tokens: &[u32]) -> Vec<u64> {
-    let mut parent = fingerprint.0;
+/// The parent hash of a chain's first block: the fingerprint alone when
+/// unsalted, else bound to `salt` (a tenant), so chains of different salts
+/// never meet.
+pub fn chain_root(fingerprint: Fingerprint, salt: Option<&str>) -> u64 {
+    match salt {
+        None => fingerprint.0,
+        Some(s) => {
+            let mut bytes = Vec::with_capacity(13 + s.len());
+            bytes.extend_from_slice(&fingerprint.0.to_le_bytes());
+            bytes.extend_from_slice(b"salt\0");
+            bytes.extend_from_slice(s.as_bytes());
+            fnv1a64(0, &bytes)
+        }
+    }
+}
+
+/// The chained hashes of the full blocks of `tokens` under `salt` (see [`chain_root`]).
+pub fn chain_hashes(fingerprint: Fingerprint, salt: Option<&str>, tokens: &[u32]) -> Vec<u64> {
+    let mut parent = chain_root(fingerprint, salt);
     tokens
         .chunks_exact(BLOCK_TOKENS)
         .map(|b| {
@@ -41,7 +62,8 @@ pub fn chain_hashes(fingerprint: Fingerprint, tokens: &[u32]) -> Vec<u64> {
         .collect()
 }
 
-/// Full blocks of finished sequences, shared read-only by any sequence that starts the same way.
+/// Full blocks of finished sequences, shared read-only by any sequence that starts the same
+/// way under the same salt.
 pub struct PrefixIndex {
     fingerprint: Fingerprint,
     entries: HashMap<u64, Entry>,
@@ -75,12 +97,13 @@ impl PrefixIndex {
         (self.hits, self.misses)
     }
 
-    /// Indexes the full blocks of a sequence holding `tokens`.
-    pub fn insert(&mut self, tokens: &[u32], kv: &SeqKv) {
+    /// Indexes the full blocks of a sequence holding `tokens` under `salt`
+    /// (`None`: findable by every lookup without a salt).
+    pub fn insert(&mut self, salt: Option<&str>, tokens: &[u32], kv: &SeqKv) {
         debug_assert_eq!(tokens.len(), kv.len());
         self.clock += 1;
-        let hashes = chain_hashes(self.fingerprint, tokens);
-        let mut parent = self.fingerprint.0;
+        let hashes = chain_hashes(self.fingerprint, salt, tokens);
+        let mut parent = chain_root(self.fingerprint, salt);
         for (i, h) in hashes.iter().enumerate() {
             let block = &kv.blocks()[i];
             let e = self.entries.entry(*h).or_insert_with(|| Entry {
@@ -94,13 +117,13 @@ impl PrefixIndex {
         }
     }
 
-    /// The longest indexed prefix of `tokens` (whole blocks), as a new
-    /// sequence sharing those blocks.
-    pub fn lookup(&mut self, pool: &KvPool, tokens: &[u32]) -> SeqKv {
+    /// The longest prefix of `tokens` (whole blocks) indexed under `salt`, as
+    /// a new sequence sharing those blocks.
+    pub fn lookup(&mut self, pool: &KvPool, salt: Option<&str>, tokens: &[u32]) -> SeqKv {
         self.clock += 1;
         let mut blocks = Vec::new();
-        let mut parent = self.fingerprint.0;
-        for (i, h) in chain_hashes(self.fingerprint, tokens).into_iter().enumerate() {
+        let mut parent = chain_root(self.fingerprint, salt);
+        for (i, h) in chain_hashes(self.fingerprint, salt, tokens).into_iter().enumerate() {
             match self.entries.get_mut(&h) {
                 Some(e) if e.parent == parent && e.tokens == tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS] => {
                     e.last_used = self.clock;

@@ -18,7 +18,7 @@ use engram_kv::{ChecksumCheck, KvPool, SeqKv, Span};
 use engram_model::Fingerprint;
 use engram_tokenizer::{Tokenizer, TokenizerError};
 
-use crate::persist::{CatalogEntry, PersistedSessions};
+use crate::persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 use crate::prefix::PrefixIndex;
 
 /// How a request matched the cache.
@@ -96,7 +96,8 @@ pub struct PendingRestore {
     check: ChecksumCheck,
 }
 
-/// Sessions of every owner plus the shared prefix index, for one model and pool.
+/// Sessions of every owner plus the shared prefix index (chains salted per owner
+/// unless shared across tenants), for one model and pool.
 pub struct SessionStore {
     pool: KvPool,
     sessions: HashMap<(String, String), Session>,
@@ -110,8 +111,10 @@ pub struct SessionStore {
     on_disk: HashMap<(String, String), CatalogEntry>,
     vocab: usize,
     restored: u64,
-    /// Shared prefix chains on disk: (store id, tokens), and the ids written or known.
-    prefixes_on_disk: Vec<(String, Vec<u32>)>,
+    /// Shared prefix chains on disk, written or known.
+    prefixes_on_disk: Vec<PrefixCatalogEntry>,
+    /// Whether prefix chains are shared by every owner (unsalted) instead of salted per owner.
+    share_prefixes_across_tenants: bool,
     /// Owners whose sessions are pinned on disk when saved (named agents).
     pinned_owners: HashSet<String>,
 }
@@ -142,8 +145,24 @@ impl SessionStore {
             vocab: usize::MAX,
             restored: 0,
             prefixes_on_disk: Vec::new(),
+            share_prefixes_across_tenants: false,
             pinned_owners: HashSet::new(),
         }
+    }
+
+    /// `true`: every owner's lookups reuse every owner's prefix blocks (one unsalted chain
+    /// space, as before issue 19). Default `false`: chains are salted per owner, so an owner
+    /// never reuses blocks another computed — reuse would reveal, through `cached_tokens` and
+    /// time to first token, that another tenant sent the same text. Persisted chains keep
+    /// their salt, so a restart changes neither.
+    pub fn with_shared_prefixes_across_tenants(mut self, share: bool) -> SessionStore {
+        self.share_prefixes_across_tenants = share;
+        self
+    }
+
+    /// The salt `owner`'s prefix chains are hashed under (`None`: shared by all).
+    fn salt<'a>(&self, owner: &'a str) -> Option<&'a str> {
+        (!self.share_prefixes_across_tenants).then_some(owner)
     }
 
     /// Adds the disk tier: every checked-in session is saved in the
@@ -293,8 +312,9 @@ impl SessionStore {
 
     /// Drops every session of `owner`, in RAM and on disk (the files are
     /// deleted by the writer thread, after any save of them already queued).
-    /// Blocks they share with the prefix index stay there until evicted: the
-    /// index is keyed by content, not by owner.
+    /// Blocks they share with the prefix index stay there until evicted (under
+    /// the owner's salt, unreachable by other owners unless prefixes are shared
+    /// across tenants).
     pub fn forget_owner(&mut self, owner: &str) {
         self.pinned_owners.remove(owner);
         let mine = |(o, _): &(String, String)| o == owner;
@@ -331,7 +351,8 @@ impl SessionStore {
                 (kind, id, k, kv)
             }
             _ => {
-                let kv = self.index.lookup(&self.pool, prompt);
+                let salt = self.salt(owner);
+                let kv = self.index.lookup(&self.pool, salt, prompt);
                 let k = kv.len();
                 let id = session_id.map(str::to_string).unwrap_or_else(|| self.fresh_id());
                 (if k > 0 { MatchKind::Prefix } else { MatchKind::Miss }, id, k, kv)
@@ -434,54 +455,57 @@ impl SessionStore {
         let enc = tok.encode(text, add_special)?;
         let mut token_ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
         fix_ends(&mut token_ends, 0);
-        let mut kv = self.index.lookup(&self.pool, &enc.ids);
-        if self.restore_prefix(&enc.ids, kv.len()) {
-            kv = self.index.lookup(&self.pool, &enc.ids);
+        let salt = self.salt(owner);
+        let mut kv = self.index.lookup(&self.pool, salt, &enc.ids);
+        if self.restore_prefix(salt, &enc.ids, kv.len()) {
+            kv = self.index.lookup(&self.pool, salt, &enc.ids);
         }
         let reused = kv.len();
-        self.persist_prefix(&enc.ids, &kv);
+        self.persist_prefix(salt, &enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
         Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv, restore: None, spans: Vec::new() })
     }
 
-    /// Loads the longest persisted prefix chain that `ids` starts with, if it
-    /// beats the `reused` tokens the RAM index gave; true if one was loaded.
-    fn restore_prefix(&mut self, ids: &[u32], reused: usize) -> bool {
+    /// Loads the longest persisted prefix chain under `salt` that `ids` starts
+    /// with, if it beats the `reused` tokens the RAM index gave; true if one was loaded.
+    fn restore_prefix(&mut self, salt: Option<&str>, ids: &[u32], reused: usize) -> bool {
         let Some(disk) = &self.disk else { return false };
         let best = self
             .prefixes_on_disk
             .iter()
-            .filter(|(_, t)| t.len() > reused && ids.starts_with(t))
-            .max_by_key(|(_, t)| t.len())
-            .map(|(id, _)| id.clone());
+            .filter(|e| e.salt.as_deref() == salt && e.tokens.len() > reused && ids.starts_with(&e.tokens))
+            .max_by_key(|e| e.tokens.len())
+            .map(|e| e.disk_id.clone());
         let Some(id) = best else { return false };
         match disk.load(&id, &self.pool, self.vocab) {
             Some((meta, kv)) => {
-                self.index.insert(&meta.tokens[..kv.len()], &kv);
+                self.index.insert(salt, &meta.tokens[..kv.len()], &kv);
                 true
             }
             None => {
-                self.prefixes_on_disk.retain(|(i, _)| *i != id);
+                self.prefixes_on_disk.retain(|e| e.disk_id != id);
                 false
             }
         }
     }
 
     /// A chain the index just shared is evidently common (a system prompt):
-    /// persist it as a shared prefix entry, once.
-    fn persist_prefix(&mut self, ids: &[u32], kv: &SeqKv) {
+    /// persist it as a shared prefix entry under its `salt`, once (the id is the
+    /// salted chain's last hash, so each salt has its own entry).
+    fn persist_prefix(&mut self, salt: Option<&str>, ids: &[u32], kv: &SeqKv) {
         let n = kv.len();
         let Some(disk) = &self.disk else { return };
         if n == 0 {
             return;
         }
-        let hashes = crate::prefix::chain_hashes(self.index.fingerprint(), &ids[..n]);
+        let hashes = crate::prefix::chain_hashes(self.index.fingerprint(), salt, &ids[..n]);
         let id = format!("prefix-{:016x}", hashes[hashes.len() - 1]);
-        if self.prefixes_on_disk.iter().any(|(i, _)| *i == id) {
+        if self.prefixes_on_disk.iter().any(|e| e.disk_id == id) {
             return;
         }
-        disk.save_prefix(&id, &ids[..n], kv.fork(n));
-        self.prefixes_on_disk.push((id, ids[..n].to_vec()));
+        disk.save_prefix(&id, salt, &ids[..n], kv.fork(n));
+        let salt = salt.map(str::to_string);
+        self.prefixes_on_disk.push(PrefixCatalogEntry { disk_id: id, salt, tokens: ids[..n].to_vec() });
     }
 
     /// Stores (or replaces) a session after a request, and indexes its full
@@ -503,7 +527,8 @@ impl SessionStore {
         tokens.truncate(keep);
         token_ends.truncate(keep);
         kv.truncate(keep);
-        self.index.insert(&tokens, &kv);
+        let salt = self.salt(owner);
+        self.index.insert(salt, &tokens, &kv);
         if tokens.is_empty() {
             self.sessions.remove(&(owner.to_string(), session_id.to_string()));
             return;

@@ -86,7 +86,8 @@ fn exact_extend_diverge_and_shared_prefix_equal_cold() {
     let m = model();
     for format in [KvFormat::F32, KvFormat::F16] {
         let pool = KvPool::new(KvLayout::of(&m.config), format, 256 << 20);
-        let mut store = SessionStore::new(pool, m.fingerprint);
+        // Sharing across tenants opted into: bob's turn below reuses alice's prefix blocks.
+        let mut store = SessionStore::new(pool, m.fingerprint).with_shared_prefixes_across_tenants(true);
         let system = "You are a careful assistant who keeps every fact about the user's week. ".repeat(3);
         let t1 = format!("{system}User: plan my Monday.\nAssistant:");
         let (k1, r1, out1) = turn(&mut store, "alice", &t1, 8);
@@ -217,15 +218,16 @@ proptest! {
     }
 }
 
-/// A system prompt shared by two owners is persisted as a prefix chain; a
-/// restarted store gives a third owner those blocks from disk, and the turn
-/// still equals a cold run.
+/// With sharing across tenants opted into, a system prompt shared by two owners is
+/// persisted as a prefix chain; a restarted store gives a third owner those blocks
+/// from disk, and the turn still equals a cold run. (Per-tenant chains:
+/// `tests/tenants.rs`.)
 #[test]
 fn shared_prefix_chains_survive_a_restart() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
-    let open = || open_with_disk(&pool, dir.path(), engram_kv::EvictionPolicy::Weighted);
+    let open = || open_with_disk(&pool, dir.path(), engram_kv::EvictionPolicy::Weighted).with_shared_prefixes_across_tenants(true);
     let system = "You are the assistant of a clinic; answer briefly and kindly, and never guess. ".repeat(3);
     let mut store = open();
     turn(&mut store, "alice", &format!("{system}User: hi\nAssistant:"), 3);

@@ -59,6 +59,9 @@ pub struct SchedulerConfig {
     pub max_sessions: usize,
     /// Where sessions persist across restarts (`None`: RAM only).
     pub disk: Option<DiskConfig>,
+    /// Let every tenant reuse every tenant's shared prefix blocks (default false: chains are
+    /// salted per tenant, so `cached_tokens` never reveal another tenant's text).
+    pub share_prefixes_across_tenants: bool,
 }
 
 /// The disk tier of the session store.
@@ -71,7 +74,14 @@ pub struct DiskConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        SchedulerConfig { prefill_chunk: 256, max_batch: 16, max_pending: 256, max_sessions: 256, disk: None }
+        SchedulerConfig {
+            prefill_chunk: 256,
+            max_batch: 16,
+            max_pending: 256,
+            max_sessions: 256,
+            disk: None,
+            share_prefixes_across_tenants: false,
+        }
     }
 }
 
@@ -207,7 +217,9 @@ pub fn run_engine_with(
 /// Today's behaviour: a [`SessionStore`] (sessions matched by characters, the shared prefix
 /// index, persistence to `config.disk` when given).
 pub fn default_policy(model: &Model, pool: &KvPool, config: &SchedulerConfig) -> Box<dyn ContextPolicy> {
-    let mut sessions = SessionStore::new(pool.clone(), model.fingerprint).with_max_sessions(config.max_sessions);
+    let mut sessions = SessionStore::new(pool.clone(), model.fingerprint)
+        .with_max_sessions(config.max_sessions)
+        .with_shared_prefixes_across_tenants(config.share_prefixes_across_tenants);
     if let Some(d) = &config.disk {
         let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
         match engram_context::PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {

@@ -1,0 +1,107 @@
+//! Issue 19 item 1, "shared prefixes leak across tenants": the shared prefix
+//! index is salted per owner, so one tenant never reuses blocks another
+//! tenant computed (`cached_tokens` would reveal whether another tenant sent
+//! that text) — in RAM, and from persisted `prefix-*` chains after a restart.
+
+use engram_context::{MatchKind, SessionStore};
+use engram_engine::Generator;
+use engram_fixture::{GgufFormat, Shape};
+use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_model::Model;
+use std::sync::OnceLock;
+
+fn model() -> &'static Model {
+    static M: OnceLock<(tempfile::TempDir, Model)> = OnceLock::new();
+    &M.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let f = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+        let m = Model::load(&f.hf_dir).unwrap();
+        (dir, m)
+    })
+    .1
+}
+
+fn pool() -> KvPool {
+    KvPool::new(KvLayout::of(&model().config), KvFormat::F32, 64 << 20)
+}
+
+/// What a (re)started process opens: a store over `pool` with a disk tier in `dir`,
+/// sharing prefixes across tenants when `share`.
+fn open_with_disk(pool: &KvPool, dir: &std::path::Path, share: bool) -> SessionStore {
+    let m = model();
+    let fp = engram_kv::cache_fingerprint(m.fingerprint, KvFormat::F32);
+    let disk = engram_context::PersistedSessions::open(dir, 64 << 20, engram_kv::EvictionPolicy::Weighted, fp).unwrap();
+    SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab).with_shared_prefixes_across_tenants(share)
+}
+
+/// A long prompt: several whole blocks of a system prompt, then `user`'s message.
+fn prompt(user: &str) -> String {
+    "You are the private assistant of one patient; this is their diagnosis and history in full. ".repeat(4)
+        + &format!("User: {user}\nAssistant:")
+}
+
+/// `owner` sends `text` (in the named session `session`, else matched by characters):
+/// checkout, prefill what was not reused, check in. Returns (kind, reused tokens).
+fn prefill(store: &mut SessionStore, owner: &str, session: Option<&str>, text: &str) -> (MatchKind, usize) {
+    let m = model();
+    let co = store.checkout(owner, session, text, true, &m.tokenizer).unwrap();
+    assert!(co.restore.is_none());
+    let (kind, reused, sid) = (co.kind, co.reused, co.session_id.clone());
+    let mut g = Generator::from_parts(m, co.kv, co.tokens[..reused].to_vec());
+    g.feed(&co.tokens[reused..], false).unwrap();
+    let (kv, _) = g.into_parts();
+    store.checkin(owner, &sid, text.to_string(), co.tokens, co.token_ends, kv);
+    (kind, reused)
+}
+
+#[test]
+fn a_tenant_never_reuses_another_tenants_prefix_blocks() {
+    let mut store = SessionStore::new(pool(), model().fingerprint);
+    let text = prompt("what now?");
+    assert_eq!(prefill(&mut store, "alice", None, &text), (MatchKind::Miss, 0));
+    assert!(store.index().len() >= 3, "alice's full blocks are indexed");
+    // bob sends alice's prompt word for word: nothing of hers is reused.
+    assert_eq!(prefill(&mut store, "bob", None, &text), (MatchKind::Miss, 0), "bob reused alice's blocks");
+    // What bob computed himself is his to share between his conversations (a new named one
+    // does not match his first session, only the prefix index).
+    let (kind, reused) = prefill(&mut store, "bob", Some("second"), &prompt("and then?"));
+    assert_eq!(kind, MatchKind::Prefix);
+    assert!(reused >= 64 && reused % 32 == 0, "bob's own whole blocks: {reused}");
+}
+
+/// The opt-in (`--share-prefixes-across-tenants`): every tenant reuses every tenant's blocks.
+#[test]
+fn sharing_across_tenants_is_opt_in() {
+    let mut store = SessionStore::new(pool(), model().fingerprint).with_shared_prefixes_across_tenants(true);
+    let text = prompt("what now?");
+    assert_eq!(prefill(&mut store, "alice", None, &text), (MatchKind::Miss, 0));
+    let (kind, reused) = prefill(&mut store, "bob", None, &text);
+    assert_eq!(kind, MatchKind::Prefix);
+    assert!(reused >= 96 && reused % 32 == 0, "alice's whole blocks: {reused}");
+}
+
+#[test]
+fn persisted_prefix_chains_stay_with_their_tenant_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool();
+    let mut store = open_with_disk(&pool, dir.path(), false);
+    prefill(&mut store, "alice", None, &prompt("what now?"));
+    // alice's second conversation shares her first's blocks: the chain is persisted as a prefix entry.
+    let (kind, reused) = prefill(&mut store, "alice", Some("second"), &prompt("and then?"));
+    assert_eq!(kind, MatchKind::Prefix);
+    assert!(reused >= 64);
+    drop(store);
+    let is_prefix = |e: &std::fs::DirEntry| e.file_name().to_string_lossy().starts_with("prefix-");
+    let prefixes = std::fs::read_dir(dir.path()).unwrap().filter(|e| is_prefix(e.as_ref().unwrap())).count();
+    assert_eq!(prefixes, 1, "alice's chain is on disk");
+    // After a restart bob gets none of it, not even with sharing turned on since (the chain
+    // keeps the salt it was written under) ...
+    for share in [false, true] {
+        let mut store = open_with_disk(&pool, dir.path(), share);
+        let co = store.checkout("bob", None, &prompt("is it serious?"), true, &model().tokenizer).unwrap();
+        assert_eq!((co.kind, co.reused), (MatchKind::Miss, 0), "bob reused alice's persisted chain (share {share})");
+    }
+    // ... while alice, in a new conversation, gets it back from disk.
+    let mut store = open_with_disk(&pool, dir.path(), false);
+    assert_eq!(prefill(&mut store, "alice", Some("third"), &prompt("is it serious?")), (MatchKind::Prefix, reused));
+}
