@@ -9,13 +9,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use engram_context::{Checkout, PendingRestore, SessionStore};
+use engram_context::{Checkout, SessionStore};
 mod common;
 
 use common::Collect;
 use engram_engine::{
-    run_engine_with, Command, ContextPolicy, Event, Generator, Job, JobErrorKind, Metrics, PolicyStats, Retired, SamplingParams,
-    SchedulerConfig,
+    run_engine_with, Command, ContextPolicy, Event, Generator, Job, JobErrorKind, Metrics, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
@@ -31,6 +30,7 @@ struct FaultyCache {
 }
 
 impl ContextPolicy for FaultyCache {
+    common::delegate_to_inner!();
     fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
         let mut c = self.inner.admit(o, s, t, a, p, tok)?;
         if o == "faulty" {
@@ -39,24 +39,9 @@ impl ContextPolicy for FaultyCache {
         }
         Ok(c)
     }
-    fn pin_owner(&mut self, owner: &str) {
-        ContextPolicy::pin_owner(&mut self.inner, owner)
-    }
-    fn make_room(&mut self, bytes: usize) -> bool {
-        ContextPolicy::make_room(&mut self.inner, bytes)
-    }
-    fn verify_restore(&mut self, r: PendingRestore) -> bool {
-        ContextPolicy::verify_restore(&mut self.inner, r)
-    }
     fn retire(&mut self, r: Retired) {
         self.retired.lock().unwrap().push(r.owner.clone());
         self.inner.retire(r)
-    }
-    fn forget_owner(&mut self, owner: &str) {
-        ContextPolicy::forget_owner(&mut self.inner, owner)
-    }
-    fn stats(&self) -> PolicyStats {
-        self.inner.stats()
     }
 }
 

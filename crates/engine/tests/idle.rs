@@ -2,15 +2,15 @@
 //! that arrives meanwhile waits at most one slice — counted, not timed: the slices that run
 //! between a submission and its admission are at most one. The measured wait is printed.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use engram_context::{Checkout, PendingRestore, SessionStore};
-use engram_engine::{
-    run_engine_with, Command, ContextPolicy, Event, EventSink, Job, Metrics, PolicyStats, Retired, SamplingParams, SchedulerConfig,
-};
+use engram_context::{Checkout, SessionStore};
+use engram_engine::{run_engine_with, Command, ContextPolicy, Event, EventSink, Job, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
@@ -27,27 +27,13 @@ struct Busy {
 }
 
 impl ContextPolicy for Busy {
+    common::delegate_to_inner!();
     fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
         self.admitted_at.lock().unwrap().push(self.slices.load(SeqCst));
         self.inner.admit(o, s, t, a, p, tok)
     }
-    fn pin_owner(&mut self, owner: &str) {
-        ContextPolicy::pin_owner(&mut self.inner, owner)
-    }
-    fn make_room(&mut self, bytes: usize) -> bool {
-        ContextPolicy::make_room(&mut self.inner, bytes)
-    }
-    fn verify_restore(&mut self, r: PendingRestore) -> bool {
-        ContextPolicy::verify_restore(&mut self.inner, r)
-    }
     fn retire(&mut self, r: Retired) {
         self.inner.retire(r)
-    }
-    fn forget_owner(&mut self, owner: &str) {
-        ContextPolicy::forget_owner(&mut self.inner, owner)
-    }
-    fn stats(&self) -> PolicyStats {
-        self.inner.stats()
     }
     fn idle_slice(&mut self) -> bool {
         let t = Instant::now();

@@ -9,13 +9,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use engram_context::{Checkout, PendingRestore, SessionStore};
+use engram_context::{Checkout, SessionStore};
 mod common;
 
 use common::Collect;
-use engram_engine::{
-    run_engine_with, Command, ContextPolicy, Generator, Job, Metrics, PolicyStats, Retired, SamplingParams, SchedulerConfig,
-};
+use engram_engine::{run_engine_with, Command, ContextPolicy, Generator, Job, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
@@ -29,6 +27,7 @@ struct AttachDoc {
 }
 
 impl ContextPolicy for AttachDoc {
+    common::delegate_to_inner!();
     fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
         let mut c = self.inner.admit(o, s, t, a, p, tok)?;
         if o == "reader" {
@@ -38,23 +37,8 @@ impl ContextPolicy for AttachDoc {
         }
         Ok(c)
     }
-    fn pin_owner(&mut self, owner: &str) {
-        ContextPolicy::pin_owner(&mut self.inner, owner)
-    }
-    fn make_room(&mut self, bytes: usize) -> bool {
-        ContextPolicy::make_room(&mut self.inner, bytes)
-    }
-    fn verify_restore(&mut self, r: PendingRestore) -> bool {
-        ContextPolicy::verify_restore(&mut self.inner, r)
-    }
     fn retire(&mut self, r: Retired) {
         self.inner.retire(r)
-    }
-    fn forget_owner(&mut self, owner: &str) {
-        ContextPolicy::forget_owner(&mut self.inner, owner)
-    }
-    fn stats(&self) -> PolicyStats {
-        self.inner.stats()
     }
 }
 

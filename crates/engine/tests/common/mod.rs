@@ -1,4 +1,7 @@
-//! What the engine's integration tests share: an `EventSink` that keeps a job's events.
+//! What the engine's integration tests share: an `EventSink` that keeps a job's events, and
+//! the `ContextPolicy` methods a test policy takes unchanged from the session store.
+
+#![allow(dead_code, unused_macros, unused_imports)]
 
 use std::sync::{Arc, Mutex};
 
@@ -27,3 +30,26 @@ impl Collect {
         (text, finish)
     }
 }
+
+/// The `ContextPolicy` methods a test policy (a struct with `inner: SessionStore`) takes
+/// unchanged: all but `admit`, `retire` and `idle_slice`, which the tests vary.
+macro_rules! delegate_to_inner {
+    () => {
+        fn pin_owner(&mut self, owner: &str) {
+            engram_engine::ContextPolicy::pin_owner(&mut self.inner, owner)
+        }
+        fn make_room(&mut self, bytes: usize) -> bool {
+            engram_engine::ContextPolicy::make_room(&mut self.inner, bytes)
+        }
+        fn verify_restore(&mut self, r: engram_context::PendingRestore) -> bool {
+            engram_engine::ContextPolicy::verify_restore(&mut self.inner, r)
+        }
+        fn forget_owner(&mut self, owner: &str) {
+            engram_engine::ContextPolicy::forget_owner(&mut self.inner, owner)
+        }
+        fn stats(&self) -> engram_engine::PolicyStats {
+            engram_engine::ContextPolicy::stats(&self.inner)
+        }
+    };
+}
+pub(crate) use delegate_to_inner;
