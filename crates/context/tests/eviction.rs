@@ -28,28 +28,19 @@
 //! A q8 run checks the accounting with recent windows (charged per distinct window; answers
 //! are not compared there: reused q8 KV is not bitwise a cold run's).
 
+mod common;
+
+use common::model;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use engram_context::{MatchKind, PersistedSessions, SessionStore};
-use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{Block, EvictionPolicy, KvFormat, KvLayout, KvPool, KvView, SeqKv, BLOCK_TOKENS};
-use engram_model::{KvCache, Logits, Model, SeqStep};
+use engram_model::{KvCache, Logits, SeqStep};
 use engram_tokenizer::StreamDecoder;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-
-fn model() -> &'static Model {
-    static M: OnceLock<(tempfile::TempDir, Model)> = OnceLock::new();
-    &M.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let f = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-        let m = Model::load(&f.hf_dir).unwrap();
-        (dir, m)
-    })
-    .1
-}
 
 const OWNERS: [&str; 3] = ["ana", "bo", "cy"];
 /// About 75 tokens: two full blocks the prefix index shares between owners, and a partial one.

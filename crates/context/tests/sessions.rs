@@ -4,24 +4,13 @@
 //! conversations with edits, evictions under a tiny budget and sessions
 //! sharing prefixes.
 
+mod common;
+
+use common::model;
 use engram_context::{MatchKind, SessionStore};
 use engram_engine::{Generator, SamplingParams};
-use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
-use engram_model::Model;
 use proptest::prelude::*;
-use std::sync::OnceLock;
-
-fn model() -> &'static Model {
-    static M: OnceLock<(tempfile::TempDir, Model)> = OnceLock::new();
-    &M.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let f = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-        let m = Model::load(&f.hf_dir).unwrap();
-        (dir, m)
-    })
-    .1
-}
 
 /// An f32 session store over `pool` with a 64 MiB disk tier in `dir`: what a
 /// (re)started process opens.

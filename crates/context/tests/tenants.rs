@@ -3,23 +3,12 @@
 //! tenant computed (`cached_tokens` would reveal whether another tenant sent
 //! that text) — in RAM, and from persisted `prefix-*` chains after a restart.
 
+mod common;
+
+use common::model;
 use engram_context::{MatchKind, SessionStore};
 use engram_engine::Generator;
-use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
-use engram_model::Model;
-use std::sync::OnceLock;
-
-fn model() -> &'static Model {
-    static M: OnceLock<(tempfile::TempDir, Model)> = OnceLock::new();
-    &M.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let f = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-        let m = Model::load(&f.hf_dir).unwrap();
-        (dir, m)
-    })
-    .1
-}
 
 fn pool() -> KvPool {
     KvPool::new(KvLayout::of(&model().config), KvFormat::F32, 64 << 20)

@@ -119,9 +119,6 @@ impl Metrics {
             ("engram_restores_failed_total", "Restored sessions whose file failed its checksum (recomputed cold).", &self.restores_failed),
             ("engram_step_faults_total", "Steps that panicked (their sequences failed with an engine fault).", &self.step_faults),
         ];
-        for (name, help, v) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));
-        }
         let gauges: [(&str, &str, &AtomicU64); 8] = [
             ("engram_sessions_on_disk", "Persisted sessions not loaded in RAM.", &self.sessions_on_disk),
             ("engram_sessions_restored", "Sessions restored from disk since start (warm hits).", &self.sessions_restored),
@@ -132,8 +129,10 @@ impl Metrics {
             ("engram_sequences_running", "Sequences in the batch.", &self.sequences_running),
             ("engram_requests_waiting", "Requests queued for admission.", &self.requests_waiting),
         ];
-        for (name, help, v) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", v.load(Relaxed));
+        for (kind, family) in [("counter", &counters[..]), ("gauge", &gauges[..])] {
+            for (name, help, v) in family {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}", v.load(Relaxed));
+            }
         }
         self.ttft.render(&mut out, "engram_time_to_first_token_seconds", "From submission to the first sampled token.");
         self.inter_token.render(&mut out, "engram_inter_token_seconds", "Between consecutive tokens of a sequence.");

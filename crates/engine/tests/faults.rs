@@ -9,12 +9,13 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::job;
 use engram_context::{Checkout, SessionStore};
 mod common;
 
 use common::Collect;
 use engram_engine::{
-    run_engine_with, Command, ContextPolicy, Event, Generator, Job, JobErrorKind, Metrics, Retired, SamplingParams, SchedulerConfig,
+    run_engine_with, Command, ContextPolicy, Event, Generator, JobErrorKind, Metrics, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
@@ -42,18 +43,6 @@ impl ContextPolicy for FaultyCache {
     fn retire(&mut self, r: Retired) {
         self.retired.lock().unwrap().push(r.owner.clone());
         self.inner.retire(r)
-    }
-}
-
-fn job(owner: &str, prompt: &[u32], params: &SamplingParams) -> Job {
-    Job {
-        tenant: owner.into(),
-        session: None,
-        text: None,
-        add_special: false,
-        prompt: prompt.to_vec(),
-        params: params.clone(),
-        pinned: false,
     }
 }
 

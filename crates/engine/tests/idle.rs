@@ -91,15 +91,8 @@ fn a_job_arriving_during_idle_work_waits_at_most_one_slice() {
         assert!(before > 0, "background work ran while idle");
         let started = Arc::new(Mutex::new(None));
         let prompt = model.tokenizer.encode("def f(x):", true).unwrap().ids;
-        let job = Job {
-            tenant: "t".into(),
-            session: None,
-            text: None,
-            add_special: true,
-            prompt,
-            params: SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() },
-            pinned: false,
-        };
+        let params = SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() };
+        let job = Job { add_special: true, ..common::job("t", &prompt, &params) };
         pending.fetch_add(1, SeqCst);
         let submitted = Instant::now();
         tx.send(Command::Submit(job, Box::new(Started(started.clone(), done.clone())), submitted)).unwrap();

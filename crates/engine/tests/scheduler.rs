@@ -47,15 +47,8 @@ fn scheduled_jobs_equal_the_generator_alone_and_batched() {
     };
     let sinks: Vec<Collect> = prompts.iter().map(|_| Collect::default()).collect();
     for (i, (p, sink)) in prompts.iter().zip(&sinks).enumerate() {
-        let job = Job {
-            tenant: format!("t{i}"),
-            session: None,
-            text: Some(p.to_string()),
-            add_special: true,
-            prompt: model.tokenizer.encode(p, true).unwrap().ids,
-            params: params.clone(),
-            pinned: false,
-        };
+        let ids = model.tokenizer.encode(p, true).unwrap().ids;
+        let job = Job { text: Some(p.to_string()), add_special: true, ..common::job(&format!("t{i}"), &ids, &params) };
         pending.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tx.send(Command::Submit(job, Box::new(sink.clone()), Instant::now())).unwrap();
     }

@@ -13,7 +13,7 @@ use engram_context::{Checkout, SessionStore};
 mod common;
 
 use common::Collect;
-use engram_engine::{run_engine_with, Command, ContextPolicy, Generator, Job, Metrics, Retired, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine_with, Command, ContextPolicy, Generator, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
@@ -76,17 +76,8 @@ fn a_policy_that_attaches_a_document_generates_what_a_cold_run_over_both_does() 
     };
     let sinks = [Collect::default(), Collect::default()];
     for (owner, tokens, sink) in [("reader", &prompt, &sinks[0]), ("plain", &plain, &sinks[1])] {
-        let job = Job {
-            tenant: owner.into(),
-            session: None,
-            text: None,
-            add_special: false,
-            prompt: tokens.clone(),
-            params: params.clone(),
-            pinned: false,
-        };
         pending.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tx.send(Command::Submit(job, Box::new(sink.clone()), Instant::now())).unwrap();
+        tx.send(Command::Submit(common::job(owner, tokens, &params), Box::new(sink.clone()), Instant::now())).unwrap();
     }
     drop(tx);
     engine.join().unwrap();

@@ -1,11 +1,12 @@
-//! What the engine's integration tests share: an `EventSink` that keeps a job's events, and
-//! the `ContextPolicy` methods a test policy takes unchanged from the session store.
+//! What the engine's integration tests share: an `EventSink` that keeps a job's events, a job
+//! from token ids, and the `ContextPolicy` methods a test policy takes unchanged from the
+//! session store.
 
 #![allow(dead_code, unused_macros, unused_imports)]
 
 use std::sync::{Arc, Mutex};
 
-use engram_engine::{Event, EventSink, FinishReason};
+use engram_engine::{Event, EventSink, FinishReason, Job, SamplingParams};
 
 /// Collects a job's events.
 #[derive(Clone, Default)]
@@ -28,6 +29,19 @@ impl Collect {
         let text = events.iter().filter_map(|e| if let Event::Text(t) = e { Some(t.as_str()) } else { None }).collect();
         let finish = events.iter().find_map(|e| if let Event::Finished { finish, .. } = e { Some(*finish) } else { None });
         (text, finish)
+    }
+}
+
+/// A job for `owner` given as token ids (no text, no special tokens added, no session).
+pub fn job(owner: &str, prompt: &[u32], params: &SamplingParams) -> Job {
+    Job {
+        tenant: owner.into(),
+        session: None,
+        text: None,
+        add_special: false,
+        prompt: prompt.to_vec(),
+        params: params.clone(),
+        pinned: false,
     }
 }
 
