@@ -81,6 +81,7 @@ impl SamplingArgs {
             stop: self.stop.clone(),
             stop_token_ids: Vec::new(),
             ignore_eos: self.ignore_eos,
+            speculate: None,
         }
     }
 }

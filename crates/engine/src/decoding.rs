@@ -96,6 +96,11 @@ impl<'t> Decoding<'t> {
         release + &self.stops.finish()
     }
 
+    /// The request's sampling parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
     /// Tokens accepted so far (a stop token included).
     pub fn generated(&self) -> &[u32] {
         &self.generated

@@ -20,6 +20,7 @@ pub mod pooled;
 mod rng;
 mod sampling;
 pub mod scheduler;
+pub mod speculate;
 mod stop;
 
 pub use decoding::{Accepted, Decoding};
@@ -33,4 +34,5 @@ pub use sampling::{argmax, Sampler, SamplingParams};
 pub use scheduler::{
     default_policy, run_engine, run_engine_with, Command, DiskConfig, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig,
 };
+pub use speculate::{DraftTree, PromptLookup};
 pub use stop::StopMatcher;

@@ -62,6 +62,9 @@ pub struct Metrics {
     pub restores_failed: AtomicU64,
     /// Steps whose forward pass or sampling panicked (their sequences failed; the engine went on).
     pub step_faults: AtomicU64,
+    /// Draft tokens verified by speculative decoding, and those accepted (`speculate.rs`).
+    pub draft_tokens: AtomicU64,
+    pub draft_tokens_accepted: AtomicU64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
     /// Gauges the engine thread refreshes after each step.
@@ -108,7 +111,7 @@ impl Metrics {
         for (kind, n) in self.lookups.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "engram_cache_lookups_total{{path=\"{kind}\"}} {n}");
         }
-        let counters: [(&str, &str, &AtomicU64); 9] = [
+        let counters: [(&str, &str, &AtomicU64); 11] = [
             ("engram_cache_hits_total", "Requests that reused cached tokens.", &self.cache_hits),
             ("engram_cache_misses_total", "Requests that reused nothing.", &self.cache_misses),
             ("engram_prompt_tokens_reused_total", "Prompt tokens served from the KV cache.", &self.tokens_reused),
@@ -118,6 +121,12 @@ impl Metrics {
             ("engram_steps_total", "Batched forward steps.", &self.steps),
             ("engram_restores_failed_total", "Restored sessions whose file failed its checksum (recomputed cold).", &self.restores_failed),
             ("engram_step_faults_total", "Steps that panicked (their sequences failed with an engine fault).", &self.step_faults),
+            ("engram_draft_tokens_total", "Draft tokens verified by speculative decoding (prompt lookup).", &self.draft_tokens),
+            (
+                "engram_draft_tokens_accepted_total",
+                "Draft tokens accepted (the acceptance rate is their ratio).",
+                &self.draft_tokens_accepted,
+            ),
         ];
         let gauges: [(&str, &str, &AtomicU64); 8] = [
             ("engram_sessions_on_disk", "Persisted sessions not loaded in RAM.", &self.sessions_on_disk),

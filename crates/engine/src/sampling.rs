@@ -35,6 +35,11 @@ pub struct SamplingParams {
     /// Extra stop token ids (the model's EOS ids always stop unless `ignore_eos`).
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// Speculative decoding for this request: `None` as the engine is configured
+    /// (`SchedulerConfig::speculation`), `Some(false)` never, `Some(true)` prompt lookup (the
+    /// engine's limits, or the defaults). It never changes which tokens are picked
+    /// (`speculate.rs`), only how many one step can produce.
+    pub speculate: Option<bool>,
 }
 
 impl Default for SamplingParams {
@@ -52,6 +57,7 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            speculate: None,
         }
     }
 }

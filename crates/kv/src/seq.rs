@@ -169,6 +169,61 @@ impl SeqKv {
         }
     }
 
+    /// Keeps, of the slots from `first` on, only those in `keep` (ascending, each `>= first`),
+    /// moved down to slots `first, first + 1, ..` with their positions, and forgets the rest:
+    /// how the accepted path of a verified tree of drafts becomes the sequence's next tokens,
+    /// the rejected branches dropped whole. Rows are copied byte for byte, so every kept token
+    /// holds exactly what was written for it. The slots must have been written since the last
+    /// [`SeqKv::reserve`] (blocks this sequence owns alone). With a quantized format, a row
+    /// moved into the recent window's block from another block leaves that block without its
+    /// window (attention then reads its quantized rows): callers that need exactness keep a
+    /// step within one block (the scheduler does).
+    pub fn keep_slots(&mut self, first: usize, keep: &[usize]) {
+        assert!(keep.windows(2).all(|w| w[0] < w[1]), "keep_slots: slots must ascend");
+        assert!(keep.iter().all(|&k| k >= first && k < self.len), "keep_slots: slots outside {first}..{}", self.len);
+        let layout = self.pool.layout();
+        let (elem, sec, tsec) = (self.pool.elem(), self.pool.section_bytes(), self.pool.tail_section_bytes());
+        let (rb, rb16) = (elem.row_bytes(layout.head_dim), KvElem::F16.row_bytes(layout.head_dim));
+        let rows = 2 * layout.num_layers * layout.num_kv_heads;
+        let row_at = |section_bytes: usize, row_bytes: usize, r: usize, slot: usize| {
+            let (section, h) = (r / layout.num_kv_heads, r % layout.num_kv_heads);
+            section * section_bytes + (h * BLOCK_TOKENS + slot % BLOCK_TOKENS) * row_bytes
+        };
+        let mut row = vec![0u8; rb];
+        for (i, &src) in keep.iter().enumerate() {
+            let dst = first + i;
+            if dst == src {
+                continue;
+            }
+            let (sb, db) = (src / BLOCK_TOKENS, dst / BLOCK_TOKENS);
+            for r in 0..rows {
+                let at = row_at(sec, rb, r, src);
+                row.copy_from_slice(&self.blocks[sb].bytes()[at..at + rb]);
+                let block = Arc::get_mut(&mut self.blocks[db]).expect("keep_slots: a slot not written since reserve");
+                let at = row_at(sec, rb, r, dst);
+                block.bytes_mut().expect("keep_slots: a mapped block")[at..at + rb].copy_from_slice(&row);
+            }
+            match self.tail.as_mut() {
+                Some(t) if t.block == db && t.block == sb => {
+                    let t = Arc::get_mut(t).expect("keep_slots: a shared window");
+                    for r in 0..rows {
+                        let (from, to) = (row_at(tsec, rb16, r, src), row_at(tsec, rb16, r, dst));
+                        t.bytes.copy_within(from..from + rb16, to);
+                    }
+                }
+                Some(t) if t.block == db => self.tail = None,
+                _ => {}
+            }
+            if let Some(p) = self.positions.as_mut() {
+                p[dst] = p[src];
+            }
+        }
+        self.truncate(first + keep.len());
+        if self.positions.is_some() && self.linear_prefix() == self.len {
+            self.positions = None;
+        }
+    }
+
     /// Appends tokens `range` of `src` at this sequence's end, moving them to
     /// new positions: keys are re-rotated by the position shift (keys are
     /// stored after RoPE), values copied. This is how a cached chunk (a

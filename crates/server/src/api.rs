@@ -222,6 +222,7 @@ pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingPa
         stop: f.stop,
         stop_token_ids: Vec::new(),
         ignore_eos: f.ignore_eos,
+        speculate: None,
     };
     p.validate()?;
     Ok(p)

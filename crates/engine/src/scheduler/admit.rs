@@ -103,6 +103,7 @@ impl Engine<'_> {
                 kv,
                 input: Vec::new(),
                 next: None,
+                draft: None,
                 submitted,
                 last_token: None,
                 restore: c.restore.zip(retry),

@@ -42,6 +42,7 @@ use crate::generate::FinishReason;
 use crate::metrics::Metrics;
 use crate::policy::{ContextPolicy, Retired};
 use crate::sampling::SamplingParams;
+use crate::speculate::{DraftTree, PromptLookup};
 
 mod admit;
 mod step;
@@ -62,6 +63,9 @@ pub struct SchedulerConfig {
     /// Let every tenant reuse every tenant's shared prefix blocks (default false: chains are
     /// salted per tenant, so `cached_tokens` never reveal another tenant's text).
     pub share_prefixes_across_tenants: bool,
+    /// Speculative decoding with prompt lookup for every request that does not say otherwise
+    /// (`None`: off unless a request asks; `speculate.rs`).
+    pub speculation: Option<PromptLookup>,
 }
 
 /// The disk tier of the session store.
@@ -81,6 +85,7 @@ impl Default for SchedulerConfig {
             max_sessions: 256,
             disk: None,
             share_prefixes_across_tenants: false,
+            speculation: None,
         }
     }
 }
@@ -258,6 +263,8 @@ struct Seq<'m> {
     input: Vec<u32>,
     /// The sampled token to feed next (decoding); `None` while prefilling.
     next: Option<u32>,
+    /// This step's tree of drafts after `next` (speculative decoding), its input when set.
+    draft: Option<DraftTree>,
     /// Sampling, detokenizing and stopping (shared with the CLI's `Generator`).
     out: Decoding<'m>,
     submitted: Instant,

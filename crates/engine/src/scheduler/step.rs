@@ -1,5 +1,6 @@
-//! One step: every decoding sequence's next token plus at most one prefill chunk
-//! (round-robin) in a single forward call; then sampling and streaming per sequence.
+//! One step: every decoding sequence's next token (with its tree of drafts when it
+//! speculates) plus at most one prefill chunk (round-robin) in a single forward call; then
+//! sampling (walking the drafts, `speculate.rs`) and streaming per sequence.
 //!
 //! Invariant: a panic in the forward pass or in a sequence's sampling is contained to the
 //! step: the sequences it computed fail with an Internal "engine fault" error and their
@@ -10,16 +11,23 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use engram_model::{Logits, SeqStep};
+use engram_kv::BLOCK_TOKENS;
+use engram_model::{KeyMask, Logits, SeqStep};
 
 use super::{owner_gone, Engine, Event, JobError, JobErrorKind, Seq};
 use crate::generate::FinishReason;
+use crate::speculate::DraftTree;
 
 impl Engine<'_> {
     pub(super) fn step(&mut self) {
-        // Decoders first: each needs room for one token.
+        // Decoders first: each needs room for one token, or for its tree of drafts.
         let mut i = 0;
         while i < self.active.len() {
+            if let Some(tree) = self.draft_for(i).filter(|t| self.reserve(i, t.len())) {
+                self.active[i].draft = Some(tree);
+                i += 1;
+                continue;
+            }
             if self.active[i].next.is_some() && !self.reserve(i, 1) {
                 // NOTE: no preemption yet; a sequence that cannot grow ends as if
                 // it hit its length limit, keeping what it has.
@@ -61,7 +69,10 @@ impl Engine<'_> {
         let mut want = Vec::with_capacity(self.active.len());
         for (i, s) in self.active.iter_mut().enumerate() {
             s.input.clear();
-            if let Some(t) = s.next {
+            if let Some(tree) = &s.draft {
+                s.input.extend_from_slice(tree.tokens());
+                want.push(Logits::All);
+            } else if let Some(t) = s.next {
                 s.input.push(t);
                 want.push(Logits::Last);
             } else if let Some((c, n)) = chosen.filter(|&(c, _)| c == i) {
@@ -78,15 +89,27 @@ impl Engine<'_> {
         }
         let mut who = Vec::new();
         let mut steps = Vec::new();
-        // Explicit positions only for sequences whose view has spans before their own tokens.
-        let positions: Vec<Option<Vec<u32>>> = self.active.iter().map(|s| s.kv.step_positions(s.tokens.len(), s.input.len())).collect();
-        for ((i, s), positions) in self.active.iter_mut().enumerate().zip(&positions) {
+        // Explicit positions for sequences whose view has spans before their own tokens, and
+        // for trees of drafts (by depth); a tree's rows also get its mask.
+        let positions: Vec<Option<Vec<u32>>> = self
+            .active
+            .iter()
+            .map(|s| match &s.draft {
+                Some(tree) => {
+                    let root = s.kv.step_positions(s.tokens.len(), 1).map_or(s.tokens.len() as u32, |p| p[0]);
+                    Some(tree.depths().iter().map(|d| root + d).collect())
+                }
+                None => s.kv.step_positions(s.tokens.len(), s.input.len()),
+            })
+            .collect();
+        let masks: Vec<Option<KeyMask>> = self.active.iter().map(|s| s.draft.as_ref().map(|t| t.key_mask(s.kv.num_keys()))).collect();
+        for ((i, s), (positions, mask)) in self.active.iter_mut().enumerate().zip(positions.iter().zip(&masks)) {
             if s.input.is_empty() {
                 continue;
             }
             let Seq { input, tokens, kv, .. } = s;
             let (tokens, first_pos, positions) = (input.as_slice(), tokens.len(), positions.as_deref());
-            steps.push(SeqStep { tokens, first_pos, positions, key_mask: None, kv, logits: want[i] });
+            steps.push(SeqStep { tokens, first_pos, positions, key_mask: mask.as_ref(), kv, logits: want[i] });
             who.push(i);
         }
         if steps.is_empty() {
@@ -124,7 +147,12 @@ impl Engine<'_> {
                 self.metrics.tokens_computed.fetch_add(s.input.len() as u64, Relaxed);
             }
             let input = std::mem::take(&mut s.input);
-            s.tokens.extend_from_slice(&input);
+            let draft = s.draft.take();
+            match draft {
+                // The root is fed; its drafts join `tokens` as the walk accepts them.
+                Some(_) => s.tokens.push(input[0]),
+                None => s.tokens.extend_from_slice(&input),
+            }
             s.input = input;
             if logits.is_empty() {
                 continue;
@@ -133,7 +161,11 @@ impl Engine<'_> {
                 continue;
             }
             // Sampling and detokenizing are contained per sequence: one that panics fails alone.
-            match catch_unwind(AssertUnwindSafe(|| self.sample(i, &mut logits))) {
+            let sampled = catch_unwind(AssertUnwindSafe(|| match &draft {
+                Some(tree) => self.verify(i, &mut logits, tree),
+                None => self.sample(i, &mut logits),
+            }));
+            match sampled {
                 Ok(Some(outcome)) => self.retire(i, outcome),
                 Ok(None) => {}
                 Err(panic) => {
@@ -207,6 +239,55 @@ impl Engine<'_> {
             self.waiting.push_front((job, s.events, s.submitted));
         }
         false
+    }
+
+    /// This step's tree of drafts for sequence `at`, when it decodes, speculates (its request
+    /// or the engine says so) and prompt lookup found any. The tree fits the context, the
+    /// tokens the request may still produce and, with a quantized format, the recent window's
+    /// block (so the kept path reads its f16 rows exactly as decoding one by one would).
+    fn draft_for(&self, at: usize) -> Option<DraftTree> {
+        let s = &self.active[at];
+        let next = s.next?;
+        let lookup = match s.out.params().speculate {
+            Some(false) => return None,
+            Some(true) => self.config.speculation.unwrap_or_default(),
+            None => self.config.speculation?,
+        };
+        let len = s.tokens.len();
+        let mut budget = self.model.config.max_positions.saturating_sub(len + 2);
+        budget = budget.min(s.out.params().max_tokens.saturating_sub(s.out.generated().len()));
+        if self.pool.has_window() {
+            budget = budget.min((BLOCK_TOKENS - 2).saturating_sub(len % BLOCK_TOKENS));
+        }
+        let tree = lookup.draft(&s.tokens, next, budget);
+        (!tree.is_empty()).then_some(tree)
+    }
+
+    /// Walks sequence `at`'s verified tree: samples the root's row, and while the token is a
+    /// child's, that child's row; the first token no child holds is the next to feed. Keeps
+    /// the accepted path's KV (the rest of the tree is dropped whole) and returns the outcome
+    /// if the sequence is done. `logits` holds one row per node.
+    fn verify(&mut self, at: usize, logits: &mut [f32], tree: &DraftTree) -> Option<Result<FinishReason, JobError>> {
+        let vocab = logits.len() / tree.len();
+        let base = self.active[at].tokens.len() - 1;
+        let (mut node, mut kept) = (0, vec![base]);
+        let outcome = loop {
+            if let Some(outcome) = self.sample(at, &mut logits[node * vocab..(node + 1) * vocab]) {
+                break Some(outcome);
+            }
+            let s = &mut self.active[at];
+            let t = s.next.expect("a sequence that goes on has a next token");
+            let Some(child) = tree.child(node, t) else { break None };
+            // Accepted: the token's KV is the child's row; it is fed already.
+            node = child;
+            kept.push(base + child);
+            s.tokens.push(t);
+            s.next = None;
+        };
+        self.active[at].kv.own_mut().keep_slots(base, &kept);
+        self.metrics.draft_tokens.fetch_add(tree.len() as u64 - 1, Relaxed);
+        self.metrics.draft_tokens_accepted.fetch_add(kept.len() as u64 - 1, Relaxed);
+        outcome
     }
 
     /// Samples sequence `at`'s next token and streams its text; returns the
