@@ -3,6 +3,7 @@
 
 mod bench_cache;
 mod bench_relevance;
+mod bench_speculation;
 mod bench_speed;
 mod cache_cmd;
 mod chat;
@@ -56,6 +57,8 @@ enum BenchCommand {
     Serve(serve::BenchArgs),
     /// Relevance ranking (ROC AUC, precision/recall) of a sentence encoder or the LLM's pooled hidden states.
     Relevance(bench_relevance::Args),
+    /// Decode speed with speculative decoding (prompt lookup) vs without, on code-editing prompts.
+    Speculation(bench_speculation::Args),
 }
 
 fn main() {
@@ -76,6 +79,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
         Command::Bench { which: BenchCommand::Relevance(a) } => bench_relevance::run(a),
         Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),
+        Command::Bench { which: BenchCommand::Speculation(a) } => bench_speculation::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -55,6 +55,11 @@ pub struct Args {
     /// that another tenant sent the same text.
     #[arg(long)]
     share_prefixes_across_tenants: bool,
+    /// Speculative decoding for requests that do not choose (their `draft` field): `none`, or
+    /// `prompt-lookup` (drafts copied from earlier in the context, verified in one step; the
+    /// output is identical, only faster when the answer repeats its context, as code edits do).
+    #[arg(long, default_value = "none", value_name = "prompt-lookup|none")]
+    draft: String,
 }
 
 /// The encoder `--embedder` (or `$ENGRAM_EMBEDDER`) names, or the one discovered, or the
@@ -132,6 +137,11 @@ pub fn run(mut a: Args) -> Result<()> {
             prefill_chunk: a.prefill_chunk.max(1),
             disk: disk_config(&a)?,
             share_prefixes_across_tenants: a.share_prefixes_across_tenants,
+            speculation: match a.draft.as_str() {
+                "none" => None,
+                "prompt-lookup" => Some(engram_engine::PromptLookup::default()),
+                other => bail!("--draft wants prompt-lookup or none, got {other:?} (draft models are not supported yet)"),
+            },
             ..Default::default()
         },
     };

@@ -166,6 +166,8 @@ pub struct Sampling {
     pub seed: Option<i64>,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// `"prompt-lookup"` or `"none"`; `None`: as the server is configured.
+    pub draft: Option<String>,
 }
 
 /// Validates limits and builds the engine's parameters for `prompt_len`.
@@ -209,6 +211,17 @@ pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingPa
     if f.stop.len() > 16 {
         return Err(ApiError::bad_param("stop", "at most 16 stop sequences"));
     }
+    let speculate = match f.draft.as_deref() {
+        None => None,
+        Some("prompt-lookup") => Some(true),
+        Some("none") => Some(false),
+        Some(other) => {
+            return Err(ApiError::bad_param(
+                "draft",
+                format!("draft must be \"prompt-lookup\" or \"none\", got {other:?} (draft models are not supported yet)"),
+            ))
+        }
+    };
     let p = SamplingParams {
         temperature: f.temperature.unwrap_or(1.0),
         top_k: f.top_k.filter(|&k| k > 0).unwrap_or(0) as usize,
@@ -222,7 +235,7 @@ pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingPa
         stop: f.stop,
         stop_token_ids: Vec::new(),
         ignore_eos: f.ignore_eos,
-        speculate: None,
+        speculate,
     };
     p.validate()?;
     Ok(p)

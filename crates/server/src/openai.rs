@@ -111,6 +111,8 @@ pub(crate) struct SamplingFields {
     seed: Option<i64>,
     stop: Option<StopField>,
     ignore_eos: Option<bool>,
+    /// Speculative decoding for this request: "prompt-lookup" or "none" (default: the server's `--draft`).
+    draft: Option<String>,
 }
 
 impl SamplingFields {
@@ -128,6 +130,7 @@ impl SamplingFields {
             seed: self.seed,
             stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            draft: self.draft,
         }
     }
 }

@@ -114,3 +114,22 @@ fn unsupported_fields_are_a_400_naming_the_field() {
     let r = post(addr, "/v1/completions", &json!({"model": "tiny", "prompt": "hi", "max_tokens": 2, "logprobs": null}));
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// Issue 15 item 5: the `draft` field turns speculative decoding on or off per request; it
+/// never changes the answer, and a value the server does not know is a 400 naming it.
+#[test]
+fn the_draft_field_speeds_up_without_changing_the_answer() {
+    let addr = shared();
+    // 64 greedy tokens of the random-weight fixture fall into a loop, which prompt lookup drafts.
+    let user = json!([{"role": "user", "content": "a b c d a b c d a b c d a b c d a b"}]);
+    let extra = |draft: &str| json!({"max_tokens": 64, "temperature": 0, "ignore_eos": true, "draft": draft});
+    let plain = chat(addr, &user, extra("none"));
+    let before = metric(addr, "engram_draft_tokens_total");
+    let fast = chat(addr, &user, extra("prompt-lookup"));
+    assert_eq!((plain.status, fast.status), (200, 200), "{} {}", plain.body, fast.body);
+    assert_eq!(content(&plain), content(&fast));
+    assert!(metric(addr, "engram_draft_tokens_total") > before, "the request's drafts were verified");
+    let bad = chat(addr, &user, extra("eagle"));
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.json()["error"]["param"], "draft", "{}", bad.body);
+}

@@ -1,0 +1,228 @@
+//! `engram bench speculation`: decode speed with speculative decoding (prompt lookup,
+//! `engram_engine::speculate`) against decoding one token a step, on code-editing prompts —
+//! a Python file, then the same file again with one identifier renamed, cut after its first
+//! lines, for the model to go on repeating it — through the server's scheduler, one request
+//! at a time, the two modes alternating per prompt. Reports per prompt decode tokens/s with
+//! and without, the speed-up, the drafts' acceptance rate, and whether the text is identical
+//! (it must be: speculation never changes the tokens).
+//!
+//! The speed-up depends on the model copying what it saw: measure on a trained model
+//! (default: the embedded pycode-7m; `--model models/pycode-long/…` for the 16K one). Prompt
+//! sources default to the Python files of `models/pycode-long/recipe/` in this repository.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use engram_engine::scheduler::{run_engine, Command, Event, EventSink, Job};
+use engram_engine::{Metrics, PromptLookup, SamplingParams, SchedulerConfig};
+use engram_model::Model;
+
+use crate::common::{kv_pool, load_model, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Python files to build the prompts from (default: models/pycode-long/recipe/*.py).
+    #[arg(long, value_name = "FILE")]
+    source: Vec<PathBuf>,
+    /// Prompt tokens taken from each file (its first lines up to this many tokens).
+    #[arg(long, default_value_t = 384)]
+    file_tokens: usize,
+    /// Tokens decoded per request.
+    #[arg(long, default_value_t = 128)]
+    decode_tokens: usize,
+    /// Timed rounds (each runs every prompt with and without speculation).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Prompt lookup: longest n-gram, most draft tokens per branch, most branches, most drafts a step.
+    #[arg(long, default_value_t = PromptLookup::default().max_ngram)]
+    max_ngram: usize,
+    #[arg(long, default_value_t = PromptLookup::default().max_depth)]
+    max_depth: usize,
+    #[arg(long, default_value_t = PromptLookup::default().max_branches)]
+    max_branches: usize,
+    #[arg(long, default_value_t = PromptLookup::default().max_drafts)]
+    max_drafts: usize,
+    /// One JSON line per prompt, then a summary line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// When a request's first text and its end arrived, what it streamed and how many tokens.
+#[derive(Clone, Default)]
+struct Timed(Arc<Mutex<(Option<Instant>, Option<Instant>, String, usize, Option<String>)>>);
+
+impl EventSink for Timed {
+    fn send(&self, event: Event) -> bool {
+        let mut t = self.0.lock().unwrap();
+        match event {
+            Event::Text(s) => {
+                t.0.get_or_insert_with(Instant::now);
+                t.2.push_str(&s);
+            }
+            Event::Finished { completion_tokens, .. } => {
+                t.1 = Some(Instant::now());
+                t.3 = completion_tokens;
+            }
+            Event::Failed(e) => t.4 = Some(e.message),
+            Event::Started { .. } => {}
+        }
+        true
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// The code-editing prompt built from `file`: its first lines, then the same lines with the
+/// most frequent long identifier renamed, cut a third of the way in.
+fn edit_prompt(model: &Model, file: &Path, file_tokens: usize) -> Result<String> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut lines = Vec::new();
+    let mut tokens = 0;
+    for line in text.lines() {
+        tokens += model.tokenizer.encode(line, false)?.ids.len() + 1;
+        if tokens > file_tokens {
+            break;
+        }
+        lines.push(line);
+    }
+    let head = lines.join("\n");
+    let mut counts = std::collections::HashMap::<&str, usize>::new();
+    for w in head.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| w.len() >= 5 && !w.starts_with(char::is_numeric)) {
+        *counts.entry(w).or_default() += 1;
+    }
+    let Some((name, _)) = counts.into_iter().max_by_key(|&(w, n)| (n, std::cmp::Reverse(w))) else {
+        bail!("{}: no identifier to rename in its first lines", file.display())
+    };
+    let edited = head.replace(name, &format!("{name}_v2"));
+    let cut: String = edited.lines().take(lines.len().div_ceil(3)).collect::<Vec<_>>().join("\n");
+    Ok(format!("{head}\n\n# The same code with `{name}` renamed to `{name}_v2`:\n{cut}\n"))
+}
+
+/// One request's decode tokens/s, text and the drafts it verified and accepted.
+struct Outcome {
+    tok_s: f64,
+    text: String,
+    drafted: u64,
+    accepted: u64,
+}
+
+fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, speculation: Option<PromptLookup>) -> Result<Outcome> {
+    let pool = kv_pool(model, &args.model)?;
+    let (tx, rx) = mpsc::channel();
+    let config = SchedulerConfig { speculation, ..SchedulerConfig::default() };
+    let (pending, metrics) = (Arc::new(AtomicUsize::new(1)), Arc::new(Metrics::default()));
+    let engine = {
+        let (model, pending, metrics) = (model.clone(), pending.clone(), metrics.clone());
+        std::thread::spawn(move || run_engine(&model, pool, config, metrics, pending, rx))
+    };
+    let ids = model.tokenizer.encode(prompt, true)?.ids;
+    let params = SamplingParams { max_tokens: args.decode_tokens, ignore_eos: true, ..Default::default() };
+    let job = Job { tenant: "bench".into(), session: None, text: None, add_special: true, prompt: ids, params, pinned: false };
+    let sink = Timed::default();
+    tx.send(Command::Submit(job, Box::new(sink.clone()), Instant::now())).map_err(|_| anyhow::anyhow!("the engine thread ended"))?;
+    drop(tx);
+    engine.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+    let (first, end, text, n, failed) = sink.0.lock().unwrap().clone();
+    if let Some(e) = failed {
+        bail!("the request failed: {e}");
+    }
+    let secs = end.zip(first).map_or(0.0, |(e, f)| e.duration_since(f).as_secs_f64());
+    Ok(Outcome {
+        tok_s: n.saturating_sub(1) as f64 / secs.max(1e-9),
+        text,
+        drafted: metrics.draft_tokens.load(Relaxed),
+        accepted: metrics.draft_tokens_accepted.load(Relaxed),
+    })
+}
+
+fn default_sources() -> Result<Vec<PathBuf>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/pycode-long/recipe");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("{} (pass --source FILE)", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "py"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let model = Arc::new(load_model(&args.model)?);
+    let sources = if args.source.is_empty() { default_sources()? } else { args.source.clone() };
+    let lookup = PromptLookup {
+        max_ngram: args.max_ngram,
+        max_depth: args.max_depth,
+        max_branches: args.max_branches,
+        max_drafts: args.max_drafts,
+        ..PromptLookup::default()
+    };
+    if !args.json {
+        println!("speculative decoding (prompt lookup {lookup:?}), {} decode tokens, {} rounds, median", args.decode_tokens, args.rounds);
+        println!("| prompt | plain tok/s | speculative tok/s | speed-up | accepted / drafted | identical |");
+        println!("|---|---|---|---|---|---|");
+    }
+    let (mut ratios, mut all_same, mut acc, mut drafted) = (Vec::new(), true, 0u64, 0u64);
+    for file in &sources {
+        let prompt = edit_prompt(&model, file, args.file_tokens)?;
+        // Warm-up (weights paged in), not reported.
+        run_one(&model, &args, &prompt, None)?;
+        let (mut plain, mut fast, mut same) = (Vec::new(), Vec::new(), true);
+        let (mut a, mut d) = (0, 0);
+        for round in 0..args.rounds {
+            // Alternate which goes first, so drift on a noisy machine hits both alike.
+            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+            let mut texts = [String::new(), String::new()];
+            for spec in order {
+                let o = run_one(&model, &args, &prompt, spec.then_some(lookup))?;
+                if spec {
+                    fast.push(o.tok_s);
+                    (a, d) = (o.accepted, o.drafted);
+                } else {
+                    plain.push(o.tok_s);
+                }
+                texts[spec as usize] = o.text;
+            }
+            same &= texts[0] == texts[1];
+        }
+        let (p, f) = (median(plain), median(fast));
+        let name = file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
+        ratios.push(f / p);
+        all_same &= same;
+        acc += a;
+        drafted += d;
+        if args.json {
+            let line = serde_json::json!({"prompt": name, "plain_tok_s": p, "speculative_tok_s": f, "speedup": f / p,
+                "drafts_accepted": a, "drafts": d, "identical": same});
+            println!("{line}");
+        } else {
+            println!("| {name} | {p:.1} | {f:.1} | {:.2}x | {a} / {d} | {} |", f / p, if same { "yes" } else { "NO" });
+        }
+    }
+    let geo = ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len().max(1) as f64;
+    let rate = acc as f64 / drafted.max(1) as f64;
+    if args.json {
+        println!("{}", serde_json::json!({"summary": true, "speedup_geomean": geo.exp(), "acceptance": rate, "identical": all_same}));
+    } else {
+        println!("\nspeed-up (geometric mean) {:.2}x; drafts accepted {:.0}%; output identical: {}", geo.exp(), rate * 100.0, all_same);
+        println!(
+            "reproduce: engram bench speculation{}",
+            args.model.model.as_ref().map_or(String::new(), |m| format!(" --model {}", m.display()))
+        );
+    }
+    if !all_same {
+        bail!("speculation changed the output");
+    }
+    Ok(())
+}
