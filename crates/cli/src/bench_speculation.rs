@@ -53,23 +53,20 @@ pub struct Args {
     json: bool,
 }
 
-/// When a request's first text and its end arrived, what it streamed and how many tokens.
+/// When a request ended, what it streamed, how many tokens, and its failure if it failed.
 #[derive(Clone, Default)]
-struct Timed(Arc<Mutex<(Option<Instant>, Option<Instant>, String, usize, Option<String>)>>);
+struct Timed(Arc<Mutex<(Option<Instant>, String, usize, Option<String>)>>);
 
 impl EventSink for Timed {
     fn send(&self, event: Event) -> bool {
         let mut t = self.0.lock().unwrap();
         match event {
-            Event::Text(s) => {
-                t.0.get_or_insert_with(Instant::now);
-                t.2.push_str(&s);
-            }
+            Event::Text(s) => t.1.push_str(&s),
             Event::Finished { completion_tokens, .. } => {
-                t.1 = Some(Instant::now());
-                t.3 = completion_tokens;
+                t.0 = Some(Instant::now());
+                t.2 = completion_tokens;
             }
-            Event::Failed(e) => t.4 = Some(e.message),
+            Event::Failed(e) => t.3 = Some(e.message),
             Event::Started { .. } => {}
         }
         true
@@ -105,15 +102,17 @@ fn edit_prompt(model: &Model, file: &Path, file_tokens: usize) -> Result<String>
     Ok(format!("{head}\n\n# The same code with `{name}` renamed to `{name}_v2`:\n{cut}\n"))
 }
 
-/// One request's decode tokens/s, text and the drafts it verified and accepted.
+/// One request's seconds from submission to its end, tokens, text, and the drafts it
+/// verified and accepted.
 struct Outcome {
-    tok_s: f64,
+    secs: f64,
+    tokens: usize,
     text: String,
     drafted: u64,
     accepted: u64,
 }
 
-fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, speculation: Option<PromptLookup>) -> Result<Outcome> {
+fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, speculation: Option<PromptLookup>) -> Result<Outcome> {
     let pool = kv_pool(model, &args.model)?;
     let (tx, rx) = mpsc::channel();
     let config = SchedulerConfig { speculation, ..SchedulerConfig::default() };
@@ -123,19 +122,20 @@ fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, speculation: Option<Pr
         std::thread::spawn(move || run_engine(&model, pool, config, metrics, pending, rx))
     };
     let ids = model.tokenizer.encode(prompt, true)?.ids;
-    let params = SamplingParams { max_tokens: args.decode_tokens, ignore_eos: true, ..Default::default() };
+    let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
     let job = Job { tenant: "bench".into(), session: None, text: None, add_special: true, prompt: ids, params, pinned: false };
     let sink = Timed::default();
-    tx.send(Command::Submit(job, Box::new(sink.clone()), Instant::now())).map_err(|_| anyhow::anyhow!("the engine thread ended"))?;
+    let start = Instant::now();
+    tx.send(Command::Submit(job, Box::new(sink.clone()), start)).map_err(|_| anyhow::anyhow!("the engine thread ended"))?;
     drop(tx);
     engine.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
-    let (first, end, text, n, failed) = sink.0.lock().unwrap().clone();
+    let (end, text, tokens, failed) = sink.0.lock().unwrap().clone();
     if let Some(e) = failed {
         bail!("the request failed: {e}");
     }
-    let secs = end.zip(first).map_or(0.0, |(e, f)| e.duration_since(f).as_secs_f64());
     Ok(Outcome {
-        tok_s: n.saturating_sub(1) as f64 / secs.max(1e-9),
+        secs: end.map_or(0.0, |e| e.duration_since(start).as_secs_f64()),
+        tokens,
         text,
         drafted: metrics.draft_tokens.load(Relaxed),
         accepted: metrics.draft_tokens_accepted.load(Relaxed),
@@ -177,20 +177,24 @@ pub fn run(args: Args) -> Result<()> {
     for file in &sources {
         let prompt = edit_prompt(&model, file, args.file_tokens)?;
         // Warm-up (weights paged in), not reported.
-        run_one(&model, &args, &prompt, None)?;
+        run_one(&model, &args, &prompt, 1, None)?;
         let (mut plain, mut fast, mut same) = (Vec::new(), Vec::new(), true);
         let (mut a, mut d) = (0, 0);
         for round in 0..args.rounds {
             // Alternate which goes first, so drift on a noisy machine hits both alike.
             let order = if round % 2 == 0 { [false, true] } else { [true, false] };
             let mut texts = [String::new(), String::new()];
+            // Decode time: the request's time less that of the same request stopped after its
+            // first token (its prefill and first sampling).
+            let first = run_one(&model, &args, &prompt, 1, None)?.secs;
             for spec in order {
-                let o = run_one(&model, &args, &prompt, spec.then_some(lookup))?;
+                let o = run_one(&model, &args, &prompt, args.decode_tokens, spec.then_some(lookup))?;
+                let tok_s = o.tokens.saturating_sub(1) as f64 / (o.secs - first).max(1e-9);
                 if spec {
-                    fast.push(o.tok_s);
+                    fast.push(tok_s);
                     (a, d) = (o.accepted, o.drafted);
                 } else {
-                    plain.push(o.tok_s);
+                    plain.push(tok_s);
                 }
                 texts[spec as usize] = o.text;
             }
