@@ -60,6 +60,10 @@ pub struct Args {
     /// output is identical, only faster when the answer repeats its context, as code edits do).
     #[arg(long, default_value = "none", value_name = "prompt-lookup|none")]
     draft: String,
+    /// Seconds a request may wait for KV memory or a batch slot while others run, before a
+    /// 503 with Retry-After (a prompt larger than the whole budget is a 400 at once).
+    #[arg(long, default_value_t = 60)]
+    admission_wait_secs: u64,
 }
 
 /// The encoder `--embedder` (or `$ENGRAM_EMBEDDER`) names, or the one discovered, or the
@@ -142,6 +146,7 @@ pub fn run(mut a: Args) -> Result<()> {
                 "prompt-lookup" => Some(engram_engine::PromptLookup::default()),
                 other => bail!("--draft wants prompt-lookup or none, got {other:?} (draft models are not supported yet)"),
             },
+            admission_wait: std::time::Duration::from_secs(a.admission_wait_secs),
             ..Default::default()
         },
     };

@@ -1,8 +1,13 @@
 //! Admission: waiting jobs join the batch in order (a named session's jobs one at a time),
-//! matched against the session store; room for a step's tokens is made through the one RAM
-//! eviction path.
+//! matched against the session store, when their prompt fits beside the running prefills;
+//! room for a step's tokens is made through the one RAM eviction path.
+//!
+//! Invariant: two prefills never hold parts of a budget that fits only one of them (the
+//! second waits instead), so requests that fit the budget alone all complete, one after
+//! another, rather than fail.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use engram_kv::{KvView, BLOCK_TOKENS};
 
@@ -13,6 +18,7 @@ impl Engine<'_> {
     /// Moves waiting requests into the batch, in order, skipping those whose
     /// named session is in use (so one session's requests run in order).
     pub(super) fn admit(&mut self) {
+        self.expire_waiting();
         let mut i = 0;
         while i < self.waiting.len() && self.active.len() < self.config.max_batch {
             let (job, _, _) = &self.waiting[i];
@@ -24,18 +30,26 @@ impl Engine<'_> {
                 i += 1;
                 continue;
             }
-            let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
-            // Whole blocks, plus the f16 recent window quantized formats keep beside them.
-            let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
-            let need = job.prompt.len().div_ceil(BLOCK_TOKENS) * self.pool.block_bytes() + window;
+            let need = self.bytes_for(job.prompt.len());
             if need > self.pool.budget() {
+                let (job, tx, _) = self.waiting.remove(i).expect("index in range");
                 self.pending.fetch_sub(1, Relaxed);
                 tx.send(Event::Failed(JobError::new(
-                    JobErrorKind::Unavailable,
-                    format!("the prompt needs {need} bytes of KV cache; the budget is {} bytes", self.pool.budget()),
+                    JobErrorKind::BadRequest,
+                    format!(
+                        "the prompt ({} tokens) needs {need} bytes of KV cache, more than the whole budget of {} bytes",
+                        job.prompt.len(),
+                        self.pool.budget()
+                    ),
                 )));
                 continue;
             }
+            if !self.fits_beside_running(need) {
+                // It waits, and so does everything behind it: a large prompt is not overtaken
+                // for ever by smaller ones.
+                break;
+            }
+            let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
             if job.pinned {
                 self.policy.pin_owner(&job.tenant);
             }
@@ -111,6 +125,47 @@ impl Engine<'_> {
                 match_kind: c.kind.name(),
                 forgotten: false,
             });
+        }
+    }
+
+    /// KV bytes of `tokens` tokens: whole blocks, plus the f16 recent window quantized
+    /// formats keep beside them.
+    fn bytes_for(&self, tokens: usize) -> usize {
+        let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
+        tokens.div_ceil(BLOCK_TOKENS) * self.pool.block_bytes() + window
+    }
+
+    /// Whether a prompt of `need` bytes fits now beside what the running sequences still need
+    /// (the rest of each prefill, and a block of decoding room each), after making room if
+    /// the pool is short. With nothing running it always may try (the step fails it if even
+    /// then it cannot progress).
+    fn fits_beside_running(&mut self, need: usize) -> bool {
+        if self.active.is_empty() {
+            return true;
+        }
+        let running: usize = self.active.iter().map(|s| self.bytes_for(s.prompt.len().saturating_sub(s.tokens.len()) + BLOCK_TOKENS)).sum();
+        let want = running + need;
+        self.pool.budget().saturating_sub(self.pool.used()) >= want || self.policy.make_room(want)
+    }
+
+    /// Fails the waiting requests that have waited longer than `admission_wait` while others
+    /// ran (503 with `Retry-After` at the server). With nothing running, nothing is expired:
+    /// the head of the queue is admitted next.
+    fn expire_waiting(&mut self) {
+        if self.active.is_empty() {
+            return;
+        }
+        let limit = self.config.admission_wait;
+        let now = Instant::now();
+        let (expired, keep): (std::collections::VecDeque<_>, _) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|(_, _, submitted)| now.duration_since(*submitted) > limit);
+        self.waiting = keep;
+        for (_, tx, _) in expired {
+            self.pending.fetch_sub(1, Relaxed);
+            tx.send(Event::Failed(JobError::new(
+                JobErrorKind::Unavailable,
+                format!("no room in the KV cache or the batch within {} s; retry later", limit.as_secs_f64()),
+            )));
         }
     }
 

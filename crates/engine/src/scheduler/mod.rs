@@ -15,11 +15,13 @@
 //! token never waits for another request's whole answer. Prefills take turns
 //! round-robin, so a long prompt cannot starve a short one.
 //!
-//! Admission is by the KV budget: a chunk runs only if its blocks can be
-//! reserved (room is made first through `SessionStore::make_room`, the one RAM
-//! eviction path: idle prefix blocks, then idle sessions, offloaded to disk); a
-//! request that cannot make progress while nothing else runs fails
-//! ([`JobErrorKind::Unavailable`]). A request whose sink is closed (client gone)
+//! Admission is by the KV budget: a request joins the batch only when its prompt's blocks fit
+//! beside what the running prefills still need (room is made first through the policy's
+//! `make_room`, the one RAM eviction path: idle prefix blocks, then idle sessions, offloaded
+//! to disk); until then it waits, in order, for at most `admission_wait`
+//! ([`JobErrorKind::Unavailable`] after). A prompt that could never fit the budget fails at
+//! once ([`JobErrorKind::BadRequest`], naming the bytes); a chunk runs only if its blocks can
+//! be reserved, and a request that cannot make progress while nothing else runs fails. A request whose sink is closed (client gone)
 //! is cancelled before the next step; the tokens it
 //! computed stay cached in its session.
 //!
@@ -66,6 +68,9 @@ pub struct SchedulerConfig {
     /// Speculative decoding with prompt lookup for every request that does not say otherwise
     /// (`None`: off unless a request asks; `speculate.rs`).
     pub speculation: Option<PromptLookup>,
+    /// How long a request may wait for KV memory (or a batch slot) before it fails with
+    /// [`JobErrorKind::Unavailable`] (the server's 503 with `Retry-After`).
+    pub admission_wait: std::time::Duration,
 }
 
 /// The disk tier of the session store.
@@ -86,6 +91,7 @@ impl Default for SchedulerConfig {
             disk: None,
             share_prefixes_across_tenants: false,
             speculation: None,
+            admission_wait: std::time::Duration::from_secs(60),
         }
     }
 }
