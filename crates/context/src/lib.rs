@@ -15,6 +15,9 @@
 //!   text is matched by characters: EXACT, EXTEND (only new text is
 //!   tokenized and prefilled) or DIVERGE (reuse up to the last token
 //!   boundary inside the common text).
+//! - [`TurnRing`] (seed 000's ephemeral stream): a thread's turns over a
+//!   persistent stream of anchors, within a capacity, forgetting whole turns
+//!   (the rest moved down, not recomputed) and masking irrelevant ones.
 //! - [`PersistedSessions`] (seed 004's disk persistence): sessions written
 //!   after each turn in the background and restored by mapping the file
 //!   when a later request — possibly in a restarted process — matches them.
@@ -24,8 +27,10 @@
 
 mod persist;
 mod prefix;
+mod ring;
 mod session;
 
 pub use persist::{disk_id, CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 pub use prefix::{chain_hashes, chain_root, PrefixIndex};
+pub use ring::{cosine, RingView, Turn, TurnMask, TurnRing};
 pub use session::{Checkout, MatchKind, PendingRestore, Session, SessionStore};

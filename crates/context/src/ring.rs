@@ -1,0 +1,189 @@
+//! `TurnRing` (seed 000's ephemeral stream): a thread's dialogue turns in order over a
+//! persistent stream of anchors, within a capacity in tokens, forgetting whole turns.
+//!
+//! ```text
+//!  positions: 0 ........ P | turn a | turn b | turn c |  next turn here
+//!             persistent     ephemeral ring (capacity tokens; oldest whole turn evicted,
+//!             (anchors,      later turns moved down so positions stay packed from P)
+//!              always attended: the attention sinks)
+//! ```
+//! A turn is a user message with the assistant's answer, as one sequence of KV. When the
+//! ring passes its capacity, the oldest turns that are not pinned go — whole, never part of
+//! one — and the turns after them are moved to close the gap (`SeqKv::move_slots`: keys
+//! re-rotated, not recomputed), so positions never grow past anchors + capacity + the
+//! newest turn. [`TurnRing::view`] is what the next request attends: the anchors, then the
+//! turns a [`TurnMask`] keeps, as read-only spans; a masked turn stays in the ring (a later
+//! message can bring it back) and keeps its positions.
+//!
+//! Invariant: the view's tokens are the anchors then the kept turns in order, at positions
+//! `0..P` then packed from `P` in ring order (a masked turn leaves a gap, nothing else
+//! moves); each token's key equals its key computed at that position, to float rounding.
+//! `crates/context/tests/ring_fuzz.rs` checks it against a plain model of the policy.
+
+use std::collections::VecDeque;
+
+use engram_kv::{KvError, SeqKv, Span};
+use engram_model::RopeConfig;
+
+/// A dialogue turn in the ring.
+pub struct Turn {
+    /// Stable while the turn is in the ring.
+    pub id: u64,
+    pub tokens: Vec<u32>,
+    /// Its embedding (the sentence encoder's, of its text) for relevance masks.
+    pub embedding: Option<Vec<f32>>,
+    /// Never evicted (the hybrid mode's state entry); still counted in the capacity.
+    pub pinned: bool,
+    kv: SeqKv,
+}
+
+impl Turn {
+    /// Position of the turn's first token.
+    pub fn first_position(&self) -> usize {
+        self.kv.position(0)
+    }
+}
+
+/// Which turns a request attends.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TurnMask {
+    /// Every turn.
+    All,
+    /// Turns whose cosine similarity to `query` is at least `threshold`, and always the last
+    /// `keep_last` turns (and turns without an embedding).
+    Relevant { query: Vec<f32>, threshold: f32, keep_last: usize },
+}
+
+/// What a request attends: spans to put before its own tokens, and where they start.
+pub struct RingView {
+    /// The anchors' spans, then each kept turn's, in order.
+    pub spans: Vec<Span>,
+    /// Ids of the turns attended and of those masked, in ring order.
+    pub attended: Vec<u64>,
+    pub masked: Vec<u64>,
+    /// Where the next turn's tokens go: one past the ring's last position.
+    pub next_position: usize,
+}
+
+/// A persistent stream and the ring of turns over it. See the module doc.
+pub struct TurnRing {
+    persistent: SeqKv,
+    turns: VecDeque<Turn>,
+    capacity: usize,
+    rope: RopeConfig,
+    next_id: u64,
+}
+
+impl TurnRing {
+    /// A ring of `capacity` tokens over `persistent`, whose tokens sit at positions `0..len`.
+    pub fn new(persistent: SeqKv, capacity: usize, rope: RopeConfig) -> TurnRing {
+        assert!(!persistent.has_moved_positions(), "TurnRing: the persistent stream sits at positions 0..len");
+        TurnRing { persistent, turns: VecDeque::new(), capacity, rope, next_id: 0 }
+    }
+
+    /// Tokens of the persistent stream.
+    pub fn persistent_len(&self) -> usize {
+        self.persistent.len()
+    }
+
+    /// Tokens of the turns in the ring.
+    pub fn ephemeral_len(&self) -> usize {
+        self.turns.iter().map(|t| t.tokens.len()).sum()
+    }
+
+    /// The turns, oldest first.
+    pub fn turns(&self) -> impl Iterator<Item = &Turn> {
+        self.turns.iter()
+    }
+
+    /// Where the next turn's tokens go.
+    pub fn next_position(&self) -> usize {
+        self.persistent.len() + self.ephemeral_len()
+    }
+
+    /// Appends a turn whose KV `kv` holds `tokens` at positions [`TurnRing::next_position`]
+    /// on, then evicts the oldest unpinned turns, whole, until the ring fits its capacity or
+    /// only the new turn and pinned ones remain, and moves the turns after each gap down.
+    /// Returns the evicted turns' ids. Errors: a KV that does not hold `tokens` there, or
+    /// the RAM budget refusing the copies a move needs (the ring is then unchanged but for
+    /// the turns already evicted).
+    pub fn push(&mut self, tokens: Vec<u32>, kv: SeqKv, embedding: Option<Vec<f32>>, pinned: bool) -> Result<Vec<u64>, KvError> {
+        let at = self.next_position();
+        if kv.len() != tokens.len() || tokens.is_empty() || (0..kv.len()).any(|s| kv.position(s) != at + s) {
+            return Err(KvError::BadMapping(format!(
+                "a turn of {} tokens whose KV holds {} tokens from position {}; the ring's next position is {at}",
+                tokens.len(),
+                kv.len(),
+                if kv.is_empty() { 0 } else { kv.position(0) }
+            )));
+        }
+        self.next_id += 1;
+        self.turns.push_back(Turn { id: self.next_id, tokens, embedding, pinned, kv });
+        let mut evicted = Vec::new();
+        while self.ephemeral_len() > self.capacity {
+            let newest = self.turns.len() - 1;
+            let Some(oldest) = (0..newest).find(|&i| !self.turns[i].pinned) else { break };
+            evicted.push(self.turns.remove(oldest).expect("in range").id);
+        }
+        self.pack()?;
+        Ok(evicted)
+    }
+
+    /// Moves every turn down to close gaps, so positions are packed from the anchors' end.
+    fn pack(&mut self) -> Result<(), KvError> {
+        let mut at = self.persistent.len();
+        for t in self.turns.iter_mut() {
+            if t.first_position() != at {
+                t.kv.move_slots(0..t.kv.len(), at, &self.rope)?;
+            }
+            at += t.tokens.len();
+        }
+        Ok(())
+    }
+
+    /// Removes turn `id`, closing its gap; whether it was there.
+    pub fn remove(&mut self, id: u64) -> Result<bool, KvError> {
+        let Some(i) = self.turns.iter().position(|t| t.id == id) else { return Ok(false) };
+        self.turns.remove(i);
+        self.pack()?;
+        Ok(true)
+    }
+
+    /// What a request attends under `mask`: the anchors (always: they are the attention
+    /// sinks), then the turns the mask keeps. Building it copies no KV.
+    pub fn view(&self, mask: &TurnMask) -> RingView {
+        let mut spans = self.persistent.spans(0..self.persistent.len());
+        let (mut attended, mut masked) = (Vec::new(), Vec::new());
+        let n = self.turns.len();
+        for (i, t) in self.turns.iter().enumerate() {
+            let keep = match mask {
+                TurnMask::All => true,
+                TurnMask::Relevant { query, threshold, keep_last } => {
+                    i + keep_last >= n || t.embedding.as_ref().map_or(true, |e| cosine(e, query) >= *threshold)
+                }
+            };
+            if keep {
+                spans.extend(t.kv.spans(0..t.kv.len()));
+                attended.push(t.id);
+            } else {
+                masked.push(t.id);
+            }
+        }
+        RingView { spans, attended, masked, next_position: self.next_position() }
+    }
+}
+
+/// Cosine similarity (0 when either vector is zero).
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let (mut dot, mut na, mut nb) = (0f32, 0f32, 0f32);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na.sqrt() * nb.sqrt())
+    }
+}
