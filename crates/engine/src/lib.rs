@@ -12,6 +12,7 @@
 //! model stays immutable and shared, the KV store stays ignorant of text.
 
 mod decoding;
+pub mod dual;
 mod error;
 mod generate;
 pub mod metrics;
@@ -24,6 +25,7 @@ pub mod speculate;
 mod stop;
 
 pub use decoding::{Accepted, Decoding};
+pub use dual::{DualStats, DualStream, Relevance};
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
 pub use metrics::Metrics;
