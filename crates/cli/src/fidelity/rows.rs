@@ -11,7 +11,8 @@
 //! exact attention mass it keeps.
 
 use anyhow::{bail, Context, Result};
-use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
+use engram_context::{TurnMask, TurnRing};
+use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{AttentionPrecision, KeyMask, KvCache, Logits, Model, SeqStep};
 
 use super::attention_mass::{KeepRule, MassRecorder};
@@ -39,6 +40,12 @@ pub enum Row {
     /// positions `0 ..` and moved into place ([`SeqKv::move_slots`]): document chunks' KV reused
     /// at new positions without recomputation (seed 003). Every key is attended.
     ChunkReuse { chunk: usize },
+    /// Seed 000's ephemeral ring: the context split into turns of whole lines (at least
+    /// [`TURN_TOKENS`] each), each turn computed on the ring's view as it stood (the
+    /// first [`SINK`] tokens as anchors when `sinks`), the oldest whole turns evicted past
+    /// `capacity` tokens and the rest moved down (not recomputed); the scored tokens decoded on
+    /// the final view, at packed positions. The cost of forgetting whole turns.
+    TurnRing { capacity: usize, sinks: bool },
 }
 
 impl Row {
@@ -68,6 +75,12 @@ impl Row {
         if let Some(v) = s.strip_prefix("chunks:") {
             return Ok(vec![Row::ChunkReuse { chunk: num(v, "the chunk")? }]);
         }
+        if let Some(v) = s.strip_prefix("turns:") {
+            return Ok(vec![Row::TurnRing { capacity: num(v, "the capacity")?, sinks: true }]);
+        }
+        if let Some(v) = s.strip_prefix("turns-nosink:") {
+            return Ok(vec![Row::TurnRing { capacity: num(v, "the capacity")?, sinks: false }]);
+        }
         let (fmt, precision) = match s.strip_suffix("+bf16") {
             Some(f) => (f, AttentionPrecision::Bf16),
             None => (s, AttentionPrecision::Exact),
@@ -75,7 +88,7 @@ impl Row {
         match fmt.parse::<KvFormat>() {
             Ok(format) => Ok(vec![Row::Format { format, precision }]),
             Err(_) => bail!(
-                "unknown row {s:?}: expected f32|f16|q8|q4 (optionally +bf16), window:N, chunks:N, sim, or one of {}",
+                "unknown row {s:?}: expected f32|f16|q8|q4 (optionally +bf16), window:N, chunks:N, turns:N, turns-nosink:N, sim, or one of {}",
                 Scheme::ALL.map(|x| x.name()).join(", ")
             ),
         }
@@ -88,6 +101,8 @@ impl Row {
             Row::Sim(s) => s.name().to_string(),
             Row::SinkWindow { budget } => format!("window:{budget}"),
             Row::ChunkReuse { chunk } => format!("chunks:{chunk}"),
+            Row::TurnRing { capacity, sinks: true } => format!("turns:{capacity}"),
+            Row::TurnRing { capacity, sinks: false } => format!("turns-nosink:{capacity}"),
         }
     }
 
@@ -99,6 +114,10 @@ impl Row {
             Row::Sim(s) => format!("{} simulated in f32", s.name()),
             Row::SinkWindow { budget } => format!("KV budget of {budget} tokens: first {SINK} + most recent"),
             Row::ChunkReuse { chunk } => format!("context KV computed in independent {chunk}-token chunks, moved into place"),
+            Row::TurnRing { capacity, sinks } => format!(
+                "ring of whole turns (lines, {TURN_TOKENS}+ tokens each) within {capacity} tokens, oldest evicted and the rest moved{}",
+                if sinks { format!(", first {SINK} tokens kept as anchors") } else { ", no anchors".into() }
+            ),
         }
     }
 
@@ -129,6 +148,7 @@ impl Row {
             Row::Sim(s) => Some(s.bytes_per_head_token(layout.head_dim) / (4.0 * layout.head_dim as f64)),
             Row::SinkWindow { budget } => Some((budget.min(tokens)) as f64 / tokens as f64),
             Row::ChunkReuse { .. } => None,
+            Row::TurnRing { capacity, sinks } => Some(((capacity + if sinks { SINK } else { 0 }).min(tokens)) as f64 / tokens as f64),
         }
     }
 
@@ -184,8 +204,64 @@ impl Row {
                 }
                 Ok(score(model, &mut kv, scored, &|_| None, &[])?.0)
             }
+            Row::TurnRing { capacity, sinks } => {
+                let pool = KvPool::new(layout, KvFormat::F32, 1 << 40);
+                let anchors = if sinks { &context[..SINK.min(context.len())] } else { &[][..] };
+                let mut persistent = SeqKv::new(&pool);
+                prefill(model, &mut persistent, anchors)?;
+                let mut ring = TurnRing::new(persistent, capacity, model.config.rope.clone());
+                for turn in split_turns(model, &context[anchors.len()..]) {
+                    let mut view = view_of(&ring, &pool);
+                    let first = ring.next_position();
+                    for part in turn.chunks(PREFILL_CHUNK) {
+                        forward_at(model, &mut view, part, first, Logits::None)?;
+                    }
+                    ring.push(turn.to_vec(), view.into_own(), None, false)?;
+                }
+                let (mut view, first) = (view_of(&ring, &pool), ring.next_position());
+                let mut logits = Vec::with_capacity(scored.len() * model.config.vocab);
+                for t in scored.chunks(1) {
+                    logits.extend(forward_at(model, &mut view, t, first, Logits::Last)?);
+                }
+                Ok(logits)
+            }
         }
     }
+}
+
+/// Tokens a turn holds at least: turns are whole lines, cut at the first line end after this
+/// many tokens (a stand-in for dialogue turns, 50–300 tokens in seed 000, on running text).
+pub const TURN_TOKENS: usize = 64;
+
+/// The context cut into turns of whole lines (see [`TURN_TOKENS`]).
+fn split_turns<'a>(model: &Model, tokens: &'a [u32]) -> Vec<&'a [u32]> {
+    let mut turns = Vec::new();
+    let mut start = 0;
+    for (i, &t) in tokens.iter().enumerate() {
+        if i + 1 - start >= TURN_TOKENS && model.tokenizer.decode(&[t], false).is_ok_and(|s| s.contains('\n')) {
+            turns.push(&tokens[start..=i]);
+            start = i + 1;
+        }
+    }
+    if start < tokens.len() {
+        turns.push(&tokens[start..]);
+    }
+    turns
+}
+
+/// A fresh own sequence after the ring's view (every turn attended).
+fn view_of(ring: &TurnRing, pool: &KvPool) -> KvView {
+    KvView::new(ring.view(&TurnMask::All).spans, SeqKv::new(pool))
+}
+
+/// Runs `tokens` as the next tokens of `view`'s own sequence, its slot `s` at position
+/// `first + s`.
+fn forward_at(model: &Model, view: &mut KvView, tokens: &[u32], first: usize, logits: Logits) -> Result<Vec<f32>> {
+    let slot = view.own().len();
+    view.own_mut().reserve(tokens.len())?;
+    let positions: Vec<u32> = (first + slot..first + slot + tokens.len()).map(|p| p as u32).collect();
+    let step = SeqStep { tokens, first_pos: slot, positions: Some(&positions), key_mask: None, kv: view, logits };
+    Ok(model.forward(&mut [step])?.pop().unwrap_or_default())
 }
 
 /// A cache the harness can grow token by token: the KV store's sequences and the simulations.

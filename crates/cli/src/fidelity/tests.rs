@@ -33,14 +33,15 @@ fn rows_that_drop_nothing_equal_the_exact_path_and_keep_all_the_mass() {
     let (_dir, model) = model();
     let ids = window(&model, 200);
     let (context, scored) = ids.split_at(180);
-    let rows = [one("f32"), one("window:1000"), one("chunks:1000")];
+    let rows = [one("f32"), one("window:1000"), one("chunks:1000"), one("turns:1000"), one("turns-nosink:1000")];
     let (exact_kv, exact, mass) = super::exact_path(&model, context, scored, &rows).unwrap();
     assert_eq!(mass.len(), 1, "one row drops keys");
     assert!((mass[0].0 / mass[0].1 as f64 - 1.0).abs() < 1e-9, "a budget past the context keeps every key: {mass:?}");
     for row in rows {
         let logits = row.run(&model, &exact_kv, context, scored).unwrap();
         let s = Scores::compare(&exact, &logits, model.config.vocab, &[]);
-        assert!(s.mean_kl() < 1e-9 && s.max_rel_err < 1e-5, "{}: KL {} err {}", row.name(), s.mean_kl(), s.max_rel_err);
+        // Turns computed on the ring's view (spans) are the exact path to float rounding.
+        assert!(s.mean_kl() < 1e-9 && s.max_rel_err < 1e-4, "{}: KL {} err {}", row.name(), s.mean_kl(), s.max_rel_err);
     }
 }
 
@@ -84,9 +85,22 @@ fn chunk_reuse_through_moved_keys_equals_the_chunks_computed_in_place() {
 }
 
 #[test]
+fn a_ring_smaller_than_the_context_forgets_whole_turns_and_costs_something() {
+    let (_dir, model) = model();
+    let ids = window(&model, 300);
+    let (context, scored) = ids.split_at(284);
+    let (_, exact, _) = super::exact_path(&model, context, scored, &[]).unwrap();
+    let small =
+        one("turns:64").run(&model, &SeqKv::new(&KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 1)), context, scored).unwrap();
+    assert!(Scores::compare(&exact, &small, model.config.vocab, &[]).mean_kl() > 1e-6, "forgetting turns changes the output");
+}
+
+#[test]
 fn row_names_parse_and_bad_ones_say_what_is_expected() {
     assert_eq!(Row::parse("sim").unwrap().len(), 5);
-    for name in ["f32", "f16", "q8", "q4", "q8+bf16", "window:1024", "chunks:512", "kivi4", "q4-no-window"] {
+    for name in
+        ["f32", "f16", "q8", "q4", "q8+bf16", "window:1024", "chunks:512", "turns:1536", "turns-nosink:512", "kivi4", "q4-no-window"]
+    {
         assert_eq!(one(name).name(), name);
     }
     for (bad, says) in [("q5", "unknown row"), ("window:4", "exceed"), ("window:x", "number"), ("chunks:0", "at least 1")] {
