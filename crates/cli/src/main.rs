@@ -2,6 +2,7 @@
 //! module; this file only parses arguments and dispatches.
 
 mod bench_cache;
+mod bench_context;
 mod bench_relevance;
 mod bench_speculation;
 mod bench_speed;
@@ -59,6 +60,8 @@ enum BenchCommand {
     Relevance(bench_relevance::Args),
     /// Decode speed with speculative decoding (prompt lookup) vs without, on code-editing prompts.
     Speculation(bench_speculation::Args),
+    /// Dual-stream contexts vs the full history: KV bytes and decode speed over a long conversation, threads.
+    Context(bench_context::Args),
 }
 
 fn main() {
@@ -80,6 +83,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Relevance(a) } => bench_relevance::run(a),
         Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),
         Command::Bench { which: BenchCommand::Speculation(a) } => bench_speculation::run(a),
+        Command::Bench { which: BenchCommand::Context(a) } => bench_context::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

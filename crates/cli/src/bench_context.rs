@@ -1,0 +1,288 @@
+//! `engram bench context`: the dual-stream policy (`engram_engine::DualStream`, seed 000)
+//! against keeping the full history, on one long conversation through the scheduler.
+//!
+//! Each turn is a synthetic user message (`--message-tokens`, drawn from a fixed text) and a
+//! greedy answer (`--answer-tokens`). The dual-stream run sends only the new turn to a thread
+//! whose ring holds `--ring-tokens`; the full-history run sends everything so far and the
+//! session store extends its cache (no eviction). Reported at each `--turns` mark: KV bytes in
+//! use (measured from the pool), and decode milliseconds per token of that turn; then the
+//! thread-switch time (a request's admission on another thread of the same user: the view
+//! built from RAM, no KV copied) and the KV bytes of 1 and 8 threads over one user's anchors.
+//! The full history stops where it passes the model's context.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use engram_engine::scheduler::{run_engine_with, Command, Event, EventSink, Job};
+use engram_engine::{default_policy, ContextPolicy, DualStream, Metrics, SamplingParams, SchedulerConfig};
+use engram_kv::KvPool;
+use engram_model::Model;
+
+use crate::common::{kv_pool, load_model, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Turns at which to report (the conversation runs to the largest).
+    #[arg(long, default_value = "12,50,200", value_delimiter = ',')]
+    turns: Vec<usize>,
+    /// Tokens per user message.
+    #[arg(long, default_value_t = 40)]
+    message_tokens: usize,
+    /// Tokens per answer (greedy, end-of-sequence ignored).
+    #[arg(long, default_value_t = 24)]
+    answer_tokens: usize,
+    /// The ring's capacity in tokens (seed 000: 1,536).
+    #[arg(long, default_value_t = 1536)]
+    ring_tokens: usize,
+    /// One JSON line per mark, then one for threads.
+    #[arg(long)]
+    json: bool,
+}
+
+/// When a request's first text arrived and when it ended, its tokens, failure and text.
+#[derive(Clone, Default)]
+struct Timed(Arc<Mutex<(Option<Instant>, Option<Instant>, usize, Option<String>, String)>>);
+
+impl EventSink for Timed {
+    fn send(&self, event: Event) -> bool {
+        let mut t = self.0.lock().unwrap();
+        match event {
+            Event::Text(s) => {
+                t.0.get_or_insert_with(Instant::now);
+                t.4.push_str(&s);
+            }
+            Event::Finished { completion_tokens, .. } => (t.1, t.2) = (Some(Instant::now()), completion_tokens),
+            Event::Failed(e) => t.3 = Some(e.message),
+            Event::Started { .. } => {}
+        }
+        true
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// An engine on its own thread running `policy`, and the means to run one job at a time.
+struct Engine {
+    tx: Option<mpsc::Sender<Command>>,
+    pending: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Engine {
+    fn start(model: &Arc<Model>, pool: &KvPool, policy: Box<dyn ContextPolicy>) -> Engine {
+        let (tx, rx) = mpsc::channel();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let (model, pool, p) = (model.clone(), pool.clone(), pending.clone());
+        let thread = std::thread::spawn(move || {
+            run_engine_with(&model, pool, SchedulerConfig::default(), policy, Arc::new(Metrics::default()), p, rx)
+        });
+        Engine { tx: Some(tx), pending, thread: Some(thread) }
+    }
+
+    /// Runs `job` to its end; returns decode milliseconds per token after the first, and the
+    /// text.
+    fn run(&self, job: Job) -> Result<(f64, String)> {
+        let sink = Timed::default();
+        self.pending.fetch_add(1, Relaxed);
+        let tx = self.tx.as_ref().expect("running");
+        tx.send(Command::Submit(job, Box::new(sink.clone()), Instant::now())).map_err(|_| anyhow::anyhow!("the engine stopped"))?;
+        loop {
+            let t = sink.0.lock().unwrap().clone();
+            if let Some(e) = t.3 {
+                bail!("a turn failed: {e}");
+            }
+            if let Some(end) = t.1 {
+                let first = t.0.unwrap_or(end);
+                return Ok((end.duration_since(first).as_secs_f64() * 1e3 / t.2.saturating_sub(1).max(1) as f64, t.4));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One measured mark of a run.
+struct Mark {
+    turn: usize,
+    kv_bytes: usize,
+    decode_ms: f64,
+}
+
+/// User message `i`: `n` tokens of a fixed text, different per turn.
+fn message(model: &Model, i: usize, n: usize) -> Result<Vec<u32>> {
+    let text = engram_tokenizer::FIXTURE_CORPUS;
+    let ids = model.tokenizer.encode(text, false)?.ids;
+    let start = (i * 997) % ids.len().saturating_sub(n).max(1);
+    Ok(ids[start..start + n.min(ids.len())].to_vec())
+}
+
+fn params(a: &Args) -> SamplingParams {
+    SamplingParams { max_tokens: a.answer_tokens, ignore_eos: true, ..Default::default() }
+}
+
+fn job(owner: &str, thread: &str, prompt: Vec<u32>, params: &SamplingParams) -> Job {
+    Job {
+        tenant: owner.into(),
+        session: Some(thread.into()),
+        text: None,
+        add_special: false,
+        prompt,
+        params: params.clone(),
+        pinned: false,
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = Arc::new(load_model(&a.model)?);
+    let last = a.turns.iter().copied().max().unwrap_or(0);
+    let anchors = model.tokenizer.encode("You are a helpful assistant. Answer in one short paragraph.", true)?.ids;
+    let p = params(&a);
+
+    // Dual-stream: only the new turn is sent; the thread's ring keeps the rest.
+    let pool = kv_pool(&model, &a.model)?;
+    let mut dual = DualStream::new(model.clone(), pool.clone(), a.ring_tokens);
+    dual.set_anchors("user", anchors.clone());
+    let engine = Engine::start(&model, &pool, Box::new(dual));
+    let mut dual_marks = Vec::new();
+    for i in 1..=last {
+        let (ms, _) = engine.run(job("user", "main", message(&model, i, a.message_tokens)?, &p))?;
+        if a.turns.contains(&i) {
+            dual_marks.push(Mark { turn: i, kv_bytes: pool.used(), decode_ms: ms });
+        }
+    }
+    // Threads: 7 more threads of the same user, one turn each (the anchors shared), then the
+    // time to admit a request on another thread (its ring's view built from RAM).
+    let one_thread = pool.used();
+    for t in 1..8 {
+        engine.run(job("user", &format!("thread-{t}"), message(&model, 1000 + t, a.message_tokens)?, &p))?;
+    }
+    let eight_threads = pool.used();
+    drop(engine);
+
+    let switch_us = thread_switch_us(&model, &pool, &a, &anchors)?;
+
+    // Full history: every turn sent again as text, the session extended (EXTEND: only the new
+    // message is tokenized and prefilled), nothing evicted.
+    let pool = kv_pool(&model, &a.model)?;
+    let engine = Engine::start(&model, &pool, default_policy(&model, &pool, &SchedulerConfig::default()));
+    let mut full_marks = Vec::new();
+    let mut history = model.tokenizer.decode(&anchors, true)?;
+    for i in 1..=last {
+        history.push_str(&model.tokenizer.decode(&message(&model, i, a.message_tokens)?, true)?);
+        let prompt = model.tokenizer.encode(&history, true)?.ids;
+        if prompt.len() + a.answer_tokens >= model.config.max_positions {
+            eprintln!("full history: turn {i} passes the model's context of {} tokens; stopping there", model.config.max_positions);
+            break;
+        }
+        let j = Job { text: Some(history.clone()), add_special: true, ..job("user", "main", prompt, &p) };
+        let (ms, answer) = engine.run(j)?;
+        history.push_str(&answer);
+        if a.turns.contains(&i) {
+            full_marks.push(Mark { turn: i, kv_bytes: pool.used(), decode_ms: ms });
+        }
+    }
+    drop(engine);
+
+    report(&a, &dual_marks, &full_marks, one_thread, eight_threads, switch_us);
+    Ok(())
+}
+
+/// Median microseconds to admit a request on another thread of a user (the ring's view from
+/// RAM, `--ring-tokens` of turns in it), over 101 switches between two threads.
+fn thread_switch_us(model: &Arc<Model>, pool: &KvPool, a: &Args, anchors: &[u32]) -> Result<f64> {
+    use engram_engine::Retired;
+    let mut dual = DualStream::new(model.clone(), pool.clone(), a.ring_tokens);
+    dual.set_anchors("user", anchors.to_vec());
+    let tok = &model.tokenizer;
+    // Fill two threads' rings with turns of KV (prefilled directly, no decoding).
+    for thread in ["a", "b"] {
+        let mut filled = 0;
+        let mut i = 0;
+        while filled + a.message_tokens <= a.ring_tokens {
+            let prompt = message(model, i, a.message_tokens)?;
+            let c = dual.admit("user", Some(thread), None, false, &prompt, tok).map_err(anyhow::Error::msg)?;
+            let mut view = engram_kv::KvView::new(c.spans, c.kv);
+            let first = view.own_first_position() as u32;
+            view.own_mut().reserve(prompt.len())?;
+            let positions: Vec<u32> = (first..first + prompt.len() as u32).collect();
+            let step = engram_model::SeqStep {
+                tokens: &prompt,
+                first_pos: 0,
+                positions: Some(&positions),
+                key_mask: None,
+                kv: &mut view,
+                logits: engram_model::Logits::None,
+            };
+            model.forward(&mut [step])?;
+            let kv = view.into_own();
+            dual.retire(Retired {
+                owner: "user".into(),
+                session_id: thread.into(),
+                text: String::new(),
+                tokens: prompt.clone(),
+                token_ends: vec![0; prompt.len()],
+                kv,
+            });
+            filled += prompt.len();
+            i += 1;
+        }
+    }
+    let prompt = message(model, 5000, a.message_tokens)?;
+    let mut times = Vec::new();
+    for k in 0..101 {
+        let thread = if k % 2 == 0 { "a" } else { "b" };
+        let t = Instant::now();
+        let c = dual.admit("user", Some(thread), None, false, &prompt, tok).map_err(anyhow::Error::msg)?;
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+        drop(c);
+    }
+    times.sort_by(|x, y| x.total_cmp(y));
+    Ok(times[times.len() / 2])
+}
+
+fn report(a: &Args, dual: &[Mark], full: &[Mark], one: usize, eight: usize, switch_us: f64) {
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    if a.json {
+        for m in dual {
+            let f = full.iter().find(|f| f.turn == m.turn);
+            let line = serde_json::json!({"turns": m.turn, "dual_kv_bytes": m.kv_bytes, "dual_decode_ms_per_token": m.decode_ms,
+                "full_kv_bytes": f.map(|f| f.kv_bytes), "full_decode_ms_per_token": f.map(|f| f.decode_ms)});
+            println!("{line}");
+        }
+        println!("{}", serde_json::json!({"threads": {"kv_bytes_1": one, "kv_bytes_8": eight, "switch_us_median": switch_us}}));
+        return;
+    }
+    println!("one conversation: {}-token messages, {}-token answers, ring of {} tokens", a.message_tokens, a.answer_tokens, a.ring_tokens);
+    println!("| turns | dual KV MiB | full KV MiB | dual decode ms/token | full decode ms/token |");
+    println!("|---|---|---|---|---|");
+    for m in dual {
+        let f = full.iter().find(|f| f.turn == m.turn);
+        let (fk, fd) =
+            f.map_or(("past the context".into(), "—".into()), |f| (format!("{:.2}", mib(f.kv_bytes)), format!("{:.2}", f.decode_ms)));
+        println!("| {} | {:.2} | {fk} | {:.2} | {fd} |", m.turn, mib(m.kv_bytes), m.decode_ms);
+    }
+    if let (Some(first), Some(last)) = (dual.first(), dual.last()) {
+        println!("\ndual decode at {} turns / at {}: {:.2}x", last.turn, first.turn, last.decode_ms / first.decode_ms.max(1e-9));
+    }
+    println!(
+        "threads: KV {:.2} MiB with 1, {:.2} MiB with 8 (anchors shared; each new thread one turn); switching threads (a request's view from RAM, {} tokens of turns): {:.1} µs median",
+        mib(one),
+        mib(eight),
+        a.ring_tokens,
+        switch_us
+    );
+}
