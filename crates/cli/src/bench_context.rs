@@ -236,6 +236,7 @@ fn thread_switch_us(model: &Arc<Model>, pool: &KvPool, a: &Args, anchors: &[u32]
                 tokens: prompt.clone(),
                 token_ends: vec![0; prompt.len()],
                 kv,
+                unfed: None,
             });
             filled += prompt.len();
             i += 1;

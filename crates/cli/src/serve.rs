@@ -64,6 +64,22 @@ pub struct Args {
     /// 503 with Retry-After (a prompt larger than the whole budget is a 400 at once).
     #[arg(long, default_value_t = 60)]
     admission_wait_secs: u64,
+    /// How context is kept between chat requests: `sessions` (default: conversations matched
+    /// by their text, every turn kept) or `dual` (seed 000: per `user` a persistent stream of
+    /// the system prompt, per `thread_id` / `X-Engram-Thread` a ring of whole turns within
+    /// --ring-tokens, the oldest evicted; only the last user message of a request is new).
+    #[arg(long, default_value = "sessions", value_name = "sessions|dual")]
+    context: String,
+    /// With --context dual: the ring's capacity in tokens per thread.
+    #[arg(long, default_value_t = 1536)]
+    ring_tokens: usize,
+    /// With --context dual and an embedder: turns less similar than this (cosine) to the new
+    /// message are masked out of attention (kept for later).
+    #[arg(long, default_value_t = 0.6)]
+    relevance_threshold: f32,
+    /// With --context dual: the last turns always attended, whatever their similarity.
+    #[arg(long, default_value_t = 1)]
+    keep_last_turns: usize,
 }
 
 /// The encoder `--embedder` (or `$ENGRAM_EMBEDDER`) names, or the one discovered, or the
@@ -132,7 +148,17 @@ pub fn run(mut a: Args) -> Result<()> {
         }
         api_keys.push((k.to_string(), t.to_string()));
     }
+    let context = match a.context.as_str() {
+        "sessions" => engram_server::ContextMode::Sessions,
+        "dual" => engram_server::ContextMode::Dual {
+            ring_tokens: a.ring_tokens.max(1),
+            threshold: a.relevance_threshold,
+            keep_last: a.keep_last_turns.max(1),
+        },
+        other => bail!("--context wants sessions or dual, got {other:?}"),
+    };
     let config = ServerConfig {
+        context,
         embedder: embedder(&a, &model, &model_id)?,
         model_id,
         api_keys,

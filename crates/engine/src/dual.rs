@@ -9,7 +9,8 @@
 //!            evicted past the capacity, later ones moved down (no recomputation)
 //! ```
 //! A request sends only its new turn; the thread's earlier turns are the policy's, not the
-//! client's. With a sentence encoder, each turn keeps the embedding of its prompt text, and a
+//! client's. An answer cut at its length leaves its last token unfed; the thread's next turn
+//! starts with it, so the ring holds the answer whole. With a sentence encoder, each turn keeps the embedding of its prompt text, and a
 //! new prompt attends only the turns at least `threshold` similar to it plus the last
 //! `keep_last` (at least 1, so the new turn always starts right after the ring's last token).
 //!
@@ -57,6 +58,9 @@ pub struct DualStream {
     threads: HashMap<(String, String), TurnRing>,
     /// The embedding of each running turn's prompt, attached when it joins its ring.
     running: HashMap<(String, String), Option<Vec<f32>>>,
+    /// Per thread, the last answer's token that was sampled but never fed (it stopped at its
+    /// length): the next turn starts with it.
+    carry: HashMap<(String, String), u32>,
     stats: DualStats,
 }
 
@@ -71,6 +75,7 @@ impl DualStream {
             anchors: HashMap::new(),
             threads: HashMap::new(),
             running: HashMap::new(),
+            carry: HashMap::new(),
             stats: DualStats::default(),
         }
     }
@@ -83,9 +88,12 @@ impl DualStream {
     }
 
     /// Sets `user`'s anchors (system prompt and facts, as tokens), prefilled at the user's
-    /// next request. Threads already open keep the anchors they started with.
+    /// next request (kept as they are when unchanged). Threads already open keep the anchors
+    /// they started with.
     pub fn set_anchors(&mut self, user: &str, tokens: Vec<u32>) {
-        self.anchors.insert(user.to_string(), (tokens, None));
+        if self.anchors.get(user).map_or(true, |(t, _)| *t != tokens) {
+            self.anchors.insert(user.to_string(), (tokens, None));
+        }
     }
 
     /// What the policy did so far.
@@ -142,12 +150,14 @@ impl ContextPolicy for DualStream {
         };
         let view = self.thread(owner, &thread)?.view(&mask);
         self.stats.turns_masked += view.masked.len() as u64;
-        self.running.insert((owner.to_string(), thread.clone()), query);
+        let key = (owner.to_string(), thread.clone());
+        let tokens: Vec<u32> = self.carry.remove(&key).into_iter().chain(prompt.iter().copied()).collect();
+        self.running.insert(key, query);
         Ok(Checkout {
             session_id: thread,
             kind: if view.spans.is_empty() { MatchKind::Miss } else { MatchKind::Prefix },
-            tokens: prompt.to_vec(),
-            token_ends: vec![0; prompt.len()],
+            token_ends: vec![0; tokens.len()],
+            tokens,
             reused: 0,
             kv: SeqKv::new(&self.pool),
             restore: None,
@@ -174,6 +184,9 @@ impl ContextPolicy for DualStream {
             return;
         }
         let Some(ring) = self.threads.get_mut(&key) else { return };
+        if let Some(t) = r.unfed {
+            self.carry.insert(key.clone(), t);
+        }
         match ring.push(r.tokens, r.kv, embedding, false) {
             Ok(evicted) => self.stats.turns_evicted += evicted.len() as u64,
             Err(e) => tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, r.owner),
@@ -184,9 +197,19 @@ impl ContextPolicy for DualStream {
         self.anchors.remove(owner);
         self.threads.retain(|(o, _), _| o != owner);
         self.running.retain(|(o, _), _| o != owner);
+        self.carry.retain(|(o, _), _| o != owner);
     }
 
     fn stats(&self) -> PolicyStats {
-        PolicyStats { sessions_idle: self.threads.len() as u64, ..PolicyStats::default() }
+        PolicyStats {
+            sessions_idle: self.threads.len() as u64,
+            turns_evicted: self.stats.turns_evicted,
+            turns_masked: self.stats.turns_masked,
+            ..PolicyStats::default()
+        }
+    }
+
+    fn set_anchors(&mut self, owner: &str, tokens: Vec<u32>) {
+        DualStream::set_anchors(self, owner, tokens)
     }
 }

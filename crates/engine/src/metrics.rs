@@ -76,6 +76,9 @@ pub struct Metrics {
     pub disk_bytes_used: AtomicU64,
     pub sequences_running: AtomicU64,
     pub requests_waiting: AtomicU64,
+    /// Whole turns evicted and turn views masked by a dual-stream policy, since start.
+    pub turns_evicted: AtomicU64,
+    pub turns_masked: AtomicU64,
 }
 
 impl Metrics {
@@ -111,7 +114,7 @@ impl Metrics {
         for (kind, n) in self.lookups.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "engram_cache_lookups_total{{path=\"{kind}\"}} {n}");
         }
-        let counters: [(&str, &str, &AtomicU64); 11] = [
+        let counters: [(&str, &str, &AtomicU64); 13] = [
             ("engram_cache_hits_total", "Requests that reused cached tokens.", &self.cache_hits),
             ("engram_cache_misses_total", "Requests that reused nothing.", &self.cache_misses),
             ("engram_prompt_tokens_reused_total", "Prompt tokens served from the KV cache.", &self.tokens_reused),
@@ -127,6 +130,8 @@ impl Metrics {
                 "Draft tokens accepted (the acceptance rate is their ratio).",
                 &self.draft_tokens_accepted,
             ),
+            ("engram_turns_evicted_total", "Whole turns evicted from dual-stream rings.", &self.turns_evicted),
+            ("engram_turns_masked_total", "Turns masked out of a request's view as irrelevant (dual-stream).", &self.turns_masked),
         ];
         let gauges: [(&str, &str, &AtomicU64); 8] = [
             ("engram_sessions_on_disk", "Persisted sessions not loaded in RAM.", &self.sessions_on_disk),

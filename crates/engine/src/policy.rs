@@ -25,6 +25,10 @@ pub struct Retired {
     /// Per token, where its text ends in `text` (zeros for id prompts).
     pub token_ends: Vec<usize>,
     pub kv: SeqKv,
+    /// The last token sampled but never fed, when generation stopped at its length or was
+    /// cancelled (not after a stop token or string): a policy that keeps the turn for a later
+    /// request must put it first in that request's context (`text` already holds its text).
+    pub unfed: Option<u32>,
 }
 
 /// Gauges a policy reports (the server's `/metrics`).
@@ -34,6 +38,9 @@ pub struct PolicyStats {
     pub sessions_on_disk: u64,
     pub sessions_restored: u64,
     pub disk_bytes_used: u64,
+    /// Whole turns evicted and turn views masked, since start (dual-stream contexts).
+    pub turns_evicted: u64,
+    pub turns_masked: u64,
 }
 
 /// Decides what each sequence reuses and what is kept. See the module doc.
@@ -67,6 +74,9 @@ pub trait ContextPolicy: Send {
 
     /// Gauges for metrics.
     fn stats(&self) -> PolicyStats;
+    /// Sets `owner`'s persistent stream (a system prompt and facts, as tokens) for policies
+    /// that keep one (dual-stream contexts); others ignore it.
+    fn set_anchors(&mut self, _owner: &str, _tokens: Vec<u32>) {}
 
     /// Runs one slice of background work (precomputing a likely next prompt, compacting,
     /// prefetching) while nothing waits: short enough that a job arriving meanwhile waits at
@@ -118,6 +128,7 @@ impl ContextPolicy for SessionStore {
             sessions_on_disk: self.on_disk_count() as u64,
             sessions_restored: self.restored_count(),
             disk_bytes_used: self.disk_used_bytes(),
+            ..PolicyStats::default()
         }
     }
 }

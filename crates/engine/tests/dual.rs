@@ -67,8 +67,19 @@ fn tiny() -> (tempfile::TempDir, Arc<Model>) {
 }
 
 /// What the model answers to `prompt` on `ring`'s view under `mask`, greedy, `ANSWER`
-/// tokens; the turn (prompt and the answer tokens that were fed) joins the ring.
-fn reference_turn(m: &Model, pool: &KvPool, ring: &mut TurnRing, mask: &TurnMask, prompt: &[u32], embedding: Option<Vec<f32>>) -> String {
+/// tokens; the turn (`carry`, the previous answer's unfed last token, then the prompt and the
+/// answer tokens that were fed) joins the ring. Returns the answer and its unfed last token.
+fn reference_turn(
+    m: &Model,
+    pool: &KvPool,
+    ring: &mut TurnRing,
+    mask: &TurnMask,
+    carry: Option<u32>,
+    prompt: &[u32],
+    embedding: Option<Vec<f32>>,
+) -> (String, Option<u32>) {
+    let prompt: Vec<u32> = carry.into_iter().chain(prompt.iter().copied()).collect();
+    let prompt = &prompt[..];
     let view = ring.view(mask);
     let mut kv = KvView::new(view.spans, SeqKv::new(pool));
     let mut pos = view.next_position as u32;
@@ -88,13 +99,13 @@ fn reference_turn(m: &Model, pool: &KvPool, ring: &mut TurnRing, mask: &TurnMask
         let a = out.accept(t, true).unwrap();
         text.push_str(&a.release);
         if a.done.is_some() {
-            break;
+            ring.push(tokens, kv.into_own(), embedding, false).unwrap();
+            // Stopped at its length: the last token was sampled, not fed.
+            return (text, Some(t));
         }
         tokens.push(t);
         input = vec![t];
     }
-    ring.push(tokens, kv.into_own(), embedding, false).unwrap();
-    text
 }
 
 fn conversation(relevance: Option<(f32, usize)>) {
@@ -114,14 +125,16 @@ fn conversation(relevance: Option<(f32, usize)>) {
     anchor_kv.reserve(anchors.len()).unwrap();
     model.forward(&mut [SeqStep::new(&anchors, 0, &mut anchor_kv, Logits::None)]).unwrap();
     let mut ring = TurnRing::new(anchor_kv, CAPACITY, model.config.rope.clone());
-    let mut want = Vec::new();
+    let (mut want, mut carry) = (Vec::new(), None);
     for p in &prompts {
         let query = encoder.as_ref().map(|e| e.encode(&[model.tokenizer.decode(p, true).unwrap()]).unwrap().vectors.remove(0));
         let mask = match (relevance, &query) {
             (Some((threshold, keep_last)), Some(q)) => TurnMask::Relevant { query: q.clone(), threshold, keep_last },
             _ => TurnMask::All,
         };
-        want.push(reference_turn(&model, &pool, &mut ring, &mask, p, query));
+        let (text, unfed) = reference_turn(&model, &pool, &mut ring, &mask, carry, p, query);
+        want.push(text);
+        carry = unfed;
     }
     drop(ring);
 

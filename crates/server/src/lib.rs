@@ -23,6 +23,7 @@ mod agent_registry;
 mod agents;
 mod anthropic;
 mod api;
+mod dual;
 mod embeddings;
 pub mod error;
 #[cfg(test)]
@@ -63,12 +64,33 @@ pub struct ServerConfig {
     /// The text encoder `/v1/embeddings` serves (a sentence encoder, or the LLM's pooled
     /// hidden states, `engram_engine::PooledEncoder`); `None`: that route answers 501.
     pub embedder: Option<Arc<dyn engram_embed::TextEncoder>>,
+    /// How context is kept between chat requests.
+    pub context: ContextMode,
+}
+
+/// How the engine keeps context between chat requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum ContextMode {
+    /// Sessions matched by characters, shared prefixes, persistence (the default).
+    #[default]
+    Sessions,
+    /// Dual-stream contexts (seed 000, `dual.rs`): per user (`user` field) a persistent stream
+    /// of the system prompt, per thread (`thread_id` / `X-Engram-Thread`) a ring of whole turns
+    /// within `ring_tokens`; with an embedder, turns less similar than `threshold` to the new
+    /// message are masked (the last `keep_last` always attended).
+    Dual { ring_tokens: usize, threshold: f32, keep_last: usize },
 }
 
 impl ServerConfig {
     /// Defaults for `model_id`.
     pub fn new(model_id: impl Into<String>) -> ServerConfig {
-        ServerConfig { model_id: model_id.into(), api_keys: Vec::new(), scheduler: SchedulerConfig::default(), embedder: None }
+        ServerConfig {
+            model_id: model_id.into(),
+            api_keys: Vec::new(),
+            scheduler: SchedulerConfig::default(),
+            embedder: None,
+            context: ContextMode::Sessions,
+        }
     }
 }
 
@@ -94,7 +116,16 @@ impl Server {
     /// Starts the engine thread for `model` with KV charged to `pool`.
     pub fn start(model: Arc<Model>, pool: KvPool, config: ServerConfig) -> Server {
         let metrics = Arc::new(Metrics::default());
-        let (engine, thread) = EngineHandle::start(model.clone(), pool, config.scheduler.clone(), metrics.clone());
+        let (engine, thread) = match config.context {
+            ContextMode::Sessions => EngineHandle::start(model.clone(), pool, config.scheduler.clone(), metrics.clone()),
+            ContextMode::Dual { ring_tokens, threshold, keep_last } => {
+                let mut policy = engram_engine::DualStream::new(model.clone(), pool.clone(), ring_tokens);
+                if let Some(encoder) = config.embedder.clone() {
+                    policy = policy.with_relevance(engram_engine::Relevance { encoder, threshold, keep_last });
+                }
+                EngineHandle::start_with(model.clone(), pool, config.scheduler.clone(), Box::new(policy), metrics.clone())
+            }
+        };
         let agents = match &config.scheduler.disk {
             Some(d) => agent_registry::Agents::open(&d.dir),
             None => agent_registry::Agents::in_memory(),

@@ -149,6 +149,9 @@ struct ChatRequest {
     unsupported: Unsupported,
     n: Option<i64>,
     session_id: Option<String>,
+    /// With `--context dual`: whose persistent stream, and which thread's ring.
+    user: Option<String>,
+    thread_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -222,12 +225,20 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     api::check_model(&s, req.model.as_deref())?;
     req.unsupported.check()?;
     check_n(req.n)?;
-    let session = api::session(&headers, req.session_id.as_deref())?;
     let messages = to_chat(req.messages)?;
-    let (text, prompt) = api::render_chat(&s, &messages)?;
     let sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
-    let params = api::params(&s, prompt.len(), sampling)?;
-    let (st, mut rx) = api::start(&s, Job { tenant, session, text: Some(text), add_special: false, prompt, params, pinned: false }).await?;
+    let job = if let crate::ContextMode::Dual { .. } = s.config.context {
+        let d = crate::dual::turn(&s, &tenant, &headers, req.user.as_deref(), req.thread_id.as_deref(), &messages)?;
+        let params = api::params(&s, d.turn.len(), sampling)?;
+        s.engine.set_anchors(d.owner.clone(), d.anchors);
+        Job { tenant: d.owner, session: Some(d.thread), text: None, add_special: false, prompt: d.turn, params, pinned: false }
+    } else {
+        let session = api::session(&headers, req.session_id.as_deref())?;
+        let (text, prompt) = api::render_chat(&s, &messages)?;
+        let params = api::params(&s, prompt.len(), sampling)?;
+        Job { tenant, session, text: Some(text), add_special: false, prompt, params, pinned: false }
+    };
+    let (st, mut rx) = api::start(&s, job).await?;
     let id = api::new_id("chatcmpl");
     let created = api::now_s();
     let model = s.config.model_id.clone();

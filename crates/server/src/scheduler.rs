@@ -94,6 +94,20 @@ impl EngineHandle {
         Self::spawn(max_pending, metrics.clone(), move |pending, rx| engine::run_engine(&model, pool, config, metrics, pending, rx))
     }
 
+    /// Starts the engine thread with a context policy of the caller's (dual-stream contexts).
+    pub fn start_with(
+        model: Arc<Model>,
+        pool: KvPool,
+        config: SchedulerConfig,
+        policy: Box<dyn engram_engine::ContextPolicy>,
+        metrics: Arc<Metrics>,
+    ) -> (EngineHandle, std::thread::JoinHandle<()>) {
+        let max_pending = config.max_pending;
+        Self::spawn(max_pending, metrics.clone(), move |pending, rx| {
+            engine::run_engine_with(&model, pool, config, policy, metrics, pending, rx)
+        })
+    }
+
     /// Starts the engine thread running `body` (the engine loop, or a test's stand-in that
     /// dies) with the job counter and the command channel.
     pub(crate) fn spawn(
@@ -142,6 +156,11 @@ impl EngineHandle {
     /// Drops the idle sessions of a tenant key.
     pub fn forget(&self, tenant: String) {
         let _ = self.tx.send(Command::Forget(tenant));
+    }
+
+    /// Sets an owner's persistent stream before its next request (dual-stream contexts).
+    pub fn set_anchors(&self, owner: String, tokens: Vec<u32>) {
+        let _ = self.tx.send(Command::SetAnchors(owner, tokens));
     }
 }
 

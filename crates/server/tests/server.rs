@@ -235,7 +235,9 @@ fn api_keys_map_to_tenants() {
 }
 
 #[test]
-fn a_prompt_that_can_never_fit_gets_503_with_retry_after() {
+/// Issue 19 item 12: a prompt larger than the whole KV budget is a 400 naming the bytes it
+/// needs and the budget (a 503 with Retry-After would have clients retry in vain).
+fn a_prompt_that_can_never_fit_is_a_400_naming_the_bytes() {
     // Two blocks of KV: 64 tokens.
     let m = model();
     let block = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 0).block_bytes();
@@ -245,9 +247,10 @@ fn a_prompt_that_can_never_fit_gets_503_with_retry_after() {
     );
     let long = "many words in a row ".repeat(40);
     let r = chat(addr, &json!([{"role": "user", "content": long}]), json!({}));
-    assert_eq!(r.status, 503, "{}", r.body);
-    assert!(r.header("retry-after").is_some());
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("KV"));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.header("retry-after").is_none());
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("bytes of KV cache") && message.contains(&format!("budget of {} bytes", 2 * block)), "{message}");
     // A small one still works, and the server keeps serving.
     let r = chat(addr, &json!([{"role": "user", "content": "short"}]), json!({"max_tokens": 4}));
     assert_eq!(r.status, 200, "{}", r.body);

@@ -195,6 +195,8 @@ pub enum Command {
     Submit(Job, Box<dyn EventSink>, Instant),
     /// Drop the idle sessions of a tenant key.
     Forget(String),
+    /// Set an owner's persistent stream (`ContextPolicy::set_anchors`), before its next job.
+    SetAnchors(String, Vec<u32>),
 }
 
 /// Runs the engine loop for `model` on this thread until every [`Command`] sender is gone
@@ -381,6 +383,7 @@ impl<'m> Engine<'m> {
         match c {
             Command::Submit(job, tx, t) => self.waiting.push_back((job, tx, t)),
             Command::Forget(tenant) => self.forget(&tenant),
+            Command::SetAnchors(owner, tokens) => self.policy.set_anchors(&owner, tokens),
         }
     }
 
@@ -392,6 +395,8 @@ impl<'m> Engine<'m> {
         m.sessions_on_disk.store(st.sessions_on_disk, Relaxed);
         m.sessions_restored.store(st.sessions_restored, Relaxed);
         m.disk_bytes_used.store(st.disk_bytes_used, Relaxed);
+        m.turns_evicted.store(st.turns_evicted, Relaxed);
+        m.turns_masked.store(st.turns_masked, Relaxed);
         m.sequences_running.store(self.active.len() as u64, Relaxed);
         m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
     }
@@ -425,6 +430,7 @@ impl<'m> Engine<'m> {
         }
         let s = self.active.remove(at);
         self.pending.fetch_sub(1, Relaxed);
+        let outcome_finish = outcome.as_ref().ok().copied();
         match outcome {
             Ok(finish) => {
                 if finish == FinishReason::Cancelled {
@@ -446,6 +452,10 @@ impl<'m> Engine<'m> {
             self.policy.forget_owner(&s.tenant);
             return;
         }
+        let unfed = match outcome_finish {
+            Some(FinishReason::Length | FinishReason::Cancelled) => s.out.generated().last().copied(),
+            _ => None,
+        };
         let mut kv = s.kv.into_own();
         // Drop blocks reserved past the end (a failed or unused reservation).
         kv.truncate(s.tokens.len());
@@ -459,7 +469,7 @@ impl<'m> Engine<'m> {
             }
             None => (String::new(), vec![0; n]),
         };
-        self.policy.retire(Retired { owner: s.tenant, session_id: s.session_id, text, tokens: s.tokens, token_ends, kv });
+        self.policy.retire(Retired { owner: s.tenant, session_id: s.session_id, text, tokens: s.tokens, token_ends, kv, unfed });
         self.idle_work = true;
     }
 

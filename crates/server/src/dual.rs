@@ -1,0 +1,91 @@
+//! `engram serve --context dual`: a chat request mapped onto the dual-stream policy
+//! (`engram_engine::DualStream`, seed 000).
+//!
+//! ```text
+//!  messages: [system…] [earlier turns…] [user: new message]
+//!             │                           │
+//!             anchors of `user` ──────┐   the new turn, rendered alone (after the closing of
+//!             (set before the job)    │   the previous answer when there was one)
+//!                                     ▼
+//!  job: owner = <tenant>␟user:<user>, session = thread, prompt = the new turn's tokens
+//! ```
+//! The thread's earlier turns are the server's, not re-read from the request: a client may
+//! send the whole conversation (as OpenAI clients do) or only the new message. The `user`
+//! field picks the persistent stream, `thread_id` (or `X-Engram-Thread`) the ring.
+//!
+//! Invariant: a turn's text is exactly what the chat template renders for it after the
+//! system messages (and after the previous answer's closing), so the ring holds what a full
+//! render of the kept turns would.
+
+use axum::http::HeaderMap;
+use engram_tokenizer::ChatMessage;
+
+use crate::api;
+use crate::error::ApiError;
+use crate::AppState;
+
+/// One request's place in the dual-stream contexts.
+pub(crate) struct DualTurn {
+    pub owner: String,
+    pub thread: String,
+    /// The system messages rendered and tokenized: the user's anchors.
+    pub anchors: Vec<u32>,
+    /// The new turn's tokens.
+    pub turn: Vec<u32>,
+}
+
+/// Maps a chat request onto its user's anchors and its thread's new turn.
+pub(crate) fn turn(
+    s: &AppState,
+    tenant: &str,
+    headers: &HeaderMap,
+    user: Option<&str>,
+    thread: Option<&str>,
+    messages: &[ChatMessage],
+) -> Result<DualTurn, ApiError> {
+    let header =
+        headers.get("x-engram-thread").map(|v| v.to_str().map_err(|_| ApiError::bad_param("thread_id", "X-Engram-Thread is not text")));
+    let thread = match (thread, header) {
+        (Some(t), _) => t.to_string(),
+        (None, Some(h)) => h?.to_string(),
+        (None, None) => "default".to_string(),
+    };
+    api::check_id("thread_id", &thread)?;
+    let user = user.unwrap_or("default");
+    api::check_id("user", user)?;
+    let Some(last) = messages.last().filter(|m| m.role == "user") else {
+        return Err(ApiError::bad_param("messages", "with --context dual the last message must be the user's new turn"));
+    };
+    let tok = &s.model.tokenizer;
+    let tpl = tok.chat_template().ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
+    let (bos, eos) = (tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""));
+    let system: Vec<ChatMessage> = messages.iter().take_while(|m| m.role == "system").cloned().collect();
+    let base = if system.is_empty() { String::new() } else { tpl.render(&system, false, bos, eos)? };
+    let mut with_turn = system.clone();
+    with_turn.push(last.clone());
+    let full = tpl.render(&with_turn, true, bos, eos)?;
+    // A template that does not render the system part as a prefix: no anchors, the turn whole.
+    let (base, rest) = match full.strip_prefix(base.as_str()) {
+        Some(rest) => (base.clone(), rest.to_string()),
+        None => (String::new(), full.clone()),
+    };
+    let earlier = &messages[system.len()..messages.len() - 1];
+    let text = if earlier.iter().any(|m| m.role == "assistant") { answer_closing(s)? + &rest } else { rest };
+    Ok(DualTurn {
+        owner: format!("{tenant}\u{1f}user:{user}"),
+        thread,
+        anchors: if base.is_empty() { Vec::new() } else { tok.encode(&base, false)?.ids },
+        turn: tok.encode(&text, false)?.ids,
+    })
+}
+
+/// What the chat template writes after an assistant message's text (its end-of-turn marker),
+/// which the ring's previous turn lacks: the answer ended at its stop token, never fed.
+fn answer_closing(s: &AppState) -> Result<String, ApiError> {
+    let tok = &s.model.tokenizer;
+    let Some(tpl) = tok.chat_template() else { return Ok(String::new()) };
+    let probe =
+        [ChatMessage { role: "user".into(), content: "x".into() }, ChatMessage { role: "assistant".into(), content: "\u{1}".into() }];
+    let text = tpl.render(&probe, false, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
+    Ok(text.rsplit_once('\u{1}').map(|(_, after)| after.to_string()).unwrap_or_default())
+}
