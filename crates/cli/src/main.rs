@@ -3,6 +3,7 @@
 
 mod bench_cache;
 mod bench_relevance;
+mod bench_scenario;
 mod bench_speed;
 mod cache_cmd;
 mod chat;
@@ -11,6 +12,7 @@ mod convert_cmd;
 mod fidelity;
 mod fixture_cmd;
 mod generate;
+mod scenario_cmd;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +39,8 @@ enum Command {
     Convert(convert_cmd::Args),
     /// Persisted KV cache entries: ls, inspect, rm, pin, unpin, gc.
     Cache(cache_cmd::Args),
+    /// Multi-agent scenarios (YAML phases, each agent's cache its working memory): run, validate.
+    Scenario(scenario_cmd::Args),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -56,6 +60,8 @@ enum BenchCommand {
     Serve(serve::BenchArgs),
     /// Relevance ranking (ROC AUC, precision/recall) of a sentence encoder or the LLM's pooled hidden states.
     Relevance(bench_relevance::Args),
+    /// A multi-agent scenario end to end: agents' caches as working memory vs re-prefilling every prompt.
+    Scenario(bench_scenario::Args),
 }
 
 fn main() {
@@ -71,11 +77,13 @@ fn main() {
         Command::Fixture(a) => fixture_cmd::run(a),
         Command::Convert(a) => convert_cmd::run(a),
         Command::Cache(a) => cache_cmd::run(a),
+        Command::Scenario(a) => scenario_cmd::run(a),
         Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
         Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
         Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
         Command::Bench { which: BenchCommand::Relevance(a) } => bench_relevance::run(a),
         Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),
+        Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
