@@ -134,9 +134,15 @@ pub fn run(a: Args) -> Result<()> {
         let hot = measure(&model, &scenario, &opts, format, true, false)?;
         eprintln!("{name}: working memory, engine restarted between phases");
         let warm = measure(&model, &scenario, &opts, format, true, true)?;
-        rows.push(row("reprefill", name, &cold, None));
-        rows.push(row("working_memory", name, &hot, Some(&cold)));
-        rows.push(row("working_memory_restarts", name, &warm, Some(&cold)));
+        for r in [
+            row("reprefill", name, &cold, None),
+            row("working_memory", name, &hot, Some(&cold)),
+            row("working_memory_restarts", name, &warm, Some(&cold)),
+        ] {
+            // Each row as it is measured, so a long run that is cut short still says something.
+            eprintln!("{r}");
+            rows.push(r);
+        }
     }
     let out = json!({
         "model": model.source,

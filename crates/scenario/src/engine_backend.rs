@@ -26,11 +26,13 @@ const SESSION: &str = "main";
 /// How the in-process engine is set up.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
+    /// How KV is stored (f16, q4, ...).
     pub kv_format: KvFormat,
     /// RAM for KV blocks.
     pub kv_budget_bytes: usize,
     /// Where agents' caches persist (needed for a warm restart); `None` keeps them in RAM.
     pub cache_dir: Option<PathBuf>,
+    /// Most bytes the cache directory holds.
     pub disk_budget_bytes: u64,
     /// False: reuse nothing, compute every prompt whole (the re-prefilling baseline).
     pub reuse: bool,

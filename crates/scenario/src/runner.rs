@@ -44,10 +44,12 @@ pub struct RunOptions {
 /// A line said in a phase, as the transcript shows it.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Message {
+    /// 0-based round of its phase.
     pub round: usize,
     /// The agent's id and display name.
     pub agent: String,
     pub name: String,
+    /// What it said, as generated.
     pub text: String,
     /// Who heard it: the phase's participants (nobody else's prompt contains it, unless a
     /// template quotes the phase to them).
@@ -57,13 +59,17 @@ pub struct Message {
 /// What one turn cost.
 #[derive(Clone, Debug, Serialize)]
 pub struct TurnFigures {
+    /// The agent's id and the 0-based round.
     pub agent: String,
     pub round: usize,
+    /// The prompt's length and how much of it the agent's cache held.
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     /// `prompt_tokens - cached_tokens`: what the model prefilled.
     pub computed_tokens: usize,
+    /// Tokens generated.
     pub completion_tokens: usize,
+    /// Submission to first text (`None` through a server), and to the end of the turn.
     pub ttft_ms: Option<f64>,
     pub total_ms: f64,
     /// The rendered prompt (for checks; left out of the JSON).
@@ -74,17 +80,21 @@ pub struct TurnFigures {
 /// One phase as it ran.
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseReport {
+    /// The phase's key, heading and participants.
     pub name: String,
     pub label: String,
     pub agents: Vec<String>,
+    /// What was said (the public transcript) and what each turn cost, in order.
     pub messages: Vec<Message>,
     pub turns: Vec<TurnFigures>,
+    /// Wall time of the phase (its rounds; a restart before it not included).
     pub elapsed_ms: f64,
 }
 
 /// A whole run: the transcript and its figures.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    /// The scenario's id, its phases as they ran, and the run's wall time (restarts included).
     pub scenario: String,
     pub phases: Vec<PhaseReport>,
     pub elapsed_ms: f64,
@@ -99,8 +109,11 @@ impl Report {
 
 /// What a run tells its observer as it goes (the CLI streams these).
 pub enum Progress<'a> {
+    /// A phase opens (before its first round).
     Phase(&'a PhaseSpec),
+    /// A turn ended: what was said and what it cost.
     Turn { phase: &'a PhaseSpec, message: &'a Message, figures: &'a TurnFigures },
+    /// The backend was restarted before the next phase.
     Restarted,
 }
 

@@ -38,7 +38,9 @@ pub struct Scenario {
     /// Most tokens an agent says per turn (greedy decoding).
     #[serde(default = "default_max_tokens")]
     pub max_tokens: usize,
+    /// Who takes part, in the order they are registered.
     pub agents: Vec<AgentSpec>,
+    /// What happens, in the order it runs.
     pub phases: Vec<PhaseSpec>,
 }
 
@@ -70,6 +72,7 @@ pub struct AgentSpec {
     /// Its system prompt.
     #[serde(default)]
     pub system: Option<String>,
+    /// Permanent (default) or ephemeral.
     #[serde(default)]
     pub lifecycle: Lifecycle,
 }

@@ -10,6 +10,7 @@
 pub struct Reference {
     /// Byte range of the whole `${...}` in the template.
     pub range: std::ops::Range<usize>,
+    /// The phase quoted and whose point of view it is quoted from.
     pub phase: String,
     pub agent: String,
 }
@@ -62,6 +63,7 @@ fn parse_at(s: &str) -> Option<(usize, String, String)> {
 /// One line said in a phase: who said it and what.
 #[derive(Clone, Debug)]
 pub struct Line<'a> {
+    /// The speaker's agent id.
     pub speaker: &'a str,
     pub text: &'a str,
 }

@@ -14,6 +14,7 @@ use crate::template;
 /// One thing wrong with a scenario file, at a 1-based line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
+    /// 1-based line of the file.
     pub line: usize,
     pub message: String,
 }
