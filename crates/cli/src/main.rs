@@ -4,6 +4,7 @@
 mod bench_cache;
 mod bench_context;
 mod bench_relevance;
+mod bench_scenario;
 mod bench_speculation;
 mod bench_speed;
 mod cache_cmd;
@@ -13,6 +14,7 @@ mod convert_cmd;
 mod fidelity;
 mod fixture_cmd;
 mod generate;
+mod scenario_cmd;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +41,8 @@ enum Command {
     Convert(convert_cmd::Args),
     /// Persisted KV cache entries: ls, inspect, rm, pin, unpin, gc.
     Cache(cache_cmd::Args),
+    /// Multi-agent scenarios (YAML phases, each agent's cache its working memory): run, validate.
+    Scenario(scenario_cmd::Args),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -62,6 +66,8 @@ enum BenchCommand {
     Speculation(bench_speculation::Args),
     /// Dual-stream contexts vs the full history: KV bytes and decode speed over a long conversation, threads.
     Context(bench_context::Args),
+    /// A multi-agent scenario end to end: agents' caches as working memory vs re-prefilling every prompt.
+    Scenario(bench_scenario::Args),
 }
 
 fn main() {
@@ -77,6 +83,7 @@ fn main() {
         Command::Fixture(a) => fixture_cmd::run(a),
         Command::Convert(a) => convert_cmd::run(a),
         Command::Cache(a) => cache_cmd::run(a),
+        Command::Scenario(a) => scenario_cmd::run(a),
         Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
         Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
         Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
@@ -84,6 +91,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),
         Command::Bench { which: BenchCommand::Speculation(a) } => bench_speculation::run(a),
         Command::Bench { which: BenchCommand::Context(a) } => bench_context::run(a),
+        Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
