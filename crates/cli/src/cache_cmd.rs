@@ -75,7 +75,7 @@ pub fn run(args: Args) -> Result<()> {
             inspect(&store, &id, json)
         }
         CacheCommand::Rm { id } => {
-            if !store.remove(&id)? {
+            if !store.remove_any(&id)? {
                 return Err(unknown(&id));
             }
             println!("removed {id}");

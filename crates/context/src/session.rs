@@ -92,7 +92,6 @@ pub struct Checkout {
 #[must_use = "a restored session is unverified until SessionStore::verify_restore"]
 pub struct PendingRestore {
     session: Session,
-    disk_id: String,
     check: ChecksumCheck,
 }
 
@@ -222,7 +221,7 @@ impl SessionStore {
         }?;
         let disk = self.disk.as_ref().expect("checked above");
         let key = (pick.owner.clone(), pick.session_id.clone());
-        let (meta, mut kv, check) = match disk.load_unverified(&pick.disk_id, &self.pool, self.vocab) {
+        let (meta, mut kv, check) = match disk.load_unverified(&pick.owner, &pick.session_id, &self.pool, self.vocab) {
             Ok(Some(found)) => found,
             // The RAM budget refused it for now: the file is sound and stays restorable.
             Err(engram_kv::DiskError::Persist(engram_kv::PersistError::Kv { .. })) => return None,
@@ -240,7 +239,7 @@ impl SessionStore {
         let mut token_ends: Vec<usize> = meta.offsets.iter().map(|o| o.1).collect();
         token_ends.resize(n, meta.text.len());
         let session = Session { id: pick.session_id, owner: pick.owner, text: meta.text, tokens, token_ends, kv, last_used: self.clock };
-        Some(PendingRestore { session, disk_id: pick.disk_id, check })
+        Some(PendingRestore { session, check })
     }
 
     /// Waits for a restored session's checksum. True: the file was sound, the
@@ -257,7 +256,7 @@ impl SessionStore {
             }
             Err(e) => {
                 if let Some(d) = &self.disk {
-                    d.drop_corrupt(&p.disk_id, &e);
+                    d.drop_corrupt(&p.session.owner, &p.session.id, &e);
                 }
                 false
             }
@@ -293,7 +292,7 @@ impl SessionStore {
         };
         let s = self.sessions.remove(&key).expect("key from the map");
         if self.disk.is_some() {
-            let disk_id = crate::persist::disk_id(&s.owner, &s.id);
+            let disk_id = crate::disk_id::session_disk_id(&s.owner, &s.id);
             self.on_disk.insert(key, CatalogEntry { owner: s.owner, session_id: s.id, disk_id, text: s.text });
         }
         true
@@ -477,7 +476,7 @@ impl SessionStore {
             .max_by_key(|e| e.tokens.len())
             .map(|e| e.disk_id.clone());
         let Some(id) = best else { return false };
-        match disk.load(&id, &self.pool, self.vocab) {
+        match disk.load_prefix(&id, salt, &self.pool, self.vocab) {
             Some((meta, kv)) => {
                 self.index.insert(salt, &meta.tokens[..kv.len()], &kv);
                 true
@@ -490,20 +489,19 @@ impl SessionStore {
     }
 
     /// A chain the index just shared is evidently common (a system prompt):
-    /// persist it as a shared prefix entry under its `salt`, once (the id is the
-    /// salted chain's last hash, so each salt has its own entry).
+    /// persist it as a shared prefix entry under its `salt`, once (the id hashes the
+    /// salt with the tokens, so each salt has its own entry).
     fn persist_prefix(&mut self, salt: Option<&str>, ids: &[u32], kv: &SeqKv) {
         let n = kv.len();
         let Some(disk) = &self.disk else { return };
         if n == 0 {
             return;
         }
-        let hashes = crate::prefix::chain_hashes(self.index.fingerprint(), salt, &ids[..n]);
-        let id = format!("prefix-{:016x}", hashes[hashes.len() - 1]);
+        let id = disk.prefix_id(salt, &ids[..n]);
         if self.prefixes_on_disk.iter().any(|e| e.disk_id == id) {
             return;
         }
-        disk.save_prefix(&id, salt, &ids[..n], kv.fork(n));
+        disk.save_prefix(salt, &ids[..n], kv.fork(n));
         let salt = salt.map(str::to_string);
         self.prefixes_on_disk.push(PrefixCatalogEntry { disk_id: id, salt, tokens: ids[..n].to_vec() });
     }
