@@ -8,7 +8,13 @@
 //! Invariants:
 //! * `used_bytes() <= budget` after every `put` and `gc` (the project's
 //!   budget invariant, ARCHITECTURE.md (5)): `put` evicts first, and refuses an entry that cannot fit with a
-//!   clear error. During a replacement the temp file is counted too.
+//!   clear error.
+//! * A replacement never loses the old version before the new one is in place:
+//!   the new file is written beside it (temp file) and renamed over it. Other
+//!   entries are evicted so that both fit the budget where they can; where only
+//!   the old version is in the way, the store holds both for the length of the
+//!   write (over the budget by at most the old version). A write that fails (a
+//!   full disk) leaves the old version, whole and listed.
 //! * Pinned entries are never evicted.
 //! * An entry is its stored owner's alone: `get` by any other owner is a miss,
 //!   `put` and `remove` by any other owner are refused ([`DiskError::OwnerMismatch`])
@@ -17,6 +23,9 @@
 //! * Nothing on disk is trusted: files that fail validation are deleted with
 //!   a warning and reported as misses; a missing or corrupt `index.json` is
 //!   rebuilt from the entries' headers (hits and pins start over).
+//! * An entry of another format version (older or newer) is not damage: it is
+//!   never deleted by this build (not by `open`, `get` nor `gc`), only skipped —
+//!   a miss, not listed and not counted against the budget.
 //!
 //! Mechanism apart from policy (as in SGLang's radix cache): the store keeps
 //! [`EntryStats`] and evicts the lowest [`EvictionPolicy::priority`] first.
@@ -283,8 +292,9 @@ impl DiskStore {
 
     /// Stores `kv` as entry `id` of `meta.owner`, replacing that owner's entry of
     /// that id (keeping its hits and pin). Evicts by policy first so the budget
-    /// holds. An entry `id` of another owner is not replaced:
-    /// [`DiskError::OwnerMismatch`], nothing changed.
+    /// holds. The old version stays until the new file is renamed over it, so a
+    /// failed write (a full disk) keeps it. An entry `id` of another owner is not
+    /// replaced: [`DiskError::OwnerMismatch`], nothing changed.
     pub fn put(&mut self, id: &str, meta: &EntryMeta, kv: &SeqKv) -> Result<()> {
         self.store(id, meta, kv, None)
     }
@@ -474,9 +484,11 @@ impl DiskStore {
         self.now.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0))
     }
 
-    /// Evicts so that `bytes` more fit, counting the current entry `id` (it
-    /// stays on disk until the new file is renamed over it). Checks
-    /// feasibility before evicting anything.
+    /// Evicts others so that `bytes` more fit, counting the current entry `id` (it
+    /// stays on disk until the new file is renamed over it) where evicting others
+    /// can make room for both, else only so that the new version fits once it
+    /// has replaced the old. Never evicts `id` itself: the rename replaces it, so
+    /// a failed write keeps it. Checks feasibility before evicting anything.
     fn make_room(&mut self, id: &str, bytes: u64) -> Result<()> {
         let budget = self.budget_bytes;
         if bytes > budget {
@@ -487,17 +499,16 @@ impl DiskStore {
             return Err(DiskError::PinnedFull { id: id.to_string(), bytes, pinned, budget });
         }
         let others: Vec<EntryStats> = self.entries.values().filter(|s| s.id != id).cloned().collect();
+        let old = self.entries.get(id).map_or(0, |s| s.bytes);
+        // Room for the new version beside the old one while it is written, where evicting
+        // others can make it; else only for the new one (the rename frees the old).
+        let beside = if pinned + old + bytes <= budget { old } else { 0 };
         for victim in self.policy.eviction_order(&others, self.now()) {
-            if self.used_bytes() + bytes <= budget {
+            if self.used_bytes() - old + beside + bytes <= budget {
                 break;
             }
             tracing::info!("evicting cache entry {victim:?} ({} policy)", self.policy);
             self.drop_entry(&victim)?;
-        }
-        if self.used_bytes() + bytes > budget {
-            // Only the old version of `id` is in the way: a crash from here
-            // to the rename loses the entry (a miss), never the budget.
-            self.drop_entry(id)?;
         }
         Ok(())
     }

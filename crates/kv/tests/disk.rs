@@ -396,3 +396,42 @@ fn another_owners_entry_is_a_miss_and_is_neither_replaced_nor_removed() {
     assert!(store.remove_any("x").unwrap(), "the operator deletes any entry");
     assert!(!store.entry_path("x").unwrap().exists());
 }
+
+/// Rewrites the `version` of the entry file at `path` in place (same length).
+fn set_version(path: &Path, version: &str) {
+    let bytes = std::fs::read(path).unwrap();
+    let (from, to) = (r#""version":"2""#, format!(r#""version":"{version}""#));
+    let at = bytes.windows(from.len()).position(|w| w == from.as_bytes()).expect("a version in the header");
+    let mut out = bytes.clone();
+    out[at..at + to.len()].copy_from_slice(to.as_bytes());
+    std::fs::write(path, out).unwrap();
+}
+
+/// Issue 19 item 9: an entry of another format version (older or newer) is a miss that
+/// stays: opening the store (what the read-only `engram cache ls` does), `get`, `gc` and a
+/// fresh open leave the file as it was; entries of this version around it are untouched.
+#[test]
+fn an_entry_of_another_version_is_a_miss_and_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 40, 2);
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    for id in ["older", "newer", "ours"] {
+        store.put(id, &m, &kv).unwrap();
+    }
+    drop(store);
+    let path = |id: &str| dir.path().join(format!("{id}.safetensors"));
+    set_version(&path("older"), "1");
+    set_version(&path("newer"), "3");
+    let before = [std::fs::read(path("older")).unwrap(), std::fs::read(path("newer")).unwrap()];
+
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    assert_eq!(ids(&store), ["ours"], "entries this build cannot read are not listed");
+    assert!(store.get("newer", &m.owner, &p, FP, VOCAB).unwrap().is_none());
+    assert!(store.gc().unwrap().dropped.is_empty(), "gc dropped another version's entry");
+    drop(store);
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    let after = [std::fs::read(path("older")).unwrap(), std::fs::read(path("newer")).unwrap()];
+    assert!(before == after, "an entry of another version was changed or deleted");
+    assert!(store.get("ours", &m.owner, &p, FP, VOCAB).unwrap().is_some());
+}
