@@ -53,7 +53,9 @@ impl MatchKind {
 pub struct Session {
     pub id: String,
     pub owner: String,
-    /// The text the tokens came from (rendered prompt + generated text).
+    /// The text the tokens came from (rendered prompt + generated text). Empty for a
+    /// session whose prompt came as token ids: their text is unknown, so a text request
+    /// never reuses its tokens (see [`SessionStore::checkout`]); token requests still do.
     pub text: String,
     pub tokens: Vec<u32>,
     /// Byte end of each token's text in `text` (non-decreasing; specials that
@@ -390,6 +392,13 @@ impl SessionStore {
     /// else the owner's session sharing the most characters, else the prefix
     /// index. `add_special` is how a cold request would tokenize `text`
     /// (true for raw prompts, false for rendered chat templates).
+    ///
+    /// A session without text (its prompt came as token ids) vouches for none of
+    /// its tokens: matched by characters, its empty text would make every token
+    /// "end inside the common part" and the request would EXTEND tokens the text
+    /// never produced. It is not reused (the prefix index still is, by token ids).
+    /// NOTE: detokenizing the ids would not be exact either: `encode(decode(ids))`
+    /// need not be `ids` (specials, BOS, non-canonical splits, byte fallback).
     pub fn checkout(
         &mut self,
         owner: &str,
@@ -403,11 +412,17 @@ impl SessionStore {
         let candidate = match (&restore, session_id) {
             (Some(p), _) => Some(&p.session),
             (None, Some(id)) => self.sessions.get(&(owner.to_string(), id.to_string())),
-            (None, None) => self.sessions.values().filter(|s| s.owner == owner).max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
+            (None, None) => self
+                .sessions
+                .values()
+                .filter(|s| s.owner == owner && !s.text.is_empty())
+                .max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
         };
+        // Only a session with text vouches for its tokens' text (see the doc above).
+        let candidate = candidate.filter(|s| !s.text.is_empty());
         // An unnamed request continues a session only if it extends it; one that
         // diverges forks a new session, leaving the original to its owner.
-        let continues = |s: &Session| common_prefix(&s.text, text) == s.text.len() && !s.text.is_empty();
+        let continues = |s: &Session| common_prefix(&s.text, text) == s.text.len();
         let matched_id = candidate.filter(|s| session_id.is_some() || continues(s)).map(|s| s.id.clone());
         let candidate = candidate.map(|s| (s.text.clone(), s.token_ends.clone(), s.tokens.clone(), s.kv.fork(s.kv.len())));
         let session_id = match (session_id, matched_id) {
