@@ -236,7 +236,11 @@ pub struct Started {
 
 /// Submits `job` and waits until it is admitted (or refused).
 pub async fn start(s: &AppState, job: Job) -> Result<(Started, UnboundedReceiver<Event>), ApiError> {
-    let mut rx = s.engine.submit(job)?;
+    started(s.engine.submit(job)?).await
+}
+
+/// Waits for a submitted job's `Started` event (see [`start`]).
+pub async fn started(mut rx: UnboundedReceiver<Event>) -> Result<(Started, UnboundedReceiver<Event>), ApiError> {
     match rx.recv().await {
         Some(Event::Started { session_id, prompt_tokens, cached_tokens }) => Ok((Started { session_id, prompt_tokens, cached_tokens }, rx)),
         Some(Event::Failed(e)) => Err(e),
