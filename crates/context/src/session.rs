@@ -280,9 +280,16 @@ impl SessionStore {
         self.sessions.is_empty()
     }
 
+    /// A new session id: `sess-` and 24 random hex digits. Random, not from a counter or
+    /// the store's clock, which would tell a tenant how much other tenants did.
     fn fresh_id(&mut self) -> String {
-        self.next_id += 1;
-        format!("sess-{}-{}", self.clock, self.next_id)
+        let mut b = [0u8; 12];
+        if getrandom::fill(&mut b).is_err() {
+            // No OS randomness: unique still (a counter mixed into the clock), not secret.
+            self.next_id += 1;
+            b[..8].copy_from_slice(&blake3::hash(&[self.clock.to_le_bytes(), self.next_id.to_le_bytes()].concat()).as_bytes()[..8]);
+        }
+        format!("sess-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
     }
 
     /// Drops the least recently used session from RAM; false if there was none. With a disk

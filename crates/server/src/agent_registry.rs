@@ -55,7 +55,7 @@ struct RegistryFile {
 #[derive(Clone, Default)]
 struct Registry {
     by_tenant: HashMap<String, BTreeMap<String, Agent>>,
-    /// Ids `agent-N` are generated from `next + 1` on.
+    /// Kept in the file for readers of version 1 (ids were `agent-<next>`); new ids are random.
     next: u64,
 }
 
@@ -132,9 +132,10 @@ impl Agents {
         self.update(|r| {
             let id = match id {
                 Some(id) => id,
+                // Random, not `agent-<count>`: a count would tell a tenant how many agents
+                // other tenants made. (`next` stays in the file for older readers.)
                 None => loop {
-                    r.next += 1;
-                    let id = format!("agent-{}", r.next);
+                    let id = api::new_id("agent");
                     if !r.by_tenant.get(tenant).is_some_and(|a| a.contains_key(&id)) {
                         break id;
                     }
