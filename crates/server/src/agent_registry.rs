@@ -108,8 +108,11 @@ impl Agents {
         let mut next = current.clone();
         let out = change(&mut next)?;
         if let Some(file) = &self.file {
-            save(file, &next)
-                .map_err(|e| ApiError::internal(format!("the agent registry could not be saved to {}: {e}", file.display())))?;
+            // The path goes to the log, not to the client (issue 19 item 3).
+            save(file, &next).map_err(|e| {
+                tracing::error!("the agent registry could not be saved to {}: {e}", file.display());
+                ApiError::internal(format!("the agent registry could not be saved ({})", e.kind()))
+            })?;
         }
         *current = next;
         then();
@@ -318,7 +321,9 @@ mod tests {
         let e = a.create("t", Some("new".into()), None, None).unwrap_err();
         assert_eq!(e.status, 500, "{}", e.message);
         assert!(a.get("t", "new").is_none());
-        assert_eq!(a.remove_then("t", "kept", || {}).unwrap_err().status, 500);
+        let e = a.remove_then("t", "kept", || {}).unwrap_err();
+        assert_eq!(e.status, 500);
+        assert!(!e.message.contains(&dir.path().display().to_string()), "a path in {:?}", e.message);
         assert!(a.get("t", "kept").is_some());
     }
 }
