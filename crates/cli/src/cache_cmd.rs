@@ -75,7 +75,7 @@ pub fn run(args: Args) -> Result<()> {
             inspect(&store, &id, json)
         }
         CacheCommand::Rm { id } => {
-            if !store.remove(&id)? {
+            if !store.remove_any(&id)? {
                 return Err(unknown(&id));
             }
             println!("removed {id}");
@@ -263,6 +263,37 @@ mod tests {
         run(args(&data, CacheCommand::Rm { id: "s0".into() })).unwrap();
         assert!(run(args(&data, CacheCommand::Rm { id: "s0".into() })).is_err());
         std::fs::remove_dir_all(&data).unwrap();
+    }
+
+    /// Issue 19 item 9: `engram cache ls` (and `gc`) leave an entry of another format
+    /// version alone: a miss for this build, never deleted as corrupt.
+    #[test]
+    fn ls_and_gc_keep_an_entry_of_another_version() {
+        let data = tempfile::tempdir().unwrap();
+        let pool = KvPool::new(KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 32 }, KvFormat::F16, 64 << 20);
+        let mut kv = SeqKv::new(&pool);
+        kv.reserve(8).unwrap();
+        kv.write(0, 0, &[0.25; 8 * 32], &[0.5; 8 * 32], 8);
+        let meta = EntryMeta {
+            fingerprint: "0123456789abcdef-f16".into(),
+            kind: EntryKind::Session,
+            owner: "a/s".into(),
+            tokens: vec![1; 8],
+            text: String::new(),
+            offsets: Vec::new(),
+            created_unix: now_unix(),
+        };
+        let dir = store_dir(&Some(data.path().to_path_buf()));
+        DiskStore::open(&dir, 1 << 30, EvictionPolicy::Lru).unwrap().put("v3", &meta, &kv).unwrap();
+        let path = dir.join("v3.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let at = bytes.windows(13).position(|w| w == br#""version":"2""#).unwrap();
+        let mut newer = bytes.clone();
+        newer[at + 11] = b'3';
+        std::fs::write(&path, &newer).unwrap();
+        run(args(data.path(), CacheCommand::Ls { json: false })).unwrap();
+        run(args(data.path(), CacheCommand::Gc)).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), newer, "an entry of another version was deleted or changed");
     }
 
     #[test]

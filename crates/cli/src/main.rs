@@ -1,6 +1,7 @@
 //! `engram`: the command-line entry point. Each subcommand lives in its own
 //! module; this file only parses arguments and dispatches.
 
+mod api_keys;
 mod bench_cache;
 mod bench_context;
 mod bench_relevance;

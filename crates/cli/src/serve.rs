@@ -26,9 +26,14 @@ pub struct Args {
     /// 0 picks a free port (the address is printed on stderr).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// `KEY=TENANT` (repeatable). With none, no authentication and one tenant.
+    /// `KEY=TENANT` (repeatable). With no key from here, --api-key-file or
+    /// $ENGRAM_API_KEYS: no authentication and one tenant. Keys on the command line
+    /// are visible to other local users (/proc); prefer the file or the variable.
     #[arg(long = "api-key")]
     api_keys: Vec<String>,
+    /// A file of `KEY=TENANT` lines (blank lines and `#` comments skipped).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
     /// Most sequences decoded together.
     #[arg(long, default_value_t = 16)]
     max_batch: usize,
@@ -140,14 +145,7 @@ pub fn run(mut a: Args) -> Result<()> {
     let model_id = model_path(&mut a.model)?;
     let model = Arc::new(load_model(&a.model)?);
     let pool = kv_pool(&model, &a.model)?;
-    let mut api_keys = Vec::new();
-    for kv in &a.api_keys {
-        let Some((k, t)) = kv.split_once('=') else { bail!("--api-key wants KEY=TENANT, got {kv:?}") };
-        if k.is_empty() || t.is_empty() {
-            bail!("--api-key wants KEY=TENANT, got {kv:?}");
-        }
-        api_keys.push((k.to_string(), t.to_string()));
-    }
+    let api_keys = crate::api_keys::collect(&a.api_keys, a.api_key_file.as_deref())?;
     let context = match a.context.as_str() {
         "sessions" => engram_server::ContextMode::Sessions,
         "dual" => engram_server::ContextMode::Dual {

@@ -25,12 +25,14 @@
 //! Architecture invariant: policies decide *what* to reuse; they never touch
 //! weights, and they only build caches out of blocks through `engram-kv`.
 
+mod disk_id;
 mod persist;
 mod prefix;
 mod ring;
 mod session;
 
-pub use persist::{disk_id, CatalogEntry, PersistedSessions, PrefixCatalogEntry};
+pub use disk_id::{prefix_disk_id, session_disk_id};
+pub use persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 pub use prefix::{chain_hashes, chain_root, PrefixIndex};
 pub use ring::{cosine, RingView, Turn, TurnMask, TurnRing};
 pub use session::{Checkout, MatchKind, PendingRestore, Session, SessionStore};

@@ -9,10 +9,14 @@
 //! ```
 //! An entry's `owner` metadata is `"<owner>/<session id>"` (session ids never
 //! contain `/`); a shared prefix chain's is its salt, `"salt/<tenant>"`, or empty
-//! for a chain shared across tenants. Invariant: saves and removals of a session are carried out in
-//! the order they were queued; what `flush` returns after is on disk (or gone), written
-//! atomically (temp file, fsync, rename); a file that fails validation is
-//! dropped by the store and the session is recomputed, never misused.
+//! for a chain shared across tenants. Its id is a blake3 hash of what it names
+//! (`disk_id.rs`), and every read, write and delete names that owner metadata,
+//! which the store checks against the entry's. Invariant: saves and removals of a
+//! session are carried out in the order they were queued; what `flush` returns after
+//! is on disk (or gone), written atomically (temp file, fsync, rename); a file that
+//! fails validation is dropped by the store and the session is recomputed, never
+//! misused; an entry not at the id its owner metadata maps to (written under the
+//! FNV ids before, or misplaced) is deleted at open and never read.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -24,14 +28,16 @@ use engram_kv::disk::{DiskError, DiskStore, EvictionPolicy};
 use engram_kv::persist::{ChecksumCheck, EntryKind, EntryMeta, PersistError};
 use engram_kv::{KvPool, SeqKv};
 
-/// The store file id of a session (a hash: owners may contain any character).
-pub fn disk_id(owner: &str, session_id: &str) -> String {
-    let h = engram_model::model::fnv1a64(0, format!("{owner}\u{0}{session_id}").as_bytes());
-    format!("session-{h:016x}")
+use crate::disk_id::{prefix_disk_id, prefix_owner, session_disk_id};
+
+/// The owner metadata of `owner`'s session `session_id`.
+fn session_owner(owner: &str, session_id: &str) -> String {
+    format!("{owner}/{session_id}")
 }
 
 /// A persisted shared prefix chain: whole blocks of `tokens`, findable only by lookups
-/// under `salt` (see [`crate::prefix::chain_root`]).
+/// under `salt` (see [`crate::prefix::chain_root`]); `disk_id` is
+/// [`crate::disk_id::prefix_disk_id`] of them.
 #[derive(Clone, Debug)]
 pub struct PrefixCatalogEntry {
     pub disk_id: String,
@@ -51,7 +57,8 @@ pub struct CatalogEntry {
 enum Msg {
     /// Entry id, what to write, and whether to pin it.
     Save(String, EntryMeta, SeqKv, bool),
-    Remove(String),
+    /// Entry id and its owner metadata.
+    Remove(String, String),
     Flush(Sender<()>),
 }
 
@@ -59,7 +66,7 @@ impl Msg {
     /// The entry a save or remove is about.
     fn entry(&self) -> Option<&str> {
         match self {
-            Msg::Save(id, ..) | Msg::Remove(id) => Some(id),
+            Msg::Save(id, ..) | Msg::Remove(id, _) => Some(id),
             Msg::Flush(_) => None,
         }
     }
@@ -73,11 +80,27 @@ pub struct PersistedSessions {
     writer: Option<JoinHandle<()>>,
 }
 
+/// True when entry `id` with metadata `meta` sits at the id its owner (and, for a
+/// prefix chain, its fingerprint and tokens) maps to (see `disk_id.rs`).
+fn at_its_id(id: &str, meta: &EntryMeta) -> bool {
+    match meta.kind {
+        EntryKind::Session => meta.owner.rsplit_once('/').is_some_and(|(o, sid)| id == session_disk_id(o, sid)),
+        EntryKind::Prefix => {
+            let salt = if meta.owner.is_empty() { Some(None) } else { meta.owner.strip_prefix("salt/").map(Some) };
+            salt.is_some_and(|salt| id == prefix_disk_id(&meta.fingerprint, salt, &meta.tokens))
+        }
+    }
+}
+
 impl PersistedSessions {
     /// Opens (or creates) the store at `dir` for caches whose fingerprint is
-    /// `fingerprint` (see `engram_kv::persist::cache_fingerprint`).
+    /// `fingerprint` (see `engram_kv::persist::cache_fingerprint`). Deletes entries
+    /// not at the id their owner maps to: files written under the FNV ids of
+    /// earlier versions are a miss, cleaned up, and their sessions recomputed.
     pub fn open(dir: &Path, budget_bytes: u64, policy: EvictionPolicy, fingerprint: String) -> Result<PersistedSessions, DiskError> {
-        let store = Arc::new(Mutex::new(DiskStore::open(dir, budget_bytes, policy)?));
+        let mut disk = DiskStore::open(dir, budget_bytes, policy)?;
+        drop_misplaced(&mut disk);
+        let store = Arc::new(Mutex::new(disk));
         let (tx, rx) = channel::<Msg>();
         let st = store.clone();
         let writer = std::thread::Builder::new()
@@ -107,9 +130,9 @@ impl PersistedSessions {
                                     tracing::warn!("session {id} not persisted: {e}");
                                 }
                             }
-                            Msg::Remove(id) => {
+                            Msg::Remove(id, owner) => {
                                 let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
-                                if let Err(e) = s.remove(&id) {
+                                if let Err(e) = s.remove(&id, &owner) {
                                     tracing::warn!("session {id} not deleted: {e}");
                                 }
                             }
@@ -159,14 +182,14 @@ impl PersistedSessions {
         let meta = EntryMeta {
             fingerprint: self.fingerprint.clone(),
             kind: EntryKind::Session,
-            owner: format!("{owner}/{session_id}"),
+            owner: session_owner(owner, session_id),
             tokens: tokens.to_vec(),
             text: text.to_string(),
             offsets,
             created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         };
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Save(disk_id(owner, session_id), meta, kv, pinned));
+            let _ = tx.send(Msg::Save(session_disk_id(owner, session_id), meta, kv, pinned));
         }
     }
 
@@ -190,26 +213,34 @@ impl PersistedSessions {
             .collect()
     }
 
-    /// Queues a shared prefix chain (whole blocks) indexed under `salt` for writing as `id`.
-    pub fn save_prefix(&self, id: &str, salt: Option<&str>, tokens: &[u32], kv: SeqKv) {
+    /// The id a shared prefix chain `tokens` indexed under `salt` is saved as.
+    pub fn prefix_id(&self, salt: Option<&str>, tokens: &[u32]) -> String {
+        prefix_disk_id(&self.fingerprint, salt, tokens)
+    }
+
+    /// Queues a shared prefix chain (whole blocks) indexed under `salt` for writing
+    /// (as [`PersistedSessions::prefix_id`]).
+    pub fn save_prefix(&self, salt: Option<&str>, tokens: &[u32], kv: SeqKv) {
+        let id = self.prefix_id(salt, tokens);
         let meta = EntryMeta {
             fingerprint: self.fingerprint.clone(),
             kind: EntryKind::Prefix,
-            owner: salt.map_or_else(String::new, |s| format!("salt/{s}")),
+            owner: prefix_owner(salt),
             tokens: tokens.to_vec(),
             text: String::new(),
             offsets: Vec::new(),
             created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         };
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Save(id.to_string(), meta, kv, false));
+            let _ = tx.send(Msg::Save(id, meta, kv, false));
         }
     }
 
-    /// Maps a persisted session into `pool`; `None` if it is gone or invalid.
-    pub fn load(&self, disk_id: &str, pool: &KvPool, vocab: usize) -> Option<(EntryMeta, SeqKv)> {
+    /// Maps the persisted prefix chain `disk_id` indexed under `salt` into `pool`;
+    /// `None` if it is gone, invalid or not stored under that salt.
+    pub fn load_prefix(&self, disk_id: &str, salt: Option<&str>, pool: &KvPool, vocab: usize) -> Option<(EntryMeta, SeqKv)> {
         let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        match s.get(disk_id, pool, &self.fingerprint, vocab) {
+        match s.get(disk_id, &prefix_owner(salt), pool, &self.fingerprint, vocab) {
             Ok(found) => found,
             Err(e) => {
                 tracing::warn!("restoring {disk_id}: {e}");
@@ -218,33 +249,37 @@ impl PersistedSessions {
         }
     }
 
-    /// [`PersistedSessions::load`] without waiting for the checksum of the
-    /// KV bytes (see [`DiskStore::get_unverified`]): nothing computed from the
-    /// sequence may be used before the check passes; on failure call
-    /// [`PersistedSessions::drop_corrupt`]. `Ok(None)`: no such entry; an error
-    /// says why it could not be used now (a RAM-budget refusal leaves the file sound).
+    /// Maps `owner`'s persisted session `session_id` into `pool` without waiting for the
+    /// checksum of the KV bytes (see [`DiskStore::get_unverified`]): nothing computed from
+    /// the sequence may be used before the check passes; on failure call
+    /// [`PersistedSessions::drop_corrupt`]. `Ok(None)`: no such entry of that owner; an
+    /// error says why it could not be used now (a RAM-budget refusal leaves the file sound).
     pub fn load_unverified(
         &self,
-        disk_id: &str,
+        owner: &str,
+        session_id: &str,
         pool: &KvPool,
         vocab: usize,
     ) -> Result<Option<(EntryMeta, SeqKv, ChecksumCheck)>, DiskError> {
+        let id = session_disk_id(owner, session_id);
         let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        s.get_unverified(disk_id, pool, &self.fingerprint, vocab).inspect_err(|e| tracing::warn!("restoring {disk_id}: {e}"))
+        s.get_unverified(&id, &session_owner(owner, session_id), pool, &self.fingerprint, vocab)
+            .inspect_err(|e| tracing::warn!("restoring {id}: {e}"))
     }
 
     /// Queues the deletion of a session's file, after any save of it queued
     /// before (so a save in flight cannot bring it back).
     pub fn remove(&self, owner: &str, session_id: &str) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Remove(disk_id(owner, session_id)));
+            let _ = tx.send(Msg::Remove(session_disk_id(owner, session_id), session_owner(owner, session_id)));
         }
     }
 
-    /// Deletes the entry `disk_id`, whose checksum failed with `why`.
-    pub fn drop_corrupt(&self, disk_id: &str, why: &PersistError) {
+    /// Deletes `owner`'s session `session_id` file, whose checksum failed with `why`.
+    pub fn drop_corrupt(&self, owner: &str, session_id: &str, why: &PersistError) {
+        let disk_id = session_disk_id(owner, session_id);
         let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = s.drop_corrupt(disk_id, why) {
+        if let Err(e) = s.drop_corrupt(&disk_id, &session_owner(owner, session_id), why) {
             tracing::warn!("deleting {disk_id}: {e}");
         }
     }
@@ -261,6 +296,20 @@ impl PersistedSessions {
             if tx.send(Msg::Flush(done)).is_ok() {
                 let _ = wait.recv();
             }
+        }
+    }
+}
+
+/// Deletes entries not at the id their stored owner maps to (see [`at_its_id`]).
+fn drop_misplaced(disk: &mut DiskStore) {
+    for e in disk.list() {
+        let Ok(info) = disk.inspect(&e.id) else { continue };
+        if at_its_id(&e.id, &info.meta) {
+            continue;
+        }
+        tracing::info!("removing cache entry {:?}: not at the id its owner maps to (written by an earlier version)", e.id);
+        if let Err(err) = disk.remove_any(&e.id) {
+            tracing::warn!("removing cache entry {:?}: {err}", e.id);
         }
     }
 }

@@ -53,7 +53,9 @@ impl MatchKind {
 pub struct Session {
     pub id: String,
     pub owner: String,
-    /// The text the tokens came from (rendered prompt + generated text).
+    /// The text the tokens came from (rendered prompt + generated text). Empty for a
+    /// session whose prompt came as token ids: their text is unknown, so a text request
+    /// never reuses its tokens (see [`SessionStore::checkout`]); token requests still do.
     pub text: String,
     pub tokens: Vec<u32>,
     /// Byte end of each token's text in `text` (non-decreasing; specials that
@@ -92,7 +94,6 @@ pub struct Checkout {
 #[must_use = "a restored session is unverified until SessionStore::verify_restore"]
 pub struct PendingRestore {
     session: Session,
-    disk_id: String,
     check: ChecksumCheck,
 }
 
@@ -222,7 +223,7 @@ impl SessionStore {
         }?;
         let disk = self.disk.as_ref().expect("checked above");
         let key = (pick.owner.clone(), pick.session_id.clone());
-        let (meta, mut kv, check) = match disk.load_unverified(&pick.disk_id, &self.pool, self.vocab) {
+        let (meta, mut kv, check) = match disk.load_unverified(&pick.owner, &pick.session_id, &self.pool, self.vocab) {
             Ok(Some(found)) => found,
             // The RAM budget refused it for now: the file is sound and stays restorable.
             Err(engram_kv::DiskError::Persist(engram_kv::PersistError::Kv { .. })) => return None,
@@ -240,7 +241,7 @@ impl SessionStore {
         let mut token_ends: Vec<usize> = meta.offsets.iter().map(|o| o.1).collect();
         token_ends.resize(n, meta.text.len());
         let session = Session { id: pick.session_id, owner: pick.owner, text: meta.text, tokens, token_ends, kv, last_used: self.clock };
-        Some(PendingRestore { session, disk_id: pick.disk_id, check })
+        Some(PendingRestore { session, check })
     }
 
     /// Waits for a restored session's checksum. True: the file was sound, the
@@ -257,7 +258,7 @@ impl SessionStore {
             }
             Err(e) => {
                 if let Some(d) = &self.disk {
-                    d.drop_corrupt(&p.disk_id, &e);
+                    d.drop_corrupt(&p.session.owner, &p.session.id, &e);
                 }
                 false
             }
@@ -279,9 +280,16 @@ impl SessionStore {
         self.sessions.is_empty()
     }
 
+    /// A new session id: `sess-` and 24 random hex digits. Random, not from a counter or
+    /// the store's clock, which would tell a tenant how much other tenants did.
     fn fresh_id(&mut self) -> String {
-        self.next_id += 1;
-        format!("sess-{}-{}", self.clock, self.next_id)
+        let mut b = [0u8; 12];
+        if getrandom::fill(&mut b).is_err() {
+            // No OS randomness: unique still (a counter mixed into the clock), not secret.
+            self.next_id += 1;
+            b[..8].copy_from_slice(&blake3::hash(&[self.clock.to_le_bytes(), self.next_id.to_le_bytes()].concat()).as_bytes()[..8]);
+        }
+        format!("sess-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
     }
 
     /// Drops the least recently used session from RAM; false if there was none. With a disk
@@ -293,7 +301,7 @@ impl SessionStore {
         };
         let s = self.sessions.remove(&key).expect("key from the map");
         if self.disk.is_some() {
-            let disk_id = crate::persist::disk_id(&s.owner, &s.id);
+            let disk_id = crate::disk_id::session_disk_id(&s.owner, &s.id);
             self.on_disk.insert(key, CatalogEntry { owner: s.owner, session_id: s.id, disk_id, text: s.text });
         }
         true
@@ -391,6 +399,13 @@ impl SessionStore {
     /// else the owner's session sharing the most characters, else the prefix
     /// index. `add_special` is how a cold request would tokenize `text`
     /// (true for raw prompts, false for rendered chat templates).
+    ///
+    /// A session without text (its prompt came as token ids) vouches for none of
+    /// its tokens: matched by characters, its empty text would make every token
+    /// "end inside the common part" and the request would EXTEND tokens the text
+    /// never produced. It is not reused (the prefix index still is, by token ids).
+    /// NOTE: detokenizing the ids would not be exact either: `encode(decode(ids))`
+    /// need not be `ids` (specials, BOS, non-canonical splits, byte fallback).
     pub fn checkout(
         &mut self,
         owner: &str,
@@ -404,11 +419,17 @@ impl SessionStore {
         let candidate = match (&restore, session_id) {
             (Some(p), _) => Some(&p.session),
             (None, Some(id)) => self.sessions.get(&(owner.to_string(), id.to_string())),
-            (None, None) => self.sessions.values().filter(|s| s.owner == owner).max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
+            (None, None) => self
+                .sessions
+                .values()
+                .filter(|s| s.owner == owner && !s.text.is_empty())
+                .max_by_key(|s| (common_prefix(&s.text, text), s.last_used)),
         };
+        // Only a session with text vouches for its tokens' text (see the doc above).
+        let candidate = candidate.filter(|s| !s.text.is_empty());
         // An unnamed request continues a session only if it extends it; one that
         // diverges forks a new session, leaving the original to its owner.
-        let continues = |s: &Session| common_prefix(&s.text, text) == s.text.len() && !s.text.is_empty();
+        let continues = |s: &Session| common_prefix(&s.text, text) == s.text.len();
         let matched_id = candidate.filter(|s| session_id.is_some() || continues(s)).map(|s| s.id.clone());
         let candidate = candidate.map(|s| (s.text.clone(), s.token_ends.clone(), s.tokens.clone(), s.kv.fork(s.kv.len())));
         let session_id = match (session_id, matched_id) {
@@ -477,7 +498,7 @@ impl SessionStore {
             .max_by_key(|e| e.tokens.len())
             .map(|e| e.disk_id.clone());
         let Some(id) = best else { return false };
-        match disk.load(&id, &self.pool, self.vocab) {
+        match disk.load_prefix(&id, salt, &self.pool, self.vocab) {
             Some((meta, kv)) => {
                 self.index.insert(salt, &meta.tokens[..kv.len()], &kv);
                 true
@@ -490,20 +511,19 @@ impl SessionStore {
     }
 
     /// A chain the index just shared is evidently common (a system prompt):
-    /// persist it as a shared prefix entry under its `salt`, once (the id is the
-    /// salted chain's last hash, so each salt has its own entry).
+    /// persist it as a shared prefix entry under its `salt`, once (the id hashes the
+    /// salt with the tokens, so each salt has its own entry).
     fn persist_prefix(&mut self, salt: Option<&str>, ids: &[u32], kv: &SeqKv) {
         let n = kv.len();
         let Some(disk) = &self.disk else { return };
         if n == 0 {
             return;
         }
-        let hashes = crate::prefix::chain_hashes(self.index.fingerprint(), salt, &ids[..n]);
-        let id = format!("prefix-{:016x}", hashes[hashes.len() - 1]);
+        let id = disk.prefix_id(salt, &ids[..n]);
         if self.prefixes_on_disk.iter().any(|e| e.disk_id == id) {
             return;
         }
-        disk.save_prefix(&id, salt, &ids[..n], kv.fork(n));
+        disk.save_prefix(salt, &ids[..n], kv.fork(n));
         let salt = salt.map(str::to_string);
         self.prefixes_on_disk.push(PrefixCatalogEntry { disk_id: id, salt, tokens: ids[..n].to_vec() });
     }

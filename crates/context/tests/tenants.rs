@@ -94,3 +94,42 @@ fn persisted_prefix_chains_stay_with_their_tenant_after_a_restart() {
     let mut store = open_with_disk(&pool, dir.path(), false);
     assert_eq!(prefill(&mut store, "alice", Some("third"), &prompt("is it serious?")), (MatchKind::Prefix, reused));
 }
+
+/// Issue 19 item 2: disk ids are blake3 of what they name, no longer FNV-1a-64 (whose steps
+/// invert, so another tenant could pick a name with a victim's id offline). A session and a
+/// prefix chain found under an FNV id (what earlier versions wrote, or any entry not at the id
+/// its stored owner maps to) are a miss: deleted when the store opens, never restored.
+#[test]
+fn entries_under_the_old_fnv_ids_are_a_miss_and_cleaned_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool();
+    let mut store = open_with_disk(&pool, dir.path(), false);
+    prefill(&mut store, "alice", Some("s1"), &prompt("first"));
+    // Her second conversation shares the first's whole blocks: persisted as a prefix chain.
+    assert_eq!(prefill(&mut store, "alice", Some("s2"), &prompt("second")).0, MatchKind::Prefix);
+    store.flush();
+    drop(store);
+    let named = |prefix: &str| -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+            .collect();
+        v.sort();
+        v
+    };
+    let s1 = dir.path().join(format!("{}.safetensors", engram_context::session_disk_id("alice", "s1")));
+    assert!(s1.exists(), "sessions are saved under their blake3 id");
+    assert_eq!(named("prefix-").len(), 1);
+    // Move both to the ids the FNV-1a-64 scheme gave them.
+    let fnv = engram_model::model::fnv1a64(0, "alice\u{0}s1".as_bytes());
+    let old_session = dir.path().join(format!("session-{fnv:016x}.safetensors"));
+    std::fs::rename(&s1, &old_session).unwrap();
+    let old_prefix = dir.path().join("prefix-0123456789abcdef.safetensors");
+    std::fs::rename(&named("prefix-")[0], &old_prefix).unwrap();
+
+    let mut store = open_with_disk(&pool, dir.path(), false);
+    assert!(!old_session.exists() && !old_prefix.exists(), "entries under old ids are deleted at open");
+    assert_eq!(store.on_disk_count(), 1, "only s2, at its own id, is left");
+    assert_eq!(prefill(&mut store, "alice", Some("s1"), &prompt("first")), (MatchKind::Miss, 0), "s1 is recomputed");
+}

@@ -8,11 +8,24 @@
 //! Invariants:
 //! * `used_bytes() <= budget` after every `put` and `gc` (the project's
 //!   budget invariant, ARCHITECTURE.md (5)): `put` evicts first, and refuses an entry that cannot fit with a
-//!   clear error. During a replacement the temp file is counted too.
+//!   clear error.
+//! * A replacement never loses the old version before the new one is in place:
+//!   the new file is written beside it (temp file) and renamed over it. Other
+//!   entries are evicted so that both fit the budget where they can; where only
+//!   the old version is in the way, the store holds both for the length of the
+//!   write (over the budget by at most the old version). A write that fails (a
+//!   full disk) leaves the old version, whole and listed.
 //! * Pinned entries are never evicted.
+//! * An entry is its stored owner's alone: `get` by any other owner is a miss,
+//!   `put` and `remove` by any other owner are refused ([`DiskError::OwnerMismatch`])
+//!   and change nothing. Only the operator's [`DiskStore::remove_any`] (`engram cache rm`)
+//!   deletes without naming the owner.
 //! * Nothing on disk is trusted: files that fail validation are deleted with
 //!   a warning and reported as misses; a missing or corrupt `index.json` is
 //!   rebuilt from the entries' headers (hits and pins start over).
+//! * An entry of another format version (older or newer) is not damage: it is
+//!   never deleted by this build (not by `open`, `get` nor `gc`), only skipped —
+//!   a miss, not listed and not counted against the budget.
 //!
 //! Mechanism apart from policy (as in SGLang's radix cache): the store keeps
 //! [`EntryStats`] and evicts the lowest [`EvictionPolicy::priority`] first.
@@ -57,6 +70,10 @@ pub enum DiskError {
     /// Pinned entries leave too little room.
     #[error("cache entry {id:?} ({bytes} bytes) does not fit: pinned entries hold {pinned} of the {budget}-byte disk budget")]
     PinnedFull { id: String, bytes: u64, pinned: u64, budget: u64 },
+    /// The entry belongs to another owner than the one named: refused, nothing changed.
+    /// (The stored owner is not named: the message may reach the caller's logs.)
+    #[error("cache entry {id:?} belongs to another owner")]
+    OwnerMismatch { id: String },
     /// The file system failed.
     #[error("{}: {source}", path.display())]
     Io {
@@ -273,8 +290,11 @@ impl DiskStore {
         Ok(persist::read_meta(&path)?)
     }
 
-    /// Stores `kv` as entry `id`, replacing any entry of that id (keeping its
-    /// hits and pin). Evicts by policy first so the budget holds.
+    /// Stores `kv` as entry `id` of `meta.owner`, replacing that owner's entry of
+    /// that id (keeping its hits and pin). Evicts by policy first so the budget
+    /// holds. The old version stays until the new file is renamed over it, so a
+    /// failed write (a full disk) keeps it. An entry `id` of another owner is not
+    /// replaced: [`DiskError::OwnerMismatch`], nothing changed.
     pub fn put(&mut self, id: &str, meta: &EntryMeta, kv: &SeqKv) -> Result<()> {
         self.store(id, meta, kv, None)
     }
@@ -289,6 +309,7 @@ impl DiskStore {
     /// `put` with the entry's pin set to `pin`, or kept when `None`.
     fn store(&mut self, id: &str, meta: &EntryMeta, kv: &SeqKv, pin: Option<bool>) -> Result<()> {
         let path = self.entry_path(id)?;
+        self.check_owner(id, &meta.owner)?;
         let bytes = persist::encoded_len(meta, kv)?;
         self.make_room(id, bytes)?;
         persist::write_entry(&path, meta, kv)?;
@@ -311,19 +332,26 @@ impl DiskStore {
         self.save_index()
     }
 
-    /// Restores entry `id` into `pool` if it exists and was made by
+    /// Restores entry `id` of `owner` into `pool` if it exists and was made by
     /// `fingerprint`; counts a hit. A bad file is deleted with a warning and
-    /// reported as a miss; an entry of another model or format is a miss and
-    /// stays. Errors: an invalid id, I/O, or a RAM budget too small for it.
-    pub fn get(&mut self, id: &str, pool: &KvPool, fingerprint: &str, vocab_size: usize) -> Result<Option<(EntryMeta, SeqKv)>> {
-        let Some((meta, kv, check)) = self.get_unverified(id, pool, fingerprint, vocab_size)? else {
+    /// reported as a miss; an entry of another owner, model or format is a miss
+    /// and stays. Errors: an invalid id, I/O, or a RAM budget too small for it.
+    pub fn get(
+        &mut self,
+        id: &str,
+        owner: &str,
+        pool: &KvPool,
+        fingerprint: &str,
+        vocab_size: usize,
+    ) -> Result<Option<(EntryMeta, SeqKv)>> {
+        let Some((meta, kv, check)) = self.get_unverified(id, owner, pool, fingerprint, vocab_size)? else {
             return Ok(None);
         };
         match check.wait() {
             Ok(()) => Ok(Some((meta, kv))),
             Err(e) => {
                 drop(kv);
-                self.drop_corrupt(id, &e)?;
+                self.drop_corrupt(id, owner, &e)?;
                 Ok(None)
             }
         }
@@ -336,15 +364,27 @@ impl DiskStore {
     pub fn get_unverified(
         &mut self,
         id: &str,
+        owner: &str,
         pool: &KvPool,
         fingerprint: &str,
         vocab_size: usize,
     ) -> Result<Option<(EntryMeta, SeqKv, ChecksumCheck)>> {
         let path = self.entry_path(id)?;
-        if !self.entries.contains_key(id) {
-            return Ok(None);
+        match self.entries.get(id) {
+            None => return Ok(None),
+            Some(s) if s.owner != owner => {
+                tracing::debug!("cache miss for {id:?}: stored for another owner");
+                return Ok(None);
+            }
+            Some(_) => {}
         }
         match persist::open_entry(&path, pool, fingerprint, vocab_size) {
+            Ok((meta, _, _)) if meta.owner != owner => {
+                // The file changed owner behind the store's back (the header read at
+                // open said otherwise): not this owner's data, and not ours to delete.
+                tracing::warn!("cache miss for {id:?}: the file now names another owner");
+                Ok(None)
+            }
             Ok(found) => {
                 let now = self.now();
                 if let Some(s) = self.entries.get_mut(id) {
@@ -358,7 +398,7 @@ impl DiskStore {
                 Ok(Some(found))
             }
             Err(e) if e.is_corrupt() || matches!(e, PersistError::NotFound { .. }) => {
-                self.drop_corrupt(id, &e)?;
+                self.drop_corrupt(id, owner, &e)?;
                 Ok(None)
             }
             Err(e @ PersistError::Mismatch { .. }) => {
@@ -369,14 +409,29 @@ impl DiskStore {
         }
     }
 
-    /// Deletes entry `id`, which failed validation with `why`, with a warning.
-    pub fn drop_corrupt(&mut self, id: &str, why: &PersistError) -> Result<()> {
+    /// Deletes entry `id` of `owner`, which failed validation with `why`, with a
+    /// warning. An entry of another owner is not deleted ([`DiskError::OwnerMismatch`]).
+    pub fn drop_corrupt(&mut self, id: &str, owner: &str, why: &PersistError) -> Result<()> {
+        self.check_owner(id, owner)?;
         tracing::warn!("dropping cache entry {id:?}: {why}");
         self.drop_entry(id)
     }
 
-    /// Deletes entry `id`; false when there was none.
-    pub fn remove(&mut self, id: &str) -> Result<bool> {
+    /// Deletes `owner`'s entry `id`; false when there was none. An entry of another
+    /// owner is not deleted: [`DiskError::OwnerMismatch`].
+    pub fn remove(&mut self, id: &str, owner: &str) -> Result<bool> {
+        validate_id(id)?;
+        if !self.entries.contains_key(id) {
+            return Ok(false);
+        }
+        self.check_owner(id, owner)?;
+        self.drop_entry(id)?;
+        Ok(true)
+    }
+
+    /// Deletes entry `id` whoever owns it; false when there was none. For the
+    /// store's operator (`engram cache rm`), never on behalf of a tenant.
+    pub fn remove_any(&mut self, id: &str) -> Result<bool> {
         validate_id(id)?;
         if !self.entries.contains_key(id) {
             return Ok(false);
@@ -417,13 +472,23 @@ impl DiskStore {
     // -----------------------------------------------------------------------
     // Internals.
 
+    /// `Ok` when there is no entry `id` or `owner` owns it.
+    fn check_owner(&self, id: &str, owner: &str) -> Result<()> {
+        match self.entries.get(id) {
+            Some(s) if s.owner != owner => Err(DiskError::OwnerMismatch { id: id.to_string() }),
+            _ => Ok(()),
+        }
+    }
+
     fn now(&self) -> u64 {
         self.now.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0))
     }
 
-    /// Evicts so that `bytes` more fit, counting the current entry `id` (it
-    /// stays on disk until the new file is renamed over it). Checks
-    /// feasibility before evicting anything.
+    /// Evicts others so that `bytes` more fit, counting the current entry `id` (it
+    /// stays on disk until the new file is renamed over it) where evicting others
+    /// can make room for both, else only so that the new version fits once it
+    /// has replaced the old. Never evicts `id` itself: the rename replaces it, so
+    /// a failed write keeps it. Checks feasibility before evicting anything.
     fn make_room(&mut self, id: &str, bytes: u64) -> Result<()> {
         let budget = self.budget_bytes;
         if bytes > budget {
@@ -434,17 +499,16 @@ impl DiskStore {
             return Err(DiskError::PinnedFull { id: id.to_string(), bytes, pinned, budget });
         }
         let others: Vec<EntryStats> = self.entries.values().filter(|s| s.id != id).cloned().collect();
+        let old = self.entries.get(id).map_or(0, |s| s.bytes);
+        // Room for the new version beside the old one while it is written, where evicting
+        // others can make it; else only for the new one (the rename frees the old).
+        let beside = if pinned + old + bytes <= budget { old } else { 0 };
         for victim in self.policy.eviction_order(&others, self.now()) {
-            if self.used_bytes() + bytes <= budget {
+            if self.used_bytes() - old + beside + bytes <= budget {
                 break;
             }
             tracing::info!("evicting cache entry {victim:?} ({} policy)", self.policy);
             self.drop_entry(&victim)?;
-        }
-        if self.used_bytes() + bytes > budget {
-            // Only the old version of `id` is in the way: a crash from here
-            // to the rename loses the entry (a miss), never the budget.
-            self.drop_entry(id)?;
         }
         Ok(())
     }

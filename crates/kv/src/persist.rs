@@ -187,7 +187,8 @@ pub enum PersistError {
     /// The file is damaged or not an entry at all: drop it and recompute.
     #[error("{}: invalid cache entry: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
-    /// A sound entry made by another model, KV format or layout: a miss.
+    /// A sound entry made by another model, KV format or layout, or an entry of
+    /// another format version (older or newer; this build cannot read it): a miss.
     #[error("{}: cache entry has {what} {found}, expected {expected}", path.display())]
     Mismatch { path: PathBuf, what: &'static str, found: String, expected: String },
     /// The entry cannot be written as given (caller bug or unsupported shape).
@@ -315,7 +316,7 @@ pub fn read_meta(path: &Path) -> Result<EntryInfo, PersistError> {
     let n = header_len(n8, file_len).map_err(|r| PersistError::invalid(path, r))?;
     let mut header = vec![0u8; n];
     file.read_exact(&mut header).map_err(|e| PersistError::io(path, e))?;
-    parse_header(&header, file_len).map(|(info, _)| info).map_err(|r| PersistError::invalid(path, r))
+    parse_header(&header, file_len).map(|(info, _)| info).map_err(|e| e.at(path))
 }
 
 /// Reads an entry's header and checks the checksum over all its bytes,
@@ -625,7 +626,7 @@ fn map_entry(path: &Path) -> Result<(Arc<Mmap>, usize, EntryInfo, Xxh3), Persist
     let file_len = map.len() as u64;
     let n8: [u8; 8] = map[..8].try_into().expect("length checked");
     let n = header_len(n8, file_len).map_err(|r| PersistError::invalid(path, r))?;
-    let (info, hasher) = parse_header(&map[8..8 + n], file_len).map_err(|r| PersistError::invalid(path, r))?;
+    let (info, hasher) = parse_header(&map[8..8 + n], file_len).map_err(|e| e.at(path))?;
     Ok((Arc::new(map), n, info, hasher))
 }
 
@@ -645,11 +646,47 @@ fn header_len(n8: [u8; 8], file_len: u64) -> Result<usize, String> {
     Ok(n as usize)
 }
 
+/// Why a header was refused.
+enum HeaderError {
+    /// Damaged, or not an entry at all: [`PersistError::Invalid`].
+    Invalid(String),
+    /// An entry of another format version (the one found): [`PersistError::Mismatch`].
+    Version(String),
+}
+
+impl HeaderError {
+    fn at(self, path: &Path) -> PersistError {
+        match self {
+            HeaderError::Invalid(reason) => PersistError::invalid(path, reason),
+            HeaderError::Version(found) => {
+                PersistError::Mismatch { path: path.to_path_buf(), what: "format version", found, expected: VERSION.to_string() }
+            }
+        }
+    }
+}
+
 /// Validates a header against the file length. Returns the entry's info and
-/// a hasher already fed the metadata.
-fn parse_header(header: &[u8], file_len: u64) -> Result<(EntryInfo, Xxh3), String> {
-    let md: Metadata = serde_json::from_slice(header).map_err(|e| format!("header is not safetensors JSON: {e}"))?;
-    let m = md.metadata().as_ref().ok_or("header has no __metadata__")?;
+/// a hasher already fed the metadata. The magic and version are read first: an
+/// entry of another version (older or newer) is a [`HeaderError::Version`] however
+/// the rest is laid out, so it is a miss that stays, not a corrupt file.
+fn parse_header(header: &[u8], file_len: u64) -> Result<(EntryInfo, Xxh3), HeaderError> {
+    let invalid = HeaderError::Invalid;
+    let md: Metadata = serde_json::from_slice(header).map_err(|e| invalid(format!("header is not safetensors JSON: {e}")))?;
+    let m = md.metadata().as_ref().ok_or_else(|| invalid("header has no __metadata__".into()))?;
+    match m.get("magic") {
+        Some(magic) if magic == MAGIC => {}
+        other => return Err(invalid(format!("magic is {other:?}, not {MAGIC:?}"))),
+    }
+    match m.get("version") {
+        Some(v) if *v == VERSION.to_string() => {}
+        Some(v) if v.parse::<u32>().is_ok_and(|n| n.to_string() == *v) => return Err(HeaderError::Version(v.clone())),
+        other => return Err(invalid(format!("version {other:?} is not a version number"))),
+    }
+    parse_fields(&md, m, header.len(), file_len).map_err(invalid)
+}
+
+/// [`parse_header`] past the magic and version.
+fn parse_fields(md: &Metadata, m: &HashMap<String, String>, header_len: usize, file_len: u64) -> Result<(EntryInfo, Xxh3), String> {
     let tensors = md.tensors();
     let window_ti = tensors.get(WINDOW_TENSOR);
     let Some(ti) = tensors.get(TENSOR_NAME).filter(|_| tensors.len() == 1 + window_ti.is_some() as usize) else {
@@ -658,12 +695,6 @@ fn parse_header(header: &[u8], file_len: u64) -> Result<(EntryInfo, Xxh3), Strin
         return Err(format!("expected the tensor \"{TENSOR_NAME}\" and optionally \"{WINDOW_TENSOR}\", found {names:?}"));
     };
     let get = |k: &str| m.get(k).map(String::as_str).ok_or_else(|| format!("metadata key \"{k}\" missing"));
-    if get("magic")? != MAGIC {
-        return Err(format!("magic is {:?}, not {MAGIC:?}", get("magic")?));
-    }
-    if get("version")? != VERSION.to_string() {
-        return Err(format!("version {:?}, this build reads {VERSION}", get("version")?));
-    }
     if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str())) {
         return Err(format!("unknown metadata key {k:?}"));
     }
@@ -715,7 +746,7 @@ fn parse_header(header: &[u8], file_len: u64) -> Result<(EntryInfo, Xxh3), Strin
             wb
         }
     };
-    let expect_len = (data_len as u64).checked_add(window_bytes as u64 + 8 + header.len() as u64).ok_or("tensor size overflows")?;
+    let expect_len = (data_len as u64).checked_add(window_bytes as u64 + 8 + header_len as u64).ok_or("tensor size overflows")?;
     if file_len != expect_len {
         return Err(format!("file is {file_len} bytes, header describes {expect_len}"));
     }

@@ -63,14 +63,15 @@ fn budget_is_never_exceeded() {
         let mut store = DiskStore::open(dir.path().join(policy.name()), budget, policy).unwrap();
         for i in 0..40u32 {
             let n = 1 + (i as usize * 37) % 200;
-            let (m, kv) = entry(&p, n, i);
+            let (mut m, kv) = entry(&p, n, i);
+            m.owner = format!("owner{}", i % 13);
             store.set_now(Some(T + i as u64));
             store.put(&format!("e{}", i % 13), &m, &kv).unwrap();
             assert!(store.used_bytes() <= budget, "{policy}: {} > {budget}", store.used_bytes());
             assert_eq!(files_bytes(store.dir()), store.used_bytes(), "{policy}: sizes on disk agree");
             assert!(store.stats(&format!("e{}", i % 13)).is_some(), "the entry just put is there");
             if i % 3 == 0 {
-                let _ = store.get(&format!("e{}", (i + 5) % 13), &p, FP, VOCAB).unwrap();
+                let _ = store.get(&format!("e{}", (i + 5) % 13), &format!("owner{}", (i + 5) % 13), &p, FP, VOCAB).unwrap();
             }
         }
     }
@@ -103,11 +104,11 @@ fn evicted_by(policy: EvictionPolicy) -> String {
     store.set_now(Some(T - 60 * DAY));
     store.put("c", &m, &kv).unwrap();
     for _ in 0..20 {
-        assert!(store.get("c", &p, FP, VOCAB).unwrap().is_some());
+        assert!(store.get("c", &m.owner, &p, FP, VOCAB).unwrap().is_some());
     }
     store.set_now(Some(T - 30 * DAY));
     store.put("a", &m, &kv).unwrap();
-    assert!(store.get("a", &p, FP, VOCAB).unwrap().is_some());
+    assert!(store.get("a", &m.owner, &p, FP, VOCAB).unwrap().is_some());
     store.set_now(Some(T - 60));
     store.put("b", &m, &kv).unwrap();
     store.set_now(Some(T));
@@ -234,9 +235,9 @@ fn reopen_keeps_stats_and_rebuilds_a_bad_index() {
         store.put("s1", &m, &kv).unwrap();
         store.put("s2", &m, &kv).unwrap();
         store.set_now(Some(T + 50));
-        let (m2, kv2) = store.get("s1", &p, FP, VOCAB).unwrap().unwrap();
+        let (m2, kv2) = store.get("s1", &m.owner, &p, FP, VOCAB).unwrap().unwrap();
         assert_eq!((m2, kv2.len()), (m.clone(), 40));
-        store.get("s1", &p, FP, VOCAB).unwrap().unwrap();
+        store.get("s1", &m.owner, &p, FP, VOCAB).unwrap().unwrap();
         store.pin("s2", true).unwrap();
     }
     let store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Weighted).unwrap();
@@ -272,15 +273,15 @@ fn corrupt_files_are_dropped_as_misses() {
     }
     // Data corruption found at `get`: a miss, and the file is gone.
     flip_byte(&store.entry_path("a").unwrap(), 100);
-    assert!(store.get("a", &p, FP, VOCAB).unwrap().is_none());
+    assert!(store.get("a", &m.owner, &p, FP, VOCAB).unwrap().is_none());
     assert!(!store.entry_path("a").unwrap().exists());
     assert!(store.stats("a").is_none());
     // Another model's or format's entry is a miss that stays.
-    assert!(store.get("b", &p, "9999999999999999-f16", VOCAB).unwrap().is_none());
+    assert!(store.get("b", &m.owner, &p, "9999999999999999-f16", VOCAB).unwrap().is_none());
     assert!(store.stats("b").is_some());
     // A file that vanished behind the store's back is a miss.
     std::fs::remove_file(store.entry_path("d").unwrap()).unwrap();
-    assert!(store.get("d", &p, FP, VOCAB).unwrap().is_none());
+    assert!(store.get("d", &m.owner, &p, FP, VOCAB).unwrap().is_none());
     assert!(store.stats("d").is_none());
     // A bad header is dropped at open; bad data is dropped by gc.
     drop(store);
@@ -294,7 +295,7 @@ fn corrupt_files_are_dropped_as_misses() {
     assert_eq!(report.dropped, ["c"]);
     assert_eq!(ids(&store), ["b"]);
     assert!(dir.path().join("notes.txt").exists(), "files that are not entries are left alone");
-    assert!(store.get("b", &p, FP, VOCAB).unwrap().is_some());
+    assert!(store.get("b", &m.owner, &p, FP, VOCAB).unwrap().is_some());
 }
 
 #[test]
@@ -302,19 +303,20 @@ fn replacing_an_entry_keeps_its_stats_and_counts_once() {
     let dir = tempfile::tempdir().unwrap();
     let p = pool();
     let (m, kv) = entry(&p, 64, 0);
-    let (m2, kv2) = entry(&p, 90, 4);
+    let (mut m2, kv2) = entry(&p, 90, 4);
+    m2.owner = m.owner.clone();
     let size2 = encoded_len(&m2, &kv2).unwrap();
     let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
     store.put("s", &m, &kv).unwrap();
-    store.get("s", &p, FP, VOCAB).unwrap().unwrap();
+    store.get("s", &m.owner, &p, FP, VOCAB).unwrap().unwrap();
     store.pin("s", true).unwrap();
     store.put("s", &m2, &kv2).unwrap();
     let s = store.stats("s").unwrap();
     assert_eq!((s.hits, s.pinned, s.num_tokens, s.bytes), (1, true, 90, size2));
     assert_eq!(store.used_bytes(), size2);
-    assert_eq!(store.get("s", &p, FP, VOCAB).unwrap().unwrap().0, m2);
-    assert!(store.remove("s").unwrap());
-    assert!(!store.remove("s").unwrap());
+    assert_eq!(store.get("s", &m.owner, &p, FP, VOCAB).unwrap().unwrap().0, m2);
+    assert!(store.remove("s", &m.owner).unwrap());
+    assert!(!store.remove("s", &m.owner).unwrap());
     assert_eq!(store.used_bytes(), 0);
     // An entry that only fits once its old version is gone still goes in.
     let mut store = DiskStore::open(dir.path(), size2 + 10, EvictionPolicy::Lru).unwrap();
@@ -332,8 +334,8 @@ fn ids_that_are_not_plain_names_are_rejected() {
     let long = "x".repeat(201);
     for id in ["a/b", "../x", "..", "a\\b", "nul\0", "", long.as_str(), ".hidden", "/abs"] {
         assert!(matches!(store.put(id, &m, &kv), Err(DiskError::InvalidId { .. })), "put accepted {id:?}");
-        assert!(matches!(store.get(id, &p, FP, VOCAB), Err(DiskError::InvalidId { .. })), "get accepted {id:?}");
-        assert!(store.remove(id).is_err() && store.pin(id, true).is_err());
+        assert!(matches!(store.get(id, &m.owner, &p, FP, VOCAB), Err(DiskError::InvalidId { .. })), "get accepted {id:?}");
+        assert!(store.remove(id, &m.owner).is_err() && store.remove_any(id).is_err() && store.pin(id, true).is_err());
     }
     assert_eq!(files_bytes(dir.path()), 0);
     assert!(std::fs::read_dir(dir.path().parent().unwrap()).unwrap().all(|e| !e
@@ -358,4 +360,78 @@ fn open_removes_only_temp_files_of_dead_writers() {
     assert!(store.list().is_empty(), "temp files are not entries");
     assert!(!dead.exists(), "an interrupted write is cleaned up");
     assert!(live.exists(), "a live writer's temp file is left alone");
+}
+
+/// Issue 19 item 2: an entry is its stored owner's alone. Another owner's `get` of its
+/// id is a miss, and its `put`, `remove` and `drop_corrupt` are refused; none of them
+/// changes the entry. The operator's `remove_any` still deletes it.
+#[test]
+fn another_owners_entry_is_a_miss_and_is_neither_replaced_nor_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (alice, kv) = entry(&p, 40, 2);
+    let (mut mallory, kv2) = entry(&p, 70, 4);
+    mallory.owner = "mallory/s".into();
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    store.put("x", &alice, &kv).unwrap();
+    let before = std::fs::read(store.entry_path("x").unwrap()).unwrap();
+
+    assert!(store.get("x", &mallory.owner, &p, FP, VOCAB).unwrap().is_none(), "another owner read the entry");
+    let e = store.put("x", &mallory, &kv2).unwrap_err();
+    assert!(matches!(e, DiskError::OwnerMismatch { .. }), "{e}");
+    assert!(!e.to_string().contains(&alice.owner), "the refusal names the stored owner: {e}");
+    assert!(matches!(store.remove("x", &mallory.owner), Err(DiskError::OwnerMismatch { .. })));
+    let why = engram_kv::PersistError::NotFound { path: "x".into() };
+    assert!(matches!(store.drop_corrupt("x", &mallory.owner, &why), Err(DiskError::OwnerMismatch { .. })));
+    assert_eq!(std::fs::read(store.entry_path("x").unwrap()).unwrap(), before, "the entry changed");
+    assert_eq!(store.stats("x").unwrap().hits, 0, "a refused read counted a hit");
+
+    let (got, _) = store.get("x", &alice.owner, &p, FP, VOCAB).unwrap().unwrap();
+    assert_eq!(got, alice);
+    // A file that changed owner behind the store's back is a miss for the owner the
+    // store knew, and stays (it is not that owner's to delete).
+    engram_kv::write_entry(&store.entry_path("x").unwrap(), &mallory, &kv2).unwrap();
+    assert!(store.get("x", &alice.owner, &p, FP, VOCAB).unwrap().is_none());
+    assert!(store.entry_path("x").unwrap().exists());
+    assert!(store.remove_any("x").unwrap(), "the operator deletes any entry");
+    assert!(!store.entry_path("x").unwrap().exists());
+}
+
+/// Rewrites the `version` of the entry file at `path` in place (same length).
+fn set_version(path: &Path, version: &str) {
+    let bytes = std::fs::read(path).unwrap();
+    let (from, to) = (r#""version":"2""#, format!(r#""version":"{version}""#));
+    let at = bytes.windows(from.len()).position(|w| w == from.as_bytes()).expect("a version in the header");
+    let mut out = bytes.clone();
+    out[at..at + to.len()].copy_from_slice(to.as_bytes());
+    std::fs::write(path, out).unwrap();
+}
+
+/// Issue 19 item 9: an entry of another format version (older or newer) is a miss that
+/// stays: opening the store (what the read-only `engram cache ls` does), `get`, `gc` and a
+/// fresh open leave the file as it was; entries of this version around it are untouched.
+#[test]
+fn an_entry_of_another_version_is_a_miss_and_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 40, 2);
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    for id in ["older", "newer", "ours"] {
+        store.put(id, &m, &kv).unwrap();
+    }
+    drop(store);
+    let path = |id: &str| dir.path().join(format!("{id}.safetensors"));
+    set_version(&path("older"), "1");
+    set_version(&path("newer"), "3");
+    let before = [std::fs::read(path("older")).unwrap(), std::fs::read(path("newer")).unwrap()];
+
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    assert_eq!(ids(&store), ["ours"], "entries this build cannot read are not listed");
+    assert!(store.get("newer", &m.owner, &p, FP, VOCAB).unwrap().is_none());
+    assert!(store.gc().unwrap().dropped.is_empty(), "gc dropped another version's entry");
+    drop(store);
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    let after = [std::fs::read(path("older")).unwrap(), std::fs::read(path("newer")).unwrap()];
+    assert!(before == after, "an entry of another version was changed or deleted");
+    assert!(store.get("ours", &m.owner, &p, FP, VOCAB).unwrap().is_some());
 }

@@ -299,7 +299,7 @@ fn wrong_magic_version_or_fields_are_rejected() {
     let bytes = std::fs::read(&path).unwrap();
     let cases = [
         (r#""magic":"engram-kv""#, r#""magic":"engram-kx""#, "magic"),
-        (r#""version":"2""#, r#""version":"1""#, "version"),
+        (r#""version":"2""#, r#""version":"x""#, "version"),
         (r#""block_tokens":"32""#, r#""block_tokens":"16""#, "block_tokens"),
         (r#""num_tokens":"40""#, r#""num_tokens":"41""#, "token ids"),
         (r#""num_tokens":"40""#, r#""num_tokens":"99""#, "tensor"),
@@ -313,6 +313,13 @@ fn wrong_magic_version_or_fields_are_rejected() {
     ];
     for (from, to, needle) in cases {
         expect_invalid(read_bytes(dir.path(), &edit_header(&bytes, from, to)), needle);
+    }
+    // Another format version, older or newer, is a miss (issue 19 item 9), not damage.
+    for v in ["1", "3"] {
+        let Err(e) = read_bytes(dir.path(), &edit_header(&bytes, r#""version":"2""#, &format!(r#""version":"{v}""#))) else {
+            panic!("version {v} was read");
+        };
+        assert!(matches!(e, PersistError::Mismatch { what: "format version", .. }) && !e.is_corrupt(), "{e}");
     }
 }
 

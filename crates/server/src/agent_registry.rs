@@ -29,7 +29,7 @@ const FORMAT: &str = "engram-agents";
 const VERSION: u32 = 1;
 
 /// One agent, as the API shows it and the file stores it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Agent {
     pub id: String,
     #[serde(skip_deserializing, default = "agent_object")]
@@ -55,7 +55,7 @@ struct RegistryFile {
 #[derive(Clone, Default)]
 struct Registry {
     by_tenant: HashMap<String, BTreeMap<String, Agent>>,
-    /// Ids `agent-N` are generated from `next + 1` on.
+    /// Kept in the file for readers of version 1 (ids were `agent-<next>`); new ids are random.
     next: u64,
 }
 
@@ -98,15 +98,35 @@ impl Agents {
     /// Applies `change` and saves; if saving fails the registry is left as it
     /// was and the error is returned.
     fn update<R>(&self, change: impl FnOnce(&mut Registry) -> Result<R, ApiError>) -> Result<R, ApiError> {
+        self.update_then(change, || {})
+    }
+
+    /// [`Agents::update`], then `then` once the change is made, before any other
+    /// change or [`Agents::while_current`] can run.
+    fn update_then<R>(&self, change: impl FnOnce(&mut Registry) -> Result<R, ApiError>, then: impl FnOnce()) -> Result<R, ApiError> {
         let mut current = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let mut next = current.clone();
         let out = change(&mut next)?;
         if let Some(file) = &self.file {
-            save(file, &next)
-                .map_err(|e| ApiError::internal(format!("the agent registry could not be saved to {}: {e}", file.display())))?;
+            // The path goes to the log, not to the client (issue 19 item 3).
+            save(file, &next).map_err(|e| {
+                tracing::error!("the agent registry could not be saved to {}: {e}", file.display());
+                ApiError::internal(format!("the agent registry could not be saved ({})", e.kind()))
+            })?;
         }
         *current = next;
+        then();
         Ok(out)
+    }
+
+    /// Runs `then` if `tenant`'s agent `agent.id` is still `agent` (neither deleted nor
+    /// deleted and created anew since it was read), with no create or delete running
+    /// meanwhile; `None` if it is not. With [`Agents::remove_then`] this orders a
+    /// generate's submit against a delete's forget (issue 19 item 8).
+    pub fn while_current<R>(&self, tenant: &str, agent: &Agent, then: impl FnOnce() -> R) -> Option<R> {
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let current = r.by_tenant.get(tenant).and_then(|a| a.get(&agent.id));
+        (current == Some(agent)).then(then)
     }
 
     /// Adds an agent for `tenant`: `id` if given (409 if taken), else the next
@@ -115,9 +135,10 @@ impl Agents {
         self.update(|r| {
             let id = match id {
                 Some(id) => id,
+                // Random, not `agent-<count>`: a count would tell a tenant how many agents
+                // other tenants made. (`next` stays in the file for older readers.)
                 None => loop {
-                    r.next += 1;
-                    let id = format!("agent-{}", r.next);
+                    let id = api::new_id("agent");
                     if !r.by_tenant.get(tenant).is_some_and(|a| a.contains_key(&id)) {
                         break id;
                     }
@@ -145,9 +166,12 @@ impl Agents {
         r.by_tenant.get(tenant).and_then(|a| a.get(id)).cloned()
     }
 
-    /// Removes one of `tenant`'s agents; 404 if there is none.
-    pub fn remove(&self, tenant: &str, id: &str) -> Result<(), ApiError> {
-        self.update(|r| {
+    /// Removes one of `tenant`'s agents (404 if there is none), then runs `then`
+    /// (forgetting the agent's cache) before any [`Agents::while_current`] can run: a
+    /// generate that found the agent before the removal either submitted its job
+    /// before `then` or is refused.
+    pub fn remove_then(&self, tenant: &str, id: &str, then: impl FnOnce()) -> Result<(), ApiError> {
+        let change = |r: &mut Registry| {
             let mine = r.by_tenant.get_mut(tenant);
             match mine.and_then(|a| a.remove(id)) {
                 Some(_) => {
@@ -156,7 +180,8 @@ impl Agents {
                 }
                 None => Err(ApiError::not_found(format!("no agent {id:?}"))),
             }
-        })
+        };
+        self.update_then(change, then)
     }
 }
 
@@ -213,6 +238,21 @@ mod tests {
         found.iter().map(|p| std::fs::read(p).unwrap()).collect()
     }
 
+    /// `while_current` runs its closure only for the agent as read: not once it is
+    /// removed, nor for an agent created anew under the same id.
+    #[test]
+    fn while_current_runs_only_for_the_agent_as_read() {
+        let a = Agents::in_memory();
+        let first = a.create("t", Some("x".into()), None, Some("one".into())).unwrap();
+        assert_eq!(a.while_current("t", &first, || 7), Some(7));
+        let mut forgot = false;
+        a.remove_then("t", "x", || forgot = true).unwrap();
+        assert!(forgot);
+        assert_eq!(a.while_current("t", &first, || unreachable!("ran for a deleted agent")), None::<()>);
+        a.create("t", Some("x".into()), None, Some("two".into())).unwrap();
+        assert_eq!(a.while_current("t", &first, || unreachable!("ran for another agent")), None::<()>);
+    }
+
     #[test]
     fn agents_round_trip_through_the_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -221,8 +261,8 @@ mod tests {
         let gen = a.create("t1", None, None, None).unwrap();
         a.create("t2", Some("planner".into()), None, None).unwrap();
         assert_eq!(a.create("t1", Some("planner".into()), None, None).unwrap_err().status, 409);
-        a.remove("t2", "planner").unwrap();
-        assert_eq!(a.remove("t2", "planner").unwrap_err().status, 404);
+        a.remove_then("t2", "planner", || {}).unwrap();
+        assert_eq!(a.remove_then("t2", "planner", || {}).unwrap_err().status, 404);
 
         let b = Agents::open(dir.path());
         let ids: Vec<String> = b.list("t1").into_iter().map(|x| x.id).collect();
@@ -281,7 +321,9 @@ mod tests {
         let e = a.create("t", Some("new".into()), None, None).unwrap_err();
         assert_eq!(e.status, 500, "{}", e.message);
         assert!(a.get("t", "new").is_none());
-        assert_eq!(a.remove("t", "kept").unwrap_err().status, 500);
+        let e = a.remove_then("t", "kept", || {}).unwrap_err();
+        assert_eq!(e.status, 500);
+        assert!(!e.message.contains(&dir.path().display().to_string()), "a path in {:?}", e.message);
         assert!(a.get("t", "kept").is_some());
     }
 }

@@ -6,6 +6,11 @@
 //! session is busy while a request uses it). Agents are kept by
 //! [`crate::agent_registry`] (on disk when sessions are). Deleting an agent
 //! drops its cached session, in RAM and on disk, and fails its queued requests.
+//!
+//! Invariant: a generate's job reaches the engine before the delete's forget of its
+//! agent, or not at all (a 404): both happen under the registry's lock
+//! ([`crate::agent_registry::Agents::while_current`], `remove_then`), so no job of a
+//! deleted agent runs after its forget and saves a session nothing would remove.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -67,8 +72,7 @@ pub(crate) async fn get(State(s): State<AppState>, headers: HeaderMap, Path(id):
 pub(crate) async fn delete(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
     api::check_id("id", &id)?;
-    s.agents.remove(&tenant, &id)?;
-    s.engine.forget(cache_key(&tenant, &id));
+    s.agents.remove_then(&tenant, &id, || s.engine.forget(cache_key(&tenant, &id)))?;
     Ok(axum::Json(json!({"id": id, "object": "agent.deleted", "deleted": true})).into_response())
 }
 
@@ -110,7 +114,11 @@ pub(crate) async fn generate(
         params,
         pinned: true,
     };
-    let (st, mut rx) = api::start(&s, job).await?;
+    // Submitted only if the agent found above is still registered, under the lock a
+    // delete holds while it removes the agent and forgets its cache (see the module doc).
+    let submitted = s.agents.while_current(&tenant, &agent, || s.engine.submit(job));
+    let rx = submitted.ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))??;
+    let (st, mut rx) = api::started(rx).await?;
     let done = api::collect(&mut rx).await?;
     Ok(axum::Json(json!({
         "agent_id": id,

@@ -22,7 +22,16 @@ pub fn tenant(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     let Some(key) = key else {
         return Err(ApiError::unauthorized("missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)"));
     };
-    s.config.api_keys.iter().find(|(k, _)| k == key).map(|(_, t)| t.clone()).ok_or_else(|| ApiError::unauthorized("invalid API key"))
+    // Constant time: blake3 hashes compare in constant time (and hide the keys' lengths),
+    // and every configured key is compared whichever matches.
+    let presented = blake3::hash(key.as_bytes());
+    let mut tenant = None;
+    for (k, t) in &s.config.api_keys {
+        if blake3::hash(k.as_bytes()) == presented && tenant.is_none() {
+            tenant = Some(t);
+        }
+    }
+    tenant.cloned().ok_or_else(|| ApiError::unauthorized("invalid API key"))
 }
 
 /// Checks an id that names a session or an agent: 1..=128 characters of
@@ -113,13 +122,11 @@ impl Unsupported {
 }
 
 /// Ids a request may name as `model`.
+///
+/// NOTE: not the model's source (`gguf:<path>`): error messages list these, and a
+/// client has no business learning the server's file system paths.
 pub fn model_ids(s: &AppState) -> Vec<String> {
-    let mut ids = vec![s.config.model_id.clone(), "default".into(), "engram".into()];
-    let src = &s.model.source;
-    if !src.is_empty() && !ids.contains(src) {
-        ids.push(src.clone());
-    }
-    ids
+    vec![s.config.model_id.clone(), "default".into(), "engram".into()]
 }
 
 /// Accepts the served model and its aliases (or no model at all).
@@ -250,7 +257,11 @@ pub struct Started {
 
 /// Submits `job` and waits until it is admitted (or refused).
 pub async fn start(s: &AppState, job: Job) -> Result<(Started, UnboundedReceiver<Event>), ApiError> {
-    let mut rx = s.engine.submit(job)?;
+    started(s.engine.submit(job)?).await
+}
+
+/// Waits for a submitted job's `Started` event (see [`start`]).
+pub async fn started(mut rx: UnboundedReceiver<Event>) -> Result<(Started, UnboundedReceiver<Event>), ApiError> {
     match rx.recv().await {
         Some(Event::Started { session_id, prompt_tokens, cached_tokens }) => Ok((Started { session_id, prompt_tokens, cached_tokens }, rx)),
         Some(Event::Failed(e)) => Err(e),
@@ -289,10 +300,18 @@ pub fn now_s() -> u64 {
 }
 
 /// A fresh response id with `prefix`.
+/// `<prefix>-` and 24 random hex digits: not from a global counter or the clock, which
+/// would tell a tenant how many requests other tenants sent.
 pub fn new_id(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!("{prefix}-{:x}{:04x}", now_s(), N.fetch_add(1, Ordering::Relaxed))
+    let mut b = [0u8; 12];
+    if getrandom::fill(&mut b).is_err() {
+        // No OS randomness: unique still (a counter with the time), not secret.
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let seed = [now_s().to_le_bytes(), N.fetch_add(1, Ordering::Relaxed).to_le_bytes()].concat();
+        b.copy_from_slice(&blake3::hash(&seed).as_bytes()[..12]);
+    }
+    format!("{prefix}-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
 }
 
 /// Renders a conversation with the model's chat template and encodes it.

@@ -209,8 +209,11 @@ async fn health(State(s): State<AppState>) -> Response {
     axum::Json(serde_json::json!({"status": "ok", "model": s.config.model_id})).into_response()
 }
 
-async fn render_metrics(State(s): State<AppState>) -> Response {
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
+/// Prometheus text. With API keys set, any valid key is required: the gauges and
+/// counters sum every tenant's activity.
+async fn render_metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Result<Response, error::ApiError> {
+    api::tenant(&s, &headers)?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response())
 }
 
 async fn not_found(req: Request) -> ApiError {

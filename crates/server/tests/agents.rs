@@ -140,3 +140,30 @@ fn an_agent_deleted_mid_generation_leaves_no_cache() {
     let files = session_files(dir.path());
     assert!(files.is_empty(), "the deleted agent's cache was written: {files:?}");
 }
+
+/// Issue 19 item 8: a generate that found its agent before a delete, but whose job reached
+/// the engine after the delete's forget, ran and checked in a pinned session for the deleted
+/// agent that nothing removed. Rounds of a generate whose body takes a while to prepare (a
+/// long prompt and a large ignored field: parsed, rendered and tokenized between the lookup
+/// and the submit) with a delete sent meanwhile, at several delays: the generate answers
+/// (it ran before the forget) or is a 404, and after each round the agent has no session.
+#[test]
+fn a_generate_racing_a_delete_leaves_no_session() {
+    let addr = start(256 << 20, engram_server::ServerConfig::new("tiny"));
+    let body = json!({"prompt": "word ".repeat(2000), "max_tokens": 1, "temperature": 0, "metadata": "x".repeat(1 << 20)}).to_string();
+    for round in 0..24u64 {
+        let id = format!("racer-{round}");
+        assert_eq!(post(addr, "/v1/agents", &json!({"id": id, "system": "You race."})).status, 201);
+        let (path, body) = (format!("/v1/agents/{id}/generate"), body.clone());
+        let generate = std::thread::spawn(move || request(addr, "POST", &path, &[], &body));
+        std::thread::sleep(Duration::from_micros(400 * (round % 12)));
+        assert_eq!(request(addr, "DELETE", &format!("/v1/agents/{id}"), &[], "").status, 200);
+        let r = generate.join().unwrap();
+        assert!(r.status == 200 || r.status == 404, "round {round}: {} {}", r.status, r.body);
+        let t0 = std::time::Instant::now();
+        while metric(addr, "engram_sessions_idle") > 0.0 || metric(addr, "engram_sequences_running") > 0.0 {
+            assert!(t0.elapsed() < Duration::from_secs(3), "round {round}: the deleted agent's session stayed (generate: {})", r.status);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}

@@ -487,3 +487,26 @@ fn another_attention_precision_never_reuses_a_persisted_session() {
     stop.send(()).unwrap();
     thread.join().unwrap();
 }
+
+/// Issue 19 item 7: a completion sent as token ids on a named session is kept without text
+/// (the ids' text is unknown). A later text request on that session must not match those
+/// tokens by characters — the empty text made every one of them "end inside the common
+/// part", so the request EXTENDed them and the model saw the ids, then the whole text. It
+/// reuses none of them and answers as a cold server does.
+#[test]
+fn a_text_request_never_extends_a_session_built_from_token_ids() {
+    let addr = start(64 << 20, ServerConfig::new("tiny"));
+    let ids = model().tokenizer.encode("The cache keeps every", true).unwrap().ids;
+    let r = post(addr, "/v1/completions", &json!({"prompt": ids, "max_tokens": 4, "temperature": 0, "session_id": "mixed"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let text = json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let mut named = text.clone();
+    named["session_id"] = json!("mixed");
+    let r = post(addr, "/v1/completions", &named);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let usage = &r.json()["usage"];
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0, "the token-id session's tokens were reused: {usage}");
+    let cold = post(start(64 << 20, ServerConfig::new("tiny")), "/v1/completions", &text);
+    assert_eq!(r.json()["choices"][0]["text"], cold.json()["choices"][0]["text"], "not what a cold server answers");
+    assert_eq!(usage["prompt_tokens"], cold.json()["usage"]["prompt_tokens"]);
+}
