@@ -28,7 +28,7 @@ pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
     /// Python files to build the prompts from (default: models/pycode-long/recipe/*.py).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", num_args = 1..)]
     source: Vec<PathBuf>,
     /// Prompt tokens taken from each file (its first lines up to this many tokens).
     #[arg(long, default_value_t = 384)]
