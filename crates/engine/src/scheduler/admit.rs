@@ -118,6 +118,8 @@ impl Engine<'_> {
                 input: Vec::new(),
                 next: None,
                 draft: None,
+                draft_cap: 4,
+                draft_cooldown: 0,
                 submitted,
                 last_token: None,
                 restore: c.restore.zip(retry),

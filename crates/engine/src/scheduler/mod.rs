@@ -273,6 +273,10 @@ struct Seq<'m> {
     next: Option<u32>,
     /// This step's tree of drafts after `next` (speculative decoding), its input when set.
     draft: Option<DraftTree>,
+    /// Most drafts its next tree may hold, adapted to how many were accepted (`step.rs`).
+    draft_cap: usize,
+    /// Steps to decode without drafts after trees that were all rejected.
+    draft_cooldown: usize,
     /// Sampling, detokenizing and stopping (shared with the CLI's `Generator`).
     out: Decoding<'m>,
     submitted: Instant,

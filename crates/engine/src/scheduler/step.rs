@@ -18,9 +18,15 @@ use super::{owner_gone, Engine, Event, JobError, JobErrorKind, Seq};
 use crate::generate::FinishReason;
 use crate::speculate::DraftTree;
 
+/// Plain decoding steps after a rejected one-draft tree, before drafting again.
+const DRAFT_COOLDOWN_STEPS: usize = 8;
+
 impl Engine<'_> {
     pub(super) fn step(&mut self) {
         // Decoders first: each needs room for one token, or for its tree of drafts.
+        for s in self.active.iter_mut().filter(|s| s.next.is_some()) {
+            s.draft_cooldown = s.draft_cooldown.saturating_sub(1);
+        }
         let mut i = 0;
         while i < self.active.len() {
             if let Some(tree) = self.draft_for(i).filter(|t| self.reserve(i, t.len())) {
@@ -253,8 +259,11 @@ impl Engine<'_> {
             Some(true) => self.config.speculation.unwrap_or_default(),
             None => self.config.speculation?,
         };
+        if s.draft_cooldown > 0 {
+            return None;
+        }
         let len = s.tokens.len();
-        let mut budget = self.model.config.max_positions.saturating_sub(len + 2);
+        let mut budget = self.model.config.max_positions.saturating_sub(len + 2).min(s.draft_cap);
         budget = budget.min(s.out.params().max_tokens.saturating_sub(s.out.generated().len()));
         if self.pool.has_window() {
             budget = budget.min((BLOCK_TOKENS - 2).saturating_sub(len % BLOCK_TOKENS));
@@ -284,9 +293,22 @@ impl Engine<'_> {
             s.tokens.push(t);
             s.next = None;
         };
-        self.active[at].kv.own_mut().keep_slots(base, &kept);
+        let s = &mut self.active[at];
+        s.kv.own_mut().keep_slots(base, &kept);
+        // A tree costs more rows in the step than its accepted tokens save when most of it is
+        // rejected: grow the next one while drafts are accepted, shrink it while they are not,
+        // and after a tree of one draft is rejected decode plainly for a while.
+        let accepted = kept.len() - 1;
+        let max = self.config.speculation.unwrap_or_default().max_drafts;
+        if accepted > 0 {
+            s.draft_cap = (s.draft_cap * 2).min(max).max(accepted + 1);
+        } else if s.draft_cap <= 1 {
+            s.draft_cooldown = DRAFT_COOLDOWN_STEPS;
+        } else {
+            s.draft_cap /= 2;
+        }
         self.metrics.draft_tokens.fetch_add(tree.len() as u64 - 1, Relaxed);
-        self.metrics.draft_tokens_accepted.fetch_add(kept.len() as u64 - 1, Relaxed);
+        self.metrics.draft_tokens_accepted.fetch_add(accepted as u64, Relaxed);
         outcome
     }
 
