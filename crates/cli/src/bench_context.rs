@@ -12,16 +12,17 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use engram_engine::scheduler::{run_engine_with, Command, Event, EventSink, Job};
+use engram_engine::scheduler::{run_engine_with, Command, Job};
 use engram_engine::{default_policy, ContextPolicy, DualStream, Metrics, SamplingParams, SchedulerConfig};
 use engram_kv::KvPool;
 use engram_model::Model;
 
-use crate::common::{kv_pool, load_model, ModelArgs};
+use crate::common::{forward_at, kv_pool, load_model, ModelArgs};
+use crate::timed_sink::TimedSink;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -42,29 +43,6 @@ pub struct Args {
     /// One JSON line per mark, then one for threads.
     #[arg(long)]
     json: bool,
-}
-
-/// When a request's first text arrived and when it ended, its tokens, failure and text.
-#[derive(Clone, Default)]
-struct Timed(Arc<Mutex<(Option<Instant>, Option<Instant>, usize, Option<String>, String)>>);
-
-impl EventSink for Timed {
-    fn send(&self, event: Event) -> bool {
-        let mut t = self.0.lock().unwrap();
-        match event {
-            Event::Text(s) => {
-                t.0.get_or_insert_with(Instant::now);
-                t.4.push_str(&s);
-            }
-            Event::Finished { completion_tokens, .. } => (t.1, t.2) = (Some(Instant::now()), completion_tokens),
-            Event::Failed(e) => t.3 = Some(e.message),
-            Event::Started { .. } => {}
-        }
-        true
-    }
-    fn is_closed(&self) -> bool {
-        false
-    }
 }
 
 /// An engine on its own thread running `policy`, and the means to run one job at a time.
@@ -88,18 +66,18 @@ impl Engine {
     /// Runs `job` to its end; returns decode milliseconds per token after the first, and the
     /// text.
     fn run(&self, job: Job) -> Result<(f64, String)> {
-        let sink = Timed::default();
+        let sink = TimedSink::default();
         self.pending.fetch_add(1, Relaxed);
         let tx = self.tx.as_ref().expect("running");
         tx.send(Command::Submit(job, Box::new(sink.clone()), Instant::now())).map_err(|_| anyhow::anyhow!("the engine stopped"))?;
         loop {
-            let t = sink.0.lock().unwrap().clone();
-            if let Some(e) = t.3 {
+            let t = sink.get();
+            if let Some(e) = t.failed {
                 bail!("a turn failed: {e}");
             }
-            if let Some(end) = t.1 {
-                let first = t.0.unwrap_or(end);
-                return Ok((end.duration_since(first).as_secs_f64() * 1e3 / t.2.saturating_sub(1).max(1) as f64, t.4));
+            if let Some(end) = t.end {
+                let first = t.first_text.unwrap_or(end);
+                return Ok((end.duration_since(first).as_secs_f64() * 1e3 / t.completion_tokens.saturating_sub(1).max(1) as f64, t.text));
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
@@ -216,18 +194,8 @@ fn thread_switch_us(model: &Arc<Model>, pool: &KvPool, a: &Args, anchors: &[u32]
             let prompt = message(model, i, a.message_tokens)?;
             let c = dual.admit("user", Some(thread), None, false, &prompt, tok).map_err(anyhow::Error::msg)?;
             let mut view = engram_kv::KvView::new(c.spans, c.kv);
-            let first = view.own_first_position() as u32;
-            view.own_mut().reserve(prompt.len())?;
-            let positions: Vec<u32> = (first..first + prompt.len() as u32).collect();
-            let step = engram_model::SeqStep {
-                tokens: &prompt,
-                first_pos: 0,
-                positions: Some(&positions),
-                key_mask: None,
-                kv: &mut view,
-                logits: engram_model::Logits::None,
-            };
-            model.forward(&mut [step])?;
+            let first = view.own_first_position();
+            forward_at(model, &mut view, &prompt, first, engram_model::Logits::None)?;
             let kv = view.into_own();
             dual.retire(Retired {
                 owner: "user".into(),

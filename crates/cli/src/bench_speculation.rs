@@ -13,15 +13,16 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use engram_engine::scheduler::{run_engine, Command, Event, EventSink, Job};
+use engram_engine::scheduler::{run_engine, Command, Job};
 use engram_engine::{Metrics, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_model::Model;
 
 use crate::common::{kv_pool, load_model, ModelArgs};
+use crate::timed_sink::TimedSink;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -51,29 +52,6 @@ pub struct Args {
     /// One JSON line per prompt, then a summary line.
     #[arg(long)]
     json: bool,
-}
-
-/// When a request ended, what it streamed, how many tokens, and its failure if it failed.
-#[derive(Clone, Default)]
-struct Timed(Arc<Mutex<(Option<Instant>, String, usize, Option<String>)>>);
-
-impl EventSink for Timed {
-    fn send(&self, event: Event) -> bool {
-        let mut t = self.0.lock().unwrap();
-        match event {
-            Event::Text(s) => t.1.push_str(&s),
-            Event::Finished { completion_tokens, .. } => {
-                t.0 = Some(Instant::now());
-                t.2 = completion_tokens;
-            }
-            Event::Failed(e) => t.3 = Some(e.message),
-            Event::Started { .. } => {}
-        }
-        true
-    }
-    fn is_closed(&self) -> bool {
-        false
-    }
 }
 
 /// The code-editing prompt built from `file`: its first lines, then the same lines with the
@@ -124,19 +102,19 @@ fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, spe
     let ids = model.tokenizer.encode(prompt, true)?.ids;
     let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
     let job = Job { tenant: "bench".into(), session: None, text: None, add_special: true, prompt: ids, params, pinned: false };
-    let sink = Timed::default();
+    let sink = TimedSink::default();
     let start = Instant::now();
     tx.send(Command::Submit(job, Box::new(sink.clone()), start)).map_err(|_| anyhow::anyhow!("the engine thread ended"))?;
     drop(tx);
     engine.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
-    let (end, text, tokens, failed) = sink.0.lock().unwrap().clone();
-    if let Some(e) = failed {
+    let t = sink.get();
+    if let Some(e) = t.failed {
         bail!("the request failed: {e}");
     }
     Ok(Outcome {
-        secs: end.map_or(0.0, |e| e.duration_since(start).as_secs_f64()),
-        tokens,
-        text,
+        secs: t.end.map_or(0.0, |e| e.duration_since(start).as_secs_f64()),
+        tokens: t.completion_tokens,
+        text: t.text,
         drafted: metrics.draft_tokens.load(Relaxed),
         accepted: metrics.draft_tokens_accepted.load(Relaxed),
     })

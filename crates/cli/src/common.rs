@@ -1,13 +1,14 @@
 //! Options and helpers shared by the subcommands: model loading, threads,
-//! sampling flags, the data directory and the default model.
+//! sampling flags, the data directory, the default model, and a step on a view at given
+//! positions.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use engram_engine::SamplingParams;
-use engram_kv::{KvFormat, KvLayout, KvPool};
-use engram_model::Model;
+use engram_kv::{KvFormat, KvLayout, KvPool, KvView};
+use engram_model::{Logits, Model, SeqStep};
 
 /// Model, threads and cache flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -189,4 +190,14 @@ pub fn stdout_sink(piece: &str) -> bool {
     use std::io::Write;
     let mut lock = std::io::stdout().lock();
     lock.write_all(piece.as_bytes()).is_ok() && lock.flush().is_ok()
+}
+
+/// Runs `tokens` as the next tokens of `view`'s own sequence, its slot `s` at position
+/// `first + s`.
+pub fn forward_at(model: &Model, view: &mut KvView, tokens: &[u32], first: usize, logits: Logits) -> Result<Vec<f32>> {
+    let slot = view.own().len();
+    view.own_mut().reserve(tokens.len())?;
+    let positions: Vec<u32> = (first + slot..first + slot + tokens.len()).map(|p| p as u32).collect();
+    let step = SeqStep { tokens, first_pos: slot, positions: Some(&positions), key_mask: None, kv: view, logits };
+    Ok(model.forward(&mut [step])?.pop().unwrap_or_default())
 }

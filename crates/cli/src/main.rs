@@ -17,6 +17,7 @@ mod fixture_cmd;
 mod generate;
 mod scenario_cmd;
 mod serve;
+mod timed_sink;
 
 use clap::{Parser, Subcommand};
 

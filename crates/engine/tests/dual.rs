@@ -34,28 +34,14 @@ struct Recorder {
 }
 
 impl ContextPolicy for Recorder {
+    common::delegate_to_inner!();
     fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
         self.inner.admit(o, s, t, a, p, tok)
-    }
-    fn pin_owner(&mut self, owner: &str) {
-        self.inner.pin_owner(owner)
-    }
-    fn make_room(&mut self, bytes: usize) -> bool {
-        self.inner.make_room(bytes)
-    }
-    fn verify_restore(&mut self, r: engram_context::PendingRestore) -> bool {
-        self.inner.verify_restore(r)
     }
     fn retire(&mut self, r: Retired) {
         self.inner.retire(r);
         self.used.lock().unwrap().push(self.pool.used());
         *self.stats.lock().unwrap() = self.inner.dual_stats();
-    }
-    fn forget_owner(&mut self, owner: &str) {
-        self.inner.forget_owner(owner)
-    }
-    fn stats(&self) -> engram_engine::PolicyStats {
-        self.inner.stats()
     }
 }
 

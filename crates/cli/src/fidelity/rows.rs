@@ -17,6 +17,7 @@ use engram_model::{AttentionPrecision, KeyMask, KvCache, Logits, Model, SeqStep}
 
 use super::attention_mass::{KeepRule, MassRecorder};
 use super::sim_quant::{Scheme, SimQuantKv};
+use crate::common::forward_at;
 
 /// Tokens always kept at the start by [`Row::SinkWindow`] (StreamingLLM's attention sinks).
 pub const SINK: usize = 4;
@@ -252,16 +253,6 @@ fn split_turns<'a>(model: &Model, tokens: &'a [u32]) -> Vec<&'a [u32]> {
 /// A fresh own sequence after the ring's view (every turn attended).
 fn view_of(ring: &TurnRing, pool: &KvPool) -> KvView {
     KvView::new(ring.view(&TurnMask::All).spans, SeqKv::new(pool))
-}
-
-/// Runs `tokens` as the next tokens of `view`'s own sequence, its slot `s` at position
-/// `first + s`.
-fn forward_at(model: &Model, view: &mut KvView, tokens: &[u32], first: usize, logits: Logits) -> Result<Vec<f32>> {
-    let slot = view.own().len();
-    view.own_mut().reserve(tokens.len())?;
-    let positions: Vec<u32> = (first + slot..first + slot + tokens.len()).map(|p| p as u32).collect();
-    let step = SeqStep { tokens, first_pos: slot, positions: Some(&positions), key_mask: None, kv: view, logits };
-    Ok(model.forward(&mut [step])?.pop().unwrap_or_default())
 }
 
 /// A cache the harness can grow token by token: the KV store's sequences and the simulations.
