@@ -34,5 +34,5 @@ mod session;
 pub use disk_id::{prefix_disk_id, session_disk_id};
 pub use persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 pub use prefix::{chain_hashes, chain_root, PrefixIndex};
-pub use ring::{cosine, RingView, Turn, TurnMask, TurnRing};
+pub use ring::{RingView, Turn, TurnMask, TurnRing};
 pub use session::{Checkout, MatchKind, PendingRestore, Session, SessionStore};

@@ -22,6 +22,7 @@
 
 use std::collections::VecDeque;
 
+use engram_embed::cosine;
 use engram_kv::{KvError, SeqKv, Span};
 use engram_model::RopeConfig;
 
@@ -170,20 +171,5 @@ impl TurnRing {
             }
         }
         RingView { spans, attended, masked, next_position: self.next_position() }
-    }
-}
-
-/// Cosine similarity (0 when either vector is zero).
-pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let (mut dot, mut na, mut nb) = (0f32, 0f32, 0f32);
-    for (x, y) in a.iter().zip(b) {
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    if na == 0.0 || nb == 0.0 {
-        0.0
-    } else {
-        dot / (na.sqrt() * nb.sqrt())
     }
 }
