@@ -85,6 +85,16 @@ pub struct Args {
     /// With --context dual: the last turns always attended, whatever their similarity.
     #[arg(long, default_value_t = 1)]
     keep_last_turns: usize,
+    /// Connections open at once; more wait in the kernel's backlog until one closes.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Seconds a request's headers may take to arrive; also how long a kept-alive
+    /// connection may sit idle between requests.
+    #[arg(long, default_value_t = 30)]
+    header_timeout_secs: u64,
+    /// Seconds a request's body (at most 2 MiB) may take to arrive after its headers (408 after).
+    #[arg(long, default_value_t = 30)]
+    body_timeout_secs: u64,
 }
 
 /// The encoder `--embedder` (or `$ENGRAM_EMBEDDER`) names, or the one discovered, or the
@@ -155,7 +165,15 @@ pub fn run(mut a: Args) -> Result<()> {
         },
         other => bail!("--context wants sessions or dual, got {other:?}"),
     };
+    if a.max_connections == 0 || a.header_timeout_secs == 0 || a.body_timeout_secs == 0 {
+        bail!("--max-connections, --header-timeout-secs and --body-timeout-secs must be at least 1");
+    }
     let config = ServerConfig {
+        limits: engram_server::HttpLimits {
+            max_connections: a.max_connections,
+            header_timeout: Duration::from_secs(a.header_timeout_secs),
+            body_timeout: Duration::from_secs(a.body_timeout_secs),
+        },
         context,
         embedder: embedder(&a, &model, &model_id)?,
         model_id,

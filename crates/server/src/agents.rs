@@ -102,7 +102,7 @@ pub(crate) async fn generate(
         (None, Some(p)) => chat.push(ChatMessage::new("user", p)),
         _ => return Err(ApiError::bad_request("give exactly one of `messages` and `prompt`")),
     }
-    let (text, prompt) = api::render_chat(&s, &chat)?;
+    let (text, prompt) = api::render_chat(&s, chat).await?;
     let sampling = req.sampling.with_max_tokens(req.max_tokens);
     let params = api::params(&s, prompt.len(), sampling)?;
     let job = Job {

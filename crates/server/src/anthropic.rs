@@ -74,7 +74,7 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         }
         chat.push(ChatMessage::new(m.role, m.content.text(&format!("messages[{i}].content"))?));
     }
-    let (text, prompt) = api::render_chat(&s, &chat)?;
+    let (text, prompt) = api::render_chat(&s, chat).await?;
     let temperature = req.temperature;
     if temperature.is_some_and(|t| t > 1.0) {
         return Err(ApiError::bad_param("temperature", "temperature must be in [0, 1]").into());

@@ -314,11 +314,22 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
 }
 
-/// Renders a conversation with the model's chat template and encodes it.
-pub fn render_chat(s: &AppState, messages: &[engram_tokenizer::ChatMessage]) -> Result<(String, Vec<u32>), ApiError> {
-    let tok = &s.model.tokenizer;
-    let tpl = tok.chat_template().ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
-    let text = tpl.render(messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
-    let ids = tok.encode(&text, false)?.ids;
-    Ok((text, ids))
+/// Runs CPU-heavy request work (rendering a template, tokenizing a prompt of up to
+/// 2 MiB) on tokio's blocking pool, so the async workers go on serving other
+/// connections meanwhile.
+pub async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work).await.map_err(|_| ApiError::internal("preparing the request failed (a worker panicked)"))?
+}
+
+/// Renders a conversation with the model's chat template and encodes it, off the async workers.
+pub async fn render_chat(s: &AppState, messages: Vec<engram_tokenizer::ChatMessage>) -> Result<(String, Vec<u32>), ApiError> {
+    let model = s.model.clone();
+    off_runtime(move || {
+        let tok = &model.tokenizer;
+        let tpl = tok.chat_template().ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
+        let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
+        let ids = tok.encode(&text, false)?.ids;
+        Ok((text, ids))
+    })
+    .await
 }

@@ -34,14 +34,15 @@ pub(crate) struct DualTurn {
     pub turn: Vec<u32>,
 }
 
-/// Maps a chat request onto its user's anchors and its thread's new turn.
-pub(crate) fn turn(
+/// Maps a chat request onto its user's anchors and its thread's new turn (rendering and
+/// tokenizing off the async workers).
+pub(crate) async fn turn(
     s: &AppState,
     tenant: &str,
     headers: &HeaderMap,
     user: Option<&str>,
     thread: Option<&str>,
-    messages: &[ChatMessage],
+    messages: Vec<ChatMessage>,
 ) -> Result<DualTurn, ApiError> {
     let header =
         headers.get("x-engram-thread").map(|v| v.to_str().map_err(|_| ApiError::bad_param("thread_id", "X-Engram-Thread is not text")));
@@ -53,9 +54,16 @@ pub(crate) fn turn(
     api::check_id("thread_id", &thread)?;
     let user = user.unwrap_or("default");
     api::check_id("user", user)?;
-    let Some(last) = messages.last().filter(|m| m.role == "user") else {
+    if !matches!(messages.last(), Some(m) if m.role == "user") {
         return Err(ApiError::bad_param("messages", "with --context dual the last message must be the user's new turn"));
-    };
+    }
+    let (owner, state) = (format!("{tenant}\u{1f}user:{user}"), s.clone());
+    api::off_runtime(move || render_turn(&state, owner, thread, &messages)).await
+}
+
+/// The anchors and the new turn of `messages` (whose last message is the user's).
+fn render_turn(s: &AppState, owner: String, thread: String, messages: &[ChatMessage]) -> Result<DualTurn, ApiError> {
+    let last = &messages[messages.len() - 1];
     let tok = &s.model.tokenizer;
     let tpl = tok.chat_template().ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
     let (bos, eos) = (tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""));
@@ -72,7 +80,7 @@ pub(crate) fn turn(
     let earlier = &messages[system.len()..messages.len() - 1];
     let text = if earlier.iter().any(|m| m.role == "assistant") { answer_closing(s)? + &rest } else { rest };
     Ok(DualTurn {
-        owner: format!("{tenant}\u{1f}user:{user}"),
+        owner,
         thread,
         anchors: if base.is_empty() { Vec::new() } else { tok.encode(&base, false)?.ids },
         turn: tok.encode(&text, false)?.ids,

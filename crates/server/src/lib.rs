@@ -26,10 +26,12 @@ mod api;
 mod dual;
 mod embeddings;
 pub mod error;
+mod guard;
 #[cfg(test)]
 mod health_tests;
 /// The metrics the engine and the handlers share (`engram_engine::metrics`).
 pub use engram_engine::metrics;
+mod listen;
 mod openai;
 pub mod scheduler;
 mod sse;
@@ -47,6 +49,7 @@ use engram_kv::KvPool;
 use engram_model::Model;
 
 pub use error::ApiError;
+pub use listen::HttpLimits;
 pub use metrics::Metrics;
 pub use scheduler::{DiskConfig, EngineHandle, Event, Job, SchedulerConfig};
 
@@ -66,6 +69,8 @@ pub struct ServerConfig {
     pub embedder: Option<Arc<dyn engram_embed::TextEncoder>>,
     /// How context is kept between chat requests.
     pub context: ContextMode,
+    /// Connection cap and header/body deadlines.
+    pub limits: HttpLimits,
 }
 
 /// How the engine keeps context between chat requests.
@@ -90,6 +95,7 @@ impl ServerConfig {
             scheduler: SchedulerConfig::default(),
             embedder: None,
             context: ContextMode::Sessions,
+            limits: HttpLimits::default(),
         }
     }
 }
@@ -158,14 +164,17 @@ impl Server {
             .route("/v1/agents/{id}", get(agents::get).delete(agents::delete))
             .route("/v1/agents/{id}/generate", post(agents::generate))
             .fallback(not_found)
-            .layer(middleware::from_fn(json_too_large))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+            // Outermost last: count, then the key (headers only), then the body.
+            .layer(middleware::from_fn_with_state(self.state.clone(), guard::read_body))
+            .layer(middleware::from_fn_with_state(self.state.clone(), guard::authenticate))
             .layer(middleware::from_fn_with_state(self.state.clone(), count_requests))
             .with_state(self.state.clone())
     }
 
     /// Serves on `listener` until `shutdown` resolves, then lets in-flight
-    /// requests finish for at most `grace`.
+    /// requests finish for at most `grace`; connections are capped and timed by
+    /// `ServerConfig::limits` (`listen.rs`).
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -173,23 +182,8 @@ impl Server {
         grace: Duration,
     ) -> std::io::Result<()> {
         let app = self.router();
-        let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
-        let signal = async move {
-            shutdown.await;
-            let _ = fired_tx.send(());
-        };
-        let server = axum::serve(listener, app).with_graceful_shutdown(signal);
-        let deadline = async move {
-            if fired_rx.await.is_ok() {
-                tokio::time::sleep(grace).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            r = server => r?,
-            _ = deadline => tracing::warn!("in-flight requests did not finish within {grace:?}; exiting anyway"),
-        }
+        let limits = self.state.config.limits;
+        listen::serve_limited(listener, app, limits, shutdown, grace).await?;
         drop(self.state);
         // The engine exits once the last handle is gone; do not wait on stuck work.
         if let Some(t) = self.engine_thread {
@@ -225,22 +219,4 @@ async fn count_requests(State(s): State<AppState>, req: Request, next: Next) -> 
     let r = next.run(req).await;
     s.metrics.count_request(&route, r.status().as_u16());
     r
-}
-
-/// axum's body limit answers a plain-text 413 before any handler runs;
-/// this renders it as the API's JSON error (Anthropic's shape under
-/// `/v1/messages`, OpenAI's elsewhere), as every other rejection is.
-async fn json_too_large(req: Request, next: Next) -> Response {
-    let anthropic = req.uri().path().starts_with("/v1/messages");
-    let r = next.run(req).await;
-    let json = r.headers().get(axum::http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if r.status() != axum::http::StatusCode::PAYLOAD_TOO_LARGE || json {
-        return r;
-    }
-    let e = ApiError::too_large(MAX_BODY_BYTES);
-    if anthropic {
-        error::AnthropicError(e).into_response()
-    } else {
-        e.into_response()
-    }
 }

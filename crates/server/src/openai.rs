@@ -228,13 +228,13 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let messages = to_chat(req.messages)?;
     let sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
     let job = if let crate::ContextMode::Dual { .. } = s.config.context {
-        let d = crate::dual::turn(&s, &tenant, &headers, req.user.as_deref(), req.thread_id.as_deref(), &messages)?;
+        let d = crate::dual::turn(&s, &tenant, &headers, req.user.as_deref(), req.thread_id.as_deref(), messages).await?;
         let params = api::params(&s, d.turn.len(), sampling)?;
         s.engine.set_anchors(d.owner.clone(), d.anchors);
         Job { tenant: d.owner, session: Some(d.thread), text: None, add_special: false, prompt: d.turn, params, pinned: false }
     } else {
         let session = api::session(&headers, req.session_id.as_deref())?;
-        let (text, prompt) = api::render_chat(&s, &messages)?;
+        let (text, prompt) = api::render_chat(&s, messages).await?;
         let params = api::params(&s, prompt.len(), sampling)?;
         Job { tenant, session, text: Some(text), add_special: false, prompt, params, pinned: false }
     };
@@ -290,16 +290,16 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     req.unsupported.check()?;
     check_n(req.n)?;
     let session = api::session(&headers, req.session_id.as_deref())?;
-    let tok = &s.model.tokenizer;
+    let encode = |t: String| {
+        let model = s.model.clone();
+        api::off_runtime(move || {
+            let ids = model.tokenizer.encode(&t, true)?.ids;
+            Ok((Some(t), ids))
+        })
+    };
     let (text, prompt) = match req.prompt {
-        PromptField::Text(t) => {
-            let ids = tok.encode(&t, true)?.ids;
-            (Some(t), ids)
-        }
-        PromptField::Texts(v) if v.len() == 1 => {
-            let ids = tok.encode(&v[0], true)?.ids;
-            (v.into_iter().next(), ids)
-        }
+        PromptField::Text(t) => encode(t).await?,
+        PromptField::Texts(v) if v.len() == 1 => encode(v.into_iter().next().unwrap_or_default()).await?,
         PromptField::Texts(v) => return Err(ApiError::bad_param("prompt", format!("exactly one prompt is supported, got {}", v.len()))),
         PromptField::Ids(ids) => {
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= s.model.config.vocab) {
