@@ -85,6 +85,14 @@ pub struct Args {
     /// With --context dual: the last turns always attended, whatever their similarity.
     #[arg(long, default_value_t = 1)]
     keep_last_turns: usize,
+    /// Most of the batch one account (an API key's tenant, with its agents and users) holds
+    /// at once; default: --max-batch less a quarter of it, so other accounts always find a slot.
+    #[arg(long)]
+    max_batch_per_tenant: Option<usize>,
+    /// Most requests one account has queued or running (429 past it); default 192 (of the
+    /// server's 256).
+    #[arg(long)]
+    max_pending_per_tenant: Option<usize>,
     /// Connections open at once; more wait in the kernel's backlog until one closes.
     #[arg(long, default_value_t = 512)]
     max_connections: usize,
@@ -189,6 +197,8 @@ pub fn run(mut a: Args) -> Result<()> {
                 other => bail!("--draft wants prompt-lookup or none, got {other:?} (draft models are not supported yet)"),
             },
             admission_wait: std::time::Duration::from_secs(a.admission_wait_secs),
+            max_active_per_tenant: a.max_batch_per_tenant,
+            max_pending_per_tenant: a.max_pending_per_tenant,
             ..Default::default()
         },
     };

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::Collect;
-use engram_engine::{run_engine, Command, Event, FinishReason, Generator, JobErrorKind, Metrics, SamplingParams, SchedulerConfig};
+use engram_engine::{
+    run_engine, Command, Event, EventSink, FinishReason, Generator, JobErrorKind, Metrics, SamplingParams, SchedulerConfig,
+};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, BLOCK_TOKENS};
 use engram_model::Model;
@@ -24,9 +26,43 @@ fn tiny() -> (tempfile::TempDir, Arc<Model>) {
     (dir, model)
 }
 
-/// Runs `jobs` (owner, prompt) submitted at once with `params` on an engine with `budget`
-/// bytes of f32 KV; returns each job's events.
+/// Runs `jobs` submitted at once with `params` on an engine with `budget` bytes of f32 KV;
+/// returns each job's events.
 fn run(model: &Arc<Model>, budget: usize, config: SchedulerConfig, jobs: &[Vec<u32>], params: &SamplingParams) -> Vec<Collect> {
+    let owned: Vec<(String, Vec<u32>)> = jobs.iter().enumerate().map(|(i, p)| (format!("user{i}"), p.clone())).collect();
+    run_owned(model, budget, config, &owned, params, &|_| {}).0
+}
+
+/// A sink that also logs, in one list shared by all jobs, when its job starts.
+#[derive(Clone)]
+struct Logged {
+    index: usize,
+    log: Arc<std::sync::Mutex<Vec<usize>>>,
+    events: Collect,
+}
+
+impl EventSink for Logged {
+    fn send(&self, event: Event) -> bool {
+        if matches!(event, Event::Started { .. }) {
+            self.log.lock().unwrap().push(self.index);
+        }
+        self.events.send(event)
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// [`run`] with each job's owner key given (submitted in order); `before(i)` runs before job
+/// `i` is submitted. Also returns the jobs' indices in the order they started.
+fn run_owned(
+    model: &Arc<Model>,
+    budget: usize,
+    config: SchedulerConfig,
+    jobs: &[(String, Vec<u32>)],
+    params: &SamplingParams,
+    before: &dyn Fn(usize),
+) -> (Vec<Collect>, Vec<usize>) {
     let (tx, rx) = mpsc::channel();
     let pending = Arc::new(AtomicUsize::new(0));
     let engine = {
@@ -34,14 +70,18 @@ fn run(model: &Arc<Model>, budget: usize, config: SchedulerConfig, jobs: &[Vec<u
         let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, budget);
         std::thread::spawn(move || run_engine(&model, pool, config, Arc::new(Metrics::default()), pending, rx))
     };
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sinks: Vec<Collect> = jobs.iter().map(|_| Collect::default()).collect();
-    for (i, (prompt, sink)) in jobs.iter().zip(&sinks).enumerate() {
+    for (i, ((owner, prompt), sink)) in jobs.iter().zip(&sinks).enumerate() {
+        before(i);
         pending.fetch_add(1, Relaxed);
-        tx.send(Command::Submit(common::job(&format!("user{i}"), prompt, params), Box::new(sink.clone()), Instant::now())).unwrap();
+        let logged = Logged { index: i, log: log.clone(), events: sink.clone() };
+        tx.send(Command::Submit(common::job(owner, prompt, params), Box::new(logged), Instant::now())).unwrap();
     }
     drop(tx);
     engine.join().unwrap();
-    sinks
+    let order = log.lock().unwrap().clone();
+    (sinks, order)
 }
 
 fn failure(sink: &Collect) -> Option<(JobErrorKind, String)> {
@@ -95,4 +135,44 @@ fn a_request_waits_at_most_admission_wait() {
     let (kind, message) = failure(&sinks[1]).expect("the second waits too long");
     assert_eq!(kind, JobErrorKind::Unavailable, "{message}");
     assert!(message.contains("retry later"), "{message}");
+}
+
+/// Issue 19 item 11: one account saturating the server does not delay another's request
+/// behind its queue. Account `a` (two owner keys: an agent and a plain session) submits eight
+/// requests, then account `b` one; with a batch of 4 and the default share (3 slots per
+/// account) `b`'s request starts among the first four, not ninth as first-come-first-served
+/// would have it, and every answer is still the one it gets alone.
+#[test]
+fn one_account_saturating_the_batch_does_not_delay_another() {
+    let (_d, model) = tiny();
+    let params = SamplingParams { max_tokens: 24, ignore_eos: true, ..Default::default() };
+    let config = SchedulerConfig { max_batch: 4, prefill_chunk: 32, ..SchedulerConfig::default() };
+    assert_eq!(config.active_per_tenant(), 3);
+    let mut jobs: Vec<(String, Vec<u32>)> = (0..8u32)
+        .map(|j| {
+            let owner = if j % 2 == 0 { "a\u{1f}agent:x".to_string() } else { "a".to_string() };
+            (owner, (0..40u32).map(|i| 5 + (i * 7 + j * 13) % 90).collect())
+        })
+        .collect();
+    jobs.push(("b".into(), (0..40u32).map(|i| 7 + (i * 5) % 80).collect()));
+    let (sinks, order) = run_owned(&model, 64 << 20, config, &jobs, &params, &|_| {});
+    let b_at = order.iter().position(|&i| i == 8).expect("b started");
+    assert!(b_at <= 3, "b started {}th of 9 ({order:?})", b_at + 1);
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
+    for (i, (sink, (_, prompt))) in sinks.iter().zip(&jobs).enumerate() {
+        let want = Generator::new(&model, &pool).generate(prompt, &params, &mut |_| true).unwrap();
+        assert_eq!(sink.outcome(), (want.text, Some(FinishReason::Length)), "request {i}");
+    }
+}
+
+#[test]
+fn accounts_are_the_text_before_the_separator() {
+    assert_eq!(engram_engine::scheduler::account("alice\u{1f}agent:bot"), "alice");
+    assert_eq!(engram_engine::scheduler::account("alice"), "alice");
+    let c = SchedulerConfig { max_batch: 1, ..SchedulerConfig::default() };
+    assert_eq!(c.active_per_tenant(), 1);
+    let c = SchedulerConfig { max_batch: 16, ..SchedulerConfig::default() };
+    assert_eq!(c.active_per_tenant(), 12);
+    let c = SchedulerConfig { max_batch: 16, max_active_per_tenant: Some(16), ..SchedulerConfig::default() };
+    assert_eq!(c.active_per_tenant(), 16);
 }

@@ -25,7 +25,7 @@ fn health_of(engine: EngineHandle) -> (StatusCode, serde_json::Value) {
 
 #[test]
 fn issue_19_health_reports_a_dead_engine() {
-    let (engine, thread) = EngineHandle::spawn(4, Arc::new(Metrics::default()), |_, _rx| panic!("injected engine fault"));
+    let (engine, thread) = EngineHandle::spawn(4, 4, Arc::new(Metrics::default()), |_, _rx| panic!("injected engine fault"));
     assert!(thread.join().is_err());
     let (status, body) = health_of(engine);
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -35,7 +35,7 @@ fn issue_19_health_reports_a_dead_engine() {
 
 #[test]
 fn health_is_ok_while_the_engine_runs() {
-    let (engine, thread) = EngineHandle::spawn(4, Arc::new(Metrics::default()), |_, rx| while rx.recv().is_ok() {});
+    let (engine, thread) = EngineHandle::spawn(4, 4, Arc::new(Metrics::default()), |_, rx| while rx.recv().is_ok() {});
     let (status, body) = health_of(engine);
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["status"], "ok");

@@ -33,6 +33,7 @@ mod health_tests;
 pub use engram_engine::metrics;
 mod listen;
 mod openai;
+mod quota;
 pub mod scheduler;
 mod sse;
 

@@ -26,6 +26,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::quota::{Quota, Slot};
 
 pub use engram_engine::scheduler::{DiskConfig, Job, SchedulerConfig};
 
@@ -44,8 +45,9 @@ impl From<JobError> for ApiError {
     }
 }
 
-/// One request's channel, as the engine sees it.
-struct Sink(UnboundedSender<Event>);
+/// One request's channel, as the engine sees it, and its place in its account's quota
+/// (given back when the engine drops the sink).
+struct Sink(UnboundedSender<Event>, #[allow(dead_code)] Slot);
 
 impl EventSink for Sink {
     fn send(&self, event: engine::Event) -> bool {
@@ -64,6 +66,8 @@ pub struct EngineHandle {
     tx: Sender<Command>,
     pending: Arc<AtomicUsize>,
     max_pending: usize,
+    /// Requests queued or running per account (`quota.rs`).
+    quota: Arc<Quota>,
     /// False once the engine thread has ended (returned or panicked).
     alive: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
@@ -90,8 +94,10 @@ impl EngineHandle {
         config: SchedulerConfig,
         metrics: Arc<Metrics>,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
-        let max_pending = config.max_pending;
-        Self::spawn(max_pending, metrics.clone(), move |pending, rx| engine::run_engine(&model, pool, config, metrics, pending, rx))
+        let (max_pending, per_account) = (config.max_pending, config.pending_per_tenant());
+        Self::spawn(max_pending, per_account, metrics.clone(), move |pending, rx| {
+            engine::run_engine(&model, pool, config, metrics, pending, rx)
+        })
     }
 
     /// Starts the engine thread with a context policy of the caller's (dual-stream contexts).
@@ -102,23 +108,26 @@ impl EngineHandle {
         policy: Box<dyn engram_engine::ContextPolicy>,
         metrics: Arc<Metrics>,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
-        let max_pending = config.max_pending;
-        Self::spawn(max_pending, metrics.clone(), move |pending, rx| {
+        let (max_pending, per_account) = (config.max_pending, config.pending_per_tenant());
+        Self::spawn(max_pending, per_account, metrics.clone(), move |pending, rx| {
             engine::run_engine_with(&model, pool, config, policy, metrics, pending, rx)
         })
     }
 
     /// Starts the engine thread running `body` (the engine loop, or a test's stand-in that
-    /// dies) with the job counter and the command channel.
+    /// dies) with the job counter and the command channel; `per_account` requests queued or
+    /// running per account.
     pub(crate) fn spawn(
         max_pending: usize,
+        per_account: usize,
         metrics: Arc<Metrics>,
         body: impl FnOnce(Arc<AtomicUsize>, Receiver<Command>) + Send + 'static,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let pending = Arc::new(AtomicUsize::new(0));
         let alive = Arc::new(AtomicBool::new(true));
-        let handle = EngineHandle { tx, pending: pending.clone(), max_pending, alive: alive.clone(), metrics };
+        let quota = Quota::new(per_account);
+        let handle = EngineHandle { tx, pending: pending.clone(), max_pending, quota, alive: alive.clone(), metrics };
         let thread = std::thread::Builder::new()
             .name("engram-engine".into())
             .spawn(move || {
@@ -140,12 +149,13 @@ impl EngineHandle {
         if !self.is_alive() {
             return Err(engine_down());
         }
+        let slot = self.quota.take(&job.tenant)?;
         if self.pending.fetch_add(1, Relaxed) >= self.max_pending {
             self.pending.fetch_sub(1, Relaxed);
             return Err(ApiError::overloaded(format!("{} requests are already queued or running; retry later", self.max_pending)));
         }
         let (tx, rx) = unbounded_channel();
-        if self.tx.send(Command::Submit(job, Box::new(Sink(tx)), Instant::now())).is_err() {
+        if self.tx.send(Command::Submit(job, Box::new(Sink(tx, slot)), Instant::now())).is_err() {
             self.pending.fetch_sub(1, Relaxed);
             // The receiver is gone only once the engine thread has ended.
             return Err(engine_down());
@@ -181,7 +191,7 @@ mod tests {
 
     #[test]
     fn issue_19_a_dead_engine_thread_is_reported_and_refuses_jobs() {
-        let (handle, thread) = EngineHandle::spawn(4, Arc::new(Metrics::default()), |_, _rx| panic!("injected engine fault"));
+        let (handle, thread) = EngineHandle::spawn(4, 4, Arc::new(Metrics::default()), |_, _rx| panic!("injected engine fault"));
         assert!(thread.join().is_err(), "the stand-in engine died");
         assert!(!handle.is_alive());
         let job = Job {
@@ -202,7 +212,7 @@ mod tests {
 
     #[test]
     fn a_running_engine_is_alive() {
-        let (handle, thread) = EngineHandle::spawn(4, Arc::new(Metrics::default()), |_, rx| while rx.recv().is_ok() {});
+        let (handle, thread) = EngineHandle::spawn(4, 4, Arc::new(Metrics::default()), |_, rx| while rx.recv().is_ok() {});
         assert!(handle.is_alive());
         drop(handle);
         thread.join().unwrap();

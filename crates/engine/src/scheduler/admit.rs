@@ -1,35 +1,32 @@
-//! Admission: waiting jobs join the batch in order (a named session's jobs one at a time),
-//! matched against the session store, when their prompt fits beside the running prefills;
-//! room for a step's tokens is made through the one RAM eviction path.
+//! Admission: waiting jobs join the batch (a named session's jobs one at a time), matched
+//! against the session store, when their prompt fits beside the running prefills; room for a
+//! step's tokens is made through the one RAM eviction path. Between accounts it is fair: the
+//! next job comes from the account with the fewest sequences in the batch (in order within
+//! it), and no account holds more than `max_active_per_tenant` of the batch's slots.
 //!
 //! Invariant: two prefills never hold parts of a budget that fits only one of them (the
 //! second waits instead), so requests that fit the budget alone all complete, one after
-//! another, rather than fail.
+//! another, rather than fail. One account saturating the server never holds the last
+//! `max_batch - max_active_per_tenant` slots, so another account's request joins the
+//! batch at the next step whenever its prompt fits the KV budget.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use engram_kv::{KvView, BLOCK_TOKENS};
 
-use super::{Engine, Event, JobError, JobErrorKind, Seq};
+use super::{account, Engine, Event, JobError, JobErrorKind, Seq};
 use crate::decoding::Decoding;
 
 impl Engine<'_> {
-    /// Moves waiting requests into the batch, in order, skipping those whose
+    /// Moves waiting requests into the batch, fairly between accounts, skipping those whose
     /// named session is in use (so one session's requests run in order).
     pub(super) fn admit(&mut self) {
         self.expire_waiting();
-        let mut i = 0;
-        while i < self.waiting.len() && self.active.len() < self.config.max_batch {
+        while self.active.len() < self.config.max_batch {
+            let Some(i) = self.next_to_admit() else { break };
             let (job, _, _) = &self.waiting[i];
-            let busy = job.session.as_ref().is_some_and(|sid| {
-                self.active.iter().any(|a| a.tenant == job.tenant && &a.session_id == sid)
-                    || self.waiting.iter().take(i).any(|(w, _, _)| w.tenant == job.tenant && w.session.as_ref() == Some(sid))
-            });
-            if busy {
-                i += 1;
-                continue;
-            }
             let need = self.bytes_for(job.prompt.len());
             if need > self.pool.budget() {
                 let (job, tx, _) = self.waiting.remove(i).expect("index in range");
@@ -128,6 +125,33 @@ impl Engine<'_> {
                 forgotten: false,
             });
         }
+    }
+
+    /// The waiting job to admit next: among those whose named session is not in use and whose
+    /// account is under its share of the batch, the first of the account with the fewest
+    /// sequences in the batch.
+    fn next_to_admit(&self) -> Option<usize> {
+        let cap = self.config.active_per_tenant();
+        let mut running: HashMap<&str, usize> = HashMap::new();
+        for a in &self.active {
+            *running.entry(account(&a.tenant)).or_default() += 1;
+        }
+        let mut best: Option<(usize, usize)> = None;
+        for (i, (job, _, _)) in self.waiting.iter().enumerate() {
+            let busy = job.session.as_ref().is_some_and(|sid| {
+                self.active.iter().any(|a| a.tenant == job.tenant && &a.session_id == sid)
+                    || self.waiting.iter().take(i).any(|(w, _, _)| w.tenant == job.tenant && w.session.as_ref() == Some(sid))
+            });
+            let n = running.get(account(&job.tenant)).copied().unwrap_or(0);
+            if busy || n >= cap {
+                continue;
+            }
+            match best {
+                Some((fewest, _)) if fewest <= n => {}
+                _ => best = Some((n, i)),
+            }
+        }
+        best.map(|(_, i)| i)
     }
 
     /// KV bytes of `tokens` tokens: whole blocks, plus the f16 recent window quantized

@@ -71,6 +71,36 @@ pub struct SchedulerConfig {
     /// How long a request may wait for KV memory (or a batch slot) before it fails with
     /// [`JobErrorKind::Unavailable`] (the server's 503 with `Retry-After`).
     pub admission_wait: std::time::Duration,
+    /// Most of the batch's slots one account ([`account`]) holds at once; `None`:
+    /// `max_batch` less a quarter of it (at least one slot), so another account's request
+    /// always finds a free slot at the next step ([`SchedulerConfig::active_per_tenant`]).
+    pub max_active_per_tenant: Option<usize>,
+    /// Most requests one account has queued or running (the server's 429 past it); `None`:
+    /// `max_pending` less a quarter of it ([`SchedulerConfig::pending_per_tenant`]).
+    pub max_pending_per_tenant: Option<usize>,
+}
+
+impl SchedulerConfig {
+    /// The slots one account may hold: `max_active_per_tenant`, else `max_batch - max(1,
+    /// max_batch / 4)`; at least 1.
+    pub fn active_per_tenant(&self) -> usize {
+        self.max_active_per_tenant.unwrap_or(self.max_batch.saturating_sub((self.max_batch / 4).max(1))).max(1)
+    }
+}
+
+impl SchedulerConfig {
+    /// The requests one account may have queued or running: `max_pending_per_tenant`, else
+    /// `max_pending - max(1, max_pending / 4)`; at least 1.
+    pub fn pending_per_tenant(&self) -> usize {
+        self.max_pending_per_tenant.unwrap_or(self.max_pending.saturating_sub((self.max_pending / 4).max(1))).max(1)
+    }
+}
+
+/// The account an owner key belongs to, which fairness and limits count by: the text before
+/// the first U+001F (an agent's key is `<tenant>\u{1f}agent:<id>`, a dual-stream user's
+/// `<tenant>\u{1f}user:<user>`), else the whole key.
+pub fn account(owner: &str) -> &str {
+    owner.split('\u{1f}').next().unwrap_or(owner)
 }
 
 /// The disk tier of the session store.
@@ -92,6 +122,8 @@ impl Default for SchedulerConfig {
             share_prefixes_across_tenants: false,
             speculation: None,
             admission_wait: std::time::Duration::from_secs(60),
+            max_active_per_tenant: None,
+            max_pending_per_tenant: None,
         }
     }
 }
@@ -99,7 +131,8 @@ impl Default for SchedulerConfig {
 /// One generation request.
 #[derive(Clone)]
 pub struct Job {
-    /// Sessions never cross this key.
+    /// The owner key: sessions never cross it. Its [`account`] (the text before a U+001F)
+    /// is what fair admission counts.
     pub tenant: String,
     /// A named session, or `None` to match by characters against the tenant's sessions.
     pub session: Option<String>,
