@@ -9,7 +9,10 @@
 //! (unreadable, not JSON, another format or version, an invalid or repeated
 //! id, over [`MAX_FILE_BYTES`]) is moved aside to `agents.json.bad-<unix
 //! time>` — kept for the user, never half-used — and the server starts with no
-//! agents.
+//! agents. A change that would make the file larger than [`MAX_FILE_BYTES`] is refused
+//! (507), so the registry never grows past what a restart reloads; one tenant has at most
+//! [`MAX_AGENTS_PER_TENANT`] agents, with names and system prompts within
+//! [`MAX_NAME_BYTES`] and [`MAX_SYSTEM_BYTES`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -25,6 +28,12 @@ pub const FILE_NAME: &str = "agents.json";
 /// Larger registry files are not read (a registry of thousands of agents with
 /// long system prompts is a few MiB).
 pub const MAX_FILE_BYTES: u64 = 64 << 20;
+/// Most agents one tenant may have.
+pub const MAX_AGENTS_PER_TENANT: usize = 1024;
+/// Longest agent name, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// Longest agent system prompt, in bytes.
+pub const MAX_SYSTEM_BYTES: usize = 32 << 10;
 const FORMAT: &str = "engram-agents";
 const VERSION: u32 = 1;
 
@@ -63,12 +72,14 @@ struct Registry {
 pub struct Agents {
     registry: Mutex<Registry>,
     file: Option<PathBuf>,
+    /// Largest registry file a change may produce ([`MAX_FILE_BYTES`]; smaller in tests).
+    max_bytes: u64,
 }
 
 impl Agents {
     /// A registry kept in memory only (the server does not persist sessions).
     pub fn in_memory() -> Agents {
-        Agents { registry: Mutex::new(Registry::default()), file: None }
+        Agents { registry: Mutex::new(Registry::default()), file: None, max_bytes: MAX_FILE_BYTES }
     }
 
     /// The registry saved in `dir` (created on the first save), loaded if the
@@ -92,7 +103,7 @@ impl Agents {
                 Registry::default()
             }
         };
-        Agents { registry: Mutex::new(registry), file: Some(file) }
+        Agents { registry: Mutex::new(registry), file: Some(file), max_bytes: MAX_FILE_BYTES }
     }
 
     /// Applies `change` and saves; if saving fails the registry is left as it
@@ -107,9 +118,20 @@ impl Agents {
         let mut current = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let mut next = current.clone();
         let out = change(&mut next)?;
+        let bytes = encode(&next).map_err(|e| ApiError::internal(format!("the agent registry could not be encoded: {e}")))?;
+        if bytes.len() as u64 > self.max_bytes {
+            return Err(ApiError {
+                status: axum::http::StatusCode::INSUFFICIENT_STORAGE,
+                code: Some("agent_registry_full"),
+                ..ApiError::bad_request(format!(
+                    "the agent registry would grow past {} bytes, more than a restart reloads; delete agents first",
+                    self.max_bytes
+                ))
+            });
+        }
         if let Some(file) = &self.file {
             // The path goes to the log, not to the client (issue 19 item 3).
-            save(file, &next).map_err(|e| {
+            save(file, &bytes).map_err(|e| {
                 tracing::error!("the agent registry could not be saved to {}: {e}", file.display());
                 ApiError::internal(format!("the agent registry could not be saved ({})", e.kind()))
             })?;
@@ -132,7 +154,17 @@ impl Agents {
     /// Adds an agent for `tenant`: `id` if given (409 if taken), else the next
     /// free `agent-N`.
     pub fn create(&self, tenant: &str, id: Option<String>, name: Option<String>, system: Option<String>) -> Result<Agent, ApiError> {
+        for (param, value, most) in [("name", &name, MAX_NAME_BYTES), ("system", &system, MAX_SYSTEM_BYTES)] {
+            if let Some(v) = value.as_ref().filter(|v| v.len() > most) {
+                return Err(ApiError::bad_param(param, format!("{param} is {} bytes; at most {most}", v.len())));
+            }
+        }
         self.update(|r| {
+            if r.by_tenant.get(tenant).is_some_and(|a| a.len() >= MAX_AGENTS_PER_TENANT) {
+                return Err(ApiError::conflict(format!(
+                    "this tenant has {MAX_AGENTS_PER_TENANT} agents, the most one tenant may have; delete one first"
+                )));
+            }
             let id = match id {
                 Some(id) => id,
                 // Random, not `agent-<count>`: a count would tell a tenant how many agents
@@ -214,14 +246,17 @@ fn load(file: &Path) -> Result<Registry, String> {
     Ok(r)
 }
 
-fn save(file: &Path, r: &Registry) -> std::io::Result<()> {
+/// The registry file's bytes.
+fn encode(r: &Registry) -> serde_json::Result<Vec<u8>> {
     let tenants = r.by_tenant.iter().map(|(t, a)| (t.clone(), a.values().cloned().collect())).collect();
-    let f = RegistryFile { format: FORMAT.into(), version: VERSION, next: r.next, tenants };
-    let bytes = serde_json::to_vec_pretty(&f).map_err(std::io::Error::other)?;
+    serde_json::to_vec_pretty(&RegistryFile { format: FORMAT.into(), version: VERSION, next: r.next, tenants })
+}
+
+fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    engram_kv::persist::atomic_write(file, |w| std::io::Write::write_all(w, &bytes))
+    engram_kv::persist::atomic_write(file, |w| std::io::Write::write_all(w, bytes))
 }
 
 #[cfg(test)]
@@ -308,6 +343,35 @@ mod tests {
         std::fs::File::create(dir.path().join(FILE_NAME)).unwrap().set_len(MAX_FILE_BYTES + 1).unwrap();
         assert!(Agents::open(dir.path()).list("t").is_empty());
         assert_eq!(bad_files(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn agents_names_prompts_and_the_file_are_bounded() {
+        let a = Agents::in_memory();
+        let e = a.create("t", None, Some("n".repeat(MAX_NAME_BYTES + 1)), None).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("name"));
+        let e = a.create("t", None, None, Some("s".repeat(MAX_SYSTEM_BYTES + 1))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("system"));
+        for _ in 0..MAX_AGENTS_PER_TENANT {
+            a.create("t", None, None, None).unwrap();
+        }
+        let e = a.create("t", None, None, None).unwrap_err();
+        assert_eq!(e.status.as_u16(), 409, "{}", e.message);
+        assert!(a.create("u", None, None, None).is_ok(), "another tenant is unaffected");
+        // A registry whose file would pass the limit refuses the change and stays reloadable.
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Agents::open(dir.path());
+        a.max_bytes = 64 << 10;
+        let mut made = 0;
+        let refused = loop {
+            match a.create("t", None, None, Some("s".repeat(8 << 10))) {
+                Ok(_) => made += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(refused.status.as_u16(), 507, "{}", refused.message);
+        assert!(std::fs::metadata(dir.path().join(FILE_NAME)).unwrap().len() <= 64 << 10);
+        assert_eq!(Agents::open(dir.path()).list("t").len(), made, "what was accepted reloads");
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub fn session(headers: &HeaderMap, body: Option<&str>) -> Result<Option<String>
     Ok(id)
 }
 
+/// Longest stop sequence, in bytes (each is matched against the text held back as it streams).
+pub const MAX_STOP_BYTES: usize = 256;
+
 /// Parses a JSON body; any error is a 400 that says where.
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.is_empty() {
@@ -217,6 +220,9 @@ pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingPa
     }
     if f.stop.len() > 16 {
         return Err(ApiError::bad_param("stop", "at most 16 stop sequences"));
+    }
+    if let Some(long) = f.stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad_param("stop", format!("a stop sequence is {} bytes; at most {MAX_STOP_BYTES}", long.len())));
     }
     let speculate = match f.draft.as_deref() {
         None => None,

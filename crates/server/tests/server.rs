@@ -106,6 +106,7 @@ fn bad_input_is_a_4xx_with_an_openai_error() {
         ("session with slash", json!({"messages": user, "session_id": "a/b"}).to_string(), 400, Some("session_id")),
         ("session with dots", json!({"messages": user, "session_id": ".."}).to_string(), 400, Some("session_id")),
         ("empty stop", json!({"messages": user, "stop": [""]}).to_string(), 400, Some("stop")),
+        ("stop over 256 bytes", json!({"messages": user, "stop": ["x".repeat(257)]}).to_string(), 400, Some("stop")),
     ];
     for (name, body, status, param) in cases {
         let r = request(addr, "POST", "/v1/chat/completions", &[], &body);
