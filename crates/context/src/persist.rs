@@ -124,8 +124,15 @@ impl PersistedSessions {
                         }
                         match m {
                             Msg::Save(id, meta, kv, pin) => {
-                                let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
-                                let saved = if pin { s.put_pinned(&id, &meta, &kv) } else { s.put(&id, &meta, &kv) };
+                                // The lock is held to check and make room, and to record the
+                                // entry, not while the file is written and synced: the engine
+                                // reads the store's gauges every step (issue 19 item 5).
+                                let pin = pin.then_some(true);
+                                let staged = st.lock().unwrap_or_else(|e| e.into_inner()).stage_put(&id, &meta, &kv, pin);
+                                let saved = staged.and_then(|staged| {
+                                    staged.write(&kv)?;
+                                    st.lock().unwrap_or_else(|e| e.into_inner()).commit_put(staged)
+                                });
                                 if let Err(e) = saved {
                                     tracing::warn!("session {id} not persisted: {e}");
                                 }

@@ -192,6 +192,28 @@ pub struct GcReport {
     pub budget_bytes: u64,
 }
 
+/// A put between [`DiskStore::stage_put`] and [`DiskStore::commit_put`]: room made, owner
+/// checked, the file not yet (or just) written. Invariant: until committed the store does
+/// not list it, and the old version of the entry stays readable (the new file replaces it
+/// by rename).
+#[derive(Debug)]
+pub struct StagedPut {
+    id: String,
+    path: PathBuf,
+    meta: EntryMeta,
+    bytes: u64,
+    num_tokens: usize,
+    pin: Option<bool>,
+}
+
+impl StagedPut {
+    /// Writes the entry file (temp + fsync + rename); needs no access to the store.
+    pub fn write(&self, kv: &SeqKv) -> Result<()> {
+        persist::write_entry(&self.path, &self.meta, kv)?;
+        Ok(())
+    }
+}
+
 /// A directory of cache entries under a byte budget.
 pub struct DiskStore {
     dir: PathBuf,
@@ -308,17 +330,41 @@ impl DiskStore {
 
     /// `put` with the entry's pin set to `pin`, or kept when `None`.
     fn store(&mut self, id: &str, meta: &EntryMeta, kv: &SeqKv, pin: Option<bool>) -> Result<()> {
+        let staged = self.stage_put(id, meta, kv, pin)?;
+        staged.write(kv)?;
+        self.commit_put(staged)
+    }
+
+    /// The first step of a put whose file is written outside the lock that guards the store
+    /// (a long session's file is hundreds of MB and an fsync): checks the owner and makes
+    /// room for the entry now. Then [`StagedPut::write`] (no store needed), then
+    /// [`DiskStore::commit_put`]. `pin`: pin the entry, or keep its pin when `None`.
+    pub fn stage_put(&mut self, id: &str, meta: &EntryMeta, kv: &SeqKv, pin: Option<bool>) -> Result<StagedPut> {
         let path = self.entry_path(id)?;
         self.check_owner(id, &meta.owner)?;
         let bytes = persist::encoded_len(meta, kv)?;
         self.make_room(id, bytes)?;
-        persist::write_entry(&path, meta, kv)?;
+        Ok(StagedPut { id: id.to_string(), path, meta: meta.clone(), bytes, num_tokens: kv.len(), pin })
+    }
+
+    /// Records a written [`StagedPut`]: the entry's stats (keeping its hits, and its pin
+    /// unless set) and the index. Room is made again should other puts have taken it
+    /// meanwhile; if the owner changed meanwhile or room cannot be made, the new file is
+    /// deleted and the error returned.
+    pub fn commit_put(&mut self, staged: StagedPut) -> Result<()> {
+        let StagedPut { id, path, meta, bytes, num_tokens, pin } = staged;
+        let checked = self.check_owner(&id, &meta.owner).and_then(|()| self.make_room(&id, bytes));
+        if let Err(e) = checked {
+            let _ = std::fs::remove_file(&path);
+            self.entries.remove(&id);
+            return Err(e);
+        }
         let now = self.now();
-        let old = self.entries.remove(id);
+        let old = self.entries.remove(&id);
         self.entries.insert(
-            id.to_string(),
+            id.clone(),
             EntryStats {
-                id: id.to_string(),
+                id,
                 kind: meta.kind,
                 owner: meta.owner.clone(),
                 bytes,
@@ -326,7 +372,7 @@ impl DiskStore {
                 created_unix: meta.created_unix,
                 last_used_unix: now,
                 pinned: pin.unwrap_or(old.is_some_and(|o| o.pinned)),
-                num_tokens: kv.len(),
+                num_tokens,
             },
         );
         self.save_index()

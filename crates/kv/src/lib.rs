@@ -38,7 +38,7 @@ mod tail;
 mod view;
 
 pub use block::{Block, BLOCK_TOKENS};
-pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport};
+pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport, StagedPut};
 pub use error::KvError;
 pub use format::KvFormat;
 pub use pending::PendingRows;

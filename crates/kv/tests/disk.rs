@@ -435,3 +435,34 @@ fn an_entry_of_another_version_is_a_miss_and_is_kept() {
     assert!(before == after, "an entry of another version was changed or deleted");
     assert!(store.get("ours", &m.owner, &p, FP, VOCAB).unwrap().is_some());
 }
+
+/// Issue 19 item 5: a put in three steps, so the file is written without the store's lock.
+/// Between the steps the store serves the old version and counts only it; the commit records
+/// the new one with the old one's hits and pin.
+#[test]
+fn a_staged_put_serves_the_old_version_until_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 64, 0);
+    let (mut m2, kv2) = entry(&p, 90, 2);
+    m2.owner = m.owner.clone();
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    store.put("s", &m, &kv).unwrap();
+    store.get("s", &m.owner, &p, FP, VOCAB).unwrap().unwrap();
+    let old_bytes = store.used_bytes();
+    let staged = store.stage_put("s", &m2, &kv2, Some(true)).unwrap();
+    assert_eq!(store.get("s", &m.owner, &p, FP, VOCAB).unwrap().unwrap().0, m, "staged: the old version");
+    staged.write(&kv2).unwrap();
+    assert_eq!(store.used_bytes(), old_bytes, "written, not committed: only the old version counts");
+    store.commit_put(staged).unwrap();
+    let s = store.stats("s").unwrap();
+    assert_eq!((s.hits, s.pinned, s.num_tokens), (2, true, 90));
+    assert_eq!(store.used_bytes(), encoded_len(&m2, &kv2).unwrap());
+    assert_eq!(store.get("s", &m.owner, &p, FP, VOCAB).unwrap().unwrap().0, m2);
+    // Another owner's id is refused at the first step; nothing is written.
+    let (m3, kv3) = entry(&p, 32, 4);
+    assert!(matches!(store.stage_put("s", &m3, &kv3, None), Err(DiskError::OwnerMismatch { .. })));
+    // Over the budget: refused before anything is written.
+    let mut small = DiskStore::open(tempfile::tempdir().unwrap().path(), 100, EvictionPolicy::Lru).unwrap();
+    assert!(matches!(small.stage_put("t", &m, &kv, None), Err(DiskError::TooLarge { .. })));
+}
