@@ -52,6 +52,8 @@ pub struct CatalogEntry {
     pub session_id: String,
     pub disk_id: String,
     pub text: String,
+    /// Tokens of KV the entry holds (what a restore charges to the RAM pool).
+    pub tokens: usize,
 }
 
 enum Msg {
@@ -166,7 +168,13 @@ impl PersistedSessions {
                     return None;
                 }
                 let (owner, sid) = info.meta.owner.rsplit_once('/')?;
-                Some(CatalogEntry { owner: owner.to_string(), session_id: sid.to_string(), disk_id: e.id.clone(), text: info.meta.text })
+                Some(CatalogEntry {
+                    owner: owner.to_string(),
+                    session_id: sid.to_string(),
+                    disk_id: e.id.clone(),
+                    text: info.meta.text,
+                    tokens: e.num_tokens,
+                })
             })
             .collect()
     }

@@ -221,6 +221,10 @@ impl SessionStore {
                 .max_by_key(|e| common_prefix(&e.text, text))
                 .cloned(),
         }?;
+        // Room first (issue 19 item 6): idle prefix blocks and sessions go (offloaded) before a
+        // restore is refused by the budget. What stays short is a refusal below, kept restorable.
+        let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
+        self.make_room(pick.tokens.div_ceil(engram_kv::BLOCK_TOKENS) * self.pool.block_bytes() + window);
         let disk = self.disk.as_ref().expect("checked above");
         let key = (pick.owner.clone(), pick.session_id.clone());
         let (meta, mut kv, check) = match disk.load_unverified(&pick.owner, &pick.session_id, &self.pool, self.vocab) {
@@ -302,7 +306,8 @@ impl SessionStore {
         let s = self.sessions.remove(&key).expect("key from the map");
         if self.disk.is_some() {
             let disk_id = crate::disk_id::session_disk_id(&s.owner, &s.id);
-            self.on_disk.insert(key, CatalogEntry { owner: s.owner, session_id: s.id, disk_id, text: s.text });
+            let tokens = s.kv.len();
+            self.on_disk.insert(key, CatalogEntry { owner: s.owner, session_id: s.id, disk_id, text: s.text, tokens });
         }
         true
     }

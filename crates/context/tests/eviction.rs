@@ -823,3 +823,29 @@ fn a_restore_refused_by_the_ram_budget_leaves_the_session_restorable() {
     }
     assert_eq!(co.kind, MatchKind::Extend, "restored once RAM is free");
 }
+
+/// Issue 19 item 6: a restore makes room first. With other owners' idle sessions filling the
+/// RAM budget, an offloaded session that matches is restored — the idle ones offloaded in its
+/// place — rather than missing.
+#[test]
+fn a_restore_offloads_idle_sessions_to_make_room() {
+    let mut mc = Machine::new(KvFormat::F32, 12, true);
+    mc.turn(0, How::New, 0, 2);
+    let text = mc.texts[0].clone();
+    let bb = mc.pool.block_bytes();
+    let need = mc.store.sessions_of(OWNERS[0]).next().unwrap().kv.blocks().len() * bb;
+    assert!(mc.make_room(mc.pool.budget(), &[]));
+    assert_eq!(mc.store.on_disk_count(), 1);
+    let mut turns = 0;
+    while mc.pool.budget() - mc.pool.used() >= need {
+        mc.turn(1 + turns % 2, How::Extend, turns, 2);
+        turns += 1;
+        assert!(turns < 60, "idle sessions never filled the pool");
+    }
+    let next = format!("{text}turn ");
+    let mut co = mc.store.checkout(OWNERS[0], None, &next, true, &model().tokenizer).unwrap();
+    let p = co.restore.take().expect("restored after offloading idle sessions");
+    assert!(mc.store.verify_restore(p));
+    assert_eq!(co.kind, MatchKind::Extend);
+    assert!(mc.pool.used() <= mc.pool.budget());
+}
