@@ -19,17 +19,18 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("ENGRAM_BIN", ROOT / "target" / "release" / "engram"))
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    if not BIN.exists():
-        pytest.fail(f"{BIN} not found; run `cargo build --release -p engram-cli` first")
-    tmp = tmp_path_factory.mktemp("engram")
+def fixture_model(tmp):
+    """Writes the tiny fixture's Q8_0 GGUF under `tmp` and returns its path."""
     subprocess.run([str(BIN), "fixture", "tiny", "--out", str(tmp / "fx"), "--formats", "q8_0"],
                    check=True, capture_output=True)
-    model = tmp / "fx" / "tiny-q8_0.gguf"
+    return tmp / "fx" / "tiny-q8_0.gguf"
+
+
+def spawn_server(model, data_dir, *extra):
+    """Starts `engram serve` on port 0; returns (process, base URL) once /health answers."""
     proc = subprocess.Popen(
-        [str(BIN), "serve", "--model", str(model), "--port", "0", "--data-dir", str(tmp),
-         "--kv-format", "f32", "--threads", "2"],
+        [str(BIN), "serve", "--model", str(model), "--port", "0", "--data-dir", str(data_dir),
+         "--kv-format", "f32", "--threads", "2", *extra],
         stderr=subprocess.PIPE, text=True)
     addr = None
     deadline = time.time() + 60
@@ -54,10 +55,23 @@ def server(tmp_path_factory):
                 break
         except requests.ConnectionError:
             time.sleep(0.1)
-    yield {"base": addr, "model": "tiny-q8_0", "proc": proc}
+    return proc, addr
+
+
+def stop_server(proc):
     if proc.poll() is None:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    if not BIN.exists():
+        pytest.fail(f"{BIN} not found; run `cargo build --release -p engram-cli` first")
+    tmp = tmp_path_factory.mktemp("engram")
+    proc, addr = spawn_server(fixture_model(tmp), tmp)
+    yield {"base": addr, "model": "tiny-q8_0", "proc": proc}
+    stop_server(proc)

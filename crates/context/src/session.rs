@@ -453,25 +453,27 @@ impl SessionStore {
                 last_used: 0,
             };
             let c = common_prefix(&s.text, text);
-            // Reuse the longest run of tokens whose text ends inside the common part.
-            let k = s.token_ends.iter().take_while(|&&e| e <= c).count();
-            if k > 0 {
-                let boundary = s.token_ends[k - 1];
-                let kind = if s.text == text {
-                    MatchKind::Exact
-                } else if c == s.text.len() {
-                    MatchKind::Extend
-                } else {
-                    MatchKind::Diverge
-                };
-                let rest = tok.encode(&text[boundary..], false)?;
-                let mut tokens = s.tokens[..k].to_vec();
-                let mut token_ends = s.token_ends[..k].to_vec();
-                tokens.extend(&rest.ids);
-                token_ends.extend(rest.offsets.iter().map(|o| boundary + o.1));
-                fix_ends(&mut token_ends[k..], boundary);
-                let kv = s.kv.fork(k);
-                return Ok(Checkout { session_id, kind, tokens, token_ends, reused: k, kv, restore, spans: Vec::new() });
+            // Tokens whose text ends inside the common part, then of those the run that the
+            // text's own tokenization starts with: what a cold request computes. (Tokenizing
+            // only the text after the boundary is not the same: a merge may cross it, as
+            // " 1" + "0" into " 10" does, and the answer would differ from a cold one.)
+            let by_text = s.token_ends.iter().take_while(|&&e| e <= c).count();
+            if by_text > 0 {
+                let enc = tok.encode(text, add_special)?;
+                let k = s.tokens[..by_text].iter().zip(&enc.ids).take_while(|(a, b)| a == b).count();
+                if k > 0 {
+                    let kind = if s.text == text {
+                        MatchKind::Exact
+                    } else if c == s.text.len() {
+                        MatchKind::Extend
+                    } else {
+                        MatchKind::Diverge
+                    };
+                    let mut token_ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
+                    fix_ends(&mut token_ends, 0);
+                    let kv = s.kv.fork(k);
+                    return Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused: k, kv, restore, spans: Vec::new() });
+                }
             }
         }
         if let Some(p) = restore.take() {

@@ -38,6 +38,8 @@ fn turn(store: &mut SessionStore, owner: &str, text: &str, n: usize) -> (MatchKi
     if let Some(p) = co.restore.take() {
         assert!(store.verify_restore(p), "a sound session file failed its checksum");
     }
+    // The tokens a cold request computes for this text, whatever was reused.
+    assert_eq!(co.tokens, m.tokenizer.encode(text, true).unwrap().ids, "{owner}: tokens differ from the text's own");
     let (kind, reused, sid) = (co.kind, co.reused, co.session_id.clone());
     if std::env::var("DBG").is_ok() {
         eprintln!(
@@ -68,6 +70,20 @@ fn turn(store: &mut SessionStore, owner: &str, text: &str, n: usize) -> (MatchKi
     assert!(cached.len() <= tokens.len() && tokens.starts_with(&cached));
     store.checkin(owner, &sid, format!("{text}{}", g.text), tokens, ends, kv);
     (kind, reused, g.text)
+}
+
+/// A diverging text whose first new character merges with the last common token (" 1" then
+/// "0" is " 10"): the reuse stops before that token, so the prompt is the text's own
+/// tokenization and the answer a cold one. (Found by the soak test: clients "Client 1" and
+/// "Client 10" of one tenant got answers a cold server did not give.)
+#[test]
+fn a_merge_across_the_reuse_boundary_is_not_split() {
+    let pool = KvPool::new(KvLayout::of(&model().config), KvFormat::F32, 64 << 20);
+    let mut store = SessionStore::new(pool, model().fingerprint);
+    turn(&mut store, "o", "System: you are Client 1 of the cache tests. User: hello", 4);
+    let (kind, reused, _) = turn(&mut store, "o", "System: you are Client 10 of the cache tests. User: hello", 4);
+    assert_eq!(kind, MatchKind::Diverge);
+    assert!(reused > 0);
 }
 
 #[test]

@@ -47,18 +47,19 @@ pub fn run_in_process(scenario: &Scenario, reuse: bool, cache_dir: Option<PathBu
 }
 
 /// From an agent's second turn on (in any phase), its cache covers its whole previous
-/// prompt and answer: the previous prompt's tokens plus every generated token but the last,
-/// which was sampled and never run through the model (it is the first token this turn
-/// computes).
+/// prompt and as much of its answer as the new prompt's own tokenization spells the same
+/// way: at most every generated token but the last (sampled, never run through the model).
+/// A request reuses only tokens a cold request would compute, and a random-weight model
+/// often generates splits the tokenizer would not make (" 1" + "0" where the text says
+/// " 10"); from the first such token on, the answer is recomputed.
 pub fn assert_working_memory(report: &Report) {
     let mut last: BTreeMap<&str, (usize, usize, &str)> = BTreeMap::new();
     for phase in &report.phases {
         for t in &phase.turns {
             if let Some(&(prompt, completion, where_)) = last.get(t.agent.as_str()) {
-                assert_eq!(
-                    t.cached_tokens,
-                    prompt + completion - 1,
-                    "{} in {} round {} (previous turn in {where_}): cached {} of {}",
+                assert!(
+                    t.cached_tokens >= prompt && t.cached_tokens < prompt + completion,
+                    "{} in {} round {} (previous turn in {where_}): cached {} of {}, previous prompt {prompt} + answer {completion}",
                     t.agent,
                     phase.name,
                     t.round,
