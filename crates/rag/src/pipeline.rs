@@ -162,6 +162,48 @@ impl Rag {
         Ok(removed)
     }
 
+    /// The idle-time half of refresh: answers up to `max` invalidated queries again (retrieval
+    /// and generation over the bank as it is now, through the KV tree) and stores the answers.
+    /// Returns the queries answered. A caller runs it while no user request waits.
+    pub fn regenerate_stale(&mut self, max: usize) -> Result<Vec<String>> {
+        let mut done = Vec::new();
+        while done.len() < max {
+            let Some(q) = self.qa.pop_stale() else { break };
+            // NOTE: QA lookup off (the stale answer is gone, and a paraphrase's answer must
+            // not stand in for it), QA insert on.
+            self.generate_and_store(&q)?;
+            done.push(q);
+        }
+        self.qa.save()?;
+        Ok(done)
+    }
+
+    fn generate_and_store(&mut self, q: &str) -> Result<()> {
+        let qv = self.bank.embed(q)?;
+        let retrieved = self.bank.search(q, &qv, self.config.top_k)?;
+        let ids: Vec<ChunkId> = retrieved.into_iter().map(|r| r.chunk).collect();
+        let prompt = self.build_prompt(q, &ids)?;
+        let (fp, fmt) = (self.model.fingerprint, self.pool.format());
+        let m = self.tree.lookup(fp, fmt, &prompt.path);
+        let mut gen = match m.kv {
+            Some(kv) => Generator::from_parts(&self.model, kv, m.tokens),
+            None => Generator::new(&self.model, &self.pool),
+        };
+        let g = gen.generate(&prompt.tokens, &self.config.params, &mut |_| true)?;
+        let (kv, tokens) = gen.into_parts();
+        self.tree.insert(&prompt.path, &prompt.ends, &tokens, &kv);
+        let mut docs: Vec<String> = Vec::new();
+        for c in &prompt.chunks {
+            if let Some(e) = self.bank.chunk(c) {
+                if !docs.contains(&e.doc) {
+                    docs.push(e.doc.clone());
+                }
+            }
+        }
+        self.qa.insert(q, qv, &g.text, g.tokens, prompt.chunks, docs, self.bank.generation());
+        Ok(())
+    }
+
     fn after_change(&mut self, added: &[ChunkId], removed: &[ChunkId]) -> Result<()> {
         let k = self.config.top_k;
         self.qa.refresh(&self.bank, added, k)?;

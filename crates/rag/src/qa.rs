@@ -225,6 +225,11 @@ impl QaBank {
         &self.f.stale
     }
 
+    /// Takes the oldest stale query off the queue (to answer it again).
+    pub fn pop_stale(&mut self) -> Option<String> {
+        (!self.f.stale.is_empty()).then(|| self.f.stale.remove(0))
+    }
+
     /// Drops every entry (not the stale queue).
     pub fn clear(&mut self) {
         self.f.entries.clear();

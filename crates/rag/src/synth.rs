@@ -44,7 +44,7 @@ pub struct SynthDoc {
 }
 
 /// What a query is, relative to the ones before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum QueryKind {
     First,

@@ -101,6 +101,21 @@ fn a_repeated_query_is_a_qa_hit_until_an_ingest_changes_its_retrieval() {
     assert!(after.sources.contains(&"cal-2".to_string()), "{:?}", after.sources);
     let cold = r.query(q, &NONE).unwrap();
     assert_eq!(after.tokens, cold.tokens);
+    // Idle time: nothing stale is left to regenerate (the query was asked again); a second
+    // update makes it stale, and regeneration stores the answer a cold run gives.
+    r.ingest_text(
+        "cal-3",
+        DocKind::Text,
+        "Dentist appointment update: when is the dentist appointment? Dentist moved again, Thursday 10 am.",
+    )
+    .unwrap();
+    assert!(r.qa.stale().contains(&q.to_string()));
+    assert_eq!(r.regenerate_stale(8).unwrap(), vec![q.to_string()]);
+    let regenerated = r.query(q, &QueryOptions::default()).unwrap();
+    assert_eq!(regenerated.cache_level, CacheLevel::Qa);
+    let cold2 = r.query(q, &NONE).unwrap();
+    assert_eq!((regenerated.tokens.clone(), regenerated.chunks.clone()), (cold2.tokens.clone(), cold2.chunks.clone()));
+    let after = r.query(q, &NONE).unwrap();
     // The QA bank on disk holds the new answer, and survives a reopen.
     let reopened = QaBank::open(&tmp.path().join("qa.bank"), 1 << 20).unwrap();
     assert!(reopened.entries().iter().any(|e| e.query == q && e.sources == after.chunks));
