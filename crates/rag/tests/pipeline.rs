@@ -75,6 +75,12 @@ fn answers_from_the_kv_tree_equal_a_cold_prefill() {
         if cap_tokens.is_some() {
             assert!(r.tree.stats().evicted > 0, "the small cap evicted");
         }
+        // Removing a document drops the tree's paths through its chunks; answers stay exact.
+        let before = r.tree.stats().entries;
+        r.remove("mail-1").unwrap();
+        assert!(r.tree.stats().entries < before || before == 0);
+        let q = "When is the budget review?";
+        assert_eq!(r.query(q, &KV_ONLY).unwrap().tokens, r.query(q, &NONE).unwrap().tokens);
     }
 }
 
