@@ -4,6 +4,7 @@
 mod api_keys;
 mod bench_cache;
 mod bench_context;
+mod bench_rag;
 mod bench_relevance;
 mod bench_scenario;
 mod bench_speculation;
@@ -15,6 +16,7 @@ mod convert_cmd;
 mod fidelity;
 mod fixture_cmd;
 mod generate;
+mod rag_cmd;
 mod scenario_cmd;
 mod serve;
 mod timed_sink;
@@ -45,6 +47,8 @@ enum Command {
     Cache(cache_cmd::Args),
     /// Multi-agent scenarios (YAML phases, each agent's cache its working memory): run, validate.
     Scenario(scenario_cmd::Args),
+    /// Personal RAG (seed 003): ingest documents, query them, ls, rm, stats.
+    Rag(rag_cmd::Args),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -70,6 +74,8 @@ enum BenchCommand {
     Context(bench_context::Args),
     /// A multi-agent scenario end to end: agents' caches as working memory vs re-prefilling every prompt.
     Scenario(bench_scenario::Args),
+    /// Personal RAG: naive vs chunk KV tree vs QA bank vs both, on a seeded synthetic corpus.
+    Rag(bench_rag::Args),
 }
 
 fn main() {
@@ -86,6 +92,7 @@ fn main() {
         Command::Convert(a) => convert_cmd::run(a),
         Command::Cache(a) => cache_cmd::run(a),
         Command::Scenario(a) => scenario_cmd::run(a),
+        Command::Rag(a) => rag_cmd::run(a),
         Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
         Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
         Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
@@ -94,6 +101,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Speculation(a) } => bench_speculation::run(a),
         Command::Bench { which: BenchCommand::Context(a) } => bench_context::run(a),
         Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
+        Command::Bench { which: BenchCommand::Rag(a) } => bench_rag::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,0 +1,47 @@
+//! # engram-rag — personal retrieval-augmented generation (seed 003, PerCache)
+//!
+//! A user's own documents, searchable and answerable on the device, with caches at two
+//! stages of the pipeline:
+//!
+//! ```text
+//!  query ─► embed ─► QA bank hit (cosine ≥ threshold)? ──yes──► stored answer   cache_level=qa
+//!                        │ no
+//!                        ▼
+//!            knowledge bank: BM25 + cosine, fused (RRF) ─► top-k chunks
+//!                        ▼
+//!            prompt = system + chunk₁ + … + chunkₖ + question   (token boundaries by construction)
+//!                        ▼
+//!            chunk KV tree: longest cached prefix of (system, chunk₁, …) ─► prefill the rest
+//!                        ▼                                           cache_level=kv (or none)
+//!            decode ─► answer; path into the KV tree, answer into the QA bank
+//! ```
+//!
+//! Main types: [`KnowledgeBank`] (parsers → chunks → vectors + tantivy, on disk), [`QaBank`]
+//! (answers by query similarity, LFU under a byte cap, invalidated by refresh), [`KvTree`]
+//! (KV of chunk sequences keyed by chunk ids and the model's fingerprint), [`Rag`] (the
+//! pipeline over a model), [`synth`] (a seeded synthetic personal corpus with query sets).
+//!
+//! Architecture invariant: this crate builds KV only through `engram-kv` and runs the model
+//! only through `engram-engine`'s [`engram_engine::Generator`]; it knows no HTTP. Every store
+//! file is written whole (temp + fsync + rename) and checked (magic, version, length, blake3)
+//! before use.
+
+mod bank;
+mod bm25;
+pub mod chunk;
+mod envelope;
+mod error;
+pub mod kv_tree;
+pub mod parse;
+mod pipeline;
+pub mod qa;
+pub mod retrieve;
+pub mod synth;
+
+pub use bank::{BankStats, ChunkEntry, ChunkId, DocEntry, IngestReport, KnowledgeBank, MANIFEST_FILE};
+pub use error::{RagError, Result};
+pub use kv_tree::{KvTree, SegKey, TreeStats};
+pub use parse::{DocKind, ParsedDoc};
+pub use pipeline::{Answer, AnswerTimings, CacheLevel, Prompt, QueryOptions, Rag, RagConfig, DEFAULT_SYSTEM_PROMPT};
+pub use qa::{QaBank, QaEntry, QaHit, QaStats, DEFAULT_QA_CAP_BYTES, DEFAULT_THRESHOLD};
+pub use retrieve::Retrieved;

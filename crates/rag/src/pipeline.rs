@@ -1,0 +1,331 @@
+//! [`Rag`]: the pipeline over a model — QA bank, retrieval, chunk KV tree, generation — and
+//! the bookkeeping that keeps the caches right when documents change.
+//!
+//! ```text
+//!  query(q):  t0 ─ embed ─ QA lookup ─┬─ hit ─► answer (cache_level qa)
+//!                                    └─ miss ─ retrieve top-k ─ segments ─ tree lookup ─ prefill rest ─ decode
+//!                                        answer (cache_level kv if a tree prefix was used, else none)
+//!  ingest:    bank ingest ─ QA refresh (removed sources, added chunks entering a top-k) ─ tree forgets removed chunks
+//! ```
+//! Invariant: with the KV tree on, an answer's tokens equal those of a cold prefill of the
+//! same prompt tokens (`tests/pipeline.rs`); a QA answer is never served from an entry whose
+//! retrieval a later ingest changed (refresh runs inside every ingest and remove).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use engram_engine::{Generator, SamplingParams};
+use engram_kv::KvPool;
+use engram_model::Model;
+
+use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
+use crate::error::{RagError, Result};
+use crate::kv_tree::{KvTree, SegKey};
+use crate::parse::DocKind;
+use crate::qa::{QaBank, DEFAULT_THRESHOLD};
+
+/// The default system prompt (the first segment of every prompt).
+pub const DEFAULT_SYSTEM_PROMPT: &str =
+    "You are a personal assistant. Answer the question from the user's e-mails, notes and calendar below.\n";
+
+/// How the pipeline answers.
+#[derive(Clone, Debug)]
+pub struct RagConfig {
+    /// Chunks retrieved per query.
+    pub top_k: usize,
+    pub system_prompt: String,
+    pub params: SamplingParams,
+}
+
+impl Default for RagConfig {
+    fn default() -> Self {
+        RagConfig {
+            top_k: 3,
+            system_prompt: DEFAULT_SYSTEM_PROMPT.into(),
+            params: SamplingParams { max_tokens: 32, ..SamplingParams::default() },
+        }
+    }
+}
+
+/// Per-request choices.
+#[derive(Clone, Copy, Debug)]
+pub struct QueryOptions {
+    /// Consult (and fill) the QA bank.
+    pub use_qa: bool,
+    /// Start from (and fill) the chunk KV tree.
+    pub use_kv: bool,
+    /// QA similarity threshold (default [`DEFAULT_THRESHOLD`]).
+    pub threshold: f32,
+}
+
+impl Default for QueryOptions {
+    fn default() -> Self {
+        QueryOptions { use_qa: true, use_kv: true, threshold: DEFAULT_THRESHOLD }
+    }
+}
+
+/// Which cache answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheLevel {
+    /// A stored answer (no generation).
+    Qa,
+    /// Generated, starting from a chunk KV tree prefix holding at least one chunk.
+    Kv,
+    /// Generated from a cold prefill.
+    None,
+}
+
+/// Milliseconds and token counts of one query.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct AnswerTimings {
+    pub embed_ms: f64,
+    pub retrieve_ms: f64,
+    /// From the call to the answer's first token (the whole answer for a QA hit).
+    pub ttft_ms: f64,
+    pub total_ms: f64,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub decode_tokens: usize,
+}
+
+/// An answer.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Answer {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    /// Source documents, in prompt order, without repeats.
+    pub sources: Vec<String>,
+    pub chunks: Vec<ChunkId>,
+    pub cache_level: CacheLevel,
+    /// For a QA hit: the similarity and the stored query.
+    pub similarity: Option<f32>,
+    pub matched_query: Option<String>,
+    /// Segments of the prompt served from the KV tree (system prompt included).
+    pub kv_segments: usize,
+    pub timings: AnswerTimings,
+}
+
+/// A prompt cut into segments: keys, token lists and where each ends.
+pub struct Prompt {
+    pub path: Vec<SegKey>,
+    pub tokens: Vec<u32>,
+    /// `ends[d]`: where segment `d` (system, then chunks) ends; the question follows.
+    pub ends: Vec<usize>,
+    pub chunks: Vec<ChunkId>,
+}
+
+/// The pipeline. See the module doc.
+pub struct Rag {
+    model: Arc<Model>,
+    pool: KvPool,
+    pub bank: KnowledgeBank,
+    pub qa: QaBank,
+    pub tree: KvTree,
+    pub config: RagConfig,
+}
+
+impl Rag {
+    /// A pipeline over `model`, its KV in `pool`.
+    pub fn new(model: Arc<Model>, pool: KvPool, bank: KnowledgeBank, qa: QaBank, tree: KvTree, config: RagConfig) -> Rag {
+        Rag { model, pool, bank, qa, tree, config }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The KV pool.
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+
+    /// Ingests a file, then refreshes the caches.
+    pub fn ingest_file(&mut self, path: &std::path::Path) -> Result<IngestReport> {
+        let r = self.bank.ingest_file(path)?;
+        self.after_change(&r.chunks_added, &r.chunks_removed)?;
+        Ok(r)
+    }
+
+    /// Ingests `text` under `id`, then refreshes the caches.
+    pub fn ingest_text(&mut self, id: &str, kind: DocKind, text: &str) -> Result<IngestReport> {
+        let r = self.bank.ingest_text(id, kind, text)?;
+        self.after_change(&r.chunks_added, &r.chunks_removed)?;
+        Ok(r)
+    }
+
+    /// Removes document `id`, then refreshes the caches.
+    pub fn remove(&mut self, id: &str) -> Result<Vec<ChunkId>> {
+        let removed = self.bank.remove(id)?;
+        self.after_change(&[], &removed)?;
+        Ok(removed)
+    }
+
+    /// The idle-time half of refresh: answers up to `max` invalidated queries again (retrieval
+    /// and generation over the bank as it is now, through the KV tree) and stores the answers.
+    /// Returns the queries answered. A caller runs it while no user request waits.
+    pub fn regenerate_stale(&mut self, max: usize) -> Result<Vec<String>> {
+        let mut done = Vec::new();
+        while done.len() < max {
+            let Some(q) = self.qa.pop_stale() else { break };
+            // NOTE: QA lookup off (the stale answer is gone, and a paraphrase's answer must
+            // not stand in for it), QA insert on.
+            self.generate_and_store(&q)?;
+            done.push(q);
+        }
+        self.qa.save()?;
+        Ok(done)
+    }
+
+    fn generate_and_store(&mut self, q: &str) -> Result<()> {
+        let qv = self.bank.embed(q)?;
+        let retrieved = self.bank.search(q, &qv, self.config.top_k)?;
+        let ids: Vec<ChunkId> = retrieved.into_iter().map(|r| r.chunk).collect();
+        let prompt = self.build_prompt(q, &ids)?;
+        let (fp, fmt) = (self.model.fingerprint, self.pool.format());
+        let m = self.tree.lookup(fp, fmt, &prompt.path);
+        let mut gen = match m.kv {
+            Some(kv) => Generator::from_parts(&self.model, kv, m.tokens),
+            None => Generator::new(&self.model, &self.pool),
+        };
+        let g = gen.generate(&prompt.tokens, &self.config.params, &mut |_| true)?;
+        let (kv, tokens) = gen.into_parts();
+        self.tree.insert(&prompt.path, &prompt.ends, &tokens, &kv);
+        let mut docs: Vec<String> = Vec::new();
+        for c in &prompt.chunks {
+            if let Some(e) = self.bank.chunk(c) {
+                if !docs.contains(&e.doc) {
+                    docs.push(e.doc.clone());
+                }
+            }
+        }
+        self.qa.insert(q, qv, &g.text, g.tokens, prompt.chunks, docs, self.bank.generation());
+        Ok(())
+    }
+
+    fn after_change(&mut self, added: &[ChunkId], removed: &[ChunkId]) -> Result<()> {
+        let k = self.config.top_k;
+        self.qa.refresh(&self.bank, added, k)?;
+        self.qa.save()?;
+        let gone: Vec<SegKey> = removed.iter().map(|c| c.0.clone()).collect();
+        self.tree.forget_chunks(&gone);
+        Ok(())
+    }
+
+    /// Tokens of `text` (with the model's special tokens if `special`).
+    fn tokens(&self, text: &str, special: bool) -> Result<Vec<u32>> {
+        Ok(self.model.tokenizer.encode(text, special).map_err(|e| RagError::bad_input("text", e.to_string()))?.ids)
+    }
+
+    /// The prompt for `question` over `chunks` (in order): system + chunks + question, each
+    /// segment tokenized alone; trailing chunks are dropped until it fits the context with
+    /// room for `max_tokens`.
+    pub fn build_prompt(&self, question: &str, chunks: &[ChunkId]) -> Result<Prompt> {
+        let sys = self.tokens(&self.config.system_prompt, true)?;
+        let q = self.tokens(&format!("\nQuestion: {question}\nAnswer:"), false)?;
+        let ctx = self.model.config.max_positions;
+        let room = self.config.params.max_tokens;
+        if sys.len() + q.len() + room > ctx {
+            return Err(RagError::QueryTooLong { needed: sys.len() + q.len() + room, context: ctx });
+        }
+        let mut h = blake3::Hasher::new();
+        for t in &sys {
+            h.update(&t.to_le_bytes());
+        }
+        let mut p =
+            Prompt { path: vec![format!("sys:{}", &h.finalize().to_hex()[..16])], tokens: sys, ends: Vec::new(), chunks: Vec::new() };
+        p.ends.push(p.tokens.len());
+        for c in chunks {
+            let Some(entry) = self.bank.chunk(c) else { continue };
+            let t = self.tokens(&format!("\n{}", entry.text), false)?;
+            if p.tokens.len() + t.len() + q.len() + room > ctx {
+                break;
+            }
+            p.tokens.extend(t);
+            p.ends.push(p.tokens.len());
+            p.path.push(c.0.clone());
+            p.chunks.push(c.clone());
+        }
+        p.tokens.extend(q);
+        Ok(p)
+    }
+
+    /// Answers `question`. See the module doc.
+    pub fn query(&mut self, question: &str, opts: &QueryOptions) -> Result<Answer> {
+        if question.trim().is_empty() {
+            return Err(RagError::bad_input("query", "empty"));
+        }
+        if !(opts.threshold > 0.0 && opts.threshold <= 1.0) {
+            return Err(RagError::bad_input("threshold", format!("{} is not in (0, 1]", opts.threshold)));
+        }
+        let t0 = Instant::now();
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let qv = self.bank.embed(question)?;
+        let mut timings = AnswerTimings { embed_ms: ms(t0), ..Default::default() };
+        if opts.use_qa {
+            if let Some(hit) = self.qa.lookup(&qv, opts.threshold) {
+                timings.ttft_ms = ms(t0);
+                timings.total_ms = timings.ttft_ms;
+                let e = hit.entry;
+                return Ok(Answer {
+                    text: e.answer,
+                    tokens: e.answer_tokens,
+                    sources: e.docs,
+                    chunks: e.sources,
+                    cache_level: CacheLevel::Qa,
+                    similarity: Some(hit.similarity),
+                    matched_query: Some(e.query),
+                    kv_segments: 0,
+                    timings,
+                });
+            }
+        }
+        let t1 = Instant::now();
+        let retrieved = self.bank.search(question, &qv, self.config.top_k)?;
+        let chunk_ids: Vec<ChunkId> = retrieved.iter().map(|r| r.chunk.clone()).collect();
+        let prompt = self.build_prompt(question, &chunk_ids)?;
+        timings.retrieve_ms = ms(t1);
+        let (fp, fmt) = (self.model.fingerprint, self.pool.format());
+        let m = if opts.use_kv { Some(self.tree.lookup(fp, fmt, &prompt.path)) } else { None };
+        let kv_segments = m.as_ref().map_or(0, |m| m.segments);
+        let mut gen = match m.and_then(|m| m.kv.map(|kv| (kv, m.tokens))) {
+            Some((kv, tokens)) => Generator::from_parts(&self.model, kv, tokens),
+            None => Generator::new(&self.model, &self.pool),
+        };
+        let before_gen = ms(t0);
+        let g = gen.generate(&prompt.tokens, &self.config.params, &mut |_| true)?;
+        timings.ttft_ms = before_gen + g.timings.ttft_ms;
+        timings.prompt_tokens = g.timings.prompt_tokens;
+        timings.cached_tokens = g.timings.cached_tokens;
+        timings.decode_tokens = g.tokens.len();
+        if opts.use_kv {
+            let (kv, tokens) = gen.into_parts();
+            self.tree.insert(&prompt.path, &prompt.ends, &tokens, &kv);
+        }
+        let mut sources: Vec<String> = Vec::new();
+        for c in &prompt.chunks {
+            if let Some(e) = self.bank.chunk(c) {
+                if !sources.contains(&e.doc) {
+                    sources.push(e.doc.clone());
+                }
+            }
+        }
+        if opts.use_qa {
+            self.qa.insert(question, qv, &g.text, g.tokens.clone(), prompt.chunks.clone(), sources.clone(), self.bank.generation());
+            self.qa.save()?;
+        }
+        timings.total_ms = ms(t0);
+        Ok(Answer {
+            text: g.text,
+            tokens: g.tokens,
+            sources,
+            chunks: prompt.chunks,
+            cache_level: if kv_segments > 1 { CacheLevel::Kv } else { CacheLevel::None },
+            similarity: None,
+            matched_query: None,
+            kv_segments,
+            timings,
+        })
+    }
+}
