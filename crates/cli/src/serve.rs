@@ -2,7 +2,8 @@
 //! `/v1/embeddings` from a sentence encoder named or installed, else from the
 //! LLM's pooled hidden states, said on stderr), and
 //! `engram bench serve`: aggregate decode tokens/s with 1, 2, 4, 8
-//! concurrent sessions through the same scheduler, in process.
+//! concurrent sessions through the same scheduler, in process (figures defined
+//! in `bench_serve.rs`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,6 +16,7 @@ use engram_engine::{PooledEncoder, SamplingParams};
 use engram_kv::EvictionPolicy;
 use engram_server::{DiskConfig, Event, Job, SchedulerConfig, Server, ServerConfig};
 
+use crate::bench_serve::{ServeStats, SessionTiming};
 use crate::common::{data_dir, default_model, kv_pool, load_model, ModelArgs};
 
 #[derive(clap::Args, Debug)]
@@ -240,6 +242,8 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
     let vocab = model.tokenizer.vocab_size().min(model.config.vocab).max(1) as u64;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut round = 0u64;
+    // Concurrency 1's aggregate, the base of the scaling column (when 1 is among the levels).
+    let mut single: Option<f64> = None;
     for &c in std::iter::once(&1).chain(&levels) {
         // The first pass (concurrency 1) warms the weights up and is not reported.
         let warm = round == 0;
@@ -263,7 +267,7 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
             rxs.push(engine.submit(job).map_err(|e| anyhow::anyhow!(e.message))?);
         }
         // Every receiver is drained concurrently, so the times are when events arrived.
-        let (tokens, first_all, ttft_sum) = rt.block_on(async {
+        let timings: Vec<SessionTiming> = rt.block_on(async {
             let tasks: Vec<_> = rxs
                 .into_iter()
                 .map(|mut rx| {
@@ -273,7 +277,8 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
                             match ev {
                                 Event::Text(_) if first.is_none() => first = Some(t0.elapsed()),
                                 Event::Finished { completion_tokens, .. } => {
-                                    return Ok((completion_tokens, first.unwrap_or_else(|| t0.elapsed())))
+                                    let finished = t0.elapsed();
+                                    return Ok(SessionTiming { first: first.unwrap_or(finished), finished, tokens: completion_tokens });
                                 }
                                 Event::Failed(e) => return Err(anyhow::anyhow!(e.message)),
                                 _ => {}
@@ -283,35 +288,41 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
                     })
                 })
                 .collect();
-            let (mut tokens, mut first_all, mut ttft_sum) = (0usize, Duration::ZERO, 0.0);
+            let mut out = Vec::with_capacity(tasks.len());
             for t in tasks {
-                let (n, first) = t.await??;
-                tokens += n;
-                first_all = first_all.max(first);
-                ttft_sum += first.as_secs_f64();
+                out.push(t.await??);
             }
-            anyhow::Ok((tokens, first_all, ttft_sum))
+            anyhow::Ok(out)
         })?;
         let wall = t0.elapsed();
         if warm {
             continue;
         }
-        let decode_s = (wall - first_all).as_secs_f64().max(1e-9);
-        let agg = tokens.saturating_sub(c) as f64 / decode_s;
-        let overall = tokens as f64 / wall.as_secs_f64();
+        let st = ServeStats::new(&timings, wall);
+        anyhow::ensure!(st.adds_up(), "bench serve bookkeeping: the figures do not add up: {st:?}");
+        if c == 1 {
+            single = Some(st.aggregate_decode_tok_s);
+        }
+        let scaling = single.map(|s1| st.scaling_vs(s1));
+        let ttft_ms = timings.iter().map(|t| t.first.as_secs_f64()).sum::<f64>() / c as f64 * 1e3;
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"concurrency": c, "aggregate_decode_tok_s": agg, "overall_tok_s": overall,
-                                   "mean_ttft_ms": ttft_sum / c as f64 * 1e3, "tokens": tokens,
+                serde_json::json!({"concurrency": c, "aggregate_decode_tok_s": st.aggregate_decode_tok_s,
+                                   "mean_session_decode_tok_s": st.mean_session_decode_tok_s,
+                                   "best_session_decode_tok_s": st.best_session_decode_tok_s,
+                                   "decode_union_s": st.decode_union_s, "scaling_vs_one_session": scaling,
+                                   "overall_tok_s": st.overall_tok_s, "adds_up": st.adds_up(),
+                                   "mean_ttft_ms": ttft_ms, "tokens": st.tokens,
                                    "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens,
                                    "threads": engram_kernels::num_threads(), "model": model.describe(), "kv_format": a.model.kv_format,
                                    "attention": model.attention().name()})
             );
         } else {
+            let sc = scaling.map(|v| format!(", {:.2} of linear", v)).unwrap_or_default();
             println!(
-                "concurrency {c:>2}: {agg:>9.1} tok/s aggregate decode, {overall:>9.1} tok/s overall, mean TTFT {:.1} ms",
-                ttft_sum / c as f64 * 1e3
+                "concurrency {c:>2}: {:>9.1} tok/s aggregate decode (per session {:.1}{sc}), {:>9.1} tok/s overall, mean TTFT {ttft_ms:.1} ms",
+                st.aggregate_decode_tok_s, st.mean_session_decode_tok_s, st.overall_tok_s
             );
         }
     }
