@@ -326,14 +326,20 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
             );
         }
     }
-    staggered(&a, &engine, &rt, vocab)
+    staggered(&a, &engine, &metrics, &rt, vocab)
 }
 
 /// Seed 004's staggered arrivals: user B arrives when user A has its first
 /// token. B's time to first token with interleaved prefill + decode, against
 /// B's wait if requests ran one after the other (A's remaining generation,
 /// then B alone) — both measured from B's arrival.
-fn staggered(a: &BenchArgs, engine: &engram_server::EngineHandle, rt: &tokio::runtime::Runtime, vocab: u64) -> Result<()> {
+fn staggered(
+    a: &BenchArgs,
+    engine: &engram_server::EngineHandle,
+    metrics: &engram_server::Metrics,
+    rt: &tokio::runtime::Runtime,
+    vocab: u64,
+) -> Result<()> {
     let prompt =
         |salt: u64| -> Vec<u32> { (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect() };
     let params = SamplingParams { max_tokens: a.decode_tokens, ignore_eos: true, ..Default::default() };
@@ -346,31 +352,46 @@ fn staggered(a: &BenchArgs, engine: &engram_server::EngineHandle, rt: &tokio::ru
         params: params.clone(),
         pinned: false,
     };
-    let first_text = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>| async move {
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Text(_) => return Ok(rx),
-                Event::Failed(e) => return Err(anyhow::anyhow!(e.message)),
-                _ => {}
+    // A job's first token by the engine's clock (its first-token count), not by text events,
+    // which the detokenizer may hold back to the end (then the old wait never saw one).
+    let firsts = || EngineClock::read(&metrics.render()).first_tokens;
+    let first_token = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, before: u64| async move {
+        loop {
+            if firsts() > before {
+                return Ok(rx);
+            }
+            match rx.try_recv() {
+                Ok(Event::Failed(e)) => return Err(anyhow::anyhow!(e.message)),
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) if firsts() <= before => {
+                    return Err(anyhow::anyhow!("the engine stopped"))
+                }
+                _ => tokio::time::sleep(Duration::from_micros(500)).await,
             }
         }
-        Err(anyhow::anyhow!("the engine stopped"))
     };
     let finish = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>| async move { while rx.recv().await.is_some() {} };
-    let sub = |j: Job| engine.submit(j).map_err(|e| anyhow::anyhow!(e.message));
+    // Submits a job; also returns the engine's first-token count just before.
+    let sub = |j: Job| {
+        let before = firsts();
+        engine.submit(j).map(|rx| (rx, before)).map_err(|e| anyhow::anyhow!(e.message))
+    };
     rt.block_on(async {
         // Interleaved: B joins while A decodes.
-        let rx_a = first_text(sub(job(900_001))?).await?;
+        let (rx, n) = sub(job(900_001))?;
+        let rx_a = first_token(rx, n).await?;
         let t_b = Instant::now();
-        let rx_b = first_text(sub(job(900_002))?).await?;
+        let (rx, n) = sub(job(900_002))?;
+        let rx_b = first_token(rx, n).await?;
         let interleaved = t_b.elapsed().as_secs_f64();
         finish(rx_a).await;
         finish(rx_b).await;
         // Sequential: B waits for A to finish, then runs alone.
-        let rx_a = first_text(sub(job(900_003))?).await?;
+        let (rx, n) = sub(job(900_003))?;
+        let rx_a = first_token(rx, n).await?;
         let t_b = Instant::now();
         finish(rx_a).await;
-        let rx_b = first_text(sub(job(900_004))?).await?;
+        let (rx, n) = sub(job(900_004))?;
+        let rx_b = first_token(rx, n).await?;
         let sequential = t_b.elapsed().as_secs_f64();
         finish(rx_b).await;
         let row = serde_json::json!({"second_user_ttft_interleaved_ms": interleaved * 1e3, "second_user_ttft_sequential_ms": sequential * 1e3,
