@@ -1,6 +1,11 @@
 //! `engram bench speed`: prefill tokens/s over a 512-token prompt and decode
 //! tokens/s over 128 tokens, as llama-bench measures them (pp512 / tg128).
 //! The weights are paged in and one warm-up step runs before timing.
+//!
+//! Beside them, in the same run, the decode *limit*: the memory read bandwidth measured now
+//! with the same threads ([`crate::bench_membw::read_gb_s`]) ÷ the bytes one decode token
+//! reads (every weight matrix once, the output matrix included, plus the KV cache at the mean
+//! decode context); `of_limit` = decode ÷ limit.
 
 use std::time::Instant;
 
@@ -25,6 +30,9 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Size of the bandwidth probe buffer (MiB) for the decode limit.
+    #[arg(long, default_value_t = 256)]
+    membw_mib: usize,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -51,6 +59,10 @@ pub fn run(a: Args) -> Result<()> {
         best_tg = best_tg.max(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
     }
     let threads = engram_kernels::num_threads();
+    // The limit, measured after the timed runs with the same pool.
+    let bw_gb_s = crate::bench_membw::read_gb_s(&crate::bench_membw::random_bytes(a.membw_mib.max(16) << 20), 3);
+    let lim = DecodeLimit::new(&model, &pool, a.decode_tokens, bw_gb_s);
+    let kernels = engram_kernels::internal::Isa::detect().name();
     if a.json {
         println!(
             "{}",
@@ -62,12 +74,27 @@ pub fn run(a: Args) -> Result<()> {
                 "decode_tokens": a.decode_tokens,
                 "prefill_tok_s": (best_pp * 100.0).round() / 100.0,
                 "decode_tok_s": (best_tg * 100.0).round() / 100.0,
+                "kernels": kernels,
+                "read_gb_s": (bw_gb_s * 100.0).round() / 100.0,
+                "weight_bytes_per_token": lim.weight_bytes,
+                "kv_bytes_per_token": lim.kv_bytes,
+                "limit_tok_s": (lim.tok_s * 100.0).round() / 100.0,
+                "of_limit": (best_tg / lim.tok_s * 1000.0).round() / 1000.0,
             })
         );
     } else {
-        println!("| model | weights | threads | prefill {} (tok/s) | decode {} (tok/s) |", a.prompt_tokens, a.decode_tokens);
-        println!("|---|---|---|---|---|");
-        println!("| {} | {} | {threads} | {best_pp:.1} | {best_tg:.1} |", model.source, model.weights.main_dtype().name());
+        println!(
+            "| model | weights | kernels | threads | prefill {} (tok/s) | decode {} (tok/s) | limit (tok/s) | of limit | read (GB/s) |",
+            a.prompt_tokens, a.decode_tokens
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
+        println!(
+            "| {} | {} | {kernels} | {threads} | {best_pp:.1} | {best_tg:.1} | {:.1} | {:.0}% | {bw_gb_s:.1} |",
+            model.source,
+            model.weights.main_dtype().name(),
+            lim.tok_s,
+            100.0 * best_tg / lim.tok_s
+        );
     }
     Ok(())
 }
@@ -77,4 +104,28 @@ fn warm_up(model: &Model, pool: &KvPool) -> Result<()> {
     let mut gen = Generator::new(model, pool);
     gen.feed(&[1, 2, 3, 4], false)?;
     Ok(())
+}
+
+/// The bandwidth bound on decode: `tok_s = bandwidth ÷ (weight_bytes + kv_bytes)`.
+struct DecodeLimit {
+    /// Weight bytes one decode token reads: every layer matrix and the output matrix (the
+    /// embedding contributes one row, neglected; norms are tiny).
+    weight_bytes: usize,
+    /// KV bytes one decode token reads at the mean context of the timed decode.
+    kv_bytes: usize,
+    /// The limit in tokens per second.
+    tok_s: f64,
+}
+
+impl DecodeLimit {
+    fn new(model: &Model, pool: &KvPool, decode_tokens: usize, bw_gb_s: f64) -> DecodeLimit {
+        let w = &model.weights;
+        let layers: usize =
+            w.layers.iter().map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|m| m.num_bytes()).sum::<usize>()).sum();
+        let weight_bytes = layers + w.output.num_bytes();
+        // Decode runs from context 1 to 1 + decode_tokens; the mean context is about half.
+        let kv_bytes = pool.bytes_per_token() * (1 + decode_tokens / 2);
+        let tok_s = bw_gb_s * 1e9 / (weight_bytes + kv_bytes).max(1) as f64;
+        DecodeLimit { weight_bytes, kv_bytes, tok_s }
+    }
 }

@@ -4,9 +4,11 @@
 mod api_keys;
 mod bench_cache;
 mod bench_context;
+mod bench_membw;
 mod bench_rag;
 mod bench_relevance;
 mod bench_scenario;
+mod bench_serve;
 mod bench_speculation;
 mod bench_speed;
 mod cache_cmd;
@@ -60,6 +62,8 @@ enum Command {
 enum BenchCommand {
     /// Prefill and decode tokens/s (512-token prompt, 128 decoded tokens).
     Speed(bench_speed::Args),
+    /// Memory read bandwidth with 1..N threads (stream read and real GEMVs), the bound on decode.
+    Membw(bench_membw::Args),
     /// Time to first token: cold vs hot vs warm (restored from disk), shared prefixes, KV formats.
     Cache(bench_cache::Args),
     /// What each approximation (q8/q4 KV, bf16 attention, eviction, chunk reuse) costs vs the exact path.
@@ -84,6 +88,11 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // A kernel path forced by ENGRAM_SIMD that this CPU lacks is an error up front, not a panic later.
+    if let Err(e) = engram_kernels::internal::Isa::forced() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a),
@@ -95,6 +104,7 @@ fn main() {
         Command::Rag(a) => rag_cmd::run(a),
         Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
         Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
+        Command::Bench { which: BenchCommand::Membw(a) } => bench_membw::run(a),
         Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
         Command::Bench { which: BenchCommand::Relevance(a) } => bench_relevance::run(a),
         Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),

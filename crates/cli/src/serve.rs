@@ -2,7 +2,8 @@
 //! `/v1/embeddings` from a sentence encoder named or installed, else from the
 //! LLM's pooled hidden states, said on stderr), and
 //! `engram bench serve`: aggregate decode tokens/s with 1, 2, 4, 8
-//! concurrent sessions through the same scheduler, in process.
+//! concurrent sessions through the same scheduler, in process (figures defined
+//! in `bench_serve.rs`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,6 +16,7 @@ use engram_engine::{PooledEncoder, SamplingParams};
 use engram_kv::EvictionPolicy;
 use engram_server::{DiskConfig, Event, Job, SchedulerConfig, Server, ServerConfig};
 
+use crate::bench_serve::{EngineClock, ServeStats, SessionTiming};
 use crate::common::{data_dir, default_model, kv_pool, load_model, ModelArgs};
 
 #[derive(clap::Args, Debug)]
@@ -265,14 +267,19 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
     let config = ServerConfig { scheduler: SchedulerConfig { max_batch: max_c, ..Default::default() }, ..ServerConfig::new(model_id) };
     let server = Server::start(model.clone(), pool, config);
     let engine = server.engine();
+    // The engine's own token clock (see bench_serve.rs): text events are no clock for tokens.
+    let metrics = server.metrics();
     let vocab = model.tokenizer.vocab_size().min(model.config.vocab).max(1) as u64;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut round = 0u64;
+    // Concurrency 1's aggregate, the base of the scaling column (when 1 is among the levels).
+    let mut single: Option<f64> = None;
     for &c in std::iter::once(&1).chain(&levels) {
         // The first pass (concurrency 1) warms the weights up and is not reported.
         let warm = round == 0;
         round += 1;
         let params = SamplingParams { max_tokens: a.decode_tokens, ignore_eos: true, ..Default::default() };
+        let clock0 = EngineClock::read(&metrics.render());
         let t0 = Instant::now();
         let mut rxs = Vec::with_capacity(c);
         for i in 0..c as u64 {
@@ -291,17 +298,15 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
             rxs.push(engine.submit(job).map_err(|e| anyhow::anyhow!(e.message))?);
         }
         // Every receiver is drained concurrently, so the times are when events arrived.
-        let (tokens, first_all, ttft_sum) = rt.block_on(async {
+        let timings: Vec<SessionTiming> = rt.block_on(async {
             let tasks: Vec<_> = rxs
                 .into_iter()
                 .map(|mut rx| {
                     tokio::spawn(async move {
-                        let mut first = None;
                         while let Some(ev) = rx.recv().await {
                             match ev {
-                                Event::Text(_) if first.is_none() => first = Some(t0.elapsed()),
                                 Event::Finished { completion_tokens, .. } => {
-                                    return Ok((completion_tokens, first.unwrap_or_else(|| t0.elapsed())))
+                                    return Ok(SessionTiming { finished: t0.elapsed(), tokens: completion_tokens });
                                 }
                                 Event::Failed(e) => return Err(anyhow::anyhow!(e.message)),
                                 _ => {}
@@ -311,46 +316,58 @@ pub fn bench(mut a: BenchArgs) -> Result<()> {
                     })
                 })
                 .collect();
-            let (mut tokens, mut first_all, mut ttft_sum) = (0usize, Duration::ZERO, 0.0);
+            let mut out = Vec::with_capacity(tasks.len());
             for t in tasks {
-                let (n, first) = t.await??;
-                tokens += n;
-                first_all = first_all.max(first);
-                ttft_sum += first.as_secs_f64();
+                out.push(t.await??);
             }
-            anyhow::Ok((tokens, first_all, ttft_sum))
+            anyhow::Ok(out)
         })?;
         let wall = t0.elapsed();
         if warm {
             continue;
         }
-        let decode_s = (wall - first_all).as_secs_f64().max(1e-9);
-        let agg = tokens.saturating_sub(c) as f64 / decode_s;
-        let overall = tokens as f64 / wall.as_secs_f64();
+        let clock = EngineClock::read(&metrics.render()).since(&clock0);
+        let st = ServeStats::new(&timings, clock, wall);
+        anyhow::ensure!(st.adds_up(), "bench serve bookkeeping: the figures do not add up: {st:?}");
+        if c == 1 {
+            single = Some(st.aggregate_decode_tok_s);
+        }
+        let scaling = single.map(|s1| st.scaling_vs(s1));
+        let ttft_ms = st.mean_ttft_ms;
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"concurrency": c, "aggregate_decode_tok_s": agg, "overall_tok_s": overall,
-                                   "mean_ttft_ms": ttft_sum / c as f64 * 1e3, "tokens": tokens,
+                serde_json::json!({"concurrency": c, "aggregate_decode_tok_s": st.aggregate_decode_tok_s,
+                                   "mean_session_decode_tok_s": st.mean_session_decode_tok_s,
+                                   "decode_s_sessions": st.clock.decode_s, "scaling_vs_one_session": scaling,
+                                   "overall_tok_s": st.overall_tok_s, "adds_up": st.adds_up(),
+                                   "mean_ttft_ms": ttft_ms, "tokens": st.tokens,
                                    "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens,
                                    "threads": engram_kernels::num_threads(), "model": model.describe(), "kv_format": a.model.kv_format,
                                    "attention": model.attention().name()})
             );
         } else {
+            let sc = scaling.map(|v| format!(", {:.2} of linear", v)).unwrap_or_default();
             println!(
-                "concurrency {c:>2}: {agg:>9.1} tok/s aggregate decode, {overall:>9.1} tok/s overall, mean TTFT {:.1} ms",
-                ttft_sum / c as f64 * 1e3
+                "concurrency {c:>2}: {:>9.1} tok/s aggregate decode (per session {:.1}{sc}), {:>9.1} tok/s overall, mean TTFT {ttft_ms:.1} ms",
+                st.aggregate_decode_tok_s, st.mean_session_decode_tok_s, st.overall_tok_s
             );
         }
     }
-    staggered(&a, &engine, &rt, vocab)
+    staggered(&a, &engine, &metrics, &rt, vocab)
 }
 
 /// Seed 004's staggered arrivals: user B arrives when user A has its first
 /// token. B's time to first token with interleaved prefill + decode, against
 /// B's wait if requests ran one after the other (A's remaining generation,
 /// then B alone) — both measured from B's arrival.
-fn staggered(a: &BenchArgs, engine: &engram_server::EngineHandle, rt: &tokio::runtime::Runtime, vocab: u64) -> Result<()> {
+fn staggered(
+    a: &BenchArgs,
+    engine: &engram_server::EngineHandle,
+    metrics: &engram_server::Metrics,
+    rt: &tokio::runtime::Runtime,
+    vocab: u64,
+) -> Result<()> {
     let prompt =
         |salt: u64| -> Vec<u32> { (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect() };
     let params = SamplingParams { max_tokens: a.decode_tokens, ignore_eos: true, ..Default::default() };
@@ -363,31 +380,46 @@ fn staggered(a: &BenchArgs, engine: &engram_server::EngineHandle, rt: &tokio::ru
         params: params.clone(),
         pinned: false,
     };
-    let first_text = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>| async move {
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Text(_) => return Ok(rx),
-                Event::Failed(e) => return Err(anyhow::anyhow!(e.message)),
-                _ => {}
+    // A job's first token by the engine's clock (its first-token count), not by text events,
+    // which the detokenizer may hold back to the end (then the old wait never saw one).
+    let firsts = || EngineClock::read(&metrics.render()).first_tokens;
+    let first_token = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, before: u64| async move {
+        loop {
+            if firsts() > before {
+                return Ok(rx);
+            }
+            match rx.try_recv() {
+                Ok(Event::Failed(e)) => return Err(anyhow::anyhow!(e.message)),
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) if firsts() <= before => {
+                    return Err(anyhow::anyhow!("the engine stopped"))
+                }
+                _ => tokio::time::sleep(Duration::from_micros(500)).await,
             }
         }
-        Err(anyhow::anyhow!("the engine stopped"))
     };
     let finish = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>| async move { while rx.recv().await.is_some() {} };
-    let sub = |j: Job| engine.submit(j).map_err(|e| anyhow::anyhow!(e.message));
+    // Submits a job; also returns the engine's first-token count just before.
+    let sub = |j: Job| {
+        let before = firsts();
+        engine.submit(j).map(|rx| (rx, before)).map_err(|e| anyhow::anyhow!(e.message))
+    };
     rt.block_on(async {
         // Interleaved: B joins while A decodes.
-        let rx_a = first_text(sub(job(900_001))?).await?;
+        let (rx, n) = sub(job(900_001))?;
+        let rx_a = first_token(rx, n).await?;
         let t_b = Instant::now();
-        let rx_b = first_text(sub(job(900_002))?).await?;
+        let (rx, n) = sub(job(900_002))?;
+        let rx_b = first_token(rx, n).await?;
         let interleaved = t_b.elapsed().as_secs_f64();
         finish(rx_a).await;
         finish(rx_b).await;
         // Sequential: B waits for A to finish, then runs alone.
-        let rx_a = first_text(sub(job(900_003))?).await?;
+        let (rx, n) = sub(job(900_003))?;
+        let rx_a = first_token(rx, n).await?;
         let t_b = Instant::now();
         finish(rx_a).await;
-        let rx_b = first_text(sub(job(900_004))?).await?;
+        let (rx, n) = sub(job(900_004))?;
+        let rx_b = first_token(rx, n).await?;
         let sequential = t_b.elapsed().as_secs_f64();
         finish(rx_b).await;
         let row = serde_json::json!({"second_user_ttft_interleaved_ms": interleaved * 1e3, "second_user_ttft_sequential_ms": sequential * 1e3,

@@ -2,7 +2,7 @@
 //! (512 tokens × 2048×2048). Default run is short. Set `ENGRAM_TABLE=1` to instead print a
 //! GFLOP/s + GB/s table and a Llama-1B-shape tok/s estimate (hidden 2048, FFN 8192, 16 layers,
 //! vocab 32000), with the pool at its default size (or `ENGRAM_THREADS`). Table filters:
-//! `ENGRAM_DTYPES=q8_0,q4_0` (formats), `ENGRAM_ISA=avx512,amx` (kernel paths; default: the
+//! `ENGRAM_DTYPES=q8_0,q4_0` (formats), `ENGRAM_SMALL_BATCH=1` (4-token rows instead of 512), `ENGRAM_ISA=avx512,amx` (kernel paths; default: the
 //! detected best), `ENGRAM_DECODE_ONLY=1` (skip the 512-token rows), so paths can be compared
 //! side by side in one run.
 
@@ -81,7 +81,9 @@ fn table() {
             println!("path = {isa:?}");
         }
         let mut est = [0f64; 2];
-        for (k, &n) in [1usize, 512].iter().enumerate() {
+        // `ENGRAM_SMALL_BATCH=1`: a 4-token step (4 sessions decoding together) instead of 512.
+        let ns = if std::env::var("ENGRAM_SMALL_BATCH").is_ok() { [1usize, 4] } else { [1usize, 512] };
+        for (k, &n) in ns.iter().enumerate() {
             if decode_only && n > 1 {
                 continue;
             }
@@ -103,7 +105,7 @@ fn table() {
             }
             est[k] = n as f64 / total;
         }
-        println!("{:6} 1B estimate: decode {:.1} tok/s, prefill(512) {:.1} tok/s", d.name(), est[0], est[1]);
+        println!("{:6} 1B estimate: decode {:.1} tok/s, {}-token steps {:.1} tok/s", d.name(), est[0], ns[1], est[1]);
     }
 }
 

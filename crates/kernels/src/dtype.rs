@@ -131,6 +131,14 @@ pub enum KernelError {
         /// Actual length.
         got: usize,
     },
+    /// `ENGRAM_SIMD` names an unknown kernel path or one this CPU cannot run.
+    #[error("ENGRAM_SIMD={value}: {reason}")]
+    ForcedPath {
+        /// The variable's value.
+        value: String,
+        /// Why it was refused (and which paths this CPU has).
+        reason: String,
+    },
 }
 
 /// A row-major weight matrix `[rows = out features, cols = in features]` in `dtype` layout

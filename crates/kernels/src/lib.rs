@@ -13,7 +13,8 @@
 //!
 //! Module map: `dtype` (formats, errors), `blocks` (byte layouts), `quantize` (f32 → blocks,
 //! activation quantization), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
-//! `simd::{scalar, avx2, avx512, amx}` (kernels), `pool` (thread pool).
+//! `simd::{scalar, avx2, avx512, amx}` (kernels), `pool` (thread pool), `membw` (read-bandwidth
+//! probe for `engram bench membw`).
 
 // Kernels index fixed-size register arrays by row/token on purpose (the loops unroll), keep
 // explicit `%` checks (MSRV), and pass many raw tile parameters.
@@ -30,19 +31,21 @@ mod dequant;
 mod dtype;
 pub mod flash;
 mod matmul;
+mod membw;
 mod pool;
 mod quantize;
 mod simd;
 
 pub use dequant::dequantize_row;
 pub use dtype::{DType, KernelError, WeightMatrix};
-pub use matmul::matmul;
+pub use matmul::{matmul, matmul_multi};
+pub use membw::stream_read;
 pub use pool::{num_threads, pool, set_num_threads};
 pub use quantize::quantize;
 
 /// Internals exposed for tests and benchmarks; not a stable API.
 #[doc(hidden)]
 pub mod internal {
-    pub use crate::matmul::matmul_with;
+    pub use crate::matmul::{matmul_multi_with, matmul_with};
     pub use crate::simd::Isa;
 }

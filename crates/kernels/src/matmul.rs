@@ -15,12 +15,15 @@
 //!   sweeps 16-token groups over it (or, for ≤ 3 tokens, runs a VNNI kernel on the weights in
 //!   place).
 //!
+//! * [`matmul_multi`]: several matrices sharing the activations (q/k/v, gate/up) in one
+//!   parallel region, activations prepared once.
+//!
 //! Invariant (relied upon by chunked prefill): for a given CPU path the result for token `t`
 //! is **bitwise identical** whatever `n_tokens` is and whichever other tokens share the call,
 //! because activation rows are quantized independently and each (row, token) accumulator sees
 //! the same operations in the same order in every tile shape.
 
-use crate::dtype::WeightMatrix;
+use crate::dtype::{DType, WeightMatrix};
 use crate::simd::{run_tile, tile_limits, Acts, Isa, TileCtx};
 use rayon::prelude::*;
 
@@ -43,70 +46,150 @@ pub fn matmul(w: &WeightMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
 /// # Panics
 /// As [`matmul`], and if `isa` is not available on this CPU.
 pub fn matmul_with(isa: Isa, w: &WeightMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-    assert!(isa.is_available(), "kernel path {isa:?} not supported by this CPU");
-    assert_eq!(x.len(), n_tokens * w.cols, "matmul: x must be n_tokens x cols");
-    assert_eq!(out.len(), n_tokens * w.rows, "matmul: out must be n_tokens x rows");
-    if n_tokens == 0 || w.rows == 0 {
-        return;
-    }
-    if w.cols == 0 {
-        out.iter_mut().for_each(|v| *v = 0.0);
-        return;
-    }
-    let acts = Acts::prepare(w.dtype, x, n_tokens, w.cols);
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-    let (mut nr_max, nt_max) = tile_limits(isa, w.dtype);
-    let ctx = TileCtx { w, acts: &acts, out: out.as_mut_ptr(), ldo: w.rows };
-    let rows = w.rows;
-    #[cfg(target_arch = "x86_64")]
-    let amx_acts = match (isa, &acts) {
-        (Isa::Amx, Acts::Q8(a)) => {
-            nr_max = crate::simd::amx::GROUP;
-            Some(a)
-        }
-        _ => None,
-    };
+    matmul_multi_with(isa, &[w], x, n_tokens, &mut [out])
+}
 
-    let run_rows = |r0: usize, r1: usize| {
+/// Several products over the same activations in one parallel region:
+/// `outs[i][t][r] = Σ_k x[t][k] · ws[i][r][k]` (e.g. the q, k, v projections, or gate and up).
+/// The activations are prepared once per weight format, and all matrices' row chunks are
+/// spread over the pool together, so there is one synchronisation instead of one per matrix.
+///
+/// Invariant: `outs[i]` is bitwise equal to `matmul(ws[i], x, n_tokens, outs[i])` (the same
+/// tiles run on the same prepared activations; only their scheduling differs).
+///
+/// # Panics
+/// If the matrices' `cols` differ, or any shape is inconsistent as in [`matmul`].
+pub fn matmul_multi(ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
+    matmul_multi_with(Isa::detect(), ws, x, n_tokens, outs)
+}
+
+/// [`matmul_multi`] on an explicit kernel path.
+///
+/// # Panics
+/// As [`matmul_multi`], and if `isa` is not available on this CPU.
+pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
+    assert!(isa.is_available(), "kernel path {isa:?} not supported by this CPU");
+    assert_eq!(ws.len(), outs.len(), "matmul_multi: one output per matrix");
+    let Some(cols) = ws.first().map(|w| w.cols) else { return };
+    assert!(ws.iter().all(|w| w.cols == cols), "matmul_multi: every matrix must have the same cols");
+    assert_eq!(x.len(), n_tokens * cols, "matmul: x must be n_tokens x cols");
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        assert_eq!(out.len(), n_tokens * w.rows, "matmul: out must be n_tokens x rows");
+    }
+    if n_tokens == 0 {
+        return;
+    }
+    if cols == 0 {
+        outs.iter_mut().for_each(|o| o.iter_mut().for_each(|v| *v = 0.0));
+        return;
+    }
+    // Activations once per distinct preparation (Q4_K and Q6_K share Q8_K blocks).
+    let key = |d: DType| match d {
+        DType::Q6K => DType::Q4K,
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    };
+    let mut prepared: Vec<(DType, Acts)> = Vec::new();
+    for w in ws {
+        if w.rows > 0 && !prepared.iter().any(|(k, _)| *k == key(w.dtype)) {
+            prepared.push((key(w.dtype), Acts::prepare(w.dtype, x, n_tokens, cols)));
+        }
+    }
+    let threads = crate::pool::num_threads();
+    let jobs: Vec<Job> = ws
+        .iter()
+        .zip(outs.iter_mut())
+        .filter(|(w, _)| w.rows > 0)
+        .map(|(w, out)| {
+            let acts = &prepared.iter().find(|(k, _)| *k == key(w.dtype)).expect("prepared above").1;
+            Job::new(isa, w, acts, out, n_tokens, threads)
+        })
+        .collect();
+    let work: u64 = ws.iter().map(|w| w.rows as u64 * cols as u64 * n_tokens as u64).sum();
+    if threads <= 1 || work < (1 << 18) {
+        jobs.iter().for_each(|j| j.run_rows(0, j.rows));
+        return;
+    }
+    let pieces: Vec<(usize, usize)> = jobs.iter().enumerate().flat_map(|(i, j)| (0..j.nchunks).map(move |c| (i, c))).collect();
+    crate::pool::pool().install(|| {
+        pieces.par_iter().for_each(|&(i, c)| {
+            let j = &jobs[i];
+            j.run_rows(c * j.chunk, ((c + 1) * j.chunk).min(j.rows));
+        })
+    });
+}
+
+/// One matrix of a [`matmul_multi_with`] call: its tile context and row chunking.
+struct Job<'a> {
+    isa: Isa,
+    ctx: TileCtx<'a>,
+    rows: usize,
+    n_tokens: usize,
+    nr_max: usize,
+    nt_max: usize,
+    chunk: usize,
+    nchunks: usize,
+    #[cfg(target_arch = "x86_64")]
+    amx_acts: Option<&'a crate::quantize::ActQ8>,
+}
+
+impl<'a> Job<'a> {
+    fn new(isa: Isa, w: &'a WeightMatrix<'a>, acts: &'a Acts<'a>, out: &mut [f32], n_tokens: usize, threads: usize) -> Job<'a> {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+        let (mut nr_max, nt_max) = tile_limits(isa, w.dtype);
         #[cfg(target_arch = "x86_64")]
-        if let Some(a) = amx_acts {
-            // SAFETY: isa checked above; chunks start at multiples of nr_max = GROUP and own
-            // disjoint rows.
-            unsafe { crate::simd::amx::run_rows(&ctx, a, r0, r1, n_tokens) };
+        let amx_acts = match (isa, acts) {
+            (Isa::Amx, Acts::Q8(a)) => {
+                nr_max = crate::simd::amx::GROUP;
+                Some(a)
+            }
+            _ => None,
+        };
+        let rows = w.rows;
+        // ~8 chunks per thread for balance, rounded to the row tile, capped so a chunk's
+        // weights fit in L2 while they are reused across token groups.
+        let rb = w.row_bytes();
+        let mut chunk = rows.div_ceil(threads.max(1) * 8).max(1);
+        if n_tokens > 1 {
+            chunk = chunk.min((256 * 1024 / rb.max(1)).max(1));
+        }
+        chunk = chunk.div_ceil(nr_max) * nr_max;
+        let nchunks = rows.div_ceil(chunk);
+        let ctx = TileCtx { w, acts, out: out.as_mut_ptr(), ldo: rows };
+        Job {
+            isa,
+            ctx,
+            rows,
+            n_tokens,
+            nr_max,
+            nt_max,
+            chunk,
+            nchunks,
+            #[cfg(target_arch = "x86_64")]
+            amx_acts,
+        }
+    }
+
+    /// Computes output rows `r0..r1` for every token.
+    fn run_rows(&self, r0: usize, r1: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(a) = self.amx_acts {
+            // SAFETY: isa checked by the caller; chunks start at multiples of nr_max = GROUP
+            // and own disjoint rows.
+            unsafe { crate::simd::amx::run_rows(&self.ctx, a, r0, r1, self.n_tokens) };
             return;
         }
         let mut t0 = 0;
-        while t0 < n_tokens {
-            let nt = nt_max.min(n_tokens - t0);
+        while t0 < self.n_tokens {
+            let nt = self.nt_max.min(self.n_tokens - t0);
             let mut r = r0;
             while r < r1 {
-                let nr = nr_max.min(r1 - r);
-                // SAFETY: isa checked above; tile in bounds; chunks own disjoint rows.
-                unsafe { run_tile(isa, &ctx, r, nr, t0, nt) };
+                let nr = self.nr_max.min(r1 - r);
+                // SAFETY: isa checked by the caller; tile in bounds; chunks own disjoint rows.
+                unsafe { run_tile(self.isa, &self.ctx, r, nr, t0, nt) };
                 r += nr;
             }
             t0 += nt;
         }
-    };
-
-    let threads = crate::pool::num_threads();
-    let work = rows as u64 * w.cols as u64 * n_tokens as u64;
-    if threads <= 1 || work < (1 << 18) {
-        run_rows(0, rows);
-        return;
     }
-    // ~8 chunks per thread for balance, rounded to the row tile, capped so a chunk's weights
-    // fit in L2 while they are reused across token groups.
-    let rb = w.row_bytes();
-    let mut chunk = rows.div_ceil(threads * 8).max(1);
-    if n_tokens > 1 {
-        chunk = chunk.min((256 * 1024 / rb.max(1)).max(1));
-    }
-    chunk = chunk.div_ceil(nr_max) * nr_max;
-    let nchunks = rows.div_ceil(chunk);
-    crate::pool::pool().install(|| {
-        (0..nchunks).into_par_iter().for_each(|c| {
-            run_rows(c * chunk, ((c + 1) * chunk).min(rows));
-        })
-    });
 }

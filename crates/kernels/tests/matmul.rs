@@ -147,3 +147,37 @@ fn public_matmul_and_pool() {
     // zero tokens is a no-op
     matmul(&wm, &[], 0, &mut []);
 }
+
+/// `matmul_multi` (one parallel region, activations prepared once per format) gives every
+/// matrix bitwise what its own `matmul` call gives, on every path, for mixed formats and row
+/// counts (including an empty matrix) and token counts that do and do not run threaded.
+#[test]
+fn matmul_multi_equals_separate_calls_bitwise() {
+    use engram_kernels::internal::matmul_multi_with;
+    let cols = 512;
+    let mixes: [&[(DType, usize)]; 4] = [
+        &[(DType::Q4_0, 300), (DType::Q4_0, 76), (DType::Q4_0, 76)],
+        &[(DType::Q4K, 160), (DType::Q6K, 48), (DType::Q4K, 0)],
+        &[(DType::Q8_0, 96), (DType::F16, 130), (DType::BF16, 17), (DType::F32, 33)],
+        &[(DType::Q6K, 256)],
+    ];
+    for (m, mix) in mixes.iter().enumerate() {
+        let bytes: Vec<Vec<u8>> =
+            mix.iter().enumerate().map(|(i, &(d, r))| quantize(d, &data(r * cols, 40 + i as u64), cols).unwrap()).collect();
+        let ws: Vec<WeightMatrix> = mix.iter().zip(&bytes).map(|(&(d, r), b)| WeightMatrix::new(d, r, cols, b).unwrap()).collect();
+        let wr: Vec<&WeightMatrix> = ws.iter().collect();
+        for n in [1usize, 4, 17] {
+            let x = data(n * cols, 50 + n as u64);
+            for isa in Isa::available() {
+                let mut multi: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+                let mut refs: Vec<&mut [f32]> = multi.iter_mut().map(|v| v.as_mut_slice()).collect();
+                matmul_multi_with(isa, &wr, &x, n, &mut refs);
+                for (i, w) in ws.iter().enumerate() {
+                    let mut one = vec![0f32; n * w.rows];
+                    matmul_with(isa, w, &x, n, &mut one);
+                    assert!(one.iter().zip(&multi[i]).all(|(a, b)| a.to_bits() == b.to_bits()), "mix {m} matrix {i} {isa:?} n={n}");
+                }
+            }
+        }
+    }
+}

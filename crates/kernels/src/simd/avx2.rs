@@ -102,6 +102,14 @@ pub(crate) unsafe fn f16_load(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
+/// The f16 at `p` (unaligned) → f32 in all 8 lanes: one broadcast load and one conversion
+/// (the same value as `_mm256_set1_ps(f16_load(p))`, in two instructions instead of four).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f16_bcast(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
+}
+
 /// 8 weights at element `i` of a row of kind K (0 = f32, 1 = f16, 2 = bf16) as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -174,16 +182,19 @@ unsafe fn q8_tile<const Q4: bool, const NR: usize, const NT: usize>(
     let nb = a.blocks_per_row;
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
+    let nib_shift = _mm256_set_epi64x(4, 4, 0, 0);
     let mut acc = [[_mm256_setzero_ps(); NT]; NR];
     for i in 0..nb {
         let mut wv = [_mm256_setzero_si256(); NR];
         let mut dw = [_mm256_setzero_ps(); NR];
         for r in 0..NR {
             let b = w.add(r * rb + i * bb);
-            dw[r] = _mm256_set1_ps(f16_load(b));
+            dw[r] = f16_bcast(b);
             wv[r] = if Q4 {
-                let v = _mm_loadu_si128(b.add(2) as *const __m128i);
-                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4)
+                // Both lanes hold the 16 bytes; the high lane shifted right by 4 (per 64-bit
+                // word: the bits crossing bytes are masked off either way) = the high nibbles.
+                let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(b.add(2) as *const __m128i));
+                _mm256_and_si256(_mm256_srlv_epi64(v, nib_shift), m4)
             } else {
                 _mm256_loadu_si256(b.add(2) as *const __m256i)
             };
@@ -260,6 +271,11 @@ unsafe fn q6k_tile<const NT: usize>(w: *const u8, _rb: usize, a: &crate::quantiz
     let nb = a.blocks_per_row;
     let m4 = _mm256_set1_epi8(0x0F);
     let m30 = _mm256_set1_epi8(0x30);
+    // `vpshufb` controls picking byte 2g (low lane) / 2g+1 (high lane) into both bytes of every i16.
+    let mut sctrl = [_mm256_setzero_si256(); 8];
+    for g in 0..8 {
+        sctrl[g] = _mm256_set_m128i(_mm_set1_epi8(2 * g as i8 + 1), _mm_set1_epi8(2 * g as i8));
+    }
     let mut acc = [_mm256_setzero_ps(); NT];
     let mut macc = [0f32; NT];
     for i in 0..nb {
@@ -280,9 +296,13 @@ unsafe fn q6k_tile<const NT: usize>(w: *const u8, _rb: usize, a: &crate::quantiz
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
         }
         // The 16 sub-block scales as i16, for Σ_j sc_j·bsum_j in one `vpmaddwd`.
-        let scv = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        let sc8 = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+        let scv = _mm256_cvtepi8_epi16(sc8);
+        // s[g]: sc[2g] in the low lane's i16s, sc[2g+1] in the high lane's: each byte doubled
+        // into an i16 by `vpshufb`, then sign-extended by an arithmetic shift.
+        let sc2 = _mm256_broadcastsi128_si256(sc8);
         for g in 0..8 {
-            s[g] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1] as i16), _mm_set1_epi16(sc[2 * g] as i16));
+            s[g] = _mm256_srai_epi16(_mm256_shuffle_epi8(sc2, sctrl[g]), 8);
         }
         for t in 0..NT {
             let ab = (t0 + t) * nb + i;

@@ -61,10 +61,66 @@ impl Isa {
         }
     }
 
-    /// The best available path (cached after the first call).
+    /// The path [`matmul`](crate::matmul) and the AMX flash attention use (cached after the
+    /// first call): the one `ENGRAM_SIMD` forces ([`Isa::forced`]) if set, else the best
+    /// available.
+    ///
+    /// # Panics
+    /// If `ENGRAM_SIMD` is set to an unknown path or one this CPU lacks (programs check
+    /// [`Isa::forced`] at start-up to report it as an error instead).
     pub fn detect() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| [Isa::Amx, Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar))
+        *BEST.get_or_init(|| match Isa::forced() {
+            Ok(Some(isa)) => isa,
+            Ok(None) => Isa::best(),
+            Err(e) => panic!("{e}"),
+        })
+    }
+
+    /// The best path this CPU can run, ignoring `ENGRAM_SIMD`.
+    pub fn best() -> Isa {
+        [Isa::Amx, Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
+    }
+
+    /// The path forced by the `ENGRAM_SIMD` environment variable (`scalar`, `avx2`, `avx512`,
+    /// `amx`; unset, empty or `auto`: none). An unknown name or a path this CPU cannot run is
+    /// an error naming the paths it can, never a silent fallback.
+    pub fn forced() -> Result<Option<Isa>, crate::KernelError> {
+        match std::env::var("ENGRAM_SIMD") {
+            Ok(v) => Isa::resolve(&v),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                Err(crate::KernelError::ForcedPath { value: v.to_string_lossy().into_owned(), reason: "not valid UTF-8".into() })
+            }
+        }
+    }
+
+    /// What a value of `ENGRAM_SIMD` forces (see [`Isa::forced`]).
+    pub fn resolve(value: &str) -> Result<Option<Isa>, crate::KernelError> {
+        let v = value.trim();
+        if v.is_empty() || v.eq_ignore_ascii_case("auto") {
+            return Ok(None);
+        }
+        let can = Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>().join(", ");
+        let err = |reason: String| crate::KernelError::ForcedPath { value: value.to_string(), reason };
+        let isa = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx]
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(v))
+            .ok_or_else(|| err(format!("unknown kernel path (known: scalar, avx2, avx512, amx, auto; this CPU runs {can})")))?;
+        if !isa.is_available() {
+            return Err(err(format!("this CPU cannot run the {} path (it runs {can})", isa.name())));
+        }
+        Ok(Some(isa))
+    }
+
+    /// The path's name as `ENGRAM_SIMD` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
+        }
     }
 
     /// All paths this CPU can run, best last.

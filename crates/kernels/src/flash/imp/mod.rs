@@ -30,6 +30,8 @@ pub(super) fn available() -> bool {
         let l7 = unsafe { __cpuid_count(7, 0) };
         l7.edx & (1 << 22) != 0
             && crate::simd::Isa::Amx.is_available()
+            // A path forced below AMX (`ENGRAM_SIMD`) turns the AMX flash attention off too.
+            && crate::simd::Isa::detect() == crate::simd::Isa::Amx
             && is_x86_feature_detected!("avx512bf16")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512dq")
