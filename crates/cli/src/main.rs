@@ -6,6 +6,7 @@ mod bench_cache;
 mod bench_context;
 mod bench_relevance;
 mod bench_scenario;
+mod bench_sparse;
 mod bench_speculation;
 mod bench_speed;
 mod cache_cmd;
@@ -15,6 +16,7 @@ mod convert_cmd;
 mod fidelity;
 mod fixture_cmd;
 mod generate;
+mod generate_sparse;
 mod scenario_cmd;
 mod serve;
 mod timed_sink;
@@ -70,6 +72,8 @@ enum BenchCommand {
     Context(bench_context::Args),
     /// A multi-agent scenario end to end: agents' caches as working memory vs re-prefilling every prompt.
     Scenario(bench_scenario::Args),
+    /// Sparse attention over clustered KV (DynaKV, seed 002) vs exact and the baselines: quality and decode speed.
+    Sparse(bench_sparse::Args),
 }
 
 fn main() {
@@ -94,6 +98,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Speculation(a) } => bench_speculation::run(a),
         Command::Bench { which: BenchCommand::Context(a) } => bench_context::run(a),
         Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
+        Command::Bench { which: BenchCommand::Sparse(a) } => bench_sparse::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

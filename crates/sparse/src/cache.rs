@@ -64,6 +64,9 @@ pub struct SparseKv {
     /// `layer * heads + head`: the index and the last selection it made; empty until built.
     index: Vec<Mutex<(Box<dyn HeadIndex>, Vec<u32>)>>,
     built: bool,
+    /// Reads are exact for now (the index is kept up to date): for timing both paths on one
+    /// cache, step by step.
+    bypass: bool,
     probe: Option<Probe>,
     reads: AtomicUsize,
     attended: AtomicUsize,
@@ -88,10 +91,45 @@ impl SparseKv {
             values: vec![Vec::new(); layers],
             index: Vec::new(),
             built: false,
+            bypass: false,
             probe: None,
             reads: AtomicUsize::new(0),
             attended: AtomicUsize::new(0),
         }
+    }
+
+    /// A copy of the stored keys and values under `cfg` (`None`: exact), without an index
+    /// ([`SparseKv::build_index`] makes one) and with empty counters.
+    pub fn fork(&self, cfg: Option<SparseConfig>) -> SparseKv {
+        SparseKv {
+            cfg,
+            lens: self.lens.clone(),
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            index: Vec::new(),
+            built: false,
+            bypass: false,
+            probe: None,
+            reads: AtomicUsize::new(0),
+            attended: AtomicUsize::new(0),
+            ..*self
+        }
+    }
+
+    /// Switches to `cfg` (`None`: exact), dropping the index and the counters; the stored
+    /// keys and values stay.
+    pub fn set_config(&mut self, cfg: Option<SparseConfig>) {
+        self.cfg = cfg;
+        self.index = Vec::new();
+        self.built = false;
+        self.reads = AtomicUsize::new(0);
+        self.attended = AtomicUsize::new(0);
+    }
+
+    /// Makes reads exact (`true`) or sparse again (`false`) without touching the index, which
+    /// keeps taking every new token: the same cache timed both ways, step by step.
+    pub fn set_bypass(&mut self, exact: bool) {
+        self.bypass = exact;
     }
 
     /// Measures, on every sparse read, the exact attention mass the chosen keys hold and the
@@ -207,7 +245,7 @@ impl SparseKv {
     /// where the read is exact (no index yet, several query tokens, an exact cache).
     pub fn selection(&self, read: &KvRead<'_>) -> Option<Vec<u32>> {
         let cfg = self.cfg?;
-        if !self.built || read.positions.len() != 1 {
+        if !self.built || self.bypass || read.positions.len() != 1 {
             return None;
         }
         let n = (read.positions[0] as usize + 1).min(self.lens[read.layer]);

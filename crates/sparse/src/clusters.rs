@@ -1,4 +1,5 @@
-//! Clustered keys of one (layer, KV head): prefill k-means, one representative (centroid)
+//! Clustered keys of one (layer, KV head): prefill k-means (per [`SEGMENT`] of the history),
+//! one representative (centroid)
 //! per cluster with its size and variance, retrieval of whole clusters under a token budget,
 //! and the three ways new keys join: static, local and adaptive (DynaKV, seed 002's
 //! Algorithm 1).
@@ -18,11 +19,12 @@
 use std::ops::Range;
 
 use crate::keys::{dist2, dot, HeadKeys};
-use crate::kmeans::{cluster_count, kmeans, nearest};
+use crate::kmeans::{cluster_count, kmeans, nearest, SEGMENT};
 use crate::method::{HeadIndex, IndexStats};
 
-/// Lloyd iterations at prefill and for splits.
-const ITERS: usize = 5;
+/// Lloyd iterations at prefill and for splits (4: the assignment changes little after, and
+/// prefill clustering is the index's main cost).
+const ITERS: usize = 4;
 
 /// How new keys join the clusters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,8 +198,11 @@ impl HeadIndex for ClusterIndex {
         if n == 0 {
             return;
         }
+        // Segment by segment (k-means cost linear in the history, peak memory one segment's).
         let tokens: Vec<u32> = (0..n as u32).collect();
-        self.add_clusters(keys, &tokens, cluster_count(n));
+        for seg in tokens.chunks(SEGMENT) {
+            self.add_clusters(keys, seg, cluster_count(seg.len()));
+        }
         // τ: the 90th percentile of the prefill clusters' variances (clusters of >= 2).
         let mut vars: Vec<f64> = (0..self.len()).filter(|&c| self.members[c].len() >= 2).map(|c| self.variance(c)).collect();
         vars.sort_by(f64::total_cmp);

@@ -19,11 +19,18 @@ pub const CHUNK: usize = 1024;
 /// representatives still separate what a query wants.
 pub const MEAN_CLUSTER: usize = 64;
 
-/// The most clusters one head gets at prefill (scoring them costs `k × group` dot products a
+/// Tokens clustered together at prefill: a longer history is clustered segment by segment
+/// (`ceil(8192 / 64) = 128` clusters each), so clustering costs `O(n · 128 · dim)` per
+/// iteration — linear in the history, where one global k-means with `k ∝ n` is quadratic
+/// (32K tokens: 512 clusters, ~2 TFLOP for a 1B model's 128 heads) — and a segment's keys
+/// are neighbours in time, which is where attention's clusters mostly live.
+pub const SEGMENT: usize = 8192;
+
+/// The most clusters one k-means run makes (scoring them costs `k × group` dot products a
 /// step).
 pub const MAX_CLUSTERS: usize = 4096;
 
-/// Clusters for `n` prefill keys: `ceil(n / MEAN_CLUSTER)`, within `1 ..= MAX_CLUSTERS`.
+/// Clusters for `n` keys clustered together: `ceil(n / MEAN_CLUSTER)`, within `1 ..= MAX_CLUSTERS`.
 pub fn cluster_count(n: usize) -> usize {
     n.div_ceil(MEAN_CLUSTER).clamp(1, MAX_CLUSTERS)
 }
