@@ -19,6 +19,14 @@ pub struct Args {
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long)]
     chat: bool,
+    /// Opt-in sparse attention for decoding (seed 002): dynakv, static, local, quest, streaming,
+    /// oracle, tokens. Default: exact attention. Uses f16 KV in RAM, whatever --kv-format says.
+    #[arg(long)]
+    sparse: Option<String>,
+    /// Tokens retrieved per layer, KV head and step with --sparse (besides 4 sinks and the 64
+    /// most recent).
+    #[arg(long)]
+    sparse_budget: Option<usize>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -37,6 +45,11 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         tok.encode(&a.prompt, true)?.ids
     };
+    if let Some(method) = &a.sparse {
+        let cfg = crate::generate_sparse::config(method, a.sparse_budget.unwrap_or(2048), ids.len())?;
+        return crate::generate_sparse::generate(&model, &ids, &a.sampling.params(), cfg);
+    }
+    anyhow::ensure!(a.sparse_budget.is_none(), "--sparse-budget needs --sparse METHOD");
     let mut gen = Generator::new(&model, &pool);
     let out = gen.generate(&ids, &a.sampling.params(), &mut stdout_sink)?;
     println!();

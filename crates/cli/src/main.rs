@@ -9,6 +9,7 @@ mod bench_rag;
 mod bench_relevance;
 mod bench_scenario;
 mod bench_serve;
+mod bench_sparse;
 mod bench_speculation;
 mod bench_speed;
 mod cache_cmd;
@@ -19,6 +20,7 @@ mod fidelity;
 mod fixture_cmd;
 mod generate;
 mod rag_cmd;
+mod generate_sparse;
 mod scenario_cmd;
 mod serve;
 mod timed_sink;
@@ -80,6 +82,8 @@ enum BenchCommand {
     Scenario(bench_scenario::Args),
     /// Personal RAG: naive vs chunk KV tree vs QA bank vs both, on a seeded synthetic corpus.
     Rag(bench_rag::Args),
+    /// Sparse attention over clustered KV (DynaKV, seed 002) vs exact and the baselines: quality and decode speed.
+    Sparse(bench_sparse::Args),
 }
 
 fn main() {
@@ -112,6 +116,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Context(a) } => bench_context::run(a),
         Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
         Command::Bench { which: BenchCommand::Rag(a) } => bench_rag::run(a),
+        Command::Bench { which: BenchCommand::Sparse(a) } => bench_sparse::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

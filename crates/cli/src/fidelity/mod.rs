@@ -15,7 +15,7 @@
 
 mod attention_mass;
 pub mod measure;
-mod rows;
+pub(crate) mod rows;
 mod sim_quant;
 
 use std::path::PathBuf;
@@ -53,9 +53,9 @@ pub struct Args {
 }
 
 /// One text's tokens.
-struct Text {
-    name: String,
-    ids: Vec<u32>,
+pub(crate) struct Text {
+    pub(crate) name: String,
+    pub(crate) ids: Vec<u32>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -167,7 +167,7 @@ fn exact_path(model: &Model, context: &[u32], scored: &[u32], rows: &[Row]) -> R
 }
 
 /// Reads and tokenizes the texts (the fixture corpus when none is given).
-fn read_texts(model: &Model, paths: &[PathBuf]) -> Result<Vec<Text>> {
+pub(crate) fn read_texts(model: &Model, paths: &[PathBuf]) -> Result<Vec<Text>> {
     if paths.is_empty() {
         let ids = model.tokenizer.encode(engram_tokenizer::FIXTURE_CORPUS, true)?.ids;
         return Ok(vec![Text { name: "fixture-corpus".into(), ids }]);

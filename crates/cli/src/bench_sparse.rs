@@ -1,0 +1,109 @@
+//! `engram bench sparse`: sparse attention over clustered KV (seed 002, DynaKV, crate
+//! `engram-sparse`) against exact attention and the baselines, in one harness.
+//!
+//! - Quality ([`quality`]), on the long-context model (`models/pycode-long`) and held-out text
+//!   (`python3 models/pycode-long/recipe/heldout_text.py --out /tmp/heldout`): for each
+//!   window of `L` tokens the first `L - scored` are prefilled (exact, once), the index built,
+//!   the last `scored` decoded one at a time; per method and token budget: mean KL, top-1,
+//!   perplexity against the exact path (`fidelity::measure::Scores`), attention mass recalled
+//!   and attention-output relative error per layer (`engram_sparse::Probe`, f64).
+//! - Speed ([`speed`]), on a random-weight fixture (`engram fixture --shape llama-1b`): decode
+//!   tokens/s at each history, exact and DynaKV side by side on the same cache, KV bytes, RSS.
+//!
+//! Reproduce: `engram bench sparse --quality-model models/pycode-long --text /tmp/heldout/*.txt
+//! --speed-model /tmp/fix/llama-1b-q4_0.gguf --threads 2 [--json]`.
+
+mod quality;
+mod speed;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use engram_sparse::Method;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The long-context model for quality (a Hugging Face folder or GGUF); omit to skip quality.
+    #[arg(long)]
+    quality_model: Option<PathBuf>,
+    /// Held-out text files for quality (see the module doc).
+    #[arg(long, num_args = 1..)]
+    text: Vec<PathBuf>,
+    /// Window lengths for quality (history + scored tokens).
+    #[arg(long, value_delimiter = ',', default_value = "4096,8192,16384")]
+    lengths: Vec<usize>,
+    /// Tokens decoded and scored at the end of each window.
+    #[arg(long, default_value_t = 64)]
+    scored: usize,
+    /// Methods: dynakv, dynakv-eager, oracle, tokens, static, local, quest, streaming (or all).
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    methods: Vec<String>,
+    /// Token budgets for quality (retrieved tokens per layer, KV head and step).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    budgets: Vec<usize>,
+    /// Attention sinks and recent window (tokens always attended).
+    #[arg(long, default_value_t = 4)]
+    sinks: usize,
+    #[arg(long, default_value_t = 64)]
+    recent: usize,
+    /// The speed model (e.g. the llama-1b q4_0 fixture); omit to skip speed.
+    #[arg(long)]
+    speed_model: Option<PathBuf>,
+    /// Histories for speed (tokens in the cache before decoding).
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,8192,16384,32768")]
+    histories: Vec<usize>,
+    /// Tokens decoded (timed) per history and path.
+    #[arg(long, default_value_t = 16)]
+    decode: usize,
+    /// Token budget for the speed runs.
+    #[arg(long, default_value_t = 2048)]
+    budget: usize,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// One JSON object per line instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The methods `names` name (`all`: every one).
+fn parse_methods(names: &[String]) -> Result<Vec<Method>> {
+    let mut out = Vec::new();
+    for n in names.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        if n == "all" {
+            out.extend(Method::all());
+        } else {
+            out.push(Method::parse(n).map_err(anyhow::Error::msg)?);
+        }
+    }
+    anyhow::ensure!(!out.is_empty(), "no methods (--methods)");
+    Ok(out)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    anyhow::ensure!(a.quality_model.is_some() || a.speed_model.is_some(), "nothing to measure: give --quality-model and/or --speed-model");
+    engram_kernels::set_num_threads(a.threads.max(1));
+    let methods = parse_methods(&a.methods)?;
+    if let Some(m) = &a.quality_model {
+        quality::run(&a, m, &methods)?;
+    }
+    if let Some(m) = &a.speed_model {
+        speed::run(&a, m)?;
+    }
+    if !a.json {
+        println!(
+            "{} threads; machine load (1-min average) {}",
+            engram_kernels::num_threads(),
+            std::fs::read_to_string("/proc/loadavg").map_or("?".into(), |s| s.split_whitespace().next().unwrap_or("?").to_string())
+        );
+    }
+    Ok(())
+}
+
+/// `a`'s fields with `b`'s added.
+fn with(mut a: serde_json::Value, b: serde_json::Value) -> serde_json::Value {
+    if let (Some(a), serde_json::Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}

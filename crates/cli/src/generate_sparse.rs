@@ -1,0 +1,87 @@
+//! `engram generate --sparse METHOD`: the opt-in sparse path (seed 002, `engram-sparse`). The
+//! prompt is prefilled with exact attention into a [`SparseKv`], the index is built over it,
+//! and every decoded token attends only the keys the method retrieves (sinks, a recent
+//! window, `--sparse-budget` retrieved tokens per layer and KV head). Sampling, stop tokens
+//! and strings go through the engine's [`Decoding`], as the exact path's do.
+//!
+//! Invariant: a configuration that cannot be sparse is refused or falls back to exact with a
+//! warning, never run half-way: an unknown method or a zero budget is an error; a budget that
+//! covers the whole prompt (nothing to leave out) runs exact and says so.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use engram_engine::{Decoding, FinishReason};
+use engram_model::{Logits, Model, SeqStep};
+use engram_sparse::{Method, SparseConfig, SparseKv};
+
+use crate::common::stdout_sink;
+
+/// The sparse configuration the flags ask for, checked against the prompt: `Ok(None)` where it
+/// falls back to exact (with a warning on stderr).
+pub fn config(method: &str, budget: usize, prompt_tokens: usize) -> Result<Option<SparseConfig>> {
+    let method = Method::parse(method).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(budget > 0, "--sparse-budget must be at least 1 token");
+    let cfg = SparseConfig { budget, ..SparseConfig::new(method) };
+    if budget + cfg.sinks + cfg.recent >= prompt_tokens {
+        eprintln!(
+            "warning: --sparse-budget {budget} (+ {} sinks + {} recent) covers the whole prompt of {prompt_tokens} tokens: nothing to leave out; running exact attention",
+            cfg.sinks, cfg.recent
+        );
+        return Ok(None);
+    }
+    Ok(Some(cfg))
+}
+
+/// Generates after `prompt` with `cfg` (`None`: exact over the same cache), streaming to stdout.
+pub fn generate(model: &Model, prompt: &[u32], params: &engram_engine::SamplingParams, cfg: Option<SparseConfig>) -> Result<()> {
+    params.validate()?;
+    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
+    let ctx = model.config.max_positions;
+    anyhow::ensure!(prompt.len() < ctx, "the prompt of {} tokens does not fit the model's context of {ctx}", prompt.len());
+    let start = Instant::now();
+    let mut kv = SparseKv::new(&model.config, cfg);
+    let mut logits = Vec::new();
+    for part in prompt.chunks(engram_engine::DEFAULT_PREFILL_CHUNK) {
+        kv.reserve(part.len());
+        let slot = kv.len();
+        logits = model.forward(&mut [SeqStep::new(part, slot, &mut kv, Logits::Last)])?.remove(0);
+    }
+    let prefill_ms = start.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    kv.build_index();
+    let index_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut out = Decoding::new(&model.tokenizer, prompt, params, 0);
+    let decode_start = Instant::now();
+    let finish = loop {
+        if params.max_tokens == 0 {
+            break FinishReason::Length;
+        }
+        let tok = out.sample(&mut logits);
+        let step = out.accept(tok, kv.len() + 1 < ctx)?;
+        if !step.release.is_empty() && !stdout_sink(&step.release) {
+            break FinishReason::Cancelled;
+        }
+        if let Some(f) = step.done {
+            break f;
+        }
+        kv.reserve(1);
+        let slot = kv.len();
+        logits = model.forward(&mut [SeqStep::new(&[tok], slot, &mut kv, Logits::Last)])?.remove(0);
+    };
+    println!();
+    let n = out.generated().len();
+    let (attended, _) = kv.mean_attended();
+    eprintln!(
+        "prompt {} tokens, prefill {:.1} tok/s, index {index_ms:.0} ms; generated {n} tokens, decode {:.1} tok/s; {}; finish: {}",
+        prompt.len(),
+        prompt.len() as f64 / (prefill_ms / 1e3),
+        n as f64 / decode_start.elapsed().as_secs_f64(),
+        match cfg {
+            Some(c) => format!("sparse {} (budget {}, {attended:.0} keys attended per head on average)", c.method.name(), c.budget),
+            None => "exact attention".into(),
+        },
+        finish.as_str()
+    );
+    Ok(())
+}

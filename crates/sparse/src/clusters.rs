@@ -1,0 +1,309 @@
+//! Clustered keys of one (layer, KV head): prefill k-means (per [`SEGMENT`] of the history),
+//! one representative (centroid)
+//! per cluster with its size and variance, retrieval of whole clusters under a token budget,
+//! and the three ways new keys join: static, local and adaptive (DynaKV, seed 002's
+//! Algorithm 1).
+//!
+//! Adaptive update: a new key joins its nearest cluster (centroid and variance updated
+//! incrementally, Welford); when the cluster's variance passes its head's threshold `τ`
+//! (calibrated at prefill: the 90th percentile of the prefill clusters' variances) the cluster
+//! is flagged. A flagged cluster that is in RAM (fetched by the last retrieval) is split at
+//! once by 2-means; otherwise its new entries wait in a buffer (delayed split) until a
+//! retrieval fetches it, which splits it for free; when the head's buffers hold `B_max`
+//! entries the cluster with the most buffered entries is fetched only to be split (counted in
+//! [`IndexStats::split_fetch_tokens`]). `eager` fetches on every flag instead.
+//!
+//! Invariant: every token indexed is in exactly one cluster (or, for local update, in the
+//! window being filled), so choosing every cluster chooses every token.
+
+use std::ops::Range;
+
+use crate::keys::{dist2, dot, HeadKeys};
+use crate::kmeans::{cluster_count, kmeans, nearest, SEGMENT};
+use crate::method::{HeadIndex, IndexStats};
+
+/// Lloyd iterations at prefill and for splits (4: the assignment changes little after, and
+/// prefill clustering is the index's main cost).
+const ITERS: usize = 4;
+
+/// How new keys join the clusters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Update {
+    Static,
+    Local { window: usize, k: usize },
+    Adaptive { b_max: usize, eager: bool },
+}
+
+/// The clusters of one head.
+pub struct ClusterIndex {
+    dim: usize,
+    update: Update,
+    /// Centroids `[k × dim]` and `|c|²/2` per cluster.
+    cent: Vec<f32>,
+    half_norm: Vec<f32>,
+    members: Vec<Vec<u32>>,
+    /// Sum of squared distances of the members to the centroid.
+    m2: Vec<f64>,
+    /// Variance threshold (mean squared distance) past which a cluster is flagged.
+    tau: f64,
+    flagged: Vec<bool>,
+    buffered: Vec<usize>,
+    total_buffered: usize,
+    /// Fetched by the last retrieval (in RAM).
+    resident: Vec<bool>,
+    /// Local update: the window being filled.
+    pending: Vec<u32>,
+    stats: IndexStats,
+}
+
+impl ClusterIndex {
+    /// An empty index for keys of `dim` elements.
+    pub fn new(dim: usize, update: Update) -> ClusterIndex {
+        ClusterIndex {
+            dim,
+            update,
+            cent: Vec::new(),
+            half_norm: Vec::new(),
+            members: Vec::new(),
+            m2: Vec::new(),
+            tau: f64::INFINITY,
+            flagged: Vec::new(),
+            buffered: Vec::new(),
+            total_buffered: 0,
+            resident: Vec::new(),
+            pending: Vec::new(),
+            stats: IndexStats::default(),
+        }
+    }
+
+    /// Clusters held.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// True before the first cluster.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The members of cluster `c`.
+    pub fn members(&self, c: usize) -> &[u32] {
+        &self.members[c]
+    }
+
+    /// The variance threshold calibrated at prefill.
+    pub fn threshold(&self) -> f64 {
+        self.tau
+    }
+
+    /// Mean squared distance of cluster `c`'s members to its centroid.
+    pub fn variance(&self, c: usize) -> f64 {
+        self.m2[c] / self.members[c].len().max(1) as f64
+    }
+
+    /// Adds clusters of `tokens` by k-means into `k`.
+    fn add_clusters(&mut self, keys: HeadKeys<'_>, tokens: &[u32], k: usize) {
+        let d = self.dim;
+        let (cent, assign) = kmeans(keys, tokens, k, ITERS);
+        let first = self.members.len();
+        let kk = cent.len() / d;
+        for c in 0..kk {
+            self.push_cluster(&cent[c * d..(c + 1) * d], Vec::new());
+        }
+        for (&t, &a) in tokens.iter().zip(&assign) {
+            self.members[first + a as usize].push(t);
+        }
+        let mut x = vec![0f32; d];
+        for c in first..first + kk {
+            self.m2[c] = self.members[c]
+                .iter()
+                .map(|&t| {
+                    keys.row(t as usize, &mut x);
+                    dist2(&x, &self.cent[c * d..(c + 1) * d]) as f64
+                })
+                .sum();
+        }
+    }
+
+    fn push_cluster(&mut self, centroid: &[f32], members: Vec<u32>) {
+        self.cent.extend_from_slice(centroid);
+        self.half_norm.push(0.5 * dot(centroid, centroid));
+        self.members.push(members);
+        self.m2.push(0.0);
+        self.flagged.push(false);
+        self.buffered.push(0);
+        self.resident.push(false);
+    }
+
+    /// Welford: adds token `t` (key `x`) to cluster `c`.
+    fn join(&mut self, c: usize, t: u32, x: &[f32]) {
+        let d = self.dim;
+        self.members[c].push(t);
+        let n = self.members[c].len() as f32;
+        let cent = &mut self.cent[c * d..(c + 1) * d];
+        let mut m2 = 0f64;
+        for (m, &v) in cent.iter_mut().zip(x) {
+            let delta = v - *m;
+            *m += delta / n;
+            m2 += (delta * (v - *m)) as f64;
+        }
+        self.m2[c] += m2;
+        self.half_norm[c] = 0.5 * dot(cent, cent);
+    }
+
+    /// Splits cluster `c` in two by 2-means over its members (`c` keeps one half).
+    fn split(&mut self, keys: HeadKeys<'_>, c: usize) {
+        self.total_buffered -= self.buffered[c];
+        self.buffered[c] = 0;
+        self.flagged[c] = false;
+        let d = self.dim;
+        let members = std::mem::take(&mut self.members[c]);
+        let (cent, assign) = kmeans(keys, &members, 2, ITERS);
+        if cent.len() < 2 * d {
+            self.members[c] = members; // all members coincide: nothing to split
+            return;
+        }
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for (&t, &g) in members.iter().zip(&assign) {
+            if g == 0 {
+                a.push(t)
+            } else {
+                b.push(t)
+            }
+        }
+        self.cent[c * d..(c + 1) * d].copy_from_slice(&cent[..d]);
+        self.half_norm[c] = 0.5 * dot(&cent[..d], &cent[..d]);
+        self.members[c] = a;
+        let resident = self.resident[c];
+        self.push_cluster(&cent[d..], b);
+        let nc = self.members.len() - 1;
+        self.resident[nc] = resident;
+        let mut x = vec![0f32; d];
+        for cc in [c, nc] {
+            self.m2[cc] = self.members[cc]
+                .iter()
+                .map(|&t| {
+                    keys.row(t as usize, &mut x);
+                    dist2(&x, &self.cent[cc * d..(cc + 1) * d]) as f64
+                })
+                .sum();
+        }
+        self.stats.splits += 1;
+    }
+}
+
+impl HeadIndex for ClusterIndex {
+    fn build(&mut self, keys: HeadKeys<'_>) {
+        let n = keys.len();
+        if n == 0 {
+            return;
+        }
+        // Segment by segment (k-means cost linear in the history, peak memory one segment's).
+        let tokens: Vec<u32> = (0..n as u32).collect();
+        for seg in tokens.chunks(SEGMENT) {
+            self.add_clusters(keys, seg, cluster_count(seg.len()));
+        }
+        // τ: the 90th percentile of the prefill clusters' variances (clusters of >= 2).
+        let mut vars: Vec<f64> = (0..self.len()).filter(|&c| self.members[c].len() >= 2).map(|c| self.variance(c)).collect();
+        vars.sort_by(f64::total_cmp);
+        self.tau = vars.get(vars.len() * 9 / 10).copied().unwrap_or(f64::INFINITY);
+    }
+
+    fn append(&mut self, keys: HeadKeys<'_>) {
+        let t = keys.len() - 1;
+        let mut x = vec![0f32; self.dim];
+        keys.row(t, &mut x);
+        if let Update::Local { window, k } = self.update {
+            self.pending.push(t as u32);
+            if self.pending.len() >= window {
+                let pending = std::mem::take(&mut self.pending);
+                self.add_clusters(keys, &pending, k);
+            }
+            return;
+        }
+        if self.is_empty() {
+            self.push_cluster(&x, Vec::new());
+        }
+        let c = nearest(&x, &self.cent, &self.half_norm);
+        self.join(c, t as u32, &x);
+        let Update::Adaptive { b_max, eager } = self.update else { return };
+        if self.flagged[c] || (self.members[c].len() >= 4 && self.variance(c) > self.tau) {
+            if self.resident[c] || eager {
+                if !self.resident[c] {
+                    self.stats.split_fetch_tokens += self.members[c].len();
+                }
+                self.split(keys, c);
+            } else {
+                self.flagged[c] = true;
+                self.buffered[c] += 1;
+                self.total_buffered += 1;
+                self.stats.buffered += 1;
+                if self.total_buffered >= b_max {
+                    let worst = (0..self.len()).max_by_key(|&i| self.buffered[i]).expect("a cluster");
+                    self.stats.split_fetch_tokens += self.members[worst].len();
+                    self.split(keys, worst);
+                }
+            }
+        }
+    }
+
+    fn select(&mut self, keys: HeadKeys<'_>, queries: &[f32], eligible: Range<usize>, budget: usize, out: &mut Vec<u32>) {
+        let d = self.dim;
+        let k = self.len();
+        let mut left = budget;
+        // The local window being filled is in RAM and always attended.
+        for &t in &self.pending {
+            if eligible.contains(&(t as usize)) && left > 0 {
+                out.push(t);
+                left -= 1;
+            }
+        }
+        // Per query head: softmax over clusters of q·c + ln(size) (the estimated share of the
+        // head's attention mass each cluster holds); a cluster's score is its summed share.
+        let mut score = vec![0f32; k];
+        let mut s = vec![0f32; k];
+        for q in queries.chunks_exact(d) {
+            for (c, v) in s.iter_mut().enumerate() {
+                *v = dot(q, &self.cent[c * d..(c + 1) * d]) + (self.members[c].len().max(1) as f32).ln();
+            }
+            let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let z: f32 = s.iter().map(|&v| (v - m).exp()).sum();
+            for (acc, &v) in score.iter_mut().zip(&s) {
+                *acc += (v - m).exp() / z;
+            }
+        }
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_unstable_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+        self.resident.iter_mut().for_each(|r| *r = false);
+        let mut chosen = Vec::new();
+        for c in order {
+            if left == 0 {
+                break;
+            }
+            let before = out.len();
+            out.extend(self.members[c].iter().copied().filter(|&t| eligible.contains(&(t as usize))));
+            let got = out.len() - before;
+            if got > left {
+                out.truncate(before);
+                continue;
+            }
+            left -= got;
+            chosen.push(c);
+        }
+        for &c in &chosen {
+            self.resident[c] = true;
+            self.stats.fetched_units += 1;
+            self.stats.fetched_tokens += self.members[c].len();
+        }
+        // Delayed splits: a flagged cluster just fetched splits with no extra read.
+        for c in chosen {
+            if self.flagged[c] {
+                self.split(keys, c);
+            }
+        }
+    }
+
+    fn stats(&self) -> IndexStats {
+        IndexStats { units: self.len(), ..self.stats }
+    }
+}

@@ -1,0 +1,29 @@
+//! Sparse attention over clustered KV (seed 002, DynaKV): the mechanism only — it knows
+//! nothing of requests or turns.
+//!
+//! - [`kmeans`]: chunked k-means (bounded peak memory), the cluster count from the length.
+//! - [`method`]: the [`HeadIndex`] trait, one per (layer, KV head), and [`Method`], which makes
+//!   DynaKV's index and every baseline's (token oracle, token scores, static update, local
+//!   update, Quest, StreamingLLM), so they share one cache and one harness.
+//! - [`clusters`]: the clustered index (prefill k-means, representatives, sizes, variances;
+//!   static, local and adaptive updates with delayed splits).
+//! - [`cache`]: [`SparseKv`], a `KvCache` that answers each one-token step with exactly the
+//!   keys its method chose, gathered into one chunk whose positions are named key by key (the
+//!   view contract).
+//! - [`probe`]: what a selection loses (attention mass, attention output error), measured in
+//!   f64 on the read itself.
+//!
+//! Invariant: with a budget covering the history every method attends every key, and
+//! attention over a sparse cache equals attention over exactly the keys it chose.
+
+pub mod cache;
+pub mod clusters;
+pub mod keys;
+pub mod kmeans;
+pub mod method;
+pub mod probe;
+
+pub use cache::{SparseConfig, SparseKv};
+pub use keys::HeadKeys;
+pub use method::{HeadIndex, IndexStats, Method};
+pub use probe::Probe;
