@@ -88,11 +88,12 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     keep_last_turns: usize,
     /// Most of the batch one account (an API key's tenant, with its agents and users) holds
-    /// at once; default: --max-batch less a quarter of it, so other accounts always find a slot.
+    /// at once; default: --max-batch less a quarter of it, so other accounts always find a slot
+    /// (with one tenant or no keys: the whole batch).
     #[arg(long)]
     max_batch_per_tenant: Option<usize>,
     /// Most requests one account has queued or running (429 past it); default 192 (of the
-    /// server's 256).
+    /// server's 256; with one tenant or no keys: all 256).
     #[arg(long)]
     max_pending_per_tenant: Option<usize>,
     /// Connections open at once; more wait in the kernel's backlog until one closes.
@@ -166,6 +167,7 @@ pub fn run(mut a: Args) -> Result<()> {
     let model = Arc::new(load_model(&a.model)?);
     let pool = kv_pool(&model, &a.model)?;
     let api_keys = crate::api_keys::collect(&a.api_keys, a.api_key_file.as_deref())?;
+    let one_tenant = api_keys.iter().map(|(_, t)| t).collect::<std::collections::HashSet<_>>().len() <= 1;
     let context = match a.context.as_str() {
         "sessions" => engram_server::ContextMode::Sessions,
         "dual" => engram_server::ContextMode::Dual {
@@ -199,8 +201,9 @@ pub fn run(mut a: Args) -> Result<()> {
                 other => bail!("--draft wants prompt-lookup or none, got {other:?} (draft models are not supported yet)"),
             },
             admission_wait: std::time::Duration::from_secs(a.admission_wait_secs),
-            max_active_per_tenant: a.max_batch_per_tenant,
-            max_pending_per_tenant: a.max_pending_per_tenant,
+            // With at most one tenant there is nobody to keep slots for: the whole batch is its.
+            max_active_per_tenant: a.max_batch_per_tenant.or(one_tenant.then_some(a.max_batch.max(1))),
+            max_pending_per_tenant: a.max_pending_per_tenant.or(one_tenant.then_some(SchedulerConfig::default().max_pending)),
             ..Default::default()
         },
     };

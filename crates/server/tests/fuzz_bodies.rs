@@ -44,8 +44,20 @@ fn valid(route: &str) -> Value {
 
 const ROUTES: [&str; 5] = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/embeddings", "/v1/agents"];
 const FIELDS: [&str; 14] = [
-    "model", "messages", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "stream", "seed", "input",
-    "system", "session_id", "n",
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "stream",
+    "seed",
+    "input",
+    "system",
+    "session_id",
+    "n",
 ];
 
 fn check(route: &str, body: &str) {
