@@ -86,9 +86,7 @@ impl SchedulerConfig {
     pub fn active_per_tenant(&self) -> usize {
         self.max_active_per_tenant.unwrap_or(self.max_batch.saturating_sub((self.max_batch / 4).max(1))).max(1)
     }
-}
 
-impl SchedulerConfig {
     /// The requests one account may have queued or running: `max_pending_per_tenant`, else
     /// `max_pending - max(1, max_pending / 4)`; at least 1.
     pub fn pending_per_tenant(&self) -> usize {
