@@ -2,21 +2,12 @@
 //! adaptive update splits clusters whose variance passes the prefill threshold; delayed splits
 //! read less than splitting on every flag; local update adds `k` clusters per window.
 
+mod common;
+
+use common::noise;
 use engram_sparse::clusters::{ClusterIndex, Update};
 use engram_sparse::{HeadIndex, HeadKeys};
 use half::f16;
-
-fn noise(seed: u64, n: usize) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 /// `n` keys of 16 whose mean drifts after `pre` tokens (the decode's distribution shift).
 fn keys(n: usize, pre: usize) -> Vec<f16> {

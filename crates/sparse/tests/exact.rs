@@ -3,6 +3,9 @@
 //! budget, attention over the cache equals an f64 reference over exactly the keys the read
 //! chose; selections stay within their sinks, recent window and budget.
 
+mod common;
+
+use common::noise;
 use engram_fixture::{GgufFormat, Shape};
 use engram_model::attention::{attend, AttnTask};
 use engram_model::{AttentionPrecision, KvCache, KvRead, Logits, Model, SeqStep};
@@ -67,19 +70,6 @@ fn a_small_budget_changes_the_logits_and_attends_fewer_keys() {
     assert_ne!(got, exact);
     let (mean, _) = kv.mean_attended();
     assert!(mean <= (64 + 4 + 16) as f64, "attended {mean}");
-}
-
-/// A deterministic pseudo-random stream in [-1, 1).
-fn noise(seed: u64, n: usize) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 /// One layer, 2 KV heads of 16, `n` tokens of drifting keys (so clusters mean something).
