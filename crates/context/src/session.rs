@@ -420,6 +420,11 @@ impl SessionStore {
         tok: &Tokenizer,
     ) -> Result<Checkout, TokenizerError> {
         self.clock += 1;
+        // The text's own tokenization: what a cold request computes, and what any reuse must
+        // agree with (see below).
+        let enc = tok.encode(text, add_special)?;
+        let mut token_ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
+        fix_ends(&mut token_ends, 0);
         let mut restore = self.restore_best(owner, session_id, text);
         let candidate = match (&restore, session_id) {
             (Some(p), _) => Some(&p.session),
@@ -458,31 +463,23 @@ impl SessionStore {
             // only the text after the boundary is not the same: a merge may cross it, as
             // " 1" + "0" into " 10" does, and the answer would differ from a cold one.)
             let by_text = s.token_ends.iter().take_while(|&&e| e <= c).count();
-            if by_text > 0 {
-                let enc = tok.encode(text, add_special)?;
-                let k = s.tokens[..by_text].iter().zip(&enc.ids).take_while(|(a, b)| a == b).count();
-                if k > 0 {
-                    let kind = if s.text == text {
-                        MatchKind::Exact
-                    } else if c == s.text.len() {
-                        MatchKind::Extend
-                    } else {
-                        MatchKind::Diverge
-                    };
-                    let mut token_ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
-                    fix_ends(&mut token_ends, 0);
-                    let kv = s.kv.fork(k);
-                    return Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused: k, kv, restore, spans: Vec::new() });
-                }
+            let k = s.tokens[..by_text].iter().zip(&enc.ids).take_while(|(a, b)| a == b).count();
+            if k > 0 {
+                let kind = if s.text == text {
+                    MatchKind::Exact
+                } else if c == s.text.len() {
+                    MatchKind::Extend
+                } else {
+                    MatchKind::Diverge
+                };
+                let kv = s.kv.fork(k);
+                return Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused: k, kv, restore, spans: Vec::new() });
             }
         }
         if let Some(p) = restore.take() {
             // Restored but not reusable for this text: keep it if it is sound.
             self.verify_restore(p);
         }
-        let enc = tok.encode(text, add_special)?;
-        let mut token_ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
-        fix_ends(&mut token_ends, 0);
         let salt = self.salt(owner);
         let mut kv = self.index.lookup(&self.pool, salt, &enc.ids);
         if self.restore_prefix(salt, &enc.ids, kv.len()) {
