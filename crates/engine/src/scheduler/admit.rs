@@ -10,7 +10,7 @@
 //! `max_batch - max_active_per_tenant` slots, so another account's request joins the
 //! batch at the next step whenever its prompt fits the KV budget.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
@@ -133,15 +133,16 @@ impl Engine<'_> {
     fn next_to_admit(&self) -> Option<usize> {
         let cap = self.config.active_per_tenant();
         let mut running: HashMap<&str, usize> = HashMap::new();
+        // Named sessions in use: by a running sequence, or by an earlier waiting job (which
+        // goes first, so one session's requests run in order).
+        let mut in_use: HashSet<(&str, &str)> = HashSet::new();
         for a in &self.active {
             *running.entry(account(&a.tenant)).or_default() += 1;
+            in_use.insert((&a.tenant, &a.session_id));
         }
         let mut best: Option<(usize, usize)> = None;
         for (i, (job, _, _)) in self.waiting.iter().enumerate() {
-            let busy = job.session.as_ref().is_some_and(|sid| {
-                self.active.iter().any(|a| a.tenant == job.tenant && &a.session_id == sid)
-                    || self.waiting.iter().take(i).any(|(w, _, _)| w.tenant == job.tenant && w.session.as_ref() == Some(sid))
-            });
+            let busy = job.session.as_deref().is_some_and(|sid| !in_use.insert((&job.tenant, sid)));
             let n = running.get(account(&job.tenant)).copied().unwrap_or(0);
             if busy || n >= cap {
                 continue;
