@@ -192,16 +192,23 @@ impl Rag {
         let g = gen.generate(&prompt.tokens, &self.config.params, &mut |_| true)?;
         let (kv, tokens) = gen.into_parts();
         self.tree.insert(&prompt.path, &prompt.ends, &tokens, &kv);
+        let docs = self.documents_of(&prompt.chunks);
+        self.qa.insert(q, qv, &g.text, g.tokens, prompt.chunks, docs, self.bank.generation());
+        Ok(())
+    }
+
+    /// The documents `chunks` come from, each once, in the chunks' order (chunks no longer in
+    /// the bank are skipped).
+    fn documents_of(&self, chunks: &[ChunkId]) -> Vec<String> {
         let mut docs: Vec<String> = Vec::new();
-        for c in &prompt.chunks {
+        for c in chunks {
             if let Some(e) = self.bank.chunk(c) {
                 if !docs.contains(&e.doc) {
                     docs.push(e.doc.clone());
                 }
             }
         }
-        self.qa.insert(q, qv, &g.text, g.tokens, prompt.chunks, docs, self.bank.generation());
-        Ok(())
+        docs
     }
 
     fn after_change(&mut self, added: &[ChunkId], removed: &[ChunkId]) -> Result<()> {
@@ -303,14 +310,7 @@ impl Rag {
             let (kv, tokens) = gen.into_parts();
             self.tree.insert(&prompt.path, &prompt.ends, &tokens, &kv);
         }
-        let mut sources: Vec<String> = Vec::new();
-        for c in &prompt.chunks {
-            if let Some(e) = self.bank.chunk(c) {
-                if !sources.contains(&e.doc) {
-                    sources.push(e.doc.clone());
-                }
-            }
-        }
+        let sources = self.documents_of(&prompt.chunks);
         if opts.use_qa {
             self.qa.insert(question, qv, &g.text, g.tokens.clone(), prompt.chunks.clone(), sources.clone(), self.bank.generation());
             self.qa.save()?;
