@@ -88,7 +88,6 @@ def test_bad_requests(client, server, kwargs):
 @pytest.mark.parametrize("field,kwargs", [
     ("tools", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
     ("logit_bias", dict(logit_bias={"5": 10})),
-    ("logprobs", dict(logprobs=True, top_logprobs=2)),
 ])
 def test_unsupported_fields_are_refused_by_name(client, server, field, kwargs):
     # Issue 19: these were silently ignored.
@@ -97,6 +96,52 @@ def test_unsupported_fields_are_refused_by_name(client, server, field, kwargs):
                                        max_tokens=2, **kwargs)
     assert e.value.body["param"] == field
     assert f"`{field}`" in e.value.body["message"]
+
+
+def test_chat_logprobs(client, server):
+    msgs = [{"role": "user", "content": "Log-probabilities, please"}]
+    r = client.chat.completions.create(model=server["model"], messages=msgs, max_tokens=8, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == r.usage.completion_tokens
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        lps = [t.logprob for t in e.top_logprobs]
+        assert lps == sorted(lps, reverse=True)
+        # Greedy picks the most likely token: it is the first alternative, same figure.
+        assert (e.token, e.logprob) == (e.top_logprobs[0].token, e.top_logprobs[0].logprob)
+        assert bytes(e.bytes).decode("utf-8", "replace") == e.token
+    if r.choices[0].finish_reason == "length":
+        assert b"".join(bytes(e.bytes) for e in entries).decode("utf-8", "replace") == r.choices[0].message.content
+    # Streamed, the chunks carry the same entries in order.
+    stream = client.chat.completions.create(model=server["model"], messages=msgs, max_tokens=8, temperature=0,
+                                            logprobs=True, top_logprobs=3, stream=True)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 5)) for e in streamed] == [(e.token, round(e.logprob, 5)) for e in entries]
+    # Without the field, no logprobs.
+    plain = client.chat.completions.create(model=server["model"], messages=msgs, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs(client, server):
+    r = client.completions.create(model=server["model"], prompt="Once upon a time", max_tokens=6, temperature=0,
+                                  logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and all(x <= 0 for x in lp.token_logprobs)
+    assert lp.text_offset == sorted(lp.text_offset)
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
+    (dict(top_logprobs=2), "top_logprobs"),
+    (dict(extra_body={"logprobs": 3}), "logprobs"),
+])
+def test_bad_logprobs_are_400s(client, server, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=server["model"], messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=2, **kwargs)
+    assert e.value.body["param"] == param
 
 
 def test_a_body_over_the_limit_is_a_json_413(client, server):

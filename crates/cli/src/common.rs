@@ -83,6 +83,7 @@ impl SamplingArgs {
             stop_token_ids: Vec::new(),
             ignore_eos: self.ignore_eos,
             speculate: None,
+            logprobs: None,
         }
     }
 }

@@ -7,6 +7,7 @@ mod bench_context;
 mod bench_membw;
 mod bench_rag;
 mod bench_relevance;
+mod bench_save_stall;
 mod bench_scenario;
 mod bench_serve;
 mod bench_sparse;
@@ -84,6 +85,8 @@ enum BenchCommand {
     Rag(bench_rag::Args),
     /// Sparse attention over clustered KV (DynaKV, seed 002) vs exact and the baselines: quality and decode speed.
     Sparse(bench_sparse::Args),
+    /// How long the engine waits on the disk store while a long session is saved (lock held vs staged save).
+    SaveStall(bench_save_stall::Args),
 }
 
 fn main() {
@@ -117,6 +120,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
         Command::Bench { which: BenchCommand::Rag(a) } => bench_rag::run(a),
         Command::Bench { which: BenchCommand::Sparse(a) } => bench_sparse::run(a),
+        Command::Bench { which: BenchCommand::SaveStall(a) } => bench_save_stall::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -96,6 +96,12 @@ pub struct Args {
     /// server's 256; with one tenant or no keys: all 256).
     #[arg(long)]
     max_pending_per_tenant: Option<usize>,
+    /// Most of the disk budget one account's persisted sessions (its agents' pinned ones and
+    /// prefix chains included) take, in MiB; past it the account's own entries are evicted
+    /// first, never another's. Default: the budget less a quarter of it (with one tenant or
+    /// no keys: all of it)
+    #[arg(long)]
+    disk_share_per_tenant_mib: Option<u64>,
     /// Connections open at once; more wait in the kernel's backlog until one closes.
     #[arg(long, default_value_t = 512)]
     max_connections: usize,
@@ -153,13 +159,20 @@ fn model_path(m: &mut ModelArgs) -> Result<String> {
 }
 
 /// The session store's disk tier: `<data-dir>/kv`, shared with `engram cache`.
-fn disk_config(a: &Args) -> Result<Option<DiskConfig>> {
+/// `one_tenant`: nobody to keep a share of the disk for, so no cap unless one is asked for.
+fn disk_config(a: &Args, one_tenant: bool) -> Result<Option<DiskConfig>> {
     if a.disk_budget_mib == 0 {
         return Ok(None);
     }
     let policy: EvictionPolicy = a.eviction.parse().map_err(anyhow::Error::msg)?;
     let budget_bytes = a.disk_budget_mib.checked_mul(1 << 20).context("--disk-budget-mib is too large")?;
-    Ok(Some(DiskConfig { dir: crate::cache_cmd::store_dir(&a.model.data_dir), budget_bytes, policy }))
+    let share_mib = a.disk_share_per_tenant_mib.or((!one_tenant).then(|| a.disk_budget_mib - a.disk_budget_mib / 4));
+    let tenant_share_bytes = match share_mib {
+        Some(0) => bail!("--disk-share-per-tenant-mib must be at least 1"),
+        Some(m) => Some(m.checked_mul(1 << 20).context("--disk-share-per-tenant-mib is too large")?.min(budget_bytes)),
+        None => None,
+    };
+    Ok(Some(DiskConfig { dir: crate::cache_cmd::store_dir(&a.model.data_dir), budget_bytes, policy, tenant_share_bytes }))
 }
 
 pub fn run(mut a: Args) -> Result<()> {
@@ -193,7 +206,7 @@ pub fn run(mut a: Args) -> Result<()> {
         scheduler: SchedulerConfig {
             max_batch: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
-            disk: disk_config(&a)?,
+            disk: disk_config(&a, one_tenant)?,
             share_prefixes_across_tenants: a.share_prefixes_across_tenants,
             speculation: match a.draft.as_str() {
                 "none" => None,

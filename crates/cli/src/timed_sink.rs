@@ -42,7 +42,7 @@ impl EventSink for TimedSink {
                 t.completion_tokens = completion_tokens;
             }
             Event::Failed(e) => t.failed = Some(e.message),
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Logprob(_) => {}
         }
         true
     }

@@ -30,9 +30,11 @@ mod persist;
 mod prefix;
 mod ring;
 mod session;
+mod tenant;
 
 pub use disk_id::{prefix_disk_id, session_disk_id};
 pub use persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 pub use prefix::{chain_hashes, chain_root, PrefixIndex};
 pub use ring::{RingView, Turn, TurnMask, TurnRing};
 pub use session::{Checkout, MatchKind, PendingRestore, Session, SessionStore};
+pub use tenant::{account, entry_account};

@@ -26,6 +26,7 @@ use std::thread::JoinHandle;
 
 use engram_kv::disk::{DiskError, DiskStore, EvictionPolicy};
 use engram_kv::persist::{ChecksumCheck, EntryKind, EntryMeta, PersistError};
+use engram_kv::GroupQuota;
 use engram_kv::{KvPool, SeqKv};
 
 use crate::disk_id::{prefix_disk_id, prefix_owner, session_disk_id};
@@ -154,6 +155,14 @@ impl PersistedSessions {
             })
             .map_err(|e| DiskError::Io { path: dir.to_path_buf(), source: e })?;
         Ok(PersistedSessions { store, fingerprint, tx: Some(tx), writer: Some(writer) })
+    }
+
+    /// Caps each account's entries (`crate::entry_account`) at `bytes` of the disk budget
+    /// from its next save on (`None`: no cap): an account past its share evicts its own
+    /// entries first, and a save that would pass it with pinned entries alone is refused.
+    pub fn set_tenant_share(&self, bytes: Option<u64>) {
+        let quota = bytes.map(|b| GroupQuota::new(b, |owner: &str| crate::entry_account(owner).to_string()));
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).set_group_quota(quota);
     }
 
     /// Sessions on disk made by this model and KV format.

@@ -11,6 +11,7 @@ use engram_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::error::EngineError;
 use crate::generate::{push_token_end, FinishReason};
+use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::StopMatcher;
 
@@ -35,6 +36,8 @@ pub struct Decoding<'t> {
     text_base: usize,
     token_ends: Vec<usize>,
     stopped_by_string: bool,
+    /// The last sampled token's log-probabilities, when the request asks for them.
+    logprob: Option<TokenLogprob>,
 }
 
 impl<'t> Decoding<'t> {
@@ -56,12 +59,23 @@ impl<'t> Decoding<'t> {
             text_base,
             token_ends: Vec::new(),
             stopped_by_string: false,
+            logprob: None,
         }
     }
 
-    /// Samples the next token from `logits` (does not accept it).
+    /// Samples the next token from `logits` (does not accept it). With `params.logprobs`, its
+    /// log-probabilities are taken from the raw logits first ([`Decoding::take_logprob`]).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        self.sampler.sample(logits)
+        let Some(top) = self.params.logprobs else { return self.sampler.sample(logits) };
+        let raw = logits.to_vec();
+        let t = self.sampler.sample(logits);
+        self.logprob = Some(token_logprob(&raw, t, top));
+        t
+    }
+
+    /// The log-probabilities of the token sampled last, once (`None` unless asked for).
+    pub fn take_logprob(&mut self) -> Option<TokenLogprob> {
+        self.logprob.take()
     }
 
     /// Accepts sampled token `t`. `room`: whether the context can take one more token after

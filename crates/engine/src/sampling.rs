@@ -40,6 +40,9 @@ pub struct SamplingParams {
     /// engine's limits, or the defaults). It never changes which tokens are picked
     /// (`speculate.rs`), only how many one step can produce.
     pub speculate: Option<bool>,
+    /// Report each generated token's log-probability with this many alternatives
+    /// (`logprobs.rs`; at most [`crate::logprobs::MAX_TOP_LOGPROBS`]); `None`: none.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -58,6 +61,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             speculate: None,
+            logprobs: None,
         }
     }
 }
@@ -80,6 +84,9 @@ impl SamplingParams {
         }
         if !self.frequency_penalty.is_finite() || !self.presence_penalty.is_finite() {
             return bad("frequency_penalty/presence_penalty", "must be finite");
+        }
+        if self.logprobs.is_some_and(|n| n > crate::logprobs::MAX_TOP_LOGPROBS) {
+            return bad("top_logprobs", "at most 20 alternatives per token");
         }
         if self.stop.iter().any(|s| s.is_empty()) {
             return bad("stop", "stop strings must not be empty");

@@ -55,7 +55,7 @@ impl EventSink for Started {
             Event::Finished { .. } | Event::Failed(_) => {
                 self.1.fetch_add(1, SeqCst);
             }
-            Event::Text(_) => {}
+            Event::Text(_) | Event::Logprob(_) => {}
         }
         true
     }

@@ -104,3 +104,41 @@ fn a_request_can_turn_speculation_on_or_off() {
     assert!(m_on.draft_tokens_accepted.load(Relaxed) > 0, "asked for, on an engine without it");
     assert_eq!(m_off.draft_tokens.load(Relaxed), 0, "refused, on an engine with it");
 }
+
+/// Log-probabilities (`logprobs.rs`) come one per generated token, before its text, and are the
+/// same whether the token was decoded alone or verified in a tree of drafts.
+#[test]
+fn logprobs_are_reported_per_token_with_or_without_speculation() {
+    let model = Arc::new(pycode());
+    let (prompt, params) = jobs().remove(0);
+    let params = SamplingParams { logprobs: Some(3), max_tokens: 48, ..params };
+    let ids = model.tokenizer.encode(&prompt, true).unwrap().ids;
+    let mut runs = Vec::new();
+    for speculation in [None, Some(PromptLookup::default())] {
+        let (tx, rx) = mpsc::channel();
+        let config = SchedulerConfig { speculation, ..SchedulerConfig::default() };
+        let (pending, metrics) = (Arc::new(AtomicUsize::new(1)), Arc::new(Metrics::default()));
+        let sink = Collect::default();
+        tx.send(Command::Submit(common::job("t", &ids, &params), Box::new(sink.clone()), Instant::now())).unwrap();
+        drop(tx);
+        let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 256 << 20);
+        run_engine(&model, pool, config, metrics.clone(), pending, rx);
+        let events = sink.0.lock().unwrap();
+        let lps: Vec<engram_engine::TokenLogprob> =
+            events.iter().filter_map(|e| if let Event::Logprob(l) = e { Some(l.clone()) } else { None }).collect();
+        let n = events.iter().find_map(|e| if let Event::Finished { completion_tokens, .. } = e { Some(*completion_tokens) } else { None });
+        assert_eq!(Some(lps.len()), n, "one entry per generated token");
+        for l in &lps {
+            assert_eq!(l.top.len(), 3);
+            assert_eq!(l.token, l.top[0].0, "greedy: the sampled token is the most likely");
+            assert!(l.logprob <= 0.0 && (l.logprob - l.top[0].1).abs() < 1e-6);
+        }
+        runs.push((lps, metrics.draft_tokens_accepted.load(Relaxed)));
+    }
+    assert!(runs[1].1 > 0, "drafts were accepted");
+    assert_eq!(runs[0].0.len(), runs[1].0.len());
+    for (a, b) in runs[0].0.iter().zip(&runs[1].0) {
+        assert_eq!(a.token, b.token);
+        assert!((a.logprob - b.logprob).abs() < 1e-4, "{a:?} vs {b:?}");
+    }
+}

@@ -10,7 +10,7 @@
 //! are 4 KiB, which stays in L1 while a step's queries read them; and a
 //! partial last block wastes under 32 tokens per sequence.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use memmap2::Mmap;
 
@@ -74,8 +74,11 @@ impl LineBytes {
 pub(crate) enum Storage {
     /// Heap memory (line-aligned), writable while the block is not shared.
     Owned(LineBytes),
-    /// A read-only range of a mapped cache file (restored from disk).
-    Mapped { map: Arc<Mmap>, offset: usize },
+    /// A read-only range of a mapped cache file (restored from disk), read from the mapping
+    /// only until `copy` holds the same bytes in RAM: the entry's checksum thread makes that
+    /// copy once the sum is checked (`persist.rs`), so a file truncated afterwards under the
+    /// process can no longer fault (SIGBUS) a read of this block.
+    Mapped { map: Arc<Mmap>, offset: usize, copy: Arc<OnceLock<LineBytes>> },
 }
 
 /// A block of cached keys and values. Its bytes are charged to its pool from
@@ -100,11 +103,29 @@ impl Block {
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped { .. })
     }
+    /// True when the bytes are read from RAM: an owned block, or a mapped one whose private
+    /// copy is made (after that, nothing done to the file can fault a read of it).
+    pub fn is_in_ram(&self) -> bool {
+        match &self.storage {
+            Storage::Owned(_) => true,
+            Storage::Mapped { copy, .. } => copy.get().is_some(),
+        }
+    }
     /// The block's bytes in the layout described in the module doc.
     pub fn bytes(&self) -> &[u8] {
         match &self.storage {
             Storage::Owned(v) => v.as_slice(),
-            Storage::Mapped { map, offset } => &map[*offset..*offset + self.pool.block_bytes()],
+            Storage::Mapped { map, offset, copy } => match copy.get() {
+                Some(c) => c.as_slice(),
+                None => &map[*offset..*offset + self.pool.block_bytes()],
+            },
+        }
+    }
+    /// A mapped block's private-copy slot and its offset in the map (`None` for owned blocks).
+    pub(crate) fn copy_slot(&self) -> Option<(Arc<OnceLock<LineBytes>>, usize)> {
+        match &self.storage {
+            Storage::Owned(_) => None,
+            Storage::Mapped { copy, offset, .. } => Some((copy.clone(), *offset)),
         }
     }
     /// Writable bytes, or `None` for a mapped block.

@@ -16,6 +16,8 @@
 //!   write (over the budget by at most the old version). A write that fails (a
 //!   full disk) leaves the old version, whole and listed.
 //! * Pinned entries are never evicted.
+//! * With a [`GroupQuota`] (one per tenant, `disk_quota.rs`), a group's entries take at
+//!   most its share after its puts: a put evicts its own group's entries first.
 //! * An entry is its stored owner's alone: `get` by any other owner is a miss,
 //!   `put` and `remove` by any other owner are refused ([`DiskError::OwnerMismatch`])
 //!   and change nothing. Only the operator's [`DiskStore::remove_any`] (`engram cache rm`)
@@ -42,6 +44,7 @@ use std::str::FromStr;
 
 use serde_json::{json, Value};
 
+use crate::disk_quota::GroupQuota;
 use crate::persist::{self, ChecksumCheck, EntryInfo, EntryKind, EntryMeta, PersistError};
 use crate::pool::KvPool;
 use crate::seq::SeqKv;
@@ -70,6 +73,10 @@ pub enum DiskError {
     /// Pinned entries leave too little room.
     #[error("cache entry {id:?} ({bytes} bytes) does not fit: pinned entries hold {pinned} of the {budget}-byte disk budget")]
     PinnedFull { id: String, bytes: u64, pinned: u64, budget: u64 },
+    /// The entry's group (tenant) cannot fit it in its share, even after evicting its own
+    /// unpinned entries: refused, nothing changed.
+    #[error("cache entry {id:?} ({bytes} bytes) does not fit its tenant's {quota}-byte disk share ({pinned} bytes pinned)")]
+    OverQuota { id: String, bytes: u64, group: String, pinned: u64, quota: u64 },
     /// The entry belongs to another owner than the one named: refused, nothing changed.
     /// (The stored owner is not named: the message may reach the caller's logs.)
     #[error("cache entry {id:?} belongs to another owner")]
@@ -222,6 +229,8 @@ pub struct DiskStore {
     entries: BTreeMap<String, EntryStats>,
     /// Fixed clock for tests and simulations; `None` is the system clock.
     now: Option<u64>,
+    /// A cap per group of owners (a tenant), see `disk_quota.rs`.
+    quota: Option<GroupQuota>,
 }
 
 /// Checks that `id` names a plain file inside the store: 1..=200 characters,
@@ -263,7 +272,7 @@ impl DiskStore {
     pub fn open(dir: impl Into<PathBuf>, budget_bytes: u64, policy: EvictionPolicy) -> Result<DiskStore> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir).map_err(|e| DiskError::Io { path: dir.clone(), source: e })?;
-        let mut store = DiskStore { dir, budget_bytes, policy, entries: BTreeMap::new(), now: None };
+        let mut store = DiskStore { dir, budget_bytes, policy, entries: BTreeMap::new(), now: None, quota: None };
         store.scan(false)?;
         Ok(store)
     }
@@ -272,6 +281,19 @@ impl DiskStore {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+    /// Caps each group of owners (a tenant) at the quota's bytes from the next put on
+    /// (`disk_quota.rs`); `None` lifts the cap. Entries already over it stay until their
+    /// group's next put.
+    pub fn set_group_quota(&mut self, quota: Option<GroupQuota>) {
+        self.quota = quota;
+    }
+
+    /// Bytes the entries of `group` hold (0 without a quota).
+    pub fn group_bytes(&self, group: &str) -> u64 {
+        let Some(q) = &self.quota else { return 0 };
+        self.entries.values().filter(|s| q.group(&s.owner) == group).map(|s| s.bytes).sum()
+    }
+
     /// The byte budget.
     pub fn budget_bytes(&self) -> u64 {
         self.budget_bytes
@@ -343,7 +365,7 @@ impl DiskStore {
         let path = self.entry_path(id)?;
         self.check_owner(id, &meta.owner)?;
         let bytes = persist::encoded_len(meta, kv)?;
-        self.make_room(id, bytes)?;
+        self.make_room(id, &meta.owner, bytes)?;
         Ok(StagedPut { id: id.to_string(), path, meta: meta.clone(), bytes, num_tokens: kv.len(), pin })
     }
 
@@ -353,7 +375,7 @@ impl DiskStore {
     /// deleted and the error returned.
     pub fn commit_put(&mut self, staged: StagedPut) -> Result<()> {
         let StagedPut { id, path, meta, bytes, num_tokens, pin } = staged;
-        let checked = self.check_owner(&id, &meta.owner).and_then(|()| self.make_room(&id, bytes));
+        let checked = self.check_owner(&id, &meta.owner).and_then(|()| self.make_room(&id, &meta.owner, bytes));
         if let Err(e) = checked {
             let _ = std::fs::remove_file(&path);
             self.entries.remove(&id);
@@ -535,7 +557,8 @@ impl DiskStore {
     /// can make room for both, else only so that the new version fits once it
     /// has replaced the old. Never evicts `id` itself: the rename replaces it, so
     /// a failed write keeps it. Checks feasibility before evicting anything.
-    fn make_room(&mut self, id: &str, bytes: u64) -> Result<()> {
+    /// With a group quota, the entry's group first evicts its own entries to fit its share.
+    fn make_room(&mut self, id: &str, owner: &str, bytes: u64) -> Result<()> {
         let budget = self.budget_bytes;
         if bytes > budget {
             return Err(DiskError::TooLarge { id: id.to_string(), bytes, budget });
@@ -543,6 +566,20 @@ impl DiskStore {
         let pinned: u64 = self.entries.values().filter(|s| s.pinned && s.id != id).map(|s| s.bytes).sum();
         if pinned + bytes > budget {
             return Err(DiskError::PinnedFull { id: id.to_string(), bytes, pinned, budget });
+        }
+        if let Some(q) = self.quota.clone() {
+            let all: Vec<EntryStats> = self.entries.values().cloned().collect();
+            let victims = q.victims(&all, id, owner, bytes, self.policy, self.now()).map_err(|e| DiskError::OverQuota {
+                id: id.to_string(),
+                bytes,
+                group: e.group,
+                pinned: e.pinned,
+                quota: q.bytes,
+            })?;
+            for victim in victims {
+                tracing::info!("evicting cache entry {victim:?} (its tenant's disk share is full)");
+                self.drop_entry(&victim)?;
+            }
         }
         let others: Vec<EntryStats> = self.entries.values().filter(|s| s.id != id).cloned().collect();
         let old = self.entries.get(id).map_or(0, |s| s.bytes);

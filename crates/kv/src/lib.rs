@@ -28,6 +28,7 @@
 
 mod block;
 pub mod disk;
+pub mod disk_quota;
 mod error;
 mod format;
 mod pending;
@@ -39,6 +40,7 @@ mod view;
 
 pub use block::{Block, BLOCK_TOKENS};
 pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport, StagedPut};
+pub use disk_quota::GroupQuota;
 pub use error::KvError;
 pub use format::KvFormat;
 pub use pending::PendingRows;

@@ -1,5 +1,6 @@
 //! Cache entry files: one sequence's KV plus what is needed to reuse it, as a
-//! safetensors file that is restored by mapping it, not by copying it.
+//! safetensors file that is restored by mapping it: computing starts on the
+//! file's pages, and a copy in RAM takes their place once the checksum passes.
 //!
 //! ```text
 //!  0          8                               8+n (a multiple of 8)
@@ -32,7 +33,12 @@
 //!   old inode while a newer version replaces the name.
 //! * Restored blocks are the file's pages ([`KvPool::mapped_block`]), charged
 //!   to the RAM budget like any block; writing after a restore copies the
-//!   partial last block first (copy-on-write in `SeqKv::reserve`).
+//!   partial last block first (copy-on-write in `SeqKv::reserve`). Once the
+//!   checksum has passed, the thread that checked it copies every block into
+//!   RAM and the blocks read the copy ([`crate::Block::is_in_ram`]): a file
+//!   truncated under the process (not ours to do, but SECURITY.md's fault
+//!   tests do it) can fault only reads made before that, during the restore's
+//!   own prefill, never a session kept in RAM afterwards.
 //!
 //! NOTE: the header is built and parsed with the `safetensors` crate's
 //! `Metadata` (so its offset and shape rules apply), but the tensor bytes are
@@ -50,7 +56,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use engram_model::{Fingerprint, KvElem};
 use memmap2::Mmap;
@@ -58,7 +64,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::Dtype;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::block::BLOCK_TOKENS;
+use crate::block::{LineBytes, BLOCK_TOKENS};
 use crate::error::KvError;
 use crate::format::KvFormat;
 use crate::pool::{KvLayout, KvPool};
@@ -349,11 +355,21 @@ struct PendingSum {
     checksum: u64,
     /// Already fed the metadata.
     hasher: Xxh3,
+    /// The restored blocks' private-copy slots, with their offsets in `map`.
+    copies: Vec<(Arc<OnceLock<LineBytes>>, usize)>,
+    block_bytes: usize,
 }
 
 impl PendingSum {
+    /// Checks the sum, then copies every block's bytes into RAM (the blocks read the copy from
+    /// then on: a file truncated under the process cannot fault them any more). The bytes are
+    /// in the page cache from the sum, so the copy is a memory copy on this background thread.
     fn check(self) -> Result<(), PersistError> {
-        check_sum(&self.path, &self.map[self.data_offset..], self.checksum, self.hasher)
+        check_sum(&self.path, &self.map[self.data_offset..], self.checksum, self.hasher)?;
+        for (slot, offset) in &self.copies {
+            let _ = slot.set(LineBytes::copy_of(&self.map[*offset..*offset + self.block_bytes]));
+        }
+        Ok(())
     }
 }
 
@@ -435,7 +451,9 @@ fn open(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize)
         let at = data_offset + info.num_blocks * info.block_bytes;
         kv.set_window(&map[at..at + info.window_bytes]).map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
     }
-    let sum = PendingSum { path: path.to_path_buf(), map, data_offset, checksum: info.checksum, hasher };
+    let copies = kv.blocks().iter().filter_map(|b| b.copy_slot()).collect();
+    let sum =
+        PendingSum { path: path.to_path_buf(), map, data_offset, checksum: info.checksum, hasher, copies, block_bytes: pool.block_bytes() };
     Ok((info.meta, kv, sum))
 }
 
@@ -620,8 +638,10 @@ fn map_entry(path: &Path) -> Result<(Arc<Mmap>, usize, EntryInfo, Xxh3), Persist
         return Err(PersistError::invalid(path, format!("file is {file_len} bytes, shorter than a safetensors header")));
     }
     // SAFETY: entry files are never modified in place (writers rename a new
-    // file over the name), so the mapped inode does not change under us; a
-    // foreign process truncating it is the same hazard as for mapped weights.
+    // file over the name), so the mapped inode does not change under us. A
+    // foreign process truncating it would fault reads of the map (SIGBUS): the
+    // map is read only by the header parse and the checksum thread, and by the
+    // restored blocks until that thread has copied them into RAM (`PendingSum`).
     let map = unsafe { Mmap::map(&file) }.map_err(|e| PersistError::io(path, e))?;
     let file_len = map.len() as u64;
     let n8: [u8; 8] = map[..8].try_into().expect("length checked");

@@ -136,6 +136,6 @@ impl KvPool {
             )));
         }
         self.try_charge(self.block_bytes())?;
-        Ok(Block { storage: Storage::Mapped { map: map.clone(), offset }, len, pool: self.clone() })
+        Ok(Block { storage: Storage::Mapped { map: map.clone(), offset, copy: Default::default() }, len, pool: self.clone() })
     }
 }

@@ -224,6 +224,50 @@ fn put_pinned_pins_and_is_refused_past_the_budget() {
     assert_eq!((ids(&store), files_bytes(dir.path())), (vec!["agent-a".to_string(), "agent-b".to_string()], before));
 }
 
+/// With a share per tenant (the owner's text before '/'), one tenant's puts past its share
+/// evict its own oldest entries and never another tenant's; a pinned put past the share is
+/// refused and changes nothing on disk; without the quota the same puts evict the other
+/// tenant's entries (the failure the quota prevents).
+#[test]
+fn a_tenant_over_its_share_evicts_its_own_entries_only() {
+    let p = pool();
+    let (m, kv) = entry(&p, 64, 0);
+    let size = encoded_len(&m, &kv).unwrap();
+    let owned = |tenant: &str| EntryMeta { owner: format!("{tenant}/s"), ..m.clone() };
+    for with_quota in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = DiskStore::open(dir.path(), 6 * size, EvictionPolicy::Lru).unwrap();
+        if with_quota {
+            store.set_group_quota(Some(engram_kv::GroupQuota::new(3 * size, |o: &str| o.split('/').next().unwrap_or("").to_string())));
+        }
+        for i in 0..3u64 {
+            store.set_now(Some(T + i));
+            store.put(&format!("b{i}"), &owned("bob"), &kv).unwrap();
+        }
+        for i in 0..6u64 {
+            store.set_now(Some(T + 10 + i));
+            store.put(&format!("a{i}"), &owned("alice"), &kv).unwrap();
+        }
+        let bob: Vec<String> = ids(&store).into_iter().filter(|i| i.starts_with('b')).collect();
+        if !with_quota {
+            assert!(bob.len() < 3, "without the quota alice's puts evict bob's entries");
+            continue;
+        }
+        assert_eq!(bob, ["b0", "b1", "b2"], "bob keeps all his entries");
+        assert_eq!(store.group_bytes("alice"), 3 * size);
+        assert_eq!(ids(&store).into_iter().filter(|i| i.starts_with('a')).collect::<Vec<_>>(), ["a3", "a4", "a5"]);
+        // Pinned entries count against the share: a third pin would pass it.
+        store.put_pinned("a4", &owned("alice"), &kv).unwrap();
+        store.put_pinned("a5", &owned("alice"), &kv).unwrap();
+        store.put_pinned("a3", &owned("alice"), &kv).unwrap();
+        let before = (ids(&store), files_bytes(dir.path()));
+        let e = store.put_pinned("a6", &owned("alice"), &kv).unwrap_err();
+        assert!(matches!(e, DiskError::OverQuota { .. }), "{e}");
+        assert!(!e.to_string().contains("alice"), "errors do not name tenants: {e}");
+        assert_eq!((ids(&store), files_bytes(dir.path())), before, "a refused put changes nothing");
+    }
+}
+
 #[test]
 fn reopen_keeps_stats_and_rebuilds_a_bad_index() {
     let dir = tempfile::tempdir().unwrap();

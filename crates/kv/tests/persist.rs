@@ -199,6 +199,30 @@ fn data_starts_on_a_cache_line_in_files_and_in_ram() {
     assert_eq!(keys, persist::KEYS.into_iter().collect());
 }
 
+/// A restored sequence leaves the file's pages once its checksum passes: the file truncated
+/// (in place, under the process, as the fault tests do) afterwards cannot fault a read of it
+/// (SIGBUS would end this test process), and it still reads what was written.
+#[test]
+fn a_verified_restore_survives_its_file_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 3 * BLOCK_TOKENS + 7;
+    for deferred in [false, true] {
+        let path = entry_file(dir.path(), n, KvFormat::F16);
+        let p = pool(KvFormat::F16);
+        let original = make_kv(&p, n, 7);
+        let kv = if deferred {
+            let (_, kv, check) = open_entry(&path, &p, FP, VOCAB).unwrap();
+            check.wait().unwrap();
+            kv
+        } else {
+            read_entry(&path, &p, FP, VOCAB).unwrap().1
+        };
+        assert!(kv.blocks().iter().all(|b| b.is_mapped() && b.is_in_ram()), "verified blocks read their copy");
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+        assert_eq!(visible(&kv), visible(&original), "deferred {deferred}");
+    }
+}
+
 #[test]
 fn writing_after_restore_copies_on_write() {
     let dir = tempfile::tempdir().unwrap();

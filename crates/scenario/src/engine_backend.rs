@@ -89,7 +89,12 @@ impl EngineBackend {
             let pool = KvPool::new(KvLayout::of(&model.config), o.kv_format, o.kv_budget_bytes);
             let config = SchedulerConfig {
                 prefill_chunk: o.prefill_chunk,
-                disk: o.cache_dir.map(|dir| DiskConfig { dir, budget_bytes: o.disk_budget_bytes, policy: EvictionPolicy::Lru }),
+                disk: o.cache_dir.map(|dir| DiskConfig {
+                    dir,
+                    budget_bytes: o.disk_budget_bytes,
+                    policy: EvictionPolicy::Lru,
+                    tenant_share_bytes: None,
+                }),
                 ..SchedulerConfig::default()
             };
             let mut policy = default_policy(&model, &pool, &config);
@@ -162,6 +167,7 @@ fn collect(prompt_text: String, rx: Receiver<(Instant, Event)>, submitted: Insta
                 return Ok(out);
             }
             Event::Failed(e) => return Err(e.message),
+            Event::Logprob(_) => {}
         }
     }
     Err("the engine dropped a turn without finishing it".into())

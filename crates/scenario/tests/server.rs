@@ -63,7 +63,12 @@ fn a_server_restarted_between_phases_resumes_every_agent_warm() {
     let dir = tempfile::tempdir().unwrap();
     let config = || {
         let mut c = ServerConfig::new("tiny");
-        c.scheduler.disk = Some(DiskConfig { dir: dir.path().join("kv"), budget_bytes: 256 << 20, policy: engram_kv::EvictionPolicy::Lru });
+        c.scheduler.disk = Some(DiskConfig {
+            dir: dir.path().join("kv"),
+            budget_bytes: 256 << 20,
+            policy: engram_kv::EvictionPolicy::Lru,
+            tenant_share_bytes: None,
+        });
         c
     };
     let (addr, stop, thread) = serve("127.0.0.1:0".parse().unwrap(), config());

@@ -137,7 +137,7 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
             true,
         ),
         Some(Event::Failed(e)) => (vec![ev("error", e.anthropic_body())], true),
-        Some(Event::Started { .. }) => (vec![], false),
+        Some(Event::Started { .. } | Event::Logprob(_)) => (vec![], false),
         None => (vec![ev("error", ApiError::internal("the engine stopped").anthropic_body())], true),
     });
     Ok(sse::respond(first, rx, format, vec![("x-session-id", st.session_id.clone())]))

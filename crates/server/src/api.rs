@@ -96,6 +96,12 @@ pub struct Unsupported {
 }
 
 impl Unsupported {
+    /// Takes `logprobs` and `top_logprobs` out, for the endpoints that support them (OpenAI's
+    /// chat and completions); left in, [`Unsupported::check`] refuses them.
+    pub fn take_logprobs(&mut self) -> (Option<serde_json::Value>, Option<serde_json::Value>) {
+        (self.logprobs.take(), self.top_logprobs.take())
+    }
+
     /// A 400 for the first field that asks for something.
     pub fn check(&self) -> Result<(), ApiError> {
         use serde_json::Value;
@@ -105,8 +111,8 @@ impl Unsupported {
             ("functions", &self.functions, "function calling is not supported"),
             ("function_call", &self.function_call, "function calling is not supported"),
             ("logit_bias", &self.logit_bias, "logit_bias is not supported"),
-            ("logprobs", &self.logprobs, "logprobs are not supported"),
-            ("top_logprobs", &self.top_logprobs, "logprobs are not supported"),
+            ("logprobs", &self.logprobs, "logprobs are supported on /v1/chat/completions and /v1/completions only"),
+            ("top_logprobs", &self.top_logprobs, "logprobs are supported on /v1/chat/completions and /v1/completions only"),
         ];
         for (name, value, why) in fields {
             let asks = match value {
@@ -178,6 +184,8 @@ pub struct Sampling {
     pub ignore_eos: bool,
     /// `"prompt-lookup"` or `"none"`; `None`: as the server is configured.
     pub draft: Option<String>,
+    /// Alternatives per token to report with log-probabilities (`logprobs.rs`); `None`: none.
+    pub logprobs: Option<usize>,
 }
 
 /// Validates limits and builds the engine's parameters for `prompt_len`.
@@ -249,6 +257,7 @@ pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingPa
         stop_token_ids: Vec::new(),
         ignore_eos: f.ignore_eos,
         speculate,
+        logprobs: f.logprobs,
     };
     p.validate()?;
     Ok(p)
@@ -279,6 +288,8 @@ pub async fn started(mut rx: UnboundedReceiver<Event>) -> Result<(Started, Unbou
 /// A whole (non-streamed) answer.
 pub struct Completed {
     pub text: String,
+    /// One per generated token, when the request asked for log-probabilities.
+    pub logprobs: Vec<engram_engine::TokenLogprob>,
     pub finish: FinishReason,
     pub completion_tokens: usize,
     pub stop_string: bool,
@@ -286,12 +297,13 @@ pub struct Completed {
 
 /// Reads events to the end.
 pub async fn collect(rx: &mut UnboundedReceiver<Event>) -> Result<Completed, ApiError> {
-    let mut text = String::new();
+    let (mut text, mut logprobs) = (String::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
+            Event::Logprob(l) => logprobs.push(l),
             Event::Finished { finish, completion_tokens, stop_string } => {
-                return Ok(Completed { text, finish, completion_tokens, stop_string })
+                return Ok(Completed { text, logprobs, finish, completion_tokens, stop_string })
             }
             Event::Failed(e) => return Err(e),
             Event::Started { .. } => {}

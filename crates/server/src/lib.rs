@@ -32,6 +32,7 @@ mod health_tests;
 /// The metrics the engine and the handlers share (`engram_engine::metrics`).
 pub use engram_engine::metrics;
 mod listen;
+mod logprobs;
 mod openai;
 mod quota;
 pub mod scheduler;

@@ -1,9 +1,10 @@
 //! OpenAI-compatible endpoints: `/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`. Extensions: `session_id` (or `X-Session-Id`) names a
 //! session; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos` as in vLLM;
-//! responses carry the session in `X-Session-Id`. Not implemented, and
-//! rejected with a 400 naming the field: `tools`, `tool_choice`,
-//! `functions`, `function_call`, `logit_bias`, `logprobs`, `top_logprobs`.
+//! responses carry the session in `X-Session-Id`; `logprobs` / `top_logprobs`
+//! as OpenAI's (`logprobs.rs`). Not implemented, and rejected with a 400
+//! naming the field: `tools`, `tool_choice`, `functions`, `function_call`,
+//! `logit_bias`.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -131,6 +132,7 @@ impl SamplingFields {
             stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             draft: self.draft,
+            logprobs: None,
         }
     }
 }
@@ -221,12 +223,15 @@ pub async fn models(State(s): State<AppState>) -> Response {
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
-    let req: ChatRequest = api::parse(&body)?;
+    let mut req: ChatRequest = api::parse(&body)?;
     api::check_model(&s, req.model.as_deref())?;
+    let (lp, top) = req.unsupported.take_logprobs();
+    let logprobs = crate::logprobs::chat_request(lp.as_ref(), top.as_ref())?;
     req.unsupported.check()?;
     check_n(req.n)?;
     let messages = to_chat(req.messages)?;
-    let sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
+    let mut sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
+    sampling.logprobs = logprobs;
     let job = if let crate::ContextMode::Dual { .. } = s.config.context {
         let d = crate::dual::turn(&s, &tenant, &headers, req.user.as_deref(), req.thread_id.as_deref(), messages).await?;
         let params = api::params(&s, d.turn.len(), sampling)?;
@@ -247,7 +252,8 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         let body = json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
-                         "logprobs": null, "finish_reason": finish_str(done.finish)}],
+                         "logprobs": logprobs.map(|_| crate::logprobs::chat_object(&s.model.tokenizer, &done.logprobs)),
+                         "finish_reason": finish_str(done.finish)}],
             "usage": usage(&st, done.completion_tokens),
             "session_id": st.session_id,
         });
@@ -255,18 +261,36 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     }
     let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
     let chunk = {
-        let (id, model) = (id.clone(), model.clone());
-        move |delta: Value, finish: Option<&str>| {
-            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+        let (id, model, tok_model) = (id.clone(), model.clone(), s.model.clone());
+        // Log-probabilities of tokens not yet reported, given to the next chunk.
+        let mut pending: Vec<engram_engine::TokenLogprob> = Vec::new();
+        move |delta: Value, finish: Option<&str>, lp: Option<engram_engine::TokenLogprob>| {
+            if let Some(l) = lp {
+                pending.push(l);
+                return None;
+            }
+            let logprobs = match logprobs {
+                Some(_) => crate::logprobs::chat_object(&tok_model.tokenizer, &std::mem::take(&mut pending)),
+                None => Value::Null,
+            };
+            Some(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}))
         }
     };
-    let first = vec![SseEvent::default().data(chunk(json!({"role": "assistant", "content": ""}), None).to_string())];
+    let mut chunk = chunk;
+    let first =
+        vec![SseEvent::default().data(chunk(json!({"role": "assistant", "content": ""}), None, None).expect("a chunk").to_string())];
     let session_id = st.session_id.clone();
     let format: sse::Formatter = Box::new(move |ev| match ev {
-        Some(Event::Text(t)) => (vec![SseEvent::default().data(chunk(json!({"content": t}), None).to_string())], false),
+        Some(Event::Logprob(l)) => {
+            chunk(Value::Null, None, Some(l));
+            (vec![], false)
+        }
+        Some(Event::Text(t)) => {
+            (vec![SseEvent::default().data(chunk(json!({"content": t}), None, None).expect("a chunk").to_string())], false)
+        }
         Some(Event::Finished { finish, completion_tokens, .. }) => {
-            let mut out = vec![SseEvent::default().data(chunk(json!({}), Some(finish_str(finish))).to_string())];
+            let mut out = vec![SseEvent::default().data(chunk(json!({}), Some(finish_str(finish)), None).expect("a chunk").to_string())];
             if include_usage {
                 let u = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                                "choices": [], "usage": usage(&st, completion_tokens)});
@@ -285,8 +309,13 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
 /// `POST /v1/completions`.
 pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
-    let req: CompletionRequest = api::parse(&body)?;
+    let mut req: CompletionRequest = api::parse(&body)?;
     api::check_model(&s, req.model.as_deref())?;
+    let (lp, top) = req.unsupported.take_logprobs();
+    if top.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad_param("top_logprobs", "/v1/completions takes the number of alternatives in \"logprobs\""));
+    }
+    let logprobs = crate::logprobs::completion_request(lp.as_ref())?;
     req.unsupported.check()?;
     check_n(req.n)?;
     let session = api::session(&headers, req.session_id.as_deref())?;
@@ -308,7 +337,8 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
             (None, ids)
         }
     };
-    let sampling = req.sampling.with_max_tokens(Some(req.max_tokens.unwrap_or(16)));
+    let mut sampling = req.sampling.with_max_tokens(Some(req.max_tokens.unwrap_or(16)));
+    sampling.logprobs = logprobs;
     let params = api::params(&s, prompt.len(), sampling)?;
     let (st, mut rx) = api::start(&s, Job { tenant, session, text, add_special: true, prompt, params, pinned: false }).await?;
     let id = api::new_id("cmpl");
@@ -318,7 +348,9 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
         let done = api::collect(&mut rx).await?;
         let body = json!({
             "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": done.text, "logprobs": null, "finish_reason": finish_str(done.finish)}],
+            "choices": [{"index": 0, "text": done.text,
+                         "logprobs": logprobs.map(|_| crate::logprobs::completion_object(&s.model.tokenizer, &done.logprobs, 0)),
+                         "finish_reason": finish_str(done.finish)}],
             "usage": usage(&st, done.completion_tokens),
             "session_id": st.session_id,
         });
@@ -326,14 +358,34 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     }
     let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
     let session_id = st.session_id.clone();
-    let chunk = move |text: &str, finish: Option<&str>| {
-        json!({"id": id, "object": "text_completion", "created": created, "model": model,
-               "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]})
+    let tok_model = s.model.clone();
+    // Log-probabilities not yet reported, and the byte offset of their text.
+    let (mut pending, mut offset): (Vec<engram_engine::TokenLogprob>, usize) = (Vec::new(), 0);
+    let mut chunk = move |text: &str, finish: Option<&str>, lp: Option<engram_engine::TokenLogprob>| {
+        if let Some(l) = lp {
+            pending.push(l);
+            return None;
+        }
+        let logprobs = match logprobs {
+            Some(_) => {
+                let entries = std::mem::take(&mut pending);
+                let v = crate::logprobs::completion_object(&tok_model.tokenizer, &entries, offset);
+                offset += entries.iter().map(|e| tok_model.tokenizer.token_bytes(e.token).len()).sum::<usize>();
+                v
+            }
+            None => Value::Null,
+        };
+        Some(json!({"id": id, "object": "text_completion", "created": created, "model": model,
+               "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}))
     };
     let format: sse::Formatter = Box::new(move |ev| match ev {
-        Some(Event::Text(t)) => (vec![SseEvent::default().data(chunk(&t, None).to_string())], false),
+        Some(Event::Logprob(l)) => {
+            chunk("", None, Some(l));
+            (vec![], false)
+        }
+        Some(Event::Text(t)) => (vec![SseEvent::default().data(chunk(&t, None, None).expect("a chunk").to_string())], false),
         Some(Event::Finished { finish, completion_tokens, .. }) => {
-            let mut last = chunk("", Some(finish_str(finish)));
+            let mut last = chunk("", Some(finish_str(finish)), None).expect("a chunk");
             if include_usage {
                 last["usage"] = usage(&st, completion_tokens);
             }

@@ -81,8 +81,6 @@ fn unsupported_fields_are_a_400_naming_the_field() {
         ("functions", json!([{"name": "f", "parameters": {}}])),
         ("function_call", json!({"name": "f"})),
         ("logit_bias", json!({"5": 10})),
-        ("logprobs", json!(true)),
-        ("top_logprobs", json!(2)),
     ];
     for (field, value) in chat_cases {
         let r = chat(addr, &user, json!({ field: value }));
@@ -92,12 +90,16 @@ fn unsupported_fields_are_a_400_naming_the_field() {
         assert_eq!(e["type"], "invalid_request_error", "{}", r.body);
         assert!(e["message"].as_str().unwrap().contains(&format!("`{field}`")), "{}", r.body);
     }
-    for (field, value) in [("logprobs", json!(1)), ("logprobs", json!(0)), ("logit_bias", json!({"5": -100}))] {
+    for (field, value) in [("logit_bias", json!({"5": -100}))] {
         let r = post(addr, "/v1/completions", &json!({"model": "tiny", "prompt": "hi", "max_tokens": 2, field: value}));
         assert_eq!(r.status, 400, "completions {field}: {}", r.body);
         assert_eq!(r.json()["error"]["param"], field, "{}", r.body);
     }
-    for (field, value) in [("tools", json!([{"name": "f", "input_schema": {"type": "object"}}])), ("tool_choice", json!({"type": "any"}))] {
+    for (field, value) in [
+        ("tools", json!([{"name": "f", "input_schema": {"type": "object"}}])),
+        ("tool_choice", json!({"type": "any"})),
+        ("logprobs", json!(true)),
+    ] {
         let r = post(addr, "/v1/messages", &json!({"model": "tiny", "max_tokens": 2, "messages": user, field: value}));
         assert_eq!(r.status, 400, "messages {field}: {}", r.body);
         let v = r.json();
@@ -113,6 +115,46 @@ fn unsupported_fields_are_a_400_naming_the_field() {
     assert_eq!(r.status, 200, "{}", r.body);
     let r = post(addr, "/v1/completions", &json!({"model": "tiny", "prompt": "hi", "max_tokens": 2, "logprobs": null}));
     assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// `logprobs` (issue 19 item 13): one entry per generated token in OpenAI's shapes; values
+/// out of range, `top_logprobs` without `logprobs`, or the wrong type are 400s naming the field.
+#[test]
+fn logprobs_are_served_and_bad_values_are_400s() {
+    let addr = shared();
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let r = chat(addr, &user, json!({"logprobs": true, "top_logprobs": 2, "max_tokens": 5, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let content = v["choices"][0]["logprobs"]["content"].as_array().expect("logprobs.content").clone();
+    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    for e in &content {
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0 && e["token"].is_string() && e["bytes"].is_array(), "{e}");
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2, "{e}");
+    }
+    let r = post(addr, "/v1/completions", &json!({"model": "tiny", "prompt": "hi", "max_tokens": 3, "logprobs": 1, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let lp = &r.json()["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), lp["token_logprobs"].as_array().unwrap().len(), "{lp}");
+    for (body, param) in [
+        (json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+        (json!({"top_logprobs": 2}), "top_logprobs"),
+        (json!({"logprobs": "yes"}), "logprobs"),
+        (json!({"logprobs": true, "top_logprobs": -1}), "top_logprobs"),
+    ] {
+        let r = chat(addr, &user, body.clone());
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{}", r.body);
+    }
+    for (body, param) in
+        [(json!({"logprobs": 21}), "logprobs"), (json!({"logprobs": true}), "logprobs"), (json!({"top_logprobs": 2}), "top_logprobs")]
+    {
+        let mut b = json!({"model": "tiny", "prompt": "hi", "max_tokens": 2});
+        b.as_object_mut().unwrap().extend(body.as_object().unwrap().clone());
+        let r = post(addr, "/v1/completions", &b);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{}", r.body);
+    }
 }
 
 /// Issue 15 item 5: the `draft` field turns speculative decoding on or off per request; it

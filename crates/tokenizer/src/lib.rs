@@ -20,6 +20,7 @@ mod error;
 mod gguf_vocab;
 mod hf;
 mod stream;
+mod token_bytes;
 mod tokenizer;
 mod train;
 

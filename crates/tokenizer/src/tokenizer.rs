@@ -47,6 +47,8 @@ pub struct Tokenizer {
     /// `Some(want)` when encode must correct what the post-processor does about BOS.
     bos_fix: Option<bool>,
     chat_template: Option<ChatTemplate>,
+    /// The decoder maps GPT-2's byte table back to bytes (`token_bytes.rs`).
+    byte_level: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -88,7 +90,6 @@ impl Tokenizer {
             _ => None,
         };
         Ok(Tokenizer {
-            inner,
             bos_token: facts.bos_token.filter(|_| bos_id.is_some()),
             eos_token: facts.eos_token.filter(|_| eos_id.is_some()),
             bos_id,
@@ -96,6 +97,8 @@ impl Tokenizer {
             stop_ids,
             bos_fix,
             chat_template,
+            byte_level: inner.get_decoder().and_then(|d| serde_json::to_string(d).ok()).is_some_and(|j| j.contains("\"ByteLevel\"")),
+            inner,
         })
     }
 
@@ -192,6 +195,11 @@ impl Tokenizer {
     /// Replace (or remove) the chat template.
     pub fn set_chat_template(&mut self, t: Option<ChatTemplate>) {
         self.chat_template = t;
+    }
+
+    /// Whether the vocabulary is byte-level BPE (pieces spelled in GPT-2's byte table).
+    pub fn is_byte_level(&self) -> bool {
+        self.byte_level
     }
 
     /// The underlying `tokenizers::Tokenizer`.

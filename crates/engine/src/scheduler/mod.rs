@@ -94,12 +94,8 @@ impl SchedulerConfig {
     }
 }
 
-/// The account an owner key belongs to, which fairness and limits count by: the text before
-/// the first U+001F (an agent's key is `<tenant>\u{1f}agent:<id>`, a dual-stream user's
-/// `<tenant>\u{1f}user:<user>`), else the whole key.
-pub fn account(owner: &str) -> &str {
-    owner.split('\u{1f}').next().unwrap_or(owner)
-}
+/// The account an owner key belongs to, which fairness and limits count by.
+pub use engram_context::account;
 
 /// The disk tier of the session store.
 #[derive(Clone, Debug)]
@@ -107,6 +103,10 @@ pub struct DiskConfig {
     pub dir: std::path::PathBuf,
     pub budget_bytes: u64,
     pub policy: engram_kv::EvictionPolicy,
+    /// Most bytes one account's entries (its sessions, agents' pinned ones, prefix chains)
+    /// take of the budget; past it the account's own entries are evicted first (`None`: the
+    /// whole budget).
+    pub tenant_share_bytes: Option<u64>,
 }
 
 impl Default for SchedulerConfig {
@@ -159,6 +159,9 @@ pub enum Event<E = JobError> {
         cached_tokens: usize,
     },
     Text(String),
+    /// A generated token's log-probabilities (only when the job's `params.logprobs` asks),
+    /// sent before any text of that token.
+    Logprob(crate::logprobs::TokenLogprob),
     /// `stop_string`: the text was cut at a stop string (not a stop token).
     Finished {
         finish: FinishReason,
@@ -174,6 +177,7 @@ impl<E> Event<E> {
         match self {
             Event::Started { session_id, prompt_tokens, cached_tokens } => Event::Started { session_id, prompt_tokens, cached_tokens },
             Event::Text(t) => Event::Text(t),
+            Event::Logprob(l) => Event::Logprob(l),
             Event::Finished { finish, completion_tokens, stop_string } => Event::Finished { finish, completion_tokens, stop_string },
             Event::Failed(e) => Event::Failed(f(e)),
         }
@@ -268,6 +272,7 @@ pub fn default_policy(model: &Model, pool: &KvPool, config: &SchedulerConfig) ->
         let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
         match engram_context::PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {
             Ok(p) => {
+                p.set_tenant_share(d.tenant_share_bytes);
                 sessions = sessions.with_disk(p, model.config.vocab);
                 tracing::info!("{} persisted sessions found in {}", sessions.on_disk_count(), d.dir.display());
             }

@@ -327,6 +327,11 @@ impl Engine<'_> {
         s.last_token = Some(now);
         m.tokens_generated.fetch_add(1, Relaxed);
         s.next = None;
+        if let Some(lp) = s.out.take_logprob() {
+            if !s.events.send(Event::Logprob(lp)) {
+                return Some(Ok(FinishReason::Cancelled));
+            }
+        }
         let step = match s.out.accept(t, s.tokens.len() + 1 < ctx) {
             Ok(step) => step,
             Err(e) => return Some(Err(JobError::new(JobErrorKind::Internal, format!("detokenizing: {e}")))),
