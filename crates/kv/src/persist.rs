@@ -70,6 +70,9 @@ use crate::format::KvFormat;
 use crate::pool::{KvLayout, KvPool};
 use crate::seq::SeqKv;
 
+mod header;
+use header::{check_fingerprint, check_offsets, header_len, meta_hasher, parse_header};
+
 /// The `magic` metadata value.
 pub const MAGIC: &str = "engram-kv";
 /// The `version` metadata value this build writes and reads.
@@ -604,22 +607,6 @@ fn zero_stale_slots(layout: KvLayout, rb: usize, sec: usize, bytes: &mut [u8], l
     }
 }
 
-/// A hasher fed every metadata key and value except `checksum`, sorted by
-/// key, each length-prefixed (so no two maps hash the same input).
-fn meta_hasher(m: &HashMap<String, String>) -> Xxh3 {
-    let mut keys: Vec<&String> = m.keys().filter(|k| k.as_str() != "checksum").collect();
-    keys.sort();
-    let mut h = Xxh3::new();
-    for k in keys {
-        let v = &m[k];
-        h.update(&(k.len() as u64).to_le_bytes());
-        h.update(k.as_bytes());
-        h.update(&(v.len() as u64).to_le_bytes());
-        h.update(v.as_bytes());
-    }
-    h
-}
-
 fn check_sum(path: &Path, data: &[u8], stored: u64, mut hasher: Xxh3) -> Result<(), PersistError> {
     hasher.update(data);
     let got = hasher.digest();
@@ -648,175 +635,4 @@ fn map_entry(path: &Path) -> Result<(Arc<Mmap>, usize, EntryInfo, Xxh3), Persist
     let n = header_len(n8, file_len).map_err(|r| PersistError::invalid(path, r))?;
     let (info, hasher) = parse_header(&map[8..8 + n], file_len).map_err(|e| e.at(path))?;
     Ok((Arc::new(map), n, info, hasher))
-}
-
-/// The header length from the first 8 bytes, checked against the limits
-/// before anything is allocated.
-fn header_len(n8: [u8; 8], file_len: u64) -> Result<usize, String> {
-    let n = u64::from_le_bytes(n8);
-    if n > MAX_HEADER_BYTES {
-        return Err(format!("header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit"));
-    }
-    if n > file_len - 8 {
-        return Err(format!("header of {n} bytes runs past the end of the {file_len}-byte file"));
-    }
-    if n % 8 != 0 {
-        return Err(format!("header length {n} is not a multiple of 8 (tensor data would be misaligned)"));
-    }
-    Ok(n as usize)
-}
-
-/// Why a header was refused.
-enum HeaderError {
-    /// Damaged, or not an entry at all: [`PersistError::Invalid`].
-    Invalid(String),
-    /// An entry of another format version (the one found): [`PersistError::Mismatch`].
-    Version(String),
-}
-
-impl HeaderError {
-    fn at(self, path: &Path) -> PersistError {
-        match self {
-            HeaderError::Invalid(reason) => PersistError::invalid(path, reason),
-            HeaderError::Version(found) => {
-                PersistError::Mismatch { path: path.to_path_buf(), what: "format version", found, expected: VERSION.to_string() }
-            }
-        }
-    }
-}
-
-/// Validates a header against the file length. Returns the entry's info and
-/// a hasher already fed the metadata. The magic and version are read first: an
-/// entry of another version (older or newer) is a [`HeaderError::Version`] however
-/// the rest is laid out, so it is a miss that stays, not a corrupt file.
-fn parse_header(header: &[u8], file_len: u64) -> Result<(EntryInfo, Xxh3), HeaderError> {
-    let invalid = HeaderError::Invalid;
-    let md: Metadata = serde_json::from_slice(header).map_err(|e| invalid(format!("header is not safetensors JSON: {e}")))?;
-    let m = md.metadata().as_ref().ok_or_else(|| invalid("header has no __metadata__".into()))?;
-    match m.get("magic") {
-        Some(magic) if magic == MAGIC => {}
-        other => return Err(invalid(format!("magic is {other:?}, not {MAGIC:?}"))),
-    }
-    match m.get("version") {
-        Some(v) if *v == VERSION.to_string() => {}
-        Some(v) if v.parse::<u32>().is_ok_and(|n| n.to_string() == *v) => return Err(HeaderError::Version(v.clone())),
-        other => return Err(invalid(format!("version {other:?} is not a version number"))),
-    }
-    parse_fields(&md, m, header.len(), file_len).map_err(invalid)
-}
-
-/// [`parse_header`] past the magic and version.
-fn parse_fields(md: &Metadata, m: &HashMap<String, String>, header_len: usize, file_len: u64) -> Result<(EntryInfo, Xxh3), String> {
-    let tensors = md.tensors();
-    let window_ti = tensors.get(WINDOW_TENSOR);
-    let Some(ti) = tensors.get(TENSOR_NAME).filter(|_| tensors.len() == 1 + window_ti.is_some() as usize) else {
-        let mut names: Vec<_> = tensors.keys().cloned().collect();
-        names.sort();
-        return Err(format!("expected the tensor \"{TENSOR_NAME}\" and optionally \"{WINDOW_TENSOR}\", found {names:?}"));
-    };
-    let get = |k: &str| m.get(k).map(String::as_str).ok_or_else(|| format!("metadata key \"{k}\" missing"));
-    if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(format!("unknown metadata key {k:?}"));
-    }
-    let num = |k: &str, lo: u64, hi: u64| -> Result<u64, String> {
-        let s = get(k)?;
-        let v: u64 = s.parse().map_err(|_| format!("{k} is {s:?}, not a number"))?;
-        if v.to_string() != s || v < lo || v > hi {
-            return Err(format!("{k} is {s:?}, expected {lo}..={hi}"));
-        }
-        Ok(v)
-    };
-    let format: KvFormat = get("kv_format")?.parse().map_err(|e: KvError| e.to_string())?;
-    num("block_tokens", BLOCK_TOKENS as u64, BLOCK_TOKENS as u64)?;
-    let layout = KvLayout {
-        num_layers: num("num_layers", 1, MAX_LAYERS)? as usize,
-        num_kv_heads: num("num_kv_heads", 1, MAX_KV_HEADS)? as usize,
-        head_dim: num("head_dim", 2, MAX_HEAD_DIM)? as usize,
-    };
-    let probe = KvPool::try_new(layout, format, 0).map_err(|e| e.to_string())?;
-    let block_bytes = probe.block_bytes();
-    // The data cannot be longer than the file, which bounds num_tokens.
-    let num_tokens = num("num_tokens", 1, file_len)? as usize;
-    let num_blocks = num_tokens.div_ceil(BLOCK_TOKENS);
-    let data_len = num_blocks.checked_mul(block_bytes).ok_or("tensor size overflows")?;
-    if ti.dtype != Dtype::U8 || ti.shape != [num_blocks, block_bytes] || ti.data_offsets != (0, data_len) {
-        return Err(format!(
-            "tensor is {:?} {:?} at {:?}, expected U8 [{num_blocks}, {block_bytes}] at (0, {data_len})",
-            ti.dtype, ti.shape, ti.data_offsets
-        ));
-    }
-    let window_bytes = match window_ti {
-        None => 0,
-        Some(w) => {
-            let wb = probe.tail_bytes();
-            if !probe.has_window() || num_tokens % BLOCK_TOKENS == 0 {
-                return Err(format!(
-                    "a recent window for {num_tokens} tokens of {format} KV (only q8/q4 sequences ending in a partial block keep one)"
-                ));
-            }
-            if w.dtype != Dtype::U8 || w.shape != [wb] || w.data_offsets != (data_len, data_len + wb) {
-                return Err(format!(
-                    "window tensor is {:?} {:?} at {:?}, expected U8 [{wb}] at ({data_len}, {})",
-                    w.dtype,
-                    w.shape,
-                    w.data_offsets,
-                    data_len + wb
-                ));
-            }
-            wb
-        }
-    };
-    let expect_len = (data_len as u64).checked_add(window_bytes as u64 + 8 + header_len as u64).ok_or("tensor size overflows")?;
-    if file_len != expect_len {
-        return Err(format!("file is {file_len} bytes, header describes {expect_len}"));
-    }
-    let fingerprint = get("fingerprint")?.to_string();
-    check_fingerprint(&fingerprint)?;
-    let kind = EntryKind::parse(get("kind")?).ok_or_else(|| format!("kind {:?} is not session or prefix", m["kind"]))?;
-    let created_unix = num("created_unix", 0, u64::MAX)?;
-    let tokens: Vec<u32> = serde_json::from_str(get("tokens")?).map_err(|e| format!("tokens: {e}"))?;
-    if tokens.len() != num_tokens {
-        return Err(format!("{} token ids for {num_tokens} tokens", tokens.len()));
-    }
-    let text = get("text")?.to_string();
-    let offsets: Vec<(usize, usize)> = serde_json::from_str(get("offsets")?).map_err(|e| format!("offsets: {e}"))?;
-    check_offsets(&offsets, &text, num_tokens)?;
-    let cs = get("checksum")?;
-    let checksum = u64::from_str_radix(cs, 16)
-        .ok()
-        .filter(|c| format!("{c:016x}") == cs)
-        .ok_or_else(|| format!("checksum {cs:?} is not 16 lowercase hex digits"))?;
-    let hasher = meta_hasher(m);
-    let meta = EntryMeta { fingerprint, kind, owner: get("owner")?.to_string(), tokens, text, offsets, created_unix };
-    let info = EntryInfo { meta, format, layout, num_tokens, num_blocks, block_bytes, window_bytes, file_bytes: file_len, checksum };
-    Ok((info, hasher))
-}
-
-fn check_fingerprint(f: &str) -> Result<(), String> {
-    if f.is_empty() || f.len() > MAX_FINGERPRINT || !f.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!("fingerprint {f:?} is not 1..={MAX_FINGERPRINT} printable ASCII characters"));
-    }
-    Ok(())
-}
-
-/// Offsets are empty or one per token; each lies within `text` on character
-/// boundaries; non-empty ranges are monotone (starts and ends never go
-/// back). Empty ranges (special tokens, `(0, 0)`) may appear anywhere.
-fn check_offsets(offsets: &[(usize, usize)], text: &str, num_tokens: usize) -> Result<(), String> {
-    if !offsets.is_empty() && offsets.len() != num_tokens {
-        return Err(format!("{} offsets for {num_tokens} tokens", offsets.len()));
-    }
-    let mut prev = (0usize, 0usize);
-    for (i, &(s, e)) in offsets.iter().enumerate() {
-        if s > e || e > text.len() || !text.is_char_boundary(s) || !text.is_char_boundary(e) {
-            return Err(format!("offset {i} ({s}, {e}) is not a range of the {}-byte text on character boundaries", text.len()));
-        }
-        if s < e {
-            if s < prev.0 || e < prev.1 {
-                return Err(format!("offset {i} ({s}, {e}) goes back before ({}, {})", prev.0, prev.1));
-            }
-            prev = (s, e);
-        }
-    }
-    Ok(())
 }
