@@ -26,6 +26,21 @@ pub trait HeadIndex: Send {
     fn stats(&self) -> IndexStats {
         IndexStats::default()
     }
+
+    /// Calls `f(cluster, members)` for each cluster the last `select` fetched whole (both
+    /// halves of one it split); nothing for token-level methods. An offloaded cache reads and
+    /// caches these units.
+    fn for_each_fetched(&self, _f: &mut dyn FnMut(u32, &[u32])) {}
+
+    /// Moves to `out` the clusters whose members changed since the last call (joins, splits,
+    /// new clusters): the "recently updated" clusters a cache retains.
+    fn drain_touched(&mut self, _out: &mut Vec<u32>) {}
+
+    /// Every indexed token once, cluster after cluster (the on-disk order that makes a
+    /// cluster one contiguous read); `None`: position order.
+    fn placement(&self) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 /// Counters of an index (sums; [`IndexStats::add`] adds two heads'). `*_tokens` are rows a
@@ -144,6 +159,18 @@ impl Method {
             Method::Quest { page } => Box::new(QuestIndex { page, dim, min: Vec::new(), max: Vec::new(), len: 0 }),
             Method::Streaming => Box::new(Streaming),
         }
+    }
+}
+
+/// No index: selects every eligible token, fetches no clusters (reads that are not a
+/// retrieval, such as an offloaded cache's full reads).
+pub(crate) struct NoIndex;
+
+impl HeadIndex for NoIndex {
+    fn build(&mut self, _keys: HeadKeys<'_>) {}
+    fn append(&mut self, _keys: HeadKeys<'_>) {}
+    fn select(&mut self, _keys: HeadKeys<'_>, _q: &[f32], eligible: Range<usize>, _budget: usize, out: &mut Vec<u32>) {
+        out.extend(eligible.map(|t| t as u32));
     }
 }
 
