@@ -129,6 +129,23 @@ impl SparseKv {
         }
     }
 
+    /// A copy of the stored keys and values with a copy of the index (same configuration,
+    /// empty counters): the copy then decodes exactly as this cache would. Panics on an
+    /// offloaded cache.
+    pub fn fork_with_index(&self) -> SparseKv {
+        let mut kv = self.fork(self.cfg);
+        kv.index = self
+            .index
+            .iter()
+            .map(|i| {
+                let i = i.lock().expect("index lock");
+                Mutex::new((i.0.clone_box(), i.1.clone()))
+            })
+            .collect();
+        kv.built = self.built;
+        kv
+    }
+
     /// Switches to `cfg` (`None`: exact), dropping the index and the counters; the stored
     /// keys and values stay. Panics on an offloaded cache (its file is laid out by its index).
     pub fn set_config(&mut self, cfg: Option<SparseConfig>) {

@@ -35,6 +35,7 @@ pub enum Update {
 }
 
 /// The clusters of one head.
+#[derive(Clone)]
 pub struct ClusterIndex {
     dim: usize,
     update: Update,
@@ -203,6 +204,10 @@ impl ClusterIndex {
 }
 
 impl HeadIndex for ClusterIndex {
+    fn clone_box(&self) -> Box<dyn HeadIndex> {
+        Box::new(self.clone())
+    }
+
     fn build(&mut self, keys: HeadKeys<'_>) {
         let n = keys.len();
         if n == 0 {
