@@ -10,9 +10,15 @@
 //! - Speed ([`speed`]), on a random-weight fixture (`engram fixture --shape llama-1b`): decode
 //!   tokens/s at each history, exact and DynaKV side by side on the same cache, KV bytes, RSS.
 //!
+//! - Offload ([`offload`], with `--offload-dir`): the speed runs' cache copied and offloaded to
+//!   a file, decoding the same tokens cold from disk: tok/s, disk bytes per token, mean read,
+//!   cluster-cache hit rate (cluster-aligned vs LRU at equal size), KV bytes in RAM, RSS, and
+//!   split I/O delayed vs eager.
+//!
 //! Reproduce: `engram bench sparse --quality-model models/pycode-long --text /tmp/heldout/*.txt
 //! --speed-model /tmp/fix/llama-1b-q4_0.gguf --threads 2 [--json]`.
 
+mod offload;
 mod quality;
 mod speed;
 
@@ -58,6 +64,20 @@ pub struct Args {
     /// Token budget for the speed runs.
     #[arg(long, default_value_t = 2048)]
     budget: usize,
+    /// Offload the speed runs' KV to a file in this directory (offloaded rows beside the
+    /// in-RAM ones); omit to stay in RAM.
+    #[arg(long)]
+    offload_dir: Option<PathBuf>,
+    /// Offloaded variants: cluster (cluster-aligned cache), lru, inline (no reader thread),
+    /// eager (split on every flag).
+    #[arg(long, value_delimiter = ',', default_value = "cluster,lru,inline,eager")]
+    offload_variants: Vec<String>,
+    /// KV bytes a sequence keeps in RAM before offloading (MiB).
+    #[arg(long, default_value_t = 0)]
+    ram_mib: usize,
+    /// Cluster cache size (MiB), equal for every policy.
+    #[arg(long, default_value_t = 64)]
+    cache_mib: usize,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,

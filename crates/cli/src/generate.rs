@@ -27,6 +27,16 @@ pub struct Args {
     /// most recent).
     #[arg(long)]
     sparse_budget: Option<usize>,
+    /// With --sparse: past --sparse-ram-mib of KV, keep the older KV in a file in this
+    /// directory (removed at exit); RAM keeps the index, sinks, recent window and a cluster cache.
+    #[arg(long)]
+    sparse_offload: Option<std::path::PathBuf>,
+    /// KV a sequence keeps in RAM before --sparse-offload moves the older KV to disk (MiB).
+    #[arg(long, default_value_t = 256)]
+    sparse_ram_mib: usize,
+    /// The cluster cache of --sparse-offload (MiB).
+    #[arg(long, default_value_t = 64)]
+    sparse_cache_mib: usize,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -47,9 +57,15 @@ pub fn run(a: Args) -> Result<()> {
     };
     if let Some(method) = &a.sparse {
         let cfg = crate::generate_sparse::config(method, a.sparse_budget.unwrap_or(2048), ids.len())?;
-        return crate::generate_sparse::generate(&model, &ids, &a.sampling.params(), cfg);
+        let off = a.sparse_offload.map(|dir| engram_sparse::OffloadConfig {
+            ram_budget: a.sparse_ram_mib << 20,
+            cache_bytes: a.sparse_cache_mib << 20,
+            ..engram_sparse::OffloadConfig::new(dir, model.fingerprint.0)
+        });
+        return crate::generate_sparse::generate(&model, &ids, &a.sampling.params(), cfg, off);
     }
     anyhow::ensure!(a.sparse_budget.is_none(), "--sparse-budget needs --sparse METHOD");
+    anyhow::ensure!(a.sparse_offload.is_none(), "--sparse-offload needs --sparse METHOD");
     let mut gen = Generator::new(&model, &pool);
     let out = gen.generate(&ids, &a.sampling.params(), &mut stdout_sink)?;
     println!();

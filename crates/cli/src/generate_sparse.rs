@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use engram_engine::{Decoding, FinishReason};
 use engram_model::{Logits, Model, SeqStep};
 use engram_sparse::{Method, SparseConfig, SparseKv};
@@ -33,8 +33,16 @@ pub fn config(method: &str, budget: usize, prompt_tokens: usize) -> Result<Optio
     Ok(Some(cfg))
 }
 
-/// Generates after `prompt` with `cfg` (`None`: exact over the same cache), streaming to stdout.
-pub fn generate(model: &Model, prompt: &[u32], params: &engram_engine::SamplingParams, cfg: Option<SparseConfig>) -> Result<()> {
+/// Generates after `prompt` with `cfg` (`None`: exact over the same cache), streaming to stdout;
+/// with `off`, the KV past its RAM budget is offloaded after the prefill (lossless: the same
+/// tokens as in RAM).
+pub fn generate(
+    model: &Model,
+    prompt: &[u32],
+    params: &engram_engine::SamplingParams,
+    cfg: Option<SparseConfig>,
+    off: Option<engram_sparse::OffloadConfig>,
+) -> Result<()> {
     params.validate()?;
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     let ctx = model.config.max_positions;
@@ -51,6 +59,12 @@ pub fn generate(model: &Model, prompt: &[u32], params: &engram_engine::SamplingP
     let t = Instant::now();
     kv.build_index();
     let index_ms = t.elapsed().as_secs_f64() * 1e3;
+    if let (Some(off), Some(_)) = (off, cfg) {
+        let dir = off.dir.clone();
+        if !kv.offload(off).with_context(|| format!("--sparse-offload {}", dir.display()))? {
+            eprintln!("note: the prompt's KV fits --sparse-ram-mib: kept in RAM, nothing offloaded");
+        }
+    }
     let mut out = Decoding::new(&model.tokenizer, prompt, params, 0);
     let decode_start = Instant::now();
     let finish = loop {
@@ -83,5 +97,15 @@ pub fn generate(model: &Model, prompt: &[u32], params: &engram_engine::SamplingP
         },
         finish.as_str()
     );
+    if let Some(s) = kv.offload_stats() {
+        eprintln!(
+            "offloaded: {:.1} MiB of {:.1} MiB KV in RAM; read {:.1} MiB in {} reads, cluster cache hit rate {:.3}",
+            kv.ram_kv_bytes() as f64 / (1 << 20) as f64,
+            kv.kv_bytes() as f64 / (1 << 20) as f64,
+            s.read_bytes as f64 / (1 << 20) as f64,
+            s.read_ops,
+            s.cache.hit_rows as f64 / (s.cache.hit_rows + s.cache.miss_rows).max(1) as f64
+        );
+    }
     Ok(())
 }

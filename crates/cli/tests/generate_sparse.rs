@@ -52,3 +52,24 @@ fn a_budget_covering_the_prompt_runs_exact_and_a_small_one_runs_sparse() {
     assert!(err.contains("sparse dynakv (budget 32"), "{err}");
     assert!(!sparse.stdout.is_empty());
 }
+
+#[test]
+fn offloaded_generation_writes_what_the_in_ram_one_does_and_leaves_no_file() {
+    let long = "import os\nimport sys\n\ndef walk(root):\n    for name in os.listdir(root):\n        path = os.path.join(root, name)\n        yield path\n\n".repeat(12);
+    let ram = generate(&long, &["--sparse", "dynakv", "--sparse-budget", "32"]);
+    assert!(ram.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let off = generate(&long, &["--sparse", "dynakv", "--sparse-budget", "32", "--sparse-offload", &d, "--sparse-ram-mib", "0"]);
+    let err = String::from_utf8_lossy(&off.stderr);
+    assert!(off.status.success(), "{err}");
+    assert!(err.contains("offloaded:"), "{err}");
+    assert_eq!(off.stdout, ram.stdout, "offload is lossless");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the file is removed at exit");
+    let missing = format!("{d}/no/such/dir");
+    let bad = generate(&long, &["--sparse", "dynakv", "--sparse-budget", "32", "--sparse-offload", &missing, "--sparse-ram-mib", "0"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no/such/dir"));
+    let alone = generate("def f(x):", &["--sparse-offload", &d]);
+    assert!(String::from_utf8_lossy(&alone.stderr).contains("--sparse-offload needs --sparse"));
+}

@@ -23,6 +23,7 @@ use half::f16;
 
 use crate::keys::HeadKeys;
 use crate::method::{HeadIndex, IndexStats, Method};
+use crate::offload::{HeadSource, Offloaded, Purpose};
 use crate::probe::Probe;
 
 /// How a sparse step chooses its keys. Invariant: `sinks + recent` tokens are always
@@ -52,22 +53,28 @@ thread_local! {
 
 /// One sequence's KV with sparse retrieval (module doc).
 pub struct SparseKv {
-    layers: usize,
-    heads: usize,
-    dim: usize,
-    cfg: Option<SparseConfig>,
-    cap: usize,
+    pub(crate) layers: usize,
+    pub(crate) heads: usize,
+    pub(crate) dim: usize,
+    pub(crate) cfg: Option<SparseConfig>,
+    /// Slots per head in `keys`/`values` (slot = position - `origin[layer]`).
+    pub(crate) cap: usize,
     /// Tokens stored, per layer.
-    lens: Vec<usize>,
-    keys: Vec<Vec<f16>>,
-    values: Vec<Vec<f16>>,
+    pub(crate) lens: Vec<usize>,
+    pub(crate) keys: Vec<Vec<f16>>,
+    pub(crate) values: Vec<Vec<f16>>,
+    /// Per layer: the first position held in `keys`/`values` (0 until offloaded; after, the
+    /// older positions but the sinks are in the file).
+    pub(crate) origin: Vec<usize>,
+    /// The offloaded part (`None`: all KV in RAM).
+    pub(crate) off: Option<Box<Offloaded>>,
     /// `layer * heads + head`: the index and the last selection it made; empty until built.
-    index: Vec<Mutex<(Box<dyn HeadIndex>, Vec<u32>)>>,
+    pub(crate) index: Vec<Mutex<(Box<dyn HeadIndex>, Vec<u32>)>>,
     built: bool,
     /// Reads are exact for now (the index is kept up to date): for timing both paths on one
     /// cache, step by step.
     bypass: bool,
-    probe: Option<Probe>,
+    pub(crate) probe: Option<Probe>,
     reads: AtomicUsize,
     attended: AtomicUsize,
 }
@@ -89,6 +96,8 @@ impl SparseKv {
             lens: vec![0; layers],
             keys: vec![Vec::new(); layers],
             values: vec![Vec::new(); layers],
+            origin: vec![0; layers],
+            off: None,
             index: Vec::new(),
             built: false,
             bypass: false,
@@ -100,12 +109,16 @@ impl SparseKv {
 
     /// A copy of the stored keys and values under `cfg` (`None`: exact), without an index
     /// ([`SparseKv::build_index`] makes one) and with empty counters.
+    /// Panics on an offloaded cache (its older KV is in its file, which is not shared).
     pub fn fork(&self, cfg: Option<SparseConfig>) -> SparseKv {
+        assert!(self.off.is_none(), "SparseKv::fork of an offloaded cache");
         SparseKv {
             cfg,
             lens: self.lens.clone(),
             keys: self.keys.clone(),
             values: self.values.clone(),
+            origin: self.origin.clone(),
+            off: None,
             index: Vec::new(),
             built: false,
             bypass: false,
@@ -116,9 +129,27 @@ impl SparseKv {
         }
     }
 
+    /// A copy of the stored keys and values with a copy of the index (same configuration,
+    /// empty counters): the copy then decodes exactly as this cache would. Panics on an
+    /// offloaded cache.
+    pub fn fork_with_index(&self) -> SparseKv {
+        let mut kv = self.fork(self.cfg);
+        kv.index = self
+            .index
+            .iter()
+            .map(|i| {
+                let i = i.lock().expect("index lock");
+                Mutex::new((i.0.clone_box(), i.1.clone()))
+            })
+            .collect();
+        kv.built = self.built;
+        kv
+    }
+
     /// Switches to `cfg` (`None`: exact), dropping the index and the counters; the stored
-    /// keys and values stay.
+    /// keys and values stay. Panics on an offloaded cache (its file is laid out by its index).
     pub fn set_config(&mut self, cfg: Option<SparseConfig>) {
+        assert!(self.off.is_none(), "SparseKv::set_config of an offloaded cache");
         self.cfg = cfg;
         self.index = Vec::new();
         self.built = false;
@@ -177,14 +208,19 @@ impl SparseKv {
 
     /// Makes room for `n` more tokens.
     pub fn reserve(&mut self, n: usize) {
-        let need = self.lens.iter().copied().max().unwrap_or(0) + n;
+        let need = (0..self.layers).map(|l| self.lens[l] - self.origin[l]).max().unwrap_or(0) + n;
         if need <= self.cap {
             return;
         }
         let cap = need.max(self.cap * 2).max(256);
+        self.resize_slots(cap);
+    }
+
+    /// Reallocates the RAM slots to `cap` per head (`cap` >= every layer's held tokens).
+    pub(crate) fn resize_slots(&mut self, cap: usize) {
         let (d, old) = (self.dim, self.cap);
         for l in 0..self.layers {
-            let len = self.lens[l];
+            let len = self.lens[l] - self.origin[l];
             for buf in [&mut self.keys[l], &mut self.values[l]] {
                 let mut next = vec![f16::ZERO; self.heads * cap * d];
                 for h in 0..self.heads {
@@ -216,7 +252,9 @@ impl SparseKv {
                         break;
                     }
                     let keys = self.head_keys(i / self.heads, i % self.heads, self.lens[i / self.heads]);
-                    index[i].lock().expect("index lock").0.build(keys);
+                    let mut idx = index[i].lock().expect("index lock");
+                    idx.0.build(keys);
+                    idx.0.drain_touched(&mut Vec::new());
                 });
             }
         });
@@ -229,10 +267,29 @@ impl SparseKv {
         self.built
     }
 
-    /// Keys `0..n` of (layer, head).
+    /// Keys `0..n` of (layer, head), all in RAM (before any offload).
     fn head_keys(&self, layer: usize, head: usize, n: usize) -> HeadKeys<'_> {
+        assert!(self.off.is_none(), "head_keys of an offloaded cache");
         let base = head * self.cap * self.dim;
         HeadKeys::new(&self.keys[layer][base..base + n * self.dim], self.dim)
+    }
+
+    /// The offloaded view of (layer, head) for one step at `now`, or `None` when in RAM.
+    pub(crate) fn source(&self, layer: usize, head: usize, purpose: Purpose, now: u64) -> Option<HeadSource<'_>> {
+        let off = self.off.as_deref()?;
+        let (d, base, held) = (self.dim, head * self.cap * self.dim, self.lens[layer] - self.origin[layer]);
+        Some(HeadSource {
+            off,
+            layer,
+            head,
+            heads: self.heads,
+            dim: d,
+            origin: self.origin[layer],
+            tail_k: &self.keys[layer][base..base + held * d],
+            tail_v: &self.values[layer][base..base + held * d],
+            purpose,
+            now,
+        })
     }
 
     /// The last selection made for (layer, KV head) (sorted positions; empty before one).
@@ -252,9 +309,15 @@ impl SparseKv {
         let sinks = cfg.sinks.min(n);
         let recent_from = n.saturating_sub(cfg.recent).max(sinks);
         let mut sel: Vec<u32> = (0..sinks as u32).collect();
-        let keys = self.head_keys(read.layer, read.kv_head, self.lens[read.layer]);
         let mut idx = self.index[read.layer * self.heads + read.kv_head].lock().expect("index lock");
-        idx.0.select(keys, read.queries, sinks..recent_from, cfg.budget, &mut sel);
+        let len = self.lens[read.layer];
+        match self.source(read.layer, read.kv_head, Purpose::Retrieval, read.positions[0] as u64) {
+            Some(src) => {
+                idx.0.select(HeadKeys::from_source(&src, len, self.dim), read.queries, sinks..recent_from, cfg.budget, &mut sel);
+                self.mark_touched(read.layer, read.kv_head, &mut *idx.0, read.positions[0] as u64);
+            }
+            None => idx.0.select(self.head_keys(read.layer, read.kv_head, len), read.queries, sinks..recent_from, cfg.budget, &mut sel),
+        }
         sel.extend(recent_from as u32..n as u32);
         sel.sort_unstable();
         sel.dedup();
@@ -262,10 +325,25 @@ impl SparseKv {
         Some(sel)
     }
 
+    /// Marks in the cluster cache the clusters of (layer, head) that changed (offloaded only).
+    fn mark_touched(&self, layer: usize, head: usize, idx: &mut dyn HeadIndex, now: u64) {
+        let mut touched = Vec::new();
+        idx.drain_touched(&mut touched);
+        if let Some(off) = self.off.as_deref() {
+            let mut cache = off.cache.lock().expect("cache lock");
+            for c in touched {
+                cache.mark_updated((layer as u32, head as u32, c), now);
+            }
+        }
+    }
+
     fn exact_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
         let len = self.lens[layer];
         if len == 0 {
             return;
+        }
+        if self.off.is_some() {
+            return self.gathered_exact(layer, f);
         }
         f(&KvChunk {
             first_pos: 0,
@@ -284,11 +362,13 @@ impl SparseKv {
 impl KvCache for SparseKv {
     fn write(&mut self, layer: usize, first_pos: usize, keys: &[f32], values: &[f32], num_tokens: usize) {
         assert_eq!(first_pos, self.lens[layer], "SparseKv stores a linear sequence: write at its end");
-        assert!(first_pos + num_tokens <= self.cap, "SparseKv::write past the reserved room (reserve first)");
+        let slot0 = first_pos - self.origin[layer];
+        assert!(slot0 + num_tokens <= self.cap, "SparseKv::write past the reserved room (reserve first)");
         let (d, w) = (self.dim, self.heads * self.dim);
         for t in 0..num_tokens {
+            let slot0 = first_pos - self.origin[layer];
             for h in 0..self.heads {
-                let dst = (h * self.cap + first_pos + t) * d;
+                let dst = (h * self.cap + slot0 + t) * d;
                 for (buf, src) in [(&mut self.keys[layer], keys), (&mut self.values[layer], values)] {
                     for (o, &x) in buf[dst..dst + d].iter_mut().zip(&src[t * w + h * d..t * w + (h + 1) * d]) {
                         *o = f16::from_f32(x);
@@ -297,10 +377,21 @@ impl KvCache for SparseKv {
             }
             self.lens[layer] += 1;
             if self.built {
+                let (len, now) = (self.lens[layer], (first_pos + t) as u64);
                 for h in 0..self.heads {
-                    let keys = self.head_keys(layer, h, self.lens[layer]);
-                    self.index[layer * self.heads + h].lock().expect("index lock").0.append(keys);
+                    let mut idx = self.index[layer * self.heads + h].lock().expect("index lock");
+                    match self.source(layer, h, Purpose::Split, now) {
+                        Some(src) => {
+                            idx.0.append(HeadKeys::from_source(&src, len, d));
+                            src.finish();
+                        }
+                        None => idx.0.append(self.head_keys(layer, h, len)),
+                    }
+                    self.mark_touched(layer, h, &mut *idx.0, now);
                 }
+            }
+            if self.off.is_some() {
+                self.flush_if_due(layer);
             }
         }
     }
@@ -310,16 +401,30 @@ impl KvCache for SparseKv {
     }
 
     fn for_each_chunk_of(&self, read: &KvRead<'_>, f: &mut dyn FnMut(&KvChunk<'_>)) {
-        let Some(sel) = self.selection(read) else { return self.exact_chunk(read.layer, f) };
+        let Some(sel) = self.selection(read) else {
+            if self.off.is_some() {
+                return self.gathered_all(read, f);
+            }
+            return self.exact_chunk(read.layer, f);
+        };
         if sel.is_empty() {
             return;
         }
-        let (d, h, m) = (self.dim, read.kv_head, sel.len());
+        let (h, m) = (read.kv_head, sel.len());
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.attended.fetch_add(m, Ordering::Relaxed);
         if let Some(p) = &self.probe {
             p.record(read, self.head_keys(read.layer, h, self.lens[read.layer]), self.head_values(read.layer, h), &sel);
         }
+        self.emit(read.layer, h, sel, read.positions[0] as u64, true, f);
+    }
+}
+
+impl SparseKv {
+    /// Gathers `sel` (sorted positions) of (layer, KV head `h`) into one chunk and calls `f`.
+    /// `units`: the index's fetched clusters are read (and cached) as units.
+    pub(crate) fn emit(&self, layer: usize, h: usize, sel: Vec<u32>, now: u64, units: bool, f: &mut dyn FnMut(&KvChunk<'_>)) {
+        let (d, m) = (self.dim, sel.len());
         GATHER.with(|g| {
             let (gk, gv, pos) = &mut *g.borrow_mut();
             // The chunk layout is `[kv_head][capacity]`: with capacity `m`, head `h`'s rows
@@ -329,11 +434,18 @@ impl KvCache for SparseKv {
                     buf.resize((h + 1) * m * d, f16::ZERO);
                 }
             }
-            let base = h * self.cap * d;
-            for (i, &t) in sel.iter().enumerate() {
-                let src = base + t as usize * d;
-                gk[(h * m + i) * d..(h * m + i + 1) * d].copy_from_slice(&self.keys[read.layer][src..src + d]);
-                gv[(h * m + i) * d..(h * m + i + 1) * d].copy_from_slice(&self.values[read.layer][src..src + d]);
+            if let Some(src) = self.source(layer, h, Purpose::Retrieval, now) {
+                let idx = self.index.get(layer * self.heads + h).filter(|_| units).map(|i| i.lock().expect("index lock"));
+                let none = crate::method::NoIndex;
+                let index: &dyn HeadIndex = idx.as_ref().map_or(&none, |i| &*i.0);
+                src.gather(index, &sel, &mut gk[h * m * d..(h + 1) * m * d], &mut gv[h * m * d..(h + 1) * m * d]);
+            } else {
+                let base = h * self.cap * d;
+                for (i, &t) in sel.iter().enumerate() {
+                    let src = base + t as usize * d;
+                    gk[(h * m + i) * d..(h * m + i + 1) * d].copy_from_slice(&self.keys[layer][src..src + d]);
+                    gv[(h * m + i) * d..(h * m + i + 1) * d].copy_from_slice(&self.values[layer][src..src + d]);
+                }
             }
             *pos = sel;
             f(&KvChunk {

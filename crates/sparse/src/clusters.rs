@@ -35,6 +35,7 @@ pub enum Update {
 }
 
 /// The clusters of one head.
+#[derive(Clone)]
 pub struct ClusterIndex {
     dim: usize,
     update: Update,
@@ -53,6 +54,10 @@ pub struct ClusterIndex {
     resident: Vec<bool>,
     /// Local update: the window being filled.
     pending: Vec<u32>,
+    /// Clusters the last retrieval fetched (after its delayed splits: both halves).
+    last_chosen: Vec<u32>,
+    /// Clusters whose members changed since [`HeadIndex::drain_touched`] last ran.
+    touched: Vec<u32>,
     stats: IndexStats,
 }
 
@@ -72,6 +77,8 @@ impl ClusterIndex {
             total_buffered: 0,
             resident: Vec::new(),
             pending: Vec::new(),
+            last_chosen: Vec::new(),
+            touched: Vec::new(),
             stats: IndexStats::default(),
         }
     }
@@ -107,6 +114,7 @@ impl ClusterIndex {
         let (cent, assign) = kmeans(keys, tokens, k, ITERS);
         let first = self.members.len();
         let kk = cent.len() / d;
+        self.touched.extend(first as u32..(first + kk) as u32);
         for c in 0..kk {
             self.push_cluster(&cent[c * d..(c + 1) * d], Vec::new());
         }
@@ -138,6 +146,7 @@ impl ClusterIndex {
     /// Welford: adds token `t` (key `x`) to cluster `c`.
     fn join(&mut self, c: usize, t: u32, x: &[f32]) {
         let d = self.dim;
+        self.touched.push(c as u32);
         self.members[c].push(t);
         let n = self.members[c].len() as f32;
         let cent = &mut self.cent[c * d..(c + 1) * d];
@@ -158,6 +167,7 @@ impl ClusterIndex {
         self.flagged[c] = false;
         let d = self.dim;
         let members = std::mem::take(&mut self.members[c]);
+        keys.prefetch(c as u32, &members);
         let (cent, assign) = kmeans(keys, &members, 2, ITERS);
         if cent.len() < 2 * d {
             self.members[c] = members; // all members coincide: nothing to split
@@ -178,6 +188,7 @@ impl ClusterIndex {
         self.push_cluster(&cent[d..], b);
         let nc = self.members.len() - 1;
         self.resident[nc] = resident;
+        self.touched.extend([c as u32, nc as u32]);
         let mut x = vec![0f32; d];
         for cc in [c, nc] {
             self.m2[cc] = self.members[cc]
@@ -193,6 +204,10 @@ impl ClusterIndex {
 }
 
 impl HeadIndex for ClusterIndex {
+    fn clone_box(&self) -> Box<dyn HeadIndex> {
+        Box::new(self.clone())
+    }
+
     fn build(&mut self, keys: HeadKeys<'_>) {
         let n = keys.len();
         if n == 0 {
@@ -290,6 +305,8 @@ impl HeadIndex for ClusterIndex {
             left -= got;
             chosen.push(c);
         }
+        self.last_chosen.clear();
+        self.last_chosen.extend(chosen.iter().map(|&c| c as u32));
         for &c in &chosen {
             self.resident[c] = true;
             self.stats.fetched_units += 1;
@@ -298,9 +315,27 @@ impl HeadIndex for ClusterIndex {
         // Delayed splits: a flagged cluster just fetched splits with no extra read.
         for c in chosen {
             if self.flagged[c] {
+                let before = self.len();
                 self.split(keys, c);
+                if self.len() > before {
+                    self.last_chosen.push((self.len() - 1) as u32);
+                }
             }
         }
+    }
+
+    fn for_each_fetched(&self, f: &mut dyn FnMut(u32, &[u32])) {
+        for &c in &self.last_chosen {
+            f(c, &self.members[c as usize]);
+        }
+    }
+
+    fn drain_touched(&mut self, out: &mut Vec<u32>) {
+        out.append(&mut self.touched);
+    }
+
+    fn placement(&self) -> Option<Vec<u32>> {
+        Some(self.members.iter().flatten().copied().collect())
     }
 
     fn stats(&self) -> IndexStats {

@@ -4,10 +4,29 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-/// Read-only keys of one (layer, KV head). Invariant: `rows.len() == len * dim`.
+/// Keys held somewhere other than one RAM slice (an offloaded head: sinks and the recent
+/// window in RAM, older keys in a file and the cluster cache). Invariant: `row(t)` yields the
+/// same f16 bits that were written for position `t`, wherever they live.
+pub trait RowSource: Sync {
+    /// Decodes key `t` into `out` (`dim` floats).
+    fn row(&self, t: usize, out: &mut [f32]);
+    /// A hint that keys `tokens` (the members of cluster `unit`) are about to be read: one
+    /// source reads them together (one contiguous read per run) instead of row by row.
+    fn prefetch(&self, unit: u32, tokens: &[u32]);
+}
+
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    Ram(&'a [f16]),
+    Source(&'a dyn RowSource),
+}
+
+/// Read-only keys of one (layer, KV head): `len` keys of `dim` elements, in RAM or behind a
+/// [`RowSource`]. Invariant: keys `0..len` are readable, each the f16 bits written for it.
 #[derive(Clone, Copy)]
 pub struct HeadKeys<'a> {
-    rows: &'a [f16],
+    rows: Rows<'a>,
+    len: usize,
     dim: usize,
 }
 
@@ -15,17 +34,23 @@ impl<'a> HeadKeys<'a> {
     /// Keys over `rows` (`rows.len()` a multiple of `dim`).
     pub fn new(rows: &'a [f16], dim: usize) -> HeadKeys<'a> {
         assert!(dim > 0 && rows.len() % dim == 0, "HeadKeys: rows must be whole keys of {dim}");
-        HeadKeys { rows, dim }
+        HeadKeys { rows: Rows::Ram(rows), len: rows.len() / dim, dim }
+    }
+
+    /// `len` keys of `dim` elements read through `source`.
+    pub fn from_source(source: &'a dyn RowSource, len: usize, dim: usize) -> HeadKeys<'a> {
+        assert!(dim > 0, "HeadKeys: zero dim");
+        HeadKeys { rows: Rows::Source(source), len, dim }
     }
 
     /// Tokens stored.
     pub fn len(&self) -> usize {
-        self.rows.len() / self.dim
+        self.len
     }
 
     /// True when no token is stored.
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.len == 0
     }
 
     /// Elements per key.
@@ -35,12 +60,30 @@ impl<'a> HeadKeys<'a> {
 
     /// Decodes key `t` into `out` (`dim` floats).
     pub fn row(&self, t: usize, out: &mut [f32]) {
-        self.rows[t * self.dim..(t + 1) * self.dim].convert_to_f32_slice(out);
+        match self.rows {
+            Rows::Ram(r) => r[t * self.dim..(t + 1) * self.dim].convert_to_f32_slice(out),
+            Rows::Source(s) => s.row(t, out),
+        }
     }
 
     /// Decodes keys `range` into `out` (`range.len() * dim` floats).
     pub fn rows(&self, range: std::ops::Range<usize>, out: &mut [f32]) {
-        self.rows[range.start * self.dim..range.end * self.dim].convert_to_f32_slice(out);
+        match self.rows {
+            Rows::Ram(r) => r[range.start * self.dim..range.end * self.dim].convert_to_f32_slice(out),
+            Rows::Source(s) => {
+                for (i, t) in range.enumerate() {
+                    s.row(t, &mut out[i * self.dim..(i + 1) * self.dim]);
+                }
+            }
+        }
+    }
+
+    /// Hints that the members of cluster `unit` are about to be read ([`RowSource::prefetch`];
+    /// nothing for keys in RAM).
+    pub fn prefetch(&self, unit: u32, tokens: &[u32]) {
+        if let Rows::Source(s) = self.rows {
+            s.prefetch(unit, tokens);
+        }
     }
 }
 

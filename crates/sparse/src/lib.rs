@@ -10,6 +10,8 @@
 //! - [`cache`]: [`SparseKv`], a `KvCache` that answers each one-token step with exactly the
 //!   keys its method chose, gathered into one chunk whose positions are named key by key (the
 //!   view contract).
+//! - [`offload`]: past a RAM budget, the older KV in a file per sequence in cluster-contiguous
+//!   order, read back through a reader thread and a cluster cache (lossless).
 //! - [`probe`]: what a selection loses (attention mass, attention output error), measured in
 //!   f64 on the read itself.
 //!
@@ -21,9 +23,11 @@ pub mod clusters;
 pub mod keys;
 pub mod kmeans;
 pub mod method;
+pub mod offload;
 pub mod probe;
 
 pub use cache::{SparseConfig, SparseKv};
 pub use keys::HeadKeys;
 pub use method::{HeadIndex, IndexStats, Method};
+pub use offload::{Backend, OffloadConfig, OffloadStats, Policy};
 pub use probe::Probe;

@@ -12,6 +12,9 @@ use crate::keys::{dot, HeadKeys};
 
 /// Per-head retrieval state of one method.
 pub trait HeadIndex: Send {
+    /// A copy of this index's whole state (for forking a cache with its index).
+    fn clone_box(&self) -> Box<dyn HeadIndex>;
+
     /// Indexes tokens `0..keys.len()` (the prefill). Called once, before any `append`.
     fn build(&mut self, keys: HeadKeys<'_>);
 
@@ -25,6 +28,21 @@ pub trait HeadIndex: Send {
     /// What the index did so far.
     fn stats(&self) -> IndexStats {
         IndexStats::default()
+    }
+
+    /// Calls `f(cluster, members)` for each cluster the last `select` fetched whole (both
+    /// halves of one it split); nothing for token-level methods. An offloaded cache reads and
+    /// caches these units.
+    fn for_each_fetched(&self, _f: &mut dyn FnMut(u32, &[u32])) {}
+
+    /// Moves to `out` the clusters whose members changed since the last call (joins, splits,
+    /// new clusters): the "recently updated" clusters a cache retains.
+    fn drain_touched(&mut self, _out: &mut Vec<u32>) {}
+
+    /// Every indexed token once, cluster after cluster (the on-disk order that makes a
+    /// cluster one contiguous read); `None`: position order.
+    fn placement(&self) -> Option<Vec<u32>> {
+        None
     }
 }
 
@@ -147,13 +165,33 @@ impl Method {
     }
 }
 
+/// No index: selects every eligible token, fetches no clusters (reads that are not a
+/// retrieval, such as an offloaded cache's full reads).
+#[derive(Clone)]
+pub(crate) struct NoIndex;
+
+impl HeadIndex for NoIndex {
+    fn clone_box(&self) -> Box<dyn HeadIndex> {
+        Box::new(self.clone())
+    }
+    fn build(&mut self, _keys: HeadKeys<'_>) {}
+    fn append(&mut self, _keys: HeadKeys<'_>) {}
+    fn select(&mut self, _keys: HeadKeys<'_>, _q: &[f32], eligible: Range<usize>, _budget: usize, out: &mut Vec<u32>) {
+        out.extend(eligible.map(|t| t as u32));
+    }
+}
+
 /// Token-level retrieval: every eligible token scored (no index beyond the keys).
+#[derive(Clone)]
 struct TokenIndex {
     /// Rank by the summed query's score (a token index) rather than the exact group mass.
     summed: bool,
 }
 
 impl HeadIndex for TokenIndex {
+    fn clone_box(&self) -> Box<dyn HeadIndex> {
+        Box::new(self.clone())
+    }
     fn build(&mut self, _keys: HeadKeys<'_>) {}
     fn append(&mut self, _keys: HeadKeys<'_>) {}
 
@@ -195,6 +233,7 @@ impl HeadIndex for TokenIndex {
 }
 
 /// Quest: per page of `page` tokens, the per-dimension min and max of its keys.
+#[derive(Clone)]
 struct QuestIndex {
     page: usize,
     dim: usize,
@@ -221,6 +260,9 @@ impl QuestIndex {
 }
 
 impl HeadIndex for QuestIndex {
+    fn clone_box(&self) -> Box<dyn HeadIndex> {
+        Box::new(self.clone())
+    }
     fn build(&mut self, keys: HeadKeys<'_>) {
         let mut x = vec![0f32; self.dim];
         for t in 0..keys.len() {
@@ -268,9 +310,13 @@ impl HeadIndex for QuestIndex {
 
 /// StreamingLLM: nothing beyond the sinks and the recent window, unless the budget covers
 /// every eligible token (then all, as for every method).
+#[derive(Clone)]
 struct Streaming;
 
 impl HeadIndex for Streaming {
+    fn clone_box(&self) -> Box<dyn HeadIndex> {
+        Box::new(self.clone())
+    }
     fn build(&mut self, _keys: HeadKeys<'_>) {}
     fn append(&mut self, _keys: HeadKeys<'_>) {}
     fn select(&mut self, _keys: HeadKeys<'_>, _q: &[f32], eligible: Range<usize>, budget: usize, out: &mut Vec<u32>) {

@@ -25,6 +25,7 @@ pub fn run(a: &Args, path: &Path) -> Result<()> {
     let model = Model::load(path)?.with_attention(AttentionPrecision::Exact);
     let c = &model.config;
     let mut rows = Vec::new();
+    let mut offloaded = Vec::new();
     for &h in &a.histories {
         anyhow::ensure!(
             h >= REAL && h + 2 * a.decode + 2 <= c.max_positions,
@@ -71,9 +72,11 @@ pub fn run(a: &Args, path: &Path) -> Result<()> {
             println!("{row}");
         }
         rows.push(row);
+        offloaded.extend(super::offload::rows(a, &model, &kv, h)?);
     }
     if !a.json {
         print_table(&rows, a);
+        super::offload::print_table(&offloaded, a);
     }
     Ok(())
 }

@@ -1,0 +1,153 @@
+//! Offloaded DynaKV decode (issue 16 items 1, 5, 6): per history, copies of the speed run's
+//! in-RAM cache (same keys, same index) are offloaded to a file in `--offload-dir` and decode
+//! the same tokens with the file dropped from the page cache (`posix_fadvise(DONTNEED)`)
+//! before every step, so each step's misses read the disk. Variants, side by side: the
+//! cluster-aligned cache and LRU at equal size (reader thread), the inline reader, and
+//! splitting on every flag (`eager`, its own index) for the split I/O the delay saves.
+//! Offload is lossless, so every variant decodes the tokens the in-RAM cache decodes.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use engram_model::{Logits, Model, SeqStep};
+use engram_sparse::{Backend, Method, OffloadConfig, Policy, SparseConfig, SparseKv};
+use serde_json::json;
+
+use super::speed::rss_bytes;
+use super::Args;
+
+/// One offloaded run: how its cache is configured.
+struct Variant {
+    name: &'static str,
+    policy: Policy,
+    backend: Backend,
+    eager: bool,
+}
+
+fn variants(names: &[String]) -> Result<Vec<Variant>> {
+    names
+        .iter()
+        .map(|n| {
+            Ok(match n.trim() {
+                "cluster" => Variant { name: "cluster", policy: Policy::ClusterAligned, backend: Backend::Thread, eager: false },
+                "lru" => Variant { name: "lru", policy: Policy::Lru, backend: Backend::Thread, eager: false },
+                "inline" => Variant { name: "inline", policy: Policy::ClusterAligned, backend: Backend::Inline, eager: false },
+                "eager" => Variant { name: "eager", policy: Policy::ClusterAligned, backend: Backend::Thread, eager: true },
+                other => anyhow::bail!("unknown offload variant {other:?} (cluster, lru, inline, eager)"),
+            })
+        })
+        .collect()
+}
+
+/// The offloaded rows for history `h`, from `kv` (in RAM, index built, DynaKV).
+pub fn rows(a: &Args, model: &Model, kv: &SparseKv, h: usize) -> Result<Vec<serde_json::Value>> {
+    let Some(dir) = &a.offload_dir else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for v in variants(&a.offload_variants)? {
+        let t = Instant::now();
+        let mut k = if v.eager {
+            let cfg =
+                SparseConfig { method: Method::DynaKv { b_max: Method::B_MAX, eager: true }, ..kv.config().context("a sparse cache")? };
+            let mut k = kv.fork(Some(cfg));
+            k.build_index();
+            k
+        } else {
+            kv.fork_with_index()
+        };
+        let fork_s = t.elapsed().as_secs_f64();
+        let oc = OffloadConfig {
+            ram_budget: a.ram_mib << 20,
+            cache_bytes: a.cache_mib << 20,
+            policy: v.policy,
+            backend: v.backend,
+            ..OffloadConfig::new(dir.clone(), model.fingerprint.0)
+        };
+        let t = Instant::now();
+        let done = k.offload(oc).with_context(|| format!("offloading the {h}-token history to {}", dir.display()))?;
+        anyhow::ensure!(done, "history {h}: {} MiB of KV fits --ram-mib {}: nothing to offload", k.kv_bytes() >> 20, a.ram_mib);
+        let offload_s = t.elapsed().as_secs_f64();
+        let file_bytes = std::fs::metadata(k.offload_path().context("offloaded")?)?.len();
+        let mut tok = 42u32;
+        let mut secs = 0.0;
+        let mut ram_max = 0usize;
+        for _ in 0..a.decode {
+            k.evict_page_cache()?;
+            k.reserve(1);
+            let slot = k.len();
+            let t = Instant::now();
+            let logits = model.forward(&mut [SeqStep::new(&[tok], slot, &mut k, Logits::Last)])?.remove(0);
+            secs += t.elapsed().as_secs_f64();
+            tok = engram_engine::argmax(&logits) as u32;
+            ram_max = ram_max.max(k.ram_kv_bytes());
+        }
+        let s = k.offload_stats().context("offloaded")?;
+        let n = a.decode.max(1) as f64;
+        let rows_looked = (s.cache.hit_rows + s.cache.miss_rows).max(1) as f64;
+        let row = json!({
+            "bench": "sparse-offload", "model": model.source, "history": h, "variant": v.name,
+            "policy": v.policy.name(), "reader": v.backend.name(), "split": if v.eager { "eager" } else { "delayed" },
+            "threads": engram_kernels::num_threads(), "decode": a.decode, "tok_s": round2(n / secs),
+            "disk_bytes_per_token": (s.read_bytes as f64 / n).round(), "split_bytes_per_token": (s.split_bytes as f64 / n).round(),
+            "split_bytes": s.split_bytes, "read_ops_per_token": (s.read_ops as f64 / n).round(),
+            "mean_read_bytes": (s.read_bytes as f64 / s.read_ops.max(1) as f64).round(),
+            "cache_hit_rate_rows": round3(s.cache.hit_rows as f64 / rows_looked),
+            "cache_hit_rate_clusters": round3(s.cache.hits as f64 / (s.cache.hits + s.cache.misses).max(1) as f64),
+            "cache_mib": a.cache_mib, "kv_bytes": k.kv_bytes(), "kv_bytes_in_ram": ram_max,
+            "kv_ram_fraction": round3(ram_max as f64 / k.kv_bytes() as f64), "slot_table_bytes": k.slot_table_bytes(),
+            "file_bytes": file_bytes, "rss_bytes": rss_bytes(), "offload_s": round2(offload_s), "fork_s": round2(fork_s),
+        });
+        eprintln!(
+            "history {h} offload {}: {:.2} tok/s, {:.0} KiB read per token, hit rate {:.3}",
+            v.name,
+            n / secs,
+            s.read_bytes as f64 / n / 1024.0,
+            s.cache.hit_rows as f64 / rows_looked
+        );
+        if a.json {
+            println!("{row}");
+        }
+        out.push(row);
+    }
+    Ok(out)
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// The offload table.
+pub fn print_table(rows: &[serde_json::Value], a: &Args) {
+    if rows.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "### Offloaded DynaKV (budget {}, RAM budget {} MiB, cluster cache {} MiB), file dropped from the page cache before every step, {} decoded tokens",
+        a.budget, a.ram_mib, a.cache_mib, a.decode
+    );
+    println!();
+    println!("| history | variant | tok/s | disk KiB/token | split KiB/token | reads/token | mean read | hit rate (rows) | hit rate (clusters) | KV in RAM | of full KV | RSS |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    for r in rows {
+        println!(
+            "| {} | {} | {:.2} | {:.0} | {:.1} | {} | {:.1} KiB | {:.3} | {:.3} | {:.0} MiB | {:.1}% | {:.0} MiB |",
+            r["history"],
+            r["variant"].as_str().unwrap_or("?"),
+            f(&r["tok_s"]),
+            f(&r["disk_bytes_per_token"]) / 1024.0,
+            f(&r["split_bytes_per_token"]) / 1024.0,
+            r["read_ops_per_token"],
+            f(&r["mean_read_bytes"]) / 1024.0,
+            f(&r["cache_hit_rate_rows"]),
+            f(&r["cache_hit_rate_clusters"]),
+            f(&r["kv_bytes_in_ram"]) / (1 << 20) as f64,
+            100.0 * f(&r["kv_ram_fraction"]),
+            f(&r["rss_bytes"]) / (1 << 20) as f64,
+        );
+    }
+}

@@ -1,0 +1,264 @@
+//! Moving a [`SparseKv`]'s older KV into its file, flushing new tokens after it, and the
+//! reads an offloaded cache answers without its index (module doc of [`crate::offload`]).
+
+use std::io::{self, ErrorKind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use engram_model::{KvChunk, KvData, KvElem, KvRead};
+use half::f16;
+
+use super::{file, fingerprint, ClusterCache, Counters, FileSpec, OffloadConfig, OffloadFile, OffloadStats, Offloaded, Purpose, Reader};
+use crate::method::NoIndex;
+use crate::SparseKv;
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(ErrorKind::InvalidInput, msg)
+}
+
+/// Unique file names within one process.
+static FILES: AtomicUsize = AtomicUsize::new(0);
+
+impl SparseKv {
+    /// Moves the KV of every token older than the recent window (the sinks excepted) into a
+    /// new file in `cfg.dir`, cluster after cluster, if the KV stored exceeds
+    /// `cfg.ram_budget`; returns whether it did. Needs a built index. On any error (a missing
+    /// directory, a disk too small for the offloaded KV, a failed write) nothing changes: the
+    /// cache stays in RAM and answers as before, and the partial file is removed.
+    pub fn offload(&mut self, cfg: OffloadConfig) -> io::Result<bool> {
+        let scfg = self.cfg.ok_or_else(|| invalid("offload needs a sparse method (exact attention reads every key)".into()))?;
+        if !self.is_built() {
+            return Err(invalid("offload after the index is built (the end of the prefill)".into()));
+        }
+        if self.off.is_some() {
+            return Err(invalid("this cache is already offloaded".into()));
+        }
+        if self.probe.is_some() {
+            return Err(invalid("a probed cache reads every key in RAM: it cannot be offloaded".into()));
+        }
+        if cfg.flush == 0 {
+            return Err(invalid("offload flush must be at least 1 token".into()));
+        }
+        if self.kv_bytes() <= cfg.ram_budget {
+            return Ok(false);
+        }
+        let (layers, heads, d) = (self.layers, self.heads, self.dim);
+        let sinks = scfg.sinks;
+        let origin: Vec<usize> = self.lens.iter().map(|&n| n.saturating_sub(scfg.recent).max(sinks.min(n))).collect();
+        let spec = FileSpec {
+            layers: layers as u32,
+            heads: heads as u32,
+            dim: d as u32,
+            fingerprint: fingerprint(cfg.model_fingerprint, &scfg, layers, heads, d),
+        };
+        let rb = spec.row_bytes();
+        let rows: u64 = origin.iter().map(|&o| (o.saturating_sub(sinks) * heads) as u64).sum();
+        let need = rows * rb as u64 + file::HEADER;
+        let free =
+            file::free_bytes(&cfg.dir).map_err(|e| io::Error::new(e.kind(), format!("offload directory {}: {e}", cfg.dir.display())))?;
+        // Room for the offloaded KV and a quarter more for the tokens flushed later.
+        if free < need + need / 4 {
+            return Err(io::Error::new(
+                ErrorKind::StorageFull,
+                format!(
+                    "disk store too small: offloading needs {:.1} MiB (+25% for growth) in {}, {:.1} MiB free",
+                    need as f64 / (1 << 20) as f64,
+                    cfg.dir.display(),
+                    free as f64 / (1 << 20) as f64
+                ),
+            ));
+        }
+        let path = cfg.dir.join(format!("dynakv-{}-{}.kv", std::process::id(), FILES.fetch_add(1, Ordering::Relaxed)));
+        let mut f = OffloadFile::create(&path, spec)?;
+        let mut slots = vec![Vec::new(); layers * heads];
+        let written = (|| -> io::Result<u64> {
+            let mut written = 0u64;
+            for layer in 0..layers {
+                let o = origin[layer];
+                for h in 0..heads {
+                    let hi = layer * heads + h;
+                    let mut order: Vec<u32> = self.index[hi]
+                        .lock()
+                        .expect("index lock")
+                        .0
+                        .placement()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|&t| (sinks..o).contains(&(t as usize)))
+                        .collect();
+                    let mut seen = vec![false; o];
+                    order.iter().for_each(|&t| seen[t as usize] = true);
+                    order.extend((sinks..o).filter(|&t| !seen[t]).map(|t| t as u32));
+                    let base = h * self.cap * d;
+                    let mut bytes = Vec::with_capacity(order.len() * rb);
+                    for &t in &order {
+                        let at = base + t as usize * d;
+                        bytes.extend_from_slice(bytemuck::cast_slice(&self.keys[layer][at..at + d]));
+                        bytes.extend_from_slice(bytemuck::cast_slice(&self.values[layer][at..at + d]));
+                    }
+                    let first = f.append(&bytes)?;
+                    written += bytes.len() as u64;
+                    let s = &mut slots[hi];
+                    s.resize(o, u32::MAX);
+                    for (i, &t) in order.iter().enumerate() {
+                        s[t as usize] = u32::try_from(first + i as u64).map_err(|_| invalid("offload file past 2^32 rows".into()))?;
+                    }
+                }
+            }
+            Ok(written)
+        })();
+        let reader = written.and_then(|w| Ok((w, Reader::new(f.reader()?, rb, cfg.backend)?)));
+        let (written, reader) = match reader {
+            Ok(x) => x,
+            Err(e) => {
+                drop(f);
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
+        // RAM: the sinks apart, the tail from `origin` on.
+        let (mut sink_k, mut sink_v) = (Vec::with_capacity(layers), Vec::with_capacity(layers));
+        let cap = (0..layers).map(|l| self.lens[l] - origin[l]).max().unwrap_or(0) + cfg.flush + 1;
+        for layer in 0..layers {
+            let (o, held, old) = (origin[layer], self.lens[layer] - origin[layer], self.cap);
+            let ns = sinks.min(self.lens[layer]);
+            for (buf, sink) in [(&mut self.keys[layer], &mut sink_k), (&mut self.values[layer], &mut sink_v)] {
+                let mut s = vec![f16::ZERO; heads * sinks * d];
+                let mut next = vec![f16::ZERO; heads * cap * d];
+                for h in 0..heads {
+                    s[h * sinks * d..(h * sinks + ns) * d].copy_from_slice(&buf[h * old * d..(h * old + ns) * d]);
+                    next[h * cap * d..(h * cap + held) * d].copy_from_slice(&buf[(h * old + o) * d..(h * old + o + held) * d]);
+                }
+                sink.push(s);
+                *buf = next;
+            }
+        }
+        self.cap = cap;
+        self.origin = origin;
+        self.off = Some(Box::new(Offloaded {
+            cache: Mutex::new(ClusterCache::new(cfg.cache_bytes, rb, cfg.policy)),
+            staging: (0..layers * heads).map(|_| Mutex::default()).collect(),
+            cfg,
+            file: f,
+            reader,
+            row_bytes: rb,
+            sinks,
+            sink_k,
+            sink_v,
+            slots,
+            counters: Counters::default(),
+            written,
+            flush_failures: 0,
+        }));
+        Ok(true)
+    }
+
+    /// Whether the older KV is in a file.
+    pub fn is_offloaded(&self) -> bool {
+        self.off.is_some()
+    }
+
+    /// The offload's counters (`None`: all in RAM).
+    pub fn offload_stats(&self) -> Option<OffloadStats> {
+        self.off.as_deref().map(Offloaded::stats)
+    }
+
+    /// Bytes of KV held in RAM: every key and value when not offloaded; else the sinks, the
+    /// RAM tail (recent window and write buffer) and the cluster cache.
+    pub fn ram_kv_bytes(&self) -> usize {
+        let Some(off) = self.off.as_deref() else { return self.kv_bytes() };
+        let row = self.dim * 4;
+        let tail: usize = (0..self.layers).map(|l| self.lens[l] - self.origin[l]).sum::<usize>() * self.heads;
+        (off.sinks * self.layers * self.heads + tail) * row + off.cache.lock().expect("cache lock").used()
+    }
+
+    /// Bytes of the position → file row tables (RAM the offload adds besides the index).
+    pub fn slot_table_bytes(&self) -> usize {
+        self.off.as_deref().map_or(0, |o| o.slots.iter().map(|s| s.len() * 4).sum())
+    }
+
+    /// The offload file's path, if offloaded.
+    pub fn offload_path(&self) -> Option<&std::path::Path> {
+        self.off.as_deref().map(|o| o.file.path())
+    }
+
+    /// Syncs the file and drops it from the OS page cache, so the next reads hit the disk.
+    pub fn evict_page_cache(&self) -> io::Result<()> {
+        self.off.as_deref().map_or(Ok(()), |o| o.file.evict_page_cache())
+    }
+
+    /// After a token was written to `layer`: once the RAM tail holds the recent window plus
+    /// `flush` tokens, its oldest `flush` tokens go to the file (one block per KV head). A
+    /// failed write (disk full) keeps them in RAM, warns once and stops flushing.
+    pub(crate) fn flush_if_due(&mut self, layer: usize) {
+        let recent = self.cfg.map_or(0, |c| c.recent);
+        let (heads, d, cap) = (self.heads, self.dim, self.cap);
+        let Some(off) = self.off.as_deref_mut() else { return };
+        let (o, held, n) = (self.origin[layer], self.lens[layer] - self.origin[layer], off.cfg.flush);
+        if off.flush_failures > 0 || held < recent + n {
+            return;
+        }
+        let mut firsts = Vec::with_capacity(heads);
+        for h in 0..heads {
+            let mut bytes = Vec::with_capacity(n * off.row_bytes);
+            for t in 0..n {
+                let at = (h * cap + t) * d;
+                bytes.extend_from_slice(bytemuck::cast_slice(&self.keys[layer][at..at + d]));
+                bytes.extend_from_slice(bytemuck::cast_slice(&self.values[layer][at..at + d]));
+            }
+            match off.file.append(&bytes) {
+                Ok(first) => {
+                    off.written += bytes.len() as u64;
+                    firsts.push(first);
+                }
+                Err(e) => {
+                    eprintln!("warning: DynaKV offload write failed ({e}); new tokens stay in RAM from now on");
+                    off.flush_failures += 1;
+                    return;
+                }
+            }
+        }
+        for (h, first) in firsts.into_iter().enumerate() {
+            let s = &mut off.slots[layer * heads + h];
+            s.resize(o + n, u32::MAX);
+            for t in 0..n {
+                s[o + t] = (first + t as u64) as u32;
+            }
+            for buf in [&mut self.keys[layer], &mut self.values[layer]] {
+                buf.copy_within((h * cap + n) * d..(h * cap + held) * d, h * cap * d);
+            }
+        }
+        self.origin[layer] = o + n;
+    }
+
+    /// A read that is not a retrieval (several query tokens, or exact reads asked for) on an
+    /// offloaded cache: every stored key of the head, gathered from RAM and the file.
+    pub(crate) fn gathered_all(&self, read: &KvRead<'_>, f: &mut dyn FnMut(&KvChunk<'_>)) {
+        let n = self.lens[read.layer];
+        if n > 0 {
+            self.emit(read.layer, read.kv_head, (0..n as u32).collect(), read.positions[0] as u64, false, f);
+        }
+    }
+
+    /// Every head's stored keys of `layer` as one chunk (offloaded cache).
+    pub(crate) fn gathered_exact(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
+        let (n, d) = (self.lens[layer], self.dim);
+        let (mut k, mut v) = (vec![f16::ZERO; self.heads * n * d], vec![f16::ZERO; self.heads * n * d]);
+        let all: Vec<u32> = (0..n as u32).collect();
+        for h in 0..self.heads {
+            let src = self.source(layer, h, Purpose::Retrieval, n as u64).expect("offloaded");
+            src.gather(&NoIndex, &all, &mut k[h * n * d..(h + 1) * n * d], &mut v[h * n * d..(h + 1) * n * d]);
+        }
+        f(&KvChunk {
+            first_pos: 0,
+            positions: None,
+            key_index: 0,
+            len: n,
+            capacity: n,
+            keys: KvData { elem: KvElem::F16, bytes: bytemuck::cast_slice(&k) },
+            values: KvData { elem: KvElem::F16, bytes: bytemuck::cast_slice(&v) },
+            mask: None,
+            ahead: None,
+        });
+    }
+}

@@ -1,0 +1,204 @@
+//! Offload of a sparse cache's older KV to a file (seed 002 §5–6, issue 16 items 1, 5, 6).
+//!
+//! Past a per-sequence RAM budget, [`crate::SparseKv::offload`] moves every token older than
+//! the recent window (the sinks excepted) into one file per sequence, per (layer, KV head), in
+//! cluster-contiguous order: cluster after cluster as the index lists them (prefill segments
+//! in time order, a segment's clusters in k-means order, members in position order), so one
+//! cluster is one contiguous read. RAM keeps the representatives (the index), the sinks, the
+//! recent window and the write buffer (the tail of not-yet-flushed tokens).
+//!
+//! Layout: **append layout** (not the seed's dual-head regions). Rows are fixed-size (key then
+//! value, f16) and never rewritten; new tokens are flushed [`OffloadConfig::flush`] at a time
+//! per (layer, KV head) as one contiguous block at the file's end once they leave the recent
+//! window; a position's file row is kept in a per-head table (4 bytes a token against 4·dim
+//! bytes of KV). So appends and splits move no data (as the dual-head layout promises), at the
+//! cost that a cluster's decode-time members lie in later blocks (a second run per block;
+//! reads coalesce runs whose gap is at most [`OffloadConfig::gap`] rows).
+//!
+//! Reads ([`reader`]): the rows of each cluster a step fetches come from the cluster cache
+//! ([`unit_cache`]) or from the file in coalesced runs, each one `pread`, on a reader thread
+//! or inline. Splits read their cluster's keys through the same path (counted apart:
+//! [`OffloadStats::split_bytes`]), so a delayed split of a cluster being fetched reads nothing
+//! more.
+//!
+//! Invariant: offload is lossless — every read yields the f16 bits written for each position
+//! it names, so attention (and the logits) equal the in-RAM cache's bit for bit.
+
+mod attach;
+pub mod file;
+pub mod reader;
+mod source;
+pub mod unit_cache;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use half::f16;
+
+pub use file::{FileSpec, OffloadFile};
+pub use reader::{Backend, Reader};
+pub(crate) use source::{HeadSource, Purpose, Staging};
+pub use unit_cache::{CacheStats, ClusterCache, Policy};
+
+/// Where and how a sequence's KV is offloaded. Invariant: `flush >= 1`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffloadConfig {
+    /// Directory for the sequence's file (created there, removed when the cache is dropped).
+    pub dir: PathBuf,
+    /// KV bytes (f16 keys and values) a sequence may keep in RAM before it is offloaded.
+    pub ram_budget: usize,
+    /// Bytes of the cluster cache.
+    pub cache_bytes: usize,
+    pub policy: Policy,
+    pub backend: Backend,
+    /// Tokens per (layer, KV head) written at once when they leave the recent window.
+    pub flush: usize,
+    /// Rows of a gap read through to merge two runs into one read.
+    pub gap: usize,
+    /// The model's fingerprint (hashed with the sparse configuration into the file header).
+    pub model_fingerprint: u64,
+}
+
+impl OffloadConfig {
+    /// Defaults: a 256 MiB RAM budget, a 64 MiB cluster cache with the cluster-aligned
+    /// policy, the reader thread, flushes of 256 tokens, gaps of up to 8 rows read through.
+    pub fn new(dir: PathBuf, model_fingerprint: u64) -> OffloadConfig {
+        OffloadConfig {
+            dir,
+            ram_budget: 256 << 20,
+            cache_bytes: 64 << 20,
+            policy: Policy::ClusterAligned,
+            backend: Backend::Thread,
+            flush: 256,
+            gap: 8,
+            model_fingerprint,
+        }
+    }
+}
+
+/// What the offloaded cache did (sums over heads). Bytes read include gap rows read through.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OffloadStats {
+    /// Bytes and positioned reads for retrieval.
+    pub read_bytes: u64,
+    pub read_ops: u64,
+    /// Bytes and reads done only to split a cluster not in RAM.
+    pub split_bytes: u64,
+    pub split_ops: u64,
+    /// Bytes written (the offload and later flushes).
+    pub written_bytes: u64,
+    /// Flushes that failed (disk full): their tokens stayed in RAM.
+    pub flush_failures: u64,
+    pub cache: CacheStats,
+    /// Bytes the cluster cache holds now.
+    pub cache_bytes: usize,
+}
+
+/// Counters shared by the reading threads.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub read_bytes: AtomicU64,
+    pub read_ops: AtomicU64,
+    pub split_bytes: AtomicU64,
+    pub split_ops: AtomicU64,
+}
+
+/// The offloaded part of a [`crate::SparseKv`] (module doc).
+pub(crate) struct Offloaded {
+    pub cfg: OffloadConfig,
+    pub file: OffloadFile,
+    pub reader: Reader,
+    pub row_bytes: usize,
+    pub sinks: usize,
+    /// Per layer: `[kv_head][sinks][dim]` keys and values of the sinks.
+    pub sink_k: Vec<Vec<f16>>,
+    pub sink_v: Vec<Vec<f16>>,
+    /// Per `layer * heads + head`: file row of each position `sinks..origin[layer]`
+    /// (index = position; entries below `sinks` unused).
+    pub slots: Vec<Vec<u32>>,
+    pub cache: Mutex<ClusterCache>,
+    pub staging: Vec<Mutex<Staging>>,
+    pub counters: Counters,
+    pub written: u64,
+    pub flush_failures: u64,
+}
+
+impl Offloaded {
+    /// The counters now.
+    pub fn stats(&self) -> OffloadStats {
+        let c = &self.counters;
+        let cache = self.cache.lock().expect("cache lock");
+        OffloadStats {
+            read_bytes: c.read_bytes.load(Ordering::Relaxed),
+            read_ops: c.read_ops.load(Ordering::Relaxed),
+            split_bytes: c.split_bytes.load(Ordering::Relaxed),
+            split_ops: c.split_ops.load(Ordering::Relaxed),
+            written_bytes: self.written,
+            flush_failures: self.flush_failures,
+            cache: cache.stats(),
+            cache_bytes: cache.used(),
+        }
+    }
+
+    /// Reads the rows `rows` (sorted, distinct) from the file in runs merged across gaps of at
+    /// most `cfg.gap` rows; returns their bytes in `rows` order. Counted under `purpose`.
+    pub fn read(&self, rows: &[u64], purpose: Purpose) -> std::io::Result<Vec<u8>> {
+        let rb = self.row_bytes;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut runs: Vec<(u64, u32)> = Vec::new();
+        for &r in rows {
+            match runs.last_mut() {
+                Some((first, n)) if r < *first + *n as u64 + self.cfg.gap as u64 + 1 && r >= *first + *n as u64 => {
+                    *n = (r - *first + 1) as u32
+                }
+                _ => runs.push((r, 1)),
+            }
+        }
+        let ops = runs.len() as u64;
+        let starts: Vec<(u64, usize)> = {
+            let mut at = 0;
+            runs.iter()
+                .map(|&(f, n)| {
+                    let s = (f, at);
+                    at += n as usize;
+                    s
+                })
+                .collect()
+        };
+        let data = self.reader.read(runs)?;
+        let (bytes, nops) = match purpose {
+            Purpose::Retrieval => (&self.counters.read_bytes, &self.counters.read_ops),
+            Purpose::Split => (&self.counters.split_bytes, &self.counters.split_ops),
+        };
+        bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        nops.fetch_add(ops, Ordering::Relaxed);
+        let mut out = Vec::with_capacity(rows.len() * rb);
+        let mut k = 0;
+        for &r in rows {
+            while k + 1 < starts.len() && starts[k + 1].0 <= r {
+                k += 1;
+            }
+            let at = (starts[k].1 + (r - starts[k].0) as usize) * rb;
+            out.extend_from_slice(&data[at..at + rb]);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Offloaded {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.file.path());
+    }
+}
+
+/// The 32-byte file fingerprint of a model and sparse configuration.
+pub(crate) fn fingerprint(model: u64, cfg: &crate::SparseConfig, layers: usize, heads: usize, dim: usize) -> [u8; 32] {
+    let text = format!(
+        "engram-dynakv model={model:016x} method={:?} budget={} sinks={} recent={} shape={layers}x{heads}x{dim} f16",
+        cfg.method, cfg.budget, cfg.sinks, cfg.recent
+    );
+    *blake3::hash(text.as_bytes()).as_bytes()
+}

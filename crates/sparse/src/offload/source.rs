@@ -1,0 +1,171 @@
+//! One offloaded (layer, KV head) as its index and its reads see it: keys by position from
+//! the sinks, the RAM tail, the rows staged this step, the cluster cache or the file.
+//!
+//! Invariant: every position yields the bytes written for it; rows staged for a step are
+//! dropped after it ([`HeadSource::finish`]), so staging never outlives one read or append.
+
+use std::collections::HashMap;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use super::Offloaded;
+use crate::keys::RowSource;
+use crate::method::HeadIndex;
+
+/// Why rows are read (what they are counted as).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// A decode step's retrieval (and the delayed splits of what it fetched).
+    Retrieval,
+    /// A split of a cluster the step did not fetch (eager, or forced by `B_max`).
+    Split,
+}
+
+/// Rows read during one step of one head: file row → offset in `bytes`.
+#[derive(Default)]
+pub(crate) struct Staging {
+    at: HashMap<u64, usize>,
+    bytes: Vec<u8>,
+}
+
+impl Staging {
+    fn put(&mut self, rows: &[u64], bytes: &[u8], rb: usize) {
+        for (i, &r) in rows.iter().enumerate() {
+            let at = self.bytes.len();
+            self.bytes.extend_from_slice(&bytes[i * rb..(i + 1) * rb]);
+            self.at.insert(r, at);
+        }
+    }
+
+    fn get(&self, row: u64, rb: usize) -> Option<&[u8]> {
+        self.at.get(&row).map(|&a| &self.bytes[a..a + rb])
+    }
+
+    fn clear(&mut self) {
+        self.at.clear();
+        self.bytes.clear();
+    }
+}
+
+/// The view of one offloaded head for one step (module doc).
+pub(crate) struct HeadSource<'a> {
+    pub off: &'a Offloaded,
+    pub layer: usize,
+    pub head: usize,
+    pub heads: usize,
+    pub dim: usize,
+    /// Positions `origin..` are in the RAM tail.
+    pub origin: usize,
+    pub tail_k: &'a [f16],
+    pub tail_v: &'a [f16],
+    pub purpose: Purpose,
+    pub now: u64,
+}
+
+fn fail(e: std::io::Error) -> ! {
+    // The KvCache read has no error path: a file that vanished or was cut short under a
+    // running sequence cannot be answered exactly, and answering otherwise would be silent.
+    panic!("DynaKV offload read failed: {e}")
+}
+
+impl HeadSource<'_> {
+    fn hi(&self) -> usize {
+        self.layer * self.heads + self.head
+    }
+
+    fn file_row(&self, t: usize) -> Option<u64> {
+        (t >= self.off.sinks && t < self.origin).then(|| self.off.slots[self.hi()][t] as u64)
+    }
+
+    /// Key (`value = false`) or value of position `t`, as f16 bits, into `out`.
+    fn copy(&self, t: usize, value: bool, staging: &Staging, out: &mut [f16]) {
+        let d = self.dim;
+        if t < self.off.sinks {
+            let src = if value { &self.off.sink_v[self.layer] } else { &self.off.sink_k[self.layer] };
+            let at = (self.head * self.off.sinks + t) * d;
+            out.copy_from_slice(&src[at..at + d]);
+        } else if t >= self.origin {
+            let src = if value { self.tail_v } else { self.tail_k };
+            out.copy_from_slice(&src[(t - self.origin) * d..(t - self.origin + 1) * d]);
+        } else {
+            let row = staging.get(self.off.slots[self.hi()][t] as u64, self.off.row_bytes).expect("row staged before copy");
+            let half = if value { &row[2 * d..] } else { &row[..2 * d] };
+            bytemuck::cast_slice_mut::<f16, u8>(out).copy_from_slice(half);
+        }
+    }
+
+    /// Stages file rows `rows` (sorted) for cluster `unit`: from the cache if it holds them
+    /// all, else from the file (then cached).
+    fn fetch_unit(&self, unit: u32, rows: Vec<u64>, staging: &mut Staging) {
+        let rb = self.off.row_bytes;
+        if rows.is_empty() || rows.iter().all(|&r| staging.at.contains_key(&r)) {
+            return;
+        }
+        let key = (self.layer as u32, self.head as u32, unit);
+        let mut buf = Vec::with_capacity(rows.len() * rb);
+        if self.off.cache.lock().expect("cache lock").get(key, &rows, self.now, &mut buf) {
+            staging.put(&rows, &buf, rb);
+            return;
+        }
+        let bytes = self.off.read(&rows, self.purpose).unwrap_or_else(|e| fail(e));
+        staging.put(&rows, &bytes, rb);
+        self.off.cache.lock().expect("cache lock").insert(key, rows, bytes, self.now);
+    }
+
+    fn unit_rows(&self, tokens: &[u32]) -> Vec<u64> {
+        let mut rows: Vec<u64> = tokens.iter().filter_map(|&t| self.file_row(t as usize)).collect();
+        rows.sort_unstable();
+        rows
+    }
+
+    /// Fills `gk`/`gv` (`sel.len() × dim` each) with the keys and values of `sel`: the
+    /// clusters `index` fetched come whole through the cache or the file, any other file row
+    /// is read alone (coalesced); then the step's staging is dropped.
+    pub fn gather(&self, index: &dyn HeadIndex, sel: &[u32], gk: &mut [f16], gv: &mut [f16]) {
+        let d = self.dim;
+        let mut staging = self.off.staging[self.hi()].lock().expect("staging lock");
+        let mut units = Vec::new();
+        index.for_each_fetched(&mut |c, members| units.push((c, self.unit_rows(members))));
+        for (c, rows) in units {
+            self.fetch_unit(c, rows, &mut staging);
+        }
+        let mut loose: Vec<u64> = sel.iter().filter_map(|&t| self.file_row(t as usize)).filter(|r| !staging.at.contains_key(r)).collect();
+        loose.sort_unstable();
+        if !loose.is_empty() {
+            let bytes = self.off.read(&loose, self.purpose).unwrap_or_else(|e| fail(e));
+            staging.put(&loose, &bytes, self.off.row_bytes);
+        }
+        for (i, &t) in sel.iter().enumerate() {
+            self.copy(t as usize, false, &staging, &mut gk[i * d..(i + 1) * d]);
+            self.copy(t as usize, true, &staging, &mut gv[i * d..(i + 1) * d]);
+        }
+        staging.clear();
+    }
+
+    /// Drops the rows staged this step (after an append's splits).
+    pub fn finish(&self) {
+        self.off.staging[self.hi()].lock().expect("staging lock").clear();
+    }
+}
+
+impl RowSource for HeadSource<'_> {
+    fn row(&self, t: usize, out: &mut [f32]) {
+        let mut staging = self.off.staging[self.hi()].lock().expect("staging lock");
+        if let Some(r) = self.file_row(t) {
+            if staging.get(r, self.off.row_bytes).is_none() {
+                let bytes = self.off.read(&[r], self.purpose).unwrap_or_else(|e| fail(e));
+                staging.put(&[r], &bytes, self.off.row_bytes);
+            }
+        }
+        let mut k = vec![f16::ZERO; self.dim];
+        self.copy(t, false, &staging, &mut k);
+        k.convert_to_f32_slice(out);
+    }
+
+    fn prefetch(&self, unit: u32, tokens: &[u32]) {
+        let rows = self.unit_rows(tokens);
+        let mut staging = self.off.staging[self.hi()].lock().expect("staging lock");
+        self.fetch_unit(unit, rows, &mut staging);
+    }
+}

@@ -1,0 +1,213 @@
+//! Offload (issue 16 items 1, 5, 6): an offloaded DynaKV cache answers every step with the
+//! same bits as the in-RAM one (logits bitwise equal, whole forward passes on the `tiny`
+//! fixture, with flushes, cache misses and evictions, both readers and both policies); the
+//! file returns what was written; bad files and bad configurations are clear errors that
+//! change nothing.
+
+use std::path::Path;
+
+use engram_fixture::{GgufFormat, Shape};
+use engram_model::{Logits, Model, SeqStep};
+use engram_sparse::offload::{FileSpec, OffloadFile, Reader};
+use engram_sparse::{Backend, Method, OffloadConfig, Policy, SparseConfig, SparseKv};
+
+fn model() -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    (dir, Model::load(&files.hf_dir).unwrap())
+}
+
+fn tokens(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| 5 + (i * 7919 + i * i * 31) % 200).collect()
+}
+
+fn prefill(model: &Model, kv: &mut SparseKv, prompt: &[u32]) {
+    for part in prompt.chunks(64) {
+        kv.reserve(part.len());
+        let slot = kv.len();
+        model.forward(&mut [SeqStep::new(part, slot, kv, Logits::None)]).unwrap();
+    }
+    kv.build_index();
+}
+
+fn decode(model: &Model, kv: &mut SparseKv, rest: &[u32]) -> Vec<Vec<f32>> {
+    rest.iter()
+        .map(|t| {
+            kv.reserve(1);
+            let slot = kv.len();
+            model.forward(&mut [SeqStep::new(std::slice::from_ref(t), slot, kv, Logits::Last)]).unwrap().remove(0)
+        })
+        .collect()
+}
+
+fn offload_cfg(dir: &Path, model: &Model) -> OffloadConfig {
+    OffloadConfig { ram_budget: 0, flush: 8, cache_bytes: 16 << 10, ..OffloadConfig::new(dir.to_path_buf(), model.fingerprint.0) }
+}
+
+#[test]
+fn offloaded_dynakv_gives_the_in_ram_logits_bitwise() {
+    let (_d, model) = model();
+    let ids = tokens(700);
+    let (prompt, rest) = ids.split_at(620);
+    let store = tempfile::tempdir().unwrap();
+    for (method, budget) in
+        [(Method::DynaKv { b_max: 8, eager: false }, 96), (Method::DynaKv { b_max: 8, eager: true }, 96), (Method::Static, 64)]
+    {
+        let cfg = SparseConfig { method, budget, sinks: 4, recent: 16 };
+        let mut ram = SparseKv::new(&model.config, Some(cfg));
+        prefill(&model, &mut ram, prompt);
+        let want = decode(&model, &mut ram, rest);
+        for (backend, policy, cache) in [
+            (Backend::Thread, Policy::ClusterAligned, 40 << 10),
+            (Backend::Inline, Policy::Lru, 40 << 10),
+            (Backend::Thread, Policy::Lru, 0),
+        ] {
+            let mut kv = SparseKv::new(&model.config, Some(cfg));
+            prefill(&model, &mut kv, prompt);
+            let oc = OffloadConfig { backend, policy, cache_bytes: cache, ..offload_cfg(store.path(), &model) };
+            assert!(kv.offload(oc).unwrap());
+            let path = kv.offload_path().unwrap().to_path_buf();
+            assert!(path.exists());
+            assert!(kv.ram_kv_bytes() < kv.kv_bytes() / 2, "{} of {} bytes in RAM", kv.ram_kv_bytes(), kv.kv_bytes());
+            let got = decode(&model, &mut kv, rest);
+            assert_eq!(got, want, "{} {backend:?} {policy:?} cache {cache}: offloaded logits differ", method.name());
+            let s = kv.offload_stats().unwrap();
+            assert!(s.read_bytes > 0 && s.read_ops > 0, "{s:?}");
+            assert!(s.written_bytes > (prompt.len() as u64 - 20) * 4 * 4 * 16, "flushes and the offload: {s:?}");
+            assert!(s.cache_bytes <= cache, "{s:?}");
+            if cache > 0 {
+                assert!(s.cache.hits > 0 && s.cache.evictions > 0, "{s:?}");
+            }
+            drop(kv);
+            assert!(!path.exists(), "the file goes with the cache");
+        }
+    }
+}
+
+#[test]
+fn with_a_full_budget_the_offloaded_cache_is_exact_attention() {
+    let (_d, model) = model();
+    let ids = tokens(600);
+    let (prompt, rest) = ids.split_at(560);
+    let mut exact = SparseKv::new(&model.config, None);
+    prefill(&model, &mut exact, prompt);
+    let want = decode(&model, &mut exact, rest);
+    let store = tempfile::tempdir().unwrap();
+    let mut kv = SparseKv::new(
+        &model.config,
+        Some(SparseConfig { method: Method::DynaKv { b_max: 8, eager: false }, budget: 4096, sinks: 4, recent: 16 }),
+    );
+    prefill(&model, &mut kv, prompt);
+    assert!(kv.offload(offload_cfg(store.path(), &model)).unwrap());
+    assert_eq!(decode(&model, &mut kv, rest), want);
+}
+
+#[test]
+fn delayed_splits_read_less_for_splitting_than_eager_ones() {
+    let (_d, model) = model();
+    let ids = tokens(760);
+    let (prompt, rest) = ids.split_at(600);
+    let store = tempfile::tempdir().unwrap();
+    let mut split = Vec::new();
+    for eager in [false, true] {
+        let cfg = SparseConfig { method: Method::DynaKv { b_max: 64, eager }, budget: 96, sinks: 4, recent: 16 };
+        let mut kv = SparseKv::new(&model.config, Some(cfg));
+        prefill(&model, &mut kv, prompt);
+        kv.offload(OffloadConfig { cache_bytes: 0, ..offload_cfg(store.path(), &model) }).unwrap();
+        decode(&model, &mut kv, rest);
+        split.push(kv.offload_stats().unwrap().split_bytes);
+    }
+    assert!(split[1] > 0, "eager splits read clusters: {split:?}");
+    assert!(split[0] < split[1], "delayed {} vs eager {}", split[0], split[1]);
+}
+
+#[test]
+fn bad_configurations_are_errors_that_change_nothing() {
+    let (_d, model) = model();
+    let ids = tokens(400);
+    let (prompt, rest) = ids.split_at(360);
+    let cfg = SparseConfig { method: Method::DynaKv { b_max: 8, eager: false }, budget: 64, sinks: 4, recent: 16 };
+    let mut ram = SparseKv::new(&model.config, Some(cfg));
+    prefill(&model, &mut ram, prompt);
+    let want = decode(&model, &mut ram, rest);
+    let mut kv = SparseKv::new(&model.config, Some(cfg));
+    prefill(&model, &mut kv, prompt);
+    let store = tempfile::tempdir().unwrap();
+    let missing = store.path().join("no/such/dir");
+    let e = kv.offload(OffloadConfig { dir: missing, ..offload_cfg(store.path(), &model) }).unwrap_err();
+    assert!(e.to_string().contains("no/such/dir"), "{e}");
+    let e = kv.offload(OffloadConfig { flush: 0, ..offload_cfg(store.path(), &model) }).unwrap_err();
+    assert!(e.to_string().contains("flush"), "{e}");
+    // Under the budget: stays in RAM.
+    assert!(!kv.offload(OffloadConfig { ram_budget: usize::MAX, ..offload_cfg(store.path(), &model) }).unwrap());
+    assert!(!kv.is_offloaded());
+    assert_eq!(std::fs::read_dir(store.path()).unwrap().count(), 0, "no file left behind");
+    assert_eq!(decode(&model, &mut kv, rest), want);
+    let mut exact = SparseKv::new(&model.config, None);
+    prefill(&model, &mut exact, prompt);
+    assert!(exact.offload(offload_cfg(store.path(), &model)).unwrap_err().to_string().contains("sparse method"));
+}
+
+fn spec(fp: u8) -> FileSpec {
+    FileSpec { layers: 2, heads: 3, dim: 8, fingerprint: [fp; 32] }
+}
+
+#[test]
+fn the_reader_returns_the_written_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv");
+    let mut f = OffloadFile::create(&path, spec(1)).unwrap();
+    let rb = spec(1).row_bytes();
+    let rows: Vec<u8> = (0..100 * rb).map(|i| (i * 31 % 251) as u8).collect();
+    assert_eq!(f.append(&rows[..40 * rb]).unwrap(), 0);
+    assert_eq!(f.append(&rows[40 * rb..]).unwrap(), 40);
+    assert!(OffloadFile::create(&path, spec(1)).is_err(), "never overwrites");
+    for backend in [Backend::Thread, Backend::Inline] {
+        let r = Reader::new(f.reader().unwrap(), rb, backend).unwrap();
+        let got = r.read(vec![(3, 5), (90, 10), (0, 1)]).unwrap();
+        let want: Vec<u8> = [&rows[3 * rb..8 * rb], &rows[90 * rb..100 * rb], &rows[..rb]].concat();
+        assert_eq!(got, want, "{backend:?}");
+        let e = r.read(vec![(95, 10)]).unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+    }
+    let g = OffloadFile::open(&path, spec(1)).unwrap();
+    assert_eq!(g.rows(), 100);
+    let mut one = vec![0u8; rb];
+    g.read_rows(57, &mut one).unwrap();
+    assert_eq!(one, rows[57 * rb..58 * rb]);
+}
+
+#[test]
+fn corrupt_truncated_and_foreign_files_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv");
+    let mut f = OffloadFile::create(&path, spec(1)).unwrap();
+    f.append(&vec![7u8; 10 * spec(1).row_bytes()]).unwrap();
+    drop(f);
+    let good = std::fs::read(&path).unwrap();
+    let check = |bytes: &[u8], expect: FileSpec, what: &str| {
+        std::fs::write(&path, bytes).unwrap();
+        let e = OffloadFile::open(&path, expect).err().unwrap_or_else(|| panic!("{what}: accepted"));
+        assert!(e.to_string().contains(what), "{what}: {e}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "opening changes nothing");
+    };
+    check(&good, spec(2), "fingerprint");
+    check(&good, FileSpec { dim: 16, ..spec(1) }, "fingerprint");
+    check(&good[..100], spec(1), "shorter than its");
+    check(&good[..good.len() - 3], spec(1), "truncated");
+    let mut bad = good.clone();
+    bad[0] ^= 1;
+    check(&bad, spec(1), "magic");
+    let mut bad = good.clone();
+    bad[20] ^= 1; // the header length field
+    check(&bad, spec(1), "checksum");
+    let mut bad = good.clone();
+    bad[40] ^= 0x80; // the fingerprint
+    check(&bad, spec(1), "checksum");
+    check(b"GGUF and then some other file entirely", spec(1), "shorter than its");
+    let mut foreign = vec![0u8; 8192];
+    foreign[..4].copy_from_slice(b"GGUF");
+    check(&foreign, spec(1), "magic");
+    std::fs::write(&path, &good).unwrap();
+    assert!(OffloadFile::open(&path, spec(1)).is_ok());
+}
