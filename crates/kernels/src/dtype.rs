@@ -156,6 +156,10 @@ pub struct WeightMatrix<'a> {
     pub cols: usize,
     /// Raw block bytes, `rows * dtype.row_bytes(cols)` long.
     pub data: &'a [u8],
+    /// The same matrix repacked for the AVX2 GEMV ([`crate::Packed`]), if the loader made
+    /// one; the AVX2 path then reads it instead of `data` (bitwise the scalar reference's
+    /// result), other paths ignore it. Must be the packing of `data`.
+    pub packed: Option<&'a crate::Packed>,
 }
 
 impl<'a> WeightMatrix<'a> {
@@ -166,7 +170,16 @@ impl<'a> WeightMatrix<'a> {
         if data.len() != expected {
             return Err(KernelError::BadLength { dtype, rows, cols, expected, got: data.len() });
         }
-        Ok(WeightMatrix { dtype, rows, cols, data })
+        Ok(WeightMatrix { dtype, rows, cols, data, packed: None })
+    }
+
+    /// This matrix with its AVX2 packing attached.
+    ///
+    /// # Panics
+    /// If `p` does not have this matrix's format and shape.
+    pub fn with_packed(self, p: &'a crate::Packed) -> Self {
+        assert!(p.dtype() == self.dtype && p.rows() == self.rows && p.cols() == self.cols, "packing of another matrix");
+        WeightMatrix { packed: Some(p), ..self }
     }
 
     /// Bytes per row.

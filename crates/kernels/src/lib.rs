@@ -14,7 +14,7 @@
 //! Module map: `dtype` (formats, errors), `blocks` (byte layouts), `quantize` (f32 → blocks,
 //! activation quantization), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
 //! `simd::{scalar, avx2, avx512, amx}` (kernels), `pool` (thread pool), `membw` (read-bandwidth
-//! probe for `engram bench membw`).
+//! probe for `engram bench membw`), `repack` (Q4_0/Q8_0 in 8-row groups for the AVX2 GEMV).
 
 // Kernels index fixed-size register arrays by row/token on purpose (the loops unroll), keep
 // explicit `%` checks (MSRV), and pass many raw tile parameters.
@@ -34,6 +34,7 @@ mod matmul;
 mod membw;
 mod pool;
 mod quantize;
+mod repack;
 mod simd;
 
 pub use dequant::dequantize_row;
@@ -42,6 +43,7 @@ pub use matmul::{matmul, matmul_multi};
 pub use membw::stream_read;
 pub use pool::{num_threads, pool, set_num_threads};
 pub use quantize::quantize;
+pub use repack::{repack_enabled, Packed};
 
 /// Internals exposed for tests and benchmarks; not a stable API.
 #[doc(hidden)]

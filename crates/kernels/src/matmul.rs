@@ -14,6 +14,9 @@
 //!   `simd::amx::run_rows`, which repacks the chunk's weights once into AMX tile layout and
 //!   sweeps 16-token groups over it (or, for ≤ 3 tokens, runs a VNNI kernel on the weights in
 //!   place).
+//! * Exception, `Isa::Avx2` with a [`crate::Packed`] matrix (Q4_0/Q8_0 repacked at load):
+//!   chunks are multiples of 8 rows and go whole to `simd::avx2_packed::run_rows` (8 rows ×
+//!   ≤ 4 tokens per call, bitwise the scalar reference's result).
 //!
 //! * [`matmul_multi`]: several matrices sharing the activations (q/k/v, gate/up) in one
 //!   parallel region, activations prepared once.
@@ -131,6 +134,9 @@ struct Job<'a> {
     nchunks: usize,
     #[cfg(target_arch = "x86_64")]
     amx_acts: Option<&'a crate::quantize::ActQ8>,
+    /// AVX2 with a packed matrix: whole 8-row groups go to `avx2_packed::run_rows`.
+    #[cfg(target_arch = "x86_64")]
+    packed: Option<&'a crate::Packed>,
 }
 
 impl<'a> Job<'a> {
@@ -142,6 +148,14 @@ impl<'a> Job<'a> {
             (Isa::Amx, Acts::Q8(a)) => {
                 nr_max = crate::simd::amx::GROUP;
                 Some(a)
+            }
+            _ => None,
+        };
+        #[cfg(target_arch = "x86_64")]
+        let packed = match (isa, w.packed) {
+            (Isa::Avx2, Some(p)) => {
+                nr_max = crate::repack::GROUP_ROWS;
+                Some(p)
             }
             _ => None,
         };
@@ -167,6 +181,8 @@ impl<'a> Job<'a> {
             nchunks,
             #[cfg(target_arch = "x86_64")]
             amx_acts,
+            #[cfg(target_arch = "x86_64")]
+            packed,
         }
     }
 
@@ -177,6 +193,13 @@ impl<'a> Job<'a> {
             // SAFETY: isa checked by the caller; chunks start at multiples of nr_max = GROUP
             // and own disjoint rows.
             unsafe { crate::simd::amx::run_rows(&self.ctx, a, r0, r1, self.n_tokens) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(p) = self.packed {
+            // SAFETY: isa (AVX2) checked by the caller; chunks start at multiples of
+            // nr_max = GROUP_ROWS, rows are a whole number of groups, chunks own disjoint rows.
+            unsafe { crate::simd::avx2_packed::run_rows(&self.ctx, p, r0, r1, self.n_tokens) };
             return;
         }
         let mut t0 = 0;

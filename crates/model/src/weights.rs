@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use engram_kernels::{DType, WeightMatrix};
+use engram_kernels::{DType, Packed, WeightMatrix};
 use memmap2::Mmap;
 
 use crate::error::{tensor_err, Result};
@@ -39,6 +39,9 @@ pub struct Weight {
     pub rows: usize,
     pub cols: usize,
     storage: Storage,
+    /// Q4_0/Q8_0 repacked for the AVX2 GEMV (`Packed::for_this_cpu`), in anonymous memory
+    /// beside the untouched storage; `None` elsewhere.
+    packed: Option<Arc<Packed>>,
 }
 
 impl Weight {
@@ -52,12 +55,23 @@ impl Weight {
         if have != want {
             return Err(tensor_err(file, name, format!("holds {have} bytes, shape [{rows}, {cols}] {} needs {want}", dtype.name())));
         }
-        Ok(Weight { dtype, rows, cols, storage })
+        let mut w = Weight { dtype, rows, cols, storage, packed: None };
+        w.packed = Packed::for_this_cpu(&w.matrix()).map(Arc::new);
+        Ok(w)
+    }
+
+    /// Bytes of the repacked copy this weight holds (0 without one).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.as_ref().map_or(0, |p| p.num_bytes())
     }
 
     /// A kernel view of the whole matrix.
     pub fn matrix(&self) -> WeightMatrix<'_> {
-        WeightMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, data: self.storage.bytes() }
+        let m = WeightMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, data: self.storage.bytes(), packed: None };
+        match &self.packed {
+            Some(p) => m.with_packed(p),
+            None => m,
+        }
     }
 
     /// Dequantizes row `r` into `out` (`cols` floats): used for embedding lookup.
@@ -119,6 +133,22 @@ impl ModelWeights {
             self.output.num_bytes()
         };
         self.embed.num_bytes() + layers + out
+    }
+
+    /// Bytes of repacked copies held in anonymous memory (`Weight::packed_bytes`; the tied
+    /// output counted once).
+    pub fn packed_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|w| w.packed_bytes()).sum::<usize>())
+            .sum();
+        let out = if std::ptr::eq(self.output.storage.bytes().as_ptr(), self.embed.storage.bytes().as_ptr()) {
+            0
+        } else {
+            self.output.packed_bytes()
+        };
+        self.embed.packed_bytes() + layers + out
     }
 
     /// The dominant weight format (that of the first layer's q projection), for display.

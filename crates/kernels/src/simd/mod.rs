@@ -22,6 +22,8 @@ pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_packed;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 pub(crate) mod scalar;
 

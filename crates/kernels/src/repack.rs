@@ -1,0 +1,137 @@
+//! [`Packed`]: Q4_0 / Q8_0 weights repacked at load into 8-row interleaved groups, the layout
+//! the AVX2 GEMV streams (`simd/avx2_packed.rs`).
+//!
+//! Layout, per group of 8 consecutive rows `8g..8g+8`, then per block `i` of the row
+//! (groups are stored one after another, a group's blocks in column order):
+//! * the 8 rows' f16 scales `d` (16 bytes), row order;
+//! * Q4_0: four 32-byte pairs, pair `k` = row `k`'s 16 nibble bytes then row `k + 4`'s
+//!   (144 bytes per group-block, the same 18 bytes per row-block as the file);
+//! * Q8_0: the 8 rows' 32 `i8` values, row order (272 bytes per group-block, 34 per row-block).
+//!
+//! One pass over a group-block dots one activation block against 8 rows: the pair layout
+//! puts row `k` in a register's low 128 bits and row `k + 4` in its high bits, so two rounds
+//! of `vphaddd` leave the 8 rows' integer sums in lane order with no shuffle of the weights.
+//!
+//! Invariant: a packed matrix holds exactly the bytes of its source (`Packed::unpack_row`
+//! gives every source row back, byte for byte; `tests/repack.rs`), and the packed kernel's
+//! result is bitwise the scalar reference's (each block's exact integer sum times
+//! `d_w · d_x`, accumulated block by block in f32), whatever the number of tokens.
+//!
+//! Cost: a copy the size of the source's bytes in anonymous memory; the mapped file is only
+//! read, never written.
+
+use crate::blocks::QK;
+use crate::dtype::{DType, WeightMatrix};
+
+/// Rows per interleaved group.
+pub const GROUP_ROWS: usize = 8;
+
+/// A Q4_0 or Q8_0 matrix repacked into 8-row groups (see the module documentation).
+/// Invariant: `bytes.len() == rows / 8 * blocks_per_row * group_block_bytes()`.
+pub struct Packed {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Packed({} {}x{}, {} bytes)", self.dtype, self.rows, self.cols, self.bytes.len())
+    }
+}
+
+impl Packed {
+    /// Whether a matrix of this format and row count can be packed (Q4_0 / Q8_0 with a whole
+    /// number of 8-row groups).
+    pub fn supports(dtype: DType, rows: usize) -> bool {
+        matches!(dtype, DType::Q4_0 | DType::Q8_0) && rows % GROUP_ROWS == 0 && rows > 0
+    }
+
+    /// Repacks `w`; `None` where [`Packed::supports`] says no. Reads every byte of `w` once.
+    pub fn new(w: &WeightMatrix) -> Option<Packed> {
+        if !Packed::supports(w.dtype, w.rows) {
+            return None;
+        }
+        let nb = w.cols / QK;
+        let bb = w.dtype.block_bytes();
+        let gbb = group_block_bytes(w.dtype);
+        let mut bytes = vec![0u8; w.rows / GROUP_ROWS * nb * gbb];
+        let q4 = w.dtype == DType::Q4_0;
+        for (g, gdst) in bytes.chunks_exact_mut(nb * gbb).enumerate() {
+            for (i, dst) in gdst.chunks_exact_mut(gbb).enumerate() {
+                for r in 0..GROUP_ROWS {
+                    let src = &w.row(GROUP_ROWS * g + r)[i * bb..(i + 1) * bb];
+                    dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
+                    let q = &src[2..];
+                    let at = if q4 { 16 + 32 * (r % 4) + 16 * (r / 4) } else { 16 + 32 * r };
+                    dst[at..at + q.len()].copy_from_slice(q);
+                }
+            }
+        }
+        Some(Packed { dtype: w.dtype, rows: w.rows, cols: w.cols, bytes })
+    }
+
+    /// What a loader should attach to `w` on this machine: its packing when the matmul path
+    /// is AVX2 (the only path that reads packings), [`repack_enabled`] and the shape packs;
+    /// else `None`.
+    pub fn for_this_cpu(w: &WeightMatrix) -> Option<Packed> {
+        #[cfg(target_arch = "x86_64")]
+        if repack_enabled() && crate::simd::Isa::detect() == crate::simd::Isa::Avx2 {
+            return Packed::new(w);
+        }
+        let _ = w;
+        None
+    }
+
+    /// The source format.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Rows of the source matrix.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns of the source matrix.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held (equal to the source's).
+    pub fn num_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Group `g`'s bytes (all its blocks).
+    pub(crate) fn group(&self, g: usize) -> &[u8] {
+        let n = self.cols / QK * group_block_bytes(self.dtype);
+        &self.bytes[g * n..(g + 1) * n]
+    }
+
+    /// Row `r` back in the source layout (for tests: the packing loses nothing).
+    pub fn unpack_row(&self, r: usize) -> Vec<u8> {
+        let bb = self.dtype.block_bytes();
+        let gbb = group_block_bytes(self.dtype);
+        let (g, k) = (r / GROUP_ROWS, r % GROUP_ROWS);
+        let q4 = self.dtype == DType::Q4_0;
+        let at = if q4 { 16 + 32 * (k % 4) + 16 * (k / 4) } else { 16 + 32 * k };
+        self.group(g)
+            .chunks_exact(gbb)
+            .flat_map(|b| b[2 * k..2 * k + 2].iter().chain(&b[at..at + bb - 2]).copied().collect::<Vec<_>>())
+            .collect()
+    }
+}
+
+/// Bytes of one 8-row group-block: 8 scales and 8 rows of quants.
+pub(crate) fn group_block_bytes(dtype: DType) -> usize {
+    GROUP_ROWS * dtype.block_bytes()
+}
+
+/// Whether the packed path is on: `ENGRAM_REPACK` unset, empty, `1` or `on` (default), or
+/// `0` / `off` (read once). Loaders consult it before packing; kernels use whatever they get.
+pub fn repack_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !matches!(std::env::var("ENGRAM_REPACK").as_deref().map(str::trim), Ok("0") | Ok("off") | Ok("OFF")))
+}
