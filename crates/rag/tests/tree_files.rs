@@ -62,7 +62,8 @@ fn a_saved_tree_loaded_again_answers_as_a_cold_prefill() {
     drop(first);
 
     let mut second = rag(tmp.path(), m.clone(), KvFormat::F16);
-    let report = second.tree.load(&dir, second.pool(), m.config.vocab);
+    let pool = second.pool().clone();
+    let report = second.tree.load(&dir, &pool, m.config.vocab);
     assert_eq!((report.loaded, report.rejected.len()), (1, 0), "{report:?}");
     assert_eq!(second.tree.stats().entries, 3, "every prefix of the leaf's path is back");
     let warm = second.query(Q, &KV_ONLY).unwrap();
@@ -115,7 +116,8 @@ fn damaged_truncated_and_foreign_files_are_refused() {
         let path = dir.join(good.file_name().unwrap());
         std::fs::write(&path, &content).unwrap();
         let mut fresh = rag(&tmp.path().join(what), m.clone(), KvFormat::F16);
-        let report = fresh.tree.load(&dir, fresh.pool(), m.config.vocab);
+        let pool = fresh.pool().clone();
+        let report = fresh.tree.load(&dir, &pool, m.config.vocab);
         assert_eq!((report.loaded, report.rejected.len()), (0, 1), "{what}: {report:?}");
         assert_eq!(path.exists(), !deleted, "{what}: damaged files are deleted, foreign ones kept");
         assert_eq!(fresh.tree.stats().entries, 0, "{what}");
@@ -130,6 +132,7 @@ fn damaged_truncated_and_foreign_files_are_refused() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tree-00000000000000000000000000000000.kv"), &bytes).unwrap();
     let mut fresh = rag(&tmp.path().join("renamed"), m.clone(), KvFormat::F16);
-    let report = fresh.tree.load(&dir, fresh.pool(), m.config.vocab);
+    let pool = fresh.pool().clone();
+    let report = fresh.tree.load(&dir, &pool, m.config.vocab);
     assert_eq!((report.loaded, report.rejected.len()), (0, 1), "{report:?}");
 }
