@@ -132,10 +132,16 @@ pub fn run(a: Args) -> Result<()> {
             let qa = QaBank::open(&qa_path, DEFAULT_QA_CAP_BYTES)?;
             let model = Arc::new(load_model(&a.model)?);
             let pool = kv_pool(&model, &a.model)?;
-            let tree = KvTree::new(model.fingerprint, pool.format(), pool.bytes_per_token(), pool.budget() / 2);
+            let mut tree = KvTree::new(model.fingerprint, pool.format(), pool.bytes_per_token(), pool.budget() / 2);
+            // The tree persists under <data-dir>/rag/kvtree/<model and format>/.
+            let tree_dir = engram_rag::tree_dir(&root.join("kvtree"), model.fingerprint, pool.format());
+            for (f, why) in tree.load(&tree_dir, &pool, model.config.vocab).rejected {
+                eprintln!("warning: chunk KV file {} not used: {why}", f.display());
+            }
             let config = RagConfig { top_k: chunks, params: sampling.params(), ..RagConfig::default() };
             let mut rag = Rag::new(model, pool, bank, qa, tree, config);
             let ans = rag.query(&text, &QueryOptions { use_qa: !no_qa, use_kv: true, threshold })?;
+            rag.tree.save(&tree_dir).with_context(|| format!("saving the chunk KV tree to {}", tree_dir.display()))?;
             if a.json {
                 println!("{}", serde_json::to_string(&ans)?);
             } else {

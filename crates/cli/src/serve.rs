@@ -112,6 +112,13 @@ pub struct Args {
     /// Seconds a request's body (at most 2 MiB) may take to arrive after its headers (408 after).
     #[arg(long, default_value_t = 30)]
     body_timeout_secs: u64,
+    /// Turn the personal RAG routes (`/v1/rag/*`) off (501). On by default: each tenant's
+    /// knowledge bank, QA bank and chunk KV tree under `<data-dir>/rag/tenants/`.
+    #[arg(long)]
+    no_rag: bool,
+    /// Byte cap of each tenant's chunk KV tree, in MiB (its KV is held in the KV pool).
+    #[arg(long, default_value_t = 64)]
+    rag_tree_mib: usize,
 }
 
 /// The encoder `--embedder` (or `$ENGRAM_EMBEDDER`) names, or the one discovered, or the
@@ -200,6 +207,10 @@ pub fn run(mut a: Args) -> Result<()> {
             body_timeout: Duration::from_secs(a.body_timeout_secs),
         },
         context,
+        rag: (!a.no_rag).then(|| engram_server::RagServerConfig {
+            tree_cap_bytes: a.rag_tree_mib << 20,
+            ..engram_server::RagServerConfig::new(data_dir(&a.model.data_dir).join("rag").join("tenants"))
+        }),
         embedder: embedder(&a, &model, &model_id)?,
         model_id,
         api_keys,

@@ -19,7 +19,10 @@
 //! (`tests/pipeline.rs`); the bytes charged stay under the cap after every insert (leaves
 //! evicted least recently used first).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+mod files;
+pub use files::LoadReport;
 
 use engram_kv::{KvFormat, SeqKv};
 use engram_model::Fingerprint;
@@ -54,6 +57,13 @@ pub struct TreeStats {
     pub evicted: u64,
 }
 
+/// Where a tree for `fingerprint` and `format` keeps its files under `base`: one folder per
+/// model and KV format, so another model's files are never even opened.
+pub fn tree_dir(base: &std::path::Path, fingerprint: Fingerprint, format: KvFormat) -> std::path::PathBuf {
+    let fp = engram_kv::cache_fingerprint(fingerprint, format);
+    base.join(&blake3::hash(fp.as_bytes()).to_hex()[..16])
+}
+
 /// The chunk KV tree. See the module doc.
 pub struct KvTree {
     fingerprint: Fingerprint,
@@ -63,13 +73,15 @@ pub struct KvTree {
     entries: HashMap<Vec<SegKey>, Entry>,
     clock: u64,
     evicted: u64,
+    /// Leaf files this tree wrote or loaded (`files.rs`).
+    on_disk: HashSet<String>,
 }
 
 impl KvTree {
     /// An empty tree for one model (`fingerprint`) and KV format, charging `bytes_per_token`
     /// per token held, within `cap_bytes`.
     pub fn new(fingerprint: Fingerprint, format: KvFormat, bytes_per_token: usize, cap_bytes: usize) -> KvTree {
-        KvTree { fingerprint, format, bytes_per_token, cap_bytes, entries: HashMap::new(), clock: 0, evicted: 0 }
+        KvTree { fingerprint, format, bytes_per_token, cap_bytes, entries: HashMap::new(), clock: 0, evicted: 0, on_disk: HashSet::new() }
     }
 
     /// The longest stored prefix of `path` for this model and format (a miss for another).
@@ -135,13 +147,24 @@ impl KvTree {
 
     fn evict_to_cap(&mut self) {
         while self.bytes() > self.cap_bytes {
-            let Some(victim) =
-                self.entries.iter().filter(|(_, e)| e.children == 0).min_by_key(|(k, e)| (e.last_used, k.len())).map(|(k, _)| k.clone())
-            else {
+            if !self.evict_lru_leaf() {
                 break;
-            };
-            self.remove(&victim);
-            self.evicted += 1;
+            }
+        }
+    }
+
+    /// Drops the least recently used leaf (its blocks go back to the pool unless shared);
+    /// whether there was one. The engine's `make_room` calls this when RAM is short.
+    pub fn evict_lru_leaf(&mut self) -> bool {
+        let victim =
+            self.entries.iter().filter(|(_, e)| e.children == 0).min_by_key(|(k, e)| (e.last_used, k.len())).map(|(k, _)| k.clone());
+        match victim {
+            Some(v) => {
+                self.remove(&v);
+                self.evicted += 1;
+                true
+            }
+            None => false,
         }
     }
 

@@ -197,67 +197,21 @@ impl Rag {
         Ok(())
     }
 
-    /// The documents `chunks` come from, each once, in the chunks' order (chunks no longer in
-    /// the bank are skipped).
     fn documents_of(&self, chunks: &[ChunkId]) -> Vec<String> {
-        let mut docs: Vec<String> = Vec::new();
-        for c in chunks {
-            if let Some(e) = self.bank.chunk(c) {
-                if !docs.contains(&e.doc) {
-                    docs.push(e.doc.clone());
-                }
-            }
-        }
-        docs
+        documents_of(&self.bank, chunks)
     }
 
     fn after_change(&mut self, added: &[ChunkId], removed: &[ChunkId]) -> Result<()> {
-        let k = self.config.top_k;
-        self.qa.refresh(&self.bank, added, k)?;
-        self.qa.save()?;
+        refresh_qa(&self.bank, &mut self.qa, added, self.config.top_k)?;
         let gone: Vec<SegKey> = removed.iter().map(|c| c.0.clone()).collect();
         self.tree.forget_chunks(&gone);
         Ok(())
     }
 
-    /// Tokens of `text` (with the model's special tokens if `special`).
-    fn tokens(&self, text: &str, special: bool) -> Result<Vec<u32>> {
-        Ok(self.model.tokenizer.encode(text, special).map_err(|e| RagError::bad_input("text", e.to_string()))?.ids)
-    }
-
-    /// The prompt for `question` over `chunks` (in order): system + chunks + question, each
-    /// segment tokenized alone; trailing chunks are dropped until it fits the context with
-    /// room for `max_tokens`.
+    /// The prompt for `question` over `chunks` (in order): see [`build_prompt`].
     pub fn build_prompt(&self, question: &str, chunks: &[ChunkId]) -> Result<Prompt> {
-        let sys = self.tokens(&self.config.system_prompt, true)?;
-        let q = self.tokens(&format!("\nQuestion: {question}\nAnswer:"), false)?;
-        let ctx = self.model.config.max_positions;
-        let room = self.config.params.max_tokens;
-        if sys.len() + q.len() + room > ctx {
-            return Err(RagError::QueryTooLong { needed: sys.len() + q.len() + room, context: ctx });
-        }
-        let mut h = blake3::Hasher::new();
-        for t in &sys {
-            h.update(&t.to_le_bytes());
-        }
-        let mut p =
-            Prompt { path: vec![format!("sys:{}", &h.finalize().to_hex()[..16])], tokens: sys, ends: Vec::new(), chunks: Vec::new() };
-        p.ends.push(p.tokens.len());
-        for c in chunks {
-            let Some(entry) = self.bank.chunk(c) else { continue };
-            let t = self.tokens(&format!("\n{}", entry.text), false)?;
-            if p.tokens.len() + t.len() + q.len() + room > ctx {
-                break;
-            }
-            p.tokens.extend(t);
-            p.ends.push(p.tokens.len());
-            p.path.push(c.0.clone());
-            p.chunks.push(c.clone());
-        }
-        p.tokens.extend(q);
-        Ok(p)
+        build_prompt(&self.model, &self.config, &self.bank, question, chunks)
     }
-
     /// Answers `question`. See the module doc.
     pub fn query(&mut self, question: &str, opts: &QueryOptions) -> Result<Answer> {
         if question.trim().is_empty() {
@@ -328,4 +282,63 @@ impl Rag {
             timings,
         })
     }
+}
+
+/// The documents `chunks` come from, each once, in the chunks' order (chunks no longer in
+/// the bank are skipped).
+pub(crate) fn documents_of(bank: &KnowledgeBank, chunks: &[ChunkId]) -> Vec<String> {
+    let mut docs: Vec<String> = Vec::new();
+    for c in chunks {
+        if let Some(e) = bank.chunk(c) {
+            if !docs.contains(&e.doc) {
+                docs.push(e.doc.clone());
+            }
+        }
+    }
+    docs
+}
+
+/// Refresh after a bank change: answers whose query's top-`k` gains an added chunk or loses a
+/// source are invalidated; the QA bank is saved.
+pub(crate) fn refresh_qa(bank: &KnowledgeBank, qa: &mut QaBank, added: &[ChunkId], k: usize) -> Result<()> {
+    qa.refresh(bank, added, k)?;
+    qa.save()
+}
+
+/// Tokens of `text` (with the model's special tokens if `special`).
+fn tokens(model: &Model, text: &str, special: bool) -> Result<Vec<u32>> {
+    Ok(model.tokenizer.encode(text, special).map_err(|e| RagError::bad_input("text", e.to_string()))?.ids)
+}
+
+/// The prompt for `question` over `chunks` (in order): system + chunks + question, each
+/// segment tokenized alone; trailing chunks are dropped until it fits the context with room
+/// for `config.params.max_tokens`. Invariant: `ends[d]` is a token boundary of `tokens`, and
+/// `tokens[..ends[d]]` depends only on the segments `..=d`.
+pub fn build_prompt(model: &Model, config: &RagConfig, bank: &KnowledgeBank, question: &str, chunks: &[ChunkId]) -> Result<Prompt> {
+    let sys = tokens(model, &config.system_prompt, true)?;
+    let q = tokens(model, &format!("\nQuestion: {question}\nAnswer:"), false)?;
+    let ctx = model.config.max_positions;
+    let room = config.params.max_tokens;
+    if sys.len() + q.len() + room > ctx {
+        return Err(RagError::QueryTooLong { needed: sys.len() + q.len() + room, context: ctx });
+    }
+    let mut h = blake3::Hasher::new();
+    for t in &sys {
+        h.update(&t.to_le_bytes());
+    }
+    let mut p = Prompt { path: vec![format!("sys:{}", &h.finalize().to_hex()[..16])], tokens: sys, ends: Vec::new(), chunks: Vec::new() };
+    p.ends.push(p.tokens.len());
+    for c in chunks {
+        let Some(entry) = bank.chunk(c) else { continue };
+        let t = tokens(model, &format!("\n{}", entry.text), false)?;
+        if p.tokens.len() + t.len() + q.len() + room > ctx {
+            break;
+        }
+        p.tokens.extend(t);
+        p.ends.push(p.tokens.len());
+        p.path.push(c.0.clone());
+        p.chunks.push(c.clone());
+    }
+    p.tokens.extend(q);
+    Ok(p)
 }

@@ -15,7 +15,14 @@ fn health_of(engine: EngineHandle) -> (StatusCode, serde_json::Value) {
     let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
     let model = Arc::new(Model::load(files.gguf(GgufFormat::Q8_0).unwrap()).unwrap());
     let metrics = engine.metrics.clone();
-    let state = Arc::new(Shared { model, config: ServerConfig::new("tiny"), engine, metrics, agents: agent_registry::Agents::in_memory() });
+    let state = Arc::new(Shared {
+        model,
+        config: ServerConfig::new("tiny"),
+        engine,
+        metrics,
+        agents: agent_registry::Agents::in_memory(),
+        rag: None,
+    });
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let r = rt.block_on(health(State(state)));
     let status = r.status();

@@ -35,6 +35,7 @@ mod listen;
 mod logprobs;
 mod openai;
 mod quota;
+mod rag;
 pub mod scheduler;
 mod sse;
 
@@ -53,6 +54,7 @@ use engram_model::Model;
 pub use error::ApiError;
 pub use listen::HttpLimits;
 pub use metrics::Metrics;
+pub use rag::RagServerConfig;
 pub use scheduler::{DiskConfig, EngineHandle, Event, Job, SchedulerConfig};
 
 /// The largest request body any route reads (a bigger one is a 413).
@@ -73,6 +75,9 @@ pub struct ServerConfig {
     pub context: ContextMode,
     /// Connection cap and header/body deadlines.
     pub limits: HttpLimits,
+    /// Personal RAG routes (`/v1/rag/*`, `rag.rs`) and their banks' folder; `None`: those
+    /// routes answer 501.
+    pub rag: Option<RagServerConfig>,
 }
 
 /// How the engine keeps context between chat requests.
@@ -98,6 +103,7 @@ impl ServerConfig {
             embedder: None,
             context: ContextMode::Sessions,
             limits: HttpLimits::default(),
+            rag: None,
         }
     }
 }
@@ -109,6 +115,7 @@ pub(crate) struct Shared {
     pub engine: EngineHandle,
     pub metrics: Arc<Metrics>,
     pub agents: agent_registry::Agents,
+    pub rag: Option<rag::RagState>,
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -124,21 +131,36 @@ impl Server {
     /// Starts the engine thread for `model` with KV charged to `pool`.
     pub fn start(model: Arc<Model>, pool: KvPool, config: ServerConfig) -> Server {
         let metrics = Arc::new(Metrics::default());
-        let (engine, thread) = match config.context {
-            ContextMode::Sessions => EngineHandle::start(model.clone(), pool, config.scheduler.clone(), metrics.clone()),
+        let mut policy: Box<dyn engram_engine::ContextPolicy> = match config.context {
+            ContextMode::Sessions => engram_engine::scheduler::default_policy(&model, &pool, &config.scheduler),
             ContextMode::Dual { ring_tokens, threshold, keep_last } => {
                 let mut policy = engram_engine::DualStream::new(model.clone(), pool.clone(), ring_tokens);
                 if let Some(encoder) = config.embedder.clone() {
                     policy = policy.with_relevance(engram_engine::Relevance { encoder, threshold, keep_last });
                 }
-                EngineHandle::start_with(model.clone(), pool, config.scheduler.clone(), Box::new(policy), metrics.clone())
+                Box::new(policy)
             }
         };
+        // RAG jobs go to the chunk KV tree; every other owner to the policy above, unchanged.
+        let rag = config.rag.clone().map(rag::RagState::new);
+        if let Some(r) = &rag {
+            let tree = engram_rag::TreePolicy::new(
+                policy,
+                r.registry.clone(),
+                pool.clone(),
+                model.fingerprint,
+                model.config.vocab,
+                r.tree_cap_bytes(),
+            );
+            *r.tree.lock().unwrap_or_else(|e| e.into_inner()) = Some(tree.counters());
+            policy = Box::new(tree);
+        }
+        let (engine, thread) = EngineHandle::start_with(model.clone(), pool, config.scheduler.clone(), policy, metrics.clone());
         let agents = match &config.scheduler.disk {
             Some(d) => agent_registry::Agents::open(&d.dir),
             None => agent_registry::Agents::in_memory(),
         };
-        let state = Arc::new(Shared { model, config, engine, metrics, agents });
+        let state = Arc::new(Shared { model, config, engine, metrics, agents, rag });
         Server { state, engine_thread: Some(thread) }
     }
 
@@ -165,6 +187,9 @@ impl Server {
             .route("/v1/agents", post(agents::create).get(agents::list))
             .route("/v1/agents/{id}", get(agents::get).delete(agents::delete))
             .route("/v1/agents/{id}/generate", post(agents::generate))
+            .route("/v1/rag/documents", post(rag::add_documents).get(rag::list_documents))
+            .route("/v1/rag/documents/{id}", axum::routing::delete(rag::delete_document))
+            .route("/v1/rag/query", post(rag::query))
             .fallback(not_found)
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             // Outermost last: count, then the key (headers only), then the body.
@@ -209,7 +234,11 @@ async fn health(State(s): State<AppState>) -> Response {
 /// counters sum every tenant's activity.
 async fn render_metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Result<Response, error::ApiError> {
     api::tenant(&s, &headers)?;
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response())
+    let mut text = s.metrics.render();
+    if let Some(r) = &s.rag {
+        text.push_str(&r.render_metrics());
+    }
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
 async fn not_found(req: Request) -> ApiError {

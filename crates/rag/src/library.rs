@@ -1,0 +1,156 @@
+//! [`Library`]: one user's knowledge bank and QA bank with the pipeline's front half, for a
+//! caller that generates elsewhere (the server submits the prompt to the engine's scheduler,
+//! whose [`crate::TreePolicy`] holds the chunk KV tree).
+//!
+//! ```text
+//!  plan(q) ─ embed ─ QA hit? ─yes─► Plan::Hit(answer)                         cache_level qa
+//!                       └ no ─ retrieve ─ build_prompt ─► Plan::Generate(pending)
+//!  (caller generates pending.prompt.tokens, learns cached tokens and text)
+//!  record(pending, text, …) ─► Answer (cache_level kv if a chunk's KV was reused, else none);
+//!                               QA insert unless the bank changed meanwhile
+//! ```
+//! Invariant: the same prompt tokens as [`crate::Rag`] builds (one [`build_prompt`]); an answer
+//! generated over a bank that changed before it was recorded is returned but not stored, so no
+//! QA entry ever predates the refresh that would have dropped it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use engram_model::Model;
+
+use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
+use crate::error::{RagError, Result};
+use crate::parse::DocKind;
+use crate::pipeline::{build_prompt, documents_of, refresh_qa, Answer, AnswerTimings, CacheLevel, Prompt, RagConfig};
+use crate::qa::QaBank;
+
+/// What [`Library::plan`] decided.
+pub enum Plan {
+    /// A stored answer.
+    Hit(Answer),
+    /// A prompt to generate, then [`Library::record`].
+    Generate(Pending),
+}
+
+/// A query waiting for its generation.
+pub struct Pending {
+    pub question: String,
+    pub prompt: Prompt,
+    pub timings: AnswerTimings,
+    qv: Vec<f32>,
+    generation: u64,
+    use_qa: bool,
+    t0: Instant,
+}
+
+impl Pending {
+    /// Milliseconds since the query arrived.
+    pub fn elapsed_ms(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64() * 1e3
+    }
+}
+
+/// The banks of one user. See the module doc.
+pub struct Library {
+    model: Arc<Model>,
+    pub bank: KnowledgeBank,
+    pub qa: QaBank,
+    pub config: RagConfig,
+}
+
+impl Library {
+    /// Banks over `model`'s tokenizer and context.
+    pub fn new(model: Arc<Model>, bank: KnowledgeBank, qa: QaBank, config: RagConfig) -> Library {
+        Library { model, bank, qa, config }
+    }
+
+    /// Ingests `text` under `id`, then refreshes the QA bank.
+    pub fn ingest_text(&mut self, id: &str, kind: DocKind, text: &str) -> Result<IngestReport> {
+        let r = self.bank.ingest_text(id, kind, text)?;
+        refresh_qa(&self.bank, &mut self.qa, &r.chunks_added, self.config.top_k)?;
+        Ok(r)
+    }
+
+    /// Removes document `id`, then refreshes the QA bank.
+    pub fn remove(&mut self, id: &str) -> Result<Vec<ChunkId>> {
+        let removed = self.bank.remove(id)?;
+        refresh_qa(&self.bank, &mut self.qa, &[], self.config.top_k)?;
+        Ok(removed)
+    }
+
+    /// The QA bank's answer, or the prompt to generate with room for `max_tokens`.
+    /// Bad input (empty query, threshold outside (0, 1], a question over the context) is an
+    /// error and stores nothing.
+    pub fn plan(&mut self, question: &str, threshold: f32, max_tokens: usize, use_qa: bool) -> Result<Plan> {
+        if question.trim().is_empty() {
+            return Err(RagError::bad_input("query", "empty"));
+        }
+        if !(threshold > 0.0 && threshold <= 1.0) {
+            return Err(RagError::bad_input("qa_threshold", format!("{threshold} is not in (0, 1]")));
+        }
+        let mut config = self.config.clone();
+        config.params.max_tokens = max_tokens;
+        // A question over the context is refused before the encoder runs on it.
+        build_prompt(&self.model, &config, &self.bank, question, &[])?;
+        let t0 = Instant::now();
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let qv = self.bank.embed(question)?;
+        let mut timings = AnswerTimings { embed_ms: ms(t0), ..Default::default() };
+        if use_qa {
+            if let Some(hit) = self.qa.lookup(&qv, threshold) {
+                timings.ttft_ms = ms(t0);
+                timings.total_ms = timings.ttft_ms;
+                let e = hit.entry;
+                return Ok(Plan::Hit(Answer {
+                    text: e.answer,
+                    tokens: e.answer_tokens,
+                    sources: e.docs,
+                    chunks: e.sources,
+                    cache_level: CacheLevel::Qa,
+                    similarity: Some(hit.similarity),
+                    matched_query: Some(e.query),
+                    kv_segments: 0,
+                    timings,
+                }));
+            }
+        }
+        let t1 = Instant::now();
+        let retrieved = self.bank.search(question, &qv, self.config.top_k)?;
+        let ids: Vec<ChunkId> = retrieved.into_iter().map(|r| r.chunk).collect();
+        let prompt = build_prompt(&self.model, &config, &self.bank, question, &ids)?;
+        timings.retrieve_ms = ms(t1);
+        timings.prompt_tokens = prompt.tokens.len();
+        Ok(Plan::Generate(Pending { question: question.to_string(), prompt, timings, qv, generation: self.bank.generation(), use_qa, t0 }))
+    }
+
+    /// The answer `text` generated for `p` (its first token `ttft_ms` after the query
+    /// arrived, `cached_tokens` of the prompt's KV reused, `decode_tokens` generated), stored
+    /// in the QA bank when the bank is as it was at [`Library::plan`].
+    pub fn record(&mut self, p: Pending, text: String, ttft_ms: f64, cached_tokens: usize, decode_tokens: usize) -> Result<Answer> {
+        let sources = documents_of(&self.bank, &p.prompt.chunks);
+        // The answer's tokens as the tokenizer spells its text (the engine streams text).
+        let tokens = self.model.tokenizer.encode(&text, false).map(|e| e.ids).unwrap_or_default();
+        if p.use_qa && self.bank.generation() == p.generation {
+            self.qa.insert(&p.question, p.qv.clone(), &text, tokens.clone(), p.prompt.chunks.clone(), sources.clone(), p.generation);
+            self.qa.save()?;
+        }
+        // Segments whose KV was reused: those ending at or before the cached tokens.
+        let kv_segments = p.prompt.ends.iter().take_while(|&&e| e <= cached_tokens).count();
+        let mut timings = p.timings.clone();
+        timings.ttft_ms = ttft_ms;
+        timings.total_ms = p.elapsed_ms();
+        timings.cached_tokens = cached_tokens;
+        timings.decode_tokens = decode_tokens;
+        Ok(Answer {
+            text,
+            tokens,
+            sources,
+            chunks: p.prompt.chunks,
+            cache_level: if kv_segments > 1 { CacheLevel::Kv } else { CacheLevel::None },
+            similarity: None,
+            matched_query: None,
+            kv_segments,
+            timings,
+        })
+    }
+}
