@@ -1,10 +1,23 @@
 //! `engram chat`: an interactive conversation. Each turn re-renders the chat
 //! template over the whole history and reuses the cached token prefix, so
 //! only the new message is prefilled.
+//!
+//! Issue 15's commands (seed 000): `/fact TEXT` appends a fact about the user, `/forget ID`
+//! tombstones one, `/facts` lists them (tombstones shown), `/thread NAME` switches to another
+//! conversation (each thread its own history and cache, so switching back reuses it). Facts
+//! are the persistent stream of every thread: system messages (`Fact about the user: ...`,
+//! as `engram serve --context dual` renders them) after the system prompt. They are kept by
+//! `engram_context::FactStore` in `<data dir>/kv/facts`, under the owner a server without API
+//! keys gives the same `--user`, so they survive a restart and a local server sees them.
+//!
+//! Invariant: a thread's prompt is the system prompt, then the live facts in order, then that
+//! thread's turns — whatever other threads hold.
 
+use std::collections::HashMap;
 use std::io::BufRead;
 
 use anyhow::Result;
+use engram_context::{FactLimits, FactStore};
 use engram_engine::Generator;
 use engram_tokenizer::ChatMessage;
 
@@ -19,26 +32,50 @@ pub struct Args {
     /// A system prompt.
     #[arg(long)]
     system: Option<String>,
+    /// Whose facts `/fact` keeps (the OpenAI `user` of `engram serve --context dual`).
+    #[arg(long, default_value = "default")]
+    user: String,
 }
+
+const HELP: &str = "commands: /fact TEXT, /forget ID, /facts, /thread NAME";
 
 pub fn run(a: Args) -> Result<()> {
     let model = load_model(&a.model)?;
     let pool = kv_pool(&model, &a.model)?;
     let tok = &model.tokenizer;
     let tpl = tok.chat_template().ok_or_else(|| anyhow::anyhow!("the model has no chat template; use `engram generate`"))?;
-    let mut history: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
-    let mut gen = Generator::new(&model, &pool);
+    if !valid_name(&a.user) {
+        anyhow::bail!("--user {:?}: letters, digits, '_', '-', '.', ':' only, at most 128", a.user);
+    }
+    let facts = FactStore::open(&crate::cache_cmd::store_dir(&a.model.data_dir).join("facts"), FactLimits::default());
+    let owner = format!("default\u{1f}user:{}", a.user);
+    let system: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
+    let mut threads: HashMap<String, (Vec<ChatMessage>, Generator<'_>)> = HashMap::new();
+    let mut current = "default".to_string();
     let params = a.sampling.params();
-    eprintln!("type a message and press enter; an empty line or Ctrl-D ends the chat");
+    eprintln!("type a message and press enter; an empty line or Ctrl-D ends the chat; {HELP}");
     let stdin = std::io::stdin();
     loop {
-        eprint!("> ");
+        eprint!("[{current}]> ");
         let mut line = String::new();
         if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
             break;
         }
-        history.push(ChatMessage { role: "user".into(), content: line.trim_end_matches(['\n', '\r']).to_string() });
-        let text = tpl.render(&history, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
+        let line = line.trim_end_matches(['\n', '\r']).to_string();
+        if let Some(command) = line.strip_prefix('/') {
+            if let Err(e) = run_command(command, &facts, &owner, &mut current, &threads) {
+                eprintln!("error: {e}");
+            }
+            continue;
+        }
+        let (history, gen) = threads.entry(current.clone()).or_insert_with(|| (Vec::new(), Generator::new(&model, &pool)));
+        history.push(ChatMessage { role: "user".into(), content: line });
+        let mut messages = system.clone();
+        for f in facts.live(&owner) {
+            messages.push(ChatMessage { role: "system".into(), content: format!("{}{}", engram_server::FACT_PREFIX, f.text) });
+        }
+        messages.extend(history.iter().cloned());
+        let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
         let ids = tok.encode(&text, false)?.ids;
         let out = gen.generate(&ids, &params, &mut stdout_sink)?;
         println!();
@@ -54,4 +91,52 @@ pub fn run(a: Args) -> Result<()> {
         history.push(ChatMessage { role: "assistant".into(), content: out.text });
     }
     Ok(())
+}
+
+/// Runs one `/command`; an error is printed and the chat goes on.
+fn run_command<T>(command: &str, facts: &FactStore, owner: &str, current: &mut String, threads: &HashMap<String, T>) -> Result<()> {
+    let (name, rest) = command.split_once(' ').map_or((command, ""), |(n, r)| (n, r.trim()));
+    match name {
+        "fact" => {
+            let f = facts.append(owner, rest, None, |_| {})?;
+            println!("fact {} added", f.id);
+        }
+        "forget" => {
+            let id: u64 = rest.parse().map_err(|_| anyhow::anyhow!("/forget wants a fact id (a number), got {rest:?}"))?;
+            facts.tombstone(owner, id, |_| {})?;
+            println!("fact {id} tombstoned");
+        }
+        "facts" => {
+            let all = facts.list(owner).unwrap_or_default();
+            if all.is_empty() {
+                println!("no facts");
+            }
+            for f in all {
+                match (f.tombstoned, f.replaced_by) {
+                    (false, _) => println!("{:>4}  {}", f.id, f.text),
+                    (true, Some(by)) => println!("{:>4}  [tombstoned, replaced by {by}] {}", f.id, f.text),
+                    (true, None) => println!("{:>4}  [tombstoned] {}", f.id, f.text),
+                }
+            }
+        }
+        "thread" => {
+            if !valid_name(rest) {
+                anyhow::bail!("/thread wants a name of letters, digits, '_', '-', '.', ':' (at most 128), got {rest:?}");
+            }
+            *current = rest.to_string();
+            let known = if threads.contains_key(rest) { "back to" } else { "new" };
+            println!("{known} thread {rest}");
+        }
+        _ => anyhow::bail!("unknown command /{name}; {HELP}"),
+    }
+    Ok(())
+}
+
+/// A user or thread name as the server accepts it (`api::check_id`).
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
+        && !s.contains("..")
+        && s != "."
 }

@@ -4,6 +4,7 @@
 mod api_keys;
 mod bench_cache;
 mod bench_context;
+mod bench_facts;
 mod bench_membw;
 mod bench_rag;
 mod bench_relevance;
@@ -79,6 +80,8 @@ enum BenchCommand {
     Speculation(bench_speculation::Args),
     /// Dual-stream contexts vs the full history: KV bytes and decode speed over a long conversation, threads.
     Context(bench_context::Args),
+    /// A user's facts in the dual-stream contexts: a turn after a fact, the summary's swap and its stall.
+    Facts(bench_facts::Args),
     /// A multi-agent scenario end to end: agents' caches as working memory vs re-prefilling every prompt.
     Scenario(bench_scenario::Args),
     /// Personal RAG: naive vs chunk KV tree vs QA bank vs both, on a seeded synthetic corpus.
@@ -117,6 +120,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),
         Command::Bench { which: BenchCommand::Speculation(a) } => bench_speculation::run(a),
         Command::Bench { which: BenchCommand::Context(a) } => bench_context::run(a),
+        Command::Bench { which: BenchCommand::Facts(a) } => bench_facts::run(a),
         Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
         Command::Bench { which: BenchCommand::Rag(a) } => bench_rag::run(a),
         Command::Bench { which: BenchCommand::Sparse(a) } => bench_sparse::run(a),

@@ -87,6 +87,17 @@ pub struct Args {
     /// With --context dual: the last turns always attended, whatever their similarity.
     #[arg(long, default_value_t = 1)]
     keep_last_turns: usize,
+    /// With --context dual: the most tokens a user's persistent stream (system prompt and
+    /// facts, /v1/users/{id}/facts) holds; past it the facts are summarized.
+    #[arg(long, default_value_t = 512)]
+    persistent_cap_tokens: usize,
+    /// With --context dual: the most tokens a summary of a user's facts has.
+    #[arg(long, default_value_t = 300)]
+    summary_target_tokens: usize,
+    /// With --context dual: the model that summarizes facts past the cap (any model Engram
+    /// loads: GGUF or a Hugging Face folder); default the served model.
+    #[arg(long, value_name = "PATH")]
+    summarizer: Option<PathBuf>,
     /// Most of the batch one account (an API key's tenant, with its agents and users) holds
     /// at once; default: --max-batch less a quarter of it, so other accounts always find a slot
     /// (with one tenant or no keys: the whole batch).
@@ -194,9 +205,14 @@ pub fn run(mut a: Args) -> Result<()> {
             ring_tokens: a.ring_tokens.max(1),
             threshold: a.relevance_threshold,
             keep_last: a.keep_last_turns.max(1),
+            persistent_cap: a.persistent_cap_tokens.max(1),
+            summary_target: a.summary_target_tokens.max(1),
         },
         other => bail!("--context wants sessions or dual, got {other:?}"),
     };
+    if a.context == "dual" && a.summary_target_tokens >= a.persistent_cap_tokens {
+        bail!("--summary-target-tokens ({}) must be below --persistent-cap-tokens ({})", a.summary_target_tokens, a.persistent_cap_tokens);
+    }
     if a.max_connections == 0 || a.header_timeout_secs == 0 || a.body_timeout_secs == 0 {
         bail!("--max-connections, --header-timeout-secs and --body-timeout-secs must be at least 1");
     }
@@ -211,6 +227,12 @@ pub fn run(mut a: Args) -> Result<()> {
             tree_cap_bytes: a.rag_tree_mib << 20,
             ..engram_server::RagServerConfig::new(data_dir(&a.model.data_dir).join("rag").join("tenants"))
         }),
+        summarizer: match &a.summarizer {
+            Some(p) => Some(engram_server::SummarizerModel(Arc::new(
+                engram_model::Model::load(p).with_context(|| format!("--summarizer {}", p.display()))?,
+            ))),
+            None => None,
+        },
         embedder: embedder(&a, &model, &model_id)?,
         model_id,
         api_keys,

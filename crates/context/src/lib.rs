@@ -18,6 +18,9 @@
 //! - [`TurnRing`] (seed 000's ephemeral stream): a thread's turns over a
 //!   persistent stream of anchors, within a capacity, forgetting whole turns
 //!   (the rest moved down, not recomputed) and masking irrelevant ones.
+//! - [`PersistentStream`] and [`FactStore`] (seed 000's persistent stream): a user's
+//!   system prompt and facts as segments of one shared KV, append-only (superseded facts
+//!   masked, dropped at compaction); the facts' log, persisted per user.
 //! - [`PersistedSessions`] (seed 004's disk persistence): sessions written
 //!   after each turn in the background and restored by mapping the file
 //!   when a later request — possibly in a restarted process — matches them.
@@ -26,14 +29,18 @@
 //! weights, and they only build caches out of blocks through `engram-kv`.
 
 mod disk_id;
+mod facts;
 mod persist;
+mod persistent;
 mod prefix;
 mod ring;
 mod session;
 mod tenant;
 
 pub use disk_id::{prefix_disk_id, session_disk_id};
+pub use facts::{Fact, FactError, FactLimits, FactStore};
 pub use persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
+pub use persistent::{PersistentStream, Segment, SegmentId, Update};
 pub use prefix::{chain_hashes, chain_root, PrefixIndex};
 pub use ring::{RingView, Turn, TurnMask, TurnRing};
 pub use session::{Checkout, MatchKind, PendingRestore, Session, SessionStore};

@@ -16,8 +16,8 @@
 //! message can bring it back) and keeps its positions.
 //!
 //! Invariant: the view's tokens are the anchors then the kept turns in order, at positions
-//! `0..P` then packed from `P` in ring order (a masked turn leaves a gap, nothing else
-//! moves); each token's key equals its key computed at that position, to float rounding.
+//! `0..P` then packed from `P` in ring order (a masked turn, or a masked slot of the
+//! persistent stream — a tombstoned fact —, leaves a gap, nothing else moves); each token's key equals its key computed at that position, to float rounding.
 //! `crates/context/tests/ring_fuzz.rs` checks it against a plain model of the policy.
 
 use std::collections::VecDeque;
@@ -69,6 +69,8 @@ pub struct RingView {
 /// A persistent stream and the ring of turns over it. See the module doc.
 pub struct TurnRing {
     persistent: SeqKv,
+    /// Slots of the persistent stream left out of every view (tombstoned facts).
+    persistent_masked: Vec<std::ops::Range<usize>>,
     turns: VecDeque<Turn>,
     capacity: usize,
     rope: RopeConfig,
@@ -79,7 +81,25 @@ impl TurnRing {
     /// A ring of `capacity` tokens over `persistent`, whose tokens sit at positions `0..len`.
     pub fn new(persistent: SeqKv, capacity: usize, rope: RopeConfig) -> TurnRing {
         assert!(!persistent.has_moved_positions(), "TurnRing: the persistent stream sits at positions 0..len");
-        TurnRing { persistent, turns: VecDeque::new(), capacity, rope, next_id: 0 }
+        TurnRing { persistent, persistent_masked: Vec::new(), turns: VecDeque::new(), capacity, rope, next_id: 0 }
+    }
+
+    /// Puts the turns over another persistent stream (a new generation of the user's
+    /// anchors, at positions `0..len`), whose `masked` slots (ascending, disjoint) no view
+    /// attends, and moves the turns to follow it (re-rotated, not recomputed). Errors: the RAM
+    /// budget refusing a move's copies (the turns not yet moved keep their positions and the
+    /// ring is unusable until a later rebase succeeds).
+    pub fn rebase(&mut self, persistent: SeqKv, masked: Vec<std::ops::Range<usize>>) -> Result<(), KvError> {
+        assert!(!persistent.has_moved_positions(), "TurnRing: the persistent stream sits at positions 0..len");
+        assert!(masked.iter().all(|r| r.end <= persistent.len()), "TurnRing::rebase: masked slots past the stream");
+        self.persistent = persistent;
+        self.persistent_masked = masked;
+        self.pack()
+    }
+
+    /// Tokens of the persistent stream a view attends (its length less the masked slots).
+    pub fn persistent_attended(&self) -> usize {
+        self.persistent.len() - self.persistent_masked.iter().map(|r| r.len()).sum::<usize>()
     }
 
     /// Tokens of the persistent stream.
@@ -153,7 +173,12 @@ impl TurnRing {
     /// What a request attends under `mask`: the anchors (always: they are the attention
     /// sinks), then the turns the mask keeps. Building it copies no KV.
     pub fn view(&self, mask: &TurnMask) -> RingView {
-        let mut spans = self.persistent.spans(0..self.persistent.len());
+        let mut spans = Vec::new();
+        let mut at = 0;
+        for r in self.persistent_masked.iter().chain(std::iter::once(&(self.persistent.len()..self.persistent.len()))) {
+            spans.extend(self.persistent.spans(at..r.start));
+            at = r.end;
+        }
         let (mut attended, mut masked) = (Vec::new(), Vec::new());
         let n = self.turns.len();
         for (i, t) in self.turns.iter().enumerate() {

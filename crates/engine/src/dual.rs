@@ -14,6 +14,15 @@
 //! new prompt attends only the turns at least `threshold` similar to it plus the last
 //! `keep_last` (at least 1, so the new turn always starts right after the ring's last token).
 //!
+//! The persistent stream (`engram_context::PersistentStream`) is the user's base anchors (the
+//! system prompt) then facts ([`DualStream::set_facts`]), or a summary of them: append-only —
+//! a new fact prefills only its tokens after the stream's last, a dropped one is masked at
+//! once — and compacted (tombstones dropped) when it passes its cap; when the live facts
+//! alone pass it, the [`Summarizer`] condenses them (at the session's start, else on the idle
+//! hook). A change makes a new generation of the stream; each thread moves its ring onto it
+//! at its next admission (turns moved, not recomputed), so a running turn keeps the view it
+//! started with and never sees a swap mid-turn.
+//!
 //! Invariant: a thread's RAM is its ring (at most `capacity` tokens plus the newest turn and
 //! pinned ones) plus a share of its user's anchors, however long the conversation; a request
 //! attends exactly `TurnRing::view` (`crates/context/tests/ring_fuzz.rs`), and with nothing
@@ -22,14 +31,16 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
-use engram_context::{Checkout, MatchKind, PendingRestore, TurnMask, TurnRing};
+use engram_context::{Checkout, MatchKind, PendingRestore, PersistentStream, SegmentId, TurnMask, TurnRing, Update};
 use engram_embed::TextEncoder;
 use engram_kv::{KvPool, SeqKv};
-use engram_model::{Logits, Model, SeqStep};
+use engram_model::Model;
 use engram_tokenizer::Tokenizer;
 
 use crate::policy::{ContextPolicy, PolicyStats, Retired};
+use crate::summarize::Summarizer;
 
 /// Relevance masks: an encoder, the similarity a turn needs, and how many last turns are
 /// always attended.
@@ -39,12 +50,76 @@ pub struct Relevance {
     pub keep_last: usize,
 }
 
-/// Counts of what the policy did (for `/metrics`).
+/// Counts of what the policy did (for `/metrics` and the bench).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DualStats {
     pub turns_evicted: u64,
     pub turns_masked: u64,
+    /// Persistent streams (re)prefilled, wholly or their new tail.
     pub anchors_prefilled: u64,
+    /// Rings moved onto a new generation of their user's stream.
+    pub rebases: u64,
+    /// Streams compacted (tombstoned facts dropped from the KV).
+    pub compactions: u64,
+    /// Streams condensed by the summarizer.
+    pub summaries: u64,
+    /// The last summary's time: generating it, and swapping it in (prefilling the new stream).
+    pub last_summary_us: u64,
+    pub last_swap_us: u64,
+}
+
+/// A fact of a user's persistent stream: its id in the user's log, its text (what a
+/// summarizer reads) and its tokens as the stream holds them (rendered by the caller).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FactSegment {
+    pub id: u64,
+    pub text: String,
+    pub tokens: Vec<u32>,
+}
+
+/// A summary in a user's stream: the facts it condenses and its tokens.
+struct Summary {
+    id: u64,
+    covers: Vec<u64>,
+    tokens: Vec<u32>,
+}
+
+/// One user's wanted persistent stream and the stream built from it.
+#[derive(Default)]
+struct User {
+    base: Vec<u32>,
+    facts: Vec<FactSegment>,
+    summary: Option<Summary>,
+    /// Over the cap with a summarizer: summarize (at the session's start, or when idle).
+    summary_due: bool,
+    stream: PersistentStream,
+}
+
+impl User {
+    /// The live segments: the base, then the summary if it still covers only live facts,
+    /// then the facts it does not cover.
+    fn wanted(&self) -> Vec<(SegmentId, Vec<u32>)> {
+        let mut out = Vec::new();
+        if !self.base.is_empty() {
+            out.push((SegmentId::Base, self.base.clone()));
+        }
+        let summary = self.summary.as_ref().filter(|s| s.covers.iter().all(|id| self.facts.iter().any(|f| f.id == *id)));
+        if let Some(s) = summary {
+            out.push((SegmentId::Summary(s.id), s.tokens.clone()));
+        }
+        for f in &self.facts {
+            if !summary.is_some_and(|s| s.covers.contains(&f.id)) {
+                out.push((SegmentId::Fact(f.id), f.tokens.clone()));
+            }
+        }
+        out
+    }
+}
+
+/// A thread: its ring, and the generation of its user's stream the ring sits on.
+struct Thread {
+    ring: TurnRing,
+    generation: u64,
 }
 
 /// The dual-stream policy. See the module doc.
@@ -53,29 +128,37 @@ pub struct DualStream {
     pool: KvPool,
     capacity: usize,
     relevance: Option<Relevance>,
-    /// Per user: the anchors' tokens and, once prefilled, their KV.
-    anchors: HashMap<String, (Vec<u32>, Option<SeqKv>)>,
-    threads: HashMap<(String, String), TurnRing>,
+    /// Most tokens a persistent stream may hold (masked ones included) before it is
+    /// compacted, or summarized when its live tokens alone pass it.
+    persistent_cap: usize,
+    summarizer: Option<Summarizer>,
+    users: HashMap<String, User>,
+    threads: HashMap<(String, String), Thread>,
     /// The embedding of each running turn's prompt, attached when it joins its ring.
     running: HashMap<(String, String), Option<Vec<f32>>>,
     /// Per thread, the last answer's token that was sampled but never fed (it stopped at its
     /// length): the next turn starts with it.
     carry: HashMap<(String, String), u32>,
+    next_summary: u64,
     stats: DualStats,
 }
 
 impl DualStream {
-    /// A policy whose threads keep `capacity` tokens of turns (seed 000: 1,536).
+    /// A policy whose threads keep `capacity` tokens of turns (seed 000: 1,536), with no
+    /// cap on the persistent stream until [`DualStream::with_persistent_cap`].
     pub fn new(model: Arc<Model>, pool: KvPool, capacity: usize) -> DualStream {
         DualStream {
             model,
             pool,
             capacity,
             relevance: None,
-            anchors: HashMap::new(),
+            persistent_cap: usize::MAX,
+            summarizer: None,
+            users: HashMap::new(),
             threads: HashMap::new(),
             running: HashMap::new(),
             carry: HashMap::new(),
+            next_summary: 0,
             stats: DualStats::default(),
         }
     }
@@ -87,13 +170,41 @@ impl DualStream {
         self
     }
 
-    /// Sets `user`'s anchors (system prompt and facts, as tokens), prefilled at the user's
-    /// next request (kept as they are when unchanged). Threads already open keep the anchors
-    /// they started with.
+    /// Caps each persistent stream at `cap` tokens (seed 000: 512): past it, tombstoned
+    /// facts are dropped (compaction) and, if the live tokens alone pass it, `summarizer`
+    /// condenses the facts — at the session's start before the first prefill, later on the
+    /// idle hook (generation goes on from the old stream meanwhile). Without a summarizer a
+    /// stream of live facts over the cap stays as it is.
+    pub fn with_persistent_cap(mut self, cap: usize, summarizer: Option<Summarizer>) -> DualStream {
+        self.persistent_cap = cap;
+        self.summarizer = summarizer;
+        self
+    }
+
+    /// Sets `user`'s base anchors (the system prompt, as tokens); the user's threads attend
+    /// the new stream from their next turn (unchanged tokens change nothing).
     pub fn set_anchors(&mut self, user: &str, tokens: Vec<u32>) {
-        if self.anchors.get(user).map_or(true, |(t, _)| *t != tokens) {
-            self.anchors.insert(user.to_string(), (tokens, None));
+        let u = self.users.entry(user.to_string()).or_default();
+        if u.base != tokens {
+            u.base = tokens;
+            self.refresh(user);
         }
+    }
+
+    /// Sets `user`'s live facts, in order: facts no longer listed are tombstoned (masked at
+    /// once), new ones appended after the stream's last token; threads see the change from
+    /// their next turn.
+    pub fn set_facts(&mut self, user: &str, facts: Vec<FactSegment>) {
+        let u = self.users.entry(user.to_string()).or_default();
+        if u.facts != facts {
+            u.facts = facts;
+            self.refresh(user);
+        }
+    }
+
+    /// The slots of `user`'s stream a view leaves out (tombstoned facts), and its tokens.
+    pub fn persistent(&self, user: &str) -> Option<&PersistentStream> {
+        self.users.get(user).map(|u| &u.stream)
     }
 
     /// What the policy did so far.
@@ -101,27 +212,73 @@ impl DualStream {
         self.stats
     }
 
-    /// `owner`'s thread, opened over the user's anchors (prefilled now if they are not yet).
+    /// Brings `user`'s stream to what is wanted, then enforces the cap: compaction when
+    /// tombstones push it over, a summary due when the live tokens alone do.
+    fn refresh(&mut self, user: &str) {
+        let cap = self.persistent_cap;
+        let has_summarizer = self.summarizer.is_some();
+        let Some(u) = self.users.get_mut(user) else { return };
+        u.stream.update(u.wanted());
+        if u.stream.len() > cap && u.stream.compact() {
+            self.stats.compactions += 1;
+        }
+        u.summary_due = has_summarizer && u.stream.live_len() > cap && u.facts.len() > 0;
+    }
+
+    /// Condenses `user`'s live facts into a summary segment and swaps it in (the threads
+    /// follow at their next turn); errors are logged and leave the stream as it was.
+    fn summarize(&mut self, user: &str) {
+        let (Some(summarizer), Some(u)) = (&self.summarizer, self.users.get_mut(user)) else { return };
+        u.summary_due = false;
+        let texts: Vec<String> = u.facts.iter().map(|f| f.text.clone()).collect();
+        let t0 = Instant::now();
+        match summarizer.summarize(&texts) {
+            Ok((_, tokens)) => {
+                self.next_summary += 1;
+                u.summary = Some(Summary { id: self.next_summary, covers: u.facts.iter().map(|f| f.id).collect(), tokens });
+                let t1 = Instant::now();
+                if u.stream.update(u.wanted()) != Update::Unchanged && u.stream.len() > self.persistent_cap {
+                    u.stream.compact();
+                }
+                if let Err(e) = u.stream.prefill(&self.model, &self.pool) {
+                    tracing::warn!("{user:?}: the summarized persistent stream is not prefilled yet: {e}");
+                }
+                self.stats.summaries += 1;
+                self.stats.last_summary_us = (t1 - t0).as_micros() as u64;
+                self.stats.last_swap_us = t1.elapsed().as_micros() as u64;
+            }
+            Err(e) => tracing::warn!("{user:?}: the persistent stream is over its cap and could not be summarized: {e}"),
+        }
+    }
+
+    /// `owner`'s thread on the current generation of the user's stream (summarized first at
+    /// the session's start if due, prefilled as far as it is not, the ring moved onto it).
     fn thread(&mut self, owner: &str, thread: &str) -> Result<&mut TurnRing, String> {
         let key = (owner.to_string(), thread.to_string());
-        if !self.threads.contains_key(&key) {
-            let (tokens, kv) = self.anchors.entry(owner.to_string()).or_insert_with(|| (Vec::new(), None));
-            if kv.is_none() {
-                let mut fresh = SeqKv::new(&self.pool);
-                if !tokens.is_empty() {
-                    fresh.reserve(tokens.len()).map_err(|e| format!("prefilling the anchors: {e}"))?;
-                    self.model
-                        .forward(&mut [SeqStep::new(tokens, 0, &mut fresh, Logits::None)])
-                        .map_err(|e| format!("prefilling the anchors: {e}"))?;
-                    self.stats.anchors_prefilled += 1;
-                }
-                *kv = Some(fresh);
-            }
-            let shared = kv.as_ref().expect("set above");
-            let ring = TurnRing::new(shared.fork(shared.len()), self.capacity, self.model.config.rope.clone());
-            self.threads.insert(key.clone(), ring);
+        let u = self.users.entry(owner.to_string()).or_default();
+        if u.summary_due && u.stream.kv().is_none() {
+            self.summarize(owner);
         }
-        Ok(self.threads.get_mut(&key).expect("inserted above"))
+        let u = self.users.get_mut(owner).expect("inserted above");
+        if u.stream.prefill(&self.model, &self.pool)? > 0 {
+            self.stats.anchors_prefilled += 1;
+        }
+        let kv = u.stream.kv().expect("prefilled above");
+        let (generation, masked) = (u.stream.generation(), u.stream.masked_ranges());
+        match self.threads.get_mut(&key) {
+            None => {
+                let mut ring = TurnRing::new(SeqKv::new(&self.pool), self.capacity, self.model.config.rope.clone());
+                ring.rebase(kv.fork(kv.len()), masked).map_err(|e| format!("opening the thread: {e}"))?;
+                self.threads.insert(key.clone(), Thread { ring, generation });
+            }
+            Some(t) if t.generation != generation => {
+                t.ring.rebase(kv.fork(kv.len()), masked).map_err(|e| format!("moving the thread onto the new persistent stream: {e}"))?;
+                t.generation = generation;
+                self.stats.rebases += 1;
+            }
+            Some(_) => {}
+        }
+        Ok(&mut self.threads.get_mut(&key).expect("inserted above").ring)
     }
 }
 
@@ -183,18 +340,28 @@ impl ContextPolicy for DualStream {
         if r.tokens.is_empty() {
             return;
         }
-        let Some(ring) = self.threads.get_mut(&key) else { return };
+        let Some(Thread { ring, .. }) = self.threads.get_mut(&key) else { return };
         if let Some(t) = r.unfed {
             self.carry.insert(key.clone(), t);
         }
-        match ring.push(r.tokens, r.kv, embedding, false) {
+        // The user's stream changed while the turn ran (its view held the old one): the turn
+        // follows the ring's current end.
+        let mut kv = r.kv;
+        let next = ring.next_position();
+        if !kv.is_empty() && kv.position(0) != next {
+            if let Err(e) = kv.move_slots(0..kv.len(), next, &self.model.config.rope) {
+                tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, r.owner);
+                return;
+            }
+        }
+        match ring.push(r.tokens, kv, embedding, false) {
             Ok(evicted) => self.stats.turns_evicted += evicted.len() as u64,
             Err(e) => tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, r.owner),
         }
     }
 
     fn forget_owner(&mut self, owner: &str) {
-        self.anchors.remove(owner);
+        self.users.remove(owner);
         self.threads.retain(|(o, _), _| o != owner);
         self.running.retain(|(o, _), _| o != owner);
         self.carry.retain(|(o, _), _| o != owner);
@@ -205,11 +372,27 @@ impl ContextPolicy for DualStream {
             sessions_idle: self.threads.len() as u64,
             turns_evicted: self.stats.turns_evicted,
             turns_masked: self.stats.turns_masked,
+            summaries: self.stats.summaries,
+            compactions: self.stats.compactions,
             ..PolicyStats::default()
         }
     }
 
     fn set_anchors(&mut self, owner: &str, tokens: Vec<u32>) {
         DualStream::set_anchors(self, owner, tokens)
+    }
+
+    fn set_facts(&mut self, owner: &str, facts: Vec<FactSegment>) {
+        DualStream::set_facts(self, owner, facts)
+    }
+
+    /// One summary due (a stream whose live facts passed the cap during a session), then
+    /// swapped in: threads attend it from their next turn.
+    fn idle_slice(&mut self) -> bool {
+        let due: Vec<String> = self.users.iter().filter(|(_, u)| u.summary_due).map(|(k, _)| k.clone()).collect();
+        if let Some(user) = due.first() {
+            self.summarize(user);
+        }
+        due.len() > 1
     }
 }

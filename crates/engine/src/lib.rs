@@ -24,9 +24,10 @@ mod sampling;
 pub mod scheduler;
 pub mod speculate;
 mod stop;
+pub mod summarize;
 
 pub use decoding::{Accepted, Decoding};
-pub use dual::{DualStats, DualStream, Relevance};
+pub use dual::{DualStats, DualStream, FactSegment, Relevance};
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
 pub use logprobs::TokenLogprob;
@@ -40,3 +41,4 @@ pub use scheduler::{
 };
 pub use speculate::{DraftTree, PromptLookup};
 pub use stop::StopMatcher;
+pub use summarize::{RenderSegment, Summarizer, SUMMARY_PROMPT};

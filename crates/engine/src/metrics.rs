@@ -79,6 +79,10 @@ pub struct Metrics {
     /// Whole turns evicted and turn views masked by a dual-stream policy, since start.
     pub turns_evicted: AtomicU64,
     pub turns_masked: AtomicU64,
+    /// Persistent streams condensed by the summarizer, and compactions (tombstoned facts
+    /// dropped from the KV), since start (dual-stream contexts).
+    pub summaries: AtomicU64,
+    pub persistent_compactions: AtomicU64,
 }
 
 impl Metrics {
@@ -114,7 +118,7 @@ impl Metrics {
         for (kind, n) in self.lookups.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "engram_cache_lookups_total{{path=\"{kind}\"}} {n}");
         }
-        let counters: [(&str, &str, &AtomicU64); 13] = [
+        let counters: [(&str, &str, &AtomicU64); 15] = [
             ("engram_cache_hits_total", "Requests that reused cached tokens.", &self.cache_hits),
             ("engram_cache_misses_total", "Requests that reused nothing.", &self.cache_misses),
             ("engram_prompt_tokens_reused_total", "Prompt tokens served from the KV cache.", &self.tokens_reused),
@@ -132,6 +136,12 @@ impl Metrics {
             ),
             ("engram_turns_evicted_total", "Whole turns evicted from dual-stream rings.", &self.turns_evicted),
             ("engram_turns_masked_total", "Turns masked out of a request's view as irrelevant (dual-stream).", &self.turns_masked),
+            ("engram_summaries_total", "Persistent streams condensed by the summarizer (dual-stream).", &self.summaries),
+            (
+                "engram_persistent_compactions_total",
+                "Persistent streams compacted: tombstoned facts dropped from the KV (dual-stream).",
+                &self.persistent_compactions,
+            ),
         ];
         let gauges: [(&str, &str, &AtomicU64); 8] = [
             ("engram_sessions_on_disk", "Persisted sessions not loaded in RAM.", &self.sessions_on_disk),

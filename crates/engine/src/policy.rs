@@ -41,6 +41,9 @@ pub struct PolicyStats {
     /// Whole turns evicted and turn views masked, since start (dual-stream contexts).
     pub turns_evicted: u64,
     pub turns_masked: u64,
+    /// Persistent streams summarized and compacted, since start (dual-stream contexts).
+    pub summaries: u64,
+    pub compactions: u64,
 }
 
 /// Decides what each sequence reuses and what is kept. See the module doc.
@@ -77,6 +80,10 @@ pub trait ContextPolicy: Send {
     /// Sets `owner`'s persistent stream (a system prompt and facts, as tokens) for policies
     /// that keep one (dual-stream contexts); others ignore it.
     fn set_anchors(&mut self, _owner: &str, _tokens: Vec<u32>) {}
+
+    /// Sets `owner`'s live facts, in order, for policies that keep a persistent stream: a
+    /// fact no longer listed is tombstoned, a new one appended; others ignore it.
+    fn set_facts(&mut self, _owner: &str, _facts: Vec<crate::dual::FactSegment>) {}
 
     /// Runs one slice of background work (precomputing a likely next prompt, compacting,
     /// prefetching) while nothing waits: short enough that a job arriving meanwhile waits at

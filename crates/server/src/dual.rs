@@ -57,8 +57,13 @@ pub(crate) async fn turn(
     if !matches!(messages.last(), Some(m) if m.role == "user") {
         return Err(ApiError::bad_param("messages", "with --context dual the last message must be the user's new turn"));
     }
-    let (owner, state) = (format!("{tenant}\u{1f}user:{user}"), s.clone());
+    let (owner, state) = (owner(tenant, user), s.clone());
     api::off_runtime(move || render_turn(&state, owner, thread, &messages)).await
+}
+
+/// The owner key of `tenant`'s user `user`: whose persistent stream, facts and threads.
+pub(crate) fn owner(tenant: &str, user: &str) -> String {
+    format!("{tenant}\u{1f}user:{user}")
 }
 
 /// The anchors and the new turn of `messages` (whose last message is the user's).
@@ -68,7 +73,9 @@ fn render_turn(s: &AppState, owner: String, thread: String, messages: &[ChatMess
     let tpl = tok.chat_template().ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
     let (bos, eos) = (tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""));
     let system: Vec<ChatMessage> = messages.iter().take_while(|m| m.role == "system").cloned().collect();
-    let base = if system.is_empty() { String::new() } else { tpl.render(&system, false, bos, eos)? };
+    // Without system messages the base is what the template writes before any (its BOS), so
+    // a user's facts (`facts.rs`) follow it as they would follow a system prompt.
+    let base = tpl.render(&system, false, bos, eos)?;
     let mut with_turn = system.clone();
     with_turn.push(last.clone());
     let full = tpl.render(&with_turn, true, bos, eos)?;

@@ -26,6 +26,7 @@ mod api;
 mod dual;
 mod embeddings;
 pub mod error;
+mod facts;
 mod guard;
 #[cfg(test)]
 mod health_tests;
@@ -52,6 +53,8 @@ use engram_kv::KvPool;
 use engram_model::Model;
 
 pub use error::ApiError;
+/// How facts and their summary are introduced in their system messages (`facts.rs`).
+pub use facts::{FACT_PREFIX, SUMMARY_PREFIX};
 pub use listen::HttpLimits;
 pub use metrics::Metrics;
 pub use rag::RagServerConfig;
@@ -78,6 +81,19 @@ pub struct ServerConfig {
     /// Personal RAG routes (`/v1/rag/*`, `rag.rs`) and their banks' folder; `None`: those
     /// routes answer 501.
     pub rag: Option<RagServerConfig>,
+    /// With `--context dual`: the model that condenses a user's facts past the persistent
+    /// cap (`None`: the served model).
+    pub summarizer: Option<SummarizerModel>,
+}
+
+/// A summarizer model (`--summarizer PATH`), any model Engram loads.
+#[derive(Clone)]
+pub struct SummarizerModel(pub Arc<Model>);
+
+impl std::fmt::Debug for SummarizerModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SummarizerModel({} layers)", self.0.config.num_layers)
+    }
 }
 
 /// How the engine keeps context between chat requests.
@@ -89,8 +105,20 @@ pub enum ContextMode {
     /// Dual-stream contexts (seed 000, `dual.rs`): per user (`user` field) a persistent stream
     /// of the system prompt, per thread (`thread_id` / `X-Engram-Thread`) a ring of whole turns
     /// within `ring_tokens`; with an embedder, turns less similar than `threshold` to the new
-    /// message are masked (the last `keep_last` always attended).
-    Dual { ring_tokens: usize, threshold: f32, keep_last: usize },
+    /// message are masked (the last `keep_last` always attended). The persistent stream (system
+    /// prompt and the user's facts, `/v1/users/{id}/facts`) is capped at `persistent_cap`
+    /// tokens: past it the facts are summarized to `summary_target` tokens.
+    Dual { ring_tokens: usize, threshold: f32, keep_last: usize, persistent_cap: usize, summary_target: usize },
+}
+
+impl ContextMode {
+    /// The persistent stream's cap in tokens (`usize::MAX` outside dual-stream contexts).
+    pub fn persistent_cap(&self) -> usize {
+        match self {
+            ContextMode::Dual { persistent_cap, .. } => *persistent_cap,
+            ContextMode::Sessions => usize::MAX,
+        }
+    }
 }
 
 impl ServerConfig {
@@ -104,6 +132,7 @@ impl ServerConfig {
             context: ContextMode::Sessions,
             limits: HttpLimits::default(),
             rag: None,
+            summarizer: None,
         }
     }
 }
@@ -116,6 +145,8 @@ pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     pub agents: agent_registry::Agents,
     pub rag: Option<rag::RagState>,
+    /// Users' facts (dual-stream contexts only).
+    pub facts: Option<facts::Facts>,
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -133,11 +164,14 @@ impl Server {
         let metrics = Arc::new(Metrics::default());
         let mut policy: Box<dyn engram_engine::ContextPolicy> = match config.context {
             ContextMode::Sessions => engram_engine::scheduler::default_policy(&model, &pool, &config.scheduler),
-            ContextMode::Dual { ring_tokens, threshold, keep_last } => {
+            ContextMode::Dual { ring_tokens, threshold, keep_last, persistent_cap, summary_target } => {
                 let mut policy = engram_engine::DualStream::new(model.clone(), pool.clone(), ring_tokens);
                 if let Some(encoder) = config.embedder.clone() {
                     policy = policy.with_relevance(engram_engine::Relevance { encoder, threshold, keep_last });
                 }
+                let summarizer_model = config.summarizer.as_ref().map_or_else(|| model.clone(), |m| m.0.clone());
+                let summarizer = engram_engine::Summarizer::new(summarizer_model, summary_target, facts::summary_renderer(model.clone()));
+                policy = policy.with_persistent_cap(persistent_cap, Some(summarizer));
                 Box::new(policy)
             }
         };
@@ -160,7 +194,14 @@ impl Server {
             Some(d) => agent_registry::Agents::open(&d.dir),
             None => agent_registry::Agents::in_memory(),
         };
-        let state = Arc::new(Shared { model, config, engine, metrics, agents, rag });
+        let facts = match config.context {
+            ContextMode::Sessions => None,
+            ContextMode::Dual { .. } => Some(facts::Facts::new(
+                config.scheduler.disk.as_ref().map(|d| d.dir.join("facts")).as_deref(),
+                engram_context::FactLimits::default(),
+            )),
+        };
+        let state = Arc::new(Shared { model, config, engine, metrics, agents, rag, facts });
         Server { state, engine_thread: Some(thread) }
     }
 
@@ -190,6 +231,8 @@ impl Server {
             .route("/v1/rag/documents", post(rag::add_documents).get(rag::list_documents))
             .route("/v1/rag/documents/{id}", axum::routing::delete(rag::delete_document))
             .route("/v1/rag/query", post(rag::query))
+            .route("/v1/users/{id}/facts", post(facts::add).get(facts::list).delete(facts::delete_all))
+            .route("/v1/users/{id}/facts/{fact_id}", axum::routing::delete(facts::delete_one))
             .fallback(not_found)
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             // Outermost last: count, then the key (headers only), then the body.

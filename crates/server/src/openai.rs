@@ -236,6 +236,9 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         let d = crate::dual::turn(&s, &tenant, &headers, req.user.as_deref(), req.thread_id.as_deref(), messages).await?;
         let params = api::params(&s, d.turn.len(), sampling)?;
         s.engine.set_anchors(d.owner.clone(), d.anchors);
+        if let Some(f) = &s.facts {
+            f.send_current(&s, &d.owner)?;
+        }
         Job { tenant: d.owner, session: Some(d.thread), text: None, add_special: false, prompt: d.turn, params, pinned: false }
     } else {
         let session = api::session(&headers, req.session_id.as_deref())?;

@@ -172,6 +172,11 @@ impl EngineHandle {
     pub fn set_anchors(&self, owner: String, tokens: Vec<u32>) {
         let _ = self.tx.send(Command::SetAnchors(owner, tokens));
     }
+
+    /// Sets an owner's live facts, in order, before its next request (dual-stream contexts).
+    pub fn set_facts(&self, owner: String, facts: Vec<engram_engine::FactSegment>) {
+        let _ = self.tx.send(Command::SetFacts(owner, facts));
+    }
 }
 
 /// What a request gets once the engine thread has died: a 503 that says so (not a KV-budget

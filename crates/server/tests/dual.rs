@@ -11,7 +11,10 @@ use engram_server::{ContextMode, ServerConfig};
 use serde_json::{json, Value};
 
 fn dual(ring_tokens: usize) -> ServerConfig {
-    ServerConfig { context: ContextMode::Dual { ring_tokens, threshold: 0.6, keep_last: 1 }, ..ServerConfig::new("tiny") }
+    ServerConfig {
+        context: ContextMode::Dual { ring_tokens, threshold: 0.6, keep_last: 1, persistent_cap: 512, summary_target: 300 },
+        ..ServerConfig::new("tiny")
+    }
 }
 
 /// Runs `turns` user messages as one conversation on `addr` (each request carrying the whole

@@ -232,6 +232,8 @@ pub enum Command {
     Forget(String),
     /// Set an owner's persistent stream (`ContextPolicy::set_anchors`), before its next job.
     SetAnchors(String, Vec<u32>),
+    /// Set an owner's live facts, in order (`ContextPolicy::set_facts`).
+    SetFacts(String, Vec<crate::dual::FactSegment>),
 }
 
 /// Runs the engine loop for `model` on this thread until every [`Command`] sender is gone
@@ -424,6 +426,11 @@ impl<'m> Engine<'m> {
             Command::Submit(job, tx, t) => self.waiting.push_back((job, tx, t)),
             Command::Forget(tenant) => self.forget(&tenant),
             Command::SetAnchors(owner, tokens) => self.policy.set_anchors(&owner, tokens),
+            Command::SetFacts(owner, facts) => {
+                self.policy.set_facts(&owner, facts);
+                // A change may leave background work (a summary) for the idle hook.
+                self.idle_work = true;
+            }
         }
     }
 
@@ -437,6 +444,8 @@ impl<'m> Engine<'m> {
         m.disk_bytes_used.store(st.disk_bytes_used, Relaxed);
         m.turns_evicted.store(st.turns_evicted, Relaxed);
         m.turns_masked.store(st.turns_masked, Relaxed);
+        m.summaries.store(st.summaries, Relaxed);
+        m.persistent_compactions.store(st.compactions, Relaxed);
         m.sequences_running.store(self.active.len() as u64, Relaxed);
         m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
     }

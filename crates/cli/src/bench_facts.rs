@@ -1,0 +1,162 @@
+//! `engram bench facts`: what a user's facts cost the dual-stream policy (seed 000, issue 15
+//! items 1 and 2), measured on the policy's own calls (`engram_engine::DualStream`), the way
+//! the scheduler makes them, on one engine thread.
+//!
+//! A user with a system prompt and facts just under `--persistent-cap-tokens`, a thread whose
+//! ring holds `--turns` turns of `--turn-tokens`. Measured side by side: a turn (admission
+//! plus the prefill of its message) with nothing changed (median of 7); the turn after a fact
+//! is appended (only the fact is prefilled, the ring moved after it); then a fact that passes
+//! the cap: the summary's generation and swap on the idle hook (the engine runs nothing else
+//! meanwhile: that slice is the stall a request arriving then would see), and the first turn
+//! on the new stream (the ring moved onto it). The seed reports an 80 ms stutter.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use engram_engine::{ContextPolicy, DualStream, FactSegment, Retired, Summarizer};
+use engram_kv::{KvPool, KvView};
+use engram_model::{Logits, Model};
+
+use crate::common::{forward_at, kv_pool, load_model, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The persistent stream's cap (seed 000: 512).
+    #[arg(long, default_value_t = 512)]
+    persistent_cap_tokens: usize,
+    /// The summary's most tokens (seed 000: 300).
+    #[arg(long, default_value_t = 300)]
+    summary_target_tokens: usize,
+    /// Turns in the thread's ring when the facts change.
+    #[arg(long, default_value_t = 16)]
+    turns: usize,
+    /// Tokens per turn.
+    #[arg(long, default_value_t = 64)]
+    turn_tokens: usize,
+    /// One JSON line instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+const SYSTEM: &str = "You are a coding assistant. Answer briefly and show code when it helps.\n";
+
+fn fact(model: &Model, id: u64) -> Result<FactSegment> {
+    let text = format!("The user's project number {id} is written in Python {} and uses library {}.", 3 + id % 9, id * 37 % 101);
+    let tokens = model.tokenizer.encode(&format!("{}{text}\n", engram_server::FACT_PREFIX), false)?.ids;
+    Ok(FactSegment { id, text, tokens })
+}
+
+fn message(model: &Model, i: usize, n: usize) -> Result<Vec<u32>> {
+    let ids = model.tokenizer.encode(engram_tokenizer::FIXTURE_CORPUS, false)?.ids;
+    let start = (i * 991) % ids.len().saturating_sub(n).max(1);
+    Ok(ids[start..start + n.min(ids.len())].to_vec())
+}
+
+/// Admits `prompt` on the thread and prefills it on the view; returns the milliseconds and,
+/// if `keep`, retires it into the ring.
+fn turn(model: &Arc<Model>, dual: &mut DualStream, prompt: &[u32], keep: bool) -> Result<f64> {
+    let t = Instant::now();
+    let c = dual.admit("user", Some("a"), None, false, prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
+    let mut view = KvView::new(c.spans, c.kv);
+    let first = view.own_first_position();
+    forward_at(model, &mut view, &c.tokens, first, Logits::Last)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if keep {
+        let kv = view.into_own();
+        let n = c.tokens.len();
+        dual.retire(Retired {
+            owner: "user".into(),
+            session_id: "a".into(),
+            text: String::new(),
+            tokens: c.tokens,
+            token_ends: vec![0; n],
+            kv,
+            unfed: None,
+        });
+    }
+    Ok(ms)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = Arc::new(load_model(&a.model)?);
+    let pool: KvPool = kv_pool(&model, &a.model)?;
+    let tok = &model.tokenizer;
+    let anchors = tok.encode(SYSTEM, true)?.ids;
+    let render = {
+        let m = model.clone();
+        Arc::new(move |text: &str| {
+            m.tokenizer.encode(&format!("{}{text}\n", engram_server::SUMMARY_PREFIX), false).map(|e| e.ids).map_err(|e| e.to_string())
+        })
+    };
+    let summarizer = Summarizer::new(model.clone(), a.summary_target_tokens, render);
+    let ring = a.turns * a.turn_tokens + 1;
+    let mut dual = DualStream::new(model.clone(), pool.clone(), ring).with_persistent_cap(a.persistent_cap_tokens, Some(summarizer));
+    dual.set_anchors("user", anchors.clone());
+    // Facts up to just under the cap (the last one appended later must pass it).
+    let mut facts = Vec::new();
+    let mut used = anchors.len();
+    loop {
+        let f = fact(&model, facts.len() as u64 + 1)?;
+        if used + 2 * f.tokens.len() > a.persistent_cap_tokens {
+            break;
+        }
+        used += f.tokens.len();
+        facts.push(f);
+    }
+    dual.set_facts("user", facts.clone());
+    for i in 0..a.turns {
+        turn(&model, &mut dual, &message(&model, i, a.turn_tokens)?, true)?;
+    }
+    let probe = message(&model, 9999, a.turn_tokens)?;
+    let mut steady: Vec<f64> = (0..7).map(|_| turn(&model, &mut dual, &probe, false)).collect::<Result<_>>()?;
+    steady.sort_by(f64::total_cmp);
+    let steady = steady[steady.len() / 2];
+
+    // A fact appended under the cap: the next turn prefills it and moves the ring after it.
+    facts.push(fact(&model, facts.len() as u64 + 1)?);
+    dual.set_facts("user", facts.clone());
+    let after_append = turn(&model, &mut dual, &probe, false)?;
+
+    // A fact past the cap: summarized on the idle hook, swapped in, attended from the next turn.
+    facts.push(fact(&model, facts.len() as u64 + 1)?);
+    let live_before = dual.persistent("user").map_or(0, |s| s.live_len());
+    dual.set_facts("user", facts.clone());
+    let t = Instant::now();
+    dual.idle_slice();
+    let idle_ms = t.elapsed().as_secs_f64() * 1e3;
+    let st = dual.dual_stats();
+    anyhow::ensure!(st.summaries == 1, "the facts past the cap were not summarized (see the log)");
+    let after_swap = turn(&model, &mut dual, &probe, false)?;
+    let live_after = dual.persistent("user").map_or(0, |s| s.live_len());
+    let (summary_ms, swap_ms) = (st.last_summary_us as f64 / 1e3, st.last_swap_us as f64 / 1e3);
+
+    if a.json {
+        let line = serde_json::json!({"model": model.describe(), "facts": facts.len(), "persistent_cap": a.persistent_cap_tokens,
+            "stream_tokens_before": live_before, "stream_tokens_after": live_after, "ring_tokens": a.turns * a.turn_tokens,
+            "turn_ms": steady, "turn_after_fact_ms": after_append, "idle_hook_ms": idle_ms, "summary_ms": summary_ms,
+            "swap_prefill_ms": swap_ms, "turn_after_swap_ms": after_swap, "stall_ms": idle_ms + after_swap - steady});
+        println!("{line}");
+        return Ok(());
+    }
+    println!(
+        "{}: {} facts, persistent stream {live_before} tokens (cap {}) → {live_after} after the summary; ring of {} tokens\n",
+        model.describe(),
+        facts.len(),
+        a.persistent_cap_tokens,
+        a.turns * a.turn_tokens
+    );
+    println!("| step | ms |");
+    println!("|---|---|");
+    println!("| a turn ({} tokens) with nothing changed, median of 7 | {steady:.2} |", a.turn_tokens);
+    println!("| the turn after a fact is appended (fact prefilled, ring moved) | {after_append:.2} |");
+    println!("| idle hook: summary generated | {summary_ms:.2} |");
+    println!("| idle hook: new stream prefilled (swap) | {swap_ms:.2} |");
+    println!("| the first turn on the new stream (ring moved onto it) | {after_swap:.2} |");
+    println!("\nstall: a request arriving as the summary starts waits the idle slice ({idle_ms:.1} ms) then its turn takes {:.2} ms more than usual",
+        after_swap - steady);
+    println!("reproduce: engram bench facts --model M [--persistent-cap-tokens 512] [--summary-target-tokens 300] [--turns 16] [--json]");
+    Ok(())
+}

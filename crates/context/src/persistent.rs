@@ -1,0 +1,242 @@
+//! `PersistentStream` (seed 000's persistent stream): one user's anchors as segments — the
+//! base (the rendered system prompt), then facts (or a summary of them) — with one KV that
+//! every thread of the user forks read-only.
+//!
+//! ```text
+//!  slots:  | base | fact 3 | fact 5 (tombstoned) | fact 7 | fact 8 |
+//!           live    live     masked: kept in the KV, left out of every view
+//!  append:  facts whose ids are new go after the last slot (only they are prefilled);
+//!           facts no longer wanted are masked at once (tombstones)
+//!  rebuild: anything else (the base changed, a fact changed, compaction): the segments are
+//!           laid out again, the KV kept up to the first token that differs, the rest prefilled
+//! ```
+//! Append-only within a session: an update that only adds facts at the end and drops others
+//! prefills just the new tokens and masks the dropped ones, so threads' turns keep their
+//! positions relative to what stays. [`PersistentStream::compact`] drops the masked segments
+//! (a rebuild); the policy calls it when the stream passes its cap.
+//!
+//! Invariant: the KV, once [`PersistentStream::prefill`] has run, holds exactly
+//! [`PersistentStream::tokens`] at positions `0..len` (masked segments included), each token
+//! computed attending only the live tokens before it (an appended fact never sees a
+//! tombstoned one, so the live view equals a cold prefill of the live segments at their
+//! positions), and
+//! [`PersistentStream::masked_ranges`] are exactly the masked segments' slots; every change
+//! bumps [`PersistentStream::generation`] (`tests/persistent.rs`).
+
+use std::ops::Range;
+
+use engram_kv::{KvPool, SeqKv};
+use engram_model::{KeyMask, Logits, Model, SeqStep};
+
+/// What a segment of the persistent stream is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SegmentId {
+    /// The system prompt, rendered.
+    Base,
+    /// A fact, by its id in the user's fact log.
+    Fact(u64),
+    /// A summary of the facts (the summarizer's output), by the generation it summarized.
+    Summary(u64),
+}
+
+/// A run of the stream's tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    pub id: SegmentId,
+    pub tokens: Vec<u32>,
+    /// Tombstoned: kept in the KV (positions unchanged) but left out of every view.
+    pub masked: bool,
+}
+
+/// How an update changed the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Update {
+    /// Same segments as before.
+    Unchanged,
+    /// Segments only masked and/or appended: the KV before them is kept as it is.
+    Appended,
+    /// Laid out again: the KV is kept only up to the first differing token.
+    Rebuilt,
+}
+
+/// One user's persistent stream. See the module doc.
+pub struct PersistentStream {
+    segments: Vec<Segment>,
+    kv: Option<SeqKv>,
+    generation: u64,
+}
+
+impl Default for PersistentStream {
+    fn default() -> Self {
+        PersistentStream::new()
+    }
+}
+
+impl PersistentStream {
+    /// An empty stream (no base, no facts).
+    pub fn new() -> PersistentStream {
+        PersistentStream { segments: Vec::new(), kv: None, generation: 0 }
+    }
+
+    /// Bumped by every change of the segments or their masks.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Every segment in slot order, masked ones included.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// The tokens of every segment in slot order (what the KV holds once prefilled).
+    pub fn tokens(&self) -> Vec<u32> {
+        self.segments.iter().flat_map(|s| s.tokens.iter().copied()).collect()
+    }
+
+    /// Tokens of the segments a view attends.
+    pub fn live_len(&self) -> usize {
+        self.segments.iter().filter(|s| !s.masked).map(|s| s.tokens.len()).sum()
+    }
+
+    /// Tokens of every segment, masked ones included: the positions the stream takes.
+    pub fn len(&self) -> usize {
+        self.segments.iter().map(|s| s.tokens.len()).sum()
+    }
+
+    /// Whether the stream has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The slots of the masked segments, ascending.
+    pub fn masked_ranges(&self) -> Vec<Range<usize>> {
+        let (mut at, mut out) = (0, Vec::new());
+        for s in &self.segments {
+            if s.masked && !s.tokens.is_empty() {
+                out.push(at..at + s.tokens.len());
+            }
+            at += s.tokens.len();
+        }
+        out
+    }
+
+    /// The live (unmasked) segments, as an update would want them.
+    pub fn live(&self) -> Vec<(SegmentId, Vec<u32>)> {
+        self.segments.iter().filter(|s| !s.masked).map(|s| (s.id, s.tokens.clone())).collect()
+    }
+
+    /// The live facts' ids, in order.
+    pub fn live_facts(&self) -> Vec<u64> {
+        self.segments
+            .iter()
+            .filter_map(|s| match s.id {
+                SegmentId::Fact(id) if !s.masked => Some(id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Makes `wanted` (in order) the live segments. When the segments already present are
+    /// wanted with the same tokens in the same order and every new one comes after them, the
+    /// others are masked and the new ones appended; otherwise the stream is rebuilt (masked
+    /// segments dropped). The KV is brought up to date by the next [`PersistentStream::prefill`].
+    pub fn update(&mut self, wanted: Vec<(SegmentId, Vec<u32>)>) -> Update {
+        if self.live() == wanted {
+            return Update::Unchanged;
+        }
+        let old_tokens = self.tokens();
+        let index_of = |id: SegmentId| self.segments.iter().position(|s| s.id == id);
+        // Appendable: the wanted segments already here come first, live, with their tokens,
+        // in slot order; the new ones after them.
+        let (mut kept, mut last, mut appendable) = (0, None, true);
+        for (n, (id, tokens)) in wanted.iter().enumerate() {
+            let Some(i) = index_of(*id) else { continue };
+            let s = &self.segments[i];
+            if kept != n || s.masked || s.tokens != *tokens || last.is_some_and(|l| i <= l) {
+                appendable = false;
+            }
+            last = Some(i);
+            kept += 1;
+        }
+        self.generation += 1;
+        if appendable {
+            let wanted_ids: Vec<SegmentId> = wanted.iter().map(|(id, _)| *id).collect();
+            for s in self.segments.iter_mut() {
+                if !wanted_ids.contains(&s.id) {
+                    s.masked = true;
+                }
+            }
+            for (id, tokens) in wanted.into_iter().skip(kept) {
+                self.segments.push(Segment { id, tokens, masked: false });
+            }
+            return Update::Appended;
+        }
+        self.segments = wanted.into_iter().map(|(id, tokens)| Segment { id, tokens, masked: false }).collect();
+        self.keep_common_prefix(&old_tokens);
+        Update::Rebuilt
+    }
+
+    /// Drops the masked segments (laying the live ones out again); whether any were.
+    pub fn compact(&mut self) -> bool {
+        if self.segments.iter().all(|s| !s.masked) {
+            return false;
+        }
+        let old_tokens = self.tokens();
+        self.segments.retain(|s| !s.masked);
+        self.generation += 1;
+        self.keep_common_prefix(&old_tokens);
+        true
+    }
+
+    /// Keeps the KV only as far as its tokens (`old`) agree with the new layout.
+    fn keep_common_prefix(&mut self, old: &[u32]) {
+        let new = self.tokens();
+        let common = old.iter().zip(&new).take_while(|(a, b)| a == b).count();
+        if let Some(kv) = self.kv.as_mut() {
+            kv.truncate(common.min(kv.len()));
+        }
+    }
+
+    /// Computes the KV of the tokens it does not hold yet (at their slots' positions);
+    /// returns how many tokens were prefilled. Errors leave the KV as it was.
+    pub fn prefill(&mut self, model: &Model, pool: &KvPool) -> Result<usize, String> {
+        let tokens = self.tokens();
+        let have = self.kv.as_ref().map_or(0, |kv| kv.len());
+        let masked = self.masked_ranges_in(have);
+        let kv = self.kv.get_or_insert_with(|| SeqKv::new(pool));
+        if have == tokens.len() {
+            return Ok(0);
+        }
+        let todo = &tokens[have..];
+        // Tombstoned segments before the new tokens are masked for them too, so the new
+        // tokens' KV is what a cold prefill of the live segments at these positions computes.
+        let mut mask = KeyMask::all(todo.len(), have);
+        let mut masked_any = false;
+        for r in masked {
+            masked_any = true;
+            for row in 0..todo.len() {
+                mask.set_range(row, r.clone(), false);
+            }
+        }
+        let result = kv.reserve(todo.len()).map_err(|e| e.to_string()).and_then(|_| {
+            let step = SeqStep { key_mask: masked_any.then_some(&mask), ..SeqStep::new(todo, have, kv, Logits::None) };
+            model.forward(&mut [step]).map(|_| ()).map_err(|e| e.to_string())
+        });
+        if let Err(e) = result {
+            kv.truncate(have);
+            return Err(format!("prefilling the persistent stream: {e}"));
+        }
+        Ok(todo.len())
+    }
+
+    /// The masked slots below `end`.
+    fn masked_ranges_in(&self, end: usize) -> Vec<Range<usize>> {
+        self.masked_ranges().into_iter().filter(|r| r.start < end).map(|r| r.start..r.end.min(end)).collect()
+    }
+
+    /// The KV, once prefilled (`None` before the first [`PersistentStream::prefill`]); a
+    /// thread forks it.
+    pub fn kv(&self) -> Option<&SeqKv> {
+        self.kv.as_ref().filter(|kv| kv.len() == self.len())
+    }
+}

@@ -1,0 +1,230 @@
+//! `/v1/users/{id}/facts` (issue 15 items 1 and 7; `--context dual` only): a user's facts,
+//! appended to the persistent stream every thread of that user attends.
+//!
+//! ```text
+//!  POST   /v1/users/{id}/facts            {"text"}               → 201 the fact ({"id", ...})
+//!  POST   /v1/users/{id}/facts            {"text", "replaces"}   → 201; the old fact tombstoned
+//!  GET    /v1/users/{id}/facts                                   → {"data": [facts, tombstones shown]}
+//!  DELETE /v1/users/{id}/facts/{fact_id}                         → the fact tombstoned
+//!  DELETE /v1/users/{id}/facts                                   → the user's whole log forgotten
+//! ```
+//! A user is scoped to the API key's account exactly as a chat request's `user` is (owner
+//! `<tenant>␟user:<id>`). A fact enters the stream as its own system message, rendered by the
+//! chat template (`Fact about the user: <text>`), tokenized alone: its tokens are a segment
+//! of the stream (`engram_context::PersistentStream`) that can be masked without touching the
+//! others. The log is kept by `engram_context::FactStore` (under `<session dir>/facts/` when
+//! the server persists sessions).
+//!
+//! Invariants: a change reaches the engine (`Command::SetFacts`) under the store's lock, in
+//! the order the changes were made, and a chat request sends the newest list it can see, so the
+//! engine never goes back to an older list; a refused request (empty text, a fact over the
+//! persistent cap on its own, an unknown or tombstoned `replaces`, an unknown user) changes
+//! nothing stored (`tests/facts.rs`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use engram_context::{Fact, FactError, FactLimits, FactStore};
+use engram_engine::FactSegment;
+use engram_model::Model;
+use engram_tokenizer::ChatMessage;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api;
+use crate::error::ApiError;
+use crate::AppState;
+
+/// How a fact's text is introduced in its system message.
+pub const FACT_PREFIX: &str = "Fact about the user: ";
+/// How a summary of the facts is introduced in its system message.
+pub const SUMMARY_PREFIX: &str = "Facts about the user, summarized: ";
+
+/// The facts of every user, and each user's rendered segments as last sent to the engine.
+pub(crate) struct Facts {
+    store: FactStore,
+    segments: Mutex<HashMap<String, Vec<FactSegment>>>,
+}
+
+impl Facts {
+    /// Facts under `dir` (or in memory), bounded by `limits`.
+    pub fn new(dir: Option<&std::path::Path>, limits: FactLimits) -> Facts {
+        let store = match dir {
+            Some(d) => FactStore::open(d, limits),
+            None => FactStore::in_memory(limits),
+        };
+        Facts { store, segments: Mutex::new(HashMap::new()) }
+    }
+
+    /// Sends `owner`'s live facts to the engine before its next job (a chat request's turn).
+    pub fn send_current(&self, s: &AppState, owner: &str) -> Result<(), ApiError> {
+        let known = self.segments.lock().unwrap_or_else(|e| e.into_inner()).contains_key(owner);
+        let fresh = if known { None } else { Some(segments(&s.model, &self.store.live(owner))?) };
+        let mut cache = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+        // A change made meanwhile put its newer list here first: keep it.
+        let list = cache.entry(owner.to_string()).or_insert_with(|| fresh.unwrap_or_default()).clone();
+        s.engine.set_facts(owner.to_string(), list);
+        Ok(())
+    }
+
+    /// Records and sends `owner`'s new live facts (called under the store's lock).
+    fn publish(&self, s: &AppState, owner: &str, live: Vec<FactSegment>) {
+        let mut cache = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+        cache.insert(owner.to_string(), live.clone());
+        s.engine.set_facts(owner.to_string(), live);
+    }
+}
+
+/// The system message a fact (or a summary) becomes, rendered after whatever precedes it: the
+/// template's text for that message alone, tokenized alone.
+pub(crate) fn render_segment(model: &Model, content: &str) -> Result<Vec<u32>, ApiError> {
+    let tok = &model.tokenizer;
+    let text = match tok.chat_template() {
+        Some(tpl) => {
+            let (bos, eos) = (tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""));
+            let before = tpl.render(&[], false, bos, eos)?;
+            let with = tpl.render(&[ChatMessage { role: "system".into(), content: content.into() }], false, bos, eos)?;
+            match with.strip_prefix(before.as_str()) {
+                Some(rest) => rest.to_string(),
+                None => format!("{content}\n"),
+            }
+        }
+        None => format!("{content}\n"),
+    };
+    Ok(tok.encode(&text, false)?.ids)
+}
+
+/// The engine's segments for `live` facts.
+fn segments(model: &Model, live: &[Fact]) -> Result<Vec<FactSegment>, ApiError> {
+    live.iter()
+        .map(|f| {
+            let tokens = render_segment(model, &format!("{FACT_PREFIX}{}", f.text))?;
+            Ok(FactSegment { id: f.id, text: f.text.clone(), tokens })
+        })
+        .collect()
+}
+
+/// The facts of a server in `--context dual`, or a 404 saying facts need it.
+fn facts(s: &AppState) -> Result<&Facts, ApiError> {
+    s.facts.as_ref().ok_or_else(|| {
+        ApiError::not_found("user facts belong to the dual-stream contexts; start the server with `engram serve --context dual`")
+    })
+}
+
+fn owner(s: &AppState, headers: &HeaderMap, user: &str) -> Result<String, ApiError> {
+    let tenant = api::tenant(s, headers)?;
+    api::check_id("user", user)?;
+    Ok(crate::dual::owner(&tenant, user))
+}
+
+fn to_api(e: FactError) -> ApiError {
+    match e {
+        FactError::Empty | FactError::TooLong { .. } => ApiError::bad_param("text", e.to_string()),
+        FactError::UnknownFact(_) | FactError::UnknownOwner => ApiError::not_found(e.to_string()),
+        FactError::Tombstoned(_) => ApiError::conflict(e.to_string()),
+        FactError::Full { .. } => {
+            ApiError { status: StatusCode::INSUFFICIENT_STORAGE, code: Some("facts_full"), ..ApiError::bad_request(e.to_string()) }
+        }
+        FactError::Io(_) => ApiError::internal(e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddRequest {
+    text: String,
+    replaces: Option<u64>,
+}
+
+/// `POST /v1/users/{id}/facts`.
+pub(crate) async fn add(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(user): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    facts(&s)?;
+    let owner = owner(&s, &headers, &user)?;
+    let req: AddRequest = api::parse(&body)?;
+    let state = s.clone();
+    let fact = api::off_runtime(move || {
+        let f = facts(&state)?;
+        f.store.check_text(&req.text).map_err(to_api)?;
+        let tokens = render_segment(&state.model, &format!("{FACT_PREFIX}{}", req.text))?;
+        let cap = state.config.context.persistent_cap();
+        if tokens.len() > cap {
+            return Err(ApiError::bad_param(
+                "text",
+                format!("the fact is {} tokens on its own; the persistent stream's cap is {cap} tokens", tokens.len()),
+            ));
+        }
+        let mut published = Ok(());
+        let fact = f
+            .store
+            .append(&owner, &req.text, req.replaces, |live| match segments(&state.model, live) {
+                Ok(segs) => f.publish(&state, &owner, segs),
+                Err(e) => published = Err(e),
+            })
+            .map_err(to_api)?;
+        published?;
+        Ok(fact)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, axum::Json(json!({"object": "fact", "user": user, "fact": fact, "id": fact.id}))).into_response())
+}
+
+/// `GET /v1/users/{id}/facts`.
+pub(crate) async fn list(State(s): State<AppState>, headers: HeaderMap, Path(user): Path<String>) -> Result<Response, ApiError> {
+    let f = facts(&s)?;
+    let owner = owner(&s, &headers, &user)?;
+    let data = f.store.list(&owner).ok_or_else(|| ApiError::not_found(format!("user {user:?} has no facts")))?;
+    let live = data.iter().filter(|f| !f.tombstoned).count();
+    Ok(axum::Json(json!({"object": "list", "user": user, "live": live, "data": data})).into_response())
+}
+
+/// `DELETE /v1/users/{id}/facts/{fact_id}`: tombstones one fact.
+pub(crate) async fn delete_one(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path((user, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    facts(&s)?;
+    let owner = owner(&s, &headers, &user)?;
+    let id: u64 = id.parse().map_err(|_| ApiError::bad_param("fact_id", format!("fact ids are numbers, got {id:?}")))?;
+    let state = s.clone();
+    api::off_runtime(move || {
+        let f = facts(&state)?;
+        let mut published = Ok(());
+        f.store
+            .tombstone(&owner, id, |live| match segments(&state.model, live) {
+                Ok(segs) => f.publish(&state, &owner, segs),
+                Err(e) => published = Err(e),
+            })
+            .map_err(to_api)?;
+        published
+    })
+    .await?;
+    Ok(axum::Json(json!({"object": "fact", "id": id, "tombstoned": true})).into_response())
+}
+
+/// `DELETE /v1/users/{id}/facts`: forgets the user's whole log.
+pub(crate) async fn delete_all(State(s): State<AppState>, headers: HeaderMap, Path(user): Path<String>) -> Result<Response, ApiError> {
+    facts(&s)?;
+    let owner = owner(&s, &headers, &user)?;
+    let state = s.clone();
+    api::off_runtime(move || {
+        let f = facts(&state)?;
+        f.store.clear(&owner, |_| f.publish(&state, &owner, Vec::new())).map_err(to_api)
+    })
+    .await?;
+    Ok(axum::Json(json!({"object": "list", "user": user, "deleted": true})).into_response())
+}
+
+/// The summarizer's output rendered as the main model's segment (`engram_engine::Summarizer`).
+pub(crate) fn summary_renderer(model: Arc<Model>) -> engram_engine::RenderSegment {
+    Arc::new(move |text: &str| render_segment(&model, &format!("{SUMMARY_PREFIX}{text}")).map_err(|e| e.message))
+}
