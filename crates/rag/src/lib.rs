@@ -19,7 +19,11 @@
 //! Main types: [`KnowledgeBank`] (parsers → chunks → vectors + tantivy, on disk), [`QaBank`]
 //! (answers by query similarity, LFU under a byte cap, invalidated by refresh), [`KvTree`]
 //! (KV of chunk sequences keyed by chunk ids and the model's fingerprint), [`Rag`] (the
-//! pipeline over a model), [`synth`] (a seeded synthetic personal corpus with query sets).
+//! pipeline over a model), [`synth`] (a seeded synthetic personal corpus with query sets),
+//! [`Library`] (the banks and the pipeline's front half for a caller that generates elsewhere:
+//! the server) and [`TreePolicy`] (the chunk KV tree behind the engine's context-policy seam,
+//! so the scheduler's RAG jobs start from it). The tree persists as `engram-kv` entry files
+//! ([`KvTree::save`], [`KvTree::load`]).
 //!
 //! Architecture invariant: this crate builds KV only through `engram-kv` and runs the model
 //! only through `engram-engine`'s [`engram_engine::Generator`]; it knows no HTTP. Every store

@@ -2,7 +2,8 @@
 //!
 //! OpenAI-compatible (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`, `/v1/embeddings`), Anthropic-compatible (`/v1/messages`) and agent
-//! (`/v1/agents`) endpoints, plus `/health` and Prometheus `/metrics`, over
+//! (`/v1/agents`) endpoints, personal RAG (`/v1/rag/*`, `rag.rs`), plus `/health` and
+//! Prometheus `/metrics`, over
 //! `engram-engine`'s continuous-batching scheduler (its default context policy
 //! reuses cached sessions: character-level EXACT / EXTEND / DIVERGE matching
 //! and the shared prefix index); [`scheduler`] is the tokio handle to it.
