@@ -358,6 +358,7 @@ pub(crate) async fn query(State(s): State<AppState>, headers: HeaderMap, body: B
     let completion = loop {
         match rx.recv().await {
             Some(Event::Started { cached_tokens, .. }) => cached = cached_tokens,
+            Some(Event::Logprob(_)) => {}
             Some(Event::Text(t)) => {
                 ttft.get_or_insert_with(|| before_ms + gen_start.elapsed().as_secs_f64() * 1e3);
                 text.push_str(&t);
