@@ -36,7 +36,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let t_load = Instant::now();
     let model = load_model(&a.model)?;
+    let load_s = t_load.elapsed().as_secs_f64();
     let pool = kv_pool(&model, &a.model)?;
     // Deterministic pseudo-random prompt over the tokenizer's real tokens.
     let vocab = model.tokenizer.vocab_size().min(model.config.vocab).max(1) as u64;
@@ -80,6 +82,10 @@ pub fn run(a: Args) -> Result<()> {
                 "kv_bytes_per_token": lim.kv_bytes,
                 "limit_tok_s": (lim.tok_s * 100.0).round() / 100.0,
                 "of_limit": (best_tg / lim.tok_s * 1000.0).round() / 1000.0,
+                // Weights repacked at load for the AVX2 GEMV (ENGRAM_REPACK=off: 0), and the
+                // load time that includes the repacking.
+                "repacked_bytes": model.weights.packed_bytes(),
+                "load_s": (load_s * 1000.0).round() / 1000.0,
             })
         );
     } else {
