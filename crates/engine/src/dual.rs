@@ -222,7 +222,7 @@ impl DualStream {
         if u.stream.len() > cap && u.stream.compact() {
             self.stats.compactions += 1;
         }
-        u.summary_due = has_summarizer && u.stream.live_len() > cap && u.facts.len() > 0;
+        u.summary_due = has_summarizer && u.stream.live_len() > cap && !u.facts.is_empty();
     }
 
     /// Condenses `user`'s live facts into a summary segment and swaps it in (the threads
