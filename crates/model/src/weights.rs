@@ -30,6 +30,20 @@ impl Storage {
             Storage::Owned(v) => v,
         }
     }
+
+    /// Drops a mapped range's pages from this process (they stay in the page cache and are
+    /// read back on the next access): once a weight is repacked its file bytes are not read by
+    /// the GEMV, so the process's RSS does not count the model twice. Advice only; owned
+    /// bytes are kept.
+    fn release_resident(&self) {
+        #[cfg(unix)]
+        if let Storage::Mapped(map, r) = self {
+            // SAFETY: the mapping is a read-only file mapping: MADV_DONTNEED only drops this
+            // process's page-table entries, and a later read faults the same bytes back in
+            // from the file, so every reference into the map stays valid and unchanged.
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, r.start, r.len()) };
+        }
+    }
 }
 
 /// A 2-D weight matrix `[rows = out features, cols = in features]`.
@@ -57,6 +71,9 @@ impl Weight {
         }
         let mut w = Weight { dtype, rows, cols, storage, packed: None };
         w.packed = Packed::for_this_cpu(&w.matrix()).map(Arc::new);
+        if w.packed.is_some() {
+            w.storage.release_resident();
+        }
         Ok(w)
     }
 

@@ -112,9 +112,15 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
     }
     req.push_str("\r\n");
     req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
+    // Written on its own thread: the server may answer (a 413 from the headers) and close
+    // before it has taken a large body, which is its right, not a failed request.
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(req.as_bytes());
+    });
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
+    writer.join().unwrap();
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("header end");
     let head = String::from_utf8(raw[..split].to_vec()).unwrap();
     let mut lines = head.lines();
