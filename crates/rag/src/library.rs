@@ -100,18 +100,7 @@ impl Library {
             if let Some(hit) = self.qa.lookup(&qv, threshold) {
                 timings.ttft_ms = ms(t0);
                 timings.total_ms = timings.ttft_ms;
-                let e = hit.entry;
-                return Ok(Plan::Hit(Answer {
-                    text: e.answer,
-                    tokens: e.answer_tokens,
-                    sources: e.docs,
-                    chunks: e.sources,
-                    cache_level: CacheLevel::Qa,
-                    similarity: Some(hit.similarity),
-                    matched_query: Some(e.query),
-                    kv_segments: 0,
-                    timings,
-                }));
+                return Ok(Plan::Hit(Answer::from_qa_hit(hit, timings)));
             }
         }
         let t1 = Instant::now();

@@ -106,6 +106,24 @@ pub struct Answer {
     pub timings: AnswerTimings,
 }
 
+impl Answer {
+    /// The stored answer of a QA-bank hit, served at once (`timings` filled up to the lookup).
+    pub fn from_qa_hit(hit: crate::qa::QaHit, timings: AnswerTimings) -> Answer {
+        let e = hit.entry;
+        Answer {
+            text: e.answer,
+            tokens: e.answer_tokens,
+            sources: e.docs,
+            chunks: e.sources,
+            cache_level: CacheLevel::Qa,
+            similarity: Some(hit.similarity),
+            matched_query: Some(e.query),
+            kv_segments: 0,
+            timings,
+        }
+    }
+}
+
 /// A prompt cut into segments: keys, token lists and where each ends.
 pub struct Prompt {
     pub path: Vec<SegKey>,
@@ -228,18 +246,7 @@ impl Rag {
             if let Some(hit) = self.qa.lookup(&qv, opts.threshold) {
                 timings.ttft_ms = ms(t0);
                 timings.total_ms = timings.ttft_ms;
-                let e = hit.entry;
-                return Ok(Answer {
-                    text: e.answer,
-                    tokens: e.answer_tokens,
-                    sources: e.docs,
-                    chunks: e.sources,
-                    cache_level: CacheLevel::Qa,
-                    similarity: Some(hit.similarity),
-                    matched_query: Some(e.query),
-                    kv_segments: 0,
-                    timings,
-                });
+                return Ok(Answer::from_qa_hit(hit, timings));
             }
         }
         let t1 = Instant::now();
