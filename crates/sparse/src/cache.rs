@@ -113,19 +113,12 @@ impl SparseKv {
     pub fn fork(&self, cfg: Option<SparseConfig>) -> SparseKv {
         assert!(self.off.is_none(), "SparseKv::fork of an offloaded cache");
         SparseKv {
-            cfg,
+            cap: self.cap,
             lens: self.lens.clone(),
             keys: self.keys.clone(),
             values: self.values.clone(),
             origin: self.origin.clone(),
-            off: None,
-            index: Vec::new(),
-            built: false,
-            bypass: false,
-            probe: None,
-            reads: AtomicUsize::new(0),
-            attended: AtomicUsize::new(0),
-            ..*self
+            ..SparseKv::with_shape(self.layers, self.heads, self.dim, cfg)
         }
     }
 

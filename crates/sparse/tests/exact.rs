@@ -5,38 +5,16 @@
 
 mod common;
 
-use common::noise;
-use engram_fixture::{GgufFormat, Shape};
+use common::{decode, model, noise, prefill, tokens};
 use engram_model::attention::{attend, AttnTask};
-use engram_model::{AttentionPrecision, KvCache, KvRead, Logits, Model, SeqStep};
+use engram_model::{AttentionPrecision, KvCache, KvRead, Model};
 use engram_sparse::{Method, SparseConfig, SparseKv};
-
-fn model() -> (tempfile::TempDir, Model) {
-    let dir = tempfile::tempdir().unwrap();
-    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-    (dir, Model::load(&files.hf_dir).unwrap())
-}
 
 /// Prefills `prompt` (in chunks of 64), builds the index, decodes `rest` token by token;
 /// returns the decoded tokens' logits.
 fn run(model: &Model, kv: &mut SparseKv, prompt: &[u32], rest: &[u32]) -> Vec<Vec<f32>> {
-    for part in prompt.chunks(64) {
-        kv.reserve(part.len());
-        let slot = kv.len();
-        model.forward(&mut [SeqStep::new(part, slot, kv, Logits::None)]).unwrap();
-    }
-    kv.build_index();
-    rest.iter()
-        .map(|t| {
-            kv.reserve(1);
-            let slot = kv.len();
-            model.forward(&mut [SeqStep::new(std::slice::from_ref(t), slot, kv, Logits::Last)]).unwrap().remove(0)
-        })
-        .collect()
-}
-
-fn tokens(n: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| 5 + (i * 7919 + i * i * 31) % 200).collect()
+    prefill(model, kv, prompt);
+    decode(model, kv, rest)
 }
 
 #[test]

@@ -6,39 +6,13 @@
 
 use std::path::Path;
 
-use engram_fixture::{GgufFormat, Shape};
-use engram_model::{Logits, Model, SeqStep};
+mod common;
+
+use common::{decode, model, prefill, tokens};
+
+use engram_model::Model;
 use engram_sparse::offload::{FileSpec, OffloadFile, Reader};
 use engram_sparse::{Backend, Method, OffloadConfig, Policy, SparseConfig, SparseKv};
-
-fn model() -> (tempfile::TempDir, Model) {
-    let dir = tempfile::tempdir().unwrap();
-    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-    (dir, Model::load(&files.hf_dir).unwrap())
-}
-
-fn tokens(n: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| 5 + (i * 7919 + i * i * 31) % 200).collect()
-}
-
-fn prefill(model: &Model, kv: &mut SparseKv, prompt: &[u32]) {
-    for part in prompt.chunks(64) {
-        kv.reserve(part.len());
-        let slot = kv.len();
-        model.forward(&mut [SeqStep::new(part, slot, kv, Logits::None)]).unwrap();
-    }
-    kv.build_index();
-}
-
-fn decode(model: &Model, kv: &mut SparseKv, rest: &[u32]) -> Vec<Vec<f32>> {
-    rest.iter()
-        .map(|t| {
-            kv.reserve(1);
-            let slot = kv.len();
-            model.forward(&mut [SeqStep::new(std::slice::from_ref(t), slot, kv, Logits::Last)]).unwrap().remove(0)
-        })
-        .collect()
-}
 
 fn offload_cfg(dir: &Path, model: &Model) -> OffloadConfig {
     OffloadConfig { ram_budget: 0, flush: 8, cache_bytes: 16 << 10, ..OffloadConfig::new(dir.to_path_buf(), model.fingerprint.0) }
