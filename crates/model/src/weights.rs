@@ -139,33 +139,22 @@ pub struct ModelWeights {
 impl ModelWeights {
     /// Total bytes of weight data (the tied output is counted once).
     pub fn num_bytes(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|w| w.num_bytes()).sum::<usize>())
-            .sum();
-        let out = if std::ptr::eq(self.output.storage.bytes().as_ptr(), self.embed.storage.bytes().as_ptr()) {
-            0
-        } else {
-            self.output.num_bytes()
-        };
-        self.embed.num_bytes() + layers + out
+        self.sum_over_matrices(Weight::num_bytes)
     }
 
     /// Bytes of repacked copies held in anonymous memory (`Weight::packed_bytes`; the tied
     /// output counted once).
     pub fn packed_bytes(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|w| w.packed_bytes()).sum::<usize>())
-            .sum();
-        let out = if std::ptr::eq(self.output.storage.bytes().as_ptr(), self.embed.storage.bytes().as_ptr()) {
-            0
-        } else {
-            self.output.packed_bytes()
-        };
-        self.embed.packed_bytes() + layers + out
+        self.sum_over_matrices(Weight::packed_bytes)
+    }
+
+    /// `f` summed over every matrix: embedding, each layer's projections, and the output
+    /// unless it is tied to the embedding (the same bytes, counted once).
+    fn sum_over_matrices(&self, f: impl Fn(&Weight) -> usize) -> usize {
+        let layers: usize =
+            self.layers.iter().map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|w| f(w)).sum::<usize>()).sum();
+        let tied = std::ptr::eq(self.output.storage.bytes().as_ptr(), self.embed.storage.bytes().as_ptr());
+        f(&self.embed) + layers + if tied { 0 } else { f(&self.output) }
     }
 
     /// The dominant weight format (that of the first layer's q projection), for display.
