@@ -72,13 +72,13 @@ pub fn chat_object(tok: &Tokenizer, entries: &[TokenLogprob]) -> Value {
 }
 
 /// The legacy completions' `logprobs` object for `entries`, whose text starts at byte
-/// `offset` of the completion.
-pub fn completion_object(tok: &Tokenizer, entries: &[TokenLogprob], mut offset: usize) -> Value {
+/// `*offset` of the completion; `*offset` is moved past their bytes (the next chunk's start).
+pub fn completion_object(tok: &Tokenizer, entries: &[TokenLogprob], offset: &mut usize) -> Value {
     let (mut tokens, mut lps, mut tops, mut offsets) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for e in entries {
         let (token, bytes) = token_json(tok, e.token);
-        offsets.push(offset);
-        offset += bytes.len();
+        offsets.push(*offset);
+        *offset += bytes.len();
         tokens.push(token);
         lps.push(e.logprob);
         let top: Map<String, Value> = e.top.iter().map(|&(t, lp)| (token_json(tok, t).0, json!(lp))).collect();

@@ -352,7 +352,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
         let body = json!({
             "id": id, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": done.text,
-                         "logprobs": logprobs.map(|_| crate::logprobs::completion_object(&s.model.tokenizer, &done.logprobs, 0)),
+                         "logprobs": logprobs.map(|_| crate::logprobs::completion_object(&s.model.tokenizer, &done.logprobs, &mut 0)),
                          "finish_reason": finish_str(done.finish)}],
             "usage": usage(&st, done.completion_tokens),
             "session_id": st.session_id,
@@ -370,12 +370,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
             return None;
         }
         let logprobs = match logprobs {
-            Some(_) => {
-                let entries = std::mem::take(&mut pending);
-                let v = crate::logprobs::completion_object(&tok_model.tokenizer, &entries, offset);
-                offset += entries.iter().map(|e| tok_model.tokenizer.token_bytes(e.token).len()).sum::<usize>();
-                v
-            }
+            Some(_) => crate::logprobs::completion_object(&tok_model.tokenizer, &std::mem::take(&mut pending), &mut offset),
             None => Value::Null,
         };
         Some(json!({"id": id, "object": "text_completion", "created": created, "model": model,
