@@ -26,12 +26,13 @@ def fixture_model(tmp):
     return tmp / "fx" / "tiny-q8_0.gguf"
 
 
-def spawn_server(model, data_dir, *extra):
-    """Starts `engram serve` on port 0; returns (process, base URL) once /health answers."""
+def spawn_server(model, data_dir, *extra, wrapper=(), preexec_fn=None):
+    """Starts `engram serve` on port 0; returns (process, base URL) once /health answers.
+    `wrapper`: a command to run it under (e.g. setpriv); `preexec_fn`: run in the child before exec."""
     proc = subprocess.Popen(
-        [str(BIN), "serve", "--model", str(model), "--port", "0", "--data-dir", str(data_dir),
+        [*wrapper, str(BIN), "serve", "--model", str(model), "--port", "0", "--data-dir", str(data_dir),
          "--kv-format", "f32", "--threads", "2", *extra],
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
     addr = None
     deadline = time.time() + 60
     lines = []

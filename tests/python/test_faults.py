@@ -146,13 +146,7 @@ def spawn_limited(model, data, file_size_limit):
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the cap fail with EFBIG instead
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
-    import conftest
-    real = subprocess.Popen
-    subprocess.Popen = lambda *a, **kw: real(*a, preexec_fn=limit, **kw)
-    try:
-        return conftest.spawn_server(model, data)
-    finally:
-        subprocess.Popen = real
+    return spawn_server(model, data, preexec_fn=limit)
 
 
 def test_a_full_disk_fails_saves_not_answers(model, reference, tmp_path):
@@ -204,14 +198,7 @@ def test_a_read_only_data_dir_serves_without_caching(model, reference, tmp_path)
             if p == Path("/"):
                 break
             os.chmod(p, os.stat(p).st_mode | 0o005)
-        import conftest
-        real = subprocess.Popen
-        subprocess.Popen = lambda args, **kw: real(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *args], **kw)
-        try:
-            proc, base = conftest.spawn_server(model, data)
-        finally:
-            subprocess.Popen = real
+        proc, base = spawn_server(model, data, wrapper=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
     else:
         proc, base = spawn_server(model, data)
     try:
