@@ -8,6 +8,7 @@ import subprocess
 import openai
 import pytest
 import requests
+from conftest import fixture_model, spawn_server, stop_server
 
 
 @pytest.fixture
@@ -200,8 +201,12 @@ def test_metrics(server):
         assert name in text
 
 
-def test_zz_sigterm_exits_cleanly(server):
-    # Runs last (pytest keeps file order): stops the session's server.
-    proc = server["proc"]
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
+def test_sigterm_exits_cleanly(tmp_path):
+    # A server of its own: the session's server stays up for the tests that run after this one.
+    proc, addr = spawn_server(fixture_model(tmp_path), tmp_path)
+    try:
+        assert requests.get(addr + "/health", timeout=10).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        stop_server(proc)

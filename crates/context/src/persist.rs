@@ -24,7 +24,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use engram_kv::disk::{DiskError, DiskStore, EvictionPolicy};
+use engram_kv::disk::{DiskError, DiskStore, EvictionPolicy, IndexWrite};
 use engram_kv::persist::{ChecksumCheck, EntryKind, EntryMeta, PersistError};
 use engram_kv::GroupQuota;
 use engram_kv::{KvPool, SeqKv};
@@ -134,19 +134,30 @@ impl PersistedSessions {
                                 let staged = st.lock().unwrap_or_else(|e| e.into_inner()).stage_put(&id, &meta, &kv, pin);
                                 let saved = staged.and_then(|staged| {
                                     staged.write(&kv)?;
-                                    st.lock().unwrap_or_else(|e| e.into_inner()).commit_put(staged)
+                                    let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
+                                    s.commit_put(staged)?;
+                                    Ok(s.take_index())
                                 });
-                                if let Err(e) = saved {
-                                    tracing::warn!("session {id} not persisted: {e}");
+                                // The index (stats only) is written and synced after the lock is let go.
+                                match saved.and_then(|index| index.map_or(Ok(()), IndexWrite::write)) {
+                                    Ok(()) => {}
+                                    Err(e) => tracing::warn!("session {id} not persisted: {e}"),
                                 }
                             }
                             Msg::Remove(id, owner) => {
                                 let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
-                                if let Err(e) = s.remove(&id, &owner) {
+                                let removed = s.remove(&id, &owner).map(|_| s.take_index());
+                                drop(s);
+                                if let Err(e) = removed.and_then(|index| index.map_or(Ok(()), IndexWrite::write)) {
                                     tracing::warn!("session {id} not deleted: {e}");
                                 }
                             }
                             Msg::Flush(done) => {
+                                // Stats of restores since the last save reach the disk too.
+                                let index = st.lock().unwrap_or_else(|e| e.into_inner()).take_index();
+                                if let Some(Err(e)) = index.map(IndexWrite::write) {
+                                    tracing::warn!("cache index not saved: {e}");
+                                }
                                 let _ = done.send(());
                             }
                         }

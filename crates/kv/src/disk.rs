@@ -25,6 +25,10 @@
 //! * Nothing on disk is trusted: files that fail validation are deleted with
 //!   a warning and reported as misses; a missing or corrupt `index.json` is
 //!   rebuilt from the entries' headers (hits and pins start over).
+//! * `index.json` is written under the store's lock only when a pin changes (`pin`, a
+//!   pinning put) and by `gc`; the stats of puts, restores and evictions are handed out by
+//!   [`DiskStore::take_index`] to be written outside it ([`IndexWrite`], never older over
+//!   newer), and on drop. Stats not yet written when the process dies are lost, never an entry.
 //! * An entry of another format version (older or newer) is not damage: it is
 //!   never deleted by this build (not by `open`, `get` nor `gc`), only skipped —
 //!   a miss, not listed and not counted against the budget.
@@ -41,6 +45,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
@@ -231,6 +236,40 @@ pub struct DiskStore {
     now: Option<u64>,
     /// A cap per group of owners (a tenant), see `disk_quota.rs`.
     quota: Option<GroupQuota>,
+    /// The stats changed since `index.json` was last written or handed out to be written.
+    index_dirty: bool,
+    /// Bumped on every change of the stats; orders the writes of `index.json`.
+    index_generation: u64,
+    /// The generation last written to `index.json`, shared with every [`IndexWrite`] so that
+    /// an older snapshot written late never replaces a newer one.
+    index_written: Arc<Mutex<u64>>,
+}
+
+/// A snapshot of the store's `index.json` to be written outside the lock that guards the
+/// store ([`DiskStore::take_index`]). Invariant: writes of snapshots of one store are
+/// serialized, and a snapshot older than the one on disk is skipped, so the file only moves
+/// forward whatever order the writers run in.
+#[derive(Debug)]
+#[must_use = "an IndexWrite does nothing until written"]
+pub struct IndexWrite {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    generation: u64,
+    written: Arc<Mutex<u64>>,
+}
+
+impl IndexWrite {
+    /// Writes the snapshot (temp + fsync + rename) unless a newer one is already on disk.
+    pub fn write(self) -> Result<()> {
+        let mut last = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if *last >= self.generation {
+            return Ok(());
+        }
+        let path = self.path;
+        persist::atomic_write(&path, |w| w.write_all(&self.bytes)).map_err(|e| DiskError::Io { path, source: e })?;
+        *last = self.generation;
+        Ok(())
+    }
 }
 
 /// Checks that `id` names a plain file inside the store: 1..=200 characters,
@@ -272,7 +311,17 @@ impl DiskStore {
     pub fn open(dir: impl Into<PathBuf>, budget_bytes: u64, policy: EvictionPolicy) -> Result<DiskStore> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir).map_err(|e| DiskError::Io { path: dir.clone(), source: e })?;
-        let mut store = DiskStore { dir, budget_bytes, policy, entries: BTreeMap::new(), now: None, quota: None };
+        let mut store = DiskStore {
+            dir,
+            budget_bytes,
+            policy,
+            entries: BTreeMap::new(),
+            now: None,
+            quota: None,
+            index_dirty: false,
+            index_generation: 0,
+            index_written: Arc::new(Mutex::new(0)),
+        };
         store.scan(false)?;
         Ok(store)
     }
@@ -383,6 +432,7 @@ impl DiskStore {
         }
         let now = self.now();
         let old = self.entries.remove(&id);
+        let pin_changed = pin.is_some_and(|p| p != old.as_ref().is_some_and(|o| o.pinned));
         self.entries.insert(
             id.clone(),
             EntryStats {
@@ -397,7 +447,27 @@ impl DiskStore {
                 num_tokens,
             },
         );
-        self.save_index()
+        // A pin lives only in the index: written now. Other stats wait for `take_index`.
+        if pin_changed {
+            self.save_index()
+        } else {
+            self.mark_index_dirty();
+            Ok(())
+        }
+    }
+
+    /// The index to write when its stats changed since the last snapshot (hits, last use,
+    /// new and dropped entries): taken under the store's lock, written with
+    /// [`IndexWrite::write`] outside it, so no caller of the store waits on its fsync.
+    /// Stats are advisory: those not yet written when the process dies are lost (the
+    /// entries are not), and the store rebuilds them from the files' headers. Pins are
+    /// written at once by the calls that change them.
+    pub fn take_index(&mut self) -> Option<IndexWrite> {
+        if !self.index_dirty {
+            return None;
+        }
+        self.index_dirty = false;
+        Some(self.index_snapshot())
     }
 
     /// Restores entry `id` of `owner` into `pool` if it exists and was made by
@@ -459,10 +529,8 @@ impl DiskStore {
                     s.hits += 1;
                     s.last_used_unix = now;
                 }
-                // Stats are advisory: a failed index write must not fail a restore.
-                if let Err(e) = self.save_index() {
-                    tracing::warn!("cache index not saved: {e}");
-                }
+                // Stats are advisory: written by the next `take_index`, not on the restore's path.
+                self.mark_index_dirty();
                 Ok(Some(found))
             }
             Err(e) if e.is_corrupt() || matches!(e, PersistError::NotFound { .. }) => {
@@ -605,7 +673,9 @@ impl DiskStore {
             Err(e) => return Err(DiskError::Io { path, source: e }),
         }
         self.entries.remove(id);
-        self.save_index()
+        // The file is the truth: an index entry without its file is ignored at open.
+        self.mark_index_dirty();
+        Ok(())
     }
 
     /// Rebuilds `entries` from the directory (headers, plus the checksum when
@@ -686,14 +756,36 @@ impl DiskStore {
         }
     }
 
-    fn save_index(&self) -> Result<()> {
+    fn mark_index_dirty(&mut self) {
+        self.index_dirty = true;
+        self.index_generation += 1;
+    }
+
+    /// Writes `index.json` now (pins, `gc`, drop).
+    fn save_index(&mut self) -> Result<()> {
+        self.index_generation += 1;
+        self.index_dirty = false;
+        self.index_snapshot().write()
+    }
+
+    fn index_snapshot(&self) -> IndexWrite {
         let entries: serde_json::Map<String, Value> = self
             .entries
             .values()
             .map(|s| (s.id.clone(), json!({"hits": s.hits, "last_used_unix": s.last_used_unix, "pinned": s.pinned})))
             .collect();
         let bytes = serde_json::to_vec_pretty(&json!({"version": 1, "entries": entries})).expect("JSON values serialize");
-        let path = self.dir.join(INDEX_FILE);
-        persist::atomic_write(&path, |w| w.write_all(&bytes)).map_err(|e| DiskError::Io { path, source: e })
+        IndexWrite { path: self.dir.join(INDEX_FILE), bytes, generation: self.index_generation, written: self.index_written.clone() }
+    }
+}
+
+impl Drop for DiskStore {
+    /// Writes the stats not yet written (a clean shutdown keeps hits and last use).
+    fn drop(&mut self) {
+        if let Some(w) = self.take_index() {
+            if let Err(e) = w.write() {
+                tracing::warn!("cache index not saved: {e}");
+            }
+        }
     }
 }

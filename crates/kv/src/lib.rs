@@ -39,7 +39,7 @@ mod tail;
 mod view;
 
 pub use block::{Block, BLOCK_TOKENS};
-pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport, StagedPut};
+pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport, IndexWrite, StagedPut};
 pub use disk_quota::GroupQuota;
 pub use error::KvError;
 pub use format::KvFormat;

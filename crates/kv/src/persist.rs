@@ -258,14 +258,16 @@ pub fn cache_key(model: Fingerprint, format: KvFormat) -> Fingerprint {
 /// before writing).
 pub fn encoded_len(meta: &EntryMeta, kv: &SeqKv) -> Result<u64, PersistError> {
     let p = Path::new("<entry>");
-    let prepared = prepare(p, meta, kv)?;
+    // The checksum is fixed-width, so the length is known without reading the KV bytes (a
+    // long session's are hundreds of MB; the disk store asks under its lock).
+    let prepared = prepare(p, meta, kv, Checksum::Placeholder)?;
     Ok(prepared.total_len())
 }
 
 /// Writes `kv` and `meta` to `path` atomically (temp file in the same
 /// directory, fsync, rename, fsync of the directory). Returns the bytes written.
 pub fn write_entry(path: &Path, meta: &EntryMeta, kv: &SeqKv) -> Result<u64, PersistError> {
-    let prepared = prepare(path, meta, kv)?;
+    let prepared = prepare(path, meta, kv, Checksum::Computed)?;
     atomic_write(path, |w| {
         w.write_all(&(prepared.header.len() as u64).to_le_bytes())?;
         w.write_all(&prepared.header)?;
@@ -515,7 +517,15 @@ impl Prepared<'_> {
     }
 }
 
-fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv) -> Result<Prepared<'a>, PersistError> {
+/// Whether [`prepare`] hashes the KV bytes into the header's checksum, or writes a
+/// placeholder of the same width (for the length alone).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Checksum {
+    Computed,
+    Placeholder,
+}
+
+fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv, checksum: Checksum) -> Result<Prepared<'a>, PersistError> {
     let unwritable = |reason: String| PersistError::Unwritable { path: path.to_path_buf(), reason };
     let pool = kv.pool();
     let layout = pool.layout();
@@ -566,14 +576,20 @@ fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv) -> Result<Prepared<
     put("kind", meta.kind.name().into());
     put("owner", meta.owner.clone());
     put("created_unix", meta.created_unix.to_string());
-    let mut h = meta_hasher(&m);
-    for r in &rows {
-        h.update(r);
-    }
-    if let Some(w) = &window {
-        h.update(w);
-    }
-    m.insert("checksum".into(), format!("{:016x}", h.digest()));
+    let sum = match checksum {
+        Checksum::Placeholder => 0,
+        Checksum::Computed => {
+            let mut h = meta_hasher(&m);
+            for r in &rows {
+                h.update(r);
+            }
+            if let Some(w) = &window {
+                h.update(w);
+            }
+            h.digest()
+        }
+    };
+    m.insert("checksum".into(), format!("{sum:016x}"));
 
     let bb = pool.block_bytes();
     let kv_len = rows.len() * bb;

@@ -510,3 +510,44 @@ fn a_staged_put_serves_the_old_version_until_committed() {
     let mut small = DiskStore::open(tempfile::tempdir().unwrap().path(), 100, EvictionPolicy::Lru).unwrap();
     assert!(matches!(small.stage_put("t", &m, &kv, None), Err(DiskError::TooLarge { .. })));
 }
+
+/// The `index.json` write leaves the store's lock: puts and restores only mark the stats
+/// changed, [`DiskStore::take_index`] hands out a snapshot to write outside the lock, a pin
+/// is written at once, drop writes what is left, and a snapshot older than the file on disk
+/// never replaces it.
+#[test]
+fn index_writes_are_taken_out_of_the_store_and_never_go_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool();
+    let (m, kv) = entry(&p, 32, 0);
+    let index = dir.path().join("index.json");
+    let hits_on_disk = || -> u64 {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+        v["entries"]["s"]["hits"].as_u64().unwrap()
+    };
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    store.put("s", &m, &kv).unwrap();
+    assert!(!index.exists(), "a put does not write the index under the lock");
+    store.take_index().expect("the put changed the stats").write().unwrap();
+    assert_eq!(hits_on_disk(), 0);
+    assert!(store.take_index().is_none(), "nothing changed since");
+
+    store.get("s", &m.owner, &p, FP, VOCAB).unwrap().unwrap();
+    let older = store.take_index().expect("a restore counts a hit");
+    store.get("s", &m.owner, &p, FP, VOCAB).unwrap().unwrap();
+    let newer = store.take_index().unwrap();
+    newer.write().unwrap();
+    older.write().unwrap();
+    assert_eq!(hits_on_disk(), 2, "the older snapshot, written last, was skipped");
+
+    store.pin("s", true).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    assert_eq!(v["entries"]["s"]["pinned"], true, "a pin is on disk at once");
+
+    store.get("s", &m.owner, &p, FP, VOCAB).unwrap().unwrap();
+    drop(store);
+    assert_eq!(hits_on_disk(), 3, "drop writes the stats not yet written");
+    let store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    let s = store.stats("s").unwrap();
+    assert_eq!((s.hits, s.pinned), (3, true));
+}
