@@ -85,7 +85,7 @@ def load():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fixture-dir", required=True)
+    ap.add_argument("--fixture-dir", help="the fixture folder (required, except in the --child run)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, best kept (default: %(default)s)")
     ap.add_argument("--prompt-tokens", type=int, default=512)
@@ -99,6 +99,8 @@ def main():
     if args.child:
         print(json.dumps(llamacpp_child(args.child, args.threads, args.prompt_tokens, args.decode_tokens)))
         return
+    if not args.fixture_dir:
+        ap.error("--fixture-dir is required")
     if not os.path.exists(args.engram):
         sys.exit(f"{args.engram} not found: cargo build --release -p engram-cli, or pass --engram")
     import llama_cpp

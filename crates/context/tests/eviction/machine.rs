@@ -1,265 +1,37 @@
-//! A state machine over the session store and the KV store (issue 13, item 6): random runs of
-//! checkouts (EXTEND / DIVERGE / EXACT / new) whose prompts go through the `tiny` model and are
-//! checked in, forks, truncations, moves of slots to new positions (`SeqKv::move_slots`), views
-//! over a held sequence's spans, `SessionStore::make_room` (the one RAM eviction path) and,
-//! with a disk tier, restarts that drop every RAM session so later checkouts restore them
-//! from their files — all in a pool whose budget is a few sessions' worth.
-//!
-//! After every operation:
-//! 1. `pool.used()` equals the bytes of the distinct live blocks (and recent windows). The
-//!    test sees the blocks of every session (`sessions_of`) and of every sequence it holds;
-//!    the prefix index only says how many entries it has. A block's `Arc::strong_count` minus
-//!    the references the test knows of is the number of index entries holding it (0 or 1,
-//!    asserted), so distinct blocks = blocks seen + index entries − index entries that hold a
-//!    block seen. The persistence thread's forks are gone after `flush()`, which runs first.
-//! 2. `pool.used() <= pool.budget()`.
-//! 3. Every answer equals a cold run over the same tokens at the same positions on a fresh
-//!    sequence in another pool (f32 KV: last-prompt-token logits within 1e-5 relative, greedy
-//!    tokens equal): after each checkout, after a sequence is extended, after a move that
-//!    keeps every token's relative distances (a whole-sequence shift), and through a view.
-//!
-//! `make_room` is checked as the policy it documents: nothing evicted when the bytes already
-//! fit; idle prefix blocks first (exactly `ceil(missing / block)` of them when they suffice,
-//! no session touched); sessions least recently used first; offloaded to the disk tier, not
-//! forgotten; `false` only when nothing evictable is left; `true` only when the bytes fit —
-//! and a reservation of at most those bytes then succeeds. A move never changes a sequence
-//! that shares its blocks (every other sequence's rows compared bitwise).
-//!
-//! A q8 run checks the accounting with recent windows (charged per distinct window; answers
-//! are not compared there: reused q8 KV is not bitwise a cold run's).
+//! The state machine of `main.rs`: random operations applied to a session store and its KV
+//! pool, with the census of live blocks checked after each.
 
-mod common;
-
-use common::model;
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use engram_context::{MatchKind, PersistedSessions, SessionStore};
 use engram_kv::{Block, EvictionPolicy, KvFormat, KvLayout, KvPool, KvView, SeqKv, BLOCK_TOKENS};
-use engram_model::{KvCache, Logits, SeqStep};
 use engram_tokenizer::StreamDecoder;
-use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 
-const OWNERS: [&str; 3] = ["ana", "bo", "cy"];
-/// About 75 tokens: two full blocks the prefix index shares between owners, and a partial one.
-const SYSTEM: &str = "System: you are a careful assistant who remembers blocks, budgets and every session you evicted. \
-                      Answer briefly; never guess; keep each owner's facts apart from every other owner's. ";
-const WORDS: [&str; 6] = ["cache ", "block budget ", "evict the oldest ", "é日本 ", "turn ", "a longer user message about sessions "];
-/// Texts longer than this start a new conversation instead of extending (keeps prompts short).
-const MAX_TEXT: usize = 500;
-/// Sequences the test holds at most (the oldest is dropped).
-const MAX_HELD: usize = 3;
-/// Relative tolerance for answers over keys re-rotated by a move: the same 1e-5 (measured
-/// up to 1.6e-6 over 600 cases; re-rotation adds rounding a cold run at those positions does
-/// not have). Kept apart so the report shows both.
-const ROTATED_TOL: f32 = 1e-5;
-const EXACT_TOL: f32 = 1e-5;
-
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let s = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / s
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    // The first maximum, as the engine's greedy sampler picks it.
-    x.iter().enumerate().fold(0, |b, (i, &v)| if v > x[b] { i } else { b }) as u32
-}
-
-/// Runs `tokens` into `kv` from `slot` (at `positions`, or linear) and returns the last token's logits.
-fn step(kv: &mut dyn KvCache, slot: usize, tokens: &[u32], positions: Option<&[u32]>) -> Vec<f32> {
-    let mut s = [SeqStep { tokens, first_pos: slot, positions, key_mask: None, kv, logits: Logits::Last }];
-    model().forward(&mut s).expect("forward").remove(0)
-}
-
-/// Greedy decoding of `n` tokens after `logits`, each fed back into `kv` (positions after `last_pos`).
-fn greedy(kv: &mut dyn KvCache, mut slot: usize, mut logits: Vec<f32>, n: usize, last_pos: Option<u32>) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut pos = last_pos;
-    for _ in 0..n {
-        let t = argmax(&logits);
-        out.push(t);
-        let p = pos.map(|p| [p + 1]);
-        logits = step(kv, slot, &[t], p.as_ref().map(|p| &p[..]));
-        pos = pos.map(|p| p + 1);
-        slot += 1;
-    }
-    out
-}
-
-/// The cold run: `tokens` at `positions` (or linear) on a fresh sequence in a roomy pool of
-/// `format`, then `n` greedy tokens. Returns (last prompt token's logits, greedy tokens).
-fn cold(format: KvFormat, tokens: &[u32], positions: Option<&[u32]>, n: usize) -> (Vec<f32>, Vec<u32>) {
-    let m = model();
-    let pool = KvPool::new(KvLayout::of(&m.config), format, 1 << 30);
-    let mut kv = SeqKv::new(&pool);
-    kv.reserve(tokens.len() + n).unwrap();
-    let logits = step(&mut kv, 0, tokens, positions);
-    let gen = greedy(&mut kv, tokens.len(), logits.clone(), n, positions.map(|p| p[p.len() - 1]));
-    (logits, gen)
-}
-
-/// Bytes `kv.reserve(n)` may charge at most: new blocks, a copy of a shared partial last
-/// block, a recent window.
-fn need_for(pool: &KvPool, kv: &SeqKv, n: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    let len = kv.len();
-    let new_blocks = (len + n).div_ceil(BLOCK_TOKENS) - len.div_ceil(BLOCK_TOKENS);
-    let cow = (!len.is_multiple_of(BLOCK_TOKENS)) as usize;
-    let window = if pool.has_window() { pool.tail_bytes() } else { 0 };
-    (new_blocks + cow) * pool.block_bytes() + window
-}
-
-/// Every layer's keys and values of `kv`, as bits (to compare a sequence before and after
-/// another sequence's move).
-fn digest(kv: &SeqKv) -> Vec<u32> {
-    let layers = model().config.num_layers;
-    let mut out = Vec::new();
-    for l in 0..layers {
-        let (k, v) = kv.read_rows(l, 0..kv.len());
-        out.extend(k.iter().chain(&v).map(|x| x.to_bits()));
-    }
-    out
-}
-
-#[derive(Clone, Copy, Debug)]
-enum How {
-    Extend,
-    Exact,
-    /// Cut the owner's last text at this fraction (of 256) of its characters, then add a word.
-    Diverge(u8),
-    New,
-}
-
-#[derive(Clone, Debug)]
-enum Op {
-    Turn { owner: u8, how: How, word: u8, gen: u8 },
-    ForkSession { owner: u8, pick: u8, frac: u8 },
-    ForkHeld { idx: u8, frac: u8 },
-    Truncate { idx: u8, frac: u8 },
-    ExtendHeld { idx: u8, word: u8 },
-    Move { idx: u8, start: u8, len: u8, shift: u8, whole: bool },
-    View { idx: u8, word: u8 },
-    DropHeld { idx: u8 },
-    MakeRoom { blocks: u8 },
-    Restart,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    let how = prop_oneof![
-        3 => Just(How::Extend),
-        1 => Just(How::Exact),
-        2 => any::<u8>().prop_map(How::Diverge),
-        1 => Just(How::New),
-    ];
-    prop_oneof![
-        7 => (0u8..3, how, any::<u8>(), 0u8..8).prop_map(|(owner, how, word, gen)| Op::Turn { owner, how, word, gen }),
-        4 => (0u8..3, any::<u8>(), any::<u8>()).prop_map(|(owner, pick, frac)| Op::ForkSession { owner, pick, frac }),
-        1 => (any::<u8>(), any::<u8>()).prop_map(|(idx, frac)| Op::ForkHeld { idx, frac }),
-        1 => (any::<u8>(), any::<u8>()).prop_map(|(idx, frac)| Op::Truncate { idx, frac }),
-        2 => (any::<u8>(), any::<u8>()).prop_map(|(idx, word)| Op::ExtendHeld { idx, word }),
-        4 => (any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<bool>())
-            .prop_map(|(idx, start, len, shift, whole)| Op::Move { idx, start, len, shift, whole }),
-        2 => (any::<u8>(), any::<u8>()).prop_map(|(idx, word)| Op::View { idx, word }),
-        1 => any::<u8>().prop_map(|idx| Op::DropHeld { idx }),
-        2 => (0u8..16).prop_map(|blocks| Op::MakeRoom { blocks }),
-        1 => Just(Op::Restart),
-    ]
-}
-
-/// A sequence the test holds (as a caller between steps would), with what it must contain.
-struct Held {
-    kv: SeqKv,
-    tokens: Vec<u32>,
-    positions: Vec<u32>,
-    /// `Some(s)`: tokens from slot `s` on were computed attending to keys whose distances a
-    /// move changed since, so no cold run reproduces them.
-    stale_from: Option<usize>,
-    /// Some keys were re-rotated by a move (answers compared within `ROTATED_TOL`).
-    rotated: bool,
-}
-
-impl Held {
-    fn cold_comparable(&self) -> bool {
-        self.stale_from.is_none()
-    }
-}
-
-/// What happened over a run, to show that the interesting paths were taken.
-#[derive(Default, Debug)]
-struct Stats {
-    ops: usize,
-    turns: usize,
-    kinds: HashMap<&'static str, usize>,
-    refused: usize,
-    cold_compared: usize,
-    bitwise_equal: usize,
-    max_err: f32,
-    max_rotated_err: f32,
-    make_room_calls: usize,
-    used_dropped: usize,
-    sessions_evicted: usize,
-    index_evicted: usize,
-    restores: usize,
-    lost_restores: usize,
-    restarts: usize,
-    moves: usize,
-    moves_refused: usize,
-    views: usize,
-    max_used_blocks: usize,
-}
-
-impl Stats {
-    fn add(&mut self, o: Stats) {
-        self.ops += o.ops;
-        self.turns += o.turns;
-        for (k, v) in o.kinds {
-            *self.kinds.entry(k).or_default() += v;
-        }
-        self.refused += o.refused;
-        self.cold_compared += o.cold_compared;
-        self.bitwise_equal += o.bitwise_equal;
-        self.max_err = self.max_err.max(o.max_err);
-        self.max_rotated_err = self.max_rotated_err.max(o.max_rotated_err);
-        self.make_room_calls += o.make_room_calls;
-        self.used_dropped += o.used_dropped;
-        self.sessions_evicted += o.sessions_evicted;
-        self.index_evicted += o.index_evicted;
-        self.restores += o.restores;
-        self.lost_restores += o.lost_restores;
-        self.restarts += o.restarts;
-        self.moves += o.moves;
-        self.moves_refused += o.moves_refused;
-        self.views += o.views;
-        self.max_used_blocks = self.max_used_blocks.max(o.max_used_blocks);
-    }
-}
+use crate::common::model;
+use crate::support::*;
 
 /// Distinct live blocks and recent windows, as counted from outside the store.
-struct Census {
-    blocks: usize,
+pub(crate) struct Census {
+    pub(crate) blocks: usize,
     /// Prefix index entries no sequence shares (what `make_room` may drop first).
-    idle_index: usize,
-    windows: usize,
+    pub(crate) idle_index: usize,
+    pub(crate) windows: usize,
 }
 
-struct Machine {
-    pool: KvPool,
-    format: KvFormat,
-    store: SessionStore,
-    disk: Option<tempfile::TempDir>,
-    held: Vec<Held>,
+pub(crate) struct Machine {
+    pub(crate) pool: KvPool,
+    pub(crate) format: KvFormat,
+    pub(crate) store: SessionStore,
+    pub(crate) disk: Option<tempfile::TempDir>,
+    pub(crate) held: Vec<Held>,
     /// Each owner's last checked-in text ("" before the first).
-    texts: [String; 3],
-    stats: Stats,
+    pub(crate) texts: [String; 3],
+    pub(crate) stats: Stats,
 }
 
 impl Machine {
-    fn new(format: KvFormat, budget_blocks: usize, disk: bool) -> Machine {
+    pub(crate) fn new(format: KvFormat, budget_blocks: usize, disk: bool) -> Machine {
         let m = model();
         let layout = KvLayout::of(&m.config);
         let bb = KvPool::new(layout, format, 0).block_bytes();
@@ -269,7 +41,7 @@ impl Machine {
         Machine { pool, format, store, disk, held: Vec::new(), texts: Default::default(), stats: Stats::default() }
     }
 
-    fn open(pool: &KvPool, format: KvFormat, disk: Option<&tempfile::TempDir>) -> SessionStore {
+    pub(crate) fn open(pool: &KvPool, format: KvFormat, disk: Option<&tempfile::TempDir>) -> SessionStore {
         let m = model();
         let store = SessionStore::new(pool.clone(), m.fingerprint);
         match disk {
@@ -282,17 +54,17 @@ impl Machine {
         }
     }
 
-    fn exact(&self) -> bool {
+    pub(crate) fn exact(&self) -> bool {
         self.format == KvFormat::F32
     }
 
-    fn sessions(&self) -> Vec<&engram_context::Session> {
+    pub(crate) fn sessions(&self) -> Vec<&engram_context::Session> {
         let mut v: Vec<_> = OWNERS.iter().flat_map(|o| self.store.sessions_of(o)).collect();
         v.sort_by(|a, b| (&a.owner, &a.id).cmp(&(&b.owner, &b.id)));
         v
     }
 
-    fn census(&self, extra: &[&SeqKv]) -> Census {
+    pub(crate) fn census(&self, extra: &[&SeqKv]) -> Census {
         self.store.flush();
         let sessions = self.sessions();
         assert_eq!(sessions.len(), self.store.len(), "every session belongs to a known owner");
@@ -324,7 +96,7 @@ impl Machine {
     }
 
     /// Invariants (1) and (2), and the shape of every sequence.
-    fn check(&mut self, extra: &[&SeqKv]) {
+    pub(crate) fn check(&mut self, extra: &[&SeqKv]) {
         let c = self.census(extra);
         let want = c.blocks * self.pool.block_bytes() + c.windows * self.pool.tail_bytes();
         assert_eq!(
@@ -355,7 +127,7 @@ impl Machine {
 
     /// `make_room` with every property it documents checked; `extra`: sequences alive besides
     /// the sessions and the held ones (the request being admitted).
-    fn make_room(&mut self, bytes: usize, extra: &[&SeqKv]) -> bool {
+    pub(crate) fn make_room(&mut self, bytes: usize, extra: &[&SeqKv]) -> bool {
         let bb = self.pool.block_bytes();
         let before = self.census(extra);
         let used0 = self.pool.used();
@@ -402,7 +174,7 @@ impl Machine {
         ok
     }
 
-    fn apply(&mut self, op: &Op) {
+    pub(crate) fn apply(&mut self, op: &Op) {
         self.stats.ops += 1;
         match *op {
             Op::Turn { owner, how, word, gen } => self.turn(owner as usize % OWNERS.len(), how, word as usize, gen as usize),
@@ -484,11 +256,11 @@ impl Machine {
         self.check(&[]);
     }
 
-    fn pick(&self, idx: u8) -> Option<usize> {
+    pub(crate) fn pick(&self, idx: u8) -> Option<usize> {
         (!self.held.is_empty()).then(|| idx as usize % self.held.len())
     }
 
-    fn hold(&mut self, h: Held) {
+    pub(crate) fn hold(&mut self, h: Held) {
         if self.held.len() >= MAX_HELD {
             self.held.remove(0);
         }
@@ -496,7 +268,7 @@ impl Machine {
     }
 
     /// Compares hot logits and greedy tokens with the cold run; `tol` relative.
-    fn compare(&mut self, what: &str, hot: &[f32], hot_gen: &[u32], tokens: &[u32], positions: Option<&[u32]>, rotated: bool) {
+    pub(crate) fn compare(&mut self, what: &str, hot: &[f32], hot_gen: &[u32], tokens: &[u32], positions: Option<&[u32]>, rotated: bool) {
         if !self.exact() {
             assert!(hot.iter().all(|x| x.is_finite()), "{what}: logits are finite");
             return;
@@ -519,7 +291,7 @@ impl Machine {
         }
     }
 
-    fn turn(&mut self, owner: usize, how: How, word: usize, gen: usize) {
+    pub(crate) fn turn(&mut self, owner: usize, how: How, word: usize, gen: usize) {
         let m = model();
         let name = OWNERS[owner];
         let w = WORDS[word % WORDS.len()];
@@ -597,7 +369,7 @@ impl Machine {
         self.texts[owner] = out;
     }
 
-    fn extend_held(&mut self, i: usize, word: usize) {
+    pub(crate) fn extend_held(&mut self, i: usize, word: usize) {
         let m = model();
         let w = m.tokenizer.encode(WORDS[word % WORDS.len()], false).unwrap().ids;
         let need = need_for(&self.pool, &self.held[i].kv, w.len());
@@ -623,7 +395,7 @@ impl Machine {
         }
     }
 
-    fn move_slots(&mut self, i: usize, start: u8, len: u8, shift: u8, whole: bool) {
+    pub(crate) fn move_slots(&mut self, i: usize, start: u8, len: u8, shift: u8, whole: bool) {
         let n = self.held[i].kv.len();
         if n == 0 {
             return;
@@ -689,7 +461,7 @@ impl Machine {
 
     /// A view of held sequence `i`'s spans (at their positions) followed by a new sequence
     /// holding a few more tokens: equal to a cold run over all of them at those positions.
-    fn view(&mut self, i: usize, word: usize) {
+    pub(crate) fn view(&mut self, i: usize, word: usize) {
         let m = model();
         let w = m.tokenizer.encode(WORDS[word % WORDS.len()], false).unwrap().ids;
         let mut own = SeqKv::new(&self.pool);
@@ -719,136 +491,4 @@ impl Machine {
             self.compare("a view of a held sequence's spans", &logits, &[], &tokens, Some(&positions), rotated);
         }
     }
-}
-
-/// Runs `cases` random sequences of operations in `format` under a budget of `budget_blocks`
-/// blocks, half of them with a disk tier; returns what happened.
-fn run_machine(format: KvFormat, budget_blocks: usize, cases: u32) -> Stats {
-    let total = RefCell::new(Stats::default());
-    // PROPTEST_CASES=n runs more (or fewer) cases, as with `proptest!`.
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
-    let config = Config { cases, failure_persistence: None, max_shrink_iters: 256, ..Config::default() };
-    // A fixed seed: the coverage asserted below (every kind of checkout, restores, moves) is
-    // then the same on every run, not a matter of luck.
-    let mut runner =
-        TestRunner::new_with_rng(config, proptest::test_runner::TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha));
-    let strategy = (any::<bool>(), proptest::collection::vec(op(), 1..=30));
-    let result = runner.run(&strategy, |(disk, ops)| {
-        let mut machine = Machine::new(format, budget_blocks, disk);
-        machine.check(&[]);
-        for op in &ops {
-            machine.apply(op);
-        }
-        let stats = std::mem::take(&mut machine.stats);
-        drop(machine);
-        total.borrow_mut().add(stats);
-        Ok(())
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
-    total.into_inner()
-}
-
-#[test]
-fn random_operations_keep_the_budget_the_byte_count_and_cold_answers() {
-    let t = std::time::Instant::now();
-    let s = run_machine(KvFormat::F32, 7, 32);
-    eprintln!("f32: {s:#?}\n({:.1} s)", t.elapsed().as_secs_f32());
-    // The interesting paths were taken, across the cases.
-    assert!(s.sessions_evicted > 0 && s.index_evicted > 0 && s.used_dropped > 0, "eviction happened: {s:?}");
-    assert!(s.restores > 0 && s.restarts > 0, "sessions were restored from disk: {s:?}");
-    assert!(s.moves > 0 && s.views > 0 && s.cold_compared > s.turns, "{s:?}");
-    for kind in ["exact", "extend", "diverge", "prefix"] {
-        assert!(s.kinds.get(kind).copied().unwrap_or(0) > 0, "no {kind} checkout: {s:?}");
-    }
-}
-
-#[test]
-fn random_operations_keep_the_byte_count_with_recent_windows() {
-    let t = std::time::Instant::now();
-    let s = run_machine(KvFormat::Q8, 7, 16);
-    eprintln!("q8: {s:#?}\n({:.1} s)", t.elapsed().as_secs_f32());
-    assert!(s.sessions_evicted > 0 && s.used_dropped > 0, "eviction happened: {s:?}");
-}
-
-/// The byte count is not vacuous: a fork of a session's blocks that the census is not told
-/// about (a leaked holder) makes `check` fail.
-#[test]
-fn the_byte_count_notices_a_holder_it_was_not_told_about() {
-    let mut mc = Machine::new(KvFormat::F32, 64, false);
-    mc.turn(0, How::New, 3, 4);
-    mc.check(&[]);
-    let s = mc.store.sessions_of(OWNERS[0]).next().unwrap();
-    assert!(!s.kv.len().is_multiple_of(BLOCK_TOKENS), "a partial last block (not in the prefix index)");
-    let mut hidden = s.kv.fork(s.kv.len());
-    hidden.reserve(1).unwrap(); // copies the shared partial block: bytes nobody else holds
-    let leaked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mc.check(&[])));
-    assert!(leaked.is_err(), "a sequence the census does not see must break the count");
-    mc.check(&[&hidden]);
-    let shared = {
-        let s = mc.store.sessions_of(OWNERS[0]).next().unwrap();
-        s.kv.fork(s.kv.len())
-    };
-    let leaked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mc.check(&[&hidden])));
-    assert!(leaked.is_err(), "a hidden second holder of a session's blocks must break the count");
-    drop(shared);
-    mc.check(&[&hidden]);
-}
-
-/// A session offloaded to disk whose restore does not fit the RAM budget at that moment
-/// (the pool is full of running sequences) must stay restorable once RAM frees up:
-/// "offloaded to disk, not forgotten".
-#[test]
-
-fn a_restore_refused_by_the_ram_budget_leaves_the_session_restorable() {
-    let mut mc = Machine::new(KvFormat::F32, 12, true);
-    mc.turn(0, How::New, 0, 2);
-    let text = mc.texts[0].clone();
-    let blocks = mc.store.sessions_of(OWNERS[0]).next().unwrap().kv.blocks().len();
-    assert!(blocks >= 2);
-    // Offload everything: the session goes to disk.
-    assert!(mc.make_room(mc.pool.budget(), &[]));
-    assert_eq!(mc.store.on_disk_count(), 1);
-    // Running sequences fill the pool but for one block: the session's blocks do not fit.
-    let bb = mc.pool.block_bytes();
-    let mut hog = SeqKv::new(&mc.pool);
-    hog.reserve((mc.pool.budget() - mc.pool.used()) / bb * BLOCK_TOKENS - BLOCK_TOKENS).unwrap();
-    let next = format!("{text}turn ");
-    let co = mc.store.checkout(OWNERS[0], None, &next, true, &model().tokenizer).unwrap();
-    assert!(co.restore.is_none(), "the restore cannot fit");
-    drop(co);
-    drop(hog);
-    assert_eq!(mc.store.on_disk_count(), 1, "the session is still on disk and in the catalog after a refused restore");
-    let mut co = mc.store.checkout(OWNERS[0], None, &next, true, &model().tokenizer).unwrap();
-    if let Some(p) = co.restore.take() {
-        assert!(mc.store.verify_restore(p));
-    }
-    assert_eq!(co.kind, MatchKind::Extend, "restored once RAM is free");
-}
-
-/// Issue 19 item 6: a restore makes room first. With other owners' idle sessions filling the
-/// RAM budget, an offloaded session that matches is restored — the idle ones offloaded in its
-/// place — rather than missing.
-#[test]
-fn a_restore_offloads_idle_sessions_to_make_room() {
-    let mut mc = Machine::new(KvFormat::F32, 12, true);
-    mc.turn(0, How::New, 0, 2);
-    let text = mc.texts[0].clone();
-    let bb = mc.pool.block_bytes();
-    let need = mc.store.sessions_of(OWNERS[0]).next().unwrap().kv.blocks().len() * bb;
-    assert!(mc.make_room(mc.pool.budget(), &[]));
-    assert_eq!(mc.store.on_disk_count(), 1);
-    let mut turns = 0;
-    while mc.pool.budget() - mc.pool.used() >= need {
-        mc.turn(1 + turns % 2, How::Extend, turns, 2);
-        turns += 1;
-        assert!(turns < 60, "idle sessions never filled the pool");
-    }
-    let next = format!("{text}turn ");
-    let mut co = mc.store.checkout(OWNERS[0], None, &next, true, &model().tokenizer).unwrap();
-    let p = co.restore.take().expect("restored after offloading idle sessions");
-    assert!(mc.store.verify_restore(p));
-    assert_eq!(co.kind, MatchKind::Extend);
-    assert!(mc.pool.used() <= mc.pool.budget());
 }
