@@ -6,23 +6,35 @@
 //! Variants, each over the same timelines with fresh stores: `naive` (retrieve and generate
 //! from a cold prefill), `kv` (the chunk KV tree only, RAGCache), `qa` (the QA bank only,
 //! MeanCache), `kv+qa` (both), `kv+qa+refresh` (both, and after each ingest the answers it
-//! invalidated are generated again at once — the idle-time half of refresh; its compute is
-//! reported as `idle_ms`, not in any query's latency). Reported per variant: mean and
-//! p50 end-to-end latency and TTFT per query, hit rate per level, answers identical to
-//! naive's, stale QA answers served (a hit whose stored sources differ from what its query
-//! retrieves now; must be 0), storage; per user the mean latency; and the goal: mean
-//! latency of `kv+qa+refresh` at least 34% below the best single technique.
+//! invalidated are generated again at once — the idle-time half of refresh), `sleep`
+//! (sleep-time compute: the QA bank, and in each idle gap questions predicted from the
+//! knowledge abstracts and the query history are answered in advance, no KV tree) and
+//! `percache` (everything: both levels, refresh regeneration, prediction, and the cache
+//! scheduler choosing answer / prefill-only / skip per prediction and converting between the
+//! levels). An idle gap follows every ingest and every query: at most `--idle-units` units of
+//! `engram_rag::PerCache::idle_unit` (each one prefill or one answer, never interrupted).
+//! Idle compute is reported apart as `idle_ms` (with the longest unit: how long a user request
+//! could wait behind one), in no query's latency. Reported per variant: mean and p50
+//! end-to-end latency and TTFT per query, hit rate per level, answers identical to naive's,
+//! stale QA answers served (a hit whose stored sources differ from what its query retrieves
+//! now; must be 0), storage, prediction counts (real queries an earlier prediction matched at
+//! the QA threshold, hits served by predicted answers); per user the mean latency; and the
+//! goal: mean latency of `percache` at least 34% below the best single technique (`kv`, `qa`
+//! or `sleep`).
 //!
 //! Reproduce: `engram bench rag --json` (2 threads, pycode-7m, all-MiniLM-L6-v2).
-//! NOTE: sleep-time compute (predicted queries answered in idle time) is not measured: idle
-//! prediction is not built.
+//! NOTE: the predictor's templates and the synthetic queries were written in the same project
+//! and share question forms ("When is the …?"), so the match rate on these timelines is higher
+//! than a real user's wording would give.
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use engram_embed::{Encoder, TextEncoder};
+use engram_rag::idle::predict::PredictConfig;
+use engram_rag::idle::scheduler::SchedulerConfig;
 use engram_rag::synth::{self, QueryKind, Step, SynthConfig};
-use engram_rag::{CacheLevel, KnowledgeBank, KvTree, QaBank, QueryOptions, Rag, RagConfig};
+use engram_rag::{CacheLevel, IdleConfig, KnowledgeBank, KvTree, PerCache, QaBank, QueryOptions, Rag, RagConfig};
 
 use crate::common::{kv_pool, load_model, ModelArgs};
 
@@ -48,6 +60,18 @@ pub struct Args {
     /// QA bank similarity threshold.
     #[arg(long, default_value_t = engram_rag::DEFAULT_THRESHOLD)]
     threshold: f32,
+    /// Questions per prediction (the seed's stride).
+    #[arg(long, default_value_t = engram_rag::idle::predict::DEFAULT_STRIDE)]
+    stride: usize,
+    /// Idle units after each ingest and each query (`sleep`, `percache`).
+    #[arg(long, default_value_t = 4)]
+    idle_units: usize,
+    /// QA thresholds at or past this make the scheduler prefill only.
+    #[arg(long, default_value_t = 0.95)]
+    tau: f32,
+    /// Worth of an idle millisecond against a user-facing one, in the scheduler's net benefit.
+    #[arg(long, default_value_t = 0.2)]
+    idle_weight: f64,
     /// One JSON object (summary, per user, per query).
     #[arg(long)]
     json: bool,
@@ -70,13 +94,30 @@ struct Row {
     tokens: Vec<u32>,
 }
 
-/// (name, QA bank, KV tree, idle-time regeneration of invalidated answers after each ingest).
-const VARIANTS: [(&str, bool, bool, bool); 5] = [
-    ("naive", false, false, false),
-    ("kv", false, true, false),
-    ("qa", true, false, false),
-    ("kv+qa", true, true, false),
-    ("kv+qa+refresh", true, true, true),
+/// A variant: QA bank, KV tree, regeneration of invalidated answers right after each ingest,
+/// and idle-time population (`None`, sleep-time compute, or the full scheduler).
+struct Variant {
+    name: &'static str,
+    use_qa: bool,
+    use_kv: bool,
+    refresh: bool,
+    idle: Option<bool>,
+}
+
+const fn v(name: &'static str, use_qa: bool, use_kv: bool, refresh: bool, idle: Option<bool>) -> Variant {
+    Variant { name, use_qa, use_kv, refresh, idle }
+}
+
+/// `idle: Some(false)` is plain sleep-time compute (answer every prediction), `Some(true)` the
+/// cache scheduler.
+const VARIANTS: [Variant; 7] = [
+    v("naive", false, false, false, None),
+    v("kv", false, true, false, None),
+    v("qa", true, false, false, None),
+    v("kv+qa", true, true, false, None),
+    v("kv+qa+refresh", true, true, true, None),
+    v("sleep", true, false, false, Some(false)),
+    v("percache", true, true, false, Some(true)),
 ];
 
 impl Row {
@@ -107,8 +148,10 @@ pub fn run(mut a: Args) -> Result<()> {
     let users = synth::generate(&SynthConfig { seed: a.seed, users: a.users, topics_per_user: a.topics, ..SynthConfig::default() });
     let mut rows: Vec<Row> = Vec::new();
     let mut storage = serde_json::Map::new();
-    for (variant, use_qa, use_kv, idle) in VARIANTS {
+    for var in &VARIANTS {
+        let Variant { name: variant, use_qa, use_kv, refresh, idle } = *var;
         let (mut qa_bytes, mut tree_bytes, mut bank_bytes, mut ingest_ms, mut idle_ms) = (0usize, 0usize, 0u64, 0f64, 0f64);
+        let mut idle_stats: Vec<engram_rag::IdleStats> = Vec::new();
         for user in &users {
             let tmp = tempfile::tempdir()?;
             let pool = kv_pool(&model, &a.model)?;
@@ -119,13 +162,38 @@ pub fn run(mut a: Args) -> Result<()> {
             config.params.max_tokens = a.max_tokens;
             let mut rag = Rag::new(model.clone(), pool, bank, qa, tree, config);
             let opts = QueryOptions { use_qa, use_kv, threshold: a.threshold };
+            let mut pc = idle.map(|schedule| {
+                PerCache::in_memory(IdleConfig {
+                    predict: PredictConfig { stride: a.stride, seed: a.seed, ..PredictConfig::default() },
+                    scheduler: SchedulerConfig { tau: a.tau, idle_weight: a.idle_weight, ..SchedulerConfig::default() },
+                    use_qa,
+                    use_kv,
+                    schedule,
+                    regenerate: schedule,
+                    threshold: a.threshold,
+                })
+            });
+            let gap = |rag: &mut Rag, pc: &mut Option<PerCache>| -> Result<()> {
+                if let Some(pc) = pc {
+                    for _ in 0..a.idle_units {
+                        if pc.idle_unit(rag)?.is_none() {
+                            break;
+                        }
+                    }
+                }
+                Ok(())
+            };
             for (i, step) in user.steps.iter().enumerate() {
                 match step {
                     Step::Ingest(d) => {
                         let t = std::time::Instant::now();
-                        rag.ingest_text(&d.id, d.kind, &d.text)?;
+                        let r = rag.ingest_text(&d.id, d.kind, &d.text)?;
+                        if let Some(pc) = &mut pc {
+                            pc.after_ingest(&rag, Some(&r))?;
+                        }
                         ingest_ms += t.elapsed().as_secs_f64() * 1e3;
-                        if idle {
+                        gap(&mut rag, &mut pc)?;
+                        if refresh {
                             let t = std::time::Instant::now();
                             rag.regenerate_stale(usize::MAX)?;
                             idle_ms += t.elapsed().as_secs_f64() * 1e3;
@@ -155,19 +223,37 @@ pub fn run(mut a: Args) -> Result<()> {
                             cached_tokens: ans.timings.cached_tokens,
                             same_as_naive: naive.is_none_or(|n| n.tokens == ans.tokens),
                             stale,
-                            tokens: ans.tokens,
+                            tokens: ans.tokens.clone(),
                         });
+                        if let Some(pc) = &mut pc {
+                            pc.after_query(&rag, text, &ans)?;
+                        }
+                        gap(&mut rag, &mut pc)?;
                     }
                 }
             }
             qa_bytes += rag.qa.stats().bytes;
             tree_bytes += rag.tree.stats().bytes;
             bank_bytes += rag.bank.stats().manifest_bytes + rag.bank.stats().index_bytes;
+            if let Some(pc) = pc {
+                idle_ms += pc.stats().idle_ms;
+                idle_stats.push(pc.stats().clone());
+            }
         }
+        let sum = |f: fn(&engram_rag::IdleStats) -> u64| idle_stats.iter().map(f).sum::<u64>();
+        let idle_json = (!idle_stats.is_empty()).then(|| {
+            serde_json::json!({"units": sum(|s| s.units), "longest_unit_ms": idle_stats.iter().map(|s| s.longest_unit_ms).fold(0.0, f64::max),
+                "predicted": sum(|s| s.predicted), "answered": sum(|s| s.answered), "prefilled": sum(|s| s.prefilled),
+                "skipped": sum(|s| s.skipped), "regenerated": sum(|s| s.regenerated), "kv_to_qa": sum(|s| s.kv_to_qa),
+                "qa_to_kv": sum(|s| s.qa_to_kv), "real_queries": sum(|s| s.real_queries),
+                "matched_by_prediction": sum(|s| s.matched_by_prediction), "served_by_prediction": sum(|s| s.served_by_prediction),
+                "prediction_match_rate": sum(|s| s.matched_by_prediction) as f64 / sum(|s| s.real_queries).max(1) as f64,
+                "per_user": &idle_stats})
+        });
         storage.insert(
             variant.into(),
             serde_json::json!({"qa_bank_bytes": qa_bytes, "kv_tree_bytes": tree_bytes, "knowledge_bank_bytes": bank_bytes, "ingest_ms": ingest_ms,
-                "idle_ms": idle_ms}),
+                "idle_ms": idle_ms, "idle": idle_json}),
         );
     }
     report(&a, &users, &rows, storage)
@@ -175,7 +261,8 @@ pub fn run(mut a: Args) -> Result<()> {
 
 fn report(a: &Args, users: &[synth::SynthUser], rows: &[Row], storage: serde_json::Map<String, serde_json::Value>) -> Result<()> {
     let mut summary = Vec::new();
-    for (variant, _, _, _) in VARIANTS {
+    for Variant { name: variant, .. } in &VARIANTS {
+        let variant = *variant;
         let r: Vec<&Row> = rows.iter().filter(|r| r.variant == variant).collect();
         let n = r.len().max(1) as f64;
         let lat: Vec<f64> = r.iter().map(|r| r.total_ms).collect();
@@ -205,12 +292,16 @@ fn report(a: &Args, users: &[synth::SynthUser], rows: &[Row], storage: serde_jso
         }));
     }
     let m = |v: &str| summary.iter().find(|s| s["variant"] == v).map(|s| s["mean_ms"].as_f64().unwrap_or(0.0)).unwrap_or(0.0);
-    let best_single = m("kv").min(m("qa"));
-    let reduction = 1.0 - m("kv+qa+refresh") / best_single;
+    // Single techniques: the chunk KV tree, the QA bank, sleep-time compute (QA bank + prediction).
+    let best_single = m("kv").min(m("qa")).min(m("sleep"));
+    let best_name = ["kv", "qa", "sleep"].into_iter().find(|v| m(v) == best_single).unwrap_or("kv");
+    let reduction = 1.0 - m("percache") / best_single;
     let goal = serde_json::json!({
-        "combined_mean_ms": m("kv+qa+refresh"), "kv_qa_mean_ms": m("kv+qa"), "best_single_mean_ms": best_single,
-        "reduction_vs_best_single": reduction, "kv_qa_reduction_vs_best_single": 1.0 - m("kv+qa") / best_single,
-        "target": 0.34, "met": reduction >= 0.34,
+        "percache_mean_ms": m("percache"), "best_single": best_name, "best_single_mean_ms": best_single,
+        "reduction_vs_best_single": reduction, "target": 0.34, "met": reduction >= 0.34,
+        "kv_qa_refresh_reduction_vs_best_single": 1.0 - m("kv+qa+refresh") / best_single,
+        "kv_qa_reduction_vs_best_single": 1.0 - m("kv+qa") / best_single,
+        "percache_reduction_vs_best_of_kv_and_qa": 1.0 - m("percache") / m("kv").min(m("qa")),
     });
     if a.json {
         let per_query: Vec<serde_json::Value> = rows.iter().map(Row::json).collect();
@@ -243,13 +334,35 @@ fn report(a: &Args, users: &[synth::SynthUser], rows: &[Row], storage: serde_jso
             s["stale_qa_answers"],
         );
     }
+    for s in &summary {
+        if let Some(i) = s["storage"].get("idle").filter(|i| !i.is_null()) {
+            println!(
+                "{:<13} idle {:.0} ms in {} units (longest {:.0} ms): predicted {}, answered {}, prefilled {}, skipped {}, regenerated {}, \
+                 kv->qa {}, qa->kv {}; real queries matched by a prediction {}/{}, QA hits from predicted answers {}",
+                s["variant"].as_str().unwrap_or(""),
+                s["storage"]["idle_ms"].as_f64().unwrap_or(0.0),
+                i["units"],
+                i["longest_unit_ms"].as_f64().unwrap_or(0.0),
+                i["predicted"],
+                i["answered"],
+                i["prefilled"],
+                i["skipped"],
+                i["regenerated"],
+                i["kv_to_qa"],
+                i["qa_to_kv"],
+                i["matched_by_prediction"],
+                i["real_queries"],
+                i["served_by_prediction"],
+            );
+        }
+    }
     println!(
-        "goal: kv+qa+refresh mean {:.1} ms (kv+qa {:.1} ms) vs best single {:.1} ms: {:.1}% lower (target 34%): {}",
-        m("kv+qa+refresh"),
-        m("kv+qa"),
+        "goal: percache mean {:.1} ms vs best single technique ({best_name}) {:.1} ms: {:.1}% lower (target 34%): {}; kv+qa+refresh {:.1}% lower",
+        m("percache"),
         best_single,
         100.0 * reduction,
-        if reduction >= 0.34 { "MET" } else { "MISSED" }
+        if reduction >= 0.34 { "MET" } else { "MISSED" },
+        100.0 * (1.0 - m("kv+qa+refresh") / best_single),
     );
     println!("storage: {}", serde_json::Value::Object(storage));
     Ok(())

@@ -107,6 +107,12 @@ impl KvTree {
         TreeMatch { segments: 0, kv: None, tokens: Vec::new() }
     }
 
+    /// Tokens held by the longest stored prefix of `path` (0: none), without touching the
+    /// recency order or forking anything: what a lookup would reuse.
+    pub fn cached_tokens(&self, path: &[SegKey]) -> usize {
+        (1..=path.len()).rev().find_map(|d| self.entries.get(&path[..d])).map_or(0, |e| e.tokens.len())
+    }
+
     /// Stores every prefix of `path` that is not stored yet: `ends[d]` is where segment `d`
     /// ends in `tokens`, and `kv` holds at least `tokens` (it is forked, never written).
     pub fn insert(&mut self, path: &[SegKey], ends: &[usize], tokens: &[u32], kv: &SeqKv) {

@@ -23,7 +23,9 @@
 //! [`Library`] (the banks and the pipeline's front half for a caller that generates elsewhere:
 //! the server) and [`TreePolicy`] (the chunk KV tree behind the engine's context-policy seam,
 //! so the scheduler's RAG jobs start from it). The tree persists as `engram-kv` entry files
-//! ([`KvTree::save`], [`KvTree::load`]).
+//! ([`KvTree::save`], [`KvTree::load`]). [`idle`] is the idle-time half ([`PerCache`]):
+//! knowledge abstracts, query prediction, and the cache scheduler that spends idle compute on
+//! the QA bank or the KV tree one small unit at a time.
 //!
 //! Architecture invariant: this crate builds KV only through `engram-kv` and runs the model
 //! only through `engram-engine`'s [`engram_engine::Generator`]; it knows no HTTP. Every store
@@ -35,6 +37,7 @@ mod bm25;
 pub mod chunk;
 mod envelope;
 mod error;
+pub mod idle;
 pub mod kv_tree;
 mod library;
 pub mod parse;
@@ -46,6 +49,7 @@ pub mod synth;
 
 pub use bank::{BankStats, ChunkEntry, ChunkId, DocEntry, IngestReport, KnowledgeBank, MANIFEST_FILE};
 pub use error::{RagError, Result};
+pub use idle::{IdleConfig, IdleStats, PerCache, UnitKind, UnitReport};
 pub use kv_tree::{tree_dir, KvTree, LoadReport, SegKey, TreeStats};
 pub use library::{Library, Pending, Plan};
 pub use parse::{DocKind, ParsedDoc};

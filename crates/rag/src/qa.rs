@@ -148,6 +148,27 @@ impl QaBank {
         Some(QaHit { entry: e.clone(), similarity: sim })
     }
 
+    /// The best entry's id and similarity for `qv`, without counting a hit (`None` if empty).
+    /// Idle-time population asks this to skip a predicted query the bank already answers.
+    pub fn best(&self, qv: &[f32]) -> Option<(u64, f32)> {
+        self.f.entries.iter().map(|e| (e.id, engram_embed::cosine(qv, &e.vector))).fold(None, |best, (id, s)| match best {
+            Some((_, b)) if b >= s => best,
+            _ => Some((id, s)),
+        })
+    }
+
+    /// The entry with `id`, if stored.
+    pub fn entry(&self, id: u64) -> Option<&QaEntry> {
+        self.f.entries.iter().find(|e| e.id == id)
+    }
+
+    /// Takes entry `id` out of the bank (the cache scheduler's QA → KV conversion); `None` if
+    /// it is not stored. Not counted as an eviction or an invalidation.
+    pub fn remove(&mut self, id: u64) -> Option<QaEntry> {
+        let i = self.f.entries.iter().position(|e| e.id == id)?;
+        Some(self.f.entries.remove(i))
+    }
+
     /// Stores an answer; then evicts LFU entries until the bank fits its cap (the new entry
     /// too, if it alone is over the cap). Returns the new entry's id.
     #[allow(clippy::too_many_arguments)]

@@ -1,0 +1,446 @@
+//! Idle-time population (PerCache §4.2–4.3, issue 17 items 4–5): knowledge abstracts, query
+//! prediction, and the cache scheduler that spends idle compute on the QA bank or the chunk
+//! KV tree, one small unit at a time.
+//!
+//! ```text
+//!  after_ingest:  abstracts synced (new documents' topics asked about first)
+//!  after_query:   history += query; predictions it matched (QA threshold) or followed (first
+//!                 chunk) counted → p_qa, p_kv; a prefilled prediction whose chunks it used → KV→QA
+//!  idle_unit:     one of, in this order:
+//!                   1. an invalidated answer regenerated (refresh's idle half)
+//!                   2. queued work: the answer stage of a split answer, a KV→QA conversion
+//!                   3. a QA→KV conversion (a predicted answer nobody asked for)
+//!                   4. the next predicted question: plan, decide (answer / prefill / skip), do it
+//!                      (an answer whose chunks the tree lacks runs as two units: prefill, answer)
+//!                 None when there is nothing left to do
+//! ```
+//! A unit is never interrupted, so a user request waits for at most one (the bench reports the
+//! longest). Invariant: population stores only what [`Rag::query`] would store for the same
+//! question, so answers afterwards equal the cold path's (exact KV) or are QA answers of a
+//! question at the threshold, and a refresh invalidates predicted answers like any other
+//! (`tests/idle.rs`). The abstracts persist (`abstracts.rs`); the history and hit counts live
+//! in RAM (a restart starts them again).
+
+pub mod abstracts;
+pub mod populate;
+pub mod predict;
+pub mod scheduler;
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::Instant;
+
+use crate::bank::{ChunkId, IngestReport};
+use crate::error::Result;
+use crate::pipeline::{Answer, CacheLevel, Rag};
+use abstracts::AbstractStore;
+use predict::{PredictConfig, Predicted, Predictor, Source};
+use scheduler::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, Rate, SchedulerConfig, Strategy};
+
+/// How idle time is spent.
+#[derive(Clone, Copy, Debug)]
+pub struct IdleConfig {
+    pub predict: PredictConfig,
+    pub scheduler: SchedulerConfig,
+    /// Predicted answers go into the QA bank (off: prefill only).
+    pub use_qa: bool,
+    /// The chunk KV tree is filled and used (off: answers prefill cold, no prefill-only units).
+    pub use_kv: bool,
+    /// Decide by expected benefit and convert between layers (off: answer every prediction —
+    /// plain sleep-time compute).
+    pub schedule: bool,
+    /// Regenerate answers a refresh invalidated.
+    pub regenerate: bool,
+    /// The QA threshold real queries use (for matching predictions and the τ cutoff).
+    pub threshold: f32,
+}
+
+impl Default for IdleConfig {
+    fn default() -> Self {
+        IdleConfig {
+            predict: PredictConfig::default(),
+            scheduler: SchedulerConfig::default(),
+            use_qa: true,
+            use_kv: true,
+            schedule: true,
+            regenerate: true,
+            threshold: crate::qa::DEFAULT_THRESHOLD,
+        }
+    }
+}
+
+/// What a unit did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnitKind {
+    Regenerate,
+    Answer,
+    Prefill,
+    Skip,
+    KvToQa,
+    QaToKv,
+}
+
+/// One unit's report.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct UnitReport {
+    pub kind: UnitKind,
+    pub query: String,
+    pub ms: f64,
+    pub prefill_tokens: usize,
+    pub decode_tokens: usize,
+}
+
+/// Counts over a [`PerCache`]'s life.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct IdleStats {
+    pub units: u64,
+    /// Milliseconds of units plus the bookkeeping after each real query.
+    pub idle_ms: f64,
+    pub longest_unit_ms: f64,
+    pub predicted: u64,
+    pub answered: u64,
+    pub prefilled: u64,
+    pub skipped: u64,
+    pub regenerated: u64,
+    pub kv_to_qa: u64,
+    pub qa_to_kv: u64,
+    pub real_queries: u64,
+    /// Real queries whose cosine to some earlier prediction reached the QA threshold.
+    pub matched_by_prediction: u64,
+    /// QA hits served from a predicted question's answer.
+    pub served_by_prediction: u64,
+    pub hits: HitStats,
+}
+
+/// A prediction and what became of it.
+#[derive(Clone, Debug)]
+pub struct PredictionRecord {
+    pub query: String,
+    pub source: Source,
+    /// Empty until planned.
+    pub vector: Vec<f32>,
+    pub first_chunk: Option<ChunkId>,
+    pub strategy: Option<Strategy>,
+    pub qa_id: Option<u64>,
+    /// Real queries seen when its answer was stored.
+    pub answered_at: u64,
+    /// Real queries seen when it was planned (`None` before).
+    pub planned_at: Option<u64>,
+    qa_judged: bool,
+    kv_judged: bool,
+    kv_queued: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Work {
+    Populate(usize),
+    AnswerStage(usize),
+    KvToQa(usize),
+}
+
+/// The idle-time half of PerCache over a [`Rag`]. See the module doc.
+pub struct PerCache {
+    cfg: IdleConfig,
+    abstracts: AbstractStore,
+    predictor: Predictor,
+    preds: Vec<PredictionRecord>,
+    queue: VecDeque<Work>,
+    prefill_rate: Rate,
+    decode_rate: Rate,
+    stats: IdleStats,
+}
+
+impl PerCache {
+    /// Idle population whose abstracts are kept at `path` (see [`AbstractStore::open`]).
+    pub fn open(path: &Path, cfg: IdleConfig) -> Result<PerCache> {
+        Ok(PerCache::with_store(AbstractStore::open(path)?, cfg))
+    }
+
+    /// Idle population with abstracts in RAM only.
+    pub fn in_memory(cfg: IdleConfig) -> PerCache {
+        PerCache::with_store(AbstractStore::in_memory(), cfg)
+    }
+
+    fn with_store(abstracts: AbstractStore, cfg: IdleConfig) -> PerCache {
+        PerCache {
+            predictor: Predictor::new(cfg.predict),
+            cfg,
+            abstracts,
+            preds: Vec::new(),
+            queue: VecDeque::new(),
+            // Until measured: 1 ms per prefilled token, 10 per decoded one (their ratio is
+            // what matters for the first decisions).
+            prefill_rate: Rate::new(1.0),
+            decode_rate: Rate::new(10.0),
+            stats: IdleStats::default(),
+        }
+    }
+
+    /// The abstracts.
+    pub fn abstracts(&self) -> &AbstractStore {
+        &self.abstracts
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> &IdleStats {
+        &self.stats
+    }
+
+    /// Every prediction made so far, in order.
+    pub fn predictions(&self) -> &[PredictionRecord] {
+        &self.preds
+    }
+
+    /// The scheduler's inputs now.
+    pub fn estimates(&self) -> Estimates {
+        Estimates {
+            p_qa: self.stats.hits.p_qa(),
+            p_kv: self.stats.hits.p_kv(),
+            prefill_ms_per_token: self.prefill_rate.value,
+            decode_ms_per_token: self.decode_rate.value,
+        }
+    }
+
+    /// Brings the abstracts in step with the bank after an ingest or removal; the topics of
+    /// `report`'s documents are asked about first.
+    pub fn after_ingest(&mut self, rag: &Rag, report: Option<&IngestReport>) -> Result<()> {
+        self.abstracts.sync(&rag.bank)?;
+        if let Some(r) = report {
+            let fresh = self.abstracts.topics_of_docs(&r.docs);
+            self.predictor.note_fresh(&fresh);
+        }
+        Ok(())
+    }
+
+    /// Records a real query and its answer (see the module doc). Its cost is counted as idle.
+    pub fn after_query(&mut self, rag: &Rag, question: &str, answer: &Answer) -> Result<()> {
+        let t = Instant::now();
+        let qv = rag.bank.embed(question)?;
+        self.stats.real_queries += 1;
+        let mut matched = false;
+        for p in self.preds.iter_mut().filter(|p| !p.vector.is_empty()) {
+            if engram_embed::cosine(&qv, &p.vector) >= self.cfg.threshold {
+                matched = true;
+                if !p.qa_judged {
+                    p.qa_judged = true;
+                    self.stats.hits.qa_matched += 1;
+                }
+            }
+        }
+        self.stats.matched_by_prediction += matched as u64;
+        if answer.cache_level == CacheLevel::Qa && answer.matched_query.as_ref().is_some_and(|m| self.preds.iter().any(|p| &p.query == m)) {
+            self.stats.served_by_prediction += 1;
+        }
+        if let Some(first) = answer.chunks.first() {
+            for (i, p) in self.preds.iter_mut().enumerate() {
+                if p.first_chunk.as_ref() != Some(first) {
+                    continue;
+                }
+                if !p.kv_judged {
+                    p.kv_judged = true;
+                    self.stats.hits.kv_matched += 1;
+                }
+                let prefilled_only = p.strategy == Some(Strategy::Prefill) && p.qa_id.is_none();
+                if self.cfg.schedule
+                    && self.cfg.use_qa
+                    && prefilled_only
+                    && !p.kv_queued
+                    && kv_to_qa(&self.cfg.scheduler, 1, self.cfg.threshold)
+                {
+                    p.kv_queued = true;
+                    self.queue.push_back(Work::KvToQa(i));
+                }
+            }
+        }
+        // Predictions that went `patience` real queries without a match are judged missed.
+        let (now, patience) = (self.stats.real_queries, self.cfg.scheduler.patience);
+        for p in &mut self.preds {
+            if p.planned_at.is_some_and(|t| now - t >= patience.max(1)) {
+                if !p.qa_judged {
+                    p.qa_judged = true;
+                    self.stats.hits.qa_missed += 1;
+                }
+                if !p.kv_judged {
+                    p.kv_judged = true;
+                    self.stats.hits.kv_missed += 1;
+                }
+            }
+        }
+        self.predictor.observe(question);
+        self.stats.idle_ms += t.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+
+    /// Runs one unit of idle work (see the module doc); `None` when there is none left.
+    pub fn idle_unit(&mut self, rag: &mut Rag) -> Result<Option<UnitReport>> {
+        let t = Instant::now();
+        let r = self.next_unit(rag)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(r.map(|mut r| {
+            r.ms = ms;
+            self.stats.units += 1;
+            self.stats.idle_ms += ms;
+            self.stats.longest_unit_ms = self.stats.longest_unit_ms.max(ms);
+            r
+        }))
+    }
+
+    fn next_unit(&mut self, rag: &mut Rag) -> Result<Option<UnitReport>> {
+        if self.cfg.regenerate && self.cfg.use_qa {
+            if let Some(q) = rag.qa.pop_stale() {
+                let plan = populate::plan(rag, &q)?;
+                let w = self.answer(rag, plan)?;
+                self.stats.regenerated += 1;
+                return Ok(Some(report(UnitKind::Regenerate, q, &w)));
+            }
+        }
+        loop {
+            if let Some(w) = self.queue.pop_front() {
+                return self.run(rag, w).map(Some);
+            }
+            if let Some(r) = self.convert_to_kv(rag)? {
+                return Ok(Some(r));
+            }
+            let fresh: Vec<Predicted> = self.predictor.predict(&self.abstracts);
+            if fresh.is_empty() {
+                return Ok(None);
+            }
+            for p in fresh {
+                self.stats.predicted += 1;
+                self.queue.push_back(Work::Populate(self.preds.len()));
+                self.preds.push(PredictionRecord {
+                    query: p.query,
+                    source: p.source,
+                    vector: Vec::new(),
+                    first_chunk: None,
+                    strategy: None,
+                    qa_id: None,
+                    answered_at: 0,
+                    planned_at: None,
+                    qa_judged: false,
+                    kv_judged: false,
+                    kv_queued: false,
+                });
+            }
+        }
+    }
+
+    fn answer(&mut self, rag: &mut Rag, plan: populate::Plan) -> Result<populate::Work> {
+        let w = populate::answer(rag, plan, self.cfg.use_kv)?;
+        self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
+        self.decode_rate.add(w.decode_ms, w.decode_tokens);
+        Ok(w)
+    }
+
+    fn prefill(&mut self, rag: &mut Rag, plan: &populate::Plan) -> Result<populate::Work> {
+        let w = populate::prefill(rag, plan)?;
+        self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
+        Ok(w)
+    }
+
+    fn run(&mut self, rag: &mut Rag, work: Work) -> Result<UnitReport> {
+        let threshold = self.cfg.threshold;
+        match work {
+            Work::Populate(i) => {
+                let q = self.preds[i].query.clone();
+                let plan = populate::plan(rag, &q)?;
+                self.stats.hits.issued += 1;
+                let p = &mut self.preds[i];
+                p.vector = plan.vector.clone();
+                p.first_chunk = plan.prompt.chunks.first().cloned();
+                p.planned_at = Some(self.stats.real_queries);
+                // Already answered at the threshold (a real query or an earlier prediction).
+                if self.cfg.use_qa && rag.qa.best(&plan.vector).is_some_and(|(_, s)| s >= threshold) {
+                    p.strategy = Some(Strategy::Skip);
+                    self.stats.skipped += 1;
+                    return Ok(report(UnitKind::Skip, q, &populate::Work::default()));
+                }
+                let end = plan.chunks_end();
+                let cached = if self.cfg.use_kv { plan.cached_tokens } else { 0 };
+                let cand = Candidate {
+                    rest_tokens: plan.prompt.tokens.len() - cached,
+                    rest_chunk_tokens: end.saturating_sub(cached),
+                    decode_tokens: rag.config.params.max_tokens,
+                };
+                let mut s = if self.cfg.schedule {
+                    decide(&self.cfg.scheduler, &self.estimates(), &cand, threshold).strategy
+                } else {
+                    Strategy::Answer
+                };
+                if s == Strategy::Answer && !self.cfg.use_qa {
+                    s = Strategy::Prefill;
+                }
+                if s == Strategy::Prefill && (!self.cfg.use_kv || cand.rest_chunk_tokens == 0) {
+                    s = Strategy::Skip;
+                }
+                self.preds[i].strategy = Some(s);
+                match s {
+                    Strategy::Skip => {
+                        self.stats.skipped += 1;
+                        Ok(report(UnitKind::Skip, q, &populate::Work::default()))
+                    }
+                    Strategy::Prefill => {
+                        let w = self.prefill(rag, &plan)?;
+                        self.stats.prefilled += 1;
+                        Ok(report(UnitKind::Prefill, q, &w))
+                    }
+                    Strategy::Answer if self.cfg.use_kv && cand.rest_chunk_tokens > 0 => {
+                        // Two units: the chunks now, the question and decode next.
+                        let w = self.prefill(rag, &plan)?;
+                        self.queue.push_front(Work::AnswerStage(i));
+                        Ok(report(UnitKind::Prefill, q, &w))
+                    }
+                    Strategy::Answer => self.run(rag, Work::AnswerStage(i)),
+                }
+            }
+            Work::AnswerStage(i) | Work::KvToQa(i) => {
+                let q = self.preds[i].query.clone();
+                let plan = populate::plan(rag, &q)?;
+                let w = self.answer(rag, plan)?;
+                let p = &mut self.preds[i];
+                p.qa_id = w.qa_id;
+                p.answered_at = self.stats.real_queries;
+                let kind = if matches!(work, Work::KvToQa(_)) {
+                    p.strategy = Some(Strategy::Answer);
+                    self.stats.kv_to_qa += 1;
+                    UnitKind::KvToQa
+                } else {
+                    self.stats.answered += 1;
+                    UnitKind::Answer
+                };
+                Ok(report(kind, q, &w))
+            }
+        }
+    }
+
+    /// QA → KV: the first predicted answer the scheduler gives up on (no hit in `patience`
+    /// real queries, or threshold ≥ τ) leaves the QA bank; its prompt's chunks go into the tree.
+    fn convert_to_kv(&mut self, rag: &mut Rag) -> Result<Option<UnitReport>> {
+        if !self.cfg.schedule {
+            return Ok(None);
+        }
+        let (cfg, now, threshold) = (self.cfg.scheduler, self.stats.real_queries, self.cfg.threshold);
+        let victim = self
+            .preds
+            .iter()
+            .position(|p| p.qa_id.and_then(|id| rag.qa.entry(id)).is_some_and(|e| qa_to_kv(&cfg, e.hits, now - p.answered_at, threshold)));
+        let Some(i) = victim else { return Ok(None) };
+        let id = self.preds[i].qa_id.take().expect("victim has an entry");
+        let q = self.preds[i].query.clone();
+        let mut w = populate::Work::default();
+        if self.cfg.use_kv {
+            let plan = populate::plan(rag, &q)?;
+            w = self.prefill(rag, &plan)?;
+        }
+        rag.qa.remove(id);
+        rag.qa.save()?;
+        self.preds[i].strategy = Some(Strategy::Prefill);
+        self.stats.qa_to_kv += 1;
+        Ok(Some(report(UnitKind::QaToKv, q, &w)))
+    }
+}
+
+fn report(kind: UnitKind, query: String, w: &populate::Work) -> UnitReport {
+    UnitReport { kind, query, ms: 0.0, prefill_tokens: w.prefill_tokens, decode_tokens: w.decode_tokens }
+}
