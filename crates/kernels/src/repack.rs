@@ -24,6 +24,7 @@
 
 use crate::dtype::{DType, WeightMatrix};
 use crate::repack_k::{group_block_bytes_k, pack_block, unpack_block};
+use rayon::prelude::*;
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
@@ -50,7 +51,7 @@ impl Packed {
         matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4K | DType::Q6K) && rows % GROUP_ROWS == 0 && rows > 0
     }
 
-    /// Repacks `w`; `None` where [`Packed::supports`] says no. Reads every byte of `w` once.
+    /// Repacks `w`; `None` where [`Packed::supports`] says no. Reads every byte of `w` once (groups in parallel on [`crate::pool`]).
     pub fn new(w: &WeightMatrix) -> Option<Packed> {
         if !Packed::supports(w.dtype, w.rows) {
             return None;
@@ -61,7 +62,7 @@ impl Packed {
         let mut bytes = vec![0u8; w.rows / GROUP_ROWS * nb * gbb];
         let q4 = w.dtype == DType::Q4_0;
         let k = matches!(w.dtype, DType::Q4K | DType::Q6K);
-        for (g, gdst) in bytes.chunks_exact_mut(nb * gbb).enumerate() {
+        let pack_group = |(g, gdst): (usize, &mut [u8])| {
             for (i, dst) in gdst.chunks_exact_mut(gbb).enumerate() {
                 for r in 0..GROUP_ROWS {
                     let src = &w.row(GROUP_ROWS * g + r)[i * bb..(i + 1) * bb];
@@ -75,7 +76,9 @@ impl Packed {
                     dst[at..at + q.len()].copy_from_slice(q);
                 }
             }
-        }
+        };
+        // Groups are independent: packed on the pool (load time; the bytes are the same).
+        crate::pool::pool().install(|| bytes.par_chunks_exact_mut(nb * gbb).enumerate().for_each(pack_group));
         Some(Packed { dtype: w.dtype, rows: w.rows, cols: w.cols, bytes })
     }
 

@@ -25,7 +25,6 @@
 //! for byte; the 6-bit scale/min packing and the ql/qh bit arrangement are both bijections).
 
 use crate::blocks::{scales_mins_k4, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES, QK_K};
-use crate::dequant::q6k_value;
 use crate::dtype::DType;
 use crate::repack::GROUP_ROWS;
 
@@ -81,7 +80,7 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
             for j in 0..16 {
                 dst[Q6K_P_SC + 16 * (j / 2) + 2 * r + j % 2] = src[Q6K_SCALES + j];
             }
-            let u: Vec<u8> = (0..QK_K).map(|e| q6k_value(src, e) as u8).collect();
+            let u = q6k_values(src);
             for c in 0..4 {
                 let base = Q6K_P_Q + 192 * (2 * c + h);
                 for m in 0..4 {
@@ -98,6 +97,21 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
         }
         _ => unreachable!("not a K-quant"),
     }
+}
+
+/// The 256 unsigned 6-bit values `q + 32` of a Q6_K block (as `dequant::q6k_value`, all at once).
+fn q6k_values(b: &[u8]) -> [u8; QK_K] {
+    let mut u = [0u8; QK_K];
+    for hh in 0..2 {
+        for l in 0..32 {
+            let (ql0, ql1, qh) = (b[64 * hh + l], b[64 * hh + l + 32], b[Q6K_QH + 32 * hh + l]);
+            u[128 * hh + l] = (ql0 & 0xF) | ((qh & 3) << 4);
+            u[128 * hh + l + 32] = (ql1 & 0xF) | (((qh >> 2) & 3) << 4);
+            u[128 * hh + l + 64] = (ql0 >> 4) | (((qh >> 4) & 3) << 4);
+            u[128 * hh + l + 96] = (ql1 >> 4) | (((qh >> 6) & 3) << 4);
+        }
+    }
+    u
 }
 
 /// Register index (within a chunk-half's 6) of `ql_m`.
