@@ -35,6 +35,7 @@ mod membw;
 mod pool;
 mod quantize;
 mod repack;
+mod repack_k;
 mod simd;
 
 pub use dequant::dequantize_row;

@@ -14,7 +14,7 @@
 //!   `simd::amx::run_rows`, which repacks the chunk's weights once into AMX tile layout and
 //!   sweeps 16-token groups over it (or, for ≤ 3 tokens, runs a VNNI kernel on the weights in
 //!   place).
-//! * Exception, `Isa::Avx2` with a [`crate::Packed`] matrix (Q4_0/Q8_0 repacked at load):
+//! * Exception, `Isa::Avx2` with a [`crate::Packed`] matrix (Q4_0/Q8_0/Q4_K/Q6_K repacked at load):
 //!   chunks are multiples of 8 rows and go whole to `simd::avx2_packed::run_rows` (8 rows ×
 //!   ≤ 4 tokens per call, bitwise the scalar reference's result).
 //!

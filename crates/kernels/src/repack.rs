@@ -1,5 +1,6 @@
-//! [`Packed`]: Q4_0 / Q8_0 weights repacked at load into 8-row interleaved groups, the layout
-//! the AVX2 GEMV streams (`simd/avx2_packed.rs`).
+//! [`Packed`]: Q4_0 / Q8_0 / Q4_K / Q6_K weights repacked at load into 8-row interleaved
+//! groups, the layout the AVX2 GEMV streams (`simd/avx2_packed.rs`, `simd/avx2_packed_k.rs`).
+//! The K-quant layouts are documented in `repack_k.rs`.
 //!
 //! Layout, per group of 8 consecutive rows `8g..8g+8`, then per block `i` of the row
 //! (groups are stored one after another, a group's blocks in column order):
@@ -17,17 +18,19 @@
 //! result is bitwise the scalar reference's (each block's exact integer sum times
 //! `d_w · d_x`, accumulated block by block in f32), whatever the number of tokens.
 //!
-//! Cost: a copy the size of the source's bytes in anonymous memory; the mapped file is only
+//! Cost: a copy the size of the source's bytes in anonymous memory (Q4_K: 1,184 bytes per
+//! 8 row-super-blocks for 1,152, the unpacked 6-bit scales and mins); the mapped file is only
 //! read, never written.
 
-use crate::blocks::QK;
 use crate::dtype::{DType, WeightMatrix};
+use crate::repack_k::{group_block_bytes_k, pack_block, unpack_block};
+use rayon::prelude::*;
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
 
-/// A Q4_0 or Q8_0 matrix repacked into 8-row groups (see the module documentation).
-/// Invariant: `bytes.len() == rows / 8 * blocks_per_row * group_block_bytes()`.
+/// A Q4_0 / Q8_0 / Q4_K / Q6_K matrix repacked into 8-row groups (see the module
+/// documentation). Invariant: `bytes.len() == rows / 8 * blocks_per_row * group_block_bytes()`.
 pub struct Packed {
     dtype: DType,
     rows: usize,
@@ -42,33 +45,40 @@ impl std::fmt::Debug for Packed {
 }
 
 impl Packed {
-    /// Whether a matrix of this format and row count can be packed (Q4_0 / Q8_0 with a whole
-    /// number of 8-row groups).
+    /// Whether a matrix of this format and row count can be packed (Q4_0 / Q8_0 / Q4_K / Q6_K
+    /// with a whole number of 8-row groups).
     pub fn supports(dtype: DType, rows: usize) -> bool {
-        matches!(dtype, DType::Q4_0 | DType::Q8_0) && rows % GROUP_ROWS == 0 && rows > 0
+        matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4K | DType::Q6K) && rows % GROUP_ROWS == 0 && rows > 0
     }
 
-    /// Repacks `w`; `None` where [`Packed::supports`] says no. Reads every byte of `w` once.
+    /// Repacks `w`; `None` where [`Packed::supports`] says no. Reads every byte of `w` once (groups in parallel on [`crate::pool`]).
     pub fn new(w: &WeightMatrix) -> Option<Packed> {
         if !Packed::supports(w.dtype, w.rows) {
             return None;
         }
-        let nb = w.cols / QK;
+        let nb = w.cols / w.dtype.block_elems();
         let bb = w.dtype.block_bytes();
         let gbb = group_block_bytes(w.dtype);
         let mut bytes = vec![0u8; w.rows / GROUP_ROWS * nb * gbb];
         let q4 = w.dtype == DType::Q4_0;
-        for (g, gdst) in bytes.chunks_exact_mut(nb * gbb).enumerate() {
+        let k = matches!(w.dtype, DType::Q4K | DType::Q6K);
+        let pack_group = |(g, gdst): (usize, &mut [u8])| {
             for (i, dst) in gdst.chunks_exact_mut(gbb).enumerate() {
                 for r in 0..GROUP_ROWS {
                     let src = &w.row(GROUP_ROWS * g + r)[i * bb..(i + 1) * bb];
+                    if k {
+                        pack_block(w.dtype, r, src, dst);
+                        continue;
+                    }
                     dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
                     let q = &src[2..];
                     let at = if q4 { 16 + 32 * (r % 4) + 16 * (r / 4) } else { 16 + 32 * r };
                     dst[at..at + q.len()].copy_from_slice(q);
                 }
             }
-        }
+        };
+        // Groups are independent: packed on the pool (load time; the bytes are the same).
+        crate::pool::pool().install(|| bytes.par_chunks_exact_mut(nb * gbb).enumerate().for_each(pack_group));
         Some(Packed { dtype: w.dtype, rows: w.rows, cols: w.cols, bytes })
     }
 
@@ -99,14 +109,14 @@ impl Packed {
         self.cols
     }
 
-    /// Bytes held (equal to the source's).
+    /// Bytes held (the source's; Q4_K 2.8% more, its scales and mins unpacked).
     pub fn num_bytes(&self) -> usize {
         self.bytes.len()
     }
 
     /// Group `g`'s bytes (all its blocks).
     pub(crate) fn group(&self, g: usize) -> &[u8] {
-        let n = self.cols / QK * group_block_bytes(self.dtype);
+        let n = self.cols / self.dtype.block_elems() * group_block_bytes(self.dtype);
         &self.bytes[g * n..(g + 1) * n]
     }
 
@@ -115,6 +125,9 @@ impl Packed {
         let bb = self.dtype.block_bytes();
         let gbb = group_block_bytes(self.dtype);
         let (g, k) = (r / GROUP_ROWS, r % GROUP_ROWS);
+        if matches!(self.dtype, DType::Q4K | DType::Q6K) {
+            return self.group(g).chunks_exact(gbb).flat_map(|b| unpack_block(self.dtype, k, b)).collect();
+        }
         let q4 = self.dtype == DType::Q4_0;
         let at = if q4 { 16 + 32 * (k % 4) + 16 * (k / 4) } else { 16 + 32 * k };
         self.group(g)
@@ -124,9 +137,12 @@ impl Packed {
     }
 }
 
-/// Bytes of one 8-row group-block: 8 scales and 8 rows of quants.
+/// Bytes of one 8-row group-block: 8 scales and 8 rows of quants (K-quants: `repack_k.rs`).
 pub(crate) fn group_block_bytes(dtype: DType) -> usize {
-    GROUP_ROWS * dtype.block_bytes()
+    match dtype {
+        DType::Q4K | DType::Q6K => group_block_bytes_k(dtype),
+        _ => GROUP_ROWS * dtype.block_bytes(),
+    }
 }
 
 /// Whether the packed path is on: `ENGRAM_REPACK` unset, empty, `1` or `on` (default), or

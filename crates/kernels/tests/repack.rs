@@ -1,4 +1,4 @@
-//! Repacked Q4_0 / Q8_0 weights (`Packed`, the AVX2 GEMV's 8-row groups): the packing keeps
+//! Repacked Q4_0 / Q8_0 weights (`Packed`, the AVX2 GEMV's 8-row groups; Q4_K / Q6_K in `repack_k.rs`): the packing keeps
 //! every byte; on the AVX2 path a packed matrix gives bitwise the scalar reference's result
 //! for any number of tokens, alone or batched, in `matmul` and `matmul_multi`; other paths
 //! ignore the packing; shapes it cannot pack are refused.
@@ -27,7 +27,7 @@ fn packing_keeps_every_byte_and_refuses_what_it_cannot_pack() {
         let short = WeightMatrix::new(d, 20, cols, &bytes[..20 * wm.row_bytes()]).unwrap();
         assert!(Packed::new(&short).is_none());
     }
-    for d in [DType::F32, DType::F16, DType::BF16, DType::Q4K, DType::Q6K] {
+    for d in [DType::F32, DType::F16, DType::BF16] {
         let bytes = quantize(d, &data(8 * 256, 2), 256).unwrap();
         assert!(Packed::new(&WeightMatrix::new(d, 8, 256, &bytes).unwrap()).is_none(), "{d}");
     }

@@ -1,4 +1,5 @@
-//! AVX2 kernels over [`Packed`] weights: 8 rows × up to 4 tokens per call.
+//! AVX2 kernels over Q4_0 / Q8_0 [`Packed`] weights: 8 rows × up to 4 tokens per call
+//! (Q4_K / Q6_K packings go on to `avx2_packed_k.rs`).
 //!
 //! Per group-block and token: the 8 rows' exact integer dot products end in one register
 //! (Q4_0: 4 × (2 `vpmaddubsw` + `vpaddw` + `vpmaddwd`) and 3 `vphaddd`; Q8_0: 8 × (sign trick,
@@ -21,13 +22,18 @@ use std::arch::x86_64::*;
 /// Largest token tile of one call.
 pub(crate) const MAX_TOKENS: usize = 4;
 
-/// Computes output rows `r0..r1` (multiples of 8) for every token of the call.
+/// Computes output rows `r0..r1` (multiples of 8) for every token of the call (any packed
+/// format).
 ///
 /// # Safety
 /// AVX2/FMA/F16C available; `p` is the packing of `c.w`; no other thread writes those rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
-    let Acts::Q8(a) = c.acts else { unreachable!("packed weights take Q8 activations") };
+    let a = match c.acts {
+        Acts::Q8(a) => a,
+        Acts::Q8K(a) => return super::avx2_packed_k::run_rows(c, a, p, r0, r1, n_tokens),
+        Acts::F32(_) => unreachable!("float weights are never packed"),
+    };
     debug_assert!(r0 % GROUP_ROWS == 0 && r1 % GROUP_ROWS == 0);
     let mut t0 = 0;
     while t0 < n_tokens {

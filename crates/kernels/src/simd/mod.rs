@@ -24,6 +24,8 @@ pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_packed;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_packed_k;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 pub(crate) mod scalar;
 

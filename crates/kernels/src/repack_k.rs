@@ -1,0 +1,177 @@
+//! Q4_K / Q6_K layouts of [`crate::Packed`]: 8-row groups, one group-super-block (8 rows ×
+//! 256 elements) after another, the layout `simd/avx2_packed_k.rs` streams.
+//!
+//! Within a group, a 32-byte *register* holds 8 consecutive bytes of 4 rows: rows `0, 1, 4, 5`
+//! (half `h = 0`) or `2, 3, 6, 7` (`h = 1`), so after `vpmaddubsw` + `vpmaddwd` with per-row
+//! scales one `vphaddd` of the two halves leaves the 8 rows' sums in lane order.
+//!
+//! Q4_K group-super-block (1,184 bytes for the source's 1,152):
+//! * `d` then `dmin`: 8 f16 each, row order (32 bytes);
+//! * scales then mins, each 4 pairs × 8 rows × 2 `u8` (`[p][r][j - 2p]` for sub-blocks
+//!   `j = 2p, 2p + 1`; 128 bytes): the 6-bit values unpacked, so `vpmovzxbw` gives the i16
+//!   pairs `vpmaddwd` takes and no kernel decodes the 12-byte packed form;
+//! * nibbles: for chunk `c` (0..4), half `h`, piece `m` (0..4): rows' `qs[32c + 8m ..][..8]`
+//!   (the file's bytes; low nibbles are elements `64c + 8m + i`, high ones `64c + 32 + 8m + i`).
+//!
+//! Q6_K group-super-block (1,680 bytes, the source's 8 × 210):
+//! * `d`: 8 f16 (16 bytes); scales: 8 pairs × 8 rows × 2 `i8` (128 bytes);
+//! * for chunk `c`, half `h`: `qh₀, ql₀, ql₁, qh₁, ql₂, ql₃` (6 registers). With `u` the
+//!   6-bit unsigned value `q + 32`: `ql_m` byte `i` of a row holds the low 4 bits of
+//!   `u[64c + 8m + i]` (low nibble) and `u[64c + 32 + 8m + i]` (high nibble); `qh_k` byte `i`
+//!   holds the top 2 bits of, in bit pairs 0..4: the low and high nibble's elements of
+//!   `ql_{2k}`, then of `ql_{2k+1}`. One shift and mask per nibble places them.
+//!
+//! Invariant: bijective with the source rows (`Packed::unpack_row` gives every row back byte
+//! for byte; the 6-bit scale/min packing and the ql/qh bit arrangement are both bijections).
+
+use crate::blocks::{scales_mins_k4, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES, QK_K};
+use crate::dtype::DType;
+use crate::repack::GROUP_ROWS;
+
+/// Rows of half `h` (0 or 1) in a register, in byte order (8 bytes each).
+pub(crate) const HALF_ROWS: [[usize; 4]; 2] = [[0, 1, 4, 5], [2, 3, 6, 7]];
+
+/// Q4_K: offset of the scale pairs, the min pairs and the nibbles in a group-super-block.
+pub(crate) const Q4K_P_SC: usize = 32;
+pub(crate) const Q4K_P_MIN: usize = 96;
+pub(crate) const Q4K_P_QS: usize = 160;
+/// Q6_K: offset of the scale pairs and of the bit registers in a group-super-block.
+pub(crate) const Q6K_P_SC: usize = 16;
+pub(crate) const Q6K_P_Q: usize = 144;
+
+/// Bytes of one group-super-block of `dtype` (Q4_K or Q6_K).
+pub(crate) fn group_block_bytes_k(dtype: DType) -> usize {
+    match dtype {
+        DType::Q4K => Q4K_P_QS + GROUP_ROWS * 128,
+        DType::Q6K => Q6K_P_Q + GROUP_ROWS * 192,
+        _ => unreachable!("not a K-quant"),
+    }
+}
+
+/// Position of row `r`'s 8 bytes in a register: (half, byte offset).
+fn slot(r: usize) -> (usize, usize) {
+    let h = usize::from(HALF_ROWS[1].contains(&r));
+    (h, 8 * HALF_ROWS[h].iter().position(|&x| x == r).expect("row < 8"))
+}
+
+/// Writes block `src` (one source super-block) of group row `r` into `dst` (its group-super-block).
+pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
+    let (h, off) = slot(r);
+    match dtype {
+        DType::Q4K => {
+            dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
+            dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+            let (sc, m) = scales_mins_k4(&src[Q4K_SCALES..Q4K_SCALES + 12]);
+            for j in 0..8 {
+                let at = 16 * (j / 2) + 2 * r + j % 2;
+                dst[Q4K_P_SC + at] = sc[j];
+                dst[Q4K_P_MIN + at] = m[j];
+            }
+            for c in 0..4 {
+                for m in 0..4 {
+                    let at = Q4K_P_QS + 32 * (8 * c + 4 * h + m) + off;
+                    let from = Q4K_QS + 32 * c + 8 * m;
+                    dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
+                }
+            }
+        }
+        DType::Q6K => {
+            dst[2 * r..2 * r + 2].copy_from_slice(&src[Q6K_D..Q6K_D + 2]);
+            for j in 0..16 {
+                dst[Q6K_P_SC + 16 * (j / 2) + 2 * r + j % 2] = src[Q6K_SCALES + j];
+            }
+            let u = q6k_values(src);
+            for c in 0..4 {
+                let base = Q6K_P_Q + 192 * (2 * c + h);
+                for m in 0..4 {
+                    let ql = base + 32 * ql_reg(m) + off;
+                    let qh = base + 32 * (3 * (m / 2)) + off;
+                    for i in 0..8 {
+                        let (lo, hi) = (u[64 * c + 8 * m + i], u[64 * c + 32 + 8 * m + i]);
+                        dst[ql + i] = (lo & 0xF) | (hi << 4);
+                        let s = 4 * (m % 2);
+                        dst[qh + i] |= ((lo >> 4) << s) | ((hi >> 4) << (s + 2));
+                    }
+                }
+            }
+        }
+        _ => unreachable!("not a K-quant"),
+    }
+}
+
+/// The 256 unsigned 6-bit values `q + 32` of a Q6_K block (as `dequant::q6k_value`, all at once).
+fn q6k_values(b: &[u8]) -> [u8; QK_K] {
+    let mut u = [0u8; QK_K];
+    for hh in 0..2 {
+        for l in 0..32 {
+            let (ql0, ql1, qh) = (b[64 * hh + l], b[64 * hh + l + 32], b[Q6K_QH + 32 * hh + l]);
+            u[128 * hh + l] = (ql0 & 0xF) | ((qh & 3) << 4);
+            u[128 * hh + l + 32] = (ql1 & 0xF) | (((qh >> 2) & 3) << 4);
+            u[128 * hh + l + 64] = (ql0 >> 4) | (((qh >> 4) & 3) << 4);
+            u[128 * hh + l + 96] = (ql1 >> 4) | (((qh >> 6) & 3) << 4);
+        }
+    }
+    u
+}
+
+/// Register index (within a chunk-half's 6) of `ql_m`.
+pub(crate) fn ql_reg(m: usize) -> usize {
+    3 * (m / 2) + 1 + m % 2
+}
+
+/// Row `r`'s source super-block back from its group-super-block `g` (inverse of [`pack_block`]).
+pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
+    let (h, off) = slot(r);
+    match dtype {
+        DType::Q4K => {
+            let mut b = vec![0u8; 144];
+            b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
+            b[2..4].copy_from_slice(&g[16 + 2 * r..16 + 2 * r + 2]);
+            let at = |j: usize| 16 * (j / 2) + 2 * r + j % 2;
+            let (sc, mn): (Vec<u8>, Vec<u8>) = (0..8).map(|j| (g[Q4K_P_SC + at(j)], g[Q4K_P_MIN + at(j)])).unzip();
+            let q = &mut b[Q4K_SCALES..Q4K_SCALES + 12];
+            for j in 0..4 {
+                q[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+                q[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+                q[j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+            }
+            for c in 0..4 {
+                for m in 0..4 {
+                    let at = Q4K_P_QS + 32 * (8 * c + 4 * h + m) + off;
+                    let to = Q4K_QS + 32 * c + 8 * m;
+                    b[to..to + 8].copy_from_slice(&g[at..at + 8]);
+                }
+            }
+            b
+        }
+        DType::Q6K => {
+            let mut b = vec![0u8; 210];
+            b[Q6K_D..Q6K_D + 2].copy_from_slice(&g[2 * r..2 * r + 2]);
+            for j in 0..16 {
+                b[Q6K_SCALES + j] = g[Q6K_P_SC + 16 * (j / 2) + 2 * r + j % 2];
+            }
+            let mut u = [0u8; QK_K];
+            for c in 0..4 {
+                let base = Q6K_P_Q + 192 * (2 * c + h);
+                for m in 0..4 {
+                    let (ql, qh) = (base + 32 * ql_reg(m) + off, base + 32 * (3 * (m / 2)) + off);
+                    for i in 0..8 {
+                        let s = 4 * (m % 2);
+                        u[64 * c + 8 * m + i] = (g[ql + i] & 0xF) | (((g[qh + i] >> s) & 3) << 4);
+                        u[64 * c + 32 + 8 * m + i] = (g[ql + i] >> 4) | (((g[qh + i] >> (s + 2)) & 3) << 4);
+                    }
+                }
+            }
+            // ggml's arrangement (see `dequant::q6k_value`): element 128h + 32k + l.
+            for (e, &v) in u.iter().enumerate() {
+                let (hh, rr) = (e / 128, e % 128);
+                let (k, l) = (rr / 32, rr % 32);
+                let ql = 64 * hh + l + 32 * (k % 2);
+                b[ql] |= if k < 2 { v & 0xF } else { (v & 0xF) << 4 };
+                b[Q6K_QH + 32 * hh + l] |= (v >> 4) << (2 * k);
+            }
+            b
+        }
+        _ => unreachable!("not a K-quant"),
+    }
+}
