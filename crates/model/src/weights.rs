@@ -77,6 +77,14 @@ impl Weight {
         Ok(w)
     }
 
+    /// This weight without its repacked copy, for a matrix that is only read row by row (an
+    /// embedding not tied to the output): the GEMV never reads it, so the copy would be
+    /// anonymous memory for nothing. Rows are read from the source bytes as before.
+    pub fn for_row_lookup(mut self) -> Weight {
+        self.packed = None;
+        self
+    }
+
     /// Bytes of the repacked copy this weight holds (0 without one).
     pub fn packed_bytes(&self) -> usize {
         self.packed.as_ref().map_or(0, |p| p.num_bytes())

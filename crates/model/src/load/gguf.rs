@@ -192,6 +192,10 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
         });
     }
     let final_norm = vector("output_norm.weight", c.hidden)?;
-    let output = if f.header().tensor("output.weight").is_some() { matrix("output.weight", c.vocab, c.hidden)? } else { embed.clone() };
+    let (output, embed) = if f.header().tensor("output.weight").is_some() {
+        (matrix("output.weight", c.vocab, c.hidden)?, embed.for_row_lookup())
+    } else {
+        (embed.clone(), embed)
+    };
     Ok(ModelWeights { embed, layers, final_norm, output })
 }

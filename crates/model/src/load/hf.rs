@@ -227,6 +227,10 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
         });
     }
     let final_norm = t.vector("model.norm.weight", c.hidden)?;
-    let output = if t.has("lm_head.weight") { t.get("lm_head.weight", &[c.vocab, c.hidden])? } else { embed.clone() };
+    let (output, embed) = if t.has("lm_head.weight") {
+        (t.get("lm_head.weight", &[c.vocab, c.hidden])?, embed.for_row_lookup())
+    } else {
+        (embed.clone(), embed)
+    };
     Ok(ModelWeights { embed, layers, final_norm, output })
 }
