@@ -10,7 +10,7 @@ mod common;
 
 use common::{decode, model, prefill, tokens};
 
-use engram_model::Model;
+use engram_model::{Logits, Model, SeqStep};
 use engram_sparse::offload::{FileSpec, OffloadFile, Reader};
 use engram_sparse::{Backend, Method, OffloadConfig, Policy, SparseConfig, SparseKv};
 
@@ -120,6 +120,37 @@ fn bad_configurations_are_errors_that_change_nothing() {
     let mut exact = SparseKv::new(&model.config, None);
     prefill(&model, &mut exact, prompt);
     assert!(exact.offload(offload_cfg(store.path(), &model)).unwrap_err().to_string().contains("sparse method"));
+}
+
+#[test]
+fn a_file_truncated_under_a_running_decode_is_an_error_and_the_sequence_ends() {
+    let (_d, model) = model();
+    let ids = tokens(540);
+    let (prompt, rest) = ids.split_at(500);
+    let store = tempfile::tempdir().unwrap();
+    let cfg = SparseConfig { method: Method::DynaKv { b_max: 8, eager: false }, budget: 64, sinks: 4, recent: 16 };
+    for backend in [Backend::Thread, Backend::Inline] {
+        let mut kv = SparseKv::new(&model.config, Some(cfg));
+        prefill(&model, &mut kv, prompt);
+        // No cluster cache: every step reads the file.
+        assert!(kv.offload(OffloadConfig { backend, cache_bytes: 0, ..offload_cfg(store.path(), &model) }).unwrap());
+        decode(&model, &mut kv, &rest[..3]);
+        assert!(kv.offload_failure().is_none());
+        let path = kv.offload_path().unwrap().to_path_buf();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096 + 4 * 256).unwrap();
+        let len = kv.len();
+        for (i, &t) in rest[3..6].iter().enumerate() {
+            kv.reserve(1);
+            let slot = kv.len();
+            let e = model.forward(&mut [SeqStep::new(&[t], slot, &mut kv, Logits::Last)]).unwrap_err();
+            assert!(e.to_string().contains("truncated") && e.to_string().contains("offload read failed"), "{backend:?} step {i}: {e}");
+        }
+        let why = kv.offload_failure().expect("the failure stays recorded");
+        assert!(why.contains(&path.display().to_string()), "{why}");
+        assert!(kv.len() <= len + 1, "a failed cache takes no more tokens");
+        drop(kv);
+        assert!(!path.exists(), "the file still goes with the cache");
+    }
 }
 
 fn spec(fp: u8) -> FileSpec {

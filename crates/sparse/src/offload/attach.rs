@@ -149,6 +149,8 @@ impl SparseKv {
             counters: Counters::default(),
             written,
             flush_failures: 0,
+            failed: Default::default(),
+            failure: Mutex::new(None),
         }));
         Ok(true)
     }
@@ -156,6 +158,13 @@ impl SparseKv {
     /// Whether the older KV is in a file.
     pub fn is_offloaded(&self) -> bool {
         self.off.is_some()
+    }
+
+    /// Why a read of the file failed, once one did (sticky; `None` in RAM or while reads
+    /// succeed). A failed cache answers no more reads: the forward pass returns this as an
+    /// error after the layer that hit it (`KvCache::read_failure`).
+    pub fn offload_failure(&self) -> Option<String> {
+        self.off.as_deref().and_then(Offloaded::failure)
     }
 
     /// The offload's counters (`None`: all in RAM).
@@ -247,7 +256,10 @@ impl SparseKv {
         let all: Vec<u32> = (0..n as u32).collect();
         for h in 0..self.heads {
             let src = self.source(layer, h, Purpose::Retrieval, n as u64).expect("offloaded");
-            src.gather(&NoIndex, &all, &mut k[h * n * d..(h + 1) * n * d], &mut v[h * n * d..(h + 1) * n * d]);
+            if let Err(e) = src.gather(&NoIndex, &all, &mut k[h * n * d..(h + 1) * n * d], &mut v[h * n * d..(h + 1) * n * d]) {
+                // Recorded: the forward pass ends the step with it (`read_failure`).
+                return src.off.record_failure(&e);
+            }
         }
         f(&KvChunk {
             first_pos: 0,

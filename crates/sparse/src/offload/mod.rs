@@ -31,7 +31,7 @@ mod source;
 pub mod unit_cache;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use half::f16;
@@ -122,6 +122,10 @@ pub(crate) struct Offloaded {
     pub counters: Counters,
     pub written: u64,
     pub flush_failures: u64,
+    /// The first read that failed (file truncated, removed or unreadable under a running
+    /// sequence); once set, the cache answers nothing more ([`Offloaded::failure`]).
+    pub failed: AtomicBool,
+    pub failure: Mutex<Option<String>>,
 }
 
 impl Offloaded {
@@ -139,6 +143,24 @@ impl Offloaded {
             cache: cache.stats(),
             cache_bytes: cache.used(),
         }
+    }
+
+    /// Records a failed read (the first one is kept): the sequence cannot be answered exactly
+    /// any more, and the forward pass ends the step with it (`KvCache::read_failure`).
+    pub fn record_failure(&self, e: &std::io::Error) {
+        let mut f = self.failure.lock().expect("failure lock");
+        if f.is_none() {
+            *f = Some(format!("DynaKV offload read failed: {e}"));
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// The recorded failure, if a read failed.
+    pub fn failure(&self) -> Option<String> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failure.lock().expect("failure lock").clone()
     }
 
     /// Reads the rows `rows` (sorted, distinct) from the file in runs merged across gaps of at
