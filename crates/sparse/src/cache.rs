@@ -323,7 +323,7 @@ impl SparseKv {
         let mut touched = Vec::new();
         idx.drain_touched(&mut touched);
         if let Some(off) = self.off.as_deref() {
-            let mut cache = off.cache.lock().expect("cache lock");
+            let mut cache = off.shared.cache.lock().expect("cache lock");
             for c in touched {
                 cache.mark_updated((layer as u32, head as u32, c), now);
             }
@@ -408,7 +408,7 @@ impl KvCache for SparseKv {
             return self.exact_chunk(read.layer, f);
         };
         if sel.is_empty() {
-            return;
+            return self.read_done(read.layer, read.positions[0] as u64);
         }
         let (h, m) = (read.kv_head, sel.len());
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -417,6 +417,7 @@ impl KvCache for SparseKv {
             p.record(read, self.head_keys(read.layer, h, self.lens[read.layer]), self.head_values(read.layer, h), &sel);
         }
         self.emit(read.layer, h, sel, read.positions[0] as u64, true, f);
+        self.read_done(read.layer, read.positions[0] as u64);
     }
 }
 

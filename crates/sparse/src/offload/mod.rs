@@ -26,17 +26,19 @@
 
 mod attach;
 pub mod file;
+mod prefetch;
 pub mod reader;
 mod source;
 pub mod unit_cache;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use half::f16;
 
 pub use file::{FileSpec, OffloadFile};
+pub(crate) use prefetch::{Prefetcher, Shared};
 pub use reader::{Backend, Reader};
 pub(crate) use source::{HeadSource, Purpose, Staging};
 pub use unit_cache::{CacheStats, ClusterCache, Policy};
@@ -56,13 +58,17 @@ pub struct OffloadConfig {
     pub flush: usize,
     /// Rows of a gap read through to merge two runs into one read.
     pub gap: usize,
+    /// Layer-ahead prefetch: a loader thread reads the next layer's predicted clusters into
+    /// the cluster cache while this layer computes (`prefetch.rs`); lossless either way.
+    pub prefetch: bool,
     /// The model's fingerprint (hashed with the sparse configuration into the file header).
     pub model_fingerprint: u64,
 }
 
 impl OffloadConfig {
     /// Defaults: a 256 MiB RAM budget, a 64 MiB cluster cache with the cluster-aligned
-    /// policy, the reader thread, flushes of 256 tokens, gaps of up to 8 rows read through.
+    /// policy, the reader thread, flushes of 256 tokens, gaps of up to 8 rows read through,
+    /// layer-ahead prefetch on.
     pub fn new(dir: PathBuf, model_fingerprint: u64) -> OffloadConfig {
         OffloadConfig {
             dir,
@@ -72,6 +78,7 @@ impl OffloadConfig {
             backend: Backend::Thread,
             flush: 256,
             gap: 8,
+            prefetch: true,
             model_fingerprint,
         }
     }
@@ -90,6 +97,13 @@ pub struct OffloadStats {
     pub written_bytes: u64,
     /// Flushes that failed (disk full): their tokens stayed in RAM.
     pub flush_failures: u64,
+    /// Bytes and reads of the layer-ahead prefetch (also counted in `read_bytes`/`read_ops`:
+    /// they are disk reads all the same), and lookups that waited for a prefetch in flight.
+    pub prefetch_bytes: u64,
+    pub prefetch_ops: u64,
+    pub prefetch_waits: u64,
+    /// The read backend that ran (the one configured, or the reader thread after a fallback).
+    pub backend: Option<Backend>,
     pub cache: CacheStats,
     /// Bytes the cluster cache holds now.
     pub cache_bytes: usize,
@@ -102,6 +116,9 @@ pub(crate) struct Counters {
     pub read_ops: AtomicU64,
     pub split_bytes: AtomicU64,
     pub split_ops: AtomicU64,
+    pub prefetch_bytes: AtomicU64,
+    pub prefetch_ops: AtomicU64,
+    pub prefetch_waits: AtomicU64,
 }
 
 /// The offloaded part of a [`crate::SparseKv`] (module doc).
@@ -117,9 +134,13 @@ pub(crate) struct Offloaded {
     /// Per `layer * heads + head`: file row of each position `sinks..origin[layer]`
     /// (index = position; entries below `sinks` unused).
     pub slots: Vec<Vec<u32>>,
-    pub cache: Mutex<ClusterCache>,
+    /// The cluster cache and the counters, shared with the loader thread.
+    pub shared: Arc<Shared>,
     pub staging: Vec<Mutex<Staging>>,
-    pub counters: Counters,
+    /// The layer-ahead loader thread (`None`: prefetch off).
+    pub prefetcher: Option<Prefetcher>,
+    /// Per layer: sparse reads done this step (the last head's triggers the prefetch).
+    pub reads_done: Vec<AtomicUsize>,
     pub written: u64,
     pub flush_failures: u64,
     /// The first read that failed (file truncated, removed or unreadable under a running
@@ -131,8 +152,8 @@ pub(crate) struct Offloaded {
 impl Offloaded {
     /// The counters now.
     pub fn stats(&self) -> OffloadStats {
-        let c = &self.counters;
-        let cache = self.cache.lock().expect("cache lock");
+        let c = &self.shared.counters;
+        let cache = self.shared.cache.lock().expect("cache lock");
         OffloadStats {
             read_bytes: c.read_bytes.load(Ordering::Relaxed),
             read_ops: c.read_ops.load(Ordering::Relaxed),
@@ -140,6 +161,10 @@ impl Offloaded {
             split_ops: c.split_ops.load(Ordering::Relaxed),
             written_bytes: self.written,
             flush_failures: self.flush_failures,
+            prefetch_bytes: c.prefetch_bytes.load(Ordering::Relaxed),
+            prefetch_ops: c.prefetch_ops.load(Ordering::Relaxed),
+            prefetch_waits: c.prefetch_waits.load(Ordering::Relaxed),
+            backend: Some(self.reader.backend()),
             cache: cache.stats(),
             cache_bytes: cache.used(),
         }
@@ -166,48 +191,54 @@ impl Offloaded {
     /// Reads the rows `rows` (sorted, distinct) from the file in runs merged across gaps of at
     /// most `cfg.gap` rows; returns their bytes in `rows` order. Counted under `purpose`.
     pub fn read(&self, rows: &[u64], purpose: Purpose) -> std::io::Result<Vec<u8>> {
-        let rb = self.row_bytes;
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let mut runs: Vec<(u64, u32)> = Vec::new();
-        for &r in rows {
-            match runs.last_mut() {
-                Some((first, n)) if r < *first + *n as u64 + self.cfg.gap as u64 + 1 && r >= *first + *n as u64 => {
-                    *n = (r - *first + 1) as u32
-                }
-                _ => runs.push((r, 1)),
-            }
-        }
+        let runs = coalesce(rows, self.cfg.gap);
         let ops = runs.len() as u64;
-        let starts: Vec<(u64, usize)> = {
-            let mut at = 0;
-            runs.iter()
-                .map(|&(f, n)| {
-                    let s = (f, at);
-                    at += n as usize;
-                    s
-                })
-                .collect()
-        };
-        let data = self.reader.read(runs)?;
+        let data = self.reader.read(runs.clone())?;
+        let c = &self.shared.counters;
         let (bytes, nops) = match purpose {
-            Purpose::Retrieval => (&self.counters.read_bytes, &self.counters.read_ops),
-            Purpose::Split => (&self.counters.split_bytes, &self.counters.split_ops),
+            Purpose::Retrieval => (&c.read_bytes, &c.read_ops),
+            Purpose::Split => (&c.split_bytes, &c.split_ops),
         };
         bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         nops.fetch_add(ops, Ordering::Relaxed);
-        let mut out = Vec::with_capacity(rows.len() * rb);
-        let mut k = 0;
-        for &r in rows {
-            while k + 1 < starts.len() && starts[k + 1].0 <= r {
-                k += 1;
-            }
-            let at = (starts[k].1 + (r - starts[k].0) as usize) * rb;
-            out.extend_from_slice(&data[at..at + rb]);
-        }
-        Ok(out)
+        Ok(pick(rows, &runs, &data, self.row_bytes))
     }
+}
+
+/// The runs `(first row, rows)` that cover `rows` (sorted, distinct), two runs merged where
+/// at most `gap` rows lie between them (read through).
+pub(crate) fn coalesce(rows: &[u64], gap: usize) -> Vec<(u64, u32)> {
+    let mut runs: Vec<(u64, u32)> = Vec::new();
+    for &r in rows {
+        match runs.last_mut() {
+            Some((first, n)) if r < *first + *n as u64 + gap as u64 + 1 && r >= *first + *n as u64 => *n = (r - *first + 1) as u32,
+            _ => runs.push((r, 1)),
+        }
+    }
+    runs
+}
+
+/// The bytes of `rows` (in that order) out of `data`, the concatenated reads of `runs`.
+pub(crate) fn pick(rows: &[u64], runs: &[(u64, u32)], data: &[u8], rb: usize) -> Vec<u8> {
+    let mut starts = Vec::with_capacity(runs.len());
+    let mut at = 0;
+    for &(f, n) in runs {
+        starts.push((f, at));
+        at += n as usize;
+    }
+    let mut out = Vec::with_capacity(rows.len() * rb);
+    let mut k = 0;
+    for &r in rows {
+        while k + 1 < starts.len() && starts[k + 1].0 <= r {
+            k += 1;
+        }
+        let at = (starts[k].1 + (r - starts[k].0) as usize) * rb;
+        out.extend_from_slice(&data[at..at + rb]);
+    }
+    out
 }
 
 impl Drop for Offloaded {

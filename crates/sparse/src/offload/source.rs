@@ -101,13 +101,15 @@ impl HeadSource<'_> {
         }
         let key = (self.layer as u32, self.head as u32, unit);
         let mut buf = Vec::with_capacity(rows.len() * rb);
-        if self.off.cache.lock().expect("cache lock").get(key, &rows, self.now, &mut buf) {
+        // A cluster the layer-ahead loader is reading lands in the cache: wait, not re-read.
+        self.off.shared.wait_for(key);
+        if self.off.shared.cache.lock().expect("cache lock").get(key, &rows, self.now, &mut buf) {
             staging.put(&rows, &buf, rb);
             return Ok(());
         }
         let bytes = self.off.read(&rows, self.purpose)?;
         staging.put(&rows, &bytes, rb);
-        self.off.cache.lock().expect("cache lock").insert(key, rows, bytes, self.now);
+        self.off.shared.cache.lock().expect("cache lock").insert(key, rows, bytes, self.now);
         Ok(())
     }
 
