@@ -96,10 +96,20 @@ impl HeadSource<'_> {
     /// all, else from the file (then cached).
     fn fetch_unit(&self, unit: u32, rows: Vec<u64>, staging: &mut Staging) -> io::Result<()> {
         let rb = self.off.row_bytes;
-        if rows.is_empty() || rows.iter().all(|&r| staging.at.contains_key(&r)) {
+        if rows.is_empty() {
             return Ok(());
         }
         let key = (self.layer as u32, self.head as u32, unit);
+        if rows.iter().all(|&r| staging.at.contains_key(&r)) {
+            // Staged this step already (the read of the cluster it was split from): cached
+            // under its own key too, or the next step would read the new half again.
+            let mut cache = self.off.shared.cache.lock().expect("cache lock");
+            if !cache.holds(key, &rows) {
+                let bytes: Vec<u8> = rows.iter().flat_map(|&r| staging.get(r, rb).expect("staged")).copied().collect();
+                cache.insert(key, rows, bytes, self.now);
+            }
+            return Ok(());
+        }
         let mut buf = Vec::with_capacity(rows.len() * rb);
         // A cluster the layer-ahead loader is reading lands in the cache: wait, not re-read.
         self.off.shared.wait_for(key);
