@@ -16,8 +16,10 @@
 //! reads coalesce runs whose gap is at most [`OffloadConfig::gap`] rows).
 //!
 //! Reads ([`reader`]): the rows of each cluster a step fetches come from the cluster cache
-//! ([`unit_cache`]) or from the file in coalesced runs, each one `pread`, on a reader thread
-//! or inline. Splits read their cluster's keys through the same path (counted apart:
+//! ([`unit_cache`]) or from the file in coalesced runs, each one `pread` on a reader thread or
+//! inline, or all at once through `io_uring`; a loader thread prefetches the next layer's
+//! predicted clusters into the cache (`prefetch.rs`). A failed read is recorded on the cache
+//! and surfaces as the step's error (`KvCache::read_failure`), never a panic. Splits read their cluster's keys through the same path (counted apart:
 //! [`OffloadStats::split_bytes`]), so a delayed split of a cluster being fetched reads nothing
 //! more.
 //!
