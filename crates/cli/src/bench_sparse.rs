@@ -68,9 +68,10 @@ pub struct Args {
     /// in-RAM ones); omit to stay in RAM.
     #[arg(long)]
     offload_dir: Option<PathBuf>,
-    /// Offloaded variants: cluster (cluster-aligned cache), lru, inline (no reader thread),
-    /// eager (split on every flag).
-    #[arg(long, value_delimiter = ',', default_value = "cluster,lru,inline,eager")]
+    /// Offloaded variants: cluster (cluster-aligned cache, reader thread, layer-ahead
+    /// prefetch), noprefetch, lru, lru-noprefetch, inline (pread on the attention thread),
+    /// uring (io_uring), cache2x (twice --cache-mib), eager (split on every flag).
+    #[arg(long, value_delimiter = ',', default_value = "cluster,noprefetch,lru,inline,uring,eager")]
     offload_variants: Vec<String>,
     /// KV bytes a sequence keeps in RAM before offloading (MiB).
     #[arg(long, default_value_t = 0)]

@@ -37,6 +37,13 @@ pub struct Args {
     /// The cluster cache of --sparse-offload (MiB).
     #[arg(long, default_value_t = 64)]
     sparse_cache_mib: usize,
+    /// How --sparse-offload reads its file: thread (a reader thread), inline, uring (io_uring;
+    /// falls back to thread with a warning where the kernel refuses it).
+    #[arg(long, default_value = "thread")]
+    sparse_reader: String,
+    /// Turn off the layer-ahead prefetch of --sparse-offload.
+    #[arg(long)]
+    sparse_no_prefetch: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -57,9 +64,12 @@ pub fn run(a: Args) -> Result<()> {
     };
     if let Some(method) = &a.sparse {
         let cfg = crate::generate_sparse::config(method, a.sparse_budget.unwrap_or(2048), ids.len())?;
+        let backend = engram_sparse::Backend::parse(&a.sparse_reader).map_err(|e| anyhow::anyhow!("--sparse-reader: {e}"))?;
         let off = a.sparse_offload.map(|dir| engram_sparse::OffloadConfig {
             ram_budget: a.sparse_ram_mib << 20,
             cache_bytes: a.sparse_cache_mib << 20,
+            backend,
+            prefetch: !a.sparse_no_prefetch,
             ..engram_sparse::OffloadConfig::new(dir, model.fingerprint.0)
         });
         return crate::generate_sparse::generate(&model, &ids, &a.sampling.params(), cfg, off);

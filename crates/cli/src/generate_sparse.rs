@@ -81,7 +81,12 @@ pub fn generate(
         }
         kv.reserve(1);
         let slot = kv.len();
-        logits = model.forward(&mut [SeqStep::new(&[tok], slot, &mut kv, Logits::Last)])?.remove(0);
+        // A failed read of the offloaded KV (file truncated, removed, EIO) ends the sequence
+        // with the reason; the tokens streamed so far stand.
+        logits = model
+            .forward(&mut [SeqStep::new(&[tok], slot, &mut kv, Logits::Last)])
+            .with_context(|| format!("decoding token {} of the sequence: it ends here", out.generated().len() + 1))?
+            .remove(0);
     };
     println!();
     let n = out.generated().len();

@@ -93,6 +93,10 @@ impl Model {
                 return Err(ModelError::BadInput("a step's key mask must have one row per token".into()));
             }
         }
+        // A cache that failed before (`KvCache::read_failure`) takes no more steps.
+        if let Some(e) = seqs.iter().find_map(|s| s.kv.read_failure()) {
+            return Err(ModelError::Kv(e));
+        }
         let (h, qw, kvw) = (c.hidden, c.q_width(), c.kv_width());
         let w = &self.weights;
 
@@ -176,6 +180,14 @@ impl Model {
                 for qi in 0..t.num_queries {
                     let dst = (row0 + qi) * qw + t.kv_head * span;
                     attn[dst..dst + span].copy_from_slice(&out[qi * span..(qi + 1) * span]);
+                }
+            }
+
+            // A cache that could not produce what it was asked (its disk store failed) ends
+            // the step: its attention output is not an answer.
+            for s in seqs.iter() {
+                if let Some(e) = s.kv.read_failure() {
+                    return Err(ModelError::Kv(format!("layer {li}: {e}")));
                 }
             }
 

@@ -171,6 +171,15 @@ pub trait KvCache: Send + Sync {
     fn for_each_chunk_of(&self, read: &crate::KvRead<'_>, f: &mut dyn FnMut(&KvChunk<'_>)) {
         self.for_each_chunk(read.layer, f)
     }
+
+    /// Why this cache could not answer a read or write exactly (e.g. its disk store failed
+    /// under a running sequence), once that happened. Sticky: a failed cache stays failed.
+    /// The forward pass checks it after every layer and ends the step with it as
+    /// [`crate::ModelError::Kv`], so a chunk a cache could not produce is never attended
+    /// silently. Default: never fails.
+    fn read_failure(&self) -> Option<String> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -323,7 +323,7 @@ impl SparseKv {
         let mut touched = Vec::new();
         idx.drain_touched(&mut touched);
         if let Some(off) = self.off.as_deref() {
-            let mut cache = off.cache.lock().expect("cache lock");
+            let mut cache = off.shared.cache.lock().expect("cache lock");
             for c in touched {
                 cache.mark_updated((layer as u32, head as u32, c), now);
             }
@@ -369,7 +369,7 @@ impl KvCache for SparseKv {
                 }
             }
             self.lens[layer] += 1;
-            if self.built {
+            if self.built && self.offload_failure().is_none() {
                 let (len, now) = (self.lens[layer], (first_pos + t) as u64);
                 for h in 0..self.heads {
                     let mut idx = self.index[layer * self.heads + h].lock().expect("index lock");
@@ -393,7 +393,14 @@ impl KvCache for SparseKv {
         self.exact_chunk(layer, f)
     }
 
+    fn read_failure(&self) -> Option<String> {
+        self.offload_failure()
+    }
+
     fn for_each_chunk_of(&self, read: &KvRead<'_>, f: &mut dyn FnMut(&KvChunk<'_>)) {
+        if self.offload_failure().is_some() {
+            return; // failed: nothing more is answered (the forward pass reports why)
+        }
         let Some(sel) = self.selection(read) else {
             if self.off.is_some() {
                 return self.gathered_all(read, f);
@@ -401,7 +408,7 @@ impl KvCache for SparseKv {
             return self.exact_chunk(read.layer, f);
         };
         if sel.is_empty() {
-            return;
+            return self.read_done(read.layer, read.positions[0] as u64);
         }
         let (h, m) = (read.kv_head, sel.len());
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -410,6 +417,7 @@ impl KvCache for SparseKv {
             p.record(read, self.head_keys(read.layer, h, self.lens[read.layer]), self.head_values(read.layer, h), &sel);
         }
         self.emit(read.layer, h, sel, read.positions[0] as u64, true, f);
+        self.read_done(read.layer, read.positions[0] as u64);
     }
 }
 
@@ -431,7 +439,11 @@ impl SparseKv {
                 let idx = self.index.get(layer * self.heads + h).filter(|_| units).map(|i| i.lock().expect("index lock"));
                 let none = crate::method::NoIndex;
                 let index: &dyn HeadIndex = idx.as_ref().map_or(&none, |i| &*i.0);
-                src.gather(index, &sel, &mut gk[h * m * d..(h + 1) * m * d], &mut gv[h * m * d..(h + 1) * m * d]);
+                if let Err(e) = src.gather(index, &sel, &mut gk[h * m * d..(h + 1) * m * d], &mut gv[h * m * d..(h + 1) * m * d]) {
+                    // Recorded, not attended: the forward pass ends the step (`read_failure`).
+                    src.off.record_failure(&e);
+                    return;
+                }
             } else {
                 let base = h * self.cap * d;
                 for (i, &t) in sel.iter().enumerate() {

@@ -10,7 +10,7 @@ mod common;
 
 use common::{decode, model, prefill, tokens};
 
-use engram_model::Model;
+use engram_model::{Logits, Model, SeqStep};
 use engram_sparse::offload::{FileSpec, OffloadFile, Reader};
 use engram_sparse::{Backend, Method, OffloadConfig, Policy, SparseConfig, SparseKv};
 
@@ -34,6 +34,7 @@ fn offloaded_dynakv_gives_the_in_ram_logits_bitwise() {
         for (backend, policy, cache) in [
             (Backend::Thread, Policy::ClusterAligned, 40 << 10),
             (Backend::Inline, Policy::Lru, 40 << 10),
+            (Backend::Uring, Policy::ClusterAligned, 40 << 10),
             (Backend::Thread, Policy::Lru, 0),
         ] {
             let mut kv = SparseKv::new(&model.config, Some(cfg));
@@ -122,6 +123,65 @@ fn bad_configurations_are_errors_that_change_nothing() {
     assert!(exact.offload(offload_cfg(store.path(), &model)).unwrap_err().to_string().contains("sparse method"));
 }
 
+#[test]
+fn a_file_truncated_under_a_running_decode_is_an_error_and_the_sequence_ends() {
+    let (_d, model) = model();
+    let ids = tokens(540);
+    let (prompt, rest) = ids.split_at(500);
+    let store = tempfile::tempdir().unwrap();
+    let cfg = SparseConfig { method: Method::DynaKv { b_max: 8, eager: false }, budget: 64, sinks: 4, recent: 16 };
+    for backend in [Backend::Thread, Backend::Inline, Backend::Uring] {
+        let mut kv = SparseKv::new(&model.config, Some(cfg));
+        prefill(&model, &mut kv, prompt);
+        // No cluster cache: every step reads the file.
+        assert!(kv.offload(OffloadConfig { backend, cache_bytes: 0, ..offload_cfg(store.path(), &model) }).unwrap());
+        decode(&model, &mut kv, &rest[..3]);
+        assert!(kv.offload_failure().is_none());
+        let path = kv.offload_path().unwrap().to_path_buf();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096 + 4 * 256).unwrap();
+        let len = kv.len();
+        for (i, &t) in rest[3..6].iter().enumerate() {
+            kv.reserve(1);
+            let slot = kv.len();
+            let e = model.forward(&mut [SeqStep::new(&[t], slot, &mut kv, Logits::Last)]).unwrap_err();
+            assert!(e.to_string().contains("truncated") && e.to_string().contains("offload read failed"), "{backend:?} step {i}: {e}");
+        }
+        let why = kv.offload_failure().expect("the failure stays recorded");
+        assert!(why.contains(&path.display().to_string()), "{why}");
+        assert!(kv.len() <= len + 1, "a failed cache takes no more tokens");
+        drop(kv);
+        assert!(!path.exists(), "the file still goes with the cache");
+    }
+}
+
+#[test]
+fn layer_ahead_prefetch_hits_and_changes_no_logit() {
+    let (_d, model) = model();
+    let ids = tokens(680);
+    let (prompt, rest) = ids.split_at(620);
+    let store = tempfile::tempdir().unwrap();
+    let cfg = SparseConfig { method: Method::DynaKv { b_max: 8, eager: false }, budget: 96, sinks: 4, recent: 16 };
+    let mut runs = Vec::new();
+    for (prefetch, backend) in [(false, Backend::Thread), (true, Backend::Thread), (true, Backend::Uring)] {
+        let mut kv = SparseKv::new(&model.config, Some(cfg));
+        prefill(&model, &mut kv, prompt);
+        let oc = OffloadConfig { prefetch, backend, cache_bytes: 40 << 10, ..offload_cfg(store.path(), &model) };
+        assert!(kv.offload(oc).unwrap());
+        let logits = decode(&model, &mut kv, rest);
+        runs.push((logits, kv.offload_stats().unwrap()));
+    }
+    let off = runs[0].1;
+    assert_eq!((off.prefetch_bytes, off.cache.prefetched, off.cache.prefetch_hits), (0, 0, 0), "{off:?}");
+    for (logits, on) in &runs[1..] {
+        assert_eq!(logits, &runs[0].0, "prefetch changed the logits ({:?})", on.backend);
+        assert!(on.prefetch_bytes > 0 && on.cache.prefetched > 0, "{on:?}");
+        assert!(on.cache.prefetch_hits > 0, "no prefetched cluster was used: {on:?}");
+        assert!(on.cache.prefetch_hits + on.cache.prefetch_unused <= on.cache.prefetched, "{on:?}");
+        assert!(on.read_bytes >= on.prefetch_bytes, "prefetch reads are disk reads too: {on:?}");
+        eprintln!("prefetch {:?}: {on:?} (off: {off:?})", on.backend);
+    }
+}
+
 fn spec(fp: u8) -> FileSpec {
     FileSpec { layers: 2, heads: 3, dim: 8, fingerprint: [fp; 32] }
 }
@@ -136,7 +196,7 @@ fn the_reader_returns_the_written_rows() {
     assert_eq!(f.append(&rows[..40 * rb]).unwrap(), 0);
     assert_eq!(f.append(&rows[40 * rb..]).unwrap(), 40);
     assert!(OffloadFile::create(&path, spec(1)).is_err(), "never overwrites");
-    for backend in [Backend::Thread, Backend::Inline] {
+    for backend in [Backend::Thread, Backend::Inline, Backend::Uring] {
         let r = Reader::new(f.reader().unwrap(), rb, backend).unwrap();
         let got = r.read(vec![(3, 5), (90, 10), (0, 1)]).unwrap();
         let want: Vec<u8> = [&rows[3 * rb..8 * rb], &rows[90 * rb..100 * rb], &rows[..rb]].concat();

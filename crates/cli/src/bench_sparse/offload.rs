@@ -2,8 +2,10 @@
 //! in-RAM cache (same keys, same index) are offloaded to a file in `--offload-dir` and decode
 //! the same tokens with the file dropped from the page cache (`posix_fadvise(DONTNEED)`)
 //! before every step, so each step's misses read the disk. Variants, side by side: the
-//! cluster-aligned cache and LRU at equal size (reader thread), the inline reader, and
-//! splitting on every flag (`eager`, its own index) for the split I/O the delay saves.
+//! cluster-aligned cache and LRU at equal size (reader thread), with and without the
+//! layer-ahead prefetch, the three read backends (reader thread, inline `pread`, `io_uring`),
+//! a cluster cache twice as large, and splitting on every flag (`eager`, its own index) for
+//! the split I/O the delay saves.
 //! Offload is lossless, so every variant decodes the tokens the in-RAM cache decodes.
 
 use std::time::Instant;
@@ -17,23 +19,35 @@ use super::speed::rss_bytes;
 use super::Args;
 
 /// One offloaded run: how its cache is configured.
+#[derive(Clone, Copy)]
 struct Variant {
     name: &'static str,
     policy: Policy,
     backend: Backend,
     eager: bool,
+    prefetch: bool,
+    /// The cluster cache is `--cache-mib` times this.
+    cache_scale: usize,
 }
 
 fn variants(names: &[String]) -> Result<Vec<Variant>> {
+    let base =
+        Variant { name: "cluster", policy: Policy::ClusterAligned, backend: Backend::Thread, eager: false, prefetch: true, cache_scale: 1 };
     names
         .iter()
         .map(|n| {
             Ok(match n.trim() {
-                "cluster" => Variant { name: "cluster", policy: Policy::ClusterAligned, backend: Backend::Thread, eager: false },
-                "lru" => Variant { name: "lru", policy: Policy::Lru, backend: Backend::Thread, eager: false },
-                "inline" => Variant { name: "inline", policy: Policy::ClusterAligned, backend: Backend::Inline, eager: false },
-                "eager" => Variant { name: "eager", policy: Policy::ClusterAligned, backend: Backend::Thread, eager: true },
-                other => anyhow::bail!("unknown offload variant {other:?} (cluster, lru, inline, eager)"),
+                "cluster" => base,
+                "noprefetch" => Variant { name: "noprefetch", prefetch: false, ..base },
+                "lru" => Variant { name: "lru", policy: Policy::Lru, ..base },
+                "lru-noprefetch" => Variant { name: "lru-noprefetch", policy: Policy::Lru, prefetch: false, ..base },
+                "inline" => Variant { name: "inline", backend: Backend::Inline, ..base },
+                "uring" => Variant { name: "uring", backend: Backend::Uring, ..base },
+                "cache2x" => Variant { name: "cache2x", cache_scale: 2, ..base },
+                "eager" => Variant { name: "eager", eager: true, ..base },
+                other => anyhow::bail!(
+                    "unknown offload variant {other:?} (cluster, noprefetch, lru, lru-noprefetch, inline, uring, cache2x, eager)"
+                ),
             })
         })
         .collect()
@@ -57,9 +71,10 @@ pub fn rows(a: &Args, model: &Model, kv: &SparseKv, h: usize) -> Result<Vec<serd
         let fork_s = t.elapsed().as_secs_f64();
         let oc = OffloadConfig {
             ram_budget: a.ram_mib << 20,
-            cache_bytes: a.cache_mib << 20,
+            cache_bytes: (a.cache_mib * v.cache_scale) << 20,
             policy: v.policy,
             backend: v.backend,
+            prefetch: v.prefetch,
             ..OffloadConfig::new(dir.clone(), model.fingerprint.0)
         };
         let t = Instant::now();
@@ -85,24 +100,30 @@ pub fn rows(a: &Args, model: &Model, kv: &SparseKv, h: usize) -> Result<Vec<serd
         let rows_looked = (s.cache.hit_rows + s.cache.miss_rows).max(1) as f64;
         let row = json!({
             "bench": "sparse-offload", "model": model.source, "history": h, "variant": v.name,
-            "policy": v.policy.name(), "reader": v.backend.name(), "split": if v.eager { "eager" } else { "delayed" },
+            "policy": v.policy.name(), "reader": s.backend.unwrap_or(v.backend).name(), "split": if v.eager { "eager" } else { "delayed" },
+            "prefetch": v.prefetch, "prefetch_bytes_per_token": (s.prefetch_bytes as f64 / n).round(),
+            "prefetched_clusters": s.cache.prefetched, "prefetch_hits": s.cache.prefetch_hits, "prefetch_unused": s.cache.prefetch_unused,
+            "prefetch_waits": s.prefetch_waits,
             "threads": engram_kernels::num_threads(), "decode": a.decode, "tok_s": round2(n / secs),
             "disk_bytes_per_token": (s.read_bytes as f64 / n).round(), "split_bytes_per_token": (s.split_bytes as f64 / n).round(),
             "split_bytes": s.split_bytes, "read_ops_per_token": (s.read_ops as f64 / n).round(),
             "mean_read_bytes": (s.read_bytes as f64 / s.read_ops.max(1) as f64).round(),
             "cache_hit_rate_rows": round3(s.cache.hit_rows as f64 / rows_looked),
             "cache_hit_rate_clusters": round3(s.cache.hits as f64 / (s.cache.hits + s.cache.misses).max(1) as f64),
-            "cache_mib": a.cache_mib, "kv_bytes": k.kv_bytes(), "kv_bytes_in_ram": ram_max,
+            "cache_mib": a.cache_mib * v.cache_scale, "kv_bytes": k.kv_bytes(), "kv_bytes_in_ram": ram_max,
             "kv_ram_fraction": round3(ram_max as f64 / k.kv_bytes() as f64), "slot_table_bytes": k.slot_table_bytes(),
             "file_bytes": file_bytes, "rss_bytes": rss_bytes(), "offload_s": round2(offload_s), "fork_s": round2(fork_s),
         });
         eprintln!(
-            "history {h} offload {}: {:.2} tok/s, {:.0} KiB read per token, hit rate {:.3}",
+            "history {h} offload {}: {:.2} tok/s, {:.0} KiB read per token, hit rate {:.3}, prefetch hits {}/{}",
             v.name,
             n / secs,
             s.read_bytes as f64 / n / 1024.0,
-            s.cache.hit_rows as f64 / rows_looked
+            s.cache.hit_rows as f64 / rows_looked,
+            s.cache.prefetch_hits,
+            s.cache.prefetched
         );
+        drop(k);
         if a.json {
             println!("{row}");
         }
@@ -126,25 +147,31 @@ pub fn print_table(rows: &[serde_json::Value], a: &Args) {
     }
     println!();
     println!(
-        "### Offloaded DynaKV (budget {}, RAM budget {} MiB, cluster cache {} MiB), file dropped from the page cache before every step, {} decoded tokens",
+        "### Offloaded DynaKV (budget {}, RAM budget {} MiB, cluster cache {} MiB unless named), file dropped from the page cache before every step, {} decoded tokens",
         a.budget, a.ram_mib, a.cache_mib, a.decode
     );
     println!();
-    println!("| history | variant | tok/s | disk KiB/token | split KiB/token | reads/token | mean read | hit rate (rows) | hit rate (clusters) | KV in RAM | of full KV | RSS |");
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| history | variant | reader | prefetch | cache | tok/s | disk KiB/token | of which prefetch | split KiB/token | reads/token | mean read | hit rate (rows) | hit rate (clusters) | prefetch hits / made | KV in RAM | of full KV | RSS |");
+    println!("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     for r in rows {
         println!(
-            "| {} | {} | {:.2} | {:.0} | {:.1} | {} | {:.1} KiB | {:.3} | {:.3} | {:.0} MiB | {:.1}% | {:.0} MiB |",
+            "| {} | {} | {} | {} | {} MiB | {:.2} | {:.0} | {:.0} | {:.1} | {} | {:.1} KiB | {:.3} | {:.3} | {} / {} | {:.0} MiB | {:.1}% | {:.0} MiB |",
             r["history"],
             r["variant"].as_str().unwrap_or("?"),
+            r["reader"].as_str().unwrap_or("?"),
+            if r["prefetch"].as_bool().unwrap_or(false) { "on" } else { "off" },
+            r["cache_mib"],
             f(&r["tok_s"]),
             f(&r["disk_bytes_per_token"]) / 1024.0,
+            f(&r["prefetch_bytes_per_token"]) / 1024.0,
             f(&r["split_bytes_per_token"]) / 1024.0,
             r["read_ops_per_token"],
             f(&r["mean_read_bytes"]) / 1024.0,
             f(&r["cache_hit_rate_rows"]),
             f(&r["cache_hit_rate_clusters"]),
+            r["prefetch_hits"],
+            r["prefetched_clusters"],
             f(&r["kv_bytes_in_ram"]) / (1 << 20) as f64,
             100.0 * f(&r["kv_ram_fraction"]),
             f(&r["rss_bytes"]) / (1 << 20) as f64,

@@ -108,6 +108,10 @@ impl KvCache for MassRecorder<'_> {
         self.inner.for_each_chunk(layer, f)
     }
 
+    fn read_failure(&self) -> Option<String> {
+        self.inner.read_failure()
+    }
+
     fn for_each_chunk_of(&self, read: &KvRead<'_>, f: &mut dyn FnMut(&KvChunk<'_>)) {
         let rows = read.queries.len() / self.head_dim;
         let mut all = vec![Lse::EMPTY; rows];

@@ -3,12 +3,15 @@
 
 use std::io::{self, ErrorKind};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use engram_model::{KvChunk, KvData, KvElem, KvRead};
 use half::f16;
 
-use super::{file, fingerprint, ClusterCache, Counters, FileSpec, OffloadConfig, OffloadFile, OffloadStats, Offloaded, Purpose, Reader};
+use super::{
+    file, fingerprint, Backend, ClusterCache, FileSpec, OffloadConfig, OffloadFile, OffloadStats, Offloaded, Prefetcher, Purpose, Reader,
+    Shared,
+};
 use crate::method::NoIndex;
 use crate::SparseKv;
 
@@ -107,8 +110,20 @@ impl SparseKv {
             }
             Ok(written)
         })();
-        let reader = written.and_then(|w| Ok((w, Reader::new(f.reader()?, rb, cfg.backend)?)));
-        let (written, reader) = match reader {
+        let shared = Arc::new(Shared::new(ClusterCache::new(cfg.cache_bytes, rb, cfg.policy)));
+        let reader = written.and_then(|w| {
+            let reader = Reader::new(f.reader()?, rb, cfg.backend)?;
+            // The loader reads on its own thread: pread, or its own ring where the step's
+            // reads go through io_uring (a reader thread would only add a hop).
+            let prefetcher = if cfg.prefetch && cfg.cache_bytes > 0 {
+                let own = if reader.backend() == Backend::Uring { Backend::Uring } else { Backend::Inline };
+                Some(Prefetcher::new(shared.clone(), Reader::new(f.reader()?, rb, own)?, rb, cfg.gap)?)
+            } else {
+                None
+            };
+            Ok((w, reader, prefetcher))
+        });
+        let (written, reader, prefetcher) = match reader {
             Ok(x) => x,
             Err(e) => {
                 drop(f);
@@ -136,8 +151,10 @@ impl SparseKv {
         self.cap = cap;
         self.origin = origin;
         self.off = Some(Box::new(Offloaded {
-            cache: Mutex::new(ClusterCache::new(cfg.cache_bytes, rb, cfg.policy)),
+            shared,
             staging: (0..layers * heads).map(|_| Mutex::default()).collect(),
+            prefetcher,
+            reads_done: (0..layers).map(|_| AtomicUsize::new(0)).collect(),
             cfg,
             file: f,
             reader,
@@ -146,9 +163,10 @@ impl SparseKv {
             sink_k,
             sink_v,
             slots,
-            counters: Counters::default(),
             written,
             flush_failures: 0,
+            failed: Default::default(),
+            failure: Mutex::new(None),
         }));
         Ok(true)
     }
@@ -156,6 +174,13 @@ impl SparseKv {
     /// Whether the older KV is in a file.
     pub fn is_offloaded(&self) -> bool {
         self.off.is_some()
+    }
+
+    /// Why a read of the file failed, once one did (sticky; `None` in RAM or while reads
+    /// succeed). A failed cache answers no more reads: the forward pass returns this as an
+    /// error after the layer that hit it (`KvCache::read_failure`).
+    pub fn offload_failure(&self) -> Option<String> {
+        self.off.as_deref().and_then(Offloaded::failure)
     }
 
     /// The offload's counters (`None`: all in RAM).
@@ -169,7 +194,7 @@ impl SparseKv {
         let Some(off) = self.off.as_deref() else { return self.kv_bytes() };
         let row = self.dim * 4;
         let tail: usize = (0..self.layers).map(|l| self.lens[l] - self.origin[l]).sum::<usize>() * self.heads;
-        (off.sinks * self.layers * self.heads + tail) * row + off.cache.lock().expect("cache lock").used()
+        (off.sinks * self.layers * self.heads + tail) * row + off.shared.cache.lock().expect("cache lock").used()
     }
 
     /// Bytes of the position → file row tables (RAM the offload adds besides the index).
@@ -247,7 +272,10 @@ impl SparseKv {
         let all: Vec<u32> = (0..n as u32).collect();
         for h in 0..self.heads {
             let src = self.source(layer, h, Purpose::Retrieval, n as u64).expect("offloaded");
-            src.gather(&NoIndex, &all, &mut k[h * n * d..(h + 1) * n * d], &mut v[h * n * d..(h + 1) * n * d]);
+            if let Err(e) = src.gather(&NoIndex, &all, &mut k[h * n * d..(h + 1) * n * d], &mut v[h * n * d..(h + 1) * n * d]) {
+                // Recorded: the forward pass ends the step with it (`read_failure`).
+                return src.off.record_failure(&e);
+            }
         }
         f(&KvChunk {
             first_pos: 0,

@@ -171,6 +171,21 @@ impl RowReader {
     pub fn read_rows(&self, first: u64, out: &mut [u8]) -> io::Result<()> {
         read_rows(&self.file, &self.path, self.row_bytes, first, out)
     }
+
+    /// Another handle on the same file (for a second reading thread).
+    pub fn try_clone(&self) -> io::Result<RowReader> {
+        Ok(RowReader { file: self.file.try_clone()?, path: self.path.clone(), row_bytes: self.row_bytes })
+    }
+
+    /// The byte offset of row `first` in the file.
+    pub fn offset(&self, first: u64) -> u64 {
+        HEADER + first * self.row_bytes as u64
+    }
+
+    /// The open descriptor (for io_uring submissions; valid while `self` lives).
+    pub fn raw_fd(&self) -> std::os::unix::io::RawFd {
+        self.file.as_raw_fd()
+    }
 }
 
 fn read_rows(file: &File, path: &Path, rb: usize, first: u64, out: &mut [u8]) -> io::Result<()> {

@@ -16,8 +16,10 @@
 //! reads coalesce runs whose gap is at most [`OffloadConfig::gap`] rows).
 //!
 //! Reads ([`reader`]): the rows of each cluster a step fetches come from the cluster cache
-//! ([`unit_cache`]) or from the file in coalesced runs, each one `pread`, on a reader thread
-//! or inline. Splits read their cluster's keys through the same path (counted apart:
+//! ([`unit_cache`]) or from the file in coalesced runs, each one `pread` on a reader thread or
+//! inline, or all at once through `io_uring`; a loader thread prefetches the next layer's
+//! predicted clusters into the cache (`prefetch.rs`). A failed read is recorded on the cache
+//! and surfaces as the step's error (`KvCache::read_failure`), never a panic. Splits read their cluster's keys through the same path (counted apart:
 //! [`OffloadStats::split_bytes`]), so a delayed split of a cluster being fetched reads nothing
 //! more.
 //!
@@ -26,17 +28,19 @@
 
 mod attach;
 pub mod file;
+mod prefetch;
 pub mod reader;
 mod source;
 pub mod unit_cache;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use half::f16;
 
 pub use file::{FileSpec, OffloadFile};
+pub(crate) use prefetch::{Prefetcher, Shared};
 pub use reader::{Backend, Reader};
 pub(crate) use source::{HeadSource, Purpose, Staging};
 pub use unit_cache::{CacheStats, ClusterCache, Policy};
@@ -56,13 +60,17 @@ pub struct OffloadConfig {
     pub flush: usize,
     /// Rows of a gap read through to merge two runs into one read.
     pub gap: usize,
+    /// Layer-ahead prefetch: a loader thread reads the next layer's predicted clusters into
+    /// the cluster cache while this layer computes (`prefetch.rs`); lossless either way.
+    pub prefetch: bool,
     /// The model's fingerprint (hashed with the sparse configuration into the file header).
     pub model_fingerprint: u64,
 }
 
 impl OffloadConfig {
     /// Defaults: a 256 MiB RAM budget, a 64 MiB cluster cache with the cluster-aligned
-    /// policy, the reader thread, flushes of 256 tokens, gaps of up to 8 rows read through.
+    /// policy, the reader thread, flushes of 256 tokens, gaps of up to 8 rows read through,
+    /// layer-ahead prefetch on.
     pub fn new(dir: PathBuf, model_fingerprint: u64) -> OffloadConfig {
         OffloadConfig {
             dir,
@@ -72,6 +80,7 @@ impl OffloadConfig {
             backend: Backend::Thread,
             flush: 256,
             gap: 8,
+            prefetch: true,
             model_fingerprint,
         }
     }
@@ -90,6 +99,13 @@ pub struct OffloadStats {
     pub written_bytes: u64,
     /// Flushes that failed (disk full): their tokens stayed in RAM.
     pub flush_failures: u64,
+    /// Bytes and reads of the layer-ahead prefetch (also counted in `read_bytes`/`read_ops`:
+    /// they are disk reads all the same), and lookups that waited for a prefetch in flight.
+    pub prefetch_bytes: u64,
+    pub prefetch_ops: u64,
+    pub prefetch_waits: u64,
+    /// The read backend that ran (the one configured, or the reader thread after a fallback).
+    pub backend: Option<Backend>,
     pub cache: CacheStats,
     /// Bytes the cluster cache holds now.
     pub cache_bytes: usize,
@@ -102,6 +118,9 @@ pub(crate) struct Counters {
     pub read_ops: AtomicU64,
     pub split_bytes: AtomicU64,
     pub split_ops: AtomicU64,
+    pub prefetch_bytes: AtomicU64,
+    pub prefetch_ops: AtomicU64,
+    pub prefetch_waits: AtomicU64,
 }
 
 /// The offloaded part of a [`crate::SparseKv`] (module doc).
@@ -117,18 +136,26 @@ pub(crate) struct Offloaded {
     /// Per `layer * heads + head`: file row of each position `sinks..origin[layer]`
     /// (index = position; entries below `sinks` unused).
     pub slots: Vec<Vec<u32>>,
-    pub cache: Mutex<ClusterCache>,
+    /// The cluster cache and the counters, shared with the loader thread.
+    pub shared: Arc<Shared>,
     pub staging: Vec<Mutex<Staging>>,
-    pub counters: Counters,
+    /// The layer-ahead loader thread (`None`: prefetch off).
+    pub prefetcher: Option<Prefetcher>,
+    /// Per layer: sparse reads done this step (the last head's triggers the prefetch).
+    pub reads_done: Vec<AtomicUsize>,
     pub written: u64,
     pub flush_failures: u64,
+    /// The first read that failed (file truncated, removed or unreadable under a running
+    /// sequence); once set, the cache answers nothing more ([`Offloaded::failure`]).
+    pub failed: AtomicBool,
+    pub failure: Mutex<Option<String>>,
 }
 
 impl Offloaded {
     /// The counters now.
     pub fn stats(&self) -> OffloadStats {
-        let c = &self.counters;
-        let cache = self.cache.lock().expect("cache lock");
+        let c = &self.shared.counters;
+        let cache = self.shared.cache.lock().expect("cache lock");
         OffloadStats {
             read_bytes: c.read_bytes.load(Ordering::Relaxed),
             read_ops: c.read_ops.load(Ordering::Relaxed),
@@ -136,56 +163,84 @@ impl Offloaded {
             split_ops: c.split_ops.load(Ordering::Relaxed),
             written_bytes: self.written,
             flush_failures: self.flush_failures,
+            prefetch_bytes: c.prefetch_bytes.load(Ordering::Relaxed),
+            prefetch_ops: c.prefetch_ops.load(Ordering::Relaxed),
+            prefetch_waits: c.prefetch_waits.load(Ordering::Relaxed),
+            backend: Some(self.reader.backend()),
             cache: cache.stats(),
             cache_bytes: cache.used(),
         }
     }
 
+    /// Records a failed read (the first one is kept): the sequence cannot be answered exactly
+    /// any more, and the forward pass ends the step with it (`KvCache::read_failure`).
+    pub fn record_failure(&self, e: &std::io::Error) {
+        let mut f = self.failure.lock().expect("failure lock");
+        if f.is_none() {
+            *f = Some(format!("DynaKV offload read failed: {e}"));
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// The recorded failure, if a read failed.
+    pub fn failure(&self) -> Option<String> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failure.lock().expect("failure lock").clone()
+    }
+
     /// Reads the rows `rows` (sorted, distinct) from the file in runs merged across gaps of at
     /// most `cfg.gap` rows; returns their bytes in `rows` order. Counted under `purpose`.
     pub fn read(&self, rows: &[u64], purpose: Purpose) -> std::io::Result<Vec<u8>> {
-        let rb = self.row_bytes;
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let mut runs: Vec<(u64, u32)> = Vec::new();
-        for &r in rows {
-            match runs.last_mut() {
-                Some((first, n)) if r < *first + *n as u64 + self.cfg.gap as u64 + 1 && r >= *first + *n as u64 => {
-                    *n = (r - *first + 1) as u32
-                }
-                _ => runs.push((r, 1)),
-            }
-        }
+        let runs = coalesce(rows, self.cfg.gap);
         let ops = runs.len() as u64;
-        let starts: Vec<(u64, usize)> = {
-            let mut at = 0;
-            runs.iter()
-                .map(|&(f, n)| {
-                    let s = (f, at);
-                    at += n as usize;
-                    s
-                })
-                .collect()
-        };
-        let data = self.reader.read(runs)?;
+        let data = self.reader.read(runs.clone())?;
+        let c = &self.shared.counters;
         let (bytes, nops) = match purpose {
-            Purpose::Retrieval => (&self.counters.read_bytes, &self.counters.read_ops),
-            Purpose::Split => (&self.counters.split_bytes, &self.counters.split_ops),
+            Purpose::Retrieval => (&c.read_bytes, &c.read_ops),
+            Purpose::Split => (&c.split_bytes, &c.split_ops),
         };
         bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         nops.fetch_add(ops, Ordering::Relaxed);
-        let mut out = Vec::with_capacity(rows.len() * rb);
-        let mut k = 0;
-        for &r in rows {
-            while k + 1 < starts.len() && starts[k + 1].0 <= r {
-                k += 1;
-            }
-            let at = (starts[k].1 + (r - starts[k].0) as usize) * rb;
-            out.extend_from_slice(&data[at..at + rb]);
-        }
-        Ok(out)
+        Ok(pick(rows, &runs, &data, self.row_bytes))
     }
+}
+
+/// The runs `(first row, rows)` that cover `rows` (sorted, distinct), two runs merged where
+/// at most `gap` rows lie between them (read through).
+pub(crate) fn coalesce(rows: &[u64], gap: usize) -> Vec<(u64, u32)> {
+    let mut runs: Vec<(u64, u32)> = Vec::new();
+    for &r in rows {
+        match runs.last_mut() {
+            Some((first, n)) if r < *first + *n as u64 + gap as u64 + 1 && r >= *first + *n as u64 => *n = (r - *first + 1) as u32,
+            _ => runs.push((r, 1)),
+        }
+    }
+    runs
+}
+
+/// The bytes of `rows` (in that order) out of `data`, the concatenated reads of `runs`.
+pub(crate) fn pick(rows: &[u64], runs: &[(u64, u32)], data: &[u8], rb: usize) -> Vec<u8> {
+    let mut starts = Vec::with_capacity(runs.len());
+    let mut at = 0;
+    for &(f, n) in runs {
+        starts.push((f, at));
+        at += n as usize;
+    }
+    let mut out = Vec::with_capacity(rows.len() * rb);
+    let mut k = 0;
+    for &r in rows {
+        while k + 1 < starts.len() && starts[k + 1].0 <= r {
+            k += 1;
+        }
+        let at = (starts[k].1 + (r - starts[k].0) as usize) * rb;
+        out.extend_from_slice(&data[at..at + rb]);
+    }
+    out
 }
 
 impl Drop for Offloaded {

@@ -1,10 +1,13 @@
 //! One offloaded (layer, KV head) as its index and its reads see it: keys by position from
 //! the sinks, the RAM tail, the rows staged this step, the cluster cache or the file.
 //!
-//! Invariant: every position yields the bytes written for it; rows staged for a step are
-//! dropped after it ([`HeadSource::finish`]), so staging never outlives one read or append.
+//! Invariant: every position yields the bytes written for it, or the read fails and the
+//! failure is returned or recorded on the cache (never a panic, never other bytes); rows
+//! staged for a step are dropped after it ([`HeadSource::finish`]), so staging never outlives
+//! one read or append.
 
 use std::collections::HashMap;
+use std::io;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -63,12 +66,6 @@ pub(crate) struct HeadSource<'a> {
     pub now: u64,
 }
 
-fn fail(e: std::io::Error) -> ! {
-    // The KvCache read has no error path: a file that vanished or was cut short under a
-    // running sequence cannot be answered exactly, and answering otherwise would be silent.
-    panic!("DynaKV offload read failed: {e}")
-}
-
 impl HeadSource<'_> {
     fn hi(&self) -> usize {
         self.layer * self.heads + self.head
@@ -97,20 +94,33 @@ impl HeadSource<'_> {
 
     /// Stages file rows `rows` (sorted) for cluster `unit`: from the cache if it holds them
     /// all, else from the file (then cached).
-    fn fetch_unit(&self, unit: u32, rows: Vec<u64>, staging: &mut Staging) {
+    fn fetch_unit(&self, unit: u32, rows: Vec<u64>, staging: &mut Staging) -> io::Result<()> {
         let rb = self.off.row_bytes;
-        if rows.is_empty() || rows.iter().all(|&r| staging.at.contains_key(&r)) {
-            return;
+        if rows.is_empty() {
+            return Ok(());
         }
         let key = (self.layer as u32, self.head as u32, unit);
-        let mut buf = Vec::with_capacity(rows.len() * rb);
-        if self.off.cache.lock().expect("cache lock").get(key, &rows, self.now, &mut buf) {
-            staging.put(&rows, &buf, rb);
-            return;
+        if rows.iter().all(|&r| staging.at.contains_key(&r)) {
+            // Staged this step already (the read of the cluster it was split from): cached
+            // under its own key too, or the next step would read the new half again.
+            let mut cache = self.off.shared.cache.lock().expect("cache lock");
+            if !cache.holds(key, &rows) {
+                let bytes: Vec<u8> = rows.iter().flat_map(|&r| staging.get(r, rb).expect("staged")).copied().collect();
+                cache.insert(key, rows, bytes, self.now);
+            }
+            return Ok(());
         }
-        let bytes = self.off.read(&rows, self.purpose).unwrap_or_else(|e| fail(e));
+        let mut buf = Vec::with_capacity(rows.len() * rb);
+        // A cluster the layer-ahead loader is reading lands in the cache: wait, not re-read.
+        self.off.shared.wait_for(key);
+        if self.off.shared.cache.lock().expect("cache lock").get(key, &rows, self.now, &mut buf) {
+            staging.put(&rows, &buf, rb);
+            return Ok(());
+        }
+        let bytes = self.off.read(&rows, self.purpose)?;
         staging.put(&rows, &bytes, rb);
-        self.off.cache.lock().expect("cache lock").insert(key, rows, bytes, self.now);
+        self.off.shared.cache.lock().expect("cache lock").insert(key, rows, bytes, self.now);
+        Ok(())
     }
 
     fn unit_rows(&self, tokens: &[u32]) -> Vec<u64> {
@@ -121,26 +131,34 @@ impl HeadSource<'_> {
 
     /// Fills `gk`/`gv` (`sel.len() × dim` each) with the keys and values of `sel`: the
     /// clusters `index` fetched come whole through the cache or the file, any other file row
-    /// is read alone (coalesced); then the step's staging is dropped.
-    pub fn gather(&self, index: &dyn HeadIndex, sel: &[u32], gk: &mut [f16], gv: &mut [f16]) {
+    /// is read alone (coalesced); then the step's staging is dropped. A failed read is
+    /// returned (and `gk`/`gv` are not filled).
+    pub fn gather(&self, index: &dyn HeadIndex, sel: &[u32], gk: &mut [f16], gv: &mut [f16]) -> io::Result<()> {
         let d = self.dim;
         let mut staging = self.off.staging[self.hi()].lock().expect("staging lock");
         let mut units = Vec::new();
         index.for_each_fetched(&mut |c, members| units.push((c, self.unit_rows(members))));
-        for (c, rows) in units {
-            self.fetch_unit(c, rows, &mut staging);
-        }
-        let mut loose: Vec<u64> = sel.iter().filter_map(|&t| self.file_row(t as usize)).filter(|r| !staging.at.contains_key(r)).collect();
-        loose.sort_unstable();
-        if !loose.is_empty() {
-            let bytes = self.off.read(&loose, self.purpose).unwrap_or_else(|e| fail(e));
-            staging.put(&loose, &bytes, self.off.row_bytes);
-        }
-        for (i, &t) in sel.iter().enumerate() {
-            self.copy(t as usize, false, &staging, &mut gk[i * d..(i + 1) * d]);
-            self.copy(t as usize, true, &staging, &mut gv[i * d..(i + 1) * d]);
+        let read = (|| {
+            for (c, rows) in units {
+                self.fetch_unit(c, rows, &mut staging)?;
+            }
+            let mut loose: Vec<u64> =
+                sel.iter().filter_map(|&t| self.file_row(t as usize)).filter(|r| !staging.at.contains_key(r)).collect();
+            loose.sort_unstable();
+            if !loose.is_empty() {
+                let bytes = self.off.read(&loose, self.purpose)?;
+                staging.put(&loose, &bytes, self.off.row_bytes);
+            }
+            Ok(())
+        })();
+        if read.is_ok() {
+            for (i, &t) in sel.iter().enumerate() {
+                self.copy(t as usize, false, &staging, &mut gk[i * d..(i + 1) * d]);
+                self.copy(t as usize, true, &staging, &mut gv[i * d..(i + 1) * d]);
+            }
         }
         staging.clear();
+        read
     }
 
     /// Drops the rows staged this step (after an append's splits).
@@ -150,12 +168,20 @@ impl HeadSource<'_> {
 }
 
 impl RowSource for HeadSource<'_> {
+    /// A key the file cannot give (a failed read, recorded) reads as zeros: the index may
+    /// go on, but the cache is failed and the forward pass ends the step.
     fn row(&self, t: usize, out: &mut [f32]) {
         let mut staging = self.off.staging[self.hi()].lock().expect("staging lock");
         if let Some(r) = self.file_row(t) {
             if staging.get(r, self.off.row_bytes).is_none() {
-                let bytes = self.off.read(&[r], self.purpose).unwrap_or_else(|e| fail(e));
-                staging.put(&[r], &bytes, self.off.row_bytes);
+                match self.off.read(&[r], self.purpose) {
+                    Ok(bytes) => staging.put(&[r], &bytes, self.off.row_bytes),
+                    Err(e) => {
+                        self.off.record_failure(&e);
+                        out.fill(0.0);
+                        return;
+                    }
+                }
             }
         }
         let mut k = vec![f16::ZERO; self.dim];
@@ -166,6 +192,8 @@ impl RowSource for HeadSource<'_> {
     fn prefetch(&self, unit: u32, tokens: &[u32]) {
         let rows = self.unit_rows(tokens);
         let mut staging = self.off.staging[self.hi()].lock().expect("staging lock");
-        self.fetch_unit(unit, rows, &mut staging);
+        if let Err(e) = self.fetch_unit(unit, rows, &mut staging) {
+            self.off.record_failure(&e);
+        }
     }
 }

@@ -53,9 +53,12 @@ struct Entry {
     bytes: Vec<u8>,
     last_use: u64,
     updated: u64,
+    /// Put here by the layer-ahead prefetch and not looked up since.
+    prefetched: bool,
 }
 
-/// Cache counters: lookups that hit or missed, and the rows each served.
+/// Cache counters: lookups that hit or missed, and the rows each served; entries the
+/// layer-ahead prefetch put in, how many of those a lookup then hit, and how many left unused.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
     pub hits: u64,
@@ -63,6 +66,9 @@ pub struct CacheStats {
     pub hit_rows: u64,
     pub miss_rows: u64,
     pub evictions: u64,
+    pub prefetched: u64,
+    pub prefetch_hits: u64,
+    pub prefetch_unused: u64,
 }
 
 /// The cache (module doc).
@@ -86,28 +92,19 @@ impl ClusterCache {
     pub fn get(&mut self, key: Key, rows: &[u64], now: u64, out: &mut Vec<u8>) -> bool {
         let rb = self.row_bytes;
         let hit = match self.entries.get_mut(&key) {
-            Some(e) => {
-                let mut idx = Vec::with_capacity(rows.len());
-                let mut j = 0;
-                for &r in rows {
-                    while j < e.rows.len() && e.rows[j] < r {
-                        j += 1;
-                    }
-                    if j == e.rows.len() || e.rows[j] != r {
-                        break;
-                    }
-                    idx.push(j);
-                }
-                if idx.len() == rows.len() {
+            Some(e) => match positions(&e.rows, rows) {
+                Some(idx) => {
                     e.last_use = now;
+                    if std::mem::take(&mut e.prefetched) {
+                        self.stats.prefetch_hits += 1;
+                    }
                     for j in idx {
                         out.extend_from_slice(&e.bytes[j * rb..(j + 1) * rb]);
                     }
                     true
-                } else {
-                    false
                 }
-            }
+                None => false,
+            },
             None => false,
         };
         if hit {
@@ -120,13 +117,30 @@ impl ClusterCache {
         hit
     }
 
+    /// Whether the entry of `key` holds every row of `rows` (sorted); counts nothing.
+    pub fn holds(&self, key: Key, rows: &[u64]) -> bool {
+        self.entries.get(&key).is_some_and(|e| positions(&e.rows, rows).is_some())
+    }
+
     /// Keeps `bytes` (the rows `rows`, sorted) for cluster `key`, replacing its entry and
     /// evicting others by the policy; an entry larger than the whole budget is not kept.
     pub fn insert(&mut self, key: Key, rows: Vec<u64>, bytes: Vec<u8>, now: u64) {
+        self.put(key, rows, bytes, now, false);
+    }
+
+    /// [`ClusterCache::insert`] for the layer-ahead prefetch: counted as prefetched until a
+    /// lookup hits it (or it leaves unused).
+    pub fn insert_prefetched(&mut self, key: Key, rows: Vec<u64>, bytes: Vec<u8>, now: u64) {
+        if self.put(key, rows, bytes, now, true) {
+            self.stats.prefetched += 1;
+        }
+    }
+
+    fn put(&mut self, key: Key, rows: Vec<u64>, bytes: Vec<u8>, now: u64, prefetched: bool) -> bool {
         debug_assert_eq!(rows.len() * self.row_bytes, bytes.len());
         let updated = self.remove(key).map_or(0, |e| e.updated);
         if bytes.len() > self.cap || bytes.is_empty() {
-            return;
+            return false;
         }
         while self.used + bytes.len() > self.cap {
             let Some(victim) = self.victim(now) else { break };
@@ -134,7 +148,8 @@ impl ClusterCache {
             self.stats.evictions += 1;
         }
         self.used += bytes.len();
-        self.entries.insert(key, Entry { rows, bytes, last_use: now, updated });
+        self.entries.insert(key, Entry { rows, bytes, last_use: now, updated, prefetched });
+        true
     }
 
     /// Marks cluster `key` updated at `now` (a join or a split), if cached.
@@ -147,6 +162,9 @@ impl ClusterCache {
     fn remove(&mut self, key: Key) -> Option<Entry> {
         let e = self.entries.remove(&key)?;
         self.used -= e.bytes.len();
+        if e.prefetched {
+            self.stats.prefetch_unused += 1;
+        }
         Some(e)
     }
 
@@ -173,6 +191,22 @@ impl ClusterCache {
     pub fn stats(&self) -> CacheStats {
         self.stats
     }
+}
+
+/// Where each of `want` (sorted) lies in `have` (sorted), if every one is there.
+fn positions(have: &[u64], want: &[u64]) -> Option<Vec<usize>> {
+    let mut idx = Vec::with_capacity(want.len());
+    let mut j = 0;
+    for &r in want {
+        while j < have.len() && have[j] < r {
+            j += 1;
+        }
+        if j == have.len() || have[j] != r {
+            return None;
+        }
+        idx.push(j);
+    }
+    Some(idx)
 }
 
 #[cfg(test)]
@@ -212,6 +246,24 @@ mod tests {
             assert!(c.used() <= 40, "{policy:?}");
             assert!(!c.entries.contains_key(&evicted), "{policy:?} should evict {evicted:?}");
         }
+    }
+
+    #[test]
+    fn prefetched_entries_count_their_first_hit_or_their_eviction_unused() {
+        let mut c = ClusterCache::new(24, 2, Policy::Lru);
+        let (r, b) = rows(0..6);
+        c.insert_prefetched((0, 1, 1), r.clone(), b.clone(), 5);
+        assert!(c.holds((0, 1, 1), &[1, 4]) && !c.holds((0, 1, 1), &[1, 9]));
+        let mut out = Vec::new();
+        assert!(c.get((0, 1, 1), &[2], 6, &mut out));
+        assert!(c.get((0, 1, 1), &[3], 6, &mut out));
+        assert_eq!(out, vec![2, 0, 3, 0]);
+        let (r2, b2) = rows(10..16);
+        c.insert_prefetched((0, 1, 2), r2, b2, 7);
+        let (r3, b3) = rows(20..32);
+        c.insert((0, 1, 3), r3, b3, 8); // fills the cache: evicts (0,1,1), then (0,1,2), never looked up
+        let s = c.stats();
+        assert_eq!((s.prefetched, s.prefetch_hits, s.prefetch_unused), (2, 1, 1), "{s:?}");
     }
 
     #[test]
