@@ -319,6 +319,9 @@ impl ContextPolicy for DualStream {
             kv: SeqKv::new(&self.pool),
             restore: None,
             spans: view.spans,
+            // A stream ending in a tombstoned fact (with no turn after it) leaves a gap at the
+            // view's end: the turn still goes at the ring's next position.
+            own_first: Some(view.next_position),
         })
     }
 

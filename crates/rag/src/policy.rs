@@ -240,6 +240,7 @@ impl ContextPolicy for TreePolicy {
             kv,
             restore: None,
             spans: Vec::new(),
+            own_first: None,
         })
     }
 
