@@ -117,6 +117,7 @@ impl Engine<'_> {
                 draft: None,
                 draft_cap: 4,
                 draft_cooldown: 0,
+                drafter: None,
                 submitted,
                 last_token: None,
                 restore: c.restore.zip(retry),
