@@ -32,252 +32,22 @@
 //! A case is one checked step: a turn's prompt prefill, a decode step or a tree verification.
 //! The harness runs conversations until at least 10,000 cases have been checked.
 
+mod dual_reference;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use engram_context::SegmentId;
-use engram_embed::{cosine, Embeddings, TextEncoder};
+use engram_embed::TextEncoder;
 use engram_engine::{ContextPolicy, DraftTree, DualStats, DualStream, FactSegment, Relevance, Retired};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
-use engram_model::{KvCache, Logits, Model, RopeConfig, SeqStep};
+use engram_model::{KvCache, Logits, Model};
 
-const TOL: f32 = 1e-4;
+use dual_reference::*;
+
 const CASES: usize = 10_000;
 const USER: &str = "u";
-
-/// xorshift64*: a seeded stream, so a failing conversation replays from its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-    fn tokens(&mut self, vocab: usize, n: usize) -> Vec<u32> {
-        // Ids 0..16 hold the fixture's special tokens; ordinary pieces decode to text.
-        (0..n).map(|_| 16 + self.below(vocab - 16) as u32).collect()
-    }
-}
-
-/// A deterministic sentence encoder for relevance masks: each word hashes (FNV-1a) to a
-/// point in [-0.5, 0.5)⁴ and a text is the sum of its words. Similar prompts share words, so
-/// thresholds split turns both ways; the reference calls the same function.
-#[derive(Debug)]
-struct WordHash;
-
-fn word_hash(text: &str) -> Vec<f32> {
-    let mut v = vec![0f32; 4];
-    for w in text.split_whitespace() {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in w.bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-        for (i, x) in v.iter_mut().enumerate() {
-            *x += ((h >> (i * 16)) & 0xffff) as f32 / 65536.0 - 0.5;
-        }
-    }
-    v
-}
-
-impl TextEncoder for WordHash {
-    fn id(&self) -> &str {
-        "word-hash"
-    }
-    fn dim(&self) -> usize {
-        4
-    }
-    fn describe(&self) -> String {
-        "word-hash (the fuzz harness's encoder)".into()
-    }
-    fn encode(&self, texts: &[String]) -> engram_embed::Result<Embeddings> {
-        Ok(Embeddings {
-            vectors: texts.iter().map(|t| word_hash(t)).collect(),
-            num_tokens: texts.iter().map(|t| t.split_whitespace().count()).collect(),
-        })
-    }
-}
-
-/// A token as the reference keeps it: its id, the position its key was computed at, and its
-/// key and value rows for every layer (`[layer][kv_width]`).
-#[derive(Clone)]
-struct Row {
-    token: u32,
-    pos: usize,
-    k: Vec<f32>,
-    v: Vec<f32>,
-}
-
-/// The model, the pool and the shapes the harness needs.
-struct Env {
-    m: Arc<Model>,
-    pool: KvPool,
-    layers: usize,
-    width: usize,
-    head_dim: usize,
-    rope: RopeConfig,
-}
-
-impl Env {
-    /// `row`'s key moved to `pos` (re-rotated by the difference, as a move does).
-    fn key_at(&self, row: &Row, pos: usize) -> Vec<f32> {
-        let mut k = row.k.clone();
-        if pos != row.pos {
-            let (c, s) = engram_model::rope::shift(&self.rope, pos as i64 - row.pos as i64);
-            for head in k.chunks_exact_mut(self.head_dim) {
-                engram_model::rope::rotate_head(self.rope.style, head, &c, &s);
-            }
-        }
-        k
-    }
-
-    /// A fresh cache holding exactly `window`'s rows at their positions (keys rotated there).
-    fn cache_of(&self, window: &[(Row, usize)]) -> SeqKv {
-        let mut kv = SeqKv::new(&self.pool);
-        if window.is_empty() {
-            return kv;
-        }
-        let n = window.len();
-        kv.reserve(n).unwrap();
-        let positions: Vec<u32> = window.iter().map(|(_, p)| *p as u32).collect();
-        kv.place(0, &positions).unwrap();
-        for layer in 0..self.layers {
-            let (mut k, mut v) = (Vec::with_capacity(n * self.width), Vec::with_capacity(n * self.width));
-            for (row, pos) in window {
-                k.extend_from_slice(&self.key_at(row, *pos)[layer * self.width..(layer + 1) * self.width]);
-                v.extend_from_slice(&row.v[layer * self.width..(layer + 1) * self.width]);
-            }
-            kv.write(layer, 0, &k, &v, n);
-        }
-        kv
-    }
-
-    /// The rows of `kv`'s slots `first..first + tokens.len()`, computed at `positions`.
-    fn rows(&self, kv: &SeqKv, first: usize, tokens: &[u32], positions: &[u32]) -> Vec<Row> {
-        let per_layer: Vec<(Vec<f32>, Vec<f32>)> = (0..self.layers).map(|l| kv.read_rows(l, first..first + tokens.len())).collect();
-        let w = self.width;
-        (0..tokens.len())
-            .map(|i| {
-                let (mut k, mut v) = (Vec::new(), Vec::new());
-                for (lk, lv) in &per_layer {
-                    k.extend_from_slice(&lk[i * w..(i + 1) * w]);
-                    v.extend_from_slice(&lv[i * w..(i + 1) * w]);
-                }
-                Row { token: tokens[i], pos: positions[i] as usize, k, v }
-            })
-            .collect()
-    }
-
-    /// Runs `tokens` at `positions` into `kv` (from its slot `kv_len`), its logits as asked.
-    fn run(
-        &self,
-        kv: &mut dyn KvCache,
-        first_slot: usize,
-        tokens: &[u32],
-        positions: &[u32],
-        mask: Option<&engram_model::KeyMask>,
-        logits: Logits,
-    ) -> Vec<f32> {
-        let step = SeqStep { positions: Some(positions), key_mask: mask, ..SeqStep::new(tokens, first_slot, kv, logits) };
-        self.m.forward(&mut [step]).unwrap().remove(0)
-    }
-}
-
-fn assert_close(a: &[f32], b: &[f32], what: &dyn Fn() -> String) {
-    assert_eq!(a.len(), b.len(), "{}: lengths", what());
-    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    assert!(worst <= TOL, "{}: differs by {worst}", what());
-}
-
-/// The reference's persistent stream: segments as the policy's rules lay them out, and the
-/// rows computed so far (slot order; masked segments' rows kept, as the KV keeps them).
-#[derive(Clone, Default)]
-struct RefStream {
-    segs: Vec<(SegmentId, Vec<u32>, bool)>,
-    rows: Vec<Row>,
-}
-
-impl RefStream {
-    fn tokens(&self) -> Vec<u32> {
-        self.segs.iter().flat_map(|s| s.1.iter().copied()).collect()
-    }
-    fn len(&self) -> usize {
-        self.segs.iter().map(|s| s.1.len()).sum()
-    }
-    fn masked(&self) -> Vec<bool> {
-        self.segs.iter().flat_map(|s| std::iter::repeat(s.2).take(s.1.len())).collect()
-    }
-    /// Lays the segments out again (rebuild): rows kept only up to the first differing token.
-    fn relayout(&mut self, segs: Vec<(SegmentId, Vec<u32>, bool)>) {
-        let old = self.tokens();
-        self.segs = segs;
-        let common = old.iter().zip(self.tokens()).take_while(|(a, b)| **a == *b).count();
-        self.rows.truncate(common);
-    }
-    /// Live facts only changed: dropped ones masked, new ones appended (append-only).
-    fn set_facts(&mut self, live: &[FactSegment]) {
-        for s in self.segs.iter_mut() {
-            if let SegmentId::Fact(id) = s.0 {
-                if !live.iter().any(|f| f.id == id) {
-                    s.2 = true;
-                }
-            }
-        }
-        for f in live {
-            if !self.segs.iter().any(|s| s.0 == SegmentId::Fact(f.id)) {
-                self.segs.push((SegmentId::Fact(f.id), f.tokens.clone(), false));
-            }
-        }
-    }
-    /// Past the cap, tombstoned segments are dropped (compaction).
-    fn enforce_cap(&mut self, cap: usize) {
-        if self.len() > cap && self.segs.iter().any(|s| s.2) {
-            let live: Vec<_> = self.segs.iter().filter(|s| !s.2).cloned().collect();
-            self.relayout(live);
-        }
-    }
-    /// Computes the rows not computed yet, each attending only the live rows before it.
-    fn prefill(&mut self, env: &Env) {
-        let tokens = self.tokens();
-        let have = self.rows.len();
-        if have == tokens.len() {
-            return;
-        }
-        let masked = self.masked();
-        let window: Vec<(Row, usize)> = self.rows.iter().enumerate().filter(|(s, _)| !masked[*s]).map(|(s, r)| (r.clone(), s)).collect();
-        let mut kv = env.cache_of(&window);
-        let todo = &tokens[have..];
-        kv.reserve(todo.len()).unwrap();
-        let positions: Vec<u32> = (have..tokens.len()).map(|p| p as u32).collect();
-        let at = window.len();
-        env.run(&mut kv, at, todo, &positions, None, Logits::None);
-        self.rows.extend(env.rows(&kv, at, todo, &positions));
-    }
-    /// The attended rows (live slots) at their positions.
-    fn window(&self) -> Vec<(Row, usize)> {
-        let masked = self.masked();
-        self.rows.iter().enumerate().filter(|(s, _)| !masked[*s]).map(|(s, r)| (r.clone(), s)).collect()
-    }
-}
-
-/// A turn in a reference ring: its rows as computed, its embedding.
-struct RefTurn {
-    rows: Vec<Row>,
-    embedding: Option<Vec<f32>>,
-}
-
-#[derive(Default)]
-struct RefThread {
-    turns: Vec<RefTurn>,
-    carry: Option<u32>,
-}
 
 /// A turn running on both sides.
 struct Open {
@@ -295,73 +65,6 @@ struct Open {
     embedding: Option<Vec<f32>>,
 }
 
-/// The plain model of the policy: rules and rows, nothing of the policy's caches.
-struct Reference {
-    base: Vec<u32>,
-    facts: Vec<FactSegment>,
-    stream: RefStream,
-    threads: HashMap<String, RefThread>,
-    capacity: usize,
-    cap: usize,
-    threshold: f32,
-    keep_last: usize,
-}
-
-impl Reference {
-    fn refresh_cap(&mut self) {
-        self.stream.enforce_cap(self.cap);
-    }
-
-    /// Everything a new policy starts from after a restart: the base and the live facts.
-    fn restart(&mut self) {
-        self.threads.clear();
-        let mut segs = vec![(SegmentId::Base, self.base.clone(), false)];
-        segs.extend(self.facts.iter().map(|f| (SegmentId::Fact(f.id), f.tokens.clone(), false)));
-        self.stream = RefStream { segs, rows: Vec::new() };
-        self.refresh_cap();
-    }
-
-    /// Which of `thread`'s turns a prompt embedded as `query` attends.
-    fn kept(&self, thread: &str, query: &[f32]) -> Vec<bool> {
-        let turns = self.threads.get(thread).map_or(&[][..], |t| &t.turns[..]);
-        let n = turns.len();
-        turns
-            .iter()
-            .enumerate()
-            .map(|(i, t)| i + self.keep_last >= n || t.embedding.as_ref().map_or(true, |e| cosine(e, query) >= self.threshold))
-            .collect()
-    }
-
-    /// The window a new turn on `thread` attends (rows at positions) and where the turn starts.
-    fn window(&mut self, env: &Env, thread: &str, query: &[f32]) -> (Vec<(Row, usize)>, usize) {
-        self.stream.prefill(env);
-        let mut window = self.stream.window();
-        let mut at = self.stream.len();
-        let kept = self.kept(thread, query);
-        if let Some(t) = self.threads.get(thread) {
-            for (turn, keep) in t.turns.iter().zip(kept) {
-                for (j, r) in turn.rows.iter().enumerate() {
-                    if keep {
-                        window.push((r.clone(), at + j));
-                    }
-                }
-                at += turn.rows.len();
-            }
-        }
-        (window, at)
-    }
-
-    /// A finished turn joins its thread's ring: the oldest whole turns evicted past the capacity.
-    fn push(&mut self, thread: &str, turn: RefTurn, carry: Option<u32>) {
-        let t = self.threads.entry(thread.to_string()).or_default();
-        t.turns.push(turn);
-        while t.turns.iter().map(|t| t.rows.len()).sum::<usize>() > self.capacity && t.turns.len() > 1 {
-            t.turns.remove(0);
-        }
-        t.carry = carry;
-    }
-}
-
 struct Harness<'a> {
     env: &'a Env,
     rng: Rng,
@@ -374,6 +77,7 @@ struct Harness<'a> {
     accepted: usize,
     rejected: usize,
     restarts: usize,
+    states: usize,
     /// The policy's counts, summed over its restarts.
     stats: DualStats,
 }
@@ -434,6 +138,15 @@ impl Harness<'_> {
         self.reference.stream.relayout(segs);
         self.reference.refresh_cap();
         self.check_stream("a new system prompt");
+    }
+
+    fn state_op(&mut self, threads: usize) {
+        let thread = format!("t{}", self.rng.below(threads));
+        let n = if self.rng.chance(15) { 0 } else { 1 + self.rng.below(12) };
+        let tokens = self.rng.tokens(self.env.m.config.vocab, n);
+        self.policy.set_state(USER, &thread, tokens.clone()).unwrap();
+        self.reference.set_state(self.env, &thread, &tokens);
+        self.states += 1;
     }
 
     fn restart(&mut self) {
@@ -635,7 +348,7 @@ impl Harness<'_> {
             kv: o.view.into_own(),
             unfed,
         });
-        self.reference.push(&o.thread, RefTurn { rows, embedding: o.embedding }, unfed);
+        self.reference.push(&o.thread, RefTurn { rows, embedding: o.embedding, pinned: false }, unfed);
     }
 
     fn conversation(&mut self, steps: usize, threads: usize) {
@@ -648,6 +361,8 @@ impl Harness<'_> {
                 self.anchors_op();
             } else if roll < 12 {
                 self.fact_op();
+            } else if roll < 15 {
+                self.state_op(threads);
             } else if !idle.is_empty() && (self.open.is_empty() || roll < 25) {
                 let t = idle[self.rng.below(idle.len())].clone();
                 self.open_turn(t);
@@ -681,7 +396,7 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
         m,
     };
     let (mut cases, mut conversations, mut accepted, mut rejected, mut restarts) = (0, 0, 0, 0, 0);
-    let (mut evicted, mut masked, mut rebases, mut compactions) = (0, 0, 0, 0);
+    let (mut evicted, mut masked, mut rebases, mut compactions, mut states) = (0, 0, 0, 0, 0);
     let mut seed = 0u64;
     while cases < CASES {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -711,6 +426,7 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
             accepted: 0,
             rejected: 0,
             restarts: 0,
+            states: 0,
             stats: DualStats::default(),
         };
         h.reference.restart();
@@ -725,6 +441,7 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
         accepted += h.accepted;
         rejected += h.rejected;
         restarts += h.restarts;
+        states += h.states;
         conversations += 1;
         drop(h);
         assert_eq!(env.pool.used(), 0, "seed {seed}: every block is released with the policy");
@@ -732,10 +449,10 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
     }
     eprintln!(
         "{cases} cases in {conversations} conversations: {accepted} drafts accepted, {rejected} rejected, {restarts} restarts, \
-         {evicted} turns evicted, {masked} turn views masked, {rebases} rings moved onto a new stream, {compactions} compactions"
+         {evicted} turns evicted, {masked} turn views masked, {rebases} rings moved onto a new stream, {compactions} compactions, {states} state entries set"
     );
     assert!(
-        accepted > 0 && rejected > 0 && restarts > 0 && evicted > 0 && masked > 0 && rebases > 0 && compactions > 0,
+        accepted > 0 && rejected > 0 && restarts > 0 && evicted > 0 && masked > 0 && rebases > 0 && compactions > 0 && states > 0,
         "every kind of step ran"
     );
 }

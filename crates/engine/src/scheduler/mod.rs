@@ -239,6 +239,9 @@ pub enum Command {
     SetAnchors(String, Vec<u32>),
     /// Set an owner's live facts, in order (`ContextPolicy::set_facts`).
     SetFacts(String, Vec<crate::dual::FactSegment>),
+    /// Set (or, with no tokens, remove) the state entry of an owner's thread
+    /// (`ContextPolicy::set_state`, the dual-stream hybrid mode), before its next job.
+    SetState(String, String, Vec<u32>),
 }
 
 /// Runs the engine loop for `model` on this thread until every [`Command`] sender is gone
@@ -437,6 +440,11 @@ impl<'m> Engine<'m> {
                 self.policy.set_facts(&owner, facts);
                 // A change may leave background work (a summary) for the idle hook.
                 self.idle_work = true;
+            }
+            Command::SetState(owner, thread, tokens) => {
+                if let Err(e) = self.policy.set_state(&owner, &thread, tokens) {
+                    tracing::warn!("the state entry of thread {thread:?} is not set: {e}");
+                }
             }
         }
     }
