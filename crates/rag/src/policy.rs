@@ -290,6 +290,14 @@ impl ContextPolicy for TreePolicy {
         self.inner.set_anchors(owner, tokens)
     }
 
+    fn set_facts(&mut self, owner: &str, facts: Vec<engram_engine::FactSegment>) {
+        self.inner.set_facts(owner, facts)
+    }
+
+    fn set_state(&mut self, owner: &str, thread: &str, tokens: Vec<u32>) -> Result<(), String> {
+        self.inner.set_state(owner, thread, tokens)
+    }
+
     /// One slice: the inner policy's work first, then saving one changed tree (KV files are
     /// written while nothing waits, never on a request's path).
     fn idle_slice(&mut self) -> bool {
