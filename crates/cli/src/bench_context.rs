@@ -193,7 +193,7 @@ fn thread_switch_us(model: &Arc<Model>, pool: &KvPool, a: &Args, anchors: &[u32]
         while filled + a.message_tokens <= a.ring_tokens {
             let prompt = message(model, i, a.message_tokens)?;
             let c = dual.admit("user", Some(thread), None, false, &prompt, tok).map_err(anyhow::Error::msg)?;
-            let mut view = engram_kv::KvView::new(c.spans, c.kv);
+            let mut view = engram_kv::KvView::new(c.spans, c.kv).starting_at(c.own_first);
             let first = view.own_first_position();
             forward_at(model, &mut view, &prompt, first, engram_model::Logits::None)?;
             let kv = view.into_own();

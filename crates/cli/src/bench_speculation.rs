@@ -6,6 +6,10 @@
 //! and without, the speed-up, the drafts' acceptance rate, and whether the text is identical
 //! (it must be: speculation never changes the tokens).
 //!
+//! With `--draft PATH` a third mode runs beside them: a draft model (`engram_engine::DraftModel`,
+//! sharing the target's vocabulary) drafting `--draft-k` tokens greedily per step, verified
+//! the same way; its speed-up and acceptance are reported in the same run.
+//!
 //! The speed-up depends on the model copying what it saw: measure on a trained model
 //! (default: the embedded pycode-7m; `--model models/pycode-long/…` for the 16K one). Prompt
 //! sources default to the Python files of `models/pycode-long/recipe/` in this repository.
@@ -18,7 +22,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use engram_engine::scheduler::{run_engine, Command, Job};
-use engram_engine::{Metrics, PromptLookup, SamplingParams, SchedulerConfig};
+use engram_engine::{DraftModel, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_model::Model;
 
 use crate::common::{kv_pool, load_model, ModelArgs};
@@ -49,6 +53,13 @@ pub struct Args {
     max_branches: usize,
     #[arg(long, default_value_t = PromptLookup::default().max_drafts)]
     max_drafts: usize,
+    /// A draft model (GGUF or HF folder sharing the target's vocabulary) measured beside
+    /// prompt lookup and plain decoding.
+    #[arg(long, value_name = "PATH")]
+    draft: Option<PathBuf>,
+    /// Tokens the draft model drafts per step (at most).
+    #[arg(long, default_value_t = 4)]
+    draft_k: usize,
     /// One JSON line per prompt, then a summary line.
     #[arg(long)]
     json: bool,
@@ -90,10 +101,24 @@ struct Outcome {
     accepted: u64,
 }
 
-fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, speculation: Option<PromptLookup>) -> Result<Outcome> {
+/// How a request decodes: one token a step, prompt lookup, or a draft model.
+#[derive(Clone)]
+enum Mode {
+    Plain,
+    Lookup(PromptLookup),
+    Draft(Arc<DraftModel>),
+}
+
+fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, mode: &Mode) -> Result<Outcome> {
     let pool = kv_pool(model, &args.model)?;
     let (tx, rx) = mpsc::channel();
-    let config = SchedulerConfig { speculation, ..SchedulerConfig::default() };
+    let config = match mode {
+        Mode::Plain => SchedulerConfig::default(),
+        Mode::Lookup(l) => SchedulerConfig { speculation: Some(*l), ..SchedulerConfig::default() },
+        Mode::Draft(d) => {
+            SchedulerConfig { speculation: Some(PromptLookup::default()), draft_model: Some(d.clone()), ..SchedulerConfig::default() }
+        }
+    };
     let (pending, metrics) = (Arc::new(AtomicUsize::new(1)), Arc::new(Metrics::default()));
     let engine = {
         let (model, pending, metrics) = (model.clone(), pending.clone(), metrics.clone());
@@ -146,50 +171,99 @@ pub fn run(args: Args) -> Result<()> {
         max_drafts: args.max_drafts,
         ..PromptLookup::default()
     };
+    let draft = match &args.draft {
+        Some(p) => {
+            let d = Arc::new(Model::load(p).with_context(|| format!("--draft {}", p.display()))?);
+            let dm = DraftModel::new(&model, d, args.draft_k, 256 << 20).map_err(|e| anyhow::anyhow!("--draft {}: {e}", p.display()))?;
+            Some(Arc::new(dm))
+        }
+        None => None,
+    };
+    let mut modes = vec![Mode::Plain, Mode::Lookup(lookup)];
+    modes.extend(draft.clone().map(Mode::Draft));
     if !args.json {
         println!("speculative decoding (prompt lookup {lookup:?}), {} decode tokens, {} rounds, median", args.decode_tokens, args.rounds);
-        println!("| prompt | plain tok/s | speculative tok/s | speed-up | accepted / drafted | identical |");
-        println!("|---|---|---|---|---|---|");
+        if let Some(p) = &args.draft {
+            println!(
+                "draft model {} ({}), {} drafts a step at most",
+                p.display(),
+                draft.as_ref().map_or(String::new(), |d| format!("{:?}", d)),
+                args.draft_k
+            );
+            println!("| prompt | plain tok/s | lookup tok/s | lookup speed-up | lookup accepted / drafted | draft-model tok/s | draft-model speed-up | draft-model accepted / drafted | identical |");
+            println!("|---|---|---|---|---|---|---|---|---|");
+        } else {
+            println!("| prompt | plain tok/s | speculative tok/s | speed-up | accepted / drafted | identical |");
+            println!("|---|---|---|---|---|---|");
+        }
     }
-    let (mut ratios, mut all_same, mut acc, mut drafted) = (Vec::new(), true, 0u64, 0u64);
+    let (mut ratios, mut draft_ratios, mut all_same) = (Vec::new(), Vec::new(), true);
+    let (mut acc, mut drafted, mut dacc, mut ddrafted) = (0u64, 0u64, 0u64, 0u64);
     for file in &sources {
         let prompt = edit_prompt(&model, file, args.file_tokens)?;
         // Warm-up (weights paged in), not reported.
-        run_one(&model, &args, &prompt, 1, None)?;
-        let (mut plain, mut fast, mut same) = (Vec::new(), Vec::new(), true);
-        let (mut a, mut d) = (0, 0);
+        run_one(&model, &args, &prompt, 1, &Mode::Plain)?;
+        let mut speeds: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+        let mut counts = vec![(0u64, 0u64); modes.len()];
+        let mut same = true;
         for round in 0..args.rounds {
-            // Alternate which goes first, so drift on a noisy machine hits both alike.
-            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
-            let mut texts = [String::new(), String::new()];
+            // Rotate which goes first, so drift on a noisy machine hits every mode alike.
+            let mut order: Vec<usize> = (0..modes.len()).collect();
+            order.rotate_left(round % modes.len());
+            let mut texts = vec![String::new(); modes.len()];
             // Decode time: the request's time less that of the same request stopped after its
             // first token (its prefill and first sampling).
-            let first = run_one(&model, &args, &prompt, 1, None)?.secs;
-            for spec in order {
-                let o = run_one(&model, &args, &prompt, args.decode_tokens, spec.then_some(lookup))?;
-                let tok_s = o.tokens.saturating_sub(1) as f64 / (o.secs - first).max(1e-9);
-                if spec {
-                    fast.push(tok_s);
-                    (a, d) = (o.accepted, o.drafted);
-                } else {
-                    plain.push(tok_s);
-                }
-                texts[spec as usize] = o.text;
+            let first = run_one(&model, &args, &prompt, 1, &Mode::Plain)?.secs;
+            for m in order {
+                let o = run_one(&model, &args, &prompt, args.decode_tokens, &modes[m])?;
+                speeds[m].push(o.tokens.saturating_sub(1) as f64 / (o.secs - first).max(1e-9));
+                counts[m] = (o.accepted, o.drafted);
+                texts[m] = o.text;
             }
-            same &= texts[0] == texts[1];
+            same &= texts.iter().all(|t| *t == texts[0]);
         }
-        let (p, f) = (median(plain), median(fast));
+        let med: Vec<f64> = speeds.into_iter().map(median).collect();
+        let (p, f) = (med[0], med[1]);
+        let (a, d) = counts[1];
         let name = file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
         ratios.push(f / p);
         all_same &= same;
         acc += a;
         drafted += d;
+        if let Some(&g) = med.get(2) {
+            draft_ratios.push(g / p);
+            dacc += counts[2].0;
+            ddrafted += counts[2].1;
+        }
         if args.json {
-            let line = serde_json::json!({"prompt": name, "plain_tok_s": p, "speculative_tok_s": f, "speedup": f / p,
+            let mut line = serde_json::json!({"prompt": name, "plain_tok_s": p, "speculative_tok_s": f, "speedup": f / p,
                 "drafts_accepted": a, "drafts": d, "identical": same});
+            if let Some(&g) = med.get(2) {
+                line["draft_model_tok_s"] = serde_json::json!(g);
+                line["draft_model_speedup"] = serde_json::json!(g / p);
+                line["draft_model_accepted"] = serde_json::json!(counts[2].0);
+                line["draft_model_drafts"] = serde_json::json!(counts[2].1);
+            }
             println!("{line}");
+        } else if let Some(&g) = med.get(2) {
+            let (da, dd) = counts[2];
+            println!(
+                "| {name} | {p:.1} | {f:.1} | {:.2}x | {a} / {d} | {g:.1} | {:.2}x | {da} / {dd} | {} |",
+                f / p,
+                g / p,
+                if same { "yes" } else { "NO" }
+            );
         } else {
             println!("| {name} | {p:.1} | {f:.1} | {:.2}x | {a} / {d} | {} |", f / p, if same { "yes" } else { "NO" });
+        }
+    }
+    let geo_of = |r: &[f64]| (r.iter().map(|r| r.ln()).sum::<f64>() / r.len().max(1) as f64).exp();
+    if !draft_ratios.is_empty() {
+        let drate = dacc as f64 / ddrafted.max(1) as f64;
+        if args.json {
+            println!("{}", serde_json::json!({"summary": "draft_model", "speedup_geomean": geo_of(&draft_ratios), "acceptance": drate}));
+        } else {
+            println!("\ndraft model: speed-up (geometric mean) {:.2}x; drafts accepted {:.0}%", geo_of(&draft_ratios), drate * 100.0);
         }
     }
     let geo = ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len().max(1) as f64;
@@ -199,8 +273,9 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         println!("\nspeed-up (geometric mean) {:.2}x; drafts accepted {:.0}%; output identical: {}", geo.exp(), rate * 100.0, all_same);
         println!(
-            "reproduce: engram bench speculation{}",
-            args.model.model.as_ref().map_or(String::new(), |m| format!(" --model {}", m.display()))
+            "reproduce: engram bench speculation{}{}",
+            args.model.model.as_ref().map_or(String::new(), |m| format!(" --model {}", m.display())),
+            args.draft.as_ref().map_or(String::new(), |d| format!(" --draft {} --draft-k {}", d.display(), args.draft_k))
         );
     }
     if !all_same {

@@ -64,9 +64,14 @@ pub struct Args {
     share_prefixes_across_tenants: bool,
     /// Speculative decoding for requests that do not choose (their `draft` field): `none`, or
     /// `prompt-lookup` (drafts copied from earlier in the context, verified in one step; the
-    /// output is identical, only faster when the answer repeats its context, as code edits do).
-    #[arg(long, default_value = "none", value_name = "prompt-lookup|none")]
+    /// output is identical, only faster when the answer repeats its context, as code edits do),
+    /// or the path of a draft model sharing the model's vocabulary (GGUF or HF folder) that
+    /// drafts `--draft-k` tokens greedily per step for every speculating request.
+    #[arg(long, default_value = "none", value_name = "prompt-lookup|none|PATH")]
     draft: String,
+    /// Most tokens a draft model (`--draft PATH`) drafts per step.
+    #[arg(long, default_value_t = 4)]
+    draft_k: usize,
     /// Seconds a request may wait for KV memory or a batch slot while others run, before a
     /// 503 with Retry-After (a prompt larger than the whole budget is a 400 at once).
     #[arg(long, default_value_t = 60)]
@@ -241,11 +246,8 @@ pub fn run(mut a: Args) -> Result<()> {
             prefill_chunk: a.prefill_chunk.max(1),
             disk: disk_config(&a, one_tenant)?,
             share_prefixes_across_tenants: a.share_prefixes_across_tenants,
-            speculation: match a.draft.as_str() {
-                "none" => None,
-                "prompt-lookup" => Some(engram_engine::PromptLookup::default()),
-                other => bail!("--draft wants prompt-lookup or none, got {other:?} (draft models are not supported yet)"),
-            },
+            speculation: (a.draft != "none").then(engram_engine::PromptLookup::default),
+            draft_model: draft_model(&a, &model)?,
             admission_wait: std::time::Duration::from_secs(a.admission_wait_secs),
             // With at most one tenant there is nobody to keep slots for: the whole batch is its.
             max_active_per_tenant: a.max_batch_per_tenant.or(one_tenant.then_some(a.max_batch.max(1))),
@@ -480,4 +482,20 @@ fn staggered(
         }
         anyhow::Ok(())
     })
+}
+
+/// The draft model `--draft PATH` names (`None` for `none` and `prompt-lookup`); a path that
+/// does not load, or a model with another vocabulary, is an error naming it.
+fn draft_model(a: &Args, model: &engram_model::Model) -> Result<Option<Arc<engram_engine::DraftModel>>> {
+    if a.draft == "none" || a.draft == "prompt-lookup" {
+        return Ok(None);
+    }
+    let path = std::path::Path::new(&a.draft);
+    if !path.exists() {
+        bail!("--draft wants prompt-lookup, none or a draft model's path; {:?} is none of them", a.draft);
+    }
+    let draft = engram_model::Model::load(path).with_context(|| format!("--draft {}", path.display()))?;
+    let dm = engram_engine::DraftModel::new(model, Arc::new(draft), a.draft_k, 256 << 20)
+        .map_err(|e| anyhow::anyhow!("--draft {}: {e}", path.display()))?;
+    Ok(Some(Arc::new(dm)))
 }

@@ -129,23 +129,10 @@ impl TurnRing {
     /// the RAM budget refusing the copies a move needs (the ring is then unchanged but for
     /// the turns already evicted).
     pub fn push(&mut self, tokens: Vec<u32>, kv: SeqKv, embedding: Option<Vec<f32>>, pinned: bool) -> Result<Vec<u64>, KvError> {
-        let at = self.next_position();
-        if kv.len() != tokens.len() || tokens.is_empty() || (0..kv.len()).any(|s| kv.position(s) != at + s) {
-            return Err(KvError::BadMapping(format!(
-                "a turn of {} tokens whose KV holds {} tokens from position {}; the ring's next position is {at}",
-                tokens.len(),
-                kv.len(),
-                if kv.is_empty() { 0 } else { kv.position(0) }
-            )));
-        }
+        Self::check_at(&tokens, &kv, self.next_position())?;
         self.next_id += 1;
         self.turns.push_back(Turn { id: self.next_id, tokens, embedding, pinned, kv });
-        let mut evicted = Vec::new();
-        while self.ephemeral_len() > self.capacity {
-            let newest = self.turns.len() - 1;
-            let Some(oldest) = (0..newest).find(|&i| !self.turns[i].pinned) else { break };
-            evicted.push(self.turns.remove(oldest).expect("in range").id);
-        }
+        let evicted = self.evict_over_capacity();
         self.pack()?;
         Ok(evicted)
     }
@@ -162,6 +149,73 @@ impl TurnRing {
         Ok(())
     }
 
+    /// Puts a pinned turn (the hybrid mode's state entry) first in the ring, right after the
+    /// anchors: `kv` holds `tokens` at positions `persistent_len()..`; every other turn moves
+    /// down behind it (re-rotated, not recomputed), then the oldest unpinned turns are evicted
+    /// while the ring is over its capacity. Returns its id and the evicted turns' ids. Errors
+    /// as [`TurnRing::push`].
+    pub fn push_front_pinned(&mut self, tokens: Vec<u32>, kv: SeqKv) -> Result<(u64, Vec<u64>), KvError> {
+        Self::check_at(&tokens, &kv, self.persistent.len())?;
+        self.next_id += 1;
+        let id = self.next_id;
+        self.turns.push_front(Turn { id, tokens, embedding: None, pinned: true, kv });
+        let evicted = self.evict_over_capacity();
+        self.pack()?;
+        Ok((id, evicted))
+    }
+
+    /// Replaces turn `id`'s tokens and KV in place (`kv` holds `tokens` at the turn's first
+    /// position); the turns after it move to follow its new length, not recomputed; the oldest
+    /// unpinned turns are evicted while the ring is over its capacity. Returns the evicted ids,
+    /// `None` if `id` is not in the ring. Errors as [`TurnRing::push`].
+    pub fn replace(&mut self, id: u64, tokens: Vec<u32>, kv: SeqKv) -> Result<Option<Vec<u64>>, KvError> {
+        let Some(i) = self.turns.iter().position(|t| t.id == id) else { return Ok(None) };
+        Self::check_at(&tokens, &kv, self.turns[i].first_position())?;
+        let t = &mut self.turns[i];
+        t.tokens = tokens;
+        t.kv = kv;
+        let evicted = self.evict_over_capacity();
+        self.pack()?;
+        Ok(Some(evicted))
+    }
+
+    /// A KV that holds `tokens` (at least one) at positions `at..`, or the error saying not.
+    fn check_at(tokens: &[u32], kv: &SeqKv, at: usize) -> Result<(), KvError> {
+        if kv.len() != tokens.len() || tokens.is_empty() || (0..kv.len()).any(|s| kv.position(s) != at + s) {
+            return Err(KvError::BadMapping(format!(
+                "a turn of {} tokens whose KV holds {} tokens from position {}; it belongs at {at}",
+                tokens.len(),
+                kv.len(),
+                if kv.is_empty() { 0 } else { kv.position(0) }
+            )));
+        }
+        Ok(())
+    }
+
+    /// Evicts the oldest unpinned turns, never the newest, while the ring is over its
+    /// capacity; their ids.
+    fn evict_over_capacity(&mut self) -> Vec<u64> {
+        let mut evicted = Vec::new();
+        while self.ephemeral_len() > self.capacity {
+            let newest = self.turns.len().saturating_sub(1);
+            let Some(oldest) = (0..newest).find(|&i| !self.turns[i].pinned) else { break };
+            evicted.push(self.turns.remove(oldest).expect("in range").id);
+        }
+        evicted
+    }
+
+    /// The anchors' spans a view attends (the persistent stream less its masked slots): what
+    /// a state entry right after them is computed on.
+    pub fn anchor_spans(&self) -> Vec<Span> {
+        let mut spans = Vec::new();
+        let mut at = 0;
+        for r in self.persistent_masked.iter().chain(std::iter::once(&(self.persistent.len()..self.persistent.len()))) {
+            spans.extend(self.persistent.spans(at..r.start));
+            at = r.end;
+        }
+        spans
+    }
+
     /// Removes turn `id`, closing its gap; whether it was there.
     pub fn remove(&mut self, id: u64) -> Result<bool, KvError> {
         let Some(i) = self.turns.iter().position(|t| t.id == id) else { return Ok(false) };
@@ -173,12 +227,7 @@ impl TurnRing {
     /// What a request attends under `mask`: the anchors (always: they are the attention
     /// sinks), then the turns the mask keeps. Building it copies no KV.
     pub fn view(&self, mask: &TurnMask) -> RingView {
-        let mut spans = Vec::new();
-        let mut at = 0;
-        for r in self.persistent_masked.iter().chain(std::iter::once(&(self.persistent.len()..self.persistent.len()))) {
-            spans.extend(self.persistent.spans(at..r.start));
-            at = r.end;
-        }
+        let mut spans = self.anchor_spans();
         let (mut attended, mut masked) = (Vec::new(), Vec::new());
         let n = self.turns.len();
         for (i, t) in self.turns.iter().enumerate() {

@@ -85,6 +85,10 @@ pub struct Checkout {
     /// [`engram_kv::KvView::own_first_position`] on (so `kv` must start empty or be placed
     /// there). Empty from the session store, which reuses prefixes linearly.
     pub spans: Vec<Span>,
+    /// Where `kv`'s tokens start when not right after the spans (`KvView::starting_at`): a
+    /// view whose last slots are masked. `None` from policies whose views end at their last
+    /// span.
+    pub own_first: Option<usize>,
 }
 
 /// A session restored from disk whose file's checksum is being computed on
@@ -380,6 +384,7 @@ impl SessionStore {
             kv,
             restore: None,
             spans: Vec::new(),
+            own_first: None,
         }
     }
 
@@ -473,7 +478,17 @@ impl SessionStore {
                     MatchKind::Diverge
                 };
                 let kv = s.kv.fork(k);
-                return Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused: k, kv, restore, spans: Vec::new() });
+                return Ok(Checkout {
+                    session_id,
+                    kind,
+                    tokens: enc.ids,
+                    token_ends,
+                    reused: k,
+                    kv,
+                    restore,
+                    spans: Vec::new(),
+                    own_first: None,
+                });
             }
         }
         if let Some(p) = restore.take() {
@@ -488,7 +503,7 @@ impl SessionStore {
         let reused = kv.len();
         self.persist_prefix(salt, &enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
-        Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv, restore: None, spans: Vec::new() })
+        Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv, restore: None, spans: Vec::new(), own_first: None })
     }
 
     /// Loads the longest persisted prefix chain under `salt` that `ids` starts

@@ -35,8 +35,8 @@ use std::time::Instant;
 
 use engram_context::{Checkout, MatchKind, PendingRestore, PersistentStream, SegmentId, TurnMask, TurnRing, Update};
 use engram_embed::TextEncoder;
-use engram_kv::{KvPool, SeqKv};
-use engram_model::Model;
+use engram_kv::{KvPool, KvView, SeqKv};
+use engram_model::{Logits, Model, SeqStep};
 use engram_tokenizer::Tokenizer;
 
 use crate::policy::{ContextPolicy, PolicyStats, Retired};
@@ -66,6 +66,9 @@ pub struct DualStats {
     /// The last summary's time: generating it, and swapping it in (prefilling the new stream).
     pub last_summary_us: u64,
     pub last_swap_us: u64,
+    /// State entries set or replaced (the hybrid mode), and the tokens prefilled for them.
+    pub states_set: u64,
+    pub state_tokens_prefilled: u64,
 }
 
 /// A fact of a user's persistent stream: its id in the user's log, its text (what a
@@ -116,10 +119,12 @@ impl User {
     }
 }
 
-/// A thread: its ring, and the generation of its user's stream the ring sits on.
+/// A thread: its ring, the generation of its user's stream the ring sits on, and its state
+/// entry's id in the ring (the hybrid mode).
 struct Thread {
     ring: TurnRing,
     generation: u64,
+    state: Option<u64>,
 }
 
 /// The dual-stream policy. See the module doc.
@@ -202,6 +207,54 @@ impl DualStream {
         }
     }
 
+    /// Sets the state entry of `user`'s `thread` (the hybrid mode, seed 000's fitness-app case:
+    /// state that changes often, kept out of the append-only persistent stream): a pinned
+    /// entry first in the thread's ring, right after the anchors, replaced in place on each
+    /// update — only its own tokens prefilled, attending the anchors alone; the turns after it
+    /// moved to follow its new length, not recomputed (their KV keeps what they attended when
+    /// computed: the old state) — never evicted, never masked, counted in the ring's capacity
+    /// (turns past it are evicted, oldest first, never the newest). Empty `tokens` removes it.
+    /// Errors (the thread's ring unchanged): the forward pass, the RAM budget, the model's
+    /// context.
+    pub fn set_state(&mut self, user: &str, thread: &str, tokens: Vec<u32>) -> Result<(), String> {
+        let (model, pool) = (self.model.clone(), self.pool.clone());
+        self.thread(user, thread)?;
+        let t = self.threads.get_mut(&(user.to_string(), thread.to_string())).expect("opened above");
+        if tokens.is_empty() {
+            if let Some(id) = t.state.take() {
+                t.ring.remove(id).map_err(|e| format!("removing the state entry: {e}"))?;
+            }
+            return Ok(());
+        }
+        let at = t.ring.persistent_len();
+        if at + tokens.len() + t.ring.ephemeral_len() >= model.config.max_positions {
+            return Err(format!(
+                "a state entry of {} tokens does not fit the model's context of {}",
+                tokens.len(),
+                model.config.max_positions
+            ));
+        }
+        let mut view = KvView::new(t.ring.anchor_spans(), SeqKv::new(&pool)).starting_at(Some(at));
+        view.own_mut().reserve(tokens.len()).map_err(|e| e.to_string())?;
+        let positions: Vec<u32> = (at..at + tokens.len()).map(|p| p as u32).collect();
+        let step = SeqStep { positions: Some(&positions), ..SeqStep::new(&tokens, 0, &mut view, Logits::None) };
+        model.forward(&mut [step]).map_err(|e| format!("prefilling the state entry: {e}"))?;
+        let kv = view.into_own();
+        let n = tokens.len() as u64;
+        let evicted = match t.state {
+            Some(id) => t.ring.replace(id, tokens, kv).map_err(|e| format!("replacing the state entry: {e}"))?.unwrap_or_default(),
+            None => {
+                let (id, evicted) = t.ring.push_front_pinned(tokens, kv).map_err(|e| format!("adding the state entry: {e}"))?;
+                t.state = Some(id);
+                evicted
+            }
+        };
+        self.stats.turns_evicted += evicted.len() as u64;
+        self.stats.states_set += 1;
+        self.stats.state_tokens_prefilled += n;
+        Ok(())
+    }
+
     /// The slots of `user`'s stream a view leaves out (tombstoned facts), and its tokens.
     pub fn persistent(&self, user: &str) -> Option<&PersistentStream> {
         self.users.get(user).map(|u| &u.stream)
@@ -269,7 +322,7 @@ impl DualStream {
             None => {
                 let mut ring = TurnRing::new(SeqKv::new(&self.pool), self.capacity, self.model.config.rope.clone());
                 ring.rebase(kv.fork(kv.len()), masked).map_err(|e| format!("opening the thread: {e}"))?;
-                self.threads.insert(key.clone(), Thread { ring, generation });
+                self.threads.insert(key.clone(), Thread { ring, generation, state: None });
             }
             Some(t) if t.generation != generation => {
                 t.ring.rebase(kv.fork(kv.len()), masked).map_err(|e| format!("moving the thread onto the new persistent stream: {e}"))?;
@@ -319,6 +372,9 @@ impl ContextPolicy for DualStream {
             kv: SeqKv::new(&self.pool),
             restore: None,
             spans: view.spans,
+            // A stream ending in a tombstoned fact (with no turn after it) leaves a gap at the
+            // view's end: the turn still goes at the ring's next position.
+            own_first: Some(view.next_position),
         })
     }
 
@@ -384,6 +440,10 @@ impl ContextPolicy for DualStream {
 
     fn set_facts(&mut self, owner: &str, facts: Vec<FactSegment>) {
         DualStream::set_facts(self, owner, facts)
+    }
+
+    fn set_state(&mut self, owner: &str, thread: &str, tokens: Vec<u32>) -> Result<(), String> {
+        DualStream::set_state(self, owner, thread, tokens)
     }
 
     /// One summary due (a stream whose live facts passed the cap during a session), then

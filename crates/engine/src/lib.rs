@@ -12,6 +12,7 @@
 //! model stays immutable and shared, the KV store stays ignorant of text.
 
 mod decoding;
+pub mod draft_model;
 pub mod dual;
 mod error;
 mod generate;
@@ -27,6 +28,7 @@ mod stop;
 pub mod summarize;
 
 pub use decoding::{Accepted, Decoding};
+pub use draft_model::{DraftModel, DraftState};
 pub use dual::{DualStats, DualStream, FactSegment, Relevance};
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};

@@ -85,6 +85,13 @@ pub trait ContextPolicy: Send {
     /// fact no longer listed is tombstoned, a new one appended; others ignore it.
     fn set_facts(&mut self, _owner: &str, _facts: Vec<crate::dual::FactSegment>) {}
 
+    /// Sets the state entry of `owner`'s `thread` (a pinned entry replaced in place: the
+    /// dual-stream hybrid mode, `DualStream::set_state`); empty `tokens` removes it. Policies
+    /// without threads refuse.
+    fn set_state(&mut self, _owner: &str, _thread: &str, _tokens: Vec<u32>) -> Result<(), String> {
+        Err("state entries need dual-stream contexts (--context dual)".into())
+    }
+
     /// Runs one slice of background work (precomputing a likely next prompt, compacting,
     /// prefetching) while nothing waits: short enough that a job arriving meanwhile waits at
     /// most this one slice. Returns whether more work remains. The default has none.

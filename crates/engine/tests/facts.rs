@@ -31,7 +31,7 @@ fn fact(m: &Model, id: u64, text: &str) -> FactSegment {
 
 /// The last logits of a checkout's tokens on its view, and the view's own KV (the turn).
 fn on_view(m: &Model, pool: &KvPool, c: &Checkout) -> (Vec<f32>, SeqKv, usize) {
-    let mut kv = KvView::new(c.spans.clone(), SeqKv::new(pool));
+    let mut kv = KvView::new(c.spans.clone(), SeqKv::new(pool)).starting_at(c.own_first);
     let first = kv.own_first_position();
     kv.own_mut().reserve(c.tokens.len()).unwrap();
     let positions: Vec<u32> = (first..first + c.tokens.len()).map(|p| p as u32).collect();

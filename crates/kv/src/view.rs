@@ -140,6 +140,18 @@ impl KvView {
         KvView { spans, span_keys, own_first, own }
     }
 
+    /// The view with its own tokens starting at `first` rather than one past the spans' last
+    /// position: a view whose last slots are left out (a tombstoned fact at the end of a
+    /// persistent stream) still puts the new tokens after them, where the policy keeps them.
+    /// `None` changes nothing. Panics if `first` is below the spans' end (positions would clash).
+    pub fn starting_at(mut self, first: Option<usize>) -> KvView {
+        if let Some(first) = first {
+            assert!(first >= self.own_first, "KvView::starting_at({first}): the spans reach position {}", self.own_first);
+            self.own_first = first;
+        }
+        self
+    }
+
     /// The position of the own sequence's first slot: one past the spans' last position
     /// (0 without spans, where slots are positions). A step on the view stores its tokens at
     /// the own slots and gives them positions from here ([`KvView::step_positions`]).

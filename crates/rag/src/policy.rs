@@ -240,6 +240,7 @@ impl ContextPolicy for TreePolicy {
             kv,
             restore: None,
             spans: Vec::new(),
+            own_first: None,
         })
     }
 
@@ -287,6 +288,14 @@ impl ContextPolicy for TreePolicy {
 
     fn set_anchors(&mut self, owner: &str, tokens: Vec<u32>) {
         self.inner.set_anchors(owner, tokens)
+    }
+
+    fn set_facts(&mut self, owner: &str, facts: Vec<engram_engine::FactSegment>) {
+        self.inner.set_facts(owner, facts)
+    }
+
+    fn set_state(&mut self, owner: &str, thread: &str, tokens: Vec<u32>) -> Result<(), String> {
+        self.inner.set_state(owner, thread, tokens)
     }
 
     /// One slice: the inner policy's work first, then saving one changed tree (KV files are

@@ -104,3 +104,21 @@ fn answer_closing(s: &AppState) -> Result<String, ApiError> {
     let text = tpl.render(&probe, false, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
     Ok(text.rsplit_once('\u{1}').map(|(_, after)| after.to_string()).unwrap_or_default())
 }
+
+/// The tokens of a thread's state entry: `text` rendered as a system message on its own (as
+/// a fact is); over half the ring's capacity it is a 400 naming both (a state that size would
+/// leave the thread little room for its turns).
+pub(crate) fn state_tokens(s: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    let tokens = crate::facts::render_segment(&s.model, text)?;
+    let ring = match s.config.context {
+        crate::ContextMode::Dual { ring_tokens, .. } => ring_tokens,
+        crate::ContextMode::Sessions => usize::MAX,
+    };
+    if tokens.len() > ring / 2 {
+        return Err(ApiError::bad_param(
+            "state",
+            &format!("the state entry is {} tokens; at most {} (half the ring's {ring})", tokens.len(), ring / 2),
+        ));
+    }
+    Ok(tokens)
+}

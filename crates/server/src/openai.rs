@@ -154,6 +154,10 @@ struct ChatRequest {
     /// With `--context dual`: whose persistent stream, and which thread's ring.
     user: Option<String>,
     thread_id: Option<String>,
+    /// With `--context dual`: the thread's state entry (the hybrid mode: often-changing state
+    /// pinned first in the thread's ring, replaced in place), rendered as a system message;
+    /// `""` removes it; absent leaves it as it is.
+    state: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -235,12 +239,25 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let job = if let crate::ContextMode::Dual { .. } = s.config.context {
         let d = crate::dual::turn(&s, &tenant, &headers, req.user.as_deref(), req.thread_id.as_deref(), messages).await?;
         let params = api::params(&s, d.turn.len(), sampling)?;
+        // Checked before anything is sent: a bad state changes nothing.
+        let state = match req.state.as_deref() {
+            Some("") => Some(Vec::new()),
+            Some(text) => Some(crate::dual::state_tokens(&s, text)?),
+            None => None,
+        };
         s.engine.set_anchors(d.owner.clone(), d.anchors);
         if let Some(f) = &s.facts {
             f.send_current(&s, &d.owner)?;
         }
+        // After the anchors and facts: the state entry is computed on them.
+        if let Some(tokens) = state {
+            s.engine.set_state(d.owner.clone(), d.thread.clone(), tokens);
+        }
         Job { tenant: d.owner, session: Some(d.thread), text: None, add_special: false, prompt: d.turn, params, pinned: false }
     } else {
+        if req.state.is_some() {
+            return Err(ApiError::bad_param("state", "a thread's state entry needs dual-stream contexts (engram serve --context dual)"));
+        }
         let session = api::session(&headers, req.session_id.as_deref())?;
         let (text, prompt) = api::render_chat(&s, messages).await?;
         let params = api::params(&s, prompt.len(), sampling)?;

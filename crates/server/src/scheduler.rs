@@ -173,6 +173,12 @@ impl EngineHandle {
         let _ = self.tx.send(Command::SetAnchors(owner, tokens));
     }
 
+    /// Sets (empty: removes) the state entry of an owner's thread before its next request
+    /// (dual-stream contexts, the hybrid mode).
+    pub fn set_state(&self, owner: String, thread: String, tokens: Vec<u32>) {
+        let _ = self.tx.send(Command::SetState(owner, thread, tokens));
+    }
+
     /// Sets an owner's live facts, in order, before its next request (dual-stream contexts).
     pub fn set_facts(&self, owner: String, facts: Vec<engram_engine::FactSegment>) {
         let _ = self.tx.send(Command::SetFacts(owner, facts));

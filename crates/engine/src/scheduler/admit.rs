@@ -66,7 +66,7 @@ impl Engine<'_> {
             // recomputed, since its logits start generation.
             let prompt = c.tokens;
             let cached_len = c.reused.min(prompt.len().saturating_sub(1));
-            let mut kv = KvView::new(c.spans, c.kv);
+            let mut kv = KvView::new(c.spans, c.kv).starting_at(c.own_first);
             kv.own_mut().truncate(cached_len);
             let context = kv.own_first_position() + prompt.len();
             if prompt.is_empty() || context >= self.model.config.max_positions {
@@ -117,6 +117,7 @@ impl Engine<'_> {
                 draft: None,
                 draft_cap: 4,
                 draft_cooldown: 0,
+                drafter: None,
                 submitted,
                 last_token: None,
                 restore: c.restore.zip(retry),

@@ -40,6 +40,7 @@ use engram_kv::{KvPool, KvView};
 use engram_model::Model;
 
 use crate::decoding::Decoding;
+use crate::draft_model::{DraftModel, DraftState};
 use crate::generate::FinishReason;
 use crate::metrics::Metrics;
 use crate::policy::{ContextPolicy, Retired};
@@ -68,6 +69,9 @@ pub struct SchedulerConfig {
     /// Speculative decoding with prompt lookup for every request that does not say otherwise
     /// (`None`: off unless a request asks; `speculate.rs`).
     pub speculation: Option<PromptLookup>,
+    /// A draft model that drafts instead of prompt lookup wherever speculation is on
+    /// (`draft_model.rs`); `None`: prompt lookup.
+    pub draft_model: Option<Arc<DraftModel>>,
     /// How long a request may wait for KV memory (or a batch slot) before it fails with
     /// [`JobErrorKind::Unavailable`] (the server's 503 with `Retry-After`).
     pub admission_wait: std::time::Duration,
@@ -119,6 +123,7 @@ impl Default for SchedulerConfig {
             disk: None,
             share_prefixes_across_tenants: false,
             speculation: None,
+            draft_model: None,
             admission_wait: std::time::Duration::from_secs(60),
             max_active_per_tenant: None,
             max_pending_per_tenant: None,
@@ -234,6 +239,9 @@ pub enum Command {
     SetAnchors(String, Vec<u32>),
     /// Set an owner's live facts, in order (`ContextPolicy::set_facts`).
     SetFacts(String, Vec<crate::dual::FactSegment>),
+    /// Set (or, with no tokens, remove) the state entry of an owner's thread
+    /// (`ContextPolicy::set_state`, the dual-stream hybrid mode), before its next job.
+    SetState(String, String, Vec<u32>),
 }
 
 /// Runs the engine loop for `model` on this thread until every [`Command`] sender is gone
@@ -315,6 +323,8 @@ struct Seq<'m> {
     draft_cap: usize,
     /// Steps to decode without drafts after trees that were all rejected.
     draft_cooldown: usize,
+    /// The draft model's KV for this sequence (with `SchedulerConfig::draft_model`).
+    drafter: Option<DraftState>,
     /// Sampling, detokenizing and stopping (shared with the CLI's `Generator`).
     out: Decoding<'m>,
     submitted: Instant,
@@ -430,6 +440,11 @@ impl<'m> Engine<'m> {
                 self.policy.set_facts(&owner, facts);
                 // A change may leave background work (a summary) for the idle hook.
                 self.idle_work = true;
+            }
+            Command::SetState(owner, thread, tokens) => {
+                if let Err(e) = self.policy.set_state(&owner, &thread, tokens) {
+                    tracing::warn!("the state entry of thread {thread:?} is not set: {e}");
+                }
             }
         }
     }

@@ -251,7 +251,7 @@ impl Engine<'_> {
     /// or the engine says so) and prompt lookup found any. The tree fits the context, the
     /// tokens the request may still produce and, with a quantized format, the recent window's
     /// block (so the kept path reads its f16 rows exactly as decoding one by one would).
-    fn draft_for(&self, at: usize) -> Option<DraftTree> {
+    fn draft_for(&mut self, at: usize) -> Option<DraftTree> {
         let s = &self.active[at];
         let next = s.next?;
         let lookup = match s.out.params().speculate {
@@ -268,7 +268,13 @@ impl Engine<'_> {
         if self.pool.has_window() {
             budget = budget.min((BLOCK_TOKENS - 2).saturating_sub(len % BLOCK_TOKENS));
         }
-        let tree = lookup.draft(&s.tokens, next, budget);
+        let tree = match self.config.draft_model.clone() {
+            Some(dm) => {
+                let s = &mut self.active[at];
+                dm.draft(&mut s.drafter, &s.tokens, next, budget)
+            }
+            None => lookup.draft(&s.tokens, next, budget),
+        };
         (!tree.is_empty()).then_some(tree)
     }
 
@@ -299,7 +305,10 @@ impl Engine<'_> {
         // rejected: grow the next one while drafts are accepted, shrink it while they are not,
         // and after a tree of one draft is rejected decode plainly for a while.
         let accepted = kept.len() - 1;
-        let max = self.config.speculation.unwrap_or_default().max_drafts;
+        let max = match &self.config.draft_model {
+            Some(dm) => dm.max_drafts,
+            None => self.config.speculation.unwrap_or_default().max_drafts,
+        };
         if accepted > 0 {
             s.draft_cap = (s.draft_cap * 2).min(max).max(accepted + 1);
         } else if s.draft_cap <= 1 {
