@@ -217,17 +217,23 @@ impl QaBank {
         }
     }
 
-    /// Drops the entries whose retrieval the bank's last change would alter: a source chunk
-    /// no longer stored, or a chunk of `added` in its query's top-`k` now. Their queries are
-    /// queued as stale. Returns the dropped ids.
+    /// Drops the entries whose retrieval the bank's last change altered: a source chunk no
+    /// longer stored, a chunk of `added` in its query's top-`k` now, or sources that are no
+    /// longer the first chunks of that top-`k` in order (BM25's statistics move with every
+    /// document, so old chunks can change places without a new one entering). Sources are
+    /// the prompt's chunks, a prefix of the top-`k` in rank order; a shorter prompt now only
+    /// invalidates more. Their queries are queued as stale. Returns the dropped ids.
     pub fn refresh(&mut self, bank: &KnowledgeBank, added: &[ChunkId], k: usize) -> Result<Vec<u64>> {
         let added: std::collections::HashSet<&ChunkId> = added.iter().collect();
         let mut dropped = Vec::new();
         let mut keep = Vec::with_capacity(self.f.entries.len());
         for e in std::mem::take(&mut self.f.entries) {
             let gone = e.sources.iter().any(|c| !bank.has_chunk(c));
-            let enters = !gone && !added.is_empty() && bank.search(&e.query, &e.vector, k)?.iter().any(|r| added.contains(&r.chunk));
-            if gone || enters {
+            let moved = !gone && {
+                let now = bank.search(&e.query, &e.vector, k)?;
+                now.iter().any(|r| added.contains(&r.chunk)) || !now.iter().map(|r| &r.chunk).take(e.sources.len()).eq(e.sources.iter())
+            };
+            if gone || moved {
                 dropped.push(e.id);
                 self.f.invalidated += 1;
                 if !self.f.stale.contains(&e.query) {

@@ -79,6 +79,30 @@ fn refresh_drops_answers_whose_retrieval_changed() {
     assert_eq!(qa.stats().invalidated, 2);
 }
 
+/// Refresh also drops an answer whose sources are no longer the first chunks of its query's
+/// top-k in order, though no chunk was added or removed: BM25's statistics move with every
+/// document, so old chunks change places. An answer whose sources still lead is kept.
+#[test]
+fn refresh_drops_answers_whose_sources_no_longer_lead_the_retrieval() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bank = KnowledgeBank::open(&tmp.path().join("bank"), words()).unwrap();
+    bank.ingest_text("car", DocKind::Text, "The car service is on Friday at the Main Street garage.").unwrap();
+    bank.ingest_text("dentist", DocKind::Text, "Dentist appointment on Monday at eight with Dr. Osei.").unwrap();
+    let mut qa = QaBank::in_memory(1 << 20);
+    let k = 2;
+    let q = "When is the car service?";
+    let v = bank.embed(q).unwrap();
+    let now: Vec<_> = bank.search(q, &v, k).unwrap().into_iter().map(|r| r.chunk).collect();
+    assert_eq!(now.len(), 2);
+    qa.insert(q, v.clone(), "kept", vec![], now.clone(), vec![], bank.generation());
+    let swapped = vec![now[1].clone(), now[0].clone()];
+    qa.insert("the same question, stored in another order", v, "dropped", vec![], swapped, vec![], bank.generation());
+    let dropped = qa.refresh(&bank, &[], k).unwrap();
+    assert_eq!(dropped.len(), 1);
+    assert_eq!(qa.entries().iter().map(|e| e.answer.as_str()).collect::<Vec<_>>(), ["kept"]);
+    assert_eq!(qa.stale(), ["the same question, stored in another order"]);
+}
+
 #[test]
 fn the_file_round_trips_and_damage_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
