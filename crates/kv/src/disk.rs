@@ -26,7 +26,7 @@
 //!   a warning and reported as misses; a missing or corrupt `index.json` is
 //!   rebuilt from the entries' headers (hits and pins start over).
 //! * `index.json` is written under the store's lock only when a pin changes (`pin`, a
-//!   pinning put) and by `gc`; the stats of puts, restores and evictions are handed out by
+//!   pinning put, a pinned entry dropped) and by `gc`; the stats of puts, restores and evictions are handed out by
 //!   [`DiskStore::take_index`] to be written outside it ([`IndexWrite`], never older over
 //!   newer), and on drop. Stats not yet written when the process dies are lost, never an entry.
 //! * An entry of another format version (older or newer) is not damage: it is
@@ -672,8 +672,11 @@ impl DiskStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(DiskError::Io { path, source: e }),
         }
-        self.entries.remove(id);
-        // The file is the truth: an index entry without its file is ignored at open.
+        // The file is the truth: an index entry without its file is ignored at open. A pin is
+        // the exception: left in the index, it would pin a later entry of the same id.
+        if self.entries.remove(id).is_some_and(|s| s.pinned) {
+            return self.save_index();
+        }
         self.mark_index_dirty();
         Ok(())
     }

@@ -547,7 +547,15 @@ fn index_writes_are_taken_out_of_the_store_and_never_go_back() {
     store.get("s", &m.owner, &p, FP, VOCAB).unwrap().unwrap();
     drop(store);
     assert_eq!(hits_on_disk(), 3, "drop writes the stats not yet written");
-    let store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    let mut store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
     let s = store.stats("s").unwrap();
     assert_eq!((s.hits, s.pinned), (3, true));
+
+    // A pinned entry removed leaves the index at once: a new entry of the same id, its stats
+    // never written (the process dies: `forget` skips drop), is not pinned after a restart.
+    assert!(store.remove("s", &m.owner).unwrap());
+    store.put("s", &m, &kv).unwrap();
+    std::mem::forget(store);
+    let store = DiskStore::open(dir.path(), 1 << 30, EvictionPolicy::Lru).unwrap();
+    assert!(!store.stats("s").unwrap().pinned, "a removed entry's pin came back");
 }
