@@ -4,13 +4,10 @@
 //! ignore the packing; shapes it cannot pack are refused.
 
 mod common;
+use common::packed::{assert_multi_equals_separate, assert_packed_equals_scalar};
 use common::*;
-use engram_kernels::internal::{matmul_multi_with, matmul_with, Isa};
+use engram_kernels::internal::Isa;
 use engram_kernels::*;
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 #[test]
 fn packing_keeps_every_byte_and_refuses_what_it_cannot_pack() {
@@ -59,21 +56,7 @@ fn packed_avx2_equals_scalar_bitwise_for_any_token_count() {
             let wp = wm.with_packed(&p);
             for n in [1usize, 2, 3, 4, 5, 9, 17] {
                 let x = data(n * cols, 100 + n as u64);
-                let mut want = vec![0f32; n * rows];
-                matmul_with(Isa::Scalar, &wm, &x, n, &mut want);
-                let mut got = vec![f32::NAN; n * rows];
-                matmul_with(Isa::Avx2, &wp, &x, n, &mut got);
-                assert_eq!(bits(&got), bits(&want), "{d} {rows}x{cols} n={n}");
-                // The scalar path (and any non-AVX2 path) ignores the packing.
-                let mut s = vec![f32::NAN; n * rows];
-                matmul_with(Isa::Scalar, &wp, &x, n, &mut s);
-                assert_eq!(bits(&s), bits(&want));
-                // Token by token = batched.
-                for t in 0..n {
-                    let mut one = vec![f32::NAN; rows];
-                    matmul_with(Isa::Avx2, &wp, &x[t * cols..(t + 1) * cols], 1, &mut one);
-                    assert_eq!(bits(&one), bits(&got[t * rows..(t + 1) * rows]), "{d} n={n} token {t}");
-                }
+                assert_packed_equals_scalar(&wm, &wp, &x, n);
             }
         }
     }
@@ -85,29 +68,5 @@ fn packed_matrices_in_matmul_multi_equal_separate_calls() {
     if !Isa::Avx2.is_available() {
         return;
     }
-    let cols = 512;
-    let shapes = [(DType::Q4_0, 256usize), (DType::Q4_0, 64), (DType::Q8_0, 128), (DType::Q4_0, 36)];
-    let bytes: Vec<Vec<u8>> =
-        shapes.iter().enumerate().map(|(i, &(d, r))| quantize(d, &data(r * cols, 60 + i as u64), cols).unwrap()).collect();
-    let plain: Vec<WeightMatrix> = shapes.iter().zip(&bytes).map(|(&(d, r), b)| WeightMatrix::new(d, r, cols, b).unwrap()).collect();
-    let packs: Vec<Option<Packed>> = plain.iter().map(Packed::new).collect();
-    assert!(packs[3].is_none(), "36 rows stay unpacked");
-    let ws: Vec<WeightMatrix> = plain.iter().zip(&packs).map(|(w, p)| p.as_ref().map_or(*w, |p| w.with_packed(p))).collect();
-    let wr: Vec<&WeightMatrix> = ws.iter().collect();
-    for n in [1usize, 4, 11] {
-        let x = data(n * cols, 70 + n as u64);
-        let mut multi: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
-        let mut refs: Vec<&mut [f32]> = multi.iter_mut().map(|v| v.as_mut_slice()).collect();
-        matmul_multi_with(Isa::Avx2, &wr, &x, n, &mut refs);
-        for (i, w) in ws.iter().enumerate() {
-            let mut one = vec![0f32; n * w.rows];
-            matmul_with(Isa::Avx2, w, &x, n, &mut one);
-            assert_eq!(bits(&one), bits(&multi[i]), "matrix {i} n={n}");
-            if packs[i].is_some() {
-                let mut s = vec![0f32; n * w.rows];
-                matmul_with(Isa::Scalar, w, &x, n, &mut s);
-                assert_eq!(bits(&s), bits(&one), "matrix {i} n={n} vs scalar");
-            }
-        }
-    }
+    assert_multi_equals_separate(&[(DType::Q4_0, 256), (DType::Q4_0, 64), (DType::Q8_0, 128), (DType::Q4_0, 36)], 3);
 }

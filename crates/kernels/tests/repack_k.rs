@@ -5,15 +5,12 @@
 //! the kernel's i16 sums; shapes it cannot pack are refused.
 
 mod common;
+use common::packed::{assert_multi_equals_separate, assert_packed_equals_scalar};
 use common::*;
-use engram_kernels::internal::{matmul_multi_with, matmul_with, Isa};
+use engram_kernels::internal::Isa;
 use engram_kernels::*;
 
 const KQ: [DType; 2] = [DType::Q4K, DType::Q6K];
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -92,19 +89,7 @@ fn k_packed_avx2_equals_scalar_bitwise_for_any_token_count() {
             let wp = wm.with_packed(&p);
             for n in [1usize, 2, 3, 4, 5, 9, 17] {
                 let x = acts(n, cols, 100 + n as u64);
-                let mut want = vec![0f32; n * rows];
-                matmul_with(Isa::Scalar, &wm, &x, n, &mut want);
-                let mut got = vec![f32::NAN; n * rows];
-                matmul_with(Isa::Avx2, &wp, &x, n, &mut got);
-                assert_eq!(bits(&got), bits(&want), "{d} {rows}x{cols} n={n}");
-                let mut s = vec![f32::NAN; n * rows];
-                matmul_with(Isa::Scalar, &wp, &x, n, &mut s);
-                assert_eq!(bits(&s), bits(&want), "the scalar path ignores the packing");
-                for t in 0..n {
-                    let mut one = vec![f32::NAN; rows];
-                    matmul_with(Isa::Avx2, &wp, &x[t * cols..(t + 1) * cols], 1, &mut one);
-                    assert_eq!(bits(&one), bits(&got[t * rows..(t + 1) * rows]), "{d} n={n} token {t}");
-                }
+                assert_packed_equals_scalar(&wm, &wp, &x, n);
             }
         }
     }
@@ -116,29 +101,5 @@ fn k_packed_in_matmul_multi_equal_separate_calls() {
     if !Isa::Avx2.is_available() {
         return;
     }
-    let cols = 512;
-    let shapes = [(DType::Q4K, 256usize), (DType::Q6K, 64), (DType::Q4K, 36), (DType::Q4_0, 64)];
-    let bytes: Vec<Vec<u8>> =
-        shapes.iter().enumerate().map(|(i, &(d, r))| quantize(d, &data(r * cols, 60 + i as u64), cols).unwrap()).collect();
-    let plain: Vec<WeightMatrix> = shapes.iter().zip(&bytes).map(|(&(d, r), b)| WeightMatrix::new(d, r, cols, b).unwrap()).collect();
-    let packs: Vec<Option<Packed>> = plain.iter().map(Packed::new).collect();
-    assert!(packs[2].is_none(), "36 rows stay unpacked");
-    let ws: Vec<WeightMatrix> = plain.iter().zip(&packs).map(|(w, p)| p.as_ref().map_or(*w, |p| w.with_packed(p))).collect();
-    let wr: Vec<&WeightMatrix> = ws.iter().collect();
-    for n in [1usize, 4, 11] {
-        let x = data(n * cols, 70 + n as u64);
-        let mut multi: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
-        let mut refs: Vec<&mut [f32]> = multi.iter_mut().map(|v| v.as_mut_slice()).collect();
-        matmul_multi_with(Isa::Avx2, &wr, &x, n, &mut refs);
-        for (i, w) in ws.iter().enumerate() {
-            let mut one = vec![0f32; n * w.rows];
-            matmul_with(Isa::Avx2, w, &x, n, &mut one);
-            assert_eq!(bits(&one), bits(&multi[i]), "matrix {i} n={n}");
-            if packs[i].is_some() {
-                let mut s = vec![0f32; n * w.rows];
-                matmul_with(Isa::Scalar, w, &x, n, &mut s);
-                assert_eq!(bits(&s), bits(&one), "matrix {i} n={n} vs scalar");
-            }
-        }
-    }
+    assert_multi_equals_separate(&[(DType::Q4K, 256), (DType::Q6K, 64), (DType::Q4K, 36), (DType::Q4_0, 64)], 2);
 }

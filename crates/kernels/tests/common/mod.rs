@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests: deterministic data and the f64 reference matmul.
 #![allow(dead_code)]
 
+pub mod packed;
+
 use engram_kernels::{dequantize_row, DType};
 
 /// Deterministic pseudo-random f32s in roughly [-scale, scale] with per-32 scale variation
