@@ -7,19 +7,14 @@
 //! (a draft `d` accepted with probability p(d), the token's distribution exactly p).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::mpsc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Instant;
 
 mod common;
 
-use common::Collect;
-use engram_engine::{
-    run_engine, Command, DraftModel, Event, FinishReason, Metrics, PromptLookup, Sampler, SamplingParams, SchedulerConfig,
-};
+use engram_engine::{DraftModel, PromptLookup, Sampler, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
-use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_kv::KvFormat;
 use engram_model::Model;
 
 const FUNCTION: &str = "def moving_average(values, window):\n    total = 0.0\n    out = []\n    for i, v in enumerate(values):\n        total += v\n        if i >= window:\n            total -= values[i - window]\n        out.append(total / min(i + 1, window))\n    return out\n";
@@ -33,38 +28,12 @@ fn pycode_7m() -> Arc<Model> {
 }
 
 /// Per job: streamed text, completion tokens and finish; and the engine's metrics.
-type Run = (Vec<(String, usize, Option<FinishReason>)>, Arc<Metrics>);
+use common::Run;
 
 fn run(model: &Arc<Model>, draft: Option<Arc<DraftModel>>, jobs: &[(String, SamplingParams)]) -> Run {
-    let (tx, rx) = mpsc::channel();
     let config =
         SchedulerConfig { speculation: draft.is_some().then(PromptLookup::default), draft_model: draft, ..SchedulerConfig::default() };
-    let (pending, metrics) = (Arc::new(AtomicUsize::new(0)), Arc::new(Metrics::default()));
-    let engine = {
-        let (model, pending, metrics) = (model.clone(), pending.clone(), metrics.clone());
-        let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 256 << 20);
-        std::thread::spawn(move || run_engine(&model, pool, config, metrics, pending, rx))
-    };
-    let sinks: Vec<Collect> = jobs.iter().map(|_| Collect::default()).collect();
-    for (i, ((prompt, params), sink)) in jobs.iter().zip(&sinks).enumerate() {
-        let ids = model.tokenizer.encode(prompt, true).unwrap().ids;
-        pending.fetch_add(1, Relaxed);
-        tx.send(Command::Submit(common::job(&format!("t{i}"), &ids, params), Box::new(sink.clone()), Instant::now())).unwrap();
-    }
-    drop(tx);
-    engine.join().unwrap();
-    let outcomes = sinks
-        .iter()
-        .map(|s| {
-            let (text, finish) = s.outcome();
-            let n = s.0.lock().unwrap().iter().find_map(|e| match e {
-                Event::Finished { completion_tokens, .. } => Some(*completion_tokens),
-                _ => None,
-            });
-            (text, n.unwrap_or(0), finish)
-        })
-        .collect();
-    (outcomes, metrics)
+    common::run_jobs(model, KvFormat::F32, config, jobs)
 }
 
 fn jobs() -> Vec<(String, SamplingParams)> {

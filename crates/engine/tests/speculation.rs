@@ -12,7 +12,7 @@ use std::time::Instant;
 mod common;
 
 use common::Collect;
-use engram_engine::{run_engine, Command, Event, FinishReason, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine, Command, Event, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 
@@ -23,41 +23,11 @@ fn pycode() -> Model {
 }
 
 /// Per job: streamed text, completion tokens and finish; and the engine's metrics.
-type Run = (Vec<(String, usize, Option<FinishReason>)>, Arc<Metrics>);
+use common::Run;
 
 /// Runs `jobs` (prompt, params) submitted together to one engine.
 fn run(model: &Arc<Model>, format: KvFormat, speculation: Option<PromptLookup>, jobs: &[(String, SamplingParams)]) -> Run {
-    let (tx, rx) = mpsc::channel();
-    let config = SchedulerConfig { speculation, ..SchedulerConfig::default() };
-    let (pending, metrics) = (Arc::new(AtomicUsize::new(0)), Arc::new(Metrics::default()));
-    let engine = {
-        let (model, pending, metrics) = (model.clone(), pending.clone(), metrics.clone());
-        let pool = KvPool::new(KvLayout::of(&model.config), format, 256 << 20);
-        std::thread::spawn(move || run_engine(&model, pool, config, metrics, pending, rx))
-    };
-    let sinks: Vec<Collect> = jobs.iter().map(|_| Collect::default()).collect();
-    for (i, ((prompt, params), sink)) in jobs.iter().zip(&sinks).enumerate() {
-        let ids = model.tokenizer.encode(prompt, true).unwrap().ids;
-        pending.fetch_add(1, Relaxed);
-        tx.send(Command::Submit(common::job(&format!("t{i}"), &ids, params), Box::new(sink.clone()), Instant::now())).unwrap();
-    }
-    drop(tx);
-    engine.join().unwrap();
-    let outcomes = sinks
-        .iter()
-        .map(|s| {
-            let (text, finish) = s.outcome();
-            let n = s.0.lock().unwrap().iter().find_map(|e| {
-                if let Event::Finished { completion_tokens, .. } = e {
-                    Some(*completion_tokens)
-                } else {
-                    None
-                }
-            });
-            (text, n.unwrap_or(0), finish)
-        })
-        .collect();
-    (outcomes, metrics)
+    common::run_jobs(model, format, SchedulerConfig { speculation, ..SchedulerConfig::default() }, jobs)
 }
 
 fn jobs() -> Vec<(String, SamplingParams)> {

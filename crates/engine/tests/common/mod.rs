@@ -4,9 +4,13 @@
 
 #![allow(dead_code, unused_macros, unused_imports)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
 
-use engram_engine::{Event, EventSink, FinishReason, Job, SamplingParams};
+use engram_engine::{run_engine, Command, Event, EventSink, FinishReason, Job, Metrics, SamplingParams, SchedulerConfig};
+use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_model::Model;
 
 /// Collects a job's events.
 #[derive(Clone, Default)]
@@ -67,3 +71,38 @@ macro_rules! delegate_to_inner {
     };
 }
 pub(crate) use delegate_to_inner;
+
+/// Each job's text, completion tokens and finish, and the engine's metrics.
+pub type Run = (Vec<(String, usize, Option<FinishReason>)>, Arc<Metrics>);
+
+/// Runs `jobs` (prompt, params) submitted together to one engine with `config`, its KV in
+/// `format` (a 256 MiB pool), until all finish.
+pub fn run_jobs(model: &Arc<Model>, format: KvFormat, config: SchedulerConfig, jobs: &[(String, SamplingParams)]) -> Run {
+    let (tx, rx) = mpsc::channel();
+    let (pending, metrics) = (Arc::new(AtomicUsize::new(0)), Arc::new(Metrics::default()));
+    let engine = {
+        let (model, pending, metrics) = (model.clone(), pending.clone(), metrics.clone());
+        let pool = KvPool::new(KvLayout::of(&model.config), format, 256 << 20);
+        std::thread::spawn(move || run_engine(&model, pool, config, metrics, pending, rx))
+    };
+    let sinks: Vec<Collect> = jobs.iter().map(|_| Collect::default()).collect();
+    for (i, ((prompt, params), sink)) in jobs.iter().zip(&sinks).enumerate() {
+        let ids = model.tokenizer.encode(prompt, true).unwrap().ids;
+        pending.fetch_add(1, Relaxed);
+        tx.send(Command::Submit(job(&format!("t{i}"), &ids, params), Box::new(sink.clone()), Instant::now())).unwrap();
+    }
+    drop(tx);
+    engine.join().unwrap();
+    let outcomes = sinks
+        .iter()
+        .map(|s| {
+            let (text, finish) = s.outcome();
+            let n = s.0.lock().unwrap().iter().find_map(|e| match e {
+                Event::Finished { completion_tokens, .. } => Some(*completion_tokens),
+                _ => None,
+            });
+            (text, n.unwrap_or(0), finish)
+        })
+        .collect();
+    (outcomes, metrics)
+}
