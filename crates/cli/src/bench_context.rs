@@ -7,8 +7,11 @@
 //! session store extends its cache (no eviction). Reported at each `--turns` mark: KV bytes in
 //! use (measured from the pool), and decode milliseconds per token of that turn; then the
 //! thread-switch time (a request's admission on another thread of the same user: the view
-//! built from RAM, no KV copied) and the KV bytes of 1 and 8 threads over one user's anchors.
-//! The full history stops where it passes the model's context.
+//! built from RAM, no KV copied) and the KV bytes of 1 and 8 threads over one user's anchors;
+//! then the depth check: decode at the first and last marks side by side (a second thread of
+//! the user at the first mark's depth, a turn there and one on the main thread, alternating),
+//! the ratio that holds up on a loaded machine. The full history stops where it passes the
+//! model's context.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
@@ -40,7 +43,15 @@ pub struct Args {
     /// The ring's capacity in tokens (seed 000: 1,536).
     #[arg(long, default_value_t = 1536)]
     ring_tokens: usize,
-    /// One JSON line per mark, then one for threads.
+    /// Stop the full-history run after this many turns (default: the last mark), for speed
+    /// runs on large models where only the dual-stream rows are wanted past it.
+    #[arg(long)]
+    full_turns: Option<usize>,
+    /// Alternating rounds of the depth check: a turn on a thread at the first mark, then one on
+    /// the main thread at the last, repeated, so both depths see the same machine load.
+    #[arg(long, default_value_t = 3)]
+    depth_rounds: usize,
+    /// One JSON line per mark, then one for threads and one for the depth check.
     #[arg(long)]
     json: bool,
 }
@@ -149,6 +160,7 @@ pub fn run(a: Args) -> Result<()> {
         engine.run(job("user", &format!("thread-{t}"), message(&model, 1000 + t, a.message_tokens)?, &p))?;
     }
     let eight_threads = pool.used();
+    let depth = depth_check(&engine, &model, &a, &p)?;
     drop(engine);
 
     let switch_us = thread_switch_us(&model, &pool, &a, &anchors)?;
@@ -159,7 +171,7 @@ pub fn run(a: Args) -> Result<()> {
     let engine = Engine::start(&model, &pool, default_policy(&model, &pool, &SchedulerConfig::default()));
     let mut full_marks = Vec::new();
     let mut history = model.tokenizer.decode(&anchors, true)?;
-    for i in 1..=last {
+    for i in 1..=a.full_turns.unwrap_or(last).min(last) {
         history.push_str(&model.tokenizer.decode(&message(&model, i, a.message_tokens)?, true)?);
         let prompt = model.tokenizer.encode(&history, true)?.ids;
         if prompt.len() + a.answer_tokens >= model.config.max_positions {
@@ -175,8 +187,37 @@ pub fn run(a: Args) -> Result<()> {
     }
     drop(engine);
 
-    report(&a, &dual_marks, &full_marks, one_thread, eight_threads, switch_us);
+    report(&a, &dual_marks, &full_marks, one_thread, eight_threads, switch_us, &depth);
     Ok(())
+}
+
+/// Decode at the first and last marks measured side by side: the marks of the main run lie
+/// minutes apart, so on a loaded machine their ratio is mostly drift.
+struct Depth {
+    first_turn: usize,
+    last_turn: usize,
+    first_ms: f64,
+    last_ms: f64,
+}
+
+/// Builds a thread of the same user to the first mark's turns, then alternates a turn there
+/// and a turn on the main thread (past the last mark) for `--depth-rounds`; medians of each.
+fn depth_check(engine: &Engine, model: &Model, a: &Args, p: &SamplingParams) -> Result<Depth> {
+    let first_turn = a.turns.iter().copied().min().unwrap_or(1);
+    let last_turn = a.turns.iter().copied().max().unwrap_or(1);
+    for i in 1..first_turn {
+        engine.run(job("user", "shallow", message(model, 2000 + i, a.message_tokens)?, p))?;
+    }
+    let (mut shallow, mut deep) = (Vec::new(), Vec::new());
+    for r in 0..a.depth_rounds.max(1) {
+        shallow.push(engine.run(job("user", "shallow", message(model, 3000 + r, a.message_tokens)?, p))?.0);
+        deep.push(engine.run(job("user", "main", message(model, 4000 + r, a.message_tokens)?, p))?.0);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        v[v.len() / 2]
+    };
+    Ok(Depth { first_turn, last_turn, first_ms: median(shallow), last_ms: median(deep) })
 }
 
 /// Median microseconds to admit a request on another thread of a user (the ring's view from
@@ -223,7 +264,7 @@ fn thread_switch_us(model: &Arc<Model>, pool: &KvPool, a: &Args, anchors: &[u32]
     Ok(times[times.len() / 2])
 }
 
-fn report(a: &Args, dual: &[Mark], full: &[Mark], one: usize, eight: usize, switch_us: f64) {
+fn report(a: &Args, dual: &[Mark], full: &[Mark], one: usize, eight: usize, switch_us: f64, depth: &Depth) {
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     if a.json {
         for m in dual {
@@ -233,6 +274,12 @@ fn report(a: &Args, dual: &[Mark], full: &[Mark], one: usize, eight: usize, swit
             println!("{line}");
         }
         println!("{}", serde_json::json!({"threads": {"kv_bytes_1": one, "kv_bytes_8": eight, "switch_us_median": switch_us}}));
+        println!(
+            "{}",
+            serde_json::json!({"depth": {"rounds": a.depth_rounds, "first_turns": depth.first_turn, "last_turns": depth.last_turn,
+                "first_decode_ms_per_token": depth.first_ms, "last_decode_ms_per_token": depth.last_ms,
+                "ratio": depth.last_ms / depth.first_ms.max(1e-9)}})
+        );
         return;
     }
     println!("one conversation: {}-token messages, {}-token answers, ring of {} tokens", a.message_tokens, a.answer_tokens, a.ring_tokens);
@@ -241,7 +288,7 @@ fn report(a: &Args, dual: &[Mark], full: &[Mark], one: usize, eight: usize, swit
     for m in dual {
         let f = full.iter().find(|f| f.turn == m.turn);
         let (fk, fd) =
-            f.map_or(("past the context".into(), "—".into()), |f| (format!("{:.2}", mib(f.kv_bytes)), format!("{:.2}", f.decode_ms)));
+            f.map_or(("not run (past the context or `--full-turns`)".into(), "—".into()), |f| (format!("{:.2}", mib(f.kv_bytes)), format!("{:.2}", f.decode_ms)));
         println!("| {} | {:.2} | {fk} | {:.2} | {fd} |", m.turn, mib(m.kv_bytes), m.decode_ms);
     }
     if let (Some(first), Some(last)) = (dual.first(), dual.last()) {
@@ -253,5 +300,14 @@ fn report(a: &Args, dual: &[Mark], full: &[Mark], one: usize, eight: usize, swit
         mib(eight),
         a.ring_tokens,
         switch_us
+    );
+    println!(
+        "side by side ({} alternating rounds): decode {:.2} ms/token at {} turns, {:.2} at {}+: {:.2}x",
+        a.depth_rounds.max(1),
+        depth.first_ms,
+        depth.first_turn,
+        depth.last_ms,
+        depth.last_turn,
+        depth.last_ms / depth.first_ms.max(1e-9)
     );
 }

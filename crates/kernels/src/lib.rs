@@ -36,6 +36,7 @@ mod pool;
 mod quantize;
 mod repack;
 mod repack_k;
+mod serial;
 mod simd;
 
 pub use dequant::dequantize_row;
@@ -50,5 +51,6 @@ pub use repack::{repack_enabled, Packed};
 #[doc(hidden)]
 pub mod internal {
     pub use crate::matmul::{matmul_multi_with, matmul_with};
+    pub use crate::serial::matmul_serial_with;
     pub use crate::simd::Isa;
 }

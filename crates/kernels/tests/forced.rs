@@ -19,7 +19,7 @@ fn resolve_accepts_available_paths_and_refuses_the_rest() {
     }
     let e = Isa::resolve("neon9").unwrap_err().to_string();
     assert!(e.contains("ENGRAM_SIMD=neon9") && e.contains("unknown") && e.contains("scalar"), "{e}");
-    for isa in [Isa::Avx2, Isa::Avx512, Isa::Amx].into_iter().filter(|i| !i.is_available()) {
+    for isa in [Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon].into_iter().filter(|i| !i.is_available()) {
         let e = Isa::resolve(isa.name()).unwrap_err().to_string();
         assert!(e.contains("cannot run") && e.contains(isa.name()), "{e}");
     }
@@ -59,5 +59,25 @@ fn every_available_path_can_be_forced() {
             .unwrap();
         assert!(out.status.success(), "{isa:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "{isa:?}: the child ran no test");
+    }
+}
+
+#[test]
+fn the_serial_path_equals_the_pools_on_every_tile_path() {
+    use engram_kernels::internal::matmul_serial_with;
+    let cols = 512;
+    for isa in Isa::available().into_iter().filter(|i| *i != Isa::Amx) {
+        for d in DType::ALL {
+            let rows = 37;
+            let bytes = quantize(d, &data(rows * cols, 31), cols).unwrap();
+            let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+            for n in [1usize, 5, 17] {
+                let x = data(n * cols, 32 + n as u64);
+                let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                matmul_with(isa, &wm, &x, n, &mut a);
+                matmul_serial_with(isa, &wm, &x, n, &mut b);
+                assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{d} {isa:?} n={n}");
+            }
+        }
     }
 }

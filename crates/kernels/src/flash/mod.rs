@@ -133,6 +133,7 @@ pub enum Rows<'a> {
 
 impl Rows<'_> {
     /// Whether the slice holds at least `n` rows of `head_dim` values (and the format can).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn holds(&self, n: usize, head_dim: usize) -> bool {
         match *self {
             Rows::F32(x) => x.len() >= n * head_dim,

@@ -11,8 +11,8 @@
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
 //! 16-lane float kernels; K-quants reuse the AVX2 kernels), `amx` (AMX-INT8 tiles for
 //! Q4_0/Q8_0, driven per row chunk by `amx::run_rows` instead of `run_tile`; other formats on
-//! that path use `avx512`). A NEON module would slot in beside them behind
-//! `cfg(target_arch = "aarch64")`.
+//! that path use `avx512`), `neon` (aarch64: integer dots of the quantized formats with
+//! widening multiplies, bitwise the scalar reference; float formats run the scalar kernel).
 
 use crate::dtype::{DType, WeightMatrix};
 use crate::quantize::{ActQ8, ActQ8K};
@@ -27,6 +27,8 @@ pub(crate) mod avx2_packed;
 pub(crate) mod avx2_packed_k;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
 pub(crate) mod scalar;
 
 /// A kernel implementation family. `Isa::detect()` picks the best one the CPU supports.
@@ -41,6 +43,8 @@ pub enum Isa {
     /// [`Isa::Avx512`] plus AMX-INT8 tiles for Q4_0/Q8_0 (other formats run the AVX-512
     /// kernels). Needs OS support (Linux `arch_prctl` permission, requested on detection).
     Amx,
+    /// aarch64 NEON (Advanced SIMD, part of every ARMv8-A core) for Q4_0/Q8_0/Q4_K/Q6_K.
+    Neon,
 }
 
 impl Isa {
@@ -60,6 +64,7 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Amx => Isa::Avx512.is_available() && amx::available(),
+            Isa::Neon => cfg!(target_arch = "aarch64"),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -83,11 +88,11 @@ impl Isa {
 
     /// The best path this CPU can run, ignoring `ENGRAM_SIMD`.
     pub fn best() -> Isa {
-        [Isa::Amx, Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
+        [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Neon].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
     }
 
     /// The path forced by the `ENGRAM_SIMD` environment variable (`scalar`, `avx2`, `avx512`,
-    /// `amx`; unset, empty or `auto`: none). An unknown name or a path this CPU cannot run is
+    /// `amx`, `neon`; unset, empty or `auto`: none). An unknown name or a path this CPU cannot run is
     /// an error naming the paths it can, never a silent fallback.
     pub fn forced() -> Result<Option<Isa>, crate::KernelError> {
         match std::env::var("ENGRAM_SIMD") {
@@ -107,10 +112,10 @@ impl Isa {
         }
         let can = Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>().join(", ");
         let err = |reason: String| crate::KernelError::ForcedPath { value: value.to_string(), reason };
-        let isa = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx]
+        let isa = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon]
             .into_iter()
             .find(|i| i.name().eq_ignore_ascii_case(v))
-            .ok_or_else(|| err(format!("unknown kernel path (known: scalar, avx2, avx512, amx, auto; this CPU runs {can})")))?;
+            .ok_or_else(|| err(format!("unknown kernel path (known: scalar, avx2, avx512, amx, neon, auto; this CPU runs {can})")))?;
         if !isa.is_available() {
             return Err(err(format!("this CPU cannot run the {} path (it runs {can})", isa.name())));
         }
@@ -124,12 +129,13 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Amx => "amx",
+            Isa::Neon => "neon",
         }
     }
 
     /// All paths this CPU can run, best last.
     pub fn available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx].into_iter().filter(|i| i.is_available()).collect()
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon].into_iter().filter(|i| i.is_available()).collect()
     }
 }
 
@@ -174,7 +180,7 @@ unsafe impl Sync for TileCtx<'_> {}
 /// Largest (rows, tokens) tile the path handles in one kernel call for `dtype`.
 pub(crate) fn tile_limits(isa: Isa, dtype: DType) -> (usize, usize) {
     match (isa, dtype) {
-        (Isa::Scalar, _) => (1, 1),
+        (Isa::Scalar | Isa::Neon, _) => (1, 1),
         (_, DType::Q4K | DType::Q6K) => (1, 4),
         _ => (4, 4),
     }
@@ -192,7 +198,9 @@ pub(crate) unsafe fn run_tile(isa: Isa, c: &TileCtx, r0: usize, nr: usize, t0: u
         Isa::Avx2 => avx2::tile(c, r0, nr, t0, nt),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Amx => avx512::tile(c, r0, nr, t0, nt),
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::tile(c, r0, nr, t0, nt),
+        #[allow(unreachable_patterns)]
         _ => scalar::tile(c, r0, nr, t0, nt),
     }
 }

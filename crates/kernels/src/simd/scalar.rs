@@ -1,6 +1,6 @@
 //! Portable scalar kernels: one (row, token) dot product at a time. They are the reference the
-//! SIMD paths are tested against and the fallback on CPUs without AVX2 (and on aarch64 until a
-//! NEON module exists). Integer parts are exact; floats accumulate sequentially in f32.
+//! SIMD paths are tested against and the fallback on CPUs without AVX2 (and for the float
+//! formats on aarch64, where `neon` covers the quantized ones). Integer parts are exact; floats accumulate sequentially in f32.
 
 use super::{Acts, TileCtx};
 use crate::blocks::*;
@@ -16,7 +16,8 @@ pub(crate) unsafe fn tile(c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usiz
     }
 }
 
-fn dot(c: &TileCtx, r: usize, t: usize) -> f32 {
+/// One (row, token) dot product: the reference every SIMD path's result is compared with.
+pub(crate) fn dot(c: &TileCtx, r: usize, t: usize) -> f32 {
     let w = c.w.row(r);
     let cols = c.w.cols;
     match (c.w.dtype, c.acts) {
