@@ -287,8 +287,9 @@ fn report(a: &Args, dual: &[Mark], full: &[Mark], one: usize, eight: usize, swit
     println!("|---|---|---|---|---|");
     for m in dual {
         let f = full.iter().find(|f| f.turn == m.turn);
-        let (fk, fd) =
-            f.map_or(("not run (past the context or `--full-turns`)".into(), "—".into()), |f| (format!("{:.2}", mib(f.kv_bytes)), format!("{:.2}", f.decode_ms)));
+        let (fk, fd) = f.map_or(("not run (past the context or `--full-turns`)".into(), "—".into()), |f| {
+            (format!("{:.2}", mib(f.kv_bytes)), format!("{:.2}", f.decode_ms))
+        });
         println!("| {} | {:.2} | {fk} | {:.2} | {fd} |", m.turn, mib(m.kv_bytes), m.decode_ms);
     }
     if let (Some(first), Some(last)) = (dual.first(), dual.last()) {

@@ -36,7 +36,13 @@ fn dot(c: &TileCtx, r: usize, t: usize) -> f32 {
                 let ab = t * a.blocks_per_row + i;
                 let xq = &a.qs[ab * QK..ab * QK + QK];
                 // SAFETY: `b` holds a whole block and `xq` 32 values (the chunking above).
-                let isum = unsafe { if q4 { q4_0_isum(b, xq) - 8 * a.sum[ab] } else { q8_0_isum(b, xq) } };
+                let isum = unsafe {
+                    if q4 {
+                        q4_0_isum(b, xq) - 8 * a.sum[ab]
+                    } else {
+                        q8_0_isum(b, xq)
+                    }
+                };
                 acc += f16_at(b, 0) * a.d[ab] * isum as f32;
             }
             acc
