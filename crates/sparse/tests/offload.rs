@@ -31,21 +31,23 @@ fn offloaded_dynakv_gives_the_in_ram_logits_bitwise() {
         let mut ram = SparseKv::new(&model.config, Some(cfg));
         prefill(&model, &mut ram, prompt);
         let want = decode(&model, &mut ram, rest);
-        for (backend, policy, cache) in [
-            (Backend::Thread, Policy::ClusterAligned, 40 << 10),
-            (Backend::Inline, Policy::Lru, 40 << 10),
-            (Backend::Uring, Policy::ClusterAligned, 40 << 10),
-            (Backend::Thread, Policy::Lru, 0),
+        // Co-retrieval placement (the default) and index order alike.
+        for (backend, policy, cache, co_retrieval) in [
+            (Backend::Thread, Policy::ClusterAligned, 40 << 10, true),
+            (Backend::Inline, Policy::Lru, 40 << 10, true),
+            (Backend::Uring, Policy::ClusterAligned, 40 << 10, true),
+            (Backend::Thread, Policy::Lru, 0, true),
+            (Backend::Inline, Policy::ClusterAligned, 40 << 10, false),
         ] {
             let mut kv = SparseKv::new(&model.config, Some(cfg));
             prefill(&model, &mut kv, prompt);
-            let oc = OffloadConfig { backend, policy, cache_bytes: cache, ..offload_cfg(store.path(), &model) };
+            let oc = OffloadConfig { backend, policy, cache_bytes: cache, co_retrieval, ..offload_cfg(store.path(), &model) };
             assert!(kv.offload(oc).unwrap());
             let path = kv.offload_path().unwrap().to_path_buf();
             assert!(path.exists());
             assert!(kv.ram_kv_bytes() < kv.kv_bytes() / 2, "{} of {} bytes in RAM", kv.ram_kv_bytes(), kv.kv_bytes());
             let got = decode(&model, &mut kv, rest);
-            assert_eq!(got, want, "{} {backend:?} {policy:?} cache {cache}: offloaded logits differ", method.name());
+            assert_eq!(got, want, "{} {backend:?} {policy:?} cache {cache} co-retrieval {co_retrieval}: offloaded logits differ", method.name());
             let s = kv.offload_stats().unwrap();
             assert!(s.read_bytes > 0 && s.read_ops > 0, "{s:?}");
             assert!(s.written_bytes > (prompt.len() as u64 - 20) * 4 * 4 * 16, "flushes and the offload: {s:?}");

@@ -84,7 +84,7 @@ impl SparseKv {
                         .lock()
                         .expect("index lock")
                         .0
-                        .placement()
+                        .placement(cfg.co_retrieval)
                         .unwrap_or_default()
                         .into_iter()
                         .filter(|&t| (sinks..o).contains(&(t as usize)))

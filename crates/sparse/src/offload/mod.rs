@@ -63,6 +63,9 @@ pub struct OffloadConfig {
     /// Layer-ahead prefetch: a loader thread reads the next layer's predicted clusters into
     /// the cluster cache while this layer computes (`prefetch.rs`); lossless either way.
     pub prefetch: bool,
+    /// Clusters in the file by co-retrieval at calibration ([`crate::placement`]) rather
+    /// than in index order; lossless either way.
+    pub co_retrieval: bool,
     /// The model's fingerprint (hashed with the sparse configuration into the file header).
     pub model_fingerprint: u64,
 }
@@ -70,7 +73,7 @@ pub struct OffloadConfig {
 impl OffloadConfig {
     /// Defaults: a 256 MiB RAM budget, a 64 MiB cluster cache with the cluster-aligned
     /// policy, the reader thread, flushes of 256 tokens, gaps of up to 8 rows read through,
-    /// layer-ahead prefetch on.
+    /// layer-ahead prefetch on, co-retrieval placement.
     pub fn new(dir: PathBuf, model_fingerprint: u64) -> OffloadConfig {
         OffloadConfig {
             dir,
@@ -81,6 +84,7 @@ impl OffloadConfig {
             flush: 256,
             gap: 8,
             prefetch: true,
+            co_retrieval: true,
             model_fingerprint,
         }
     }
