@@ -70,7 +70,9 @@ pub struct Args {
     offload_dir: Option<PathBuf>,
     /// Offloaded variants: cluster (cluster-aligned cache, reader thread, layer-ahead
     /// prefetch), noprefetch, lru, lru-noprefetch, inline (pread on the attention thread),
-    /// uring (io_uring), cache2x (twice --cache-mib), eager (split on every flag).
+    /// uring (io_uring), cache2x (twice --cache-mib), eager (split on every flag), index
+    /// (file in index order, not co-retrieval), static / local (those updates offloaded);
+    /// NAME:BUDGET runs a variant at another token budget (equal-recall comparisons).
     #[arg(long, value_delimiter = ',', default_value = "cluster,noprefetch,lru,inline,uring,eager")]
     offload_variants: Vec<String>,
     /// KV bytes a sequence keeps in RAM before offloading (MiB).

@@ -369,13 +369,21 @@ impl HeadIndex for ClusterIndex {
         }
     }
 
-    fn placement(&self, co_retrieval: bool) -> Option<Vec<u32>> {
+    fn placement(&self, co_retrieval: bool) -> Option<Vec<(u32, Vec<u32>)>> {
         let order = if co_retrieval {
             crate::placement::co_retrieval_order(&self.coret)
         } else {
             (0..self.len() as u32).collect()
         };
-        Some(order.into_iter().flat_map(|c| self.members[c as usize].iter().copied()).collect())
+        Some(order.into_iter().map(|c| (c, self.members[c as usize].clone())).collect())
+    }
+
+    fn units_since(&self, from: u32, out: &mut Vec<(u32, u32)>) {
+        // Members are in position order (prefill segments in order, joins at the end, splits
+        // keep the order), so each cluster's tokens `>= from` are its last ones.
+        for (c, m) in self.members.iter().enumerate() {
+            out.extend(m.iter().rev().take_while(|&&t| t >= from).map(|&t| (c as u32, t)));
+        }
     }
 
     fn stats(&self) -> IndexStats {

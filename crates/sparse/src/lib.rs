@@ -32,5 +32,5 @@ pub mod probe;
 pub use cache::{SparseConfig, SparseKv};
 pub use keys::HeadKeys;
 pub use method::{HeadIndex, IndexStats, Method};
-pub use offload::{Backend, OffloadConfig, OffloadStats, Policy};
+pub use offload::{Backend, Layout, OffloadConfig, OffloadStats, Policy};
 pub use probe::Probe;

@@ -96,8 +96,9 @@ fn co_retrieval_placement_puts_the_clusters_fetched_together_side_by_side() {
     let mut fetched = Vec::new();
     step.for_each_fetched(&mut |_, m| fetched.extend_from_slice(m));
     assert!(!fetched.is_empty() && fetched.len() < n / 2, "{} of {n} fetched", fetched.len());
-    let co = idx.placement(true).unwrap();
-    let plain = idx.placement(false).unwrap();
+    let flat = |p: Vec<(u32, Vec<u32>)>| -> Vec<u32> { p.into_iter().flat_map(|(_, m)| m).collect() };
+    let co = flat(idx.placement(true).unwrap());
+    let plain = flat(idx.placement(false).unwrap());
     for order in [&co, &plain] {
         let mut sorted = order.clone();
         sorted.sort_unstable();
