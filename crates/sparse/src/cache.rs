@@ -148,6 +148,7 @@ impl SparseKv {
 
     /// Switches to `cfg` (`None`: exact), dropping the index and the counters; the stored
     /// keys and values stay. Panics on an offloaded cache (its file is laid out by its index).
+    /// The prefill's calibration queries stay (`crate::placement`).
     pub fn set_config(&mut self, cfg: Option<SparseConfig>) {
         assert!(self.off.is_none(), "SparseKv::set_config of an offloaded cache");
         self.cfg = cfg;
@@ -415,7 +416,8 @@ impl KvCache for SparseKv {
             return; // failed: nothing more is answered (the forward pass reports why)
         }
         let Some(sel) = self.selection(read) else {
-            if !self.built && self.cfg.is_some() {
+            if !self.built {
+                // Also without a method yet: a cache given one later (`set_config`) keeps them.
                 self.calib[read.layer * self.heads + read.kv_head].lock().expect("calib lock").record(read);
             }
             if self.off.is_some() {
