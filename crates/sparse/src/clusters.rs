@@ -370,11 +370,7 @@ impl HeadIndex for ClusterIndex {
     }
 
     fn placement(&self, co_retrieval: bool) -> Option<Vec<(u32, Vec<u32>)>> {
-        let order = if co_retrieval {
-            crate::placement::co_retrieval_order(&self.coret)
-        } else {
-            (0..self.len() as u32).collect()
-        };
+        let order = if co_retrieval { crate::placement::co_retrieval_order(&self.coret) } else { (0..self.len() as u32).collect() };
         Some(order.into_iter().map(|c| (c, self.members[c as usize].clone())).collect())
     }
 

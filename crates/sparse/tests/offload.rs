@@ -49,7 +49,12 @@ fn offloaded_dynakv_gives_the_in_ram_logits_bitwise() {
             assert!(path.exists());
             assert!(kv.ram_kv_bytes() < kv.kv_bytes() / 2, "{} of {} bytes in RAM", kv.ram_kv_bytes(), kv.kv_bytes());
             let got = decode(&model, &mut kv, rest);
-            assert_eq!(got, want, "{} {backend:?} {policy:?} cache {cache} co-retrieval {co_retrieval} {layout:?}: offloaded logits differ", method.name());
+            assert_eq!(
+                got,
+                want,
+                "{} {backend:?} {policy:?} cache {cache} co-retrieval {co_retrieval} {layout:?}: offloaded logits differ",
+                method.name()
+            );
             let s = kv.offload_stats().unwrap();
             assert_eq!(s.moved_bytes, 0, "{s:?}");
             assert!(s.flushed_in_place_rows + s.flushed_elsewhere_rows > 0, "flushes ran: {s:?}");
@@ -140,9 +145,12 @@ fn a_file_truncated_under_a_running_decode_is_an_error_and_the_sequence_ends() {
     let (prompt, rest) = ids.split_at(500);
     let store = tempfile::tempdir().unwrap();
     let cfg = SparseConfig { method: Method::DynaKv { b_max: 8, eager: false }, budget: 64, sinks: 4, recent: 16 };
-    for (backend, layout) in
-        [(Backend::Thread, Layout::Append), (Backend::Inline, Layout::Append), (Backend::Uring, Layout::Append), (Backend::Thread, Layout::DualHead)]
-    {
+    for (backend, layout) in [
+        (Backend::Thread, Layout::Append),
+        (Backend::Inline, Layout::Append),
+        (Backend::Uring, Layout::Append),
+        (Backend::Thread, Layout::DualHead),
+    ] {
         let mut kv = SparseKv::new(&model.config, Some(cfg));
         prefill(&model, &mut kv, prompt);
         // No cluster cache: every step reads the file.

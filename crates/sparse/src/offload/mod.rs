@@ -7,7 +7,10 @@
 //! cluster is one contiguous read. RAM keeps the representatives (the index), the sinks, the
 //! recent window and the write buffer (the tail of not-yet-flushed tokens).
 //!
-//! Layout: **append layout** (not the seed's dual-head regions). Rows are fixed-size (key then
+//! Layout: the **append layout** by default; [`Layout::DualHead`] (`regions.rs`) pairs
+//! clusters in regions with slack and writes each flushed row next to its cluster instead.
+//! The cluster order is co-retrieval placement by default (`crate::placement`).
+//! Append layout: rows are fixed-size (key then
 //! value, f16) and never rewritten; new tokens are flushed [`OffloadConfig::flush`] at a time
 //! per (layer, KV head) as one contiguous block at the file's end once they leave the recent
 //! window; a position's file row is kept in a per-head table (4 bytes a token against 4·dim

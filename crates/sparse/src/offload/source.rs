@@ -167,7 +167,8 @@ impl HeadSource<'_> {
         let mut units = Vec::new();
         index.for_each_fetched(&mut |c, members| units.push((c, self.unit_rows(members))));
         let read = (|| {
-            let misses: Vec<(u32, Vec<u64>)> = units.into_iter().filter_map(|(c, rows)| Some((c, self.stage_held(c, rows, &mut staging)?))).collect();
+            let misses: Vec<(u32, Vec<u64>)> =
+                units.into_iter().filter_map(|(c, rows)| Some((c, self.stage_held(c, rows, &mut staging)?))).collect();
             self.read_units(misses, &mut staging)?;
             let mut loose: Vec<u64> =
                 sel.iter().filter_map(|&t| self.file_row(t as usize)).filter(|r| !staging.at.contains_key(r)).collect();
