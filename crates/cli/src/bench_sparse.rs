@@ -14,10 +14,14 @@
 //!   a file, decoding the same tokens cold from disk: tok/s, disk bytes per token, mean read,
 //!   cluster-cache hit rate (cluster-aligned vs LRU at equal size), KV bytes in RAM, RSS, and
 //!   split I/O delayed vs eager.
+//! - Layout ([`layout`], with `--layout-history`): the offload file's layout without a model
+//!   — append vs dual-head regions, index vs co-retrieval order, delayed vs eager splits —
+//!   over hundreds of decode steps with flushes: reads, mean read, split bytes, bytes moved.
 //!
 //! Reproduce: `engram bench sparse --quality-model models/pycode-long --text /tmp/heldout/*.txt
 //! --speed-model /tmp/fix/llama-1b-q4_0.gguf --threads 2 [--json]`.
 
+mod layout;
 mod offload;
 mod quality;
 mod speed;
@@ -70,7 +74,9 @@ pub struct Args {
     offload_dir: Option<PathBuf>,
     /// Offloaded variants: cluster (cluster-aligned cache, reader thread, layer-ahead
     /// prefetch), noprefetch, lru, lru-noprefetch, inline (pread on the attention thread),
-    /// uring (io_uring), cache2x (twice --cache-mib), eager (split on every flag).
+    /// uring (io_uring), cache2x (twice --cache-mib), eager (split on every flag), index
+    /// (file in index order, not co-retrieval), static / local (those updates offloaded);
+    /// NAME:BUDGET runs a variant at another token budget (equal-recall comparisons).
     #[arg(long, value_delimiter = ',', default_value = "cluster,noprefetch,lru,inline,uring,eager")]
     offload_variants: Vec<String>,
     /// KV bytes a sequence keeps in RAM before offloading (MiB).
@@ -79,6 +85,16 @@ pub struct Args {
     /// Cluster cache size (MiB), equal for every policy.
     #[arg(long, default_value_t = 64)]
     cache_mib: usize,
+    /// The offload file layout bench (`layout.rs`, no model): history of its synthetic keys
+    /// (0: skip), decode steps, tokens per flush, and LAYERS,HEADS,DIM.
+    #[arg(long, default_value_t = 0)]
+    layout_history: usize,
+    #[arg(long, default_value_t = 512)]
+    layout_steps: usize,
+    #[arg(long, default_value_t = 32)]
+    layout_flush: usize,
+    #[arg(long, value_delimiter = ',', default_value = "2,8,64")]
+    layout_shape: Vec<usize>,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -102,7 +118,10 @@ fn parse_methods(names: &[String]) -> Result<Vec<Method>> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    anyhow::ensure!(a.quality_model.is_some() || a.speed_model.is_some(), "nothing to measure: give --quality-model and/or --speed-model");
+    anyhow::ensure!(
+        a.quality_model.is_some() || a.speed_model.is_some() || a.layout_history > 0,
+        "nothing to measure: give --quality-model, --speed-model and/or --layout-history"
+    );
     engram_kernels::set_num_threads(a.threads.max(1));
     let methods = parse_methods(&a.methods)?;
     if let Some(m) = &a.quality_model {
@@ -110,6 +129,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     if let Some(m) = &a.speed_model {
         speed::run(&a, m)?;
+    }
+    if a.layout_history > 0 {
+        let rows = layout::run(&a)?;
+        if !a.json {
+            layout::print_table(&rows, &a);
+        }
     }
     if !a.json {
         println!(

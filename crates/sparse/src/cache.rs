@@ -24,6 +24,7 @@ use half::f16;
 use crate::keys::HeadKeys;
 use crate::method::{HeadIndex, IndexStats, Method};
 use crate::offload::{HeadSource, Offloaded, Purpose};
+use crate::placement::Calib;
 use crate::probe::Probe;
 
 /// How a sparse step chooses its keys. Invariant: `sinks + recent` tokens are always
@@ -75,6 +76,9 @@ pub struct SparseKv {
     /// cache, step by step.
     bypass: bool,
     pub(crate) probe: Option<Probe>,
+    /// `layer * heads + head`: the prefill's last query tokens, for co-retrieval placement
+    /// (`crate::placement`); recorded until the index is built.
+    calib: Vec<Mutex<Calib>>,
     reads: AtomicUsize,
     attended: AtomicUsize,
 }
@@ -102,13 +106,15 @@ impl SparseKv {
             built: false,
             bypass: false,
             probe: None,
+            calib: (0..layers * heads).map(|_| Mutex::default()).collect(),
             reads: AtomicUsize::new(0),
             attended: AtomicUsize::new(0),
         }
     }
 
     /// A copy of the stored keys and values under `cfg` (`None`: exact), without an index
-    /// ([`SparseKv::build_index`] makes one) and with empty counters.
+    /// ([`SparseKv::build_index`] makes one) and with empty counters; the prefill's
+    /// calibration queries come along (so the copy's index places its clusters alike).
     /// Panics on an offloaded cache (its older KV is in its file, which is not shared).
     pub fn fork(&self, cfg: Option<SparseConfig>) -> SparseKv {
         assert!(self.off.is_none(), "SparseKv::fork of an offloaded cache");
@@ -118,6 +124,7 @@ impl SparseKv {
             keys: self.keys.clone(),
             values: self.values.clone(),
             origin: self.origin.clone(),
+            calib: self.calib.iter().map(|c| Mutex::new(c.lock().expect("calib lock").clone())).collect(),
             ..SparseKv::with_shape(self.layers, self.heads, self.dim, cfg)
         }
     }
@@ -141,6 +148,7 @@ impl SparseKv {
 
     /// Switches to `cfg` (`None`: exact), dropping the index and the counters; the stored
     /// keys and values stay. Panics on an offloaded cache (its file is laid out by its index).
+    /// The prefill's calibration queries stay (`crate::placement`).
     pub fn set_config(&mut self, cfg: Option<SparseConfig>) {
         assert!(self.off.is_none(), "SparseKv::set_config of an offloaded cache");
         self.cfg = cfg;
@@ -244,9 +252,15 @@ impl SparseKv {
                     if i >= index.len() {
                         break;
                     }
-                    let keys = self.head_keys(i / self.heads, i % self.heads, self.lens[i / self.heads]);
+                    let n = self.lens[i / self.heads];
+                    let keys = self.head_keys(i / self.heads, i % self.heads, n);
                     let mut idx = index[i].lock().expect("index lock");
                     idx.0.build(keys);
+                    let calib = self.calib[i].lock().expect("calib lock");
+                    if !calib.queries.is_empty() {
+                        let sinks = cfg.sinks.min(n);
+                        idx.0.calibrate(&calib.queries, calib.group, sinks..n.saturating_sub(cfg.recent).max(sinks), cfg.budget);
+                    }
                     idx.0.drain_touched(&mut Vec::new());
                 });
             }
@@ -402,6 +416,10 @@ impl KvCache for SparseKv {
             return; // failed: nothing more is answered (the forward pass reports why)
         }
         let Some(sel) = self.selection(read) else {
+            if !self.built {
+                // Also without a method yet: a cache given one later (`set_config`) keeps them.
+                self.calib[read.layer * self.heads + read.kv_head].lock().expect("calib lock").record(read);
+            }
             if self.off.is_some() {
                 return self.gathered_all(read, f);
             }

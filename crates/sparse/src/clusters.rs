@@ -58,6 +58,9 @@ pub struct ClusterIndex {
     last_chosen: Vec<u32>,
     /// Clusters whose members changed since [`HeadIndex::drain_touched`] last ran.
     touched: Vec<u32>,
+    /// Per cluster: bit `j` set when calibration query token `j` (the prefill's last query
+    /// tokens, oldest first) would retrieve it; a split's new half inherits its parent's.
+    coret: Vec<u64>,
     stats: IndexStats,
 }
 
@@ -79,6 +82,7 @@ impl ClusterIndex {
             pending: Vec::new(),
             last_chosen: Vec::new(),
             touched: Vec::new(),
+            coret: Vec::new(),
             stats: IndexStats::default(),
         }
     }
@@ -141,6 +145,7 @@ impl ClusterIndex {
         self.flagged.push(false);
         self.buffered.push(0);
         self.resident.push(false);
+        self.coret.push(0);
     }
 
     /// Welford: adds token `t` (key `x`) to cluster `c`.
@@ -158,6 +163,29 @@ impl ClusterIndex {
         }
         self.m2[c] += m2;
         self.half_norm[c] = 0.5 * dot(cent, cent);
+    }
+
+    /// Clusters by estimated attention mass, highest first. Per query head: softmax over
+    /// clusters of q·c + ln(size) (the estimated share of the head's attention mass each
+    /// cluster holds); a cluster's score is its summed share. Ties go to the lower index.
+    fn rank(&self, queries: &[f32]) -> Vec<usize> {
+        let d = self.dim;
+        let k = self.len();
+        let mut score = vec![0f32; k];
+        let mut s = vec![0f32; k];
+        for q in queries.chunks_exact(d) {
+            for (c, v) in s.iter_mut().enumerate() {
+                *v = dot(q, &self.cent[c * d..(c + 1) * d]) + (self.members[c].len().max(1) as f32).ln();
+            }
+            let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let z: f32 = s.iter().map(|&v| (v - m).exp()).sum();
+            for (acc, &v) in score.iter_mut().zip(&s) {
+                *acc += (v - m).exp() / z;
+            }
+        }
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_unstable_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+        order
     }
 
     /// Splits cluster `c` in two by 2-means over its members (`c` keeps one half).
@@ -188,6 +216,7 @@ impl ClusterIndex {
         self.push_cluster(&cent[d..], b);
         let nc = self.members.len() - 1;
         self.resident[nc] = resident;
+        self.coret[nc] = self.coret[c];
         self.touched.extend([c as u32, nc as u32]);
         let mut x = vec![0f32; d];
         for cc in [c, nc] {
@@ -263,8 +292,6 @@ impl HeadIndex for ClusterIndex {
     }
 
     fn select(&mut self, keys: HeadKeys<'_>, queries: &[f32], eligible: Range<usize>, budget: usize, out: &mut Vec<u32>) {
-        let d = self.dim;
-        let k = self.len();
         let mut left = budget;
         // The local window being filled is in RAM and always attended.
         for &t in &self.pending {
@@ -273,22 +300,7 @@ impl HeadIndex for ClusterIndex {
                 left -= 1;
             }
         }
-        // Per query head: softmax over clusters of q·c + ln(size) (the estimated share of the
-        // head's attention mass each cluster holds); a cluster's score is its summed share.
-        let mut score = vec![0f32; k];
-        let mut s = vec![0f32; k];
-        for q in queries.chunks_exact(d) {
-            for (c, v) in s.iter_mut().enumerate() {
-                *v = dot(q, &self.cent[c * d..(c + 1) * d]) + (self.members[c].len().max(1) as f32).ln();
-            }
-            let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let z: f32 = s.iter().map(|&v| (v - m).exp()).sum();
-            for (acc, &v) in score.iter_mut().zip(&s) {
-                *acc += (v - m).exp() / z;
-            }
-        }
-        let mut order: Vec<usize> = (0..k).collect();
-        order.sort_unstable_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+        let order = self.rank(queries);
         self.resident.iter_mut().for_each(|r| *r = false);
         let mut chosen = Vec::new();
         for c in order {
@@ -334,8 +346,40 @@ impl HeadIndex for ClusterIndex {
         out.append(&mut self.touched);
     }
 
-    fn placement(&self) -> Option<Vec<u32>> {
-        Some(self.members.iter().flatten().copied().collect())
+    fn calibrate(&mut self, queries: &[f32], group: usize, eligible: Range<usize>, budget: usize) {
+        let per = group * self.dim;
+        if per == 0 {
+            return;
+        }
+        let tokens = queries.len() / per;
+        let first = tokens.saturating_sub(crate::placement::CALIB);
+        for (j, q) in queries.chunks_exact(per).skip(first).enumerate() {
+            // The clusters `select` would fetch for this query token (nothing else changes).
+            let mut left = budget;
+            for c in self.rank(q) {
+                if left == 0 {
+                    break;
+                }
+                let got = self.members[c].iter().filter(|&&t| eligible.contains(&(t as usize))).count();
+                if got <= left {
+                    left -= got;
+                    self.coret[c] |= 1 << j;
+                }
+            }
+        }
+    }
+
+    fn placement(&self, co_retrieval: bool) -> Option<Vec<(u32, Vec<u32>)>> {
+        let order = if co_retrieval { crate::placement::co_retrieval_order(&self.coret) } else { (0..self.len() as u32).collect() };
+        Some(order.into_iter().map(|c| (c, self.members[c as usize].clone())).collect())
+    }
+
+    fn units_since(&self, from: u32, out: &mut Vec<(u32, u32)>) {
+        // Members are in position order (prefill segments in order, joins at the end, splits
+        // keep the order), so each cluster's tokens `>= from` are its last ones.
+        for (c, m) in self.members.iter().enumerate() {
+            out.extend(m.iter().rev().take_while(|&&t| t >= from).map(|&t| (c as u32, t)));
+        }
     }
 
     fn stats(&self) -> IndexStats {

@@ -12,6 +12,8 @@
 //!   view contract).
 //! - [`offload`]: past a RAM budget, the older KV in a file per sequence in cluster-contiguous
 //!   order, read back through a reader thread and a cluster cache (lossless).
+//! - [`placement`]: co-retrieval placement — clusters the prefill's last queries retrieve
+//!   together are written next to each other in the offload file.
 //! - [`probe`]: what a selection loses (attention mass, attention output error), measured in
 //!   f64 on the read itself.
 //!
@@ -24,10 +26,11 @@ pub mod keys;
 pub mod kmeans;
 pub mod method;
 pub mod offload;
+pub mod placement;
 pub mod probe;
 
 pub use cache::{SparseConfig, SparseKv};
 pub use keys::HeadKeys;
 pub use method::{HeadIndex, IndexStats, Method};
-pub use offload::{Backend, OffloadConfig, OffloadStats, Policy};
+pub use offload::{Backend, Layout, OffloadConfig, OffloadStats, Policy};
 pub use probe::Probe;

@@ -39,11 +39,22 @@ pub trait HeadIndex: Send {
     /// new clusters): the "recently updated" clusters a cache retains.
     fn drain_touched(&mut self, _out: &mut Vec<u32>) {}
 
-    /// Every indexed token once, cluster after cluster (the on-disk order that makes a
-    /// cluster one contiguous read); `None`: position order.
-    fn placement(&self) -> Option<Vec<u32>> {
+    /// End of the prefill: `queries` (`[tokens × group, dim]`, the prefill's last query
+    /// tokens, oldest first) are scored as `select` would score them, and which units each
+    /// would retrieve together is recorded for [`HeadIndex::placement`]. Changes no retrieval.
+    fn calibrate(&mut self, _queries: &[f32], _group: usize, _eligible: Range<usize>, _budget: usize) {}
+
+    /// Every indexed token once, as (cluster, members) in the on-disk order that makes a
+    /// cluster one contiguous read: with `co_retrieval`, clusters retrieved together at
+    /// calibration lie next to each other ([`crate::placement`]), else in index order;
+    /// `None`: position order.
+    fn placement(&self, _co_retrieval: bool) -> Option<Vec<(u32, Vec<u32>)>> {
         None
     }
+
+    /// Pushes `(unit, token)` for every indexed token `>= from` (the tokens a flush writes,
+    /// to place each next to its cluster); tokens in no unit are left out.
+    fn units_since(&self, _from: u32, _out: &mut Vec<(u32, u32)>) {}
 }
 
 /// Counters of an index (sums; [`IndexStats::add`] adds two heads'). `*_tokens` are rows a

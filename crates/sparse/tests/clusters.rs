@@ -77,3 +77,36 @@ fn adaptive_update_splits_drifting_clusters_and_delaying_reads_less() {
     let mean_var = |i: &ClusterIndex| (0..i.len()).map(|c| i.variance(c) * i.members(c).len() as f64).sum::<f64>() / n as f64;
     assert!(mean_var(&delayed) < mean_var(&stat), "{} vs {}", mean_var(&delayed), mean_var(&stat));
 }
+
+/// Co-retrieval placement: the clusters the last calibration query token would fetch are the
+/// first run of the file order, and either order holds every token once.
+#[test]
+fn co_retrieval_placement_puts_the_clusters_fetched_together_side_by_side() {
+    let (d, n, group, budget) = (16, 600, 2, 128);
+    let rows = keys(n, n);
+    let k = HeadKeys::new(&rows, d);
+    let mut idx = ClusterIndex::new(d, Update::Static);
+    idx.build(k);
+    let q = noise(11, 4 * group * d);
+    idx.calibrate(&q, group, 0..n, budget);
+    // What a decode step with the last calibration token's queries fetches.
+    let mut step = idx.clone();
+    let mut out = Vec::new();
+    step.select(k, &q[3 * group * d..], 0..n, budget, &mut out);
+    let mut fetched = Vec::new();
+    step.for_each_fetched(&mut |_, m| fetched.extend_from_slice(m));
+    assert!(!fetched.is_empty() && fetched.len() < n / 2, "{} of {n} fetched", fetched.len());
+    let flat = |p: Vec<(u32, Vec<u32>)>| -> Vec<u32> { p.into_iter().flat_map(|(_, m)| m).collect() };
+    let co = flat(idx.placement(true).unwrap());
+    let plain = flat(idx.placement(false).unwrap());
+    for order in [&co, &plain] {
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..n as u32).collect::<Vec<_>>(), "every token once");
+    }
+    let mut head = co[..fetched.len()].to_vec();
+    head.sort_unstable();
+    fetched.sort_unstable();
+    assert_eq!(head, fetched, "the last token's clusters are the first run");
+    assert_ne!(co, plain, "calibration changed the order");
+}

@@ -12,7 +12,7 @@ use common::{decode, model, prefill, tokens};
 
 use engram_model::{Logits, Model, SeqStep};
 use engram_sparse::offload::{FileSpec, OffloadFile, Reader};
-use engram_sparse::{Backend, Method, OffloadConfig, Policy, SparseConfig, SparseKv};
+use engram_sparse::{Backend, Layout, Method, OffloadConfig, Policy, SparseConfig, SparseKv};
 
 fn offload_cfg(dir: &Path, model: &Model) -> OffloadConfig {
     OffloadConfig { ram_budget: 0, flush: 8, cache_bytes: 16 << 10, ..OffloadConfig::new(dir.to_path_buf(), model.fingerprint.0) }
@@ -31,22 +31,37 @@ fn offloaded_dynakv_gives_the_in_ram_logits_bitwise() {
         let mut ram = SparseKv::new(&model.config, Some(cfg));
         prefill(&model, &mut ram, prompt);
         let want = decode(&model, &mut ram, rest);
-        for (backend, policy, cache) in [
-            (Backend::Thread, Policy::ClusterAligned, 40 << 10),
-            (Backend::Inline, Policy::Lru, 40 << 10),
-            (Backend::Uring, Policy::ClusterAligned, 40 << 10),
-            (Backend::Thread, Policy::Lru, 0),
+        // Co-retrieval placement (the default) and index order, append and dual-head layouts.
+        for (backend, policy, cache, co_retrieval, layout) in [
+            (Backend::Thread, Policy::ClusterAligned, 40 << 10, true, Layout::Append),
+            (Backend::Inline, Policy::Lru, 40 << 10, true, Layout::Append),
+            (Backend::Uring, Policy::ClusterAligned, 40 << 10, true, Layout::Append),
+            (Backend::Thread, Policy::Lru, 0, true, Layout::Append),
+            (Backend::Inline, Policy::ClusterAligned, 40 << 10, false, Layout::Append),
+            (Backend::Thread, Policy::ClusterAligned, 40 << 10, true, Layout::DualHead),
+            (Backend::Inline, Policy::Lru, 0, false, Layout::DualHead),
         ] {
             let mut kv = SparseKv::new(&model.config, Some(cfg));
             prefill(&model, &mut kv, prompt);
-            let oc = OffloadConfig { backend, policy, cache_bytes: cache, ..offload_cfg(store.path(), &model) };
+            let oc = OffloadConfig { backend, policy, cache_bytes: cache, co_retrieval, layout, ..offload_cfg(store.path(), &model) };
             assert!(kv.offload(oc).unwrap());
             let path = kv.offload_path().unwrap().to_path_buf();
             assert!(path.exists());
             assert!(kv.ram_kv_bytes() < kv.kv_bytes() / 2, "{} of {} bytes in RAM", kv.ram_kv_bytes(), kv.kv_bytes());
             let got = decode(&model, &mut kv, rest);
-            assert_eq!(got, want, "{} {backend:?} {policy:?} cache {cache}: offloaded logits differ", method.name());
+            assert_eq!(
+                got,
+                want,
+                "{} {backend:?} {policy:?} cache {cache} co-retrieval {co_retrieval} {layout:?}: offloaded logits differ",
+                method.name()
+            );
             let s = kv.offload_stats().unwrap();
+            assert_eq!(s.moved_bytes, 0, "{s:?}");
+            assert!(s.flushed_in_place_rows + s.flushed_elsewhere_rows > 0, "flushes ran: {s:?}");
+            match layout {
+                Layout::Append => assert_eq!((s.flushed_in_place_rows, s.slack_bytes), (0, 0), "{s:?}"),
+                Layout::DualHead => assert!(s.flushed_in_place_rows > 0 && s.slack_bytes > 0, "rows grew into slack: {s:?}"),
+            }
             assert!(s.read_bytes > 0 && s.read_ops > 0, "{s:?}");
             assert!(s.written_bytes > (prompt.len() as u64 - 20) * 4 * 4 * 16, "flushes and the offload: {s:?}");
             assert!(s.cache_bytes <= cache, "{s:?}");
@@ -130,11 +145,16 @@ fn a_file_truncated_under_a_running_decode_is_an_error_and_the_sequence_ends() {
     let (prompt, rest) = ids.split_at(500);
     let store = tempfile::tempdir().unwrap();
     let cfg = SparseConfig { method: Method::DynaKv { b_max: 8, eager: false }, budget: 64, sinks: 4, recent: 16 };
-    for backend in [Backend::Thread, Backend::Inline, Backend::Uring] {
+    for (backend, layout) in [
+        (Backend::Thread, Layout::Append),
+        (Backend::Inline, Layout::Append),
+        (Backend::Uring, Layout::Append),
+        (Backend::Thread, Layout::DualHead),
+    ] {
         let mut kv = SparseKv::new(&model.config, Some(cfg));
         prefill(&model, &mut kv, prompt);
         // No cluster cache: every step reads the file.
-        assert!(kv.offload(OffloadConfig { backend, cache_bytes: 0, ..offload_cfg(store.path(), &model) }).unwrap());
+        assert!(kv.offload(OffloadConfig { backend, layout, cache_bytes: 0, ..offload_cfg(store.path(), &model) }).unwrap());
         decode(&model, &mut kv, &rest[..3]);
         assert!(kv.offload_failure().is_none());
         let path = kv.offload_path().unwrap().to_path_buf();
@@ -244,4 +264,29 @@ fn corrupt_truncated_and_foreign_files_are_rejected() {
     check(&foreign, spec(1), "magic");
     std::fs::write(&path, &good).unwrap();
     assert!(OffloadFile::open(&path, spec(1)).is_ok());
+}
+
+/// A dual-head file names its layout in its fingerprint: opened as an append-layout file of
+/// the same model and configuration it is rejected (and the other way round it opens).
+#[test]
+fn a_dual_head_file_is_not_read_as_an_append_layout_one() {
+    let (_d, model) = model();
+    let ids = tokens(300);
+    let cfg = SparseConfig { method: Method::DynaKv { b_max: 8, eager: false }, budget: 64, sinks: 4, recent: 16 };
+    let store = tempfile::tempdir().unwrap();
+    let mut kv = SparseKv::new(&model.config, Some(cfg));
+    prefill(&model, &mut kv, &ids);
+    assert!(kv.offload(OffloadConfig { layout: Layout::DualHead, ..offload_cfg(store.path(), &model) }).unwrap());
+    let c = &model.config;
+    let spec = |layout| FileSpec {
+        layers: c.num_layers as u32,
+        heads: c.num_kv_heads as u32,
+        dim: c.head_dim as u32,
+        fingerprint: engram_sparse::offload::fingerprint(model.fingerprint.0, &cfg, c.num_layers, c.num_kv_heads, c.head_dim, layout),
+    };
+    let path = kv.offload_path().unwrap();
+    let e = OffloadFile::open(path, spec(Layout::Append)).err().expect("a dual-head file opened as append layout");
+    assert!(e.to_string().contains("fingerprint"), "{e}");
+    let f = OffloadFile::open(path, spec(Layout::DualHead)).unwrap();
+    assert_eq!(f.rows() % (4096 / f.spec().row_bytes()) as u64, 0, "regions are whole pages");
 }

@@ -5,8 +5,13 @@
 //! cluster-aligned cache and LRU at equal size (reader thread), with and without the
 //! layer-ahead prefetch, the three read backends (reader thread, inline `pread`, `io_uring`),
 //! a cluster cache twice as large, and splitting on every flag (`eager`, its own index) for
-//! the split I/O the delay saves.
-//! Offload is lossless, so every variant decodes the tokens the in-RAM cache decodes.
+//! the split I/O the delay saves; the file in index order (`index`) against co-retrieval
+//! placement (the default); static and local update offloaded (`static`, `local`, their own
+//! index). A variant may name its own token budget (`static:3072`), to compare at equal
+//! recall. Each row reports the attention mass its method recalls (probed in RAM on a copy
+//! decoding the first tokens, f64 against every key).
+//! Offload is lossless, so every variant decodes the tokens the in-RAM cache of its method
+//! decodes.
 
 use std::time::Instant;
 
@@ -28,15 +33,41 @@ struct Variant {
     prefetch: bool,
     /// The cluster cache is `--cache-mib` times this.
     cache_scale: usize,
+    /// Clusters in the file by co-retrieval (else index order).
+    co_retrieval: bool,
+    /// Another method than DynaKV (its own index, built on a copy).
+    method: Option<Method>,
+    /// Another token budget than `--budget` (its own index).
+    budget: Option<usize>,
+}
+
+impl Variant {
+    /// Whether this variant needs its own index (else it copies the speed run's).
+    fn own_index(&self) -> bool {
+        self.eager || self.method.is_some() || self.budget.is_some()
+    }
 }
 
 fn variants(names: &[String]) -> Result<Vec<Variant>> {
-    let base =
-        Variant { name: "cluster", policy: Policy::ClusterAligned, backend: Backend::Thread, eager: false, prefetch: true, cache_scale: 1 };
+    let base = Variant {
+        name: "cluster",
+        policy: Policy::ClusterAligned,
+        backend: Backend::Thread,
+        eager: false,
+        prefetch: true,
+        cache_scale: 1,
+        co_retrieval: true,
+        method: None,
+        budget: None,
+    };
     names
         .iter()
         .map(|n| {
-            Ok(match n.trim() {
+            let (n, budget) = match n.trim().split_once(':') {
+                Some((n, b)) => (n, Some(b.parse::<usize>().with_context(|| format!("offload variant {n}: budget {b:?}"))?)),
+                None => (n.trim(), None),
+            };
+            let v = match n {
                 "cluster" => base,
                 "noprefetch" => Variant { name: "noprefetch", prefetch: false, ..base },
                 "lru" => Variant { name: "lru", policy: Policy::Lru, ..base },
@@ -45,10 +76,14 @@ fn variants(names: &[String]) -> Result<Vec<Variant>> {
                 "uring" => Variant { name: "uring", backend: Backend::Uring, ..base },
                 "cache2x" => Variant { name: "cache2x", cache_scale: 2, ..base },
                 "eager" => Variant { name: "eager", eager: true, ..base },
+                "index" => Variant { name: "index", co_retrieval: false, ..base },
+                "static" => Variant { name: "static", method: Some(Method::Static), ..base },
+                "local" => Variant { name: "local", method: Some(Method::parse("local").map_err(anyhow::Error::msg)?), ..base },
                 other => anyhow::bail!(
-                    "unknown offload variant {other:?} (cluster, noprefetch, lru, lru-noprefetch, inline, uring, cache2x, eager)"
+                    "unknown offload variant {other:?} (cluster, noprefetch, lru, lru-noprefetch, inline, uring, cache2x, eager, index, static, local; NAME:BUDGET for another token budget)"
                 ),
-            })
+            };
+            Ok(Variant { budget, ..v })
         })
         .collect()
 }
@@ -59,9 +94,13 @@ pub fn rows(a: &Args, model: &Model, kv: &SparseKv, h: usize) -> Result<Vec<serd
     let mut out = Vec::new();
     for v in variants(&a.offload_variants)? {
         let t = Instant::now();
-        let mut k = if v.eager {
-            let cfg =
-                SparseConfig { method: Method::DynaKv { b_max: Method::B_MAX, eager: true }, ..kv.config().context("a sparse cache")? };
+        let base = kv.config().context("a sparse cache")?;
+        let cfg = SparseConfig {
+            method: v.method.unwrap_or(if v.eager { Method::DynaKv { b_max: Method::B_MAX, eager: true } } else { base.method }),
+            budget: v.budget.unwrap_or(base.budget),
+            ..base
+        };
+        let mut k = if v.own_index() {
             let mut k = kv.fork(Some(cfg));
             k.build_index();
             k
@@ -69,12 +108,14 @@ pub fn rows(a: &Args, model: &Model, kv: &SparseKv, h: usize) -> Result<Vec<serd
             kv.fork_with_index()
         };
         let fork_s = t.elapsed().as_secs_f64();
+        let (recall, out_err) = recall(model, &k, a.decode.min(RECALL_STEPS))?;
         let oc = OffloadConfig {
             ram_budget: a.ram_mib << 20,
             cache_bytes: (a.cache_mib * v.cache_scale) << 20,
             policy: v.policy,
             backend: v.backend,
             prefetch: v.prefetch,
+            co_retrieval: v.co_retrieval,
             ..OffloadConfig::new(dir.clone(), model.fingerprint.0)
         };
         let t = Instant::now();
@@ -100,6 +141,8 @@ pub fn rows(a: &Args, model: &Model, kv: &SparseKv, h: usize) -> Result<Vec<serd
         let rows_looked = (s.cache.hit_rows + s.cache.miss_rows).max(1) as f64;
         let row = json!({
             "bench": "sparse-offload", "model": model.source, "history": h, "variant": v.name,
+            "method": cfg.method.name(), "budget": cfg.budget, "recall": round3(recall), "output_rel_error": round3(out_err),
+            "placement": if v.co_retrieval { "co-retrieval" } else { "index" },
             "policy": v.policy.name(), "reader": s.backend.unwrap_or(v.backend).name(), "split": if v.eager { "eager" } else { "delayed" },
             "prefetch": v.prefetch, "prefetch_bytes_per_token": (s.prefetch_bytes as f64 / n).round(),
             "prefetched_clusters": s.cache.prefetched, "prefetch_hits": s.cache.prefetch_hits, "prefetch_unused": s.cache.prefetch_unused,
@@ -115,10 +158,11 @@ pub fn rows(a: &Args, model: &Model, kv: &SparseKv, h: usize) -> Result<Vec<serd
             "file_bytes": file_bytes, "rss_bytes": rss_bytes(), "offload_s": round2(offload_s), "fork_s": round2(fork_s),
         });
         eprintln!(
-            "history {h} offload {}: {:.2} tok/s, {:.0} KiB read per token, hit rate {:.3}, prefetch hits {}/{}",
+            "history {h} offload {}: recall {recall:.3}, {:.2} tok/s, {:.0} KiB read per token in {:.0} reads, hit rate {:.3}, prefetch hits {}/{}",
             v.name,
             n / secs,
             s.read_bytes as f64 / n / 1024.0,
+            s.read_ops as f64 / n,
             s.cache.hit_rows as f64 / rows_looked,
             s.cache.prefetch_hits,
             s.cache.prefetched
@@ -130,6 +174,24 @@ pub fn rows(a: &Args, model: &Model, kv: &SparseKv, h: usize) -> Result<Vec<serd
         out.push(row);
     }
     Ok(out)
+}
+
+/// Decoded tokens whose reads are probed for recall (in RAM, on a copy).
+const RECALL_STEPS: usize = 2;
+
+/// Mean attention mass recalled and attention-output relative error over `steps` decoded
+/// tokens of an in-RAM copy of `kv` (probed: f64, every visible key).
+fn recall(model: &Model, kv: &SparseKv, steps: usize) -> Result<(f64, f64)> {
+    let mut p = kv.fork_with_index().with_probe();
+    let mut tok = 42u32;
+    for _ in 0..steps.max(1) {
+        p.reserve(1);
+        let slot = p.len();
+        let logits = model.forward(&mut [SeqStep::new(&[tok], slot, &mut p, Logits::Last)])?.remove(0);
+        tok = engram_engine::argmax(&logits) as u32;
+    }
+    let (mass, err, _) = p.probe().context("probed")?.overall();
+    Ok((mass, err))
 }
 
 fn round2(x: f64) -> f64 {
@@ -151,14 +213,18 @@ pub fn print_table(rows: &[serde_json::Value], a: &Args) {
         a.budget, a.ram_mib, a.cache_mib, a.decode
     );
     println!();
-    println!("| history | variant | reader | prefetch | cache | tok/s | disk KiB/token | of which prefetch | split KiB/token | reads/token | mean read | hit rate (rows) | hit rate (clusters) | prefetch hits / made | KV in RAM | of full KV | RSS |");
-    println!("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| history | variant | method | budget | recall | placement | reader | prefetch | cache | tok/s | disk KiB/token | of which prefetch | split KiB/token | reads/token | mean read | hit rate (rows) | hit rate (clusters) | prefetch hits / made | KV in RAM | of full KV | RSS |");
+    println!("|---:|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     for r in rows {
         println!(
-            "| {} | {} | {} | {} | {} MiB | {:.2} | {:.0} | {:.0} | {:.1} | {} | {:.1} KiB | {:.3} | {:.3} | {} / {} | {:.0} MiB | {:.1}% | {:.0} MiB |",
+            "| {} | {} | {} | {} | {:.3} | {} | {} | {} | {} MiB | {:.2} | {:.0} | {:.0} | {:.1} | {} | {:.1} KiB | {:.3} | {:.3} | {} / {} | {:.0} MiB | {:.1}% | {:.0} MiB |",
             r["history"],
             r["variant"].as_str().unwrap_or("?"),
+            r["method"].as_str().unwrap_or("?"),
+            r["budget"],
+            f(&r["recall"]),
+            r["placement"].as_str().unwrap_or("?"),
             r["reader"].as_str().unwrap_or("?"),
             if r["prefetch"].as_bool().unwrap_or(false) { "on" } else { "off" },
             r["cache_mib"],

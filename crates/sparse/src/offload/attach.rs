@@ -9,8 +9,8 @@ use engram_model::{KvChunk, KvData, KvElem, KvRead};
 use half::f16;
 
 use super::{
-    file, fingerprint, Backend, ClusterCache, FileSpec, OffloadConfig, OffloadFile, OffloadStats, Offloaded, Prefetcher, Purpose, Reader,
-    Shared,
+    file, fingerprint, Backend, ClusterCache, FileSpec, Layout, OffloadConfig, OffloadFile, OffloadStats, Offloaded, Prefetcher, Purpose,
+    Reader, Regions, Shared, SLACK,
 };
 use crate::method::NoIndex;
 use crate::SparseKv;
@@ -52,10 +52,12 @@ impl SparseKv {
             layers: layers as u32,
             heads: heads as u32,
             dim: d as u32,
-            fingerprint: fingerprint(cfg.model_fingerprint, &scfg, layers, heads, d),
+            fingerprint: fingerprint(cfg.model_fingerprint, &scfg, layers, heads, d, cfg.layout),
         };
         let rb = spec.row_bytes();
         let rows: u64 = origin.iter().map(|&o| (o.saturating_sub(sinks) * heads) as u64).sum();
+        // The dual-head layout reserves a quarter more (at least a page) per pair as slack.
+        let rows = if cfg.layout == Layout::DualHead { rows + rows / 4 + (rows / 64 + 16) * 2 } else { rows };
         let need = rows * rb as u64 + file::HEADER;
         let free =
             file::free_bytes(&cfg.dir).map_err(|e| io::Error::new(e.kind(), format!("offload directory {}: {e}", cfg.dir.display())))?;
@@ -74,27 +76,47 @@ impl SparseKv {
         let path = cfg.dir.join(format!("dynakv-{}-{}.kv", std::process::id(), FILES.fetch_add(1, Ordering::Relaxed)));
         let mut f = OffloadFile::create(&path, spec)?;
         let mut slots = vec![Vec::new(); layers * heads];
+        let mut regions = vec![Regions::default(); layers * heads];
+        let page_rows = (4096 / rb).max(1);
+        let mut order_slack = 0u64;
         let written = (|| -> io::Result<u64> {
             let mut written = 0u64;
             for layer in 0..layers {
                 let o = origin[layer];
                 for h in 0..heads {
                     let hi = layer * heads + h;
-                    let mut order: Vec<u32> = self.index[hi]
+                    let clusters: Vec<(u32, Vec<u32>)> = self.index[hi]
                         .lock()
                         .expect("index lock")
                         .0
-                        .placement()
+                        .placement(cfg.co_retrieval)
                         .unwrap_or_default()
                         .into_iter()
-                        .filter(|&t| (sinks..o).contains(&(t as usize)))
+                        .map(|(c, m)| (c, m.into_iter().filter(|&t| (sinks..o).contains(&(t as usize))).collect::<Vec<u32>>()))
+                        .filter(|(_, m)| !m.is_empty())
                         .collect();
                     let mut seen = vec![false; o];
-                    order.iter().for_each(|&t| seen[t as usize] = true);
-                    order.extend((sinks..o).filter(|&t| !seen[t]).map(|t| t as u32));
+                    clusters.iter().flat_map(|(_, m)| m).for_each(|&t| seen[t as usize] = true);
+                    let loose = (sinks..o).filter(|&t| !seen[t]).map(|t| t as u32);
+                    let order: Vec<u32> = match cfg.layout {
+                        Layout::Append => clusters.into_iter().flat_map(|(_, m)| m).chain(loose).collect(),
+                        Layout::DualHead => {
+                            let (r, mut rows) = Regions::lay_out(&clusters, f.rows(), page_rows);
+                            rows.extend(loose);
+                            // Pad to whole pages: the next head's regions start page-aligned.
+                            rows.resize(rows.len().div_ceil(page_rows) * page_rows, SLACK);
+                            regions[hi] = r;
+                            order_slack += rows.iter().filter(|&&t| t == SLACK).count() as u64;
+                            rows
+                        }
+                    };
                     let base = h * self.cap * d;
                     let mut bytes = Vec::with_capacity(order.len() * rb);
                     for &t in &order {
+                        if t == SLACK {
+                            bytes.resize(bytes.len() + rb, 0);
+                            continue;
+                        }
                         let at = base + t as usize * d;
                         bytes.extend_from_slice(bytemuck::cast_slice(&self.keys[layer][at..at + d]));
                         bytes.extend_from_slice(bytemuck::cast_slice(&self.values[layer][at..at + d]));
@@ -103,7 +125,7 @@ impl SparseKv {
                     written += bytes.len() as u64;
                     let s = &mut slots[hi];
                     s.resize(o, u32::MAX);
-                    for (i, &t) in order.iter().enumerate() {
+                    for (i, &t) in order.iter().enumerate().filter(|(_, &t)| t != SLACK) {
                         s[t as usize] = u32::try_from(first + i as u64).map_err(|_| invalid("offload file past 2^32 rows".into()))?;
                     }
                 }
@@ -165,6 +187,10 @@ impl SparseKv {
             slots,
             written,
             flush_failures: 0,
+            regions,
+            in_place_rows: 0,
+            elsewhere_rows: 0,
+            slack_rows: order_slack,
             failed: Default::default(),
             failure: Mutex::new(None),
         }));
@@ -223,6 +249,9 @@ impl SparseKv {
         if off.flush_failures > 0 || held < recent + n {
             return;
         }
+        if off.cfg.layout == Layout::DualHead {
+            return self.flush_regions(layer);
+        }
         let mut firsts = Vec::with_capacity(heads);
         for h in 0..heads {
             let mut bytes = Vec::with_capacity(n * off.row_bytes);
@@ -243,17 +272,108 @@ impl SparseKv {
                 }
             }
         }
+        off.elsewhere_rows += (n * heads) as u64;
         for (h, first) in firsts.into_iter().enumerate() {
             let s = &mut off.slots[layer * heads + h];
             s.resize(o + n, u32::MAX);
             for t in 0..n {
                 s[o + t] = (first + t as u64) as u32;
             }
+        }
+        self.drop_flushed(layer, n);
+    }
+
+    /// Drops the oldest `n` tokens of `layer`'s RAM tail (they are in the file now).
+    fn drop_flushed(&mut self, layer: usize, n: usize) {
+        let (heads, d, cap) = (self.heads, self.dim, self.cap);
+        let held = self.lens[layer] - self.origin[layer];
+        for h in 0..heads {
             for buf in [&mut self.keys[layer], &mut self.values[layer]] {
                 buf.copy_within((h * cap + n) * d..(h * cap + held) * d, h * cap * d);
             }
         }
-        self.origin[layer] = o + n;
+        self.origin[layer] += n;
+    }
+
+    /// The dual-head flush (`regions.rs`): per KV head, the flushed tokens grouped by cluster
+    /// are written into their cluster's slack (or a new region at the end); the regions and
+    /// the position → row tables change only once every write succeeded.
+    fn flush_regions(&mut self, layer: usize) {
+        let (heads, d, cap) = (self.heads, self.dim, self.cap);
+        let Some(off) = self.off.as_deref_mut() else { return };
+        let (o, n, rb) = (self.origin[layer], off.cfg.flush, off.row_bytes);
+        let row = |h: usize, t: u32, out: &mut Vec<u8>| {
+            if t == SLACK {
+                return out.resize(out.len() + rb, 0);
+            }
+            let at = (h * cap + t as usize - o) * d;
+            out.extend_from_slice(bytemuck::cast_slice(&self.keys[layer][at..at + d]));
+            out.extend_from_slice(bytemuck::cast_slice(&self.values[layer][at..at + d]));
+        };
+        let mut done = Vec::with_capacity(heads);
+        let (mut in_place, mut slack_used, mut slack_new, mut written) = (0u64, 0u64, 0u64, 0u64);
+        for h in 0..heads {
+            let hi = layer * heads + h;
+            let mut pairs = Vec::new();
+            self.index[hi].lock().expect("index lock").0.units_since(o as u32, &mut pairs);
+            pairs.retain(|&(_, t)| (t as usize) < o + n);
+            pairs.sort_unstable();
+            let mut grouped = vec![false; n];
+            let mut groups: Vec<(u32, Vec<u32>)> = Vec::new();
+            for (c, t) in pairs {
+                grouped[t as usize - o] = true;
+                match groups.last_mut() {
+                    Some((g, ts)) if *g == c => ts.push(t),
+                    _ => groups.push((c, vec![t])),
+                }
+            }
+            let loose: Vec<u32> = (0..n).filter(|&i| !grouped[i]).map(|i| (o + i) as u32).collect();
+            let mut regions = off.regions[hi].clone();
+            let plan = regions.place(groups, loose, off.file.rows());
+            let result = (|| -> io::Result<()> {
+                let mut bytes = Vec::with_capacity(plan.tail.len() * rb);
+                plan.tail.iter().for_each(|&t| row(h, t, &mut bytes));
+                let first = off.file.append(&bytes)?;
+                written += bytes.len() as u64;
+                for (at, ts) in &plan.in_place {
+                    let mut bytes = Vec::with_capacity(ts.len() * rb);
+                    ts.iter().for_each(|&t| row(h, t, &mut bytes));
+                    off.file.write_rows(*at, &bytes)?;
+                    written += bytes.len() as u64;
+                }
+                debug_assert!(plan.tail.is_empty() || first + plan.tail.len() as u64 == off.file.rows());
+                Ok(())
+            })();
+            if let Err(e) = result {
+                eprintln!("warning: DynaKV offload write failed ({e}); new tokens stay in RAM from now on");
+                off.flush_failures += 1;
+                return;
+            }
+            let tail_first = off.file.rows() - plan.tail.len() as u64;
+            let placed: u64 = plan.in_place.iter().map(|(_, ts)| ts.len() as u64).sum();
+            in_place += placed;
+            slack_used += placed;
+            slack_new += plan.tail.iter().filter(|&&t| t == SLACK).count() as u64;
+            done.push((hi, regions, plan, tail_first));
+        }
+        for (hi, regions, plan, tail_first) in done {
+            let s = &mut off.slots[hi];
+            s.resize(o + n, u32::MAX);
+            for (i, &t) in plan.tail.iter().enumerate().filter(|(_, &t)| t != SLACK) {
+                s[t as usize] = (tail_first + i as u64) as u32;
+            }
+            for (at, ts) in plan.in_place {
+                for (i, t) in ts.into_iter().enumerate() {
+                    s[t as usize] = (at + i as u64) as u32;
+                }
+            }
+            off.regions[hi] = regions;
+        }
+        off.written += written;
+        off.in_place_rows += in_place;
+        off.elsewhere_rows += (n * heads) as u64 - in_place;
+        off.slack_rows = off.slack_rows + slack_new - slack_used;
+        self.drop_flushed(layer, n);
     }
 
     /// A read that is not a retrieval (several query tokens, or exact reads asked for) on an

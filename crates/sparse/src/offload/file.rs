@@ -136,6 +136,15 @@ impl OffloadFile {
         Ok(first)
     }
 
+    /// Writes whole rows at row `first`, inside the rows appended so far (a region's slack);
+    /// never past the end (that is [`OffloadFile::append`]).
+    pub fn write_rows(&self, first: u64, bytes: &[u8]) -> io::Result<()> {
+        let rb = self.spec.row_bytes();
+        assert_eq!(bytes.len() % rb, 0, "write of partial rows");
+        assert!(first + (bytes.len() / rb) as u64 <= self.rows, "write_rows past the file's end");
+        self.file.write_all_at(bytes, HEADER + first * rb as u64)
+    }
+
     /// Reads `out.len() / row_bytes` rows starting at row `first` (one positioned read).
     pub fn read_rows(&self, first: u64, out: &mut [u8]) -> io::Result<()> {
         read_rows(&self.file, &self.path, self.spec.row_bytes(), first, out)

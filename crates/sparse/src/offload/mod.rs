@@ -7,7 +7,10 @@
 //! cluster is one contiguous read. RAM keeps the representatives (the index), the sinks, the
 //! recent window and the write buffer (the tail of not-yet-flushed tokens).
 //!
-//! Layout: **append layout** (not the seed's dual-head regions). Rows are fixed-size (key then
+//! Layout: the **append layout** by default; [`Layout::DualHead`] (`regions.rs`) pairs
+//! clusters in regions with slack and writes each flushed row next to its cluster instead.
+//! The cluster order is co-retrieval placement by default (`crate::placement`).
+//! Append layout: rows are fixed-size (key then
 //! value, f16) and never rewritten; new tokens are flushed [`OffloadConfig::flush`] at a time
 //! per (layer, KV head) as one contiguous block at the file's end once they leave the recent
 //! window; a position's file row is kept in a per-head table (4 bytes a token against 4·dim
@@ -30,6 +33,7 @@ mod attach;
 pub mod file;
 mod prefetch;
 pub mod reader;
+mod regions;
 mod source;
 pub mod unit_cache;
 
@@ -42,6 +46,8 @@ use half::f16;
 pub use file::{FileSpec, OffloadFile};
 pub(crate) use prefetch::{Prefetcher, Shared};
 pub use reader::{Backend, Reader};
+pub use regions::Layout;
+pub(crate) use regions::{Regions, SLACK};
 pub(crate) use source::{HeadSource, Purpose, Staging};
 pub use unit_cache::{CacheStats, ClusterCache, Policy};
 
@@ -63,6 +69,12 @@ pub struct OffloadConfig {
     /// Layer-ahead prefetch: a loader thread reads the next layer's predicted clusters into
     /// the cluster cache while this layer computes (`prefetch.rs`); lossless either way.
     pub prefetch: bool,
+    /// Clusters in the file by co-retrieval at calibration ([`crate::placement`]) rather
+    /// than in index order; lossless either way.
+    pub co_retrieval: bool,
+    /// The file layout ([`Layout::Append`] or dual-head regions, `regions.rs`); lossless
+    /// either way, and part of the file's fingerprint.
+    pub layout: Layout,
     /// The model's fingerprint (hashed with the sparse configuration into the file header).
     pub model_fingerprint: u64,
 }
@@ -70,7 +82,7 @@ pub struct OffloadConfig {
 impl OffloadConfig {
     /// Defaults: a 256 MiB RAM budget, a 64 MiB cluster cache with the cluster-aligned
     /// policy, the reader thread, flushes of 256 tokens, gaps of up to 8 rows read through,
-    /// layer-ahead prefetch on.
+    /// layer-ahead prefetch on, co-retrieval placement, the append layout.
     pub fn new(dir: PathBuf, model_fingerprint: u64) -> OffloadConfig {
         OffloadConfig {
             dir,
@@ -81,6 +93,8 @@ impl OffloadConfig {
             flush: 256,
             gap: 8,
             prefetch: true,
+            co_retrieval: true,
+            layout: Layout::Append,
             model_fingerprint,
         }
     }
@@ -99,6 +113,14 @@ pub struct OffloadStats {
     pub written_bytes: u64,
     /// Flushes that failed (disk full): their tokens stayed in RAM.
     pub flush_failures: u64,
+    /// Flushed rows written next to their cluster's older rows (dual-head: into its
+    /// region's slack), and the other flushed rows (new regions, blocks at the end).
+    pub flushed_in_place_rows: u64,
+    pub flushed_elsewhere_rows: u64,
+    /// File bytes reserved as slack and not (yet) used; bytes of rows already written that
+    /// an append or split moved (0: neither moves data, in either layout).
+    pub slack_bytes: u64,
+    pub moved_bytes: u64,
     /// Bytes and reads of the layer-ahead prefetch (also counted in `read_bytes`/`read_ops`:
     /// they are disk reads all the same), and lookups that waited for a prefetch in flight.
     pub prefetch_bytes: u64,
@@ -145,6 +167,11 @@ pub(crate) struct Offloaded {
     pub reads_done: Vec<AtomicUsize>,
     pub written: u64,
     pub flush_failures: u64,
+    /// Dual-head layout: per `layer * heads + head`, its regions (empty: append layout).
+    pub regions: Vec<Regions>,
+    pub in_place_rows: u64,
+    pub elsewhere_rows: u64,
+    pub slack_rows: u64,
     /// The first read that failed (file truncated, removed or unreadable under a running
     /// sequence); once set, the cache answers nothing more ([`Offloaded::failure`]).
     pub failed: AtomicBool,
@@ -163,6 +190,10 @@ impl Offloaded {
             split_ops: c.split_ops.load(Ordering::Relaxed),
             written_bytes: self.written,
             flush_failures: self.flush_failures,
+            flushed_in_place_rows: self.in_place_rows,
+            flushed_elsewhere_rows: self.elsewhere_rows,
+            slack_bytes: self.slack_rows * self.row_bytes as u64,
+            moved_bytes: 0,
             prefetch_bytes: c.prefetch_bytes.load(Ordering::Relaxed),
             prefetch_ops: c.prefetch_ops.load(Ordering::Relaxed),
             prefetch_waits: c.prefetch_waits.load(Ordering::Relaxed),
@@ -249,11 +280,15 @@ impl Drop for Offloaded {
     }
 }
 
-/// The 32-byte file fingerprint of a model and sparse configuration.
-pub(crate) fn fingerprint(model: u64, cfg: &crate::SparseConfig, layers: usize, heads: usize, dim: usize) -> [u8; 32] {
-    let text = format!(
+/// The 32-byte file fingerprint of a model, sparse configuration and file layout (the
+/// append layout hashes as before it had a name, so its files keep their fingerprint).
+pub fn fingerprint(model: u64, cfg: &crate::SparseConfig, layers: usize, heads: usize, dim: usize, layout: Layout) -> [u8; 32] {
+    let mut text = format!(
         "engram-dynakv model={model:016x} method={:?} budget={} sinks={} recent={} shape={layers}x{heads}x{dim} f16",
         cfg.method, cfg.budget, cfg.sinks, cfg.recent
     );
+    if layout != Layout::Append {
+        text.push_str(&format!(" layout={}", layout.name()));
+    }
     *blake3::hash(text.as_bytes()).as_bytes()
 }

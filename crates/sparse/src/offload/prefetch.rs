@@ -66,7 +66,7 @@ pub(crate) struct Job {
     pub now: u64,
 }
 
-/// The loader thread (module doc).
+/// The loader thread (module doc). Jobs of one (layer, KV head) are read as one request.
 pub(crate) struct Prefetcher {
     tx: Option<Mutex<Sender<Vec<Job>>>>,
     thread: Option<JoinHandle<()>>,
@@ -79,9 +79,11 @@ impl Prefetcher {
         let (tx, rx) = channel::<Vec<Job>>();
         let thread = std::thread::Builder::new().name("dynakv-prefetch".into()).spawn(move || {
             for jobs in rx {
-                for job in jobs {
-                    load(&shared, &reader, row_bytes, gap, &job);
-                    shared.release(job.key);
+                // One request per (layer, KV head): its clusters' rows merged, so clusters
+                // adjacent in the file are one read; released as soon as their head landed.
+                for head in jobs.chunk_by(|a, b| (a.key.0, a.key.1) == (b.key.0, b.key.1)) {
+                    load(&shared, &reader, row_bytes, gap, head);
+                    head.iter().for_each(|j| shared.release(j.key));
                 }
             }
         })?;
@@ -105,11 +107,18 @@ impl Prefetcher {
     }
 }
 
-fn load(shared: &Shared, reader: &Reader, rb: usize, gap: usize, job: &Job) {
-    if shared.cache.lock().expect("cache lock").holds(job.key, &job.rows) {
+fn load(shared: &Shared, reader: &Reader, rb: usize, gap: usize, jobs: &[Job]) {
+    let jobs: Vec<&Job> = {
+        let cache = shared.cache.lock().expect("cache lock");
+        jobs.iter().filter(|j| !cache.holds(j.key, &j.rows)).collect()
+    };
+    if jobs.is_empty() {
         return;
     }
-    let runs = coalesce(&job.rows, gap);
+    let mut all: Vec<u64> = jobs.iter().flat_map(|j| j.rows.iter().copied()).collect();
+    all.sort_unstable();
+    all.dedup();
+    let runs = coalesce(&all, gap);
     let ops = runs.len() as u64;
     let Ok(data) = reader.read(runs.clone()) else { return };
     let c = &shared.counters;
@@ -117,8 +126,11 @@ fn load(shared: &Shared, reader: &Reader, rb: usize, gap: usize, job: &Job) {
         bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         n.fetch_add(ops, Ordering::Relaxed);
     }
-    let bytes = pick(&job.rows, &runs, &data, rb);
-    shared.cache.lock().expect("cache lock").insert_prefetched(job.key, job.rows.clone(), bytes, job.now);
+    let mut cache = shared.cache.lock().expect("cache lock");
+    for job in jobs {
+        let bytes = pick(&job.rows, &runs, &data, rb);
+        cache.insert_prefetched(job.key, job.rows.clone(), bytes, job.now);
+    }
 }
 
 impl Drop for Prefetcher {

@@ -92,12 +92,12 @@ impl HeadSource<'_> {
         }
     }
 
-    /// Stages file rows `rows` (sorted) for cluster `unit`: from the cache if it holds them
-    /// all, else from the file (then cached).
-    fn fetch_unit(&self, unit: u32, rows: Vec<u64>, staging: &mut Staging) -> io::Result<()> {
+    /// Stages file rows `rows` (sorted) for cluster `unit` if this step's staging or the
+    /// cache holds them all; else returns them (a miss, to be read from the file).
+    fn stage_held(&self, unit: u32, rows: Vec<u64>, staging: &mut Staging) -> Option<Vec<u64>> {
         let rb = self.off.row_bytes;
         if rows.is_empty() {
-            return Ok(());
+            return None;
         }
         let key = (self.layer as u32, self.head as u32, unit);
         if rows.iter().all(|&r| staging.at.contains_key(&r)) {
@@ -108,19 +108,46 @@ impl HeadSource<'_> {
                 let bytes: Vec<u8> = rows.iter().flat_map(|&r| staging.get(r, rb).expect("staged")).copied().collect();
                 cache.insert(key, rows, bytes, self.now);
             }
-            return Ok(());
+            return None;
         }
         let mut buf = Vec::with_capacity(rows.len() * rb);
         // A cluster the layer-ahead loader is reading lands in the cache: wait, not re-read.
         self.off.shared.wait_for(key);
         if self.off.shared.cache.lock().expect("cache lock").get(key, &rows, self.now, &mut buf) {
             staging.put(&rows, &buf, rb);
+            return None;
+        }
+        Some(rows)
+    }
+
+    /// Reads the missed clusters `misses` (unit, sorted rows) from the file in **one**
+    /// request — their rows merged and sorted, so clusters adjacent in the file (co-retrieval
+    /// placement) become one contiguous read — stages them and caches each under its key.
+    fn read_units(&self, misses: Vec<(u32, Vec<u64>)>, staging: &mut Staging) -> io::Result<()> {
+        if misses.is_empty() {
             return Ok(());
         }
-        let bytes = self.off.read(&rows, self.purpose)?;
-        staging.put(&rows, &bytes, rb);
-        self.off.shared.cache.lock().expect("cache lock").insert(key, rows, bytes, self.now);
+        let rb = self.off.row_bytes;
+        let mut all: Vec<u64> = misses.iter().flat_map(|(_, r)| r.iter().copied()).collect();
+        all.sort_unstable();
+        all.dedup();
+        let bytes = self.off.read(&all, self.purpose)?;
+        staging.put(&all, &bytes, rb);
+        let mut cache = self.off.shared.cache.lock().expect("cache lock");
+        for (unit, rows) in misses {
+            let bytes: Vec<u8> = rows.iter().flat_map(|&r| staging.get(r, rb).expect("staged")).copied().collect();
+            cache.insert((self.layer as u32, self.head as u32, unit), rows, bytes, self.now);
+        }
         Ok(())
+    }
+
+    /// Stages file rows `rows` (sorted) for cluster `unit`: from the cache if it holds them
+    /// all, else from the file (then cached).
+    fn fetch_unit(&self, unit: u32, rows: Vec<u64>, staging: &mut Staging) -> io::Result<()> {
+        match self.stage_held(unit, rows, staging) {
+            Some(rows) => self.read_units(vec![(unit, rows)], staging),
+            None => Ok(()),
+        }
     }
 
     fn unit_rows(&self, tokens: &[u32]) -> Vec<u64> {
@@ -130,7 +157,8 @@ impl HeadSource<'_> {
     }
 
     /// Fills `gk`/`gv` (`sel.len() × dim` each) with the keys and values of `sel`: the
-    /// clusters `index` fetched come whole through the cache or the file, any other file row
+    /// clusters `index` fetched come whole through the cache or the file (all the step's
+    /// missed clusters in one coalesced request), any other file row
     /// is read alone (coalesced); then the step's staging is dropped. A failed read is
     /// returned (and `gk`/`gv` are not filled).
     pub fn gather(&self, index: &dyn HeadIndex, sel: &[u32], gk: &mut [f16], gv: &mut [f16]) -> io::Result<()> {
@@ -139,9 +167,9 @@ impl HeadSource<'_> {
         let mut units = Vec::new();
         index.for_each_fetched(&mut |c, members| units.push((c, self.unit_rows(members))));
         let read = (|| {
-            for (c, rows) in units {
-                self.fetch_unit(c, rows, &mut staging)?;
-            }
+            let misses: Vec<(u32, Vec<u64>)> =
+                units.into_iter().filter_map(|(c, rows)| Some((c, self.stage_held(c, rows, &mut staging)?))).collect();
+            self.read_units(misses, &mut staging)?;
             let mut loose: Vec<u64> =
                 sel.iter().filter_map(|&t| self.file_row(t as usize)).filter(|r| !staging.at.contains_key(r)).collect();
             loose.sort_unstable();
