@@ -52,6 +52,8 @@ pub struct Assembled {
     /// Chunks found in the store / computed for this prompt.
     pub chunks_reused: usize,
     pub chunks_computed: usize,
+    /// Tokens of `tokens` prefilled by this call (a system prompt or chunks not stored yet).
+    pub tokens_computed: usize,
 }
 
 /// Counts for stats.
@@ -97,9 +99,11 @@ impl ChunkStore {
         let sys_end = prompt.ends[0];
         let sys_key = prompt.path[0].clone();
         let sys_tokens = &prompt.tokens[..sys_end];
+        let mut tokens_computed = 0;
         let sys_kv = match self.sys.get(&sys_key).filter(|_| own) {
             Some(kv) => kv.fork(sys_end),
             None => {
+                tokens_computed += sys_end;
                 let mut g = Generator::new(model, pool);
                 g.feed(sys_tokens, false)?;
                 let (kv, _) = g.into_parts();
@@ -117,6 +121,7 @@ impl ChunkStore {
             moved: Vec::new(),
             chunks_reused: 0,
             chunks_computed: 0,
+            tokens_computed,
         };
         for d in 1..prompt.path.len() {
             let range = prompt.ends[d - 1]..prompt.ends[d];
@@ -131,6 +136,7 @@ impl ChunkStore {
                 let (kv, _) = g.into_parts();
                 self.entries.insert(key.clone(), Entry { kv, tokens: chunk_tokens.to_vec(), sys_len: sys_end, last_used: self.clock });
                 out.chunks_computed += 1;
+                out.tokens_computed += chunk_tokens.len();
             }
             let e = self.entries.get_mut(&key).expect("present or just inserted");
             e.last_used = self.clock;

@@ -375,12 +375,14 @@ impl Rag {
             assemble_ms,
             recompute_ms: ms(t2),
         };
+        let tokens_computed = a.tokens_computed.min(a.tokens.len());
         let mut gen = Generator::from_parts(&self.model, a.kv, a.tokens);
         let before_gen = ms(t0);
         let g = gen.generate(&prompt.tokens, &self.config.params, &mut |_| true)?;
         timings.ttft_ms = before_gen + g.timings.ttft_ms;
         timings.prompt_tokens = g.timings.prompt_tokens;
-        timings.cached_tokens = g.timings.cached_tokens;
+        // Tokens whose KV came from the store (those this call prefilled into it are not).
+        timings.cached_tokens = g.timings.cached_tokens.saturating_sub(tokens_computed);
         timings.decode_tokens = g.tokens.len();
         let sources = self.documents_of(&prompt.chunks);
         if opts.use_qa {

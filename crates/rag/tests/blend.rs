@@ -61,6 +61,10 @@ fn ratio_one_answers_equal_cold_answers_and_chunks_are_reused_in_any_order() {
         let b = warm.blend.expect("a blended answer says so");
         assert_eq!(b.recomputed_tokens, b.moved_tokens, "{q}");
         assert_eq!(b.chunks_reused + b.chunks_computed, warm.chunks.len());
+        if b.chunks_computed == 0 {
+            assert!(warm.timings.cached_tokens > 0, "{q}: every chunk from the store");
+        }
+        assert!(warm.timings.cached_tokens < warm.timings.prompt_tokens);
         if b.chunks_reused > 0 {
             assert_eq!(warm.cache_level, CacheLevel::Kv);
             reused += 1;
