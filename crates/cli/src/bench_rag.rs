@@ -11,7 +11,9 @@
 //! knowledge abstracts and the query history are answered in advance, no KV tree) and
 //! `percache` (everything: both levels, refresh regeneration, prediction, and the cache
 //! scheduler choosing answer / prefill-only / skip per prediction and converting between the
-//! levels). An idle gap follows every ingest and every query: at most `--idle-units` units of
+//! levels), and `blend` (position-independent chunk reuse: each chunk's KV computed once and
+//! moved to wherever it lands, `--blend-ratio` of the moved tokens recomputed, CacheBlend;
+//! approximate, so its `=naive` count is its agreement; KL is `engram bench blend`'s). An idle gap follows every ingest and every query: at most `--idle-units` units of
 //! `engram_rag::PerCache::idle_unit` (each one prefill or one answer, never interrupted).
 //! Idle compute is reported apart as `idle_ms` (with the longest unit: how long a user request
 //! could wait behind one), in no query's latency. Reported per variant: mean and p50
@@ -72,6 +74,13 @@ pub struct Args {
     /// Worth of an idle millisecond against a user-facing one, in the scheduler's net benefit.
     #[arg(long, default_value_t = 0.2)]
     idle_weight: f64,
+    /// Share of moved chunk tokens the `blend` variant recomputes.
+    #[arg(long, default_value_t = engram_engine::DEFAULT_BLEND_RATIO)]
+    blend_ratio: f32,
+    /// Run only these variants (comma-separated names; default all). The goal line needs
+    /// `kv`, `qa`, `sleep` and `percache`.
+    #[arg(long)]
+    variants: Option<String>,
     /// One JSON object (summary, per user, per query).
     #[arg(long)]
     json: bool,
@@ -102,15 +111,17 @@ struct Variant {
     use_kv: bool,
     refresh: bool,
     idle: Option<bool>,
+    /// Chunk KV by position-independent reuse with recomputation instead of the exact tree.
+    blend: bool,
 }
 
 const fn v(name: &'static str, use_qa: bool, use_kv: bool, refresh: bool, idle: Option<bool>) -> Variant {
-    Variant { name, use_qa, use_kv, refresh, idle }
+    Variant { name, use_qa, use_kv, refresh, idle, blend: false }
 }
 
 /// `idle: Some(false)` is plain sleep-time compute (answer every prediction), `Some(true)` the
 /// cache scheduler.
-const VARIANTS: [Variant; 7] = [
+const VARIANTS: [Variant; 8] = [
     v("naive", false, false, false, None),
     v("kv", false, true, false, None),
     v("qa", true, false, false, None),
@@ -118,6 +129,7 @@ const VARIANTS: [Variant; 7] = [
     v("kv+qa+refresh", true, true, true, None),
     v("sleep", true, false, false, Some(false)),
     v("percache", true, true, false, Some(true)),
+    Variant { blend: true, ..v("blend", false, true, false, None) },
 ];
 
 impl Row {
@@ -148,8 +160,12 @@ pub fn run(mut a: Args) -> Result<()> {
     let users = synth::generate(&SynthConfig { seed: a.seed, users: a.users, topics_per_user: a.topics, ..SynthConfig::default() });
     let mut rows: Vec<Row> = Vec::new();
     let mut storage = serde_json::Map::new();
-    for var in &VARIANTS {
-        let Variant { name: variant, use_qa, use_kv, refresh, idle } = *var;
+    let only: Option<Vec<&str>> = a.variants.as_deref().map(|v| v.split(',').map(str::trim).collect());
+    if let Some(bad) = only.iter().flatten().find(|n| !VARIANTS.iter().any(|v| v.name == **n)) {
+        anyhow::bail!("unknown variant {bad:?}: expected one of {}", VARIANTS.map(|v| v.name).join(", "));
+    }
+    for var in VARIANTS.iter().filter(|v| only.as_ref().is_none_or(|o| o.contains(&v.name))) {
+        let Variant { name: variant, use_qa, use_kv, refresh, idle, blend } = *var;
         let (mut qa_bytes, mut tree_bytes, mut bank_bytes, mut ingest_ms, mut idle_ms) = (0usize, 0usize, 0u64, 0f64, 0f64);
         let mut idle_stats: Vec<engram_rag::IdleStats> = Vec::new();
         for user in &users {
@@ -159,6 +175,9 @@ pub fn run(mut a: Args) -> Result<()> {
             let qa = QaBank::open(&tmp.path().join("qa.bank"), engram_rag::DEFAULT_QA_CAP_BYTES)?;
             let tree = KvTree::new(model.fingerprint, pool.format(), pool.bytes_per_token(), pool.budget() / 2);
             let mut config = RagConfig { top_k: a.top_k, ..RagConfig::default() };
+            if blend {
+                config.chunk_reuse = engram_rag::ChunkReuse::parse("blend", a.blend_ratio)?;
+            }
             config.params.max_tokens = a.max_tokens;
             let mut rag = Rag::new(model.clone(), pool, bank, qa, tree, config);
             let opts = QueryOptions { use_qa, use_kv, threshold: a.threshold };
@@ -233,7 +252,7 @@ pub fn run(mut a: Args) -> Result<()> {
                 }
             }
             qa_bytes += rag.qa.stats().bytes;
-            tree_bytes += rag.tree.stats().bytes;
+            tree_bytes += rag.tree.stats().bytes + rag.chunks.stats().bytes;
             bank_bytes += rag.bank.stats().manifest_bytes + rag.bank.stats().index_bytes;
             if let Some(pc) = pc {
                 idle_ms += pc.stats().idle_ms;
@@ -264,6 +283,9 @@ fn report(a: &Args, users: &[synth::SynthUser], rows: &[Row], storage: serde_jso
     for Variant { name: variant, .. } in &VARIANTS {
         let variant = *variant;
         let r: Vec<&Row> = rows.iter().filter(|r| r.variant == variant).collect();
+        if r.is_empty() {
+            continue;
+        }
         let n = r.len().max(1) as f64;
         let lat: Vec<f64> = r.iter().map(|r| r.total_ms).collect();
         let ttft: Vec<f64> = r.iter().map(|r| r.ttft_ms).collect();

@@ -2,6 +2,7 @@
 //! module; this file only parses arguments and dispatches.
 
 mod api_keys;
+mod bench_blend;
 mod bench_cache;
 mod bench_context;
 mod bench_facts;
@@ -86,6 +87,8 @@ enum BenchCommand {
     Scenario(bench_scenario::Args),
     /// Personal RAG: naive vs chunk KV tree vs QA bank vs both, on a seeded synthetic corpus.
     Rag(bench_rag::Args),
+    /// RAG chunk KV moved to new positions with CacheBlend recomputation: KL, top-1 and prefill time vs the full prefill.
+    Blend(bench_blend::Args),
     /// Sparse attention over clustered KV (DynaKV, seed 002) vs exact and the baselines: quality and decode speed.
     Sparse(bench_sparse::Args),
     /// How long the engine waits on the disk store while a long session is saved (lock held vs staged save).
@@ -123,6 +126,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Facts(a) } => bench_facts::run(a),
         Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
         Command::Bench { which: BenchCommand::Rag(a) } => bench_rag::run(a),
+        Command::Bench { which: BenchCommand::Blend(a) } => bench_blend::run(a),
         Command::Bench { which: BenchCommand::Sparse(a) } => bench_sparse::run(a),
         Command::Bench { which: BenchCommand::SaveStall(a) } => bench_save_stall::run(a),
     };

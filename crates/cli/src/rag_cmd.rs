@@ -46,6 +46,14 @@ enum Which {
         /// Skip the QA bank (always generate).
         #[arg(long)]
         no_qa: bool,
+        /// Chunk KV reuse: `prefix` (the exact chunk KV tree) or `blend` (each chunk's KV
+        /// computed once, moved to where it lands, the most-deviating `--blend-ratio` of moved
+        /// tokens recomputed; approximate). Blend's chunk store lives in RAM (not persisted).
+        #[arg(long, default_value = "prefix")]
+        chunk_reuse: String,
+        /// Share of moved chunk tokens recomputed in `blend` mode (0: none, 1: the full prefill).
+        #[arg(long, default_value_t = engram_engine::DEFAULT_BLEND_RATIO)]
+        blend_ratio: f32,
         #[command(flatten)]
         sampling: SamplingArgs,
     },
@@ -126,7 +134,8 @@ pub fn run(a: Args) -> Result<()> {
                 bail!("{failed} of {} file(s) refused (nothing stored for them)", paths.len());
             }
         }
-        Which::Query { text, threshold, chunks, no_qa, sampling } => {
+        Which::Query { text, threshold, chunks, no_qa, chunk_reuse, blend_ratio, sampling } => {
+            let chunk_reuse = engram_rag::ChunkReuse::parse(&chunk_reuse, blend_ratio)?;
             let enc = encoder(&a.embedder)?;
             let bank = open_bank(&root, enc)?;
             let qa = QaBank::open(&qa_path, DEFAULT_QA_CAP_BYTES)?;
@@ -138,7 +147,7 @@ pub fn run(a: Args) -> Result<()> {
             for (f, why) in tree.load(&tree_dir, &pool, model.config.vocab).rejected {
                 eprintln!("warning: chunk KV file {} not used: {why}", f.display());
             }
-            let config = RagConfig { top_k: chunks, params: sampling.params(), ..RagConfig::default() };
+            let config = RagConfig { top_k: chunks, params: sampling.params(), chunk_reuse, ..RagConfig::default() };
             let mut rag = Rag::new(model, pool, bank, qa, tree, config);
             let ans = rag.query(&text, &QueryOptions { use_qa: !no_qa, use_kv: true, threshold })?;
             rag.tree.save(&tree_dir).with_context(|| format!("saving the chunk KV tree to {}", tree_dir.display()))?;

@@ -11,6 +11,7 @@
 //! Architecture invariant: the engine owns sequences and their caches; the
 //! model stays immutable and shared, the KV store stays ignorant of text.
 
+pub mod blend;
 mod decoding;
 pub mod draft_model;
 pub mod dual;
@@ -27,6 +28,7 @@ pub mod speculate;
 mod stop;
 pub mod summarize;
 
+pub use blend::{blend, BlendReport, DEFAULT_BLEND_RATIO};
 pub use decoding::{Accepted, Decoding};
 pub use draft_model::{DraftModel, DraftState};
 pub use dual::{DualStats, DualStream, FactSegment, Relevance};

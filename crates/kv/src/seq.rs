@@ -281,21 +281,7 @@ impl SeqKv {
         if slots.is_empty() {
             return Ok(());
         }
-        let (b0, b1) = (slots.start / BLOCK_TOKENS, (slots.end - 1) / BLOCK_TOKENS);
-        let shared = |b: &Arc<Block>| Arc::strong_count(b) > 1 || b.is_mapped();
-        let copies = self.blocks[b0..=b1].iter().filter(|b| shared(b)).count();
-        let window_copy = self.tail.as_ref().is_some_and(|t| (b0..=b1).contains(&t.block) && Arc::strong_count(t) > 1);
-        self.pool.try_charge(copies * self.pool.block_bytes() + if window_copy { self.pool.tail_bytes() } else { 0 })?;
-        for bi in b0..=b1 {
-            if shared(&self.blocks[bi]) {
-                let len = self.blocks[bi].len;
-                self.blocks[bi] = Arc::new(self.pool.charged_block(LineBytes::copy_of(self.blocks[bi].bytes()), len));
-            }
-        }
-        if window_copy {
-            let t = self.tail.take().expect("checked above");
-            self.tail = Some(Arc::new(t.charged_copy()));
-        }
+        self.unshare(slots.clone())?;
         let layout = self.pool.layout();
         let (hd, w) = (layout.head_dim, layout.num_kv_heads * layout.head_dim);
         let deltas: Vec<i64> = slots.clone().enumerate().map(|(i, s)| (new_first + i) as i64 - self.position(s) as i64).collect();
@@ -331,6 +317,67 @@ impl SeqKv {
             p[s] = (new_first + i) as u32;
         }
         Ok(())
+    }
+
+    /// Makes the blocks (and the recent window) holding `slots` this sequence's own: shared or
+    /// mapped ones are copied (charged; all or nothing), so writing them in place changes no
+    /// other sequence. Invariant: afterwards [`SeqKv::overwrite`] of those slots cannot panic.
+    pub fn unshare(&mut self, slots: std::ops::Range<usize>) -> Result<(), KvError> {
+        assert!(slots.end <= self.len, "unshare: slots past the end");
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let (b0, b1) = (slots.start / BLOCK_TOKENS, (slots.end - 1) / BLOCK_TOKENS);
+        let shared = |b: &Arc<Block>| Arc::strong_count(b) > 1 || b.is_mapped();
+        let copies = self.blocks[b0..=b1].iter().filter(|b| shared(b)).count();
+        let window_copy = self.tail.as_ref().is_some_and(|t| (b0..=b1).contains(&t.block) && Arc::strong_count(t) > 1);
+        self.pool.try_charge(copies * self.pool.block_bytes() + if window_copy { self.pool.tail_bytes() } else { 0 })?;
+        for bi in b0..=b1 {
+            if shared(&self.blocks[bi]) {
+                let len = self.blocks[bi].len;
+                self.blocks[bi] = Arc::new(self.pool.charged_block(LineBytes::copy_of(self.blocks[bi].bytes()), len));
+            }
+        }
+        if window_copy {
+            let t = self.tail.take().expect("checked above");
+            self.tail = Some(Arc::new(t.charged_copy()));
+        }
+        Ok(())
+    }
+
+    /// Replaces the keys and values of `layer` for the stored slots `first_slot ..
+    /// first_slot + num_tokens` (token-major f32, keys already rotated for the slots'
+    /// positions), leaving the length and positions as they are: selective recomputation
+    /// writes fresh KV over reused rows. Panics if a slot is past the end or its block is
+    /// shared (call [`SeqKv::unshare`] first).
+    pub fn overwrite(&mut self, layer: usize, first_slot: usize, keys: &[f32], values: &[f32], num_tokens: usize) {
+        assert!(first_slot + num_tokens <= self.len, "overwrite: slots past the end");
+        let w = self.pool.layout().num_kv_heads * self.pool.layout().head_dim;
+        for t in 0..num_tokens {
+            self.encode_slot(layer, first_slot + t, &keys[t * w..(t + 1) * w], &values[t * w..(t + 1) * w]);
+        }
+    }
+
+    /// Encodes one token's rows of `layer` into its block (and the recent window holding it).
+    fn encode_slot(&mut self, layer: usize, pos: usize, ks: &[f32], vs: &[f32]) {
+        let layout = self.pool.layout();
+        let hd = layout.head_dim;
+        let elem = self.pool.elem();
+        let (sec, tsec) = (self.pool.section_bytes(), self.pool.tail_section_bytes());
+        let (bi, slot) = (pos / BLOCK_TOKENS, pos % BLOCK_TOKENS);
+        let block = Arc::get_mut(&mut self.blocks[bi]).expect("SeqKv::write: block not reserved or still shared");
+        let bytes = block.bytes_mut().expect("SeqKv::write: reserve() un-maps the block it writes");
+        encode_token(bytes, elem, sec, layer, slot, ks, vs, hd);
+        block.len = block.len.max(slot + 1);
+        if self.tail.as_mut().is_some_and(|tl| tl.block == bi && Arc::get_mut(tl).is_none()) {
+            // Shared since `reserve` (a fork taken mid-step): fall back to the quantized
+            // block, which holds every row, rather than write into the other's window.
+            self.tail = None;
+        }
+        if let Some(tail) = self.tail.as_mut().filter(|tl| tl.block == bi) {
+            let tail = Arc::get_mut(tail).expect("unshared just above");
+            encode_token(&mut tail.bytes, KvElem::F16, tsec, layer, slot, ks, vs, hd);
+        }
     }
 
     /// Keys and values of slots `range` (positions, unless moved) for `layer`, token-major
@@ -401,27 +448,9 @@ impl SeqKv {
 impl KvCache for SeqKv {
     fn write(&mut self, layer: usize, first_pos: usize, keys: &[f32], values: &[f32], num_tokens: usize) {
         let layout = self.pool.layout();
-        let (hd, nh) = (layout.head_dim, layout.num_kv_heads);
-        let elem = self.pool.elem();
-        let (sec, tsec) = (self.pool.section_bytes(), self.pool.tail_section_bytes());
-        let w = nh * hd;
+        let w = layout.num_kv_heads * layout.head_dim;
         for t in 0..num_tokens {
-            let pos = first_pos + t;
-            let (bi, slot) = (pos / BLOCK_TOKENS, pos % BLOCK_TOKENS);
-            let (ks, vs) = (&keys[t * w..(t + 1) * w], &values[t * w..(t + 1) * w]);
-            let block = Arc::get_mut(&mut self.blocks[bi]).expect("SeqKv::write: block not reserved or still shared");
-            let bytes = block.bytes_mut().expect("SeqKv::write: reserve() un-maps the block it writes");
-            encode_token(bytes, elem, sec, layer, slot, ks, vs, hd);
-            block.len = block.len.max(slot + 1);
-            if self.tail.as_mut().is_some_and(|tl| tl.block == bi && Arc::get_mut(tl).is_none()) {
-                // Shared since `reserve` (a fork taken mid-step): fall back to the quantized
-                // block, which holds every row, rather than write into the other's window.
-                self.tail = None;
-            }
-            if let Some(tail) = self.tail.as_mut().filter(|tl| tl.block == bi) {
-                let tail = Arc::get_mut(tail).expect("unshared just above");
-                encode_token(&mut tail.bytes, KvElem::F16, tsec, layer, slot, ks, vs, hd);
-            }
+            self.encode_slot(layer, first_pos + t, &keys[t * w..(t + 1) * w], &values[t * w..(t + 1) * w]);
         }
         // Layer 0 is written first in every step, so from then on the step's
         // tokens count as stored (later layers' attention must see them).

@@ -72,6 +72,23 @@ impl Model {
     /// [`Logits::None`], `vocab` floats for `Last`, `tokens * vocab` for `All`;
     /// for `Hidden`, `tokens * hidden` final-normed states (no LM head).
     pub fn forward(&self, seqs: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.run_layers(seqs, None)
+    }
+
+    /// Runs layers `0..last_layer` of one step whole and layer `last_layer` only as far as
+    /// writing its keys and values to the caches, then stops (no logits; `Logits` is
+    /// ignored). Invariant: every cache write it makes is the one [`Model::forward`] makes for
+    /// the same step (same code path, cut short). CacheBlend-style selective recomputation
+    /// uses it to read a deep layer's fresh K/V of every reused token at a fraction of a
+    /// forward pass.
+    pub fn write_kv_through(&self, seqs: &mut [SeqStep<'_>], last_layer: usize) -> Result<()> {
+        if last_layer >= self.config.num_layers {
+            return Err(ModelError::BadInput(format!("layer {last_layer} of {}", self.config.num_layers)));
+        }
+        self.run_layers(seqs, Some(last_layer)).map(|_| ())
+    }
+
+    fn run_layers(&self, seqs: &mut [SeqStep<'_>], stop_after_write: Option<usize>) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if total == 0 {
@@ -147,6 +164,9 @@ impl Model {
                 let n = s.tokens.len();
                 s.kv.write(li, s.first_pos, &k[row0 * kvw..(row0 + n) * kvw], &v[row0 * kvw..(row0 + n) * kvw], n);
                 row0 += n;
+            }
+            if stop_after_write == Some(li) {
+                return Ok(Vec::new());
             }
 
             // One task per (sequence, kv head): disjoint outputs, shared read-only caches.

@@ -35,6 +35,7 @@
 mod bank;
 mod bm25;
 pub mod chunk;
+pub mod chunk_store;
 mod envelope;
 mod error;
 pub mod idle;
@@ -48,12 +49,15 @@ pub mod retrieve;
 pub mod synth;
 
 pub use bank::{BankStats, ChunkEntry, ChunkId, DocEntry, IngestReport, KnowledgeBank, MANIFEST_FILE};
+pub use chunk_store::{Assembled, ChunkStore, ChunkStoreStats};
 pub use error::{RagError, Result};
 pub use idle::{IdleConfig, IdleStats, PerCache, UnitKind, UnitReport};
 pub use kv_tree::{tree_dir, KvTree, LoadReport, SegKey, TreeStats};
 pub use library::{Library, Pending, Plan};
 pub use parse::{DocKind, ParsedDoc};
-pub use pipeline::{build_prompt, Answer, AnswerTimings, CacheLevel, Prompt, QueryOptions, Rag, RagConfig, DEFAULT_SYSTEM_PROMPT};
+pub use pipeline::{
+    build_prompt, Answer, AnswerTimings, BlendStats, CacheLevel, ChunkReuse, Prompt, QueryOptions, Rag, RagConfig, DEFAULT_SYSTEM_PROMPT,
+};
 pub use policy::{PromptSegments, SegmentRegistry, TreeCounters, TreePolicy, RAG_OWNER_MARK};
 pub use qa::{QaBank, QaEntry, QaHit, QaStats, DEFAULT_QA_CAP_BYTES, DEFAULT_THRESHOLD};
 pub use retrieve::Retrieved;

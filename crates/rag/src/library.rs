@@ -140,6 +140,7 @@ impl Library {
             matched_query: None,
             kv_segments,
             timings,
+            blend: None,
         })
     }
 }

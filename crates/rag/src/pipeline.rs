@@ -19,6 +19,7 @@ use engram_kv::KvPool;
 use engram_model::Model;
 
 use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
+use crate::chunk_store::ChunkStore;
 use crate::error::{RagError, Result};
 use crate::kv_tree::{KvTree, SegKey};
 use crate::parse::DocKind;
@@ -35,6 +36,48 @@ pub struct RagConfig {
     pub top_k: usize,
     pub system_prompt: String,
     pub params: SamplingParams,
+    /// How chunk KV is reused when the KV cache is on (default: exact prefix reuse).
+    pub chunk_reuse: ChunkReuse,
+}
+
+/// How a prompt reuses chunk KV.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "lowercase", tag = "mode")]
+pub enum ChunkReuse {
+    /// The chunk KV tree: the longest stored prefix of (system, chunks…), exact (lossless).
+    #[default]
+    Prefix,
+    /// Position-independent: every chunk's KV from the [`ChunkStore`], moved into place,
+    /// then the `ratio` most-deviating moved tokens recomputed (CacheBlend; approximate unless
+    /// `ratio` is 1).
+    Blend { ratio: f32 },
+}
+
+impl ChunkReuse {
+    /// `prefix`, or `blend` with `ratio` (in `[0, 1]`).
+    pub fn parse(mode: &str, ratio: f32) -> Result<ChunkReuse> {
+        match mode {
+            "prefix" => Ok(ChunkReuse::Prefix),
+            "blend" if (0.0..=1.0).contains(&ratio) => Ok(ChunkReuse::Blend { ratio }),
+            "blend" => Err(RagError::bad_input("blend ratio", format!("{ratio} is not in [0, 1]"))),
+            other => Err(RagError::bad_input("chunk reuse", format!("{other:?}: expected prefix or blend"))),
+        }
+    }
+}
+
+/// What a blended prompt reused and recomputed.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct BlendStats {
+    pub ratio: f32,
+    pub chunks_reused: usize,
+    pub chunks_computed: usize,
+    /// Tokens of moved chunks, of them recomputed, and run through the probe layers.
+    pub moved_tokens: usize,
+    pub recomputed_tokens: usize,
+    pub probed_tokens: usize,
+    /// Assembly (store lookups, chunk prefills, moves) and recomputation, in milliseconds.
+    pub assemble_ms: f64,
+    pub recompute_ms: f64,
 }
 
 impl Default for RagConfig {
@@ -43,6 +86,7 @@ impl Default for RagConfig {
             top_k: 3,
             system_prompt: DEFAULT_SYSTEM_PROMPT.into(),
             params: SamplingParams { max_tokens: 32, ..SamplingParams::default() },
+            chunk_reuse: ChunkReuse::Prefix,
         }
     }
 }
@@ -104,6 +148,8 @@ pub struct Answer {
     /// Segments of the prompt served from the KV tree (system prompt included).
     pub kv_segments: usize,
     pub timings: AnswerTimings,
+    /// For a blended prompt ([`ChunkReuse::Blend`]): what was reused and recomputed.
+    pub blend: Option<BlendStats>,
 }
 
 impl Answer {
@@ -120,6 +166,7 @@ impl Answer {
             matched_query: Some(e.query),
             kv_segments: 0,
             timings,
+            blend: None,
         }
     }
 }
@@ -140,13 +187,16 @@ pub struct Rag {
     pub bank: KnowledgeBank,
     pub qa: QaBank,
     pub tree: KvTree,
+    /// Chunks' KV for position-independent reuse (same cap as the tree's; RAM only).
+    pub chunks: ChunkStore,
     pub config: RagConfig,
 }
 
 impl Rag {
     /// A pipeline over `model`, its KV in `pool`.
     pub fn new(model: Arc<Model>, pool: KvPool, bank: KnowledgeBank, qa: QaBank, tree: KvTree, config: RagConfig) -> Rag {
-        Rag { model, pool, bank, qa, tree, config }
+        let chunks = ChunkStore::new(model.fingerprint, pool.format(), pool.bytes_per_token(), tree.stats().cap_bytes);
+        Rag { model, pool, bank, qa, tree, chunks, config }
     }
 
     /// The model.
@@ -223,6 +273,7 @@ impl Rag {
         refresh_qa(&self.bank, &mut self.qa, added, self.config.top_k)?;
         let gone: Vec<SegKey> = removed.iter().map(|c| c.0.clone()).collect();
         self.tree.forget_chunks(&gone);
+        self.chunks.forget_chunks(&gone);
         Ok(())
     }
 
@@ -254,6 +305,9 @@ impl Rag {
         let chunk_ids: Vec<ChunkId> = retrieved.iter().map(|r| r.chunk.clone()).collect();
         let prompt = self.build_prompt(question, &chunk_ids)?;
         timings.retrieve_ms = ms(t1);
+        if let (true, ChunkReuse::Blend { ratio }) = (opts.use_kv, self.config.chunk_reuse) {
+            return self.answer_blended(question, qv, prompt, ratio, opts, t0, timings);
+        }
         let (fp, fmt) = (self.model.fingerprint, self.pool.format());
         let m = if opts.use_kv { Some(self.tree.lookup(fp, fmt, &prompt.path)) } else { None };
         let kv_segments = m.as_ref().map_or(0, |m| m.segments);
@@ -287,6 +341,67 @@ impl Rag {
             matched_query: None,
             kv_segments,
             timings,
+            blend: None,
+        })
+    }
+
+    /// The rest of [`Rag::query`] in blend mode: the prompt's chunk KV from the chunk store,
+    /// moved into place and partly recomputed, then the question prefilled and the answer
+    /// decoded. The exact KV tree is neither read nor filled (its entries must stay exact).
+    #[allow(clippy::too_many_arguments)]
+    fn answer_blended(
+        &mut self,
+        question: &str,
+        qv: Vec<f32>,
+        prompt: Prompt,
+        ratio: f32,
+        opts: &QueryOptions,
+        t0: Instant,
+        mut timings: AnswerTimings,
+    ) -> Result<Answer> {
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let mut a = self.chunks.assemble(&self.model, &self.pool, &prompt)?;
+        let assemble_ms = ms(t1);
+        let t2 = Instant::now();
+        let r = engram_engine::blend(&self.model, &mut a.kv, &a.tokens, &a.moved, ratio)?;
+        let stats = BlendStats {
+            ratio,
+            chunks_reused: a.chunks_reused,
+            chunks_computed: a.chunks_computed,
+            moved_tokens: r.moved_tokens,
+            recomputed_tokens: r.recomputed_tokens,
+            probed_tokens: r.probed_tokens,
+            assemble_ms,
+            recompute_ms: ms(t2),
+        };
+        let tokens_computed = a.tokens_computed.min(a.tokens.len());
+        let mut gen = Generator::from_parts(&self.model, a.kv, a.tokens);
+        let before_gen = ms(t0);
+        let g = gen.generate(&prompt.tokens, &self.config.params, &mut |_| true)?;
+        timings.ttft_ms = before_gen + g.timings.ttft_ms;
+        timings.prompt_tokens = g.timings.prompt_tokens;
+        // Tokens whose KV came from the store (those this call prefilled into it are not).
+        timings.cached_tokens = g.timings.cached_tokens.saturating_sub(tokens_computed);
+        timings.decode_tokens = g.tokens.len();
+        let sources = self.documents_of(&prompt.chunks);
+        if opts.use_qa {
+            self.qa.insert(question, qv, &g.text, g.tokens.clone(), prompt.chunks.clone(), sources.clone(), self.bank.generation());
+            self.qa.save()?;
+        }
+        timings.total_ms = ms(t0);
+        let kv_segments = if a.chunks_reused > 0 { 1 + a.chunks_reused } else { 0 };
+        Ok(Answer {
+            text: g.text,
+            tokens: g.tokens,
+            sources,
+            chunks: prompt.chunks,
+            cache_level: if a.chunks_reused > 0 { CacheLevel::Kv } else { CacheLevel::None },
+            similarity: None,
+            matched_query: None,
+            kv_segments,
+            timings,
+            blend: Some(stats),
         })
     }
 }
