@@ -4,7 +4,7 @@
 //!
 //! Run: `cargo bench --release -p engram-kernels --bench packed` (or the built binary
 //! `target/release/deps/packed-* --bench`). Filters: `ENGRAM_DTYPES=q8_0,q4_0`,
-//! `ENGRAM_TOKENS=1,4,64`. Each figure is the best of repeated calls over ~0.3 s; the
+//! `ENGRAM_TOKENS=1,4,64`, `ENGRAM_KIB=16` (the resident matrix's size; default 256). Each figure is the best of repeated calls over ~0.3 s; the
 //! `×1` column is the cost of one call over the 1-token call's (4 tokens at 4.0× = no reuse).
 //! To compare two kernels, build this bench from each tree and run the binaries alternately.
 
@@ -49,6 +49,7 @@ fn main() {
         Ok(v) => v.split(',').map(|t| t.trim().parse().expect("ENGRAM_TOKENS: numbers")).collect(),
         Err(_) => vec![1, 2, 3, 4, 8, 16, 64],
     };
+    let kib: usize = std::env::var("ENGRAM_KIB").map(|v| v.parse().expect("ENGRAM_KIB: a number")).unwrap_or(256);
     let threads = num_threads();
     println!("L2-resident, 1 thread: ns per row-token (x1 = one call's time / the 1-token call's)");
     println!("| format | rows x cols | KiB | tokens | ns/row-token | x1 |");
@@ -57,7 +58,7 @@ fn main() {
     set_num_threads(1);
     for &d in &dtypes {
         let rb = d.row_bytes(cols).unwrap();
-        let rows = (256 * 1024 / rb) / 8 * 8;
+        let rows = ((kib * 1024 / rb) / 8 * 8).max(8);
         let bytes = make(d, rows, cols);
         let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
         let p = Packed::new(&wm).unwrap();
