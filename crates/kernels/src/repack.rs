@@ -5,13 +5,15 @@
 //! Layout, per group of 8 consecutive rows `8g..8g+8`, then per block `i` of the row
 //! (groups are stored one after another, a group's blocks in column order):
 //! * the 8 rows' f16 scales `d` (16 bytes), row order;
-//! * Q4_0: four 32-byte pairs, pair `k` = row `k`'s 16 nibble bytes then row `k + 4`'s
-//!   (144 bytes per group-block, the same 18 bytes per row-block as the file);
-//! * Q8_0: the 8 rows' 32 `i8` values, row order (272 bytes per group-block, 34 per row-block).
+//! * then the rows' quant bytes in 32-byte registers of 4 bytes × 8 rows: byte `b` of row `r`
+//!   at `16 + 32·(b / 4) + 4·r + b % 4` (Q4_0: 4 registers, 144 bytes per group-block, the same
+//!   18 bytes per row-block as the file; Q8_0: 8 registers, 272 bytes, 34 per row-block).
 //!
-//! One pass over a group-block dots one activation block against 8 rows: the pair layout
-//! puts row `k` in a register's low 128 bits and row `k + 4` in its high bits, so two rounds
-//! of `vphaddd` leave the 8 rows' integer sums in lane order with no shuffle of the weights.
+//! One pass over a group-block dots one activation block against 8 rows with no horizontal
+//! sum: 32-bit lane `r` of every register belongs to row `r`, the activation's matching 4
+//! bytes are broadcast to all lanes, and vertical adds leave the 8 rows' exact integer sums
+//! in lane order (Q4_0 register `j` holds elements `4j..4j+4` in its low nibbles and
+//! `16+4j..16+4j+4` in its high nibbles).
 //!
 //! Invariant: a packed matrix holds exactly the bytes of its source (`Packed::unpack_row`
 //! gives every source row back, byte for byte; `tests/repack.rs`), and the packed kernel's
@@ -60,7 +62,6 @@ impl Packed {
         let bb = w.dtype.block_bytes();
         let gbb = group_block_bytes(w.dtype);
         let mut bytes = vec![0u8; w.rows / GROUP_ROWS * nb * gbb];
-        let q4 = w.dtype == DType::Q4_0;
         let k = matches!(w.dtype, DType::Q4K | DType::Q6K);
         let pack_group = |(g, gdst): (usize, &mut [u8])| {
             for (i, dst) in gdst.chunks_exact_mut(gbb).enumerate() {
@@ -71,9 +72,9 @@ impl Packed {
                         continue;
                     }
                     dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
-                    let q = &src[2..];
-                    let at = if q4 { 16 + 32 * (r % 4) + 16 * (r / 4) } else { 16 + 32 * r };
-                    dst[at..at + q.len()].copy_from_slice(q);
+                    for (b, &q) in src[2..].iter().enumerate() {
+                        dst[quant_at(r, b)] = q;
+                    }
                 }
             }
         };
@@ -128,13 +129,18 @@ impl Packed {
         if matches!(self.dtype, DType::Q4K | DType::Q6K) {
             return self.group(g).chunks_exact(gbb).flat_map(|b| unpack_block(self.dtype, k, b)).collect();
         }
-        let q4 = self.dtype == DType::Q4_0;
-        let at = if q4 { 16 + 32 * (k % 4) + 16 * (k / 4) } else { 16 + 32 * k };
         self.group(g)
             .chunks_exact(gbb)
-            .flat_map(|b| b[2 * k..2 * k + 2].iter().chain(&b[at..at + bb - 2]).copied().collect::<Vec<_>>())
+            .flat_map(|b| b[2 * k..2 * k + 2].iter().copied().chain((0..bb - 2).map(|q| b[quant_at(k, q)])).collect::<Vec<_>>())
             .collect()
     }
+}
+
+/// Where quant byte `b` of row `r` sits in a Q4_0 / Q8_0 group-block: after the 16 bytes of
+/// scales, 32-byte registers of 4 bytes × 8 rows (lane `r` of register `b / 4`).
+#[inline]
+pub(crate) fn quant_at(r: usize, b: usize) -> usize {
+    16 + 32 * (b / 4) + 4 * r + b % 4
 }
 
 /// Bytes of one 8-row group-block: 8 scales and 8 rows of quants (K-quants: `repack_k.rs`).

@@ -70,3 +70,43 @@ fn packed_matrices_in_matmul_multi_equal_separate_calls() {
     }
     assert_multi_equals_separate(&[(DType::Q4_0, 256), (DType::Q4_0, 64), (DType::Q8_0, 128), (DType::Q4_0, 36)], 3);
 }
+
+/// The integer bounds the lane-per-row kernels rely on: Q4_0 nibbles all 15 (its four
+/// registers' i16 sums reach 4 · 2 · 15 · 127 · 2 = 30,480 of 32,767) or all 0, Q8_0 values at
+/// −128 / +127 (the sign trick's |w| = 128), against activations at ±full scale (±127) and
+/// mixed signs; random bytes elsewhere. Bitwise = the scalar reference for 1..9 tokens.
+#[test]
+fn packed_avx2_is_exact_at_the_integer_bounds() {
+    if !Isa::Avx2.is_available() {
+        return;
+    }
+    let (rows, cols) = (16usize, 256usize);
+    for d in [DType::Q4_0, DType::Q8_0] {
+        let bb = d.block_bytes();
+        let mut bytes = quantize(d, &data(rows * cols, 11), cols).unwrap();
+        for (k, b) in bytes.chunks_exact_mut(bb).enumerate() {
+            let fill: u8 = match (d, k % 4) {
+                (DType::Q4_0, 0) => 0xFF,
+                (DType::Q4_0, 1) => 0x00,
+                (DType::Q8_0, 0) => 0x80,
+                (DType::Q8_0, 1) => 0x7F,
+                _ => continue,
+            };
+            b[2..].iter_mut().for_each(|q| *q = fill);
+        }
+        let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+        let p = Packed::new(&wm).unwrap();
+        let wp = wm.with_packed(&p);
+        for n in [1usize, 4, 9] {
+            let mut x = data(n * cols, 40 + n as u64);
+            for (t, row) in x.chunks_exact_mut(cols).enumerate() {
+                match t % 3 {
+                    0 => row.iter_mut().for_each(|v| *v = 1.5),
+                    1 => row.iter_mut().enumerate().for_each(|(k, v)| *v = if (k / 3) % 2 == 0 { -2.0 } else { 2.0 }),
+                    _ => {}
+                }
+            }
+            assert_packed_equals_scalar(&wm, &wp, &x, n);
+        }
+    }
+}
