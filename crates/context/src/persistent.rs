@@ -25,6 +25,9 @@
 
 use std::ops::Range;
 
+mod file;
+pub use file::{stream_file_name, StreamFileError};
+
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{KeyMask, Logits, Model, SeqStep};
 
