@@ -194,13 +194,21 @@ impl DualStream {
     /// then mapped back, so every thread attends one copy of it in the page cache; after a
     /// restart a stream is restored from its file (as far as it agrees with the stream's
     /// tokens) instead of prefilled. A damaged or foreign file is refused with a warning and
-    /// the stream prefilled. Errors: the directory cannot be created.
+    /// the stream prefilled. Threads' rings are kept there too ([`RingStore`]): saved as their
+    /// turns retire, restored at a thread's first turn after a restart. Errors: the directory
+    /// cannot be created or the ring writer started.
     pub fn with_dir(mut self, dir: impl Into<std::path::PathBuf>) -> std::io::Result<DualStream> {
+        self.set_dir(dir)?;
+        Ok(self)
+    }
+
+    /// [`DualStream::with_dir`] on a policy already built; on error it stays in RAM only.
+    pub fn set_dir(&mut self, dir: impl Into<std::path::PathBuf>) -> std::io::Result<()> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
         self.rings = Some(RingStore::open(&dir, &engram_kv::cache_fingerprint(self.model.fingerprint, self.pool.format()))?);
         self.dir = Some(dir);
-        Ok(self)
+        Ok(())
     }
 
     /// Waits until every ring queued for writing is on disk (tests, benches, shutdown).
