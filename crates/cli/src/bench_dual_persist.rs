@@ -33,7 +33,7 @@ pub struct Args {
     anchor_tokens: usize,
     /// Threads of the user (the seed's question: 1 and 8).
     #[arg(long, default_value_t = 8)]
-    threads: usize,
+    user_threads: usize,
     /// Restarts timed (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -91,19 +91,19 @@ fn run_mode(a: &Args, mode: &str) -> Result<serde_json::Value> {
     };
     let mut p = policy(mode == "mapped")?;
     let user = |t: usize| if mode == "copy" { format!("user-{t}") } else { "user".to_string() };
-    for t in 0..a.threads {
+    for t in 0..a.user_threads {
         p.set_anchors(&user(t), anchors.clone());
     }
     let before = rss();
     let first_ms = admit(&mut p, &model, &user(0), "thread-0")?;
     let (one, pool_one) = (rss(), pool.used());
-    for t in 1..a.threads {
+    for t in 1..a.user_threads {
         admit(&mut p, &model, &user(t), &format!("thread-{t}"))?;
     }
     let (all, pool_all) = (rss(), pool.used());
-    let per = |x: u64, y: u64| (y as f64 - x as f64) / (a.threads.max(2) - 1) as f64;
+    let per = |x: u64, y: u64| (y as f64 - x as f64) / (a.user_threads.max(2) - 1) as f64;
     let mut line = serde_json::json!({
-        "mode": mode, "anchor_tokens": a.anchor_tokens, "threads": a.threads,
+        "mode": mode, "anchor_tokens": a.anchor_tokens, "threads": a.user_threads,
         "stream_bytes": pool.bytes_per_token() * a.anchor_tokens,
         "rss_anon_before": before.0, "rss_file_before": before.1,
         "rss_anon_1": one.0, "rss_file_1": one.1, "rss_anon_n": all.0, "rss_file_n": all.1,
@@ -154,9 +154,11 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     let mib = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / (1 << 20) as f64;
-    let n = a.threads;
+    let n = a.user_threads;
     println!("persistent stream: {} tokens, {:.2} MiB of KV; {n} threads of one user", a.anchor_tokens, mib(&lines[0]["stream_bytes"]));
-    println!("| mode | RSS anon+file MiB, 1 thread | {n} threads | RSS MiB per extra thread | KV pool MiB per extra thread | first request ms |");
+    println!(
+        "| mode | RSS anon+file MiB, 1 thread | {n} threads | RSS MiB per extra thread | KV pool MiB per extra thread | first request ms |"
+    );
     println!("|---|---|---|---|---|---|");
     for l in &lines {
         let total = |k1: &str, k2: &str| mib(&l[k1]) + mib(&l[k2]);

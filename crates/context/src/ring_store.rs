@@ -10,7 +10,11 @@
 //!  save:  new or moved turns' files written  →  manifest renamed over the old  →  files it no longer names deleted
 //! ```
 //! A turn's KV depends on its position (keys are stored after RoPE), so a turn moved since it
-//! was last written (an eviction before it) gets a new file; an unmoved one keeps its file.
+//! was last written (an eviction before it) or replaced in place (a state entry) gets a new
+//! file; an unmoved one keeps its file.
+//!
+//! NOTE: a turn moved away and back to the same position between two saves keeps its older
+//! file, whose keys differ from the moved ones by the rotations' float rounding only.
 //!
 //! Invariant: a restore yields exactly the turns, tokens, positions, embeddings and carry
 //! that were saved, with each turn's KV bytes as written (every entry check passed and its
@@ -41,7 +45,8 @@ struct TurnRecord {
     file: String,
     tokens: Vec<u32>,
     first_position: usize,
-    embedding: Option<Vec<f32>>,
+    /// The embedding's floats as their bits: exact, NaN included (JSON has no NaN).
+    embedding: Option<Vec<u32>>,
     pinned: bool,
     saved_unix: u64,
 }
@@ -91,8 +96,9 @@ pub struct RingStore {
     fingerprint: String,
     tx: Option<Sender<Job>>,
     writer: Option<JoinHandle<()>>,
-    /// Per thread, the file holding each turn's KV and the position it was written at.
-    saved: HashMap<(String, String), HashMap<u64, (usize, String)>>,
+    /// Per thread, the file holding each turn's KV, with the position and tokens it was
+    /// written with (a state entry replaced in place keeps its id: its tokens tell).
+    saved: HashMap<(String, String), HashMap<u64, (usize, Vec<u32>, String)>>,
     counter: u64,
 }
 
@@ -157,7 +163,7 @@ impl RingStore {
         for t in ring.turns() {
             let first = t.first_position();
             let file = match old.get(&t.id) {
-                Some((pos, file)) if *pos == first => file.clone(),
+                Some((pos, tokens, file)) if *pos == first && *tokens == t.tokens => file.clone(),
                 _ => {
                     self.counter += 1;
                     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -179,13 +185,13 @@ impl RingStore {
                 file: file.clone(),
                 tokens: t.tokens.clone(),
                 first_position: first,
-                embedding: t.embedding.clone(),
+                embedding: t.embedding.as_ref().map(|e| e.iter().map(|x| x.to_bits()).collect()),
                 pinned: t.pinned,
                 saved_unix: now_unix(),
             });
-            now.insert(t.id, (first, file));
+            now.insert(t.id, (first, t.tokens.clone(), file));
         }
-        let keep = now.values().map(|(_, f)| f.clone()).collect();
+        let keep = now.values().map(|(_, _, f)| f.clone()).collect();
         let manifest =
             Manifest { owner: owner.to_string(), thread: thread.to_string(), fingerprint: self.fingerprint.clone(), carry, turns: records };
         let json = serde_json::to_vec(&manifest).expect("manifests serialize");
@@ -252,7 +258,12 @@ impl RingStore {
             }
             let positions: Vec<u32> = (r.first_position..r.first_position + kv.len()).map(|p| p as u32).collect();
             engram_model::KvCache::place(&mut kv, 0, &positions).map_err(|e| bad(&e))?;
-            turns.push(RestoredTurn { tokens: r.tokens.clone(), kv, embedding: r.embedding.clone(), pinned: r.pinned });
+            turns.push(RestoredTurn {
+                tokens: r.tokens.clone(),
+                kv,
+                embedding: r.embedding.as_ref().map(|e| e.iter().map(|&b| f32::from_bits(b)).collect()),
+                pinned: r.pinned,
+            });
         }
         // Turn ids are the ring's, given again when the turns are pushed: the next save
         // writes them under their new ids (and deletes these files once its manifest is in).
