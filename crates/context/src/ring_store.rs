@@ -63,15 +63,21 @@ struct Manifest {
 /// A turn read back: its tokens, its KV at its saved positions, and what the ring keeps
 /// beside them.
 pub struct RestoredTurn {
+    /// The turn's tokens (at least one), as the manifest and its entry file both hold them.
     pub tokens: Vec<u32>,
+    /// Exactly `tokens`' KV as written, at the positions it was saved at (`KvCache::place`).
     pub kv: SeqKv,
+    /// The relevance embedding, bit for bit.
     pub embedding: Option<Vec<f32>>,
+    /// A state entry (the hybrid mode): never evicted.
     pub pinned: bool,
 }
 
 /// A thread's ring read back: its turns in ring order and the last answer's unfed token.
 pub struct RestoredRing {
+    /// Oldest first, as the ring held them.
     pub turns: Vec<RestoredTurn>,
+    /// The last answer's sampled, never fed token: the thread's next turn starts with it.
     pub carry: Option<u32>,
 }
 
