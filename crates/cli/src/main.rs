@@ -5,6 +5,7 @@ mod api_keys;
 mod bench_blend;
 mod bench_cache;
 mod bench_context;
+mod bench_dual_persist;
 mod bench_facts;
 mod bench_membw;
 mod bench_rag;
@@ -81,6 +82,8 @@ enum BenchCommand {
     Speculation(bench_speculation::Args),
     /// Dual-stream contexts vs the full history: KV bytes and decode speed over a long conversation, threads.
     Context(bench_context::Args),
+    /// A user's persistent stream shared by 8 threads (a copy each, forks in RAM, one mapped file): RSS, restore vs prefill.
+    DualPersist(bench_dual_persist::Args),
     /// A user's facts in the dual-stream contexts: a turn after a fact, the summary's swap and its stall.
     Facts(bench_facts::Args),
     /// A multi-agent scenario end to end: agents' caches as working memory vs re-prefilling every prompt.
@@ -123,6 +126,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),
         Command::Bench { which: BenchCommand::Speculation(a) } => bench_speculation::run(a),
         Command::Bench { which: BenchCommand::Context(a) } => bench_context::run(a),
+        Command::Bench { which: BenchCommand::DualPersist(a) } => bench_dual_persist::run(a),
         Command::Bench { which: BenchCommand::Facts(a) } => bench_facts::run(a),
         Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
         Command::Bench { which: BenchCommand::Rag(a) } => bench_rag::run(a),

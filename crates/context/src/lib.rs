@@ -34,14 +34,16 @@ mod persist;
 mod persistent;
 mod prefix;
 mod ring;
+mod ring_store;
 mod session;
 mod tenant;
 
 pub use disk_id::{prefix_disk_id, session_disk_id};
 pub use facts::{Fact, FactError, FactLimits, FactStore};
 pub use persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
-pub use persistent::{PersistentStream, Segment, SegmentId, Update};
+pub use persistent::{stream_file_name, PersistentStream, Segment, SegmentId, StreamFileError, Update};
 pub use prefix::{chain_hashes, chain_root, PrefixIndex};
 pub use ring::{RingView, Turn, TurnMask, TurnRing};
+pub use ring_store::{RestoredRing, RestoredTurn, RingStore};
 pub use session::{Checkout, MatchKind, PendingRestore, Session, SessionStore};
 pub use tenant::{account, entry_account};

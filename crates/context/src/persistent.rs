@@ -25,6 +25,9 @@
 
 use std::ops::Range;
 
+mod file;
+pub use file::{stream_file_name, StreamFileError};
+
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{KeyMask, Logits, Model, SeqStep};
 
@@ -202,20 +205,24 @@ impl PersistentStream {
     pub fn prefill(&mut self, model: &Model, pool: &KvPool) -> Result<usize, String> {
         let tokens = self.tokens();
         let have = self.kv.as_ref().map_or(0, |kv| kv.len());
-        let masked = self.masked_ranges_in(have);
+        let masked = self.masked_ranges();
         let kv = self.kv.get_or_insert_with(|| SeqKv::new(pool));
         if have == tokens.len() {
             return Ok(0);
         }
         let todo = &tokens[have..];
-        // Tombstoned segments before the new tokens are masked for them too, so the new
-        // tokens' KV is what a cold prefill of the live segments at these positions computes.
-        let mut mask = KeyMask::all(todo.len(), have);
+        // Tombstoned segments are masked for the new tokens — those before them and those
+        // among them (the KV may end inside or before a tombstoned segment: a restored or
+        // truncated stream) —, so a live token's KV is what a cold prefill of the live
+        // segments at these positions computes; a tombstoned token still sees its own segment.
+        let mut mask = KeyMask::all(todo.len(), tokens.len());
         let mut masked_any = false;
         for r in masked {
-            masked_any = true;
             for row in 0..todo.len() {
-                mask.set_range(row, r.clone(), false);
+                if !r.contains(&(have + row)) {
+                    masked_any = true;
+                    mask.set_range(row, r.clone(), false);
+                }
             }
         }
         let result = kv.reserve(todo.len()).map_err(|e| e.to_string()).and_then(|_| {
@@ -227,11 +234,6 @@ impl PersistentStream {
             return Err(format!("prefilling the persistent stream: {e}"));
         }
         Ok(todo.len())
-    }
-
-    /// The masked slots below `end`.
-    fn masked_ranges_in(&self, end: usize) -> Vec<Range<usize>> {
-        self.masked_ranges().into_iter().filter(|r| r.start < end).map(|r| r.start..r.end.min(end)).collect()
     }
 
     /// The KV, once prefilled (`None` before the first [`PersistentStream::prefill`]); a

@@ -43,6 +43,11 @@ impl Turn {
     pub fn first_position(&self) -> usize {
         self.kv.position(0)
     }
+
+    /// The turn's KV (its tokens at positions [`Turn::first_position`] on), read-only.
+    pub fn kv(&self) -> &SeqKv {
+        &self.kv
+    }
 }
 
 /// Which turns a request attends.

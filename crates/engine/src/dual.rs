@@ -30,10 +30,11 @@
 //! (`crates/engine/tests/dual.rs`).
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
-use engram_context::{Checkout, MatchKind, PendingRestore, PersistentStream, SegmentId, TurnMask, TurnRing, Update};
+use engram_context::{Checkout, MatchKind, PendingRestore, PersistentStream, RingStore, SegmentId, TurnMask, TurnRing, Update};
 use engram_embed::TextEncoder;
 use engram_kv::{KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
@@ -69,6 +70,18 @@ pub struct DualStats {
     /// State entries set or replaced (the hybrid mode), and the tokens prefilled for them.
     pub states_set: u64,
     pub state_tokens_prefilled: u64,
+    /// Persistent streams written to their file (and mapped back), restored from one (wholly
+    /// or a prefix), and files refused (damaged, foreign, another model: prefilled instead).
+    pub streams_saved: u64,
+    pub streams_restored: u64,
+    pub stream_tokens_restored: u64,
+    pub stream_files_refused: u64,
+    /// Rings queued for writing (after a turn retired or a state entry changed), rings restored
+    /// after a restart (their turns), and rings refused (damaged, foreign: started empty).
+    pub rings_saved: u64,
+    pub rings_restored: u64,
+    pub turns_restored: u64,
+    pub ring_files_refused: u64,
 }
 
 /// A fact of a user's persistent stream: its id in the user's log, its text (what a
@@ -96,6 +109,8 @@ struct User {
     /// Over the cap with a summarizer: summarize (at the session's start, or when idle).
     summary_due: bool,
     stream: PersistentStream,
+    /// The stream's generation its file holds (`None`: not written by this process).
+    saved: Option<u64>,
 }
 
 impl User {
@@ -146,6 +161,10 @@ pub struct DualStream {
     carry: HashMap<(String, String), u32>,
     next_summary: u64,
     stats: DualStats,
+    /// Where persistent streams (and rings) are kept across restarts; `None`: RAM only.
+    dir: Option<std::path::PathBuf>,
+    /// Threads' rings on disk (with `dir`).
+    rings: Option<RingStore>,
 }
 
 impl DualStream {
@@ -165,7 +184,83 @@ impl DualStream {
             carry: HashMap::new(),
             next_summary: 0,
             stats: DualStats::default(),
+            dir: None,
+            rings: None,
         }
+    }
+
+    /// Keeps each user's persistent stream as an immutable entry file in `dir`
+    /// (`engram_context::stream_file_name`): written once prefilled and after every change,
+    /// then mapped back, so every thread attends one copy of it in the page cache; after a
+    /// restart a stream is restored from its file (as far as it agrees with the stream's
+    /// tokens) instead of prefilled. A damaged or foreign file is refused with a warning and
+    /// the stream prefilled. Threads' rings are kept there too ([`RingStore`]): saved as their
+    /// turns retire, restored at a thread's first turn after a restart. Errors: the directory
+    /// cannot be created or the ring writer started.
+    pub fn with_dir(mut self, dir: impl Into<std::path::PathBuf>) -> std::io::Result<DualStream> {
+        self.set_dir(dir)?;
+        Ok(self)
+    }
+
+    /// [`DualStream::with_dir`] on a policy already built; on error it stays in RAM only.
+    pub fn set_dir(&mut self, dir: impl Into<std::path::PathBuf>) -> std::io::Result<()> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir)?;
+        self.rings = Some(RingStore::open(&dir, &engram_kv::cache_fingerprint(self.model.fingerprint, self.pool.format()))?);
+        self.dir = Some(dir);
+        Ok(())
+    }
+
+    /// Waits until every ring queued for writing is on disk (tests, benches, shutdown).
+    pub fn flush(&self) {
+        if let Some(r) = &self.rings {
+            r.flush();
+        }
+    }
+
+    /// Queues `owner`'s `thread` ring for writing (with `dir`).
+    fn save_ring(&mut self, owner: &str, thread: &str) {
+        let key = (owner.to_string(), thread.to_string());
+        let (Some(rings), Some(t)) = (self.rings.as_mut(), self.threads.get(&key)) else { return };
+        rings.save(owner, thread, &t.ring, self.carry.get(&key).copied());
+        self.stats.rings_saved += 1;
+    }
+
+    /// Puts the turns `owner`'s `thread` had before a restart into `ring` (fresh, on the
+    /// current stream), moved to follow the stream if it changed length; the state entry back
+    /// as the thread's. A refused ring is a warning and leaves `ring` empty.
+    fn restore_ring(&mut self, owner: &str, thread: &str, ring: &mut TurnRing, base: &SeqKv, masked: &[Range<usize>]) -> Option<u64> {
+        let rings = self.rings.as_mut()?;
+        let restored = match rings.load(owner, thread, &self.pool, self.model.config.vocab) {
+            Ok(Some(r)) => r,
+            Ok(None) => return None,
+            Err(e) => {
+                self.stats.ring_files_refused += 1;
+                tracing::warn!("thread {thread:?} of {owner:?}: its saved ring is not used, the thread starts empty: {e}");
+                return None;
+            }
+        };
+        let (mut state, n) = (None, restored.turns.len());
+        for t in restored.turns {
+            let mut kv = t.kv;
+            let next = ring.next_position();
+            let pushed = if kv.position(0) != next { kv.move_slots(0..kv.len(), next, &self.model.config.rope) } else { Ok(()) }
+                .and_then(|_| ring.push(t.tokens, kv, t.embedding, t.pinned));
+            if let Err(e) = pushed {
+                tracing::warn!("thread {thread:?} of {owner:?}: its saved ring does not fit, the thread starts empty: {e}");
+                *ring = self.open_ring(base, masked.to_vec()).ok()?;
+                return None;
+            }
+            if t.pinned {
+                state = ring.turns().last().map(|t| t.id);
+            }
+        }
+        if let Some(c) = restored.carry {
+            self.carry.insert((owner.to_string(), thread.to_string()), c);
+        }
+        self.stats.rings_restored += 1;
+        self.stats.turns_restored += n as u64;
+        state
     }
 
     /// Masks turns by relevance to each new prompt (`keep_last` is raised to 1).
@@ -223,6 +318,7 @@ impl DualStream {
         if tokens.is_empty() {
             if let Some(id) = t.state.take() {
                 t.ring.remove(id).map_err(|e| format!("removing the state entry: {e}"))?;
+                self.save_ring(user, thread);
             }
             return Ok(());
         }
@@ -252,6 +348,7 @@ impl DualStream {
         self.stats.turns_evicted += evicted.len() as u64;
         self.stats.states_set += 1;
         self.stats.state_tokens_prefilled += n;
+        self.save_ring(user, thread);
         Ok(())
     }
 
@@ -296,11 +393,74 @@ impl DualStream {
                 if let Err(e) = u.stream.prefill(&self.model, &self.pool) {
                     tracing::warn!("{user:?}: the summarized persistent stream is not prefilled yet: {e}");
                 }
+                self.save_stream(user);
                 self.stats.summaries += 1;
                 self.stats.last_summary_us = (t1 - t0).as_micros() as u64;
                 self.stats.last_swap_us = t1.elapsed().as_micros() as u64;
             }
             Err(e) => tracing::warn!("{user:?}: the persistent stream is over its cap and could not be summarized: {e}"),
+        }
+    }
+
+    /// An empty ring over `base` (a fork of the user's stream) with its `masked` slots.
+    fn open_ring(&self, base: &SeqKv, masked: Vec<Range<usize>>) -> Result<TurnRing, engram_kv::KvError> {
+        let mut ring = TurnRing::new(SeqKv::new(&self.pool), self.capacity, self.model.config.rope.clone());
+        ring.rebase(base.fork(base.len()), masked)?;
+        Ok(ring)
+    }
+
+    /// The cache fingerprint files of this policy carry (model and KV format).
+    fn fingerprint(&self) -> String {
+        engram_kv::cache_fingerprint(self.model.fingerprint, self.pool.format())
+    }
+
+    /// Takes `user`'s stream KV from its file when the stream holds none (the first turn after
+    /// a restart): the agreeing prefix mapped, the rest left to the prefill. A refused file is
+    /// a warning (deleted when damaged); the stream is then prefilled.
+    fn restore_stream(&mut self, user: &str) {
+        let Some(dir) = &self.dir else { return };
+        let path = dir.join(engram_context::stream_file_name(user));
+        let fingerprint = self.fingerprint();
+        let Some(u) = self.users.get_mut(user) else { return };
+        if u.saved.is_some() || u.stream.kv().is_some() {
+            return;
+        }
+        match u.stream.restore_from(&path, &self.pool, &fingerprint, user, self.model.config.vocab) {
+            Ok(None) => {}
+            Ok(Some(n)) => {
+                self.stats.streams_restored += (n > 0) as u64;
+                self.stats.stream_tokens_restored += n as u64;
+                if n == u.stream.len() {
+                    u.saved = Some(u.stream.generation());
+                }
+            }
+            Err(e) => {
+                self.stats.stream_files_refused += 1;
+                tracing::warn!("{user:?}: the persistent stream's file is not used, the stream is prefilled: {e}");
+                if e.is_corrupt() {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+    }
+
+    /// Writes `user`'s stream to its file if the file does not hold this generation yet, and
+    /// maps it back (threads fork the mapped blocks from then on). Errors are warnings: the
+    /// stream stays in RAM as it was.
+    fn save_stream(&mut self, user: &str) {
+        let Some(dir) = &self.dir else { return };
+        let path = dir.join(engram_context::stream_file_name(user));
+        let fingerprint = self.fingerprint();
+        let Some(u) = self.users.get_mut(user) else { return };
+        if u.stream.kv().is_none() || u.stream.is_empty() || u.saved == Some(u.stream.generation()) {
+            return;
+        }
+        match u.stream.save_and_map(&path, &self.pool, &fingerprint, user, self.model.config.vocab) {
+            Ok(_) => {
+                u.saved = Some(u.stream.generation());
+                self.stats.streams_saved += 1;
+            }
+            Err(e) => tracing::warn!("{user:?}: the persistent stream is not saved (kept in RAM): {e}"),
         }
     }
 
@@ -312,20 +472,23 @@ impl DualStream {
         if u.summary_due && u.stream.kv().is_none() {
             self.summarize(owner);
         }
+        self.restore_stream(owner);
         let u = self.users.get_mut(owner).expect("inserted above");
         if u.stream.prefill(&self.model, &self.pool)? > 0 {
             self.stats.anchors_prefilled += 1;
         }
+        self.save_stream(owner);
+        let u = self.users.get_mut(owner).expect("inserted above");
         let kv = u.stream.kv().expect("prefilled above");
-        let (generation, masked) = (u.stream.generation(), u.stream.masked_ranges());
+        let (generation, masked, base) = (u.stream.generation(), u.stream.masked_ranges(), kv.fork(kv.len()));
         match self.threads.get_mut(&key) {
             None => {
-                let mut ring = TurnRing::new(SeqKv::new(&self.pool), self.capacity, self.model.config.rope.clone());
-                ring.rebase(kv.fork(kv.len()), masked).map_err(|e| format!("opening the thread: {e}"))?;
-                self.threads.insert(key.clone(), Thread { ring, generation, state: None });
+                let mut ring = self.open_ring(&base, masked.clone()).map_err(|e| format!("opening the thread: {e}"))?;
+                let state = self.restore_ring(owner, thread, &mut ring, &base, &masked);
+                self.threads.insert(key.clone(), Thread { ring, generation, state });
             }
             Some(t) if t.generation != generation => {
-                t.ring.rebase(kv.fork(kv.len()), masked).map_err(|e| format!("moving the thread onto the new persistent stream: {e}"))?;
+                t.ring.rebase(base, masked).map_err(|e| format!("moving the thread onto the new persistent stream: {e}"))?;
                 t.generation = generation;
                 self.stats.rebases += 1;
             }
@@ -385,7 +548,9 @@ impl ContextPolicy for DualStream {
         self.pool.budget().saturating_sub(self.pool.used()) >= bytes
     }
 
-    /// No restores: nothing is persisted yet.
+    /// Nothing to settle here: this policy's files (persistent streams, rings) are checked
+    /// whole — checksum included — when they are read at admission, before any checkout is
+    /// handed out, so no checkout of it carries a `PendingRestore` (the session store's type).
     fn verify_restore(&mut self, _restore: PendingRestore) -> bool {
         true
     }
@@ -414,9 +579,16 @@ impl ContextPolicy for DualStream {
             Ok(evicted) => self.stats.turns_evicted += evicted.len() as u64,
             Err(e) => tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, r.owner),
         }
+        self.save_ring(&r.owner, &r.session_id);
     }
 
     fn forget_owner(&mut self, owner: &str) {
+        if let Some(r) = self.rings.as_mut() {
+            r.forget_owner(owner);
+        }
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_file(dir.join(engram_context::stream_file_name(owner)));
+        }
         self.users.remove(owner);
         self.threads.retain(|(o, _), _| o != owner);
         self.running.retain(|(o, _), _| o != owner);

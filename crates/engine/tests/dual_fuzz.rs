@@ -9,8 +9,9 @@
 //! or without an unfed last token, facts appended, superseded and removed (tombstones,
 //! compaction past the cap) — also while turns run —, the system prompt changed, and
 //! RESTARTS: the policy is dropped and rebuilt from what the server persists (the user's base
-//! anchors and live facts, as `FactStore` keeps them); the rings, the running turns and the
-//! carried tokens are lost, and the reference loses them too.
+//! anchors and live facts, as `FactStore` keeps them, and its directory: the persistent
+//! stream's file, restored as far as it agrees, and each thread's ring as last saved, with its
+//! carried token); the running turns are lost; the reference keeps the rings too.
 //!
 //! The reference ([`Reference`]) keeps its own copy of every token's key and value rows as
 //! computed when the token was fed (what a ring keeps: moved, never recomputed) and a plain
@@ -80,14 +81,18 @@ struct Harness<'a> {
     states: usize,
     /// The policy's counts, summed over its restarts.
     stats: DualStats,
+    /// The policy's files (persistent stream, rings), kept across restarts.
+    dir: tempfile::TempDir,
 }
 
 impl Harness<'_> {
-    fn policy(env: &Env, r: &Reference) -> DualStream {
+    fn policy(env: &Env, r: &Reference, dir: &std::path::Path) -> DualStream {
         let encoder: Arc<dyn TextEncoder> = Arc::new(WordHash);
         let mut p = DualStream::new(env.m.clone(), env.pool.clone(), r.capacity)
             .with_relevance(Relevance { encoder, threshold: r.threshold, keep_last: r.keep_last })
-            .with_persistent_cap(r.cap, None);
+            .with_persistent_cap(r.cap, None)
+            .with_dir(dir)
+            .unwrap();
         p.set_anchors(USER, r.base.clone());
         p.set_facts(USER, r.facts.clone());
         p
@@ -99,6 +104,7 @@ impl Harness<'_> {
         self.stats.turns_masked += s.turns_masked;
         self.stats.rebases += s.rebases;
         self.stats.compactions += s.compactions;
+        self.stats.turns_restored += s.turns_restored;
     }
 
     fn check_stream(&self, what: &str) {
@@ -153,7 +159,8 @@ impl Harness<'_> {
         self.open.clear();
         self.add_stats();
         self.reference.restart();
-        self.policy = Harness::policy(self.env, &self.reference);
+        self.policy.flush();
+        self.policy = Harness::policy(self.env, &self.reference, self.dir.path());
         self.restarts += 1;
         self.check_stream("a restart");
     }
@@ -396,7 +403,7 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
         m,
     };
     let (mut cases, mut conversations, mut accepted, mut rejected, mut restarts) = (0, 0, 0, 0, 0);
-    let (mut evicted, mut masked, mut rebases, mut compactions, mut states) = (0, 0, 0, 0, 0);
+    let (mut evicted, mut masked, mut rebases, mut compactions, mut states, mut restored) = (0, 0, 0, 0, 0, 0);
     let mut seed = 0u64;
     while cases < CASES {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -413,7 +420,11 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
             keep_last: 1 + rng.below(3),
         };
         let threads = 1 + rng.below(3);
-        let policy = Harness::policy(&env, &reference);
+        // On tmpfs where there is one: the harness checks what is restored, not the disk, and
+        // thousands of fsyncs on a shared disk would make it ten times slower.
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
+        let policy = Harness::policy(&env, &reference, dir.path());
         let mut h = Harness {
             env: &env,
             rng,
@@ -428,6 +439,7 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
             restarts: 0,
             states: 0,
             stats: DualStats::default(),
+            dir,
         };
         h.reference.restart();
         h.check_stream("the start");
@@ -437,6 +449,7 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
         masked += h.stats.turns_masked;
         rebases += h.stats.rebases;
         compactions += h.stats.compactions;
+        restored += h.stats.turns_restored;
         cases += h.cases;
         accepted += h.accepted;
         rejected += h.rejected;
@@ -449,10 +462,19 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
     }
     eprintln!(
         "{cases} cases in {conversations} conversations: {accepted} drafts accepted, {rejected} rejected, {restarts} restarts, \
-         {evicted} turns evicted, {masked} turn views masked, {rebases} rings moved onto a new stream, {compactions} compactions, {states} state entries set"
+         {evicted} turns evicted, {masked} turn views masked, {rebases} rings moved onto a new stream, {compactions} compactions, {states} state entries set, \
+         {restored} turns restored after restarts"
     );
     assert!(
-        accepted > 0 && rejected > 0 && restarts > 0 && evicted > 0 && masked > 0 && rebases > 0 && compactions > 0 && states > 0,
+        accepted > 0
+            && rejected > 0
+            && restarts > 0
+            && evicted > 0
+            && masked > 0
+            && rebases > 0
+            && compactions > 0
+            && states > 0
+            && restored > 0,
         "every kind of step ran"
     );
 }

@@ -153,6 +153,15 @@ impl SeqKv {
         SeqKv { pool: self.pool.clone(), blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n, tail, positions }
     }
 
+    /// A fork of the whole sequence that describes its tokens as sitting at their slots: the
+    /// same blocks (shared) and bytes, keys not re-rotated, the moved positions forgotten. For
+    /// writing a moved sequence (a ring's turn) to an entry file, which records slot positions
+    /// only; the reader gives the tokens their positions back with `KvCache::place` (the
+    /// caller records them beside the entry).
+    pub fn fork_at_slot_positions(&self) -> SeqKv {
+        SeqKv { positions: None, ..self.fork(self.len) }
+    }
+
     /// Forgets tokens from `num_tokens` on and releases blocks past it,
     /// including reserved room that was never written.
     pub fn truncate(&mut self, num_tokens: usize) {

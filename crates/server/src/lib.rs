@@ -173,6 +173,13 @@ impl Server {
                 let summarizer_model = config.summarizer.as_ref().map_or_else(|| model.clone(), |m| m.0.clone());
                 let summarizer = engram_engine::Summarizer::new(summarizer_model, summary_target, facts::summary_renderer(model.clone()));
                 policy = policy.with_persistent_cap(persistent_cap, Some(summarizer));
+                // Users' persistent streams and threads' rings survive a restart beside the
+                // sessions (`<session dir>/dual`); without a session dir they live in RAM only.
+                if let Some(d) = &config.scheduler.disk {
+                    if let Err(e) = policy.set_dir(d.dir.join("dual")) {
+                        tracing::warn!("dual-stream contexts are not persisted: {e}");
+                    }
+                }
                 Box::new(policy)
             }
         };

@@ -226,7 +226,18 @@ impl RefStream {
         kv.reserve(todo.len()).unwrap();
         let positions: Vec<u32> = (have..tokens.len()).map(|p| p as u32).collect();
         let at = window.len();
-        env.run(&mut kv, at, todo, &positions, None, Logits::None);
+        // Tombstoned slots among the new ones are left out for the others (a tombstoned token
+        // sees its own segment): every live token attends exactly the live tokens before it.
+        let segment: Vec<usize> = self.segs.iter().enumerate().flat_map(|(i, s)| std::iter::repeat(i).take(s.1.len())).collect();
+        let mut mask = engram_model::KeyMask::all(todo.len(), at + todo.len());
+        for row in 0..todo.len() {
+            for s in have..tokens.len() {
+                if masked[s] && segment[s] != segment[have + row] {
+                    mask.set(row, at + s - have, false);
+                }
+            }
+        }
+        env.run(&mut kv, at, todo, &positions, Some(&mask), Logits::None);
         self.rows.extend(env.rows(&kv, at, todo, &positions));
     }
     /// The attended rows (live slots) at their positions.
@@ -248,6 +259,9 @@ pub struct RefTurn {
 pub struct RefThread {
     pub turns: Vec<RefTurn>,
     pub carry: Option<u32>,
+    /// The carry as of the thread's last save (a turn joining the ring, a state entry set or
+    /// removed): what a restart gives back.
+    pub saved_carry: Option<u32>,
 }
 
 /// The plain model of the policy: rules and rows, nothing of the policy's caches.
@@ -267,9 +281,13 @@ impl Reference {
         self.stream.enforce_cap(self.cap);
     }
 
-    /// Everything a new policy starts from after a restart: the base and the live facts.
+    /// Everything a new policy starts from after a restart: the base and the live facts, and
+    /// each thread's ring as last saved (turns whole, moved to follow the new stream) with its
+    /// carry as of that save; running turns are lost.
     pub fn restart(&mut self) {
-        self.threads.clear();
+        for t in self.threads.values_mut() {
+            t.carry = t.saved_carry;
+        }
         let mut segs = vec![(SegmentId::Base, self.base.clone(), false)];
         segs.extend(self.facts.iter().map(|f| (SegmentId::Fact(f.id), f.tokens.clone(), false)));
         self.stream = RefStream { segs, rows: Vec::new() };
@@ -312,6 +330,7 @@ impl Reference {
         t.turns.push(turn);
         Self::evict(t, self.capacity);
         t.carry = carry;
+        t.saved_carry = carry;
     }
 
     /// Past the capacity the oldest unpinned turn goes, never the newest.
@@ -337,6 +356,7 @@ impl Reference {
         if tokens.is_empty() {
             if has {
                 t.turns.remove(0);
+                t.saved_carry = t.carry;
             }
             return;
         }
@@ -353,5 +373,6 @@ impl Reference {
             t.turns.insert(0, state);
         }
         Self::evict(t, capacity);
+        t.saved_carry = t.carry;
     }
 }

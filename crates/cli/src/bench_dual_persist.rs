@@ -1,0 +1,191 @@
+//! `engram bench dual-persist`: a user's persistent stream (seed 000) held three ways, one
+//! process each (so one mode's freed heap cannot hide the next one's growth), side by side:
+//! - `copy`: a copy per thread — each thread's anchors prefilled for it (8 users of one
+//!   thread each: what a cache without a shared persistent stream holds);
+//! - `ram`: one stream in RAM, forked by every thread of the user (`DualStream` without a
+//!   directory);
+//! - `mapped`: one stream as an immutable entry file mapped by every thread
+//!   (`DualStream::with_dir`), restored from the file by a restarted policy.
+//!
+//! Reported per mode: resident memory (anonymous and file-backed, from `/proc/self/status`)
+//! and the KV pool's bytes after the first thread's request and after 8 threads', their
+//! difference per extra thread; the first request's time (prefill; with `mapped`, prefill +
+//! write + fsync + map back); with `mapped`, the first request of a restarted policy
+//! (restored from the file, page cache warm) — median of `--reps`.
+//!
+//! Reproduce: `engram bench dual-persist --model <llama-1b gguf> --anchor-tokens 512`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use engram_engine::{ContextPolicy, DualStream};
+use engram_model::Model;
+
+use crate::common::{kv_pool, load_model, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Tokens of the persistent stream (seed 000's cap: 512).
+    #[arg(long, default_value_t = 512)]
+    anchor_tokens: usize,
+    /// Threads of the user (the seed's question: 1 and 8).
+    #[arg(long, default_value_t = 8)]
+    user_threads: usize,
+    /// Restarts timed (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// One JSON line per mode.
+    #[arg(long)]
+    json: bool,
+    /// Runs one mode in this process and prints its JSON line (the parent runs each mode so).
+    #[arg(long, hide = true)]
+    only: Option<String>,
+}
+
+const MODES: [&str; 3] = ["copy", "ram", "mapped"];
+
+/// Resident bytes: (anonymous, file-backed), from /proc (zeros where unavailable).
+fn rss() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| {
+        s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()).map_or(0, |k| k * 1024)
+    };
+    (kib("RssAnon:"), kib("RssFile:"))
+}
+
+fn anchors(model: &Model, n: usize) -> Result<Vec<u32>> {
+    let ids = model.tokenizer.encode(engram_tokenizer::FIXTURE_CORPUS, true)?.ids;
+    if ids.len() < n {
+        bail!("the fixed text is {} tokens on this tokenizer; ask for at most that many", ids.len());
+    }
+    Ok(ids[..n].to_vec())
+}
+
+/// A request's admission on `user`'s `thread` (what the scheduler does first for a turn).
+fn admit(p: &mut DualStream, model: &Model, user: &str, thread: &str) -> Result<f64> {
+    let prompt = model.tokenizer.encode(" Hello.", false)?.ids;
+    let t = Instant::now();
+    let c = p.admit(user, Some(thread), None, false, &prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    drop(c);
+    Ok(ms)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One mode, measured in this process: its JSON line.
+fn run_mode(a: &Args, mode: &str) -> Result<serde_json::Value> {
+    let model = Arc::new(load_model(&a.model)?);
+    let pool = kv_pool(&model, &a.model)?;
+    let anchors = anchors(&model, a.anchor_tokens)?;
+    let dir = tempfile::tempdir()?;
+    let policy = |with_dir: bool| -> Result<DualStream> {
+        let p = DualStream::new(model.clone(), pool.clone(), 1536);
+        Ok(if with_dir { p.with_dir(dir.path())? } else { p })
+    };
+    let mut p = policy(mode == "mapped")?;
+    let user = |t: usize| if mode == "copy" { format!("user-{t}") } else { "user".to_string() };
+    for t in 0..a.user_threads {
+        p.set_anchors(&user(t), anchors.clone());
+    }
+    let before = rss();
+    let first_ms = admit(&mut p, &model, &user(0), "thread-0")?;
+    let (one, pool_one) = (rss(), pool.used());
+    for t in 1..a.user_threads {
+        admit(&mut p, &model, &user(t), &format!("thread-{t}"))?;
+    }
+    let (all, pool_all) = (rss(), pool.used());
+    let per = |x: u64, y: u64| (y as f64 - x as f64) / (a.user_threads.max(2) - 1) as f64;
+    let mut line = serde_json::json!({
+        "mode": mode, "anchor_tokens": a.anchor_tokens, "threads": a.user_threads,
+        "stream_bytes": pool.bytes_per_token() * a.anchor_tokens,
+        "rss_anon_before": before.0, "rss_file_before": before.1,
+        "rss_anon_1": one.0, "rss_file_1": one.1, "rss_anon_n": all.0, "rss_file_n": all.1,
+        "rss_per_extra_thread": per(one.0 + one.1, all.0 + all.1),
+        "pool_bytes_1": pool_one, "pool_bytes_n": pool_all, "pool_per_extra_thread": per(pool_one as u64, pool_all as u64),
+        "first_request_ms": first_ms,
+    });
+    if mode == "mapped" {
+        let blocks_mapped = p.persistent("user").and_then(|s| s.kv()).is_some_and(|kv| kv.blocks().iter().all(|b| b.is_mapped()));
+        drop(p);
+        let mut restores = Vec::new();
+        for _ in 0..a.reps.max(1) {
+            let mut q = policy(true)?;
+            q.set_anchors("user", anchors.clone());
+            restores.push(admit(&mut q, &model, "user", "thread-0")?);
+            let s = q.dual_stats();
+            if s.streams_restored != 1 || s.anchors_prefilled != 0 {
+                bail!("the restarted policy did not restore the stream from its file: {s:?}");
+            }
+        }
+        line["blocks_mapped"] = blocks_mapped.into();
+        line["restore_ms_median"] = median(restores).into();
+    }
+    Ok(line)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if let Some(mode) = &a.only {
+        println!("{}", run_mode(&a, mode)?);
+        return Ok(());
+    }
+    let exe = std::env::current_exe()?;
+    let args: Vec<String> = std::env::args().skip(1).filter(|x| x != "--json").collect();
+    let mut lines = Vec::new();
+    for mode in MODES {
+        let out = std::process::Command::new(&exe).args(&args).args(["--only", mode]).output().context("running a mode")?;
+        if !out.status.success() {
+            bail!("mode {mode} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or("")).context("a mode's JSON line")?;
+        lines.push(line);
+    }
+    if a.json {
+        for l in &lines {
+            println!("{l}");
+        }
+        return Ok(());
+    }
+    let mib = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / (1 << 20) as f64;
+    let n = a.user_threads;
+    println!("persistent stream: {} tokens, {:.2} MiB of KV; {n} threads of one user", a.anchor_tokens, mib(&lines[0]["stream_bytes"]));
+    println!(
+        "| mode | RSS anon+file MiB, 1 thread | {n} threads | RSS MiB per extra thread | KV pool MiB per extra thread | first request ms |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for l in &lines {
+        let total = |k1: &str, k2: &str| mib(&l[k1]) + mib(&l[k2]);
+        println!(
+            "| {} | {:.1} ({:.1}+{:.1}) | {:.1} ({:.1}+{:.1}) | {:.2} | {:.2} | {:.1} |",
+            l["mode"].as_str().unwrap_or(""),
+            total("rss_anon_1", "rss_file_1"),
+            mib(&l["rss_anon_1"]),
+            mib(&l["rss_file_1"]),
+            total("rss_anon_n", "rss_file_n"),
+            mib(&l["rss_anon_n"]),
+            mib(&l["rss_file_n"]),
+            mib(&l["rss_per_extra_thread"]),
+            mib(&l["pool_per_extra_thread"]),
+            l["first_request_ms"].as_f64().unwrap_or(0.0),
+        );
+    }
+    if let Some(m) = lines.iter().find(|l| l["mode"] == "mapped") {
+        let prefill = lines.iter().find(|l| l["mode"] == "ram").and_then(|l| l["first_request_ms"].as_f64()).unwrap_or(0.0);
+        let restore = m["restore_ms_median"].as_f64().unwrap_or(0.0);
+        println!(
+            "\nrestart: stream restored from its file in {restore:.1} ms (median of {}, page cache warm) vs prefilled in {prefill:.1} ms: {:.1}x; blocks mapped: {}",
+            a.reps,
+            prefill / restore.max(1e-9),
+            m["blocks_mapped"]
+        );
+    }
+    println!("reproduce: engram bench dual-persist {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    Ok(())
+}

@@ -1,0 +1,151 @@
+//! A user's persistent stream as an immutable entry file (issue 15 item 1): its KV written in
+//! `engram-kv`'s entry format (checksummed, fingerprinted, `kind` `prefix`, `owner` the user),
+//! then mapped back, so every thread of the user attends one copy of it in the page cache;
+//! after a restart the stream is restored from the file instead of prefilled again.
+//!
+//! ```text
+//!  <dir>/stream-<blake3(owner), 32 hex>.safetensors
+//!    tokens: the stream's tokens, masked segments included      (EntryMeta::tokens)
+//!    text:   its layout, JSON [{"segment","id","tokens","masked"}, ...]   (EntryMeta::text)
+//!    kv:     the blocks as they lie in RAM
+//! ```
+//! Invariant: a restored stream holds the file's KV only as far as it is the KV this stream
+//! would compute — the longest prefix whose tokens agree with the stream's and below which the
+//! same slots are masked in both (the KV of a token depends on the tokens before it and on
+//! which of them it attended); the rest is left to [`PersistentStream::prefill`]. A file that
+//! fails any check (checksum, truncation, another model or KV format, another user's, a
+//! layout that does not add up) is refused whole: nothing of it is used.
+
+use std::path::{Path, PathBuf};
+
+use engram_kv::{read_entry_mapped, write_entry, EntryKind, EntryMeta, KvPool, PersistError};
+use serde::{Deserialize, Serialize};
+
+use super::{PersistentStream, SegmentId};
+
+/// One segment of the layout a stream file records.
+#[derive(Serialize, Deserialize, PartialEq, Debug)]
+struct SegmentRecord {
+    /// `base`, `fact` or `summary`.
+    segment: String,
+    id: u64,
+    tokens: usize,
+    masked: bool,
+}
+
+/// Why a stream file was not used (it is then prefilled as if there were none).
+#[derive(Debug, thiserror::Error)]
+pub enum StreamFileError {
+    /// The entry itself failed a check (damaged, truncated, another model or format).
+    #[error(transparent)]
+    Entry(#[from] PersistError),
+    /// A sound entry that is not this user's stream file.
+    #[error("{}: {reason}", path.display())]
+    Foreign { path: PathBuf, reason: String },
+}
+
+impl StreamFileError {
+    /// True when the file is damaged and should be deleted (not merely someone else's).
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, StreamFileError::Entry(e) if e.is_corrupt())
+    }
+}
+
+/// The file name of `owner`'s persistent stream in a policy's directory.
+pub fn stream_file_name(owner: &str) -> String {
+    let hash = blake3::hash(owner.as_bytes()).to_hex();
+    format!("stream-{}.safetensors", &hash[..32])
+}
+
+fn segment_name(id: SegmentId) -> (&'static str, u64) {
+    match id {
+        SegmentId::Base => ("base", 0),
+        SegmentId::Fact(n) => ("fact", n),
+        SegmentId::Summary(n) => ("summary", n),
+    }
+}
+
+impl PersistentStream {
+    /// The layout a file records for this stream.
+    fn layout(&self) -> Vec<SegmentRecord> {
+        self.segments
+            .iter()
+            .map(|s| {
+                let (segment, id) = segment_name(s.id);
+                SegmentRecord { segment: segment.into(), id, tokens: s.tokens.len(), masked: s.masked }
+            })
+            .collect()
+    }
+
+    /// Writes the stream's KV to `path` (atomically: temp file, fsync, rename) and replaces the
+    /// KV by the written file's mapped blocks — the same bytes, now one copy in the page cache
+    /// that every fork shares. Returns the bytes written. Errors (the KV kept as it was): no
+    /// KV yet, the file system, or a file that does not read back as written.
+    pub fn save_and_map(
+        &mut self,
+        path: &Path,
+        pool: &KvPool,
+        fingerprint: &str,
+        owner: &str,
+        vocab: usize,
+    ) -> Result<u64, StreamFileError> {
+        let foreign = |reason: &str| StreamFileError::Foreign { path: path.to_path_buf(), reason: reason.into() };
+        let kv = self.kv().ok_or_else(|| foreign("the stream is not prefilled"))?;
+        let meta = EntryMeta {
+            fingerprint: fingerprint.to_string(),
+            kind: EntryKind::Prefix,
+            owner: owner.to_string(),
+            tokens: self.tokens(),
+            text: serde_json::to_string(&self.layout()).expect("records serialize"),
+            offsets: Vec::new(),
+            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        };
+        let bytes = write_entry(path, &meta, kv)?;
+        let (back, mapped) = read_entry_mapped(path, pool, fingerprint, vocab)?;
+        if back.tokens != meta.tokens || mapped.len() != meta.tokens.len() {
+            return Err(foreign("the file read back holds other tokens"));
+        }
+        self.kv = Some(mapped);
+        Ok(bytes)
+    }
+
+    /// Takes the KV from `owner`'s stream file at `path` when this stream holds none yet (a
+    /// restart): as far as the file's tokens and masked slots agree with the stream's (see the
+    /// module doc), mapped, the rest left to [`PersistentStream::prefill`]. Returns the tokens
+    /// taken (`None`: no file, or a KV already held). Errors: the file refused whole (damaged,
+    /// truncated, another model, format or user, a bad layout); nothing of it is used.
+    pub fn restore_from(
+        &mut self,
+        path: &Path,
+        pool: &KvPool,
+        fingerprint: &str,
+        owner: &str,
+        vocab: usize,
+    ) -> Result<Option<usize>, StreamFileError> {
+        if self.kv.as_ref().is_some_and(|kv| !kv.is_empty()) || !path.exists() {
+            return Ok(None);
+        }
+        let foreign = |reason: String| StreamFileError::Foreign { path: path.to_path_buf(), reason };
+        let (meta, mut kv) = read_entry_mapped(path, pool, fingerprint, vocab)?;
+        if meta.kind != EntryKind::Prefix || meta.owner != owner {
+            return Err(foreign(format!("a {} entry of owner {:?}, not this user's stream", meta.kind, meta.owner)));
+        }
+        let layout: Vec<SegmentRecord> =
+            serde_json::from_str(&meta.text).map_err(|e| foreign(format!("the stream layout does not parse: {e}")))?;
+        if layout.iter().map(|s| s.tokens).sum::<usize>() != meta.tokens.len() {
+            return Err(foreign("the stream layout does not add up to the file's tokens".into()));
+        }
+        let file_masked: Vec<bool> = layout.iter().flat_map(|s| std::iter::repeat(s.masked).take(s.tokens)).collect();
+        let mine = self.tokens();
+        let my_masked: Vec<bool> = self.segments.iter().flat_map(|s| std::iter::repeat(s.masked).take(s.tokens.len())).collect();
+        // Slot i's KV is this stream's if the tokens up to it agree and the slots before it are
+        // masked alike.
+        let mut n = 0;
+        while n < mine.len() && n < meta.tokens.len() && mine[n] == meta.tokens[n] && (n == 0 || file_masked[n - 1] == my_masked[n - 1]) {
+            n += 1;
+        }
+        kv.truncate(n);
+        self.kv = (n > 0).then_some(kv);
+        Ok(Some(n))
+    }
+}

@@ -1,0 +1,341 @@
+//! Threads' rings on disk (issue 15 item 7: "everything persisted survives a restart"): each
+//! turn's KV as an `engram-kv` entry file, and per thread a manifest naming them in ring order
+//! with what the ring keeps beside the KV (tokens, first position, embedding, pinned, when it
+//! was saved) and the answer's unfed last token. Written by a background thread after a turn
+//! retires, read back at the thread's first request after a restart.
+//!
+//! ```text
+//!  <dir>/ring-<h(owner)>-<h(owner, thread)>.ring                 the manifest: "engram-ring v1 <len> <blake3>\n" + JSON
+//!  <dir>/ring-<h(owner)>-<h(owner, thread)>-<nonce>.safetensors  one turn's KV at its slots (positions in the manifest)
+//!  save:  new or moved turns' files written  →  manifest renamed over the old  →  files it no longer names deleted
+//! ```
+//! A turn's KV depends on its position (keys are stored after RoPE), so a turn moved since it
+//! was last written (an eviction before it) or replaced in place (a state entry) gets a new
+//! file; an unmoved one keeps its file.
+//!
+//! NOTE: a turn moved away and back to the same position between two saves keeps its older
+//! file, whose keys differ from the moved ones by the rotations' float rounding only.
+//!
+//! Invariant: a restore yields exactly the turns, tokens, positions, embeddings and carry
+//! that were saved, with each turn's KV bytes as written (every entry check passed and its
+//! tokens equal to the manifest's), or an error and nothing: a damaged, truncated, foreign or
+//! missing file refuses the whole ring (`crates/engine/tests/dual_persist.rs`). Writes are
+//! carried out in the order queued, each file atomically; [`RingStore::flush`] returns once
+//! everything queued is on disk.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Sender};
+use std::thread::JoinHandle;
+
+use engram_kv::{read_entry, write_entry, EntryKind, EntryMeta, KvPool, SeqKv};
+use serde::{Deserialize, Serialize};
+
+use crate::ring::TurnRing;
+
+const MAGIC: &str = "engram-ring";
+const VERSION: u32 = 1;
+/// Manifests larger than this are refused unread (a ring of a few thousand tokens with
+/// 384-float embeddings per turn is well under 1 MiB).
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
+/// One turn as its manifest records it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+struct TurnRecord {
+    file: String,
+    tokens: Vec<u32>,
+    first_position: usize,
+    /// The embedding's floats as their bits: exact, NaN included (JSON has no NaN).
+    embedding: Option<Vec<u32>>,
+    pinned: bool,
+    saved_unix: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    owner: String,
+    thread: String,
+    fingerprint: String,
+    carry: Option<u32>,
+    turns: Vec<TurnRecord>,
+}
+
+/// A turn read back: its tokens, its KV at its saved positions, and what the ring keeps
+/// beside them.
+pub struct RestoredTurn {
+    /// The turn's tokens (at least one), as the manifest and its entry file both hold them.
+    pub tokens: Vec<u32>,
+    /// Exactly `tokens`' KV as written, at the positions it was saved at (`KvCache::place`).
+    pub kv: SeqKv,
+    /// The relevance embedding, bit for bit.
+    pub embedding: Option<Vec<f32>>,
+    /// A state entry (the hybrid mode): never evicted.
+    pub pinned: bool,
+}
+
+/// A thread's ring read back: its turns in ring order and the last answer's unfed token.
+pub struct RestoredRing {
+    /// Oldest first, as the ring held them.
+    pub turns: Vec<RestoredTurn>,
+    /// The last answer's sampled, never fed token: the thread's next turn starts with it.
+    pub carry: Option<u32>,
+}
+
+enum Job {
+    /// Writes `files`, then the manifest, then deletes the thread's turn files (names starting
+    /// with `prefix`) other than `keep`.
+    Save {
+        files: Vec<(PathBuf, EntryMeta, SeqKv)>,
+        manifest: PathBuf,
+        body: Vec<u8>,
+        prefix: String,
+        keep: Vec<String>,
+    },
+    /// Deletes every file in the directory whose name starts with the prefix.
+    DeletePrefix(String),
+    Flush(Sender<()>),
+}
+
+/// Every thread's ring files in one directory, and the writer thread. See the module doc.
+pub struct RingStore {
+    dir: PathBuf,
+    fingerprint: String,
+    tx: Option<Sender<Job>>,
+    writer: Option<JoinHandle<()>>,
+    /// Per thread, the file holding each turn's KV, with the position and tokens it was
+    /// written with (a state entry replaced in place keeps its id: its tokens tell).
+    saved: HashMap<(String, String), HashMap<u64, (usize, Vec<u32>, String)>>,
+    counter: u64,
+}
+
+fn hash16(parts: &[&str]) -> String {
+    let mut h = blake3::Hasher::new_derive_key("engram 2026-11 ring files (owner, thread)");
+    for p in parts {
+        h.update(&(p.len() as u64).to_le_bytes());
+        h.update(p.as_bytes());
+    }
+    h.finalize().to_hex()[..16].to_string()
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl RingStore {
+    /// A store in `dir` (created if missing) for caches of `fingerprint`
+    /// (`engram_kv::cache_fingerprint`). Errors: the directory or the writer thread.
+    pub fn open(dir: impl Into<PathBuf>, fingerprint: &str) -> std::io::Result<RingStore> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir)?;
+        let (tx, rx) = channel::<Job>();
+        let wdir = dir.clone();
+        let writer = std::thread::Builder::new().name("engram-ring-writer".into()).spawn(move || {
+            for job in rx {
+                run(&wdir, job);
+            }
+        })?;
+        Ok(RingStore { dir, fingerprint: fingerprint.to_string(), tx: Some(tx), writer: Some(writer), saved: HashMap::new(), counter: 0 })
+    }
+
+    fn owner_prefix(owner: &str) -> String {
+        format!("ring-{}-", hash16(&[owner]))
+    }
+
+    fn thread_prefix(owner: &str, thread: &str) -> String {
+        format!("{}{}", Self::owner_prefix(owner), hash16(&[owner, thread]))
+    }
+
+    /// The manifest's path of `owner`'s `thread`.
+    pub fn manifest_path(&self, owner: &str, thread: &str) -> PathBuf {
+        self.dir.join(format!("{}.ring", Self::thread_prefix(owner, thread)))
+    }
+
+    fn send(&self, job: Job) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(job);
+        }
+    }
+
+    /// Queues `ring` of `owner`'s `thread` (with `carry`, the last answer's unfed token) for
+    /// writing: the files of turns new or moved since the last save, then the manifest, then
+    /// the deletion of files no turn uses any more. Returns at once; the engine thread only
+    /// forks the turns' KV (blocks shared, not copied).
+    pub fn save(&mut self, owner: &str, thread: &str, ring: &TurnRing, carry: Option<u32>) {
+        let prefix = Self::thread_prefix(owner, thread);
+        let key = (owner.to_string(), thread.to_string());
+        let old = self.saved.remove(&key).unwrap_or_default();
+        let mut now = HashMap::new();
+        let (mut files, mut records) = (Vec::new(), Vec::new());
+        for t in ring.turns() {
+            let first = t.first_position();
+            let file = match old.get(&t.id) {
+                Some((pos, tokens, file)) if *pos == first && *tokens == t.tokens => file.clone(),
+                _ => {
+                    self.counter += 1;
+                    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+                    let file = format!("{prefix}-{nanos:x}-{}.safetensors", self.counter);
+                    let meta = EntryMeta {
+                        fingerprint: self.fingerprint.clone(),
+                        kind: EntryKind::Session,
+                        owner: format!("{owner}/{thread}"),
+                        tokens: t.tokens.clone(),
+                        text: String::new(),
+                        offsets: Vec::new(),
+                        created_unix: now_unix(),
+                    };
+                    files.push((self.dir.join(&file), meta, t.kv().fork_at_slot_positions()));
+                    file
+                }
+            };
+            records.push(TurnRecord {
+                file: file.clone(),
+                tokens: t.tokens.clone(),
+                first_position: first,
+                embedding: t.embedding.as_ref().map(|e| e.iter().map(|x| x.to_bits()).collect()),
+                pinned: t.pinned,
+                saved_unix: now_unix(),
+            });
+            now.insert(t.id, (first, t.tokens.clone(), file));
+        }
+        let keep = now.values().map(|(_, _, f)| f.clone()).collect();
+        let manifest =
+            Manifest { owner: owner.to_string(), thread: thread.to_string(), fingerprint: self.fingerprint.clone(), carry, turns: records };
+        let json = serde_json::to_vec(&manifest).expect("manifests serialize");
+        let mut body = format!("{MAGIC} v{VERSION} {} {}\n", json.len(), blake3::hash(&json).to_hex()).into_bytes();
+        body.extend_from_slice(&json);
+        self.saved.insert(key, now);
+        self.send(Job::Save { files, manifest: self.manifest_path(owner, thread), body, prefix, keep });
+    }
+
+    /// Reads back `owner`'s `thread`: `Ok(None)` without a manifest; an error naming what is
+    /// wrong when anything of it cannot be trusted (the caller starts the thread with an
+    /// empty ring, and its files are deleted). Each turn's KV is checked whole (checksum,
+    /// model and format, owner, tokens) and sits at its saved positions.
+    pub fn load(&mut self, owner: &str, thread: &str, pool: &KvPool, vocab: usize) -> Result<Option<RestoredRing>, String> {
+        let path = self.manifest_path(owner, thread);
+        let result = self.load_inner(&path, owner, thread, pool, vocab);
+        if result.is_err() {
+            self.saved.remove(&(owner.to_string(), thread.to_string()));
+            self.send(Job::DeletePrefix(Self::thread_prefix(owner, thread)));
+        }
+        result
+    }
+
+    fn load_inner(&mut self, path: &Path, owner: &str, thread: &str, pool: &KvPool, vocab: usize) -> Result<Option<RestoredRing>, String> {
+        let size = match std::fs::metadata(path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        if size > MAX_MANIFEST_BYTES {
+            return Err(format!("{}: {size} bytes, over the {MAX_MANIFEST_BYTES}-byte limit", path.display()));
+        }
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let bad = |why: &str| format!("{}: {why}", path.display());
+        let nl = bytes.iter().position(|&b| b == b'\n').filter(|&n| n < 256).ok_or_else(|| bad("not a ring manifest"))?;
+        let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("not a ring manifest"))?;
+        let fields: Vec<&str> = header.split(' ').collect();
+        if fields.len() != 4 || fields[0] != MAGIC || fields[1] != format!("v{VERSION}") {
+            return Err(bad("not a ring manifest of this version"));
+        }
+        let body = &bytes[nl + 1..];
+        if fields[2].parse::<usize>().ok() != Some(body.len()) {
+            return Err(bad("truncated or extended"));
+        }
+        if blake3::hash(body).to_hex().as_str() != fields[3] {
+            return Err(bad("checksum mismatch (damaged)"));
+        }
+        let m: Manifest = serde_json::from_slice(body).map_err(|e| bad(&format!("does not parse: {e}")))?;
+        if m.owner != owner || m.thread != thread {
+            return Err(bad("another thread's ring"));
+        }
+        if m.fingerprint != self.fingerprint {
+            return Err(bad("made by another model or KV format"));
+        }
+        let prefix = Self::thread_prefix(owner, thread);
+        let mut turns = Vec::with_capacity(m.turns.len());
+        for (i, r) in m.turns.iter().enumerate() {
+            if !r.file.starts_with(&prefix) || r.file.contains('/') || r.tokens.is_empty() {
+                return Err(bad(&format!("turn {i} names a file that is not this thread's")));
+            }
+            let (meta, mut kv) = read_entry(&self.dir.join(&r.file), pool, &self.fingerprint, vocab).map_err(|e| e.to_string())?;
+            if meta.tokens != r.tokens || meta.owner != format!("{owner}/{thread}") || kv.len() != r.tokens.len() {
+                return Err(bad(&format!("turn {i}'s file holds another turn")));
+            }
+            let positions: Vec<u32> = (r.first_position..r.first_position + kv.len()).map(|p| p as u32).collect();
+            engram_model::KvCache::place(&mut kv, 0, &positions).map_err(|e| bad(&e))?;
+            turns.push(RestoredTurn {
+                tokens: r.tokens.clone(),
+                kv,
+                embedding: r.embedding.as_ref().map(|e| e.iter().map(|&b| f32::from_bits(b)).collect()),
+                pinned: r.pinned,
+            });
+        }
+        // Turn ids are the ring's, given again when the turns are pushed: the next save
+        // writes them under their new ids (and deletes these files once its manifest is in).
+        Ok(Some(RestoredRing { turns, carry: m.carry }))
+    }
+
+    /// Queues the deletion of every ring file of `owner`.
+    pub fn forget_owner(&mut self, owner: &str) {
+        self.saved.retain(|(o, _), _| o != owner);
+        self.send(Job::DeletePrefix(Self::owner_prefix(owner)));
+    }
+
+    /// Waits until everything queued so far is on disk (or deleted).
+    pub fn flush(&self) {
+        let (tx, rx) = channel();
+        self.send(Job::Flush(tx));
+        let _ = rx.recv();
+    }
+}
+
+impl Drop for RingStore {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Carries out one job on the writer thread. A failed turn file leaves the thread without a
+/// manifest (never one naming a file that is not there): it starts empty after a restart.
+fn run(dir: &Path, job: Job) {
+    match job {
+        Job::Save { files, manifest, body, prefix, keep } => {
+            for (path, meta, kv) in files {
+                if let Err(e) = write_entry(&path, &meta, &kv) {
+                    tracing::warn!("a ring turn is not saved, the thread's ring will not survive a restart: {e}");
+                    let _ = std::fs::remove_file(&manifest);
+                    return;
+                }
+            }
+            let written = engram_kv::persist::atomic_write(&manifest, |w| std::io::Write::write_all(w, &body));
+            if let Err(e) = written {
+                tracing::warn!("{}: the ring manifest is not saved: {e}", manifest.display());
+                let _ = std::fs::remove_file(&manifest);
+                return;
+            }
+            delete_files(dir, &prefix, &keep, true);
+        }
+        Job::DeletePrefix(prefix) => delete_files(dir, &prefix, &[], false),
+        Job::Flush(done) => {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Deletes the files in `dir` whose names start with `prefix`, but for the turn files `keep`
+/// and, with `keep_manifest`, the thread's manifest `<prefix>.ring`.
+fn delete_files(dir: &Path, prefix: &str, keep: &[String], keep_manifest: bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let manifest = format!("{prefix}.ring");
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let is_manifest = keep_manifest && name == manifest;
+        if name.starts_with(prefix) && !is_manifest && !keep.contains(&name) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
