@@ -2,82 +2,55 @@
 //!
 //! Each block's integer dot product runs on 128-bit vectors with widening multiplies
 //! (`vmull_s8`, pairwise-accumulated into 32-bit lanes by `vpadalq_s16`; baseline ARMv8-A, no
-//! `dotprod` extension needed), and the block's float step is the scalar path's expression,
-//! in the scalar path's order. Integer sums are exact whatever their order, so every
+//! `dotprod` extension needed), plugged into the scalar path's float recipe
+//! (`scalar::dot_with`, one function for both). Integer sums are exact whatever their order, so every
 //! (row, token) result is **bitwise the scalar reference** (`tests/neon.rs`, run under
 //! `qemu-aarch64` by `scripts/neon-check.sh`). Float formats (F32/F16/BF16) run the scalar
 //! kernel on this path.
 
 use std::arch::aarch64::*;
 
-use super::{scalar, Acts, TileCtx};
+use super::scalar::{dot_with, BlockDots};
+use super::TileCtx;
 use crate::blocks::*;
-use crate::dtype::DType;
 
-/// Computes the tile element by element (each weight block decoded once per token).
+/// Computes the tile element by element (each weight block decoded once per token): the
+/// scalar float recipe ([`dot_with`]) over this module's integer dots.
 ///
 /// # Safety
 /// As [`super::run_tile`]: the tile in bounds, its output elements written by no one else.
 pub(crate) unsafe fn tile(c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usize) {
     for t in t0..t0 + nt {
         for r in r0..r0 + nr {
-            *c.out.add(t * c.ldo + r) = dot(c, r, t);
+            *c.out.add(t * c.ldo + r) = dot_with::<NeonDots>(c, r, t);
         }
     }
 }
 
-fn dot(c: &TileCtx, r: usize, t: usize) -> f32 {
-    let w = c.w.row(r);
-    match (c.w.dtype, c.acts) {
-        (DType::Q8_0 | DType::Q4_0, Acts::Q8(a)) => {
-            let q4 = c.w.dtype == DType::Q4_0;
-            let mut acc = 0f32;
-            for (i, b) in w.chunks_exact(c.w.dtype.block_bytes()).enumerate() {
-                let ab = t * a.blocks_per_row + i;
-                let xq = &a.qs[ab * QK..ab * QK + QK];
-                // SAFETY: `b` holds a whole block and `xq` 32 values (the chunking above).
-                let isum = unsafe {
-                    if q4 {
-                        q4_0_isum(b, xq) - 8 * a.sum[ab]
-                    } else {
-                        q8_0_isum(b, xq)
-                    }
-                };
-                acc += f16_at(b, 0) * a.d[ab] * isum as f32;
-            }
-            acc
-        }
-        (DType::Q4K, Acts::Q8K(a)) => {
-            let mut acc = 0f32;
-            for (i, b) in w.chunks_exact(144).enumerate() {
-                let ab = t * a.blocks_per_row + i;
-                let xq = &a.qs[ab * QK_K..ab * QK_K + QK_K];
-                let bs = &a.bsums[ab * 16..ab * 16 + 16];
-                let (sc, m) = scales_mins_k4(&b[Q4K_SCALES..]);
-                let qs = &b[Q4K_QS..];
-                let (mut isum, mut msum) = (0i32, 0i32);
-                for j in 0..8 {
-                    // SAFETY: `qs` holds 128 bytes and `xq` 256 values.
-                    let d = unsafe { q4k_group(qs, xq, j) };
-                    isum += sc[j] as i32 * d;
-                    msum += m[j] as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32);
-                }
-                acc += f16_at(b, 0) * a.d[ab] * isum as f32 - f16_at(b, 2) * a.d[ab] * msum as f32;
-            }
-            acc
-        }
-        (DType::Q6K, Acts::Q8K(a)) => {
-            let mut acc = 0f32;
-            for (i, b) in w.chunks_exact(210).enumerate() {
-                let ab = t * a.blocks_per_row + i;
-                let xq = &a.qs[ab * QK_K..ab * QK_K + QK_K];
-                // SAFETY: `b` holds a whole Q6_K block and `xq` 256 values.
-                let isum = unsafe { q6k_isum(b, xq) };
-                acc += f16_at(b, Q6K_D) * a.d[ab] * isum as f32;
-            }
-            acc
-        }
-        _ => scalar::dot(c, r, t),
+/// The integer dots on NEON. Every caller passes a whole block (`b`, `qs`) and the matching
+/// whole activation block (`xq`, 32 or 256 values), which every load below stays inside.
+struct NeonDots;
+
+impl BlockDots for NeonDots {
+    fn q8_0(b: &[u8], xq: &[i8]) -> i32 {
+        assert!(b.len() >= 34 && xq.len() >= QK);
+        // SAFETY: lengths checked above; NEON is part of every aarch64 target.
+        unsafe { q8_0_isum(b, xq) }
+    }
+    fn q4_0(b: &[u8], xq: &[i8]) -> i32 {
+        assert!(b.len() >= 18 && xq.len() >= QK);
+        // SAFETY: as above.
+        unsafe { q4_0_isum(b, xq) }
+    }
+    fn q4k_group(qs: &[u8], xq: &[i8], j: usize) -> i32 {
+        assert!(j < 8 && qs.len() >= 128 && xq.len() >= QK_K);
+        // SAFETY: as above.
+        unsafe { q4k_group(qs, xq, j) }
+    }
+    fn q6k(b: &[u8], xq: &[i8]) -> i32 {
+        assert!(b.len() >= 210 && xq.len() >= QK_K);
+        // SAFETY: as above.
+        unsafe { q6k_isum(b, xq) }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Portable scalar kernels: one (row, token) dot product at a time. They are the reference the
 //! SIMD paths are tested against and the fallback on CPUs without AVX2 (and for the float
-//! formats on aarch64, where `neon` covers the quantized ones). Integer parts are exact; floats accumulate sequentially in f32.
+//! formats on aarch64). Integer parts are exact; floats accumulate sequentially in f32.
+//! [`dot_with`] is the one float recipe: `neon` plugs its own integer dots ([`BlockDots`]) into it.
 
 use super::{Acts, TileCtx};
 use crate::blocks::*;
@@ -18,6 +19,57 @@ pub(crate) unsafe fn tile(c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usiz
 
 /// One (row, token) dot product: the reference every SIMD path's result is compared with.
 pub(crate) fn dot(c: &TileCtx, r: usize, t: usize) -> f32 {
+    dot_with::<ScalarDots>(c, r, t)
+}
+
+/// The integer dot of one quantized block (or sub-block) against its activation block: what a
+/// path may compute with its own instructions. Integer sums are exact in any order, so every
+/// implementation gives the same numbers as [`ScalarDots`].
+pub(crate) trait BlockDots {
+    /// Q8_0: Σ w·x over a block's 32 `i8` weights (after the f16 scale) and `xq[..32]`.
+    fn q8_0(b: &[u8], xq: &[i8]) -> i32;
+    /// Q4_0: Σ q·x with `q` the block's unsigned nibbles (byte `j`: element `j` low, `j + 16`
+    /// high), not yet offset by 8.
+    fn q4_0(b: &[u8], xq: &[i8]) -> i32;
+    /// Q4_K: Σ q·x over sub-block `j` (32 nibbles of `qs[32·(j/2)..]`, low for even `j`).
+    fn q4k_group(qs: &[u8], xq: &[i8], j: usize) -> i32;
+    /// Q6_K: Σ_j scale_j · Σ (q−32)·x over the block's 16 groups of 16 values.
+    fn q6k(b: &[u8], xq: &[i8]) -> i32;
+}
+
+/// The reference integer dots, one element at a time.
+pub(crate) struct ScalarDots;
+
+impl BlockDots for ScalarDots {
+    fn q8_0(b: &[u8], xq: &[i8]) -> i32 {
+        (0..QK).map(|j| (b[2 + j] as i8) as i32 * xq[j] as i32).sum()
+    }
+    fn q4_0(b: &[u8], xq: &[i8]) -> i32 {
+        (0..16).map(|j| (b[2 + j] & 0xF) as i32 * xq[j] as i32 + (b[2 + j] >> 4) as i32 * xq[j + 16] as i32).sum()
+    }
+    fn q4k_group(qs: &[u8], xq: &[i8], j: usize) -> i32 {
+        let (cc, hi) = (j / 2, j % 2 == 1);
+        (0..32)
+            .map(|l| {
+                let q = qs[32 * cc + l];
+                (if hi { q >> 4 } else { q & 0xF }) as i32 * xq[32 * j + l] as i32
+            })
+            .sum()
+    }
+    fn q6k(b: &[u8], xq: &[i8]) -> i32 {
+        let mut isum = 0i32;
+        for j in 0..16 {
+            let d: i32 = (0..16).map(|l| (q6k_value(b, 16 * j + l) - 32) * xq[16 * j + l] as i32).sum();
+            isum += (b[Q6K_SCALES + j] as i8) as i32 * d;
+        }
+        isum
+    }
+}
+
+/// [`dot`] with the quantized formats' integer dots from `D`: the float operations per block
+/// — scales, order, no FMA — are these for every path that uses it, which is what makes such
+/// a path bitwise the reference.
+pub(crate) fn dot_with<D: BlockDots>(c: &TileCtx, r: usize, t: usize) -> f32 {
     let w = c.w.row(r);
     let cols = c.w.cols;
     match (c.w.dtype, c.acts) {
@@ -39,12 +91,7 @@ pub(crate) fn dot(c: &TileCtx, r: usize, t: usize) -> f32 {
             for (i, b) in w.chunks_exact(c.w.dtype.block_bytes()).enumerate() {
                 let ab = t * a.blocks_per_row + i;
                 let xq = &a.qs[ab * QK..ab * QK + QK];
-                let isum: i32 = if q4 {
-                    (0..16).map(|j| (b[2 + j] & 0xF) as i32 * xq[j] as i32 + (b[2 + j] >> 4) as i32 * xq[j + 16] as i32).sum::<i32>()
-                        - 8 * a.sum[ab]
-                } else {
-                    (0..QK).map(|j| (b[2 + j] as i8) as i32 * xq[j] as i32).sum()
-                };
+                let isum: i32 = if q4 { D::q4_0(b, xq) - 8 * a.sum[ab] } else { D::q8_0(b, xq) };
                 acc += f16_at(b, 0) * a.d[ab] * isum as f32;
             }
             acc
@@ -59,14 +106,7 @@ pub(crate) fn dot(c: &TileCtx, r: usize, t: usize) -> f32 {
                 let qs = &b[Q4K_QS..];
                 let (mut isum, mut msum) = (0i32, 0i32);
                 for j in 0..8 {
-                    let (cc, hi) = (j / 2, j % 2 == 1);
-                    let d: i32 = (0..32)
-                        .map(|l| {
-                            let q = qs[32 * cc + l];
-                            (if hi { q >> 4 } else { q & 0xF }) as i32 * xq[32 * j + l] as i32
-                        })
-                        .sum();
-                    isum += sc[j] as i32 * d;
+                    isum += sc[j] as i32 * D::q4k_group(qs, xq, j);
                     msum += m[j] as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32);
                 }
                 acc += f16_at(b, 0) * a.d[ab] * isum as f32 - f16_at(b, 2) * a.d[ab] * msum as f32;
@@ -78,12 +118,7 @@ pub(crate) fn dot(c: &TileCtx, r: usize, t: usize) -> f32 {
             for (i, b) in w.chunks_exact(210).enumerate() {
                 let ab = t * a.blocks_per_row + i;
                 let xq = &a.qs[ab * QK_K..ab * QK_K + QK_K];
-                let mut isum = 0i32;
-                for j in 0..16 {
-                    let d: i32 = (0..16).map(|l| (q6k_value(b, 16 * j + l) - 32) * xq[16 * j + l] as i32).sum();
-                    isum += (b[Q6K_SCALES + j] as i8) as i32 * d;
-                }
-                acc += f16_at(b, Q6K_D) * a.d[ab] * isum as f32;
+                acc += f16_at(b, Q6K_D) * a.d[ab] * D::q6k(b, xq) as f32;
             }
             acc
         }
