@@ -87,7 +87,7 @@ impl Engine {
                 bail!("a turn failed: {e}");
             }
             if let Some(end) = t.end {
-                let first = t.first_text.unwrap_or(end);
+                let first = t.first_token.unwrap_or(end);
                 return Ok((end.duration_since(first).as_secs_f64() * 1e3 / t.completion_tokens.saturating_sub(1).max(1) as f64, t.text));
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
@@ -120,7 +120,9 @@ fn message(model: &Model, i: usize, n: usize) -> Result<Vec<u32>> {
 }
 
 fn params(a: &Args) -> SamplingParams {
-    SamplingParams { max_tokens: a.answer_tokens, ignore_eos: true, ..Default::default() }
+    // Log-probabilities (no alternatives) make every token an event, so decode time runs from
+    // the first token even where a random-weight fixture's bytes finish no character for a while.
+    SamplingParams { max_tokens: a.answer_tokens, ignore_eos: true, logprobs: Some(0), ..Default::default() }
 }
 
 fn job(owner: &str, thread: &str, prompt: Vec<u32>, params: &SamplingParams) -> Job {

@@ -1,5 +1,5 @@
 //! `TimedSink`: the `EventSink` of the benchmarks that drive the scheduler in process. It
-//! keeps when a request's first text and its end arrived, the text, the completion tokens
+//! keeps when a request's first text, its first token and its end arrived, the text, the completion tokens
 //! and any failure, with the engine thread's own timestamps (so how often the caller looks
 //! does not change what it measures).
 
@@ -12,6 +12,9 @@ use engram_engine::scheduler::{Event, EventSink};
 #[derive(Clone, Debug, Default)]
 pub struct Timed {
     pub first_text: Option<Instant>,
+    /// The first token's arrival: its text or, for a request asking for log-probabilities,
+    /// its log-probability (a token whose bytes do not finish a character yet sends no text).
+    pub first_token: Option<Instant>,
     pub end: Option<Instant>,
     pub text: String,
     pub completion_tokens: usize,
@@ -34,7 +37,9 @@ impl EventSink for TimedSink {
         let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match event {
             Event::Text(s) => {
-                t.first_text.get_or_insert_with(Instant::now);
+                let now = Instant::now();
+                t.first_text.get_or_insert(now);
+                t.first_token.get_or_insert(now);
                 t.text.push_str(&s);
             }
             Event::Finished { completion_tokens, .. } => {
@@ -42,7 +47,10 @@ impl EventSink for TimedSink {
                 t.completion_tokens = completion_tokens;
             }
             Event::Failed(e) => t.failed = Some(e.message),
-            Event::Started { .. } | Event::Logprob(_) => {}
+            Event::Logprob(_) => {
+                t.first_token.get_or_insert_with(Instant::now);
+            }
+            Event::Started { .. } => {}
         }
         true
     }
