@@ -52,11 +52,17 @@ fn speed_reports_the_limit_and_honours_a_forced_path() {
             assert_eq!(r["kernels"], s);
         }
     }
-    for bad in ["avx512-not-a-path", "neon"] {
+    for bad in ["avx512-not-a-path", "sve"] {
         let o = engram(&args, Some(bad));
         assert_eq!(o.status.code(), Some(2));
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(e.contains(&format!("ENGRAM_SIMD={bad}")) && e.contains("unknown"), "{e}");
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let o = engram(&args, Some("neon"));
+        assert_eq!(o.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("cannot run the neon path"));
     }
     #[cfg(target_arch = "x86_64")]
     if !std::is_x86_feature_detected!("avx512f") {
