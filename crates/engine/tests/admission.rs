@@ -11,20 +11,12 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::Collect;
+use common::{tiny, Collect};
 use engram_engine::{
     run_engine, Command, Event, EventSink, FinishReason, Generator, JobErrorKind, Metrics, SamplingParams, SchedulerConfig,
 };
-use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, BLOCK_TOKENS};
 use engram_model::Model;
-
-fn tiny() -> (tempfile::TempDir, Arc<Model>) {
-    let dir = tempfile::tempdir().unwrap();
-    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
-    (dir, model)
-}
 
 /// Runs `jobs` submitted at once with `params` on an engine with `budget` bytes of f32 KV;
 /// returns each job's events.

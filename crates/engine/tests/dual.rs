@@ -10,14 +10,13 @@ use std::time::Instant;
 
 mod common;
 
-use common::Collect;
+use common::{tiny, Collect};
 use engram_context::{Checkout, TurnMask, TurnRing};
 use engram_embed::TextEncoder;
 use engram_engine::{
     argmax, run_engine_with, Command, ContextPolicy, Decoding, DualStats, DualStream, Metrics, PooledEncoder, Relevance, Retired,
     SamplingParams, SchedulerConfig,
 };
-use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
 use engram_tokenizer::Tokenizer;
@@ -43,13 +42,6 @@ impl ContextPolicy for Recorder {
         self.used.lock().unwrap().push(self.pool.used());
         *self.stats.lock().unwrap() = self.inner.dual_stats();
     }
-}
-
-fn tiny() -> (tempfile::TempDir, Arc<Model>) {
-    let dir = tempfile::tempdir().unwrap();
-    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
-    (dir, model)
 }
 
 /// What the model answers to `prompt` on `ring`'s view under `mask`, greedy, `ANSWER`

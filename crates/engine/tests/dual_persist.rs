@@ -10,31 +10,18 @@
 //!   (and, with no turn evicted, as a cold run over the same window); a damaged ring file
 //!   starts the thread empty — the answer a fresh thread gives, never a wrong one.
 
+mod common;
+use common::{fact, ids, tiny};
+
 use std::path::Path;
 use std::sync::Arc;
 
 use engram_context::{stream_file_name, Checkout, PersistentStream};
 use engram_engine::{argmax, ContextPolicy, DualStream, FactSegment, Retired};
-use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
 
 const ANSWER: usize = 5;
-
-fn tiny() -> (tempfile::TempDir, Arc<Model>) {
-    let dir = tempfile::tempdir().unwrap();
-    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
-    (dir, model)
-}
-
-fn ids(m: &Model, text: &str) -> Vec<u32> {
-    m.tokenizer.encode(text, false).unwrap().ids
-}
-
-fn fact(m: &Model, id: u64, text: &str) -> FactSegment {
-    FactSegment { id, text: text.into(), tokens: ids(m, &format!(" Fact: {text}.")) }
-}
 
 fn pool(m: &Model, format: KvFormat) -> KvPool {
     KvPool::new(KvLayout::of(&m.config), format, 64 << 20)

@@ -6,28 +6,15 @@
 //! first prefill, later on the idle hook — and a turn running during the swap keeps the view it
 //! started with, joining its ring after it.
 
+mod common;
+use common::{fact, ids, tiny};
+
 use std::sync::Arc;
 
 use engram_context::{Checkout, PersistentStream, SegmentId};
 use engram_engine::{ContextPolicy, DualStream, FactSegment, Retired, Summarizer};
-use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
-
-fn tiny() -> (tempfile::TempDir, Arc<Model>) {
-    let dir = tempfile::tempdir().unwrap();
-    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
-    (dir, model)
-}
-
-fn ids(m: &Model, text: &str) -> Vec<u32> {
-    m.tokenizer.encode(text, false).unwrap().ids
-}
-
-fn fact(m: &Model, id: u64, text: &str) -> FactSegment {
-    FactSegment { id, text: text.into(), tokens: ids(m, &format!(" Fact: {text}.")) }
-}
 
 /// The last logits of a checkout's tokens on its view, and the view's own KV (the turn).
 fn on_view(m: &Model, pool: &KvPool, c: &Checkout) -> (Vec<f32>, SeqKv, usize) {

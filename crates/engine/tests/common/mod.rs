@@ -1,5 +1,6 @@
-//! What the engine's integration tests share: an `EventSink` that keeps a job's events, a job
-//! from token ids, and the `ContextPolicy` methods a test policy takes unchanged from the
+//! What the engine's integration tests share: the tiny fixture model, token ids and fact
+//! segments from text, an `EventSink` that keeps a job's events, a job from token ids, and the
+//! `ContextPolicy` methods a test policy takes unchanged from the
 //! session store.
 
 #![allow(dead_code, unused_macros, unused_imports)]
@@ -8,9 +9,29 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use engram_engine::{run_engine, Command, Event, EventSink, FinishReason, Job, Metrics, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine, Command, Event, EventSink, FactSegment, FinishReason, Job, Metrics, SamplingParams, SchedulerConfig};
+use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
+
+/// The tiny random-weight fixture (Q8_0 GGUF written, loaded from its HF folder), with the
+/// directory that must outlive it.
+pub fn tiny() -> (tempfile::TempDir, Arc<Model>) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
+    (dir, model)
+}
+
+/// `text`'s token ids, no special tokens.
+pub fn ids(m: &Model, text: &str) -> Vec<u32> {
+    m.tokenizer.encode(text, false).unwrap().ids
+}
+
+/// Fact `id` as the persistent stream's segment: ` Fact: {text}.` tokenized.
+pub fn fact(m: &Model, id: u64, text: &str) -> FactSegment {
+    FactSegment { id, text: text.into(), tokens: ids(m, &format!(" Fact: {text}.")) }
+}
 
 /// Collects a job's events.
 #[derive(Clone, Default)]
