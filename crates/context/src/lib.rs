@@ -29,7 +29,9 @@
 //! weights, and they only build caches out of blocks through `engram-kv`.
 
 mod disk_id;
+mod dual_disk;
 mod facts;
+mod pending;
 mod persist;
 mod persistent;
 mod prefix;
@@ -39,11 +41,16 @@ mod session;
 mod tenant;
 
 pub use disk_id::{prefix_disk_id, session_disk_id};
+pub use dual_disk::DualDiskLedger;
 pub use facts::{Fact, FactError, FactLimits, FactStore};
+pub use pending::{PendingRestore, SettledFiles};
 pub use persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
-pub use persistent::{stream_file_name, PersistentStream, Segment, SegmentId, StreamFileError, Update};
+pub use persistent::{
+    stream_file_name, PersistentStream, Segment, SegmentId, StreamFileError, StreamSnapshot, StreamWrite, StreamWriter, StreamWritten,
+    Update,
+};
 pub use prefix::{chain_hashes, chain_root, PrefixIndex};
 pub use ring::{RingView, Turn, TurnMask, TurnRing};
 pub use ring_store::{RestoredRing, RestoredTurn, RingStore};
-pub use session::{Checkout, MatchKind, PendingRestore, Session, SessionStore};
+pub use session::{Checkout, MatchKind, Session, SessionStore};
 pub use tenant::{account, entry_account};

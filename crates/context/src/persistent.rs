@@ -26,7 +26,9 @@
 use std::ops::Range;
 
 mod file;
-pub use file::{stream_file_name, StreamFileError};
+mod writer;
+pub use file::{stream_file_name, StreamFileError, StreamSnapshot};
+pub use writer::{StreamWrite, StreamWriter, StreamWritten};
 
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{KeyMask, Logits, Model, SeqStep};

@@ -19,7 +19,10 @@
 //! Invariant: a restore yields exactly the turns, tokens, positions, embeddings and carry
 //! that were saved, with each turn's KV bytes as written (every entry check passed and its
 //! tokens equal to the manifest's), or an error and nothing: a damaged, truncated, foreign or
-//! missing file refuses the whole ring (`crates/engine/tests/dual_persist.rs`). Writes are
+//! missing file refuses the whole ring (`crates/engine/tests/dual_persist.rs`). With
+//! [`RingStore::load_unverified`] the turn files' checksums are the one check left running
+//! (one background thread for the ring) until the caller waits for them
+//! (`crates/engine/tests/dual_restore.rs`). Writes are
 //! carried out in the order queued, each file atomically; [`RingStore::flush`] returns once
 //! everything queued is on disk.
 
@@ -28,7 +31,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Sender};
 use std::thread::JoinHandle;
 
-use engram_kv::{read_entry, write_entry, EntryKind, EntryMeta, KvPool, SeqKv};
+use engram_kv::{
+    check_in_background, open_entry_unchecked, write_entry, ChecksumCheck, EntryKind, EntryMeta, KvPool, SeqKv, UncheckedEntry,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::ring::TurnRing;
@@ -81,6 +86,9 @@ pub struct RestoredRing {
     pub carry: Option<u32>,
 }
 
+/// A ring read back with its turn files' checksums still to compute.
+type Opened = (RestoredRing, Vec<UncheckedEntry>);
+
 enum Job {
     /// Writes `files`, then the manifest, then deletes the thread's turn files (names starting
     /// with `prefix`) other than `keep`.
@@ -104,7 +112,7 @@ pub struct RingStore {
     writer: Option<JoinHandle<()>>,
     /// Per thread, the file holding each turn's KV, with the position and tokens it was
     /// written with (a state entry replaced in place keeps its id: its tokens tell).
-    saved: HashMap<(String, String), HashMap<u64, (usize, Vec<u32>, String)>>,
+    saved: HashMap<(String, String), HashMap<u64, (usize, Vec<u32>, String, u64)>>,
     counter: u64,
 }
 
@@ -145,6 +153,44 @@ impl RingStore {
         format!("{}{}", Self::owner_prefix(owner), hash16(&[owner, thread]))
     }
 
+    /// The key of `owner`'s `thread` ring: the prefix of every file of it (a disk ledger's key).
+    pub fn ring_key(owner: &str, thread: &str) -> String {
+        Self::thread_prefix(owner, thread)
+    }
+
+    /// The rings a previous process left in the directory: per ring its key, its owner (from
+    /// the manifest; rings whose manifest does not read are skipped, refused when loaded), the
+    /// bytes of its files, and its manifest's modification time (seconds since the epoch).
+    pub fn on_disk(&self) -> Vec<(String, String, u64, u64)> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        let mut sizes: HashMap<String, u64> = HashMap::new();
+        let mut manifests = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            // ring-<16 hex>-<16 hex>: the key of every file of the ring.
+            let Some(key) = name.get(..38).filter(|k| k.starts_with("ring-")) else { continue };
+            let meta = e.metadata().ok();
+            *sizes.entry(key.to_string()).or_default() += meta.as_ref().map_or(0, |m| m.len());
+            if name.ends_with(".ring") {
+                let modified = meta.and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+                manifests.push((key.to_string(), e.path(), modified.map_or(0, |d| d.as_secs())));
+            }
+        }
+        let owner_of = |path: &Path| -> Option<String> {
+            let bytes = std::fs::read(path).ok()?;
+            let nl = bytes.iter().position(|&b| b == b'\n')?;
+            serde_json::from_slice::<Manifest>(&bytes[nl + 1..]).ok().map(|m| m.owner)
+        };
+        manifests.into_iter().filter_map(|(key, path, modified)| Some((key.clone(), owner_of(&path)?, sizes[&key], modified))).collect()
+    }
+
+    /// Deletes the ring whose key is `key` ([`RingStore::ring_key`]), after every write queued
+    /// before (a ring evicted for the disk budget); its thread's next save writes it whole.
+    pub fn discard_key(&mut self, key: &str) {
+        self.saved.retain(|(o, t), _| Self::thread_prefix(o, t) != key);
+        self.send(Job::DeletePrefix(key.to_string()));
+    }
+
     /// The manifest's path of `owner`'s `thread`.
     pub fn manifest_path(&self, owner: &str, thread: &str) -> PathBuf {
         self.dir.join(format!("{}.ring", Self::thread_prefix(owner, thread)))
@@ -159,8 +205,9 @@ impl RingStore {
     /// Queues `ring` of `owner`'s `thread` (with `carry`, the last answer's unfed token) for
     /// writing: the files of turns new or moved since the last save, then the manifest, then
     /// the deletion of files no turn uses any more. Returns at once; the engine thread only
-    /// forks the turns' KV (blocks shared, not copied).
-    pub fn save(&mut self, owner: &str, thread: &str, ring: &TurnRing, carry: Option<u32>) {
+    /// forks the turns' KV (blocks shared, not copied). Returns the bytes the ring's files take
+    /// once written (turn files and manifest).
+    pub fn save(&mut self, owner: &str, thread: &str, ring: &TurnRing, carry: Option<u32>) -> u64 {
         let prefix = Self::thread_prefix(owner, thread);
         let key = (owner.to_string(), thread.to_string());
         let old = self.saved.remove(&key).unwrap_or_default();
@@ -168,8 +215,8 @@ impl RingStore {
         let (mut files, mut records) = (Vec::new(), Vec::new());
         for t in ring.turns() {
             let first = t.first_position();
-            let file = match old.get(&t.id) {
-                Some((pos, tokens, file)) if *pos == first && *tokens == t.tokens => file.clone(),
+            let (file, bytes) = match old.get(&t.id) {
+                Some((pos, tokens, file, bytes)) if *pos == first && *tokens == t.tokens => (file.clone(), *bytes),
                 _ => {
                     self.counter += 1;
                     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -183,8 +230,10 @@ impl RingStore {
                         offsets: Vec::new(),
                         created_unix: now_unix(),
                     };
-                    files.push((self.dir.join(&file), meta, t.kv().fork_at_slot_positions()));
-                    file
+                    let kv = t.kv().fork_at_slot_positions();
+                    let bytes = engram_kv::persist::encoded_len(&meta, &kv).unwrap_or(0);
+                    files.push((self.dir.join(&file), meta, kv));
+                    (file, bytes)
                 }
             };
             records.push(TurnRecord {
@@ -195,16 +244,19 @@ impl RingStore {
                 pinned: t.pinned,
                 saved_unix: now_unix(),
             });
-            now.insert(t.id, (first, t.tokens.clone(), file));
+            now.insert(t.id, (first, t.tokens.clone(), file, bytes));
         }
-        let keep = now.values().map(|(_, _, f)| f.clone()).collect();
+        let keep = now.values().map(|(_, _, f, _)| f.clone()).collect();
+        let turn_bytes: u64 = now.values().map(|(_, _, _, b)| b).sum();
         let manifest =
             Manifest { owner: owner.to_string(), thread: thread.to_string(), fingerprint: self.fingerprint.clone(), carry, turns: records };
         let json = serde_json::to_vec(&manifest).expect("manifests serialize");
         let mut body = format!("{MAGIC} v{VERSION} {} {}\n", json.len(), blake3::hash(&json).to_hex()).into_bytes();
         body.extend_from_slice(&json);
+        let total = turn_bytes + body.len() as u64;
         self.saved.insert(key, now);
         self.send(Job::Save { files, manifest: self.manifest_path(owner, thread), body, prefix, keep });
+        total
     }
 
     /// Reads back `owner`'s `thread`: `Ok(None)` without a manifest; an error naming what is
@@ -212,16 +264,53 @@ impl RingStore {
     /// empty ring, and its files are deleted). Each turn's KV is checked whole (checksum,
     /// model and format, owner, tokens) and sits at its saved positions.
     pub fn load(&mut self, owner: &str, thread: &str, pool: &KvPool, vocab: usize) -> Result<Option<RestoredRing>, String> {
-        let path = self.manifest_path(owner, thread);
-        let result = self.load_inner(&path, owner, thread, pool, vocab);
+        let result = self.open_ring(owner, thread, pool, vocab).and_then(|found| match found {
+            Some((ring, unchecked)) => {
+                unchecked.into_iter().try_for_each(UncheckedEntry::check).map_err(|e| e.to_string())?;
+                Ok(Some(ring))
+            }
+            None => Ok(None),
+        });
         if result.is_err() {
-            self.saved.remove(&(owner.to_string(), thread.to_string()));
-            self.send(Job::DeletePrefix(Self::thread_prefix(owner, thread)));
+            self.discard(owner, thread);
         }
         result
     }
 
-    fn load_inner(&mut self, path: &Path, owner: &str, thread: &str, pool: &KvPool, vocab: usize) -> Result<Option<RestoredRing>, String> {
+    /// [`RingStore::load`] with the turn files' checksums left running on a background thread
+    /// (the caller prefills on the mapped turns meanwhile): every other check has passed. The
+    /// caller waits for the returned check before it shows or keeps anything computed from the
+    /// ring, and on `Err` drops the ring and calls [`RingStore::discard`].
+    pub fn load_unverified(
+        &mut self,
+        owner: &str,
+        thread: &str,
+        pool: &KvPool,
+        vocab: usize,
+    ) -> Result<Option<(RestoredRing, ChecksumCheck)>, String> {
+        let result = self.open_ring(owner, thread, pool, vocab).and_then(|found| match found {
+            Some((ring, unchecked)) => {
+                let check = check_in_background(self.manifest_path(owner, thread), unchecked).map_err(|e| e.to_string())?;
+                Ok(Some((ring, check)))
+            }
+            None => Ok(None),
+        });
+        if result.is_err() {
+            self.discard(owner, thread);
+        }
+        result
+    }
+
+    /// Forgets `owner`'s `thread` on disk (a ring that failed its checks): its files are deleted,
+    /// after every write queued before.
+    pub fn discard(&mut self, owner: &str, thread: &str) {
+        self.saved.remove(&(owner.to_string(), thread.to_string()));
+        self.send(Job::DeletePrefix(Self::thread_prefix(owner, thread)));
+    }
+
+    /// Reads the manifest and opens every turn file (all checks but the turn files' checksums).
+    fn open_ring(&mut self, owner: &str, thread: &str, pool: &KvPool, vocab: usize) -> Result<Option<Opened>, String> {
+        let path = &self.manifest_path(owner, thread);
         let size = match std::fs::metadata(path) {
             Ok(m) => m.len(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -253,12 +342,14 @@ impl RingStore {
             return Err(bad("made by another model or KV format"));
         }
         let prefix = Self::thread_prefix(owner, thread);
-        let mut turns = Vec::with_capacity(m.turns.len());
+        let (mut turns, mut unchecked) = (Vec::with_capacity(m.turns.len()), Vec::with_capacity(m.turns.len()));
         for (i, r) in m.turns.iter().enumerate() {
             if !r.file.starts_with(&prefix) || r.file.contains('/') || r.tokens.is_empty() {
                 return Err(bad(&format!("turn {i} names a file that is not this thread's")));
             }
-            let (meta, mut kv) = read_entry(&self.dir.join(&r.file), pool, &self.fingerprint, vocab).map_err(|e| e.to_string())?;
+            let (meta, mut kv, sum) =
+                open_entry_unchecked(&self.dir.join(&r.file), pool, &self.fingerprint, vocab).map_err(|e| e.to_string())?;
+            unchecked.push(sum);
             if meta.tokens != r.tokens || meta.owner != format!("{owner}/{thread}") || kv.len() != r.tokens.len() {
                 return Err(bad(&format!("turn {i}'s file holds another turn")));
             }
@@ -273,7 +364,7 @@ impl RingStore {
         }
         // Turn ids are the ring's, given again when the turns are pushed: the next save
         // writes them under their new ids (and deletes these files once its manifest is in).
-        Ok(Some(RestoredRing { turns, carry: m.carry }))
+        Ok(Some((RestoredRing { turns, carry: m.carry }, unchecked)))
     }
 
     /// Queues the deletion of every ring file of `owner`.

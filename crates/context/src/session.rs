@@ -14,10 +14,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use engram_kv::{ChecksumCheck, KvPool, SeqKv, Span};
+use engram_kv::{KvPool, SeqKv, Span};
 use engram_model::Fingerprint;
 use engram_tokenizer::{Tokenizer, TokenizerError};
 
+use crate::pending::{PendingRestore, Restored};
 use crate::persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 use crate::prefix::PrefixIndex;
 
@@ -89,16 +90,6 @@ pub struct Checkout {
     /// view whose last slots are masked. `None` from policies whose views end at their last
     /// span.
     pub own_first: Option<usize>,
-}
-
-/// A session restored from disk whose file's checksum is being computed on
-/// another thread (so reading the file and prefilling the new turn overlap).
-/// Until [`SessionStore::verify_restore`] accepts it, the session is in
-/// neither the store's RAM sessions nor its disk catalog.
-#[must_use = "a restored session is unverified until SessionStore::verify_restore"]
-pub struct PendingRestore {
-    session: Session,
-    check: ChecksumCheck,
 }
 
 /// Sessions of every owner plus the shared prefix index (chains salted per owner
@@ -249,7 +240,7 @@ impl SessionStore {
         let mut token_ends: Vec<usize> = meta.offsets.iter().map(|o| o.1).collect();
         token_ends.resize(n, meta.text.len());
         let session = Session { id: pick.session_id, owner: pick.owner, text: meta.text, tokens, token_ends, kv, last_used: self.clock };
-        Some(PendingRestore { session, check })
+        Some(PendingRestore { what: Restored::Session(Box::new(session)), check })
     }
 
     /// Waits for a restored session's checksum. True: the file was sound, the
@@ -257,16 +248,18 @@ impl SessionStore {
     /// what was computed from its cache stands. False: the file was corrupt
     /// and is deleted; the caller discards what it computed from the cache.
     pub fn verify_restore(&mut self, p: PendingRestore) -> bool {
+        // Another policy's files are not the store's to keep or delete: only their verdict.
+        let Restored::Session(session) = p.what else { return p.check.wait().is_ok() };
         match p.check.wait() {
             Ok(()) => {
                 self.restored += 1;
-                let key = (p.session.owner.clone(), p.session.id.clone());
-                self.sessions.entry(key).or_insert(p.session);
+                let key = (session.owner.clone(), session.id.clone());
+                self.sessions.entry(key).or_insert(*session);
                 true
             }
             Err(e) => {
                 if let Some(d) = &self.disk {
-                    d.drop_corrupt(&p.session.owner, &p.session.id, &e);
+                    d.drop_corrupt(&session.owner, &session.id, &e);
                 }
                 false
             }
@@ -432,7 +425,7 @@ impl SessionStore {
         fix_ends(&mut token_ends, 0);
         let mut restore = self.restore_best(owner, session_id, text);
         let candidate = match (&restore, session_id) {
-            (Some(p), _) => Some(&p.session),
+            (Some(p), _) => p.session(),
             (None, Some(id)) => self.sessions.get(&(owner.to_string(), id.to_string())),
             (None, None) => self
                 .sessions

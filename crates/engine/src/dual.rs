@@ -29,12 +29,14 @@
 //! forgotten its answer equals a cold run over anchors + every turn
 //! (`crates/engine/tests/dual.rs`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
-use engram_context::{Checkout, MatchKind, PendingRestore, PersistentStream, RingStore, SegmentId, TurnMask, TurnRing, Update};
+use engram_context::{
+    Checkout, MatchKind, PendingRestore, PersistentStream, RingStore, SegmentId, StreamWriter, TurnMask, TurnRing, Update,
+};
 use engram_embed::TextEncoder;
 use engram_kv::{KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
@@ -42,6 +44,9 @@ use engram_tokenizer::Tokenizer;
 
 use crate::policy::{ContextPolicy, PolicyStats, Retired};
 use crate::summarize::Summarizer;
+
+mod budget;
+mod persist;
 
 /// Relevance masks: an encoder, the similarity a turn needs, and how many last turns are
 /// always attended.
@@ -73,6 +78,9 @@ pub struct DualStats {
     /// Persistent streams written to their file (and mapped back), restored from one (wholly
     /// or a prefix), and files refused (damaged, foreign, another model: prefilled instead).
     pub streams_saved: u64,
+    /// Stream files queued for the writer, and the bytes of those written and mapped back.
+    pub streams_queued: u64,
+    pub stream_bytes_written: u64,
     pub streams_restored: u64,
     pub stream_tokens_restored: u64,
     pub stream_files_refused: u64,
@@ -82,6 +90,8 @@ pub struct DualStats {
     pub rings_restored: u64,
     pub turns_restored: u64,
     pub ring_files_refused: u64,
+    /// Rings deleted from disk to keep the files within the disk budget (least recently used).
+    pub rings_evicted_for_disk: u64,
 }
 
 /// A fact of a user's persistent stream: its id in the user's log, its text (what a
@@ -111,6 +121,9 @@ struct User {
     stream: PersistentStream,
     /// The stream's generation its file holds (`None`: not written by this process).
     saved: Option<u64>,
+    /// The write queued last (its id, the generation it writes), until its result is taken;
+    /// kept after a failed write so that generation is not queued again.
+    writing: Option<(u64, u64)>,
 }
 
 impl User {
@@ -140,6 +153,8 @@ struct Thread {
     ring: TurnRing,
     generation: u64,
     state: Option<u64>,
+    /// A restore from disk whose checksums are still unverified: its id and turns.
+    pending: Option<(u64, usize)>,
 }
 
 /// The dual-stream policy. See the module doc.
@@ -165,6 +180,16 @@ pub struct DualStream {
     dir: Option<std::path::PathBuf>,
     /// Threads' rings on disk (with `dir`).
     rings: Option<RingStore>,
+    /// The persistent streams' file writer (with `dir`), and the last write's id.
+    streams: Option<StreamWriter>,
+    next_write: u64,
+    /// The ring restore the last `thread` call handed out, for the admission to carry.
+    unsettled: Option<PendingRestore>,
+    next_restore: u64,
+    /// Threads whose ring failed its checksums: their next turn starts empty, not from disk.
+    refused: HashSet<(String, String)>,
+    /// The files' bytes against the disk budget (`set_disk_budget`).
+    ledger: Option<engram_context::DualDiskLedger>,
 }
 
 impl DualStream {
@@ -186,81 +211,13 @@ impl DualStream {
             stats: DualStats::default(),
             dir: None,
             rings: None,
+            streams: None,
+            next_write: 0,
+            unsettled: None,
+            next_restore: 0,
+            refused: HashSet::new(),
+            ledger: None,
         }
-    }
-
-    /// Keeps each user's persistent stream as an immutable entry file in `dir`
-    /// (`engram_context::stream_file_name`): written once prefilled and after every change,
-    /// then mapped back, so every thread attends one copy of it in the page cache; after a
-    /// restart a stream is restored from its file (as far as it agrees with the stream's
-    /// tokens) instead of prefilled. A damaged or foreign file is refused with a warning and
-    /// the stream prefilled. Threads' rings are kept there too ([`RingStore`]): saved as their
-    /// turns retire, restored at a thread's first turn after a restart. Errors: the directory
-    /// cannot be created or the ring writer started.
-    pub fn with_dir(mut self, dir: impl Into<std::path::PathBuf>) -> std::io::Result<DualStream> {
-        self.set_dir(dir)?;
-        Ok(self)
-    }
-
-    /// [`DualStream::with_dir`] on a policy already built; on error it stays in RAM only.
-    pub fn set_dir(&mut self, dir: impl Into<std::path::PathBuf>) -> std::io::Result<()> {
-        let dir = dir.into();
-        std::fs::create_dir_all(&dir)?;
-        self.rings = Some(RingStore::open(&dir, &engram_kv::cache_fingerprint(self.model.fingerprint, self.pool.format()))?);
-        self.dir = Some(dir);
-        Ok(())
-    }
-
-    /// Waits until every ring queued for writing is on disk (tests, benches, shutdown).
-    pub fn flush(&self) {
-        if let Some(r) = &self.rings {
-            r.flush();
-        }
-    }
-
-    /// Queues `owner`'s `thread` ring for writing (with `dir`).
-    fn save_ring(&mut self, owner: &str, thread: &str) {
-        let key = (owner.to_string(), thread.to_string());
-        let (Some(rings), Some(t)) = (self.rings.as_mut(), self.threads.get(&key)) else { return };
-        rings.save(owner, thread, &t.ring, self.carry.get(&key).copied());
-        self.stats.rings_saved += 1;
-    }
-
-    /// Puts the turns `owner`'s `thread` had before a restart into `ring` (fresh, on the
-    /// current stream), moved to follow the stream if it changed length; the state entry back
-    /// as the thread's. A refused ring is a warning and leaves `ring` empty.
-    fn restore_ring(&mut self, owner: &str, thread: &str, ring: &mut TurnRing, base: &SeqKv, masked: &[Range<usize>]) -> Option<u64> {
-        let rings = self.rings.as_mut()?;
-        let restored = match rings.load(owner, thread, &self.pool, self.model.config.vocab) {
-            Ok(Some(r)) => r,
-            Ok(None) => return None,
-            Err(e) => {
-                self.stats.ring_files_refused += 1;
-                tracing::warn!("thread {thread:?} of {owner:?}: its saved ring is not used, the thread starts empty: {e}");
-                return None;
-            }
-        };
-        let (mut state, n) = (None, restored.turns.len());
-        for t in restored.turns {
-            let mut kv = t.kv;
-            let next = ring.next_position();
-            let pushed = if kv.position(0) != next { kv.move_slots(0..kv.len(), next, &self.model.config.rope) } else { Ok(()) }
-                .and_then(|_| ring.push(t.tokens, kv, t.embedding, t.pinned));
-            if let Err(e) = pushed {
-                tracing::warn!("thread {thread:?} of {owner:?}: its saved ring does not fit, the thread starts empty: {e}");
-                *ring = self.open_ring(base, masked.to_vec()).ok()?;
-                return None;
-            }
-            if t.pinned {
-                state = ring.turns().last().map(|t| t.id);
-            }
-        }
-        if let Some(c) = restored.carry {
-            self.carry.insert((owner.to_string(), thread.to_string()), c);
-        }
-        self.stats.rings_restored += 1;
-        self.stats.turns_restored += n as u64;
-        state
     }
 
     /// Masks turns by relevance to each new prompt (`keep_last` is raised to 1).
@@ -314,6 +271,12 @@ impl DualStream {
     pub fn set_state(&mut self, user: &str, thread: &str, tokens: Vec<u32>) -> Result<(), String> {
         let (model, pool) = (self.model.clone(), self.pool.clone());
         self.thread(user, thread)?;
+        // A ring just restored from disk: its files are checked here, not beside a prefill.
+        if let Some(p) = self.unsettled.take() {
+            if !self.settle_ring(p) {
+                self.thread(user, thread)?;
+            }
+        }
         let t = self.threads.get_mut(&(user.to_string(), thread.to_string())).expect("opened above");
         if tokens.is_empty() {
             if let Some(id) = t.state.take() {
@@ -409,65 +372,11 @@ impl DualStream {
         Ok(ring)
     }
 
-    /// The cache fingerprint files of this policy carry (model and KV format).
-    fn fingerprint(&self) -> String {
-        engram_kv::cache_fingerprint(self.model.fingerprint, self.pool.format())
-    }
-
-    /// Takes `user`'s stream KV from its file when the stream holds none (the first turn after
-    /// a restart): the agreeing prefix mapped, the rest left to the prefill. A refused file is
-    /// a warning (deleted when damaged); the stream is then prefilled.
-    fn restore_stream(&mut self, user: &str) {
-        let Some(dir) = &self.dir else { return };
-        let path = dir.join(engram_context::stream_file_name(user));
-        let fingerprint = self.fingerprint();
-        let Some(u) = self.users.get_mut(user) else { return };
-        if u.saved.is_some() || u.stream.kv().is_some() {
-            return;
-        }
-        match u.stream.restore_from(&path, &self.pool, &fingerprint, user, self.model.config.vocab) {
-            Ok(None) => {}
-            Ok(Some(n)) => {
-                self.stats.streams_restored += (n > 0) as u64;
-                self.stats.stream_tokens_restored += n as u64;
-                if n == u.stream.len() {
-                    u.saved = Some(u.stream.generation());
-                }
-            }
-            Err(e) => {
-                self.stats.stream_files_refused += 1;
-                tracing::warn!("{user:?}: the persistent stream's file is not used, the stream is prefilled: {e}");
-                if e.is_corrupt() {
-                    let _ = std::fs::remove_file(&path);
-                }
-            }
-        }
-    }
-
-    /// Writes `user`'s stream to its file if the file does not hold this generation yet, and
-    /// maps it back (threads fork the mapped blocks from then on). Errors are warnings: the
-    /// stream stays in RAM as it was.
-    fn save_stream(&mut self, user: &str) {
-        let Some(dir) = &self.dir else { return };
-        let path = dir.join(engram_context::stream_file_name(user));
-        let fingerprint = self.fingerprint();
-        let Some(u) = self.users.get_mut(user) else { return };
-        if u.stream.kv().is_none() || u.stream.is_empty() || u.saved == Some(u.stream.generation()) {
-            return;
-        }
-        match u.stream.save_and_map(&path, &self.pool, &fingerprint, user, self.model.config.vocab) {
-            Ok(_) => {
-                u.saved = Some(u.stream.generation());
-                self.stats.streams_saved += 1;
-            }
-            Err(e) => tracing::warn!("{user:?}: the persistent stream is not saved (kept in RAM): {e}"),
-        }
-    }
-
     /// `owner`'s thread on the current generation of the user's stream (summarized first at
     /// the session's start if due, prefilled as far as it is not, the ring moved onto it).
     fn thread(&mut self, owner: &str, thread: &str) -> Result<&mut TurnRing, String> {
         let key = (owner.to_string(), thread.to_string());
+        self.adopt_written();
         let u = self.users.entry(owner.to_string()).or_default();
         if u.summary_due && u.stream.kv().is_none() {
             self.summarize(owner);
@@ -484,8 +393,14 @@ impl DualStream {
         match self.threads.get_mut(&key) {
             None => {
                 let mut ring = self.open_ring(&base, masked.clone()).map_err(|e| format!("opening the thread: {e}"))?;
-                let state = self.restore_ring(owner, thread, &mut ring, &base, &masked);
-                self.threads.insert(key.clone(), Thread { ring, generation, state });
+                let (state, restored) =
+                    if self.refused.remove(&key) { (None, None) } else { self.restore_ring(owner, thread, &mut ring, &base, &masked) };
+                let pending = restored.map(|(n, check)| {
+                    self.next_restore += 1;
+                    self.unsettled = Some(PendingRestore::files(owner, thread, self.next_restore, check));
+                    (self.next_restore, n)
+                });
+                self.threads.insert(key.clone(), Thread { ring, generation, state, pending });
             }
             Some(t) if t.generation != generation => {
                 t.ring.rebase(base, masked).map_err(|e| format!("moving the thread onto the new persistent stream: {e}"))?;
@@ -522,7 +437,9 @@ impl ContextPolicy for DualStream {
             _ => TurnMask::All,
         };
         let view = self.thread(owner, &thread)?.view(&mask);
+        let restore = self.unsettled.take();
         self.stats.turns_masked += view.masked.len() as u64;
+        self.touch_ring(owner, &thread);
         let key = (owner.to_string(), thread.clone());
         let tokens: Vec<u32> = self.carry.remove(&key).into_iter().chain(prompt.iter().copied()).collect();
         self.running.insert(key, query);
@@ -533,7 +450,7 @@ impl ContextPolicy for DualStream {
             tokens,
             reused: 0,
             kv: SeqKv::new(&self.pool),
-            restore: None,
+            restore,
             spans: view.spans,
             // A stream ending in a tombstoned fact (with no turn after it) leaves a gap at the
             // view's end: the turn still goes at the ring's next position.
@@ -548,11 +465,11 @@ impl ContextPolicy for DualStream {
         self.pool.budget().saturating_sub(self.pool.used()) >= bytes
     }
 
-    /// Nothing to settle here: this policy's files (persistent streams, rings) are checked
-    /// whole — checksum included — when they are read at admission, before any checkout is
-    /// handed out, so no checkout of it carries a `PendingRestore` (the session store's type).
-    fn verify_restore(&mut self, _restore: PendingRestore) -> bool {
-        true
+    /// A thread's ring restored from disk at admission: its turn files' checksums, computed
+    /// beside the turn's prefill. False (damaged): the thread starts empty and the scheduler
+    /// admits the job again on it (see `dual/persist.rs`).
+    fn verify_restore(&mut self, restore: PendingRestore) -> bool {
+        self.settle_ring(restore)
     }
 
     fn retire(&mut self, r: Retired) {
@@ -586,9 +503,13 @@ impl ContextPolicy for DualStream {
         if let Some(r) = self.rings.as_mut() {
             r.forget_owner(owner);
         }
-        if let Some(dir) = &self.dir {
-            let _ = std::fs::remove_file(dir.join(engram_context::stream_file_name(owner)));
+        if let (Some(dir), Some(w)) = (&self.dir, &self.streams) {
+            // After any write of it still queued.
+            w.delete(dir.join(engram_context::stream_file_name(owner)));
         }
+        self.refused.retain(|(o, _)| o != owner);
+        let threads: Vec<String> = self.threads.keys().filter(|(o, _)| o == owner).map(|(_, t)| t.clone()).collect();
+        self.uncharge_owner(owner, &threads);
         self.users.remove(owner);
         self.threads.retain(|(o, _), _| o != owner);
         self.running.retain(|(o, _), _| o != owner);
@@ -598,6 +519,7 @@ impl ContextPolicy for DualStream {
     fn stats(&self) -> PolicyStats {
         PolicyStats {
             sessions_idle: self.threads.len() as u64,
+            disk_bytes_used: self.disk_bytes_charged(),
             turns_evicted: self.stats.turns_evicted,
             turns_masked: self.stats.turns_masked,
             summaries: self.stats.summaries,
@@ -621,6 +543,7 @@ impl ContextPolicy for DualStream {
     /// One summary due (a stream whose live facts passed the cap during a session), then
     /// swapped in: threads attend it from their next turn.
     fn idle_slice(&mut self) -> bool {
+        self.adopt_written();
         let due: Vec<String> = self.users.iter().filter(|(_, u)| u.summary_due).map(|(k, _)| k.clone()).collect();
         if let Some(user) = due.first() {
             self.summarize(user);

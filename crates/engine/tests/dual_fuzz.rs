@@ -178,7 +178,8 @@ impl Harness<'_> {
         let env = self.env;
         let n = 1 + self.rng.below(20);
         let prompt = self.rng.tokens(env.m.config.vocab, n);
-        let c = self.policy.admit(USER, Some(&thread), None, false, &prompt, &env.m.tokenizer).unwrap();
+        let mut c = self.policy.admit(USER, Some(&thread), None, false, &prompt, &env.m.tokenizer).unwrap();
+        let restore = c.restore.take();
         let text = env.m.tokenizer.decode(&prompt, true).unwrap();
         let query = word_hash(&text);
         let carry = self.reference.threads.get(&thread).and_then(|t| t.carry);
@@ -230,6 +231,10 @@ impl Harness<'_> {
         reference.reserve(tokens.len()).unwrap();
         let want = env.run(&mut reference, window.len(), &tokens, &positions, None, Logits::Last);
         assert_close(&got, &want, &|| format!("seed {seed}: the prompt's logits on the view"));
+        // A ring restored after a restart: its turn files' checksums, settled after the prefill.
+        if let Some(r) = restore {
+            assert!(self.policy.verify_restore(r), "seed {seed}: a sound ring's files verify");
+        }
         self.cases += 1;
         let next = self.pick(&got);
         let window_len = window.len();

@@ -8,7 +8,9 @@
 //! - threads' rings are saved as their turns retire and restored at the thread's first turn
 //!   after a restart: the continued conversation answers bitwise as one that never restarted
 //!   (and, with no turn evicted, as a cold run over the same window); a damaged ring file
-//!   starts the thread empty — the answer a fresh thread gives, never a wrong one.
+//!   starts the thread empty — the answer a fresh thread gives, never a wrong one — whether
+//!   refused at admission or, for a turn file's checksum, by `verify_restore` after the
+//!   prefill ran on it.
 
 mod common;
 use common::{fact, ids, tiny};
@@ -35,11 +37,13 @@ fn policy(m: &Arc<Model>, pool: &KvPool, dir: &Path, capacity: usize, facts: Vec
     p
 }
 
-/// One turn as the scheduler runs it: admitted, its tokens prefilled on the view, `ANSWER`
+/// One turn as the scheduler runs it: admitted, its tokens prefilled on the view (a ring
+/// restored from disk verified then, the turn admitted again if it proves damaged), `ANSWER`
 /// tokens decoded greedily (the last sampled, not fed), retired. Returns the answer's tokens
 /// and the logits after the prompt.
 fn turn(m: &Model, pool: &KvPool, p: &mut DualStream, thread: &str, prompt: &[u32]) -> (Vec<u32>, Vec<f32>) {
-    let c = p.admit("u", Some(thread), None, false, prompt, &m.tokenizer).unwrap();
+    let mut c = p.admit("u", Some(thread), None, false, prompt, &m.tokenizer).unwrap();
+    let mut restore = c.restore.take();
     let mut kv = KvView::new(c.spans.clone(), SeqKv::new(pool)).starting_at(c.own_first);
     let mut pos = kv.own_first_position() as u32;
     let (mut tokens, mut input, mut answer, mut first_logits) = (c.tokens.clone(), c.tokens.clone(), Vec::new(), None);
@@ -50,6 +54,11 @@ fn turn(m: &Model, pool: &KvPool, p: &mut DualStream, thread: &str, prompt: &[u3
         let step = SeqStep { positions: Some(&positions), ..SeqStep::new(&input, first, &mut kv, Logits::Last) };
         let logits = m.forward(&mut [step]).unwrap().remove(0);
         pos += input.len() as u32;
+        if let Some(r) = restore.take() {
+            if !p.verify_restore(r) {
+                return turn(m, pool, p, thread, prompt);
+            }
+        }
         let t = argmax(&logits);
         first_logits.get_or_insert(logits);
         answer.push(t);
@@ -99,13 +108,18 @@ fn assert_close(a: &[f32], b: &[f32], what: &str) {
 
 /// The logits after `prompt` on a fresh thread `thread` (admitted, never retired).
 fn first_logits(m: &Model, pool: &KvPool, p: &mut DualStream, thread: &str, prompt: &[u32]) -> Vec<f32> {
-    let c: Checkout = p.admit("u", Some(thread), None, false, prompt, &m.tokenizer).unwrap();
+    let mut c: Checkout = p.admit("u", Some(thread), None, false, prompt, &m.tokenizer).unwrap();
+    let restore = c.restore.take();
     let mut kv = KvView::new(c.spans.clone(), SeqKv::new(pool)).starting_at(c.own_first);
     let first = kv.own_first_position();
     kv.own_mut().reserve(c.tokens.len()).unwrap();
     let positions: Vec<u32> = (first..first + c.tokens.len()).map(|p| p as u32).collect();
     let step = SeqStep { positions: Some(&positions), ..SeqStep::new(&c.tokens, 0, &mut kv, Logits::Last) };
-    m.forward(&mut [step]).unwrap().remove(0)
+    let logits = m.forward(&mut [step]).unwrap().remove(0);
+    match restore.map(|r| p.verify_restore(r)) {
+        Some(false) => first_logits(m, pool, p, thread, prompt),
+        _ => logits,
+    }
 }
 
 #[test]
@@ -116,11 +130,16 @@ fn the_persistent_stream_is_one_mapped_file_every_thread_attends() {
     let mut p = policy(&m, &pool, dir.path(), 256, vec![fact(&m, 1, "Ann keeps bees")]);
     let prompt = ids(&m, " User: who am I? Assistant:");
     let want = first_logits(&m, &pool, &mut p, "t0", &prompt);
+    // The file is written beside the engine thread; once it is mapped, t0 re-forks it and the
+    // stream's RAM copy is freed.
+    p.flush();
     let used = pool.used();
     for t in 1..8 {
         assert_eq!(first_logits(&m, &pool, &mut p, &format!("t{t}"), &prompt), want, "thread t{t}");
     }
     assert_eq!(pool.used(), used, "no KV is charged per extra thread: they all attend the one stream");
+    // The file is written beside the engine thread; once it is, the mapped KV is swapped in.
+    p.flush();
     let stream = p.persistent("u").unwrap();
     assert!(stream.kv().unwrap().blocks().iter().all(|b| b.is_mapped()), "the stream's blocks are the file's pages");
     assert!(dir.path().join(stream_file_name("u")).exists());
@@ -131,6 +150,8 @@ fn the_persistent_stream_is_one_mapped_file_every_thread_attends() {
     // A new fact: appended in RAM (the mapped partial block copied on write), saved again.
     p.set_facts("u", vec![fact(&m, 1, "Ann keeps bees"), fact(&m, 2, "Ann lives in Oslo")]);
     let after = first_logits(&m, &pool, &mut p, "t9", &prompt);
+    p.flush();
+    assert_eq!(first_logits(&m, &pool, &mut p, "t1", &prompt), after, "a thread re-forks the mapped stream: the same logits");
     let stream = p.persistent("u").unwrap();
     assert!(stream.kv().unwrap().blocks().iter().all(|b| b.is_mapped()));
     assert_close(&after, &cold(&m, &pool, stream, &prompt), "after an append");
@@ -189,6 +210,7 @@ fn a_restart_restores_the_stream_from_its_file_and_refuses_bad_files() {
         std::fs::write(&file, &bytes).unwrap();
         let mut p = policy(&m, &pool, dir.path(), 256, facts());
         assert_eq!(first_logits(&m, &pool, &mut p, "t", &prompt), want, "{what}: the answer is the prefilled stream's");
+        p.flush();
         let s = p.dual_stats();
         assert_eq!((s.stream_files_refused, s.anchors_prefilled, s.streams_restored, s.streams_saved), (1, 1, 0, 1), "{what}: {s:?}");
         drop(p);
@@ -199,6 +221,7 @@ fn a_restart_restores_the_stream_from_its_file_and_refuses_bad_files() {
     // agrees (base and fact 1) comes from the file, the rest is prefilled; the view = cold.
     let mut p = policy(&m, &pool, dir.path(), 256, vec![fact(&m, 1, "Ann keeps bees"), fact(&m, 3, "Ann lives in Rome")]);
     let got = first_logits(&m, &pool, &mut p, "t", &prompt);
+    p.flush();
     let stream = p.persistent("u").unwrap();
     let agree = stream.segments()[0].tokens.len() + stream.segments()[1].tokens.len();
     let s = p.dual_stats();
@@ -309,6 +332,16 @@ fn a_damaged_ring_file_starts_the_thread_empty_never_wrong() {
         drop(p);
         damage(d.path());
         let mut p = policy(&m, &pool, d.path(), 1024, vec![fact(&m, 1, "Ann keeps bees")]);
+        // A bit flip passes every check but the checksum: the admission hands the ring out with
+        // its check running, and verify_restore refuses it (the scheduler then admits the job
+        // again); the others are refused at admission.
+        let mut c = p.admit("u", Some("t"), None, false, &ps[3], &m.tokenizer).unwrap();
+        let by_checksum = what.starts_with("a bit flip");
+        assert_eq!(c.restore.is_some(), by_checksum, "{what}: a restore still to verify");
+        if let Some(r) = c.restore.take() {
+            assert!(!p.verify_restore(r), "{what}: verify_restore refuses the damaged ring");
+        }
+        drop(c);
         assert_eq!(turn(&m, &pool, &mut p, "t", &ps[3]).0, fresh, "{what}: the thread starts empty");
         let s = p.dual_stats();
         assert_eq!((s.ring_files_refused, s.rings_restored), (1, 0), "{what}: {s:?}");

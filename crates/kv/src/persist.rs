@@ -70,7 +70,9 @@ use crate::format::KvFormat;
 use crate::pool::{KvLayout, KvPool};
 use crate::seq::SeqKv;
 
+mod deferred;
 mod header;
+pub use deferred::{check_in_background, open_entry_unchecked, UncheckedEntry};
 use header::{check_fingerprint, check_offsets, header_len, meta_hasher, parse_header};
 
 /// The `magic` metadata value.

@@ -179,6 +179,8 @@ impl Server {
                     if let Err(e) = policy.set_dir(d.dir.join("dual")) {
                         tracing::warn!("dual-stream contexts are not persisted: {e}");
                     }
+                    // Its files count against --disk-budget-mib and each tenant's share.
+                    policy.set_disk_budget(d.budget_bytes, d.tenant_share_bytes);
                 }
                 Box::new(policy)
             }

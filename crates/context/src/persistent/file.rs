@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engram_kv::{read_entry_mapped, write_entry, EntryKind, EntryMeta, KvPool, PersistError};
+use engram_kv::{read_entry_mapped, write_entry, EntryKind, EntryMeta, KvPool, PersistError, SeqKv};
 use serde::{Deserialize, Serialize};
 
 use super::{PersistentStream, SegmentId};
@@ -65,6 +65,33 @@ fn segment_name(id: SegmentId) -> (&'static str, u64) {
     }
 }
 
+/// A stream's file contents taken on the engine thread, written elsewhere
+/// ([`PersistentStream::snapshot`]).
+pub struct StreamSnapshot {
+    /// The entry's metadata (tokens and layout included).
+    pub meta: EntryMeta,
+    /// A fork of the stream's KV holding exactly `meta.tokens`.
+    kv: SeqKv,
+    fingerprint: String,
+    /// The stream's generation when taken.
+    pub generation: u64,
+}
+
+impl StreamSnapshot {
+    /// Writes the entry to `path` atomically (temp file, fsync, rename, directory fsync: a crash
+    /// leaves the old file or none, never a torn one under the name) and maps it back, every
+    /// check passed (checksum included). Returns the bytes written and the mapped KV.
+    pub fn write_and_map(self, path: &Path, pool: &KvPool, vocab: usize) -> Result<(u64, SeqKv), StreamFileError> {
+        let bytes = write_entry(path, &self.meta, &self.kv)?;
+        drop(self.kv);
+        let (back, mapped) = read_entry_mapped(path, pool, &self.fingerprint, vocab)?;
+        if back.tokens != self.meta.tokens || mapped.len() != self.meta.tokens.len() {
+            return Err(StreamFileError::Foreign { path: path.to_path_buf(), reason: "the file read back holds other tokens".into() });
+        }
+        Ok((bytes, mapped))
+    }
+}
+
 impl PersistentStream {
     /// The layout a file records for this stream.
     fn layout(&self) -> Vec<SegmentRecord> {
@@ -89,8 +116,19 @@ impl PersistentStream {
         owner: &str,
         vocab: usize,
     ) -> Result<u64, StreamFileError> {
-        let foreign = |reason: &str| StreamFileError::Foreign { path: path.to_path_buf(), reason: reason.into() };
-        let kv = self.kv().ok_or_else(|| foreign("the stream is not prefilled"))?;
+        let snapshot = self
+            .snapshot(fingerprint, owner)
+            .ok_or_else(|| StreamFileError::Foreign { path: path.to_path_buf(), reason: "the stream is not prefilled".into() })?;
+        let (bytes, mapped) = snapshot.write_and_map(path, pool, vocab)?;
+        self.kv = Some(mapped);
+        Ok(bytes)
+    }
+
+    /// What the stream's file would hold now (its entry metadata and a fork of its KV: blocks
+    /// shared, not copied), to write off the caller's thread ([`StreamSnapshot::write_and_map`]);
+    /// `None` before the stream is prefilled.
+    pub fn snapshot(&self, fingerprint: &str, owner: &str) -> Option<StreamSnapshot> {
+        let kv = self.kv()?;
         let meta = EntryMeta {
             fingerprint: fingerprint.to_string(),
             kind: EntryKind::Prefix,
@@ -100,13 +138,18 @@ impl PersistentStream {
             offsets: Vec::new(),
             created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         };
-        let bytes = write_entry(path, &meta, kv)?;
-        let (back, mapped) = read_entry_mapped(path, pool, fingerprint, vocab)?;
-        if back.tokens != meta.tokens || mapped.len() != meta.tokens.len() {
-            return Err(foreign("the file read back holds other tokens"));
+        Some(StreamSnapshot { meta, kv: kv.fork(kv.len()), fingerprint: fingerprint.to_string(), generation: self.generation })
+    }
+
+    /// Replaces the KV by `mapped` (a [`StreamSnapshot::write_and_map`] result) if the stream is
+    /// still the one the snapshot was taken of: the same generation, tokens and layout, fully
+    /// prefilled. Returns whether it did (else `mapped` is dropped and nothing changes).
+    pub fn adopt_mapped(&mut self, generation: u64, tokens: &[u32], mapped: SeqKv) -> bool {
+        let same = generation == self.generation && self.kv().is_some() && mapped.len() == self.len() && tokens == self.tokens();
+        if same {
+            self.kv = Some(mapped);
         }
-        self.kv = Some(mapped);
-        Ok(bytes)
+        same
     }
 
     /// Takes the KV from `owner`'s stream file at `path` when this stream holds none yet (a
