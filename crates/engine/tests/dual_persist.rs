@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use engram_context::{stream_file_name, Checkout, PersistentStream};
-use engram_engine::{argmax, ContextPolicy, DualStream, FactSegment, Retired};
+use engram_engine::{ContextPolicy, DualStream, FactSegment};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
 
@@ -37,47 +37,9 @@ fn policy(m: &Arc<Model>, pool: &KvPool, dir: &Path, capacity: usize, facts: Vec
     p
 }
 
-/// One turn as the scheduler runs it: admitted, its tokens prefilled on the view (a ring
-/// restored from disk verified then, the turn admitted again if it proves damaged), `ANSWER`
-/// tokens decoded greedily (the last sampled, not fed), retired. Returns the answer's tokens
-/// and the logits after the prompt.
+/// One turn of user "u"'s `thread` as the scheduler runs it (`common::dual_turn`).
 fn turn(m: &Model, pool: &KvPool, p: &mut DualStream, thread: &str, prompt: &[u32]) -> (Vec<u32>, Vec<f32>) {
-    let mut c = p.admit("u", Some(thread), None, false, prompt, &m.tokenizer).unwrap();
-    let mut restore = c.restore.take();
-    let mut kv = KvView::new(c.spans.clone(), SeqKv::new(pool)).starting_at(c.own_first);
-    let mut pos = kv.own_first_position() as u32;
-    let (mut tokens, mut input, mut answer, mut first_logits) = (c.tokens.clone(), c.tokens.clone(), Vec::new(), None);
-    loop {
-        let first = kv.own().len();
-        kv.own_mut().reserve(input.len()).unwrap();
-        let positions: Vec<u32> = (pos..pos + input.len() as u32).collect();
-        let step = SeqStep { positions: Some(&positions), ..SeqStep::new(&input, first, &mut kv, Logits::Last) };
-        let logits = m.forward(&mut [step]).unwrap().remove(0);
-        pos += input.len() as u32;
-        if let Some(r) = restore.take() {
-            if !p.verify_restore(r) {
-                return turn(m, pool, p, thread, prompt);
-            }
-        }
-        let t = argmax(&logits);
-        first_logits.get_or_insert(logits);
-        answer.push(t);
-        if answer.len() == ANSWER {
-            let n = tokens.len();
-            p.retire(Retired {
-                owner: "u".into(),
-                session_id: thread.into(),
-                text: String::new(),
-                tokens,
-                token_ends: vec![0; n],
-                kv: kv.into_own(),
-                unfed: Some(t),
-            });
-            return (answer, first_logits.unwrap());
-        }
-        tokens.push(t);
-        input = vec![t];
-    }
+    common::dual_turn(m, pool, p, "u", thread, prompt, ANSWER)
 }
 
 /// The last logits of a cold run: the stream's live tokens at their slots' positions, then

@@ -127,3 +127,57 @@ pub fn run_jobs(model: &Arc<Model>, format: KvFormat, config: SchedulerConfig, j
         .collect();
     (outcomes, metrics)
 }
+
+/// One turn of `owner`'s `thread` as the scheduler runs it on a `DualStream`: admitted, its
+/// tokens prefilled on the view (a ring restored from disk verified then, the turn admitted
+/// again if it proves damaged), `answer` tokens decoded greedily (the last sampled, not fed),
+/// retired. Returns the answer's tokens and the logits after the prompt.
+pub fn dual_turn(
+    m: &Model,
+    pool: &KvPool,
+    p: &mut engram_engine::DualStream,
+    owner: &str,
+    thread: &str,
+    prompt: &[u32],
+    answer: usize,
+) -> (Vec<u32>, Vec<f32>) {
+    use engram_engine::{argmax, ContextPolicy, Retired};
+    use engram_kv::{KvView, SeqKv};
+    use engram_model::{Logits, SeqStep};
+    let mut c = p.admit(owner, Some(thread), None, false, prompt, &m.tokenizer).unwrap();
+    let mut restore = c.restore.take();
+    let mut kv = KvView::new(c.spans.clone(), SeqKv::new(pool)).starting_at(c.own_first);
+    let mut pos = kv.own_first_position() as u32;
+    let (mut tokens, mut input, mut out, mut first_logits) = (c.tokens.clone(), c.tokens.clone(), Vec::new(), None);
+    loop {
+        let first = kv.own().len();
+        kv.own_mut().reserve(input.len()).unwrap();
+        let positions: Vec<u32> = (pos..pos + input.len() as u32).collect();
+        let step = SeqStep { positions: Some(&positions), ..SeqStep::new(&input, first, &mut kv, Logits::Last) };
+        let logits = m.forward(&mut [step]).unwrap().remove(0);
+        pos += input.len() as u32;
+        if let Some(r) = restore.take() {
+            if !p.verify_restore(r) {
+                return dual_turn(m, pool, p, owner, thread, prompt, answer);
+            }
+        }
+        let t = argmax(&logits);
+        first_logits.get_or_insert(logits);
+        out.push(t);
+        if out.len() == answer {
+            let n = tokens.len();
+            p.retire(Retired {
+                owner: owner.into(),
+                session_id: thread.into(),
+                text: String::new(),
+                tokens,
+                token_ends: vec![0; n],
+                kv: kv.into_own(),
+                unfed: Some(t),
+            });
+            return (out, first_logits.unwrap());
+        }
+        tokens.push(t);
+        input = vec![t];
+    }
+}
