@@ -386,7 +386,7 @@ fn warm_run(a: &Args, path: &std::path::Path, h: usize, evict: bool) -> Result<s
 /// Asks the kernel to drop `path` from the page cache (clean pages only: entries are fsynced
 /// when written) and returns the fraction of its pages still resident afterwards.
 #[cfg(unix)]
-fn evict_from_page_cache(path: &std::path::Path) -> Result<f64> {
+pub(crate) fn evict_from_page_cache(path: &std::path::Path) -> Result<f64> {
     use std::os::fd::AsRawFd;
     let file = std::fs::File::open(path)?;
     // SAFETY: a valid open descriptor; the advice only affects caching.
@@ -409,7 +409,7 @@ fn resident_fraction(file: &std::fs::File) -> Result<f64> {
 }
 
 #[cfg(not(unix))]
-fn evict_from_page_cache(_path: &std::path::Path) -> Result<f64> {
+pub(crate) fn evict_from_page_cache(_path: &std::path::Path) -> Result<f64> {
     Ok(1.0)
 }
 

@@ -9,9 +9,13 @@
 //!
 //! Reported per mode: resident memory (anonymous and file-backed, from `/proc/self/status`)
 //! and the KV pool's bytes after the first thread's request and after 8 threads', their
-//! difference per extra thread; the first request's time (prefill; with `mapped`, prefill +
-//! write + fsync + map back); with `mapped`, the first request of a restarted policy
+//! difference per extra thread (with `mapped`, once the background writer has mapped the file
+//! in); the first request's time (prefill; the file is written off the engine thread); with `mapped`, the first request of a restarted policy
 //! (restored from the file, page cache warm) — median of `--reps`.
+//!
+//! Then `disk` (`bench_dual_disk.rs`): the engine thread's stall per fact with the stream's
+//! file written in the background vs waited for, a switch to a thread whose ring is on disk
+//! (page cache warm and dropped) vs in RAM, and the stream's restore with the page cache dropped.
 //!
 //! Reproduce: `engram bench dual-persist --model <llama-1b gguf> --anchor-tokens 512`.
 
@@ -37,6 +41,16 @@ pub struct Args {
     /// Restarts timed (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// Tokens of the ring a thread switched to from disk holds (the `disk` part; seed 000: 1.5K).
+    #[arg(long, default_value_t = 1536)]
+    ring_tokens: usize,
+    /// Facts added one by one for the engine-thread stall per fact (the `disk` part).
+    #[arg(long, default_value_t = 8)]
+    facts: usize,
+    /// The modes to run, comma-separated (of copy, ram, mapped, disk; `copy` prefills the
+    /// stream once per thread: slow on large models).
+    #[arg(long, default_value = "copy,ram,mapped,disk")]
+    modes: String,
     /// One JSON line per mode.
     #[arg(long)]
     json: bool,
@@ -45,7 +59,8 @@ pub struct Args {
     only: Option<String>,
 }
 
-const MODES: [&str; 3] = ["copy", "ram", "mapped"];
+/// The RSS modes, then `disk` (`bench_dual_disk.rs`: fact stall, switch from disk, stream restore).
+const MODES: [&str; 4] = ["copy", "ram", "mapped", "disk"];
 
 /// Resident bytes: (anonymous, file-backed), from /proc (zeros where unavailable).
 fn rss() -> (u64, u64) {
@@ -84,6 +99,10 @@ fn run_mode(a: &Args, mode: &str) -> Result<serde_json::Value> {
     let model = Arc::new(load_model(&a.model)?);
     let pool = kv_pool(&model, &a.model)?;
     let anchors = anchors(&model, a.anchor_tokens)?;
+    if mode == "disk" {
+        let d = crate::bench_dual_disk::DiskArgs { anchors: &anchors, ring_tokens: a.ring_tokens, facts: a.facts, reps: a.reps };
+        return crate::bench_dual_disk::run(&model, &pool, &d);
+    }
     let dir = tempfile::tempdir()?;
     let policy = |with_dir: bool| -> Result<DualStream> {
         let p = DualStream::new(model.clone(), pool.clone(), 1536);
@@ -96,6 +115,9 @@ fn run_mode(a: &Args, mode: &str) -> Result<serde_json::Value> {
     }
     let before = rss();
     let first_ms = admit(&mut p, &model, &user(0), "thread-0")?;
+    // The stream's file is written in the background: measure once it is mapped (a no-op
+    // without a directory).
+    p.flush();
     let (one, pool_one) = (rss(), pool.used());
     for t in 1..a.user_threads {
         admit(&mut p, &model, &user(t), &format!("thread-{t}"))?;
@@ -138,7 +160,11 @@ pub fn run(a: Args) -> Result<()> {
     let exe = std::env::current_exe()?;
     let args: Vec<String> = std::env::args().skip(1).filter(|x| x != "--json").collect();
     let mut lines = Vec::new();
-    for mode in MODES {
+    let wanted: Vec<&str> = a.modes.split(',').map(str::trim).collect();
+    if let Some(bad) = wanted.iter().find(|m| !MODES.contains(m)) {
+        bail!("unknown mode {bad:?}; the modes are {}", MODES.join(", "));
+    }
+    for mode in MODES.into_iter().filter(|m| wanted.contains(m)) {
         let out = std::process::Command::new(&exe).args(&args).args(["--only", mode]).output().context("running a mode")?;
         if !out.status.success() {
             bail!("mode {mode} failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -155,12 +181,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mib = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / (1 << 20) as f64;
     let n = a.user_threads;
-    println!("persistent stream: {} tokens, {:.2} MiB of KV; {n} threads of one user", a.anchor_tokens, mib(&lines[0]["stream_bytes"]));
+    let stream_bytes = lines.iter().find_map(|l| l["stream_bytes"].as_f64()).unwrap_or(0.0);
+    println!("persistent stream: {} tokens, {:.2} MiB of KV; {n} threads of one user", a.anchor_tokens, stream_bytes / (1 << 20) as f64);
     println!(
         "| mode | RSS anon+file MiB, 1 thread | {n} threads | RSS MiB per extra thread | KV pool MiB per extra thread | first request ms |"
     );
     println!("|---|---|---|---|---|---|");
-    for l in &lines {
+    for l in lines.iter().filter(|l| l["mode"] != "disk") {
         let total = |k1: &str, k2: &str| mib(&l[k1]) + mib(&l[k2]);
         println!(
             "| {} | {:.1} ({:.1}+{:.1}) | {:.1} ({:.1}+{:.1}) | {:.2} | {:.2} | {:.1} |",
@@ -185,6 +212,35 @@ pub fn run(a: Args) -> Result<()> {
             prefill / restore.max(1e-9),
             m["blocks_mapped"]
         );
+    }
+    if let Some(d) = lines.iter().find(|l| l["mode"] == "disk") {
+        let f = |k: &str| d[k].as_f64().unwrap_or(0.0);
+        println!(
+            "\n| disk ({} facts, {}-token ring of {} turns; medians of {}) | ms |",
+            d["facts"], d["ring_tokens"], d["ring_turns"], a.reps
+        );
+        println!("|---|---|");
+        println!("| engine-thread stall per fact: admission, stream file written in the background | {:.2} |", f("fact_stall_ms_median"));
+        println!(
+            "| the same admission waiting for write + fsync + map back (the former path) | {:.2} |",
+            f("fact_stall_sync_write_ms_median")
+        );
+        println!("| switch to a thread whose ring is on disk, page cache warm: admission | {:.2} |", f("switch_disk_warm_admit_ms"));
+        println!(
+            "| ... its checksum wait (overlapped with the turn's prefill by the scheduler) | {:.2} |",
+            f("switch_disk_warm_checksum_ms")
+        );
+        println!("| switch from disk, page cache dropped: admission | {:.2} |", f("switch_disk_cold_admit_ms"));
+        println!("| ... its checksum wait (reads the files) | {:.2} |", f("switch_disk_cold_checksum_ms"));
+        println!(
+            "| admission + checksum, warm / dropped | {:.2} / {:.2} |",
+            f("switch_disk_warm_admit_ms") + f("switch_disk_warm_checksum_ms"),
+            f("switch_disk_cold_admit_ms") + f("switch_disk_cold_checksum_ms")
+        );
+        println!("| switch to the same thread once in RAM | {:.3} |", f("switch_ram_ms"));
+        println!("| persistent stream restored at a restart, page cache warm | {:.2} |", f("stream_restore_warm_ms"));
+        println!("| persistent stream restored, page cache dropped | {:.2} |", f("stream_restore_cold_ms"));
+        println!("(largest fraction of a file still resident after dropping: {:.2})", f("cold_resident_fraction_max"));
     }
     println!("reproduce: engram bench dual-persist {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
     Ok(())

@@ -5,6 +5,7 @@ mod api_keys;
 mod bench_blend;
 mod bench_cache;
 mod bench_context;
+mod bench_dual_disk;
 mod bench_dual_persist;
 mod bench_facts;
 mod bench_membw;
