@@ -108,6 +108,8 @@ impl DualStream {
                 .and_then(|_| ring.push(t.tokens, kv, t.embedding, t.pinned));
             if let Err(e) = pushed {
                 tracing::warn!("thread {thread:?} of {owner:?}: its saved ring does not fit, the thread starts empty: {e}");
+                // The checksum thread holds the turns' copy slots: let it finish before they go.
+                let _ = check.wait();
                 match self.open_ring(base, masked.to_vec()) {
                     Ok(empty) => *ring = empty,
                     Err(e) => tracing::warn!("thread {thread:?} of {owner:?}: {e}"),
