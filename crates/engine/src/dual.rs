@@ -23,6 +23,10 @@
 //! at its next admission (turns moved, not recomputed), so a running turn keeps the view it
 //! started with and never sees a swap mid-turn.
 //!
+//! Files (with [`DualStream::with_dir`]): `dual/persist.rs` — streams written by a background
+//! writer and mapped back, rings saved as turns retire and restored with their checksums settled
+//! by [`ContextPolicy::verify_restore`]; `dual/budget.rs` — the files under the disk budget.
+//!
 //! Invariant: a thread's RAM is its ring (at most `capacity` tokens plus the newest turn and
 //! pinned ones) plus a share of its user's anchors, however long the conversation; a request
 //! attends exactly `TurnRing::view` (`crates/context/tests/ring_fuzz.rs`), and with nothing

@@ -15,7 +15,11 @@
 //! Invariant: nothing computed on an unverified ring is kept (its ring is not saved until the
 //! check passes; a failed check drops the thread and every turn computed on it), and a stream's
 //! mapped KV replaces its RAM KV only when it is the same generation and tokens
-//! (`crates/engine/tests/dual_persist.rs`, `dual_fuzz.rs`).
+//! (`crates/engine/tests/dual_persist.rs`, `dual_restore.rs`, `dual_files.rs`, `dual_fuzz.rs`).
+//!
+//! NOTE: a state entry set (`DualStream::set_state`) on a thread whose restore is still being
+//! verified by a running turn is lost with the ring if the ring proves damaged (the thread
+//! starts empty); one set when no turn runs settles the restore itself first.
 
 use std::ops::Range;
 
