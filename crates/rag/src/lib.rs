@@ -39,6 +39,7 @@ pub mod chunk_store;
 mod envelope;
 mod error;
 pub mod idle;
+mod idle_tenants;
 pub mod kv_tree;
 mod library;
 pub mod parse;
@@ -46,18 +47,21 @@ mod pipeline;
 mod policy;
 pub mod qa;
 pub mod retrieve;
+mod stores;
 pub mod synth;
 
 pub use bank::{BankStats, ChunkEntry, ChunkId, DocEntry, IngestReport, KnowledgeBank, MANIFEST_FILE};
 pub use chunk_store::{Assembled, ChunkStore, ChunkStoreStats};
 pub use error::{RagError, Result};
 pub use idle::{IdleConfig, IdleStats, PerCache, UnitKind, UnitReport};
+pub use idle_tenants::{IdleCounters, IdleTenants, UNIT_KINDS};
 pub use kv_tree::{tree_dir, KvTree, LoadReport, SegKey, TreeStats};
 pub use library::{Library, Pending, Plan};
 pub use parse::{DocKind, ParsedDoc};
 pub use pipeline::{
     build_prompt, Answer, AnswerTimings, BlendStats, CacheLevel, ChunkReuse, Prompt, QueryOptions, Rag, RagConfig, DEFAULT_SYSTEM_PROMPT,
 };
-pub use policy::{PromptSegments, SegmentRegistry, TreeCounters, TreePolicy, RAG_OWNER_MARK};
+pub use policy::{BlendOutcome, PromptSegments, SegmentRegistry, TreeCounters, TreePolicy, RAG_OWNER_MARK};
 pub use qa::{QaBank, QaEntry, QaHit, QaStats, DEFAULT_QA_CAP_BYTES, DEFAULT_THRESHOLD};
 pub use retrieve::Retrieved;
+pub use stores::Stores;

@@ -18,9 +18,14 @@ use serde_json::{json, Value};
 
 fn rag_server(dir: &Path, keys: Vec<(String, String)>) -> SocketAddr {
     let enc = Arc::new(PooledEncoder::new(model(), "tiny"));
-    let config =
-        ServerConfig { embedder: Some(enc), rag: Some(RagServerConfig::new(dir.join("rag"))), api_keys: keys, ..ServerConfig::new("tiny") };
+    let config = ServerConfig { embedder: Some(enc), rag: Some(no_idle(dir.join("rag"))), api_keys: keys, ..ServerConfig::new("tiny") };
     start(256 << 20, config)
+}
+
+/// RAG without idle-time population: these tests count levels and snapshot files, which
+/// predicted answers in the background would change (`rag_idle.rs` tests it).
+fn no_idle(dir: std::path::PathBuf) -> RagServerConfig {
+    RagServerConfig { idle: None, ..RagServerConfig::new(dir) }
 }
 
 fn docs() -> Value {
@@ -211,7 +216,7 @@ fn the_chunk_kv_tree_survives_a_restart_and_a_damaged_file_is_recomputed() {
     let dir = tempfile::tempdir().unwrap();
     let config = || {
         let enc = Arc::new(PooledEncoder::new(model(), "tiny"));
-        ServerConfig { embedder: Some(enc), rag: Some(RagServerConfig::new(dir.path().join("rag"))), ..ServerConfig::new("tiny") }
+        ServerConfig { embedder: Some(enc), rag: Some(no_idle(dir.path().join("rag"))), ..ServerConfig::new("tiny") }
     };
     let q = json!({"query": "Who will test the importer?", "max_tokens": 10, "use_qa": false});
     let (addr, stop, t) = start_stoppable(config());
