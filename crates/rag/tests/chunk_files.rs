@@ -75,7 +75,8 @@ fn a_saved_store_answers_after_a_restart_as_before_it() {
     assert_eq!(r.chunks.save(&dir).unwrap(), 0, "nothing new to write");
 
     let mut again = rag(tmp.path(), model(), KvFormat::F16, None);
-    let report = again.chunks.load(&dir, again.pool(), m.config.vocab);
+    let pool = again.pool().clone();
+    let report = again.chunks.load(&dir, &pool, m.config.vocab);
     assert_eq!(report.loaded, written, "{:?}", report.rejected);
     let after = ask(&mut again);
     for ((q, b), a) in QS.iter().zip(&before).zip(&after) {
@@ -115,7 +116,8 @@ fn damaged_and_foreign_files_are_refused_and_their_chunks_recomputed() {
     std::fs::copy(&foreign_src, &foreign).unwrap();
 
     let mut again = rag(tmp.path(), model(), KvFormat::F16, None);
-    let report = again.chunks.load(&dir, again.pool(), m.config.vocab);
+    let pool = again.pool().clone();
+    let report = again.chunks.load(&dir, &pool, m.config.vocab);
     let refused: Vec<&PathBuf> = report.rejected.iter().map(|(f, _)| f).collect();
     for f in [&saved[0], &saved[1], &renamed, &junk, &foreign] {
         assert!(refused.contains(&f), "{} was not refused: {:?}", f.display(), report.rejected);
