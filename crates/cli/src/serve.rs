@@ -244,6 +244,7 @@ pub fn run(mut a: Args) -> Result<()> {
     if a.max_connections == 0 || a.header_timeout_secs == 0 || a.body_timeout_secs == 0 {
         bail!("--max-connections, --header-timeout-secs and --body-timeout-secs must be at least 1");
     }
+    let chunk_reuse = engram_rag::ChunkReuse::parse(&a.chunk_reuse, a.blend_ratio).context("--chunk-reuse / --blend-ratio")?;
     let config = ServerConfig {
         limits: engram_server::HttpLimits {
             max_connections: a.max_connections,
@@ -254,7 +255,7 @@ pub fn run(mut a: Args) -> Result<()> {
         rag: (!a.no_rag).then(|| engram_server::RagServerConfig {
             tree_cap_bytes: a.rag_tree_mib << 20,
             idle: (a.rag_idle == OnOff::On).then(engram_rag::IdleConfig::default),
-            chunk_reuse: engram_rag::ChunkReuse::parse(&a.chunk_reuse, a.blend_ratio)?,
+            chunk_reuse,
             ..engram_server::RagServerConfig::new(data_dir(&a.model.data_dir).join("rag").join("tenants"))
         }),
         summarizer: match &a.summarizer {
