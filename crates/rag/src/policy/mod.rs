@@ -9,7 +9,10 @@
 //!           TreePolicy::retire(owner) ─ tree[tenant].insert(path, ends, tokens, kv)
 //!  any other owner ─► the inner policy (the session store), unchanged
 //! ```
-//! One tree per tenant: a tenant never starts from KV another tenant's documents made.
+//! One tree per tenant: a tenant never starts from KV another tenant's documents made. A job
+//! registered with `ChunkReuse::Blend` starts from the tenant's chunk store instead
+//! (`blend.rs`), and the idle hook runs the woken tenants' idle-time population, one unit per
+//! slice ([`IdleTenants`]), after saving changed trees and chunk stores.
 //!
 //! Invariant: a checkout for a RAG owner holds exactly the KV of `prompt[..reused]` — the
 //! tree entry's tokens are checked against the prompt before use — so the scheduler's answer
