@@ -91,7 +91,7 @@ pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool) -> Result<Work> {
         let (kv, tokens) = gen.into_parts();
         rag.tree.insert(&plan.prompt.path, &plan.prompt.ends, &tokens, &kv);
     }
-    let docs = documents_of(&rag.bank, &plan.prompt.chunks);
+    let docs = documents_of(rag.bank, &plan.prompt.chunks);
     let generation = rag.bank.generation();
     let id = rag.qa.insert(&plan.query, plan.vector, &g.text, g.tokens, plan.prompt.chunks, docs, generation);
     rag.qa.save()?;
