@@ -48,7 +48,8 @@ enum Which {
         no_qa: bool,
         /// Chunk KV reuse: `prefix` (the exact chunk KV tree) or `blend` (each chunk's KV
         /// computed once, moved to where it lands, the most-deviating `--blend-ratio` of moved
-        /// tokens recomputed; approximate). Blend's chunk store lives in RAM (not persisted).
+        /// tokens recomputed; approximate). Blend's chunk store persists under
+        /// `<data-dir>/rag/chunks/`.
         #[arg(long, default_value = "prefix")]
         chunk_reuse: String,
         /// Share of moved chunk tokens recomputed in `blend` mode (0: none, 1: the full prefill).
@@ -149,8 +150,20 @@ pub fn run(a: Args) -> Result<()> {
             }
             let config = RagConfig { top_k: chunks, params: sampling.params(), chunk_reuse, ..RagConfig::default() };
             let mut rag = Rag::new(model, pool, bank, qa, tree, config);
+            // Blend's chunk store persists under <data-dir>/rag/chunks/<model and format>/.
+            let chunk_dir = engram_rag::tree_dir(&root.join("chunks"), rag.model().fingerprint, rag.pool().format());
+            let blend = chunk_reuse != engram_rag::ChunkReuse::Prefix;
+            if blend {
+                let (pool, vocab) = (rag.pool().clone(), rag.model().config.vocab);
+                for (f, why) in rag.chunks.load(&chunk_dir, &pool, vocab).rejected {
+                    eprintln!("warning: chunk store file {} not used (its chunk is computed again): {why}", f.display());
+                }
+            }
             let ans = rag.query(&text, &QueryOptions { use_qa: !no_qa, use_kv: true, threshold })?;
             rag.tree.save(&tree_dir).with_context(|| format!("saving the chunk KV tree to {}", tree_dir.display()))?;
+            if blend {
+                rag.chunks.save(&chunk_dir).with_context(|| format!("saving the chunk store to {}", chunk_dir.display()))?;
+            }
             if a.json {
                 println!("{}", serde_json::to_string(&ans)?);
             } else {

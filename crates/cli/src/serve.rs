@@ -135,6 +135,29 @@ pub struct Args {
     /// Byte cap of each tenant's chunk KV tree, in MiB (its KV is held in the KV pool).
     #[arg(long, default_value_t = 64)]
     rag_tree_mib: usize,
+    /// PerCache's idle-time population for the RAG routes: while no request waits, the engine
+    /// predicts each user's likely questions (from their documents and query history) and
+    /// answers them into the QA bank or prefills their chunks into the KV tree, one unit at a
+    /// time (a request waits for at most the unit running). `off`: caches fill only from
+    /// real queries.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    rag_idle: OnOff,
+    /// How RAG answers reuse chunk KV (a request's `chunk_reuse` overrides it): `prefix`, the
+    /// exact chunk KV tree (lossless); `blend`, each chunk's KV computed once and moved into
+    /// place, the `--blend-ratio` most-deviating moved tokens recomputed (CacheBlend;
+    /// approximate below ratio 1).
+    #[arg(long, default_value = "prefix", value_parser = ["prefix", "blend"])]
+    chunk_reuse: String,
+    /// Share of moved chunk tokens recomputed in blend mode, in [0, 1].
+    #[arg(long, default_value_t = engram_engine::DEFAULT_BLEND_RATIO)]
+    blend_ratio: f32,
+}
+
+/// A switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 /// The encoder `--embedder` (or `$ENGRAM_EMBEDDER`) names, or the one discovered, or the
@@ -221,6 +244,7 @@ pub fn run(mut a: Args) -> Result<()> {
     if a.max_connections == 0 || a.header_timeout_secs == 0 || a.body_timeout_secs == 0 {
         bail!("--max-connections, --header-timeout-secs and --body-timeout-secs must be at least 1");
     }
+    let chunk_reuse = engram_rag::ChunkReuse::parse(&a.chunk_reuse, a.blend_ratio).context("--chunk-reuse / --blend-ratio")?;
     let config = ServerConfig {
         limits: engram_server::HttpLimits {
             max_connections: a.max_connections,
@@ -230,6 +254,8 @@ pub fn run(mut a: Args) -> Result<()> {
         context,
         rag: (!a.no_rag).then(|| engram_server::RagServerConfig {
             tree_cap_bytes: a.rag_tree_mib << 20,
+            idle: (a.rag_idle == OnOff::On).then(engram_rag::IdleConfig::default),
+            chunk_reuse,
             ..engram_server::RagServerConfig::new(data_dir(&a.model.data_dir).join("rag").join("tenants"))
         }),
         summarizer: match &a.summarizer {

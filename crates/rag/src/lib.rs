@@ -25,7 +25,10 @@
 //! so the scheduler's RAG jobs start from it). The tree persists as `engram-kv` entry files
 //! ([`KvTree::save`], [`KvTree::load`]). [`idle`] is the idle-time half ([`PerCache`]):
 //! knowledge abstracts, query prediction, and the cache scheduler that spends idle compute on
-//! the QA bank or the KV tree one small unit at a time.
+//! the QA bank or the KV tree one small unit at a time — over a [`Rag`], or in the server over
+//! [`Stores`] borrowed from a [`Library`] and the engine thread's tree, for the tenants in
+//! [`IdleTenants`]. [`ChunkStore`] (position-independent chunk KV for blend reuse) persists
+//! like the tree ([`ChunkStore::save`], [`ChunkStore::load`]).
 //!
 //! Architecture invariant: this crate builds KV only through `engram-kv` and runs the model
 //! only through `engram-engine`'s [`engram_engine::Generator`]; it knows no HTTP. Every store
@@ -39,6 +42,7 @@ pub mod chunk_store;
 mod envelope;
 mod error;
 pub mod idle;
+mod idle_tenants;
 pub mod kv_tree;
 mod library;
 pub mod parse;
@@ -46,18 +50,21 @@ mod pipeline;
 mod policy;
 pub mod qa;
 pub mod retrieve;
+mod stores;
 pub mod synth;
 
 pub use bank::{BankStats, ChunkEntry, ChunkId, DocEntry, IngestReport, KnowledgeBank, MANIFEST_FILE};
 pub use chunk_store::{Assembled, ChunkStore, ChunkStoreStats};
 pub use error::{RagError, Result};
 pub use idle::{IdleConfig, IdleStats, PerCache, UnitKind, UnitReport};
+pub use idle_tenants::{IdleCounters, IdleTenants, UNIT_KINDS};
 pub use kv_tree::{tree_dir, KvTree, LoadReport, SegKey, TreeStats};
 pub use library::{Library, Pending, Plan};
 pub use parse::{DocKind, ParsedDoc};
 pub use pipeline::{
     build_prompt, Answer, AnswerTimings, BlendStats, CacheLevel, ChunkReuse, Prompt, QueryOptions, Rag, RagConfig, DEFAULT_SYSTEM_PROMPT,
 };
-pub use policy::{PromptSegments, SegmentRegistry, TreeCounters, TreePolicy, RAG_OWNER_MARK};
+pub use policy::{BlendOutcome, PromptSegments, SegmentRegistry, TreeCounters, TreePolicy, RAG_OWNER_MARK};
 pub use qa::{QaBank, QaEntry, QaHit, QaStats, DEFAULT_QA_CAP_BYTES, DEFAULT_THRESHOLD};
 pub use retrieve::Retrieved;
+pub use stores::Stores;

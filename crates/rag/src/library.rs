@@ -16,13 +16,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use engram_kv::KvPool;
 use engram_model::Model;
 
 use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
 use crate::error::{RagError, Result};
+use crate::idle::{PerCache, UnitReport};
+use crate::kv_tree::KvTree;
 use crate::parse::DocKind;
 use crate::pipeline::{build_prompt, documents_of, refresh_qa, Answer, AnswerTimings, CacheLevel, Prompt, RagConfig};
 use crate::qa::QaBank;
+use crate::stores::Stores;
 
 /// What [`Library::plan`] decided.
 pub enum Plan {
@@ -56,26 +60,52 @@ pub struct Library {
     pub bank: KnowledgeBank,
     pub qa: QaBank,
     pub config: RagConfig,
+    /// Idle-time population ([`Library::enable_idle`]); `None`: off.
+    pub idle: Option<PerCache>,
 }
 
 impl Library {
     /// Banks over `model`'s tokenizer and context.
     pub fn new(model: Arc<Model>, bank: KnowledgeBank, qa: QaBank, config: RagConfig) -> Library {
-        Library { model, bank, qa, config }
+        Library { model, bank, qa, config, idle: None }
     }
 
-    /// Ingests `text` under `id`, then refreshes the QA bank.
+    /// Turns idle-time population on: `idle` learns from every ingest, removal and query from
+    /// now on, and [`Library::idle_unit`] runs its units. Its abstracts are synced to the bank
+    /// at once (the documents already there are predicted about too).
+    pub fn enable_idle(&mut self, mut idle: PerCache) -> Result<()> {
+        idle.after_ingest_into(&self.bank, None)?;
+        self.idle = Some(idle);
+        Ok(())
+    }
+
+    /// Ingests `text` under `id`, then refreshes the QA bank (and tells idle population).
     pub fn ingest_text(&mut self, id: &str, kind: DocKind, text: &str) -> Result<IngestReport> {
         let r = self.bank.ingest_text(id, kind, text)?;
         refresh_qa(&self.bank, &mut self.qa, &r.chunks_added, self.config.top_k)?;
+        if let Some(idle) = &mut self.idle {
+            idle.after_ingest_into(&self.bank, Some(&r))?;
+        }
         Ok(r)
     }
 
-    /// Removes document `id`, then refreshes the QA bank.
+    /// Removes document `id`, then refreshes the QA bank (and tells idle population).
     pub fn remove(&mut self, id: &str) -> Result<Vec<ChunkId>> {
         let removed = self.bank.remove(id)?;
         refresh_qa(&self.bank, &mut self.qa, &[], self.config.top_k)?;
+        if let Some(idle) = &mut self.idle {
+            idle.after_ingest_into(&self.bank, None)?;
+        }
         Ok(removed)
+    }
+
+    /// Runs one unit of idle work (see [`PerCache::idle_unit`]) with the KV charged to `pool`
+    /// and the chunk KV tree `tree` (the engine thread's, for this user); `None` when idle
+    /// population is off or has nothing left to do.
+    pub fn idle_unit(&mut self, pool: &KvPool, tree: &mut KvTree) -> Result<Option<UnitReport>> {
+        let Some(idle) = &mut self.idle else { return Ok(None) };
+        let mut stores = Stores { model: &self.model, pool, bank: &self.bank, qa: &mut self.qa, tree, config: &self.config };
+        idle.idle_unit_over(&mut stores)
     }
 
     /// The QA bank's answer, or the prompt to generate with room for `max_tokens`.
@@ -100,7 +130,11 @@ impl Library {
             if let Some(hit) = self.qa.lookup(&qv, threshold) {
                 timings.ttft_ms = ms(t0);
                 timings.total_ms = timings.ttft_ms;
-                return Ok(Plan::Hit(Answer::from_qa_hit(hit, timings)));
+                let answer = Answer::from_qa_hit(hit, timings);
+                if let Some(idle) = &mut self.idle {
+                    idle.after_query_embedded(question, &qv, &answer);
+                }
+                return Ok(Plan::Hit(answer));
             }
         }
         let t1 = Instant::now();
@@ -130,7 +164,7 @@ impl Library {
         timings.total_ms = p.elapsed_ms();
         timings.cached_tokens = cached_tokens;
         timings.decode_tokens = decode_tokens;
-        Ok(Answer {
+        let answer = Answer {
             text,
             tokens,
             sources,
@@ -141,6 +175,10 @@ impl Library {
             kv_segments,
             timings,
             blend: None,
-        })
+        };
+        if let Some(idle) = &mut self.idle {
+            idle.after_query_embedded(&p.question, &p.qv, &answer);
+        }
+        Ok(answer)
     }
 }

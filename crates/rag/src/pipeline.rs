@@ -209,6 +209,18 @@ impl Rag {
         &self.pool
     }
 
+    /// The stores borrowed together (what [`crate::PerCache`]'s units run over).
+    pub fn stores(&mut self) -> crate::stores::Stores<'_> {
+        crate::stores::Stores {
+            model: &self.model,
+            pool: &self.pool,
+            bank: &self.bank,
+            qa: &mut self.qa,
+            tree: &mut self.tree,
+            config: &self.config,
+        }
+    }
+
     /// Ingests a file, then refreshes the caches.
     pub fn ingest_file(&mut self, path: &std::path::Path) -> Result<IngestReport> {
         let r = self.bank.ingest_file(path)?;

@@ -188,16 +188,13 @@ impl Server {
         // RAG jobs go to the chunk KV tree; every other owner to the policy above, unchanged.
         let rag = config.rag.clone().map(rag::RagState::new);
         if let Some(r) = &rag {
-            let tree = engram_rag::TreePolicy::new(
-                policy,
-                r.registry.clone(),
-                pool.clone(),
-                model.fingerprint,
-                model.config.vocab,
-                r.tree_cap_bytes(),
-            );
+            let tree = engram_rag::TreePolicy::new(policy, r.registry.clone(), pool.clone(), model.clone(), r.tree_cap_bytes());
             *r.tree.lock().unwrap_or_else(|e| e.into_inner()) = Some(tree.counters());
-            policy = Box::new(tree);
+            policy = match &r.idle {
+                // PerCache's idle units run in the engine's idle hook, one per slice.
+                Some(idle) => Box::new(tree.with_idle(idle.clone())),
+                None => Box::new(tree),
+            };
         }
         let (engine, thread) = EngineHandle::start_with(model.clone(), pool, config.scheduler.clone(), policy, metrics.clone());
         let agents = match &config.scheduler.disk {
@@ -241,6 +238,7 @@ impl Server {
             .route("/v1/rag/documents", post(rag::add_documents).get(rag::list_documents))
             .route("/v1/rag/documents/{id}", axum::routing::delete(rag::delete_document))
             .route("/v1/rag/query", post(rag::query))
+            .route("/v1/rag/predictions", get(rag::list_predictions))
             .route("/v1/users/{id}/facts", post(facts::add).get(facts::list).delete(facts::delete_all))
             .route("/v1/users/{id}/facts/{fact_id}", axum::routing::delete(facts::delete_one))
             .fallback(not_found)

@@ -1,5 +1,6 @@
 //! Personal RAG over HTTP (seed 003, PerCache): `POST /v1/rag/documents`,
-//! `GET /v1/rag/documents`, `DELETE /v1/rag/documents/{id}`, `POST /v1/rag/query`.
+//! `GET /v1/rag/documents`, `DELETE /v1/rag/documents/{id}`, `POST /v1/rag/query`,
+//! `GET /v1/rag/predictions` (idle-time population's questions).
 //!
 //! ```text
 //!  query ─► blocking pool: Library::plan (embed, QA bank, retrieval, prompt) ─┬─ QA hit ─► answer  cache_level qa
@@ -10,6 +11,9 @@
 //! Each tenant (API key's account) has its own knowledge bank and QA bank under
 //! `<rag dir>/<blake3(tenant)[..16]>/` and its own chunk KV tree in the engine; generation runs
 //! only on the engine thread, batched with every other request (no second model copy).
+//! Idle-time population (PerCache, `RagServerConfig::idle`): every route that changes a
+//! tenant's library wakes its `engram_rag::PerCache`, whose units the engine's `TreePolicy`
+//! runs in the idle hook, one at a time, over the same banks and tree (`engram_rag::IdleTenants`).
 //!
 //! Invariants: a rejected request (binary, oversized or empty document, a bad id or type,
 //! an unknown id, an empty query or one over the context) is a 4xx in the API's error shape
@@ -27,7 +31,10 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use engram_embed::TextEncoder;
-use engram_rag::{DocKind, KnowledgeBank, Library, Plan, PromptSegments, QaBank, RagConfig, RagError, SegmentRegistry, TreeCounters};
+use engram_rag::{
+    ChunkReuse, DocKind, IdleConfig, IdleCounters, IdleTenants, KnowledgeBank, Library, PerCache, Plan, PromptSegments, QaBank, RagConfig,
+    RagError, SegmentRegistry, TreeCounters, UNIT_KINDS,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -50,12 +57,28 @@ pub struct RagServerConfig {
     pub qa_cap_bytes: usize,
     /// Chunks retrieved per query.
     pub top_k: usize,
+    /// Idle-time population (PerCache: predicted questions answered into the QA bank or
+    /// prefilled into the chunk KV tree by the engine thread while no request waits); `None`:
+    /// off (`engram serve --rag-idle off`).
+    pub idle: Option<IdleConfig>,
+    /// How RAG jobs reuse chunk KV unless a request says otherwise (`--chunk-reuse`,
+    /// `--blend-ratio`): the exact chunk KV tree, or each chunk's KV moved into place and
+    /// blended (CacheBlend, through `engram_rag::ChunkStore` and `engram_engine::blend`).
+    pub chunk_reuse: ChunkReuse,
 }
 
 impl RagServerConfig {
-    /// Defaults under `dir`: a 64 MiB tree, the QA bank's default cap, top 3.
+    /// Defaults under `dir`: a 64 MiB tree, the QA bank's default cap, top 3, idle-time
+    /// population on with its defaults.
     pub fn new(dir: impl Into<PathBuf>) -> RagServerConfig {
-        RagServerConfig { dir: dir.into(), tree_cap_bytes: 64 << 20, qa_cap_bytes: engram_rag::DEFAULT_QA_CAP_BYTES, top_k: 3 }
+        RagServerConfig {
+            dir: dir.into(),
+            tree_cap_bytes: 64 << 20,
+            qa_cap_bytes: engram_rag::DEFAULT_QA_CAP_BYTES,
+            top_k: 3,
+            idle: Some(IdleConfig::default()),
+            chunk_reuse: ChunkReuse::Prefix,
+        }
     }
 }
 
@@ -75,16 +98,28 @@ pub(crate) struct RagState {
     pub registry: SegmentRegistry,
     levels: LevelCounters,
     pub tree: Mutex<Option<Arc<TreeCounters>>>,
+    /// Tenants whose idle-time population the engine's `TreePolicy` runs (`None`: off).
+    pub idle: Option<IdleTenants>,
 }
 
 impl RagState {
     pub fn new(config: RagServerConfig) -> RagState {
         RagState {
+            idle: config.idle.map(|_| IdleTenants::default()),
             config,
             libraries: Mutex::default(),
             registry: SegmentRegistry::default(),
             levels: LevelCounters::default(),
             tree: Mutex::new(None),
+        }
+    }
+
+    /// After a change to `tenant`'s library (ingest, removal, query): its idle population may
+    /// have work, and the engine is told so.
+    fn wake_idle(&self, s: &AppState, tenant: &str) {
+        if let Some(idle) = &self.idle {
+            idle.wake(tenant);
+            s.engine.wake();
         }
     }
 
@@ -101,15 +136,63 @@ impl RagState {
         for (l, c) in [("qa", &self.levels.qa), ("kv", &self.levels.kv), ("none", &self.levels.none)] {
             out.push_str(&format!("engram_rag_queries_total{{level=\"{l}\"}} {}\n", c.load(Relaxed)));
         }
+        if let Some(idle) = &self.idle {
+            out.push_str(&render_idle(&idle.counters()));
+        }
         if let Some(t) = self.tree.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             out.push_str("# HELP engram_rag_kv_tree_lookups_total Generations admitted with (hit) or without (miss) a chunk's KV from the tree.\n# TYPE engram_rag_kv_tree_lookups_total counter\n");
             out.push_str(&format!("engram_rag_kv_tree_lookups_total{{result=\"hit\"}} {}\n", t.hits.load(Relaxed)));
             out.push_str(&format!("engram_rag_kv_tree_lookups_total{{result=\"miss\"}} {}\n", t.misses.load(Relaxed)));
             out.push_str("# HELP engram_rag_kv_tree_tokens_reused_total Prompt tokens whose KV came from the chunk KV tree.\n# TYPE engram_rag_kv_tree_tokens_reused_total counter\n");
             out.push_str(&format!("engram_rag_kv_tree_tokens_reused_total {}\n", t.tokens_reused.load(Relaxed)));
+            for (name, help, v) in [
+                ("engram_rag_blend_jobs_total", "RAG generations started from moved chunk KV (chunk_reuse blend).", &t.blend_jobs),
+                (
+                    "engram_rag_blend_chunks_reused_total",
+                    "Chunks whose KV came from the chunk store in blend mode.",
+                    &t.blend_chunks_reused,
+                ),
+                ("engram_rag_blend_tokens_recomputed_total", "Moved chunk tokens recomputed by blend.", &t.blend_tokens_recomputed),
+            ] {
+                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n", v.load(Relaxed)));
+            }
         }
         out
     }
+}
+
+/// Prometheus lines of idle-time population (all tenants).
+fn render_idle(c: &IdleCounters) -> String {
+    let mut out = String::from(
+        "# HELP engram_rag_idle_units_total Idle-time RAG units run (PerCache), by kind.\n# TYPE engram_rag_idle_units_total counter\n",
+    );
+    for (k, n) in UNIT_KINDS.iter().zip(&c.units) {
+        let kind = serde_json::to_value(k).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        out.push_str(&format!("engram_rag_idle_units_total{{kind=\"{kind}\"}} {}\n", n.load(Relaxed)));
+    }
+    let lines: [(&str, &str, &str, f64); 7] = [
+        ("engram_rag_idle_predicted_queries_total", "counter", "Questions predicted in idle time.", c.predicted.load(Relaxed) as f64),
+        ("engram_rag_idle_qa_populated_total", "counter", "QA bank entries stored by idle units.", c.qa_populated.load(Relaxed) as f64),
+        (
+            "engram_rag_idle_kv_populated_total",
+            "counter",
+            "Predicted prompts prefilled into the chunk KV tree by idle units.",
+            c.kv_populated.load(Relaxed) as f64,
+        ),
+        ("engram_rag_idle_prefill_tokens_total", "counter", "Prompt tokens idle units prefilled.", c.prefill_tokens.load(Relaxed) as f64),
+        ("engram_rag_idle_compute_ms_total", "counter", "Milliseconds spent in idle units.", c.compute_us.load(Relaxed) as f64 / 1e3),
+        (
+            "engram_rag_idle_longest_unit_ms",
+            "gauge",
+            "The longest idle unit (a request waits at most this long for one).",
+            c.longest_unit_us.load(Relaxed) as f64 / 1e3,
+        ),
+        ("engram_rag_idle_errors_total", "counter", "Idle units that failed (logged).", c.errors.load(Relaxed) as f64),
+    ];
+    for (name, kind, help, v) in lines {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
+    }
+    out
 }
 
 fn not_configured(why: &str) -> ApiError {
@@ -162,7 +245,21 @@ fn library(s: &AppState, tenant: &str) -> Result<Arc<Mutex<Library>>, ApiError> 
     let qa =
         QaBank::open(&dir.join("qa.bank"), rag.config.qa_cap_bytes).map_err(|e| ApiError::internal(format!("opening the QA bank: {e}")))?;
     let config = RagConfig { top_k: rag.config.top_k, ..RagConfig::default() };
-    let lib = Arc::new(Mutex::new(Library::new(s.model.clone(), bank, qa, config)));
+    let mut lib = Library::new(s.model.clone(), bank, qa, config);
+    if let (Some(cfg), Some(idle)) = (rag.config.idle, &rag.idle) {
+        let pc = PerCache::open(&dir.join("abstracts"), cfg).unwrap_or_else(|e| {
+            // NOTE: a damaged file is left as it is; prediction starts again from the bank.
+            tracing::warn!("the knowledge abstracts are not used (kept in RAM until fixed): {e}");
+            PerCache::in_memory(cfg)
+        });
+        lib.enable_idle(pc).map_err(|e| ApiError::internal(format!("syncing the abstracts: {e}")))?;
+        let lib = Arc::new(Mutex::new(lib));
+        idle.add(tenant, lib.clone(), Some(tenant_dir(&rag.config, tenant).join("kvtree")));
+        s.engine.wake();
+        libs.insert(tenant.to_string(), lib.clone());
+        return Ok(lib);
+    }
+    let lib = Arc::new(Mutex::new(lib));
     libs.insert(tenant.to_string(), lib.clone());
     Ok(lib)
 }
@@ -248,6 +345,7 @@ pub(crate) async fn add_documents(State(s): State<AppState>, headers: HeaderMap,
         Ok(out)
     })
     .await?;
+    s.rag.as_ref().expect("checked by library_ready").wake_idle(&s, &tenant);
     Ok((StatusCode::CREATED, axum::Json(json!({"object": "list", "data": data}))).into_response())
 }
 
@@ -285,7 +383,30 @@ pub(crate) async fn delete_document(State(s): State<AppState>, headers: HeaderMa
     api::check_id("id", &id)?;
     let id2 = id.clone();
     let removed = with_library(&s, &tenant, move |lib| lib.remove(&id2).map_err(api_error)).await?;
+    s.rag.as_ref().expect("checked by library_ready").wake_idle(&s, &tenant);
     Ok(axum::Json(json!({"id": id, "object": "rag.document.deleted", "deleted": true, "chunks_removed": removed.len()})).into_response())
+}
+
+/// `GET /v1/rag/predictions`: the questions idle-time population predicted for this tenant, in
+/// order, with what the scheduler did (`strategy`: `answer`, `prefill`, `skip`, or null while
+/// queued) and whether a predicted answer is in the QA bank now (`answered`). Empty when
+/// idle-time population is off.
+pub(crate) async fn list_predictions(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let tenant = api::tenant(&s, &headers)?;
+    library_ready(&s)?;
+    let data = with_library(&s, &tenant, |lib| {
+        let Some(idle) = &lib.idle else { return Ok(Vec::new()) };
+        Ok(idle
+            .predictions()
+            .iter()
+            .map(|p| {
+                let answered = p.qa_id.is_some_and(|id| lib.qa.entry(id).is_some());
+                json!({"object": "rag.prediction", "query": p.query, "source": p.source, "strategy": p.strategy, "answered": answered})
+            })
+            .collect::<Vec<Value>>())
+    })
+    .await?;
+    Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
 }
 
 #[derive(Deserialize)]
@@ -296,6 +417,27 @@ struct QueryIn {
     max_tokens: Option<i64>,
     /// Consult and fill the QA bank (default true).
     use_qa: Option<bool>,
+    /// `prefix` (the exact chunk KV tree) or `blend` (moved chunk KV, partly recomputed);
+    /// default: the server's `--chunk-reuse`.
+    chunk_reuse: Option<String>,
+    /// Share of moved tokens recomputed in blend mode, in [0, 1]; default: the server's.
+    blend_ratio: Option<f32>,
+}
+
+/// The request's chunk reuse over the server's default; a bad mode or ratio is a 400.
+fn chunk_reuse_of(default: ChunkReuse, mode: Option<&str>, ratio: Option<f32>) -> Result<ChunkReuse, ApiError> {
+    let (default_mode, default_ratio) = match default {
+        ChunkReuse::Prefix => ("prefix", engram_engine::DEFAULT_BLEND_RATIO),
+        ChunkReuse::Blend { ratio } => ("blend", ratio),
+    };
+    let mode = mode.unwrap_or(default_mode);
+    if mode == "prefix" && ratio.is_some() {
+        return Err(ApiError::bad_param("blend_ratio", "blend_ratio applies only with \"chunk_reuse\": \"blend\""));
+    }
+    ChunkReuse::parse(mode, ratio.unwrap_or(default_ratio)).map_err(|e| {
+        let param = if matches!(mode, "prefix" | "blend") { "blend_ratio" } else { "chunk_reuse" };
+        ApiError::bad_param(param, e.to_string())
+    })
 }
 
 /// `POST /v1/rag/query`: `{"query", "qa_threshold"?, "max_tokens"?, "use_qa"?}` → `answer`,
@@ -314,12 +456,14 @@ pub(crate) async fn query(State(s): State<AppState>, headers: HeaderMap, body: B
         }
     };
     let use_qa = req.use_qa.unwrap_or(true);
+    let rag = s.rag.as_ref().expect("checked by library_ready");
+    let reuse = chunk_reuse_of(rag.config.chunk_reuse, req.chunk_reuse.as_deref(), req.blend_ratio)?;
     let question = req.query;
     let plan = with_library(&s, &tenant, move |lib| lib.plan(&question, threshold, max_tokens, use_qa).map_err(api_error)).await?;
-    let rag = s.rag.as_ref().expect("checked by library_ready");
     let pending = match plan {
         Plan::Hit(a) => {
             rag.levels.qa.fetch_add(1, Relaxed);
+            rag.wake_idle(&s, &tenant);
             return Ok(axum::Json(answer_json(&a, 0)).into_response());
         }
         Plan::Generate(p) => p,
@@ -335,6 +479,8 @@ pub(crate) async fn query(State(s): State<AppState>, headers: HeaderMap, body: B
         ends: pending.prompt.ends.clone(),
         tokens: pending.prompt.tokens.clone(),
         tree_dir: Some(tenant_dir(&rag.config, &tenant).join("kvtree")),
+        reuse,
+        chunk_dir: Some(tenant_dir(&rag.config, &tenant).join("chunks")),
     });
     let job = Job {
         tenant: owner.clone(),
@@ -369,7 +515,17 @@ pub(crate) async fn query(State(s): State<AppState>, headers: HeaderMap, body: B
         }
     };
     let ttft = ttft.unwrap_or_else(|| before_ms + gen_start.elapsed().as_secs_f64() * 1e3);
-    let answer = with_library(&s, &tenant, move |lib| lib.record(pending, text, ttft, cached, completion).map_err(api_error)).await?;
+    let blended = rag.registry.take_blend(&owner);
+    let mut answer = with_library(&s, &tenant, move |lib| lib.record(pending, text, ttft, cached, completion).map_err(api_error)).await?;
+    rag.wake_idle(&s, &tenant);
+    if let Some(b) = blended {
+        // Reused from the store: what admission assembled less what it had to prefill.
+        let from_store = b.stats.chunks_reused;
+        answer.timings.cached_tokens = cached.saturating_sub(b.tokens_computed);
+        answer.kv_segments = if from_store > 0 { 1 + from_store } else { 0 };
+        answer.cache_level = if from_store > 0 { engram_rag::CacheLevel::Kv } else { engram_rag::CacheLevel::None };
+        answer.blend = Some(b.stats);
+    }
     match answer.cache_level {
         engram_rag::CacheLevel::Kv => rag.levels.kv.fetch_add(1, Relaxed),
         _ => rag.levels.none.fetch_add(1, Relaxed),
@@ -389,6 +545,12 @@ fn answer_json(a: &engram_rag::Answer, completion_tokens: usize) -> Value {
         "usage": {"prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens, "completion_tokens": completion_tokens,
                   "kv_segments": a.kv_segments},
     });
+    if a.cache_level != engram_rag::CacheLevel::Qa {
+        v["chunk_reuse"] = json!(if a.blend.is_some() { "blend" } else { "prefix" });
+    }
+    if let Some(b) = &a.blend {
+        v["blend"] = json!(b);
+    }
     if let Some(sim) = a.similarity {
         v["similarity"] = json!(sim);
         v["matched_query"] = json!(a.matched_query);

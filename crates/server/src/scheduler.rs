@@ -168,6 +168,12 @@ impl EngineHandle {
         let _ = self.tx.send(Command::Forget(tenant));
     }
 
+    /// Tells the engine its policy may have background work (`Command::Wake`): the idle hook
+    /// runs once nothing waits.
+    pub fn wake(&self) {
+        let _ = self.tx.send(Command::Wake);
+    }
+
     /// Sets an owner's persistent stream before its next request (dual-stream contexts).
     pub fn set_anchors(&self, owner: String, tokens: Vec<u32>) {
         let _ = self.tx.send(Command::SetAnchors(owner, tokens));

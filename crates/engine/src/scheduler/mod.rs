@@ -242,6 +242,9 @@ pub enum Command {
     /// Set (or, with no tokens, remove) the state entry of an owner's thread
     /// (`ContextPolicy::set_state`, the dual-stream hybrid mode), before its next job.
     SetState(String, String, Vec<u32>),
+    /// The policy may have background work again (its state changed outside the engine:
+    /// the server's RAG routes after an ingest or a query); the idle hook runs when idle.
+    Wake,
 }
 
 /// Runs the engine loop for `model` on this thread until every [`Command`] sender is gone
@@ -441,6 +444,7 @@ impl<'m> Engine<'m> {
                 // A change may leave background work (a summary) for the idle hook.
                 self.idle_work = true;
             }
+            Command::Wake => self.idle_work = true,
             Command::SetState(owner, thread, tokens) => {
                 if let Err(e) = self.policy.set_state(&owner, &thread, tokens) {
                     tracing::warn!("the state entry of thread {thread:?} is not set: {e}");

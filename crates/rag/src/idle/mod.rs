@@ -30,9 +30,10 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::bank::{ChunkId, IngestReport};
+use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
 use crate::error::Result;
 use crate::pipeline::{Answer, CacheLevel, Rag};
+use crate::stores::Stores;
 use abstracts::AbstractStore;
 use predict::{PredictConfig, Predicted, Predictor, Source};
 use scheduler::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, Rate, SchedulerConfig, Strategy};
@@ -205,7 +206,12 @@ impl PerCache {
     /// Brings the abstracts in step with the bank after an ingest or removal; the topics of
     /// `report`'s documents are asked about first.
     pub fn after_ingest(&mut self, rag: &Rag, report: Option<&IngestReport>) -> Result<()> {
-        self.abstracts.sync(&rag.bank)?;
+        self.after_ingest_into(&rag.bank, report)
+    }
+
+    /// [`PerCache::after_ingest`] over a bank alone (the server's [`crate::Library`]).
+    pub fn after_ingest_into(&mut self, bank: &KnowledgeBank, report: Option<&IngestReport>) -> Result<()> {
+        self.abstracts.sync(bank)?;
         if let Some(r) = report {
             let fresh = self.abstracts.topics_of_docs(&r.docs);
             self.predictor.note_fresh(&fresh);
@@ -217,10 +223,20 @@ impl PerCache {
     pub fn after_query(&mut self, rag: &Rag, question: &str, answer: &Answer) -> Result<()> {
         let t = Instant::now();
         let qv = rag.bank.embed(question)?;
+        // The embedding counts as idle too (the bookkeeping after the call adds its own time).
+        self.stats.idle_ms += t.elapsed().as_secs_f64() * 1e3;
+        self.after_query_embedded(question, &qv, answer);
+        Ok(())
+    }
+
+    /// [`PerCache::after_query`] for a query already embedded as `qv` (the server's
+    /// [`crate::Library`] has the vector from its plan); its cost is counted as idle.
+    pub fn after_query_embedded(&mut self, question: &str, qv: &[f32], answer: &Answer) {
+        let t = Instant::now();
         self.stats.real_queries += 1;
         let mut matched = false;
         for p in self.preds.iter_mut().filter(|p| !p.vector.is_empty()) {
-            if engram_embed::cosine(&qv, &p.vector) >= self.cfg.threshold {
+            if engram_embed::cosine(qv, &p.vector) >= self.cfg.threshold {
                 matched = true;
                 if !p.qa_judged {
                     p.qa_judged = true;
@@ -269,11 +285,16 @@ impl PerCache {
         }
         self.predictor.observe(question);
         self.stats.idle_ms += t.elapsed().as_secs_f64() * 1e3;
-        Ok(())
     }
 
     /// Runs one unit of idle work (see the module doc); `None` when there is none left.
     pub fn idle_unit(&mut self, rag: &mut Rag) -> Result<Option<UnitReport>> {
+        self.idle_unit_over(&mut rag.stores())
+    }
+
+    /// [`PerCache::idle_unit`] over borrowed stores (the server: the tenant's banks and the
+    /// engine thread's tree, KV charged to the engine's pool).
+    pub fn idle_unit_over(&mut self, rag: &mut Stores<'_>) -> Result<Option<UnitReport>> {
         let t = Instant::now();
         let r = self.next_unit(rag)?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
@@ -286,7 +307,7 @@ impl PerCache {
         }))
     }
 
-    fn next_unit(&mut self, rag: &mut Rag) -> Result<Option<UnitReport>> {
+    fn next_unit(&mut self, rag: &mut Stores<'_>) -> Result<Option<UnitReport>> {
         if self.cfg.regenerate && self.cfg.use_qa {
             if let Some(q) = rag.qa.pop_stale() {
                 let plan = populate::plan(rag, &q)?;
@@ -326,20 +347,20 @@ impl PerCache {
         }
     }
 
-    fn answer(&mut self, rag: &mut Rag, plan: populate::Plan) -> Result<populate::Work> {
+    fn answer(&mut self, rag: &mut Stores<'_>, plan: populate::Plan) -> Result<populate::Work> {
         let w = populate::answer(rag, plan, self.cfg.use_kv)?;
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
         self.decode_rate.add(w.decode_ms, w.decode_tokens);
         Ok(w)
     }
 
-    fn prefill(&mut self, rag: &mut Rag, plan: &populate::Plan) -> Result<populate::Work> {
+    fn prefill(&mut self, rag: &mut Stores<'_>, plan: &populate::Plan) -> Result<populate::Work> {
         let w = populate::prefill(rag, plan)?;
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
         Ok(w)
     }
 
-    fn run(&mut self, rag: &mut Rag, work: Work) -> Result<UnitReport> {
+    fn run(&mut self, rag: &mut Stores<'_>, work: Work) -> Result<UnitReport> {
         let threshold = self.cfg.threshold;
         match work {
             Work::Populate(i) => {
@@ -416,7 +437,7 @@ impl PerCache {
 
     /// QA → KV: the first predicted answer the scheduler gives up on (no hit in `patience`
     /// real queries, or threshold ≥ τ) leaves the QA bank; its prompt's chunks go into the tree.
-    fn convert_to_kv(&mut self, rag: &mut Rag) -> Result<Option<UnitReport>> {
+    fn convert_to_kv(&mut self, rag: &mut Stores<'_>) -> Result<Option<UnitReport>> {
         if !self.cfg.schedule {
             return Ok(None);
         }

@@ -1,19 +1,20 @@
 //! The two ways a question populates the caches in idle time, each one unit of work over the
-//! pipeline's stores (the same retrieval, prompt and tree as [`Rag::query`]):
+//! pipeline's stores (the same retrieval, prompt and tree as [`crate::Rag::query`]):
 //!
 //! ```text
 //!  plan:     embed ─ retrieve top-k ─ prompt (system, chunks…, question) ─ tokens the tree holds
 //!  prefill:  longest tree prefix ─ feed the rest of the chunk segments ─ every prefix into the tree
 //!  answer:   longest tree prefix (if the tree is on) ─ generate ─ prefixes into the tree ─ QA insert
 //! ```
-//! Invariant: what they store is what [`Rag::query`] would store for the same question — the
+//! Invariant: what they store is what [`crate::Rag::query`] would store for the same question — the
 //! tree's entries are forks of a sequence that computed exactly their tokens, and the QA answer
 //! is the tokens a generation from a cold prefill gives (`tests/idle.rs`).
 
 use engram_engine::Generator;
 
 use crate::error::Result;
-use crate::pipeline::{documents_of, Prompt, Rag};
+use crate::pipeline::{documents_of, Prompt};
+use crate::stores::Stores;
 
 /// A question's retrieval and prompt, and how much of it the tree holds.
 pub struct Plan {
@@ -43,7 +44,7 @@ pub struct Work {
 }
 
 /// Embeds, retrieves and builds the prompt of `query`.
-pub fn plan(rag: &Rag, query: &str) -> Result<Plan> {
+pub fn plan(rag: &Stores<'_>, query: &str) -> Result<Plan> {
     let vector = rag.bank.embed(query)?;
     let ids: Vec<_> = rag.bank.search(query, &vector, rag.config.top_k)?.into_iter().map(|r| r.chunk).collect();
     let prompt = rag.build_prompt(query, &ids)?;
@@ -53,17 +54,17 @@ pub fn plan(rag: &Rag, query: &str) -> Result<Plan> {
 
 /// Prefills the plan's chunk segments the tree lacks and stores every prefix (prefill only, no
 /// decode, nothing in the QA bank).
-pub fn prefill(rag: &mut Rag, plan: &Plan) -> Result<Work> {
+pub fn prefill(rag: &mut Stores<'_>, plan: &Plan) -> Result<Work> {
     let end = plan.chunks_end();
-    let (fp, fmt) = (rag.model().fingerprint, rag.pool().format());
+    let (fp, fmt) = (rag.model.fingerprint, rag.pool.format());
     let m = rag.tree.lookup(fp, fmt, &plan.prompt.path);
     if m.tokens.len() >= end {
         return Ok(Work::default());
     }
-    let model = rag.model().clone();
+    let model = rag.model.clone();
     let mut gen = match m.kv {
         Some(kv) => Generator::from_parts(&model, kv, m.tokens),
-        None => Generator::new(&model, rag.pool()),
+        None => Generator::new(&model, rag.pool),
     };
     let from = gen.tokens().len();
     let t = std::time::Instant::now();
@@ -76,13 +77,13 @@ pub fn prefill(rag: &mut Rag, plan: &Plan) -> Result<Work> {
 
 /// Generates the plan's answer (from the tree's longest prefix if `use_kv`, whose prefixes it
 /// then stores) and stores it in the QA bank (saved).
-pub fn answer(rag: &mut Rag, plan: Plan, use_kv: bool) -> Result<Work> {
-    let model = rag.model().clone();
-    let (fp, fmt) = (model.fingerprint, rag.pool().format());
+pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool) -> Result<Work> {
+    let model = rag.model.clone();
+    let (fp, fmt) = (model.fingerprint, rag.pool.format());
     let m = if use_kv { Some(rag.tree.lookup(fp, fmt, &plan.prompt.path)) } else { None };
     let mut gen = match m.and_then(|m| m.kv.map(|kv| (kv, m.tokens))) {
         Some((kv, tokens)) => Generator::from_parts(&model, kv, tokens),
-        None => Generator::new(&model, rag.pool()),
+        None => Generator::new(&model, rag.pool),
     };
     let params = rag.config.params.clone();
     let g = gen.generate(&plan.prompt.tokens, &params, &mut |_| true)?;
@@ -90,7 +91,7 @@ pub fn answer(rag: &mut Rag, plan: Plan, use_kv: bool) -> Result<Work> {
         let (kv, tokens) = gen.into_parts();
         rag.tree.insert(&plan.prompt.path, &plan.prompt.ends, &tokens, &kv);
     }
-    let docs = documents_of(&rag.bank, &plan.prompt.chunks);
+    let docs = documents_of(rag.bank, &plan.prompt.chunks);
     let generation = rag.bank.generation();
     let id = rag.qa.insert(&plan.query, plan.vector, &g.text, g.tokens, plan.prompt.chunks, docs, generation);
     rag.qa.save()?;

@@ -19,9 +19,13 @@
 //! `0..` (so the first chunk of an assembly equals the exact path); entries are keyed by the
 //! model's fingerprint and KV format (another model or format is a miss, never a wrong hit);
 //! the bytes charged stay under the cap after every insert (least recently used chunks
-//! evicted first). The store lives in RAM only: nothing is persisted.
+//! evicted first). [`ChunkStore::save`] / [`ChunkStore::load`] (`files.rs`) keep it across
+//! restarts as `engram-kv` entry files, used only once every check passes.
 
-use std::collections::HashMap;
+mod files;
+pub use files::ChunkLoadReport;
+
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use engram_engine::Generator;
@@ -31,6 +35,12 @@ use engram_model::{Fingerprint, Model};
 use crate::error::Result;
 use crate::kv_tree::SegKey;
 use crate::pipeline::Prompt;
+
+/// A system prompt's KV and tokens.
+struct Sys {
+    kv: SeqKv,
+    tokens: Vec<u32>,
+}
 
 struct Entry {
     /// KV of `sys + chunk`.
@@ -72,17 +82,29 @@ pub struct ChunkStore {
     bytes_per_token: usize,
     cap_bytes: usize,
     /// System prompts' KV by key (charged for their tokens).
-    sys: HashMap<SegKey, SeqKv>,
+    sys: HashMap<SegKey, Sys>,
     entries: HashMap<(SegKey, SegKey), Entry>,
     clock: u64,
     evicted: u64,
+    /// Entry files this store wrote or loaded (`files.rs`).
+    on_disk: HashSet<String>,
 }
 
 impl ChunkStore {
     /// An empty store for one model (`fingerprint`) and KV format, charging
     /// `bytes_per_token` per chunk token held, within `cap_bytes`.
     pub fn new(fingerprint: Fingerprint, format: KvFormat, bytes_per_token: usize, cap_bytes: usize) -> ChunkStore {
-        ChunkStore { fingerprint, format, bytes_per_token, cap_bytes, sys: HashMap::new(), entries: HashMap::new(), clock: 0, evicted: 0 }
+        ChunkStore {
+            fingerprint,
+            format,
+            bytes_per_token,
+            cap_bytes,
+            sys: HashMap::new(),
+            entries: HashMap::new(),
+            clock: 0,
+            evicted: 0,
+            on_disk: HashSet::new(),
+        }
     }
 
     /// Whether chunk `chunk` after system prompt `sys` is stored for this model and format.
@@ -100,15 +122,15 @@ impl ChunkStore {
         let sys_key = prompt.path[0].clone();
         let sys_tokens = &prompt.tokens[..sys_end];
         let mut tokens_computed = 0;
-        let sys_kv = match self.sys.get(&sys_key).filter(|_| own) {
-            Some(kv) => kv.fork(sys_end),
+        let sys_kv = match self.sys.get(&sys_key).filter(|e| own && e.tokens == sys_tokens) {
+            Some(e) => e.kv.fork(sys_end),
             None => {
                 tokens_computed += sys_end;
                 let mut g = Generator::new(model, pool);
                 g.feed(sys_tokens, false)?;
                 let (kv, _) = g.into_parts();
                 if own {
-                    self.sys.insert(sys_key.clone(), kv.fork(sys_end));
+                    self.sys.insert(sys_key.clone(), Sys { kv: kv.fork(sys_end), tokens: sys_tokens.to_vec() });
                 }
                 kv
             }
@@ -158,26 +180,34 @@ impl ChunkStore {
 
     /// Bytes charged: every stored token (system prompts' and chunks') × bytes per token.
     pub fn bytes(&self) -> usize {
-        let sys: usize = self.sys.values().map(SeqKv::len).sum();
+        let sys: usize = self.sys.values().map(|e| e.tokens.len()).sum();
         let chunks: usize = self.entries.values().map(|e| e.tokens.len()).sum();
         (sys + chunks) * self.bytes_per_token
     }
 
     fn evict_to_cap(&mut self) {
         while self.bytes() > self.cap_bytes {
-            let victim = self.entries.iter().min_by_key(|(k, e)| (e.last_used, (*k).clone())).map(|(k, _)| k.clone());
-            match victim {
-                Some(k) => {
-                    self.entries.remove(&k);
-                    self.evicted += 1;
-                }
-                None => {
-                    // Only system prompts left: drop them too (recomputed on the next use).
-                    if self.sys.is_empty() {
-                        break;
-                    }
-                    self.sys.clear();
-                }
+            if !self.evict_lru() {
+                break;
+            }
+        }
+    }
+
+    /// Drops the least recently used chunk (or, with none left, the system prompts: they are
+    /// recomputed on the next use); whether anything was freed. The engine's `make_room`
+    /// calls this when RAM is short.
+    pub fn evict_lru(&mut self) -> bool {
+        let victim = self.entries.iter().min_by_key(|(k, e)| (e.last_used, (*k).clone())).map(|(k, _)| k.clone());
+        match victim {
+            Some(k) => {
+                self.entries.remove(&k);
+                self.evicted += 1;
+                true
+            }
+            None if self.sys.is_empty() => false,
+            None => {
+                self.sys.clear();
+                true
             }
         }
     }

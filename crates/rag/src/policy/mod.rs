@@ -9,11 +9,16 @@
 //!           TreePolicy::retire(owner) ─ tree[tenant].insert(path, ends, tokens, kv)
 //!  any other owner ─► the inner policy (the session store), unchanged
 //! ```
-//! One tree per tenant: a tenant never starts from KV another tenant's documents made.
+//! One tree per tenant: a tenant never starts from KV another tenant's documents made. A job
+//! registered with `ChunkReuse::Blend` starts from the tenant's chunk store instead
+//! (`blend.rs`), and the idle hook runs the woken tenants' idle-time population, one unit per
+//! slice ([`IdleTenants`]), after saving changed trees and chunk stores.
 //!
 //! Invariant: a checkout for a RAG owner holds exactly the KV of `prompt[..reused]` — the
 //! tree entry's tokens are checked against the prompt before use — so the scheduler's answer
 //! equals a cold prefill of the same tokens (`crates/server/tests/rag.rs`).
+
+mod blend;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,10 +26,15 @@ use std::sync::{Arc, Mutex};
 use engram_context::{Checkout, MatchKind, PendingRestore};
 use engram_engine::{ContextPolicy, PolicyStats, Retired};
 use engram_kv::{KvPool, SeqKv};
-use engram_model::Fingerprint;
+use engram_model::{Fingerprint, Model};
 use engram_tokenizer::Tokenizer;
 
+use crate::chunk_store::ChunkStore;
+use crate::idle_tenants::{try_library, IdleTenants};
 use crate::kv_tree::{KvTree, SegKey};
+use crate::pipeline::ChunkReuse;
+pub use blend::BlendOutcome;
+use blend::Chunks;
 
 /// What marks an owner key as a RAG job's: `<tenant>` + this + a number.
 pub const RAG_OWNER_MARK: &str = "\u{1f}rag:";
@@ -45,6 +55,11 @@ pub struct PromptSegments {
     pub tokens: Vec<u32>,
     /// Where the tenant's tree persists (`None`: RAM only); see [`crate::tree_dir`].
     pub tree_dir: Option<std::path::PathBuf>,
+    /// How the chunks' KV is reused: the exact tree (`Prefix`) or the tenant's chunk store,
+    /// moved and blended (`Blend`, which never reads or fills the exact tree).
+    pub reuse: ChunkReuse,
+    /// Where the tenant's chunk store persists (`None`: RAM only).
+    pub chunk_dir: Option<std::path::PathBuf>,
 }
 
 /// Registrations shared by the handlers (which register) and the engine thread (which takes
@@ -58,6 +73,8 @@ pub struct SegmentRegistry {
 struct Registry {
     next: u64,
     waiting: HashMap<String, (u64, PromptSegments)>,
+    /// What blended admissions reused, until the handler takes it.
+    blended: HashMap<String, (u64, BlendOutcome)>,
 }
 
 impl SegmentRegistry {
@@ -86,6 +103,25 @@ impl SegmentRegistry {
     fn take(&self, owner: &str) -> Option<PromptSegments> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(owner).map(|(_, s)| s)
     }
+
+    fn report_blend(&self, owner: &str, outcome: BlendOutcome) {
+        let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        r.next += 1;
+        let n = r.next;
+        r.blended.insert(owner.to_string(), (n, outcome));
+        if r.blended.len() > MAX_REGISTERED {
+            let oldest = r.blended.iter().min_by_key(|(_, (n, _))| *n).map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                r.blended.remove(&k);
+            }
+        }
+    }
+
+    /// What the blended admission of `owner`'s job reused and recomputed (once; `None` for a
+    /// job that was not blended or not admitted).
+    pub fn take_blend(&self, owner: &str) -> Option<BlendOutcome> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).blended.remove(owner).map(|(_, o)| o)
+    }
 }
 
 /// Counts for `/metrics` (read by the server through [`TreeCounters`]).
@@ -97,6 +133,11 @@ pub struct TreeCounters {
     pub misses: std::sync::atomic::AtomicU64,
     /// Tokens whose KV came from the tree.
     pub tokens_reused: std::sync::atomic::AtomicU64,
+    /// RAG jobs admitted through the chunk store and blend, their chunks taken from the store,
+    /// and their moved tokens recomputed.
+    pub blend_jobs: std::sync::atomic::AtomicU64,
+    pub blend_chunks_reused: std::sync::atomic::AtomicU64,
+    pub blend_tokens_recomputed: std::sync::atomic::AtomicU64,
 }
 
 /// One tenant's tree, where it persists, and whether it changed since it was saved.
@@ -111,38 +152,46 @@ pub struct TreePolicy {
     inner: Box<dyn ContextPolicy>,
     registry: SegmentRegistry,
     pool: KvPool,
+    model: Arc<Model>,
     fingerprint: Fingerprint,
     cap_bytes: usize,
     vocab: usize,
     trees: HashMap<String, Tree>,
+    /// Per tenant, chunks' KV for blended jobs (same cap as a tree).
+    chunks: HashMap<String, Chunks>,
     running: HashMap<String, PromptSegments>,
     next_session: u64,
     counters: Arc<TreeCounters>,
+    /// Tenants whose idle-time population runs in [`ContextPolicy::idle_slice`] (`None`: off).
+    idle: Option<IdleTenants>,
 }
 
 impl TreePolicy {
-    /// RAG owners through per-tenant trees (each within `cap_bytes`), every other owner
-    /// through `inner`.
-    pub fn new(
-        inner: Box<dyn ContextPolicy>,
-        registry: SegmentRegistry,
-        pool: KvPool,
-        fingerprint: Fingerprint,
-        vocab: usize,
-        cap_bytes: usize,
-    ) -> TreePolicy {
+    /// RAG owners through per-tenant trees and chunk stores (each within `cap_bytes`) over
+    /// `model`, every other owner through `inner`.
+    pub fn new(inner: Box<dyn ContextPolicy>, registry: SegmentRegistry, pool: KvPool, model: Arc<Model>, cap_bytes: usize) -> TreePolicy {
         TreePolicy {
             inner,
             registry,
             pool,
-            fingerprint,
+            fingerprint: model.fingerprint,
+            vocab: model.config.vocab,
+            model,
             cap_bytes,
-            vocab,
             trees: HashMap::new(),
+            chunks: HashMap::new(),
             running: HashMap::new(),
             next_session: 0,
             counters: Arc::default(),
+            idle: None,
         }
+    }
+
+    /// Runs the idle-time population of `tenants` in [`ContextPolicy::idle_slice`], one unit
+    /// per slice (see [`IdleTenants`]).
+    pub fn with_idle(mut self, tenants: IdleTenants) -> TreePolicy {
+        self.idle = Some(tenants);
+        self
     }
 
     /// The hit counters (shared; the server renders them).
@@ -166,17 +215,111 @@ impl TreePolicy {
         })
     }
 
-    /// Frees one least recently used leaf of any tree; whether one was freed.
+    /// The tenant's chunk store, loaded from `base` (its files, in the folder for this model
+    /// and KV format) on first use.
+    fn chunk_store(&mut self, tenant: &str, base: Option<&std::path::Path>) -> &mut Chunks {
+        let (fp, fmt, bpt, cap) = (self.fingerprint, self.pool.format(), self.pool.bytes_per_token(), self.cap_bytes);
+        let (pool, vocab) = (&self.pool, self.vocab);
+        self.chunks.entry(tenant.to_string()).or_insert_with(|| {
+            let mut store = ChunkStore::new(fp, fmt, bpt, cap);
+            let dir = base.map(|b| crate::kv_tree::tree_dir(b, fp, fmt));
+            if let Some(d) = &dir {
+                let r = store.load(d, pool, vocab);
+                for (f, why) in r.rejected {
+                    warn(&format!("chunk store file {} not used (its chunk is computed again): {why}", f.display()));
+                }
+            }
+            Chunks { store, dir, dirty: false }
+        })
+    }
+
+    /// Frees one least recently used leaf of any tree, else one chunk of any chunk store;
+    /// whether one was freed.
     fn evict_one(&mut self) -> bool {
         self.trees.values_mut().any(|t| {
             let freed = t.tree.evict_lru_leaf();
             t.dirty |= freed;
             freed
+        }) || self.chunks.values_mut().any(|c| {
+            let freed = c.store.evict_lru();
+            c.dirty |= freed;
+            freed
         })
     }
 
-    /// Saves one changed tree; whether one was saved.
+    /// A blended RAG job's checkout parts (see `blend.rs`).
+    fn admit_blended(&mut self, owner: &str, seg: &PromptSegments, ratio: f32) -> Result<(SeqKv, usize), String> {
+        let (model, pool) = (self.model.clone(), self.pool.clone());
+        let c = self.chunk_store(&seg.tenant, seg.chunk_dir.as_deref());
+        let (kv, reused, outcome) = blend::assemble(&model, &pool, &mut c.store, seg, ratio)?;
+        c.dirty |= outcome.stats.chunks_computed > 0;
+        use std::sync::atomic::Ordering::Relaxed;
+        self.counters.blend_jobs.fetch_add(1, Relaxed);
+        self.counters.blend_chunks_reused.fetch_add(outcome.stats.chunks_reused as u64, Relaxed);
+        self.counters.blend_tokens_recomputed.fetch_add(outcome.stats.recomputed_tokens as u64, Relaxed);
+        self.registry.report_blend(owner, outcome);
+        Ok((kv, reused))
+    }
+
+    /// One unit of some woken tenant's idle population; whether any tenant may have more.
+    /// A library a handler holds is skipped (the request is served first).
+    fn idle_unit(&mut self) -> bool {
+        let Some(idle) = self.idle.clone() else { return false };
+        let Some(next) = idle.next() else { return false };
+        let Some(mut lib) = try_library(&next.library) else {
+            // A handler is planning or recording a query; its job comes next. Do not spin.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            return true;
+        };
+        let pool = self.pool.clone();
+        let before = lib.idle.as_ref().map_or(0, |p| p.stats().predicted);
+        let t = self.tree(&next.tenant, next.tree_dir.as_deref());
+        match lib.idle_unit(&pool, &mut t.tree) {
+            Ok(Some(r)) => {
+                t.dirty = true;
+                let predicted = lib.idle.as_ref().map_or(0, |p| p.stats().predicted) - before;
+                idle.counters().count(&r, predicted);
+            }
+            Ok(None) => idle.sleep(&next.tenant),
+            Err(e) => {
+                warn(&format!("idle-time RAG work for a tenant stopped until its next request: {e}"));
+                idle.counters().errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                idle.sleep(&next.tenant);
+            }
+        }
+        // Slept while holding the library: a wake after this guard sees its change.
+        drop(lib);
+        idle.any_pending()
+    }
+
+    /// A RAG job's checkout: `kv` holds `prompt[..reused]`.
+    fn checkout(&mut self, seg: PromptSegments, prompt: &[u32], kv: SeqKv, reused: usize) -> Checkout {
+        self.next_session += 1;
+        let session_id = format!("rag-{}", self.next_session);
+        self.running.insert(session_id.clone(), seg);
+        Checkout {
+            session_id,
+            kind: if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss },
+            tokens: prompt.to_vec(),
+            token_ends: vec![0; prompt.len()],
+            reused,
+            kv,
+            restore: None,
+            spans: Vec::new(),
+            own_first: None,
+        }
+    }
+
+    /// Saves one changed tree or chunk store; whether one was saved.
     fn save_one(&mut self) -> bool {
+        if let Some(c) = self.chunks.values_mut().find(|c| c.dirty && c.dir.is_some()) {
+            c.dirty = false;
+            let dir = c.dir.clone().expect("checked");
+            if let Err(e) = c.store.save(&dir) {
+                warn(&format!("saving the chunk store to {}: {e}", dir.display()));
+            }
+            return true;
+        }
         let Some(t) = self.trees.values_mut().find(|t| t.dirty && t.dir.is_some()) else { return false };
         t.dirty = false;
         let dir = t.dir.clone().expect("checked");
@@ -213,6 +356,10 @@ impl ContextPolicy for TreePolicy {
         if seg.tokens != prompt || seg.ends.len() != seg.path.len() || seg.ends.last().is_some_and(|&e| e > prompt.len()) {
             return Err("RAG job's registered segments do not match its prompt".into());
         }
+        if let ChunkReuse::Blend { ratio } = seg.reuse {
+            let (kv, reused) = self.admit_blended(owner, &seg, ratio)?;
+            return Ok(self.checkout(seg, prompt, kv, reused));
+        }
         let fp = self.fingerprint;
         let fmt = self.pool.format();
         let m = self.tree(&seg.tenant, seg.tree_dir.as_deref()).tree.lookup(fp, fmt, &seg.path);
@@ -228,20 +375,7 @@ impl ContextPolicy for TreePolicy {
             self.counters.misses.fetch_add(1, Relaxed);
         }
         self.counters.tokens_reused.fetch_add(reused as u64, Relaxed);
-        self.next_session += 1;
-        let session_id = format!("rag-{}", self.next_session);
-        self.running.insert(session_id.clone(), seg);
-        Ok(Checkout {
-            session_id,
-            kind: if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss },
-            tokens: prompt.to_vec(),
-            token_ends: vec![0; prompt.len()],
-            reused,
-            kv,
-            restore: None,
-            spans: Vec::new(),
-            own_first: None,
-        })
+        Ok(self.checkout(seg, prompt, kv, reused))
     }
 
     fn pin_owner(&mut self, owner: &str) {
@@ -268,6 +402,10 @@ impl ContextPolicy for TreePolicy {
             return self.inner.retire(r);
         }
         let Some(seg) = self.running.remove(&r.session_id) else { return };
+        if seg.reuse != ChunkReuse::Prefix {
+            // Blended KV is approximate: it never enters the exact tree.
+            return;
+        }
         // Only the segments the sequence holds whole (a cancelled job may hold fewer).
         let held = r.kv.len().min(r.tokens.len());
         let d = seg.ends.iter().take_while(|&&e| e <= held && r.tokens[..e] == seg.tokens[..e]).count();
@@ -299,11 +437,15 @@ impl ContextPolicy for TreePolicy {
     }
 
     /// One slice: the inner policy's work first, then saving one changed tree (KV files are
-    /// written while nothing waits, never on a request's path).
+    /// written while nothing waits, never on a request's path), then one unit of idle-time
+    /// population ([`IdleTenants`]).
     fn idle_slice(&mut self) -> bool {
         if self.inner.idle_slice() {
             return true;
         }
-        self.save_one() && self.trees.values().any(|t| t.dirty && t.dir.is_some())
+        if self.save_one() {
+            return true;
+        }
+        self.idle_unit()
     }
 }

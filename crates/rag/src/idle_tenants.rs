@@ -1,0 +1,161 @@
+//! [`IdleTenants`]: the users whose idle-time population ([`crate::PerCache`]) the engine
+//! thread runs while no request waits (issue 17 item 1, `engram serve --rag-idle on`).
+//!
+//! ```text
+//!  handlers (blocking pool):  Library::ingest_text / remove / plan / record ─► after_ingest / after_query
+//!                             IdleTenants::wake(tenant) ─► engine Command::Wake
+//!  engine thread (idle hook): TreePolicy::idle_slice ─► IdleTenants::next (round robin over woken tenants)
+//!                             ─► try_lock(Library) ─► Library::idle_unit(pool, tenant's tree): ONE unit
+//!                             (nothing left: the tenant sleeps until its next wake)
+//! ```
+//! Invariants: the engine thread never blocks on a library (a library a handler holds is
+//! skipped, so a request never waits for more than the one unit already running); a unit's
+//! KV goes into the same per-tenant chunk KV tree the tenant's RAG jobs start from, and its
+//! answers into the same QA bank they consult, so what idle time stores is what a query
+//! would have stored (`crates/server/tests/rag_idle.rs`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+use crate::idle::{UnitKind, UnitReport};
+use crate::library::Library;
+
+/// Unit kinds in the order [`IdleCounters::units`] counts them.
+pub const UNIT_KINDS: [UnitKind; 6] =
+    [UnitKind::Answer, UnitKind::Prefill, UnitKind::Skip, UnitKind::Regenerate, UnitKind::KvToQa, UnitKind::QaToKv];
+
+/// Idle-time counters over every tenant (the server renders them in `/metrics`).
+#[derive(Default, Debug)]
+pub struct IdleCounters {
+    /// Units run, by kind (indices of [`UNIT_KINDS`]).
+    pub units: [AtomicU64; 6],
+    /// Questions predicted.
+    pub predicted: AtomicU64,
+    /// QA entries stored by idle units (answers, regenerations, KV→QA conversions).
+    pub qa_populated: AtomicU64,
+    /// Units that prefilled chunk KV into the tree without answering (prefill, QA→KV).
+    pub kv_populated: AtomicU64,
+    /// Prompt tokens idle units prefilled.
+    pub prefill_tokens: AtomicU64,
+    /// Microseconds spent in units, and the longest unit.
+    pub compute_us: AtomicU64,
+    pub longest_unit_us: AtomicU64,
+    /// Units that failed (logged; the tenant sleeps until its next wake).
+    pub errors: AtomicU64,
+}
+
+impl IdleCounters {
+    /// Counts one unit's report; `predicted` questions were made during it.
+    pub fn count(&self, r: &UnitReport, predicted: u64) {
+        let i = UNIT_KINDS.iter().position(|k| *k == r.kind).expect("every kind is listed");
+        self.units[i].fetch_add(1, Relaxed);
+        self.predicted.fetch_add(predicted, Relaxed);
+        if matches!(r.kind, UnitKind::Answer | UnitKind::Regenerate | UnitKind::KvToQa) {
+            self.qa_populated.fetch_add(1, Relaxed);
+        }
+        if matches!(r.kind, UnitKind::Prefill | UnitKind::QaToKv) && r.prefill_tokens > 0 {
+            self.kv_populated.fetch_add(1, Relaxed);
+        }
+        self.prefill_tokens.fetch_add(r.prefill_tokens as u64, Relaxed);
+        let us = (r.ms * 1e3) as u64;
+        self.compute_us.fetch_add(us, Relaxed);
+        self.longest_unit_us.fetch_max(us, Relaxed);
+    }
+
+    /// Units run, all kinds.
+    pub fn total_units(&self) -> u64 {
+        self.units.iter().map(|u| u.load(Relaxed)).sum()
+    }
+}
+
+struct Tenant {
+    library: Arc<Mutex<Library>>,
+    /// Where the tenant's chunk KV tree persists (see [`crate::PromptSegments::tree_dir`]).
+    tree_dir: Option<PathBuf>,
+    /// Woken and not yet found without work.
+    pending: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    tenants: BTreeMap<String, Tenant>,
+    /// The tenant after which the next search starts (round robin).
+    last: Option<String>,
+}
+
+/// A tenant to run one unit for.
+pub(crate) struct Next {
+    pub tenant: String,
+    pub library: Arc<Mutex<Library>>,
+    pub tree_dir: Option<PathBuf>,
+}
+
+/// Shared by the handlers (which add and wake tenants) and the engine thread's
+/// [`crate::TreePolicy`] (which runs their units). See the module doc.
+#[derive(Clone, Default)]
+pub struct IdleTenants {
+    inner: Arc<Mutex<Inner>>,
+    counters: Arc<IdleCounters>,
+}
+
+impl IdleTenants {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The counters (shared).
+    pub fn counters(&self) -> Arc<IdleCounters> {
+        self.counters.clone()
+    }
+
+    /// Registers `tenant`'s library (its idle population enabled) and wakes it.
+    pub fn add(&self, tenant: &str, library: Arc<Mutex<Library>>, tree_dir: Option<PathBuf>) {
+        self.lock().tenants.insert(tenant.to_string(), Tenant { library, tree_dir, pending: true });
+    }
+
+    /// Marks `tenant` as having idle work (after an ingest, removal or query); unknown
+    /// tenants are ignored.
+    pub fn wake(&self, tenant: &str) {
+        if let Some(t) = self.lock().tenants.get_mut(tenant) {
+            t.pending = true;
+        }
+    }
+
+    /// Whether some tenant has idle work.
+    pub fn any_pending(&self) -> bool {
+        self.lock().tenants.values().any(|t| t.pending)
+    }
+
+    /// The next woken tenant after the last one served (round robin).
+    pub(crate) fn next(&self) -> Option<Next> {
+        let mut g = self.lock();
+        let after = g.last.clone();
+        let pick = {
+            let mut later = g.tenants.iter().filter(|(k, t)| t.pending && after.as_ref().is_none_or(|a| *k > a));
+            let first = later.next().map(|(k, _)| k.clone());
+            first.or_else(|| g.tenants.iter().find(|(_, t)| t.pending).map(|(k, _)| k.clone()))
+        }?;
+        g.last = Some(pick.clone());
+        let t = &g.tenants[&pick];
+        Some(Next { tenant: pick.clone(), library: t.library.clone(), tree_dir: t.tree_dir.clone() })
+    }
+
+    /// `tenant` has nothing left to do until its next wake.
+    pub(crate) fn sleep(&self, tenant: &str) {
+        if let Some(t) = self.lock().tenants.get_mut(tenant) {
+            t.pending = false;
+        }
+    }
+}
+
+/// The library if no one holds it (a poisoned lock is taken over: the library's state is
+/// whole after every call); `None` while a handler uses it.
+pub(crate) fn try_library(library: &Mutex<Library>) -> Option<MutexGuard<'_, Library>> {
+    match library.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
