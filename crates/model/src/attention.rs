@@ -391,6 +391,42 @@ mod tests {
     }
 
     #[test]
+    fn the_portable_path_gives_a_query_alone_bitwise_its_batch_row() {
+        for (hd, group, tokens, nq, masked, elem) in [
+            (64, 4, 300, 40, false, KvElem::F16),
+            (64, 4, 97, 7, true, KvElem::F16),
+            (128, 2, 70, 5, false, KvElem::F32),
+            (48, 3, 45, 45, true, KvElem::F32),
+            (64, 4, 200, 3, false, KvElem::Q8 { group: 32 }),
+            (64, 2, 100, 9, false, KvElem::Q4 { group: 32 }),
+        ] {
+            let kv = ChunkedKv::new(elem, 1, hd, tokens, hd as u64 + tokens as u64, masked);
+            let width = group * hd;
+            let q = queries(nq, width, tokens as u64);
+            let positions: Vec<u32> = (tokens - nq..tokens).map(|p| p as u32).collect();
+            let task = AttnTask {
+                kv: &kv,
+                layer: 0,
+                q: &q,
+                num_queries: nq,
+                positions: &positions,
+                key_mask: None,
+                kv_head: 0,
+                group,
+                head_dim: hd,
+                num_heads: group,
+                precision: AttentionPrecision::Exact,
+            };
+            let batch = attend_portable(&task);
+            for i in [0, nq / 2, nq - 1] {
+                let alone = AttnTask { q: &q[i * width..(i + 1) * width], num_queries: 1, positions: &positions[i..i + 1], ..task };
+                let row = attend_portable(&alone);
+                assert!(row.iter().zip(&batch[i * width..(i + 1) * width]).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} {elem:?}: query {i} alone != in batch");
+            }
+        }
+    }
+
+    #[test]
     fn exp_approx_is_accurate_on_softmax_arguments() {
         let mut worst = 0f64;
         let mut x = -87.0f32;
