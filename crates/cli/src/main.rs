@@ -2,6 +2,7 @@
 //! module; this file only parses arguments and dispatches.
 
 mod api_keys;
+mod bench_attention;
 mod bench_blend;
 mod bench_cache;
 mod bench_context;
@@ -71,6 +72,8 @@ enum BenchCommand {
     Speed(bench_speed::Args),
     /// Memory read bandwidth with 1..N threads (stream read and real GEMVs), the bound on decode.
     Membw(bench_membw::Args),
+    /// Attention alone over a ring-like KV cache at two depths, side by side (ms per step, GB/s).
+    Attention(bench_attention::Args),
     /// Time to first token: cold vs hot vs warm (restored from disk), shared prefixes, KV formats.
     Cache(bench_cache::Args),
     /// What each approximation (q8/q4 KV, bf16 attention, eviction, chunk reuse) costs vs the exact path.
@@ -122,6 +125,7 @@ fn main() {
         Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
         Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
         Command::Bench { which: BenchCommand::Membw(a) } => bench_membw::run(a),
+        Command::Bench { which: BenchCommand::Attention(a) } => bench_attention::run(a),
         Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
         Command::Bench { which: BenchCommand::Relevance(a) } => bench_relevance::run(a),
         Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),

@@ -44,12 +44,17 @@ pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
 }
 
 /// f16 → f32 (exact, so every path gives the same bits), 16 lanes at a time where AVX-512 is
-/// available: KV caches are decoded through here once per chunk and head in attention.
+/// available, 8 with F16C: KV caches are decoded through here once per chunk and head in attention.
 fn f16_row(row: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F checked; lengths were checked by the caller (2 bytes per element).
         unsafe { return f16_row_avx512(row, out) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
+        // SAFETY: F16C and AVX checked; lengths as above.
+        unsafe { return f16_row_f16c(row, out) }
     }
     row.chunks_exact(2).zip(out).for_each(|(b, o)| *o = f16_at(b, 0));
 }
@@ -64,6 +69,23 @@ unsafe fn f16_row_avx512(row: &[u8], out: &mut [f32]) {
         let h = _mm256_loadu_si256(row.as_ptr().add(2 * i) as *const __m256i);
         _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
         i += 16;
+    }
+    for j in i..n {
+        out[j] = f16_at(row, 2 * j);
+    }
+}
+
+/// [`f16_row_avx512`] 8 lanes at a time (AVX2-era CPUs: F16C).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f16_row_f16c(row: &[u8], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = out.len();
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm_loadu_si128(row.as_ptr().add(2 * i) as *const __m128i);
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        i += 8;
     }
     for j in i..n {
         out[j] = f16_at(row, 2 * j);

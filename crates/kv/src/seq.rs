@@ -28,7 +28,7 @@ use crate::tail::Tail;
 /// ([`KvChunk::ahead`]): 8 blocks of one head's keys and values are 64 KiB (f16, head dim
 /// 64), far enough to cover DRAM latency behind a grouped attention pass, near enough to stay
 /// in L2.
-const PREFETCH_AHEAD: usize = 8;
+pub(crate) const PREFETCH_AHEAD: usize = 8;
 
 /// A sequence's cache.
 pub struct SeqKv {

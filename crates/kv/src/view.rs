@@ -26,7 +26,7 @@ use engram_model::{KvCache, KvChunk, KvData, KvElem, KvRead};
 
 use crate::block::{Block, BLOCK_TOKENS};
 use crate::pending::PendingRows;
-use crate::seq::SeqKv;
+use crate::seq::{SeqKv, PREFETCH_AHEAD};
 use crate::tail::Tail;
 
 /// Where a span's rows live.
@@ -195,11 +195,25 @@ impl KvView {
         self.own
     }
 
+    /// The keys and values of `layer` in the span [`PREFETCH_AHEAD`] spans after span `si`, for
+    /// attention to prefetch ([`KvChunk::ahead`]): whole sections (row `h * 32` is head `h`'s
+    /// first), only where that span's rows are a block in RAM.
+    fn ahead_of(&self, si: usize, layer: usize, sec: usize) -> Option<(&[u8], &[u8])> {
+        match &self.spans.get(si + PREFETCH_AHEAD)?.rows {
+            SpanRows::Block(b) => {
+                let bytes = b.bytes();
+                let first = 2 * layer * sec;
+                Some((&bytes[first..first + sec], &bytes[first + sec..first + 2 * sec]))
+            }
+            _ => None,
+        }
+    }
+
     fn emit(&self, layer: usize, head: Option<usize>, f: &mut dyn FnMut(&KvChunk<'_>)) {
         let layout = self.own.pool().layout();
         let (sec, tsec) = (self.own.pool().section_bytes(), self.own.pool().tail_section_bytes());
         let mut key = 0;
-        for span in &self.spans {
+        for (si, span) in self.spans.iter().enumerate() {
             let key_index = key;
             key += span.len;
             if head.is_some_and(|h| !span.selects(h)) || span.len == 0 {
@@ -227,7 +241,7 @@ impl KvView {
                 keys: KvData { elem, bytes: k },
                 values: KvData { elem, bytes: v },
                 mask: None,
-                ahead: None,
+                ahead: self.ahead_of(si, layer, sec),
             });
         }
         let offset = self.span_keys;

@@ -70,7 +70,12 @@ fn a_turn_left_out_or_masked_equals_the_sequence_without_it() {
         run(&model, &mut y, &t2, Some(&range(np + n1, np + n1 + n2)), None);
         let without = run(&model, &mut y, &q, Some(&range(np + n1 + n2, np + n1 + n2 + q.len())), None);
         let err = rel(&masked, &without);
-        assert!(err < 1e-5, "{format:?}: masked turn vs built without it: {err}");
+        // T2's keys and values are computed in X and Y up to float rounding (other chunk
+        // boundaries, other summation groups); stored as f16 a last-bit difference can round to
+        // the neighbouring half (1e-3 relative), which the later layers carry: measured 1.2e-5
+        // (AVX2) and 1.8e-5 (scalar) for f16, below 1e-6 for f32.
+        let tol = if format == KvFormat::F16 { 5e-5 } else { 1e-5 };
+        assert!(err < tol, "{format:?}: masked turn vs built without it: {err}");
 
         // Z: a view of X's P and T2 spans (T1 left out), the question in its own sequence.
         let mut spans = x.spans(0..np);
@@ -80,7 +85,7 @@ fn a_turn_left_out_or_masked_equals_the_sequence_without_it() {
         let mut z = KvView::new(spans, own);
         let left_out = step(&model, &mut z, 0, &q, Some(&range(np + n1 + n2, np + n1 + n2 + q.len())), None);
         let err = rel(&left_out, &without);
-        assert!(err < 1e-5, "{format:?}: span left out vs built without it: {err}");
+        assert!(err < tol, "{format:?}: span left out vs built without it: {err}");
         // The view shares X's blocks: reading it charged nothing new beyond the own block.
         drop(z);
     }

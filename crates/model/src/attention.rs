@@ -9,7 +9,6 @@
 //! masks and the step's per-row [`KeyMask`].
 
 use crate::kv::{KvCache, KvChunk, KvData, KvElem};
-use crate::ops::axpy;
 use crate::view::{KeyMask, KvRead};
 
 /// What one attention task computes: the queries of one sequence for one KV head group.
@@ -163,10 +162,13 @@ fn tile_row_mask(mask: &KeyMask, group: usize, rows: usize, key0: usize, n: usiz
 
 /// The portable path (any CPU, any head dimension).
 ///
-/// Per chunk: keys are decoded once and transposed to `[head_dim][n]`, so
-/// each query row's scores are `head_dim` vector FMAs over the chunk's
-/// tokens (no horizontal sums); `exp` is the vectorisable [`exp_approx`].
+/// Per chunk: keys and values are decoded once to f32 rows (L1-sized), then each query row
+/// runs [`engram_kernels::attn_rows`]: its scores against the chunk's keys, the online-softmax
+/// step, and its share of the values — AVX2 + FMA where the CPU has them. A row's arithmetic
+/// never involves another row's, so the result of a query does not depend on how many other
+/// queries share the step (chunked prefill = one-shot = token by token, bitwise).
 fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
+    use engram_kernels::attn_rows;
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
     let q = gather_queries(t);
@@ -174,7 +176,6 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
     let mut l = vec![0.0f32; rows];
     let mut acc = vec![0.0f32; rows * hd];
     let mut kbuf: Vec<f32> = Vec::new();
-    let mut kt: Vec<f32> = Vec::new();
     let mut vbuf: Vec<f32> = Vec::new();
     let mut scores: Vec<f32> = Vec::new();
     let last_pos = t.positions.iter().copied().max().unwrap_or(0) as usize;
@@ -183,18 +184,15 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
         if n == 0 || lowest_position(chunk) > last_pos {
             return;
         }
-        let keys = view(chunk.keys, t.kv_head * chunk.capacity, n, hd, &mut kbuf);
-        // NOTE: always transposed, even for a decode step's few rows: the
-        // score of a query must not depend on how many other queries share the
-        // step (chunked prefill = one-shot, bitwise), and a dot product with
-        // its own summation order would break that.
-        kt.resize(hd * n, 0.0);
-        for (i, k) in keys.chunks_exact(hd).enumerate() {
-            for (d, &x) in k.iter().enumerate() {
-                kt[d * n + i] = x;
+        let row0 = t.kv_head * chunk.capacity;
+        if let Some((k, v)) = chunk.ahead {
+            for (bytes, elem) in [(k, chunk.keys.elem), (v, chunk.values.elem)] {
+                let rb = elem.row_bytes(hd);
+                attn_rows::prefetch(&bytes[row0 * rb..(row0 + chunk.capacity) * rb]);
             }
         }
-        let values = view(chunk.values, t.kv_head * chunk.capacity, n, hd, &mut vbuf);
+        let keys = view(chunk.keys, row0, n, hd, &mut kbuf);
+        let values = view(chunk.values, row0, n, hd, &mut vbuf);
         scores.resize(n, 0.0);
         for qi in 0..t.num_queries {
             let qpos = t.positions[qi] as usize;
@@ -207,18 +205,8 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
             };
             for j in 0..t.group {
                 let r = qi * t.group + j;
-                let qr = &q[r * hd..(r + 1) * hd];
-                let s = &mut scores[..n];
-                s.fill(0.0);
-                for (d, &qd) in qr.iter().enumerate() {
-                    let krow = &kt[d * n..(d + 1) * n];
-                    for (x, &k) in s.iter_mut().zip(krow) {
-                        *x += qd * k;
-                    }
-                }
-                for x in &mut s[visible..] {
-                    *x = f32::NEG_INFINITY;
-                }
+                let s = &mut scores[..visible];
+                attn_rows::scores(&q[r * hd..(r + 1) * hd], keys, hd, s);
                 if let Some(mask) = chunk.mask {
                     for (x, &keep) in s.iter_mut().zip(mask) {
                         if !keep {
@@ -251,21 +239,8 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
                     l[r] *= corr;
                     a.iter_mut().for_each(|x| *x *= corr);
                 }
-                let mut sum = 0.0;
-                for x in s.iter_mut() {
-                    *x = exp_approx(*x - m_new);
-                    sum += *x;
-                }
-                match hd {
-                    64 => accumulate_pv::<64>(a, &s[..visible], values),
-                    128 => accumulate_pv::<128>(a, &s[..visible], values),
-                    _ => {
-                        for (i, &p) in s[..visible].iter().enumerate() {
-                            axpy(a, p, &values[i * hd..(i + 1) * hd]);
-                        }
-                    }
-                }
-                l[r] += sum;
+                l[r] += attn_rows::exp_shifted(s, m_new);
+                attn_rows::accumulate(a, s, values, hd);
                 m[r] = m_new;
             }
         }
@@ -277,45 +252,9 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
     acc
 }
 
-/// `acc += Σ_i p[i] * values[i]` for a head dimension known at compile
-/// time, so the accumulator stays in registers across the chunk's tokens
-/// instead of round-tripping through memory once per token.
-#[inline(always)]
-fn accumulate_pv<const HD: usize>(acc: &mut [f32], p: &[f32], values: &[f32]) {
-    let mut r = [0f32; HD];
-    r.copy_from_slice(&acc[..HD]);
-    for (i, &pi) in p.iter().enumerate() {
-        let v: &[f32; HD] = values[i * HD..(i + 1) * HD].try_into().expect("a row of HD values");
-        for d in 0..HD {
-            r[d] += pi * v[d];
-        }
-    }
-    acc[..HD].copy_from_slice(&r);
-}
-
-/// `e^x` for `x <= 0` (softmax arguments), branch-free so loops over it
-/// vectorise: range reduction by `ln 2` (magic-number rounding), a degree-6
-/// polynomial on `[-ln2/2, ln2/2]`, and the exponent put back through the
-/// float's bits. Relative error below 2e-7 (a few ulp); `-inf` and
-/// anything below -87 give exactly 0.
-#[inline(always)]
-pub fn exp_approx(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.max(-87.0);
-    let n = (xc * LOG2E + MAGIC) - MAGIC;
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_51 + r * (0.008_333_452 + r * 0.001_393_3)))));
-    let bits = ((n as i32 + 127) as u32) << 23;
-    let y = p * f32::from_bits(bits);
-    if x < -87.0 {
-        0.0
-    } else {
-        y
-    }
-}
+/// `e^x` for `x <= 0` (softmax arguments): [`engram_kernels::attn_rows::exp_approx`], whose
+/// polynomial the AVX2 and AVX-512 paths evaluate lane by lane.
+pub use engram_kernels::attn_rows::exp_approx;
 
 /// Decodes rows `first_row .. first_row + n` into `buf` (one chunk at a
 /// time, so the cache is never expanded in full). A head's rows are
@@ -447,6 +386,42 @@ mod tests {
                 let alone = AttnTask { q: &q[(nq - 1) * width..], num_queries: 1, positions: &positions[nq - 1..], ..task };
                 let span = group * hd;
                 assert_eq!(attend_tiles(&alone), a[(nq - 1) * span..].to_vec(), "hd {hd}: alone != in batch");
+            }
+        }
+    }
+
+    #[test]
+    fn the_portable_path_gives_a_query_alone_bitwise_its_batch_row() {
+        for (hd, group, tokens, nq, masked, elem) in [
+            (64, 4, 300, 40, false, KvElem::F16),
+            (64, 4, 97, 7, true, KvElem::F16),
+            (128, 2, 70, 5, false, KvElem::F32),
+            (48, 3, 45, 45, true, KvElem::F32),
+            (64, 4, 200, 3, false, KvElem::Q8 { group: 32 }),
+            (64, 2, 100, 9, false, KvElem::Q4 { group: 32 }),
+        ] {
+            let kv = ChunkedKv::new(elem, 1, hd, tokens, hd as u64 + tokens as u64, masked);
+            let width = group * hd;
+            let q = queries(nq, width, tokens as u64);
+            let positions: Vec<u32> = (tokens - nq..tokens).map(|p| p as u32).collect();
+            let task = AttnTask {
+                kv: &kv,
+                layer: 0,
+                q: &q,
+                num_queries: nq,
+                positions: &positions,
+                key_mask: None,
+                kv_head: 0,
+                group,
+                head_dim: hd,
+                num_heads: group,
+                precision: AttentionPrecision::Exact,
+            };
+            let batch = attend_portable(&task);
+            for i in [0, nq / 2, nq - 1] {
+                let alone = AttnTask { q: &q[i * width..(i + 1) * width], num_queries: 1, positions: &positions[i..i + 1], ..task };
+                let row = attend_portable(&alone);
+                assert!(row.iter().zip(&batch[i * width..(i + 1) * width]).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} {elem:?}: query {i} alone != in batch");
             }
         }
     }
