@@ -421,7 +421,10 @@ mod tests {
             for i in [0, nq / 2, nq - 1] {
                 let alone = AttnTask { q: &q[i * width..(i + 1) * width], num_queries: 1, positions: &positions[i..i + 1], ..task };
                 let row = attend_portable(&alone);
-                assert!(row.iter().zip(&batch[i * width..(i + 1) * width]).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} {elem:?}: query {i} alone != in batch");
+                assert!(
+                    row.iter().zip(&batch[i * width..(i + 1) * width]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "hd {hd} {elem:?}: query {i} alone != in batch"
+                );
             }
         }
     }

@@ -39,6 +39,7 @@ mod bank;
 mod bm25;
 pub mod chunk;
 pub mod chunk_store;
+mod entry_files;
 mod envelope;
 mod error;
 pub mod idle;

@@ -13,9 +13,10 @@
 
 use std::path::{Path, PathBuf};
 
-use engram_kv::{cache_fingerprint, read_entry, write_entry, EntryKind, EntryMeta, KvPool};
+use engram_kv::{cache_fingerprint, KvPool};
 
 use super::{ChunkStore, Entry, Sys};
+use crate::entry_files;
 use crate::kv_tree::SegKey;
 
 /// What [`ChunkStore::load`] found.
@@ -78,24 +79,11 @@ impl ChunkStore {
             }
             let text = serde_json::to_string(&Shape { sys: sys.clone(), chunk: chunk.clone(), sys_len: e.sys_len })
                 .map_err(std::io::Error::other)?;
-            let meta = EntryMeta {
-                fingerprint: fingerprint.clone(),
-                kind: EntryKind::Prefix,
-                owner: String::new(),
-                tokens,
-                text,
-                offsets: Vec::new(),
-                created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            };
-            write_entry(&dir.join(&name), &meta, &e.kv.fork(meta.tokens.len())).map_err(std::io::Error::other)?;
+            entry_files::write_prefix(&dir.join(&name), fingerprint.clone(), tokens, text, &e.kv)?;
             self.on_disk.insert(name);
             written += 1;
         }
-        let gone: Vec<String> = self.on_disk.difference(&keep).cloned().collect();
-        for name in gone {
-            let _ = std::fs::remove_file(dir.join(&name));
-            self.on_disk.remove(&name);
-        }
+        entry_files::remove_gone(dir, &mut self.on_disk, &keep);
         Ok(written)
     }
 
@@ -104,25 +92,10 @@ impl ChunkStore {
     /// dropped again. See the module doc.
     pub fn load(&mut self, dir: &Path, pool: &KvPool, vocab: usize) -> ChunkLoadReport {
         let mut report = ChunkLoadReport::default();
-        let Ok(read) = std::fs::read_dir(dir) else { return report };
-        let mut files: Vec<PathBuf> = read
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("chunk-") && n.ends_with(".kv")))
-            .collect();
-        files.sort();
         let fp = cache_fingerprint(self.fingerprint, self.format);
-        for file in files {
-            let (meta, kv) = match read_entry(&file, pool, &fp, vocab) {
-                Ok(x) => x,
-                Err(e) => {
-                    if e.is_corrupt() {
-                        let _ = std::fs::remove_file(&file);
-                    }
-                    report.rejected.push((file, e.to_string()));
-                    continue;
-                }
-            };
-            let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        for file in entry_files::list(dir, "chunk") {
+            let Some((meta, kv)) = entry_files::read_checked(&file, pool, &fp, vocab, &mut report.rejected) else { continue };
+            let name = entry_files::name_of(&file);
             let shape: Option<Shape> = serde_json::from_str(&meta.text).ok();
             let n = meta.tokens.len();
             let shape = shape.filter(|s| {

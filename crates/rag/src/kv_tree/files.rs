@@ -12,9 +12,10 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use engram_kv::{cache_fingerprint, read_entry, write_entry, EntryKind, EntryMeta, KvPool};
+use engram_kv::{cache_fingerprint, KvPool};
 
 use super::{KvTree, SegKey};
+use crate::entry_files;
 
 /// What [`KvTree::load`] found.
 #[derive(Debug, Default)]
@@ -66,24 +67,11 @@ impl KvTree {
             // Every ancestor is stored (eviction takes leaves, forgetting takes subtrees).
             let ends: Vec<usize> = (1..=path.len()).map(|d| self.entries.get(&path[..d]).map_or(0, |a| a.tokens.len())).collect();
             let text = serde_json::to_string(&Shape { path: path.clone(), ends }).map_err(std::io::Error::other)?;
-            let meta = EntryMeta {
-                fingerprint: self.entry_fingerprint(),
-                kind: EntryKind::Prefix,
-                owner: String::new(),
-                tokens: e.tokens.clone(),
-                text,
-                offsets: Vec::new(),
-                created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            };
-            write_entry(&dir.join(&name), &meta, &e.kv.fork(e.tokens.len())).map_err(std::io::Error::other)?;
+            entry_files::write_prefix(&dir.join(&name), self.entry_fingerprint(), e.tokens.clone(), text, &e.kv)?;
             self.on_disk.insert(name);
             written += 1;
         }
-        let gone: Vec<String> = self.on_disk.difference(&keep).cloned().collect();
-        for name in gone {
-            let _ = std::fs::remove_file(dir.join(&name));
-            self.on_disk.remove(&name);
-        }
+        entry_files::remove_gone(dir, &mut self.on_disk, &keep);
         Ok(written)
     }
 
@@ -91,24 +79,9 @@ impl KvTree {
     /// charged to `pool`; token ids must be below `vocab`. See the module doc.
     pub fn load(&mut self, dir: &Path, pool: &KvPool, vocab: usize) -> LoadReport {
         let mut report = LoadReport::default();
-        let Ok(read) = std::fs::read_dir(dir) else { return report };
-        let mut files: Vec<PathBuf> = read
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("tree-") && n.ends_with(".kv")))
-            .collect();
-        files.sort();
         let fp = self.entry_fingerprint();
-        for file in files {
-            let (meta, kv) = match read_entry(&file, pool, &fp, vocab) {
-                Ok(x) => x,
-                Err(e) => {
-                    if e.is_corrupt() {
-                        let _ = std::fs::remove_file(&file);
-                    }
-                    report.rejected.push((file, e.to_string()));
-                    continue;
-                }
-            };
+        for file in entry_files::list(dir, "tree") {
+            let Some((meta, kv)) = entry_files::read_checked(&file, pool, &fp, vocab, &mut report.rejected) else { continue };
             let shape: Option<Shape> = serde_json::from_str(&meta.text).ok();
             let ok = shape.as_ref().is_some_and(|s| {
                 !s.path.is_empty()
@@ -118,7 +91,7 @@ impl KvTree {
                     && s.ends.last() == Some(&meta.tokens.len())
                     && kv.len() >= meta.tokens.len()
             });
-            let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            let name = entry_files::name_of(&file);
             match shape {
                 Some(s) if ok && file_name(&s.path, &meta.tokens) == name => {
                     self.insert(&s.path, &s.ends, &meta.tokens, &kv);
