@@ -55,7 +55,7 @@ mod stores;
 pub mod synth;
 
 pub use bank::{BankStats, ChunkEntry, ChunkId, DocEntry, IngestReport, KnowledgeBank, MANIFEST_FILE};
-pub use chunk_store::{Assembled, ChunkStore, ChunkStoreStats};
+pub use chunk_store::{Assembled, BlendFailure, ChunkStore, ChunkStoreStats};
 pub use error::{RagError, Result};
 pub use idle::{IdleConfig, IdleStats, PerCache, UnitKind, UnitReport};
 pub use idle_tenants::{IdleCounters, IdleTenants, UNIT_KINDS};

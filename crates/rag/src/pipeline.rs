@@ -19,7 +19,7 @@ use engram_kv::KvPool;
 use engram_model::Model;
 
 use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
-use crate::chunk_store::ChunkStore;
+use crate::chunk_store::{BlendFailure, ChunkStore};
 use crate::error::{RagError, Result};
 use crate::kv_tree::{KvTree, SegKey};
 use crate::parse::DocKind;
@@ -372,21 +372,10 @@ impl Rag {
         mut timings: AnswerTimings,
     ) -> Result<Answer> {
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-        let t1 = Instant::now();
-        let mut a = self.chunks.assemble(&self.model, &self.pool, &prompt)?;
-        let assemble_ms = ms(t1);
-        let t2 = Instant::now();
-        let r = engram_engine::blend(&self.model, &mut a.kv, &a.tokens, &a.moved, ratio)?;
-        let stats = BlendStats {
-            ratio,
-            chunks_reused: a.chunks_reused,
-            chunks_computed: a.chunks_computed,
-            moved_tokens: r.moved_tokens,
-            recomputed_tokens: r.recomputed_tokens,
-            probed_tokens: r.probed_tokens,
-            assemble_ms,
-            recompute_ms: ms(t2),
-        };
+        let (a, stats) = self.chunks.assemble_blended(&self.model, &self.pool, &prompt, ratio).map_err(|f| match f {
+            BlendFailure::Assemble(e) => e,
+            BlendFailure::Blend(e) => e.into(),
+        })?;
         let tokens_computed = a.tokens_computed.min(a.tokens.len());
         let mut gen = Generator::from_parts(&self.model, a.kv, a.tokens);
         let before_gen = ms(t0);

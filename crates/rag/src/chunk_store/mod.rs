@@ -27,6 +27,7 @@ pub use files::ChunkLoadReport;
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+use std::time::Instant;
 
 use engram_engine::Generator;
 use engram_kv::{KvFormat, KvPool, SeqKv};
@@ -34,7 +35,7 @@ use engram_model::{Fingerprint, Model};
 
 use crate::error::Result;
 use crate::kv_tree::SegKey;
-use crate::pipeline::Prompt;
+use crate::pipeline::{BlendStats, Prompt};
 
 /// A system prompt's KV and tokens.
 struct Sys {
@@ -90,6 +91,15 @@ pub struct ChunkStore {
     on_disk: HashSet<String>,
 }
 
+/// Which step of [`ChunkStore::assemble_blended`] failed.
+#[derive(Debug)]
+pub enum BlendFailure {
+    /// Looking up, computing or moving the chunks' KV.
+    Assemble(crate::error::RagError),
+    /// The selective recomputation.
+    Blend(engram_engine::EngineError),
+}
+
 impl ChunkStore {
     /// An empty store for one model (`fingerprint`) and KV format, charging
     /// `bytes_per_token` per chunk token held, within `cap_bytes`.
@@ -110,6 +120,35 @@ impl ChunkStore {
     /// Whether chunk `chunk` after system prompt `sys` is stored for this model and format.
     pub fn contains(&self, fingerprint: Fingerprint, format: KvFormat, sys: &SegKey, chunk: &SegKey) -> bool {
         fingerprint == self.fingerprint && format == self.format && self.entries.contains_key(&(sys.clone(), chunk.clone()))
+    }
+
+    /// [`ChunkStore::assemble`], then [`engram_engine::blend`] of the moved chunks with `ratio`,
+    /// both timed: the blended assembly and what it reused and recomputed. The one way a blended
+    /// prompt is built, for `Rag::query` and the server's blend admission alike.
+    pub fn assemble_blended(
+        &mut self,
+        model: &Model,
+        pool: &KvPool,
+        prompt: &Prompt,
+        ratio: f32,
+    ) -> std::result::Result<(Assembled, BlendStats), BlendFailure> {
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let mut a = self.assemble(model, pool, prompt).map_err(BlendFailure::Assemble)?;
+        let assemble_ms = ms(t1);
+        let t2 = Instant::now();
+        let r = engram_engine::blend(model, &mut a.kv, &a.tokens, &a.moved, ratio).map_err(BlendFailure::Blend)?;
+        let stats = BlendStats {
+            ratio,
+            chunks_reused: a.chunks_reused,
+            chunks_computed: a.chunks_computed,
+            moved_tokens: r.moved_tokens,
+            recomputed_tokens: r.recomputed_tokens,
+            probed_tokens: r.probed_tokens,
+            assemble_ms,
+            recompute_ms: ms(t2),
+        };
+        Ok((a, stats))
     }
 
     /// The KV of `prompt`'s system prompt and chunks (`prompt.path`, `prompt.ends`), each chunk

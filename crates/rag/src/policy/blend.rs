@@ -19,7 +19,7 @@ use engram_kv::{KvPool, SeqKv};
 use engram_model::Model;
 
 use super::PromptSegments;
-use crate::chunk_store::ChunkStore;
+use crate::chunk_store::{BlendFailure, ChunkStore};
 use crate::pipeline::{BlendStats, Prompt};
 
 /// What a blended admission reused and recomputed, for the handler's answer.
@@ -51,22 +51,10 @@ pub(super) fn assemble(
         return Err("a blended RAG job needs its system prompt segment".into());
     }
     let prompt = Prompt { path: seg.path.clone(), tokens: seg.tokens.clone(), ends: seg.ends.clone(), chunks: Vec::new() };
-    let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
-    let t1 = std::time::Instant::now();
-    let mut a = store.assemble(model, pool, &prompt).map_err(|e| format!("assembling the chunks' KV: {e}"))?;
-    let assemble_ms = ms(t1);
-    let t2 = std::time::Instant::now();
-    let r = engram_engine::blend(model, &mut a.kv, &a.tokens, &a.moved, ratio).map_err(|e| format!("blending the chunks' KV: {e}"))?;
-    let stats = BlendStats {
-        ratio,
-        chunks_reused: a.chunks_reused,
-        chunks_computed: a.chunks_computed,
-        moved_tokens: r.moved_tokens,
-        recomputed_tokens: r.recomputed_tokens,
-        probed_tokens: r.probed_tokens,
-        assemble_ms,
-        recompute_ms: ms(t2),
-    };
+    let (a, stats) = store.assemble_blended(model, pool, &prompt, ratio).map_err(|f| match f {
+        BlendFailure::Assemble(e) => format!("assembling the chunks' KV: {e}"),
+        BlendFailure::Blend(e) => format!("blending the chunks' KV: {e}"),
+    })?;
     let reused = a.tokens.len();
     Ok((a.kv, reused, BlendOutcome { stats, tokens_computed: a.tokens_computed.min(reused) }))
 }
