@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -34,29 +33,6 @@ fn docs() -> Value {
         {"id": "notes-2", "type": "md", "text": "# Standup\n\nBob finished the parser. Carol will test the importer on Monday. The release is planned for June."},
         {"id": "cal-3", "text": "Dentist appointment on Friday afternoon. Call the garage about the car before noon."}
     ])
-}
-
-fn query(addr: SocketAddr, body: Value) -> Value {
-    let r = post(addr, "/v1/rag/query", &body);
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json()
-}
-
-/// Every file under `dir` with its bytes.
-fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(p.display().to_string(), std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    out
 }
 
 /// The chunk KV tree's leaf files under `dir`.
@@ -93,14 +69,14 @@ fn documents_in_answers_out_through_the_tree_and_the_qa_bank() {
     assert_eq!(ids, ["cal-3", "mail-1", "notes-2"]);
 
     let q = "When is the budget review?";
-    let cold = query(addr, json!({"query": q, "max_tokens": 12}));
+    let cold = rag_query(addr, json!({"query": q, "max_tokens": 12}));
     assert_eq!(cold["cache_level"], "none", "{cold}");
     assert_eq!(cold["usage"]["cached_tokens"], 0);
     let sources: Vec<&str> = cold["sources"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
     assert!(!sources.is_empty() && sources.iter().all(|s| ids.contains(s)), "{cold}");
 
     // QA off: generated again, now from the chunk KV tree — the same tokens as the cold run.
-    let warm = query(addr, json!({"query": q, "max_tokens": 12, "use_qa": false}));
+    let warm = rag_query(addr, json!({"query": q, "max_tokens": 12, "use_qa": false}));
     assert_eq!(warm["cache_level"], "kv", "{warm}");
     assert_eq!(warm["answer"], cold["answer"]);
     assert_eq!(warm["sources"], cold["sources"]);
@@ -108,7 +84,7 @@ fn documents_in_answers_out_through_the_tree_and_the_qa_bank() {
     assert!(cached > 0 && cached < warm["usage"]["prompt_tokens"].as_u64().unwrap(), "{warm}");
 
     // The same question again: the stored answer, with its similarity.
-    let hit = query(addr, json!({"query": q}));
+    let hit = rag_query(addr, json!({"query": q}));
     assert_eq!(hit["cache_level"], "qa", "{hit}");
     assert_eq!(hit["answer"], cold["answer"]);
     assert!(hit["similarity"].as_f64().unwrap() > 0.999, "{hit}");
@@ -122,7 +98,7 @@ fn documents_in_answers_out_through_the_tree_and_the_qa_bank() {
     // Removing a source invalidates the stored answer: generated again, never served stale.
     let d = request(addr, "DELETE", &format!("/v1/rag/documents/{}", sources[0]), &[], "");
     assert_eq!(d.status, 200, "{}", d.body);
-    let after = query(addr, json!({"query": q, "max_tokens": 12}));
+    let after = rag_query(addr, json!({"query": q, "max_tokens": 12}));
     assert_ne!(after["cache_level"], "qa", "{after}");
     assert!(!after["sources"].as_array().unwrap().iter().any(|s| s == sources[0]), "{after}");
 }
@@ -132,7 +108,7 @@ fn bad_input_is_a_4xx_and_changes_nothing_stored() {
     let dir = tempfile::tempdir().unwrap();
     let addr = rag_server(dir.path(), Vec::new());
     assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
-    assert_eq!(query(addr, json!({"query": "Who finished the parser?", "max_tokens": 4}))["cache_level"], "none");
+    assert_eq!(rag_query(addr, json!({"query": "Who finished the parser?", "max_tokens": 4}))["cache_level"], "none");
     // The chunk KV tree is saved in idle time; wait for it so the snapshot is settled.
     wait_for_tree_files(dir.path(), 1);
     let before = snapshot(dir.path());
@@ -221,7 +197,7 @@ fn the_chunk_kv_tree_survives_a_restart_and_a_damaged_file_is_recomputed() {
     let q = json!({"query": "Who will test the importer?", "max_tokens": 10, "use_qa": false});
     let (addr, stop, t) = start_stoppable(config());
     assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
-    let cold = query(addr, q.clone());
+    let cold = rag_query(addr, q.clone());
     assert_eq!(cold["cache_level"], "none");
     let files = wait_for_tree_files(dir.path(), 1);
     stop.send(()).unwrap();
@@ -229,7 +205,7 @@ fn the_chunk_kv_tree_survives_a_restart_and_a_damaged_file_is_recomputed() {
 
     // Restarted: the tree is read back from its files; the answer is the cold one.
     let (addr, stop, t) = start_stoppable(config());
-    let warm = query(addr, q.clone());
+    let warm = rag_query(addr, q.clone());
     assert_eq!(warm["cache_level"], "kv", "{warm}");
     assert!(warm["usage"]["cached_tokens"].as_u64().unwrap() > 0);
     assert_eq!(warm["answer"], cold["answer"]);
@@ -251,7 +227,7 @@ fn the_chunk_kv_tree_survives_a_restart_and_a_damaged_file_is_recomputed() {
         damaged.push(b[..b.len() / 2].to_vec());
     }
     let (addr, stop, t) = start_stoppable(config());
-    let again = query(addr, q);
+    let again = rag_query(addr, q);
     assert_eq!(again["cache_level"], "none", "{again}");
     assert_eq!(again["usage"]["cached_tokens"], 0);
     assert_eq!(again["answer"], cold["answer"]);

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -32,28 +31,6 @@ fn docs() -> Value {
     ])
 }
 
-fn query(addr: SocketAddr, body: Value) -> Value {
-    let r = post(addr, "/v1/rag/query", &body);
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json()
-}
-
-fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(p.display().to_string(), std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    out
-}
-
 const QUESTIONS: [&str; 3] = ["Who will test the importer?", "When is the budget review?", "What should I do before noon?"];
 
 #[test]
@@ -66,8 +43,8 @@ fn blend_at_ratio_one_answers_as_cold_and_says_what_it_reused() {
     let mut reused = 0;
     for round in 0..2 {
         for q in QUESTIONS {
-            let cold = query(cold_addr, json!({"query": q, "max_tokens": 12, "use_qa": false, "chunk_reuse": "prefix"}));
-            let b = query(addr, json!({"query": q, "max_tokens": 12, "use_qa": false, "chunk_reuse": "blend", "blend_ratio": 1.0}));
+            let cold = rag_query(cold_addr, json!({"query": q, "max_tokens": 12, "use_qa": false, "chunk_reuse": "prefix"}));
+            let b = rag_query(addr, json!({"query": q, "max_tokens": 12, "use_qa": false, "chunk_reuse": "blend", "blend_ratio": 1.0}));
             assert_eq!(b["answer"], cold["answer"], "round {round}, {q}: {b}");
             assert_eq!(b["sources"], cold["sources"]);
             assert_eq!(b["chunk_reuse"], "blend", "{b}");
@@ -90,7 +67,7 @@ fn blend_at_ratio_one_answers_as_cold_and_says_what_it_reused() {
     assert_eq!(metric(addr, "engram_rag_blend_jobs_total"), 2.0 * QUESTIONS.len() as f64);
     assert_eq!(metric(addr, "engram_rag_blend_chunks_reused_total"), reused as f64);
     // Blended KV never enters the exact tree: a prefix ask afterwards starts cold.
-    let p = query(addr, json!({"query": QUESTIONS[0], "max_tokens": 12, "use_qa": false}));
+    let p = rag_query(addr, json!({"query": QUESTIONS[0], "max_tokens": 12, "use_qa": false}));
     assert_eq!(p["chunk_reuse"], "prefix");
     assert_eq!(p["cache_level"], "none", "{p}");
 }
@@ -101,12 +78,12 @@ fn the_servers_default_reuse_applies_and_a_request_overrides_it() {
     let addr = server(dir.path(), ChunkReuse::Blend { ratio: 1.0 });
     assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
     let q = QUESTIONS[1];
-    let b = query(addr, json!({"query": q, "max_tokens": 8, "use_qa": false}));
+    let b = rag_query(addr, json!({"query": q, "max_tokens": 8, "use_qa": false}));
     assert_eq!(b["chunk_reuse"], "blend", "{b}");
     assert_eq!(b["blend"]["ratio"], 1.0);
-    let lower = query(addr, json!({"query": q, "max_tokens": 8, "use_qa": false, "blend_ratio": 0.5}));
+    let lower = rag_query(addr, json!({"query": q, "max_tokens": 8, "use_qa": false, "blend_ratio": 0.5}));
     assert_eq!(lower["blend"]["ratio"], 0.5);
-    let p = query(addr, json!({"query": q, "max_tokens": 8, "use_qa": false, "chunk_reuse": "prefix"}));
+    let p = rag_query(addr, json!({"query": q, "max_tokens": 8, "use_qa": false, "chunk_reuse": "prefix"}));
     assert_eq!(p["chunk_reuse"], "prefix", "{p}");
     assert!(p.get("blend").is_none(), "{p}");
     assert_eq!(p["answer"], b["answer"], "ratio 1 = the exact path");
@@ -154,8 +131,9 @@ fn blend_reuse_survives_a_restart_and_a_damaged_file_is_a_miss() {
             RagServerConfig { idle: None, chunk_reuse: ChunkReuse::Blend { ratio: 0.15 }, ..RagServerConfig::new(dir.path().join("rag")) };
         ServerConfig { embedder: Some(enc), rag: Some(rag), ..ServerConfig::new("tiny") }
     };
-    let ask =
-        |addr| -> Vec<Value> { QUESTIONS.iter().map(|q| query(addr, json!({"query": q, "max_tokens": 10, "use_qa": false}))).collect() };
+    let ask = |addr| -> Vec<Value> {
+        QUESTIONS.iter().map(|q| rag_query(addr, json!({"query": q, "max_tokens": 10, "use_qa": false}))).collect()
+    };
     let (addr, stop, t) = start_stoppable(config());
     assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
     let before = ask(addr);

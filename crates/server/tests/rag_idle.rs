@@ -34,12 +34,6 @@ fn docs() -> Value {
     ])
 }
 
-fn query(addr: SocketAddr, body: Value) -> Value {
-    let r = post(addr, "/v1/rag/query", &body);
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json()
-}
-
 fn predictions(addr: SocketAddr) -> Vec<Value> {
     let r = request(addr, "GET", "/v1/rag/predictions", &[], "");
     assert_eq!(r.status, 200, "{}", r.body);
@@ -64,7 +58,7 @@ fn cold_answers(questions: &[&str], max_tokens: u64) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let addr = server(dir.path(), false);
     assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
-    questions.iter().map(|q| query(addr, json!({"query": q, "max_tokens": max_tokens, "use_qa": false}))).collect()
+    questions.iter().map(|q| rag_query(addr, json!({"query": q, "max_tokens": max_tokens, "use_qa": false}))).collect()
 }
 
 #[test]
@@ -78,7 +72,7 @@ fn a_predicted_question_answers_from_the_qa_bank_with_the_cold_tokens() {
     assert!(!answered.is_empty(), "{:?}", predictions(addr));
     let q = answered[0].as_str();
     // Asked for the first time by the user: served from the QA bank, filled in idle time.
-    let hit = query(addr, json!({"query": q}));
+    let hit = rag_query(addr, json!({"query": q}));
     assert_eq!(hit["cache_level"], "qa", "{hit}");
     assert_eq!(hit["matched_query"], q);
     assert!(hit["similarity"].as_f64().unwrap() > 0.999, "{hit}");
@@ -106,7 +100,7 @@ fn a_request_while_idle_units_run_is_answered_as_cold() {
     for (q, c) in questions.iter().zip(&cold) {
         // Units are running (the first has finished); the request goes between two of them.
         let units = wait_metric(addr, "engram_rag_idle_compute_ms_total", 1e-6);
-        let a = query(addr, json!({"query": q, "max_tokens": 12, "use_qa": false}));
+        let a = rag_query(addr, json!({"query": q, "max_tokens": 12, "use_qa": false}));
         assert_eq!(a["answer"], c["answer"], "{q}: {a}");
         assert_eq!(a["sources"], c["sources"]);
         eprintln!(
@@ -118,7 +112,7 @@ fn a_request_while_idle_units_run_is_answered_as_cold() {
     // Idle work goes on after the requests, and later asks stay exact.
     wait_metric(addr, "engram_rag_idle_units_total{kind=\"answer\"}", 1.0);
     for (q, c) in questions.iter().zip(&cold) {
-        let a = query(addr, json!({"query": q, "max_tokens": 12, "use_qa": false}));
+        let a = rag_query(addr, json!({"query": q, "max_tokens": 12, "use_qa": false}));
         assert_eq!(a["answer"], c["answer"], "{q}: {a}");
     }
     assert_eq!(metric(addr, "engram_rag_idle_errors_total"), 0.0);
@@ -129,7 +123,7 @@ fn with_idle_off_nothing_is_predicted() {
     let dir = tempfile::tempdir().unwrap();
     let addr = server(dir.path(), false);
     assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
-    query(addr, json!({"query": "When is the budget review?", "max_tokens": 4}));
+    rag_query(addr, json!({"query": "When is the budget review?", "max_tokens": 4}));
     std::thread::sleep(Duration::from_millis(300));
     assert!(predictions(addr).is_empty());
     let r = request(addr, "GET", "/metrics", &[], "");

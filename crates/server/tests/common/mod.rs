@@ -205,3 +205,27 @@ pub fn metric(addr: SocketAddr, line_prefix: &str) -> f64 {
     let m = request(addr, "GET", "/metrics", &[], "").body;
     m.lines().find(|l| l.starts_with(line_prefix)).and_then(|l| l.rsplit(' ').next()).map_or(0.0, |v| v.parse().unwrap())
 }
+
+/// A `POST /v1/rag/query` that must succeed: its JSON body.
+pub fn rag_query(addr: SocketAddr, body: Value) -> Value {
+    let r = post(addr, "/v1/rag/query", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+/// Every file under `dir` with its bytes (to check that a refused request changed nothing).
+pub fn snapshot(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(p.display().to_string(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
