@@ -97,13 +97,13 @@ pub fn run(a: Args) -> Result<()> {
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"depth": c.depth, "chunks_per_head": c.chunks.len() / a.layers.max(1), "ms_per_step": ms, "kv_mib": bytes as f64 / (1 << 20) as f64, "gb_s": gbs, "ratio": ms / base, "queries": a.queries, "kv_format": a.kv_format, "threads": engram_kernels::num_threads()})
+                serde_json::json!({"depth": c.depth, "chunks_per_head": c.chunks[0].len(), "ms_per_step": ms, "kv_mib": bytes as f64 / (1 << 20) as f64, "gb_s": gbs, "ratio": ms / base, "queries": a.queries, "kv_format": a.kv_format, "threads": engram_kernels::num_threads()})
             );
         } else {
             println!(
                 "| {} | {} | {ms:.3} | {:.1} | {gbs:.1} | {:.2}x |",
                 c.depth,
-                c.chunks.len() / a.layers,
+                c.chunks[0].len(),
                 bytes as f64 / (1 << 20) as f64,
                 ms / base
             );
@@ -145,12 +145,11 @@ struct RingLike {
     depth: usize,
     next_pos: usize,
     elem: KvElem,
-    /// Every layer's chunks, layer by layer.
-    chunks: Vec<Chunk>,
+    /// Per layer, its chunks in view order.
+    chunks: Vec<Vec<Chunk>>,
 }
 
 struct Chunk {
-    layer: usize,
     key_index: usize,
     positions: Option<Vec<u32>>,
     first_pos: usize,
@@ -176,7 +175,8 @@ impl RingLike {
         let rb = elem.row_bytes(HEAD_DIM);
         let mut chunks = Vec::new();
         let mut seed = 11u64;
-        for layer in 0..layers {
+        for _ in 0..layers {
+            let mut layer_chunks = Vec::new();
             let mut pos = 0;
             for &len in &lens {
                 let mut kv = [Vec::new(), Vec::new()];
@@ -190,16 +190,17 @@ impl RingLike {
                 }
                 let [keys, values] = kv;
                 let positions = (turn_tokens > 0).then(|| (pos as u32..(pos + len) as u32).collect());
-                chunks.push(Chunk { layer, key_index: pos, positions, first_pos: pos, len, keys, values });
+                layer_chunks.push(Chunk { key_index: pos, positions, first_pos: pos, len, keys, values });
                 pos += len;
             }
+            chunks.push(layer_chunks);
         }
         RingLike { depth, next_pos: depth, elem, chunks }
     }
 
     /// Key and value bytes one step reads (every layer, every head, valid rows only).
     fn bytes_per_step(&self) -> usize {
-        self.chunks.iter().map(|c| 2 * KV_HEADS * c.len * self.elem.row_bytes(HEAD_DIM)).sum()
+        self.chunks.iter().flatten().map(|c| 2 * KV_HEADS * c.len * self.elem.row_bytes(HEAD_DIM)).sum()
     }
 }
 
@@ -209,7 +210,7 @@ impl KvCache for RingLike {
     }
 
     fn for_each_chunk(&self, layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
-        let chunks: Vec<&Chunk> = self.chunks.iter().filter(|c| c.layer == layer).collect();
+        let chunks = &self.chunks[layer];
         for (i, c) in chunks.iter().enumerate() {
             // As the ring's view does: the block 8 spans on, for attention to prefetch.
             let ahead = chunks.get(i + 8).map(|a| (&a.keys[..], &a.values[..]));
