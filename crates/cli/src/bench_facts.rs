@@ -125,7 +125,7 @@ pub fn run(a: Args) -> Result<()> {
     let live_before = dual.persistent("user").map_or(0, |s| s.live_len());
     dual.set_facts("user", facts.clone());
     let t = Instant::now();
-    dual.idle_slice();
+    dual.idle_slice(&engram_engine::IdleInterrupt::never());
     let idle_ms = t.elapsed().as_secs_f64() * 1e3;
     let st = dual.dual_stats();
     anyhow::ensure!(st.summaries == 1, "the facts past the cap were not summarized (see the log)");

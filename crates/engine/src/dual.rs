@@ -546,7 +546,7 @@ impl ContextPolicy for DualStream {
 
     /// One summary due (a stream whose live facts passed the cap during a session), then
     /// swapped in: threads attend it from their next turn.
-    fn idle_slice(&mut self) -> bool {
+    fn idle_slice(&mut self, _interrupt: &crate::policy::IdleInterrupt) -> bool {
         self.adopt_written();
         let due: Vec<String> = self.users.iter().filter(|(_, u)| u.summary_due).map(|(k, _)| k.clone()).collect();
         if let Some(user) = due.first() {

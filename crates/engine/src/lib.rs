@@ -36,7 +36,7 @@ pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
 pub use logprobs::TokenLogprob;
 pub use metrics::Metrics;
-pub use policy::{ContextPolicy, PolicyStats, Retired};
+pub use policy::{ContextPolicy, IdleInterrupt, PolicyStats, Retired};
 pub use pooled::PooledEncoder;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};

@@ -35,8 +35,8 @@ impl ContextPolicy for Recorder {
         self.inner.retire(r);
         *self.stats.lock().unwrap() = self.inner.dual_stats();
     }
-    fn idle_slice(&mut self) -> bool {
-        self.inner.idle_slice()
+    fn idle_slice(&mut self, interrupt: &engram_engine::IdleInterrupt) -> bool {
+        self.inner.idle_slice(interrupt)
     }
 }
 

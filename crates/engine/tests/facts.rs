@@ -144,7 +144,7 @@ fn past_the_cap_a_summary_is_attended_and_swapped_in_between_turns() {
     let mut more = facts.clone();
     more.push(fact(&m, 4, "Ann moved to Bergen"));
     p.set_facts("u", more);
-    assert!(!p.idle_slice(), "one summary, nothing left");
+    assert!(!p.idle_slice(&engram_engine::IdleInterrupt::never()), "one summary, nothing left");
     assert_eq!(p.dual_stats().summaries, 2);
     let (again, _, first_again) = on_view(&m, &pool, &a);
     assert_eq!((again, first_again), (logits_a, first_a), "a running turn never sees the swap");

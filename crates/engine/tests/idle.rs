@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use engram_context::{Checkout, SessionStore};
-use engram_engine::{run_engine_with, Command, ContextPolicy, Event, EventSink, Job, Metrics, Retired, SamplingParams, SchedulerConfig};
+use engram_engine::{
+    run_engine_with, Command, ContextPolicy, Event, EventSink, IdleInterrupt, Job, Metrics, Retired, SamplingParams, SchedulerConfig,
+};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
@@ -35,7 +37,7 @@ impl ContextPolicy for Busy {
     fn retire(&mut self, r: Retired) {
         self.inner.retire(r)
     }
-    fn idle_slice(&mut self) -> bool {
+    fn idle_slice(&mut self, _interrupt: &engram_engine::IdleInterrupt) -> bool {
         let t = Instant::now();
         while t.elapsed() < SLICE {
             std::hint::spin_loop();
@@ -112,4 +114,73 @@ fn a_job_arriving_during_idle_work_waits_at_most_one_slice() {
     engine.join().unwrap();
     let worst = waits.iter().max().unwrap();
     eprintln!("slice {SLICE:?}: submission to Started, worst of {}: {worst:?} (all: {waits:?})", waits.len());
+}
+
+/// The default policy plus one slice of background work that would run for a minute, but
+/// checks the interrupt between its 1 ms steps.
+struct Long {
+    inner: SessionStore,
+    /// Slices that stopped because the interrupt was requested.
+    interrupted: Arc<AtomicUsize>,
+}
+
+impl ContextPolicy for Long {
+    common::delegate_to_inner!();
+    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
+        self.inner.admit(o, s, t, a, p, tok)
+    }
+    fn retire(&mut self, r: Retired) {
+        self.inner.retire(r)
+    }
+    fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            if interrupt.requested() {
+                self.interrupted.fetch_add(1, SeqCst);
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+}
+
+#[test]
+fn a_long_slice_stops_at_its_next_step_when_a_job_is_submitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
+    let interrupted = Arc::new(AtomicUsize::new(0));
+    let policy = Long { inner: SessionStore::new(pool.clone(), model.fingerprint), interrupted: interrupted.clone() };
+    let (tx, rx) = mpsc::channel();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let engine = {
+        let (model, pending) = (model.clone(), pending.clone());
+        std::thread::spawn(move || {
+            run_engine_with(&model, pool, SchedulerConfig::default(), Box::new(policy), Arc::new(Metrics::default()), pending, rx)
+        })
+    };
+    let done = Arc::new(AtomicUsize::new(0));
+    for round in 0..3 {
+        // The engine is inside the long slice by now.
+        std::thread::sleep(Duration::from_millis(30));
+        let started = Arc::new(Mutex::new(None));
+        let prompt = model.tokenizer.encode("def f(x):", true).unwrap().ids;
+        let params = SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() };
+        let job = Job { add_special: true, ..common::job("t", &prompt, &params) };
+        pending.fetch_add(1, SeqCst);
+        let submitted = Instant::now();
+        tx.send(Command::Submit(job, Box::new(Started(started.clone(), done.clone())), submitted)).unwrap();
+        while done.load(SeqCst) <= round {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Without the interrupt the job would wait out the minute-long slice.
+        assert_eq!(interrupted.load(SeqCst), round + 1, "round {round}: the slice stopped for the job");
+        eprintln!("round {round}: submission to Started {:?}", started.lock().unwrap().expect("started").duration_since(submitted));
+    }
+    drop(tx);
+    // Nothing is submitted now: the last slice runs its minute unless the engine is dropped
+    // first; the engine thread is detached rather than joined.
+    drop(engine);
 }

@@ -43,7 +43,7 @@ use crate::decoding::Decoding;
 use crate::draft_model::{DraftModel, DraftState};
 use crate::generate::FinishReason;
 use crate::metrics::Metrics;
-use crate::policy::{ContextPolicy, Retired};
+use crate::policy::{ContextPolicy, IdleInterrupt, Retired};
 use crate::sampling::SamplingParams;
 use crate::speculate::{DraftTree, PromptLookup};
 
@@ -405,7 +405,7 @@ impl<'m> Engine<'m> {
                     match rx.try_recv() {
                         Ok(c) => self.command(c),
                         Err(TryRecvError::Empty) => {
-                            self.idle_work = self.policy.idle_slice();
+                            self.idle_work = self.policy.idle_slice(&IdleInterrupt::on_submitted(self.pending.clone()));
                             continue;
                         }
                         Err(TryRecvError::Disconnected) => open = false,

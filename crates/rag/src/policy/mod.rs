@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use engram_context::{Checkout, MatchKind, PendingRestore};
-use engram_engine::{ContextPolicy, PolicyStats, Retired};
+use engram_engine::{ContextPolicy, IdleInterrupt, PolicyStats, Retired};
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{Fingerprint, Model};
 use engram_tokenizer::Tokenizer;
@@ -439,8 +439,8 @@ impl ContextPolicy for TreePolicy {
     /// One slice: the inner policy's work first, then saving one changed tree (KV files are
     /// written while nothing waits, never on a request's path), then one unit of idle-time
     /// population ([`IdleTenants`]).
-    fn idle_slice(&mut self) -> bool {
-        if self.inner.idle_slice() {
+    fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
+        if self.inner.idle_slice(interrupt) {
             return true;
         }
         if self.save_one() {
