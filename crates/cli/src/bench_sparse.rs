@@ -95,6 +95,10 @@ pub struct Args {
     layout_flush: usize,
     #[arg(long, value_delimiter = ',', default_value = "2,8,64")]
     layout_shape: Vec<usize>,
+    /// Gaps (rows) the layout bench's reads may read through; values besides the default (8)
+    /// add append and dual-head rows with that gap.
+    #[arg(long, value_delimiter = ',', default_value = "8")]
+    layout_gaps: Vec<usize>,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,

@@ -11,7 +11,9 @@
 //! decodes `--layout-steps` tokens whose keys drift away from the prefill's (so clusters
 //! grow and split) and whose queries dwell on one topic for 16 steps. Counts, not timings:
 //! reads and bytes per step and head, the mean read, split bytes, rows flushed next to their
-//! cluster, slack and bytes moved. Deterministic (fixed seeds).
+//! cluster, slack and bytes moved. Deterministic (fixed seeds). `--layout-gaps` adds rows
+//! that read through wider gaps (a dual-head region's slack is a page at least: 16 rows of
+//! 64-dim f16 K+V), trading bytes for fewer, longer reads.
 
 use anyhow::{Context, Result};
 use engram_model::{KvCache, KvRead};
@@ -79,13 +81,23 @@ pub fn run(a: &Args) -> Result<Vec<serde_json::Value>> {
     kv.set_config(Some(cfg(false)));
     kv.build_index();
     let mut rows = Vec::new();
-    for (name, layout, co_retrieval, eager) in [
+    let gap = OffloadConfig::new(dir.clone(), 0).gap;
+    let mut variants: Vec<(String, Layout, bool, bool, usize)> = [
         ("append, index order", Layout::Append, false, false),
         ("append, co-retrieval", Layout::Append, true, false),
         ("dual-head, co-retrieval", Layout::DualHead, true, false),
         ("append, co-retrieval, eager splits", Layout::Append, true, true),
         ("dual-head, co-retrieval, eager splits", Layout::DualHead, true, true),
-    ] {
+    ]
+    .into_iter()
+    .map(|(n, l, c, e)| (n.to_string(), l, c, e, gap))
+    .collect();
+    // Reading through wider gaps (dual-head slack, neighbours' rows) merges reads for bytes.
+    for &g in a.layout_gaps.iter().filter(|&&g| g != gap) {
+        variants.push((format!("append, co-retrieval, gap {g}"), Layout::Append, true, false, g));
+        variants.push((format!("dual-head, co-retrieval, gap {g}"), Layout::DualHead, true, false, g));
+    }
+    for (name, layout, co_retrieval, eager, gap) in variants {
         let mut k = if eager {
             let mut k = kv.fork(Some(cfg(true)));
             k.build_index();
@@ -100,6 +112,7 @@ pub fn run(a: &Args) -> Result<Vec<serde_json::Value>> {
             flush: a.layout_flush,
             layout,
             co_retrieval,
+            gap,
             ..OffloadConfig::new(dir.clone(), 0)
         };
         anyhow::ensure!(k.offload(oc)?, "nothing to offload");
@@ -126,7 +139,7 @@ pub fn run(a: &Args) -> Result<Vec<serde_json::Value>> {
         let flushed = (st.flushed_in_place_rows + st.flushed_elsewhere_rows).max(1) as f64;
         let row = json!({
             "bench": "sparse-layout", "variant": name, "layout": layout.name(), "co_retrieval": co_retrieval,
-            "split": if eager { "eager" } else { "delayed" }, "history": n, "steps": steps, "flush": a.layout_flush,
+            "split": if eager { "eager" } else { "delayed" }, "gap_rows": gap, "history": n, "steps": steps, "flush": a.layout_flush,
             "shape": [layers, heads, d], "budget": cfg(eager).budget,
             "reads_per_head_step": (st.read_ops as f64 / per * 100.0).round() / 100.0,
             "read_bytes_per_head_step": (st.read_bytes as f64 / per).round(),
