@@ -31,30 +31,19 @@ fn offloaded_dynakv_gives_the_in_ram_logits_bitwise() {
         let mut ram = SparseKv::new(&model.config, Some(cfg));
         prefill(&model, &mut ram, prompt);
         let want = decode(&model, &mut ram, rest);
-        // Co-retrieval placement (the default) and index order, append and dual-head layouts,
-        // append flushes in position order or grouped by cluster.
-        for (backend, policy, cache, co_retrieval, layout, group_flush) in [
-            (Backend::Thread, Policy::ClusterAligned, 40 << 10, true, Layout::Append, false),
-            (Backend::Inline, Policy::Lru, 40 << 10, true, Layout::Append, false),
-            (Backend::Uring, Policy::ClusterAligned, 40 << 10, true, Layout::Append, false),
-            (Backend::Thread, Policy::Lru, 0, true, Layout::Append, false),
-            (Backend::Inline, Policy::ClusterAligned, 40 << 10, false, Layout::Append, false),
-            (Backend::Thread, Policy::ClusterAligned, 40 << 10, true, Layout::Append, true),
-            (Backend::Inline, Policy::Lru, 0, false, Layout::Append, true),
-            (Backend::Thread, Policy::ClusterAligned, 40 << 10, true, Layout::DualHead, false),
-            (Backend::Inline, Policy::Lru, 0, false, Layout::DualHead, false),
+        // Co-retrieval placement (the default) and index order, append and dual-head layouts.
+        for (backend, policy, cache, co_retrieval, layout) in [
+            (Backend::Thread, Policy::ClusterAligned, 40 << 10, true, Layout::Append),
+            (Backend::Inline, Policy::Lru, 40 << 10, true, Layout::Append),
+            (Backend::Uring, Policy::ClusterAligned, 40 << 10, true, Layout::Append),
+            (Backend::Thread, Policy::Lru, 0, true, Layout::Append),
+            (Backend::Inline, Policy::ClusterAligned, 40 << 10, false, Layout::Append),
+            (Backend::Thread, Policy::ClusterAligned, 40 << 10, true, Layout::DualHead),
+            (Backend::Inline, Policy::Lru, 0, false, Layout::DualHead),
         ] {
             let mut kv = SparseKv::new(&model.config, Some(cfg));
             prefill(&model, &mut kv, prompt);
-            let oc = OffloadConfig {
-                backend,
-                policy,
-                cache_bytes: cache,
-                co_retrieval,
-                layout,
-                group_flush,
-                ..offload_cfg(store.path(), &model)
-            };
+            let oc = OffloadConfig { backend, policy, cache_bytes: cache, co_retrieval, layout, ..offload_cfg(store.path(), &model) };
             assert!(kv.offload(oc).unwrap());
             let path = kv.offload_path().unwrap().to_path_buf();
             assert!(path.exists());
@@ -63,7 +52,7 @@ fn offloaded_dynakv_gives_the_in_ram_logits_bitwise() {
             assert_eq!(
                 got,
                 want,
-                "{} {backend:?} {policy:?} cache {cache} co-retrieval {co_retrieval} {layout:?} grouped {group_flush}: offloaded logits differ",
+                "{} {backend:?} {policy:?} cache {cache} co-retrieval {co_retrieval} {layout:?}: offloaded logits differ",
                 method.name()
             );
             let s = kv.offload_stats().unwrap();

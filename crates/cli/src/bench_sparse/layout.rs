@@ -82,24 +82,22 @@ pub fn run(a: &Args) -> Result<Vec<serde_json::Value>> {
     kv.build_index();
     let mut rows = Vec::new();
     let gap = OffloadConfig::new(dir.clone(), 0).gap;
-    let mut variants: Vec<(String, Layout, bool, bool, usize, bool)> = [
-        ("append, index order", Layout::Append, false, false, false),
-        ("append, co-retrieval", Layout::Append, true, false, false),
-        ("append, co-retrieval, flushes grouped by cluster", Layout::Append, true, false, true),
-        ("dual-head, co-retrieval", Layout::DualHead, true, false, false),
-        ("append, co-retrieval, eager splits", Layout::Append, true, true, false),
-        ("dual-head, co-retrieval, eager splits", Layout::DualHead, true, true, false),
+    let mut variants: Vec<(String, Layout, bool, bool, usize)> = [
+        ("append, index order", Layout::Append, false, false),
+        ("append, co-retrieval", Layout::Append, true, false),
+        ("dual-head, co-retrieval", Layout::DualHead, true, false),
+        ("append, co-retrieval, eager splits", Layout::Append, true, true),
+        ("dual-head, co-retrieval, eager splits", Layout::DualHead, true, true),
     ]
     .into_iter()
-    .map(|(n, l, c, e, g)| (n.to_string(), l, c, e, gap, g))
+    .map(|(n, l, c, e)| (n.to_string(), l, c, e, gap))
     .collect();
     // Reading through wider gaps (dual-head slack, neighbours' rows) merges reads for bytes.
     for &g in a.layout_gaps.iter().filter(|&&g| g != gap) {
-        variants.push((format!("append, co-retrieval, gap {g}"), Layout::Append, true, false, g, false));
-        variants.push((format!("append, co-retrieval, grouped flushes, gap {g}"), Layout::Append, true, false, g, true));
-        variants.push((format!("dual-head, co-retrieval, gap {g}"), Layout::DualHead, true, false, g, false));
+        variants.push((format!("append, co-retrieval, gap {g}"), Layout::Append, true, false, g));
+        variants.push((format!("dual-head, co-retrieval, gap {g}"), Layout::DualHead, true, false, g));
     }
-    for (name, layout, co_retrieval, eager, gap, group_flush) in variants {
+    for (name, layout, co_retrieval, eager, gap) in variants {
         let mut k = if eager {
             let mut k = kv.fork(Some(cfg(true)));
             k.build_index();
@@ -115,7 +113,6 @@ pub fn run(a: &Args) -> Result<Vec<serde_json::Value>> {
             layout,
             co_retrieval,
             gap,
-            group_flush,
             ..OffloadConfig::new(dir.clone(), 0)
         };
         anyhow::ensure!(k.offload(oc)?, "nothing to offload");
@@ -142,7 +139,7 @@ pub fn run(a: &Args) -> Result<Vec<serde_json::Value>> {
         let flushed = (st.flushed_in_place_rows + st.flushed_elsewhere_rows).max(1) as f64;
         let row = json!({
             "bench": "sparse-layout", "variant": name, "layout": layout.name(), "co_retrieval": co_retrieval,
-            "split": if eager { "eager" } else { "delayed" }, "gap_rows": gap, "group_flush": group_flush, "history": n, "steps": steps, "flush": a.layout_flush,
+            "split": if eager { "eager" } else { "delayed" }, "gap_rows": gap, "history": n, "steps": steps, "flush": a.layout_flush,
             "shape": [layers, heads, d], "budget": cfg(eager).budget,
             "reads_per_head_step": (st.read_ops as f64 / per * 100.0).round() / 100.0,
             "read_bytes_per_head_step": (st.read_bytes as f64 / per).round(),

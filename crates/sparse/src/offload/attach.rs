@@ -253,25 +253,9 @@ impl SparseKv {
             return self.flush_regions(layer);
         }
         let mut firsts = Vec::with_capacity(heads);
-        let mut orders = Vec::with_capacity(heads);
         for h in 0..heads {
-            // Row order within the block: by position, or grouped by cluster (each cluster's
-            // new rows contiguous, so a fetch of it reads them in one run).
-            let order: Vec<usize> = if off.cfg.group_flush {
-                let mut pairs = Vec::new();
-                self.index[layer * heads + h].lock().expect("index lock").0.units_since(o as u32, &mut pairs);
-                pairs.retain(|&(_, t)| (t as usize) < o + n);
-                pairs.sort_unstable();
-                let mut grouped = vec![false; n];
-                let mut order: Vec<usize> = pairs.iter().map(|&(_, t)| t as usize - o).collect();
-                order.iter().for_each(|&i| grouped[i] = true);
-                order.extend((0..n).filter(|&i| !grouped[i]));
-                order
-            } else {
-                (0..n).collect()
-            };
             let mut bytes = Vec::with_capacity(n * off.row_bytes);
-            for &t in &order {
+            for t in 0..n {
                 let at = (h * cap + t) * d;
                 bytes.extend_from_slice(bytemuck::cast_slice(&self.keys[layer][at..at + d]));
                 bytes.extend_from_slice(bytemuck::cast_slice(&self.values[layer][at..at + d]));
@@ -280,7 +264,6 @@ impl SparseKv {
                 Ok(first) => {
                     off.written += bytes.len() as u64;
                     firsts.push(first);
-                    orders.push(order);
                 }
                 Err(e) => {
                     eprintln!("warning: DynaKV offload write failed ({e}); new tokens stay in RAM from now on");
@@ -290,11 +273,11 @@ impl SparseKv {
             }
         }
         off.elsewhere_rows += (n * heads) as u64;
-        for (h, (first, order)) in firsts.into_iter().zip(orders).enumerate() {
+        for (h, first) in firsts.into_iter().enumerate() {
             let s = &mut off.slots[layer * heads + h];
             s.resize(o + n, u32::MAX);
-            for (row, &t) in order.iter().enumerate() {
-                s[o + t] = (first + row as u64) as u32;
+            for t in 0..n {
+                s[o + t] = (first + t as u64) as u32;
             }
         }
         self.drop_flushed(layer, n);

@@ -75,10 +75,6 @@ pub struct OffloadConfig {
     /// The file layout ([`Layout::Append`] or dual-head regions, `regions.rs`); lossless
     /// either way, and part of the file's fingerprint.
     pub layout: Layout,
-    /// Append layout: each flushed block's rows grouped by cluster (a cluster's new rows in
-    /// one run) rather than in position order; the position → row table follows either way,
-    /// so it is lossless.
-    pub group_flush: bool,
     /// The model's fingerprint (hashed with the sparse configuration into the file header).
     pub model_fingerprint: u64,
 }
@@ -99,7 +95,6 @@ impl OffloadConfig {
             prefetch: true,
             co_retrieval: true,
             layout: Layout::Append,
-            group_flush: false,
             model_fingerprint,
         }
     }
