@@ -266,3 +266,36 @@ def test_cache_files_truncated_or_swapped_under_a_running_server(model, referenc
         assert_answers_equal_reference(base, reference, CONVERSATIONS[:4])
     finally:
         stop_server(proc)
+
+
+def test_a_second_process_on_the_same_data_dir_is_refused(model, tmp_path):
+    """One writing process per data directory: while a server runs, a second `serve`, the
+    `cache` and `rag` commands on its directory stop at once with a clear error and change
+    nothing; once the server is gone they run."""
+    data = tmp_path / "shared"
+    proc, base = spawn_server(model, data)
+    try:
+        conversation(base, CONVERSATIONS[0])
+
+        def files():
+            return sorted((p.relative_to(data), p.stat().st_size) for p in data.rglob("*") if p.is_file())
+
+        # The server saves the session in the background: wait until the directory is still.
+        before, deadline = files(), time.time() + 30
+        while time.time() < deadline:
+            time.sleep(1.0)
+            now = files()
+            if now == before:
+                break
+            before = now
+        d = ["--data-dir", str(data)]
+        for args in (["serve", "--model", str(model), "--port", "0", *d], ["cache", "ls", *d], ["rag", *d, "ls"]):
+            r = subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=60)
+            assert r.returncode != 0, f"{args[0]} ran beside the server: {r.stdout} {r.stderr}"
+            assert "in use by another engram process" in r.stderr and "--data-dir" in r.stderr, r.stderr
+        assert files() == before, "a refused process changed the data directory"
+        assert requests.get(base + "/health", timeout=10).status_code == 200
+    finally:
+        stop_server(proc)
+    r = subprocess.run([str(BIN), "cache", "ls", "--data-dir", str(data)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

@@ -56,6 +56,8 @@ pub fn store_dir(data_dir: &Option<PathBuf>) -> PathBuf {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    // Even listing opens the store, which deletes interrupted writes: one process at a time.
+    let _lock = crate::data_lock::lock_data_dir(&crate::common::data_dir(&args.data_dir), "cache")?;
     let dir = store_dir(&args.data_dir);
     let policy: EvictionPolicy = args.eviction.parse().map_err(anyhow::Error::msg)?;
     let budget = args.disk_budget_mib.checked_mul(1 << 20).context("--disk-budget-mib is too large")?;

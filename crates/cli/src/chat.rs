@@ -40,6 +40,7 @@ pub struct Args {
 const HELP: &str = "commands: /fact TEXT, /forget ID, /facts, /thread NAME";
 
 pub fn run(a: Args) -> Result<()> {
+    let _lock = crate::data_lock::lock_data_dir(&crate::common::data_dir(&a.model.data_dir), "chat")?;
     let model = load_model(&a.model)?;
     let pool = kv_pool(&model, &a.model)?;
     let tok = &model.tokenizer;

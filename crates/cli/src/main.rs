@@ -22,6 +22,7 @@ mod cache_cmd;
 mod chat;
 mod common;
 mod convert_cmd;
+mod data_lock;
 mod fidelity;
 mod fixture_cmd;
 mod generate;

@@ -89,6 +89,7 @@ fn open_bank(root: &Path, enc: Arc<dyn TextEncoder>) -> Result<KnowledgeBank> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let _lock = crate::data_lock::lock_data_dir(&data_dir(&a.model.data_dir), "rag")?;
     let root = rag_dir(&a.model);
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
     let qa_path = root.join("qa.bank");
