@@ -66,16 +66,21 @@ impl EventSink for Started {
     }
 }
 
-#[test]
-fn a_job_arriving_during_idle_work_waits_at_most_one_slice() {
+/// The tiny fixture's model and a 64 MiB f32 pool for it (the tempdir holds its files).
+fn tiny() -> (tempfile::TempDir, Arc<Model>, KvPool) {
     let dir = tempfile::tempdir().unwrap();
     let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
     let model = Arc::new(Model::load(&files.hf_dir).unwrap());
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
-    let slices = Arc::new(AtomicUsize::new(0));
-    let admitted_at = Arc::new(Mutex::new(Vec::new()));
-    let policy =
-        Busy { inner: SessionStore::new(pool.clone(), model.fingerprint), slices: slices.clone(), admitted_at: admitted_at.clone() };
+    (dir, model, pool)
+}
+
+/// An engine thread over `policy`; returns its command sender and `pending` count.
+fn start(
+    model: &Arc<Model>,
+    pool: KvPool,
+    policy: impl ContextPolicy + 'static,
+) -> (mpsc::Sender<Command>, Arc<AtomicUsize>, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let pending = Arc::new(AtomicUsize::new(0));
     let engine = {
@@ -84,6 +89,28 @@ fn a_job_arriving_during_idle_work_waits_at_most_one_slice() {
             run_engine_with(&model, pool, SchedulerConfig::default(), Box::new(policy), Arc::new(Metrics::default()), pending, rx)
         })
     };
+    (tx, pending, engine)
+}
+
+/// Submits a 2-token job for "t" (counted in `pending`); returns when it was sent.
+fn submit(model: &Model, tx: &mpsc::Sender<Command>, pending: &AtomicUsize, sink: Started) -> Instant {
+    let prompt = model.tokenizer.encode("def f(x):", true).unwrap().ids;
+    let params = SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() };
+    let job = Job { add_special: true, ..common::job("t", &prompt, &params) };
+    pending.fetch_add(1, SeqCst);
+    let submitted = Instant::now();
+    tx.send(Command::Submit(job, Box::new(sink), submitted)).unwrap();
+    submitted
+}
+
+#[test]
+fn a_job_arriving_during_idle_work_waits_at_most_one_slice() {
+    let (_dir, model, pool) = tiny();
+    let slices = Arc::new(AtomicUsize::new(0));
+    let admitted_at = Arc::new(Mutex::new(Vec::new()));
+    let policy =
+        Busy { inner: SessionStore::new(pool.clone(), model.fingerprint), slices: slices.clone(), admitted_at: admitted_at.clone() };
+    let (tx, pending, engine) = start(&model, pool, policy);
     let done = Arc::new(AtomicUsize::new(0));
     let mut waits = Vec::new();
     for round in 0..6 {
@@ -92,12 +119,7 @@ fn a_job_arriving_during_idle_work_waits_at_most_one_slice() {
         let before = slices.load(SeqCst);
         assert!(before > 0, "background work ran while idle");
         let started = Arc::new(Mutex::new(None));
-        let prompt = model.tokenizer.encode("def f(x):", true).unwrap().ids;
-        let params = SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() };
-        let job = Job { add_special: true, ..common::job("t", &prompt, &params) };
-        pending.fetch_add(1, SeqCst);
-        let submitted = Instant::now();
-        tx.send(Command::Submit(job, Box::new(Started(started.clone(), done.clone())), submitted)).unwrap();
+        let submitted = submit(&model, &tx, &pending, Started(started.clone(), done.clone()));
         // Counted from once the job is in the channel: slices that end while this thread is
         // still building the job (or is descheduled before the send) are not the job's wait.
         let sent = slices.load(SeqCst);
@@ -120,7 +142,8 @@ fn a_job_arriving_during_idle_work_waits_at_most_one_slice() {
 /// checks the interrupt between its 1 ms steps.
 struct Long {
     inner: SessionStore,
-    /// Slices that stopped because the interrupt was requested.
+    /// Slices begun, and slices that stopped because the interrupt was requested.
+    entered: Arc<AtomicUsize>,
     interrupted: Arc<AtomicUsize>,
 }
 
@@ -133,6 +156,7 @@ impl ContextPolicy for Long {
         self.inner.retire(r)
     }
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
+        self.entered.fetch_add(1, SeqCst);
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(60) {
             if interrupt.requested() {
@@ -147,31 +171,19 @@ impl ContextPolicy for Long {
 
 #[test]
 fn a_long_slice_stops_at_its_next_step_when_a_job_is_submitted() {
-    let dir = tempfile::tempdir().unwrap();
-    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
-    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
-    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
-    let interrupted = Arc::new(AtomicUsize::new(0));
-    let policy = Long { inner: SessionStore::new(pool.clone(), model.fingerprint), interrupted: interrupted.clone() };
-    let (tx, rx) = mpsc::channel();
-    let pending = Arc::new(AtomicUsize::new(0));
-    let engine = {
-        let (model, pending) = (model.clone(), pending.clone());
-        std::thread::spawn(move || {
-            run_engine_with(&model, pool, SchedulerConfig::default(), Box::new(policy), Arc::new(Metrics::default()), pending, rx)
-        })
-    };
+    let (_dir, model, pool) = tiny();
+    let (entered, interrupted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let policy =
+        Long { inner: SessionStore::new(pool.clone(), model.fingerprint), entered: entered.clone(), interrupted: interrupted.clone() };
+    let (tx, pending, engine) = start(&model, pool, policy);
     let done = Arc::new(AtomicUsize::new(0));
     for round in 0..3 {
-        // The engine is inside the long slice by now.
-        std::thread::sleep(Duration::from_millis(30));
+        // Wait until the engine is inside this round's long slice.
+        while entered.load(SeqCst) <= round {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let started = Arc::new(Mutex::new(None));
-        let prompt = model.tokenizer.encode("def f(x):", true).unwrap().ids;
-        let params = SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() };
-        let job = Job { add_special: true, ..common::job("t", &prompt, &params) };
-        pending.fetch_add(1, SeqCst);
-        let submitted = Instant::now();
-        tx.send(Command::Submit(job, Box::new(Started(started.clone(), done.clone())), submitted)).unwrap();
+        let submitted = submit(&model, &tx, &pending, Started(started.clone(), done.clone()));
         while done.load(SeqCst) <= round {
             std::thread::sleep(Duration::from_millis(1));
         }
