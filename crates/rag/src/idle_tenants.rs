@@ -53,6 +53,11 @@ pub struct IdleCounters {
     /// The longest stretch, in microseconds, between two asks of the interrupt in any unit:
     /// the longest a request waited for idle work to yield.
     pub longest_step_us: AtomicU64,
+    /// For interrupted units: microseconds from the first waiting handler's arrival
+    /// ([`IdleTenants::waiting`]) to the unit's return (it has let go of its work) — summed,
+    /// and the longest.
+    pub yield_us: AtomicU64,
+    pub longest_yield_us: AtomicU64,
 }
 
 impl IdleCounters {
@@ -112,19 +117,25 @@ pub(crate) struct Next {
 pub struct IdleTenants {
     inner: Arc<Mutex<Inner>>,
     counters: Arc<IdleCounters>,
-    /// Handlers waiting for or using a library (see [`IdleTenants::waiting`]).
+    /// Handlers waiting for or using a library (see [`IdleTenants::waiting`]), and since when
+    /// the count has been above zero.
     waiters: Arc<AtomicUsize>,
+    since: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 /// A handler counted as waiting while this lives (see [`IdleTenants::waiting`]).
 #[must_use = "the handler counts as waiting only while the guard lives"]
 pub struct Waiting {
     waiters: Arc<AtomicUsize>,
+    since: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.waiters.fetch_sub(1, Relaxed);
+        let mut since = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        if self.waiters.fetch_sub(1, Relaxed) == 1 {
+            *since = None;
+        }
     }
 }
 
@@ -141,8 +152,16 @@ impl IdleTenants {
     /// Counts the caller as a request waiting for (or using) a library until the guard drops:
     /// the idle unit running meanwhile stops at its next model step. Take it before locking.
     pub fn waiting(&self) -> Waiting {
-        self.waiters.fetch_add(1, Relaxed);
-        Waiting { waiters: self.waiters.clone() }
+        let mut since = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        if self.waiters.fetch_add(1, Relaxed) == 0 {
+            *since = Some(std::time::Instant::now());
+        }
+        Waiting { waiters: self.waiters.clone(), since: self.since.clone() }
+    }
+
+    /// Since when some handler has been waiting (`None`: none is).
+    pub(crate) fn waiting_since(&self) -> Option<std::time::Instant> {
+        *self.since.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The count [`IdleTenants::waiting`] keeps (for `IdleInterrupt::or_while`).

@@ -187,7 +187,7 @@ fn render_idle(c: &IdleCounters) -> String {
         let kind = serde_json::to_value(k).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         out.push_str(&format!("engram_rag_idle_units_total{{kind=\"{kind}\"}} {}\n", n.load(Relaxed)));
     }
-    let lines: [(&str, &str, &str, f64); 9] = [
+    let lines: [(&str, &str, &str, f64); 11] = [
         ("engram_rag_idle_predicted_queries_total", "counter", "Questions predicted in idle time.", c.predicted.load(Relaxed) as f64),
         ("engram_rag_idle_qa_populated_total", "counter", "QA bank entries stored by idle units.", c.qa_populated.load(Relaxed) as f64),
         (
@@ -216,6 +216,18 @@ fn render_idle(c: &IdleCounters) -> String {
             "gauge",
             "The longest stretch between two interrupt checks in an idle unit (a request waits at most about this long).",
             c.longest_step_us.load(Relaxed) as f64 / 1e3,
+        ),
+        (
+            "engram_rag_idle_yield_ms_total",
+            "counter",
+            "Milliseconds from a RAG request's arrival to the idle unit it interrupted letting go, summed over interrupted units.",
+            c.yield_us.load(Relaxed) as f64 / 1e3,
+        ),
+        (
+            "engram_rag_idle_longest_yield_ms",
+            "gauge",
+            "The longest a RAG request waited for an interrupted idle unit to let go.",
+            c.longest_yield_us.load(Relaxed) as f64 / 1e3,
         ),
     ];
     for (name, kind, help, v) in lines {

@@ -42,6 +42,9 @@ use predict::{PredictConfig, Predicted, Predictor, Source};
 use preempt::StepClock;
 use scheduler::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, Rate, SchedulerConfig, Strategy};
 
+/// [`IdleConfig::prefill_chunk`]'s default.
+pub const DEFAULT_IDLE_PREFILL_CHUNK: usize = 32;
+
 /// How idle time is spent.
 #[derive(Clone, Copy, Debug)]
 pub struct IdleConfig {
@@ -58,6 +61,11 @@ pub struct IdleConfig {
     pub regenerate: bool,
     /// The QA threshold real queries use (for matching predictions and the τ cutoff).
     pub threshold: f32,
+    /// Prompt tokens per forward call in idle units: the step a waiting request may wait for
+    /// (an interrupt is checked between steps). NOTE: smaller than the engine's 256 so a step
+    /// is a few ms on a small model; chunking changes no result beyond float tolerance
+    /// (`crates/model/tests/chunking.rs`), as the tree's own reuse already re-chunks prompts.
+    pub prefill_chunk: usize,
 }
 
 impl Default for IdleConfig {
@@ -70,6 +78,7 @@ impl Default for IdleConfig {
             schedule: true,
             regenerate: true,
             threshold: crate::qa::DEFAULT_THRESHOLD,
+            prefill_chunk: DEFAULT_IDLE_PREFILL_CHUNK,
         }
     }
 }
@@ -378,7 +387,7 @@ impl PerCache {
 
     /// An answer (`None`: stopped, nothing stored); the rates learn only from finished ones.
     fn answer(&mut self, rag: &mut Stores<'_>, plan: populate::Plan, clock: &mut StepClock<'_>) -> Result<Option<populate::Work>> {
-        let Some(w) = populate::answer(rag, plan, self.cfg.use_kv, clock)? else { return Ok(None) };
+        let Some(w) = populate::answer(rag, plan, self.cfg.use_kv, self.cfg.prefill_chunk, clock)? else { return Ok(None) };
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
         self.decode_rate.add(w.decode_ms, w.decode_tokens);
         Ok(Some(w))
@@ -386,7 +395,7 @@ impl PerCache {
 
     /// A prefill (`None`: stopped, nothing stored).
     fn prefill(&mut self, rag: &mut Stores<'_>, plan: &populate::Plan, clock: &mut StepClock<'_>) -> Result<Option<populate::Work>> {
-        let Some(w) = populate::prefill(rag, plan, clock)? else { return Ok(None) };
+        let Some(w) = populate::prefill(rag, plan, self.cfg.prefill_chunk, clock)? else { return Ok(None) };
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
         Ok(Some(w))
     }

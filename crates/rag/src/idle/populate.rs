@@ -58,7 +58,8 @@ pub fn plan(rag: &Stores<'_>, query: &str) -> Result<Plan> {
 
 /// Prefills the plan's chunk segments the tree lacks and stores every prefix (prefill only, no
 /// decode, nothing in the QA bank); `None` (nothing stored) when `clock` said stop.
-pub fn prefill(rag: &mut Stores<'_>, plan: &Plan, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
+/// `chunk` is the prompt tokens per forward call (what a waiting request may wait for).
+pub fn prefill(rag: &mut Stores<'_>, plan: &Plan, chunk: usize, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
     let end = plan.chunks_end();
     if rag.tree.cached_tokens(&plan.prompt.path) >= end {
         return Ok(Some(Work::default()));
@@ -69,7 +70,8 @@ pub fn prefill(rag: &mut Stores<'_>, plan: &Plan, clock: &mut StepClock<'_>) -> 
     let mut gen = match m.kv {
         Some(kv) => Generator::from_parts(&model, kv, m.tokens),
         None => Generator::new(&model, rag.pool),
-    };
+    }
+    .with_prefill_chunk(chunk);
     let from = gen.tokens().len();
     let t = std::time::Instant::now();
     if gen.feed_until(&plan.prompt.tokens[from..end], false, &mut || clock.should_stop())?.is_none() {
@@ -84,14 +86,15 @@ pub fn prefill(rag: &mut Stores<'_>, plan: &Plan, clock: &mut StepClock<'_>) -> 
 /// Generates the plan's answer (from the tree's longest prefix if `use_kv`, whose prefixes it
 /// then stores) and stores it in the QA bank (saved); `None` (nothing stored: no tree entry,
 /// no QA entry) when `clock` said stop before the answer was whole.
-pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
+pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool, chunk: usize, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
     let model = rag.model.clone();
     let (fp, fmt) = (model.fingerprint, rag.pool.format());
     let m = if use_kv { Some(rag.tree.lookup(fp, fmt, &plan.prompt.path)) } else { None };
     let mut gen = match m.and_then(|m| m.kv.map(|kv| (kv, m.tokens))) {
         Some((kv, tokens)) => Generator::from_parts(&model, kv, tokens),
         None => Generator::new(&model, rag.pool),
-    };
+    }
+    .with_prefill_chunk(chunk);
     let params = rag.config.params.clone();
     let Some(g) = gen.generate_until(&plan.prompt.tokens, &params, &mut |_| true, &mut || clock.should_stop())? else {
         return Ok(None);

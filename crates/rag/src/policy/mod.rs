@@ -320,7 +320,14 @@ impl TreePolicy {
         let before = lib.idle.as_ref().map_or(0, |p| p.stats().predicted);
         let t = self.tree(&next.tenant, next.tree_dir.as_deref());
         match lib.idle_unit(&pool, &mut t.tree, &mut || interrupt.requested()) {
-            Ok(Some(r)) if r.interrupted => idle.counters().count(&r, 0),
+            Ok(Some(r)) if r.interrupted => {
+                idle.counters().count(&r, 0);
+                if let Some(t) = idle.waiting_since() {
+                    let us = t.elapsed().as_micros() as u64;
+                    idle.counters().yield_us.fetch_add(us, std::sync::atomic::Ordering::Relaxed);
+                    idle.counters().longest_yield_us.fetch_max(us, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
             Ok(Some(r)) => {
                 t.dirty = true;
                 let predicted = lib.idle.as_ref().map_or(0, |p| p.stats().predicted) - before;
