@@ -124,6 +124,10 @@ if mode == "both":
         "mean_total_ms_off": statistics.mean(r["total_ms"] for r in off),
         "mean_total_ms_on": statistics.mean(r["total_ms"] for r in on),
         "mean_added_ms": statistics.mean(added), "p95_added_ms": p95(added),
+        # After the first round both servers' trees hold the prompts: what sharing the device
+        # with idle work costs, without idle work's own benefit.
+        "mean_added_ms_rounds_after_first": statistics.mean(b["total_ms"] - a["total_ms"] for a, b in zip(off, on) if a["round"] > 0)
+        if rounds > 1 else None,
         "requests_that_stopped_a_unit": len(added_stop),
         "mean_added_ms_stopping": statistics.mean(added_stop) if added_stop else None,
         "p95_added_ms_stopping": p95(added_stop) if added_stop else None,

@@ -544,6 +544,9 @@ pub(crate) async fn query(State(s): State<AppState>, headers: HeaderMap, body: B
     };
     let use_qa = req.use_qa.unwrap_or(true);
     let rag = s.rag.as_ref().expect("checked by library_ready");
+    // Counted as waiting for the whole request (plan, job, record): idle units stop once and
+    // do not start again in the gaps between its steps.
+    let _busy = rag.idle.as_ref().map(IdleTenants::waiting);
     let reuse = chunk_reuse_of(rag.config.chunk_reuse, req.chunk_reuse.as_deref(), req.blend_ratio)?;
     let question = req.query;
     let plan = with_library(&s, &tenant, move |lib| lib.plan(&question, threshold, max_tokens, use_qa).map_err(api_error)).await?;
