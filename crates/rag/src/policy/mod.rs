@@ -319,24 +319,25 @@ impl TreePolicy {
         let pool = self.pool.clone();
         let before = lib.idle.as_ref().map_or(0, |p| p.stats().predicted);
         let t = self.tree(&next.tenant, next.tree_dir.as_deref());
-        match lib.idle_unit(&pool, &mut t.tree, &mut || interrupt.requested()) {
-            Ok(Some(r)) if r.interrupted => {
-                idle.counters().count(&r, 0);
-                if let Some(t) = idle.waiting_since() {
-                    let us = t.elapsed().as_micros() as u64;
-                    idle.counters().yield_us.fetch_add(us, std::sync::atomic::Ordering::Relaxed);
-                    idle.counters().longest_yield_us.fetch_max(us, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
+        let r = lib.idle_unit(&pool, &mut t.tree, &mut || interrupt.requested());
+        let predicted = lib.idle.as_ref().map_or(0, |p| p.stats().predicted) - before;
+        use std::sync::atomic::Ordering::Relaxed;
+        match r {
             Ok(Some(r)) => {
-                t.dirty = true;
-                let predicted = lib.idle.as_ref().map_or(0, |p| p.stats().predicted) - before;
-                idle.counters().count(&r, predicted);
+                // An interrupted unit stored nothing (its predictions count: they are queued).
+                t.dirty |= !r.interrupted;
+                let c = idle.counters();
+                c.count(&r, predicted);
+                if let Some(since) = idle.waiting_since().filter(|_| r.interrupted) {
+                    let us = since.elapsed().as_micros() as u64;
+                    c.yield_us.fetch_add(us, Relaxed);
+                    c.longest_yield_us.fetch_max(us, Relaxed);
+                }
             }
             Ok(None) => idle.sleep(&next.tenant),
             Err(e) => {
                 warn(&format!("idle-time RAG work for a tenant stopped until its next request: {e}"));
-                idle.counters().errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                idle.counters().errors.fetch_add(1, Relaxed);
                 idle.sleep(&next.tenant);
             }
         }
