@@ -38,6 +38,7 @@ mod logprobs;
 mod openai;
 mod quota;
 mod rag;
+mod rag_metrics;
 pub mod scheduler;
 mod sse;
 
