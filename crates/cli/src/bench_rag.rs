@@ -190,6 +190,8 @@ pub fn run(mut a: Args) -> Result<()> {
                     schedule,
                     regenerate: schedule,
                     threshold: a.threshold,
+                    // Units run alone here (never interrupted): the engine's full chunk.
+                    prefill_chunk: engram_engine::DEFAULT_PREFILL_CHUNK,
                 })
             });
             let gap = |rag: &mut Rag, pc: &mut Option<PerCache>| -> Result<()> {

@@ -80,6 +80,37 @@ fn rag_dir(model: &ModelArgs) -> PathBuf {
     data_dir(&model.data_dir).join("rag")
 }
 
+/// Drops the chunk KV tree's and chunk store's entries — and their files — built on `gone`
+/// chunks (removed, or replaced by a changed file) under `root`, for `--model`'s files (the
+/// folders of other models or KV formats are left to their own LRU); a model that does not
+/// load leaves them too, with a warning.
+fn forget_on_disk(root: &Path, args: &ModelArgs, gone: &[engram_rag::ChunkId]) {
+    if gone.is_empty() {
+        return;
+    }
+    let forget = || -> Result<()> {
+        let model = Arc::new(load_model(args)?);
+        let pool = kv_pool(&model, args)?;
+        let keys: Vec<String> = gone.iter().map(|c| c.0.clone()).collect();
+        let (fp, fmt, bpt, vocab) = (model.fingerprint, pool.format(), pool.bytes_per_token(), model.config.vocab);
+        // No cap: loading must not evict (an evicted entry's file would go at the save).
+        let mut tree = KvTree::new(fp, fmt, bpt, usize::MAX);
+        let tree_dir = engram_rag::tree_dir(&root.join("kvtree"), fp, fmt);
+        tree.load(&tree_dir, &pool, vocab);
+        tree.forget_chunks(&keys);
+        tree.save(&tree_dir).with_context(|| format!("saving {}", tree_dir.display()))?;
+        let mut store = engram_rag::ChunkStore::new(fp, fmt, bpt, usize::MAX);
+        let chunk_dir = engram_rag::tree_dir(&root.join("chunks"), fp, fmt);
+        store.load(&chunk_dir, &pool, vocab);
+        store.forget_chunks(&keys);
+        store.save(&chunk_dir).with_context(|| format!("saving {}", chunk_dir.display()))?;
+        Ok(())
+    };
+    if let Err(e) = forget() {
+        eprintln!("warning: the chunk KV files built on the removed chunks are left to eviction: {e:#}");
+    }
+}
+
 fn open_bank(root: &Path, enc: Arc<dyn TextEncoder>) -> Result<KnowledgeBank> {
     let bank = KnowledgeBank::open(&root.join("bank"), enc)?;
     if bank.index_was_rebuilt() && bank.generation() > 0 {
@@ -107,6 +138,7 @@ pub fn run(a: Args) -> Result<()> {
                     Ok(r) => {
                         let dropped = qa.refresh(&bank, &r.chunks_added, 3)?;
                         qa.save()?;
+                        forget_on_disk(&root, &a.model, &r.chunks_removed);
                         if a.json {
                             println!(
                                 "{}",
@@ -199,6 +231,7 @@ pub fn run(a: Args) -> Result<()> {
             let mut qa = QaBank::open(&qa_path, DEFAULT_QA_CAP_BYTES)?;
             let dropped = qa.refresh(&bank, &[], 3)?;
             qa.save()?;
+            forget_on_disk(&root, &a.model, &removed);
             println!("removed {id}: {} chunks, {} QA answer(s) invalidated", removed.len(), dropped.len());
         }
         Which::Stats => {

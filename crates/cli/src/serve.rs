@@ -138,7 +138,8 @@ pub struct Args {
     /// PerCache's idle-time population for the RAG routes: while no request waits, the engine
     /// predicts each user's likely questions (from their documents and query history) and
     /// answers them into the QA bank or prefills their chunks into the KV tree, one unit at a
-    /// time (a request waits for at most the unit running). `off`: caches fill only from
+    /// time (a unit stops at its next model step when a request arrives, storing nothing, and
+    /// runs again later). `off`: caches fill only from
     /// real queries.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     rag_idle: OnOff,

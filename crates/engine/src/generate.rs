@@ -145,6 +145,14 @@ impl<'m> Generator<'m> {
     /// Appends `tokens` to the cache in chunks; returns the logits of every
     /// token if `all`, else of the last one only.
     pub fn feed(&mut self, tokens: &[u32], all: bool) -> Result<Vec<f32>, EngineError> {
+        Ok(self.feed_until(tokens, all, &mut || false)?.expect("never stopped"))
+    }
+
+    /// [`Generator::feed`] that asks `stop` before each forward call (each prefill chunk) and
+    /// returns `None` when it says yes: the cache then holds the chunks fed before it (still
+    /// exactly `tokens()`), and the chunk boundaries are the ones `feed` uses, so a run that
+    /// is never stopped computes the same values.
+    pub fn feed_until(&mut self, tokens: &[u32], all: bool, stop: &mut dyn FnMut() -> bool) -> Result<Option<Vec<f32>>, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::BadRequest("nothing to feed".into()));
         }
@@ -157,6 +165,9 @@ impl<'m> Generator<'m> {
         }
         let mut out = Vec::new();
         for (i, chunk) in tokens.chunks(self.prefill_chunk).enumerate() {
+            if stop() {
+                return Ok(None);
+            }
             let last = (i + 1) * self.prefill_chunk >= tokens.len();
             self.kv.reserve(chunk.len())?;
             let want = if all {
@@ -172,7 +183,7 @@ impl<'m> Generator<'m> {
             self.tokens.extend_from_slice(chunk);
             out.extend(logits);
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// Generates a continuation of `prompt`, reusing the longest cached token
@@ -184,6 +195,20 @@ impl<'m> Generator<'m> {
         params: &SamplingParams,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
+        Ok(self.generate_until(prompt, params, on_text, &mut || false)?.expect("never stopped"))
+    }
+
+    /// [`Generator::generate`] that asks `stop` before every forward call (each prefill chunk
+    /// and each decode step) and returns `None` as soon as it says yes — preemptible idle work:
+    /// the caller waits at most one model step. A stopped generation's cache holds whole steps
+    /// only (`tokens()` stays exact); one never stopped computes exactly what `generate` does.
+    pub fn generate_until(
+        &mut self,
+        prompt: &[u32],
+        params: &SamplingParams,
+        on_text: &mut dyn FnMut(&str) -> bool,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<Generation>, EngineError> {
         params.validate()?;
         if prompt.is_empty() {
             return Err(EngineError::BadRequest("the prompt is empty".into()));
@@ -194,7 +219,7 @@ impl<'m> Generator<'m> {
         let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
         self.truncate(common);
         let mut timings = Timings { prompt_tokens: prompt.len(), cached_tokens: common, ..Default::default() };
-        let mut logits = self.feed(&prompt[common..], false)?;
+        let Some(mut logits) = self.feed_until(&prompt[common..], false, stop)? else { return Ok(None) };
         timings.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
 
         let mut out = Decoding::new(&self.model.tokenizer, prompt, params, 0);
@@ -217,11 +242,14 @@ impl<'m> Generator<'m> {
             if let Some(finish) = step.done {
                 break finish;
             }
+            if stop() {
+                return Ok(None);
+            }
             logits = self.feed(&[t], false)?;
         };
         let (tokens, token_ends) = (out.generated().to_vec(), out.finished_token_ends());
         timings.decode_tokens = tokens.len();
         timings.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
-        Ok(Generation { text, tokens, token_ends, finish, timings })
+        Ok(Some(Generation { text, tokens, token_ends, finish, timings }))
     }
 }

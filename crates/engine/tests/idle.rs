@@ -196,3 +196,41 @@ fn a_long_slice_stops_at_its_next_step_when_a_job_is_submitted() {
     // first; the engine thread is detached rather than joined.
     drop(engine);
 }
+
+/// `Generator::generate_until`: asked before every forward call (each prefill chunk, each
+/// decode step); never stopped it is `generate`; stopped at the k-th ask it returns `None`
+/// with the cache holding exactly the whole steps before it.
+#[test]
+fn a_generation_stops_at_the_step_its_hook_says() {
+    let (_dir, model) = common::tiny();
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
+    let prompt = common::ids(&model, "def main(argv):\n    parser = build_parser()\n    args = parser.parse_args(argv)\n");
+    let params = SamplingParams { max_tokens: 6, ..SamplingParams::default() };
+    let full = engram_engine::Generator::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap();
+    let mut asks = 0;
+    let mut g = engram_engine::Generator::new(&model, &pool).with_prefill_chunk(8);
+    let same = g
+        .generate_until(&prompt, &params, &mut |_| true, &mut || {
+            asks += 1;
+            false
+        })
+        .unwrap()
+        .expect("never stopped");
+    assert_eq!(same.tokens, full.tokens);
+    let chunks = prompt.len().div_ceil(8);
+    assert_eq!(asks, chunks + full.tokens.len() - 1, "one ask per prefill chunk and per decode step after the first token");
+    for k in 1..=asks {
+        let mut n = 0;
+        let mut g = engram_engine::Generator::new(&model, &pool).with_prefill_chunk(8);
+        let r = g
+            .generate_until(&prompt, &params, &mut |_| true, &mut || {
+                n += 1;
+                n >= k
+            })
+            .unwrap();
+        assert!(r.is_none(), "stopped at ask {k}");
+        let held = if k <= chunks { ((k - 1) * 8).min(prompt.len()) } else { prompt.len() + (k - 1 - chunks) };
+        assert_eq!((g.tokens().len(), g.kv().len()), (held, held), "ask {k}");
+        assert_eq!(&g.tokens()[..held.min(prompt.len())], &prompt[..held.min(prompt.len())]);
+    }
+}

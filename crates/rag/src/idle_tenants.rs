@@ -8,15 +8,19 @@
 //!                             ─► try_lock(Library) ─► Library::idle_unit(pool, tenant's tree): ONE unit
 //!                             (nothing left: the tenant sleeps until its next wake)
 //! ```
+//! A handler counts itself in [`IdleTenants::waiting`] while it waits for or uses a library;
+//! the engine's `IdleInterrupt` reads that count, so the unit running stops at its next model
+//! step (a prefill chunk or a decode step), puts itself back and lets go of the library.
+//!
 //! Invariants: the engine thread never blocks on a library (a library a handler holds is
-//! skipped, so a request never waits for more than the one unit already running); a unit's
+//! skipped, so a request never waits for more than one model step of a unit); a unit's
 //! KV goes into the same per-tenant chunk KV tree the tenant's RAG jobs start from, and its
 //! answers into the same QA bank they consult, so what idle time stores is what a query
 //! would have stored (`crates/server/tests/rag_idle.rs`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use crate::idle::{UnitKind, UnitReport};
@@ -44,14 +48,32 @@ pub struct IdleCounters {
     pub longest_unit_us: AtomicU64,
     /// Units that failed (logged; the tenant sleeps until its next wake).
     pub errors: AtomicU64,
+    /// Units stopped at a step boundary because a request waited (nothing stored; run again).
+    pub interrupted: AtomicU64,
+    /// The longest stretch, in microseconds, between two asks of the interrupt in any unit:
+    /// the longest a request waited for idle work to yield.
+    pub longest_step_us: AtomicU64,
+    /// For interrupted units: microseconds from the first waiting handler's arrival
+    /// ([`IdleTenants::waiting`]) to the unit's return (it has let go of its work) — summed,
+    /// and the longest.
+    pub yield_us: AtomicU64,
+    pub longest_yield_us: AtomicU64,
 }
 
 impl IdleCounters {
     /// Counts one unit's report; `predicted` questions were made during it.
     pub fn count(&self, r: &UnitReport, predicted: u64) {
+        self.predicted.fetch_add(predicted, Relaxed);
+        self.longest_step_us.fetch_max((r.longest_step_ms * 1e3) as u64, Relaxed);
+        let us = (r.ms * 1e3) as u64;
+        self.compute_us.fetch_add(us, Relaxed);
+        if r.interrupted {
+            self.interrupted.fetch_add(1, Relaxed);
+            return;
+        }
+        self.longest_unit_us.fetch_max(us, Relaxed);
         let i = UNIT_KINDS.iter().position(|k| *k == r.kind).expect("every kind is listed");
         self.units[i].fetch_add(1, Relaxed);
-        self.predicted.fetch_add(predicted, Relaxed);
         if matches!(r.kind, UnitKind::Answer | UnitKind::Regenerate | UnitKind::KvToQa) {
             self.qa_populated.fetch_add(1, Relaxed);
         }
@@ -59,12 +81,9 @@ impl IdleCounters {
             self.kv_populated.fetch_add(1, Relaxed);
         }
         self.prefill_tokens.fetch_add(r.prefill_tokens as u64, Relaxed);
-        let us = (r.ms * 1e3) as u64;
-        self.compute_us.fetch_add(us, Relaxed);
-        self.longest_unit_us.fetch_max(us, Relaxed);
     }
 
-    /// Units run, all kinds.
+    /// Units finished, all kinds (interrupted ones are counted in `interrupted`).
     pub fn total_units(&self) -> u64 {
         self.units.iter().map(|u| u.load(Relaxed)).sum()
     }
@@ -98,6 +117,26 @@ pub(crate) struct Next {
 pub struct IdleTenants {
     inner: Arc<Mutex<Inner>>,
     counters: Arc<IdleCounters>,
+    /// Handlers waiting for or using a library (see [`IdleTenants::waiting`]), and since when
+    /// the count has been above zero.
+    waiters: Arc<AtomicUsize>,
+    since: Arc<Mutex<Option<std::time::Instant>>>,
+}
+
+/// A handler counted as waiting while this lives (see [`IdleTenants::waiting`]).
+#[must_use = "the handler counts as waiting only while the guard lives"]
+pub struct Waiting {
+    waiters: Arc<AtomicUsize>,
+    since: Arc<Mutex<Option<std::time::Instant>>>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut since = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        if self.waiters.fetch_sub(1, Relaxed) == 1 {
+            *since = None;
+        }
+    }
 }
 
 impl IdleTenants {
@@ -108,6 +147,26 @@ impl IdleTenants {
     /// The counters (shared).
     pub fn counters(&self) -> Arc<IdleCounters> {
         self.counters.clone()
+    }
+
+    /// Counts the caller as a request waiting for (or using) a library until the guard drops:
+    /// the idle unit running meanwhile stops at its next model step. Take it before locking.
+    pub fn waiting(&self) -> Waiting {
+        let mut since = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        if self.waiters.fetch_add(1, Relaxed) == 0 {
+            *since = Some(std::time::Instant::now());
+        }
+        Waiting { waiters: self.waiters.clone(), since: self.since.clone() }
+    }
+
+    /// Since when some handler has been waiting (`None`: none is).
+    pub(crate) fn waiting_since(&self) -> Option<std::time::Instant> {
+        *self.since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The count [`IdleTenants::waiting`] keeps (for `IdleInterrupt::or_while`).
+    pub fn waiters(&self) -> Arc<AtomicUsize> {
+        self.waiters.clone()
     }
 
     /// Registers `tenant`'s library (its idle population enabled) and wakes it.

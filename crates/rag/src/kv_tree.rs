@@ -185,6 +185,14 @@ impl KvTree {
         }
     }
 
+    /// Every stored path and the tokens its entry holds, sorted by path (what the tree
+    /// holds, without its recency order).
+    pub fn entries(&self) -> Vec<(Vec<SegKey>, Vec<u32>)> {
+        let mut v: Vec<_> = self.entries.iter().map(|(k, e)| (k.clone(), e.tokens.clone())).collect();
+        v.sort();
+        v
+    }
+
     /// Counts.
     pub fn stats(&self) -> TreeStats {
         TreeStats { entries: self.entries.len(), bytes: self.bytes(), cap_bytes: self.cap_bytes, evicted: self.evicted }

@@ -58,14 +58,14 @@ pub use bank::{BankStats, ChunkEntry, ChunkId, DocEntry, IngestReport, Knowledge
 pub use chunk_store::{Assembled, BlendFailure, ChunkStore, ChunkStoreStats};
 pub use error::{RagError, Result};
 pub use idle::{IdleConfig, IdleStats, PerCache, UnitKind, UnitReport};
-pub use idle_tenants::{IdleCounters, IdleTenants, UNIT_KINDS};
+pub use idle_tenants::{IdleCounters, IdleTenants, Waiting, UNIT_KINDS};
 pub use kv_tree::{tree_dir, KvTree, LoadReport, SegKey, TreeStats};
 pub use library::{Library, Pending, Plan};
 pub use parse::{DocKind, ParsedDoc};
 pub use pipeline::{
     build_prompt, Answer, AnswerTimings, BlendStats, CacheLevel, ChunkReuse, Prompt, QueryOptions, Rag, RagConfig, DEFAULT_SYSTEM_PROMPT,
 };
-pub use policy::{BlendOutcome, PromptSegments, SegmentRegistry, TreeCounters, TreePolicy, RAG_OWNER_MARK};
+pub use policy::{BlendOutcome, ForgetChunks, PromptSegments, SegmentRegistry, TreeCounters, TreePolicy, RAG_OWNER_MARK};
 pub use qa::{QaBank, QaEntry, QaHit, QaStats, DEFAULT_QA_CAP_BYTES, DEFAULT_THRESHOLD};
 pub use retrieve::Retrieved;
 pub use stores::Stores;

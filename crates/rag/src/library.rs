@@ -99,13 +99,14 @@ impl Library {
         Ok(removed)
     }
 
-    /// Runs one unit of idle work (see [`PerCache::idle_unit`]) with the KV charged to `pool`
-    /// and the chunk KV tree `tree` (the engine thread's, for this user); `None` when idle
-    /// population is off or has nothing left to do.
-    pub fn idle_unit(&mut self, pool: &KvPool, tree: &mut KvTree) -> Result<Option<UnitReport>> {
+    /// Runs one unit of idle work (see [`PerCache::idle_unit_over`]) with the KV charged to
+    /// `pool` and the chunk KV tree `tree` (the engine thread's, for this user), stopping at the
+    /// next model step once `stop` says a request waits (then it stores nothing and runs again
+    /// later); `None` when idle population is off or has nothing left to do.
+    pub fn idle_unit(&mut self, pool: &KvPool, tree: &mut KvTree, stop: &mut dyn FnMut() -> bool) -> Result<Option<UnitReport>> {
         let Some(idle) = &mut self.idle else { return Ok(None) };
         let mut stores = Stores { model: &self.model, pool, bank: &self.bank, qa: &mut self.qa, tree, config: &self.config };
-        idle.idle_unit_over(&mut stores)
+        idle.idle_unit_over(&mut stores, stop)
     }
 
     /// The QA bank's answer, or the prompt to generate with room for `max_tokens`.

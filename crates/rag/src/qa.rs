@@ -257,6 +257,12 @@ impl QaBank {
         (!self.f.stale.is_empty()).then(|| self.f.stale.remove(0))
     }
 
+    /// Puts `query` back at the head of the stale queue (an interrupted regeneration: it runs
+    /// again first).
+    pub fn push_stale_front(&mut self, query: String) {
+        self.f.stale.insert(0, query);
+    }
+
     /// Drops every entry (not the stale queue).
     pub fn clear(&mut self) {
         self.f.entries.clear();

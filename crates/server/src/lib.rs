@@ -38,6 +38,7 @@ mod logprobs;
 mod openai;
 mod quota;
 mod rag;
+mod rag_metrics;
 pub mod scheduler;
 mod sse;
 
@@ -209,6 +210,11 @@ impl Server {
             )),
         };
         let state = Arc::new(Shared { model, config, engine, metrics, agents, rag, facts });
+        if state.rag.as_ref().is_some_and(|r| r.idle.is_some()) {
+            // Tenants with idle work left from before a restart start it without a request.
+            let s = state.clone();
+            std::thread::spawn(move || rag::wake_tenants_on_disk(&s));
+        }
         Server { state, engine_thread: Some(thread) }
     }
 

@@ -32,8 +32,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use engram_embed::TextEncoder;
 use engram_rag::{
-    ChunkReuse, DocKind, IdleConfig, IdleCounters, IdleTenants, KnowledgeBank, Library, PerCache, Plan, PromptSegments, QaBank, RagConfig,
-    RagError, SegmentRegistry, TreeCounters, UNIT_KINDS,
+    ChunkReuse, DocKind, ForgetChunks, IdleConfig, IdleTenants, KnowledgeBank, Library, PerCache, Plan, PromptSegments, QaBank, RagConfig,
+    RagError, SegmentRegistry, TreeCounters,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -123,6 +123,23 @@ impl RagState {
         }
     }
 
+    /// After `tenant`'s documents lost `chunks` (removed or changed): the engine's tree and
+    /// chunk store for the tenant drop what was built on them, files included (applied before
+    /// the next admission; the engine is woken to save at once).
+    fn forget_chunks(&self, s: &AppState, tenant: &str, chunks: Vec<String>) {
+        if chunks.is_empty() {
+            return;
+        }
+        let dir = tenant_dir(&self.config, tenant);
+        self.registry.forget(ForgetChunks {
+            tenant: tenant.to_string(),
+            chunks,
+            tree_dir: Some(dir.join("kvtree")),
+            chunk_dir: Some(dir.join("chunks")),
+        });
+        s.engine.wake();
+    }
+
     /// The tree's byte cap per tenant.
     pub fn tree_cap_bytes(&self) -> usize {
         self.config.tree_cap_bytes
@@ -137,7 +154,7 @@ impl RagState {
             out.push_str(&format!("engram_rag_queries_total{{level=\"{l}\"}} {}\n", c.load(Relaxed)));
         }
         if let Some(idle) = &self.idle {
-            out.push_str(&render_idle(&idle.counters()));
+            out.push_str(&crate::rag_metrics::render_idle(&idle.counters()));
         }
         if let Some(t) = self.tree.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             out.push_str("# HELP engram_rag_kv_tree_lookups_total Generations admitted with (hit) or without (miss) a chunk's KV from the tree.\n# TYPE engram_rag_kv_tree_lookups_total counter\n");
@@ -159,40 +176,6 @@ impl RagState {
         }
         out
     }
-}
-
-/// Prometheus lines of idle-time population (all tenants).
-fn render_idle(c: &IdleCounters) -> String {
-    let mut out = String::from(
-        "# HELP engram_rag_idle_units_total Idle-time RAG units run (PerCache), by kind.\n# TYPE engram_rag_idle_units_total counter\n",
-    );
-    for (k, n) in UNIT_KINDS.iter().zip(&c.units) {
-        let kind = serde_json::to_value(k).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-        out.push_str(&format!("engram_rag_idle_units_total{{kind=\"{kind}\"}} {}\n", n.load(Relaxed)));
-    }
-    let lines: [(&str, &str, &str, f64); 7] = [
-        ("engram_rag_idle_predicted_queries_total", "counter", "Questions predicted in idle time.", c.predicted.load(Relaxed) as f64),
-        ("engram_rag_idle_qa_populated_total", "counter", "QA bank entries stored by idle units.", c.qa_populated.load(Relaxed) as f64),
-        (
-            "engram_rag_idle_kv_populated_total",
-            "counter",
-            "Predicted prompts prefilled into the chunk KV tree by idle units.",
-            c.kv_populated.load(Relaxed) as f64,
-        ),
-        ("engram_rag_idle_prefill_tokens_total", "counter", "Prompt tokens idle units prefilled.", c.prefill_tokens.load(Relaxed) as f64),
-        ("engram_rag_idle_compute_ms_total", "counter", "Milliseconds spent in idle units.", c.compute_us.load(Relaxed) as f64 / 1e3),
-        (
-            "engram_rag_idle_longest_unit_ms",
-            "gauge",
-            "The longest idle unit (a request waits at most this long for one).",
-            c.longest_unit_us.load(Relaxed) as f64 / 1e3,
-        ),
-        ("engram_rag_idle_errors_total", "counter", "Idle units that failed (logged).", c.errors.load(Relaxed) as f64),
-    ];
-    for (name, kind, help, v) in lines {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
-    }
-    out
 }
 
 fn not_configured(why: &str) -> ApiError {
@@ -230,6 +213,36 @@ fn tenant_dir(config: &RagServerConfig, tenant: &str) -> PathBuf {
     config.dir.join(&blake3::hash(tenant.as_bytes()).to_hex()[..16])
 }
 
+/// The file in a tenant's folder naming its tenant (the folder's name is a hash), so a restarted
+/// server can find the tenants with idle work ([`wake_tenants_on_disk`]).
+const TENANT_FILE: &str = "tenant";
+
+/// At startup, with idle-time population on: opens the library of every tenant found on disk
+/// (a folder whose `tenant` file hashes to its name), which registers it with the idle hook and
+/// wakes the engine, so predictions and regenerations left undone when the server stopped run
+/// without waiting for the tenant's first request. Meant for a background thread; a folder that
+/// does not check out is skipped.
+pub(crate) fn wake_tenants_on_disk(s: &AppState) {
+    let Some(rag) = s.rag.as_ref().filter(|r| r.idle.is_some()) else { return };
+    if s.config.embedder.is_none() {
+        return;
+    }
+    let Ok(dirs) = std::fs::read_dir(&rag.config.dir) else { return };
+    let mut tenants: Vec<String> = dirs
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let tenant = std::fs::read_to_string(e.path().join(TENANT_FILE)).ok()?;
+            (tenant_dir(&rag.config, &tenant) == e.path()).then_some(tenant)
+        })
+        .collect();
+    tenants.sort();
+    for t in tenants {
+        if let Err(e) = library(s, &t) {
+            tracing::warn!("idle-time RAG work of a tenant on disk waits for its first request: {}", e.message);
+        }
+    }
+}
+
 /// The tenant's library, opened (or created) on first use.
 fn library(s: &AppState, tenant: &str) -> Result<Arc<Mutex<Library>>, ApiError> {
     let rag = s.rag.as_ref().ok_or_else(|| not_configured("no RAG folder is configured"))?;
@@ -240,6 +253,13 @@ fn library(s: &AppState, tenant: &str) -> Result<Arc<Mutex<Library>>, ApiError> 
     }
     let dir = tenant_dir(&rag.config, tenant);
     std::fs::create_dir_all(&dir).map_err(|e| ApiError::internal(format!("creating the tenant's RAG folder: {e}")))?;
+    if std::fs::read_to_string(dir.join(TENANT_FILE)).ok().as_deref() != Some(tenant) {
+        // Temp + fsync + rename: a crash leaves no half-written name (and a wrong one is ignored).
+        let named = engram_kv::persist::atomic_write(&dir.join(TENANT_FILE), |w| std::io::Write::write_all(w, tenant.as_bytes()));
+        if let Err(e) = named {
+            tracing::warn!("the tenant's RAG folder is not named (its idle work waits for a request after a restart): {e}");
+        }
+    }
     let bank =
         KnowledgeBank::open(&dir.join("bank"), encoder).map_err(|e| ApiError::internal(format!("opening the knowledge bank: {e}")))?;
     let qa =
@@ -264,7 +284,9 @@ fn library(s: &AppState, tenant: &str) -> Result<Arc<Mutex<Library>>, ApiError> 
     Ok(lib)
 }
 
-/// Runs `work` on the tenant's library on the blocking pool.
+/// Runs `work` on the tenant's library on the blocking pool, counted as a waiting request
+/// from before the lock to the end (the idle unit running meanwhile stops at its next model
+/// step and lets go of the library: `IdleTenants::waiting`).
 async fn with_library<T: Send + 'static>(
     s: &AppState,
     tenant: &str,
@@ -272,7 +294,9 @@ async fn with_library<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     let s2 = s.clone();
     let tenant = tenant.to_string();
+    let waiting = s.rag.as_ref().and_then(|r| r.idle.as_ref()).map(IdleTenants::waiting);
     api::off_runtime(move || {
+        let _waiting = waiting;
         let lib = library(&s2, &tenant)?;
         let mut guard = lib.lock().unwrap_or_else(|e| e.into_inner());
         work(&mut guard)
@@ -335,17 +359,20 @@ pub(crate) async fn add_documents(State(s): State<AppState>, headers: HeaderMap,
         engram_rag::parse::parse_bytes(&format!("document {:?}", d.id), &d.id, kind, false, d.text.as_bytes()).map_err(api_error)?;
         checked.push((d.id, kind, d.text));
     }
-    let data = with_library(&s, &tenant, move |lib| {
-        let mut out = Vec::new();
+    let (data, gone) = with_library(&s, &tenant, move |lib| {
+        let (mut out, mut gone) = (Vec::new(), Vec::new());
         for (id, kind, text) in checked {
             let r = lib.ingest_text(&id, kind, &text).map_err(api_error)?;
             out.push(json!({"id": id, "object": "rag.document", "type": kind.name(), "unchanged": r.unchanged,
                             "chunks_added": r.chunks_added.len(), "chunks_removed": r.chunks_removed.len()}));
+            gone.extend(r.chunks_removed.into_iter().map(|c| c.0));
         }
-        Ok(out)
+        Ok((out, gone))
     })
     .await?;
-    s.rag.as_ref().expect("checked by library_ready").wake_idle(&s, &tenant);
+    let rag = s.rag.as_ref().expect("checked by library_ready");
+    rag.forget_chunks(&s, &tenant, gone);
+    rag.wake_idle(&s, &tenant);
     Ok((StatusCode::CREATED, axum::Json(json!({"object": "list", "data": data}))).into_response())
 }
 
@@ -383,7 +410,9 @@ pub(crate) async fn delete_document(State(s): State<AppState>, headers: HeaderMa
     api::check_id("id", &id)?;
     let id2 = id.clone();
     let removed = with_library(&s, &tenant, move |lib| lib.remove(&id2).map_err(api_error)).await?;
-    s.rag.as_ref().expect("checked by library_ready").wake_idle(&s, &tenant);
+    let rag = s.rag.as_ref().expect("checked by library_ready");
+    rag.forget_chunks(&s, &tenant, removed.iter().map(|c| c.0.clone()).collect());
+    rag.wake_idle(&s, &tenant);
     Ok(axum::Json(json!({"id": id, "object": "rag.document.deleted", "deleted": true, "chunks_removed": removed.len()})).into_response())
 }
 
@@ -457,6 +486,9 @@ pub(crate) async fn query(State(s): State<AppState>, headers: HeaderMap, body: B
     };
     let use_qa = req.use_qa.unwrap_or(true);
     let rag = s.rag.as_ref().expect("checked by library_ready");
+    // Counted as waiting for the whole request (plan, job, record): idle units stop once and
+    // do not start again in the gaps between its steps.
+    let _busy = rag.idle.as_ref().map(IdleTenants::waiting);
     let reuse = chunk_reuse_of(rag.config.chunk_reuse, req.chunk_reuse.as_deref(), req.blend_ratio)?;
     let question = req.query;
     let plan = with_library(&s, &tenant, move |lib| lib.plan(&question, threshold, max_tokens, use_qa).map_err(api_error)).await?;

@@ -237,3 +237,51 @@ fn the_chunk_kv_tree_survives_a_restart_and_a_damaged_file_is_recomputed() {
     stop.send(()).unwrap();
     t.join().unwrap();
 }
+
+/// The KV files (chunk KV tree and chunk store) under `dir` whose bytes name `chunk`.
+fn kv_files_naming(dir: &Path, chunk: &str) -> Vec<String> {
+    snapshot(dir)
+        .into_iter()
+        .filter(|(p, b)| p.ends_with(".kv") && b.windows(chunk.len()).any(|w| w == chunk.as_bytes()))
+        .map(|(p, _)| p)
+        .collect()
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if done() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("{what}");
+}
+
+#[test]
+fn removing_a_document_forgets_the_kv_built_on_its_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = rag_server(dir.path(), Vec::new());
+    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    let q = json!({"query": "Who will test the importer?", "max_tokens": 8, "use_qa": false});
+    let first = rag_query(addr, q.clone());
+    // Short documents are one chunk each: chunks[i] belongs to sources[i].
+    let (chunk, doc) = (first["chunks"][0].as_str().unwrap().to_string(), first["sources"][0].as_str().unwrap().to_string());
+    // Blend too, so the chunk store holds the chunk's own KV.
+    let mut blend = q.clone();
+    blend["chunk_reuse"] = json!("blend");
+    rag_query(addr, blend);
+    wait_until("the tree and chunk store were not saved", || kv_files_naming(dir.path(), &chunk).len() >= 2);
+
+    assert_eq!(request(addr, "DELETE", &format!("/v1/rag/documents/{doc}"), &[], "").status, 200);
+    wait_until("files built on the removed chunk are still there", || kv_files_naming(dir.path(), &chunk).is_empty());
+    let after = rag_query(addr, q.clone());
+    assert!(!after["chunks"].as_array().unwrap().iter().any(|c| c == chunk.as_str()));
+
+    // The remaining documents answer as on a server that never had the removed one.
+    let other = tempfile::tempdir().unwrap();
+    let cold = rag_server(other.path(), Vec::new());
+    let rest: Vec<Value> = docs().as_array().unwrap().iter().filter(|d| d["id"] != doc.as_str()).cloned().collect();
+    assert_eq!(post(cold, "/v1/rag/documents", &json!(rest)).status, 201);
+    let c = rag_query(cold, q);
+    assert_eq!((&after["answer"], &after["sources"]), (&c["answer"], &c["sources"]));
+}

@@ -14,16 +14,19 @@
 //!                      (an answer whose chunks the tree lacks runs as two units: prefill, answer)
 //!                 None when there is nothing left to do
 //! ```
-//! A unit is never interrupted, so a user request waits for at most one (the bench reports the
-//! longest). Invariant: population stores only what [`Rag::query`] would store for the same
-//! question, so answers afterwards equal the cold path's (exact KV) or are QA answers of a
-//! question at the threshold, and a refresh invalidates predicted answers like any other
-//! (`tests/idle.rs`). The abstracts persist (`abstracts.rs`); the history and hit counts live
+//! A unit asks its caller's `stop` before every model step ([`preempt::StepClock`]); told to
+//! stop, it drops its unfinished work whole, stores nothing and is put back (the stale query,
+//! the queued work, the conversion victim), so a user request waits for at most one model step
+//! of it (`UnitReport::longest_step_ms`). Invariant: population stores only what [`Rag::query`]
+//! would store for the same question, so answers afterwards equal the cold path's (exact KV)
+//! or are QA answers of a question at the threshold, and a refresh invalidates predicted
+//! answers like any other (`tests/idle.rs`). The abstracts persist (`abstracts.rs`); the history and hit counts live
 //! in RAM (a restart starts them again).
 
 pub mod abstracts;
 pub mod populate;
 pub mod predict;
+pub mod preempt;
 pub mod scheduler;
 
 use std::collections::VecDeque;
@@ -36,7 +39,11 @@ use crate::pipeline::{Answer, CacheLevel, Rag};
 use crate::stores::Stores;
 use abstracts::AbstractStore;
 use predict::{PredictConfig, Predicted, Predictor, Source};
+use preempt::StepClock;
 use scheduler::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, Rate, SchedulerConfig, Strategy};
+
+/// [`IdleConfig::prefill_chunk`]'s default.
+pub const DEFAULT_IDLE_PREFILL_CHUNK: usize = 32;
 
 /// How idle time is spent.
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +61,11 @@ pub struct IdleConfig {
     pub regenerate: bool,
     /// The QA threshold real queries use (for matching predictions and the τ cutoff).
     pub threshold: f32,
+    /// Prompt tokens per forward call in idle units: the step a waiting request may wait for
+    /// (an interrupt is checked between steps). NOTE: smaller than the engine's 256 so a step
+    /// is a few ms on a small model; chunking changes no result beyond float tolerance
+    /// (`crates/model/tests/chunking.rs`), as the tree's own reuse already re-chunks prompts.
+    pub prefill_chunk: usize,
 }
 
 impl Default for IdleConfig {
@@ -66,6 +78,7 @@ impl Default for IdleConfig {
             schedule: true,
             regenerate: true,
             threshold: crate::qa::DEFAULT_THRESHOLD,
+            prefill_chunk: DEFAULT_IDLE_PREFILL_CHUNK,
         }
     }
 }
@@ -82,7 +95,8 @@ pub enum UnitKind {
     QaToKv,
 }
 
-/// One unit's report.
+/// One unit's report. An interrupted unit (`interrupted`) stored nothing and will run again;
+/// its `kind` is what it was doing, its token counts are 0.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct UnitReport {
     pub kind: UnitKind,
@@ -90,12 +104,21 @@ pub struct UnitReport {
     pub ms: f64,
     pub prefill_tokens: usize,
     pub decode_tokens: usize,
+    /// Stopped at a step boundary because a request was waiting.
+    pub interrupted: bool,
+    /// The longest stretch between two asks of `stop` (what a request could wait for it).
+    pub longest_step_ms: f64,
 }
 
 /// Counts over a [`PerCache`]'s life.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct IdleStats {
+    /// Units finished (interrupted ones are counted apart).
     pub units: u64,
+    /// Units stopped because a request was waiting (put back, nothing stored).
+    pub interrupted: u64,
+    /// The longest stretch between two asks of `stop` in any unit.
+    pub longest_step_ms: f64,
     /// Milliseconds of units plus the bookkeeping after each real query.
     pub idle_ms: f64,
     pub longest_unit_ms: f64,
@@ -287,40 +310,55 @@ impl PerCache {
         self.stats.idle_ms += t.elapsed().as_secs_f64() * 1e3;
     }
 
-    /// Runs one unit of idle work (see the module doc); `None` when there is none left.
+    /// Runs one unit of idle work (see the module doc) to its end; `None` when there is none
+    /// left.
     pub fn idle_unit(&mut self, rag: &mut Rag) -> Result<Option<UnitReport>> {
-        self.idle_unit_over(&mut rag.stores())
+        self.idle_unit_over(&mut rag.stores(), &mut || false)
     }
 
     /// [`PerCache::idle_unit`] over borrowed stores (the server: the tenant's banks and the
-    /// engine thread's tree, KV charged to the engine's pool).
-    pub fn idle_unit_over(&mut self, rag: &mut Stores<'_>) -> Result<Option<UnitReport>> {
+    /// engine thread's tree, KV charged to the engine's pool), asking `stop` before every model
+    /// step: when it says yes the unit stops there, stores nothing, is put back, and its report
+    /// says `interrupted`.
+    pub fn idle_unit_over(&mut self, rag: &mut Stores<'_>, stop: &mut dyn FnMut() -> bool) -> Result<Option<UnitReport>> {
         let t = Instant::now();
-        let r = self.next_unit(rag)?;
+        let mut clock = StepClock::new(stop);
+        let r = self.next_unit(rag, &mut clock)?;
+        let step = clock.finish();
         let ms = t.elapsed().as_secs_f64() * 1e3;
         Ok(r.map(|mut r| {
             r.ms = ms;
-            self.stats.units += 1;
+            r.longest_step_ms = step;
+            if r.interrupted {
+                self.stats.interrupted += 1;
+            } else {
+                self.stats.units += 1;
+                self.stats.longest_unit_ms = self.stats.longest_unit_ms.max(ms);
+            }
             self.stats.idle_ms += ms;
-            self.stats.longest_unit_ms = self.stats.longest_unit_ms.max(ms);
+            self.stats.longest_step_ms = self.stats.longest_step_ms.max(step);
             r
         }))
     }
 
-    fn next_unit(&mut self, rag: &mut Stores<'_>) -> Result<Option<UnitReport>> {
+    fn next_unit(&mut self, rag: &mut Stores<'_>, clock: &mut StepClock<'_>) -> Result<Option<UnitReport>> {
         if self.cfg.regenerate && self.cfg.use_qa {
             if let Some(q) = rag.qa.pop_stale() {
                 let plan = populate::plan(rag, &q)?;
-                let w = self.answer(rag, plan)?;
+                let Some(w) = self.answer(rag, plan, clock)? else {
+                    // Still stale: regenerated by a later unit.
+                    rag.qa.push_stale_front(q.clone());
+                    return Ok(Some(stopped(UnitKind::Regenerate, q)));
+                };
                 self.stats.regenerated += 1;
                 return Ok(Some(report(UnitKind::Regenerate, q, &w)));
             }
         }
         loop {
             if let Some(w) = self.queue.pop_front() {
-                return self.run(rag, w).map(Some);
+                return self.run(rag, w, clock).map(Some);
             }
-            if let Some(r) = self.convert_to_kv(rag)? {
+            if let Some(r) = self.convert_to_kv(rag, clock)? {
                 return Ok(Some(r));
             }
             let fresh: Vec<Predicted> = self.predictor.predict(&self.abstracts);
@@ -347,30 +385,44 @@ impl PerCache {
         }
     }
 
-    fn answer(&mut self, rag: &mut Stores<'_>, plan: populate::Plan) -> Result<populate::Work> {
-        let w = populate::answer(rag, plan, self.cfg.use_kv)?;
+    /// An answer (`None`: stopped, nothing stored); the rates learn only from finished ones.
+    fn answer(&mut self, rag: &mut Stores<'_>, plan: populate::Plan, clock: &mut StepClock<'_>) -> Result<Option<populate::Work>> {
+        let Some(w) = populate::answer(rag, plan, self.cfg.use_kv, self.cfg.prefill_chunk, clock)? else { return Ok(None) };
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
         self.decode_rate.add(w.decode_ms, w.decode_tokens);
-        Ok(w)
+        Ok(Some(w))
     }
 
-    fn prefill(&mut self, rag: &mut Stores<'_>, plan: &populate::Plan) -> Result<populate::Work> {
-        let w = populate::prefill(rag, plan)?;
+    /// A prefill (`None`: stopped, nothing stored).
+    fn prefill(&mut self, rag: &mut Stores<'_>, plan: &populate::Plan, clock: &mut StepClock<'_>) -> Result<Option<populate::Work>> {
+        let Some(w) = populate::prefill(rag, plan, self.cfg.prefill_chunk, clock)? else { return Ok(None) };
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
-        Ok(w)
+        Ok(Some(w))
     }
 
-    fn run(&mut self, rag: &mut Stores<'_>, work: Work) -> Result<UnitReport> {
+    /// Runs `work`; stopped, it goes back to the front of the queue (nothing stored).
+    fn run(&mut self, rag: &mut Stores<'_>, work: Work, clock: &mut StepClock<'_>) -> Result<UnitReport> {
+        let r = self.run_inner(rag, work, clock)?;
+        if r.interrupted {
+            self.queue.push_front(work);
+        }
+        Ok(r)
+    }
+
+    fn run_inner(&mut self, rag: &mut Stores<'_>, work: Work, clock: &mut StepClock<'_>) -> Result<UnitReport> {
         let threshold = self.cfg.threshold;
         match work {
             Work::Populate(i) => {
                 let q = self.preds[i].query.clone();
                 let plan = populate::plan(rag, &q)?;
-                self.stats.hits.issued += 1;
                 let p = &mut self.preds[i];
+                // A unit put back after an interruption is planned again, counted once.
+                if p.planned_at.is_none() {
+                    self.stats.hits.issued += 1;
+                    p.planned_at = Some(self.stats.real_queries);
+                }
                 p.vector = plan.vector.clone();
                 p.first_chunk = plan.prompt.chunks.first().cloned();
-                p.planned_at = Some(self.stats.real_queries);
                 // Already answered at the threshold (a real query or an earlier prediction).
                 if self.cfg.use_qa && rag.qa.best(&plan.vector).is_some_and(|(_, s)| s >= threshold) {
                     p.strategy = Some(Strategy::Skip);
@@ -402,34 +454,34 @@ impl PerCache {
                         Ok(report(UnitKind::Skip, q, &populate::Work::default()))
                     }
                     Strategy::Prefill => {
-                        let w = self.prefill(rag, &plan)?;
+                        let Some(w) = self.prefill(rag, &plan, clock)? else { return Ok(stopped(UnitKind::Prefill, q)) };
                         self.stats.prefilled += 1;
                         Ok(report(UnitKind::Prefill, q, &w))
                     }
                     Strategy::Answer if self.cfg.use_kv && cand.rest_chunk_tokens > 0 => {
                         // Two units: the chunks now, the question and decode next.
-                        let w = self.prefill(rag, &plan)?;
+                        let Some(w) = self.prefill(rag, &plan, clock)? else { return Ok(stopped(UnitKind::Prefill, q)) };
                         self.queue.push_front(Work::AnswerStage(i));
                         Ok(report(UnitKind::Prefill, q, &w))
                     }
-                    Strategy::Answer => self.run(rag, Work::AnswerStage(i)),
+                    // Stopped, the unit is put back as it was: planning it again is the same.
+                    Strategy::Answer => self.run_inner(rag, Work::AnswerStage(i), clock),
                 }
             }
             Work::AnswerStage(i) | Work::KvToQa(i) => {
                 let q = self.preds[i].query.clone();
                 let plan = populate::plan(rag, &q)?;
-                let w = self.answer(rag, plan)?;
+                let kind = if matches!(work, Work::KvToQa(_)) { UnitKind::KvToQa } else { UnitKind::Answer };
+                let Some(w) = self.answer(rag, plan, clock)? else { return Ok(stopped(kind, q)) };
                 let p = &mut self.preds[i];
                 p.qa_id = w.qa_id;
                 p.answered_at = self.stats.real_queries;
-                let kind = if matches!(work, Work::KvToQa(_)) {
+                if kind == UnitKind::KvToQa {
                     p.strategy = Some(Strategy::Answer);
                     self.stats.kv_to_qa += 1;
-                    UnitKind::KvToQa
                 } else {
                     self.stats.answered += 1;
-                    UnitKind::Answer
-                };
+                }
                 Ok(report(kind, q, &w))
             }
         }
@@ -437,7 +489,8 @@ impl PerCache {
 
     /// QA → KV: the first predicted answer the scheduler gives up on (no hit in `patience`
     /// real queries, or threshold ≥ τ) leaves the QA bank; its prompt's chunks go into the tree.
-    fn convert_to_kv(&mut self, rag: &mut Stores<'_>) -> Result<Option<UnitReport>> {
+    /// Stopped, the victim keeps its QA entry (and is chosen again next time).
+    fn convert_to_kv(&mut self, rag: &mut Stores<'_>, clock: &mut StepClock<'_>) -> Result<Option<UnitReport>> {
         if !self.cfg.schedule {
             return Ok(None);
         }
@@ -447,13 +500,16 @@ impl PerCache {
             .iter()
             .position(|p| p.qa_id.and_then(|id| rag.qa.entry(id)).is_some_and(|e| qa_to_kv(&cfg, e.hits, now - p.answered_at, threshold)));
         let Some(i) = victim else { return Ok(None) };
-        let id = self.preds[i].qa_id.take().expect("victim has an entry");
         let q = self.preds[i].query.clone();
         let mut w = populate::Work::default();
         if self.cfg.use_kv {
             let plan = populate::plan(rag, &q)?;
-            w = self.prefill(rag, &plan)?;
+            match self.prefill(rag, &plan, clock)? {
+                Some(done) => w = done,
+                None => return Ok(Some(stopped(UnitKind::QaToKv, q))),
+            }
         }
+        let id = self.preds[i].qa_id.take().expect("victim has an entry");
         rag.qa.remove(id);
         rag.qa.save()?;
         self.preds[i].strategy = Some(Strategy::Prefill);
@@ -463,5 +519,18 @@ impl PerCache {
 }
 
 fn report(kind: UnitKind, query: String, w: &populate::Work) -> UnitReport {
-    UnitReport { kind, query, ms: 0.0, prefill_tokens: w.prefill_tokens, decode_tokens: w.decode_tokens }
+    UnitReport {
+        kind,
+        query,
+        ms: 0.0,
+        prefill_tokens: w.prefill_tokens,
+        decode_tokens: w.decode_tokens,
+        interrupted: false,
+        longest_step_ms: 0.0,
+    }
+}
+
+/// The report of a unit stopped before it stored anything.
+fn stopped(kind: UnitKind, query: String) -> UnitReport {
+    UnitReport { interrupted: true, ..report(kind, query, &populate::Work::default()) }
 }

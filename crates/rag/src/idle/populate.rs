@@ -6,12 +6,16 @@
 //!  prefill:  longest tree prefix ─ feed the rest of the chunk segments ─ every prefix into the tree
 //!  answer:   longest tree prefix (if the tree is on) ─ generate ─ prefixes into the tree ─ QA insert
 //! ```
+//! Both ask a [`StepClock`] before every model step and return `None` when it says stop,
+//! having stored nothing (the unfinished KV and answer are dropped whole).
+//!
 //! Invariant: what they store is what [`crate::Rag::query`] would store for the same question — the
 //! tree's entries are forks of a sequence that computed exactly their tokens, and the QA answer
 //! is the tokens a generation from a cold prefill gives (`tests/idle.rs`).
 
 use engram_engine::Generator;
 
+use super::preempt::StepClock;
 use crate::error::Result;
 use crate::pipeline::{documents_of, Prompt};
 use crate::stores::Stores;
@@ -53,40 +57,48 @@ pub fn plan(rag: &Stores<'_>, query: &str) -> Result<Plan> {
 }
 
 /// Prefills the plan's chunk segments the tree lacks and stores every prefix (prefill only, no
-/// decode, nothing in the QA bank).
-pub fn prefill(rag: &mut Stores<'_>, plan: &Plan) -> Result<Work> {
+/// decode, nothing in the QA bank); `None` (nothing stored) when `clock` said stop.
+/// `chunk` is the prompt tokens per forward call (what a waiting request may wait for).
+pub fn prefill(rag: &mut Stores<'_>, plan: &Plan, chunk: usize, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
     let end = plan.chunks_end();
+    if rag.tree.cached_tokens(&plan.prompt.path) >= end {
+        return Ok(Some(Work::default()));
+    }
     let (fp, fmt) = (rag.model.fingerprint, rag.pool.format());
     let m = rag.tree.lookup(fp, fmt, &plan.prompt.path);
-    if m.tokens.len() >= end {
-        return Ok(Work::default());
-    }
     let model = rag.model.clone();
     let mut gen = match m.kv {
         Some(kv) => Generator::from_parts(&model, kv, m.tokens),
         None => Generator::new(&model, rag.pool),
-    };
+    }
+    .with_prefill_chunk(chunk);
     let from = gen.tokens().len();
     let t = std::time::Instant::now();
-    gen.feed(&plan.prompt.tokens[from..end], false)?;
+    if gen.feed_until(&plan.prompt.tokens[from..end], false, &mut || clock.should_stop())?.is_none() {
+        return Ok(None);
+    }
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let (kv, tokens) = gen.into_parts();
     rag.tree.insert(&plan.prompt.path, &plan.prompt.ends, &tokens, &kv);
-    Ok(Work { prefill_tokens: end - from, prefill_ms: ms, ..Work::default() })
+    Ok(Some(Work { prefill_tokens: end - from, prefill_ms: ms, ..Work::default() }))
 }
 
 /// Generates the plan's answer (from the tree's longest prefix if `use_kv`, whose prefixes it
-/// then stores) and stores it in the QA bank (saved).
-pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool) -> Result<Work> {
+/// then stores) and stores it in the QA bank (saved); `None` (nothing stored: no tree entry,
+/// no QA entry) when `clock` said stop before the answer was whole.
+pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool, chunk: usize, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
     let model = rag.model.clone();
     let (fp, fmt) = (model.fingerprint, rag.pool.format());
     let m = if use_kv { Some(rag.tree.lookup(fp, fmt, &plan.prompt.path)) } else { None };
     let mut gen = match m.and_then(|m| m.kv.map(|kv| (kv, m.tokens))) {
         Some((kv, tokens)) => Generator::from_parts(&model, kv, tokens),
         None => Generator::new(&model, rag.pool),
-    };
+    }
+    .with_prefill_chunk(chunk);
     let params = rag.config.params.clone();
-    let g = gen.generate(&plan.prompt.tokens, &params, &mut |_| true)?;
+    let Some(g) = gen.generate_until(&plan.prompt.tokens, &params, &mut |_| true, &mut || clock.should_stop())? else {
+        return Ok(None);
+    };
     if use_kv {
         let (kv, tokens) = gen.into_parts();
         rag.tree.insert(&plan.prompt.path, &plan.prompt.ends, &tokens, &kv);
@@ -96,11 +108,11 @@ pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool) -> Result<Work> {
     let id = rag.qa.insert(&plan.query, plan.vector, &g.text, g.tokens, plan.prompt.chunks, docs, generation);
     rag.qa.save()?;
     let t = g.timings;
-    Ok(Work {
+    Ok(Some(Work {
         prefill_tokens: t.prompt_tokens - t.cached_tokens,
         prefill_ms: t.prefill_ms,
         decode_tokens: t.decode_tokens,
         decode_ms: t.decode_ms,
         qa_id: Some(id),
-    })
+    }))
 }

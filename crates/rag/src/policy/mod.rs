@@ -62,8 +62,22 @@ pub struct PromptSegments {
     pub chunk_dir: Option<std::path::PathBuf>,
 }
 
+/// Chunks a tenant's knowledge bank no longer holds (its document removed or changed): the
+/// tenant's chunk KV tree and chunk store drop every entry built on them, and their files at
+/// the next save.
+#[derive(Clone, Debug)]
+pub struct ForgetChunks {
+    pub tenant: String,
+    pub chunks: Vec<SegKey>,
+    /// Where the tenant's tree and chunk store persist (loaded first if not in RAM yet, so
+    /// their files are cleaned too).
+    pub tree_dir: Option<std::path::PathBuf>,
+    pub chunk_dir: Option<std::path::PathBuf>,
+}
+
 /// Registrations shared by the handlers (which register) and the engine thread (which takes
-/// them at admission). Invariant: an owner key is registered at most once at a time.
+/// them at admission). Invariant: an owner key is registered at most once at a time; chunks
+/// to forget ([`SegmentRegistry::forget`]) are applied before the next admission.
 #[derive(Clone, Default)]
 pub struct SegmentRegistry {
     inner: Arc<Mutex<Registry>>,
@@ -75,6 +89,8 @@ struct Registry {
     waiting: HashMap<String, (u64, PromptSegments)>,
     /// What blended admissions reused, until the handler takes it.
     blended: HashMap<String, (u64, BlendOutcome)>,
+    /// Chunks to forget, in order.
+    forgets: Vec<ForgetChunks>,
 }
 
 impl SegmentRegistry {
@@ -115,6 +131,19 @@ impl SegmentRegistry {
                 r.blended.remove(&k);
             }
         }
+    }
+
+    /// Queues chunks to forget; the engine thread applies them before its next admission or
+    /// idle slice (so a job submitted after this returns never starts from them). The caller
+    /// wakes the engine so the files go at once.
+    pub fn forget(&self, f: ForgetChunks) {
+        if !f.chunks.is_empty() {
+            self.inner.lock().unwrap_or_else(|e| e.into_inner()).forgets.push(f);
+        }
+    }
+
+    fn take_forgets(&self) -> Vec<ForgetChunks> {
+        std::mem::take(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()).forgets)
     }
 
     /// What the blended admission of `owner`'s job reused and recomputed (once; `None` for a
@@ -247,6 +276,21 @@ impl TreePolicy {
         })
     }
 
+    /// Applies the queued [`ForgetChunks`]: each tenant's tree and chunk store (loaded from
+    /// disk first) drop the entries on those chunks and are saved at the next idle slice.
+    fn apply_forgets(&mut self) {
+        for f in self.registry.take_forgets() {
+            let t = self.tree(&f.tenant, f.tree_dir.as_deref());
+            let n = t.tree.stats().entries;
+            t.tree.forget_chunks(&f.chunks);
+            t.dirty |= t.tree.stats().entries != n;
+            let c = self.chunk_store(&f.tenant, f.chunk_dir.as_deref());
+            let n = c.store.stats().entries;
+            c.store.forget_chunks(&f.chunks);
+            c.dirty |= c.store.stats().entries != n;
+        }
+    }
+
     /// A blended RAG job's checkout parts (see `blend.rs`).
     fn admit_blended(&mut self, owner: &str, seg: &PromptSegments, ratio: f32) -> Result<(SeqKv, usize), String> {
         let (model, pool) = (self.model.clone(), self.pool.clone());
@@ -261,9 +305,10 @@ impl TreePolicy {
         Ok((kv, reused))
     }
 
-    /// One unit of some woken tenant's idle population; whether any tenant may have more.
-    /// A library a handler holds is skipped (the request is served first).
-    fn idle_unit(&mut self) -> bool {
+    /// One unit of some woken tenant's idle population, stopped at its next model step once
+    /// `interrupt` is requested; whether any tenant may have more. A library a handler holds
+    /// is skipped (the request is served first).
+    fn idle_unit(&mut self, interrupt: &IdleInterrupt) -> bool {
         let Some(idle) = self.idle.clone() else { return false };
         let Some(next) = idle.next() else { return false };
         let Some(mut lib) = try_library(&next.library) else {
@@ -274,16 +319,25 @@ impl TreePolicy {
         let pool = self.pool.clone();
         let before = lib.idle.as_ref().map_or(0, |p| p.stats().predicted);
         let t = self.tree(&next.tenant, next.tree_dir.as_deref());
-        match lib.idle_unit(&pool, &mut t.tree) {
+        let r = lib.idle_unit(&pool, &mut t.tree, &mut || interrupt.requested());
+        let predicted = lib.idle.as_ref().map_or(0, |p| p.stats().predicted) - before;
+        use std::sync::atomic::Ordering::Relaxed;
+        match r {
             Ok(Some(r)) => {
-                t.dirty = true;
-                let predicted = lib.idle.as_ref().map_or(0, |p| p.stats().predicted) - before;
-                idle.counters().count(&r, predicted);
+                // An interrupted unit stored nothing (its predictions count: they are queued).
+                t.dirty |= !r.interrupted;
+                let c = idle.counters();
+                c.count(&r, predicted);
+                if let Some(since) = idle.waiting_since().filter(|_| r.interrupted) {
+                    let us = since.elapsed().as_micros() as u64;
+                    c.yield_us.fetch_add(us, Relaxed);
+                    c.longest_yield_us.fetch_max(us, Relaxed);
+                }
             }
             Ok(None) => idle.sleep(&next.tenant),
             Err(e) => {
                 warn(&format!("idle-time RAG work for a tenant stopped until its next request: {e}"));
-                idle.counters().errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                idle.counters().errors.fetch_add(1, Relaxed);
                 idle.sleep(&next.tenant);
             }
         }
@@ -352,6 +406,7 @@ impl ContextPolicy for TreePolicy {
         if !is_rag(owner) {
             return self.inner.admit(owner, session, text, add_special, prompt, tok);
         }
+        self.apply_forgets();
         let seg = self.registry.take(owner).ok_or_else(|| format!("RAG job {owner:?} has no registered segments"))?;
         if seg.tokens != prompt || seg.ends.len() != seg.path.len() || seg.ends.last().is_some_and(|&e| e > prompt.len()) {
             return Err("RAG job's registered segments do not match its prompt".into());
@@ -438,14 +493,25 @@ impl ContextPolicy for TreePolicy {
 
     /// One slice: the inner policy's work first, then saving one changed tree (KV files are
     /// written while nothing waits, never on a request's path), then one unit of idle-time
-    /// population ([`IdleTenants`]).
+    /// population ([`IdleTenants`]) that stops at its next model step when a job is submitted
+    /// or a RAG handler waits for a library ([`IdleTenants::waiting`]).
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         if self.inner.idle_slice(interrupt) {
+            return true;
+        }
+        self.apply_forgets();
+        let interrupt = match &self.idle {
+            Some(idle) => interrupt.clone().or_while(idle.waiters()),
+            None => interrupt.clone(),
+        };
+        if interrupt.requested() {
+            // A handler is on its way to the engine: give it the cores (and do not spin).
+            std::thread::sleep(std::time::Duration::from_millis(1));
             return true;
         }
         if self.save_one() {
             return true;
         }
-        self.idle_unit()
+        self.idle_unit(&interrupt)
     }
 }
