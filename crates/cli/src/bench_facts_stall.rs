@@ -119,8 +119,8 @@ pub struct Setup<'a> {
     pub pool: &'a KvPool,
     pub anchors: &'a [u32],
     pub facts: &'a [FactSegment],
-    /// The fact that passes the cap.
-    pub extra: &'a FactSegment,
+    /// The facts appended at once, the last passing the cap.
+    pub extra: &'a [FactSegment],
     pub messages: &'a [Vec<u32>],
     pub probe: &'a [u32],
     pub answer_tokens: usize,
@@ -206,7 +206,7 @@ pub fn round(s: &Setup, mode: Mode) -> Result<Round> {
         engine.turn(user, m, s.answer_tokens)?;
     }
     let mut facts = s.facts.to_vec();
-    facts.push(s.extra.clone());
+    facts.extend_from_slice(s.extra);
     engine.send(Command::SetFacts(user.into(), facts))?;
     let t0 = Instant::now();
     if mode != Mode::NoSummary {

@@ -441,7 +441,17 @@ impl ContextPolicy for DualStream {
             (Some(r), Some(q)) => TurnMask::Relevant { query: q.clone(), threshold: r.threshold, keep_last: r.keep_last },
             _ => TurnMask::All,
         };
-        let view = self.thread(owner, &thread)?.view(&mask);
+        let ring = self.thread(owner, &thread)?;
+        let view = ring.view(&mask);
+        // What the view holds as tokens, for a prompt-lookup drafter: the live anchors, then
+        // the attended turns in order (a code file pasted turns ago can be copied from).
+        let mut lookup: Vec<u32> = self.users.get(owner).map_or_else(Vec::new, |u| {
+            u.stream.segments().iter().filter(|s| !s.masked).flat_map(|s| s.tokens.iter().copied()).collect()
+        });
+        let ring = &self.threads[&(owner.to_string(), thread.clone())].ring;
+        for t in ring.turns().filter(|t| view.attended.contains(&t.id)) {
+            lookup.extend_from_slice(&t.tokens);
+        }
         let restore = self.unsettled.take();
         self.stats.turns_masked += view.masked.len() as u64;
         self.touch_ring(owner, &thread);
@@ -460,6 +470,7 @@ impl ContextPolicy for DualStream {
             // A stream ending in a tombstoned fact (with no turn after it) leaves a gap at the
             // view's end: the turn still goes at the ring's next position.
             own_first: Some(view.next_position),
+            lookup,
         })
     }
 

@@ -105,6 +105,14 @@ fn the_policy_resumes_its_summary_across_slices_and_swaps_in_what_one_run_gives(
     }
     let st = sliced.dual_stats();
     assert_eq!(st.summaries, 1);
+    assert_eq!(whole.dual_stats().summary_slices, 1, "unbounded steps: one slice");
+    let mut default_steps = over_the_cap(&m, &pool, 8);
+    let mut n = 1;
+    while default_steps.idle_slice(&IdleInterrupt::never()) {
+        n += 1;
+    }
+    assert_eq!(default_steps.dual_stats().summary_slices, n);
+    assert!(n > 2, "8 steps per slice: the prompt's chunks and the decode steps take {n} slices");
     assert!(slices > 5 && st.summary_slices_interrupted >= slices as u64, "{slices} slices, {st:?}");
     assert!(!sliced.summary_pending("u"));
 

@@ -307,6 +307,7 @@ impl TreePolicy {
             restore: None,
             spans: Vec::new(),
             own_first: None,
+            lookup: Vec::new(),
         }
     }
 
