@@ -228,8 +228,12 @@ impl PersistentStream {
     /// `prefill` computes, to float rounding (the same tokens, masks and positions, in
     /// chunks). Returns how many tokens were prefilled (0: the KV is complete).
     pub fn prefill_some(&mut self, model: &Model, pool: &KvPool, max: usize) -> Result<usize, String> {
-        let tokens = self.tokens();
         let have = self.kv.as_ref().map_or(0, |kv| kv.len());
+        if self.kv.is_some() && have == self.len() {
+            // Every admission asks: answered without collecting the tokens.
+            return Ok(0);
+        }
+        let tokens = self.tokens();
         let masked = self.masked_ranges();
         let kv = self.kv.get_or_insert_with(|| SeqKv::new(pool));
         if have == tokens.len() {

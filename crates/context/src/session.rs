@@ -503,7 +503,18 @@ impl SessionStore {
         let reused = kv.len();
         self.persist_prefix(salt, &enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
-        Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv, restore: None, spans: Vec::new(), own_first: None, lookup: Vec::new() })
+        Ok(Checkout {
+            session_id,
+            kind,
+            tokens: enc.ids,
+            token_ends,
+            reused,
+            kv,
+            restore: None,
+            spans: Vec::new(),
+            own_first: None,
+            lookup: Vec::new(),
+        })
     }
 
     /// Loads the longest persisted prefix chain under `salt` that `ids` starts

@@ -445,9 +445,10 @@ impl ContextPolicy for DualStream {
         let view = ring.view(&mask);
         // What the view holds as tokens, for a prompt-lookup drafter: the live anchors, then
         // the attended turns in order (a code file pasted turns ago can be copied from).
-        let mut lookup: Vec<u32> = self.users.get(owner).map_or_else(Vec::new, |u| {
-            u.stream.segments().iter().filter(|s| !s.masked).flat_map(|s| s.tokens.iter().copied()).collect()
-        });
+        let mut lookup: Vec<u32> = self
+            .users
+            .get(owner)
+            .map_or_else(Vec::new, |u| u.stream.segments().iter().filter(|s| !s.masked).flat_map(|s| s.tokens.iter().copied()).collect());
         let ring = &self.threads[&(owner.to_string(), thread.clone())].ring;
         for t in ring.turns().filter(|t| view.attended.contains(&t.id)) {
             lookup.extend_from_slice(&t.tokens);

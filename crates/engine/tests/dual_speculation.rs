@@ -39,10 +39,7 @@ fn conversation(m: &Arc<Model>, speculation: Option<PromptLookup>) -> (String, A
         let config = SchedulerConfig { speculation, ..SchedulerConfig::default() };
         std::thread::spawn(move || run_engine_with(&m, pool, config, Box::new(dual) as Box<dyn ContextPolicy>, metrics, pending, rx))
     };
-    let turns = [
-        (format!("{FILE}\n"), 2),
-        (format!("\n# the same function, with `total` renamed to `acc`:\n{}", &FILE[..20]), 96),
-    ];
+    let turns = [(format!("{FILE}\n"), 2), (format!("\n# the same function, with `total` renamed to `acc`:\n{}", &FILE[..20]), 96)];
     let mut last = String::new();
     for (prompt, max_tokens) in turns {
         let sink = Collect::default();
@@ -68,7 +65,11 @@ fn prompt_lookup_drafts_from_earlier_turns_and_changes_no_token() {
     assert_eq!(plain_metrics.draft_tokens.load(Relaxed), 0);
     assert_eq!(fast, plain, "greedy output with speculation = without");
     let (drafted, accepted) = (metrics.draft_tokens.load(Relaxed), metrics.draft_tokens_accepted.load(Relaxed));
-    eprintln!("{accepted} of {drafted} drafts accepted; {} steps against {}; {fast:?}", metrics.steps.load(Relaxed), plain_metrics.steps.load(Relaxed));
+    eprintln!(
+        "{accepted} of {drafted} drafts accepted; {} steps against {}; {fast:?}",
+        metrics.steps.load(Relaxed),
+        plain_metrics.steps.load(Relaxed)
+    );
     assert!(accepted > 0, "drafts copied from the earlier turn are accepted ({accepted} of {drafted})");
     assert!(metrics.steps.load(Relaxed) < plain_metrics.steps.load(Relaxed), "accepted drafts save steps");
 }
