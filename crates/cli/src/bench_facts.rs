@@ -6,18 +6,22 @@
 //! ring holds `--turns` turns of `--turn-tokens`. Measured side by side: a turn (admission
 //! plus the prefill of its message) with nothing changed (median of 7); the turn after a fact
 //! is appended (only the fact is prefilled, the ring moved after it); then a fact that passes
-//! the cap: the summary's generation and swap on the idle hook (the engine runs nothing else
-//! meanwhile: that slice is the stall a request arriving then would see), and the first turn
-//! on the new stream (the ring moved onto it). The seed reports an 80 ms stutter.
+//! the cap: the summary's generation, the new stream's prefill and the swap on the idle hook
+//! (its slices back to back: nothing waits), and the first turn on the new stream (the ring
+//! moved onto it). The seed reports an 80 ms stutter.
+//!
+//! Then, through the engine thread (`bench_facts_stall.rs`): the stall a request arriving
+//! mid-summary sees, with the summary in one uninterruptible slice vs preemptible.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use engram_engine::{ContextPolicy, DualStream, FactSegment, Retired, Summarizer};
+use engram_engine::{ContextPolicy, DualStream, FactSegment, RenderSegment, Retired, Summarizer};
 use engram_kv::{KvPool, KvView};
 use engram_model::{Logits, Model};
 
+use crate::bench_facts_stall;
 use crate::common::{forward_at, kv_pool, load_model, ModelArgs};
 
 #[derive(clap::Args, Debug)]
@@ -36,7 +40,16 @@ pub struct Args {
     /// Tokens per turn.
     #[arg(long, default_value_t = 64)]
     turn_tokens: usize,
-    /// One JSON line instead of the table.
+    /// Rounds of the through-the-engine stall comparison (0: skip it).
+    #[arg(long, default_value_t = 3)]
+    stall_reps: usize,
+    /// When the request arrives: milliseconds after the summary's first idle slice began.
+    #[arg(long, default_value_t = 5)]
+    stall_delay_ms: u64,
+    /// Answer tokens per turn in the through-the-engine comparison.
+    #[arg(long, default_value_t = 8)]
+    answer_tokens: usize,
+    /// One JSON line instead of the table (and one for the engine comparison).
     #[arg(long)]
     json: bool,
 }
@@ -85,13 +98,13 @@ pub fn run(a: Args) -> Result<()> {
     let pool: KvPool = kv_pool(&model, &a.model)?;
     let tok = &model.tokenizer;
     let anchors = tok.encode(SYSTEM, true)?.ids;
-    let render = {
+    let render: RenderSegment = {
         let m = model.clone();
         Arc::new(move |text: &str| {
             m.tokenizer.encode(&format!("{}{text}\n", engram_server::SUMMARY_PREFIX), false).map(|e| e.ids).map_err(|e| e.to_string())
         })
     };
-    let summarizer = Summarizer::new(model.clone(), a.summary_target_tokens, render);
+    let summarizer = Summarizer::new(model.clone(), a.summary_target_tokens, render.clone());
     let ring = a.turns * a.turn_tokens + 1;
     let mut dual = DualStream::new(model.clone(), pool.clone(), ring).with_persistent_cap(a.persistent_cap_tokens, Some(summarizer));
     dual.set_anchors("user", anchors.clone());
@@ -124,22 +137,24 @@ pub fn run(a: Args) -> Result<()> {
     facts.push(fact(&model, facts.len() as u64 + 1)?);
     let live_before = dual.persistent("user").map_or(0, |s| s.live_len());
     dual.set_facts("user", facts.clone());
+    // Nothing waits: the idle hook's slices run back to back until the summary is swapped in.
     let t = Instant::now();
-    dual.idle_slice(&engram_engine::IdleInterrupt::never());
+    while dual.idle_slice(&engram_engine::IdleInterrupt::never()) {}
     let idle_ms = t.elapsed().as_secs_f64() * 1e3;
     let st = dual.dual_stats();
     anyhow::ensure!(st.summaries == 1, "the facts past the cap were not summarized (see the log)");
     let after_swap = turn(&model, &mut dual, &probe, false)?;
     let live_after = dual.persistent("user").map_or(0, |s| s.live_len());
     let (summary_ms, swap_ms) = (st.last_summary_us as f64 / 1e3, st.last_swap_us as f64 / 1e3);
+    let prefill_ms = st.last_summary_prefill_us as f64 / 1e3;
 
     if a.json {
         let line = serde_json::json!({"model": model.describe(), "facts": facts.len(), "persistent_cap": a.persistent_cap_tokens,
             "stream_tokens_before": live_before, "stream_tokens_after": live_after, "ring_tokens": a.turns * a.turn_tokens,
             "turn_ms": steady, "turn_after_fact_ms": after_append, "idle_hook_ms": idle_ms, "summary_ms": summary_ms,
-            "swap_prefill_ms": swap_ms, "turn_after_swap_ms": after_swap, "stall_ms": idle_ms + after_swap - steady});
+            "new_stream_prefill_ms": prefill_ms, "swap_ms": swap_ms, "summary_slices": st.summary_slices, "turn_after_swap_ms": after_swap});
         println!("{line}");
-        return Ok(());
+        return stall(&a, &model, &pool, &anchors, &facts, render);
     }
     println!(
         "{}: {} facts, persistent stream {live_before} tokens (cap {}) → {live_after} after the summary; ring of {} tokens\n",
@@ -153,10 +168,45 @@ pub fn run(a: Args) -> Result<()> {
     println!("| a turn ({} tokens) with nothing changed, median of 7 | {steady:.2} |", a.turn_tokens);
     println!("| the turn after a fact is appended (fact prefilled, ring moved) | {after_append:.2} |");
     println!("| idle hook: summary generated | {summary_ms:.2} |");
-    println!("| idle hook: new stream prefilled (swap) | {swap_ms:.2} |");
+    println!("| idle hook: new stream prefilled beside the old one | {prefill_ms:.2} |");
+    println!("| the swap (the new stream put in place) | {swap_ms:.3} |");
     println!("| the first turn on the new stream (ring moved onto it) | {after_swap:.2} |");
-    println!("\nstall: a request arriving as the summary starts waits the idle slice ({idle_ms:.1} ms) then its turn takes {:.2} ms more than usual",
-        after_swap - steady);
-    println!("reproduce: engram bench facts --model M [--persistent-cap-tokens 512] [--summary-target-tokens 300] [--turns 16] [--json]");
+    println!("\nthe idle hook's slices, back to back: {idle_ms:.1} ms in {} slices; the first turn after the swap takes {:.2} ms more than usual",
+        st.summary_slices, after_swap - steady);
+    stall(&a, &model, &pool, &anchors, &facts, render)?;
+    if !a.json {
+        println!("\nreproduce: engram bench facts --model M [--persistent-cap-tokens 512] [--summary-target-tokens 300] [--turns 16] [--stall-reps 3] [--stall-delay-ms 5] [--json]");
+    }
+    Ok(())
+}
+
+/// The through-the-engine comparison (`bench_facts_stall.rs`), from the facts just under the
+/// cap (`facts` less the two the table above appended).
+fn stall(a: &Args, model: &Arc<Model>, pool: &KvPool, anchors: &[u32], facts: &[FactSegment], render: RenderSegment) -> Result<()> {
+    if a.stall_reps == 0 {
+        return Ok(());
+    }
+    let (under, extra) = facts.split_at(facts.len() - 2);
+    let messages: Vec<Vec<u32>> = (0..a.turns).map(|i| message(model, i, a.turn_tokens)).collect::<Result<_>>()?;
+    let probe = message(model, 9999, a.turn_tokens)?;
+    let ring = a.turns * (a.turn_tokens + a.answer_tokens) + 1;
+    let cap = a.persistent_cap_tokens;
+    let policy = |s: Option<Summarizer>| DualStream::new(model.clone(), pool.clone(), ring).with_persistent_cap(cap, s);
+    let summarizer = || Summarizer::new(model.clone(), a.summary_target_tokens, render.clone());
+    let setup = bench_facts_stall::Setup {
+        model,
+        pool,
+        anchors,
+        facts: under,
+        extra,
+        messages: &messages,
+        probe: &probe,
+        answer_tokens: a.answer_tokens,
+        delay: std::time::Duration::from_millis(a.stall_delay_ms),
+        policy: &policy,
+        summarizer: &summarizer,
+    };
+    let results = bench_facts_stall::run(&setup, a.stall_reps)?;
+    bench_facts_stall::report(&results, &model.describe(), setup.delay, a.json);
     Ok(())
 }

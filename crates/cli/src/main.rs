@@ -9,6 +9,7 @@ mod bench_context;
 mod bench_dual_disk;
 mod bench_dual_persist;
 mod bench_facts;
+mod bench_facts_stall;
 mod bench_membw;
 mod bench_rag;
 mod bench_relevance;

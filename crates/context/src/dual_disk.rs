@@ -9,7 +9,8 @@
 //!                                fits the budget and every account its share
 //! ```
 //! Invariant: `used` is the sum of the charged bytes; [`DualDiskLedger::over_budget`] names
-//! only evictable entries (rings, never a stream) that `protect` does not keep, and once they
+//! only evictable entries (rings and, when their user is idle, stream files: the caller says
+//! which by `evictable` and `protect`) that `protect` does not keep, and once they
 //! are removed the total and each account fit as far as evictable entries allow
 //! (`crates/engine/tests/dual_budget.rs`).
 
@@ -21,7 +22,7 @@ struct Charged {
     account: String,
     bytes: u64,
     last_used: u64,
-    /// A ring (evictable); a stream is not.
+    /// Whether it may be evicted at all (`protect` decides per call).
     evictable: bool,
 }
 
@@ -42,7 +43,7 @@ impl DualDiskLedger {
     }
 
     /// Charges `key` (a ring's key or a stream's file name) `bytes` for `account`, replacing
-    /// what it was charged, and marks it used now. `evictable`: a ring.
+    /// what it was charged, and marks it used now. `evictable`: whether it may ever be evicted.
     pub fn charge(&mut self, key: &str, account: &str, bytes: u64, evictable: bool) {
         self.clock += 1;
         self.charged.insert(key.to_string(), Charged { account: account.to_string(), bytes, last_used: self.clock, evictable });
@@ -82,8 +83,8 @@ impl DualDiskLedger {
         self.budget
     }
 
-    /// The rings to evict, least recently used first, so that every account fits its share and
-    /// the total the budget — skipping those `protect` keeps (threads with a turn running).
+    /// The entries to evict, least recently used first, so that every account fits its share
+    /// and the total the budget — skipping those `protect` keeps (threads with a turn running).
     pub fn over_budget(&self, protect: &dyn Fn(&str) -> bool) -> Vec<String> {
         let mut lru: Vec<(&String, &Charged)> = self.charged.iter().filter(|(k, c)| c.evictable && !protect(k)).collect();
         lru.sort_by_key(|(k, c)| (c.last_used, k.as_str()));

@@ -202,24 +202,53 @@ impl PersistentStream {
         }
     }
 
+    /// A new generation of this stream laid out as `wanted` (every segment live, nothing
+    /// masked), to be prefilled on the side ([`PersistentStream::prefill_some`]) while this one
+    /// is still attended, then swapped in whole: its KV starts as a fork of this one's as far
+    /// as their tokens agree and no slot of this one is masked (a masked slot changed what the
+    /// tokens after it attended); its generation is this one's plus one.
+    pub fn staged(&self, wanted: Vec<(SegmentId, Vec<u32>)>) -> PersistentStream {
+        let segments: Vec<Segment> = wanted.into_iter().map(|(id, tokens)| Segment { id, tokens, masked: false }).collect();
+        let new: Vec<u32> = segments.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let old = self.tokens();
+        let first_masked = self.masked_ranges().first().map_or(old.len(), |r| r.start);
+        let common = old.iter().zip(&new).take_while(|(a, b)| a == b).count().min(first_masked);
+        let kv = self.kv.as_ref().map(|kv| kv.fork(common.min(kv.len())));
+        PersistentStream { segments, kv, generation: self.generation + 1 }
+    }
+
     /// Computes the KV of the tokens it does not hold yet (at their slots' positions);
     /// returns how many tokens were prefilled. Errors leave the KV as it was.
     pub fn prefill(&mut self, model: &Model, pool: &KvPool) -> Result<usize, String> {
-        let tokens = self.tokens();
+        self.prefill_some(model, pool, usize::MAX)
+    }
+
+    /// [`PersistentStream::prefill`] of at most `max` tokens (at least 1): one step of a
+    /// prefill that can stop between steps; the KV after the last step is what one call to
+    /// `prefill` computes, to float rounding (the same tokens, masks and positions, in
+    /// chunks). Returns how many tokens were prefilled (0: the KV is complete).
+    pub fn prefill_some(&mut self, model: &Model, pool: &KvPool, max: usize) -> Result<usize, String> {
         let have = self.kv.as_ref().map_or(0, |kv| kv.len());
+        if self.kv.is_some() && have == self.len() {
+            // Every admission asks: answered without collecting the tokens.
+            return Ok(0);
+        }
+        let tokens = self.tokens();
         let masked = self.masked_ranges();
         let kv = self.kv.get_or_insert_with(|| SeqKv::new(pool));
         if have == tokens.len() {
             return Ok(0);
         }
-        let todo = &tokens[have..];
+        let end = have + (tokens.len() - have).min(max.max(1));
+        let todo = &tokens[have..end];
         // Tombstoned segments are masked for the new tokens — those before them and those
         // among them (the KV may end inside or before a tombstoned segment: a restored or
         // truncated stream) —, so a live token's KV is what a cold prefill of the live
         // segments at these positions computes; a tombstoned token still sees its own segment.
-        let mut mask = KeyMask::all(todo.len(), tokens.len());
+        let mut mask = KeyMask::all(todo.len(), end);
         let mut masked_any = false;
-        for r in masked {
+        for r in masked.into_iter().filter(|r| r.start < end) {
+            let r = r.start..r.end.min(end);
             for row in 0..todo.len() {
                 if !r.contains(&(have + row)) {
                     masked_any = true;
@@ -236,6 +265,12 @@ impl PersistentStream {
             return Err(format!("prefilling the persistent stream: {e}"));
         }
         Ok(todo.len())
+    }
+
+    /// Tokens whose KV the stream holds (0: never prefilled nor restored, or rebuilt from its
+    /// first token; below [`PersistentStream::len`]: appended segments not prefilled yet).
+    pub fn prefilled_len(&self) -> usize {
+        self.kv.as_ref().map_or(0, |kv| kv.len())
     }
 
     /// The KV, once prefilled (`None` before the first [`PersistentStream::prefill`]); a

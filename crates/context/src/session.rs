@@ -90,6 +90,11 @@ pub struct Checkout {
     /// view whose last slots are masked. `None` from policies whose views end at their last
     /// span.
     pub own_first: Option<usize>,
+    /// Tokens a prompt-lookup drafter may search besides the sequence's own (the text the
+    /// spans hold, oldest first: a dual-stream thread's anchors and attended turns), opaque to
+    /// the scheduler; drafts only propose, so any tokens here never change an answer. Empty
+    /// from policies whose sequences hold their whole context.
+    pub lookup: Vec<u32>,
 }
 
 /// Sessions of every owner plus the shared prefix index (chains salted per owner
@@ -378,6 +383,7 @@ impl SessionStore {
             restore: None,
             spans: Vec::new(),
             own_first: None,
+            lookup: Vec::new(),
         }
     }
 
@@ -481,6 +487,7 @@ impl SessionStore {
                     restore,
                     spans: Vec::new(),
                     own_first: None,
+                    lookup: Vec::new(),
                 });
             }
         }
@@ -496,7 +503,18 @@ impl SessionStore {
         let reused = kv.len();
         self.persist_prefix(salt, &enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
-        Ok(Checkout { session_id, kind, tokens: enc.ids, token_ends, reused, kv, restore: None, spans: Vec::new(), own_first: None })
+        Ok(Checkout {
+            session_id,
+            kind,
+            tokens: enc.ids,
+            token_ends,
+            reused,
+            kv,
+            restore: None,
+            spans: Vec::new(),
+            own_first: None,
+            lookup: Vec::new(),
+        })
     }
 
     /// Loads the longest persisted prefix chain under `salt` that `ids` starts

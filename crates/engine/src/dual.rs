@@ -36,11 +36,8 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
 
-use engram_context::{
-    Checkout, MatchKind, PendingRestore, PersistentStream, RingStore, SegmentId, StreamWriter, TurnMask, TurnRing, Update,
-};
+use engram_context::{Checkout, MatchKind, PendingRestore, PersistentStream, RingStore, SegmentId, StreamWriter, TurnMask, TurnRing};
 use engram_embed::TextEncoder;
 use engram_kv::{KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
@@ -51,6 +48,7 @@ use crate::summarize::Summarizer;
 
 mod budget;
 mod persist;
+mod summary;
 
 /// Relevance masks: an encoder, the similarity a turn needs, and how many last turns are
 /// always attended.
@@ -73,9 +71,16 @@ pub struct DualStats {
     pub compactions: u64,
     /// Streams condensed by the summarizer.
     pub summaries: u64,
-    /// The last summary's time: generating it, and swapping it in (prefilling the new stream).
+    /// The last summary's time: generating it (summed over the slices it ran in), prefilling
+    /// the new stream beside the old one, and the swap itself (the new stream put in place).
     pub last_summary_us: u64,
+    pub last_summary_prefill_us: u64,
     pub last_swap_us: u64,
+    /// Idle slices that advanced a summary, those cut short by a submitted job, and summaries
+    /// dropped mid-flight because the user's facts or anchors changed (started again).
+    pub summary_slices: u64,
+    pub summary_slices_interrupted: u64,
+    pub summaries_restarted: u64,
     /// State entries set or replaced (the hybrid mode), and the tokens prefilled for them.
     pub states_set: u64,
     pub state_tokens_prefilled: u64,
@@ -94,8 +99,10 @@ pub struct DualStats {
     pub rings_restored: u64,
     pub turns_restored: u64,
     pub ring_files_refused: u64,
-    /// Rings deleted from disk to keep the files within the disk budget (least recently used).
+    /// Rings and stream files deleted from disk to keep the files within the disk budget
+    /// (least recently used; a stream is prefilled again from its anchors and facts).
     pub rings_evicted_for_disk: u64,
+    pub streams_evicted_for_disk: u64,
 }
 
 /// A fact of a user's persistent stream: its id in the user's log, its text (what a
@@ -108,7 +115,7 @@ pub struct FactSegment {
 }
 
 /// A summary in a user's stream: the facts it condenses and its tokens.
-struct Summary {
+pub(crate) struct Summary {
     id: u64,
     covers: Vec<u64>,
     tokens: Vec<u32>,
@@ -122,6 +129,8 @@ struct User {
     summary: Option<Summary>,
     /// Over the cap with a summarizer: summarize (at the session's start, or when idle).
     summary_due: bool,
+    /// The summary in flight (`dual/summary.rs`), dropped when the facts or anchors change.
+    job: Option<summary::InFlight>,
     stream: PersistentStream,
     /// The stream's generation its file holds (`None`: not written by this process).
     saved: Option<u64>,
@@ -134,11 +143,16 @@ impl User {
     /// The live segments: the base, then the summary if it still covers only live facts,
     /// then the facts it does not cover.
     fn wanted(&self) -> Vec<(SegmentId, Vec<u32>)> {
+        self.wanted_with(self.summary.as_ref())
+    }
+
+    /// [`User::wanted`] with `summary` in place of the user's.
+    fn wanted_with(&self, summary: Option<&Summary>) -> Vec<(SegmentId, Vec<u32>)> {
         let mut out = Vec::new();
         if !self.base.is_empty() {
             out.push((SegmentId::Base, self.base.clone()));
         }
-        let summary = self.summary.as_ref().filter(|s| s.covers.iter().all(|id| self.facts.iter().any(|f| f.id == *id)));
+        let summary = summary.filter(|s| s.covers.iter().all(|id| self.facts.iter().any(|f| f.id == *id)));
         if let Some(s) = summary {
             out.push((SegmentId::Summary(s.id), s.tokens.clone()));
         }
@@ -159,6 +173,9 @@ struct Thread {
     state: Option<u64>,
     /// A restore from disk whose checksums are still unverified: its id and turns.
     pending: Option<(u64, usize)>,
+    /// The state entry set last while the restore was unverified (empty: removed): re-applied
+    /// to the fresh ring if the restored one proves damaged, so the update is not lost.
+    state_while_pending: Option<Vec<u32>>,
 }
 
 /// The dual-stream policy. See the module doc.
@@ -180,6 +197,8 @@ pub struct DualStream {
     carry: HashMap<(String, String), u32>,
     next_summary: u64,
     stats: DualStats,
+    /// Most steps (prefill chunks, decode steps) a summary advances per idle slice.
+    idle_steps: usize,
     /// Where persistent streams (and rings) are kept across restarts; `None`: RAM only.
     dir: Option<std::path::PathBuf>,
     /// Threads' rings on disk (with `dir`).
@@ -212,6 +231,7 @@ impl DualStream {
             running: HashMap::new(),
             carry: HashMap::new(),
             next_summary: 0,
+            idle_steps: summary::IDLE_STEPS,
             stats: DualStats::default(),
             dir: None,
             rings: None,
@@ -248,6 +268,7 @@ impl DualStream {
         let u = self.users.entry(user.to_string()).or_default();
         if u.base != tokens {
             u.base = tokens;
+            self.restart_summary(user);
             self.refresh(user);
         }
     }
@@ -259,6 +280,7 @@ impl DualStream {
         let u = self.users.entry(user.to_string()).or_default();
         if u.facts != facts {
             u.facts = facts;
+            self.restart_summary(user);
             self.refresh(user);
         }
     }
@@ -282,6 +304,9 @@ impl DualStream {
             }
         }
         let t = self.threads.get_mut(&(user.to_string(), thread.to_string())).expect("opened above");
+        if t.pending.is_some() {
+            t.state_while_pending = Some(tokens.clone());
+        }
         if tokens.is_empty() {
             if let Some(id) = t.state.take() {
                 t.ring.remove(id).map_err(|e| format!("removing the state entry: {e}"))?;
@@ -342,33 +367,6 @@ impl DualStream {
         u.summary_due = has_summarizer && u.stream.live_len() > cap && !u.facts.is_empty();
     }
 
-    /// Condenses `user`'s live facts into a summary segment and swaps it in (the threads
-    /// follow at their next turn); errors are logged and leave the stream as it was.
-    fn summarize(&mut self, user: &str) {
-        let (Some(summarizer), Some(u)) = (&self.summarizer, self.users.get_mut(user)) else { return };
-        u.summary_due = false;
-        let texts: Vec<String> = u.facts.iter().map(|f| f.text.clone()).collect();
-        let t0 = Instant::now();
-        match summarizer.summarize(&texts) {
-            Ok((_, tokens)) => {
-                self.next_summary += 1;
-                u.summary = Some(Summary { id: self.next_summary, covers: u.facts.iter().map(|f| f.id).collect(), tokens });
-                let t1 = Instant::now();
-                if u.stream.update(u.wanted()) != Update::Unchanged && u.stream.len() > self.persistent_cap {
-                    u.stream.compact();
-                }
-                if let Err(e) = u.stream.prefill(&self.model, &self.pool) {
-                    tracing::warn!("{user:?}: the summarized persistent stream is not prefilled yet: {e}");
-                }
-                self.save_stream(user);
-                self.stats.summaries += 1;
-                self.stats.last_summary_us = (t1 - t0).as_micros() as u64;
-                self.stats.last_swap_us = t1.elapsed().as_micros() as u64;
-            }
-            Err(e) => tracing::warn!("{user:?}: the persistent stream is over its cap and could not be summarized: {e}"),
-        }
-    }
-
     /// An empty ring over `base` (a fork of the user's stream) with its `masked` slots.
     fn open_ring(&self, base: &SeqKv, masked: Vec<Range<usize>>) -> Result<TurnRing, engram_kv::KvError> {
         let mut ring = TurnRing::new(SeqKv::new(&self.pool), self.capacity, self.model.config.rope.clone());
@@ -382,8 +380,11 @@ impl DualStream {
         let key = (owner.to_string(), thread.to_string());
         self.adopt_written();
         let u = self.users.entry(owner.to_string()).or_default();
-        if u.summary_due && u.stream.kv().is_none() {
-            self.summarize(owner);
+        if u.summary_due && u.stream.prefilled_len() == 0 {
+            // The session's start (nothing of the stream computed yet): the summary first,
+            // resumed if the idle hook began it. Later (a fact appended to a stream already
+            // attended) the turn goes on over the old stream and the idle hook summarizes.
+            self.advance_summary(owner, usize::MAX, &crate::policy::IdleInterrupt::never());
         }
         self.restore_stream(owner);
         let u = self.users.get_mut(owner).expect("inserted above");
@@ -404,7 +405,7 @@ impl DualStream {
                     self.unsettled = Some(PendingRestore::files(owner, thread, self.next_restore, check));
                     (self.next_restore, n)
                 });
-                self.threads.insert(key.clone(), Thread { ring, generation, state, pending });
+                self.threads.insert(key.clone(), Thread { ring, generation, state, pending, state_while_pending: None });
             }
             Some(t) if t.generation != generation => {
                 t.ring.rebase(base, masked).map_err(|e| format!("moving the thread onto the new persistent stream: {e}"))?;
@@ -440,7 +441,18 @@ impl ContextPolicy for DualStream {
             (Some(r), Some(q)) => TurnMask::Relevant { query: q.clone(), threshold: r.threshold, keep_last: r.keep_last },
             _ => TurnMask::All,
         };
-        let view = self.thread(owner, &thread)?.view(&mask);
+        let ring = self.thread(owner, &thread)?;
+        let view = ring.view(&mask);
+        // What the view holds as tokens, for a prompt-lookup drafter: the live anchors, then
+        // the attended turns in order (a code file pasted turns ago can be copied from).
+        let mut lookup: Vec<u32> = self
+            .users
+            .get(owner)
+            .map_or_else(Vec::new, |u| u.stream.segments().iter().filter(|s| !s.masked).flat_map(|s| s.tokens.iter().copied()).collect());
+        let ring = &self.threads[&(owner.to_string(), thread.clone())].ring;
+        for t in ring.turns().filter(|t| view.attended.contains(&t.id)) {
+            lookup.extend_from_slice(&t.tokens);
+        }
         let restore = self.unsettled.take();
         self.stats.turns_masked += view.masked.len() as u64;
         self.touch_ring(owner, &thread);
@@ -459,6 +471,7 @@ impl ContextPolicy for DualStream {
             // A stream ending in a tombstoned fact (with no turn after it) leaves a gap at the
             // view's end: the turn still goes at the ring's next position.
             own_first: Some(view.next_position),
+            lookup,
         })
     }
 
@@ -544,14 +557,11 @@ impl ContextPolicy for DualStream {
         DualStream::set_state(self, owner, thread, tokens)
     }
 
-    /// One summary due (a stream whose live facts passed the cap during a session), then
-    /// swapped in: threads attend it from their next turn.
-    fn idle_slice(&mut self, _interrupt: &crate::policy::IdleInterrupt) -> bool {
+    /// Advances the summary in flight (or the next one due) by at most the policy's idle steps,
+    /// stopping at the first step boundary once `interrupt` is requested; when it is ready the
+    /// new stream is swapped in and threads attend it from their next turn (`dual/summary.rs`).
+    fn idle_slice(&mut self, interrupt: &crate::policy::IdleInterrupt) -> bool {
         self.adopt_written();
-        let due: Vec<String> = self.users.iter().filter(|(_, u)| u.summary_due).map(|(k, _)| k.clone()).collect();
-        if let Some(user) = due.first() {
-            self.summarize(user);
-        }
-        due.len() > 1
+        self.idle_summaries(interrupt)
     }
 }

@@ -4,8 +4,11 @@
 //!   the mapped stream is bitwise the one before the swap; a torn temp file a crash left is
 //!   never read, and a forgotten user's queued write leaves no file;
 //! - with a disk budget, the files stay within it once written (the least recently used
-//!   threads' rings deleted, never a stream), every answer equals an unbudgeted policy's, and
-//!   after a restart the recent threads restore while the evicted ones start empty.
+//!   threads' rings deleted; an active user's stream kept), every answer equals an unbudgeted
+//!   policy's, and after a restart the recent threads restore while the evicted ones start empty;
+//! - idle users' stream files are evicted too when the rings are not enough: the answers do not
+//!   change, and after a restart an evicted stream is prefilled again and answers as the
+//!   unbudgeted policy's mapped one.
 
 mod common;
 use common::{dual_turn, fact, ids, tiny};
@@ -107,7 +110,8 @@ fn the_dual_files_stay_within_the_disk_budget_and_answers_do_not_change() {
     assert!(s.rings_evicted_for_disk > 0, "{s:?}");
     assert!(dir_bytes(dir.path()) <= budget, "{} bytes on disk past the {budget}-byte budget", dir_bytes(dir.path()));
     assert!(p.disk_bytes_charged() <= budget);
-    assert!(dir.path().join(stream_file_name("u")).exists(), "the stream is never evicted");
+    assert!(dir.path().join(stream_file_name("u")).exists(), "the active user's stream is not the least recently used");
+    assert_eq!(s.streams_evicted_for_disk, 0, "{s:?}");
     drop(p);
 
     // After a restart: the most recent thread restores its two turns, the oldest starts empty.
@@ -117,4 +121,59 @@ fn the_dual_files_stay_within_the_disk_budget_and_answers_do_not_change() {
     dual_turn(&m, &pool, &mut p, "u", "t0", &ps[0], ANSWER);
     let s = p.dual_stats();
     assert_eq!((s.rings_restored, s.turns_restored, s.ring_files_refused), (1, 2, 0), "{s:?}");
+}
+
+#[test]
+fn idle_users_stream_files_are_evicted_past_the_budget_and_rebuilt_with_the_same_answers() {
+    let (_d, m) = tiny();
+    let pool = pool(&m);
+    let users = ["ann", "bob", "cy", "dee"];
+    let prompt = ids(&m, " User: what do you know about me? Assistant:");
+    let setup = |p: &mut DualStream| {
+        for (i, u) in users.iter().enumerate() {
+            p.set_anchors(u, ids(&m, &format!("System: you are talking to {u}; answer in one line.")));
+            p.set_facts(u, (1..=3).map(|f| fact(&m, f, &format!("{u} likes number {}", i as u64 * 10 + f))).collect());
+        }
+    };
+    let turns = |p: &mut DualStream, thread: &str| -> Vec<Vec<u32>> {
+        users.iter().map(|u| dual_turn(&m, &pool, p, u, thread, &prompt, ANSWER).0).collect()
+    };
+    let open = |dir: &Path, budget: Option<u64>| {
+        let mut p = DualStream::new(m.clone(), pool.clone(), 1024).with_dir(dir).unwrap();
+        setup(&mut p);
+        if let Some(b) = budget {
+            p.set_disk_budget(b, None);
+        }
+        p
+    };
+    let free = tempfile::tempdir().unwrap();
+    let mut unbudgeted = open(free.path(), None);
+    let want = turns(&mut unbudgeted, "t");
+    unbudgeted.flush();
+    drop(unbudgeted);
+    // Room for about half the files: the rings alone are not enough.
+    let budget = dir_bytes(free.path()) / 2;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = open(dir.path(), Some(budget));
+    assert_eq!(turns(&mut p, "t"), want, "answers with the budget = without");
+    p.flush();
+    p.flush();
+    let s = p.dual_stats();
+    assert!(s.streams_evicted_for_disk > 0 && s.rings_evicted_for_disk > 0, "{s:?}");
+    assert!(dir_bytes(dir.path()) <= budget, "{} bytes on disk past the {budget}-byte budget", dir_bytes(dir.path()));
+    let evicted: Vec<&str> = users.iter().copied().filter(|u| !dir.path().join(stream_file_name(u)).exists()).collect();
+    assert!(!evicted.is_empty());
+    drop(p);
+
+    // After a restart, a new thread of every user: evicted streams are prefilled again, the
+    // others mapped from their files; the answers are the unbudgeted policy's.
+    let mut unbudgeted = open(free.path(), None);
+    let want = turns(&mut unbudgeted, "t2");
+    assert_eq!(unbudgeted.dual_stats().streams_restored, users.len() as u64);
+    let mut p = open(dir.path(), Some(budget));
+    assert_eq!(turns(&mut p, "t2"), want, "rebuilt streams answer as the mapped ones");
+    let s = p.dual_stats();
+    // (Files evicted during this run too, before their user's turn, are prefilled as well.)
+    assert!(s.streams_restored <= (users.len() - evicted.len()) as u64, "{s:?}: the evicted streams were prefilled");
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use common::{ids, tiny, Collect};
+use common::{assert_close, ids, on_view, tiny, Collect};
 use engram_context::Checkout;
 use engram_engine::{run_engine_with, Command, ContextPolicy, DualStats, DualStream, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_kv::{KvFormat, KvLayout, KvPool};
@@ -117,4 +117,47 @@ fn a_restored_ring_is_verified_beside_the_prefill_and_a_damaged_one_answers_as_a
     // The thread now holds the one new turn: the next restart restores it.
     let (_, s, _) = run(&m, d.path(), &ps[..1]);
     assert_eq!((s.rings_restored, s.turns_restored, s.ring_files_refused), (1, 1, 0), "{s:?}");
+}
+
+/// Issue 15 (the state entry and the ring's verification): a state entry set while a restored
+/// ring's checksums still run is not lost when the ring proves damaged — the thread starts
+/// empty but for it, exactly as a fresh thread given that state entry.
+#[test]
+fn a_state_entry_set_while_a_damaged_ring_is_verified_is_kept_on_the_fresh_ring() {
+    let (_d, m) = tiny();
+    let tok = &m.tokenizer;
+    let ps: Vec<Vec<u32>> = ["bees", "Oslo", "tea"].iter().map(|t| ids(&m, &format!(" User: tell me about {t}. Assistant:"))).collect();
+    let d = tempfile::tempdir().unwrap();
+    run(&m, d.path(), &ps[..2]);
+    let files = turn_files(d.path());
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let at = bytes.len() - 64;
+    bytes[at] ^= 0x10;
+    std::fs::write(&files[0], bytes).unwrap();
+
+    // After the restart, as the scheduler calls the policy: the turn admitted on the restored
+    // ring (unverified), a state entry set meanwhile, then the check fails.
+    let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
+    let anchors = tok.encode("System: answer in one line.", true).unwrap().ids;
+    let mut p = DualStream::new(m.clone(), pool.clone(), 1024).with_dir(d.path()).unwrap();
+    p.set_anchors("u", anchors.clone());
+    let c = p.admit("u", Some("t"), None, false, &ps[2], tok).unwrap();
+    let restore = c.restore.expect("the ring restored from disk, its checksums running");
+    let state = ids(&m, " State: ran 3 km today.");
+    p.set_state("u", "t", state.clone()).unwrap();
+    assert!(!p.verify_restore(restore), "the damaged ring is refused");
+    assert_eq!(p.dual_stats().ring_files_refused, 1);
+
+    // Admitted again: anchors + the state entry, as a fresh thread given that state.
+    let again = p.admit("u", Some("t"), None, false, &ps[2], tok).unwrap();
+    assert!(again.restore.is_none(), "never the damaged ring again");
+    let attended: usize = again.spans.iter().map(|s| s.len()).sum();
+    assert_eq!(attended, anchors.len() + state.len(), "the anchors and the state entry, no restored turn");
+    let mut fresh = DualStream::new(m.clone(), pool.clone(), 1024);
+    fresh.set_anchors("u", anchors);
+    fresh.set_state("u", "t", state).unwrap();
+    let want = fresh.admit("u", Some("t"), None, false, &ps[2], tok).unwrap();
+    let ((got, _, got_first), (want, _, want_first)) = (on_view(&m, &pool, &again), on_view(&m, &pool, &want));
+    assert_eq!(got_first, want_first);
+    assert_close(&got, &want, "the state entry kept on the fresh ring, as a fresh thread's");
 }

@@ -1,13 +1,18 @@
 //! [`DualStream`]'s files under the disk budget (issue 15): its streams and rings are charged
 //! to their owners' accounts in a [`DualDiskLedger`] against `--disk-budget-mib` and the
-//! tenant share; past either, whole rings of the least recently used threads are deleted from
-//! disk (never a stream, never a thread with a turn running). An evicted thread still in RAM
-//! answers as before (its ring is untouched there) and is written whole at its next turn; one
-//! that is not starts empty after a restart, like a thread whose ring was never saved.
+//! tenant share; past either, the least recently used files are deleted from disk: whole rings
+//! of threads with no turn running, and whole stream files of users with no turn running and no
+//! write in flight (a stream counts as used whenever any thread of its user is). An evicted ring
+//! still in RAM answers as before (untouched there) and is written whole at its next turn; one
+//! that is not starts empty after a restart, like a thread whose ring was never saved. An
+//! evicted stream file is only a cache: the stream's tokens are its anchors, the user's facts
+//! (kept by their own log, `engram_context::FactStore`, in the server) and a summary the
+//! summarizer makes again from them, so a stream whose file is gone is prefilled again at its
+//! user's next turn after a restart (and written again at the next turn in this process).
 //!
 //! Invariant: once the writers are flushed, the `dual/` directory holds at most the budget (and
-//! each account its share) plus the streams, which are never evicted
-//! (`crates/engine/tests/dual_budget.rs`).
+//! each account its share) as far as files of idle owners allow, and answers equal an
+//! unbudgeted run's (`crates/engine/tests/dual_files.rs`).
 
 use engram_context::{account, stream_file_name, DualDiskLedger, RingStore};
 
@@ -30,7 +35,7 @@ impl DualStream {
             let name = e.file_name().to_string_lossy().to_string();
             if name.starts_with("stream-") && name.ends_with(".safetensors") {
                 if let Ok(info) = engram_kv::read_meta(&e.path()) {
-                    ledger.charge_found(&name, account(&info.meta.owner), e.metadata().map_or(0, |m| m.len()), false, 0);
+                    ledger.charge_found(&name, account(&info.meta.owner), e.metadata().map_or(0, |m| m.len()), true, 0);
                 }
             }
         }
@@ -53,14 +58,15 @@ impl DualStream {
     /// Charges `owner`'s stream file at `bytes` (just written or restored) and enforces the budget.
     pub(super) fn charge_stream(&mut self, owner: &str, bytes: u64) {
         let Some(ledger) = self.ledger.as_mut() else { return };
-        ledger.charge(&stream_file_name(owner), account(owner), bytes, false);
+        ledger.charge(&stream_file_name(owner), account(owner), bytes, true);
         self.enforce_disk_budget();
     }
 
-    /// Marks `owner`'s `thread` used now (its turn was admitted).
+    /// Marks `owner`'s `thread` used now (its turn was admitted), and the user's stream file.
     pub(super) fn touch_ring(&mut self, owner: &str, thread: &str) {
         if let Some(ledger) = self.ledger.as_mut() {
             ledger.touch(&RingStore::ring_key(owner, thread));
+            ledger.touch(&stream_file_name(owner));
         }
     }
 
@@ -74,20 +80,33 @@ impl DualStream {
         }
     }
 
-    /// Deletes the least recently used rings until the files fit the budget and every account
-    /// its share; threads with a turn running or a restore unverified are kept.
+    /// Deletes the least recently used rings and stream files until the files fit the budget
+    /// and every account its share; threads with a turn running or a restore unverified are
+    /// kept, and so are the streams of their users and streams with a write in flight.
     fn enforce_disk_budget(&mut self) {
-        let (Some(ledger), Some(rings)) = (self.ledger.as_mut(), self.rings.as_mut()) else { return };
-        let busy: Vec<String> = self
-            .threads
-            .iter()
-            .filter(|(k, t)| t.pending.is_some() || self.running.contains_key(*k))
-            .map(|((o, t), _)| RingStore::ring_key(o, t))
-            .collect();
+        let (Some(ledger), Some(rings), Some(dir)) = (self.ledger.as_mut(), self.rings.as_mut(), self.dir.as_ref()) else { return };
+        let busy_threads = self.threads.iter().filter(|(k, t)| t.pending.is_some() || self.running.contains_key(*k));
+        let mut busy: Vec<String> = busy_threads.flat_map(|((o, t), _)| [RingStore::ring_key(o, t), stream_file_name(o)]).collect();
+        busy.extend(self.running.keys().map(|(o, _)| stream_file_name(o)));
+        busy.extend(self.users.iter().filter(|(_, u)| u.writing.is_some()).map(|(o, _)| stream_file_name(o)));
         for key in ledger.over_budget(&|k| busy.iter().any(|b| b == k)) {
-            rings.discard_key(&key);
             ledger.remove(&key);
-            self.stats.rings_evicted_for_disk += 1;
+            if !key.starts_with("stream-") {
+                rings.discard_key(&key);
+                self.stats.rings_evicted_for_disk += 1;
+                continue;
+            }
+            // The user whose file it is (a previous process's user not yet seen: none).
+            if let Some(u) = self.users.iter_mut().find(|(o, _)| stream_file_name(o) == key).map(|(_, u)| u) {
+                u.saved = None;
+            }
+            match &self.streams {
+                Some(w) => w.delete(dir.join(&key)),
+                None => {
+                    let _ = std::fs::remove_file(dir.join(&key));
+                }
+            }
+            self.stats.streams_evicted_for_disk += 1;
         }
     }
 }

@@ -17,9 +17,10 @@
 //! mapped KV replaces its RAM KV only when it is the same generation and tokens
 //! (`crates/engine/tests/dual_persist.rs`, `dual_restore.rs`, `dual_files.rs`, `dual_fuzz.rs`).
 //!
-//! NOTE: a state entry set (`DualStream::set_state`) on a thread whose restore is still being
-//! verified by a running turn is lost with the ring if the ring proves damaged (the thread
-//! starts empty); one set when no turn runs settles the restore itself first.
+//! A state entry set (`DualStream::set_state`) on a thread whose restore is still being
+//! verified by a running turn is remembered beside the ring: if the ring proves damaged, the
+//! thread starts empty but for that state entry, set again on the fresh ring (the entry from
+//! the damaged files is never kept); one set when no turn runs settles the restore itself first.
 
 use std::ops::Range;
 
@@ -53,15 +54,20 @@ impl DualStream {
     }
 
     /// Waits until every ring and stream queued for writing is on disk, and maps the written
-    /// streams in (tests, benches, shutdown).
+    /// streams in (tests, benches, shutdown); the deletions the disk budget queues when they
+    /// are charged land too.
     pub fn flush(&mut self) {
-        if let Some(r) = &self.rings {
-            r.flush();
+        for adopt in [true, false] {
+            if let Some(r) = &self.rings {
+                r.flush();
+            }
+            if let Some(w) = &self.streams {
+                w.flush();
+            }
+            if adopt {
+                self.adopt_written();
+            }
         }
-        if let Some(w) = &self.streams {
-            w.flush();
-        }
-        self.adopt_written();
     }
 
     /// The cache fingerprint files of this policy carry (model and KV format).
@@ -141,7 +147,8 @@ impl DualStream {
         let ours = self.threads.get(&key).and_then(|t| t.pending).filter(|(id, _)| *id == s.id);
         match (s.verdict, ours) {
             (Ok(()), Some((_, n))) => {
-                self.threads.get_mut(&key).expect("found above").pending = None;
+                let t = self.threads.get_mut(&key).expect("found above");
+                (t.pending, t.state_while_pending) = (None, None);
                 self.stats.rings_restored += 1;
                 self.stats.turns_restored += n as u64;
                 true
@@ -151,12 +158,18 @@ impl DualStream {
                 tracing::warn!("thread {:?} of {:?}: its saved ring is damaged, the thread starts empty: {e}", key.1, key.0);
                 self.stats.ring_files_refused += 1;
                 if ours.is_some() {
-                    self.threads.remove(&key);
+                    let state = self.threads.remove(&key).and_then(|t| t.state_while_pending).filter(|s| !s.is_empty());
                     self.carry.remove(&key);
                     if let Some(r) = self.rings.as_mut() {
                         r.discard(&key.0, &key.1);
                     }
-                    self.refused.insert(key);
+                    self.refused.insert(key.clone());
+                    // The state entry set while the check ran: onto the fresh (empty) ring.
+                    if let Some(tokens) = state {
+                        if let Err(e) = self.set_state(&key.0, &key.1, tokens) {
+                            tracing::warn!("thread {:?} of {:?}: the state entry is lost with the damaged ring: {e}", key.1, key.0);
+                        }
+                    }
                 }
                 false
             }

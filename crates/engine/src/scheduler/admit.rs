@@ -121,6 +121,7 @@ impl Engine<'_> {
                 submitted,
                 last_token: None,
                 restore: c.restore.zip(retry),
+                lookup: c.lookup,
                 cached: cached_len,
                 match_kind: c.kind.name(),
                 forgotten: false,

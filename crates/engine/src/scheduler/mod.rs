@@ -326,6 +326,9 @@ struct Seq<'m> {
     draft_cap: usize,
     /// Steps to decode without drafts after trees that were all rejected.
     draft_cooldown: usize,
+    /// Tokens the policy's view holds before the sequence's own (`Checkout::lookup`): prompt
+    /// lookup searches them, then `tokens`.
+    lookup: Vec<u32>,
     /// The draft model's KV for this sequence (with `SchedulerConfig::draft_model`).
     drafter: Option<DraftState>,
     /// Sampling, detokenizing and stopping (shared with the CLI's `Generator`).

@@ -273,7 +273,13 @@ impl Engine<'_> {
                 let s = &mut self.active[at];
                 dm.draft(&mut s.drafter, &s.tokens, next, budget)
             }
-            None => lookup.draft(&s.tokens, next, budget),
+            // The view's tokens before the sequence's own (a dual-stream thread's earlier
+            // turns), searched as one context with them.
+            None if s.lookup.is_empty() => lookup.draft(&s.tokens, next, budget),
+            None => {
+                let context: Vec<u32> = s.lookup.iter().chain(&s.tokens).copied().collect();
+                lookup.draft(&context, next, budget)
+            }
         };
         (!tree.is_empty()).then_some(tree)
     }

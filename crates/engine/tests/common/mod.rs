@@ -181,3 +181,47 @@ pub fn dual_turn(
         input = vec![t];
     }
 }
+
+/// The last logits of a checkout's tokens on its view, and the view's own KV (the turn).
+pub fn on_view(m: &Model, pool: &KvPool, c: &engram_context::Checkout) -> (Vec<f32>, engram_kv::SeqKv, usize) {
+    let mut kv = engram_kv::KvView::new(c.spans.clone(), engram_kv::SeqKv::new(pool)).starting_at(c.own_first);
+    let first = kv.own_first_position();
+    kv.own_mut().reserve(c.tokens.len()).unwrap();
+    let positions: Vec<u32> = (first..first + c.tokens.len()).map(|p| p as u32).collect();
+    let step = engram_model::SeqStep {
+        positions: Some(&positions),
+        ..engram_model::SeqStep::new(&c.tokens, 0, &mut kv, engram_model::Logits::Last)
+    };
+    let logits = m.forward(&mut [step]).unwrap().remove(0);
+    (logits, kv.into_own(), first)
+}
+
+/// A cold run: the stream's live tokens at their slots' positions (masked ones left out),
+/// then `prompt` at `first` on — one sequence prefilled from nothing.
+pub fn cold(m: &Model, pool: &KvPool, stream: &engram_context::PersistentStream, prompt: &[u32], first: usize) -> Vec<f32> {
+    let (mut tokens, mut positions, mut at) = (Vec::new(), Vec::new(), 0u32);
+    for s in stream.segments() {
+        for &t in &s.tokens {
+            if !s.masked {
+                tokens.push(t);
+                positions.push(at);
+            }
+            at += 1;
+        }
+    }
+    tokens.extend_from_slice(prompt);
+    positions.extend((first..first + prompt.len()).map(|p| p as u32));
+    let mut kv = engram_kv::SeqKv::new(pool);
+    kv.reserve(tokens.len()).unwrap();
+    let step = engram_model::SeqStep {
+        positions: Some(&positions),
+        ..engram_model::SeqStep::new(&tokens, 0, &mut kv, engram_model::Logits::Last)
+    };
+    m.forward(&mut [step]).unwrap().remove(0)
+}
+
+/// Two logit vectors equal to 1e-4 (float rounding of the same computation split differently).
+pub fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "{what}: logits differ by {worst}");
+}

@@ -361,6 +361,7 @@ impl TreePolicy {
             restore: None,
             spans: Vec::new(),
             own_first: None,
+            lookup: Vec::new(),
         }
     }
 

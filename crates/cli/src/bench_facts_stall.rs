@@ -1,0 +1,294 @@
+//! `engram bench facts`, second part: the stall a request sees when it arrives while the idle
+//! hook summarizes its user's facts (issue 15 item 1), through the real engine thread.
+//!
+//! Three engines per round, side by side, each with the same user (a system prompt, facts just
+//! under the cap) and thread (`--turns` turns); then a fact past the cap, and a one-token
+//! request on the thread submitted `--stall-delay-ms` after the summary's first idle slice
+//! begins:
+//! - `no summary`: no summarizer (the stream stays over its cap): the request's own time, the
+//!   baseline;
+//! - `one slice`: the summary and the new stream's prefill in one uninterruptible slice (the
+//!   behaviour before the summary became a resumable job): the request waits for all of it;
+//! - `preemptible`: the summary's steps check the engine's interrupt, so the request waits for
+//!   at most one step; the summary resumes after it and is swapped in later.
+//!
+//! The stall is a mode's submission-to-first-token time less the baseline's, medians over
+//! `--stall-reps` rounds (the modes interleaved, so they see the same machine load).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use engram_context::{Checkout, PendingRestore};
+use engram_engine::scheduler::{run_engine_with, Command, Job};
+use engram_engine::{
+    ContextPolicy, DualStats, DualStream, FactSegment, IdleInterrupt, Metrics, PolicyStats, Retired, SamplingParams, SchedulerConfig,
+    Summarizer,
+};
+use engram_kv::KvPool;
+use engram_model::Model;
+use engram_tokenizer::Tokenizer;
+
+use crate::timed_sink::TimedSink;
+
+/// How the idle hook runs the summary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    NoSummary,
+    OneSlice,
+    Preemptible,
+}
+
+impl Mode {
+    const ALL: [Mode; 3] = [Mode::NoSummary, Mode::OneSlice, Mode::Preemptible];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::NoSummary => "no summary",
+            Mode::OneSlice => "one slice",
+            Mode::Preemptible => "preemptible",
+        }
+    }
+}
+
+/// The policy as a mode runs it, publishing what the bench watches: that the summary's first
+/// slice began, and the policy's counters after each slice.
+struct Probe {
+    inner: DualStream,
+    mode: Mode,
+    user: String,
+    summary_began: Arc<AtomicBool>,
+    stats: Arc<Mutex<DualStats>>,
+}
+
+impl ContextPolicy for Probe {
+    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
+        self.inner.admit(o, s, t, a, p, tok)
+    }
+    fn pin_owner(&mut self, owner: &str) {
+        self.inner.pin_owner(owner)
+    }
+    fn make_room(&mut self, bytes: usize) -> bool {
+        self.inner.make_room(bytes)
+    }
+    fn verify_restore(&mut self, r: PendingRestore) -> bool {
+        self.inner.verify_restore(r)
+    }
+    fn retire(&mut self, r: Retired) {
+        self.inner.retire(r)
+    }
+    fn forget_owner(&mut self, owner: &str) {
+        self.inner.forget_owner(owner)
+    }
+    fn stats(&self) -> PolicyStats {
+        self.inner.stats()
+    }
+    fn set_anchors(&mut self, owner: &str, tokens: Vec<u32>) {
+        self.inner.set_anchors(owner, tokens)
+    }
+    fn set_facts(&mut self, owner: &str, facts: Vec<FactSegment>) {
+        self.inner.set_facts(owner, facts)
+    }
+    fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
+        if self.inner.summary_pending(&self.user) {
+            self.summary_began.store(true, Relaxed);
+        }
+        let more = match self.mode {
+            Mode::OneSlice => self.inner.idle_slice(&IdleInterrupt::never()),
+            Mode::NoSummary | Mode::Preemptible => self.inner.idle_slice(interrupt),
+        };
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = self.inner.dual_stats();
+        more
+    }
+}
+
+/// What one mode measured in one round.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Round {
+    /// Submission to first token of the request arriving mid-summary, and of the first turn
+    /// after the swap.
+    pub first_token_ms: f64,
+    pub after_swap_ms: f64,
+    pub stats: DualStats,
+}
+
+/// What a round needs: the model, the user's setup, and each mode's policy.
+pub struct Setup<'a> {
+    pub model: &'a Arc<Model>,
+    pub pool: &'a KvPool,
+    pub anchors: &'a [u32],
+    pub facts: &'a [FactSegment],
+    /// The facts appended at once, the last passing the cap.
+    pub extra: &'a [FactSegment],
+    pub messages: &'a [Vec<u32>],
+    pub probe: &'a [u32],
+    pub answer_tokens: usize,
+    pub delay: Duration,
+    /// A fresh policy for a mode (with its summarizer or none).
+    pub policy: &'a dyn Fn(Option<Summarizer>) -> DualStream,
+    pub summarizer: &'a dyn Fn() -> Summarizer,
+}
+
+struct Engine {
+    tx: Option<mpsc::Sender<Command>>,
+    pending: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Submits `prompt` on thread `a` of `user`; returns milliseconds from submission to its
+    /// first token, once it ended.
+    fn turn(&self, user: &str, prompt: &[u32], max_tokens: usize) -> Result<f64> {
+        let sink = TimedSink::default();
+        let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
+        let job = Job {
+            tenant: user.into(),
+            session: Some("a".into()),
+            text: None,
+            add_special: false,
+            prompt: prompt.to_vec(),
+            params,
+            pinned: false,
+        };
+        self.pending.fetch_add(1, Relaxed);
+        let submitted = Instant::now();
+        self.send(Command::Submit(job, Box::new(sink.clone()), submitted))?;
+        loop {
+            let t = sink.get();
+            if let Some(e) = t.failed {
+                bail!("a turn failed: {e}");
+            }
+            if let Some(end) = t.end {
+                return Ok(t.first_token.unwrap_or(end).duration_since(submitted).as_secs_f64() * 1e3);
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn send(&self, c: Command) -> Result<()> {
+        self.tx.as_ref().expect("running").send(c).map_err(|_| anyhow::anyhow!("the engine stopped"))
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One round of `mode`: the setup, the fact past the cap, the request mid-summary, the summary
+/// to its end, the first turn after the swap.
+pub fn round(s: &Setup, mode: Mode) -> Result<Round> {
+    let user = "user";
+    let summarizer = (mode != Mode::NoSummary).then(|| (s.summarizer)());
+    let mut dual = (s.policy)(summarizer);
+    if mode == Mode::OneSlice {
+        dual = dual.with_idle_steps(usize::MAX);
+    }
+    dual.set_anchors(user, s.anchors.to_vec());
+    dual.set_facts(user, s.facts.to_vec());
+    let (began, stats) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(DualStats::default())));
+    let probe = Probe { inner: dual, mode, user: user.into(), summary_began: began.clone(), stats: stats.clone() };
+    let (tx, rx) = mpsc::channel();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let thread = {
+        let (model, pool, p) = (s.model.clone(), s.pool.clone(), pending.clone());
+        std::thread::spawn(move || {
+            run_engine_with(&model, pool, SchedulerConfig::default(), Box::new(probe), Arc::new(Metrics::default()), p, rx)
+        })
+    };
+    let engine = Engine { tx: Some(tx), pending, thread: Some(thread) };
+    for m in s.messages {
+        engine.turn(user, m, s.answer_tokens)?;
+    }
+    let mut facts = s.facts.to_vec();
+    facts.extend_from_slice(s.extra);
+    engine.send(Command::SetFacts(user.into(), facts))?;
+    let t0 = Instant::now();
+    if mode != Mode::NoSummary {
+        while !began.load(Relaxed) {
+            if t0.elapsed() > Duration::from_secs(60) {
+                bail!("the summary never began");
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    std::thread::sleep(s.delay);
+    let first_token_ms = engine.turn(user, s.probe, 1)?;
+    if mode != Mode::NoSummary {
+        let t0 = Instant::now();
+        while stats.lock().unwrap_or_else(|e| e.into_inner()).summaries == 0 {
+            if t0.elapsed() > Duration::from_secs(600) {
+                bail!("the summary never finished (see the log)");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let after_swap_ms = engine.turn(user, s.probe, 1)?;
+    let stats = *stats.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(Round { first_token_ms, after_swap_ms, stats })
+}
+
+/// The median of `v` (0 when empty).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Every mode's rounds, interleaved `reps` times.
+pub fn run(s: &Setup, reps: usize) -> Result<Vec<(Mode, Vec<Round>)>> {
+    let mut out: Vec<(Mode, Vec<Round>)> = Mode::ALL.iter().map(|&m| (m, Vec::new())).collect();
+    for _ in 0..reps {
+        for (mode, rounds) in out.iter_mut() {
+            rounds.push(round(s, *mode)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Prints the table (or one JSON line) of `results`.
+pub fn report(results: &[(Mode, Vec<Round>)], model: &str, delay: Duration, json: bool) {
+    let base =
+        results.iter().find(|(m, _)| *m == Mode::NoSummary).map_or(0.0, |(_, r)| median(r.iter().map(|r| r.first_token_ms).collect()));
+    let rows: Vec<serde_json::Value> = results
+        .iter()
+        .map(|(mode, rounds)| {
+            let med = |f: &dyn Fn(&Round) -> f64| median(rounds.iter().map(f).collect());
+            let ttft = med(&|r| r.first_token_ms);
+            serde_json::json!({"mode": mode.name(), "first_token_ms": ttft, "stall_ms": ttft - base,
+                "after_swap_ms": med(&|r| r.after_swap_ms), "summary_ms": med(&|r| r.stats.last_summary_us as f64 / 1e3),
+                "new_stream_prefill_ms": med(&|r| r.stats.last_summary_prefill_us as f64 / 1e3),
+                "swap_us": med(&|r| r.stats.last_swap_us as f64), "slices": med(&|r| r.stats.summary_slices as f64),
+                "slices_interrupted": med(&|r| r.stats.summary_slices_interrupted as f64), "rounds": rounds.len()})
+        })
+        .collect();
+    if json {
+        println!("{}", serde_json::json!({"model": model, "stall_delay_ms": delay.as_secs_f64() * 1e3, "modes": rows}));
+        return;
+    }
+    println!(
+        "\nthrough the engine: a request arriving {} ms into the summary's first idle slice (medians of {} rounds)\n",
+        delay.as_millis(),
+        results.first().map_or(0, |r| r.1.len())
+    );
+    println!("| idle hook | submission → first token ms | stall ms | summary ms | new stream prefill ms | swap µs | slices (interrupted) | first turn after the swap ms |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} ({:.0}) | {:.1} |",
+            r["mode"].as_str().unwrap_or(""),
+            r["first_token_ms"].as_f64().unwrap_or(0.0),
+            r["stall_ms"].as_f64().unwrap_or(0.0),
+            r["summary_ms"].as_f64().unwrap_or(0.0),
+            r["new_stream_prefill_ms"].as_f64().unwrap_or(0.0),
+            r["swap_us"].as_f64().unwrap_or(0.0),
+            r["slices"].as_f64().unwrap_or(0.0),
+            r["slices_interrupted"].as_f64().unwrap_or(0.0),
+            r["after_swap_ms"].as_f64().unwrap_or(0.0),
+        );
+    }
+}
