@@ -13,7 +13,7 @@
 //!   prefill ran on it.
 
 mod common;
-use common::{fact, ids, tiny};
+use common::{assert_close, fact, ids, tiny};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -43,29 +43,9 @@ fn turn(m: &Model, pool: &KvPool, p: &mut DualStream, thread: &str, prompt: &[u3
 }
 
 /// The last logits of a cold run: the stream's live tokens at their slots' positions, then
-/// `rest` at the positions following the stream — one sequence prefilled from nothing.
+/// `rest` at the positions following the stream (`common::cold`).
 fn cold(m: &Model, pool: &KvPool, stream: &PersistentStream, rest: &[u32]) -> Vec<f32> {
-    let (mut tokens, mut positions, mut at) = (Vec::new(), Vec::new(), 0u32);
-    for s in stream.segments() {
-        for &t in &s.tokens {
-            if !s.masked {
-                tokens.push(t);
-                positions.push(at);
-            }
-            at += 1;
-        }
-    }
-    tokens.extend_from_slice(rest);
-    positions.extend((at..at + rest.len() as u32).collect::<Vec<_>>());
-    let mut kv = SeqKv::new(pool);
-    kv.reserve(tokens.len()).unwrap();
-    let step = SeqStep { positions: Some(&positions), ..SeqStep::new(&tokens, 0, &mut kv, Logits::Last) };
-    m.forward(&mut [step]).unwrap().remove(0)
-}
-
-fn assert_close(a: &[f32], b: &[f32], what: &str) {
-    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    assert!(worst <= 1e-4, "{what}: logits differ by {worst}");
+    common::cold(m, pool, stream, rest, stream.len())
 }
 
 /// The logits after `prompt` on a fresh thread `thread` (admitted, never retired).
