@@ -27,14 +27,6 @@ fn no_idle(dir: std::path::PathBuf) -> RagServerConfig {
     RagServerConfig { idle: None, ..RagServerConfig::new(dir) }
 }
 
-fn docs() -> Value {
-    json!([
-        {"id": "mail-1", "type": "txt", "text": "Alice wrote that the budget review moves to Thursday at ten. Bring the spreadsheet with the travel costs."},
-        {"id": "notes-2", "type": "md", "text": "# Standup\n\nBob finished the parser. Carol will test the importer on Monday. The release is planned for June."},
-        {"id": "cal-3", "text": "Dentist appointment on Friday afternoon. Call the garage about the car before noon."}
-    ])
-}
-
 /// The chunk KV tree's leaf files under `dir`.
 fn tree_files(dir: &Path) -> Vec<std::path::PathBuf> {
     snapshot(dir).into_keys().filter(|p| p.contains("/kvtree/") && p.ends_with(".kv")).map(Into::into).collect()
@@ -61,7 +53,7 @@ fn assert_error(r: &Resp, status: u16, says: &str) {
 fn documents_in_answers_out_through_the_tree_and_the_qa_bank() {
     let dir = tempfile::tempdir().unwrap();
     let addr = rag_server(dir.path(), Vec::new());
-    let r = post(addr, "/v1/rag/documents", &docs());
+    let r = post(addr, "/v1/rag/documents", &rag_docs());
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(r.json()["data"].as_array().unwrap().len(), 3);
     let listed = request(addr, "GET", "/v1/rag/documents", &[], "").json();
@@ -107,7 +99,7 @@ fn documents_in_answers_out_through_the_tree_and_the_qa_bank() {
 fn bad_input_is_a_4xx_and_changes_nothing_stored() {
     let dir = tempfile::tempdir().unwrap();
     let addr = rag_server(dir.path(), Vec::new());
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     assert_eq!(rag_query(addr, json!({"query": "Who finished the parser?", "max_tokens": 4}))["cache_level"], "none");
     // The chunk KV tree is saved in idle time; wait for it so the snapshot is settled.
     wait_for_tree_files(dir.path(), 1);
@@ -151,7 +143,7 @@ fn without_an_encoder_or_a_folder_the_routes_are_501() {
     let no_folder = shared();
     for addr in [no_encoder, no_folder] {
         for r in [
-            post(addr, "/v1/rag/documents", &docs()),
+            post(addr, "/v1/rag/documents", &rag_docs()),
             request(addr, "GET", "/v1/rag/documents", &[], ""),
             post(addr, "/v1/rag/query", &json!({"query": "x"})),
         ] {
@@ -168,7 +160,7 @@ fn tenants_have_their_own_documents_answers_and_trees() {
     let dir = tempfile::tempdir().unwrap();
     let addr = rag_server(dir.path(), vec![("ka".into(), "alice".into()), ("kb".into(), "bob".into())]);
     let auth = |k: &'static str| [("Authorization", if k == "ka" { "Bearer ka" } else { "Bearer kb" })];
-    let r = request(addr, "POST", "/v1/rag/documents", &auth("ka"), &docs().to_string());
+    let r = request(addr, "POST", "/v1/rag/documents", &auth("ka"), &rag_docs().to_string());
     assert_eq!(r.status, 201, "{}", r.body);
     let mine = request(addr, "GET", "/v1/rag/documents", &auth("ka"), "").json();
     let theirs = request(addr, "GET", "/v1/rag/documents", &auth("kb"), "").json();
@@ -178,7 +170,7 @@ fn tenants_have_their_own_documents_answers_and_trees() {
     let body = json!({"query": "When is the budget review?", "max_tokens": 6}).to_string();
     let a = request(addr, "POST", "/v1/rag/query", &auth("ka"), &body).json();
     // Bob has the same documents under the same ids, but not Alice's answers or KV.
-    assert_eq!(request(addr, "POST", "/v1/rag/documents", &auth("kb"), &docs().to_string()).status, 201);
+    assert_eq!(request(addr, "POST", "/v1/rag/documents", &auth("kb"), &rag_docs().to_string()).status, 201);
     let b = request(addr, "POST", "/v1/rag/query", &auth("kb"), &body).json();
     assert_eq!(b["cache_level"], "none", "{b}");
     assert_eq!(b["usage"]["cached_tokens"], 0, "{b}");
@@ -196,7 +188,7 @@ fn the_chunk_kv_tree_survives_a_restart_and_a_damaged_file_is_recomputed() {
     };
     let q = json!({"query": "Who will test the importer?", "max_tokens": 10, "use_qa": false});
     let (addr, stop, t) = start_stoppable(config());
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     let cold = rag_query(addr, q.clone());
     assert_eq!(cold["cache_level"], "none");
     let files = wait_for_tree_files(dir.path(), 1);
@@ -261,7 +253,7 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 fn removing_a_document_forgets_the_kv_built_on_its_chunks() {
     let dir = tempfile::tempdir().unwrap();
     let addr = rag_server(dir.path(), Vec::new());
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     let q = json!({"query": "Who will test the importer?", "max_tokens": 8, "use_qa": false});
     let first = rag_query(addr, q.clone());
     // Short documents are one chunk each: chunks[i] belongs to sources[i].
@@ -280,7 +272,7 @@ fn removing_a_document_forgets_the_kv_built_on_its_chunks() {
     // The remaining documents answer as on a server that never had the removed one.
     let other = tempfile::tempdir().unwrap();
     let cold = rag_server(other.path(), Vec::new());
-    let rest: Vec<Value> = docs().as_array().unwrap().iter().filter(|d| d["id"] != doc.as_str()).cloned().collect();
+    let rest: Vec<Value> = rag_docs().as_array().unwrap().iter().filter(|d| d["id"] != doc.as_str()).cloned().collect();
     assert_eq!(post(cold, "/v1/rag/documents", &json!(rest)).status, 201);
     let c = rag_query(cold, q);
     assert_eq!((&after["answer"], &after["sources"]), (&c["answer"], &c["sources"]));

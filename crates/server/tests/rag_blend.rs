@@ -23,23 +23,15 @@ fn server(dir: &Path, reuse: ChunkReuse) -> SocketAddr {
     start(256 << 20, ServerConfig { embedder: Some(enc), rag: Some(rag), ..ServerConfig::new("tiny") })
 }
 
-fn docs() -> Value {
-    json!([
-        {"id": "mail-1", "text": "Alice wrote that the budget review moves to Thursday at ten. Bring the spreadsheet with the travel costs."},
-        {"id": "notes-2", "type": "md", "text": "# Standup\n\nBob finished the parser. Carol will test the importer on Monday. The release is planned for June."},
-        {"id": "cal-3", "text": "Dentist appointment on Friday afternoon. Call the garage about the car before noon."}
-    ])
-}
-
 const QUESTIONS: [&str; 3] = ["Who will test the importer?", "When is the budget review?", "What should I do before noon?"];
 
 #[test]
 fn blend_at_ratio_one_answers_as_cold_and_says_what_it_reused() {
     let dir = tempfile::tempdir().unwrap();
     let cold_addr = server(&dir.path().join("cold"), ChunkReuse::Prefix);
-    assert_eq!(post(cold_addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(cold_addr, "/v1/rag/documents", &rag_docs()).status, 201);
     let addr = server(&dir.path().join("blend"), ChunkReuse::Prefix);
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     let mut reused = 0;
     for round in 0..2 {
         for q in QUESTIONS {
@@ -76,7 +68,7 @@ fn blend_at_ratio_one_answers_as_cold_and_says_what_it_reused() {
 fn the_servers_default_reuse_applies_and_a_request_overrides_it() {
     let dir = tempfile::tempdir().unwrap();
     let addr = server(dir.path(), ChunkReuse::Blend { ratio: 1.0 });
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     let q = QUESTIONS[1];
     let b = rag_query(addr, json!({"query": q, "max_tokens": 8, "use_qa": false}));
     assert_eq!(b["chunk_reuse"], "blend", "{b}");
@@ -93,7 +85,7 @@ fn the_servers_default_reuse_applies_and_a_request_overrides_it() {
 fn bad_modes_and_ratios_are_a_400_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let addr = server(dir.path(), ChunkReuse::Prefix);
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     let before = snapshot(dir.path());
     let q = "Who will test the importer?";
     let cases: Vec<(Value, &str, &str)> = vec![
@@ -135,7 +127,7 @@ fn blend_reuse_survives_a_restart_and_a_damaged_file_is_a_miss() {
         QUESTIONS.iter().map(|q| rag_query(addr, json!({"query": q, "max_tokens": 10, "use_qa": false}))).collect()
     };
     let (addr, stop, t) = start_stoppable(config());
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     let before = ask(addr);
     // Saved in idle time.
     let t0 = std::time::Instant::now();

@@ -26,14 +26,6 @@ fn server(dir: &Path, idle: bool) -> SocketAddr {
     start(256 << 20, ServerConfig { embedder: Some(enc), rag: Some(rag), ..ServerConfig::new("tiny") })
 }
 
-fn docs() -> Value {
-    json!([
-        {"id": "mail-1", "text": "Alice wrote that the budget review moves to Thursday at ten. Bring the spreadsheet with the travel costs."},
-        {"id": "notes-2", "type": "md", "text": "# Standup\n\nBob finished the parser. Carol will test the importer on Monday. The release is planned for June."},
-        {"id": "cal-3", "text": "Dentist appointment on Friday afternoon. Call the garage about the car before noon."}
-    ])
-}
-
 fn predictions(addr: SocketAddr) -> Vec<Value> {
     let r = request(addr, "GET", "/v1/rag/predictions", &[], "");
     assert_eq!(r.status, 200, "{}", r.body);
@@ -57,7 +49,7 @@ fn wait_metric(addr: SocketAddr, name: &str, at_least: f64) -> f64 {
 fn cold_answers(questions: &[&str], max_tokens: u64) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let addr = server(dir.path(), false);
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     questions.iter().map(|q| rag_query(addr, json!({"query": q, "max_tokens": max_tokens, "use_qa": false}))).collect()
 }
 
@@ -65,7 +57,7 @@ fn cold_answers(questions: &[&str], max_tokens: u64) -> Vec<Value> {
 fn a_predicted_question_answers_from_the_qa_bank_with_the_cold_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let addr = server(dir.path(), true);
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     wait_metric(addr, "engram_rag_idle_qa_populated_total", 1.0);
     let answered: Vec<String> =
         predictions(addr).iter().filter(|p| p["answered"] == true).map(|p| p["query"].as_str().unwrap().to_string()).collect();
@@ -96,7 +88,7 @@ fn a_request_while_idle_units_run_is_answered_as_cold() {
     let cold = cold_answers(&questions, 12);
     let dir = tempfile::tempdir().unwrap();
     let addr = server(dir.path(), true);
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     for (q, c) in questions.iter().zip(&cold) {
         // Units are running (the first has finished); the request goes between two of them.
         let units = wait_metric(addr, "engram_rag_idle_compute_ms_total", 1e-6);
@@ -122,7 +114,7 @@ fn a_request_while_idle_units_run_is_answered_as_cold() {
 fn with_idle_off_nothing_is_predicted() {
     let dir = tempfile::tempdir().unwrap();
     let addr = server(dir.path(), false);
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     rag_query(addr, json!({"query": "When is the budget review?", "max_tokens": 4}));
     std::thread::sleep(Duration::from_millis(300));
     assert!(predictions(addr).is_empty());
@@ -159,7 +151,7 @@ fn a_request_during_an_idle_unit_stops_it_at_once_and_nothing_partial_is_stored(
     let cold = &cold_answers(&[q], 12)[0];
     let dir = tempfile::tempdir().unwrap();
     let addr = server(dir.path(), true);
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     // Units run back to back now; each query (a handler waiting for the library, then a job)
     // stops the one running at its next model step, and is answered as cold.
     let mut asked = 0;
@@ -205,7 +197,7 @@ fn after_a_restart_idle_work_starts_without_a_request() {
     };
     // Documents arrive while idle time is off; the server stops.
     let (addr, stop, t) = start_stoppable(config(false));
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     stop.send(()).unwrap();
     t.join().unwrap();
     // Restarted with idle time on: no RAG request, yet the tenant's units run.
@@ -224,7 +216,7 @@ fn after_a_restart_idle_work_starts_without_a_request() {
     let mut rag = RagServerConfig::new(other.path().join("rag"));
     rag.idle = None;
     let (addr, stop, t) = start_stoppable(ServerConfig { embedder: Some(enc), rag: Some(rag), ..ServerConfig::new("tiny") });
-    assert_eq!(post(addr, "/v1/rag/documents", &docs()).status, 201);
+    assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
     let cold = rag_query(addr, json!({"query": answered[0], "use_qa": false}));
     assert_eq!(hit["answer"], cold["answer"]);
     stop.send(()).unwrap();

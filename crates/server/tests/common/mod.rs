@@ -213,6 +213,16 @@ pub fn rag_query(addr: SocketAddr, body: Value) -> Value {
     r.json()
 }
 
+/// Three small personal documents (an e-mail-like note, Markdown notes, a calendar-like note)
+/// for the RAG tests; `txt` is also the type a document without one gets.
+pub fn rag_docs() -> Value {
+    json!([
+        {"id": "mail-1", "type": "txt", "text": "Alice wrote that the budget review moves to Thursday at ten. Bring the spreadsheet with the travel costs."},
+        {"id": "notes-2", "type": "md", "text": "# Standup\n\nBob finished the parser. Carol will test the importer on Monday. The release is planned for June."},
+        {"id": "cal-3", "text": "Dentist appointment on Friday afternoon. Call the garage about the car before noon."}
+    ])
+}
+
 /// Every file under `dir` with its bytes (to check that a refused request changed nothing).
 pub fn snapshot(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let mut out = std::collections::BTreeMap::new();
