@@ -97,6 +97,14 @@ pub struct Checkout {
     pub lookup: Vec<u32>,
 }
 
+impl Checkout {
+    /// A checkout whose view is `kv` alone, freshly checked (no restore pending, no spans,
+    /// nothing to look up besides its tokens): what the session store and the RAG tree hand out.
+    pub fn own(session_id: String, kind: MatchKind, tokens: Vec<u32>, token_ends: Vec<usize>, reused: usize, kv: SeqKv) -> Checkout {
+        Checkout { session_id, kind, tokens, token_ends, reused, kv, restore: None, spans: Vec::new(), own_first: None, lookup: Vec::new() }
+    }
+}
+
 /// Sessions of every owner plus the shared prefix index (chains salted per owner
 /// unless shared across tenants), for one model and pool.
 pub struct SessionStore {
@@ -373,18 +381,7 @@ impl SessionStore {
                 (if k > 0 { MatchKind::Prefix } else { MatchKind::Miss }, id, k, kv)
             }
         };
-        Checkout {
-            session_id: id,
-            kind,
-            tokens: prompt.to_vec(),
-            token_ends: vec![0; prompt.len()],
-            reused: k,
-            kv,
-            restore: None,
-            spans: Vec::new(),
-            own_first: None,
-            lookup: Vec::new(),
-        }
+        Checkout::own(id, kind, prompt.to_vec(), vec![0; prompt.len()], k, kv)
     }
 
     /// The pool caches are charged to.
@@ -477,18 +474,7 @@ impl SessionStore {
                     MatchKind::Diverge
                 };
                 let kv = s.kv.fork(k);
-                return Ok(Checkout {
-                    session_id,
-                    kind,
-                    tokens: enc.ids,
-                    token_ends,
-                    reused: k,
-                    kv,
-                    restore,
-                    spans: Vec::new(),
-                    own_first: None,
-                    lookup: Vec::new(),
-                });
+                return Ok(Checkout { restore, ..Checkout::own(session_id, kind, enc.ids, token_ends, k, kv) });
             }
         }
         if let Some(p) = restore.take() {
@@ -503,18 +489,7 @@ impl SessionStore {
         let reused = kv.len();
         self.persist_prefix(salt, &enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
-        Ok(Checkout {
-            session_id,
-            kind,
-            tokens: enc.ids,
-            token_ends,
-            reused,
-            kv,
-            restore: None,
-            spans: Vec::new(),
-            own_first: None,
-            lookup: Vec::new(),
-        })
+        Ok(Checkout::own(session_id, kind, enc.ids, token_ends, reused, kv))
     }
 
     /// Loads the longest persisted prefix chain under `salt` that `ids` starts

@@ -351,18 +351,8 @@ impl TreePolicy {
         self.next_session += 1;
         let session_id = format!("rag-{}", self.next_session);
         self.running.insert(session_id.clone(), seg);
-        Checkout {
-            session_id,
-            kind: if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss },
-            tokens: prompt.to_vec(),
-            token_ends: vec![0; prompt.len()],
-            reused,
-            kv,
-            restore: None,
-            spans: Vec::new(),
-            own_first: None,
-            lookup: Vec::new(),
-        }
+        let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
+        Checkout::own(session_id, kind, prompt.to_vec(), vec![0; prompt.len()], reused, kv)
     }
 
     /// Saves one changed tree or chunk store; whether one was saved.
