@@ -29,6 +29,8 @@ interrupted, `engram_rag_idle_longest_yield_ms`).
 """
 import json, os, random, statistics, subprocess, sys, tempfile, time, urllib.request
 
+from _rag_corpus import DOCS
+
 mode = sys.argv[1]
 base = sys.argv[2] if len(sys.argv) > 2 and mode != "both" else "http://127.0.0.1:18091"
 wait_s = float(sys.argv[3]) if len(sys.argv) > 3 and mode != "both" else 600
@@ -55,15 +57,7 @@ def units(m):
     return sum(v for k, v in m.items() if k.startswith("engram_rag_idle_units_total"))
 
 
-topics = [
-    ("budget", "Alice", "The budget review moved to Thursday at 3 pm in room Fjord. Bring the Q1 forecast and the hiring plan. Carol joins remotely from Oslo and will present the travel costs."),
-    ("offsite", "Bob", "The team offsite is in Porto from May 4 to May 6. Flights leave Lisbon at noon. Hotel Ribeira is booked for everyone and the dinner is on the second evening."),
-    ("release", "Dana", "We agreed to ship the cache tier in June. Dana owns the disk format, Eli writes the benchmark, and the next design sync is on Tuesday morning."),
-    ("dentist", "Clinic", "Dentist appointment on Monday at 8 am at the Smile Clinic. Call the garage about the car before noon and pick up the parcel at the post office."),
-    ("hiring", "Frank", "Frank scheduled three interviews for the backend role next Wednesday. The take-home task is due Friday and the panel is Frank, Grace and Heidi."),
-    ("launch", "Grace", "The product launch webinar is on the 14th at 5 pm. Grace prepares the slides, marketing sends the invitations and support staffs the chat."),
-]
-docs = [{"id": f"{t}-{i}", "type": "txt", "text": f"From: {who}. Subject: {t}. {body} " * 2} for i, (t, who, body) in enumerate(topics)]
+docs = DOCS
 questions = ["Which room is the budget review in?", "Which hotel is booked for the offsite?", "Who writes the benchmark?",
              "What should I do before noon?", "When is the take-home task due?", "Who prepares the webinar slides?"]
 

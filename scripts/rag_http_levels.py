@@ -1,6 +1,8 @@
 """Measures /v1/rag/query per cache level on a running `engram serve` (cold, chunk KV tree, QA bank)."""
 import json, statistics, sys, urllib.request
 
+from _rag_corpus import DOCS
+
 base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:18087"
 
 def call(method, path, body=None):
@@ -9,15 +11,7 @@ def call(method, path, body=None):
     with urllib.request.urlopen(req) as r:
         return json.loads(r.read())
 
-topics = [
-    ("budget", "Alice", "The budget review moved to Thursday at 3 pm in room Fjord. Bring the Q1 forecast and the hiring plan. Carol joins remotely from Oslo and will present the travel costs."),
-    ("offsite", "Bob", "The team offsite is in Porto from May 4 to May 6. Flights leave Lisbon at noon. Hotel Ribeira is booked for everyone and the dinner is on the second evening."),
-    ("release", "Dana", "We agreed to ship the cache tier in June. Dana owns the disk format, Eli writes the benchmark, and the next design sync is on Tuesday morning."),
-    ("dentist", "Clinic", "Dentist appointment on Monday at 8 am at the Smile Clinic. Call the garage about the car before noon and pick up the parcel at the post office."),
-    ("hiring", "Frank", "Frank scheduled three interviews for the backend role next Wednesday. The take-home task is due Friday and the panel is Frank, Grace and Heidi."),
-    ("launch", "Grace", "The product launch webinar is on the 14th at 5 pm. Grace prepares the slides, marketing sends the invitations and support staffs the chat."),
-]
-docs = [{"id": f"{t}-{i}", "type": "txt", "text": f"From: {who}. Subject: {t}. {body} " * 2} for i, (t, who, body) in enumerate(topics)]
+docs = DOCS
 call("POST", "/v1/rag/documents", docs)
 questions = ["When is the budget review?", "Where is the team offsite?", "Who owns the disk format?",
              "When is the dentist appointment?", "Who is on the interview panel?", "When is the launch webinar?"]
