@@ -363,6 +363,8 @@ struct Engine<'m> {
     policy: Box<dyn ContextPolicy>,
     /// Whether the policy may have background work (asked again after every retirement).
     idle_work: bool,
+    /// What the idle hook's work asks between its steps: a job submitted (`pending` > 0).
+    interrupt: IdleInterrupt,
     waiting: VecDeque<(Job, Box<dyn EventSink>, Instant)>,
     active: Vec<Seq<'m>>,
     next_id: u64,
@@ -382,6 +384,7 @@ impl<'m> Engine<'m> {
         metrics.kv_bytes_budget.store(pool.budget() as u64, Relaxed);
         Engine {
             idle_work: true,
+            interrupt: IdleInterrupt::on_submitted(pending.clone()),
             model,
             pool,
             config,
@@ -408,7 +411,7 @@ impl<'m> Engine<'m> {
                     match rx.try_recv() {
                         Ok(c) => self.command(c),
                         Err(TryRecvError::Empty) => {
-                            self.idle_work = self.policy.idle_slice(&IdleInterrupt::on_submitted(self.pending.clone()));
+                            self.idle_work = self.policy.idle_slice(&self.interrupt);
                             continue;
                         }
                         Err(TryRecvError::Disconnected) => open = false,
