@@ -235,7 +235,7 @@ fn thread_switch_us(model: &Arc<Model>, pool: &KvPool, a: &Args, anchors: &[u32]
         let mut i = 0;
         while filled + a.message_tokens <= a.ring_tokens {
             let prompt = message(model, i, a.message_tokens)?;
-            let c = dual.admit("user", Some(thread), None, false, &prompt, tok).map_err(anyhow::Error::msg)?;
+            let c = dual.admit_tokens("user", Some(thread), &prompt, tok).map_err(anyhow::Error::msg)?;
             let mut view = engram_kv::KvView::new(c.spans, c.kv).starting_at(c.own_first);
             let first = view.own_first_position();
             forward_at(model, &mut view, &prompt, first, engram_model::Logits::None)?;
@@ -258,7 +258,7 @@ fn thread_switch_us(model: &Arc<Model>, pool: &KvPool, a: &Args, anchors: &[u32]
     for k in 0..101 {
         let thread = if k % 2 == 0 { "a" } else { "b" };
         let t = Instant::now();
-        let c = dual.admit("user", Some(thread), None, false, &prompt, tok).map_err(anyhow::Error::msg)?;
+        let c = dual.admit_tokens("user", Some(thread), &prompt, tok).map_err(anyhow::Error::msg)?;
         times.push(t.elapsed().as_secs_f64() * 1e6);
         drop(c);
     }

@@ -52,7 +52,7 @@ fn text_tokens(model: &Model, skip: usize, n: usize) -> Result<Vec<u32>> {
 /// One turn as the scheduler runs it, prefill only (the prompt is the whole turn): admitted,
 /// prefilled on the view, a restored ring verified, retired into the ring.
 fn prefill_turn(p: &mut DualStream, model: &Model, pool: &KvPool, user: &str, thread: &str, prompt: &[u32]) -> Result<()> {
-    let mut c = p.admit(user, Some(thread), None, false, prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
+    let mut c = p.admit_tokens(user, Some(thread), prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
     let restore = c.restore.take();
     let mut kv = KvView::new(c.spans, SeqKv::new(pool)).starting_at(c.own_first);
     let first = kv.own_first_position() as u32;
@@ -101,7 +101,7 @@ pub fn run(model: &Arc<Model>, pool: &KvPool, a: &DiskArgs) -> Result<serde_json
     let prompt = text_tokens(model, 7, 8)?;
     let admit = |p: &mut DualStream, user: &str, thread: &str| -> Result<(f64, Option<engram_context::PendingRestore>)> {
         let t = Instant::now();
-        let mut c = p.admit(user, Some(thread), None, false, &prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
+        let mut c = p.admit_tokens(user, Some(thread), &prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
         Ok((ms(t), c.restore.take()))
     };
 

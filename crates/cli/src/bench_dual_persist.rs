@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use engram_engine::{ContextPolicy, DualStream};
+use engram_engine::DualStream;
 use engram_model::Model;
 
 use crate::common::{kv_pool, load_model, ModelArgs};
@@ -83,7 +83,7 @@ fn anchors(model: &Model, n: usize) -> Result<Vec<u32>> {
 fn admit(p: &mut DualStream, model: &Model, user: &str, thread: &str) -> Result<f64> {
     let prompt = model.tokenizer.encode(" Hello.", false)?.ids;
     let t = Instant::now();
-    let c = p.admit(user, Some(thread), None, false, &prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
+    let c = p.admit_tokens(user, Some(thread), &prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     drop(c);
     Ok(ms)

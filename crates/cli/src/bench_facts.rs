@@ -72,7 +72,7 @@ fn message(model: &Model, i: usize, n: usize) -> Result<Vec<u32>> {
 /// if `keep`, retires it into the ring.
 fn turn(model: &Arc<Model>, dual: &mut DualStream, prompt: &[u32], keep: bool) -> Result<f64> {
     let t = Instant::now();
-    let c = dual.admit("user", Some("a"), None, false, prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
+    let c = dual.admit_tokens("user", Some("a"), prompt, &model.tokenizer).map_err(anyhow::Error::msg)?;
     let mut view = KvView::new(c.spans, c.kv).starting_at(c.own_first);
     let first = view.own_first_position();
     forward_at(model, &mut view, &c.tokens, first, Logits::Last)?;

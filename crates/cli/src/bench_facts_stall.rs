@@ -20,15 +20,13 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use engram_context::{Checkout, PendingRestore};
 use engram_engine::scheduler::{run_engine_with, Command, Job};
 use engram_engine::{
-    ContextPolicy, DualStats, DualStream, FactSegment, IdleInterrupt, Metrics, PolicyStats, Retired, SamplingParams, SchedulerConfig,
-    Summarizer,
+    ContextPolicy, DualControl, DualStats, DualStream, FactSegment, IdleInterrupt, Metrics, PolicyControl, PolicyLayer, SamplingParams,
+    SchedulerConfig, Summarizer,
 };
 use engram_kv::KvPool;
 use engram_model::Model;
-use engram_tokenizer::Tokenizer;
 
 use crate::timed_sink::TimedSink;
 
@@ -52,43 +50,38 @@ impl Mode {
     }
 }
 
+/// What the probe reads of the policy it wraps (a [`DualStream`] in the bench).
+trait Watched: ContextPolicy {
+    fn summary_pending(&self, user: &str) -> bool;
+    fn dual_stats(&self) -> DualStats;
+}
+
+impl Watched for DualStream {
+    fn summary_pending(&self, user: &str) -> bool {
+        DualStream::summary_pending(self, user)
+    }
+    fn dual_stats(&self) -> DualStats {
+        DualStream::dual_stats(self)
+    }
+}
+
 /// The policy as a mode runs it, publishing what the bench watches: that the summary's first
-/// slice began, and the policy's counters after each slice.
-struct Probe {
-    inner: DualStream,
+/// slice began, and the policy's counters after each slice. Every other seam method reaches
+/// the wrapped policy unchanged (a [`PolicyLayer`]).
+struct Probe<P: Watched = DualStream> {
+    inner: P,
     mode: Mode,
     user: String,
     summary_began: Arc<AtomicBool>,
     stats: Arc<Mutex<DualStats>>,
 }
 
-impl ContextPolicy for Probe {
-    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
-        self.inner.admit(o, s, t, a, p, tok)
+impl<P: Watched> PolicyLayer for Probe<P> {
+    fn inner(&self) -> &dyn ContextPolicy {
+        &self.inner
     }
-    fn pin_owner(&mut self, owner: &str) {
-        self.inner.pin_owner(owner)
-    }
-    fn make_room(&mut self, bytes: usize) -> bool {
-        self.inner.make_room(bytes)
-    }
-    fn verify_restore(&mut self, r: PendingRestore) -> bool {
-        self.inner.verify_restore(r)
-    }
-    fn retire(&mut self, r: Retired) {
-        self.inner.retire(r)
-    }
-    fn forget_owner(&mut self, owner: &str) {
-        self.inner.forget_owner(owner)
-    }
-    fn stats(&self) -> PolicyStats {
-        self.inner.stats()
-    }
-    fn set_anchors(&mut self, owner: &str, tokens: Vec<u32>) {
-        self.inner.set_anchors(owner, tokens)
-    }
-    fn set_facts(&mut self, owner: &str, facts: Vec<FactSegment>) {
-        self.inner.set_facts(owner, facts)
+    fn inner_mut(&mut self) -> &mut dyn ContextPolicy {
+        &mut self.inner
     }
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         if self.inner.summary_pending(&self.user) {
@@ -207,7 +200,7 @@ pub fn round(s: &Setup, mode: Mode) -> Result<Round> {
     }
     let mut facts = s.facts.to_vec();
     facts.extend_from_slice(s.extra);
-    engine.send(Command::SetFacts(user.into(), facts))?;
+    engine.send(Command::Control(PolicyControl::new(DualControl::Facts { user: user.into(), facts })))?;
     let t0 = Instant::now();
     if mode != Mode::NoSummary {
         while !began.load(Relaxed) {
@@ -290,5 +283,41 @@ pub fn report(results: &[(Mode, Vec<Round>)], model: &str, delay: Duration, json
             r["slices_interrupted"].as_f64().unwrap_or(0.0),
             r["after_swap_ms"].as_f64().unwrap_or(0.0),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A recording policy seen as the probe's target (nothing pending, no counters).
+    struct Recorded(Box<dyn ContextPolicy>);
+
+    impl PolicyLayer for Recorded {
+        fn inner(&self) -> &dyn ContextPolicy {
+            &*self.0
+        }
+        fn inner_mut(&mut self) -> &mut dyn ContextPolicy {
+            &mut *self.0
+        }
+    }
+
+    impl Watched for Recorded {
+        fn summary_pending(&self, _user: &str) -> bool {
+            false
+        }
+        fn dual_stats(&self) -> DualStats {
+            DualStats::default()
+        }
+    }
+
+    #[test]
+    fn every_seam_method_reaches_the_wrapped_policy() {
+        for mode in Mode::ALL {
+            engram_policy::testing::exercise_every_method(|inner| {
+                let (began, stats) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(DualStats::default())));
+                Box::new(Probe { inner: Recorded(inner), mode, user: "user".into(), summary_began: began, stats })
+            });
+        }
     }
 }

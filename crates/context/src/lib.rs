@@ -25,6 +25,8 @@
 //!   after each turn in the background and restored by mapping the file
 //!   when a later request — possibly in a restarted process — matches them.
 //!
+//! [`SessionStore`] is the engine's default `engram_policy::ContextPolicy` (`seam.rs`).
+//!
 //! Architecture invariant: policies decide *what* to reuse; they never touch
 //! weights, and they only build caches out of blocks through `engram-kv`.
 
@@ -37,13 +39,13 @@ mod persistent;
 mod prefix;
 mod ring;
 mod ring_store;
+mod seam;
 mod session;
 mod tenant;
 
 pub use disk_id::{prefix_disk_id, session_disk_id};
 pub use dual_disk::DualDiskLedger;
 pub use facts::{Fact, FactError, FactLimits, FactStore};
-pub use pending::{PendingRestore, SettledFiles};
 pub use persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 pub use persistent::{
     stream_file_name, PersistentStream, Segment, SegmentId, StreamFileError, StreamSnapshot, StreamWrite, StreamWriter, StreamWritten,
@@ -52,5 +54,7 @@ pub use persistent::{
 pub use prefix::{chain_hashes, chain_root, PrefixIndex};
 pub use ring::{RingView, Turn, TurnMask, TurnRing};
 pub use ring_store::{RestoredRing, RestoredTurn, RingStore};
-pub use session::{Checkout, MatchKind, Session, SessionStore};
+pub use session::{Session, SessionStore};
+/// The seam's types, where the session store's callers have always found them.
+pub use engram_policy::{Checkout, MatchKind, PendingRestore};
 pub use tenant::{account, entry_account};

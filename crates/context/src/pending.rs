@@ -1,58 +1,32 @@
-//! A restore whose checksum is still running (`Checkout::restore`): a session of the store, or
-//! files another policy keeps (a dual-stream thread's ring), settled by the policy that made
-//! it once the engine has started computing on the restored KV.
+//! A session restored from disk whose checksum is still running: what the session store puts
+//! in the [`PendingRestore`] it hands the scheduler, and takes back in
+//! [`crate::SessionStore::verify_restore`] once the engine has started computing on the
+//! restored KV.
 //!
 //! Invariant: nothing computed from a pending restore's KV is shown, kept or shared before
 //! its check returns `Ok` (the scheduler settles it before the first token and at every exit).
 
 use engram_kv::ChecksumCheck;
+use engram_policy::PendingRestore;
 
 use crate::session::Session;
 
-/// A session (or another policy's files) restored from disk whose checksum is being computed
-/// on another thread (so reading the file and prefilling the new turn overlap). Until
-/// [`crate::SessionStore::verify_restore`] accepts it, the session is in neither the store's
-/// RAM sessions nor its disk catalog.
-#[must_use = "a restored session is unverified until its policy's verify_restore"]
-pub struct PendingRestore {
-    pub(crate) what: Restored,
+/// A session restored from disk whose checksum is being computed on another thread (so reading
+/// the file and prefilling the new turn overlap). Until the store verifies it, the session is in
+/// neither the store's RAM sessions nor its disk catalog.
+pub(crate) struct SessionRestore {
+    pub(crate) session: Box<Session>,
     pub(crate) check: ChecksumCheck,
 }
 
-/// What a [`PendingRestore`] restored: a session of the store, or files another policy keeps.
-pub(crate) enum Restored {
-    Session(Box<Session>),
-    Files { owner: String, session: String, id: u64 },
-}
-
-/// A [`PendingRestore::files`] restore settled: whose, which restore, and the checksum's verdict.
-pub struct SettledFiles {
-    pub owner: String,
-    pub session: String,
-    pub id: u64,
-    pub verdict: Result<(), engram_kv::PersistError>,
-}
-
-impl PendingRestore {
-    /// Files a policy other than the session store restored for `owner`'s `session` (a
-    /// dual-stream thread's ring), its restore `id`, sound once `check` passes.
-    pub fn files(owner: &str, session: &str, id: u64, check: ChecksumCheck) -> PendingRestore {
-        PendingRestore { what: Restored::Files { owner: owner.into(), session: session.into(), id }, check }
+impl SessionRestore {
+    /// The restore as the scheduler carries it.
+    pub(crate) fn pending(session: Session, check: ChecksumCheck) -> PendingRestore {
+        PendingRestore::new(SessionRestore { session: Box::new(session), check })
     }
 
-    /// The restored session (`None` for another policy's files).
-    pub(crate) fn session(&self) -> Option<&Session> {
-        match &self.what {
-            Restored::Session(s) => Some(s),
-            Restored::Files { .. } => None,
-        }
-    }
-
-    /// Waits for a [`PendingRestore::files`] restore's check; a session's is handed back as it is.
-    pub fn settle_files(self) -> Result<SettledFiles, PendingRestore> {
-        match self.what {
-            Restored::Files { owner, session, id } => Ok(SettledFiles { owner, session, id, verdict: self.check.wait() }),
-            what => Err(PendingRestore { what, check: self.check }),
-        }
+    /// The restored session, if `p` is the store's.
+    pub(crate) fn session_of(p: &PendingRestore) -> Option<&Session> {
+        p.get::<SessionRestore>().map(|r| &*r.session)
     }
 }

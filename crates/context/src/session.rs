@@ -14,41 +14,15 @@
 
 use std::collections::{HashMap, HashSet};
 
-use engram_kv::{KvPool, SeqKv, Span};
+use engram_kv::{KvPool, SeqKv};
 use engram_model::Fingerprint;
 use engram_tokenizer::{Tokenizer, TokenizerError};
 
-use crate::pending::{PendingRestore, Restored};
+use engram_policy::{Checkout, MatchKind, PendingRestore};
+
+use crate::pending::SessionRestore;
 use crate::persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 use crate::prefix::PrefixIndex;
-
-/// How a request matched the cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MatchKind {
-    /// The text equals a session's text.
-    Exact,
-    /// A session's text is a prefix of the new text.
-    Extend,
-    /// The texts share a prefix, then differ.
-    Diverge,
-    /// Only the shared prefix index (or nothing) was reused.
-    Prefix,
-    /// Nothing reused.
-    Miss,
-}
-
-impl MatchKind {
-    /// Lower-case name for metrics and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            MatchKind::Exact => "exact",
-            MatchKind::Extend => "extend",
-            MatchKind::Diverge => "diverge",
-            MatchKind::Prefix => "prefix",
-            MatchKind::Miss => "miss",
-        }
-    }
-}
 
 /// A conversation kept across requests.
 pub struct Session {
@@ -64,45 +38,6 @@ pub struct Session {
     pub token_ends: Vec<usize>,
     pub kv: SeqKv,
     pub last_used: u64,
-}
-
-/// What a request gets back: a cache holding `tokens[..reused]`, and the full token sequence to run.
-/// The sequence's view of the KV is `spans` (attended first, never written) then `kv`.
-pub struct Checkout {
-    pub session_id: String,
-    pub kind: MatchKind,
-    pub tokens: Vec<u32>,
-    pub token_ends: Vec<usize>,
-    pub reused: usize,
-    pub kv: SeqKv,
-    /// `Some` when `kv` was just restored from a file whose checksum is still
-    /// being computed: the caller may run the model on `kv` meanwhile, but
-    /// must pass this to [`SessionStore::verify_restore`] before it shows,
-    /// keeps or checks in anything computed from it, and start over without
-    /// the cache when that returns false.
-    pub restore: Option<PendingRestore>,
-    /// Read-only spans of KV held elsewhere (a document chunk, a persistent stream) that the
-    /// sequence attends before its own tokens; with any, `kv`'s tokens sit at positions from
-    /// [`engram_kv::KvView::own_first_position`] on (so `kv` must start empty or be placed
-    /// there). Empty from the session store, which reuses prefixes linearly.
-    pub spans: Vec<Span>,
-    /// Where `kv`'s tokens start when not right after the spans (`KvView::starting_at`): a
-    /// view whose last slots are masked. `None` from policies whose views end at their last
-    /// span.
-    pub own_first: Option<usize>,
-    /// Tokens a prompt-lookup drafter may search besides the sequence's own (the text the
-    /// spans hold, oldest first: a dual-stream thread's anchors and attended turns), opaque to
-    /// the scheduler; drafts only propose, so any tokens here never change an answer. Empty
-    /// from policies whose sequences hold their whole context.
-    pub lookup: Vec<u32>,
-}
-
-impl Checkout {
-    /// A checkout whose view is `kv` alone, freshly checked (no restore pending, no spans,
-    /// nothing to look up besides its tokens): what the session store and the RAG tree hand out.
-    pub fn own(session_id: String, kind: MatchKind, tokens: Vec<u32>, token_ends: Vec<usize>, reused: usize, kv: SeqKv) -> Checkout {
-        Checkout { session_id, kind, tokens, token_ends, reused, kv, restore: None, spans: Vec::new(), own_first: None, lookup: Vec::new() }
-    }
 }
 
 /// Sessions of every owner plus the shared prefix index (chains salted per owner
@@ -253,7 +188,7 @@ impl SessionStore {
         let mut token_ends: Vec<usize> = meta.offsets.iter().map(|o| o.1).collect();
         token_ends.resize(n, meta.text.len());
         let session = Session { id: pick.session_id, owner: pick.owner, text: meta.text, tokens, token_ends, kv, last_used: self.clock };
-        Some(PendingRestore { what: Restored::Session(Box::new(session)), check })
+        Some(SessionRestore::pending(session, check))
     }
 
     /// Waits for a restored session's checksum. True: the file was sound, the
@@ -261,9 +196,9 @@ impl SessionStore {
     /// what was computed from its cache stands. False: the file was corrupt
     /// and is deleted; the caller discards what it computed from the cache.
     pub fn verify_restore(&mut self, p: PendingRestore) -> bool {
-        // Another policy's files are not the store's to keep or delete: only their verdict.
-        let Restored::Session(session) = p.what else { return p.check.wait().is_ok() };
-        match p.check.wait() {
+        // Another policy's restore is not the store's to keep, delete or vouch for.
+        let Ok(SessionRestore { session, check }) = p.into_inner::<SessionRestore>() else { return false };
+        match check.wait() {
             Ok(()) => {
                 self.restored += 1;
                 let key = (session.owner.clone(), session.id.clone());
@@ -428,7 +363,7 @@ impl SessionStore {
         fix_ends(&mut token_ends, 0);
         let mut restore = self.restore_best(owner, session_id, text);
         let candidate = match (&restore, session_id) {
-            (Some(p), _) => p.session(),
+            (Some(p), _) => SessionRestore::session_of(p),
             (None, Some(id)) => self.sessions.get(&(owner.to_string(), id.to_string())),
             (None, None) => self
                 .sessions

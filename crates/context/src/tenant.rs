@@ -5,7 +5,7 @@
 /// `<tenant>\u{1f}agent:<id>`, a dual-stream user's `<tenant>\u{1f}user:<user>`), else the
 /// whole key.
 pub fn account(owner: &str) -> &str {
-    owner.split('\u{1f}').next().unwrap_or(owner)
+    engram_policy::OwnerKey::tenant_of(owner)
 }
 
 /// The account of a persisted entry's owner metadata (`persist.rs`): a session's

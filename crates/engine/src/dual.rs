@@ -37,18 +37,24 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use engram_context::{Checkout, MatchKind, PendingRestore, PersistentStream, RingStore, SegmentId, StreamWriter, TurnMask, TurnRing};
+use engram_context::{PersistentStream, RingStore, SegmentId, StreamWriter, TurnMask, TurnRing};
 use engram_embed::TextEncoder;
 use engram_kv::{KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
-use engram_tokenizer::Tokenizer;
 
-use crate::policy::{ContextPolicy, PolicyStats, Retired};
+use engram_policy::{
+    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, GaugeKind, IdleInterrupt, MatchKind, OwnerKey, PendingRestore,
+    PolicyControl, PolicyGauge, PolicyStats, Retired,
+};
+
 use crate::summarize::Summarizer;
 
 mod budget;
+mod control;
 mod persist;
 mod summary;
+
+pub use control::DualControl;
 
 /// Relevance masks: an encoder, the similarity a turn needs, and how many last turns are
 /// always attended.
@@ -354,6 +360,22 @@ impl DualStream {
         self.stats
     }
 
+    /// The counters `/metrics` shows of this policy (`PolicyStats::named`).
+    fn named_gauges(&self) -> Vec<PolicyGauge> {
+        let counter = |name, help, value| PolicyGauge { name, help, kind: GaugeKind::Counter, value };
+        let s = &self.stats;
+        vec![
+            counter("engram_turns_evicted_total", "Whole turns evicted from dual-stream rings.", s.turns_evicted),
+            counter("engram_turns_masked_total", "Turns masked out of a request's view as irrelevant (dual-stream).", s.turns_masked),
+            counter("engram_summaries_total", "Persistent streams condensed by the summarizer (dual-stream).", s.summaries),
+            counter(
+                "engram_persistent_compactions_total",
+                "Persistent streams compacted: tombstoned facts dropped from the KV (dual-stream).",
+                s.compactions,
+            ),
+        ]
+    }
+
     /// Brings `user`'s stream to what is wanted, then enforces the cap: compaction when
     /// tombstones push it over, a summary due when the live tokens alone do.
     fn refresh(&mut self, user: &str) {
@@ -384,7 +406,7 @@ impl DualStream {
             // The session's start (nothing of the stream computed yet): the summary first,
             // resumed if the idle hook began it. Later (a fact appended to a stream already
             // attended) the turn goes on over the old stream and the idle hook summarizes.
-            self.advance_summary(owner, usize::MAX, &crate::policy::IdleInterrupt::never());
+            self.advance_summary(owner, usize::MAX, &IdleInterrupt::never());
         }
         self.restore_stream(owner);
         let u = self.users.get_mut(owner).expect("inserted above");
@@ -402,7 +424,12 @@ impl DualStream {
                     if self.refused.remove(&key) { (None, None) } else { self.restore_ring(owner, thread, &mut ring, &base, &masked) };
                 let pending = restored.map(|(n, check)| {
                     self.next_restore += 1;
-                    self.unsettled = Some(PendingRestore::files(owner, thread, self.next_restore, check));
+                    self.unsettled = Some(PendingRestore::new(persist::RingRestore {
+                        owner: owner.to_string(),
+                        thread: thread.to_string(),
+                        id: self.next_restore,
+                        check,
+                    }));
                     (self.next_restore, n)
                 });
                 self.threads.insert(key.clone(), Thread { ring, generation, state, pending, state_while_pending: None });
@@ -419,16 +446,10 @@ impl DualStream {
 }
 
 impl ContextPolicy for DualStream {
-    fn admit(
-        &mut self,
-        owner: &str,
-        session: Option<&str>,
-        _text: Option<&str>,
-        _add_special: bool,
-        prompt: &[u32],
-        tok: &Tokenizer,
-    ) -> Result<Checkout, String> {
-        let thread = session.unwrap_or("default").to_string();
+    /// The request's token ids are its new turn (its text, if any, is not matched).
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        let (owner, prompt, tok) = (req.owner.as_str(), req.tokens, req.tok);
+        let thread = req.session.unwrap_or("default").to_string();
         let query = match &self.relevance {
             Some(r) => {
                 let text = tok.decode(prompt, true).map_err(|e| e.to_string())?;
@@ -475,7 +496,7 @@ impl ContextPolicy for DualStream {
         })
     }
 
-    fn pin_owner(&mut self, _owner: &str) {}
+    fn pin_owner(&mut self, _owner: &OwnerKey) {}
 
     /// Rings are bounded by their capacity; nothing idle to offload yet.
     fn make_room(&mut self, bytes: usize) -> bool {
@@ -490,7 +511,8 @@ impl ContextPolicy for DualStream {
     }
 
     fn retire(&mut self, r: Retired) {
-        let key = (r.owner.clone(), r.session_id.clone());
+        let owner = r.owner.as_str().to_string();
+        let key = (owner.clone(), r.session_id.clone());
         let embedding = self.running.remove(&key).flatten();
         if r.tokens.is_empty() {
             return;
@@ -505,18 +527,19 @@ impl ContextPolicy for DualStream {
         let next = ring.next_position();
         if !kv.is_empty() && kv.position(0) != next {
             if let Err(e) = kv.move_slots(0..kv.len(), next, &self.model.config.rope) {
-                tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, r.owner);
+                tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, owner);
                 return;
             }
         }
         match ring.push(r.tokens, kv, embedding, false) {
             Ok(evicted) => self.stats.turns_evicted += evicted.len() as u64,
-            Err(e) => tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, r.owner),
+            Err(e) => tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, owner),
         }
-        self.save_ring(&r.owner, &r.session_id);
+        self.save_ring(&owner, &r.session_id);
     }
 
-    fn forget_owner(&mut self, owner: &str) {
+    fn forget_owner(&mut self, owner: &OwnerKey) {
+        let owner = owner.as_str();
         if let Some(r) = self.rings.as_mut() {
             r.forget_owner(owner);
         }
@@ -537,30 +560,21 @@ impl ContextPolicy for DualStream {
         PolicyStats {
             sessions_idle: self.threads.len() as u64,
             disk_bytes_used: self.disk_bytes_charged(),
-            turns_evicted: self.stats.turns_evicted,
-            turns_masked: self.stats.turns_masked,
-            summaries: self.stats.summaries,
-            compactions: self.stats.compactions,
+            named: self.named_gauges(),
             ..PolicyStats::default()
         }
     }
 
-    fn set_anchors(&mut self, owner: &str, tokens: Vec<u32>) {
-        DualStream::set_anchors(self, owner, tokens)
-    }
-
-    fn set_facts(&mut self, owner: &str, facts: Vec<FactSegment>) {
-        DualStream::set_facts(self, owner, facts)
-    }
-
-    fn set_state(&mut self, owner: &str, thread: &str, tokens: Vec<u32>) -> Result<(), String> {
-        DualStream::set_state(self, owner, thread, tokens)
+    /// Takes [`DualControl`] messages (anchors, facts, a thread's state entry).
+    fn control(&mut self, msg: PolicyControl) -> Result<ControlReply, ControlError> {
+        let msg = msg.take::<DualControl>().map_err(PolicyControl::refuse)?;
+        self.apply(msg)
     }
 
     /// Advances the summary in flight (or the next one due) by at most the policy's idle steps,
     /// stopping at the first step boundary once `interrupt` is requested; when it is ready the
     /// new stream is swapped in and threads attend it from their next turn (`dual/summary.rs`).
-    fn idle_slice(&mut self, interrupt: &crate::policy::IdleInterrupt) -> bool {
+    fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         self.adopt_written();
         self.idle_summaries(interrupt)
     }

@@ -10,6 +10,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
+use engram_policy::{GaugeKind, PolicyGauge};
+
 const BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 /// A latency histogram.
@@ -76,13 +78,8 @@ pub struct Metrics {
     pub disk_bytes_used: AtomicU64,
     pub sequences_running: AtomicU64,
     pub requests_waiting: AtomicU64,
-    /// Whole turns evicted and turn views masked by a dual-stream policy, since start.
-    pub turns_evicted: AtomicU64,
-    pub turns_masked: AtomicU64,
-    /// Persistent streams condensed by the summarizer, and compactions (tombstoned facts
-    /// dropped from the KV), since start (dual-stream contexts).
-    pub summaries: AtomicU64,
-    pub persistent_compactions: AtomicU64,
+    /// The context policy's own gauges and counters (`PolicyStats::named`), as last reported.
+    policy: Mutex<Vec<PolicyGauge>>,
 }
 
 impl Metrics {
@@ -107,6 +104,11 @@ impl Metrics {
         }
     }
 
+    /// Replaces the context policy's named gauges (the engine thread, after each step).
+    pub fn set_policy_gauges(&self, gauges: Vec<PolicyGauge>) {
+        *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = gauges;
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -118,7 +120,7 @@ impl Metrics {
         for (kind, n) in self.lookups.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "engram_cache_lookups_total{{path=\"{kind}\"}} {n}");
         }
-        let counters: [(&str, &str, &AtomicU64); 15] = [
+        let counters: [(&str, &str, &AtomicU64); 11] = [
             ("engram_cache_hits_total", "Requests that reused cached tokens.", &self.cache_hits),
             ("engram_cache_misses_total", "Requests that reused nothing.", &self.cache_misses),
             ("engram_prompt_tokens_reused_total", "Prompt tokens served from the KV cache.", &self.tokens_reused),
@@ -134,14 +136,6 @@ impl Metrics {
                 "Draft tokens accepted (the acceptance rate is their ratio).",
                 &self.draft_tokens_accepted,
             ),
-            ("engram_turns_evicted_total", "Whole turns evicted from dual-stream rings.", &self.turns_evicted),
-            ("engram_turns_masked_total", "Turns masked out of a request's view as irrelevant (dual-stream).", &self.turns_masked),
-            ("engram_summaries_total", "Persistent streams condensed by the summarizer (dual-stream).", &self.summaries),
-            (
-                "engram_persistent_compactions_total",
-                "Persistent streams compacted: tombstoned facts dropped from the KV (dual-stream).",
-                &self.persistent_compactions,
-            ),
         ];
         let gauges: [(&str, &str, &AtomicU64); 8] = [
             ("engram_sessions_on_disk", "Persisted sessions not loaded in RAM.", &self.sessions_on_disk),
@@ -153,9 +147,12 @@ impl Metrics {
             ("engram_sequences_running", "Sequences in the batch.", &self.sequences_running),
             ("engram_requests_waiting", "Requests queued for admission.", &self.requests_waiting),
         ];
-        for (kind, family) in [("counter", &counters[..]), ("gauge", &gauges[..])] {
-            for (name, help, v) in family {
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}", v.load(Relaxed));
+        // The policy's own numbers follow the engine's of their kind.
+        let policy = self.policy.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (kind, family, policy_kind) in [("counter", &counters[..], GaugeKind::Counter), ("gauge", &gauges[..], GaugeKind::Gauge)] {
+            let own = policy.iter().filter(|g| g.kind == policy_kind).map(|g| (g.name, g.help, g.value));
+            for (name, help, v) in family.iter().map(|(n, h, v)| (*n, *h, v.load(Relaxed))).chain(own) {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
             }
         }
         self.ttft.render(&mut out, "engram_time_to_first_token_seconds", "From submission to the first sampled token.");

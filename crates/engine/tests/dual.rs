@@ -13,13 +13,13 @@ mod common;
 use common::{tiny, Collect};
 use engram_context::{Checkout, TurnMask, TurnRing};
 use engram_embed::TextEncoder;
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{
     argmax, run_engine_with, Command, ContextPolicy, Decoding, DualStats, DualStream, Metrics, PooledEncoder, Relevance, Retired,
     SamplingParams, SchedulerConfig,
 };
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
-use engram_tokenizer::Tokenizer;
 
 const CAPACITY: usize = 96;
 const ANSWER: usize = 6;
@@ -32,10 +32,10 @@ struct Recorder {
     stats: Arc<Mutex<DualStats>>,
 }
 
-impl ContextPolicy for Recorder {
-    common::delegate_to_inner!();
-    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
-        self.inner.admit(o, s, t, a, p, tok)
+impl PolicyLayer for Recorder {
+    common::inner_layer!();
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        self.inner.admit(req)
     }
     fn retire(&mut self, r: Retired) {
         self.inner.retire(r);

@@ -76,7 +76,7 @@ fn stream_files_are_written_off_the_engine_thread_and_swapped_in_whole() {
     // A forgotten user's write still queued: the deletion follows it, no file is left.
     p.set_facts("u", vec![fact(&m, 9, "Ann moved")]);
     dual_turn(&m, &pool, &mut p, "u", "t0", &prompt, ANSWER);
-    p.forget_owner("u");
+    p.forget_owner(&"u".into());
     p.flush();
     assert!(!file.exists(), "a forgotten user's stream file is deleted after its queued write");
 }

@@ -178,7 +178,7 @@ impl Harness<'_> {
         let env = self.env;
         let n = 1 + self.rng.below(20);
         let prompt = self.rng.tokens(env.m.config.vocab, n);
-        let mut c = self.policy.admit(USER, Some(&thread), None, false, &prompt, &env.m.tokenizer).unwrap();
+        let mut c = self.policy.admit_tokens(USER, Some(&thread), &prompt, &env.m.tokenizer).unwrap();
         let restore = c.restore.take();
         let text = env.m.tokenizer.decode(&prompt, true).unwrap();
         let query = word_hash(&text);

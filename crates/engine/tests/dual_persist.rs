@@ -50,7 +50,7 @@ fn cold(m: &Model, pool: &KvPool, stream: &PersistentStream, rest: &[u32]) -> Ve
 
 /// The logits after `prompt` on a fresh thread `thread` (admitted, never retired).
 fn first_logits(m: &Model, pool: &KvPool, p: &mut DualStream, thread: &str, prompt: &[u32]) -> Vec<f32> {
-    let mut c: Checkout = p.admit("u", Some(thread), None, false, prompt, &m.tokenizer).unwrap();
+    let mut c: Checkout = p.admit_tokens("u", Some(thread), prompt, &m.tokenizer).unwrap();
     let restore = c.restore.take();
     let mut kv = KvView::new(c.spans.clone(), SeqKv::new(pool)).starting_at(c.own_first);
     let first = kv.own_first_position();
@@ -127,7 +127,7 @@ fn a_restart_restores_the_stream_from_its_file_and_refuses_bad_files() {
     let mut v = DualStream::new(m.clone(), pool.clone(), 256).with_dir(dir.path().join("v")).unwrap();
     v.set_anchors("v", m.tokenizer.encode("System: answer in one line.", true).unwrap().ids);
     v.set_facts("v", facts());
-    v.admit("v", Some("t"), None, false, &prompt, &m.tokenizer).unwrap();
+    v.admit_tokens("v", Some("t"), &prompt, &m.tokenizer).unwrap();
     drop(v);
     let foreign = std::fs::read(dir.path().join("v").join(stream_file_name("v"))).unwrap();
     let f16 = {
@@ -277,7 +277,7 @@ fn a_damaged_ring_file_starts_the_thread_empty_never_wrong() {
         // A bit flip passes every check but the checksum: the admission hands the ring out with
         // its check running, and verify_restore refuses it (the scheduler then admits the job
         // again); the others are refused at admission.
-        let mut c = p.admit("u", Some("t"), None, false, &ps[3], &m.tokenizer).unwrap();
+        let mut c = p.admit_tokens("u", Some("t"), &ps[3], &m.tokenizer).unwrap();
         let by_checksum = what.starts_with("a bit flip");
         assert_eq!(c.restore.is_some(), by_checksum, "{what}: a restore still to verify");
         if let Some(r) = c.restore.take() {

@@ -15,10 +15,10 @@ use std::time::Instant;
 
 use common::{assert_close, ids, on_view, tiny, Collect};
 use engram_context::Checkout;
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{run_engine_with, Command, ContextPolicy, DualStats, DualStream, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
-use engram_tokenizer::Tokenizer;
 
 /// The policy, its counts copied out after every retirement.
 struct Recorder {
@@ -26,10 +26,10 @@ struct Recorder {
     stats: Arc<Mutex<DualStats>>,
 }
 
-impl ContextPolicy for Recorder {
-    common::delegate_to_inner!();
-    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
-        self.inner.admit(o, s, t, a, p, tok)
+impl PolicyLayer for Recorder {
+    common::inner_layer!();
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        self.inner.admit(req)
     }
     fn retire(&mut self, r: Retired) {
         self.inner.retire(r);
@@ -141,7 +141,7 @@ fn a_state_entry_set_while_a_damaged_ring_is_verified_is_kept_on_the_fresh_ring(
     let anchors = tok.encode("System: answer in one line.", true).unwrap().ids;
     let mut p = DualStream::new(m.clone(), pool.clone(), 1024).with_dir(d.path()).unwrap();
     p.set_anchors("u", anchors.clone());
-    let c = p.admit("u", Some("t"), None, false, &ps[2], tok).unwrap();
+    let c = p.admit_tokens("u", Some("t"), &ps[2], tok).unwrap();
     let restore = c.restore.expect("the ring restored from disk, its checksums running");
     let state = ids(&m, " State: ran 3 km today.");
     p.set_state("u", "t", state.clone()).unwrap();
@@ -149,14 +149,14 @@ fn a_state_entry_set_while_a_damaged_ring_is_verified_is_kept_on_the_fresh_ring(
     assert_eq!(p.dual_stats().ring_files_refused, 1);
 
     // Admitted again: anchors + the state entry, as a fresh thread given that state.
-    let again = p.admit("u", Some("t"), None, false, &ps[2], tok).unwrap();
+    let again = p.admit_tokens("u", Some("t"), &ps[2], tok).unwrap();
     assert!(again.restore.is_none(), "never the damaged ring again");
     let attended: usize = again.spans.iter().map(|s| s.len()).sum();
     assert_eq!(attended, anchors.len() + state.len(), "the anchors and the state entry, no restored turn");
     let mut fresh = DualStream::new(m.clone(), pool.clone(), 1024);
     fresh.set_anchors("u", anchors);
     fresh.set_state("u", "t", state).unwrap();
-    let want = fresh.admit("u", Some("t"), None, false, &ps[2], tok).unwrap();
+    let want = fresh.admit_tokens("u", Some("t"), &ps[2], tok).unwrap();
     let ((got, _, got_first), (want, _, want_first)) = (on_view(&m, &pool, &again), on_view(&m, &pool, &want));
     assert_eq!(got_first, want_first);
     assert_close(&got, &want, "the state entry kept on the fresh ring, as a fresh thread's");

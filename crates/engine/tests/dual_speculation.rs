@@ -83,7 +83,7 @@ fn the_checkout_carries_the_views_tokens_for_the_drafter() {
     p.set_anchors("u", anchors.clone());
     let first = ids(&m, FILE);
     let (answer, _) = common::dual_turn(&m, &pool, &mut p, "u", "t", &first, 3);
-    let c = p.admit("u", Some("t"), None, false, &ids(&m, "\n# again:\n"), &m.tokenizer).unwrap();
+    let c = p.admit_tokens("u", Some("t"), &ids(&m, "\n# again:\n"), &m.tokenizer).unwrap();
     // The anchors, then the turn as the ring holds it: the prompt and the answer's fed tokens.
     let want: Vec<u32> = anchors.iter().chain(&first).chain(&answer[..answer.len() - 1]).copied().collect();
     assert_eq!(c.lookup, want);

@@ -38,7 +38,7 @@ fn appended_and_superseded_facts_are_what_a_cold_run_over_the_view_sees() {
     p.set_facts("u", vec![fact(&m, 1, "Ann keeps bees")]);
     let prompt = ids(&m, " User: who am I? Assistant:");
 
-    let c = p.admit("u", Some("t1"), None, false, &prompt, tok).unwrap();
+    let c = p.admit_tokens("u", Some("t1"), &prompt, tok).unwrap();
     let (logits, turn, first) = on_view(&m, &pool, &c);
     let stream = p.persistent("u").unwrap();
     assert_eq!(first, stream.len());
@@ -53,7 +53,7 @@ fn appended_and_superseded_facts_are_what_a_cold_run_over_the_view_sees() {
     let base = stream.segments()[0].tokens.len();
     assert_eq!(stream.masked_ranges(), vec![base..base + f1], "the old fact is masked, not dropped");
     assert_eq!(stream.live_facts(), vec![2]);
-    let c = p.admit("u", Some("t2"), None, false, &prompt, tok).unwrap();
+    let c = p.admit_tokens("u", Some("t2"), &prompt, tok).unwrap();
     let (logits, _, first) = on_view(&m, &pool, &c);
     let stream = p.persistent("u").unwrap();
     assert_eq!(first, stream.len(), "the masked fact keeps its positions: a gap");
@@ -62,7 +62,7 @@ fn appended_and_superseded_facts_are_what_a_cold_run_over_the_view_sees() {
 
     // The thread opened before the change moves onto the new stream at its next turn: its view
     // is the live stream then its turn, moved to follow the stream.
-    let c = p.admit("u", Some("t1"), None, false, &prompt, tok).unwrap();
+    let c = p.admit_tokens("u", Some("t1"), &prompt, tok).unwrap();
     let attended: usize = c.spans.iter().map(|s| s.len()).sum();
     assert_eq!(attended, stream_live(&p) + turn_len);
     let (_, _, first) = on_view(&m, &pool, &c);
@@ -93,7 +93,7 @@ fn past_the_cap_a_summary_is_attended_and_swapped_in_between_turns() {
     let prompt = ids(&m, " User: who am I? Assistant:");
 
     // Session start: summarized before the first prefill; the summary is what is attended.
-    let a = p.admit("u", Some("t1"), None, false, &prompt, tok).unwrap();
+    let a = p.admit_tokens("u", Some("t1"), &prompt, tok).unwrap();
     let stream = p.persistent("u").unwrap();
     assert_eq!(p.dual_stats().summaries, 1);
     let ids_of: Vec<SegmentId> = stream.segments().iter().map(|s| s.id).collect();
@@ -119,7 +119,7 @@ fn past_the_cap_a_summary_is_attended_and_swapped_in_between_turns() {
     retire(&mut p, "t1", a.tokens, turn_a);
 
     // The next turn attends the new summary, then turn A moved to follow it.
-    let b = p.admit("u", Some("t1"), None, false, &prompt, tok).unwrap();
+    let b = p.admit_tokens("u", Some("t1"), &prompt, tok).unwrap();
     let stream = p.persistent("u").unwrap();
     let ids_of: Vec<SegmentId> = stream.segments().iter().map(|s| s.id).collect();
     assert!(matches!(ids_of[..], [SegmentId::Base, SegmentId::Summary(_)]), "{ids_of:?}");

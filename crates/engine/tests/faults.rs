@@ -14,13 +14,13 @@ use engram_context::{Checkout, SessionStore};
 mod common;
 
 use common::Collect;
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{
     run_engine_with, Command, ContextPolicy, Event, Generator, JobErrorKind, Metrics, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::Model;
-use engram_tokenizer::Tokenizer;
 
 /// The default policy, except that owner `faulty` gets a cache of `bad_pool` (one layer only),
 /// and every retired sequence's owner is recorded.
@@ -30,18 +30,18 @@ struct FaultyCache {
     retired: Arc<Mutex<Vec<String>>>,
 }
 
-impl ContextPolicy for FaultyCache {
-    common::delegate_to_inner!();
-    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
-        let mut c = self.inner.admit(o, s, t, a, p, tok)?;
-        if o == "faulty" {
+impl PolicyLayer for FaultyCache {
+    common::inner_layer!();
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        let mut c = self.inner.admit(req)?;
+        if req.owner.as_str() == "faulty" {
             c.kv = SeqKv::new(&self.bad_pool);
             c.reused = 0;
         }
         Ok(c)
     }
     fn retire(&mut self, r: Retired) {
-        self.retired.lock().unwrap().push(r.owner.clone());
+        self.retired.lock().unwrap().push(r.owner.as_str().to_string());
         self.inner.retire(r)
     }
 }

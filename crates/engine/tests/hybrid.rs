@@ -66,7 +66,7 @@ fn the_state_entry_is_first_replaced_in_place_never_evicted_never_masked() {
     for turn in 0..12usize {
         // Prompts alternate in parity of their text's length, so earlier turns are masked.
         let prompt: Vec<u32> = (200 + turn as u32 * 10..200 + turn as u32 * 10 + 4 + (turn as u32 % 3)).collect();
-        let c = p.admit("u", Some("t"), None, false, &prompt, &m.tokenizer).unwrap();
+        let c = p.admit_tokens("u", Some("t"), &prompt, &m.tokenizer).unwrap();
         let seen = positions(&pool, &c);
         let want_prefix: Vec<usize> = (0..a + state_len).collect();
         assert_eq!(&seen[..a + state_len], &want_prefix[..], "turn {turn}: anchors then the state entry, always attended");
@@ -100,8 +100,8 @@ fn the_state_entry_is_first_replaced_in_place_never_evicted_never_masked() {
     assert_eq!(s.states_set, 2);
 
     // Removed: the turns move up behind the anchors (the next turn starts state_len earlier).
-    let before = p.admit("u", Some("t"), None, false, &[7, 8, 9], &m.tokenizer).unwrap().own_first.unwrap();
+    let before = p.admit_tokens("u", Some("t"), &[7, 8, 9], &m.tokenizer).unwrap().own_first.unwrap();
     p.set_state("u", "t", Vec::new()).unwrap();
-    let after = p.admit("u", Some("t"), None, false, &[7, 8, 9], &m.tokenizer).unwrap().own_first.unwrap();
+    let after = p.admit_tokens("u", Some("t"), &[7, 8, 9], &m.tokenizer).unwrap().own_first.unwrap();
     assert_eq!(before - after, state_len);
 }

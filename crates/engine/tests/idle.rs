@@ -10,13 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use engram_context::{Checkout, SessionStore};
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{
     run_engine_with, Command, ContextPolicy, Event, EventSink, IdleInterrupt, Job, Metrics, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
-use engram_tokenizer::Tokenizer;
 
 const SLICE: Duration = Duration::from_millis(15);
 
@@ -28,11 +28,11 @@ struct Busy {
     admitted_at: Arc<Mutex<Vec<usize>>>,
 }
 
-impl ContextPolicy for Busy {
-    common::delegate_to_inner!();
-    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
+impl PolicyLayer for Busy {
+    common::inner_layer!();
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         self.admitted_at.lock().unwrap().push(self.slices.load(SeqCst));
-        self.inner.admit(o, s, t, a, p, tok)
+        self.inner.admit(req)
     }
     fn retire(&mut self, r: Retired) {
         self.inner.retire(r)
@@ -147,10 +147,10 @@ struct Long {
     interrupted: Arc<AtomicUsize>,
 }
 
-impl ContextPolicy for Long {
-    common::delegate_to_inner!();
-    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
-        self.inner.admit(o, s, t, a, p, tok)
+impl PolicyLayer for Long {
+    common::inner_layer!();
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        self.inner.admit(req)
     }
     fn retire(&mut self, r: Retired) {
         self.inner.retire(r)

@@ -68,7 +68,7 @@ fn over_the_cap(m: &Arc<Model>, pool: &KvPool, idle_steps: usize) -> DualStream 
     p.set_anchors("u", base);
     p.set_facts("u", facts(m, 3));
     let warm = ids(m, " User: hello. Assistant:");
-    let c = p.admit("u", Some("warm"), None, false, &warm, &m.tokenizer).unwrap();
+    let c = p.admit_tokens("u", Some("warm"), &warm, &m.tokenizer).unwrap();
     assert_eq!(p.dual_stats().summaries, 0, "under the cap: no summary");
     drop(c);
     p.set_facts("u", facts(m, 4));
@@ -96,7 +96,7 @@ fn the_policy_resumes_its_summary_across_slices_and_swaps_in_what_one_run_gives(
         slices += 1;
         assert!(sliced.idle_slice(&requested()), "interrupted: still due");
         if slices == 3 {
-            let c = sliced.admit("u", Some("mid"), None, false, &prompt, &m.tokenizer).unwrap();
+            let c = sliced.admit_tokens("u", Some("mid"), &prompt, &m.tokenizer).unwrap();
             let stream = sliced.persistent("u").unwrap();
             assert_eq!(stream.tokens(), old, "mid-summary the thread attends the old stream");
             let (logits, _, first) = on_view(&m, &pool, &c);
@@ -120,8 +120,8 @@ fn the_policy_resumes_its_summary_across_slices_and_swaps_in_what_one_run_gives(
     let (a, b) = (whole.persistent("u").unwrap(), sliced.persistent("u").unwrap());
     assert_eq!(a.tokens(), b.tokens());
     assert_ne!(a.tokens(), old, "the summary replaced the facts");
-    let ca = whole.admit("u", Some("next"), None, false, &prompt, &m.tokenizer).unwrap();
-    let cb = sliced.admit("u", Some("next"), None, false, &prompt, &m.tokenizer).unwrap();
+    let ca = whole.admit_tokens("u", Some("next"), &prompt, &m.tokenizer).unwrap();
+    let cb = sliced.admit_tokens("u", Some("next"), &prompt, &m.tokenizer).unwrap();
     let (la, _, fa) = on_view(&m, &pool, &ca);
     let (lb, _, fb) = on_view(&m, &pool, &cb);
     assert_eq!((la.clone(), fa), (lb, fb), "resumed and uninterrupted summaries swap in the same stream");

@@ -12,13 +12,14 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use engram_context::Checkout;
+use engram_engine::{DualControl, PolicyControl};
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{
     run_engine_with, Command, ContextPolicy, DualStats, DualStream, FactSegment, Generator, IdleInterrupt, Job, Metrics, Retired,
     SamplingParams, SchedulerConfig, Summarizer,
 };
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
-use engram_tokenizer::Tokenizer;
 
 const ANSWER: usize = 6;
 
@@ -31,19 +32,13 @@ struct Gate {
     stats: Arc<Mutex<(DualStats, bool)>>,
 }
 
-impl ContextPolicy for Gate {
-    common::delegate_to_inner!();
-    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
-        self.inner.admit(o, s, t, a, p, tok)
+impl PolicyLayer for Gate {
+    common::inner_layer!();
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        self.inner.admit(req)
     }
     fn retire(&mut self, r: Retired) {
         self.inner.retire(r)
-    }
-    fn set_anchors(&mut self, owner: &str, tokens: Vec<u32>) {
-        self.inner.set_anchors(owner, tokens)
-    }
-    fn set_facts(&mut self, owner: &str, facts: Vec<FactSegment>) {
-        self.inner.set_facts(owner, facts)
     }
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         if self.allow.load(SeqCst) == 0 {
@@ -119,7 +114,7 @@ fn a_job_mid_summary_answers_over_the_old_stream_and_the_next_turn_over_the_new_
 
     // The stream (base + 3 facts, at the cap) prefilled by a first turn; then a fourth fact.
     turn("warm", &ids(&m, " User: hello. Assistant:"));
-    tx.send(Command::SetFacts("u".into(), facts(&m, 4))).unwrap();
+    tx.send(Command::Control(PolicyControl::new(DualControl::Facts { user: "u".into(), facts: facts(&m, 4) }))).unwrap();
     allow.store(3, SeqCst);
     wait_until("three slices of the summary", || ran.load(SeqCst) == 3);
     let (st, due) = *stats.lock().unwrap();

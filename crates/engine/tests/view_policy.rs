@@ -13,11 +13,11 @@ use engram_context::{Checkout, SessionStore};
 mod common;
 
 use common::Collect;
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{run_engine_with, Command, ContextPolicy, Generator, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
-use engram_tokenizer::Tokenizer;
 
 /// The default policy, except that owner `reader` gets `doc` attached before its prompt.
 struct AttachDoc {
@@ -26,11 +26,11 @@ struct AttachDoc {
     doc: SeqKv,
 }
 
-impl ContextPolicy for AttachDoc {
-    common::delegate_to_inner!();
-    fn admit(&mut self, o: &str, s: Option<&str>, t: Option<&str>, a: bool, p: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
-        let mut c = self.inner.admit(o, s, t, a, p, tok)?;
-        if o == "reader" {
+impl PolicyLayer for AttachDoc {
+    common::inner_layer!();
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        let mut c = self.inner.admit(req)?;
+        if req.owner.as_str() == "reader" {
             c.spans = self.doc.spans(0..self.doc.len());
             c.kv = SeqKv::new(&self.pool);
             c.reused = 0;

@@ -63,7 +63,7 @@ pub(crate) async fn turn(
 
 /// The owner key of `tenant`'s user `user`: whose persistent stream, facts and threads.
 pub(crate) fn owner(tenant: &str, user: &str) -> String {
-    format!("{tenant}\u{1f}user:{user}")
+    engram_engine::OwnerKey::user(tenant, user).to_string()
 }
 
 /// The anchors and the new turn of `messages` (whose last message is the user's).

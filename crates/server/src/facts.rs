@@ -15,7 +15,7 @@
 //! others. The log is kept by `engram_context::FactStore` (under `<session dir>/facts/` when
 //! the server persists sessions).
 //!
-//! Invariants: a change reaches the engine (`Command::SetFacts`) under the store's lock, in
+//! Invariants: a change reaches the engine (`DualControl::Facts`) under the store's lock, in
 //! the order the changes were made, and a chat request sends the newest list it can see, so the
 //! engine never goes back to an older list; a refused request (empty text, a fact over the
 //! persistent cap on its own, an unknown or tombstoned `replaces`, an unknown user) changes
@@ -29,7 +29,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use engram_context::{Fact, FactError, FactLimits, FactStore};
-use engram_engine::FactSegment;
+use engram_engine::{DualControl, FactSegment, PolicyControl};
 use engram_model::Model;
 use engram_tokenizer::ChatMessage;
 use serde::Deserialize;
@@ -60,14 +60,17 @@ impl Facts {
         Facts { store, segments: Mutex::new(HashMap::new()) }
     }
 
-    /// Sends `owner`'s live facts to the engine before its next job (a chat request's turn).
-    pub fn send_current(&self, s: &AppState, owner: &str) -> Result<(), ApiError> {
+    /// Sends a chat turn's setup to the engine before its job, as one message: `owner`'s
+    /// anchors, its live facts (the newest list this store has sent, so the engine never goes
+    /// back to an older one), then the thread's state entry if one is given.
+    pub fn send_turn(&self, s: &AppState, owner: &str, anchors: Vec<u32>, state: Option<(String, Vec<u32>)>) -> Result<(), ApiError> {
         let known = self.segments.lock().unwrap_or_else(|e| e.into_inner()).contains_key(owner);
         let fresh = if known { None } else { Some(segments(&s.model, &self.store.live(owner))?) };
         let mut cache = self.segments.lock().unwrap_or_else(|e| e.into_inner());
         // A change made meanwhile put its newer list here first: keep it.
         let list = cache.entry(owner.to_string()).or_insert_with(|| fresh.unwrap_or_default()).clone();
-        s.engine.set_facts(owner.to_string(), list);
+        // Sent under the lock, so a change published meanwhile reaches the engine after it.
+        s.engine.control(PolicyControl::new(DualControl::Turn { user: owner.into(), anchors, facts: Some(list), state }));
         Ok(())
     }
 
@@ -75,7 +78,7 @@ impl Facts {
     fn publish(&self, s: &AppState, owner: &str, live: Vec<FactSegment>) {
         let mut cache = self.segments.lock().unwrap_or_else(|e| e.into_inner());
         cache.insert(owner.to_string(), live.clone());
-        s.engine.set_facts(owner.to_string(), live);
+        s.engine.control(PolicyControl::new(DualControl::Facts { user: owner.into(), facts: live }));
     }
 }
 

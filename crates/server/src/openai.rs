@@ -245,13 +245,16 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
             Some(text) => Some(crate::dual::state_tokens(&s, text)?),
             None => None,
         };
-        s.engine.set_anchors(d.owner.clone(), d.anchors);
-        if let Some(f) = &s.facts {
-            f.send_current(&s, &d.owner)?;
-        }
-        // After the anchors and facts: the state entry is computed on them.
-        if let Some(tokens) = state {
-            s.engine.set_state(d.owner.clone(), d.thread.clone(), tokens);
+        // One message: the anchors, then the facts, then the state entry computed on them.
+        let state = state.map(|tokens| (d.thread.clone(), tokens));
+        match &s.facts {
+            Some(f) => f.send_turn(&s, &d.owner, d.anchors, state)?,
+            None => s.engine.control(engram_engine::PolicyControl::new(engram_engine::DualControl::Turn {
+                user: d.owner.as_str().into(),
+                anchors: d.anchors,
+                facts: None,
+                state,
+            })),
         }
         Job { tenant: d.owner, session: Some(d.thread), text: None, add_special: false, prompt: d.turn, params, pinned: false }
     } else {

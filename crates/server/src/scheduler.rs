@@ -174,20 +174,11 @@ impl EngineHandle {
         let _ = self.tx.send(Command::Wake);
     }
 
-    /// Sets an owner's persistent stream before its next request (dual-stream contexts).
-    pub fn set_anchors(&self, owner: String, tokens: Vec<u32>) {
-        let _ = self.tx.send(Command::SetAnchors(owner, tokens));
-    }
-
-    /// Sets (empty: removes) the state entry of an owner's thread before its next request
-    /// (dual-stream contexts, the hybrid mode).
-    pub fn set_state(&self, owner: String, thread: String, tokens: Vec<u32>) {
-        let _ = self.tx.send(Command::SetState(owner, thread, tokens));
-    }
-
-    /// Sets an owner's live facts, in order, before its next request (dual-stream contexts).
-    pub fn set_facts(&self, owner: String, facts: Vec<engram_engine::FactSegment>) {
-        let _ = self.tx.send(Command::SetFacts(owner, facts));
+    /// Sends a message to the context policy that takes its type (`Command::Control`: a
+    /// dual-stream turn's anchors, facts and state entry), applied before any request submitted
+    /// after it.
+    pub fn control(&self, msg: engram_engine::PolicyControl) {
+        let _ = self.tx.send(Command::Control(msg));
     }
 }
 

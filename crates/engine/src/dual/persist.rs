@@ -2,7 +2,7 @@
 //! user's persistent stream as an immutable entry file, written by a background writer and
 //! mapped back; each thread's ring ([`RingStore`]), written as turns retire and restored at the
 //! thread's first turn after a restart with its turn files' checksums running beside the
-//! prefill ([`PendingRestore`], settled by [`ContextPolicy::verify_restore`]).
+//! prefill ([`PendingRestore`], settled by `ContextPolicy::verify_restore`).
 //!
 //! ```text
 //!  stream change ─▶ prefill (RAM) ─▶ snapshot queued ─▶ writer: temp file, fsync, rename, map back
@@ -24,10 +24,21 @@
 
 use std::ops::Range;
 
-use engram_context::{stream_file_name, PendingRestore, RingStore, StreamWrite, StreamWriter, TurnRing};
+use engram_context::{stream_file_name, RingStore, StreamWrite, StreamWriter, TurnRing};
 use engram_kv::{ChecksumCheck, SeqKv};
+use engram_policy::PendingRestore;
 
 use super::DualStream;
+
+/// A thread's ring restored from disk at admission, its turn files' checksums still running:
+/// what this policy puts in the [`PendingRestore`] it hands the scheduler. `id` tells this
+/// restore from a later one of the same thread.
+pub(super) struct RingRestore {
+    pub(super) owner: String,
+    pub(super) thread: String,
+    pub(super) id: u64,
+    pub(super) check: ChecksumCheck,
+}
 
 impl DualStream {
     /// Keeps each user's persistent stream as an immutable entry file in `dir`
@@ -142,10 +153,10 @@ impl DualStream {
     /// empty ring (never on the damaged one, even before the deletion lands).
     pub(super) fn settle_ring(&mut self, restore: PendingRestore) -> bool {
         // A session store's restore never comes from this policy: not ours to accept.
-        let Ok(s) = restore.settle_files() else { return false };
-        let key = (s.owner, s.session);
-        let ours = self.threads.get(&key).and_then(|t| t.pending).filter(|(id, _)| *id == s.id);
-        match (s.verdict, ours) {
+        let Ok(RingRestore { owner, thread, id, check }) = restore.into_inner::<RingRestore>() else { return false };
+        let key = (owner, thread);
+        let ours = self.threads.get(&key).and_then(|t| t.pending).filter(|(pending, _)| *pending == id);
+        match (check.wait(), ours) {
             (Ok(()), Some((_, n))) => {
                 let t = self.threads.get_mut(&key).expect("found above");
                 (t.pending, t.state_while_pending) = (None, None);

@@ -24,7 +24,7 @@ use std::time::Instant;
 use engram_context::PersistentStream;
 
 use super::{DualStream, Summary};
-use crate::policy::IdleInterrupt;
+use engram_policy::IdleInterrupt;
 use crate::summarize::{SummaryJob, SUMMARY_PREFILL_CHUNK};
 
 /// Default most steps a summary advances per idle slice: the slice then returns to the engine,

@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use engram_kv::{KvView, BLOCK_TOKENS};
+use engram_policy::{AdmitRequest, OwnerKey};
 
 use super::{account, Engine, Event, JobError, JobErrorKind, Seq};
 use crate::decoding::Decoding;
@@ -47,11 +48,19 @@ impl Engine<'_> {
                 break;
             }
             let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
+            let owner = OwnerKey::parse(&job.tenant);
             if job.pinned {
-                self.policy.pin_owner(&job.tenant);
+                self.policy.pin_owner(&owner);
             }
-            let tok = &self.model.tokenizer;
-            let c = match self.policy.admit(&job.tenant, job.session.as_deref(), job.text.as_deref(), job.add_special, &job.prompt, tok) {
+            let req = AdmitRequest {
+                owner: &owner,
+                session: job.session.as_deref(),
+                text: job.text.as_deref(),
+                add_special: job.add_special,
+                tokens: &job.prompt,
+                tok: &self.model.tokenizer,
+            };
+            let c = match self.policy.admit(&req) {
                 Ok(c) => c,
                 Err(e) => {
                     self.pending.fetch_sub(1, Relaxed);

@@ -35,15 +35,15 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use engram_context::{PendingRestore, SessionStore};
+use engram_context::SessionStore;
 use engram_kv::{KvPool, KvView};
 use engram_model::Model;
+use engram_policy::{ContextPolicy, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, Retired};
 
 use crate::decoding::Decoding;
 use crate::draft_model::{DraftModel, DraftState};
 use crate::generate::FinishReason;
 use crate::metrics::Metrics;
-use crate::policy::{ContextPolicy, IdleInterrupt, Retired};
 use crate::sampling::SamplingParams;
 use crate::speculate::{DraftTree, PromptLookup};
 
@@ -98,8 +98,11 @@ impl SchedulerConfig {
     }
 }
 
-/// The account an owner key belongs to, which fairness and limits count by.
-pub use engram_context::account;
+/// The account an owner key belongs to (its tenant, [`OwnerKey::tenant_of`]), which fairness
+/// and limits count by.
+pub fn account(owner: &str) -> &str {
+    OwnerKey::tenant_of(owner)
+}
 
 /// The disk tier of the session store.
 #[derive(Clone, Debug)]
@@ -235,13 +238,9 @@ pub enum Command {
     Submit(Job, Box<dyn EventSink>, Instant),
     /// Drop the idle sessions of a tenant key.
     Forget(String),
-    /// Set an owner's persistent stream (`ContextPolicy::set_anchors`), before its next job.
-    SetAnchors(String, Vec<u32>),
-    /// Set an owner's live facts, in order (`ContextPolicy::set_facts`).
-    SetFacts(String, Vec<crate::dual::FactSegment>),
-    /// Set (or, with no tokens, remove) the state entry of an owner's thread
-    /// (`ContextPolicy::set_state`, the dual-stream hybrid mode), before its next job.
-    SetState(String, String, Vec<u32>),
+    /// A message for the policy that takes its type (`ContextPolicy::control`: a dual-stream
+    /// user's anchors and facts, say), applied before any job submitted after it.
+    Control(PolicyControl),
     /// The policy may have background work again (its state changed outside the engine:
     /// the server's RAG routes after an ingest or a query); the idle hook runs when idle.
     Wake,
@@ -444,18 +443,16 @@ impl<'m> Engine<'m> {
         match c {
             Command::Submit(job, tx, t) => self.waiting.push_back((job, tx, t)),
             Command::Forget(tenant) => self.forget(&tenant),
-            Command::SetAnchors(owner, tokens) => self.policy.set_anchors(&owner, tokens),
-            Command::SetFacts(owner, facts) => {
-                self.policy.set_facts(&owner, facts);
+            Command::Control(msg) => match self.policy.control(msg) {
                 // A change may leave background work (a summary) for the idle hook.
-                self.idle_work = true;
-            }
-            Command::Wake => self.idle_work = true,
-            Command::SetState(owner, thread, tokens) => {
-                if let Err(e) = self.policy.set_state(&owner, &thread, tokens) {
-                    tracing::warn!("the state entry of thread {thread:?} is not set: {e}");
+                Ok(reply) => self.idle_work |= reply.wake,
+                Err(e) => {
+                    tracing::warn!("a context-policy message was not applied: {e}");
+                    // Applied in part (a turn's anchors and facts before its state entry).
+                    self.idle_work = true;
                 }
-            }
+            },
+            Command::Wake => self.idle_work = true,
         }
     }
 
@@ -467,10 +464,7 @@ impl<'m> Engine<'m> {
         m.sessions_on_disk.store(st.sessions_on_disk, Relaxed);
         m.sessions_restored.store(st.sessions_restored, Relaxed);
         m.disk_bytes_used.store(st.disk_bytes_used, Relaxed);
-        m.turns_evicted.store(st.turns_evicted, Relaxed);
-        m.turns_masked.store(st.turns_masked, Relaxed);
-        m.summaries.store(st.summaries, Relaxed);
-        m.persistent_compactions.store(st.compactions, Relaxed);
+        m.set_policy_gauges(st.named);
         m.sequences_running.store(self.active.len() as u64, Relaxed);
         m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
     }
@@ -479,7 +473,7 @@ impl<'m> Engine<'m> {
     /// caches of its running sequences once they end, and its queued requests,
     /// which fail (their owner is gone).
     fn forget(&mut self, tenant: &str) {
-        self.policy.forget_owner(tenant);
+        self.policy.forget_owner(&OwnerKey::parse(tenant));
         for s in self.active.iter_mut().filter(|s| s.tenant == tenant) {
             s.forgotten = true;
         }
@@ -523,7 +517,7 @@ impl<'m> Engine<'m> {
         if s.forgotten {
             // Also drops what a restore verified after the owner was forgotten
             // (it joined the store then) and deletes its file again.
-            self.policy.forget_owner(&s.tenant);
+            self.policy.forget_owner(&OwnerKey::parse(&s.tenant));
             return;
         }
         let unfed = match outcome_finish {
@@ -543,7 +537,7 @@ impl<'m> Engine<'m> {
             }
             None => (String::new(), vec![0; n]),
         };
-        self.policy.retire(Retired { owner: s.tenant, session_id: s.session_id, text, tokens: s.tokens, token_ends, kv, unfed });
+        self.policy.retire(Retired { owner: OwnerKey::parse(&s.tenant), session_id: s.session_id, text, tokens: s.tokens, token_ends, kv, unfed });
         self.idle_work = true;
     }
 

@@ -70,28 +70,19 @@ pub fn job(owner: &str, prompt: &[u32], params: &SamplingParams) -> Job {
     }
 }
 
-/// The `ContextPolicy` methods a test policy (a struct with `inner: SessionStore`) takes
-/// unchanged: all but `admit`, `retire` and `idle_slice`, which the tests vary.
-macro_rules! delegate_to_inner {
+/// A test policy's `PolicyLayer` inner policy: its `inner` field (a `SessionStore` or a
+/// `DualStream`). The tests override only the methods they vary; the rest forward.
+macro_rules! inner_layer {
     () => {
-        fn pin_owner(&mut self, owner: &str) {
-            engram_engine::ContextPolicy::pin_owner(&mut self.inner, owner)
+        fn inner(&self) -> &dyn engram_engine::ContextPolicy {
+            &self.inner
         }
-        fn make_room(&mut self, bytes: usize) -> bool {
-            engram_engine::ContextPolicy::make_room(&mut self.inner, bytes)
-        }
-        fn verify_restore(&mut self, r: engram_context::PendingRestore) -> bool {
-            engram_engine::ContextPolicy::verify_restore(&mut self.inner, r)
-        }
-        fn forget_owner(&mut self, owner: &str) {
-            engram_engine::ContextPolicy::forget_owner(&mut self.inner, owner)
-        }
-        fn stats(&self) -> engram_engine::PolicyStats {
-            engram_engine::ContextPolicy::stats(&self.inner)
+        fn inner_mut(&mut self) -> &mut dyn engram_engine::ContextPolicy {
+            &mut self.inner
         }
     };
 }
-pub(crate) use delegate_to_inner;
+pub(crate) use inner_layer;
 
 /// Each job's text, completion tokens and finish, and the engine's metrics.
 pub type Run = (Vec<(String, usize, Option<FinishReason>)>, Arc<Metrics>);
@@ -144,7 +135,7 @@ pub fn dual_turn(
     use engram_engine::{argmax, ContextPolicy, Retired};
     use engram_kv::{KvView, SeqKv};
     use engram_model::{Logits, SeqStep};
-    let mut c = p.admit(owner, Some(thread), None, false, prompt, &m.tokenizer).unwrap();
+    let mut c = p.admit_tokens(owner, Some(thread), prompt, &m.tokenizer).unwrap();
     let mut restore = c.restore.take();
     let mut kv = KvView::new(c.spans.clone(), SeqKv::new(pool)).starting_at(c.own_first);
     let mut pos = kv.own_first_position() as u32;

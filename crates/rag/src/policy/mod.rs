@@ -23,11 +23,9 @@ mod blend;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use engram_context::{Checkout, MatchKind, PendingRestore};
-use engram_engine::{ContextPolicy, IdleInterrupt, PolicyStats, Retired};
+use engram_policy::{AdmitRequest, Checkout, ContextPolicy, IdleInterrupt, MatchKind, PolicyLayer, Retired};
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{Fingerprint, Model};
-use engram_tokenizer::Tokenizer;
 
 use crate::chunk_store::ChunkStore;
 use crate::idle_tenants::{try_library, IdleTenants};
@@ -384,18 +382,21 @@ fn is_rag(owner: &str) -> bool {
     owner.contains(RAG_OWNER_MARK)
 }
 
-impl ContextPolicy for TreePolicy {
-    fn admit(
-        &mut self,
-        owner: &str,
-        session: Option<&str>,
-        text: Option<&str>,
-        add_special: bool,
-        prompt: &[u32],
-        tok: &Tokenizer,
-    ) -> Result<Checkout, String> {
+/// A wrapper over the inner policy: RAG owners' admissions, retirements, room and idle work
+/// are the tree's; every other method (and every other owner) forwards.
+impl PolicyLayer for TreePolicy {
+    fn inner(&self) -> &dyn ContextPolicy {
+        &*self.inner
+    }
+
+    fn inner_mut(&mut self) -> &mut dyn ContextPolicy {
+        &mut *self.inner
+    }
+
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        let (owner, prompt) = (req.owner.as_str(), req.tokens);
         if !is_rag(owner) {
-            return self.inner.admit(owner, session, text, add_special, prompt, tok);
+            return self.inner.admit(req);
         }
         self.apply_forgets();
         let seg = self.registry.take(owner).ok_or_else(|| format!("RAG job {owner:?} has no registered segments"))?;
@@ -424,10 +425,6 @@ impl ContextPolicy for TreePolicy {
         Ok(self.checkout(seg, prompt, kv, reused))
     }
 
-    fn pin_owner(&mut self, owner: &str) {
-        self.inner.pin_owner(owner)
-    }
-
     fn make_room(&mut self, bytes: usize) -> bool {
         loop {
             if self.inner.make_room(bytes) {
@@ -439,12 +436,8 @@ impl ContextPolicy for TreePolicy {
         }
     }
 
-    fn verify_restore(&mut self, restore: PendingRestore) -> bool {
-        self.inner.verify_restore(restore)
-    }
-
     fn retire(&mut self, r: Retired) {
-        if !is_rag(&r.owner) {
+        if !is_rag(r.owner.as_str()) {
             return self.inner.retire(r);
         }
         let Some(seg) = self.running.remove(&r.session_id) else { return };
@@ -460,26 +453,6 @@ impl ContextPolicy for TreePolicy {
             t.tree.insert(&seg.path[..d], &seg.ends[..d], &r.tokens, &r.kv);
             t.dirty = true;
         }
-    }
-
-    fn forget_owner(&mut self, owner: &str) {
-        self.inner.forget_owner(owner)
-    }
-
-    fn stats(&self) -> PolicyStats {
-        self.inner.stats()
-    }
-
-    fn set_anchors(&mut self, owner: &str, tokens: Vec<u32>) {
-        self.inner.set_anchors(owner, tokens)
-    }
-
-    fn set_facts(&mut self, owner: &str, facts: Vec<engram_engine::FactSegment>) {
-        self.inner.set_facts(owner, facts)
-    }
-
-    fn set_state(&mut self, owner: &str, thread: &str, tokens: Vec<u32>) -> Result<(), String> {
-        self.inner.set_state(owner, thread, tokens)
     }
 
     /// One slice: the inner policy's work first, then saving one changed tree (KV files are

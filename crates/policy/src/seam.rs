@@ -1,0 +1,52 @@
+//! The [`ContextPolicy`] trait: what a job reuses, what is kept, evicted and persisted, decided
+//! outside the scheduler. The scheduler calls a policy at admission ([`ContextPolicy::admit`]),
+//! before growing a sequence ([`ContextPolicy::make_room`]), at retirement
+//! ([`ContextPolicy::retire`]) and, when no job is waiting or running, for background work in
+//! slices ([`ContextPolicy::idle_slice`]). Anything only one policy understands travels as a
+//! typed message through [`ContextPolicy::control`].
+//!
+//! Invariant: a checkout's cache holds exactly `tokens[..reused]` (what the policy promises
+//! the scheduler); a policy builds caches only through `engram-kv`.
+//!
+//! NOTE: the trait has no default methods on purpose. A method added here fails to compile in
+//! [`crate::PolicyLayer`]'s blanket implementation until it forwards, so a wrapper can never
+//! drop it silently; each leaf policy says what it does with it.
+
+use crate::{AdmitRequest, Checkout, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, PolicyStats, Retired};
+
+/// Decides what each sequence reuses and what is kept. See the module doc.
+pub trait ContextPolicy: Send {
+    /// What the request's owner reuses for its prompt: a prompt given as text is matched by
+    /// characters (`add_special` is how it tokenizes cold), one given as token ids by tokens.
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String>;
+
+    /// `owner`'s saved state is pinned on disk (a named agent's).
+    fn pin_owner(&mut self, owner: &OwnerKey);
+
+    /// Frees RAM until `bytes` more fit the KV budget; whether they do.
+    fn make_room(&mut self, bytes: usize) -> bool;
+
+    /// Waits for a restored file's checksum; true if it is sound (see [`Checkout::restore`]).
+    /// A restore this policy did not make is not sound to it (false).
+    fn verify_restore(&mut self, restore: PendingRestore) -> bool;
+
+    /// Keeps (or drops) a finished sequence.
+    fn retire(&mut self, retired: Retired);
+
+    /// Drops everything kept for `owner`, in RAM and on disk.
+    fn forget_owner(&mut self, owner: &OwnerKey);
+
+    /// Gauges for metrics.
+    fn stats(&self) -> PolicyStats;
+
+    /// Applies a message only some policy understands (its own type inside the
+    /// [`PolicyControl`]): a policy that does not know the message hands it on (a wrapper, to
+    /// its inner policy) or refuses it with [`PolicyControl::refuse`].
+    fn control(&mut self, msg: PolicyControl) -> Result<ControlReply, ControlError>;
+
+    /// Runs one slice of background work (precomputing a likely next prompt, compacting,
+    /// prefetching) while nothing waits: short enough that a job arriving meanwhile waits at
+    /// most this one slice, and a long slice checks `interrupt` between its own steps and
+    /// returns early when it is requested. Returns whether more work remains.
+    fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool;
+}
