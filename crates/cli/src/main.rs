@@ -21,6 +21,7 @@ mod bench_speculation;
 mod bench_speed;
 mod cache_cmd;
 mod chat;
+mod chat_model;
 mod common;
 mod convert_cmd;
 mod data_lock;

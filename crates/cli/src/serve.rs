@@ -224,6 +224,9 @@ fn disk_config(a: &Args, one_tenant: bool) -> Result<Option<DiskConfig>> {
 
 pub fn run(mut a: Args) -> Result<()> {
     let _lock = crate::data_lock::lock_data_dir(&data_dir(&a.model.data_dir), "serve")?;
+    if a.model.model.is_none() {
+        a.model.model = Some(crate::chat_model::default_chat_model(&data_dir(&a.model.data_dir))?);
+    }
     let model_id = model_path(&mut a.model)?;
     let model = Arc::new(load_model(&a.model)?);
     let pool = kv_pool(&model, &a.model)?;
