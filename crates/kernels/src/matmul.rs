@@ -89,7 +89,8 @@ pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: us
     // Activations once per distinct preparation (Q4_K and Q6_K share Q8_K blocks).
     let key = |d: DType| match d {
         DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => DType::Q4K,
-        DType::Q5_1 | DType::IQ4NL | DType::MXFP4 => DType::Q4_1,
+        DType::Q5_1 => DType::Q4_1,
+        DType::IQ4NL | DType::MXFP4 => DType::Q8_0,
         DType::F16 | DType::BF16 => DType::F32,
         d => d,
     };

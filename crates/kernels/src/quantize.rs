@@ -365,6 +365,8 @@ pub struct ActQ8 {
     pub sum: Vec<i32>,
     /// `d · Σ qs` per block: ggml's Q8_1 `s`, the activation term of the min in Q4_1 / Q5_1.
     pub s: Vec<f32>,
+    /// `[s, 0, …, 0]` per block (8 lanes), so a SIMD kernel adds `m · s` to lane 0 with one load.
+    pub sv: Vec<f32>,
 }
 
 impl ActQ8 {
@@ -380,10 +382,11 @@ impl ActQ8 {
             bias: vec![0; nb * 8],
             sum: vec![0; nb],
             s: vec![0.0; nb],
+            sv: vec![0.0; nb * 8],
         };
-        let work = |((((xb, qs), (d, dv)), (bias, sum)), sd): (
+        let work = |((((xb, qs), (d, dv)), (bias, sum)), (sd, sv)): (
             (((&[f32], &mut [i8]), (&mut f32, &mut [f32])), (&mut [i32], &mut i32)),
-            &mut f32,
+            (&mut f32, &mut [f32]),
         )| {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let dd = amax / 127.0;
@@ -398,13 +401,14 @@ impl ActQ8 {
             bias[0] = -k * s;
             *sum = s;
             *sd = dd * s as f32;
+            sv[0] = *sd;
         };
         let it = x[..nb * QK]
             .chunks_exact(QK)
             .zip(a.qs.chunks_exact_mut(QK))
             .zip(a.d.iter_mut().zip(a.dv.chunks_exact_mut(8)))
             .zip(a.bias.chunks_exact_mut(8).zip(a.sum.iter_mut()))
-            .zip(a.s.iter_mut());
+            .zip(a.s.iter_mut().zip(a.sv.chunks_exact_mut(8)));
         if nb >= 4096 {
             use rayon::prelude::*;
             let items: Vec<_> = it.collect();

@@ -73,7 +73,7 @@ pub(crate) unsafe fn table(t: &[i8; 16]) -> __m256i {
 /// Block `b`'s 32 values in element order (unsigned for Q4_1/Q5_*, signed for the tables).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode<const K: u8>(b: *const u8, lut: __m256i) -> __m256i {
+pub(crate) unsafe fn decode<const K: u8>(b: *const u8, lut: __m256i) -> __m256i {
     match K {
         Q4_1 => nibbles(b.add(Q4_1_QS)),
         Q5_0 => _mm256_or_si256(nibbles(b.add(Q5_0_QS)), fifth_bits(b.add(Q5_0_QH))),
@@ -86,7 +86,7 @@ unsafe fn decode<const K: u8>(b: *const u8, lut: __m256i) -> __m256i {
 /// Block `b`'s scale `d` in all 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale<const K: u8>(b: *const u8) -> __m256 {
+pub(crate) unsafe fn scale<const K: u8>(b: *const u8) -> __m256 {
     if K == MXFP4 {
         _mm256_set1_ps(e8m0_half(*b))
     } else {

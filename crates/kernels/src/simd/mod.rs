@@ -9,8 +9,8 @@
 //!
 //! Paths: `scalar` (portable, any target, also the reference), `avx2` (AVX2+FMA+F16C,
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
-//! 16-lane float kernels; K-quants and the formats of `avx2_q32` / `avx2_k` reuse the AVX2
-//! kernels), `amx` (AMX-INT8 tiles for
+//! 16-lane float kernels; `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
+//! formats of `avx2_k` reuse the AVX2 kernels), `amx` (AMX-INT8 tiles for
 //! Q4_0/Q8_0, driven per row chunk by `amx::run_rows` instead of `run_tile`; other formats on
 //! that path use `avx512`), `neon` (aarch64: integer dots of the quantized formats with
 //! widening multiplies, bitwise the scalar reference; float formats and Q4_1, Q5_0, Q5_1,
@@ -33,6 +33,8 @@ pub(crate) mod avx2_packed_k;
 pub(crate) mod avx2_q32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_q32;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
 pub(crate) mod scalar;
@@ -165,7 +167,9 @@ impl<'a> Acts<'a> {
             DType::Q4_0 => Acts::Q8(ActQ8::new(x, n, cols, 8)),
             DType::Q8_0 => Acts::Q8(ActQ8::new(x, n, cols, 128)),
             DType::Q5_0 => Acts::Q8(ActQ8::new(x, n, cols, 16)),
-            DType::Q4_1 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 => Acts::Q8(ActQ8::new(x, n, cols, 0)),
+            DType::Q4_1 | DType::Q5_1 => Acts::Q8(ActQ8::new(x, n, cols, 0)),
+            // Table values made unsigned by +128 on the VNNI path, as Q8_0's.
+            DType::IQ4NL | DType::MXFP4 => Acts::Q8(ActQ8::new(x, n, cols, 128)),
             DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => Acts::Q8K(ActQ8K::new(x, n, cols)),
         }
     }

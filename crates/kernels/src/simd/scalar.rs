@@ -37,15 +37,21 @@ pub(crate) trait BlockDots {
     fn q6k(b: &[u8], xq: &[i8]) -> i32;
     /// Σ q·x over 32 unsigned nibbles (`qs[..16]` in the Q4_0 arrangement): Q4_1.
     fn nib32(qs: &[u8], xq: &[i8]) -> i32 {
-        (0..QK).map(|j| nibble32(qs, j) as i32 * xq[j] as i32).sum()
+        (0..16).map(|j| (qs[j] & 0xF) as i32 * xq[j] as i32 + (qs[j] >> 4) as i32 * xq[j + 16] as i32).sum()
     }
     /// Σ q·x over 32 five-bit values (nibbles `qs`, fifth bits `qh`): Q5_0 / Q5_1.
     fn q5(qh: u32, qs: &[u8], xq: &[i8]) -> i32 {
-        (0..QK).map(|j| q5_value(qh, qs, j) as i32 * xq[j] as i32).sum()
+        (0..16)
+            .map(|j| {
+                let lo = (qs[j] & 0xF) as i32 | (((qh >> j) & 1) << 4) as i32;
+                let hi = (qs[j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+                lo * xq[j] as i32 + hi * xq[j + 16] as i32
+            })
+            .sum()
     }
     /// Σ table[q]·x over 32 nibbles (`qs[..16]`, Q4_0 arrangement): IQ4_NL, MXFP4, IQ4_XS.
     fn lut32(qs: &[u8], xq: &[i8], table: &[i8; 16]) -> i32 {
-        (0..QK).map(|j| table[nibble32(qs, j) as usize] as i32 * xq[j] as i32).sum()
+        (0..16).map(|j| table[(qs[j] & 0xF) as usize] as i32 * xq[j] as i32 + table[(qs[j] >> 4) as usize] as i32 * xq[j + 16] as i32).sum()
     }
     /// Q5_K: Σ q·x over sub-block `j` (32 five-bit values) of block `b`; `xq` the whole block.
     fn q5k_group(b: &[u8], xq: &[i8], j: usize) -> i32 {
