@@ -19,6 +19,7 @@ mod chat_template;
 mod error;
 mod gguf_vocab;
 mod hf;
+mod pre_tokenizers;
 mod stream;
 mod token_bytes;
 mod tokenizer;
