@@ -38,7 +38,11 @@ def test_default_model_answers_the_capital_of_france(default_server):
     assert any("SmolLM2" in m for m in models), models
     r = client.chat.completions.create(
         model=models[0],
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        # With SmolLM2's own default system prompt (the template adds one when none is sent) the
+        # 135M model answers this greedily with a list of French words, in llama.cpp as in Engram;
+        # with a plain system prompt both answer "The capital of France is Paris."
+        messages=[{"role": "system", "content": "You are a helpful assistant."},
+                  {"role": "user", "content": "What is the capital of France?"}],
         temperature=0,
         max_tokens=24,
     )
