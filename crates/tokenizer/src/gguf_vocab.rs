@@ -17,12 +17,16 @@
 //!   merge; merges are ranked by the merged piece's score, descending, ties by longer
 //!   left then longer right half, then piece id order); normalizer
 //!   `Prepend("▁") + Replace(" ", "▁")`; decoder `Replace("▁", " ") + ByteFallback
-//!   + Fuse + Strip(left 1)`;
+//!   + Fuse + Strip(left 1)`; without the `Prepend` and the `Strip` when
+//!   `add_space_prefix` is false;
 //! * token types: 3 (CONTROL), 2 (UNKNOWN) and 5 (UNUSED: vocabulary padding up
 //!   to the embedding's rows, which llama.cpp renders as nothing) become special
 //!   added tokens, 4 (USER_DEFINED) non-special added tokens (matched verbatim in
 //!   text, kept by `decode(.., true)`), 6 (BYTE) stay plain vocabulary entries;
-//!   the BOS/EOS/EOT/UNK/PAD ids are special whatever their type;
+//!   the BOS/EOS/EOT/UNK/PAD ids are special whatever their type; a type outside
+//!   0..=6 is an error naming the entry. NOTE: llama.cpp matches only CONTROL,
+//!   UNKNOWN and USER_DEFINED pieces in text, so text spelling an UNUSED piece (or a
+//!   NORMAL-typed BOS/EOS) becomes that token here and plain text there;
 //! * BOS is prepended when `add_bos` (default: true for `llama`; for BPE the pre-tokenizer's
 //!   default, false for most; always for Gemma 4, as llama.cpp forces it),
 //!   EOS appended when `add_eos` (default false);
@@ -95,6 +99,9 @@ pub struct GgufVocab {
     pub add_eos: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// `tokenizer.ggml.add_space_prefix`: SentencePiece vocabularies put a space before the
+    /// text (default true; Gemma's files say false). Unused by BPE vocabularies, as in llama.cpp.
+    pub add_space_prefix: Option<bool>,
 }
 
 /// GGUF token types (`llama_token_type`).
@@ -122,6 +129,10 @@ impl Tokenizer {
         if let Some(t) = &v.token_types {
             if t.len() != n {
                 return Err(err(format!("tokenizer.ggml.token_type has {} entries for {n} tokens", t.len())));
+            }
+            // llama.cpp's `llama_token_type`: 0 undefined .. 6 byte.
+            if let Some((i, ty)) = t.iter().enumerate().find(|(_, ty)| !(0..=6).contains(*ty)) {
+                return Err(err(format!("tokenizer.ggml.token_type[{i}] = {ty} is not a token type (0..=6)")));
             }
         }
         for (name, id) in [
@@ -312,17 +323,24 @@ fn build_llama(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
     }
     let bpe = builder.build().map_err(|e| err(format!("SentencePiece BPE: {e}")))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
-    let normalizer = NormSequence::new(vec![
-        NormalizerWrapper::Prepend(Prepend::new("▁".to_string())),
-        NormalizerWrapper::Replace(Replace::new(" ", "▁").map_err(|e| err(e.to_string()))?),
-    ]);
-    tok.with_normalizer(Some(normalizer));
-    let decoder = DecoderSequence::new(vec![
+    // llama.cpp puts a space before every text fragment (the start, and after each special
+    // or user-defined token) unless `add_space_prefix` is false (Gemma); HF's Prepend runs on
+    // each fragment between added tokens, which is the same set.
+    let space_prefix = v.add_space_prefix.unwrap_or(true);
+    let mut norm = Vec::new();
+    if space_prefix {
+        norm.push(NormalizerWrapper::Prepend(Prepend::new("▁".to_string())));
+    }
+    norm.push(NormalizerWrapper::Replace(Replace::new(" ", "▁").map_err(|e| err(e.to_string()))?));
+    tok.with_normalizer(Some(NormSequence::new(norm)));
+    let mut dec = vec![
         DecoderWrapper::Replace(Replace::new("▁", " ").map_err(|e| err(e.to_string()))?),
         DecoderWrapper::ByteFallback(ByteFallback::new()),
         DecoderWrapper::Fuse(Fuse::new()),
-        DecoderWrapper::Strip(Strip::new(' ', 1, 0)),
-    ]);
-    tok.with_decoder(Some(decoder));
+    ];
+    if space_prefix {
+        dec.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    }
+    tok.with_decoder(Some(DecoderSequence::new(dec)));
     Ok(tok)
 }

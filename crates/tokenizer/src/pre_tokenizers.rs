@@ -21,7 +21,7 @@
 
 /// One llama.cpp pre-tokenizer type (`LLAMA_VOCAB_PRE_TYPE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PreType {
+pub struct PreType {
     /// llama.cpp's enum name, without the `LLAMA_VOCAB_PRE_TYPE_` prefix.
     pub kind: &'static str,
     /// The split regexes, in order (Oniguruma syntax, see the module doc).
@@ -36,7 +36,7 @@ pub(crate) struct PreType {
 /// Flags llama.cpp sets per `tokenizer.ggml.pre` name (not per type: two names of one
 /// type may differ, e.g. `chatglm-bpe` and `glm4`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PreFlags {
+pub struct PreFlags {
     /// A piece that is itself a vocabulary entry becomes that token without merging.
     pub ignore_merges: bool,
     /// llama.cpp's `clean_spaces` (`clean_up_tokenization_spaces`) for detokenization.
@@ -295,14 +295,14 @@ impl PreFlags {
 pub(crate) const SOURCE: &str = "llama.cpp src/llama-vocab.cpp (llama_vocab::impl::load); Engram's copy: crates/tokenizer/src/pre_tokenizers.rs";
 
 /// The type and flags of a `tokenizer.ggml.pre` name, or `None` if llama.cpp does not know it.
-pub(crate) fn lookup(name: &str) -> Option<(PreType, PreFlags)> {
+pub fn lookup(name: &str) -> Option<(PreType, PreFlags)> {
     let &(_, kind, flags) = NAMES.iter().find(|(n, ..)| *n == name)?;
     let ty = *TYPES.iter().find(|t| t.kind == kind).expect("every name's type is in TYPES");
     Some((ty, flags))
 }
 
-/// Every name llama.cpp accepts, in its order.
-pub(crate) fn names() -> impl Iterator<Item = &'static str> {
+/// Every `tokenizer.ggml.pre` name llama.cpp accepts, in the order of its loader.
+pub fn names() -> impl Iterator<Item = &'static str> {
     NAMES.iter().map(|(n, ..)| *n)
 }
 
