@@ -159,7 +159,10 @@ impl Tokenizer {
                 // llama.cpp: a `gemma4` model is BPE whatever `pre` says; a missing `pre` is "default".
                 let name = if v.model == "gemma4" { "gemma4" } else { v.pre.as_deref().unwrap_or("default") };
                 let (pre, flags) = pre_tokenizers::lookup(name).ok_or_else(|| {
-                    err(format!("tokenizer.ggml.pre {name:?} is not a pre-tokenizer llama.cpp knows (the list: {})", pre_tokenizers::SOURCE))
+                    err(format!(
+                        "tokenizer.ggml.pre {name:?} is not a pre-tokenizer llama.cpp knows (the list: {})",
+                        pre_tokenizers::SOURCE
+                    ))
                 })?;
                 // llama.cpp turns BOS on for Gemma 4 whatever the file says.
                 let forced_bos = pre.kind == "GEMMA4";
@@ -242,14 +245,18 @@ fn build_bpe(v: &GgufVocab, vocab: Vocab, pre: &PreType, flags: &PreFlags) -> Re
     for (i, m) in merges_src.iter().enumerate() {
         // llama.cpp splits at the first space after the first byte (`word.find(' ', 1)`).
         let at = m.bytes().skip(1).position(|c| c == b' ').map(|p| p + 1);
-        let (a, b) = at.map(|p| (&m[..p], &m[p + 1..])).ok_or_else(|| err(format!("tokenizer.ggml.merges[{i}] {m:?} is not \"left right\"")))?;
+        let (a, b) =
+            at.map(|p| (&m[..p], &m[p + 1..])).ok_or_else(|| err(format!("tokenizer.ggml.merges[{i}] {m:?} is not \"left right\"")))?;
         for half in [a, b] {
             if !vocab.contains_key(half) {
                 return Err(err(format!("tokenizer.ggml.merges[{i}] {m:?}: {half:?} is not in tokenizer.ggml.tokens")));
             }
         }
         if !vocab.contains_key(&format!("{a}{b}")) {
-            return Err(err(format!("tokenizer.ggml.merges[{i}] {m:?}: the merged {:?} is not in tokenizer.ggml.tokens", format!("{a}{b}"))));
+            return Err(err(format!(
+                "tokenizer.ggml.merges[{i}] {m:?}: the merged {:?} is not in tokenizer.ggml.tokens",
+                format!("{a}{b}")
+            )));
         }
         merges.push((a.to_string(), b.to_string()));
     }

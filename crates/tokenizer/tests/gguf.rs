@@ -233,7 +233,11 @@ fn broken_vocab_arrays_name_the_field() {
     v.token_types.as_mut().unwrap().truncate(v.tokens.len());
     expect_err(&v, "tokenizer.ggml.merges[");
     // ids outside the vocabulary
-    for set in [|v: &mut GgufVocab| v.bos_id = Some(u32::MAX), |v: &mut GgufVocab| v.unk_id = Some(1 << 20), |v: &mut GgufVocab| v.pad_id = Some(5000)] {
+    for set in [
+        |v: &mut GgufVocab| v.bos_id = Some(u32::MAX),
+        |v: &mut GgufVocab| v.unk_id = Some(1 << 20),
+        |v: &mut GgufVocab| v.pad_id = Some(5000),
+    ] {
         let mut v = fixture_vocab("gpt-2");
         set(&mut v);
         expect_err(&v, "_token_id = ");
