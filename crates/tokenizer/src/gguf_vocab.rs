@@ -17,12 +17,16 @@
 //!   merge; merges are ranked by the merged piece's score, descending, ties by longer
 //!   left then longer right half, then piece id order); normalizer
 //!   `Prepend("▁") + Replace(" ", "▁")`; decoder `Replace("▁", " ") + ByteFallback
-//!   + Fuse + Strip(left 1)`;
+//!   + Fuse + Strip(left 1)`; without the `Prepend` and the `Strip` when
+//!   `add_space_prefix` is false;
 //! * token types: 3 (CONTROL), 2 (UNKNOWN) and 5 (UNUSED: vocabulary padding up
 //!   to the embedding's rows, which llama.cpp renders as nothing) become special
 //!   added tokens, 4 (USER_DEFINED) non-special added tokens (matched verbatim in
 //!   text, kept by `decode(.., true)`), 6 (BYTE) stay plain vocabulary entries;
-//!   the BOS/EOS/EOT/UNK/PAD ids are special whatever their type;
+//!   the BOS/EOS/EOT/UNK/PAD ids are special whatever their type; a type outside
+//!   0..=6 is an error naming the entry. NOTE: llama.cpp matches only CONTROL,
+//!   UNKNOWN and USER_DEFINED pieces in text, so text spelling an UNUSED piece (or a
+//!   NORMAL-typed BOS/EOS) becomes that token here and plain text there;
 //! * BOS is prepended when `add_bos` (default: true for `llama`; for BPE the pre-tokenizer's
 //!   default, false for most; always for Gemma 4, as llama.cpp forces it),
 //!   EOS appended when `add_eos` (default false);
@@ -95,6 +99,9 @@ pub struct GgufVocab {
     pub add_eos: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// `tokenizer.ggml.add_space_prefix`: SentencePiece vocabularies put a space before the
+    /// text (default true; Gemma's files say false). Unused by BPE vocabularies, as in llama.cpp.
+    pub add_space_prefix: Option<bool>,
 }
 
 /// GGUF token types (`llama_token_type`).
@@ -123,6 +130,10 @@ impl Tokenizer {
             if t.len() != n {
                 return Err(err(format!("tokenizer.ggml.token_type has {} entries for {n} tokens", t.len())));
             }
+            // llama.cpp's `llama_token_type`: 0 undefined .. 6 byte.
+            if let Some((i, ty)) = t.iter().enumerate().find(|(_, ty)| !(0..=6).contains(*ty)) {
+                return Err(err(format!("tokenizer.ggml.token_type[{i}] = {ty} is not a token type (0..=6)")));
+            }
         }
         for (name, id) in [
             ("bos_token_id", v.bos_id),
@@ -148,7 +159,10 @@ impl Tokenizer {
                 // llama.cpp: a `gemma4` model is BPE whatever `pre` says; a missing `pre` is "default".
                 let name = if v.model == "gemma4" { "gemma4" } else { v.pre.as_deref().unwrap_or("default") };
                 let (pre, flags) = pre_tokenizers::lookup(name).ok_or_else(|| {
-                    err(format!("tokenizer.ggml.pre {name:?} is not a pre-tokenizer llama.cpp knows (the list: {})", pre_tokenizers::SOURCE))
+                    err(format!(
+                        "tokenizer.ggml.pre {name:?} is not a pre-tokenizer llama.cpp knows (the list: {})",
+                        pre_tokenizers::SOURCE
+                    ))
                 })?;
                 // llama.cpp turns BOS on for Gemma 4 whatever the file says.
                 let forced_bos = pre.kind == "GEMMA4";
@@ -231,14 +245,18 @@ fn build_bpe(v: &GgufVocab, vocab: Vocab, pre: &PreType, flags: &PreFlags) -> Re
     for (i, m) in merges_src.iter().enumerate() {
         // llama.cpp splits at the first space after the first byte (`word.find(' ', 1)`).
         let at = m.bytes().skip(1).position(|c| c == b' ').map(|p| p + 1);
-        let (a, b) = at.map(|p| (&m[..p], &m[p + 1..])).ok_or_else(|| err(format!("tokenizer.ggml.merges[{i}] {m:?} is not \"left right\"")))?;
+        let (a, b) =
+            at.map(|p| (&m[..p], &m[p + 1..])).ok_or_else(|| err(format!("tokenizer.ggml.merges[{i}] {m:?} is not \"left right\"")))?;
         for half in [a, b] {
             if !vocab.contains_key(half) {
                 return Err(err(format!("tokenizer.ggml.merges[{i}] {m:?}: {half:?} is not in tokenizer.ggml.tokens")));
             }
         }
         if !vocab.contains_key(&format!("{a}{b}")) {
-            return Err(err(format!("tokenizer.ggml.merges[{i}] {m:?}: the merged {:?} is not in tokenizer.ggml.tokens", format!("{a}{b}"))));
+            return Err(err(format!(
+                "tokenizer.ggml.merges[{i}] {m:?}: the merged {:?} is not in tokenizer.ggml.tokens",
+                format!("{a}{b}")
+            )));
         }
         merges.push((a.to_string(), b.to_string()));
     }
@@ -312,17 +330,24 @@ fn build_llama(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
     }
     let bpe = builder.build().map_err(|e| err(format!("SentencePiece BPE: {e}")))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
-    let normalizer = NormSequence::new(vec![
-        NormalizerWrapper::Prepend(Prepend::new("▁".to_string())),
-        NormalizerWrapper::Replace(Replace::new(" ", "▁").map_err(|e| err(e.to_string()))?),
-    ]);
-    tok.with_normalizer(Some(normalizer));
-    let decoder = DecoderSequence::new(vec![
+    // llama.cpp puts a space before every text fragment (the start, and after each special
+    // or user-defined token) unless `add_space_prefix` is false (Gemma); HF's Prepend runs on
+    // each fragment between added tokens, which is the same set.
+    let space_prefix = v.add_space_prefix.unwrap_or(true);
+    let mut norm = Vec::new();
+    if space_prefix {
+        norm.push(NormalizerWrapper::Prepend(Prepend::new("▁".to_string())));
+    }
+    norm.push(NormalizerWrapper::Replace(Replace::new(" ", "▁").map_err(|e| err(e.to_string()))?));
+    tok.with_normalizer(Some(NormSequence::new(norm)));
+    let mut dec = vec![
         DecoderWrapper::Replace(Replace::new("▁", " ").map_err(|e| err(e.to_string()))?),
         DecoderWrapper::ByteFallback(ByteFallback::new()),
         DecoderWrapper::Fuse(Fuse::new()),
-        DecoderWrapper::Strip(Strip::new(' ', 1, 0)),
-    ]);
-    tok.with_decoder(Some(decoder));
+    ];
+    if space_prefix {
+        dec.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    }
+    tok.with_decoder(Some(DecoderSequence::new(dec)));
     Ok(tok)
 }

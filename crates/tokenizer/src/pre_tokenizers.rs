@@ -21,7 +21,7 @@
 
 /// One llama.cpp pre-tokenizer type (`LLAMA_VOCAB_PRE_TYPE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PreType {
+pub struct PreType {
     /// llama.cpp's enum name, without the `LLAMA_VOCAB_PRE_TYPE_` prefix.
     pub kind: &'static str,
     /// The split regexes, in order (Oniguruma syntax, see the module doc).
@@ -36,7 +36,7 @@ pub(crate) struct PreType {
 /// Flags llama.cpp sets per `tokenizer.ggml.pre` name (not per type: two names of one
 /// type may differ, e.g. `chatglm-bpe` and `glm4`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PreFlags {
+pub struct PreFlags {
     /// A piece that is itself a vocabulary entry becomes that token without merging.
     pub ignore_merges: bool,
     /// llama.cpp's `clean_spaces` (`clean_up_tokenization_spaces`) for detokenization.
@@ -69,31 +69,45 @@ macro_rules! han {
 const TYPES: &[PreType] = &[
     bl("DEFAULT", &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"]),
     bl("LLAMA3", &[LLAMA3]),
-    bl("JAIS2", &[r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}"]),
+    bl(
+        "JAIS2",
+        &[
+            r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}",
+        ],
+    ),
     bl("DBRX", &[LLAMA3]),
     bl("SMAUG", &[LLAMA3]),
-    bl("DEEPSEEK_LLM", &[
-        "[\r\n]",
-        r"\s?[A-Za-z\x{B5}\x{C0}-\x{D6}\x{D8}-\x{F6}\x{F8}-\x{1BA}\x{1BC}-\x{1BF}\x{1C4}-\x{293}\x{295}-\x{2AF}\x{370}-\x{373}\x{376}\x{377}\x{37B}-\x{37D}\x{37F}\x{386}\x{388}-\x{38A}\x{38C}\x{38E}-\x{3A1}\x{3A3}-\x{3F5}\x{3F7}-\x{481}\x{48A}-\x{52F}\x{531}-\x{556}\x{10A0}-\x{10C5}\x{13A0}-\x{13F5}\x{13F8}-\x{13FD}\x{1C90}-\x{1CBA}\x{1CBD}-\x{1CBF}\x{1D00}-\x{1D2B}\x{1D6B}-\x{1D77}\x{1D79}-\x{1D9A}\x{1E00}-\x{1F15}\x{1F18}-\x{1F1D}\x{1F20}-\x{1F45}\x{1F48}-\x{1F4D}\x{1F50}-\x{1F57}\x{1F59}\x{1F5B}\x{1F5D}\x{1F5F}-\x{1F7D}\x{1F80}-\x{1FB4}\x{1FB6}-\x{1FBC}\x{1FBE}\x{1FC2}-\x{1FC4}\x{1FC6}-\x{1FCC}\x{1FD0}-\x{1FD3}\x{1FD6}-\x{1FDB}\x{1FE0}-\x{1FEC}\x{1FF2}-\x{1FF4}\x{1FF6}-\x{1FFC}\x{2102}\x{2107}\x{210A}-\x{2113}\x{2115}\x{2119}-\x{211D}\x{2124}\x{2126}\x{2128}\x{212A}-\x{212D}\x{212F}-\x{2134}\x{2139}\x{213C}-\x{213F}\x{2145}-\x{2149}\x{214E}\x{2183}\x{2184}\x{2C00}-\x{2C7B}\x{2C7E}-\x{2CE4}\x{2CEB}-\x{2CEE}\x{2CF2}\x{2CF3}\x{A640}-\x{A66D}\x{A680}-\x{A69B}\x{A722}-\x{A76F}\x{A771}-\x{A787}\x{A78B}-\x{A78E}\x{AB70}-\x{ABBF}\x{FB00}-\x{FB06}\x{FB13}-\x{FB17}\x{FF21}-\x{FF3A}\x{FF41}-\x{FF5A}\x{10400}-\x{1044F}\x{104B0}-\x{104D3}\x{104D8}-\x{104FB}\x{10C80}-\x{10CB2}\x{10CC0}-\x{10CF2}\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}]+",
-        r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
-        r"\s+\z",
-        "[一-龥ࠀ-一가-퟿]+",
-        r"\p{N}+",
-    ]),
+    bl(
+        "DEEPSEEK_LLM",
+        &[
+            "[\r\n]",
+            r"\s?[A-Za-z\x{B5}\x{C0}-\x{D6}\x{D8}-\x{F6}\x{F8}-\x{1BA}\x{1BC}-\x{1BF}\x{1C4}-\x{293}\x{295}-\x{2AF}\x{370}-\x{373}\x{376}\x{377}\x{37B}-\x{37D}\x{37F}\x{386}\x{388}-\x{38A}\x{38C}\x{38E}-\x{3A1}\x{3A3}-\x{3F5}\x{3F7}-\x{481}\x{48A}-\x{52F}\x{531}-\x{556}\x{10A0}-\x{10C5}\x{13A0}-\x{13F5}\x{13F8}-\x{13FD}\x{1C90}-\x{1CBA}\x{1CBD}-\x{1CBF}\x{1D00}-\x{1D2B}\x{1D6B}-\x{1D77}\x{1D79}-\x{1D9A}\x{1E00}-\x{1F15}\x{1F18}-\x{1F1D}\x{1F20}-\x{1F45}\x{1F48}-\x{1F4D}\x{1F50}-\x{1F57}\x{1F59}\x{1F5B}\x{1F5D}\x{1F5F}-\x{1F7D}\x{1F80}-\x{1FB4}\x{1FB6}-\x{1FBC}\x{1FBE}\x{1FC2}-\x{1FC4}\x{1FC6}-\x{1FCC}\x{1FD0}-\x{1FD3}\x{1FD6}-\x{1FDB}\x{1FE0}-\x{1FEC}\x{1FF2}-\x{1FF4}\x{1FF6}-\x{1FFC}\x{2102}\x{2107}\x{210A}-\x{2113}\x{2115}\x{2119}-\x{211D}\x{2124}\x{2126}\x{2128}\x{212A}-\x{212D}\x{212F}-\x{2134}\x{2139}\x{213C}-\x{213F}\x{2145}-\x{2149}\x{214E}\x{2183}\x{2184}\x{2C00}-\x{2C7B}\x{2C7E}-\x{2CE4}\x{2CEB}-\x{2CEE}\x{2CF2}\x{2CF3}\x{A640}-\x{A66D}\x{A680}-\x{A69B}\x{A722}-\x{A76F}\x{A771}-\x{A787}\x{A78B}-\x{A78E}\x{AB70}-\x{ABBF}\x{FB00}-\x{FB06}\x{FB13}-\x{FB17}\x{FF21}-\x{FF3A}\x{FF41}-\x{FF5A}\x{10400}-\x{1044F}\x{104B0}-\x{104D3}\x{104D8}-\x{104FB}\x{10C80}-\x{10CB2}\x{10CC0}-\x{10CF2}\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}]+",
+            r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+            r"\s+\z",
+            "[一-龥ࠀ-一가-퟿]+",
+            r"\p{N}+",
+        ],
+    ),
     bl("DEEPSEEK3_LLM", DEEPSEEK3),
     bl("HUNYUAN_DENSE", DEEPSEEK3),
     bl("JOYAI_LLM", DEEPSEEK3),
     bl("HY_V4", DEEPSEEK3),
-    bl("SPARK2_5", &[
-        r"\p{N}{1,3}",
-        "[一-龥぀-ゟ゠-ヿ]+",
-        r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+"##,
-        r"\p{N}",
-    ]),
-    bl("YOUTU", &[
-        "[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+",
-        r"[^\r\n\p{L}\p{N}]?[\p{L}\p{L}\p{L}\p{L}\p{M}]*[\p{L}\p{L}\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{L}\p{L}\p{L}\p{L}\p{M}]+[\p{L}\p{L}\p{L}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ]),
+    bl(
+        "SPARK2_5",
+        &[
+            r"\p{N}{1,3}",
+            "[一-龥぀-ゟ゠-ヿ]+",
+            r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+"##,
+            r"\p{N}",
+        ],
+    ),
+    bl(
+        "YOUTU",
+        &[
+            "[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+",
+            r"[^\r\n\p{L}\p{N}]?[\p{L}\p{L}\p{L}\p{L}\p{M}]*[\p{L}\p{L}\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{L}\p{L}\p{L}\p{L}\p{M}]+[\p{L}\p{L}\p{L}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+    ),
     bl("DEEPSEEK_CODER", &["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"]),
     bl("FALCON", &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"]),
     bl("STARCODER", STARCODER),
@@ -114,51 +128,91 @@ const TYPES: &[PreType] = &[
     bl("QWEN2", &[QWEN2]),
     bl("HUNYUAN", &[QWEN2]),
     bl("SOLAR_OPEN", &[QWEN2]),
-    bl("QWEN35", &[r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]),
+    bl(
+        "QWEN35",
+        &[
+            r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+    ),
     bl("PORO", BLOOM),
     bl("BLOOM", BLOOM),
     bl("GPT3_FINNISH", BLOOM),
     bl("CHATGLM4", &[LLAMA3]),
     bl("VIKING", &[r" ?[^(\s|.,!?…。，、।۔،)]+", r"\p{N}"]),
-    bl("TEKKEN", &[r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"]),
-    bl("CHAMELEON", &[
-        "<sentinel:[0-9]+>",
-        "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
-        "([\\t\\n]|    |  )",
-        r"\p{N}",
-        r"[\p{P}!-/:-@\[-`{-~]",
-        GPT2,
-    ]),
+    bl(
+        "TEKKEN",
+        &[
+            r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+    ),
+    bl(
+        "CHAMELEON",
+        &["<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )", r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", GPT2],
+    ),
     bl("GPT4O", GPT4O),
     bl("MINIMAX_M2", GPT4O),
-    bl("GRANITE_EMB_MULTI", &[r"[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))*((?=[\p{L}\p{M}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))+((?=[\p{L}\p{M}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"]),
-    bl("TINY_AYA", &[
-        DIGIT_GROUPS,
-        r"[^\r\n\p{L}\p{N}]?[\p{L}\p{L}\p{L}\p{L}\p{M}]*[\p{L}\p{L}\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{L}\p{L}\p{L}\p{L}\p{M}]+[\p{L}\p{L}\p{L}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ]),
-    bl("KIMI_K2", &[concat!(
-        "[", han!(), r"]+",
-        r"|[^\r\n\p{L}\p{N}]?[\p{L}&&[^", han!(), r"]]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?",
-        r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-    )]),
+    bl(
+        "GRANITE_EMB_MULTI",
+        &[
+            r"[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))*((?=[\p{L}\p{M}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))+((?=[\p{L}\p{M}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+    ),
+    bl(
+        "TINY_AYA",
+        &[
+            DIGIT_GROUPS,
+            r"[^\r\n\p{L}\p{N}]?[\p{L}\p{L}\p{L}\p{L}\p{M}]*[\p{L}\p{L}\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{L}\p{L}\p{L}\p{L}\p{M}]+[\p{L}\p{L}\p{L}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+    ),
+    bl(
+        "KIMI_K2",
+        &[concat!(
+            "[",
+            han!(),
+            r"]+",
+            r"|[^\r\n\p{L}\p{N}]?[\p{L}&&[^",
+            han!(),
+            r"]]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?",
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        )],
+    ),
     bl("SUPERBPE", &[r"\p{N}+", r"(?=([0-9]{3})+(?![0-9]))"]),
-    bl("BAILINGMOE", &[r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"]),
-    bl("SEED_CODER", &[r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"]),
+    bl(
+        "BAILINGMOE",
+        &[r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"],
+    ),
+    bl(
+        "SEED_CODER",
+        &[
+            r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+    ),
     bl("UFAKZEKA", &[r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]),
     bl("GROK_2", &[QWEN2]),
-    bl("AFMOE", &[
-        DIGIT_GROUPS,
-        "[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
-        r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
-    ]),
+    bl(
+        "AFMOE",
+        &[
+            DIGIT_GROUPS,
+            "[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
+            r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+        ],
+    ),
     bl("LAGUNA", &[NEWLINES, QWEN2]),
-    bl("EXAONE_MOE", &[r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"]),
+    bl(
+        "EXAONE_MOE",
+        &[
+            r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",
+        ],
+    ),
     PreType { kind: "GEMMA4", regexes: &[NEWLINES], byte_encode: false, escape_whitespaces: true },
     PreType { kind: "SARVAM_MOE", regexes: &[NEWLINES], byte_encode: false, escape_whitespaces: true },
-    bl("MINICPM5", &[
-        r"\p{N}{1,3}",
-        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ]),
+    bl(
+        "MINICPM5",
+        &[
+            r"\p{N}{1,3}",
+            r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+    ),
     PreType { kind: "WHITESPACE", regexes: &[r"\S+"], byte_encode: false, escape_whitespaces: false },
 ];
 
@@ -169,16 +223,18 @@ const DEEPSEEK3: &[&str] = &[
 ];
 const STARCODER: &[&str] = &[r"\p{N}", GPT2];
 const BLOOM: &[&str] = &[r" ?[^(\s|.,!?…。，、।۔،)]+"];
-const GPT4O: &[&str] = &[r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"];
+const GPT4O: &[&str] = &[
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+];
 
 /// A byte-level type.
 const fn bl(kind: &'static str, regexes: &'static [&'static str]) -> PreType {
     PreType { kind, regexes, byte_encode: true, escape_whitespaces: false }
 }
 
-/// `tokenizer.ggml.pre` names llama.cpp accepts, each with its type and flags
-/// (`(name, type, ignore_merges, clean_spaces, add_bos)`; BPE's defaults are
-/// `clean_spaces = true`, `add_bos = false`).
+/// `tokenizer.ggml.pre` names llama.cpp accepts, in the order of its chain, each with its
+/// type and flags (from the BPE defaults [`F`]: `.im()` ignore_merges, `.nc()` no
+/// clean_spaces, `.bos()` add_bos, `.no_bos()` BOS id cleared).
 const NAMES: &[(&str, &str, Flags)] = &[
     ("default", "DEFAULT", F),
     ("minicpm5", "MINICPM5", F.im()),
@@ -273,8 +329,9 @@ const NAMES: &[(&str, &str, Flags)] = &[
     ("mellum2", "MELLUM2", F),
 ];
 
-/// Builder for a name's flags, so the table reads like llama.cpp's chain.
+/// Short name for the table's flags column.
 type Flags = PreFlags;
+/// llama.cpp's BPE defaults: merges used, `clean_spaces = true`, no BOS by default.
 const F: Flags = PreFlags { ignore_merges: false, clean_spaces: true, add_bos: false, clears_bos: false };
 impl PreFlags {
     const fn im(self) -> Self {
@@ -292,17 +349,18 @@ impl PreFlags {
 }
 
 /// Where the list of names comes from, for error messages.
-pub(crate) const SOURCE: &str = "llama.cpp src/llama-vocab.cpp (llama_vocab::impl::load); Engram's copy: crates/tokenizer/src/pre_tokenizers.rs";
+pub(crate) const SOURCE: &str =
+    "llama.cpp src/llama-vocab.cpp (llama_vocab::impl::load); Engram's copy: crates/tokenizer/src/pre_tokenizers.rs";
 
 /// The type and flags of a `tokenizer.ggml.pre` name, or `None` if llama.cpp does not know it.
-pub(crate) fn lookup(name: &str) -> Option<(PreType, PreFlags)> {
+pub fn lookup(name: &str) -> Option<(PreType, PreFlags)> {
     let &(_, kind, flags) = NAMES.iter().find(|(n, ..)| *n == name)?;
     let ty = *TYPES.iter().find(|t| t.kind == kind).expect("every name's type is in TYPES");
     Some((ty, flags))
 }
 
-/// Every name llama.cpp accepts, in its order.
-pub(crate) fn names() -> impl Iterator<Item = &'static str> {
+/// Every `tokenizer.ggml.pre` name llama.cpp accepts, in the order of its loader.
+pub fn names() -> impl Iterator<Item = &'static str> {
     NAMES.iter().map(|(n, ..)| *n)
 }
 

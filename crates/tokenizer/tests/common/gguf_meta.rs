@@ -127,5 +127,6 @@ pub fn read_vocab(path: &Path) -> GgufVocab {
         add_bos: b("tokenizer.ggml.add_bos_token"),
         add_eos: b("tokenizer.ggml.add_eos_token"),
         chat_template: s("tokenizer.chat_template"),
+        add_space_prefix: b("tokenizer.ggml.add_space_prefix"),
     }
 }
