@@ -21,8 +21,8 @@ use engram_engine::{ContextPolicy, DualStream, FactSegment, RenderSegment, Retir
 use engram_kv::{KvPool, KvView};
 use engram_model::{Logits, Model};
 
-use crate::facts_stall;
 use crate::common::{forward_at, kv_pool, load_model, ModelArgs};
+use crate::facts_stall;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
