@@ -126,6 +126,7 @@ fn read_vocab(f: &GgufFile) -> Result<GgufVocab> {
         pad_id: id("tokenizer.ggml.padding_token_id")?,
         add_bos: f.get_bool_opt("tokenizer.ggml.add_bos_token")?,
         add_eos: f.get_bool_opt("tokenizer.ggml.add_eos_token")?,
+        add_space_prefix: f.get_bool_opt("tokenizer.ggml.add_space_prefix")?,
         chat_template: f.get_str_opt("tokenizer.chat_template")?,
     })
 }
