@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Before/after benchmark of two engram binaries (issue 13): `bench speed`,
+# Before/after benchmark of two engram binaries: `bench speed`,
 # `bench cache` (histories 1K / 4K / 16K) and `bench serve`, the old and the
-# new binary run side by side in one session.
+# new binary run side by side in one run.
 #
 # What it measures. For ROUNDS rounds (default 3), each bench case runs once
 # with each binary, back to back; the order alternates every other round
@@ -12,8 +12,8 @@
 # round's new/old (the spread of those is the noise).
 #
 # Cases (sizes chosen so that 3 rounds take ~15-17 min on an idle 2-core AVX2 machine):
-#   speed-llama1b  `bench speed` on the README's llama-1b fixture (Q4_0): pp128 / tg32, 1 rep
-#                  (the README's pp512 / tg128 x 2 reps takes ~2 min a run here: ~15 tok/s prefill)
+#   speed-llama1b  `bench speed` on the llama-1b fixture of docs/benchmarks.md (Q4_0): pp128 / tg32, 1 rep
+#                  (the default pp512 / tg128 x 2 reps takes ~2 min a run here: ~15 tok/s prefill)
 #   speed-pycode   `bench speed` on models/pycode-long (Q8_0, 15.7M params): pp512 / tg128, 2 reps
 #   speed-pycode-4k  the same with a 4096-token prompt (tg32, 1 rep): long-context prefill, where
 #                  attention dominates; it stands in for bench cache's cold TTFT (skipped below)
@@ -24,12 +24,12 @@
 #                  most of this case's time; cold TTFT (another prefill of every history) would
 #                  double it.
 #   serve-pycode   `bench serve` on pycode-long, defaults (concurrency 1,2,4,8, 64 / 64 tokens)
-#   (no `bench serve` on llama-1b: the README's setting, 8 sessions x 64 + 64 tokens, takes
+#   (no `bench serve` on llama-1b: docs/benchmarks.md's setting, 8 sessions x 64 + 64 tokens, takes
 #   minutes a run here, and short runs of it are not usable: with 4-16 decoded tokens the
 #   random-weight fixture's sessions sent their text only at the end (aggregate decode read
 #   ~1e6 tok/s at 4 sessions) and the staggered-arrival part failed with "the engine
 #   stopped", in both binaries)
-# llama-1b (the README's shape) cannot prefill 4K or 16K tokens here in the time
+# llama-1b (the benchmarks' shape) cannot prefill 4K or 16K tokens here in the time
 # (6-15 tok/s prefill on these 2 AVX2 cores: one 16K prefill would take 20+ min),
 # so `bench cache` runs on the repository's 16K-context pycode-long model (copied
 # into WORK_DIR first).

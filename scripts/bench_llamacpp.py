@@ -64,7 +64,7 @@ def bench_engram(engram, path, threads, reps):
 
 
 def prompt_tokens(n_vocab, n):
-    # The same formula as `engram bench speed` (crates/cli/src/bench_speed.rs); the
+    # The same formula as `engram bench speed` (crates/bench/src/speed.rs); the
     # modulus is the vocabulary size as llama.cpp reports it. Which ids does not
     # matter for speed.
     return [(i * 2_654_435_761 + 12345) % n_vocab for i in range(n)]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The aarch64 NEON kernels (crates/kernels/src/simd/neon.rs), cross-built and unit-tested under
-# user-mode emulation on an x86-64 machine: issue 18 item 4.
+# user-mode emulation on an x86-64 machine (no ARM machine needed).
 #
 #   scripts/neon-check.sh            installs what is missing from Debian's packages (root), then
 #                                    cross-builds engram-kernels for aarch64-unknown-linux-gnu and

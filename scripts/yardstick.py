@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Engram against llama.cpp on the same GGUF files, alternating, best of N: the README table.
+"""Engram against llama.cpp on the same GGUF files, alternating, best of N: the table in docs/benchmarks.md.
 
 Files (from --fixture-dir): the llama-1b fixture as Engram writes it
 (llama-1b-{q4_0,q8_0,q4_k_m,f16}.gguf) and as llama.cpp's own quantizer writes it from

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Engram against llama.cpp on the same files, on this machine: the README's speed table.
+# Engram against llama.cpp on the same files, on this machine: the speed table in docs/benchmarks.md.
 #
 #   scripts/yardstick.sh setup VENV          build llama-cpp-python into VENV (outside the repo),
 #                                            SIMD flags picked from /proc/cpuinfo (~6-10 min on 2 cores)

@@ -26,13 +26,15 @@ def fixture_model(tmp):
     return tmp / "fx" / "tiny-q8_0.gguf"
 
 
-def spawn_server(model, data_dir, *extra, wrapper=(), preexec_fn=None):
+def spawn_server(model, data_dir, *extra, wrapper=(), preexec_fn=None, env=None):
     """Starts `engram serve` on port 0; returns (process, base URL) once /health answers.
-    `wrapper`: a command to run it under (e.g. setpriv); `preexec_fn`: run in the child before exec."""
+    `model` None: no --model (the server picks its default model). `wrapper`: a command to run
+    it under (e.g. setpriv); `preexec_fn`: run in the child before exec; `env`: its environment."""
+    model_flag = [] if model is None else ["--model", str(model)]
     proc = subprocess.Popen(
-        [*wrapper, str(BIN), "serve", "--model", str(model), "--port", "0", "--data-dir", str(data_dir),
+        [*wrapper, str(BIN), "serve", *model_flag, "--port", "0", "--data-dir", str(data_dir),
          "--kv-format", "f32", "--threads", "2", *extra],
-        stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+        stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn, env=env)
     addr = None
     deadline = time.time() + 60
     lines = []

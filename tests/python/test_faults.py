@@ -1,4 +1,4 @@
-"""Faults (issue 19): a real `engram serve` killed, starved of disk, denied writes, and
+"""Faults: a real `engram serve` killed, starved of disk, denied writes, and
 handed cache files cut short under it.
 
 Every test compares temperature-0 answers with a reference server that runs on a fresh

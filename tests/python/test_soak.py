@@ -1,7 +1,7 @@
-"""Soak (issue 19): many clients over several tenants against one real `engram serve`.
+"""Soak: many clients over several tenants against one real `engram serve`.
 
 32 client threads over 4 tenants (API keys from a key file) run a mix for
-ENGRAM_SOAK_SECONDS (20 s by default, the CI profile; the issue's profile is 600):
+ENGRAM_SOAK_SECONDS (20 s by default, the CI profile; a long soak is 600):
 multi-turn chats that extend their own conversation, streamed chats, agent
 generations, and streams the client abandons after the first chunk. Checked:
 

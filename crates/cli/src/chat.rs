@@ -29,9 +29,12 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// A system prompt.
-    #[arg(long)]
-    system: Option<String>,
+    /// The system prompt; an empty string sends none (the model's chat template may then add
+    /// its own). The default is a plain one: small instruct models answer plain questions
+    /// better with it (SmolLM2-135M-Instruct, greedy, answers the capital of France only with a
+    /// system prompt, in Engram and in llama.cpp alike).
+    #[arg(long, default_value = "You are a helpful assistant.")]
+    system: String,
     /// Whose facts `/fact` keeps (the OpenAI `user` of `engram serve --context dual`).
     #[arg(long, default_value = "default")]
     user: String,
@@ -41,8 +44,12 @@ const HELP: &str = "commands: /fact TEXT, /forget ID, /facts, /thread NAME";
 
 pub fn run(a: Args) -> Result<()> {
     let _lock = crate::data_lock::lock_data_dir(&crate::common::data_dir(&a.model.data_dir), "chat")?;
-    let model = load_model(&a.model)?;
-    let pool = kv_pool(&model, &a.model)?;
+    let mut model_args = a.model.clone();
+    if model_args.model.is_none() {
+        model_args.model = Some(crate::chat_model::default_chat_model(&crate::common::data_dir(&a.model.data_dir))?);
+    }
+    let model = load_model(&model_args)?;
+    let pool = kv_pool(&model, &model_args)?;
     let tok = &model.tokenizer;
     let tpl = tok.chat_template().ok_or_else(|| anyhow::anyhow!("the model has no chat template; use `engram generate`"))?;
     if !valid_name(&a.user) {
@@ -50,7 +57,8 @@ pub fn run(a: Args) -> Result<()> {
     }
     let facts = FactStore::open(&crate::cache_cmd::store_dir(&a.model.data_dir).join("facts"), FactLimits::default());
     let owner = format!("default\u{1f}user:{}", a.user);
-    let system: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
+    let system: Vec<ChatMessage> =
+        Some(&a.system).filter(|s| !s.is_empty()).map(|s| ChatMessage { role: "system".into(), content: s.clone() }).into_iter().collect();
     let mut threads: HashMap<String, (Vec<ChatMessage>, Generator<'_>)> = HashMap::new();
     let mut current = "default".to_string();
     let params = a.sampling.params();

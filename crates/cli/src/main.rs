@@ -1,39 +1,24 @@
 //! `engram`: the command-line entry point. Each subcommand lives in its own
-//! module; this file only parses arguments and dispatches.
+//! module, the benchmarks (`engram bench …`) in `engram-bench`; this file only
+//! parses arguments and dispatches.
 
 mod api_keys;
-mod bench_attention;
-mod bench_blend;
-mod bench_cache;
-mod bench_context;
-mod bench_dual_disk;
-mod bench_dual_persist;
-mod bench_facts;
-mod bench_facts_stall;
-mod bench_membw;
-mod bench_rag;
-mod bench_relevance;
-mod bench_save_stall;
-mod bench_scenario;
-mod bench_serve;
-mod bench_sparse;
-mod bench_speculation;
-mod bench_speed;
 mod cache_cmd;
 mod chat;
-mod common;
+mod chat_model;
 mod convert_cmd;
 mod data_lock;
-mod fidelity;
 mod fixture_cmd;
 mod generate;
 mod generate_sparse;
 mod rag_cmd;
 mod scenario_cmd;
 mod serve;
-mod timed_sink;
 
 use clap::{Parser, Subcommand};
+// NOTE: the options and model loading shared with the benchmarks live in `engram-cli-common`;
+// named `common` here as before, so the subcommands import `crate::common::…`.
+use engram_cli_common as common;
 
 /// Engram: an on-device LLM runtime that never prefills the same context twice.
 #[derive(Parser)]
@@ -64,44 +49,8 @@ enum Command {
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
-        which: BenchCommand,
+        which: engram_bench::BenchCommand,
     },
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Prefill and decode tokens/s (512-token prompt, 128 decoded tokens).
-    Speed(bench_speed::Args),
-    /// Memory read bandwidth with 1..N threads (stream read and real GEMVs), the bound on decode.
-    Membw(bench_membw::Args),
-    /// Attention alone over a ring-like KV cache at two depths, side by side (ms per step, GB/s).
-    Attention(bench_attention::Args),
-    /// Time to first token: cold vs hot vs warm (restored from disk), shared prefixes, KV formats.
-    Cache(bench_cache::Args),
-    /// What each approximation (q8/q4 KV, bf16 attention, eviction, chunk reuse) costs vs the exact path.
-    Fidelity(fidelity::Args),
-    /// Aggregate decode tokens/s with 1, 2, 4, 8 concurrent sessions through the server's scheduler.
-    Serve(serve::BenchArgs),
-    /// Relevance ranking (ROC AUC, precision/recall) of a sentence encoder or the LLM's pooled hidden states.
-    Relevance(bench_relevance::Args),
-    /// Decode speed with speculative decoding (prompt lookup) vs without, on code-editing prompts.
-    Speculation(bench_speculation::Args),
-    /// Dual-stream contexts vs the full history: KV bytes and decode speed over a long conversation, threads.
-    Context(bench_context::Args),
-    /// A user's persistent stream shared by 8 threads (a copy each, forks in RAM, one mapped file): RSS, restore vs prefill.
-    DualPersist(bench_dual_persist::Args),
-    /// A user's facts in the dual-stream contexts: a turn after a fact, the summary's swap and its stall.
-    Facts(bench_facts::Args),
-    /// A multi-agent scenario end to end: agents' caches as working memory vs re-prefilling every prompt.
-    Scenario(bench_scenario::Args),
-    /// Personal RAG: naive vs chunk KV tree vs QA bank vs both, on a seeded synthetic corpus.
-    Rag(bench_rag::Args),
-    /// RAG chunk KV moved to new positions with CacheBlend recomputation: KL, top-1 and prefill time vs the full prefill.
-    Blend(bench_blend::Args),
-    /// Sparse attention over clustered KV (DynaKV, seed 002) vs exact and the baselines: quality and decode speed.
-    Sparse(bench_sparse::Args),
-    /// How long the engine waits on the disk store while a long session is saved (lock held vs staged save).
-    SaveStall(bench_save_stall::Args),
 }
 
 fn main() {
@@ -124,22 +73,7 @@ fn main() {
         Command::Cache(a) => cache_cmd::run(a),
         Command::Scenario(a) => scenario_cmd::run(a),
         Command::Rag(a) => rag_cmd::run(a),
-        Command::Bench { which: BenchCommand::Speed(a) } => bench_speed::run(a),
-        Command::Bench { which: BenchCommand::Cache(a) } => bench_cache::run(a),
-        Command::Bench { which: BenchCommand::Membw(a) } => bench_membw::run(a),
-        Command::Bench { which: BenchCommand::Attention(a) } => bench_attention::run(a),
-        Command::Bench { which: BenchCommand::Serve(a) } => serve::bench(a),
-        Command::Bench { which: BenchCommand::Relevance(a) } => bench_relevance::run(a),
-        Command::Bench { which: BenchCommand::Fidelity(a) } => fidelity::run(a),
-        Command::Bench { which: BenchCommand::Speculation(a) } => bench_speculation::run(a),
-        Command::Bench { which: BenchCommand::Context(a) } => bench_context::run(a),
-        Command::Bench { which: BenchCommand::DualPersist(a) } => bench_dual_persist::run(a),
-        Command::Bench { which: BenchCommand::Facts(a) } => bench_facts::run(a),
-        Command::Bench { which: BenchCommand::Scenario(a) } => bench_scenario::run(a),
-        Command::Bench { which: BenchCommand::Rag(a) } => bench_rag::run(a),
-        Command::Bench { which: BenchCommand::Blend(a) } => bench_blend::run(a),
-        Command::Bench { which: BenchCommand::Sparse(a) } => bench_sparse::run(a),
-        Command::Bench { which: BenchCommand::SaveStall(a) } => bench_save_stall::run(a),
+        Command::Bench { which } => engram_bench::run(which),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

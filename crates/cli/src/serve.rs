@@ -1,23 +1,20 @@
 //! `engram serve`: the OpenAI- and Anthropic-compatible HTTP server (with
 //! `/v1/embeddings` from a sentence encoder named or installed, else from the
-//! LLM's pooled hidden states, said on stderr), and
-//! `engram bench serve`: aggregate decode tokens/s with 1, 2, 4, 8
-//! concurrent sessions through the same scheduler, in process (figures defined
-//! in `bench_serve.rs`).
+//! LLM's pooled hidden states, said on stderr). `engram bench serve` drives the
+//! same scheduler in process (`engram-bench`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use engram_embed::{Encoder, TextEncoder};
-use engram_engine::{PooledEncoder, SamplingParams};
+use engram_engine::PooledEncoder;
 use engram_kv::EvictionPolicy;
-use engram_server::{DiskConfig, Event, Job, SchedulerConfig, Server, ServerConfig};
+use engram_server::{DiskConfig, SchedulerConfig, Server, ServerConfig};
 
-use crate::bench_serve::{EngineClock, ServeStats, SessionTiming};
-use crate::common::{data_dir, default_model, kv_pool, load_model, ModelArgs};
+use crate::common::{data_dir, kv_pool, load_model, model_path, ModelArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -193,18 +190,6 @@ fn embedder(a: &Args, model: &Arc<engram_model::Model>, model_id: &str) -> Resul
     Ok(enc)
 }
 
-/// The model path the flags name (the default model is generated if needed)
-/// and the id the server lists it under.
-fn model_path(m: &mut ModelArgs) -> Result<String> {
-    let path = match &m.model {
-        Some(p) => p.clone(),
-        None => default_model(&data_dir(&m.data_dir))?,
-    };
-    let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "engram".into());
-    m.model = Some(path);
-    Ok(id)
-}
-
 /// The session store's disk tier: `<data-dir>/kv`, shared with `engram cache`.
 /// `one_tenant`: nobody to keep a share of the disk for, so no cap unless one is asked for.
 fn disk_config(a: &Args, one_tenant: bool) -> Result<Option<DiskConfig>> {
@@ -224,6 +209,9 @@ fn disk_config(a: &Args, one_tenant: bool) -> Result<Option<DiskConfig>> {
 
 pub fn run(mut a: Args) -> Result<()> {
     let _lock = crate::data_lock::lock_data_dir(&data_dir(&a.model.data_dir), "serve")?;
+    if a.model.model.is_none() {
+        a.model.model = Some(crate::chat_model::default_chat_model(&data_dir(&a.model.data_dir))?);
+    }
     let model_id = model_path(&mut a.model)?;
     let model = Arc::new(load_model(&a.model)?);
     let pool = kv_pool(&model, &a.model)?;
@@ -316,200 +304,6 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     eprintln!("shutting down: finishing in-flight requests");
-}
-
-#[derive(clap::Args, Debug)]
-pub struct BenchArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    /// Prompt tokens per session.
-    #[arg(long, default_value_t = 64)]
-    prompt_tokens: usize,
-    /// Tokens decoded per session.
-    #[arg(long, default_value_t = 64)]
-    decode_tokens: usize,
-    /// Concurrency levels, comma-separated.
-    #[arg(long, default_value = "1,2,4,8")]
-    concurrency: String,
-    /// One JSON object per line.
-    #[arg(long)]
-    json: bool,
-}
-
-pub fn bench(mut a: BenchArgs) -> Result<()> {
-    let model_id = model_path(&mut a.model)?;
-    let model = Arc::new(load_model(&a.model)?);
-    let pool = kv_pool(&model, &a.model)?;
-    let levels: Vec<usize> = a.concurrency.split(',').map(|s| s.trim().parse()).collect::<Result<_, _>>().context("--concurrency")?;
-    // At least 2, so the staggered-arrival measurement can batch its two users.
-    let max_c = levels.iter().copied().max().unwrap_or(1).max(2);
-    let config = ServerConfig { scheduler: SchedulerConfig { max_batch: max_c, ..Default::default() }, ..ServerConfig::new(model_id) };
-    let server = Server::start(model.clone(), pool, config);
-    let engine = server.engine();
-    // The engine's own token clock (see bench_serve.rs): text events are no clock for tokens.
-    let metrics = server.metrics();
-    let vocab = model.tokenizer.vocab_size().min(model.config.vocab).max(1) as u64;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let mut round = 0u64;
-    // Concurrency 1's aggregate, the base of the scaling column (when 1 is among the levels).
-    let mut single: Option<f64> = None;
-    for &c in std::iter::once(&1).chain(&levels) {
-        // The first pass (concurrency 1) warms the weights up and is not reported.
-        let warm = round == 0;
-        round += 1;
-        let params = SamplingParams { max_tokens: a.decode_tokens, ignore_eos: true, ..Default::default() };
-        let clock0 = EngineClock::read(&metrics.render());
-        let t0 = Instant::now();
-        let mut rxs = Vec::with_capacity(c);
-        for i in 0..c as u64 {
-            // Distinct prompts per session and round, so nothing is reused.
-            let salt = round * 1000 + i;
-            let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect();
-            let job = Job {
-                tenant: format!("bench-{salt}"),
-                session: None,
-                text: None,
-                add_special: false,
-                prompt,
-                params: params.clone(),
-                pinned: false,
-            };
-            rxs.push(engine.submit(job).map_err(|e| anyhow::anyhow!(e.message))?);
-        }
-        // Every receiver is drained concurrently, so the times are when events arrived.
-        let timings: Vec<SessionTiming> = rt.block_on(async {
-            let tasks: Vec<_> = rxs
-                .into_iter()
-                .map(|mut rx| {
-                    tokio::spawn(async move {
-                        while let Some(ev) = rx.recv().await {
-                            match ev {
-                                Event::Finished { completion_tokens, .. } => {
-                                    return Ok(SessionTiming { finished: t0.elapsed(), tokens: completion_tokens });
-                                }
-                                Event::Failed(e) => return Err(anyhow::anyhow!(e.message)),
-                                _ => {}
-                            }
-                        }
-                        Err(anyhow::anyhow!("the engine stopped"))
-                    })
-                })
-                .collect();
-            let mut out = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                out.push(t.await??);
-            }
-            anyhow::Ok(out)
-        })?;
-        let wall = t0.elapsed();
-        if warm {
-            continue;
-        }
-        let clock = EngineClock::read(&metrics.render()).since(&clock0);
-        let st = ServeStats::new(&timings, clock, wall);
-        anyhow::ensure!(st.adds_up(), "bench serve bookkeeping: the figures do not add up: {st:?}");
-        if c == 1 {
-            single = Some(st.aggregate_decode_tok_s);
-        }
-        let scaling = single.map(|s1| st.scaling_vs(s1));
-        let ttft_ms = st.mean_ttft_ms;
-        if a.json {
-            println!(
-                "{}",
-                serde_json::json!({"concurrency": c, "aggregate_decode_tok_s": st.aggregate_decode_tok_s,
-                                   "mean_session_decode_tok_s": st.mean_session_decode_tok_s,
-                                   "decode_s_sessions": st.clock.decode_s, "scaling_vs_one_session": scaling,
-                                   "overall_tok_s": st.overall_tok_s, "adds_up": st.adds_up(),
-                                   "mean_ttft_ms": ttft_ms, "tokens": st.tokens,
-                                   "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens,
-                                   "threads": engram_kernels::num_threads(), "model": model.describe(), "kv_format": a.model.kv_format,
-                                   "attention": model.attention().name()})
-            );
-        } else {
-            let sc = scaling.map(|v| format!(", {:.2} of linear", v)).unwrap_or_default();
-            println!(
-                "concurrency {c:>2}: {:>9.1} tok/s aggregate decode (per session {:.1}{sc}), {:>9.1} tok/s overall, mean TTFT {ttft_ms:.1} ms",
-                st.aggregate_decode_tok_s, st.mean_session_decode_tok_s, st.overall_tok_s
-            );
-        }
-    }
-    staggered(&a, &engine, &metrics, &rt, vocab)
-}
-
-/// Seed 004's staggered arrivals: user B arrives when user A has its first
-/// token. B's time to first token with interleaved prefill + decode, against
-/// B's wait if requests ran one after the other (A's remaining generation,
-/// then B alone) — both measured from B's arrival.
-fn staggered(
-    a: &BenchArgs,
-    engine: &engram_server::EngineHandle,
-    metrics: &engram_server::Metrics,
-    rt: &tokio::runtime::Runtime,
-    vocab: u64,
-) -> Result<()> {
-    let prompt =
-        |salt: u64| -> Vec<u32> { (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect() };
-    let params = SamplingParams { max_tokens: a.decode_tokens, ignore_eos: true, ..Default::default() };
-    let job = |salt: u64| Job {
-        tenant: format!("stagger-{salt}"),
-        session: None,
-        text: None,
-        add_special: false,
-        prompt: prompt(salt),
-        params: params.clone(),
-        pinned: false,
-    };
-    // A job's first token by the engine's clock (its first-token count), not by text events,
-    // which the detokenizer may hold back to the end (then the old wait never saw one).
-    let firsts = || EngineClock::read(&metrics.render()).first_tokens;
-    let first_token = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, before: u64| async move {
-        loop {
-            if firsts() > before {
-                return Ok(rx);
-            }
-            match rx.try_recv() {
-                Ok(Event::Failed(e)) => return Err(anyhow::anyhow!(e.message)),
-                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) if firsts() <= before => {
-                    return Err(anyhow::anyhow!("the engine stopped"))
-                }
-                _ => tokio::time::sleep(Duration::from_micros(500)).await,
-            }
-        }
-    };
-    let finish = |mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>| async move { while rx.recv().await.is_some() {} };
-    // Submits a job; also returns the engine's first-token count just before.
-    let sub = |j: Job| {
-        let before = firsts();
-        engine.submit(j).map(|rx| (rx, before)).map_err(|e| anyhow::anyhow!(e.message))
-    };
-    rt.block_on(async {
-        // Interleaved: B joins while A decodes.
-        let (rx, n) = sub(job(900_001))?;
-        let rx_a = first_token(rx, n).await?;
-        let t_b = Instant::now();
-        let (rx, n) = sub(job(900_002))?;
-        let rx_b = first_token(rx, n).await?;
-        let interleaved = t_b.elapsed().as_secs_f64();
-        finish(rx_a).await;
-        finish(rx_b).await;
-        // Sequential: B waits for A to finish, then runs alone.
-        let (rx, n) = sub(job(900_003))?;
-        let rx_a = first_token(rx, n).await?;
-        let t_b = Instant::now();
-        finish(rx_a).await;
-        let (rx, n) = sub(job(900_004))?;
-        let rx_b = first_token(rx, n).await?;
-        let sequential = t_b.elapsed().as_secs_f64();
-        finish(rx_b).await;
-        let row = serde_json::json!({"second_user_ttft_interleaved_ms": interleaved * 1e3, "second_user_ttft_sequential_ms": sequential * 1e3,
-                                     "speedup": sequential / interleaved, "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens});
-        if a.json {
-            println!("{row}");
-        } else {
-            println!("second user TTFT: {:.1} ms interleaved vs {:.1} ms sequential ({:.2}x)", interleaved * 1e3, sequential * 1e3, sequential / interleaved);
-        }
-        anyhow::Ok(())
-    })
 }
 
 /// The draft model `--draft PATH` names (`None` for `none` and `prompt-lookup`); a path that

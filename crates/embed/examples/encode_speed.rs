@@ -1,4 +1,4 @@
-//! Time to encode one 100-word chunk (the unit the seeds rank), median of
+//! Time to encode one 100-word chunk (the unit the relevance masks and RAG rank), median of
 //! several runs after a warm-up, plus the same chunk in a batch of 16.
 //!
 //! ```sh

@@ -14,7 +14,7 @@ use engram_embed::relevance::{self, at_threshold, roc_auc};
 use engram_embed::{Encoder, TextEncoder};
 use serde_json::json;
 
-/// The threshold the seeds use to call an earlier turn relevant.
+/// The threshold fixed before measuring for calling an earlier turn relevant.
 const CHOSEN: f32 = 0.4;
 
 fn main() {

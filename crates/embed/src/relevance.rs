@@ -15,7 +15,7 @@ use crate::vector::cosine;
 /// `topic`, `query`, `passage`, `relevant`).
 pub const SET: &str = include_str!("../tests/data/relevance.jsonl");
 
-/// 100 words of ordinary prose: the unit the seeds rank, which speed is measured on.
+/// 100 words of ordinary prose: the unit the relevance masks and RAG rank, which speed is measured on.
 pub const CHUNK_100_WORDS: &str = "The session store keeps every conversation's text together with the key and value cache \
 that the model computed for it, so that when the user comes back with one more message only the new tokens \
 have to be run through the network. When memory runs short the least recently used sessions are written to \

@@ -40,6 +40,67 @@ pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
         }),
         DType::Q4K => blocks.for_each(|(b, o)| dequant_q4k_block(b, o)),
         DType::Q6K => blocks.for_each(|(b, o)| dequant_q6k_block(b, o)),
+        DType::Q4_1 => blocks.for_each(|(b, o)| {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = nibble32(&b[Q4_1_QS..], j) as f32 * d + m;
+            }
+        }),
+        DType::Q5_0 => blocks.for_each(|(b, o)| {
+            let (d, qh) = (f16_at(b, 0), u32_at(b, Q5_0_QH));
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = (q5_value(qh, &b[Q5_0_QS..], j) as i32 - 16) as f32 * d;
+            }
+        }),
+        DType::Q5_1 => blocks.for_each(|(b, o)| {
+            let (d, m, qh) = (f16_at(b, 0), f16_at(b, 2), u32_at(b, Q5_1_QH));
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = q5_value(qh, &b[Q5_1_QS..], j) as f32 * d + m;
+            }
+        }),
+        DType::IQ4NL => blocks.for_each(|(b, o)| {
+            let d = f16_at(b, 0);
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = d * KVALUES_IQ4NL[nibble32(&b[2..], j) as usize] as f32;
+            }
+        }),
+        DType::MXFP4 => blocks.for_each(|(b, o)| {
+            let d = e8m0_half(b[0]);
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = KVALUES_MXFP4[nibble32(&b[1..], j) as usize] as f32 * d;
+            }
+        }),
+        DType::Q2K => blocks.for_each(|(b, o)| {
+            let (d, dmin) = (f16_at(b, Q2K_D), f16_at(b, Q2K_D + 2));
+            for (i, v) in o.iter_mut().enumerate() {
+                let sc = b[i / 16];
+                let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+                *v = dl * q2k_value(b, i) as f32 - ml;
+            }
+        }),
+        DType::Q3K => blocks.for_each(|(b, o)| {
+            let d = f16_at(b, Q3K_D);
+            let sc = q3k_scales(b);
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = d * sc[i / 16] as f32 * q3k_value(b, i) as f32;
+            }
+        }),
+        DType::Q5K => blocks.for_each(|(b, o)| {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let (sc, m) = scales_mins_k4(&b[Q4K_SCALES..]);
+            for (i, v) in o.iter_mut().enumerate() {
+                let (dl, ml) = (d * sc[i / 32] as f32, dmin * m[i / 32] as f32);
+                *v = dl * q5k_value(b, i) as f32 - ml;
+            }
+        }),
+        DType::IQ4XS => blocks.for_each(|(b, o)| {
+            let d = f16_at(b, 0);
+            let ls = iq4xs_scales(b);
+            for (i, v) in o.iter_mut().enumerate() {
+                let dl = d * ls[i / 32] as f32;
+                *v = dl * KVALUES_IQ4NL[nibble32(&b[IQ4XS_QS + 16 * (i / 32)..], i % 32) as usize] as f32;
+            }
+        }),
     }
 }
 

@@ -21,11 +21,51 @@ pub enum DType {
     Q4K,
     /// 256 elements: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 × `i8` scales, `f16 d`.
     Q6K,
+    /// 32 elements: `f16 d, f16 m` + 16 bytes of nibbles; value = q·d + m.
+    Q4_1,
+    /// 32 elements: `f16 d`, 4 bytes of fifth bits, 16 bytes of nibbles; value = (q−16)·d.
+    Q5_0,
+    /// 32 elements: `f16 d, f16 m`, 4 bytes of fifth bits, 16 bytes of nibbles; value = q·d + m.
+    Q5_1,
+    /// 256 elements: 16 bytes of 4-bit scale/min pairs, 64 bytes of 2-bit quants, `f16 d, dmin`;
+    /// value = d·sc·q − dmin·m per 16 elements.
+    Q2K,
+    /// 256 elements: 32 bytes of high bits, 64 bytes of low 2 bits, 12 bytes of 6-bit scales,
+    /// `f16 d`; value = d·(sc−32)·q with q in −4..3.
+    Q3K,
+    /// 256 elements: `f16 d, dmin`, 12 bytes of 6-bit scales/mins (as Q4_K), 32 bytes of fifth
+    /// bits, 128 bytes of nibbles; value = d·sc·q − dmin·m.
+    Q5K,
+    /// 32 elements: `f16 d` + 16 bytes of nibbles indexing a fixed non-linear 16-value table.
+    IQ4NL,
+    /// 256 elements: `f16 d`, 6-bit scales of 8 sub-blocks (`u16` high bits, 4 bytes low
+    /// bits), 128 bytes of IQ4_NL table indices; value = d·(ls−32)·table[q].
+    IQ4XS,
+    /// 32 elements: an E8M0 exponent byte + 16 bytes of FP4 (E2M1) codes; value =
+    /// 2^(e−128)·table[q] (the table holds E2M1 values doubled).
+    MXFP4,
 }
 
 impl DType {
     /// All formats, in a fixed order (handy for tests and benches).
-    pub const ALL: [DType; 7] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4K, DType::Q6K];
+    pub const ALL: [DType; 16] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4K,
+        DType::Q6K,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q5K,
+        DType::IQ4NL,
+        DType::IQ4XS,
+        DType::MXFP4,
+    ];
 
     /// The `ggml_type` enum value used in GGUF tensor infos.
     pub fn ggml_type_id(self) -> u32 {
@@ -37,6 +77,15 @@ impl DType {
             DType::Q4K => 12,
             DType::Q6K => 14,
             DType::BF16 => 30,
+            DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
+            DType::Q2K => 10,
+            DType::Q3K => 11,
+            DType::Q5K => 13,
+            DType::IQ4NL => 20,
+            DType::IQ4XS => 23,
+            DType::MXFP4 => 39,
         }
     }
 
@@ -50,6 +99,15 @@ impl DType {
             12 => DType::Q4K,
             14 => DType::Q6K,
             30 => DType::BF16,
+            3 => DType::Q4_1,
+            6 => DType::Q5_0,
+            7 => DType::Q5_1,
+            10 => DType::Q2K,
+            11 => DType::Q3K,
+            13 => DType::Q5K,
+            20 => DType::IQ4NL,
+            23 => DType::IQ4XS,
+            39 => DType::MXFP4,
             _ => return None,
         })
     }
@@ -64,6 +122,15 @@ impl DType {
             DType::Q4_0 => "q4_0",
             DType::Q4K => "q4_k",
             DType::Q6K => "q6_k",
+            DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::Q2K => "q2_k",
+            DType::Q3K => "q3_k",
+            DType::Q5K => "q5_k",
+            DType::IQ4NL => "iq4_nl",
+            DType::IQ4XS => "iq4_xs",
+            DType::MXFP4 => "mxfp4",
         }
     }
 
@@ -71,8 +138,8 @@ impl DType {
     pub fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 => 32,
-            DType::Q4K | DType::Q6K => 256,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 => 32,
+            DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => 256,
         }
     }
 
@@ -85,6 +152,15 @@ impl DType {
             DType::Q4_0 => 18,
             DType::Q4K => 144,
             DType::Q6K => 210,
+            DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q2K => 84,
+            DType::Q3K => 110,
+            DType::Q5K => 176,
+            DType::IQ4NL => 18,
+            DType::IQ4XS => 136,
+            DType::MXFP4 => 17,
         }
     }
 

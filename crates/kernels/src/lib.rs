@@ -2,7 +2,8 @@
 //! matmul kernels that consume them.
 //!
 //! * [`DType`] / [`WeightMatrix`]: byte-exact ggml block formats (F32, F16, BF16, Q8_0, Q4_0,
-//!   Q4_K, Q6_K) viewed in place (e.g. straight out of an mmapped GGUF).
+//!   Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) viewed in place (e.g.
+//!   straight out of an mmapped GGUF).
 //! * [`quantize`] / [`dequantize_row`]: conversion to and from f32 (ggml reference quantizers).
 //! * [`matmul`]: `out = x · Wᵀ` for any number of tokens, SIMD-dispatched at runtime (AMX-INT8
 //!   for Q4_0/Q8_0, AVX-512 VNNI, AVX2, portable scalar) and parallelized over output rows on
@@ -14,9 +15,10 @@
 //!   has them; callers keep a portable path).
 //!
 //! Module map: `dtype` (formats, errors), `blocks` (byte layouts), `quantize` (f32 → blocks,
-//! activation quantization), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
-//! `simd::{scalar, avx2, avx512, amx}` (kernels), `pool` (thread pool), `membw` (read-bandwidth
-//! probe for `engram bench membw`), `repack` (Q4_0/Q8_0 in 8-row groups for the AVX2 GEMV).
+//! activation quantization; `quantize32` and `quantize_k` hold the ports of the newer formats'
+//! reference quantizers), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
+//! `simd::{scalar, avx2, avx2_q32, avx2_k, avx512, amx, neon}` (kernels), `pool` (thread pool), `membw` (read-bandwidth
+//! probe for `engram bench membw`), `repack` (Q4_0/Q8_0/Q4_1/Q4_K/Q6_K in 8-row groups for the AVX2 GEMV).
 
 // Kernels index fixed-size register arrays by row/token on purpose (the loops unroll), keep
 // explicit `%` checks (MSRV), and pass many raw tile parameters.
@@ -37,6 +39,8 @@ mod matmul;
 mod membw;
 mod pool;
 mod quantize;
+mod quantize32;
+mod quantize_k;
 mod repack;
 mod repack_k;
 mod serial;

@@ -88,7 +88,9 @@ pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: us
     }
     // Activations once per distinct preparation (Q4_K and Q6_K share Q8_K blocks).
     let key = |d: DType| match d {
-        DType::Q6K => DType::Q4K,
+        DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => DType::Q4K,
+        DType::Q5_1 => DType::Q4_1,
+        DType::IQ4NL | DType::MXFP4 => DType::Q8_0,
         DType::F16 | DType::BF16 => DType::F32,
         d => d,
     };
@@ -145,7 +147,9 @@ impl<'a> Job<'a> {
         let (mut nr_max, nt_max) = tile_limits(isa, w.dtype);
         #[cfg(target_arch = "x86_64")]
         let amx_acts = match (isa, acts) {
-            (Isa::Amx, Acts::Q8(a)) => {
+            // AMX tiles are written for Q4_0 / Q8_0 only; the other Q8-activation formats run
+            // the AVX-512 tile kernels on this path.
+            (Isa::Amx, Acts::Q8(a)) if matches!(w.dtype, DType::Q4_0 | DType::Q8_0) => {
                 nr_max = crate::simd::amx::GROUP;
                 Some(a)
             }

@@ -15,6 +15,8 @@
 
 use crate::blocks::*;
 use crate::dtype::{DType, KernelError};
+use crate::quantize32::{iq4nl_block, iq4xs_block, mxfp4_block, q4_1_block, q5_0_block, q5_1_block};
+use crate::quantize_k::{q2k_block, q3k_block, q5k_block};
 use half::{bf16, f16};
 
 /// ggml's `nearest_int`: round-half-to-even via the 1.5·2^23 trick (valid for |x| < 2^22).
@@ -61,6 +63,15 @@ pub(crate) fn quantize_row_into(dtype: DType, x: &[f32], y: &mut [u8]) {
         DType::Q4_0 => x.chunks_exact(QK).zip(y.chunks_exact_mut(18)).for_each(|(x, b)| q4_0_block(x, b)),
         DType::Q4K => x.chunks_exact(QK_K).zip(y.chunks_exact_mut(144)).for_each(|(x, b)| q4k_block(x, b)),
         DType::Q6K => x.chunks_exact(QK_K).zip(y.chunks_exact_mut(210)).for_each(|(x, b)| q6k_block(x, b)),
+        DType::Q4_1 => x.chunks_exact(QK).zip(y.chunks_exact_mut(20)).for_each(|(x, b)| q4_1_block(x, b)),
+        DType::Q5_0 => x.chunks_exact(QK).zip(y.chunks_exact_mut(22)).for_each(|(x, b)| q5_0_block(x, b)),
+        DType::Q5_1 => x.chunks_exact(QK).zip(y.chunks_exact_mut(24)).for_each(|(x, b)| q5_1_block(x, b)),
+        DType::IQ4NL => x.chunks_exact(QK).zip(y.chunks_exact_mut(18)).for_each(|(x, b)| iq4nl_block(x, b)),
+        DType::MXFP4 => x.chunks_exact(QK).zip(y.chunks_exact_mut(17)).for_each(|(x, b)| mxfp4_block(x, b)),
+        DType::Q2K => x.chunks_exact(QK_K).zip(y.chunks_exact_mut(84)).for_each(|(x, b)| q2k_block(x, b)),
+        DType::Q3K => x.chunks_exact(QK_K).zip(y.chunks_exact_mut(110)).for_each(|(x, b)| q3k_block(x, b)),
+        DType::Q5K => x.chunks_exact(QK_K).zip(y.chunks_exact_mut(176)).for_each(|(x, b)| q5k_block(x, b)),
+        DType::IQ4XS => x.chunks_exact(QK_K).zip(y.chunks_exact_mut(136)).for_each(|(x, b)| iq4xs_block(x, b)),
     }
 }
 
@@ -95,9 +106,20 @@ fn q4_0_block(x: &[f32], b: &mut [u8]) {
 }
 
 /// ggml's `make_qkx2_quants`: weighted least-squares search for (scale, min) of an
-/// asymmetric `nmax`-level quantization. Returns (scale, −min) and fills `l`.
+/// asymmetric `nmax`-level quantization (errors squared, or absolute with `use_mad`). Returns
+/// (scale, −min) and fills `l`.
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(x: &[f32], w: &[f32], nmax: i32, l: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> (f32, f32) {
+pub(crate) fn make_qkx2_quants(
+    x: &[f32],
+    w: &[f32],
+    nmax: i32,
+    l: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> (f32, f32) {
+    let err = |d: f32| if use_mad { d.abs() } else { d * d };
     let n = x.len();
     let mut min = x[0];
     let mut max = x[0];
@@ -123,7 +145,10 @@ fn make_qkx2_quants(x: &[f32], w: &[f32], nmax: i32, l: &mut [u8], rmin: f32, rd
         let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
         l[i] = q as u8;
         let diff = scale * q as f32 + min - x[i];
-        best += w[i] * diff * diff;
+        best += w[i] * err(diff);
+    }
+    if nstep < 1 {
+        return (scale, -min);
     }
     let mut laux = [0u8; 32];
     for is in 0..=nstep {
@@ -145,14 +170,14 @@ fn make_qkx2_quants(x: &[f32], w: &[f32], nmax: i32, l: &mut [u8], rmin: f32, rd
                 this_min = 0.0;
                 this_scale = sum_xl / sum_l2;
             }
-            let mut err = 0f32;
+            let mut cur = 0f32;
             for i in 0..n {
                 let diff = this_scale * laux[i] as f32 + this_min - x[i];
-                err += w[i] * diff * diff;
+                cur += w[i] * err(diff);
             }
-            if err < best {
+            if cur < best {
                 l[..n].copy_from_slice(&laux[..n]);
-                best = err;
+                best = cur;
                 scale = this_scale;
                 min = this_min;
             }
@@ -175,7 +200,7 @@ fn q4k_block(x: &[f32], b: &mut [u8]) {
         for i in 0..32 {
             weights[i] = av_x + xs[i].abs();
         }
-        let (s, m) = make_qkx2_quants(xs, &weights, 15, &mut l[32 * j..32 * j + 32], -1.0, 0.1, 20);
+        let (s, m) = make_qkx2_quants(xs, &weights, 15, &mut l[32 * j..32 * j + 32], -1.0, 0.1, 20, false);
         scales[j] = s;
         mins[j] = m;
         max_scale = max_scale.max(s);
@@ -338,6 +363,10 @@ pub struct ActQ8 {
     pub bias: Vec<i32>,
     /// Σ qs per block (used by the scalar kernel).
     pub sum: Vec<i32>,
+    /// `d · Σ qs` per block: ggml's Q8_1 `s`, the activation term of the min in Q4_1 / Q5_1.
+    pub s: Vec<f32>,
+    /// `[s, 0, …, 0]` per block (8 lanes), so a SIMD kernel adds `m · s` to lane 0 with one load.
+    pub sv: Vec<f32>,
 }
 
 impl ActQ8 {
@@ -352,8 +381,13 @@ impl ActQ8 {
             dv: vec![0.0; nb * 8],
             bias: vec![0; nb * 8],
             sum: vec![0; nb],
+            s: vec![0.0; nb],
+            sv: vec![0.0; nb * 8],
         };
-        let work = |(((xb, qs), (d, dv)), (bias, sum)): (((&[f32], &mut [i8]), (&mut f32, &mut [f32])), (&mut [i32], &mut i32))| {
+        let work = |((((xb, qs), (d, dv)), (bias, sum)), (sd, sv)): (
+            (((&[f32], &mut [i8]), (&mut f32, &mut [f32])), (&mut [i32], &mut i32)),
+            (&mut f32, &mut [f32]),
+        )| {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let dd = amax / 127.0;
             let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
@@ -366,12 +400,15 @@ impl ActQ8 {
             dv.iter_mut().for_each(|v| *v = dd);
             bias[0] = -k * s;
             *sum = s;
+            *sd = dd * s as f32;
+            sv[0] = *sd;
         };
         let it = x[..nb * QK]
             .chunks_exact(QK)
             .zip(a.qs.chunks_exact_mut(QK))
             .zip(a.d.iter_mut().zip(a.dv.chunks_exact_mut(8)))
-            .zip(a.bias.chunks_exact_mut(8).zip(a.sum.iter_mut()));
+            .zip(a.bias.chunks_exact_mut(8).zip(a.sum.iter_mut()))
+            .zip(a.s.iter_mut().zip(a.sv.chunks_exact_mut(8)));
         if nb >= 4096 {
             use rayon::prelude::*;
             let items: Vec<_> = it.collect();

@@ -1,10 +1,10 @@
-//! [`Packed`]: Q4_0 / Q8_0 / Q4_K / Q6_K weights repacked at load into 8-row interleaved
+//! [`Packed`]: Q4_0 / Q8_0 / Q4_1 / Q4_K / Q6_K weights repacked at load into 8-row interleaved
 //! groups, the layout the AVX2 GEMV streams (`simd/avx2_packed.rs`, `simd/avx2_packed_k.rs`).
 //! The K-quant layouts are documented in `repack_k.rs`.
 //!
 //! Layout, per group of 8 consecutive rows `8g..8g+8`, then per block `i` of the row
 //! (groups are stored one after another, a group's blocks in column order):
-//! * the 8 rows' f16 scales `d` (16 bytes), row order;
+//! * the 8 rows' f16 scales `d` (16 bytes), row order (Q4_1: then their mins `m`, 16 bytes);
 //! * then the rows' quant bytes in 32-byte registers of 4 bytes × 8 rows: byte `b` of row `r`
 //!   at `16 + 32·(b / 4) + 4·r + b % 4` (Q4_0: 4 registers, 144 bytes per group-block, the same
 //!   18 bytes per row-block as the file; Q8_0: 8 registers, 272 bytes, 34 per row-block).
@@ -31,7 +31,7 @@ use rayon::prelude::*;
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
 
-/// A Q4_0 / Q8_0 / Q4_K / Q6_K matrix repacked into 8-row groups (see the module
+/// A Q4_0 / Q8_0 / Q4_1 / Q4_K / Q6_K matrix repacked into 8-row groups (see the module
 /// documentation). Invariant: `bytes.len() == rows / 8 * blocks_per_row * group_block_bytes()`.
 pub struct Packed {
     dtype: DType,
@@ -47,10 +47,10 @@ impl std::fmt::Debug for Packed {
 }
 
 impl Packed {
-    /// Whether a matrix of this format and row count can be packed (Q4_0 / Q8_0 / Q4_K / Q6_K
+    /// Whether a matrix of this format and row count can be packed (Q4_0 / Q8_0 / Q4_1 / Q4_K / Q6_K
     /// with a whole number of 8-row groups).
     pub fn supports(dtype: DType, rows: usize) -> bool {
-        matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4K | DType::Q6K) && rows % GROUP_ROWS == 0 && rows > 0
+        matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::Q4K | DType::Q6K) && rows % GROUP_ROWS == 0 && rows > 0
     }
 
     /// Repacks `w`; `None` where [`Packed::supports`] says no. Reads every byte of `w` once (groups in parallel on [`crate::pool`]).
@@ -71,9 +71,13 @@ impl Packed {
                         pack_block(w.dtype, r, src, dst);
                         continue;
                     }
+                    let h = scale_bytes(w.dtype);
                     dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
-                    for (b, &q) in src[2..].iter().enumerate() {
-                        dst[quant_at(r, b)] = q;
+                    if h == 4 {
+                        dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+                    }
+                    for (b, &q) in src[h..].iter().enumerate() {
+                        dst[quant_at(h, r, b)] = q;
                     }
                 }
             }
@@ -129,18 +133,32 @@ impl Packed {
         if matches!(self.dtype, DType::Q4K | DType::Q6K) {
             return self.group(g).chunks_exact(gbb).flat_map(|b| unpack_block(self.dtype, k, b)).collect();
         }
+        let h = scale_bytes(self.dtype);
         self.group(g)
             .chunks_exact(gbb)
-            .flat_map(|b| b[2 * k..2 * k + 2].iter().copied().chain((0..bb - 2).map(|q| b[quant_at(k, q)])).collect::<Vec<_>>())
+            .flat_map(|b| {
+                let m = if h == 4 { &b[16 + 2 * k..16 + 2 * k + 2] } else { &[][..] };
+                b[2 * k..2 * k + 2].iter().chain(m).copied().chain((0..bb - h).map(|q| b[quant_at(h, k, q)])).collect::<Vec<_>>()
+            })
             .collect()
     }
 }
 
-/// Where quant byte `b` of row `r` sits in a Q4_0 / Q8_0 group-block: after the 16 bytes of
-/// scales, 32-byte registers of 4 bytes × 8 rows (lane `r` of register `b / 4`).
+/// Bytes of scale fields at the head of a Q4_0 / Q8_0 (2: `d`) or Q4_1 (4: `d`, `m`) block.
+pub(crate) fn scale_bytes(dtype: DType) -> usize {
+    if dtype == DType::Q4_1 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Where quant byte `b` of row `r` sits in a Q4_0 / Q8_0 / Q4_1 group-block (`h` =
+/// [`scale_bytes`]): after the 8 rows' scale fields (`8h` bytes: the `d`s, then Q4_1's `m`s),
+/// 32-byte registers of 4 bytes × 8 rows (lane `r` of register `b / 4`).
 #[inline]
-pub(crate) fn quant_at(r: usize, b: usize) -> usize {
-    16 + 32 * (b / 4) + 4 * r + b % 4
+pub(crate) fn quant_at(h: usize, r: usize, b: usize) -> usize {
+    8 * h + 32 * (b / 4) + 4 * r + b % 4
 }
 
 /// Bytes of one 8-row group-block: 8 scales and 8 rows of quants (K-quants: `repack_k.rs`).

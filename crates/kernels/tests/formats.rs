@@ -16,7 +16,17 @@ fn dtype_metadata() {
         (DType::Q4_0, 2, "q4_0", 32, 18),
         (DType::Q4K, 12, "q4_k", 256, 144),
         (DType::Q6K, 14, "q6_k", 256, 210),
+        (DType::Q4_1, 3, "q4_1", 32, 20),
+        (DType::Q5_0, 6, "q5_0", 32, 22),
+        (DType::Q5_1, 7, "q5_1", 32, 24),
+        (DType::Q2K, 10, "q2_k", 256, 84),
+        (DType::Q3K, 11, "q3_k", 256, 110),
+        (DType::Q5K, 13, "q5_k", 256, 176),
+        (DType::IQ4NL, 20, "iq4_nl", 32, 18),
+        (DType::IQ4XS, 23, "iq4_xs", 256, 136),
+        (DType::MXFP4, 39, "mxfp4", 32, 17),
     ];
+    assert_eq!(expect.len(), DType::ALL.len());
     for (d, id, name, be, bb) in expect {
         assert_eq!(d.ggml_type_id(), id);
         assert_eq!(DType::from_ggml_type_id(id), Some(d));
@@ -25,7 +35,10 @@ fn dtype_metadata() {
         assert_eq!(d.block_bytes(), bb);
         assert_eq!(d.row_bytes(be * 8), Some(bb * 8));
     }
-    assert_eq!(DType::from_ggml_type_id(3), None);
+    // Types no kernel here computes: Q8_1 (an activation format), IQ2_XXS, TQ1_0.
+    for id in [9, 16, 34] {
+        assert_eq!(DType::from_ggml_type_id(id), None);
+    }
     assert_eq!(DType::Q4K.row_bytes(255), None);
     assert_eq!(DType::Q4_0.row_bytes(48), None);
     assert_eq!(DType::F16.row_bytes(7), Some(14));
@@ -155,6 +168,15 @@ fn quantize_round_trip_bounds() {
         (DType::Q4_0, 1.0 / 8.0 * 1.01, 0.1),
         (DType::Q4K, 0.2, 0.1),
         (DType::Q6K, 0.05, 0.025),
+        (DType::Q4_1, 1.0 / 15.0 * 1.01, 0.07),
+        (DType::Q5_0, 1.0 / 16.0 * 1.01, 0.05),
+        (DType::Q5_1, 1.0 / 31.0 * 1.01, 0.03),
+        (DType::Q2K, 0.6, 0.4),
+        (DType::Q3K, 0.35, 0.2),
+        (DType::Q5K, 0.1, 0.05),
+        (DType::IQ4NL, 0.2, 0.1),
+        (DType::IQ4XS, 0.2, 0.1),
+        (DType::MXFP4, 0.25, 0.15),
     ];
     for (d, max_rel, rms_rel) in limits {
         let q = quantize(d, &x, cols).unwrap();

@@ -126,8 +126,12 @@ fn odd_shapes_and_tails() {
     for (d, cols) in [(DType::Q4_0, 96), (DType::Q8_0, 160), (DType::F16, 37), (DType::BF16, 23), (DType::F32, 5)] {
         check_against_reference(d, 9, cols, 5);
     }
-    check_against_reference(DType::Q4K, 3, 768, 6);
-    check_against_reference(DType::Q6K, 3, 768, 6);
+    for d in [DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4NL, DType::MXFP4] {
+        check_against_reference(d, 9, 96, 5);
+    }
+    for d in [DType::Q4K, DType::Q6K, DType::Q2K, DType::Q3K, DType::Q5K, DType::IQ4XS] {
+        check_against_reference(d, 3, 768, 6);
+    }
 }
 
 #[test]
@@ -155,7 +159,9 @@ fn public_matmul_and_pool() {
 fn matmul_multi_equals_separate_calls_bitwise() {
     use engram_kernels::internal::matmul_multi_with;
     let cols = 512;
-    let mixes: [&[(DType, usize)]; 4] = [
+    let mixes: [&[(DType, usize)]; 6] = [
+        &[(DType::Q4_1, 64), (DType::Q5_0, 32), (DType::Q5_1, 16), (DType::IQ4NL, 8), (DType::MXFP4, 40), (DType::Q4_0, 24)],
+        &[(DType::Q5K, 32), (DType::Q3K, 16), (DType::Q2K, 8), (DType::IQ4XS, 24), (DType::Q4K, 8)],
         &[(DType::Q4_0, 300), (DType::Q4_0, 76), (DType::Q4_0, 76)],
         &[(DType::Q4K, 160), (DType::Q6K, 48), (DType::Q4K, 0)],
         &[(DType::Q8_0, 96), (DType::F16, 130), (DType::BF16, 17), (DType::F32, 33)],

@@ -51,7 +51,7 @@ fn main() {
     let (rows, cols) = (9, 256);
     let w: Vec<f32> = (0..rows * cols).map(|i| if (i / 3) % 2 == 0 { 1.0 } else { -1.0 } * (1 + i % 7) as f32).collect();
     let x: Vec<f32> = (0..3 * cols).map(|i| if i % 2 == 0 { 1e3 } else { -1e3 }).collect();
-    for d in [DType::Q4_0, DType::Q8_0, DType::Q4K, DType::Q6K] {
+    for d in DType::ALL.into_iter().filter(|d| d.block_elems() > 1) {
         same_as_scalar(d, rows, cols, &w, &x, 3);
         checks += 1;
     }

@@ -1,4 +1,4 @@
-//! Repacked Q4_0 / Q8_0 weights (`Packed`, the AVX2 GEMV's 8-row groups; Q4_K / Q6_K in `repack_k.rs`): the packing keeps
+//! Repacked Q4_0 / Q8_0 / Q4_1 weights (`Packed`, the AVX2 GEMV's 8-row groups; Q4_K / Q6_K in `repack_k.rs`): the packing keeps
 //! every byte; on the AVX2 path a packed matrix gives bitwise the scalar reference's result
 //! for any number of tokens, alone or batched, in `matmul` and `matmul_multi`; other paths
 //! ignore the packing; shapes it cannot pack are refused.
@@ -11,7 +11,7 @@ use engram_kernels::*;
 
 #[test]
 fn packing_keeps_every_byte_and_refuses_what_it_cannot_pack() {
-    for d in [DType::Q4_0, DType::Q8_0] {
+    for d in [DType::Q4_0, DType::Q8_0, DType::Q4_1] {
         let (rows, cols) = (24, 256);
         let bytes = quantize(d, &data(rows * cols, 1), cols).unwrap();
         let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
@@ -48,7 +48,7 @@ fn packed_avx2_equals_scalar_bitwise_for_any_token_count() {
         eprintln!("no AVX2: the packed kernel is not reachable here");
         return;
     }
-    for d in [DType::Q4_0, DType::Q8_0] {
+    for d in [DType::Q4_0, DType::Q8_0, DType::Q4_1] {
         for &(rows, cols) in &[(8usize, 32usize), (64, 256), (136, 512), (512, 1024)] {
             let bytes = quantize(d, &data(rows * cols, rows as u64 + 7), cols).unwrap();
             let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
@@ -69,6 +69,7 @@ fn packed_matrices_in_matmul_multi_equal_separate_calls() {
         return;
     }
     assert_multi_equals_separate(&[(DType::Q4_0, 256), (DType::Q4_0, 64), (DType::Q8_0, 128), (DType::Q4_0, 36)], 3);
+    assert_multi_equals_separate(&[(DType::Q4_1, 64), (DType::Q5_1, 64), (DType::Q4_1, 20), (DType::Q4_0, 8)], 2);
 }
 
 /// The integer bounds the lane-per-row kernels rely on: Q4_0 nibbles all 15 (its four
@@ -81,18 +82,19 @@ fn packed_avx2_is_exact_at_the_integer_bounds() {
         return;
     }
     let (rows, cols) = (16usize, 256usize);
-    for d in [DType::Q4_0, DType::Q8_0] {
+    for d in [DType::Q4_0, DType::Q8_0, DType::Q4_1] {
         let bb = d.block_bytes();
+        let h = if d == DType::Q4_1 { 4 } else { 2 };
         let mut bytes = quantize(d, &data(rows * cols, 11), cols).unwrap();
         for (k, b) in bytes.chunks_exact_mut(bb).enumerate() {
             let fill: u8 = match (d, k % 4) {
-                (DType::Q4_0, 0) => 0xFF,
-                (DType::Q4_0, 1) => 0x00,
+                (DType::Q4_0 | DType::Q4_1, 0) => 0xFF,
+                (DType::Q4_0 | DType::Q4_1, 1) => 0x00,
                 (DType::Q8_0, 0) => 0x80,
                 (DType::Q8_0, 1) => 0x7F,
                 _ => continue,
             };
-            b[2..].iter_mut().for_each(|q| *q = fill);
+            b[h..].iter_mut().for_each(|q| *q = fill);
         }
         let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
         let p = Packed::new(&wm).unwrap();

@@ -5,7 +5,7 @@
 //! section; each section is `[num_kv_heads][BLOCK_TOKENS]` rows of
 //! `elem.row_bytes(head_dim)` bytes.
 //!
-//! NOTE: 32 tokens per block. It is seed 001's finest prefix granularity, so
+//! NOTE: 32 tokens per block. It is the finest prefix granularity of the prefix-caching design, so
 //! prefix sharing loses at most 31 tokens; one head's 32 f16 keys of dim 64
 //! are 4 KiB, which stays in L1 while a step's queries read them; and a
 //! partial last block wastes under 32 tokens per sequence.

@@ -108,7 +108,7 @@ pub enum EvictionPolicy {
     Lru,
     /// Fewest hits first (ties: least recently used).
     Lfu,
-    /// Seed 001's weighted score, with a recency that decays (see `priority`).
+    /// The prefix-caching design's weighted score, with a recency that decays (see `priority`).
     #[default]
     Weighted,
 }
@@ -133,7 +133,7 @@ impl EvictionPolicy {
     /// * `Weighted`: `0.6 * hits / (hits + 1) + 0.4 * 0.5^(age / 1 day)`,
     ///   `age = now - last_used_unix`.
     ///
-    /// NOTE: seed 001 scores `access_count * 0.6 + recency * 0.4` with a
+    /// NOTE: the prefix-caching design scores `access_count * 0.6 + recency * 0.4` with a
     /// recency that grows with age, which keeps stale entries and evicts
     /// fresh ones. Here both terms lie in `[0, 1]`: frequency saturates (0,
     /// .5, .67, .75, ...) so hits alone cannot keep an entry forever, and

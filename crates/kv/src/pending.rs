@@ -1,5 +1,5 @@
-//! `PendingRows`: one block's rows that are not in RAM yet — on disk, say (seed 002's cluster
-//! tier) — which a view's reader asks for layer by layer and is handed when they arrive.
+//! `PendingRows`: one block's rows that are not in RAM yet — on disk, say (a sparse cache's
+//! offloaded clusters) — which a view's reader asks for layer by layer and is handed when they arrive.
 //!
 //! The first reader of a layer *asks* (the `request` callback, once per layer: start reading
 //! it, or queue it behind the layers already in flight), then waits until a fetcher

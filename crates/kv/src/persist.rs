@@ -355,7 +355,7 @@ pub fn read_entry(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_si
 }
 
 /// [`read_entry`] whose blocks stay the file's pages, never copied into RAM: for a file
-/// many sequences share read-only (a user's persistent stream, seed 000), so its KV is one
+/// many sequences share read-only (a user's persistent stream in the dual-stream contexts), so its KV is one
 /// copy in the page cache however many forks attend it, and the kernel may drop and re-read
 /// clean pages under memory pressure instead of the process holding them.
 ///

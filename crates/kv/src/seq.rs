@@ -236,7 +236,7 @@ impl SeqKv {
     /// Appends tokens `range` of `src` at this sequence's end, moving them to
     /// new positions: keys are re-rotated by the position shift (keys are
     /// stored after RoPE), values copied. This is how a cached chunk (a
-    /// document, seed 003) is reused at another position. The result equals
+    /// document in RAG) is reused at another position. The result equals
     /// the chunk's keys computed at the new positions up to float rounding;
     /// deeper layers still carry the chunk's original context (that is the
     /// approximation chunk reuse makes, and callers must measure it).

@@ -154,7 +154,7 @@ fn priority_functions() {
     ];
     assert_eq!(EvictionPolicy::Lru.eviction_order(&s, now), ["old-popular", "mid", "new-unused"]);
     assert_eq!(EvictionPolicy::Lfu.eviction_order(&s, now), ["new-unused", "mid", "old-popular"]);
-    // Weighted: recency decays with age (seed 001's grew with it).
+    // Weighted: recency decays with age (the prefix-caching design's grew with it).
     let w = EvictionPolicy::Weighted;
     let fresh = w.priority(&stats("x", 3, now, false), now);
     let day = w.priority(&stats("x", 3, now - DAY, false), now);
@@ -406,7 +406,7 @@ fn open_removes_only_temp_files_of_dead_writers() {
     assert!(live.exists(), "a live writer's temp file is left alone");
 }
 
-/// Issue 19 item 2: an entry is its stored owner's alone. Another owner's `get` of its
+/// Tenant isolation on disk: an entry is its stored owner's alone. Another owner's `get` of its
 /// id is a miss, and its `put`, `remove` and `drop_corrupt` are refused; none of them
 /// changes the entry. The operator's `remove_any` still deletes it.
 #[test]
@@ -451,7 +451,7 @@ fn set_version(path: &Path, version: &str) {
     std::fs::write(path, out).unwrap();
 }
 
-/// Issue 19 item 9: an entry of another format version (older or newer) is a miss that
+/// Version skew: an entry of another format version (older or newer) is a miss that
 /// stays: opening the store (what the read-only `engram cache ls` does), `get`, `gc` and a
 /// fresh open leave the file as it was; entries of this version around it are untouched.
 #[test]
@@ -480,7 +480,7 @@ fn an_entry_of_another_version_is_a_miss_and_is_kept() {
     assert!(store.get("ours", &m.owner, &p, FP, VOCAB).unwrap().is_some());
 }
 
-/// Issue 19 item 5: a put in three steps, so the file is written without the store's lock.
+/// A save that does not stall the engine: a put in three steps, so the file is written without the store's lock.
 /// Between the steps the store serves the old version and counts only it; the commit records
 /// the new one with the old one's hits and pin.
 #[test]

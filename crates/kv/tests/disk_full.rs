@@ -1,4 +1,4 @@
-//! Issue 19 item 9: a replacement whose write fails (a full disk) keeps the old version.
+//! A full disk: a replacement whose write fails keeps the old version.
 //!
 //! The write failure is real: this process's file-size limit (`RLIMIT_FSIZE`) is lowered
 //! below the new version's size, so the write of its temp file fails (`EFBIG`) as it would

@@ -371,7 +371,7 @@ fn wrong_magic_version_or_fields_are_rejected() {
     for (from, to, needle) in cases {
         expect_invalid(read_bytes(dir.path(), &edit_header(&bytes, from, to)), needle);
     }
-    // Another format version, older or newer, is a miss (issue 19 item 9), not damage.
+    // Another format version, older or newer, is a miss (kept for the version that wrote it), not damage.
     for v in ["1", "3"] {
         let Err(e) = read_bytes(dir.path(), &edit_header(&bytes, r#""version":"2""#, &format!(r#""version":"{v}""#))) else {
             panic!("version {v} was read");

@@ -1,4 +1,4 @@
-//! Moving cached tokens to new positions (seed 003's chunk reuse): keys are
+//! Moving cached tokens to new positions (RAG's position-independent chunk reuse): keys are
 //! re-rotated by the shift. A moved chunk's layer-0 keys equal the keys
 //! computed at the new positions (within float rounding), its values are
 //! identical, and shifting there and back restores every layer.

@@ -1,5 +1,5 @@
 //! Chunking: a document's text becomes chunks of at most `max_words` words (default
-//! [`DEFAULT_CHUNK_WORDS`], the seed's ~100), cut on sentence boundaries.
+//! [`DEFAULT_CHUNK_WORDS`], PerCache's ~100), cut on sentence boundaries.
 //!
 //! ```text
 //!  text       "Lunch moved to Friday. Bring the slides!\nAgenda: budget ..."
@@ -13,7 +13,7 @@
 //! Invariant: the chunks' words, in order, are exactly the text's words (whitespace-separated);
 //! every chunk holds between 1 and `max_words` words (`tests/chunk.rs`, property-tested).
 
-/// The seed's chunk length in words.
+/// PerCache's chunk length in words.
 pub const DEFAULT_CHUNK_WORDS: usize = 100;
 
 /// The text's sentences (trimmed, never empty), in order.

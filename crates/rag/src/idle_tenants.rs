@@ -1,5 +1,5 @@
 //! [`IdleTenants`]: the users whose idle-time population ([`crate::PerCache`]) the engine
-//! thread runs while no request waits (issue 17 item 1, `engram serve --rag-idle on`).
+//! thread runs while no request waits (`engram serve --rag-idle on`).
 //!
 //! ```text
 //!  handlers (blocking pool):  Library::ingest_text / remove / plan / record ─► after_ingest / after_query

@@ -11,7 +11,7 @@
 //! boundary is a token boundary by construction (no BPE merge across chunks, the tokenization
 //! problem PerCache's appendix B.2 works around). A later prompt whose first segments are a
 //! stored path starts from that path's KV; the rest is prefilled. Keys and values only: a
-//! causal decoder never needs cached queries (the seed's "QKV").
+//! causal decoder never needs cached queries (PerCache's "QKV").
 //!
 //! Invariant: a path's entry holds exactly the KV the model computes for its tokens at
 //! positions `0..len` (it is a fork of a sequence that computed them), so a generation that

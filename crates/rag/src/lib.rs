@@ -1,4 +1,4 @@
-//! # engram-rag — personal retrieval-augmented generation (seed 003, PerCache)
+//! # engram-rag — personal retrieval-augmented generation (after PerCache)
 //!
 //! A user's own documents, searchable and answerable on the device, with caches at two
 //! stages of the pipeline:

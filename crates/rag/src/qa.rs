@@ -1,4 +1,4 @@
-//! [`QaBank`] (MeanCache's idea, the seed's first cache level): answers kept by the meaning of
+//! [`QaBank`] (MeanCache's idea, PerCache's first cache level): answers kept by the meaning of
 //! their query. A new query whose best cosine similarity to a stored query reaches the
 //! threshold (default [`DEFAULT_THRESHOLD`], per request) gets the stored answer at once.
 //!
@@ -22,7 +22,7 @@ use crate::bank::{ChunkId, KnowledgeBank};
 use crate::envelope;
 use crate::error::{RagError, Result};
 
-/// The seed's similarity threshold.
+/// PerCache's similarity threshold.
 pub const DEFAULT_THRESHOLD: f32 = 0.85;
 /// Default storage cap of the QA bank (bytes of entries as counted by [`QaEntry::bytes`]).
 pub const DEFAULT_QA_CAP_BYTES: usize = 4 << 20;

@@ -1,4 +1,4 @@
-//! Idle-time population (issue 17 items 4–5): knowledge abstracts, query prediction, the cache
+//! Idle-time population: knowledge abstracts, query prediction, the cache
 //! scheduler's decisions on hand-made cases, and population on the embedded pycode-7m — what
 //! it stores answers exactly as the cold path does.
 

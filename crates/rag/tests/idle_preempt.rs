@@ -1,4 +1,4 @@
-//! Idle units yield at once (issue 17 item 5, "yields to user requests at once"): a unit told to
+//! Idle units yield to user requests at once: a unit told to
 //! stop at its k-th model step (a prefill chunk or a decode step) stores nothing — the QA bank,
 //! its stale queue and the chunk KV tree are exactly as before it — and is put back, so the
 //! units that follow are the ones an uninterrupted run makes, with the same answers (pycode-7m,

@@ -41,7 +41,7 @@ pub struct SparseConfig {
 }
 
 impl SparseConfig {
-    /// The defaults: 2,048 retrieved tokens, 4 sinks, a recent window of 64.
+    /// The defaults: 2,048 retrieved tokens, 4 sinks, a recent window of 64.
     pub fn new(method: Method) -> SparseConfig {
         SparseConfig { method, budget: 2048, sinks: 4, recent: 64 }
     }

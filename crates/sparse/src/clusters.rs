@@ -1,7 +1,7 @@
 //! Clustered keys of one (layer, KV head): prefill k-means (per [`SEGMENT`] of the history),
 //! one representative (centroid)
 //! per cluster with its size and variance, retrieval of whole clusters under a token budget,
-//! and the three ways new keys join: static, local and adaptive (DynaKV, seed 002's
+//! and the three ways new keys join: static, local and adaptive (DynaKV, the paper's
 //! Algorithm 1).
 //!
 //! Adaptive update: a new key joins its nearest cluster (centroid and variance updated

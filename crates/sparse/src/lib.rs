@@ -1,4 +1,4 @@
-//! Sparse attention over clustered KV (seed 002, DynaKV): the mechanism only — it knows
+//! Sparse attention over clustered KV (DynaKV): the mechanism only — it knows
 //! nothing of requests or turns.
 //!
 //! - [`kmeans`]: chunked k-means (bounded peak memory), the cluster count from the length.

@@ -90,7 +90,7 @@ impl IndexStats {
 /// Which tokens a sparse step retrieves (besides the sinks and the recent window).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
-    /// DynaKV (seed 002, Algorithm 1): prefill k-means, then nearest-cluster assignment with
+    /// DynaKV (the paper's Algorithm 1): prefill k-means, then nearest-cluster assignment with
     /// variance-triggered 2-means splits, delayed for clusters not in RAM until they are next
     /// fetched or the buffers pass `b_max`; `eager` splits on every flag instead (fetching the
     /// cluster just to split it), the comparison for the I/O the delay saves.
@@ -99,7 +99,7 @@ pub enum Method {
     /// heads (the upper bound of a per-KV-head token set).
     Oracle,
     /// No clusters: tokens ranked by their score against the group's summed query (a
-    /// token-level index; the seed's per-token retrieval baseline).
+    /// token-level index; the DynaKV paper's per-token retrieval baseline).
     Tokens,
     /// Static update (PQCache-like): prefill k-means; each new key joins its nearest cluster.
     Static,

@@ -1,4 +1,4 @@
-//! Co-retrieval placement (seed 002 §5, issue 16 item 5): clusters that are retrieved
+//! Co-retrieval placement (DynaKV paper §5): clusters that are retrieved
 //! together lie next to each other in the offload file, so one step's misses merge into long
 //! contiguous reads instead of one short read per cluster.
 //!

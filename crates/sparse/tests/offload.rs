@@ -1,4 +1,4 @@
-//! Offload (issue 16 items 1, 5, 6): an offloaded DynaKV cache answers every step with the
+//! Offload: an offloaded DynaKV cache answers every step with the
 //! same bits as the in-RAM one (logits bitwise equal, whole forward passes on the `tiny`
 //! fixture, with flushes, cache misses and evictions, both readers and both policies); the
 //! file returns what was written; bad files and bad configurations are clear errors that

@@ -2,29 +2,39 @@
 //! (`tokenizer.ggml.*` keys; the model loader fills [`GgufVocab`]).
 //!
 //! Owner: `engram-tokenizer`. Invariants:
-//! * `model = "gpt2"`: byte-level BPE; vocabulary = `tokens` (id = index), merges =
-//!   `merges` (`"a b"` strings, in rank order); the split regex depends on `pre`
-//!   (`default`/`gpt-2`/`gpt2`: GPT-2; `llama-bpe`/`llama3`: Llama 3, with
-//!   `ignore_merges` like llama.cpp and HF; `qwen2`: Qwen2, with NFC);
-//!   other `pre` values are rejected rather than tokenized wrongly;
+//! * `model = "gpt2"` (or `"gemma4"`): BPE; vocabulary = `tokens` (id = index), merges =
+//!   `merges` (`"a b"` strings, in rank order, split at the first space after the first
+//!   byte as llama.cpp does; each half and the merged piece must be tokens); `pre`
+//!   (missing: `default`) names one of llama.cpp's pre-tokenizers
+//!   ([`crate::pre_tokenizers`]), which gives the split regexes, whether pieces are
+//!   byte-level encoded (else byte fallback to `<0xXX>`), `ignore_merges` and the
+//!   default for `add_bos`; a name llama.cpp does not know is an error naming it.
+//!   NOTE: no NFC for `qwen2`: HF normalizes, llama.cpp does not, and llama.cpp is the
+//!   reference for GGUF files;
 //! * `model = "llama"`: SentencePiece-style BPE with byte fallback; merges are derived
 //!   from the scores exactly as HF's `LlamaConverter`/`SentencePieceExtractor` do
 //!   (`generate_merges`: every piece splittable into two vocabulary pieces gives a
 //!   merge; merges are ranked by the merged piece's score, descending, ties by longer
 //!   left then longer right half, then piece id order); normalizer
 //!   `Prepend("▁") + Replace(" ", "▁")`; decoder `Replace("▁", " ") + ByteFallback
-//!   + Fuse + Strip(left 1)`;
+//!   + Fuse + Strip(left 1)`; without the `Prepend` and the `Strip` when
+//!   `add_space_prefix` is false;
 //! * token types: 3 (CONTROL), 2 (UNKNOWN) and 5 (UNUSED: vocabulary padding up
 //!   to the embedding's rows, which llama.cpp renders as nothing) become special
 //!   added tokens, 4 (USER_DEFINED) non-special added tokens (matched verbatim in
 //!   text, kept by `decode(.., true)`), 6 (BYTE) stay plain vocabulary entries;
-//!   the BOS/EOS/EOT/UNK/PAD ids are special whatever their type;
-//! * BOS is prepended when `add_bos` (default: true for `llama`, false for `gpt2`),
+//!   the BOS/EOS/EOT/UNK/PAD ids are special whatever their type; a type outside
+//!   0..=6 is an error naming the entry. NOTE: llama.cpp matches only CONTROL,
+//!   UNKNOWN and USER_DEFINED pieces in text, so text spelling an UNUSED piece (or a
+//!   NORMAL-typed BOS/EOS) becomes that token here and plain text there;
+//! * BOS is prepended when `add_bos` (default: true for `llama`; for BPE the pre-tokenizer's
+//!   default, false for most; always for Gemma 4, as llama.cpp forces it),
 //!   EOS appended when `add_eos` (default false);
 //! * stop ids: EOS and EOT.
 
 use crate::chat_template::ChatTemplate;
 use crate::error::{Result, TokenizerError};
+use crate::pre_tokenizers::{self, PreFlags, PreType};
 use crate::tokenizer::{SpecialFacts, Tokenizer};
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
@@ -33,7 +43,7 @@ use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as NormSequence, NFC};
+use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as NormSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
@@ -89,6 +99,9 @@ pub struct GgufVocab {
     pub add_eos: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// `tokenizer.ggml.add_space_prefix`: SentencePiece vocabularies put a space before the
+    /// text (default true; Gemma's files say false). Unused by BPE vocabularies, as in llama.cpp.
+    pub add_space_prefix: Option<bool>,
 }
 
 /// GGUF token types (`llama_token_type`).
@@ -96,11 +109,6 @@ const TYPE_UNKNOWN: i32 = 2;
 const TYPE_CONTROL: i32 = 3;
 const TYPE_UNUSED: i32 = 5;
 const TYPE_USER_DEFINED: i32 = 4;
-
-const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-const LLAMA3_REGEX: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 fn err(msg: impl Into<String>) -> TokenizerError {
     TokenizerError::GgufVocab(msg.into())
@@ -122,6 +130,10 @@ impl Tokenizer {
             if t.len() != n {
                 return Err(err(format!("tokenizer.ggml.token_type has {} entries for {n} tokens", t.len())));
             }
+            // llama.cpp's `llama_token_type`: 0 undefined .. 6 byte.
+            if let Some((i, ty)) = t.iter().enumerate().find(|(_, ty)| !(0..=6).contains(*ty)) {
+                return Err(err(format!("tokenizer.ggml.token_type[{i}] = {ty} is not a token type (0..=6)")));
+            }
         }
         for (name, id) in [
             ("bos_token_id", v.bos_id),
@@ -142,10 +154,24 @@ impl Tokenizer {
             vocab.entry(t.clone()).or_insert(i as u32);
         }
 
-        let (mut inner, add_bos_default) = match v.model.as_str() {
-            "gpt2" => (build_gpt2(v, vocab)?, false),
-            "llama" => (build_llama(v, vocab)?, true),
-            other => return Err(err(format!("tokenizer.ggml.model {other:?} is not supported (supported: \"gpt2\", \"llama\")"))),
+        let (mut inner, add_bos) = match v.model.as_str() {
+            "gpt2" | "gemma4" => {
+                // llama.cpp: a `gemma4` model is BPE whatever `pre` says; a missing `pre` is "default".
+                let name = if v.model == "gemma4" { "gemma4" } else { v.pre.as_deref().unwrap_or("default") };
+                let (pre, flags) = pre_tokenizers::lookup(name).ok_or_else(|| {
+                    err(format!(
+                        "tokenizer.ggml.pre {name:?} is not a pre-tokenizer llama.cpp knows (the list: {})",
+                        pre_tokenizers::SOURCE
+                    ))
+                })?;
+                // llama.cpp turns BOS on for Gemma 4 whatever the file says.
+                let forced_bos = pre.kind == "GEMMA4";
+                (build_bpe(v, vocab, &pre, &flags)?, if forced_bos { Some(true) } else { v.add_bos.or(Some(flags.add_bos)) })
+            }
+            "llama" => (build_llama(v, vocab)?, v.add_bos.or(Some(true))),
+            other => {
+                return Err(err(format!("tokenizer.ggml.model {other:?} is not supported (supported: \"gpt2\", \"gemma4\", \"llama\")")))
+            }
         };
 
         // Added tokens: control/unknown (+ the named special ids) special, user-defined not.
@@ -164,7 +190,7 @@ impl Tokenizer {
         inner.add_tokens(&user);
 
         // Post-processor: BOS / EOS.
-        let add_bos = v.add_bos.unwrap_or(add_bos_default) && v.bos_id.is_some();
+        let add_bos = add_bos.unwrap_or(false) && v.bos_id.is_some();
         let add_eos = v.add_eos.unwrap_or(false) && v.eos_id.is_some();
         if add_bos || add_eos {
             let bos = v.bos_id.map(|i| (v.tokens[i as usize].clone(), i));
@@ -213,47 +239,54 @@ impl Tokenizer {
     }
 }
 
-fn build_gpt2(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
-    let merges_src = v.merges.as_ref().ok_or_else(|| err("model \"gpt2\" needs tokenizer.ggml.merges"))?;
+fn build_bpe(v: &GgufVocab, vocab: Vocab, pre: &PreType, flags: &PreFlags) -> Result<tokenizers::Tokenizer> {
+    let merges_src = v.merges.as_ref().ok_or_else(|| err(format!("model {:?} needs tokenizer.ggml.merges", v.model)))?;
     let mut merges = Vec::with_capacity(merges_src.len());
     for (i, m) in merges_src.iter().enumerate() {
-        let (a, b) = m.split_once(' ').ok_or_else(|| err(format!("merge #{i} {m:?} is not \"left right\"")))?;
+        // llama.cpp splits at the first space after the first byte (`word.find(' ', 1)`).
+        let at = m.bytes().skip(1).position(|c| c == b' ').map(|p| p + 1);
+        let (a, b) =
+            at.map(|p| (&m[..p], &m[p + 1..])).ok_or_else(|| err(format!("tokenizer.ggml.merges[{i}] {m:?} is not \"left right\"")))?;
+        for half in [a, b] {
+            if !vocab.contains_key(half) {
+                return Err(err(format!("tokenizer.ggml.merges[{i}] {m:?}: {half:?} is not in tokenizer.ggml.tokens")));
+            }
+        }
+        if !vocab.contains_key(&format!("{a}{b}")) {
+            return Err(err(format!(
+                "tokenizer.ggml.merges[{i}] {m:?}: the merged {:?} is not in tokenizer.ggml.tokens",
+                format!("{a}{b}")
+            )));
+        }
         merges.push((a.to_string(), b.to_string()));
     }
-    let pre = v.pre.as_deref().unwrap_or("default");
-    let (regex, ignore_merges, nfc) = match pre {
-        "default" | "gpt-2" | "gpt2" => (None, false, false),
-        "llama-bpe" | "llama3" | "llama-v3" => (Some(LLAMA3_REGEX), true, false),
-        "qwen2" => (Some(QWEN2_REGEX), false, true),
-        other => {
-            return Err(err(format!("tokenizer.ggml.pre {other:?} is not supported (supported: default, gpt-2, llama-bpe, llama3, qwen2)")))
-        }
-    };
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
-        .ignore_merges(ignore_merges)
+        .ignore_merges(flags.ignore_merges)
+        .byte_fallback(!pre.byte_encode)
         .build()
         .map_err(|e| err(format!("byte-level BPE: {e}")))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
-    match regex {
-        None => {
-            tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
-        }
-        Some(re) => {
-            let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(|e| err(format!("pre-tokenizer regex: {e}")))?;
-            let seq = PreSequence::new(vec![
-                PreTokenizerWrapper::Split(split),
-                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
-            ]);
-            tok.with_pre_tokenizer(Some(seq));
-        }
+    let mut steps = Vec::with_capacity(pre.regexes.len() + 1);
+    for re in pre.regexes {
+        let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| err(format!("pre-tokenizer {} regex {re:?}: {e}", pre.kind)))?;
+        steps.push(PreTokenizerWrapper::Split(split));
     }
-    debug_assert!(GPT2_REGEX.contains("\\p{L}")); // the ByteLevel built-in regex
-    if nfc {
-        tok.with_normalizer(Some(NFC));
+    if pre.byte_encode {
+        steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)));
+        tok.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
+    } else {
+        tok.with_decoder(Some(DecoderSequence::new(vec![
+            DecoderWrapper::Replace(Replace::new("▁", " ").map_err(|e| err(e.to_string()))?),
+            DecoderWrapper::ByteFallback(ByteFallback::new()),
+            DecoderWrapper::Fuse(Fuse::new()),
+        ])));
     }
-    tok.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
+    if pre.escape_whitespaces {
+        tok.with_normalizer(Some(Replace::new(" ", "▁").map_err(|e| err(e.to_string()))?));
+    }
+    tok.with_pre_tokenizer(Some(PreSequence::new(steps)));
     Ok(tok)
 }
 
@@ -297,17 +330,24 @@ fn build_llama(v: &GgufVocab, vocab: Vocab) -> Result<tokenizers::Tokenizer> {
     }
     let bpe = builder.build().map_err(|e| err(format!("SentencePiece BPE: {e}")))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
-    let normalizer = NormSequence::new(vec![
-        NormalizerWrapper::Prepend(Prepend::new("▁".to_string())),
-        NormalizerWrapper::Replace(Replace::new(" ", "▁").map_err(|e| err(e.to_string()))?),
-    ]);
-    tok.with_normalizer(Some(normalizer));
-    let decoder = DecoderSequence::new(vec![
+    // llama.cpp puts a space before every text fragment (the start, and after each special
+    // or user-defined token) unless `add_space_prefix` is false (Gemma); HF's Prepend runs on
+    // each fragment between added tokens, which is the same set.
+    let space_prefix = v.add_space_prefix.unwrap_or(true);
+    let mut norm = Vec::new();
+    if space_prefix {
+        norm.push(NormalizerWrapper::Prepend(Prepend::new("▁".to_string())));
+    }
+    norm.push(NormalizerWrapper::Replace(Replace::new(" ", "▁").map_err(|e| err(e.to_string()))?));
+    tok.with_normalizer(Some(NormSequence::new(norm)));
+    let mut dec = vec![
         DecoderWrapper::Replace(Replace::new("▁", " ").map_err(|e| err(e.to_string()))?),
         DecoderWrapper::ByteFallback(ByteFallback::new()),
         DecoderWrapper::Fuse(Fuse::new()),
-        DecoderWrapper::Strip(Strip::new(' ', 1, 0)),
-    ]);
-    tok.with_decoder(Some(decoder));
+    ];
+    if space_prefix {
+        dec.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    }
+    tok.with_decoder(Some(DecoderSequence::new(dec)));
     Ok(tok)
 }

@@ -6,6 +6,8 @@
 //!   built from a GGUF vocabulary ([`Tokenizer::from_gguf_vocab`], [`GgufVocab`]);
 //! * [`StreamDecoder`] — UTF-8-safe incremental detokenization whose outputs
 //!   concatenate to exactly what a full decode gives;
+//! * [`pre_tokenizer`] — llama.cpp's pre-tokenizers by `tokenizer.ggml.pre` name
+//!   ([`PreType`]: split regexes; [`PreFlags`]: per-name flags);
 //! * [`ChatTemplate`] — Jinja chat templates rendered as `transformers` does;
 //! * [`train_bpe`] — the deterministic byte-level BPE of the fixture models, trained
 //!   on [`FIXTURE_CORPUS`].
@@ -19,6 +21,7 @@ mod chat_template;
 mod error;
 mod gguf_vocab;
 mod hf;
+mod pre_tokenizers;
 mod stream;
 mod token_bytes;
 mod tokenizer;
@@ -27,6 +30,7 @@ mod train;
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use error::{Result, TokenizerError};
 pub use gguf_vocab::{gguf_merges, GgufVocab};
+pub use pre_tokenizers::{lookup as pre_tokenizer, names as pre_tokenizer_names, PreFlags, PreType};
 pub use stream::StreamDecoder;
 pub use tokenizer::{Encoding, Tokenizer};
 pub use train::{train_bpe, FIXTURE_CORPUS, FIXTURE_SPECIAL_TOKENS};

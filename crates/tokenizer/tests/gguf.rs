@@ -199,3 +199,93 @@ fn sentencepiece_merges_match_transformers() {
         assert_eq!(g, w, "merge #{i}");
     }
 }
+
+/// Broken vocabulary arrays are errors that name the field, never panics.
+#[test]
+fn broken_vocab_arrays_name_the_field() {
+    let expect_err = |v: &GgufVocab, field: &str| {
+        let e = Tokenizer::from_gguf_vocab(v).expect_err(field).to_string();
+        assert!(e.contains(field), "{field}: {e}");
+    };
+    // arrays of different lengths
+    let mut v = spm_vocab();
+    v.token_types.as_mut().unwrap().pop();
+    expect_err(&v, "tokenizer.ggml.token_type");
+    let mut v = spm_vocab();
+    v.scores.as_mut().unwrap().push(0.0);
+    expect_err(&v, "tokenizer.ggml.scores");
+    let mut v = spm_vocab();
+    v.tokens.clear();
+    expect_err(&v, "tokenizer.ggml.tokens");
+    // token types outside llama.cpp's enum
+    let mut v = spm_vocab();
+    v.token_types.as_mut().unwrap()[7] = 99;
+    expect_err(&v, "tokenizer.ggml.token_type");
+    // merges naming tokens the vocabulary lacks, or not "left right"
+    let mut v = fixture_vocab("gpt-2");
+    v.merges.as_mut().unwrap().insert(3, "Ġnot_a_token Ġx".into());
+    expect_err(&v, "tokenizer.ggml.merges[3]");
+    let mut v = fixture_vocab("gpt-2");
+    v.merges.as_mut().unwrap().push("nospace".into());
+    expect_err(&v, "tokenizer.ggml.merges[");
+    let mut v = fixture_vocab("gpt-2");
+    v.tokens.truncate(v.tokens.len() / 2); // the merges outgrow the tokens
+    v.token_types.as_mut().unwrap().truncate(v.tokens.len());
+    expect_err(&v, "tokenizer.ggml.merges[");
+    // ids outside the vocabulary
+    for set in [
+        |v: &mut GgufVocab| v.bos_id = Some(u32::MAX),
+        |v: &mut GgufVocab| v.unk_id = Some(1 << 20),
+        |v: &mut GgufVocab| v.pad_id = Some(5000),
+    ] {
+        let mut v = fixture_vocab("gpt-2");
+        set(&mut v);
+        expect_err(&v, "_token_id = ");
+    }
+}
+
+/// Random mutations of both kinds of vocabulary either build a tokenizer that encodes
+/// and decodes, or give an error — no panic.
+#[test]
+fn mutated_vocabs_never_panic() {
+    let mut rng = Rng(0x5eed_cafe);
+    for round in 0..60 {
+        let mut v = if round % 2 == 0 { spm_vocab() } else { fixture_vocab("gpt-2") };
+        for _ in 0..1 + rng.below(3) {
+            let n = v.tokens.len();
+            match rng.below(8) {
+                0 => v.tokens[rng.below(n)] = String::new(),
+                1 => v.tokens[rng.below(n)] = v.tokens[rng.below(n)].clone(),
+                2 => {
+                    if let Some(m) = v.merges.as_mut() {
+                        let i = rng.below(m.len());
+                        m[i] = format!("{} {}", v.tokens[rng.below(n)], v.tokens[rng.below(n)]);
+                    }
+                }
+                3 => {
+                    if let Some(t) = v.token_types.as_mut() {
+                        t[rng.below(n)] = rng.below(7) as i32;
+                    }
+                }
+                4 => {
+                    if let Some(s) = v.scores.as_mut() {
+                        s[rng.below(n)] = [f32::NAN, f32::INFINITY, -f32::INFINITY, 1e30][rng.below(4)];
+                    }
+                }
+                5 => v.eos_id = Some(rng.below(n + 2) as u32),
+                6 => v.tokens[rng.below(n)] = "<0xZZ>".into(),
+                _ => v.add_eos = Some(true),
+            }
+        }
+        let r = std::panic::catch_unwind(|| match Tokenizer::from_gguf_vocab(&v) {
+            Ok(tk) => {
+                for s in SAMPLES {
+                    let e = tk.encode(s, true).unwrap();
+                    tk.decode(&e.ids, false).unwrap();
+                }
+            }
+            Err(e) => assert!(e.to_string().contains("tokenizer."), "{e}"),
+        });
+        assert!(r.is_ok(), "round {round}: panicked on {:?}", (&v.model, v.eos_id));
+    }
+}

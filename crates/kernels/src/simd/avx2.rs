@@ -9,6 +9,8 @@
 //!   scales, integer accumulation over the super-block, one FMA per super-block; the min /
 //!   −32 offset terms are one `vpmaddwd` of the Q8_K block sums with the mins / scales.
 //!
+//! * Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4: `avx2_q32`; Q5_K, Q3_K, Q2_K, IQ4_XS: `avx2_k`.
+//!
 //! Invariant: see `simd/mod.rs` — per-accumulator operation order is independent of the tile.
 
 use super::{tile_dispatch, Acts, TileCtx};
@@ -43,6 +45,15 @@ pub(crate) unsafe fn tile(c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usiz
         (DType::Q6K, Acts::Q8K(a)) => {
             for r in 0..nr {
                 ktile_dispatch(nt, true, wp.add(r * rb), rb, a, t0, out.add(r), c.ldo)
+            }
+        }
+        (d, Acts::Q8(a)) if super::avx2_q32::tag(d).is_some() => {
+            let k = super::avx2_q32::tag(d).unwrap_or_default();
+            super::avx2_q32::tile_dispatch(k, nr, nt, wp, rb, a, t0, out, c.ldo)
+        }
+        (d, Acts::Q8K(a)) if super::avx2_k::handles(d) => {
+            for r in 0..nr {
+                super::avx2_k::row_tile(d, nt, wp.add(r * rb), a, t0, out.add(r), c.ldo)
             }
         }
         _ => unreachable!("activations prepared for the wrong dtype"),

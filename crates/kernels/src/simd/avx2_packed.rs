@@ -1,4 +1,4 @@
-//! AVX2 kernels over Q4_0 / Q8_0 [`Packed`] weights: 8 rows × up to 4 tokens per call
+//! AVX2 kernels over Q4_0 / Q8_0 / Q4_1 [`Packed`] weights: 8 rows × up to 4 tokens per call
 //! (Q4_K / Q6_K packings go on to `avx2_packed_k.rs`).
 //!
 //! Per group-block and token: the 8 rows' exact integer dot products end in one register with
@@ -52,7 +52,11 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
                 (DType::Q8_0, 2) => q8_group::<2>(gp, a, t0, out, c.ldo),
                 (DType::Q8_0, 3) => q8_group::<3>(gp, a, t0, out, c.ldo),
                 (DType::Q8_0, 4) => q8_group::<4>(gp, a, t0, out, c.ldo),
-                _ => unreachable!("only Q4_0 / Q8_0 are packed"),
+                (DType::Q4_1, 1) => q4_1_group::<1>(gp, a, t0, out, c.ldo),
+                (DType::Q4_1, 2) => q4_1_group::<2>(gp, a, t0, out, c.ldo),
+                (DType::Q4_1, 3) => q4_1_group::<3>(gp, a, t0, out, c.ldo),
+                (DType::Q4_1, 4) => q4_1_group::<4>(gp, a, t0, out, c.ldo),
+                _ => unreachable!("only Q4_0 / Q8_0 / Q4_1 are packed here"),
             }
         }
         t0 += nt;
@@ -123,6 +127,47 @@ unsafe fn q4_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *m
             let ab = (t0 + t) * nb + i;
             let isum = _mm256_add_epi32(_mm256_madd_epi16(s[t], ones), _mm256_set1_epi32(*a.bias.get_unchecked(ab * 8)));
             acc[t] = accumulate(acc[t], dw, a, ab, isum);
+        }
+    }
+    for t in 0..NT {
+        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
+    }
+}
+
+/// Q4_1, one 8-row group, NT tokens: Q4_0's integer sums (no offset: the nibbles are the
+/// values) and, per lane, the scalar reference's `acc + ((d_w · d_x) · isum + m_w · s_x)`
+/// (the min's 8 rows' f16s follow the `d`s; the quant registers start at byte 32).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+    let nb = a.blocks_per_row;
+    let gbb = group_block_bytes(DType::Q4_1);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for i in 0..nb {
+        let b = gp.add(i * gbb);
+        if NT == 1 {
+            prefetch_ahead(b, gbb);
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        let mw = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i));
+        let mut s = [_mm256_setzero_si256(); NT];
+        for j in 0..4 {
+            let v = _mm256_loadu_si256(b.add(32 + 32 * j) as *const __m256i);
+            let lo = _mm256_and_si256(v, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for t in 0..NT {
+                let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK);
+                let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xp, 4 * j)), _mm256_maddubs_epi16(hi, bcast4(xp, 16 + 4 * j)));
+                s[t] = _mm256_add_epi16(s[t], p);
+            }
+        }
+        for t in 0..NT {
+            let ab = (t0 + t) * nb + i;
+            let isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], ones));
+            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ab)));
+            let min = _mm256_mul_ps(mw, _mm256_set1_ps(*a.s.get_unchecked(ab)));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_add_ps(_mm256_mul_ps(scale, isum), min));
         }
     }
     for t in 0..NT {

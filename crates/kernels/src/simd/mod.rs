@@ -9,10 +9,12 @@
 //!
 //! Paths: `scalar` (portable, any target, also the reference), `avx2` (AVX2+FMA+F16C,
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
-//! 16-lane float kernels; K-quants reuse the AVX2 kernels), `amx` (AMX-INT8 tiles for
+//! 16-lane float kernels; `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
+//! formats of `avx2_k` reuse the AVX2 kernels), `amx` (AMX-INT8 tiles for
 //! Q4_0/Q8_0, driven per row chunk by `amx::run_rows` instead of `run_tile`; other formats on
 //! that path use `avx512`), `neon` (aarch64: integer dots of the quantized formats with
-//! widening multiplies, bitwise the scalar reference; float formats run the scalar kernel).
+//! widening multiplies, bitwise the scalar reference; float formats and Q4_1, Q5_0, Q5_1,
+//! IQ4_NL, MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS run the scalar integer dots through the same recipe).
 
 use crate::dtype::{DType, WeightMatrix};
 use crate::quantize::{ActQ8, ActQ8K};
@@ -22,11 +24,17 @@ pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_k;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_packed;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_packed_k;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_q32;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_q32;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
 pub(crate) mod scalar;
@@ -43,7 +51,8 @@ pub enum Isa {
     /// [`Isa::Avx512`] plus AMX-INT8 tiles for Q4_0/Q8_0 (other formats run the AVX-512
     /// kernels). Needs OS support (Linux `arch_prctl` permission, requested on detection).
     Amx,
-    /// aarch64 NEON (Advanced SIMD, part of every ARMv8-A core) for Q4_0/Q8_0/Q4_K/Q6_K.
+    /// aarch64 NEON (Advanced SIMD, part of every ARMv8-A core) for Q4_0/Q8_0/Q4_K/Q6_K (other
+    /// formats: the scalar kernels' integer dots).
     Neon,
 }
 
@@ -143,9 +152,10 @@ impl Isa {
 pub(crate) enum Acts<'a> {
     /// Float weights multiply f32 activations directly.
     F32(&'a [f32]),
-    /// Q4_0 / Q8_0 weights: Q8_0-style activation blocks.
+    /// 32-element formats (Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4): Q8_0-style activation
+    /// blocks (with the block sums `s` that make them ggml's Q8_1 for Q4_1 / Q5_1).
     Q8(ActQ8),
-    /// Q4_K / Q6_K weights: Q8_K activation blocks.
+    /// K-quants and IQ4_XS: Q8_K activation blocks.
     Q8K(ActQ8K),
 }
 
@@ -156,7 +166,11 @@ impl<'a> Acts<'a> {
             DType::F32 | DType::F16 | DType::BF16 => Acts::F32(x),
             DType::Q4_0 => Acts::Q8(ActQ8::new(x, n, cols, 8)),
             DType::Q8_0 => Acts::Q8(ActQ8::new(x, n, cols, 128)),
-            DType::Q4K | DType::Q6K => Acts::Q8K(ActQ8K::new(x, n, cols)),
+            DType::Q5_0 => Acts::Q8(ActQ8::new(x, n, cols, 16)),
+            DType::Q4_1 | DType::Q5_1 => Acts::Q8(ActQ8::new(x, n, cols, 0)),
+            // Table values made unsigned by +128 on the VNNI path, as Q8_0's.
+            DType::IQ4NL | DType::MXFP4 => Acts::Q8(ActQ8::new(x, n, cols, 128)),
+            DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => Acts::Q8K(ActQ8K::new(x, n, cols)),
         }
     }
 }
@@ -181,7 +195,7 @@ unsafe impl Sync for TileCtx<'_> {}
 pub(crate) fn tile_limits(isa: Isa, dtype: DType) -> (usize, usize) {
     match (isa, dtype) {
         (Isa::Scalar | Isa::Neon, _) => (1, 1),
-        (_, DType::Q4K | DType::Q6K) => (1, 4),
+        (_, DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS) => (1, 4),
         _ => (4, 4),
     }
 }

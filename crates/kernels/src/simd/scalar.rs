@@ -35,6 +35,36 @@ pub(crate) trait BlockDots {
     fn q4k_group(qs: &[u8], xq: &[i8], j: usize) -> i32;
     /// Q6_K: Σ_j scale_j · Σ (q−32)·x over the block's 16 groups of 16 values.
     fn q6k(b: &[u8], xq: &[i8]) -> i32;
+    /// Σ q·x over 32 unsigned nibbles (`qs[..16]` in the Q4_0 arrangement): Q4_1.
+    fn nib32(qs: &[u8], xq: &[i8]) -> i32 {
+        (0..16).map(|j| (qs[j] & 0xF) as i32 * xq[j] as i32 + (qs[j] >> 4) as i32 * xq[j + 16] as i32).sum()
+    }
+    /// Σ q·x over 32 five-bit values (nibbles `qs`, fifth bits `qh`): Q5_0 / Q5_1.
+    fn q5(qh: u32, qs: &[u8], xq: &[i8]) -> i32 {
+        (0..16)
+            .map(|j| {
+                let lo = (qs[j] & 0xF) as i32 | (((qh >> j) & 1) << 4) as i32;
+                let hi = (qs[j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+                lo * xq[j] as i32 + hi * xq[j + 16] as i32
+            })
+            .sum()
+    }
+    /// Σ table[q]·x over 32 nibbles (`qs[..16]`, Q4_0 arrangement): IQ4_NL, MXFP4, IQ4_XS.
+    fn lut32(qs: &[u8], xq: &[i8], table: &[i8; 16]) -> i32 {
+        (0..16).map(|j| table[(qs[j] & 0xF) as usize] as i32 * xq[j] as i32 + table[(qs[j] >> 4) as usize] as i32 * xq[j + 16] as i32).sum()
+    }
+    /// Q5_K: Σ q·x over sub-block `j` (32 five-bit values) of block `b`; `xq` the whole block.
+    fn q5k_group(b: &[u8], xq: &[i8], j: usize) -> i32 {
+        (32 * j..32 * j + 32).map(|i| q5k_value(b, i) * xq[i] as i32).sum()
+    }
+    /// Q2_K: Σ q·x over 16-element group `j` (2-bit values) of block `b`; `xq` the whole block.
+    fn q2k_group(b: &[u8], xq: &[i8], j: usize) -> i32 {
+        (16 * j..16 * j + 16).map(|i| q2k_value(b, i) * xq[i] as i32).sum()
+    }
+    /// Q3_K: Σ q·x over 16-element group `j` (values −4..4) of block `b`; `xq` the whole block.
+    fn q3k_group(b: &[u8], xq: &[i8], j: usize) -> i32 {
+        (16 * j..16 * j + 16).map(|i| q3k_value(b, i) * xq[i] as i32).sum()
+    }
 }
 
 /// The reference integer dots, one element at a time.
@@ -119,6 +149,84 @@ pub(crate) fn dot_with<D: BlockDots>(c: &TileCtx, r: usize, t: usize) -> f32 {
                 let ab = t * a.blocks_per_row + i;
                 let xq = &a.qs[ab * QK_K..ab * QK_K + QK_K];
                 acc += f16_at(b, Q6K_D) * a.d[ab] * D::q6k(b, xq) as f32;
+            }
+            acc
+        }
+        (DType::Q4_1 | DType::Q5_1, Acts::Q8(a)) => {
+            let q5 = c.w.dtype == DType::Q5_1;
+            let mut acc = 0f32;
+            for (i, b) in w.chunks_exact(c.w.dtype.block_bytes()).enumerate() {
+                let ab = t * a.blocks_per_row + i;
+                let xq = &a.qs[ab * QK..ab * QK + QK];
+                let isum = if q5 { D::q5(u32_at(b, Q5_1_QH), &b[Q5_1_QS..], xq) } else { D::nib32(&b[Q4_1_QS..], xq) };
+                acc += f16_at(b, 0) * a.d[ab] * isum as f32 + f16_at(b, 2) * a.s[ab];
+            }
+            acc
+        }
+        (DType::Q5_0 | DType::IQ4NL | DType::MXFP4, Acts::Q8(a)) => {
+            let mut acc = 0f32;
+            for (i, b) in w.chunks_exact(c.w.dtype.block_bytes()).enumerate() {
+                let ab = t * a.blocks_per_row + i;
+                let xq = &a.qs[ab * QK..ab * QK + QK];
+                let (d, isum) = match c.w.dtype {
+                    DType::Q5_0 => (f16_at(b, 0), D::q5(u32_at(b, Q5_0_QH), &b[Q5_0_QS..], xq) - 16 * a.sum[ab]),
+                    DType::IQ4NL => (f16_at(b, 0), D::lut32(&b[2..], xq, &KVALUES_IQ4NL)),
+                    _ => (e8m0_half(b[0]), D::lut32(&b[1..], xq, &KVALUES_MXFP4)),
+                };
+                acc += d * a.d[ab] * isum as f32;
+            }
+            acc
+        }
+        (DType::Q5K, Acts::Q8K(a)) => {
+            let mut acc = 0f32;
+            for (i, b) in w.chunks_exact(176).enumerate() {
+                let ab = t * a.blocks_per_row + i;
+                let xq = &a.qs[ab * QK_K..ab * QK_K + QK_K];
+                let bs = &a.bsums[ab * 16..ab * 16 + 16];
+                let (sc, m) = scales_mins_k4(&b[Q4K_SCALES..]);
+                let (mut isum, mut msum) = (0i32, 0i32);
+                for j in 0..8 {
+                    isum += sc[j] as i32 * D::q5k_group(b, xq, j);
+                    msum += m[j] as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32);
+                }
+                acc += f16_at(b, 0) * a.d[ab] * isum as f32 - f16_at(b, 2) * a.d[ab] * msum as f32;
+            }
+            acc
+        }
+        (DType::Q2K, Acts::Q8K(a)) => {
+            let mut acc = 0f32;
+            for (i, b) in w.chunks_exact(84).enumerate() {
+                let ab = t * a.blocks_per_row + i;
+                let xq = &a.qs[ab * QK_K..ab * QK_K + QK_K];
+                let bs = &a.bsums[ab * 16..ab * 16 + 16];
+                let (mut isum, mut msum) = (0i32, 0i32);
+                for j in 0..16 {
+                    isum += (b[j] & 0xF) as i32 * D::q2k_group(b, xq, j);
+                    msum += (b[j] >> 4) as i32 * bs[j] as i32;
+                }
+                acc += f16_at(b, Q2K_D) * a.d[ab] * isum as f32 - f16_at(b, Q2K_D + 2) * a.d[ab] * msum as f32;
+            }
+            acc
+        }
+        (DType::Q3K, Acts::Q8K(a)) => {
+            let mut acc = 0f32;
+            for (i, b) in w.chunks_exact(110).enumerate() {
+                let ab = t * a.blocks_per_row + i;
+                let xq = &a.qs[ab * QK_K..ab * QK_K + QK_K];
+                let sc = q3k_scales(b);
+                let isum: i32 = (0..16).map(|j| sc[j] as i32 * D::q3k_group(b, xq, j)).sum();
+                acc += f16_at(b, Q3K_D) * a.d[ab] * isum as f32;
+            }
+            acc
+        }
+        (DType::IQ4XS, Acts::Q8K(a)) => {
+            let mut acc = 0f32;
+            for (i, b) in w.chunks_exact(136).enumerate() {
+                let ab = t * a.blocks_per_row + i;
+                let xq = &a.qs[ab * QK_K..ab * QK_K + QK_K];
+                let ls = iq4xs_scales(b);
+                let isum: i32 = (0..8).map(|j| ls[j] * D::lut32(&b[IQ4XS_QS + 16 * j..], &xq[32 * j..], &KVALUES_IQ4NL)).sum();
+                acc += f16_at(b, 0) * a.d[ab] * isum as f32;
             }
             acc
         }

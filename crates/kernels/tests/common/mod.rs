@@ -39,9 +39,11 @@ pub fn dequant(dtype: DType, bytes: &[u8], rows: usize, cols: usize) -> Vec<f32>
 /// Activation block size of the integer path for `dtype` (0 = no activation quantization).
 pub fn act_block(dtype: DType) -> usize {
     match dtype {
-        DType::Q4_0 | DType::Q8_0 => 32,
-        DType::Q4K | DType::Q6K => 256,
-        _ => 0,
+        DType::F32 | DType::F16 | DType::BF16 => 0,
+        // Q8_0-style activations (ggml's Q8_0 / Q8_1 pairing).
+        DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 => 32,
+        // Q8_K activations.
+        DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => 256,
     }
 }
 

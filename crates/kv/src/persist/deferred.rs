@@ -1,7 +1,8 @@
 //! Entries opened now and checked later, many on one thread (a thread's ring of turn files,
-//! issue 15): [`open_entry_unchecked`] does every check but the checksum and hands back an
-//! [`UncheckedEntry`]; [`check_in_background`] sums a batch of them, in order, on one
-//! background thread while the caller computes on their mapped blocks.
+//! restored when the thread comes back after a restart): [`open_entry_unchecked`] does every
+//! check but the checksum and hands back an [`UncheckedEntry`]; [`check_in_background`] sums a
+//! batch of them, in order, on one background thread while the caller computes on their mapped
+//! blocks.
 //!
 //! Invariant: as with [`super::open_entry`], until the [`ChecksumCheck`] returns `Ok` the KV
 //! may hold any bytes; nothing computed from it may be shown, kept or shared before then. A

@@ -1,6 +1,8 @@
 //! GGUF files (v2/v3) as llama.cpp writes them: architecture `llama`,
-//! `mistral` or `qwen2`; tensors F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K used
-//! in place from the file mapping; the tokenizer and chat template from
+//! `mistral` or `qwen2`; tensors of every format `engram_kernels::DType`
+//! computes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K,
+//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) used in place from the file mapping (any
+//! other ggml type is an error naming it, its id and the tensor); the tokenizer and chat template from
 //! `tokenizer.ggml.*` metadata.
 //!
 //! NOTE: llama.cpp's converter permutes the rows of `attn_q` / `attn_k` for
@@ -124,6 +126,7 @@ fn read_vocab(f: &GgufFile) -> Result<GgufVocab> {
         pad_id: id("tokenizer.ggml.padding_token_id")?,
         add_bos: f.get_bool_opt("tokenizer.ggml.add_bos_token")?,
         add_eos: f.get_bool_opt("tokenizer.ggml.add_eos_token")?,
+        add_space_prefix: f.get_bool_opt("tokenizer.ggml.add_space_prefix")?,
         chat_template: f.get_str_opt("tokenizer.chat_template")?,
     })
 }
@@ -131,7 +134,8 @@ fn read_vocab(f: &GgufFile) -> Result<GgufVocab> {
 fn dtype_of(t: &TensorInfo, label: &str) -> Result<DType> {
     DType::from_ggml_type_id(t.ggml_type).ok_or_else(|| {
         let name = engram_gguf::ggml_type(t.ggml_type).map(|g| g.name).unwrap_or("unknown");
-        tensor_err(label, &t.name, format!("type {name} (id {}) is not supported (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)", t.ggml_type))
+        let supported = DType::ALL.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ");
+        tensor_err(label, &t.name, format!("ggml type {name} (id {}) is not supported (supported: {supported})", t.ggml_type))
     })
 }
 

@@ -1,4 +1,4 @@
-//! The chunk store on disk (issue 17): one `engram-kv` entry file per chunk
+//! The chunk store on disk: one `engram-kv` entry file per chunk
 //! (`chunk-<blake3>.kv`: the KV of `sys + chunk` at positions `0..`, their tokens, and the
 //! system prompt's key and length as the entry's text), in a folder per model and KV format
 //! (the caller passes [`crate::tree_dir`] of its base), so blend reuse survives a restart. The

@@ -1,4 +1,4 @@
-//! [`ChunkStore`]: position-independent chunk KV (issue 17 item 3, opt-in `blend` reuse).
+//! [`ChunkStore`]: position-independent chunk KV (opt-in `blend` reuse).
 //! Each retrieved chunk's KV is computed once on its own — right after the system prompt, at
 //! positions `sys_len ..` — stored per (system prompt, chunk id), and attended wherever the
 //! chunk lands in a later prompt: moved there with re-rotated keys (`SeqKv::extend_shifted`),

@@ -7,7 +7,7 @@
 //!  <path>   envelope "engram-rag-abstracts" v1: { doc id → DocAbstract (with the doc's blake3) }
 //!  sync(bank):  docs whose hash changed or that are new → extracted again; gone docs → dropped
 //! ```
-//! NOTE: the seed summarises chunks with the LLM. The model here (pycode-7m) writes Python, so
+//! NOTE: PerCache summarises chunks with the LLM. The model here (pycode-7m) writes Python, so
 //! an LLM summary of an e-mail is noise; the extractor below is the whole abstract. A summary
 //! path through the engine would slot in beside [`extract`] (same [`DocAbstract`] fields).
 //!

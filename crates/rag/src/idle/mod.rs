@@ -1,4 +1,4 @@
-//! Idle-time population (PerCache §4.2–4.3, issue 17 items 4–5): knowledge abstracts, query
+//! Idle-time population (PerCache §4.2–4.3): knowledge abstracts, query
 //! prediction, and the cache scheduler that spends idle compute on the QA bank or the chunk
 //! KV tree, one small unit at a time.
 //!

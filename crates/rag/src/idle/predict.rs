@@ -6,15 +6,15 @@
 //!                    covering it) × general/detailed templates ("When is the {t}?", …), names
 //!                    ("What did {n} write about?") and dates ("What is happening on {d}?")
 //!  history-based:    a recent query that names topic t, with t replaced by another topic t'
-//!                    (mirrors the user's own wording, the seed's history prompt)
+//!                    (mirrors the user's own wording, PerCache's history prompt)
 //!  predict():        history-based first once the user asked something, the rest of the stride
 //!                    knowledge-based; never a query issued before (case-insensitive)
 //! ```
-//! NOTE: the seed asks the LLM to write the questions from these same two prompts (its
+//! NOTE: PerCache asks the LLM to write the questions from these same two prompts (its
 //! appendix B.3). The model here writes Python, so the templates stand in for it: the same
 //! inputs (abstracts, history, stride), questions in the same two styles (general, detailed).
 //!
-//! Invariant: the questions are a pure function of the seed, the abstracts and the queries
+//! Invariant: the questions are a pure function of the random seed, the abstracts and the queries
 //! observed, in order (`tests/idle.rs::prediction_is_deterministic`); no question is issued
 //! twice; each call returns at most `stride` questions.
 
@@ -24,12 +24,12 @@ use engram_engine::Rng;
 
 use super::abstracts::{find_words, AbstractStore};
 
-/// Default questions per prediction (the seed's stride).
+/// Default questions per prediction (PerCache's stride).
 pub const DEFAULT_STRIDE: usize = 5;
 
-/// General questions about a topic (the seed's first style).
+/// General questions about a topic (PerCache's first style).
 const GENERAL: &[&str] = &["When is the {t}?", "What is the {t} about?", "Where is the {t}?"];
-/// Detailed questions about a topic (the seed's second style).
+/// Detailed questions about a topic (PerCache's second style).
 const DETAILED: &[&str] =
     &["Who is leading the {t}?", "What should I prepare for the {t}?", "Who is attending the {t}?", "Has the {t} changed?"];
 /// About a person named in the documents.

@@ -1,4 +1,4 @@
-//! [`StepClock`]: how an idle unit yields to user requests at once (issue 17 item 5). A unit
+//! [`StepClock`]: how an idle unit yields to user requests at once. A unit
 //! asks the clock before every model step — each prefill chunk and each decode step, through
 //! [`engram_engine::Generator::generate_until`] — and stops when the caller's `stop` says a
 //! request is waiting; the clock also measures the longest stretch between two asks, which is

@@ -1,4 +1,4 @@
-//! Blend admission for [`super::TreePolicy`] (issue 17, `engram serve --chunk-reuse blend`): a
+//! Blend admission for [`super::TreePolicy`] (`engram serve --chunk-reuse blend`): a
 //! RAG job registered with [`ChunkReuse::Blend`] starts from its tenant's [`ChunkStore`] — each
 //! chunk's KV computed once after the system prompt, moved into place — repaired by
 //! [`engram_engine::blend`], the same calls `Rag::query` makes in blend mode; the scheduler

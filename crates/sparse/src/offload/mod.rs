@@ -1,4 +1,4 @@
-//! Offload of a sparse cache's older KV to a file (seed 002 §5–6, issue 16 items 1, 5, 6).
+//! Offload of a sparse cache's older KV to a file (DynaKV paper §5–6).
 //!
 //! Past a per-sequence RAM budget, [`crate::SparseKv::offload`] moves every token older than
 //! the recent window (the sinks excepted) into one file per sequence, per (layer, KV head), in

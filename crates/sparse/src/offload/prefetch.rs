@@ -1,4 +1,4 @@
-//! Layer-ahead prefetch (seed 002 §6.1, issue 16 item 6): once every KV head of layer `l` has
+//! Layer-ahead prefetch (DynaKV paper §6.1): once every KV head of layer `l` has
 //! read its step's keys, a loader thread reads the clusters layer `l + 1` is predicted to
 //! fetch — the ones it fetched at the previous step (queries move little from one token to the
 //! next) — into the cluster cache, while this layer's output projection and FFN and the next

@@ -1,4 +1,4 @@
-//! Dual-head regions (seed 002 §5, issue 16 item 5): the file layout where two clusters share
+//! Dual-head regions (DynaKV paper §5): the file layout where two clusters share
 //! one region back to back, one growing forward from the region's start, the other backward
 //! from its end, with slack between them. A cluster's new members (flushed when they leave the
 //! recent window) are written into its own head's slack, next to its older rows, so a fetch

@@ -2,7 +2,7 @@
 //! (layer, KV head, cluster), with two replacement policies compared at equal size.
 //!
 //! - [`Policy::Lru`]: evict the least recently used cluster.
-//! - [`Policy::ClusterAligned`] (seed 002, §6.2): clusters updated in the last
+//! - [`Policy::ClusterAligned`] (DynaKV paper §6.2): clusters updated in the last
 //!   [`RETAIN_STEPS`] tokens (a join or a split) are retained; among the others the victim
 //!   is the one with the largest `rows × steps since last use`, so small clusters stay
 //!   (principle 1) and large stale ones go first.

@@ -99,3 +99,34 @@ pub fn spm_vocab() -> GgufVocab {
         ..Default::default()
     }
 }
+
+pub mod gguf_meta;
+
+/// Whether CI runs these tests (`CI=true`): there a missing reference input is a failure.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// llama.cpp's source tree (`ENGRAM_LLAMA_CPP_SRC`, e.g. the `vendor/llama.cpp` folder of
+/// llama-cpp-python's sdist), or `None` after printing a SKIPPED line; a panic under
+/// `CI=true`, because CI fetches it.
+pub fn llama_cpp_src(test: &str) -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("ENGRAM_LLAMA_CPP_SRC").map(std::path::PathBuf::from);
+    match dir {
+        Some(d) if d.join("models").is_dir() => Some(d),
+        other => {
+            let msg = format!(
+                "{test}: ENGRAM_LLAMA_CPP_SRC {} (set it to llama.cpp's source tree, the one with models/ggml-vocab-*.gguf)",
+                match other {
+                    Some(d) => format!("= {} has no models/ folder", d.display()),
+                    None => "is not set".to_string(),
+                }
+            );
+            if in_ci() {
+                panic!("{msg}; .ci/run fetches it");
+            }
+            eprintln!("SKIPPED: {msg}");
+            None
+        }
+    }
+}

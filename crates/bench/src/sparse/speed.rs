@@ -1,4 +1,4 @@
-//! Decode speed at depth, exact vs DynaKV on the same cache (module doc of `bench_sparse`).
+//! Decode speed at depth, exact vs DynaKV on the same cache (module doc of `sparse.rs`).
 //!
 //! A history of `H >= 512` tokens: the first 512 are prefilled for real (once, then copied); the rest are
 //! copies of those keys and values (each scaled by `1 + 0.05·noise`, keys not re-rotated)

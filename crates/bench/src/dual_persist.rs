@@ -13,7 +13,7 @@
 //! in); the first request's time (prefill; the file is written off the engine thread); with `mapped`, the first request of a restarted policy
 //! (restored from the file, page cache warm) — median of `--reps`.
 //!
-//! Then `disk` (`bench_dual_disk.rs`): the engine thread's stall per fact with the stream's
+//! Then `disk` (`dual_disk.rs`): the engine thread's stall per fact with the stream's
 //! file written in the background vs waited for, a switch to a thread whose ring is on disk
 //! (page cache warm and dropped) vs in RAM, and the stream's restore with the page cache dropped.
 //!
@@ -59,7 +59,7 @@ pub struct Args {
     only: Option<String>,
 }
 
-/// The RSS modes, then `disk` (`bench_dual_disk.rs`: fact stall, switch from disk, stream restore).
+/// The RSS modes, then `disk` (`dual_disk.rs`: fact stall, switch from disk, stream restore).
 const MODES: [&str; 4] = ["copy", "ram", "mapped", "disk"];
 
 /// Resident bytes: (anonymous, file-backed), from /proc (zeros where unavailable).
@@ -100,8 +100,8 @@ fn run_mode(a: &Args, mode: &str) -> Result<serde_json::Value> {
     let pool = kv_pool(&model, &a.model)?;
     let anchors = anchors(&model, a.anchor_tokens)?;
     if mode == "disk" {
-        let d = crate::bench_dual_disk::DiskArgs { anchors: &anchors, ring_tokens: a.ring_tokens, facts: a.facts, reps: a.reps };
-        return crate::bench_dual_disk::run(&model, &pool, &d);
+        let d = crate::dual_disk::DiskArgs { anchors: &anchors, ring_tokens: a.ring_tokens, facts: a.facts, reps: a.reps };
+        return crate::dual_disk::run(&model, &pool, &d);
     }
     let dir = tempfile::tempdir()?;
     let policy = |with_dir: bool| -> Result<DualStream> {

@@ -1,4 +1,4 @@
-//! Quality of sparse retrieval on the long-context model (module doc of `bench_sparse`).
+//! Quality of sparse retrieval on the long-context model (module doc of `sparse.rs`).
 
 use std::path::Path;
 use std::time::Instant;

@@ -39,6 +39,7 @@ use engram_model::{Fingerprint, Model};
 use serde_json::json;
 
 use crate::common::{data_dir, kv_pool, load_model, ModelArgs};
+use crate::shared::evict_from_page_cache;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -381,36 +382,6 @@ fn warm_run(a: &Args, path: &std::path::Path, h: usize, evict: bool) -> Result<s
         anyhow::bail!("warm child failed: {}", String::from_utf8_lossy(&child.stderr));
     }
     serde_json::from_slice(&child.stdout).context("warm child output")
-}
-
-/// Asks the kernel to drop `path` from the page cache (clean pages only: entries are fsynced
-/// when written) and returns the fraction of its pages still resident afterwards.
-#[cfg(unix)]
-pub(crate) fn evict_from_page_cache(path: &std::path::Path) -> Result<f64> {
-    use std::os::fd::AsRawFd;
-    let file = std::fs::File::open(path)?;
-    // SAFETY: a valid open descriptor; the advice only affects caching.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    anyhow::ensure!(rc == 0, "posix_fadvise failed: {rc}");
-    resident_fraction(&file)
-}
-
-#[cfg(unix)]
-fn resident_fraction(file: &std::fs::File) -> Result<f64> {
-    // SAFETY: read-only mapping of a file this process does not modify; only inspected by mincore.
-    let map = unsafe { memmap2::Mmap::map(file)? };
-    let page = 4096;
-    let pages = map.len().div_ceil(page);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: `map` is a live mapping of `map.len()` bytes and `vec` has one byte per page.
-    let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), vec.as_mut_ptr()) };
-    anyhow::ensure!(rc == 0, "mincore failed");
-    Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as f64 / pages.max(1) as f64)
-}
-
-#[cfg(not(unix))]
-pub(crate) fn evict_from_page_cache(_path: &std::path::Path) -> Result<f64> {
-    Ok(1.0)
 }
 
 fn warm_child(a: &Args, model: &Model, pool: &KvPool, fp: &str) -> Result<()> {

@@ -3,7 +3,7 @@
 //! The weights are paged in and one warm-up step runs before timing.
 //!
 //! Beside them, in the same run, the decode *limit*: the memory read bandwidth measured now
-//! with the same threads ([`crate::bench_membw::read_gb_s`]) ÷ the bytes one decode token
+//! with the same threads ([`crate::shared::read_gb_s`]) ÷ the bytes one decode token
 //! reads (every weight matrix once, the output matrix included, plus the KV cache at the mean
 //! decode context); `of_limit` = decode ÷ limit.
 
@@ -62,7 +62,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let threads = engram_kernels::num_threads();
     // The limit, measured after the timed runs with the same pool.
-    let bw_gb_s = crate::bench_membw::read_gb_s(&crate::bench_membw::random_bytes(a.membw_mib.max(16) << 20), 3);
+    let bw_gb_s = crate::shared::read_gb_s(&crate::shared::random_bytes(a.membw_mib.max(16) << 20), 3);
     let lim = DecodeLimit::new(&model, &pool, a.decode_tokens, bw_gb_s);
     let kernels = engram_kernels::internal::Isa::detect().name();
     if a.json {

@@ -24,7 +24,7 @@ use engram_engine::{ContextPolicy, DualStream, FactSegment, Retired};
 use engram_kv::{KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
 
-use crate::bench_cache::evict_from_page_cache;
+use crate::shared::evict_from_page_cache;
 
 /// What the `disk` measurements need of the command line.
 pub struct DiskArgs<'a> {

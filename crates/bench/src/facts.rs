@@ -10,7 +10,7 @@
 //! (its slices back to back: nothing waits), and the first turn on the new stream (the ring
 //! moved onto it). The seed reports an 80 ms stutter.
 //!
-//! Then, through the engine thread (`bench_facts_stall.rs`): the stall a request arriving
+//! Then, through the engine thread (`facts_stall.rs`): the stall a request arriving
 //! mid-summary sees, with the summary in one uninterruptible slice vs preemptible.
 
 use std::sync::Arc;
@@ -21,8 +21,8 @@ use engram_engine::{ContextPolicy, DualStream, FactSegment, RenderSegment, Retir
 use engram_kv::{KvPool, KvView};
 use engram_model::{Logits, Model};
 
-use crate::bench_facts_stall;
 use crate::common::{forward_at, kv_pool, load_model, ModelArgs};
+use crate::facts_stall;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -180,7 +180,7 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// The through-the-engine comparison (`bench_facts_stall.rs`), from the facts just under the
+/// The through-the-engine comparison (`facts_stall.rs`), from the facts just under the
 /// cap (`facts` less the two the table above appended).
 fn stall(a: &Args, model: &Arc<Model>, pool: &KvPool, anchors: &[u32], facts: &[FactSegment], render: RenderSegment) -> Result<()> {
     if a.stall_reps == 0 {
@@ -193,7 +193,7 @@ fn stall(a: &Args, model: &Arc<Model>, pool: &KvPool, anchors: &[u32], facts: &[
     let cap = a.persistent_cap_tokens;
     let policy = |s: Option<Summarizer>| DualStream::new(model.clone(), pool.clone(), ring).with_persistent_cap(cap, s);
     let summarizer = || Summarizer::new(model.clone(), a.summary_target_tokens, render.clone());
-    let setup = bench_facts_stall::Setup {
+    let setup = facts_stall::Setup {
         model,
         pool,
         anchors,
@@ -206,7 +206,7 @@ fn stall(a: &Args, model: &Arc<Model>, pool: &KvPool, anchors: &[u32], facts: &[
         policy: &policy,
         summarizer: &summarizer,
     };
-    let results = bench_facts_stall::run(&setup, a.stall_reps)?;
-    bench_facts_stall::report(&results, &model.describe(), setup.delay, a.json);
+    let results = facts_stall::run(&setup, a.stall_reps)?;
+    facts_stall::report(&results, &model.describe(), setup.delay, a.json);
     Ok(())
 }

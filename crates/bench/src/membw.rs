@@ -14,7 +14,9 @@
 use std::time::Instant;
 
 use anyhow::{ensure, Result};
-use engram_kernels::{matmul, stream_read, DType, WeightMatrix};
+use engram_kernels::{matmul, DType, WeightMatrix};
+
+use crate::shared::{random_bytes, read_gb_s};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -70,19 +72,6 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Best-of-`reps` read bandwidth (GB/s, 10⁹ bytes) of [`stream_read`] over `buf` on the
-/// current kernel pool.
-pub fn read_gb_s(buf: &[u8], reps: usize) -> f64 {
-    std::hint::black_box(stream_read(buf)); // first touch / warm-up
-    let mut best = 0f64;
-    for _ in 0..reps.max(1) {
-        let t = Instant::now();
-        std::hint::black_box(stream_read(std::hint::black_box(buf)));
-        best = best.max(buf.len() as f64 / t.elapsed().as_secs_f64() / 1e9);
-    }
-    best
-}
-
 /// Best-of-`reps` weight bytes per second of a 1-token matmul over `buf` viewed as `dtype`
 /// weights (`buf` is patched in place so every scale / value is finite).
 fn gemv_gb_s(buf: &mut [u8], dtype: DType, reps: usize) -> Result<f64> {
@@ -107,19 +96,6 @@ fn gemv_gb_s(buf: &mut [u8], dtype: DType, reps: usize) -> Result<f64> {
     }
     ensure!(out.iter().all(|v| v.is_finite()), "GEMV over the {} probe produced a non-finite value", dtype.name());
     Ok(best)
-}
-
-/// `n` pseudo-random bytes (xorshift), written so every page is really allocated.
-pub fn random_bytes(n: usize) -> Vec<u8> {
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    let mut v = vec![0u8; n];
-    for c in v.chunks_mut(8) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        c.copy_from_slice(&s.to_le_bytes()[..c.len()]);
-    }
-    v
 }
 
 fn round2(v: f64) -> f64 {

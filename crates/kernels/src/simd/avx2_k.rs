@@ -1,0 +1,184 @@
+//! AVX2 tile kernels of the 256-element formats beyond Q4_K/Q6_K: Q5_K, Q3_K, Q2_K and IQ4_XS,
+//! against Q8_K activations ([`ActQ8K`]) as llama.cpp's `ggml_vec_dot_*_q8_K` pair them. One
+//! weight row × up to 4 tokens per tile (a decoded super-block takes 8 registers).
+//!
+//! Per super-block, the weights are decoded once into 8 registers of 32 values in element
+//! order, then per token: `vpmaddubsw` with the activations (unsigned values: Q5_K 0..32, Q2_K
+//! 0..4, Q3_K shifted to 0..8; IQ4_XS table values by the sign trick), `vpmaddwd` with the
+//! sub-block scales (one per 32 or per 16 elements: the low and high 128-bit lanes then carry
+//! different scales), integer adds over the super-block. Constant terms come from the Q8_K
+//! block sums: Q5_K / Q2_K mins (a float term, as the scalar reference), Q3_K's −4 shift
+//! (subtracted in integers, so the block's sum equals the reference's exactly).
+//!
+//! Invariant (see `simd/mod.rs`): each (row, token) accumulator sees the same operations
+//! whatever the tile's token count.
+
+use super::avx2::{hsum, hsum_i32};
+use super::avx2_q32::{nibbles, table};
+use crate::blocks::*;
+use crate::dtype::DType;
+use crate::quantize::ActQ8K;
+use std::arch::x86_64::*;
+
+/// Format tags for the const-generic kernel.
+const Q5K: u8 = 0;
+const Q3K: u8 = 1;
+const Q2K: u8 = 2;
+const IQ4XS: u8 = 3;
+
+/// Whether this module handles `d`.
+pub(crate) fn handles(d: DType) -> bool {
+    matches!(d, DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS)
+}
+
+/// Runs one row (`w` its first block) × `nt` tokens (1..=4) of format `d`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn row_tile(d: DType, nt: usize, w: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    macro_rules! nts {
+        ($k:expr) => {
+            match nt {
+                1 => tile::<$k, 1>(w, a, t0, out, ldo),
+                2 => tile::<$k, 2>(w, a, t0, out, ldo),
+                3 => tile::<$k, 3>(w, a, t0, out, ldo),
+                _ => tile::<$k, 4>(w, a, t0, out, ldo),
+            }
+        };
+    }
+    match d {
+        DType::Q5K => nts!(Q5K),
+        DType::Q3K => nts!(Q3K),
+        DType::Q2K => nts!(Q2K),
+        _ => nts!(IQ4XS),
+    }
+}
+
+/// `(x >> s) & 1` of every byte of `v`, moved to bit `to`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bit_to(v: __m256i, s: i32, to: i32) -> __m256i {
+    let b = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
+    _mm256_sll_epi16(b, _mm_cvtsi32_si128(to))
+}
+
+/// i16 lanes: `sc[2g]` in the low 128-bit lane, `sc[2g + 1]` in the high one (sign-extended
+/// bytes of `sc16`, both lanes holding all 16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_scales(sc16: __m256i, g: usize) -> __m256i {
+    let ctrl = _mm256_set_m128i(_mm_set1_epi8(2 * g as i8 + 1), _mm_set1_epi8(2 * g as i8));
+    _mm256_srai_epi16(_mm256_shuffle_epi8(sc16, ctrl), 8)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const K: u8, const NT: usize>(w: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    let bb = match K {
+        Q5K => 176,
+        Q3K => 110,
+        Q2K => 84,
+        _ => 136,
+    };
+    let nb = a.blocks_per_row;
+    let m3 = _mm256_set1_epi8(3);
+    let lut = table(&KVALUES_IQ4NL);
+    let mut acc = [_mm256_setzero_ps(); NT];
+    let mut macc = [0f32; NT];
+    for i in 0..nb {
+        let b = w.add(i * bb);
+        let bs = std::slice::from_raw_parts(b, bb);
+        // q[g]: elements 32g..32g+32; s[g]: the i16 scales for q[g]'s `vpmaddubsw` pairs.
+        let mut q = [_mm256_setzero_si256(); 8];
+        let mut s = [_mm256_setzero_si256(); 8];
+        // i16 × 16 for the block-sum term (mins or scales), and the super-block scales.
+        let mut corr_w = _mm256_setzero_si256();
+        let (d, dmin);
+        match K {
+            Q5K => {
+                d = f16_at(bs, 0);
+                dmin = f16_at(bs, 2);
+                let (sc, m) = scales_mins_k4(&bs[Q4K_SCALES..]);
+                let m8 = _mm_loadl_epi64(m.as_ptr() as *const __m128i);
+                corr_w = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+                let qh = _mm256_loadu_si256(b.add(Q5K_QH) as *const __m256i);
+                for c in 0..4 {
+                    let v = _mm256_loadu_si256(b.add(Q5K_QS + 32 * c) as *const __m256i);
+                    let lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+                    q[2 * c] = _mm256_or_si256(lo, bit_to(qh, 2 * c as i32, 4));
+                    q[2 * c + 1] = _mm256_or_si256(hi, bit_to(qh, 2 * c as i32 + 1, 4));
+                    s[2 * c] = _mm256_set1_epi16(sc[2 * c] as i16);
+                    s[2 * c + 1] = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+                }
+            }
+            Q2K => {
+                d = f16_at(bs, Q2K_D);
+                dmin = f16_at(bs, Q2K_D + 2);
+                let sm = _mm_loadu_si128(b as *const __m128i);
+                let sc16 = _mm256_broadcastsi128_si256(_mm_and_si128(sm, _mm_set1_epi8(0x0F)));
+                corr_w = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+                for n in 0..2 {
+                    let v = _mm256_loadu_si256(b.add(Q2K_QS + 32 * n) as *const __m256i);
+                    for k in 0..4 {
+                        q[4 * n + k] = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), m3);
+                        s[4 * n + k] = pair_scales(sc16, 4 * n + k);
+                    }
+                }
+            }
+            Q3K => {
+                d = f16_at(bs, Q3K_D);
+                dmin = 0.0;
+                let sc = q3k_scales(bs);
+                let sc8 = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+                corr_w = _mm256_cvtepi8_epi16(sc8);
+                let sc16 = _mm256_broadcastsi128_si256(sc8);
+                let hm = _mm256_loadu_si256(b as *const __m256i);
+                for n in 0..2 {
+                    let v = _mm256_loadu_si256(b.add(Q3K_QS + 32 * n) as *const __m256i);
+                    for k in 0..4 {
+                        let g = 4 * n + k;
+                        let lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), m3);
+                        q[g] = _mm256_or_si256(lo, bit_to(hm, g as i32, 2));
+                        s[g] = pair_scales(sc16, g);
+                    }
+                }
+            }
+            _ => {
+                d = f16_at(bs, 0);
+                dmin = 0.0;
+                let ls = iq4xs_scales(bs);
+                for j in 0..8 {
+                    q[j] = _mm256_shuffle_epi8(lut, nibbles(b.add(IQ4XS_QS + 16 * j)));
+                    s[j] = _mm256_set1_epi16(ls[j] as i16);
+                }
+            }
+        }
+        for t in 0..NT {
+            let ab = (t0 + t) * nb + i;
+            let xp = a.qs.as_ptr().add(ab * QK_K);
+            let mut isum = _mm256_setzero_si256();
+            for g in 0..8 {
+                let xv = _mm256_loadu_si256(xp.add(32 * g) as *const __m256i);
+                let p = if K == IQ4XS {
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(q[g], q[g]), _mm256_sign_epi8(xv, q[g]))
+                } else {
+                    _mm256_maddubs_epi16(q[g], xv)
+                };
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s[g]));
+            }
+            let dx = *a.d.get_unchecked(ab);
+            if K != IQ4XS {
+                let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
+                let corr = hsum_i32(_mm256_madd_epi16(bsv, corr_w));
+                if K == Q3K {
+                    // Σ_j sc_j·Σ(u − 4)·x = Σ_j sc_j·Σ u·x − 4·Σ_j sc_j·bsum_j, exactly.
+                    isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(4 * corr, 0, 0, 0, 0, 0, 0, 0));
+                } else {
+                    macc[t] += dmin * dx * corr as f32;
+                }
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc[t]);
+        }
+    }
+    for t in 0..NT {
+        *out.add(t * ldo) = hsum(acc[t]) - macc[t];
+    }
+}
