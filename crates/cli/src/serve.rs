@@ -74,7 +74,7 @@ pub struct Args {
     #[arg(long, default_value_t = 60)]
     admission_wait_secs: u64,
     /// How context is kept between chat requests: `sessions` (default: conversations matched
-    /// by their text, every turn kept) or `dual` (seed 000: per `user` a persistent stream of
+    /// by their text, every turn kept) or `dual` (dual-stream: per `user` a persistent stream of
     /// the system prompt, per `thread_id` / `X-Engram-Thread` a ring of whole turns within
     /// --ring-tokens, the oldest evicted; only the last user message of a request is new).
     #[arg(long, default_value = "sessions", value_name = "sessions|dual")]

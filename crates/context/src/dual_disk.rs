@@ -1,4 +1,4 @@
-//! The disk budget of dual-stream files (issue 15): every user's stream file and every thread's
+//! The disk budget of dual-stream files: every user's stream file and every thread's
 //! ring (manifest and turn files) charged to its owner's account, against the server's disk
 //! budget and each account's share of it (`--disk-budget-mib`, the tenant share), as the
 //! session store charges its entries.

@@ -1,4 +1,4 @@
-//! `PersistentStream` (seed 000's persistent stream): one user's anchors as segments — the
+//! `PersistentStream` (the dual-stream design's persistent stream): one user's anchors as segments — the
 //! base (the rendered system prompt), then facts (or a summary of them) — with one KV that
 //! every thread of the user forks read-only.
 //!
