@@ -21,7 +21,8 @@
 //! tombstoned one, so the live view equals a cold prefill of the live segments at their
 //! positions), and
 //! [`PersistentStream::masked_ranges`] are exactly the masked segments' slots; every change
-//! bumps [`PersistentStream::generation`] (`tests/persistent.rs`).
+//! bumps [`PersistentStream::generation`] (driven through the dual-stream policy in
+//! `crates/engine/tests/facts.rs` and `crates/engine/tests/dual_persist.rs`).
 
 use std::ops::Range;
 
