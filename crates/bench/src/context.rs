@@ -1,4 +1,4 @@
-//! `engram bench context`: the dual-stream policy (`engram_engine::DualStream`, seed 000)
+//! `engram bench context`: the dual-stream policy (`engram_engine::DualStream`)
 //! against keeping the full history, on one long conversation through the scheduler.
 //!
 //! Each turn is a synthetic user message (`--message-tokens`, drawn from a fixed text) and a
@@ -40,7 +40,7 @@ pub struct Args {
     /// Tokens per answer (greedy, end-of-sequence ignored).
     #[arg(long, default_value_t = 24)]
     answer_tokens: usize,
-    /// The ring's capacity in tokens (seed 000: 1,536).
+    /// The ring's capacity in tokens (the dual-stream design's default: 1,536).
     #[arg(long, default_value_t = 1536)]
     ring_tokens: usize,
     /// Stop the full-history run after this many turns (default: the last mark), for speed

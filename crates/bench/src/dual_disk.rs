@@ -1,10 +1,10 @@
-//! The `disk` part of `engram bench dual-persist` (issue 15): what dual-stream persistence
+//! The `disk` part of `engram bench dual-persist`: what dual-stream persistence
 //! costs the engine thread and a thread switch, measured in one process.
 //! - fact stall: per new fact, the engine thread's time for the admission that prefills it and
 //!   queues the stream's file (`DualStream`'s background writer), against the same admission
 //!   followed by waiting for the write, fsync and map-back — what the engine thread did before
 //!   the writer (two users in two directories, alternated fact by fact: side by side);
-//! - switch from disk: a thread whose ring (`--ring-tokens`, seed 000: 1.5K) was saved by a
+//! - switch from disk: a thread whose ring (`--ring-tokens`, default 1.5K) was saved by a
 //!   previous policy, switched to: the admission (manifest read, turn files opened and mapped,
 //!   every check but the checksums) and the checksum wait that the scheduler overlaps with the
 //!   turn's prefill — page cache warm, and dropped per file (`posix_fadvise(DONTNEED)`, as

@@ -1,4 +1,4 @@
-//! `engram bench dual-persist`: a user's persistent stream (seed 000) held three ways, one
+//! `engram bench dual-persist`: a user's persistent stream held three ways, one
 //! process each (so one mode's freed heap cannot hide the next one's growth), side by side:
 //! - `copy`: a copy per thread — each thread's anchors prefilled for it (8 users of one
 //!   thread each: what a cache without a shared persistent stream holds);
@@ -32,16 +32,16 @@ use crate::common::{kv_pool, load_model, ModelArgs};
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Tokens of the persistent stream (seed 000's cap: 512).
+    /// Tokens of the persistent stream (the dual-stream design's cap: 512).
     #[arg(long, default_value_t = 512)]
     anchor_tokens: usize,
-    /// Threads of the user (the seed's question: 1 and 8).
+    /// Threads of the user (the dual-stream design's question: 1 and 8).
     #[arg(long, default_value_t = 8)]
     user_threads: usize,
     /// Restarts timed (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Tokens of the ring a thread switched to from disk holds (the `disk` part; seed 000: 1.5K).
+    /// Tokens of the ring a thread switched to from disk holds (the `disk` part; default 1.5K).
     #[arg(long, default_value_t = 1536)]
     ring_tokens: usize,
     /// Facts added one by one for the engine-thread stall per fact (the `disk` part).

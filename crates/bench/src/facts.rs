@@ -1,5 +1,5 @@
-//! `engram bench facts`: what a user's facts cost the dual-stream policy (seed 000, issue 15
-//! items 1 and 2), measured on the policy's own calls (`engram_engine::DualStream`), the way
+//! `engram bench facts`: what a user's facts cost the dual-stream policy (facts appended and
+//! superseded), measured on the policy's own calls (`engram_engine::DualStream`), the way
 //! the scheduler makes them, on one engine thread.
 //!
 //! A user with a system prompt and facts just under `--persistent-cap-tokens`, a thread whose
@@ -28,10 +28,10 @@ use crate::facts_stall;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// The persistent stream's cap (seed 000: 512).
+    /// The persistent stream's cap (the dual-stream design's default: 512).
     #[arg(long, default_value_t = 512)]
     persistent_cap_tokens: usize,
-    /// The summary's most tokens (seed 000: 300).
+    /// The summary's most tokens (the dual-stream design's default: 300).
     #[arg(long, default_value_t = 300)]
     summary_target_tokens: usize,
     /// Turns in the thread's ring when the facts change.

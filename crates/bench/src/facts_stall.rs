@@ -1,5 +1,5 @@
 //! `engram bench facts`, second part: the stall a request sees when it arrives while the idle
-//! hook summarizes its user's facts (issue 15 item 1), through the real engine thread.
+//! hook summarizes its user's facts, through the real engine thread.
 //!
 //! Three engines per round, side by side, each with the same user (a system prompt, facts just
 //! under the cap) and thread (`--turns` turns); then a fact past the cap, and a one-token

@@ -66,7 +66,7 @@ pub enum BenchCommand {
     Rag(rag::Args),
     /// RAG chunk KV moved to new positions with CacheBlend recomputation: KL, top-1 and prefill time vs the full prefill.
     Blend(blend::Args),
-    /// Sparse attention over clustered KV (DynaKV, seed 002) vs exact and the baselines: quality and decode speed.
+    /// Sparse attention over clustered KV (DynaKV) vs exact and the baselines: quality and decode speed.
     Sparse(sparse::Args),
     /// How long the engine waits on the disk store while a long session is saved (lock held vs staged save).
     SaveStall(save_stall::Args),

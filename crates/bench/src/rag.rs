@@ -62,7 +62,7 @@ pub struct Args {
     /// QA bank similarity threshold.
     #[arg(long, default_value_t = engram_rag::DEFAULT_THRESHOLD)]
     threshold: f32,
-    /// Questions per prediction (the seed's stride).
+    /// Questions per prediction (PerCache's stride).
     #[arg(long, default_value_t = engram_rag::idle::predict::DEFAULT_STRIDE)]
     stride: usize,
     /// Idle units after each ingest and each query (`sleep`, `percache`).

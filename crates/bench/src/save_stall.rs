@@ -1,5 +1,5 @@
 //! `engram bench save-stall`: how long the engine waits on the disk store while a long session
-//! is saved (issue 19 item 5). The engine thread reads the store's gauges every step under its
+//! is saved. The engine thread reads the store's gauges every step under its
 //! lock; a save that holds the lock while it writes and syncs the file stalls every stream for
 //! the whole write.
 //!

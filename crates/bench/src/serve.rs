@@ -134,7 +134,7 @@ pub fn run(mut a: Args) -> Result<()> {
     staggered(&a, &engine, &metrics, &rt, vocab)
 }
 
-/// Seed 004's staggered arrivals: user B arrives when user A has its first
+/// Staggered arrivals (the multi-agent design's case): user B arrives when user A has its first
 /// token. B's time to first token with interleaved prefill + decode, against
 /// B's wait if requests ran one after the other (A's remaining generation,
 /// then B alone) — both measured from B's arrival.

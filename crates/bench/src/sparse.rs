@@ -1,4 +1,4 @@
-//! `engram bench sparse`: sparse attention over clustered KV (seed 002, DynaKV, crate
+//! `engram bench sparse`: sparse attention over clustered KV (DynaKV, crate
 //! `engram-sparse`) against exact attention and the baselines, in one harness.
 //!
 //! - Quality ([`quality`]), on the long-context model (`models/pycode-long`) and held-out text

@@ -267,7 +267,7 @@ mod tests {
         std::fs::remove_dir_all(&data).unwrap();
     }
 
-    /// Issue 19 item 9: `engram cache ls` (and `gc`) leave an entry of another format
+    /// `engram cache ls` (and `gc`) leave an entry of another format
     /// version alone: a miss for this build, never deleted as corrupt.
     #[test]
     fn ls_and_gc_keep_an_entry_of_another_version() {

@@ -2,7 +2,7 @@
 //! template over the whole history and reuses the cached token prefix, so
 //! only the new message is prefilled.
 //!
-//! Issue 15's commands (seed 000): `/fact TEXT` appends a fact about the user, `/forget ID`
+//! Dual-stream commands: `/fact TEXT` appends a fact about the user, `/forget ID`
 //! tombstones one, `/facts` lists them (tombstones shown), `/thread NAME` switches to another
 //! conversation (each thread its own history and cache, so switching back reuses it). Facts
 //! are the persistent stream of every thread: system messages (`Fact about the user: ...`,

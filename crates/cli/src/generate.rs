@@ -19,7 +19,7 @@ pub struct Args {
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long)]
     chat: bool,
-    /// Opt-in sparse attention for decoding (seed 002): dynakv, static, local, quest, streaming,
+    /// Opt-in sparse attention for decoding (DynaKV and baselines): dynakv, static, local, quest, streaming,
     /// oracle, tokens. Default: exact attention. Uses f16 KV in RAM, whatever --kv-format says.
     #[arg(long)]
     sparse: Option<String>,

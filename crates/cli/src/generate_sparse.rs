@@ -1,4 +1,4 @@
-//! `engram generate --sparse METHOD`: the opt-in sparse path (seed 002, `engram-sparse`). The
+//! `engram generate --sparse METHOD`: the opt-in sparse path (DynaKV and baselines, `engram-sparse`). The
 //! prompt is prefilled with exact attention into a [`SparseKv`], the index is built over it,
 //! and every decoded token attends only the keys the method retrieves (sinks, a recent
 //! window, `--sparse-budget` retrieved tokens per layer and KV head). Sampling, stop tokens

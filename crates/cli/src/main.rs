@@ -44,7 +44,7 @@ enum Command {
     Cache(cache_cmd::Args),
     /// Multi-agent scenarios (YAML phases, each agent's cache its working memory): run, validate.
     Scenario(scenario_cmd::Args),
-    /// Personal RAG (seed 003): ingest documents, query them, ls, rm, stats.
+    /// Personal RAG (PerCache: QA bank, chunk KV tree): ingest documents, query them, ls, rm, stats.
     Rag(rag_cmd::Args),
     /// Benchmarks.
     Bench {

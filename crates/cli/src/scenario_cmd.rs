@@ -1,5 +1,5 @@
 //! `engram scenario run FILE` and `engram scenario validate FILE`: multi-agent scenarios
-//! (seed 004) in process or against a running server, streaming the transcript with each
+//! (agents with per-agent caches) in process or against a running server, streaming the transcript with each
 //! turn's cache figures. The runner and the file format live in `engram-scenario`.
 
 use std::path::PathBuf;

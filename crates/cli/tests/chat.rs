@@ -1,4 +1,4 @@
-//! `engram chat`'s issue-15 commands through the binary (the committed pycode-7m): `/fact`
+//! `engram chat`'s dual-stream commands through the binary (the committed pycode-7m): `/fact`
 //! adds a fact every thread attends, `/facts` lists them with tombstones, `/forget` tombstones
 //! one, `/thread NAME` switches threads (a new thread with the same facts answers as the first
 //! did), bad commands are clear errors and the chat goes on; facts survive a restart.

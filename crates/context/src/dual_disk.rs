@@ -1,4 +1,4 @@
-//! The disk budget of dual-stream files (issue 15): every user's stream file and every thread's
+//! The disk budget of dual-stream files: every user's stream file and every thread's
 //! ring (manifest and turn files) charged to its owner's account, against the server's disk
 //! budget and each account's share of it (`--disk-budget-mib`, the tenant share), as the
 //! session store charges its entries.
@@ -12,7 +12,7 @@
 //! only evictable entries (rings and, when their user is idle, stream files: the caller says
 //! which by `evictable` and `protect`) that `protect` does not keep, and once they
 //! are removed the total and each account fit as far as evictable entries allow
-//! (`crates/engine/tests/dual_budget.rs`).
+//! (this file's tests; through the policy, `crates/engine/tests/dual_files.rs`).
 
 use std::collections::HashMap;
 

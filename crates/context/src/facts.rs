@@ -1,4 +1,4 @@
-//! `FactStore` (seed 000's persistent facts): per owner (a tenant's user) an append-only log
+//! `FactStore` (the dual-stream design's persistent facts): per owner (a tenant's user) an append-only log
 //! of facts — text, id, what it replaces, and a tombstone once superseded or deleted — kept in
 //! memory and, with a directory, one file per owner that survives a restart.
 //!

@@ -3,25 +3,25 @@
 //! Decides which cached tokens a new request can reuse, so that no context
 //! is prefilled twice:
 //!
-//! - [`PrefixIndex`] (seed 001): every full block of every finished
+//! - [`PrefixIndex`] (prefix caching across sessions): every full block of every finished
 //!   sequence is indexed by a chained hash of (parent hash, block tokens,
 //!   model fingerprint), its root salted per tenant unless sharing across
 //!   tenants is opted into. A new sequence reuses the longest indexed chain at
-//!   any block boundary — seed 001's multi-granularity matching for free.
+//!   any block boundary — the multi-granularity matching for free.
 //!   A hash hit is confirmed against the stored tokens, so a collision is a
 //!   miss, never a wrong answer.
-//! - [`SessionStore`] (seed 004): per-owner sessions holding their rendered
+//! - [`SessionStore`] (per-agent caches): per-owner sessions holding their rendered
 //!   text, token ids, per-token character offsets and cache. A request's
 //!   text is matched by characters: EXACT, EXTEND (only new text is
 //!   tokenized and prefilled) or DIVERGE (reuse up to the last token
 //!   boundary inside the common text).
-//! - [`TurnRing`] (seed 000's ephemeral stream): a thread's turns over a
+//! - [`TurnRing`] (the dual-stream design's ephemeral stream): a thread's turns over a
 //!   persistent stream of anchors, within a capacity, forgetting whole turns
 //!   (the rest moved down, not recomputed) and masking irrelevant ones.
-//! - [`PersistentStream`] and [`FactStore`] (seed 000's persistent stream): a user's
+//! - [`PersistentStream`] and [`FactStore`] (the dual-stream design's persistent stream): a user's
 //!   system prompt and facts as segments of one shared KV, append-only (superseded facts
 //!   masked, dropped at compaction); the facts' log, persisted per user.
-//! - [`PersistedSessions`] (seed 004's disk persistence): sessions written
+//! - [`PersistedSessions`] (per-agent caches persisted to disk): sessions written
 //!   after each turn in the background and restored by mapping the file
 //!   when a later request — possibly in a restarted process — matches them.
 //!

@@ -129,7 +129,7 @@ impl PersistedSessions {
                             Msg::Save(id, meta, kv, pin) => {
                                 // The lock is held to check and make room, and to record the
                                 // entry, not while the file is written and synced: the engine
-                                // reads the store's gauges every step (issue 19 item 5).
+                                // reads the store's gauges every step.
                                 let pin = pin.then_some(true);
                                 let staged = st.lock().unwrap_or_else(|e| e.into_inner()).stage_put(&id, &meta, &kv, pin);
                                 let saved = staged.and_then(|staged| {

@@ -1,4 +1,4 @@
-//! `PersistentStream` (seed 000's persistent stream): one user's anchors as segments — the
+//! `PersistentStream` (the dual-stream design's persistent stream): one user's anchors as segments — the
 //! base (the rendered system prompt), then facts (or a summary of them) — with one KV that
 //! every thread of the user forks read-only.
 //!
@@ -21,7 +21,8 @@
 //! tombstoned one, so the live view equals a cold prefill of the live segments at their
 //! positions), and
 //! [`PersistentStream::masked_ranges`] are exactly the masked segments' slots; every change
-//! bumps [`PersistentStream::generation`] (`tests/persistent.rs`).
+//! bumps [`PersistentStream::generation`] (driven through the dual-stream policy in
+//! `crates/engine/tests/facts.rs` and `crates/engine/tests/dual_persist.rs`).
 
 use std::ops::Range;
 

@@ -1,4 +1,4 @@
-//! `TurnRing` (seed 000's ephemeral stream): a thread's dialogue turns in order over a
+//! `TurnRing` (the dual-stream design's ephemeral stream): a thread's dialogue turns in order over a
 //! persistent stream of anchors, within a capacity in tokens, forgetting whole turns.
 //!
 //! ```text

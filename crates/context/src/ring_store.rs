@@ -1,4 +1,4 @@
-//! Threads' rings on disk (issue 15 item 7: "everything persisted survives a restart"): each
+//! Threads' rings on disk (everything persisted survives a restart): each
 //! turn's KV as an `engram-kv` entry file, and per thread a manifest naming them in ring order
 //! with what the ring keeps beside the KV (tokens, first position, embedding, pinned, when it
 //! was saved) and the answer's unfed last token. Written by a background thread after a turn

@@ -1,4 +1,4 @@
-//! Sessions matched by characters (seed 004).
+//! Sessions matched by characters (per-agent caches).
 //!
 //! ```text
 //!  session text:  <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!
@@ -95,7 +95,7 @@ impl SessionStore {
     }
 
     /// `true`: every owner's lookups reuse every owner's prefix blocks (one unsalted chain
-    /// space, as before issue 19). Default `false`: chains are salted per owner, so an owner
+    /// space, as earlier versions did). Default `false`: chains are salted per owner, so an owner
     /// never reuses blocks another computed — reuse would reveal, through `cached_tokens` and
     /// time to first token, that another tenant sent the same text. Persisted chains keep
     /// their salt, so a restart changes neither.
@@ -164,7 +164,7 @@ impl SessionStore {
                 .max_by_key(|e| common_prefix(&e.text, text))
                 .cloned(),
         }?;
-        // Room first (issue 19 item 6): idle prefix blocks and sessions go (offloaded) before a
+        // Room first: idle prefix blocks and sessions go (offloaded) before a
         // restore is refused by the budget. What stays short is a refusal below, kept restorable.
         let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
         self.make_room(pick.tokens.div_ceil(engram_kv::BLOCK_TOKENS) * self.pool.block_bytes() + window);

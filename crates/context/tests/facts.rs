@@ -1,4 +1,4 @@
-//! `FactStore` (issue 15 item 1): append, supersede, tombstone and clear; every refused change
+//! `FactStore`: append, supersede, tombstone and clear; every refused change
 //! leaves memory and the file as they were; logs survive a reopen; damaged, truncated,
 //! foreign, other-version and oversized files are moved aside, never half-used.
 

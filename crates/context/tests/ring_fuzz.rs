@@ -1,4 +1,4 @@
-//! Seed 000's fuzz harness for the ephemeral ring (`TurnRing`): random conversations — turn
+//! The dual-stream fuzz harness for the ephemeral ring (`TurnRing`): random conversations — turn
 //! lengths, pinned turns, removals, evictions, relevance masks with random embeddings,
 //! thresholds and kept-last counts — checked after every step against a plain model of the
 //! policy (a list of turns and the eviction rule, nothing else): the ring holds the turns the

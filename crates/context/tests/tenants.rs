@@ -1,4 +1,4 @@
-//! Issue 19 item 1, "shared prefixes leak across tenants": the shared prefix
+//! Shared prefixes must not leak across tenants: the shared prefix
 //! index is salted per owner, so one tenant never reuses blocks another
 //! tenant computed (`cached_tokens` would reveal whether another tenant sent
 //! that text) — in RAM, and from persisted `prefix-*` chains after a restart.
@@ -95,7 +95,7 @@ fn persisted_prefix_chains_stay_with_their_tenant_after_a_restart() {
     assert_eq!(prefill(&mut store, "alice", Some("third"), &prompt("is it serious?")), (MatchKind::Prefix, reused));
 }
 
-/// Issue 19 item 2: disk ids are blake3 of what they name, no longer FNV-1a-64 (whose steps
+/// Disk ids are blake3 of what they name, no longer FNV-1a-64 (whose steps
 /// invert, so another tenant could pick a name with a victim's id offline). A session and a
 /// prefix chain found under an FNV id (what earlier versions wrote, or any entry not at the id
 /// its stored owner maps to) are a miss: deleted when the store opens, never restored.

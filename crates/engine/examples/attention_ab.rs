@@ -4,7 +4,7 @@
 //! prefilled once
 //! (the slow part); every repeat then runs the 64-token turn on a fork of each history with each
 //! precision, so all columns share the machine's drift. Prints each repeat, the medians, and each
-//! history's median over the first history's (the "16K within 1.5x of 1K").
+//! history's median over the first history's (the target: 16K within 1.5x of 1K).
 //! `ATTENTION=exact|bf16` runs one precision only (to profile one path).
 
 use std::time::Instant;

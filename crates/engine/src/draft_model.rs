@@ -1,4 +1,4 @@
-//! A draft model for speculative decoding (seed 000's speculative branches, issue 15 item 5):
+//! A draft model for speculative decoding (the dual-stream design's speculative branches):
 //! a second, smaller model that shares the target's vocabulary drafts `k` tokens greedily,
 //! one chain per step, which the target verifies in one batched step through the same
 //! [`DraftTree`] path as prompt lookup.

@@ -1,4 +1,4 @@
-//! `DualStream` (seed 000): a [`ContextPolicy`] that keeps, per user, a persistent stream of
+//! `DualStream` (the dual-stream design): a [`ContextPolicy`] that keeps, per user, a persistent stream of
 //! anchors (system prompt, profile facts) prefilled once and shared read-only by every thread
 //! of that user, and per thread a [`TurnRing`] of whole turns within a capacity in tokens.
 //!
@@ -222,7 +222,7 @@ pub struct DualStream {
 }
 
 impl DualStream {
-    /// A policy whose threads keep `capacity` tokens of turns (seed 000: 1,536), with no
+    /// A policy whose threads keep `capacity` tokens of turns (the design's default: 1,536), with no
     /// cap on the persistent stream until [`DualStream::with_persistent_cap`].
     pub fn new(model: Arc<Model>, pool: KvPool, capacity: usize) -> DualStream {
         DualStream {
@@ -257,7 +257,7 @@ impl DualStream {
         self
     }
 
-    /// Caps each persistent stream at `cap` tokens (seed 000: 512): past it, tombstoned
+    /// Caps each persistent stream at `cap` tokens (the design's default: 512): past it, tombstoned
     /// facts are dropped (compaction) and, if the live tokens alone pass it, `summarizer`
     /// condenses the facts — at the session's start before the first prefill, later on the
     /// idle hook (generation goes on from the old stream meanwhile). Without a summarizer a
@@ -291,7 +291,7 @@ impl DualStream {
         }
     }
 
-    /// Sets the state entry of `user`'s `thread` (the hybrid mode, seed 000's fitness-app case:
+    /// Sets the state entry of `user`'s `thread` (the hybrid mode, the dual-stream design's fitness-app case:
     /// state that changes often, kept out of the append-only persistent stream): a pinned
     /// entry first in the thread's ring, right after the anchors, replaced in place on each
     /// update — only its own tokens prefilled, attending the anchors alone; the turns after it

@@ -229,7 +229,7 @@ mod tests {
         assert!(run(&only).iter().all(|&t| t == sorted[0]));
     }
 
-    /// Issue 19: temperature 1e-45 made logits / temperature overflow to
+    /// A temperature of 1e-45 once made logits / temperature overflow to
     /// ±inf (and 0 × inf = NaN), so every probability was NaN and the draw
     /// fell through to the lowest-ranked token.
     #[test]

@@ -1,4 +1,4 @@
-//! Speculative decoding with prompt lookup (seed 000's speculative branches): drafts are
+//! Speculative decoding with prompt lookup (the dual-stream design's speculative branches): drafts are
 //! continuations of earlier occurrences of the context's last n-gram — no second model —
 //! merged into a tree, verified by the target model in one step, and walked as the sampler
 //! decides.

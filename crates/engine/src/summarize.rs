@@ -1,4 +1,4 @@
-//! `Summarizer` (seed 000): condenses a user's facts when their persistent stream passes its
+//! `Summarizer` (the dual-stream design's summaries): condenses a user's facts when their persistent stream passes its
 //! cap — a model Engram loads (the main model by default, any other by `--summarizer`),
 //! greedy, from a fixed prompt, to at most a target number of tokens.
 //!
@@ -7,7 +7,7 @@
 //!  output: greedy, at most `target_tokens`, stopped at EOS or a blank line
 //!  segment (the main model's tokens): `render(summary text)`, e.g. a system message
 //! ```
-//! The work is a resumable [`SummaryJob`] (issue 15 item 1: the idle hook's summary gives way
+//! The work is a resumable [`SummaryJob`] (the idle hook's summary gives way
 //! to requests): [`Summarizer::advance`] runs it a few steps at a time — one prefill chunk or
 //! one decode step each — checking an [`IdleInterrupt`] between steps, and the job keeps its
 //! scratch KV, tokens and last logits between calls. [`Summarizer::summarize`] is the same job

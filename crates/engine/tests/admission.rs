@@ -1,4 +1,4 @@
-//! Issue 19 item 12: admission waits instead of refusing. With a KV budget that holds one
+//! Admission waits instead of refusing. With a KV budget that holds one
 //! long prompt but not two, four such requests submitted at once all complete — each with the
 //! text it gets alone — because a request joins the batch only when its prompt fits beside
 //! the running prefills. A prompt larger than the whole budget fails at once as a bad request
@@ -129,7 +129,7 @@ fn a_request_waits_at_most_admission_wait() {
     assert!(message.contains("retry later"), "{message}");
 }
 
-/// Issue 19 item 11: one account saturating the server does not delay another's request
+/// One account saturating the server does not delay another's request
 /// behind its queue. Account `a` (two owner keys: an agent and a plain session) submits eight
 /// requests, then account `b` one; with a batch of 4 and the default share (3 slots per
 /// account) `b`'s request starts among the first four, not ninth as first-come-first-served

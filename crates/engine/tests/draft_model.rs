@@ -1,4 +1,4 @@
-//! Speculative decoding with a draft model (`draft_model.rs`, issue 15 item 5): a second model
+//! Speculative decoding with a draft model (`draft_model.rs`): a second model
 //! sharing the target's vocabulary drafts greedy chains, the target verifies them in one step.
 //! The scheduler streams exactly what it streams without speculation — greedy, seeded
 //! sampling and a stop string with a penalty, batched together — with pycode-7m drafting for

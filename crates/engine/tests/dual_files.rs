@@ -1,4 +1,4 @@
-//! Dual-stream files off the engine thread and under the disk budget (issue 15):
+//! Dual-stream files off the engine thread and under the disk budget:
 //! - a user's stream file is written by a background writer: a burst of facts answers at once
 //!   on the stream in RAM, the file then holds the last generation, mapped, and the answer on
 //!   the mapped stream is bitwise the one before the swap; a torn temp file a crash left is

@@ -1,4 +1,4 @@
-//! Seed 000's fuzz harness at the engine level (issue 15 item 8): random conversations driven
+//! The dual-stream fuzz harness at the engine level: random conversations driven
 //! through the real [`DualStream`] policy and the model's forward pass, checked after every
 //! step against a plain reference of the policy.
 //!
@@ -28,7 +28,7 @@
 //!   chain of the node's ancestors and itself (accepted path and rejected branches alike).
 //! While nothing a kept token attended has been forgotten or moved, that reference cache is
 //! bitwise a cold prefill of the window's tokens at their positions; after evictions, masks
-//! and moves it holds what the seed's design keeps (rows moved, not recomputed).
+//! and moves it holds what the dual-stream design keeps (rows moved, not recomputed).
 //!
 //! A case is one checked step: a turn's prompt prefill, a decode step or a tree verification.
 //! The harness runs conversations until at least 10,000 cases have been checked.

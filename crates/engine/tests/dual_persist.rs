@@ -1,4 +1,4 @@
-//! Dual-stream contexts across restarts (issue 15 items 1 and 7), driven through the
+//! Dual-stream contexts across restarts (facts, streams and rings), driven through the
 //! `ContextPolicy` calls the scheduler makes:
 //! - a user's persistent stream is one immutable mapped entry file that every thread attends
 //!   (no KV charged per extra thread); a restarted policy restores it from the file instead of

@@ -1,4 +1,4 @@
-//! A dual-stream thread's ring restored after a restart, through the scheduler (issue 15): the
+//! A dual-stream thread's ring restored after a restart, through the scheduler: the
 //! ring's turn files are opened at admission and their checksums computed beside the new
 //! turn's prefill, settled by `ContextPolicy::verify_restore` before the first token.
 //! - sound files: the continued conversation answers exactly as one that never restarted;
@@ -119,7 +119,7 @@ fn a_restored_ring_is_verified_beside_the_prefill_and_a_damaged_one_answers_as_a
     assert_eq!((s.rings_restored, s.turns_restored, s.ring_files_refused), (1, 1, 0), "{s:?}");
 }
 
-/// Issue 15 (the state entry and the ring's verification): a state entry set while a restored
+/// The state entry and the ring's verification: a state entry set while a restored
 /// ring's checksums still run is not lost when the ring proves damaged — the thread starts
 /// empty but for it, exactly as a fresh thread given that state entry.
 #[test]

@@ -1,4 +1,4 @@
-//! Prompt lookup over a dual-stream thread's earlier turns (issue 15 item 5): the policy hands
+//! Prompt lookup over a dual-stream thread's earlier turns: the policy hands
 //! the scheduler the view's tokens (`Checkout::lookup`: anchors, then the attended turns), and
 //! the drafter searches them with the sequence's own. On the trained pycode-7m, a file sent in
 //! an earlier turn and asked for again in the next answers exactly as without speculation

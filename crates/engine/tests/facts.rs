@@ -1,4 +1,4 @@
-//! The dual-stream policy's persistent stream (issue 15 items 1 and 2), driven through the
+//! The dual-stream policy's persistent stream (facts appended and superseded), driven through the
 //! `ContextPolicy` calls the scheduler makes: a fact appended, and a fact superseded (the old
 //! one masked at once, the new one appended), give views whose logits equal a cold run over
 //! exactly the view's tokens at its positions; threads already open move onto the new stream at

@@ -1,4 +1,4 @@
-//! Issue 19, item 4: a panic in a step is contained. A policy hands one owner's sequence a
+//! A panic in a step is contained. A policy hands one owner's sequence a
 //! cache from a pool laid out for fewer layers than the model has, so the forward pass panics
 //! writing its second layer. That job ends with an Internal "engine fault" error, nothing it
 //! computed is checked into the session store, and the engine goes on: a job submitted

@@ -1,4 +1,4 @@
-//! The dual-stream hybrid mode (issue 15 item 6, seed 000's fitness-app case): a thread's
+//! The dual-stream hybrid mode (the dual-stream design's fitness-app case): a thread's
 //! state entry is pinned first in its ring, right after the anchors; replaced in place on each
 //! update (only its tokens prefilled, the turns after it moved); never evicted however many
 //! turns pass; never masked by relevance, however dissimilar. Its logits against a reference

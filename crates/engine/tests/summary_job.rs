@@ -1,4 +1,4 @@
-//! Summaries that give way to requests (issue 15 item 1): the summarizer's job stopped after
+//! Summaries that give way to requests: the summarizer's job stopped after
 //! every step, or at an interrupt, and resumed gives bit for bit the summary one uninterrupted
 //! run gives; the dual-stream policy's summary in flight keeps its progress between idle
 //! slices, leaves every turn admitted meanwhile on the old stream, swaps in the same stream an

@@ -1,4 +1,4 @@
-//! A summary on the idle hook gives way to requests, through the scheduler (issue 15 item 1):
+//! A summary on the idle hook gives way to requests, through the scheduler:
 //! a job submitted while the summary is in flight is answered over the old stream — what a
 //! cold run over the old stream's window answers — and the summary is not swapped in under it;
 //! the summary then completes, and a turn after it attends the new stream — what a cold run

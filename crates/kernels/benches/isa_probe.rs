@@ -1,4 +1,4 @@
-//! Instruction-throughput probe behind the packed kernels' design (issue 18): how many
+//! Instruction-throughput probe behind the packed kernels' design: how many
 //! cycles a 256-bit `vpmaddubsw` / `vpmaddwd` / `vpsignb` / shift / add take alone and in
 //! pairs (which ones share a pipe), and the Q4_0 / Q8_0 lane-per-row inner loops alone on
 //! L1-resident data, per 8 rows × 32 columns × token. Standalone: it does not call the crate.

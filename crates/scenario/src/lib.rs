@@ -1,4 +1,4 @@
-//! Multi-agent scenarios (seed 004): agents talk in phases described in YAML, and each
+//! Multi-agent scenarios (multi-agent serving with per-agent caches): agents talk in phases described in YAML, and each
 //! agent's KV cache is its working memory — every phase extends what the agent already
 //! computed instead of prefilling the conversation again.
 //!

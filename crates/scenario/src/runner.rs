@@ -11,7 +11,7 @@
 //!
 //! NOTE: within a round the agents speak at once (each answers what was said up to the
 //! previous round), not one after another: that is what lets a round's turns share a batch,
-//! and suits the seed's scenarios (a prisoner's choice is simultaneous anyway).
+//! and suits the multi-agent design's scenarios (a prisoner's choice is simultaneous anyway).
 //!
 //! Invariants: an agent hears only the phases it takes part in (plus what its templates
 //! quote); its prompts only grow (see [`crate::memory`]), so from its second turn on its

@@ -56,7 +56,7 @@ pub enum Lifecycle {
     /// phases, runs and restarts.
     #[default]
     Permanent,
-    /// A cache key of this run only, dropped when the run ends (the seed's analyst).
+    /// A cache key of this run only, dropped when the run ends (the multi-agent design's analyst).
     Ephemeral,
 }
 

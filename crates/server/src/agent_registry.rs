@@ -130,7 +130,7 @@ impl Agents {
             });
         }
         if let Some(file) = &self.file {
-            // The path goes to the log, not to the client (issue 19 item 3).
+            // The path goes to the log, not to the client: a path names the server's files.
             save(file, &bytes).map_err(|e| {
                 tracing::error!("the agent registry could not be saved to {}: {e}", file.display());
                 ApiError::internal(format!("the agent registry could not be saved ({})", e.kind()))
@@ -144,7 +144,7 @@ impl Agents {
     /// Runs `then` if `tenant`'s agent `agent.id` is still `agent` (neither deleted nor
     /// deleted and created anew since it was read), with no create or delete running
     /// meanwhile; `None` if it is not. With [`Agents::remove_then`] this orders a
-    /// generate's submit against a delete's forget (issue 19 item 8).
+    /// generate's submit against a delete's forget: no session is checked in for a deleted agent.
     pub fn while_current<R>(&self, tenant: &str, agent: &Agent, then: impl FnOnce() -> R) -> Option<R> {
         let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let current = r.by_tenant.get(tenant).and_then(|a| a.get(&agent.id));

@@ -1,4 +1,4 @@
-//! `/v1/users/{id}/facts` (issue 15 items 1 and 7; `--context dual` only): a user's facts,
+//! `/v1/users/{id}/facts` (`--context dual` only; kept across restarts): a user's facts,
 //! appended to the persistent stream every thread of that user attends.
 //!
 //! ```text

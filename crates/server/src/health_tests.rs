@@ -1,4 +1,4 @@
-//! Issue 19, item 4: `/health` reflects a dead engine thread. The engine is a stand-in that
+//! `/health` reflects a dead engine thread. The engine is a stand-in that
 //! panics at once (`EngineHandle::spawn`), behind the real health handler.
 
 use std::sync::Arc;

@@ -104,7 +104,7 @@ pub enum ContextMode {
     /// Sessions matched by characters, shared prefixes, persistence (the default).
     #[default]
     Sessions,
-    /// Dual-stream contexts (seed 000, `dual.rs`): per user (`user` field) a persistent stream
+    /// Dual-stream contexts (the dual-stream design, `dual.rs`): per user (`user` field) a persistent stream
     /// of the system prompt, per thread (`thread_id` / `X-Engram-Thread`) a ring of whole turns
     /// within `ring_tokens`; with an embedder, turns less similar than `threshold` to the new
     /// message are masked (the last `keep_last` always attended). The persistent stream (system

@@ -1,4 +1,4 @@
-//! Accepting connections under limits (issue 19, "bounded everything").
+//! Accepting connections under limits (every queue, body, header wait and connection count bounded).
 //!
 //! - At most [`HttpLimits::max_connections`] connections are open at once; the next
 //!   one is not accepted (it waits in the kernel's backlog) until one closes, so a flood

@@ -1,4 +1,4 @@
-//! Personal RAG over HTTP (seed 003, PerCache): `POST /v1/rag/documents`,
+//! Personal RAG over HTTP (PerCache: QA bank, chunk KV tree, idle-time population): `POST /v1/rag/documents`,
 //! `GET /v1/rag/documents`, `DELETE /v1/rag/documents/{id}`, `POST /v1/rag/query`,
 //! `GET /v1/rag/predictions` (idle-time population's questions).
 //!

@@ -141,7 +141,7 @@ fn an_agent_deleted_mid_generation_leaves_no_cache() {
     assert!(files.is_empty(), "the deleted agent's cache was written: {files:?}");
 }
 
-/// Issue 19 item 8: a generate that found its agent before a delete, but whose job reached
+/// A generate that found its agent before a delete, but whose job reached
 /// the engine after the delete's forget, ran and checked in a pinned session for the deleted
 /// agent that nothing removed. Rounds of a generate whose body takes a while to prepare (a
 /// long prompt and a large ignored field: parsed, rendered and tokenized between the lookup

@@ -1,4 +1,4 @@
-//! Issue 19 item 13: rejections a client can act on. A body over the limit
+//! Rejections a client can act on. A body over the limit
 //! is the API's JSON error (not axum's plain-text 413), and request fields
 //! the server does not implement are a 400 naming the field instead of
 //! being silently ignored.
@@ -117,7 +117,7 @@ fn unsupported_fields_are_a_400_naming_the_field() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
-/// `logprobs` (issue 19 item 13): one entry per generated token in OpenAI's shapes; values
+/// `logprobs`: one entry per generated token in OpenAI's shapes; values
 /// out of range, `top_logprobs` without `logprobs`, or the wrong type are 400s naming the field.
 #[test]
 fn logprobs_are_served_and_bad_values_are_400s() {
@@ -157,7 +157,7 @@ fn logprobs_are_served_and_bad_values_are_400s() {
     }
 }
 
-/// Issue 15 item 5: the `draft` field turns speculative decoding on or off per request; it
+/// The `draft` field turns speculative decoding on or off per request; it
 /// never changes the answer, and a value the server does not know is a 400 naming it.
 #[test]
 fn the_draft_field_speeds_up_without_changing_the_answer() {

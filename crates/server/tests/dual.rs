@@ -1,4 +1,4 @@
-//! `engram serve --context dual` end to end (issue 15 item 7): a conversation sent the OpenAI
+//! `engram serve --context dual` end to end: a conversation sent the OpenAI
 //! way (the whole history each time) answers exactly as the default sessions mode while its
 //! ring holds every turn; past the ring's capacity whole turns are evicted (and counted); a
 //! thread never sees another thread's turns; the thread comes from `thread_id` or

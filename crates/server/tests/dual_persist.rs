@@ -1,4 +1,4 @@
-//! `--context dual` over HTTP, what `tests/dual.rs` leaves out (issue 15 items 6 and 7):
+//! `--context dual` over HTTP, what `tests/dual.rs` leaves out (the hybrid mode, restarts):
 //! - the chat `"state"` field (the hybrid mode): a thread's state entry set, replaced and
 //!   removed changes the answers as expected — the same state gives the same answer, another
 //!   state another one, a replacement by the same text changes nothing, an empty state on a

@@ -1,4 +1,4 @@
-//! `/v1/users/{id}/facts` end to end (issue 15 items 1 and 7): a fact is in the context every
+//! `/v1/users/{id}/facts` end to end: a fact is in the context every
 //! thread of its user attends (the answer equals one whose system messages spell the fact
 //! out); a superseded fact is tombstoned and, once the stream passes its cap, dropped from the
 //! KV (compaction); facts survive a restart; past the cap the facts are summarized; users are

@@ -1,4 +1,4 @@
-//! Issue 19, bad input: generated bodies for every endpoint that takes one — arbitrary JSON,
+//! Bad input: generated bodies for every endpoint that takes one — arbitrary JSON,
 //! and valid requests with one field replaced by an arbitrary value, or cut short — never
 //! crash the server or make it answer 5xx: each is a success or a 4xx in the API's error
 //! shape (Anthropic's under `/v1/messages`), and the server answers `/health` afterwards.

@@ -1,4 +1,4 @@
-//! Issue 19 item 10, bounded connections: a key is checked before the body is read,
+//! Bounded connections: a key is checked before the body is read,
 //! slow headers and slow bodies are cut off, and open connections are capped (the next
 //! one waits until one closes). Every answer keeps the API's error shape.
 

@@ -1,5 +1,5 @@
 //! `engram serve --chunk-reuse blend` and the per-request `chunk_reuse` / `blend_ratio` fields
-//! of `/v1/rag/query` (issue 17), on a real loopback server with the tiny fixture model: the
+//! of `/v1/rag/query` (chunk KV reuse), on a real loopback server with the tiny fixture model: the
 //! RAG job starts from the tenant's chunk store (chunks' KV computed once, moved into place)
 //! repaired by `engram_engine::blend`; with ratio 1 the answer is the cold one token for token
 //! whether the chunks were computed or reused; the response says which reuse happened; bad

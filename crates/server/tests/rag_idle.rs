@@ -1,4 +1,4 @@
-//! PerCache's idle-time population in `engram serve` (issue 17 item 1), on a real loopback
+//! PerCache's idle-time population in `engram serve` (predicted questions answered while the server is idle), on a real loopback
 //! server with the tiny fixture model: after an ingest the engine's idle hook predicts
 //! questions and answers them into the QA bank / prefills them into the chunk KV tree, one
 //! unit at a time; a predicted question then answers from the QA bank with the tokens a server

@@ -236,7 +236,7 @@ fn api_keys_map_to_tenants() {
 }
 
 #[test]
-/// Issue 19 item 12: a prompt larger than the whole KV budget is a 400 naming the bytes it
+/// A prompt larger than the whole KV budget is a 400 naming the bytes it
 /// needs and the budget (a 503 with Retry-After would have clients retry in vain).
 fn a_prompt_that_can_never_fit_is_a_400_naming_the_bytes() {
     // Two blocks of KV: 64 tokens.
@@ -489,7 +489,7 @@ fn another_attention_precision_never_reuses_a_persisted_session() {
     thread.join().unwrap();
 }
 
-/// Issue 19 item 7: a completion sent as token ids on a named session is kept without text
+/// A completion sent as token ids on a named session is kept without text
 /// (the ids' text is unknown). A later text request on that session must not match those
 /// tokens by characters — the empty text made every one of them "end inside the common
 /// part", so the request EXTENDed them and the model saw the ids, then the whole text. It

@@ -1,4 +1,4 @@
-//! Issue 19 item 1 end to end: a tenant's `cached_tokens` never count blocks another
+//! Tenant isolation end to end: a tenant's `cached_tokens` never count blocks another
 //! tenant computed (they would reveal that the other tenant sent the same text),
 //! unless the server opts into sharing prefixes across tenants.
 
@@ -44,7 +44,7 @@ fn sharing_prefixes_across_tenants_is_opt_in() {
     assert!(bob >= 64 && bob % 32 == 0, "bob reuses alice's whole blocks: {bob}");
 }
 
-/// Issue 19 item 3: with API keys set, `/metrics` (every tenant's activity summed) wants a
+/// With API keys set, `/metrics` (every tenant's activity summed) wants a
 /// valid key too; ids handed out (sessions, completions, agents) are random, not counters
 /// or clocks that tell a tenant how busy the others are; an unknown model's error does not
 /// name the model's file.

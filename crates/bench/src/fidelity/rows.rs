@@ -34,14 +34,14 @@ pub enum Row {
     Sim(Scheme),
     /// Eviction to a token budget: the first [`SINK`] tokens and the most recent ones, the
     /// budget sliding with each decoded token (StreamingLLM; the baseline any smarter
-    /// eviction — whole turns, seed 000 — has to beat). Evicted keys are hidden by a key mask,
+    /// eviction — whole turns, as the dual-stream ring does — has to beat). Evicted keys are hidden by a key mask,
     /// which `kv/tests/views_model.rs` shows equals leaving them out.
     SinkWindow { budget: usize },
     /// The context prefilled as independent chunks of `chunk` tokens, each computed alone at
     /// positions `0 ..` and moved into place ([`SeqKv::move_slots`]): document chunks' KV reused
-    /// at new positions without recomputation (seed 003). Every key is attended.
+    /// at new positions without recomputation (PerCache's chunk KV tree). Every key is attended.
     ChunkReuse { chunk: usize },
-    /// Seed 000's ephemeral ring: the context split into turns of whole lines (at least
+    /// The dual-stream ephemeral ring: the context split into turns of whole lines (at least
     /// [`TURN_TOKENS`] each), each turn computed on the ring's view as it stood (the
     /// first [`SINK`] tokens as anchors when `sinks`), the oldest whole turns evicted past
     /// `capacity` tokens and the rest moved down (not recomputed); the scored tokens decoded on
@@ -231,7 +231,7 @@ impl Row {
 }
 
 /// Tokens a turn holds at least: turns are whole lines, cut at the first line end after this
-/// many tokens (a stand-in for dialogue turns, 50–300 tokens in seed 000, on running text).
+/// many tokens (a stand-in for dialogue turns, 50–300 tokens in the dual-stream design, on running text).
 pub const TURN_TOKENS: usize = 64;
 
 /// The context cut into turns of whole lines (see [`TURN_TOKENS`]).

@@ -1,5 +1,5 @@
 //! KV quantization schemes simulated in f32, for `engram bench fidelity`'s alternative rows
-//! (the measurement behind the choice of `q8`/`q4`: README, "KV formats").
+//! (the measurement behind the choice of `q8`/`q4`: `docs/kv-formats.md#which-4-bit-scheme`).
 //!
 //! [`SimQuantKv`] holds values quantized and dequantized at the point a real format would;
 //! attention then reads f32. The schemes:

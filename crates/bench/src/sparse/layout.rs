@@ -1,4 +1,4 @@
-//! The offload file's layout on its own (issue 16 item 5), without a model: what the file
+//! The offload file's layout on its own, without a model: what the file
 //! order and the flush layout do to the reads, and what delayed splits save, over hundreds
 //! of decode steps with flushes (the speed rows decode too few tokens to flush once).
 //!

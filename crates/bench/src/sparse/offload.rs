@@ -1,4 +1,4 @@
-//! Offloaded DynaKV decode (issue 16 items 1, 5, 6): per history, copies of the speed run's
+//! Offloaded DynaKV decode: per history, copies of the speed run's
 //! in-RAM cache (same keys, same index) are offloaded to a file in `--offload-dir` and decode
 //! the same tokens with the file dropped from the page cache (`posix_fadvise(DONTNEED)`)
 //! before every step, so each step's misses read the disk. Variants, side by side: the

@@ -1,4 +1,4 @@
-//! A user's persistent stream as an immutable entry file (issue 15 item 1): its KV written in
+//! A user's persistent stream as an immutable entry file: its KV written in
 //! `engram-kv`'s entry format (checksummed, fingerprinted, `kind` `prefix`, `owner` the user),
 //! then mapped back, so every thread of the user attends one copy of it in the page cache;
 //! after a restart the stream is restored from the file instead of prefilled again.

@@ -1,4 +1,4 @@
-//! The persistent streams' file writer (issue 15): a background thread that writes each
+//! The persistent streams' file writer: a background thread that writes each
 //! stream's file ([`StreamSnapshot::write_and_map`]) and hands the mapped KV back, so the engine
 //! thread never waits for a write, an fsync or a read-back; the stream keeps its KV in RAM until
 //! the caller adopts the mapped one ([`crate::PersistentStream::adopt_mapped`]).

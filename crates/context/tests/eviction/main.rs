@@ -1,4 +1,4 @@
-//! A state machine over the session store and the KV store (issue 13, item 6): random runs of
+//! A state machine over the session store and the KV store: random runs of
 //! checkouts (EXTEND / DIVERGE / EXACT / new) whose prompts go through the `tiny` model and are
 //! checked in, forks, truncations, moves of slots to new positions (`SeqKv::move_slots`), views
 //! over a held sequence's spans, `SessionStore::make_room` (the one RAM eviction path) and,
@@ -149,7 +149,7 @@ fn a_restore_refused_by_the_ram_budget_leaves_the_session_restorable() {
     assert_eq!(co.kind, MatchKind::Extend, "restored once RAM is free");
 }
 
-/// Issue 19 item 6: a restore makes room first. With other owners' idle sessions filling the
+/// A restore makes room first. With other owners' idle sessions filling the
 /// RAM budget, an offloaded session that matches is restored — the idle ones offloaded in its
 /// place — rather than missing.
 #[test]

@@ -1,4 +1,4 @@
-//! [`DualStream`]'s files under the disk budget (issue 15): its streams and rings are charged
+//! [`DualStream`]'s files under the disk budget: its streams and rings are charged
 //! to their owners' accounts in a [`DualDiskLedger`] against `--disk-budget-mib` and the
 //! tenant share; past either, the least recently used files are deleted from disk: whole rings
 //! of threads with no turn running, and whole stream files of users with no turn running and no

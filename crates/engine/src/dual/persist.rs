@@ -1,4 +1,4 @@
-//! [`DualStream`]'s files (issue 15 item 7: everything persisted survives a restart): each
+//! [`DualStream`]'s files (everything persisted survives a restart): each
 //! user's persistent stream as an immutable entry file, written by a background writer and
 //! mapped back; each thread's ring ([`RingStore`]), written as turns retire and restored at the
 //! thread's first turn after a restart with its turn files' checksums running beside the

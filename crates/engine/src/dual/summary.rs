@@ -1,4 +1,4 @@
-//! [`DualStream`]'s summaries on the idle hook (issue 15 item 1: "generation continues from
+//! [`DualStream`]'s summaries on the idle hook ("generation continues from
 //! the old stream, then the new one is swapped in atomically"): a user whose live facts pass
 //! the cap gets a summary in flight, advanced a few steps per idle slice and stopped at the
 //! first step boundary once a job is submitted ([`IdleInterrupt`]), keeping its progress.
