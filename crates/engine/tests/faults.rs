@@ -56,7 +56,7 @@ fn wait_done(sink: &Collect) {
 }
 
 #[test]
-fn issue_19_a_panicking_step_fails_its_sequences_and_the_engine_goes_on() {
+fn a_panicking_step_fails_its_sequences_and_the_engine_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
     let model = Arc::new(Model::load(&files.hf_dir).unwrap());

@@ -32,7 +32,7 @@ fn health_of(engine: EngineHandle) -> (StatusCode, serde_json::Value) {
 }
 
 #[test]
-fn issue_19_health_reports_a_dead_engine() {
+fn health_reports_a_dead_engine() {
     let (engine, thread) = EngineHandle::spawn(4, 4, Arc::new(Metrics::default()), |_, _rx| panic!("injected engine fault"));
     assert!(thread.join().is_err());
     let (status, body) = health_of(engine);

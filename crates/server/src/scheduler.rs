@@ -198,7 +198,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn issue_19_a_dead_engine_thread_is_reported_and_refuses_jobs() {
+    fn a_dead_engine_thread_is_reported_and_refuses_jobs() {
         let (handle, thread) = EngineHandle::spawn(4, 4, Arc::new(Metrics::default()), |_, _rx| panic!("injected engine fault"));
         assert!(thread.join().is_err(), "the stand-in engine died");
         assert!(!handle.is_alive());
