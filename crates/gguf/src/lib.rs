@@ -45,7 +45,7 @@ pub use error::{GgufError, Result};
 pub use file::GgufFile;
 pub use reader::{
     tensor_n_bytes, Gguf, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, MAX_ALIGNMENT, MAX_ARRAY_DEPTH,
-    MAX_ARRAY_LEN, MAX_DIMS, MAX_NAME_LEN, MAX_STRING_LEN,
+    MAX_ARRAY_LEN, MAX_DIMS, MAX_METADATA_ELEMENTS, MAX_NAME_LEN, MAX_STRING_LEN,
 };
 pub use types::*;
 pub use value::{value_type_name, Value};

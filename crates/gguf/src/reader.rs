@@ -5,7 +5,10 @@
 //! panics, never overflows and never allocates more than a small multiple of
 //! the input size: every length and count is checked against the bytes that
 //! remain before anything is allocated, sizes use checked arithmetic, and
-//! nesting depth is capped.
+//! nesting depth is capped.  Array elements, which decode to 32 bytes each
+//! however small on disk, share one budget for the whole header
+//! ([`MAX_METADATA_ELEMENTS`]), so the decoded metadata stays under 512 MiB
+//! plus a small multiple of the input size.
 //!
 //! Invariants of a `Gguf` returned by `parse` (relied on by
 //! [`crate::GgufFile::tensor_data`]):
@@ -41,6 +44,12 @@ pub const MAX_NAME_LEN: u64 = 64 * 1024;
 pub const MAX_STRING_LEN: u64 = 64 * 1024 * 1024;
 /// Most elements in one array.
 pub const MAX_ARRAY_LEN: u64 = 1 << 26;
+/// Most array elements in all metadata values together (an array nested in an array
+/// counts at both levels).  A decoded element is a 32-byte [`Value`] however few bytes
+/// it takes on disk (one for `u8`/`bool`), so a header's arrays cost at most 512 MiB
+/// whatever their length fields say; the largest real vocabularies (about 262k tokens,
+/// with their scores, types and merges) use about 1M.
+pub const MAX_METADATA_ELEMENTS: u64 = 1 << 24;
 /// Deepest nesting of arrays inside arrays (a top-level array is depth 1).
 pub const MAX_ARRAY_DEPTH: u32 = 8;
 /// Largest accepted `general.alignment`.
@@ -87,6 +96,8 @@ pub struct Gguf {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Array elements decoded so far, against [`MAX_METADATA_ELEMENTS`].
+    elements: u64,
 }
 
 type What<'w> = &'w dyn Fn() -> String;
@@ -179,6 +190,17 @@ impl<'a> Cursor<'a> {
                         ),
                     });
                 }
+                // The bytes present bound `count`, but a 1-byte element becomes a 32-byte
+                // `Value`: without a budget for the whole header, a file of N bytes of
+                // `u8` arrays would allocate 32 N bytes here.  elements <= 2^24 before
+                // this add and count <= 2^26, so it cannot overflow.
+                self.elements += count;
+                if self.elements > MAX_METADATA_ELEMENTS {
+                    return Err(GgufError::Malformed(format!(
+                        "{} is an array of {count} elements, which takes the metadata's arrays past the limit of {MAX_METADATA_ELEMENTS} elements in all",
+                        what()
+                    )));
+                }
                 let mut items = Vec::with_capacity(count as usize);
                 for i in 0..count {
                     let ew = || format!("{} element #{i}", what());
@@ -202,7 +224,7 @@ impl Gguf {
     /// Errors name the field being read; they carry no path (see
     /// [`crate::GgufFile::open`] for that).
     pub fn parse(bytes: &[u8]) -> Result<Gguf> {
-        let mut c = Cursor { buf: bytes, pos: 0 };
+        let mut c = Cursor { buf: bytes, pos: 0, elements: 0 };
         let magic = c.u32(&|| "magic".to_string())?;
         if magic != GGUF_MAGIC {
             return Err(GgufError::BadMagic { found: magic });

@@ -102,11 +102,20 @@ impl GgufWriter {
 
     /// Checks everything `write_to` would otherwise fail on halfway.
     fn validate(&self) -> Result<u64> {
+        // The reader's budget of array elements over the whole header.
+        let mut elements = 0u64;
         for (key, value) in &self.metadata {
             if key.len() as u64 > MAX_NAME_LEN {
                 return Err(GgufError::InvalidValue { key: key.clone(), reason: format!("key is longer than {MAX_NAME_LEN} bytes") });
             }
             validate_value(key, value, 0)?;
+            elements += array_elements(value);
+            if elements > MAX_METADATA_ELEMENTS {
+                return Err(GgufError::InvalidValue {
+                    key: key.clone(),
+                    reason: format!("takes the metadata's arrays past the limit of {MAX_METADATA_ELEMENTS} elements in all"),
+                });
+            }
         }
         self.alignment()
     }
@@ -222,6 +231,15 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
                 put_value(out, e);
             }
         }
+    }
+}
+
+/// Array elements in `v`, nested ones included (what the reader counts against
+/// [`MAX_METADATA_ELEMENTS`]).
+fn array_elements(v: &Value) -> u64 {
+    match v {
+        Value::Array(a) => a.len() as u64 + a.iter().map(array_elements).sum::<u64>(),
+        _ => 0,
     }
 }
 

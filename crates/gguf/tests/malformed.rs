@@ -203,3 +203,41 @@ fn typed_getters_report_key() {
     assert!(g.get_i32_array_opt("tokens").is_err());
     assert_eq!(g.get_i32_array_opt("empty").unwrap(), Some(vec![]));
 }
+
+/// An array's length field, checked only against the bytes present, let a 64 MiB file
+/// holding one `u8` array of 2^26 elements allocate 2 GiB (a one-byte element decodes to a
+/// 32-byte `Value`); the fuzz target found it under `-malloc_limit_mb=1024`.  All arrays
+/// now share one budget of elements, and the error names the key that exceeds it.
+#[test]
+fn array_length_fields_share_one_element_budget() {
+    let n = MAX_METADATA_ELEMENTS + 1;
+    let mut r = Raw::header(3, 0, 1);
+    r.str("tokenizer.ggml.token_type").u32(9).u32(0).u64(n);
+    r.0.resize(r.0.len() + n as usize, 1);
+    let e = err_of(&r.0);
+    assert!(
+        e.starts_with(
+            "metadata key #0 (\"tokenizer.ggml.token_type\" value) is an array of 16777217 elements, \
+             which takes the metadata's arrays past the limit of 16777216 elements in all"
+        ),
+        "{e}"
+    );
+
+    // Each array fits alone; together they do not, and the second one is named.
+    let mut r = Raw::header(3, 0, 2);
+    r.str("a").u32(9).u32(7).u64(1000).bytes(&[0; 1000]);
+    let n = MAX_METADATA_ELEMENTS - 999;
+    r.str("b").u32(9).u32(0).u64(n);
+    r.0.resize(r.0.len() + n as usize, 0);
+    let e = err_of(&r.0);
+    assert!(e.starts_with("metadata key #1 (\"b\" value) is an array of 16776217 elements, which takes"), "{e}");
+
+    // Nested arrays count at every level.
+    let mut r = Raw::header(3, 0, 1);
+    r.str("nested").u32(9).u32(9).u64(2);
+    r.u32(0).u64(3).bytes(&[1, 2, 3]);
+    r.u32(0).u64(MAX_METADATA_ELEMENTS - 4);
+    r.0.resize(r.0.len() + (MAX_METADATA_ELEMENTS - 4) as usize, 0);
+    let e = err_of(&r.0);
+    assert!(e.starts_with("metadata key #0 (\"nested\" value) element #1 is an array of 16777212 elements, which takes"), "{e}");
+}

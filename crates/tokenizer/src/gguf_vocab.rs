@@ -32,6 +32,8 @@
 //!   EOS appended when `add_eos` (default false);
 //! * stop ids: EOS and EOT.
 
+use std::collections::HashSet;
+
 use crate::chat_template::ChatTemplate;
 use crate::error::{Result, TokenizerError};
 use crate::pre_tokenizers::{self, PreFlags, PreType};
@@ -296,6 +298,10 @@ fn build_bpe(v: &GgufVocab, vocab: Vocab, pre: &PreType, flags: &PreFlags) -> Re
 /// merges are sorted, stably, by (score, left length, right length) descending, lengths
 /// in characters.
 pub(crate) fn spm_merges(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(String, String)> {
+    // A half can only be a vocabulary piece if some piece has its byte length. Checking
+    // that first keeps a long piece from costing its length squared in hashing (each
+    // split hashes the half): a file with one 100k-character token took 27 s to load.
+    let lengths: HashSet<usize> = vocab.keys().map(String::len).collect();
     // (left id, right id, score, left chars, right chars)
     let mut merges: Vec<(u32, u32, f32, usize, usize)> = Vec::new();
     for (id, (piece, &score)) in tokens.iter().zip(scores).enumerate() {
@@ -305,6 +311,9 @@ pub(crate) fn spm_merges(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Ve
         let n_chars = piece.chars().count();
         let mut local = Vec::new();
         for (k, (i, _)) in piece.char_indices().enumerate().skip(1) {
+            if !lengths.contains(&i) || !lengths.contains(&(piece.len() - i)) {
+                continue;
+            }
             let (l, r) = piece.split_at(i);
             if let (Some(&li), Some(&ri)) = (vocab.get(l), vocab.get(r)) {
                 local.push((li, ri, score, k, n_chars - k));
