@@ -45,6 +45,8 @@ mod tenant;
 
 pub use disk_id::{prefix_disk_id, session_disk_id};
 pub use dual_disk::DualDiskLedger;
+/// The seam's types, where the session store's callers have always found them.
+pub use engram_policy::{Checkout, MatchKind, PendingRestore};
 pub use facts::{Fact, FactError, FactLimits, FactStore};
 pub use persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 pub use persistent::{
@@ -55,6 +57,4 @@ pub use prefix::{chain_hashes, chain_root, PrefixIndex};
 pub use ring::{RingView, Turn, TurnMask, TurnRing};
 pub use ring_store::{RestoredRing, RestoredTurn, RingStore};
 pub use session::{Session, SessionStore};
-/// The seam's types, where the session store's callers have always found them.
-pub use engram_policy::{Checkout, MatchKind, PendingRestore};
 pub use tenant::{account, entry_account};

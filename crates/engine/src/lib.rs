@@ -31,15 +31,15 @@ pub use blend::{blend, BlendReport, DEFAULT_BLEND_RATIO};
 pub use decoding::{Accepted, Decoding};
 pub use draft_model::{DraftModel, DraftState};
 pub use dual::{DualControl, DualStats, DualStream, FactSegment, Relevance};
+/// The context-policy seam (`engram-policy`), re-exported for the engine's callers.
+pub use engram_policy::{
+    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PendingRestore,
+    PolicyControl, PolicyGauge, PolicyLayer, PolicyStats, Retired,
+};
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
 pub use logprobs::TokenLogprob;
 pub use metrics::Metrics;
-/// The context-policy seam (`engram-policy`), re-exported for the engine's callers.
-pub use engram_policy::{
-    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PendingRestore, PolicyControl,
-    PolicyGauge, PolicyLayer, PolicyStats, Retired,
-};
 pub use pooled::PooledEncoder;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};

@@ -13,11 +13,11 @@ mod common;
 use common::{tiny, Collect};
 use engram_context::{Checkout, TurnMask, TurnRing};
 use engram_embed::TextEncoder;
-use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{
     argmax, run_engine_with, Command, ContextPolicy, Decoding, DualStats, DualStream, Metrics, PooledEncoder, Relevance, Retired,
     SamplingParams, SchedulerConfig,
 };
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
 

@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use common::{assert_close, ids, on_view, tiny, Collect};
 use engram_context::Checkout;
-use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{run_engine_with, Command, ContextPolicy, DualStats, DualStream, Metrics, Retired, SamplingParams, SchedulerConfig};
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 

@@ -14,10 +14,10 @@ use engram_context::{Checkout, SessionStore};
 mod common;
 
 use common::Collect;
-use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{
     run_engine_with, Command, ContextPolicy, Event, Generator, JobErrorKind, Metrics, Retired, SamplingParams, SchedulerConfig,
 };
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::Model;

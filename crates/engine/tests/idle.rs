@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use engram_context::{Checkout, SessionStore};
-use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{
     run_engine_with, Command, ContextPolicy, Event, EventSink, IdleInterrupt, Job, Metrics, Retired, SamplingParams, SchedulerConfig,
 };
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;

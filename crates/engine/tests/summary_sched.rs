@@ -12,12 +12,12 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use engram_context::Checkout;
-use engram_engine::{DualControl, PolicyControl};
-use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{
     run_engine_with, Command, ContextPolicy, DualStats, DualStream, FactSegment, Generator, IdleInterrupt, Job, Metrics, Retired,
     SamplingParams, SchedulerConfig, Summarizer,
 };
+use engram_engine::{AdmitRequest, PolicyLayer};
+use engram_engine::{DualControl, PolicyControl};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 

@@ -13,8 +13,8 @@ use engram_context::{Checkout, SessionStore};
 mod common;
 
 use common::Collect;
-use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_engine::{run_engine_with, Command, ContextPolicy, Generator, Metrics, Retired, SamplingParams, SchedulerConfig};
+use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::{Logits, Model, SeqStep};

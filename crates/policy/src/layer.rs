@@ -13,7 +13,10 @@
 //! blanket implementation forwards it here, and its default here forwards to the inner
 //! policy, so no wrapper drops it; `testing::exercise_every_method` checks it per wrapper.
 
-use crate::{AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, PolicyStats, Retired};
+use crate::{
+    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, PolicyStats,
+    Retired,
+};
 
 /// A policy that wraps another. See the module doc.
 pub trait PolicyLayer: Send {

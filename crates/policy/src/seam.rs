@@ -12,7 +12,9 @@
 //! [`crate::PolicyLayer`]'s blanket implementation until it forwards, so a wrapper can never
 //! drop it silently; each leaf policy says what it does with it.
 
-use crate::{AdmitRequest, Checkout, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, PolicyStats, Retired};
+use crate::{
+    AdmitRequest, Checkout, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, PolicyStats, Retired,
+};
 
 /// Decides what each sequence reuses and what is kept. See the module doc.
 pub trait ContextPolicy: Send {

@@ -91,7 +91,11 @@ pub fn small_pool() -> KvPool {
 /// The smallest tokenizer `admit` can be given (a word-level vocabulary of one word).
 pub fn tokenizer() -> Tokenizer {
     let vocab = [("hi".to_string(), 0u32), ("[UNK]".to_string(), 1)].into_iter().collect();
-    let model = tokenizers::models::wordlevel::WordLevel::builder().vocab(vocab).unk_token("[UNK]".into()).build().expect("a word-level vocabulary");
+    let model = tokenizers::models::wordlevel::WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("[UNK]".into())
+        .build()
+        .expect("a word-level vocabulary");
     Tokenizer::from_tokenizers(tokenizers::Tokenizer::new(model)).expect("a bare tokenizer")
 }
 

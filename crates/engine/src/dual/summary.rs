@@ -24,8 +24,8 @@ use std::time::Instant;
 use engram_context::PersistentStream;
 
 use super::{DualStream, Summary};
-use engram_policy::IdleInterrupt;
 use crate::summarize::{SummaryJob, SUMMARY_PREFILL_CHUNK};
+use engram_policy::IdleInterrupt;
 
 /// Default most steps a summary advances per idle slice: the slice then returns to the engine,
 /// which reads its commands (a fact change) before the next one.

@@ -537,7 +537,15 @@ impl<'m> Engine<'m> {
             }
             None => (String::new(), vec![0; n]),
         };
-        self.policy.retire(Retired { owner: OwnerKey::parse(&s.tenant), session_id: s.session_id, text, tokens: s.tokens, token_ends, kv, unfed });
+        self.policy.retire(Retired {
+            owner: OwnerKey::parse(&s.tenant),
+            session_id: s.session_id,
+            text,
+            tokens: s.tokens,
+            token_ends,
+            kv,
+            unfed,
+        });
         self.idle_work = true;
     }
 

@@ -23,9 +23,9 @@ mod blend;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use engram_policy::{AdmitRequest, Checkout, ContextPolicy, IdleInterrupt, MatchKind, PolicyLayer, Retired};
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{Fingerprint, Model};
+use engram_policy::{AdmitRequest, Checkout, ContextPolicy, IdleInterrupt, MatchKind, PolicyLayer, Retired};
 
 use crate::chunk_store::ChunkStore;
 use crate::idle_tenants::{try_library, IdleTenants};
