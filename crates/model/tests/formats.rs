@@ -3,31 +3,9 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use engram_fixture::GgufFormat;
-use engram_kernels::DType;
-use engram_model::weights::Storage;
-use engram_model::{Model, Weight};
-
-/// The same model with every matrix expanded to f32: isolates the kernels'
-/// activation quantization from the weights' own rounding.
-fn dequantized(mut m: Model) -> Model {
-    let expand = |w: &Weight| {
-        let bytes: Vec<u8> = w.to_f32().iter().flat_map(|x| x.to_le_bytes()).collect();
-        Weight::new("test", "expanded", DType::F32, w.rows, w.cols, Storage::Owned(Arc::new(bytes))).unwrap()
-    };
-    let w = &mut m.weights;
-    w.embed = expand(&w.embed);
-    w.output = expand(&w.output);
-    for l in &mut w.layers {
-        for x in [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down] {
-            *x = expand(x);
-        }
-    }
-    m
-}
+use engram_model::Model;
 
 #[test]
 fn gguf_formats_track_the_f32_model() {
@@ -56,7 +34,7 @@ fn quantized_kernels_match_their_own_dequantized_weights() {
     for format in [GgufFormat::Q8_0, GgufFormat::Q4_0] {
         let q = Model::load(&tiny_gguf(format)).unwrap();
         let ids = q.tokenizer.encode(PROMPT, true).unwrap().ids;
-        let expanded = dequantized(Model::load(&tiny_gguf(format)).unwrap());
+        let expanded = expanded_to_f32(Model::load(&tiny_gguf(format)).unwrap());
         let err = rel_err(&all_logits(&q, &ids), &all_logits(&expanded, &ids));
         eprintln!("{format:?} vs its f32 expansion: {err:.2e}");
         // Only 8-bit activation quantization separates the two.

@@ -7,14 +7,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use common::*;
 use engram_fixture::GgufFormat;
 use engram_gguf::{Gguf, GgufWriter};
 use engram_kernels::{dequantize_row, quantize, DType};
-use engram_model::weights::Storage;
-use engram_model::{Model, Weight};
+use engram_model::Model;
 
 /// The tiny Q8_0 fixture with every Q8_0 tensor converted to `ty` (a ggml type id; `data`
 /// turns the tensor's f32 values and row length into that type's bytes).
@@ -45,23 +43,6 @@ fn converted(name: &str, ty: u32, data: impl Fn(&[f32], usize) -> Vec<u8>) -> (t
     (dir, path)
 }
 
-/// `m` with every matrix expanded to f32 (isolates the kernels' activation quantization).
-fn expanded(mut m: Model) -> Model {
-    let expand = |w: &Weight| {
-        let bytes: Vec<u8> = w.to_f32().iter().flat_map(|x| x.to_le_bytes()).collect();
-        Weight::new("test", "expanded", DType::F32, w.rows, w.cols, Storage::Owned(Arc::new(bytes))).unwrap()
-    };
-    let w = &mut m.weights;
-    w.embed = expand(&w.embed);
-    w.output = expand(&w.output);
-    for l in &mut w.layers {
-        for x in [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down] {
-            *x = expand(x);
-        }
-    }
-    m
-}
-
 #[test]
 fn every_32_element_format_loads_and_matches_its_expansion() {
     for d in [DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4NL, DType::MXFP4] {
@@ -71,7 +52,7 @@ fn every_32_element_format_loads_and_matches_its_expansion() {
         let ids = m.tokenizer.encode(PROMPT, true).unwrap().ids;
         let got = all_logits(&m, &ids);
         assert!(got.iter().all(|v| v.is_finite()), "{d}: non-finite logits");
-        let want = all_logits(&expanded(Model::load(&path).unwrap()), &ids);
+        let want = all_logits(&expanded_to_f32(Model::load(&path).unwrap()), &ids);
         let err = rel_err(&got, &want);
         eprintln!("{d} vs its f32 expansion: {err:.2e}");
         // Only 8-bit activation quantization separates the two (as for Q8_0 / Q4_0).

@@ -4,10 +4,12 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use engram_fixture::{FixtureFiles, GgufFormat, Shape};
-use engram_model::{KvCache, KvChunk, KvData, KvElem, Logits, Model, SeqStep};
+use engram_kernels::DType;
+use engram_model::weights::Storage;
+use engram_model::{KvCache, KvChunk, KvData, KvElem, Logits, Model, SeqStep, Weight};
 
 /// The tiny fixture (HF folder + f16/q8_0/q4_0 GGUF), generated once per process.
 pub fn tiny() -> &'static FixtureFiles {
@@ -134,3 +136,21 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 }
 
 pub const PROMPT: &str = "The persistent stream holds immutable system prompts — and a café's 日本語 menu.";
+
+/// `m` with every matrix expanded to f32: isolates the kernels' activation quantization from
+/// the weights' own rounding.
+pub fn expanded_to_f32(mut m: Model) -> Model {
+    let expand = |w: &Weight| {
+        let bytes: Vec<u8> = w.to_f32().iter().flat_map(|x| x.to_le_bytes()).collect();
+        Weight::new("test", "expanded", DType::F32, w.rows, w.cols, Storage::Owned(Arc::new(bytes))).unwrap()
+    };
+    let w = &mut m.weights;
+    w.embed = expand(&w.embed);
+    w.output = expand(&w.output);
+    for l in &mut w.layers {
+        for x in [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down] {
+            *x = expand(x);
+        }
+    }
+    m
+}
