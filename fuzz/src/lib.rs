@@ -7,8 +7,8 @@
 //! profile checks) is a finding. Allocation is bounded by running libFuzzer with
 //! `-malloc_limit_mb` / `-rss_limit_mb` (see README.md).
 
-use engram_gguf::{tensor_n_bytes, Gguf, GgufError, MAX_DIMS};
-use engram_tokenizer::{GgufVocab, Tokenizer};
+use engram_gguf::{tensor_n_bytes, Gguf, MAX_DIMS};
+use engram_tokenizer::Tokenizer;
 
 /// Texts encoded with every tokenizer that loads: ASCII, a SentencePiece space mark, a
 /// spelled special token, bytes outside any small vocabulary, digits, newlines.
@@ -63,39 +63,13 @@ fn check_header(g: &Gguf, file_size: u64) {
     assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "overlapping tensor data");
 }
 
-/// The tokenizer facts of a GGUF header, read with the same accessors, keys and
-/// conversions as the model loader (`engram_model`'s `load::gguf::read_vocab`, which
-/// takes a mapped `GgufFile` and is private; `GgufFile` delegates each accessor to `Gguf`).
-pub fn read_vocab(f: &Gguf) -> Result<GgufVocab, GgufError> {
-    let id = |k: &str| -> Result<Option<u32>, GgufError> { Ok(f.get_u64_opt(k)?.map(|v| v as u32)) };
-    Ok(GgufVocab {
-        model: f.get_str("tokenizer.ggml.model")?,
-        pre: f.get_str_opt("tokenizer.ggml.pre")?,
-        tokens: f
-            .get_str_array_opt("tokenizer.ggml.tokens")?
-            .ok_or_else(|| GgufError::MissingKey { key: "tokenizer.ggml.tokens".to_string() })?,
-        scores: f.get_f32_array_opt("tokenizer.ggml.scores")?,
-        token_types: f.get_i32_array_opt("tokenizer.ggml.token_type")?,
-        merges: f.get_str_array_opt("tokenizer.ggml.merges")?,
-        bos_id: id("tokenizer.ggml.bos_token_id")?,
-        eos_id: id("tokenizer.ggml.eos_token_id")?,
-        eot_id: id("tokenizer.ggml.eot_token_id")?,
-        unk_id: id("tokenizer.ggml.unknown_token_id")?,
-        pad_id: id("tokenizer.ggml.padding_token_id")?,
-        add_bos: f.get_bool_opt("tokenizer.ggml.add_bos_token")?,
-        add_eos: f.get_bool_opt("tokenizer.ggml.add_eos_token")?,
-        add_space_prefix: f.get_bool_opt("tokenizer.ggml.add_space_prefix")?,
-        chat_template: f.get_str_opt("tokenizer.chat_template")?,
-    })
-}
-
 /// Parses `data` as GGUF, reads its vocabulary as the model loader does, builds the
 /// tokenizer; when it loads, encodes [`TEXTS`] and decodes the ids back. Every id must
 /// index `tokenizer.ggml.tokens` (the model's embedding rows): the loader puts every token
 /// string in the vocabulary, so neither added tokens nor byte fallback may invent ids. Errors must have a message.
 pub fn tokenizer_loader(data: &[u8]) {
     let Ok(g) = Gguf::parse(data) else { return };
-    let vocab = match read_vocab(&g) {
+    let vocab = match engram_model::load::gguf::read_vocab(&g, "fuzz input") {
         Ok(v) => v,
         Err(e) => {
             assert!(!e.to_string().is_empty());
@@ -161,7 +135,7 @@ mod tests {
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
             let g = engram_gguf::Gguf::parse(&std::fs::read(&p).unwrap()).unwrap();
-            let v = super::read_vocab(&g).unwrap();
+            let v = engram_model::load::gguf::read_vocab(&g, "seed").unwrap();
             engram_tokenizer::Tokenizer::from_gguf_vocab(&v).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         }
     }

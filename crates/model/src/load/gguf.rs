@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use engram_gguf::{GgufFile, TensorInfo};
+use engram_gguf::{Gguf, GgufFile, TensorInfo};
 use engram_kernels::DType;
 use engram_tokenizer::{GgufVocab, Tokenizer};
 
@@ -29,7 +29,8 @@ pub fn load_gguf(path: &Path) -> Result<Loaded> {
     let arch_name = file.get_str("general.architecture")?;
     let arch = Arch::parse(&arch_name).ok_or_else(|| ModelError::UnsupportedArch { file: label.clone(), arch: arch_name.clone() })?;
     let config = parse_config(&file, arch, &arch_name, &label)?;
-    let tokenizer = Tokenizer::from_gguf_vocab(&read_vocab(&file)?).map_err(|e| config_err(&label, "tokenizer.ggml", e.to_string()))?;
+    let tokenizer = Tokenizer::from_gguf_vocab(&read_vocab(file.header(), &label).map_err(|e| in_file(e, path))?)
+        .map_err(|e| config_err(&label, "tokenizer.ggml", e.to_string()))?;
     // The weights share the file's mapping, so they outlive `file`.
     let map = file.mmap().clone();
     let weights = build_weights(&config, &file, &map, &label)?;
@@ -108,14 +109,18 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
     Ok(config)
 }
 
-fn read_vocab(f: &GgufFile) -> Result<GgufVocab> {
+/// The tokenizer facts of a parsed GGUF header: what [`Tokenizer::from_gguf_vocab`] takes.
+/// `label` names the file in the missing-tokenizer error; a header read error carries no path
+/// (the loader adds it, as `GgufFile`'s accessors do). The model loader and the tokenizer fuzz
+/// target both read vocabularies through this one function.
+pub fn read_vocab(f: &Gguf, label: &str) -> Result<GgufVocab> {
     let id = |k: &str| -> Result<Option<u32>> { Ok(f.get_u64_opt(k)?.map(|v| v as u32)) };
     Ok(GgufVocab {
         model: f.get_str("tokenizer.ggml.model")?,
         pre: f.get_str_opt("tokenizer.ggml.pre")?,
-        tokens: f.get_str_array_opt("tokenizer.ggml.tokens")?.ok_or_else(|| {
-            config_err(&f.path().display().to_string(), "tokenizer.ggml.tokens", "missing (the file carries no tokenizer)")
-        })?,
+        tokens: f
+            .get_str_array_opt("tokenizer.ggml.tokens")?
+            .ok_or_else(|| config_err(label, "tokenizer.ggml.tokens", "missing (the file carries no tokenizer)"))?,
         scores: f.get_f32_array_opt("tokenizer.ggml.scores")?,
         token_types: f.get_i32_array_opt("tokenizer.ggml.token_type")?,
         merges: f.get_str_array_opt("tokenizer.ggml.merges")?,
@@ -129,6 +134,14 @@ fn read_vocab(f: &GgufFile) -> Result<GgufVocab> {
         add_space_prefix: f.get_bool_opt("tokenizer.ggml.add_space_prefix")?,
         chat_template: f.get_str_opt("tokenizer.chat_template")?,
     })
+}
+
+/// `e` with `path` added to a GGUF read error, as `GgufFile`'s own accessors add it.
+fn in_file(e: ModelError, path: &Path) -> ModelError {
+    match e {
+        ModelError::Gguf(g) => ModelError::Gguf(g.in_file(path)),
+        other => other,
+    }
 }
 
 fn dtype_of(t: &TensorInfo, label: &str) -> Result<DType> {
