@@ -13,13 +13,22 @@
 //! (`disk_id.rs`), and every read, write and delete names that owner metadata,
 //! which the store checks against the entry's. Invariant: saves and removals of a
 //! session are carried out in the order they were queued; what `flush` returns after
-//! is on disk (or gone), written atomically (temp file, fsync, rename); a file that
+//! is on disk (or gone), written atomically (temp file, fsync, rename), unless it was shed
+//! first; a file that
 //! fails validation is dropped by the store and the session is recomputed, never
 //! misused; an entry not at the id its owner metadata maps to (written under the
 //! FNV ids before, or misplaced) is deleted at open and never read.
+//!
+//! A queued save holds its cache's blocks in the RAM pool until it is written. So that a
+//! writer behind a busy engine cannot fill the budget with them: a newer save of an entry
+//! replaces its older queued one at once, and [`PersistedSessions::shed_queued`] (the session
+//! store's last resort when making room) drops every save not yet started. A shed session
+//! is only a miss later (recomputed): restores read each file's own metadata, never the
+//! catalog's text.
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -58,8 +67,8 @@ pub struct CatalogEntry {
 }
 
 enum Msg {
-    /// Entry id, what to write, and whether to pin it.
-    Save(String, EntryMeta, SeqKv, bool),
+    /// Entry id and the number of its save in [`Queued`]: written if still queued there.
+    Save(String, u64),
     /// Entry id and its owner metadata.
     Remove(String, String),
     Flush(Sender<()>),
@@ -75,10 +84,39 @@ impl Msg {
     }
 }
 
+/// A save waiting for the writer: what to write, and whether to pin it.
+struct QueuedSave {
+    number: u64,
+    meta: EntryMeta,
+    kv: SeqKv,
+    pinned: bool,
+}
+
+/// Saves not yet started, newest of each entry only, by entry id.
+#[derive(Default)]
+struct Queued {
+    saves: HashMap<String, QueuedSave>,
+    next: u64,
+}
+
+impl Queued {
+    /// Takes the save `number` of entry `id` if it is still the one queued (not replaced
+    /// by a newer save, not shed).
+    fn take(&mut self, id: &str, number: u64) -> Option<QueuedSave> {
+        match self.saves.get(id) {
+            Some(q) if q.number == number => self.saves.remove(id),
+            _ => None,
+        }
+    }
+}
+
 /// The disk tier of a [`crate::SessionStore`].
 pub struct PersistedSessions {
     store: Arc<Mutex<DiskStore>>,
     fingerprint: String,
+    queued: Arc<Mutex<Queued>>,
+    /// Saves dropped unwritten by [`PersistedSessions::shed_queued`], since open.
+    shed: AtomicU64,
     tx: Option<Sender<Msg>>,
     writer: Option<JoinHandle<()>>,
 }
@@ -106,6 +144,8 @@ impl PersistedSessions {
         let store = Arc::new(Mutex::new(disk));
         let (tx, rx) = channel::<Msg>();
         let st = store.clone();
+        let queued = Arc::new(Mutex::new(Queued::default()));
+        let waiting = queued.clone();
         let writer = std::thread::Builder::new()
             .name("engram-persist".into())
             .spawn(move || {
@@ -122,11 +162,19 @@ impl PersistedSessions {
                         }
                     }
                     for (i, m) in batch.into_iter().enumerate() {
-                        if m.entry().is_some_and(|id| latest.get(id) != Some(&i)) {
+                        let superseded = m.entry().is_some_and(|id| latest.get(id) != Some(&i));
+                        // A save's cache leaves the queue either way (written, or superseded).
+                        let save = match &m {
+                            Msg::Save(id, number) => waiting.lock().unwrap_or_else(|e| e.into_inner()).take(id, *number),
+                            _ => None,
+                        };
+                        if superseded {
                             continue;
                         }
                         match m {
-                            Msg::Save(id, meta, kv, pin) => {
+                            Msg::Save(id, _) => {
+                                // Replaced by a newer save, or shed to make room.
+                                let Some(QueuedSave { meta, kv, pinned: pin, .. }) = save else { continue };
                                 // The lock is held to check and make room, and to record the
                                 // entry, not while the file is written and synced: the engine
                                 // reads the store's gauges every step.
@@ -165,7 +213,7 @@ impl PersistedSessions {
                 }
             })
             .map_err(|e| DiskError::Io { path: dir.to_path_buf(), source: e })?;
-        Ok(PersistedSessions { store, fingerprint, tx: Some(tx), writer: Some(writer) })
+        Ok(PersistedSessions { store, fingerprint, queued, shed: AtomicU64::new(0), tx: Some(tx), writer: Some(writer) })
     }
 
     /// Caps each account's entries (`crate::entry_account`) at `bytes` of the disk budget
@@ -223,9 +271,41 @@ impl PersistedSessions {
             offsets,
             created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         };
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Save(session_disk_id(owner, session_id), meta, kv, pinned));
+        self.enqueue(session_disk_id(owner, session_id), meta, kv, pinned);
+    }
+
+    /// Queues entry `id`'s save, replacing (and letting go of) any older one still queued.
+    fn enqueue(&self, id: String, meta: EntryMeta, kv: SeqKv, pinned: bool) {
+        let Some(tx) = &self.tx else { return };
+        let number = {
+            let mut q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+            let number = q.next;
+            q.next += 1;
+            // The older save's cache is dropped after the lock is let go.
+            let older = q.saves.insert(id.clone(), QueuedSave { number, meta, kv, pinned });
+            drop(q);
+            drop(older);
+            number
+        };
+        let _ = tx.send(Msg::Save(id, number));
+    }
+
+    /// Drops every save not yet started, letting go of the blocks their caches hold in the
+    /// RAM pool; returns how many. Their entries keep what was last written (or stay
+    /// absent): a later restore finds the older state, or nothing, and recomputes the rest.
+    pub fn shed_queued(&self) -> usize {
+        let saves = std::mem::take(&mut self.queued.lock().unwrap_or_else(|e| e.into_inner()).saves);
+        let n = saves.len();
+        self.shed.fetch_add(n as u64, Relaxed);
+        if n > 0 {
+            tracing::debug!("{n} queued saves dropped unwritten to free RAM for the engine");
         }
+        n
+    }
+
+    /// Saves dropped unwritten by [`PersistedSessions::shed_queued`] since open.
+    pub fn saves_shed(&self) -> u64 {
+        self.shed.load(Relaxed)
     }
 
     /// Shared prefix chains on disk made by this model and KV format.
@@ -266,9 +346,7 @@ impl PersistedSessions {
             offsets: Vec::new(),
             created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         };
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Save(id, meta, kv, false));
-        }
+        self.enqueue(id, meta, kv, false);
     }
 
     /// Maps the persisted prefix chain `disk_id` indexed under `salt` into `pool`;
@@ -324,7 +402,7 @@ impl PersistedSessions {
         self.store.lock().unwrap_or_else(|e| e.into_inner()).used_bytes()
     }
 
-    /// Blocks until every queued save is on disk.
+    /// Blocks until every queued save is on disk (or was shed).
     pub fn flush(&self) {
         if let Some(tx) = &self.tx {
             let (done, wait) = channel();
@@ -356,5 +434,37 @@ impl Drop for PersistedSessions {
         if let Some(w) = self.writer.take() {
             let _ = w.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engram_kv::{KvFormat, KvLayout};
+
+    fn save(number: u64) -> QueuedSave {
+        let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 4 };
+        let kv = SeqKv::new(&KvPool::new(layout, KvFormat::F32, 1 << 20));
+        let meta = EntryMeta {
+            fingerprint: String::new(),
+            kind: EntryKind::Session,
+            owner: "o/s".into(),
+            tokens: Vec::new(),
+            text: String::new(),
+            offsets: Vec::new(),
+            created_unix: 0,
+        };
+        QueuedSave { number, meta, kv, pinned: false }
+    }
+
+    #[test]
+    fn only_the_newest_queued_save_of_an_entry_is_taken() {
+        let mut q = Queued::default();
+        q.saves.insert("a".into(), save(0));
+        q.saves.insert("a".into(), save(1));
+        assert!(q.take("a", 0).is_none(), "replaced by save 1");
+        assert_eq!(q.take("a", 1).map(|s| s.number), Some(1));
+        assert!(q.take("a", 1).is_none(), "taken once");
+        assert!(q.take("b", 0).is_none(), "never queued");
     }
 }

@@ -7,8 +7,8 @@
 //! same sessions before and after a restart.
 
 use engram_policy::{
-    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, PolicyStats,
-    Retired,
+    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, GaugeKind, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl,
+    PolicyGauge, PolicyStats, Retired,
 };
 
 use crate::SessionStore;
@@ -48,7 +48,12 @@ impl ContextPolicy for SessionStore {
             sessions_on_disk: self.on_disk_count() as u64,
             sessions_restored: self.restored_count(),
             disk_bytes_used: self.disk_used_bytes(),
-            named: Vec::new(),
+            named: vec![PolicyGauge {
+                name: "engram_disk_saves_shed_total",
+                help: "Session saves dropped before the disk writer reached them, to free RAM for running requests.",
+                kind: GaugeKind::Counter,
+                value: self.saves_shed(),
+            }],
         }
     }
 

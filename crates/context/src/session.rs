@@ -133,6 +133,11 @@ impl SessionStore {
         self.on_disk.len()
     }
 
+    /// Saves the disk tier dropped unwritten to free RAM (0 without one).
+    pub fn saves_shed(&self) -> u64 {
+        self.disk.as_ref().map_or(0, |d| d.saves_shed())
+    }
+
     /// Bytes the disk tier holds (0 without one).
     pub fn disk_used_bytes(&self) -> u64 {
         self.disk.as_ref().map_or(0, |d| d.used_bytes())
@@ -506,7 +511,9 @@ impl SessionStore {
     /// scheduler's reservations and tests alike): first idle prefix-index blocks (nobody
     /// shares them; a later request recomputes or restores them), least recently used first,
     /// then least recently used sessions (offloaded to the disk tier where there is one), each
-    /// step only as much as still missing. Returns whether `bytes` now fit.
+    /// step only as much as still missing; last, saves the disk writer has not started yet
+    /// (they hold their caches' blocks; shed, those sessions are recomputed if asked for
+    /// again). Returns whether `bytes` now fit.
     pub fn make_room(&mut self, bytes: usize) -> bool {
         let missing = |p: &KvPool| (p.used() + bytes).saturating_sub(p.budget());
         let bb = self.pool.block_bytes();
@@ -519,6 +526,9 @@ impl SessionStore {
                 continue;
             }
             if !self.evict_session() {
+                if self.disk.as_ref().is_some_and(|d| d.shed_queued() > 0) {
+                    continue;
+                }
                 return missing(&self.pool) == 0;
             }
         }

@@ -305,3 +305,56 @@ fn a_forgotten_owner_is_gone_from_disk_too() {
     let (kind, reused, _) = turn(&mut store, "bob", &format!("Bob: my locker is 12.{b_out} Which?"), 3);
     assert!(kind == MatchKind::Extend && reused > 0, "bob is restored: {kind:?} {reused}");
 }
+
+/// A queued save holds its cache's blocks until the writer reaches it, so making room
+/// sheds saves not yet started once no idle session is left to evict: every byte comes
+/// back however far behind the writer is. What was shed is a miss after a restart, what
+/// was written is restored, and either way the next turn equals a cold run.
+#[test]
+fn making_room_sheds_queued_saves_and_what_survives_is_exact() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
+    let open = || open_with_disk(&pool, dir.path(), engram_kv::EvictionPolicy::Lru);
+    let mut store = open();
+    let owners: Vec<String> = (0..12).map(|i| format!("owner{i}")).collect();
+    // Every cache is computed first, then all are checked in at once: the writer is behind.
+    let (mut texts, mut done, mut largest) = (Vec::new(), Vec::new(), 0);
+    for o in &owners {
+        let text = format!("{o}: the locker code is {}. ", o.len() * 7).repeat(6);
+        let co = store.checkout(o, None, &text, true, &m.tokenizer).unwrap();
+        assert_eq!(co.kind, MatchKind::Miss);
+        let before = pool.used();
+        let mut g = Generator::from_parts(m, co.kv, Vec::new());
+        g.feed(&co.tokens, false).unwrap();
+        largest = largest.max(pool.used() - before);
+        done.push((co.session_id, co.tokens, co.token_ends, g.into_parts().0));
+        texts.push(text);
+    }
+    for ((o, text), (sid, tokens, ends, kv)) in owners.iter().zip(&texts).zip(done) {
+        store.checkin(o, &sid, text.clone(), tokens, ends, kv);
+    }
+    assert!(pool.used() > largest);
+    store.make_room(pool.budget());
+    // The one save the writer may be in the middle of keeps its blocks until it is written.
+    assert!(pool.used() <= largest, "{} bytes still held; one save holds at most {largest}", pool.used());
+    store.flush();
+    // Prefix-index blocks it shared are idle now, and go too.
+    assert!(store.make_room(pool.budget()));
+    assert_eq!(pool.used(), 0);
+    let shed = store.saves_shed();
+    drop(store);
+
+    let mut store = open();
+    let mut missed = 0;
+    for (o, text) in owners.iter().zip(&texts) {
+        let (kind, reused, _) = turn(&mut store, o, &format!("{text} And the door?"), 2);
+        match kind {
+            MatchKind::Extend => assert!(reused > 0),
+            MatchKind::Miss => missed += 1,
+            other => panic!("{o}: {other:?}"),
+        }
+    }
+    assert_eq!(missed as u64, shed, "exactly the shed saves are misses");
+    assert_eq!(store.restored_count() as usize, owners.len() - missed);
+}

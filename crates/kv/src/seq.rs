@@ -74,16 +74,21 @@ impl SeqKv {
         &self.blocks[..self.len.div_ceil(BLOCK_TOKENS)]
     }
 
-    /// Makes room for `n` more tokens: allocates blocks and un-shares the
-    /// partial last block if it is shared or mapped; with a quantized format,
-    /// also makes the recent window (the f16 copy of the block the new tokens
-    /// end in, when they leave it partial) this sequence's own. All or nothing.
-    pub fn reserve(&mut self, n: usize) -> Result<(), KvError> {
+    /// The bytes [`SeqKv::reserve`]`(n)` would charge to the pool now: new blocks, a copy of
+    /// a shared or mapped partial last block, a recent window of its own. Never more after
+    /// other holders of its blocks let go (a copy is then no longer needed), so freeing this
+    /// much first always lets the reservation through.
+    pub fn reserve_charge(&self, n: usize) -> usize {
+        let p = self.reserve_plan(n);
+        (p.new_blocks + p.cow as usize) * self.pool.block_bytes() + p.tail_charge
+    }
+
+    /// What reserving `n` more tokens takes, as things stand.
+    fn reserve_plan(&self, n: usize) -> ReservePlan {
         let need_blocks = (self.len + n).div_ceil(BLOCK_TOKENS);
         let new_blocks = need_blocks.saturating_sub(self.blocks.len());
-        let partial = self.len / BLOCK_TOKENS;
         let cow = n > 0 && self.len % BLOCK_TOKENS != 0 && {
-            let b = &self.blocks[partial];
+            let b = &self.blocks[self.len / BLOCK_TOKENS];
             Arc::strong_count(b) > 1 || b.is_mapped()
         };
         let end = self.len + n;
@@ -93,6 +98,16 @@ impl SeqKv {
             (Some(tb), Some(t)) if t.block == tb && Arc::strong_count(t) == 1 => 0,
             (Some(_), _) => self.pool.tail_bytes(),
         };
+        ReservePlan { new_blocks, cow, tail_block, tail_charge }
+    }
+
+    /// Makes room for `n` more tokens: allocates blocks and un-shares the
+    /// partial last block if it is shared or mapped; with a quantized format,
+    /// also makes the recent window (the f16 copy of the block the new tokens
+    /// end in, when they leave it partial) this sequence's own. All or nothing.
+    pub fn reserve(&mut self, n: usize) -> Result<(), KvError> {
+        let ReservePlan { new_blocks, cow, tail_block, tail_charge } = self.reserve_plan(n);
+        let partial = self.len / BLOCK_TOKENS;
         let bb = self.pool.block_bytes();
         self.pool.try_charge((new_blocks + cow as usize) * bb + tail_charge)?;
         if cow {
@@ -547,4 +562,13 @@ fn encode_keys(bytes: &mut [u8], elem: KvElem, sec: usize, layer: usize, slot: u
         let k0 = 2 * layer * sec + (h * BLOCK_TOKENS + slot) * rb;
         elem.encode_row(ks, &mut bytes[k0..k0 + rb]);
     }
+}
+
+/// What [`SeqKv::reserve`] allocates: blocks after the last, a private copy of the partial
+/// last block, and the recent window of the block the new tokens end in (charged or kept).
+struct ReservePlan {
+    new_blocks: usize,
+    cow: bool,
+    tail_block: Option<usize>,
+    tail_charge: usize,
 }

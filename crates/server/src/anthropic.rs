@@ -140,5 +140,6 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         Some(Event::Started { .. } | Event::Logprob(_)) => (vec![], false),
         None => (vec![ev("error", ApiError::internal("the engine stopped").anthropic_body())], true),
     });
-    Ok(sse::respond(first, rx, format, vec![("x-session-id", st.session_id.clone())]))
+    let (head, rx) = api::first_output(rx).await?;
+    Ok(sse::respond(first, head, rx, format, vec![("x-session-id", st.session_id.clone())]))
 }

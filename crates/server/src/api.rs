@@ -285,6 +285,23 @@ pub async fn started(mut rx: UnboundedReceiver<Event>) -> Result<(Started, Unbou
     }
 }
 
+/// Waits for a streamed job's first output after `Started`: its first token (or log-probability),
+/// its end, or its failure. A stream's status line and headers go out only after this, so a
+/// failure before any output (the KV budget filling up while the prompt is prefilled) is answered
+/// with its own status and headers (503 with Retry-After), which clients retry, instead of an
+/// error event inside a `200` stream, which they do not.
+pub async fn first_output(mut rx: UnboundedReceiver<Event>) -> Result<(Event, UnboundedReceiver<Event>), ApiError> {
+    loop {
+        match rx.recv().await {
+            Some(Event::Failed(e)) => return Err(e),
+            // Sent again when a sequence starts over without a cache that failed its check.
+            Some(Event::Started { .. }) => continue,
+            Some(ev) => return Ok((ev, rx)),
+            None => return Err(ApiError::unavailable("the engine stopped")),
+        }
+    }
+}
+
 /// A whole (non-streamed) answer.
 pub struct Completed {
     pub text: String,
@@ -350,4 +367,43 @@ pub async fn render_chat(s: &AppState, messages: Vec<engram_tokenizer::ChatMessa
         Ok((text, ids))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc::unbounded_channel;
+
+    fn started() -> Event {
+        Event::Started { session_id: "s".into(), prompt_tokens: 3, cached_tokens: 0 }
+    }
+
+    #[tokio::test]
+    async fn a_failure_before_any_output_is_the_streams_status() {
+        let (tx, rx) = unbounded_channel();
+        tx.send(started()).unwrap();
+        tx.send(Event::Failed(ApiError::unavailable("KV cache budget exhausted"))).unwrap();
+        let e = first_output(rx).await.err().expect("refused");
+        assert_eq!(e.status.as_u16(), 503);
+        assert!(e.retry_after.is_some(), "a 503 carries Retry-After");
+    }
+
+    #[tokio::test]
+    async fn the_first_output_is_handed_back_with_the_rest() {
+        let (tx, rx) = unbounded_channel();
+        tx.send(started()).unwrap();
+        tx.send(Event::Text("Hi".into())).unwrap();
+        tx.send(Event::Failed(ApiError::internal("later"))).unwrap();
+        let (head, mut rx) = first_output(rx).await.expect("output");
+        assert!(matches!(head, Event::Text(ref t) if t == "Hi"), "{head:?}");
+        assert!(matches!(rx.recv().await, Some(Event::Failed(_))), "a later failure stays in the stream");
+    }
+
+    #[tokio::test]
+    async fn an_engine_gone_before_any_output_is_a_503() {
+        let (tx, rx) = unbounded_channel::<Event>();
+        tx.send(started()).unwrap();
+        drop(tx);
+        assert_eq!(first_output(rx).await.err().expect("refused").status.as_u16(), 503);
+    }
 }

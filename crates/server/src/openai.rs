@@ -326,7 +326,8 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         Some(Event::Started { .. }) => (vec![], false),
         None => (vec![SseEvent::default().data(ApiError::internal("the engine stopped").openai_body().to_string())], true),
     });
-    Ok(sse::respond(first, rx, format, vec![("x-session-id", session_id)]))
+    let (head, rx) = api::first_output(rx).await?;
+    Ok(sse::respond(first, head, rx, format, vec![("x-session-id", session_id)]))
 }
 
 /// `POST /v1/completions`.
@@ -413,5 +414,6 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
         Some(Event::Started { .. }) => (vec![], false),
         None => (vec![SseEvent::default().data(ApiError::internal("the engine stopped").openai_body().to_string())], true),
     });
-    Ok(sse::respond(Vec::new(), rx, format, vec![("x-session-id", session_id)]))
+    let (head, rx) = api::first_output(rx).await?;
+    Ok(sse::respond(Vec::new(), head, rx, format, vec![("x-session-id", session_id)]))
 }

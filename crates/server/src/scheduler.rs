@@ -30,8 +30,9 @@ use crate::quota::{Quota, Slot};
 
 pub use engram_engine::scheduler::{DiskConfig, Job, SchedulerConfig};
 
-/// What a request hears back, in order: `Started`, any number of `Text`,
-/// then `Finished` — or a single `Failed` (as an [`ApiError`]) before `Started`.
+/// What a request hears back, in order: `Started`, any number of `Text`, then `Finished` or
+/// `Failed` (as an [`ApiError`]: the KV budget ran out, the engine faulted) — or a single
+/// `Failed` in place of `Started` when the request is refused.
 pub type Event = engine::Event<ApiError>;
 
 impl From<JobError> for ApiError {

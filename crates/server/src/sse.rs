@@ -51,10 +51,19 @@ impl futures_core::Stream for EventStream {
     }
 }
 
-/// An SSE response that starts with `first` and continues with the
-/// formatted events of `rx`.
-pub fn respond(first: Vec<SseEvent>, rx: UnboundedReceiver<Event>, format: Formatter, headers: Vec<(&'static str, String)>) -> Response {
-    let stream = EventStream { rx, pending: first.into(), format, done: false };
+/// An SSE response that starts with `first`, then the formatted `head` (the job's first output,
+/// from [`crate::api::first_output`]), and continues with the formatted events of `rx`.
+pub fn respond(
+    first: Vec<SseEvent>,
+    head: Event,
+    rx: UnboundedReceiver<Event>,
+    mut format: Formatter,
+    headers: Vec<(&'static str, String)>,
+) -> Response {
+    let mut pending: VecDeque<SseEvent> = first.into();
+    let (events, done) = format(Some(head));
+    pending.extend(events);
+    let stream = EventStream { rx, pending, format, done };
     let mut r = Sse::new(stream).into_response();
     for (k, v) in headers {
         if let Ok(v) = v.parse() {

@@ -258,6 +258,31 @@ fn a_prompt_that_can_never_fit_is_a_400_naming_the_bytes() {
 }
 
 #[test]
+/// Prompts that each extend the last, under a budget of four blocks: every one is served
+/// (streamed or not), since what the pool holds besides it is idle caches that can go. A
+/// reservation must ask eviction for what it charges (its new blocks, a copy of a shared
+/// partial block), not for a looser bound the pool could never free.
+fn a_prompt_that_fits_once_idle_caches_go_is_served() {
+    let m = model();
+    let block = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 0).block_bytes();
+    let addr = start(4 * block, ServerConfig::new("tiny"));
+    let mut longest = 0;
+    for words in 1..=40 {
+        for stream in [false, true] {
+            let text = "word ".repeat(words);
+            let r = chat(addr, &json!([{"role": "user", "content": text}]), json!({"max_tokens": 2, "stream": stream}));
+            assert_eq!(r.status, 200, "{words} words, stream {stream}: {}", r.body);
+            if stream {
+                assert!(r.sse().iter().any(|(_, d)| d == "[DONE]"), "{}", r.body);
+            } else {
+                longest = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+            }
+        }
+    }
+    assert!(longest > 64, "the last prompts need three of the four blocks ({longest} tokens)");
+}
+
+#[test]
 fn a_dropped_client_cancels_its_sequence() {
     let addr = start(64 << 20, ServerConfig::new("tiny"));
     let mut s = TcpStream::connect(addr).unwrap();

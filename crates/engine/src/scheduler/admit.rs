@@ -211,10 +211,14 @@ impl Engine<'_> {
     /// (`SessionStore::make_room`: idle prefix blocks, then idle sessions, only as much as
     /// the reservation can take — its new blocks, a copied partial block, a recent window).
     pub(super) fn reserve(&mut self, at: usize, n: usize) -> bool {
-        if self.active[at].kv.own_mut().reserve(n).is_ok() {
+        let kv = self.active[at].kv.own_mut();
+        if kv.reserve(n).is_ok() {
             return true;
         }
-        let most = (n.div_ceil(BLOCK_TOKENS) + 1) * self.pool.block_bytes() + self.pool.tail_bytes();
-        self.policy.make_room(most) && self.active[at].kv.own_mut().reserve(n).is_ok()
+        // Exactly what the reservation charges now (evicting can only lower it): a bound
+        // above it could refuse a reservation that fits once idle caches are gone.
+        let charge = kv.reserve_charge(n);
+        self.policy.make_room(charge);
+        self.active[at].kv.own_mut().reserve(n).is_ok()
     }
 }
