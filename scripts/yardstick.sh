@@ -40,14 +40,16 @@ case $cmd in
     fixdir=${3:?FIXDIR}; shift 3
     f16="$fixdir/llama-1b-f16.gguf"
     [ -f "$f16" ] || { echo "$f16 missing: engram fixture llama-1b --out $fixdir --formats f16,q8_0,q4_0,q4_k_m" >&2; exit 2; }
-    for fmt in q4_0 q8_0 q4_k_m; do
+    for fmt in q4_0 q8_0 q4_k_m q4_1 q5_k_m q3_k_m iq4_xs; do
       out="$fixdir/llama-1b-$fmt-lcpp.gguf"
       [ -f "$out" ] && continue
       echo "llama.cpp quantizer: $f16 -> $out" >&2
       "$venv/bin/python" - "$f16" "$out.tmp" "$fmt" <<'PY'
 import ctypes, sys, llama_cpp
 ft = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
-      "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M}[sys.argv[3]]
+      "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1,
+      "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M, "q3_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M,
+      "iq4_xs": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS}[sys.argv[3]]
 p = llama_cpp.llama_model_quantize_default_params(); p.ftype = ft; p.nthread = 2
 sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))
 PY

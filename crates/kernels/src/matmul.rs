@@ -14,9 +14,10 @@
 //!   `simd::amx::run_rows`, which repacks the chunk's weights once into AMX tile layout and
 //!   sweeps 16-token groups over it (or, for ≤ 3 tokens, runs a VNNI kernel on the weights in
 //!   place).
-//! * Exception, `Isa::Avx2` with a [`crate::Packed`] matrix (Q4_0/Q8_0/Q4_K/Q6_K repacked at load):
-//!   chunks are multiples of 8 rows and go whole to `simd::avx2_packed::run_rows` (8 rows ×
-//!   ≤ 4 tokens per call, bitwise the scalar reference's result).
+//! * Exception, `Isa::Avx2` or `Isa::Avx512` ([`Isa::runs_packed`]) with a [`crate::Packed`]
+//!   matrix (Q4_0/Q8_0/Q4_1/Q4_K/Q6_K repacked at load): chunks are multiples of 8 rows and go
+//!   whole to `simd::avx2_packed::run_rows` (8 rows × ≤ 4 tokens per call, bitwise the scalar
+//!   reference's result).
 //!
 //! * [`matmul_multi`]: several matrices sharing the activations (q/k/v, gate/up) in one
 //!   parallel region, activations prepared once.
@@ -157,7 +158,7 @@ impl<'a> Job<'a> {
         };
         #[cfg(target_arch = "x86_64")]
         let packed = match (isa, w.packed) {
-            (Isa::Avx2, Some(p)) => {
+            (isa, Some(p)) if isa.runs_packed() => {
                 nr_max = crate::repack::GROUP_ROWS;
                 Some(p)
             }
@@ -201,7 +202,7 @@ impl<'a> Job<'a> {
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(p) = self.packed {
-            // SAFETY: isa (AVX2) checked by the caller; chunks start at multiples of
+            // SAFETY: isa (AVX2, or AVX-512, which implies it) checked by the caller; chunks start at multiples of
             // nr_max = GROUP_ROWS, rows are a whole number of groups, chunks own disjoint rows.
             unsafe { crate::simd::avx2_packed::run_rows(&self.ctx, p, r0, r1, self.n_tokens) };
             return;

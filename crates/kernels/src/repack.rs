@@ -88,11 +88,11 @@ impl Packed {
     }
 
     /// What a loader should attach to `w` on this machine: its packing when the matmul path
-    /// is AVX2 (the only path that reads packings), [`repack_enabled`] and the shape packs;
-    /// else `None`.
+    /// reads packings ([`crate::simd::Isa::runs_packed`]: AVX2, AVX-512 without AMX),
+    /// [`repack_enabled`] and the shape packs; else `None`.
     pub fn for_this_cpu(w: &WeightMatrix) -> Option<Packed> {
         #[cfg(target_arch = "x86_64")]
-        if repack_enabled() && crate::simd::Isa::detect() == crate::simd::Isa::Avx2 {
+        if repack_enabled() && crate::simd::Isa::detect().runs_packed() {
             return Packed::new(w);
         }
         let _ = w;

@@ -53,7 +53,7 @@ pub struct Weight {
     pub rows: usize,
     pub cols: usize,
     storage: Storage,
-    /// Q4_0/Q8_0 repacked for the AVX2 GEMV (`Packed::for_this_cpu`), in anonymous memory
+    /// Repacked for the packed AVX2 kernels where this CPU runs them (`Packed::for_this_cpu`), in anonymous memory
     /// beside the untouched storage; `None` elsewhere.
     packed: Option<Arc<Packed>>,
 }

@@ -96,6 +96,15 @@ impl Isa {
     }
 
     /// The best path this CPU can run, ignoring `ENGRAM_SIMD`.
+    /// Whether matrices are repacked at load for this path, and their products run the AVX2
+    /// packed kernels (`avx2_packed.rs`, 8 rows per register lane) instead of this path's
+    /// tiles: AVX2, and AVX-512 without AMX — AVX-512 CPUs run AVX2 code, and measured on
+    /// Zen 4 the packed kernels beat the AVX-512 tiles (Q4_1 llama-1b, 2 threads: prefill
+    /// 3.3×, decode 2.1×; `docs/cpu-kernels.md`). AMX keeps its own tiles for Q4_0 / Q8_0.
+    pub fn runs_packed(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512)
+    }
+
     pub fn best() -> Isa {
         [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Neon].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
     }
