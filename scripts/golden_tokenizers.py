@@ -15,7 +15,9 @@ The Rust test (crates/tokenizer/tests/llama_cpp_pre.rs) rebuilds each vocabulary
 same way and compares.
 
 Also flag variants (VARIANTS: llama.cpp's `ggml-vocab-llama-spm.gguf` and
-`ggml-vocab-gpt-2.gguf` with add_space_prefix / add_bos_token / add_eos_token set).
+`ggml-vocab-gpt-2.gguf` with add_space_prefix / add_bos_token / add_eos_token set) and
+`ggml-vocab-gemma-4.gguf` as it is (model `gemma4`, as real Gemma 4 files say), which
+scripts/golden_tokenizers_hf.py also hands to transformers.
 
 Writes crates/tokenizer/tests/data/pre_corpus.json (the corpus) and
 crates/tokenizer/tests/data/pre_goldens.json: for each vocabulary, groups of names whose
@@ -79,6 +81,7 @@ VARIANTS = [
     ("llama-spm", "no-space-prefix", {"tokenizer.ggml.add_space_prefix": False}),
     ("llama-spm", "eos-not-bos", {"tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": True}),
     ("gpt-2", "bos-and-eos", {"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}),
+    ("gemma-4", "as-is", {}),
 ]
 
 

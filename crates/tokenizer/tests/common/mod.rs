@@ -101,6 +101,7 @@ pub fn spm_vocab() -> GgufVocab {
 }
 
 pub mod gguf_meta;
+pub mod goldens;
 
 /// Whether CI runs these tests (`CI=true`): there a missing reference input is a failure.
 pub fn in_ci() -> bool {
