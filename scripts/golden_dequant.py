@@ -12,7 +12,7 @@ Python package (`gguf.quants.dequantize`, a NumPy port of ggml's
          "blocks": "<hex of the raw block bytes>",
          "f32_bits": "<hex of the little-endian f32 results>"}, ...]}
 
-The Rust test `crates/kernels/tests/golden.rs` decodes the same bytes with
+The Rust test `crates/kernels/tests/it/golden.rs` decodes the same bytes with
 `engram_kernels::dequantize_row` and compares every f32 bitwise.
 
 Usage (from the repository root):

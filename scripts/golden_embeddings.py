@@ -2,7 +2,7 @@
 """Reference sentence embeddings of all-MiniLM-L6-v2 from sentence-transformers.
 
 Writes `crates/embed/tests/data/golden_minilm.json`, which the Rust test
-`crates/embed/tests/parity.rs` compares `engram-embed` against: for each of
+`crates/embed/tests/it/parity.rs` compares `engram-embed` against: for each of
 ~30 varied sentences (short, long past the 256-token truncation, unicode,
 code, empty-ish), the token ids the model saw and the normalized embedding.
 

@@ -2,7 +2,7 @@
 """Reference outputs of the `tiny` fixture computed by Hugging Face transformers.
 
 Writes `crates/model/tests/golden/tiny.json`, which the Rust test
-`crates/model/tests/golden.rs` compares Engram against: tokenizer ids,
+`crates/model/tests/it/golden.rs` compares Engram against: tokenizer ids,
 last-position logits, per-position argmax, a 32-token greedy continuation and
 the rendered chat template.
 

@@ -11,7 +11,7 @@ tokenizes the corpus with it. Vocabularies:
     `models/ggml-vocab-gemma-4.gguf` with `tokenizer.ggml.model` set to `gpt2`, so the
     name decides;
   * `smollm2`: the real SmolLM2-135M-Instruct file as it is installed (pre `smollm`).
-The Rust test (crates/tokenizer/tests/llama_cpp_pre.rs) rebuilds each vocabulary the
+The Rust test (crates/tokenizer/tests/it/llama_cpp_pre.rs) rebuilds each vocabulary the
 same way and compares.
 
 Also flag variants (VARIANTS: llama.cpp's `ggml-vocab-llama-spm.gguf` and

@@ -8,7 +8,7 @@ that script hands llama.cpp, the same GGUF is written here and loaded with
 `add_special_tokens=False` (special tokens in the text are still matched whole) and of the probe
 "Hello world" with `add_special_tokens=True` is written to
 crates/tokenizer/tests/data/hf_goldens.json, in the layout of pre_goldens.json (groups of names with
-equal outputs). The Rust test crates/tokenizer/tests/hf_gguf_parity.rs compares Engram with it and
+equal outputs). The Rust test crates/tokenizer/tests/it/hf_gguf_parity.rs compares Engram with it and
 with llama.cpp.
 
 What is written for transformers (all without tensors; transformers reads the tokenizer from the

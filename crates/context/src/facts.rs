@@ -14,7 +14,7 @@
 //! another owner's, another version, over [`FactLimits::max_file_bytes`]) is moved aside to
 //! `<name>.bad-<unix time>`, never half-used, and the owner starts with no facts. Logs are
 //! bounded: at most [`FactLimits::max_facts`] facts (tombstones included) of at most
-//! [`FactLimits::max_text_bytes`] each (`tests/facts.rs`).
+//! [`FactLimits::max_text_bytes`] each (`tests/it/facts.rs`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 //! is what a padding mask achieves without computing the padded rows.
 //!
 //! Invariant: the weights are immutable (`&self`); a sequence's output rows
-//! are bitwise the same alone or in any batch (`tests/batch.rs`).
+//! are bitwise the same alone or in any batch (`tests/it/batch.rs`).
 
 use std::ops::Range;
 

@@ -3,9 +3,9 @@
 //! normalization — and `encode(texts) → vectors`.
 //!
 //! Invariant: a text's vector depends on that text only: not on the other
-//! texts of the call, their number or order (`tests/batch.rs`), and equals
+//! texts of the call, their number or order (`tests/it/batch.rs`), and equals
 //! sentence-transformers' within cosine 0.9999 on the real all-MiniLM-L6-v2
-//! (`tests/parity.rs`).
+//! (`tests/it/parity.rs`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};

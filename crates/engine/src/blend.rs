@@ -17,7 +17,7 @@
 //! the first layers too). The probe's fresh rows of layers `0..=P` are kept for every moved
 //! token (they are what a full prefill writes).
 //!
-//! Invariants (`tests/blend.rs`): `ratio = 0` changes nothing (plain moved reuse: no probe,
+//! Invariants (`tests/it/blend.rs`): `ratio = 0` changes nothing (plain moved reuse: no probe,
 //! no recompute); `ratio = 1` recomputes every moved token in every layer, which is the full
 //! prefill's computation, so the next token's logits equal a cold prefill's; tokens not
 //! named as moved (a chunk at the position it was computed at) are never recomputed.

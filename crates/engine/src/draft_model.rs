@@ -17,7 +17,7 @@
 //! token from the target's logits (a greedy draft is a point mass, so the walk is standard
 //! speculative sampling: accepted with probability p(d), else drawn from p without d) — and a
 //! draft model with another vocabulary (size, or any id's bytes) is refused at construction
-//! (`tests/speculation.rs`).
+//! (`tests/it/speculation.rs`).
 
 use std::sync::Arc;
 

@@ -29,9 +29,9 @@
 //!
 //! Invariant: a thread's RAM is its ring (at most `capacity` tokens plus the newest turn and
 //! pinned ones) plus a share of its user's anchors, however long the conversation; a request
-//! attends exactly `TurnRing::view` (`crates/context/tests/ring_fuzz.rs`), and with nothing
+//! attends exactly `TurnRing::view` (`crates/context/tests/it/ring_fuzz.rs`), and with nothing
 //! forgotten its answer equals a cold run over anchors + every turn
-//! (`crates/engine/tests/dual.rs`).
+//! (`crates/engine/tests/it/dual.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;

@@ -14,7 +14,7 @@
 //! Invariant: a text's vector depends on that text only — every text is its
 //! own sequence with its own cache, and matmul rows and attention do not see
 //! the step's other rows — bitwise, whatever else is in the call
-//! (`tests/pooled.rs`).
+//! (`tests/it/pooled.rs`).
 
 use std::fmt;
 use std::sync::Arc;

@@ -16,7 +16,7 @@
 //! Invariant: the same facts give the same summary (greedy, fixed prompt, a scratch cache of
 //! its own: nothing of the engine's sequences or pool is read or written), bit for bit however
 //! often the job was stopped and resumed: every run makes the same forward calls in the same
-//! order (`crates/engine/tests/summary_job.rs`).
+//! order (`crates/engine/tests/it/summary_job.rs`).
 
 use std::sync::Arc;
 

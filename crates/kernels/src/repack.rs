@@ -16,7 +16,7 @@
 //! `16+4j..16+4j+4` in its high nibbles).
 //!
 //! Invariant: a packed matrix holds exactly the bytes of its source (`Packed::unpack_row`
-//! gives every source row back, byte for byte; `tests/repack.rs`), and the packed kernel's
+//! gives every source row back, byte for byte; `tests/it/repack.rs`), and the packed kernel's
 //! result is bitwise the scalar reference's (each block's exact integer sum times
 //! `d_w · d_x`, accumulated block by block in f32), whatever the number of tokens.
 //!

@@ -4,7 +4,7 @@
 //! (`scripts/neon-check.sh`: `qemu-aarch64` hangs in this machine's VM on any thread
 //! creation). By the tile invariant (`simd`: a (row, token) result does not depend on the
 //! tiling), it gives bitwise what [`crate::matmul::matmul_with`] gives on the same path for an
-//! unpacked matrix (`tests/forced.rs`), except under `Isa::Amx`, whose Q4_0/Q8_0 rows run
+//! unpacked matrix (`tests/it/forced.rs`), except under `Isa::Amx`, whose Q4_0/Q8_0 rows run
 //! AMX tiles in `matmul_with` and the AVX-512 tiles here.
 
 use crate::dtype::WeightMatrix;

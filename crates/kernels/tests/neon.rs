@@ -6,7 +6,7 @@
 //! A plain `main` (no test harness) on the calling thread only, through
 //! `matmul_serial_with`: `scripts/neon-check.sh` cross-builds it and runs it under
 //! `qemu-aarch64`, which hangs in this machine's VM on any thread creation (libtest starts a
-//! thread per test). On x86-64 it only says so; `tests/forced.rs` checks there that forcing
+//! thread per test). On x86-64 it only says so; `tests/it/forced.rs` checks there that forcing
 //! `neon` is a clear error and that the serial path equals the pool's.
 
 mod common;

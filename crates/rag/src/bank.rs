@@ -12,7 +12,7 @@
 //! Invariant: a document's chunks are exactly those of its last ingest; re-ingesting a source
 //! (a file's path, a text's id) replaces all documents it produced; a failed operation (bad
 //! input, unknown id, a failed write) leaves manifest and index as they were
-//! (`tests/bank.rs`).
+//! (`tests/it/bank.rs`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

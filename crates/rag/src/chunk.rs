@@ -11,7 +11,7 @@
 //! `max_words` words (the only cut not on a sentence boundary).
 //!
 //! Invariant: the chunks' words, in order, are exactly the text's words (whitespace-separated);
-//! every chunk holds between 1 and `max_words` words (`tests/chunk.rs`, property-tested).
+//! every chunk holds between 1 and `max_words` words (`tests/it/chunk.rs`, property-tested).
 
 /// PerCache's chunk length in words.
 pub const DEFAULT_CHUNK_WORDS: usize = 100;

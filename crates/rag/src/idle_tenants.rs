@@ -16,7 +16,7 @@
 //! skipped, so a request never waits for more than one model step of a unit); a unit's
 //! KV goes into the same per-tenant chunk KV tree the tenant's RAG jobs start from, and its
 //! answers into the same QA bank they consult, so what idle time stores is what a query
-//! would have stored (`crates/server/tests/rag_idle.rs`).
+//! would have stored (`crates/server/tests/it/rag_idle.rs`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -16,7 +16,7 @@
 //! Invariant: a path's entry holds exactly the KV the model computes for its tokens at
 //! positions `0..len` (it is a fork of a sequence that computed them), so a generation that
 //! starts from it equals a cold prefill of the whole prompt, token for token
-//! (`tests/pipeline.rs`); the bytes charged stay under the cap after every insert (leaves
+//! (`tests/it/pipeline.rs`); the bytes charged stay under the cap after every insert (leaves
 //! evicted least recently used first).
 
 use std::collections::{HashMap, HashSet};

@@ -8,7 +8,7 @@
 //!  ingest:    bank ingest ─ QA refresh (removed sources, added chunks entering a top-k) ─ tree forgets removed chunks
 //! ```
 //! Invariant: with the KV tree on, an answer's tokens equal those of a cold prefill of the
-//! same prompt tokens (`tests/pipeline.rs`); a QA answer is never served from an entry whose
+//! same prompt tokens (`tests/it/pipeline.rs`); a QA answer is never served from an entry whose
 //! retrieval a later ingest changed (refresh runs inside every ingest and remove).
 
 use std::sync::Arc;

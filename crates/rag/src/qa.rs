@@ -11,7 +11,7 @@
 //! ```
 //! Invariant: no entry survives a change to the knowledge bank that would change its retrieval:
 //! after [`QaBank::refresh`] every entry's sources are still stored and no newly added chunk
-//! is in its query's top-k (`tests/qa.rs`); the bank's bytes stay under its cap after every
+//! is in its query's top-k (`tests/it/qa.rs`); the bank's bytes stay under its cap after every
 //! insert; the file is written whole and checked when read (`envelope`).
 
 use std::path::{Path, PathBuf};

@@ -10,7 +10,7 @@
 //!   scheduler in this process) or [`HttpBackend`] (a server's `/v1/agents`).
 //! - [`no_reuse`]: the policy that computes every prompt whole (the baseline).
 //!
-//! Invariant (tested in `tests/scenarios.rs`): from an agent's second turn on, its cache
+//! Invariant (tested in `tests/it/scenarios.rs`): from an agent's second turn on, its cache
 //! covers its whole previous prompt and answer; an agent's prompts hold no message of a
 //! phase it did not take part in; the transcript equals a run that reuses nothing.
 

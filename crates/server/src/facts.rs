@@ -19,7 +19,7 @@
 //! the order the changes were made, and a chat request sends the newest list it can see, so the
 //! engine never goes back to an older list; a refused request (empty text, a fact over the
 //! persistent cap on its own, an unknown or tombstoned `replaces`, an unknown user) changes
-//! nothing stored (`tests/facts.rs`).
+//! nothing stored (`tests/it/facts.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

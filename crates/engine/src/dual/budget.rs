@@ -12,7 +12,7 @@
 //!
 //! Invariant: once the writers are flushed, the `dual/` directory holds at most the budget (and
 //! each account its share) as far as files of idle owners allow, and answers equal an
-//! unbudgeted run's (`crates/engine/tests/dual_files.rs`).
+//! unbudgeted run's (`crates/engine/tests/it/dual_files.rs`).
 
 use engram_context::{account, stream_file_name, DualDiskLedger, RingStore};
 

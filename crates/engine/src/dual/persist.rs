@@ -15,7 +15,7 @@
 //! Invariant: nothing computed on an unverified ring is kept (its ring is not saved until the
 //! check passes; a failed check drops the thread and every turn computed on it), and a stream's
 //! mapped KV replaces its RAM KV only when it is the same generation and tokens
-//! (`crates/engine/tests/dual_persist.rs`, `dual_restore.rs`, `dual_files.rs`, `dual_fuzz.rs`).
+//! (`crates/engine/tests/it/dual_persist.rs`, `dual_restore.rs`, `dual_files.rs`, `dual_fuzz.rs`).
 //!
 //! A state entry set (`DualStream::set_state`) on a thread whose restore is still being
 //! verified by a running turn is remembered beside the ring: if the ring proves damaged, the

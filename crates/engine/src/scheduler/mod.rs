@@ -26,7 +26,7 @@
 //! computed stay cached in its session.
 //!
 //! Invariant: a request's tokens do not depend on what else is in the batch
-//! (batched forward = alone, tested in `crates/model/tests/chunking.rs`; the
+//! (batched forward = alone, tested in `crates/model/tests/it/chunking.rs`; the
 //! server's concurrency test checks the end-to-end consequence).
 
 use std::collections::VecDeque;

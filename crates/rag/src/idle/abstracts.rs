@@ -15,7 +15,7 @@
 //! abstract), and after [`AbstractStore::sync`] the store holds exactly one abstract per
 //! document of the bank, made from its current text; the file is written whole (temp + fsync
 //! + rename) and a damaged, truncated or foreign file is an error that leaves it in place
-//! (`tests/idle.rs`). A crash between a bank commit and this file's save leaves abstracts of
+//! (`tests/it/idle.rs`). A crash between a bank commit and this file's save leaves abstracts of
 //! older texts, which the next `sync` finds by hash and extracts again.
 
 use std::collections::{BTreeMap, HashMap};

@@ -20,7 +20,7 @@
 //! of it (`UnitReport::longest_step_ms`). Invariant: population stores only what [`Rag::query`]
 //! would store for the same question, so answers afterwards equal the cold path's (exact KV)
 //! or are QA answers of a question at the threshold, and a refresh invalidates predicted
-//! answers like any other (`tests/idle.rs`). The abstracts persist (`abstracts.rs`); the history and hit counts live
+//! answers like any other (`tests/it/idle.rs`). The abstracts persist (`abstracts.rs`); the history and hit counts live
 //! in RAM (a restart starts them again).
 
 pub mod abstracts;
@@ -64,7 +64,7 @@ pub struct IdleConfig {
     /// Prompt tokens per forward call in idle units: the step a waiting request may wait for
     /// (an interrupt is checked between steps). NOTE: smaller than the engine's 256 so a step
     /// is a few ms on a small model; chunking changes no result beyond float tolerance
-    /// (`crates/model/tests/chunking.rs`), as the tree's own reuse already re-chunks prompts.
+    /// (`crates/model/tests/it/chunking.rs`), as the tree's own reuse already re-chunks prompts.
     pub prefill_chunk: usize,
 }
 

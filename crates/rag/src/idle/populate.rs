@@ -11,7 +11,7 @@
 //!
 //! Invariant: what they store is what [`crate::Rag::query`] would store for the same question — the
 //! tree's entries are forks of a sequence that computed exactly their tokens, and the QA answer
-//! is the tokens a generation from a cold prefill gives (`tests/idle.rs`).
+//! is the tokens a generation from a cold prefill gives (`tests/it/idle.rs`).
 
 use engram_engine::Generator;
 

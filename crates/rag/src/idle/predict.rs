@@ -15,7 +15,7 @@
 //! inputs (abstracts, history, stride), questions in the same two styles (general, detailed).
 //!
 //! Invariant: the questions are a pure function of the random seed, the abstracts and the queries
-//! observed, in order (`tests/idle.rs::prediction_is_deterministic`); no question is issued
+//! observed, in order (`tests/it/idle.rs::prediction_is_deterministic`); no question is issued
 //! twice; each call returns at most `stride` questions.
 
 use std::collections::{BTreeSet, VecDeque};

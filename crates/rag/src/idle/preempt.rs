@@ -12,7 +12,7 @@
 //! ```
 //! Invariant: asking never changes what a unit computes, only whether it finishes; a stopped
 //! unit leaves the QA bank, the chunk KV tree and the unit queue as they were before it
-//! (`tests/idle.rs::an_interrupted_unit_leaves_the_caches_as_before`).
+//! (`tests/it/idle.rs::an_interrupted_unit_leaves_the_caches_as_before`).
 
 use std::time::Instant;
 

@@ -15,7 +15,7 @@
 //! share of judged predictions a later real query matched at the QA threshold within
 //! `patience` queries, `p_kv` the share whose first chunk a later real query's prompt started
 //! with (both smoothed by a prior, [`HitStats`]). Invariant: [`decide`] is a pure function of its inputs (hand-made cases in
-//! `tests/idle.rs`); with threshold ≥ τ it never answers.
+//! `tests/it/idle.rs`); with threshold ≥ τ it never answers.
 
 /// Scheduler settings.
 #[derive(Clone, Copy, Debug)]

@@ -11,7 +11,7 @@
 //! ```
 //! Invariant: the checkout holds KV for exactly `prompt[..chunks_end]` at slots equal to
 //! positions; with ratio 1 every moved token is recomputed, so the answer is the cold
-//! prefill's, token for token (`crates/server/tests/rag_blend.rs`).
+//! prefill's, token for token (`crates/server/tests/it/rag_blend.rs`).
 
 use std::path::PathBuf;
 

@@ -16,7 +16,7 @@
 //!
 //! Invariant: a checkout for a RAG owner holds exactly the KV of `prompt[..reused]` — the
 //! tree entry's tokens are checked against the prompt before use — so the scheduler's answer
-//! equals a cold prefill of the same tokens (`crates/server/tests/rag.rs`).
+//! equals a cold prefill of the same tokens (`crates/server/tests/it/rag.rs`).
 
 mod blend;
 

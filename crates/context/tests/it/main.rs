@@ -1,0 +1,11 @@
+//! The crate's integration tests, one module per concern, linked as one binary
+//! (a binary per file would link the whole dependency tree once per file).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod facts;
+mod ring_fuzz;
+mod ring_model;
+mod sessions;
+mod tenants;

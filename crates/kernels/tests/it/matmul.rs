@@ -1,0 +1,189 @@
+//! matmul correctness: every dtype × every available kernel path vs an f64 reference with an
+//! explicit error bound, SIMD vs scalar, and n_tokens independence (bitwise).
+
+use crate::common;
+use common::*;
+use engram_kernels::internal::{matmul_with, Isa};
+use engram_kernels::*;
+
+const TOKENS: [usize; 6] = [1, 2, 3, 7, 16, 33];
+
+fn check_against_reference(d: DType, rows: usize, cols: usize, seed: u64) {
+    let w = data(rows * cols, seed);
+    let bytes = quantize(d, &w, cols).unwrap();
+    let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+    let wd = dequant(d, &bytes, rows, cols);
+    for &n in &TOKENS {
+        let x = data(n * cols, seed + 100 + n as u64);
+        let (refv, bound) = reference(d, &wd, &x, rows, cols, n);
+        for isa in Isa::available() {
+            let mut out = vec![f32::NAN; n * rows];
+            matmul_with(isa, &wm, &x, n, &mut out);
+            let (mut num, mut den) = (0f64, 0f64);
+            for i in 0..n * rows {
+                let e = (out[i] as f64 - refv[i]).abs();
+                assert!(
+                    e <= bound[i],
+                    "{d} {isa:?} rows={rows} cols={cols} n={n} i={i}: got {} want {} (err {e} > bound {})",
+                    out[i],
+                    refv[i],
+                    bound[i]
+                );
+                num += e * e;
+                den += refv[i] * refv[i];
+            }
+            // Whole-output relative error: ~1e-2 budget for 8-bit activations, near-exact otherwise.
+            // Only meaningful with enough outputs (a 1-2 element norm can be tiny by cancellation).
+            let rel = (num / den.max(1e-30)).sqrt();
+            let lim = if act_block(d) > 0 { 1e-2 } else { 1e-5 };
+            if n * rows >= 64 {
+                assert!(rel <= lim, "{d} {isa:?} n={n}: relative error {rel} > {lim}");
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_matches_reference_all_dtypes() {
+    for d in DType::ALL {
+        for &cols in &[256, 512] {
+            for &rows in &[1, 5, 64] {
+                check_against_reference(d, rows, cols, (rows * 31 + cols) as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_paths_match_scalar() {
+    let (rows, cols) = (37, 512);
+    for d in DType::ALL {
+        let w = data(rows * cols, 3);
+        let bytes = quantize(d, &w, cols).unwrap();
+        let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+        let wd = dequant(d, &bytes, rows, cols);
+        let n = 9;
+        let x = data(n * cols, 4);
+        let mut want = vec![0f32; n * rows];
+        matmul_with(Isa::Scalar, &wm, &x, n, &mut want);
+        // Integer parts are exact on every path; only f32 summation order differs.
+        let (_, bound) = reference(DType::F32, &wd, &x, rows, cols, n);
+        for isa in Isa::available() {
+            let mut got = vec![0f32; n * rows];
+            matmul_with(isa, &wm, &x, n, &mut got);
+            for i in 0..n * rows {
+                let e = (got[i] - want[i]).abs() as f64;
+                assert!(e <= bound[i], "{d} {isa:?} i={i}: {} vs scalar {}", got[i], want[i]);
+            }
+        }
+    }
+    let avail = Isa::available();
+    eprintln!("kernel paths tested: {avail:?}");
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        assert!(avail.contains(&Isa::Avx2));
+    }
+}
+
+#[test]
+fn result_independent_of_n_tokens_bitwise() {
+    for d in DType::ALL {
+        for &cols in &[256usize, 512] {
+            let rows = 70; // not a multiple of the row tile
+            let w = data(rows * cols, 11);
+            let bytes = quantize(d, &w, cols).unwrap();
+            let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+            let n = 33;
+            let x = data(n * cols, 12);
+            for isa in Isa::available() {
+                let mut batch = vec![0f32; n * rows];
+                matmul_with(isa, &wm, &x, n, &mut batch);
+                // single tokens
+                for t in 0..n {
+                    let mut one = vec![0f32; rows];
+                    matmul_with(isa, &wm, &x[t * cols..(t + 1) * cols], 1, &mut one);
+                    assert_eq!(
+                        one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        batch[t * rows..(t + 1) * rows].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{d} {isa:?} token {t}"
+                    );
+                }
+                // chunked "prefill": 5 + 28 tokens
+                let mut a = vec![0f32; 5 * rows];
+                let mut b = vec![0f32; 28 * rows];
+                matmul_with(isa, &wm, &x[..5 * cols], 5, &mut a);
+                matmul_with(isa, &wm, &x[5 * cols..], 28, &mut b);
+                a.extend_from_slice(&b);
+                assert!(a.iter().zip(&batch).all(|(p, q)| p.to_bits() == q.to_bits()), "{d} {isa:?} chunked");
+            }
+        }
+    }
+}
+
+#[test]
+fn odd_shapes_and_tails() {
+    // Odd block counts (AVX-512 pairs blocks) and float rows that are not a multiple of 8/16.
+    for (d, cols) in [(DType::Q4_0, 96), (DType::Q8_0, 160), (DType::F16, 37), (DType::BF16, 23), (DType::F32, 5)] {
+        check_against_reference(d, 9, cols, 5);
+    }
+    for d in [DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4NL, DType::MXFP4] {
+        check_against_reference(d, 9, 96, 5);
+    }
+    for d in [DType::Q4K, DType::Q6K, DType::Q2K, DType::Q3K, DType::Q5K, DType::IQ4XS] {
+        check_against_reference(d, 3, 768, 6);
+    }
+}
+
+#[test]
+fn public_matmul_and_pool() {
+    assert!(num_threads() >= 1);
+    let _ = pool();
+    let (rows, cols, n) = (128, 512, 4);
+    let w = data(rows * cols, 1);
+    let bytes = quantize(DType::Q4_0, &w, cols).unwrap();
+    let wm = WeightMatrix::new(DType::Q4_0, rows, cols, &bytes).unwrap();
+    let x = data(n * cols, 2);
+    let mut a = vec![0f32; n * rows];
+    let mut b = vec![0f32; n * rows];
+    matmul(&wm, &x, n, &mut a);
+    matmul_with(Isa::detect(), &wm, &x, n, &mut b);
+    assert_eq!(a, b);
+    // zero tokens is a no-op
+    matmul(&wm, &[], 0, &mut []);
+}
+
+/// `matmul_multi` (one parallel region, activations prepared once per format) gives every
+/// matrix bitwise what its own `matmul` call gives, on every path, for mixed formats and row
+/// counts (including an empty matrix) and token counts that do and do not run threaded.
+#[test]
+fn matmul_multi_equals_separate_calls_bitwise() {
+    use engram_kernels::internal::matmul_multi_with;
+    let cols = 512;
+    let mixes: [&[(DType, usize)]; 6] = [
+        &[(DType::Q4_1, 64), (DType::Q5_0, 32), (DType::Q5_1, 16), (DType::IQ4NL, 8), (DType::MXFP4, 40), (DType::Q4_0, 24)],
+        &[(DType::Q5K, 32), (DType::Q3K, 16), (DType::Q2K, 8), (DType::IQ4XS, 24), (DType::Q4K, 8)],
+        &[(DType::Q4_0, 300), (DType::Q4_0, 76), (DType::Q4_0, 76)],
+        &[(DType::Q4K, 160), (DType::Q6K, 48), (DType::Q4K, 0)],
+        &[(DType::Q8_0, 96), (DType::F16, 130), (DType::BF16, 17), (DType::F32, 33)],
+        &[(DType::Q6K, 256)],
+    ];
+    for (m, mix) in mixes.iter().enumerate() {
+        let bytes: Vec<Vec<u8>> =
+            mix.iter().enumerate().map(|(i, &(d, r))| quantize(d, &data(r * cols, 40 + i as u64), cols).unwrap()).collect();
+        let ws: Vec<WeightMatrix> = mix.iter().zip(&bytes).map(|(&(d, r), b)| WeightMatrix::new(d, r, cols, b).unwrap()).collect();
+        let wr: Vec<&WeightMatrix> = ws.iter().collect();
+        for n in [1usize, 4, 17] {
+            let x = data(n * cols, 50 + n as u64);
+            for isa in Isa::available() {
+                let mut multi: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+                let mut refs: Vec<&mut [f32]> = multi.iter_mut().map(|v| v.as_mut_slice()).collect();
+                matmul_multi_with(isa, &wr, &x, n, &mut refs);
+                for (i, w) in ws.iter().enumerate() {
+                    let mut one = vec![0f32; n * w.rows];
+                    matmul_with(isa, w, &x, n, &mut one);
+                    assert!(one.iter().zip(&multi[i]).all(|(a, b)| a.to_bits() == b.to_bits()), "mix {m} matrix {i} {isa:?} n={n}");
+                }
+            }
+        }
+    }
+}

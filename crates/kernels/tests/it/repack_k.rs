@@ -1,0 +1,105 @@
+//! Repacked Q4_K / Q6_K weights (`Packed`, 8-row groups for the AVX2 GEMV): the packing
+//! keeps every byte (any bytes, including every 6-bit scale/min and ql/qh bit pattern); on the
+//! AVX2 path a packed matrix gives bitwise the scalar reference's result for 1..17 tokens,
+//! alone or batched, in `matmul` and `matmul_multi`, including the extreme values that bound
+//! the kernel's i16 sums; shapes it cannot pack are refused.
+
+use crate::common;
+use common::packed::{assert_multi_equals_separate, assert_packed_equals_scalar};
+use common::*;
+use engram_kernels::internal::Isa;
+use engram_kernels::*;
+
+const KQ: [DType; 2] = [DType::Q4K, DType::Q6K];
+
+fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+/// Random block bytes (every scale, min and quant bit pattern) with finite, small `d`/`dmin`
+/// (`finite = false`: the `d` fields random too, for byte round trips only).
+fn random_bytes(d: DType, rows: usize, cols: usize, seed: u64, finite: bool) -> Vec<u8> {
+    let mut next = rng(seed);
+    let mut b: Vec<u8> = (0..rows * d.row_bytes(cols).unwrap()).map(|_| next() as u8).collect();
+    if finite {
+        let bb = d.block_bytes();
+        let offs: &[usize] = if d == DType::Q4K { &[0, 2] } else { &[208] };
+        for blk in b.chunks_exact_mut(bb) {
+            for &o in offs {
+                let v = half::f16::from_f32((next() % 1000) as f32 * 1e-5);
+                blk[o..o + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+            }
+        }
+    }
+    b
+}
+
+#[test]
+fn k_packing_keeps_every_byte_and_refuses_what_it_cannot_pack() {
+    for d in KQ {
+        let (rows, cols) = (24, 512);
+        for (i, bytes) in [quantize(d, &data(rows * cols, 1), cols).unwrap(), random_bytes(d, rows, cols, 2, false)].iter().enumerate() {
+            let wm = WeightMatrix::new(d, rows, cols, bytes).unwrap();
+            let p = Packed::new(&wm).expect("24 rows pack");
+            let want = if d == DType::Q4K { bytes.len() / 1152 * 1184 } else { bytes.len() };
+            assert_eq!(p.num_bytes(), want, "{d}: the source's size (Q4_K: scales and mins unpacked)");
+            for r in 0..rows {
+                assert_eq!(p.unpack_row(r), wm.row(r), "{d} input {i} row {r}");
+            }
+        }
+        let bytes = quantize(d, &data(20 * 256, 3), 256).unwrap();
+        assert!(Packed::new(&WeightMatrix::new(d, 20, 256, &bytes).unwrap()).is_none(), "{d}: 20 rows are not whole groups");
+    }
+}
+
+/// Activations with every element at ±full scale (quantized to ±127), and ordinary ones.
+fn acts(n: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut x = data(n * cols, seed);
+    let mut next = rng(seed + 1);
+    for (t, row) in x.chunks_exact_mut(cols).enumerate() {
+        match t % 3 {
+            0 => row.iter_mut().for_each(|v| *v = 1.5),
+            1 => row.iter_mut().for_each(|v| *v = if next() % 2 == 0 { -2.0 } else { 2.0 }),
+            _ => {}
+        }
+    }
+    x
+}
+
+/// The packed AVX2 kernel = the scalar reference, bitwise, for every token count, alone and
+/// batched, threaded and not; quantized weights and random bytes (every 6-bit value).
+#[test]
+fn k_packed_avx2_equals_scalar_bitwise_for_any_token_count() {
+    if !Isa::Avx2.is_available() {
+        eprintln!("no AVX2: the packed kernel is not reachable here");
+        return;
+    }
+    for d in KQ {
+        for &(rows, cols, rand) in &[(8usize, 256usize, true), (64, 512, false), (136, 1024, true), (512, 1024, false)] {
+            let bytes =
+                if rand { random_bytes(d, rows, cols, rows as u64, true) } else { quantize(d, &data(rows * cols, 7), cols).unwrap() };
+            let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+            let p = Packed::new(&wm).unwrap();
+            let wp = wm.with_packed(&p);
+            for n in [1usize, 2, 3, 4, 5, 9, 17] {
+                let x = acts(n, cols, 100 + n as u64);
+                assert_packed_equals_scalar(&wm, &wp, &x, n);
+            }
+        }
+    }
+}
+
+/// Packed Q4_K / Q6_K matrices in one `matmul_multi` with unpacked ones = their own calls.
+#[test]
+fn k_packed_in_matmul_multi_equal_separate_calls() {
+    if !Isa::Avx2.is_available() {
+        return;
+    }
+    assert_multi_equals_separate(&[(DType::Q4K, 256), (DType::Q6K, 64), (DType::Q4K, 36), (DType::Q4_0, 64)], 2);
+}

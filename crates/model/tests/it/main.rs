@@ -1,0 +1,12 @@
+//! The crate's integration tests, one module per concern, linked as one binary
+//! (a binary per file would link the whole dependency tree once per file).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_files;
+mod chunking;
+mod formats;
+mod golden;
+mod hidden;
+mod quant_types;

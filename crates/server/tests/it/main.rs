@@ -1,0 +1,19 @@
+//! The crate's integration tests, one module per concern, linked as one binary
+//! (a binary per file would link the whole dependency tree once per file).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod agents;
+mod api_errors;
+mod dual;
+mod dual_persist;
+mod embeddings;
+mod facts;
+mod fuzz_bodies;
+mod limits;
+mod rag;
+mod rag_blend;
+mod rag_idle;
+mod server;
+mod tenants;
