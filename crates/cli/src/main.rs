@@ -24,6 +24,12 @@ use engram_cli_common as common;
 #[derive(Parser)]
 #[command(name = "engram", version, about)]
 struct Cli {
+    /// Log filter (`tracing` EnvFilter syntax, e.g. `info` or `engram_engine=debug`; default
+    /// `$ENGRAM_LOG`, else `$RUST_LOG`, else `warn`). At `debug`, the request path's spans
+    /// (admit, step, forward, retire, persist, restore; `sample` at `trace`) print their
+    /// time when they close.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -54,11 +60,8 @@ enum Command {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ENGRAM_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logging(cli.log.as_deref());
     // A kernel path forced by ENGRAM_SIMD that this CPU lacks is an error up front, not a panic later.
     if let Err(e) = engram_kernels::internal::Isa::forced() {
         eprintln!("error: {e}");
@@ -79,4 +82,29 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// Logs to stderr, filtered by `--log`, else `$ENGRAM_LOG`, else `$RUST_LOG`, else `warn`; a
+/// filter that does not parse is an error naming it (exit status 2), never silently dropped.
+fn init_logging(flag: Option<&str>) {
+    use tracing_subscriber::fmt::format::FmtSpan;
+    use tracing_subscriber::EnvFilter;
+    let (source, text) = match flag {
+        Some(f) => ("--log", f.to_string()),
+        None => match std::env::var("ENGRAM_LOG").or_else(|_| std::env::var("RUST_LOG")) {
+            Ok(v) => ("ENGRAM_LOG / RUST_LOG", v),
+            Err(_) => ("the default", "warn".to_string()),
+        },
+    };
+    let filter = EnvFilter::try_new(&text).unwrap_or_else(|e| {
+        eprintln!("error: {source}: log filter {text:?} does not parse: {e}");
+        std::process::exit(2);
+    });
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_span_events(FmtSpan::CLOSE)
+        .with_ansi(colour)
+        .with_writer(std::io::stderr)
+        .init();
 }

@@ -175,6 +175,7 @@ impl PersistedSessions {
                             Msg::Save(id, _) => {
                                 // Replaced by a newer save, or shed to make room.
                                 let Some(QueuedSave { meta, kv, pinned: pin, .. }) = save else { continue };
+                                let _span = tracing::debug_span!("persist", entry = %id, tokens = kv.len()).entered();
                                 // The lock is held to check and make room, and to record the
                                 // entry, not while the file is written and synced: the engine
                                 // reads the store's gauges every step.

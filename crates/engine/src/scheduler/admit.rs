@@ -48,6 +48,7 @@ impl Engine<'_> {
                 break;
             }
             let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
+            let _span = tracing::debug_span!("admit", owner = %job.tenant, prompt_tokens = job.prompt.len()).entered();
             let owner = OwnerKey::parse(&job.tenant);
             if job.pinned {
                 self.policy.pin_owner(&owner);

@@ -488,6 +488,7 @@ impl<'m> Engine<'m> {
 
     /// Ends a sequence: reports, and returns its cache to the session store.
     fn retire(&mut self, at: usize, outcome: Result<FinishReason, JobError>) {
+        let _span = tracing::debug_span!("retire", owner = %self.active[at].tenant, tokens = self.active[at].tokens.len()).entered();
         // Ended before its first token (cancelled, failed): what it computed on
         // an unverified restore is kept only if the file proves sound.
         if let Some((p, _)) = self.active[at].restore.take() {

@@ -23,6 +23,7 @@ const DRAFT_COOLDOWN_STEPS: usize = 8;
 
 impl Engine<'_> {
     pub(super) fn step(&mut self) {
+        let _span = tracing::debug_span!("step", sequences = self.active.len()).entered();
         // Decoders first: each needs room for one token, or for its tree of drafts.
         for s in self.active.iter_mut().filter(|s| s.next.is_some()) {
             s.draft_cooldown = s.draft_cooldown.saturating_sub(1);
@@ -123,7 +124,10 @@ impl Engine<'_> {
         }
         // A panic in the forward pass (a kernel, a cache write) fails this step's sequences,
         // not the engine thread: every other request, queued or to come, goes on.
+        let rows: usize = steps.iter().map(|s| s.tokens.len()).sum();
+        let forward = tracing::debug_span!("forward", sequences = steps.len(), rows).entered();
         let result = catch_unwind(AssertUnwindSafe(|| self.model.forward(&mut steps)));
+        drop(forward);
         drop(steps);
         self.metrics.steps.fetch_add(1, Relaxed);
         let outs = match result {
@@ -333,7 +337,7 @@ impl Engine<'_> {
         let ctx = self.model.config.max_positions;
         let m = self.metrics.clone();
         let s = &mut self.active[at];
-        let t = s.out.sample(logits);
+        let t = tracing::trace_span!("sample", seq = s.id).in_scope(|| s.out.sample(logits));
         let now = Instant::now();
         match s.last_token {
             None => m.ttft.observe(now.duration_since(s.submitted).as_secs_f64()),
