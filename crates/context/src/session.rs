@@ -171,8 +171,7 @@ impl SessionStore {
         }?;
         // Room first: idle prefix blocks and sessions go (offloaded) before a
         // restore is refused by the budget. What stays short is a refusal below, kept restorable.
-        let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
-        self.make_room(pick.tokens.div_ceil(engram_kv::BLOCK_TOKENS) * self.pool.block_bytes() + window);
+        self.make_room(self.pool.bytes_for(pick.tokens));
         let _span = tracing::debug_span!("restore", owner = %pick.owner, session = %pick.session_id, tokens = pick.tokens).entered();
         let disk = self.disk.as_ref().expect("checked above");
         let key = (pick.owner.clone(), pick.session_id.clone());

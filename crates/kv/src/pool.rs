@@ -105,6 +105,14 @@ impl KvPool {
         self.block_bytes() / BLOCK_TOKENS
     }
 
+    /// Bytes a fresh sequence of `tokens` tokens takes from this pool: its whole blocks, plus
+    /// the recent window a quantized format keeps beside them (at most one per sequence).
+    /// Invariant: `SeqKv::reserve(tokens)` on an empty sequence charges no more than this.
+    pub fn bytes_for(&self, tokens: usize) -> usize {
+        let window = if self.has_window() && tokens > 0 { self.tail_bytes() } else { 0 };
+        tokens.div_ceil(BLOCK_TOKENS) * self.block_bytes() + window
+    }
+
     /// Charges `bytes` or refuses without charging anything.
     pub(crate) fn try_charge(&self, bytes: usize) -> Result<(), KvError> {
         let budget = self.0.budget;

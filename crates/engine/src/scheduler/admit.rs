@@ -167,11 +167,9 @@ impl Engine<'_> {
         best.map(|(_, i)| i)
     }
 
-    /// KV bytes of `tokens` tokens: whole blocks, plus the f16 recent window quantized
-    /// formats keep beside them.
+    /// KV bytes of `tokens` tokens ([`engram_kv::KvPool::bytes_for`]).
     fn bytes_for(&self, tokens: usize) -> usize {
-        let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
-        tokens.div_ceil(BLOCK_TOKENS) * self.pool.block_bytes() + window
+        self.pool.bytes_for(tokens)
     }
 
     /// Whether a prompt of `need` bytes fits now beside what the running sequences still need

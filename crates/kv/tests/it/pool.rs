@@ -98,3 +98,24 @@ fn f16_format_rounds_once() {
     assert!(q4 / f16_64 <= 0.3, "q4 is {} of f16", q4 / f16_64);
     assert!(f16 > 0.0);
 }
+
+/// The pool's sizing answer bounds what a fresh sequence's reservation charges, in every
+/// format: exactly its whole blocks in the exact formats, plus at most one recent window in
+/// the quantized ones.
+#[test]
+fn bytes_for_bounds_a_fresh_reservation() {
+    for format in KvFormat::ALL {
+        let layout = KvLayout { head_dim: 64, ..LAYOUT };
+        for tokens in [1, 5, BLOCK_TOKENS - 1, BLOCK_TOKENS, BLOCK_TOKENS + 1, 3 * BLOCK_TOKENS + 7] {
+            let pool = KvPool::new(layout, format, 1 << 24);
+            let mut kv = SeqKv::new(&pool);
+            kv.reserve(tokens).unwrap();
+            let want = pool.bytes_for(tokens);
+            assert!(pool.used() <= want, "{format:?} {tokens}: charged {} > bytes_for {want}", pool.used());
+            if !pool.has_window() {
+                assert_eq!(pool.used(), want, "{format:?} {tokens}: whole blocks exactly");
+            }
+        }
+        assert_eq!(KvPool::new(layout, format, 0).bytes_for(0), 0);
+    }
+}
