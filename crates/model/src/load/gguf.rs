@@ -114,7 +114,12 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
 /// (the loader adds it, as `GgufFile`'s accessors do). The model loader and the tokenizer fuzz
 /// target both read vocabularies through this one function.
 pub fn read_vocab(f: &Gguf, label: &str) -> Result<GgufVocab> {
-    let id = |k: &str| -> Result<Option<u32>> { Ok(f.get_u64_opt(k)?.map(|v| v as u32)) };
+    // A token id past 32 bits is an error naming the key, never truncated into another token.
+    let id = |k: &str| -> Result<Option<u32>> {
+        f.get_u64_opt(k)?
+            .map(|v| u32::try_from(v).map_err(|_| config_err(label, k, format!("token id {v} does not fit 32 bits"))))
+            .transpose()
+    };
     Ok(GgufVocab {
         model: f.get_str("tokenizer.ggml.model")?,
         pre: f.get_str_opt("tokenizer.ggml.pre")?,

@@ -92,6 +92,16 @@ fn missing_tokenizer() {
 }
 
 #[test]
+fn a_token_id_past_32_bits_is_an_error_naming_the_key() {
+    let (_d, p) = rewritten("bigid.gguf", |meta, _| {
+        meta.retain(|(k, _)| k != "tokenizer.ggml.bos_token_id");
+        meta.push(("tokenizer.ggml.bos_token_id".into(), Value::U64((1 << 32) + 1)));
+    });
+    let e = load_err(&p);
+    assert!(e.contains("tokenizer.ggml.bos_token_id") && e.contains("does not fit 32 bits") && e.contains("bigid.gguf"), "{e}");
+}
+
+#[test]
 fn tensor_shape_mismatch() {
     let (_d, p) = rewritten("shape.gguf", |_, tensors| {
         let t = tensors.iter_mut().find(|t| t.0 == "blk.1.ffn_up.weight").unwrap();
