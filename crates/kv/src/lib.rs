@@ -29,7 +29,6 @@
 mod block;
 pub mod disk;
 pub mod disk_quota;
-pub mod envelope;
 mod error;
 mod format;
 mod pending;
