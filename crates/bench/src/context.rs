@@ -13,13 +13,12 @@
 //! the ratio that holds up on a loaded machine. The full history stops where it passes the
 //! model's context.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use engram_engine::scheduler::{run_engine_with, Command, Job};
+use engram_engine::scheduler::Job;
+use engram_engine::EngineHandle;
 use engram_engine::{default_policy, ContextPolicy, DualStream, Metrics, SamplingParams, SchedulerConfig};
 use engram_kv::KvPool;
 use engram_model::Model;
@@ -58,29 +57,24 @@ pub struct Args {
 
 /// An engine on its own thread running `policy`, and the means to run one job at a time.
 struct Engine {
-    tx: Option<mpsc::Sender<Command>>,
-    pending: Arc<AtomicUsize>,
+    handle: Option<EngineHandle>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Engine {
     fn start(model: &Arc<Model>, pool: &KvPool, policy: Box<dyn ContextPolicy>) -> Engine {
-        let (tx, rx) = mpsc::channel();
-        let pending = Arc::new(AtomicUsize::new(0));
-        let (model, pool, p) = (model.clone(), pool.clone(), pending.clone());
-        let thread = std::thread::spawn(move || {
-            run_engine_with(&model, pool, SchedulerConfig::default(), policy, Arc::new(Metrics::default()), p, rx)
-        });
-        Engine { tx: Some(tx), pending, thread: Some(thread) }
+        let (handle, thread) =
+            EngineHandle::start(model.clone(), pool.clone(), SchedulerConfig::default(), Arc::new(Metrics::default()), move |_, _, _| {
+                policy
+            });
+        Engine { handle: Some(handle), thread: Some(thread) }
     }
 
     /// Runs `job` to its end; returns decode milliseconds per token after the first, and the
     /// text.
     fn run(&self, job: Job) -> Result<(f64, String)> {
         let sink = TimedSink::default();
-        self.pending.fetch_add(1, Relaxed);
-        let tx = self.tx.as_ref().expect("running");
-        tx.send(Command::Submit(job, Box::new(sink.clone()), Instant::now())).map_err(|_| anyhow::anyhow!("the engine stopped"))?;
+        self.handle.as_ref().expect("running").submit(job, Box::new(sink.clone()))?;
         loop {
             let t = sink.get();
             if let Some(e) = t.failed {
@@ -97,7 +91,7 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.tx.take();
+        self.handle.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -15,15 +15,15 @@
 //! The stall is a mode's submission-to-first-token time less the baseline's, medians over
 //! `--stall-reps` rounds (the modes interleaved, so they see the same machine load).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use engram_engine::scheduler::{run_engine_with, Command, Job};
+use engram_engine::scheduler::Job;
 use engram_engine::{
-    ContextPolicy, DualControl, DualStats, DualStream, FactSegment, IdleInterrupt, Metrics, PolicyControl, PolicyLayer, SamplingParams,
-    SchedulerConfig, Summarizer,
+    ContextPolicy, DualControl, DualStats, DualStream, EngineHandle, FactSegment, IdleInterrupt, Metrics, PolicyControl, PolicyLayer,
+    SamplingParams, SchedulerConfig, Summarizer,
 };
 use engram_kv::KvPool;
 use engram_model::Model;
@@ -124,8 +124,7 @@ pub struct Setup<'a> {
 }
 
 struct Engine {
-    tx: Option<mpsc::Sender<Command>>,
-    pending: Arc<AtomicUsize>,
+    handle: Option<EngineHandle>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -144,9 +143,8 @@ impl Engine {
             params,
             pinned: false,
         };
-        self.pending.fetch_add(1, Relaxed);
         let submitted = Instant::now();
-        self.send(Command::Submit(job, Box::new(sink.clone()), submitted))?;
+        self.handle.as_ref().expect("running").submit(job, Box::new(sink.clone()))?;
         loop {
             let t = sink.get();
             if let Some(e) = t.failed {
@@ -159,14 +157,17 @@ impl Engine {
         }
     }
 
-    fn send(&self, c: Command) -> Result<()> {
-        self.tx.as_ref().expect("running").send(c).map_err(|_| anyhow::anyhow!("the engine stopped"))
+    fn control(&self, msg: PolicyControl) -> Result<()> {
+        let handle = self.handle.as_ref().expect("running");
+        anyhow::ensure!(handle.is_alive(), "the engine stopped");
+        handle.control(msg);
+        Ok(())
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.tx.take();
+        self.handle.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -186,21 +187,17 @@ pub fn round(s: &Setup, mode: Mode) -> Result<Round> {
     dual.set_facts(user, s.facts.to_vec());
     let (began, stats) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(DualStats::default())));
     let probe = Probe { inner: dual, mode, user: user.into(), summary_began: began.clone(), stats: stats.clone() };
-    let (tx, rx) = mpsc::channel();
-    let pending = Arc::new(AtomicUsize::new(0));
-    let thread = {
-        let (model, pool, p) = (s.model.clone(), s.pool.clone(), pending.clone());
-        std::thread::spawn(move || {
-            run_engine_with(&model, pool, SchedulerConfig::default(), Box::new(probe), Arc::new(Metrics::default()), p, rx)
-        })
-    };
-    let engine = Engine { tx: Some(tx), pending, thread: Some(thread) };
+    let (handle, thread) =
+        EngineHandle::start(s.model.clone(), s.pool.clone(), SchedulerConfig::default(), Arc::new(Metrics::default()), move |_, _, _| {
+            Box::new(probe)
+        });
+    let engine = Engine { handle: Some(handle), thread: Some(thread) };
     for m in s.messages {
         engine.turn(user, m, s.answer_tokens)?;
     }
     let mut facts = s.facts.to_vec();
     facts.extend_from_slice(s.extra);
-    engine.send(Command::Control(PolicyControl::new(DualControl::Facts { user: user.into(), facts })))?;
+    engine.control(PolicyControl::new(DualControl::Facts { user: user.into(), facts }))?;
     let t0 = Instant::now();
     if mode != Mode::NoSummary {
         while !began.load(Relaxed) {

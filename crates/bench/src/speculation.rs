@@ -15,13 +15,13 @@
 //! sources default to the Python files of `models/pycode-long/recipe/` in this repository.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::mpsc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use engram_engine::scheduler::{run_engine, Command, Job};
+use engram_engine::scheduler::{default_policy, Job};
+use engram_engine::EngineHandle;
 use engram_engine::{DraftModel, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_model::Model;
 
@@ -111,7 +111,6 @@ enum Mode {
 
 fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, mode: &Mode) -> Result<Outcome> {
     let pool = kv_pool(model, &args.model)?;
-    let (tx, rx) = mpsc::channel();
     let config = match mode {
         Mode::Plain => SchedulerConfig::default(),
         Mode::Lookup(l) => SchedulerConfig { speculation: Some(*l), ..SchedulerConfig::default() },
@@ -119,18 +118,15 @@ fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, mod
             SchedulerConfig { speculation: Some(PromptLookup::default()), draft_model: Some(d.clone()), ..SchedulerConfig::default() }
         }
     };
-    let (pending, metrics) = (Arc::new(AtomicUsize::new(1)), Arc::new(Metrics::default()));
-    let engine = {
-        let (model, pending, metrics) = (model.clone(), pending.clone(), metrics.clone());
-        std::thread::spawn(move || run_engine(&model, pool, config, metrics, pending, rx))
-    };
+    let metrics = Arc::new(Metrics::default());
+    let (handle, engine) = EngineHandle::start(model.clone(), pool, config, metrics.clone(), default_policy);
     let ids = model.tokenizer.encode(prompt, true)?.ids;
     let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
     let job = Job { tenant: "bench".into(), session: None, text: None, add_special: true, prompt: ids, params, pinned: false };
     let sink = TimedSink::default();
     let start = Instant::now();
-    tx.send(Command::Submit(job, Box::new(sink.clone()), start)).map_err(|_| anyhow::anyhow!("the engine thread ended"))?;
-    drop(tx);
+    handle.submit(job, Box::new(sink.clone()))?;
+    drop(handle);
     engine.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
     let t = sink.get();
     if let Some(e) = t.failed {

@@ -17,6 +17,7 @@ pub mod draft_model;
 pub mod dual;
 mod error;
 mod generate;
+mod handle;
 pub mod logprobs;
 pub mod metrics;
 pub mod pooled;
@@ -38,6 +39,7 @@ pub use engram_policy::{
 };
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
+pub use handle::{EngineHandle, SubmitError};
 pub use logprobs::TokenLogprob;
 pub use metrics::Metrics;
 pub use pooled::PooledEncoder;

@@ -466,7 +466,7 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
         // runs and passed on rerun, its cause not found (a thread finishing after the drop is
         // the suspect), so it allows 5 s and says when it had to wait: a leak still fails it.
         let dropped = std::time::Instant::now();
-        while env.pool.used() != 0 && dropped.elapsed() < std::time::Duration::from_secs(30) {
+        while env.pool.used() != 0 && dropped.elapsed() < std::time::Duration::from_secs(5) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         if dropped.elapsed() >= std::time::Duration::from_millis(5) {

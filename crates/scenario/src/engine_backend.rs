@@ -7,13 +7,12 @@
 //! gives the same transcript in process and against a server.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use engram_engine::{default_policy, run_engine_with, Command, DiskConfig, Event, EventSink, Metrics, SamplingParams, SchedulerConfig};
+use engram_engine::{default_policy, DiskConfig, EngineHandle, Event, EventSink, Metrics, SamplingParams, SchedulerConfig};
 use engram_kv::{EvictionPolicy, KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 
@@ -57,8 +56,7 @@ impl Default for EngineOptions {
 pub struct EngineBackend {
     model: Arc<Model>,
     options: EngineOptions,
-    pending: Arc<AtomicUsize>,
-    engine: Option<(Sender<Command>, JoinHandle<()>)>,
+    engine: Option<(EngineHandle, JoinHandle<()>)>,
 }
 
 struct ChannelSink(Sender<(Instant, Event)>);
@@ -75,40 +73,38 @@ impl EventSink for ChannelSink {
 impl EngineBackend {
     /// Starts an engine thread on `model`.
     pub fn start(model: Arc<Model>, options: EngineOptions) -> EngineBackend {
-        let mut b = EngineBackend { model, options, pending: Arc::new(AtomicUsize::new(0)), engine: None };
+        let mut b = EngineBackend { model, options, engine: None };
         b.spawn();
         b
     }
 
     fn spawn(&mut self) {
-        let (tx, rx) = mpsc::channel();
-        let model = self.model.clone();
-        let pending = self.pending.clone();
         let o = self.options.clone();
-        let thread = std::thread::spawn(move || {
-            let pool = KvPool::new(KvLayout::of(&model.config), o.kv_format, o.kv_budget_bytes);
-            let config = SchedulerConfig {
-                prefill_chunk: o.prefill_chunk,
-                disk: o.cache_dir.map(|dir| DiskConfig {
-                    dir,
-                    budget_bytes: o.disk_budget_bytes,
-                    policy: EvictionPolicy::Lru,
-                    tenant_share_bytes: None,
-                }),
-                ..SchedulerConfig::default()
-            };
-            let mut policy = default_policy(&model, &pool, &config);
-            if !o.reuse {
-                policy = Box::new(NoReuse(policy));
+        let pool = KvPool::new(KvLayout::of(&self.model.config), o.kv_format, o.kv_budget_bytes);
+        let config = SchedulerConfig {
+            prefill_chunk: o.prefill_chunk,
+            disk: o.cache_dir.map(|dir| DiskConfig {
+                dir,
+                budget_bytes: o.disk_budget_bytes,
+                policy: EvictionPolicy::Lru,
+                tenant_share_bytes: None,
+            }),
+            ..SchedulerConfig::default()
+        };
+        let reuse = o.reuse;
+        self.engine = Some(EngineHandle::start(self.model.clone(), pool, config, Arc::new(Metrics::default()), move |m, p, c| {
+            let policy = default_policy(m, p, c);
+            if reuse {
+                policy
+            } else {
+                Box::new(NoReuse(policy))
             }
-            run_engine_with(&model, pool, config, policy, Arc::new(Metrics::default()), pending, rx)
-        });
-        self.engine = Some((tx, thread));
+        }));
     }
 
     fn stop(&mut self) {
-        if let Some((tx, thread)) = self.engine.take() {
-            drop(tx);
+        if let Some((engine, thread)) = self.engine.take() {
+            drop(engine);
             // The engine ends once its jobs have; its session store then flushes to disk.
             let _ = thread.join();
         }
@@ -131,10 +127,9 @@ impl EngineBackend {
             pinned: turn.agent.permanent,
         };
         let (tx, rx) = mpsc::channel();
-        let (commands, _) = self.engine.as_ref().ok_or("the engine is stopped")?;
-        self.pending.fetch_add(1, Relaxed);
+        let (engine, _) = self.engine.as_ref().ok_or("the engine is stopped")?;
         let at = Instant::now();
-        commands.send(Command::Submit(job, Box::new(ChannelSink(tx)), at)).map_err(|_| "the engine thread is gone")?;
+        engine.submit(job, Box::new(ChannelSink(tx))).map_err(|e| e.to_string())?;
         Ok((text, rx, at))
     }
 }
@@ -185,8 +180,12 @@ impl Backend for EngineBackend {
     }
 
     fn release(&mut self, agent: &AgentKey) -> Result<(), String> {
-        let (commands, _) = self.engine.as_ref().ok_or("the engine is stopped")?;
-        commands.send(Command::Forget(agent.key.clone())).map_err(|_| "the engine thread is gone".to_string())
+        let (engine, _) = self.engine.as_ref().ok_or("the engine is stopped")?;
+        if !engine.is_alive() {
+            return Err("the engine thread is gone".into());
+        }
+        engine.forget(agent.key.clone());
+        Ok(())
     }
 
     fn restart(&mut self) -> Result<(), String> {

@@ -1,7 +1,7 @@
-//! The HTTP side of the engine: [`EngineHandle`] starts the engine thread
-//! (`engram_engine::scheduler`, which batches, admits, samples and streams)
-//! and hands each request's events to its handler over a tokio channel,
-//! with engine failures turned into [`ApiError`]s.
+//! The HTTP side of the engine: [`EngineHandle`] starts the engine thread through
+//! [`engram_engine::EngineHandle`] (the scheduler batches, admits, samples and streams),
+//! holds each account's quota, and hands each request's events to its handler over a tokio
+//! channel, with engine failures turned into [`ApiError`]s.
 //!
 //! ```text
 //!  handlers --Job--> EngineHandle --Command--> engine thread (engram-engine)
@@ -14,12 +14,12 @@
 //! die anyway, [`EngineHandle::is_alive`] turns false, `/health` answers 503 and every new
 //! request gets a 503 saying the engine has stopped.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
-use std::time::Instant;
 
-use engram_engine::scheduler::{self as engine, Command, EventSink, JobError, JobErrorKind};
+#[cfg(test)]
+use engram_engine::scheduler::Command;
+use engram_engine::scheduler::{self as engine, EventSink, JobError, JobErrorKind};
+use engram_engine::SubmitError;
 use engram_kv::KvPool;
 use engram_model::Model;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -60,45 +60,28 @@ impl EventSink for Sink {
     }
 }
 
-/// A cheap, cloneable handle to the engine thread. The thread exits when the
-/// last handle is dropped and the running requests have finished.
+/// A cheap, cloneable handle to the engine thread ([`engram_engine::EngineHandle`], which
+/// starts it and counts its jobs) with the per-account quota and the request's tokio channel.
+/// The thread exits when the last handle is dropped and the running requests have finished.
 #[derive(Clone)]
 pub struct EngineHandle {
-    tx: Sender<Command>,
-    pending: Arc<AtomicUsize>,
-    max_pending: usize,
+    inner: engram_engine::EngineHandle,
     /// Requests queued or running per account (`quota.rs`).
     quota: Arc<Quota>,
-    /// False once the engine thread has ended (returned or panicked).
-    alive: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
 }
 
-/// Held by the engine thread: marks the engine stopped when the thread ends, by return or
-/// by unwinding from a panic.
-struct AliveGuard(Arc<AtomicBool>);
-
-impl Drop for AliveGuard {
-    fn drop(&mut self) {
-        self.0.store(false, Relaxed);
-        if std::thread::panicking() {
-            tracing::error!("the engine thread panicked; /health reports the engine down and new requests get 503");
-        }
-    }
-}
-
 impl EngineHandle {
-    /// Starts the engine thread.
+    /// Starts the engine thread with the default context policy (sessions and prefixes).
     pub fn start(
         model: Arc<Model>,
         pool: KvPool,
         config: SchedulerConfig,
         metrics: Arc<Metrics>,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
-        let (max_pending, per_account) = (config.max_pending, config.pending_per_tenant());
-        Self::spawn(max_pending, per_account, metrics.clone(), move |pending, rx| {
-            engine::run_engine(&model, pool, config, metrics, pending, rx)
-        })
+        let quota = Quota::new(config.pending_per_tenant());
+        let (inner, thread) = engram_engine::EngineHandle::start(model, pool, config, metrics.clone(), engine::default_policy);
+        (EngineHandle { inner, quota, metrics }, thread)
     }
 
     /// Starts the engine thread with a context policy of the caller's (dual-stream contexts).
@@ -109,39 +92,27 @@ impl EngineHandle {
         policy: Box<dyn engram_engine::ContextPolicy>,
         metrics: Arc<Metrics>,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
-        let (max_pending, per_account) = (config.max_pending, config.pending_per_tenant());
-        Self::spawn(max_pending, per_account, metrics.clone(), move |pending, rx| {
-            engine::run_engine_with(&model, pool, config, policy, metrics, pending, rx)
-        })
+        let quota = Quota::new(config.pending_per_tenant());
+        let (inner, thread) = engram_engine::EngineHandle::start(model, pool, config, metrics.clone(), move |_, _, _| policy);
+        (EngineHandle { inner, quota, metrics }, thread)
     }
 
-    /// Starts the engine thread running `body` (the engine loop, or a test's stand-in that
-    /// dies) with the job counter and the command channel; `per_account` requests queued or
-    /// running per account.
+    /// Starts the engine thread running `body` (a test's stand-in that dies, say) with the job
+    /// counter and the command channel; `per_account` requests queued or running per account.
+    #[cfg(test)]
     pub(crate) fn spawn(
         max_pending: usize,
         per_account: usize,
         metrics: Arc<Metrics>,
-        body: impl FnOnce(Arc<AtomicUsize>, Receiver<Command>) + Send + 'static,
+        body: impl FnOnce(Arc<std::sync::atomic::AtomicUsize>, std::sync::mpsc::Receiver<Command>) + Send + 'static,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
-        let (tx, rx) = mpsc::channel();
-        let pending = Arc::new(AtomicUsize::new(0));
-        let alive = Arc::new(AtomicBool::new(true));
-        let quota = Quota::new(per_account);
-        let handle = EngineHandle { tx, pending: pending.clone(), max_pending, quota, alive: alive.clone(), metrics };
-        let thread = std::thread::Builder::new()
-            .name("engram-engine".into())
-            .spawn(move || {
-                let _alive = AliveGuard(alive);
-                body(pending, rx)
-            })
-            .expect("spawning the engine thread");
-        (handle, thread)
+        let (inner, thread) = engram_engine::EngineHandle::spawn(max_pending, metrics.clone(), body);
+        (EngineHandle { inner, quota: Quota::new(per_account), metrics }, thread)
     }
 
     /// Whether the engine thread is still running (false after it died of a panic).
     pub fn is_alive(&self) -> bool {
-        self.alive.load(Relaxed)
+        self.inner.is_alive()
     }
 
     /// Queues a request; its events arrive on the returned receiver. Dropping
@@ -151,35 +122,30 @@ impl EngineHandle {
             return Err(engine_down());
         }
         let slot = self.quota.take(&job.tenant)?;
-        if self.pending.fetch_add(1, Relaxed) >= self.max_pending {
-            self.pending.fetch_sub(1, Relaxed);
-            return Err(ApiError::overloaded(format!("{} requests are already queued or running; retry later", self.max_pending)));
-        }
         let (tx, rx) = unbounded_channel();
-        if self.tx.send(Command::Submit(job, Box::new(Sink(tx, slot)), Instant::now())).is_err() {
-            self.pending.fetch_sub(1, Relaxed);
-            // The receiver is gone only once the engine thread has ended.
-            return Err(engine_down());
+        match self.inner.submit(job, Box::new(Sink(tx, slot))) {
+            Ok(()) => Ok(rx),
+            Err(SubmitError::EngineDown) => Err(engine_down()),
+            Err(e @ SubmitError::Full { .. }) => Err(ApiError::overloaded(e.to_string())),
         }
-        Ok(rx)
     }
 
     /// Drops the idle sessions of a tenant key.
     pub fn forget(&self, tenant: String) {
-        let _ = self.tx.send(Command::Forget(tenant));
+        self.inner.forget(tenant)
     }
 
     /// Tells the engine its policy may have background work (`Command::Wake`): the idle hook
     /// runs once nothing waits.
     pub fn wake(&self) {
-        let _ = self.tx.send(Command::Wake);
+        self.inner.wake()
     }
 
     /// Sends a message to the context policy that takes its type (`Command::Control`: a
     /// dual-stream turn's anchors, facts and state entry), applied before any request submitted
     /// after it.
     pub fn control(&self, msg: engram_engine::PolicyControl) {
-        let _ = self.tx.send(Command::Control(msg));
+        self.inner.control(msg)
     }
 }
 
@@ -216,7 +182,7 @@ mod tests {
         assert_eq!(e.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.code, Some("engine_down"));
         assert!(e.message.contains("engine thread has stopped"), "{}", e.message);
-        assert_eq!(handle.pending.load(Relaxed), 0);
+        assert_eq!(handle.inner.pending(), 0);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The fuzz harness's reference (`tests/it/dual_fuzz.rs`): a plain model of the dual-stream
+//! The fuzz harness's reference (`tests/dual_fuzz.rs`): a plain model of the dual-stream
 //! policy's rules (append-only persistent stream with tombstones and compaction, whole-turn
 //! eviction, pinned state entries, relevance masks, packed positions) that keeps its own copy
 //! of every token's key and value rows as computed when the token was fed, and never reads

@@ -2,7 +2,7 @@
 //! state entry is pinned first in its ring, right after the anchors; replaced in place on each
 //! update (only its tokens prefilled, the turns after it moved); never evicted however many
 //! turns pass; never masked by relevance, however dissimilar. Its logits against a reference
-//! are checked step by step by `tests/it/dual_fuzz.rs`; here, its place in the view.
+//! are checked step by step by `tests/dual_fuzz.rs`; here, its place in the view.
 
 use std::sync::Arc;
 

@@ -9,7 +9,6 @@ mod blend;
 mod draft_model;
 mod dual;
 mod dual_files;
-mod dual_fuzz;
 mod dual_persist;
 mod dual_restore;
 mod dual_speculation;
