@@ -16,15 +16,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use engram_engine::scheduler::Job;
-use engram_engine::EngineHandle;
-use engram_engine::{default_policy, ContextPolicy, DualStream, Metrics, SamplingParams, SchedulerConfig};
+use engram_engine::{default_policy, ContextPolicy, DualStream, SamplingParams, SchedulerConfig};
 use engram_kv::KvPool;
 use engram_model::Model;
 
 use crate::common::{forward_at, kv_pool, load_model, ModelArgs};
-use crate::timed_sink::TimedSink;
+use crate::engine_thread::EngineThread;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -55,47 +54,13 @@ pub struct Args {
     json: bool,
 }
 
-/// An engine on its own thread running `policy`, and the means to run one job at a time.
-struct Engine {
-    handle: Option<EngineHandle>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Engine {
-    fn start(model: &Arc<Model>, pool: &KvPool, policy: Box<dyn ContextPolicy>) -> Engine {
-        let (handle, thread) =
-            EngineHandle::start(model.clone(), pool.clone(), SchedulerConfig::default(), Arc::new(Metrics::default()), move |_, _, _| {
-                policy
-            });
-        Engine { handle: Some(handle), thread: Some(thread) }
-    }
-
-    /// Runs `job` to its end; returns decode milliseconds per token after the first, and the
-    /// text.
-    fn run(&self, job: Job) -> Result<(f64, String)> {
-        let sink = TimedSink::default();
-        self.handle.as_ref().expect("running").submit(job, Box::new(sink.clone()))?;
-        loop {
-            let t = sink.get();
-            if let Some(e) = t.failed {
-                bail!("a turn failed: {e}");
-            }
-            if let Some(end) = t.end {
-                let first = t.first_token.unwrap_or(end);
-                return Ok((end.duration_since(first).as_secs_f64() * 1e3 / t.completion_tokens.saturating_sub(1).max(1) as f64, t.text));
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.handle.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// Runs `job` to its end on `engine`; returns decode milliseconds per token after the first,
+/// and the text.
+fn run_job(engine: &EngineThread, job: Job) -> Result<(f64, String)> {
+    let (_, t) = engine.run(job)?;
+    let end = t.end.expect("run returns ended jobs");
+    let first = t.first_token.unwrap_or(end);
+    Ok((end.duration_since(first).as_secs_f64() * 1e3 / t.completion_tokens.saturating_sub(1).max(1) as f64, t.text))
 }
 
 /// One measured mark of a run.
@@ -141,10 +106,10 @@ pub fn run(a: Args) -> Result<()> {
     let pool = kv_pool(&model, &a.model)?;
     let mut dual = DualStream::new(model.clone(), pool.clone(), a.ring_tokens);
     dual.set_anchors("user", anchors.clone());
-    let engine = Engine::start(&model, &pool, Box::new(dual));
+    let engine = EngineThread::start(&model, &pool, Box::new(dual));
     let mut dual_marks = Vec::new();
     for i in 1..=last {
-        let (ms, _) = engine.run(job("user", "main", message(&model, i, a.message_tokens)?, &p))?;
+        let (ms, _) = run_job(&engine, job("user", "main", message(&model, i, a.message_tokens)?, &p))?;
         if a.turns.contains(&i) {
             dual_marks.push(Mark { turn: i, kv_bytes: pool.used(), decode_ms: ms });
         }
@@ -153,7 +118,7 @@ pub fn run(a: Args) -> Result<()> {
     // time to admit a request on another thread (its ring's view built from RAM).
     let one_thread = pool.used();
     for t in 1..8 {
-        engine.run(job("user", &format!("thread-{t}"), message(&model, 1000 + t, a.message_tokens)?, &p))?;
+        run_job(&engine, job("user", &format!("thread-{t}"), message(&model, 1000 + t, a.message_tokens)?, &p))?;
     }
     let eight_threads = pool.used();
     let depth = depth_check(&engine, &model, &a, &p)?;
@@ -164,7 +129,7 @@ pub fn run(a: Args) -> Result<()> {
     // Full history: every turn sent again as text, the session extended (EXTEND: only the new
     // message is tokenized and prefilled), nothing evicted.
     let pool = kv_pool(&model, &a.model)?;
-    let engine = Engine::start(&model, &pool, default_policy(&model, &pool, &SchedulerConfig::default()));
+    let engine = EngineThread::start(&model, &pool, default_policy(&model, &pool, &SchedulerConfig::default()));
     let mut full_marks = Vec::new();
     let mut history = model.tokenizer.decode(&anchors, true)?;
     for i in 1..=a.full_turns.unwrap_or(last).min(last) {
@@ -175,7 +140,7 @@ pub fn run(a: Args) -> Result<()> {
             break;
         }
         let j = Job { text: Some(history.clone()), add_special: true, ..job("user", "main", prompt, &p) };
-        let (ms, answer) = engine.run(j)?;
+        let (ms, answer) = run_job(&engine, j)?;
         history.push_str(&answer);
         if a.turns.contains(&i) {
             full_marks.push(Mark { turn: i, kv_bytes: pool.used(), decode_ms: ms });
@@ -198,16 +163,16 @@ struct Depth {
 
 /// Builds a thread of the same user to the first mark's turns, then alternates a turn there
 /// and a turn on the main thread (past the last mark) for `--depth-rounds`; medians of each.
-fn depth_check(engine: &Engine, model: &Model, a: &Args, p: &SamplingParams) -> Result<Depth> {
+fn depth_check(engine: &EngineThread, model: &Model, a: &Args, p: &SamplingParams) -> Result<Depth> {
     let first_turn = a.turns.iter().copied().min().unwrap_or(1);
     let last_turn = a.turns.iter().copied().max().unwrap_or(1);
     for i in 1..first_turn {
-        engine.run(job("user", "shallow", message(model, 2000 + i, a.message_tokens)?, p))?;
+        run_job(engine, job("user", "shallow", message(model, 2000 + i, a.message_tokens)?, p))?;
     }
     let (mut shallow, mut deep) = (Vec::new(), Vec::new());
     for r in 0..a.depth_rounds.max(1) {
-        shallow.push(engine.run(job("user", "shallow", message(model, 3000 + r, a.message_tokens)?, p))?.0);
-        deep.push(engine.run(job("user", "main", message(model, 4000 + r, a.message_tokens)?, p))?.0);
+        shallow.push(run_job(engine, job("user", "shallow", message(model, 3000 + r, a.message_tokens)?, p))?.0);
+        deep.push(run_job(engine, job("user", "main", message(model, 4000 + r, a.message_tokens)?, p))?.0);
     }
     let median = |mut v: Vec<f64>| {
         v.sort_by(|x, y| x.total_cmp(y));

@@ -22,13 +22,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use engram_engine::scheduler::Job;
 use engram_engine::{
-    ContextPolicy, DualControl, DualStats, DualStream, EngineHandle, FactSegment, IdleInterrupt, Metrics, PolicyControl, PolicyLayer,
-    SamplingParams, SchedulerConfig, Summarizer,
+    ContextPolicy, DualControl, DualStats, DualStream, FactSegment, IdleInterrupt, PolicyControl, PolicyLayer, SamplingParams, Summarizer,
 };
 use engram_kv::KvPool;
 use engram_model::Model;
 
-use crate::timed_sink::TimedSink;
+use crate::engine_thread::EngineThread;
 
 /// How the idle hook runs the summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,55 +122,22 @@ pub struct Setup<'a> {
     pub summarizer: &'a dyn Fn() -> Summarizer,
 }
 
-struct Engine {
-    handle: Option<EngineHandle>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Engine {
-    /// Submits `prompt` on thread `a` of `user`; returns milliseconds from submission to its
-    /// first token, once it ended.
-    fn turn(&self, user: &str, prompt: &[u32], max_tokens: usize) -> Result<f64> {
-        let sink = TimedSink::default();
-        let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
-        let job = Job {
-            tenant: user.into(),
-            session: Some("a".into()),
-            text: None,
-            add_special: false,
-            prompt: prompt.to_vec(),
-            params,
-            pinned: false,
-        };
-        let submitted = Instant::now();
-        self.handle.as_ref().expect("running").submit(job, Box::new(sink.clone()))?;
-        loop {
-            let t = sink.get();
-            if let Some(e) = t.failed {
-                bail!("a turn failed: {e}");
-            }
-            if let Some(end) = t.end {
-                return Ok(t.first_token.unwrap_or(end).duration_since(submitted).as_secs_f64() * 1e3);
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-
-    fn control(&self, msg: PolicyControl) -> Result<()> {
-        let handle = self.handle.as_ref().expect("running");
-        anyhow::ensure!(handle.is_alive(), "the engine stopped");
-        handle.control(msg);
-        Ok(())
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.handle.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// Submits `prompt` on thread `a` of `user`; returns milliseconds from submission to its first
+/// token, once it ended.
+fn turn(engine: &EngineThread, user: &str, prompt: &[u32], max_tokens: usize) -> Result<f64> {
+    let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
+    let job = Job {
+        tenant: user.into(),
+        session: Some("a".into()),
+        text: None,
+        add_special: false,
+        prompt: prompt.to_vec(),
+        params,
+        pinned: false,
+    };
+    let (submitted, t) = engine.run(job)?;
+    let end = t.end.expect("run returns ended jobs");
+    Ok(t.first_token.unwrap_or(end).duration_since(submitted).as_secs_f64() * 1e3)
 }
 
 /// One round of `mode`: the setup, the fact past the cap, the request mid-summary, the summary
@@ -187,17 +153,14 @@ pub fn round(s: &Setup, mode: Mode) -> Result<Round> {
     dual.set_facts(user, s.facts.to_vec());
     let (began, stats) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(DualStats::default())));
     let probe = Probe { inner: dual, mode, user: user.into(), summary_began: began.clone(), stats: stats.clone() };
-    let (handle, thread) =
-        EngineHandle::start(s.model.clone(), s.pool.clone(), SchedulerConfig::default(), Arc::new(Metrics::default()), move |_, _, _| {
-            Box::new(probe)
-        });
-    let engine = Engine { handle: Some(handle), thread: Some(thread) };
+    let engine = EngineThread::start(&s.model, &s.pool, Box::new(probe));
     for m in s.messages {
-        engine.turn(user, m, s.answer_tokens)?;
+        turn(&engine, user, m, s.answer_tokens)?;
     }
     let mut facts = s.facts.to_vec();
     facts.extend_from_slice(s.extra);
-    engine.control(PolicyControl::new(DualControl::Facts { user: user.into(), facts }))?;
+    anyhow::ensure!(engine.handle().is_alive(), "the engine stopped");
+    engine.handle().control(PolicyControl::new(DualControl::Facts { user: user.into(), facts }));
     let t0 = Instant::now();
     if mode != Mode::NoSummary {
         while !began.load(Relaxed) {
@@ -208,7 +171,7 @@ pub fn round(s: &Setup, mode: Mode) -> Result<Round> {
         }
     }
     std::thread::sleep(s.delay);
-    let first_token_ms = engine.turn(user, s.probe, 1)?;
+    let first_token_ms = turn(&engine, user, s.probe, 1)?;
     if mode != Mode::NoSummary {
         let t0 = Instant::now();
         while stats.lock().unwrap_or_else(|e| e.into_inner()).summaries == 0 {
@@ -218,7 +181,7 @@ pub fn round(s: &Setup, mode: Mode) -> Result<Round> {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    let after_swap_ms = engine.turn(user, s.probe, 1)?;
+    let after_swap_ms = turn(&engine, user, s.probe, 1)?;
     let stats = *stats.lock().unwrap_or_else(|e| e.into_inner());
     Ok(Round { first_token_ms, after_swap_ms, stats })
 }

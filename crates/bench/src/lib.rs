@@ -16,6 +16,7 @@ mod cache;
 mod context;
 mod dual_disk;
 mod dual_persist;
+mod engine_thread;
 mod facts;
 mod facts_stall;
 mod fidelity;
