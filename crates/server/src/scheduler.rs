@@ -72,19 +72,8 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Starts the engine thread with the default context policy (sessions and prefixes).
-    pub fn start(
-        model: Arc<Model>,
-        pool: KvPool,
-        config: SchedulerConfig,
-        metrics: Arc<Metrics>,
-    ) -> (EngineHandle, std::thread::JoinHandle<()>) {
-        let quota = Quota::new(config.pending_per_tenant());
-        let (inner, thread) = engram_engine::EngineHandle::start(model, pool, config, metrics.clone(), engine::default_policy);
-        (EngineHandle { inner, quota, metrics }, thread)
-    }
-
-    /// Starts the engine thread with a context policy of the caller's (dual-stream contexts).
+    /// Starts the engine thread with the context policy the server built (the session store,
+    /// or dual-stream contexts, with any layers on top).
     pub fn start_with(
         model: Arc<Model>,
         pool: KvPool,
