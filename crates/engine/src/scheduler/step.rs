@@ -124,8 +124,9 @@ impl Engine<'_> {
         }
         // A panic in the forward pass (a kernel, a cache write) fails this step's sequences,
         // not the engine thread: every other request, queued or to come, goes on.
-        let rows: usize = steps.iter().map(|s| s.tokens.len()).sum();
-        let forward = tracing::debug_span!("forward", sequences = steps.len(), rows).entered();
+        // Span fields are evaluated only when the span is enabled: no cost on the hot path otherwise.
+        let forward =
+            tracing::debug_span!("forward", sequences = steps.len(), rows = steps.iter().map(|s| s.tokens.len()).sum::<usize>()).entered();
         let result = catch_unwind(AssertUnwindSafe(|| self.model.forward(&mut steps)));
         drop(forward);
         drop(steps);
