@@ -28,7 +28,7 @@ impl Engine<'_> {
         while self.active.len() < self.config.max_batch {
             let Some(i) = self.next_to_admit() else { break };
             let (job, _, _) = &self.waiting[i];
-            let need = self.bytes_for(job.prompt.len());
+            let need = self.pool.bytes_for(job.prompt.len());
             if need > self.pool.budget() {
                 let (job, tx, _) = self.waiting.remove(i).expect("index in range");
                 self.pending.fetch_sub(1, Relaxed);
@@ -167,11 +167,6 @@ impl Engine<'_> {
         best.map(|(_, i)| i)
     }
 
-    /// KV bytes of `tokens` tokens ([`engram_kv::KvPool::bytes_for`]).
-    fn bytes_for(&self, tokens: usize) -> usize {
-        self.pool.bytes_for(tokens)
-    }
-
     /// Whether a prompt of `need` bytes fits now beside what the running sequences still need
     /// (the rest of each prefill, and a block of decoding room each), after making room if
     /// the pool is short. With nothing running it always may try (the step fails it if even
@@ -180,7 +175,8 @@ impl Engine<'_> {
         if self.active.is_empty() {
             return true;
         }
-        let running: usize = self.active.iter().map(|s| self.bytes_for(s.prompt.len().saturating_sub(s.tokens.len()) + BLOCK_TOKENS)).sum();
+        let running: usize =
+            self.active.iter().map(|s| self.pool.bytes_for(s.prompt.len().saturating_sub(s.tokens.len()) + BLOCK_TOKENS)).sum();
         let want = running + need;
         self.pool.budget().saturating_sub(self.pool.used()) >= want || self.policy.make_room(want)
     }
