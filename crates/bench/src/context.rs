@@ -1,4 +1,4 @@
-//! `engram bench context`: the dual-stream policy (`engram_engine::DualStream`)
+//! `engram bench context`: the dual-stream policy (`engram_dual::DualStream`)
 //! against keeping the full history, on one long conversation through the scheduler.
 //!
 //! Each turn is a synthetic user message (`--message-tokens`, drawn from a fixed text) and a
@@ -17,8 +17,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
+use engram_context::{SessionStore, SessionsConfig};
+use engram_dual::DualStream;
 use engram_engine::scheduler::Job;
-use engram_engine::{default_policy, ContextPolicy, DualStream, SamplingParams, SchedulerConfig};
+use engram_engine::{ContextPolicy, SamplingParams};
 use engram_kv::KvPool;
 use engram_model::Model;
 
@@ -129,7 +131,7 @@ pub fn run(a: Args) -> Result<()> {
     // Full history: every turn sent again as text, the session extended (EXTEND: only the new
     // message is tokenized and prefilled), nothing evicted.
     let pool = kv_pool(&model, &a.model)?;
-    let engine = EngineThread::start(&model, &pool, default_policy(&model, &pool, &SchedulerConfig::default()));
+    let engine = EngineThread::start(&model, &pool, Box::new(SessionStore::from_config(&model, &pool, &SessionsConfig::default())));
     let mut full_marks = Vec::new();
     let mut history = model.tokenizer.decode(&anchors, true)?;
     for i in 1..=a.full_turns.unwrap_or(last).min(last) {

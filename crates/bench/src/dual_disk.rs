@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use engram_engine::{ContextPolicy, DualStream, FactSegment, Retired};
+use engram_dual::{DualStream, FactSegment};
+use engram_engine::{ContextPolicy, Retired};
 use engram_kv::{KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
 
@@ -138,7 +139,7 @@ pub fn run(model: &Arc<Model>, pool: &KvPool, a: &DiskArgs) -> Result<serde_json
     }
     p.flush();
     drop(p);
-    let stream_file = dir.path().join(engram_context::stream_file_name("user"));
+    let stream_file = dir.path().join(engram_dual::stream_file_name("user"));
     let (mut warm_admit, mut warm_check, mut cold_admit, mut cold_check, mut ram_switch) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut stream_warm, mut stream_cold, mut resident) = (vec![], vec![], 0f64);
     for _ in 0..a.reps.max(1) {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use engram_engine::DualStream;
+use engram_dual::DualStream;
 use engram_model::Model;
 
 use crate::common::{kv_pool, load_model, ModelArgs};

@@ -23,9 +23,7 @@ impl EngineThread {
     /// Starts the engine thread on `model` and `pool` with `policy`.
     pub fn start(model: &Arc<Model>, pool: &KvPool, policy: Box<dyn ContextPolicy>) -> EngineThread {
         let (handle, thread) =
-            EngineHandle::start(model.clone(), pool.clone(), SchedulerConfig::default(), Arc::new(Metrics::default()), move |_, _, _| {
-                policy
-            });
+            EngineHandle::start(model.clone(), pool.clone(), SchedulerConfig::default(), Arc::new(Metrics::default()), move |_, _| policy);
         EngineThread { handle: Some(handle), thread: Some(thread) }
     }
 

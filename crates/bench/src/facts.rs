@@ -1,5 +1,5 @@
 //! `engram bench facts`: what a user's facts cost the dual-stream policy (facts appended and
-//! superseded), measured on the policy's own calls (`engram_engine::DualStream`), the way
+//! superseded), measured on the policy's own calls (`engram_dual::DualStream`), the way
 //! the scheduler makes them, on one engine thread.
 //!
 //! A user with a system prompt and facts just under `--persistent-cap-tokens`, a thread whose
@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use engram_engine::{ContextPolicy, DualStream, FactSegment, RenderSegment, Retired, Summarizer};
+use engram_dual::{DualStream, FactSegment, RenderSegment, Summarizer};
+use engram_engine::{ContextPolicy, Retired};
 use engram_kv::{KvPool, KvView};
 use engram_model::{Logits, Model};
 

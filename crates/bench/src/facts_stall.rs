@@ -20,10 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use engram_dual::{DualControl, DualStats, DualStream, FactSegment, Summarizer};
 use engram_engine::scheduler::Job;
-use engram_engine::{
-    ContextPolicy, DualControl, DualStats, DualStream, FactSegment, IdleInterrupt, PolicyControl, PolicyLayer, SamplingParams, Summarizer,
-};
+use engram_engine::{ContextPolicy, IdleInterrupt, PolicyControl, PolicyLayer, SamplingParams};
 use engram_kv::KvPool;
 use engram_model::Model;
 

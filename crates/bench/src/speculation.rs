@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use engram_engine::scheduler::{default_policy, Job};
+use engram_context::{SessionStore, SessionsConfig};
+use engram_engine::scheduler::Job;
 use engram_engine::EngineHandle;
 use engram_engine::{DraftModel, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_model::Model;
@@ -119,7 +120,9 @@ fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, mod
         }
     };
     let metrics = Arc::new(Metrics::default());
-    let (handle, engine) = EngineHandle::start(model.clone(), pool, config, metrics.clone(), default_policy);
+    let (handle, engine) = EngineHandle::start(model.clone(), pool, config, metrics.clone(), |m, p| {
+        Box::new(SessionStore::from_config(m, p, &SessionsConfig::default()))
+    });
     let ids = model.tokenizer.encode(prompt, true)?.ids;
     let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
     let job = Job { tenant: "bench".into(), session: None, text: None, add_special: true, prompt: ids, params, pinned: false };

@@ -7,7 +7,7 @@
 //! conversation (each thread its own history and cache, so switching back reuses it). Facts
 //! are the persistent stream of every thread: system messages (`Fact about the user: ...`,
 //! as `engram serve --context dual` renders them) after the system prompt. They are kept by
-//! `engram_context::FactStore` in `<data dir>/kv/facts`, under the owner a server without API
+//! `engram_dual::FactStore` in `<data dir>/kv/facts`, under the owner a server without API
 //! keys gives the same `--user`, so they survive a restart and a local server sees them.
 //!
 //! Invariant: a thread's prompt is the system prompt, then the live facts in order, then that
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::io::BufRead;
 
 use anyhow::Result;
-use engram_context::{FactLimits, FactStore};
+use engram_dual::{FactLimits, FactStore};
 use engram_engine::Generator;
 use engram_tokenizer::ChatMessage;
 

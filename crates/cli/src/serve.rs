@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use engram_embed::{Encoder, TextEncoder};
 use engram_engine::PooledEncoder;
 use engram_kv::EvictionPolicy;
-use engram_server::{DiskConfig, SchedulerConfig, Server, ServerConfig};
+use engram_server::{DiskConfig, SchedulerConfig, Server, ServerConfig, SessionsConfig};
 
 use crate::common::{data_dir, kv_pool, load_model, model_path, ModelArgs};
 
@@ -257,11 +257,14 @@ pub fn run(mut a: Args) -> Result<()> {
         embedder: embedder(&a, &model, &model_id)?,
         model_id,
         api_keys,
+        sessions: SessionsConfig {
+            disk: disk_config(&a, one_tenant)?,
+            share_prefixes_across_tenants: a.share_prefixes_across_tenants,
+            ..Default::default()
+        },
         scheduler: SchedulerConfig {
             max_batch: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
-            disk: disk_config(&a, one_tenant)?,
-            share_prefixes_across_tenants: a.share_prefixes_across_tenants,
             speculation: (a.draft != "none").then(engram_engine::PromptLookup::default),
             draft_model: draft_model(&a, &model)?,
             admission_wait: std::time::Duration::from_secs(a.admission_wait_secs),

@@ -2,7 +2,7 @@
 //! scenario runner and the benchmarks all start it here.
 //!
 //! ```text
-//!  callers --submit(Job, sink)--> EngineHandle --Command--> engine thread (scheduler::run_engine_with)
+//!  callers --submit(Job, sink)--> EngineHandle --Command--> engine thread (scheduler::run_engine)
 //!             pending += 1                                     pending -= 1 as each job ends
 //! ```
 //! Invariants: `pending` counts the jobs submitted and not yet ended, incremented here and
@@ -21,7 +21,7 @@ use engram_model::Model;
 use engram_policy::{ContextPolicy, PolicyControl};
 
 use crate::metrics::Metrics;
-use crate::scheduler::{run_engine_with, Command, EventSink, Job, SchedulerConfig};
+use crate::scheduler::{run_engine, Command, EventSink, Job, SchedulerConfig};
 
 /// Why a submission was refused (nothing was queued).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,21 +68,21 @@ impl Drop for AliveGuard {
 }
 
 impl EngineHandle {
-    /// Starts the engine thread on `model` with the context policy `policy` builds there (from
-    /// the model, the pool and the configuration: [`crate::default_policy`], a wrapper of it,
-    /// or a policy of the caller's moved in).
+    /// Starts the engine thread on `model` with the context policy `policy` builds there from
+    /// the model and the pool (a policy crate's constructor, a wrapper of it, or a policy of
+    /// the caller's moved in).
     pub fn start(
         model: Arc<Model>,
         pool: KvPool,
         config: SchedulerConfig,
         metrics: Arc<Metrics>,
-        policy: impl FnOnce(&Model, &KvPool, &SchedulerConfig) -> Box<dyn ContextPolicy> + Send + 'static,
+        policy: impl FnOnce(&Model, &KvPool) -> Box<dyn ContextPolicy> + Send + 'static,
     ) -> (EngineHandle, JoinHandle<()>) {
         let max_pending = config.max_pending;
         let m = metrics.clone();
         Self::spawn(max_pending, metrics, move |pending, rx| {
-            let policy = policy(&model, &pool, &config);
-            run_engine_with(&model, pool, config, policy, m, pending, rx)
+            let policy = policy(&model, &pool);
+            run_engine(&model, pool, config, policy, m, pending, rx)
         })
     }
 

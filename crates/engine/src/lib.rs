@@ -14,7 +14,6 @@
 pub mod blend;
 mod decoding;
 pub mod draft_model;
-pub mod dual;
 mod error;
 mod generate;
 mod handle;
@@ -26,12 +25,10 @@ mod sampling;
 pub mod scheduler;
 pub mod speculate;
 mod stop;
-pub mod summarize;
 
 pub use blend::{blend, BlendReport, DEFAULT_BLEND_RATIO};
 pub use decoding::{Accepted, Decoding};
 pub use draft_model::{DraftModel, DraftState};
-pub use dual::{DualControl, DualStats, DualStream, FactSegment, Relevance};
 /// The context-policy seam (`engram-policy`), re-exported for the engine's callers.
 pub use engram_policy::{
     AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PendingRestore,
@@ -45,9 +42,6 @@ pub use metrics::Metrics;
 pub use pooled::PooledEncoder;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
-pub use scheduler::{
-    default_policy, run_engine, run_engine_with, Command, DiskConfig, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig,
-};
+pub use scheduler::{run_engine, Command, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig};
 pub use speculate::{DraftTree, PromptLookup};
 pub use stop::StopMatcher;
-pub use summarize::{RenderSegment, Summarizer, SUMMARY_PROMPT};

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use engram_engine::{default_policy, DiskConfig, EngineHandle, Event, EventSink, Metrics, SamplingParams, SchedulerConfig};
+use engram_context::{DiskConfig, SessionStore, SessionsConfig};
+use engram_engine::{ContextPolicy, EngineHandle, Event, EventSink, Metrics, SamplingParams, SchedulerConfig};
 use engram_kv::{EvictionPolicy, KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 
@@ -81,19 +82,19 @@ impl EngineBackend {
     fn spawn(&mut self) {
         let o = self.options.clone();
         let pool = KvPool::new(KvLayout::of(&self.model.config), o.kv_format, o.kv_budget_bytes);
-        let config = SchedulerConfig {
-            prefill_chunk: o.prefill_chunk,
+        let config = SchedulerConfig { prefill_chunk: o.prefill_chunk, ..SchedulerConfig::default() };
+        let sessions = SessionsConfig {
             disk: o.cache_dir.map(|dir| DiskConfig {
                 dir,
                 budget_bytes: o.disk_budget_bytes,
                 policy: EvictionPolicy::Lru,
                 tenant_share_bytes: None,
             }),
-            ..SchedulerConfig::default()
+            ..SessionsConfig::default()
         };
         let reuse = o.reuse;
-        self.engine = Some(EngineHandle::start(self.model.clone(), pool, config, Arc::new(Metrics::default()), move |m, p, c| {
-            let policy = default_policy(m, p, c);
+        self.engine = Some(EngineHandle::start(self.model.clone(), pool, config, Arc::new(Metrics::default()), move |m, p| {
+            let policy: Box<dyn ContextPolicy> = Box::new(SessionStore::from_config(m, p, &sessions));
             if reuse {
                 policy
             } else {

@@ -1,5 +1,5 @@
 //! `engram serve --context dual`: a chat request mapped onto the dual-stream policy
-//! (`engram_engine::DualStream`, the dual-stream design).
+//! (`engram_dual::DualStream`, the dual-stream design).
 //!
 //! ```text
 //!  messages: [system…] [earlier turns…] [user: new message]

@@ -11,8 +11,8 @@
 //! A user is scoped to the API key's account exactly as a chat request's `user` is (owner
 //! `<tenant>␟user:<id>`). A fact enters the stream as its own system message, rendered by the
 //! chat template (`Fact about the user: <text>`), tokenized alone: its tokens are a segment
-//! of the stream (`engram_context::PersistentStream`) that can be masked without touching the
-//! others. The log is kept by `engram_context::FactStore` (under `<session dir>/facts/` when
+//! of the stream (`engram_dual::PersistentStream`) that can be masked without touching the
+//! others. The log is kept by `engram_dual::FactStore` (under `<session dir>/facts/` when
 //! the server persists sessions).
 //!
 //! Invariants: a change reaches the engine (`DualControl::Facts`) under the store's lock, in
@@ -28,8 +28,9 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use engram_context::{Fact, FactError, FactLimits, FactStore};
-use engram_engine::{DualControl, FactSegment, PolicyControl};
+use engram_dual::{DualControl, FactSegment};
+use engram_dual::{Fact, FactError, FactLimits, FactStore};
+use engram_engine::PolicyControl;
 use engram_model::Model;
 use engram_tokenizer::ChatMessage;
 use serde::Deserialize;
@@ -227,7 +228,7 @@ pub(crate) async fn delete_all(State(s): State<AppState>, headers: HeaderMap, Pa
     Ok(axum::Json(json!({"object": "list", "user": user, "deleted": true})).into_response())
 }
 
-/// The summarizer's output rendered as the main model's segment (`engram_engine::Summarizer`).
-pub(crate) fn summary_renderer(model: Arc<Model>) -> engram_engine::RenderSegment {
+/// The summarizer's output rendered as the main model's segment (`engram_dual::Summarizer`).
+pub(crate) fn summary_renderer(model: Arc<Model>) -> engram_dual::RenderSegment {
     Arc::new(move |text: &str| render_segment(&model, &format!("{SUMMARY_PREFIX}{text}")).map_err(|e| e.message))
 }

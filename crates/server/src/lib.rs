@@ -54,13 +54,14 @@ use axum::Router;
 use engram_kv::KvPool;
 use engram_model::Model;
 
+pub use engram_context::{DiskConfig, SessionsConfig};
 pub use error::ApiError;
 /// How facts and their summary are introduced in their system messages (`facts.rs`).
 pub use facts::{FACT_PREFIX, SUMMARY_PREFIX};
 pub use listen::HttpLimits;
 pub use metrics::Metrics;
 pub use rag::RagServerConfig;
-pub use scheduler::{DiskConfig, EngineHandle, Event, Job, SchedulerConfig};
+pub use scheduler::{EngineHandle, Event, Job, SchedulerConfig};
 
 /// The largest request body any route reads (a bigger one is a 413).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
@@ -72,7 +73,11 @@ pub struct ServerConfig {
     pub model_id: String,
     /// `(api key, tenant)`. Empty: no authentication, one tenant `default`.
     pub api_keys: Vec<(String, String)>,
+    /// The engine's limits: batch, prefill chunk, queue, admission wait, speculation.
     pub scheduler: SchedulerConfig,
+    /// The session policy: idle sessions kept, the disk tier (which dual-stream files, agents'
+    /// records and users' facts also live under), prefix sharing across tenants.
+    pub sessions: SessionsConfig,
     /// The text encoder `/v1/embeddings` serves (a sentence encoder, or the LLM's pooled
     /// hidden states, `engram_engine::PooledEncoder`); `None`: that route answers 501.
     pub embedder: Option<Arc<dyn engram_embed::TextEncoder>>,
@@ -130,6 +135,7 @@ impl ServerConfig {
             model_id: model_id.into(),
             api_keys: Vec::new(),
             scheduler: SchedulerConfig::default(),
+            sessions: SessionsConfig::default(),
             embedder: None,
             context: ContextMode::Sessions,
             limits: HttpLimits::default(),
@@ -165,18 +171,18 @@ impl Server {
     pub fn start(model: Arc<Model>, pool: KvPool, config: ServerConfig) -> Server {
         let metrics = Arc::new(Metrics::default());
         let mut policy: Box<dyn engram_engine::ContextPolicy> = match config.context {
-            ContextMode::Sessions => engram_engine::scheduler::default_policy(&model, &pool, &config.scheduler),
+            ContextMode::Sessions => Box::new(engram_context::SessionStore::from_config(&model, &pool, &config.sessions)),
             ContextMode::Dual { ring_tokens, threshold, keep_last, persistent_cap, summary_target } => {
-                let mut policy = engram_engine::DualStream::new(model.clone(), pool.clone(), ring_tokens);
+                let mut policy = engram_dual::DualStream::new(model.clone(), pool.clone(), ring_tokens);
                 if let Some(encoder) = config.embedder.clone() {
-                    policy = policy.with_relevance(engram_engine::Relevance { encoder, threshold, keep_last });
+                    policy = policy.with_relevance(engram_dual::Relevance { encoder, threshold, keep_last });
                 }
                 let summarizer_model = config.summarizer.as_ref().map_or_else(|| model.clone(), |m| m.0.clone());
-                let summarizer = engram_engine::Summarizer::new(summarizer_model, summary_target, facts::summary_renderer(model.clone()));
+                let summarizer = engram_dual::Summarizer::new(summarizer_model, summary_target, facts::summary_renderer(model.clone()));
                 policy = policy.with_persistent_cap(persistent_cap, Some(summarizer));
                 // Users' persistent streams and threads' rings survive a restart beside the
                 // sessions (`<session dir>/dual`); without a session dir they live in RAM only.
-                if let Some(d) = &config.scheduler.disk {
+                if let Some(d) = &config.sessions.disk {
                     if let Err(e) = policy.set_dir(d.dir.join("dual")) {
                         tracing::warn!("dual-stream contexts are not persisted: {e}");
                     }
@@ -198,15 +204,15 @@ impl Server {
             };
         }
         let (engine, thread) = EngineHandle::start_with(model.clone(), pool, config.scheduler.clone(), policy, metrics.clone());
-        let agents = match &config.scheduler.disk {
+        let agents = match &config.sessions.disk {
             Some(d) => agent_registry::Agents::open(&d.dir),
             None => agent_registry::Agents::in_memory(),
         };
         let facts = match config.context {
             ContextMode::Sessions => None,
             ContextMode::Dual { .. } => Some(facts::Facts::new(
-                config.scheduler.disk.as_ref().map(|d| d.dir.join("facts")).as_deref(),
-                engram_context::FactLimits::default(),
+                config.sessions.disk.as_ref().map(|d| d.dir.join("facts")).as_deref(),
+                engram_dual::FactLimits::default(),
             )),
         };
         let state = Arc::new(Shared { model, config, engine, metrics, agents, rag, facts });

@@ -249,7 +249,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         let state = state.map(|tokens| (d.thread.clone(), tokens));
         match &s.facts {
             Some(f) => f.send_turn(&s, &d.owner, d.anchors, state)?,
-            None => s.engine.control(engram_engine::PolicyControl::new(engram_engine::DualControl::Turn {
+            None => s.engine.control(engram_engine::PolicyControl::new(engram_dual::DualControl::Turn {
                 user: d.owner.as_str().into(),
                 anchors: d.anchors,
                 facts: None,

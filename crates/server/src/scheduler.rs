@@ -28,7 +28,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::quota::{Quota, Slot};
 
-pub use engram_engine::scheduler::{DiskConfig, Job, SchedulerConfig};
+pub use engram_engine::scheduler::{Job, SchedulerConfig};
 
 /// What a request hears back, in order: `Started`, any number of `Text`, then `Finished` or
 /// `Failed` (as an [`ApiError`]: the KV budget ran out, the engine faulted) — or a single
@@ -82,7 +82,7 @@ impl EngineHandle {
         metrics: Arc<Metrics>,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
         let quota = Quota::new(config.pending_per_tenant());
-        let (inner, thread) = engram_engine::EngineHandle::start(model, pool, config, metrics.clone(), move |_, _, _| policy);
+        let (inner, thread) = engram_engine::EngineHandle::start(model, pool, config, metrics.clone(), move |_, _| policy);
         (EngineHandle { inner, quota, metrics }, thread)
     }
 

@@ -11,7 +11,7 @@
 //! exact attention mass it keeps.
 
 use anyhow::{bail, Context, Result};
-use engram_context::{TurnMask, TurnRing};
+use engram_dual::{TurnMask, TurnRing};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{AttentionPrecision, KeyMask, KvCache, Logits, Model, SeqStep};
 

@@ -4,8 +4,5 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod facts;
-mod ring_fuzz;
-mod ring_model;
 mod sessions;
 mod tenants;

@@ -35,7 +35,6 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use engram_context::SessionStore;
 use engram_kv::{KvPool, KvView};
 use engram_model::Model;
 use engram_policy::{ContextPolicy, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, Retired};
@@ -59,13 +58,6 @@ pub struct SchedulerConfig {
     pub max_batch: usize,
     /// Most requests queued or running before new ones get 429.
     pub max_pending: usize,
-    /// Most idle sessions kept in RAM.
-    pub max_sessions: usize,
-    /// Where sessions persist across restarts (`None`: RAM only).
-    pub disk: Option<DiskConfig>,
-    /// Let every tenant reuse every tenant's shared prefix blocks (default false: chains are
-    /// salted per tenant, so `cached_tokens` never reveal another tenant's text).
-    pub share_prefixes_across_tenants: bool,
     /// Speculative decoding with prompt lookup for every request that does not say otherwise
     /// (`None`: off unless a request asks; `speculate.rs`).
     pub speculation: Option<PromptLookup>,
@@ -104,27 +96,12 @@ pub fn account(owner: &str) -> &str {
     OwnerKey::tenant_of(owner)
 }
 
-/// The disk tier of the session store.
-#[derive(Clone, Debug)]
-pub struct DiskConfig {
-    pub dir: std::path::PathBuf,
-    pub budget_bytes: u64,
-    pub policy: engram_kv::EvictionPolicy,
-    /// Most bytes one account's entries (its sessions, agents' pinned ones, prefix chains)
-    /// take of the budget; past it the account's own entries are evicted first (`None`: the
-    /// whole budget).
-    pub tenant_share_bytes: Option<u64>,
-}
-
 impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
             prefill_chunk: 256,
             max_batch: 16,
             max_pending: 256,
-            max_sessions: 256,
-            disk: None,
-            share_prefixes_across_tenants: false,
             speculation: None,
             draft_model: None,
             admission_wait: std::time::Duration::from_secs(60),
@@ -246,23 +223,11 @@ pub enum Command {
     Wake,
 }
 
-/// Runs the engine loop for `model` on this thread until every [`Command`] sender is gone
-/// and the running jobs have finished. `pending` counts jobs queued or running: the caller
-/// increments it on submit, the engine decrements it as each job ends.
+/// Runs the engine loop for `model` on this thread, every sequence's reuse and keeping decided
+/// by `policy`, until every [`Command`] sender is gone and the running jobs have finished.
+/// `pending` counts jobs queued or running: the caller increments it on submit, the engine
+/// decrements it as each job ends.
 pub fn run_engine(
-    model: &Model,
-    pool: KvPool,
-    config: SchedulerConfig,
-    metrics: Arc<Metrics>,
-    pending: Arc<AtomicUsize>,
-    rx: Receiver<Command>,
-) {
-    let policy = default_policy(model, &pool, &config);
-    run_engine_with(model, pool, config, policy, metrics, pending, rx)
-}
-
-/// [`run_engine`] with a context policy of the caller's (the seam seed policies plug into).
-pub fn run_engine_with(
     model: &Model,
     pool: KvPool,
     config: SchedulerConfig,
@@ -272,26 +237,6 @@ pub fn run_engine_with(
     rx: Receiver<Command>,
 ) {
     Engine::new(model, pool, config, policy, metrics, pending).run(rx)
-}
-
-/// Today's behaviour: a [`SessionStore`] (sessions matched by characters, the shared prefix
-/// index, persistence to `config.disk` when given).
-pub fn default_policy(model: &Model, pool: &KvPool, config: &SchedulerConfig) -> Box<dyn ContextPolicy> {
-    let mut sessions = SessionStore::new(pool.clone(), model.fingerprint)
-        .with_max_sessions(config.max_sessions)
-        .with_shared_prefixes_across_tenants(config.share_prefixes_across_tenants);
-    if let Some(d) = &config.disk {
-        let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
-        match engram_context::PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {
-            Ok(p) => {
-                p.set_tenant_share(d.tenant_share_bytes);
-                sessions = sessions.with_disk(p, model.config.vocab);
-                tracing::info!("{} persisted sessions found in {}", sessions.on_disk_count(), d.dir.display());
-            }
-            Err(e) => tracing::warn!("sessions will not persist: {e}"),
-        }
-    }
-    Box::new(sessions)
 }
 
 /// What a request whose owner was forgotten (a deleted agent) before it ran gets.

@@ -1,7 +1,6 @@
-//! What the engine's integration tests share: the tiny fixture model, token ids and fact
-//! segments from text, an `EventSink` that keeps a job's events, a job from token ids, and the
-//! `ContextPolicy` methods a test policy takes unchanged from the
-//! session store.
+//! What the engine's integration tests share: the tiny fixture model, token ids from text, an
+//! `EventSink` that keeps a job's events, a job from token ids, and the `ContextPolicy` methods
+//! a test policy takes unchanged from the session store.
 
 #![allow(dead_code, unused_macros, unused_imports)]
 
@@ -9,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use engram_engine::{run_engine, Command, Event, EventSink, FactSegment, FinishReason, Job, Metrics, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine, Command, ContextPolicy, Event, EventSink, FinishReason, Job, Metrics, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
@@ -26,11 +25,6 @@ pub fn tiny() -> (tempfile::TempDir, Arc<Model>) {
 /// `text`'s token ids, no special tokens.
 pub fn ids(m: &Model, text: &str) -> Vec<u32> {
     m.tokenizer.encode(text, false).unwrap().ids
-}
-
-/// Fact `id` as the persistent stream's segment: ` Fact: {text}.` tokenized.
-pub fn fact(m: &Model, id: u64, text: &str) -> FactSegment {
-    FactSegment { id, text: text.into(), tokens: ids(m, &format!(" Fact: {text}.")) }
 }
 
 /// Collects a job's events.
@@ -95,7 +89,7 @@ pub fn run_jobs(model: &Arc<Model>, format: KvFormat, config: SchedulerConfig, j
     let engine = {
         let (model, pending, metrics) = (model.clone(), pending.clone(), metrics.clone());
         let pool = KvPool::new(KvLayout::of(&model.config), format, 256 << 20);
-        std::thread::spawn(move || run_engine(&model, pool, config, metrics, pending, rx))
+        std::thread::spawn(move || run_engine(&model, pool.clone(), config, sessions(&model, &pool), metrics, pending, rx))
     };
     let sinks: Vec<Collect> = jobs.iter().map(|_| Collect::default()).collect();
     for (i, ((prompt, params), sink)) in jobs.iter().zip(&sinks).enumerate() {
@@ -119,100 +113,7 @@ pub fn run_jobs(model: &Arc<Model>, format: KvFormat, config: SchedulerConfig, j
     (outcomes, metrics)
 }
 
-/// One turn of `owner`'s `thread` as the scheduler runs it on a `DualStream`: admitted, its
-/// tokens prefilled on the view (a ring restored from disk verified then, the turn admitted
-/// again if it proves damaged), `answer` tokens decoded greedily (the last sampled, not fed),
-/// retired. Returns the answer's tokens and the logits after the prompt.
-pub fn dual_turn(
-    m: &Model,
-    pool: &KvPool,
-    p: &mut engram_engine::DualStream,
-    owner: &str,
-    thread: &str,
-    prompt: &[u32],
-    answer: usize,
-) -> (Vec<u32>, Vec<f32>) {
-    use engram_engine::{argmax, ContextPolicy, Retired};
-    use engram_kv::{KvView, SeqKv};
-    use engram_model::{Logits, SeqStep};
-    let mut c = p.admit_tokens(owner, Some(thread), prompt, &m.tokenizer).unwrap();
-    let mut restore = c.restore.take();
-    let mut kv = KvView::new(c.spans.clone(), SeqKv::new(pool)).starting_at(c.own_first);
-    let mut pos = kv.own_first_position() as u32;
-    let (mut tokens, mut input, mut out, mut first_logits) = (c.tokens.clone(), c.tokens.clone(), Vec::new(), None);
-    loop {
-        let first = kv.own().len();
-        kv.own_mut().reserve(input.len()).unwrap();
-        let positions: Vec<u32> = (pos..pos + input.len() as u32).collect();
-        let step = SeqStep { positions: Some(&positions), ..SeqStep::new(&input, first, &mut kv, Logits::Last) };
-        let logits = m.forward(&mut [step]).unwrap().remove(0);
-        pos += input.len() as u32;
-        if let Some(r) = restore.take() {
-            if !p.verify_restore(r) {
-                return dual_turn(m, pool, p, owner, thread, prompt, answer);
-            }
-        }
-        let t = argmax(&logits);
-        first_logits.get_or_insert(logits);
-        out.push(t);
-        if out.len() == answer {
-            let n = tokens.len();
-            p.retire(Retired {
-                owner: owner.into(),
-                session_id: thread.into(),
-                text: String::new(),
-                tokens,
-                token_ends: vec![0; n],
-                kv: kv.into_own(),
-                unfed: Some(t),
-            });
-            return (out, first_logits.unwrap());
-        }
-        tokens.push(t);
-        input = vec![t];
-    }
-}
-
-/// The last logits of a checkout's tokens on its view, and the view's own KV (the turn).
-pub fn on_view(m: &Model, pool: &KvPool, c: &engram_context::Checkout) -> (Vec<f32>, engram_kv::SeqKv, usize) {
-    let mut kv = engram_kv::KvView::new(c.spans.clone(), engram_kv::SeqKv::new(pool)).starting_at(c.own_first);
-    let first = kv.own_first_position();
-    kv.own_mut().reserve(c.tokens.len()).unwrap();
-    let positions: Vec<u32> = (first..first + c.tokens.len()).map(|p| p as u32).collect();
-    let step = engram_model::SeqStep {
-        positions: Some(&positions),
-        ..engram_model::SeqStep::new(&c.tokens, 0, &mut kv, engram_model::Logits::Last)
-    };
-    let logits = m.forward(&mut [step]).unwrap().remove(0);
-    (logits, kv.into_own(), first)
-}
-
-/// A cold run: the stream's live tokens at their slots' positions (masked ones left out),
-/// then `prompt` at `first` on — one sequence prefilled from nothing.
-pub fn cold(m: &Model, pool: &KvPool, stream: &engram_context::PersistentStream, prompt: &[u32], first: usize) -> Vec<f32> {
-    let (mut tokens, mut positions, mut at) = (Vec::new(), Vec::new(), 0u32);
-    for s in stream.segments() {
-        for &t in &s.tokens {
-            if !s.masked {
-                tokens.push(t);
-                positions.push(at);
-            }
-            at += 1;
-        }
-    }
-    tokens.extend_from_slice(prompt);
-    positions.extend((first..first + prompt.len()).map(|p| p as u32));
-    let mut kv = engram_kv::SeqKv::new(pool);
-    kv.reserve(tokens.len()).unwrap();
-    let step = engram_model::SeqStep {
-        positions: Some(&positions),
-        ..engram_model::SeqStep::new(&tokens, 0, &mut kv, engram_model::Logits::Last)
-    };
-    m.forward(&mut [step]).unwrap().remove(0)
-}
-
-/// Two logit vectors equal to 1e-4 (float rounding of the same computation split differently).
-pub fn assert_close(a: &[f32], b: &[f32], what: &str) {
-    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    assert!(worst <= 1e-4, "{what}: logits differ by {worst}");
+/// The session policy with its default configuration (RAM only), for `model`'s caches in `pool`.
+pub fn sessions(model: &Model, pool: &KvPool) -> Box<dyn ContextPolicy> {
+    Box::new(engram_context::SessionStore::from_config(model, pool, &engram_context::SessionsConfig::default()))
 }

@@ -59,7 +59,9 @@ fn run_owned(
     let engine = {
         let (model, pending) = (model.clone(), pending.clone());
         let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, budget);
-        std::thread::spawn(move || run_engine(&model, pool, config, Arc::new(Metrics::default()), pending, rx))
+        std::thread::spawn(move || {
+            run_engine(&model, pool.clone(), config, common::sessions(&model, &pool), Arc::new(Metrics::default()), pending, rx)
+        })
     };
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sinks: Vec<Collect> = jobs.iter().map(|_| Collect::default()).collect();

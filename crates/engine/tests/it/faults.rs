@@ -14,7 +14,7 @@ use common::job;
 use common::Collect;
 use engram_context::{Checkout, SessionStore};
 use engram_engine::{
-    run_engine_with, Command, ContextPolicy, Event, Generator, JobErrorKind, Metrics, Retired, SamplingParams, SchedulerConfig,
+    run_engine, Command, ContextPolicy, Event, Generator, JobErrorKind, Metrics, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_fixture::{GgufFormat, Shape};
@@ -75,7 +75,7 @@ fn a_panicking_step_fails_its_sequences_and_the_engine_goes_on() {
     let engine = {
         let (model, pending, pool, metrics) = (model.clone(), pending.clone(), pool.clone(), metrics.clone());
         let config = SchedulerConfig { prefill_chunk: 4, ..SchedulerConfig::default() };
-        std::thread::spawn(move || run_engine_with(&model, pool, config, Box::new(policy), metrics, pending, rx))
+        std::thread::spawn(move || run_engine(&model, pool, config, Box::new(policy), metrics, pending, rx))
     };
     let submit = |owner: &str, sink: &Collect| {
         pending.fetch_add(1, Relaxed);

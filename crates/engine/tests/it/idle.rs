@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use engram_context::{Checkout, SessionStore};
 use engram_engine::{
-    run_engine_with, Command, ContextPolicy, Event, EventSink, IdleInterrupt, Job, Metrics, Retired, SamplingParams, SchedulerConfig,
+    run_engine, Command, ContextPolicy, Event, EventSink, IdleInterrupt, Job, Metrics, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_fixture::{GgufFormat, Shape};
@@ -85,7 +85,7 @@ fn start(
     let engine = {
         let (model, pending) = (model.clone(), pending.clone());
         std::thread::spawn(move || {
-            run_engine_with(&model, pool, SchedulerConfig::default(), Box::new(policy), Arc::new(Metrics::default()), pending, rx)
+            run_engine(&model, pool, SchedulerConfig::default(), Box::new(policy), Arc::new(Metrics::default()), pending, rx)
         })
     };
     (tx, pending, engine)

@@ -42,7 +42,9 @@ fn scheduled_jobs_equal_the_generator_alone_and_batched() {
     let engine = {
         let (model, pending) = (model.clone(), pending.clone());
         let pool = KvPool::new(layout, KvFormat::F32, 64 << 20);
-        std::thread::spawn(move || run_engine(&model, pool, config, Arc::new(Metrics::default()), pending, rx))
+        std::thread::spawn(move || {
+            run_engine(&model, pool.clone(), config, common::sessions(&model, &pool), Arc::new(Metrics::default()), pending, rx)
+        })
     };
     let sinks: Vec<Collect> = prompts.iter().map(|_| Collect::default()).collect();
     for (i, (p, sink)) in prompts.iter().zip(&sinks).enumerate() {

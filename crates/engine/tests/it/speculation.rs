@@ -91,7 +91,7 @@ fn logprobs_are_reported_per_token_with_or_without_speculation() {
         tx.send(Command::Submit(common::job("t", &ids, &params), Box::new(sink.clone()), Instant::now())).unwrap();
         drop(tx);
         let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 256 << 20);
-        run_engine(&model, pool, config, metrics.clone(), pending, rx);
+        run_engine(&model, pool.clone(), config, common::sessions(&model, &pool), metrics.clone(), pending, rx);
         let events = sink.0.lock().unwrap();
         let lps: Vec<engram_engine::TokenLogprob> =
             events.iter().filter_map(|e| if let Event::Logprob(l) = e { Some(l.clone()) } else { None }).collect();

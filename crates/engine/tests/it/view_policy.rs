@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::common;
 use common::Collect;
 use engram_context::{Checkout, SessionStore};
-use engram_engine::{run_engine_with, Command, ContextPolicy, Generator, Metrics, Retired, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine, Command, ContextPolicy, Generator, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
@@ -71,7 +71,7 @@ fn a_policy_that_attaches_a_document_generates_what_a_cold_run_over_both_does() 
     let engine = {
         let (model, pending, pool) = (model.clone(), pending.clone(), pool.clone());
         let config = SchedulerConfig { prefill_chunk: 4, ..SchedulerConfig::default() };
-        std::thread::spawn(move || run_engine_with(&model, pool, config, Box::new(policy), Arc::new(Metrics::default()), pending, rx))
+        std::thread::spawn(move || run_engine(&model, pool, config, Box::new(policy), Arc::new(Metrics::default()), pending, rx))
     };
     let sinks = [Collect::default(), Collect::default()];
     for (owner, tokens, sink) in [("reader", &prompt, &sinks[0]), ("plain", &plain, &sinks[1])] {

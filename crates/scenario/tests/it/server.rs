@@ -62,7 +62,7 @@ fn a_server_restarted_between_phases_resumes_every_agent_warm() {
     let dir = tempfile::tempdir().unwrap();
     let config = || {
         let mut c = ServerConfig::new("tiny");
-        c.scheduler.disk = Some(DiskConfig {
+        c.sessions.disk = Some(DiskConfig {
             dir: dir.path().join("kv"),
             budget_bytes: 256 << 20,
             policy: engram_kv::EvictionPolicy::Lru,

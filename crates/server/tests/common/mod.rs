@@ -188,7 +188,7 @@ pub fn start_stoppable_with(
 /// A server config that persists sessions (and agents) under `<dir>/kv`, 256 MiB.
 pub fn persisting(dir: &std::path::Path, policy: engram_kv::EvictionPolicy) -> ServerConfig {
     let mut c = ServerConfig::new("tiny");
-    c.scheduler.disk = Some(engram_server::DiskConfig { dir: dir.join("kv"), budget_bytes: 256 << 20, policy, tenant_share_bytes: None });
+    c.sessions.disk = Some(engram_server::DiskConfig { dir: dir.join("kv"), budget_bytes: 256 << 20, policy, tenant_share_bytes: None });
     c
 }
 

@@ -76,7 +76,7 @@ fn an_agents_session_is_pinned_on_disk_and_outlives_newer_chats() {
     let dir = tempfile::tempdir().unwrap();
     let config = |budget: u64| {
         let mut c = persisting(dir.path(), engram_kv::EvictionPolicy::Lru);
-        c.scheduler.disk.as_mut().unwrap().budget_bytes = budget;
+        c.sessions.disk.as_mut().unwrap().budget_bytes = budget;
         c
     };
     let (addr, stop, thread) = start_stoppable(config(256 << 20));

@@ -48,7 +48,7 @@ const TURNS: [&str; 4] = ["What is a KV cache?", "And eviction?", "Why whole tur
 /// as the next request's text tokenizes the same way (what a cold server computes). So they
 /// agree up to the first answer the tokenizer would split otherwise — which a random-weight
 /// model soon generates (seen in the sessions mode as an answer not wholly reused). The
-/// ring's own exactness, every turn, against the model on its view: `engine/tests/dual.rs`.
+/// ring's own exactness, every turn, against the model on its view: `crates/dual/tests/it/dual.rs`.
 #[test]
 fn with_every_turn_in_the_ring_answers_equal_the_sessions_mode() {
     let sessions = start(64 << 20, ServerConfig::new("tiny"));

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
-use engram_server::{SchedulerConfig, Server, ServerConfig};
+use engram_server::{Server, ServerConfig, SessionsConfig};
 use serde_json::{json, Value};
 
 #[test]
@@ -241,10 +241,8 @@ fn a_prompt_that_can_never_fit_is_a_400_naming_the_bytes() {
     // Two blocks of KV: 64 tokens.
     let m = model();
     let block = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 0).block_bytes();
-    let addr = start(
-        2 * block,
-        ServerConfig { scheduler: SchedulerConfig { max_sessions: 4, ..Default::default() }, ..ServerConfig::new("tiny") },
-    );
+    let addr =
+        start(2 * block, ServerConfig { sessions: SessionsConfig { max_sessions: 4, ..Default::default() }, ..ServerConfig::new("tiny") });
     let long = "many words in a row ".repeat(40);
     let r = chat(addr, &json!([{"role": "user", "content": long}]), json!({}));
     assert_eq!(r.status, 400, "{}", r.body);

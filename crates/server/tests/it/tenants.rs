@@ -11,7 +11,7 @@ use serde_json::json;
 fn bobs_cached_tokens(share: bool) -> u64 {
     let mut config = ServerConfig::new("tiny");
     config.api_keys = vec![("k1".into(), "alice".into()), ("k2".into(), "bob".into())];
-    config.scheduler.share_prefixes_across_tenants = share;
+    config.sessions.share_prefixes_across_tenants = share;
     let addr = start(64 << 20, config);
     let system = "You are the private assistant of one patient; their whole history follows. ".repeat(4);
     let body = json!({

@@ -11,8 +11,9 @@ use common::{assert_close, cold, fact, ids, on_view, tiny};
 
 use std::sync::Arc;
 
-use engram_context::SegmentId;
-use engram_engine::{ContextPolicy, DualStream, FactSegment, Retired, Summarizer};
+use engram_dual::SegmentId;
+use engram_dual::{DualStream, FactSegment, Summarizer};
+use engram_engine::{ContextPolicy, Retired};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 
 fn retire(policy: &mut DualStream, thread: &str, tokens: Vec<u32>, kv: SeqKv) {

@@ -5,7 +5,7 @@
 //! turn whose KV does not sit at the ring's next position is refused.
 
 use crate::common;
-use engram_context::{TurnMask, TurnRing};
+use engram_dual::{TurnMask, TurnRing};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
 

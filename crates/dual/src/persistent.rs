@@ -22,7 +22,7 @@
 //! positions), and
 //! [`PersistentStream::masked_ranges`] are exactly the masked segments' slots; every change
 //! bumps [`PersistentStream::generation`] (driven through the dual-stream policy in
-//! `crates/engine/tests/it/facts.rs` and `crates/engine/tests/it/dual_persist.rs`).
+//! `crates/dual/tests/it/facts.rs` and `crates/dual/tests/it/dual_persist.rs`).
 
 use std::ops::Range;
 

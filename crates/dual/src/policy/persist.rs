@@ -15,7 +15,7 @@
 //! Invariant: nothing computed on an unverified ring is kept (its ring is not saved until the
 //! check passes; a failed check drops the thread and every turn computed on it), and a stream's
 //! mapped KV replaces its RAM KV only when it is the same generation and tokens
-//! (`crates/engine/tests/it/dual_persist.rs`, `dual_restore.rs`, `dual_files.rs`, `dual_fuzz.rs`).
+//! (`crates/dual/tests/it/dual_persist.rs`, `dual_restore.rs`, `dual_files.rs`, `dual_fuzz.rs`).
 //!
 //! A state entry set (`DualStream::set_state`) on a thread whose restore is still being
 //! verified by a running turn is remembered beside the ring: if the ring proves damaged, the
@@ -24,7 +24,7 @@
 
 use std::ops::Range;
 
-use engram_context::{stream_file_name, RingStore, StreamWrite, StreamWriter, TurnRing};
+use crate::{stream_file_name, RingStore, StreamWrite, StreamWriter, TurnRing};
 use engram_kv::{ChecksumCheck, SeqKv};
 use engram_policy::PendingRestore;
 
@@ -42,7 +42,7 @@ pub(super) struct RingRestore {
 
 impl DualStream {
     /// Keeps each user's persistent stream as an immutable entry file in `dir`
-    /// (`engram_context::stream_file_name`): written after every change by a background writer,
+    /// ([`crate::stream_file_name`]): written after every change by a background writer,
     /// then mapped back, so every thread attends one copy of it in the page cache (until the
     /// write lands, threads attend the stream in RAM); after a restart a stream is restored from
     /// its file (as far as it agrees with the stream's tokens) instead of prefilled. A damaged

@@ -10,15 +10,16 @@ use std::time::Instant;
 
 use crate::common;
 use common::{tiny, Collect};
-use engram_context::{Checkout, TurnMask, TurnRing};
+use engram_dual::{DualStats, DualStream, Relevance};
+use engram_dual::{TurnMask, TurnRing};
 use engram_embed::TextEncoder;
 use engram_engine::{
-    argmax, run_engine_with, Command, ContextPolicy, Decoding, DualStats, DualStream, Metrics, PooledEncoder, Relevance, Retired,
-    SamplingParams, SchedulerConfig,
+    argmax, run_engine, Command, ContextPolicy, Decoding, Metrics, PooledEncoder, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
+use engram_policy::Checkout;
 
 const CAPACITY: usize = 96;
 const ANSWER: usize = 6;
@@ -128,7 +129,7 @@ fn conversation(relevance: Option<(f32, usize)>) {
     let engine = {
         let (model, pending, pool) = (model.clone(), pending.clone(), pool.clone());
         std::thread::spawn(move || {
-            run_engine_with(&model, pool, SchedulerConfig::default(), Box::new(recorder), Arc::new(Metrics::default()), pending, rx)
+            run_engine(&model, pool, SchedulerConfig::default(), Box::new(recorder), Arc::new(Metrics::default()), pending, rx)
         })
     };
     let params = SamplingParams { max_tokens: ANSWER, ignore_eos: true, ..Default::default() };

@@ -16,12 +16,12 @@
 //!
 //! Invariant: a summary stopped and resumed any number of times swaps in the stream one
 //! uninterrupted run swaps in, bit for bit (the same forward calls in the same order), and the
-//! swap happens only once the new stream is wholly prefilled (`crates/engine/tests/it/summary_job.rs`,
+//! swap happens only once the new stream is wholly prefilled (`crates/dual/tests/it/summary_job.rs`,
 //! `summary_sched.rs`).
 
 use std::time::Instant;
 
-use engram_context::PersistentStream;
+use crate::PersistentStream;
 
 use super::{DualStream, Summary};
 use crate::summarize::{SummaryJob, SUMMARY_PREFILL_CHUNK};

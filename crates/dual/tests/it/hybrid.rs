@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
+use engram_dual::{DualStream, Relevance};
 use engram_embed::{Embeddings, TextEncoder};
-use engram_engine::{ContextPolicy, DualStream, Relevance, Retired};
+use engram_engine::{ContextPolicy, Retired};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{KvCache, Logits, Model, SeqStep};
@@ -35,7 +36,7 @@ impl TextEncoder for Opposed {
 }
 
 /// The positions a checkout's view attends, in order.
-fn positions(pool: &KvPool, c: &engram_context::Checkout) -> Vec<usize> {
+fn positions(pool: &KvPool, c: &engram_policy::Checkout) -> Vec<usize> {
     let view = KvView::new(c.spans.clone(), SeqKv::new(pool));
     let mut out = Vec::new();
     view.for_each_chunk(0, &mut |ch| {

@@ -16,8 +16,9 @@ use common::{dual_turn, fact, ids, tiny};
 use std::path::Path;
 use std::sync::Arc;
 
-use engram_context::stream_file_name;
-use engram_engine::{ContextPolicy, DualStream};
+use engram_dual::stream_file_name;
+use engram_dual::DualStream;
+use engram_engine::ContextPolicy;
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 

@@ -12,7 +12,7 @@
 //! only evictable entries (rings and, when their user is idle, stream files: the caller says
 //! which by `evictable` and `protect`) that `protect` does not keep, and once they
 //! are removed the total and each account fit as far as evictable entries allow
-//! (this file's tests; through the policy, `crates/engine/tests/it/dual_files.rs`).
+//! (this file's tests; through the policy, `crates/dual/tests/it/dual_files.rs`).
 
 use std::collections::HashMap;
 

@@ -13,11 +13,12 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
 use common::{assert_close, ids, on_view, tiny, Collect};
-use engram_context::Checkout;
-use engram_engine::{run_engine_with, Command, ContextPolicy, DualStats, DualStream, Metrics, Retired, SamplingParams, SchedulerConfig};
+use engram_dual::{DualStats, DualStream};
+use engram_engine::{run_engine, Command, ContextPolicy, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
+use engram_policy::Checkout;
 
 /// The policy, its counts copied out after every retirement.
 struct Recorder {
@@ -51,7 +52,7 @@ fn run(m: &Arc<Model>, dir: &Path, prompts: &[Vec<u32>]) -> (Vec<String>, DualSt
     let (pending, metrics) = (Arc::new(AtomicUsize::new(0)), Arc::new(Metrics::default()));
     let engine = {
         let (m, pending, metrics) = (m.clone(), pending.clone(), metrics.clone());
-        std::thread::spawn(move || run_engine_with(&m, pool, SchedulerConfig::default(), Box::new(recorder), metrics, pending, rx))
+        std::thread::spawn(move || run_engine(&m, pool, SchedulerConfig::default(), Box::new(recorder), metrics, pending, rx))
     };
     let params = SamplingParams { max_tokens: 5, ignore_eos: true, ..Default::default() };
     let sinks: Vec<Collect> = prompts.iter().map(|_| Collect::default()).collect();

@@ -19,10 +19,10 @@
 //! Invariant: a restore yields exactly the turns, tokens, positions, embeddings and carry
 //! that were saved, with each turn's KV bytes as written (every entry check passed and its
 //! tokens equal to the manifest's), or an error and nothing: a damaged, truncated, foreign or
-//! missing file refuses the whole ring (`crates/engine/tests/it/dual_persist.rs`). With
+//! missing file refuses the whole ring (`crates/dual/tests/it/dual_persist.rs`). With
 //! [`RingStore::load_unverified`] the turn files' checksums are the one check left running
 //! (one background thread for the ring) until the caller waits for them
-//! (`crates/engine/tests/it/dual_restore.rs`). Writes are
+//! (`crates/dual/tests/it/dual_restore.rs`). Writes are
 //! carried out in the order queued, each file atomically; [`RingStore::flush`] returns once
 //! everything queued is on disk.
 

@@ -18,10 +18,12 @@ use common::{assert_close, fact, ids, tiny};
 use std::path::Path;
 use std::sync::Arc;
 
-use engram_context::{stream_file_name, Checkout, PersistentStream};
-use engram_engine::{ContextPolicy, DualStream, FactSegment};
+use engram_dual::{stream_file_name, PersistentStream};
+use engram_dual::{DualStream, FactSegment};
+use engram_engine::ContextPolicy;
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
+use engram_policy::Checkout;
 
 const ANSWER: usize = 5;
 

@@ -14,7 +14,7 @@
 //! new prompt attends only the turns at least `threshold` similar to it plus the last
 //! `keep_last` (at least 1, so the new turn always starts right after the ring's last token).
 //!
-//! The persistent stream (`engram_context::PersistentStream`) is the user's base anchors (the
+//! The persistent stream ([`PersistentStream`]) is the user's base anchors (the
 //! system prompt) then facts ([`DualStream::set_facts`]), or a summary of them: append-only —
 //! a new fact prefills only its tokens after the stream's last, a dropped one is masked at
 //! once — and compacted (tombstones dropped) when it passes its cap; when the live facts
@@ -29,15 +29,15 @@
 //!
 //! Invariant: a thread's RAM is its ring (at most `capacity` tokens plus the newest turn and
 //! pinned ones) plus a share of its user's anchors, however long the conversation; a request
-//! attends exactly `TurnRing::view` (`crates/context/tests/it/ring_fuzz.rs`), and with nothing
+//! attends exactly `TurnRing::view` (`crates/dual/tests/it/ring_fuzz.rs`), and with nothing
 //! forgotten its answer equals a cold run over anchors + every turn
-//! (`crates/engine/tests/it/dual.rs`).
+//! (`crates/dual/tests/it/dual.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use engram_context::{PersistentStream, RingStore, SegmentId, StreamWriter, TurnMask, TurnRing};
+use crate::{PersistentStream, RingStore, SegmentId, StreamWriter, TurnMask, TurnRing};
 use engram_embed::TextEncoder;
 use engram_kv::{KvPool, KvView, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
@@ -218,7 +218,7 @@ pub struct DualStream {
     /// Threads whose ring failed its checksums: their next turn starts empty, not from disk.
     refused: HashSet<(String, String)>,
     /// The files' bytes against the disk budget (`set_disk_budget`).
-    ledger: Option<engram_context::DualDiskLedger>,
+    ledger: Option<crate::DualDiskLedger>,
 }
 
 impl DualStream {
@@ -545,7 +545,7 @@ impl ContextPolicy for DualStream {
         }
         if let (Some(dir), Some(w)) = (&self.dir, &self.streams) {
             // After any write of it still queued.
-            w.delete(dir.join(engram_context::stream_file_name(owner)));
+            w.delete(dir.join(crate::stream_file_name(owner)));
         }
         self.refused.retain(|(o, _)| o != owner);
         let threads: Vec<String> = self.threads.keys().filter(|(o, _)| o == owner).map(|(_, t)| t.clone()).collect();

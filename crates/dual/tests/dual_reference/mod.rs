@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use engram_context::SegmentId;
+use engram_dual::FactSegment;
+use engram_dual::SegmentId;
 use engram_embed::{cosine, Embeddings, TextEncoder};
-use engram_engine::FactSegment;
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{KvCache, Logits, Model, RopeConfig, SeqStep};
 

@@ -2,7 +2,7 @@
 //! leaves memory and the file as they were; logs survive a reopen; damaged, truncated,
 //! foreign, other-version and oversized files are moved aside, never half-used.
 
-use engram_context::{FactError, FactLimits, FactStore};
+use engram_dual::{FactError, FactLimits, FactStore};
 
 fn limits() -> FactLimits {
     FactLimits { max_facts: 4, max_text_bytes: 64, max_file_bytes: 1 << 20 }
@@ -48,7 +48,7 @@ fn refused_changes_change_nothing() {
     store.append(owner, "two", Some(1), |_| {}).unwrap();
     let file = store.file(owner).unwrap();
     let (before, bytes) = (store.list(owner), std::fs::read(&file).unwrap());
-    let never = |_: &[engram_context::Fact]| panic!("`then` runs only after a change");
+    let never = |_: &[engram_dual::Fact]| panic!("`then` runs only after a change");
     assert_eq!(store.append(owner, " ", None, never), Err(FactError::Empty));
     assert_eq!(store.append(owner, &"x".repeat(65), None, never), Err(FactError::TooLong { bytes: 65, max: 64 }));
     assert_eq!(store.append(owner, "three", Some(9), never), Err(FactError::UnknownFact(9)));

@@ -6,17 +6,23 @@
 //! still in RAM answers as before (untouched there) and is written whole at its next turn; one
 //! that is not starts empty after a restart, like a thread whose ring was never saved. An
 //! evicted stream file is only a cache: the stream's tokens are its anchors, the user's facts
-//! (kept by their own log, `engram_context::FactStore`, in the server) and a summary the
+//! (kept by their own log, ``crate::FactStore``, in the server) and a summary the
 //! summarizer makes again from them, so a stream whose file is gone is prefilled again at its
 //! user's next turn after a restart (and written again at the next turn in this process).
 //!
 //! Invariant: once the writers are flushed, the `dual/` directory holds at most the budget (and
 //! each account its share) as far as files of idle owners allow, and answers equal an
-//! unbudgeted run's (`crates/engine/tests/it/dual_files.rs`).
+//! unbudgeted run's (`crates/dual/tests/it/dual_files.rs`).
 
-use engram_context::{account, stream_file_name, DualDiskLedger, RingStore};
+use engram_policy::OwnerKey;
 
 use super::DualStream;
+use crate::{stream_file_name, DualDiskLedger, RingStore};
+
+/// The account an owner key belongs to ([`OwnerKey::tenant_of`]), which disk shares count by.
+fn account(owner: &str) -> &str {
+    OwnerKey::tenant_of(owner)
+}
 
 impl DualStream {
     /// Keeps this policy's files (with [`DualStream::with_dir`]) within `budget` bytes, each

@@ -16,14 +16,15 @@
 //! Invariant: the same facts give the same summary (greedy, fixed prompt, a scratch cache of
 //! its own: nothing of the engine's sequences or pool is read or written), bit for bit however
 //! often the job was stopped and resumed: every run makes the same forward calls in the same
-//! order (`crates/engine/tests/it/summary_job.rs`).
+//! order (`crates/dual/tests/it/summary_job.rs`).
 
 use std::sync::Arc;
 
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
 
-use crate::{Decoding, IdleInterrupt, SamplingParams};
+use engram_engine::{Decoding, SamplingParams};
+use engram_policy::IdleInterrupt;
 
 /// Prompt tokens per prefill step of a summary (one step between two interrupt checks).
 pub const SUMMARY_PREFILL_CHUNK: usize = 32;

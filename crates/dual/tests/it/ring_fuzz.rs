@@ -6,7 +6,7 @@
 //! the kept turns in order at packed positions — with every token's key equal to its key
 //! computed at that position and its value unchanged. 10,000 conversations.
 
-use engram_context::{TurnMask, TurnRing};
+use engram_dual::{TurnMask, TurnRing};
 use engram_embed::cosine;
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{KvCache, RopeConfig, RopeStyle};

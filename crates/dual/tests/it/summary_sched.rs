@@ -11,15 +11,14 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use engram_context::Checkout;
-use engram_engine::{
-    run_engine_with, Command, ContextPolicy, DualStats, DualStream, FactSegment, Generator, IdleInterrupt, Job, Metrics, Retired,
-    SamplingParams, SchedulerConfig, Summarizer,
-};
+use engram_dual::DualControl;
+use engram_dual::{DualStats, DualStream, FactSegment, Summarizer};
+use engram_engine::PolicyControl;
+use engram_engine::{run_engine, Command, ContextPolicy, Generator, IdleInterrupt, Job, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_engine::{AdmitRequest, PolicyLayer};
-use engram_engine::{DualControl, PolicyControl};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
+use engram_policy::Checkout;
 
 const ANSWER: usize = 6;
 
@@ -98,7 +97,7 @@ fn a_job_mid_summary_answers_over_the_old_stream_and_the_next_turn_over_the_new_
     let engine = {
         let (model, pending, pool) = (m.clone(), pending.clone(), pool.clone());
         std::thread::spawn(move || {
-            run_engine_with(&model, pool, SchedulerConfig::default(), Box::new(gate), Arc::new(Metrics::default()), pending, rx)
+            run_engine(&model, pool, SchedulerConfig::default(), Box::new(gate), Arc::new(Metrics::default()), pending, rx)
         })
     };
     let turn = |thread: &str, prompt: &[u32]| -> String {

@@ -11,7 +11,8 @@ use common::{assert_close, cold, fact, ids, on_view, tiny};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-use engram_engine::{ContextPolicy, DualStream, FactSegment, IdleInterrupt, Summarizer};
+use engram_dual::{DualStream, FactSegment, Summarizer};
+use engram_engine::{ContextPolicy, IdleInterrupt};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 

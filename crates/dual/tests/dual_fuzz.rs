@@ -38,9 +38,10 @@ mod dual_reference;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use engram_context::SegmentId;
+use engram_dual::SegmentId;
+use engram_dual::{DualStats, DualStream, FactSegment, Relevance};
 use engram_embed::TextEncoder;
-use engram_engine::{ContextPolicy, DraftTree, DualStats, DualStream, FactSegment, Relevance, Retired};
+use engram_engine::{ContextPolicy, DraftTree, Retired};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, KvView, SeqKv};
 use engram_model::{KvCache, Logits, Model};

@@ -18,7 +18,7 @@
 //! Invariant: the view's tokens are the anchors then the kept turns in order, at positions
 //! `0..P` then packed from `P` in ring order (a masked turn, or a masked slot of the
 //! persistent stream — a tombstoned fact —, leaves a gap, nothing else moves); each token's key equals its key computed at that position, to float rounding.
-//! `crates/context/tests/it/ring_fuzz.rs` checks it against a plain model of the policy.
+//! `crates/dual/tests/it/ring_fuzz.rs` checks it against a plain model of the policy.
 
 use std::collections::VecDeque;
 

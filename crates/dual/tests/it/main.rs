@@ -1,0 +1,18 @@
+//! The crate's integration tests, one module per concern, linked as one binary
+//! (a binary per file would link the whole dependency tree once per file).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod dual;
+mod dual_files;
+mod dual_persist;
+mod dual_restore;
+mod dual_speculation;
+mod facts;
+mod hybrid;
+mod ring_fuzz;
+mod ring_model;
+mod stored_facts;
+mod summary_job;
+mod summary_sched;
