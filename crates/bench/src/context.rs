@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use engram_context::{SessionStore, SessionsConfig};
 use engram_dual::DualStream;
 use engram_engine::scheduler::Job;
 use engram_engine::{ContextPolicy, SamplingParams};
@@ -87,15 +86,7 @@ fn params(a: &Args) -> SamplingParams {
 }
 
 fn job(owner: &str, thread: &str, prompt: Vec<u32>, params: &SamplingParams) -> Job {
-    Job {
-        tenant: owner.into(),
-        session: Some(thread.into()),
-        text: None,
-        add_special: false,
-        prompt,
-        params: params.clone(),
-        pinned: false,
-    }
+    Job { owner: owner.into(), session: Some(thread.into()), text: None, add_special: false, prompt, params: params.clone(), pinned: false }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -131,7 +122,7 @@ pub fn run(a: Args) -> Result<()> {
     // Full history: every turn sent again as text, the session extended (EXTEND: only the new
     // message is tokenized and prefilled), nothing evicted.
     let pool = kv_pool(&model, &a.model)?;
-    let engine = EngineThread::start(&model, &pool, Box::new(SessionStore::from_config(&model, &pool, &SessionsConfig::default())));
+    let engine = EngineThread::start(&model, &pool, engram_stack::build(&model, &pool, &Default::default()).policy);
     let mut full_marks = Vec::new();
     let mut history = model.tokenizer.decode(&anchors, true)?;
     for i in 1..=a.full_turns.unwrap_or(last).min(last) {

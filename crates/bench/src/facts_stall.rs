@@ -126,7 +126,7 @@ pub struct Setup<'a> {
 fn turn(engine: &EngineThread, user: &str, prompt: &[u32], max_tokens: usize) -> Result<f64> {
     let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
     let job = Job {
-        tenant: user.into(),
+        owner: user.into(),
         session: Some("a".into()),
         text: None,
         add_special: false,

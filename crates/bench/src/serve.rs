@@ -64,7 +64,7 @@ pub fn run(mut a: Args) -> Result<()> {
             let salt = round * 1000 + i;
             let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect();
             let job = Job {
-                tenant: format!("bench-{salt}"),
+                owner: format!("bench-{salt}").into(),
                 session: None,
                 text: None,
                 add_special: false,
@@ -149,7 +149,7 @@ fn staggered(
         |salt: u64| -> Vec<u32> { (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect() };
     let params = SamplingParams { max_tokens: a.decode_tokens, ignore_eos: true, ..Default::default() };
     let job = |salt: u64| Job {
-        tenant: format!("stagger-{salt}"),
+        owner: format!("stagger-{salt}").into(),
         session: None,
         text: None,
         add_special: false,

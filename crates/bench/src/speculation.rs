@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use engram_context::{SessionStore, SessionsConfig};
 use engram_engine::scheduler::Job;
 use engram_engine::EngineHandle;
 use engram_engine::{DraftModel, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
@@ -120,12 +119,13 @@ fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, mod
         }
     };
     let metrics = Arc::new(Metrics::default());
-    let (handle, engine) = EngineHandle::start(model.clone(), pool, config, metrics.clone(), |m, p| {
-        Box::new(SessionStore::from_config(m, p, &SessionsConfig::default()))
+    let stack_model = model.clone();
+    let (handle, engine) = EngineHandle::start(model.clone(), pool, config, metrics.clone(), move |_, p| {
+        engram_stack::build(&stack_model, p, &Default::default()).policy
     });
     let ids = model.tokenizer.encode(prompt, true)?.ids;
     let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
-    let job = Job { tenant: "bench".into(), session: None, text: None, add_special: true, prompt: ids, params, pinned: false };
+    let job = Job { owner: "bench".into(), session: None, text: None, add_special: true, prompt: ids, params, pinned: false };
     let sink = TimedSink::default();
     let start = Instant::now();
     handle.submit(job, Box::new(sink.clone()))?;

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use engram_kv::KvPool;
 use engram_model::Model;
-use engram_policy::{ContextPolicy, PolicyControl};
+use engram_policy::{ContextPolicy, OwnerKey, PolicyControl};
 
 use crate::metrics::Metrics;
 use crate::scheduler::{run_engine, Command, EventSink, Job, SchedulerConfig};
@@ -139,8 +139,8 @@ impl EngineHandle {
         Ok(())
     }
 
-    /// Drops the idle caches of an owner key (`Command::Forget`).
-    pub fn forget(&self, owner: String) {
+    /// Drops everything cached for `owner` (`Command::Forget`).
+    pub fn forget(&self, owner: OwnerKey) {
         let _ = self.tx.send(Command::Forget(owner));
     }
 
@@ -173,15 +173,7 @@ mod tests {
     }
 
     fn job() -> Job {
-        Job {
-            tenant: "t".into(),
-            session: None,
-            text: None,
-            add_special: false,
-            prompt: vec![1],
-            params: Default::default(),
-            pinned: false,
-        }
+        Job { owner: "t".into(), session: None, text: None, add_special: false, prompt: vec![1], params: Default::default(), pinned: false }
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub use parse::{DocKind, ParsedDoc};
 pub use pipeline::{
     build_prompt, Answer, AnswerTimings, BlendStats, CacheLevel, ChunkReuse, Prompt, QueryOptions, Rag, RagConfig, DEFAULT_SYSTEM_PROMPT,
 };
-pub use policy::{BlendOutcome, ForgetChunks, PromptSegments, SegmentRegistry, TreeCounters, TreePolicy, RAG_OWNER_MARK};
+pub use policy::{BlendOutcome, ForgetChunks, PromptSegments, SegmentRegistry, TreeCounters, TreePolicy};
 pub use qa::{QaBank, QaEntry, QaHit, QaStats, DEFAULT_QA_CAP_BYTES, DEFAULT_THRESHOLD};
 pub use retrieve::Retrieved;
 pub use stores::Stores;

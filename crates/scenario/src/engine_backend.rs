@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use engram_context::{DiskConfig, SessionStore, SessionsConfig};
-use engram_engine::{ContextPolicy, EngineHandle, Event, EventSink, Metrics, SamplingParams, SchedulerConfig};
+use engram_engine::{EngineHandle, Event, EventSink, Metrics, SamplingParams, SchedulerConfig};
 use engram_kv::{EvictionPolicy, KvFormat, KvLayout, KvPool};
 use engram_model::Model;
+use engram_stack::{DiskConfig, SessionsConfig, StackConfig};
 
 use crate::backend::{AgentKey, Backend, Turn, TurnOutcome};
 use crate::no_reuse::NoReuse;
@@ -92,9 +92,10 @@ impl EngineBackend {
             }),
             ..SessionsConfig::default()
         };
-        let reuse = o.reuse;
-        self.engine = Some(EngineHandle::start(self.model.clone(), pool, config, Arc::new(Metrics::default()), move |m, p| {
-            let policy: Box<dyn ContextPolicy> = Box::new(SessionStore::from_config(m, p, &sessions));
+        let stack = StackConfig { sessions, ..StackConfig::default() };
+        let (reuse, model) = (o.reuse, self.model.clone());
+        self.engine = Some(EngineHandle::start(self.model.clone(), pool, config, Arc::new(Metrics::default()), move |_, p| {
+            let policy = engram_stack::build(&model, p, &stack).policy;
             if reuse {
                 policy
             } else {
@@ -119,7 +120,7 @@ impl EngineBackend {
         let prompt = tok.encode(&text, false).map_err(|e| e.to_string())?.ids;
         let params = SamplingParams { temperature: 0.0, max_tokens, ..SamplingParams::default() };
         let job = engram_engine::Job {
-            tenant: turn.agent.key.clone(),
+            owner: turn.agent.key.as_str().into(),
             session: Some(SESSION.into()),
             text: Some(text.clone()),
             add_special: false,
@@ -185,7 +186,7 @@ impl Backend for EngineBackend {
         if !engine.is_alive() {
             return Err("the engine thread is gone".into());
         }
-        engine.forget(agent.key.clone());
+        engine.forget(agent.key.as_str().into());
         Ok(())
     }
 

@@ -16,6 +16,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use engram_engine::OwnerKey;
 use engram_tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::json;
@@ -27,8 +28,9 @@ use crate::openai::{finish_str, to_chat, InMessage, SamplingFields};
 use crate::scheduler::Job;
 use crate::AppState;
 
-fn cache_key(tenant: &str, id: &str) -> String {
-    format!("{tenant}\u{1f}agent:{id}")
+/// The owner key of `tenant`'s agent `id`: its sessions, pinned on disk, are the agent's memory.
+fn cache_key(tenant: &str, id: &str) -> OwnerKey {
+    OwnerKey::agent(tenant, id)
 }
 
 #[derive(Deserialize)]
@@ -106,7 +108,7 @@ pub(crate) async fn generate(
     let sampling = req.sampling.with_max_tokens(req.max_tokens);
     let params = api::params(&s, prompt.len(), sampling)?;
     let job = Job {
-        tenant: cache_key(&tenant, &id),
+        owner: cache_key(&tenant, &id),
         session: Some("main".into()),
         text: Some(text),
         add_special: false,

@@ -88,7 +88,8 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         ..Default::default()
     };
     let params = api::params(&s, prompt.len(), sampling)?;
-    let (st, mut rx) = api::start(&s, Job { tenant, session, text: Some(text), add_special: false, prompt, params, pinned: false }).await?;
+    let (st, mut rx) =
+        api::start(&s, Job { owner: tenant.into(), session, text: Some(text), add_special: false, prompt, params, pinned: false }).await?;
     let id = api::new_id("msg");
     let model = s.config.model_id.clone();
     if !req.stream.unwrap_or(false) {

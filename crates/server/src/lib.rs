@@ -55,6 +55,8 @@ use engram_kv::KvPool;
 use engram_model::Model;
 
 pub use engram_context::{DiskConfig, SessionsConfig};
+pub use engram_stack::ContextMode;
+use engram_stack::{RagLayer, StackConfig};
 pub use error::ApiError;
 /// How facts and their summary are introduced in their system messages (`facts.rs`).
 pub use facts::{FACT_PREFIX, SUMMARY_PREFIX};
@@ -103,31 +105,6 @@ impl std::fmt::Debug for SummarizerModel {
     }
 }
 
-/// How the engine keeps context between chat requests.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub enum ContextMode {
-    /// Sessions matched by characters, shared prefixes, persistence (the default).
-    #[default]
-    Sessions,
-    /// Dual-stream contexts (the dual-stream design, `dual.rs`): per user (`user` field) a persistent stream
-    /// of the system prompt, per thread (`thread_id` / `X-Engram-Thread`) a ring of whole turns
-    /// within `ring_tokens`; with an embedder, turns less similar than `threshold` to the new
-    /// message are masked (the last `keep_last` always attended). The persistent stream (system
-    /// prompt and the user's facts, `/v1/users/{id}/facts`) is capped at `persistent_cap`
-    /// tokens: past it the facts are summarized to `summary_target` tokens.
-    Dual { ring_tokens: usize, threshold: f32, keep_last: usize, persistent_cap: usize, summary_target: usize },
-}
-
-impl ContextMode {
-    /// The persistent stream's cap in tokens (`usize::MAX` outside dual-stream contexts).
-    pub fn persistent_cap(&self) -> usize {
-        match self {
-            ContextMode::Dual { persistent_cap, .. } => *persistent_cap,
-            ContextMode::Sessions => usize::MAX,
-        }
-    }
-}
-
 impl ServerConfig {
     /// Defaults for `model_id`.
     pub fn new(model_id: impl Into<String>) -> ServerConfig {
@@ -170,39 +147,29 @@ impl Server {
     /// Starts the engine thread for `model` with KV charged to `pool`.
     pub fn start(model: Arc<Model>, pool: KvPool, config: ServerConfig) -> Server {
         let metrics = Arc::new(Metrics::default());
-        let mut policy: Box<dyn engram_engine::ContextPolicy> = match config.context {
-            ContextMode::Sessions => Box::new(engram_context::SessionStore::from_config(&model, &pool, &config.sessions)),
-            ContextMode::Dual { ring_tokens, threshold, keep_last, persistent_cap, summary_target } => {
-                let mut policy = engram_dual::DualStream::new(model.clone(), pool.clone(), ring_tokens);
-                if let Some(encoder) = config.embedder.clone() {
-                    policy = policy.with_relevance(engram_dual::Relevance { encoder, threshold, keep_last });
-                }
-                let summarizer_model = config.summarizer.as_ref().map_or_else(|| model.clone(), |m| m.0.clone());
-                let summarizer = engram_dual::Summarizer::new(summarizer_model, summary_target, facts::summary_renderer(model.clone()));
-                policy = policy.with_persistent_cap(persistent_cap, Some(summarizer));
-                // Users' persistent streams and threads' rings survive a restart beside the
-                // sessions (`<session dir>/dual`); without a session dir they live in RAM only.
-                if let Some(d) = &config.sessions.disk {
-                    if let Err(e) = policy.set_dir(d.dir.join("dual")) {
-                        tracing::warn!("dual-stream contexts are not persisted: {e}");
-                    }
-                    // Its files count against --disk-budget-mib and each tenant's share.
-                    policy.set_disk_budget(d.budget_bytes, d.tenant_share_bytes);
-                }
-                Box::new(policy)
-            }
-        };
-        // RAG jobs go to the chunk KV tree; every other owner to the policy above, unchanged.
+        // The policy stack: sessions or dual-stream contexts, under RAG's chunk KV tree when
+        // RAG is on (RAG jobs go to the tree; every other owner to the policy, unchanged).
         let rag = config.rag.clone().map(rag::RagState::new);
-        if let Some(r) = &rag {
-            let tree = engram_rag::TreePolicy::new(policy, r.registry.clone(), pool.clone(), model.clone(), r.tree_cap_bytes());
-            *r.tree.lock().unwrap_or_else(|e| e.into_inner()) = Some(tree.counters());
-            policy = match &r.idle {
-                // PerCache's idle units run in the engine's idle hook, one per slice.
-                Some(idle) => Box::new(tree.with_idle(idle.clone())),
-                None => Box::new(tree),
-            };
+        let stack = engram_stack::build(
+            &model,
+            &pool,
+            &StackConfig {
+                context: config.context,
+                sessions: config.sessions.clone(),
+                encoder: config.embedder.clone(),
+                summarizer: config.summarizer.as_ref().map(|m| m.0.clone()),
+                render_summary: Some(facts::summary_renderer(model.clone())),
+                rag: rag.as_ref().map(|r| RagLayer {
+                    registry: r.registry.clone(),
+                    tree_cap_bytes: r.tree_cap_bytes(),
+                    idle: r.idle.clone(),
+                }),
+            },
+        );
+        if let (Some(r), Some(counters)) = (&rag, stack.rag_tree) {
+            *r.tree.lock().unwrap_or_else(|e| e.into_inner()) = Some(counters);
         }
+        let policy = stack.policy;
         let (engine, thread) = EngineHandle::start_with(model.clone(), pool, config.scheduler.clone(), policy, metrics.clone());
         let agents = match &config.sessions.disk {
             Some(d) => agent_registry::Agents::open(&d.dir),

@@ -256,7 +256,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
                 state,
             })),
         }
-        Job { tenant: d.owner, session: Some(d.thread), text: None, add_special: false, prompt: d.turn, params, pinned: false }
+        Job { owner: d.owner.into(), session: Some(d.thread), text: None, add_special: false, prompt: d.turn, params, pinned: false }
     } else {
         if req.state.is_some() {
             return Err(ApiError::bad_param("state", "a thread's state entry needs dual-stream contexts (engram serve --context dual)"));
@@ -264,7 +264,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         let session = api::session(&headers, req.session_id.as_deref())?;
         let (text, prompt) = api::render_chat(&s, messages).await?;
         let params = api::params(&s, prompt.len(), sampling)?;
-        Job { tenant, session, text: Some(text), add_special: false, prompt, params, pinned: false }
+        Job { owner: tenant.into(), session, text: Some(text), add_special: false, prompt, params, pinned: false }
     };
     let (st, mut rx) = api::start(&s, job).await?;
     let id = api::new_id("chatcmpl");
@@ -364,7 +364,8 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     let mut sampling = req.sampling.with_max_tokens(Some(req.max_tokens.unwrap_or(16)));
     sampling.logprobs = logprobs;
     let params = api::params(&s, prompt.len(), sampling)?;
-    let (st, mut rx) = api::start(&s, Job { tenant, session, text, add_special: true, prompt, params, pinned: false }).await?;
+    let (st, mut rx) =
+        api::start(&s, Job { owner: tenant.into(), session, text, add_special: true, prompt, params, pinned: false }).await?;
     let id = api::new_id("cmpl");
     let created = api::now_s();
     let model = s.config.model_id.clone();

@@ -5,7 +5,7 @@
 //! ```text
 //!  query ─► blocking pool: Library::plan (embed, QA bank, retrieval, prompt) ─┬─ QA hit ─► answer  cache_level qa
 //!                                                                            └─ prompt ─► SegmentRegistry
-//!        ─► engine thread: Job (owner <tenant>\x1frag:<n>, token ids) ─ TreePolicy: chunk KV tree ─ batched decode
+//!        ─► engine thread: Job (owner OwnerKey::rag(tenant, n), token ids) ─ TreePolicy: chunk KV tree ─ batched decode
 //!        ─► blocking pool: Library::record (QA insert) ─► answer  cache_level kv | none
 //! ```
 //! Each tenant (API key's account) has its own knowledge bank and QA bank under
@@ -515,7 +515,7 @@ pub(crate) async fn query(State(s): State<AppState>, headers: HeaderMap, body: B
         chunk_dir: Some(tenant_dir(&rag.config, &tenant).join("chunks")),
     });
     let job = Job {
-        tenant: owner.clone(),
+        owner: owner.clone(),
         session: None,
         text: None,
         add_special: false,

@@ -110,7 +110,7 @@ impl EngineHandle {
         if !self.is_alive() {
             return Err(engine_down());
         }
-        let slot = self.quota.take(&job.tenant)?;
+        let slot = self.quota.take(job.owner.as_str())?;
         let (tx, rx) = unbounded_channel();
         match self.inner.submit(job, Box::new(Sink(tx, slot))) {
             Ok(()) => Ok(rx),
@@ -120,8 +120,8 @@ impl EngineHandle {
     }
 
     /// Drops the idle sessions of a tenant key.
-    pub fn forget(&self, tenant: String) {
-        self.inner.forget(tenant)
+    pub fn forget(&self, owner: engram_engine::OwnerKey) {
+        self.inner.forget(owner)
     }
 
     /// Tells the engine its policy may have background work (`Command::Wake`): the idle hook
@@ -159,7 +159,7 @@ mod tests {
         assert!(thread.join().is_err(), "the stand-in engine died");
         assert!(!handle.is_alive());
         let job = Job {
-            tenant: "t".into(),
+            owner: "t".into(),
             session: None,
             text: None,
             add_special: false,

@@ -15,9 +15,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use engram_kv::{KvView, BLOCK_TOKENS};
-use engram_policy::{AdmitRequest, OwnerKey};
+use engram_policy::AdmitRequest;
 
-use super::{account, Engine, Event, JobError, JobErrorKind, Seq};
+use super::{Engine, Event, JobError, JobErrorKind, Seq};
 use crate::decoding::Decoding;
 
 impl Engine<'_> {
@@ -48,8 +48,8 @@ impl Engine<'_> {
                 break;
             }
             let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
-            let _span = tracing::debug_span!("admit", owner = %job.tenant, prompt_tokens = job.prompt.len()).entered();
-            let owner = OwnerKey::parse(&job.tenant);
+            let _span = tracing::debug_span!("admit", owner = %job.owner, prompt_tokens = job.prompt.len()).entered();
+            let owner = job.owner.clone();
             if job.pinned {
                 self.policy.pin_owner(&owner);
             }
@@ -113,7 +113,7 @@ impl Engine<'_> {
             self.next_id += 1;
             self.active.push(Seq {
                 id: self.next_id,
-                tenant: job.tenant,
+                owner: job.owner,
                 session_id: c.session_id,
                 events: tx,
                 prompt_text: job.text,
@@ -149,13 +149,13 @@ impl Engine<'_> {
         // goes first, so one session's requests run in order).
         let mut in_use: HashSet<(&str, &str)> = HashSet::new();
         for a in &self.active {
-            *running.entry(account(&a.tenant)).or_default() += 1;
-            in_use.insert((&a.tenant, &a.session_id));
+            *running.entry(a.owner.tenant()).or_default() += 1;
+            in_use.insert((a.owner.as_str(), a.session_id.as_str()));
         }
         let mut best: Option<(usize, usize)> = None;
         for (i, (job, _, _)) in self.waiting.iter().enumerate() {
-            let busy = job.session.as_deref().is_some_and(|sid| !in_use.insert((&job.tenant, sid)));
-            let n = running.get(account(&job.tenant)).copied().unwrap_or(0);
+            let busy = job.session.as_deref().is_some_and(|sid| !in_use.insert((job.owner.as_str(), sid)));
+            let n = running.get(job.owner.tenant()).copied().unwrap_or(0);
             if busy || n >= cap {
                 continue;
             }

@@ -114,9 +114,9 @@ impl Default for SchedulerConfig {
 /// One generation request.
 #[derive(Clone)]
 pub struct Job {
-    /// The owner key: sessions never cross it. Its [`account`] (the text before a U+001F)
-    /// is what fair admission counts.
-    pub tenant: String,
+    /// Whose state the job may reuse: sessions never cross it. Its tenant
+    /// ([`OwnerKey::tenant`]) is the account fair admission counts.
+    pub owner: OwnerKey,
     /// A named session, or `None` to match by characters against the tenant's sessions.
     pub session: Option<String>,
     /// The prompt text (rendered chat or raw completion), matched by
@@ -213,8 +213,9 @@ pub trait EventSink: Send {
 pub enum Command {
     /// Queue a job; its events go to the sink. The instant is when it was submitted.
     Submit(Job, Box<dyn EventSink>, Instant),
-    /// Drop the idle sessions of a tenant key.
-    Forget(String),
+    /// Drop everything cached for an owner (a deleted agent or user): its sessions, its
+    /// running sequences' caches once they end, its queued jobs (which fail).
+    Forget(OwnerKey),
     /// A message for the policy that takes its type (`ContextPolicy::control`: a dual-stream
     /// user's anchors and facts, say), applied before any job submitted after it.
     Control(PolicyControl),
@@ -247,7 +248,7 @@ fn owner_gone() -> Event {
 /// A request in the batch.
 struct Seq<'m> {
     id: u64,
-    tenant: String,
+    owner: OwnerKey,
     session_id: String,
     events: Box<dyn EventSink>,
     /// The prompt text, if the request had one (sessions are matched by it).
@@ -387,7 +388,7 @@ impl<'m> Engine<'m> {
     fn command(&mut self, c: Command) {
         match c {
             Command::Submit(job, tx, t) => self.waiting.push_back((job, tx, t)),
-            Command::Forget(tenant) => self.forget(&tenant),
+            Command::Forget(owner) => self.forget(&owner),
             Command::Control(msg) => match self.policy.control(msg) {
                 // A change may leave background work (a summary) for the idle hook.
                 Ok(reply) => self.idle_work |= reply.wake,
@@ -414,16 +415,16 @@ impl<'m> Engine<'m> {
         m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
     }
 
-    /// Drops everything cached for `tenant`: its sessions (RAM and disk), the
+    /// Drops everything cached for `owner`: its sessions (RAM and disk), the
     /// caches of its running sequences once they end, and its queued requests,
     /// which fail (their owner is gone).
-    fn forget(&mut self, tenant: &str) {
-        self.policy.forget_owner(&OwnerKey::parse(tenant));
-        for s in self.active.iter_mut().filter(|s| s.tenant == tenant) {
+    fn forget(&mut self, owner: &OwnerKey) {
+        self.policy.forget_owner(owner);
+        for s in self.active.iter_mut().filter(|s| &s.owner == owner) {
             s.forgotten = true;
         }
         let (gone, keep): (VecDeque<_>, VecDeque<_>) =
-            std::mem::take(&mut self.waiting).into_iter().partition(|(job, ..)| job.tenant == tenant);
+            std::mem::take(&mut self.waiting).into_iter().partition(|(job, ..)| &job.owner == owner);
         self.waiting = keep;
         for (_, events, _) in gone {
             self.pending.fetch_sub(1, Relaxed);
@@ -433,7 +434,7 @@ impl<'m> Engine<'m> {
 
     /// Ends a sequence: reports, and returns its cache to the session store.
     fn retire(&mut self, at: usize, outcome: Result<FinishReason, JobError>) {
-        let _span = tracing::debug_span!("retire", owner = %self.active[at].tenant, tokens = self.active[at].tokens.len()).entered();
+        let _span = tracing::debug_span!("retire", owner = %self.active[at].owner, tokens = self.active[at].tokens.len()).entered();
         // Ended before its first token (cancelled, failed): what it computed on
         // an unverified restore is kept only if the file proves sound.
         if let Some((p, _)) = self.active[at].restore.take() {
@@ -463,7 +464,7 @@ impl<'m> Engine<'m> {
         if s.forgotten {
             // Also drops what a restore verified after the owner was forgotten
             // (it joined the store then) and deletes its file again.
-            self.policy.forget_owner(&OwnerKey::parse(&s.tenant));
+            self.policy.forget_owner(&s.owner);
             return;
         }
         let unfed = match outcome_finish {
@@ -483,15 +484,7 @@ impl<'m> Engine<'m> {
             }
             None => (String::new(), vec![0; n]),
         };
-        self.policy.retire(Retired {
-            owner: OwnerKey::parse(&s.tenant),
-            session_id: s.session_id,
-            text,
-            tokens: s.tokens,
-            token_ends,
-            kv,
-            unfed,
-        });
+        self.policy.retire(Retired { owner: s.owner.clone(), session_id: s.session_id, text, tokens: s.tokens, token_ends, kv, unfed });
         self.idle_work = true;
     }
 

@@ -215,7 +215,7 @@ impl Engine<'_> {
         self.pending.fetch_sub(1, Relaxed);
         s.events.send(Event::Failed(JobError::new(JobErrorKind::Internal, format!("engine fault: {message}"))));
         if s.forgotten {
-            self.policy.forget_owner(&engram_policy::OwnerKey::parse(&s.tenant));
+            self.policy.forget_owner(&s.owner);
         }
         self.idle_work = true;
     }

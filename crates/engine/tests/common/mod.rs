@@ -54,7 +54,7 @@ impl Collect {
 /// A job for `owner` given as token ids (no text, no special tokens added, no session).
 pub fn job(owner: &str, prompt: &[u32], params: &SamplingParams) -> Job {
     Job {
-        tenant: owner.into(),
+        owner: owner.into(),
         session: None,
         text: None,
         add_special: false,

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  handler: Library::plan ─► Prompt { path, ends, tokens } ─► SegmentRegistry::register(owner)
-//!           Job { tenant: owner = "<tenant>\x1frag:<n>", prompt: tokens } ─► engine
+//!           Job { owner: OwnerKey::rag(tenant, n), prompt: tokens } ─► engine
 //!  engine:  TreePolicy::admit(owner)  ─ registry.take(owner) ─ tree[tenant].lookup(path) ─► Checkout
 //!           TreePolicy::retire(owner) ─ tree[tenant].insert(path, ends, tokens, kv)
 //!  any other owner ─► the inner policy (the session store), unchanged
@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{Fingerprint, Model};
-use engram_policy::{AdmitRequest, Checkout, ContextPolicy, IdleInterrupt, MatchKind, PolicyLayer, Retired};
+use engram_policy::{AdmitRequest, Checkout, ContextPolicy, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PolicyLayer, Retired};
 
 use crate::chunk_store::ChunkStore;
 use crate::idle_tenants::{try_library, IdleTenants};
@@ -33,9 +33,6 @@ use crate::kv_tree::{KvTree, SegKey};
 use crate::pipeline::ChunkReuse;
 pub use blend::BlendOutcome;
 use blend::Chunks;
-
-/// What marks an owner key as a RAG job's: `<tenant>` + this + a number.
-pub const RAG_OWNER_MARK: &str = "\u{1f}rag:";
 
 /// Most registrations kept for jobs not admitted yet (older ones are dropped: their jobs then
 /// fail at admission with a clear error, never run with the wrong segments).
@@ -84,9 +81,9 @@ pub struct SegmentRegistry {
 #[derive(Default)]
 struct Registry {
     next: u64,
-    waiting: HashMap<String, (u64, PromptSegments)>,
+    waiting: HashMap<OwnerKey, (u64, PromptSegments)>,
     /// What blended admissions reused, until the handler takes it.
-    blended: HashMap<String, (u64, BlendOutcome)>,
+    blended: HashMap<OwnerKey, (u64, BlendOutcome)>,
     /// Chunks to forget, in order.
     forgets: Vec<ForgetChunks>,
 }
@@ -94,11 +91,11 @@ struct Registry {
 impl SegmentRegistry {
     /// Registers `segments` under a fresh owner key for its tenant and returns the key to
     /// submit the job under.
-    pub fn register(&self, segments: PromptSegments) -> String {
+    pub fn register(&self, segments: PromptSegments) -> OwnerKey {
         let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         r.next += 1;
         let n = r.next;
-        let owner = format!("{}{RAG_OWNER_MARK}{n}", segments.tenant);
+        let owner = OwnerKey::rag(&segments.tenant, n);
         r.waiting.insert(owner.clone(), (n, segments));
         if r.waiting.len() > MAX_REGISTERED {
             let oldest = r.waiting.iter().min_by_key(|(_, (n, _))| *n).map(|(k, _)| k.clone());
@@ -110,19 +107,19 @@ impl SegmentRegistry {
     }
 
     /// Drops a registration whose job was never submitted.
-    pub fn cancel(&self, owner: &str) {
+    pub fn cancel(&self, owner: &OwnerKey) {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(owner);
     }
 
-    fn take(&self, owner: &str) -> Option<PromptSegments> {
+    fn take(&self, owner: &OwnerKey) -> Option<PromptSegments> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(owner).map(|(_, s)| s)
     }
 
-    fn report_blend(&self, owner: &str, outcome: BlendOutcome) {
+    fn report_blend(&self, owner: &OwnerKey, outcome: BlendOutcome) {
         let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         r.next += 1;
         let n = r.next;
-        r.blended.insert(owner.to_string(), (n, outcome));
+        r.blended.insert(owner.clone(), (n, outcome));
         if r.blended.len() > MAX_REGISTERED {
             let oldest = r.blended.iter().min_by_key(|(_, (n, _))| *n).map(|(k, _)| k.clone());
             if let Some(k) = oldest {
@@ -146,7 +143,7 @@ impl SegmentRegistry {
 
     /// What the blended admission of `owner`'s job reused and recomputed (once; `None` for a
     /// job that was not blended or not admitted).
-    pub fn take_blend(&self, owner: &str) -> Option<BlendOutcome> {
+    pub fn take_blend(&self, owner: &OwnerKey) -> Option<BlendOutcome> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).blended.remove(owner).map(|(_, o)| o)
     }
 }
@@ -290,7 +287,7 @@ impl TreePolicy {
     }
 
     /// A blended RAG job's checkout parts (see `blend.rs`).
-    fn admit_blended(&mut self, owner: &str, seg: &PromptSegments, ratio: f32) -> Result<(SeqKv, usize), String> {
+    fn admit_blended(&mut self, owner: &OwnerKey, seg: &PromptSegments, ratio: f32) -> Result<(SeqKv, usize), String> {
         let (model, pool) = (self.model.clone(), self.pool.clone());
         let c = self.chunk_store(&seg.tenant, seg.chunk_dir.as_deref());
         let (kv, reused, outcome) = blend::assemble(&model, &pool, &mut c.store, seg, ratio)?;
@@ -378,8 +375,8 @@ fn warn(msg: &str) {
     eprintln!("warning: {msg}");
 }
 
-fn is_rag(owner: &str) -> bool {
-    owner.contains(RAG_OWNER_MARK)
+fn is_rag(owner: &OwnerKey) -> bool {
+    matches!(owner.kind(), OwnerKind::Rag)
 }
 
 /// A wrapper over the inner policy: RAG owners' admissions, retirements, room and idle work
@@ -394,7 +391,7 @@ impl PolicyLayer for TreePolicy {
     }
 
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
-        let (owner, prompt) = (req.owner.as_str(), req.tokens);
+        let (owner, prompt) = (req.owner, req.tokens);
         if !is_rag(owner) {
             return self.inner.admit(req);
         }
@@ -437,7 +434,7 @@ impl PolicyLayer for TreePolicy {
     }
 
     fn retire(&mut self, r: Retired) {
-        if !is_rag(r.owner.as_str()) {
+        if !is_rag(&r.owner) {
             return self.inner.retire(r);
         }
         let Some(seg) = self.running.remove(&r.session_id) else { return };

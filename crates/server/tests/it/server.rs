@@ -320,7 +320,7 @@ fn decoding_sequences_share_steps() {
         .map(|i| {
             engine
                 .submit(engram_server::Job {
-                    tenant: format!("t{i}"),
+                    owner: format!("t{i}").into(),
                     session: None,
                     text: None,
                     add_special: false,

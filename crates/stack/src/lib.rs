@@ -1,0 +1,131 @@
+//! # engram-stack — the policy stack
+//!
+//! The one place a configuration becomes the [`ContextPolicy`] the engine runs:
+//!
+//! ```text
+//!  StackConfig ─ build ─► [ TreePolicy (RAG owners: the chunk KV tree) ]   when `rag` is set
+//!                              └─► SessionStore (ContextMode::Sessions)
+//!                                  or DualStream (ContextMode::Dual: rings, streams, summaries)
+//! ```
+//! The server, the scenario backend and the benchmarks build their policies here, so a mode
+//! means the same stack wherever it runs.
+//!
+//! Architecture invariant: this crate only assembles; each policy's behaviour lives in its own
+//! crate (`engram-context`, `engram-dual`, `engram-rag`), and the engine receives the result
+//! through the `engram-policy` seam.
+
+use std::sync::Arc;
+
+use engram_context::SessionStore;
+/// The session store's settings, re-exported for whoever builds a stack.
+pub use engram_context::{DiskConfig, SessionsConfig};
+use engram_dual::{DualStream, Relevance, RenderSegment, Summarizer};
+use engram_embed::TextEncoder;
+use engram_kv::KvPool;
+use engram_model::Model;
+use engram_policy::ContextPolicy;
+use engram_rag::{IdleTenants, SegmentRegistry, TreeCounters, TreePolicy};
+
+/// How the engine keeps context between chat requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum ContextMode {
+    /// Sessions matched by characters, shared prefixes, persistence (the default).
+    #[default]
+    Sessions,
+    /// Dual-stream contexts (`engram-dual`): per user a persistent stream of the system prompt,
+    /// per thread a ring of whole turns within `ring_tokens`; with an encoder, turns less
+    /// similar than `threshold` to the new message are masked (the last `keep_last` always
+    /// attended). The persistent stream (system prompt and the user's facts) is capped at
+    /// `persistent_cap` tokens: past it the facts are summarized to `summary_target` tokens.
+    Dual { ring_tokens: usize, threshold: f32, keep_last: usize, persistent_cap: usize, summary_target: usize },
+}
+
+impl ContextMode {
+    /// The persistent stream's cap in tokens (`usize::MAX` outside dual-stream contexts).
+    pub fn persistent_cap(&self) -> usize {
+        match self {
+            ContextMode::Dual { persistent_cap, .. } => *persistent_cap,
+            ContextMode::Sessions => usize::MAX,
+        }
+    }
+}
+
+/// RAG's layer over the context policy: RAG jobs' owners go to per-tenant chunk KV trees.
+#[derive(Clone)]
+pub struct RagLayer {
+    /// Where the handlers register each RAG job's segments before submitting it.
+    pub registry: SegmentRegistry,
+    /// Each tenant's chunk tree's byte cap.
+    pub tree_cap_bytes: usize,
+    /// Tenants whose idle-time population the layer runs in the engine's idle hook (`None`:
+    /// off).
+    pub idle: Option<IdleTenants>,
+}
+
+/// What the stack is built from.
+#[derive(Clone, Default)]
+pub struct StackConfig {
+    /// Sessions or dual-stream contexts.
+    pub context: ContextMode,
+    /// The session store's settings; its disk tier's directory also holds dual-stream's files
+    /// (`<dir>/dual`), counted against the same budget.
+    pub sessions: SessionsConfig,
+    /// Dual-stream turn relevance (`None`: every kept turn attended).
+    pub encoder: Option<Arc<dyn TextEncoder>>,
+    /// The model that writes dual-stream summaries (`None`: the served model).
+    pub summarizer: Option<Arc<Model>>,
+    /// How a summary's text becomes a segment of the served model's persistent stream (`None`:
+    /// the text tokenized as it is, no special tokens).
+    pub render_summary: Option<RenderSegment>,
+    /// RAG's chunk tree over the policy (`None`: no RAG).
+    pub rag: Option<RagLayer>,
+}
+
+/// The built stack.
+pub struct PolicyStack {
+    /// What the engine runs.
+    pub policy: Box<dyn ContextPolicy>,
+    /// The RAG layer's counters (with [`StackConfig::rag`]).
+    pub rag_tree: Option<Arc<TreeCounters>>,
+}
+
+/// Builds the stack `config` describes for `model`'s caches in `pool`.
+pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyStack {
+    let policy: Box<dyn ContextPolicy> = match config.context {
+        ContextMode::Sessions => Box::new(SessionStore::from_config(model, pool, &config.sessions)),
+        ContextMode::Dual { ring_tokens, threshold, keep_last, persistent_cap, summary_target } => {
+            let mut policy = DualStream::new(model.clone(), pool.clone(), ring_tokens);
+            if let Some(encoder) = config.encoder.clone() {
+                policy = policy.with_relevance(Relevance { encoder, threshold, keep_last });
+            }
+            let render = config.render_summary.clone().unwrap_or_else(|| plain_segment(model.clone()));
+            let summarizer = Summarizer::new(config.summarizer.clone().unwrap_or_else(|| model.clone()), summary_target, render);
+            policy = policy.with_persistent_cap(persistent_cap, Some(summarizer));
+            // Users' persistent streams and threads' rings survive a restart beside the
+            // sessions (`<dir>/dual`); without a disk tier they live in RAM only.
+            if let Some(d) = &config.sessions.disk {
+                if let Err(e) = policy.set_dir(d.dir.join("dual")) {
+                    tracing::warn!("dual-stream contexts are not persisted: {e}");
+                }
+                // Its files count against the disk budget and each tenant's share.
+                policy.set_disk_budget(d.budget_bytes, d.tenant_share_bytes);
+            }
+            Box::new(policy)
+        }
+    };
+    let Some(rag) = &config.rag else { return PolicyStack { policy, rag_tree: None } };
+    // RAG jobs go to the chunk KV tree; every other owner to the policy above, unchanged.
+    let tree = TreePolicy::new(policy, rag.registry.clone(), pool.clone(), model.clone(), rag.tree_cap_bytes);
+    let counters = tree.counters();
+    let policy: Box<dyn ContextPolicy> = match &rag.idle {
+        // Idle-time population runs in the engine's idle hook, one unit per slice.
+        Some(idle) => Box::new(tree.with_idle(idle.clone())),
+        None => Box::new(tree),
+    };
+    PolicyStack { policy, rag_tree: Some(counters) }
+}
+
+/// A summary's text as `model`'s tokens, no special tokens added.
+fn plain_segment(model: Arc<Model>) -> RenderSegment {
+    Arc::new(move |text: &str| model.tokenizer.encode(text, false).map(|e| e.ids).map_err(|e| e.to_string()))
+}
