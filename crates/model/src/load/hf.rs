@@ -69,10 +69,29 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         None if num_heads > 0 => hidden / num_heads,
         None => 0,
     };
-    let theta = get_f32(j, file, "rope_theta")?.unwrap_or(10000.0);
-    let mut inv_freq = RopeConfig::base_inv_freq(theta, head_dim);
+    let mut max_positions = get_usize(j, file, "max_position_embeddings")?.unwrap_or(4096);
+    // transformers 5 writes `rope_theta`, `partial_rotary_factor` and the scaling into
+    // `rope_parameters`; older files keep them at the top level and in `rope_scaling`.
+    let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
+    let theta = match (get_f32(j, file, "rope_theta")?, rope_params) {
+        (Some(t), _) => t,
+        (None, Some(r)) => get_f32(r, file, "rope_theta")?.unwrap_or(10000.0),
+        (None, None) => 10000.0,
+    };
+    let partial = match (get_f32(j, file, "partial_rotary_factor")?, rope_params) {
+        (Some(p), _) => p,
+        (None, Some(r)) => get_f32(r, file, "partial_rotary_factor")?.unwrap_or(1.0),
+        (None, None) => 1.0,
+    };
+    if !(partial > 0.0 && partial <= 1.0) {
+        return Err(config_err(file, "partial_rotary_factor", format!("{partial} is not in (0, 1]")));
+    }
+    // transformers: `int(head_dim * partial_rotary_factor)`.
+    let rotary_dim = (head_dim as f64 * partial as f64) as usize;
+    let mut inv_freq = RopeConfig::base_inv_freq(theta, rotary_dim);
     let mut scaling = "none".to_string();
-    if let Some(rs) = j.get("rope_scaling").filter(|v| !v.is_null()) {
+    let mut rope_attn_factor = 1.0;
+    if let Some(rs) = j.get("rope_scaling").filter(|v| v.is_object()).or(rope_params) {
         let kind = rs.get("rope_type").or_else(|| rs.get("type")).and_then(|v| v.as_str()).unwrap_or("");
         let factor = get_f32(rs, file, "factor")?.unwrap_or(1.0);
         match kind {
@@ -90,9 +109,79 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
                 inv_freq.iter_mut().for_each(|f| *f /= factor);
                 scaling = format!("linear:{factor}");
             }
+            // NOTE: LongRoPE runs with its short factors only, which is what transformers
+            // computes for sequences within the original context; the context is capped there,
+            // so no position ever needs the long factors (transformers switches every position
+            // to them past it, which a cache of rotated keys cannot follow).
+            "longrope" | "su" => {
+                let original = match get_usize(rs, file, "original_max_position_embeddings")? {
+                    Some(o) => o,
+                    None => req_usize(j, file, "original_max_position_embeddings")?,
+                };
+                let short = rs
+                    .get("short_factor")
+                    .and_then(|v| v.as_array())
+                    .ok_or_else(|| config_err(file, "rope_scaling.short_factor", "missing (LongRoPE needs it)"))?;
+                let short: Vec<f32> = short
+                    .iter()
+                    .map(|x| {
+                        x.as_f64()
+                            .map(|x| x as f32)
+                            .ok_or_else(|| config_err(file, "rope_scaling.short_factor", format!("{x} is not a number")))
+                    })
+                    .collect::<Result<_>>()?;
+                if short.len() != inv_freq.len() {
+                    return Err(config_err(
+                        file,
+                        "rope_scaling.short_factor",
+                        format!("{} factors, the {rotary_dim} rotated dimensions need {}", short.len(), inv_freq.len()),
+                    ));
+                }
+                if original == 0 {
+                    return Err(config_err(file, "original_max_position_embeddings", "must be greater than zero"));
+                }
+                RopeConfig::apply_longrope(&mut inv_freq, theta, rotary_dim, &short);
+                // transformers: an explicit `attention_factor`, else one from `factor`, else
+                // from max / original positions.
+                rope_attn_factor = match get_f32(rs, file, "attention_factor")? {
+                    Some(a) => a,
+                    None => match get_f32(rs, file, "factor")? {
+                        Some(f) if f <= 1.0 => 1.0,
+                        Some(f) => (1.0 + (f as f64).ln() / (original as f64).ln()).sqrt() as f32,
+                        None => RopeConfig::longrope_attn_factor(max_positions, original),
+                    },
+                };
+                max_positions = max_positions.min(original);
+                scaling = format!("longrope:short,attn_factor={rope_attn_factor},context={original}");
+            }
             "default" | "" => {}
-            other => return Err(config_err(file, "rope_scaling.rope_type", format!("\"{other}\" is not supported (llama3, linear)"))),
+            other => {
+                return Err(config_err(file, "rope_scaling.rope_type", format!("\"{other}\" is not supported (llama3, linear, longrope)")))
+            }
         }
+    }
+    let attention_bias = j.get("attention_bias").and_then(|v| v.as_bool()).unwrap_or(false);
+    if attention_bias && matches!(arch, Arch::Qwen3 | Arch::Phi3) {
+        // Both put a bias on o_proj too, which the forward pass does not have.
+        return Err(config_err(file, "attention_bias", format!("attention biases are not supported for {}", arch.name())));
+    }
+    let sliding = get_usize(j, file, "sliding_window")?;
+    match arch {
+        Arch::Qwen3 if j.get("use_sliding_window").and_then(|v| v.as_bool()).unwrap_or(false) => {
+            return Err(config_err(file, "use_sliding_window", "sliding-window attention is not supported for qwen3"));
+        }
+        // transformers' Phi-3 applies `sliding_window` whenever it is set.
+        Arch::Phi3 if sliding.is_some_and(|w| w < max_positions) => {
+            return Err(config_err(
+                file,
+                "sliding_window",
+                format!(
+                    "sliding-window attention ({} tokens, below the {max_positions}-token context) is not supported",
+                    sliding.unwrap_or(0)
+                ),
+            ));
+        }
+        _ => {}
     }
     let config = ModelConfig {
         arch,
@@ -105,8 +194,10 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         vocab: req_usize(j, file, "vocab_size")?,
         rms_eps: get_f32(j, file, "rms_norm_eps")?.unwrap_or(1e-6),
         rope: RopeConfig { theta, style: RopeStyle::Neox, inv_freq, scaling },
-        max_positions: get_usize(j, file, "max_position_embeddings")?.unwrap_or(4096),
-        qkv_bias: arch == Arch::Qwen2 || j.get("attention_bias").and_then(|v| v.as_bool()).unwrap_or(false),
+        max_positions,
+        qkv_bias: arch == Arch::Qwen2 || attention_bias,
+        qk_norm: arch == Arch::Qwen3,
+        rope_attn_factor,
         tied_embeddings: j.get("tie_word_embeddings").and_then(|v| v.as_bool()).unwrap_or(false),
     };
     config.validate(file)?;
@@ -189,6 +280,16 @@ impl TensorSet {
         Weight::new(file, name, *dtype, rows, cols, Storage::Mapped(map.clone(), range.clone()))
     }
 
+    /// A fused `[sum(parts), cols]` matrix split into one matrix per part (`Weight::split_rows`).
+    fn get_split(&self, name: &str, parts: &[usize], cols: usize) -> Result<Vec<Weight>> {
+        let (file, map, dtype, have, range) = self.tensors.get(name).ok_or_else(|| tensor_err("model.safetensors", name, "missing"))?;
+        let rows: usize = parts.iter().sum();
+        if have.as_slice() != [rows, cols] {
+            return Err(tensor_err(file, name, format!("shape {have:?}, expected {:?}", [rows, cols])));
+        }
+        Weight::split_rows(file, name, *dtype, parts, cols, Storage::Mapped(map.clone(), range.clone()))
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         Ok(self.get(name, &[len])?.to_f32())
     }
@@ -211,18 +312,47 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
                 Ok(None)
             }
         };
+        let norm = |n: &str| -> Result<Option<Vec<f32>>> {
+            if c.qk_norm {
+                Ok(Some(t.vector(&format!("{p}.self_attn.{n}.weight"), c.head_dim)?))
+            } else {
+                Ok(None)
+            }
+        };
+        // Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (gate first).
+        let (q, k, v, gate, up) = if c.arch == Arch::Phi3 {
+            let [q, k, v]: [Weight; 3] = t
+                .get_split(&format!("{p}.self_attn.qkv_proj.weight"), &[c.q_width(), c.kv_width(), c.kv_width()], c.hidden)?
+                .try_into()
+                .map_err(|_| tensor_err("model.safetensors", "qkv_proj", "split into three"))?;
+            let [gate, up]: [Weight; 2] = t
+                .get_split(&format!("{p}.mlp.gate_up_proj.weight"), &[c.ffn, c.ffn], c.hidden)?
+                .try_into()
+                .map_err(|_| tensor_err("model.safetensors", "gate_up_proj", "split into two"))?;
+            (q, k, v, gate, up)
+        } else {
+            (
+                t.get(&format!("{p}.self_attn.q_proj.weight"), &[c.q_width(), c.hidden])?,
+                t.get(&format!("{p}.self_attn.k_proj.weight"), &[c.kv_width(), c.hidden])?,
+                t.get(&format!("{p}.self_attn.v_proj.weight"), &[c.kv_width(), c.hidden])?,
+                t.get(&format!("{p}.mlp.gate_proj.weight"), &[c.ffn, c.hidden])?,
+                t.get(&format!("{p}.mlp.up_proj.weight"), &[c.ffn, c.hidden])?,
+            )
+        };
         layers.push(LayerWeights {
             attn_norm: t.vector(&format!("{p}.input_layernorm.weight"), c.hidden)?,
-            q: t.get(&format!("{p}.self_attn.q_proj.weight"), &[c.q_width(), c.hidden])?,
-            k: t.get(&format!("{p}.self_attn.k_proj.weight"), &[c.kv_width(), c.hidden])?,
-            v: t.get(&format!("{p}.self_attn.v_proj.weight"), &[c.kv_width(), c.hidden])?,
+            q,
+            k,
+            v,
             q_bias: bias("q_proj", c.q_width())?,
             k_bias: bias("k_proj", c.kv_width())?,
             v_bias: bias("v_proj", c.kv_width())?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
             o: t.get(&format!("{p}.self_attn.o_proj.weight"), &[c.hidden, c.q_width()])?,
             ffn_norm: t.vector(&format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
-            gate: t.get(&format!("{p}.mlp.gate_proj.weight"), &[c.ffn, c.hidden])?,
-            up: t.get(&format!("{p}.mlp.up_proj.weight"), &[c.ffn, c.hidden])?,
+            gate,
+            up,
             down: t.get(&format!("{p}.mlp.down_proj.weight"), &[c.hidden, c.ffn])?,
         });
     }
