@@ -110,7 +110,7 @@ impl RopeConfig {
     pub fn apply_longrope(inv_freq: &mut [f32], theta: f32, rotary_dim: usize, factors: &[f32]) {
         for (i, (f, &fac)) in inv_freq.iter_mut().zip(factors).enumerate() {
             // transformers: 1 / (ext_factors * base ** (arange(0, dim, 2).float() / dim)), in f32.
-            let base = (theta as f32).powf((2 * i) as f32 / rotary_dim as f32);
+            let base = theta.powf((2 * i) as f32 / rotary_dim as f32);
             *f = 1.0 / (fac * base);
         }
     }

@@ -86,16 +86,18 @@ fn check_parity(shape: Shape) {
         eprintln!("{what} vs transformers ({} tokens): max relative last-position logit error {err:.3e}", ids.len());
         assert!(err < LOGIT_TOL, "{what}: last-position logits differ from transformers: {err:.3e} >= {LOGIT_TOL:e}");
 
-        let mut bad = Vec::new();
+        let (mut bad, mut equal) = (Vec::new(), 0);
         for (pos, &w) in u32s(&g["argmax_per_position"]).iter().enumerate() {
             let row = &all[pos * vocab..(pos + 1) * vocab];
             let mine = argmax(row);
+            equal += usize::from(mine == w);
             // Only a true near-tie may differ: transformers' pick within the tolerance of our maximum.
             let scale = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             if mine != w && row[mine as usize] - row[w as usize] > LOGIT_TOL * scale {
                 bad.push(format!("position {pos}: ours {mine}, transformers {w}"));
             }
         }
+        eprintln!("{what}: argmax equal to transformers' at {equal} of {} positions", ids.len());
         assert!(bad.is_empty(), "{what}: argmax differs from transformers:\n  {}", bad.join("\n  "));
 
         let want = u32s(&g["greedy_ids"]);
@@ -172,4 +174,48 @@ fn configs_read_the_same_from_hf_and_gguf() {
     // LongRoPE runs its short factors only, so the context stops at the original 1024.
     assert_eq!(p.max_positions, 1024);
     assert!((p.rope_attn_factor - (1.0f32 + 4f32.ln() / 1024f32.ln()).sqrt()).abs() < 1e-6, "{}", p.rope_attn_factor);
+}
+
+/// `shape`'s HF folder copied with `edit` applied to its config.json.
+fn edited_hf(shape: Shape, dir: &std::path::Path, name: &str, edit: impl Fn(&mut Value)) -> PathBuf {
+    let out = dir.join(name);
+    std::fs::create_dir_all(&out).unwrap();
+    for f in std::fs::read_dir(&files(shape).hf).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, out.join(f.file_name().unwrap())).unwrap();
+    }
+    let mut c: Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    edit(&mut c);
+    std::fs::write(out.join("config.json"), c.to_string()).unwrap();
+    out
+}
+
+#[test]
+fn what_these_families_do_not_implement_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (
+            edited_hf(Shape::TinyPhi3, dir.path(), "yarn", |c| c["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 4.0})),
+            "\"yarn\" is not supported",
+        ),
+        // Below the 1024-token context (LongRoPE caps it at the original one).
+        (edited_hf(Shape::TinyPhi3, dir.path(), "swa", |c| c["sliding_window"] = 512.into()), "sliding-window attention (512 tokens"),
+        (
+            edited_hf(Shape::TinyPhi3, dir.path(), "no-short", |c| {
+                c["rope_scaling"].as_object_mut().unwrap().remove("short_factor");
+            }),
+            "short_factor",
+        ),
+        (edited_hf(Shape::TinyQwen3, dir.path(), "bias", |c| c["attention_bias"] = true.into()), "attention_bias"),
+        (edited_hf(Shape::TinyQwen3, dir.path(), "qswa", |c| c["use_sliding_window"] = true.into()), "use_sliding_window"),
+    ];
+    for (path, want) in cases {
+        let e = match Model::load(&path) {
+            Ok(_) => panic!("{} loaded", path.display()),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(want) && e.contains("config.json"), "expected \"{want}\" in: {e}");
+    }
+    // A window at least as long as the context changes nothing (Phi-4-mini's 262144 over 131072).
+    assert!(Model::load(&edited_hf(Shape::TinyPhi3, dir.path(), "long-swa", |c| c["sliding_window"] = 1024.into())).is_ok());
 }
