@@ -210,7 +210,7 @@ impl ModelConfig {
                 format!("{} rotated dimensions for head_dim {} (expected 2..=head_dim)", self.rope.rotary_dim(), self.head_dim),
             ));
         }
-        if !(self.rope_attn_factor > 0.0) {
+        if self.rope_attn_factor.is_nan() || self.rope_attn_factor <= 0.0 {
             return Err(config_err(file, "rope attention factor", "must be positive"));
         }
         if !(self.rms_eps > 0.0) {

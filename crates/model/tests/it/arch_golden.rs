@@ -23,11 +23,13 @@ use serde_json::Value;
 const REGENERATE: &str = "cargo build --release -p engram-cli && /work/venv-torch/bin/python scripts/golden_arch.py \
      (needs torch + transformers; see scripts/README.md)";
 
-/// A shape's HF folder and the F32 GGUF converted from it, made once per process.
+/// A shape's HF folder, the F32 GGUF converted from it, and the fixture's own F16 and Q8_0
+/// GGUF files, made once per process.
 struct Files {
     _dir: tempfile::TempDir,
     hf: PathBuf,
     gguf: PathBuf,
+    quantized: Vec<(GgufFormat, PathBuf)>,
 }
 
 fn files(shape: Shape) -> &'static Files {
@@ -40,10 +42,11 @@ fn files(shape: Shape) -> &'static Files {
     };
     cell.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");
-        let fx = engram_fixture::generate(shape, engram_fixture::DEFAULT_SEED, dir.path(), &[], &mut |_| {}).expect("generate");
+        let formats = [GgufFormat::F16, GgufFormat::Q8_0];
+        let fx = engram_fixture::generate(shape, engram_fixture::DEFAULT_SEED, dir.path(), &formats, &mut |_| {}).expect("generate");
         let gguf = dir.path().join(format!("{}-converted-f32.gguf", shape.name()));
         engram_fixture::convert_hf(&fx.hf_dir, &gguf, GgufFormat::F32, &mut |_| {}).expect("convert the HF folder");
-        Files { _dir: dir, hf: fx.hf_dir, gguf }
+        Files { _dir: dir, hf: fx.hf_dir, gguf, quantized: fx.ggufs }
     })
 }
 
@@ -218,4 +221,51 @@ fn what_these_families_do_not_implement_is_refused_by_name() {
     }
     // A window at least as long as the context changes nothing (Phi-4-mini's 262144 over 131072).
     assert!(Model::load(&edited_hf(Shape::TinyPhi3, dir.path(), "long-swa", |c| c["sliding_window"] = 1024.into())).is_ok());
+}
+
+/// The fixtures' F16 and Q8_0 files (Phi-3's fused matrices split into row views of quantized
+/// blocks) track the f32 folder over the whole prompt, within bounds of each format's
+/// rounding like `formats.rs`'s for `tiny`.
+#[test]
+fn f16_and_q8_0_files_track_the_f32_folder() {
+    for shape in [Shape::TinyQwen3, Shape::TinyPhi3] {
+        let g = golden(shape);
+        let ids = u32s(&g["prompt_ids"]);
+        let reference = all_logits(&Model::load(&files(shape).hf).unwrap(), &ids);
+        for (format, path) in &files(shape).quantized {
+            let m = Model::load(path).unwrap();
+            let err = rel_err(&all_logits(&m, &ids), &reference);
+            eprintln!("{} {format:?}: max relative logit error over {} positions {err:.2e}", shape.name(), ids.len());
+            let tol = if *format == GgufFormat::F16 { 5e-3 } else { 6e-2 };
+            assert!(err < tol, "{} {format:?}: {err:.2e} >= {tol:e}", shape.name());
+        }
+    }
+}
+
+/// The same refusal from GGUF metadata: a Phi-3 file whose `phi3.attention.sliding_window`
+/// is below its context (convert_hf_to_gguf writes 0 for none, as the fixture does).
+#[test]
+fn a_phi3_gguf_with_a_sliding_window_inside_its_context_is_refused() {
+    use engram_gguf::{Gguf, GgufWriter, Value as Meta};
+    let (_, src) = files(Shape::TinyPhi3).quantized.iter().find(|(f, _)| *f == GgufFormat::F16).unwrap();
+    let bytes = std::fs::read(src).unwrap();
+    let g = Gguf::parse(&bytes).unwrap();
+    assert!(g.metadata.iter().any(|(k, v)| k == "phi3.attention.sliding_window" && *v == Meta::U32(0)));
+    let mut w = GgufWriter::new();
+    for (k, v) in &g.metadata {
+        match k.as_str() {
+            "general.alignment" => {}
+            "phi3.attention.sliding_window" => w.add(k, Meta::U32(512)),
+            _ => w.add(k, v.clone()),
+        }
+    }
+    for t in &g.tensors {
+        let start = (g.data_offset + t.offset) as usize;
+        w.add_tensor(&t.name, &t.dims, t.ggml_type, bytes[start..start + t.n_bytes as usize].to_vec()).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("swa.gguf");
+    w.write_file(&path).unwrap();
+    let e = Model::load(&path).err().expect("loaded a sliding-window Phi-3").to_string();
+    assert!(e.contains("phi3.attention.sliding_window") && e.contains("512 tokens") && e.contains("swa.gguf"), "{e}");
 }
