@@ -158,6 +158,7 @@ pub struct LayerWeights {
     /// Qwen3's per-head RMSNorm weights on queries and keys (`head_dim` each), applied
     /// after the projections and before RoPE.
     pub q_norm: Option<Vec<f32>>,
+    /// The key side of `q_norm`.
     pub k_norm: Option<Vec<f32>>,
     pub o: Weight,
     pub ffn_norm: Vec<f32>,
