@@ -364,3 +364,49 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
     };
     Ok(ModelWeights { embed, layers, final_norm, output })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields of Qwen3-0.6B's `config.json` that the loader reads.
+    #[test]
+    fn a_qwen3_0_6b_config_has_head_dim_128_over_hidden_1024() {
+        let j: Json = serde_json::from_str(
+            r#"{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128, "hidden_act": "silu",
+                "hidden_size": 1024, "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+                "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+                "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+                "tie_word_embeddings": true, "use_sliding_window": false, "vocab_size": 151936}"#,
+        )
+        .unwrap();
+        let c = parse_config(&j, "config.json").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.q_width(), c.kv_width(), c.rope.rotary_dim()), (Arch::Qwen3, 128, 2048, 1024, 128));
+        assert!(c.qk_norm && !c.qkv_bias && c.tied_embeddings && c.rope_attn_factor == 1.0);
+    }
+
+    /// Phi-4-mini's shape: partial rotary 0.75 of 128, LongRoPE from 4096 to 131072 (48
+    /// factors per set; the values here are placeholders), a sliding window longer than any context.
+    #[test]
+    fn a_phi4_mini_config_rotates_96_dimensions_and_caps_the_context_at_4096() {
+        let factors = serde_json::to_string(&vec![1.0f32; 48]).unwrap();
+        let text = format!(
+            r#"{{"architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "intermediate_size": 8192,
+                "max_position_embeddings": 131072, "model_type": "phi3", "num_attention_heads": 24, "num_hidden_layers": 32,
+                "num_key_value_heads": 8, "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+                "rms_norm_eps": 1e-05, "rope_scaling": {{"long_factor": {factors}, "short_factor": {factors}, "type": "longrope"}},
+                "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": true, "vocab_size": 200064}}"#
+        );
+        let c = parse_config(&serde_json::from_str(&text).unwrap(), "config.json").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.rope.rotary_dim(), c.max_positions), (Arch::Phi3, 128, 96, 4096));
+        let want = (1.0 + (32f64).ln() / (4096f64).ln()).sqrt() as f32;
+        assert!((c.rope_attn_factor - want).abs() < 1e-6, "{}", c.rope_attn_factor);
+        // Unit factors leave plain RoPE over the 96 rotated dimensions.
+        let plain = RopeConfig::base_inv_freq(10000.0, 96);
+        assert!(c.rope.inv_freq.iter().zip(&plain).all(|(a, b)| (a - b).abs() <= 1e-6 * b));
+        // transformers 5 writes the same as `rope_parameters`.
+        let v5 = text.replace("\"rope_scaling\"", "\"rope_parameters\"").replace("\"type\": \"longrope\"", "\"rope_type\": \"longrope\"");
+        let c5 = parse_config(&serde_json::from_str(&v5).unwrap(), "config.json").unwrap();
+        assert_eq!((c5.rope.rotary_dim(), c5.max_positions, c5.rope_attn_factor), (96, 4096, c.rope_attn_factor));
+    }
+}
