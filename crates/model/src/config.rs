@@ -1,9 +1,11 @@
-//! `ModelConfig`: the shape and positional settings of a Llama-family model,
-//! read from a Hugging Face `config.json` or from GGUF metadata.
+//! `ModelConfig`: the shape and positional settings of a Llama-family model
+//! (Llama, Mistral, Qwen2, Qwen3, Phi-3), read from a Hugging Face
+//! `config.json` or from GGUF metadata.
 //!
 //! Invariant: a validated config has `n_heads * head_dim` query width,
-//! `n_heads % n_kv_heads == 0`, an even `head_dim`, and non-zero sizes, so
-//! the forward pass never has to re-check shapes.
+//! `n_heads % n_kv_heads == 0`, an even `head_dim`, an even rotary width of
+//! at most `head_dim`, and non-zero sizes, so the forward pass never has to
+//! re-check shapes.
 
 use crate::error::{config_err, Result};
 
@@ -16,6 +18,12 @@ pub enum Arch {
     Mistral,
     /// Qwen2 / Qwen2.5: bias on the q, k and v projections.
     Qwen2,
+    /// Qwen3 (dense): no q/k/v bias, a per-head RMSNorm on queries and keys
+    /// before RoPE, a head size that need not be `hidden / heads`.
+    Qwen3,
+    /// Phi-3 / Phi-3.5 / Phi-4-mini: fused q/k/v and gate/up projections in
+    /// the files (split into views at load), partial rotary embeddings.
+    Phi3,
 }
 
 impl Arch {
@@ -25,6 +33,8 @@ impl Arch {
             "llama" => Some(Arch::Llama),
             "mistral" => Some(Arch::Mistral),
             "qwen2" => Some(Arch::Qwen2),
+            "qwen3" => Some(Arch::Qwen3),
+            "phi3" => Some(Arch::Phi3),
             _ => None,
         }
     }
@@ -34,7 +44,16 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Phi3 => "phi3",
         }
+    }
+    /// Every architecture, in the order error messages list them.
+    pub const ALL: [Arch; 5] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Phi3];
+
+    /// The supported names, comma-separated, for error messages.
+    pub fn supported_list() -> String {
+        Arch::ALL.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -42,7 +61,7 @@ impl Arch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RopeStyle {
     /// Hugging Face `rotate_half`: dimension i pairs with i + head_dim/2.
-    /// Used for HF folders and for GGUF `qwen2` (llama.cpp's NEOX mode).
+    /// Used for HF folders and for GGUF `qwen2`, `qwen3` and `phi3` (llama.cpp's NEOX mode).
     Neox,
     /// Adjacent pairs (2i, 2i+1). GGUF `llama` files store q/k rows permuted
     /// so that this is equivalent to `Neox` on the original weights.
@@ -57,7 +76,8 @@ pub struct RopeConfig {
     pub theta: f32,
     /// Pairing of dimensions.
     pub style: RopeStyle,
-    /// Inverse frequency per dimension pair, `head_dim / 2` entries.
+    /// Inverse frequency per rotated dimension pair: `rotary_dim / 2` entries, where
+    /// `rotary_dim <= head_dim` (Phi-3's partial rotary leaves the rest of each head as is).
     pub inv_freq: Vec<f32>,
     /// Human-readable description of any scaling, for fingerprints and logs.
     pub scaling: String,
@@ -73,9 +93,37 @@ pub struct Llama3Scaling {
 }
 
 impl RopeConfig {
-    /// Plain RoPE frequencies `theta^(-2i/d)`, computed in f64 as transformers does.
-    pub fn base_inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
-        (0..head_dim / 2).map(|i| (1.0 / (theta as f64).powf((2 * i) as f64 / head_dim as f64)) as f32).collect()
+    /// Dimensions of each head that are rotated (`2 * inv_freq.len()`); the rest pass through.
+    pub fn rotary_dim(&self) -> usize {
+        2 * self.inv_freq.len()
+    }
+
+    /// Plain RoPE frequencies `theta^(-2i/d)` over `d = rotary_dim` rotated dimensions,
+    /// computed in f64 as transformers does.
+    pub fn base_inv_freq(theta: f32, rotary_dim: usize) -> Vec<f32> {
+        (0..rotary_dim / 2).map(|i| (1.0 / (theta as f64).powf((2 * i) as f64 / rotary_dim as f64)) as f32).collect()
+    }
+
+    /// Phi-3's LongRoPE with its short factors, as transformers' `_compute_longrope_parameters`
+    /// computes `inv_freq` for sequences within the original context: frequency `i` divided by
+    /// `factors[i]` (`rotary_dim / 2` of them, checked by the caller).
+    pub fn apply_longrope(inv_freq: &mut [f32], theta: f32, rotary_dim: usize, factors: &[f32]) {
+        for (i, (f, &fac)) in inv_freq.iter_mut().zip(factors).enumerate() {
+            // transformers: 1 / (ext_factors * base ** (arange(0, dim, 2).float() / dim)), in f32.
+            let base = theta.powf((2 * i) as f32 / rotary_dim as f32);
+            *f = 1.0 / (fac * base);
+        }
+    }
+
+    /// LongRoPE's attention factor for a model extended from `original` to `max` positions:
+    /// `sqrt(1 + ln(max / original) / ln(original))`, 1 when not extended.
+    pub fn longrope_attn_factor(max: usize, original: usize) -> f32 {
+        let scale = max as f64 / original as f64;
+        if scale <= 1.0 {
+            1.0
+        } else {
+            (1.0 + scale.ln() / (original as f64).ln()).sqrt() as f32
+        }
     }
 
     /// Applies Llama 3.1 scaling exactly as transformers' `_compute_llama3_parameters`.
@@ -111,6 +159,11 @@ pub struct ModelConfig {
     /// Context length the model was trained for.
     pub max_positions: usize,
     pub qkv_bias: bool,
+    /// Per-head RMSNorm on queries and keys after their projection, before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Factor on the rotated dimensions of queries and keys (LongRoPE's attention scaling,
+    /// transformers' `attention_scaling` on cos/sin); 1 for every other RoPE.
+    pub rope_attn_factor: f32,
     pub tied_embeddings: bool,
 }
 
@@ -150,8 +203,15 @@ impl ModelConfig {
         if self.head_dim % 2 != 0 {
             return Err(config_err(file, "head_dim", format!("{} is odd; RoPE needs pairs", self.head_dim)));
         }
-        if self.rope.inv_freq.len() != self.head_dim / 2 {
-            return Err(config_err(file, "rope", "frequency table does not match head_dim / 2"));
+        if self.rope.inv_freq.is_empty() || self.rope.rotary_dim() > self.head_dim {
+            return Err(config_err(
+                file,
+                "rope",
+                format!("{} rotated dimensions for head_dim {} (expected 2..=head_dim)", self.rope.rotary_dim(), self.head_dim),
+            ));
+        }
+        if self.rope_attn_factor.is_nan() || self.rope_attn_factor <= 0.0 {
+            return Err(config_err(file, "rope attention factor", "must be positive"));
         }
         if !(self.rms_eps > 0.0) {
             return Err(config_err(file, "rms_norm_eps", "must be positive"));

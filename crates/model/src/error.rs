@@ -25,7 +25,7 @@ pub enum ModelError {
     #[error("{file}: tensor \"{tensor}\": {reason}")]
     Tensor { file: String, tensor: String, reason: String },
     /// The architecture is not one Engram runs.
-    #[error("{file}: unsupported architecture \"{arch}\" (supported: llama, mistral, qwen2)")]
+    #[error("{file}: unsupported architecture \"{arch}\" (supported: {})", crate::config::Arch::supported_list())]
     UnsupportedArch { file: String, arch: String },
     /// The path is neither a GGUF file nor a Hugging Face model folder.
     #[error("{0}: not a model (expected a .gguf file or a folder with config.json)")]

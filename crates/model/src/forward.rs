@@ -6,8 +6,11 @@
 //! [`KvCache`]; attention for different sequences never mixes.
 //!
 //! Data flow per layer (rows = all tokens of the step):
-//! `x -> rms_norm -> q,k,v (+bias) -> rope -> kv.write -> attention over kv ->
-//! o_proj -> +x -> rms_norm -> gate,up -> swiglu -> down -> +x`.
+//! `x -> rms_norm -> q,k,v (+bias) -> (per-head q/k rms_norm) -> rope ->
+//! kv.write -> attention over kv -> o_proj -> +x -> rms_norm -> gate,up ->
+//! swiglu -> down -> +x`. The q/k norm is Qwen3's; Phi-3's fused projections
+//! arrive here already split (`Weight::split_rows`), and its partial rotary
+//! is the RoPE table's width.
 
 use rayon::prelude::*;
 
@@ -15,7 +18,7 @@ use crate::attention::{attend, AttnTask};
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
-use crate::ops::{add_bias, add_in_place, rms_norm, swiglu};
+use crate::ops::{add_bias, add_in_place, rms_norm, rms_norm_in_place, swiglu};
 use crate::rope::{self, RopeTable};
 use crate::view::KeyMask;
 use engram_kernels::{matmul, matmul_multi};
@@ -131,7 +134,7 @@ impl Model {
             }
         }
         let positions: Vec<Vec<u32>> = seqs.iter().map(|s| s.token_positions()).collect();
-        let table = RopeTable::new(&c.rope, positions.iter().flatten().map(|&p| p as usize));
+        let table = RopeTable::new(&c.rope, positions.iter().flatten().map(|&p| p as usize)).scaled(c.rope_attn_factor);
 
         let mut xn = vec![0.0f32; total * h];
         let mut q = vec![0.0f32; total * qw];
@@ -155,6 +158,12 @@ impl Model {
             }
             if let Some(b) = &lw.v_bias {
                 add_bias(&mut v, b);
+            }
+            if let Some(w) = &lw.q_norm {
+                rms_norm_in_place(&mut q, w, c.rms_eps);
+            }
+            if let Some(w) = &lw.k_norm {
+                rms_norm_in_place(&mut k, w, c.rms_eps);
             }
             rope::apply(c.rope.style, &table, &mut q, c.head_dim);
             rope::apply(c.rope.style, &table, &mut k, c.head_dim);

@@ -14,6 +14,19 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// [`rms_norm`] in place, over every `w.len()`-wide row of `x`: Qwen3's per-head norm of
+/// queries and keys (`x` holds `rows * heads` head vectors of `head_dim = w.len()`).
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(d) {
+        let ss = dot(xr, xr);
+        let scale = 1.0 / ((ss / d as f32) + eps).sqrt();
+        for (o, &wv) in xr.iter_mut().zip(w) {
+            *o = wv * (*o * scale);
+        }
+    }
+}
+
 /// Dot product with eight independent accumulators (vectorises to one FMA chain per lane).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -1,4 +1,6 @@
-//! Rotary position embeddings, in both pairings (see [`RopeStyle`]).
+//! Rotary position embeddings, in both pairings (see [`RopeStyle`]), over the
+//! first `rotary_dim` dimensions of each head (all of them but for Phi-3's
+//! partial rotary; the rest pass through unchanged).
 //!
 //! Invariant: rotating by position `p` then by `q` equals rotating by `p + q`
 //! up to float rounding; the KV store relies on this to move cached keys.
@@ -27,6 +29,16 @@ impl RopeTable {
         }
         RopeTable { half, cos, sin }
     }
+
+    /// This table with every cos and sin multiplied by `factor` (LongRoPE's attention
+    /// scaling, as transformers multiplies them): rotating then scales the rotated dimensions.
+    /// Only new tokens are rotated with it; [`shift`] moves stored keys without it.
+    pub fn scaled(mut self, factor: f32) -> RopeTable {
+        if factor != 1.0 {
+            self.cos.iter_mut().chain(self.sin.iter_mut()).for_each(|x| *x *= factor);
+        }
+        self
+    }
 }
 
 /// `cos`/`sin` of `delta * inv_freq[i]` for a signed position shift: rotating
@@ -47,13 +59,14 @@ pub fn apply(style: RopeStyle, table: &RopeTable, x: &mut [f32], head_dim: usize
     }
 }
 
-/// Rotates one head vector by the given cos/sin pairs.
+/// Rotates one head vector by the given cos/sin pairs: its first `2 * c.len()` dimensions
+/// (the rotary part), leaving any further dimensions as they are.
 #[inline]
 pub fn rotate_head(style: RopeStyle, head: &mut [f32], c: &[f32], s: &[f32]) {
     let half = c.len();
     match style {
         RopeStyle::Neox => {
-            let (a, b) = head.split_at_mut(half);
+            let (a, b) = head[..2 * half].split_at_mut(half);
             for i in 0..half {
                 let (x0, x1) = (a[i], b[i]);
                 a[i] = x0 * c[i] - x1 * s[i];
@@ -67,5 +80,46 @@ pub fn rotate_head(style: RopeStyle, head: &mut [f32], c: &[f32], s: &[f32]) {
                 head[2 * i + 1] = x1 * c[i] + x0 * s[i];
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(style: RopeStyle, rotary_dim: usize) -> RopeConfig {
+        RopeConfig { theta: 10000.0, style, inv_freq: RopeConfig::base_inv_freq(10000.0, rotary_dim), scaling: String::new() }
+    }
+
+    #[test]
+    fn partial_rotary_leaves_the_rest_of_the_head_and_shifts_compose() {
+        for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+            // head_dim 16, 12 rotated (Phi-4-mini's 0.75).
+            let c = cfg(style, 12);
+            let head: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin() + 0.1).collect();
+            let mut at_7 = head.clone();
+            apply(style, &RopeTable::new(&c, [7].into_iter()), &mut at_7, 16);
+            assert_eq!(at_7[12..], head[12..], "{style:?}: pass-through dimensions changed");
+            assert_ne!(at_7[..12], head[..12]);
+            // Moving the key from position 7 to 30 by a shift equals rotating the original to 30.
+            let mut at_30 = head.clone();
+            apply(style, &RopeTable::new(&c, [30].into_iter()), &mut at_30, 16);
+            let (cos, sin) = shift(&c, 23);
+            rotate_head(style, &mut at_7, &cos, &sin);
+            assert!(at_7.iter().zip(&at_30).all(|(a, b)| (a - b).abs() < 1e-5), "{style:?}: {at_7:?} vs {at_30:?}");
+        }
+    }
+
+    #[test]
+    fn a_scaled_table_scales_only_the_rotated_dimensions() {
+        let c = cfg(RopeStyle::Neox, 4);
+        let head = vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let (mut plain, mut scaled) = (head.clone(), head.clone());
+        apply(c.style, &RopeTable::new(&c, [5].into_iter()), &mut plain, 6);
+        apply(c.style, &RopeTable::new(&c, [5].into_iter()).scaled(1.5), &mut scaled, 6);
+        for i in 0..4 {
+            assert!((scaled[i] - 1.5 * plain[i]).abs() < 1e-5);
+        }
+        assert_eq!(scaled[4..], head[4..]);
     }
 }

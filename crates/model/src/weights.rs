@@ -77,6 +77,32 @@ impl Weight {
         Ok(w)
     }
 
+    /// A fused matrix (`storage` holding `parts.iter().sum()` rows of `cols`) split into one
+    /// matrix per part, in order, each a view of its rows of the same bytes (a row of every
+    /// format is a whole number of blocks). Phi-3's fused q/k/v and gate/up projections are
+    /// split this way at load, so the forward pass sees separate matrices and nothing is copied.
+    pub fn split_rows(file: &str, name: &str, dtype: DType, parts: &[usize], cols: usize, storage: Storage) -> Result<Vec<Weight>> {
+        let rows: usize = parts.iter().sum();
+        let rb = dtype
+            .row_bytes(cols)
+            .ok_or_else(|| tensor_err(file, name, format!("{cols} columns are not a whole number of {} blocks", dtype.name())))?;
+        let have = storage.bytes().len();
+        if Some(have) != rows.checked_mul(rb) {
+            return Err(tensor_err(file, name, format!("holds {have} bytes, shape [{rows}, {cols}] {} needs {}", dtype.name(), rows * rb)));
+        }
+        let mut out = Vec::with_capacity(parts.len());
+        let mut first = 0;
+        for &n in parts {
+            let part = match &storage {
+                Storage::Mapped(map, r) => Storage::Mapped(map.clone(), r.start + first * rb..r.start + (first + n) * rb),
+                Storage::Owned(v) => Storage::Owned(Arc::new(v[first * rb..(first + n) * rb].to_vec())),
+            };
+            out.push(Weight::new(file, name, dtype, n, cols, part)?);
+            first += n;
+        }
+        Ok(out)
+    }
+
     /// This weight without its repacked copy, for a matrix that is only read row by row (an
     /// embedding not tied to the output): the GEMV never reads it, so the copy would be
     /// anonymous memory for nothing. Rows are read from the source bytes as before.
@@ -129,6 +155,11 @@ pub struct LayerWeights {
     pub q_bias: Option<Vec<f32>>,
     pub k_bias: Option<Vec<f32>>,
     pub v_bias: Option<Vec<f32>>,
+    /// Qwen3's per-head RMSNorm weights on queries and keys (`head_dim` each), applied
+    /// after the projections and before RoPE.
+    pub q_norm: Option<Vec<f32>>,
+    /// The key side of `q_norm`.
+    pub k_norm: Option<Vec<f32>>,
     pub o: Weight,
     pub ffn_norm: Vec<f32>,
     pub gate: Weight,

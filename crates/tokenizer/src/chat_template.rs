@@ -12,7 +12,9 @@
 //! * `tojson` behaves like transformers' (Python `json.dumps`, `ensure_ascii=False`,
 //!   no HTML escaping; `indent`, `sort_keys` and `separators` keyword arguments);
 //! * variables: `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
-//!   and `tools` / `documents` set to none (as transformers passes them);
+//!   and `tools` / `documents` set to none (as transformers passes them), plus
+//!   any extra ones given to [`ChatTemplate::render_with`] (as
+//!   `apply_chat_template`'s keyword arguments, e.g. Qwen3's `enable_thinking`);
 //! * transformers' `{% generation %}` ... `{% endgeneration %}` markers are accepted
 //!   and render their body unchanged;
 //! * the template is compiled once in [`ChatTemplate::new`].
@@ -83,6 +85,20 @@ impl ChatTemplate {
     /// Render a conversation. `add_generation_prompt` asks the template to open an
     /// assistant turn at the end.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, bos_token: &str, eos_token: &str) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, bos_token, eos_token, &serde_json::Map::new())
+    }
+
+    /// [`ChatTemplate::render`] with extra template variables, as transformers passes
+    /// `apply_chat_template`'s keyword arguments (`enable_thinking=False` for Qwen3's
+    /// template). The standard variables above take precedence over an extra of the same name.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         let tmpl = self.env.get_template(NAME).map_err(|e| TokenizerError::ChatTemplate(describe(&e)))?;
         let ctx = minijinja::context! {
             messages => Value::from_serialize(messages),
@@ -91,6 +107,7 @@ impl ChatTemplate {
             eos_token => eos_token,
             tools => Value::from(()),
             documents => Value::from(()),
+            ..Value::from_serialize(extra)
         };
         tmpl.render(ctx).map_err(|e| TokenizerError::ChatTemplate(describe(&e)))
     }
@@ -405,6 +422,18 @@ mod tests {
         );
         let t = ChatTemplate::new("{% generation %}[{{ eos_token }}]{% endgeneration %}").unwrap();
         assert_eq!(t.render(&[], false, "", "E").unwrap(), "[E]");
+    }
+
+    #[test]
+    fn extra_variables_reach_the_template_and_do_not_override_the_standard_ones() {
+        let t =
+            ChatTemplate::new("{% if enable_thinking is defined and enable_thinking is false %}off{% else %}on{% endif %}|{{ eos_token }}")
+                .unwrap();
+        assert_eq!(t.render(&[], false, "", "E").unwrap(), "on|E");
+        let mut extra = serde_json::Map::new();
+        extra.insert("enable_thinking".into(), serde_json::Value::Bool(false));
+        extra.insert("eos_token".into(), serde_json::Value::String("X".into()));
+        assert_eq!(t.render_with(&[], false, "", "E", &extra).unwrap(), "off|E");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `engram convert` end to end, through the binary: the `tiny` fixtures' HF
+//! `engram convert` end to end, through the binary: the tiny fixtures' HF
 //! folders converted to GGUF hold the fixtures' own GGUF tensors bit for bit
 //! and the same metadata; f32/f16 conversions give the HF folder's logits;
 //! bad input fails with an error that names the problem and writes nothing.
@@ -20,7 +20,15 @@ const PROMPT: &str = "The persistent stream holds immutable system prompts — a
 fn fixture(shape: Shape) -> &'static FixtureFiles {
     static TINY: OnceLock<(tempfile::TempDir, FixtureFiles)> = OnceLock::new();
     static QWEN2: OnceLock<(tempfile::TempDir, FixtureFiles)> = OnceLock::new();
-    let cell = if shape == Shape::Tiny { &TINY } else { &QWEN2 };
+    static QWEN3: OnceLock<(tempfile::TempDir, FixtureFiles)> = OnceLock::new();
+    static PHI3: OnceLock<(tempfile::TempDir, FixtureFiles)> = OnceLock::new();
+    let cell = match shape {
+        Shape::Tiny => &TINY,
+        Shape::TinyQwen2 => &QWEN2,
+        Shape::TinyQwen3 => &QWEN3,
+        Shape::TinyPhi3 => &PHI3,
+        other => panic!("no fixture cell for {other:?}"),
+    };
     &cell
         .get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
@@ -64,7 +72,7 @@ const MAY_DIFFER: [&str; 2] = ["general.name", "tokenizer.ggml.padding_token_id"
 #[test]
 fn converted_fixture_folders_hold_the_fixture_gguf_tensors_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
-    for shape in [Shape::Tiny, Shape::TinyQwen2] {
+    for shape in [Shape::Tiny, Shape::TinyQwen2, Shape::TinyQwen3, Shape::TinyPhi3] {
         let files = fixture(shape);
         for format in GgufFormat::DEFAULT {
             let ours = GgufFile::open(&convert(&files.hf_dir, format.name(), dir.path())).unwrap();

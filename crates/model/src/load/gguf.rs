@@ -1,5 +1,5 @@
 //! GGUF files (v2/v3) as llama.cpp writes them: architecture `llama`,
-//! `mistral` or `qwen2`; tensors of every format `engram_kernels::DType`
+//! `mistral`, `qwen2`, `qwen3` or `phi3`; tensors of every format `engram_kernels::DType`
 //! computes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K,
 //! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) used in place from the file mapping (any
 //! other ggml type is an error naming it, its id and the tensor); the tokenizer and chat template from
@@ -8,7 +8,9 @@
 //! NOTE: llama.cpp's converter permutes the rows of `attn_q` / `attn_k` for
 //! `llama`-family models so that RoPE rotates adjacent pairs; we keep the
 //! file as it is and rotate adjacent pairs (`RopeStyle::Interleaved`) rather
-//! than copying the weights back. `qwen2` files are not permuted (NEOX).
+//! than copying the weights back. `qwen2`, `qwen3` and `phi3` files are not
+//! permuted (NEOX). `phi3` files keep q/k/v fused in `attn_qkv` and gate/up in
+//! `ffn_up` (gate first); both are split into views of the mapping at load.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -57,9 +59,13 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
         None if num_heads > 0 => hidden / num_heads,
         None => 0,
     };
+    // Phi-3's partial rotary: fewer rotated dimensions than the head has.
+    let rotary_dim = f.get_u64_opt(&key("rope.dimension_count"))?.map(|v| v as usize).unwrap_or(head_dim);
+    let mut max_positions = f.get_u64_opt(&key("context_length"))?.map(|v| v as usize).unwrap_or(4096);
     let theta = f.get_f32_opt(&key("rope.freq_base"))?.unwrap_or(10000.0);
-    let mut inv_freq = RopeConfig::base_inv_freq(theta, head_dim);
+    let mut inv_freq = RopeConfig::base_inv_freq(theta, rotary_dim);
     let mut scaling = "none".to_string();
+    let mut rope_attn_factor = 1.0;
     // Llama 3.1-style scaling arrives as per-pair divisors in the `rope_freqs.weight` tensor.
     if let Some(t) = f.header().tensor("rope_freqs.weight") {
         let factors = small_vector(f, t, label)?;
@@ -70,6 +76,26 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
             *fr /= fac;
         }
         scaling = "rope_freqs".into();
+    } else if let Some(t) = f.header().tensor("rope_factors_short.weight") {
+        // Phi-3 LongRoPE: the short factors, with the context capped at the original one
+        // (the long factors are for contexts beyond it; see the HF loader's note).
+        let factors = small_vector(f, t, label)?;
+        if factors.len() != inv_freq.len() {
+            return Err(tensor_err(label, "rope_factors_short.weight", format!("{} factors, expected {}", factors.len(), inv_freq.len())));
+        }
+        for (fr, fac) in inv_freq.iter_mut().zip(&factors) {
+            *fr /= fac;
+        }
+        let original = f
+            .get_u64_opt(&key("rope.scaling.original_context_length"))?
+            .map(|v| v as usize)
+            .ok_or_else(|| config_err(label, &key("rope.scaling.original_context_length"), "missing (LongRoPE needs it)"))?;
+        rope_attn_factor = match f.get_f32_opt(&key("rope.scaling.attn_factor"))? {
+            Some(a) => a,
+            None => RopeConfig::longrope_attn_factor(max_positions, original),
+        };
+        max_positions = max_positions.min(original);
+        scaling = format!("longrope:short,attn_factor={rope_attn_factor},context={original}");
     } else if let Some(kind) = f.get_str_opt(&key("rope.scaling.type"))? {
         match kind.as_str() {
             "linear" => {
@@ -81,6 +107,17 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
             other => return Err(config_err(label, &key("rope.scaling.type"), format!("\"{other}\" is not supported (linear, none)"))),
         }
     }
+    if arch == Arch::Phi3 {
+        // convert_hf_to_gguf writes 0 for "none"; llama.cpp then runs without it.
+        let window = f.get_u64_opt(&key("attention.sliding_window"))?.unwrap_or(0) as usize;
+        if window > 0 && window < max_positions {
+            return Err(config_err(
+                label,
+                &key("attention.sliding_window"),
+                format!("sliding-window attention ({window} tokens, below the {max_positions}-token context) is not supported"),
+            ));
+        }
+    }
     let vocab = match f.get_u64_opt(&key("vocab_size"))? {
         Some(v) => v as usize,
         None => f
@@ -89,7 +126,8 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
             .and_then(|t| t.dims.get(1).copied())
             .ok_or_else(|| tensor_err(label, "token_embd.weight", "missing"))? as usize,
     };
-    let style = if arch == Arch::Qwen2 { RopeStyle::Neox } else { RopeStyle::Interleaved };
+    // llama.cpp's LLAMA_ROPE_TYPE_NEOX architectures among ours.
+    let style = if matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3) { RopeStyle::Neox } else { RopeStyle::Interleaved };
     let config = ModelConfig {
         arch,
         hidden,
@@ -101,8 +139,10 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
         vocab,
         rms_eps: f.get_f32_opt(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
         rope: RopeConfig { theta, style, inv_freq, scaling },
-        max_positions: f.get_u64_opt(&key("context_length"))?.map(|v| v as usize).unwrap_or(4096),
+        max_positions,
         qkv_bias: f.header().tensor("blk.0.attn_q.bias").is_some(),
+        qk_norm: f.header().tensor("blk.0.attn_q_norm.weight").is_some(),
+        rope_attn_factor,
         tied_embeddings: f.header().tensor("output.weight").is_none(),
     };
     config.validate(label)?;
@@ -194,22 +234,59 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
             Ok(None)
         }
     };
+    // A fused matrix split into its parts (`Weight::split_rows`), without repacking the whole.
+    let split = |name: &str, parts: &[usize], cols: usize| -> Result<Vec<Weight>> {
+        let t = f.header().tensor(name).ok_or_else(|| tensor_err(label, name, "missing"))?;
+        let rows: usize = parts.iter().sum();
+        if t.dims.as_slice() != [cols as u64, rows as u64] {
+            return Err(tensor_err(label, name, format!("shape {:?}, expected [{cols}, {rows}]", t.dims)));
+        }
+        let start = base + t.offset as usize;
+        Weight::split_rows(label, name, dtype_of(t, label)?, parts, cols, Storage::Mapped(map.clone(), start..start + t.n_bytes as usize))
+    };
     let embed = matrix("token_embd.weight", c.vocab, c.hidden)?;
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
+        let norm = |s: &str| -> Result<Option<Vec<f32>>> {
+            if c.qk_norm {
+                Ok(Some(vector(&n(s), c.head_dim)?))
+            } else {
+                Ok(None)
+            }
+        };
+        // Phi-3 files hold q/k/v in one `attn_qkv` and gate/up in one `ffn_up` (gate first).
+        let (q, k, v, gate, up) = if c.arch == Arch::Phi3 {
+            let [q, k, v]: [Weight; 3] = split(&n("attn_qkv.weight"), &[c.q_width(), c.kv_width(), c.kv_width()], c.hidden)?
+                .try_into()
+                .map_err(|_| tensor_err(label, &n("attn_qkv.weight"), "split into three"))?;
+            let [gate, up]: [Weight; 2] = split(&n("ffn_up.weight"), &[c.ffn, c.ffn], c.hidden)?
+                .try_into()
+                .map_err(|_| tensor_err(label, &n("ffn_up.weight"), "split into two"))?;
+            (q, k, v, gate, up)
+        } else {
+            (
+                matrix(&n("attn_q.weight"), c.q_width(), c.hidden)?,
+                matrix(&n("attn_k.weight"), c.kv_width(), c.hidden)?,
+                matrix(&n("attn_v.weight"), c.kv_width(), c.hidden)?,
+                matrix(&n("ffn_gate.weight"), c.ffn, c.hidden)?,
+                matrix(&n("ffn_up.weight"), c.ffn, c.hidden)?,
+            )
+        };
         layers.push(LayerWeights {
             attn_norm: vector(&n("attn_norm.weight"), c.hidden)?,
-            q: matrix(&n("attn_q.weight"), c.q_width(), c.hidden)?,
-            k: matrix(&n("attn_k.weight"), c.kv_width(), c.hidden)?,
-            v: matrix(&n("attn_v.weight"), c.kv_width(), c.hidden)?,
+            q,
+            k,
+            v,
             q_bias: opt_vector(&n("attn_q.bias"), c.q_width())?,
             k_bias: opt_vector(&n("attn_k.bias"), c.kv_width())?,
             v_bias: opt_vector(&n("attn_v.bias"), c.kv_width())?,
+            q_norm: norm("attn_q_norm.weight")?,
+            k_norm: norm("attn_k_norm.weight")?,
             o: matrix(&n("attn_output.weight"), c.hidden, c.q_width())?,
             ffn_norm: vector(&n("ffn_norm.weight"), c.hidden)?,
-            gate: matrix(&n("ffn_gate.weight"), c.ffn, c.hidden)?,
-            up: matrix(&n("ffn_up.weight"), c.ffn, c.hidden)?,
+            gate,
+            up,
             down: matrix(&n("ffn_down.weight"), c.hidden, c.ffn)?,
         });
     }

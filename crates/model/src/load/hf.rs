@@ -69,10 +69,29 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         None if num_heads > 0 => hidden / num_heads,
         None => 0,
     };
-    let theta = get_f32(j, file, "rope_theta")?.unwrap_or(10000.0);
-    let mut inv_freq = RopeConfig::base_inv_freq(theta, head_dim);
+    let mut max_positions = get_usize(j, file, "max_position_embeddings")?.unwrap_or(4096);
+    // transformers 5 writes `rope_theta`, `partial_rotary_factor` and the scaling into
+    // `rope_parameters`; older files keep them at the top level and in `rope_scaling`.
+    let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
+    let theta = match (get_f32(j, file, "rope_theta")?, rope_params) {
+        (Some(t), _) => t,
+        (None, Some(r)) => get_f32(r, file, "rope_theta")?.unwrap_or(10000.0),
+        (None, None) => 10000.0,
+    };
+    let partial = match (get_f32(j, file, "partial_rotary_factor")?, rope_params) {
+        (Some(p), _) => p,
+        (None, Some(r)) => get_f32(r, file, "partial_rotary_factor")?.unwrap_or(1.0),
+        (None, None) => 1.0,
+    };
+    if !(partial > 0.0 && partial <= 1.0) {
+        return Err(config_err(file, "partial_rotary_factor", format!("{partial} is not in (0, 1]")));
+    }
+    // transformers: `int(head_dim * partial_rotary_factor)`.
+    let rotary_dim = (head_dim as f64 * partial as f64) as usize;
+    let mut inv_freq = RopeConfig::base_inv_freq(theta, rotary_dim);
     let mut scaling = "none".to_string();
-    if let Some(rs) = j.get("rope_scaling").filter(|v| !v.is_null()) {
+    let mut rope_attn_factor = 1.0;
+    if let Some(rs) = j.get("rope_scaling").filter(|v| v.is_object()).or(rope_params) {
         let kind = rs.get("rope_type").or_else(|| rs.get("type")).and_then(|v| v.as_str()).unwrap_or("");
         let factor = get_f32(rs, file, "factor")?.unwrap_or(1.0);
         match kind {
@@ -90,9 +109,79 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
                 inv_freq.iter_mut().for_each(|f| *f /= factor);
                 scaling = format!("linear:{factor}");
             }
+            // NOTE: LongRoPE runs with its short factors only, which is what transformers
+            // computes for sequences within the original context; the context is capped there,
+            // so no position ever needs the long factors (transformers switches every position
+            // to them past it, which a cache of rotated keys cannot follow).
+            "longrope" | "su" => {
+                let original = match get_usize(rs, file, "original_max_position_embeddings")? {
+                    Some(o) => o,
+                    None => req_usize(j, file, "original_max_position_embeddings")?,
+                };
+                let short = rs
+                    .get("short_factor")
+                    .and_then(|v| v.as_array())
+                    .ok_or_else(|| config_err(file, "rope_scaling.short_factor", "missing (LongRoPE needs it)"))?;
+                let short: Vec<f32> = short
+                    .iter()
+                    .map(|x| {
+                        x.as_f64()
+                            .map(|x| x as f32)
+                            .ok_or_else(|| config_err(file, "rope_scaling.short_factor", format!("{x} is not a number")))
+                    })
+                    .collect::<Result<_>>()?;
+                if short.len() != inv_freq.len() {
+                    return Err(config_err(
+                        file,
+                        "rope_scaling.short_factor",
+                        format!("{} factors, the {rotary_dim} rotated dimensions need {}", short.len(), inv_freq.len()),
+                    ));
+                }
+                if original == 0 {
+                    return Err(config_err(file, "original_max_position_embeddings", "must be greater than zero"));
+                }
+                RopeConfig::apply_longrope(&mut inv_freq, theta, rotary_dim, &short);
+                // transformers: an explicit `attention_factor`, else one from `factor`, else
+                // from max / original positions.
+                rope_attn_factor = match get_f32(rs, file, "attention_factor")? {
+                    Some(a) => a,
+                    None => match get_f32(rs, file, "factor")? {
+                        Some(f) if f <= 1.0 => 1.0,
+                        Some(f) => (1.0 + (f as f64).ln() / (original as f64).ln()).sqrt() as f32,
+                        None => RopeConfig::longrope_attn_factor(max_positions, original),
+                    },
+                };
+                max_positions = max_positions.min(original);
+                scaling = format!("longrope:short,attn_factor={rope_attn_factor},context={original}");
+            }
             "default" | "" => {}
-            other => return Err(config_err(file, "rope_scaling.rope_type", format!("\"{other}\" is not supported (llama3, linear)"))),
+            other => {
+                return Err(config_err(file, "rope_scaling.rope_type", format!("\"{other}\" is not supported (llama3, linear, longrope)")))
+            }
         }
+    }
+    let attention_bias = j.get("attention_bias").and_then(|v| v.as_bool()).unwrap_or(false);
+    if attention_bias && matches!(arch, Arch::Qwen3 | Arch::Phi3) {
+        // Both put a bias on o_proj too, which the forward pass does not have.
+        return Err(config_err(file, "attention_bias", format!("attention biases are not supported for {}", arch.name())));
+    }
+    let sliding = get_usize(j, file, "sliding_window")?;
+    match arch {
+        Arch::Qwen3 if j.get("use_sliding_window").and_then(|v| v.as_bool()).unwrap_or(false) => {
+            return Err(config_err(file, "use_sliding_window", "sliding-window attention is not supported for qwen3"));
+        }
+        // transformers' Phi-3 applies `sliding_window` whenever it is set.
+        Arch::Phi3 if sliding.is_some_and(|w| w < max_positions) => {
+            return Err(config_err(
+                file,
+                "sliding_window",
+                format!(
+                    "sliding-window attention ({} tokens, below the {max_positions}-token context) is not supported",
+                    sliding.unwrap_or(0)
+                ),
+            ));
+        }
+        _ => {}
     }
     let config = ModelConfig {
         arch,
@@ -105,8 +194,10 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         vocab: req_usize(j, file, "vocab_size")?,
         rms_eps: get_f32(j, file, "rms_norm_eps")?.unwrap_or(1e-6),
         rope: RopeConfig { theta, style: RopeStyle::Neox, inv_freq, scaling },
-        max_positions: get_usize(j, file, "max_position_embeddings")?.unwrap_or(4096),
-        qkv_bias: arch == Arch::Qwen2 || j.get("attention_bias").and_then(|v| v.as_bool()).unwrap_or(false),
+        max_positions,
+        qkv_bias: arch == Arch::Qwen2 || attention_bias,
+        qk_norm: arch == Arch::Qwen3,
+        rope_attn_factor,
         tied_embeddings: j.get("tie_word_embeddings").and_then(|v| v.as_bool()).unwrap_or(false),
     };
     config.validate(file)?;
@@ -189,6 +280,16 @@ impl TensorSet {
         Weight::new(file, name, *dtype, rows, cols, Storage::Mapped(map.clone(), range.clone()))
     }
 
+    /// A fused `[sum(parts), cols]` matrix split into one matrix per part (`Weight::split_rows`).
+    fn get_split(&self, name: &str, parts: &[usize], cols: usize) -> Result<Vec<Weight>> {
+        let (file, map, dtype, have, range) = self.tensors.get(name).ok_or_else(|| tensor_err("model.safetensors", name, "missing"))?;
+        let rows: usize = parts.iter().sum();
+        if have.as_slice() != [rows, cols] {
+            return Err(tensor_err(file, name, format!("shape {have:?}, expected {:?}", [rows, cols])));
+        }
+        Weight::split_rows(file, name, *dtype, parts, cols, Storage::Mapped(map.clone(), range.clone()))
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         Ok(self.get(name, &[len])?.to_f32())
     }
@@ -211,18 +312,47 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
                 Ok(None)
             }
         };
+        let norm = |n: &str| -> Result<Option<Vec<f32>>> {
+            if c.qk_norm {
+                Ok(Some(t.vector(&format!("{p}.self_attn.{n}.weight"), c.head_dim)?))
+            } else {
+                Ok(None)
+            }
+        };
+        // Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (gate first).
+        let (q, k, v, gate, up) = if c.arch == Arch::Phi3 {
+            let [q, k, v]: [Weight; 3] = t
+                .get_split(&format!("{p}.self_attn.qkv_proj.weight"), &[c.q_width(), c.kv_width(), c.kv_width()], c.hidden)?
+                .try_into()
+                .map_err(|_| tensor_err("model.safetensors", "qkv_proj", "split into three"))?;
+            let [gate, up]: [Weight; 2] = t
+                .get_split(&format!("{p}.mlp.gate_up_proj.weight"), &[c.ffn, c.ffn], c.hidden)?
+                .try_into()
+                .map_err(|_| tensor_err("model.safetensors", "gate_up_proj", "split into two"))?;
+            (q, k, v, gate, up)
+        } else {
+            (
+                t.get(&format!("{p}.self_attn.q_proj.weight"), &[c.q_width(), c.hidden])?,
+                t.get(&format!("{p}.self_attn.k_proj.weight"), &[c.kv_width(), c.hidden])?,
+                t.get(&format!("{p}.self_attn.v_proj.weight"), &[c.kv_width(), c.hidden])?,
+                t.get(&format!("{p}.mlp.gate_proj.weight"), &[c.ffn, c.hidden])?,
+                t.get(&format!("{p}.mlp.up_proj.weight"), &[c.ffn, c.hidden])?,
+            )
+        };
         layers.push(LayerWeights {
             attn_norm: t.vector(&format!("{p}.input_layernorm.weight"), c.hidden)?,
-            q: t.get(&format!("{p}.self_attn.q_proj.weight"), &[c.q_width(), c.hidden])?,
-            k: t.get(&format!("{p}.self_attn.k_proj.weight"), &[c.kv_width(), c.hidden])?,
-            v: t.get(&format!("{p}.self_attn.v_proj.weight"), &[c.kv_width(), c.hidden])?,
+            q,
+            k,
+            v,
             q_bias: bias("q_proj", c.q_width())?,
             k_bias: bias("k_proj", c.kv_width())?,
             v_bias: bias("v_proj", c.kv_width())?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
             o: t.get(&format!("{p}.self_attn.o_proj.weight"), &[c.hidden, c.q_width()])?,
             ffn_norm: t.vector(&format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
-            gate: t.get(&format!("{p}.mlp.gate_proj.weight"), &[c.ffn, c.hidden])?,
-            up: t.get(&format!("{p}.mlp.up_proj.weight"), &[c.ffn, c.hidden])?,
+            gate,
+            up,
             down: t.get(&format!("{p}.mlp.down_proj.weight"), &[c.hidden, c.ffn])?,
         });
     }
@@ -233,4 +363,50 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
         (embed.clone(), embed)
     };
     Ok(ModelWeights { embed, layers, final_norm, output })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields of Qwen3-0.6B's `config.json` that the loader reads.
+    #[test]
+    fn a_qwen3_0_6b_config_has_head_dim_128_over_hidden_1024() {
+        let j: Json = serde_json::from_str(
+            r#"{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128, "hidden_act": "silu",
+                "hidden_size": 1024, "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+                "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+                "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+                "tie_word_embeddings": true, "use_sliding_window": false, "vocab_size": 151936}"#,
+        )
+        .unwrap();
+        let c = parse_config(&j, "config.json").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.q_width(), c.kv_width(), c.rope.rotary_dim()), (Arch::Qwen3, 128, 2048, 1024, 128));
+        assert!(c.qk_norm && !c.qkv_bias && c.tied_embeddings && c.rope_attn_factor == 1.0);
+    }
+
+    /// Phi-4-mini's shape: partial rotary 0.75 of 128, LongRoPE from 4096 to 131072 (48
+    /// factors per set; the values here are placeholders), a sliding window longer than any context.
+    #[test]
+    fn a_phi4_mini_config_rotates_96_dimensions_and_caps_the_context_at_4096() {
+        let factors = serde_json::to_string(&vec![1.0f32; 48]).unwrap();
+        let text = format!(
+            r#"{{"architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "intermediate_size": 8192,
+                "max_position_embeddings": 131072, "model_type": "phi3", "num_attention_heads": 24, "num_hidden_layers": 32,
+                "num_key_value_heads": 8, "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+                "rms_norm_eps": 1e-05, "rope_scaling": {{"long_factor": {factors}, "short_factor": {factors}, "type": "longrope"}},
+                "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": true, "vocab_size": 200064}}"#
+        );
+        let c = parse_config(&serde_json::from_str(&text).unwrap(), "config.json").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.rope.rotary_dim(), c.max_positions), (Arch::Phi3, 128, 96, 4096));
+        let want = (1.0 + (32f64).ln() / (4096f64).ln()).sqrt() as f32;
+        assert!((c.rope_attn_factor - want).abs() < 1e-6, "{}", c.rope_attn_factor);
+        // Unit factors leave plain RoPE over the 96 rotated dimensions.
+        let plain = RopeConfig::base_inv_freq(10000.0, 96);
+        assert!(c.rope.inv_freq.iter().zip(&plain).all(|(a, b)| (a - b).abs() <= 1e-6 * b));
+        // transformers 5 writes the same as `rope_parameters`.
+        let v5 = text.replace("\"rope_scaling\"", "\"rope_parameters\"").replace("\"type\": \"longrope\"", "\"rope_type\": \"longrope\"");
+        let c5 = parse_config(&serde_json::from_str(&v5).unwrap(), "config.json").unwrap();
+        assert_eq!((c5.rope.rotary_dim(), c5.max_positions, c5.rope_attn_factor), (96, 4096, c.rope_attn_factor));
+    }
 }

@@ -17,14 +17,14 @@ const REGENERATE: &str = "cargo build --release -p engram-cli && python3 scripts
      (needs torch + transformers; see scripts/README.md)";
 
 /// Tolerance on the last-position logits: max |ours - golden| / max |golden|.
-const LOGIT_TOL: f32 = 1e-4;
+pub(crate) const LOGIT_TOL: f32 = 1e-4;
 
 fn golden() -> Value {
     let text = std::fs::read_to_string(GOLDEN_PATH).unwrap_or_else(|e| panic!("reading {GOLDEN_PATH}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {GOLDEN_PATH}: {e}"))
 }
 
-fn fnv1a64(bytes: &[u8]) -> String {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {
         h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
@@ -32,18 +32,29 @@ fn fnv1a64(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
-fn u32s(v: &Value) -> Vec<u32> {
+pub(crate) fn u32s(v: &Value) -> Vec<u32> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().expect("integer") as u32).collect()
 }
 
-fn f32s(v: &Value) -> Vec<f32> {
+pub(crate) fn f32s(v: &Value) -> Vec<f32> {
     v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number") as f32).collect()
 }
 
 /// Panics (with the way to regenerate) unless the fixture the test generated
 /// is the one the golden file was computed from.
 fn check_fixture(g: &Value) {
-    let hf = tiny_hf();
+    let problems = fixture_differences(g, &tiny_hf());
+    assert!(
+        problems.is_empty(),
+        "the tiny fixture no longer matches {GOLDEN_PATH} (was the fixture generator changed?):\n  {}\n\
+         If the change is intended, regenerate the golden file: {REGENERATE}",
+        problems.join("\n  ")
+    );
+}
+
+/// How the HF folder `hf` differs from the fixture recorded in golden file `g` (sizes,
+/// hashes and edge values of `model.safetensors` and `tokenizer.json`); empty if it does not.
+pub(crate) fn fixture_differences(g: &Value, hf: &std::path::Path) -> Vec<String> {
     let fx = &g["fixture"];
     let mut problems = Vec::new();
     for name in ["model.safetensors", "tokenizer.json"] {
@@ -72,12 +83,7 @@ fn check_fixture(g: &Value) {
             }
         }
     }
-    assert!(
-        problems.is_empty(),
-        "the tiny fixture no longer matches {GOLDEN_PATH} (was the fixture generator changed?):\n  {}\n\
-         If the change is intended, regenerate the golden file: {REGENERATE}",
-        problems.join("\n  ")
-    );
+    problems
 }
 
 /// Loads the golden data after checking the fixture, and the tiny HF model.

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod arch_golden;
 mod bad_files;
 mod chunking;
 mod formats;
