@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  <dir>/facts-<blake3(owner), 32 hex>.json:
-//!    engram-facts v1 <body bytes> <blake3 of body, hex>\n
+//!    engram-facts v1 <body bytes> <blake3 of body, hex>\n          (`engram_kv::envelope`)
 //!    {"format": "engram-facts", "version": 1, "owner": ..., "next_id": n, "facts": [...]}
 //! ```
 //! Invariants: a change that reports success is on disk (temp file, fsync, rename) before the
@@ -269,11 +269,7 @@ fn save(file: &Path, owner: &str, log: &Log) -> std::io::Result<()> {
         next_id: log.next_id,
         facts: log.facts.clone(),
     })?;
-    let header = format!("{MAGIC} v{VERSION} {} {}\n", body.len(), blake3::hash(&body).to_hex());
-    engram_kv::persist::atomic_write(file, |w| {
-        std::io::Write::write_all(w, header.as_bytes())?;
-        std::io::Write::write_all(w, &body)
-    })
+    engram_kv::envelope::write_sealed(file, MAGIC, VERSION, &body)
 }
 
 /// The log in `file` for `owner`: `Ok(None)` if there is no file, an error saying what is
@@ -288,23 +284,7 @@ fn load(file: &Path, owner: &str, limits: &FactLimits) -> Result<Option<Log>, St
         return Err(format!("{size} bytes, over the {}-byte limit for a fact log", limits.max_file_bytes));
     }
     let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
-    let nl = bytes.iter().position(|&b| b == b'\n').filter(|&n| n < 256).ok_or("not a fact log (no header line)")?;
-    let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| "not a fact log (header not text)")?;
-    let fields: Vec<&str> = header.split(' ').collect();
-    if fields.len() != 4 || fields[0] != MAGIC {
-        return Err("not a fact log".into());
-    }
-    if fields[1] != format!("v{VERSION}") {
-        return Err(format!("format {} (this build reads v{VERSION})", fields[1]));
-    }
-    let len: usize = fields[2].parse().map_err(|_| "bad length in the header")?;
-    let body = &bytes[nl + 1..];
-    if body.len() != len {
-        return Err(format!("truncated or extended: {} body bytes, the header says {len}", body.len()));
-    }
-    if blake3::hash(body).to_hex().as_str() != fields[3] {
-        return Err("checksum mismatch (damaged)".into());
-    }
+    let body = engram_kv::envelope::open(&bytes, MAGIC, VERSION).map_err(|e| format!("not a sound fact log: {e}"))?;
     let f: LogFile = serde_json::from_slice(body).map_err(|e| format!("not a fact log: {e}"))?;
     if f.format != FORMAT || f.version != VERSION {
         return Err(format!("format {:?} version {}, expected {FORMAT:?} version {VERSION}", f.format, f.version));

@@ -251,8 +251,7 @@ impl RingStore {
         let manifest =
             Manifest { owner: owner.to_string(), thread: thread.to_string(), fingerprint: self.fingerprint.clone(), carry, turns: records };
         let json = serde_json::to_vec(&manifest).expect("manifests serialize");
-        let mut body = format!("{MAGIC} v{VERSION} {} {}\n", json.len(), blake3::hash(&json).to_hex()).into_bytes();
-        body.extend_from_slice(&json);
+        let body = engram_kv::envelope::seal(MAGIC, VERSION, &json);
         let total = turn_bytes + body.len() as u64;
         self.saved.insert(key, now);
         self.send(Job::Save { files, manifest: self.manifest_path(owner, thread), body, prefix, keep });
@@ -321,19 +320,7 @@ impl RingStore {
         }
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let bad = |why: &str| format!("{}: {why}", path.display());
-        let nl = bytes.iter().position(|&b| b == b'\n').filter(|&n| n < 256).ok_or_else(|| bad("not a ring manifest"))?;
-        let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("not a ring manifest"))?;
-        let fields: Vec<&str> = header.split(' ').collect();
-        if fields.len() != 4 || fields[0] != MAGIC || fields[1] != format!("v{VERSION}") {
-            return Err(bad("not a ring manifest of this version"));
-        }
-        let body = &bytes[nl + 1..];
-        if fields[2].parse::<usize>().ok() != Some(body.len()) {
-            return Err(bad("truncated or extended"));
-        }
-        if blake3::hash(body).to_hex().as_str() != fields[3] {
-            return Err(bad("checksum mismatch (damaged)"));
-        }
+        let body = engram_kv::envelope::open(&bytes, MAGIC, VERSION).map_err(|e| bad(&format!("not a sound ring manifest: {e}")))?;
         let m: Manifest = serde_json::from_slice(body).map_err(|e| bad(&format!("does not parse: {e}")))?;
         if m.owner != owner || m.thread != thread {
             return Err(bad("another thread's ring"));

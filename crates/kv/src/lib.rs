@@ -29,6 +29,7 @@
 mod block;
 pub mod disk;
 pub mod disk_quota;
+pub mod envelope;
 mod error;
 mod format;
 mod pending;

@@ -129,3 +129,6 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
 fn plain_segment(model: Arc<Model>) -> RenderSegment {
     Arc::new(move |text: &str| model.tokenizer.encode(text, false).map(|e| e.ids).map_err(|e| e.to_string()))
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,110 @@
+//! The one envelope of Engram's small record files (a RAG bank's manifest, a QA bank, a
+//! user's fact log, a ring manifest), and its one write path.
+//!
+//! ```text
+//!  <magic> v<version> <body bytes> <blake3 of body, hex>\n
+//!  <body>
+//! ```
+//! Invariant: [`write_sealed`] replaces a file whole (temp file in the same folder, fsync,
+//! rename, fsync of the folder: [`crate::persist::atomic_write`]), so a crash leaves the old
+//! file or the new one; [`open`] hands back a body only if magic, version, length and checksum
+//! all check out, else an [`EnvelopeError`] saying what is wrong (truncated, damaged, foreign,
+//! another version).
+
+use std::path::Path;
+
+/// Headers are one short line; a longer first line is not an envelope.
+const MAX_HEADER: usize = 256;
+
+/// Why bytes are not a sound envelope of the expected kind.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EnvelopeError {
+    /// No header line (empty, or the first line is too long or not text).
+    #[error("not an engram file (no header line)")]
+    NoHeader,
+    /// A header of another kind of file.
+    #[error("not a {expected} file")]
+    Foreign { expected: String },
+    /// The expected kind, another format version.
+    #[error("format {found} (this build reads v{reads})")]
+    Version { found: String, reads: u32 },
+    /// The header's length field does not parse.
+    #[error("bad length in header")]
+    BadLength,
+    /// The body is shorter or longer than the header says.
+    #[error("truncated or extended: {body} body bytes, the header says {header}")]
+    Length { body: usize, header: usize },
+    /// The body's checksum differs from the header's.
+    #[error("checksum mismatch (damaged)")]
+    Checksum,
+}
+
+/// `body` under the envelope `magic`/`version`.
+pub fn seal(magic: &str, version: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = format!("{magic} v{version} {} {}\n", body.len(), blake3::hash(body).to_hex()).into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+/// The body of `bytes`, checked against `magic` and `version`; see the module doc.
+pub fn open<'a>(bytes: &'a [u8], magic: &str, version: u32) -> Result<&'a [u8], EnvelopeError> {
+    let nl = bytes.iter().take(MAX_HEADER).position(|&b| b == b'\n').ok_or(EnvelopeError::NoHeader)?;
+    let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| EnvelopeError::NoHeader)?;
+    let fields: Vec<&str> = header.split(' ').collect();
+    if fields.len() != 4 || fields[0] != magic {
+        return Err(EnvelopeError::Foreign { expected: magic.to_string() });
+    }
+    if fields[1] != format!("v{version}") {
+        return Err(EnvelopeError::Version { found: fields[1].to_string(), reads: version });
+    }
+    let len: usize = fields[2].parse().map_err(|_| EnvelopeError::BadLength)?;
+    let body = &bytes[nl + 1..];
+    if body.len() != len {
+        return Err(EnvelopeError::Length { body: body.len(), header: len });
+    }
+    if blake3::hash(body).to_hex().as_str() != fields[3] {
+        return Err(EnvelopeError::Checksum);
+    }
+    Ok(body)
+}
+
+/// Writes `body` sealed under `magic`/`version` to `path`, atomically (see the module doc).
+pub fn write_sealed(path: &Path, magic: &str, version: u32, body: &[u8]) -> std::io::Result<()> {
+    let header = format!("{magic} v{version} {} {}\n", body.len(), blake3::hash(body).to_hex());
+    crate::persist::atomic_write(path, |w| {
+        std::io::Write::write_all(w, header.as_bytes())?;
+        std::io::Write::write_all(w, body)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sealed_body_opens_and_every_kind_of_damage_is_named() {
+        let good = seal("engram-test", 1, b"{\"a\": 1}");
+        assert_eq!(open(&good, "engram-test", 1).unwrap(), b"{\"a\": 1}");
+        assert_eq!(open(b"", "engram-test", 1), Err(EnvelopeError::NoHeader));
+        assert_eq!(open(&[b'x'; 300], "engram-test", 1), Err(EnvelopeError::NoHeader));
+        assert!(matches!(open(&good, "engram-other", 1), Err(EnvelopeError::Foreign { .. })));
+        assert!(matches!(open(&good, "engram-test", 2), Err(EnvelopeError::Version { .. })));
+        assert!(matches!(open(&good[..good.len() - 1], "engram-test", 1), Err(EnvelopeError::Length { .. })));
+        let mut flipped = good.clone();
+        *flipped.last_mut().unwrap() ^= 0x20;
+        assert_eq!(open(&flipped, "engram-test", 1), Err(EnvelopeError::Checksum));
+        let mut bad_len = String::from_utf8(good.clone()).unwrap();
+        bad_len = bad_len.replacen(" 8 ", " x ", 1);
+        assert_eq!(open(bad_len.as_bytes(), "engram-test", 1), Err(EnvelopeError::BadLength));
+    }
+
+    #[test]
+    fn a_sealed_write_reads_back_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.json");
+        write_sealed(&path, "engram-test", 3, b"body").unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes, seal("engram-test", 3, b"body"));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}
