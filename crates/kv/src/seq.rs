@@ -352,15 +352,15 @@ impl SeqKv {
             return Ok(());
         }
         let (b0, b1) = (slots.start / BLOCK_TOKENS, (slots.end - 1) / BLOCK_TOKENS);
-        let shared = |b: &Arc<Block>| Arc::strong_count(b) > 1 || b.is_mapped();
-        let copies = self.blocks[b0..=b1].iter().filter(|b| shared(b)).count();
+        // Which blocks to copy is decided once, and exactly those are copied: another thread
+        // dropping its handle of a block between a count and a copy (a writer done with a
+        // fork) must not leave a block's charge without its block.
+        let copies: Vec<usize> = (b0..=b1).filter(|&bi| Arc::strong_count(&self.blocks[bi]) > 1 || self.blocks[bi].is_mapped()).collect();
         let window_copy = self.tail.as_ref().is_some_and(|t| (b0..=b1).contains(&t.block) && Arc::strong_count(t) > 1);
-        self.pool.try_charge(copies * self.pool.block_bytes() + if window_copy { self.pool.tail_bytes() } else { 0 })?;
-        for bi in b0..=b1 {
-            if shared(&self.blocks[bi]) {
-                let len = self.blocks[bi].len;
-                self.blocks[bi] = Arc::new(self.pool.charged_block(LineBytes::copy_of(self.blocks[bi].bytes()), len));
-            }
+        self.pool.try_charge(copies.len() * self.pool.block_bytes() + if window_copy { self.pool.tail_bytes() } else { 0 })?;
+        for bi in copies {
+            let len = self.blocks[bi].len;
+            self.blocks[bi] = Arc::new(self.pool.charged_block(LineBytes::copy_of(self.blocks[bi].bytes()), len));
         }
         if window_copy {
             let t = self.tail.take().expect("checked above");

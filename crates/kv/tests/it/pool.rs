@@ -119,3 +119,43 @@ fn bytes_for_bounds_a_fresh_reservation() {
         assert_eq!(KvPool::new(layout, format, 0).bytes_for(0), 0);
     }
 }
+
+/// `unshare` while another thread drops its fork of the same blocks: whichever way the race
+/// goes (the block still shared and copied, or already alone and kept), every byte charged
+/// belongs to a live block, so the pool is empty once everything is dropped. Counting the
+/// shared blocks and then copying those still shared, re-checked one by one, charged a
+/// block that the other thread's drop had just made this sequence's own and never released
+/// it.
+#[test]
+fn unshare_charges_exactly_the_blocks_it_copies_while_forks_drop_on_other_threads() {
+    let pool = KvPool::new(LAYOUT, KvFormat::F32, 64 << 20);
+    let blocks = 64;
+    let n = blocks * BLOCK_TOKENS;
+    for round in 0..400 {
+        let mut kv = SeqKv::new(&pool);
+        kv.reserve(n).unwrap();
+        write_tokens(&mut kv, 0, n, round as f32);
+        let fork = kv.fork(n);
+        let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let dropper = {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                // Up to some microseconds of work, so the drop lands anywhere in `unshare`.
+                let spin = (round % 23) * 200;
+                let mut x = 0u64;
+                for i in 0..spin {
+                    x = x.wrapping_add(std::hint::black_box(i as u64));
+                }
+                std::hint::black_box(x);
+                drop(fork);
+            })
+        };
+        start.wait();
+        kv.unshare(0..n).unwrap();
+        dropper.join().unwrap();
+        assert_eq!(pool.used(), blocks * pool.block_bytes(), "round {round}: the charge is the sequence's blocks");
+        drop(kv);
+        assert_eq!(pool.used(), 0, "round {round}: every charge released");
+    }
+}
