@@ -24,6 +24,8 @@ mod agent_registry;
 mod agents;
 mod anthropic;
 mod api;
+mod catalog;
+mod chat_job;
 mod dual;
 mod embeddings;
 pub mod error;
@@ -35,6 +37,7 @@ mod health_tests;
 pub use engram_engine::metrics;
 mod listen;
 mod logprobs;
+mod ollama;
 mod openai;
 mod quota;
 mod rag;
@@ -243,7 +246,16 @@ impl Server {
             .route("/v1/chat/completions", post(openai::chat))
             .route("/v1/completions", post(openai::completions))
             .route("/v1/messages", post(anthropic::messages))
+            .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
             .route("/v1/embeddings", post(embeddings::create))
+            .route("/api/chat", post(ollama::chat))
+            .route("/api/generate", post(ollama::generate))
+            .route("/api/tags", get(ollama::tags))
+            .route("/api/show", post(ollama::show))
+            .route("/api/ps", get(ollama::ps))
+            .route("/api/embed", post(ollama::embed))
+            .route("/api/embeddings", post(ollama::embeddings))
+            .route("/api/version", get(ollama::version))
             .route("/v1/agents", post(agents::create).get(agents::list))
             .route("/v1/agents/{id}", get(agents::get).delete(agents::delete))
             .route("/v1/agents/{id}/generate", post(agents::generate))
