@@ -4,7 +4,8 @@
 //! encoder (`catalog.rs`).
 //!
 //! Invariant: nothing here names a file system path (a client has no business learning
-//! them); `digest` is the model's fingerprint, `size` its weights' bytes.
+//! them). `digest` is the LLM's fingerprint (the encoder's: a hash of its id), `size` the
+//! LLM's weights' bytes (the encoder's is not known: `null`).
 
 use std::time::SystemTime;
 
@@ -137,8 +138,8 @@ fn details(s: &AppState, m: &Served) -> Value {
            "parameter_size": "", "quantization_level": "F32"})
 }
 
-/// When the LLM's file last changed (the encoder's is not known: the server's start time
-/// stands in, as for an LLM whose file cannot be read).
+/// When the LLM's file last changed (the encoder's is not known: the time this process
+/// first listed a model stands in, as for an LLM whose file cannot be read).
 fn modified_at(s: &AppState, m: &Served) -> String {
     let file = (m.kind == Kind::Llm).then(|| s.model.source.split_once(':').map(|(_, p)| p.to_string())).flatten();
     let t = file.and_then(|p| std::fs::metadata(p).and_then(|md| md.modified()).ok()).unwrap_or_else(started);

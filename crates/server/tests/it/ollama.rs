@@ -354,3 +354,20 @@ fn embed_and_the_legacy_embeddings_route_equal_the_library() {
     let ok = post(*addr, "/api/embed", &json!({"model": enc.id(), "input": long, "truncate": true}));
     assert_eq!(ok.status, 200, "{}", ok.body);
 }
+
+#[test]
+fn a_kv_refusal_is_the_responses_own_status_streamed_or_not() {
+    // Two blocks of KV: a prompt that can never fit is refused as on the OpenAI routes,
+    // before any NDJSON line is sent.
+    let m = model();
+    let block = engram_kv::KvPool::new(engram_kv::KvLayout::of(&m.config), engram_kv::KvFormat::F32, 0).block_bytes();
+    let addr = start(2 * block, ServerConfig::new("tiny"));
+    let long = "many words in a row ".repeat(40);
+    for stream in [false, true] {
+        let r = post(addr, "/api/chat", &json!({"model": "tiny", "messages": [{"role": "user", "content": long}], "stream": stream}));
+        assert_eq!(r.status, 400, "stream {stream}: {}", r.body);
+        assert!(r.json()["error"].as_str().unwrap().contains("bytes of KV cache"), "{}", r.body);
+    }
+    let r = post(addr, "/api/generate", &json!({"model": "tiny", "prompt": "short", "stream": false, "options": {"num_predict": 2}}));
+    assert_eq!(r.status, 200, "{}", r.body);
+}
