@@ -256,6 +256,7 @@ impl Server {
             .route("/api/embed", post(ollama::embed))
             .route("/api/embeddings", post(ollama::embeddings))
             .route("/api/version", get(ollama::version))
+            .route("/api/{*rest}", axum::routing::any(ollama::not_found))
             .route("/v1/agents", post(agents::create).get(agents::list))
             .route("/v1/agents/{id}", get(agents::get).delete(agents::delete))
             .route("/v1/agents/{id}/generate", post(agents::generate))

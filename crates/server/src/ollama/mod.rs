@@ -3,7 +3,8 @@
 //! `/api/tags`, `/api/show`, `/api/ps`, `/api/version` (`models.rs`), `/api/embed` and
 //! the legacy `/api/embeddings` (`embed.rs`), with Ollama's field names, durations in
 //! nanoseconds and `created_at` in RFC 3339. Errors are Ollama's `{"error": "..."}`, the
-//! message naming the field at fault.
+//! message naming the field at fault; any other `/api/` route (model management) is a 404
+//! in that shape.
 //!
 //! Generation goes through the same path as OpenAI's chat route (`chat_job.rs`,
 //! `api::start`): the same tenants and keys, limits, sessions (`X-Session-Id` or
@@ -24,7 +25,7 @@ mod models;
 
 pub use embed::{embed, embeddings};
 pub use generate::{chat, generate};
-pub use models::{ps, show, tags, version};
+pub use models::{not_found, ps, show, tags, version};
 
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};

@@ -53,6 +53,18 @@ pub async fn version() -> Response {
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
+/// Any other `/api/` route (`pull`, `push`, `create`, `copy`, `delete`, …): a 404 in
+/// Ollama's shape saying what this server does instead.
+pub async fn not_found(State(s): State<AppState>, req: axum::extract::Request) -> OllamaError {
+    ApiError::not_found(format!(
+        "no route for {} {}: this server serves the models it was started with ({}) and does not pull, push, create, copy or delete models",
+        req.method(),
+        req.uri().path(),
+        catalog::served(&s).iter().map(|m| m.id.as_str()).collect::<Vec<_>>().join(", ")
+    ))
+    .into()
+}
+
 #[derive(Deserialize)]
 struct ShowRequest {
     model: Option<String>,

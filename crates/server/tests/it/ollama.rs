@@ -311,6 +311,10 @@ fn tags_show_ps_version_list_the_llm_and_the_encoder() {
     assert_eq!(running[0]["size_vram"], 0);
     assert!(running[0]["expires_at"].as_str().unwrap() > "2100", "{}", ps.body);
 
+    // Model management is not this server's: a 404 in Ollama's shape that says so.
+    let pull = post(addr, "/api/pull", &json!({"model": "llama3.2"}));
+    assert_eq!(pull.status, 404, "{}", pull.body);
+    assert!(pull.json()["error"].as_str().unwrap().contains("does not pull"), "{}", pull.body);
     let version = request(addr, "GET", "/api/version", &[], "");
     assert!(version.json()["version"].as_str().is_some_and(|v| v.split('.').count() == 3), "{}", version.body);
 }
