@@ -232,7 +232,7 @@ mod tests {
             (json!({"top_k": true}), "options.top_k"),
             (json!({"stop": 3}), "options.stop"),
         ] {
-            let e = opts(body).err().expect("refused");
+            let e = opts(body).expect_err("refused");
             assert_eq!(e.param.as_deref(), Some(field));
             assert!(message(&e).contains(field), "{}", message(&e));
         }
