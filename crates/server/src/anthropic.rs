@@ -1,8 +1,8 @@
 //! Anthropic Messages API: `POST /v1/messages`, non-streamed and streamed
 //! (`message_start`, `content_block_start`, `content_block_delta`,
-//! `content_block_stop`, `message_delta`, `message_stop`). Errors use
-//! Anthropic's body shape. `tools` and `tool_choice` are rejected with a
-//! 400 naming the field.
+//! `content_block_stop`, `message_delta`, `message_stop`), and
+//! `POST /v1/messages/count_tokens`. Errors use Anthropic's body shape.
+//! `tools` and `tool_choice` are rejected with a 400 naming the field.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -50,6 +50,50 @@ fn stop_reason(f: FinishReason, stopped_by_sequence: bool) -> &'static str {
     }
 }
 
+/// The conversation of a `/v1/messages` (or `count_tokens`) request: `system` first, then the
+/// turns, each `user` or `assistant`.
+fn conversation(messages: Vec<InMessage>, system: Option<Content>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_param("messages", "messages must contain at least one message"));
+    }
+    let mut chat = Vec::new();
+    if let Some(sys) = system {
+        chat.push(ChatMessage::new("system", sys.text("system")?));
+    }
+    for (i, m) in messages.into_iter().enumerate() {
+        if m.role != "user" && m.role != "assistant" {
+            return Err(ApiError::bad_param(
+                &format!("messages[{i}].role"),
+                format!("unsupported role {:?} (expected user or assistant)", m.role),
+            ));
+        }
+        chat.push(ChatMessage::new(m.role, m.content.text(&format!("messages[{i}].content"))?));
+    }
+    Ok(chat)
+}
+
+#[derive(Deserialize)]
+struct CountTokensRequest {
+    model: Option<String>,
+    messages: Vec<InMessage>,
+    system: Option<Content>,
+    #[serde(flatten)]
+    unsupported: Unsupported,
+}
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, the tokens of the prompt
+/// `/v1/messages` would render for the same `system` and `messages` (validated the same way;
+/// nothing is generated, stored or cached).
+pub async fn count_tokens(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, AnthropicError> {
+    api::tenant(&s, &headers)?;
+    let req: CountTokensRequest = api::parse(&body)?;
+    api::check_model(&s, req.model.as_deref())?;
+    req.unsupported.check()?;
+    let chat = conversation(req.messages, req.system)?;
+    let (_, prompt) = api::render_chat(&s, chat).await?;
+    Ok(axum::Json(json!({"input_tokens": prompt.len()})).into_response())
+}
+
 /// `POST /v1/messages`.
 pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, AnthropicError> {
     let tenant = api::tenant(&s, &headers)?;
@@ -57,23 +101,7 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     api::check_model(&s, req.model.as_deref())?;
     req.unsupported.check()?;
     let session = api::session(&headers, req.session_id.as_deref())?;
-    if req.messages.is_empty() {
-        return Err(ApiError::bad_param("messages", "messages must contain at least one message").into());
-    }
-    let mut chat = Vec::new();
-    if let Some(sys) = req.system {
-        chat.push(ChatMessage::new("system", sys.text("system")?));
-    }
-    for (i, m) in req.messages.into_iter().enumerate() {
-        if m.role != "user" && m.role != "assistant" {
-            return Err(ApiError::bad_param(
-                &format!("messages[{i}].role"),
-                format!("unsupported role {:?} (expected user or assistant)", m.role),
-            )
-            .into());
-        }
-        chat.push(ChatMessage::new(m.role, m.content.text(&format!("messages[{i}].content"))?));
-    }
+    let chat = conversation(req.messages, req.system)?;
     let (text, prompt) = api::render_chat(&s, chat).await?;
     let temperature = req.temperature;
     if temperature.is_some_and(|t| t > 1.0) {

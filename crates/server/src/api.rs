@@ -186,6 +186,9 @@ pub struct Sampling {
     pub draft: Option<String>,
     /// Alternatives per token to report with log-probabilities (`logprobs.rs`); `None`: none.
     pub logprobs: Option<usize>,
+    /// A `max_tokens` past the room the prompt leaves is cut to that room instead of refused
+    /// (Ollama's `num_predict`: generation ends at the context's end).
+    pub fit_to_context: bool,
 }
 
 /// Validates limits and builds the engine's parameters for `prompt_len`.
@@ -204,6 +207,7 @@ pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingPa
     let max_tokens = match f.max_tokens {
         None => room,
         Some(n) if n < 1 => return Err(ApiError::bad_param("max_tokens", format!("max_tokens must be at least 1, got {n}"))),
+        Some(n) if f.fit_to_context && n as u64 > room as u64 => room,
         Some(n) if n as u64 > room as u64 => {
             return Err(ApiError { code: Some("context_length_exceeded"), ..ApiError::bad_param("max_tokens", format!("max_tokens is {n}, but the prompt ({prompt_len} tokens) leaves room for at most {room} in this model's context of {ctx} tokens")) })
         }

@@ -42,7 +42,7 @@ struct EmbeddingsRequest {
 
 /// The texts of `input`: one string, or a non-empty array of at most
 /// [`MAX_INPUTS`] strings.
-fn texts(input: Option<Value>) -> Result<Vec<String>, ApiError> {
+pub(crate) fn texts(input: Option<Value>) -> Result<Vec<String>, ApiError> {
     let bad = |msg: String| ApiError::bad_param("input", msg);
     match input {
         None | Some(Value::Null) => Err(bad("input is required: a string or an array of strings".into())),
@@ -81,11 +81,16 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
+/// Whether `name` names the encoder: its id (the one discovery lists) or an alias.
+pub(crate) fn names(enc: &dyn TextEncoder, name: &str) -> bool {
+    name == enc.id() || name == "default" || name == "embedding"
+}
+
 /// Ids a request may name as `model`: the encoder's id and two aliases.
-fn check_model(enc: &dyn TextEncoder, model: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn check_model(enc: &dyn TextEncoder, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         None => Ok(()),
-        Some(m) if m == enc.id() || m == "default" || m == "embedding" => Ok(()),
+        Some(m) if names(enc, m) => Ok(()),
         Some(m) => Err(ApiError::unknown_model(format!(
             "The embedding model `{m}` does not exist; this server embeds with `{}` (aliases: default, embedding)",
             enc.id()
@@ -93,7 +98,8 @@ fn check_model(enc: &dyn TextEncoder, model: Option<&str>) -> Result<(), ApiErro
     }
 }
 
-fn not_configured() -> ApiError {
+/// The 501 every embedding route answers without an encoder.
+pub(crate) fn not_configured() -> ApiError {
     ApiError {
         status: StatusCode::NOT_IMPLEMENTED,
         message: "this server has no text encoder: start it with `engram serve --embedder PATH` \
@@ -105,6 +111,15 @@ fn not_configured() -> ApiError {
         code: Some("embeddings_not_configured"),
         retry_after: None,
     }
+}
+
+/// Runs the encoder over `texts` on a blocking thread.
+pub(crate) async fn encode(enc: &Arc<dyn TextEncoder>, texts: Vec<String>) -> Result<engram_embed::Embeddings, ApiError> {
+    let worker = Arc::clone(enc);
+    tokio::task::spawn_blocking(move || worker.encode(&texts))
+        .await
+        .map_err(|e| ApiError::internal(format!("the encoder stopped: {e}")))?
+        .map_err(|e| ApiError::internal(e.to_string()))
 }
 
 /// `POST /v1/embeddings`.
@@ -129,11 +144,7 @@ pub async fn create(State(s): State<AppState>, headers: HeaderMap, body: Bytes) 
         }
     }
     let texts = texts(req.input)?;
-    let worker = Arc::clone(&enc);
-    let out = tokio::task::spawn_blocking(move || worker.encode(&texts))
-        .await
-        .map_err(|e| ApiError::internal(format!("the encoder stopped: {e}")))?
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let out = encode(&enc, texts).await?;
     let data: Vec<Value> = out
         .vectors
         .iter()

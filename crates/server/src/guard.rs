@@ -5,7 +5,8 @@
 //! Invariant: a request without a valid key (when keys are set) is answered 401
 //! before a byte of its body is read — a 2 MiB body from a stranger is never
 //! buffered, parsed or tokenized; a body that is too slow is a 408 and one that is
-//! too large a 413, both in the API's error shape (Anthropic's under `/v1/messages`).
+//! too large a 413, both in the API's error shape (Anthropic's under `/v1/messages`,
+//! Ollama's under `/api/`).
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -22,6 +23,8 @@ const OPEN_ROUTES: &[&str] = &["/health"];
 fn render(e: ApiError, path: &str) -> Response {
     if path.starts_with("/v1/messages") {
         AnthropicError(e).into_response()
+    } else if path.starts_with("/api/") {
+        crate::ollama::OllamaError(e).into_response()
     } else {
         e.into_response()
     }

@@ -1,12 +1,14 @@
 //! # engram-server — the HTTP serving layer
 //!
 //! OpenAI-compatible (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/models`, `/v1/embeddings`), Anthropic-compatible (`/v1/messages`) and agent
+//! `/v1/models`, `/v1/embeddings`), Anthropic-compatible (`/v1/messages`,
+//! `/v1/messages/count_tokens`), Ollama-compatible (`/api/chat`, `/api/generate`,
+//! `/api/tags`, `/api/show`, `/api/ps`, `/api/embed`, `/api/version`; `ollama/`) and agent
 //! (`/v1/agents`) endpoints, personal RAG (`/v1/rag/*`, `rag.rs`), plus `/health` and
-//! Prometheus `/metrics`, over
-//! `engram-engine`'s continuous-batching scheduler (its default context policy
-//! reuses cached sessions: character-level EXACT / EXTEND / DIVERGE matching
-//! and the shared prefix index); [`scheduler`] is the tokio handle to it.
+//! Prometheus `/metrics`, over `engram-engine`'s continuous-batching scheduler running the
+//! policy stack `engram_stack::build` makes (sessions by default: character-level EXACT /
+//! EXTEND / DIVERGE matching and the shared prefix index); [`scheduler`] is the tokio
+//! handle to it.
 //!
 //! Main types: [`Server`] (engine thread + shared state; [`Server::router`]
 //! builds the axum app, so tests bind port 0), [`ServerConfig`],
@@ -24,6 +26,8 @@ mod agent_registry;
 mod agents;
 mod anthropic;
 mod api;
+mod catalog;
+mod chat_job;
 mod dual;
 mod embeddings;
 pub mod error;
@@ -35,6 +39,7 @@ mod health_tests;
 pub use engram_engine::metrics;
 mod listen;
 mod logprobs;
+mod ollama;
 mod openai;
 mod quota;
 mod rag;
@@ -210,7 +215,17 @@ impl Server {
             .route("/v1/chat/completions", post(openai::chat))
             .route("/v1/completions", post(openai::completions))
             .route("/v1/messages", post(anthropic::messages))
+            .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
             .route("/v1/embeddings", post(embeddings::create))
+            .route("/api/chat", post(ollama::chat))
+            .route("/api/generate", post(ollama::generate))
+            .route("/api/tags", get(ollama::tags))
+            .route("/api/show", post(ollama::show))
+            .route("/api/ps", get(ollama::ps))
+            .route("/api/embed", post(ollama::embed))
+            .route("/api/embeddings", post(ollama::embeddings))
+            .route("/api/version", get(ollama::version))
+            .route("/api/{*rest}", axum::routing::any(ollama::not_found))
             .route("/v1/agents", post(agents::create).get(agents::list))
             .route("/v1/agents/{id}", get(agents::get).delete(agents::delete))
             .route("/v1/agents/{id}/generate", post(agents::generate))

@@ -1,6 +1,7 @@
 //! OpenAI-compatible endpoints: `/v1/chat/completions`, `/v1/completions`,
-//! `/v1/models`. Extensions: `session_id` (or `X-Session-Id`) names a
-//! session; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos` as in vLLM;
+//! `/v1/models` (every served model, the text encoder included: `catalog.rs`).
+//! Extensions: `session_id` (or `X-Session-Id`) names a session; `top_k`,
+//! `min_p`, `repetition_penalty`, `ignore_eos` as in vLLM;
 //! responses carry the session in `X-Session-Id`; `logprobs` / `top_logprobs`
 //! as OpenAI's (`logprobs.rs`). Not implemented, and rejected with a 400
 //! naming the field: `tools`, `tool_choice`, `functions`, `function_call`,
@@ -17,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::{self, Sampling, Started, StopField, Unsupported};
+use crate::chat_job::ChatContext;
 use crate::error::ApiError;
 use crate::scheduler::{Event, Job};
 use crate::{sse, AppState};
@@ -133,6 +135,7 @@ impl SamplingFields {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             draft: self.draft,
             logprobs: None,
+            fit_to_context: false,
         }
     }
 }
@@ -214,14 +217,22 @@ fn with_session(mut r: Response, session_id: &str) -> Response {
     r
 }
 
-/// `GET /v1/models`.
+/// `GET /v1/models`: every served model (`catalog.rs`) with its `kind` (`llm` or `embedding`)
+/// and `context_length` (and, as vLLM names it, `max_model_len`); an embedding model also
+/// carries its `dimensions`.
 pub async fn models(State(s): State<AppState>) -> Response {
-    axum::Json(json!({
-        "object": "list",
-        "data": [{"id": s.config.model_id, "object": "model", "created": 0, "owned_by": "engram",
-                  "max_model_len": s.model.config.max_positions}],
-    }))
-    .into_response()
+    let data: Vec<Value> = crate::catalog::served(&s)
+        .into_iter()
+        .map(|m| {
+            let mut o = json!({"id": m.id, "object": "model", "created": 0, "owned_by": "engram", "kind": m.kind.as_str(),
+                               "context_length": m.context_length, "max_model_len": m.context_length});
+            if let Some(d) = m.dimensions {
+                o["dimensions"] = json!(d);
+            }
+            o
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// `POST /v1/chat/completions`.
@@ -236,36 +247,13 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let messages = to_chat(req.messages)?;
     let mut sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
     sampling.logprobs = logprobs;
-    let job = if let crate::ContextMode::Dual { .. } = s.config.context {
-        let d = crate::dual::turn(&s, &tenant, &headers, req.user.as_deref(), req.thread_id.as_deref(), messages).await?;
-        let params = api::params(&s, d.turn.len(), sampling)?;
-        // Checked before anything is sent: a bad state changes nothing.
-        let state = match req.state.as_deref() {
-            Some("") => Some(Vec::new()),
-            Some(text) => Some(crate::dual::state_tokens(&s, text)?),
-            None => None,
-        };
-        // One message: the anchors, then the facts, then the state entry computed on them.
-        let state = state.map(|tokens| (d.thread.clone(), tokens));
-        match &s.facts {
-            Some(f) => f.send_turn(&s, &d.owner, d.anchors, state)?,
-            None => s.engine.control(engram_engine::PolicyControl::new(engram_dual::DualControl::Turn {
-                user: d.owner.as_str().into(),
-                anchors: d.anchors,
-                facts: None,
-                state,
-            })),
-        }
-        Job { owner: d.owner.into(), session: Some(d.thread), text: None, add_special: false, prompt: d.turn, params, pinned: false }
-    } else {
-        if req.state.is_some() {
-            return Err(ApiError::bad_param("state", "a thread's state entry needs dual-stream contexts (engram serve --context dual)"));
-        }
-        let session = api::session(&headers, req.session_id.as_deref())?;
-        let (text, prompt) = api::render_chat(&s, messages).await?;
-        let params = api::params(&s, prompt.len(), sampling)?;
-        Job { owner: tenant.into(), session, text: Some(text), add_special: false, prompt, params, pinned: false }
+    let context = ChatContext {
+        session_id: req.session_id.as_deref(),
+        user: req.user.as_deref(),
+        thread_id: req.thread_id.as_deref(),
+        state: req.state.as_deref(),
     };
+    let job = crate::chat_job::job(&s, tenant, &headers, messages, sampling, context).await?;
     let (st, mut rx) = api::start(&s, job).await?;
     let id = api::new_id("chatcmpl");
     let created = api::now_s();

@@ -1,6 +1,7 @@
-//! Engine events → Server-Sent Events. Each API supplies a formatter that
-//! turns one engine [`Event`] (or `None`: the engine went away) into zero or
-//! more SSE events and says whether the stream is over.
+//! Engine events → Server-Sent Events (and, through [`EventStream`], Ollama's
+//! newline-delimited JSON). Each API supplies a formatter that turns one engine
+//! [`Event`] (or `None`: the engine went away) into zero or more items and says
+//! whether the stream is over.
 //!
 //! Dropping the stream (client disconnected) drops the receiver, which the
 //! engine notices before its next step and cancels the sequence.
@@ -16,18 +17,33 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::scheduler::Event;
 
-/// Formats engine events; returns the SSE events and whether the stream ends.
-pub type Formatter = Box<dyn FnMut(Option<Event>) -> (Vec<SseEvent>, bool) + Send>;
+/// Formats engine events into items of type `T`; returns them and whether the stream ends.
+pub type FormatterOf<T> = Box<dyn FnMut(Option<Event>) -> (Vec<T>, bool) + Send>;
 
-struct EventStream {
+/// Formats engine events; returns the SSE events and whether the stream ends.
+pub type Formatter = FormatterOf<SseEvent>;
+
+/// The formatted items of a job's events, in order; ends after the item the formatter marks
+/// last, or once the engine drops the channel.
+pub(crate) struct EventStream<T> {
     rx: UnboundedReceiver<Event>,
-    pending: VecDeque<SseEvent>,
-    format: Formatter,
+    pending: VecDeque<T>,
+    format: FormatterOf<T>,
     done: bool,
 }
 
-impl futures_core::Stream for EventStream {
-    type Item = Result<SseEvent, Infallible>;
+impl<T> EventStream<T> {
+    /// `first`, then the formatted `head` (the job's first output), then the formatted rest of `rx`.
+    pub(crate) fn new(first: Vec<T>, head: Event, rx: UnboundedReceiver<Event>, mut format: FormatterOf<T>) -> EventStream<T> {
+        let mut pending: VecDeque<T> = first.into();
+        let (items, done) = format(Some(head));
+        pending.extend(items);
+        EventStream { rx, pending, format, done }
+    }
+}
+
+impl<T: Unpin> futures_core::Stream for EventStream<T> {
+    type Item = Result<T, Infallible>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -57,14 +73,10 @@ pub fn respond(
     first: Vec<SseEvent>,
     head: Event,
     rx: UnboundedReceiver<Event>,
-    mut format: Formatter,
+    format: Formatter,
     headers: Vec<(&'static str, String)>,
 ) -> Response {
-    let mut pending: VecDeque<SseEvent> = first.into();
-    let (events, done) = format(Some(head));
-    pending.extend(events);
-    let stream = EventStream { rx, pending, format, done };
-    let mut r = Sse::new(stream).into_response();
+    let mut r = Sse::new(EventStream::new(first, head, rx, format)).into_response();
     for (k, v) in headers {
         if let Ok(v) = v.parse() {
             r.headers_mut().insert(k, v);

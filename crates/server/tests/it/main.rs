@@ -6,12 +6,15 @@ mod common;
 
 mod agents;
 mod api_errors;
+mod count_tokens;
+mod discovery;
 mod dual;
 mod dual_persist;
 mod embeddings;
 mod facts;
 mod fuzz_bodies;
 mod limits;
+mod ollama;
 mod rag;
 mod rag_blend;
 mod rag_idle;

@@ -1,0 +1,78 @@
+//! A chat request → the engine [`Job`] that answers it, shared by every chat route
+//! (OpenAI's `/v1/chat/completions`, Ollama's `/api/chat`), so each gets the same
+//! context handling: with `--context dual`, the user's persistent stream and the
+//! thread's ring (`dual.rs`); otherwise the whole conversation rendered with the chat
+//! template under the request's session (`session_id` / `X-Session-Id`, or the
+//! character-level match of the default policy).
+//!
+//! Invariant: a request refused here has changed nothing: every check runs before the
+//! dual-stream anchors or state are sent to the engine.
+
+use axum::http::HeaderMap;
+use engram_tokenizer::ChatMessage;
+
+use crate::api::{self, Sampling};
+use crate::error::ApiError;
+use crate::scheduler::Job;
+use crate::AppState;
+
+/// Where a chat request's context lives (the Engram extensions every chat route accepts).
+#[derive(Default)]
+pub(crate) struct ChatContext<'a> {
+    /// The session to reuse (else the `X-Session-Id` header).
+    pub session_id: Option<&'a str>,
+    /// With `--context dual`: whose persistent stream.
+    pub user: Option<&'a str>,
+    /// With `--context dual`: which thread's ring (else `X-Engram-Thread`).
+    pub thread_id: Option<&'a str>,
+    /// With `--context dual`: the thread's state entry; `""` removes it.
+    pub state: Option<&'a str>,
+}
+
+/// The job for `messages` (already validated) with `sampling`, for `tenant`.
+pub(crate) async fn job(
+    s: &AppState,
+    tenant: String,
+    headers: &HeaderMap,
+    messages: Vec<ChatMessage>,
+    sampling: Sampling,
+    context: ChatContext<'_>,
+) -> Result<Job, ApiError> {
+    if let crate::ContextMode::Dual { .. } = s.config.context {
+        let d = crate::dual::turn(s, &tenant, headers, context.user, context.thread_id, messages).await?;
+        let params = api::params(s, d.turn.len(), sampling)?;
+        // Checked before anything is sent: a bad state changes nothing.
+        let state = match context.state {
+            Some("") => Some(Vec::new()),
+            Some(text) => Some(crate::dual::state_tokens(s, text)?),
+            None => None,
+        };
+        // One message: the anchors, then the facts, then the state entry computed on them.
+        let state = state.map(|tokens| (d.thread.clone(), tokens));
+        match &s.facts {
+            Some(f) => f.send_turn(s, &d.owner, d.anchors, state)?,
+            None => s.engine.control(engram_engine::PolicyControl::new(engram_dual::DualControl::Turn {
+                user: d.owner.as_str().into(),
+                anchors: d.anchors,
+                facts: None,
+                state,
+            })),
+        }
+        return Ok(Job {
+            owner: d.owner.into(),
+            session: Some(d.thread),
+            text: None,
+            add_special: false,
+            prompt: d.turn,
+            params,
+            pinned: false,
+        });
+    }
+    if context.state.is_some() {
+        return Err(ApiError::bad_param("state", "a thread's state entry needs dual-stream contexts (engram serve --context dual)"));
+    }
+    let session = api::session(headers, context.session_id)?;
+    let (text, prompt) = api::render_chat(s, messages).await?;
+    let params = api::params(s, prompt.len(), sampling)?;
+    Ok(Job { owner: tenant.into(), session, text: Some(text), add_special: false, prompt, params, pinned: false })
+}
