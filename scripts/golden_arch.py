@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reference outputs of the per-architecture fixtures computed by Hugging Face transformers.
 
-For each shape (`tiny-qwen3`: Qwen3ForCausalLM, `tiny-phi3`: Phi3ForCausalLM) this
+For each shape (`tiny-qwen3`: Qwen3ForCausalLM, `tiny-phi3`: Phi3ForCausalLM,
+`tiny-gemma3`: Gemma3ForCausalLM with a 16-position sliding window) this
 generates the fixture's Hugging Face folder with `engram fixture`, loads it with
 transformers (f32, eager attention), checks that transformers built the intended
 class, and writes `crates/model/tests/golden/<shape>.json`: the fixture's identity,
@@ -37,7 +38,7 @@ GOLDEN_DIR = os.path.join(REPO, "crates", "model", "tests", "golden")
 DEFAULT_ENGRAM = os.path.join(REPO, "target", "release", "engram")
 
 # The class transformers must build from each shape's config.json.
-SHAPES = {"tiny-qwen3": "Qwen3ForCausalLM", "tiny-phi3": "Phi3ForCausalLM"}
+SHAPES = {"tiny-qwen3": "Qwen3ForCausalLM", "tiny-phi3": "Phi3ForCausalLM", "tiny-gemma3": "Gemma3ForCausalLM"}
 
 # A few hundred tokens of the fixture tokenizer (the Rust tests read the text back from
 # the golden file and check that Engram's tokenizer gives the same ids).
@@ -63,6 +64,14 @@ CHAT_MESSAGES = {
         {"role": "assistant", "content": "<think>\nThe user greets me.\n</think>\n\nHello! What do you need?"},
         {"role": "user", "content": "Name a prime."},
     ],
+    # The Gemma fixture carries the fixture's ChatML template (its tokenizer has no
+    # <start_of_turn>), so this records that template's rendering.
+    "tiny-gemma3": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! What do you need?"},
+        {"role": "user", "content": "Name a prime."},
+    ],
     "tiny-phi3": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
@@ -74,6 +83,7 @@ CHAT_MESSAGES = {
 CHAT_CASES = {
     "tiny-qwen3": [(True, {}), (True, {"enable_thinking": False}), (False, {})],
     "tiny-phi3": [(True, {}), (False, {})],
+    "tiny-gemma3": [(True, {}), (False, {})],
 }
 
 
@@ -97,6 +107,10 @@ def generate_golden(shape, engram, out_path):
     ids = tok(PROMPT, add_special_tokens=True)["input_ids"]
     assert tok.decode(ids, skip_special_tokens=True) == PROMPT, "tokenizer does not round-trip the prompt"
     assert 200 <= len(ids) <= 600, f"prompt is {len(ids)} tokens; wanted a few hundred"
+
+    window = getattr(cfg, "sliding_window", None) if "sliding_attention" in (getattr(cfg, "layer_types", None) or []) else None
+    if window is not None:
+        assert len(ids) >= 8 * window, f"the prompt ({len(ids)} tokens) should cross the {window}-token window many times"
 
     x = torch.tensor([ids], dtype=torch.long)
     with torch.no_grad():
@@ -162,6 +176,7 @@ def generate_golden(shape, engram, out_path):
         "greedy_new_tokens": NEW_TOKENS,
         "greedy_ids": greedy,
         "min_top2_gap_greedy": min(gaps),
+        "sliding_window": window,
         "chat_messages": messages,
         "chat": chats,
     }

@@ -1,7 +1,10 @@
 //! Parity of the architectures beyond Llama against Hugging Face transformers:
 //! the `tiny-qwen3` fixture (Qwen3ForCausalLM: q/k RMSNorm, head size wider than
 //! hidden / heads, tied embeddings) and `tiny-phi3` (Phi3ForCausalLM: fused
-//! q/k/v and gate/up, partial rotary 0.75, LongRoPE), each run from its Hugging
+//! q/k/v and gate/up, partial rotary 0.75, LongRoPE) and `tiny-gemma3`
+//! (Gemma3ForCausalLM: five layers sliding over a 16-position window to one
+//! global, separate RoPE bases, q/k norms, four block norms, √hidden embedding
+//! scale, GELU-tanh, `query_pre_attn_scalar`), each run from its Hugging
 //! Face folder and from the GGUF file `convert_hf` writes from that folder,
 //! against `tests/golden/<shape>.json` (made by `scripts/golden_arch.py`):
 //! the prompt's ids, the last-position logits, the argmax at every one of a few
@@ -16,7 +19,7 @@ use std::sync::OnceLock;
 use crate::common::*;
 use crate::golden::{f32s, fixture_differences, u32s, LOGIT_TOL};
 use engram_fixture::{GgufFormat, Shape};
-use engram_model::{Arch, Model};
+use engram_model::{Arch, LayerAttention, Model};
 use engram_tokenizer::ChatMessage;
 use serde_json::Value;
 
@@ -35,9 +38,11 @@ struct Files {
 fn files(shape: Shape) -> &'static Files {
     static QWEN3: OnceLock<Files> = OnceLock::new();
     static PHI3: OnceLock<Files> = OnceLock::new();
+    static GEMMA3: OnceLock<Files> = OnceLock::new();
     let cell = match shape {
         Shape::TinyQwen3 => &QWEN3,
         Shape::TinyPhi3 => &PHI3,
+        Shape::TinyGemma3 => &GEMMA3,
         other => panic!("no golden file for {other:?}"),
     };
     cell.get_or_init(|| {
@@ -148,6 +153,38 @@ fn phi3_matches_transformers_from_hf_and_gguf() {
     check_parity(Shape::TinyPhi3);
 }
 
+/// 326 prompt tokens over a 16-position window: every sliding layer's window moves 300 times.
+#[test]
+fn gemma3_matches_transformers_from_hf_and_gguf() {
+    check_parity(Shape::TinyGemma3);
+}
+
+#[test]
+fn gemma3_chat_template_renders_like_transformers() {
+    check_chat(Shape::TinyGemma3);
+}
+
+/// The window is what makes the answer: the same model with every layer global is far from
+/// transformers' logits (and from its own sliding self), from both loaders.
+#[test]
+fn gemma3_without_its_sliding_window_is_another_model() {
+    let g = golden(Shape::TinyGemma3);
+    assert_eq!(g["sliding_window"].as_u64(), Some(16));
+    let ids = u32s(&g["prompt_ids"]);
+    let want = f32s(&g["last_logits"]);
+    for (how, mut model) in models(Shape::TinyGemma3) {
+        let c = &model.config;
+        let sliding = (0..c.num_layers).filter(|&l| c.layer_attention(l).window() == Some(16)).count();
+        assert_eq!((sliding, c.num_layers), (5, 6), "{how}: five sliding layers, one global");
+        let vocab = c.vocab;
+        let with = rel_err(&all_logits(&model, &ids)[(ids.len() - 1) * vocab..], &want);
+        model.config.layers = vec![LayerAttention::Global; model.config.num_layers];
+        let without = rel_err(&all_logits(&model, &ids)[(ids.len() - 1) * vocab..], &want);
+        eprintln!("tiny-gemma3 {how}: last-position error with the window {with:.2e}, with every layer global {without:.2e}");
+        assert!(with < LOGIT_TOL && without > 100.0 * LOGIT_TOL, "{how}: {with:e} / {without:e}");
+    }
+}
+
 #[test]
 fn qwen3_chat_template_with_thinking_toggle_renders_like_transformers() {
     check_chat(Shape::TinyQwen3);
@@ -160,7 +197,7 @@ fn phi3_chat_template_renders_like_transformers() {
 
 #[test]
 fn configs_read_the_same_from_hf_and_gguf() {
-    for shape in [Shape::TinyQwen3, Shape::TinyPhi3] {
+    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3] {
         let [(_, hf), (_, gguf)] = models(shape);
         let (a, b) = (&hf.config, &gguf.config);
         assert_eq!((a.arch, a.head_dim, a.qk_norm, a.qkv_bias), (b.arch, b.head_dim, b.qk_norm, b.qkv_bias), "{shape:?}");
@@ -168,7 +205,16 @@ fn configs_read_the_same_from_hf_and_gguf() {
         assert_eq!(a.rope.style, b.rope.style, "{shape:?}: GGUF qwen3/phi3 are NEOX, as the HF folder");
         assert!((a.rope_attn_factor - b.rope_attn_factor).abs() < 1e-6, "{shape:?}");
         assert!(a.rope.inv_freq.iter().zip(&b.rope.inv_freq).all(|(x, y)| (x - y).abs() <= 1e-6 * x.abs()), "{shape:?}: RoPE frequencies");
+        assert_eq!(
+            (&a.layers, &a.rope_local, a.sandwich_norms, a.ffn_act),
+            (&b.layers, &b.rope_local, b.sandwich_norms, b.ffn_act),
+            "{shape:?}"
+        );
+        assert_eq!((a.embed_scale, a.attn_scale), (b.embed_scale, b.attn_scale), "{shape:?}");
     }
+    let g = &Model::load(&files(Shape::TinyGemma3).hf).unwrap().config;
+    assert_eq!((g.arch, g.layer_rope(0).theta, g.layer_rope(5).theta, g.embed_scale), (Arch::Gemma3, 1e4, 1e6, 8.0));
+    assert_eq!(g.layer_attention(5), LayerAttention::Global);
     let q = &Model::load(&files(Shape::TinyQwen3).hf).unwrap().config;
     assert_eq!((q.arch, q.head_dim, q.q_width(), q.hidden), (Arch::Qwen3, 32, 128, 64), "Qwen3's head size is not hidden / heads");
     assert!(q.qk_norm && !q.qkv_bias && q.tied_embeddings);
@@ -228,7 +274,7 @@ fn what_these_families_do_not_implement_is_refused_by_name() {
 /// rounding like `formats.rs`'s for `tiny`.
 #[test]
 fn f16_and_q8_0_files_track_the_f32_folder() {
-    for shape in [Shape::TinyQwen3, Shape::TinyPhi3] {
+    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3] {
         let g = golden(shape);
         let ids = u32s(&g["prompt_ids"]);
         let reference = all_logits(&Model::load(&files(shape).hf).unwrap(), &ids);
