@@ -2,7 +2,8 @@
 """Reference outputs of the per-architecture fixtures computed by Hugging Face transformers.
 
 For each shape (`tiny-qwen3`: Qwen3ForCausalLM, `tiny-phi3`: Phi3ForCausalLM,
-`tiny-gemma3`: Gemma3ForCausalLM with a 16-position sliding window) this
+`tiny-gemma3`: Gemma3ForCausalLM with a 16-position sliding window, `tiny-gemma2`:
+Gemma2ForCausalLM, alternating sliding layers and softcapping) this
 generates the fixture's Hugging Face folder with `engram fixture`, loads it with
 transformers (f32, eager attention), checks that transformers built the intended
 class, and writes `crates/model/tests/golden/<shape>.json`: the fixture's identity,
@@ -38,7 +39,7 @@ GOLDEN_DIR = os.path.join(REPO, "crates", "model", "tests", "golden")
 DEFAULT_ENGRAM = os.path.join(REPO, "target", "release", "engram")
 
 # The class transformers must build from each shape's config.json.
-SHAPES = {"tiny-qwen3": "Qwen3ForCausalLM", "tiny-phi3": "Phi3ForCausalLM", "tiny-gemma3": "Gemma3ForCausalLM"}
+SHAPES = {"tiny-qwen3": "Qwen3ForCausalLM", "tiny-phi3": "Phi3ForCausalLM", "tiny-gemma3": "Gemma3ForCausalLM", "tiny-gemma2": "Gemma2ForCausalLM"}
 
 # A few hundred tokens of the fixture tokenizer (the Rust tests read the text back from
 # the golden file and check that Engram's tokenizer gives the same ids).
@@ -72,6 +73,12 @@ CHAT_MESSAGES = {
         {"role": "assistant", "content": "Hello! What do you need?"},
         {"role": "user", "content": "Name a prime."},
     ],
+    "tiny-gemma2": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! What do you need?"},
+        {"role": "user", "content": "Name a prime."},
+    ],
     "tiny-phi3": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
@@ -84,6 +91,7 @@ CHAT_CASES = {
     "tiny-qwen3": [(True, {}), (True, {"enable_thinking": False}), (False, {})],
     "tiny-phi3": [(True, {}), (False, {})],
     "tiny-gemma3": [(True, {}), (False, {})],
+    "tiny-gemma2": [(True, {}), (False, {})],
 }
 
 

@@ -40,12 +40,14 @@ pub struct LayerScoring {
     pub scale: f32,
     /// Global, or a sliding window over positions.
     pub geometry: LayerAttention,
+    /// Softcapping of the scaled scores (`cap · tanh(s / cap)`, Gemma 2), before any mask.
+    pub softcap: Option<f32>,
 }
 
 impl LayerScoring {
     /// A global layer scaled by `1/√head_dim`.
     pub fn global(head_dim: usize) -> LayerScoring {
-        LayerScoring { scale: 1.0 / (head_dim as f32).sqrt(), geometry: LayerAttention::Global }
+        LayerScoring { scale: 1.0 / (head_dim as f32).sqrt(), geometry: LayerAttention::Global, softcap: None }
     }
 }
 
@@ -60,9 +62,10 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
 }
 
 /// [`attend`] for a layer with its own scale and geometry (a sliding window hides keys
-/// `window` or more positions before the query, on both paths).
+/// `window` or more positions before the query, on both paths). Softcapped scores run on the
+/// portable path (the tile kernel keeps its scores in tiles).
 pub fn attend_layer(t: &AttnTask<'_>, l: LayerScoring) -> Vec<f32> {
-    if tiles_enabled() && engram_kernels::flash::supported(t.head_dim) {
+    if l.softcap.is_none() && tiles_enabled() && engram_kernels::flash::supported(t.head_dim) {
         attend_tiles(t, l)
     } else {
         attend_portable(t, l)
@@ -203,8 +206,8 @@ fn tile_row_mask(
     out.resize(rows.div_ceil(16) * CHUNK, 0);
     for r in 0..rows {
         for i in 0..n {
-            let in_window = window.map_or(true, |w| (row_pos[r] as usize) < vis.position(i) + w);
-            if in_window && mask.map_or(true, |m| m.sees(r / group, key0 + i)) {
+            let in_window = window.is_none_or(|w| (row_pos[r] as usize) < vis.position(i) + w);
+            if in_window && mask.is_none_or(|m| m.sees(r / group, key0 + i)) {
                 out[r / 16 * CHUNK + i] |= 1 << (r % 16);
             }
         }
@@ -260,6 +263,9 @@ fn attend_portable(t: &AttnTask<'_>, scoring: LayerScoring) -> Vec<f32> {
                 let r = qi * t.group + j;
                 let s = &mut scores[..visible];
                 attn_rows::scores(&q[r * hd..(r + 1) * hd], keys, hd, s);
+                if let Some(cap) = scoring.softcap {
+                    s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+                }
                 if let Some(mask) = chunk.mask {
                     for (x, &keep) in s.iter_mut().zip(mask) {
                         if !keep {
@@ -404,7 +410,7 @@ mod tests {
                     self.elem.decode_row(&k[row * rb..(row + 1) * rb], &mut kr);
                     self.elem.decode_row(&v[row * rb..(row + 1) * rb], &mut vr);
                     let p = pos.as_ref().map_or(first + i, |p| p[i] as usize);
-                    out.push((p, kr, vr, mask.as_ref().map_or(true, |m| m[i])));
+                    out.push((p, kr, vr, mask.as_ref().is_none_or(|m| m[i])));
                 }
             }
             out
@@ -536,9 +542,12 @@ mod tests {
                 let q = &t.q[qi * t.num_heads * hd + head * hd..][..hd];
                 let mut scores: Vec<(f64, &[f32])> = Vec::new();
                 for (key, (p, kr, vr, on)) in keys.iter().enumerate() {
-                    let seen = *on && scoring.geometry.sees(qpos, *p) && t.key_mask.map_or(true, |m| m.sees(qi, key));
+                    let seen = *on && scoring.geometry.sees(qpos, *p) && t.key_mask.is_none_or(|m| m.sees(qi, key));
                     if seen {
-                        let s: f64 = q.iter().zip(kr).map(|(&a, &b)| (a * scoring.scale) as f64 * b as f64).sum();
+                        let mut s: f64 = q.iter().zip(kr).map(|(&a, &b)| (a * scoring.scale) as f64 * b as f64).sum();
+                        if let Some(cap) = scoring.softcap {
+                            s = cap as f64 * (s / cap as f64).tanh();
+                        }
                         scores.push((s, vr));
                     }
                 }
@@ -599,7 +608,7 @@ mod tests {
                     num_heads: group,
                     precision: AttentionPrecision::Exact,
                 };
-                let scoring = LayerScoring { scale: 0.3 / (hd as f32).sqrt(), geometry: LayerAttention::Sliding { window } };
+                let scoring = LayerScoring { scale: 0.3 / (hd as f32).sqrt(), geometry: LayerAttention::Sliding { window }, softcap: None };
                 let want = reference(&task, &kv, scoring);
                 let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
                 let what = format!("hd {hd} window {window} {elem:?} moved {moved} masked {masked} step mask {}", key_mask.is_some());
@@ -610,6 +619,13 @@ mod tests {
                 for (path, got) in paths {
                     let err = got.iter().zip(&want).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
                     assert!(err < 2e-5, "{path} {what}: {err:e} from the scalar reference");
+                }
+                // Softcapped scores (Gemma 2's 50, and a cap of 2 that bites) on the portable path.
+                for cap in [50.0, 2.0] {
+                    let capped = LayerScoring { softcap: Some(cap), ..scoring };
+                    let (got, want) = (attend_layer(&task, capped), reference(&task, &kv, capped));
+                    let err = got.iter().zip(&want).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
+                    assert!(err < 2e-5, "softcap {cap} {what}: {err:e} from the scalar reference");
                 }
                 // The window matters: the same task as a global layer is another answer (unless
                 // the window covers every key).

@@ -1,5 +1,5 @@
 //! `ModelConfig`: the shape and positional settings of a Llama-family model
-//! (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3), read from a Hugging Face
+//! (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3), read from a Hugging Face
 //! `config.json` or from GGUF metadata, with each layer's attention geometry
 //! (global, or a sliding window of W positions).
 //!
@@ -31,9 +31,17 @@ pub enum Arch {
     /// RMSNorm, four norms per block with `(1 + w)` weights, a √hidden embedding scale, a
     /// GELU-tanh gated MLP and `query_pre_attn_scalar` as the attention scale.
     Gemma3,
+    /// Gemma 2: Gemma 3's block without q/k norms, alternating sliding and global layers
+    /// under one RoPE, and softcapping of the attention scores and the final logits.
+    Gemma2,
 }
 
 impl Arch {
+    /// Gemma 2 or 3: `(1 + w)` norms, four per block, √hidden embedding scale, GELU-tanh.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
+    }
+
     /// Parses a GGUF `general.architecture` or HF `model_type` value.
     pub fn parse(s: &str) -> Option<Arch> {
         match s {
@@ -44,6 +52,7 @@ impl Arch {
             "phi3" => Some(Arch::Phi3),
             // HF `model_type` of Gemma3ForCausalLM; GGUF `general.architecture`.
             "gemma3_text" | "gemma3" => Some(Arch::Gemma3),
+            "gemma2" => Some(Arch::Gemma2),
             _ => None,
         }
     }
@@ -56,10 +65,11 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Phi3 => "phi3",
             Arch::Gemma3 => "gemma3",
+            Arch::Gemma2 => "gemma2",
         }
     }
     /// Every architecture, in the order error messages list them.
-    pub const ALL: [Arch; 6] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Phi3, Arch::Gemma3];
+    pub const ALL: [Arch; 7] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Phi3, Arch::Gemma2, Arch::Gemma3];
 
     /// The supported names, comma-separated, for error messages.
     pub fn supported_list() -> String {
@@ -177,7 +187,7 @@ impl LayerAttention {
     /// Whether a query at `q_pos` may see a key at `k_pos` under this geometry (causality included).
     #[inline]
     pub fn sees(self, q_pos: usize, k_pos: usize) -> bool {
-        k_pos <= q_pos && self.window().map_or(true, |w| q_pos - k_pos < w)
+        k_pos <= q_pos && self.window().is_none_or(|w| q_pos - k_pos < w)
     }
 }
 
@@ -228,6 +238,10 @@ pub struct ModelConfig {
     pub ffn_act: FfnActivation,
     /// Factor on `q·k` (`1/√head_dim`, or Gemma's `query_pre_attn_scalar^-1/2`).
     pub attn_scale: f32,
+    /// Gemma 2's attention softcapping: each scaled score `s` becomes `cap · tanh(s / cap)`.
+    pub attn_softcap: Option<f32>,
+    /// Gemma 2's final-logit softcapping: each logit `l` becomes `cap · tanh(l / cap)`.
+    pub final_softcap: Option<f32>,
 }
 
 impl ModelConfig {
@@ -306,8 +320,12 @@ impl ModelConfig {
         if self.layers.iter().any(|l| l.window() == Some(0)) {
             return Err(config_err(file, "sliding_window", "must be greater than zero"));
         }
-        if !(self.attn_scale > 0.0 && self.attn_scale.is_finite()) || !(self.embed_scale > 0.0 && self.embed_scale.is_finite()) {
+        let positive = |x: f32| x > 0.0 && x.is_finite();
+        if !positive(self.attn_scale) || !positive(self.embed_scale) {
             return Err(config_err(file, "attention / embedding scale", "must be positive"));
+        }
+        if [self.attn_softcap, self.final_softcap].iter().flatten().any(|&c| !positive(c)) {
+            return Err(config_err(file, "softcapping", "must be positive"));
         }
         if self.rope_attn_factor.is_nan() || self.rope_attn_factor <= 0.0 {
             return Err(config_err(file, "rope attention factor", "must be positive"));

@@ -13,7 +13,8 @@
 //! partial rotary is the RoPE table's width. Gemma scales the embeddings,
 //! rotates sliding layers with their own RoPE table, norms the attention and
 //! MLP outputs before each residual add (`sandwich_norms`) and gates with
-//! GELU-tanh; a sliding layer's attention sees only its window (`attention.rs`).
+//! GELU-tanh; a sliding layer's attention sees only its window (`attention.rs`);
+//! Gemma 2 softcaps the attention scores and the final logits (`cap·tanh(x/cap)`).
 
 use rayon::prelude::*;
 
@@ -193,7 +194,7 @@ impl Model {
                 return Ok(Vec::new());
             }
 
-            let scoring = LayerScoring { scale: c.attn_scale, geometry };
+            let scoring = LayerScoring { scale: c.attn_scale, geometry, softcap: c.attn_softcap };
             // One task per (sequence, kv head): disjoint outputs, shared read-only caches.
             let mut tasks = Vec::new();
             let mut row0 = 0;
@@ -274,6 +275,9 @@ impl Model {
             }
             logits_all = vec![0.0f32; want.len() * c.vocab];
             matmul(&w.output.matrix(), &sel, want.len(), &mut logits_all);
+            if let Some(cap) = c.final_softcap {
+                logits_all.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+            }
         }
         let mut out = Vec::with_capacity(seqs.len());
         let (mut cursor, mut row0) = (0, 0);

@@ -210,26 +210,43 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
                 layers = vec![LayerAttention::Sliding { window: w }; num_layers];
             }
         }
-        Arch::Gemma3 => layers = gemma_layers(j, file, num_layers, sliding)?,
+        // Gemma 3: five local layers to one global; Gemma 2: alternating, local first.
+        Arch::Gemma3 => layers = gemma_layers(j, file, num_layers, sliding, 6)?,
+        Arch::Gemma2 => layers = gemma_layers(j, file, num_layers, sliding.or(Some(4096)), 2)?,
         _ => {}
     }
-    let gemma = arch == Arch::Gemma3;
+    let gemma = arch.is_gemma();
     let mut rope_local = None;
-    if gemma {
+    let (mut attn_softcap, mut final_softcap) = (None, None);
+    if arch == Arch::Gemma3 {
         for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
             if let Some(v) = get_f32(j, file, key)? {
                 return Err(config_err(file, key, format!("softcapping ({v}) is not supported for gemma3")));
             }
         }
+    }
+    if arch == Arch::Gemma2 {
+        // Gemma2Config's defaults (50, 30) where the file is silent; `null` turns one off.
+        let cap = |key: &str, default: f32| -> Result<Option<f32>> {
+            match j.get(key) {
+                None => Ok(Some(default)),
+                Some(_) => get_f32(j, file, key),
+            }
+        };
+        attn_softcap = cap("attn_logit_softcapping", 50.0)?;
+        final_softcap = cap("final_logit_softcapping", 30.0)?;
+    }
+    if gemma {
         let act = j.get("hidden_activation").or_else(|| j.get("hidden_act")).and_then(|v| v.as_str()).unwrap_or("gelu_pytorch_tanh");
         if !matches!(act, "gelu_pytorch_tanh" | "gelu_tanh") {
             return Err(config_err(file, "hidden_activation", format!("\"{act}\" is not supported (gelu_pytorch_tanh)")));
         }
         if attention_bias {
-            return Err(config_err(file, "attention_bias", "attention biases are not supported for gemma3"));
+            return Err(config_err(file, "attention_bias", format!("attention biases are not supported for {}", arch.name())));
         }
         // The sliding layers' RoPE: plain, at their own base.
         let local = rope_by_kind.and_then(|r| r.get("sliding_attention")).filter(|v| v.is_object());
+        let local_base = get_f32(j, file, "rope_local_base_freq")?;
         if let Some(kind) = local.and_then(|l| l.get("rope_type")).and_then(|v| v.as_str()) {
             if kind != "default" {
                 return Err(config_err(
@@ -241,19 +258,21 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         }
         let local_theta = match local {
             Some(l) => get_f32(l, file, "rope_theta")?,
-            None => get_f32(j, file, "rope_local_base_freq")?,
-        }
-        .unwrap_or(10000.0);
-        rope_local = Some(RopeConfig {
-            theta: local_theta,
+            None => local_base,
+        };
+        // Gemma 3 defaults its local base to 10000; Gemma 2 has one RoPE for every layer.
+        let local_theta = if arch == Arch::Gemma3 { Some(local_theta.unwrap_or(10000.0)) } else { local_theta };
+        rope_local = local_theta.map(|t| RopeConfig {
+            theta: t,
             style: RopeStyle::Neox,
-            inv_freq: RopeConfig::base_inv_freq(local_theta, rotary_dim),
+            inv_freq: RopeConfig::base_inv_freq(t, rotary_dim),
             scaling: "none".into(),
         });
     }
     let attn_scale = match get_f32(j, file, "query_pre_attn_scalar")? {
-        // transformers: `query_pre_attn_scalar ** -0.5` in Python floats.
+        // transformers: `query_pre_attn_scalar ** -0.5` in Python floats (Gemma 2's default 256).
         Some(s) if gemma => (s as f64).powf(-0.5) as f32,
+        None if arch == Arch::Gemma2 => 1.0 / 16.0,
         _ => 1.0 / (head_dim as f32).sqrt(),
     };
     let config = ModelConfig {
@@ -281,14 +300,17 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         embed_scale: if gemma { (hidden as f64).sqrt() as f32 } else { 1.0 },
         ffn_act: if gemma { FfnActivation::GeluTanh } else { FfnActivation::Silu },
         attn_scale,
+        attn_softcap,
+        final_softcap,
     };
     config.validate(file)?;
     Ok(config)
 }
 
-/// Gemma 3's layer kinds: `layer_types` where given, else every `sliding_window_pattern`-th
-/// layer global (transformers: layer `i` slides unless `(i + 1) % pattern == 0`; default 6).
-fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>) -> Result<Vec<LayerAttention>> {
+/// Gemma's layer kinds: `layer_types` where given, else every `sliding_window_pattern`-th
+/// layer global (transformers: layer `i` slides unless `(i + 1) % pattern == 0`; Gemma 3's
+/// default 6, Gemma 2's fixed 2).
+fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>, default_pattern: usize) -> Result<Vec<LayerAttention>> {
     let window = sliding.ok_or_else(|| config_err(file, "sliding_window", "missing (gemma3 needs it)"))?;
     let slide = LayerAttention::Sliding { window };
     if let Some(kinds) = j.get("layer_types").filter(|v| !v.is_null()) {
@@ -307,7 +329,7 @@ fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>)
     }
     let pattern = match get_usize(j, file, "sliding_window_pattern")? {
         Some(p) => p,
-        None => get_usize(j, file, "_sliding_window_pattern")?.unwrap_or(6),
+        None => get_usize(j, file, "_sliding_window_pattern")?.unwrap_or(default_pattern),
     };
     if pattern == 0 {
         return Err(config_err(file, "sliding_window_pattern", "must be greater than zero"));
@@ -541,6 +563,24 @@ mod tests {
         let v5 = text.replace("\"rope_scaling\"", "\"rope_parameters\"").replace("\"type\": \"longrope\"", "\"rope_type\": \"longrope\"");
         let c5 = parse_config(&serde_json::from_str(&v5).unwrap(), "config.json").unwrap();
         assert_eq!((c5.rope.rotary_dim(), c5.max_positions, c5.rope_attn_factor), (96, 4096, c.rope_attn_factor));
+    }
+
+    /// Gemma-2-2b's `config.json`: alternating sliding (4096) and global layers under one
+    /// RoPE, softcapping 50 / 30, `query_pre_attn_scalar` 256, no q/k norms.
+    #[test]
+    fn a_gemma2_2b_config_alternates_and_softcaps() {
+        let text = r#"{"architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_size": 2304, "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2",
+            "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4, "query_pre_attn_scalar": 256,
+            "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "vocab_size": 256000}"#;
+        let c = parse_config(&serde_json::from_str(text).unwrap(), "config.json").unwrap();
+        assert_eq!((c.arch, c.attn_softcap, c.final_softcap, c.attn_scale), (Arch::Gemma2, Some(50.0), Some(30.0), 1.0 / 16.0));
+        assert_eq!((c.layer_attention(0), c.layer_attention(1)), (LayerAttention::Sliding { window: 4096 }, LayerAttention::Global));
+        assert!(c.rope_local.is_none() && !c.qk_norm && c.sandwich_norms && c.tied_embeddings);
+        // A window as long as the context still slides (the file says so); `null` caps are off.
+        let off = text.replace("\"attn_logit_softcapping\": 50.0", "\"attn_logit_softcapping\": null");
+        assert_eq!(parse_config(&serde_json::from_str(&off).unwrap(), "config.json").unwrap().attn_softcap, None);
     }
 
     /// Mistral-7B-v0.1's window (4096 of a 32768-token context) slides over every layer;

@@ -4,7 +4,9 @@
 //! q/k/v and gate/up, partial rotary 0.75, LongRoPE) and `tiny-gemma3`
 //! (Gemma3ForCausalLM: five layers sliding over a 16-position window to one
 //! global, separate RoPE bases, q/k norms, four block norms, √hidden embedding
-//! scale, GELU-tanh, `query_pre_attn_scalar`), each run from its Hugging
+//! scale, GELU-tanh, `query_pre_attn_scalar`) and `tiny-gemma2`
+//! (Gemma2ForCausalLM: alternating sliding and global layers, attention and
+//! final-logit softcapping), each run from its Hugging
 //! Face folder and from the GGUF file `convert_hf` writes from that folder,
 //! against `tests/golden/<shape>.json` (made by `scripts/golden_arch.py`):
 //! the prompt's ids, the last-position logits, the argmax at every one of a few
@@ -39,10 +41,12 @@ fn files(shape: Shape) -> &'static Files {
     static QWEN3: OnceLock<Files> = OnceLock::new();
     static PHI3: OnceLock<Files> = OnceLock::new();
     static GEMMA3: OnceLock<Files> = OnceLock::new();
+    static GEMMA2: OnceLock<Files> = OnceLock::new();
     let cell = match shape {
         Shape::TinyQwen3 => &QWEN3,
         Shape::TinyPhi3 => &PHI3,
         Shape::TinyGemma3 => &GEMMA3,
+        Shape::TinyGemma2 => &GEMMA2,
         other => panic!("no golden file for {other:?}"),
     };
     cell.get_or_init(|| {
@@ -186,6 +190,48 @@ fn gemma3_without_its_sliding_window_is_another_model() {
 }
 
 #[test]
+fn gemma2_matches_transformers_from_hf_and_gguf() {
+    check_parity(Shape::TinyGemma2);
+}
+
+#[test]
+fn gemma2_chat_template_renders_like_transformers() {
+    check_chat(Shape::TinyGemma2);
+}
+
+/// Each of Gemma 2's three departures from the Llama attention — the window, the attention
+/// softcap, the final softcap — changes the answer: without any one of them the last-position
+/// logits are far from transformers'.
+#[test]
+fn gemma2_without_its_window_or_either_softcap_is_another_model() {
+    let g = golden(Shape::TinyGemma2);
+    let ids = u32s(&g["prompt_ids"]);
+    let want = f32s(&g["last_logits"]);
+    for (how, model) in models(Shape::TinyGemma2) {
+        let c = model.config.clone();
+        assert_eq!((c.attn_softcap, c.final_softcap), (Some(4.0), Some(6.0)), "{how}");
+        assert_eq!(c.layers, [LayerAttention::Sliding { window: 16 }, LayerAttention::Global].repeat(2), "{how}: alternating");
+        let mut model = model;
+        let vocab = c.vocab;
+        let err = |m: &Model| rel_err(&all_logits(m, &ids)[(ids.len() - 1) * vocab..], &want);
+        assert!(err(&model) < LOGIT_TOL, "{how}");
+        type Edit = fn(&mut engram_model::ModelConfig);
+        let edits: [(&str, Edit); 3] = [
+            ("every layer global", |c| c.layers = vec![LayerAttention::Global; c.num_layers]),
+            ("no attention softcap", |c| c.attn_softcap = None),
+            ("no final softcap", |c| c.final_softcap = None),
+        ];
+        for (what, edit) in edits {
+            model.config = c.clone();
+            edit(&mut model.config);
+            let e = err(&model);
+            eprintln!("tiny-gemma2 {how}: {what}: last-position error {e:.2e}");
+            assert!(e > 100.0 * LOGIT_TOL, "{how}: {what} changes nothing ({e:e})");
+        }
+    }
+}
+
+#[test]
 fn qwen3_chat_template_with_thinking_toggle_renders_like_transformers() {
     check_chat(Shape::TinyQwen3);
 }
@@ -197,7 +243,7 @@ fn phi3_chat_template_renders_like_transformers() {
 
 #[test]
 fn configs_read_the_same_from_hf_and_gguf() {
-    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3] {
+    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3, Shape::TinyGemma2] {
         let [(_, hf), (_, gguf)] = models(shape);
         let (a, b) = (&hf.config, &gguf.config);
         assert_eq!((a.arch, a.head_dim, a.qk_norm, a.qkv_bias), (b.arch, b.head_dim, b.qk_norm, b.qkv_bias), "{shape:?}");
@@ -211,6 +257,7 @@ fn configs_read_the_same_from_hf_and_gguf() {
             "{shape:?}"
         );
         assert_eq!((a.embed_scale, a.attn_scale), (b.embed_scale, b.attn_scale), "{shape:?}");
+        assert_eq!((a.attn_softcap, a.final_softcap), (b.attn_softcap, b.final_softcap), "{shape:?}");
     }
     let g = &Model::load(&files(Shape::TinyGemma3).hf).unwrap().config;
     assert_eq!((g.arch, g.layer_rope(0).theta, g.layer_rope(5).theta, g.embed_scale), (Arch::Gemma3, 1e4, 1e6, 8.0));
@@ -274,7 +321,7 @@ fn what_these_families_do_not_implement_is_refused_by_name() {
 /// rounding like `formats.rs`'s for `tiny`.
 #[test]
 fn f16_and_q8_0_files_track_the_f32_folder() {
-    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3] {
+    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3, Shape::TinyGemma2] {
         let g = golden(shape);
         let ids = u32s(&g["prompt_ids"]);
         let reference = all_logits(&Model::load(&files(shape).hf).unwrap(), &ids);
