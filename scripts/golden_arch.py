@@ -39,7 +39,21 @@ GOLDEN_DIR = os.path.join(REPO, "crates", "model", "tests", "golden")
 DEFAULT_ENGRAM = os.path.join(REPO, "target", "release", "engram")
 
 # The class transformers must build from each shape's config.json.
-SHAPES = {"tiny-qwen3": "Qwen3ForCausalLM", "tiny-phi3": "Phi3ForCausalLM", "tiny-gemma3": "Gemma3ForCausalLM", "tiny-gemma2": "Gemma2ForCausalLM"}
+SHAPES = {
+    "tiny-qwen3": "Qwen3ForCausalLM",
+    "tiny-phi3": "Phi3ForCausalLM",
+    "tiny-gemma3": "Gemma3ForCausalLM",
+    "tiny-gemma2": "Gemma2ForCausalLM",
+    "tiny-mistral-swa": "MistralForCausalLM",
+}
+
+# Goldens made from another shape's folder with config.json fields changed: `tiny-mistral-swa`
+# is `tiny` read as a Mistral whose 16-position sliding window applies to every layer (the
+# Rust test makes the same edit; GGUF is not compared, as llama.cpp's converter writes Mistral
+# as `llama` and drops the window).
+EDITS = {
+    "tiny-mistral-swa": ("tiny", {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 16}),
+}
 
 # A few hundred tokens of the fixture tokenizer (the Rust tests read the text back from
 # the golden file and check that Engram's tokenizer gives the same ids).
@@ -73,6 +87,10 @@ CHAT_MESSAGES = {
         {"role": "assistant", "content": "Hello! What do you need?"},
         {"role": "user", "content": "Name a prime."},
     ],
+    "tiny-mistral-swa": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+    ],
     "tiny-gemma2": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
@@ -92,6 +110,7 @@ CHAT_CASES = {
     "tiny-phi3": [(True, {}), (False, {})],
     "tiny-gemma3": [(True, {}), (False, {})],
     "tiny-gemma2": [(True, {}), (False, {})],
+    "tiny-mistral-swa": [(True, {})],
 }
 
 
@@ -101,8 +120,16 @@ def generate_golden(shape, engram, out_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tmp = tempfile.TemporaryDirectory(prefix="engram-golden-arch-")
-    subprocess.run([engram, "fixture", shape, "--out", tmp.name, "--formats", "f16"], check=True)
-    model_dir = os.path.join(tmp.name, f"{shape}-hf")
+    base, edit = EDITS.get(shape, (shape, {}))
+    subprocess.run([engram, "fixture", base, "--out", tmp.name, "--formats", "f16"], check=True)
+    model_dir = os.path.join(tmp.name, f"{base}-hf")
+    if edit:
+        cfg_path = os.path.join(model_dir, "config.json")
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg_json = json.load(f)
+        cfg_json.update(edit)
+        with open(cfg_path, "w", encoding="utf-8") as f:
+            json.dump(cfg_json, f, indent=2)
 
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
@@ -116,7 +143,8 @@ def generate_golden(shape, engram, out_path):
     assert tok.decode(ids, skip_special_tokens=True) == PROMPT, "tokenizer does not round-trip the prompt"
     assert 200 <= len(ids) <= 600, f"prompt is {len(ids)} tokens; wanted a few hundred"
 
-    window = getattr(cfg, "sliding_window", None) if "sliding_attention" in (getattr(cfg, "layer_types", None) or []) else None
+    kinds = getattr(cfg, "layer_types", None) or []
+    window = getattr(cfg, "sliding_window", None) if "sliding_attention" in kinds or cfg.model_type == "mistral" else None
     if window is not None:
         assert len(ids) >= 8 * window, f"the prompt ({len(ids)} tokens) should cross the {window}-token window many times"
 
@@ -171,7 +199,8 @@ def generate_golden(shape, engram, out_path):
         "python_version": platform.python_version(),
         "model_class": type(model).__name__,
         "fixture": {
-            "shape": shape,
+            "shape": base,
+            "config_edit": edit,
             "model.safetensors": {"size": os.path.getsize(st), "sha256": sha256(st), "fnv1a64": fnv1a64(st), **safetensors_edges(st)},
             "tokenizer.json": {"size": os.path.getsize(tj), "sha256": sha256(tj), "fnv1a64": fnv1a64(tj)},
         },

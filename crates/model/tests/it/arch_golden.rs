@@ -87,12 +87,19 @@ fn check_parity(shape: Shape) {
     let ids = u32s(&g["prompt_ids"]);
     assert!(ids.len() >= 200, "the golden prompt has {} tokens; a few hundred are wanted", ids.len());
     for (how, model) in models(shape) {
-        let what = format!("{} {how}", shape.name());
+        check_model(&format!("{} {how}", shape.name()), &model, &g);
+    }
+}
+
+/// One loaded model against a golden file: ids, last-position logits, argmax, greedy.
+fn check_model(what: &str, model: &Model, g: &Value) {
+    let ids = u32s(&g["prompt_ids"]);
+    {
         let ours = model.tokenizer.encode(g["prompt"].as_str().unwrap(), true).unwrap().ids;
         assert_eq!(ours, ids, "{what}: token ids differ from transformers'");
 
         let vocab = model.config.vocab;
-        let all = all_logits(&model, &ids);
+        let all = all_logits(model, &ids);
         let last = &all[(ids.len() - 1) * vocab..];
         let err = rel_err(last, &f32s(&g["last_logits"]));
         eprintln!("{what} vs transformers ({} tokens): max relative last-position logit error {err:.3e}", ids.len());
@@ -113,7 +120,7 @@ fn check_parity(shape: Shape) {
         assert!(bad.is_empty(), "{what}: argmax differs from transformers:\n  {}", bad.join("\n  "));
 
         let want = u32s(&g["greedy_ids"]);
-        let got = greedy(&model, &ids, want.len());
+        let got = greedy(model, &ids, want.len());
         let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         assert_eq!(got, want, "{what}: greedy continuation diverges from transformers after {agree} tokens");
     }
@@ -229,6 +236,39 @@ fn gemma2_without_its_window_or_either_softcap_is_another_model() {
             assert!(e > 100.0 * LOGIT_TOL, "{how}: {what} changes nothing ({e:e})");
         }
     }
+}
+
+/// `tiny` read as Mistral with a 16-position window over every layer (transformers'
+/// MistralForCausalLM applies `sliding_window` to all layers): equal to transformers over
+/// the 326-token prompt, and far from it with the window ignored. HF folder only: llama.cpp's
+/// converter writes Mistral as `llama` without the window.
+#[test]
+fn mistral_with_its_sliding_window_matches_transformers() {
+    let path = format!("{}/tests/golden/tiny-mistral-swa.json", env!("CARGO_MANIFEST_DIR"));
+    let g: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(tiny_hf()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = dir.path().join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    for (k, v) in g["fixture"]["config_edit"].as_object().expect("config_edit") {
+        c[k] = v.clone();
+    }
+    std::fs::write(&cfg_path, c.to_string()).unwrap();
+    let problems = fixture_differences(&g, dir.path());
+    assert!(problems.is_empty(), "the tiny fixture no longer matches {path}: {problems:?}; regenerate: {REGENERATE}");
+    let mut model = Model::load(dir.path()).unwrap();
+    assert_eq!(model.config.arch, Arch::Mistral);
+    assert_eq!(model.config.layers, vec![LayerAttention::Sliding { window: 16 }; model.config.num_layers]);
+    check_model("tiny as mistral, window 16", &model, &g);
+    let ids = u32s(&g["prompt_ids"]);
+    model.config.layers = vec![LayerAttention::Global; model.config.num_layers];
+    let vocab = model.config.vocab;
+    let without = rel_err(&all_logits(&model, &ids)[(ids.len() - 1) * vocab..], &f32s(&g["last_logits"]));
+    eprintln!("tiny as mistral: with the window ignored, last-position error {without:.2e}");
+    assert!(without > 100.0 * LOGIT_TOL, "the window changes nothing ({without:e})");
 }
 
 #[test]
