@@ -633,6 +633,15 @@ mod tests {
         o.insert("layer_types".into(), serde_json::json!(kinds));
         let c5 = parse_config(&j, "config.json").unwrap();
         assert_eq!((&c5.layers, &c5.rope.inv_freq, &c5.layer_rope(0).inv_freq), (&c.layers, &c.rope.inv_freq, &c.layer_rope(0).inv_freq));
+        // Gemma-3-4B's linear scaling (factor 8) applies to the global layers only; an
+        // unsupported type on them is refused by name.
+        let scaled = text.replace("\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"}");
+        let c4 = parse_config(&serde_json::from_str(&scaled).unwrap(), "config.json").unwrap();
+        assert!(c4.rope.inv_freq.iter().zip(&c.rope.inv_freq).all(|(a, b)| *a == b / 8.0));
+        assert_eq!(c4.layer_rope(0).inv_freq, c.layer_rope(0).inv_freq);
+        let yarn = text.replace("\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"yarn\"}");
+        let e = parse_config(&serde_json::from_str(&yarn).unwrap(), "config.json").unwrap_err().to_string();
+        assert!(e.contains("\"yarn\" is not supported"), "{e}");
         // What is not implemented is refused by name.
         for (field, value) in [("final_logit_softcapping", "30.0"), ("hidden_activation", "\"gelu\""), ("model_type", "\"gemma3\"")] {
             let bad = text.replacen(&format!("\"{field}\": "), &format!("\"{field}\": {value}, \"x_{field}\": "), 1);
