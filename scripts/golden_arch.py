@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Reference outputs of the per-architecture fixtures computed by Hugging Face transformers.
 
-For each shape (`tiny-qwen3`: Qwen3ForCausalLM, `tiny-phi3`: Phi3ForCausalLM) this
+For each shape (`tiny-qwen3`: Qwen3ForCausalLM, `tiny-phi3`: Phi3ForCausalLM,
+`tiny-gemma3`: Gemma3ForCausalLM with a 16-position sliding window, `tiny-gemma2`:
+Gemma2ForCausalLM, alternating sliding layers and softcapping) this
 generates the fixture's Hugging Face folder with `engram fixture`, loads it with
 transformers (f32, eager attention), checks that transformers built the intended
 class, and writes `crates/model/tests/golden/<shape>.json`: the fixture's identity,
@@ -37,7 +39,21 @@ GOLDEN_DIR = os.path.join(REPO, "crates", "model", "tests", "golden")
 DEFAULT_ENGRAM = os.path.join(REPO, "target", "release", "engram")
 
 # The class transformers must build from each shape's config.json.
-SHAPES = {"tiny-qwen3": "Qwen3ForCausalLM", "tiny-phi3": "Phi3ForCausalLM"}
+SHAPES = {
+    "tiny-qwen3": "Qwen3ForCausalLM",
+    "tiny-phi3": "Phi3ForCausalLM",
+    "tiny-gemma3": "Gemma3ForCausalLM",
+    "tiny-gemma2": "Gemma2ForCausalLM",
+    "tiny-mistral-swa": "MistralForCausalLM",
+}
+
+# Goldens made from another shape's folder with config.json fields changed: `tiny-mistral-swa`
+# is `tiny` read as a Mistral whose 16-position sliding window applies to every layer (the
+# Rust test makes the same edit; GGUF is not compared, as llama.cpp's converter writes Mistral
+# as `llama` and drops the window).
+EDITS = {
+    "tiny-mistral-swa": ("tiny", {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 16}),
+}
 
 # A few hundred tokens of the fixture tokenizer (the Rust tests read the text back from
 # the golden file and check that Engram's tokenizer gives the same ids).
@@ -63,6 +79,24 @@ CHAT_MESSAGES = {
         {"role": "assistant", "content": "<think>\nThe user greets me.\n</think>\n\nHello! What do you need?"},
         {"role": "user", "content": "Name a prime."},
     ],
+    # The Gemma fixture carries the fixture's ChatML template (its tokenizer has no
+    # <start_of_turn>), so this records that template's rendering.
+    "tiny-gemma3": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! What do you need?"},
+        {"role": "user", "content": "Name a prime."},
+    ],
+    "tiny-mistral-swa": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+    ],
+    "tiny-gemma2": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! What do you need?"},
+        {"role": "user", "content": "Name a prime."},
+    ],
     "tiny-phi3": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
@@ -74,6 +108,9 @@ CHAT_MESSAGES = {
 CHAT_CASES = {
     "tiny-qwen3": [(True, {}), (True, {"enable_thinking": False}), (False, {})],
     "tiny-phi3": [(True, {}), (False, {})],
+    "tiny-gemma3": [(True, {}), (False, {})],
+    "tiny-gemma2": [(True, {}), (False, {})],
+    "tiny-mistral-swa": [(True, {})],
 }
 
 
@@ -83,8 +120,16 @@ def generate_golden(shape, engram, out_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tmp = tempfile.TemporaryDirectory(prefix="engram-golden-arch-")
-    subprocess.run([engram, "fixture", shape, "--out", tmp.name, "--formats", "f16"], check=True)
-    model_dir = os.path.join(tmp.name, f"{shape}-hf")
+    base, edit = EDITS.get(shape, (shape, {}))
+    subprocess.run([engram, "fixture", base, "--out", tmp.name, "--formats", "f16"], check=True)
+    model_dir = os.path.join(tmp.name, f"{base}-hf")
+    if edit:
+        cfg_path = os.path.join(model_dir, "config.json")
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg_json = json.load(f)
+        cfg_json.update(edit)
+        with open(cfg_path, "w", encoding="utf-8") as f:
+            json.dump(cfg_json, f, indent=2)
 
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
@@ -97,6 +142,11 @@ def generate_golden(shape, engram, out_path):
     ids = tok(PROMPT, add_special_tokens=True)["input_ids"]
     assert tok.decode(ids, skip_special_tokens=True) == PROMPT, "tokenizer does not round-trip the prompt"
     assert 200 <= len(ids) <= 600, f"prompt is {len(ids)} tokens; wanted a few hundred"
+
+    kinds = getattr(cfg, "layer_types", None) or []
+    window = getattr(cfg, "sliding_window", None) if "sliding_attention" in kinds or cfg.model_type == "mistral" else None
+    if window is not None:
+        assert len(ids) >= 8 * window, f"the prompt ({len(ids)} tokens) should cross the {window}-token window many times"
 
     x = torch.tensor([ids], dtype=torch.long)
     with torch.no_grad():
@@ -149,7 +199,8 @@ def generate_golden(shape, engram, out_path):
         "python_version": platform.python_version(),
         "model_class": type(model).__name__,
         "fixture": {
-            "shape": shape,
+            "shape": base,
+            "config_edit": edit,
             "model.safetensors": {"size": os.path.getsize(st), "sha256": sha256(st), "fnv1a64": fnv1a64(st), **safetensors_edges(st)},
             "tokenizer.json": {"size": os.path.getsize(tj), "sha256": sha256(tj), "fnv1a64": fnv1a64(tj)},
         },
@@ -162,6 +213,7 @@ def generate_golden(shape, engram, out_path):
         "greedy_new_tokens": NEW_TOKENS,
         "greedy_ids": greedy,
         "min_top2_gap_greedy": min(gaps),
+        "sliding_window": window,
         "chat_messages": messages,
         "chat": chats,
     }

@@ -2,13 +2,14 @@
 """llama.cpp on the GGUF files `engram convert` writes for the per-architecture fixtures.
 
 For each shape with a golden file from `scripts/golden_arch.py` (`tiny-qwen3`,
-`tiny-phi3`), generates the fixture's Hugging Face folder with `engram fixture`,
-converts it with `engram convert --format f32`, runs the file in llama.cpp
+`tiny-phi3`, `tiny-gemma3`, `tiny-gemma2`), generates the fixture's Hugging Face
+folder with `engram fixture`, converts it with `engram convert --format f32`, runs the file in llama.cpp
 (llama-cpp-python) on the golden prompt ids, and prints llama.cpp's distance to
 transformers: the relative error of the last-position logits (max |diff| / max
 |golden|), the positions whose argmax agrees, and whether the greedy continuation
 is equal. It shows that llama.cpp reads the files as Engram does (tensor names,
-fused Phi-3 tensors, NEOX RoPE, partial rotary, LongRoPE factors, q/k norms).
+fused Phi-3 tensors, NEOX RoPE, partial rotary, LongRoPE factors, q/k norms,
+Gemma's `1 + w` norms, sliding windows and layer patterns, Gemma 2's softcapping).
 
 NOTE: the folder is copied to `model-hf` before converting, because llama.cpp
 gives any file whose `general.name` contains "phi3" the token attributes of
@@ -33,7 +34,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN_DIR = os.path.join(REPO, "crates", "model", "tests", "golden")
-SHAPES = ["tiny-qwen3", "tiny-phi3"]
+SHAPES = ["tiny-qwen3", "tiny-phi3", "tiny-gemma3", "tiny-gemma2"]
 
 
 def main():

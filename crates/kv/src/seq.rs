@@ -254,8 +254,15 @@ impl SeqKv {
     /// document in RAG) is reused at another position. The result equals
     /// the chunk's keys computed at the new positions up to float rounding;
     /// deeper layers still carry the chunk's original context (that is the
-    /// approximation chunk reuse makes, and callers must measure it).
-    pub fn extend_shifted(&mut self, src: &SeqKv, range: std::ops::Range<usize>, rope: &engram_model::RopeConfig) -> Result<(), KvError> {
+    /// approximation chunk reuse makes, and callers must measure it). `rope` says each
+    /// layer's RoPE: pass the `ModelConfig` for a model whose layers differ (Gemma 3), a
+    /// `RopeConfig` where one serves every layer.
+    pub fn extend_shifted(
+        &mut self,
+        src: &SeqKv,
+        range: std::ops::Range<usize>,
+        rope: &(impl engram_model::rope::LayerRopes + ?Sized),
+    ) -> Result<(), KvError> {
         let n = range.len();
         if n == 0 {
             return Ok(());
@@ -265,8 +272,9 @@ impl SeqKv {
         let (hd, w) = (layout.head_dim, layout.num_kv_heads * layout.head_dim);
         let first = self.len;
         self.reserve(n)?;
-        let (cos, sin) = engram_model::rope::shift(rope, first as i64 - range.start as i64);
         for layer in 0..layout.num_layers {
+            let rope = rope.rope_of(layer);
+            let (cos, sin) = engram_model::rope::shift(rope, first as i64 - range.start as i64);
             let (mut k, v) = src.read_rows(layer, range.clone());
             for head in k.chunks_exact_mut(hd) {
                 engram_model::rope::rotate_head(rope.style, head, &cos, &sin);
@@ -299,8 +307,14 @@ impl SeqKv {
     /// untouched. Blocks that are shared or mapped are copied first (charged; all or
     /// nothing), so no other sequence sees the move. f32/f16 keys equal keys computed at the
     /// new positions to float rounding; q8/q4 keys are decoded, rotated and quantized again
-    /// (one more rounding step: `kv/tests/views_model.rs` measures it).
-    pub fn move_slots(&mut self, slots: std::ops::Range<usize>, new_first: usize, rope: &engram_model::RopeConfig) -> Result<(), KvError> {
+    /// (one more rounding step: `kv/tests/views_model.rs` measures it). `rope` says each
+    /// layer's RoPE, as for [`SeqKv::extend_shifted`].
+    pub fn move_slots(
+        &mut self,
+        slots: std::ops::Range<usize>,
+        new_first: usize,
+        rope: &(impl engram_model::rope::LayerRopes + ?Sized),
+    ) -> Result<(), KvError> {
         assert!(slots.end <= self.len, "move_slots: slots past the end");
         if slots.is_empty() {
             return Ok(());
@@ -309,12 +323,24 @@ impl SeqKv {
         let layout = self.pool.layout();
         let (hd, w) = (layout.head_dim, layout.num_kv_heads * layout.head_dim);
         let deltas: Vec<i64> = slots.clone().enumerate().map(|(i, s)| (new_first + i) as i64 - self.position(s) as i64).collect();
-        let mut shifts = std::collections::HashMap::new();
-        for &d in &deltas {
-            shifts.entry(d).or_insert_with(|| engram_model::rope::shift(rope, d));
-        }
+        // One table of shifts per distinct RoPE (usually one for the whole model).
+        type Shifts = std::collections::HashMap<i64, (Vec<f32>, Vec<f32>)>;
+        let mut tables: Vec<(&engram_model::RopeConfig, Shifts)> = Vec::new();
         let (elem, sec, tsec) = (self.pool.elem(), self.pool.section_bytes(), self.pool.tail_section_bytes());
         for layer in 0..layout.num_layers {
+            let rope = rope.rope_of(layer);
+            let at = match tables.iter().position(|(r, _)| *r == rope) {
+                Some(i) => i,
+                None => {
+                    let mut shifts = std::collections::HashMap::new();
+                    for &d in &deltas {
+                        shifts.entry(d).or_insert_with(|| engram_model::rope::shift(rope, d));
+                    }
+                    tables.push((rope, shifts));
+                    tables.len() - 1
+                }
+            };
+            let shifts = &tables[at].1;
             let (mut k, _) = self.read_rows(layer, slots.clone());
             for (t, row) in k.chunks_exact_mut(w).enumerate() {
                 let (cos, sin) = &shifts[&deltas[t]];

@@ -6,8 +6,11 @@
 //! cached tokens and their chunking, not on how many other queries share the
 //! step, so prefilling in one chunk, several, or token by token agrees.
 //! Visibility is the view contract (`view.rs`): per-key positions, chunk
-//! masks and the step's per-row [`KeyMask`].
+//! masks and the step's per-row [`KeyMask`], and the layer's geometry
+//! ([`LayerAttention`]): a sliding layer hides keys whose position is `window`
+//! or more before the query's, judged by positions, never by slots.
 
+use crate::config::LayerAttention;
 use crate::kv::{KvCache, KvChunk, KvData, KvElem};
 use crate::view::{KeyMask, KvRead};
 
@@ -30,6 +33,24 @@ pub struct AttnTask<'a> {
     pub precision: crate::AttentionPrecision,
 }
 
+/// How a layer's attention scores: the factor on `q·k` and which positions a query sees.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerScoring {
+    /// Factor on `q·k` (`1/√head_dim` for most models).
+    pub scale: f32,
+    /// Global, or a sliding window over positions.
+    pub geometry: LayerAttention,
+    /// Softcapping of the scaled scores (`cap · tanh(s / cap)`, Gemma 2), before any mask.
+    pub softcap: Option<f32>,
+}
+
+impl LayerScoring {
+    /// A global layer scaled by `1/√head_dim`.
+    pub fn global(head_dim: usize) -> LayerScoring {
+        LayerScoring { scale: 1.0 / (head_dim as f32).sqrt(), geometry: LayerAttention::Global, softcap: None }
+    }
+}
+
 /// Returns `[num_queries, group, head_dim]` attention outputs for the task's heads.
 ///
 /// Runs on AMX-BF16 tiles ([`engram_kernels::flash`]) where the CPU has them and the head
@@ -37,10 +58,17 @@ pub struct AttnTask<'a> {
 /// time and agree to ~1e-5 (tested below). `ENGRAM_ATTENTION=portable` forces the portable path
 /// (read once per process; for measuring one against the other).
 pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
-    if tiles_enabled() && engram_kernels::flash::supported(t.head_dim) {
-        attend_tiles(t)
+    attend_layer(t, LayerScoring::global(t.head_dim))
+}
+
+/// [`attend`] for a layer with its own scale and geometry (a sliding window hides keys
+/// `window` or more positions before the query, on both paths). Softcapped scores run on the
+/// portable path (the tile kernel keeps its scores in tiles).
+pub fn attend_layer(t: &AttnTask<'_>, l: LayerScoring) -> Vec<f32> {
+    if l.softcap.is_none() && tiles_enabled() && engram_kernels::flash::supported(t.head_dim) {
+        attend_tiles(t, l)
     } else {
-        attend_portable(t)
+        attend_portable(t, l)
     }
 }
 
@@ -49,11 +77,10 @@ fn tiles_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("ENGRAM_ATTENTION").map_or(true, |v| v != "portable"))
 }
 
-/// The task's query rows for its KV head, pre-scaled by `1/√head_dim`, gathered contiguously:
+/// The task's query rows for its KV head, pre-scaled by the task's scale, gathered contiguously:
 /// row `r = query * group + head_in_group`.
-fn gather_queries(t: &AttnTask<'_>) -> Vec<f32> {
+fn gather_queries(t: &AttnTask<'_>, scale: f32) -> Vec<f32> {
     let hd = t.head_dim;
-    let scale = 1.0 / (hd as f32).sqrt();
     let q_width = t.num_heads * hd;
     let mut q = vec![0.0f32; t.num_queries * t.group * hd];
     for qi in 0..t.num_queries {
@@ -78,18 +105,20 @@ fn gather_queries(t: &AttnTask<'_>) -> Vec<f32> {
 /// barely follows; so the rows of the chunk the cache names as [`KvChunk::ahead`] are queued
 /// with [`engram_kernels::flash::Flash::prefetch`], which issues them into L2 a few lines per
 /// row block while this chunk is attended, and they arrive before they are needed.
-fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
+fn attend_tiles(t: &AttnTask<'_>, l: LayerScoring) -> Vec<f32> {
     use engram_kernels::flash::{KeyVisibility, Rows, CHUNK};
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
-    let q = gather_queries(t);
+    let q = gather_queries(t, l.scale);
     let row_pos: Vec<u32> = (0..rows).map(|r| t.positions[r / t.group]).collect();
     let mut flash = engram_kernels::flash::Flash::with_positions(&q, hd, &row_pos, t.precision);
     let (mut kf, mut vf) = (Vec::new(), Vec::new());
     let last_pos = t.positions.iter().copied().max().unwrap_or(0) as usize;
+    let first_pos = t.positions.iter().copied().min().unwrap_or(0) as usize;
+    let window = l.geometry.window();
     let mut row_mask = Vec::new();
     t.kv.for_each_chunk_of(&read(t, &q), &mut |chunk| {
-        if chunk.len == 0 || lowest_position(chunk) > last_pos {
+        if chunk.len == 0 || lowest_position(chunk) > last_pos || outside_every_window(chunk, window, first_pos) {
             return;
         }
         if let Some((k, v)) = chunk.ahead {
@@ -105,15 +134,18 @@ fn attend_tiles(t: &AttnTask<'_>) -> Vec<f32> {
         while start < chunk.len {
             let n = (chunk.len - start).min(CHUNK);
             let row0 = t.kv_head * chunk.capacity + start;
-            let vis = KeyVisibility {
+            let mut vis = KeyVisibility {
                 pos0: chunk.first_pos + start,
                 positions: chunk.positions.map(|p| &p[start..start + n]),
                 mask: chunk.mask.map(|m| &m[start..start + n]),
-                row_mask: t.key_mask.map(|m| {
-                    tile_row_mask(m, t.group, rows, chunk.key_index + start, n, &mut row_mask);
-                    &row_mask[..]
-                }),
+                row_mask: None,
             };
+            // A sliding window is a per-row mask, needed only where some key may be too old for some row.
+            let window = window.filter(|&w| vis.span(n).0 + w <= last_pos);
+            if t.key_mask.is_some() || window.is_some() {
+                tile_row_mask(t.key_mask, window, &vis, &row_pos, t.group, chunk.key_index + start, n, &mut row_mask);
+                vis.row_mask = Some(&row_mask[..]);
+            }
             if packed {
                 let rb = elem.row_bytes(hd);
                 let (k, v) = (&chunk.keys.bytes[row0 * rb..(row0 + n) * rb], &chunk.values.bytes[row0 * rb..(row0 + n) * rb]);
@@ -145,15 +177,37 @@ fn lowest_position(c: &KvChunk<'_>) -> usize {
     c.positions.map_or(c.first_pos, |p| p[..c.len].iter().copied().min().unwrap_or(u32::MAX) as usize)
 }
 
+/// Whether every key of a chunk is too old for every query of a sliding layer (the earliest
+/// query at `first_query` included), so the chunk can be skipped whole.
+fn outside_every_window(c: &KvChunk<'_>, window: Option<usize>, first_query: usize) -> bool {
+    let highest = c.positions.map_or(c.first_pos + c.len.saturating_sub(1), |p| p[..c.len].iter().copied().max().unwrap_or(0) as usize);
+    window.is_some_and(|w| highest + w <= first_query)
+}
+
 /// The tile kernel's per-row mask for keys `key0 .. key0 + n` of the view: bit `r % 16` of
-/// `out[(r / 16) * CHUNK + i]` is query row `r`'s (token `r / group`) bit for key `key0 + i`.
-fn tile_row_mask(mask: &KeyMask, group: usize, rows: usize, key0: usize, n: usize, out: &mut Vec<u16>) {
+/// `out[(r / 16) * CHUNK + i]` is query row `r`'s (token `r / group`, at `row_pos[r]`) bit for
+/// key `key0 + i`: set when the step's mask lets the token see the key and, in a sliding layer,
+/// the key's position is within the window (`row_pos[r] < position + window`; keys after the
+/// row the kernel hides by causality).
+#[allow(clippy::too_many_arguments)]
+fn tile_row_mask(
+    mask: Option<&KeyMask>,
+    window: Option<usize>,
+    vis: &engram_kernels::flash::KeyVisibility<'_>,
+    row_pos: &[u32],
+    group: usize,
+    key0: usize,
+    n: usize,
+    out: &mut Vec<u16>,
+) {
     use engram_kernels::flash::CHUNK;
+    let rows = row_pos.len();
     out.clear();
     out.resize(rows.div_ceil(16) * CHUNK, 0);
     for r in 0..rows {
         for i in 0..n {
-            if mask.sees(r / group, key0 + i) {
+            let in_window = window.is_none_or(|w| (row_pos[r] as usize) < vis.position(i) + w);
+            if in_window && mask.is_none_or(|m| m.sees(r / group, key0 + i)) {
                 out[r / 16 * CHUNK + i] |= 1 << (r % 16);
             }
         }
@@ -167,11 +221,11 @@ fn tile_row_mask(mask: &KeyMask, group: usize, rows: usize, key0: usize, n: usiz
 /// step, and its share of the values — AVX2 + FMA where the CPU has them. A row's arithmetic
 /// never involves another row's, so the result of a query does not depend on how many other
 /// queries share the step (chunked prefill = one-shot = token by token, bitwise).
-fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
+fn attend_portable(t: &AttnTask<'_>, scoring: LayerScoring) -> Vec<f32> {
     use engram_kernels::attn_rows;
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
-    let q = gather_queries(t);
+    let q = gather_queries(t, scoring.scale);
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
     let mut acc = vec![0.0f32; rows * hd];
@@ -179,9 +233,11 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
     let mut vbuf: Vec<f32> = Vec::new();
     let mut scores: Vec<f32> = Vec::new();
     let last_pos = t.positions.iter().copied().max().unwrap_or(0) as usize;
+    let first_pos = t.positions.iter().copied().min().unwrap_or(0) as usize;
+    let window = scoring.geometry.window();
     t.kv.for_each_chunk_of(&read(t, &q), &mut |chunk| {
         let n = chunk.len;
-        if n == 0 || lowest_position(chunk) > last_pos {
+        if n == 0 || lowest_position(chunk) > last_pos || outside_every_window(chunk, window, first_pos) {
             return;
         }
         let row0 = t.kv_head * chunk.capacity;
@@ -207,6 +263,9 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
                 let r = qi * t.group + j;
                 let s = &mut scores[..visible];
                 attn_rows::scores(&q[r * hd..(r + 1) * hd], keys, hd, s);
+                if let Some(cap) = scoring.softcap {
+                    s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+                }
                 if let Some(mask) = chunk.mask {
                     for (x, &keep) in s.iter_mut().zip(mask) {
                         if !keep {
@@ -217,6 +276,15 @@ fn attend_portable(t: &AttnTask<'_>) -> Vec<f32> {
                 if let Some(pos) = chunk.positions {
                     for (x, &p) in s.iter_mut().zip(pos) {
                         if p as usize > qpos {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                if let Some(w) = window {
+                    // Keys at positions `<= qpos - w` are outside the window.
+                    for (i, x) in s.iter_mut().enumerate() {
+                        let kpos = chunk.positions.map_or(chunk.first_pos + i, |p| p[i] as usize);
+                        if kpos + w <= qpos {
                             *x = f32::NEG_INFINITY;
                         }
                     }
@@ -285,6 +353,8 @@ mod tests {
     struct ChunkedKv {
         elem: KvElem,
         chunks: Vec<TestChunk>,
+        /// Explicit positions per chunk (moved spans); `None`: `first_pos ..`.
+        positions: Vec<Option<Vec<u32>>>,
     }
 
     /// First position, length, key bytes, value bytes, mask.
@@ -313,7 +383,37 @@ mod tests {
                 chunks.push((pos, len, k, v, mask));
                 pos += len;
             }
-            ChunkedKv { elem, chunks }
+            let positions = vec![None; chunks.len()];
+            ChunkedKv { elem, chunks, positions }
+        }
+
+        /// The same keys moved: chunk `c`'s keys at positions `first_pos + 5c + (len - 1 - i)`
+        /// (gaps between chunks, each chunk's order reversed), so positions differ from slots.
+        fn moved(mut self) -> Self {
+            self.positions = self
+                .chunks
+                .iter()
+                .enumerate()
+                .map(|(c, (first, len, ..))| Some((0..*len).map(|i| (first + 5 * c + (len - 1 - i)) as u32).collect()))
+                .collect();
+            self
+        }
+
+        /// Every key as (position, key row, value row, chunk-mask bit) for KV head `head`.
+        fn keys(&self, head: usize, hd: usize) -> Vec<(usize, Vec<f32>, Vec<f32>, bool)> {
+            let rb = self.elem.row_bytes(hd);
+            let mut out = Vec::new();
+            for ((first, len, k, v, mask), pos) in self.chunks.iter().zip(&self.positions) {
+                for i in 0..*len {
+                    let row = head * 32 + i;
+                    let (mut kr, mut vr) = (vec![0.0; hd], vec![0.0; hd]);
+                    self.elem.decode_row(&k[row * rb..(row + 1) * rb], &mut kr);
+                    self.elem.decode_row(&v[row * rb..(row + 1) * rb], &mut vr);
+                    let p = pos.as_ref().map_or(first + i, |p| p[i] as usize);
+                    out.push((p, kr, vr, mask.as_ref().is_none_or(|m| m[i])));
+                }
+            }
+            out
         }
     }
 
@@ -322,10 +422,10 @@ mod tests {
             unreachable!("read-only test cache")
         }
         fn for_each_chunk(&self, _layer: usize, f: &mut dyn FnMut(&KvChunk<'_>)) {
-            for (first_pos, len, k, v, mask) in &self.chunks {
+            for ((first_pos, len, k, v, mask), pos) in self.chunks.iter().zip(&self.positions) {
                 f(&KvChunk {
                     first_pos: *first_pos,
-                    positions: None,
+                    positions: pos.as_deref(),
                     key_index: *first_pos,
                     len: *len,
                     capacity: 32,
@@ -375,7 +475,7 @@ mod tests {
                     num_heads,
                     precision,
                 };
-                let (a, b) = (attend_tiles(&task), attend_portable(&task));
+                let (a, b) = (attend_tiles(&task, LayerScoring::global(hd)), attend_portable(&task, LayerScoring::global(hd)));
                 let amax = b.iter().fold(0f32, |m, x| m.max(x.abs()));
                 let err = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
                 // Exact: ~1e-5 of f32. Bf16: operands rounded to 8 significant bits.
@@ -385,7 +485,7 @@ mod tests {
                 let width = num_heads * hd;
                 let alone = AttnTask { q: &q[(nq - 1) * width..], num_queries: 1, positions: &positions[nq - 1..], ..task };
                 let span = group * hd;
-                assert_eq!(attend_tiles(&alone), a[(nq - 1) * span..].to_vec(), "hd {hd}: alone != in batch");
+                assert_eq!(attend_tiles(&alone, LayerScoring::global(hd)), a[(nq - 1) * span..].to_vec(), "hd {hd}: alone != in batch");
             }
         }
     }
@@ -417,14 +517,121 @@ mod tests {
                 num_heads: group,
                 precision: AttentionPrecision::Exact,
             };
-            let batch = attend_portable(&task);
+            let batch = attend_portable(&task, LayerScoring::global(hd));
             for i in [0, nq / 2, nq - 1] {
                 let alone = AttnTask { q: &q[i * width..(i + 1) * width], num_queries: 1, positions: &positions[i..i + 1], ..task };
-                let row = attend_portable(&alone);
+                let row = attend_portable(&alone, LayerScoring::global(hd));
                 assert!(
                     row.iter().zip(&batch[i * width..(i + 1) * width]).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "hd {hd} {elem:?}: query {i} alone != in batch"
                 );
+            }
+        }
+    }
+
+    /// A plain scalar attention in f64 over the cache's keys: the view contract spelled out
+    /// (causal by position, chunk mask, step mask, sliding window), one row at a time.
+    fn reference(t: &AttnTask<'_>, kv: &ChunkedKv, scoring: LayerScoring) -> Vec<f32> {
+        let hd = t.head_dim;
+        let keys = kv.keys(t.kv_head, hd);
+        let mut out = vec![0.0f32; t.num_queries * t.group * hd];
+        for qi in 0..t.num_queries {
+            let qpos = t.positions[qi] as usize;
+            for j in 0..t.group {
+                let head = t.kv_head * t.group + j;
+                let q = &t.q[qi * t.num_heads * hd + head * hd..][..hd];
+                let mut scores: Vec<(f64, &[f32])> = Vec::new();
+                for (key, (p, kr, vr, on)) in keys.iter().enumerate() {
+                    let seen = *on && scoring.geometry.sees(qpos, *p) && t.key_mask.is_none_or(|m| m.sees(qi, key));
+                    if seen {
+                        let mut s: f64 = q.iter().zip(kr).map(|(&a, &b)| (a * scoring.scale) as f64 * b as f64).sum();
+                        if let Some(cap) = scoring.softcap {
+                            s = cap as f64 * (s / cap as f64).tanh();
+                        }
+                        scores.push((s, vr));
+                    }
+                }
+                let mx = scores.iter().fold(f64::NEG_INFINITY, |m, s| m.max(s.0));
+                let sum: f64 = scores.iter().map(|s| (s.0 - mx).exp()).sum();
+                let o = &mut out[(qi * t.group + j) * hd..][..hd];
+                for (s, vr) in &scores {
+                    let w = (s - mx).exp() / sum;
+                    for (x, &v) in o.iter_mut().zip(*vr) {
+                        *x += (w * v as f64) as f32;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A sliding layer through both kernel paths (the SIMD portable path and, where the CPU
+    /// has AMX, the tile path) against the scalar reference: every KV format, contiguous and
+    /// moved positions, chunk masks, a step mask, query scales other than `1/√head_dim`, and
+    /// windows smaller than, across and larger than a chunk.
+    #[test]
+    fn a_sliding_window_hides_keys_by_position_on_every_path() {
+        for (hd, group, tokens, nq, masked, moved, window, elem) in [
+            (64, 4, 300, 40, false, false, 16, KvElem::F16),
+            (64, 2, 97, 7, true, false, 1, KvElem::F32),
+            (32, 2, 130, 130, false, true, 40, KvElem::F32),
+            (64, 4, 200, 3, false, true, 33, KvElem::Q8 { group: 32 }),
+            (64, 2, 100, 9, true, true, 64, KvElem::Q4 { group: 32 }),
+            (48, 3, 45, 45, false, false, 500, KvElem::F16),
+        ] {
+            let mut kv = ChunkedKv::new(elem, 1, hd, tokens, hd as u64 * 7 + tokens as u64, masked);
+            if moved {
+                kv = kv.moved();
+            }
+            let width = group * hd;
+            let q = queries(nq, width, tokens as u64 + 1);
+            let top = kv.keys(0, hd).iter().map(|k| k.0).max().unwrap();
+            let positions: Vec<u32> = (top + 1 - nq..=top).map(|p| p as u32).collect();
+            // Every third query token is also kept from every fifth key.
+            let mut mask = KeyMask::all(nq, tokens);
+            for r in (0..nq).step_by(3) {
+                for key in (0..tokens).step_by(5) {
+                    mask.set(r, key, false);
+                }
+            }
+            for key_mask in [None, Some(&mask)] {
+                let task = AttnTask {
+                    kv: &kv,
+                    layer: 0,
+                    q: &q,
+                    num_queries: nq,
+                    positions: &positions,
+                    key_mask,
+                    kv_head: 0,
+                    group,
+                    head_dim: hd,
+                    num_heads: group,
+                    precision: AttentionPrecision::Exact,
+                };
+                let scoring = LayerScoring { scale: 0.3 / (hd as f32).sqrt(), geometry: LayerAttention::Sliding { window }, softcap: None };
+                let want = reference(&task, &kv, scoring);
+                let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let what = format!("hd {hd} window {window} {elem:?} moved {moved} masked {masked} step mask {}", key_mask.is_some());
+                let mut paths = vec![("portable", attend_portable(&task, scoring))];
+                if engram_kernels::flash::supported(hd) {
+                    paths.push(("tiles", attend_tiles(&task, scoring)));
+                }
+                for (path, got) in paths {
+                    let err = got.iter().zip(&want).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
+                    assert!(err < 2e-5, "{path} {what}: {err:e} from the scalar reference");
+                }
+                // Softcapped scores (Gemma 2's 50, and a cap of 2 that bites) on the portable path.
+                for cap in [50.0, 2.0] {
+                    let capped = LayerScoring { softcap: Some(cap), ..scoring };
+                    let (got, want) = (attend_layer(&task, capped), reference(&task, &kv, capped));
+                    let err = got.iter().zip(&want).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
+                    assert!(err < 2e-5, "softcap {cap} {what}: {err:e} from the scalar reference");
+                }
+                // The window matters: the same task as a global layer is another answer (unless
+                // the window covers every key).
+                let global = attend_portable(&task, LayerScoring { geometry: LayerAttention::Global, ..scoring });
+                let diff = global.iter().zip(&want).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
+                assert_eq!(diff > 1e-3, window < top, "{what}: global vs sliding differ by {diff:e}");
             }
         }
     }

@@ -1,11 +1,13 @@
 //! `ModelConfig`: the shape and positional settings of a Llama-family model
-//! (Llama, Mistral, Qwen2, Qwen3, Phi-3), read from a Hugging Face
-//! `config.json` or from GGUF metadata.
+//! (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3), read from a Hugging Face
+//! `config.json` or from GGUF metadata, with each layer's attention geometry
+//! (global, or a sliding window of W positions).
 //!
 //! Invariant: a validated config has `n_heads * head_dim` query width,
 //! `n_heads % n_kv_heads == 0`, an even `head_dim`, an even rotary width of
-//! at most `head_dim`, and non-zero sizes, so the forward pass never has to
-//! re-check shapes.
+//! at most `head_dim` (for every layer's RoPE), one [`LayerAttention`] per
+//! layer with non-zero windows, and non-zero sizes, so the forward pass never
+//! has to re-check shapes.
 
 use crate::error::{config_err, Result};
 
@@ -14,7 +16,8 @@ use crate::error::{config_err, Result};
 pub enum Arch {
     /// Llama 2 / 3 / 3.1 / 3.2 (and Mistral, which shares the layout).
     Llama,
-    /// Mistral 7B-style (a Llama layout; sliding window is not applied).
+    /// Mistral 7B-style: a Llama layout whose `sliding_window`, when below the context,
+    /// limits every layer's attention to that many positions.
     Mistral,
     /// Qwen2 / Qwen2.5: bias on the q, k and v projections.
     Qwen2,
@@ -24,9 +27,21 @@ pub enum Arch {
     /// Phi-3 / Phi-3.5 / Phi-4-mini: fused q/k/v and gate/up projections in
     /// the files (split into views at load), partial rotary embeddings.
     Phi3,
+    /// Gemma 3 (text): local (sliding) and global layers with their own RoPE bases, q/k
+    /// RMSNorm, four norms per block with `(1 + w)` weights, a √hidden embedding scale, a
+    /// GELU-tanh gated MLP and `query_pre_attn_scalar` as the attention scale.
+    Gemma3,
+    /// Gemma 2: Gemma 3's block without q/k norms, alternating sliding and global layers
+    /// under one RoPE, and softcapping of the attention scores and the final logits.
+    Gemma2,
 }
 
 impl Arch {
+    /// Gemma 2 or 3: `(1 + w)` norms, four per block, √hidden embedding scale, GELU-tanh.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
+    }
+
     /// Parses a GGUF `general.architecture` or HF `model_type` value.
     pub fn parse(s: &str) -> Option<Arch> {
         match s {
@@ -35,6 +50,9 @@ impl Arch {
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
             "phi3" => Some(Arch::Phi3),
+            // HF `model_type` of Gemma3ForCausalLM; GGUF `general.architecture`.
+            "gemma3_text" | "gemma3" => Some(Arch::Gemma3),
+            "gemma2" => Some(Arch::Gemma2),
             _ => None,
         }
     }
@@ -46,10 +64,12 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Phi3 => "phi3",
+            Arch::Gemma3 => "gemma3",
+            Arch::Gemma2 => "gemma2",
         }
     }
     /// Every architecture, in the order error messages list them.
-    pub const ALL: [Arch; 5] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Phi3];
+    pub const ALL: [Arch; 7] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Phi3, Arch::Gemma2, Arch::Gemma3];
 
     /// The supported names, comma-separated, for error messages.
     pub fn supported_list() -> String {
@@ -142,6 +162,44 @@ impl RopeConfig {
     }
 }
 
+/// How one layer's queries see the keys before them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayerAttention {
+    /// Every earlier position (causal).
+    Global,
+    /// A query at position `p` sees keys at positions `k` with `p - window < k <= p`: the
+    /// `window` most recent positions, its own included (transformers'
+    /// `sliding_window_overlay`, `kv_idx > q_idx - sliding_window`; llama.cpp's
+    /// `LLAMA_SWA_TYPE_STANDARD` hides `p - k >= window`). The KV store still keeps every
+    /// token; the window is a mask.
+    Sliding { window: usize },
+}
+
+impl LayerAttention {
+    /// The window, for a sliding layer.
+    pub fn window(self) -> Option<usize> {
+        match self {
+            LayerAttention::Global => None,
+            LayerAttention::Sliding { window } => Some(window),
+        }
+    }
+
+    /// Whether a query at `q_pos` may see a key at `k_pos` under this geometry (causality included).
+    #[inline]
+    pub fn sees(self, q_pos: usize, k_pos: usize) -> bool {
+        k_pos <= q_pos && self.window().is_none_or(|w| q_pos - k_pos < w)
+    }
+}
+
+/// The feed-forward activation of the gated MLP: `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FfnActivation {
+    /// SiLU (SwiGLU): Llama, Mistral, Qwen, Phi-3.
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`): Gemma.
+    GeluTanh,
+}
+
 /// The shape of a Llama-family decoder.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -165,9 +223,46 @@ pub struct ModelConfig {
     /// transformers' `attention_scaling` on cos/sin); 1 for every other RoPE.
     pub rope_attn_factor: f32,
     pub tied_embeddings: bool,
+    /// Each layer's attention geometry (`num_layers` entries).
+    pub layers: Vec<LayerAttention>,
+    /// RoPE of the sliding layers where it differs from [`ModelConfig::rope`] (Gemma 3's
+    /// `rope_local_base_freq`); `None`: every layer rotates with `rope`.
+    pub rope_local: Option<RopeConfig>,
+    /// Gemma's block: a norm after attention and one after the MLP (`post_attention_layernorm`,
+    /// `post_feedforward_layernorm`) besides the two before them.
+    pub sandwich_norms: bool,
+    /// Factor on the token embeddings (Gemma: √hidden, rounded to the embedding's dtype as
+    /// transformers computes it); 1 for the others.
+    pub embed_scale: f32,
+    /// The gated MLP's activation.
+    pub ffn_act: FfnActivation,
+    /// Factor on `q·k` (`1/√head_dim`, or Gemma's `query_pre_attn_scalar^-1/2`).
+    pub attn_scale: f32,
+    /// Gemma 2's attention softcapping: each scaled score `s` becomes `cap · tanh(s / cap)`.
+    pub attn_softcap: Option<f32>,
+    /// Gemma 2's final-logit softcapping: each logit `l` becomes `cap · tanh(l / cap)`.
+    pub final_softcap: Option<f32>,
 }
 
 impl ModelConfig {
+    /// The attention geometry of layer `li`.
+    pub fn layer_attention(&self, li: usize) -> LayerAttention {
+        self.layers.get(li).copied().unwrap_or(LayerAttention::Global)
+    }
+
+    /// The RoPE layer `li` rotates its queries and keys with (and that moving its cached keys uses).
+    pub fn layer_rope(&self, li: usize) -> &RopeConfig {
+        match (&self.rope_local, self.layer_attention(li)) {
+            (Some(local), LayerAttention::Sliding { .. }) => local,
+            _ => &self.rope,
+        }
+    }
+
+    /// Whether any layer is sliding.
+    pub fn has_sliding_layers(&self) -> bool {
+        self.layers.iter().any(|l| l.window().is_some())
+    }
+
     /// Width of one token's keys (or values) in one layer: `num_kv_heads * head_dim`.
     pub fn kv_width(&self) -> usize {
         self.num_kv_heads * self.head_dim
@@ -209,6 +304,28 @@ impl ModelConfig {
                 "rope",
                 format!("{} rotated dimensions for head_dim {} (expected 2..=head_dim)", self.rope.rotary_dim(), self.head_dim),
             ));
+        }
+        if let Some(local) = &self.rope_local {
+            if local.inv_freq.is_empty() || local.rotary_dim() > self.head_dim {
+                return Err(config_err(
+                    file,
+                    "rope (sliding layers)",
+                    format!("{} rotated dimensions for head_dim {}", local.rotary_dim(), self.head_dim),
+                ));
+            }
+        }
+        if self.layers.len() != self.num_layers {
+            return Err(config_err(file, "layer_types", format!("{} layer kinds for {} layers", self.layers.len(), self.num_layers)));
+        }
+        if self.layers.iter().any(|l| l.window() == Some(0)) {
+            return Err(config_err(file, "sliding_window", "must be greater than zero"));
+        }
+        let positive = |x: f32| x > 0.0 && x.is_finite();
+        if !positive(self.attn_scale) || !positive(self.embed_scale) {
+            return Err(config_err(file, "attention / embedding scale", "must be positive"));
+        }
+        if [self.attn_softcap, self.final_softcap].iter().flatten().any(|&c| !positive(c)) {
+            return Err(config_err(file, "softcapping", "must be positive"));
         }
         if self.rope_attn_factor.is_nan() || self.rope_attn_factor <= 0.0 {
             return Err(config_err(file, "rope attention factor", "must be positive"));

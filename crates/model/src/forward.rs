@@ -8,17 +8,22 @@
 //! Data flow per layer (rows = all tokens of the step):
 //! `x -> rms_norm -> q,k,v (+bias) -> (per-head q/k rms_norm) -> rope ->
 //! kv.write -> attention over kv -> o_proj -> +x -> rms_norm -> gate,up ->
-//! swiglu -> down -> +x`. The q/k norm is Qwen3's; Phi-3's fused projections
-//! arrive here already split (`Weight::split_rows`), and its partial rotary
-//! is the RoPE table's width.
+//! swiglu -> down -> +x`. The q/k norm is Qwen3's and Gemma's; Phi-3's fused
+//! projections arrive here already split (`Weight::split_rows`), and its
+//! partial rotary is the RoPE table's width. Gemma scales the embeddings,
+//! rotates sliding layers with their own RoPE table, norms the attention and
+//! MLP outputs before each residual add (`sandwich_norms`) and gates with
+//! GELU-tanh; a sliding layer's attention sees only its window (`attention.rs`);
+//! Gemma 2 softcaps the attention scores and the final logits (`cap·tanh(x/cap)`).
 
 use rayon::prelude::*;
 
-use crate::attention::{attend, AttnTask};
+use crate::attention::{attend_layer, AttnTask, LayerScoring};
+use crate::config::FfnActivation;
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
-use crate::ops::{add_bias, add_in_place, rms_norm, rms_norm_in_place, swiglu};
+use crate::ops::{add_bias, add_in_place, geglu_tanh, rms_norm, rms_norm_in_place, swiglu};
 use crate::rope::{self, RopeTable};
 use crate::view::KeyMask;
 use engram_kernels::{matmul, matmul_multi};
@@ -124,7 +129,11 @@ impl Model {
         let mut row = 0;
         for s in seqs.iter() {
             for &t in s.tokens {
-                w.embed.row_f32(t as usize, &mut x[row * h..(row + 1) * h]);
+                let xr = &mut x[row * h..(row + 1) * h];
+                w.embed.row_f32(t as usize, xr);
+                if c.embed_scale != 1.0 {
+                    xr.iter_mut().for_each(|v| *v *= c.embed_scale);
+                }
                 row += 1;
             }
         }
@@ -135,6 +144,8 @@ impl Model {
         }
         let positions: Vec<Vec<u32>> = seqs.iter().map(|s| s.token_positions()).collect();
         let table = RopeTable::new(&c.rope, positions.iter().flatten().map(|&p| p as usize)).scaled(c.rope_attn_factor);
+        let table_local =
+            c.rope_local.as_ref().map(|r| RopeTable::new(r, positions.iter().flatten().map(|&p| p as usize)).scaled(c.rope_attn_factor));
 
         let mut xn = vec![0.0f32; total * h];
         let mut q = vec![0.0f32; total * qw];
@@ -165,8 +176,13 @@ impl Model {
             if let Some(w) = &lw.k_norm {
                 rms_norm_in_place(&mut k, w, c.rms_eps);
             }
-            rope::apply(c.rope.style, &table, &mut q, c.head_dim);
-            rope::apply(c.rope.style, &table, &mut k, c.head_dim);
+            let geometry = c.layer_attention(li);
+            let table = match (&table_local, geometry.window()) {
+                (Some(local), Some(_)) => local,
+                _ => &table,
+            };
+            rope::apply(c.rope.style, table, &mut q, c.head_dim);
+            rope::apply(c.rope.style, table, &mut k, c.head_dim);
 
             let mut row0 = 0;
             for s in seqs.iter_mut() {
@@ -178,6 +194,7 @@ impl Model {
                 return Ok(Vec::new());
             }
 
+            let scoring = LayerScoring { scale: c.attn_scale, geometry, softcap: c.attn_softcap };
             // One task per (sequence, kv head): disjoint outputs, shared read-only caches.
             let mut tasks = Vec::new();
             let mut row0 = 0;
@@ -203,7 +220,7 @@ impl Model {
                 }
                 row0 += n;
             }
-            let outs: Vec<Vec<f32>> = engram_kernels::pool().install(|| tasks.par_iter().map(|(_, t)| attend(t)).collect());
+            let outs: Vec<Vec<f32>> = engram_kernels::pool().install(|| tasks.par_iter().map(|(_, t)| attend_layer(t, scoring)).collect());
             for ((row0, t), out) in tasks.iter().zip(outs) {
                 let span = t.group * t.head_dim;
                 for qi in 0..t.num_queries {
@@ -221,11 +238,20 @@ impl Model {
             }
 
             matmul(&lw.o.matrix(), &attn, total, &mut proj);
+            if let Some(w) = &lw.post_attn_norm {
+                rms_norm_in_place(&mut proj, w, c.rms_eps);
+            }
             add_in_place(&mut x, &proj);
             rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut xn);
             matmul_multi(&[&lw.gate.matrix(), &lw.up.matrix()], &xn, total, &mut [&mut gate, &mut up]);
-            swiglu(&mut gate, &up);
+            match c.ffn_act {
+                FfnActivation::Silu => swiglu(&mut gate, &up),
+                FfnActivation::GeluTanh => geglu_tanh(&mut gate, &up),
+            }
             matmul(&lw.down.matrix(), &gate, total, &mut proj);
+            if let Some(w) = &lw.post_ffn_norm {
+                rms_norm_in_place(&mut proj, w, c.rms_eps);
+            }
             add_in_place(&mut x, &proj);
         }
 
@@ -249,6 +275,9 @@ impl Model {
             }
             logits_all = vec![0.0f32; want.len() * c.vocab];
             matmul(&w.output.matrix(), &sel, want.len(), &mut logits_all);
+            if let Some(cap) = c.final_softcap {
+                logits_all.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+            }
         }
         let mut out = Vec::with_capacity(seqs.len());
         let (mut cursor, mut row0) = (0, 0);

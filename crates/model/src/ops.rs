@@ -62,6 +62,16 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `gate = gelu_tanh(gate) * up` in place (Gemma's gated MLP; transformers'
+/// `gelu_pytorch_tanh`: `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`).
+pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()) * u;
+    }
+}
+
 /// `x += y`.
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {

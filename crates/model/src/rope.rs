@@ -5,7 +5,28 @@
 //! Invariant: rotating by position `p` then by `q` equals rotating by `p + q`
 //! up to float rounding; the KV store relies on this to move cached keys.
 
-use crate::config::{RopeConfig, RopeStyle};
+use crate::config::{ModelConfig, RopeConfig, RopeStyle};
+
+/// The RoPE each layer's keys were rotated with, for moving cached keys: one [`RopeConfig`]
+/// for every layer, or a [`ModelConfig`]'s per-layer choice (Gemma 3's sliding layers use
+/// their own base). Invariant: `rope_of(layer)` is the table the forward pass rotated that
+/// layer's keys with (for a `RopeConfig`, only true of models with one RoPE).
+pub trait LayerRopes {
+    /// The RoPE of `layer`.
+    fn rope_of(&self, layer: usize) -> &RopeConfig;
+}
+
+impl LayerRopes for RopeConfig {
+    fn rope_of(&self, _layer: usize) -> &RopeConfig {
+        self
+    }
+}
+
+impl LayerRopes for ModelConfig {
+    fn rope_of(&self, layer: usize) -> &RopeConfig {
+        self.layer_rope(layer)
+    }
+}
 
 /// `cos`/`sin` of `pos * inv_freq[i]` for each pair, for a list of positions.
 pub struct RopeTable {

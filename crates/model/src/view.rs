@@ -9,8 +9,9 @@
 //!
 //! Invariant (the view contract): a query row at position `p` attends exactly to the keys
 //! the view yields for its KV head whose position is `<= p`, whose chunk mask is set, and
-//! whose bit in the step's [`KeyMask`] row (if any) is set — whatever order the chunks come
-//! in and however they are split.
+//! whose bit in the step's [`KeyMask`] row (if any) is set, and, in a sliding layer of window
+//! `W`, whose position is `> p - W` — whatever order the chunks come in and however they
+//! are split.
 
 /// What one attention task reads: one layer, one KV head, the task's queries.
 ///
@@ -20,7 +21,8 @@
 pub struct KvRead<'a> {
     pub layer: usize,
     pub kv_head: usize,
-    /// `[query tokens × group, head_dim]`, rotated and scaled by `1/√head_dim`: row
+    /// `[query tokens × group, head_dim]`, rotated and scaled by the model's attention scale
+    /// (`1/√head_dim` unless the model says otherwise): row
     /// `t * group + j` is query token `t`'s `j`-th head of this KV head's group.
     pub queries: &'a [f32],
     /// Query heads per KV head.

@@ -161,7 +161,12 @@ pub struct LayerWeights {
     /// The key side of `q_norm`.
     pub k_norm: Option<Vec<f32>>,
     pub o: Weight,
+    /// Gemma's norm of the attention output before the residual add (`post_attention_layernorm`).
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// The norm before the MLP (Gemma's `pre_feedforward_layernorm`, Llama's `post_attention_layernorm`).
     pub ffn_norm: Vec<f32>,
+    /// Gemma's norm of the MLP output before the residual add (`post_feedforward_layernorm`).
+    pub post_ffn_norm: Option<Vec<f32>>,
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,

@@ -22,11 +22,15 @@ fn fixture(shape: Shape) -> &'static FixtureFiles {
     static QWEN2: OnceLock<(tempfile::TempDir, FixtureFiles)> = OnceLock::new();
     static QWEN3: OnceLock<(tempfile::TempDir, FixtureFiles)> = OnceLock::new();
     static PHI3: OnceLock<(tempfile::TempDir, FixtureFiles)> = OnceLock::new();
+    static GEMMA3: OnceLock<(tempfile::TempDir, FixtureFiles)> = OnceLock::new();
+    static GEMMA2: OnceLock<(tempfile::TempDir, FixtureFiles)> = OnceLock::new();
     let cell = match shape {
         Shape::Tiny => &TINY,
         Shape::TinyQwen2 => &QWEN2,
         Shape::TinyQwen3 => &QWEN3,
         Shape::TinyPhi3 => &PHI3,
+        Shape::TinyGemma3 => &GEMMA3,
+        Shape::TinyGemma2 => &GEMMA2,
         other => panic!("no fixture cell for {other:?}"),
     };
     &cell
@@ -72,7 +76,7 @@ const MAY_DIFFER: [&str; 2] = ["general.name", "tokenizer.ggml.padding_token_id"
 #[test]
 fn converted_fixture_folders_hold_the_fixture_gguf_tensors_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
-    for shape in [Shape::Tiny, Shape::TinyQwen2, Shape::TinyQwen3, Shape::TinyPhi3] {
+    for shape in [Shape::Tiny, Shape::TinyQwen2, Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3, Shape::TinyGemma2] {
         let files = fixture(shape);
         for format in GgufFormat::DEFAULT {
             let ours = GgufFile::open(&convert(&files.hf_dir, format.name(), dir.path())).unwrap();

@@ -8,6 +8,7 @@ mod keep_slots;
 mod persist;
 mod pool;
 mod shift;
+mod sliding;
 mod views;
 mod views_model;
 mod window;

@@ -1,5 +1,5 @@
 //! GGUF files (v2/v3) as llama.cpp writes them: architecture `llama`,
-//! `mistral`, `qwen2`, `qwen3` or `phi3`; tensors of every format `engram_kernels::DType`
+//! `mistral`, `qwen2`, `qwen3`, `phi3`, `gemma2` or `gemma3`; tensors of every format `engram_kernels::DType`
 //! computes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K,
 //! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) used in place from the file mapping (any
 //! other ggml type is an error naming it, its id and the tensor); the tokenizer and chat template from
@@ -11,6 +11,11 @@
 //! than copying the weights back. `qwen2`, `qwen3` and `phi3` files are not
 //! permuted (NEOX). `phi3` files keep q/k/v fused in `attn_qkv` and gate/up in
 //! `ffn_up` (gate first); both are split into views of the mapping at load.
+//! `gemma2` / `gemma3` files store the norm weights as `1 + w` already (the
+//! converter adds the one), so they are used as stored; the layer pattern, the
+//! sliding layers' RoPE base and the attention scale follow llama.cpp's
+//! defaults where the file is silent (Gemma 3: every 6th layer global, base
+//! 10000; Gemma 2: alternating, window 4096, one base; `1/√key_length`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,7 +25,7 @@ use engram_kernels::DType;
 use engram_tokenizer::{GgufVocab, Tokenizer};
 
 use super::Loaded;
-use crate::config::{Arch, ModelConfig, RopeConfig, RopeStyle};
+use crate::config::{Arch, FfnActivation, LayerAttention, ModelConfig, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
 use crate::weights::{LayerWeights, ModelWeights, Storage, Weight};
 
@@ -118,6 +123,53 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
             ));
         }
     }
+    let num_layers = f.get_u64(&key("block_count"))? as usize;
+    let window = f.get_u64_opt(&key("attention.sliding_window"))?.unwrap_or(0) as usize;
+    let mut layers = vec![LayerAttention::Global; num_layers];
+    let mut rope_local = None;
+    let gemma = arch.is_gemma();
+    let (mut attn_softcap, mut final_softcap) = (None, None);
+    // llama.cpp reads `mistral` files' window as a window over every layer.
+    if arch == Arch::Mistral && window > 0 && window < max_positions {
+        layers = vec![LayerAttention::Sliding { window }; num_layers];
+    }
+    if arch == Arch::Gemma2 {
+        // llama.cpp: a window of 4096 unless the file says, every other layer, softcapping.
+        let window = if window > 0 { window } else { 4096 };
+        let n = f.get_u64_opt(&key("attention.sliding_window_pattern"))?.unwrap_or(2) as usize;
+        layers = (0..num_layers)
+            .map(|il| if n == 0 || il % n < n - 1 { LayerAttention::Sliding { window } } else { LayerAttention::Global })
+            .collect();
+        attn_softcap = f.get_f32_opt(&key("attn_logit_softcapping"))?.filter(|&c| c > 0.0);
+        final_softcap = f.get_f32_opt(&key("final_logit_softcapping"))?.filter(|&c| c > 0.0);
+        if let Some(t) = f.get_f32_opt(&key("rope.freq_base_swa"))?.filter(|&t| t != theta) {
+            rope_local = Some(RopeConfig {
+                theta: t,
+                style: RopeStyle::Neox,
+                inv_freq: RopeConfig::base_inv_freq(t, rotary_dim),
+                scaling: "none".into(),
+            });
+        }
+    }
+    if arch == Arch::Gemma3 {
+        if window > 0 {
+            // llama.cpp's `load_swa_pattern(ml, 6)`: layer `il` slides when `il % n < n - 1`.
+            let n = f.get_u64_opt(&key("attention.sliding_window_pattern"))?.unwrap_or(6) as usize;
+            layers = (0..num_layers)
+                .map(|il| if n == 0 || il % n < n - 1 { LayerAttention::Sliding { window } } else { LayerAttention::Global })
+                .collect();
+        }
+        if let Some(cap) = f.get_f32_opt(&key("final_logit_softcapping"))?.filter(|&c| c > 0.0) {
+            return Err(config_err(label, &key("final_logit_softcapping"), format!("softcapping ({cap}) is not supported for gemma3")));
+        }
+        let local_theta = f.get_f32_opt(&key("rope.freq_base_swa"))?.unwrap_or(10000.0);
+        rope_local = Some(RopeConfig {
+            theta: local_theta,
+            style: RopeStyle::Neox,
+            inv_freq: RopeConfig::base_inv_freq(local_theta, rotary_dim),
+            scaling: "none".into(),
+        });
+    }
     let vocab = match f.get_u64_opt(&key("vocab_size"))? {
         Some(v) => v as usize,
         None => f
@@ -127,11 +179,20 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
             .ok_or_else(|| tensor_err(label, "token_embd.weight", "missing"))? as usize,
     };
     // llama.cpp's LLAMA_ROPE_TYPE_NEOX architectures among ours.
-    let style = if matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3) { RopeStyle::Neox } else { RopeStyle::Interleaved };
+    let style = if matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Gemma2 | Arch::Gemma3) {
+        RopeStyle::Neox
+    } else {
+        RopeStyle::Interleaved
+    };
+    // llama.cpp's Gemma attention scale: `1/√key_length`, but `1/√(hidden / heads)` for the
+    // 27B models (62 layers for Gemma 3, 46 for Gemma 2: their `query_pre_attn_scalar`),
+    // which GGUF does not carry.
+    let big = (arch == Arch::Gemma3 && num_layers == 62) || (arch == Arch::Gemma2 && num_layers == 46);
+    let attn_scale = if big && num_heads > 0 { 1.0 / ((hidden / num_heads) as f32).sqrt() } else { 1.0 / (head_dim as f32).sqrt() };
     let config = ModelConfig {
         arch,
         hidden,
-        num_layers: f.get_u64(&key("block_count"))? as usize,
+        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
@@ -144,6 +205,15 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
         qk_norm: f.header().tensor("blk.0.attn_q_norm.weight").is_some(),
         rope_attn_factor,
         tied_embeddings: f.header().tensor("output.weight").is_none(),
+        layers,
+        rope_local,
+        sandwich_norms: gemma,
+        // llama.cpp: `ggml_scale(inpL, sqrtf(n_embd))`.
+        embed_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
+        ffn_act: if gemma { FfnActivation::GeluTanh } else { FfnActivation::Silu },
+        attn_scale,
+        attn_softcap,
+        final_softcap,
     };
     config.validate(label)?;
     Ok(config)
@@ -284,7 +354,9 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
             q_norm: norm("attn_q_norm.weight")?,
             k_norm: norm("attn_k_norm.weight")?,
             o: matrix(&n("attn_output.weight"), c.hidden, c.q_width())?,
+            post_attn_norm: if c.sandwich_norms { Some(vector(&n("post_attention_norm.weight"), c.hidden)?) } else { None },
             ffn_norm: vector(&n("ffn_norm.weight"), c.hidden)?,
+            post_ffn_norm: if c.sandwich_norms { Some(vector(&n("post_ffw_norm.weight"), c.hidden)?) } else { None },
             gate,
             up,
             down: matrix(&n("ffn_down.weight"), c.hidden, c.ffn)?,

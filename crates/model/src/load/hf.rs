@@ -13,7 +13,7 @@ use safetensors::SafeTensors;
 use serde_json::Value as Json;
 
 use super::Loaded;
-use crate::config::{Arch, Llama3Scaling, ModelConfig, RopeConfig, RopeStyle};
+use crate::config::{Arch, FfnActivation, LayerAttention, Llama3Scaling, ModelConfig, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
 use crate::weights::{LayerWeights, ModelWeights, Storage, Weight};
 
@@ -23,10 +23,16 @@ pub fn load_hf(dir: &Path) -> Result<Loaded> {
     let config_text = read(&config_path)?;
     let file = config_path.display().to_string();
     let json: Json = serde_json::from_str(&config_text).map_err(|e| config_err(&file, "(json)", e.to_string()))?;
-    let config = parse_config(&json, &file)?;
+    let mut config = parse_config(&json, &file)?;
     let tokenizer = engram_tokenizer::Tokenizer::from_hf_dir(dir)?;
     let tensors = TensorSet::open(dir)?;
     let weights = build_weights(&config, &tensors)?;
+    // transformers multiplies the embeddings by the scale cast to their dtype.
+    config.embed_scale = match weights.embed.dtype {
+        DType::BF16 => half::bf16::from_f32(config.embed_scale).to_f32(),
+        DType::F16 => half::f16::from_f32(config.embed_scale).to_f32(),
+        _ => config.embed_scale,
+    };
     let mut identity = config_text.into_bytes();
     identity.extend_from_slice(&tensors.identity);
     Ok(Loaded { config, weights, tokenizer, source: format!("hf:{}", dir.display()), identity })
@@ -61,6 +67,14 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
     let model_type = j.get("model_type").and_then(|v| v.as_str()).unwrap_or("llama");
     let arch =
         Arch::parse(model_type).ok_or_else(|| ModelError::UnsupportedArch { file: file.to_string(), arch: model_type.to_string() })?;
+    if model_type == "gemma3" {
+        // Gemma3ForConditionalGeneration: the text model sits under `text_config` beside a vision tower.
+        return Err(config_err(
+            file,
+            "model_type",
+            "\"gemma3\" is the multimodal Gemma 3 (Gemma3ForConditionalGeneration), which is not supported; the text-only checkpoints (\"gemma3_text\", Gemma3ForCausalLM) are",
+        ));
+    }
     let hidden = req_usize(j, file, "hidden_size")?;
     let num_heads = req_usize(j, file, "num_attention_heads")?;
     let num_kv_heads = get_usize(j, file, "num_key_value_heads")?.unwrap_or(num_heads);
@@ -72,7 +86,13 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
     let mut max_positions = get_usize(j, file, "max_position_embeddings")?.unwrap_or(4096);
     // transformers 5 writes `rope_theta`, `partial_rotary_factor` and the scaling into
     // `rope_parameters`; older files keep them at the top level and in `rope_scaling`.
-    let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
+    // Gemma 3 keeps one set per layer kind: `full_attention` (global layers) and
+    // `sliding_attention`; older Gemma 3 files say `rope_local_base_freq` for the latter.
+    let rope_by_kind = j.get("rope_parameters").filter(|v| v.get("full_attention").is_some_and(|f| f.is_object()));
+    let rope_params = match rope_by_kind {
+        Some(r) => r.get("full_attention"),
+        None => j.get("rope_parameters").filter(|v| v.is_object()),
+    };
     let theta = match (get_f32(j, file, "rope_theta")?, rope_params) {
         (Some(t), _) => t,
         (None, Some(r)) => get_f32(r, file, "rope_theta")?.unwrap_or(10000.0),
@@ -166,6 +186,8 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         return Err(config_err(file, "attention_bias", format!("attention biases are not supported for {}", arch.name())));
     }
     let sliding = get_usize(j, file, "sliding_window")?;
+    let num_layers = req_usize(j, file, "num_hidden_layers")?;
+    let mut layers = vec![LayerAttention::Global; num_layers];
     match arch {
         Arch::Qwen3 if j.get("use_sliding_window").and_then(|v| v.as_bool()).unwrap_or(false) => {
             return Err(config_err(file, "use_sliding_window", "sliding-window attention is not supported for qwen3"));
@@ -181,12 +203,82 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
                 ),
             ));
         }
+        // transformers' Mistral applies `sliding_window` to every layer whenever it is set; a
+        // window as long as the context changes nothing, so it stays global.
+        Arch::Mistral => {
+            if let Some(w) = sliding.filter(|&w| w < max_positions) {
+                layers = vec![LayerAttention::Sliding { window: w }; num_layers];
+            }
+        }
+        // Gemma 3: five local layers to one global; Gemma 2: alternating, local first.
+        Arch::Gemma3 => layers = gemma_layers(j, file, num_layers, sliding, 6)?,
+        Arch::Gemma2 => layers = gemma_layers(j, file, num_layers, sliding.or(Some(4096)), 2)?,
         _ => {}
     }
+    let gemma = arch.is_gemma();
+    let mut rope_local = None;
+    let (mut attn_softcap, mut final_softcap) = (None, None);
+    if arch == Arch::Gemma3 {
+        for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+            if let Some(v) = get_f32(j, file, key)? {
+                return Err(config_err(file, key, format!("softcapping ({v}) is not supported for gemma3")));
+            }
+        }
+    }
+    if arch == Arch::Gemma2 {
+        // Gemma2Config's defaults (50, 30) where the file is silent; `null` turns one off.
+        let cap = |key: &str, default: f32| -> Result<Option<f32>> {
+            match j.get(key) {
+                None => Ok(Some(default)),
+                Some(_) => get_f32(j, file, key),
+            }
+        };
+        attn_softcap = cap("attn_logit_softcapping", 50.0)?;
+        final_softcap = cap("final_logit_softcapping", 30.0)?;
+    }
+    if gemma {
+        let act = j.get("hidden_activation").or_else(|| j.get("hidden_act")).and_then(|v| v.as_str()).unwrap_or("gelu_pytorch_tanh");
+        if !matches!(act, "gelu_pytorch_tanh" | "gelu_tanh") {
+            return Err(config_err(file, "hidden_activation", format!("\"{act}\" is not supported (gelu_pytorch_tanh)")));
+        }
+        if attention_bias {
+            return Err(config_err(file, "attention_bias", format!("attention biases are not supported for {}", arch.name())));
+        }
+        // The sliding layers' RoPE: plain, at their own base.
+        let local = rope_by_kind.and_then(|r| r.get("sliding_attention")).filter(|v| v.is_object());
+        let local_base = get_f32(j, file, "rope_local_base_freq")?;
+        if let Some(kind) = local.and_then(|l| l.get("rope_type")).and_then(|v| v.as_str()) {
+            if kind != "default" {
+                return Err(config_err(
+                    file,
+                    "rope_parameters.sliding_attention.rope_type",
+                    format!("\"{kind}\" is not supported (default)"),
+                ));
+            }
+        }
+        let local_theta = match local {
+            Some(l) => get_f32(l, file, "rope_theta")?,
+            None => local_base,
+        };
+        // Gemma 3 defaults its local base to 10000; Gemma 2 has one RoPE for every layer.
+        let local_theta = if arch == Arch::Gemma3 { Some(local_theta.unwrap_or(10000.0)) } else { local_theta };
+        rope_local = local_theta.map(|t| RopeConfig {
+            theta: t,
+            style: RopeStyle::Neox,
+            inv_freq: RopeConfig::base_inv_freq(t, rotary_dim),
+            scaling: "none".into(),
+        });
+    }
+    let attn_scale = match get_f32(j, file, "query_pre_attn_scalar")? {
+        // transformers: `query_pre_attn_scalar ** -0.5` in Python floats (Gemma 2's default 256).
+        Some(s) if gemma => (s as f64).powf(-0.5) as f32,
+        None if arch == Arch::Gemma2 => 1.0 / 16.0,
+        _ => 1.0 / (head_dim as f32).sqrt(),
+    };
     let config = ModelConfig {
         arch,
         hidden,
-        num_layers: req_usize(j, file, "num_hidden_layers")?,
+        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
@@ -196,12 +288,53 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         rope: RopeConfig { theta, style: RopeStyle::Neox, inv_freq, scaling },
         max_positions,
         qkv_bias: arch == Arch::Qwen2 || attention_bias,
-        qk_norm: arch == Arch::Qwen3,
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
         rope_attn_factor,
-        tied_embeddings: j.get("tie_word_embeddings").and_then(|v| v.as_bool()).unwrap_or(false),
+        // Gemma ties its embeddings unless told otherwise (Gemma3TextConfig's default).
+        tied_embeddings: j.get("tie_word_embeddings").and_then(|v| v.as_bool()).unwrap_or(gemma),
+        layers,
+        rope_local,
+        sandwich_norms: gemma,
+        // transformers: `hidden_size ** 0.5` as an f32 tensor (rounded to the embedding's
+        // dtype at load, `load_hf`).
+        embed_scale: if gemma { (hidden as f64).sqrt() as f32 } else { 1.0 },
+        ffn_act: if gemma { FfnActivation::GeluTanh } else { FfnActivation::Silu },
+        attn_scale,
+        attn_softcap,
+        final_softcap,
     };
     config.validate(file)?;
     Ok(config)
+}
+
+/// Gemma's layer kinds: `layer_types` where given, else every `sliding_window_pattern`-th
+/// layer global (transformers: layer `i` slides unless `(i + 1) % pattern == 0`; Gemma 3's
+/// default 6, Gemma 2's fixed 2).
+fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>, default_pattern: usize) -> Result<Vec<LayerAttention>> {
+    let window = sliding.ok_or_else(|| config_err(file, "sliding_window", "missing (gemma3 needs it)"))?;
+    let slide = LayerAttention::Sliding { window };
+    if let Some(kinds) = j.get("layer_types").filter(|v| !v.is_null()) {
+        let kinds = kinds.as_array().ok_or_else(|| config_err(file, "layer_types", "expected a list"))?;
+        if kinds.len() != num_layers {
+            return Err(config_err(file, "layer_types", format!("{} entries for {num_layers} layers", kinds.len())));
+        }
+        return kinds
+            .iter()
+            .map(|k| match k.as_str() {
+                Some("sliding_attention") => Ok(slide),
+                Some("full_attention") => Ok(LayerAttention::Global),
+                _ => Err(config_err(file, "layer_types", format!("{k} is not supported (sliding_attention, full_attention)"))),
+            })
+            .collect();
+    }
+    let pattern = match get_usize(j, file, "sliding_window_pattern")? {
+        Some(p) => p,
+        None => get_usize(j, file, "_sliding_window_pattern")?.unwrap_or(default_pattern),
+    };
+    if pattern == 0 {
+        return Err(config_err(file, "sliding_window_pattern", "must be greater than zero"));
+    }
+    Ok((0..num_layers).map(|i| if (i + 1) % pattern == 0 { LayerAttention::Global } else { slide }).collect())
 }
 
 /// The union of the safetensors files of a folder, by tensor name.
@@ -300,6 +433,14 @@ impl TensorSet {
 }
 
 fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
+    // Gemma's RMSNorm multiplies by `1 + w` (in f32, as transformers' Gemma3RMSNorm); the
+    // stored `w` becomes `1 + w` here, as llama.cpp's converter writes it into GGUF files.
+    let gemma_norm = |mut w: Vec<f32>| -> Vec<f32> {
+        if c.sandwich_norms {
+            w.iter_mut().for_each(|x| *x += 1.0);
+        }
+        w
+    };
     let embed = t.get("model.embed_tokens.weight", &[c.vocab, c.hidden])?;
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
@@ -314,11 +455,12 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
         };
         let norm = |n: &str| -> Result<Option<Vec<f32>>> {
             if c.qk_norm {
-                Ok(Some(t.vector(&format!("{p}.self_attn.{n}.weight"), c.head_dim)?))
+                Ok(Some(gemma_norm(t.vector(&format!("{p}.self_attn.{n}.weight"), c.head_dim)?)))
             } else {
                 Ok(None)
             }
         };
+        let block_norm = |n: &str| -> Result<Vec<f32>> { Ok(gemma_norm(t.vector(&format!("{p}.{n}.weight"), c.hidden)?)) };
         // Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (gate first).
         let (q, k, v, gate, up) = if c.arch == Arch::Phi3 {
             let [q, k, v]: [Weight; 3] = t
@@ -339,8 +481,19 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
                 t.get(&format!("{p}.mlp.up_proj.weight"), &[c.ffn, c.hidden])?,
             )
         };
+        // Gemma's `post_attention_layernorm` norms the attention output; its MLP's input norm
+        // is `pre_feedforward_layernorm` (Llama's is `post_attention_layernorm`).
+        let (post_attn_norm, ffn_norm, post_ffn_norm) = if c.sandwich_norms {
+            (
+                Some(block_norm("post_attention_layernorm")?),
+                block_norm("pre_feedforward_layernorm")?,
+                Some(block_norm("post_feedforward_layernorm")?),
+            )
+        } else {
+            (None, block_norm("post_attention_layernorm")?, None)
+        };
         layers.push(LayerWeights {
-            attn_norm: t.vector(&format!("{p}.input_layernorm.weight"), c.hidden)?,
+            attn_norm: block_norm("input_layernorm")?,
             q,
             k,
             v,
@@ -350,13 +503,15 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
             q_norm: norm("q_norm")?,
             k_norm: norm("k_norm")?,
             o: t.get(&format!("{p}.self_attn.o_proj.weight"), &[c.hidden, c.q_width()])?,
-            ffn_norm: t.vector(&format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
+            post_attn_norm,
+            ffn_norm,
+            post_ffn_norm,
             gate,
             up,
             down: t.get(&format!("{p}.mlp.down_proj.weight"), &[c.hidden, c.ffn])?,
         });
     }
-    let final_norm = t.vector("model.norm.weight", c.hidden)?;
+    let final_norm = gemma_norm(t.vector("model.norm.weight", c.hidden)?);
     let (output, embed) = if t.has("lm_head.weight") {
         (t.get("lm_head.weight", &[c.vocab, c.hidden])?, embed.for_row_lookup())
     } else {
@@ -408,5 +563,90 @@ mod tests {
         let v5 = text.replace("\"rope_scaling\"", "\"rope_parameters\"").replace("\"type\": \"longrope\"", "\"rope_type\": \"longrope\"");
         let c5 = parse_config(&serde_json::from_str(&v5).unwrap(), "config.json").unwrap();
         assert_eq!((c5.rope.rotary_dim(), c5.max_positions, c5.rope_attn_factor), (96, 4096, c.rope_attn_factor));
+    }
+
+    /// Gemma-2-2b's `config.json`: alternating sliding (4096) and global layers under one
+    /// RoPE, softcapping 50 / 30, `query_pre_attn_scalar` 256, no q/k norms.
+    #[test]
+    fn a_gemma2_2b_config_alternates_and_softcaps() {
+        let text = r#"{"architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_size": 2304, "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2",
+            "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4, "query_pre_attn_scalar": 256,
+            "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "vocab_size": 256000}"#;
+        let c = parse_config(&serde_json::from_str(text).unwrap(), "config.json").unwrap();
+        assert_eq!((c.arch, c.attn_softcap, c.final_softcap, c.attn_scale), (Arch::Gemma2, Some(50.0), Some(30.0), 1.0 / 16.0));
+        assert_eq!((c.layer_attention(0), c.layer_attention(1)), (LayerAttention::Sliding { window: 4096 }, LayerAttention::Global));
+        assert!(c.rope_local.is_none() && !c.qk_norm && c.sandwich_norms && c.tied_embeddings);
+        // A window as long as the context still slides (the file says so); `null` caps are off.
+        let off = text.replace("\"attn_logit_softcapping\": 50.0", "\"attn_logit_softcapping\": null");
+        assert_eq!(parse_config(&serde_json::from_str(&off).unwrap(), "config.json").unwrap().attn_softcap, None);
+    }
+
+    /// Mistral-7B-v0.1's window (4096 of a 32768-token context) slides over every layer;
+    /// v0.3's `null` window leaves them global.
+    #[test]
+    fn a_mistral_7b_v0_1_config_slides_every_layer_over_4096_positions() {
+        let text = r#"{"architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+            "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+            "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+            "sliding_window": 4096, "tie_word_embeddings": false, "vocab_size": 32000}"#;
+        let c = parse_config(&serde_json::from_str(text).unwrap(), "config.json").unwrap();
+        assert_eq!(c.layers, vec![LayerAttention::Sliding { window: 4096 }; 32]);
+        assert!(c.has_sliding_layers() && c.rope_local.is_none());
+        let v03 = text.replace("\"sliding_window\": 4096", "\"sliding_window\": null");
+        let c = parse_config(&serde_json::from_str(&v03).unwrap(), "config.json").unwrap();
+        assert!(!c.has_sliding_layers());
+    }
+
+    /// Gemma-3-1b-it's `config.json` (transformers 4.x spelling): five sliding layers (512) to
+    /// one global, local RoPE base 10000 and global 1e6, `query_pre_attn_scalar` 256, √1152
+    /// on the embeddings, GELU-tanh, tied embeddings; and transformers 5's spelling of the same.
+    #[test]
+    fn a_gemma3_1b_config_has_five_local_layers_to_one_global() {
+        let text = r#"{"architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attn_logit_softcapping": null,
+            "final_logit_softcapping": null, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+            "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+            "num_hidden_layers": 26, "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+            "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512,
+            "sliding_window_pattern": 6, "vocab_size": 262144}"#;
+        let c = parse_config(&serde_json::from_str(text).unwrap(), "config.json").unwrap();
+        assert_eq!(c.arch, Arch::Gemma3);
+        let globals: Vec<usize> = (0..26).filter(|&i| c.layer_attention(i) == LayerAttention::Global).collect();
+        assert_eq!(globals, vec![5, 11, 17, 23]);
+        assert_eq!(c.layer_attention(0), LayerAttention::Sliding { window: 512 });
+        assert_eq!((c.rope.theta, c.layer_rope(0).theta, c.layer_rope(5).theta), (1e6, 1e4, 1e6));
+        assert_eq!((c.attn_scale, c.embed_scale), (1.0 / 16.0, (1152f64).sqrt() as f32));
+        assert!(c.qk_norm && c.sandwich_norms && c.tied_embeddings && c.ffn_act == FfnActivation::GeluTanh);
+        // transformers 5: `rope_parameters` per layer kind and `layer_types`.
+        let mut j: Json = serde_json::from_str(text).unwrap();
+        let o = j.as_object_mut().unwrap();
+        for k in ["rope_local_base_freq", "rope_theta", "rope_scaling", "sliding_window_pattern"] {
+            o.remove(k);
+        }
+        o.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                               "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}),
+        );
+        let kinds: Vec<&str> = (0..26).map(|i| if (i + 1) % 6 == 0 { "full_attention" } else { "sliding_attention" }).collect();
+        o.insert("layer_types".into(), serde_json::json!(kinds));
+        let c5 = parse_config(&j, "config.json").unwrap();
+        assert_eq!((&c5.layers, &c5.rope.inv_freq, &c5.layer_rope(0).inv_freq), (&c.layers, &c.rope.inv_freq, &c.layer_rope(0).inv_freq));
+        // Gemma-3-4B's linear scaling (factor 8) applies to the global layers only; an
+        // unsupported type on them is refused by name.
+        let scaled = text.replace("\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"}");
+        let c4 = parse_config(&serde_json::from_str(&scaled).unwrap(), "config.json").unwrap();
+        assert!(c4.rope.inv_freq.iter().zip(&c.rope.inv_freq).all(|(a, b)| *a == b / 8.0));
+        assert_eq!(c4.layer_rope(0).inv_freq, c.layer_rope(0).inv_freq);
+        let yarn = text.replace("\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"yarn\"}");
+        let e = parse_config(&serde_json::from_str(&yarn).unwrap(), "config.json").unwrap_err().to_string();
+        assert!(e.contains("\"yarn\" is not supported"), "{e}");
+        // What is not implemented is refused by name.
+        for (field, value) in [("final_logit_softcapping", "30.0"), ("hidden_activation", "\"gelu\""), ("model_type", "\"gemma3\"")] {
+            let bad = text.replacen(&format!("\"{field}\": "), &format!("\"{field}\": {value}, \"x_{field}\": "), 1);
+            let e = parse_config(&serde_json::from_str(&bad).unwrap(), "config.json").unwrap_err().to_string();
+            assert!(e.contains(if field == "model_type" { "multimodal" } else { field }), "{field}: {e}");
+        }
     }
 }

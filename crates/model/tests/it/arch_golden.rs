@@ -1,7 +1,12 @@
 //! Parity of the architectures beyond Llama against Hugging Face transformers:
 //! the `tiny-qwen3` fixture (Qwen3ForCausalLM: q/k RMSNorm, head size wider than
 //! hidden / heads, tied embeddings) and `tiny-phi3` (Phi3ForCausalLM: fused
-//! q/k/v and gate/up, partial rotary 0.75, LongRoPE), each run from its Hugging
+//! q/k/v and gate/up, partial rotary 0.75, LongRoPE) and `tiny-gemma3`
+//! (Gemma3ForCausalLM: five layers sliding over a 16-position window to one
+//! global, separate RoPE bases, q/k norms, four block norms, √hidden embedding
+//! scale, GELU-tanh, `query_pre_attn_scalar`) and `tiny-gemma2`
+//! (Gemma2ForCausalLM: alternating sliding and global layers, attention and
+//! final-logit softcapping), each run from its Hugging
 //! Face folder and from the GGUF file `convert_hf` writes from that folder,
 //! against `tests/golden/<shape>.json` (made by `scripts/golden_arch.py`):
 //! the prompt's ids, the last-position logits, the argmax at every one of a few
@@ -16,7 +21,7 @@ use std::sync::OnceLock;
 use crate::common::*;
 use crate::golden::{f32s, fixture_differences, u32s, LOGIT_TOL};
 use engram_fixture::{GgufFormat, Shape};
-use engram_model::{Arch, Model};
+use engram_model::{Arch, LayerAttention, Model};
 use engram_tokenizer::ChatMessage;
 use serde_json::Value;
 
@@ -35,9 +40,13 @@ struct Files {
 fn files(shape: Shape) -> &'static Files {
     static QWEN3: OnceLock<Files> = OnceLock::new();
     static PHI3: OnceLock<Files> = OnceLock::new();
+    static GEMMA3: OnceLock<Files> = OnceLock::new();
+    static GEMMA2: OnceLock<Files> = OnceLock::new();
     let cell = match shape {
         Shape::TinyQwen3 => &QWEN3,
         Shape::TinyPhi3 => &PHI3,
+        Shape::TinyGemma3 => &GEMMA3,
+        Shape::TinyGemma2 => &GEMMA2,
         other => panic!("no golden file for {other:?}"),
     };
     cell.get_or_init(|| {
@@ -78,12 +87,19 @@ fn check_parity(shape: Shape) {
     let ids = u32s(&g["prompt_ids"]);
     assert!(ids.len() >= 200, "the golden prompt has {} tokens; a few hundred are wanted", ids.len());
     for (how, model) in models(shape) {
-        let what = format!("{} {how}", shape.name());
+        check_model(&format!("{} {how}", shape.name()), &model, &g);
+    }
+}
+
+/// One loaded model against a golden file: ids, last-position logits, argmax, greedy.
+fn check_model(what: &str, model: &Model, g: &Value) {
+    let ids = u32s(&g["prompt_ids"]);
+    {
         let ours = model.tokenizer.encode(g["prompt"].as_str().unwrap(), true).unwrap().ids;
         assert_eq!(ours, ids, "{what}: token ids differ from transformers'");
 
         let vocab = model.config.vocab;
-        let all = all_logits(&model, &ids);
+        let all = all_logits(model, &ids);
         let last = &all[(ids.len() - 1) * vocab..];
         let err = rel_err(last, &f32s(&g["last_logits"]));
         eprintln!("{what} vs transformers ({} tokens): max relative last-position logit error {err:.3e}", ids.len());
@@ -104,7 +120,7 @@ fn check_parity(shape: Shape) {
         assert!(bad.is_empty(), "{what}: argmax differs from transformers:\n  {}", bad.join("\n  "));
 
         let want = u32s(&g["greedy_ids"]);
-        let got = greedy(&model, &ids, want.len());
+        let got = greedy(model, &ids, want.len());
         let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         assert_eq!(got, want, "{what}: greedy continuation diverges from transformers after {agree} tokens");
     }
@@ -148,6 +164,113 @@ fn phi3_matches_transformers_from_hf_and_gguf() {
     check_parity(Shape::TinyPhi3);
 }
 
+/// 326 prompt tokens over a 16-position window: every sliding layer's window moves 300 times.
+#[test]
+fn gemma3_matches_transformers_from_hf_and_gguf() {
+    check_parity(Shape::TinyGemma3);
+}
+
+#[test]
+fn gemma3_chat_template_renders_like_transformers() {
+    check_chat(Shape::TinyGemma3);
+}
+
+/// The window is what makes the answer: the same model with every layer global is far from
+/// transformers' logits (and from its own sliding self), from both loaders.
+#[test]
+fn gemma3_without_its_sliding_window_is_another_model() {
+    let g = golden(Shape::TinyGemma3);
+    assert_eq!(g["sliding_window"].as_u64(), Some(16));
+    let ids = u32s(&g["prompt_ids"]);
+    let want = f32s(&g["last_logits"]);
+    for (how, mut model) in models(Shape::TinyGemma3) {
+        let c = &model.config;
+        let sliding = (0..c.num_layers).filter(|&l| c.layer_attention(l).window() == Some(16)).count();
+        assert_eq!((sliding, c.num_layers), (5, 6), "{how}: five sliding layers, one global");
+        let vocab = c.vocab;
+        let with = rel_err(&all_logits(&model, &ids)[(ids.len() - 1) * vocab..], &want);
+        model.config.layers = vec![LayerAttention::Global; model.config.num_layers];
+        let without = rel_err(&all_logits(&model, &ids)[(ids.len() - 1) * vocab..], &want);
+        eprintln!("tiny-gemma3 {how}: last-position error with the window {with:.2e}, with every layer global {without:.2e}");
+        assert!(with < LOGIT_TOL && without > 100.0 * LOGIT_TOL, "{how}: {with:e} / {without:e}");
+    }
+}
+
+#[test]
+fn gemma2_matches_transformers_from_hf_and_gguf() {
+    check_parity(Shape::TinyGemma2);
+}
+
+#[test]
+fn gemma2_chat_template_renders_like_transformers() {
+    check_chat(Shape::TinyGemma2);
+}
+
+/// Each of Gemma 2's three departures from the Llama attention — the window, the attention
+/// softcap, the final softcap — changes the answer: without any one of them the last-position
+/// logits are far from transformers'.
+#[test]
+fn gemma2_without_its_window_or_either_softcap_is_another_model() {
+    let g = golden(Shape::TinyGemma2);
+    let ids = u32s(&g["prompt_ids"]);
+    let want = f32s(&g["last_logits"]);
+    for (how, model) in models(Shape::TinyGemma2) {
+        let c = model.config.clone();
+        assert_eq!((c.attn_softcap, c.final_softcap), (Some(4.0), Some(6.0)), "{how}");
+        assert_eq!(c.layers, [LayerAttention::Sliding { window: 16 }, LayerAttention::Global].repeat(2), "{how}: alternating");
+        let mut model = model;
+        let vocab = c.vocab;
+        let err = |m: &Model| rel_err(&all_logits(m, &ids)[(ids.len() - 1) * vocab..], &want);
+        assert!(err(&model) < LOGIT_TOL, "{how}");
+        type Edit = fn(&mut engram_model::ModelConfig);
+        let edits: [(&str, Edit); 3] = [
+            ("every layer global", |c| c.layers = vec![LayerAttention::Global; c.num_layers]),
+            ("no attention softcap", |c| c.attn_softcap = None),
+            ("no final softcap", |c| c.final_softcap = None),
+        ];
+        for (what, edit) in edits {
+            model.config = c.clone();
+            edit(&mut model.config);
+            let e = err(&model);
+            eprintln!("tiny-gemma2 {how}: {what}: last-position error {e:.2e}");
+            assert!(e > 100.0 * LOGIT_TOL, "{how}: {what} changes nothing ({e:e})");
+        }
+    }
+}
+
+/// `tiny` read as Mistral with a 16-position window over every layer (transformers'
+/// MistralForCausalLM applies `sliding_window` to all layers): equal to transformers over
+/// the 326-token prompt, and far from it with the window ignored. HF folder only: llama.cpp's
+/// converter writes Mistral as `llama` without the window.
+#[test]
+fn mistral_with_its_sliding_window_matches_transformers() {
+    let path = format!("{}/tests/golden/tiny-mistral-swa.json", env!("CARGO_MANIFEST_DIR"));
+    let g: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(tiny_hf()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = dir.path().join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    for (k, v) in g["fixture"]["config_edit"].as_object().expect("config_edit") {
+        c[k] = v.clone();
+    }
+    std::fs::write(&cfg_path, c.to_string()).unwrap();
+    let problems = fixture_differences(&g, dir.path());
+    assert!(problems.is_empty(), "the tiny fixture no longer matches {path}: {problems:?}; regenerate: {REGENERATE}");
+    let mut model = Model::load(dir.path()).unwrap();
+    assert_eq!(model.config.arch, Arch::Mistral);
+    assert_eq!(model.config.layers, vec![LayerAttention::Sliding { window: 16 }; model.config.num_layers]);
+    check_model("tiny as mistral, window 16", &model, &g);
+    let ids = u32s(&g["prompt_ids"]);
+    model.config.layers = vec![LayerAttention::Global; model.config.num_layers];
+    let vocab = model.config.vocab;
+    let without = rel_err(&all_logits(&model, &ids)[(ids.len() - 1) * vocab..], &f32s(&g["last_logits"]));
+    eprintln!("tiny as mistral: with the window ignored, last-position error {without:.2e}");
+    assert!(without > 100.0 * LOGIT_TOL, "the window changes nothing ({without:e})");
+}
+
 #[test]
 fn qwen3_chat_template_with_thinking_toggle_renders_like_transformers() {
     check_chat(Shape::TinyQwen3);
@@ -160,7 +283,7 @@ fn phi3_chat_template_renders_like_transformers() {
 
 #[test]
 fn configs_read_the_same_from_hf_and_gguf() {
-    for shape in [Shape::TinyQwen3, Shape::TinyPhi3] {
+    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3, Shape::TinyGemma2] {
         let [(_, hf), (_, gguf)] = models(shape);
         let (a, b) = (&hf.config, &gguf.config);
         assert_eq!((a.arch, a.head_dim, a.qk_norm, a.qkv_bias), (b.arch, b.head_dim, b.qk_norm, b.qkv_bias), "{shape:?}");
@@ -168,7 +291,17 @@ fn configs_read_the_same_from_hf_and_gguf() {
         assert_eq!(a.rope.style, b.rope.style, "{shape:?}: GGUF qwen3/phi3 are NEOX, as the HF folder");
         assert!((a.rope_attn_factor - b.rope_attn_factor).abs() < 1e-6, "{shape:?}");
         assert!(a.rope.inv_freq.iter().zip(&b.rope.inv_freq).all(|(x, y)| (x - y).abs() <= 1e-6 * x.abs()), "{shape:?}: RoPE frequencies");
+        assert_eq!(
+            (&a.layers, &a.rope_local, a.sandwich_norms, a.ffn_act),
+            (&b.layers, &b.rope_local, b.sandwich_norms, b.ffn_act),
+            "{shape:?}"
+        );
+        assert_eq!((a.embed_scale, a.attn_scale), (b.embed_scale, b.attn_scale), "{shape:?}");
+        assert_eq!((a.attn_softcap, a.final_softcap), (b.attn_softcap, b.final_softcap), "{shape:?}");
     }
+    let g = &Model::load(&files(Shape::TinyGemma3).hf).unwrap().config;
+    assert_eq!((g.arch, g.layer_rope(0).theta, g.layer_rope(5).theta, g.embed_scale), (Arch::Gemma3, 1e4, 1e6, 8.0));
+    assert_eq!(g.layer_attention(5), LayerAttention::Global);
     let q = &Model::load(&files(Shape::TinyQwen3).hf).unwrap().config;
     assert_eq!((q.arch, q.head_dim, q.q_width(), q.hidden), (Arch::Qwen3, 32, 128, 64), "Qwen3's head size is not hidden / heads");
     assert!(q.qk_norm && !q.qkv_bias && q.tied_embeddings);
@@ -228,7 +361,7 @@ fn what_these_families_do_not_implement_is_refused_by_name() {
 /// rounding like `formats.rs`'s for `tiny`.
 #[test]
 fn f16_and_q8_0_files_track_the_f32_folder() {
-    for shape in [Shape::TinyQwen3, Shape::TinyPhi3] {
+    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3, Shape::TinyGemma2] {
         let g = golden(shape);
         let ids = u32s(&g["prompt_ids"]);
         let reference = all_logits(&Model::load(&files(shape).hf).unwrap(), &ids);
