@@ -391,7 +391,7 @@ impl DualStream {
 
     /// An empty ring over `base` (a fork of the user's stream) with its `masked` slots.
     fn open_ring(&self, base: &SeqKv, masked: Vec<Range<usize>>) -> Result<TurnRing, engram_kv::KvError> {
-        let mut ring = TurnRing::new(SeqKv::new(&self.pool), self.capacity, self.model.config.rope.clone());
+        let mut ring = TurnRing::new(SeqKv::new(&self.pool), self.capacity, self.model.config.clone());
         ring.rebase(base.fork(base.len()), masked)?;
         Ok(ring)
     }
@@ -526,7 +526,7 @@ impl ContextPolicy for DualStream {
         let mut kv = r.kv;
         let next = ring.next_position();
         if !kv.is_empty() && kv.position(0) != next {
-            if let Err(e) = kv.move_slots(0..kv.len(), next, &self.model.config.rope) {
+            if let Err(e) = kv.move_slots(0..kv.len(), next, &self.model.config) {
                 tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, owner);
                 return;
             }

@@ -21,10 +21,11 @@
 //! `crates/dual/tests/it/ring_fuzz.rs` checks it against a plain model of the policy.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use engram_embed::cosine;
 use engram_kv::{KvError, SeqKv, Span};
-use engram_model::RopeConfig;
+use engram_model::rope::LayerRopes;
 
 /// A dialogue turn in the ring.
 pub struct Turn {
@@ -78,15 +79,18 @@ pub struct TurnRing {
     persistent_masked: Vec<std::ops::Range<usize>>,
     turns: VecDeque<Turn>,
     capacity: usize,
-    rope: RopeConfig,
+    /// Each layer's RoPE (one for every layer, or a model's per-layer ones: sliding layers
+    /// may rotate with another base), which moving a turn re-rotates its keys by.
+    rope: Arc<dyn LayerRopes + Send + Sync>,
     next_id: u64,
 }
 
 impl TurnRing {
-    /// A ring of `capacity` tokens over `persistent`, whose tokens sit at positions `0..len`.
-    pub fn new(persistent: SeqKv, capacity: usize, rope: RopeConfig) -> TurnRing {
+    /// A ring of `capacity` tokens over `persistent`, whose tokens sit at positions `0..len`;
+    /// `rope` gives each layer's rotation (a `RopeConfig` for all, or the `ModelConfig`).
+    pub fn new(persistent: SeqKv, capacity: usize, rope: impl LayerRopes + Send + Sync + 'static) -> TurnRing {
         assert!(!persistent.has_moved_positions(), "TurnRing: the persistent stream sits at positions 0..len");
-        TurnRing { persistent, persistent_masked: Vec::new(), turns: VecDeque::new(), capacity, rope, next_id: 0 }
+        TurnRing { persistent, persistent_masked: Vec::new(), turns: VecDeque::new(), capacity, rope: Arc::new(rope), next_id: 0 }
     }
 
     /// Puts the turns over another persistent stream (a new generation of the user's
@@ -147,7 +151,7 @@ impl TurnRing {
         let mut at = self.persistent.len();
         for t in self.turns.iter_mut() {
             if t.first_position() != at {
-                t.kv.move_slots(0..t.kv.len(), at, &self.rope)?;
+                t.kv.move_slots(0..t.kv.len(), at, &*self.rope)?;
             }
             at += t.tokens.len();
         }

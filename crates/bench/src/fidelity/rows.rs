@@ -200,7 +200,7 @@ impl Row {
                     };
                     model.forward(&mut [step])?;
                     if first > 0 {
-                        kv.move_slots(first..first + part.len(), first, &model.config.rope)?;
+                        kv.move_slots(first..first + part.len(), first, &model.config)?;
                     }
                 }
                 Ok(score(model, &mut kv, scored, &|_| None, &[])?.0)

@@ -125,7 +125,7 @@ impl DualStream {
         for t in restored.turns {
             let mut kv = t.kv;
             let next = ring.next_position();
-            let pushed = if kv.position(0) != next { kv.move_slots(0..kv.len(), next, &self.model.config.rope) } else { Ok(()) }
+            let pushed = if kv.position(0) != next { kv.move_slots(0..kv.len(), next, &self.model.config) } else { Ok(()) }
                 .and_then(|_| ring.push(t.tokens, kv, t.embedding, t.pinned));
             if let Err(e) = pushed {
                 tracing::warn!("thread {thread:?} of {owner:?}: its saved ring does not fit, the thread starts empty: {e}");

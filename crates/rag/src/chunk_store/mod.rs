@@ -205,7 +205,7 @@ impl ChunkStore {
                 out.kv = e.kv.fork(range.end);
             } else {
                 out.kv
-                    .extend_shifted(&e.kv, sys_end..sys_end + chunk_tokens.len(), &model.config.rope)
+                    .extend_shifted(&e.kv, sys_end..sys_end + chunk_tokens.len(), &model.config)
                     .map_err(engram_engine::EngineError::Kv)?;
                 out.moved.push(range);
             }
