@@ -9,6 +9,7 @@ use common::model;
 use engram_context::{MatchKind, SessionStore};
 use engram_engine::{Generator, SamplingParams};
 use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_model::Model;
 use proptest::prelude::*;
 
 /// An f32 session store over `pool` with a 64 MiB disk tier in `dir`: what a
@@ -31,7 +32,11 @@ fn rel(a: &[f32], b: &[f32]) -> f32 {
 
 /// One turn through the store; checks it against a cold run and returns (kind, reused, generated text).
 fn turn(store: &mut SessionStore, owner: &str, text: &str, n: usize) -> (MatchKind, usize, String) {
-    let m = model();
+    turn_on(model(), store, owner, text, n)
+}
+
+/// [`turn`] on model `m` (the store's model).
+pub(crate) fn turn_on(m: &Model, store: &mut SessionStore, owner: &str, text: &str, n: usize) -> (MatchKind, usize, String) {
     let mut co = store.checkout(owner, None, text, true, &m.tokenizer).unwrap();
     // A session restored from disk is verified here, before its results are used.
     if let Some(p) = co.restore.take() {

@@ -1,0 +1,89 @@
+//! Each model family's chat through the session store: a six-turn conversation rendered by the
+//! family's own chat template, long enough to cross the sliding-window layers' windows many
+//! times, every turn reusing the previous turn's cache and answering as a cold run does —
+//! including the turn right after a restart from disk.
+
+use engram_context::{PersistedSessions, SessionStore};
+use engram_fixture::{GgufFormat, Shape};
+use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_model::Model;
+use engram_tokenizer::ChatMessage;
+
+use crate::sessions::turn_on;
+
+const QUESTIONS: [&str; 6] = [
+    "Which blocks of the cache does a new turn reuse when the text extends the last one?",
+    "And when a user edits an earlier message, what happens to the blocks after the edit?",
+    "How are the sliding layers handled when the conversation is longer than their window?",
+    "After a restart, where does the first request find the conversation it continues?",
+    "What does the store do when the disk budget is full and a new session must be written?",
+    "Summarize the answers so far in one sentence, please.",
+];
+
+/// The store over `pool` with a disk tier in `dir`: what a (re)started process opens.
+fn open(m: &Model, pool: &KvPool, dir: &std::path::Path) -> SessionStore {
+    let fp = engram_kv::cache_fingerprint(m.fingerprint, pool.format());
+    let disk = PersistedSessions::open(dir, 256 << 20, engram_kv::EvictionPolicy::Lru, fp).unwrap();
+    SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab)
+}
+
+fn six_turns_reuse_the_last_turn_and_equal_cold(shape: Shape) {
+    let files_dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(shape, engram_fixture::DEFAULT_SEED, files_dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    let m = Model::load(&files.hf_dir).unwrap();
+    let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 256 << 20);
+    let disk = tempfile::tempdir().unwrap();
+    let mut store = open(&m, &pool, disk.path());
+    let tok = &m.tokenizer;
+    let tpl = tok.chat_template().expect("every fixture carries its family's chat template");
+    let mut messages = vec![ChatMessage::new("system", "You answer questions about a KV cache for language models, briefly.")];
+    let mut last_prompt_tokens = 0;
+    for (i, q) in QUESTIONS.iter().enumerate() {
+        if i == 3 {
+            // A restart: the store is dropped (its sessions flushed to disk) and opened again.
+            drop(store);
+            store = open(&m, &pool, disk.path());
+        }
+        messages.push(ChatMessage::new("user", *q));
+        let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or("")).unwrap();
+        // `turn_on` checks the turn against a cold run (logits and greedy tokens).
+        let (kind, reused, answer) = turn_on(&m, &mut store, "alice", &text, 6);
+        let prompt_tokens = tok.encode(&text, true).unwrap().ids.len();
+        let name = shape.name();
+        if i > 0 {
+            // The previous turn's prompt is all common text: at most a token at its end
+            // (a merge across the boundary) is computed again.
+            assert!(
+                reused + 2 >= last_prompt_tokens,
+                "{name} turn {i}: {kind:?} reused {reused} of the last prompt's {last_prompt_tokens}"
+            );
+        }
+        if i == 3 {
+            assert_eq!(store.restored_count(), 1, "{name}: the turn after the restart continues the session from disk");
+        }
+        last_prompt_tokens = prompt_tokens;
+        messages.push(ChatMessage::new("assistant", answer));
+    }
+    let widest = (0..m.config.num_layers).filter_map(|l| m.config.layer_attention(l).window()).max();
+    assert!(widest.is_none_or(|w| last_prompt_tokens > 4 * w), "{}: the chat crosses the window several times", shape.name());
+}
+
+#[test]
+fn gemma3_sliding_layers() {
+    six_turns_reuse_the_last_turn_and_equal_cold(Shape::TinyGemma3);
+}
+
+#[test]
+fn gemma2_sliding_layers_and_softcaps() {
+    six_turns_reuse_the_last_turn_and_equal_cold(Shape::TinyGemma2);
+}
+
+#[test]
+fn qwen3_template_and_qk_norms() {
+    six_turns_reuse_the_last_turn_and_equal_cold(Shape::TinyQwen3);
+}
+
+#[test]
+fn phi3_template_and_fused_weights() {
+    six_turns_reuse_the_last_turn_and_equal_cold(Shape::TinyPhi3);
+}
