@@ -23,9 +23,9 @@
 //! at its next admission (turns moved, not recomputed), so a running turn keeps the view it
 //! started with and never sees a swap mid-turn.
 //!
-//! Files (with [`DualStream::with_dir`]): `dual/persist.rs` — streams written by a background
+//! Files (with [`DualStream::with_dir`]): `policy/persist.rs` — streams written by a background
 //! writer and mapped back, rings saved as turns retire and restored with their checksums settled
-//! by [`ContextPolicy::verify_restore`]; `dual/budget.rs` — the files under the disk budget.
+//! by [`ContextPolicy::verify_restore`]; `policy/budget.rs` — the files under the disk budget.
 //!
 //! Invariant: a thread's RAM is its ring (at most `capacity` tokens plus the newest turn and
 //! pinned ones) plus a share of its user's anchors, however long the conversation; a request
@@ -135,7 +135,7 @@ struct User {
     summary: Option<Summary>,
     /// Over the cap with a summarizer: summarize (at the session's start, or when idle).
     summary_due: bool,
-    /// The summary in flight (`dual/summary.rs`), dropped when the facts or anchors change.
+    /// The summary in flight (`policy/summary.rs`), dropped when the facts or anchors change.
     job: Option<summary::InFlight>,
     stream: PersistentStream,
     /// The stream's generation its file holds (`None`: not written by this process).
@@ -505,7 +505,7 @@ impl ContextPolicy for DualStream {
 
     /// A thread's ring restored from disk at admission: its turn files' checksums, computed
     /// beside the turn's prefill. False (damaged): the thread starts empty and the scheduler
-    /// admits the job again on it (see `dual/persist.rs`).
+    /// admits the job again on it (see `policy/persist.rs`).
     fn verify_restore(&mut self, restore: PendingRestore) -> bool {
         self.settle_ring(restore)
     }
@@ -573,7 +573,7 @@ impl ContextPolicy for DualStream {
 
     /// Advances the summary in flight (or the next one due) by at most the policy's idle steps,
     /// stopping at the first step boundary once `interrupt` is requested; when it is ready the
-    /// new stream is swapped in and threads attend it from their next turn (`dual/summary.rs`).
+    /// new stream is swapped in and threads attend it from their next turn (`policy/summary.rs`).
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         self.adopt_written();
         self.idle_summaries(interrupt)
