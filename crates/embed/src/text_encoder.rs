@@ -24,6 +24,11 @@ pub trait TextEncoder: Send + Sync + fmt::Debug {
     fn describe(&self) -> String;
     /// Vectors and token counts of `texts`, in input order.
     fn encode(&self, texts: &[String]) -> Result<Embeddings>;
+    /// The longest text it encodes whole, in tokens (`None`: it states no limit). What
+    /// `/v1/models` and `/api/show` report as the encoder's context length.
+    fn max_tokens(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl TextEncoder for Encoder {
@@ -38,5 +43,8 @@ impl TextEncoder for Encoder {
     }
     fn encode(&self, texts: &[String]) -> Result<Embeddings> {
         Encoder::encode(self, texts)
+    }
+    fn max_tokens(&self) -> Option<usize> {
+        Some(Encoder::max_tokens(self))
     }
 }

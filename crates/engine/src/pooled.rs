@@ -137,4 +137,8 @@ impl TextEncoder for PooledEncoder {
         let num_tokens = ids.iter().map(Vec::len).collect();
         Ok(Embeddings { vectors: self.embed_ids(&ids)?, num_tokens })
     }
+
+    fn max_tokens(&self) -> Option<usize> {
+        Some(MAX_TEXT_TOKENS)
+    }
 }

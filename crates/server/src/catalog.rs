@@ -7,8 +7,6 @@
 //! `embeddings::check_model`), so a client that lists models and asks for one is never
 //! answered 404.
 
-use engram_embed::TextEncoder;
-
 use crate::{api, AppState};
 
 /// What a served model does.
@@ -50,12 +48,7 @@ pub(crate) fn served(s: &AppState) -> Vec<Served> {
         dimensions: None,
     }];
     if let Some(enc) = &s.config.embedder {
-        out.push(Served {
-            id: enc.id().to_string(),
-            kind: Kind::Embedding,
-            context_length: encoder_context(enc.as_ref()),
-            dimensions: Some(enc.dim()),
-        });
+        out.push(Served { id: enc.id().to_string(), kind: Kind::Embedding, context_length: enc.max_tokens(), dimensions: Some(enc.dim()) });
     }
     out
 }
@@ -70,33 +63,18 @@ pub(crate) fn find(s: &AppState, name: &str) -> Option<Served> {
     })
 }
 
-/// The encoder's truncation limit in tokens.
-///
-/// NOTE: `TextEncoder` has no accessor for it; both encoders the server runs
-/// (`engram_embed::Encoder`, `engram_engine::PooledEncoder`) state it in `describe()` as
-/// "max N tokens", and a unit test pins that for both. A trait method would replace this.
-pub(crate) fn encoder_context(enc: &dyn TextEncoder) -> Option<usize> {
-    let d = enc.describe();
-    let (_, rest) = d.split_once("max ")?;
-    let (n, unit) = rest.split_once(' ')?;
-    if !unit.starts_with("tokens") {
-        return None;
-    }
-    n.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
-    use super::*;
+    use engram_embed::TextEncoder;
 
     #[test]
     fn both_encoders_state_their_limit() {
         let dir = tempfile::tempdir().unwrap();
         engram_embed::fixture::write_tiny(dir.path()).unwrap();
         let enc = engram_embed::Encoder::load(dir.path()).unwrap();
-        assert_eq!(encoder_context(&enc), Some(enc.max_tokens()));
+        assert_eq!(TextEncoder::max_tokens(&enc), Some(enc.max_tokens()));
 
         let files = engram_fixture::generate(
             engram_fixture::Shape::Tiny,
@@ -108,6 +86,6 @@ mod tests {
         .unwrap();
         let model = Arc::new(engram_model::Model::load(files.gguf(engram_fixture::GgufFormat::Q8_0).unwrap()).unwrap());
         let pooled = engram_engine::PooledEncoder::new(model, "tiny");
-        assert_eq!(encoder_context(&pooled), Some(engram_engine::pooled::MAX_TEXT_TOKENS));
+        assert_eq!(pooled.max_tokens(), Some(engram_engine::pooled::MAX_TEXT_TOKENS));
     }
 }

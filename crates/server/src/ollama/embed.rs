@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::{untagged, OllamaError};
 use crate::embeddings::{check_model, encode, not_configured, texts};
 use crate::error::ApiError;
-use crate::{api, catalog, AppState};
+use crate::{api, AppState};
 
 #[derive(Deserialize)]
 struct EmbedRequest {
@@ -54,7 +54,7 @@ pub async fn embed(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -
     let texts = texts(req.input)?;
     let out = encode(&enc, texts).await?;
     if req.truncate == Some(false) {
-        if let Some(limit) = catalog::encoder_context(enc.as_ref()) {
+        if let Some(limit) = enc.max_tokens() {
             if let Some(i) = out.num_tokens.iter().position(|&n| n >= limit) {
                 return Err(ApiError::bad_param(
                     "input",
