@@ -3,7 +3,9 @@
 
 For each shape (`tiny-qwen3`: Qwen3ForCausalLM, `tiny-phi3`: Phi3ForCausalLM,
 `tiny-gemma3`: Gemma3ForCausalLM with a 16-position sliding window, `tiny-gemma2`:
-Gemma2ForCausalLM, alternating sliding layers and softcapping) this
+Gemma2ForCausalLM, alternating sliding layers and softcapping; `tiny-mistral-swa` and
+`tiny-smollm3`: `tiny` read as Mistral with a 16-position window, and as SmolLM3 with its
+second layer NoPE) this
 generates the fixture's Hugging Face folder with `engram fixture`, loads it with
 transformers (f32, eager attention), checks that transformers built the intended
 class, and writes `crates/model/tests/golden/<shape>.json`: the fixture's identity,
@@ -45,6 +47,7 @@ SHAPES = {
     "tiny-gemma3": "Gemma3ForCausalLM",
     "tiny-gemma2": "Gemma2ForCausalLM",
     "tiny-mistral-swa": "MistralForCausalLM",
+    "tiny-smollm3": "SmolLM3ForCausalLM",
 }
 
 # Goldens made from another shape's folder with config.json fields changed: `tiny-mistral-swa`
@@ -53,6 +56,8 @@ SHAPES = {
 # as `llama` and drops the window).
 EDITS = {
     "tiny-mistral-swa": ("tiny", {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 16}),
+    # `tiny` read as SmolLM3 with its second layer NoPE (the two-layer fixture has no fourth).
+    "tiny-smollm3": ("tiny", {"model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"], "no_rope_layers": [1, 0], "pad_token_id": None}),
 }
 
 # A few hundred tokens of the fixture tokenizer (the Rust tests read the text back from
@@ -91,6 +96,10 @@ CHAT_MESSAGES = {
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
     ],
+    "tiny-smollm3": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+    ],
     "tiny-gemma2": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
@@ -111,6 +120,7 @@ CHAT_CASES = {
     "tiny-gemma3": [(True, {}), (False, {})],
     "tiny-gemma2": [(True, {}), (False, {})],
     "tiny-mistral-swa": [(True, {})],
+    "tiny-smollm3": [(True, {})],
 }
 
 

@@ -34,6 +34,9 @@ pub enum Arch {
     /// Gemma 2: Gemma 3's block without q/k norms, alternating sliding and global layers
     /// under one RoPE, and softcapping of the attention scores and the final logits.
     Gemma2,
+    /// SmolLM3: a Llama layout whose every fourth layer (or those `no_rope_layers` marks)
+    /// attends without rotary embeddings (NoPE).
+    SmolLm3,
 }
 
 impl Arch {
@@ -53,6 +56,7 @@ impl Arch {
             // HF `model_type` of Gemma3ForCausalLM; GGUF `general.architecture`.
             "gemma3_text" | "gemma3" => Some(Arch::Gemma3),
             "gemma2" => Some(Arch::Gemma2),
+            "smollm3" => Some(Arch::SmolLm3),
             _ => None,
         }
     }
@@ -66,10 +70,12 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Gemma3 => "gemma3",
             Arch::Gemma2 => "gemma2",
+            Arch::SmolLm3 => "smollm3",
         }
     }
     /// Every architecture, in the order error messages list them.
-    pub const ALL: [Arch; 7] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Phi3, Arch::Gemma2, Arch::Gemma3];
+    pub const ALL: [Arch; 8] =
+        [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Phi3, Arch::Gemma2, Arch::Gemma3, Arch::SmolLm3];
 
     /// The supported names, comma-separated, for error messages.
     pub fn supported_list() -> String {
@@ -242,6 +248,27 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// Gemma 2's final-logit softcapping: each logit `l` becomes `cap · tanh(l / cap)`.
     pub final_softcap: Option<f32>,
+    /// Layers that attend without rotary embeddings (SmolLM3's NoPE layers); `None`: every
+    /// layer rotates.
+    pub no_rope: Option<NoRope>,
+}
+
+/// Which layers skip RoPE, and the identity rotation [`ModelConfig::layer_rope`] answers for
+/// them (zero frequencies: cos 1, sin 0), so moving their cached keys leaves them as they are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NoRope {
+    /// `true` for a layer without RoPE (`num_layers` entries).
+    pub layers: Vec<bool>,
+    /// `rope` with every frequency zero.
+    pub identity: RopeConfig,
+}
+
+impl NoRope {
+    /// `layers` (true: no RoPE) beside `rope`, the rotation of the others.
+    pub fn new(layers: Vec<bool>, rope: &RopeConfig) -> NoRope {
+        let identity = RopeConfig { inv_freq: vec![0.0; rope.inv_freq.len()], scaling: "none (NoPE layer)".into(), ..rope.clone() };
+        NoRope { layers, identity }
+    }
 }
 
 impl ModelConfig {
@@ -252,10 +279,18 @@ impl ModelConfig {
 
     /// The RoPE layer `li` rotates its queries and keys with (and that moving its cached keys uses).
     pub fn layer_rope(&self, li: usize) -> &RopeConfig {
+        if let Some(n) = self.no_rope.as_ref().filter(|n| n.layers.get(li).copied().unwrap_or(false)) {
+            return &n.identity;
+        }
         match (&self.rope_local, self.layer_attention(li)) {
             (Some(local), LayerAttention::Sliding { .. }) => local,
             _ => &self.rope,
         }
+    }
+
+    /// Whether layer `li` rotates its queries and keys (false for a NoPE layer).
+    pub fn uses_rope(&self, li: usize) -> bool {
+        !self.no_rope.as_ref().is_some_and(|n| n.layers.get(li).copied().unwrap_or(false))
     }
 
     /// Whether any layer is sliding.
@@ -316,6 +351,9 @@ impl ModelConfig {
         }
         if self.layers.len() != self.num_layers {
             return Err(config_err(file, "layer_types", format!("{} layer kinds for {} layers", self.layers.len(), self.num_layers)));
+        }
+        if self.no_rope.as_ref().is_some_and(|n| n.layers.len() != self.num_layers) {
+            return Err(config_err(file, "no_rope_layers", format!("not one entry per layer ({} layers)", self.num_layers)));
         }
         if self.layers.iter().any(|l| l.window() == Some(0)) {
             return Err(config_err(file, "sliding_window", "must be greater than zero"));

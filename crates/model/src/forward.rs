@@ -181,8 +181,10 @@ impl Model {
                 (Some(local), Some(_)) => local,
                 _ => &table,
             };
-            rope::apply(c.rope.style, table, &mut q, c.head_dim);
-            rope::apply(c.rope.style, table, &mut k, c.head_dim);
+            if c.uses_rope(li) {
+                rope::apply(c.rope.style, table, &mut q, c.head_dim);
+                rope::apply(c.rope.style, table, &mut k, c.head_dim);
+            }
 
             let mut row0 = 0;
             for s in seqs.iter_mut() {

@@ -22,7 +22,7 @@ pub mod rope;
 pub mod view;
 pub mod weights;
 
-pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, RopeConfig, RopeStyle};
+pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, NoRope, RopeConfig, RopeStyle};
 pub use error::{ModelError, Result};
 pub use forward::{Logits, SeqStep};
 pub use kv::{KvCache, KvChunk, KvData, KvElem};

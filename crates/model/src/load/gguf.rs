@@ -25,7 +25,7 @@ use engram_kernels::DType;
 use engram_tokenizer::{GgufVocab, Tokenizer};
 
 use super::Loaded;
-use crate::config::{Arch, FfnActivation, LayerAttention, ModelConfig, RopeConfig, RopeStyle};
+use crate::config::{Arch, FfnActivation, LayerAttention, ModelConfig, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
 use crate::weights::{LayerWeights, ModelWeights, Storage, Weight};
 
@@ -189,6 +189,10 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
     // which GGUF does not carry.
     let big = (arch == Arch::Gemma3 && num_layers == 62) || (arch == Arch::Gemma2 && num_layers == 46);
     let attn_scale = if big && num_heads > 0 { 1.0 / ((hidden / num_heads) as f32).sqrt() } else { 1.0 / (head_dim as f32).sqrt() };
+    let rope = RopeConfig { theta, style, inv_freq, scaling };
+    // llama.cpp runs every fourth SmolLM3 layer without RoPE (`n_no_rope_layer_step = 4`; the
+    // file carries no list).
+    let no_rope = (arch == Arch::SmolLm3).then(|| NoRope::new((0..num_layers).map(|i| (i + 1) % 4 == 0).collect(), &rope));
     let config = ModelConfig {
         arch,
         hidden,
@@ -199,7 +203,7 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
         ffn: f.get_u64(&key("feed_forward_length"))? as usize,
         vocab,
         rms_eps: f.get_f32_opt(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
-        rope: RopeConfig { theta, style, inv_freq, scaling },
+        rope,
         max_positions,
         qkv_bias: f.header().tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: f.header().tensor("blk.0.attn_q_norm.weight").is_some(),
@@ -214,6 +218,7 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
         attn_scale,
         attn_softcap,
         final_softcap,
+        no_rope,
     };
     config.validate(label)?;
     Ok(config)

@@ -13,7 +13,7 @@ use safetensors::SafeTensors;
 use serde_json::Value as Json;
 
 use super::Loaded;
-use crate::config::{Arch, FfnActivation, LayerAttention, Llama3Scaling, ModelConfig, RopeConfig, RopeStyle};
+use crate::config::{Arch, FfnActivation, LayerAttention, Llama3Scaling, ModelConfig, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
 use crate::weights::{LayerWeights, ModelWeights, Storage, Weight};
 
@@ -189,8 +189,8 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
     let num_layers = req_usize(j, file, "num_hidden_layers")?;
     let mut layers = vec![LayerAttention::Global; num_layers];
     match arch {
-        Arch::Qwen3 if j.get("use_sliding_window").and_then(|v| v.as_bool()).unwrap_or(false) => {
-            return Err(config_err(file, "use_sliding_window", "sliding-window attention is not supported for qwen3"));
+        Arch::Qwen3 | Arch::SmolLm3 if j.get("use_sliding_window").and_then(|v| v.as_bool()).unwrap_or(false) => {
+            return Err(config_err(file, "use_sliding_window", format!("sliding-window attention is not supported for {}", arch.name())));
         }
         // transformers' Phi-3 applies `sliding_window` whenever it is set.
         Arch::Phi3 if sliding.is_some_and(|w| w < max_positions) => {
@@ -275,6 +275,11 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         None if arch == Arch::Gemma2 => 1.0 / 16.0,
         _ => 1.0 / (head_dim as f32).sqrt(),
     };
+    let rope = RopeConfig { theta, style: RopeStyle::Neox, inv_freq, scaling };
+    let no_rope = match arch {
+        Arch::SmolLm3 => Some(NoRope::new(smollm3_no_rope(j, file, num_layers)?, &rope)),
+        _ => None,
+    };
     let config = ModelConfig {
         arch,
         hidden,
@@ -285,7 +290,7 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         ffn: req_usize(j, file, "intermediate_size")?,
         vocab: req_usize(j, file, "vocab_size")?,
         rms_eps: get_f32(j, file, "rms_norm_eps")?.unwrap_or(1e-6),
-        rope: RopeConfig { theta, style: RopeStyle::Neox, inv_freq, scaling },
+        rope,
         max_positions,
         qkv_bias: arch == Arch::Qwen2 || attention_bias,
         qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
@@ -302,9 +307,35 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         attn_scale,
         attn_softcap,
         final_softcap,
+        no_rope,
     };
     config.validate(file)?;
     Ok(config)
+}
+
+/// SmolLM3's NoPE layers (true: no RoPE): `no_rope_layers` where given (transformers: 1 uses
+/// RoPE, 0 does not), else every `no_rope_layer_interval`-th layer (default 4: layer `i` skips
+/// RoPE when `(i + 1) % 4 == 0`, as llama.cpp does for every SmolLM3 GGUF).
+fn smollm3_no_rope(j: &Json, file: &str, num_layers: usize) -> Result<Vec<bool>> {
+    if let Some(list) = j.get("no_rope_layers").filter(|v| !v.is_null()) {
+        let list = list.as_array().ok_or_else(|| config_err(file, "no_rope_layers", "expected a list"))?;
+        if list.len() != num_layers {
+            return Err(config_err(file, "no_rope_layers", format!("{} entries for {num_layers} layers", list.len())));
+        }
+        return list
+            .iter()
+            .map(|v| match v.as_u64() {
+                Some(1) => Ok(false),
+                Some(0) => Ok(true),
+                _ => Err(config_err(file, "no_rope_layers", format!("{v} is not 0 or 1"))),
+            })
+            .collect();
+    }
+    let every = get_usize(j, file, "no_rope_layer_interval")?.unwrap_or(4);
+    if every == 0 {
+        return Err(config_err(file, "no_rope_layer_interval", "must be greater than zero"));
+    }
+    Ok((0..num_layers).map(|i| (i + 1) % every == 0).collect())
 }
 
 /// Gemma's layer kinds: `layer_types` where given, else every `sliding_window_pattern`-th
@@ -538,6 +569,31 @@ mod tests {
         let c = parse_config(&j, "config.json").unwrap();
         assert_eq!((c.arch, c.head_dim, c.q_width(), c.kv_width(), c.rope.rotary_dim()), (Arch::Qwen3, 128, 2048, 1024, 128));
         assert!(c.qk_norm && !c.qkv_bias && c.tied_embeddings && c.rope_attn_factor == 1.0);
+    }
+
+    /// SmolLM3-3B's shape: every fourth of 36 layers without RoPE, from its `no_rope_layers`
+    /// list or, without one, from `no_rope_layer_interval` (default 4); a bad list is refused.
+    #[test]
+    fn a_smollm3_3b_config_skips_rope_on_every_fourth_layer() {
+        let list: Vec<u8> = (0..36).map(|i| u8::from((i + 1) % 4 != 0)).collect();
+        let text = format!(
+            r#"{{"architectures": ["SmolLM3ForCausalLM"], "hidden_size": 2048, "intermediate_size": 11008,
+                "max_position_embeddings": 65536, "model_type": "smollm3", "num_attention_heads": 16, "num_hidden_layers": 36,
+                "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 5000000.0,
+                "tie_word_embeddings": true, "use_sliding_window": false, "vocab_size": 128256,
+                "no_rope_layers": {}, "no_rope_layer_interval": 4}}"#,
+            serde_json::to_string(&list).unwrap()
+        );
+        let c = parse_config(&serde_json::from_str(&text).unwrap(), "config.json").unwrap();
+        let nope: Vec<usize> = (0..36).filter(|&l| !c.uses_rope(l)).collect();
+        assert_eq!((c.arch, nope.len(), nope[0], nope[8]), (Arch::SmolLm3, 9, 3, 35));
+        let mut j: Json = serde_json::from_str(&text).unwrap();
+        j.as_object_mut().unwrap().remove("no_rope_layers");
+        let by_interval = parse_config(&j, "config.json").unwrap();
+        assert_eq!(by_interval.no_rope, c.no_rope, "the interval gives the same layers as the list");
+        j["no_rope_layers"] = serde_json::json!([1, 0, 2]);
+        let e = parse_config(&j, "config.json").unwrap_err().to_string();
+        assert!(e.contains("no_rope_layers"), "{e}");
     }
 
     /// Phi-4-mini's shape: partial rotary 0.75 of 128, LongRoPE from 4096 to 131072 (48

@@ -271,6 +271,39 @@ fn mistral_with_its_sliding_window_matches_transformers() {
     assert!(without > 100.0 * LOGIT_TOL, "the window changes nothing ({without:e})");
 }
 
+/// `tiny` read as SmolLM3 with its second layer NoPE (`no_rope_layers: [1, 0]`): equal to
+/// transformers' SmolLM3ForCausalLM over the 326-token prompt, and far from it with RoPE
+/// applied to every layer. HF folder only: the fixture converter writes no `smollm3` GGUF.
+#[test]
+fn smollm3_with_a_nope_layer_matches_transformers() {
+    let path = format!("{}/tests/golden/tiny-smollm3.json", env!("CARGO_MANIFEST_DIR"));
+    let g: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(tiny_hf()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = dir.path().join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    for (k, v) in g["fixture"]["config_edit"].as_object().expect("config_edit") {
+        c[k] = v.clone();
+    }
+    std::fs::write(&cfg_path, c.to_string()).unwrap();
+    let problems = fixture_differences(&g, dir.path());
+    assert!(problems.is_empty(), "the tiny fixture no longer matches {path}: {problems:?}; regenerate: {REGENERATE}");
+    let mut model = Model::load(dir.path()).unwrap();
+    assert_eq!(model.config.arch, Arch::SmolLm3);
+    assert_eq!((model.config.uses_rope(0), model.config.uses_rope(1)), (true, false));
+    assert!(model.config.layer_rope(1).inv_freq.iter().all(|&f| f == 0.0), "a NoPE layer's keys move unrotated");
+    check_model("tiny as smollm3, layer 1 NoPE", &model, &g);
+    let ids = u32s(&g["prompt_ids"]);
+    model.config.no_rope = None;
+    let vocab = model.config.vocab;
+    let with_rope = rel_err(&all_logits(&model, &ids)[(ids.len() - 1) * vocab..], &f32s(&g["last_logits"]));
+    eprintln!("tiny as smollm3: with RoPE on every layer, last-position error {with_rope:.2e}");
+    assert!(with_rope > 100.0 * LOGIT_TOL, "the NoPE layer changes nothing ({with_rope:e})");
+}
+
 #[test]
 fn qwen3_chat_template_with_thinking_toggle_renders_like_transformers() {
     check_chat(Shape::TinyQwen3);
