@@ -66,8 +66,13 @@ fn a_batch_under_grammars_with_prompt_lookup_on_never_drafts_for_them() {
         let params = SamplingParams { max_tokens: 200, temperature: 0.8, seed: i as u64, grammar: Some(grammar), ..Default::default() };
         jobs.push(("a b a b a b a b a b a b".to_string(), params));
     }
-    let config = SchedulerConfig { speculation: Some(PromptLookup::default()), ..SchedulerConfig::default() };
-    let (out, metrics) = common::run_jobs(&model, KvFormat::F32, config, &jobs);
+    let config = || SchedulerConfig { speculation: Some(PromptLookup::default()), ..SchedulerConfig::default() };
+    // The control: the same prompt decoded greedily without a grammar (the random model
+    // falls into a loop) drafts.
+    let free = SamplingParams { max_tokens: 96, ignore_eos: true, ..Default::default() };
+    let (_, control) = common::run_jobs(&model, KvFormat::F32, config(), &[(jobs[0].0.clone(), free)]);
+    assert!(control.draft_tokens.load(Relaxed) > 0, "without a grammar, the same prompt drafts");
+    let (out, metrics) = common::run_jobs(&model, KvFormat::F32, config(), &jobs);
     assert_eq!(metrics.draft_tokens.load(Relaxed), 0, "grammar-bound sequences do not speculate");
     for ((text, _, finish), (schema, ok)) in out.iter().zip(schemas()) {
         assert_eq!(*finish, Some(FinishReason::Stop), "{schema}: {text:?}");
@@ -96,9 +101,9 @@ fn a_schema_llguidance_cannot_compile_is_an_error_with_its_message() {
 #[ignore]
 fn mask_cost() {
     let (_dir, tiny) = common::tiny();
-    let model = match std::env::var("ENGRAM_GRAMMAR_MODEL") {
-        Ok(path) => Arc::new(engram_model::Model::load(std::path::Path::new(&path)).unwrap()),
-        Err(_) => tiny,
+    let (model, rounds) = match std::env::var("ENGRAM_GRAMMAR_MODEL") {
+        Ok(path) => (Arc::new(engram_model::Model::load(std::path::Path::new(&path)).unwrap()), 1),
+        Err(_) => (tiny, 3),
     };
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 512 << 20);
     let t = Instant::now();
@@ -112,7 +117,7 @@ fn mask_cost() {
     let compile_ms = t.elapsed().as_secs_f64() * 1e3;
     let (mut free_tps, mut bound_tps, mut mask_us) = (0.0f64, 0.0f64, f64::MAX);
     let mut n = 0;
-    for round in 0..3 {
+    for round in 0..rounds {
         let bound = SamplingParams { max_tokens: 400, temperature: 1.0, seed: round, grammar: Some(grammar.clone()), ..Default::default() };
         let b = Generator::new(&model, &pool).generate(&prompt, &bound, &mut |_| true).unwrap();
         n = b.tokens.len();
