@@ -140,12 +140,20 @@ impl GrammarState {
             return Err(EngineError::Grammar("the grammar allows no token here".into()));
         }
         let n = logits.len().min(self.vocab).min(mask.len());
-        for (i, l) in logits[..n].iter_mut().enumerate() {
-            if !mask.is_allowed(i as u32) {
-                *l = f32::NEG_INFINITY;
+        // 32 tokens per mask word: a word of zeros (most of them, in a string or a number)
+        // masks its 32 logits at once.
+        for (chunk, &word) in logits[..n].chunks_mut(32).zip(mask.as_slice()) {
+            if word == 0 {
+                chunk.fill(f32::NEG_INFINITY);
+            } else if word != u32::MAX {
+                for (b, l) in chunk.iter_mut().enumerate() {
+                    if word & (1 << b) == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
             }
         }
-        logits[n..].iter_mut().for_each(|l| *l = f32::NEG_INFINITY);
+        logits[n..].fill(f32::NEG_INFINITY);
         Ok(())
     }
 
