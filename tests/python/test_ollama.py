@@ -120,8 +120,7 @@ def test_errors_name_the_field(client, server):
     cases = [
         (dict(model="llama3.2", messages=msgs), 404, "llama3.2"),
         (dict(model=server["model"], messages=msgs, options={"temperature": "hot"}), 400, "options.temperature"),
-        (dict(model=server["model"], messages=msgs, format="json"), 400, "format"),
-        (dict(model=server["model"], messages=msgs, format={"type": "object"}), 400, "format"),
+        (dict(model=server["model"], messages=msgs, format={"type": "nonsense"}), 400, "format"),
         (dict(model=server["model"], messages=msgs,
               tools=[{"type": "function", "function": {"name": "f", "description": "d",
                                                        "parameters": {"type": "object", "properties": {}}}}]),

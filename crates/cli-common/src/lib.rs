@@ -87,6 +87,7 @@ impl SamplingArgs {
             ignore_eos: self.ignore_eos,
             speculate: None,
             logprobs: None,
+            grammar: None,
         }
     }
 }

@@ -3,6 +3,10 @@
 //! [`crate::Generator`] and the server's scheduler both decode through it, so they end a
 //! sequence the same way and stream the same text.
 //!
+//! A sequence under a grammar has its logits masked to the tokens the grammar allows before
+//! each draw, feeds each accepted token to its matcher, and ends (`stop`) when the grammar
+//! is complete.
+//!
 //! Invariant: the concatenation of every `release` equals the generated text up to the stop
 //! string (if one matched) — text held back as a possible stop-string prefix is released when
 //! the sequence ends any other way (a stop token, the length limit), never dropped.
@@ -11,6 +15,7 @@ use engram_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::error::EngineError;
 use crate::generate::{push_token_end, FinishReason};
+use crate::grammar::GrammarState;
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::StopMatcher;
@@ -38,6 +43,10 @@ pub struct Decoding<'t> {
     stopped_by_string: bool,
     /// The last sampled token's log-probabilities, when the request asks for them.
     logprob: Option<TokenLogprob>,
+    /// The sequence's place in its grammar, when it decodes under one.
+    grammar: Option<GrammarState>,
+    /// Why the grammar could not mask the last draw (reported by the next `accept`).
+    grammar_error: Option<String>,
 }
 
 impl<'t> Decoding<'t> {
@@ -60,16 +69,26 @@ impl<'t> Decoding<'t> {
             token_ends: Vec::new(),
             stopped_by_string: false,
             logprob: None,
+            grammar: params.grammar.as_ref().map(|g| g.start()),
+            grammar_error: None,
         }
     }
 
-    /// Samples the next token from `logits` (does not accept it). With `params.logprobs`, its
-    /// log-probabilities are taken from the raw logits first ([`Decoding::take_logprob`]).
+    /// Samples the next token from `logits` (does not accept it). Under a grammar, the
+    /// logits of the tokens it forbids are −∞ first (a failed mask is reported by the next
+    /// [`Decoding::accept`]). With `params.logprobs`, its log-probabilities are taken from the
+    /// raw logits, before the mask and the sampler's penalties ([`Decoding::take_logprob`]).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        let Some(top) = self.params.logprobs else { return self.sampler.sample(logits) };
-        let raw = logits.to_vec();
+        let raw = self.params.logprobs.map(|top| (top, logits.to_vec()));
+        if let Some(g) = &mut self.grammar {
+            if let Err(e) = g.mask(logits) {
+                self.grammar_error = Some(e.to_string());
+            }
+        }
         let t = self.sampler.sample(logits);
-        self.logprob = Some(token_logprob(&raw, t, top));
+        if let Some((top, raw)) = raw {
+            self.logprob = Some(token_logprob(&raw, t, top));
+        }
         t
     }
 
@@ -82,16 +101,32 @@ impl<'t> Decoding<'t> {
     /// this one (else the sequence ends at its length). A stop token or string, or the
     /// `max_tokens` limit, ends it too; whatever text is held back is released then.
     pub fn accept(&mut self, t: u32, room: bool) -> Result<Accepted, EngineError> {
+        if let Some(e) = self.grammar_error.take() {
+            return Err(EngineError::Grammar(e));
+        }
         self.generated.push(t);
         if (!self.params.ignore_eos && self.tok.is_stop_token(t)) || self.params.stop_token_ids.contains(&t) {
             return Ok(Accepted { release: self.flush(), done: Some(FinishReason::Stop) });
         }
+        // Under a grammar: a stop token (allowed only where the grammar may end) ends the
+        // sequence even with `ignore_eos`; any other token advances the matcher.
+        let complete = match &mut self.grammar {
+            Some(_) if self.tok.is_stop_token(t) => {
+                return Ok(Accepted { release: self.flush(), done: Some(FinishReason::Stop) });
+            }
+            Some(g) => g.consume(t)?,
+            None => false,
+        };
         let piece = self.decoder.push(t)?;
         self.decoded.push_str(&piece);
         push_token_end(&mut self.token_ends, !piece.is_empty(), self.text_base + self.decoded.len());
         let (mut release, stopped) = self.stops.push(&piece);
         if stopped {
             self.stopped_by_string = true;
+            return Ok(Accepted { release, done: Some(FinishReason::Stop) });
+        }
+        if complete {
+            release.push_str(&self.flush());
             return Ok(Accepted { release, done: Some(FinishReason::Stop) });
         }
         if self.generated.len() >= self.params.max_tokens || !room {

@@ -12,4 +12,7 @@ pub enum EngineError {
     /// The request itself is unusable (empty prompt, too long, bad parameter).
     #[error("{0}")]
     BadRequest(String),
+    /// A grammar failed to compile or its matcher failed mid-generation.
+    #[error("grammar: {0}")]
+    Grammar(String),
 }

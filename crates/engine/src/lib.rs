@@ -16,6 +16,7 @@ mod decoding;
 pub mod draft_model;
 mod error;
 mod generate;
+pub mod grammar;
 mod handle;
 pub mod logprobs;
 pub mod metrics;
@@ -36,6 +37,7 @@ pub use engram_policy::{
 };
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
+pub use grammar::{Grammar, GrammarCompiler, GrammarState};
 pub use handle::{EngineHandle, SubmitError};
 pub use logprobs::TokenLogprob;
 pub use metrics::Metrics;

@@ -38,11 +38,15 @@ pub struct SamplingParams {
     /// Speculative decoding for this request: `None` as the engine is configured
     /// (`SchedulerConfig::speculation`), `Some(false)` never, `Some(true)` prompt lookup (the
     /// engine's limits, or the defaults). It never changes which tokens are picked
-    /// (`speculate.rs`), only how many one step can produce.
+    /// (`speculate.rs`), only how many one step can produce. Never under a `grammar`.
     pub speculate: Option<bool>,
     /// Report each generated token's log-probability with this many alternatives
     /// (`logprobs.rs`; at most [`crate::logprobs::MAX_TOP_LOGPROBS`]); `None`: none.
     pub logprobs: Option<usize>,
+    /// Constrained decoding (`grammar.rs`): every sampled token is one the grammar allows,
+    /// and the sequence stops when the grammar is complete. Such a sequence never
+    /// speculates. `None`: unconstrained, at no cost.
+    pub grammar: Option<std::sync::Arc<crate::grammar::Grammar>>,
 }
 
 impl Default for SamplingParams {
@@ -62,6 +66,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             speculate: None,
             logprobs: None,
+            grammar: None,
         }
     }
 }

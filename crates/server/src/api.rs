@@ -189,6 +189,8 @@ pub struct Sampling {
     /// A `max_tokens` past the room the prompt leaves is cut to that room instead of refused
     /// (Ollama's `num_predict`: generation ends at the context's end).
     pub fit_to_context: bool,
+    /// The grammar the answer must follow (`response_format`, Ollama's `format`), compiled.
+    pub grammar: Option<std::sync::Arc<engram_engine::Grammar>>,
 }
 
 /// Validates limits and builds the engine's parameters for `prompt_len`.
@@ -262,6 +264,7 @@ pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingPa
         ignore_eos: f.ignore_eos,
         speculate,
         logprobs: f.logprobs,
+        grammar: f.grammar,
     };
     p.validate()?;
     Ok(p)

@@ -23,6 +23,7 @@ fn health_of(engine: EngineHandle) -> (StatusCode, serde_json::Value) {
         agents: agent_registry::Agents::in_memory(),
         rag: None,
         facts: None,
+        grammars: Default::default(),
     });
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let r = rt.block_on(health(State(state)));

@@ -46,6 +46,7 @@ mod rag;
 mod rag_metrics;
 pub mod scheduler;
 mod sse;
+mod structured;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -137,6 +138,9 @@ pub(crate) struct Shared {
     pub rag: Option<rag::RagState>,
     /// Users' facts (dual-stream contexts only).
     pub facts: Option<facts::Facts>,
+    /// The vocabulary's grammar compiler for structured output (`structured.rs`), built
+    /// on first use.
+    pub grammars: std::sync::OnceLock<Result<Arc<engram_engine::GrammarCompiler>, String>>,
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -187,7 +191,7 @@ impl Server {
                 engram_dual::FactLimits::default(),
             )),
         };
-        let state = Arc::new(Shared { model, config, engine, metrics, agents, rag, facts });
+        let state = Arc::new(Shared { model, config, engine, metrics, agents, rag, facts, grammars: Default::default() });
         if state.rag.as_ref().is_some_and(|r| r.idle.is_some()) {
             // Tenants with idle work left from before a restart start it without a request.
             let s = state.clone();

@@ -136,6 +136,7 @@ impl SamplingFields {
             draft: self.draft,
             logprobs: None,
             fit_to_context: false,
+            grammar: None,
         }
     }
 }
@@ -152,6 +153,8 @@ struct ChatRequest {
     sampling: SamplingFields,
     #[serde(flatten)]
     unsupported: Unsupported,
+    /// Structured output (`structured.rs`).
+    response_format: Option<Value>,
     n: Option<i64>,
     session_id: Option<String>,
     /// With `--context dual`: whose persistent stream, and which thread's ring.
@@ -182,6 +185,8 @@ struct CompletionRequest {
     sampling: SamplingFields,
     #[serde(flatten)]
     unsupported: Unsupported,
+    /// Structured output (`structured.rs`).
+    response_format: Option<Value>,
     n: Option<i64>,
     session_id: Option<String>,
 }
@@ -247,6 +252,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let messages = to_chat(req.messages)?;
     let mut sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
     sampling.logprobs = logprobs;
+    sampling.grammar = crate::structured::response_format(&s, req.response_format.take()).await?;
     let context = ChatContext {
         session_id: req.session_id.as_deref(),
         user: req.user.as_deref(),
@@ -351,6 +357,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     };
     let mut sampling = req.sampling.with_max_tokens(Some(req.max_tokens.unwrap_or(16)));
     sampling.logprobs = logprobs;
+    sampling.grammar = crate::structured::response_format(&s, req.response_format.take()).await?;
     let params = api::params(&s, prompt.len(), sampling)?;
     let (st, mut rx) =
         api::start(&s, Job { owner: tenant.into(), session, text, add_special: true, prompt, params, pinned: false }).await?;

@@ -259,6 +259,11 @@ impl Engine<'_> {
     fn draft_for(&mut self, at: usize) -> Option<DraftTree> {
         let s = &self.active[at];
         let next = s.next?;
+        // NOTE: a grammar-bound sequence does not speculate: its matcher advances token by
+        // token, and a draft would need masks along the tree and a rollback past rejections.
+        if s.out.params().grammar.is_some() {
+            return None;
+        }
         let lookup = match s.out.params().speculate {
             Some(false) => return None,
             Some(true) => self.config.speculation.unwrap_or_default(),
@@ -354,7 +359,7 @@ impl Engine<'_> {
         }
         let step = match s.out.accept(t, s.tokens.len() + 1 < ctx) {
             Ok(step) => step,
-            Err(e) => return Some(Err(JobError::new(JobErrorKind::Internal, format!("detokenizing: {e}")))),
+            Err(e) => return Some(Err(JobError::new(JobErrorKind::Internal, format!("decoding: {e}")))),
         };
         if !step.release.is_empty() && !s.events.send(Event::Text(step.release)) {
             return Some(Ok(FinishReason::Cancelled));

@@ -8,6 +8,7 @@ mod admission;
 mod blend;
 mod draft_model;
 mod faults;
+mod grammar;
 mod idle;
 mod pooled;
 mod reuse;

@@ -31,7 +31,6 @@ use crate::scheduler::{Event, Job};
 use crate::sse::EventStream;
 use crate::AppState;
 
-const NO_FORMAT: &str = "constrained decoding (JSON mode and JSON schemas) is not supported by this server yet";
 const NO_THINK: &str = "this server does not separate reasoning from the answer";
 const NO_IMAGES: &str = "the served model reads text only";
 
@@ -105,7 +104,6 @@ impl Request {
     /// Checks what every generation request must, before anything is rendered.
     fn check(&self, s: &AppState) -> Result<(), ApiError> {
         api::check_model(s, self.model.as_deref().map(untagged))?;
-        refuse("format", &self.format, NO_FORMAT)?;
         refuse("think", &self.think, NO_THINK)?;
         refuse("tools", &self.tools, "tool calling is not supported by this server")?;
         refuse("logprobs", &self.logprobs, "log-probabilities are served on /v1/chat/completions and /v1/completions only")?;
@@ -119,7 +117,8 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let tenant = api::tenant(&s, &headers)?;
     let req: Request = super::parse(&body)?;
     req.check(&s)?;
-    let sampling = super::sampling(req.options.as_ref())?;
+    let mut sampling = super::sampling(req.options.as_ref())?;
+    sampling.grammar = crate::structured::ollama_format(&s, req.format.as_ref()).await?;
     if req.messages.is_empty() {
         return Ok(loaded(&s, Route::Chat));
     }
@@ -159,7 +158,8 @@ pub async fn generate(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     refuse("suffix", &req.suffix, "fill-in-the-middle is not supported by this server")?;
     refuse("template", &req.template, "the model's own chat template is the only one this server renders")?;
     refuse("context", &req.context, "token contexts are not kept; send the conversation to /api/chat (sessions cache it)")?;
-    let sampling = super::sampling(req.options.as_ref())?;
+    let mut sampling = super::sampling(req.options.as_ref())?;
+    sampling.grammar = crate::structured::ollama_format(&s, req.format.as_ref()).await?;
     if req.prompt.is_empty() {
         return Ok(loaded(&s, Route::Generate));
     }

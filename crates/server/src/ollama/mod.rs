@@ -14,8 +14,9 @@
 //!
 //! `options` map onto the sampler (`temperature`, `top_p`, `top_k`, `min_p`, `seed`,
 //! `num_predict`, `stop`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`);
-//! other options are ignored, as Ollama ignores those it does not know. Refused with a
-//! 400 naming the field rather than ignored: `format` (constrained decoding), `tools`,
+//! other options are ignored, as Ollama ignores those it does not know. `format` (`"json"`
+//! or a JSON schema) constrains the answer as OpenAI's `response_format` does
+//! (`structured.rs`). Refused with a 400 naming the field rather than ignored: `tools`,
 //! `think`, `images`, `suffix`, `template`, `context`, `logprobs`. `keep_alive` is
 //! accepted; the served model never unloads.
 

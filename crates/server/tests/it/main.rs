@@ -19,4 +19,5 @@ mod rag;
 mod rag_blend;
 mod rag_idle;
 mod server;
+mod structured;
 mod tenants;

@@ -1,0 +1,148 @@
+//! Constrained decoding (`grammar.rs`) on the tiny random-weight fixture: its free output is
+//! random text, so only the grammar makes it JSON. The `Generator` and the scheduler (batched,
+//! with prompt lookup on, which a grammar-bound sequence must not use) both end sequences
+//! under a grammar with JSON of the schema's shape and finish reason `stop`; sequences without
+//! a grammar decode as before.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::common;
+use engram_engine::{FinishReason, Generator, GrammarCompiler, PromptLookup, SamplingParams, SchedulerConfig};
+use engram_kv::{KvFormat, KvLayout, KvPool};
+use serde_json::{json, Value};
+
+/// A schema whose every value is bounded (so a random model completes it well within the
+/// token limit) and a check of an answer's shape.
+fn schemas() -> Vec<(Value, fn(&Value) -> bool)> {
+    vec![
+        (
+            json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                   "required": ["ok", "n"], "additionalProperties": false}),
+            |v| v["ok"].is_boolean() && v["n"].as_i64().is_some_and(|n| (0..=99).contains(&n)),
+        ),
+        (
+            json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                   "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 3}},
+                   "required": ["color", "tags"], "additionalProperties": false}),
+            |v| ["red", "green", "blue"].contains(&v["color"].as_str().unwrap_or("")) && v["tags"].as_array().is_some_and(|a| a.len() <= 3),
+        ),
+        (json!({"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5}, "minItems": 1, "maxItems": 4}), |v| {
+            v.as_array().is_some_and(|a| !a.is_empty() && a.len() <= 4 && a.iter().all(|x| x.as_i64().is_some_and(|x| x.abs() <= 5)))
+        }),
+    ]
+}
+
+#[test]
+fn the_generator_answers_in_the_schemas_language() {
+    let (_dir, model) = common::tiny();
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
+    let compiler = GrammarCompiler::new(&model.tokenizer, model.config.vocab).unwrap();
+    let prompt = model.tokenizer.encode("Answer in JSON:", true).unwrap().ids;
+    for (schema, ok) in schemas() {
+        for seed in 0..3 {
+            let grammar = compiler.json_schema(schema.clone()).unwrap();
+            let params = SamplingParams { max_tokens: 200, temperature: 1.0, seed, grammar: Some(grammar), ..Default::default() };
+            let g = Generator::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap();
+            assert_eq!(g.finish, FinishReason::Stop, "{schema}, seed {seed}: {:?}", g.text);
+            let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{schema}, seed {seed}: {e}: {:?}", g.text));
+            assert!(ok(&v), "{schema}, seed {seed}: {v}");
+        }
+    }
+    // Without a grammar, the fixture's text is not JSON: the grammar did the work.
+    let free = SamplingParams { max_tokens: 40, temperature: 1.0, ignore_eos: true, ..Default::default() };
+    let g = Generator::new(&model, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
+    assert!(serde_json::from_str::<Value>(&g.text).is_err(), "{:?}", g.text);
+}
+
+#[test]
+fn a_batch_under_grammars_with_prompt_lookup_on_never_drafts_for_them() {
+    let (_dir, model) = common::tiny();
+    let compiler = GrammarCompiler::new(&model.tokenizer, model.config.vocab).unwrap();
+    let mut jobs = Vec::new();
+    for (i, (schema, _)) in schemas().into_iter().enumerate() {
+        let grammar = compiler.json_schema(schema).unwrap();
+        let params = SamplingParams { max_tokens: 200, temperature: 0.8, seed: i as u64, grammar: Some(grammar), ..Default::default() };
+        jobs.push(("a b a b a b a b a b a b".to_string(), params));
+    }
+    let config = || SchedulerConfig { speculation: Some(PromptLookup::default()), ..SchedulerConfig::default() };
+    // The control: the same prompt decoded greedily without a grammar (the random model
+    // falls into a loop) drafts.
+    let free = SamplingParams { max_tokens: 96, ignore_eos: true, ..Default::default() };
+    let (_, control) = common::run_jobs(&model, KvFormat::F32, config(), &[(jobs[0].0.clone(), free)]);
+    assert!(control.draft_tokens.load(Relaxed) > 0, "without a grammar, the same prompt drafts");
+    let (out, metrics) = common::run_jobs(&model, KvFormat::F32, config(), &jobs);
+    assert_eq!(metrics.draft_tokens.load(Relaxed), 0, "grammar-bound sequences do not speculate");
+    for ((text, _, finish), (schema, ok)) in out.iter().zip(schemas()) {
+        assert_eq!(*finish, Some(FinishReason::Stop), "{schema}: {text:?}");
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{schema}: {e}: {text:?}"));
+        assert!(ok(&v), "{schema}: {v}");
+    }
+}
+
+#[test]
+fn a_schema_llguidance_cannot_compile_is_an_error_with_its_message() {
+    let (_dir, model) = common::tiny();
+    let compiler = GrammarCompiler::new(&model.tokenizer, model.config.vocab).unwrap();
+    let e = compiler.json_schema(json!({"type": "object", "properties": {"a": {"type": "nonsense"}}})).unwrap_err();
+    assert!(!e.is_empty());
+    assert!(compiler.json_schema(json!({"type": "integer", "minimum": 5, "maximum": 1})).is_err(), "unsatisfiable");
+    assert!(compiler.json_schema(json!([1])).is_err());
+    assert!(compiler.json_object().is_ok());
+}
+
+/// The mask's cost at one sequence: decode tokens per second under a grammar and free over
+/// the same number of tokens, side by side, and the mask alone (replaying the bound run's
+/// tokens through a fresh matcher: `compute_mask` + applying it + `consume`) per token.
+/// `cargo test --release -p engram-engine --test it grammar::mask_cost -- --ignored --nocapture`
+/// (tiny fixture); `ENGRAM_GRAMMAR_MODEL=path.gguf` measures that model instead.
+#[test]
+#[ignore]
+fn mask_cost() {
+    let (_dir, tiny) = common::tiny();
+    let (model, rounds) = match std::env::var("ENGRAM_GRAMMAR_MODEL").ok().filter(|p| !p.is_empty()) {
+        Some(path) => (Arc::new(engram_model::Model::load(std::path::Path::new(&path)).unwrap()), 1),
+        None => (tiny, 3),
+    };
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 512 << 20);
+    let t = Instant::now();
+    let compiler = GrammarCompiler::new(&model.tokenizer, model.config.vocab).unwrap();
+    let trie_ms = t.elapsed().as_secs_f64() * 1e3;
+    let prompt = model.tokenizer.encode("Answer in JSON:", true).unwrap().ids;
+    // Long strings: many tokens under the grammar, every one masked.
+    let schema = json!({"type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 12, "maxItems": 12});
+    let t = Instant::now();
+    let grammar = compiler.json_schema(schema).unwrap();
+    let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    let (mut free_tps, mut bound_tps, mut mask_us) = (0.0f64, 0.0f64, f64::MAX);
+    let mut n = 0;
+    for round in 0..rounds {
+        let bound = SamplingParams { max_tokens: 400, temperature: 1.0, seed: round, grammar: Some(grammar.clone()), ..Default::default() };
+        let b = Generator::new(&model, &pool).generate(&prompt, &bound, &mut |_| true).unwrap();
+        n = b.tokens.len();
+        let free = SamplingParams { max_tokens: n, temperature: 1.0, seed: round, ignore_eos: true, ..Default::default() };
+        let f = Generator::new(&model, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
+        assert_eq!(f.tokens.len(), n);
+        bound_tps = bound_tps.max(b.timings.decode_tok_s());
+        free_tps = free_tps.max(f.timings.decode_tok_s());
+        // The mask alone, over the bound run's tokens.
+        let mut st = grammar.start();
+        let mut logits = vec![0.0f32; model.config.vocab];
+        let t = Instant::now();
+        for &tok in &b.tokens {
+            st.mask(&mut logits).unwrap();
+            if model.tokenizer.is_stop_token(tok) || st.consume(tok).unwrap() {
+                break;
+            }
+        }
+        mask_us = mask_us.min(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+    }
+    eprintln!(
+        "vocab {}, 1 sequence, {n} tokens: {free_tps:.0} tok/s free, {bound_tps:.0} tok/s under a JSON schema; \
+         the mask alone {mask_us:.1} us/token ({:.2}% of a free token's {:.1} us); trie {trie_ms:.0} ms, schema {compile_ms:.1} ms",
+        model.config.vocab,
+        100.0 * mask_us / (1e6 / free_tps),
+        1e6 / free_tps
+    );
+}
