@@ -365,11 +365,30 @@ pub async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> Result<T, Api
 
 /// Renders a conversation with the model's chat template and encodes it, off the async workers.
 pub async fn render_chat(s: &AppState, messages: Vec<engram_tokenizer::ChatMessage>) -> Result<(String, Vec<u32>), ApiError> {
+    render_chat_with(s, messages, serde_json::Map::new()).await
+}
+
+/// The template variables a request may not set: the ones the renderer itself passes.
+const TEMPLATE_OWN_VARIABLES: [&str; 4] = ["messages", "add_generation_prompt", "bos_token", "eos_token"];
+
+/// [`render_chat`] with extra template variables (`chat_template_kwargs`: Qwen3's
+/// `enable_thinking`, say); one that would replace the renderer's own is a 400 naming it.
+pub async fn render_chat_with(
+    s: &AppState,
+    messages: Vec<engram_tokenizer::ChatMessage>,
+    extra: serde_json::Map<String, serde_json::Value>,
+) -> Result<(String, Vec<u32>), ApiError> {
+    if let Some(k) = extra.keys().find(|k| TEMPLATE_OWN_VARIABLES.contains(&k.as_str())) {
+        return Err(ApiError::bad_param(
+            &format!("chat_template_kwargs.{k}"),
+            format!("chat_template_kwargs.{k}: the template's `{k}` is set by the server"),
+        ));
+    }
     let model = s.model.clone();
     off_runtime(move || {
         let tok = &model.tokenizer;
         let tpl = tok.chat_template().ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
-        let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
+        let text = tpl.render_with(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""), &extra)?;
         let ids = tok.encode(&text, false)?.ids;
         Ok((text, ids))
     })

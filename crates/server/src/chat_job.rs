@@ -27,6 +27,8 @@ pub(crate) struct ChatContext<'a> {
     pub thread_id: Option<&'a str>,
     /// With `--context dual`: the thread's state entry; `""` removes it.
     pub state: Option<&'a str>,
+    /// Extra chat-template variables (`chat_template_kwargs`: Qwen3's `enable_thinking`).
+    pub template_kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// The job for `messages` (already validated) with `sampling`, for `tenant`.
@@ -39,6 +41,12 @@ pub(crate) async fn job(
     context: ChatContext<'_>,
 ) -> Result<Job, ApiError> {
     if let crate::ContextMode::Dual { .. } = s.config.context {
+        if context.template_kwargs.is_some_and(|k| !k.is_empty()) {
+            return Err(ApiError::bad_param(
+                "chat_template_kwargs",
+                "chat_template_kwargs: dual-stream contexts render each turn alone; use the default sessions mode",
+            ));
+        }
         let d = crate::dual::turn(s, &tenant, headers, context.user, context.thread_id, messages).await?;
         let params = api::params(s, d.turn.len(), sampling)?;
         // Checked before anything is sent: a bad state changes nothing.
@@ -72,7 +80,7 @@ pub(crate) async fn job(
         return Err(ApiError::bad_param("state", "a thread's state entry needs dual-stream contexts (engram serve --context dual)"));
     }
     let session = api::session(headers, context.session_id)?;
-    let (text, prompt) = api::render_chat(s, messages).await?;
+    let (text, prompt) = api::render_chat_with(s, messages, context.template_kwargs.cloned().unwrap_or_default()).await?;
     let params = api::params(s, prompt.len(), sampling)?;
     Ok(Job { owner: tenant.into(), session, text: Some(text), add_special: false, prompt, params, pinned: false })
 }

@@ -164,6 +164,8 @@ struct ChatRequest {
     /// pinned first in the thread's ring, replaced in place), rendered as a system message;
     /// `""` removes it; absent leaves it as it is.
     state: Option<String>,
+    /// Extra variables for the chat template (vLLM's field; Qwen3's `enable_thinking`).
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 #[derive(Deserialize)]
@@ -258,6 +260,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         user: req.user.as_deref(),
         thread_id: req.thread_id.as_deref(),
         state: req.state.as_deref(),
+        template_kwargs: req.chat_template_kwargs.as_ref(),
     };
     let job = crate::chat_job::job(&s, tenant, &headers, messages, sampling, context).await?;
     let (st, mut rx) = api::start(&s, job).await?;

@@ -143,6 +143,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         user: req.user.as_deref(),
         thread_id: req.thread_id.as_deref(),
         state: req.state.as_deref(),
+        ..Default::default()
     };
     let job = crate::chat_job::job(&s, tenant, &headers, messages, sampling, context).await.map_err(|e| in_ollama_terms(e, "messages"))?;
     run(&s, job, Route::Chat, req.stream.unwrap_or(true), t0).await

@@ -33,7 +33,11 @@ pub fn model() -> Arc<Model> {
 
 /// Starts a server on its own runtime thread; returns its address.
 pub fn start(budget_bytes: usize, config: ServerConfig) -> SocketAddr {
-    let model = model();
+    start_model(model(), budget_bytes, config)
+}
+
+/// [`start`] serving `model`.
+pub fn start_model(model: Arc<Model>, budget_bytes: usize, config: ServerConfig) -> SocketAddr {
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, budget_bytes);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

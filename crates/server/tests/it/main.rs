@@ -20,4 +20,5 @@ mod rag_blend;
 mod rag_idle;
 mod server;
 mod structured;
+mod template_kwargs;
 mod tenants;
