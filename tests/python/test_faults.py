@@ -280,7 +280,18 @@ def test_a_second_process_on_the_same_data_dir_is_refused(model, tmp_path):
         conversation(base, CONVERSATIONS[0])
 
         def files():
-            return sorted((p.relative_to(data), p.stat().st_size) for p in data.rglob("*") if p.is_file())
+            # The live server's own in-flight writes (`.tmp-<its pid>-`) come and go between the
+            # listing and the stat: they are not what a refused process could have changed.
+            out = []
+            for p in data.rglob("*"):
+                if f".tmp-{proc.pid}-" in p.name:
+                    continue
+                try:
+                    if p.is_file():
+                        out.append((p.relative_to(data), p.stat().st_size))
+                except FileNotFoundError:
+                    continue
+            return sorted(out)
 
         # The server saves the session in the background: wait until the directory is still.
         before, deadline = files(), time.time() + 30
