@@ -238,13 +238,11 @@ fn gemma2_without_its_window_or_either_softcap_is_another_model() {
     }
 }
 
-/// `tiny` read as Mistral with a 16-position window over every layer (transformers'
-/// MistralForCausalLM applies `sliding_window` to all layers): equal to transformers over
-/// the 326-token prompt, and far from it with the window ignored. HF folder only: llama.cpp's
-/// converter writes Mistral as `llama` without the window.
-#[test]
-fn mistral_with_its_sliding_window_matches_transformers() {
-    let path = format!("{}/tests/golden/tiny-mistral-swa.json", env!("CARGO_MANIFEST_DIR"));
+/// The golden file `name` made from `tiny`'s folder with config.json fields changed
+/// (`fixture.config_edit`), that edited folder (checked to be the one the golden was made
+/// from), and the model loaded from it.
+fn tiny_edited(name: &str) -> (tempfile::TempDir, Value, Model) {
+    let path = format!("{}/tests/golden/{name}.json", env!("CARGO_MANIFEST_DIR"));
     let g: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(tiny_hf()).unwrap() {
@@ -259,7 +257,17 @@ fn mistral_with_its_sliding_window_matches_transformers() {
     std::fs::write(&cfg_path, c.to_string()).unwrap();
     let problems = fixture_differences(&g, dir.path());
     assert!(problems.is_empty(), "the tiny fixture no longer matches {path}: {problems:?}; regenerate: {REGENERATE}");
-    let mut model = Model::load(dir.path()).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    (dir, g, model)
+}
+
+/// `tiny` read as Mistral with a 16-position window over every layer (transformers'
+/// MistralForCausalLM applies `sliding_window` to all layers): equal to transformers over
+/// the 326-token prompt, and far from it with the window ignored. HF folder only: llama.cpp's
+/// converter writes Mistral as `llama` without the window.
+#[test]
+fn mistral_with_its_sliding_window_matches_transformers() {
+    let (_dir, g, mut model) = tiny_edited("tiny-mistral-swa");
     assert_eq!(model.config.arch, Arch::Mistral);
     assert_eq!(model.config.layers, vec![LayerAttention::Sliding { window: 16 }; model.config.num_layers]);
     check_model("tiny as mistral, window 16", &model, &g);
@@ -276,22 +284,7 @@ fn mistral_with_its_sliding_window_matches_transformers() {
 /// applied to every layer. HF folder only: the fixture converter writes no `smollm3` GGUF.
 #[test]
 fn smollm3_with_a_nope_layer_matches_transformers() {
-    let path = format!("{}/tests/golden/tiny-smollm3.json", env!("CARGO_MANIFEST_DIR"));
-    let g: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    for f in std::fs::read_dir(tiny_hf()).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
-    }
-    let cfg_path = dir.path().join("config.json");
-    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
-    for (k, v) in g["fixture"]["config_edit"].as_object().expect("config_edit") {
-        c[k] = v.clone();
-    }
-    std::fs::write(&cfg_path, c.to_string()).unwrap();
-    let problems = fixture_differences(&g, dir.path());
-    assert!(problems.is_empty(), "the tiny fixture no longer matches {path}: {problems:?}; regenerate: {REGENERATE}");
-    let mut model = Model::load(dir.path()).unwrap();
+    let (_dir, g, mut model) = tiny_edited("tiny-smollm3");
     assert_eq!(model.config.arch, Arch::SmolLm3);
     assert_eq!((model.config.uses_rope(0), model.config.uses_rope(1)), (true, false));
     assert!(model.config.layer_rope(1).inv_freq.iter().all(|&f| f == 0.0), "a NoPE layer's keys move unrotated");
