@@ -19,11 +19,6 @@ use engram_policy::OwnerKey;
 use super::DualStream;
 use crate::{stream_file_name, DualDiskLedger, RingStore};
 
-/// The account an owner key belongs to ([`OwnerKey::tenant_of`]), which disk shares count by.
-fn account(owner: &str) -> &str {
-    OwnerKey::tenant_of(owner)
-}
-
 impl DualStream {
     /// Keeps this policy's files (with [`DualStream::with_dir`]) within `budget` bytes, each
     /// account within `share` bytes of it (`None`: the whole budget); files a previous process
@@ -35,13 +30,13 @@ impl DualStream {
         let mut found = rings.on_disk();
         found.sort_by_key(|(key, _, _, modified)| (*modified, key.clone()));
         for (rank, (key, owner, bytes, _)) in found.into_iter().enumerate() {
-            ledger.charge_found(&key, account(&owner), bytes, true, rank as u64);
+            ledger.charge_found(&key, OwnerKey::tenant_of(&owner), bytes, true, rank as u64);
         }
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().to_string();
             if name.starts_with("stream-") && name.ends_with(".safetensors") {
                 if let Ok(info) = engram_kv::read_meta(&e.path()) {
-                    ledger.charge_found(&name, account(&info.meta.owner), e.metadata().map_or(0, |m| m.len()), true, 0);
+                    ledger.charge_found(&name, OwnerKey::tenant_of(&info.meta.owner), e.metadata().map_or(0, |m| m.len()), true, 0);
                 }
             }
         }
@@ -57,14 +52,14 @@ impl DualStream {
     /// Charges `owner`'s `thread` ring at `bytes` (just saved) and enforces the budget.
     pub(super) fn charge_ring(&mut self, owner: &str, thread: &str, bytes: u64) {
         let Some(ledger) = self.ledger.as_mut() else { return };
-        ledger.charge(&RingStore::ring_key(owner, thread), account(owner), bytes, true);
+        ledger.charge(&RingStore::ring_key(owner, thread), OwnerKey::tenant_of(owner), bytes, true);
         self.enforce_disk_budget();
     }
 
     /// Charges `owner`'s stream file at `bytes` (just written or restored) and enforces the budget.
     pub(super) fn charge_stream(&mut self, owner: &str, bytes: u64) {
         let Some(ledger) = self.ledger.as_mut() else { return };
-        ledger.charge(&stream_file_name(owner), account(owner), bytes, true);
+        ledger.charge(&stream_file_name(owner), OwnerKey::tenant_of(owner), bytes, true);
         self.enforce_disk_budget();
     }
 
