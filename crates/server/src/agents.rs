@@ -1,7 +1,8 @@
 //! Agents: named owners with their own isolated cache.
 //!
-//! Each agent's requests run in its own tenant key (`<tenant>\x1fagent:<id>`)
-//! on one named session, so nothing else can match its cache, and the
+//! Each agent's requests run in its own owner key ([`OwnerKey::agent`]) on one named
+//! session (with `--context dual`: the agent is the user of its own persistent stream,
+//! its ring thread `main` unless `thread_id` names another), so nothing else can match its cache, and the
 //! scheduler runs its requests one at a time in arrival order (a named
 //! session is busy while a request uses it). Agents are kept by
 //! [`crate::agent_registry`] (on disk when sessions are). Deleting an agent
@@ -23,9 +24,9 @@ use serde_json::json;
 
 use crate::agent_registry::Agent;
 use crate::api;
+use crate::chat_job::ChatContext;
 use crate::error::ApiError;
 use crate::openai::{finish_str, to_chat, InMessage, SamplingFields};
-use crate::scheduler::Job;
 use crate::AppState;
 
 /// The owner key of `tenant`'s agent `id`: its sessions, pinned on disk, are the agent's memory.
@@ -81,6 +82,8 @@ pub(crate) async fn delete(State(s): State<AppState>, headers: HeaderMap, Path(i
 #[derive(Deserialize)]
 struct GenerateRequest {
     messages: Option<Vec<InMessage>>,
+    /// With `--context dual`: the agent's thread (default `main`).
+    thread_id: Option<String>,
     prompt: Option<String>,
     max_tokens: Option<i64>,
     #[serde(flatten)]
@@ -104,22 +107,19 @@ pub(crate) async fn generate(
         (None, Some(p)) => chat.push(ChatMessage::new("user", p)),
         _ => return Err(ApiError::bad_request("give exactly one of `messages` and `prompt`")),
     }
-    let (text, prompt) = api::render_chat(&s, chat).await?;
     let sampling = req.sampling.with_max_tokens(req.max_tokens);
-    let params = api::params(&s, prompt.len(), sampling)?;
-    let job = Job {
-        owner: cache_key(&tenant, &id),
-        session: Some("main".into()),
-        text: Some(text),
-        add_special: false,
-        prompt,
-        params,
-        pinned: true,
-    };
+    let context = ChatContext { agent: Some(&id), thread_id: req.thread_id.as_deref(), ..Default::default() };
+    let job = crate::chat_job::job(&s, tenant.clone(), &headers, chat, sampling, context).await?;
     // Submitted only if the agent found above is still registered, under the lock a
     // delete holds while it removes the agent and forgets its cache (see the module doc).
     let submitted = s.agents.while_current(&tenant, &agent, || s.engine.submit(job));
-    let rx = submitted.ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))??;
+    let Some(rx) = submitted else {
+        // Deleted meanwhile: with --context dual the job's anchors already reached the
+        // policy, after the delete's forget; forget them again so nothing of it stays.
+        s.engine.forget(cache_key(&tenant, &id));
+        return Err(ApiError::not_found(format!("no agent {id:?}")));
+    };
+    let rx = rx?;
     let (st, mut rx) = api::started(rx).await?;
     let done = api::collect(&mut rx).await?;
     Ok(axum::Json(json!({

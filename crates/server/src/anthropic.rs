@@ -1,7 +1,10 @@
 //! Anthropic Messages API: `POST /v1/messages`, non-streamed and streamed
 //! (`message_start`, `content_block_start`, `content_block_delta`,
 //! `content_block_stop`, `message_delta`, `message_stop`), and
-//! `POST /v1/messages/count_tokens`. Errors use Anthropic's body shape.
+//! `POST /v1/messages/count_tokens`. Errors use Anthropic's body shape. A request becomes
+//! its job through the chat routes' shared path (`chat_job.rs`): sessions, prefix caching
+//! and, with `--context dual`, the persistent stream of `metadata.user_id` and the ring of
+//! `thread_id` (or `X-Engram-Thread`).
 //! `tools` and `tool_choice` are rejected with a 400 naming the field.
 
 use axum::body::Bytes;
@@ -15,9 +18,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::{self, Sampling, Unsupported};
+use crate::chat_job::ChatContext;
 use crate::error::{AnthropicError, ApiError};
 use crate::openai::Content;
-use crate::scheduler::{Event, Job};
+use crate::scheduler::Event;
 use crate::{sse, AppState};
 
 #[derive(Deserialize)]
@@ -38,8 +42,17 @@ struct MessagesRequest {
     top_k: Option<i64>,
     stop_sequences: Option<Vec<String>>,
     session_id: Option<String>,
+    /// `metadata.user_id`: with `--context dual`, whose persistent stream.
+    metadata: Option<Metadata>,
+    /// With `--context dual`: which thread's ring (else `X-Engram-Thread`).
+    thread_id: Option<String>,
     #[serde(flatten)]
     unsupported: Unsupported,
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    user_id: Option<String>,
 }
 
 fn stop_reason(f: FinishReason, stopped_by_sequence: bool) -> &'static str {
@@ -100,9 +113,7 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     let req: MessagesRequest = api::parse(&body)?;
     api::check_model(&s, req.model.as_deref())?;
     req.unsupported.check()?;
-    let session = api::session(&headers, req.session_id.as_deref())?;
     let chat = conversation(req.messages, req.system)?;
-    let (text, prompt) = api::render_chat(&s, chat).await?;
     let temperature = req.temperature;
     if temperature.is_some_and(|t| t > 1.0) {
         return Err(ApiError::bad_param("temperature", "temperature must be in [0, 1]").into());
@@ -115,9 +126,14 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         stop: req.stop_sequences.unwrap_or_default(),
         ..Default::default()
     };
-    let params = api::params(&s, prompt.len(), sampling)?;
-    let (st, mut rx) =
-        api::start(&s, Job { owner: tenant.into(), session, text: Some(text), add_special: false, prompt, params, pinned: false }).await?;
+    let context = ChatContext {
+        session_id: req.session_id.as_deref(),
+        user: req.metadata.as_ref().and_then(|m| m.user_id.as_deref()),
+        thread_id: req.thread_id.as_deref(),
+        ..Default::default()
+    };
+    let job = crate::chat_job::job(&s, tenant, &headers, chat, sampling, context).await?;
+    let (st, mut rx) = api::start(&s, job).await?;
     let id = api::new_id("msg");
     let model = s.config.model_id.clone();
     if !req.stream.unwrap_or(false) {

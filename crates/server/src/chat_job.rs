@@ -1,5 +1,6 @@
 //! A chat request → the engine [`Job`] that answers it, shared by every chat route
-//! (OpenAI's `/v1/chat/completions`, Ollama's `/api/chat`), so each gets the same
+//! (OpenAI's `/v1/chat/completions`, Anthropic's `/v1/messages`, Ollama's `/api/chat` and
+//! templated `/api/generate`, an agent's `/v1/agents/{id}/generate`), so each gets the same
 //! context handling: with `--context dual`, the user's persistent stream and the
 //! thread's ring (`dual.rs`); otherwise the whole conversation rendered with the chat
 //! template under the request's session (`session_id` / `X-Session-Id`, or the
@@ -29,6 +30,9 @@ pub(crate) struct ChatContext<'a> {
     pub state: Option<&'a str>,
     /// Extra chat-template variables (`chat_template_kwargs`: Qwen3's `enable_thinking`).
     pub template_kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    /// The agent the request runs as: its own owner key and its one session `main`, pinned on
+    /// disk (with `--context dual`: the agent is the user, `main` its default thread).
+    pub agent: Option<&'a str>,
 }
 
 /// The job for `messages` (already validated) with `sampling`, for `tenant`.
@@ -47,7 +51,11 @@ pub(crate) async fn job(
                 "chat_template_kwargs: dual-stream contexts render each turn alone; use the default sessions mode",
             ));
         }
-        let d = crate::dual::turn(s, &tenant, headers, context.user, context.thread_id, messages).await?;
+        let owner = match context.agent {
+            Some(id) => crate::dual::DualOwner::agent(&tenant, id),
+            None => crate::dual::DualOwner::user(&tenant, context.user)?,
+        };
+        let d = crate::dual::turn(s, owner, headers, context.thread_id, messages).await?;
         let params = api::params(s, d.turn.len(), sampling)?;
         // Checked before anything is sent: a bad state changes nothing.
         let state = match context.state {
@@ -73,14 +81,17 @@ pub(crate) async fn job(
             add_special: false,
             prompt: d.turn,
             params,
-            pinned: false,
+            pinned: context.agent.is_some(),
         });
     }
     if context.state.is_some() {
         return Err(ApiError::bad_param("state", "a thread's state entry needs dual-stream contexts (engram serve --context dual)"));
     }
-    let session = api::session(headers, context.session_id)?;
+    let (owner, session) = match context.agent {
+        Some(id) => (engram_engine::OwnerKey::agent(&tenant, id), Some("main".to_string())),
+        None => (tenant.into(), api::session(headers, context.session_id)?),
+    };
     let (text, prompt) = api::render_chat_with(s, messages, context.template_kwargs.cloned().unwrap_or_default()).await?;
     let params = api::params(s, prompt.len(), sampling)?;
-    Ok(Job { owner: tenant.into(), session, text: Some(text), add_special: false, prompt, params, pinned: false })
+    Ok(Job { owner, session, text: Some(text), add_special: false, prompt, params, pinned: context.agent.is_some() })
 }

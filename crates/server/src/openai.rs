@@ -261,6 +261,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         thread_id: req.thread_id.as_deref(),
         state: req.state.as_deref(),
         template_kwargs: req.chat_template_kwargs.as_ref(),
+        ..Default::default()
     };
     let job = crate::chat_job::job(&s, tenant, &headers, messages, sampling, context).await?;
     let (st, mut rx) = api::start(&s, job).await?;
@@ -339,6 +340,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     let logprobs = crate::logprobs::completion_request(lp.as_ref())?;
     req.unsupported.check()?;
     check_n(req.n)?;
+    crate::dual::refuse_raw_prompt(&s, "prompt", "/v1/completions")?;
     let session = api::session(&headers, req.session_id.as_deref())?;
     let encode = |t: String| {
         let model = s.model.clone();

@@ -165,6 +165,7 @@ pub async fn generate(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         return Ok(loaded(&s, Route::Generate));
     }
     let job = if req.raw {
+        crate::dual::refuse_raw_prompt(&s, "raw", "/api/generate with raw")?;
         // As the text is: no template, the tokenizer's own special tokens (as /v1/completions).
         let session = api::session(&headers, req.session_id.as_deref())?;
         let (model, text) = (s.model.clone(), req.prompt);

@@ -10,6 +10,7 @@ mod count_tokens;
 mod discovery;
 mod dual;
 mod dual_persist;
+mod dual_routes;
 mod embeddings;
 mod facts;
 mod fuzz_bodies;
