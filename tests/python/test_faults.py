@@ -12,7 +12,9 @@ reported as stored (an agent it answered 201 for) must still be there after a re
   per-process file-size limit (RLIMIT_FSIZE, writes fail with EFBIG) — saves fail, answers
   do not, an agent that cannot be stored is an error and not a 201;
 - a read-only data dir (the server run as `nobody` when the tests run as root);
-- cache files truncated and swapped while the server holds their sessions restored.
+- cache files truncated and swapped while the server holds their sessions restored;
+- with `--context dual`, users' stream files and threads' ring files truncated and swapped
+  under the running server.
 """
 
 import os
@@ -312,3 +314,79 @@ def test_a_second_process_on_the_same_data_dir_is_refused(model, tmp_path):
         stop_server(proc)
     r = subprocess.run([str(BIN), "cache", "ls", "--data-dir", str(data)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def dual_chat(base, messages, user, thread):
+    r = requests.post(base + "/v1/chat/completions", timeout=60,
+                      json={"model": "tiny-q8_0", "messages": messages, "max_tokens": 10, "temperature": 0,
+                            "user": user, "thread_id": thread})
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"]["content"]
+
+
+class DualScript:
+    """One conversation per (user, thread) against one `--context dual` server, the history
+    kept here as a client keeps it."""
+
+    def __init__(self, base):
+        self.base, self.history = base, {}
+
+    def say(self, user, thread, text):
+        msgs = self.history.setdefault((user, thread), [{"role": "system", "content": "Answer briefly."}])
+        msgs.append({"role": "user", "content": text})
+        answer = dual_chat(self.base, list(msgs), user, thread)
+        msgs.append({"role": "assistant", "content": answer})
+        return answer
+
+
+def test_dual_stream_files_truncated_or_swapped_under_a_running_server(model, tmp_path):
+    """`--context dual`: users' persistent stream files and their threads' ring files cut to
+    nothing (and two stream files swapped) under the running server. The server keeps
+    answering, each answer equal to a server that never saw the damage; restarted on the
+    damaged directory, a new thread answers as on a fresh server."""
+    data = tmp_path / "dual"
+    ref_proc, ref_base = spawn_server(model, tmp_path / "dual-ref", "--context", "dual")
+    proc, base = spawn_server(model, data, "--context", "dual")
+    try:
+        ref, got = DualScript(ref_base), DualScript(base)
+
+        def both(user, thread, text):
+            want = ref.say(user, thread, text)
+            assert got.say(user, thread, text) == want, f"{user}/{thread}: {text!r}"
+
+        for user in ("ann", "bob"):
+            both(user, "t1", f"{user} asks about rings.")
+            both(user, "t1", "And then?")
+        dual_dir = data / "kv" / "dual"
+        # The stream files are written in the background: wait for both users' and the rings'.
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            streams = sorted(dual_dir.glob("stream-*.safetensors"))
+            if len(streams) >= 2:
+                break
+            time.sleep(0.2)
+        assert len(streams) >= 2, f"expected both users' stream files in {dual_dir}: {list(dual_dir.iterdir())}"
+        files = sorted(p for p in dual_dir.rglob("*.safetensors") if p.is_file())
+        assert len(files) > len(streams), f"expected ring turn files beside the streams: {files}"
+        for f in files:
+            with open(f, "r+b") as h:
+                os.ftruncate(h.fileno(), 0)
+        tmp = streams[0].with_name("swap-under-test")
+        os.rename(streams[0], tmp)
+        os.rename(streams[1], streams[0])
+        os.rename(tmp, streams[1])
+        # A new thread of each user attends the stream; the old threads go on with their rings.
+        for user in ("ann", "bob"):
+            both(user, "t2", "A new thread.")
+            both(user, "t1", "Once more.")
+        assert proc.poll() is None, "the server died"
+    finally:
+        stop_server(proc)
+    proc, base = spawn_server(model, data, "--context", "dual")
+    try:
+        got = DualScript(base)
+        for user in ("ann", "bob"):
+            both(user, "t3", "After the restart.")
+    finally:
+        stop_server(proc)
+        stop_server(ref_proc)

@@ -46,8 +46,8 @@ pub use error::KvError;
 pub use format::KvFormat;
 pub use pending::PendingRows;
 pub use persist::{
-    cache_fingerprint, cache_key, check_in_background, open_entry, open_entry_unchecked, read_entry, read_entry_mapped, read_meta,
-    write_entry, ChecksumCheck, EntryInfo, EntryKind, EntryMeta, PersistError, UncheckedEntry,
+    cache_fingerprint, cache_key, check_in_background, open_entry, open_entry_unchecked, read_entry, read_meta, write_entry, ChecksumCheck,
+    EntryInfo, EntryKind, EntryMeta, PersistError, UncheckedEntry,
 };
 pub use pool::{KvLayout, KvPool};
 pub use seq::SeqKv;

@@ -354,31 +354,6 @@ pub fn read_entry(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_si
     Ok((meta, kv))
 }
 
-/// [`read_entry`] whose blocks stay the file's pages, never copied into RAM: for a file
-/// many sequences share read-only (a user's persistent stream in the dual-stream contexts), so its KV is one
-/// copy in the page cache however many forks attend it, and the kernel may drop and re-read
-/// clean pages under memory pressure instead of the process holding them.
-///
-/// Invariant: every check of [`read_entry`] (header, shape, fingerprint, token ids, the
-/// checksum over every byte) has passed before the sequence is returned.
-///
-/// NOTE: a mapped block reads the file for as long as it lives, so the file must stay as
-/// written: entry files are never modified in place (a newer version is renamed over the
-/// name; the mapping keeps the old inode), and only a foreign process truncating the file
-/// could fault a read (SIGBUS). Callers use it for files in their own directory.
-pub fn read_entry_mapped(
-    path: &Path,
-    pool: &KvPool,
-    expect_fingerprint: &str,
-    vocab_size: usize,
-) -> Result<(EntryMeta, SeqKv), PersistError> {
-    let (meta, kv, sum) = open(path, pool, expect_fingerprint, vocab_size)?;
-    #[cfg(unix)]
-    let _ = sum.map.advise(memmap2::Advice::WillNeed);
-    check_sum(&sum.path, &sum.map[sum.data_offset..], sum.checksum, sum.hasher)?;
-    Ok((meta, kv))
-}
-
 /// What is left to verify of an opened entry: the checksum over its bytes.
 struct PendingSum {
     path: PathBuf,

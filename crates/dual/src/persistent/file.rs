@@ -1,7 +1,10 @@
 //! A user's persistent stream as an immutable entry file: its KV written in
 //! `engram-kv`'s entry format (checksummed, fingerprinted, `kind` `prefix`, `owner` the user),
-//! then mapped back, so every thread of the user attends one copy of it in the page cache;
-//! after a restart the stream is restored from the file instead of prefilled again.
+//! then read back with every check passed, so the stream every thread of the user forks (one
+//! copy, charged once) is what the file holds; after a restart the stream is restored from the
+//! file instead of prefilled again. The blocks read back are copied into RAM once the checksum
+//! passes (as a session's are), so a file truncated or swapped under the server afterwards
+//! cannot fault a read of them (SIGBUS).
 //!
 //! ```text
 //!  <dir>/stream-<blake3(owner), 32 hex>.safetensors
@@ -18,7 +21,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engram_kv::{read_entry_mapped, write_entry, EntryKind, EntryMeta, KvPool, PersistError, SeqKv};
+use engram_kv::{read_entry, write_entry, EntryKind, EntryMeta, KvPool, PersistError, SeqKv};
 use serde::{Deserialize, Serialize};
 
 use super::{PersistentStream, SegmentId};
@@ -79,12 +82,12 @@ pub struct StreamSnapshot {
 
 impl StreamSnapshot {
     /// Writes the entry to `path` atomically (temp file, fsync, rename, directory fsync: a crash
-    /// leaves the old file or none, never a torn one under the name) and maps it back, every
-    /// check passed (checksum included). Returns the bytes written and the mapped KV.
-    pub fn write_and_map(self, path: &Path, pool: &KvPool, vocab: usize) -> Result<(u64, SeqKv), StreamFileError> {
+    /// leaves the old file or none, never a torn one under the name) and reads it back, every
+    /// check passed (checksum included). Returns the bytes written and the KV read back.
+    pub fn write_and_read_back(self, path: &Path, pool: &KvPool, vocab: usize) -> Result<(u64, SeqKv), StreamFileError> {
         let bytes = write_entry(path, &self.meta, &self.kv)?;
         drop(self.kv);
-        let (back, mapped) = read_entry_mapped(path, pool, &self.fingerprint, vocab)?;
+        let (back, mapped) = read_entry(path, pool, &self.fingerprint, vocab)?;
         if back.tokens != self.meta.tokens || mapped.len() != self.meta.tokens.len() {
             return Err(StreamFileError::Foreign { path: path.to_path_buf(), reason: "the file read back holds other tokens".into() });
         }
@@ -105,10 +108,10 @@ impl PersistentStream {
     }
 
     /// Writes the stream's KV to `path` (atomically: temp file, fsync, rename) and replaces the
-    /// KV by the written file's mapped blocks — the same bytes, now one copy in the page cache
-    /// that every fork shares. Returns the bytes written. Errors (the KV kept as it was): no
+    /// KV by the blocks read back from it — the same bytes, checked, one copy that every fork
+    /// shares. Returns the bytes written. Errors (the KV kept as it was): no
     /// KV yet, the file system, or a file that does not read back as written.
-    pub fn save_and_map(
+    pub fn save_and_read_back(
         &mut self,
         path: &Path,
         pool: &KvPool,
@@ -119,13 +122,13 @@ impl PersistentStream {
         let snapshot = self
             .snapshot(fingerprint, owner)
             .ok_or_else(|| StreamFileError::Foreign { path: path.to_path_buf(), reason: "the stream is not prefilled".into() })?;
-        let (bytes, mapped) = snapshot.write_and_map(path, pool, vocab)?;
+        let (bytes, mapped) = snapshot.write_and_read_back(path, pool, vocab)?;
         self.kv = Some(mapped);
         Ok(bytes)
     }
 
     /// What the stream's file would hold now (its entry metadata and a fork of its KV: blocks
-    /// shared, not copied), to write off the caller's thread ([`StreamSnapshot::write_and_map`]);
+    /// shared, not copied), to write off the caller's thread ([`StreamSnapshot::write_and_read_back`]);
     /// `None` before the stream is prefilled.
     pub fn snapshot(&self, fingerprint: &str, owner: &str) -> Option<StreamSnapshot> {
         let kv = self.kv()?;
@@ -141,10 +144,10 @@ impl PersistentStream {
         Some(StreamSnapshot { meta, kv: kv.fork(kv.len()), fingerprint: fingerprint.to_string(), generation: self.generation })
     }
 
-    /// Replaces the KV by `mapped` (a [`StreamSnapshot::write_and_map`] result) if the stream is
+    /// Replaces the KV by `mapped`, the blocks read back by [`StreamSnapshot::write_and_read_back`], if the stream is
     /// still the one the snapshot was taken of: the same generation, tokens and layout, fully
     /// prefilled. Returns whether it did (else `mapped` is dropped and nothing changes).
-    pub fn adopt_mapped(&mut self, generation: u64, tokens: &[u32], mapped: SeqKv) -> bool {
+    pub fn adopt_read_back(&mut self, generation: u64, tokens: &[u32], mapped: SeqKv) -> bool {
         let same = generation == self.generation && self.kv().is_some() && mapped.len() == self.len() && tokens == self.tokens();
         if same {
             self.kv = Some(mapped);
@@ -154,7 +157,7 @@ impl PersistentStream {
 
     /// Takes the KV from `owner`'s stream file at `path` when this stream holds none yet (a
     /// restart): as far as the file's tokens and masked slots agree with the stream's (see the
-    /// module doc), mapped, the rest left to [`PersistentStream::prefill`]. Returns the tokens
+    /// module doc), read back, the rest left to [`PersistentStream::prefill`]. Returns the tokens
     /// taken (`None`: no file, or a KV already held). Errors: the file refused whole (damaged,
     /// truncated, another model, format or user, a bad layout); nothing of it is used.
     pub fn restore_from(
@@ -169,7 +172,7 @@ impl PersistentStream {
             return Ok(None);
         }
         let foreign = |reason: String| StreamFileError::Foreign { path: path.to_path_buf(), reason };
-        let (meta, mut kv) = read_entry_mapped(path, pool, fingerprint, vocab)?;
+        let (meta, mut kv) = read_entry(path, pool, fingerprint, vocab)?;
         if meta.kind != EntryKind::Prefix || meta.owner != owner {
             return Err(foreign(format!("a {} entry of owner {:?}, not this user's stream", meta.kind, meta.owner)));
         }

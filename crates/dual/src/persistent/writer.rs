@@ -1,11 +1,11 @@
 //! The persistent streams' file writer: a background thread that writes each
-//! stream's file ([`StreamSnapshot::write_and_map`]) and hands the mapped KV back, so the engine
-//! thread never waits for a write, an fsync or a read-back; the stream keeps its KV in RAM until
-//! the caller adopts the mapped one ([`crate::PersistentStream::adopt_mapped`]).
+//! stream's file ([`StreamSnapshot::write_and_read_back`]) and hands the KV read back from it
+//! (checked) to the engine thread, which never waits for a write, an fsync or a read-back; the
+//! stream keeps its own KV until the caller adopts that one ([`crate::PersistentStream::adopt_read_back`]).
 //!
 //! ```text
-//!  engine thread:  snapshot (fork) ─▶ queue ─▶ writer: write temp, fsync, rename, map back, check
-//!                  try_results() ◀──────────────────── StreamWritten { id, mapped KV | error }
+//!  engine thread:  snapshot (fork) ─▶ queue ─▶ writer: write temp, fsync, rename, read back, check
+//!                  try_results() ◀──────────────────── StreamWritten { id, KV read back | error }
 //! ```
 //! Invariant: jobs are carried out in the order queued (a deletion after a write leaves no
 //! file); a write superseded by a later write or deletion of the same path queued before it
@@ -120,7 +120,7 @@ fn run_batch(batch: Vec<Job>, pool: &KvPool, vocab: usize, done: &Sender<StreamW
                 // Not past a flush: what was queued before it is done when it returns.
                 let superseded = paths[i + 1..].iter().take_while(|p| p.is_some()).any(|p| p.as_ref() == Some(&w.path));
                 let (id, generation, tokens) = (w.id, w.snapshot.generation, w.snapshot.meta.tokens.clone());
-                let result = if superseded { Ok(None) } else { w.snapshot.write_and_map(&w.path, pool, vocab).map(Some) };
+                let result = if superseded { Ok(None) } else { w.snapshot.write_and_read_back(&w.path, pool, vocab).map(Some) };
                 let _ = done.send(StreamWritten { id, generation, tokens, result });
             }
             Job::Delete(p) => {

@@ -249,7 +249,7 @@ impl DualStream {
             match w.result {
                 Ok(Some((bytes, mapped))) => {
                     u.writing = None;
-                    if u.stream.adopt_mapped(w.generation, &w.tokens, mapped) {
+                    if u.stream.adopt_read_back(w.generation, &w.tokens, mapped) {
                         u.saved = Some(w.generation);
                         self.stats.streams_saved += 1;
                         self.stats.stream_bytes_written += bytes;

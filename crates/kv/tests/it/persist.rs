@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 
 use engram_kv::persist::{self, MAX_HEADER_BYTES};
 use engram_kv::{
-    open_entry, read_entry, read_entry_mapped, read_meta, write_entry, EntryKind, EntryMeta, KvFormat, KvLayout, KvPool, PersistError,
-    SeqKv, BLOCK_TOKENS,
+    open_entry, read_entry, read_meta, write_entry, EntryKind, EntryMeta, KvFormat, KvLayout, KvPool, PersistError, SeqKv, BLOCK_TOKENS,
 };
 use engram_model::KvCache;
 use proptest::prelude::*;
@@ -110,9 +109,6 @@ fn read_bytes(dir: &Path, bytes: &[u8]) -> Result<(EntryMeta, SeqKv), PersistErr
         check.wait()
     });
     assert_eq!(deferred.is_ok(), r.is_ok(), "open_entry + wait disagrees with read_entry: {:?}", deferred.err());
-    // And the reader that keeps the file's pages (a persistent stream's file).
-    let mapped = read_entry_mapped(&path, &pool(KvFormat::F16), FP, VOCAB);
-    assert_eq!(mapped.is_ok(), r.is_ok(), "read_entry_mapped disagrees with read_entry: {:?}", mapped.err());
     r
 }
 
@@ -203,11 +199,11 @@ fn data_starts_on_a_cache_line_in_files_and_in_ram() {
     assert_eq!(keys, persist::KEYS.into_iter().collect());
 }
 
-/// A restored sequence leaves the file's pages once its checksum passes: the file truncated
-/// (in place, under the process, as the fault tests do) afterwards cannot fault a read of it
-/// (SIGBUS would end this test process), and it still reads what was written.
+/// A restored sequence is charged once however many forks share it (a user's persistent
+/// stream attended by every thread), reads what was written, and a foreign fingerprint or a
+/// flipped byte is refused.
 #[test]
-fn the_mapped_reader_keeps_the_files_pages_shared_by_forks() {
+fn a_restored_sequence_is_charged_once_and_shared_by_forks() {
     let dir = tempfile::tempdir().unwrap();
     for format in KvFormat::ALL {
         let n = 3 * BLOCK_TOKENS + 7;
@@ -216,22 +212,22 @@ fn the_mapped_reader_keeps_the_files_pages_shared_by_forks() {
         let original = make_kv(&p, n, 7);
         write_entry(&path, &meta(n, FP), &original).unwrap();
         let used = p.used();
-        let (m, kv) = read_entry_mapped(&path, &p, FP, VOCAB).unwrap();
+        let (m, kv) = read_entry(&path, &p, FP, VOCAB).unwrap();
         assert_eq!(m, meta(n, FP));
         assert_eq!(visible(&kv), visible(&original), "{format}");
-        assert!(kv.blocks().iter().all(|b| b.is_mapped() && !b.is_in_ram()), "{format}: the blocks stay the file's pages");
+        assert!(kv.blocks().iter().all(|b| b.is_in_ram()), "{format}: verified blocks read their RAM copy");
         let window = kv.window().map_or(0, <[u8]>::len);
         assert_eq!(p.used(), used + n.div_ceil(BLOCK_TOKENS) * p.block_bytes() + window, "{format}: charged once");
         let forks: Vec<SeqKv> = (0..8).map(|_| kv.fork(n)).collect();
         assert_eq!(p.used(), used + n.div_ceil(BLOCK_TOKENS) * p.block_bytes() + window, "{format}: forks charge nothing");
         assert!(forks.iter().all(|f| visible(f) == visible(&original)));
         // Another fingerprint is a miss, a flipped byte in the KV a corrupt file.
-        assert!(matches!(read_entry_mapped(&path, &p, "fedcba9876543210-f16", VOCAB), Err(PersistError::Mismatch { .. })));
+        assert!(matches!(read_entry(&path, &p, "fedcba9876543210-f16", VOCAB), Err(PersistError::Mismatch { .. })));
         let mut bytes = std::fs::read(&path).unwrap();
         let at = bytes.len() - 3;
         bytes[at] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert!(read_entry_mapped(&path, &p, FP, VOCAB).err().is_some_and(|e| e.is_corrupt()), "{format}");
+        assert!(read_entry(&path, &p, FP, VOCAB).err().is_some_and(|e| e.is_corrupt()), "{format}");
     }
 }
 
