@@ -29,6 +29,13 @@ pub trait TextEncoder: Send + Sync + fmt::Debug {
     fn max_tokens(&self) -> Option<usize> {
         None
     }
+    /// Whether its cosine similarities rank texts by meaning well enough to mask turns out of
+    /// attention by (dual-stream relevance masks): a trained sentence encoder does; the LLM's
+    /// pooled hidden states do not (ROC AUC 0.41 on the labelled pairs, docs/embeddings.md),
+    /// so a policy given one that does not leaves every turn attended.
+    fn ranks_relevance(&self) -> bool {
+        true
+    }
 }
 
 impl TextEncoder for Encoder {

