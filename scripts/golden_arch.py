@@ -3,7 +3,8 @@
 
 For each shape (`tiny-qwen3`: Qwen3ForCausalLM, `tiny-phi3`: Phi3ForCausalLM,
 `tiny-gemma3`: Gemma3ForCausalLM with a 16-position sliding window, `tiny-gemma2`:
-Gemma2ForCausalLM, alternating sliding layers and softcapping; `tiny-mistral-swa` and
+Gemma2ForCausalLM, alternating sliding layers and softcapping; `tiny-qwen3-moe`:
+Qwen3MoeForCausalLM, 8 experts, 2 per token, Hugging Face folder only; `tiny-mistral-swa` and
 `tiny-smollm3`: `tiny` read as Mistral with a 16-position window, and as SmolLM3 with its
 second layer NoPE) this
 generates the fixture's Hugging Face folder with `engram fixture`, loads it with
@@ -48,6 +49,7 @@ SHAPES = {
     "tiny-gemma2": "Gemma2ForCausalLM",
     "tiny-mistral-swa": "MistralForCausalLM",
     "tiny-smollm3": "SmolLM3ForCausalLM",
+    "tiny-qwen3-moe": "Qwen3MoeForCausalLM",
 }
 
 # Goldens made from another shape's folder with config.json fields changed: `tiny-mistral-swa`
@@ -78,6 +80,12 @@ NEW_TOKENS = 32
 
 # System prompt and two user turns (the first answered by the assistant).
 CHAT_MESSAGES = {
+    "tiny-qwen3-moe": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "<think>\nThe user greets me.\n</think>\n\nHello! What do you need?"},
+        {"role": "user", "content": "Name a prime."},
+    ],
     "tiny-qwen3": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
@@ -116,6 +124,7 @@ CHAT_MESSAGES = {
 # (add_generation_prompt, extra keyword arguments) rendered for each shape.
 CHAT_CASES = {
     "tiny-qwen3": [(True, {}), (True, {"enable_thinking": False}), (False, {})],
+    "tiny-qwen3-moe": [(True, {}), (False, {})],
     "tiny-phi3": [(True, {}), (False, {})],
     "tiny-gemma3": [(True, {}), (False, {})],
     "tiny-gemma2": [(True, {}), (False, {})],

@@ -1,5 +1,5 @@
 //! `ModelConfig`: the shape and positional settings of a Llama-family model
-//! (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3), read from a Hugging Face
+//! (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3), read from a Hugging Face
 //! `config.json` or from GGUF metadata, with each layer's attention geometry
 //! (global, or a sliding window of W positions).
 //!
@@ -37,6 +37,9 @@ pub enum Arch {
     /// SmolLM3: a Llama layout whose every fourth layer (or those `no_rope_layers` marks)
     /// attends without rotary embeddings (NoPE).
     SmolLm3,
+    /// Qwen3-MoE (Qwen3-30B-A3B and kin): Qwen3's attention, and in every layer a mixture of
+    /// experts in place of the MLP ([`MoeConfig`]).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -57,6 +60,8 @@ impl Arch {
             "gemma3_text" | "gemma3" => Some(Arch::Gemma3),
             "gemma2" => Some(Arch::Gemma2),
             "smollm3" => Some(Arch::SmolLm3),
+            // HF `model_type`; GGUF `general.architecture`.
+            "qwen3_moe" | "qwen3moe" => Some(Arch::Qwen3Moe),
             _ => None,
         }
     }
@@ -71,11 +76,12 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Gemma2 => "gemma2",
             Arch::SmolLm3 => "smollm3",
+            Arch::Qwen3Moe => "qwen3_moe",
         }
     }
     /// Every architecture, in the order error messages list them.
-    pub const ALL: [Arch; 8] =
-        [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Phi3, Arch::Gemma2, Arch::Gemma3, Arch::SmolLm3];
+    pub const ALL: [Arch; 9] =
+        [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Phi3, Arch::Gemma2, Arch::Gemma3, Arch::SmolLm3];
 
     /// The supported names, comma-separated, for error messages.
     pub fn supported_list() -> String {
@@ -206,6 +212,22 @@ pub enum FfnActivation {
     GeluTanh,
 }
 
+/// A mixture-of-experts feed-forward block: per token the router's softmax over `experts`
+/// picks the `top_k` most probable, each runs its own gated MLP of width `expert_ffn`, and
+/// their outputs are summed weighted by those probabilities (renormalized to sum to 1 when
+/// `norm_top_k`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MoeConfig {
+    /// Experts per layer (`num_experts`).
+    pub experts: usize,
+    /// Experts each token runs (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Each expert's MLP width (`moe_intermediate_size`).
+    pub expert_ffn: usize,
+    /// Whether the chosen experts' probabilities are renormalized (`norm_topk_prob`).
+    pub norm_top_k: bool,
+}
+
 /// The shape of a Llama-family decoder.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -251,6 +273,9 @@ pub struct ModelConfig {
     /// Layers that attend without rotary embeddings (SmolLM3's NoPE layers); `None`: every
     /// layer rotates.
     pub no_rope: Option<NoRope>,
+    /// Every layer's feed-forward block is a mixture of experts (Qwen3-MoE); `None`: one
+    /// gated MLP of width `ffn`.
+    pub moe: Option<MoeConfig>,
 }
 
 /// Which layers skip RoPE, and the identity rotation [`ModelConfig::layer_rope`] answers for
@@ -367,6 +392,13 @@ impl ModelConfig {
         }
         if self.rope_attn_factor.is_nan() || self.rope_attn_factor <= 0.0 {
             return Err(config_err(file, "rope attention factor", "must be positive"));
+        }
+        if let Some(m) = self.moe {
+            nz("num_experts", m.experts)?;
+            nz("moe_intermediate_size", m.expert_ffn)?;
+            if m.top_k == 0 || m.top_k > m.experts {
+                return Err(config_err(file, "num_experts_per_tok", format!("{} of {} experts", m.top_k, m.experts)));
+            }
         }
         if !(self.rms_eps > 0.0) {
             return Err(config_err(file, "rms_norm_eps", "must be positive"));

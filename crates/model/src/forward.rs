@@ -8,7 +8,8 @@
 //! Data flow per layer (rows = all tokens of the step):
 //! `x -> rms_norm -> q,k,v (+bias) -> (per-head q/k rms_norm) -> rope ->
 //! kv.write -> attention over kv -> o_proj -> +x -> rms_norm -> gate,up ->
-//! swiglu -> down -> +x`. The q/k norm is Qwen3's and Gemma's; Phi-3's fused
+//! swiglu -> down -> +x` (or, in a mixture-of-experts layer, the router's top experts'
+//! MLPs summed by weight, `moe.rs`). The q/k norm is Qwen3's and Gemma's; Phi-3's fused
 //! projections arrive here already split (`Weight::split_rows`), and its
 //! partial rotary is the RoPE table's width. Gemma scales the embeddings,
 //! rotates sliding layers with their own RoPE table, norms the attention and
@@ -26,6 +27,7 @@ use crate::model::Model;
 use crate::ops::{add_bias, add_in_place, geglu_tanh, rms_norm, rms_norm_in_place, swiglu};
 use crate::rope::{self, RopeTable};
 use crate::view::KeyMask;
+use crate::weights::FeedForward;
 use engram_kernels::{matmul, matmul_multi};
 
 /// Which logits a sequence wants back from a step.
@@ -245,12 +247,20 @@ impl Model {
             }
             add_in_place(&mut x, &proj);
             rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut xn);
-            matmul_multi(&[&lw.gate.matrix(), &lw.up.matrix()], &xn, total, &mut [&mut gate, &mut up]);
-            match c.ffn_act {
-                FfnActivation::Silu => swiglu(&mut gate, &up),
-                FfnActivation::GeluTanh => geglu_tanh(&mut gate, &up),
+            match (&lw.ffn, c.moe) {
+                (FeedForward::Moe(moe), Some(cfg)) => crate::moe::moe_ffn(moe, cfg, c.ffn_act, &xn, total, h, &mut proj),
+                (FeedForward::Dense(mlp), _) => {
+                    matmul_multi(&[&mlp.gate.matrix(), &mlp.up.matrix()], &xn, total, &mut [&mut gate, &mut up]);
+                    match c.ffn_act {
+                        FfnActivation::Silu => swiglu(&mut gate, &up),
+                        FfnActivation::GeluTanh => geglu_tanh(&mut gate, &up),
+                    }
+                    matmul(&mlp.down.matrix(), &gate, total, &mut proj);
+                }
+                (FeedForward::Moe(_), None) => {
+                    return Err(ModelError::BadInput(format!("layer {li} holds experts the config does not describe")))
+                }
             }
-            matmul(&lw.down.matrix(), &gate, total, &mut proj);
             if let Some(w) = &lw.post_ffn_norm {
                 rms_norm_in_place(&mut proj, w, c.rms_eps);
             }

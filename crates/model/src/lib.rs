@@ -17,15 +17,16 @@ pub mod forward;
 pub mod kv;
 pub mod load;
 pub mod model;
+pub mod moe;
 pub mod ops;
 pub mod rope;
 pub mod view;
 pub mod weights;
 
-pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, NoRope, RopeConfig, RopeStyle};
+pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, NoRope, RopeConfig, RopeStyle};
 pub use error::{ModelError, Result};
 pub use forward::{Logits, SeqStep};
 pub use kv::{KvCache, KvChunk, KvData, KvElem};
 pub use model::{AttentionPrecision, Fingerprint, Model};
 pub use view::{KeyMask, KvRead};
-pub use weights::{ModelWeights, Weight};
+pub use weights::{FeedForward, GatedMlp, ModelWeights, MoeWeights, Weight};

@@ -167,9 +167,67 @@ pub struct LayerWeights {
     pub ffn_norm: Vec<f32>,
     /// Gemma's norm of the MLP output before the residual add (`post_feedforward_layernorm`).
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// The feed-forward block after `ffn_norm`.
+    pub ffn: FeedForward,
+}
+
+impl LayerWeights {
+    /// Every matrix of the layer: the attention projections, then the feed-forward block's
+    /// (a mixture's router, then each expert's gate, up and down).
+    pub fn matrices(&self) -> Vec<&Weight> {
+        let mut out = vec![&self.q, &self.k, &self.v, &self.o];
+        match &self.ffn {
+            FeedForward::Dense(m) => out.extend(m.matrices()),
+            FeedForward::Moe(moe) => {
+                out.push(&moe.router);
+                out.extend(moe.experts.iter().flat_map(GatedMlp::matrices));
+            }
+        }
+        out
+    }
+
+    /// Weight bytes one token reads in this layer: every matrix of a dense layer; in a
+    /// mixture, the router and `experts_per_token` experts' worth (the mean expert's bytes).
+    pub fn bytes_read_per_token(&self, experts_per_token: usize) -> usize {
+        let attn: usize = [&self.q, &self.k, &self.v, &self.o].iter().map(|w| w.num_bytes()).sum();
+        let ffn = match &self.ffn {
+            FeedForward::Dense(m) => m.matrices().iter().map(|w| w.num_bytes()).sum(),
+            FeedForward::Moe(moe) => {
+                let all: usize = moe.experts.iter().flat_map(GatedMlp::matrices).map(Weight::num_bytes).sum();
+                moe.router.num_bytes() + all * experts_per_token.min(moe.experts.len()) / moe.experts.len().max(1)
+            }
+        };
+        attn + ffn
+    }
+}
+
+/// A gated MLP: `down(act(gate(x)) * up(x))`.
+pub struct GatedMlp {
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
+}
+
+impl GatedMlp {
+    /// Its gate, up and down matrices.
+    pub fn matrices(&self) -> [&Weight; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+}
+
+/// A mixture of experts (`crate::config::MoeConfig`): the router scores each expert per
+/// token (`experts` rows of `hidden`), and each expert is a gated MLP.
+pub struct MoeWeights {
+    pub router: Weight,
+    pub experts: Vec<GatedMlp>,
+}
+
+/// A layer's feed-forward block.
+pub enum FeedForward {
+    /// One gated MLP for every token.
+    Dense(GatedMlp),
+    /// A mixture of experts, a few of them per token.
+    Moe(MoeWeights),
 }
 
 /// All tensors of a model. The output matrix may be the embedding (tied).
@@ -195,8 +253,7 @@ impl ModelWeights {
     /// `f` summed over every matrix: embedding, each layer's projections, and the output
     /// unless it is tied to the embedding (the same bytes, counted once).
     fn sum_over_matrices(&self, f: impl Fn(&Weight) -> usize) -> usize {
-        let layers: usize =
-            self.layers.iter().map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|w| f(w)).sum::<usize>()).sum();
+        let layers: usize = self.layers.iter().map(|l| l.matrices().into_iter().map(&f).sum::<usize>()).sum();
         let tied = std::ptr::eq(self.output.storage.bytes().as_ptr(), self.embed.storage.bytes().as_ptr());
         f(&self.embed) + layers + if tied { 0 } else { f(&self.output) }
     }

@@ -25,9 +25,9 @@ use engram_kernels::DType;
 use engram_tokenizer::{GgufVocab, Tokenizer};
 
 use super::Loaded;
-use crate::config::{Arch, FfnActivation, LayerAttention, ModelConfig, NoRope, RopeConfig, RopeStyle};
+use crate::config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
-use crate::weights::{LayerWeights, ModelWeights, Storage, Weight};
+use crate::weights::{FeedForward, GatedMlp, LayerWeights, ModelWeights, MoeWeights, Storage, Weight};
 
 /// Loads a GGUF model file.
 pub fn load_gguf(path: &Path) -> Result<Loaded> {
@@ -179,7 +179,7 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
             .ok_or_else(|| tensor_err(label, "token_embd.weight", "missing"))? as usize,
     };
     // llama.cpp's LLAMA_ROPE_TYPE_NEOX architectures among ours.
-    let style = if matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Gemma2 | Arch::Gemma3) {
+    let style = if matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::Gemma2 | Arch::Gemma3) {
         RopeStyle::Neox
     } else {
         RopeStyle::Interleaved
@@ -219,6 +219,16 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
         attn_softcap,
         final_softcap,
         no_rope,
+        // llama.cpp's qwen3moe: softmax gating, the chosen weights always renormalized.
+        moe: match arch {
+            Arch::Qwen3Moe => Some(MoeConfig {
+                experts: f.get_u64(&key("expert_count"))? as usize,
+                top_k: f.get_u64(&key("expert_used_count"))? as usize,
+                expert_ffn: f.get_u64(&key("expert_feed_forward_length"))? as usize,
+                norm_top_k: true,
+            }),
+            _ => None,
+        },
     };
     config.validate(label)?;
     Ok(config)
@@ -331,21 +341,49 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
             }
         };
         // Phi-3 files hold q/k/v in one `attn_qkv` and gate/up in one `ffn_up` (gate first).
-        let (q, k, v, gate, up) = if c.arch == Arch::Phi3 {
+        let (q, k, v, ffn) = if c.arch == Arch::Phi3 {
             let [q, k, v]: [Weight; 3] = split(&n("attn_qkv.weight"), &[c.q_width(), c.kv_width(), c.kv_width()], c.hidden)?
                 .try_into()
                 .map_err(|_| tensor_err(label, &n("attn_qkv.weight"), "split into three"))?;
             let [gate, up]: [Weight; 2] = split(&n("ffn_up.weight"), &[c.ffn, c.ffn], c.hidden)?
                 .try_into()
                 .map_err(|_| tensor_err(label, &n("ffn_up.weight"), "split into two"))?;
-            (q, k, v, gate, up)
+            let down = matrix(&n("ffn_down.weight"), c.hidden, c.ffn)?;
+            (q, k, v, FeedForward::Dense(GatedMlp { gate, up, down }))
         } else {
+            let ffn = match c.moe {
+                // One 3-D tensor per projection, `[cols, rows, experts]`: expert e's rows are
+                // the e-th run of `rows`, split into views without copying.
+                Some(m) => {
+                    let experts = |s: &str, rows: usize, cols: usize| -> Result<Vec<Weight>> {
+                        let name = n(s);
+                        let t = f.header().tensor(&name).ok_or_else(|| tensor_err(label, &name, "missing"))?;
+                        if t.dims.as_slice() != [cols as u64, rows as u64, m.experts as u64] {
+                            return Err(tensor_err(label, &name, format!("shape {:?}, expected [{cols}, {rows}, {}]", t.dims, m.experts)));
+                        }
+                        let start = base + t.offset as usize;
+                        let storage = Storage::Mapped(map.clone(), start..start + t.n_bytes as usize);
+                        Weight::split_rows(label, &name, dtype_of(t, label)?, &vec![rows; m.experts], cols, storage)
+                    };
+                    let gates = experts("ffn_gate_exps.weight", m.expert_ffn, c.hidden)?;
+                    let ups = experts("ffn_up_exps.weight", m.expert_ffn, c.hidden)?;
+                    let downs = experts("ffn_down_exps.weight", c.hidden, m.expert_ffn)?;
+                    FeedForward::Moe(MoeWeights {
+                        router: matrix(&n("ffn_gate_inp.weight"), m.experts, c.hidden)?,
+                        experts: gates.into_iter().zip(ups).zip(downs).map(|((gate, up), down)| GatedMlp { gate, up, down }).collect(),
+                    })
+                }
+                None => FeedForward::Dense(GatedMlp {
+                    gate: matrix(&n("ffn_gate.weight"), c.ffn, c.hidden)?,
+                    up: matrix(&n("ffn_up.weight"), c.ffn, c.hidden)?,
+                    down: matrix(&n("ffn_down.weight"), c.hidden, c.ffn)?,
+                }),
+            };
             (
                 matrix(&n("attn_q.weight"), c.q_width(), c.hidden)?,
                 matrix(&n("attn_k.weight"), c.kv_width(), c.hidden)?,
                 matrix(&n("attn_v.weight"), c.kv_width(), c.hidden)?,
-                matrix(&n("ffn_gate.weight"), c.ffn, c.hidden)?,
-                matrix(&n("ffn_up.weight"), c.ffn, c.hidden)?,
+                ffn,
             )
         };
         layers.push(LayerWeights {
@@ -362,9 +400,7 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
             post_attn_norm: if c.sandwich_norms { Some(vector(&n("post_attention_norm.weight"), c.hidden)?) } else { None },
             ffn_norm: vector(&n("ffn_norm.weight"), c.hidden)?,
             post_ffn_norm: if c.sandwich_norms { Some(vector(&n("post_ffw_norm.weight"), c.hidden)?) } else { None },
-            gate,
-            up,
-            down: matrix(&n("ffn_down.weight"), c.hidden, c.ffn)?,
+            ffn,
         });
     }
     let final_norm = vector("output_norm.weight", c.hidden)?;

@@ -13,9 +13,9 @@ use safetensors::SafeTensors;
 use serde_json::Value as Json;
 
 use super::Loaded;
-use crate::config::{Arch, FfnActivation, LayerAttention, Llama3Scaling, ModelConfig, NoRope, RopeConfig, RopeStyle};
+use crate::config::{Arch, FfnActivation, LayerAttention, Llama3Scaling, ModelConfig, MoeConfig, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
-use crate::weights::{LayerWeights, ModelWeights, Storage, Weight};
+use crate::weights::{FeedForward, GatedMlp, LayerWeights, ModelWeights, MoeWeights, Storage, Weight};
 
 /// Loads a Hugging Face model folder.
 pub fn load_hf(dir: &Path) -> Result<Loaded> {
@@ -181,7 +181,7 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         }
     }
     let attention_bias = j.get("attention_bias").and_then(|v| v.as_bool()).unwrap_or(false);
-    if attention_bias && matches!(arch, Arch::Qwen3 | Arch::Phi3) {
+    if attention_bias && matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3) {
         // Both put a bias on o_proj too, which the forward pass does not have.
         return Err(config_err(file, "attention_bias", format!("attention biases are not supported for {}", arch.name())));
     }
@@ -189,7 +189,7 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
     let num_layers = req_usize(j, file, "num_hidden_layers")?;
     let mut layers = vec![LayerAttention::Global; num_layers];
     match arch {
-        Arch::Qwen3 | Arch::SmolLm3 if j.get("use_sliding_window").and_then(|v| v.as_bool()).unwrap_or(false) => {
+        Arch::Qwen3 | Arch::Qwen3Moe | Arch::SmolLm3 if j.get("use_sliding_window").and_then(|v| v.as_bool()).unwrap_or(false) => {
             return Err(config_err(file, "use_sliding_window", format!("sliding-window attention is not supported for {}", arch.name())));
         }
         // transformers' Phi-3 applies `sliding_window` whenever it is set.
@@ -293,7 +293,7 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         rope,
         max_positions,
         qkv_bias: arch == Arch::Qwen2 || attention_bias,
-        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
         rope_attn_factor,
         // Gemma ties its embeddings unless told otherwise (Gemma3TextConfig's default).
         tied_embeddings: j.get("tie_word_embeddings").and_then(|v| v.as_bool()).unwrap_or(gemma),
@@ -308,9 +308,32 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         attn_softcap,
         final_softcap,
         no_rope,
+        moe: if arch == Arch::Qwen3Moe { Some(qwen3_moe(j, file, num_layers)?) } else { None },
     };
     config.validate(file)?;
     Ok(config)
+}
+
+/// Qwen3-MoE's experts (`num_experts`, written `num_local_experts` by transformers 5), with
+/// every layer sparse: `decoder_sparse_step` other than 1 or a non-empty `mlp_only_layers`
+/// (dense layers between the sparse ones) is refused by name.
+fn qwen3_moe(j: &Json, file: &str, num_layers: usize) -> Result<MoeConfig> {
+    let experts = match get_usize(j, file, "num_experts")? {
+        Some(n) => n,
+        None => req_usize(j, file, "num_local_experts")?,
+    };
+    if get_usize(j, file, "decoder_sparse_step")?.is_some_and(|s| s != 1 && s <= num_layers) {
+        return Err(config_err(file, "decoder_sparse_step", "dense layers between sparse ones are not supported (only 1)"));
+    }
+    if j.get("mlp_only_layers").and_then(|v| v.as_array()).is_some_and(|a| !a.is_empty()) {
+        return Err(config_err(file, "mlp_only_layers", "dense layers between sparse ones are not supported (only [])"));
+    }
+    Ok(MoeConfig {
+        experts,
+        top_k: req_usize(j, file, "num_experts_per_tok")?,
+        expert_ffn: req_usize(j, file, "moe_intermediate_size")?,
+        norm_top_k: j.get("norm_topk_prob").and_then(|v| v.as_bool()).unwrap_or(false),
+    })
 }
 
 /// SmolLM3's NoPE layers (true: no RoPE): `no_rope_layers` where given (transformers: 1 uses
@@ -493,7 +516,7 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
         };
         let block_norm = |n: &str| -> Result<Vec<f32>> { Ok(gemma_norm(t.vector(&format!("{p}.{n}.weight"), c.hidden)?)) };
         // Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (gate first).
-        let (q, k, v, gate, up) = if c.arch == Arch::Phi3 {
+        let (q, k, v, ffn) = if c.arch == Arch::Phi3 {
             let [q, k, v]: [Weight; 3] = t
                 .get_split(&format!("{p}.self_attn.qkv_proj.weight"), &[c.q_width(), c.kv_width(), c.kv_width()], c.hidden)?
                 .try_into()
@@ -502,14 +525,29 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
                 .get_split(&format!("{p}.mlp.gate_up_proj.weight"), &[c.ffn, c.ffn], c.hidden)?
                 .try_into()
                 .map_err(|_| tensor_err("model.safetensors", "gate_up_proj", "split into two"))?;
-            (q, k, v, gate, up)
+            let down = t.get(&format!("{p}.mlp.down_proj.weight"), &[c.hidden, c.ffn])?;
+            (q, k, v, FeedForward::Dense(GatedMlp { gate, up, down }))
         } else {
+            let mlp = |p: &str, ffn: usize| -> Result<GatedMlp> {
+                Ok(GatedMlp {
+                    gate: t.get(&format!("{p}.gate_proj.weight"), &[ffn, c.hidden])?,
+                    up: t.get(&format!("{p}.up_proj.weight"), &[ffn, c.hidden])?,
+                    down: t.get(&format!("{p}.down_proj.weight"), &[c.hidden, ffn])?,
+                })
+            };
+            let ffn = match c.moe {
+                // Qwen3-MoE: the router is `mlp.gate`, expert e's MLP `mlp.experts.{e}.*_proj`.
+                Some(m) => FeedForward::Moe(MoeWeights {
+                    router: t.get(&format!("{p}.mlp.gate.weight"), &[m.experts, c.hidden])?,
+                    experts: (0..m.experts).map(|e| mlp(&format!("{p}.mlp.experts.{e}"), m.expert_ffn)).collect::<Result<_>>()?,
+                }),
+                None => FeedForward::Dense(mlp(&format!("{p}.mlp"), c.ffn)?),
+            };
             (
                 t.get(&format!("{p}.self_attn.q_proj.weight"), &[c.q_width(), c.hidden])?,
                 t.get(&format!("{p}.self_attn.k_proj.weight"), &[c.kv_width(), c.hidden])?,
                 t.get(&format!("{p}.self_attn.v_proj.weight"), &[c.kv_width(), c.hidden])?,
-                t.get(&format!("{p}.mlp.gate_proj.weight"), &[c.ffn, c.hidden])?,
-                t.get(&format!("{p}.mlp.up_proj.weight"), &[c.ffn, c.hidden])?,
+                ffn,
             )
         };
         // Gemma's `post_attention_layernorm` norms the attention output; its MLP's input norm
@@ -537,9 +575,7 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
             post_attn_norm,
             ffn_norm,
             post_ffn_norm,
-            gate,
-            up,
-            down: t.get(&format!("{p}.mlp.down_proj.weight"), &[c.hidden, c.ffn])?,
+            ffn,
         });
     }
     let final_norm = gemma_norm(t.vector("model.norm.weight", c.hidden)?);

@@ -148,8 +148,20 @@ pub fn expanded_to_f32(mut m: Model) -> Model {
     w.embed = expand(&w.embed);
     w.output = expand(&w.output);
     for l in &mut w.layers {
-        for x in [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down] {
+        for x in [&mut l.q, &mut l.k, &mut l.v, &mut l.o] {
             *x = expand(x);
+        }
+        let mlps: Vec<&mut engram_model::GatedMlp> = match &mut l.ffn {
+            engram_model::FeedForward::Dense(m) => vec![m],
+            engram_model::FeedForward::Moe(moe) => {
+                moe.router = expand(&moe.router);
+                moe.experts.iter_mut().collect()
+            }
+        };
+        for m in mlps {
+            for x in [&mut m.gate, &mut m.up, &mut m.down] {
+                *x = expand(x);
+            }
         }
     }
     m

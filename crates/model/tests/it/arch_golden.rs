@@ -92,7 +92,7 @@ fn check_parity(shape: Shape) {
 }
 
 /// One loaded model against a golden file: ids, last-position logits, argmax, greedy.
-fn check_model(what: &str, model: &Model, g: &Value) {
+pub(crate) fn check_model(what: &str, model: &Model, g: &Value) {
     let ids = u32s(&g["prompt_ids"]);
     {
         let ours = model.tokenizer.encode(g["prompt"].as_str().unwrap(), true).unwrap().ids;

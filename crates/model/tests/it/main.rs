@@ -10,4 +10,5 @@ mod chunking;
 mod formats;
 mod golden;
 mod hidden;
+mod moe;
 mod quant_types;

@@ -168,8 +168,7 @@ fn started() -> SystemTime {
 fn num_parameters(m: &Model) -> usize {
     let w = &m.weights;
     let size = |x: &engram_model::Weight| x.rows * x.cols;
-    let layers: usize =
-        w.layers.iter().map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|x| size(x)).sum::<usize>()).sum();
+    let layers: usize = w.layers.iter().map(|l| l.matrices().into_iter().map(size).sum::<usize>()).sum();
     let output = if m.config.tied_embeddings { 0 } else { size(&w.output) };
     let norms = m.config.hidden * (2 * m.config.num_layers + 1);
     size(&w.embed) + layers + output + norms

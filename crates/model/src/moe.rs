@@ -1,0 +1,85 @@
+//! The mixture-of-experts feed-forward block (Qwen3-MoE), as transformers computes it:
+//! per token the router's logits (`router · x`), their softmax in f32, the `top_k` most
+//! probable experts (ties to the lower index), their probabilities renormalized to sum to 1
+//! when the config says so; then, expert by expert in index order, the tokens routed to it
+//! run its gated MLP and its output, times the token's weight for it, is added to the
+//! token's row.
+//!
+//! Invariant: a token's output depends only on its own row (every matmul is row-independent,
+//! bitwise, and each row sums its experts in index order), so it is the same bits whatever
+//! else shares the step: results do not depend on the tokens per call.
+
+use crate::config::{FfnActivation, MoeConfig};
+use crate::ops::{geglu_tanh, swiglu};
+use crate::weights::MoeWeights;
+use engram_kernels::{matmul, matmul_multi};
+
+/// The top `k` experts of one token's router `logits`: (expert, weight) by falling
+/// probability, weights renormalized when `normalize`.
+pub fn route(logits: &[f32], k: usize, normalize: bool) -> Vec<(usize, f32)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exp: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let sum: f32 = exp.iter().sum();
+    let mut ranked: Vec<(usize, f32)> = exp.iter().map(|&e| e / sum).enumerate().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked.truncate(k);
+    if normalize {
+        let total: f32 = ranked.iter().map(|&(_, p)| p).sum();
+        ranked.iter_mut().for_each(|(_, p)| *p /= total);
+    }
+    ranked
+}
+
+/// `out` (`rows × hidden`) = the mixture's output for the normed rows `xn`.
+pub fn moe_ffn(moe: &MoeWeights, cfg: MoeConfig, act: FfnActivation, xn: &[f32], rows: usize, hidden: usize, out: &mut [f32]) {
+    let mut logits = vec![0.0f32; rows * cfg.experts];
+    matmul(&moe.router.matrix(), xn, rows, &mut logits);
+    // Per expert, the rows routed to it and their weights, in row order.
+    let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); cfg.experts];
+    for (row, l) in logits.chunks_exact(cfg.experts).enumerate() {
+        for (e, w) in route(l, cfg.top_k, cfg.norm_top_k) {
+            routed[e].push((row, w));
+        }
+    }
+    out.fill(0.0);
+    let f = cfg.expert_ffn;
+    for (expert, rows_of) in moe.experts.iter().zip(&routed) {
+        let n = rows_of.len();
+        if n == 0 {
+            continue;
+        }
+        let mut x = Vec::with_capacity(n * hidden);
+        for &(row, _) in rows_of {
+            x.extend_from_slice(&xn[row * hidden..(row + 1) * hidden]);
+        }
+        let (mut gate, mut up) = (vec![0.0f32; n * f], vec![0.0f32; n * f]);
+        matmul_multi(&[&expert.gate.matrix(), &expert.up.matrix()], &x, n, &mut [&mut gate, &mut up]);
+        match act {
+            FfnActivation::Silu => swiglu(&mut gate, &up),
+            FfnActivation::GeluTanh => geglu_tanh(&mut gate, &up),
+        }
+        let mut y = vec![0.0f32; n * hidden];
+        matmul(&expert.down.matrix(), &gate, n, &mut y);
+        for (i, &(row, w)) in rows_of.iter().enumerate() {
+            for (o, &v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(&y[i * hidden..(i + 1) * hidden]) {
+                *o += v * w;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    #[test]
+    fn routing_picks_the_most_probable_and_renormalizes() {
+        let r = route(&[0.0, 2.0, 1.0, 2.0], 2, false);
+        assert_eq!(r.iter().map(|&(e, _)| e).collect::<Vec<_>>(), [1, 3], "ties go to the lower index");
+        let total: f32 = [0.0f32, 2.0, 1.0, 2.0].iter().map(|l| l.exp()).sum();
+        assert!((r[0].1 - 2f32.exp() / total).abs() < 1e-6);
+        let n = route(&[0.0, 2.0, 1.0, 2.0], 2, true);
+        assert!((n[0].1 - 0.5).abs() < 1e-6 && (n[1].1 - 0.5).abs() < 1e-6);
+        assert_eq!(route(&[5.0, 1.0, 3.0], 1, true), vec![(0, 1.0)]);
+    }
+}

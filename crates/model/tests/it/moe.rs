@@ -1,0 +1,141 @@
+//! Qwen3-MoE (a mixture of experts in every layer) against Hugging Face transformers: the
+//! `tiny-qwen3-moe` fixture (Qwen3MoeForCausalLM: 8 experts, 2 per token, renormalized) run
+//! from its Hugging Face folder against `tests/golden/tiny-qwen3-moe.json` (made by
+//! `scripts/golden_arch.py`): ids, last-position logits, the argmax at every position,
+//! a 32-token greedy continuation and the chat template. A token's experts and output do
+//! not depend on what else shares its step; what the mixture does not implement is refused
+//! by name.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use crate::arch_golden::check_model;
+use crate::common::*;
+use crate::golden::fixture_differences;
+use engram_fixture::Shape;
+use engram_model::{Arch, Logits, Model, SeqStep};
+use serde_json::Value;
+
+fn fixture() -> &'static (tempfile::TempDir, PathBuf) {
+    static FX: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    FX.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fx =
+            engram_fixture::generate(Shape::TinyQwen3Moe, engram_fixture::DEFAULT_SEED, dir.path(), &[], &mut |_| {}).expect("generate");
+        (dir, fx.hf_dir)
+    })
+}
+
+fn golden() -> Value {
+    let path = format!("{}/tests/golden/tiny-qwen3-moe.json", env!("CARGO_MANIFEST_DIR"));
+    let g: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let problems = fixture_differences(&g, &fixture().1);
+    assert!(
+        problems.is_empty(),
+        "the fixture no longer matches {path}; regenerate it with scripts/golden_arch.py:\n  {}",
+        problems.join("\n  ")
+    );
+    g
+}
+
+#[test]
+fn qwen3_moe_matches_transformers_from_hf() {
+    let model = Model::load(&fixture().1).unwrap();
+    let m = model.config.moe.expect("a mixture of experts");
+    assert_eq!((model.config.arch, m.experts, m.top_k, m.expert_ffn, m.norm_top_k), (Arch::Qwen3Moe, 8, 2, 48, true));
+    check_model("tiny-qwen3-moe hf", &model, &golden());
+}
+
+#[test]
+fn qwen3_moe_chat_template_renders_like_transformers() {
+    let g = golden();
+    let model = Model::load(&fixture().1).unwrap();
+    let tpl = model.tokenizer.chat_template().expect("a chat template");
+    let messages: Vec<engram_tokenizer::ChatMessage> = g["chat_messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| engram_tokenizer::ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    let (bos, eos) = (model.tokenizer.bos_token().unwrap_or(""), model.tokenizer.eos_token().unwrap_or(""));
+    for case in g["chat"].as_array().unwrap() {
+        let kwargs = case["kwargs"].as_object().cloned().unwrap_or_default();
+        let add = case["add_generation_prompt"].as_bool().unwrap();
+        let ours = tpl.render_with(&messages, add, bos, eos, &kwargs).unwrap();
+        assert_eq!(ours, case["rendered"].as_str().unwrap(), "{kwargs:?} add_generation_prompt={add}");
+    }
+}
+
+fn chunked_logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let mut kv = VecKv::new(model);
+    let (mut out, mut pos) = (Vec::new(), 0);
+    for c in tokens.chunks(chunk) {
+        let mut step = [SeqStep { tokens: c, first_pos: pos, positions: None, key_mask: None, kv: &mut kv, logits: Logits::All }];
+        out.extend(model.forward(&mut step).unwrap().remove(0));
+        pos += c.len();
+    }
+    out
+}
+
+/// Each token is routed on its own row: one chunk, several, token by token, and batched with
+/// another sequence all give the same logits (to the attention's float tolerance).
+#[test]
+fn a_tokens_experts_do_not_depend_on_what_shares_its_step() {
+    let model = Model::load(&fixture().1).unwrap();
+    let ids = model.tokenizer.encode(&PROMPT.repeat(2), true).unwrap().ids;
+    let whole = chunked_logits(&model, &ids, ids.len());
+    for chunk in [1, 7] {
+        let err = rel_err(&chunked_logits(&model, &ids, chunk), &whole);
+        assert!(err < 1e-5, "chunk {chunk}: relative error {err}");
+    }
+    let other = model.tokenizer.encode("A different prompt, routed to other experts.", true).unwrap().ids;
+    let (mut ka, mut kb) = (VecKv::new(&model), VecKv::new(&model));
+    let mut steps = [
+        SeqStep { tokens: &ids, first_pos: 0, positions: None, key_mask: None, kv: &mut ka, logits: Logits::All },
+        SeqStep { tokens: &other, first_pos: 0, positions: None, key_mask: None, kv: &mut kb, logits: Logits::All },
+    ];
+    let out = model.forward(&mut steps).unwrap();
+    assert_eq!(out[0], whole, "batched with another sequence: the same bits");
+    assert!(rel_err(&out[1], &all_logits(&model, &other)) < 1e-5);
+}
+
+#[test]
+fn what_the_mixture_does_not_implement_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let edits: [(&str, Value, &str); 3] = [
+        ("decoder_sparse_step", 2.into(), "decoder_sparse_step"),
+        ("mlp_only_layers", serde_json::json!([0]), "mlp_only_layers"),
+        ("num_experts_per_tok", 9.into(), "num_experts_per_tok"),
+    ];
+    for (key, value, field) in edits {
+        let copy = dir.path().join(key);
+        std::fs::create_dir_all(&copy).unwrap();
+        for e in std::fs::read_dir(&fixture().1).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+        }
+        let mut c: Value = serde_json::from_str(&std::fs::read_to_string(copy.join("config.json")).unwrap()).unwrap();
+        c[key] = value;
+        std::fs::write(copy.join("config.json"), c.to_string()).unwrap();
+        let e = Model::load(&copy).err().expect("refused").to_string();
+        assert!(e.contains(field), "{key}: {e}");
+    }
+}
+
+/// The renormalization of the chosen experts' weights is part of the model: without it the
+/// logits move far beyond the parity tolerance (so the parity check would catch it dropped).
+#[test]
+fn without_renormalized_weights_it_is_another_model() {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&fixture().1).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+    c["norm_topk_prob"] = false.into();
+    std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
+    let ids = crate::golden::u32s(&golden()["prompt_ids"]);
+    let (with, without) = (Model::load(&fixture().1).unwrap(), Model::load(dir.path()).unwrap());
+    let err = rel_err(&all_logits(&without, &ids), &all_logits(&with, &ids));
+    assert!(err > 1e-2, "renormalization changed the logits by only {err:.3e}");
+}
