@@ -2,8 +2,9 @@
 """llama.cpp on the GGUF files `engram convert` writes for the per-architecture fixtures.
 
 For each shape with a golden file from `scripts/golden_arch.py` (`tiny-qwen3`,
-`tiny-phi3`, `tiny-gemma3`, `tiny-gemma2`), generates the fixture's Hugging Face
-folder with `engram fixture`, converts it with `engram convert --format f32`, runs the file in llama.cpp
+`tiny-phi3`, `tiny-gemma3`, `tiny-gemma2`, `tiny-qwen3-moe`), generates the fixture's Hugging Face
+folder with `engram fixture`, converts it with `engram convert --format f32` (the MoE shape:
+the F32 GGUF `engram fixture` writes itself), runs the file in llama.cpp
 (llama-cpp-python) on the golden prompt ids, and prints llama.cpp's distance to
 transformers: the relative error of the last-position logits (max |diff| / max
 |golden|), the positions whose argmax agrees, and whether the greedy continuation
@@ -34,7 +35,11 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN_DIR = os.path.join(REPO, "crates", "model", "tests", "golden")
-SHAPES = ["tiny-qwen3", "tiny-phi3", "tiny-gemma3", "tiny-gemma2"]
+SHAPES = ["tiny-qwen3", "tiny-phi3", "tiny-gemma3", "tiny-gemma2", "tiny-qwen3-moe"]
+# Shapes `engram convert` does not take: their GGUF is the one `engram fixture` writes itself
+# (`tiny-qwen3-moe`: `qwen3moe`, each projection's experts one 3-D tensor, as llama.cpp's
+# converter writes them).
+FIXTURE_GGUF = {"tiny-qwen3-moe"}
 
 
 def main():
@@ -49,12 +54,15 @@ def main():
     with tempfile.TemporaryDirectory(prefix="engram-llama-arch-") as tmp:
         for shape in SHAPES:
             g = json.load(open(os.path.join(GOLDEN_DIR, f"{shape}.json"), encoding="utf-8"))
-            subprocess.run([args.engram, "fixture", shape, "--out", tmp, "--formats", "f16"], check=True, capture_output=True)
-            hf = os.path.join(tmp, "model-hf")
-            shutil.rmtree(hf, ignore_errors=True)
-            shutil.copytree(os.path.join(tmp, f"{shape}-hf"), hf)
             gguf = os.path.join(tmp, f"{shape}-f32.gguf")
-            subprocess.run([args.engram, "convert", "--model", hf, "--out", gguf, "--format", "f32"], check=True, capture_output=True)
+            if shape in FIXTURE_GGUF:
+                subprocess.run([args.engram, "fixture", shape, "--out", tmp, "--formats", "f32"], check=True, capture_output=True)
+            else:
+                subprocess.run([args.engram, "fixture", shape, "--out", tmp, "--formats", "f16"], check=True, capture_output=True)
+                hf = os.path.join(tmp, "model-hf")
+                shutil.rmtree(hf, ignore_errors=True)
+                shutil.copytree(os.path.join(tmp, f"{shape}-hf"), hf)
+                subprocess.run([args.engram, "convert", "--model", hf, "--out", gguf, "--format", "f32"], check=True, capture_output=True)
 
             ids = g["prompt_ids"]
             llm = Llama(model_path=gguf, n_ctx=1024, logits_all=True, verbose=False, n_threads=2, n_batch=512)

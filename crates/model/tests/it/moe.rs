@@ -12,18 +12,25 @@ use std::sync::OnceLock;
 use crate::arch_golden::check_model;
 use crate::common::*;
 use crate::golden::fixture_differences;
-use engram_fixture::Shape;
+use engram_fixture::{GgufFormat, Shape};
 use engram_model::{Arch, Logits, Model, SeqStep};
 use serde_json::Value;
 
-fn fixture() -> &'static (tempfile::TempDir, PathBuf) {
-    static FX: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+/// The fixture's Hugging Face folder and its F32 and F16 GGUF files (`qwen3moe`, experts as
+/// llama.cpp's 3-D tensors), made once per process.
+fn fixture() -> &'static (tempfile::TempDir, PathBuf, Vec<(GgufFormat, PathBuf)>) {
+    static FX: OnceLock<(tempfile::TempDir, PathBuf, Vec<(GgufFormat, PathBuf)>)> = OnceLock::new();
     FX.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");
-        let fx =
-            engram_fixture::generate(Shape::TinyQwen3Moe, engram_fixture::DEFAULT_SEED, dir.path(), &[], &mut |_| {}).expect("generate");
-        (dir, fx.hf_dir)
+        let formats = [GgufFormat::F32, GgufFormat::F16];
+        let fx = engram_fixture::generate(Shape::TinyQwen3Moe, engram_fixture::DEFAULT_SEED, dir.path(), &formats, &mut |_| {})
+            .expect("generate");
+        (dir, fx.hf_dir, fx.ggufs)
     })
+}
+
+fn gguf(format: GgufFormat) -> &'static PathBuf {
+    &fixture().2.iter().find(|(f, _)| *f == format).expect("written").1
 }
 
 fn golden() -> Value {
@@ -44,6 +51,21 @@ fn qwen3_moe_matches_transformers_from_hf() {
     let m = model.config.moe.expect("a mixture of experts");
     assert_eq!((model.config.arch, m.experts, m.top_k, m.expert_ffn, m.norm_top_k), (Arch::Qwen3Moe, 8, 2, 48, true));
     check_model("tiny-qwen3-moe hf", &model, &golden());
+}
+
+/// The same model from a GGUF file: `qwen3moe` metadata, the router in f32, each projection's
+/// experts one 3-D tensor split into views. The F32 file matches transformers as the folder
+/// does; the F16 file tracks it to f16's rounding.
+#[test]
+fn qwen3_moe_matches_transformers_from_gguf() {
+    let g = golden();
+    let model = Model::load(gguf(GgufFormat::F32)).unwrap();
+    assert_eq!(model.config.moe, Model::load(&fixture().1).unwrap().config.moe, "the same mixture from both files");
+    check_model("tiny-qwen3-moe gguf f32", &model, &g);
+    let ids = crate::golden::u32s(&g["prompt_ids"]);
+    let half = Model::load(gguf(GgufFormat::F16)).unwrap();
+    let err = rel_err(&all_logits(&half, &ids), &all_logits(&model, &ids));
+    assert!(err < 2e-2, "f16 against f32: {err:.3e}");
 }
 
 #[test]
