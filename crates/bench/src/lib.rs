@@ -20,6 +20,7 @@ mod engine_thread;
 mod facts;
 mod facts_stall;
 mod fidelity;
+mod kernels;
 mod membw;
 mod rag;
 mod relevance;
@@ -43,6 +44,9 @@ pub enum BenchCommand {
     Speed(speed::Args),
     /// Memory read bandwidth with 1..N threads (stream read and real GEMVs), the bound on decode.
     Membw(membw::Args),
+    /// Every matmul kernel variant per weight format: ns per row-token at several tokens per
+    /// call, and the one a loaded model runs.
+    Kernels(kernels::Args),
     /// Attention alone over a ring-like KV cache at two depths, side by side (ms per step, GB/s).
     Attention(attention::Args),
     /// Time to first token: cold vs hot vs warm (restored from disk), shared prefixes, KV formats.
@@ -79,6 +83,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Speed(a) => speed::run(a),
         BenchCommand::Cache(a) => cache::run(a),
         BenchCommand::Membw(a) => membw::run(a),
+        BenchCommand::Kernels(a) => kernels::run(a),
         BenchCommand::Attention(a) => attention::run(a),
         BenchCommand::Serve(a) => serve::run(a),
         BenchCommand::Relevance(a) => relevance::run(a),

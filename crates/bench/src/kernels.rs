@@ -1,0 +1,195 @@
+//! `engram bench kernels`: every matmul kernel variant this CPU runs, per weight format, in
+//! nanoseconds per row-token (one weight row against one token's activations), at several
+//! tokens per call, side by side in one run, and the variant `matmul` picks by default.
+//!
+//! Variants: each available kernel path ([`Isa::available`]: scalar, avx2, avx512, amx, neon)
+//! on the matrix as stored, and, where the format repacks ([`Packed::supports`]), the same path
+//! on the repacked copy (`+packed`: the lane-per-row layout the x86 paths read). The default is
+//! what a loaded model runs: [`Isa::detect`] (or `ENGRAM_SIMD`) on the repacked copy when
+//! [`Packed::for_this_cpu`] makes one. Every variant's output is checked against the scalar
+//! path's first (the integer parts are bitwise equal by design; float accumulation order may
+//! differ, so the check allows 1e-4 relative) so a fast variant that computes something else
+//! cannot pass.
+//!
+//! The matrix is random `--rows × --cols` (default 2048 × 2048, the `llama-1b` width, 4 MiB in
+//! Q8_0: it lives in L2/L3 on most machines, so these are compute figures; `bench membw` gives
+//! the bandwidth ceiling). Each figure is the median of `--reps` calls.
+//! Reproduce: `engram bench kernels --threads 2`.
+
+use std::time::Instant;
+
+use anyhow::{ensure, Result};
+use engram_kernels::internal::{matmul_with, Isa};
+use engram_kernels::{matmul, quantize, DType, Packed, WeightMatrix};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Rows (output features) of the matrix.
+    #[arg(long, default_value_t = 2048)]
+    rows: usize,
+    /// Columns (input features); a multiple of 256 so every format fits.
+    #[arg(long, default_value_t = 2048)]
+    cols: usize,
+    /// Tokens per call, comma-separated.
+    #[arg(long, default_value = "1,4,16,64", value_delimiter = ',')]
+    tokens: Vec<usize>,
+    /// Formats, comma-separated ggml names (default: every format the kernels quantize).
+    #[arg(long, value_delimiter = ',')]
+    formats: Vec<String>,
+    /// Kernel threads (default: the pool's).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Timed calls per figure; the median is reported.
+    #[arg(long, default_value_t = 9)]
+    reps: usize,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One variant's figures for one format.
+struct Row {
+    format: DType,
+    variant: String,
+    default: bool,
+    /// Nanoseconds per row-token, one per `--tokens` entry.
+    ns: Vec<f64>,
+    /// Largest relative difference from the scalar path's output.
+    max_rel_diff: f32,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    ensure!(a.rows > 0 && a.cols > 0 && a.cols % 256 == 0, "--rows must be positive and --cols a positive multiple of 256");
+    ensure!(!a.tokens.is_empty() && a.tokens.iter().all(|&n| n > 0), "--tokens must list positive counts");
+    ensure!(a.reps > 0, "--reps must be positive");
+    let before = engram_kernels::num_threads();
+    if let Some(t) = a.threads {
+        engram_kernels::set_num_threads(t.max(1));
+    }
+    let formats: Vec<DType> = if a.formats.is_empty() {
+        DType::ALL.into_iter().filter(|&d| quantize(d, &[0.0; 256], 256).is_ok()).collect()
+    } else {
+        a.formats
+            .iter()
+            .map(|n| {
+                DType::ALL.into_iter().find(|d| d.name().eq_ignore_ascii_case(n)).ok_or_else(|| anyhow::anyhow!("unknown format {n:?}"))
+            })
+            .collect::<Result<_>>()?
+    };
+    let values = random_values(a.rows * a.cols, 0x6b65_726e);
+    let max_n = *a.tokens.iter().max().expect("checked non-empty");
+    let x = random_values(max_n * a.cols, 0x6163_7473);
+    let mut rows = Vec::new();
+    for dtype in formats {
+        let data = quantize(dtype, &values, a.cols)?;
+        let plain = WeightMatrix { dtype, rows: a.rows, cols: a.cols, data: &data, packed: None };
+        let packed = Packed::new(&plain);
+        let default_packed = Packed::for_this_cpu(&plain).is_some();
+        let default_isa = Isa::detect();
+        let reference = {
+            let mut out = vec![0.0f32; max_n * a.rows];
+            matmul_with(Isa::Scalar, &plain, &x, max_n, &mut out);
+            out
+        };
+        for isa in Isa::available() {
+            for with_packed in [false, true] {
+                let w = match (with_packed, &packed) {
+                    (false, _) => plain,
+                    (true, Some(p)) => plain.with_packed(p),
+                    (true, None) => continue,
+                };
+                let mut out = vec![0.0f32; max_n * a.rows];
+                matmul_with(isa, &w, &x, max_n, &mut out);
+                let max_rel_diff = rel_diff(&out, &reference);
+                let ns = a.tokens.iter().map(|&n| ns_per_row_token(isa, &w, &x, n, a.reps)).collect();
+                let variant = if with_packed { format!("{}+packed", isa.name()) } else { isa.name().to_string() };
+                let default = isa == default_isa && with_packed == default_packed;
+                rows.push(Row { format: dtype, variant, default, ns, max_rel_diff });
+            }
+        }
+        // The default as `matmul` runs it, to confirm the variant marked default is that one.
+        let w = match Packed::for_this_cpu(&plain) {
+            Some(p) => {
+                let mut out = vec![0.0f32; a.rows];
+                let m = plain.with_packed(&p);
+                matmul(&m, &x[..a.cols], 1, &mut out);
+                out
+            }
+            None => {
+                let mut out = vec![0.0f32; a.rows];
+                matmul(&plain, &x[..a.cols], 1, &mut out);
+                out
+            }
+        };
+        ensure!(w.iter().all(|v| v.is_finite()), "{}: the default path gave a non-finite output", dtype.name());
+    }
+    engram_kernels::set_num_threads(before);
+    print(&a, &rows);
+    for r in &rows {
+        ensure!(r.max_rel_diff < 1e-4, "{} {}: differs from the scalar path by {:.2e}", r.format.name(), r.variant, r.max_rel_diff);
+    }
+    Ok(())
+}
+
+fn print(a: &Args, rows: &[Row]) {
+    if a.json {
+        for r in rows {
+            let ns: serde_json::Map<String, serde_json::Value> =
+                a.tokens.iter().zip(&r.ns).map(|(n, v)| (format!("ns_per_row_token_n{n}"), serde_json::json!(round3(*v)))).collect();
+            let mut row = serde_json::json!({
+                "format": r.format.name(), "variant": r.variant, "default": r.default,
+                "rows": a.rows, "cols": a.cols, "threads": engram_kernels::num_threads(), "reps": a.reps,
+                "max_rel_diff_vs_scalar": r.max_rel_diff,
+            });
+            row.as_object_mut().expect("an object").extend(ns);
+            println!("{row}");
+        }
+        return;
+    }
+    let heads: Vec<String> = a.tokens.iter().map(|n| format!("n={n}")).collect();
+    println!("ns per row-token, {} × {} matrix, {} threads, median of {}:", a.rows, a.cols, engram_kernels::num_threads(), a.reps);
+    println!("| format | variant | {} | vs scalar |", heads.join(" | "));
+    println!("|---|---|{}---|", "---|".repeat(a.tokens.len()));
+    for r in rows {
+        let ns: Vec<String> = r.ns.iter().map(|v| format!("{v:.2}")).collect();
+        let mark = if r.default { " (default)" } else { "" };
+        println!("| {} | {}{mark} | {} | {:.1e} |", r.format.name(), r.variant, ns.join(" | "), r.max_rel_diff);
+    }
+}
+
+/// Median nanoseconds per (row × token) of `reps` calls with `n` tokens, after one warm-up.
+fn ns_per_row_token(isa: Isa, w: &WeightMatrix, x: &[f32], n: usize, reps: usize) -> f64 {
+    let mut out = vec![0.0f32; n * w.rows];
+    let x = &x[..n * w.cols];
+    matmul_with(isa, w, x, n, &mut out);
+    let mut t: Vec<f64> = (0..reps)
+        .map(|_| {
+            let start = Instant::now();
+            matmul_with(isa, w, x, n, &mut out);
+            start.elapsed().as_nanos() as f64
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2] / (w.rows * n) as f64
+}
+
+/// Largest |a − b| relative to b's largest magnitude.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// Deterministic values in [-1, 1) (a 64-bit LCG; the bench needs variety, not quality).
+fn random_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
