@@ -84,6 +84,11 @@ fn qwen3_template_and_qk_norms() {
 }
 
 #[test]
+fn qwen3_moe_template_and_experts() {
+    six_turns_reuse_the_last_turn_and_equal_cold(Shape::TinyQwen3Moe);
+}
+
+#[test]
 fn phi3_template_and_fused_weights() {
     six_turns_reuse_the_last_turn_and_equal_cold(Shape::TinyPhi3);
 }

@@ -62,6 +62,10 @@ fn qwen3_moe_matches_transformers_from_gguf() {
     let model = Model::load(gguf(GgufFormat::F32)).unwrap();
     assert_eq!(model.config.moe, Model::load(&fixture().1).unwrap().config.moe, "the same mixture from both files");
     check_model("tiny-qwen3-moe gguf f32", &model, &g);
+    // `engram convert` writes the folder as the fixture writes its own file.
+    let converted = fixture().0.path().join("converted-f32.gguf");
+    engram_fixture::convert_hf(&fixture().1, &converted, GgufFormat::F32, &mut |_| {}).unwrap();
+    check_model("tiny-qwen3-moe converted gguf", &Model::load(&converted).unwrap(), &g);
     let ids = crate::golden::u32s(&g["prompt_ids"]);
     let half = Model::load(gguf(GgufFormat::F16)).unwrap();
     let err = rel_err(&all_logits(&half, &ids), &all_logits(&model, &ids));
