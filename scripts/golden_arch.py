@@ -4,7 +4,8 @@
 For each shape (`tiny-qwen3`: Qwen3ForCausalLM, `tiny-phi3`: Phi3ForCausalLM,
 `tiny-gemma3`: Gemma3ForCausalLM with a 16-position sliding window, `tiny-gemma2`:
 Gemma2ForCausalLM, alternating sliding layers and softcapping; `tiny-qwen3-moe`:
-Qwen3MoeForCausalLM, 8 experts, 2 per token, Hugging Face folder only; `tiny-mistral-swa` and
+Qwen3MoeForCausalLM, 8 experts, 2 per token; `tiny-mixtral`: MixtralForCausalLM, 8 experts,
+2 per token; `tiny-mistral-swa` and
 `tiny-smollm3`: `tiny` read as Mistral with a 16-position window, and as SmolLM3 with its
 second layer NoPE) this
 generates the fixture's Hugging Face folder with `engram fixture`, loads it with
@@ -50,6 +51,7 @@ SHAPES = {
     "tiny-mistral-swa": "MistralForCausalLM",
     "tiny-smollm3": "SmolLM3ForCausalLM",
     "tiny-qwen3-moe": "Qwen3MoeForCausalLM",
+    "tiny-mixtral": "MixtralForCausalLM",
 }
 
 # Goldens made from another shape's folder with config.json fields changed: `tiny-mistral-swa`
@@ -80,6 +82,10 @@ NEW_TOKENS = 32
 
 # System prompt and two user turns (the first answered by the assistant).
 CHAT_MESSAGES = {
+    "tiny-mixtral": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+    ],
     "tiny-qwen3-moe": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
@@ -125,6 +131,7 @@ CHAT_MESSAGES = {
 CHAT_CASES = {
     "tiny-qwen3": [(True, {}), (True, {"enable_thinking": False}), (False, {})],
     "tiny-qwen3-moe": [(True, {}), (False, {})],
+    "tiny-mixtral": [(True, {})],
     "tiny-phi3": [(True, {}), (False, {})],
     "tiny-gemma3": [(True, {}), (False, {})],
     "tiny-gemma2": [(True, {}), (False, {})],

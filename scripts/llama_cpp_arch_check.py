@@ -35,11 +35,11 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN_DIR = os.path.join(REPO, "crates", "model", "tests", "golden")
-SHAPES = ["tiny-qwen3", "tiny-phi3", "tiny-gemma3", "tiny-gemma2", "tiny-qwen3-moe"]
+SHAPES = ["tiny-qwen3", "tiny-phi3", "tiny-gemma3", "tiny-gemma2", "tiny-qwen3-moe", "tiny-mixtral"]
 # Shapes `engram convert` does not take: their GGUF is the one `engram fixture` writes itself
 # (`tiny-qwen3-moe`: `qwen3moe`, each projection's experts one 3-D tensor, as llama.cpp's
 # converter writes them).
-FIXTURE_GGUF = {"tiny-qwen3-moe"}
+FIXTURE_GGUF = {"tiny-qwen3-moe", "tiny-mixtral"}
 
 
 def main():

@@ -1,5 +1,5 @@
 //! `ModelConfig`: the shape and positional settings of a Llama-family model
-//! (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3), read from a Hugging Face
+//! (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3), read from a Hugging Face
 //! `config.json` or from GGUF metadata, with each layer's attention geometry
 //! (global, or a sliding window of W positions).
 //!
@@ -40,6 +40,10 @@ pub enum Arch {
     /// Qwen3-MoE (Qwen3-30B-A3B and kin): Qwen3's attention, and in every layer a mixture of
     /// experts in place of the MLP ([`MoeConfig`]).
     Qwen3Moe,
+    /// Mixtral: Mistral's block with a mixture of experts (`block_sparse_moe`, experts `w1`
+    /// gate, `w3` up, `w2` down, the chosen weights always renormalized) in every layer.
+    /// GGUF files carry it as `llama` with experts.
+    Mixtral,
 }
 
 impl Arch {
@@ -62,6 +66,7 @@ impl Arch {
             "smollm3" => Some(Arch::SmolLm3),
             // HF `model_type`; GGUF `general.architecture`.
             "qwen3_moe" | "qwen3moe" => Some(Arch::Qwen3Moe),
+            "mixtral" => Some(Arch::Mixtral),
             _ => None,
         }
     }
@@ -77,11 +82,22 @@ impl Arch {
             Arch::Gemma2 => "gemma2",
             Arch::SmolLm3 => "smollm3",
             Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Mixtral => "mixtral",
         }
     }
     /// Every architecture, in the order error messages list them.
-    pub const ALL: [Arch; 9] =
-        [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Phi3, Arch::Gemma2, Arch::Gemma3, Arch::SmolLm3];
+    pub const ALL: [Arch; 10] = [
+        Arch::Llama,
+        Arch::Mistral,
+        Arch::Mixtral,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::Phi3,
+        Arch::Gemma2,
+        Arch::Gemma3,
+        Arch::SmolLm3,
+    ];
 
     /// The supported names, comma-separated, for error messages.
     pub fn supported_list() -> String {

@@ -227,6 +227,17 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
                 expert_ffn: f.get_u64(&key("expert_feed_forward_length"))? as usize,
                 norm_top_k: true,
             }),
+            // Mixtral: a `llama` file with experts (`llama.expert_count`), each
+            // `feed_forward_length` wide, renormalized as llama.cpp's llama graph does.
+            Arch::Llama if f.get_u64_opt(&key("expert_count"))?.is_some_and(|n| n > 0) => Some(MoeConfig {
+                experts: f.get_u64(&key("expert_count"))? as usize,
+                top_k: f.get_u64(&key("expert_used_count"))? as usize,
+                expert_ffn: match f.get_u64_opt(&key("expert_feed_forward_length"))? {
+                    Some(n) => n as usize,
+                    None => f.get_u64(&key("feed_forward_length"))? as usize,
+                },
+                norm_top_k: true,
+            }),
             _ => None,
         },
     };

@@ -205,7 +205,7 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         }
         // transformers' Mistral applies `sliding_window` to every layer whenever it is set; a
         // window as long as the context changes nothing, so it stays global.
-        Arch::Mistral => {
+        Arch::Mistral | Arch::Mixtral => {
             if let Some(w) = sliding.filter(|&w| w < max_positions) {
                 layers = vec![LayerAttention::Sliding { window: w }; num_layers];
             }
@@ -308,7 +308,17 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         attn_softcap,
         final_softcap,
         no_rope,
-        moe: if arch == Arch::Qwen3Moe { Some(qwen3_moe(j, file, num_layers)?) } else { None },
+        moe: match arch {
+            Arch::Qwen3Moe => Some(qwen3_moe(j, file, num_layers)?),
+            // Mixtral's experts are `intermediate_size` wide and always renormalized.
+            Arch::Mixtral => Some(MoeConfig {
+                experts: req_usize(j, file, "num_local_experts")?,
+                top_k: req_usize(j, file, "num_experts_per_tok")?,
+                expert_ffn: req_usize(j, file, "intermediate_size")?,
+                norm_top_k: true,
+            }),
+            _ => None,
+        },
     };
     config.validate(file)?;
     Ok(config)
@@ -535,7 +545,21 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
                     down: t.get(&format!("{p}.down_proj.weight"), &[c.hidden, ffn])?,
                 })
             };
+            // Mixtral's expert e: `w1` gate, `w3` up, `w2` down.
+            let mixtral_expert = |p: &str, ffn: usize| -> Result<GatedMlp> {
+                Ok(GatedMlp {
+                    gate: t.get(&format!("{p}.w1.weight"), &[ffn, c.hidden])?,
+                    up: t.get(&format!("{p}.w3.weight"), &[ffn, c.hidden])?,
+                    down: t.get(&format!("{p}.w2.weight"), &[c.hidden, ffn])?,
+                })
+            };
             let ffn = match c.moe {
+                Some(m) if c.arch == Arch::Mixtral => FeedForward::Moe(MoeWeights {
+                    router: t.get(&format!("{p}.block_sparse_moe.gate.weight"), &[m.experts, c.hidden])?,
+                    experts: (0..m.experts)
+                        .map(|e| mixtral_expert(&format!("{p}.block_sparse_moe.experts.{e}"), m.expert_ffn))
+                        .collect::<Result<_>>()?,
+                }),
                 // Qwen3-MoE: the router is `mlp.gate`, expert e's MLP `mlp.experts.{e}.*_proj`.
                 Some(m) => FeedForward::Moe(MoeWeights {
                     router: t.get(&format!("{p}.mlp.gate.weight"), &[m.experts, c.hidden])?,

@@ -4,7 +4,8 @@
 //! `scripts/golden_arch.py`): ids, last-position logits, the argmax at every position,
 //! a 32-token greedy continuation and the chat template. A token's experts and output do
 //! not depend on what else shares its step; what the mixture does not implement is refused
-//! by name.
+//! by name. Mixtral (MixtralForCausalLM, `tiny-mixtral`) the same way, from its folder and from
+//! GGUF, where llama.cpp writes it as `llama` with experts.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -16,33 +17,69 @@ use engram_fixture::{GgufFormat, Shape};
 use engram_model::{Arch, Logits, Model, SeqStep};
 use serde_json::Value;
 
-/// The fixture's Hugging Face folder and its F32 and F16 GGUF files (`qwen3moe`, experts as
+type Files = (tempfile::TempDir, PathBuf, Vec<(GgufFormat, PathBuf)>);
+
+/// A mixture shape's Hugging Face folder and its F32 and F16 GGUF files (experts as
 /// llama.cpp's 3-D tensors), made once per process.
-fn fixture() -> &'static (tempfile::TempDir, PathBuf, Vec<(GgufFormat, PathBuf)>) {
-    static FX: OnceLock<(tempfile::TempDir, PathBuf, Vec<(GgufFormat, PathBuf)>)> = OnceLock::new();
-    FX.get_or_init(|| {
+fn files(shape: Shape) -> &'static Files {
+    static QWEN3_MOE: OnceLock<Files> = OnceLock::new();
+    static MIXTRAL: OnceLock<Files> = OnceLock::new();
+    let cell = match shape {
+        Shape::TinyQwen3Moe => &QWEN3_MOE,
+        Shape::TinyMixtral => &MIXTRAL,
+        other => panic!("not a mixture shape: {other:?}"),
+    };
+    cell.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");
         let formats = [GgufFormat::F32, GgufFormat::F16];
-        let fx = engram_fixture::generate(Shape::TinyQwen3Moe, engram_fixture::DEFAULT_SEED, dir.path(), &formats, &mut |_| {})
-            .expect("generate");
+        let fx = engram_fixture::generate(shape, engram_fixture::DEFAULT_SEED, dir.path(), &formats, &mut |_| {}).expect("generate");
         (dir, fx.hf_dir, fx.ggufs)
     })
 }
 
-fn gguf(format: GgufFormat) -> &'static PathBuf {
-    &fixture().2.iter().find(|(f, _)| *f == format).expect("written").1
+fn fixture() -> &'static Files {
+    files(Shape::TinyQwen3Moe)
 }
 
-fn golden() -> Value {
-    let path = format!("{}/tests/golden/tiny-qwen3-moe.json", env!("CARGO_MANIFEST_DIR"));
+fn gguf_of(shape: Shape, format: GgufFormat) -> &'static PathBuf {
+    &files(shape).2.iter().find(|(f, _)| *f == format).expect("written").1
+}
+
+fn gguf(format: GgufFormat) -> &'static PathBuf {
+    gguf_of(Shape::TinyQwen3Moe, format)
+}
+
+fn golden_of(shape: Shape) -> Value {
+    let path = format!("{}/tests/golden/{}.json", env!("CARGO_MANIFEST_DIR"), shape.name());
     let g: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let problems = fixture_differences(&g, &fixture().1);
+    let problems = fixture_differences(&g, &files(shape).1);
     assert!(
         problems.is_empty(),
         "the fixture no longer matches {path}; regenerate it with scripts/golden_arch.py:\n  {}",
         problems.join("\n  ")
     );
     g
+}
+
+fn golden() -> Value {
+    golden_of(Shape::TinyQwen3Moe)
+}
+
+/// Mixtral from its folder, from its GGUF (`llama` with experts) and from `engram convert`'s
+/// file: each against transformers' golden.
+#[test]
+fn mixtral_matches_transformers_from_hf_and_gguf() {
+    let g = golden_of(Shape::TinyMixtral);
+    let hf = Model::load(&files(Shape::TinyMixtral).1).unwrap();
+    let m = hf.config.moe.expect("a mixture of experts");
+    assert_eq!((hf.config.arch, m.experts, m.top_k, m.expert_ffn, m.norm_top_k), (Arch::Mixtral, 8, 2, 64, true));
+    check_model("tiny-mixtral hf", &hf, &g);
+    let gguf = Model::load(gguf_of(Shape::TinyMixtral, GgufFormat::F32)).unwrap();
+    assert_eq!((gguf.config.arch, gguf.config.moe), (Arch::Llama, hf.config.moe), "a llama file with the same experts");
+    check_model("tiny-mixtral gguf f32", &gguf, &g);
+    let converted = files(Shape::TinyMixtral).0.path().join("converted-f32.gguf");
+    engram_fixture::convert_hf(&files(Shape::TinyMixtral).1, &converted, GgufFormat::F32, &mut |_| {}).unwrap();
+    check_model("tiny-mixtral converted gguf", &Model::load(&converted).unwrap(), &g);
 }
 
 #[test]
