@@ -13,10 +13,10 @@ persistence to its data directory); `engram.compat.Llama` is llama-cpp-python's 
 import atexit as _atexit
 import weakref as _weakref
 
-from ._engram import Agent, ChatStream, EngramError, Session, __version__
+from ._engram import Agent, ChatStream, EngramError, Rag, Session, __version__, synth_corpus
 from ._engram import Engine as _Engine
 
-__all__ = ["Engine", "Agent", "Session", "ChatStream", "EngramError", "__version__"]
+__all__ = ["Engine", "Agent", "Session", "ChatStream", "Rag", "EngramError", "synth_corpus", "__version__"]
 
 # Engines still open when the interpreter exits are closed first, so their sessions reach the
 # disk before the process ends (module globals are not reliably finalized).

@@ -57,6 +57,8 @@ class Agent:
         stop: Union[str, Sequence[str], None] = ...,
         ignore_eos: Optional[bool] = ...,
         response_format: Optional[JSON] = ...,
+        logprobs: Union[bool, int, None] = ...,
+        top_logprobs: Optional[int] = ...,
     ) -> str:
         """Sends `message` as the next user turn; returns the answer's text."""
     def delete(self) -> None:
@@ -87,7 +89,26 @@ class Session:
         stop: Union[str, Sequence[str], None] = ...,
         ignore_eos: Optional[bool] = ...,
         response_format: Optional[JSON] = ...,
+        logprobs: Union[bool, int, None] = ...,
+        top_logprobs: Optional[int] = ...,
     ) -> str: ...
+
+class Rag:
+    """Personal RAG over the engine's model (the `/v1/rag/*` banks, in `<data_dir>/rag`)."""
+
+    def add(self, documents: Union[Dict[str, str], Sequence[Dict[str, str]]]) -> List[JSON]:
+        """Adds or replaces `{"id", "text", "type"?}` documents (type: txt, md, eml, ics),
+        validated whole before any is written; one report per document."""
+    def documents(self) -> List[JSON]: ...
+    def remove(self, id: str) -> int:
+        """Removes a document; returns how many chunks went with it."""
+    def query(self, query: str, *, max_tokens: Optional[int] = None, qa_threshold: Optional[float] = None, use_qa: bool = True) -> JSON:
+        """`/v1/rag/query`'s answer: `answer`, `sources`, `cache_level` (qa | kv | none),
+        `timings`, `usage`."""
+
+def synth_corpus(*, seed: int = 3, users: int = 3, topics_per_user: int = 5, updates_per_user: int = 2) -> List[JSON]:
+    """Seed 003's synthetic personal corpus: per user, `{"ingest": {id, type, text}}` and
+    `{"query", "kind", "topic"}` steps in timeline order."""
 
 class Engine:
     """A model loaded in this process with Engram's engine running: the same engine and
@@ -137,6 +158,8 @@ class Engine:
         stop: Union[str, Sequence[str], None] = ...,
         ignore_eos: Optional[bool] = ...,
         response_format: Optional[JSON] = ...,
+        logprobs: Union[bool, int, None] = ...,
+        top_logprobs: Optional[int] = ...,
     ) -> JSON:
         """A `chat.completion` dict, as `/v1/chat/completions` answers."""
     @overload
@@ -158,6 +181,8 @@ class Engine:
         stop: Union[str, Sequence[str], None] = ...,
         ignore_eos: Optional[bool] = ...,
         response_format: Optional[JSON] = ...,
+        logprobs: Union[bool, int, None] = ...,
+        top_logprobs: Optional[int] = ...,
     ) -> ChatStream:
         """An iterator of `chat.completion.chunk` dicts."""
     @overload
@@ -178,6 +203,8 @@ class Engine:
         stop: Union[str, Sequence[str], None] = ...,
         ignore_eos: Optional[bool] = ...,
         response_format: Optional[JSON] = ...,
+        logprobs: Union[bool, int, None] = ...,
+        top_logprobs: Optional[int] = ...,
     ) -> JSON:
         """A `text_completion` dict (max_tokens defaults to 16)."""
     @overload
@@ -198,6 +225,8 @@ class Engine:
         stop: Union[str, Sequence[str], None] = ...,
         ignore_eos: Optional[bool] = ...,
         response_format: Optional[JSON] = ...,
+        logprobs: Union[bool, int, None] = ...,
+        top_logprobs: Optional[int] = ...,
     ) -> ChatStream: ...
     def apply_chat_template(self, messages: Sequence[Message]) -> str:
         """The prompt text `chat` sends the engine for `messages`."""
@@ -208,6 +237,8 @@ class Engine:
     def agent(self, id: str, *, system: Optional[str] = None) -> Agent:
         """The agent `id`, created with `system` if it does not exist."""
     def agents(self) -> List[str]: ...
+    @property
+    def rag(self) -> Rag: ...
     def session(self, *, system: Optional[str] = None) -> Session: ...
     def close(self) -> None:
         """Stops the engine, writes its sessions to disk, frees the data directory."""

@@ -21,7 +21,8 @@ use engram_engine::{EngineHandle, GrammarCompiler, Job, Metrics, SchedulerConfig
 use engram_kv::EvictionPolicy;
 use engram_model::{AttentionPrecision, Model};
 use engram_server::agent_registry::Agents;
-use engram_stack::{ContextMode, StackConfig};
+use engram_server::rag::RagServerConfig;
+use engram_stack::{ContextMode, RagLayer, StackConfig};
 use engram_tokenizer::ChatMessage;
 use pyo3::prelude::*;
 
@@ -50,6 +51,8 @@ pub struct Core {
     pub model_id: String,
     pub data_dir: PathBuf,
     pub agents: Agents,
+    /// Personal RAG's banks and the segment registry the policy stack's `TreePolicy` reads.
+    pub rag: crate::rag::RagHome,
     handle: Mutex<Option<EngineHandle>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     lock: Mutex<Option<DataDirLock>>,
@@ -89,7 +92,15 @@ impl Core {
             }),
             ..Default::default()
         };
-        let stack = engram_stack::build(&model, &pool, &StackConfig { context: ContextMode::Sessions, sessions, ..Default::default() });
+        // The server's default stack: sessions under RAG's chunk KV tree (RAG jobs go to the tree;
+        // every other owner to the sessions, unchanged).
+        let registry = engram_rag::SegmentRegistry::default();
+        let rag_layer = RagLayer { registry: registry.clone(), tree_cap_bytes: RagServerConfig::new("").tree_cap_bytes, idle: None };
+        let stack = engram_stack::build(
+            &model,
+            &pool,
+            &StackConfig { context: ContextMode::Sessions, sessions, rag: Some(rag_layer), ..Default::default() },
+        );
         let policy = stack.policy;
         let config = SchedulerConfig {
             max_batch: s.max_batch,
@@ -103,6 +114,7 @@ impl Core {
         Ok(Core {
             model,
             model_id,
+            rag: crate::rag::RagHome::new(&data, registry),
             data_dir: data,
             agents,
             handle: Mutex::new(Some(handle)),

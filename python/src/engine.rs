@@ -168,6 +168,14 @@ impl Engine {
         self.core.agents.list(TENANT).into_iter().map(|a| a.id).collect()
     }
 
+    /// Personal RAG over this engine: documents in, questions answered from them (the
+    /// `/v1/rag/*` routes' banks, in `<data_dir>/rag`).
+    #[getter]
+    fn rag(&self) -> PyResult<crate::rag::Rag> {
+        self.core.handle()?;
+        Ok(crate::rag::Rag::new(self.core.clone()))
+    }
+
     /// A conversation whose cache the engine keeps between turns, in RAM only.
     #[pyo3(signature = (*, system=None))]
     fn session(&self, system: Option<String>) -> PyResult<Session> {

@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use engram_engine::{EngineHandle, Event, EventSink, FinishReason, Job, JobError, JobErrorKind, SubmitError, TokenLogprob};
 use pyo3::prelude::*;
@@ -44,6 +44,7 @@ impl EventSink for Sink {
 pub struct Pending {
     rx: Mutex<Receiver<Event>>,
     closed: Arc<AtomicBool>,
+    submitted: Instant,
 }
 
 /// A finished job: its text and counts.
@@ -55,6 +56,8 @@ pub struct Done {
     pub completion_tokens: usize,
     /// Each generated token's log-probabilities (when the job asked for them).
     pub logprobs: Vec<TokenLogprob>,
+    /// Milliseconds from the submission to the first text (`None`: no text).
+    pub ttft_ms: Option<f64>,
 }
 
 impl Pending {
@@ -63,7 +66,7 @@ impl Pending {
         let (tx, rx) = mpsc::channel();
         let closed = Arc::new(AtomicBool::new(false));
         match engine.submit(job, Box::new(Sink { tx, closed: closed.clone() })) {
-            Ok(()) => Ok(Pending { rx: Mutex::new(rx), closed }),
+            Ok(()) => Ok(Pending { rx: Mutex::new(rx), closed, submitted: Instant::now() }),
             Err(e @ SubmitError::EngineDown) => Err(EngramError::new_err(format!("{e}; create a new Engine"))),
             Err(e @ SubmitError::Full { .. }) => Err(EngramError::new_err(e.to_string())),
         }
@@ -101,10 +104,12 @@ impl Pending {
             cached_tokens: 0,
             completion_tokens: 0,
             logprobs: Vec::new(),
+            ttft_ms: None,
         };
         loop {
             let rx: &mut Receiver<Event> = &mut guard;
             let d = &mut done;
+            let submitted = self.submitted;
             // Every event until the end or a quiet `SIGNAL_POLL`, in one GIL release.
             let step = py.detach(move || loop {
                 match rx.recv_timeout(SIGNAL_POLL) {
@@ -112,7 +117,10 @@ impl Pending {
                         d.prompt_tokens = prompt_tokens;
                         d.cached_tokens = cached_tokens;
                     }
-                    Ok(Event::Text(t)) => d.text.push_str(&t),
+                    Ok(Event::Text(t)) => {
+                        d.ttft_ms.get_or_insert_with(|| submitted.elapsed().as_secs_f64() * 1e3);
+                        d.text.push_str(&t);
+                    }
                     Ok(Event::Logprob(l)) => d.logprobs.push(l),
                     Ok(Event::Finished { finish, completion_tokens, .. }) => {
                         d.finish = finish;

@@ -11,7 +11,7 @@
 //!  Engine / Agent / Session / ChatStream               (core.rs)      (batches every job)
 //! ```
 //! Main types: [`engine::Engine`], [`agent::Agent`], [`agent::Session`],
-//! [`stream::ChatStream`]; [`errors::EngramError`].
+//! [`stream::ChatStream`], [`rag::Rag`]; [`errors::EngramError`].
 //!
 //! Architecture invariant: this crate adds no engine, policy or cache of its own; it turns
 //! Python calls into engine jobs and the engine's events into OpenAI-shaped Python objects.
@@ -22,6 +22,7 @@ mod core;
 mod engine;
 mod errors;
 mod job;
+mod rag;
 mod request;
 mod response;
 mod stream;
@@ -35,6 +36,8 @@ fn _engram(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<agent::Agent>()?;
     m.add_class::<agent::Session>()?;
     m.add_class::<stream::ChatStream>()?;
+    m.add_class::<rag::Rag>()?;
+    m.add_function(wrap_pyfunction!(rag::synth_corpus, m)?)?;
     m.add("EngramError", m.py().get_type::<errors::EngramError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -45,7 +45,8 @@ pub mod logprobs;
 mod ollama;
 mod openai;
 mod quota;
-mod rag;
+/// Personal RAG's routes; its folder layout and answer shape are public for the Python package.
+pub mod rag;
 mod rag_metrics;
 pub mod scheduler;
 mod sse;
