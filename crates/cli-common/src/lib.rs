@@ -1,7 +1,11 @@
 //! Options and helpers shared by the `engram` command's subcommands and its benchmarks
-//! (`engram-bench`): model loading, threads, sampling flags, the data directory, the default
-//! model, and a step on a view at given positions. A crate of its own because both the CLI and
+//! (`engram-bench`) and the Python package (`python/`): model loading, threads, sampling flags, the
+//! data directory and its lock, the default model (and the default chat model), and a step on a
+//! view at given positions. A crate of its own because both the CLI and
 //! the benchmarks link it and neither may depend on the other's binary.
+
+pub mod chat_model;
+pub mod data_lock;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -125,6 +129,12 @@ pub fn data_dir(arg: &Option<PathBuf>) -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."));
     base.join("engram")
+}
+
+/// The KV store's directory inside the data directory (`<data>/kv`): persisted sessions, agents'
+/// registry, users' facts.
+pub fn store_dir(arg: &Option<PathBuf>) -> PathBuf {
+    data_dir(arg).join("kv")
 }
 
 /// The default model's file name, in `<data-dir>/models/`.

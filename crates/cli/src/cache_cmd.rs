@@ -50,10 +50,8 @@ enum CacheCommand {
     Gc,
 }
 
-/// The store directory for `--data-dir`.
-pub fn store_dir(data_dir: &Option<PathBuf>) -> PathBuf {
-    crate::common::data_dir(data_dir).join("kv")
-}
+/// The store directory for `--data-dir` (`<data>/kv`).
+pub use crate::common::store_dir;
 
 pub fn run(args: Args) -> Result<()> {
     // Even listing opens the store, which deletes interrupted writes: one process at a time.

@@ -5,9 +5,7 @@
 mod api_keys;
 mod cache_cmd;
 mod chat;
-mod chat_model;
 mod convert_cmd;
-mod data_lock;
 mod fixture_cmd;
 mod generate;
 mod generate_sparse;
@@ -19,6 +17,9 @@ use clap::{Parser, Subcommand};
 // NOTE: the options and model loading shared with the benchmarks live in `engram-cli-common`;
 // named `common` here as before, so the subcommands import `crate::common::…`.
 use engram_cli_common as common;
+// The default chat model and the data-directory lock live in `engram-cli-common` too, where the
+// Python package reaches them; named here as before.
+use engram_cli_common::{chat_model, data_lock};
 
 /// Engram: an on-device LLM runtime that never prefills the same context twice.
 #[derive(Parser)]

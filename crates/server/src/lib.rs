@@ -22,7 +22,9 @@
 //! pass on a blocking thread over its own scratch cache, never the engine's
 //! sequences, blocks or pool.
 
-mod agent_registry;
+/// The agent registry (`agents.json` in the session directory), public so the Python package
+/// keeps the same agents in the same file.
+pub mod agent_registry;
 mod agents;
 mod anthropic;
 mod api;
@@ -38,11 +40,13 @@ mod health_tests;
 /// The metrics the engine and the handlers share (`engram_engine::metrics`).
 pub use engram_engine::metrics;
 mod listen;
-mod logprobs;
+/// OpenAI's `logprobs` shapes, built from the engine's events (the Python package answers with them too).
+pub mod logprobs;
 mod ollama;
 mod openai;
 mod quota;
-mod rag;
+/// Personal RAG's routes; its folder layout and answer shape are public for the Python package.
+pub mod rag;
 mod rag_metrics;
 pub mod scheduler;
 mod sse;
@@ -60,6 +64,9 @@ use axum::Router;
 use engram_kv::KvPool;
 use engram_model::Model;
 
+/// Ids as every route checks them, and fresh response ids (the Python package names agents and
+/// responses the same way).
+pub use api::{check_id, new_id, now_s};
 pub use engram_context::{DiskConfig, SessionsConfig};
 pub use engram_stack::ContextMode;
 use engram_stack::{RagLayer, StackConfig};

