@@ -53,7 +53,7 @@ pub fn run(a: Args) -> Result<()> {
     let ids = if a.chat {
         let tpl = tok.chat_template().ok_or_else(|| anyhow::anyhow!("the model has no chat template; drop --chat"))?;
         let text = tpl.render(
-            &[ChatMessage { role: "user".into(), content: a.prompt.clone() }],
+            &[ChatMessage::new("user", a.prompt.clone())],
             true,
             tok.bos_token().unwrap_or(""),
             tok.eos_token().unwrap_or(""),

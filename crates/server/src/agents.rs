@@ -7,6 +7,10 @@
 //! [`crate::agent_registry`] (on disk when sessions are). Deleting an agent
 //! drops its cached session, in RAM and on disk, and fails its queued requests.
 //!
+//! A generate takes OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` beside its
+//! `messages` (`tools/`), and answers the calls in `message.tool_calls`: a tool loop sends the
+//! history back with each result and extends the agent's session (its `cached_tokens` grow).
+//!
 //! Invariant: a generate's job reaches the engine before the delete's forget of its
 //! agent, or not at all (a 404): both happen under the registry's lock
 //! ([`crate::agent_registry::Agents::while_current`], `remove_then`), so no job of a
@@ -24,7 +28,7 @@ use serde_json::json;
 use crate::agent_registry::Agent;
 use crate::api;
 use crate::error::ApiError;
-use crate::openai::{finish_str, to_chat, InMessage, SamplingFields};
+use crate::openai::{to_chat, InMessage, SamplingFields};
 use crate::scheduler::Job;
 use crate::AppState;
 
@@ -83,6 +87,9 @@ struct GenerateRequest {
     messages: Option<Vec<InMessage>>,
     prompt: Option<String>,
     max_tokens: Option<i64>,
+    tools: Option<serde_json::Value>,
+    tool_choice: Option<serde_json::Value>,
+    parallel_tool_calls: Option<serde_json::Value>,
     #[serde(flatten)]
     sampling: SamplingFields,
 }
@@ -104,8 +111,12 @@ pub(crate) async fn generate(
         (None, Some(p)) => chat.push(ChatMessage::new("user", p)),
         _ => return Err(ApiError::bad_request("give exactly one of `messages` and `prompt`")),
     }
-    let (text, prompt) = api::render_chat(&s, chat).await?;
-    let sampling = req.sampling.with_max_tokens(req.max_tokens);
+    let tools = crate::tools::request::openai(req.tools, req.tool_choice, req.parallel_tool_calls)?;
+    let prepared = crate::tools::job::prepare(&s, tools, chat, None).await?;
+    let (text, prompt) = api::render_chat_with(&s, prepared.messages.clone(), prepared.kwargs.clone()).await?;
+    let split = prepared.splitter(&s, Some(&text));
+    let mut sampling = req.sampling.with_max_tokens(req.max_tokens);
+    sampling.grammar = prepared.grammar.clone();
     let params = api::params(&s, prompt.len(), sampling)?;
     let job = Job {
         owner: cache_key(&tenant, &id),
@@ -122,11 +133,13 @@ pub(crate) async fn generate(
     let rx = submitted.ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))??;
     let (st, mut rx) = api::started(rx).await?;
     let done = api::collect(&mut rx).await?;
+    let reply = split.split(&done.text);
     Ok(axum::Json(json!({
         "agent_id": id,
         "object": "agent.generation",
-        "text": done.text,
-        "finish_reason": finish_str(done.finish),
+        "text": reply.content,
+        "message": crate::tools::openai_out::message(&reply),
+        "finish_reason": crate::tools::openai_out::finish(done.finish, &reply.calls),
         "usage": {"prompt_tokens": st.prompt_tokens, "completion_tokens": done.completion_tokens,
                   "total_tokens": st.prompt_tokens + done.completion_tokens,
                   "prompt_tokens_details": {"cached_tokens": st.cached_tokens}},

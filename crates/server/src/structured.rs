@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::AppState;
 
 /// The served model's grammar compiler (built on first use, off the async workers).
-async fn compiler(s: &AppState) -> Result<Arc<GrammarCompiler>, ApiError> {
+pub(crate) async fn compiler(s: &AppState) -> Result<Arc<GrammarCompiler>, ApiError> {
     if let Some(c) = s.grammars.get() {
         return c.clone().map_err(ApiError::internal);
     }
