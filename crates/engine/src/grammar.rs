@@ -98,6 +98,11 @@ impl GrammarCompiler {
         self.compile(TopLevelGrammar::from_lark(source.to_string()), "lark")
     }
 
+    /// A grammar for text matching the regular expression `rx` (whole).
+    pub fn regex(&self, rx: &str) -> Result<Arc<Grammar>, String> {
+        self.compile(TopLevelGrammar::from_regex(rx), "regex")
+    }
+
     fn compile(&self, g: TopLevelGrammar, kind: &'static str) -> Result<Arc<Grammar>, String> {
         let parser = self.factory.create_parser(g).map_err(|e| e.to_string())?;
         // A grammar that fails on its first mask (nothing it allows) is refused now, not

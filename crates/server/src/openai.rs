@@ -3,7 +3,8 @@
 //! Extensions: `session_id` (or `X-Session-Id`) names a session; `top_k`,
 //! `min_p`, `repetition_penalty`, `ignore_eos` as in vLLM;
 //! responses carry the session in `X-Session-Id`; `logprobs` / `top_logprobs`
-//! as OpenAI's (`logprobs.rs`). Tool calls (`tools`, `tool_choice`,
+//! as OpenAI's (`logprobs.rs`); `grammar` (Lark) and `regex` beside `response_format`
+//! (`structured.rs`). Tool calls (`tools`, `tool_choice`,
 //! `parallel_tool_calls`, assistant `tool_calls` and `tool` messages in the history) and
 //! reasoning (`reasoning_content`) go through `tools/`. Not implemented, and rejected with a
 //! 400 naming the field: the legacy `functions` / `function_call` (send `tools`), `logit_bias`.
@@ -181,8 +182,10 @@ struct ChatRequest {
     sampling: SamplingFields,
     #[serde(flatten)]
     unsupported: Unsupported,
-    /// Structured output (`structured.rs`).
+    /// Structured output (`structured.rs`), and its extension fields `grammar` (Lark) and `regex`.
     response_format: Option<Value>,
+    grammar: Option<Value>,
+    regex: Option<Value>,
     /// Tool calling (`tools/`).
     tools: Option<Value>,
     tool_choice: Option<Value>,
@@ -219,8 +222,10 @@ struct CompletionRequest {
     sampling: SamplingFields,
     #[serde(flatten)]
     unsupported: Unsupported,
-    /// Structured output (`structured.rs`).
+    /// Structured output (`structured.rs`), and its extension fields `grammar` (Lark) and `regex`.
     response_format: Option<Value>,
+    grammar: Option<Value>,
+    regex: Option<Value>,
     n: Option<i64>,
     session_id: Option<String>,
 }
@@ -287,10 +292,10 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let prepared = crate::tools::job::prepare(&s, tools, to_chat(req.messages)?, req.chat_template_kwargs.as_ref()).await?;
     let mut sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
     sampling.logprobs = logprobs;
-    sampling.grammar = crate::structured::response_format(&s, req.response_format.take()).await?;
+    sampling.grammar = crate::structured::request_grammar(&s, req.response_format.take(), req.grammar.take(), req.regex.take()).await?;
     if let Some(g) = prepared.grammar.clone() {
         if sampling.grammar.is_some() {
-            return Err(ApiError::bad_param("response_format", "response_format: not with tools the model may call (tool_choice \"none\" allows it)"));
+            return Err(ApiError::bad_param("response_format", "response_format, grammar and regex are not for answers that may call tools (tool_choice \"none\" allows them)"));
         }
         sampling.grammar = Some(g);
     }
@@ -408,7 +413,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     };
     let mut sampling = req.sampling.with_max_tokens(Some(req.max_tokens.unwrap_or(16)));
     sampling.logprobs = logprobs;
-    sampling.grammar = crate::structured::response_format(&s, req.response_format.take()).await?;
+    sampling.grammar = crate::structured::request_grammar(&s, req.response_format.take(), req.grammar.take(), req.regex.take()).await?;
     let params = api::params(&s, prompt.len(), sampling)?;
     let (st, mut rx) =
         api::start(&s, Job { owner: tenant.into(), session, text, add_special: true, prompt, params, pinned: false }).await?;
