@@ -123,7 +123,8 @@ def test_errors_name_the_field(client, server):
         (dict(model=server["model"], messages=msgs, format={"type": "nonsense"}), 400, "format"),
         (dict(model=server["model"], messages=msgs,
               tools=[{"type": "function", "function": {"name": "f", "description": "d",
-                                                       "parameters": {"type": "nonsense"}}}]),
+                                                       "parameters": {"type": "object",
+                                                                      "properties": {"a": {"type": "nonsense"}}}}}]),
          400, "tools[0].function.parameters"),
     ]
     for kwargs, status, says in cases:

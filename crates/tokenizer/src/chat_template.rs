@@ -449,6 +449,22 @@ mod tests {
     }
 
     #[test]
+    fn tools_and_message_fields_reach_the_template() {
+        let src = "{% if tools %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}\
+                   {% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}{% endif %}\
+                   {% if m.tool_call_id is defined %}#{{ m.tool_call_id }}{% endif %};{% endfor %}";
+        let t = ChatTemplate::new(src).unwrap();
+        let msgs = [
+            ChatMessage::new("assistant", "").with("tool_calls", serde_json::json!([{"function": {"name": "f"}}])),
+            ChatMessage::new("tool", "42").with("tool_call_id", serde_json::json!("c1")),
+        ];
+        assert_eq!(t.render(&msgs, false, "", "").unwrap(), "assistant:f;tool:42#c1;", "no tools: none");
+        let mut extra = serde_json::Map::new();
+        extra.insert("tools".into(), serde_json::json!([{"type": "function", "function": {"name": "f"}}]));
+        assert_eq!(t.render_with(&msgs, false, "", "", &extra).unwrap(), "[f]assistant:f;tool:42#c1;");
+    }
+
+    #[test]
     fn tojson_like_python() {
         let t = ChatTemplate::new(
             "{{ {'z': 1, 'a': [1.5, 'é\"<'], 'e': {}} | tojson }}#{{ {'z': 1, 'a': 2} | tojson(indent=2, sort_keys=true) }}#{{ [1,2] | tojson(separators=[',', ':']) }}",

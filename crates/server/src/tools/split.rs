@@ -242,11 +242,20 @@ impl Splitter {
         }
     }
 
+    /// A fresh call id: `call_…`, or for Mistral the 9 alphanumerics its templates require.
+    fn new_id(&self) -> String {
+        let id = call_id();
+        match self.calls {
+            Some(Family::Mistral) => id.chars().rev().take(9).collect(),
+            _ => id,
+        }
+    }
+
     /// The calls with their arguments checked (`None` if any fails).
     fn checked(&self, calls: Vec<(String, Value)>) -> Option<Vec<Call>> {
         calls
             .into_iter()
-            .map(|(name, args)| (self.check)(&name, &args).map(|arguments| Call { id: call_id(), name, arguments }))
+            .map(|(name, args)| (self.check)(&name, &args).map(|arguments| Call { id: self.new_id(), name, arguments }))
             .collect()
     }
 }
