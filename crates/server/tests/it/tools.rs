@@ -239,15 +239,26 @@ fn a_tool_loop_extends_the_session_cache_each_turn() {
 
 #[test]
 fn qwen3_reasoning_is_apart_from_the_answer() {
-    // `<think>` opened by the template's prompt is not the case for Qwen3 (the model opens
-    // it); random weights rarely write it, so the split is checked on the prompt-side toggle:
-    // with thinking off the template closes an empty block and no reasoning comes back.
+    // With thinking off the template closes an empty block in the prompt: no reasoning
+    // comes back.
     let addr = qwen3();
     let r = chat(addr, &user("Hi"), json!({"max_tokens": 12, "chat_template_kwargs": {"enable_thinking": false}}));
     assert_eq!(r.status, 200, "{}", r.body);
     let m = &r.json()["choices"][0]["message"];
     assert!(m["reasoning_content"].is_null(), "{m}");
     assert!(!m["content"].as_str().unwrap().contains("</think>"), "{m}");
+    // An answer that opens with a reasoning section (forced here with the `regex` field:
+    // random weights never write one) comes back apart, whole and streamed.
+    let forced = json!({"regex": "<think>\n[a-z]{3}\n</think>\n\n[a-z]{4}", "max_tokens": 40, "temperature": 1.0, "seed": 3});
+    let r = chat(addr, &user("Hi"), forced.clone());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = r.json()["choices"][0]["message"].clone();
+    let (reasoning, content) = (m["reasoning_content"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string());
+    assert!(reasoning.len() == 3 && content.len() == 4, "{m}");
+    let mut stream = forced;
+    stream["stream"] = json!(true);
+    let (r2, c2, calls, _) = reassemble(&chat(addr, &user("Hi"), stream));
+    assert_eq!((r2, c2, calls.len()), (reasoning, content, 0));
     // A reasoning section given back in the history reaches the template (Qwen3 shows the
     // last turn's): the prompt grows by it.
     let base = json!([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]);
