@@ -133,7 +133,11 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     if !req.stream.unwrap_or(false) {
         let done = api::collect(&mut rx).await?;
         let reply = split.split(&done.text);
-        let reason = if !reply.calls.is_empty() && done.finish == FinishReason::Stop { "tool_use" } else { stop_reason(done.finish, done.stop_string) };
+        let reason = if !reply.calls.is_empty() && done.finish == FinishReason::Stop {
+            "tool_use"
+        } else {
+            stop_reason(done.finish, done.stop_string)
+        };
         let body = json!({
             "id": id, "type": "message", "role": "assistant", "model": model,
             "content": crate::tools::anthropic_io::blocks(&reply),
@@ -149,16 +153,14 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         return Ok(r);
     }
     let ev = |name: &str, v: serde_json::Value| SseEvent::default().event(name).data(v.to_string());
-    let first = vec![
-        ev(
-            "message_start",
-            json!({"type": "message_start", "message": {
+    let first = vec![ev(
+        "message_start",
+        json!({"type": "message_start", "message": {
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
             "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": st.prompt_tokens - st.cached_tokens, "output_tokens": 0,
                       "cache_read_input_tokens": st.cached_tokens, "cache_creation_input_tokens": 0}}}),
-        ),
-    ];
+    )];
     let mut blocks = crate::tools::anthropic_io::BlockStream::default();
     let format: sse::Formatter = Box::new(move |e| match e {
         Some(Event::Text(t)) => (blocks.events(split.push(&t)).into_iter().map(|(name, v)| ev(name, v)).collect(), false),

@@ -295,7 +295,10 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     sampling.grammar = crate::structured::request_grammar(&s, req.response_format.take(), req.grammar.take(), req.regex.take()).await?;
     if let Some(g) = prepared.grammar.clone() {
         if sampling.grammar.is_some() {
-            return Err(ApiError::bad_param("response_format", "response_format, grammar and regex are not for answers that may call tools (tool_choice \"none\" allows them)"));
+            return Err(ApiError::bad_param(
+                "response_format",
+                "response_format, grammar and regex are not for answers that may call tools (tool_choice \"none\" allows them)",
+            ));
         }
         sampling.grammar = Some(g);
     }

@@ -157,7 +157,10 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         }
         if role == "tool" {
             let id = unanswered.pop_front().ok_or_else(|| {
-                ApiError::bad_param(&format!("messages[{i}]"), format!("messages[{i}]: a tool message answers a call, and no call before it is unanswered"))
+                ApiError::bad_param(
+                    &format!("messages[{i}]"),
+                    format!("messages[{i}]: a tool message answers a call, and no call before it is unanswered"),
+                )
             })?;
             msg = msg.with("tool_call_id", Value::from(id));
             if let Some(n) = m.tool_name {

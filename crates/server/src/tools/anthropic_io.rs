@@ -58,15 +58,25 @@ pub(crate) fn message(i: usize, role: &str, content: &Value) -> Result<Vec<ChatM
             ("thinking", "assistant") => thinking.push_str(b.get("thinking").and_then(Value::as_str).unwrap_or("")),
             ("redacted_thinking", "assistant") => {}
             ("tool_use", "assistant") => {
-                let id = b.get("id").and_then(Value::as_str).ok_or_else(|| ApiError::bad_param(&format!("{bf}.id"), format!("{bf}.id: a string is required")))?;
-                let name = b.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::bad_param(&format!("{bf}.name"), format!("{bf}.name: a string is required")))?;
-                let input = b.get("input").filter(|v| v.is_object()).ok_or_else(|| ApiError::bad_param(&format!("{bf}.input"), format!("{bf}.input must be an object")))?;
+                let id = b
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::bad_param(&format!("{bf}.id"), format!("{bf}.id: a string is required")))?;
+                let name = b
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::bad_param(&format!("{bf}.name"), format!("{bf}.name: a string is required")))?;
+                let input = b
+                    .get("input")
+                    .filter(|v| v.is_object())
+                    .ok_or_else(|| ApiError::bad_param(&format!("{bf}.input"), format!("{bf}.input must be an object")))?;
                 calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": input.to_string()}}));
             }
             ("tool_result", "user") => {
-                let id = b.get("tool_use_id").and_then(Value::as_str).ok_or_else(|| {
-                    ApiError::bad_param(&format!("{bf}.tool_use_id"), format!("{bf}.tool_use_id: a string is required"))
-                })?;
+                let id = b
+                    .get("tool_use_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::bad_param(&format!("{bf}.tool_use_id"), format!("{bf}.tool_use_id: a string is required")))?;
                 let body = text_of(&format!("{bf}.content"), b.get("content").unwrap_or(&Value::Null))?;
                 results.push(ChatMessage::new("tool", body).with("tool_call_id", Value::from(id)));
             }
@@ -128,15 +138,22 @@ impl BlockStream {
             match p {
                 Piece::Reasoning(t) => {
                     let i = self.ensure(&mut out, "thinking", json!({"type": "thinking", "thinking": "", "signature": ""}));
-                    out.push(("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "thinking_delta", "thinking": t}})));
+                    out.push((
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i, "delta": {"type": "thinking_delta", "thinking": t}}),
+                    ));
                 }
                 Piece::Content(t) => {
                     let i = self.ensure(&mut out, "text", json!({"type": "text", "text": ""}));
-                    out.push(("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}})));
+                    out.push((
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}}),
+                    ));
                 }
                 Piece::Call(c) => {
                     self.close(&mut out);
-                    let i = self.ensure(&mut out, "tool_use", json!({"type": "tool_use", "id": tool_use_id(&c), "name": c.name, "input": {}}));
+                    let i =
+                        self.ensure(&mut out, "tool_use", json!({"type": "tool_use", "id": tool_use_id(&c), "name": c.name, "input": {}}));
                     out.push((
                         "content_block_delta",
                         json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": c.arguments}}),

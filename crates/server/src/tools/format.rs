@@ -165,7 +165,9 @@ pub(crate) fn compile(c: &GrammarCompiler, family: Family, tools: &Tools) -> Res
             format!("{}: the tools' grammar is {} bytes; at most {MAX_GRAMMAR_BYTES}", tools.field, source.len()),
         ));
     }
-    let g = c.lark(&source).map_err(|e| ApiError::bad_param(tools.field, format!("{}: the tools' grammar does not compile: {e}", tools.field)))?;
+    let g = c
+        .lark(&source)
+        .map_err(|e| ApiError::bad_param(tools.field, format!("{}: the tools' grammar does not compile: {e}", tools.field)))?;
     let g = match (&tools.choice, family.trigger()) {
         (Choice::Auto, Some(trigger)) => g.lazy(trigger),
         _ => g,

@@ -51,7 +51,10 @@ pub(crate) async fn prepare(
             return Err(ApiError::bad_param("tools", "tools: dual-stream contexts render each turn alone; use the default sessions mode"));
         }
         if kwargs.contains_key("tools") {
-            return Err(ApiError::bad_param("chat_template_kwargs.tools", "chat_template_kwargs.tools: the template's `tools` come from the request's tools"));
+            return Err(ApiError::bad_param(
+                "chat_template_kwargs.tools",
+                "chat_template_kwargs.tools: the template's `tools` come from the request's tools",
+            ));
         }
     }
     let family = family(s);
@@ -64,7 +67,8 @@ pub(crate) async fn prepare(
         None => None,
     };
     let has_tool_turns = messages.iter().any(|m| m.role == "tool" || m.fields.contains_key("tool_calls"));
-    let messages = if tools.is_some() || has_tool_turns { prompt::prepare(family, tools.as_ref(), messages, &mut kwargs) } else { messages };
+    let messages =
+        if tools.is_some() || has_tool_turns { prompt::prepare(family, tools.as_ref(), messages, &mut kwargs) } else { messages };
     // The generic family's answer is always JSON to split (with `none`, a text answer).
     let calls = tools.as_ref().filter(|t| t.choice != Choice::None || family == Family::Generic).map(|_| family);
     let (grammar, args) = compiled.map(|c| (c.grammar, c.args)).unwrap_or_default();

@@ -48,7 +48,9 @@ pub(crate) fn deltas(pieces: Vec<Piece>, num_calls: &mut usize) -> Vec<Value> {
             Piece::Call(c) => {
                 let i = *num_calls;
                 *num_calls += 1;
-                out.push(json!({"tool_calls": [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}));
+                out.push(
+                    json!({"tool_calls": [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}),
+                );
                 out.push(json!({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]}));
             }
         }

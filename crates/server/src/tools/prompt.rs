@@ -31,7 +31,12 @@ pub(crate) fn generic_system_text(tools: &Tools) -> String {
 /// The conversation and template variables for a request's tools under `family`:
 /// `kwargs["tools"]` set for the families whose templates render them; for the generic one
 /// the tools' system text and the history's tool turns as JSON.
-pub(crate) fn prepare(family: Family, tools: Option<&Tools>, messages: Vec<ChatMessage>, kwargs: &mut Map<String, Value>) -> Vec<ChatMessage> {
+pub(crate) fn prepare(
+    family: Family,
+    tools: Option<&Tools>,
+    messages: Vec<ChatMessage>,
+    kwargs: &mut Map<String, Value>,
+) -> Vec<ChatMessage> {
     if family.template_renders_tools() {
         if let Some(t) = tools {
             kwargs.insert("tools".into(), Value::Array(t.list.iter().map(|t| t.openai_json()).collect()));

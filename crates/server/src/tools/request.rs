@@ -90,9 +90,10 @@ pub(crate) fn openai(tools: Option<Value>, choice: Option<Value>, parallel: Opti
             if o.get("type").and_then(Value::as_str) != Some("function") {
                 return Err(ApiError::bad_param("tool_choice.type", "tool_choice.type must be \"function\""));
             }
-            let name = v.pointer("/function/name").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::bad_param("tool_choice.function.name", "tool_choice.function.name: a string is required")
-            })?;
+            let name = v
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::bad_param("tool_choice.function.name", "tool_choice.function.name: a string is required"))?;
             Some(Choice::Named(name.to_string()))
         }
         Some(_) => return Err(ApiError::bad_param("tool_choice", "tool_choice must be a string or an object")),
@@ -141,10 +142,7 @@ pub(crate) fn anthropic(tools: Option<Value>, choice: Option<Value>) -> Result<O
                         .to_string(),
                 ),
                 _ => {
-                    return Err(ApiError::bad_param(
-                        "tool_choice.type",
-                        "tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\"",
-                    ))
+                    return Err(ApiError::bad_param("tool_choice.type", "tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\""))
                 }
             };
             (Some(c), parallel)
@@ -195,7 +193,10 @@ pub(crate) fn ollama_calls(i: usize, calls: &Value) -> Result<Vec<Value>, ApiErr
             Some(v @ Value::Object(_)) => v.to_string(),
             None | Some(Value::Null) => "{}".into(),
             Some(_) => {
-                return Err(ApiError::bad_param(&format!("{f}[{j}].function.arguments"), format!("{f}[{j}].function.arguments must be an object")))
+                return Err(ApiError::bad_param(
+                    &format!("{f}[{j}].function.arguments"),
+                    format!("{f}[{j}].function.arguments must be an object"),
+                ))
             }
         };
         let id = c.get("id").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| format!("call_{i}_{j}"));
@@ -207,7 +208,9 @@ pub(crate) fn ollama_calls(i: usize, calls: &Value) -> Result<Vec<Value>, ApiErr
 fn no_tools(choice: Option<Choice>, name_field: &str) -> Result<Option<Tools>, ApiError> {
     match choice {
         Some(Choice::Required) => Err(ApiError::bad_param("tool_choice", "tool_choice asks for a call, but the request has no tools")),
-        Some(Choice::Named(n)) => Err(ApiError::bad_param(name_field, format!("{name_field}: no tool named {n:?} (the request has no tools)"))),
+        Some(Choice::Named(n)) => {
+            Err(ApiError::bad_param(name_field, format!("{name_field}: no tool named {n:?} (the request has no tools)")))
+        }
         _ => Ok(None),
     }
 }
@@ -240,7 +243,10 @@ pub(crate) fn check_history(messages: &[ChatMessage]) -> Result<(), ApiError> {
             };
             for (j, c) in calls.iter().enumerate() {
                 let f = format!("messages[{i}].tool_calls[{j}]");
-                let id = c.get("id").and_then(Value::as_str).ok_or_else(|| ApiError::bad_param(&format!("{f}.id"), format!("{f}.id: a string is required")))?;
+                let id = c
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::bad_param(&format!("{f}.id"), format!("{f}.id: a string is required")))?;
                 if c.pointer("/function/name").and_then(Value::as_str).is_none() {
                     return Err(ApiError::bad_param(&format!("{f}.function.name"), format!("{f}.function.name: a string is required")));
                 }
@@ -292,7 +298,11 @@ mod tests {
         let ok = t(json!([{"type": "function", "function": {"name": "a"}}])).unwrap().unwrap();
         assert_eq!(ok.choice, Choice::Auto);
         assert!(ok.parallel);
-        let named = openai(Some(json!([{"type": "function", "function": {"name": "a"}}])), Some(json!({"type": "function", "function": {"name": "b"}})), None);
+        let named = openai(
+            Some(json!([{"type": "function", "function": {"name": "a"}}])),
+            Some(json!({"type": "function", "function": {"name": "b"}})),
+            None,
+        );
         assert_eq!(param(named.unwrap_err()), "tool_choice.function.name");
         assert!(openai(None, Some(json!("none")), None).unwrap().is_none());
         assert_eq!(param(openai(None, Some(json!("required")), None).unwrap_err()), "tool_choice");
@@ -301,7 +311,11 @@ mod tests {
     #[test]
     fn a_tool_result_must_answer_an_earlier_call() {
         let call = json!([{"id": "call_1", "type": "function", "function": {"name": "a", "arguments": "{}"}}]);
-        let ok = [ChatMessage::new("user", "q"), ChatMessage::new("assistant", "").with("tool_calls", call), ChatMessage::new("tool", "r").with("tool_call_id", json!("call_1"))];
+        let ok = [
+            ChatMessage::new("user", "q"),
+            ChatMessage::new("assistant", "").with("tool_calls", call),
+            ChatMessage::new("tool", "r").with("tool_call_id", json!("call_1")),
+        ];
         check_history(&ok).unwrap();
         let orphan = [ChatMessage::new("user", "q"), ChatMessage::new("tool", "r").with("tool_call_id", json!("call_1"))];
         assert_eq!(param(check_history(&orphan).unwrap_err()), "messages[1].tool_call_id");

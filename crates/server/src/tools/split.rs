@@ -402,7 +402,9 @@ mod tests {
         }
         pieces.extend(s.finish());
         let streamed = collect(pieces);
-        let strip = |r: &Reply| (r.reasoning.clone(), r.content.clone(), r.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>());
+        let strip = |r: &Reply| {
+            (r.reasoning.clone(), r.content.clone(), r.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>())
+        };
         assert_eq!(strip(&whole), strip(&streamed), "{text:?}");
         whole
     }
@@ -440,7 +442,11 @@ mod tests {
     #[test]
     fn the_generic_json_answer_is_text_or_calls() {
         assert_eq!(both(Think::No, Some(Family::Generic), "{\"response\":\"hi \\\"x\\\"\"}").content, "hi \"x\"");
-        let r = both(Think::No, Some(Family::Generic), "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{}},{\"name\":\"g\",\"arguments\":{\"a\":[1]}}]}");
+        let r = both(
+            Think::No,
+            Some(Family::Generic),
+            "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{}},{\"name\":\"g\",\"arguments\":{\"a\":[1]}}]}",
+        );
         assert_eq!(r.calls.len(), 2);
         assert_eq!(both(Think::No, Some(Family::Generic), "not json").content, "not json");
     }
@@ -449,7 +455,11 @@ mod tests {
     fn llama_and_mistral_calls() {
         let r = both(Think::No, Some(Family::Llama3), "{\"name\": \"f\", \"parameters\": {\"q\": \"x\"}}");
         assert_eq!((r.calls[0].name.as_str(), r.calls[0].arguments.as_str()), ("f", "{\"q\":\"x\"}"));
-        let r = both(Think::No, Some(Family::Mistral), "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {}}]");
+        let r = both(
+            Think::No,
+            Some(Family::Mistral),
+            "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {}}]",
+        );
         assert_eq!(r.calls.len(), 2);
     }
 }

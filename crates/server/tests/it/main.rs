@@ -21,5 +21,5 @@ mod rag_idle;
 mod server;
 mod structured;
 mod template_kwargs;
-mod tools;
 mod tenants;
+mod tools;

@@ -214,7 +214,13 @@ fn bad_input_is_a_4xx_naming_the_field_and_stores_nothing() {
             "format",
         ),
         ("tools not a list", "/api/chat", chat(json!({"tools": {"f": 1}})), 400, "tools"),
-        ("tools on generate", "/api/generate", json!({"model": "tiny", "prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(), 400, "tools"),
+        (
+            "tools on generate",
+            "/api/generate",
+            json!({"model": "tiny", "prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(),
+            400,
+            "tools",
+        ),
         ("think not a boolean", "/api/chat", chat(json!({"think": 3})), 400, "think"),
         (
             "images",

@@ -132,12 +132,20 @@ fn a_bad_format_is_a_400_naming_the_field_and_nothing_is_queued() {
 fn grammar_and_regex_extension_fields() {
     let addr = shared();
     for seed in 0..3 {
-        let r = chat(addr, &json!([{"role": "user", "content": "x"}]), json!({"regex": "[a-c]{3}-[0-9]", "temperature": 1.0, "seed": seed, "max_tokens": 20}));
+        let r = chat(
+            addr,
+            &json!([{"role": "user", "content": "x"}]),
+            json!({"regex": "[a-c]{3}-[0-9]", "temperature": 1.0, "seed": seed, "max_tokens": 20}),
+        );
         assert_eq!(r.status, 200, "{}", r.body);
         let c = r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
         let b = c.as_bytes();
         assert!(b.len() == 5 && b[..3].iter().all(|x| (b'a'..=b'c').contains(x)) && b[3] == b'-' && b[4].is_ascii_digit(), "{c:?}");
-        let r = post(addr, "/v1/completions", &json!({"prompt": "x", "grammar": "start: \"yes\" | \"no\"", "temperature": 1.0, "seed": seed, "max_tokens": 20}));
+        let r = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": "x", "grammar": "start: \"yes\" | \"no\"", "temperature": 1.0, "seed": seed, "max_tokens": 20}),
+        );
         assert_eq!(r.status, 200, "{}", r.body);
         let t = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
         assert!(t == "yes" || t == "no", "{t:?}");

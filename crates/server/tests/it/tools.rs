@@ -22,8 +22,7 @@ fn qwen3() -> SocketAddr {
     A.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let files =
-            engram_fixture::generate(Shape::TinyQwen3, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {})
-                .unwrap();
+            engram_fixture::generate(Shape::TinyQwen3, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
         let model = Arc::new(Model::load(&files.hf_dir).unwrap());
         let addr = start_model(model, 256 << 20, ServerConfig::new("tiny"));
         (dir, addr)
@@ -209,7 +208,8 @@ fn streamed_deltas_reassemble_to_the_whole_answer() {
 fn a_tool_loop_extends_the_session_cache_each_turn() {
     for (what, addr) in servers() {
         let session = format!("loop-{}", what.split(' ').next().unwrap());
-        let mut messages = vec![json!({"role": "system", "content": "You call tools."}), json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})];
+        let mut messages =
+            vec![json!({"role": "system", "content": "You call tools."}), json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})];
         let mut last_prompt = 0;
         for turn in 0..3 {
             let choice = if turn < 2 { json!("required") } else { json!("none") };
@@ -218,7 +218,8 @@ fn a_tool_loop_extends_the_session_cache_each_turn() {
             let r = chat(addr, &Value::Array(messages.clone()), extra);
             assert_eq!(r.status, 200, "{what} turn {turn}: {}", r.body);
             let v = r.json();
-            let (prompt, cached) = (v["usage"]["prompt_tokens"].as_u64().unwrap(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+            let (prompt, cached) =
+                (v["usage"]["prompt_tokens"].as_u64().unwrap(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
             if turn > 0 {
                 assert!(cached >= last_prompt, "{what} turn {turn}: {cached} cached of {prompt}, the last prompt was {last_prompt}");
             }
@@ -276,7 +277,10 @@ fn bad_tools_are_a_400_naming_the_field() {
         (json!({"tools": {"a": 1}}), "tools"),
         (json!({"tools": [t("a", json!({"type": "object"})), t("b", json!({"type": "nonsense"}))]}), "tools[1].function.parameters"),
         (json!({"tools": [t("a", json!({"type": "object"})), t("a", json!({"type": "object"}))]}), "tools[1].function.name"),
-        (json!({"tools": [t("a", json!({"type": "object"}))], "tool_choice": {"type": "function", "function": {"name": "zz"}}}), "tool_choice.function.name"),
+        (
+            json!({"tools": [t("a", json!({"type": "object"}))], "tool_choice": {"type": "function", "function": {"name": "zz"}}}),
+            "tool_choice.function.name",
+        ),
         (json!({"tools": [t("a", json!({"type": "object"}))], "tool_choice": "sometimes"}), "tool_choice"),
         (json!({"functions": [{"name": "a"}]}), "functions"),
         (json!({"tools": [t("a", json!({"type": "object"}))], "response_format": {"type": "json_object"}}), "response_format"),
@@ -331,9 +335,7 @@ fn anthropic_tool_use_whole_streamed_and_in_the_history() {
     for (what, addr) in servers() {
         let session = format!("anth-{}", what.split(' ').next().unwrap());
         let mut messages = vec![json!({"role": "user", "content": "Weather in Oslo?"})];
-        let body = |messages: &Vec<Value>, choice: Value| {
-            json!({"messages": messages, "tools": anthropic_tools(), "tool_choice": choice, "session_id": session})
-        };
+        let body = |messages: &Vec<Value>, choice: Value| json!({"messages": messages, "tools": anthropic_tools(), "tool_choice": choice, "session_id": session});
         let r = messages_api(addr, body(&messages, json!({"type": "any", "disable_parallel_tool_use": true})));
         assert_eq!(r.status, 200, "{what}: {}", r.body);
         let v = r.json();
@@ -382,7 +384,10 @@ fn anthropic_tool_use_whole_streamed_and_in_the_history() {
         let orphan = vec![json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "r"}]})];
         let r = messages_api(addr, json!({"messages": orphan, "tools": anthropic_tools()}));
         assert_eq!(r.status, 400, "{}", r.body);
-        let r = messages_api(addr, json!({"messages": [{"role": "user", "content": "x"}], "tools": anthropic_tools(), "tool_choice": {"type": "tool", "name": "nope"}}));
+        let r = messages_api(
+            addr,
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": anthropic_tools(), "tool_choice": {"type": "tool", "name": "nope"}}),
+        );
         assert_eq!(r.status, 400, "{}", r.body);
         assert!(r.body.contains("tool_choice.name"), "{}", r.body);
     }
@@ -410,7 +415,11 @@ fn ollama_chat_takes_tools_and_tool_turns() {
             {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "weather", "arguments": {"city": "Oslo", "unit": "c"}}}]},
             {"role": "tool", "tool_name": "weather", "content": "12 C"},
         ]);
-        let r = post(addr, "/api/chat", &json!({"model": "tiny", "stream": false, "messages": history, "tools": ollama_tools, "options": {"num_predict": 8}}));
+        let r = post(
+            addr,
+            "/api/chat",
+            &json!({"model": "tiny", "stream": false, "messages": history, "tools": ollama_tools, "options": {"num_predict": 8}}),
+        );
         assert_eq!(r.status, 200, "{what}: {}", r.body);
         // A tool message with no call before it.
         let orphan = json!([{"role": "user", "content": "x"}, {"role": "tool", "content": "12 C"}]);
