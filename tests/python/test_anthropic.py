@@ -42,5 +42,5 @@ def test_count_tokens_rejects_what_messages_rejects(client, server):
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.count_tokens(
             model=server["model"], messages=[{"role": "user", "content": "hi"}],
-            tools=[{"name": "f", "description": "d", "input_schema": {"type": "object", "properties": {}}}])
-    assert "tools" in str(e.value)
+            tools=[{"name": "f", "description": "d", "input_schema": {"type": "nonsense"}}])
+    assert "tools[0].input_schema" in str(e.value)

@@ -123,8 +123,9 @@ def test_errors_name_the_field(client, server):
         (dict(model=server["model"], messages=msgs, format={"type": "nonsense"}), 400, "format"),
         (dict(model=server["model"], messages=msgs,
               tools=[{"type": "function", "function": {"name": "f", "description": "d",
-                                                       "parameters": {"type": "object", "properties": {}}}}]),
-         400, "tools"),
+                                                       "parameters": {"type": "object",
+                                                                      "properties": {"a": {"type": "nonsense"}}}}}]),
+         400, "tools[0].function.parameters"),
     ]
     for kwargs, status, says in cases:
         with pytest.raises(ollama.ResponseError) as e:

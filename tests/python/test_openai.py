@@ -87,7 +87,7 @@ def test_bad_requests(client, server, kwargs):
 
 
 @pytest.mark.parametrize("field,kwargs", [
-    ("tools", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
+    ("functions", dict(extra_body={"functions": [{"name": "f", "parameters": {"type": "object"}}]})),
     ("logit_bias", dict(logit_bias={"5": 10})),
 ])
 def test_unsupported_fields_are_refused_by_name(client, server, field, kwargs):

@@ -58,7 +58,7 @@ pub fn run(a: Args) -> Result<()> {
     let facts = FactStore::open(&crate::cache_cmd::store_dir(&a.model.data_dir).join("facts"), FactLimits::default());
     let owner = format!("default\u{1f}user:{}", a.user);
     let system: Vec<ChatMessage> =
-        Some(&a.system).filter(|s| !s.is_empty()).map(|s| ChatMessage { role: "system".into(), content: s.clone() }).into_iter().collect();
+        Some(&a.system).filter(|s| !s.is_empty()).map(|s| ChatMessage::new("system", s.clone())).into_iter().collect();
     let mut threads: HashMap<String, (Vec<ChatMessage>, Generator<'_>)> = HashMap::new();
     let mut current = "default".to_string();
     let params = a.sampling.params();
@@ -78,10 +78,10 @@ pub fn run(a: Args) -> Result<()> {
             continue;
         }
         let (history, gen) = threads.entry(current.clone()).or_insert_with(|| (Vec::new(), Generator::new(&model, &pool)));
-        history.push(ChatMessage { role: "user".into(), content: line });
+        history.push(ChatMessage::new("user", line));
         let mut messages = system.clone();
         for f in facts.live(&owner) {
-            messages.push(ChatMessage { role: "system".into(), content: format!("{}{}", engram_server::FACT_PREFIX, f.text) });
+            messages.push(ChatMessage::new("system", format!("{}{}", engram_server::FACT_PREFIX, f.text)));
         }
         messages.extend(history.iter().cloned());
         let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
@@ -97,7 +97,7 @@ pub fn run(a: Args) -> Result<()> {
             t.decode_tokens,
             t.decode_tok_s()
         );
-        history.push(ChatMessage { role: "assistant".into(), content: out.text });
+        history.push(ChatMessage::new("assistant", out.text));
     }
     Ok(())
 }

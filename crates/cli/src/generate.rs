@@ -52,12 +52,8 @@ pub fn run(a: Args) -> Result<()> {
     let tok = &model.tokenizer;
     let ids = if a.chat {
         let tpl = tok.chat_template().ok_or_else(|| anyhow::anyhow!("the model has no chat template; drop --chat"))?;
-        let text = tpl.render(
-            &[ChatMessage { role: "user".into(), content: a.prompt.clone() }],
-            true,
-            tok.bos_token().unwrap_or(""),
-            tok.eos_token().unwrap_or(""),
-        )?;
+        let text =
+            tpl.render(&[ChatMessage::new("user", a.prompt.clone())], true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
         tok.encode(&text, false)?.ids
     } else {
         tok.encode(&a.prompt, true)?.ids

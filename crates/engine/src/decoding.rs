@@ -5,7 +5,7 @@
 //!
 //! A sequence under a grammar has its logits masked to the tokens the grammar allows before
 //! each draw, feeds each accepted token to its matcher, and ends (`stop`) when the grammar
-//! is complete.
+//! is complete. A lazy grammar leaves the sequence free until its text holds the trigger.
 //!
 //! Invariant: the concatenation of every `release` equals the generated text up to the stop
 //! string (if one matched) — text held back as a possible stop-string prefix is released when
@@ -110,7 +110,8 @@ impl<'t> Decoding<'t> {
         }
         // Under a grammar: a stop token (allowed only where the grammar may end) ends the
         // sequence even with `ignore_eos`; any other token advances the matcher.
-        let complete = match &mut self.grammar {
+        let was_bound = self.grammar.as_ref().is_some_and(GrammarState::is_bound);
+        let mut complete = match &mut self.grammar {
             Some(_) if self.tok.is_stop_token(t) => {
                 return Ok(Accepted { release: self.flush(), done: Some(FinishReason::Stop) });
             }
@@ -118,6 +119,10 @@ impl<'t> Decoding<'t> {
             None => false,
         };
         let piece = self.decoder.push(t)?;
+        // A lazy grammar watches the text for its trigger until it binds.
+        if let Some(g) = self.grammar.as_mut().filter(|_| !was_bound) {
+            complete = g.observe(self.tok, &piece);
+        }
         self.decoded.push_str(&piece);
         push_token_end(&mut self.token_ends, !piece.is_empty(), self.text_base + self.decoded.len());
         let (mut release, stopped) = self.stops.push(&piece);

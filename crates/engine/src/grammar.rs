@@ -4,6 +4,12 @@
 //! which masks the logits of every token the grammar forbids before sampling and is fed
 //! each accepted token.
 //!
+//! A grammar may be *lazy* ([`Grammar::lazy`]): its sequence decodes freely (no mask, no
+//! matcher work) until the generated text contains the grammar's trigger (a tool call's
+//! opening tag, say); the matcher then starts, is fed the text from the trigger on, and
+//! binds every later token. The watch is sequence-local and only sequences with a lazy
+//! grammar pay for it.
+//!
 //! Invariant: a sequence under a grammar only ever samples tokens the grammar allows (or a
 //! stop token once the grammar can end), so its text is in the grammar's language whenever
 //! it ends with finish reason `stop` (not cut by `max_tokens` or a stop string).
@@ -92,13 +98,18 @@ impl GrammarCompiler {
         self.compile(TopLevelGrammar::from_lark(source.to_string()), "lark")
     }
 
+    /// A grammar for text matching the regular expression `rx` (whole).
+    pub fn regex(&self, rx: &str) -> Result<Arc<Grammar>, String> {
+        self.compile(TopLevelGrammar::from_regex(rx), "regex")
+    }
+
     fn compile(&self, g: TopLevelGrammar, kind: &'static str) -> Result<Arc<Grammar>, String> {
         let parser = self.factory.create_parser(g).map_err(|e| e.to_string())?;
         // A grammar that fails on its first mask (nothing it allows) is refused now, not
         // mid-generation.
         let mut m = Matcher::new(Ok(parser.clone()));
         m.compute_mask().map_err(|e| e.to_string())?;
-        Ok(Arc::new(Grammar { parser, kind, vocab: self.vocab }))
+        Ok(Arc::new(Grammar { parser, kind, vocab: self.vocab, trigger: None }))
     }
 }
 
@@ -109,6 +120,8 @@ pub struct Grammar {
     parser: TokenParser,
     kind: &'static str,
     vocab: usize,
+    /// `Some`: the grammar is lazy and binds from the first occurrence of this text on.
+    trigger: Option<String>,
 }
 
 impl fmt::Debug for Grammar {
@@ -118,24 +131,100 @@ impl fmt::Debug for Grammar {
 }
 
 impl Grammar {
-    /// A fresh matcher at the grammar's start.
+    /// The same grammar made lazy: a sequence under it decodes freely until its text
+    /// contains `trigger`, and the grammar (whose language starts with `trigger`) binds
+    /// from there. An empty trigger binds from the first token, as a plain grammar.
+    pub fn lazy(&self, trigger: &str) -> Arc<Grammar> {
+        Arc::new(Grammar {
+            parser: self.parser.clone(),
+            kind: self.kind,
+            vocab: self.vocab,
+            trigger: Some(trigger.to_string()).filter(|t| !t.is_empty()),
+        })
+    }
+
+    /// The text that arms a lazy grammar (`None`: it binds from the first token).
+    pub fn trigger(&self) -> Option<&str> {
+        self.trigger.as_deref()
+    }
+
+    /// A fresh matcher at the grammar's start (for a lazy grammar: waiting for its trigger).
     pub fn start(&self) -> GrammarState {
-        GrammarState { matcher: Matcher::new(Ok(self.parser.clone())), vocab: self.vocab }
+        let matcher = match &self.trigger {
+            None => Phase::Bound(Matcher::new(Ok(self.parser.clone()))),
+            Some(t) => Phase::Waiting { trigger: t.clone(), parser: self.parser.clone(), window: String::new() },
+        };
+        GrammarState { phase: matcher, vocab: self.vocab }
+    }
+
+    /// Whether `text` is a complete sentence of the grammar (its trigger and laziness
+    /// aside), tokenized with `tok`: how a tool call parsed from free text is validated
+    /// against the schema it would have been decoded under.
+    pub fn accepts(&self, tok: &Tokenizer, text: &str) -> bool {
+        let Ok(enc) = tok.encode(text, false) else { return false };
+        let mut m = Matcher::new(Ok(self.parser.clone()));
+        m.consume_tokens(&enc.ids).is_ok() && m.is_accepting().unwrap_or(false)
     }
 }
 
-/// One sequence's place in its grammar. Invariant: it has consumed exactly the sequence's
-/// accepted tokens (stop tokens aside).
+/// Where a sequence stands in its grammar.
+enum Phase {
+    /// A lazy grammar not armed yet: the text generated since the last possible start of
+    /// the trigger is kept in `window`.
+    Waiting { trigger: String, parser: TokenParser, window: String },
+    /// The grammar binds every token.
+    Bound(Matcher),
+    /// A lazy grammar whose triggered text the grammar refused: the sequence stays free.
+    Off,
+}
+
+/// One sequence's place in its grammar. Invariant: once bound, it has consumed exactly the
+/// sequence's accepted tokens since the grammar bound (stop tokens aside).
 pub struct GrammarState {
-    matcher: Matcher,
+    phase: Phase,
     vocab: usize,
 }
 
 impl GrammarState {
-    /// Sets every logit the grammar forbids now to −∞ (ids past the trie too). Errors if
-    /// the matcher failed or allows nothing.
+    /// Whether the grammar binds the next token (a lazy grammar's trigger has been seen).
+    pub fn is_bound(&self) -> bool {
+        matches!(self.phase, Phase::Bound(_))
+    }
+
+    /// For a lazy grammar not yet bound: watches `piece`, the text the latest token added.
+    /// When the text holds the trigger, the grammar binds and consumes the text from the
+    /// trigger on (re-tokenized with `tok`); true when it is then complete. A triggered
+    /// text the grammar refuses leaves the sequence free for good.
+    pub fn observe(&mut self, tok: &Tokenizer, piece: &str) -> bool {
+        let Phase::Waiting { trigger, parser, window } = &mut self.phase else { return false };
+        window.push_str(piece);
+        let Some(at) = window.find(trigger.as_str()) else {
+            // Keep only what could still begin the trigger.
+            let keep = trigger.len().saturating_sub(1);
+            let mut cut = window.len().saturating_sub(keep);
+            while !window.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            window.drain(..cut);
+            return false;
+        };
+        let mut m = Matcher::new(Ok(parser.clone()));
+        let ids = tok.encode(&window[at..], false).map(|e| e.ids).unwrap_or_default();
+        if m.consume_tokens(&ids).is_err() {
+            self.phase = Phase::Off;
+            return false;
+        }
+        let done = m.is_stopped();
+        self.phase = Phase::Bound(m);
+        done
+    }
+
+    /// Sets every logit the grammar forbids now to −∞ (ids past the trie too); nothing
+    /// while a lazy grammar waits for its trigger. Errors if the matcher failed or allows
+    /// nothing.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), EngineError> {
-        let mask: SimpleVob = self.matcher.compute_mask_or_eos().map_err(|e| EngineError::Grammar(e.to_string()))?;
+        let Phase::Bound(matcher) = &mut self.phase else { return Ok(()) };
+        let mask: SimpleVob = matcher.compute_mask_or_eos().map_err(|e| EngineError::Grammar(e.to_string()))?;
         if mask.is_zero() {
             return Err(EngineError::Grammar("the grammar allows no token here".into()));
         }
@@ -157,9 +246,11 @@ impl GrammarState {
         Ok(())
     }
 
-    /// Feeds accepted token `t`; true when the grammar is complete (nothing may follow).
+    /// Feeds accepted token `t` to a bound grammar; true when the grammar is complete
+    /// (nothing may follow). A waiting or refused lazy grammar ignores it.
     pub fn consume(&mut self, t: u32) -> Result<bool, EngineError> {
-        self.matcher.consume_token(t).map_err(|e| EngineError::Grammar(e.to_string()))?;
-        Ok(self.matcher.is_stopped())
+        let Phase::Bound(matcher) = &mut self.phase else { return Ok(false) };
+        matcher.consume_token(t).map_err(|e| EngineError::Grammar(e.to_string()))?;
+        Ok(matcher.is_stopped())
     }
 }

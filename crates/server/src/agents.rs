@@ -8,6 +8,10 @@
 //! [`crate::agent_registry`] (on disk when sessions are). Deleting an agent
 //! drops its cached session, in RAM and on disk, and fails its queued requests.
 //!
+//! A generate takes OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` beside its
+//! `messages` (`tools/`), and answers the calls in `message.tool_calls`: a tool loop sends the
+//! history back with each result and extends the agent's session (its `cached_tokens` grow).
+//!
 //! Invariant: a generate's job reaches the engine before the delete's forget of its
 //! agent, or not at all (a 404): both happen under the registry's lock
 //! ([`crate::agent_registry::Agents::while_current`], `remove_then`), so no job of a
@@ -26,7 +30,7 @@ use crate::agent_registry::Agent;
 use crate::api;
 use crate::chat_job::ChatContext;
 use crate::error::ApiError;
-use crate::openai::{finish_str, to_chat, InMessage, SamplingFields};
+use crate::openai::{to_chat, InMessage, SamplingFields};
 use crate::AppState;
 
 /// The owner key of `tenant`'s agent `id`: its sessions, pinned on disk, are the agent's memory.
@@ -86,6 +90,9 @@ struct GenerateRequest {
     thread_id: Option<String>,
     prompt: Option<String>,
     max_tokens: Option<i64>,
+    tools: Option<serde_json::Value>,
+    tool_choice: Option<serde_json::Value>,
+    parallel_tool_calls: Option<serde_json::Value>,
     #[serde(flatten)]
     sampling: SamplingFields,
 }
@@ -107,9 +114,18 @@ pub(crate) async fn generate(
         (None, Some(p)) => chat.push(ChatMessage::new("user", p)),
         _ => return Err(ApiError::bad_request("give exactly one of `messages` and `prompt`")),
     }
-    let sampling = req.sampling.with_max_tokens(req.max_tokens);
-    let context = ChatContext { agent: Some(&id), thread_id: req.thread_id.as_deref(), ..Default::default() };
-    let job = crate::chat_job::job(&s, tenant.clone(), &headers, chat, sampling, context).await?;
+    let tools = crate::tools::request::openai(req.tools, req.tool_choice, req.parallel_tool_calls)?;
+    let prepared = crate::tools::job::prepare(&s, tools, chat, None).await?;
+    let mut sampling = req.sampling.with_max_tokens(req.max_tokens);
+    sampling.grammar = prepared.grammar.clone();
+    let context = ChatContext {
+        agent: Some(&id),
+        thread_id: req.thread_id.as_deref(),
+        template_kwargs: Some(&prepared.kwargs).filter(|k| !k.is_empty()),
+        ..Default::default()
+    };
+    let job = crate::chat_job::job(&s, tenant.clone(), &headers, prepared.messages.clone(), sampling, context).await?;
+    let split = prepared.splitter(&s, job.text.as_deref());
     // Submitted only if the agent found above is still registered, under the lock a
     // delete holds while it removes the agent and forgets its cache (see the module doc).
     let submitted = s.agents.while_current(&tenant, &agent, || s.engine.submit(job));
@@ -122,11 +138,13 @@ pub(crate) async fn generate(
     let rx = rx?;
     let (st, mut rx) = api::started(rx).await?;
     let done = api::collect(&mut rx).await?;
+    let reply = split.split(&done.text);
     Ok(axum::Json(json!({
         "agent_id": id,
         "object": "agent.generation",
-        "text": done.text,
-        "finish_reason": finish_str(done.finish),
+        "text": reply.content,
+        "message": crate::tools::openai_out::message(&reply),
+        "finish_reason": crate::tools::openai_out::finish(done.finish, &reply.calls),
         "usage": {"prompt_tokens": st.prompt_tokens, "completion_tokens": done.completion_tokens,
                   "total_tokens": st.prompt_tokens + done.completion_tokens,
                   "prompt_tokens_details": {"cached_tokens": st.cached_tokens}},

@@ -4,8 +4,9 @@
 //! `POST /v1/messages/count_tokens`. Errors use Anthropic's body shape. A request becomes
 //! its job through the chat routes' shared path (`chat_job.rs`): sessions, prefix caching
 //! and, with `--context dual`, the persistent stream of `metadata.user_id` and the ring of
-//! `thread_id` (or `X-Engram-Thread`).
-//! `tools` and `tool_choice` are rejected with a 400 naming the field.
+//! `thread_id` (or `X-Engram-Thread`). Tool use (`tools`, `tool_choice`, `tool_use` /
+//! `tool_result` blocks, streamed `input_json_delta`) and `thinking` blocks go through
+//! `tools/` (`tools/anthropic_io.rs`).
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -27,7 +28,8 @@ use crate::{sse, AppState};
 #[derive(Deserialize)]
 struct InMessage {
     role: String,
-    content: Content,
+    /// A string or content blocks (`tools::anthropic_io::message`).
+    content: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -46,6 +48,8 @@ struct MessagesRequest {
     metadata: Option<Metadata>,
     /// With `--context dual`: which thread's ring (else `X-Engram-Thread`).
     thread_id: Option<String>,
+    tools: Option<serde_json::Value>,
+    tool_choice: Option<serde_json::Value>,
     #[serde(flatten)]
     unsupported: Unsupported,
 }
@@ -80,7 +84,7 @@ fn conversation(messages: Vec<InMessage>, system: Option<Content>) -> Result<Vec
                 format!("unsupported role {:?} (expected user or assistant)", m.role),
             ));
         }
-        chat.push(ChatMessage::new(m.role, m.content.text(&format!("messages[{i}].content"))?));
+        chat.extend(crate::tools::anthropic_io::message(i, &m.role, &m.content)?);
     }
     Ok(chat)
 }
@@ -90,6 +94,8 @@ struct CountTokensRequest {
     model: Option<String>,
     messages: Vec<InMessage>,
     system: Option<Content>,
+    tools: Option<serde_json::Value>,
+    tool_choice: Option<serde_json::Value>,
     #[serde(flatten)]
     unsupported: Unsupported,
 }
@@ -102,8 +108,9 @@ pub async fn count_tokens(State(s): State<AppState>, headers: HeaderMap, body: B
     let req: CountTokensRequest = api::parse(&body)?;
     api::check_model(&s, req.model.as_deref())?;
     req.unsupported.check()?;
-    let chat = conversation(req.messages, req.system)?;
-    let (_, prompt) = api::render_chat(&s, chat).await?;
+    let tools = crate::tools::request::anthropic(req.tools, req.tool_choice)?;
+    let prepared = crate::tools::job::prepare(&s, tools, conversation(req.messages, req.system)?, None).await?;
+    let (_, prompt) = api::render_chat_with(&s, prepared.messages, prepared.kwargs).await?;
     Ok(axum::Json(json!({"input_tokens": prompt.len()})).into_response())
 }
 
@@ -113,7 +120,8 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     let req: MessagesRequest = api::parse(&body)?;
     api::check_model(&s, req.model.as_deref())?;
     req.unsupported.check()?;
-    let chat = conversation(req.messages, req.system)?;
+    let tools = crate::tools::request::anthropic(req.tools, req.tool_choice)?;
+    let prepared = crate::tools::job::prepare(&s, tools, conversation(req.messages, req.system)?, None).await?;
     let temperature = req.temperature;
     if temperature.is_some_and(|t| t > 1.0) {
         return Err(ApiError::bad_param("temperature", "temperature must be in [0, 1]").into());
@@ -124,24 +132,33 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         top_p: req.top_p,
         top_k: req.top_k,
         stop: req.stop_sequences.unwrap_or_default(),
+        grammar: prepared.grammar.clone(),
         ..Default::default()
     };
     let context = ChatContext {
         session_id: req.session_id.as_deref(),
         user: req.metadata.as_ref().and_then(|m| m.user_id.as_deref()),
         thread_id: req.thread_id.as_deref(),
+        template_kwargs: Some(&prepared.kwargs).filter(|k| !k.is_empty()),
         ..Default::default()
     };
-    let job = crate::chat_job::job(&s, tenant, &headers, chat, sampling, context).await?;
+    let job = crate::chat_job::job(&s, tenant, &headers, prepared.messages.clone(), sampling, context).await?;
+    let mut split = prepared.splitter(&s, job.text.as_deref());
     let (st, mut rx) = api::start(&s, job).await?;
     let id = api::new_id("msg");
     let model = s.config.model_id.clone();
     if !req.stream.unwrap_or(false) {
         let done = api::collect(&mut rx).await?;
+        let reply = split.split(&done.text);
+        let reason = if !reply.calls.is_empty() && done.finish == FinishReason::Stop {
+            "tool_use"
+        } else {
+            stop_reason(done.finish, done.stop_string)
+        };
         let body = json!({
             "id": id, "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": done.text}],
-            "stop_reason": stop_reason(done.finish, done.stop_string),
+            "content": crate::tools::anthropic_io::blocks(&reply),
+            "stop_reason": reason,
             "stop_sequence": null,
             "usage": {"input_tokens": st.prompt_tokens - st.cached_tokens, "output_tokens": done.completion_tokens,
                       "cache_read_input_tokens": st.cached_tokens, "cache_creation_input_tokens": 0},
@@ -153,34 +170,30 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         return Ok(r);
     }
     let ev = |name: &str, v: serde_json::Value| SseEvent::default().event(name).data(v.to_string());
-    let first = vec![
-        ev(
-            "message_start",
-            json!({"type": "message_start", "message": {
+    let first = vec![ev(
+        "message_start",
+        json!({"type": "message_start", "message": {
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
             "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": st.prompt_tokens - st.cached_tokens, "output_tokens": 0,
                       "cache_read_input_tokens": st.cached_tokens, "cache_creation_input_tokens": 0}}}),
-        ),
-        ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
-    ];
+    )];
+    let mut blocks = crate::tools::anthropic_io::BlockStream::default();
     let format: sse::Formatter = Box::new(move |e| match e {
-        Some(Event::Text(t)) => (
-            vec![ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}))],
-            false,
-        ),
-        Some(Event::Finished { finish, completion_tokens, stop_string }) => (
-            vec![
-                ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-                ev(
-                    "message_delta",
-                    json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, stop_string), "stop_sequence": null},
-                                           "usage": {"output_tokens": completion_tokens}}),
-                ),
-                ev("message_stop", json!({"type": "message_stop"})),
-            ],
-            true,
-        ),
+        Some(Event::Text(t)) => (blocks.events(split.push(&t)).into_iter().map(|(name, v)| ev(name, v)).collect(), false),
+        Some(Event::Finished { finish, completion_tokens, stop_string }) => {
+            let mut events = blocks.events(split.finish());
+            events.extend(blocks.end());
+            let reason = if blocks.calls && finish == FinishReason::Stop { "tool_use" } else { stop_reason(finish, stop_string) };
+            let mut out: Vec<SseEvent> = events.into_iter().map(|(name, v)| ev(name, v)).collect();
+            out.push(ev(
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": null},
+                       "usage": {"output_tokens": completion_tokens}}),
+            ));
+            out.push(ev("message_stop", json!({"type": "message_stop"})));
+            (out, true)
+        }
         Some(Event::Failed(e)) => (vec![ev("error", e.anthropic_body())], true),
         Some(Event::Started { .. } | Event::Logprob(_)) => (vec![], false),
         None => (vec![ev("error", ApiError::internal("the engine stopped").anthropic_body())], true),

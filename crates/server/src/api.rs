@@ -106,11 +106,11 @@ impl Unsupported {
     pub fn check(&self) -> Result<(), ApiError> {
         use serde_json::Value;
         let fields = [
-            ("tools", &self.tools, "tool calling is not supported"),
-            ("tool_choice", &self.tool_choice, "tool calling is not supported"),
-            ("functions", &self.functions, "function calling is not supported"),
-            ("function_call", &self.function_call, "function calling is not supported"),
-            ("logit_bias", &self.logit_bias, "logit_bias is not supported"),
+            ("tools", &self.tools, "tools are taken on the chat routes (/v1/chat/completions, /v1/messages, /api/chat) only"),
+            ("tool_choice", &self.tool_choice, "tools are taken on the chat routes (/v1/chat/completions, /v1/messages, /api/chat) only"),
+            ("functions", &self.functions, "the legacy `functions` is not supported by this server (send `tools`)"),
+            ("function_call", &self.function_call, "the legacy `function_call` is not supported by this server (send `tool_choice`)"),
+            ("logit_bias", &self.logit_bias, "logit_bias is not supported by this server"),
             ("logprobs", &self.logprobs, "logprobs are supported on /v1/chat/completions and /v1/completions only"),
             ("top_logprobs", &self.top_logprobs, "logprobs are supported on /v1/chat/completions and /v1/completions only"),
         ];
@@ -123,7 +123,7 @@ impl Unsupported {
                 Some(_) => true,
             };
             if asks {
-                return Err(ApiError::bad_param(name, format!("`{name}`: {why} by this server; remove the field")));
+                return Err(ApiError::bad_param(name, format!("`{name}`: {why}; remove the field")));
             }
         }
         Ok(())
@@ -363,16 +363,13 @@ pub async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> Result<T, Api
     tokio::task::spawn_blocking(work).await.map_err(|_| ApiError::internal("preparing the request failed (a worker panicked)"))?
 }
 
-/// Renders a conversation with the model's chat template and encodes it, off the async workers.
-pub async fn render_chat(s: &AppState, messages: Vec<engram_tokenizer::ChatMessage>) -> Result<(String, Vec<u32>), ApiError> {
-    render_chat_with(s, messages, serde_json::Map::new()).await
-}
-
 /// The template variables a request may not set: the ones the renderer itself passes.
 const TEMPLATE_OWN_VARIABLES: [&str; 4] = ["messages", "add_generation_prompt", "bos_token", "eos_token"];
 
-/// [`render_chat`] with extra template variables (`chat_template_kwargs`: Qwen3's
-/// `enable_thinking`, say); one that would replace the renderer's own is a 400 naming it.
+/// Renders a conversation with the model's chat template and encodes it, off the async
+/// workers, with extra template variables (`chat_template_kwargs`: Qwen3's
+/// `enable_thinking`, say; the request's `tools`); one that would replace the renderer's own
+/// is a 400 naming it.
 pub async fn render_chat_with(
     s: &AppState,
     messages: Vec<engram_tokenizer::ChatMessage>,

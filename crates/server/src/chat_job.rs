@@ -48,7 +48,7 @@ pub(crate) async fn job(
         if context.template_kwargs.is_some_and(|k| !k.is_empty()) {
             return Err(ApiError::bad_param(
                 "chat_template_kwargs",
-                "chat_template_kwargs: dual-stream contexts render each turn alone; use the default sessions mode",
+                "chat_template_kwargs: dual-stream contexts render each turn alone, without extra template variables (chat_template_kwargs, or tools the chat template renders itself); use the default sessions mode",
             ));
         }
         let owner = match context.agent {

@@ -137,8 +137,7 @@ fn render_turn(s: &AppState, owner: String, thread: String, messages: &[ChatMess
 fn answer_closing(s: &AppState) -> Result<String, ApiError> {
     let tok = &s.model.tokenizer;
     let Some(tpl) = tok.chat_template() else { return Ok(String::new()) };
-    let probe =
-        [ChatMessage { role: "user".into(), content: "x".into() }, ChatMessage { role: "assistant".into(), content: "\u{1}".into() }];
+    let probe = [ChatMessage::new("user", "x"), ChatMessage::new("assistant", "\u{1}")];
     let text = tpl.render(&probe, false, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
     Ok(text.rsplit_once('\u{1}').map(|(_, after)| after.to_string()).unwrap_or_default())
 }

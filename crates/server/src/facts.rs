@@ -91,7 +91,7 @@ pub(crate) fn render_segment(model: &Model, content: &str) -> Result<Vec<u32>, A
         Some(tpl) => {
             let (bos, eos) = (tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""));
             let before = tpl.render(&[], false, bos, eos)?;
-            let with = tpl.render(&[ChatMessage { role: "system".into(), content: content.into() }], false, bos, eos)?;
+            let with = tpl.render(&[ChatMessage::new("system", content)], false, bos, eos)?;
             match with.strip_prefix(before.as_str()) {
                 Some(rest) => rest.to_string(),
                 None => format!("{content}\n"),

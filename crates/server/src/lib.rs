@@ -51,6 +51,7 @@ mod rag_metrics;
 pub mod scheduler;
 mod sse;
 mod structured;
+mod tools;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -3,9 +3,11 @@
 //! Extensions: `session_id` (or `X-Session-Id`) names a session; `top_k`,
 //! `min_p`, `repetition_penalty`, `ignore_eos` as in vLLM;
 //! responses carry the session in `X-Session-Id`; `logprobs` / `top_logprobs`
-//! as OpenAI's (`logprobs.rs`). Not implemented, and rejected with a 400
-//! naming the field: `tools`, `tool_choice`, `functions`, `function_call`,
-//! `logit_bias`.
+//! as OpenAI's (`logprobs.rs`); `grammar` (Lark) and `regex` beside `response_format`
+//! (`structured.rs`). Tool calls (`tools`, `tool_choice`,
+//! `parallel_tool_calls`, assistant `tool_calls` and `tool` messages in the history) and
+//! reasoning (`reasoning_content`) go through `tools/`. Not implemented, and rejected with a
+//! 400 naming the field: the legacy `functions` / `function_call` (send `tools`), `logit_bias`.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -70,6 +72,17 @@ pub(crate) struct InMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    /// An assistant message's calls (checked by `tools::request::check_history`).
+    #[serde(default)]
+    tool_calls: Option<Value>,
+    /// A tool message: the call it answers.
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    /// An assistant message's reasoning, given back: the template decides whether it is shown.
+    #[serde(default)]
+    reasoning_content: Option<String>,
 }
 
 /// Converts OpenAI messages to chat-template messages.
@@ -83,10 +96,11 @@ pub(crate) fn to_chat(messages: Vec<InMessage>) -> Result<Vec<ChatMessage>, ApiE
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
+            "tool" => "tool",
             other => {
                 return Err(ApiError::bad_param(
                     &format!("messages[{i}].role"),
-                    format!("unsupported role {other:?} (expected system, developer, user or assistant)"),
+                    format!("unsupported role {other:?} (expected system, developer, user, assistant or tool)"),
                 ))
             }
         };
@@ -94,7 +108,22 @@ pub(crate) fn to_chat(messages: Vec<InMessage>) -> Result<Vec<ChatMessage>, ApiE
             Some(c) => c.text(&format!("messages[{i}].content"))?,
             None => String::new(),
         };
-        out.push(ChatMessage::new(role, content));
+        let mut msg = ChatMessage::new(role, content);
+        if let Some(calls) = m.tool_calls.filter(|c| !c.is_null() && role == "assistant") {
+            msg = msg.with("tool_calls", calls);
+        }
+        if role == "tool" {
+            if let Some(id) = m.tool_call_id {
+                msg = msg.with("tool_call_id", Value::from(id));
+            }
+        }
+        if let Some(name) = m.name.filter(|_| role == "tool") {
+            msg = msg.with("name", Value::from(name));
+        }
+        if let Some(r) = m.reasoning_content.filter(|_| role == "assistant") {
+            msg = msg.with("reasoning_content", Value::from(r));
+        }
+        out.push(msg);
     }
     Ok(out)
 }
@@ -153,8 +182,14 @@ struct ChatRequest {
     sampling: SamplingFields,
     #[serde(flatten)]
     unsupported: Unsupported,
-    /// Structured output (`structured.rs`).
+    /// Structured output (`structured.rs`), and its extension fields `grammar` (Lark) and `regex`.
     response_format: Option<Value>,
+    grammar: Option<Value>,
+    regex: Option<Value>,
+    /// Tool calling (`tools/`).
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<Value>,
     n: Option<i64>,
     session_id: Option<String>,
     /// With `--context dual`: whose persistent stream, and which thread's ring.
@@ -187,8 +222,10 @@ struct CompletionRequest {
     sampling: SamplingFields,
     #[serde(flatten)]
     unsupported: Unsupported,
-    /// Structured output (`structured.rs`).
+    /// Structured output (`structured.rs`), and its extension fields `grammar` (Lark) and `regex`.
     response_format: Option<Value>,
+    grammar: Option<Value>,
+    regex: Option<Value>,
     n: Option<i64>,
     session_id: Option<String>,
 }
@@ -251,30 +288,42 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let logprobs = crate::logprobs::chat_request(lp.as_ref(), top.as_ref())?;
     req.unsupported.check()?;
     check_n(req.n)?;
-    let messages = to_chat(req.messages)?;
+    let tools = crate::tools::request::openai(req.tools.take(), req.tool_choice.take(), req.parallel_tool_calls.take())?;
+    let prepared = crate::tools::job::prepare(&s, tools, to_chat(req.messages)?, req.chat_template_kwargs.as_ref()).await?;
     let mut sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
     sampling.logprobs = logprobs;
-    sampling.grammar = crate::structured::response_format(&s, req.response_format.take()).await?;
+    sampling.grammar = crate::structured::request_grammar(&s, req.response_format.take(), req.grammar.take(), req.regex.take()).await?;
+    if let Some(g) = prepared.grammar.clone() {
+        if sampling.grammar.is_some() {
+            return Err(ApiError::bad_param(
+                "response_format",
+                "response_format, grammar and regex are not for answers that may call tools (tool_choice \"none\" allows them)",
+            ));
+        }
+        sampling.grammar = Some(g);
+    }
     let context = ChatContext {
         session_id: req.session_id.as_deref(),
         user: req.user.as_deref(),
         thread_id: req.thread_id.as_deref(),
         state: req.state.as_deref(),
-        template_kwargs: req.chat_template_kwargs.as_ref(),
+        template_kwargs: Some(&prepared.kwargs).filter(|k| !k.is_empty()),
         ..Default::default()
     };
-    let job = crate::chat_job::job(&s, tenant, &headers, messages, sampling, context).await?;
+    let job = crate::chat_job::job(&s, tenant, &headers, prepared.messages.clone(), sampling, context).await?;
+    let mut split = prepared.splitter(&s, job.text.as_deref());
     let (st, mut rx) = api::start(&s, job).await?;
     let id = api::new_id("chatcmpl");
     let created = api::now_s();
     let model = s.config.model_id.clone();
     if !req.stream.unwrap_or(false) {
         let done = api::collect(&mut rx).await?;
+        let reply = split.split(&done.text);
         let body = json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
+            "choices": [{"index": 0, "message": crate::tools::openai_out::message(&reply),
                          "logprobs": logprobs.map(|_| crate::logprobs::chat_object(&s.model.tokenizer, &done.logprobs)),
-                         "finish_reason": finish_str(done.finish)}],
+                         "finish_reason": crate::tools::openai_out::finish(done.finish, &reply.calls)}],
             "usage": usage(&st, done.completion_tokens),
             "session_id": st.session_id,
         });
@@ -302,16 +351,23 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let first =
         vec![SseEvent::default().data(chunk(json!({"role": "assistant", "content": ""}), None, None).expect("a chunk").to_string())];
     let session_id = st.session_id.clone();
+    // Tool calls made so far (their indices), to name the final chunk's finish reason.
+    let mut num_calls = 0usize;
     let format: sse::Formatter = Box::new(move |ev| match ev {
         Some(Event::Logprob(l)) => {
             chunk(Value::Null, None, Some(l));
             (vec![], false)
         }
         Some(Event::Text(t)) => {
-            (vec![SseEvent::default().data(chunk(json!({"content": t}), None, None).expect("a chunk").to_string())], false)
+            let deltas = crate::tools::openai_out::deltas(split.push(&t), &mut num_calls);
+            (deltas.into_iter().map(|d| SseEvent::default().data(chunk(d, None, None).expect("a chunk").to_string())).collect(), false)
         }
         Some(Event::Finished { finish, completion_tokens, .. }) => {
-            let mut out = vec![SseEvent::default().data(chunk(json!({}), Some(finish_str(finish)), None).expect("a chunk").to_string())];
+            let deltas = crate::tools::openai_out::deltas(split.finish(), &mut num_calls);
+            let mut out: Vec<SseEvent> =
+                deltas.into_iter().map(|d| SseEvent::default().data(chunk(d, None, None).expect("a chunk").to_string())).collect();
+            let reason = if num_calls > 0 && finish == FinishReason::Stop { "tool_calls" } else { finish_str(finish) };
+            out.push(SseEvent::default().data(chunk(json!({}), Some(reason), None).expect("a chunk").to_string()));
             if include_usage {
                 let u = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                                "choices": [], "usage": usage(&st, completion_tokens)});
@@ -362,7 +418,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     };
     let mut sampling = req.sampling.with_max_tokens(Some(req.max_tokens.unwrap_or(16)));
     sampling.logprobs = logprobs;
-    sampling.grammar = crate::structured::response_format(&s, req.response_format.take()).await?;
+    sampling.grammar = crate::structured::request_grammar(&s, req.response_format.take(), req.grammar.take(), req.regex.take()).await?;
     let params = api::params(&s, prompt.len(), sampling)?;
     let (st, mut rx) =
         api::start(&s, Job { owner: tenant.into(), session, text, add_special: true, prompt, params, pinned: false }).await?;

@@ -1,6 +1,6 @@
-//! Structured output: OpenAI's `response_format` (`text`, `json_object`, `json_schema`) and
-//! Ollama's `format` (`"json"` or a JSON schema) compiled into the grammar the engine
-//! decodes under (`engram_engine::grammar`). The vocabulary's token trie is built once, on
+//! Structured output: OpenAI's `response_format` (`text`, `json_object`, `json_schema`), the
+//! `grammar` (llguidance's Lark) and `regex` extension fields, and Ollama's `format`
+//! (`"json"` or a JSON schema) compiled into the grammar the engine decodes under (`engram_engine::grammar`). The vocabulary's token trie is built once, on
 //! the first request that asks for structure, and kept for the server's life.
 //!
 //! Invariant: a format that does not compile is a 400 naming the field, with llguidance's
@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::AppState;
 
 /// The served model's grammar compiler (built on first use, off the async workers).
-async fn compiler(s: &AppState) -> Result<Arc<GrammarCompiler>, ApiError> {
+pub(crate) async fn compiler(s: &AppState) -> Result<Arc<GrammarCompiler>, ApiError> {
     if let Some(c) = s.grammars.get() {
         return c.clone().map_err(ApiError::internal);
     }
@@ -34,17 +34,21 @@ async fn compiler(s: &AppState) -> Result<Arc<GrammarCompiler>, ApiError> {
 enum Format {
     Object,
     Schema(Value),
+    Lark(String),
+    Regex(String),
 }
 
 /// Compiles `format` for `field`, off the async workers (a large schema takes a while).
 async fn compile(s: &AppState, field: &'static str, format: Format) -> Result<Arc<Grammar>, ApiError> {
     let c = compiler(s).await?;
     api::off_runtime(move || {
-        let g = match format {
-            Format::Object => c.json_object(),
-            Format::Schema(schema) => c.json_schema(schema),
+        let (g, what) = match format {
+            Format::Object => (c.json_object(), "schema"),
+            Format::Schema(schema) => (c.json_schema(schema), "schema"),
+            Format::Lark(src) => (c.lark(&src), "grammar"),
+            Format::Regex(rx) => (c.regex(&rx), "regular expression"),
         };
-        g.map_err(|e| ApiError::bad_param(field, format!("{field}: the schema does not compile: {e}")))
+        g.map_err(|e| ApiError::bad_param(field, format!("{field}: the {what} does not compile: {e}")))
     })
     .await
 }
@@ -108,4 +112,42 @@ pub async fn ollama_format(s: &AppState, v: Option<&Value>) -> Result<Option<Arc
         Some(other) => return Err(ApiError::bad_param("format", format!("format must be \"json\" or a JSON schema object, got {other}"))),
     };
     compile(s, "format", format).await.map(Some)
+}
+
+/// The largest `grammar` or `regex` a request may send, in bytes.
+pub const MAX_GRAMMAR_SOURCE_BYTES: usize = 64 << 10;
+
+/// The request's grammar: `response_format`, or the extension fields `grammar` (a Lark
+/// grammar, as llguidance takes it) or `regex` (the whole answer matches it). At most one
+/// of the three; two are a 400 naming the second.
+pub async fn request_grammar(
+    s: &AppState,
+    format: Option<Value>,
+    grammar: Option<Value>,
+    regex: Option<Value>,
+) -> Result<Option<Arc<Grammar>>, ApiError> {
+    let text = |field: &'static str, v: Option<Value>| -> Result<Option<String>, ApiError> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(t)) if t.len() > MAX_GRAMMAR_SOURCE_BYTES => {
+                Err(ApiError::bad_param(field, format!("{field} is {} bytes; at most {MAX_GRAMMAR_SOURCE_BYTES}", t.len())))
+            }
+            Some(Value::String(t)) => Ok(Some(t)),
+            Some(_) => Err(ApiError::bad_param(field, format!("{field} must be a string"))),
+        }
+    };
+    let (grammar, regex) = (text("grammar", grammar)?, text("regex", regex)?);
+    let format = format.filter(|v| !v.is_null() && v.get("type").and_then(Value::as_str) != Some("text"));
+    let asked = [format.is_some(), grammar.is_some(), regex.is_some()];
+    if asked.iter().filter(|&&a| a).count() > 1 {
+        let second = if format.is_some() && grammar.is_some() { "grammar" } else { "regex" };
+        return Err(ApiError::bad_param(second, format!("{second}: give one of response_format, grammar and regex")));
+    }
+    if let Some(src) = grammar {
+        return compile(s, "grammar", Format::Lark(src)).await.map(Some);
+    }
+    if let Some(rx) = regex {
+        return compile(s, "regex", Format::Regex(rx)).await.map(Some);
+    }
+    response_format(s, format).await
 }

@@ -12,9 +12,10 @@
 //! * `tojson` behaves like transformers' (Python `json.dumps`, `ensure_ascii=False`,
 //!   no HTML escaping; `indent`, `sort_keys` and `separators` keyword arguments);
 //! * variables: `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
-//!   and `tools` / `documents` set to none (as transformers passes them), plus
+//!   and `tools` / `documents` (none unless given, as transformers passes them), plus
 //!   any extra ones given to [`ChatTemplate::render_with`] (as
-//!   `apply_chat_template`'s keyword arguments, e.g. Qwen3's `enable_thinking`);
+//!   `apply_chat_template`'s keyword arguments, e.g. Qwen3's `enable_thinking`, or the
+//!   request's `tools`);
 //! * transformers' `{% generation %}` ... `{% endgeneration %}` markers are accepted
 //!   and render their body unchanged;
 //! * the template is compiled once in [`ChatTemplate::new`].
@@ -27,16 +28,26 @@ use serde::{Deserialize, Serialize};
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// The message text.
     pub content: String,
+    /// Further fields the template sees on the message, as transformers passes them
+    /// (`tool_calls`, `tool_call_id`, `name`, `reasoning_content`); empty for most messages.
+    #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ChatMessage {
     /// Build a message from a role and its text.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), fields: serde_json::Map::new() }
+    }
+
+    /// The message with the further field `key` set to `value`.
+    pub fn with(mut self, key: &str, value: serde_json::Value) -> Self {
+        self.fields.insert(key.to_string(), value);
+        self
     }
 }
 
@@ -90,7 +101,8 @@ impl ChatTemplate {
 
     /// [`ChatTemplate::render`] with extra template variables, as transformers passes
     /// `apply_chat_template`'s keyword arguments (`enable_thinking=False` for Qwen3's
-    /// template). The standard variables above take precedence over an extra of the same name.
+    /// template, `tools`). The standard variables above take precedence over an extra of the
+    /// same name (`tools` and `documents` aside, which an extra sets).
     pub fn render_with(
         &self,
         messages: &[ChatMessage],
@@ -105,8 +117,8 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
-            tools => Value::from(()),
-            documents => Value::from(()),
+            tools => extra.get("tools").map(Value::from_serialize).unwrap_or(Value::from(())),
+            documents => extra.get("documents").map(Value::from_serialize).unwrap_or(Value::from(())),
             ..Value::from_serialize(extra)
         };
         tmpl.render(ctx).map_err(|e| TokenizerError::ChatTemplate(describe(&e)))
@@ -434,6 +446,22 @@ mod tests {
         extra.insert("enable_thinking".into(), serde_json::Value::Bool(false));
         extra.insert("eos_token".into(), serde_json::Value::String("X".into()));
         assert_eq!(t.render_with(&[], false, "", "E", &extra).unwrap(), "off|E");
+    }
+
+    #[test]
+    fn tools_and_message_fields_reach_the_template() {
+        let src = "{% if tools %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}\
+                   {% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}{% endif %}\
+                   {% if m.tool_call_id is defined %}#{{ m.tool_call_id }}{% endif %};{% endfor %}";
+        let t = ChatTemplate::new(src).unwrap();
+        let msgs = [
+            ChatMessage::new("assistant", "").with("tool_calls", serde_json::json!([{"function": {"name": "f"}}])),
+            ChatMessage::new("tool", "42").with("tool_call_id", serde_json::json!("c1")),
+        ];
+        assert_eq!(t.render(&msgs, false, "", "").unwrap(), "assistant:f;tool:42#c1;", "no tools: none");
+        let mut extra = serde_json::Map::new();
+        extra.insert("tools".into(), serde_json::json!([{"type": "function", "function": {"name": "f"}}]));
+        assert_eq!(t.render_with(&msgs, false, "", "", &extra).unwrap(), "[f]assistant:f;tool:42#c1;");
     }
 
     #[test]

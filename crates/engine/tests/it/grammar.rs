@@ -81,6 +81,47 @@ fn a_batch_under_grammars_with_prompt_lookup_on_never_drafts_for_them() {
     }
 }
 
+/// A lazy grammar leaves the text free until its trigger, then binds: greedy decoding
+/// under it matches the free run up to the trigger (a whole token of the free run's text),
+/// and from the trigger on the text is the grammar's (the trigger, then JSON of the schema).
+#[test]
+fn a_lazy_grammar_is_free_until_its_trigger_then_binds() {
+    let (_dir, model) = common::tiny();
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
+    let compiler = GrammarCompiler::new(&model.tokenizer, model.config.vocab).unwrap();
+    let prompt = model.tokenizer.encode("Answer in JSON:", true).unwrap().ids;
+    let free = SamplingParams { max_tokens: 24, ignore_eos: true, ..Default::default() };
+    let f = Generator::new(&model, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
+    // The trigger: the text of a generated token that first occurs where that token starts.
+    let (mut start, mut trigger) = (None, String::new());
+    for i in 2..f.tokens.len() {
+        let before = model.tokenizer.decode(&f.tokens[..i], true).unwrap();
+        let piece = model.tokenizer.decode(&f.tokens[i..=i], true).unwrap();
+        let piece = piece.trim().to_string();
+        if piece.len() >= 2 && f.text.find(&piece).is_some_and(|at| at >= before.len()) {
+            start = f.text[before.len()..].find(&piece).map(|d| before.len() + d);
+            trigger = piece;
+            break;
+        }
+    }
+    let start = start.unwrap_or_else(|| panic!("no usable trigger in {:?}", f.text));
+    // Compact JSON (random weights would pad flexible whitespace forever).
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false,
+                        "x-guidance": {"whitespace_flexible": false}});
+    let lark = format!("start: {} %json {}", serde_json::to_string(&trigger).unwrap(), schema);
+    let grammar = compiler.lark(&lark).unwrap().lazy(&trigger);
+    assert_eq!(grammar.trigger(), Some(trigger.as_str()));
+    let params = SamplingParams { max_tokens: 200, grammar: Some(grammar.clone()), ..Default::default() };
+    let g = Generator::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap();
+    assert_eq!(g.finish, FinishReason::Stop, "{:?}", g.text);
+    assert_eq!(&g.text[..start], &f.text[..start], "free until the trigger");
+    let rest = g.text[start..].strip_prefix(trigger.as_str()).unwrap_or_else(|| panic!("{trigger:?} then JSON: {:?}", g.text));
+    let v: Value = serde_json::from_str(rest).unwrap_or_else(|e| panic!("{e}: {:?}", g.text));
+    assert!(v["ok"].is_boolean(), "{v}");
+    assert!(grammar.accepts(&model.tokenizer, &g.text[start..]), "the bound text is a sentence of the grammar");
+    assert!(!grammar.accepts(&model.tokenizer, &format!("{trigger}{{\"ok\":1}}")), "a value off the schema is not");
+}
+
 #[test]
 fn a_schema_llguidance_cannot_compile_is_an_error_with_its_message() {
     let (_dir, model) = common::tiny();

@@ -169,7 +169,7 @@ fn chat_template_renders_like_transformers() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| ChatMessage { role: m["role"].as_str().unwrap().into(), content: m["content"].as_str().unwrap().into() })
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
         .collect();
     let tk = &model.tokenizer;
     let template = tk.chat_template().expect("tiny fixture has a chat template");

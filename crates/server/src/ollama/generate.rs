@@ -5,6 +5,11 @@
 //! `"done": true`, `done_reason` and the counts and durations; `"stream": false` answers
 //! the whole text in that last object.
 //!
+//! On `/api/chat`, `tools` (OpenAI's shape) let the model call them (`tools/`): the calls come
+//! back in `message.tool_calls` with `function.arguments` an object; `tool` messages in the
+//! history answer the calls before them in order. A template's `<think>` section comes back
+//! in `message.thinking`; `think: false` asks the template to skip it (`enable_thinking`).
+//!
 //! Counts and durations, as Ollama reports them: `prompt_eval_count` is the prompt
 //! tokens computed (a cached prefix is not: it shows as a smaller count), `eval_count`
 //! the generated tokens; `load_duration` is the wait until the engine admitted the
@@ -31,7 +36,6 @@ use crate::scheduler::{Event, Job};
 use crate::sse::EventStream;
 use crate::AppState;
 
-const NO_THINK: &str = "this server does not separate reasoning from the answer";
 const NO_IMAGES: &str = "the served model reads text only";
 
 #[derive(Deserialize)]
@@ -41,6 +45,10 @@ struct InMessage {
     content: Option<String>,
     images: Option<Value>,
     tool_calls: Option<Value>,
+    /// A `tool` message: the tool that answered (Ollama's field).
+    tool_name: Option<String>,
+    /// An assistant message's reasoning, given back.
+    thinking: Option<String>,
 }
 
 /// A request to either route (each reads its own fields; Ollama ignores the ones it does
@@ -104,8 +112,9 @@ impl Request {
     /// Checks what every generation request must, before anything is rendered.
     fn check(&self, s: &AppState) -> Result<(), ApiError> {
         api::check_model(s, self.model.as_deref().map(untagged))?;
-        refuse("think", &self.think, NO_THINK)?;
-        refuse("tools", &self.tools, "tool calling is not supported by this server")?;
+        if !matches!(&self.think, None | Some(Value::Null) | Some(Value::Bool(_)) | Some(Value::String(_))) {
+            return Err(ApiError::bad_param("think", "think must be a boolean (or \"low\", \"medium\", \"high\")"));
+        }
         refuse("logprobs", &self.logprobs, "log-probabilities are served on /v1/chat/completions and /v1/completions only")?;
         refuse("top_logprobs", &self.top_logprobs, "log-probabilities are served on /v1/chat/completions and /v1/completions only")
     }
@@ -123,30 +132,68 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         return Ok(loaded(&s, Route::Chat));
     }
     let mut messages = Vec::with_capacity(req.messages.len());
+    // Calls made and not yet answered, oldest first: a `tool` message answers the first.
+    let mut unanswered: std::collections::VecDeque<String> = Default::default();
     for (i, m) in req.messages.into_iter().enumerate() {
         refuse(&format!("messages[{i}].images"), &m.images, NO_IMAGES)?;
-        refuse(&format!("messages[{i}].tool_calls"), &m.tool_calls, "tool calling is not supported by this server")?;
         let role = match m.role.as_str() {
-            "system" | "user" | "assistant" => m.role,
+            "system" | "user" | "assistant" | "tool" => m.role,
             other => {
                 return Err(ApiError::bad_param(
                     &format!("messages[{i}].role"),
-                    format!("unsupported role {other:?} (expected system, user or assistant; tool calling is not supported)"),
+                    format!("unsupported role {other:?} (expected system, user, assistant or tool)"),
                 )
                 .into())
             }
         };
-        messages.push(ChatMessage::new(role, m.content.unwrap_or_default()));
+        let mut msg = ChatMessage::new(role.as_str(), m.content.unwrap_or_default());
+        if let Some(calls) = m.tool_calls.filter(|c| !c.is_null() && role == "assistant") {
+            let calls = crate::tools::request::ollama_calls(i, &calls)?;
+            unanswered.extend(calls.iter().filter_map(|c| c["id"].as_str().map(str::to_string)));
+            msg = msg.with("tool_calls", Value::Array(calls));
+        }
+        if let Some(t) = m.thinking.filter(|_| role == "assistant") {
+            msg = msg.with("reasoning_content", Value::from(t));
+        }
+        if role == "tool" {
+            let id = unanswered.pop_front().ok_or_else(|| {
+                ApiError::bad_param(
+                    &format!("messages[{i}]"),
+                    format!("messages[{i}]: a tool message answers a call, and no call before it is unanswered"),
+                )
+            })?;
+            msg = msg.with("tool_call_id", Value::from(id));
+            if let Some(n) = m.tool_name {
+                msg = msg.with("name", Value::from(n));
+            }
+        }
+        messages.push(msg);
+    }
+    let tools = crate::tools::request::ollama(req.tools.clone())?;
+    let mut kwargs = Map::new();
+    if let Some(Value::Bool(think)) = req.think {
+        kwargs.insert("enable_thinking".into(), Value::Bool(think));
+    }
+    let prepared = crate::tools::job::prepare(&s, tools, messages, Some(&kwargs)).await?;
+    if let Some(g) = prepared.grammar.clone() {
+        if sampling.grammar.is_some() {
+            return Err(ApiError::bad_param("format", "format: not with tools the model may call").into());
+        }
+        sampling.grammar = Some(g);
     }
     let context = ChatContext {
         session_id: req.session_id.as_deref(),
         user: req.user.as_deref(),
         thread_id: req.thread_id.as_deref(),
         state: req.state.as_deref(),
+        template_kwargs: Some(&prepared.kwargs).filter(|k| !k.is_empty()),
         ..Default::default()
     };
-    let job = crate::chat_job::job(&s, tenant, &headers, messages, sampling, context).await.map_err(|e| in_ollama_terms(e, "messages"))?;
-    run(&s, job, Route::Chat, req.stream.unwrap_or(true), t0).await
+    let job = crate::chat_job::job(&s, tenant, &headers, prepared.messages.clone(), sampling, context)
+        .await
+        .map_err(|e| in_ollama_terms(e, "messages"))?;
+    let split = prepared.splitter(&s, job.text.as_deref());
+    run(&s, job, Route::Chat, req.stream.unwrap_or(true), t0, Some(split)).await
 }
 
 /// `POST /api/generate`.
@@ -156,6 +203,7 @@ pub async fn generate(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     let req: Request = super::parse(&body)?;
     req.check(&s)?;
     refuse("images", &req.images, NO_IMAGES)?;
+    refuse("tools", &req.tools, "tools are taken on /api/chat")?;
     refuse("suffix", &req.suffix, "fill-in-the-middle is not supported by this server")?;
     refuse("template", &req.template, "the model's own chat template is the only one this server renders")?;
     refuse("context", &req.context, "token contexts are not kept; send the conversation to /api/chat (sessions cache it)")?;
@@ -185,7 +233,28 @@ pub async fn generate(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         let context = ChatContext { session_id: req.session_id.as_deref(), ..Default::default() };
         crate::chat_job::job(&s, tenant, &headers, messages, sampling, context).await.map_err(|e| in_ollama_terms(e, "prompt"))?
     };
-    run(&s, job, Route::Generate, req.stream.unwrap_or(true), t0).await
+    run(&s, job, Route::Generate, req.stream.unwrap_or(true), t0, None).await
+}
+
+/// Ollama's `message` for a (piece of a) split answer: `content`, and `thinking` and
+/// `tool_calls` (`function.arguments` an object) when there are any.
+fn chat_message(r: &crate::tools::Reply) -> Value {
+    let mut m = json!({"role": "assistant", "content": r.content});
+    if !r.reasoning.is_empty() {
+        m["thinking"] = json!(r.reasoning);
+    }
+    if !r.calls.is_empty() {
+        let calls: Vec<Value> = r
+            .calls
+            .iter()
+            .map(|c| {
+                let args: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
+                json!({"id": c.id, "function": {"name": c.name, "arguments": args}})
+            })
+            .collect();
+        m["tool_calls"] = Value::Array(calls);
+    }
+    m
 }
 
 /// Ollama's answer to a request without a prompt: the model is loaded (it always is).
@@ -239,7 +308,16 @@ fn last(route: Route, model: &str, text: &str, finish: FinishReason, t: &Timelin
 
 /// Submits `job` and answers it, streamed or whole. Failures before the first token are
 /// the response's own status (a full KV budget is a 503), as on the OpenAI routes.
-async fn run(s: &AppState, job: Job, route: Route, stream: bool, received: Instant) -> Result<Response, OllamaError> {
+/// With `split` (the chat route), the answer is split into `content`, `thinking` and
+/// `tool_calls`.
+async fn run(
+    s: &AppState,
+    job: Job,
+    route: Route,
+    stream: bool,
+    received: Instant,
+    mut split: Option<crate::tools::split::Splitter>,
+) -> Result<Response, OllamaError> {
     let (st, rx) = api::start(s, job).await?;
     let admitted = Instant::now();
     let (head, mut rx) = api::first_output(rx).await?;
@@ -259,7 +337,11 @@ async fn run(s: &AppState, job: Job, route: Route, stream: bool, received: Insta
             }
             ev = rx.recv().await;
         };
-        let mut r = axum::Json(last(route, &model, &text, finish, &t, &st, completion_tokens)).into_response();
+        let mut o = last(route, &model, &text, finish, &t, &st, completion_tokens);
+        if let Some(split) = split {
+            o["message"] = chat_message(&split.split(&text));
+        }
+        let mut r = axum::Json(o).into_response();
         if let Some(v) = session_header {
             r.headers_mut().insert("x-session-id", v);
         }
@@ -270,10 +352,29 @@ async fn run(s: &AppState, job: Job, route: Route, stream: bool, received: Insta
         b.push(b'\n');
         Bytes::from(b)
     };
+    // One object per piece of the split answer (or per piece of text, unsplit).
+    let mut objects = move |model: &str, text: Option<&str>| -> Vec<Value> {
+        let pieces = match (&mut split, text) {
+            (None, Some(t)) => return vec![route.object(model, t, false)],
+            (None, None) => return vec![],
+            (Some(sp), Some(t)) => sp.push(t),
+            (Some(sp), None) => sp.finish(),
+        };
+        pieces
+            .into_iter()
+            .map(|p| {
+                let mut o = route.object(model, "", false);
+                o["message"] = chat_message(&crate::tools::split::collect(vec![p]));
+                o
+            })
+            .collect()
+    };
     let format: crate::sse::FormatterOf<Bytes> = Box::new(move |ev| match ev {
-        Some(Event::Text(piece)) => (vec![line(route.object(&model, &piece, false))], false),
+        Some(Event::Text(piece)) => (objects(&model, Some(&piece)).into_iter().map(line).collect(), false),
         Some(Event::Finished { finish, completion_tokens, .. }) => {
-            (vec![line(last(route, &model, "", finish, &t, &st, completion_tokens))], true)
+            let mut out: Vec<Bytes> = objects(&model, None).into_iter().map(line).collect();
+            out.push(line(last(route, &model, "", finish, &t, &st, completion_tokens)));
+            (out, true)
         }
         // Mid-stream, Ollama reports a failure as an error object on its own line.
         Some(Event::Failed(e)) => (vec![line(OllamaError(e).body())], true),

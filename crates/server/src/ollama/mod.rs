@@ -16,9 +16,10 @@
 //! `num_predict`, `stop`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`);
 //! other options are ignored, as Ollama ignores those it does not know. `format` (`"json"`
 //! or a JSON schema) constrains the answer as OpenAI's `response_format` does
-//! (`structured.rs`). Refused with a 400 naming the field rather than ignored: `tools`,
-//! `think`, `images`, `suffix`, `template`, `context`, `logprobs`. `keep_alive` is
-//! accepted; the served model never unloads.
+//! (`structured.rs`). `/api/chat` takes `tools` and `think` (`generate.rs`, `tools/`).
+//! Refused with a 400 naming the field rather than ignored: `tools` on `/api/generate`,
+//! `images`, `suffix`, `template`, `context`, `logprobs`. `keep_alive` is accepted; the
+//! served model never unloads.
 
 mod embed;
 mod generate;

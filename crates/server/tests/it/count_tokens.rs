@@ -37,7 +37,7 @@ fn count_tokens_rejects_what_messages_rejects() {
         ("bad role", json!({"messages": [{"role": "system", "content": "x"}]}).to_string(), 400),
         ("image block", json!({"messages": [{"role": "user", "content": [{"type": "image"}]}]}).to_string(), 400),
         ("unknown model", json!({"model": "claude-9", "messages": user}).to_string(), 404),
-        ("tools", json!({"messages": user, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}).to_string(), 400),
+        ("tools", json!({"messages": user, "tools": [{"name": "f", "input_schema": {"type": "nonsense"}}]}).to_string(), 400),
     ] {
         let r = request(addr, "POST", "/v1/messages/count_tokens", &[], &body);
         assert_eq!(r.status, status, "{name}: {}", r.body);

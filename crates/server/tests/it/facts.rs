@@ -34,7 +34,7 @@ fn segment_len(content: &str) -> usize {
     let tok = &m.tokenizer;
     let tpl = tok.chat_template().unwrap();
     let (bos, eos) = (tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""));
-    let msg = |c: &str| vec![engram_tokenizer::ChatMessage { role: "system".into(), content: c.into() }];
+    let msg = |c: &str| vec![engram_tokenizer::ChatMessage::new("system", c)];
     let before = tpl.render(&[], false, bos, eos).unwrap();
     let with = tpl.render(&msg(content), false, bos, eos).unwrap();
     tok.encode(with.strip_prefix(before.as_str()).unwrap(), false).unwrap().ids.len()
@@ -45,7 +45,7 @@ fn base_len() -> usize {
     let tok = &m.tokenizer;
     let tpl = tok.chat_template().unwrap();
     let (bos, eos) = (tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""));
-    let msg = vec![engram_tokenizer::ChatMessage { role: "system".into(), content: SYSTEM.into() }];
+    let msg = vec![engram_tokenizer::ChatMessage::new("system", SYSTEM)];
     tok.encode(&tpl.render(&msg, false, bos, eos).unwrap(), false).unwrap().ids.len()
 }
 

@@ -23,3 +23,4 @@ mod server;
 mod structured;
 mod template_kwargs;
 mod tenants;
+mod tools;

@@ -124,3 +124,42 @@ fn a_bad_format_is_a_400_naming_the_field_and_nothing_is_queued() {
         assert!(r.json()["error"].as_str().unwrap().contains("format"), "{}", r.body);
     }
 }
+
+/// The `grammar` (Lark) and `regex` extension fields bind the answer as `response_format`
+/// does, on chat and completions; two of the three, or one that does not compile, is a 400
+/// naming the field.
+#[test]
+fn grammar_and_regex_extension_fields() {
+    let addr = shared();
+    for seed in 0..3 {
+        let r = chat(
+            addr,
+            &json!([{"role": "user", "content": "x"}]),
+            json!({"regex": "[a-c]{3}-[0-9]", "temperature": 1.0, "seed": seed, "max_tokens": 20}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let c = r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let b = c.as_bytes();
+        assert!(b.len() == 5 && b[..3].iter().all(|x| (b'a'..=b'c').contains(x)) && b[3] == b'-' && b[4].is_ascii_digit(), "{c:?}");
+        let r = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": "x", "grammar": "start: \"yes\" | \"no\"", "temperature": 1.0, "seed": seed, "max_tokens": 20}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let t = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+        assert!(t == "yes" || t == "no", "{t:?}");
+    }
+    let bad = [
+        (json!({"regex": "(", "max_tokens": 4}), "regex"),
+        (json!({"grammar": "start: nope_undefined", "max_tokens": 4}), "grammar"),
+        (json!({"grammar": 3, "max_tokens": 4}), "grammar"),
+        (json!({"response_format": {"type": "json_object"}, "regex": "a", "max_tokens": 4}), "regex"),
+        (json!({"response_format": {"type": "json_object"}, "grammar": "start: \"a\"", "max_tokens": 4}), "grammar"),
+    ];
+    for (extra, field) in bad {
+        let r = chat(addr, &json!([{"role": "user", "content": "x"}]), extra.clone());
+        assert_eq!(r.status, 400, "{extra}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], field, "{extra}: {}", r.body);
+    }
+}

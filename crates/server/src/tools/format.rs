@@ -1,0 +1,213 @@
+//! The call syntax of a chat template's family, detected from the template's source, and
+//! the grammar (llguidance's Lark, each tool's arguments a `%json` of its schema) that
+//! binds a call to it:
+//!
+//! | family | detected by | a call | with `auto` |
+//! |---|---|---|---|
+//! | Hermes / Qwen | `<tool_call>` | `<tool_call>\n{"name": "f", "arguments": {..}}\n</tool_call>` | lazy, from `<tool_call>` |
+//! | Llama 3.x | `<\|python_tag\|>` or `ipython` | `{"name": "f", "parameters": {..}}` | lazy, from `{"name"` |
+//! | Mistral | `[TOOL_CALLS]` | `[TOOL_CALLS][{"name": "f", "arguments": {..}}]` | lazy, from `[TOOL_CALLS]` |
+//! | generic | anything else | `{"tool_call":{"name":"f","arguments":{..}}}` (`tool_calls`: a list) | bound: that or `{"response":".."}` |
+//!
+//! The three template families render the tools themselves (their `tools` variable); the
+//! generic one gets them described in a system message ([`super::prompt`]) whatever the
+//! choice, and with `none` its answer is bound to `{"response":".."}`.
+//!
+//! Invariant: the grammar's calls are byte for byte what the family's template renders
+//! for the same call in a later turn's history (the arguments as the compact JSON string
+//! the model wrote), so a tool loop's next prompt extends this one's cached tokens.
+
+use std::sync::Arc;
+
+use engram_engine::{Grammar, GrammarCompiler};
+use serde_json::Value;
+
+use super::{Choice, Tools};
+use crate::error::ApiError;
+
+/// The largest grammar a request may build, in bytes of Lark source.
+pub(crate) const MAX_GRAMMAR_BYTES: usize = 256 << 10;
+
+/// How a chat template's model writes tool calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    Hermes,
+    Llama3,
+    Mistral,
+    Generic,
+}
+
+impl Family {
+    /// The family of a chat template, from its source.
+    pub fn detect(template: &str) -> Family {
+        if template.contains("<tool_call>") {
+            Family::Hermes
+        } else if template.contains("[TOOL_CALLS]") {
+            Family::Mistral
+        } else if template.contains("<|python_tag|>") || (template.contains("<|start_header_id|>") && template.contains("ipython")) {
+            Family::Llama3
+        } else {
+            Family::Generic
+        }
+    }
+
+    /// The text that opens a call in free text (`None`: the generic family's answer is
+    /// always bound to JSON).
+    pub fn trigger(self) -> Option<&'static str> {
+        match self {
+            Family::Hermes => Some("<tool_call>"),
+            Family::Llama3 => Some("{\"name\""),
+            Family::Mistral => Some("[TOOL_CALLS]"),
+            Family::Generic => None,
+        }
+    }
+
+    /// Whether the family's template renders the request's tools itself.
+    pub fn template_renders_tools(self) -> bool {
+        self != Family::Generic
+    }
+
+    /// Whether this family's syntax lets one answer hold several calls.
+    fn parallel(self) -> bool {
+        self != Family::Llama3
+    }
+}
+
+/// A Lark string literal of `s`.
+fn lit(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// `schema` with llguidance's compact-JSON option (no whitespace between tokens), as a
+/// `%json` literal.
+fn json_of(schema: &Value) -> String {
+    let mut schema = schema.clone();
+    if schema.is_object() && schema.get("x-guidance").is_none() {
+        schema["x-guidance"] = serde_json::json!({"whitespace_flexible": false});
+    }
+    format!("%json {schema}")
+}
+
+/// The Lark grammar of an answer that is calls only (the choice `required` or a named
+/// tool; with `auto` the same grammar is made lazy). The generic family's `auto` answer
+/// may instead be `{"response": "<text>"}`.
+pub(crate) fn lark(family: Family, tools: &Tools) -> String {
+    let offered = tools.offered();
+    let parallel = tools.parallel && family.parallel();
+    let mut g = String::new();
+    // One rule per tool: the call's text after the family's opening.
+    for (i, t) in offered.iter().enumerate() {
+        let (head, sep) = match family {
+            Family::Hermes | Family::Mistral => (format!("{{\"name\": \"{}\", \"arguments\": ", t.name), "}"),
+            Family::Llama3 => (format!("{{\"name\": \"{}\", \"parameters\": ", t.name), "}"),
+            Family::Generic => (format!("{{\"name\":\"{}\",\"arguments\":", t.name), "}"),
+        };
+        g.push_str(&format!("t{i}: {} {} {}\n", lit(&head), json_of(&t.parameters), lit(sep)));
+    }
+    let alts: Vec<String> = (0..offered.len()).map(|i| format!("t{i}")).collect();
+    g.push_str(&format!("one: {}\n", alts.join(" | ")));
+    let start = match family {
+        Family::Hermes => {
+            g.push_str(&format!("call: {} one {}\n", lit("<tool_call>\n"), lit("\n</tool_call>")));
+            if parallel { "call (\"\\n\" call)*" } else { "call" }.to_string()
+        }
+        Family::Llama3 => "one".to_string(),
+        Family::Mistral => {
+            let list = if parallel { "one (\", \" one)*" } else { "one" };
+            format!("{} {list} {}", lit("[TOOL_CALLS]["), lit("]"))
+        }
+        Family::Generic => {
+            let calls = if parallel {
+                format!("{} one (\",\" one)* {}", lit("{\"tool_calls\":["), lit("]}"))
+            } else {
+                format!("{} one {}", lit("{\"tool_call\":"), lit("}"))
+            };
+            if tools.choice == Choice::Auto {
+                g.push_str(&format!("response: {}\n", json_of(&response_schema())));
+                format!("{calls} | response")
+            } else {
+                calls
+            }
+        }
+    };
+    format!("start: {start}\n{g}")
+}
+
+/// The generic family's text answer: `{"response": "<text>"}`.
+fn response_schema() -> Value {
+    serde_json::json!({"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"], "additionalProperties": false})
+}
+
+/// The grammar a request's answer decodes under, compiled: `None` for the choice `none`
+/// (the generic family: its text answer's JSON); lazy (from the family's trigger) for `auto` in a template family; bound from the first
+/// token otherwise. Also each offered tool's arguments grammar, to check calls parsed from
+/// text against. A schema that does not compile is a 400 naming it
+/// (`tools[1].function.parameters`); so is a grammar over [`MAX_GRAMMAR_BYTES`].
+pub(crate) fn compile(c: &GrammarCompiler, family: Family, tools: &Tools) -> Result<Compiled, ApiError> {
+    let mut args = Vec::new();
+    for (i, t) in tools.list.iter().enumerate() {
+        let field = format!("{}[{i}]{}", tools.field, tools.schema_suffix);
+        let g = c
+            .json_schema(t.parameters.clone())
+            .map_err(|e| ApiError::bad_param(&field, format!("{field}: the schema does not compile: {e}")))?;
+        args.push((t.name.clone(), g));
+    }
+    let source = match (&tools.choice, family) {
+        // `none` with the generic prompt (which still describes the tools, so the prompt and
+        // its cache stay the same whatever the choice): the text answer's JSON only.
+        (Choice::None, Family::Generic) => format!("start: {}\n", json_of(&response_schema())),
+        (Choice::None, _) => return Ok(Compiled { grammar: None, args }),
+        _ => lark(family, tools),
+    };
+    if source.len() > MAX_GRAMMAR_BYTES {
+        return Err(ApiError::bad_param(
+            tools.field,
+            format!("{}: the tools' grammar is {} bytes; at most {MAX_GRAMMAR_BYTES}", tools.field, source.len()),
+        ));
+    }
+    let g = c
+        .lark(&source)
+        .map_err(|e| ApiError::bad_param(tools.field, format!("{}: the tools' grammar does not compile: {e}", tools.field)))?;
+    let g = match (&tools.choice, family.trigger()) {
+        (Choice::Auto, Some(trigger)) => g.lazy(trigger),
+        _ => g,
+    };
+    Ok(Compiled { grammar: Some(g), args })
+}
+
+/// A request's compiled tool grammars.
+pub(crate) struct Compiled {
+    /// What the answer decodes under (`None`: free).
+    pub grammar: Option<Arc<Grammar>>,
+    /// Each tool's name and the grammar of its arguments.
+    pub args: Vec<(String, Arc<Grammar>)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::Tool;
+
+    fn tools(choice: Choice, parallel: bool) -> Tools {
+        let t = |n: &str| Tool { name: n.into(), description: None, parameters: serde_json::json!({"type": "object"}) };
+        Tools { list: vec![t("a"), t("b")], choice, parallel, field: "tools", schema_suffix: ".function.parameters" }
+    }
+
+    #[test]
+    fn families_are_told_apart_by_their_templates() {
+        assert_eq!(Family::detect("{%- if tools %}<tools>{{ tool | tojson }}</tools> <tool_call>{%- endif %}"), Family::Hermes);
+        let chatml = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}{% endfor %}";
+        assert_eq!(Family::detect(chatml), Family::Generic);
+        assert_eq!(Family::detect("{{ '<|python_tag|>' }}"), Family::Llama3);
+        assert_eq!(Family::detect("[TOOL_CALLS]"), Family::Mistral);
+    }
+
+    #[test]
+    fn the_grammar_offers_the_named_tool_alone() {
+        let g = lark(Family::Hermes, &tools(Choice::Named("b".into()), true));
+        assert!(g.contains("\\\"b\\\"") && !g.contains("\\\"a\\\""), "{g}");
+        let auto = lark(Family::Generic, &tools(Choice::Auto, false));
+        assert!(auto.contains("response") && auto.contains("tool_call\\\""), "{auto}");
+        assert!(!lark(Family::Generic, &tools(Choice::Required, false)).contains("response"));
+    }
+}

@@ -1,0 +1,94 @@
+//! A chat request's tools turned into what its job needs: the conversation and template
+//! variables to render ([`super::prompt`]), the grammar to decode under
+//! ([`super::format`]), and, once the prompt is rendered, the [`Splitter`] its answer goes
+//! through (reasoning apart whenever the template has a `<think>` section, with or without
+//! tools).
+//!
+//! Invariant: every check runs here, before the job is built: a refused request has
+//! queued and stored nothing.
+
+use std::sync::Arc;
+
+use engram_engine::Grammar;
+use engram_tokenizer::ChatMessage;
+use serde_json::{Map, Value};
+
+use super::format::{self, Family};
+use super::split::{Checker, Splitter, Think};
+use super::{prompt, request, Choice, Tools};
+use crate::error::ApiError;
+use crate::AppState;
+
+/// A chat request ready to render, with how to read its answer.
+pub(crate) struct Prepared {
+    pub messages: Vec<ChatMessage>,
+    /// The template variables: the request's own, and `tools` for the template families.
+    pub kwargs: Map<String, Value>,
+    /// What the answer decodes under for its tools (`None`: free, or the request's own
+    /// structured output).
+    pub grammar: Option<Arc<Grammar>>,
+    /// Whether the request has tools the answer may call (not `none`).
+    pub calls: Option<Family>,
+    args: Vec<(String, Arc<Grammar>)>,
+}
+
+/// The served template's family (`Generic` without a template: rendering then fails).
+pub(crate) fn family(s: &AppState) -> Family {
+    s.model.tokenizer.chat_template().map(|t| Family::detect(t.source())).unwrap_or(Family::Generic)
+}
+
+/// Checks a request's tools and tool turns and prepares its rendering.
+pub(crate) async fn prepare(
+    s: &AppState,
+    tools: Option<Tools>,
+    messages: Vec<ChatMessage>,
+    kwargs: Option<&Map<String, Value>>,
+) -> Result<Prepared, ApiError> {
+    request::check_history(&messages)?;
+    let mut kwargs = kwargs.cloned().unwrap_or_default();
+    if tools.is_some() {
+        if let crate::ContextMode::Dual { .. } = s.config.context {
+            return Err(ApiError::bad_param("tools", "tools: dual-stream contexts render each turn alone; use the default sessions mode"));
+        }
+        if kwargs.contains_key("tools") {
+            return Err(ApiError::bad_param(
+                "chat_template_kwargs.tools",
+                "chat_template_kwargs.tools: the template's `tools` come from the request's tools",
+            ));
+        }
+    }
+    let family = family(s);
+    let compiled = match &tools {
+        Some(t) => {
+            let c = crate::structured::compiler(s).await?;
+            let t = t.clone();
+            Some(crate::api::off_runtime(move || format::compile(&c, family, &t)).await?)
+        }
+        None => None,
+    };
+    let has_tool_turns = messages.iter().any(|m| m.role == "tool" || m.fields.contains_key("tool_calls"));
+    let messages =
+        if tools.is_some() || has_tool_turns { prompt::prepare(family, tools.as_ref(), messages, &mut kwargs) } else { messages };
+    // The generic family's answer is always JSON to split (with `none`, a text answer).
+    let calls = tools.as_ref().filter(|t| t.choice != Choice::None || family == Family::Generic).map(|_| family);
+    let (grammar, args) = compiled.map(|c| (c.grammar, c.args)).unwrap_or_default();
+    Ok(Prepared { messages, kwargs, grammar, calls, args })
+}
+
+impl Prepared {
+    /// The splitter for the answer to `prompt` (the rendered text).
+    pub fn splitter(&self, s: &AppState, prompt: Option<&str>) -> Splitter {
+        let template = s.model.tokenizer.chat_template().map(|t| t.source()).unwrap_or("");
+        let think = match prompt {
+            Some(p) => Think::of(template, p),
+            None => Think::No,
+        };
+        let (args, model) = (self.args.clone(), s.model.clone());
+        let check: Checker = Box::new(move |name, value| {
+            let (_, g) = args.iter().find(|(n, _)| n == name)?;
+            let text = serde_json::to_string(value).ok()?;
+            g.accepts(&model.tokenizer, &text).then_some(text)
+        });
+        Splitter::new(think, self.calls, check)
+    }
+}
