@@ -84,10 +84,12 @@ unsafe fn run_span(isa: Isa, c: &TileCtx, r0: usize, r1: usize, n_tokens: usize)
     let padded = rows.div_ceil(GROUP) * GROUP;
     PANEL.with(|cell| {
         let (regs, meta, xw) = &mut *cell.borrow_mut();
-        regs.clear();
-        regs.resize(padded * nb * VPB, _mm256_setzero_si256());
-        meta.clear();
-        meta.resize(padded * nb, [0.0; 2]);
+        // Grown, never cleared: every register the kernels read is written below (the padding
+        // rows zeroed), so reuse costs no memset.
+        grow(regs, padded * nb * VPB, _mm256_setzero_si256());
+        grow(meta, padded * nb, [0.0; 2]);
+        regs[rows * nb * VPB..padded * nb * VPB].fill(_mm256_setzero_si256());
+        meta[rows * nb..padded * nb].fill([0.0; 2]);
         let w = c.w.data.as_ptr().add(r0 * c.w.row_bytes());
         let wide = matches!(isa, Isa::Avx512 | Isa::Amx);
         match (k, wide) {
@@ -104,8 +106,7 @@ unsafe fn run_span(isa: Isa, c: &TileCtx, r0: usize, r1: usize, n_tokens: usize)
         while t0 < n_tokens {
             let nt = (n_tokens - t0).min(4);
             if wide {
-                xw.clear();
-                xw.resize(nt * nb * 16, _mm256_setzero_si256());
+                grow(xw, nt * nb * 16, _mm256_setzero_si256());
                 widen_acts(a, t0, nt, xw);
             }
             for g in (0..padded).step_by(GROUP) {
@@ -121,6 +122,13 @@ unsafe fn run_span(isa: Isa, c: &TileCtx, r0: usize, r1: usize, n_tokens: usize)
             t0 += nt;
         }
     });
+}
+
+/// Makes `v` at least `n` long (new elements `z`; existing ones kept, not cleared).
+fn grow<T: Copy>(v: &mut Vec<T>, n: usize, z: T) {
+    if v.len() < n {
+        v.resize(n, z);
+    }
 }
 
 /// Decodes `blocks` consecutive super-blocks of format `K` at `w` into the panel.
