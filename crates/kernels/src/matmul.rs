@@ -20,9 +20,9 @@
 //!   reference's result).
 //!
 //! * Exception, `Isa::Avx2`/`Avx512`/`Amx` with Q5_K/Q3_K/Q2_K/IQ4_XS and ≥ 8 tokens
-//!   (`simd::k_panel::takes`): chunks (multiples of 4 rows, sized so their decoded panel stays
-//!   in L2) go whole to `simd::k_panel::run_rows`, which decodes the chunk's weights once and
-//!   sweeps every token over them (bitwise the decode tiles' result).
+//!   (`simd::k_panel::takes`): chunks (sized so their decoded panel stays in L2) go whole to
+//!   `simd::k_panel::run_rows`, which decodes the chunk's weights once and sweeps every token
+//!   over them (bitwise the decode tiles' result).
 //!
 //! * [`matmul_multi`]: several matrices sharing the activations (q/k/v, gate/up) in one
 //!   parallel region, activations prepared once.
