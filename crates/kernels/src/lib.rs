@@ -17,7 +17,8 @@
 //! Module map: `dtype` (formats, errors), `blocks` (byte layouts), `quantize` (f32 → blocks,
 //! activation quantization; `quantize32` and `quantize_k` hold the ports of the newer formats'
 //! reference quantizers), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
-//! `simd::{scalar, avx2, avx2_q32, avx2_k, avx512, amx, neon}` (kernels), `pool` (thread pool), `membw` (read-bandwidth
+//! `simd::{scalar, avx2, avx2_q32, avx2_k, k_panel, avx512, amx, neon}` (kernels; `k_panel`: the
+//! multi-token path of Q5_K/Q3_K/Q2_K/IQ4_XS), `pool` (thread pool), `membw` (read-bandwidth
 //! probe for `engram bench membw`), `repack` (Q4_0/Q8_0/Q4_1/Q4_K/Q6_K in 8-row groups for the AVX2 GEMV).
 
 // Kernels index fixed-size register arrays by row/token on purpose (the loops unroll), keep

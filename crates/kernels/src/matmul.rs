@@ -19,6 +19,11 @@
 //!   whole to `simd::avx2_packed::run_rows` (8 rows × ≤ 4 tokens per call, bitwise the scalar
 //!   reference's result).
 //!
+//! * Exception, `Isa::Avx2`/`Avx512`/`Amx` with Q5_K/Q3_K/Q2_K/IQ4_XS and ≥ 8 tokens
+//!   (`simd::k_panel::takes`): chunks (sized so their decoded panel stays in L2) go whole to
+//!   `simd::k_panel::run_rows`, which decodes the chunk's weights once and sweeps every token
+//!   over them (bitwise the decode tiles' result).
+//!
 //! * [`matmul_multi`]: several matrices sharing the activations (q/k/v, gate/up) in one
 //!   parallel region, activations prepared once.
 //!
@@ -140,6 +145,9 @@ struct Job<'a> {
     /// AVX2 with a packed matrix: whole 8-row groups go to `avx2_packed::run_rows`.
     #[cfg(target_arch = "x86_64")]
     packed: Option<&'a crate::Packed>,
+    /// Q5_K/Q3_K/Q2_K/IQ4_XS prefill: whole chunks go to `k_panel::run_rows`.
+    #[cfg(target_arch = "x86_64")]
+    panel: bool,
 }
 
 impl<'a> Job<'a> {
@@ -164,6 +172,8 @@ impl<'a> Job<'a> {
             }
             _ => None,
         };
+        #[cfg(target_arch = "x86_64")]
+        let panel = packed.is_none() && amx_acts.is_none() && crate::simd::k_panel::takes(isa, w.dtype, n_tokens);
         let rows = w.rows;
         // ~8 chunks per thread for balance, rounded to the row tile, capped so a chunk's
         // weights fit in L2 while they are reused across token groups.
@@ -173,6 +183,11 @@ impl<'a> Job<'a> {
             chunk = chunk.min((256 * 1024 / rb.max(1)).max(1));
         }
         chunk = chunk.div_ceil(nr_max) * nr_max;
+        #[cfg(target_arch = "x86_64")]
+        if panel {
+            // The decoded panel (~3× the weight bytes) is what must stay in L2.
+            chunk = chunk.min(crate::simd::k_panel::chunk_rows(w.cols));
+        }
         let nchunks = rows.div_ceil(chunk);
         let ctx = TileCtx { w, acts, out: out.as_mut_ptr(), ldo: rows };
         Job {
@@ -188,6 +203,8 @@ impl<'a> Job<'a> {
             amx_acts,
             #[cfg(target_arch = "x86_64")]
             packed,
+            #[cfg(target_arch = "x86_64")]
+            panel,
         }
     }
 
@@ -205,6 +222,13 @@ impl<'a> Job<'a> {
             // SAFETY: isa (AVX2, or AVX-512, which implies it) checked by the caller; chunks start at multiples of
             // nr_max = GROUP_ROWS, rows are a whole number of groups, chunks own disjoint rows.
             unsafe { crate::simd::avx2_packed::run_rows(&self.ctx, p, r0, r1, self.n_tokens) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.panel {
+            // SAFETY: `k_panel::takes` checked the isa (available, checked by the caller), format
+            // and token count; chunks own disjoint rows.
+            unsafe { crate::simd::k_panel::run_rows(self.isa, &self.ctx, r0, r1, self.n_tokens) };
             return;
         }
         let mut t0 = 0;

@@ -20,15 +20,29 @@ use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use std::arch::x86_64::*;
 
-/// Format tags for the const-generic kernel.
-const Q5K: u8 = 0;
-const Q3K: u8 = 1;
-const Q2K: u8 = 2;
-const IQ4XS: u8 = 3;
+/// Format tags for the const-generic kernels ([`tag`]).
+pub(crate) const Q5K: u8 = 0;
+/// Q3_K's tag.
+pub(crate) const Q3K: u8 = 1;
+/// Q2_K's tag.
+pub(crate) const Q2K: u8 = 2;
+/// IQ4_XS's tag.
+pub(crate) const IQ4XS: u8 = 3;
+
+/// The tag of a format this module handles.
+pub(crate) fn tag(d: DType) -> Option<u8> {
+    match d {
+        DType::Q5K => Some(Q5K),
+        DType::Q3K => Some(Q3K),
+        DType::Q2K => Some(Q2K),
+        DType::IQ4XS => Some(IQ4XS),
+        _ => None,
+    }
+}
 
 /// Whether this module handles `d`.
 pub(crate) fn handles(d: DType) -> bool {
-    matches!(d, DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS)
+    tag(d).is_some()
 }
 
 /// Runs one row (`w` its first block) × `nt` tokens (1..=4) of format `d`.
@@ -69,29 +83,42 @@ unsafe fn pair_scales(sc16: __m256i, g: usize) -> __m256i {
     _mm256_srai_epi16(_mm256_shuffle_epi8(sc16, ctrl), 8)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const K: u8, const NT: usize>(w: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
-    let bb = match K {
+/// Bytes of one super-block of format `K`.
+pub(crate) const fn block_bytes(k: u8) -> usize {
+    match k {
         Q5K => 176,
         Q3K => 110,
         Q2K => 84,
         _ => 136,
-    };
-    let nb = a.blocks_per_row;
-    let m3 = _mm256_set1_epi8(3);
-    let lut = table(&KVALUES_IQ4NL);
-    let mut acc = [_mm256_setzero_ps(); NT];
-    let mut macc = [0f32; NT];
-    for i in 0..nb {
-        let b = w.add(i * bb);
-        let bs = std::slice::from_raw_parts(b, bb);
-        // q[g]: elements 32g..32g+32; s[g]: the i16 scales for q[g]'s `vpmaddubsw` pairs.
+    }
+}
+
+/// One super-block decoded for the `vpmaddubsw` dots: `q[g]` the values of elements
+/// 32g..32g+32 (unsigned, or IQ4_XS's signed table values), `s[g]` the i16 scales of `q[g]`'s
+/// byte pairs, `corr_w` the 16 i16 weights of the block-sum term (mins, or Q3_K's scales;
+/// zero for IQ4_XS), `d` / `dmin` the super-block scales.
+#[derive(Clone, Copy)]
+pub(crate) struct KBlock {
+    pub q: [__m256i; 8],
+    pub s: [__m256i; 8],
+    pub corr_w: __m256i,
+    pub d: f32,
+    pub dmin: f32,
+}
+
+/// The body of [`decode_block`]: the super-block at `$b` (`*const u8`) of format `$k` as a
+/// [`KBlock`]. A macro so the decode tiles get it inline whatever the inliner decides (a call
+/// per super-block costs the 1-token GEMV); use it only inside an AVX2 `target_feature` fn.
+macro_rules! decode_block_body {
+    ($k:expr, $b:expr) => {{
+        let b: *const u8 = $b;
+        let bs = std::slice::from_raw_parts(b, block_bytes($k));
+        let m3 = _mm256_set1_epi8(3);
         let mut q = [_mm256_setzero_si256(); 8];
         let mut s = [_mm256_setzero_si256(); 8];
-        // i16 × 16 for the block-sum term (mins or scales), and the super-block scales.
         let mut corr_w = _mm256_setzero_si256();
         let (d, dmin);
-        match K {
+        match $k {
             Q5K => {
                 d = f16_at(bs, 0);
                 dmin = f16_at(bs, 2);
@@ -146,11 +173,62 @@ unsafe fn tile<const K: u8, const NT: usize>(w: *const u8, a: &ActQ8K, t0: usize
                 dmin = 0.0;
                 let ls = iq4xs_scales(bs);
                 for j in 0..8 {
-                    q[j] = _mm256_shuffle_epi8(lut, nibbles(b.add(IQ4XS_QS + 16 * j)));
+                    q[j] = _mm256_shuffle_epi8(table(&KVALUES_IQ4NL), nibbles(b.add(IQ4XS_QS + 16 * j)));
                     s[j] = _mm256_set1_epi16(ls[j] as i16);
                 }
             }
         }
+        KBlock { q, s, corr_w, d, dmin }
+    }};
+}
+
+/// Decodes the super-block at `b` (format `K`): the prefill panels (`k_panel`) store it, the
+/// decode tiles expand the same [`decode_block_body`], so both see the same integers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn decode_block<const K: u8>(b: *const u8) -> KBlock {
+    decode_block_body!(K, b)
+}
+
+/// One token's epilogue of a super-block: `isum` the 8 lanes of Σ_g madd(maddubs(q[g], x), s[g])
+/// (lane l: bytes 4l..4l+4 of every group), `ab` the activation block. Applies the block-sum
+/// term (Q3_K's −4 shift in lane 0 of the integers, Q5_K / Q2_K mins into `macc`) and adds
+/// the block to the 8-lane float accumulator. Every path of these formats ends a block here,
+/// so a (row, token) sees the same float operations whatever the tile.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn finish_block<const K: u8>(
+    mut isum: __m256i,
+    kb_corr_w: __m256i,
+    d: f32,
+    dmin: f32,
+    a: &ActQ8K,
+    ab: usize,
+    acc: &mut __m256,
+    macc: &mut f32,
+) {
+    let dx = *a.d.get_unchecked(ab);
+    if K != IQ4XS {
+        let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
+        let corr = hsum_i32(_mm256_madd_epi16(bsv, kb_corr_w));
+        if K == Q3K {
+            // Σ_j sc_j·Σ(u − 4)·x = Σ_j sc_j·Σ u·x − 4·Σ_j sc_j·bsum_j, exactly.
+            isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(4 * corr, 0, 0, 0, 0, 0, 0, 0));
+        } else {
+            *macc += dmin * dx * corr as f32;
+        }
+    }
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), *acc);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const K: u8, const NT: usize>(w: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    let bb = block_bytes(K);
+    let nb = a.blocks_per_row;
+    let mut acc = [_mm256_setzero_ps(); NT];
+    let mut macc = [0f32; NT];
+    for i in 0..nb {
+        let KBlock { q, s, corr_w, d, dmin } = decode_block_body!(K, w.add(i * bb));
         for t in 0..NT {
             let ab = (t0 + t) * nb + i;
             let xp = a.qs.as_ptr().add(ab * QK_K);
@@ -164,18 +242,7 @@ unsafe fn tile<const K: u8, const NT: usize>(w: *const u8, a: &ActQ8K, t0: usize
                 };
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s[g]));
             }
-            let dx = *a.d.get_unchecked(ab);
-            if K != IQ4XS {
-                let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
-                let corr = hsum_i32(_mm256_madd_epi16(bsv, corr_w));
-                if K == Q3K {
-                    // Σ_j sc_j·Σ(u − 4)·x = Σ_j sc_j·Σ u·x − 4·Σ_j sc_j·bsum_j, exactly.
-                    isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(4 * corr, 0, 0, 0, 0, 0, 0, 0));
-                } else {
-                    macc[t] += dmin * dx * corr as f32;
-                }
-            }
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc[t]);
+            finish_block::<K>(isum, corr_w, d, dmin, a, ab, &mut acc[t], &mut macc[t]);
         }
     }
     for t in 0..NT {

@@ -187,3 +187,43 @@ fn matmul_multi_equals_separate_calls_bitwise() {
         }
     }
 }
+
+/// The multi-token path of Q5_K / Q3_K / Q2_K / IQ4_XS (a panel decoded once per call, wider
+/// micro-kernels) gives each token exactly the bits of a one-token call, on shapes that span
+/// several row chunks and threads, with row counts off the 4-row group, every token tail
+/// (n mod 4), and spiky weights and activations that reach the ±127 activation range.
+#[test]
+fn k_panel_prefill_matches_decode_bitwise() {
+    let spiky = |n: usize, seed: u64| -> Vec<f32> {
+        let mut v = data(n, seed);
+        for (i, x) in v.iter_mut().enumerate() {
+            // One element in 61 forty times larger: blocks whose scale an outlier sets.
+            let phase = (i * 7 + seed as usize) % 61;
+            if phase == 0 {
+                *x *= 40.0;
+            }
+        }
+        v
+    };
+    for d in [DType::Q5K, DType::Q3K, DType::Q2K, DType::IQ4XS] {
+        for &(rows, cols) in &[(301usize, 2048usize), (6, 768)] {
+            let w = spiky(rows * cols, 21);
+            let bytes = quantize(d, &w, cols).unwrap();
+            let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+            for &n in &[8usize, 13, 18, 31] {
+                let x = spiky(n * cols, 22 + n as u64);
+                for isa in Isa::available() {
+                    let mut batch = vec![0f32; n * rows];
+                    matmul_with(isa, &wm, &x, n, &mut batch);
+                    for t in 0..n {
+                        let mut one = vec![0f32; rows];
+                        matmul_with(isa, &wm, &x[t * cols..(t + 1) * cols], 1, &mut one);
+                        let got: Vec<u32> = batch[t * rows..(t + 1) * rows].iter().map(|v| v.to_bits()).collect();
+                        let want: Vec<u32> = one.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(got, want, "{d} {isa:?} rows={rows} cols={cols} n={n} token {t}");
+                    }
+                }
+            }
+        }
+    }
+}
