@@ -7,7 +7,8 @@ use common::*;
 use engram_fixture::GgufFormat;
 use engram_model::{Logits, Model, SeqStep};
 
-fn chunked_logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
+/// Every token's logits, the prompt run `chunk` tokens per step through one cache.
+pub(crate) fn chunked_logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
     let mut kv = VecKv::new(model);
     let mut out = Vec::new();
     let mut pos = 0;

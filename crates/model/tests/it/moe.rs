@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use crate::arch_golden::check_model;
+use crate::chunking::chunked_logits;
 use crate::common::*;
 use crate::golden::fixture_differences;
 use engram_fixture::{GgufFormat, Shape};
@@ -127,17 +128,6 @@ fn qwen3_moe_chat_template_renders_like_transformers() {
         let ours = tpl.render_with(&messages, add, bos, eos, &kwargs).unwrap();
         assert_eq!(ours, case["rendered"].as_str().unwrap(), "{kwargs:?} add_generation_prompt={add}");
     }
-}
-
-fn chunked_logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut kv = VecKv::new(model);
-    let (mut out, mut pos) = (Vec::new(), 0);
-    for c in tokens.chunks(chunk) {
-        let mut step = [SeqStep { tokens: c, first_pos: pos, positions: None, key_mask: None, kv: &mut kv, logits: Logits::All }];
-        out.extend(model.forward(&mut step).unwrap().remove(0));
-        pos += c.len();
-    }
-    out
 }
 
 /// Each token is routed on its own row: one chunk, several, token by token, and batched with
