@@ -110,9 +110,15 @@ impl Pending {
             let rx: &mut Receiver<Event> = &mut guard;
             let d = &mut done;
             let submitted = self.submitted;
-            // Every event until the end or a quiet `SIGNAL_POLL`, in one GIL release.
+            // Every event until the end, for at most `SIGNAL_POLL` per GIL release: a steady
+            // stream of tokens must not keep Ctrl-C from being seen until the job ends.
+            let until = std::time::Instant::now() + SIGNAL_POLL;
             let step = py.detach(move || loop {
-                match rx.recv_timeout(SIGNAL_POLL) {
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Ok(false);
+                }
+                match rx.recv_timeout(left) {
                     Ok(Event::Started { prompt_tokens, cached_tokens, .. }) => {
                         d.prompt_tokens = prompt_tokens;
                         d.cached_tokens = cached_tokens;
