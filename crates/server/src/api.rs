@@ -430,3 +430,16 @@ mod tests {
         assert_eq!(first_output(rx).await.err().expect("refused").status.as_u16(), 503);
     }
 }
+
+/// How a JSON value's type reads in an error message ("a string", "an array", …).
+pub(crate) fn json_kind(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

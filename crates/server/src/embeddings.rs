@@ -62,22 +62,11 @@ pub(crate) fn texts(input: Option<Value>) -> Result<Vec<String>, ApiError> {
                     Value::Number(_) | Value::Array(_) => {
                         Err(bad(format!("input[{i}] is a token id or token array; this server embeds text only: send strings")))
                     }
-                    other => Err(bad(format!("input[{i}] must be a string, got {}", kind(&other)))),
+                    other => Err(bad(format!("input[{i}] must be a string, got {}", api::json_kind(&other)))),
                 })
                 .collect()
         }
-        Some(other) => Err(bad(format!("input must be a string or an array of strings, got {}", kind(&other)))),
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+        Some(other) => Err(bad(format!("input must be a string or an array of strings, got {}", api::json_kind(&other)))),
     }
 }
 

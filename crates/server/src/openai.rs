@@ -293,15 +293,11 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let mut sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
     sampling.logprobs = logprobs;
     sampling.grammar = crate::structured::request_grammar(&s, req.response_format.take(), req.grammar.take(), req.regex.take()).await?;
-    if let Some(g) = prepared.grammar.clone() {
-        if sampling.grammar.is_some() {
-            return Err(ApiError::bad_param(
-                "response_format",
-                "response_format, grammar and regex are not for answers that may call tools (tool_choice \"none\" allows them)",
-            ));
-        }
-        sampling.grammar = Some(g);
-    }
+    prepared.bind_grammar(
+        &mut sampling,
+        "response_format",
+        "response_format, grammar and regex are not for answers that may call tools (tool_choice \"none\" allows them)",
+    )?;
     let context = ChatContext {
         session_id: req.session_id.as_deref(),
         user: req.user.as_deref(),

@@ -175,12 +175,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         kwargs.insert("enable_thinking".into(), Value::Bool(think));
     }
     let prepared = crate::tools::job::prepare(&s, tools, messages, Some(&kwargs)).await?;
-    if let Some(g) = prepared.grammar.clone() {
-        if sampling.grammar.is_some() {
-            return Err(ApiError::bad_param("format", "format: not with tools the model may call").into());
-        }
-        sampling.grammar = Some(g);
-    }
+    prepared.bind_grammar(&mut sampling, "format", "format: not with tools the model may call")?;
     let context = ChatContext {
         session_id: req.session_id.as_deref(),
         user: req.user.as_deref(),

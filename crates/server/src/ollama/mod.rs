@@ -34,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
 
-use crate::api::{Sampling, StopField};
+use crate::api::{self, Sampling, StopField};
 use crate::error::ApiError;
 
 /// Ollama's default sampling (its Modelfile defaults), used where `options` is silent.
@@ -132,7 +132,7 @@ pub(crate) fn sampling(options: Option<&Map<String, Value>>) -> Result<Sampling,
     let stop = match o.get("stop") {
         None | Some(Value::Null) => Vec::new(),
         Some(v) => serde_json::from_value::<StopField>(v.clone())
-            .map_err(|_| ApiError::bad_param("options.stop", format!("options.stop must be a list of strings, got {}", kind(v))))?
+            .map_err(|_| ApiError::bad_param("options.stop", format!("options.stop must be a list of strings, got {}", api::json_kind(v))))?
             .into_vec(),
     };
     Ok(Sampling {
@@ -176,12 +176,15 @@ fn float(o: &Map<String, Value>, key: &str) -> Result<Option<f32>, ApiError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => Ok(n.as_f64().map(|x| x as f32)),
-        Some(v) => Err(ApiError::bad_param(&format!("options.{key}"), format!("options.{key} must be a number, got {}", kind(v)))),
+        Some(v) => {
+            Err(ApiError::bad_param(&format!("options.{key}"), format!("options.{key} must be a number, got {}", api::json_kind(v))))
+        }
     }
 }
 
 fn int(o: &Map<String, Value>, key: &str) -> Result<Option<i64>, ApiError> {
-    let bad = |v: &Value| ApiError::bad_param(&format!("options.{key}"), format!("options.{key} must be an integer, got {}", kind(v)));
+    let bad =
+        |v: &Value| ApiError::bad_param(&format!("options.{key}"), format!("options.{key} must be an integer, got {}", api::json_kind(v)));
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v @ Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
@@ -191,18 +194,6 @@ fn int(o: &Map<String, Value>, key: &str) -> Result<Option<i64>, ApiError> {
             _ => Err(bad(v)),
         },
         Some(v) => Err(bad(v)),
-    }
-}
-
-/// How a JSON value's type reads in a message.
-pub(crate) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -76,6 +76,17 @@ pub(crate) async fn prepare(
 }
 
 impl Prepared {
+    /// Puts the tools' grammar into `sampling`; a request that set its own grammar too
+    /// (structured output) is a 400 naming `field`, saying `why`.
+    pub fn bind_grammar(&self, sampling: &mut crate::api::Sampling, field: &str, why: &str) -> Result<(), ApiError> {
+        let Some(g) = self.grammar.clone() else { return Ok(()) };
+        if sampling.grammar.is_some() {
+            return Err(ApiError::bad_param(field, why));
+        }
+        sampling.grammar = Some(g);
+        Ok(())
+    }
+
     /// The splitter for the answer to `prompt` (the rendered text).
     pub fn splitter(&self, s: &AppState, prompt: Option<&str>) -> Splitter {
         let template = s.model.tokenizer.chat_template().map(|t| t.source()).unwrap_or("");

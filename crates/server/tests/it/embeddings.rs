@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 const MAX_INPUTS: usize = 2048;
 
 /// The tiny encoder (written once per test binary) and a server serving it.
-fn tiny() -> &'static (tempfile::TempDir, Arc<Encoder>, SocketAddr) {
+pub(crate) fn tiny() -> &'static (tempfile::TempDir, Arc<Encoder>, SocketAddr) {
     static S: OnceLock<(tempfile::TempDir, Arc<Encoder>, SocketAddr)> = OnceLock::new();
     S.get_or_init(|| {
         let tmp = tempfile::tempdir().unwrap();

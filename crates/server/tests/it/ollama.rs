@@ -6,24 +6,16 @@
 
 use crate::common;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use common::*;
 use engram_embed::Encoder;
 use engram_server::ServerConfig;
 use serde_json::{json, Value};
 
-/// A server with the tiny sentence encoder beside the tiny LLM.
+/// A server with the tiny sentence encoder beside the tiny LLM (the embeddings tests' one).
 fn with_encoder() -> &'static (tempfile::TempDir, Arc<Encoder>, SocketAddr) {
-    static S: OnceLock<(tempfile::TempDir, Arc<Encoder>, SocketAddr)> = OnceLock::new();
-    S.get_or_init(|| {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("tiny-minilm");
-        engram_embed::fixture::write_tiny(&dir).unwrap();
-        let enc = Arc::new(Encoder::load(&dir).unwrap());
-        let addr = start(64 << 20, ServerConfig { embedder: Some(enc.clone()), ..ServerConfig::new("tiny") });
-        (tmp, enc, addr)
-    })
+    crate::embeddings::tiny()
 }
 
 /// The JSON objects of an NDJSON body, one per line.
