@@ -70,8 +70,10 @@ use crate::format::KvFormat;
 use crate::pool::{KvLayout, KvPool};
 use crate::seq::SeqKv;
 
+mod bytes;
 mod deferred;
 mod header;
+pub use bytes::{decode_entry, encode_entry};
 pub use deferred::{check_in_background, open_entry_unchecked, UncheckedEntry};
 use header::{check_fingerprint, check_offsets, header_len, meta_hasher, parse_header};
 
@@ -427,23 +429,7 @@ pub fn open_entry(
 /// entry that fails here (a full RAM budget) is not read in vain.
 fn open(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize) -> Result<(EntryMeta, SeqKv, PendingSum), PersistError> {
     let (map, n, info, hasher) = map_entry(path)?;
-    let mismatch = |what, found: String, expected: String| PersistError::Mismatch { path: path.to_path_buf(), what, found, expected };
-    // Cheap checks first: a miss from another model must not read the data.
-    if info.meta.fingerprint != expect_fingerprint {
-        return Err(mismatch("fingerprint", info.meta.fingerprint.clone(), expect_fingerprint.to_string()));
-    }
-    if info.format != pool.format() {
-        return Err(mismatch("KV format", info.format.to_string(), pool.format().to_string()));
-    }
-    if info.layout != pool.layout() {
-        return Err(mismatch("layout", format!("{:?}", info.layout), format!("{:?}", pool.layout())));
-    }
-    if info.block_bytes != pool.block_bytes() {
-        return Err(PersistError::invalid(path, format!("block of {} bytes, pool uses {}", info.block_bytes, pool.block_bytes())));
-    }
-    if let Some((i, &t)) = info.meta.tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab_size) {
-        return Err(PersistError::invalid(path, format!("token {i} has id {t}, vocabulary has {vocab_size}")));
-    }
+    check_identity(path, &info, pool, expect_fingerprint, vocab_size)?;
     let data_offset = 8 + n;
     let mut blocks = Vec::with_capacity(info.num_blocks);
     for b in 0..info.num_blocks {
@@ -462,6 +448,30 @@ fn open(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize)
     let sum =
         PendingSum { path: path.to_path_buf(), map, data_offset, checksum: info.checksum, hasher, copies, block_bytes: pool.block_bytes() };
     Ok((info.meta, kv, sum))
+}
+
+/// The checks of an entry's identity against what the caller expects (model and KV format,
+/// layout, block size, token ids within the vocabulary): cheap, so they run before any KV byte
+/// is read, and a miss from another model never reads the data.
+fn check_identity(path: &Path, info: &EntryInfo, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize) -> Result<(), PersistError> {
+    let mismatch = |what, found: String, expected: String| PersistError::Mismatch { path: path.to_path_buf(), what, found, expected };
+    // Cheap checks first: a miss from another model must not read the data.
+    if info.meta.fingerprint != expect_fingerprint {
+        return Err(mismatch("fingerprint", info.meta.fingerprint.clone(), expect_fingerprint.to_string()));
+    }
+    if info.format != pool.format() {
+        return Err(mismatch("KV format", info.format.to_string(), pool.format().to_string()));
+    }
+    if info.layout != pool.layout() {
+        return Err(mismatch("layout", format!("{:?}", info.layout), format!("{:?}", pool.layout())));
+    }
+    if info.block_bytes != pool.block_bytes() {
+        return Err(PersistError::invalid(path, format!("block of {} bytes, pool uses {}", info.block_bytes, pool.block_bytes())));
+    }
+    if let Some((i, &t)) = info.meta.tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab_size) {
+        return Err(PersistError::invalid(path, format!("token {i} has id {t}, vocabulary has {vocab_size}")));
+    }
+    Ok(())
 }
 
 /// Asks the kernel to read the entry's KV in the order a forward pass reads

@@ -133,6 +133,20 @@ impl KvPool {
         Block { storage: Storage::Owned(bytes), len, pool: self.clone() }
     }
 
+    /// A block holding a copy of `bytes` (one block's bytes in the block layout) with `len`
+    /// tokens, charged to this pool. The caller has validated the contents.
+    pub fn owned_block(&self, bytes: &[u8], len: usize) -> Result<Block, KvError> {
+        if bytes.len() != self.block_bytes() || len == 0 || len > BLOCK_TOKENS {
+            return Err(KvError::BadMapping(format!(
+                "{} bytes with {len} tokens are not one block ({} bytes, 1..={BLOCK_TOKENS} tokens)",
+                bytes.len(),
+                self.block_bytes()
+            )));
+        }
+        self.try_charge(self.block_bytes())?;
+        Ok(self.charged_block(crate::block::LineBytes::copy_of(bytes), len))
+    }
+
     /// Wraps `block_bytes()` bytes of `map` at `offset` holding `len` tokens as a
     /// read-only block, charging it. The caller has validated the contents.
     pub fn mapped_block(&self, map: &Arc<Mmap>, offset: usize, len: usize) -> Result<Block, KvError> {

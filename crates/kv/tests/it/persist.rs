@@ -109,6 +109,16 @@ fn read_bytes(dir: &Path, bytes: &[u8]) -> Result<(EntryMeta, SeqKv), PersistErr
         check.wait()
     });
     assert_eq!(deferred.is_ok(), r.is_ok(), "open_entry + wait disagrees with read_entry: {:?}", deferred.err());
+    // And the same bytes as a value rather than a file: the same verdict, the same entry.
+    let value = persist::decode_entry("x.safetensors", bytes, &pool(KvFormat::F16), FP, VOCAB);
+    match (&r, &value) {
+        (Ok((m, kv)), Ok((m2, kv2))) => {
+            assert_eq!(m, m2);
+            assert_eq!(visible(kv), visible(kv2));
+        }
+        (Err(_), Err(e)) => assert!(e.to_string().contains("x.safetensors"), "{e} does not name the value"),
+        _ => panic!("decode_entry disagrees with read_entry: {:?} vs {:?}", value.as_ref().err(), r.as_ref().err()),
+    }
     r
 }
 
@@ -155,6 +165,43 @@ fn round_trip_every_format() {
             assert_eq!(persist::verify_entry(&path).unwrap().checksum, info.checksum);
         }
     }
+}
+
+/// An entry as a value: the bytes a file would hold, decoded into owned blocks (charged once),
+/// in every format, with and without a recent window.
+#[test]
+fn entries_round_trip_as_values() {
+    let dir = tempfile::tempdir().unwrap();
+    for format in KvFormat::ALL {
+        for n in [1, BLOCK_TOKENS, 3 * BLOCK_TOKENS + 5] {
+            let p = pool(format);
+            let kv = make_kv(&p, n, n as u64 + 3);
+            let m = meta(n, FP);
+            let value = persist::encode_entry(&m, &kv).unwrap();
+            let path = dir.path().join(format!("{format}-{n}.safetensors"));
+            write_entry(&path, &m, &kv).unwrap();
+            // The same entry as the file (the header's key order is the map's, so compare decoded).
+            assert_eq!(value.len(), std::fs::read(&path).unwrap().len(), "{format}, {n}: a value is a file's bytes");
+            assert_eq!(persist::decode_entry("file", &std::fs::read(&path).unwrap(), &p, FP, VOCAB).unwrap().0, m);
+            let used = p.used();
+            let (m2, kv2) = persist::decode_entry("key", &value, &p, FP, VOCAB).unwrap();
+            assert_eq!(m2, m);
+            assert_eq!(visible(&kv2), visible(&kv), "{format}, {n} tokens");
+            assert_eq!(kv2.window(), kv.window(), "{format}, {n} tokens: the recent window");
+            assert!(kv2.blocks().iter().all(|b| !b.is_mapped() && b.is_in_ram()));
+            let window = kv2.window().map_or(0, <[u8]>::len);
+            assert_eq!(p.used(), used + n.div_ceil(BLOCK_TOKENS) * p.block_bytes() + window, "owned blocks and the window are charged");
+            drop(kv2);
+            assert_eq!(p.used(), used, "and released");
+        }
+    }
+    // Another model's value is a miss naming the value, not a wrong sequence.
+    let p = pool(KvFormat::F16);
+    let value = persist::encode_entry(&meta(5, FP), &make_kv(&p, 5, 1)).unwrap();
+    let e = persist::decode_entry("engram:k", &value, &p, "fedcba9876543210-f16", VOCAB).err().expect("another model");
+    assert!(matches!(e, PersistError::Mismatch { .. }) && e.to_string().contains("engram:k"), "{e}");
+    let e = persist::decode_entry("engram:k", &value, &pool(KvFormat::Q8), FP, VOCAB).err().expect("another format");
+    assert!(matches!(e, PersistError::Mismatch { .. }), "{e}");
 }
 
 /// Every head's rows start on a 64-byte line, in RAM and mapped from a file, in every format
