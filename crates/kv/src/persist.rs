@@ -73,7 +73,7 @@ use crate::seq::SeqKv;
 mod bytes;
 mod deferred;
 mod header;
-pub use bytes::{decode_entry, encode_entry};
+pub use bytes::{decode_entry, encode_entry, encode_entry_range};
 pub use deferred::{check_in_background, open_entry_unchecked, UncheckedEntry};
 use header::{check_fingerprint, check_offsets, header_len, meta_hasher, parse_header};
 
@@ -264,14 +264,14 @@ pub fn encoded_len(meta: &EntryMeta, kv: &SeqKv) -> Result<u64, PersistError> {
     let p = Path::new("<entry>");
     // The checksum is fixed-width, so the length is known without reading the KV bytes (a
     // long session's are hundreds of MB; the disk store asks under its lock).
-    let prepared = prepare(p, meta, kv, Checksum::Placeholder)?;
+    let prepared = prepare(p, meta, kv, 0..kv.len(), Checksum::Placeholder)?;
     Ok(prepared.total_len())
 }
 
 /// Writes `kv` and `meta` to `path` atomically (temp file in the same
 /// directory, fsync, rename, fsync of the directory). Returns the bytes written.
 pub fn write_entry(path: &Path, meta: &EntryMeta, kv: &SeqKv) -> Result<u64, PersistError> {
-    let prepared = prepare(path, meta, kv, Checksum::Computed)?;
+    let prepared = prepare(path, meta, kv, 0..kv.len(), Checksum::Computed)?;
     atomic_write(path, |w| {
         w.write_all(&(prepared.header.len() as u64).to_le_bytes())?;
         w.write_all(&prepared.header)?;
@@ -537,11 +537,23 @@ enum Checksum {
     Placeholder,
 }
 
-fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv, checksum: Checksum) -> Result<Prepared<'a>, PersistError> {
+/// Builds the header and rows of an entry holding `kv`'s tokens `range` (the whole sequence for
+/// an entry file; a run of blocks for [`encode_entry_range`]): `range.start` is a block
+/// boundary, `range.end` one too or the sequence's end (where the recent window belongs).
+fn prepare<'a>(
+    path: &Path,
+    meta: &EntryMeta,
+    kv: &'a SeqKv,
+    range: std::ops::Range<usize>,
+    checksum: Checksum,
+) -> Result<Prepared<'a>, PersistError> {
     let unwritable = |reason: String| PersistError::Unwritable { path: path.to_path_buf(), reason };
     let pool = kv.pool();
     let layout = pool.layout();
-    let num_tokens = kv.len();
+    if range.start % BLOCK_TOKENS != 0 || range.end > kv.len() || (range.end % BLOCK_TOKENS != 0 && range.end != kv.len()) {
+        return Err(unwritable(format!("tokens {range:?} of {} are not a run of whole blocks", kv.len())));
+    }
+    let num_tokens = range.len();
     if num_tokens == 0 {
         return Err(unwritable("the sequence is empty".into()));
     }
@@ -554,7 +566,7 @@ fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv, checksum: Checksum)
     check_fingerprint(&meta.fingerprint).map_err(unwritable)?;
     check_offsets(&meta.offsets, &meta.text, num_tokens).map_err(unwritable)?;
 
-    let blocks = kv.blocks();
+    let blocks = &kv.blocks()[range.start / BLOCK_TOKENS..range.end.div_ceil(BLOCK_TOKENS)];
     let mut rows: Vec<Cow<'a, [u8]>> = blocks.iter().map(|b| Cow::Borrowed(b.bytes())).collect();
     let tail = num_tokens % BLOCK_TOKENS;
     if tail != 0 {
@@ -563,7 +575,8 @@ fn prepare<'a>(path: &Path, meta: &EntryMeta, kv: &'a SeqKv, checksum: Checksum)
         zero_stale_slots(layout, pool.elem().row_bytes(layout.head_dim), pool.section_bytes(), &mut bytes, tail);
         *last = Cow::Owned(bytes);
     }
-    let window = kv.window().map(|w| {
+    // The window belongs to the sequence's last, partial block: only a range ending there has it.
+    let window = kv.window().filter(|_| range.end == kv.len()).map(|w| {
         let mut bytes = w.to_vec();
         zero_stale_slots(layout, KvElem::F16.row_bytes(layout.head_dim), pool.tail_section_bytes(), &mut bytes, tail);
         bytes

@@ -59,6 +59,10 @@ impl KvPool {
         Ok(KvPool(Arc::new(Inner { layout, format, elem, budget: budget_bytes, used: AtomicUsize::new(0) })))
     }
 
+    /// Whether `other` is this pool (a clone of the same handle), not merely one alike.
+    pub fn same_as(&self, other: &KvPool) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
     /// The cache shape.
     pub fn layout(&self) -> KvLayout {
         self.0.layout

@@ -57,6 +57,30 @@ impl SeqKv {
         SeqKv { pool: pool.clone(), blocks, len, tail: None, positions: None }
     }
 
+    /// One sequence of `parts` in order, their blocks shared (no copy): the runs of an entry
+    /// stored in pieces put back together. `None` unless every part comes from `pool`, none has
+    /// moved positions, every part but the last holds whole blocks, and the last part's recent
+    /// window (which becomes this sequence's) is not shared with another fork.
+    pub fn concat(pool: &KvPool, parts: Vec<SeqKv>) -> Option<SeqKv> {
+        let count = parts.len();
+        let mut out = SeqKv::new(pool);
+        for (i, mut part) in parts.into_iter().enumerate() {
+            let last = i + 1 == count;
+            if part.positions.is_some() || (!last && part.len % BLOCK_TOKENS != 0) || !part.pool.same_as(pool) {
+                return None;
+            }
+            let first_block = out.len / BLOCK_TOKENS;
+            out.blocks.extend_from_slice(part.blocks());
+            out.len += part.len;
+            if let Some(tail) = part.tail.take() {
+                let mut tail = Arc::try_unwrap(tail).ok()?;
+                tail.block += first_block;
+                out.tail = Some(Arc::new(tail));
+            }
+        }
+        Some(out)
+    }
+
     /// Tokens stored.
     pub fn len(&self) -> usize {
         self.len

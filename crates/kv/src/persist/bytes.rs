@@ -12,7 +12,15 @@ use super::*;
 
 /// `kv` and `meta` as one entry's bytes (what [`write_entry`] would write to a file).
 pub fn encode_entry(meta: &EntryMeta, kv: &SeqKv) -> Result<Vec<u8>, PersistError> {
-    let prepared = prepare(Path::new("<entry>"), meta, kv, Checksum::Computed)?;
+    encode_entry_range(meta, kv, 0..kv.len())
+}
+
+/// `kv`'s tokens `range` and `meta` (whose `tokens` are that range's) as one entry's bytes: a
+/// run of whole blocks, `range.start` on a block boundary and `range.end` on one or at the
+/// sequence's end (the recent window, if any, goes with the range that ends there). Decoded,
+/// it is a sequence of `range.len()` tokens whose rows are those positions' rows.
+pub fn encode_entry_range(meta: &EntryMeta, kv: &SeqKv, range: std::ops::Range<usize>) -> Result<Vec<u8>, PersistError> {
+    let prepared = prepare(Path::new("<entry>"), meta, kv, range, Checksum::Computed)?;
     let mut out = Vec::with_capacity(prepared.total_len() as usize);
     out.extend_from_slice(&(prepared.header.len() as u64).to_le_bytes());
     out.extend_from_slice(&prepared.header);

@@ -204,6 +204,45 @@ fn entries_round_trip_as_values() {
     assert!(matches!(e, PersistError::Mismatch { .. }), "{e}");
 }
 
+/// A sequence stored as runs of whole blocks (each its own entry value) and put back together
+/// with `SeqKv::concat` is the sequence: rows, length and recent window, in every format.
+#[test]
+fn runs_of_blocks_put_back_together_are_the_sequence() {
+    for format in KvFormat::ALL {
+        for n in [BLOCK_TOKENS, 3 * BLOCK_TOKENS + 5, 4 * BLOCK_TOKENS] {
+            let p = pool(format);
+            let kv = make_kv(&p, n, n as u64 + 11);
+            let m = meta(n, FP);
+            let run = 2 * BLOCK_TOKENS;
+            let mut parts = Vec::new();
+            for start in (0..n).step_by(run) {
+                let end = (start + run).min(n);
+                let rm = EntryMeta { tokens: m.tokens[start..end].to_vec(), text: String::new(), offsets: vec![], ..m.clone() };
+                let value = persist::encode_entry_range(&rm, &kv, start..end).unwrap();
+                let (got, part) = persist::decode_entry("run", &value, &p, FP, VOCAB).unwrap();
+                assert_eq!(got.tokens, rm.tokens);
+                assert_eq!(part.window().is_some(), end == n && kv.window().is_some(), "only the last run has the window");
+                parts.push(part);
+            }
+            let whole = SeqKv::concat(&p, parts).expect("runs of whole blocks");
+            assert_eq!(whole.len(), n);
+            assert_eq!(visible(&whole), visible(&kv), "{format}, {n} tokens");
+            assert_eq!(whole.window(), kv.window(), "{format}, {n} tokens: the recent window");
+        }
+    }
+    // A range that is not a run of whole blocks is refused, not written wrong.
+    let p = pool(KvFormat::F16);
+    let kv = make_kv(&p, 70, 1);
+    let m = EntryMeta { tokens: vec![1; 10], text: String::new(), offsets: vec![], ..meta(0, FP) };
+    assert!(persist::encode_entry_range(&m, &kv, 5..15).is_err());
+    assert!(persist::encode_entry_range(&m, &kv, 32..42).is_err());
+    // Parts that do not line up are not put together.
+    let a = make_kv(&p, 5, 1);
+    let b = make_kv(&p, 5, 2);
+    assert!(SeqKv::concat(&p, vec![a, b]).is_none());
+    assert!(SeqKv::concat(&pool(KvFormat::F16), vec![make_kv(&p, 5, 1)]).is_none(), "another pool");
+}
+
 /// Every head's rows start on a 64-byte line, in RAM and mapped from a file, in every format
 /// (the attention kernels load 64 bytes at a time), including the recent window's.
 fn assert_line_aligned(kv: &SeqKv, what: &str) {

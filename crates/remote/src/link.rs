@@ -1,0 +1,101 @@
+//! One connection to the store, kept healthy: a timeout on connecting, on every read and every
+//! write; a connection that failed is dropped (a reply cut by a timeout would desynchronise it)
+//! and reconnected only after a backoff, so a store that is down costs a caller nothing but a
+//! check of the clock until the backoff has passed.
+//!
+//! Invariant: [`Link::run`] returns within about the timeout per round trip (connecting
+//! included), whatever the store does; after a failure no call connects again until
+//! the backoff (doubling from [`BACKOFF_MIN`] to [`BACKOFF_MAX`]) has passed.
+
+use std::time::{Duration, Instant};
+
+use crate::stats::Stats;
+
+/// The first wait after a failure.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The longest wait between attempts.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Why a call to the store did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// No attempt was made: the store failed recently and the backoff has not passed.
+    #[error("remote KV tier unavailable (retrying in {0:?})")]
+    Backoff(Duration),
+    /// The store failed (unreachable, timed out, refused the command).
+    #[error("remote KV tier: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// A connection to one store URL, reconnected on demand.
+pub struct Link {
+    client: redis::Client,
+    timeout: Duration,
+    conn: Option<redis::Connection>,
+    /// When a failed store may be tried again, and the backoff that led there.
+    retry_at: Option<(Instant, Duration)>,
+    stats: Stats,
+}
+
+impl Link {
+    /// A link to `url` (`redis://[user:password@]host:port[/db]`); connects on first use.
+    pub fn new(url: &str, timeout: Duration, stats: Stats) -> Result<Link, redis::RedisError> {
+        Ok(Link { client: redis::Client::open(url)?, timeout, conn: None, retry_at: None, stats })
+    }
+
+    /// Runs `f` on the connection (connecting first if needed). A failure drops the connection
+    /// and starts (or doubles) the backoff; an error the store answered (a refused command)
+    /// keeps the connection.
+    pub fn run<T>(&mut self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T, LinkError> {
+        if self.conn.is_none() {
+            if let Some((at, _)) = self.retry_at {
+                let now = Instant::now();
+                if now < at {
+                    return Err(LinkError::Backoff(at - now));
+                }
+            }
+            match self.connect() {
+                Ok(c) => {
+                    self.conn = Some(c);
+                    if self.retry_at.take().is_some() {
+                        tracing::info!("remote KV tier reconnected");
+                    }
+                    self.stats.connected(true);
+                }
+                Err(e) => {
+                    self.fail(&e);
+                    return Err(e.into());
+                }
+            }
+        }
+        let conn = self.conn.as_mut().expect("connected above");
+        match f(conn) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                // A reply the store gave (NOPERM, OOM, WRONGTYPE) leaves the stream in step; a
+                // timeout or a broken connection does not.
+                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+                    self.conn = None;
+                    self.stats.connected(false);
+                    self.fail(&e);
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    fn connect(&self) -> redis::RedisResult<redis::Connection> {
+        let c = self.client.get_connection_with_timeout(self.timeout)?;
+        c.set_read_timeout(Some(self.timeout))?;
+        c.set_write_timeout(Some(self.timeout))?;
+        Ok(c)
+    }
+
+    fn fail(&mut self, e: &redis::RedisError) {
+        let wait = self.retry_at.map_or(BACKOFF_MIN, |(_, w)| (w * 2).min(BACKOFF_MAX));
+        if self.retry_at.is_none() {
+            tracing::warn!("remote KV tier failed ({e}); serving from local tiers, retrying with backoff");
+        }
+        self.retry_at = Some((Instant::now() + wait, wait));
+    }
+}

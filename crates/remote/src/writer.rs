@@ -1,0 +1,200 @@
+//! The write-behind thread: sessions' runs and manifests, records and deletions reach the store
+//! from here, never from a request's path.
+//!
+//! ```text
+//!  engine thread ── save (a fork of the cache: shares blocks, no copy) ──> queue ──> writer thread
+//!                                                                                   EXISTS runs (one trip)
+//!                                                                                   SET missing runs, manifest, SADD owner
+//! ```
+//! Invariant: jobs run in the order they were queued, and a newer save of a session replaces
+//! its queued older one; a queue past `max_queued` drops new saves (counted), and
+//! [`Queue::shed_sessions`] drops every save not yet started (they hold blocks of the RAM
+//! pool). Runs are written before the manifest that names them, so a manifest read finds its
+//! runs unless the store evicted them since (a shorter restore, never a wrong one).
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use engram_kv::{EntryKind, EntryMeta, SeqKv};
+
+use crate::keys::{chain_hashes, KeySpace};
+use crate::links::Links;
+use crate::manifest::Manifest;
+use crate::stats::Stats;
+
+/// Bytes of run values sent in one pipeline (a few MiB of KV per trip keeps the writer's
+/// memory bounded and its trips within the timeout).
+const PIPELINE_BYTES: usize = 32 << 20;
+
+/// A write waiting for the thread.
+pub(crate) enum Job {
+    /// A session's KV (runs) and manifest.
+    Session { space: KeySpace, tenant: Option<String>, manifest: Manifest, kv: SeqKv },
+    /// A record's sealed value.
+    Record { tenant: String, key: String, value: Vec<u8> },
+    /// Keys to delete.
+    Delete { tenant: Option<String>, keys: Vec<String> },
+    /// Every session manifest of an owner, and the owner's set.
+    ForgetOwner { space: KeySpace, tenant: Option<String>, owner: String },
+}
+
+/// What the channel carries: a job's key and number in [`Queue`], or a flush.
+pub(crate) enum Msg {
+    Job(String, u64),
+    Flush(Sender<()>),
+}
+
+/// Jobs not yet started, newest of each key only.
+#[derive(Default)]
+pub(crate) struct Queue {
+    jobs: HashMap<String, (u64, Job)>,
+    next: u64,
+}
+
+impl Queue {
+    /// Queues `job` under `key` (replacing a queued one); its number, or `None` when the queue
+    /// is full and the job is a session save (dropped).
+    pub(crate) fn push(&mut self, key: String, job: Job, max_queued: usize) -> Option<u64> {
+        if matches!(job, Job::Session { .. }) && !self.jobs.contains_key(&key) && self.jobs.len() >= max_queued {
+            return None;
+        }
+        self.next += 1;
+        self.jobs.insert(key, (self.next, job));
+        Some(self.next)
+    }
+
+    /// Takes job `key` if `number` is still the one queued there.
+    fn take(&mut self, key: &str, number: u64) -> Option<Job> {
+        match self.jobs.get(key) {
+            Some((n, _)) if *n == number => self.jobs.remove(key).map(|(_, j)| j),
+            _ => None,
+        }
+    }
+
+    /// Drops every queued session save (they hold the RAM pool's blocks); how many.
+    pub(crate) fn shed_sessions(&mut self) -> usize {
+        let before = self.jobs.len();
+        self.jobs.retain(|_, (_, j)| !matches!(j, Job::Session { .. }));
+        before - self.jobs.len()
+    }
+
+    /// Drops queued session saves of `owner` (about to be forgotten).
+    pub(crate) fn drop_owner(&mut self, owner: &str) {
+        self.jobs.retain(|_, (_, j)| !matches!(j, Job::Session { manifest, .. } if manifest.owner == owner));
+    }
+}
+
+/// The thread's loop: until the channel closes.
+pub(crate) fn run(rx: Receiver<Msg>, queue: Arc<Mutex<Queue>>, mut links: Links, stats: Stats) {
+    for msg in rx {
+        match msg {
+            Msg::Flush(done) => {
+                let _ = done.send(());
+            }
+            Msg::Job(key, number) => {
+                let Some(job) = queue.lock().expect("queue lock").take(&key, number) else { continue };
+                let result = match job {
+                    Job::Session { space, tenant, manifest, kv } => {
+                        write_session(&mut links, &stats, &space, tenant.as_deref(), &manifest, &kv)
+                    }
+                    Job::Record { tenant, key, value } => {
+                        let n = value.len();
+                        links.run(Some(&tenant), |c| redis::cmd("SET").arg(&key).arg(value).query::<()>(c)).map(|()| n)
+                    }
+                    Job::Delete { tenant, keys } => {
+                        links.run(tenant.as_deref(), |c| redis::cmd("DEL").arg(&keys).query::<()>(c)).map(|()| 0)
+                    }
+                    Job::ForgetOwner { space, tenant, owner } => forget_owner(&mut links, &space, tenant.as_deref(), &owner),
+                };
+                match result {
+                    Ok(bytes) => stats.wrote(bytes),
+                    Err(crate::link::LinkError::Backoff(_)) => stats.dropped(1),
+                    Err(e) => {
+                        stats.write_error();
+                        tracing::debug!("remote write failed: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes the runs the store lacks, then the manifest and the owner's set entry; bytes written.
+fn write_session(
+    links: &mut Links,
+    stats: &Stats,
+    space: &KeySpace,
+    tenant: Option<&str>,
+    m: &Manifest,
+    kv: &SeqKv,
+) -> Result<usize, crate::link::LinkError> {
+    let n = kv.len().min(m.tokens.len());
+    let hashes = chain_hashes(&m.fingerprint, m.salt.as_deref(), &m.tokens[..n], m.run_tokens);
+    let keys: Vec<String> = hashes.iter().map(|h| space.run(h)).collect();
+    let present: Vec<bool> = links.run(tenant, |c| {
+        let mut p = redis::pipe();
+        for k in &keys {
+            p.cmd("EXISTS").arg(k);
+        }
+        p.query(c)
+    })?;
+    let owner = run_owner(m.salt.as_deref());
+    let mut written = 0;
+    let mut pipe = redis::pipe();
+    let mut pending = 0;
+    for (i, key) in keys.iter().enumerate() {
+        if present.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let range = i * m.run_tokens..((i + 1) * m.run_tokens).min(n);
+        let meta = EntryMeta {
+            fingerprint: m.fingerprint.clone(),
+            kind: EntryKind::Prefix,
+            owner: owner.clone(),
+            tokens: m.tokens[range.clone()].to_vec(),
+            text: String::new(),
+            offsets: Vec::new(),
+            created_unix: 0,
+        };
+        let value = match engram_kv::persist::encode_entry_range(&meta, kv, range) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("remote tier: a run of {} cannot be written: {e}", m.session_id);
+                return Ok(written);
+            }
+        };
+        pending += value.len();
+        written += value.len();
+        pipe.cmd("SET").arg(key).arg(value).ignore();
+        if pending >= PIPELINE_BYTES {
+            links.run(tenant, |c| pipe.query::<()>(c))?;
+            pipe = redis::pipe();
+            pending = 0;
+        }
+    }
+    let skipped = present.iter().filter(|&&p| p).count();
+    let value = m.seal();
+    written += value.len();
+    pipe.cmd("SET").arg(space.session(&m.owner, &m.session_id)).arg(value).ignore();
+    pipe.cmd("SADD").arg(space.owner(&m.owner)).arg(&m.session_id).ignore();
+    links.run(tenant, |c| pipe.query::<()>(c))?;
+    stats.runs_skipped(skipped);
+    Ok(written)
+}
+
+/// The owner metadata of a run value: the salt its chain is hashed under, as a persisted
+/// prefix chain's (`salt/<salt>`, or empty for a chain shared across tenants).
+pub(crate) fn run_owner(salt: Option<&str>) -> String {
+    salt.map_or_else(String::new, |s| format!("salt/{s}"))
+}
+
+/// Deletes `owner`'s manifests and set; bytes written (none).
+fn forget_owner(links: &mut Links, space: &KeySpace, tenant: Option<&str>, owner: &str) -> Result<usize, crate::link::LinkError> {
+    let set = space.owner(owner);
+    let ids: Vec<String> = links.run(tenant, |c| redis::cmd("SMEMBERS").arg(&set).query(c))?;
+    let mut keys: Vec<String> = ids.iter().map(|id| space.session(owner, id)).collect();
+    keys.push(set);
+    links.run(tenant, |c| redis::cmd("DEL").arg(&keys).query::<()>(c))?;
+    Ok(0)
+}

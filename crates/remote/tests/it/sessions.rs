@@ -1,0 +1,165 @@
+//! Sessions and prefix chains through the store: exact round trips in every KV format, runs
+//! shared by content, and values that fail a check treated as misses.
+
+use engram_kv::{KvFormat, BLOCK_TOKENS};
+use engram_remote::{RemoteConfig, RemoteTier};
+
+use crate::common::*;
+
+fn tier(redis: &Redis) -> RemoteTier {
+    let mut c = RemoteConfig::new(redis.url());
+    c.run_tokens = 2 * BLOCK_TOKENS;
+    RemoteTier::new(c).unwrap()
+}
+
+#[test]
+fn sessions_round_trip_exactly_in_every_format() {
+    if !redis_available() {
+        return;
+    }
+    let redis = Redis::start(&[]);
+    for format in KvFormat::ALL {
+        let fp = format!("0123456789abcdef-{format}");
+        let remote = tier(&redis).for_model(fp);
+        let p = pool(format);
+        // One conversation's KV: runs are content-addressed, so every session saved here
+        // must hold the same KV for the same tokens (as a model computes it).
+        let full = make_kv(&p, 5 * BLOCK_TOKENS + 7, 1);
+        for n in [5, 2 * BLOCK_TOKENS, 5 * BLOCK_TOKENS + 7] {
+            let kv = full.fork(n);
+            let (tokens, text, ends) = conversation(n, 3);
+            let id = format!("s-{n}");
+            remote.save_session(Some("alice"), "alice", &id, Some("alice"), &text, &tokens, &ends, kv.fork(n));
+            remote.tier().flush();
+
+            let m = remote.find_manifest(Some("alice"), "alice", Some(&id), &text).expect("the manifest");
+            assert_eq!(
+                (m.tokens.as_slice(), m.text.as_str(), m.token_ends.as_slice()),
+                (tokens.as_slice(), text.as_str(), ends.as_slice())
+            );
+            let used = p.used();
+            let got = remote.fetch_kv(Some("alice"), m.salt.as_deref(), &m.tokens, n, &p, VOCAB).expect("the KV");
+            assert_eq!(got.len(), n);
+            assert!(rows(&got, n) == rows(&kv, n), "{format}, {n} tokens: rows and window as saved");
+            assert!(p.used() > used, "restored blocks are charged to the pool");
+
+            // Without an id: the owner's session sharing the most text.
+            let longer = format!("{text}and more");
+            assert_eq!(remote.find_manifest(Some("alice"), "alice", None, &longer).map(|m| m.session_id), Some(id.clone()));
+            // Another owner, tenant or model finds nothing.
+            assert!(remote.find_manifest(Some("alice"), "bob", Some(&id), &text).is_none());
+            assert!(remote.find_manifest(Some("bob"), "alice", Some(&id), &text).is_none());
+            let other = tier(&redis).for_model("fedcba9876543210-f16".into());
+            assert!(other.find_manifest(Some("alice"), "alice", Some(&id), &text).is_none());
+        }
+    }
+    let s = tier(&redis).stats();
+    assert_eq!(s.bad_values, 0);
+}
+
+#[test]
+fn runs_are_content_addressed_and_shared() {
+    if !redis_available() {
+        return;
+    }
+    let redis = Redis::start(&[]);
+    let t = tier(&redis);
+    let remote = t.for_model(FP.into());
+    let p = pool(KvFormat::F16);
+    let n = 6 * BLOCK_TOKENS;
+    let kv = make_kv(&p, n, 1);
+    let (tokens, text, ends) = conversation(n, 9);
+    remote.save_session(Some("t"), "t", "a", Some("t"), &text, &tokens, &ends, kv.fork(n));
+    t.flush();
+    let runs = redis.keys().iter().filter(|k| k.contains(":run:")).count();
+    assert_eq!(runs, 3, "three runs of two blocks");
+    // A second session with the same first four blocks writes only its own last run.
+    let kv2 = {
+        let mut k = kv.fork(4 * BLOCK_TOKENS);
+        let tail = make_kv(&p, 2 * BLOCK_TOKENS, 2);
+        for l in 0..LAYOUT.num_layers {
+            let (k2, v2) = tail.read_rows(l, 0..2 * BLOCK_TOKENS);
+            use engram_model::KvCache;
+            if l == 0 {
+                k.reserve(2 * BLOCK_TOKENS).unwrap();
+            }
+            k.write(l, 4 * BLOCK_TOKENS, &k2, &v2, 2 * BLOCK_TOKENS);
+        }
+        k
+    };
+    let mut tokens2 = tokens.clone();
+    tokens2[5 * BLOCK_TOKENS] += 1;
+    remote.save_session(Some("t"), "t", "b", Some("t"), &text, &tokens2, &ends, kv2.fork(n));
+    t.flush();
+    assert_eq!(redis.keys().iter().filter(|k| k.contains(":run:")).count(), 4);
+    assert_eq!(t.stats().runs_skipped, 2);
+    // A prompt that starts with the chain finds its whole runs, without any manifest.
+    let mut prompt = tokens[..5 * BLOCK_TOKENS].to_vec();
+    prompt.extend([1, 2, 3]);
+    let got = remote.fetch_prefix(Some("t"), Some("t"), &prompt, 0, &p, VOCAB).expect("the chain");
+    assert_eq!(got.len(), 4 * BLOCK_TOKENS, "whole runs only");
+    assert!(rows(&got, got.len()).0 == rows(&kv, 4 * BLOCK_TOKENS).0);
+    assert!(
+        remote.fetch_prefix(Some("t"), Some("t"), &prompt, 4 * BLOCK_TOKENS, &p, VOCAB).is_none(),
+        "nothing beyond what the caller has"
+    );
+    // Another salt's chain does not reach these runs.
+    assert!(remote.fetch_prefix(Some("t"), Some("u"), &prompt, 0, &p, VOCAB).is_none());
+}
+
+#[test]
+fn damaged_foreign_and_missing_values_are_misses() {
+    if !redis_available() {
+        return;
+    }
+    let redis = Redis::start(&[]);
+    let t = tier(&redis);
+    let remote = t.for_model(FP.into());
+    let p = pool(KvFormat::F16);
+    let n = 6 * BLOCK_TOKENS;
+    let kv = make_kv(&p, n, 5);
+    let (tokens, text, ends) = conversation(n, 1);
+    remote.save_session(Some("t"), "t", "s", Some("t"), &text, &tokens, &ends, kv.fork(n));
+    t.flush();
+    let run_keys = |r: &Redis| {
+        let mut keys: Vec<String> = r.keys().into_iter().filter(|k| k.contains(":run:")).collect();
+        keys.sort();
+        keys
+    };
+    // Which key is the second run: the restore stops just before it once it is damaged.
+    let keys = run_keys(&redis);
+    assert_eq!(keys.len(), 3);
+    let m = remote.find_manifest(Some("t"), "t", Some("s"), &text).unwrap();
+    for key in &keys {
+        // Flip one byte of the KV in the middle of this run's value.
+        let len: usize = redis.cmd(&["STRLEN", key]).unwrap();
+        let original: Vec<u8> = redis.cmd(&["GETRANGE", key, &(len / 2).to_string(), &(len / 2).to_string()]).unwrap();
+        let flipped = [original[0] ^ 0x10];
+        let mut c = redis.client().get_connection().unwrap();
+        redis::cmd("SETRANGE").arg(key).arg(len / 2).arg(&flipped[..]).query::<()>(&mut c).unwrap();
+        let bad_before = t.stats().bad_values;
+        let got = remote.fetch_kv(Some("t"), Some("t"), &m.tokens, n, &p, VOCAB);
+        assert_eq!(t.stats().bad_values, bad_before + 1, "a damaged run is counted");
+        let got_len = got.as_ref().map_or(0, |k| k.len());
+        assert!(got_len < n && got_len % (2 * BLOCK_TOKENS) == 0, "the restore stops before the damaged run");
+        if let Some(g) = got {
+            assert!(rows(&g, got_len).0 == rows(&kv, got_len).0, "what is restored is exact");
+        }
+        redis::cmd("SETRANGE").arg(key).arg(len / 2).arg(&original[..]).query::<()>(&mut c).unwrap();
+    }
+    // A run value moved under another run's key (right bytes, wrong place) is refused.
+    let v0: Vec<u8> = redis.cmd(&["GET", &keys[0]]).unwrap();
+    let v1: Vec<u8> = redis.cmd(&["GET", &keys[1]]).unwrap();
+    let mut c = redis.client().get_connection().unwrap();
+    redis::cmd("SET").arg(&keys[0]).arg(&v1).query::<()>(&mut c).unwrap();
+    redis::cmd("SET").arg(&keys[1]).arg(&v0).query::<()>(&mut c).unwrap();
+    assert!(remote.fetch_kv(Some("t"), Some("t"), &m.tokens, n, &p, VOCAB).is_none());
+    // A damaged manifest is a miss; a vanished run shortens the restore.
+    let sess: Vec<String> = redis.keys().into_iter().filter(|k| k.contains(":sess:")).collect();
+    redis::cmd("SETRANGE").arg(&sess[0]).arg(30).arg("X").query::<()>(&mut c).unwrap();
+    let bad = t.stats().bad_values;
+    assert!(remote.find_manifest(Some("t"), "t", Some("s"), &text).is_none());
+    assert_eq!(t.stats().bad_values, bad + 1);
+    redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap();
+    assert!(remote.fetch_kv(Some("t"), Some("t"), &m.tokens, n, &p, VOCAB).is_none(), "an evicted key is a miss");
+}
