@@ -10,6 +10,7 @@ mod fixture_cmd;
 mod generate;
 mod generate_sparse;
 mod rag_cmd;
+mod remote_cmd;
 mod scenario_cmd;
 mod serve;
 
@@ -53,6 +54,8 @@ enum Command {
     Scenario(scenario_cmd::Args),
     /// Personal RAG (PerCache: QA bank, chunk KV tree): ingest documents, query them, ls, rm, stats.
     Rag(rag_cmd::Args),
+    /// The remote KV tier (Redis): the ACL rule of a per-tenant user.
+    Remote(remote_cmd::Args),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -77,6 +80,7 @@ fn main() {
         Command::Cache(a) => cache_cmd::run(a),
         Command::Scenario(a) => scenario_cmd::run(a),
         Command::Rag(a) => rag_cmd::run(a),
+        Command::Remote(a) => remote_cmd::run(a),
         Command::Bench { which } => engram_bench::run(which),
     };
     if let Err(e) = result {

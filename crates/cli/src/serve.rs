@@ -59,6 +59,21 @@ pub struct Args {
     /// that another tenant sent the same text.
     #[arg(long)]
     share_prefixes_across_tenants: bool,
+    /// A remote KV tier that a fleet of servers shares, under RAM and disk:
+    /// `redis://[user:password@]host:port[/db]` (Redis or Valkey). Sessions, agents' caches
+    /// and prefix chains are written there behind the local tiers and looked up there on a local
+    /// miss, so a request reaching another replica continues warm. Bound the store with its own
+    /// `maxmemory` and an LRU/LFU policy. Off by default.
+    #[arg(long, value_name = "URL")]
+    kv_remote: Option<String>,
+    /// `TENANT=URL`: that tenant's keys go through this URL's user (a Redis ACL user allowed
+    /// only the tenant's key pattern, printed by `engram remote acl TENANT`). Repeatable.
+    #[arg(long, value_name = "TENANT=URL", requires = "kv_remote")]
+    kv_remote_tenant: Vec<String>,
+    /// Timeout of every round trip to the remote tier, in milliseconds: a slow or unreachable
+    /// store costs a request at most about this per trip, then it is a miss.
+    #[arg(long, default_value_t = engram_remote::DEFAULT_TIMEOUT.as_millis() as u64)]
+    kv_remote_timeout_ms: u64,
     /// Speculative decoding for requests that do not choose (their `draft` field): `none`, or
     /// `prompt-lookup` (drafts copied from earlier in the context, verified in one step; the
     /// output is identical, only faster when the answer repeats its context, as code edits do),
@@ -263,6 +278,7 @@ pub fn run(mut a: Args) -> Result<()> {
         sessions: SessionsConfig {
             disk: disk_config(&a, one_tenant)?,
             share_prefixes_across_tenants: a.share_prefixes_across_tenants,
+            remote: remote_tier(&a)?,
             ..Default::default()
         },
         scheduler: SchedulerConfig {
@@ -326,4 +342,22 @@ fn draft_model(a: &Args, model: &engram_model::Model) -> Result<Option<Arc<engra
     let dm = engram_engine::DraftModel::new(model, Arc::new(draft), a.draft_k, 256 << 20)
         .map_err(|e| anyhow::anyhow!("--draft {}: {e}", path.display()))?;
     Ok(Some(Arc::new(dm)))
+}
+
+/// The remote tier `--kv-remote` names (`None` without it). Nothing connects here: a store that
+/// is down at start is only a miss until it is up.
+fn remote_tier(a: &Args) -> Result<Option<engram_remote::RemoteTier>> {
+    let Some(url) = &a.kv_remote else { return Ok(None) };
+    if a.kv_remote_timeout_ms == 0 {
+        bail!("--kv-remote-timeout-ms must be at least 1");
+    }
+    let mut config = engram_remote::RemoteConfig::new(url.clone());
+    config.timeout = Duration::from_millis(a.kv_remote_timeout_ms);
+    for t in &a.kv_remote_tenant {
+        let (tenant, url) = t.split_once('=').with_context(|| format!("--kv-remote-tenant wants TENANT=URL, got {t:?}"))?;
+        config.tenant_urls.push((tenant.to_string(), url.to_string()));
+    }
+    let tier = engram_remote::RemoteTier::new(config).map_err(anyhow::Error::msg)?;
+    eprintln!("remote KV tier: {}", engram_remote::redact(url));
+    Ok(Some(tier))
 }

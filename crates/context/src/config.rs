@@ -36,11 +36,13 @@ pub struct SessionsConfig {
     /// Let every tenant reuse every tenant's shared prefix blocks (default false: chains are
     /// salted per tenant, so `cached_tokens` never reveal another tenant's text).
     pub share_prefixes_across_tenants: bool,
+    /// The remote tier under RAM and disk that a fleet of servers shares (`None`: none).
+    pub remote: Option<engram_remote::RemoteTier>,
 }
 
 impl Default for SessionsConfig {
     fn default() -> Self {
-        SessionsConfig { max_sessions: 256, disk: None, share_prefixes_across_tenants: false }
+        SessionsConfig { max_sessions: 256, disk: None, share_prefixes_across_tenants: false, remote: None }
     }
 }
 
@@ -62,6 +64,10 @@ impl SessionStore {
                 }
                 Err(e) => tracing::warn!("sessions will not persist: {e}"),
             }
+        }
+        if let Some(r) = &config.remote {
+            let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
+            sessions = sessions.with_remote(r.for_model(fp));
         }
         sessions
     }

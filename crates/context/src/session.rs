@@ -23,6 +23,8 @@ use engram_policy::{Checkout, MatchKind, PendingRestore};
 use crate::pending::SessionRestore;
 use crate::persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 use crate::prefix::PrefixIndex;
+use crate::tenant::account;
+use engram_remote::RemoteKv;
 
 /// A conversation kept across requests.
 pub struct Session {
@@ -61,6 +63,9 @@ pub struct SessionStore {
     share_prefixes_across_tenants: bool,
     /// Owners whose sessions are pinned on disk when saved (named agents).
     pinned_owners: HashSet<String>,
+    /// The remote tier a fleet shares: sessions saved there behind the disk, looked up there
+    /// on a local miss.
+    remote: Option<RemoteKv>,
 }
 
 /// The longest common prefix of `a` and `b`, in bytes, on a char boundary.
@@ -91,6 +96,7 @@ impl SessionStore {
             prefixes_on_disk: Vec::new(),
             share_prefixes_across_tenants: false,
             pinned_owners: HashSet::new(),
+            remote: None,
         }
     }
 
@@ -123,7 +129,16 @@ impl SessionStore {
         self
     }
 
-    /// Sessions restored from disk so far.
+    /// Adds the remote tier: every checked-in session is also saved there (behind the caller,
+    /// after the disk), and a request whose owner has no session here that it continues, or
+    /// whose prompt starts with a chain the RAM index and disk lack, looks there before
+    /// recomputing. Token-id requests use the local tiers only.
+    pub fn with_remote(mut self, remote: RemoteKv) -> SessionStore {
+        self.remote = Some(remote);
+        self
+    }
+
+    /// Sessions restored from disk (or the remote tier) so far.
     pub fn restored_count(&self) -> u64 {
         self.restored
     }
@@ -143,10 +158,14 @@ impl SessionStore {
         self.disk.as_ref().map_or(0, |d| d.used_bytes())
     }
 
-    /// Waits until every session checked in so far is on disk.
+    /// Waits until every session checked in so far is on disk (and has been tried on the
+    /// remote tier).
     pub fn flush(&self) {
         if let Some(d) = &self.disk {
             d.flush();
+        }
+        if let Some(r) = &self.remote {
+            r.tier().flush();
         }
     }
 
@@ -194,6 +213,78 @@ impl SessionStore {
         token_ends.resize(n, meta.text.len());
         let session = Session { id: pick.session_id, owner: pick.owner, text: meta.text, tokens, token_ends, kv, last_used: self.clock };
         Some(SessionRestore::pending(session, check))
+    }
+
+    /// On a local miss, loads `owner`'s session from the remote tier into RAM (verified as it
+    /// is read): the named one if it is neither in RAM nor on disk here, else (no name) the
+    /// owner's session sharing the most text with `text` when no session here continues it.
+    /// Only the tokens whose text is shared are fetched. Nothing happens without a remote tier.
+    fn restore_remote(&mut self, owner: &str, session_id: Option<&str>, text: &str) {
+        let Some(remote) = self.remote.clone() else { return };
+        let key = |id: &str| (owner.to_string(), id.to_string());
+        let local = match session_id {
+            Some(id) => self.sessions.contains_key(&key(id)) || self.on_disk.contains_key(&key(id)),
+            None => self
+                .sessions
+                .values()
+                .filter(|s| s.owner == owner && !s.text.is_empty())
+                .any(|s| common_prefix(&s.text, text) == s.text.len()),
+        };
+        if local {
+            return;
+        }
+        let tenant = Some(account(owner));
+        let Some(m) = remote.find_manifest(tenant, owner, session_id, text) else { return };
+        if self.sessions.contains_key(&key(&m.session_id)) && session_id.is_none() {
+            return; // Ours already, and not continued by this text: nothing better there.
+        }
+        let c = common_prefix(&m.text, text);
+        let upto = m.token_ends.iter().take_while(|&&e| e <= c).count();
+        if upto == 0 {
+            return;
+        }
+        self.make_room(self.pool.bytes_for(upto));
+        let _span = tracing::debug_span!("restore_remote", owner, session = %m.session_id, tokens = upto).entered();
+        let Some(kv) = remote.fetch_kv(tenant, m.salt.as_deref(), &m.tokens, upto, &self.pool, self.vocab) else { return };
+        let n = kv.len();
+        let mut m = m;
+        m.tokens.truncate(n);
+        m.token_ends.truncate(n);
+        if n < m.text.len() && m.token_ends.last().is_some_and(|&e| e < m.text.len()) {
+            // Fewer tokens than the manifest's: the session's text ends where its last one does.
+            m.text.truncate(*m.token_ends.last().expect("n > 0"));
+        }
+        self.restored += 1;
+        let s = Session {
+            id: m.session_id.clone(),
+            owner: owner.to_string(),
+            text: m.text,
+            tokens: m.tokens,
+            token_ends: m.token_ends,
+            kv,
+            last_used: self.clock,
+        };
+        self.sessions.insert(key(&s.id), s);
+        while self.sessions.len() > self.max_sessions && self.evict_session() {}
+    }
+
+    /// Loads the longest chain of whole runs `ids` starts with from the remote tier into the
+    /// prefix index, if it beats the `reused` tokens the local tiers gave; true if one was loaded.
+    fn restore_remote_prefix(&mut self, owner: &str, ids: &[u32], reused: usize) -> bool {
+        let Some(remote) = self.remote.clone() else { return false };
+        let salt = self.salt(owner);
+        let run = remote.tier().config().run_tokens;
+        if ids.len() / run * run <= reused {
+            return false;
+        }
+        self.make_room(self.pool.bytes_for(ids.len() / run * run));
+        match remote.fetch_prefix(Some(account(owner)), salt, ids, reused, &self.pool, self.vocab) {
+            Some(kv) => {
+                self.index.insert(salt, &ids[..kv.len()], &kv);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Waits for a restored session's checksum. True: the file was sound, the
@@ -289,6 +380,9 @@ impl SessionStore {
                 d.remove(owner, &id);
             }
         }
+        if let Some(r) = &self.remote {
+            r.forget_owner(Some(account(owner)), owner);
+        }
     }
 
     /// Like [`SessionStore::checkout`] for a request that arrives as token
@@ -367,6 +461,9 @@ impl SessionStore {
         let mut token_ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
         fix_ends(&mut token_ends, 0);
         let mut restore = self.restore_best(owner, session_id, text);
+        if restore.is_none() {
+            self.restore_remote(owner, session_id, text);
+        }
         let candidate = match (&restore, session_id) {
             (Some(p), _) => SessionRestore::session_of(p),
             (None, Some(id)) => self.sessions.get(&(owner.to_string(), id.to_string())),
@@ -424,6 +521,9 @@ impl SessionStore {
         let salt = self.salt(owner);
         let mut kv = self.index.lookup(&self.pool, salt, &enc.ids);
         if self.restore_prefix(salt, &enc.ids, kv.len()) {
+            kv = self.index.lookup(&self.pool, salt, &enc.ids);
+        }
+        if self.restore_remote_prefix(owner, &enc.ids, kv.len()) {
             kv = self.index.lookup(&self.pool, salt, &enc.ids);
         }
         let reused = kv.len();
@@ -501,6 +601,9 @@ impl SessionStore {
         if let Some(d) = &self.disk {
             d.save(owner, session_id, &text, &tokens, &token_ends, kv.fork(kv.len()), self.pinned_owners.contains(owner));
         }
+        if let Some(r) = &self.remote {
+            r.save_session(Some(account(owner)), owner, session_id, salt, &text, &tokens, &token_ends, kv.fork(kv.len()));
+        }
         self.on_disk.remove(&(owner.to_string(), session_id.to_string()));
         let s = Session { id: session_id.to_string(), owner: owner.to_string(), text, tokens, token_ends, kv, last_used: self.clock };
         self.sessions.insert((owner.to_string(), session_id.to_string()), s);
@@ -527,6 +630,9 @@ impl SessionStore {
             }
             if !self.evict_session() {
                 if self.disk.as_ref().is_some_and(|d| d.shed_queued() > 0) {
+                    continue;
+                }
+                if self.remote.as_ref().is_some_and(|r| r.tier().shed_queued() > 0) {
                     continue;
                 }
                 return missing(&self.pool) == 0;

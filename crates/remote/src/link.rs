@@ -63,6 +63,7 @@ impl Link {
                     self.stats.connected(true);
                 }
                 Err(e) => {
+                    self.stats.connected(false);
                     self.fail(&e);
                     return Err(e.into());
                 }
@@ -70,7 +71,10 @@ impl Link {
         }
         let conn = self.conn.as_mut().expect("connected above");
         match f(conn) {
-            Ok(v) => Ok(v),
+            Ok(v) => {
+                self.stats.connected(true);
+                Ok(v)
+            }
             Err(e) => {
                 // A reply the store gave (NOPERM, OOM, WRONGTYPE) leaves the stream in step; a
                 // timeout or a broken connection does not.

@@ -1,7 +1,8 @@
 //! Counters of the remote tier, shared by its reader (the engine thread) and its writer thread,
 //! read by `/metrics` as `engram_remote_*`.
 //!
-//! Invariant: counters only grow; `connected` is the state the last call through any link left.
+//! Invariant: counters only grow; `connected` says whether the last attempt through any link
+//! reached the store.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -51,7 +52,7 @@ pub struct RemoteStats {
     pub bytes_written: u64,
     /// Runs not written because the store already held them.
     pub runs_skipped: u64,
-    /// Whether the last call through a link left it connected.
+    /// Whether the last attempt through any link reached the store.
     pub connected: bool,
 }
 

@@ -205,7 +205,8 @@ impl RemoteKv {
     }
 
     /// Saves `owner`'s session `session_id` behind the caller: its KV as runs of the chain
-    /// hashed under `salt` (tokens `..kv.len()`), then its manifest. `tenant` picks the keys.
+    /// hashed under `salt` (tokens `..kv.len()`), then its manifest. `tenant` picks the keys
+    /// (a chain without a salt, shared across tenants, goes under the shared keys).
     #[allow(clippy::too_many_arguments)]
     pub fn save_session(
         &self,
@@ -234,7 +235,9 @@ impl RemoteKv {
         };
         let space = self.space(tenant);
         let key = space.session(owner, session_id);
-        self.tier.enqueue(key, Job::Session { space, tenant: tenant.map(str::to_string), manifest, kv });
+        let run_tenant = salt.and(tenant);
+        let runs = (self.space(run_tenant), run_tenant.map(str::to_string));
+        self.tier.enqueue(key, Job::Session { space, tenant: tenant.map(str::to_string), runs, manifest, kv });
     }
 
     /// Forgets `owner`'s sessions in the store (manifests and set; their runs stay until the
@@ -324,6 +327,8 @@ impl RemoteKv {
             return None;
         }
         let stats = &self.tier.0.stats;
+        // A chain shared across tenants (no salt) lives under the shared keys.
+        let tenant = salt.and(tenant);
         let space = self.space(tenant);
         let keys: Vec<String> = chain_hashes(&self.fingerprint, salt, &tokens[..end], run).iter().map(|h| space.run(h)).collect();
         let owner = writer::run_owner(salt);

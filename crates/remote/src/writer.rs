@@ -29,8 +29,9 @@ const PIPELINE_BYTES: usize = 32 << 20;
 
 /// A write waiting for the thread.
 pub(crate) enum Job {
-    /// A session's KV (runs) and manifest.
-    Session { space: KeySpace, tenant: Option<String>, manifest: Manifest, kv: SeqKv },
+    /// A session's KV (runs, under `runs`: the tenant's keys, or the shared ones for a chain
+    /// shared across tenants) and manifest (under `space`, the tenant's).
+    Session { space: KeySpace, tenant: Option<String>, runs: (KeySpace, Option<String>), manifest: Manifest, kv: SeqKv },
     /// A record's sealed value.
     Record { tenant: String, key: String, value: Vec<u8> },
     /// Keys to delete.
@@ -95,8 +96,8 @@ pub(crate) fn run(rx: Receiver<Msg>, queue: Arc<Mutex<Queue>>, mut links: Links,
             Msg::Job(key, number) => {
                 let Some(job) = queue.lock().expect("queue lock").take(&key, number) else { continue };
                 let result = match job {
-                    Job::Session { space, tenant, manifest, kv } => {
-                        write_session(&mut links, &stats, &space, tenant.as_deref(), &manifest, &kv)
+                    Job::Session { space, tenant, runs, manifest, kv } => {
+                        write_session(&mut links, &stats, (&space, tenant.as_deref()), (&runs.0, runs.1.as_deref()), &manifest, &kv)
                     }
                     Job::Record { tenant, key, value } => {
                         let n = value.len();
@@ -124,15 +125,15 @@ pub(crate) fn run(rx: Receiver<Msg>, queue: Arc<Mutex<Queue>>, mut links: Links,
 fn write_session(
     links: &mut Links,
     stats: &Stats,
-    space: &KeySpace,
-    tenant: Option<&str>,
+    (space, tenant): (&KeySpace, Option<&str>),
+    (run_space, run_tenant): (&KeySpace, Option<&str>),
     m: &Manifest,
     kv: &SeqKv,
 ) -> Result<usize, crate::link::LinkError> {
     let n = kv.len().min(m.tokens.len());
     let hashes = chain_hashes(&m.fingerprint, m.salt.as_deref(), &m.tokens[..n], m.run_tokens);
-    let keys: Vec<String> = hashes.iter().map(|h| space.run(h)).collect();
-    let present: Vec<bool> = links.run(tenant, |c| {
+    let keys: Vec<String> = hashes.iter().map(|h| run_space.run(h)).collect();
+    let present: Vec<bool> = links.run(run_tenant, |c| {
         let mut p = redis::pipe();
         for k in &keys {
             p.cmd("EXISTS").arg(k);
@@ -168,10 +169,14 @@ fn write_session(
         written += value.len();
         pipe.cmd("SET").arg(key).arg(value).ignore();
         if pending >= PIPELINE_BYTES {
-            links.run(tenant, |c| pipe.query::<()>(c))?;
+            links.run(run_tenant, |c| pipe.query::<()>(c))?;
             pipe = redis::pipe();
             pending = 0;
         }
+    }
+    if run_tenant != tenant && pending > 0 {
+        links.run(run_tenant, |c| pipe.query::<()>(c))?;
+        pipe = redis::pipe();
     }
     let skipped = present.iter().filter(|&&p| p).count();
     let value = m.seal();

@@ -68,18 +68,25 @@ struct Registry {
     next: u64,
 }
 
-/// Agents of every tenant, saved to `file` (if any) on every change.
+/// Agents of every tenant, saved to `file` (if any) on every change, and to the remote tier
+/// (if any) behind it, so that another replica finds them.
 pub struct Agents {
     registry: Mutex<Registry>,
     file: Option<PathBuf>,
     /// Largest registry file a change may produce ([`MAX_FILE_BYTES`]; smaller in tests).
     max_bytes: u64,
+    /// The tier a fleet shares: creates and deletes are written there; an agent not known
+    /// here is looked up there.
+    remote: Option<engram_remote::RemoteTier>,
 }
+
+/// The record kind of agents in the remote tier.
+const REMOTE_KIND: &str = "agent";
 
 impl Agents {
     /// A registry kept in memory only (the server does not persist sessions).
     pub fn in_memory() -> Agents {
-        Agents { registry: Mutex::new(Registry::default()), file: None, max_bytes: MAX_FILE_BYTES }
+        Agents { registry: Mutex::new(Registry::default()), file: None, max_bytes: MAX_FILE_BYTES, remote: None }
     }
 
     /// The registry saved in `dir` (created on the first save), loaded if the
@@ -103,7 +110,15 @@ impl Agents {
                 Registry::default()
             }
         };
-        Agents { registry: Mutex::new(registry), file: Some(file), max_bytes: MAX_FILE_BYTES }
+        Agents { registry: Mutex::new(registry), file: Some(file), max_bytes: MAX_FILE_BYTES, remote: None }
+    }
+
+    /// Shares agents through the remote tier: every create and delete is also written there
+    /// (behind the caller), and [`Agents::get`] looks there for an agent it does not know
+    /// (created on another replica), keeping what it finds. Listing shows the agents known here.
+    pub fn with_remote(mut self, remote: engram_remote::RemoteTier) -> Agents {
+        self.remote = Some(remote);
+        self
     }
 
     /// Applies `change` and saves; if saving fails the registry is left as it
@@ -159,6 +174,18 @@ impl Agents {
                 return Err(ApiError::bad_param(param, format!("{param} is {} bytes; at most {most}", v.len())));
             }
         }
+        // An id another replica created is taken too (a 409 below once it is known here).
+        if let Some(id) = &id {
+            let _ = self.get(tenant, id);
+        }
+        let agent = self.create_here(tenant, id, name, system)?;
+        if let Some(r) = &self.remote {
+            r.put_record(tenant, REMOTE_KIND, &agent.id, serde_json::to_string(&agent).expect("an agent serializes"));
+        }
+        Ok(agent)
+    }
+
+    fn create_here(&self, tenant: &str, id: Option<String>, name: Option<String>, system: Option<String>) -> Result<Agent, ApiError> {
         self.update(|r| {
             if r.by_tenant.get(tenant).is_some_and(|a| a.len() >= MAX_AGENTS_PER_TENANT) {
                 return Err(ApiError::conflict(format!(
@@ -192,10 +219,38 @@ impl Agents {
         r.by_tenant.get(tenant).map(|a| a.values().cloned().collect()).unwrap_or_default()
     }
 
-    /// One of `tenant`'s agents.
+    /// One of `tenant`'s agents: known here, or (with a remote tier) found there and kept.
     pub fn get(&self, tenant: &str, id: &str) -> Option<Agent> {
-        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        r.by_tenant.get(tenant).and_then(|a| a.get(id)).cloned()
+        let known = {
+            let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            r.by_tenant.get(tenant).and_then(|a| a.get(id)).cloned()
+        };
+        known.or_else(|| self.adopt_remote(tenant, id))
+    }
+
+    /// `tenant`'s agent `id` from the remote tier, added here (and to the file) if it is sound.
+    fn adopt_remote(&self, tenant: &str, id: &str) -> Option<Agent> {
+        let body = self.remote.as_ref()?.get_record(tenant, REMOTE_KIND, id)?;
+        let mut agent: Agent = match serde_json::from_str(&body) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("remote agent record of tenant {tenant:?}: {e}; ignored");
+                return None;
+            }
+        };
+        agent.object = "agent";
+        let bounded = agent.id == id
+            && agent.name.as_ref().is_none_or(|n| n.len() <= MAX_NAME_BYTES)
+            && agent.system.as_ref().is_none_or(|s| s.len() <= MAX_SYSTEM_BYTES);
+        if !bounded {
+            tracing::warn!("remote agent record {id:?} of tenant {tenant:?} is out of bounds; ignored");
+            return None;
+        }
+        self.update(|r| {
+            let mine = r.by_tenant.entry(tenant.to_string()).or_default();
+            Ok(mine.entry(id.to_string()).or_insert(agent).clone())
+        })
+        .ok()
     }
 
     /// Removes one of `tenant`'s agents (404 if there is none), then runs `then`
@@ -213,7 +268,11 @@ impl Agents {
                 None => Err(ApiError::not_found(format!("no agent {id:?}"))),
             }
         };
-        self.update_then(change, then)
+        self.update_then(change, then)?;
+        if let Some(r) = &self.remote {
+            r.delete_record(tenant, REMOTE_KIND, id);
+        }
+        Ok(())
     }
 }
 

@@ -48,6 +48,7 @@ mod quota;
 /// Personal RAG's routes; its folder layout and answer shape are public for the Python package.
 pub mod rag;
 mod rag_metrics;
+mod remote_metrics;
 pub mod scheduler;
 mod sse;
 mod structured;
@@ -188,10 +189,13 @@ impl Server {
         }
         let policy = stack.policy;
         let (engine, thread) = EngineHandle::start_with(model.clone(), pool, config.scheduler.clone(), policy, metrics.clone());
-        let agents = match &config.sessions.disk {
+        let mut agents = match &config.sessions.disk {
             Some(d) => agent_registry::Agents::open(&d.dir),
             None => agent_registry::Agents::in_memory(),
         };
+        if let Some(r) = &config.sessions.remote {
+            agents = agents.with_remote(r.clone());
+        }
         let facts = match config.context {
             ContextMode::Sessions => None,
             ContextMode::Dual { .. } => Some(facts::Facts::new(
@@ -294,6 +298,9 @@ async fn render_metrics(State(s): State<AppState>, headers: axum::http::HeaderMa
     let mut text = s.metrics.render();
     if let Some(r) = &s.rag {
         text.push_str(&r.render_metrics());
+    }
+    if let Some(r) = &s.config.sessions.remote {
+        text.push_str(&remote_metrics::render(&r.stats()));
     }
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

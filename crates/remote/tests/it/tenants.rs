@@ -21,11 +21,14 @@ fn acl_users_per_tenant_cannot_read_each_others_keys() {
                 user,
                 "on",
                 &format!(">{user}-pw"),
+                "resetkeys",
                 &format!("~{pattern}"),
+                "-@all",
                 "+@read",
                 "+@write",
                 "+@keyspace",
                 "+@connection",
+                "-@dangerous",
             ])
             .unwrap();
     }
