@@ -24,6 +24,7 @@ mod kernels;
 mod membw;
 mod rag;
 mod relevance;
+mod remote;
 mod save_stall;
 mod scenario;
 mod serve;
@@ -73,6 +74,9 @@ pub enum BenchCommand {
     Blend(blend::Args),
     /// Sparse attention over clustered KV (DynaKV) vs exact and the baselines: quality and decode speed.
     Sparse(sparse::Args),
+    /// A long session continued on another replica: restored from the remote tier (Redis) vs
+    /// local disk vs recomputed, TTFT and bytes; restore throughput vs redis-benchmark.
+    Remote(remote::Args),
     /// How long the engine waits on the disk store while a long session is saved (lock held vs staged save).
     SaveStall(save_stall::Args),
 }
@@ -97,5 +101,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Blend(a) => blend::run(a),
         BenchCommand::Sparse(a) => sparse::run(a),
         BenchCommand::SaveStall(a) => save_stall::run(a),
+        BenchCommand::Remote(a) => remote::run(a),
     }
 }
