@@ -185,7 +185,9 @@ pub fn run(a: Args) -> Result<()> {
             let other = RemoteTier::new(RemoteConfig::new(url.clone())).map_err(anyhow::Error::msg)?.for_model(fp.clone());
             let t = Instant::now();
             let m = other.find_manifest(Some("bench"), "bench", Some("s"), &text).context("the manifest")?;
-            let got = other.fetch_kv(Some("bench"), m.salt.as_deref(), &m.tokens, m.tokens.len(), &pool, model.config.vocab).context("the runs")?;
+            let got = other
+                .fetch_kv(Some("bench"), m.salt.as_deref(), &m.tokens, m.tokens.len(), &pool, model.config.vocab)
+                .context("the runs")?;
             let fetched = t.elapsed().as_secs_f64() * 1e3;
             anyhow::ensure!(got.len() == n, "restored {} of {n} tokens", got.len());
             Generator::from_parts(&model, got, m.tokens.clone()).generate(&prompt, &one_token(), &mut |_| true)?;

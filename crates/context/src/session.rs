@@ -248,12 +248,13 @@ impl SessionStore {
         let Some(kv) = remote.fetch_kv(tenant, m.salt.as_deref(), &m.tokens, upto, &self.pool, self.vocab) else { return };
         let n = kv.len();
         let mut m = m;
+        if n < m.tokens.len() {
+            // Fewer tokens than the manifest's: the session's text ends where its last one does
+            // (token ends lie on char boundaries: the manifest was checked).
+            m.text.truncate(m.token_ends[n - 1]);
+        }
         m.tokens.truncate(n);
         m.token_ends.truncate(n);
-        if n < m.text.len() && m.token_ends.last().is_some_and(|&e| e < m.text.len()) {
-            // Fewer tokens than the manifest's: the session's text ends where its last one does.
-            m.text.truncate(*m.token_ends.last().expect("n > 0"));
-        }
         self.restored += 1;
         let s = Session {
             id: m.session_id.clone(),

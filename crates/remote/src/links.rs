@@ -23,6 +23,11 @@ impl Links {
         Links { config, stats, by_url: HashMap::new() }
     }
 
+    /// The configured timeout of a round trip.
+    pub fn timeout(&self) -> std::time::Duration {
+        self.config.timeout
+    }
+
     /// Runs `f` on the connection for `tenant`'s keys (`None`: keys shared across tenants).
     pub fn run<T>(
         &mut self,

@@ -22,9 +22,12 @@ use crate::stats::{RemoteStats, Stats};
 use crate::writer::{self, Job, Msg, Queue};
 use crate::RemoteConfig;
 
-/// Runs fetched per round trip: a few runs of a 1B model's f16 KV are tens of MiB, so one
-/// trip stays within a timeout on a LAN, and a restore of a long session is a handful of trips.
-const RUNS_PER_TRIP: usize = 4;
+/// Most value bytes one fetch trip asks for: a few small runs per `MGET`, one large run (a 1B
+/// model's f16 run is 16 MiB) per trip, so a long session is a handful of trips.
+const BYTES_PER_TRIP: usize = 16 << 20;
+/// The transfer rate a trip's read timeout allows for beyond the timeout itself: a trip that
+/// moves 16 MiB may take `timeout + 16 MiB / this` (a slow store still costs at most that).
+const MIN_BYTES_PER_SEC: f64 = 100e6;
 
 struct Shared {
     config: RemoteConfig,
@@ -194,7 +197,22 @@ impl RemoteKv {
     }
 
     fn read<T>(&self, tenant: Option<&str>, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Option<T> {
-        match self.tier.0.kv_reads.lock().expect("links lock").run(tenant, f) {
+        self.read_bytes(tenant, 0, f)
+    }
+
+    /// [`RemoteKv::read`] of about `bytes` bytes: the trip's read timeout allows for moving them.
+    fn read_bytes<T>(
+        &self,
+        tenant: Option<&str>,
+        bytes: usize,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Option<T> {
+        let timeout = self.tier.0.config.timeout + std::time::Duration::from_secs_f64(bytes as f64 / MIN_BYTES_PER_SEC);
+        let result = self.tier.0.kv_reads.lock().expect("links lock").run(tenant, |c| {
+            c.set_read_timeout(Some(timeout))?;
+            f(c)
+        });
+        match result {
             Ok(v) => Some(v),
             Err(e) => {
                 self.tier.0.stats.read_error();
@@ -333,10 +351,16 @@ impl RemoteKv {
         let keys: Vec<String> = chain_hashes(&self.fingerprint, salt, &tokens[..end], run).iter().map(|h| space.run(h)).collect();
         let owner = writer::run_owner(salt);
         let mut parts = Vec::new();
-        'trips: for (t, batch) in keys.chunks(RUNS_PER_TRIP).enumerate() {
-            let Some(values) = self.read::<Vec<Option<Vec<u8>>>>(tenant, |c| redis::cmd("MGET").arg(batch).query(c)) else { break };
+        let run_bytes = pool.bytes_for(run).max(1);
+        let per_trip = (BYTES_PER_TRIP / run_bytes).max(1);
+        'trips: for (t, batch) in keys.chunks(per_trip).enumerate() {
+            let Some(values) =
+                self.read_bytes::<Vec<Option<Vec<u8>>>>(tenant, batch.len() * run_bytes, |c| redis::cmd("MGET").arg(batch).query(c))
+            else {
+                break;
+            };
             for (j, value) in values.into_iter().enumerate() {
-                let i = t * RUNS_PER_TRIP + j;
+                let i = t * per_trip + j;
                 let Some(bytes) = value else { break 'trips };
                 stats.read_bytes(bytes.len());
                 let want = &tokens[i * run..((i + 1) * run).min(end)];

@@ -23,9 +23,20 @@ use crate::links::Links;
 use crate::manifest::Manifest;
 use crate::stats::Stats;
 
-/// Bytes of run values sent in one pipeline (a few MiB of KV per trip keeps the writer's
-/// memory bounded and its trips within the timeout).
+/// Bytes of run values sent in one pipeline (keeps the writer's memory bounded).
 const PIPELINE_BYTES: usize = 32 << 20;
+/// The transfer rate a write trip's timeouts allow for beyond the timeout itself.
+const MIN_BYTES_PER_SEC: f64 = 100e6;
+
+/// Sends `pipe` (about `bytes` bytes) with timeouts that allow for moving them.
+fn send(links: &mut Links, tenant: Option<&str>, pipe: &redis::Pipeline, bytes: usize) -> Result<(), crate::link::LinkError> {
+    let t = links.timeout() + std::time::Duration::from_secs_f64(bytes as f64 / MIN_BYTES_PER_SEC);
+    links.run(tenant, |c| {
+        c.set_read_timeout(Some(t))?;
+        c.set_write_timeout(Some(t))?;
+        pipe.query::<()>(c)
+    })
+}
 
 /// A write waiting for the thread.
 pub(crate) enum Job {
@@ -169,21 +180,23 @@ fn write_session(
         written += value.len();
         pipe.cmd("SET").arg(key).arg(value).ignore();
         if pending >= PIPELINE_BYTES {
-            links.run(run_tenant, |c| pipe.query::<()>(c))?;
+            send(links, run_tenant, &pipe, pending)?;
             pipe = redis::pipe();
             pending = 0;
         }
     }
     if run_tenant != tenant && pending > 0 {
-        links.run(run_tenant, |c| pipe.query::<()>(c))?;
+        send(links, run_tenant, &pipe, pending)?;
         pipe = redis::pipe();
+        pending = 0;
     }
     let skipped = present.iter().filter(|&&p| p).count();
     let value = m.seal();
-    written += value.len();
+    let value_len = value.len();
+    written += value_len;
     pipe.cmd("SET").arg(space.session(&m.owner, &m.session_id)).arg(value).ignore();
     pipe.cmd("SADD").arg(space.owner(&m.owner)).arg(&m.session_id).ignore();
-    links.run(tenant, |c| pipe.query::<()>(c))?;
+    send(links, tenant, &pipe, pending + value_len)?;
     stats.runs_skipped(skipped);
     Ok(written)
 }

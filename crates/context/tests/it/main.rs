@@ -5,5 +5,6 @@
 mod common;
 
 mod families;
+mod remote;
 mod sessions;
 mod tenants;
