@@ -1,0 +1,183 @@
+//! GPT-OSS beyond the parity check in `arch_golden.rs`: each of its departures from the
+//! Llama block (the window, the sinks, the clamped SwiGLU, top-k-then-softmax routing, YaRN)
+//! changes the answer far beyond the parity tolerance, so the parity check would catch any
+//! one dropped; prefill in chunks and batching agree with one shot (the sinks join after the
+//! last chunk); the fixture's F16, Q8_0 and MXFP4-expert files track the f32 folder; and what
+//! GGUF or the forward pass cannot carry is refused by name.
+
+use crate::arch_golden::{check_chat, files, golden, models};
+use crate::chunking::chunked_logits;
+use crate::common::*;
+use crate::golden::{f32s, u32s, LOGIT_TOL};
+use engram_fixture::{GgufFormat, Shape};
+use engram_kernels::DType;
+use engram_model::{Arch, FeedForward, FfnActivation, LayerAttention, Logits, Model, ModelConfig, SeqStep};
+use serde_json::Value;
+
+#[test]
+fn gpt_oss_reads_its_shape_from_both_files() {
+    for (how, m) in models(Shape::TinyGptOss) {
+        let c = &m.config;
+        let moe = c.moe.expect("a mixture");
+        assert_eq!((c.arch, c.num_layers, moe.experts, moe.top_k, moe.expert_ffn), (Arch::GptOss, 4, 8, 4, 64), "{how}");
+        assert_eq!(c.layers, [LayerAttention::Sliding { window: 16 }, LayerAttention::Global].repeat(2), "{how}: alternating");
+        assert_eq!((c.ffn_act, c.qkv_bias, c.tied_embeddings), (FfnActivation::SwigluOai, true, false), "{how}");
+        assert!((c.rope_attn_factor - (1.0 + 0.1 * 32f32.ln())).abs() < 1e-6, "{how}: YaRN's attention factor");
+        let l = &m.weights.layers[0];
+        assert!(l.sinks.as_ref().is_some_and(|s| s.len() == 4) && l.o_bias.is_some(), "{how}: sinks and o bias");
+        let FeedForward::Moe(mix) = &l.ffn else { panic!("{how}: layer 0 is not a mixture") };
+        assert!(mix.router_bias.is_some() && mix.experts.iter().all(|e| e.bias.is_some()), "{how}: router and expert biases");
+    }
+}
+
+/// Without any one of its departures the last-position logits are far from transformers'.
+#[test]
+fn gpt_oss_without_its_window_sinks_clamp_routing_or_yarn_is_another_model() {
+    let g = golden(Shape::TinyGptOss);
+    let ids = u32s(&g["prompt_ids"]);
+    let want = f32s(&g["last_logits"]);
+    let [(_, mut model), _] = models(Shape::TinyGptOss);
+    let vocab = model.config.vocab;
+    let err = |m: &Model| rel_err(&all_logits(m, &ids)[(ids.len() - 1) * vocab..], &want);
+    assert!(err(&model) < LOGIT_TOL);
+    let c = model.config.clone();
+    type Edit = fn(&mut ModelConfig);
+    let edits: [(&str, Edit); 4] = [
+        ("every layer global", |c| c.layers = vec![LayerAttention::Global; c.num_layers]),
+        ("plain SwiGLU", |c| c.ffn_act = FfnActivation::Silu),
+        ("softmax before top-k", |c| c.moe.as_mut().unwrap().gating = engram_model::MoeGating::SoftmaxThenTopK),
+        ("plain RoPE", |c| {
+            c.rope.inv_freq = engram_model::RopeConfig::base_inv_freq(c.rope.theta, c.rope.rotary_dim());
+            c.rope_attn_factor = 1.0;
+        }),
+    ];
+    for (what, edit) in edits {
+        model.config = c.clone();
+        edit(&mut model.config);
+        let e = err(&model);
+        eprintln!("tiny-gpt-oss: {what}: last-position error {e:.2e}");
+        assert!(e > 100.0 * LOGIT_TOL, "{what} changes nothing ({e:e})");
+    }
+    model.config = c;
+    let sinks: Vec<_> = model.weights.layers.iter_mut().map(|l| l.sinks.take()).collect();
+    let e = err(&model);
+    eprintln!("tiny-gpt-oss: no sinks: last-position error {e:.2e}");
+    assert!(e > 100.0 * LOGIT_TOL, "the sinks change nothing ({e:e})");
+    for (l, s) in model.weights.layers.iter_mut().zip(sinks) {
+        l.sinks = s;
+    }
+}
+
+/// The sink joins each row's softmax once, after every chunk: one chunk, several, token by
+/// token and batched with another sequence give the same logits (the window crossed many times).
+#[test]
+fn gpt_oss_prefill_in_chunks_and_batched_agrees_with_one_shot() {
+    let [(_, model), _] = models(Shape::TinyGptOss);
+    let ids = model.tokenizer.encode(&PROMPT.repeat(2), true).unwrap().ids;
+    assert!(ids.len() > 4 * 16);
+    let whole = chunked_logits(&model, &ids, ids.len());
+    for chunk in [1, 7, 16] {
+        let err = rel_err(&chunked_logits(&model, &ids, chunk), &whole);
+        assert!(err < 1e-5, "chunk {chunk}: relative error {err}");
+    }
+    let other = model.tokenizer.encode("Another prompt, routed to other experts.", true).unwrap().ids;
+    let (mut ka, mut kb) = (VecKv::new(&model), VecKv::new(&model));
+    let mut steps = [
+        SeqStep { tokens: &ids, first_pos: 0, positions: None, key_mask: None, kv: &mut ka, logits: Logits::All },
+        SeqStep { tokens: &other, first_pos: 0, positions: None, key_mask: None, kv: &mut kb, logits: Logits::All },
+    ];
+    let out = model.forward(&mut steps).unwrap();
+    assert_eq!(out[0], whole, "batched with another sequence: the same bits");
+    assert!(rel_err(&out[1], &all_logits(&model, &other)) < 1e-5);
+}
+
+/// Per-position relative errors of `got` against `want` (`vocab` logits per position), sorted.
+fn position_errors(got: &[f32], want: &[f32], vocab: usize) -> Vec<f32> {
+    let mut e: Vec<f32> = got.chunks_exact(vocab).zip(want.chunks_exact(vocab)).map(|(a, b)| rel_err(a, b)).collect();
+    e.sort_by(f32::total_cmp);
+    e
+}
+
+/// The fixture's own files. F16 tracks the f32 folder to f16's rounding at the median
+/// position; the largest errors are the few positions where rounding flips an expert near a
+/// router tie (routing is discrete), so the argmax may differ there. Q8_0 against its own
+/// weights expanded to f32 (8-bit activations are all that separate them). MXFP4 experts
+/// (ggml type 39, as llama.cpp's gpt-oss files) beside F16 attention: every expert matrix is
+/// bit for bit the folder's rounded through MXFP4 (so the 3-D tensors are split as written),
+/// and the logits track that rounding's f32 expansion.
+#[test]
+fn gpt_oss_f16_q8_0_and_mxfp4_expert_files_track_the_f32_folder() {
+    let g = golden(Shape::TinyGptOss);
+    let ids = u32s(&g["prompt_ids"]);
+    let folder = Model::load(&files(Shape::TinyGptOss).hf).unwrap();
+    let vocab = folder.config.vocab;
+    let reference = all_logits(&folder, &ids);
+    let quantized = &files(Shape::TinyGptOss).quantized;
+    assert_eq!(quantized.iter().map(|(f, _)| *f).collect::<Vec<_>>(), [GgufFormat::F16, GgufFormat::Q8_0, GgufFormat::Mxfp4Moe]);
+    for (format, path) in quantized {
+        let m = Model::load(path).unwrap();
+        let got = all_logits(&m, &ids);
+        if *format == GgufFormat::F16 {
+            let e = position_errors(&got, &reference, vocab);
+            let agree = (0..ids.len()).filter(|&p| argmax(&got[p * vocab..][..vocab]) == argmax(&reference[p * vocab..][..vocab])).count();
+            eprintln!(
+                "tiny-gpt-oss F16 vs the f32 folder: median {:.2e}, max {:.2e}, argmax {agree} / {}",
+                e[e.len() / 2],
+                e[e.len() - 1],
+                ids.len()
+            );
+            assert!(e[e.len() / 2] < 5e-3 && agree + 6 >= ids.len(), "F16: median {:.2e}, argmax {agree}", e[e.len() / 2]);
+            continue;
+        }
+        if *format == GgufFormat::Mxfp4Moe {
+            assert_eq!(m.weights.layers[0].q.dtype, DType::F16);
+            for (lq, lf) in m.weights.layers.iter().zip(&folder.weights.layers) {
+                let (FeedForward::Moe(q), FeedForward::Moe(f)) = (&lq.ffn, &lf.ffn) else { panic!("not a mixture") };
+                for (eq, ef) in q.experts.iter().zip(&f.experts) {
+                    for (wq, wf) in [(&eq.gate, &ef.gate), (&eq.up, &ef.up), (&eq.down, &ef.down)] {
+                        assert_eq!(wq.dtype, DType::MXFP4);
+                        let bytes = engram_kernels::quantize(DType::MXFP4, &wf.to_f32(), wf.cols).unwrap();
+                        let mut rounded = vec![0.0f32; wf.rows * wf.cols];
+                        for (row, out) in bytes.chunks_exact(bytes.len() / wf.rows).zip(rounded.chunks_exact_mut(wf.cols)) {
+                            engram_kernels::dequantize_row(DType::MXFP4, row, out);
+                        }
+                        assert_eq!(wq.to_f32(), rounded, "an MXFP4 expert matrix is not the folder's, rounded");
+                    }
+                }
+            }
+        }
+        let expanded = all_logits(&expanded_to_f32(Model::load(path).unwrap()), &ids);
+        let e = position_errors(&got, &expanded, vocab);
+        eprintln!("tiny-gpt-oss {format:?} vs its f32 expansion: median {:.2e}, max {:.2e}", e[e.len() / 2], e[e.len() - 1]);
+        assert!(e[e.len() / 2] < 6e-2, "{format:?}: median {:.2e}", e[e.len() / 2]);
+    }
+}
+
+#[test]
+fn gpt_oss_chat_template_renders_like_transformers() {
+    check_chat(Shape::TinyGptOss);
+}
+
+/// What neither GGUF nor the forward pass carries is refused by name.
+#[test]
+fn what_gpt_oss_does_not_implement_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let edits: [(&str, fn(&mut Value), &str); 3] = [
+        ("limit", |c| c["swiglu_limit"] = 5.0.into(), "swiglu_limit"),
+        ("mscale", |c| c["rope_parameters"]["mscale"] = 1.0.into(), "mscale"),
+        ("act", |c| c["hidden_act"] = "gelu".into(), "hidden_act"),
+    ];
+    for (name, edit, want) in edits {
+        let out = dir.path().join(name);
+        std::fs::create_dir_all(&out).unwrap();
+        for f in std::fs::read_dir(&files(Shape::TinyGptOss).hf).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, out.join(f.file_name().unwrap())).unwrap();
+        }
+        let mut c: Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+        edit(&mut c);
+        std::fs::write(out.join("config.json"), c.to_string()).unwrap();
+        let e = Model::load(&out).err().expect("refused").to_string();
+        assert!(e.contains(want), "{name}: {e}");
+    }
+}
