@@ -196,8 +196,8 @@ mod tests {
         let mut y = YarnScaling { factor: 32.0, original_max_positions: 4096.0, beta_fast: 32.0, beta_slow: 1.0, truncate: false };
         assert!((y.attention_factor() - 1.3465736).abs() < 1e-6);
         let at = [0, 5, 8, 9, 12, 17, 18, 31];
-        let hf_exact = [1.0, 0.15532298, 0.050813273, 0.031705696, 0.006794959, 0.00012931869, 3.830881e-05, 3.0235114e-07];
-        let hf_truncated = [1.0, 0.15532298, 0.050813273, 0.031620752, 0.007015714, 0.00022794784, 3.830881e-05, 3.0235114e-07];
+        let hf_exact: [f32; 8] = [1.0, 0.15532298, 0.050813273, 0.031705696, 0.006794959, 0.0001293187, 3.830881e-05, 3.0235114e-07];
+        let hf_truncated: [f32; 8] = [1.0, 0.15532298, 0.050813273, 0.031620752, 0.007015714, 0.00022794784, 3.830881e-05, 3.0235114e-07];
         for (truncate, want) in [(false, hf_exact), (true, hf_truncated)] {
             y.truncate = truncate;
             let f = y.inv_freq(150000.0, 64);

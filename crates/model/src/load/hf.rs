@@ -464,10 +464,15 @@ fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>,
     Ok((0..num_layers).map(|i| if (i + 1) % pattern == 0 { LayerAttention::Global } else { slide }).collect())
 }
 
+/// A tensor of a safetensors file: file label, mapping, shape, byte range.
+type Mapped = (String, Arc<Mmap>, Vec<usize>, std::ops::Range<usize>);
+
 /// The union of the safetensors files of a folder, by tensor name.
 struct TensorSet {
     /// name -> (file label, mapping, dtype, shape, byte range)
     tensors: HashMap<String, (String, Arc<Mmap>, DType, Vec<usize>, std::ops::Range<usize>)>,
+    /// GPT-OSS's MXFP4 experts as its checkpoints ship them: the u8 `*_blocks` and `*_scales`.
+    packed: HashMap<String, Mapped>,
     identity: Vec<u8>,
 }
 
@@ -497,7 +502,7 @@ impl TensorSet {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "missing (nor is there model.safetensors.index.json)"),
             });
         };
-        let mut set = TensorSet { tensors: HashMap::new(), identity: Vec::new() };
+        let mut set = TensorSet { tensors: HashMap::new(), packed: HashMap::new(), identity: Vec::new() };
         for path in files {
             let f = std::fs::File::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
             // SAFETY: the mapping is read-only; a model file modified while mapped is the
@@ -509,14 +514,20 @@ impl TensorSet {
             let mut names: Vec<(String, safetensors::tensor::TensorView)> = st.tensors();
             names.sort_by(|a, b| a.0.cmp(&b.0));
             for (name, view) in names {
+                let start = view.data().as_ptr() as usize - base;
+                let range = start..start + view.data().len();
+                if view.dtype() == safetensors::Dtype::U8 && (name.ends_with("_blocks") || name.ends_with("_scales")) {
+                    set.identity.extend_from_slice(format!("{name}:U8:{:?};", view.shape()).as_bytes());
+                    set.identity.extend_from_slice(&view.data()[..view.data().len().min(64)]);
+                    set.packed.insert(name, (label.clone(), map.clone(), view.shape().to_vec(), range));
+                    continue;
+                }
                 let dtype = match view.dtype() {
                     safetensors::Dtype::F32 => DType::F32,
                     safetensors::Dtype::F16 => DType::F16,
                     safetensors::Dtype::BF16 => DType::BF16,
                     other => return Err(tensor_err(&label, &name, format!("dtype {other:?} is not supported (f32, f16, bf16)"))),
                 };
-                let start = view.data().as_ptr() as usize - base;
-                let range = start..start + view.data().len();
                 set.identity.extend_from_slice(format!("{name}:{dtype:?}:{:?};", view.shape()).as_bytes());
                 // A content sample makes two fixtures of the same shape but different seeds differ.
                 let d = view.data();
@@ -559,6 +570,15 @@ impl TensorSet {
         Ok((file, *dtype, &map[range.clone()]))
     }
 
+    /// Packed (u8) tensor `name`'s file label and bytes, checked to have `shape`; `None` when absent.
+    fn packed(&self, name: &str, shape: &[usize]) -> Result<Option<(&str, &[u8])>> {
+        let Some((file, map, have, range)) = self.packed.get(name) else { return Ok(None) };
+        if have.as_slice() != shape {
+            return Err(tensor_err(file, name, format!("shape {have:?}, expected {shape:?}")));
+        }
+        Ok(Some((file, &map[range.clone()])))
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         Ok(self.get(name, &[len])?.to_f32())
     }
@@ -574,6 +594,9 @@ impl TensorSet {
 /// dtype, copied out transposed (`super::experts`).
 fn gpt_oss_experts(t: &TensorSet, p: &str, experts: usize, ffn: usize, hidden: usize) -> Result<Vec<GatedMlp>> {
     use super::experts::columns_as_rows;
+    if t.packed.contains_key(&format!("{p}.gate_up_proj_blocks")) {
+        return gpt_oss_mxfp4_experts(t, p, experts, ffn, hidden);
+    }
     let gate_up_name = format!("{p}.gate_up_proj");
     let (file, dtype, gate_up) = t.raw(&gate_up_name, &[experts, hidden, 2 * ffn])?;
     let down_name = format!("{p}.down_proj");
@@ -592,6 +615,49 @@ fn gpt_oss_experts(t: &TensorSet, p: &str, experts: usize, ffn: usize, hidden: u
                 gate: owned(&gate_up_name, dtype, ffn, hidden, columns_as_rows(gu, dtype, hidden, 2 * ffn, 0, 2))?,
                 up: owned(&gate_up_name, dtype, ffn, hidden, columns_as_rows(gu, dtype, hidden, 2 * ffn, 1, 2))?,
                 down: owned(&down_name, down_dtype, hidden, ffn, columns_as_rows(dn, down_dtype, ffn, hidden, 0, 1))?,
+                bias: Some(MlpBias {
+                    gate: bias.iter().step_by(2).copied().collect(),
+                    up: bias.iter().skip(1).step_by(2).copied().collect(),
+                    down: down_bias[e * hidden..(e + 1) * hidden].to_vec(),
+                }),
+            })
+        })
+        .collect()
+}
+
+/// GPT-OSS's experts as its checkpoints ship them (`quant_method: mxfp4`): `gate_up_proj_blocks`
+/// `[experts, 2·ffn, hidden/32, 16]` with `_scales` `[experts, 2·ffn, hidden/32]` (rows
+/// `[out, in]`, gate and up interleaved by row), `down_proj_blocks` / `_scales` likewise with
+/// `hidden` rows of `ffn`, and float biases: each expert's matrices repacked into ggml's MXFP4
+/// blocks (as llama.cpp's converter repacks them), kept 4-bit.
+fn gpt_oss_mxfp4_experts(t: &TensorSet, p: &str, experts: usize, ffn: usize, hidden: usize) -> Result<Vec<GatedMlp>> {
+    use super::experts::mxfp4_rows_from_hf;
+    if !hidden.is_multiple_of(32) || !ffn.is_multiple_of(32) {
+        return Err(tensor_err("model.safetensors", &format!("{p}.gate_up_proj_blocks"), "MXFP4 rows need multiples of 32"));
+    }
+    let packed = |name: &str, rows: usize, cols: usize| -> Result<(&str, &[u8], &[u8])> {
+        let missing = || tensor_err("model.safetensors", name, "missing");
+        let (file, blocks) = t.packed(&format!("{name}_blocks"), &[experts, rows, cols / 32, 16])?.ok_or_else(missing)?;
+        let (_, scales) = t.packed(&format!("{name}_scales"), &[experts, rows, cols / 32])?.ok_or_else(missing)?;
+        Ok((file, blocks, scales))
+    };
+    let (gate_up_name, down_name) = (format!("{p}.gate_up_proj"), format!("{p}.down_proj"));
+    let (file, gu_blocks, gu_scales) = packed(&gate_up_name, 2 * ffn, hidden)?;
+    let (_, dn_blocks, dn_scales) = packed(&down_name, hidden, ffn)?;
+    let gate_up_bias = t.get(&format!("{p}.gate_up_proj_bias"), &[experts, 2 * ffn])?.to_f32();
+    let down_bias = t.get(&format!("{p}.down_proj_bias"), &[experts, hidden])?.to_f32();
+    let owned = |name: &str, rows: usize, cols: usize, bytes: Vec<u8>| {
+        Weight::new(file, name, DType::MXFP4, rows, cols, Storage::Owned(Arc::new(bytes)))
+    };
+    let part = |x: &'_ [u8], e: usize| -> Vec<u8> { x[e * x.len() / experts..(e + 1) * x.len() / experts].to_vec() };
+    (0..experts)
+        .map(|e| {
+            let (gb, gs, db, ds) = (part(gu_blocks, e), part(gu_scales, e), part(dn_blocks, e), part(dn_scales, e));
+            let bias = &gate_up_bias[e * 2 * ffn..(e + 1) * 2 * ffn];
+            Ok(GatedMlp {
+                gate: owned(&gate_up_name, ffn, hidden, mxfp4_rows_from_hf(&gb, &gs, 2 * ffn, hidden, 0, 2))?,
+                up: owned(&gate_up_name, ffn, hidden, mxfp4_rows_from_hf(&gb, &gs, 2 * ffn, hidden, 1, 2))?,
+                down: owned(&down_name, hidden, ffn, mxfp4_rows_from_hf(&db, &ds, hidden, ffn, 0, 1))?,
                 bias: Some(MlpBias {
                     gate: bias.iter().step_by(2).copied().collect(),
                     up: bias.iter().skip(1).step_by(2).copied().collect(),

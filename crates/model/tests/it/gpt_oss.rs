@@ -162,7 +162,8 @@ fn gpt_oss_chat_template_renders_like_transformers() {
 #[test]
 fn what_gpt_oss_does_not_implement_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let edits: [(&str, fn(&mut Value), &str); 3] = [
+    type Edit = fn(&mut Value);
+    let edits: [(&str, Edit, &str); 3] = [
         ("limit", |c| c["swiglu_limit"] = 5.0.into(), "swiglu_limit"),
         ("mscale", |c| c["rope_parameters"]["mscale"] = 1.0.into(), "mscale"),
         ("act", |c| c["hidden_act"] = "gelu".into(), "hidden_act"),
@@ -180,4 +181,75 @@ fn what_gpt_oss_does_not_implement_is_refused_by_name() {
         let e = Model::load(&out).err().expect("refused").to_string();
         assert!(e.contains(want), "{name}: {e}");
     }
+}
+
+/// ggml MXFP4 rows (`rows` of `cols`) in transformers' checkpoint layout: per block the
+/// exponent into `scales`, the 16 code bytes re-paired (element `2k` low, `2k + 1` high).
+fn mxfp4_to_hf(ggml: &[u8], blocks: &mut Vec<u8>, scales: &mut Vec<u8>) {
+    for b in ggml.chunks_exact(17) {
+        scales.push(b[0]);
+        let code = |i: usize| if i < 16 { b[1 + i] & 15 } else { b[1 + i - 16] >> 4 };
+        blocks.extend((0..16).map(|k| code(2 * k) | (code(2 * k + 1) << 4)));
+    }
+}
+
+/// gpt-oss's own checkpoints ship their experts as MXFP4 (`*_blocks`, `*_scales`, u8): the
+/// folder's experts rewritten that way load 4-bit, each matrix bit for bit the one the
+/// fixture's MXFP4 GGUF holds (llama.cpp's repacking), and the model runs.
+#[test]
+fn a_gpt_oss_folder_with_mxfp4_experts_loads_them_as_its_gguf_does() {
+    use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+    let src = &files(Shape::TinyGptOss).hf;
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let mut c: Value = serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
+    c["quantization_config"] = serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]});
+    std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let (e, rows, cols) = match (name.rsplit('.').next(), view.shape()) {
+            (Some("gate_up_proj"), &[e, h, two_f]) => (e, two_f, h),
+            (Some("down_proj"), &[e, f, h]) => (e, h, f),
+            _ => {
+                out.push((name.clone(), view.dtype(), view.shape().to_vec(), view.data().to_vec()));
+                continue;
+            }
+        };
+        let v: Vec<f32> = view.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let (mut blocks, mut scales) = (Vec::new(), Vec::new());
+        for x in 0..e {
+            // Stored for `x @ W` (`[in, out]`): the `[out, in]` rows, quantized as llama.cpp's MXFP4.
+            let w = &v[x * rows * cols..(x + 1) * rows * cols];
+            let t: Vec<f32> = (0..rows).flat_map(|r| (0..cols).map(move |c| w[c * rows + r])).collect();
+            mxfp4_to_hf(&engram_kernels::quantize(DType::MXFP4, &t, cols).unwrap(), &mut blocks, &mut scales);
+        }
+        out.push((format!("{name}_blocks"), Dtype::U8, vec![e, rows, cols / 32, 16], blocks));
+        out.push((format!("{name}_scales"), Dtype::U8, vec![e, rows, cols / 32], scales));
+    }
+    let views: Vec<(String, TensorView<'_>)> =
+        out.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    std::fs::write(dir.path().join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+
+    let packed = Model::load(dir.path()).unwrap();
+    let (_, gguf) = files(Shape::TinyGptOss).quantized.iter().find(|(f, _)| *f == GgufFormat::Mxfp4Moe).unwrap();
+    let gguf = Model::load(gguf).unwrap();
+    for (lp, lg) in packed.weights.layers.iter().zip(&gguf.weights.layers) {
+        let (FeedForward::Moe(p), FeedForward::Moe(g)) = (&lp.ffn, &lg.ffn) else { panic!("not a mixture") };
+        for (ep, eg) in p.experts.iter().zip(&g.experts) {
+            for (wp, wg) in [(&ep.gate, &eg.gate), (&ep.up, &eg.up), (&ep.down, &eg.down)] {
+                assert_eq!((wp.dtype, wp.rows, wp.cols), (DType::MXFP4, wg.rows, wg.cols));
+                assert_eq!(wp.matrix().data, wg.matrix().data, "an expert's MXFP4 bytes differ from the GGUF's");
+            }
+            assert_eq!(ep.bias.as_ref().unwrap().gate, eg.bias.as_ref().unwrap().gate);
+        }
+    }
+    let ids = packed.tokenizer.encode(PROMPT, true).unwrap().ids;
+    let expanded = all_logits(&expanded_to_f32(Model::load(dir.path()).unwrap()), &ids);
+    let e = position_errors(&all_logits(&packed, &ids), &expanded, packed.config.vocab);
+    assert!(e[e.len() / 2] < 6e-2, "MXFP4 experts against their f32 expansion: median {:.2e}", e[e.len() / 2]);
 }
