@@ -631,7 +631,7 @@ fn gpt_oss_experts(t: &TensorSet, p: &str, experts: usize, ffn: usize, hidden: u
 /// `hidden` rows of `ffn`, and float biases: each expert's matrices repacked into ggml's MXFP4
 /// blocks (as llama.cpp's converter repacks them), kept 4-bit.
 fn gpt_oss_mxfp4_experts(t: &TensorSet, p: &str, experts: usize, ffn: usize, hidden: usize) -> Result<Vec<GatedMlp>> {
-    use super::experts::mxfp4_rows_from_hf;
+    use engram_kernels::mxfp4_rows_from_hf;
     if !hidden.is_multiple_of(32) || !ffn.is_multiple_of(32) {
         return Err(tensor_err("model.safetensors", &format!("{p}.gate_up_proj_blocks"), "MXFP4 rows need multiples of 32"));
     }

@@ -195,7 +195,8 @@ fn mxfp4_to_hf(ggml: &[u8], blocks: &mut Vec<u8>, scales: &mut Vec<u8>) {
 
 /// gpt-oss's own checkpoints ship their experts as MXFP4 (`*_blocks`, `*_scales`, u8): the
 /// folder's experts rewritten that way load 4-bit, each matrix bit for bit the one the
-/// fixture's MXFP4 GGUF holds (llama.cpp's repacking), and the model runs.
+/// fixture's MXFP4 GGUF holds (llama.cpp's repacking), and the model runs; `engram convert`
+/// writes them into GGUF as MXFP4 too, the same model.
 #[test]
 fn a_gpt_oss_folder_with_mxfp4_experts_loads_them_as_its_gguf_does() {
     use safetensors::{tensor::TensorView, Dtype, SafeTensors};
@@ -249,7 +250,21 @@ fn a_gpt_oss_folder_with_mxfp4_experts_loads_them_as_its_gguf_does() {
         }
     }
     let ids = packed.tokenizer.encode(PROMPT, true).unwrap().ids;
+    let logits = all_logits(&packed, &ids);
     let expanded = all_logits(&expanded_to_f32(Model::load(dir.path()).unwrap()), &ids);
-    let e = position_errors(&all_logits(&packed, &ids), &expanded, packed.config.vocab);
+    let e = position_errors(&logits, &expanded, packed.config.vocab);
     assert!(e[e.len() / 2] < 6e-2, "MXFP4 experts against their f32 expansion: median {:.2e}", e[e.len() / 2]);
+
+    let out = dir.path().join("converted.gguf");
+    engram_fixture::convert_hf(dir.path(), &out, GgufFormat::F32, &mut |_| {}).unwrap();
+    let converted = Model::load(&out).unwrap();
+    let FeedForward::Moe(mix) = &converted.weights.layers[3].ffn else { panic!("not a mixture") };
+    let FeedForward::Moe(want) = &gguf.weights.layers[3].ffn else { panic!("not a mixture") };
+    assert!(mix
+        .experts
+        .iter()
+        .zip(&want.experts)
+        .all(|(a, b)| a.down.dtype == DType::MXFP4 && a.down.matrix().data == b.down.matrix().data));
+    let err = rel_err(&all_logits(&converted, &ids), &logits);
+    assert!(err < 1e-6, "the converted file against the folder it came from: {err:.2e}");
 }
