@@ -85,9 +85,14 @@ NEW_TOKENS = 32
 
 # System prompt and two user turns (the first answered by the assistant).
 CHAT_MESSAGES = {
+    # gpt-oss's harmony template: the system message becomes the developer's instructions,
+    # and the generated system message carries today's date (`strftime_now`), which the Rust
+    # test takes from each rendering's own "Current date:" line.
     "tiny-gpt-oss": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! What do you need?"},
+        {"role": "user", "content": "Name a prime."},
     ],
     "tiny-mixtral": [
         {"role": "system", "content": "You are terse."},
@@ -139,7 +144,7 @@ CHAT_CASES = {
     "tiny-qwen3": [(True, {}), (True, {"enable_thinking": False}), (False, {})],
     "tiny-qwen3-moe": [(True, {}), (False, {})],
     "tiny-mixtral": [(True, {})],
-    "tiny-gpt-oss": [(True, {})],
+    "tiny-gpt-oss": [(True, {}), (False, {}), (True, {"reasoning_effort": "high"})],
     "tiny-phi3": [(True, {}), (False, {})],
     "tiny-gemma3": [(True, {}), (False, {})],
     "tiny-gemma2": [(True, {}), (False, {})],

@@ -132,7 +132,7 @@ pub(crate) fn check_model(what: &str, model: &Model, g: &Value) {
 }
 
 /// Checks every recorded `apply_chat_template` rendering, from both loaders' templates.
-pub(crate) fn check_chat(shape: Shape) {
+fn check_chat(shape: Shape) {
     let g = golden(shape);
     let msgs: Vec<ChatMessage> = g["chat_messages"]
         .as_array()

@@ -5,13 +5,14 @@
 //! last chunk); the fixture's F16, Q8_0 and MXFP4-expert files track the f32 folder; and what
 //! GGUF or the forward pass cannot carry is refused by name.
 
-use crate::arch_golden::{check_chat, files, golden, models};
+use crate::arch_golden::{files, golden, models};
 use crate::chunking::chunked_logits;
 use crate::common::*;
 use crate::golden::{f32s, u32s, LOGIT_TOL};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kernels::DType;
 use engram_model::{Arch, FeedForward, FfnActivation, LayerAttention, Logits, Model, ModelConfig, SeqStep};
+use engram_tokenizer::ChatMessage;
 use serde_json::Value;
 
 #[test]
@@ -153,9 +154,37 @@ fn gpt_oss_f16_q8_0_and_mxfp4_expert_files_track_the_f32_folder() {
     }
 }
 
+/// The harmony template renders as `apply_chat_template` did when the golden was made, from
+/// both loaders, with and without the generation prompt and with `reasoning_effort`: all but
+/// the date, which the template takes from the clock (`strftime_now`), so each side's own
+/// "Current date:" is compared as a date and then set to the golden's.
 #[test]
-fn gpt_oss_chat_template_renders_like_transformers() {
-    check_chat(Shape::TinyGptOss);
+fn gpt_oss_harmony_template_renders_like_transformers() {
+    let g = golden(Shape::TinyGptOss);
+    let msgs: Vec<ChatMessage> = g["chat_messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    let date_of = |s: &str| -> String {
+        let at = s.find("Current date: ").expect("a date line") + "Current date: ".len();
+        s[at..at + 10].to_string()
+    };
+    for (how, model) in models(Shape::TinyGptOss) {
+        let tk = &model.tokenizer;
+        let template = tk.chat_template().expect("a chat template");
+        for case in g["chat"].as_array().unwrap() {
+            let add = case["add_generation_prompt"].as_bool().unwrap();
+            let extra = case["kwargs"].as_object().unwrap();
+            let want = case["rendered"].as_str().unwrap();
+            let ours = template.render_with(&msgs, add, tk.bos_token().unwrap_or(""), tk.eos_token().unwrap_or(""), extra).unwrap();
+            let today = date_of(&ours);
+            assert!(today.len() == 10 && today.as_bytes()[4] == b'-' && today.as_bytes()[7] == b'-', "{how}: date {today:?}");
+            let ours = ours.replacen(&format!("Current date: {today}"), &format!("Current date: {}", date_of(want)), 1);
+            assert_eq!(ours, want, "{how}: harmony (add_generation_prompt={add}, {extra:?}) renders differently from transformers");
+        }
+    }
 }
 
 /// What neither GGUF nor the forward pass carries is refused by name.
