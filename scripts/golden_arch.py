@@ -5,7 +5,9 @@ For each shape (`tiny-qwen3`: Qwen3ForCausalLM, `tiny-phi3`: Phi3ForCausalLM,
 `tiny-gemma3`: Gemma3ForCausalLM with a 16-position sliding window, `tiny-gemma2`:
 Gemma2ForCausalLM, alternating sliding layers and softcapping; `tiny-qwen3-moe`:
 Qwen3MoeForCausalLM, 8 experts, 2 per token; `tiny-mixtral`: MixtralForCausalLM, 8 experts,
-2 per token; `tiny-mistral-swa` and
+2 per token; `tiny-gpt-oss`: GptOssForCausalLM, alternating 16-position sliding and global
+layers, attention sinks, YaRN, 4 of 8 experts with biases and the clamped SwiGLU;
+`tiny-mistral-swa` and
 `tiny-smollm3`: `tiny` read as Mistral with a 16-position window, and as SmolLM3 with its
 second layer NoPE) this
 generates the fixture's Hugging Face folder with `engram fixture`, loads it with
@@ -52,6 +54,7 @@ SHAPES = {
     "tiny-smollm3": "SmolLM3ForCausalLM",
     "tiny-qwen3-moe": "Qwen3MoeForCausalLM",
     "tiny-mixtral": "MixtralForCausalLM",
+    "tiny-gpt-oss": "GptOssForCausalLM",
 }
 
 # Goldens made from another shape's folder with config.json fields changed: `tiny-mistral-swa`
@@ -82,6 +85,15 @@ NEW_TOKENS = 32
 
 # System prompt and two user turns (the first answered by the assistant).
 CHAT_MESSAGES = {
+    # gpt-oss's harmony template: the system message becomes the developer's instructions,
+    # and the generated system message carries today's date (`strftime_now`), which the Rust
+    # test takes from each rendering's own "Current date:" line.
+    "tiny-gpt-oss": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! What do you need?"},
+        {"role": "user", "content": "Name a prime."},
+    ],
     "tiny-mixtral": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi there"},
@@ -132,6 +144,7 @@ CHAT_CASES = {
     "tiny-qwen3": [(True, {}), (True, {"enable_thinking": False}), (False, {})],
     "tiny-qwen3-moe": [(True, {}), (False, {})],
     "tiny-mixtral": [(True, {})],
+    "tiny-gpt-oss": [(True, {}), (False, {}), (True, {"reasoning_effort": "high"})],
     "tiny-phi3": [(True, {}), (False, {})],
     "tiny-gemma3": [(True, {}), (False, {})],
     "tiny-gemma2": [(True, {}), (False, {})],

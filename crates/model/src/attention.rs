@@ -9,6 +9,11 @@
 //! masks and the step's per-row [`KeyMask`], and the layer's geometry
 //! ([`LayerAttention`]): a sliding layer hides keys whose position is `window`
 //! or more before the query's, judged by positions, never by slots.
+//!
+//! A layer with attention sinks (GPT-OSS) adds one learned logit per query head to every
+//! softmax's denominator, with no value: `out = Σ e^(s_i - M) v_i / (Σ e^(s_i - M) + e^(sink - M))`.
+//! It joins once, after the last chunk, so it is the same whatever the chunking, the KV
+//! format or the view; a row that sees no key gives zeros, as without a sink.
 
 use crate::config::LayerAttention;
 use crate::kv::{KvCache, KvChunk, KvData, KvElem};
@@ -35,19 +40,22 @@ pub struct AttnTask<'a> {
 
 /// How a layer's attention scores: the factor on `q·k` and which positions a query sees.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LayerScoring {
+pub struct LayerScoring<'a> {
     /// Factor on `q·k` (`1/√head_dim` for most models).
     pub scale: f32,
     /// Global, or a sliding window over positions.
     pub geometry: LayerAttention,
     /// Softcapping of the scaled scores (`cap · tanh(s / cap)`, Gemma 2), before any mask.
     pub softcap: Option<f32>,
+    /// A sink logit per query head (`num_heads` entries, compared with the scaled scores),
+    /// joining the softmax's denominator (GPT-OSS); `None`: no sinks.
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl LayerScoring {
+impl LayerScoring<'static> {
     /// A global layer scaled by `1/√head_dim`.
-    pub fn global(head_dim: usize) -> LayerScoring {
-        LayerScoring { scale: 1.0 / (head_dim as f32).sqrt(), geometry: LayerAttention::Global, softcap: None }
+    pub fn global(head_dim: usize) -> LayerScoring<'static> {
+        LayerScoring { scale: 1.0 / (head_dim as f32).sqrt(), geometry: LayerAttention::Global, softcap: None, sinks: None }
     }
 }
 
@@ -62,10 +70,10 @@ pub fn attend(t: &AttnTask<'_>) -> Vec<f32> {
 }
 
 /// [`attend`] for a layer with its own scale and geometry (a sliding window hides keys
-/// `window` or more positions before the query, on both paths). Softcapped scores run on the
-/// portable path (the tile kernel keeps its scores in tiles).
-pub fn attend_layer(t: &AttnTask<'_>, l: LayerScoring) -> Vec<f32> {
-    if l.softcap.is_none() && tiles_enabled() && engram_kernels::flash::supported(t.head_dim) {
+/// `window` or more positions before the query, on both paths). Softcapped scores and sinks
+/// run on the portable path (the tile kernel keeps its scores and its running sums in tiles).
+pub fn attend_layer(t: &AttnTask<'_>, l: LayerScoring<'_>) -> Vec<f32> {
+    if l.softcap.is_none() && l.sinks.is_none() && tiles_enabled() && engram_kernels::flash::supported(t.head_dim) {
         attend_tiles(t, l)
     } else {
         attend_portable(t, l)
@@ -105,7 +113,7 @@ fn gather_queries(t: &AttnTask<'_>, scale: f32) -> Vec<f32> {
 /// barely follows; so the rows of the chunk the cache names as [`KvChunk::ahead`] are queued
 /// with [`engram_kernels::flash::Flash::prefetch`], which issues them into L2 a few lines per
 /// row block while this chunk is attended, and they arrive before they are needed.
-fn attend_tiles(t: &AttnTask<'_>, l: LayerScoring) -> Vec<f32> {
+fn attend_tiles(t: &AttnTask<'_>, l: LayerScoring<'_>) -> Vec<f32> {
     use engram_kernels::flash::{KeyVisibility, Rows, CHUNK};
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
@@ -221,7 +229,7 @@ fn tile_row_mask(
 /// step, and its share of the values — AVX2 + FMA where the CPU has them. A row's arithmetic
 /// never involves another row's, so the result of a query does not depend on how many other
 /// queries share the step (chunked prefill = one-shot = token by token, bitwise).
-fn attend_portable(t: &AttnTask<'_>, scoring: LayerScoring) -> Vec<f32> {
+fn attend_portable(t: &AttnTask<'_>, scoring: LayerScoring<'_>) -> Vec<f32> {
     use engram_kernels::attn_rows;
     let hd = t.head_dim;
     let rows = t.num_queries * t.group;
@@ -314,7 +322,18 @@ fn attend_portable(t: &AttnTask<'_>, scoring: LayerScoring) -> Vec<f32> {
         }
     });
     for r in 0..rows {
-        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+        let inv = match scoring.sinks {
+            // The sink joins the denominator against the row's running max: with
+            // `M = max(m, sink)`, out = acc·e^(m-M) / (l·e^(m-M) + e^(sink-M)).
+            Some(sinks) if l[r] > 0.0 => {
+                let sink = sinks[t.kv_head * t.group + r % t.group];
+                let top = m[r].max(sink);
+                let kept = (m[r] - top).exp();
+                kept / (l[r] * kept + (sink - top).exp())
+            }
+            _ if l[r] > 0.0 => 1.0 / l[r],
+            _ => 0.0,
+        };
         acc[r * hd..(r + 1) * hd].iter_mut().for_each(|x| *x *= inv);
     }
     acc
@@ -531,7 +550,7 @@ mod tests {
 
     /// A plain scalar attention in f64 over the cache's keys: the view contract spelled out
     /// (causal by position, chunk mask, step mask, sliding window), one row at a time.
-    fn reference(t: &AttnTask<'_>, kv: &ChunkedKv, scoring: LayerScoring) -> Vec<f32> {
+    fn reference(t: &AttnTask<'_>, kv: &ChunkedKv, scoring: LayerScoring<'_>) -> Vec<f32> {
         let hd = t.head_dim;
         let keys = kv.keys(t.kv_head, hd);
         let mut out = vec![0.0f32; t.num_queries * t.group * hd];
@@ -551,8 +570,9 @@ mod tests {
                         scores.push((s, vr));
                     }
                 }
-                let mx = scores.iter().fold(f64::NEG_INFINITY, |m, s| m.max(s.0));
-                let sum: f64 = scores.iter().map(|s| (s.0 - mx).exp()).sum();
+                let sink = scoring.sinks.map(|s| s[head] as f64);
+                let mx = scores.iter().fold(sink.unwrap_or(f64::NEG_INFINITY), |m, s| m.max(s.0));
+                let sum: f64 = scores.iter().map(|s| (s.0 - mx).exp()).sum::<f64>() + sink.map_or(0.0, |s| (s - mx).exp());
                 let o = &mut out[(qi * t.group + j) * hd..][..hd];
                 for (s, vr) in &scores {
                     let w = (s - mx).exp() / sum;
@@ -608,7 +628,12 @@ mod tests {
                     num_heads: group,
                     precision: AttentionPrecision::Exact,
                 };
-                let scoring = LayerScoring { scale: 0.3 / (hd as f32).sqrt(), geometry: LayerAttention::Sliding { window }, softcap: None };
+                let scoring = LayerScoring {
+                    scale: 0.3 / (hd as f32).sqrt(),
+                    geometry: LayerAttention::Sliding { window },
+                    softcap: None,
+                    sinks: None,
+                };
                 let want = reference(&task, &kv, scoring);
                 let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
                 let what = format!("hd {hd} window {window} {elem:?} moved {moved} masked {masked} step mask {}", key_mask.is_some());
@@ -627,6 +652,18 @@ mod tests {
                     let err = got.iter().zip(&want).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
                     assert!(err < 2e-5, "softcap {cap} {what}: {err:e} from the scalar reference");
                 }
+                // Sinks (GPT-OSS): below, near and above the scores, per head, with the window
+                // and globally; they change the answer.
+                let sinks: Vec<f32> = (0..group).map(|j| [-3.0, 0.5, 4.0][j % 3] + 0.25 * j as f32).collect();
+                for geometry in [scoring.geometry, LayerAttention::Global] {
+                    let sunk = LayerScoring { sinks: Some(&sinks), geometry, ..scoring };
+                    let (got, want_sunk) = (attend_layer(&task, sunk), reference(&task, &kv, sunk));
+                    let err = got.iter().zip(&want_sunk).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
+                    assert!(err < 2e-5, "sinks {geometry:?} {what}: {err:e} from the scalar reference");
+                }
+                let sunk = attend_layer(&task, LayerScoring { sinks: Some(&sinks), ..scoring });
+                let moved_by_sinks = sunk.iter().zip(&want).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / amax;
+                assert!(moved_by_sinks > 1e-3, "{what}: sinks change nothing ({moved_by_sinks:e})");
                 // The window matters: the same task as a global layer is another answer (unless
                 // the window covers every key).
                 let global = attend_portable(&task, LayerScoring { geometry: LayerAttention::Global, ..scoring });

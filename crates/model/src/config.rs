@@ -1,5 +1,5 @@
 //! `ModelConfig`: the shape and positional settings of a Llama-family model
-//! (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3), read from a Hugging Face
+//! (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS), read from a Hugging Face
 //! `config.json` or from GGUF metadata, with each layer's attention geometry
 //! (global, or a sliding window of W positions).
 //!
@@ -44,6 +44,12 @@ pub enum Arch {
     /// gate, `w3` up, `w2` down, the chosen weights always renormalized) in every layer.
     /// GGUF files carry it as `llama` with experts.
     Mixtral,
+    /// GPT-OSS (gpt-oss-20b / -120b): alternating sliding (even layers) and global layers,
+    /// a learned sink logit per head in every softmax, biases on q/k/v/o, YaRN RoPE, and in
+    /// every layer a mixture of experts routed top-k on the router's logits (with bias), then
+    /// a softmax over the chosen ([`MoeGating::TopKThenSoftmax`]), each expert a clamped
+    /// SwiGLU ([`FfnActivation::SwigluOai`]) with biases. GGUF `gpt-oss`.
+    GptOss,
 }
 
 impl Arch {
@@ -67,6 +73,8 @@ impl Arch {
             // HF `model_type`; GGUF `general.architecture`.
             "qwen3_moe" | "qwen3moe" => Some(Arch::Qwen3Moe),
             "mixtral" => Some(Arch::Mixtral),
+            // HF `model_type`; GGUF `general.architecture`.
+            "gpt_oss" | "gpt-oss" => Some(Arch::GptOss),
             _ => None,
         }
     }
@@ -83,10 +91,11 @@ impl Arch {
             Arch::SmolLm3 => "smollm3",
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Mixtral => "mixtral",
+            Arch::GptOss => "gpt_oss",
         }
     }
     /// Every architecture, in the order error messages list them.
-    pub const ALL: [Arch; 10] = [
+    pub const ALL: [Arch; 11] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Mixtral,
@@ -97,6 +106,7 @@ impl Arch {
         Arch::Gemma2,
         Arch::Gemma3,
         Arch::SmolLm3,
+        Arch::GptOss,
     ];
 
     /// The supported names, comma-separated, for error messages.
@@ -226,12 +236,25 @@ pub enum FfnActivation {
     Silu,
     /// GELU with the tanh approximation (`gelu_pytorch_tanh`): Gemma.
     GeluTanh,
+    /// GPT-OSS's clamped SwiGLU (transformers' `GptOssExperts._apply_gate`, llama.cpp's
+    /// `swiglu_oai`): the gate clamped above at 7, the up projection to ±7, then
+    /// `gate · σ(1.702 · gate) · (up + 1)`. Both constants are fixed, as in llama.cpp.
+    SwigluOai,
 }
 
-/// A mixture-of-experts feed-forward block: per token the router's softmax over `experts`
-/// picks the `top_k` most probable, each runs its own gated MLP of width `expert_ffn`, and
-/// their outputs are summed weighted by those probabilities (renormalized to sum to 1 when
-/// `norm_top_k`).
+/// How a mixture's router turns logits into the chosen experts' weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MoeGating {
+    /// Softmax over every expert, then the `top_k` most probable (renormalized when
+    /// `norm_top_k`): Qwen3-MoE, Mixtral.
+    SoftmaxThenTopK,
+    /// The `top_k` largest logits, then a softmax over those alone: GPT-OSS.
+    TopKThenSoftmax,
+}
+
+/// A mixture-of-experts feed-forward block: per token the router picks `top_k` of `experts`
+/// (by [`MoeGating`]), each runs its own gated MLP of width `expert_ffn`, and their outputs
+/// are summed weighted by the router's weights (renormalized to sum to 1 when `norm_top_k`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MoeConfig {
     /// Experts per layer (`num_experts`).
@@ -242,6 +265,8 @@ pub struct MoeConfig {
     pub expert_ffn: usize,
     /// Whether the chosen experts' probabilities are renormalized (`norm_topk_prob`).
     pub norm_top_k: bool,
+    /// Softmax before or after choosing the experts.
+    pub gating: MoeGating,
 }
 
 /// The shape of a Llama-family decoder.

@@ -16,15 +16,16 @@
 //! MLP outputs before each residual add (`sandwich_norms`) and gates with
 //! GELU-tanh; a sliding layer's attention sees only its window (`attention.rs`);
 //! Gemma 2 softcaps the attention scores and the final logits (`cap·tanh(x/cap)`).
+//! GPT-OSS adds a bias after the output projection, a sink logit per head to each softmax
+//! (`attention.rs`) and routes its experts top-k first (`moe.rs`).
 
 use rayon::prelude::*;
 
 use crate::attention::{attend_layer, AttnTask, LayerScoring};
-use crate::config::FfnActivation;
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
-use crate::ops::{add_bias, add_in_place, geglu_tanh, rms_norm, rms_norm_in_place, swiglu};
+use crate::ops::{add_bias, add_in_place, gated_activation, rms_norm, rms_norm_in_place};
 use crate::rope::{self, RopeTable};
 use crate::view::KeyMask;
 use crate::weights::FeedForward;
@@ -198,7 +199,7 @@ impl Model {
                 return Ok(Vec::new());
             }
 
-            let scoring = LayerScoring { scale: c.attn_scale, geometry, softcap: c.attn_softcap };
+            let scoring = LayerScoring { scale: c.attn_scale, geometry, softcap: c.attn_softcap, sinks: lw.sinks.as_deref() };
             // One task per (sequence, kv head): disjoint outputs, shared read-only caches.
             let mut tasks = Vec::new();
             let mut row0 = 0;
@@ -242,6 +243,9 @@ impl Model {
             }
 
             matmul(&lw.o.matrix(), &attn, total, &mut proj);
+            if let Some(b) = &lw.o_bias {
+                add_bias(&mut proj, b);
+            }
             if let Some(w) = &lw.post_attn_norm {
                 rms_norm_in_place(&mut proj, w, c.rms_eps);
             }
@@ -251,11 +255,15 @@ impl Model {
                 (FeedForward::Moe(moe), Some(cfg)) => crate::moe::moe_ffn(moe, cfg, c.ffn_act, &xn, total, h, &mut proj),
                 (FeedForward::Dense(mlp), _) => {
                     matmul_multi(&[&mlp.gate.matrix(), &mlp.up.matrix()], &xn, total, &mut [&mut gate, &mut up]);
-                    match c.ffn_act {
-                        FfnActivation::Silu => swiglu(&mut gate, &up),
-                        FfnActivation::GeluTanh => geglu_tanh(&mut gate, &up),
+                    if let Some(b) = &mlp.bias {
+                        add_bias(&mut gate, &b.gate);
+                        add_bias(&mut up, &b.up);
                     }
+                    gated_activation(c.ffn_act, &mut gate, &up);
                     matmul(&mlp.down.matrix(), &gate, total, &mut proj);
+                    if let Some(b) = &mlp.bias {
+                        add_bias(&mut proj, &b.down);
+                    }
                 }
                 (FeedForward::Moe(_), None) => {
                     return Err(ModelError::BadInput(format!("layer {li} holds experts the config does not describe")))

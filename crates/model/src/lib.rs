@@ -1,6 +1,6 @@
 //! # engram-model — model execution
 //!
-//! Loads Llama-family models (GGUF files and Hugging Face folders) and runs
+//! Loads Llama-family models and GPT-OSS (GGUF files and Hugging Face folders) and runs
 //! their forward pass on the CPU over caches owned by someone else.
 //!
 //! Main types: [`Model`] (immutable weights + tokenizer + fingerprint),
@@ -23,10 +23,11 @@ pub mod rope;
 pub mod view;
 pub mod weights;
 
-pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, NoRope, RopeConfig, RopeStyle};
+pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, MoeGating, NoRope, RopeConfig, RopeStyle};
 pub use error::{ModelError, Result};
 pub use forward::{Logits, SeqStep};
 pub use kv::{KvCache, KvChunk, KvData, KvElem};
 pub use model::{AttentionPrecision, Fingerprint, Model};
+pub use rope::YarnScaling;
 pub use view::{KeyMask, KvRead};
-pub use weights::{FeedForward, GatedMlp, ModelWeights, MoeWeights, Weight};
+pub use weights::{FeedForward, GatedMlp, MlpBias, ModelWeights, MoeWeights, Weight};

@@ -1,18 +1,37 @@
-//! The mixture-of-experts feed-forward block (Qwen3-MoE), as transformers computes it:
-//! per token the router's logits (`router · x`), their softmax in f32, the `top_k` most
-//! probable experts (ties to the lower index), their probabilities renormalized to sum to 1
-//! when the config says so; then, expert by expert in index order, the tokens routed to it
-//! run its gated MLP and its output, times the token's weight for it, is added to the
-//! token's row.
+//! The mixture-of-experts feed-forward block (Qwen3-MoE, Mixtral, GPT-OSS), as transformers
+//! computes it: per token the router's logits (`router · x`, plus GPT-OSS's bias), then by
+//! [`MoeGating`] either their softmax in f32 and the `top_k` most probable experts (ties to
+//! the lower index), renormalized to sum to 1 when the config says so, or (GPT-OSS) the
+//! `top_k` largest logits and a softmax over those alone; then, expert by expert in index
+//! order, the tokens routed to it run its gated MLP (with its biases, where it has them) and
+//! its output, times the token's weight for it, is added to the token's row.
 //!
 //! Invariant: a token's output depends only on its own row (every matmul is row-independent,
 //! bitwise, and each row sums its experts in index order), so it is the same bits whatever
 //! else shares the step: results do not depend on the tokens per call.
 
-use crate::config::{FfnActivation, MoeConfig};
-use crate::ops::{geglu_tanh, swiglu};
+use crate::config::{FfnActivation, MoeConfig, MoeGating};
+use crate::ops::{add_bias, gated_activation};
 use crate::weights::MoeWeights;
 use engram_kernels::{matmul, matmul_multi};
+
+/// The top `k` experts of one token's router `logits` under `gating`: (expert, weight) by
+/// falling weight.
+pub fn route_by(gating: MoeGating, logits: &[f32], k: usize, normalize: bool) -> Vec<(usize, f32)> {
+    match gating {
+        MoeGating::SoftmaxThenTopK => route(logits, k, normalize),
+        MoeGating::TopKThenSoftmax => {
+            let mut ranked: Vec<(usize, f32)> = logits.iter().copied().enumerate().collect();
+            ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            ranked.truncate(k);
+            let max = ranked.first().map_or(0.0, |&(_, l)| l);
+            ranked.iter_mut().for_each(|(_, l)| *l = (*l - max).exp());
+            let sum: f32 = ranked.iter().map(|&(_, e)| e).sum();
+            ranked.iter_mut().for_each(|(_, e)| *e /= sum);
+            ranked
+        }
+    }
+}
 
 /// The top `k` experts of one token's router `logits`: (expert, weight) by falling
 /// probability, weights renormalized when `normalize`.
@@ -34,10 +53,13 @@ pub fn route(logits: &[f32], k: usize, normalize: bool) -> Vec<(usize, f32)> {
 pub fn moe_ffn(moe: &MoeWeights, cfg: MoeConfig, act: FfnActivation, xn: &[f32], rows: usize, hidden: usize, out: &mut [f32]) {
     let mut logits = vec![0.0f32; rows * cfg.experts];
     matmul(&moe.router.matrix(), xn, rows, &mut logits);
+    if let Some(b) = &moe.router_bias {
+        add_bias(&mut logits, b);
+    }
     // Per expert, the rows routed to it and their weights, in row order.
     let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); cfg.experts];
     for (row, l) in logits.chunks_exact(cfg.experts).enumerate() {
-        for (e, w) in route(l, cfg.top_k, cfg.norm_top_k) {
+        for (e, w) in route_by(cfg.gating, l, cfg.top_k, cfg.norm_top_k) {
             routed[e].push((row, w));
         }
     }
@@ -54,12 +76,16 @@ pub fn moe_ffn(moe: &MoeWeights, cfg: MoeConfig, act: FfnActivation, xn: &[f32],
         }
         let (mut gate, mut up) = (vec![0.0f32; n * f], vec![0.0f32; n * f]);
         matmul_multi(&[&expert.gate.matrix(), &expert.up.matrix()], &x, n, &mut [&mut gate, &mut up]);
-        match act {
-            FfnActivation::Silu => swiglu(&mut gate, &up),
-            FfnActivation::GeluTanh => geglu_tanh(&mut gate, &up),
+        if let Some(b) = &expert.bias {
+            add_bias(&mut gate, &b.gate);
+            add_bias(&mut up, &b.up);
         }
+        gated_activation(act, &mut gate, &up);
         let mut y = vec![0.0f32; n * hidden];
         matmul(&expert.down.matrix(), &gate, n, &mut y);
+        if let Some(b) = &expert.bias {
+            add_bias(&mut y, &b.down);
+        }
         for (i, &(row, w)) in rows_of.iter().enumerate() {
             for (o, &v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(&y[i * hidden..(i + 1) * hidden]) {
                 *o += v * w;
@@ -70,7 +96,17 @@ pub fn moe_ffn(moe: &MoeWeights, cfg: MoeConfig, act: FfnActivation, xn: &[f32],
 
 #[cfg(test)]
 mod tests {
-    use super::route;
+    use super::{route, route_by};
+    use crate::config::MoeGating;
+
+    /// GPT-OSS: the largest logits first, then a softmax over those alone.
+    #[test]
+    fn top_k_then_softmax_weighs_only_the_chosen() {
+        let r = route_by(MoeGating::TopKThenSoftmax, &[0.5, 3.0, -1.0, 2.0], 2, false);
+        assert_eq!(r.iter().map(|&(e, _)| e).collect::<Vec<_>>(), [1, 3]);
+        let want = 1.0 / (1.0 + (-1.0f32).exp());
+        assert!((r[0].1 - want).abs() < 1e-6 && (r[0].1 + r[1].1 - 1.0).abs() < 1e-6, "{r:?}");
+    }
 
     #[test]
     fn routing_picks_the_most_probable_and_renormalizes() {

@@ -72,6 +72,29 @@ pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `gate = clamped_gate · σ(1.702 · clamped_gate) · (clamped_up + 1)` in place: GPT-OSS's
+/// SwiGLU, the gate clamped above at 7 and the up projection to ±7 (transformers'
+/// `GptOssExperts._apply_gate`, llama.cpp's `swiglu_oai` with alpha 1.702, limit 7).
+pub fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        *g = x / (1.0 + (-ALPHA * x).exp()) * (y + 1.0);
+    }
+}
+
+/// `gate = act(gate) * up` in place for the feed-forward activation `act`.
+pub fn gated_activation(act: crate::config::FfnActivation, gate: &mut [f32], up: &[f32]) {
+    use crate::config::FfnActivation;
+    match act {
+        FfnActivation::Silu => swiglu(gate, up),
+        FfnActivation::GeluTanh => geglu_tanh(gate, up),
+        FfnActivation::SwigluOai => swiglu_oai(gate, up),
+    }
+}
+
 /// `x += y`.
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {

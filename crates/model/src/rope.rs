@@ -4,6 +4,10 @@
 //!
 //! Invariant: rotating by position `p` then by `q` equals rotating by `p + q`
 //! up to float rounding; the KV store relies on this to move cached keys.
+//!
+//! YaRN's frequencies ([`YarnScaling`]) are resolved here into `inv_freq`, so the tables
+//! and shifts treat them as any other RoPE; its attention factor rides on the table
+//! ([`RopeTable::scaled`]).
 
 use crate::config::{ModelConfig, RopeConfig, RopeStyle};
 
@@ -80,6 +84,59 @@ pub fn apply(style: RopeStyle, table: &RopeTable, x: &mut [f32], head_dim: usize
     }
 }
 
+/// YaRN RoPE scaling (HF `rope_type: "yarn"`, GGUF `rope.scaling.type = yarn`): each
+/// frequency is a blend of the plain one (extrapolation) and it divided by `factor`
+/// (interpolation), by a linear ramp over the pair index between the dimensions that turn
+/// `beta_fast` and `beta_slow` times over `original_max_positions`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnScaling {
+    pub factor: f32,
+    pub original_max_positions: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// Round the ramp's ends outwards to whole dimensions (transformers' `truncate`, default
+    /// true; llama.cpp's `ggml_rope_yarn_corr_dims` always does).
+    pub truncate: bool,
+}
+
+impl YarnScaling {
+    /// The factor on cos/sin: `0.1 · ln(factor) + 1` (1 for `factor <= 1`), as transformers'
+    /// `get_mscale` and llama.cpp's `rope_yarn` compute it without `mscale` keys.
+    pub fn attention_factor(&self) -> f32 {
+        if self.factor <= 1.0 {
+            1.0
+        } else {
+            (0.1 * (self.factor as f64).ln() + 1.0) as f32
+        }
+    }
+
+    /// `rotary_dim / 2` frequencies for base `theta`, as transformers'
+    /// `_compute_yarn_parameters` computes them (ramp ends in f64, the blend in f32).
+    pub fn inv_freq(&self, theta: f32, rotary_dim: usize) -> Vec<f32> {
+        let dim = rotary_dim as f64;
+        let correction_dim = |rotations: f64| {
+            dim * (self.original_max_positions as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (theta as f64).ln())
+        };
+        let (mut low, mut high) = (correction_dim(self.beta_fast as f64), correction_dim(self.beta_slow as f64));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0) as f32, high.min(dim - 1.0) as f32);
+        if low == high {
+            high += 0.001;
+        }
+        (0..rotary_dim / 2)
+            .map(|i| {
+                let pos_freq = theta.powf((2 * i) as f32 / rotary_dim as f32);
+                let (extrapolated, interpolated) = (1.0 / pos_freq, 1.0 / (self.factor * pos_freq));
+                let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                let keep = 1.0 - ramp;
+                interpolated * (1.0 - keep) + extrapolated * keep
+            })
+            .collect()
+    }
+}
+
 /// Rotates one head vector by the given cos/sin pairs: its first `2 * c.len()` dimensions
 /// (the rotary part), leaving any further dimensions as they are.
 #[inline]
@@ -128,6 +185,25 @@ mod tests {
             let (cos, sin) = shift(&c, 23);
             rotate_head(style, &mut at_7, &cos, &sin);
             assert!(at_7.iter().zip(&at_30).all(|(a, b)| (a - b).abs() < 1e-5), "{style:?}: {at_7:?} vs {at_30:?}");
+        }
+    }
+
+    /// gpt-oss-20b's YaRN (base 150000, factor 32 from 4096, betas 32 / 1, head 64) against
+    /// transformers 5.24's `_compute_yarn_parameters`, with its `truncate: false` and with
+    /// the truncation llama.cpp applies: the same outside the ramp, different inside it.
+    #[test]
+    fn yarn_frequencies_match_transformers() {
+        let mut y = YarnScaling { factor: 32.0, original_max_positions: 4096.0, beta_fast: 32.0, beta_slow: 1.0, truncate: false };
+        assert!((y.attention_factor() - 1.3465736).abs() < 1e-6);
+        let at = [0, 5, 8, 9, 12, 17, 18, 31];
+        let hf_exact: [f32; 8] = [1.0, 0.15532298, 0.050813273, 0.031705696, 0.006794959, 0.0001293187, 3.830881e-05, 3.0235114e-07];
+        let hf_truncated: [f32; 8] = [1.0, 0.15532298, 0.050813273, 0.031620752, 0.007015714, 0.00022794784, 3.830881e-05, 3.0235114e-07];
+        for (truncate, want) in [(false, hf_exact), (true, hf_truncated)] {
+            y.truncate = truncate;
+            let f = y.inv_freq(150000.0, 64);
+            for (&i, w) in at.iter().zip(want) {
+                assert!((f[i] - w).abs() <= 2e-6 * w, "truncate {truncate}: pair {i}: {} vs transformers {w}", f[i]);
+            }
         }
     }
 

@@ -161,6 +161,11 @@ pub struct LayerWeights {
     /// The key side of `q_norm`.
     pub k_norm: Option<Vec<f32>>,
     pub o: Weight,
+    /// GPT-OSS's bias on the attention output projection.
+    pub o_bias: Option<Vec<f32>>,
+    /// GPT-OSS's attention sinks: one learned logit per query head (`num_heads`), joining
+    /// each softmax's denominator only (no value).
+    pub sinks: Option<Vec<f32>>,
     /// Gemma's norm of the attention output before the residual add (`post_attention_layernorm`).
     pub post_attn_norm: Option<Vec<f32>>,
     /// The norm before the MLP (Gemma's `pre_feedforward_layernorm`, Llama's `post_attention_layernorm`).
@@ -201,11 +206,20 @@ impl LayerWeights {
     }
 }
 
-/// A gated MLP: `down(act(gate(x)) * up(x))`.
+/// A gated MLP: `down(act(gate(x) + b_gate) * (up(x) + b_up)) + b_down`, the biases only
+/// where `bias` is given (GPT-OSS's experts).
 pub struct GatedMlp {
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
+    pub bias: Option<MlpBias>,
+}
+
+/// The biases of a [`GatedMlp`]: `gate` and `up` of its width, `down` of the hidden size.
+pub struct MlpBias {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
 }
 
 impl GatedMlp {
@@ -219,6 +233,8 @@ impl GatedMlp {
 /// token (`experts` rows of `hidden`), and each expert is a gated MLP.
 pub struct MoeWeights {
     pub router: Weight,
+    /// GPT-OSS's router bias (`experts` entries), added to the router's logits.
+    pub router_bias: Option<Vec<f32>>,
     pub experts: Vec<GatedMlp>,
 }
 

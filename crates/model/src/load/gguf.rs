@@ -1,5 +1,5 @@
 //! GGUF files (v2/v3) as llama.cpp writes them: architecture `llama`,
-//! `mistral`, `qwen2`, `qwen3`, `phi3`, `gemma2` or `gemma3`; tensors of every format `engram_kernels::DType`
+//! `mistral`, `qwen2`, `qwen3`, `qwen3moe`, `phi3`, `gemma2`, `gemma3`, `smollm3` or `gpt-oss`; tensors of every format `engram_kernels::DType`
 //! computes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K,
 //! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) used in place from the file mapping (any
 //! other ggml type is an error naming it, its id and the tensor); the tokenizer and chat template from
@@ -15,7 +15,12 @@
 //! converter adds the one), so they are used as stored; the layer pattern, the
 //! sliding layers' RoPE base and the attention scale follow llama.cpp's
 //! defaults where the file is silent (Gemma 3: every 6th layer global, base
-//! 10000; Gemma 2: alternating, window 4096, one base; `1/√key_length`).
+//! 10000; Gemma 2: alternating, window 4096, one base; `1/√key_length`). `gpt-oss`
+//! files alternate sliding (even) and global layers as llama.cpp's `load_swa_pattern(ml, 2)`,
+//! carry YaRN as `rope.scaling.*` (its ramp always truncated, as `ggml_rope_yarn_corr_dims`
+//! computes it), a sink per head (`attn_sinks.weight`), biases on every projection and the
+//! experts' biases as `[ffn, experts]` tensors beside their 3-D weights (MXFP4 in
+//! llama.cpp's own conversions).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,9 +30,10 @@ use engram_kernels::DType;
 use engram_tokenizer::{GgufVocab, Tokenizer};
 
 use super::Loaded;
-use crate::config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, NoRope, RopeConfig, RopeStyle};
+use crate::config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, MoeGating, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
-use crate::weights::{FeedForward, GatedMlp, LayerWeights, ModelWeights, MoeWeights, Storage, Weight};
+use crate::rope::YarnScaling;
+use crate::weights::{FeedForward, GatedMlp, LayerWeights, MlpBias, ModelWeights, MoeWeights, Storage, Weight};
 
 /// Loads a GGUF model file.
 pub fn load_gguf(path: &Path) -> Result<Loaded> {
@@ -108,8 +114,33 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
                 inv_freq.iter_mut().for_each(|x| *x /= factor);
                 scaling = format!("linear:{factor}");
             }
+            "yarn" if arch == Arch::GptOss => {
+                let y = YarnScaling {
+                    factor: f.get_f32_opt(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+                    original_max_positions: f
+                        .get_u64_opt(&key("rope.scaling.original_context_length"))?
+                        .ok_or_else(|| config_err(label, &key("rope.scaling.original_context_length"), "missing (YaRN needs it)"))?
+                        as f32,
+                    beta_fast: f.get_f32_opt(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
+                    beta_slow: f.get_f32_opt(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+                    truncate: true,
+                };
+                if !(y.factor > 0.0 && y.original_max_positions > 0.0 && y.beta_fast > 0.0 && y.beta_slow > 0.0) {
+                    return Err(config_err(label, &key("rope.scaling"), format!("YaRN parameters must be positive: {y:?}")));
+                }
+                inv_freq = y.inv_freq(theta, rotary_dim);
+                // llama.cpp: `1 + 0.1 ln(factor)` on cos/sin (its `yarn_attn_factor` cancels out).
+                rope_attn_factor = y.attention_factor();
+                scaling = format!("yarn:{y:?},attn_factor={rope_attn_factor}");
+            }
             "none" => {}
-            other => return Err(config_err(label, &key("rope.scaling.type"), format!("\"{other}\" is not supported (linear, none)"))),
+            other => {
+                return Err(config_err(
+                    label,
+                    &key("rope.scaling.type"),
+                    format!("\"{other}\" is not supported (linear, none; yarn for gpt-oss)"),
+                ))
+            }
         }
     }
     if arch == Arch::Phi3 {
@@ -132,6 +163,16 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
     // llama.cpp reads `mistral` files' window as a window over every layer.
     if arch == Arch::Mistral && window > 0 && window < max_positions {
         layers = vec![LayerAttention::Sliding { window }; num_layers];
+    }
+    if arch == Arch::GptOss {
+        // llama.cpp's `load_swa_pattern(ml, 2)`: layer `il` slides when `il % n < n - 1`.
+        if window == 0 {
+            return Err(config_err(label, &key("attention.sliding_window"), "missing (gpt-oss needs it)"));
+        }
+        let n = f.get_u64_opt(&key("attention.sliding_window_pattern"))?.unwrap_or(2) as usize;
+        layers = (0..num_layers)
+            .map(|il| if n == 0 || il % n < n - 1 { LayerAttention::Sliding { window } } else { LayerAttention::Global })
+            .collect();
     }
     if arch == Arch::Gemma2 {
         // llama.cpp: a window of 4096 unless the file says, every other layer, softcapping.
@@ -179,7 +220,7 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
             .ok_or_else(|| tensor_err(label, "token_embd.weight", "missing"))? as usize,
     };
     // llama.cpp's LLAMA_ROPE_TYPE_NEOX architectures among ours.
-    let style = if matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::Gemma2 | Arch::Gemma3) {
+    let style = if matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::Gemma2 | Arch::Gemma3 | Arch::GptOss) {
         RopeStyle::Neox
     } else {
         RopeStyle::Interleaved
@@ -214,7 +255,11 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
         sandwich_norms: gemma,
         // llama.cpp: `ggml_scale(inpL, sqrtf(n_embd))`.
         embed_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
-        ffn_act: if gemma { FfnActivation::GeluTanh } else { FfnActivation::Silu },
+        ffn_act: match arch {
+            _ if gemma => FfnActivation::GeluTanh,
+            Arch::GptOss => FfnActivation::SwigluOai,
+            _ => FfnActivation::Silu,
+        },
         attn_scale,
         attn_softcap,
         final_softcap,
@@ -226,6 +271,15 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
                 top_k: f.get_u64(&key("expert_used_count"))? as usize,
                 expert_ffn: f.get_u64(&key("expert_feed_forward_length"))? as usize,
                 norm_top_k: true,
+                gating: MoeGating::SoftmaxThenTopK,
+            }),
+            // llama.cpp's gpt-oss: `SOFTMAX_WEIGHT` gating, a softmax over the chosen logits.
+            Arch::GptOss => Some(MoeConfig {
+                experts: f.get_u64(&key("expert_count"))? as usize,
+                top_k: f.get_u64(&key("expert_used_count"))? as usize,
+                expert_ffn: f.get_u64(&key("expert_feed_forward_length"))? as usize,
+                norm_top_k: false,
+                gating: MoeGating::TopKThenSoftmax,
             }),
             // Mixtral: a `llama` file with experts (`llama.expert_count`), each
             // `feed_forward_length` wide, renormalized as llama.cpp's llama graph does.
@@ -237,6 +291,7 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
                     None => f.get_u64(&key("feed_forward_length"))? as usize,
                 },
                 norm_top_k: true,
+                gating: MoeGating::SoftmaxThenTopK,
             }),
             _ => None,
         },
@@ -360,7 +415,7 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
                 .try_into()
                 .map_err(|_| tensor_err(label, &n("ffn_up.weight"), "split into two"))?;
             let down = matrix(&n("ffn_down.weight"), c.hidden, c.ffn)?;
-            (q, k, v, FeedForward::Dense(GatedMlp { gate, up, down }))
+            (q, k, v, FeedForward::Dense(GatedMlp { gate, up, down, bias: None }))
         } else {
             let ffn = match c.moe {
                 // One 3-D tensor per projection, `[cols, rows, experts]`: expert e's rows are
@@ -376,18 +431,48 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
                         let storage = Storage::Mapped(map.clone(), start..start + t.n_bytes as usize);
                         Weight::split_rows(label, &name, dtype_of(t, label)?, &vec![rows; m.experts], cols, storage)
                     };
+                    // GPT-OSS's per-expert biases: `[len, experts]`, expert e's the e-th run of `len`.
+                    let biases = |s: &str, len: usize| -> Result<Option<Vec<Vec<f32>>>> {
+                        let name = n(s);
+                        let Some(t) = f.header().tensor(&name) else { return Ok(None) };
+                        if t.dims.as_slice() != [len as u64, m.experts as u64] {
+                            return Err(tensor_err(label, &name, format!("shape {:?}, expected [{len}, {}]", t.dims, m.experts)));
+                        }
+                        Ok(Some(small_vector(f, t, label)?.chunks_exact(len).map(<[f32]>::to_vec).collect()))
+                    };
                     let gates = experts("ffn_gate_exps.weight", m.expert_ffn, c.hidden)?;
                     let ups = experts("ffn_up_exps.weight", m.expert_ffn, c.hidden)?;
                     let downs = experts("ffn_down_exps.weight", c.hidden, m.expert_ffn)?;
+                    let mut bias = match (
+                        biases("ffn_gate_exps.bias", m.expert_ffn)?,
+                        biases("ffn_up_exps.bias", m.expert_ffn)?,
+                        biases("ffn_down_exps.bias", c.hidden)?,
+                    ) {
+                        (Some(g), Some(u), Some(d)) => {
+                            g.into_iter().zip(u).zip(d).map(|((gate, up), down)| Some(MlpBias { gate, up, down })).collect()
+                        }
+                        (None, None, None) => (0..m.experts).map(|_| None).collect::<Vec<_>>(),
+                        _ => {
+                            return Err(tensor_err(label, &n("ffn_gate_exps.bias"), "the experts' gate, up and down biases come together"))
+                        }
+                    }
+                    .into_iter();
                     FeedForward::Moe(MoeWeights {
                         router: matrix(&n("ffn_gate_inp.weight"), m.experts, c.hidden)?,
-                        experts: gates.into_iter().zip(ups).zip(downs).map(|((gate, up), down)| GatedMlp { gate, up, down }).collect(),
+                        router_bias: opt_vector(&n("ffn_gate_inp.bias"), m.experts)?,
+                        experts: gates
+                            .into_iter()
+                            .zip(ups)
+                            .zip(downs)
+                            .map(|((gate, up), down)| GatedMlp { gate, up, down, bias: bias.next().flatten() })
+                            .collect(),
                     })
                 }
                 None => FeedForward::Dense(GatedMlp {
                     gate: matrix(&n("ffn_gate.weight"), c.ffn, c.hidden)?,
                     up: matrix(&n("ffn_up.weight"), c.ffn, c.hidden)?,
                     down: matrix(&n("ffn_down.weight"), c.hidden, c.ffn)?,
+                    bias: None,
                 }),
             };
             (
@@ -408,8 +493,11 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
             q_norm: norm("attn_q_norm.weight")?,
             k_norm: norm("attn_k_norm.weight")?,
             o: matrix(&n("attn_output.weight"), c.hidden, c.q_width())?,
+            o_bias: opt_vector(&n("attn_output.bias"), c.hidden)?,
+            sinks: if c.arch == Arch::GptOss { Some(vector(&n("attn_sinks.weight"), c.num_heads)?) } else { None },
             post_attn_norm: if c.sandwich_norms { Some(vector(&n("post_attention_norm.weight"), c.hidden)?) } else { None },
-            ffn_norm: vector(&n("ffn_norm.weight"), c.hidden)?,
+            // GPT-OSS's norm before the mixture is `post_attention_norm` (llama.cpp's `attn_post_norm`).
+            ffn_norm: vector(&n(if c.arch == Arch::GptOss { "post_attention_norm.weight" } else { "ffn_norm.weight" }), c.hidden)?,
             post_ffn_norm: if c.sandwich_norms { Some(vector(&n("post_ffw_norm.weight"), c.hidden)?) } else { None },
             ffn,
         });

@@ -13,9 +13,10 @@ use safetensors::SafeTensors;
 use serde_json::Value as Json;
 
 use super::Loaded;
-use crate::config::{Arch, FfnActivation, LayerAttention, Llama3Scaling, ModelConfig, MoeConfig, NoRope, RopeConfig, RopeStyle};
+use crate::config::{Arch, FfnActivation, LayerAttention, Llama3Scaling, ModelConfig, MoeConfig, MoeGating, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
-use crate::weights::{FeedForward, GatedMlp, LayerWeights, ModelWeights, MoeWeights, Storage, Weight};
+use crate::rope::YarnScaling;
+use crate::weights::{FeedForward, GatedMlp, LayerWeights, MlpBias, ModelWeights, MoeWeights, Storage, Weight};
 
 /// Loads a Hugging Face model folder.
 pub fn load_hf(dir: &Path) -> Result<Loaded> {
@@ -174,9 +175,40 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
                 max_positions = max_positions.min(original);
                 scaling = format!("longrope:short,attn_factor={rope_attn_factor},context={original}");
             }
+            // GPT-OSS's YaRN (transformers' `_compute_yarn_parameters`): an explicit
+            // `attention_factor`, else `0.1 ln(factor) + 1`; `mscale` variants are refused.
+            "yarn" if arch == Arch::GptOss => {
+                for key in ["mscale", "mscale_all_dim"] {
+                    if rs.get(key).is_some_and(|v| !v.is_null()) {
+                        return Err(config_err(file, &format!("rope_scaling.{key}"), "YaRN with mscale is not supported"));
+                    }
+                }
+                let original = match get_f32(rs, file, "original_max_position_embeddings")? {
+                    Some(o) => o,
+                    None => req_usize(j, file, "original_max_position_embeddings")? as f32,
+                };
+                let y = YarnScaling {
+                    factor: get_f32(rs, file, "factor")?
+                        .ok_or_else(|| config_err(file, "rope_scaling.factor", "missing (YaRN needs it)"))?,
+                    original_max_positions: original,
+                    beta_fast: get_f32(rs, file, "beta_fast")?.unwrap_or(32.0),
+                    beta_slow: get_f32(rs, file, "beta_slow")?.unwrap_or(1.0),
+                    truncate: rs.get("truncate").and_then(|v| v.as_bool()).unwrap_or(true),
+                };
+                if !(y.factor > 0.0 && y.original_max_positions > 0.0 && y.beta_fast > 0.0 && y.beta_slow > 0.0) {
+                    return Err(config_err(file, "rope_scaling", format!("YaRN parameters must be positive: {y:?}")));
+                }
+                inv_freq = y.inv_freq(theta, rotary_dim);
+                rope_attn_factor = get_f32(rs, file, "attention_factor")?.unwrap_or(y.attention_factor());
+                scaling = format!("yarn:{y:?},attn_factor={rope_attn_factor}");
+            }
             "default" | "" => {}
             other => {
-                return Err(config_err(file, "rope_scaling.rope_type", format!("\"{other}\" is not supported (llama3, linear, longrope)")))
+                return Err(config_err(
+                    file,
+                    "rope_scaling.rope_type",
+                    format!("\"{other}\" is not supported (llama3, linear, longrope; yarn for gpt_oss)"),
+                ))
             }
         }
     }
@@ -213,6 +245,8 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         // Gemma 3: five local layers to one global; Gemma 2: alternating, local first.
         Arch::Gemma3 => layers = gemma_layers(j, file, num_layers, sliding, 6)?,
         Arch::Gemma2 => layers = gemma_layers(j, file, num_layers, sliding.or(Some(4096)), 2)?,
+        // GPT-OSS: `layer_types`, by default alternating with layer 0 sliding (GptOssConfig).
+        Arch::GptOss => layers = gemma_layers(j, file, num_layers, sliding.or(Some(128)), 2)?,
         _ => {}
     }
     let gemma = arch.is_gemma();
@@ -280,6 +314,18 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         Arch::SmolLm3 => Some(NoRope::new(smollm3_no_rope(j, file, num_layers)?, &rope)),
         _ => None,
     };
+    if arch == Arch::GptOss {
+        // llama.cpp's `swiglu_oai` fixes both constants; another value is another model.
+        for (key, want) in [("swiglu_limit", 7.0f32), ("swiglu_alpha", 1.702)] {
+            if let Some(v) = get_f32(j, file, key)?.filter(|&v| v != want) {
+                return Err(config_err(file, key, format!("{v} is not supported (only {want})")));
+            }
+        }
+        let act = j.get("hidden_act").and_then(|v| v.as_str()).unwrap_or("silu");
+        if act != "silu" {
+            return Err(config_err(file, "hidden_act", format!("\"{act}\" is not supported for gpt_oss (silu)")));
+        }
+    }
     let config = ModelConfig {
         arch,
         hidden,
@@ -289,7 +335,7 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         head_dim,
         ffn: req_usize(j, file, "intermediate_size")?,
         vocab: req_usize(j, file, "vocab_size")?,
-        rms_eps: get_f32(j, file, "rms_norm_eps")?.unwrap_or(1e-6),
+        rms_eps: get_f32(j, file, "rms_norm_eps")?.unwrap_or(if arch == Arch::GptOss { 1e-5 } else { 1e-6 }),
         rope,
         max_positions,
         qkv_bias: arch == Arch::Qwen2 || attention_bias,
@@ -303,7 +349,11 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         // transformers: `hidden_size ** 0.5` as an f32 tensor (rounded to the embedding's
         // dtype at load, `load_hf`).
         embed_scale: if gemma { (hidden as f64).sqrt() as f32 } else { 1.0 },
-        ffn_act: if gemma { FfnActivation::GeluTanh } else { FfnActivation::Silu },
+        ffn_act: match arch {
+            _ if gemma => FfnActivation::GeluTanh,
+            Arch::GptOss => FfnActivation::SwigluOai,
+            _ => FfnActivation::Silu,
+        },
         attn_scale,
         attn_softcap,
         final_softcap,
@@ -316,6 +366,18 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
                 top_k: req_usize(j, file, "num_experts_per_tok")?,
                 expert_ffn: req_usize(j, file, "intermediate_size")?,
                 norm_top_k: true,
+                gating: MoeGating::SoftmaxThenTopK,
+            }),
+            // GPT-OSS: `num_local_experts` of `intermediate_size`, top-k on the logits first.
+            Arch::GptOss => Some(MoeConfig {
+                experts: req_usize(j, file, "num_local_experts")?,
+                top_k: match get_usize(j, file, "num_experts_per_tok")? {
+                    Some(k) => k,
+                    None => req_usize(j, file, "experts_per_token")?,
+                },
+                expert_ffn: req_usize(j, file, "intermediate_size")?,
+                norm_top_k: false,
+                gating: MoeGating::TopKThenSoftmax,
             }),
             _ => None,
         },
@@ -343,6 +405,7 @@ fn qwen3_moe(j: &Json, file: &str, num_layers: usize) -> Result<MoeConfig> {
         top_k: req_usize(j, file, "num_experts_per_tok")?,
         expert_ffn: req_usize(j, file, "moe_intermediate_size")?,
         norm_top_k: j.get("norm_topk_prob").and_then(|v| v.as_bool()).unwrap_or(false),
+        gating: MoeGating::SoftmaxThenTopK,
     })
 }
 
@@ -371,11 +434,11 @@ fn smollm3_no_rope(j: &Json, file: &str, num_layers: usize) -> Result<Vec<bool>>
     Ok((0..num_layers).map(|i| (i + 1) % every == 0).collect())
 }
 
-/// Gemma's layer kinds: `layer_types` where given, else every `sliding_window_pattern`-th
-/// layer global (transformers: layer `i` slides unless `(i + 1) % pattern == 0`; Gemma 3's
-/// default 6, Gemma 2's fixed 2).
+/// Gemma's and GPT-OSS's layer kinds: `layer_types` where given, else every
+/// `sliding_window_pattern`-th layer global (transformers: layer `i` slides unless
+/// `(i + 1) % pattern == 0`; Gemma 3's default 6, Gemma 2's and GPT-OSS's fixed 2).
 fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>, default_pattern: usize) -> Result<Vec<LayerAttention>> {
-    let window = sliding.ok_or_else(|| config_err(file, "sliding_window", "missing (gemma3 needs it)"))?;
+    let window = sliding.ok_or_else(|| config_err(file, "sliding_window", "missing (layers of this model slide)"))?;
     let slide = LayerAttention::Sliding { window };
     if let Some(kinds) = j.get("layer_types").filter(|v| !v.is_null()) {
         let kinds = kinds.as_array().ok_or_else(|| config_err(file, "layer_types", "expected a list"))?;
@@ -401,10 +464,15 @@ fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>,
     Ok((0..num_layers).map(|i| if (i + 1) % pattern == 0 { LayerAttention::Global } else { slide }).collect())
 }
 
+/// A tensor of a safetensors file: file label, mapping, shape, byte range.
+type Mapped = (String, Arc<Mmap>, Vec<usize>, std::ops::Range<usize>);
+
 /// The union of the safetensors files of a folder, by tensor name.
 struct TensorSet {
     /// name -> (file label, mapping, dtype, shape, byte range)
     tensors: HashMap<String, (String, Arc<Mmap>, DType, Vec<usize>, std::ops::Range<usize>)>,
+    /// GPT-OSS's MXFP4 experts as its checkpoints ship them: the u8 `*_blocks` and `*_scales`.
+    packed: HashMap<String, Mapped>,
     identity: Vec<u8>,
 }
 
@@ -434,7 +502,7 @@ impl TensorSet {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "missing (nor is there model.safetensors.index.json)"),
             });
         };
-        let mut set = TensorSet { tensors: HashMap::new(), identity: Vec::new() };
+        let mut set = TensorSet { tensors: HashMap::new(), packed: HashMap::new(), identity: Vec::new() };
         for path in files {
             let f = std::fs::File::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
             // SAFETY: the mapping is read-only; a model file modified while mapped is the
@@ -446,14 +514,20 @@ impl TensorSet {
             let mut names: Vec<(String, safetensors::tensor::TensorView)> = st.tensors();
             names.sort_by(|a, b| a.0.cmp(&b.0));
             for (name, view) in names {
+                let start = view.data().as_ptr() as usize - base;
+                let range = start..start + view.data().len();
+                if view.dtype() == safetensors::Dtype::U8 && (name.ends_with("_blocks") || name.ends_with("_scales")) {
+                    set.identity.extend_from_slice(format!("{name}:U8:{:?};", view.shape()).as_bytes());
+                    set.identity.extend_from_slice(&view.data()[..view.data().len().min(64)]);
+                    set.packed.insert(name, (label.clone(), map.clone(), view.shape().to_vec(), range));
+                    continue;
+                }
                 let dtype = match view.dtype() {
                     safetensors::Dtype::F32 => DType::F32,
                     safetensors::Dtype::F16 => DType::F16,
                     safetensors::Dtype::BF16 => DType::BF16,
                     other => return Err(tensor_err(&label, &name, format!("dtype {other:?} is not supported (f32, f16, bf16)"))),
                 };
-                let start = view.data().as_ptr() as usize - base;
-                let range = start..start + view.data().len();
                 set.identity.extend_from_slice(format!("{name}:{dtype:?}:{:?};", view.shape()).as_bytes());
                 // A content sample makes two fixtures of the same shape but different seeds differ.
                 let d = view.data();
@@ -487,6 +561,24 @@ impl TensorSet {
         Weight::split_rows(file, name, *dtype, parts, cols, Storage::Mapped(map.clone(), range.clone()))
     }
 
+    /// Tensor `name`'s file label, dtype and bytes, checked to have `shape` (any rank).
+    fn raw(&self, name: &str, shape: &[usize]) -> Result<(&str, DType, &[u8])> {
+        let (file, map, dtype, have, range) = self.tensors.get(name).ok_or_else(|| tensor_err("model.safetensors", name, "missing"))?;
+        if have.as_slice() != shape {
+            return Err(tensor_err(file, name, format!("shape {have:?}, expected {shape:?}")));
+        }
+        Ok((file, *dtype, &map[range.clone()]))
+    }
+
+    /// Packed (u8) tensor `name`'s file label and bytes, checked to have `shape`; `None` when absent.
+    fn packed(&self, name: &str, shape: &[usize]) -> Result<Option<(&str, &[u8])>> {
+        let Some((file, map, have, range)) = self.packed.get(name) else { return Ok(None) };
+        if have.as_slice() != shape {
+            return Err(tensor_err(file, name, format!("shape {have:?}, expected {shape:?}")));
+        }
+        Ok(Some((file, &map[range.clone()])))
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         Ok(self.get(name, &[len])?.to_f32())
     }
@@ -494,6 +586,86 @@ impl TensorSet {
     fn has(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
+}
+
+/// GPT-OSS's experts under `p` (`{p}.gate_up_proj` `[experts, hidden, 2·ffn]` with gate and up
+/// interleaved by column, `{p}.down_proj` `[experts, ffn, hidden]`, both applied as `x @ W`,
+/// and their biases): each expert's gate, up and down as `[out, in]` matrices in the stored
+/// dtype, copied out transposed (`super::experts`).
+fn gpt_oss_experts(t: &TensorSet, p: &str, experts: usize, ffn: usize, hidden: usize) -> Result<Vec<GatedMlp>> {
+    use super::experts::columns_as_rows;
+    if t.packed.contains_key(&format!("{p}.gate_up_proj_blocks")) {
+        return gpt_oss_mxfp4_experts(t, p, experts, ffn, hidden);
+    }
+    let gate_up_name = format!("{p}.gate_up_proj");
+    let (file, dtype, gate_up) = t.raw(&gate_up_name, &[experts, hidden, 2 * ffn])?;
+    let down_name = format!("{p}.down_proj");
+    let (_, down_dtype, down) = t.raw(&down_name, &[experts, ffn, hidden])?;
+    let gate_up_bias = t.get(&format!("{p}.gate_up_proj_bias"), &[experts, 2 * ffn])?.to_f32();
+    let down_bias = t.get(&format!("{p}.down_proj_bias"), &[experts, hidden])?.to_f32();
+    let owned = |name: &str, dtype: DType, rows: usize, cols: usize, bytes: Vec<u8>| {
+        Weight::new(file, name, dtype, rows, cols, Storage::Owned(Arc::new(bytes)))
+    };
+    (0..experts)
+        .map(|e| {
+            let gu = &gate_up[e * gate_up.len() / experts..(e + 1) * gate_up.len() / experts];
+            let dn = &down[e * down.len() / experts..(e + 1) * down.len() / experts];
+            let bias = &gate_up_bias[e * 2 * ffn..(e + 1) * 2 * ffn];
+            Ok(GatedMlp {
+                gate: owned(&gate_up_name, dtype, ffn, hidden, columns_as_rows(gu, dtype, hidden, 2 * ffn, 0, 2))?,
+                up: owned(&gate_up_name, dtype, ffn, hidden, columns_as_rows(gu, dtype, hidden, 2 * ffn, 1, 2))?,
+                down: owned(&down_name, down_dtype, hidden, ffn, columns_as_rows(dn, down_dtype, ffn, hidden, 0, 1))?,
+                bias: Some(MlpBias {
+                    gate: bias.iter().step_by(2).copied().collect(),
+                    up: bias.iter().skip(1).step_by(2).copied().collect(),
+                    down: down_bias[e * hidden..(e + 1) * hidden].to_vec(),
+                }),
+            })
+        })
+        .collect()
+}
+
+/// GPT-OSS's experts as its checkpoints ship them (`quant_method: mxfp4`): `gate_up_proj_blocks`
+/// `[experts, 2·ffn, hidden/32, 16]` with `_scales` `[experts, 2·ffn, hidden/32]` (rows
+/// `[out, in]`, gate and up interleaved by row), `down_proj_blocks` / `_scales` likewise with
+/// `hidden` rows of `ffn`, and float biases: each expert's matrices repacked into ggml's MXFP4
+/// blocks (as llama.cpp's converter repacks them), kept 4-bit.
+fn gpt_oss_mxfp4_experts(t: &TensorSet, p: &str, experts: usize, ffn: usize, hidden: usize) -> Result<Vec<GatedMlp>> {
+    use engram_kernels::mxfp4_rows_from_hf;
+    if !hidden.is_multiple_of(32) || !ffn.is_multiple_of(32) {
+        return Err(tensor_err("model.safetensors", &format!("{p}.gate_up_proj_blocks"), "MXFP4 rows need multiples of 32"));
+    }
+    let packed = |name: &str, rows: usize, cols: usize| -> Result<(&str, &[u8], &[u8])> {
+        let missing = || tensor_err("model.safetensors", name, "missing");
+        let (file, blocks) = t.packed(&format!("{name}_blocks"), &[experts, rows, cols / 32, 16])?.ok_or_else(missing)?;
+        let (_, scales) = t.packed(&format!("{name}_scales"), &[experts, rows, cols / 32])?.ok_or_else(missing)?;
+        Ok((file, blocks, scales))
+    };
+    let (gate_up_name, down_name) = (format!("{p}.gate_up_proj"), format!("{p}.down_proj"));
+    let (file, gu_blocks, gu_scales) = packed(&gate_up_name, 2 * ffn, hidden)?;
+    let (_, dn_blocks, dn_scales) = packed(&down_name, hidden, ffn)?;
+    let gate_up_bias = t.get(&format!("{p}.gate_up_proj_bias"), &[experts, 2 * ffn])?.to_f32();
+    let down_bias = t.get(&format!("{p}.down_proj_bias"), &[experts, hidden])?.to_f32();
+    let owned = |name: &str, rows: usize, cols: usize, bytes: Vec<u8>| {
+        Weight::new(file, name, DType::MXFP4, rows, cols, Storage::Owned(Arc::new(bytes)))
+    };
+    let part = |x: &'_ [u8], e: usize| -> Vec<u8> { x[e * x.len() / experts..(e + 1) * x.len() / experts].to_vec() };
+    (0..experts)
+        .map(|e| {
+            let (gb, gs, db, ds) = (part(gu_blocks, e), part(gu_scales, e), part(dn_blocks, e), part(dn_scales, e));
+            let bias = &gate_up_bias[e * 2 * ffn..(e + 1) * 2 * ffn];
+            Ok(GatedMlp {
+                gate: owned(&gate_up_name, ffn, hidden, mxfp4_rows_from_hf(&gb, &gs, 2 * ffn, hidden, 0, 2))?,
+                up: owned(&gate_up_name, ffn, hidden, mxfp4_rows_from_hf(&gb, &gs, 2 * ffn, hidden, 1, 2))?,
+                down: owned(&down_name, hidden, ffn, mxfp4_rows_from_hf(&db, &ds, hidden, ffn, 0, 1))?,
+                bias: Some(MlpBias {
+                    gate: bias.iter().step_by(2).copied().collect(),
+                    up: bias.iter().skip(1).step_by(2).copied().collect(),
+                    down: down_bias[e * hidden..(e + 1) * hidden].to_vec(),
+                }),
+            })
+        })
+        .collect()
 }
 
 fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
@@ -536,13 +708,14 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
                 .try_into()
                 .map_err(|_| tensor_err("model.safetensors", "gate_up_proj", "split into two"))?;
             let down = t.get(&format!("{p}.mlp.down_proj.weight"), &[c.hidden, c.ffn])?;
-            (q, k, v, FeedForward::Dense(GatedMlp { gate, up, down }))
+            (q, k, v, FeedForward::Dense(GatedMlp { gate, up, down, bias: None }))
         } else {
             let mlp = |p: &str, ffn: usize| -> Result<GatedMlp> {
                 Ok(GatedMlp {
                     gate: t.get(&format!("{p}.gate_proj.weight"), &[ffn, c.hidden])?,
                     up: t.get(&format!("{p}.up_proj.weight"), &[ffn, c.hidden])?,
                     down: t.get(&format!("{p}.down_proj.weight"), &[c.hidden, ffn])?,
+                    bias: None,
                 })
             };
             // Mixtral's expert e: `w1` gate, `w3` up, `w2` down.
@@ -551,11 +724,18 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
                     gate: t.get(&format!("{p}.w1.weight"), &[ffn, c.hidden])?,
                     up: t.get(&format!("{p}.w3.weight"), &[ffn, c.hidden])?,
                     down: t.get(&format!("{p}.w2.weight"), &[c.hidden, ffn])?,
+                    bias: None,
                 })
             };
             let ffn = match c.moe {
+                Some(m) if c.arch == Arch::GptOss => FeedForward::Moe(MoeWeights {
+                    router: t.get(&format!("{p}.mlp.router.weight"), &[m.experts, c.hidden])?,
+                    router_bias: Some(t.vector(&format!("{p}.mlp.router.bias"), m.experts)?),
+                    experts: gpt_oss_experts(t, &format!("{p}.mlp.experts"), m.experts, m.expert_ffn, c.hidden)?,
+                }),
                 Some(m) if c.arch == Arch::Mixtral => FeedForward::Moe(MoeWeights {
                     router: t.get(&format!("{p}.block_sparse_moe.gate.weight"), &[m.experts, c.hidden])?,
+                    router_bias: None,
                     experts: (0..m.experts)
                         .map(|e| mixtral_expert(&format!("{p}.block_sparse_moe.experts.{e}"), m.expert_ffn))
                         .collect::<Result<_>>()?,
@@ -563,6 +743,7 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
                 // Qwen3-MoE: the router is `mlp.gate`, expert e's MLP `mlp.experts.{e}.*_proj`.
                 Some(m) => FeedForward::Moe(MoeWeights {
                     router: t.get(&format!("{p}.mlp.gate.weight"), &[m.experts, c.hidden])?,
+                    router_bias: None,
                     experts: (0..m.experts).map(|e| mlp(&format!("{p}.mlp.experts.{e}"), m.expert_ffn)).collect::<Result<_>>()?,
                 }),
                 None => FeedForward::Dense(mlp(&format!("{p}.mlp"), c.ffn)?),
@@ -596,6 +777,12 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
             q_norm: norm("q_norm")?,
             k_norm: norm("k_norm")?,
             o: t.get(&format!("{p}.self_attn.o_proj.weight"), &[c.hidden, c.q_width()])?,
+            o_bias: if t.has(&format!("{p}.self_attn.o_proj.bias")) {
+                Some(t.vector(&format!("{p}.self_attn.o_proj.bias"), c.hidden)?)
+            } else {
+                None
+            },
+            sinks: if c.arch == Arch::GptOss { Some(t.vector(&format!("{p}.self_attn.sinks"), c.num_heads)?) } else { None },
             post_attn_norm,
             ffn_norm,
             post_ffn_norm,

@@ -3,6 +3,7 @@
 //! `Tokenizer`, so nothing above this module knows which format a model came
 //! from.
 
+mod experts;
 pub mod gguf;
 pub mod hf;
 

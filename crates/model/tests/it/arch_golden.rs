@@ -6,7 +6,9 @@
 //! global, separate RoPE bases, q/k norms, four block norms, √hidden embedding
 //! scale, GELU-tanh, `query_pre_attn_scalar`) and `tiny-gemma2`
 //! (Gemma2ForCausalLM: alternating sliding and global layers, attention and
-//! final-logit softcapping), each run from its Hugging
+//! final-logit softcapping) and `tiny-gpt-oss` (GptOssForCausalLM: alternating sliding
+//! and global layers, attention sinks, q/k/v/o biases, YaRN, 4 of 8 biased experts routed
+//! top-k then softmax through the clamped SwiGLU), each run from its Hugging
 //! Face folder and from the GGUF file `convert_hf` writes from that folder,
 //! against `tests/golden/<shape>.json` (made by `scripts/golden_arch.py`):
 //! the prompt's ids, the last-position logits, the argmax at every one of a few
@@ -29,29 +31,32 @@ const REGENERATE: &str = "cargo build --release -p engram-cli && /work/venv-torc
      (needs torch + transformers; see scripts/README.md)";
 
 /// A shape's HF folder, the F32 GGUF converted from it, and the fixture's own F16 and Q8_0
-/// GGUF files, made once per process.
-struct Files {
+/// GGUF files (and, for a mixture, one with MXFP4 experts), made once per process.
+pub(crate) struct Files {
     _dir: tempfile::TempDir,
-    hf: PathBuf,
-    gguf: PathBuf,
-    quantized: Vec<(GgufFormat, PathBuf)>,
+    pub(crate) hf: PathBuf,
+    pub(crate) gguf: PathBuf,
+    pub(crate) quantized: Vec<(GgufFormat, PathBuf)>,
 }
 
-fn files(shape: Shape) -> &'static Files {
+pub(crate) fn files(shape: Shape) -> &'static Files {
     static QWEN3: OnceLock<Files> = OnceLock::new();
     static PHI3: OnceLock<Files> = OnceLock::new();
     static GEMMA3: OnceLock<Files> = OnceLock::new();
     static GEMMA2: OnceLock<Files> = OnceLock::new();
+    static GPT_OSS: OnceLock<Files> = OnceLock::new();
     let cell = match shape {
         Shape::TinyQwen3 => &QWEN3,
         Shape::TinyPhi3 => &PHI3,
         Shape::TinyGemma3 => &GEMMA3,
         Shape::TinyGemma2 => &GEMMA2,
+        Shape::TinyGptOss => &GPT_OSS,
         other => panic!("no golden file for {other:?}"),
     };
     cell.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");
-        let formats = [GgufFormat::F16, GgufFormat::Q8_0];
+        // MXFP4 experts are written for mixtures only (the others skip the format).
+        let formats = [GgufFormat::F16, GgufFormat::Q8_0, GgufFormat::Mxfp4Moe];
         let fx = engram_fixture::generate(shape, engram_fixture::DEFAULT_SEED, dir.path(), &formats, &mut |_| {}).expect("generate");
         let gguf = dir.path().join(format!("{}-converted-f32.gguf", shape.name()));
         engram_fixture::convert_hf(&fx.hf_dir, &gguf, GgufFormat::F32, &mut |_| {}).expect("convert the HF folder");
@@ -60,7 +65,7 @@ fn files(shape: Shape) -> &'static Files {
 }
 
 /// The golden file of `shape`, after checking that the generated fixture is the one it was made from.
-fn golden(shape: Shape) -> Value {
+pub(crate) fn golden(shape: Shape) -> Value {
     let path = format!("{}/tests/golden/{}.json", env!("CARGO_MANIFEST_DIR"), shape.name());
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     let g: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {path}: {e}"));
@@ -76,7 +81,7 @@ fn golden(shape: Shape) -> Value {
 }
 
 /// Both ways of loading `shape`: its HF folder and its GGUF conversion.
-fn models(shape: Shape) -> [(&'static str, Model); 2] {
+pub(crate) fn models(shape: Shape) -> [(&'static str, Model); 2] {
     let f = files(shape);
     [("hf", Model::load(&f.hf).expect("load the HF folder")), ("gguf", Model::load(&f.gguf).expect("load the converted GGUF"))]
 }
@@ -201,6 +206,13 @@ fn gemma2_matches_transformers_from_hf_and_gguf() {
     check_parity(Shape::TinyGemma2);
 }
 
+/// 326 prompt tokens over a 16-position window on the even layers: sinks, biases, YaRN and
+/// the routed experts from the folder and from its GGUF conversion (`gpt_oss.rs` has the rest).
+#[test]
+fn gpt_oss_matches_transformers_from_hf_and_gguf() {
+    check_parity(Shape::TinyGptOss);
+}
+
 #[test]
 fn gemma2_chat_template_renders_like_transformers() {
     check_chat(Shape::TinyGemma2);
@@ -309,7 +321,7 @@ fn phi3_chat_template_renders_like_transformers() {
 
 #[test]
 fn configs_read_the_same_from_hf_and_gguf() {
-    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3, Shape::TinyGemma2] {
+    for shape in [Shape::TinyQwen3, Shape::TinyPhi3, Shape::TinyGemma3, Shape::TinyGemma2, Shape::TinyGptOss] {
         let [(_, hf), (_, gguf)] = models(shape);
         let (a, b) = (&hf.config, &gguf.config);
         assert_eq!((a.arch, a.head_dim, a.qk_norm, a.qkv_bias), (b.arch, b.head_dim, b.qk_norm, b.qkv_bias), "{shape:?}");
@@ -324,6 +336,7 @@ fn configs_read_the_same_from_hf_and_gguf() {
         );
         assert_eq!((a.embed_scale, a.attn_scale), (b.embed_scale, b.attn_scale), "{shape:?}");
         assert_eq!((a.attn_softcap, a.final_softcap), (b.attn_softcap, b.final_softcap), "{shape:?}");
+        assert_eq!((a.moe, a.rms_eps), (b.moe, b.rms_eps), "{shape:?}");
     }
     let g = &Model::load(&files(Shape::TinyGemma3).hf).unwrap().config;
     assert_eq!((g.arch, g.layer_rope(0).theta, g.layer_rope(5).theta, g.embed_scale), (Arch::Gemma3, 1e4, 1e6, 8.0));

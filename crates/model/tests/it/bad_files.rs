@@ -82,7 +82,7 @@ fn unknown_architecture() {
     });
     let e = load_err(&p);
     assert!(e.contains("unsupported architecture \"mamba\"") && e.contains("mamba.gguf"), "{e}");
-    assert!(e.contains("(supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3, smollm3)"), "{e}");
+    assert!(e.contains("(supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3, smollm3, gpt_oss)"), "{e}");
 }
 
 #[test]

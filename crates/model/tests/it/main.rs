@@ -9,6 +9,7 @@ mod bad_files;
 mod chunking;
 mod formats;
 mod golden;
+mod gpt_oss;
 mod hidden;
 mod moe;
 mod quant_types;
