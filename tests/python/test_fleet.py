@@ -195,3 +195,142 @@ def test_a_damaged_value_is_a_miss_not_a_wrong_answer(tmp_path, redis):
     finally:
         stop_server(a)
         stop_server(b)
+
+
+class Partition:
+    """Redis in a network namespace of its own, reached over a veth pair; `cut()` takes the
+    link down (packets vanish: no reset, reads hang until the replica's timeout), `heal()`
+    brings it back. Needs root with CAP_NET_ADMIN (`ip netns`); `None` where that fails."""
+
+    def __init__(self):
+        tag = f"{os.getpid() % 10000}"
+        self.ns, self.host_if, self.ns_if = f"engram-fleet-{tag}", f"engh{tag}", f"engr{tag}"
+        octet = 16 + os.getpid() % 200
+        self.redis_ip, self.host_ip = f"10.213.{octet}.1", f"10.213.{octet}.2"
+        self.port = free_port()
+        self.proc = None
+
+    def run(self, *cmd):
+        subprocess.run(cmd, check=True, capture_output=True)
+
+    def up(self):
+        if shutil.which("ip") is None or shutil.which("redis-server") is None:
+            return False
+        try:
+            self.run("ip", "netns", "add", self.ns)
+        except (subprocess.CalledProcessError, OSError):
+            return False
+        self.run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        self.run("ip", "link", "set", self.ns_if, "netns", self.ns)
+        self.run("ip", "addr", "add", f"{self.host_ip}/24", "dev", self.host_if)
+        self.run("ip", "link", "set", self.host_if, "up")
+        self.run("ip", "netns", "exec", self.ns, "ip", "addr", "add", f"{self.redis_ip}/24", "dev", self.ns_if)
+        self.run("ip", "netns", "exec", self.ns, "ip", "link", "set", self.ns_if, "up")
+        self.run("ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up")
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, "redis-server", "--port", str(self.port), "--bind", self.redis_ip,
+             "--protected-mode", "no", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                if redis_py.Redis(host=self.redis_ip, port=self.port, socket_timeout=1).ping():
+                    return True
+            except redis_py.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server in the namespace did not start")
+
+    @property
+    def url(self):
+        return f"redis://{self.redis_ip}:{self.port}/"
+
+    def cut(self):
+        self.run("ip", "link", "set", self.host_if, "down")
+
+    def heal(self):
+        self.run("ip", "link", "set", self.host_if, "up")
+
+    def down(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
+def test_a_replica_cut_off_from_redis_keeps_answering_exactly(tmp_path):
+    """Redis behind its own network namespace; mid-run the link to it goes down (no resets:
+    reads hang until the timeout). Replicas answer exactly, each request within a bound, errors
+    counted; once the link is back they use the tier again. Where namespaces cannot be made
+    (no CAP_NET_ADMIN), Redis on loopback stops answering every client instead (CLIENT PAUSE),
+    which looks the same to a replica."""
+    part = Partition()
+    netns = part.up()
+    redis = None
+    if not netns:
+        redis = Redis()
+        url = redis.url
+        cut = lambda: redis.client().execute_command("CLIENT", "PAUSE", "20000", "ALL")
+        heal = lambda: redis.client().execute_command("CLIENT", "UNPAUSE")
+    else:
+        url, cut, heal = part.url, part.cut, part.heal
+    model = fixture_model(tmp_path)
+    expected = reference_answers(model, tmp_path)
+    remote = ["--kv-remote", url, "--kv-remote-timeout-ms", "300"]
+    a = b = None
+    try:
+        a, ua = spawn_server(model, tmp_path / "a", *remote)
+        b, ub = spawn_server(model, tmp_path / "b", *remote)
+        assert requests.post(ua + "/v1/agents", json={"id": "helper", "system": SYSTEM}, timeout=30).status_code == 201
+        history = [{"role": "user", "content": TURNS[0]}]
+        text, _ = generate(ua, "helper", history)
+        assert text == expected[0]
+        history += [{"role": "assistant", "content": text}, {"role": "user", "content": TURNS[1]}]
+        time.sleep(0.5)
+        text, cached = generate(ub, "helper", history)
+        assert text == expected[1] and cached > 0, "warm on B through the tier"
+        history.append({"role": "assistant", "content": text})
+
+        cut()
+        # A holds only turn 1 locally: it looks in the tier (which does not answer), times out,
+        # and recomputes the rest, exactly.
+        history.append({"role": "user", "content": TURNS[2]})
+        start = time.time()
+        text, _ = generate(ua, "helper", history)
+        took = time.time() - start
+        assert text == expected[2], "exact while Redis is unreachable"
+        assert took < 20, f"a turn took {took:.1f} s with Redis unreachable (timeout 0.3 s per trip)"
+        # Its write-behind of the turn fails (or is dropped during the backoff), counted.
+        deadline = time.time() + 10
+        while metric(ua, "engram_remote_write_errors_total") + metric(ua, "engram_remote_writes_dropped_total") < 1:
+            assert time.time() < deadline, "the failed write-behind was not counted"
+            time.sleep(0.2)
+        # A lookup (an agent A does not know) is a miss within the timeout, counted.
+        start = time.time()
+        assert requests.get(ua + "/v1/agents/nobody", timeout=30).status_code == 404
+        assert time.time() - start < 3, "a lookup against an unreachable store outlived its timeout"
+        assert metric(ua, "engram_remote_read_errors_total") >= 1
+        assert metric(ua, "engram_remote_connected") == 0
+        history.append({"role": "assistant", "content": text})
+
+        heal()
+        time.sleep(5.5)  # the longest backoff
+        history.append({"role": "user", "content": TURNS[3]})
+        text, _ = generate(ub, "helper", history)
+        assert text == expected[3]
+        time.sleep(0.5)
+        # The tier answers again: a lookup from A for an agent it never saw is found there.
+        assert requests.post(ub + "/v1/agents", json={"id": "second", "system": SYSTEM}, timeout=30).status_code == 201
+        deadline = time.time() + 15
+        while requests.get(ua + "/v1/agents/second", timeout=30).status_code != 200:
+            assert time.time() < deadline, "A never reached the tier again after the link came back"
+            time.sleep(0.5)
+        assert metric(ua, "engram_remote_connected") == 1
+    finally:
+        for p in (a, b):
+            if p is not None:
+                stop_server(p)
+        if netns:
+            part.down()
+        if redis is not None:
+            redis.kill()
