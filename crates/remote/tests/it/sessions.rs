@@ -163,3 +163,54 @@ fn damaged_foreign_and_missing_values_are_misses() {
     redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap();
     assert!(remote.fetch_kv(Some("t"), Some("t"), &m.tokens, n, &p, VOCAB).is_none(), "an evicted key is a miss");
 }
+
+/// Two replicas save the same session with different continuations at once: the last manifest
+/// wins, and what a third reads is one of them whole, its KV exactly that one's (runs are
+/// content-addressed, so neither can lend the other wrong rows).
+#[test]
+fn concurrent_writers_of_one_session_never_mix() {
+    if !redis_available() {
+        return;
+    }
+    let redis = Redis::start(&[]);
+    let p = pool(KvFormat::F16);
+    let n = 5 * BLOCK_TOKENS + 3;
+    let (tokens, text, ends) = conversation(n, 1);
+    // The same first 3 blocks (a shared history), then different continuations.
+    let common = make_kv(&p, 3 * BLOCK_TOKENS, 1);
+    let versions: Vec<(Vec<u32>, engram_kv::SeqKv)> = (0..2u32)
+        .map(|v| {
+            let mut kv = common.fork(3 * BLOCK_TOKENS);
+            let rest = make_kv(&p, n - 3 * BLOCK_TOKENS, 10 + v as u64);
+            kv.reserve(n - 3 * BLOCK_TOKENS).unwrap();
+            for l in 0..LAYOUT.num_layers {
+                let (k, vv) = rest.read_rows(l, 0..n - 3 * BLOCK_TOKENS);
+                use engram_model::KvCache;
+                kv.write(l, 3 * BLOCK_TOKENS, &k, &vv, n - 3 * BLOCK_TOKENS);
+            }
+            let mut t = tokens.clone();
+            for x in &mut t[3 * BLOCK_TOKENS..] {
+                *x = (*x + 1 + v) % VOCAB as u32;
+            }
+            (t, kv)
+        })
+        .collect();
+    for round in 0..5 {
+        let tiers: Vec<RemoteTier> = (0..2).map(|_| tier(&redis)).collect();
+        let (text, ends) = (&text, &ends);
+        std::thread::scope(|s| {
+            for (t, (toks, kv)) in tiers.iter().zip(&versions) {
+                s.spawn(move || {
+                    t.for_model(FP.into()).save_session(Some("t"), "t", "shared", Some("t"), text, toks, ends, kv.fork(n));
+                    t.flush();
+                });
+            }
+        });
+        let reader = tier(&redis).for_model(FP.into());
+        let m = reader.find_manifest(Some("t"), "t", Some("shared"), text).expect("one manifest");
+        let which = versions.iter().position(|(t, _)| *t == m.tokens).expect("the manifest is one writer's, whole");
+        let got = reader.fetch_kv(Some("t"), Some("t"), &m.tokens, n, &p, VOCAB).expect("its runs");
+        assert_eq!(got.len(), n, "round {round}");
+        assert!(rows(&got, n) == rows(&versions[which].1, n), "round {round}: the KV is writer {which}'s exactly");
+    }
+}
