@@ -91,9 +91,14 @@ fn one_token() -> SamplingParams {
     SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() }
 }
 
+/// The median (the mean of the middle two for an even count).
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
-    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
+    match xs.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+    }
 }
 
 /// `redis-benchmark`'s GET throughput (bytes/s) for `size`-byte values, one client, no

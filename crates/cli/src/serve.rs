@@ -359,5 +359,8 @@ fn remote_tier(a: &Args) -> Result<Option<engram_remote::RemoteTier>> {
     }
     let tier = engram_remote::RemoteTier::new(config).map_err(anyhow::Error::msg)?;
     eprintln!("remote KV tier: {}", engram_remote::redact(url));
+    if a.context == "dual" {
+        eprintln!("warning: with --context dual only agents' records go through the remote tier; users' streams, rings and facts stay on this replica");
+    }
     Ok(Some(tier))
 }
