@@ -68,6 +68,10 @@ pub struct Args {
     /// Token budget for the speed runs.
     #[arg(long, default_value_t = 2048)]
     budget: usize,
+    /// Speed runs time DynaKV steps only (no exact steps between them): exact attention at
+    /// 128K takes tens of seconds a token here, and DynaKV's own cost is what is profiled.
+    #[arg(long)]
+    no_exact: bool,
     /// Offload the speed runs' KV to a file in this directory (offloaded rows beside the
     /// in-RAM ones); omit to stay in RAM.
     #[arg(long)]
