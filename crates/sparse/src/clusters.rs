@@ -1,4 +1,4 @@
-//! Clustered keys of one (layer, KV head): prefill k-means (per [`SEGMENT`] of the history),
+//! Clustered keys of one (layer, KV head): prefill k-means (per [`crate::kmeans::SEGMENT`] of the history),
 //! one representative (centroid)
 //! per cluster with its size and variance, retrieval of whole clusters under a token budget,
 //! and the three ways new keys join: static, local and adaptive (DynaKV, the paper's
@@ -17,14 +17,27 @@
 //! window being filled), so choosing every cluster chooses every token.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::keys::{dist2, dot, HeadKeys};
-use crate::kmeans::{cluster_count, kmeans, nearest, SEGMENT};
+use crate::kmeans::{cluster_count, kmeans, nearest};
 use crate::method::{HeadIndex, IndexStats};
 
 /// Lloyd iterations at prefill and for splits (4: the assignment changes little after, and
 /// prefill clustering is the index's main cost).
 const ITERS: usize = 4;
+
+/// Process-wide: retrieval chooses clusters the way it was first written (every cluster
+/// sorted and walked, `ClusterIndex::choose_walking`) instead of the default scan. Both choose
+/// the same clusters; the switch exists to time them on one cache, step by step.
+static REFERENCE_SELECTION: AtomicBool = AtomicBool::new(false);
+
+/// Switches every cluster index of the process to the reference selection (`true`) or back
+/// to the default (`false`). The clusters chosen are the same either way (tested); only the
+/// time differs.
+pub fn set_reference_selection(on: bool) {
+    REFERENCE_SELECTION.store(on, Ordering::Relaxed);
+}
 
 /// How new keys join the clusters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -285,6 +298,88 @@ impl ClusterIndex {
         }
         self.stats.splits += 1;
     }
+
+    /// The clusters a step takes, pushing their eligible members to `out` (`left`: the budget
+    /// still open), in order.
+    fn choose(&self, queries: &[f32], eligible: &Range<usize>, mut left: usize, out: &mut Vec<u32>) -> Vec<usize> {
+        // Clusters in score order (ties: lower index first), each taken whole while its
+        // eligible members fit what is left of the budget, skipped otherwise. Only the best
+        // `head` are sorted; if budget is left after them, only the rest that could still fit
+        // (eligible members <= what is left, which only shrinks) are — the same choice as
+        // walking the whole order, without sorting or touching every cluster's members.
+        let score = self.scores(queries);
+        let k = self.len();
+        let by_score = |a: &u32, b: &u32| score[*b as usize].total_cmp(&score[*a as usize]).then(a.cmp(b));
+        let mean = (self.shape.iter().map(|s| s.size as usize).sum::<usize>() / k.max(1)).max(1);
+        let head = (2 * left / mean + 16).min(k);
+        let mut ids: Vec<u32> = (0..k as u32).collect();
+        if head < k {
+            ids.select_nth_unstable_by(head, by_score);
+        }
+        ids[..head].sort_unstable_by(by_score);
+        let mut chosen = Vec::new();
+        let mut take = |list: &[u32], left: &mut usize| {
+            for &c in list {
+                if *left == 0 {
+                    break;
+                }
+                let c = c as usize;
+                let got = self.eligible_count(c, eligible);
+                if got > *left {
+                    continue;
+                }
+                out.extend(self.members[c].iter().copied().filter(|&t| eligible.contains(&(t as usize))));
+                *left -= got;
+                chosen.push(c);
+            }
+        };
+        take(&ids[..head], &mut left);
+        if left > 0 && head < k {
+            let mut rest: Vec<u32> = ids[head..].iter().copied().filter(|&c| self.eligible_count(c as usize, eligible) <= left).collect();
+            rest.sort_unstable_by(by_score);
+            take(&rest, &mut left);
+        }
+        chosen
+    }
+
+    /// The choice as first written, the reference [`ClusterIndex::choose`] must equal: per
+    /// query head `ln(size)` and two `exp` per cluster, every cluster sorted, and the whole
+    /// order walked, each cluster's eligible members copied out before its fit is known.
+    /// Kept for the exactness test and for timing both on one cache
+    /// ([`set_reference_selection`]).
+    fn choose_walking(&self, queries: &[f32], eligible: &Range<usize>, mut left: usize, out: &mut Vec<u32>) -> Vec<usize> {
+        let (d, k) = (self.dim, self.len());
+        let mut score = vec![0f32; k];
+        let mut s = vec![0f32; k];
+        for q in queries.chunks_exact(d) {
+            for (c, v) in s.iter_mut().enumerate() {
+                *v = dot(q, &self.cent[c * d..(c + 1) * d]) + (self.members[c].len().max(1) as f32).ln();
+            }
+            let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let z: f32 = s.iter().map(|&v| (v - m).exp()).sum();
+            for (acc, &v) in score.iter_mut().zip(&s) {
+                *acc += (v - m).exp() / z;
+            }
+        }
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_unstable_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+        let mut chosen = Vec::new();
+        for c in order {
+            if left == 0 {
+                break;
+            }
+            let before = out.len();
+            out.extend(self.members[c].iter().copied().filter(|&t| eligible.contains(&(t as usize))));
+            let got = out.len() - before;
+            if got > left {
+                out.truncate(before);
+                continue;
+            }
+            left -= got;
+            chosen.push(c);
+        }
+        chosen
+    }
 }
 
 impl HeadIndex for ClusterIndex {
@@ -292,16 +387,15 @@ impl HeadIndex for ClusterIndex {
         Box::new(self.clone())
     }
 
-    fn build(&mut self, keys: HeadKeys<'_>) {
-        let n = keys.len();
-        if n == 0 {
-            return;
-        }
+    fn build_part(&mut self, keys: HeadKeys<'_>, range: Range<usize>) {
         // Segment by segment (k-means cost linear in the history, peak memory one segment's).
-        let tokens: Vec<u32> = (0..n as u32).collect();
-        for seg in tokens.chunks(SEGMENT) {
-            self.add_clusters(keys, seg, cluster_count(seg.len()));
+        if !range.is_empty() {
+            let tokens: Vec<u32> = (range.start as u32..range.end as u32).collect();
+            self.add_clusters(keys, &tokens, cluster_count(tokens.len()));
         }
+    }
+
+    fn finish_build(&mut self) {
         // τ: the 90th percentile of the prefill clusters' variances (clusters of >= 2).
         let mut vars: Vec<f64> = (0..self.len()).filter(|&c| self.members[c].len() >= 2).map(|c| self.variance(c)).collect();
         vars.sort_by(f64::total_cmp);
@@ -355,44 +449,12 @@ impl HeadIndex for ClusterIndex {
                 left -= 1;
             }
         }
-        // Clusters in score order (ties: lower index first), each taken whole while its
-        // eligible members fit what is left of the budget, skipped otherwise. Only the best
-        // `head` are sorted; if budget is left after them, only the rest that could still fit
-        // (eligible members <= what is left, which only shrinks) are — the same choice as
-        // walking the whole order, without sorting or touching every cluster's members.
-        let score = self.scores(queries);
-        self.resident.iter_mut().for_each(|r| *r = false);
-        let k = self.len();
-        let by_score = |a: &u32, b: &u32| score[*b as usize].total_cmp(&score[*a as usize]).then(a.cmp(b));
-        let mean = (self.shape.iter().map(|s| s.size as usize).sum::<usize>() / k.max(1)).max(1);
-        let head = (2 * budget / mean + 16).min(k);
-        let mut ids: Vec<u32> = (0..k as u32).collect();
-        if head < k {
-            ids.select_nth_unstable_by(head, by_score);
-        }
-        ids[..head].sort_unstable_by(by_score);
-        let mut chosen = Vec::new();
-        let mut take = |list: &[u32], left: &mut usize| {
-            for &c in list {
-                if *left == 0 {
-                    break;
-                }
-                let c = c as usize;
-                let got = self.eligible_count(c, &eligible);
-                if got > *left {
-                    continue;
-                }
-                out.extend(self.members[c].iter().copied().filter(|&t| eligible.contains(&(t as usize))));
-                *left -= got;
-                chosen.push(c);
-            }
+        let chosen = if REFERENCE_SELECTION.load(Ordering::Relaxed) {
+            self.choose_walking(queries, &eligible, left, out)
+        } else {
+            self.choose(queries, &eligible, left, out)
         };
-        take(&ids[..head], &mut left);
-        if left > 0 && head < k {
-            let mut rest: Vec<u32> = ids[head..].iter().copied().filter(|&c| self.eligible_count(c as usize, &eligible) <= left).collect();
-            rest.sort_unstable_by(by_score);
-            take(&rest, &mut left);
-        }
+        self.resident.iter_mut().for_each(|r| *r = false);
         self.last_chosen.clear();
         self.last_chosen.extend(chosen.iter().map(|&c| c as u32));
         for &c in &chosen {
@@ -423,6 +485,7 @@ impl HeadIndex for ClusterIndex {
     }
 
     fn calibrate(&mut self, queries: &[f32], group: usize, eligible: Range<usize>, budget: usize) {
+        self.coret.iter_mut().for_each(|c| *c = 0);
         let per = group * self.dim;
         if per == 0 {
             return;
@@ -445,8 +508,16 @@ impl HeadIndex for ClusterIndex {
         }
     }
 
-    fn placement(&self, co_retrieval: bool) -> Option<Vec<(u32, Vec<u32>)>> {
-        let order = if co_retrieval { crate::placement::co_retrieval_order(&self.coret) } else { (0..self.len() as u32).collect() };
+    fn placement_of(&self, co_retrieval: bool, units: Range<u32>) -> Option<Vec<(u32, Vec<u32>)>> {
+        let units = units.start.min(self.len() as u32)..units.end.min(self.len() as u32);
+        let order: Vec<u32> = if co_retrieval {
+            crate::placement::co_retrieval_order(&self.coret[units.start as usize..units.end as usize])
+                .into_iter()
+                .map(|c| c + units.start)
+                .collect()
+        } else {
+            units.collect()
+        };
         Some(order.into_iter().map(|c| (c, self.members[c as usize].clone())).collect())
     }
 
@@ -470,19 +541,10 @@ mod tests {
 
     /// The selection as first written: walk every cluster in rank order, taking each whose
     /// eligible members fit what is left.
-    fn walk(idx: &ClusterIndex, queries: &[f32], eligible: Range<usize>, budget: usize) -> Vec<u32> {
-        let (mut out, mut left) = (Vec::new(), budget);
-        for c in idx.rank(queries) {
-            if left == 0 {
-                break;
-            }
-            let got: Vec<u32> = idx.members[c].iter().copied().filter(|&t| eligible.contains(&(t as usize))).collect();
-            if got.len() <= left {
-                left -= got.len();
-                out.extend(got);
-            }
-        }
-        out
+    fn walk(idx: &ClusterIndex, queries: &[f32], eligible: Range<usize>, budget: usize) -> (Vec<u32>, Vec<usize>) {
+        let mut out = Vec::new();
+        let chosen = idx.choose_walking(queries, &eligible, budget, &mut out);
+        (out, chosen)
     }
 
     #[test]
@@ -506,8 +568,11 @@ mod tests {
             let q: Vec<f32> = (0..3 * d).map(|_| 3.0 * rnd()).collect();
             let budget = [1, 7, 50, 200, 640, 2999, 5000][trial % 7];
             let eligible = [4..n - 64, 0..n, 100..2500, 4..n - 1][trial % 4].clone();
-            let want = walk(&idx, &q, eligible.clone(), budget);
+            let (want, want_chosen) = walk(&idx, &q, eligible.clone(), budget);
             let mut got = Vec::new();
+            assert_eq!(idx.choose(&q, &eligible, budget, &mut got), want_chosen, "trial {trial}, budget {budget}");
+            assert_eq!(got, want, "trial {trial}, budget {budget}");
+            got.clear();
             idx.clone().select(keys, &q, eligible, budget, &mut got);
             assert_eq!(got, want, "trial {trial}, budget {budget}");
         }
