@@ -100,8 +100,10 @@ pub fn run(a: &Args, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Writes copies of the stored tokens' keys and values (jittered) until `h` are stored,
-/// reserving room chunk by chunk (a cache that streams to disk keeps only its budget).
+/// Writes copies of the stored tokens' keys and values (jittered) until `h` are stored. A
+/// cache in RAM must have room for them reserved; one streaming to disk reserves chunk by
+/// chunk (it holds only its budget; reserving is from the fullest layer, so a cache in RAM
+/// reserving per chunk would double its room once the first layer is full).
 pub fn fill(kv: &mut SparseKv, layers: usize, heads: usize, d: usize, h: usize) {
     let width = heads * d;
     let real = kv.len();
@@ -137,7 +139,9 @@ pub fn fill(kv: &mut SparseKv, layers: usize, heads: usize, d: usize, h: usize) 
                     }));
                 }
             }
-            kv.reserve(n);
+            if kv.is_offloaded() {
+                kv.reserve(n);
+            }
             kv.write(layer, pos, &kb, &vb, n);
             pos += n;
         }
