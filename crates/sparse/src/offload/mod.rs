@@ -18,6 +18,10 @@
 //! cost that a cluster's decode-time members lie in later blocks (a second run per block;
 //! reads coalesce runs whose gap is at most [`OffloadConfig::gap`] rows).
 //!
+//! Bounded prefill (`stream.rs`, [`crate::SparseKv::offload_streaming`]): the same file
+//! filled while the prompt is written, a segment's region at a time, so the KV in RAM stays
+//! within the budget whatever the prompt's length.
+//!
 //! Reads ([`reader`]): the rows of each cluster a step fetches come from the cluster cache
 //! ([`unit_cache`]) or from the file in coalesced runs, each one `pread` on a reader thread or
 //! inline, or all at once through `io_uring`; a loader thread prefetches the next layer's
