@@ -223,8 +223,8 @@ impl SparseKv {
                     *written += bytes.len() as u64;
                     let sl = &mut slots[layer * heads + h];
                     sl.resize(end, u32::MAX);
-                    for p in t..end {
-                        sl[p] = u32::try_from(first + (p - t) as u64).map_err(|_| invalid("offload file past 2^32 rows"))?;
+                    for (i, slot) in sl[t..end].iter_mut().enumerate() {
+                        *slot = u32::try_from(first + i as u64).map_err(|_| invalid("offload file past 2^32 rows"))?;
                     }
                 }
                 t = end;
