@@ -70,6 +70,7 @@ pub fn generate(
     let t = Instant::now();
     kv.build_index();
     let index_ms = t.elapsed().as_secs_f64() * 1e3;
+    let prefill_peak = kv.peak_ram_kv_bytes();
     if let Some(e) = kv.offload_failure() {
         anyhow::bail!("prefilling the prompt: {e}");
     }
@@ -118,7 +119,7 @@ pub fn generate(
             "offloaded: {:.1} MiB of {:.1} MiB KV in RAM (at most {:.1} MiB during the prefill); read {:.1} MiB in {} reads, cluster cache hit rate {:.3}",
             kv.ram_kv_bytes() as f64 / (1 << 20) as f64,
             kv.kv_bytes() as f64 / (1 << 20) as f64,
-            kv.peak_ram_kv_bytes() as f64 / (1 << 20) as f64,
+            prefill_peak as f64 / (1 << 20) as f64,
             s.read_bytes as f64 / (1 << 20) as f64,
             s.read_ops,
             s.cache.hit_rows as f64 / (s.cache.hit_rows + s.cache.miss_rows).max(1) as f64

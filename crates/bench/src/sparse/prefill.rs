@@ -56,7 +56,7 @@ pub fn row(a: &Args, model: &Model, base: &SparseKv, cfg: SparseConfig, h: usize
         anyhow::bail!("history {h}: {e}");
     }
     let write_s = t.elapsed().as_secs_f64();
-    let rss_peak = rss_peak_bytes();
+    let (rss_peak, kv_peak) = (rss_peak_bytes(), kv.peak_ram_kv_bytes());
     let s0 = kv.offload_stats().unwrap_or_default();
     let (_, tok_s) = decode_alternating(model, &mut kv, a.decode, Other::Nothing)?;
     let s = kv.offload_stats().unwrap_or_default();
@@ -65,14 +65,14 @@ pub fn row(a: &Args, model: &Model, base: &SparseKv, cfg: SparseConfig, h: usize
     let (kib_token, reads_token) = ((s.read_bytes - s0.read_bytes) as f64 / 1024.0 / steps, (s.read_ops - s0.read_ops) as f64 / steps);
     let row = json!({
         "bench": "sparse-prefill", "model": model.source, "history": h, "mode": mode, "threads": engram_kernels::num_threads(),
-        "ram_budget_bytes": a.ram_mib << 20, "kv_bytes": kv.kv_bytes(), "peak_kv_bytes_in_ram": kv.peak_ram_kv_bytes(),
+        "ram_budget_bytes": a.ram_mib << 20, "kv_bytes": kv.kv_bytes(), "peak_kv_bytes_in_ram": kv_peak,
         "kv_bytes_in_ram_after": kv.ram_kv_bytes(), "rss_peak_bytes": rss_peak, "write_index_offload_s": (write_s * 100.0).round() / 100.0,
         "written_bytes": s.written_bytes, "full_read_bytes": s.full_bytes, "dynakv_tok_s": (tok_s * 100.0).round() / 100.0,
         "offloaded": kv.is_offloaded(), "read_kib_per_token": kib_token.round(), "reads_per_token": reads_token.round(),
     });
     eprintln!(
         "history {h} ({mode}): peak KV in RAM {} MiB, VmHWM {} MiB, {write_s:.1} s, dynakv {tok_s:.2} tok/s",
-        kv.peak_ram_kv_bytes() >> 20,
+        kv_peak >> 20,
         rss_peak >> 20
     );
     Ok(row)
