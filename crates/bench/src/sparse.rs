@@ -14,6 +14,9 @@
 //!   a file, decoding the same tokens cold from disk: tok/s, disk bytes per token, mean read,
 //!   cluster-cache hit rate (cluster-aligned vs LRU at equal size), KV bytes in RAM, RSS, and
 //!   split I/O delayed vs eager.
+//! - Prefill to disk ([`prefill`], with `--offload-prefill after|bounded`): peak KV RAM and
+//!   RSS of a history offloaded after it is all in RAM, against one streamed to the file as it
+//!   is written (bounded prefill).
 //! - Layout ([`layout`], with `--layout-history`): the offload file's layout without a model
 //!   — append vs dual-head regions, index vs co-retrieval order, delayed vs eager splits —
 //!   over hundreds of decode steps with flushes: reads, mean read, split bytes, bytes moved.
@@ -23,6 +26,7 @@
 
 mod layout;
 mod offload;
+mod prefill;
 mod quality;
 mod speed;
 
@@ -68,6 +72,21 @@ pub struct Args {
     /// Token budget for the speed runs.
     #[arg(long, default_value_t = 2048)]
     budget: usize,
+    /// Instead of the speed runs: each history written into a DynaKV cache offloaded to
+    /// `--offload-dir` `after` the whole history is in RAM (then indexed and offloaded), or
+    /// `bounded` (streamed to the file as it is written, RAM within `--ram-mib`): peak KV in
+    /// RAM, peak RSS, time (`prefill.rs`). One mode per process (peak RSS is the process's).
+    #[arg(long)]
+    offload_prefill: Option<String>,
+    /// Speed runs time DynaKV steps only (no exact steps between them): exact attention at
+    /// 128K takes tens of seconds a token here, and DynaKV's own cost is what is profiled.
+    #[arg(long)]
+    no_exact: bool,
+    /// Speed runs alternate DynaKV steps choosing clusters the way first written (every
+    /// cluster sorted and walked) with the default ones, instead of exact steps: the same
+    /// clusters chosen, on the same cache, timed step by step (`speed.rs`).
+    #[arg(long)]
+    ab_select: bool,
     /// Offload the speed runs' KV to a file in this directory (offloaded rows beside the
     /// in-RAM ones); omit to stay in RAM.
     #[arg(long)]

@@ -2,7 +2,10 @@
 //! prompt is prefilled with exact attention into a [`SparseKv`], the index is built over it,
 //! and every decoded token attends only the keys the method retrieves (sinks, a recent
 //! window, `--sparse-budget` retrieved tokens per layer and KV head). Sampling, stop tokens
-//! and strings go through the engine's [`Decoding`], as the exact path's do.
+//! and strings go through the engine's [`Decoding`], as the exact path's do. With
+//! `--sparse-offload`, the prefill is bounded: the prompt's KV past `--sparse-ram-mib` goes to
+//! the file chunk by chunk as it is written, its index built segment by segment
+//! ([`SparseKv::offload_streaming`]), so the KV in RAM never holds the whole prompt.
 //!
 //! Invariant: a configuration that cannot be sparse is refused or falls back to exact with a
 //! warning, never run half-way: an unknown method or a zero budget is an error; a budget that
@@ -34,8 +37,8 @@ pub fn config(method: &str, budget: usize, prompt_tokens: usize) -> Result<Optio
 }
 
 /// Generates after `prompt` with `cfg` (`None`: exact over the same cache), streaming to stdout;
-/// with `off`, the KV past its RAM budget is offloaded after the prefill (lossless: the same
-/// tokens as in RAM).
+/// with `off`, the KV past its RAM budget goes to the file during the prefill (lossless: the
+/// same tokens as in RAM).
 pub fn generate(
     model: &Model,
     prompt: &[u32],
@@ -49,6 +52,14 @@ pub fn generate(
     anyhow::ensure!(prompt.len() < ctx, "the prompt of {} tokens does not fit the model's context of {ctx}", prompt.len());
     let start = Instant::now();
     let mut kv = SparseKv::new(&model.config, cfg);
+    let streamed = match (off, cfg) {
+        (Some(off), Some(_)) => {
+            let dir = off.dir.clone();
+            kv.offload_streaming(off).with_context(|| format!("--sparse-offload {}", dir.display()))?;
+            true
+        }
+        _ => false,
+    };
     let mut logits = Vec::new();
     for part in prompt.chunks(engram_engine::DEFAULT_PREFILL_CHUNK) {
         kv.reserve(part.len());
@@ -59,11 +70,12 @@ pub fn generate(
     let t = Instant::now();
     kv.build_index();
     let index_ms = t.elapsed().as_secs_f64() * 1e3;
-    if let (Some(off), Some(_)) = (off, cfg) {
-        let dir = off.dir.clone();
-        if !kv.offload(off).with_context(|| format!("--sparse-offload {}", dir.display()))? {
-            eprintln!("note: the prompt's KV fits --sparse-ram-mib: kept in RAM, nothing offloaded");
-        }
+    let prefill_peak = kv.peak_ram_kv_bytes();
+    if let Some(e) = kv.offload_failure() {
+        anyhow::bail!("prefilling the prompt: {e}");
+    }
+    if streamed && !kv.is_offloaded() {
+        eprintln!("note: the prompt's KV fits --sparse-ram-mib: kept in RAM, nothing offloaded");
     }
     let mut out = Decoding::new(&model.tokenizer, prompt, params, 0);
     let decode_start = Instant::now();
@@ -104,9 +116,10 @@ pub fn generate(
     );
     if let Some(s) = kv.offload_stats() {
         eprintln!(
-            "offloaded: {:.1} MiB of {:.1} MiB KV in RAM; read {:.1} MiB in {} reads, cluster cache hit rate {:.3}",
+            "offloaded: {:.1} MiB of {:.1} MiB KV in RAM (at most {:.1} MiB during the prefill); read {:.1} MiB in {} reads, cluster cache hit rate {:.3}",
             kv.ram_kv_bytes() as f64 / (1 << 20) as f64,
             kv.kv_bytes() as f64 / (1 << 20) as f64,
+            prefill_peak as f64 / (1 << 20) as f64,
             s.read_bytes as f64 / (1 << 20) as f64,
             s.read_ops,
             s.cache.hit_rows as f64 / (s.cache.hit_rows + s.cache.miss_rows).max(1) as f64

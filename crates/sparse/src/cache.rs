@@ -49,7 +49,7 @@ impl SparseConfig {
 
 thread_local! {
     /// Per attention thread: gathered keys, values and positions of the last sparse read.
-    static GATHER: RefCell<(Vec<f16>, Vec<f16>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    pub(crate) static GATHER: RefCell<(Vec<f16>, Vec<f16>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// One sequence's KV with sparse retrieval (module doc).
@@ -71,16 +71,18 @@ pub struct SparseKv {
     pub(crate) off: Option<Box<Offloaded>>,
     /// `layer * heads + head`: the index and the last selection it made; empty until built.
     pub(crate) index: Vec<Mutex<(Box<dyn HeadIndex>, Vec<u32>)>>,
-    built: bool,
+    pub(crate) built: bool,
     /// Reads are exact for now (the index is kept up to date): for timing both paths on one
     /// cache, step by step.
     bypass: bool,
     pub(crate) probe: Option<Probe>,
     /// `layer * heads + head`: the prefill's last query tokens, for co-retrieval placement
     /// (`crate::placement`); recorded until the index is built.
-    calib: Vec<Mutex<Calib>>,
+    pub(crate) calib: Vec<Mutex<Calib>>,
     reads: AtomicUsize,
     attended: AtomicUsize,
+    /// The most KV bytes held in RAM after a write (before what it made go to the file).
+    peak_ram: usize,
 }
 
 impl SparseKv {
@@ -109,6 +111,7 @@ impl SparseKv {
             calib: (0..layers * heads).map(|_| Mutex::default()).collect(),
             reads: AtomicUsize::new(0),
             attended: AtomicUsize::new(0),
+            peak_ram: 0,
         }
     }
 
@@ -176,6 +179,12 @@ impl SparseKv {
         self.probe.as_ref()
     }
 
+    /// The most bytes of KV this cache held in RAM after a write, before the tokens that write
+    /// sent to the file (an in-RAM cache: all it stored; [`SparseKv::ram_kv_bytes`] is now).
+    pub fn peak_ram_kv_bytes(&self) -> usize {
+        self.peak_ram
+    }
+
     /// Tokens stored in every layer.
     pub fn len(&self) -> usize {
         self.lens.iter().copied().min().unwrap_or(0)
@@ -234,12 +243,16 @@ impl SparseKv {
     }
 
     /// Builds every head's index over the tokens stored (the end of the prefill), in
-    /// parallel over heads. Later tokens join the indexes as they are written. Does nothing
-    /// for an exact cache or one already built.
+    /// parallel over heads; for a bounded prefill ([`SparseKv::offload_streaming`]), finishes
+    /// it (the index was built as the prompt was written). Later tokens join the indexes as
+    /// they are written. Does nothing for an exact cache or one already built.
     pub fn build_index(&mut self) {
         let Some(cfg) = self.cfg else { return };
         if self.built {
             return;
+        }
+        if self.streaming() {
+            return self.finish_stream();
         }
         let index: Vec<Mutex<(Box<dyn HeadIndex>, Vec<u32>)>> =
             (0..self.layers * self.heads).map(|_| Mutex::new((cfg.method.index(self.dim), Vec::new()))).collect();
@@ -397,9 +410,13 @@ impl KvCache for SparseKv {
                     self.mark_touched(layer, h, &mut *idx.0, now);
                 }
             }
-            if self.off.is_some() {
+            if self.off.is_some() && !self.streaming() {
                 self.flush_if_due(layer);
             }
+        }
+        self.peak_ram = self.peak_ram.max(self.ram_kv_bytes());
+        if self.streaming() {
+            self.stream_step(layer);
         }
     }
 

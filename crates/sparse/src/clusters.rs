@@ -1,4 +1,4 @@
-//! Clustered keys of one (layer, KV head): prefill k-means (per [`SEGMENT`] of the history),
+//! Clustered keys of one (layer, KV head): prefill k-means (per [`crate::kmeans::SEGMENT`] of the history),
 //! one representative (centroid)
 //! per cluster with its size and variance, retrieval of whole clusters under a token budget,
 //! and the three ways new keys join: static, local and adaptive (DynaKV, the paper's
@@ -17,14 +17,27 @@
 //! window being filled), so choosing every cluster chooses every token.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::keys::{dist2, dot, HeadKeys};
-use crate::kmeans::{cluster_count, kmeans, nearest, SEGMENT};
+use crate::kmeans::{cluster_count, kmeans, nearest};
 use crate::method::{HeadIndex, IndexStats};
 
 /// Lloyd iterations at prefill and for splits (4: the assignment changes little after, and
 /// prefill clustering is the index's main cost).
 const ITERS: usize = 4;
+
+/// Process-wide: retrieval chooses clusters the way it was first written (every cluster
+/// sorted and walked, `ClusterIndex::choose_walking`) instead of the default scan. Both choose
+/// the same clusters; the switch exists to time them on one cache, step by step.
+static REFERENCE_SELECTION: AtomicBool = AtomicBool::new(false);
+
+/// Switches every cluster index of the process to the reference selection (`true`) or back
+/// to the default (`false`). The clusters chosen are the same either way (tested); only the
+/// time differs.
+pub fn set_reference_selection(on: bool) {
+    REFERENCE_SELECTION.store(on, Ordering::Relaxed);
+}
 
 /// How new keys join the clusters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +45,28 @@ pub enum Update {
     Static,
     Local { window: usize, k: usize },
     Adaptive { b_max: usize, eager: bool },
+}
+
+/// What a retrieval scan reads of one cluster without touching its member list: its size,
+/// `ln(size)` (the score's size prior) and its first and last member (members are in position
+/// order, so a cluster lies wholly inside an eligible range when both ends do).
+#[derive(Clone, Copy, Debug, Default)]
+struct Shape {
+    size: u32,
+    first: u32,
+    last: u32,
+    ln_size: f32,
+}
+
+impl Shape {
+    fn of(members: &[u32]) -> Shape {
+        Shape {
+            size: members.len() as u32,
+            first: members.first().copied().unwrap_or(0),
+            last: members.last().copied().unwrap_or(0),
+            ln_size: (members.len().max(1) as f32).ln(),
+        }
+    }
 }
 
 /// The clusters of one head.
@@ -43,6 +78,9 @@ pub struct ClusterIndex {
     cent: Vec<f32>,
     half_norm: Vec<f32>,
     members: Vec<Vec<u32>>,
+    /// Per cluster, kept equal to `Shape::of(&members[c])`: a step's scan over every cluster
+    /// reads these contiguous entries, never the member lists (one heap block per cluster).
+    shape: Vec<Shape>,
     /// Sum of squared distances of the members to the centroid.
     m2: Vec<f64>,
     /// Variance threshold (mean squared distance) past which a cluster is flagged.
@@ -73,6 +111,7 @@ impl ClusterIndex {
             cent: Vec::new(),
             half_norm: Vec::new(),
             members: Vec::new(),
+            shape: Vec::new(),
             m2: Vec::new(),
             tau: f64::INFINITY,
             flagged: Vec::new(),
@@ -127,6 +166,7 @@ impl ClusterIndex {
         }
         let mut x = vec![0f32; d];
         for c in first..first + kk {
+            self.shape[c] = Shape::of(&self.members[c]);
             self.m2[c] = self.members[c]
                 .iter()
                 .map(|&t| {
@@ -140,6 +180,7 @@ impl ClusterIndex {
     fn push_cluster(&mut self, centroid: &[f32], members: Vec<u32>) {
         self.cent.extend_from_slice(centroid);
         self.half_norm.push(0.5 * dot(centroid, centroid));
+        self.shape.push(Shape::of(&members));
         self.members.push(members);
         self.m2.push(0.0);
         self.flagged.push(false);
@@ -153,6 +194,7 @@ impl ClusterIndex {
         let d = self.dim;
         self.touched.push(c as u32);
         self.members[c].push(t);
+        self.shape[c] = Shape::of(&self.members[c]);
         let n = self.members[c].len() as f32;
         let cent = &mut self.cent[c * d..(c + 1) * d];
         let mut m2 = 0f64;
@@ -165,27 +207,52 @@ impl ClusterIndex {
         self.half_norm[c] = 0.5 * dot(cent, cent);
     }
 
-    /// Clusters by estimated attention mass, highest first. Per query head: softmax over
-    /// clusters of q·c + ln(size) (the estimated share of the head's attention mass each
-    /// cluster holds); a cluster's score is its summed share. Ties go to the lower index.
-    fn rank(&self, queries: &[f32]) -> Vec<usize> {
-        let d = self.dim;
-        let k = self.len();
-        let mut score = vec![0f32; k];
-        let mut s = vec![0f32; k];
-        for q in queries.chunks_exact(d) {
-            for (c, v) in s.iter_mut().enumerate() {
-                *v = dot(q, &self.cent[c * d..(c + 1) * d]) + (self.members[c].len().max(1) as f32).ln();
-            }
-            let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let z: f32 = s.iter().map(|&v| (v - m).exp()).sum();
-            for (acc, &v) in score.iter_mut().zip(&s) {
-                *acc += (v - m).exp() / z;
+    /// Each cluster's estimated attention mass. Per query head: softmax over clusters of
+    /// q·c + ln(size) (the estimated share of the head's attention mass each cluster holds); a
+    /// cluster's score is its summed share. One pass over the centroids scores every query
+    /// head of the group (each centroid row read once), one `exp` per cluster and head.
+    fn scores(&self, queries: &[f32]) -> Vec<f32> {
+        let (d, k) = (self.dim, self.len());
+        let group = queries.len() / d;
+        let mut s = vec![0f32; group * k];
+        for (c, (row, sh)) in self.cent.chunks_exact(d).zip(&self.shape).enumerate() {
+            for (j, q) in queries.chunks_exact(d).enumerate() {
+                s[j * k + c] = dot(q, row) + sh.ln_size;
             }
         }
-        let mut order: Vec<usize> = (0..k).collect();
+        let mut score = vec![0f32; k];
+        for s in s.chunks_exact_mut(k.max(1)).take(group) {
+            let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            s.iter_mut().for_each(|v| *v = (*v - m).exp());
+            let z: f32 = s.iter().sum();
+            for (acc, &e) in score.iter_mut().zip(s.iter()) {
+                *acc += e / z;
+            }
+        }
+        score
+    }
+
+    /// Clusters by [`ClusterIndex::scores`], highest first; ties go to the lower index.
+    fn rank(&self, queries: &[f32]) -> Vec<usize> {
+        let score = self.scores(queries);
+        let mut order: Vec<usize> = (0..self.len()).collect();
         order.sort_unstable_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
         order
+    }
+
+    /// Members of cluster `c` inside `eligible`: from its shape when the cluster lies wholly
+    /// inside or outside (all but the few clusters holding sinks or recent tokens), else by
+    /// binary search of its members (position order).
+    fn eligible_count(&self, c: usize, eligible: &Range<usize>) -> usize {
+        let sh = self.shape[c];
+        if sh.size == 0 || sh.first as usize >= eligible.end || (sh.last as usize) < eligible.start {
+            return 0;
+        }
+        if sh.first as usize >= eligible.start && (sh.last as usize) < eligible.end {
+            return sh.size as usize;
+        }
+        let m = &self.members[c];
+        m.partition_point(|&t| (t as usize) < eligible.end) - m.partition_point(|&t| (t as usize) < eligible.start)
     }
 
     /// Splits cluster `c` in two by 2-means over its members (`c` keeps one half).
@@ -211,6 +278,7 @@ impl ClusterIndex {
         }
         self.cent[c * d..(c + 1) * d].copy_from_slice(&cent[..d]);
         self.half_norm[c] = 0.5 * dot(&cent[..d], &cent[..d]);
+        self.shape[c] = Shape::of(&a);
         self.members[c] = a;
         let resident = self.resident[c];
         self.push_cluster(&cent[d..], b);
@@ -230,6 +298,88 @@ impl ClusterIndex {
         }
         self.stats.splits += 1;
     }
+
+    /// The clusters a step takes, pushing their eligible members to `out` (`left`: the budget
+    /// still open), in order.
+    fn choose(&self, queries: &[f32], eligible: &Range<usize>, mut left: usize, out: &mut Vec<u32>) -> Vec<usize> {
+        // Clusters in score order (ties: lower index first), each taken whole while its
+        // eligible members fit what is left of the budget, skipped otherwise. Only the best
+        // `head` are sorted; if budget is left after them, only the rest that could still fit
+        // (eligible members <= what is left, which only shrinks) are — the same choice as
+        // walking the whole order, without sorting or touching every cluster's members.
+        let score = self.scores(queries);
+        let k = self.len();
+        let by_score = |a: &u32, b: &u32| score[*b as usize].total_cmp(&score[*a as usize]).then(a.cmp(b));
+        let mean = (self.shape.iter().map(|s| s.size as usize).sum::<usize>() / k.max(1)).max(1);
+        let head = (2 * left / mean + 16).min(k);
+        let mut ids: Vec<u32> = (0..k as u32).collect();
+        if head < k {
+            ids.select_nth_unstable_by(head, by_score);
+        }
+        ids[..head].sort_unstable_by(by_score);
+        let mut chosen = Vec::new();
+        let mut take = |list: &[u32], left: &mut usize| {
+            for &c in list {
+                if *left == 0 {
+                    break;
+                }
+                let c = c as usize;
+                let got = self.eligible_count(c, eligible);
+                if got > *left {
+                    continue;
+                }
+                out.extend(self.members[c].iter().copied().filter(|&t| eligible.contains(&(t as usize))));
+                *left -= got;
+                chosen.push(c);
+            }
+        };
+        take(&ids[..head], &mut left);
+        if left > 0 && head < k {
+            let mut rest: Vec<u32> = ids[head..].iter().copied().filter(|&c| self.eligible_count(c as usize, eligible) <= left).collect();
+            rest.sort_unstable_by(by_score);
+            take(&rest, &mut left);
+        }
+        chosen
+    }
+
+    /// The choice as first written, the reference [`ClusterIndex::choose`] must equal: per
+    /// query head `ln(size)` and two `exp` per cluster, every cluster sorted, and the whole
+    /// order walked, each cluster's eligible members copied out before its fit is known.
+    /// Kept for the exactness test and for timing both on one cache
+    /// ([`set_reference_selection`]).
+    fn choose_walking(&self, queries: &[f32], eligible: &Range<usize>, mut left: usize, out: &mut Vec<u32>) -> Vec<usize> {
+        let (d, k) = (self.dim, self.len());
+        let mut score = vec![0f32; k];
+        let mut s = vec![0f32; k];
+        for q in queries.chunks_exact(d) {
+            for (c, v) in s.iter_mut().enumerate() {
+                *v = dot(q, &self.cent[c * d..(c + 1) * d]) + (self.members[c].len().max(1) as f32).ln();
+            }
+            let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let z: f32 = s.iter().map(|&v| (v - m).exp()).sum();
+            for (acc, &v) in score.iter_mut().zip(&s) {
+                *acc += (v - m).exp() / z;
+            }
+        }
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_unstable_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+        let mut chosen = Vec::new();
+        for c in order {
+            if left == 0 {
+                break;
+            }
+            let before = out.len();
+            out.extend(self.members[c].iter().copied().filter(|&t| eligible.contains(&(t as usize))));
+            let got = out.len() - before;
+            if got > left {
+                out.truncate(before);
+                continue;
+            }
+            left -= got;
+            chosen.push(c);
+        }
+        chosen
+    }
 }
 
 impl HeadIndex for ClusterIndex {
@@ -237,16 +387,15 @@ impl HeadIndex for ClusterIndex {
         Box::new(self.clone())
     }
 
-    fn build(&mut self, keys: HeadKeys<'_>) {
-        let n = keys.len();
-        if n == 0 {
-            return;
-        }
+    fn build_part(&mut self, keys: HeadKeys<'_>, range: Range<usize>) {
         // Segment by segment (k-means cost linear in the history, peak memory one segment's).
-        let tokens: Vec<u32> = (0..n as u32).collect();
-        for seg in tokens.chunks(SEGMENT) {
-            self.add_clusters(keys, seg, cluster_count(seg.len()));
+        if !range.is_empty() {
+            let tokens: Vec<u32> = (range.start as u32..range.end as u32).collect();
+            self.add_clusters(keys, &tokens, cluster_count(tokens.len()));
         }
+    }
+
+    fn finish_build(&mut self) {
         // τ: the 90th percentile of the prefill clusters' variances (clusters of >= 2).
         let mut vars: Vec<f64> = (0..self.len()).filter(|&c| self.members[c].len() >= 2).map(|c| self.variance(c)).collect();
         vars.sort_by(f64::total_cmp);
@@ -300,23 +449,12 @@ impl HeadIndex for ClusterIndex {
                 left -= 1;
             }
         }
-        let order = self.rank(queries);
+        let chosen = if REFERENCE_SELECTION.load(Ordering::Relaxed) {
+            self.choose_walking(queries, &eligible, left, out)
+        } else {
+            self.choose(queries, &eligible, left, out)
+        };
         self.resident.iter_mut().for_each(|r| *r = false);
-        let mut chosen = Vec::new();
-        for c in order {
-            if left == 0 {
-                break;
-            }
-            let before = out.len();
-            out.extend(self.members[c].iter().copied().filter(|&t| eligible.contains(&(t as usize))));
-            let got = out.len() - before;
-            if got > left {
-                out.truncate(before);
-                continue;
-            }
-            left -= got;
-            chosen.push(c);
-        }
         self.last_chosen.clear();
         self.last_chosen.extend(chosen.iter().map(|&c| c as u32));
         for &c in &chosen {
@@ -347,6 +485,7 @@ impl HeadIndex for ClusterIndex {
     }
 
     fn calibrate(&mut self, queries: &[f32], group: usize, eligible: Range<usize>, budget: usize) {
+        self.coret.iter_mut().for_each(|c| *c = 0);
         let per = group * self.dim;
         if per == 0 {
             return;
@@ -360,7 +499,7 @@ impl HeadIndex for ClusterIndex {
                 if left == 0 {
                     break;
                 }
-                let got = self.members[c].iter().filter(|&&t| eligible.contains(&(t as usize))).count();
+                let got = self.eligible_count(c, &eligible);
                 if got <= left {
                     left -= got;
                     self.coret[c] |= 1 << j;
@@ -369,8 +508,16 @@ impl HeadIndex for ClusterIndex {
         }
     }
 
-    fn placement(&self, co_retrieval: bool) -> Option<Vec<(u32, Vec<u32>)>> {
-        let order = if co_retrieval { crate::placement::co_retrieval_order(&self.coret) } else { (0..self.len() as u32).collect() };
+    fn placement_of(&self, co_retrieval: bool, units: Range<u32>) -> Option<Vec<(u32, Vec<u32>)>> {
+        let units = units.start.min(self.len() as u32)..units.end.min(self.len() as u32);
+        let order: Vec<u32> = if co_retrieval {
+            crate::placement::co_retrieval_order(&self.coret[units.start as usize..units.end as usize])
+                .into_iter()
+                .map(|c| c + units.start)
+                .collect()
+        } else {
+            units.collect()
+        };
         Some(order.into_iter().map(|c| (c, self.members[c as usize].clone())).collect())
     }
 
@@ -384,5 +531,50 @@ impl HeadIndex for ClusterIndex {
 
     fn stats(&self) -> IndexStats {
         IndexStats { units: self.len(), ..self.stats }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    /// The selection as first written: walk every cluster in rank order, taking each whose
+    /// eligible members fit what is left.
+    fn walk(idx: &ClusterIndex, queries: &[f32], eligible: Range<usize>, budget: usize) -> (Vec<u32>, Vec<usize>) {
+        let mut out = Vec::new();
+        let chosen = idx.choose_walking(queries, &eligible, budget, &mut out);
+        (out, chosen)
+    }
+
+    #[test]
+    fn select_chooses_exactly_what_walking_the_whole_rank_order_chooses() {
+        let (d, n) = (8, 3000);
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let rows: Vec<f16> = (0..n * d).map(|i| f16::from_f32(rnd() + if (i / d) % 7 == 0 { 2.0 } else { 0.0 })).collect();
+        let mut idx = ClusterIndex::new(d, Update::Adaptive { b_max: 16, eager: false });
+        idx.build(HeadKeys::new(&rows[..2000 * d], d));
+        for t in 2000..n {
+            idx.append(HeadKeys::new(&rows[..(t + 1) * d], d));
+        }
+        let keys = HeadKeys::new(&rows, d);
+        for trial in 0..40 {
+            let q: Vec<f32> = (0..3 * d).map(|_| 3.0 * rnd()).collect();
+            let budget = [1, 7, 50, 200, 640, 2999, 5000][trial % 7];
+            let eligible = [4..n - 64, 0..n, 100..2500, 4..n - 1][trial % 4].clone();
+            let (want, want_chosen) = walk(&idx, &q, eligible.clone(), budget);
+            let mut got = Vec::new();
+            assert_eq!(idx.choose(&q, &eligible, budget, &mut got), want_chosen, "trial {trial}, budget {budget}");
+            assert_eq!(got, want, "trial {trial}, budget {budget}");
+            got.clear();
+            idx.clone().select(keys, &q, eligible, budget, &mut got);
+            assert_eq!(got, want, "trial {trial}, budget {budget}");
+        }
     }
 }

@@ -22,10 +22,13 @@ enum Rows<'a> {
 }
 
 /// Read-only keys of one (layer, KV head): `len` keys of `dim` elements, in RAM or behind a
-/// [`RowSource`]. Invariant: keys `0..len` are readable, each the f16 bits written for it.
+/// [`RowSource`]. Invariant: keys `first..len` are readable (`first` is 0 but for a
+/// [`HeadKeys::window`]), each the f16 bits written for it.
 #[derive(Clone, Copy)]
 pub struct HeadKeys<'a> {
     rows: Rows<'a>,
+    /// The key `rows` starts with (RAM rows only).
+    first: usize,
     len: usize,
     dim: usize,
 }
@@ -34,13 +37,20 @@ impl<'a> HeadKeys<'a> {
     /// Keys over `rows` (`rows.len()` a multiple of `dim`).
     pub fn new(rows: &'a [f16], dim: usize) -> HeadKeys<'a> {
         assert!(dim > 0 && rows.len() % dim == 0, "HeadKeys: rows must be whole keys of {dim}");
-        HeadKeys { rows: Rows::Ram(rows), len: rows.len() / dim, dim }
+        HeadKeys { rows: Rows::Ram(rows), first: 0, len: rows.len() / dim, dim }
+    }
+
+    /// Keys `first..first + rows.len() / dim` over `rows`, the keys before `first` not
+    /// readable: one prefill segment's keys gathered apart (`len()` counts from 0).
+    pub fn window(rows: &'a [f16], first: usize, dim: usize) -> HeadKeys<'a> {
+        assert!(dim > 0 && rows.len() % dim == 0, "HeadKeys: rows must be whole keys of {dim}");
+        HeadKeys { rows: Rows::Ram(rows), first, len: first + rows.len() / dim, dim }
     }
 
     /// `len` keys of `dim` elements read through `source`.
     pub fn from_source(source: &'a dyn RowSource, len: usize, dim: usize) -> HeadKeys<'a> {
         assert!(dim > 0, "HeadKeys: zero dim");
-        HeadKeys { rows: Rows::Source(source), len, dim }
+        HeadKeys { rows: Rows::Source(source), first: 0, len, dim }
     }
 
     /// Tokens stored.
@@ -61,7 +71,7 @@ impl<'a> HeadKeys<'a> {
     /// Decodes key `t` into `out` (`dim` floats).
     pub fn row(&self, t: usize, out: &mut [f32]) {
         match self.rows {
-            Rows::Ram(r) => r[t * self.dim..(t + 1) * self.dim].convert_to_f32_slice(out),
+            Rows::Ram(r) => r[(t - self.first) * self.dim..(t - self.first + 1) * self.dim].convert_to_f32_slice(out),
             Rows::Source(s) => s.row(t, out),
         }
     }
@@ -69,7 +79,7 @@ impl<'a> HeadKeys<'a> {
     /// Decodes keys `range` into `out` (`range.len() * dim` floats).
     pub fn rows(&self, range: std::ops::Range<usize>, out: &mut [f32]) {
         match self.rows {
-            Rows::Ram(r) => r[range.start * self.dim..range.end * self.dim].convert_to_f32_slice(out),
+            Rows::Ram(r) => r[(range.start - self.first) * self.dim..(range.end - self.first) * self.dim].convert_to_f32_slice(out),
             Rows::Source(s) => {
                 for (i, t) in range.enumerate() {
                     s.row(t, &mut out[i * self.dim..(i + 1) * self.dim]);

@@ -11,7 +11,9 @@
 //!   keys its method chose, gathered into one chunk whose positions are named key by key (the
 //!   view contract).
 //! - [`offload`]: past a RAM budget, the older KV in a file per sequence in cluster-contiguous
-//!   order, read back through a reader thread and a cluster cache (lossless).
+//!   order, read back through a reader thread and a cluster cache (lossless); after the
+//!   prefill ([`SparseKv::offload`]) or while the prompt is written (bounded prefill,
+//!   [`SparseKv::offload_streaming`]: the KV in RAM never holds the whole prompt).
 //! - [`placement`]: co-retrieval placement — clusters the prefill's last queries retrieve
 //!   together are written next to each other in the offload file.
 //! - [`probe`]: what a selection loses (attention mass, attention output error), measured in

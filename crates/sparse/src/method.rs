@@ -9,14 +9,31 @@ use std::ops::Range;
 
 use crate::clusters::{ClusterIndex, Update};
 use crate::keys::{dot, HeadKeys};
+use crate::kmeans::SEGMENT;
 
 /// Per-head retrieval state of one method.
 pub trait HeadIndex: Send {
     /// A copy of this index's whole state (for forking a cache with its index).
     fn clone_box(&self) -> Box<dyn HeadIndex>;
 
-    /// Indexes tokens `0..keys.len()` (the prefill). Called once, before any `append`.
-    fn build(&mut self, keys: HeadKeys<'_>);
+    /// Indexes the prefill's tokens `range` (their keys readable in `keys`): called for
+    /// consecutive ranges from token 0, each [`SEGMENT`] tokens from a multiple of it but the
+    /// last, before any `append`; [`HeadIndex::finish_build`] ends the prefill. So a prefill
+    /// streamed to disk builds the index a segment at a time, exactly as [`HeadIndex::build`].
+    fn build_part(&mut self, keys: HeadKeys<'_>, range: Range<usize>);
+
+    /// The end of the prefill's indexing (after its last [`HeadIndex::build_part`]).
+    fn finish_build(&mut self) {}
+
+    /// Indexes tokens `0..keys.len()` (the prefill) at once: every segment, then the end.
+    /// Called once, before any `append`.
+    fn build(&mut self, keys: HeadKeys<'_>) {
+        let n = keys.len();
+        for s in (0..n).step_by(SEGMENT) {
+            self.build_part(keys, s..(s + SEGMENT).min(n));
+        }
+        self.finish_build();
+    }
 
     /// Token `keys.len() - 1` was just stored (a decode step).
     fn append(&mut self, keys: HeadKeys<'_>);
@@ -41,14 +58,21 @@ pub trait HeadIndex: Send {
 
     /// End of the prefill: `queries` (`[tokens × group, dim]`, the prefill's last query
     /// tokens, oldest first) are scored as `select` would score them, and which units each
-    /// would retrieve together is recorded for [`HeadIndex::placement`]. Changes no retrieval.
+    /// would retrieve together is recorded for [`HeadIndex::placement`] (replacing an earlier
+    /// calibration). Changes no retrieval.
     fn calibrate(&mut self, _queries: &[f32], _group: usize, _eligible: Range<usize>, _budget: usize) {}
 
     /// Every indexed token once, as (cluster, members) in the on-disk order that makes a
     /// cluster one contiguous read: with `co_retrieval`, clusters retrieved together at
     /// calibration lie next to each other ([`crate::placement`]), else in index order;
     /// `None`: position order.
-    fn placement(&self, _co_retrieval: bool) -> Option<Vec<(u32, Vec<u32>)>> {
+    fn placement(&self, co_retrieval: bool) -> Option<Vec<(u32, Vec<u32>)>> {
+        self.placement_of(co_retrieval, 0..u32::MAX)
+    }
+
+    /// [`HeadIndex::placement`] of the units in `units` only (those one prefill segment made:
+    /// its tokens' clusters), in the same relative order.
+    fn placement_of(&self, _co_retrieval: bool, _units: Range<u32>) -> Option<Vec<(u32, Vec<u32>)>> {
         None
     }
 
@@ -185,7 +209,7 @@ impl HeadIndex for NoIndex {
     fn clone_box(&self) -> Box<dyn HeadIndex> {
         Box::new(self.clone())
     }
-    fn build(&mut self, _keys: HeadKeys<'_>) {}
+    fn build_part(&mut self, _keys: HeadKeys<'_>, _range: Range<usize>) {}
     fn append(&mut self, _keys: HeadKeys<'_>) {}
     fn select(&mut self, _keys: HeadKeys<'_>, _q: &[f32], eligible: Range<usize>, _budget: usize, out: &mut Vec<u32>) {
         out.extend(eligible.map(|t| t as u32));
@@ -203,7 +227,7 @@ impl HeadIndex for TokenIndex {
     fn clone_box(&self) -> Box<dyn HeadIndex> {
         Box::new(self.clone())
     }
-    fn build(&mut self, _keys: HeadKeys<'_>) {}
+    fn build_part(&mut self, _keys: HeadKeys<'_>, _range: Range<usize>) {}
     fn append(&mut self, _keys: HeadKeys<'_>) {}
 
     fn select(&mut self, keys: HeadKeys<'_>, queries: &[f32], eligible: Range<usize>, budget: usize, out: &mut Vec<u32>) {
@@ -274,9 +298,9 @@ impl HeadIndex for QuestIndex {
     fn clone_box(&self) -> Box<dyn HeadIndex> {
         Box::new(self.clone())
     }
-    fn build(&mut self, keys: HeadKeys<'_>) {
+    fn build_part(&mut self, keys: HeadKeys<'_>, range: Range<usize>) {
         let mut x = vec![0f32; self.dim];
-        for t in 0..keys.len() {
+        for t in range {
             keys.row(t, &mut x);
             self.add(&x);
         }
@@ -328,7 +352,7 @@ impl HeadIndex for Streaming {
     fn clone_box(&self) -> Box<dyn HeadIndex> {
         Box::new(self.clone())
     }
-    fn build(&mut self, _keys: HeadKeys<'_>) {}
+    fn build_part(&mut self, _keys: HeadKeys<'_>, _range: Range<usize>) {}
     fn append(&mut self, _keys: HeadKeys<'_>) {}
     fn select(&mut self, _keys: HeadKeys<'_>, _q: &[f32], eligible: Range<usize>, budget: usize, out: &mut Vec<u32>) {
         if budget >= eligible.len() {

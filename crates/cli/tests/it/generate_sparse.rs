@@ -55,7 +55,7 @@ fn a_budget_covering_the_prompt_runs_exact_and_a_small_one_runs_sparse() {
 
 #[test]
 fn offloaded_generation_writes_what_the_in_ram_one_does_and_leaves_no_file() {
-    let long = "import os\nimport sys\n\ndef walk(root):\n    for name in os.listdir(root):\n        path = os.path.join(root, name)\n        yield path\n\n".repeat(12);
+    let long = "import os\nimport sys\n\ndef walk(root):\n    for name in os.listdir(root):\n        path = os.path.join(root, name)\n        yield path\n\n".repeat(24);
     let ram = generate(&long, &["--sparse", "dynakv", "--sparse-budget", "32"]);
     assert!(ram.status.success());
     let dir = tempfile::tempdir().unwrap();
@@ -64,6 +64,17 @@ fn offloaded_generation_writes_what_the_in_ram_one_does_and_leaves_no_file() {
     let err = String::from_utf8_lossy(&off.stderr);
     assert!(off.status.success(), "{err}");
     assert!(err.contains("offloaded:"), "{err}");
+    // The prompt spans several prefill chunks and goes to the file as it is written: the KV
+    // held in RAM during the prefill stays well below the prompt's.
+    let number = |after: &str| -> f64 {
+        err.split(after)
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{after:?} in {err}"))
+    };
+    assert!(number("prompt ") > 600.0, "{err}");
+    assert!(number("at most ") < number("MiB of ") / 2.0, "{err}");
     assert_eq!(off.stdout, ram.stdout, "offload is lossless");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the file is removed at exit");
     let missing = format!("{d}/no/such/dir");

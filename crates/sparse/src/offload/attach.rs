@@ -5,7 +5,7 @@ use std::io::{self, ErrorKind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use engram_model::{KvChunk, KvData, KvElem, KvRead};
+use engram_model::{KvChunk, KvData, KvElem};
 use half::f16;
 
 use super::{
@@ -13,7 +13,7 @@ use super::{
     Reader, Regions, Shared, SLACK,
 };
 use crate::method::NoIndex;
-use crate::SparseKv;
+use crate::{SparseConfig, SparseKv};
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(ErrorKind::InvalidInput, msg)
@@ -48,33 +48,12 @@ impl SparseKv {
         let (layers, heads, d) = (self.layers, self.heads, self.dim);
         let sinks = scfg.sinks;
         let origin: Vec<usize> = self.lens.iter().map(|&n| n.saturating_sub(scfg.recent).max(sinks.min(n))).collect();
-        let spec = FileSpec {
-            layers: layers as u32,
-            heads: heads as u32,
-            dim: d as u32,
-            fingerprint: fingerprint(cfg.model_fingerprint, &scfg, layers, heads, d, cfg.layout),
-        };
-        let rb = spec.row_bytes();
+        let rb = d * 4;
         let rows: u64 = origin.iter().map(|&o| (o.saturating_sub(sinks) * heads) as u64).sum();
         // The dual-head layout reserves a quarter more (at least a page) per pair as slack.
         let rows = if cfg.layout == Layout::DualHead { rows + rows / 4 + (rows / 64 + 16) * 2 } else { rows };
-        let need = rows * rb as u64 + file::HEADER;
-        let free =
-            file::free_bytes(&cfg.dir).map_err(|e| io::Error::new(e.kind(), format!("offload directory {}: {e}", cfg.dir.display())))?;
-        // Room for the offloaded KV and a quarter more for the tokens flushed later.
-        if free < need + need / 4 {
-            return Err(io::Error::new(
-                ErrorKind::StorageFull,
-                format!(
-                    "disk store too small: offloading needs {:.1} MiB (+25% for growth) in {}, {:.1} MiB free",
-                    need as f64 / (1 << 20) as f64,
-                    cfg.dir.display(),
-                    free as f64 / (1 << 20) as f64
-                ),
-            ));
-        }
-        let path = cfg.dir.join(format!("dynakv-{}-{}.kv", std::process::id(), FILES.fetch_add(1, Ordering::Relaxed)));
-        let mut f = OffloadFile::create(&path, spec)?;
+        let (mut f, shared, reader, prefetcher) = self.open_file(&cfg, &scfg, rows)?;
+        let path = f.path().to_path_buf();
         let mut slots = vec![Vec::new(); layers * heads];
         let mut regions = vec![Regions::default(); layers * heads];
         let page_rows = (4096 / rb).max(1);
@@ -132,23 +111,10 @@ impl SparseKv {
             }
             Ok(written)
         })();
-        let shared = Arc::new(Shared::new(ClusterCache::new(cfg.cache_bytes, rb, cfg.policy)));
-        let reader = written.and_then(|w| {
-            let reader = Reader::new(f.reader()?, rb, cfg.backend)?;
-            // The loader reads on its own thread: pread, or its own ring where the step's
-            // reads go through io_uring (a reader thread would only add a hop).
-            let prefetcher = if cfg.prefetch && cfg.cache_bytes > 0 {
-                let own = if reader.backend() == Backend::Uring { Backend::Uring } else { Backend::Inline };
-                Some(Prefetcher::new(shared.clone(), Reader::new(f.reader()?, rb, own)?, rb, cfg.gap)?)
-            } else {
-                None
-            };
-            Ok((w, reader, prefetcher))
-        });
-        let (written, reader, prefetcher) = match reader {
-            Ok(x) => x,
+        let written = match written {
+            Ok(w) => w,
             Err(e) => {
-                drop(f);
+                drop((f, reader, prefetcher));
                 let _ = std::fs::remove_file(&path);
                 return Err(e);
             }
@@ -193,8 +159,65 @@ impl SparseKv {
             slack_rows: order_slack,
             failed: Default::default(),
             failure: Mutex::new(None),
+            stream: None,
         }));
         Ok(true)
+    }
+
+    /// A new offload file for this cache in `cfg.dir` (room checked for `rows` rows and a
+    /// quarter more, for the tokens flushed later), its reader and the layer-ahead loader. On
+    /// error no file is left.
+    pub(super) fn open_file(
+        &self,
+        cfg: &OffloadConfig,
+        scfg: &SparseConfig,
+        rows: u64,
+    ) -> io::Result<(OffloadFile, Arc<Shared>, Reader, Option<Prefetcher>)> {
+        let (layers, heads, d) = (self.layers, self.heads, self.dim);
+        let spec = FileSpec {
+            layers: layers as u32,
+            heads: heads as u32,
+            dim: d as u32,
+            fingerprint: fingerprint(cfg.model_fingerprint, scfg, layers, heads, d, cfg.layout),
+        };
+        let rb = spec.row_bytes();
+        let need = rows * rb as u64 + file::HEADER;
+        let free =
+            file::free_bytes(&cfg.dir).map_err(|e| io::Error::new(e.kind(), format!("offload directory {}: {e}", cfg.dir.display())))?;
+        if free < need + need / 4 {
+            return Err(io::Error::new(
+                ErrorKind::StorageFull,
+                format!(
+                    "disk store too small: offloading needs {:.1} MiB (+25% for growth) in {}, {:.1} MiB free",
+                    need as f64 / (1 << 20) as f64,
+                    cfg.dir.display(),
+                    free as f64 / (1 << 20) as f64
+                ),
+            ));
+        }
+        let path = cfg.dir.join(format!("dynakv-{}-{}.kv", std::process::id(), FILES.fetch_add(1, Ordering::Relaxed)));
+        let f = OffloadFile::create(&path, spec)?;
+        let shared = Arc::new(Shared::new(ClusterCache::new(cfg.cache_bytes, rb, cfg.policy)));
+        let readers = (|| {
+            let reader = Reader::new(f.reader()?, rb, cfg.backend)?;
+            // The loader reads on its own thread: pread, or its own ring where the step's
+            // reads go through io_uring (a reader thread would only add a hop).
+            let prefetcher = if cfg.prefetch && cfg.cache_bytes > 0 {
+                let own = if reader.backend() == Backend::Uring { Backend::Uring } else { Backend::Inline };
+                Some(Prefetcher::new(shared.clone(), Reader::new(f.reader()?, rb, own)?, rb, cfg.gap)?)
+            } else {
+                None
+            };
+            Ok((reader, prefetcher))
+        })();
+        match readers {
+            Ok((reader, prefetcher)) => Ok((f, shared, reader, prefetcher)),
+            Err(e) => {
+                drop(f);
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
     }
 
     /// Whether the older KV is in a file.
@@ -284,7 +307,7 @@ impl SparseKv {
     }
 
     /// Drops the oldest `n` tokens of `layer`'s RAM tail (they are in the file now).
-    fn drop_flushed(&mut self, layer: usize, n: usize) {
+    pub(crate) fn drop_flushed(&mut self, layer: usize, n: usize) {
         let (heads, d, cap) = (self.heads, self.dim, self.cap);
         let held = self.lens[layer] - self.origin[layer];
         for h in 0..heads {
@@ -374,15 +397,6 @@ impl SparseKv {
         off.elsewhere_rows += (n * heads) as u64 - in_place;
         off.slack_rows = off.slack_rows + slack_new - slack_used;
         self.drop_flushed(layer, n);
-    }
-
-    /// A read that is not a retrieval (several query tokens, or exact reads asked for) on an
-    /// offloaded cache: every stored key of the head, gathered from RAM and the file.
-    pub(crate) fn gathered_all(&self, read: &KvRead<'_>, f: &mut dyn FnMut(&KvChunk<'_>)) {
-        let n = self.lens[read.layer];
-        if n > 0 {
-            self.emit(read.layer, read.kv_head, (0..n as u32).collect(), read.positions[0] as u64, false, f);
-        }
     }
 
     /// Every head's stored keys of `layer` as one chunk (offloaded cache).

@@ -136,6 +136,15 @@ impl OffloadFile {
         Ok(first)
     }
 
+    /// Reserves `n` rows at the file's end, unwritten (a hole, no disk used) until
+    /// [`OffloadFile::write_rows`] fills them; returns the first one's index.
+    pub fn reserve(&mut self, n: u64) -> io::Result<u64> {
+        let first = self.rows;
+        self.file.set_len(HEADER + (first + n) * self.spec.row_bytes() as u64)?;
+        self.rows += n;
+        Ok(first)
+    }
+
     /// Writes whole rows at row `first`, inside the rows appended so far (a region's slack);
     /// never past the end (that is [`OffloadFile::append`]).
     pub fn write_rows(&self, first: u64, bytes: &[u8]) -> io::Result<()> {

@@ -18,6 +18,10 @@
 //! cost that a cluster's decode-time members lie in later blocks (a second run per block;
 //! reads coalesce runs whose gap is at most [`OffloadConfig::gap`] rows).
 //!
+//! Bounded prefill (`stream.rs`, [`crate::SparseKv::offload_streaming`]): the same file
+//! filled while the prompt is written, a segment's region at a time, so the KV in RAM stays
+//! within the budget whatever the prompt's length.
+//!
 //! Reads ([`reader`]): the rows of each cluster a step fetches come from the cluster cache
 //! ([`unit_cache`]) or from the file in coalesced runs, each one `pread` on a reader thread or
 //! inline, or all at once through `io_uring`; a loader thread prefetches the next layer's
@@ -35,6 +39,7 @@ mod prefetch;
 pub mod reader;
 mod regions;
 mod source;
+mod stream;
 pub mod unit_cache;
 
 use std::path::PathBuf;
@@ -49,6 +54,7 @@ pub use reader::{Backend, Reader};
 pub use regions::Layout;
 pub(crate) use regions::{Regions, SLACK};
 pub(crate) use source::{HeadSource, Purpose, Staging};
+pub(crate) use stream::Stream;
 pub use unit_cache::{CacheStats, ClusterCache, Policy};
 
 /// Where and how a sequence's KV is offloaded. Invariant: `flush >= 1`.
@@ -109,6 +115,10 @@ pub struct OffloadStats {
     /// Bytes and reads done only to split a cluster not in RAM.
     pub split_bytes: u64,
     pub split_ops: u64,
+    /// Bytes and reads of reads of every key (a prefill's exact attention over a cache
+    /// streamed to its file, exact reads of an offloaded cache, a segment's keys to cluster).
+    pub full_bytes: u64,
+    pub full_ops: u64,
     /// Bytes written (the offload and later flushes).
     pub written_bytes: u64,
     /// Flushes that failed (disk full): their tokens stayed in RAM.
@@ -140,6 +150,8 @@ pub(crate) struct Counters {
     pub read_ops: AtomicU64,
     pub split_bytes: AtomicU64,
     pub split_ops: AtomicU64,
+    pub full_bytes: AtomicU64,
+    pub full_ops: AtomicU64,
     pub prefetch_bytes: AtomicU64,
     pub prefetch_ops: AtomicU64,
     pub prefetch_waits: AtomicU64,
@@ -176,6 +188,8 @@ pub(crate) struct Offloaded {
     /// sequence); once set, the cache answers nothing more ([`Offloaded::failure`]).
     pub failed: AtomicBool,
     pub failure: Mutex<Option<String>>,
+    /// A bounded prefill under way (`stream.rs`); `None` once the index is built.
+    pub stream: Option<Stream>,
 }
 
 impl Offloaded {
@@ -188,6 +202,8 @@ impl Offloaded {
             read_ops: c.read_ops.load(Ordering::Relaxed),
             split_bytes: c.split_bytes.load(Ordering::Relaxed),
             split_ops: c.split_ops.load(Ordering::Relaxed),
+            full_bytes: c.full_bytes.load(Ordering::Relaxed),
+            full_ops: c.full_ops.load(Ordering::Relaxed),
             written_bytes: self.written,
             flush_failures: self.flush_failures,
             flushed_in_place_rows: self.in_place_rows,
@@ -234,6 +250,7 @@ impl Offloaded {
         let (bytes, nops) = match purpose {
             Purpose::Retrieval => (&c.read_bytes, &c.read_ops),
             Purpose::Split => (&c.split_bytes, &c.split_ops),
+            Purpose::Full => (&c.full_bytes, &c.full_ops),
         };
         bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         nops.fetch_add(ops, Ordering::Relaxed);

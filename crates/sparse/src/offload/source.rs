@@ -23,6 +23,8 @@ pub(crate) enum Purpose {
     Retrieval,
     /// A split of a cluster the step did not fetch (eager, or forced by `B_max`).
     Split,
+    /// Every key of a head (not a retrieval: `OffloadStats::full_bytes`).
+    Full,
 }
 
 /// Rows read during one step of one head: file row → offset in `bytes`.

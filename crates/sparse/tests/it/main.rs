@@ -7,3 +7,4 @@ mod common;
 mod clusters;
 mod exact;
 mod offload;
+mod stream;
