@@ -68,6 +68,10 @@ pub struct SessionStore {
     remote: Option<RemoteKv>,
 }
 
+/// Bytes of a request's text that the local tiers must leave uncovered before the remote tier
+/// is asked for more: a few characters are cheaper to prefill than a round trip.
+const REMOTE_MIN_GAIN: usize = 64;
+
 /// The longest common prefix of `a` and `b`, in bytes, on a char boundary.
 fn common_prefix(a: &str, b: &str) -> usize {
     let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
@@ -215,30 +219,32 @@ impl SessionStore {
         Some(SessionRestore::pending(session, check))
     }
 
-    /// On a local miss, loads `owner`'s session from the remote tier into RAM (verified as it
-    /// is read): the named one if it is neither in RAM nor on disk here, else (no name) the
-    /// owner's session sharing the most text with `text` when no session here continues it.
-    /// Only the tokens whose text is shared are fetched. Nothing happens without a remote tier.
+    /// When the local tiers cover less of `text` than the remote tier may, loads `owner`'s
+    /// session from there into RAM (verified as it is read), replacing an older copy here: the
+    /// named one, else (no name) the owner's session sharing the most text with `text`. Asked
+    /// only when more than [`REMOTE_MIN_GAIN`] bytes of `text` are not covered by a session here
+    /// (another replica may have continued the conversation since), and used only if it covers
+    /// more. Only the tokens whose text is shared are fetched. Nothing happens without a tier.
     fn restore_remote(&mut self, owner: &str, session_id: Option<&str>, text: &str) {
         let Some(remote) = self.remote.clone() else { return };
         let key = |id: &str| (owner.to_string(), id.to_string());
+        let covered = |t: &str| if t.is_empty() { 0 } else { common_prefix(t, text) };
         let local = match session_id {
-            Some(id) => self.sessions.contains_key(&key(id)) || self.on_disk.contains_key(&key(id)),
-            None => self
-                .sessions
-                .values()
-                .filter(|s| s.owner == owner && !s.text.is_empty())
-                .any(|s| common_prefix(&s.text, text) == s.text.len()),
+            Some(id) => {
+                let k = key(id);
+                self.sessions.get(&k).map(|s| covered(&s.text)).max(self.on_disk.get(&k).map(|e| covered(&e.text))).unwrap_or(0)
+            }
+            None => self.sessions.values().filter(|s| s.owner == owner).map(|s| covered(&s.text)).max().unwrap_or(0),
         };
-        if local {
+        if text.len() <= local + REMOTE_MIN_GAIN {
             return;
         }
         let tenant = Some(account(owner));
         let Some(m) = remote.find_manifest(tenant, owner, session_id, text) else { return };
-        if self.sessions.contains_key(&key(&m.session_id)) && session_id.is_none() {
-            return; // Ours already, and not continued by this text: nothing better there.
-        }
         let c = common_prefix(&m.text, text);
+        if c <= local {
+            return; // Nothing there beyond what is here.
+        }
         let upto = m.token_ends.iter().take_while(|&&e| e <= c).count();
         if upto == 0 {
             return;
