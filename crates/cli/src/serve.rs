@@ -60,7 +60,7 @@ pub struct Args {
     #[arg(long)]
     share_prefixes_across_tenants: bool,
     /// A remote KV tier that a fleet of servers shares, under RAM and disk:
-    /// `redis://[user:password@]host:port[/db]` (Redis or Valkey). Sessions, agents' caches
+    /// `redis://[user:password@]host:port[/db]` (Redis or Valkey; `rediss://` for TLS). Sessions, agents' caches
     /// and prefix chains are written there behind the local tiers and looked up there on a local
     /// miss, so a request reaching another replica continues warm. Bound the store with its own
     /// `maxmemory` and an LRU/LFU policy. Off by default.
@@ -74,6 +74,10 @@ pub struct Args {
     /// store costs a request at most about this per trip, then it is a miss.
     #[arg(long, default_value_t = engram_remote::DEFAULT_TIMEOUT.as_millis() as u64)]
     kv_remote_timeout_ms: u64,
+    /// For a `rediss://` (TLS) remote tier: a PEM file of the authority that signed the
+    /// store's certificate (default: the system's trusted roots).
+    #[arg(long, value_name = "PEM", requires = "kv_remote")]
+    kv_remote_ca: Option<PathBuf>,
     /// Speculative decoding for requests that do not choose (their `draft` field): `none`, or
     /// `prompt-lookup` (drafts copied from earlier in the context, verified in one step; the
     /// output is identical, only faster when the answer repeats its context, as code edits do),
@@ -353,6 +357,9 @@ fn remote_tier(a: &Args) -> Result<Option<engram_remote::RemoteTier>> {
     }
     let mut config = engram_remote::RemoteConfig::new(url.clone());
     config.timeout = Duration::from_millis(a.kv_remote_timeout_ms);
+    if let Some(ca) = &a.kv_remote_ca {
+        config.ca_pem = Some(std::fs::read(ca).with_context(|| format!("--kv-remote-ca {}", ca.display()))?);
+    }
     for t in &a.kv_remote_tenant {
         let (tenant, url) = t.split_once('=').with_context(|| format!("--kv-remote-tenant wants TENANT=URL, got {t:?}"))?;
         config.tenant_urls.push((tenant.to_string(), url.to_string()));

@@ -13,8 +13,8 @@ pub const DEFAULT_MAX_QUEUED: usize = 64;
 /// How the remote tier is reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteConfig {
-    /// `redis://[user:password@]host:port[/db]` (Redis or Valkey): every tenant's keys unless
-    /// `tenant_urls` names the tenant.
+    /// `redis://[user:password@]host:port[/db]` (Redis or Valkey), or `rediss://…` for TLS:
+    /// every tenant's keys unless `tenant_urls` names the tenant.
     pub url: String,
     /// Per tenant, the URL whose user (a Redis ACL user allowed only that tenant's key
     /// pattern, [`crate::tenant_key_pattern`]) reads and writes that tenant's keys.
@@ -25,6 +25,9 @@ pub struct RemoteConfig {
     pub run_tokens: usize,
     /// Most writes waiting for the writer thread.
     pub max_queued: usize,
+    /// For `rediss://` URLs: the PEM certificate(s) of the authority that signed the store's
+    /// certificate (`None`: the system's trusted roots).
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl RemoteConfig {
@@ -36,6 +39,7 @@ impl RemoteConfig {
             timeout: DEFAULT_TIMEOUT,
             run_tokens: DEFAULT_RUN_TOKENS,
             max_queued: DEFAULT_MAX_QUEUED,
+            ca_pem: None,
         }
     }
 

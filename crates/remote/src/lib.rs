@@ -4,9 +4,9 @@
 //! speaks the same protocol). A replica that has not seen a conversation finds its KV here
 //! instead of prefilling it again.
 //!
-//! - [`RemoteTier`]: the shared handle — connection links with timeouts and backoff
-//!   (`link.rs`), the write-behind thread (`writer.rs`), tenants' records (an agent's
-//!   definition), counters ([`RemoteStats`], shown as `engram_remote_*`).
+//! - [`RemoteTier`]: the shared handle — connection links with timeouts and backoff, plain or
+//!   TLS (`rediss://`, rustls; `link.rs`), the write-behind thread (`writer.rs`), tenants'
+//!   records (an agent's definition), counters ([`RemoteStats`], shown as `engram_remote_*`).
 //! - [`RemoteKv`]: the tier for one model's caches — sessions saved as content-addressed runs
 //!   of blocks plus a manifest, restored on a local miss with a few pipelined `MGET`s;
 //!   prefix chains found by the same run keys.

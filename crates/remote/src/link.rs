@@ -38,9 +38,10 @@ pub struct Link {
 }
 
 impl Link {
-    /// A link to `url` (`redis://[user:password@]host:port[/db]`); connects on first use.
-    pub fn new(url: &str, timeout: Duration, stats: Stats) -> Result<Link, redis::RedisError> {
-        Ok(Link { client: redis::Client::open(url)?, timeout, conn: None, retry_at: None, stats })
+    /// A link to `url` (`redis://[user:password@]host:port[/db]`, or `rediss://` for TLS,
+    /// verified against `ca_pem` if given, else the system's roots); connects on first use.
+    pub fn new(url: &str, timeout: Duration, ca_pem: Option<&[u8]>, stats: Stats) -> Result<Link, redis::RedisError> {
+        Ok(Link { client: client(url, ca_pem)?, timeout, conn: None, retry_at: None, stats })
     }
 
     /// Runs `f` on the connection (connecting first if needed). A failure drops the connection
@@ -101,5 +102,16 @@ impl Link {
             tracing::warn!("remote KV tier failed ({e}); serving from local tiers, retrying with backoff");
         }
         self.retry_at = Some((Instant::now() + wait, wait));
+    }
+}
+
+/// A client for `url`: TLS with `ca_pem` as the trusted authority for a `rediss://` URL when
+/// given, else as the URL says.
+pub(crate) fn client(url: &str, ca_pem: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+    match ca_pem {
+        Some(pem) if url.starts_with("rediss://") => {
+            redis::Client::build_with_tls(url, redis::TlsCertificates { client_tls: None, root_cert: Some(pem.to_vec()) })
+        }
+        _ => redis::Client::open(url),
     }
 }

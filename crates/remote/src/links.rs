@@ -36,7 +36,7 @@ impl Links {
     ) -> Result<T, LinkError> {
         let url = self.config.url_for(tenant).to_string();
         if !self.by_url.contains_key(&url) {
-            let link = Link::new(&url, self.config.timeout, self.stats.clone())?;
+            let link = Link::new(&url, self.config.timeout, self.config.ca_pem.as_deref(), self.stats.clone())?;
             self.by_url.insert(url.clone(), link);
         }
         self.by_url.get_mut(&url).expect("inserted above").run(f)

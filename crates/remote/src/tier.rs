@@ -68,7 +68,7 @@ impl RemoteTier {
     /// is only a miss on each lookup until it is up); only a URL that does not parse fails.
     pub fn new(config: RemoteConfig) -> Result<RemoteTier, String> {
         for url in std::iter::once(&config.url).chain(config.tenant_urls.iter().map(|(_, u)| u)) {
-            redis::Client::open(url.as_str()).map_err(|e| format!("--kv-remote {}: {e}", redact(url)))?;
+            crate::link::client(url, config.ca_pem.as_deref()).map_err(|e| format!("--kv-remote {}: {e}", redact(url)))?;
         }
         if config.run_tokens == 0 || config.run_tokens % engram_kv::BLOCK_TOKENS != 0 {
             return Err(format!("runs of {} tokens are not whole blocks of {}", config.run_tokens, engram_kv::BLOCK_TOKENS));

@@ -7,3 +7,4 @@ mod common;
 mod faults;
 mod sessions;
 mod tenants;
+mod tls;
