@@ -124,10 +124,12 @@ def test_an_agent_follows_its_conversation_to_another_replica(tmp_path, redis):
         history.append({"role": "assistant", "content": text})
         # Turn 2 on B: the agent and its cache come from Redis (written behind A's turn).
         history.append({"role": "user", "content": TURNS[1]})
+        # B lists the agents A created (the tier's index), and finds them by id.
         deadline = time.time() + 10
-        while requests.get(ub + "/v1/agents/helper", timeout=30).status_code != 200:
-            assert time.time() < deadline, "replica B never found the agent"
+        while {a["id"] for a in requests.get(ub + "/v1/agents", timeout=30).json()["data"]} != {"helper"}:
+            assert time.time() < deadline, "replica B never listed A's agent"
             time.sleep(0.1)
+        assert requests.get(ub + "/v1/agents/helper", timeout=30).status_code == 200
         time.sleep(0.5)  # A's write-behind of the session
         text, cached = generate(ub, "helper", history)
         assert text == expected[1], "B answers as a single server does"

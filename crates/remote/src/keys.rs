@@ -5,6 +5,7 @@
 //!  engram:v1:t:<tenant tag>:<model tag>:sess:<session hash>  a session's manifest (text, tokens, ends)
 //!  engram:v1:t:<tenant tag>:<model tag>:owner:<owner hash>   the set of an owner's session ids
 //!  engram:v1:t:<tenant tag>:doc:<kind>:<name hash>           a small record (an agent), any model
+//!  engram:v1:t:<tenant tag>:doc:<kind>:index                 the set of a tenant's record names
 //!  engram:v1:shared:<model tag>:run:<chain hash>             a run of a chain shared across tenants
 //! ```
 //! `tenant tag` is 16 hex digits of a blake3 hash of the tenant name, so every key of a tenant
@@ -89,6 +90,11 @@ impl KeySpace {
         field(&mut h, b"owner");
         field(&mut h, owner.as_bytes());
         format!("{}{}:owner:{}", self.tenant_prefix, self.model, hex(&h, 32))
+    }
+
+    /// The key of the set of the names of this tenant's records of kind `kind`.
+    pub fn doc_index(&self, kind: &str) -> String {
+        format!("{}doc:{kind}:index", self.tenant_prefix)
     }
 
     /// The key of the record `name` of kind `kind` (any model: records are not KV).

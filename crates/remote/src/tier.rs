@@ -135,15 +135,39 @@ impl RemoteTier {
 
     /// Stores `tenant`'s record `name` of kind `kind` (its JSON `body`), behind the caller.
     pub fn put_record(&self, tenant: &str, kind: &str, name: &str, body: String) {
-        let key = KeySpace::new(Some(tenant), "").doc(kind, name);
+        let space = KeySpace::new(Some(tenant), "");
+        let key = space.doc(kind, name);
         let value = Record { tenant: tenant.into(), kind: kind.into(), name: name.into(), body }.seal();
-        self.enqueue(key.clone(), Job::Record { tenant: tenant.into(), key, value });
+        let index = (space.doc_index(kind), name.to_string());
+        self.enqueue(key.clone(), Job::Record { tenant: tenant.into(), key, value, index });
     }
 
     /// Deletes `tenant`'s record `name` of kind `kind`, behind the caller.
     pub fn delete_record(&self, tenant: &str, kind: &str, name: &str) {
-        let key = KeySpace::new(Some(tenant), "").doc(kind, name);
-        self.enqueue(key.clone(), Job::Delete { tenant: Some(tenant.into()), keys: vec![key] });
+        let space = KeySpace::new(Some(tenant), "");
+        let key = space.doc(kind, name);
+        let unindex = vec![(space.doc_index(kind), name.to_string())];
+        self.enqueue(key.clone(), Job::Delete { tenant: Some(tenant.into()), keys: vec![key], unindex });
+    }
+
+    /// The names of `tenant`'s records of kind `kind` in the store (at most `most`, sorted);
+    /// `None` if the store cannot be read (counted). One round trip, bounded by the timeout.
+    pub fn record_names(&self, tenant: &str, kind: &str, most: usize) -> Option<Vec<String>> {
+        let set = KeySpace::new(Some(tenant), "").doc_index(kind);
+        let got: Result<Vec<String>, LinkError> =
+            self.0.record_reads.lock().expect("links lock").run(Some(tenant), |c| redis::cmd("SMEMBERS").arg(&set).query(c));
+        match got {
+            Ok(mut names) => {
+                names.sort();
+                names.truncate(most);
+                Some(names)
+            }
+            Err(e) => {
+                self.0.stats.read_error();
+                tracing::debug!("remote record index read failed: {e}");
+                None
+            }
+        }
     }
 
     /// `tenant`'s record `name` of kind `kind` (its JSON body), if the store has a sound one.

@@ -43,10 +43,10 @@ pub(crate) enum Job {
     /// A session's KV (runs, under `runs`: the tenant's keys, or the shared ones for a chain
     /// shared across tenants) and manifest (under `space`, the tenant's).
     Session { space: KeySpace, tenant: Option<String>, runs: (KeySpace, Option<String>), manifest: Manifest, kv: SeqKv },
-    /// A record's sealed value.
-    Record { tenant: String, key: String, value: Vec<u8> },
-    /// Keys to delete.
-    Delete { tenant: Option<String>, keys: Vec<String> },
+    /// A record's sealed value, and its name added to its kind's index set.
+    Record { tenant: String, key: String, value: Vec<u8>, index: (String, String) },
+    /// Keys to delete, and names to take out of index sets.
+    Delete { tenant: Option<String>, keys: Vec<String>, unindex: Vec<(String, String)> },
     /// Every session manifest of an owner, and the owner's set.
     ForgetOwner { space: KeySpace, tenant: Option<String>, owner: String },
 }
@@ -110,12 +110,19 @@ pub(crate) fn run(rx: Receiver<Msg>, queue: Arc<Mutex<Queue>>, mut links: Links,
                     Job::Session { space, tenant, runs, manifest, kv } => {
                         write_session(&mut links, &stats, (&space, tenant.as_deref()), (&runs.0, runs.1.as_deref()), &manifest, &kv)
                     }
-                    Job::Record { tenant, key, value } => {
+                    Job::Record { tenant, key, value, index } => {
                         let n = value.len();
-                        links.run(Some(&tenant), |c| redis::cmd("SET").arg(&key).arg(value).query::<()>(c)).map(|()| n)
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("SET").arg(&key).arg(value).ignore().cmd("SADD").arg(&index.0).arg(&index.1).ignore();
+                        links.run(Some(&tenant), |c| pipe.query::<()>(c)).map(|()| n)
                     }
-                    Job::Delete { tenant, keys } => {
-                        links.run(tenant.as_deref(), |c| redis::cmd("DEL").arg(&keys).query::<()>(c)).map(|()| 0)
+                    Job::Delete { tenant, keys, unindex } => {
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("DEL").arg(&keys).ignore();
+                        for (set, name) in &unindex {
+                            pipe.cmd("SREM").arg(set).arg(name).ignore();
+                        }
+                        links.run(tenant.as_deref(), |c| pipe.query::<()>(c)).map(|()| 0)
                     }
                     Job::ForgetOwner { space, tenant, owner } => forget_owner(&mut links, &space, tenant.as_deref(), &owner),
                 };

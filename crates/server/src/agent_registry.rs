@@ -115,7 +115,9 @@ impl Agents {
 
     /// Shares agents through the remote tier: every create and delete is also written there
     /// (behind the caller), and [`Agents::get`] looks there for an agent it does not know
-    /// (created on another replica), keeping what it finds. Listing shows the agents known here.
+    /// (created on another replica), keeping what it finds; [`Agents::list`] adds the agents the
+    /// tier's index names. An agent deleted on another replica stays known here until deleted
+    /// here too.
     pub fn with_remote(mut self, remote: engram_remote::RemoteTier) -> Agents {
         self.remote = Some(remote);
         self
@@ -213,8 +215,19 @@ impl Agents {
         })
     }
 
-    /// `tenant`'s agents, by id.
+    /// `tenant`'s agents, by id: those known here and (with a remote tier) those other
+    /// replicas created, found in the tier's index and kept here.
     pub fn list(&self, tenant: &str) -> Vec<Agent> {
+        if let Some(names) = self.remote.as_ref().and_then(|r| r.record_names(tenant, REMOTE_KIND, MAX_AGENTS_PER_TENANT)) {
+            let unknown: Vec<String> = {
+                let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+                let mine = r.by_tenant.get(tenant);
+                names.into_iter().filter(|n| !mine.is_some_and(|a| a.contains_key(n))).collect()
+            };
+            for id in unknown {
+                self.adopt_remote(tenant, &id);
+            }
+        }
         let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         r.by_tenant.get(tenant).map(|a| a.values().cloned().collect()).unwrap_or_default()
     }

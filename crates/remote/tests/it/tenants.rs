@@ -81,13 +81,18 @@ fn records_are_per_tenant_and_deleted_behind_the_caller() {
     let redis = Redis::start(&[]);
     let t = RemoteTier::new(RemoteConfig::new(redis.url())).unwrap();
     t.put_record("alice", "agent", "a1", "{\"name\":\"one\"}".into());
+    t.put_record("alice", "agent", "a0", "{}".into());
     t.flush();
+    assert_eq!(t.record_names("alice", "agent", 10), Some(vec!["a0".to_string(), "a1".to_string()]));
+    assert_eq!(t.record_names("alice", "agent", 1), Some(vec!["a0".to_string()]));
+    assert_eq!(t.record_names("bob", "agent", 10), Some(vec![]));
     assert_eq!(t.get_record("alice", "agent", "a1").as_deref(), Some("{\"name\":\"one\"}"));
     assert_eq!(t.get_record("bob", "agent", "a1"), None);
     assert_eq!(t.get_record("alice", "agent", "a2"), None);
     t.delete_record("alice", "agent", "a1");
     t.flush();
     assert_eq!(t.get_record("alice", "agent", "a1"), None);
+    assert_eq!(t.record_names("alice", "agent", 10), Some(vec!["a0".to_string()]));
     // Forgetting an owner drops its manifests (a replica then finds nothing to continue).
     let remote = t.for_model(FP.into());
     let p = pool(KvFormat::F16);
