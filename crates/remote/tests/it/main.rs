@@ -5,6 +5,7 @@
 mod common;
 
 mod faults;
+mod restore_profile;
 mod sessions;
 mod tenants;
 mod tls;
