@@ -282,13 +282,15 @@ impl RemoteKv {
         self.tier.enqueue(key, Job::Session { space, tenant: tenant.map(str::to_string), runs, manifest, kv });
     }
 
-    /// Forgets `owner`'s sessions in the store (manifests and set; their runs stay until the
-    /// store evicts them, unreachable without the tokens and salt), behind the caller.
+    /// Forgets `owner`'s sessions in the store, behind the caller: their manifests, the runs of
+    /// their chains (salted by the owner; a chain shared across tenants is left to the store's
+    /// eviction), and the owner's set.
     pub fn forget_owner(&self, tenant: Option<&str>, owner: &str) {
         self.tier.0.queue.lock().expect("queue lock").drop_owner(owner);
         let space = self.space(tenant);
         let key = format!("forget:{}", space.owner(owner));
-        self.tier.enqueue(key, Job::ForgetOwner { space, tenant: tenant.map(str::to_string), owner: owner.into() });
+        let fingerprint = self.fingerprint.clone();
+        self.tier.enqueue(key, Job::ForgetOwner { space, tenant: tenant.map(str::to_string), owner: owner.into(), fingerprint });
     }
 
     /// The manifest of `owner`'s session `session_id`, or (no id) of the owner's session whose

@@ -47,8 +47,9 @@ pub(crate) enum Job {
     Record { tenant: String, key: String, value: Vec<u8>, index: (String, String) },
     /// Keys to delete, and names to take out of index sets.
     Delete { tenant: Option<String>, keys: Vec<String>, unindex: Vec<(String, String)> },
-    /// Every session manifest of an owner, and the owner's set.
-    ForgetOwner { space: KeySpace, tenant: Option<String>, owner: String },
+    /// Every session of an owner (manifests for caches with `fingerprint`, the runs of their
+    /// salted chains), and the owner's set.
+    ForgetOwner { space: KeySpace, tenant: Option<String>, owner: String, fingerprint: String },
 }
 
 /// What the channel carries: a job's key and number in [`Queue`], or a flush.
@@ -124,7 +125,9 @@ pub(crate) fn run(rx: Receiver<Msg>, queue: Arc<Mutex<Queue>>, mut links: Links,
                         }
                         links.run(tenant.as_deref(), |c| pipe.query::<()>(c)).map(|()| 0)
                     }
-                    Job::ForgetOwner { space, tenant, owner } => forget_owner(&mut links, &space, tenant.as_deref(), &owner),
+                    Job::ForgetOwner { space, tenant, owner, fingerprint } => {
+                        forget_owner(&mut links, &space, tenant.as_deref(), &owner, &fingerprint)
+                    }
                 };
                 match result {
                     Ok(bytes) => stats.wrote(bytes),
@@ -214,11 +217,28 @@ pub(crate) fn run_owner(salt: Option<&str>) -> String {
     salt.map_or_else(String::new, |s| format!("salt/{s}"))
 }
 
-/// Deletes `owner`'s manifests and set; bytes written (none).
-fn forget_owner(links: &mut Links, space: &KeySpace, tenant: Option<&str>, owner: &str) -> Result<usize, crate::link::LinkError> {
+/// Deletes `owner`'s manifests, the runs of their salted chains (an owner's own: a chain
+/// shared across tenants is left to the store's eviction) and the owner's set; bytes written
+/// (none). A manifest that does not open names no runs to delete.
+fn forget_owner(
+    links: &mut Links,
+    space: &KeySpace,
+    tenant: Option<&str>,
+    owner: &str,
+    fingerprint: &str,
+) -> Result<usize, crate::link::LinkError> {
     let set = space.owner(owner);
     let ids: Vec<String> = links.run(tenant, |c| redis::cmd("SMEMBERS").arg(&set).query(c))?;
     let mut keys: Vec<String> = ids.iter().map(|id| space.session(owner, id)).collect();
+    if !keys.is_empty() {
+        let manifests: Vec<Option<Vec<u8>>> = links.run(tenant, |c| redis::cmd("MGET").arg(&keys).query(c))?;
+        for bytes in manifests.into_iter().flatten() {
+            let Ok(m) = Manifest::open(&bytes, fingerprint, owner, None) else { continue };
+            if m.salt.is_some() {
+                keys.extend(chain_hashes(fingerprint, m.salt.as_deref(), &m.tokens, m.run_tokens).iter().map(|h| space.run(h)));
+            }
+        }
+    }
     keys.push(set);
     links.run(tenant, |c| redis::cmd("DEL").arg(&keys).query::<()>(c))?;
     Ok(0)

@@ -100,8 +100,17 @@ fn records_are_per_tenant_and_deleted_behind_the_caller() {
     remote.save_session(Some("alice"), "alice", "s", Some("alice"), &text, &tokens, &ends, make_kv(&p, 40, 1));
     t.flush();
     assert!(remote.find_manifest(Some("alice"), "alice", None, &text).is_some());
+    // Bob's session with the same tokens: his own (salted) runs, which alice's forget leaves.
+    remote.save_session(Some("bob"), "bob", "s", Some("bob"), &text, &tokens, &ends, make_kv(&p, 40, 1));
+    t.flush();
+    let runs = |r: &Redis| r.keys().iter().filter(|k| k.contains(":run:")).count();
+    assert_eq!(runs(&redis), 2, "one run each (40 tokens in runs of 512)");
     remote.forget_owner(Some("alice"), "alice");
     t.flush();
     assert!(remote.find_manifest(Some("alice"), "alice", None, &text).is_none());
     assert!(remote.find_manifest(Some("alice"), "alice", Some("s"), &text).is_none());
+    assert_eq!(runs(&redis), 1, "alice's run is gone, bob's stays");
+    assert!(remote.find_manifest(Some("bob"), "bob", Some("s"), &text).is_some());
+    let p2 = pool(KvFormat::F16);
+    assert_eq!(remote.fetch_kv(Some("bob"), Some("bob"), &tokens, 40, &p2, VOCAB).map(|k| k.len()), Some(40));
 }
