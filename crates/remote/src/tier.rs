@@ -350,9 +350,9 @@ impl RemoteKv {
         self.fetch_kv(tenant, salt, &tokens[..whole], whole, pool, vocab).filter(|kv| kv.len() > have)
     }
 
-    /// The KV of `tokens[..upto]` (rounded down to a run boundary unless `upto` is the end) in
-    /// the chain hashed under `salt`, from the store: the longest prefix of runs present and
-    /// sound, `None` if not even the first is. Runs are fetched a few per round trip (one
+    /// The KV of `tokens[..upto]` in the chain hashed under `salt`, from the store: the runs
+    /// covering it, cut back to `upto`, or the longest prefix of them present and sound
+    /// (`None` if not even the first is). Runs are fetched a few per round trip (one
     /// pipelined `MGET` each), checked (checksum, fingerprint, owner, tokens), decoded into
     /// blocks charged to `pool`, and put together.
     pub fn fetch_kv(
@@ -366,10 +366,12 @@ impl RemoteKv {
     ) -> Option<SeqKv> {
         let run = self.tier.0.config.run_tokens;
         let upto = upto.min(tokens.len());
-        let end = if upto == tokens.len() { upto } else { upto / run * run };
-        if end == 0 {
+        if upto == 0 {
             return None;
         }
+        // Whole runs up to the one holding token `upto - 1` (the last run may be partial: the
+        // sequence's end); the result is cut back to `upto` below.
+        let end = (upto.div_ceil(run) * run).min(tokens.len());
         let stats = &self.tier.0.stats;
         // A chain shared across tenants (no salt) lives under the shared keys.
         let tenant = salt.and(tenant);
@@ -407,7 +409,8 @@ impl RemoteKv {
                 }
             }
         }
-        let kv = SeqKv::concat(pool, parts)?;
+        let mut kv = SeqKv::concat(pool, parts)?;
+        kv.truncate(upto);
         if kv.is_empty() {
             return None;
         }

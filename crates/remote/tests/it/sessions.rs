@@ -43,6 +43,11 @@ fn sessions_round_trip_exactly_in_every_format() {
             assert!(rows(&got, n) == rows(&kv, n), "{format}, {n} tokens: rows and window as saved");
             assert!(p.used() > used, "restored blocks are charged to the pool");
 
+            // Part of it (a request that diverges inside a run): exactly that many tokens.
+            let part = n * 2 / 3;
+            let got = remote.fetch_kv(Some("alice"), m.salt.as_deref(), &m.tokens, part, &p, VOCAB).expect("a part");
+            assert_eq!(got.len(), part, "{format}, {n} tokens: cut back to {part}");
+            assert!(rows(&got, part).0 == rows(&kv, part).0, "{format}, {part} of {n} tokens");
             // Without an id: the owner's session sharing the most text.
             let longer = format!("{text}and more");
             assert_eq!(remote.find_manifest(Some("alice"), "alice", None, &longer).map(|m| m.session_id), Some(id.clone()));
