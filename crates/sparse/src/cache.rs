@@ -269,11 +269,7 @@ impl SparseKv {
                     let keys = self.head_keys(i / self.heads, i % self.heads, n);
                     let mut idx = index[i].lock().expect("index lock");
                     idx.0.build(keys);
-                    let calib = self.calib[i].lock().expect("calib lock");
-                    if !calib.queries.is_empty() {
-                        let sinks = cfg.sinks.min(n);
-                        idx.0.calibrate(&calib.queries, calib.group, sinks..n.saturating_sub(cfg.recent).max(sinks), cfg.budget);
-                    }
+                    self.calib[i].lock().expect("calib lock").apply(idx.0.as_mut(), n, &cfg);
                     idx.0.drain_touched(&mut Vec::new());
                 });
             }

@@ -46,6 +46,18 @@ impl Calib {
     }
 }
 
+impl Calib {
+    /// Scores the kept queries against `index` ([`crate::HeadIndex::calibrate`]) over the
+    /// tokens a decode step could retrieve of a history of `n`: past the sinks, before the
+    /// recent window, under `cfg`'s budget. Nothing when no query was kept.
+    pub fn apply(&self, index: &mut dyn crate::HeadIndex, n: usize, cfg: &crate::SparseConfig) {
+        if !self.queries.is_empty() {
+            let sinks = cfg.sinks.min(n);
+            index.calibrate(&self.queries, self.group, sinks..n.saturating_sub(cfg.recent).max(sinks), cfg.budget);
+        }
+    }
+}
+
 /// Cluster ids in file order for `signatures` (one per cluster, bit `j` = calibration token
 /// `j` fetches it): descending signature, ties (and clusters no token fetched) in index order.
 pub fn co_retrieval_order(signatures: &[u64]) -> Vec<u32> {

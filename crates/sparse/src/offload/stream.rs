@@ -277,10 +277,8 @@ impl SparseKv {
             let hx = layer * heads + h;
             let order = {
                 let mut idx = self.index[hx].lock().expect("index lock");
-                let calib = self.calib[hx].lock().expect("calib lock");
-                if off.cfg.co_retrieval && !calib.queries.is_empty() {
-                    let sinks = scfg.sinks.min(n);
-                    idx.0.calibrate(&calib.queries, calib.group, sinks..n.saturating_sub(scfg.recent).max(sinks), scfg.budget);
+                if off.cfg.co_retrieval {
+                    self.calib[hx].lock().expect("calib lock").apply(idx.0.as_mut(), n, &scfg);
                 }
                 let Some(units) = idx.0.placement_of(off.cfg.co_retrieval, st.units[hx][s].clone()) else { continue };
                 let mut seen = vec![false; hi - lo];
@@ -325,11 +323,7 @@ impl SparseKv {
             let mut idx = idx.lock().expect("index lock");
             idx.0.finish_build();
             let n = self.lens[i / self.heads];
-            let calib = self.calib[i].lock().expect("calib lock");
-            if !calib.queries.is_empty() {
-                let sinks = scfg.sinks.min(n);
-                idx.0.calibrate(&calib.queries, calib.group, sinks..n.saturating_sub(scfg.recent).max(sinks), scfg.budget);
-            }
+            self.calib[i].lock().expect("calib lock").apply(idx.0.as_mut(), n, &scfg);
             idx.0.drain_touched(&mut Vec::new());
         }
         self.built = true;
