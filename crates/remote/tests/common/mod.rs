@@ -134,6 +134,19 @@ pub fn make_kv(pool: &KvPool, n: usize, seed: u64) -> SeqKv {
     kv
 }
 
+/// `head` followed by `tail`'s rows: the KV of a conversation that shares `head` and then goes
+/// its own way (`head` shares its blocks, the rest is written anew).
+pub fn extended(head: &SeqKv, tail: &SeqKv) -> SeqKv {
+    let (at, n) = (head.len(), tail.len());
+    let mut kv = head.fork(at);
+    kv.reserve(n).unwrap();
+    for l in 0..LAYOUT.num_layers {
+        let (k, v) = tail.read_rows(l, 0..n);
+        kv.write(l, at, &k, &v, n);
+    }
+    kv
+}
+
 /// Every layer's key and value rows of tokens `0..n`, and the recent window.
 pub fn rows(kv: &SeqKv, n: usize) -> (Vec<(Vec<f32>, Vec<f32>)>, Option<Vec<u8>>) {
     ((0..LAYOUT.num_layers).map(|l| kv.read_rows(l, 0..n)).collect(), kv.window().map(<[u8]>::to_vec))

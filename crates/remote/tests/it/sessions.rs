@@ -79,19 +79,7 @@ fn runs_are_content_addressed_and_shared() {
     let runs = redis.keys().iter().filter(|k| k.contains(":run:")).count();
     assert_eq!(runs, 3, "three runs of two blocks");
     // A second session with the same first four blocks writes only its own last run.
-    let kv2 = {
-        let mut k = kv.fork(4 * BLOCK_TOKENS);
-        let tail = make_kv(&p, 2 * BLOCK_TOKENS, 2);
-        for l in 0..LAYOUT.num_layers {
-            let (k2, v2) = tail.read_rows(l, 0..2 * BLOCK_TOKENS);
-            use engram_model::KvCache;
-            if l == 0 {
-                k.reserve(2 * BLOCK_TOKENS).unwrap();
-            }
-            k.write(l, 4 * BLOCK_TOKENS, &k2, &v2, 2 * BLOCK_TOKENS);
-        }
-        k
-    };
+    let kv2 = extended(&kv.fork(4 * BLOCK_TOKENS), &make_kv(&p, 2 * BLOCK_TOKENS, 2));
     let mut tokens2 = tokens.clone();
     tokens2[5 * BLOCK_TOKENS] += 1;
     remote.save_session(Some("t"), "t", "b", Some("t"), &text, &tokens2, &ends, kv2.fork(n));
@@ -185,14 +173,7 @@ fn concurrent_writers_of_one_session_never_mix() {
     let common = make_kv(&p, 3 * BLOCK_TOKENS, 1);
     let versions: Vec<(Vec<u32>, engram_kv::SeqKv)> = (0..2u32)
         .map(|v| {
-            let mut kv = common.fork(3 * BLOCK_TOKENS);
-            let rest = make_kv(&p, n - 3 * BLOCK_TOKENS, 10 + v as u64);
-            kv.reserve(n - 3 * BLOCK_TOKENS).unwrap();
-            for l in 0..LAYOUT.num_layers {
-                let (k, vv) = rest.read_rows(l, 0..n - 3 * BLOCK_TOKENS);
-                use engram_model::KvCache;
-                kv.write(l, 3 * BLOCK_TOKENS, &k, &vv, n - 3 * BLOCK_TOKENS);
-            }
+            let kv = extended(&common, &make_kv(&p, n - 3 * BLOCK_TOKENS, 10 + v as u64));
             let mut t = tokens.clone();
             for x in &mut t[3 * BLOCK_TOKENS..] {
                 *x = (*x + 1 + v) % VOCAB as u32;
