@@ -7,6 +7,26 @@ use common::*;
 use engram_fixture::GgufFormat;
 use engram_model::{Logits, Model, SeqStep};
 
+/// `ids` run `chunk` tokens per step (each of `chunks`) give one-shot logits within 1e-5, and
+/// run in one step beside `other` (a prompt routed elsewhere) give the same bits, while `other`
+/// gets its own one-shot logits: a token's result depends on its sequence alone.
+pub(crate) fn assert_chunking_and_batching_agree(model: &Model, ids: &[u32], chunks: &[usize], other: &str) {
+    let whole = chunked_logits(model, ids, ids.len());
+    for &chunk in chunks {
+        let err = rel_err(&chunked_logits(model, ids, chunk), &whole);
+        assert!(err < 1e-5, "chunk {chunk}: relative error {err}");
+    }
+    let other = model.tokenizer.encode(other, true).unwrap().ids;
+    let (mut ka, mut kb) = (VecKv::new(model), VecKv::new(model));
+    let mut steps = [
+        SeqStep { tokens: ids, first_pos: 0, positions: None, key_mask: None, kv: &mut ka, logits: Logits::All },
+        SeqStep { tokens: &other, first_pos: 0, positions: None, key_mask: None, kv: &mut kb, logits: Logits::All },
+    ];
+    let out = model.forward(&mut steps).unwrap();
+    assert_eq!(out[0], whole, "batched with another sequence: the same bits");
+    assert!(rel_err(&out[1], &all_logits(model, &other)) < 1e-5);
+}
+
 /// Every token's logits, the prompt run `chunk` tokens per step through one cache.
 pub(crate) fn chunked_logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
     let mut kv = VecKv::new(model);

@@ -6,12 +6,12 @@
 //! GGUF or the forward pass cannot carry is refused by name.
 
 use crate::arch_golden::{files, golden, models};
-use crate::chunking::chunked_logits;
+use crate::chunking::assert_chunking_and_batching_agree;
 use crate::common::*;
 use crate::golden::{f32s, u32s, LOGIT_TOL};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kernels::DType;
-use engram_model::{Arch, FeedForward, FfnActivation, LayerAttention, Logits, Model, ModelConfig, SeqStep};
+use engram_model::{Arch, FeedForward, FfnActivation, LayerAttention, Model, ModelConfig};
 use engram_tokenizer::ChatMessage;
 use serde_json::Value;
 
@@ -76,20 +76,7 @@ fn gpt_oss_prefill_in_chunks_and_batched_agrees_with_one_shot() {
     let [(_, model), _] = models(Shape::TinyGptOss);
     let ids = model.tokenizer.encode(&PROMPT.repeat(2), true).unwrap().ids;
     assert!(ids.len() > 4 * 16);
-    let whole = chunked_logits(&model, &ids, ids.len());
-    for chunk in [1, 7, 16] {
-        let err = rel_err(&chunked_logits(&model, &ids, chunk), &whole);
-        assert!(err < 1e-5, "chunk {chunk}: relative error {err}");
-    }
-    let other = model.tokenizer.encode("Another prompt, routed to other experts.", true).unwrap().ids;
-    let (mut ka, mut kb) = (VecKv::new(&model), VecKv::new(&model));
-    let mut steps = [
-        SeqStep { tokens: &ids, first_pos: 0, positions: None, key_mask: None, kv: &mut ka, logits: Logits::All },
-        SeqStep { tokens: &other, first_pos: 0, positions: None, key_mask: None, kv: &mut kb, logits: Logits::All },
-    ];
-    let out = model.forward(&mut steps).unwrap();
-    assert_eq!(out[0], whole, "batched with another sequence: the same bits");
-    assert!(rel_err(&out[1], &all_logits(&model, &other)) < 1e-5);
+    assert_chunking_and_batching_agree(&model, &ids, &[1, 7, 16], "Another prompt, routed to other experts.");
 }
 
 /// Per-position relative errors of `got` against `want` (`vocab` logits per position), sorted.

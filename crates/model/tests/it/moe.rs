@@ -11,11 +11,11 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use crate::arch_golden::check_model;
-use crate::chunking::chunked_logits;
+use crate::chunking::assert_chunking_and_batching_agree;
 use crate::common::*;
 use crate::golden::fixture_differences;
 use engram_fixture::{GgufFormat, Shape};
-use engram_model::{Arch, Logits, Model, SeqStep};
+use engram_model::{Arch, Model};
 use serde_json::Value;
 
 type Files = (tempfile::TempDir, PathBuf, Vec<(GgufFormat, PathBuf)>);
@@ -136,20 +136,7 @@ fn qwen3_moe_chat_template_renders_like_transformers() {
 fn a_tokens_experts_do_not_depend_on_what_shares_its_step() {
     let model = Model::load(&fixture().1).unwrap();
     let ids = model.tokenizer.encode(&PROMPT.repeat(2), true).unwrap().ids;
-    let whole = chunked_logits(&model, &ids, ids.len());
-    for chunk in [1, 7] {
-        let err = rel_err(&chunked_logits(&model, &ids, chunk), &whole);
-        assert!(err < 1e-5, "chunk {chunk}: relative error {err}");
-    }
-    let other = model.tokenizer.encode("A different prompt, routed to other experts.", true).unwrap().ids;
-    let (mut ka, mut kb) = (VecKv::new(&model), VecKv::new(&model));
-    let mut steps = [
-        SeqStep { tokens: &ids, first_pos: 0, positions: None, key_mask: None, kv: &mut ka, logits: Logits::All },
-        SeqStep { tokens: &other, first_pos: 0, positions: None, key_mask: None, kv: &mut kb, logits: Logits::All },
-    ];
-    let out = model.forward(&mut steps).unwrap();
-    assert_eq!(out[0], whole, "batched with another sequence: the same bits");
-    assert!(rel_err(&out[1], &all_logits(&model, &other)) < 1e-5);
+    assert_chunking_and_batching_agree(&model, &ids, &[1, 7], "A different prompt, routed to other experts.");
 }
 
 #[test]
