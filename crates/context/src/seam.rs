@@ -7,8 +7,8 @@
 //! same sessions before and after a restart.
 
 use engram_policy::{
-    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, GaugeKind, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl,
-    PolicyGauge, PolicyStats, Retired,
+    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, GaugeKind, IdleInterrupt, OwnerKey,
+    PendingRestore, PolicyControl, PolicyGauge, PolicyStats, Retired,
 };
 
 use crate::SessionStore;
@@ -66,4 +66,11 @@ impl ContextPolicy for SessionStore {
     fn idle_slice(&mut self, _interrupt: &IdleInterrupt) -> bool {
         false
     }
+
+    /// Sessions need no forward work besides their requests'.
+    fn next_background(&mut self) -> Option<BackgroundJob> {
+        None
+    }
+
+    fn background_done(&mut self, _done: BackgroundDone) {}
 }

@@ -39,8 +39,8 @@ use std::sync::Arc;
 
 use crate::{PersistentStream, RingStore, SegmentId, StreamWriter, TurnMask, TurnRing};
 use engram_embed::TextEncoder;
-use engram_kv::{KvPool, KvView, SeqKv};
-use engram_model::{Logits, Model, SeqStep};
+use engram_kv::{KvPool, SeqKv};
+use engram_model::Model;
 
 use engram_policy::{
     AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, GaugeKind, IdleInterrupt, MatchKind, OwnerKey, PendingRestore,
@@ -52,6 +52,7 @@ use crate::summarize::Summarizer;
 mod budget;
 mod control;
 mod persist;
+mod state;
 mod summary;
 
 pub use control::DualControl;
@@ -182,6 +183,9 @@ struct Thread {
     /// The state entry set last while the restore was unverified (empty: removed): re-applied
     /// to the fresh ring if the restored one proves damaged, so the update is not lost.
     state_while_pending: Option<Vec<u32>>,
+    /// The state entry being prefilled by the engine (its job's tag): only the newest one's
+    /// result is kept (`policy/state.rs`).
+    state_job: Option<u64>,
 }
 
 /// The dual-stream policy. See the module doc.
@@ -219,6 +223,11 @@ pub struct DualStream {
     refused: HashSet<(String, String)>,
     /// The files' bytes against the disk budget (`set_disk_budget`).
     ledger: Option<crate::DualDiskLedger>,
+    /// Forward work for the engine (state entries to prefill), handed out by
+    /// `next_background`, and what each job in flight is for (`policy/state.rs`).
+    background: std::collections::VecDeque<engram_policy::BackgroundJob>,
+    state_jobs: HashMap<u64, state::StateJob>,
+    next_job: u64,
 }
 
 impl DualStream {
@@ -247,6 +256,9 @@ impl DualStream {
             next_restore: 0,
             refused: HashSet::new(),
             ledger: None,
+            background: std::collections::VecDeque::new(),
+            state_jobs: HashMap::new(),
+            next_job: 0,
         }
     }
 
@@ -289,65 +301,6 @@ impl DualStream {
             self.restart_summary(user);
             self.refresh(user);
         }
-    }
-
-    /// Sets the state entry of `user`'s `thread` (the hybrid mode, the dual-stream design's fitness-app case:
-    /// state that changes often, kept out of the append-only persistent stream): a pinned
-    /// entry first in the thread's ring, right after the anchors, replaced in place on each
-    /// update — only its own tokens prefilled, attending the anchors alone; the turns after it
-    /// moved to follow its new length, not recomputed (their KV keeps what they attended when
-    /// computed: the old state) — never evicted, never masked, counted in the ring's capacity
-    /// (turns past it are evicted, oldest first, never the newest). Empty `tokens` removes it.
-    /// Errors (the thread's ring unchanged): the forward pass, the RAM budget, the model's
-    /// context.
-    pub fn set_state(&mut self, user: &str, thread: &str, tokens: Vec<u32>) -> Result<(), String> {
-        let (model, pool) = (self.model.clone(), self.pool.clone());
-        self.thread(user, thread)?;
-        // A ring just restored from disk: its files are checked here, not beside a prefill.
-        if let Some(p) = self.unsettled.take() {
-            if !self.settle_ring(p) {
-                self.thread(user, thread)?;
-            }
-        }
-        let t = self.threads.get_mut(&(user.to_string(), thread.to_string())).expect("opened above");
-        if t.pending.is_some() {
-            t.state_while_pending = Some(tokens.clone());
-        }
-        if tokens.is_empty() {
-            if let Some(id) = t.state.take() {
-                t.ring.remove(id).map_err(|e| format!("removing the state entry: {e}"))?;
-                self.save_ring(user, thread);
-            }
-            return Ok(());
-        }
-        let at = t.ring.persistent_len();
-        if at + tokens.len() + t.ring.ephemeral_len() >= model.config.max_positions {
-            return Err(format!(
-                "a state entry of {} tokens does not fit the model's context of {}",
-                tokens.len(),
-                model.config.max_positions
-            ));
-        }
-        let mut view = KvView::new(t.ring.anchor_spans(), SeqKv::new(&pool)).starting_at(Some(at));
-        view.own_mut().reserve(tokens.len()).map_err(|e| e.to_string())?;
-        let positions: Vec<u32> = (at..at + tokens.len()).map(|p| p as u32).collect();
-        let step = SeqStep { positions: Some(&positions), ..SeqStep::new(&tokens, 0, &mut view, Logits::None) };
-        model.forward(&mut [step]).map_err(|e| format!("prefilling the state entry: {e}"))?;
-        let kv = view.into_own();
-        let n = tokens.len() as u64;
-        let evicted = match t.state {
-            Some(id) => t.ring.replace(id, tokens, kv).map_err(|e| format!("replacing the state entry: {e}"))?.unwrap_or_default(),
-            None => {
-                let (id, evicted) = t.ring.push_front_pinned(tokens, kv).map_err(|e| format!("adding the state entry: {e}"))?;
-                t.state = Some(id);
-                evicted
-            }
-        };
-        self.stats.turns_evicted += evicted.len() as u64;
-        self.stats.states_set += 1;
-        self.stats.state_tokens_prefilled += n;
-        self.save_ring(user, thread);
-        Ok(())
     }
 
     /// The slots of `user`'s stream a view leaves out (tombstoned facts), and its tokens.
@@ -432,7 +385,7 @@ impl DualStream {
                     }));
                     (self.next_restore, n)
                 });
-                self.threads.insert(key.clone(), Thread { ring, generation, state, pending, state_while_pending: None });
+                self.threads.insert(key.clone(), Thread { ring, generation, state, pending, state_while_pending: None, state_job: None });
             }
             Some(t) if t.generation != generation => {
                 t.ring.rebase(base, masked).map_err(|e| format!("moving the thread onto the new persistent stream: {e}"))?;
@@ -554,6 +507,8 @@ impl ContextPolicy for DualStream {
         self.threads.retain(|(o, _), _| o != owner);
         self.running.retain(|(o, _), _| o != owner);
         self.carry.retain(|(o, _), _| o != owner);
+        self.background.retain(|j| j.owner.as_str() != owner);
+        self.state_jobs.retain(|_, j| j.user != owner);
     }
 
     fn stats(&self) -> PolicyStats {
@@ -577,5 +532,14 @@ impl ContextPolicy for DualStream {
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         self.adopt_written();
         self.idle_summaries(interrupt)
+    }
+
+    /// State entries to prefill (`policy/state.rs`), in the order they were set.
+    fn next_background(&mut self) -> Option<engram_policy::BackgroundJob> {
+        self.background.pop_front()
+    }
+
+    fn background_done(&mut self, done: engram_policy::BackgroundDone) {
+        self.state_done(done);
     }
 }

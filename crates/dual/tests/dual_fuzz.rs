@@ -152,6 +152,7 @@ impl Harness<'_> {
         let n = if self.rng.chance(15) { 0 } else { 1 + self.rng.below(12) };
         let tokens = self.rng.tokens(self.env.m.config.vocab, n);
         self.policy.set_state(USER, &thread, tokens.clone()).unwrap();
+        engram_engine::drain_background(&self.env.m, self.env.pool.clone(), &mut self.policy);
         self.reference.set_state(self.env, &thread, &tokens);
         self.states += 1;
     }

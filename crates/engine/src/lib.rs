@@ -32,8 +32,8 @@ pub use decoding::{Accepted, Decoding};
 pub use draft_model::{DraftModel, DraftState};
 /// The context-policy seam (`engram-policy`), re-exported for the engine's callers.
 pub use engram_policy::{
-    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PendingRestore,
-    PolicyControl, PolicyGauge, PolicyLayer, PolicyStats, Retired,
+    AdmitRequest, BackgroundDone, BackgroundJob, BackgroundOutput, BackgroundPriority, Checkout, ContextPolicy, ControlError, ControlReply,
+    IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PendingRestore, PolicyControl, PolicyGauge, PolicyLayer, PolicyStats, Retired,
 };
 pub use error::EngineError;
 pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
@@ -44,6 +44,6 @@ pub use metrics::Metrics;
 pub use pooled::PooledEncoder;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
-pub use scheduler::{run_engine, Command, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig};
+pub use scheduler::{drain_background, run_engine, Command, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig};
 pub use speculate::{DraftTree, PromptLookup};
 pub use stop::StopMatcher;

@@ -67,6 +67,11 @@ pub struct Metrics {
     /// Draft tokens verified by speculative decoding, and those accepted (`speculate.rs`).
     pub draft_tokens: AtomicU64,
     pub draft_tokens_accepted: AtomicU64,
+    /// Forward work run for the context policy (`ContextPolicy::next_background`): jobs
+    /// ended, those that failed, and the rows (prompt and generated tokens) they computed.
+    pub background_jobs: AtomicU64,
+    pub background_failed: AtomicU64,
+    pub background_rows: AtomicU64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
     /// Gauges the engine thread refreshes after each step.
@@ -120,7 +125,7 @@ impl Metrics {
         for (kind, n) in self.lookups.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "engram_cache_lookups_total{{path=\"{kind}\"}} {n}");
         }
-        let counters: [(&str, &str, &AtomicU64); 11] = [
+        let counters: [(&str, &str, &AtomicU64); 14] = [
             ("engram_cache_hits_total", "Requests that reused cached tokens.", &self.cache_hits),
             ("engram_cache_misses_total", "Requests that reused nothing.", &self.cache_misses),
             ("engram_prompt_tokens_reused_total", "Prompt tokens served from the KV cache.", &self.tokens_reused),
@@ -130,6 +135,13 @@ impl Metrics {
             ("engram_steps_total", "Batched forward steps.", &self.steps),
             ("engram_restores_failed_total", "Restored sessions whose file failed its checksum (recomputed cold).", &self.restores_failed),
             ("engram_step_faults_total", "Steps that panicked (their sequences failed with an engine fault).", &self.step_faults),
+            (
+                "engram_background_jobs_total",
+                "Forward work run for the context policy (state entries, summaries), ended.",
+                &self.background_jobs,
+            ),
+            ("engram_background_failed_total", "Background jobs that ended without a result.", &self.background_failed),
+            ("engram_background_rows_total", "Rows (tokens) computed by background jobs.", &self.background_rows),
             ("engram_draft_tokens_total", "Draft tokens verified by speculative decoding (prompt lookup).", &self.draft_tokens),
             (
                 "engram_draft_tokens_accepted_total",

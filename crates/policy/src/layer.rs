@@ -14,8 +14,8 @@
 //! policy, so no wrapper drops it; `testing::exercise_every_method` checks it per wrapper.
 
 use crate::{
-    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, PolicyStats,
-    Retired,
+    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, OwnerKey,
+    PendingRestore, PolicyControl, PolicyStats, Retired,
 };
 
 /// A policy that wraps another. See the module doc.
@@ -62,6 +62,14 @@ pub trait PolicyLayer: Send {
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         self.inner_mut().idle_slice(interrupt)
     }
+    /// [`ContextPolicy::next_background`]; forwards by default.
+    fn next_background(&mut self) -> Option<BackgroundJob> {
+        self.inner_mut().next_background()
+    }
+    /// [`ContextPolicy::background_done`]; forwards by default.
+    fn background_done(&mut self, done: BackgroundDone) {
+        self.inner_mut().background_done(done)
+    }
 }
 
 impl<L: PolicyLayer> ContextPolicy for L {
@@ -91,5 +99,11 @@ impl<L: PolicyLayer> ContextPolicy for L {
     }
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         PolicyLayer::idle_slice(self, interrupt)
+    }
+    fn next_background(&mut self) -> Option<BackgroundJob> {
+        PolicyLayer::next_background(self)
+    }
+    fn background_done(&mut self, done: BackgroundDone) {
+        PolicyLayer::background_done(self, done)
     }
 }

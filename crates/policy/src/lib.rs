@@ -6,7 +6,8 @@
 //! - [`ContextPolicy`]: admission ([`AdmitRequest`] → [`Checkout`]), room in the KV budget,
 //!   restores to settle ([`PendingRestore`]), retirement ([`Retired`]), owners pinned and
 //!   forgotten ([`OwnerKey`]), gauges ([`PolicyStats`]), background work in slices
-//!   ([`IdleInterrupt`]) and policy-specific control ([`PolicyControl`]).
+//!   ([`IdleInterrupt`]), forward work run by the engine for the policy ([`BackgroundJob`],
+//!   [`BackgroundDone`]) and policy-specific control ([`PolicyControl`]).
 //! - [`PolicyLayer`]: how a wrapper policy composes — it names its inner policy and overrides
 //!   only what it changes; every other method forwards by default.
 //! - [`testing`]: a recording policy and [`testing::exercise_every_method`], with which each
@@ -18,6 +19,7 @@
 //! messages (a dual-stream user's facts, say) are that policy's types, carried opaquely by
 //! [`PolicyControl`].
 
+mod background;
 mod checkout;
 mod control;
 mod idle;
@@ -28,6 +30,7 @@ mod seam;
 mod stats;
 pub mod testing;
 
+pub use background::{BackgroundDone, BackgroundJob, BackgroundOutput, BackgroundPriority};
 pub use checkout::{AdmitRequest, Checkout, MatchKind, Retired};
 pub use control::{ControlError, ControlReply, PolicyControl};
 pub use idle::IdleInterrupt;

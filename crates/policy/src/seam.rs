@@ -2,7 +2,9 @@
 //! outside the scheduler. The scheduler calls a policy at admission ([`ContextPolicy::admit`]),
 //! before growing a sequence ([`ContextPolicy::make_room`]), at retirement
 //! ([`ContextPolicy::retire`]) and, when no job is waiting or running, for background work in
-//! slices ([`ContextPolicy::idle_slice`]). Anything only one policy understands travels as a
+//! slices ([`ContextPolicy::idle_slice`]); forward work a policy needs (a state entry, a
+//! summary) it asks the engine for ([`ContextPolicy::next_background`]) and gets back
+//! ([`ContextPolicy::background_done`]), so only the engine runs the model. Anything only one policy understands travels as a
 //! typed message through [`ContextPolicy::control`].
 //!
 //! Invariant: a checkout's cache holds exactly `tokens[..reused]` (what the policy promises
@@ -13,7 +15,8 @@
 //! drop it silently; each leaf policy says what it does with it.
 
 use crate::{
-    AdmitRequest, Checkout, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, PolicyStats, Retired,
+    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore,
+    PolicyControl, PolicyStats, Retired,
 };
 
 /// Decides what each sequence reuses and what is kept. See the module doc.
@@ -51,4 +54,11 @@ pub trait ContextPolicy: Send {
     /// most this one slice, and a long slice checks `interrupt` between its own steps and
     /// returns early when it is requested. Returns whether more work remains.
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool;
+
+    /// The next forward work this policy wants the engine to run (asked before every
+    /// admission; `None`: nothing now). See [`BackgroundJob`].
+    fn next_background(&mut self) -> Option<BackgroundJob>;
+
+    /// A job from [`ContextPolicy::next_background`] ended (every job ends exactly once).
+    fn background_done(&mut self, done: BackgroundDone);
 }

@@ -14,13 +14,24 @@ use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_tokenizer::Tokenizer;
 
 use crate::{
-    AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey, PendingRestore, PolicyControl,
-    PolicyStats, Retired,
+    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey,
+    PendingRestore, PolicyControl, PolicyStats, Retired,
 };
 
 /// Every seam method, in trait order.
-pub const METHODS: [&str; 9] =
-    ["admit", "pin_owner", "make_room", "verify_restore", "retire", "forget_owner", "stats", "control", "idle_slice"];
+pub const METHODS: [&str; 11] = [
+    "admit",
+    "pin_owner",
+    "make_room",
+    "verify_restore",
+    "retire",
+    "forget_owner",
+    "stats",
+    "control",
+    "idle_slice",
+    "next_background",
+    "background_done",
+];
 
 /// The message [`exercise_every_method`] sends through [`ContextPolicy::control`]: only
 /// [`Recording`] takes it.
@@ -81,6 +92,13 @@ impl ContextPolicy for Recording {
         self.note("idle_slice");
         false
     }
+    fn next_background(&mut self) -> Option<BackgroundJob> {
+        self.note("next_background");
+        None
+    }
+    fn background_done(&mut self, _done: BackgroundDone) {
+        self.note("background_done");
+    }
 }
 
 /// A pool for the KV a seam test hands around (one small layer; nothing is computed).
@@ -127,6 +145,8 @@ pub fn exercise_every_method(wrap: impl FnOnce(Box<dyn ContextPolicy>) -> Box<dy
     let _ = policy.stats();
     policy.control(PolicyControl::new(Ping)).expect("the recording policy takes a Ping");
     policy.idle_slice(&IdleInterrupt::never());
+    let _ = policy.next_background();
+    policy.background_done(BackgroundDone { owner: owner.clone(), tag: 0, outcome: Err("exercised".into()) });
     let calls = calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let missing: Vec<&str> = METHODS.iter().copied().filter(|m| !calls.contains(m)).collect();
     assert!(missing.is_empty(), "the wrapper did not forward {missing:?} to its inner policy (calls that arrived: {calls:?})");

@@ -147,6 +147,10 @@ fn a_state_entry_set_while_a_damaged_ring_is_verified_is_kept_on_the_fresh_ring(
     p.set_state("u", "t", state.clone()).unwrap();
     assert!(!p.verify_restore(restore), "the damaged ring is refused");
     assert_eq!(p.dual_stats().ring_files_refused, 1);
+    // The entry set on the damaged ring and the one set again on the fresh ring: only the
+    // second is kept.
+    assert_eq!(engram_engine::drain_background(&m, pool.clone(), &mut p), 2);
+    assert_eq!(p.dual_stats().states_set, 1);
 
     // Admitted again: anchors + the state entry, as a fresh thread given that state.
     let again = p.admit_tokens("u", Some("t"), &ps[2], tok).unwrap();
@@ -156,6 +160,7 @@ fn a_state_entry_set_while_a_damaged_ring_is_verified_is_kept_on_the_fresh_ring(
     let mut fresh = DualStream::new(m.clone(), pool.clone(), 1024);
     fresh.set_anchors("u", anchors);
     fresh.set_state("u", "t", state).unwrap();
+    engram_engine::drain_background(&m, pool.clone(), &mut fresh);
     let want = fresh.admit_tokens("u", Some("t"), &ps[2], tok).unwrap();
     let ((got, _, got_first), (want, _, want_first)) = (on_view(&m, &pool, &again), on_view(&m, &pool, &want));
     assert_eq!(got_first, want_first);

@@ -61,6 +61,8 @@ fn the_state_entry_is_first_replaced_in_place_never_evicted_never_masked() {
     p.set_anchors("u", anchors.clone());
     let a = anchors.len();
     p.set_state("u", "t", (100..105).collect()).unwrap();
+    assert_eq!(p.dual_stats().state_tokens_prefilled, 0, "prefilled by the engine, not by the call");
+    assert_eq!(engram_engine::drain_background(&m, pool.clone(), &mut p), 1);
     assert_eq!(p.dual_stats().state_tokens_prefilled, 5);
 
     let mut state_len = 5;
@@ -91,6 +93,7 @@ fn the_state_entry_is_first_replaced_in_place_never_evicted_never_masked() {
             // Replaced in place by a longer one: only its 9 tokens prefilled.
             let before = p.dual_stats().state_tokens_prefilled;
             p.set_state("u", "t", (300..309).collect()).unwrap();
+            engram_engine::drain_background(&m, pool.clone(), &mut p);
             assert_eq!(p.dual_stats().state_tokens_prefilled - before, 9);
             state_len = 9;
         }

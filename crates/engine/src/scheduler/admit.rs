@@ -135,6 +135,7 @@ impl Engine<'_> {
                 cached: cached_len,
                 match_kind: c.kind.name(),
                 forgotten: false,
+                background: None,
             });
         }
     }
@@ -149,7 +150,10 @@ impl Engine<'_> {
         // goes first, so one session's requests run in order).
         let mut in_use: HashSet<(&str, &str)> = HashSet::new();
         for a in &self.active {
-            *running.entry(a.owner.tenant()).or_default() += 1;
+            // Low-priority background work holds no account's share of the batch.
+            if !a.is_low_background() {
+                *running.entry(a.owner.tenant()).or_default() += 1;
+            }
             in_use.insert((a.owner.as_str(), a.session_id.as_str()));
         }
         let mut best: Option<(usize, usize)> = None;

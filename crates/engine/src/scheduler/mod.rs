@@ -37,7 +37,7 @@ use std::time::Instant;
 
 use engram_kv::{KvPool, KvView};
 use engram_model::Model;
-use engram_policy::{ContextPolicy, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, Retired};
+use engram_policy::{BackgroundJob, ContextPolicy, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, Retired};
 
 use crate::decoding::Decoding;
 use crate::draft_model::{DraftModel, DraftState};
@@ -47,6 +47,7 @@ use crate::sampling::SamplingParams;
 use crate::speculate::{DraftTree, PromptLookup};
 
 mod admit;
+mod background;
 mod step;
 
 /// Scheduler limits.
@@ -74,7 +75,15 @@ pub struct SchedulerConfig {
     /// Most requests one account has queued or running (the server's 429 past it); `None`:
     /// `max_pending` less a quarter of it ([`SchedulerConfig::pending_per_tenant`]).
     pub max_pending_per_tenant: Option<usize>,
+    /// The share of each step's rows that low-priority background work (a dual-stream
+    /// summary) may add while requests run, in `[0, 1]` (0: it runs only when no request
+    /// does); alone it takes whole steps (`scheduler/background.rs`).
+    pub background_share: f32,
 }
+
+/// The default [`SchedulerConfig::background_share`]: a busy server still advances background
+/// work, at about a tenth of the rows.
+pub const DEFAULT_BACKGROUND_SHARE: f32 = 0.1;
 
 impl SchedulerConfig {
     /// The slots one account may hold: `max_active_per_tenant`, else `max_batch - max(1,
@@ -107,6 +116,7 @@ impl Default for SchedulerConfig {
             admission_wait: std::time::Duration::from_secs(60),
             max_active_per_tenant: None,
             max_pending_per_tenant: None,
+            background_share: DEFAULT_BACKGROUND_SHARE,
         }
     }
 }
@@ -240,6 +250,32 @@ pub fn run_engine(
     Engine::new(model, pool, config, policy, metrics, pending).run(rx)
 }
 
+/// Runs `policy`'s background jobs ([`ContextPolicy::next_background`]) on this thread, through
+/// the engine's own step, until it asks for none: for callers that drive a policy without an
+/// engine thread (tests and benchmarks of one policy). Returns how many jobs ended.
+pub fn drain_background(model: &Model, pool: KvPool, policy: &mut dyn ContextPolicy) -> u64 {
+    /// The caller's policy, lent to the engine for the call.
+    struct Lent<'a>(&'a mut dyn ContextPolicy);
+    impl engram_policy::PolicyLayer for Lent<'_> {
+        fn inner(&self) -> &dyn ContextPolicy {
+            &*self.0
+        }
+        fn inner_mut(&mut self) -> &mut dyn ContextPolicy {
+            &mut *self.0
+        }
+    }
+    let metrics = Arc::new(Metrics::default());
+    let mut engine = Engine::new(model, pool, SchedulerConfig::default(), Box::new(Lent(policy)), metrics.clone(), Arc::default());
+    loop {
+        engine.pull_background();
+        if engine.active.is_empty() {
+            break;
+        }
+        engine.step();
+    }
+    metrics.background_jobs.load(Relaxed)
+}
+
 /// What a request whose owner was forgotten (a deleted agent) before it ran gets.
 fn owner_gone() -> Event {
     Event::Failed(JobError::new(JobErrorKind::NotFound, "the owner of this request was deleted before it ran"))
@@ -290,6 +326,9 @@ struct Seq<'m> {
     match_kind: &'static str,
     /// Its owner was forgotten while it ran: its cache is dropped, not checked in.
     forgotten: bool,
+    /// Set for forward work the policy asked for (`background.rs`): no client, no `pending`
+    /// count, its end goes to `ContextPolicy::background_done`.
+    background: Option<background::BackgroundSeq>,
 }
 
 impl Seq<'_> {
@@ -305,7 +344,7 @@ struct Engine<'m> {
     metrics: Arc<Metrics>,
     pending: Arc<AtomicUsize>,
     /// What is reused, kept, evicted and persisted (`policy.rs`).
-    policy: Box<dyn ContextPolicy>,
+    policy: Box<dyn ContextPolicy + 'm>,
     /// Whether the policy may have background work (asked again after every retirement).
     idle_work: bool,
     /// What the idle hook's work asks between its steps: a job submitted (`pending` > 0).
@@ -315,6 +354,12 @@ struct Engine<'m> {
     next_id: u64,
     /// Id of the sequence that got the last prefill chunk (round-robin).
     last_prefill: u64,
+    /// Background jobs taken from the policy, not started yet (`background.rs`).
+    background_queue: VecDeque<BackgroundJob>,
+    /// Rows low-priority background work may still take while requests run.
+    background_credit: f64,
+    /// This step's cap on a low-priority background prefill chunk (`None`: none may run).
+    background_chunk: Option<usize>,
 }
 
 impl<'m> Engine<'m> {
@@ -322,7 +367,7 @@ impl<'m> Engine<'m> {
         model: &'m Model,
         pool: KvPool,
         config: SchedulerConfig,
-        policy: Box<dyn ContextPolicy>,
+        policy: Box<dyn ContextPolicy + 'm>,
         metrics: Arc<Metrics>,
         pending: Arc<AtomicUsize>,
     ) -> Self {
@@ -340,12 +385,19 @@ impl<'m> Engine<'m> {
             active: Vec::new(),
             next_id: 0,
             last_prefill: 0,
+            background_queue: VecDeque::new(),
+            background_credit: 0.0,
+            background_chunk: None,
         }
     }
 
     fn run(mut self, rx: Receiver<Command>) {
         let mut open = true;
         loop {
+            if self.active.is_empty() && self.waiting.is_empty() {
+                // Forward work the policy asked for runs before the idle hook's own work.
+                self.pull_background();
+            }
             if self.active.is_empty() && self.waiting.is_empty() {
                 if !open {
                     break;
@@ -379,6 +431,8 @@ impl<'m> Engine<'m> {
                 }
             }
             self.cancel_gone();
+            // Before admission: a job a request waits on holds its session first.
+            self.pull_background();
             self.admit();
             self.step();
             self.refresh_gauges();
@@ -419,6 +473,7 @@ impl<'m> Engine<'m> {
     /// caches of its running sequences once they end, and its queued requests,
     /// which fail (their owner is gone).
     fn forget(&mut self, owner: &OwnerKey) {
+        self.drop_queued_background(owner);
         self.policy.forget_owner(owner);
         for s in self.active.iter_mut().filter(|s| &s.owner == owner) {
             s.forgotten = true;
@@ -444,6 +499,9 @@ impl<'m> Engine<'m> {
             }
         }
         let s = self.active.remove(at);
+        if s.background.is_some() {
+            return self.finish_background(s, outcome.map(|_| ()).map_err(|e| e.message));
+        }
         self.pending.fetch_sub(1, Relaxed);
         let outcome_finish = outcome.as_ref().ok().copied();
         match outcome {

@@ -47,15 +47,26 @@ impl Engine<'_> {
             }
             i += 1;
         }
-        // One prefill chunk, round-robin by sequence id.
-        let mut cands: Vec<usize> = (0..self.active.len()).filter(|&i| self.active[i].prefilling()).collect();
+        // Low-priority background work sits out what the share does not cover.
+        let hold = self.plan_background();
+        // One prefill chunk, round-robin by sequence id; requests' prefills (and work they
+        // wait on) before low-priority background ones.
+        let mut cands: Vec<usize> = (0..self.active.len()).filter(|&i| self.active[i].prefilling() && !hold[i]).collect();
         let split = cands.iter().position(|&i| self.active[i].id > self.last_prefill).unwrap_or(0);
         cands.rotate_left(split);
+        cands.sort_by_key(|&i| self.active[i].is_low_background());
         let mut chosen = None;
         for &c in &cands {
             let s = &self.active[c];
-            let n = (s.prompt.len() - s.tokens.len()).min(self.config.prefill_chunk.max(1));
+            let mut n = (s.prompt.len() - s.tokens.len()).min(self.config.prefill_chunk.max(1));
+            let low = s.is_low_background();
+            if let Some(cap) = self.background_chunk.filter(|_| low) {
+                n = n.min(cap.max(1));
+            }
             if self.reserve(c, n) {
+                if low && self.background_chunk.is_some() {
+                    self.background_credit -= n as f64;
+                }
                 chosen = Some((c, n));
                 break;
             }
@@ -76,7 +87,9 @@ impl Engine<'_> {
         let mut want = Vec::with_capacity(self.active.len());
         for (i, s) in self.active.iter_mut().enumerate() {
             s.input.clear();
-            if let Some(tree) = &s.draft {
+            if hold[i] {
+                want.push(Logits::None);
+            } else if let Some(tree) = &s.draft {
                 s.input.extend_from_slice(tree.tokens());
                 want.push(Logits::All);
             } else if let Some(t) = s.next {
@@ -85,7 +98,8 @@ impl Engine<'_> {
             } else if let Some((c, n)) = chosen.filter(|&(c, _)| c == i) {
                 let at = s.tokens.len();
                 s.input.extend_from_slice(&s.prompt[at..at + n]);
-                want.push(if at + n == s.prompt.len() { Logits::Last } else { Logits::None });
+                let prefill_only = s.background.as_ref().is_some_and(|b| b.prefill_only);
+                want.push(if at + n == s.prompt.len() && !prefill_only { Logits::Last } else { Logits::None });
                 let _ = c;
             } else {
                 want.push(Logits::None);
@@ -154,7 +168,9 @@ impl Engine<'_> {
         // Process in reverse so retiring (removal) keeps earlier indices valid.
         for (&i, mut logits) in who.iter().zip(outs).rev() {
             let s = &mut self.active[i];
-            if s.next.is_none() {
+            if s.background.is_some() {
+                self.metrics.background_rows.fetch_add(s.input.len() as u64, Relaxed);
+            } else if s.next.is_none() {
                 self.metrics.tokens_computed.fetch_add(s.input.len() as u64, Relaxed);
             }
             let input = std::mem::take(&mut s.input);
@@ -165,6 +181,11 @@ impl Engine<'_> {
                 None => s.tokens.extend_from_slice(&input),
             }
             s.input = input;
+            if s.background.as_ref().is_some_and(|b| b.prefill_only) && s.tokens.len() == s.prompt.len() {
+                // A prefill asked for by the policy: done once its prompt is in.
+                self.retire(i, Ok(FinishReason::Stop));
+                continue;
+            }
             if logits.is_empty() {
                 continue;
             }
@@ -212,6 +233,16 @@ impl Engine<'_> {
             }
         }
         let s = self.active.remove(at);
+        if s.background.is_some() {
+            // Nothing of it is trusted: its KV is dropped, the policy hears the fault.
+            let (owner, tag) = (s.owner.clone(), s.background.as_ref().map_or(0, |b| b.tag));
+            drop(s);
+            self.metrics.background_jobs.fetch_add(1, Relaxed);
+            self.metrics.background_failed.fetch_add(1, Relaxed);
+            self.policy.background_done(engram_policy::BackgroundDone { owner, tag, outcome: Err(format!("engine fault: {message}")) });
+            self.idle_work = true;
+            return;
+        }
         self.pending.fetch_sub(1, Relaxed);
         s.events.send(Event::Failed(JobError::new(JobErrorKind::Internal, format!("engine fault: {message}"))));
         if s.forgotten {
@@ -259,6 +290,9 @@ impl Engine<'_> {
     fn draft_for(&mut self, at: usize) -> Option<DraftTree> {
         let s = &self.active[at];
         let next = s.next?;
+        if s.background.is_some() {
+            return None;
+        }
         // NOTE: a grammar-bound sequence does not speculate: its matcher advances token by
         // token, and a draft would need masks along the tree and a rollback past rejections.
         if s.out.params().grammar.is_some() {
@@ -345,12 +379,15 @@ impl Engine<'_> {
         let s = &mut self.active[at];
         let t = tracing::trace_span!("sample", seq = s.id).in_scope(|| s.out.sample(logits));
         let now = Instant::now();
-        match s.last_token {
-            None => m.ttft.observe(now.duration_since(s.submitted).as_secs_f64()),
-            Some(prev) => m.inter_token.observe(now.duration_since(prev).as_secs_f64()),
+        // Requests' latency and token counts only; background work has its own counters.
+        if s.background.is_none() {
+            match s.last_token {
+                None => m.ttft.observe(now.duration_since(s.submitted).as_secs_f64()),
+                Some(prev) => m.inter_token.observe(now.duration_since(prev).as_secs_f64()),
+            }
+            m.tokens_generated.fetch_add(1, Relaxed);
         }
         s.last_token = Some(now);
-        m.tokens_generated.fetch_add(1, Relaxed);
         s.next = None;
         if let Some(lp) = s.out.take_logprob() {
             if !s.events.send(Event::Logprob(lp)) {

@@ -5,6 +5,7 @@
 mod common;
 
 mod admission;
+mod background;
 mod blend;
 mod draft_model;
 mod faults;

@@ -1,0 +1,214 @@
+//! Background sequences: forward work the context policy asks for
+//! ([`engram_policy::ContextPolicy::next_background`]) runs as sequences of the batch, through
+//! the same admission checks, step, sampling (greedy) and fault containment as requests, and
+//! ends in [`engram_policy::ContextPolicy::background_done`] instead of a client's events.
+//!
+//! ```text
+//!  every pass: next_background() ─► a Seq with `background` set (no client, no `pending` count)
+//!  each step:  Blocking jobs run as requests do; Low jobs, while requests run, take rows
+//!              only from a credit of `background_share` × the requests' rows of each step
+//!  end:        background_done(tokens + KV + text | error)
+//! ```
+//!
+//! Invariant: a background job computes what a request with its checkout and greedy sampling
+//! computes (same step, same kernels: batched = alone), and ends exactly once; while requests
+//! run, Low jobs take at most `background_share` of the rows (plus one row of rounding), so a
+//! busy server still makes progress on them at a bounded cost to requests.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use engram_kv::KvView;
+use engram_policy::{BackgroundDone, BackgroundJob, BackgroundOutput, BackgroundPriority};
+
+use super::{Engine, Event, EventSink, Seq};
+use crate::decoding::Decoding;
+use crate::sampling::SamplingParams;
+
+/// Most Low background sequences in the batch at once (Blocking ones are always taken while
+/// the batch has a slot).
+const MAX_LOW_BACKGROUND: usize = 2;
+
+/// Most jobs taken from the policy and not yet started.
+const MAX_QUEUED: usize = 16;
+
+/// What marks a sequence as background work, and how it ends.
+pub(super) struct BackgroundSeq {
+    pub tag: u64,
+    pub priority: BackgroundPriority,
+    /// Nothing is sampled: the sequence ends when its prompt is prefilled.
+    pub prefill_only: bool,
+}
+
+/// The event sink of a background sequence: nobody listens (the result goes to the policy).
+struct NoClient;
+
+impl EventSink for NoClient {
+    fn send(&self, _event: Event) -> bool {
+        true
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+impl Seq<'_> {
+    /// Low-priority background work (sits out steps beyond the background share).
+    pub(super) fn is_low_background(&self) -> bool {
+        self.background.as_ref().is_some_and(|b| b.priority == BackgroundPriority::Low)
+    }
+}
+
+impl Engine<'_> {
+    /// Takes the policy's background jobs into the engine's queue, then into the batch while it
+    /// has slots: Blocking ones first, Low ones up to [`MAX_LOW_BACKGROUND`] at a time. A job
+    /// whose start cannot run (an empty prompt, past the context) ends at once with its error.
+    pub(super) fn pull_background(&mut self) {
+        while self.background_queue.len() < MAX_QUEUED {
+            match self.policy.next_background() {
+                Some(job) => self.background_queue.push_back(job),
+                None => break,
+            }
+        }
+        while self.active.len() < self.config.max_batch {
+            let low = self.active.iter().filter(|s| s.is_low_background()).count();
+            let next = self
+                .background_queue
+                .iter()
+                .position(|j| j.priority == BackgroundPriority::Blocking)
+                .or_else(|| (low < MAX_LOW_BACKGROUND && !self.background_queue.is_empty()).then_some(0));
+            let Some(i) = next else { break };
+            let job = self.background_queue.remove(i).expect("index in range");
+            if let Err(e) = self.start_background(job) {
+                tracing::warn!("background work not started: {e}");
+            }
+        }
+    }
+
+    /// Ends the queued (not started) background jobs of `owner` with an error.
+    pub(super) fn drop_queued_background(&mut self, owner: &engram_policy::OwnerKey) {
+        let (gone, keep): (std::collections::VecDeque<_>, _) =
+            std::mem::take(&mut self.background_queue).into_iter().partition(|j| &j.owner == owner);
+        self.background_queue = keep;
+        for j in gone {
+            self.metrics.background_jobs.fetch_add(1, Relaxed);
+            self.metrics.background_failed.fetch_add(1, Relaxed);
+            self.policy.background_done(BackgroundDone { owner: j.owner, tag: j.tag, outcome: Err("its owner was forgotten".into()) });
+        }
+    }
+
+    fn start_background(&mut self, job: BackgroundJob) -> Result<(), String> {
+        let BackgroundJob { owner, tag, start, max_tokens, stop, priority } = job;
+        let fail = |policy: &mut Box<dyn engram_policy::ContextPolicy>, metrics: &crate::Metrics, e: String| {
+            metrics.background_jobs.fetch_add(1, Relaxed);
+            metrics.background_failed.fetch_add(1, Relaxed);
+            policy.background_done(BackgroundDone { owner: owner.clone(), tag, outcome: Err(e.clone()) });
+            Err(e)
+        };
+        if start.restore.is_some() {
+            return fail(&mut self.policy, &self.metrics, "a background job cannot start from an unverified restore".into());
+        }
+        let prompt = start.tokens;
+        let cached = start.reused.min(prompt.len().saturating_sub(1));
+        let mut kv = KvView::new(start.spans, start.kv).starting_at(start.own_first);
+        kv.own_mut().truncate(cached);
+        if prompt.is_empty() || kv.own_first_position() + prompt.len() >= self.model.config.max_positions {
+            return fail(
+                &mut self.policy,
+                &self.metrics,
+                format!(
+                    "{} tokens after {} positions do not fit the model's context of {}",
+                    prompt.len(),
+                    kv.own_first_position(),
+                    self.model.config.max_positions
+                ),
+            );
+        }
+        let params = SamplingParams { max_tokens, stop, ..SamplingParams::default() };
+        let out = Decoding::new(&self.model.tokenizer, &prompt, &params, 0);
+        self.next_id += 1;
+        self.active.push(Seq {
+            id: self.next_id,
+            owner,
+            session_id: start.session_id,
+            events: Box::new(NoClient),
+            prompt_text: None,
+            prompt_ends: Vec::new(),
+            out,
+            tokens: prompt[..cached].to_vec(),
+            prompt,
+            kv,
+            input: Vec::new(),
+            next: None,
+            draft: None,
+            draft_cap: 4,
+            draft_cooldown: 0,
+            drafter: None,
+            submitted: Instant::now(),
+            last_token: None,
+            restore: None,
+            lookup: Vec::new(),
+            cached,
+            match_kind: "miss",
+            forgotten: false,
+            background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0 }),
+        });
+        Ok(())
+    }
+
+    /// Hands a background sequence's end to the policy: its tokens, KV and text, or why not.
+    pub(super) fn finish_background(&mut self, s: Seq<'_>, outcome: Result<(), String>) {
+        let b = s.background.as_ref().expect("a background sequence");
+        let tag = b.tag;
+        self.metrics.background_jobs.fetch_add(1, Relaxed);
+        let outcome = match outcome {
+            Ok(()) if s.forgotten => Err("its owner was forgotten".to_string()),
+            Ok(()) => {
+                let mut kv = s.kv.into_own();
+                kv.truncate(s.tokens.len());
+                Ok(BackgroundOutput { text: s.out.decoded().to_string(), generated: s.out.generated().to_vec(), tokens: s.tokens, kv })
+            }
+            Err(e) => Err(e),
+        };
+        if outcome.is_err() {
+            self.metrics.background_failed.fetch_add(1, Relaxed);
+        }
+        self.policy.background_done(BackgroundDone { owner: s.owner, tag, outcome });
+        self.idle_work = true;
+    }
+
+    /// Which sequences sit out this step: Low background ones beyond the share's credit while
+    /// requests run (none when only background work runs). Also caps a Low prefill chunk
+    /// ([`Engine::background_chunk`]).
+    pub(super) fn plan_background(&mut self) -> Vec<bool> {
+        let foreground = |s: &Seq<'_>| !s.is_low_background();
+        self.background_chunk = None;
+        if !self.active.iter().any(|s| s.is_low_background()) || !self.active.iter().any(foreground) {
+            return vec![false; self.active.len()];
+        }
+        // The requests' rows this step: a token per decoder, and the one prefill chunk.
+        let decoders = self.active.iter().filter(|s| foreground(s) && s.next.is_some()).count();
+        let chunk = self
+            .active
+            .iter()
+            .filter(|s| foreground(s) && s.prefilling())
+            .map(|s| (s.prompt.len() - s.tokens.len()).min(self.config.prefill_chunk.max(1)))
+            .max()
+            .unwrap_or(0);
+        let share = self.config.background_share.clamp(0.0, 1.0) as f64;
+        let cap = self.config.prefill_chunk.max(1) as f64;
+        self.background_credit = (self.background_credit + share * (decoders + chunk) as f64).min(cap);
+        let mut hold = vec![false; self.active.len()];
+        for (i, s) in self.active.iter().enumerate().filter(|(_, s)| s.is_low_background()) {
+            if s.next.is_some() && self.background_credit >= 1.0 {
+                self.background_credit -= 1.0;
+            } else if s.next.is_none() && s.prefilling() && self.background_credit >= 1.0 && self.background_chunk.is_none() {
+                // Charged when the chunk is chosen (`step.rs`), at most the credit's rows.
+                self.background_chunk = Some(self.background_credit as usize);
+            } else {
+                hold[i] = true;
+            }
+        }
+        hold
+    }
+}
