@@ -11,6 +11,7 @@
 //! `cache`, `blend` and `sparse` reuse).
 
 mod attention;
+mod background;
 mod blend;
 mod cache;
 mod context;
@@ -79,12 +80,15 @@ pub enum BenchCommand {
     Remote(remote::Args),
     /// How long the engine waits on the disk store while a long session is saved (lock held vs staged save).
     SaveStall(save_stall::Args),
+    /// Requests' inter-token latency and throughput beside low-priority background work, per --background-share.
+    Background(background::Args),
 }
 
 /// Runs the benchmark `cmd` names; its results go to stdout, progress to stderr.
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Speed(a) => speed::run(a),
+        BenchCommand::Background(a) => background::run(a),
         BenchCommand::Cache(a) => cache::run(a),
         BenchCommand::Membw(a) => membw::run(a),
         BenchCommand::Kernels(a) => kernels::run(a),

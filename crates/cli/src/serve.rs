@@ -131,6 +131,10 @@ pub struct Args {
     /// server's 256; with one tenant or no keys: all 256).
     #[arg(long)]
     max_pending_per_tenant: Option<usize>,
+    /// The share of each step's rows that background work (dual-stream summaries) may add
+    /// while requests run, 0 to 1 (0: only when no request runs).
+    #[arg(long, default_value_t = engram_engine::scheduler::DEFAULT_BACKGROUND_SHARE, value_parser = parse_share)]
+    background_share: f32,
     /// Most of the disk budget one account's persisted sessions (its agents' pinned ones and
     /// prefix chains included) take, in MiB; past it the account's own entries are evicted
     /// first, never another's. Default: the budget less a quarter of it (with one tenant or
@@ -294,6 +298,7 @@ pub fn run(mut a: Args) -> Result<()> {
             // With at most one tenant there is nobody to keep slots for: the whole batch is its.
             max_active_per_tenant: a.max_batch_per_tenant.or(one_tenant.then_some(a.max_batch.max(1))),
             max_pending_per_tenant: a.max_pending_per_tenant.or(one_tenant.then_some(SchedulerConfig::default().max_pending)),
+            background_share: a.background_share,
             ..Default::default()
         },
     };
@@ -370,4 +375,12 @@ fn remote_tier(a: &Args) -> Result<Option<engram_remote::RemoteTier>> {
         eprintln!("warning: with --context dual only agents' records go through the remote tier; users' streams, rings and facts stay on this replica");
     }
     Ok(Some(tier))
+}
+
+/// A share in `[0, 1]`.
+fn parse_share(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a share between 0 and 1")),
+    }
 }

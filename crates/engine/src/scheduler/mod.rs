@@ -394,8 +394,9 @@ impl<'m> Engine<'m> {
     fn run(mut self, rx: Receiver<Command>) {
         let mut open = true;
         loop {
-            if self.active.is_empty() && self.waiting.is_empty() {
-                // Forward work the policy asked for runs before the idle hook's own work.
+            if self.active.is_empty() && self.waiting.is_empty() && open {
+                // Forward work the policy asked for runs before the idle hook's own work (none
+                // is started once every sender is gone: the engine finishes what runs and stops).
                 self.pull_background();
             }
             if self.active.is_empty() && self.waiting.is_empty() {
@@ -432,7 +433,9 @@ impl<'m> Engine<'m> {
             }
             self.cancel_gone();
             // Before admission: a job a request waits on holds its session first.
-            self.pull_background();
+            if open {
+                self.pull_background();
+            }
             self.admit();
             self.step();
             self.refresh_gauges();
