@@ -33,8 +33,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use engram_embed::{Encoder, TextEncoder};
+use engram_rag::idle::layer_choice::LayerChoiceConfig;
 use engram_rag::idle::predict::PredictConfig;
-use engram_rag::idle::scheduler::SchedulerConfig;
 use engram_rag::synth::{self, QueryKind, Step, SynthConfig};
 use engram_rag::{CacheLevel, IdleConfig, KnowledgeBank, KvTree, PerCache, QaBank, QueryOptions, Rag, RagConfig};
 
@@ -184,7 +184,7 @@ pub fn run(mut a: Args) -> Result<()> {
             let mut pc = idle.map(|schedule| {
                 PerCache::in_memory(IdleConfig {
                     predict: PredictConfig { stride: a.stride, seed: a.seed, ..PredictConfig::default() },
-                    scheduler: SchedulerConfig { tau: a.tau, idle_weight: a.idle_weight, ..SchedulerConfig::default() },
+                    layer_choice: LayerChoiceConfig { tau: a.tau, idle_weight: a.idle_weight, ..LayerChoiceConfig::default() },
                     use_qa,
                     use_kv,
                     schedule,

@@ -18,7 +18,7 @@
 //! write and delete, so even a collision would be a miss or a refusal.
 //!
 //! Entries written under FNV ids (`session-<16 hex>`, `prefix-<16 hex>`) are
-//! not at the id their owner maps to: [`crate::persist::PersistedSessions`]
+//! not at the id their owner maps to: [`crate::session_files::PersistedSessions`]
 //! deletes them when it opens the store (a miss; the session is recomputed).
 
 /// Domain-separation context of session ids.

@@ -28,17 +28,17 @@
 mod config;
 mod disk_id;
 mod pending;
-mod persist;
 mod prefix;
 mod seam;
 mod session;
+mod session_files;
 mod tenant;
 
 pub use config::{DiskConfig, SessionsConfig};
 pub use disk_id::{prefix_disk_id, session_disk_id};
 /// The seam's types, where the session store's callers have always found them.
 pub use engram_policy::{Checkout, MatchKind, PendingRestore};
-pub use persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 pub use prefix::{chain_hashes, chain_root, PrefixIndex};
 pub use session::{Session, SessionStore};
+pub use session_files::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 pub use tenant::{account, entry_account};

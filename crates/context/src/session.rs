@@ -21,8 +21,8 @@ use engram_tokenizer::{Tokenizer, TokenizerError};
 use engram_policy::{Checkout, MatchKind, PendingRestore};
 
 use crate::pending::SessionRestore;
-use crate::persist::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 use crate::prefix::PrefixIndex;
+use crate::session_files::{CatalogEntry, PersistedSessions, PrefixCatalogEntry};
 use crate::tenant::account;
 use engram_remote::RemoteKv;
 

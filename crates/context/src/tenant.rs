@@ -8,7 +8,7 @@ pub fn account(owner: &str) -> &str {
     engram_policy::OwnerKey::tenant_of(owner)
 }
 
-/// The account of a persisted entry's owner metadata (`persist.rs`): a session's
+/// The account of a persisted entry's owner metadata (`session_files.rs`): a session's
 /// `"<owner>/<session id>"`, a salted prefix chain's `"salt/<owner>"`; `""` for a chain
 /// shared across tenants.
 pub fn entry_account(meta_owner: &str) -> &str {

@@ -22,7 +22,7 @@
 
 mod dual_disk;
 mod facts;
-mod persistent;
+mod persistent_stream;
 mod policy;
 mod ring;
 mod ring_store;
@@ -30,7 +30,7 @@ pub mod summarize;
 
 pub use dual_disk::DualDiskLedger;
 pub use facts::{Fact, FactError, FactLimits, FactStore};
-pub use persistent::{
+pub use persistent_stream::{
     stream_file_name, PersistentStream, Segment, SegmentId, StreamFileError, StreamSnapshot, StreamWrite, StreamWriter, StreamWritten,
     Update,
 };

@@ -23,7 +23,7 @@
 //! at its next admission (turns moved, not recomputed), so a running turn keeps the view it
 //! started with and never sees a swap mid-turn.
 //!
-//! Files (with [`DualStream::with_dir`]): `policy/persist.rs` — streams written by a background
+//! Files (with [`DualStream::with_dir`]): `policy/files.rs` — streams written by a background
 //! writer and mapped back, rings saved as turns retire and restored with their checksums settled
 //! by [`ContextPolicy::verify_restore`]; `policy/budget.rs` — the files under the disk budget.
 //!
@@ -51,7 +51,7 @@ use crate::summarize::Summarizer;
 
 mod budget;
 mod control;
-mod persist;
+mod files;
 mod state;
 mod summary;
 
@@ -377,7 +377,7 @@ impl DualStream {
                     if self.refused.remove(&key) { (None, None) } else { self.restore_ring(owner, thread, &mut ring, &base, &masked) };
                 let pending = restored.map(|(n, check)| {
                     self.next_restore += 1;
-                    self.unsettled = Some(PendingRestore::new(persist::RingRestore {
+                    self.unsettled = Some(PendingRestore::new(files::RingRestore {
                         owner: owner.to_string(),
                         thread: thread.to_string(),
                         id: self.next_restore,
@@ -458,7 +458,7 @@ impl ContextPolicy for DualStream {
 
     /// A thread's ring restored from disk at admission: its turn files' checksums, computed
     /// beside the turn's prefill. False (damaged): the thread starts empty and the scheduler
-    /// admits the job again on it (see `policy/persist.rs`).
+    /// admits the job again on it (see `policy/files.rs`).
     fn verify_restore(&mut self, restore: PendingRestore) -> bool {
         self.settle_ring(restore)
     }

@@ -6,7 +6,7 @@
 //! elements along each token-head row with an f16 scale — ggml's Q8_0 / Q4_0
 //! blocks — for keys and values alike, plus a recent window: a sequence's
 //! partial last block is also kept in f16 and attended from there
-//! (`tail.rs`), so the newest up to 31 tokens are read at full precision.
+//! (`recent_window.rs`), so the newest up to 31 tokens are read at full precision.
 //!
 //! NOTE: the choice, measured on pycode-7m (`engram bench fidelity`, two
 //! Python files, 512 tokens prefilled then 512 scored one at a time, mean KL

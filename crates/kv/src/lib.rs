@@ -8,7 +8,7 @@
 //! read-only, and a shared or file-mapped block is copied before it is
 //! written (copy-on-write in [`SeqKv::reserve`]). Formats: f32, f16, q8, q4
 //! ([`KvFormat`]); q8 and q4 keep the sequence's partial last block in f16 as
-//! well (a recent window, `tail.rs`), so the newest tokens are attended at
+//! well (a recent window, `recent_window.rs`), so the newest tokens are attended at
 //! full precision.
 //!
 //! Persistence: [`persist`] writes a sequence as a safetensors entry whose
@@ -35,8 +35,8 @@ mod format;
 mod pending;
 pub mod persist;
 mod pool;
+mod recent_window;
 mod seq;
-mod tail;
 mod view;
 
 pub use block::{Block, BLOCK_TOKENS};

@@ -9,7 +9,7 @@
 //!                 "kv": {...}, "window": {...}}   (positions b*32 .. b*32+32)                   recent window
 //! ```
 //! `window`, present only for a q8/q4 sequence that ends in a partial block
-//! and held its recent window, is that window (`tail.rs`: the partial
+//! and held its recent window, is that window (`recent_window.rs`: the partial
 //! block's rows in f16, block layout), so a restored sequence attends its
 //! newest tokens exactly as the live one did.
 //! The `__metadata__` keys, all string-valued (see [`KEYS`]): `magic`
@@ -578,7 +578,7 @@ fn prepare<'a>(
     // The window belongs to the sequence's last, partial block: only a range ending there has it.
     let window = kv.window().filter(|_| range.end == kv.len()).map(|w| {
         let mut bytes = w.to_vec();
-        zero_stale_slots(layout, KvElem::F16.row_bytes(layout.head_dim), pool.tail_section_bytes(), &mut bytes, tail);
+        zero_stale_slots(layout, KvElem::F16.row_bytes(layout.head_dim), pool.window_section_bytes(), &mut bytes, tail);
         bytes
     });
 

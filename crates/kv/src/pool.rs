@@ -92,17 +92,17 @@ impl KvPool {
         2 * self.0.layout.num_layers * self.section_bytes()
     }
     /// True when sequences keep an f16 recent window beside their partial last block
-    /// (the quantized formats; see `tail.rs`).
+    /// (the quantized formats; see `recent_window.rs`).
     pub fn has_window(&self) -> bool {
         !self.0.format.is_exact()
     }
     /// Bytes of one keys-or-values section of one layer in a recent-window copy (f16 rows).
-    pub(crate) fn tail_section_bytes(&self) -> usize {
+    pub(crate) fn window_section_bytes(&self) -> usize {
         self.0.layout.num_kv_heads * BLOCK_TOKENS * KvElem::F16.row_bytes(self.0.layout.head_dim)
     }
     /// Bytes of one recent-window copy (charged per sequence that has one).
-    pub fn tail_bytes(&self) -> usize {
-        2 * self.0.layout.num_layers * self.tail_section_bytes()
+    pub fn window_bytes(&self) -> usize {
+        2 * self.0.layout.num_layers * self.window_section_bytes()
     }
     /// Bytes per cached token (block bytes / tokens per block).
     pub fn bytes_per_token(&self) -> usize {
@@ -113,7 +113,7 @@ impl KvPool {
     /// the recent window a quantized format keeps beside them (at most one per sequence).
     /// Invariant: `SeqKv::reserve(tokens)` on an empty sequence charges no more than this.
     pub fn bytes_for(&self, tokens: usize) -> usize {
-        let window = if self.has_window() && tokens > 0 { self.tail_bytes() } else { 0 };
+        let window = if self.has_window() && tokens > 0 { self.window_bytes() } else { 0 };
         tokens.div_ceil(BLOCK_TOKENS) * self.block_bytes() + window
     }
 

@@ -12,7 +12,7 @@
 //! positions: `KvCache::place`), which chunks then carry; only heap blocks this sequence owns
 //! alone are written (a shared or mapped block is copied first, and the copy
 //! is charged before it is made). With a quantized format, the partial last
-//! block is also held in f16 (the recent window, `tail.rs`) and attention
+//! block is also held in f16 (the recent window, `recent_window.rs`) and attention
 //! reads that copy while the block is partial.
 
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use engram_model::{KvCache, KvChunk, KvData, KvElem};
 use crate::block::{Block, LineBytes, BLOCK_TOKENS};
 use crate::error::KvError;
 use crate::pool::KvPool;
-use crate::tail::Tail;
+use crate::recent_window::RecentWindow;
 
 /// How many blocks ahead [`SeqKv`]'s chunks point attention for prefetching
 /// ([`KvChunk::ahead`]): 8 blocks of one head's keys and values are 64 KiB (f16, head dim
@@ -36,8 +36,8 @@ pub struct SeqKv {
     blocks: Vec<Arc<Block>>,
     len: usize,
     /// The recent window (quantized formats only): valid for the first `len - 32·block`
-    /// tokens of block `tail.block`; shared with forks until either side writes.
-    tail: Option<Arc<Tail>>,
+    /// tokens of block `window.block`; shared with forks until either side writes.
+    window: Option<Arc<RecentWindow>>,
     /// The position of each slot `0..len` when some differ from the slot (moved tokens,
     /// trees of drafts); `None`: slot = position.
     positions: Option<Vec<u32>>,
@@ -46,7 +46,7 @@ pub struct SeqKv {
 impl SeqKv {
     /// An empty cache charged to `pool`.
     pub fn new(pool: &KvPool) -> SeqKv {
-        SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0, tail: None, positions: None }
+        SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0, window: None, positions: None }
     }
 
     /// A cache over existing blocks (shared from an index or restored from
@@ -54,7 +54,7 @@ impl SeqKv {
     /// last must be full.
     pub fn from_blocks(pool: &KvPool, blocks: Vec<Arc<Block>>, len: usize) -> SeqKv {
         debug_assert_eq!(blocks.len(), len.div_ceil(BLOCK_TOKENS));
-        SeqKv { pool: pool.clone(), blocks, len, tail: None, positions: None }
+        SeqKv { pool: pool.clone(), blocks, len, window: None, positions: None }
     }
 
     /// One sequence of `parts` in order, their blocks shared (no copy): the runs of an entry
@@ -72,10 +72,10 @@ impl SeqKv {
             let first_block = out.len / BLOCK_TOKENS;
             out.blocks.extend_from_slice(part.blocks());
             out.len += part.len;
-            if let Some(tail) = part.tail.take() {
-                let mut tail = Arc::try_unwrap(tail).ok()?;
-                tail.block += first_block;
-                out.tail = Some(Arc::new(tail));
+            if let Some(win) = part.window.take() {
+                let mut win = Arc::try_unwrap(win).ok()?;
+                win.block += first_block;
+                out.window = Some(Arc::new(win));
             }
         }
         Some(out)
@@ -104,7 +104,7 @@ impl SeqKv {
     /// much first always lets the reservation through.
     pub fn reserve_charge(&self, n: usize) -> usize {
         let p = self.reserve_plan(n);
-        (p.new_blocks + p.cow as usize) * self.pool.block_bytes() + p.tail_charge
+        (p.new_blocks + p.cow as usize) * self.pool.block_bytes() + p.window_charge
     }
 
     /// What reserving `n` more tokens takes, as things stand.
@@ -116,13 +116,13 @@ impl SeqKv {
             Arc::strong_count(b) > 1 || b.is_mapped()
         };
         let end = self.len + n;
-        let tail_block = (n > 0 && self.pool.has_window() && end % BLOCK_TOKENS != 0).then_some(end / BLOCK_TOKENS);
-        let tail_charge = match (tail_block, &self.tail) {
+        let window_block = (n > 0 && self.pool.has_window() && end % BLOCK_TOKENS != 0).then_some(end / BLOCK_TOKENS);
+        let window_charge = match (window_block, &self.window) {
             (None, _) => 0,
             (Some(tb), Some(t)) if t.block == tb && Arc::strong_count(t) == 1 => 0,
-            (Some(_), _) => self.pool.tail_bytes(),
+            (Some(_), _) => self.pool.window_bytes(),
         };
-        ReservePlan { new_blocks, cow, tail_block, tail_charge }
+        ReservePlan { new_blocks, cow, window_block, window_charge }
     }
 
     /// Makes room for `n` more tokens: allocates blocks and un-shares the
@@ -130,10 +130,10 @@ impl SeqKv {
     /// also makes the recent window (the f16 copy of the block the new tokens
     /// end in, when they leave it partial) this sequence's own. All or nothing.
     pub fn reserve(&mut self, n: usize) -> Result<(), KvError> {
-        let ReservePlan { new_blocks, cow, tail_block, tail_charge } = self.reserve_plan(n);
+        let ReservePlan { new_blocks, cow, window_block, window_charge } = self.reserve_plan(n);
         let partial = self.len / BLOCK_TOKENS;
         let bb = self.pool.block_bytes();
-        self.pool.try_charge((new_blocks + cow as usize) * bb + tail_charge)?;
+        self.pool.try_charge((new_blocks + cow as usize) * bb + window_charge)?;
         if cow {
             let copy = self.pool.charged_block(LineBytes::copy_of(self.blocks[partial].bytes()), self.len % BLOCK_TOKENS);
             self.blocks[partial] = Arc::new(copy);
@@ -141,17 +141,17 @@ impl SeqKv {
         for _ in 0..new_blocks {
             self.blocks.push(Arc::new(self.pool.charged_block(LineBytes::zeroed(bb), 0)));
         }
-        match tail_block {
-            None if n > 0 => self.tail = None,
+        match window_block {
+            None if n > 0 => self.window = None,
             None => {}
             Some(tb) => {
-                let current = self.tail.take().filter(|t| t.block == tb);
-                let tail = match current {
-                    Some(t) if tail_charge == 0 => t,
+                let current = self.window.take().filter(|t| t.block == tb);
+                let win = match current {
+                    Some(t) if window_charge == 0 => t,
                     Some(t) => Arc::new(t.charged_copy()),
                     None => Arc::new(self.tail_from_block(tb)),
                 };
-                self.tail = Some(tail);
+                self.window = Some(win);
             }
         }
         Ok(())
@@ -159,14 +159,14 @@ impl SeqKv {
 
     /// A charged window for block `tb`, its rows for the tokens this sequence
     /// already holds there decoded from the block (they were quantized before).
-    fn tail_from_block(&self, tb: usize) -> Tail {
-        let mut tail = Tail::charged(&self.pool, tb);
+    fn tail_from_block(&self, tb: usize) -> RecentWindow {
+        let mut win = RecentWindow::charged(&self.pool, tb);
         let held = self.len.saturating_sub(tb * BLOCK_TOKENS).min(BLOCK_TOKENS);
         if held > 0 {
             let layout = self.pool.layout();
             let (hd, elem) = (layout.head_dim, self.pool.elem());
             let (rb, rb16) = (elem.row_bytes(hd), KvElem::F16.row_bytes(hd));
-            let (sec, tsec) = (self.pool.section_bytes(), self.pool.tail_section_bytes());
+            let (sec, tsec) = (self.pool.section_bytes(), self.pool.window_section_bytes());
             let src = self.blocks[tb].bytes();
             let mut row = vec![0f32; hd];
             for section in 0..2 * layout.num_layers {
@@ -175,21 +175,21 @@ impl SeqKv {
                         let i = h * BLOCK_TOKENS + slot;
                         elem.decode_row(&src[section * sec + i * rb..section * sec + (i + 1) * rb], &mut row);
                         let at = section * tsec + i * rb16;
-                        KvElem::F16.encode_row(&row, &mut tail.bytes[at..at + rb16]);
+                        KvElem::F16.encode_row(&row, &mut win.bytes[at..at + rb16]);
                     }
                 }
             }
         }
-        tail
+        win
     }
 
     /// A new sequence sharing this one's first `num_tokens` tokens (whole
     /// blocks are shared; a partial block is shared until either side writes).
     pub fn fork(&self, num_tokens: usize) -> SeqKv {
         let n = num_tokens.min(self.len);
-        let tail = self.tail.clone().filter(|t| n % BLOCK_TOKENS != 0 && t.block == n / BLOCK_TOKENS);
+        let win = self.window.clone().filter(|t| n % BLOCK_TOKENS != 0 && t.block == n / BLOCK_TOKENS);
         let positions = self.positions.as_ref().map(|p| p[..n].to_vec());
-        SeqKv { pool: self.pool.clone(), blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n, tail, positions }
+        SeqKv { pool: self.pool.clone(), blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n, window: win, positions }
     }
 
     /// A fork of the whole sequence that describes its tokens as sitting at their slots: the
@@ -212,8 +212,8 @@ impl SeqKv {
         // A partial last block keeps stale tokens past `len`, which
         // `for_each_chunk` hides and the next write overwrites.
         self.blocks.truncate(num_tokens.div_ceil(BLOCK_TOKENS));
-        if self.tail.as_ref().is_some_and(|t| num_tokens % BLOCK_TOKENS == 0 || t.block != num_tokens / BLOCK_TOKENS) {
-            self.tail = None;
+        if self.window.as_ref().is_some_and(|t| num_tokens % BLOCK_TOKENS == 0 || t.block != num_tokens / BLOCK_TOKENS) {
+            self.window = None;
         }
     }
 
@@ -230,7 +230,7 @@ impl SeqKv {
         assert!(keep.windows(2).all(|w| w[0] < w[1]), "keep_slots: slots must ascend");
         assert!(keep.iter().all(|&k| k >= first && k < self.len), "keep_slots: slots outside {first}..{}", self.len);
         let layout = self.pool.layout();
-        let (elem, sec, tsec) = (self.pool.elem(), self.pool.section_bytes(), self.pool.tail_section_bytes());
+        let (elem, sec, tsec) = (self.pool.elem(), self.pool.section_bytes(), self.pool.window_section_bytes());
         let (rb, rb16) = (elem.row_bytes(layout.head_dim), KvElem::F16.row_bytes(layout.head_dim));
         let rows = 2 * layout.num_layers * layout.num_kv_heads;
         let row_at = |section_bytes: usize, row_bytes: usize, r: usize, slot: usize| {
@@ -251,7 +251,7 @@ impl SeqKv {
                 let at = row_at(sec, rb, r, dst);
                 block.bytes_mut().expect("keep_slots: a mapped block")[at..at + rb].copy_from_slice(&row);
             }
-            match self.tail.as_mut() {
+            match self.window.as_mut() {
                 Some(t) if t.block == db && t.block == sb => {
                     let t = Arc::get_mut(t).expect("keep_slots: a shared window");
                     for r in 0..rows {
@@ -259,7 +259,7 @@ impl SeqKv {
                         t.bytes.copy_within(from..from + rb16, to);
                     }
                 }
-                Some(t) if t.block == db => self.tail = None,
+                Some(t) if t.block == db => self.window = None,
                 _ => {}
             }
             if let Some(p) = self.positions.as_mut() {
@@ -350,7 +350,7 @@ impl SeqKv {
         // One table of shifts per distinct RoPE (usually one for the whole model).
         type Shifts = std::collections::HashMap<i64, (Vec<f32>, Vec<f32>)>;
         let mut tables: Vec<(&engram_model::RopeConfig, Shifts)> = Vec::new();
-        let (elem, sec, tsec) = (self.pool.elem(), self.pool.section_bytes(), self.pool.tail_section_bytes());
+        let (elem, sec, tsec) = (self.pool.elem(), self.pool.section_bytes(), self.pool.window_section_bytes());
         for layer in 0..layout.num_layers {
             let rope = rope.rope_of(layer);
             let at = match tables.iter().position(|(r, _)| *r == rope) {
@@ -379,9 +379,9 @@ impl SeqKv {
                 let ks = &k[t * w..(t + 1) * w];
                 let block = Arc::get_mut(&mut self.blocks[bi]).expect("un-shared above");
                 encode_keys(block.bytes_mut().expect("un-mapped above"), elem, sec, layer, at, ks, hd);
-                if let Some(tail) = self.tail.as_mut().filter(|t| t.block == bi) {
-                    let tail = Arc::get_mut(tail).expect("un-shared above");
-                    encode_keys(&mut tail.bytes, KvElem::F16, tsec, layer, at, ks, hd);
+                if let Some(win) = self.window.as_mut().filter(|t| t.block == bi) {
+                    let win = Arc::get_mut(win).expect("un-shared above");
+                    encode_keys(&mut win.bytes, KvElem::F16, tsec, layer, at, ks, hd);
                 }
             }
         }
@@ -406,15 +406,15 @@ impl SeqKv {
         // dropping its handle of a block between a count and a copy (a writer done with a
         // fork) must not leave a block's charge without its block.
         let copies: Vec<usize> = (b0..=b1).filter(|&bi| Arc::strong_count(&self.blocks[bi]) > 1 || self.blocks[bi].is_mapped()).collect();
-        let window_copy = self.tail.as_ref().is_some_and(|t| (b0..=b1).contains(&t.block) && Arc::strong_count(t) > 1);
-        self.pool.try_charge(copies.len() * self.pool.block_bytes() + if window_copy { self.pool.tail_bytes() } else { 0 })?;
+        let window_copy = self.window.as_ref().is_some_and(|t| (b0..=b1).contains(&t.block) && Arc::strong_count(t) > 1);
+        self.pool.try_charge(copies.len() * self.pool.block_bytes() + if window_copy { self.pool.window_bytes() } else { 0 })?;
         for bi in copies {
             let len = self.blocks[bi].len;
             self.blocks[bi] = Arc::new(self.pool.charged_block(LineBytes::copy_of(self.blocks[bi].bytes()), len));
         }
         if window_copy {
-            let t = self.tail.take().expect("checked above");
-            self.tail = Some(Arc::new(t.charged_copy()));
+            let t = self.window.take().expect("checked above");
+            self.window = Some(Arc::new(t.charged_copy()));
         }
         Ok(())
     }
@@ -437,20 +437,20 @@ impl SeqKv {
         let layout = self.pool.layout();
         let hd = layout.head_dim;
         let elem = self.pool.elem();
-        let (sec, tsec) = (self.pool.section_bytes(), self.pool.tail_section_bytes());
+        let (sec, tsec) = (self.pool.section_bytes(), self.pool.window_section_bytes());
         let (bi, slot) = (pos / BLOCK_TOKENS, pos % BLOCK_TOKENS);
         let block = Arc::get_mut(&mut self.blocks[bi]).expect("SeqKv::write: block not reserved or still shared");
         let bytes = block.bytes_mut().expect("SeqKv::write: reserve() un-maps the block it writes");
         encode_token(bytes, elem, sec, layer, slot, ks, vs, hd);
         block.len = block.len.max(slot + 1);
-        if self.tail.as_mut().is_some_and(|tl| tl.block == bi && Arc::get_mut(tl).is_none()) {
+        if self.window.as_mut().is_some_and(|tl| tl.block == bi && Arc::get_mut(tl).is_none()) {
             // Shared since `reserve` (a fork taken mid-step): fall back to the quantized
             // block, which holds every row, rather than write into the other's window.
-            self.tail = None;
+            self.window = None;
         }
-        if let Some(tail) = self.tail.as_mut().filter(|tl| tl.block == bi) {
-            let tail = Arc::get_mut(tail).expect("unshared just above");
-            encode_token(&mut tail.bytes, KvElem::F16, tsec, layer, slot, ks, vs, hd);
+        if let Some(win) = self.window.as_mut().filter(|tl| tl.block == bi) {
+            let win = Arc::get_mut(win).expect("unshared just above");
+            encode_token(&mut win.bytes, KvElem::F16, tsec, layer, slot, ks, vs, hd);
         }
     }
 
@@ -480,15 +480,15 @@ impl SeqKv {
     }
 
     /// The recent window when it holds block `bi`'s attended rows (a quantized partial block).
-    pub(crate) fn window_of(&self, bi: usize) -> Option<Arc<Tail>> {
-        self.tail.as_ref().filter(|t| t.block == bi && self.len < (bi + 1) * BLOCK_TOKENS).cloned()
+    pub(crate) fn window_of(&self, bi: usize) -> Option<Arc<RecentWindow>> {
+        self.window.as_ref().filter(|t| t.block == bi && self.len < (bi + 1) * BLOCK_TOKENS).cloned()
     }
 
-    /// The recent window's bytes (f16 rows in the block layout, `tail.rs`)
+    /// The recent window's bytes (f16 rows in the block layout, `recent_window.rs`)
     /// when this sequence holds one for its partial last block: rows
     /// `0..len % BLOCK_TOKENS` of every layer and head are the attended values.
     pub fn window(&self) -> Option<&[u8]> {
-        let t = self.tail.as_ref()?;
+        let t = self.window.as_ref()?;
         (self.len % BLOCK_TOKENS != 0 && t.block == self.len / BLOCK_TOKENS).then_some(&t.bytes[..])
     }
 
@@ -497,25 +497,25 @@ impl SeqKv {
     /// Errors: a format without a window, no partial last block, a size other
     /// than the pool's window, or the RAM budget.
     pub fn set_window(&mut self, bytes: &[u8]) -> Result<(), KvError> {
-        if !self.pool.has_window() || self.len % BLOCK_TOKENS == 0 || bytes.len() != self.pool.tail_bytes() {
+        if !self.pool.has_window() || self.len % BLOCK_TOKENS == 0 || bytes.len() != self.pool.window_bytes() {
             return Err(KvError::BadMapping(format!(
                 "a {}-byte recent window for {} tokens of {} KV (expected {} bytes, a quantized format and a partial last block)",
                 bytes.len(),
                 self.len,
                 self.pool.format(),
-                self.pool.tail_bytes()
+                self.pool.window_bytes()
             )));
         }
         self.pool.try_charge(bytes.len())?;
-        let mut tail = Tail::charged(&self.pool, self.len / BLOCK_TOKENS);
-        tail.bytes.copy_from_slice(bytes);
-        self.tail = Some(Arc::new(tail));
+        let mut win = RecentWindow::charged(&self.pool, self.len / BLOCK_TOKENS);
+        win.bytes.copy_from_slice(bytes);
+        self.window = Some(Arc::new(win));
         Ok(())
     }
 
     /// Bytes of blocks (and the recent window) this sequence references, shared ones counted in full.
     pub fn num_bytes(&self) -> usize {
-        self.blocks.len() * self.pool.block_bytes() + self.tail.as_ref().map_or(0, |t| t.bytes.len())
+        self.blocks.len() * self.pool.block_bytes() + self.window.as_ref().map_or(0, |t| t.bytes.len())
     }
 }
 
@@ -563,9 +563,9 @@ impl KvCache for SeqKv {
             // A full block PREFETCH_AHEAD further on (never the window: it is small and hot).
             let ahead =
                 (held(bi + PREFETCH_AHEAD) == BLOCK_TOKENS).then(|| layer_sections(self.blocks[bi + PREFETCH_AHEAD].bytes(), layer, sec));
-            let window = self.tail.as_ref().filter(|t| t.block == bi && len < BLOCK_TOKENS);
+            let window = self.window.as_ref().filter(|t| t.block == bi && len < BLOCK_TOKENS);
             let (elem, bytes, sec) = match window {
-                Some(t) => (KvElem::F16, &t.bytes[..], self.pool.tail_section_bytes()),
+                Some(t) => (KvElem::F16, &t.bytes[..], self.pool.window_section_bytes()),
                 None => (elem, b.bytes(), sec),
             };
             let (k, v) = layer_sections(bytes, layer, sec);
@@ -619,6 +619,6 @@ fn encode_keys(bytes: &mut [u8], elem: KvElem, sec: usize, layer: usize, slot: u
 struct ReservePlan {
     new_blocks: usize,
     cow: bool,
-    tail_block: Option<usize>,
-    tail_charge: usize,
+    window_block: Option<usize>,
+    window_charge: usize,
 }

@@ -26,8 +26,8 @@ use engram_model::{KvCache, KvChunk, KvData, KvElem, KvRead};
 
 use crate::block::{Block, BLOCK_TOKENS};
 use crate::pending::PendingRows;
+use crate::recent_window::RecentWindow;
 use crate::seq::{SeqKv, PREFETCH_AHEAD};
-use crate::tail::Tail;
 
 /// Where a span's rows live.
 #[derive(Clone)]
@@ -35,7 +35,7 @@ enum SpanRows {
     /// A block, in the pool's format.
     Block(Arc<Block>),
     /// A quantized sequence's recent window (f16 rows in the block layout).
-    Window(Arc<Tail>),
+    Window(Arc<RecentWindow>),
     /// A block's rows that arrive layer by layer (`pending.rs`); a reader waits for its layer.
     Pending(Arc<PendingRows>),
 }
@@ -211,7 +211,7 @@ impl KvView {
 
     fn emit(&self, layer: usize, head: Option<usize>, f: &mut dyn FnMut(&KvChunk<'_>)) {
         let layout = self.own.pool().layout();
-        let (sec, tsec) = (self.own.pool().section_bytes(), self.own.pool().tail_section_bytes());
+        let (sec, tsec) = (self.own.pool().section_bytes(), self.own.pool().window_section_bytes());
         let mut key = 0;
         for (si, span) in self.spans.iter().enumerate() {
             let key_index = key;

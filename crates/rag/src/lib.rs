@@ -24,7 +24,7 @@
 //! the server) and [`TreePolicy`] (the chunk KV tree behind the engine's context-policy seam,
 //! so the scheduler's RAG jobs start from it). The tree persists as `engram-kv` entry files
 //! ([`KvTree::save`], [`KvTree::load`]). [`idle`] is the idle-time half ([`PerCache`]):
-//! knowledge abstracts, query prediction, and the cache scheduler that spends idle compute on
+//! knowledge abstracts, query prediction, and the layer choice that spends idle compute on
 //! the QA bank or the KV tree one small unit at a time — over a [`Rag`], or in the server over
 //! [`Stores`] borrowed from a [`Library`] and the engine thread's tree, for the tenants in
 //! [`IdleTenants`]. [`ChunkStore`] (position-independent chunk KV for blend reuse) persists

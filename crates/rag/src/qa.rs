@@ -162,7 +162,7 @@ impl QaBank {
         self.f.entries.iter().find(|e| e.id == id)
     }
 
-    /// Takes entry `id` out of the bank (the cache scheduler's QA → KV conversion); `None` if
+    /// Takes entry `id` out of the bank (the layer choice's QA → KV conversion); `None` if
     /// it is not stored. Not counted as an eviction or an invalidation.
     pub fn remove(&mut self, id: u64) -> Option<QaEntry> {
         let i = self.f.entries.iter().position(|e| e.id == id)?;

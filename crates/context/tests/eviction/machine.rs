@@ -98,7 +98,7 @@ impl Machine {
     /// Invariants (1) and (2), and the shape of every sequence.
     pub(crate) fn check(&mut self, extra: &[&SeqKv]) {
         let c = self.census(extra);
-        let want = c.blocks * self.pool.block_bytes() + c.windows * self.pool.tail_bytes();
+        let want = c.blocks * self.pool.block_bytes() + c.windows * self.pool.window_bytes();
         assert_eq!(
             self.pool.used(),
             want,
@@ -411,7 +411,7 @@ impl Machine {
         let new_first = (old[a] as i64 + shift as i64 - 64).max(0) as usize;
         let bb = self.pool.block_bytes();
         let blocks = (b - 1) / BLOCK_TOKENS - a / BLOCK_TOKENS + 1;
-        let window = if self.pool.has_window() { self.pool.tail_bytes() } else { 0 };
+        let window = if self.pool.has_window() { self.pool.window_bytes() } else { 0 };
         let fits = self.make_room(blocks * bb + window, &[]);
         // Every other sequence, to show the move changes none of them.
         let others: Vec<(String, Vec<u32>)> = self

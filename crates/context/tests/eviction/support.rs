@@ -78,7 +78,7 @@ pub(crate) fn need_for(pool: &KvPool, kv: &SeqKv, n: usize) -> usize {
     let len = kv.len();
     let new_blocks = (len + n).div_ceil(BLOCK_TOKENS) - len.div_ceil(BLOCK_TOKENS);
     let cow = (!len.is_multiple_of(BLOCK_TOKENS)) as usize;
-    let window = if pool.has_window() { pool.tail_bytes() } else { 0 };
+    let window = if pool.has_window() { pool.window_bytes() } else { 0 };
     (new_blocks + cow) * pool.block_bytes() + window
 }
 

@@ -124,7 +124,7 @@ pub(super) fn parse_fields(
     let window_bytes = match window_ti {
         None => 0,
         Some(w) => {
-            let wb = probe.tail_bytes();
+            let wb = probe.window_bytes();
             if !probe.has_window() || num_tokens % BLOCK_TOKENS == 0 {
                 return Err(format!(
                     "a recent window for {num_tokens} tokens of {format} KV (only q8/q4 sequences ending in a partial block keep one)"

@@ -472,7 +472,7 @@ fn bad_recent_windows_are_rejected() {
     let path = dir.path().join("w.safetensors");
     write_entry(&path, &meta(n, FP), &make_kv(&p, n, 5)).unwrap();
     let bytes = std::fs::read(&path).unwrap();
-    let wb = p.tail_bytes();
+    let wb = p.window_bytes();
     let q4 = |bytes: &[u8]| {
         let path = dir.path().join("x.safetensors");
         std::fs::write(&path, bytes).unwrap();

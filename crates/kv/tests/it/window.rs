@@ -65,7 +65,7 @@ fn the_partial_last_block_is_read_in_f16_and_full_blocks_quantized() {
         let quantized_err = c[0].2.iter().enumerate().map(|(j, &x)| (x - value(j / W, j % W, 1.0)).abs()).fold(0f32, f32::max);
         assert!(quantized_err > 1e-4, "{format}: full block should carry quantization error");
         // Budget: blocks plus one window; all returned on drop.
-        assert_eq!(pool.used(), 2 * pool.block_bytes() + pool.tail_bytes());
+        assert_eq!(pool.used(), 2 * pool.block_bytes() + pool.window_bytes());
         assert_eq!(kv.num_bytes(), pool.used());
         // Filling the block exactly drops the window and reads it quantized.
         write(&mut kv, BLOCK_TOKENS + 7, BLOCK_TOKENS - 7, 0.0);
@@ -98,7 +98,7 @@ fn forks_share_the_window_until_one_writes() {
     assert_eq!(pool.used(), used, "a fork shares blocks and window");
     assert_eq!(chunks(&b, 0), before);
     write(&mut b, BLOCK_TOKENS + 5, 2, 9.0);
-    assert_eq!(pool.used(), used + pool.block_bytes() + pool.tail_bytes(), "the writer copies block and window");
+    assert_eq!(pool.used(), used + pool.block_bytes() + pool.window_bytes(), "the writer copies block and window");
     assert_eq!(chunks(&a, 0), before, "the original is untouched");
     let after = chunks(&b, 0);
     assert_eq!(after[1].1, KvElem::F16);

@@ -1,5 +1,5 @@
 //! Idle-time population (PerCache §4.2–4.3): knowledge abstracts, query
-//! prediction, and the cache scheduler that spends idle compute on the QA bank or the chunk
+//! prediction, and the layer choice that spends idle compute on the QA bank or the chunk
 //! KV tree, one small unit at a time.
 //!
 //! ```text
@@ -24,10 +24,10 @@
 //! in RAM (a restart starts them again).
 
 pub mod abstracts;
+pub mod layer_choice;
 pub mod populate;
 pub mod predict;
 pub mod preempt;
-pub mod scheduler;
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -38,9 +38,9 @@ use crate::error::Result;
 use crate::pipeline::{Answer, CacheLevel, Rag};
 use crate::stores::Stores;
 use abstracts::AbstractStore;
+use layer_choice::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, LayerChoiceConfig, Rate, Strategy};
 use predict::{PredictConfig, Predicted, Predictor, Source};
 use preempt::StepClock;
-use scheduler::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, Rate, SchedulerConfig, Strategy};
 
 /// [`IdleConfig::prefill_chunk`]'s default.
 pub const DEFAULT_IDLE_PREFILL_CHUNK: usize = 32;
@@ -49,7 +49,7 @@ pub const DEFAULT_IDLE_PREFILL_CHUNK: usize = 32;
 #[derive(Clone, Copy, Debug)]
 pub struct IdleConfig {
     pub predict: PredictConfig,
-    pub scheduler: SchedulerConfig,
+    pub layer_choice: LayerChoiceConfig,
     /// Predicted answers go into the QA bank (off: prefill only).
     pub use_qa: bool,
     /// The chunk KV tree is filled and used (off: answers prefill cold, no prefill-only units).
@@ -72,7 +72,7 @@ impl Default for IdleConfig {
     fn default() -> Self {
         IdleConfig {
             predict: PredictConfig::default(),
-            scheduler: SchedulerConfig::default(),
+            layer_choice: LayerChoiceConfig::default(),
             use_qa: true,
             use_kv: true,
             schedule: true,
@@ -216,7 +216,7 @@ impl PerCache {
         &self.preds
     }
 
-    /// The scheduler's inputs now.
+    /// The layer choice's inputs now.
     pub fn estimates(&self) -> Estimates {
         Estimates {
             p_qa: self.stats.hits.p_qa(),
@@ -285,7 +285,7 @@ impl PerCache {
                     && self.cfg.use_qa
                     && prefilled_only
                     && !p.kv_queued
-                    && kv_to_qa(&self.cfg.scheduler, 1, self.cfg.threshold)
+                    && kv_to_qa(&self.cfg.layer_choice, 1, self.cfg.threshold)
                 {
                     p.kv_queued = true;
                     self.queue.push_back(Work::KvToQa(i));
@@ -293,7 +293,7 @@ impl PerCache {
             }
         }
         // Predictions that went `patience` real queries without a match are judged missed.
-        let (now, patience) = (self.stats.real_queries, self.cfg.scheduler.patience);
+        let (now, patience) = (self.stats.real_queries, self.cfg.layer_choice.patience);
         for p in &mut self.preds {
             if p.planned_at.is_some_and(|t| now - t >= patience.max(1)) {
                 if !p.qa_judged {
@@ -437,7 +437,7 @@ impl PerCache {
                     decode_tokens: rag.config.params.max_tokens,
                 };
                 let mut s = if self.cfg.schedule {
-                    decide(&self.cfg.scheduler, &self.estimates(), &cand, threshold).strategy
+                    decide(&self.cfg.layer_choice, &self.estimates(), &cand, threshold).strategy
                 } else {
                     Strategy::Answer
                 };
@@ -487,14 +487,14 @@ impl PerCache {
         }
     }
 
-    /// QA → KV: the first predicted answer the scheduler gives up on (no hit in `patience`
+    /// QA → KV: the first predicted answer the layer choice gives up on (no hit in `patience`
     /// real queries, or threshold ≥ τ) leaves the QA bank; its prompt's chunks go into the tree.
     /// Stopped, the victim keeps its QA entry (and is chosen again next time).
     fn convert_to_kv(&mut self, rag: &mut Stores<'_>, clock: &mut StepClock<'_>) -> Result<Option<UnitReport>> {
         if !self.cfg.schedule {
             return Ok(None);
         }
-        let (cfg, now, threshold) = (self.cfg.scheduler, self.stats.real_queries, self.cfg.threshold);
+        let (cfg, now, threshold) = (self.cfg.layer_choice, self.stats.real_queries, self.cfg.threshold);
         let victim = self
             .preds
             .iter()

@@ -9,8 +9,8 @@ use engram_engine::Generator;
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 use engram_rag::idle::abstracts::{extract, AbstractStore};
+use engram_rag::idle::layer_choice::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, LayerChoiceConfig, Strategy};
 use engram_rag::idle::predict::{PredictConfig, Predictor, Source};
-use engram_rag::idle::scheduler::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, SchedulerConfig, Strategy};
 use engram_rag::synth::{self, Step, SynthConfig};
 use engram_rag::{
     CacheLevel, DocKind, IdleConfig, KnowledgeBank, KvTree, PerCache, QaBank, QueryOptions, Rag, RagConfig, RagError, UnitKind,
@@ -138,7 +138,7 @@ fn est(p_qa: f64, p_kv: f64) -> Estimates {
 
 #[test]
 fn scheduler_decisions_on_hand_made_cases() {
-    let cfg = SchedulerConfig { tau: 0.95, idle_weight: 0.2, patience: 10 };
+    let cfg = LayerChoiceConfig { tau: 0.95, idle_weight: 0.2, patience: 10 };
     let c = Candidate { rest_tokens: 300, rest_chunk_tokens: 280, decode_tokens: 32 };
     // Likely to be asked: answer (300 + 320 ms saved with p 0.6 beats 280 ms with p 0.6).
     let d = decide(&cfg, &est(0.6, 0.6), &c, 0.85);
@@ -152,7 +152,7 @@ fn scheduler_decisions_on_hand_made_cases() {
     assert_eq!(decide(&cfg, &est(0.05, 0.1), &c, 0.85).strategy, Strategy::Skip);
     assert_eq!(decide(&cfg, &est(0.9, 0.1), &c, 0.96).strategy, Strategy::Skip);
     // Idle compute free: anything with a chance is done.
-    let free = SchedulerConfig { idle_weight: 0.0, ..cfg };
+    let free = LayerChoiceConfig { idle_weight: 0.0, ..cfg };
     assert_eq!(decide(&free, &est(0.01, 0.01), &c, 0.85).strategy, Strategy::Answer);
     // The chunks already in the tree: prefilling would compute nothing, so it is never chosen.
     let held = Candidate { rest_tokens: 20, rest_chunk_tokens: 0, decode_tokens: 32 };
@@ -256,7 +256,7 @@ fn past_tau_population_is_prefill_only_and_predicted_answers_convert_to_kv() {
     let tmp = tempfile::tempdir().unwrap();
     let mut r = rag(tmp.path());
     let eager = IdleConfig {
-        scheduler: SchedulerConfig { patience: 0, idle_weight: 0.0, ..SchedulerConfig::default() },
+        layer_choice: LayerChoiceConfig { patience: 0, idle_weight: 0.0, ..LayerChoiceConfig::default() },
         predict: PredictConfig { stride: 1, ..PredictConfig::default() },
         ..IdleConfig::default()
     };

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
+use engram_rag::idle::layer_choice::LayerChoiceConfig;
 use engram_rag::idle::predict::PredictConfig;
-use engram_rag::idle::scheduler::SchedulerConfig;
 use engram_rag::synth::{self, Step, SynthConfig};
 use engram_rag::{DocKind, IdleConfig, KnowledgeBank, KvTree, PerCache, QaBank, Rag, RagConfig, UnitKind, UnitReport};
 
@@ -125,7 +125,7 @@ fn an_interrupted_unit_leaves_the_caches_as_before() {
 fn an_interrupted_conversion_keeps_its_answer() {
     // Patience 0: prefill, answer, then the answer leaves the QA bank for the tree (QA→KV).
     let cfg = IdleConfig {
-        scheduler: SchedulerConfig { patience: 0, idle_weight: 0.0, ..SchedulerConfig::default() },
+        layer_choice: LayerChoiceConfig { patience: 0, idle_weight: 0.0, ..LayerChoiceConfig::default() },
         predict: PredictConfig { stride: 1, ..PredictConfig::default() },
         ..IdleConfig::default()
     };

@@ -12,31 +12,31 @@
 //! a restored sequence reads its newest tokens as the live one did.
 //!
 //! Layout: a block's (see `block.rs`) with f16 rows. Invariant: rows
-//! `0..k` of the tail are valid whenever the owning sequence holds `k` tokens
+//! `0..k` of the window are valid whenever the owning sequence holds `k` tokens
 //! of block `block`; it is charged to the pool for its lifetime.
 
 use crate::pool::KvPool;
 
 /// An f16 copy of block `block`'s rows (keys and values, every layer).
-pub(crate) struct Tail {
+pub(crate) struct RecentWindow {
     pub(crate) block: usize,
     pub(crate) bytes: crate::block::LineBytes,
     pool: KvPool,
 }
 
-impl Tail {
-    /// A zeroed tail for `block` whose bytes the caller has already charged.
-    pub(crate) fn charged(pool: &KvPool, block: usize) -> Tail {
-        Tail { block, bytes: crate::block::LineBytes::zeroed(pool.tail_bytes()), pool: pool.clone() }
+impl RecentWindow {
+    /// A zeroed window for `block` whose bytes the caller has already charged.
+    pub(crate) fn charged(pool: &KvPool, block: usize) -> RecentWindow {
+        RecentWindow { block, bytes: crate::block::LineBytes::zeroed(pool.window_bytes()), pool: pool.clone() }
     }
 
     /// A copy, charged by the caller.
-    pub(crate) fn charged_copy(&self) -> Tail {
-        Tail { block: self.block, bytes: self.bytes.clone(), pool: self.pool.clone() }
+    pub(crate) fn charged_copy(&self) -> RecentWindow {
+        RecentWindow { block: self.block, bytes: self.bytes.clone(), pool: self.pool.clone() }
     }
 }
 
-impl Drop for Tail {
+impl Drop for RecentWindow {
     fn drop(&mut self) {
         self.pool.release(self.bytes.len());
     }

@@ -1,4 +1,4 @@
-//! The cache scheduler (PerCache §4.3): for a predicted question, populate the QA bank
+//! The layer choice (PerCache §4.3): for a predicted question, populate the QA bank
 //! (prefill + decode), only the chunk KV tree (prefill), or nothing — by expected benefit
 //! against compute spent — and when to convert between the two layers.
 //!
@@ -17,9 +17,9 @@
 //! with (both smoothed by a prior, [`HitStats`]). Invariant: [`decide`] is a pure function of its inputs (hand-made cases in
 //! `tests/it/idle.rs`); with threshold ≥ τ it never answers.
 
-/// Scheduler settings.
+// The layer choice's settings.
 #[derive(Clone, Copy, Debug)]
-pub struct SchedulerConfig {
+pub struct LayerChoiceConfig {
     /// QA thresholds at or past this turn answering off (prefill only).
     pub tau: f32,
     /// Worth of an idle-time millisecond against a user-facing one (0: idle compute is free).
@@ -28,9 +28,9 @@ pub struct SchedulerConfig {
     pub patience: u64,
 }
 
-impl Default for SchedulerConfig {
+impl Default for LayerChoiceConfig {
     fn default() -> Self {
-        SchedulerConfig { tau: 0.95, idle_weight: 0.2, patience: 10 }
+        LayerChoiceConfig { tau: 0.95, idle_weight: 0.2, patience: 10 }
     }
 }
 
@@ -75,7 +75,7 @@ pub struct Decision {
 }
 
 /// The strategy with the largest expected net benefit (see the module doc).
-pub fn decide(cfg: &SchedulerConfig, est: &Estimates, c: &Candidate, threshold: f32) -> Decision {
+pub fn decide(cfg: &LayerChoiceConfig, est: &Estimates, c: &Candidate, threshold: f32) -> Decision {
     let prefill = |n: usize| n as f64 * est.prefill_ms_per_token;
     let d = c.decode_tokens as f64 * est.decode_ms_per_token;
     let answer = {
@@ -103,13 +103,13 @@ pub fn decide(cfg: &SchedulerConfig, est: &Estimates, c: &Candidate, threshold: 
 
 /// Whether a predicted answer should leave the QA bank for the KV tree: no hit after
 /// `patience` real queries, or a threshold at or past τ.
-pub fn qa_to_kv(cfg: &SchedulerConfig, hits: u64, real_queries_since: u64, threshold: f32) -> bool {
+pub fn qa_to_kv(cfg: &LayerChoiceConfig, hits: u64, real_queries_since: u64, threshold: f32) -> bool {
     hits == 0 && (real_queries_since >= cfg.patience || threshold >= cfg.tau)
 }
 
 /// Whether a prefilled prediction should be answered into the QA bank: a real query used its
 /// chunks (`uses` ≥ 1) and answering is on.
-pub fn kv_to_qa(cfg: &SchedulerConfig, uses: u64, threshold: f32) -> bool {
+pub fn kv_to_qa(cfg: &LayerChoiceConfig, uses: u64, threshold: f32) -> bool {
     uses >= 1 && threshold < cfg.tau
 }
 
