@@ -457,7 +457,9 @@ impl SparseKv {
         // saved one (the saving sequence, a second resume).
         let live = offload::live_path(&cfg);
         let opened = (|| -> Result<Box<Offloaded>, StateError> {
-            std::fs::copy(&saved, &live).map_err(|e| StateError::io(&saved, e))?;
+            std::fs::metadata(&saved).map_err(|e| StateError::io(&saved, e))?;
+            // Any failure now is the live side's (a missing offload directory, a full disk).
+            std::fs::copy(&saved, &live).map_err(|e| StateError::Io { path: live.clone(), source: e })?;
             let mut f = OffloadFile::open_writable(&live, spec).map_err(|e| StateError::io(&saved, e))?;
             if f.rows() < rows {
                 return Err(StateError::Invalid {

@@ -185,6 +185,11 @@ fn bad_truncated_foreign_and_other_model_states_are_refused_with_the_reason() {
     assert!(matches!(refused(&model, &dir, live.path(), CFG, &m, "no saved sparse state"), StateError::NotFound { .. }));
     restore();
 
+    // An offload directory that is not there: an I/O error naming it, not a missing state.
+    let gone = OffloadConfig { dir: live.path().join("gone"), ..offload_cfg(live.path(), &model) };
+    let e = SparseKv::resume_state(&dir, &model.config, CFG, &m, Some(gone)).err().unwrap();
+    assert!(matches!(e, StateError::Io { .. }) && e.to_string().contains("gone"), "{e}");
+
     // Sound again: resumes.
     SparseKv::resume_state(&dir, &model.config, CFG, &m, Some(offload_cfg(live.path(), &model))).unwrap();
     // No state at all.
