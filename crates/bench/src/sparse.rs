@@ -7,6 +7,10 @@
 //!   the last `scored` decoded one at a time; per method and token budget: mean KL, top-1,
 //!   perplexity against the exact path (`fidelity::measure::Scores`), attention mass recalled
 //!   and attention-output relative error per layer (`engram_sparse::Probe`, f64).
+//! - Task quality ([`task`], with `--task-model`): the policy as served (DynaKV over
+//!   offloaded KV with its sinks, recent window and budget) against exact attention and a
+//!   sliding window of the same RAM: held-out loss over the last tokens of long held-out
+//!   windows, and a retrieval probe (a function defined early, asked for late).
 //! - Speed ([`speed`]), on a random-weight fixture (`engram fixture --shape llama-1b`): decode
 //!   tokens/s at each history, exact and DynaKV side by side on the same cache, KV bytes, RSS.
 //!
@@ -29,6 +33,7 @@ mod offload;
 mod prefill;
 mod quality;
 mod speed;
+mod task;
 
 use std::path::PathBuf;
 
@@ -60,6 +65,19 @@ pub struct Args {
     sinks: usize,
     #[arg(long, default_value_t = 64)]
     recent: usize,
+    /// The long-context model for the task-level runs (`task.rs`): held-out loss and the
+    /// retrieval probe, exact vs DynaKV vs a sliding window of the same RAM; omit to skip.
+    #[arg(long)]
+    task_model: Option<PathBuf>,
+    /// Window lengths for the task runs (history + scored tokens).
+    #[arg(long, value_delimiter = ',', default_value = "8192")]
+    task_lengths: Vec<usize>,
+    /// Tokens decoded and scored for the held-out loss at the end of each task window.
+    #[arg(long, default_value_t = 1024)]
+    task_scored: usize,
+    /// Retrieval probes per task window (at most).
+    #[arg(long, default_value_t = 16)]
+    task_probes: usize,
     /// The speed model (e.g. the llama-1b q4_0 fixture); omit to skip speed.
     #[arg(long)]
     speed_model: Option<PathBuf>,
@@ -142,13 +160,16 @@ fn parse_methods(names: &[String]) -> Result<Vec<Method>> {
 
 pub fn run(a: Args) -> Result<()> {
     anyhow::ensure!(
-        a.quality_model.is_some() || a.speed_model.is_some() || a.layout_history > 0,
-        "nothing to measure: give --quality-model, --speed-model and/or --layout-history"
+        a.quality_model.is_some() || a.task_model.is_some() || a.speed_model.is_some() || a.layout_history > 0,
+        "nothing to measure: give --quality-model, --task-model, --speed-model and/or --layout-history"
     );
     engram_kernels::set_num_threads(a.threads.max(1));
     let methods = parse_methods(&a.methods)?;
     if let Some(m) = &a.quality_model {
         quality::run(&a, m, &methods)?;
+    }
+    if let Some(m) = &a.task_model {
+        task::run(&a, m)?;
     }
     if let Some(m) = &a.speed_model {
         speed::run(&a, m)?;

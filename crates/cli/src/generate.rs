@@ -44,6 +44,11 @@ pub struct Args {
     /// Turn off the layer-ahead prefetch of --sparse-offload.
     #[arg(long)]
     sparse_no_prefetch: bool,
+    /// With --sparse: a folder holding the conversation's sparse state. When it holds a sound
+    /// state of this model and configuration whose tokens the prompt extends, the cache is
+    /// resumed from it (only the new tokens prefilled); the state is saved there at the end.
+    #[arg(long)]
+    sparse_state: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -68,8 +73,9 @@ pub fn run(a: Args) -> Result<()> {
             prefetch: !a.sparse_no_prefetch,
             ..engram_sparse::OffloadConfig::new(dir, model.fingerprint.0)
         });
-        return crate::generate_sparse::generate(&model, &ids, &a.sampling.params(), cfg, off);
+        return crate::generate_sparse::generate(&model, &ids, &a.sampling.params(), cfg, off, a.sparse_state.as_deref());
     }
+    anyhow::ensure!(a.sparse_state.is_none(), "--sparse-state needs --sparse METHOD");
     anyhow::ensure!(a.sparse_budget.is_none(), "--sparse-budget needs --sparse METHOD");
     anyhow::ensure!(a.sparse_offload.is_none(), "--sparse-offload needs --sparse METHOD");
     let mut gen = Generator::new(&model, &pool);

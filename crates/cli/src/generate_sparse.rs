@@ -5,7 +5,10 @@
 //! and strings go through the engine's [`Decoding`], as the exact path's do. With
 //! `--sparse-offload`, the prefill is bounded: the prompt's KV past `--sparse-ram-mib` goes to
 //! the file chunk by chunk as it is written, its index built segment by segment
-//! ([`SparseKv::offload_streaming`]), so the KV in RAM never holds the whole prompt.
+//! ([`SparseKv::offload_streaming`]), so the KV in RAM never holds the whole prompt. With
+//! `--sparse-state DIR`, a conversation saved there whose tokens the prompt extends is resumed
+//! (only the new tokens prefilled) and the state is saved there at the end
+//! ([`SparseKv::save_state`]); a missing, unsound or foreign state means a full prefill.
 //!
 //! Invariant: a configuration that cannot be sparse is refused or falls back to exact with a
 //! warning, never run half-way: an unknown method or a zero budget is an error; a budget that
@@ -16,7 +19,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use engram_engine::{Decoding, FinishReason};
 use engram_model::{Logits, Model, SeqStep};
-use engram_sparse::{Method, SparseConfig, SparseKv};
+use engram_sparse::{Method, SparseConfig, SparseKv, StateMeta};
 
 use crate::common::stdout_sink;
 
@@ -45,23 +48,36 @@ pub fn generate(
     params: &engram_engine::SamplingParams,
     cfg: Option<SparseConfig>,
     off: Option<engram_sparse::OffloadConfig>,
+    state: Option<&std::path::Path>,
 ) -> Result<()> {
     params.validate()?;
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     let ctx = model.config.max_positions;
     anyhow::ensure!(prompt.len() < ctx, "the prompt of {} tokens does not fit the model's context of {ctx}", prompt.len());
     let start = Instant::now();
-    let mut kv = SparseKv::new(&model.config, cfg);
-    let streamed = match (off, cfg) {
-        (Some(off), Some(_)) => {
-            let dir = off.dir.clone();
-            kv.offload_streaming(off).with_context(|| format!("--sparse-offload {}", dir.display()))?;
-            true
-        }
-        _ => false,
+    let resumed = match (state, cfg) {
+        (Some(dir), Some(cfg)) => resume(model, dir, cfg, off.clone(), prompt),
+        _ => None,
     };
+    let from = resumed.as_ref().map_or(0, SparseKv::len);
+    let (mut kv, streamed) = match resumed {
+        Some(kv) => (kv, false),
+        None => {
+            let mut kv = SparseKv::new(&model.config, cfg);
+            let streamed = match (off, cfg) {
+                (Some(off), Some(_)) => {
+                    let dir = off.dir.clone();
+                    kv.offload_streaming(off).with_context(|| format!("--sparse-offload {}", dir.display()))?;
+                    true
+                }
+                _ => false,
+            };
+            (kv, streamed)
+        }
+    };
+    let mut fed = prompt.to_vec();
     let mut logits = Vec::new();
-    for part in prompt.chunks(engram_engine::DEFAULT_PREFILL_CHUNK) {
+    for part in prompt[from..].chunks(engram_engine::DEFAULT_PREFILL_CHUNK) {
         kv.reserve(part.len());
         let slot = kv.len();
         logits = model.forward(&mut [SeqStep::new(part, slot, &mut kv, Logits::Last)])?.remove(0);
@@ -93,6 +109,7 @@ pub fn generate(
         }
         kv.reserve(1);
         let slot = kv.len();
+        fed.push(tok);
         // A failed read of the offloaded KV (file truncated, removed, EIO) ends the sequence
         // with the reason; the tokens streamed so far stand.
         logits = model
@@ -101,12 +118,20 @@ pub fn generate(
             .remove(0);
     };
     println!();
+    if let Some(dir) = state {
+        match kv.save_state(dir, &StateMeta { fingerprint: state_fingerprint(model), owner: String::new(), tokens: fed }) {
+            Ok(bytes) => {
+                eprintln!("saved the conversation's sparse state to {} ({:.1} MiB)", dir.display(), bytes as f64 / (1 << 20) as f64)
+            }
+            Err(e) => eprintln!("warning: the sparse state was not saved: {e}"),
+        }
+    }
     let n = out.generated().len();
     let (attended, _) = kv.mean_attended();
     eprintln!(
-        "prompt {} tokens, prefill {:.1} tok/s, index {index_ms:.0} ms; generated {n} tokens, decode {:.1} tok/s; {}; finish: {}",
+        "prompt {} tokens ({from} resumed), prefill {:.1} tok/s, index {index_ms:.0} ms; generated {n} tokens, decode {:.1} tok/s; {}; finish: {}",
         prompt.len(),
-        prompt.len() as f64 / (prefill_ms / 1e3),
+        (prompt.len() - from) as f64 / (prefill_ms / 1e3),
         n as f64 / decode_start.elapsed().as_secs_f64(),
         match cfg {
             Some(c) => format!("sparse {} (budget {}, {attended:.0} keys attended per head on average)", c.method.name(), c.budget),
@@ -126,4 +151,38 @@ pub fn generate(
         );
     }
     Ok(())
+}
+
+/// The model and KV format a saved state must come from (the f16 KV of a sparse cache).
+fn state_fingerprint(model: &Model) -> String {
+    engram_kv::persist::cache_fingerprint(model.fingerprint, engram_kv::KvFormat::F16)
+}
+
+/// The cache saved in `dir` when it is a sound state of this model and `cfg` whose tokens
+/// `prompt` extends by at least one; else `None`, the reason on stderr (the prompt is prefilled).
+fn resume(
+    model: &Model,
+    dir: &std::path::Path,
+    cfg: SparseConfig,
+    off: Option<engram_sparse::OffloadConfig>,
+    prompt: &[u32],
+) -> Option<SparseKv> {
+    if !dir.join(engram_sparse::persist::STATE_FILE).exists() {
+        return None;
+    }
+    let expect = StateMeta { fingerprint: state_fingerprint(model), owner: String::new(), tokens: Vec::new() };
+    match SparseKv::resume_state(dir, &model.config, cfg, &expect, off) {
+        Ok((kv, m)) if m.tokens.len() < prompt.len() && prompt.starts_with(&m.tokens) => {
+            eprintln!("resumed {} tokens from {}", m.tokens.len(), dir.display());
+            Some(kv)
+        }
+        Ok(_) => {
+            eprintln!("note: the prompt does not extend the conversation saved in {}: prefilling it", dir.display());
+            None
+        }
+        Err(e) => {
+            eprintln!("warning: {e}; prefilling the prompt");
+            None
+        }
+    }
 }

@@ -82,7 +82,7 @@ pub struct SparseKv {
     reads: AtomicUsize,
     attended: AtomicUsize,
     /// The most KV bytes held in RAM after a write (before what it made go to the file).
-    peak_ram: usize,
+    pub(crate) peak_ram: usize,
 }
 
 impl SparseKv {

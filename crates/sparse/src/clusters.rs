@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::keys::{dist2, dot, HeadKeys};
 use crate::kmeans::{cluster_count, kmeans, nearest};
 use crate::method::{HeadIndex, IndexStats};
+use crate::persist::codec::{Dec, Enc, Short};
 
 /// Lloyd iterations at prefill and for splits (4: the assignment changes little after, and
 /// prefill clustering is the index's main cost).
@@ -382,9 +383,77 @@ impl ClusterIndex {
     }
 }
 
+impl ClusterIndex {
+    /// Reads back what [`HeadIndex::save`] wrote for an index of keys of `dim` elements made
+    /// with `update`, over a history of `n` tokens; every length and token checked (a
+    /// cluster's shape is recomputed from its members).
+    pub(crate) fn load(dim: usize, update: Update, n: usize, d: &mut Dec<'_>) -> Result<ClusterIndex, Short> {
+        let bad = |what: &str| Short(format!("cluster index: {what}"));
+        let mut idx = ClusterIndex::new(dim, update);
+        idx.cent = d.f32s("centroids")?;
+        idx.half_norm = d.f32s("centroid norms")?;
+        let k = d.len("clusters")?;
+        if idx.cent.len() != k.checked_mul(dim).ok_or_else(|| bad("cluster count"))? || idx.half_norm.len() != k {
+            return Err(bad("centroids do not match the cluster count"));
+        }
+        for _ in 0..k {
+            let m = d.u32s("members")?;
+            if m.windows(2).any(|w| w[0] >= w[1]) || m.last().is_some_and(|&t| t as usize >= n) {
+                return Err(bad("members out of order or past the history"));
+            }
+            idx.shape.push(Shape::of(&m));
+            idx.members.push(m);
+        }
+        idx.m2 = d.f64s("variances")?;
+        idx.tau = d.f64("threshold")?;
+        idx.flagged = d.bools("flags")?;
+        idx.buffered = d.lens("buffered")?;
+        idx.total_buffered = d.len("total buffered")?;
+        idx.resident = d.bools("resident")?;
+        idx.pending = d.u32s("pending")?;
+        idx.last_chosen = d.u32s("last chosen")?;
+        idx.touched = d.u32s("touched")?;
+        idx.coret = d.u64s("co-retrieval signatures")?;
+        let lens = [idx.m2.len(), idx.flagged.len(), idx.buffered.len(), idx.resident.len(), idx.coret.len()];
+        if lens.iter().any(|&l| l != k) {
+            return Err(bad("per-cluster fields do not match the cluster count"));
+        }
+        if idx.pending.iter().any(|&t| t as usize >= n) || idx.last_chosen.iter().chain(&idx.touched).any(|&c| c as usize >= k) {
+            return Err(bad("a pending token or a cluster id out of range"));
+        }
+        let s = &mut idx.stats;
+        for v in [&mut s.units, &mut s.fetched_units, &mut s.fetched_tokens, &mut s.splits, &mut s.split_fetch_tokens, &mut s.buffered] {
+            *v = d.len("counters")?;
+        }
+        Ok(idx)
+    }
+}
+
 impl HeadIndex for ClusterIndex {
     fn clone_box(&self) -> Box<dyn HeadIndex> {
         Box::new(self.clone())
+    }
+
+    fn save(&self, out: &mut Vec<u8>) {
+        let mut e = Enc(out);
+        e.f32s(&self.cent);
+        e.f32s(&self.half_norm);
+        e.len(self.members.len());
+        self.members.iter().for_each(|m| e.u32s(m));
+        e.f64s(&self.m2);
+        e.f64(self.tau);
+        e.bools(&self.flagged);
+        e.lens(&self.buffered);
+        e.len(self.total_buffered);
+        e.bools(&self.resident);
+        e.u32s(&self.pending);
+        e.u32s(&self.last_chosen);
+        e.u32s(&self.touched);
+        e.u64s(&self.coret);
+        let s = &self.stats;
+        for v in [s.units, s.fetched_units, s.fetched_tokens, s.splits, s.split_fetch_tokens, s.buffered] {
+            e.len(v);
+        }
     }
 
     fn build_part(&mut self, keys: HeadKeys<'_>, range: Range<usize>) {

@@ -16,6 +16,9 @@
 //!   [`SparseKv::offload_streaming`]: the KV in RAM never holds the whole prompt).
 //! - [`placement`]: co-retrieval placement — clusters the prefill's last queries retrieve
 //!   together are written next to each other in the offload file.
+//! - [`persist`]: a sequence's sparse state (RAM tail, sinks, index, the offload file) saved to a
+//!   folder and resumed by a later process without re-prefilling ([`SparseKv::save_state`],
+//!   [`SparseKv::resume_state`]).
 //! - [`probe`]: what a selection loses (attention mass, attention output error), measured in
 //!   f64 on the read itself.
 //!
@@ -28,6 +31,7 @@ pub mod keys;
 pub mod kmeans;
 pub mod method;
 pub mod offload;
+pub mod persist;
 pub mod placement;
 pub mod probe;
 
@@ -35,4 +39,5 @@ pub use cache::{SparseConfig, SparseKv};
 pub use keys::HeadKeys;
 pub use method::{HeadIndex, IndexStats, Method};
 pub use offload::{Backend, Layout, OffloadConfig, OffloadStats, Policy};
+pub use persist::{StateError, StateMeta};
 pub use probe::Probe;

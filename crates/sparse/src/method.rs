@@ -10,11 +10,16 @@ use std::ops::Range;
 use crate::clusters::{ClusterIndex, Update};
 use crate::keys::{dot, HeadKeys};
 use crate::kmeans::SEGMENT;
+use crate::persist::codec::{Dec, Enc, Short};
 
 /// Per-head retrieval state of one method.
 pub trait HeadIndex: Send {
     /// A copy of this index's whole state (for forking a cache with its index).
     fn clone_box(&self) -> Box<dyn HeadIndex>;
+
+    /// Appends this index's whole state to `out` (a saved sequence, `crate::persist`);
+    /// [`Method::load_index`] reads it back into an index that selects exactly as this one.
+    fn save(&self, out: &mut Vec<u8>);
 
     /// Indexes the prefill's tokens `range` (their keys readable in `keys`): called for
     /// consecutive ranges from token 0, each [`SEGMENT`] tokens from a multiple of it but the
@@ -186,6 +191,25 @@ impl Method {
         }
     }
 
+    /// Reads back an index this method made and [`HeadIndex::save`] wrote, over a history of
+    /// `n` tokens of `dim` elements (every length and token checked).
+    pub(crate) fn load_index(&self, dim: usize, n: usize, d: &mut Dec<'_>) -> Result<Box<dyn HeadIndex>, Short> {
+        Ok(match *self {
+            Method::DynaKv { b_max, eager } => Box::new(ClusterIndex::load(dim, Update::Adaptive { b_max, eager }, n, d)?),
+            Method::Static => Box::new(ClusterIndex::load(dim, Update::Static, n, d)?),
+            Method::Local { window, k } => Box::new(ClusterIndex::load(dim, Update::Local { window, k }, n, d)?),
+            Method::Quest { page } => {
+                let (min, max, len) = (d.f32s("quest minima")?, d.f32s("quest maxima")?, d.len("quest tokens")?);
+                let pages = len.div_ceil(page.max(1));
+                if len > n || min.len() != pages * dim || max.len() != pages * dim {
+                    return Err(Short("quest index: pages do not match the history".into()));
+                }
+                Box::new(QuestIndex { page, dim, min, max, len })
+            }
+            Method::Oracle | Method::Tokens | Method::Streaming => self.index(dim),
+        })
+    }
+
     /// A fresh index for one (layer, KV head) of keys of `dim` elements.
     pub fn index(&self, dim: usize) -> Box<dyn HeadIndex> {
         match *self {
@@ -209,6 +233,7 @@ impl HeadIndex for NoIndex {
     fn clone_box(&self) -> Box<dyn HeadIndex> {
         Box::new(self.clone())
     }
+    fn save(&self, _out: &mut Vec<u8>) {} // no state beyond the method
     fn build_part(&mut self, _keys: HeadKeys<'_>, _range: Range<usize>) {}
     fn append(&mut self, _keys: HeadKeys<'_>) {}
     fn select(&mut self, _keys: HeadKeys<'_>, _q: &[f32], eligible: Range<usize>, _budget: usize, out: &mut Vec<u32>) {
@@ -227,6 +252,7 @@ impl HeadIndex for TokenIndex {
     fn clone_box(&self) -> Box<dyn HeadIndex> {
         Box::new(self.clone())
     }
+    fn save(&self, _out: &mut Vec<u8>) {} // no state beyond the method
     fn build_part(&mut self, _keys: HeadKeys<'_>, _range: Range<usize>) {}
     fn append(&mut self, _keys: HeadKeys<'_>) {}
 
@@ -298,6 +324,12 @@ impl HeadIndex for QuestIndex {
     fn clone_box(&self) -> Box<dyn HeadIndex> {
         Box::new(self.clone())
     }
+    fn save(&self, out: &mut Vec<u8>) {
+        let mut e = Enc(out);
+        e.f32s(&self.min);
+        e.f32s(&self.max);
+        e.len(self.len);
+    }
     fn build_part(&mut self, keys: HeadKeys<'_>, range: Range<usize>) {
         let mut x = vec![0f32; self.dim];
         for t in range {
@@ -352,6 +384,7 @@ impl HeadIndex for Streaming {
     fn clone_box(&self) -> Box<dyn HeadIndex> {
         Box::new(self.clone())
     }
+    fn save(&self, _out: &mut Vec<u8>) {} // no state beyond the method
     fn build_part(&mut self, _keys: HeadKeys<'_>, _range: Range<usize>) {}
     fn append(&mut self, _keys: HeadKeys<'_>) {}
     fn select(&mut self, _keys: HeadKeys<'_>, _q: &[f32], eligible: Range<usize>, budget: usize, out: &mut Vec<u32>) {

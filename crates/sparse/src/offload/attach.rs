@@ -195,23 +195,10 @@ impl SparseKv {
                 ),
             ));
         }
-        let path = cfg.dir.join(format!("dynakv-{}-{}.kv", std::process::id(), FILES.fetch_add(1, Ordering::Relaxed)));
+        let path = live_path(cfg);
         let f = OffloadFile::create(&path, spec)?;
-        let shared = Arc::new(Shared::new(ClusterCache::new(cfg.cache_bytes, rb, cfg.policy)));
-        let readers = (|| {
-            let reader = Reader::new(f.reader()?, rb, cfg.backend)?;
-            // The loader reads on its own thread: pread, or its own ring where the step's
-            // reads go through io_uring (a reader thread would only add a hop).
-            let prefetcher = if cfg.prefetch && cfg.cache_bytes > 0 {
-                let own = if reader.backend() == Backend::Uring { Backend::Uring } else { Backend::Inline };
-                Some(Prefetcher::new(shared.clone(), Reader::new(f.reader()?, rb, own)?, rb, cfg.gap)?)
-            } else {
-                None
-            };
-            Ok((reader, prefetcher))
-        })();
-        match readers {
-            Ok((reader, prefetcher)) => Ok((f, shared, reader, prefetcher)),
+        match readers(cfg, &f) {
+            Ok((shared, reader, prefetcher)) => Ok((f, shared, reader, prefetcher)),
             Err(e) => {
                 drop(f);
                 let _ = std::fs::remove_file(&path);
@@ -423,4 +410,25 @@ impl SparseKv {
             ahead: None,
         });
     }
+}
+
+/// A new name for a sequence's live file in `cfg.dir` (unique within the process).
+pub(crate) fn live_path(cfg: &OffloadConfig) -> std::path::PathBuf {
+    cfg.dir.join(format!("dynakv-{}-{}.kv", std::process::id(), FILES.fetch_add(1, Ordering::Relaxed)))
+}
+
+/// The cluster cache, the reader and the layer-ahead loader over an open file `f`.
+pub(crate) fn readers(cfg: &OffloadConfig, f: &OffloadFile) -> io::Result<(Arc<Shared>, Reader, Option<Prefetcher>)> {
+    let rb = f.spec().row_bytes();
+    let shared = Arc::new(Shared::new(ClusterCache::new(cfg.cache_bytes, rb, cfg.policy)));
+    let reader = Reader::new(f.reader()?, rb, cfg.backend)?;
+    // The loader reads on its own thread: pread, or its own ring where the step's
+    // reads go through io_uring (a reader thread would only add a hop).
+    let prefetcher = if cfg.prefetch && cfg.cache_bytes > 0 {
+        let own = if reader.backend() == Backend::Uring { Backend::Uring } else { Backend::Inline };
+        Some(Prefetcher::new(shared.clone(), Reader::new(f.reader()?, rb, own)?, rb, cfg.gap)?)
+    } else {
+        None
+    };
+    Ok((shared, reader, prefetcher))
 }

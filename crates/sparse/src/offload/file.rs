@@ -77,7 +77,16 @@ impl OffloadFile {
 
     /// Opens an existing file, checking its header against `expect`.
     pub fn open(path: &Path, expect: FileSpec) -> io::Result<OffloadFile> {
-        let file = File::open(path)?;
+        OffloadFile::open_with(File::open(path)?, path, expect)
+    }
+
+    /// Opens an existing file for reading and appending (a saved sequence resumed), checking
+    /// its header against `expect`.
+    pub fn open_writable(path: &Path, expect: FileSpec) -> io::Result<OffloadFile> {
+        OffloadFile::open_with(std::fs::OpenOptions::new().read(true).write(true).open(path)?, path, expect)
+    }
+
+    fn open_with(file: File, path: &Path, expect: FileSpec) -> io::Result<OffloadFile> {
         let len = file.metadata()?.len();
         if len < HEADER {
             return Err(bad(path, format!("{len} bytes, shorter than its {HEADER}-byte header")));
@@ -123,6 +132,20 @@ impl OffloadFile {
     /// Rows appended.
     pub fn rows(&self) -> u64 {
         self.rows
+    }
+
+    /// Cuts the file back to its first `rows` rows (rows appended after a save; never more
+    /// than it holds).
+    pub fn truncate_rows(&mut self, rows: u64) -> io::Result<()> {
+        assert!(rows <= self.rows, "truncate_rows past the file's end");
+        self.file.set_len(HEADER + rows * self.spec.row_bytes() as u64)?;
+        self.rows = rows;
+        Ok(())
+    }
+
+    /// Writes the file's data out to the disk (`fdatasync`).
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
     }
 
     /// Appends whole rows (`bytes.len()` a multiple of the row size); returns the first

@@ -48,6 +48,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 
+pub(crate) use attach::{live_path, readers};
 pub use file::{FileSpec, OffloadFile};
 pub(crate) use prefetch::{Prefetcher, Shared};
 pub use reader::{Backend, Reader};

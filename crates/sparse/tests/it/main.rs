@@ -7,4 +7,5 @@ mod common;
 mod clusters;
 mod exact;
 mod offload;
+mod persist;
 mod stream;
