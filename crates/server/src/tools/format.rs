@@ -5,7 +5,7 @@
 //! | family | detected by | a call | with `auto` |
 //! |---|---|---|---|
 //! | Hermes / Qwen | `<tool_call>` | `<tool_call>\n{"name": "f", "arguments": {..}}\n</tool_call>` | lazy, from `<tool_call>` |
-//! | Llama 3.x | `<\|python_tag\|>` or `ipython` | `{"name": "f", "parameters": {..}}` | lazy, from `{"name"` |
+//! | Llama 3.x | `<\|python_tag\|>` or `ipython` | `{"name": "f", "parameters": {..}}`, or after `<\|python_tag\|>` that or a built-in's `brave_search.call(query="..")` | lazy, from `{"name"` or `<\|python_tag\|>` |
 //! | Mistral | `[TOOL_CALLS]` | `[TOOL_CALLS][{"name": "f", "arguments": {..}}]` | lazy, from `[TOOL_CALLS]` |
 //! | GPT-OSS harmony | `<\|channel\|>` | ` to=functions.f<\|channel\|>commentary json<\|message\|>{..}` | lazy, from `to=functions.` |
 //! | generic | anything else | `{"tool_call":{"name":"f","arguments":{..}}}` (`tool_calls`: a list) | bound: that or `{"response":".."}` |
@@ -179,9 +179,15 @@ pub(crate) fn lark(family: Family, tools: &Tools, special: Specials) -> String {
             g.push_str(&format!("call: {} one {}\n", lit("<tool_call>\n"), lit("\n</tool_call>")));
             if parallel { "call (\"\\n\" call)*" } else { "call" }.to_string()
         }
-        // `<|python_tag|>` before the call when it is a special token (Llama 3.2 writes it).
+        // `<|python_tag|>` before the call when it is a special token (Llama 3.2 writes it),
+        // and after it a built-in tool's `name.call(key=value, ..)`.
         Family::Llama3 => match special("<|python_tag|>") {
-            Some(id) => format!("one | <[{id}]> one"),
+            Some(id) => {
+                let builtins = builtin_rules(&offered);
+                g.push_str(&builtins.join(""));
+                let alts: Vec<String> = (0..builtins.len()).map(|i| format!(" | <[{id}]> b{i}")).collect();
+                format!("one | <[{id}]> one{}", alts.concat())
+            }
             None => "one".to_string(),
         },
         // Bound from the start the answer follows the prompt's `<|start|>assistant`; lazy, the
@@ -207,6 +213,28 @@ pub(crate) fn lark(family: Family, tools: &Tools, special: Specials) -> String {
         }
     };
     format!("start: {start}\n{g}")
+}
+
+/// Llama 3.1's built-in tools, called after `<|python_tag|>` as `name.call(key=value, ..)`.
+const LLAMA_BUILTINS: [&str; 2] = ["brave_search", "wolfram_alpha"];
+
+/// The Lark rules `b0`, `b1`, .. of the offered built-in tools' `name.call(..)` form: the
+/// schema's properties in its order, each `key=` and JSON of its schema; only for a schema
+/// whose properties are all required (their order is then fixed) and that refers to no
+/// definitions.
+fn builtin_rules(offered: &[&super::Tool]) -> Vec<String> {
+    let mut rules = Vec::new();
+    for t in offered.iter().filter(|t| LLAMA_BUILTINS.contains(&t.name.as_str())) {
+        let Some(props) = t.parameters.get("properties").and_then(Value::as_object) else { continue };
+        let required: Vec<&str> =
+            t.parameters.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+        if props.is_empty() || props.keys().any(|k| !required.contains(&k.as_str())) || t.parameters.to_string().contains("$ref") {
+            continue;
+        }
+        let args: Vec<String> = props.iter().map(|(k, v)| format!("{} {}", lit(&format!("{k}=")), json_of(v))).collect();
+        rules.push(format!("b{}: {} {} {}\n", rules.len(), lit(&format!("{}.call(", t.name)), args.join(" \", \" "), lit(")")));
+    }
+    rules
 }
 
 /// The generic family's text answer: `{"response": "<text>"}`.
@@ -291,6 +319,22 @@ mod tests {
         assert_eq!(Family::detect("{{ '<|python_tag|>' }}"), Family::Llama3);
         assert_eq!(Family::detect("[TOOL_CALLS]"), Family::Mistral);
         assert_eq!(Family::detect("{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content }}"), Family::Harmony);
+    }
+
+    #[test]
+    fn llama_built_ins_have_their_call_form_after_the_python_tag() {
+        let schema = serde_json::json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]});
+        let t = |n: &str| Tool { name: n.into(), description: None, parameters: schema.clone() };
+        let tools = Tools {
+            list: vec![t("brave_search"), t("mine")],
+            choice: Choice::Required,
+            parallel: false,
+            field: "tools",
+            schema_suffix: "",
+        };
+        let g = lark(Family::Llama3, &tools, &|m: &str| (m == "<|python_tag|>").then_some(9));
+        assert!(g.contains("<[9]> b0") && g.contains("brave_search.call(") && !g.contains("mine.call("), "{g}");
+        assert!(!lark(Family::Llama3, &tools, &|_| None).contains(".call("));
     }
 
     #[test]

@@ -597,13 +597,69 @@ fn parse_block(family: Family, text: &str) -> Block {
         Family::Llama3 if text.starts_with("<|python_tag|>") => {
             let body = &text["<|python_tag|>".len()..];
             let ws = body.len() - body.trim_start().len();
-            match json(&body[ws..], "<|python_tag|>".len() + ws, false) {
-                Block::NeedMore if body.trim().is_empty() => Block::NeedMore,
-                b => b,
+            let offset = "<|python_tag|>".len() + ws;
+            match body[ws..].chars().next() {
+                None => Block::NeedMore,
+                Some('{') => json(&body[ws..], offset, false),
+                Some(_) => match builtin_call(&body[ws..]) {
+                    Block::Done(c, n) => Block::Done(c, offset + n),
+                    b => b,
+                },
             }
         }
         Family::Llama3 if "<|python_tag|>".starts_with(text) => Block::NeedMore,
         Family::Llama3 | Family::Generic | Family::Harmony => Block::Invalid,
+    }
+}
+
+/// A Llama built-in tool's call after `<|python_tag|>`: `name.call(key=value, ..)` with
+/// JSON values (the template writes strings in double quotes), as a name and an object.
+fn builtin_call(text: &str) -> Block {
+    let name_len = text.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(text.len());
+    let rest = &text[name_len..];
+    if name_len == 0 || !rest.starts_with(".call(") {
+        return if name_len == text.len() || ".call(".starts_with(rest) { Block::NeedMore } else { Block::Invalid };
+    }
+    let mut at = name_len + ".call(".len();
+    let mut args = serde_json::Map::new();
+    loop {
+        at += text[at..].len() - text[at..].trim_start().len();
+        if text[at..].starts_with(')') {
+            return Block::Done(vec![(text[..name_len].to_string(), Value::Object(args))], at + 1);
+        }
+        let Some(eq) = text[at..].find('=') else { return Block::NeedMore };
+        let key = text[at..at + eq].trim();
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Block::Invalid;
+        }
+        at += eq + 1;
+        at += text[at..].len() - text[at..].trim_start().len();
+        let rest = &text[at..];
+        // A string, list or object is read as JSON; a number or literal up to its delimiter
+        // (JSON's reader wants a number followed by a JSON delimiter, not `)`).
+        let (value, n) = if rest.starts_with(['"', '{', '[']) {
+            match json_prefix(rest) {
+                Ok(v) => v,
+                Err(true) => return Block::NeedMore,
+                Err(false) => return Block::Invalid,
+            }
+        } else {
+            let Some(end) = rest.find([',', ')']) else { return Block::NeedMore };
+            match serde_json::from_str(rest[..end].trim()) {
+                Ok(v) => (v, end),
+                Err(_) => return Block::Invalid,
+            }
+        };
+        args.insert(key.to_string(), value);
+        at += n;
+        at += text[at..].len() - text[at..].trim_start().len();
+        if text[at..].starts_with(',') {
+            at += 1;
+        } else if text[at..].is_empty() {
+            return Block::NeedMore;
+        } else if !text[at..].starts_with(')') {
+            return Block::Invalid;
+        }
     }
 }
 
@@ -804,6 +860,21 @@ mod tests {
         let r = both(Think::Harmony, None, "<|channel|>commentary to=functions.f<|message|>{}");
         assert_eq!((r.content.as_str(), r.calls.len()), ("{}", 0));
         assert_eq!(both(Think::Harmony, Some(Family::Harmony), "just text").content, "just text");
+    }
+
+    #[test]
+    fn llama_built_in_calls_after_the_python_tag() {
+        let r = both(Think::No, Some(Family::Llama3), "<|python_tag|>brave_search.call(query=\"weather in Oslo\", n=3)");
+        assert_eq!(
+            r.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect::<Vec<_>>(),
+            [("brave_search", "{\"query\":\"weather in Oslo\",\"n\":3}")]
+        );
+        assert_eq!(r.content, "");
+        let r = both(Think::No, Some(Family::Llama3), "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}");
+        assert_eq!((r.calls[0].name.as_str(), r.calls[0].arguments.as_str()), ("f", "{}"));
+        // Not a call: content.
+        assert!(both(Think::No, Some(Family::Llama3), "<|python_tag|>print(1)").calls.is_empty());
+        assert!(both(Think::No, Some(Family::Llama3), "<|python_tag|>f.call(q=\"x\"").calls.is_empty());
     }
 
     #[test]

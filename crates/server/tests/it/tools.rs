@@ -729,3 +729,26 @@ fn llama3_tool_loop_extends_the_session_cache() {
         messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"ok\": true}"}));
     }
 }
+
+/// Llama 3.1's built-in `brave_search`: after `<|python_tag|>` the grammar also allows its
+/// `brave_search.call(query="..")` form; whichever form the model takes, the answer is one
+/// valid call.
+#[test]
+fn llama3_built_in_tools_are_called_in_either_form() {
+    let addr = llama31();
+    let schema = json!({"type": "object", "properties": {"query": {"type": "string", "maxLength": 8}}, "required": ["query"],
+                        "additionalProperties": false});
+    let tools = json!([{"type": "function", "function": {"name": "brave_search", "description": "Web search", "parameters": schema}}]);
+    // Over these seeds the random model takes both forms.
+    for seed in 0..60 {
+        let extra = json!({"tools": tools, "tool_choice": "required", "max_tokens": 80, "temperature": 1.0, "seed": seed});
+        let r = chat(addr, &user("Search the weather"), extra);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let c = &r.json()["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "seed {seed}: {c}");
+        let call = &c["message"]["tool_calls"][0]["function"];
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(call["name"], "brave_search", "{c}");
+        assert!(args["query"].as_str().is_some_and(|q| q.chars().count() <= 8) && args.as_object().unwrap().len() == 1, "{args}");
+    }
+}
