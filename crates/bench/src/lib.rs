@@ -21,6 +21,7 @@ mod engine_thread;
 mod facts;
 mod facts_stall;
 mod fidelity;
+mod grammar;
 mod kernels;
 mod membw;
 mod rag;
@@ -59,6 +60,8 @@ pub enum BenchCommand {
     Serve(serve::Args),
     /// Relevance ranking (ROC AUC, precision/recall) of a sentence encoder or the LLM's pooled hidden states.
     Relevance(relevance::Args),
+    /// Constrained decoding's cost: decode tokens/s under a JSON schema vs free, and the token mask alone per token, at 1 and 8 sequences.
+    Grammar(grammar::Args),
     /// Decode speed with speculative decoding (prompt lookup) vs without, on code-editing prompts.
     Speculation(speculation::Args),
     /// Dual-stream contexts vs the full history: KV bytes and decode speed over a long conversation, threads.
@@ -97,6 +100,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Relevance(a) => relevance::run(a),
         BenchCommand::Fidelity(a) => fidelity::run(a),
         BenchCommand::Speculation(a) => speculation::run(a),
+        BenchCommand::Grammar(a) => grammar::run(a),
         BenchCommand::Context(a) => context::run(a),
         BenchCommand::DualPersist(a) => dual_persist::run(a),
         BenchCommand::Facts(a) => facts::run(a),

@@ -92,6 +92,7 @@ impl SamplingArgs {
             speculate: None,
             logprobs: None,
             grammar: None,
+            show_special_tokens: false,
         }
     }
 }

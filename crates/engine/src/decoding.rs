@@ -20,6 +20,9 @@ use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::StopMatcher;
 
+/// Tokens at the prompt's end read for a lazy grammar's quiet section.
+const PROMPT_TAIL: usize = 16;
+
 /// What accepting one token produced.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Accepted {
@@ -61,7 +64,7 @@ impl<'t> Decoding<'t> {
             tok,
             params: params.clone(),
             sampler,
-            decoder: StreamDecoder::new(tok, prompt),
+            decoder: StreamDecoder::with_skip_special_tokens(tok, prompt, !params.show_special_tokens),
             stops: StopMatcher::new(&params.stop),
             generated: Vec::new(),
             decoded: String::new(),
@@ -69,7 +72,11 @@ impl<'t> Decoding<'t> {
             token_ends: Vec::new(),
             stopped_by_string: false,
             logprob: None,
-            grammar: params.grammar.as_ref().map(|g| g.start()),
+            grammar: params.grammar.as_ref().map(|g| match g.wants_prompt_tail() {
+                // A lazy grammar quiet in reasoning: whether the prompt left a section open.
+                true => g.start_after(&tok.decode(&prompt[prompt.len().saturating_sub(PROMPT_TAIL)..], false).unwrap_or_default()),
+                false => g.start(),
+            }),
             grammar_error: None,
         }
     }
@@ -121,7 +128,7 @@ impl<'t> Decoding<'t> {
         let piece = self.decoder.push(t)?;
         // A lazy grammar watches the text for its trigger until it binds.
         if let Some(g) = self.grammar.as_mut().filter(|_| !was_bound) {
-            complete = g.observe(self.tok, &piece);
+            complete = g.observe(self.tok, t, &piece);
         }
         self.decoded.push_str(&piece);
         push_token_end(&mut self.token_ends, !piece.is_empty(), self.text_base + self.decoded.len());

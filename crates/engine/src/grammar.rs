@@ -8,7 +8,12 @@
 //! matcher work) until the generated text contains the grammar's trigger (a tool call's
 //! opening tag, say); the matcher then starts, is fed the text from the trigger on, and
 //! binds every later token. The watch is sequence-local and only sequences with a lazy
-//! grammar pay for it.
+//! grammar pay for it. A trigger may also be a special token ([`Grammar::lazy_on_tokens`]:
+//! the decoder hides special tokens from the text, so such a trigger is matched on the
+//! sampled token's id; the grammar's language then starts with that token, `<[id]>` in
+//! Lark). A lazy grammar may have a *quiet* section
+//! ([`Grammar::quiet_between`], a reasoning block `<think>…</think>`): a trigger inside one
+//! does not arm it, and a sequence whose prompt left such a section open starts inside it.
 //!
 //! Invariant: a sequence under a grammar only ever samples tokens the grammar allows (or a
 //! stop token once the grammar can end), so its text is in the grammar's language whenever
@@ -109,7 +114,7 @@ impl GrammarCompiler {
         // mid-generation.
         let mut m = Matcher::new(Ok(parser.clone()));
         m.compute_mask().map_err(|e| e.to_string())?;
-        Ok(Arc::new(Grammar { parser, kind, vocab: self.vocab, trigger: None }))
+        Ok(Arc::new(Grammar { parser, kind, vocab: self.vocab, trigger: None, trigger_tokens: Vec::new(), quiet: None }))
     }
 }
 
@@ -122,6 +127,11 @@ pub struct Grammar {
     vocab: usize,
     /// `Some`: the grammar is lazy and binds from the first occurrence of this text on.
     trigger: Option<String>,
+    /// Special tokens that arm the grammar too (it is lazy when it has any), consumed as its
+    /// first token.
+    trigger_tokens: Vec<u32>,
+    /// The opening and closing text of a section the trigger is not watched in.
+    quiet: Option<(String, String)>,
 }
 
 impl fmt::Debug for Grammar {
@@ -140,6 +150,35 @@ impl Grammar {
             kind: self.kind,
             vocab: self.vocab,
             trigger: Some(trigger.to_string()).filter(|t| !t.is_empty()),
+            trigger_tokens: self.trigger_tokens.clone(),
+            quiet: self.quiet.clone(),
+        })
+    }
+
+    /// The same grammar made lazy on special tokens too: sampling one of `ids` arms it, the
+    /// token consumed as the grammar's first (its language starts with it).
+    pub fn lazy_on_tokens(&self, ids: &[u32]) -> Arc<Grammar> {
+        Arc::new(Grammar {
+            parser: self.parser.clone(),
+            kind: self.kind,
+            vocab: self.vocab,
+            trigger: self.trigger.clone(),
+            trigger_tokens: ids.to_vec(),
+            quiet: self.quiet.clone(),
+        })
+    }
+
+    /// The same grammar with its trigger not watched between `open` and `close` (a reasoning
+    /// section: a model thinking about a call does not make one). Only a lazy grammar
+    /// watches; a sequence whose prompt ends inside such a section starts inside it.
+    pub fn quiet_between(&self, open: &str, close: &str) -> Arc<Grammar> {
+        Arc::new(Grammar {
+            parser: self.parser.clone(),
+            kind: self.kind,
+            vocab: self.vocab,
+            trigger: self.trigger.clone(),
+            trigger_tokens: self.trigger_tokens.clone(),
+            quiet: Some((open.to_string(), close.to_string())).filter(|(o, c)| !o.is_empty() && !c.is_empty()),
         })
     }
 
@@ -150,11 +189,35 @@ impl Grammar {
 
     /// A fresh matcher at the grammar's start (for a lazy grammar: waiting for its trigger).
     pub fn start(&self) -> GrammarState {
-        let matcher = match &self.trigger {
-            None => Phase::Bound(Matcher::new(Ok(self.parser.clone()))),
-            Some(t) => Phase::Waiting { trigger: t.clone(), parser: self.parser.clone(), window: String::new() },
+        self.start_after("")
+    }
+
+    /// A fresh matcher for a sequence whose prompt ends with `prompt_tail`: a lazy grammar
+    /// with a quiet section starts inside it when the tail's last opening is not closed.
+    pub fn start_after(&self, prompt_tail: &str) -> GrammarState {
+        let matcher = match (&self.trigger, self.trigger_tokens.is_empty()) {
+            (None, true) => Phase::Bound(Matcher::new(Ok(self.parser.clone()))),
+            (t, _) => {
+                let inside = self.quiet.as_ref().is_some_and(|(open, close)| match prompt_tail.rfind(open.as_str()) {
+                    Some(at) => !prompt_tail[at..].contains(close.as_str()),
+                    None => false,
+                });
+                Phase::Waiting {
+                    trigger: t.clone(),
+                    tokens: self.trigger_tokens.clone(),
+                    parser: self.parser.clone(),
+                    window: String::new(),
+                    quiet: self.quiet.clone(),
+                    inside,
+                }
+            }
         };
         GrammarState { phase: matcher, vocab: self.vocab }
+    }
+
+    /// Whether a sequence's start needs its prompt's tail ([`Grammar::start_after`]).
+    pub fn wants_prompt_tail(&self) -> bool {
+        (self.trigger.is_some() || !self.trigger_tokens.is_empty()) && self.quiet.is_some()
     }
 
     /// Whether `text` is a complete sentence of the grammar (its trigger and laziness
@@ -170,12 +233,29 @@ impl Grammar {
 /// Where a sequence stands in its grammar.
 enum Phase {
     /// A lazy grammar not armed yet: the text generated since the last possible start of
-    /// the trigger is kept in `window`.
-    Waiting { trigger: String, parser: TokenParser, window: String },
+    /// the trigger (or of the quiet section's opening or, `inside` it, closing) is kept in
+    /// `window`.
+    Waiting {
+        trigger: Option<String>,
+        tokens: Vec<u32>,
+        parser: TokenParser,
+        window: String,
+        quiet: Option<(String, String)>,
+        inside: bool,
+    },
     /// The grammar binds every token.
     Bound(Matcher),
     /// A lazy grammar whose triggered text the grammar refused: the sequence stays free.
     Off,
+}
+
+/// Drops all of `window` but what could begin a marker of `len` bytes.
+fn keep_tail(window: &mut String, len: usize) {
+    let mut cut = window.len().saturating_sub(len.saturating_sub(1));
+    while !window.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    window.drain(..cut);
 }
 
 /// One sequence's place in its grammar. Invariant: once bound, it has consumed exactly the
@@ -191,26 +271,56 @@ impl GrammarState {
         matches!(self.phase, Phase::Bound(_))
     }
 
-    /// For a lazy grammar not yet bound: watches `piece`, the text the latest token added.
-    /// When the text holds the trigger, the grammar binds and consumes the text from the
-    /// trigger on (re-tokenized with `tok`); true when it is then complete. A triggered
-    /// text the grammar refuses leaves the sequence free for good.
-    pub fn observe(&mut self, tok: &Tokenizer, piece: &str) -> bool {
-        let Phase::Waiting { trigger, parser, window } = &mut self.phase else { return false };
+    /// For a lazy grammar not yet bound: watches token `t` and `piece`, the text it added.
+    /// When `t` is a trigger token (outside a quiet section), the grammar binds and consumes
+    /// it; when the text holds the trigger, the grammar binds and consumes the text from the
+    /// trigger on (re-tokenized with `tok`). True when the grammar is then complete. A
+    /// triggered text the grammar refuses leaves the sequence free for good.
+    pub fn observe(&mut self, tok: &Tokenizer, t: u32, piece: &str) -> bool {
+        let Phase::Waiting { trigger, tokens, window, quiet, inside, .. } = &mut self.phase else { return false };
+        if !*inside && tokens.contains(&t) {
+            return self.bind(&[t]);
+        }
         window.push_str(piece);
-        let Some(at) = window.find(trigger.as_str()) else {
-            // Keep only what could still begin the trigger.
-            let keep = trigger.len().saturating_sub(1);
-            let mut cut = window.len().saturating_sub(keep);
-            while !window.is_char_boundary(cut) {
-                cut -= 1;
+        let at = loop {
+            if let (Some((_, close)), true) = (quiet.as_ref(), *inside) {
+                match window.find(close.as_str()) {
+                    Some(at) => {
+                        window.drain(..at + close.len());
+                        *inside = false;
+                        continue;
+                    }
+                    None => {
+                        keep_tail(window, close.len());
+                        return false;
+                    }
+                }
             }
-            window.drain(..cut);
-            return false;
+            let open = quiet.as_ref().and_then(|(open, _)| window.find(open.as_str()).map(|at| (at, open.len())));
+            match (trigger.as_deref().and_then(|t| window.find(t)), open) {
+                (Some(at), open) if open.is_none_or(|(o, _)| at < o) => break at,
+                (_, Some((o, n))) => {
+                    window.drain(..o + n);
+                    *inside = true;
+                }
+                _ => {
+                    // Keep only what could still begin the trigger or the quiet opening.
+                    let open_len = quiet.as_ref().map_or(0, |(open, _)| open.len());
+                    keep_tail(window, trigger.as_ref().map_or(0, String::len).max(open_len));
+                    return false;
+                }
+            }
         };
-        let mut m = Matcher::new(Ok(parser.clone()));
         let ids = tok.encode(&window[at..], false).map(|e| e.ids).unwrap_or_default();
-        if m.consume_tokens(&ids).is_err() {
+        self.bind(&ids)
+    }
+
+    /// Binds a waiting grammar, its matcher fed `ids`; true when it is then complete. Ids it
+    /// refuses leave the sequence free for good.
+    fn bind(&mut self, ids: &[u32]) -> bool {
+        let Phase::Waiting { parser, .. } = &self.phase else { return false };
+        let mut m = Matcher::new(Ok(parser.clone()));
+        if m.consume_tokens(ids).is_err() {
             self.phase = Phase::Off;
             return false;
         }

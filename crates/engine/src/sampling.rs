@@ -38,15 +38,19 @@ pub struct SamplingParams {
     /// Speculative decoding for this request: `None` as the engine is configured
     /// (`SchedulerConfig::speculation`), `Some(false)` never, `Some(true)` prompt lookup (the
     /// engine's limits, or the defaults). It never changes which tokens are picked
-    /// (`speculate.rs`), only how many one step can produce. Never under a `grammar`.
+    /// (`speculate.rs`), only how many one step can produce; under a `grammar` too (each
+    /// draft is checked by a masked draw).
     pub speculate: Option<bool>,
     /// Report each generated token's log-probability with this many alternatives
     /// (`logprobs.rs`; at most [`crate::logprobs::MAX_TOP_LOGPROBS`]); `None`: none.
     pub logprobs: Option<usize>,
     /// Constrained decoding (`grammar.rs`): every sampled token is one the grammar allows,
-    /// and the sequence stops when the grammar is complete. Such a sequence never
-    /// speculates. `None`: unconstrained, at no cost.
+    /// and the sequence stops when the grammar is complete; a draft is accepted only where
+    /// the masked draw picks it. `None`: unconstrained, at no cost.
     pub grammar: Option<std::sync::Arc<crate::grammar::Grammar>>,
+    /// Whether the text shows special tokens (stop tokens aside): a chat format whose
+    /// structure is special tokens (GPT-OSS's harmony) is parsed from it.
+    pub show_special_tokens: bool,
 }
 
 impl Default for SamplingParams {
@@ -67,6 +71,7 @@ impl Default for SamplingParams {
             speculate: None,
             logprobs: None,
             grammar: None,
+            show_special_tokens: false,
         }
     }
 }

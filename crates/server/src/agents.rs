@@ -144,7 +144,7 @@ pub(crate) async fn generate(
         "object": "agent.generation",
         "text": reply.content,
         "message": crate::tools::openai_out::message(&reply),
-        "finish_reason": crate::tools::openai_out::finish(done.finish, &reply.calls),
+        "finish_reason": crate::tools::openai_out::finish(done.finish, &reply),
         "usage": {"prompt_tokens": st.prompt_tokens, "completion_tokens": done.completion_tokens,
                   "total_tokens": st.prompt_tokens + done.completion_tokens,
                   "prompt_tokens_details": {"cached_tokens": st.cached_tokens}},

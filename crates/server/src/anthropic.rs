@@ -150,11 +150,7 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
     if !req.stream.unwrap_or(false) {
         let done = api::collect(&mut rx).await?;
         let reply = split.split(&done.text);
-        let reason = if !reply.calls.is_empty() && done.finish == FinishReason::Stop {
-            "tool_use"
-        } else {
-            stop_reason(done.finish, done.stop_string)
-        };
+        let reason = if reply.ended_on_calls(done.finish) { "tool_use" } else { stop_reason(done.finish, done.stop_string) };
         let body = json!({
             "id": id, "type": "message", "role": "assistant", "model": model,
             "content": crate::tools::anthropic_io::blocks(&reply),
@@ -184,7 +180,7 @@ pub async fn messages(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         Some(Event::Finished { finish, completion_tokens, stop_string }) => {
             let mut events = blocks.events(split.finish());
             events.extend(blocks.end());
-            let reason = if blocks.calls && finish == FinishReason::Stop { "tool_use" } else { stop_reason(finish, stop_string) };
+            let reason = if blocks.ended_on_calls(finish) { "tool_use" } else { stop_reason(finish, stop_string) };
             let mut out: Vec<SseEvent> = events.into_iter().map(|(name, v)| ev(name, v)).collect();
             out.push(ev(
                 "message_delta",

@@ -265,6 +265,7 @@ pub fn params(s: &AppState, prompt_len: usize, f: Sampling) -> Result<SamplingPa
         speculate,
         logprobs: f.logprobs,
         grammar: f.grammar,
+        show_special_tokens: false,
     };
     p.validate()?;
     Ok(p)

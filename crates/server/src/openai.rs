@@ -319,7 +319,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": crate::tools::openai_out::message(&reply),
                          "logprobs": logprobs.map(|_| crate::logprobs::chat_object(&s.model.tokenizer, &done.logprobs)),
-                         "finish_reason": crate::tools::openai_out::finish(done.finish, &reply.calls)}],
+                         "finish_reason": crate::tools::openai_out::finish(done.finish, &reply)}],
             "usage": usage(&st, done.completion_tokens),
             "session_id": st.session_id,
         });
@@ -347,22 +347,22 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let first =
         vec![SseEvent::default().data(chunk(json!({"role": "assistant", "content": ""}), None, None).expect("a chunk").to_string())];
     let session_id = st.session_id.clone();
-    // Tool calls made so far (their indices), to name the final chunk's finish reason.
-    let mut num_calls = 0usize;
+    // Tool calls streamed so far (their indices), to name the final chunk's finish reason.
+    let mut calls = crate::tools::openai_out::StreamedCalls::default();
     let format: sse::Formatter = Box::new(move |ev| match ev {
         Some(Event::Logprob(l)) => {
             chunk(Value::Null, None, Some(l));
             (vec![], false)
         }
         Some(Event::Text(t)) => {
-            let deltas = crate::tools::openai_out::deltas(split.push(&t), &mut num_calls);
+            let deltas = calls.deltas(split.push(&t));
             (deltas.into_iter().map(|d| SseEvent::default().data(chunk(d, None, None).expect("a chunk").to_string())).collect(), false)
         }
         Some(Event::Finished { finish, completion_tokens, .. }) => {
-            let deltas = crate::tools::openai_out::deltas(split.finish(), &mut num_calls);
+            let deltas = calls.deltas(split.finish());
             let mut out: Vec<SseEvent> =
                 deltas.into_iter().map(|d| SseEvent::default().data(chunk(d, None, None).expect("a chunk").to_string())).collect();
-            let reason = if num_calls > 0 && finish == FinishReason::Stop { "tool_calls" } else { finish_str(finish) };
+            let reason = calls.finish(finish);
             out.push(SseEvent::default().data(chunk(json!({}), Some(reason), None).expect("a chunk").to_string()));
             if include_usage {
                 let u = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,

@@ -293,11 +293,9 @@ impl Engine<'_> {
         if s.background.is_some() {
             return None;
         }
-        // NOTE: a grammar-bound sequence does not speculate: its matcher advances token by
-        // token, and a draft would need masks along the tree and a rollback past rejections.
-        if s.out.params().grammar.is_some() {
-            return None;
-        }
+        // NOTE: a grammar-bound sequence speculates too: `verify` samples node by node, each
+        // draw masked by the grammar after the path so far, so a draft the grammar rejects is
+        // never the token drawn and never accepted (the matcher only consumes drawn tokens).
         let lookup = match s.out.params().speculate {
             Some(false) => return None,
             Some(true) => self.config.speculation.unwrap_or_default(),

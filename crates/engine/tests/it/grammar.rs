@@ -1,6 +1,6 @@
 //! Constrained decoding (`grammar.rs`) on the tiny random-weight fixture: its free output is
 //! random text, so only the grammar makes it JSON. The `Generator` and the scheduler (batched,
-//! with prompt lookup on, which a grammar-bound sequence must not use) both end sequences
+//! with prompt lookup on, whose drafts a grammar-bound sequence checks by masked draws) both end sequences
 //! under a grammar with JSON of the schema's shape and finish reason `stop`; sequences without
 //! a grammar decode as before.
 
@@ -56,8 +56,12 @@ fn the_generator_answers_in_the_schemas_language() {
     assert!(serde_json::from_str::<Value>(&g.text).is_err(), "{:?}", g.text);
 }
 
+/// Grammar-bound sequences speculate with prompt lookup: a draft is checked by a masked draw,
+/// so one the grammar rejects is never accepted, and the batch decodes exactly as without
+/// speculation (each answer JSON of its schema). A sequence whose answer repeats its prompt
+/// (an enum list after the same list) drafts and has drafts accepted.
 #[test]
-fn a_batch_under_grammars_with_prompt_lookup_on_never_drafts_for_them() {
+fn a_batch_under_grammars_with_prompt_lookup_drafts_and_decodes_the_same() {
     let (_dir, model) = common::tiny();
     let compiler = GrammarCompiler::new(&model.tokenizer, model.config.vocab).unwrap();
     let mut jobs = Vec::new();
@@ -66,18 +70,24 @@ fn a_batch_under_grammars_with_prompt_lookup_on_never_drafts_for_them() {
         let params = SamplingParams { max_tokens: 200, temperature: 0.8, seed: i as u64, grammar: Some(grammar), ..Default::default() };
         jobs.push(("a b a b a b a b a b a b".to_string(), params));
     }
-    let config = || SchedulerConfig { speculation: Some(PromptLookup::default()), ..SchedulerConfig::default() };
-    // The control: the same prompt decoded greedily without a grammar (the random model
-    // falls into a loop) drafts.
-    let free = SamplingParams { max_tokens: 96, ignore_eos: true, ..Default::default() };
-    let (_, control) = common::run_jobs(&model, KvFormat::F32, config(), &[(jobs[0].0.clone(), free)]);
-    assert!(control.draft_tokens.load(Relaxed) > 0, "without a grammar, the same prompt drafts");
-    let (out, metrics) = common::run_jobs(&model, KvFormat::F32, config(), &jobs);
-    assert_eq!(metrics.draft_tokens.load(Relaxed), 0, "grammar-bound sequences do not speculate");
-    for ((text, _, finish), (schema, ok)) in out.iter().zip(schemas()) {
-        assert_eq!(*finish, Some(FinishReason::Stop), "{schema}: {text:?}");
-        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{schema}: {e}: {text:?}"));
-        assert!(ok(&v), "{schema}: {v}");
+    let list = json!({"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 24, "maxItems": 24});
+    let repeat = SamplingParams { max_tokens: 300, grammar: Some(compiler.json_schema(list).unwrap()), ..Default::default() };
+    let listed = serde_json::to_string(&vec!["red"; 24]).unwrap();
+    jobs.push((format!("{listed}\n{listed}\n"), repeat));
+    let config = |lookup: bool| SchedulerConfig { speculation: lookup.then(PromptLookup::default), ..SchedulerConfig::default() };
+    let (plain, _) = common::run_jobs(&model, KvFormat::F32, config(false), &jobs);
+    let (out, metrics) = common::run_jobs(&model, KvFormat::F32, config(true), &jobs);
+    assert!(metrics.draft_tokens.load(Relaxed) > 0, "grammar-bound sequences draft");
+    assert!(metrics.draft_tokens_accepted.load(Relaxed) > 0, "and have drafts accepted");
+    for (i, ((text, _, finish), (want, _, _))) in out.iter().zip(&plain).enumerate() {
+        assert_eq!(text, want, "job {i}: speculation changed the answer");
+        assert_eq!(*finish, Some(FinishReason::Stop), "job {i}: {text:?}");
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("job {i}: {e}: {text:?}"));
+        if let Some((schema, ok)) = schemas().get(i) {
+            assert!(ok(&v), "{schema}: {v}");
+        } else {
+            assert_eq!(v.as_array().map(Vec::len), Some(24), "{v}");
+        }
     }
 }
 
@@ -120,6 +130,66 @@ fn a_lazy_grammar_is_free_until_its_trigger_then_binds() {
     assert!(v["ok"].is_boolean(), "{v}");
     assert!(grammar.accepts(&model.tokenizer, &g.text[start..]), "the bound text is a sentence of the grammar");
     assert!(!grammar.accepts(&model.tokenizer, &format!("{trigger}{{\"ok\":1}}")), "a value off the schema is not");
+}
+
+/// A lazy grammar quiet in `<think>…</think>` ignores its trigger there (a model reasoning
+/// about a call does not make one), also when the prompt opened the section; outside it,
+/// and without a quiet section, the trigger binds.
+#[test]
+fn a_lazy_grammar_does_not_watch_inside_a_quiet_section() {
+    let (_dir, model) = common::tiny();
+    let tok = &model.tokenizer;
+    let compiler = GrammarCompiler::new(tok, model.config.vocab).unwrap();
+    let lark = "start: \"<tool_call>\" %json {\"type\": \"object\"}";
+    let lazy = compiler.lark(lark).unwrap().lazy("<tool_call>");
+    let quiet = lazy.quiet_between("<think>", "</think>");
+    assert!(quiet.wants_prompt_tail() && !lazy.wants_prompt_tail());
+    let feed = |st: &mut engram_engine::GrammarState, pieces: &[&str]| {
+        for p in pieces {
+            st.observe(tok, u32::MAX, p);
+        }
+        st.is_bound()
+    };
+    // Split across pieces, inside the section: not armed; after it: armed.
+    let mut st = quiet.start();
+    assert!(!feed(&mut st, &["<thi", "nk>I could use <tool_", "call> here", "</th"]));
+    assert!(feed(&mut st, &["ink>\n<tool_call>"]));
+    // The prompt left the section open: the answer starts inside it.
+    let mut st = quiet.start_after("<|im_start|>assistant\n<think>\n");
+    assert!(!feed(&mut st, &["<tool_call> maybe"]));
+    assert!(feed(&mut st, &["</think>", "<tool_call>"]));
+    // A closed section in the prompt: the answer starts outside.
+    let mut st = quiet.start_after("<think>\n\n</think>\n\n");
+    assert!(feed(&mut st, &["<tool_call>"]));
+    // Without a quiet section the trigger binds anywhere.
+    let mut st = lazy.start();
+    assert!(feed(&mut st, &["<think>", "<tool_call>"]));
+}
+
+/// A special token arms a lazy grammar by its id (the decoder hides its text), the grammar
+/// (`<[id]>` in Lark) consuming it as its first token; not inside a quiet section.
+#[test]
+fn a_special_token_trigger_is_matched_on_its_id() {
+    let (_dir, model) = common::tiny();
+    let tok = &model.tokenizer;
+    let compiler = GrammarCompiler::new(tok, model.config.vocab).unwrap();
+    let id = tok.token_to_id("<|im_start|>").unwrap();
+    assert!(tok.is_special_id(id));
+    let g = compiler.lark(&format!("start: <[{id}]> \"ok\"")).unwrap().lazy_on_tokens(&[id]).quiet_between("<think>", "</think>");
+    let mut st = g.start();
+    assert!(!st.observe(tok, 5, "<|im_start|>"), "its text alone does not arm it");
+    assert!(!st.is_bound());
+    st.observe(tok, 5, "<think>");
+    st.observe(tok, id, "");
+    assert!(!st.is_bound(), "not inside the quiet section");
+    st.observe(tok, 5, "</think>");
+    assert!(!st.observe(tok, id, ""));
+    assert!(st.is_bound());
+    let mut logits = vec![0.0f32; model.config.vocab];
+    st.mask(&mut logits).unwrap();
+    let allowed: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
+    let texts: Vec<String> = allowed.iter().map(|&i| tok.decode(&[i], false).unwrap()).collect();
+    assert!(!allowed.is_empty() && texts.iter().all(|t| "ok".starts_with(t.as_str())), "{texts:?}");
 }
 
 #[test]

@@ -187,7 +187,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let job = crate::chat_job::job(&s, tenant, &headers, prepared.messages.clone(), sampling, context)
         .await
         .map_err(|e| in_ollama_terms(e, "messages"))?;
-    let split = prepared.splitter(&s, job.text.as_deref());
+    let split = prepared.splitter(&s, job.text.as_deref()).whole_calls();
     run(&s, job, Route::Chat, req.stream.unwrap_or(true), t0, Some(split)).await
 }
 

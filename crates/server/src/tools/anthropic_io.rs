@@ -126,8 +126,10 @@ pub(crate) struct BlockStream {
     /// The open block's index and kind.
     open: Option<(usize, &'static str)>,
     next: usize,
-    /// Whether any call was streamed (the stop reason is then `tool_use`).
-    pub calls: bool,
+    /// Whether any call was streamed.
+    calls: bool,
+    /// Whether the last streamed call's text is not complete yet.
+    open_call: bool,
 }
 
 impl BlockStream {
@@ -151,19 +153,44 @@ impl BlockStream {
                     ));
                 }
                 Piece::Call(c) => {
+                    self.start_call(&mut out, &c);
+                    self.call_args(&mut out, c.arguments);
                     self.close(&mut out);
-                    let i =
-                        self.ensure(&mut out, "tool_use", json!({"type": "tool_use", "id": tool_use_id(&c), "name": c.name, "input": {}}));
-                    out.push((
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": c.arguments}}),
-                    ));
+                    self.open_call = false;
+                }
+                Piece::CallStart { id, name } => {
+                    self.start_call(&mut out, &Call { id, name, arguments: String::new() });
+                }
+                Piece::CallArgs(t) => self.call_args(&mut out, t),
+                Piece::CallEnd => {
                     self.close(&mut out);
-                    self.calls = true;
+                    self.open_call = false;
                 }
             }
         }
         out
+    }
+
+    /// Whether the answer ended on complete calls (`tool_use`), given the engine's reason.
+    pub fn ended_on_calls(&self, finish: engram_engine::FinishReason) -> bool {
+        self.calls && !self.open_call && finish == engram_engine::FinishReason::Stop
+    }
+
+    /// Opens a `tool_use` block for call `c`.
+    fn start_call(&mut self, out: &mut Vec<(&'static str, Value)>, c: &Call) {
+        self.close(out);
+        self.ensure(out, "tool_use", json!({"type": "tool_use", "id": tool_use_id(c), "name": c.name, "input": {}}));
+        self.calls = true;
+        self.open_call = true;
+    }
+
+    /// An `input_json_delta` of the open call's arguments.
+    fn call_args(&mut self, out: &mut Vec<(&'static str, Value)>, partial: String) {
+        let Some((i, "tool_use")) = self.open else { return };
+        out.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": partial}}),
+        ));
     }
 
     /// Closes the open block at the answer's end (an answer of nothing gets one empty text

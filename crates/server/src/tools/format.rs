@@ -5,11 +5,16 @@
 //! | family | detected by | a call | with `auto` |
 //! |---|---|---|---|
 //! | Hermes / Qwen | `<tool_call>` | `<tool_call>\n{"name": "f", "arguments": {..}}\n</tool_call>` | lazy, from `<tool_call>` |
-//! | Llama 3.x | `<\|python_tag\|>` or `ipython` | `{"name": "f", "parameters": {..}}` | lazy, from `{"name"` |
+//! | Llama 3.x | `<\|python_tag\|>` or `ipython` | `{"name": "f", "parameters": {..}}`, or after `<\|python_tag\|>` that or a built-in's `brave_search.call(query="..")` | lazy, from `{"name"` or `<\|python_tag\|>` |
 //! | Mistral | `[TOOL_CALLS]` | `[TOOL_CALLS][{"name": "f", "arguments": {..}}]` | lazy, from `[TOOL_CALLS]` |
+//! | GPT-OSS harmony | `<\|channel\|>` | ` to=functions.f<\|channel\|>commentary json<\|message\|>{..}` | lazy, from `to=functions.` |
 //! | generic | anything else | `{"tool_call":{"name":"f","arguments":{..}}}` (`tool_calls`: a list) | bound: that or `{"response":".."}` |
 //!
-//! The three template families render the tools themselves (their `tools` variable); the
+//! A family's markers that are special tokens of the vocabulary (harmony's `<|channel|>`,
+//! `<|message|>`) are written in the grammar as those tokens (`<[id]>`), as the template
+//! renders them in a later turn; the decoder shows them in the answer's text.
+//!
+//! The template families render the tools themselves (their `tools` variable); the
 //! generic one gets them described in a system message ([`super::prompt`]) whatever the
 //! choice, and with `none` its answer is bound to `{"response":".."}`.
 //!
@@ -34,13 +39,16 @@ pub(crate) enum Family {
     Hermes,
     Llama3,
     Mistral,
+    Harmony,
     Generic,
 }
 
 impl Family {
     /// The family of a chat template, from its source.
     pub fn detect(template: &str) -> Family {
-        if template.contains("<tool_call>") {
+        if template.contains("<|channel|>") && template.contains("<|message|>") {
+            Family::Harmony
+        } else if template.contains("<tool_call>") {
             Family::Hermes
         } else if template.contains("[TOOL_CALLS]") {
             Family::Mistral
@@ -51,6 +59,29 @@ impl Family {
         }
     }
 
+    /// The texts that open a call in the answer's text, as the splitter reads it (with
+    /// their special tokens shown).
+    pub fn text_triggers(self) -> &'static [&'static str] {
+        match self {
+            Family::Hermes => &["<tool_call>"],
+            Family::Llama3 => &["{\"name\"", "<|python_tag|>"],
+            Family::Mistral => &["[TOOL_CALLS]"],
+            Family::Harmony => &["to=functions."],
+            Family::Generic => &[],
+        }
+    }
+
+    /// The family's marker that is a special token in some vocabularies (Mistral's
+    /// `[TOOL_CALLS]`, Llama's `<|python_tag|>`): with such a vocabulary it arms a lazy
+    /// grammar by its id and the answer's text shows it.
+    pub fn marker_token(self) -> Option<&'static str> {
+        match self {
+            Family::Mistral => Some("[TOOL_CALLS]"),
+            Family::Llama3 => Some("<|python_tag|>"),
+            _ => None,
+        }
+    }
+
     /// The text that opens a call in free text (`None`: the generic family's answer is
     /// always bound to JSON).
     pub fn trigger(self) -> Option<&'static str> {
@@ -58,6 +89,7 @@ impl Family {
             Family::Hermes => Some("<tool_call>"),
             Family::Llama3 => Some("{\"name\""),
             Family::Mistral => Some("[TOOL_CALLS]"),
+            Family::Harmony => Some("to=functions."),
             Family::Generic => None,
         }
     }
@@ -67,9 +99,20 @@ impl Family {
         self != Family::Generic
     }
 
-    /// Whether this family's syntax lets one answer hold several calls.
+    /// Whether this family's syntax lets one answer hold several calls (a harmony call ends
+    /// the answer with `<|call|>`).
     fn parallel(self) -> bool {
-        self != Family::Llama3
+        !matches!(self, Family::Llama3 | Family::Harmony)
+    }
+
+    /// The section of an answer a lazy trigger is not watched in (reasoning), given whether
+    /// the template has a `<think>` section.
+    pub fn quiet(self, think: bool) -> Option<(&'static str, &'static str)> {
+        match self {
+            Family::Harmony => Some(("<|channel|>analysis", "<|end|>")),
+            _ if think => Some(("<think>", "</think>")),
+            _ => None,
+        }
     }
 }
 
@@ -88,10 +131,21 @@ fn json_of(schema: &Value) -> String {
     format!("%json {schema}")
 }
 
+/// Which of a family's markers are special tokens: the marker's text → its id.
+pub(crate) type Specials<'a> = &'a dyn Fn(&str) -> Option<u32>;
+
+/// Marker `m` in Lark: its special token (`<[id]>`) or its text.
+fn marker(special: Specials, m: &str) -> String {
+    match special(m) {
+        Some(id) => format!("<[{id}]>"),
+        None => lit(m),
+    }
+}
+
 /// The Lark grammar of an answer that is calls only (the choice `required` or a named
 /// tool; with `auto` the same grammar is made lazy). The generic family's `auto` answer
 /// may instead be `{"response": "<text>"}`.
-pub(crate) fn lark(family: Family, tools: &Tools) -> String {
+pub(crate) fn lark(family: Family, tools: &Tools, special: Specials) -> String {
     let offered = tools.offered();
     let parallel = tools.parallel && family.parallel();
     let mut g = String::new();
@@ -101,6 +155,20 @@ pub(crate) fn lark(family: Family, tools: &Tools) -> String {
             Family::Hermes | Family::Mistral => (format!("{{\"name\": \"{}\", \"arguments\": ", t.name), "}"),
             Family::Llama3 => (format!("{{\"name\": \"{}\", \"parameters\": ", t.name), "}"),
             Family::Generic => (format!("{{\"name\":\"{}\",\"arguments\":", t.name), "}"),
+            Family::Harmony => {
+                // The header after the name: the template's own (`<|channel|>commentary
+                // json<|message|>`) when bound from the start; what else GPT-OSS writes once
+                // it opened a call itself (the channel before the recipient, `<|constrain|>`).
+                let (channel, message) = (marker(special, "<|channel|>"), marker(special, "<|message|>"));
+                let header = if tools.choice == Choice::Auto {
+                    let constrain = marker(special, "<|constrain|>");
+                    format!("({channel} \"commentary\")? (\" json\" | \" \" {constrain} \"json\")? {message}")
+                } else {
+                    format!("{channel} \"commentary json\" {message}")
+                };
+                g.push_str(&format!("t{i}: {} {header} {}\n", lit(&t.name), json_of(&t.parameters)));
+                continue;
+            }
         };
         g.push_str(&format!("t{i}: {} {} {}\n", lit(&head), json_of(&t.parameters), lit(sep)));
     }
@@ -111,10 +179,24 @@ pub(crate) fn lark(family: Family, tools: &Tools) -> String {
             g.push_str(&format!("call: {} one {}\n", lit("<tool_call>\n"), lit("\n</tool_call>")));
             if parallel { "call (\"\\n\" call)*" } else { "call" }.to_string()
         }
-        Family::Llama3 => "one".to_string(),
+        // `<|python_tag|>` before the call when it is a special token (Llama 3.2 writes it),
+        // and after it a built-in tool's `name.call(key=value, ..)`.
+        Family::Llama3 => match special("<|python_tag|>") {
+            Some(id) => {
+                let builtins = builtin_rules(&offered);
+                g.push_str(&builtins.join(""));
+                let alts: Vec<String> = (0..builtins.len()).map(|i| format!(" | <[{id}]> b{i}")).collect();
+                format!("one | <[{id}]> one{}", alts.concat())
+            }
+            None => "one".to_string(),
+        },
+        // Bound from the start the answer follows the prompt's `<|start|>assistant`; lazy, the
+        // grammar's text starts at its trigger.
+        Family::Harmony if tools.choice == Choice::Auto => format!("{} one", lit("to=functions.")),
+        Family::Harmony => format!("{} one", lit(" to=functions.")),
         Family::Mistral => {
             let list = if parallel { "one (\", \" one)*" } else { "one" };
-            format!("{} {list} {}", lit("[TOOL_CALLS]["), lit("]"))
+            format!("{} {} {list} {}", marker(special, "[TOOL_CALLS]"), lit("["), lit("]"))
         }
         Family::Generic => {
             let calls = if parallel {
@@ -133,17 +215,41 @@ pub(crate) fn lark(family: Family, tools: &Tools) -> String {
     format!("start: {start}\n{g}")
 }
 
+/// Llama 3.1's built-in tools, called after `<|python_tag|>` as `name.call(key=value, ..)`.
+const LLAMA_BUILTINS: [&str; 2] = ["brave_search", "wolfram_alpha"];
+
+/// The Lark rules `b0`, `b1`, .. of the offered built-in tools' `name.call(..)` form: the
+/// schema's properties in its order, each `key=` and JSON of its schema; only for a schema
+/// whose properties are all required (their order is then fixed) and that refers to no
+/// definitions.
+fn builtin_rules(offered: &[&super::Tool]) -> Vec<String> {
+    let mut rules = Vec::new();
+    for t in offered.iter().filter(|t| LLAMA_BUILTINS.contains(&t.name.as_str())) {
+        let Some(props) = t.parameters.get("properties").and_then(Value::as_object) else { continue };
+        let required: Vec<&str> =
+            t.parameters.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+        if props.is_empty() || props.keys().any(|k| !required.contains(&k.as_str())) || t.parameters.to_string().contains("$ref") {
+            continue;
+        }
+        let args: Vec<String> = props.iter().map(|(k, v)| format!("{} {}", lit(&format!("{k}=")), json_of(v))).collect();
+        rules.push(format!("b{}: {} {} {}\n", rules.len(), lit(&format!("{}.call(", t.name)), args.join(" \", \" "), lit(")")));
+    }
+    rules
+}
+
 /// The generic family's text answer: `{"response": "<text>"}`.
 fn response_schema() -> Value {
     serde_json::json!({"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"], "additionalProperties": false})
 }
 
 /// The grammar a request's answer decodes under, compiled: `None` for the choice `none`
-/// (the generic family: its text answer's JSON); lazy (from the family's trigger) for `auto` in a template family; bound from the first
-/// token otherwise. Also each offered tool's arguments grammar, to check calls parsed from
+/// (the generic family: its text answer's JSON); lazy (from the family's trigger) for `auto`
+/// in a template family, the trigger not watched inside the family's reasoning section
+/// (`<think>…</think>` when the template has one: `think`); bound from the first token
+/// otherwise. `special` names the family's markers that are special tokens. Also each offered tool's arguments grammar, to check calls parsed from
 /// text against. A schema that does not compile is a 400 naming it
 /// (`tools[1].function.parameters`); so is a grammar over [`MAX_GRAMMAR_BYTES`].
-pub(crate) fn compile(c: &GrammarCompiler, family: Family, tools: &Tools) -> Result<Compiled, ApiError> {
+pub(crate) fn compile(c: &GrammarCompiler, family: Family, think: bool, tools: &Tools, special: Specials) -> Result<Compiled, ApiError> {
     let mut args = Vec::new();
     for (i, t) in tools.list.iter().enumerate() {
         let field = format!("{}[{i}]{}", tools.field, tools.schema_suffix);
@@ -157,7 +263,7 @@ pub(crate) fn compile(c: &GrammarCompiler, family: Family, tools: &Tools) -> Res
         // its cache stay the same whatever the choice): the text answer's JSON only.
         (Choice::None, Family::Generic) => format!("start: {}\n", json_of(&response_schema())),
         (Choice::None, _) => return Ok(Compiled { grammar: None, args }),
-        _ => lark(family, tools),
+        _ => lark(family, tools, special),
     };
     if source.len() > MAX_GRAMMAR_BYTES {
         return Err(ApiError::bad_param(
@@ -169,7 +275,19 @@ pub(crate) fn compile(c: &GrammarCompiler, family: Family, tools: &Tools) -> Res
         .lark(&source)
         .map_err(|e| ApiError::bad_param(tools.field, format!("{}: the tools' grammar does not compile: {e}", tools.field)))?;
     let g = match (&tools.choice, family.trigger()) {
-        (Choice::Auto, Some(trigger)) => g.lazy(trigger),
+        (Choice::Auto, Some(trigger)) => {
+            // A marker that is a special token arms the grammar by its id; Mistral's is its
+            // only trigger, Llama's comes beside the text `{"name"`.
+            let g = match (family, family.marker_token().and_then(special)) {
+                (Family::Mistral, Some(id)) => g.lazy_on_tokens(&[id]),
+                (_, Some(id)) => g.lazy(trigger).lazy_on_tokens(&[id]),
+                (_, None) => g.lazy(trigger),
+            };
+            match family.quiet(think) {
+                Some((open, close)) => g.quiet_between(open, close),
+                None => g,
+            }
+        }
         _ => g,
     };
     Ok(Compiled { grammar: Some(g), args })
@@ -200,14 +318,38 @@ mod tests {
         assert_eq!(Family::detect(chatml), Family::Generic);
         assert_eq!(Family::detect("{{ '<|python_tag|>' }}"), Family::Llama3);
         assert_eq!(Family::detect("[TOOL_CALLS]"), Family::Mistral);
+        assert_eq!(Family::detect("{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content }}"), Family::Harmony);
+    }
+
+    #[test]
+    fn llama_built_ins_have_their_call_form_after_the_python_tag() {
+        let schema = serde_json::json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]});
+        let t = |n: &str| Tool { name: n.into(), description: None, parameters: schema.clone() };
+        let tools = Tools {
+            list: vec![t("brave_search"), t("mine")],
+            choice: Choice::Required,
+            parallel: false,
+            field: "tools",
+            schema_suffix: "",
+        };
+        let g = lark(Family::Llama3, &tools, &|m: &str| (m == "<|python_tag|>").then_some(9));
+        assert!(g.contains("<[9]> b0") && g.contains("brave_search.call(") && !g.contains("mine.call("), "{g}");
+        assert!(!lark(Family::Llama3, &tools, &|_| None).contains(".call("));
+    }
+
+    #[test]
+    fn harmony_markers_that_are_special_tokens_are_written_as_tokens() {
+        let special = |m: &str| (m == "<|message|>").then_some(7);
+        let g = lark(Family::Harmony, &tools(Choice::Required, false), &special);
+        assert!(g.contains("<[7]>") && g.contains("\"<|channel|>\"") && g.contains("\" to=functions.\""), "{g}");
     }
 
     #[test]
     fn the_grammar_offers_the_named_tool_alone() {
-        let g = lark(Family::Hermes, &tools(Choice::Named("b".into()), true));
+        let g = lark(Family::Hermes, &tools(Choice::Named("b".into()), true), &|_| None);
         assert!(g.contains("\\\"b\\\"") && !g.contains("\\\"a\\\""), "{g}");
-        let auto = lark(Family::Generic, &tools(Choice::Auto, false));
+        let auto = lark(Family::Generic, &tools(Choice::Auto, false), &|_| None);
         assert!(auto.contains("response") && auto.contains("tool_call\\\""), "{auto}");
-        assert!(!lark(Family::Generic, &tools(Choice::Required, false)).contains("response"));
+        assert!(!lark(Family::Generic, &tools(Choice::Required, false), &|_| None).contains("response"));
     }
 }

@@ -14,7 +14,7 @@ use engram_tokenizer::ChatMessage;
 use serde_json::{Map, Value};
 
 use super::format::{self, Family};
-use super::split::{Checker, Splitter, Think};
+use super::split::{Check, Splitter, Think};
 use super::{prompt, request, Choice, Tools};
 use crate::error::ApiError;
 use crate::AppState;
@@ -30,6 +30,20 @@ pub(crate) struct Prepared {
     /// Whether the request has tools the answer may call (not `none`).
     pub calls: Option<Family>,
     args: Vec<(String, Arc<Grammar>)>,
+}
+
+/// Marker `m`'s id when it is one special token of `tok`.
+fn special_id(tok: &engram_tokenizer::Tokenizer, m: &str) -> Option<u32> {
+    tok.token_to_id(m).filter(|&id| tok.is_special_id(id))
+}
+
+/// Whether an answer's text shows special tokens: always for harmony (its structure is
+/// special tokens: `<|channel|>`, `<|message|>`), and under a grammar (`tools`) when the
+/// family's call marker is a special token of the vocabulary (`[TOOL_CALLS]`), for the
+/// splitter to find reasoning, content and calls.
+pub(crate) fn shows_special_tokens(s: &AppState, grammar: bool) -> bool {
+    let family = family(s);
+    family == Family::Harmony || (grammar && family.marker_token().is_some_and(|m| special_id(&s.model.tokenizer, m).is_some()))
 }
 
 /// The served template's family (`Generic` without a template: rendering then fails).
@@ -58,17 +72,27 @@ pub(crate) async fn prepare(
         }
     }
     let family = family(s);
+    let think = s.model.tokenizer.chat_template().is_some_and(|t| t.source().contains("<think>"));
     let compiled = match &tools {
         Some(t) => {
             let c = crate::structured::compiler(s).await?;
             let t = t.clone();
-            Some(crate::api::off_runtime(move || format::compile(&c, family, &t)).await?)
+            let model = s.model.clone();
+            Some(crate::api::off_runtime(move || format::compile(&c, family, think, &t, &|m| special_id(&model.tokenizer, m))).await?)
         }
         None => None,
     };
     let has_tool_turns = messages.iter().any(|m| m.role == "tool" || m.fields.contains_key("tool_calls"));
-    let messages =
+    let mut messages =
         if tools.is_some() || has_tool_turns { prompt::prepare(family, tools.as_ref(), messages, &mut kwargs) } else { messages };
+    if family == Family::Harmony {
+        // Harmony templates read an assistant's reasoning as `thinking`.
+        for m in &mut messages {
+            if let Some(r) = m.fields.get("reasoning_content").cloned() {
+                m.fields.entry("thinking".to_string()).or_insert(r);
+            }
+        }
+    }
     // The generic family's answer is always JSON to split (with `none`, a text answer).
     let calls = tools.as_ref().filter(|t| t.choice != Choice::None || family == Family::Generic).map(|_| family);
     let (grammar, args) = compiled.map(|c| (c.grammar, c.args)).unwrap_or_default();
@@ -94,12 +118,23 @@ impl Prepared {
             Some(p) => Think::of(template, p),
             None => Think::No,
         };
-        let (args, model) = (self.args.clone(), s.model.clone());
-        let check: Checker = Box::new(move |name, value| {
-            let (_, g) = args.iter().find(|(n, _)| n == name)?;
-            let text = serde_json::to_string(value).ok()?;
-            g.accepts(&model.tokenizer, &text).then_some(text)
-        });
-        Splitter::new(think, self.calls, check)
+        let check = ArgsCheck { args: self.args.clone(), model: s.model.clone() };
+        Splitter::new(think, self.calls, Box::new(check))
+    }
+}
+
+/// Checks a call against its tool's arguments grammar.
+struct ArgsCheck {
+    args: Vec<(String, Arc<Grammar>)>,
+    model: Arc<engram_model::Model>,
+}
+
+impl Check for ArgsCheck {
+    fn knows(&self, name: &str) -> bool {
+        self.args.iter().any(|(n, _)| n == name)
+    }
+
+    fn accepts(&self, name: &str, arguments: &str) -> bool {
+        self.args.iter().find(|(n, _)| n == name).is_some_and(|(_, g)| g.accepts(&self.model.tokenizer, arguments))
     }
 }

@@ -17,6 +17,7 @@ pub(crate) mod openai_out;
 pub(crate) mod prompt;
 pub(crate) mod request;
 pub(crate) mod split;
+pub(crate) mod stream_call;
 
 use serde_json::Value;
 
@@ -96,4 +97,16 @@ pub(crate) struct Reply {
     pub reasoning: String,
     pub content: String,
     pub calls: Vec<Call>,
+    /// The last call was streamed but not completed (cut short, or its arguments failed
+    /// the schema): its arguments are as far as they went, and the answer did not end on
+    /// its calls.
+    pub incomplete: bool,
+}
+
+impl Reply {
+    /// Whether the answer ended on complete calls (given the engine stopped it, not the
+    /// length limit).
+    pub fn ended_on_calls(&self, finish: engram_engine::FinishReason) -> bool {
+        !self.calls.is_empty() && !self.incomplete && finish == engram_engine::FinishReason::Stop
+    }
 }

@@ -2,7 +2,7 @@
 //! the answer is calls only, `tool_calls` with `arguments` a JSON string,
 //! `reasoning_content` as OpenAI-compatible servers name it) and the streamed deltas (a
 //! call's first delta carries `index`, `id`, `type`, `function.name` and `arguments: ""`,
-//! the next its arguments).
+//! the next ones fragments of its arguments as the model writes them).
 //!
 //! Invariant: the streamed deltas of an answer put together equal its non-streamed message.
 
@@ -30,30 +30,59 @@ fn call(c: &Call) -> Value {
 }
 
 /// `tool_calls` when the answer ended on its calls, else the engine's reason.
-pub(crate) fn finish(f: FinishReason, calls: &[Call]) -> &'static str {
-    if !calls.is_empty() && f == FinishReason::Stop {
+pub(crate) fn finish(f: FinishReason, r: &Reply) -> &'static str {
+    if r.ended_on_calls(f) {
         "tool_calls"
     } else {
         crate::openai::finish_str(f)
     }
 }
 
-/// The deltas for `pieces`; `num_calls` counts the calls streamed so far (their indices).
-pub(crate) fn deltas(pieces: Vec<Piece>, num_calls: &mut usize) -> Vec<Value> {
-    let mut out = Vec::new();
-    for p in pieces {
-        match p {
-            Piece::Reasoning(t) => out.push(json!({"reasoning_content": t})),
-            Piece::Content(t) => out.push(json!({"content": t})),
-            Piece::Call(c) => {
-                let i = *num_calls;
-                *num_calls += 1;
-                out.push(
-                    json!({"tool_calls": [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}),
-                );
-                out.push(json!({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]}));
+/// The calls of a streamed answer so far. Invariant: `num` calls have had their first
+/// delta; `open` while the last one's text is not complete.
+#[derive(Debug, Default)]
+pub(crate) struct StreamedCalls {
+    num: usize,
+    open: bool,
+}
+
+impl StreamedCalls {
+    /// The deltas for `pieces`.
+    pub fn deltas(&mut self, pieces: Vec<Piece>) -> Vec<Value> {
+        let mut out = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Reasoning(t) => out.push(json!({"reasoning_content": t})),
+                Piece::Content(t) => out.push(json!({"content": t})),
+                Piece::Call(c) => {
+                    out.push(self.start(&c.id, &c.name));
+                    out.push(self.args(&c.arguments));
+                    self.open = false;
+                }
+                Piece::CallStart { id, name } => out.push(self.start(&id, &name)),
+                Piece::CallArgs(t) => out.push(self.args(&t)),
+                Piece::CallEnd => self.open = false,
             }
         }
+        out
     }
-    out
+
+    /// The final chunk's finish reason: `tool_calls` when the answer ended on its calls.
+    pub fn finish(&self, f: FinishReason) -> &'static str {
+        if self.num > 0 && !self.open && f == FinishReason::Stop {
+            "tool_calls"
+        } else {
+            crate::openai::finish_str(f)
+        }
+    }
+
+    fn start(&mut self, id: &str, name: &str) -> Value {
+        self.num += 1;
+        self.open = true;
+        json!({"tool_calls": [{"index": self.num - 1, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]})
+    }
+
+    fn args(&self, fragment: &str) -> Value {
+        json!({"tool_calls": [{"index": self.num.saturating_sub(1), "function": {"arguments": fragment}}]})
+    }
 }

@@ -4,29 +4,53 @@
 //! ([`Splitter::split`]), so a streamed answer reassembles to the non-streamed one.
 //!
 //! Held back while undecided: a possible start of `</think>` or of the family's call
-//! trigger, trailing whitespace before a call, and a call until its text is complete
-//! (then it comes out whole: name and arguments). The generic family's JSON answer comes
-//! out at the end.
+//! trigger, trailing whitespace before a call, and a call's head until it names a tool.
+//! A call in its family's usual shape (`{"name": "f", "arguments": {..}}`) then streams:
+//! [`Piece::CallStart`] (id and name), its arguments as they come ([`Piece::CallArgs`],
+//! whitespace between JSON tokens dropped), and [`Piece::CallEnd`] once its text is
+//! complete and the arguments passed the tool's schema. A call in another shape comes out
+//! whole when complete ([`Piece::Call`]); so does every call with
+//! [`Splitter::whole_calls`]. The generic family's JSON answer comes out at the end.
 //!
-//! Invariant: every [`Piece::Call`] names a tool of the request and carries arguments its
-//! checker accepted; a call that fails to parse or check turns the rest of the text into
-//! content.
+//! Invariant: every call named by a [`Piece::Call`] or a [`Piece::CallStart`] is a tool of
+//! the request; a whole call's arguments, and a streamed call's followed by `CallEnd`,
+//! passed its checker. A streamed call without its `CallEnd` (cut short, or failing its
+//! schema) leaves [`Reply::incomplete`] set; a call that fails to parse or check turns the
+//! rest of the text into content.
 
 use serde_json::Value;
 
 use super::format::Family;
+use super::stream_call::{self, Args, Match};
 use super::{call_id, Call, Reply};
 
-/// Accepts a call: the tool's name and arguments → the arguments as a compact JSON string,
-/// or `None` when the tool is unknown or the arguments fail its schema.
-pub(crate) type Checker = Box<dyn Fn(&str, &Value) -> Option<String> + Send>;
+/// Checks calls against the request's tools.
+pub(crate) trait Check: Send {
+    /// Whether `name` is one of the request's tools.
+    fn knows(&self, name: &str) -> bool;
+    /// Whether `arguments` (compact JSON text) are valid for tool `name`.
+    fn accepts(&self, name: &str, arguments: &str) -> bool;
+}
+
+/// A request's call checker.
+pub(crate) type Checker = Box<dyn Check>;
 
 /// One certain part of the answer.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Piece {
     Reasoning(String),
     Content(String),
+    /// A whole call.
     Call(Call),
+    /// A streamed call opens; its arguments follow as [`Piece::CallArgs`].
+    CallStart {
+        id: String,
+        name: String,
+    },
+    /// The next fragment of the open call's compact arguments.
+    CallArgs(String),
+    /// The open call's text is complete and its arguments passed the tool's schema.
+    CallEnd,
 }
 
 /// Where the answer starts, as to reasoning.
@@ -38,12 +62,17 @@ pub(crate) enum Think {
     May,
     /// The prompt opened `<think>`: the answer starts inside it.
     Inside,
+    /// GPT-OSS's harmony messages: `<|channel|>analysis` is reasoning, a message to
+    /// `functions.NAME` a call, the rest (`final`) content.
+    Harmony,
 }
 
 impl Think {
     /// The reasoning mode for a template's source and the rendered prompt.
     pub fn of(template: &str, prompt: &str) -> Think {
-        if !template.contains("<think>") {
+        if template.contains(H_CHANNEL) && template.contains(H_MESSAGE) {
+            Think::Harmony
+        } else if !template.contains("<think>") {
             Think::No
         } else if prompt.trim_end().ends_with("<think>") {
             Think::Inside
@@ -61,13 +90,36 @@ enum State {
     Think { fresh: bool },
     /// Content; `fresh`: leading newlines (after a reasoning section) still to skip.
     Body { fresh: bool },
-    /// From the first call trigger on.
+    /// From the first call trigger on, before a call.
     Calls,
+    /// Inside a streamed call's arguments.
+    Args,
+    /// After a streamed call's arguments: the literals that close the call.
+    Close,
+    /// Mistral, after a call in its list: `,` and the next call, or `]`.
+    Next,
     /// After a call that did not parse: all content.
     Rest,
     /// The generic family's JSON answer, split at the end.
     Json,
+    /// Harmony: a message's header, up to `<|message|>`.
+    HHeader,
+    /// Harmony: a message's body, reasoning (the `analysis` channel) or content.
+    HBody { reasoning: bool },
+    /// Harmony: after a message, its end marker and the next `<|start|>`.
+    HNext,
 }
+
+/// Harmony's markers (special tokens in GPT-OSS's vocabulary, shown in the answer's text).
+const H_CHANNEL: &str = "<|channel|>";
+const H_MESSAGE: &str = "<|message|>";
+const H_START: &str = "<|start|>";
+/// What ends a harmony message's body (`<|call|>` and `<|return|>` are stop tokens of
+/// GPT-OSS: they end the answer before the text shows them, but a model without them as
+/// stops writes them).
+const H_ENDS: [&str; 4] = ["<|end|>", "<|call|>", "<|return|>", H_START];
+/// The longest header a harmony message may have: past it, the answer is not harmony.
+const MAX_HEADER: usize = 256;
 
 /// Splits one answer. Invariant: `pending` holds exactly the text pushed and not yet given
 /// out as pieces.
@@ -76,6 +128,13 @@ pub(crate) struct Splitter {
     check: Checker,
     state: State,
     pending: String,
+    /// The streamed call's arguments so far, and its name.
+    args: Args,
+    name: String,
+    /// Whether calls come out whole ([`Piece::Call`]) instead of streamed.
+    whole: bool,
+    /// With `whole`: the streamed call being put together.
+    open: Option<Call>,
 }
 
 const THINK: &str = "<think>";
@@ -96,12 +155,21 @@ impl Splitter {
             Think::No => State::Body { fresh: false },
             Think::May => State::Lead,
             Think::Inside => State::Think { fresh: true },
+            Think::Harmony => State::HHeader,
         };
-        let mut s = Splitter { calls, check, state, pending: String::new() };
+        let mut s =
+            Splitter { calls, check, state, pending: String::new(), args: Args::default(), name: String::new(), whole: false, open: None };
         if think == Think::No {
             s.state = s.body(false);
         }
         s
+    }
+
+    /// The same splitter giving each call whole, once complete (a call cut short is left
+    /// out): for APIs without streamed arguments.
+    pub fn whole_calls(mut self) -> Splitter {
+        self.whole = true;
+        self
     }
 
     /// Splits a whole answer.
@@ -123,13 +191,34 @@ impl Splitter {
         self.pending.push_str(text);
         let mut out = Vec::new();
         while self.step(false, &mut out) {}
-        out
+        self.joined(out)
     }
 
     /// The answer ended: gives back everything still held.
     pub fn finish(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
         while self.step(true, &mut out) {}
+        self.joined(out)
+    }
+
+    /// With [`Splitter::whole_calls`], streamed calls put together.
+    fn joined(&mut self, pieces: Vec<Piece>) -> Vec<Piece> {
+        if !self.whole {
+            return pieces;
+        }
+        let mut out = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::CallStart { id, name } => self.open = Some(Call { id, name, arguments: String::new() }),
+                Piece::CallArgs(t) => {
+                    if let Some(c) = &mut self.open {
+                        c.arguments.push_str(&t);
+                    }
+                }
+                Piece::CallEnd => out.extend(self.open.take().map(Piece::Call)),
+                p => out.push(p),
+            }
+        }
         out
     }
 
@@ -177,19 +266,20 @@ impl Splitter {
                     }
                     self.state = State::Body { fresh: false };
                 }
-                let Some(trigger) = self.calls.and_then(Family::trigger) else {
+                let triggers = self.calls.map_or(&[][..], Family::text_triggers);
+                if triggers.is_empty() {
                     let text = std::mem::take(&mut self.pending);
                     emit(out, Piece::Content(text));
                     return false;
-                };
-                if let Some(at) = self.pending.find(trigger) {
+                }
+                if let Some(at) = triggers.iter().filter_map(|t| self.pending.find(t)).min() {
                     // The whitespace before a call stays pending: dropped if calls follow.
                     let text: String = self.pending.drain(..self.pending[..at].trim_end().len()).collect();
                     emit(out, Piece::Content(text));
                     self.state = State::Calls;
                     return true;
                 }
-                let keep = if end { 0 } else { held(&self.pending, trigger, true) };
+                let keep = if end { 0 } else { triggers.iter().map(|t| held(&self.pending, t, true)).max().unwrap_or(0) };
                 let text: String = self.pending.drain(..self.pending.len() - keep).collect();
                 emit(out, Piece::Content(text));
                 false
@@ -201,6 +291,18 @@ impl Splitter {
                         self.pending.clear();
                     }
                     return false;
+                }
+                let family = self.calls.unwrap_or(Family::Generic);
+                for opening in openings(family) {
+                    match stream_call::head(&self.pending[skip..], opening) {
+                        Match::Yes(name, n) if self.check.knows(&name) => {
+                            self.pending.drain(..skip + n);
+                            self.start_call(name, out);
+                            return true;
+                        }
+                        Match::More if !end => return false,
+                        _ => {}
+                    }
                 }
                 match parse_block(self.calls.unwrap_or(Family::Generic), &self.pending[skip..]) {
                     Block::Done(calls, n) => {
@@ -218,6 +320,110 @@ impl Splitter {
                         true
                     }
                 }
+            }
+            State::Args => {
+                let fed = self.args.feed(&self.pending);
+                self.pending.drain(..fed.taken);
+                if !fed.fragment.is_empty() {
+                    out.push(Piece::CallArgs(fed.fragment));
+                }
+                if !fed.done {
+                    return false;
+                }
+                let args = &self.args.text;
+                let valid = serde_json::from_str::<Value>(args).is_ok_and(|v| v.is_object()) && self.check.accepts(&self.name, args);
+                self.state = if valid { State::Close } else { State::Rest };
+                true
+            }
+            State::Close => {
+                let family = self.calls.unwrap_or(Family::Generic);
+                match stream_call::literals(&self.pending, closing(family)) {
+                    Match::Yes((), n) => {
+                        self.pending.drain(..n);
+                        out.push(Piece::CallEnd);
+                        self.state = match family {
+                            Family::Mistral => State::Next,
+                            Family::Harmony => State::HNext,
+                            _ => State::Calls,
+                        };
+                        true
+                    }
+                    Match::More if !end => false,
+                    _ => {
+                        self.state = State::Rest;
+                        true
+                    }
+                }
+            }
+            State::Next => {
+                let close = stream_call::literals(&self.pending, &["]"]);
+                let comma = stream_call::literals(&self.pending, &[","]);
+                match (close, comma) {
+                    (Match::Yes((), n), _) => {
+                        self.pending.drain(..n);
+                        self.state = State::Calls;
+                        true
+                    }
+                    (_, Match::Yes((), n)) => match stream_call::head(&self.pending[n..], &[]) {
+                        Match::Yes(name, m) if self.check.knows(&name) => {
+                            self.pending.drain(..n + m);
+                            self.start_call(name, out);
+                            true
+                        }
+                        Match::More if !end => false,
+                        _ => {
+                            self.state = State::Rest;
+                            true
+                        }
+                    },
+                    (Match::More, _) | (_, Match::More) if !end => false,
+                    _ => {
+                        self.state = State::Rest;
+                        true
+                    }
+                }
+            }
+            State::HHeader => {
+                let Some(at) = self.pending.find(H_MESSAGE) else {
+                    if end || self.pending.len() > MAX_HEADER {
+                        self.state = State::Rest;
+                        return true;
+                    }
+                    return false;
+                };
+                let header: String = self.pending.drain(..at + H_MESSAGE.len()).collect();
+                let header = &header[..at];
+                let call = header_field(header, "to=").and_then(|r| r.strip_prefix("functions."));
+                match call {
+                    Some(name) if self.calls.is_some() && self.check.knows(name) => self.start_call(name.to_string(), out),
+                    _ => self.state = State::HBody { reasoning: header_field(header, H_CHANNEL) == Some("analysis") },
+                }
+                true
+            }
+            State::HBody { reasoning } => {
+                let found = H_ENDS.iter().filter_map(|m| self.pending.find(m)).min();
+                let cut = match found {
+                    Some(at) => at,
+                    None if end => self.pending.len(),
+                    None => self.pending.len() - H_ENDS.iter().map(|m| held(&self.pending, m, false)).max().unwrap_or(0),
+                };
+                let text: String = self.pending.drain(..cut).collect();
+                emit(out, if reasoning { Piece::Reasoning(text) } else { Piece::Content(text) });
+                if found.is_some() {
+                    self.state = State::HNext;
+                    return true;
+                }
+                false
+            }
+            State::HNext => {
+                while let Some(m) = H_ENDS.iter().find(|m| self.pending.starts_with(*m)) {
+                    self.pending.drain(..m.len());
+                }
+                if self.pending.is_empty() || (!end && H_ENDS.iter().any(|m| m.starts_with(self.pending.as_str()))) {
+                    return false;
+                }
+                self.state = State::HHeader;
+                true
             }
             State::Rest => {
                 let text = std::mem::take(&mut self.pending);
@@ -242,6 +448,14 @@ impl Splitter {
         }
     }
 
+    /// Opens a streamed call of tool `name`.
+    fn start_call(&mut self, name: String, out: &mut Vec<Piece>) {
+        out.push(Piece::CallStart { id: self.new_id(), name: name.clone() });
+        self.name = name;
+        self.args = Args::default();
+        self.state = State::Args;
+    }
+
     /// A fresh call id: `call_…`, or for Mistral the 9 alphanumerics its templates require.
     fn new_id(&self) -> String {
         let id = call_id();
@@ -255,8 +469,39 @@ impl Splitter {
     fn checked(&self, calls: Vec<(String, Value)>) -> Option<Vec<Call>> {
         calls
             .into_iter()
-            .map(|(name, args)| (self.check)(&name, &args).map(|arguments| Call { id: self.new_id(), name, arguments }))
+            .map(|(name, args)| {
+                let arguments = serde_json::to_string(&args).ok()?;
+                (self.check.knows(&name) && self.check.accepts(&name, &arguments)).then(|| Call { id: self.new_id(), name, arguments })
+            })
             .collect()
+    }
+}
+
+/// The literals that may come before a streamed call's `{"name"`, tried in order (none:
+/// the family's calls are not streamed this way).
+fn openings(family: Family) -> &'static [&'static [&'static str]] {
+    match family {
+        Family::Hermes => &[&["<tool_call>"]],
+        Family::Mistral => &[&["[TOOL_CALLS]", "["]],
+        Family::Llama3 => &[&["<|python_tag|>"], &[]],
+        Family::Generic | Family::Harmony => &[],
+    }
+}
+
+/// A harmony header's field: the word after `key` (`<|channel|>`, `to=`), up to a space or
+/// the next marker.
+fn header_field<'h>(header: &'h str, key: &str) -> Option<&'h str> {
+    let rest = &header[header.find(key)? + key.len()..];
+    let end = rest.find(|c: char| c.is_whitespace() || c == '<').unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// The literals after a streamed call's arguments that complete the call.
+fn closing(family: Family) -> &'static [&'static str] {
+    match family {
+        Family::Hermes => &["}", "</tool_call>"],
+        Family::Harmony => &[],
+        _ => &["}"],
     }
 }
 
@@ -349,7 +594,72 @@ fn parse_block(family: Family, text: &str) -> Block {
             None => Block::Invalid,
         },
         Family::Llama3 if text.starts_with('{') => json(text, 0, false),
-        Family::Llama3 | Family::Generic => Block::Invalid,
+        Family::Llama3 if text.starts_with("<|python_tag|>") => {
+            let body = &text["<|python_tag|>".len()..];
+            let ws = body.len() - body.trim_start().len();
+            let offset = "<|python_tag|>".len() + ws;
+            match body[ws..].chars().next() {
+                None => Block::NeedMore,
+                Some('{') => json(&body[ws..], offset, false),
+                Some(_) => match builtin_call(&body[ws..]) {
+                    Block::Done(c, n) => Block::Done(c, offset + n),
+                    b => b,
+                },
+            }
+        }
+        Family::Llama3 if "<|python_tag|>".starts_with(text) => Block::NeedMore,
+        Family::Llama3 | Family::Generic | Family::Harmony => Block::Invalid,
+    }
+}
+
+/// A Llama built-in tool's call after `<|python_tag|>`: `name.call(key=value, ..)` with
+/// JSON values (the template writes strings in double quotes), as a name and an object.
+fn builtin_call(text: &str) -> Block {
+    let name_len = text.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(text.len());
+    let rest = &text[name_len..];
+    if name_len == 0 || !rest.starts_with(".call(") {
+        return if name_len == text.len() || ".call(".starts_with(rest) { Block::NeedMore } else { Block::Invalid };
+    }
+    let mut at = name_len + ".call(".len();
+    let mut args = serde_json::Map::new();
+    loop {
+        at += text[at..].len() - text[at..].trim_start().len();
+        if text[at..].starts_with(')') {
+            return Block::Done(vec![(text[..name_len].to_string(), Value::Object(args))], at + 1);
+        }
+        let Some(eq) = text[at..].find('=') else { return Block::NeedMore };
+        let key = text[at..at + eq].trim();
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Block::Invalid;
+        }
+        at += eq + 1;
+        at += text[at..].len() - text[at..].trim_start().len();
+        let rest = &text[at..];
+        // A string, list or object is read as JSON; a number or literal up to its delimiter
+        // (JSON's reader wants a number followed by a JSON delimiter, not `)`).
+        let (value, n) = if rest.starts_with(['"', '{', '[']) {
+            match json_prefix(rest) {
+                Ok(v) => v,
+                Err(true) => return Block::NeedMore,
+                Err(false) => return Block::Invalid,
+            }
+        } else {
+            let Some(end) = rest.find([',', ')']) else { return Block::NeedMore };
+            match serde_json::from_str(rest[..end].trim()) {
+                Ok(v) => (v, end),
+                Err(_) => return Block::Invalid,
+            }
+        };
+        args.insert(key.to_string(), value);
+        at += n;
+        at += text[at..].len() - text[at..].trim_start().len();
+        if text[at..].starts_with(',') {
+            at += 1;
+        } else if text[at..].is_empty() {
+            return Block::NeedMore;
+        } else if !text[at..].starts_with(')') {
+            return Block::Invalid;
+        }
     }
 }
 
@@ -379,6 +689,16 @@ pub(crate) fn collect(pieces: Vec<Piece>) -> Reply {
             Piece::Reasoning(t) => r.reasoning.push_str(&t),
             Piece::Content(t) => r.content.push_str(&t),
             Piece::Call(c) => r.calls.push(c),
+            Piece::CallStart { id, name } => {
+                r.calls.push(Call { id, name, arguments: String::new() });
+                r.incomplete = true;
+            }
+            Piece::CallArgs(t) => {
+                if let Some(c) = r.calls.last_mut() {
+                    c.arguments.push_str(&t);
+                }
+            }
+            Piece::CallEnd => r.incomplete = false,
         }
     }
     r
@@ -388,8 +708,20 @@ pub(crate) fn collect(pieces: Vec<Piece>) -> Reply {
 mod tests {
     use super::*;
 
+    /// Knows every tool but `unknown`, accepts any arguments but `{"bad":..}`.
+    struct AnyTool;
+
+    impl Check for AnyTool {
+        fn knows(&self, name: &str) -> bool {
+            name != "unknown"
+        }
+        fn accepts(&self, _: &str, arguments: &str) -> bool {
+            !arguments.starts_with("{\"bad\"")
+        }
+    }
+
     fn any_tool() -> Checker {
-        Box::new(|name, args| (name != "unknown").then(|| args.to_string()))
+        Box::new(AnyTool)
     }
 
     /// Splits `text` whole and one character at a time: the same reply.
@@ -403,7 +735,12 @@ mod tests {
         pieces.extend(s.finish());
         let streamed = collect(pieces);
         let strip = |r: &Reply| {
-            (r.reasoning.clone(), r.content.clone(), r.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>())
+            (
+                r.reasoning.clone(),
+                r.content.clone(),
+                r.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>(),
+                r.incomplete,
+            )
         };
         assert_eq!(strip(&whole), strip(&streamed), "{text:?}");
         whole
@@ -449,6 +786,95 @@ mod tests {
         );
         assert_eq!(r.calls.len(), 2);
         assert_eq!(both(Think::No, Some(Family::Generic), "not json").content, "not json");
+    }
+
+    /// The pieces of `text` fed a character at a time.
+    fn streamed(calls: Family, text: &str) -> Vec<Piece> {
+        let mut s = Splitter::new(Think::No, Some(calls), any_tool());
+        let mut pieces: Vec<Piece> = text.chars().flat_map(|c| s.push(&c.to_string())).collect();
+        pieces.extend(s.finish());
+        pieces
+    }
+
+    #[test]
+    fn call_arguments_stream_as_they_are_written() {
+        let text = "Hi\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"city\": \"Oslo\", \"n\": [1, 2]}}\n</tool_call>";
+        let pieces = streamed(Family::Hermes, text);
+        let start = pieces.iter().position(|p| matches!(p, Piece::CallStart { name, .. } if name == "f")).expect("a call");
+        assert_eq!(collect(pieces[..start].to_vec()).content, "Hi");
+        let fragments: Vec<&str> = pieces.iter().filter_map(|p| if let Piece::CallArgs(t) = p { Some(t.as_str()) } else { None }).collect();
+        assert!(fragments.len() > 10, "one fragment per character: {fragments:?}");
+        assert_eq!(fragments.concat(), "{\"city\":\"Oslo\",\"n\":[1,2]}");
+        assert_eq!(pieces.last(), Some(&Piece::CallEnd));
+        let r = both(Think::No, Some(Family::Hermes), text);
+        assert_eq!((r.calls[0].arguments.as_str(), r.incomplete), ("{\"city\":\"Oslo\",\"n\":[1,2]}", false));
+        // Mistral's list streams call by call.
+        let r = both(
+            Think::No,
+            Some(Family::Mistral),
+            "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {\"a\": 1}}]",
+        );
+        assert_eq!(r.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect::<Vec<_>>(), [("f", "{}"), ("g", "{\"a\":1}")]);
+        assert!(!r.incomplete);
+        let p = streamed(Family::Mistral, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {}}]");
+        assert_eq!(p.iter().filter(|p| matches!(p, Piece::CallStart { .. })).count(), 2, "{p:?}");
+    }
+
+    #[test]
+    fn a_streamed_call_cut_short_or_refused_is_incomplete() {
+        let cut = both(Think::No, Some(Family::Hermes), "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1,");
+        assert_eq!((cut.calls.len(), cut.calls[0].arguments.as_str(), cut.incomplete), (1, "{\"a\":[1,", true));
+        assert!(!cut.ended_on_calls(engram_engine::FinishReason::Stop));
+        let bad = both(Think::No, Some(Family::Hermes), "<tool_call>{\"name\": \"f\", \"arguments\": {\"bad\": 1}}</tool_call> then");
+        assert!(bad.incomplete, "{bad:?}");
+        assert_eq!(bad.content, "}</tool_call> then");
+        // Whole calls only: the cut call is left out, a complete one comes out whole.
+        let mut s = Splitter::new(Think::No, Some(Family::Hermes), any_tool()).whole_calls();
+        let mut p =
+            s.push("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": {");
+        p.extend(s.finish());
+        assert!(matches!(&p[..], [Piece::Call(c)] if c.name == "f" && c.arguments == "{\"a\":1}"), "{p:?}");
+    }
+
+    #[test]
+    fn harmony_channels_are_reasoning_content_and_calls() {
+        let text = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>";
+        let r = both(Think::Harmony, Some(Family::Harmony), text);
+        assert_eq!(r.reasoning, "Need the weather.");
+        assert_eq!(r.content, "");
+        assert_eq!(
+            r.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect::<Vec<_>>(),
+            [("get_weather", "{\"city\":\"Oslo\"}")]
+        );
+        assert!(!r.incomplete);
+        // The template's own form (recipient first), and a final answer.
+        let r = both(Think::Harmony, Some(Family::Harmony), " to=functions.f<|channel|>commentary json<|message|>{}");
+        assert_eq!((r.calls.len(), r.calls[0].arguments.as_str()), (1, "{}"));
+        let r = both(
+            Think::Harmony,
+            None,
+            "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>Hello there<|return|>",
+        );
+        assert_eq!((r.reasoning.as_str(), r.content.as_str(), r.calls.len()), ("hm", "Hello there", 0));
+        // Without tools a call's message is content; text that is not harmony is content.
+        let r = both(Think::Harmony, None, "<|channel|>commentary to=functions.f<|message|>{}");
+        assert_eq!((r.content.as_str(), r.calls.len()), ("{}", 0));
+        assert_eq!(both(Think::Harmony, Some(Family::Harmony), "just text").content, "just text");
+    }
+
+    #[test]
+    fn llama_built_in_calls_after_the_python_tag() {
+        let r = both(Think::No, Some(Family::Llama3), "<|python_tag|>brave_search.call(query=\"weather in Oslo\", n=3)");
+        assert_eq!(
+            r.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect::<Vec<_>>(),
+            [("brave_search", "{\"query\":\"weather in Oslo\",\"n\":3}")]
+        );
+        assert_eq!(r.content, "");
+        let r = both(Think::No, Some(Family::Llama3), "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}");
+        assert_eq!((r.calls[0].name.as_str(), r.calls[0].arguments.as_str()), ("f", "{}"));
+        // Not a call: content.
+        assert!(both(Think::No, Some(Family::Llama3), "<|python_tag|>print(1)").calls.is_empty());
+        assert!(both(Think::No, Some(Family::Llama3), "<|python_tag|>f.call(q=\"x\"").calls.is_empty());
     }
 
     #[test]

@@ -30,6 +30,20 @@ fn qwen3() -> SocketAddr {
     .1
 }
 
+/// A server on `tiny-gpt-oss` (GPT-OSS's harmony template; generated once per test binary).
+fn gpt_oss() -> SocketAddr {
+    static A: OnceLock<(tempfile::TempDir, SocketAddr)> = OnceLock::new();
+    A.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let files = engram_fixture::generate(Shape::TinyGptOss, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {})
+            .unwrap();
+        let model = Arc::new(Model::load(&files.hf_dir).unwrap());
+        let addr = start_model(model, 256 << 20, ServerConfig::new("tiny"));
+        (dir, addr)
+    })
+    .1
+}
+
 fn servers() -> [(&'static str, SocketAddr); 2] {
     [("tiny (generic)", shared()), ("tiny-qwen3 (hermes)", qwen3())]
 }
@@ -173,6 +187,22 @@ fn reassemble(r: &crate::common::Resp) -> (String, String, Vec<(String, String)>
     (reasoning, content, calls, finish)
 }
 
+/// How many argument deltas each call of a streamed answer came in.
+fn argument_fragments(r: &crate::common::Resp) -> Vec<usize> {
+    let mut n = Vec::new();
+    for (_, data) in r.sse() {
+        let Ok(v) = serde_json::from_str::<Value>(&data) else { continue };
+        for tc in v["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default() {
+            let i = tc["index"].as_u64().unwrap() as usize;
+            n.resize(n.len().max(i + 1), 0);
+            if tc["id"].is_null() {
+                n[i] += 1;
+            }
+        }
+    }
+    n
+}
+
 #[test]
 fn streamed_deltas_reassemble_to_the_whole_answer() {
     for (what, addr) in servers() {
@@ -198,6 +228,13 @@ fn streamed_deltas_reassemble_to_the_whole_answer() {
                 .collect();
             assert_eq!(calls, want, "{what} {choice}");
             assert_eq!(finish, c["finish_reason"].as_str().unwrap(), "{what} {choice}");
+            // The template family's calls stream their arguments as they are written (one
+            // delta per token), not whole.
+            if what.contains("hermes") {
+                for (n, (_, args)) in argument_fragments(&r).iter().zip(&calls) {
+                    assert!(*n > 1, "{what} {choice}: {args} came in {n} delta(s)");
+                }
+            }
         }
     }
 }
@@ -351,7 +388,7 @@ fn anthropic_tool_use_whole_streamed_and_in_the_history() {
         sb["stream"] = json!(true);
         let s = messages_api(addr, sb);
         assert_eq!(s.status, 200, "{}", s.body);
-        let (mut name, mut partial, mut stop) = (String::new(), String::new(), String::new());
+        let (mut name, mut partial, mut stop, mut num_partial) = (String::new(), String::new(), String::new(), 0);
         for (event, data) in s.sse() {
             let d: Value = serde_json::from_str(&data).unwrap();
             match event.as_deref() {
@@ -360,6 +397,7 @@ fn anthropic_tool_use_whole_streamed_and_in_the_history() {
                 }
                 Some("content_block_delta") if d["delta"]["type"] == "input_json_delta" => {
                     partial.push_str(d["delta"]["partial_json"].as_str().unwrap());
+                    num_partial += 1;
                 }
                 Some("message_delta") => stop = d["delta"]["stop_reason"].as_str().unwrap().into(),
                 _ => {}
@@ -367,6 +405,9 @@ fn anthropic_tool_use_whole_streamed_and_in_the_history() {
         }
         assert_eq!((name.as_str(), stop.as_str()), (u["name"].as_str().unwrap(), "tool_use"), "{what}");
         assert_eq!(serde_json::from_str::<Value>(&partial).unwrap(), u["input"], "{what}");
+        if what.contains("hermes") {
+            assert!(num_partial > 1, "{what}: the input streams in pieces, got {num_partial}");
+        }
         let first_prompt = v["usage"]["input_tokens"].as_u64().unwrap() + v["usage"]["cache_read_input_tokens"].as_u64().unwrap();
         // The call and its result in the history; the next turn reuses the cache.
         messages.push(json!({"role": "assistant", "content": blocks}));
@@ -461,5 +502,253 @@ fn an_agent_tool_loop_extends_its_cache() {
             messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call.clone()]}));
             messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"ok\": true}"}));
         }
+    }
+}
+
+/// GPT-OSS's harmony format on `tiny-gpt-oss`: with `required` or a named tool the answer
+/// is a call on the commentary channel to `functions.NAME` whose arguments fit the schema,
+/// streamed argument by argument to the same whole; with `auto`, text or such calls; the
+/// `analysis` channel comes back as reasoning (forced with a `regex`: random weights never
+/// write harmony).
+#[test]
+fn gpt_oss_harmony_calls_and_reasoning() {
+    let (what, addr) = ("tiny-gpt-oss (harmony)", gpt_oss());
+    for seed in 0..3 {
+        for (choice, only) in [(json!("required"), None), (json!({"type": "function", "function": {"name": "add"}}), Some("add"))] {
+            let extra = json!({"tools": tools(), "tool_choice": choice, "max_tokens": 120, "temperature": 1.0, "seed": seed});
+            let r = chat(addr, &user("What is 2 plus 3?"), extra.clone());
+            assert_eq!(r.status, 200, "{what}: {}", r.body);
+            let c = &r.json()["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{what} seed {seed} {choice}: {c}");
+            let names = check_calls(what, &c["message"]);
+            assert_eq!(names.len(), 1, "{what}: {c}");
+            if let Some(n) = only {
+                assert_eq!(names[0], n, "{what}: {c}");
+            }
+            let mut stream = extra;
+            stream["stream"] = json!(true);
+            let sr = chat(addr, &user("What is 2 plus 3?"), stream);
+            let (reasoning, content, calls, finish) = reassemble(&sr);
+            let want = (
+                c["message"]["tool_calls"][0]["function"]["name"].as_str().unwrap().to_string(),
+                c["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap().to_string(),
+            );
+            assert_eq!((reasoning.as_str(), content.as_str(), finish.as_str()), ("", "", "tool_calls"), "{what}");
+            assert_eq!(calls, vec![want], "{what} seed {seed}");
+            assert!(argument_fragments(&sr)[0] > 1, "{what}: the arguments stream");
+        }
+        let extra = json!({"tools": tools(), "tool_choice": "auto", "max_tokens": 60, "temperature": 1.0, "seed": seed});
+        let r = chat(addr, &user("Weather in Oslo?"), extra);
+        assert_eq!(r.status, 200, "{what}: {}", r.body);
+        let c = &r.json()["choices"][0];
+        if check_calls(what, &c["message"]).is_empty() {
+            assert_ne!(c["finish_reason"], "tool_calls", "{what}: {c}");
+        }
+    }
+    let forced = json!({"regex": "<\\|channel\\|>analysis<\\|message\\|>[a-z]{3}<\\|end\\|><\\|start\\|>assistant<\\|channel\\|>final<\\|message\\|>[a-z]{4}",
+                        "max_tokens": 200, "temperature": 1.0, "seed": 3});
+    let r = chat(addr, &user("Hi"), forced.clone());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = r.json()["choices"][0]["message"].clone();
+    let (reasoning, content) = (m["reasoning_content"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string());
+    assert!(reasoning.len() == 3 && content.len() == 4, "{m}");
+    let mut stream = forced;
+    stream["stream"] = json!(true);
+    let (r2, c2, calls, _) = reassemble(&chat(addr, &user("Hi"), stream));
+    assert_eq!((r2, c2, calls.len()), (reasoning, content, 0));
+}
+
+/// A harmony tool loop: the call and its result in the history (the template renders the
+/// call as the grammar wrote it), each turn reusing the last one's cache.
+#[test]
+fn gpt_oss_tool_loop_extends_the_session_cache() {
+    let addr = gpt_oss();
+    let mut messages = vec![json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})];
+    let mut last_prompt = 0;
+    for turn in 0..3 {
+        let choice = if turn < 2 { json!("required") } else { json!("none") };
+        let extra = json!({"tools": tools(), "tool_choice": choice, "max_tokens": 80, "temperature": 0, "session_id": "harmony-loop"});
+        let r = chat(addr, &Value::Array(messages.clone()), extra);
+        assert_eq!(r.status, 200, "turn {turn}: {}", r.body);
+        let v = r.json();
+        let (prompt, cached) =
+            (v["usage"]["prompt_tokens"].as_u64().unwrap(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+        if turn > 0 {
+            assert!(cached >= last_prompt, "turn {turn}: {cached} cached of {prompt}, the last prompt was {last_prompt}");
+        }
+        last_prompt = prompt;
+        let m = v["choices"][0]["message"].clone();
+        if turn == 2 {
+            assert!(m["tool_calls"].is_null(), "{m}");
+            break;
+        }
+        assert_eq!(check_calls("harmony", &m).len(), 1, "{m}");
+        let call = m["tool_calls"][0].clone();
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call.clone()]}));
+        messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"ok\": true}"}));
+    }
+}
+
+/// A server on the `tiny` fixture with chat template `template` and its special token
+/// `<|im_start|>` (which these templates do not use) renamed `marker`: a random-weight model
+/// whose vocabulary has the family's call marker as a special token, as Llama 3.x's
+/// (`<|python_tag|>`) and Mistral's (`[TOOL_CALLS]`) have.
+fn tiny_with(template: &str, marker: &str) -> (tempfile::TempDir, SocketAddr) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[], &mut |_| {}).unwrap();
+    for name in ["tokenizer.json", "tokenizer_config.json"] {
+        let path = files.hf_dir.join(name);
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            std::fs::write(&path, text.replace("<|im_start|>", marker)).unwrap();
+        }
+    }
+    std::fs::write(files.hf_dir.join("chat_template.jinja"), template).unwrap();
+    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
+    let id = model.tokenizer.token_to_id(marker).unwrap();
+    assert!(model.tokenizer.is_special_id(id), "{marker} is a special token");
+    let addr = start_model(model, 256 << 20, ServerConfig::new("tiny"));
+    (dir, addr)
+}
+
+fn llama31() -> SocketAddr {
+    static A: OnceLock<(tempfile::TempDir, SocketAddr)> = OnceLock::new();
+    A.get_or_init(|| tiny_with(include_str!("templates/llama-3.1.jinja"), "<|python_tag|>")).1
+}
+
+fn mistral() -> SocketAddr {
+    static A: OnceLock<(tempfile::TempDir, SocketAddr)> = OnceLock::new();
+    A.get_or_init(|| tiny_with(include_str!("templates/mistral-nemo.jinja"), "[TOOL_CALLS]")).1
+}
+
+/// Llama 3.1's and Mistral Nemo's templates (llama.cpp's copies) end to end: `required` and
+/// named choices answer valid calls (Mistral's opening `[TOOL_CALLS]`, a special token here,
+/// written by the grammar as that token and shown to the parser), streamed argument by
+/// argument to the same whole answer; `auto` answers text or valid calls, its lazy grammar
+/// armed by the special token's id.
+#[test]
+fn llama3_and_mistral_formats_end_to_end() {
+    for (what, addr, parallel) in [("llama-3.1", llama31(), false), ("mistral-nemo", mistral(), true)] {
+        for seed in 0..3 {
+            for (choice, only) in [(json!("required"), None), (json!({"type": "function", "function": {"name": "add"}}), Some("add"))] {
+                let extra = json!({"tools": tools(), "tool_choice": choice, "parallel_tool_calls": parallel,
+                                   "max_tokens": 150, "temperature": 1.0, "seed": seed});
+                let r = chat(addr, &user("What is 2 plus 3?"), extra.clone());
+                assert_eq!(r.status, 200, "{what}: {}", r.body);
+                let c = &r.json()["choices"][0];
+                let m = &c["message"];
+                assert_eq!(c["finish_reason"], "tool_calls", "{what} seed {seed} {choice}: {c}");
+                let names = check_named_calls(what, m, what == "mistral-nemo");
+                assert!(!names.is_empty() && (parallel || names.len() == 1), "{what}: {c}");
+                assert!(m["content"].is_null(), "{what}: calls only: {c}");
+                if let Some(n) = only {
+                    assert!(names.iter().all(|x| x == n), "{what}: {c}");
+                }
+                let mut stream = extra;
+                stream["stream"] = json!(true);
+                let sr = chat(addr, &user("What is 2 plus 3?"), stream);
+                assert_eq!(sr.status, 200, "{}", sr.body);
+                let mut calls = Vec::new();
+                let mut finish = String::new();
+                for (_, data) in sr.sse() {
+                    let Ok(v) = serde_json::from_str::<Value>(&data) else { continue };
+                    let Some(ch) = v["choices"].get(0) else { continue };
+                    assert!(ch["delta"]["content"].as_str().unwrap_or("").is_empty(), "{what}: no content: {v}");
+                    for tc in ch["delta"]["tool_calls"].as_array().cloned().unwrap_or_default() {
+                        let i = tc["index"].as_u64().unwrap() as usize;
+                        if i == calls.len() {
+                            calls.push((tc["function"]["name"].as_str().unwrap().to_string(), String::new()));
+                        }
+                        calls[i].1.push_str(tc["function"]["arguments"].as_str().unwrap());
+                    }
+                    if let Some(f) = ch["finish_reason"].as_str() {
+                        finish = f.into();
+                    }
+                }
+                let want: Vec<(String, String)> = m["tool_calls"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| (t["function"]["name"].as_str().unwrap().into(), t["function"]["arguments"].as_str().unwrap().into()))
+                    .collect();
+                assert_eq!((calls, finish.as_str()), (want, "tool_calls"), "{what} seed {seed}");
+                assert!(argument_fragments(&sr).iter().all(|&n| n > 1), "{what}: the arguments stream");
+            }
+            let extra = json!({"tools": tools(), "tool_choice": "auto", "max_tokens": 60, "temperature": 1.0, "seed": seed});
+            let r = chat(addr, &user("Weather in Oslo?"), extra);
+            assert_eq!(r.status, 200, "{what}: {}", r.body);
+            let c = &r.json()["choices"][0];
+            if check_named_calls(what, &c["message"], what == "mistral-nemo").is_empty() {
+                assert_ne!(c["finish_reason"], "tool_calls", "{what}: {c}");
+            }
+        }
+    }
+}
+
+/// [`check_calls`], with Mistral's call ids (9 alphanumerics, as its templates require)
+/// when `mistral_ids`.
+fn check_named_calls(what: &str, message: &Value, mistral_ids: bool) -> Vec<String> {
+    if !mistral_ids {
+        return check_calls(what, message);
+    }
+    let mut m = message.clone();
+    for c in m["tool_calls"].as_array_mut().into_iter().flatten() {
+        let id = c["id"].as_str().unwrap().to_string();
+        assert!(id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()), "{what}: {id}");
+        c["id"] = Value::from(format!("call_{id}"));
+    }
+    check_calls(what, &m)
+}
+
+/// A Llama 3.1 tool loop: the template renders the call as the grammar wrote it and the
+/// result as an `ipython` turn; each turn reuses the last one's cache.
+#[test]
+fn llama3_tool_loop_extends_the_session_cache() {
+    let addr = llama31();
+    let mut messages = vec![json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})];
+    let mut last_prompt = 0;
+    for turn in 0..3 {
+        let choice = if turn < 2 { json!("required") } else { json!("none") };
+        let extra = json!({"tools": tools(), "tool_choice": choice, "max_tokens": 80, "temperature": 0, "session_id": "llama-loop"});
+        let r = chat(addr, &Value::Array(messages.clone()), extra);
+        assert_eq!(r.status, 200, "turn {turn}: {}", r.body);
+        let v = r.json();
+        let (prompt, cached) =
+            (v["usage"]["prompt_tokens"].as_u64().unwrap(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+        if turn > 0 {
+            assert!(cached >= last_prompt, "turn {turn}: {cached} cached of {prompt}, the last prompt was {last_prompt}");
+        }
+        last_prompt = prompt;
+        let m = v["choices"][0]["message"].clone();
+        if turn == 2 {
+            assert!(m["tool_calls"].is_null(), "{m}");
+            break;
+        }
+        assert_eq!(check_calls("llama", &m).len(), 1, "{m}");
+        let call = m["tool_calls"][0].clone();
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call.clone()]}));
+        messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"ok\": true}"}));
+    }
+}
+
+/// Llama 3.1's built-in `brave_search`: after `<|python_tag|>` the grammar also allows its
+/// `brave_search.call(query="..")` form; whichever form the model takes, the answer is one
+/// valid call.
+#[test]
+fn llama3_built_in_tools_are_called_in_either_form() {
+    let addr = llama31();
+    let schema = json!({"type": "object", "properties": {"query": {"type": "string", "maxLength": 8}}, "required": ["query"],
+                        "additionalProperties": false});
+    let tools = json!([{"type": "function", "function": {"name": "brave_search", "description": "Web search", "parameters": schema}}]);
+    // Over these seeds the random model takes both forms.
+    for seed in 0..60 {
+        let extra = json!({"tools": tools, "tool_choice": "required", "max_tokens": 80, "temperature": 1.0, "seed": seed});
+        let r = chat(addr, &user("Search the weather"), extra);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let c = &r.json()["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "seed {seed}: {c}");
+        let call = &c["message"]["tool_calls"][0]["function"];
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(call["name"], "brave_search", "{c}");
+        assert!(args["query"].as_str().is_some_and(|q| q.chars().count() <= 8) && args.as_object().unwrap().len() == 1, "{args}");
     }
 }
