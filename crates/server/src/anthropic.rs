@@ -20,9 +20,9 @@ use serde_json::json;
 
 use crate::api::{self, Sampling, Unsupported};
 use crate::chat_job::ChatContext;
+use crate::engine_handle::Event;
 use crate::error::{AnthropicError, ApiError};
 use crate::openai::Content;
-use crate::scheduler::Event;
 use crate::{sse, AppState};
 
 #[derive(Deserialize)]

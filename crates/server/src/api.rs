@@ -8,8 +8,8 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::engine_handle::{Event, Job};
 use crate::error::ApiError;
-use crate::scheduler::{Event, Job};
 use crate::AppState;
 
 /// The tenant a request acts for.

@@ -13,8 +13,8 @@ use axum::http::HeaderMap;
 use engram_tokenizer::ChatMessage;
 
 use crate::api::{self, Sampling};
+use crate::engine_handle::Job;
 use crate::error::ApiError;
-use crate::scheduler::Job;
 use crate::AppState;
 
 /// Where a chat request's context lives (the Engram extensions every chat route accepts).

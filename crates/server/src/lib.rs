@@ -7,7 +7,7 @@
 //! (`/v1/agents`) endpoints, personal RAG (`/v1/rag/*`, `rag.rs`), plus `/health` and
 //! Prometheus `/metrics`, over `engram-engine`'s continuous-batching scheduler running the
 //! policy stack `engram_stack::build` makes (sessions by default: character-level EXACT /
-//! EXTEND / DIVERGE matching and the shared prefix index); [`scheduler`] is the tokio
+//! EXTEND / DIVERGE matching and the shared prefix index); [`engine_handle`] is the tokio
 //! handle to it.
 //!
 //! Main types: [`Server`] (engine thread + shared state; [`Server::router`]
@@ -39,6 +39,7 @@ mod guard;
 mod health_tests;
 /// The metrics the engine and the handlers share (`engram_engine::metrics`).
 pub use engram_engine::metrics;
+pub mod engine_handle;
 mod listen;
 /// OpenAI's `logprobs` shapes, built from the engine's events (the Python package answers with them too).
 pub mod logprobs;
@@ -49,7 +50,6 @@ mod quota;
 pub mod rag;
 mod rag_metrics;
 mod remote_metrics;
-pub mod scheduler;
 mod sse;
 mod structured;
 mod tools;
@@ -69,6 +69,7 @@ use engram_model::Model;
 /// Ids as every route checks them, and fresh response ids (the Python package names agents and
 /// responses the same way).
 pub use api::{check_id, new_id, now_s};
+pub use engine_handle::{EngineHandle, Event, Job, SchedulerConfig};
 pub use engram_context::{DiskConfig, SessionsConfig};
 pub use engram_stack::ContextMode;
 use engram_stack::{RagLayer, StackConfig};
@@ -78,7 +79,6 @@ pub use facts::{FACT_PREFIX, SUMMARY_PREFIX};
 pub use listen::HttpLimits;
 pub use metrics::Metrics;
 pub use rag::RagServerConfig;
-pub use scheduler::{EngineHandle, Event, Job, SchedulerConfig};
 
 /// The largest request body any route reads (a bigger one is a 413).
 pub const MAX_BODY_BYTES: usize = 2 << 20;

@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 
 use crate::api::{self, Sampling, Started, StopField, Unsupported};
 use crate::chat_job::ChatContext;
+use crate::engine_handle::{Event, Job};
 use crate::error::ApiError;
-use crate::scheduler::{Event, Job};
 use crate::{sse, AppState};
 
 #[derive(Deserialize)]

@@ -39,8 +39,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api;
+use crate::engine_handle::{Event, Job};
 use crate::error::ApiError;
-use crate::scheduler::{Event, Job};
 use crate::AppState;
 
 /// Most documents one `POST /v1/rag/documents` may carry.

@@ -15,7 +15,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::scheduler::Event;
+use crate::engine_handle::Event;
 
 /// Formats engine events into items of type `T`; returns them and whether the stream ends.
 pub type FormatterOf<T> = Box<dyn FnMut(Option<Event>) -> (Vec<T>, bool) + Send>;

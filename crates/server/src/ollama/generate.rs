@@ -31,8 +31,8 @@ use serde_json::{json, Map, Value};
 use super::{in_ollama_terms, now_rfc3339, refuse, untagged, OllamaError};
 use crate::api::{self, Started};
 use crate::chat_job::ChatContext;
+use crate::engine_handle::{Event, Job};
 use crate::error::ApiError;
-use crate::scheduler::{Event, Job};
 use crate::sse::EventStream;
 use crate::AppState;
 
