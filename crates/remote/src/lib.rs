@@ -5,7 +5,8 @@
 //! instead of prefilling it again.
 //!
 //! - [`RemoteTier`]: the shared handle — connection links with timeouts and backoff, plain or
-//!   TLS (`rediss://`, rustls; `link.rs`), the write-behind thread (`writer.rs`), tenants'
+//!   TLS (`rediss://`, rustls; `link.rs`), run values over plain TCP read by a lean reader
+//!   (`bulk.rs`), the write-behind thread (`writer.rs`), tenants'
 //!   records (an agent's definition, with a tombstone once deleted), stamped records that any
 //!   replica may overwrite, newest stamp winning (a user's facts, a thread's state entry;
 //!   `stamped.rs`), counters ([`RemoteStats`], shown as `engram_remote_*`).
@@ -21,6 +22,7 @@
 //! and a store that is down costs each lookup only a clock check until its backoff passes.
 //! The store bounds itself (`maxmemory` with an LRU/LFU policy): a key it evicted is a miss.
 
+mod bulk;
 mod config;
 pub mod keys;
 mod link;

@@ -516,32 +516,48 @@ impl RemoteKv {
         let mut parts = Vec::new();
         let run_bytes = pool.bytes_for(run).max(1);
         let per_trip = (BYTES_PER_TRIP / run_bytes).max(1);
-        'trips: for (t, batch) in keys.chunks(per_trip).enumerate() {
-            let Some(values) =
-                self.read_bytes::<Vec<Option<Vec<u8>>>>(tenant, batch.len() * run_bytes, |c| redis::cmd("MGET").arg(batch).query(c))
-            else {
-                break;
-            };
-            for (j, value) in values.into_iter().enumerate() {
+        let timeout_for = |bytes: usize| self.tier.0.config.timeout + std::time::Duration::from_secs_f64(bytes as f64 / MIN_BYTES_PER_SEC);
+        // Set once a run is missing or unusable: the rest of its trip's reply is read (the
+        // connection stays in step) but not used, and no further trip is made.
+        let mut stopped = false;
+        for (t, batch) in keys.chunks(per_trip).enumerate() {
+            // Each value is checked and decoded as it arrives, while the next waits in the socket.
+            let mut each = |j: usize, value: Option<&[u8]>| {
+                if stopped {
+                    return;
+                }
                 let i = t * per_trip + j;
-                let Some(bytes) = value else { break 'trips };
+                let Some(bytes) = value else {
+                    stopped = true;
+                    return;
+                };
                 stats.read_bytes(bytes.len());
                 let want = &tokens[i * run..((i + 1) * run).min(end)];
-                match engram_kv::persist::decode_entry(&keys[i], &bytes, pool, &self.fingerprint, vocab) {
+                match engram_kv::persist::decode_entry(&keys[i], bytes, pool, &self.fingerprint, vocab) {
                     Ok((meta, kv)) if meta.kind == EntryKind::Prefix && meta.owner == owner && meta.tokens == want => parts.push(kv),
                     Ok(_) => {
                         stats.bad_value();
                         tracing::warn!("remote run {}: another owner's or other tokens; ignored", keys[i]);
-                        break 'trips;
+                        stopped = true;
                     }
                     // The RAM budget refused it: the value is sound, the restore is shorter.
-                    Err(engram_kv::PersistError::Kv { .. }) => break 'trips,
+                    Err(engram_kv::PersistError::Kv { .. }) => stopped = true,
                     Err(e) => {
                         stats.bad_value();
                         tracing::warn!("remote run: {e}; ignored");
-                        break 'trips;
+                        stopped = true;
                     }
                 }
+            };
+            let read =
+                self.tier.0.kv_reads.lock().expect("links lock").mget_each(tenant, batch, timeout_for(batch.len() * run_bytes), &mut each);
+            if let Err(e) = read {
+                stats.read_error();
+                tracing::debug!("remote read failed: {e}");
+                break;
+            }
+            if stopped {
+                break;
             }
         }
         let mut kv = SeqKv::concat(pool, parts)?;
