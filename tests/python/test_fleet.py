@@ -6,6 +6,8 @@
 - Redis killed mid-run: the replicas keep answering, exactly, from their local tiers or by
   recomputing, and count the errors in /metrics (engram_remote_*); restarted empty, it is
   used again.
+- `--context dual`: a user's facts added on A are attended on B, also after both restart
+  empty; an agent deleted on A is gone on B.
 
 Each test starts its own redis-server on a free loopback port (skipped without one, except
 under CI=true: CI installs it from Debian's packages).
@@ -196,6 +198,50 @@ def test_a_damaged_value_is_a_miss_not_a_wrong_answer(tmp_path, redis):
         assert metric(ub, "engram_remote_bad_values_total") >= 1
     finally:
         stop_server(a)
+        stop_server(b)
+
+
+def ask_dual(base, user, thread, messages):
+    """One dual-stream chat turn, greedy; the answer."""
+    r = requests.post(base + "/v1/chat/completions", timeout=60,
+                      json={"model": "tiny-q8_0", "messages": messages, "max_tokens": 10, "temperature": 0,
+                            "user": user, "thread_id": thread})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def test_a_users_facts_follow_them_and_a_deleted_agent_is_gone_everywhere(tmp_path, redis):
+    """`--context dual`: a fact added on replica A is listed and attended on B (B answers as a
+    user whose system messages spell it out), also after both restart with empty data
+    directories. An agent deleted on A is a 404 on B, which held it."""
+    model = fixture_model(tmp_path)
+    remote = ["--kv-remote", redis.url, "--kv-remote-timeout-ms", "500", "--context", "dual"]
+    fact = "The user's name is Ann and she keeps bees."
+    question = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What do you know about me?"}]
+    spelled = [question[0], {"role": "system", "content": "Fact about the user: " + fact}, question[1]]
+    a, ua = spawn_server(model, tmp_path / "a", *remote)
+    b, ub = spawn_server(model, tmp_path / "b", *remote)
+    try:
+        assert requests.post(ua + "/v1/users/ann/facts", json={"text": fact}, timeout=30).status_code == 201
+        assert requests.post(ua + "/v1/agents", json={"id": "helper"}, timeout=30).status_code == 201
+        time.sleep(0.5)  # A's write-behind
+        listed = requests.get(ub + "/v1/users/ann/facts", timeout=30).json()["data"]
+        assert [f["text"] for f in listed] == [fact]
+        expected = ask_dual(ub, "ref", "t", spelled)
+        assert ask_dual(ub, "ann", "t", question) == expected, "B attends the fact A added"
+        assert requests.get(ub + "/v1/agents/helper", timeout=30).status_code == 200
+        assert requests.delete(ua + "/v1/agents/helper", timeout=30).status_code == 200
+        time.sleep(0.5)
+        assert requests.get(ub + "/v1/agents/helper", timeout=30).status_code == 404, "gone on B too"
+    finally:
+        stop_server(a)
+        stop_server(b)
+    shutil.rmtree(tmp_path / "a")
+    shutil.rmtree(tmp_path / "b")
+    b, ub = spawn_server(model, tmp_path / "b2", *remote)
+    try:
+        assert ask_dual(ub, "ann", "t", question) == expected, "the facts outlive both replicas"
+    finally:
         stop_server(b)
 
 

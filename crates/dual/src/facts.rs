@@ -7,6 +7,10 @@
 //!    engram-facts v1 <body bytes> <blake3 of body, hex>\n          (`engram_kv::envelope`)
 //!    {"format": "engram-facts", "version": 1, "owner": ..., "next_id": n, "facts": [...]}
 //! ```
+//! Every change stamps the log ([`FactLog::stamp`]); another replica's version of a log
+//! ([`FactStore::import`]) replaces this store's only if its stamp is higher, so replicas
+//! sharing logs through a remote tier agree on the newest.
+//!
 //! Invariants: a change that reports success is on disk (temp file, fsync, rename) before the
 //! caller answers; a change that fails — bad input, a full log, a failed write — changes
 //! nothing, in memory or on disk. A file is used only after its header, length, checksum,
@@ -81,6 +85,8 @@ pub enum FactError {
 
 #[derive(Clone, Default, Serialize, Deserialize)]
 struct Log {
+    /// Which version of the log this is ([`FactLog::stamp`]; 0 in files written before stamps).
+    stamp: u64,
     next_id: u64,
     facts: Vec<Fact>,
 }
@@ -90,8 +96,21 @@ struct LogFile {
     format: String,
     version: u32,
     owner: String,
+    #[serde(default)]
+    stamp: u64,
     next_id: u64,
     facts: Vec<Fact>,
+}
+
+/// One version of an owner's log as replicas exchange it ([`FactStore::export`],
+/// [`FactStore::import`]): no facts means the log was forgotten.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FactLog {
+    /// Which version: every change stamps the log past the version it changed (microseconds
+    /// since the epoch, or one past the old stamp), so a higher stamp is a later change.
+    pub stamp: u64,
+    pub next_id: u64,
+    pub facts: Vec<Fact>,
 }
 
 /// Every owner's fact log. See the module doc.
@@ -100,17 +119,20 @@ pub struct FactStore {
     limits: FactLimits,
     /// Loaded logs; an owner absent here is read from its file on first use.
     logs: Mutex<HashMap<String, Option<Log>>>,
+    /// The stamps of logs forgotten since start ([`FactStore::clear`], or a forgotten log
+    /// imported): an older version of them is not imported again.
+    forgotten: Mutex<HashMap<String, u64>>,
 }
 
 impl FactStore {
     /// Logs kept in memory only.
     pub fn in_memory(limits: FactLimits) -> FactStore {
-        FactStore { dir: None, limits, logs: Mutex::new(HashMap::new()) }
+        FactStore { dir: None, limits, logs: Mutex::new(HashMap::new()), forgotten: Mutex::new(HashMap::new()) }
     }
 
     /// Logs saved under `dir` (created on the first save), each read on its owner's first use.
     pub fn open(dir: &Path, limits: FactLimits) -> FactStore {
-        FactStore { dir: Some(dir.to_path_buf()), limits, logs: Mutex::new(HashMap::new()) }
+        FactStore { dir: Some(dir.to_path_buf()), limits, logs: Mutex::new(HashMap::new()), forgotten: Mutex::new(HashMap::new()) }
     }
 
     /// The limits this store enforces.
@@ -169,9 +191,15 @@ impl FactStore {
     /// Forgets `owner`'s whole log (its file removed); then runs `then` with no facts.
     pub fn clear(&self, owner: &str, then: impl FnOnce(&[Fact])) -> Result<(), FactError> {
         let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
-        if self.loaded(&mut logs, owner).is_none() {
-            return Err(FactError::UnknownOwner);
-        }
+        let Some(log) = self.loaded(&mut logs, owner) else { return Err(FactError::UnknownOwner) };
+        let stamp = next_stamp(log.stamp);
+        self.forget(&mut logs, owner, stamp)?;
+        then(&[]);
+        Ok(())
+    }
+
+    /// Removes `owner`'s file and log, remembering `stamp` as the forgetting's version.
+    fn forget(&self, logs: &mut HashMap<String, Option<Log>>, owner: &str, stamp: u64) -> Result<(), FactError> {
         if let Some(file) = self.file(owner) {
             match std::fs::remove_file(&file) {
                 Ok(()) => {}
@@ -180,8 +208,50 @@ impl FactStore {
             }
         }
         logs.insert(owner.to_string(), None);
-        then(&[]);
+        self.forgotten.lock().unwrap_or_else(|e| e.into_inner()).insert(owner.to_string(), stamp);
         Ok(())
+    }
+
+    /// `owner`'s log as it is here: the log, or (forgotten since start) no facts with the
+    /// forgetting's stamp; `None` if this store knows nothing of `owner`.
+    pub fn export(&self, owner: &str) -> Option<FactLog> {
+        let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        match self.loaded(&mut logs, owner) {
+            Some(log) => Some(FactLog { stamp: log.stamp, next_id: log.next_id, facts: log.facts.clone() }),
+            None => {
+                let forgotten = self.forgotten.lock().unwrap_or_else(|e| e.into_inner());
+                forgotten.get(owner).map(|&stamp| FactLog { stamp, next_id: 0, facts: Vec::new() })
+            }
+        }
+    }
+
+    /// Makes `log` (another replica's version) `owner`'s log if its stamp is higher than this
+    /// store's (a log without facts forgets the owner's), saved as a change is; then runs
+    /// `then` with the live facts. `Ok(false)`: this store's version is as new, nothing
+    /// changed. A log that breaks the limits or the ids' order is refused (nothing changed).
+    pub fn import(&self, owner: &str, log: FactLog, then: impl FnOnce(&[Fact])) -> Result<bool, FactError> {
+        check_log(&log.facts, log.next_id, &self.limits).map_err(FactError::Io)?;
+        let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        let here = match self.loaded(&mut logs, owner) {
+            Some(l) => l.stamp,
+            None => self.forgotten.lock().unwrap_or_else(|e| e.into_inner()).get(owner).copied().unwrap_or(0),
+        };
+        if log.stamp <= here {
+            return Ok(false);
+        }
+        if log.facts.is_empty() {
+            self.forget(&mut logs, owner, log.stamp)?;
+            then(&[]);
+            return Ok(true);
+        }
+        let new = Log { stamp: log.stamp, next_id: log.next_id, facts: log.facts };
+        if let Some(file) = self.file(owner) {
+            save(&file, owner, &new).map_err(|e| FactError::Io(e.kind().to_string()))?;
+        }
+        let live: Vec<Fact> = new.facts.iter().filter(|f| !f.tombstoned).cloned().collect();
+        logs.insert(owner.to_string(), Some(new));
+        then(&live);
+        Ok(true)
     }
 
     /// Applies `apply` to a copy of `owner`'s log, saves it, then makes it current and runs
@@ -200,6 +270,8 @@ impl FactStore {
             (None, false) => return Err(FactError::UnknownOwner),
         };
         let out = apply(&mut log)?;
+        let forgotten = self.forgotten.lock().unwrap_or_else(|e| e.into_inner()).get(owner).copied().unwrap_or(0);
+        log.stamp = next_stamp(log.stamp.max(forgotten));
         if let Some(file) = self.file(owner) {
             save(&file, owner, &log).map_err(|e| {
                 tracing::error!("facts could not be saved to {}: {e}", file.display());
@@ -254,6 +326,13 @@ fn tombstone(log: &mut Log, id: u64) -> Result<&mut Fact, FactError> {
     Ok(f)
 }
 
+/// A change's stamp: microseconds since the epoch, or one past `after` (the version it
+/// changes) when the clock is not past it.
+fn next_stamp(after: u64) -> u64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    now.max(after.saturating_add(1))
+}
+
 fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -266,6 +345,7 @@ fn save(file: &Path, owner: &str, log: &Log) -> std::io::Result<()> {
         format: FORMAT.into(),
         version: VERSION,
         owner: owner.to_string(),
+        stamp: log.stamp,
         next_id: log.next_id,
         facts: log.facts.clone(),
     })?;
@@ -292,12 +372,19 @@ fn load(file: &Path, owner: &str, limits: &FactLimits) -> Result<Option<Log>, St
     if f.owner != owner {
         return Err("another user's fact log".into());
     }
-    if f.facts.len() > limits.max_facts {
-        return Err(format!("{} facts, more than the {} a log keeps", f.facts.len(), limits.max_facts));
+    check_log(&f.facts, f.next_id, limits)?;
+    Ok(Some(Log { stamp: f.stamp, next_id: f.next_id, facts: f.facts }))
+}
+
+/// Whether `facts` can be a log under `limits`: not too many, ids increasing up to `next_id`,
+/// every text non-empty and bounded.
+fn check_log(facts: &[Fact], next_id: u64, limits: &FactLimits) -> Result<(), String> {
+    if facts.len() > limits.max_facts {
+        return Err(format!("{} facts, more than the {} a log keeps", facts.len(), limits.max_facts));
     }
     let mut last = 0;
-    for fact in &f.facts {
-        if fact.id <= last || fact.id > f.next_id {
+    for fact in facts {
+        if fact.id <= last || fact.id > next_id {
             return Err(format!("fact ids out of order or past next_id at {}", fact.id));
         }
         if fact.text.trim().is_empty() || fact.text.len() > limits.max_text_bytes {
@@ -305,5 +392,5 @@ fn load(file: &Path, owner: &str, limits: &FactLimits) -> Result<Option<Log>, St
         }
         last = fact.id;
     }
-    Ok(Some(Log { next_id: f.next_id, facts: f.facts }))
+    Ok(())
 }

@@ -11,7 +11,8 @@
 //! - [`PersistentStream`] (`persistent.rs`): a user's system prompt and facts as segments of one
 //!   shared KV, append-only (superseded facts masked, dropped at compaction), written by a
 //!   background [`StreamWriter`] and mapped back.
-//! - [`FactStore`] (`facts.rs`): the facts' log, persisted per user.
+//! - [`FactStore`] (`facts.rs`): the facts' log, persisted per user, stamped per change so
+//!   replicas can exchange versions ([`FactLog`]).
 //! - [`RingStore`] (`ring_store.rs`) and [`DualDiskLedger`] (`dual_disk.rs`): rings saved as
 //!   turns retire, restored with their checksums settled; the files under the disk budget.
 //! - [`Summarizer`] (`summarize.rs`): condenses facts that pass the stream's cap.
@@ -29,7 +30,7 @@ mod ring_store;
 pub mod summarize;
 
 pub use dual_disk::DualDiskLedger;
-pub use facts::{Fact, FactError, FactLimits, FactStore};
+pub use facts::{Fact, FactError, FactLimits, FactLog, FactStore};
 pub use persistent_stream::{
     stream_file_name, PersistentStream, Segment, SegmentId, StreamFileError, StreamSnapshot, StreamWrite, StreamWriter, StreamWritten,
     Update,

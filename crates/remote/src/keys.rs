@@ -6,6 +6,7 @@
 //!  engram:v1:t:<tenant tag>:<model tag>:owner:<owner hash>   the set of an owner's session ids
 //!  engram:v1:t:<tenant tag>:doc:<kind>:<name hash>           a small record (an agent), any model
 //!  engram:v1:t:<tenant tag>:doc:<kind>:index                 the set of a tenant's record names
+//!  engram:v1:t:<tenant tag>:doc:<kind>:<name hash>:gone      a deleted record's tombstone
 //!  engram:v1:shared:<model tag>:run:<chain hash>             a run of a chain shared across tenants
 //! ```
 //! `tenant tag` is 16 hex digits of a blake3 hash of the tenant name, so every key of a tenant
@@ -104,6 +105,12 @@ impl KeySpace {
         field(&mut h, kind.as_bytes());
         field(&mut h, name.as_bytes());
         format!("{}doc:{kind}:{}", self.tenant_prefix, hex(&h, 32))
+    }
+
+    /// The key of the tombstone of the record `name` of kind `kind`: set while the record is
+    /// deleted, removed when it is written again.
+    pub fn doc_tombstone(&self, kind: &str, name: &str) -> String {
+        format!("{}:gone", self.doc(kind, name))
     }
 }
 

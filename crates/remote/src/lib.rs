@@ -5,8 +5,11 @@
 //! instead of prefilling it again.
 //!
 //! - [`RemoteTier`]: the shared handle — connection links with timeouts and backoff, plain or
-//!   TLS (`rediss://`, rustls; `link.rs`), the write-behind thread (`writer.rs`), tenants'
-//!   records (an agent's definition), counters ([`RemoteStats`], shown as `engram_remote_*`).
+//!   TLS (`rediss://`, rustls; `link.rs`), run values over plain TCP read by a lean reader
+//!   (`bulk.rs`), the write-behind thread (`writer.rs`), tenants'
+//!   records (an agent's definition, with a tombstone once deleted), stamped records that any
+//!   replica may overwrite, newest stamp winning (a user's facts, a thread's state entry;
+//!   `stamped.rs`), counters ([`RemoteStats`], shown as `engram_remote_*`).
 //! - [`RemoteKv`]: the tier for one model's caches — sessions saved as content-addressed runs
 //!   of blocks plus a manifest, restored on a local miss with a few pipelined `MGET`s;
 //!   prefix chains found by the same run keys.
@@ -19,11 +22,13 @@
 //! and a store that is down costs each lookup only a clock check until its backoff passes.
 //! The store bounds itself (`maxmemory` with an LRU/LFU policy): a key it evicted is a miss.
 
+mod bulk;
 mod config;
 pub mod keys;
 mod link;
 mod links;
 mod manifest;
+mod stamped;
 mod stats;
 mod tier;
 mod writer;
@@ -32,5 +37,6 @@ pub use config::{RemoteConfig, DEFAULT_MAX_QUEUED, DEFAULT_RUN_TOKENS, DEFAULT_T
 pub use keys::tenant_key_pattern;
 pub use link::{LinkError, BACKOFF_MAX, BACKOFF_MIN};
 pub use manifest::Manifest;
+pub use stamped::{next_stamp, StampedRecord};
 pub use stats::RemoteStats;
-pub use tier::{common_prefix, redact, RemoteKv, RemoteTier};
+pub use tier::{common_prefix, redact, RecordState, RemoteKv, RemoteTier};

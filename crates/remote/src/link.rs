@@ -3,12 +3,16 @@
 //! and reconnected only after a backoff, so a store that is down costs a caller nothing but a
 //! check of the clock until the backoff has passed.
 //!
-//! Invariant: [`Link::run`] returns within about the timeout per round trip (connecting
+//! Bulk reads of run values over a plain TCP URL use a second, lean connection (`bulk.rs`)
+//! under the same timeout and backoff.
+//!
+//! Invariant: [`Link::run`] and [`Link::mget_each`] return within about the timeout per round trip (connecting
 //! included), whatever the store does; after a failure no call connects again until
 //! the backoff (doubling from [`BACKOFF_MIN`] to [`BACKOFF_MAX`]) has passed.
 
 use std::time::{Duration, Instant};
 
+use crate::bulk::{BulkConn, BulkError};
 use crate::stats::Stats;
 
 /// The first wait after a failure.
@@ -25,13 +29,22 @@ pub enum LinkError {
     /// The store failed (unreachable, timed out, refused the command).
     #[error("remote KV tier: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The store answered a bulk read with an error (the connection stays in step).
+    #[error("remote KV tier refused: {0}")]
+    Refused(String),
 }
+
+/// Where a plain TCP URL's bulk reads connect (`crate::bulk`): host, port, user, password, db.
+type Plain = (String, u16, Option<String>, Option<String>, i64);
 
 /// A connection to one store URL, reconnected on demand.
 pub struct Link {
     client: redis::Client,
     timeout: Duration,
     conn: Option<redis::Connection>,
+    /// For a plain TCP URL: where bulk reads go, and their connection once made.
+    plain: Option<Plain>,
+    bulk: Option<BulkConn>,
     /// When a failed store may be tried again, and the backoff that led there.
     retry_at: Option<(Instant, Duration)>,
     stats: Stats,
@@ -41,7 +54,78 @@ impl Link {
     /// A link to `url` (`redis://[user:password@]host:port[/db]`, or `rediss://` for TLS,
     /// verified against `ca_pem` if given, else the system's roots); connects on first use.
     pub fn new(url: &str, timeout: Duration, ca_pem: Option<&[u8]>, stats: Stats) -> Result<Link, redis::RedisError> {
-        Ok(Link { client: client(url, ca_pem)?, timeout, conn: None, retry_at: None, stats })
+        let client = client(url, ca_pem)?;
+        let info = client.get_connection_info();
+        let plain = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => {
+                let r = info.redis_settings();
+                Some((host.clone(), *port, r.username().map(str::to_string), r.password().map(str::to_string), r.db()))
+            }
+            _ => None,
+        };
+        Ok(Link { client, timeout, conn: None, plain, bulk: None, retry_at: None, stats })
+    }
+
+    /// `MGET keys` with `timeout` on the reply, calling `each(i, value)` for every key in order
+    /// (`None`: no such key) as its value arrives: over a plain TCP URL through the lean reader
+    /// (`bulk.rs`), else through the crate's connection. Failures are handled as in
+    /// [`Link::run`].
+    pub fn mget_each(&mut self, keys: &[String], timeout: Duration, mut each: impl FnMut(usize, Option<&[u8]>)) -> Result<(), LinkError> {
+        let Some((host, port, user, pass, db)) = self.plain.clone() else {
+            let values: Vec<Option<Vec<u8>>> = self.run(|c| {
+                c.set_read_timeout(Some(timeout))?;
+                redis::cmd("MGET").arg(keys).query(c)
+            })?;
+            for (i, v) in values.iter().enumerate() {
+                each(i, v.as_deref());
+            }
+            return Ok(());
+        };
+        if self.bulk.is_none() {
+            if let Some((at, _)) = self.retry_at {
+                let now = Instant::now();
+                if now < at {
+                    return Err(LinkError::Backoff(at - now));
+                }
+            }
+            match BulkConn::connect(&host, port, user.as_deref(), pass.as_deref(), db, self.timeout) {
+                Ok(c) => {
+                    self.bulk = Some(c);
+                    if self.retry_at.take().is_some() {
+                        tracing::info!("remote KV tier reconnected");
+                    }
+                    self.stats.connected(true);
+                }
+                // Refused while connecting (a wrong password) is a failed connection too.
+                Err(BulkError::Refused(m)) => {
+                    return Err(self.bulk_failed(BulkError::Io(std::io::Error::new(std::io::ErrorKind::PermissionDenied, m))))
+                }
+                Err(e) => return Err(self.bulk_failed(e)),
+            }
+        }
+        let conn = self.bulk.as_mut().expect("connected above");
+        match conn.set_read_timeout(timeout).and_then(|()| conn.mget_each(keys, &mut each)) {
+            Ok(()) => {
+                self.stats.connected(true);
+                Ok(())
+            }
+            Err(e) => Err(self.bulk_failed(e)),
+        }
+    }
+
+    /// A failed bulk read or connection: a refusal keeps the connection (it is in step);
+    /// anything else drops it and starts (or doubles) the backoff.
+    fn bulk_failed(&mut self, e: BulkError) -> LinkError {
+        match e {
+            BulkError::Refused(m) => LinkError::Refused(m),
+            BulkError::Io(e) => {
+                let e = redis::RedisError::from(e);
+                self.bulk = None;
+                self.stats.connected(false);
+                self.fail(&e);
+                LinkError::Redis(e)
+            }
+        }
     }
 
     /// Runs `f` on the connection (connecting first if needed). A failure drops the connection

@@ -34,11 +34,26 @@ impl Links {
         tenant: Option<&str>,
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, LinkError> {
+        self.link(tenant)?.run(f)
+    }
+
+    /// [`Link::mget_each`] on the link for `tenant`'s keys.
+    pub fn mget_each(
+        &mut self,
+        tenant: Option<&str>,
+        keys: &[String],
+        timeout: std::time::Duration,
+        each: impl FnMut(usize, Option<&[u8]>),
+    ) -> Result<(), LinkError> {
+        self.link(tenant)?.mget_each(keys, timeout, each)
+    }
+
+    fn link(&mut self, tenant: Option<&str>) -> Result<&mut Link, LinkError> {
         let url = self.config.url_for(tenant).to_string();
         if !self.by_url.contains_key(&url) {
             let link = Link::new(&url, self.config.timeout, self.config.ca_pem.as_deref(), self.stats.clone())?;
             self.by_url.insert(url.clone(), link);
         }
-        self.by_url.get_mut(&url).expect("inserted above").run(f)
+        Ok(self.by_url.get_mut(&url).expect("inserted above"))
     }
 }

@@ -18,6 +18,7 @@ use crate::keys::{chain_hashes, KeySpace};
 use crate::link::LinkError;
 use crate::links::Links;
 use crate::manifest::{Manifest, Record};
+use crate::stamped::StampedRecord;
 use crate::stats::{RemoteStats, Stats};
 use crate::writer::{self, Job, Msg, Queue};
 use crate::RemoteConfig;
@@ -133,21 +134,144 @@ impl RemoteTier {
         n
     }
 
-    /// Stores `tenant`'s record `name` of kind `kind` (its JSON `body`), behind the caller.
+    /// Stores `tenant`'s record `name` of kind `kind` (its JSON `body`), behind the caller; a
+    /// tombstone of an earlier deletion goes.
     pub fn put_record(&self, tenant: &str, kind: &str, name: &str, body: String) {
         let space = KeySpace::new(Some(tenant), "");
         let key = space.doc(kind, name);
         let value = Record { tenant: tenant.into(), kind: kind.into(), name: name.into(), body }.seal();
         let index = (space.doc_index(kind), name.to_string());
-        self.enqueue(key.clone(), Job::Record { tenant: tenant.into(), key, value, index });
+        let unmark = space.doc_tombstone(kind, name);
+        self.enqueue(key.clone(), Job::Record { tenant: tenant.into(), key, value, index, unmark });
     }
 
-    /// Deletes `tenant`'s record `name` of kind `kind`, behind the caller.
+    /// Deletes `tenant`'s record `name` of kind `kind`, behind the caller, leaving a tombstone
+    /// that tells replicas which still hold it ([`RemoteTier::record_state`]).
     pub fn delete_record(&self, tenant: &str, kind: &str, name: &str) {
         let space = KeySpace::new(Some(tenant), "");
         let key = space.doc(kind, name);
         let unindex = vec![(space.doc_index(kind), name.to_string())];
-        self.enqueue(key.clone(), Job::Delete { tenant: Some(tenant.into()), keys: vec![key], unindex });
+        let mark = vec![space.doc_tombstone(kind, name)];
+        self.enqueue(key.clone(), Job::Delete { tenant: Some(tenant.into()), keys: vec![key], unindex, mark });
+    }
+
+    /// What the store says of `tenant`'s record `name` of kind `kind`, for a replica that holds
+    /// it: present (its JSON body, if sound), deleted (its tombstone), or nothing known (never
+    /// written, evicted, or the store unreachable: counted). One round trip, bounded by the
+    /// timeout.
+    pub fn record_state(&self, tenant: &str, kind: &str, name: &str) -> RecordState {
+        let space = KeySpace::new(Some(tenant), "");
+        let (key, mark) = (space.doc(kind, name), space.doc_tombstone(kind, name));
+        let stats = &self.0.stats;
+        stats.lookup();
+        let got: Result<(Option<Vec<u8>>, bool), LinkError> = self
+            .0
+            .record_reads
+            .lock()
+            .expect("links lock")
+            .run(Some(tenant), |c| redis::pipe().cmd("GET").arg(&key).cmd("EXISTS").arg(&mark).query(c));
+        match got {
+            Ok((_, true)) => {
+                stats.hit(0);
+                RecordState::Deleted
+            }
+            Ok((Some(bytes), false)) => {
+                stats.read_bytes(bytes.len());
+                match Record::open(&bytes, tenant, kind, name) {
+                    Ok(r) => {
+                        stats.hit(0);
+                        RecordState::Present(r.body)
+                    }
+                    Err(why) => {
+                        stats.bad_value();
+                        tracing::warn!("remote record {key}: {why}; ignored");
+                        RecordState::Unknown
+                    }
+                }
+            }
+            Ok((None, false)) => RecordState::Unknown,
+            Err(e) => {
+                stats.read_error();
+                tracing::debug!("remote record read failed: {e}");
+                RecordState::Unknown
+            }
+        }
+    }
+
+    /// Which of `tenant`'s records `names` of kind `kind` have tombstones (deleted on some
+    /// replica): one pipelined round trip, bounded by the timeout; `None` if the store cannot
+    /// be read (counted).
+    pub fn tombstoned(&self, tenant: &str, kind: &str, names: &[&str]) -> Option<Vec<bool>> {
+        if names.is_empty() {
+            return Some(Vec::new());
+        }
+        let space = KeySpace::new(Some(tenant), "");
+        let got: Result<Vec<bool>, LinkError> = self.0.record_reads.lock().expect("links lock").run(Some(tenant), |c| {
+            let mut pipe = redis::pipe();
+            for name in names {
+                pipe.cmd("EXISTS").arg(space.doc_tombstone(kind, name));
+            }
+            pipe.query(c)
+        });
+        got.map_err(|e| {
+            self.0.stats.read_error();
+            tracing::debug!("remote tombstones read failed: {e}");
+        })
+        .ok()
+    }
+
+    /// Stores version `stamp` of `tenant`'s stamped record `name` of kind `kind` (its JSON
+    /// `body`), behind the caller; the store keeps the highest stamp it was given
+    /// (`stamped.rs`).
+    pub fn put_stamped(&self, tenant: &str, kind: &str, name: &str, stamp: u64, body: String) {
+        let key = KeySpace::new(Some(tenant), "").doc(kind, name);
+        let value = StampedRecord { tenant: tenant.into(), kind: kind.into(), name: name.into(), stamp, body }.seal();
+        self.enqueue(key.clone(), Job::Stamped { tenant: tenant.into(), key, stamp, value });
+    }
+
+    /// The newest version of each of `tenant`'s stamped records `(kind, name)` in `wanted`, in
+    /// one pipelined round trip bounded by the timeout: `None` if the store cannot be read
+    /// (counted); a record absent or failing a check (counted) is `None` in the list.
+    pub fn get_stamped(&self, tenant: &str, wanted: &[(&str, &str)]) -> Option<Vec<Option<StampedRecord>>> {
+        let space = KeySpace::new(Some(tenant), "");
+        let keys: Vec<String> = wanted.iter().map(|(kind, name)| space.doc(kind, name)).collect();
+        let stats = &self.0.stats;
+        stats.lookup();
+        let got: Result<Vec<Vec<Vec<u8>>>, LinkError> = self.0.record_reads.lock().expect("links lock").run(Some(tenant), |c| {
+            let mut pipe = redis::pipe();
+            for k in &keys {
+                pipe.cmd("ZRANGE").arg(k).arg(-1).arg(-1);
+            }
+            pipe.query(c)
+        });
+        let values = match got {
+            Ok(v) => v,
+            Err(e) => {
+                stats.read_error();
+                tracing::debug!("remote stamped records read failed: {e}");
+                return None;
+            }
+        };
+        let mut out = Vec::with_capacity(wanted.len());
+        for ((kind, name), members) in wanted.iter().zip(values) {
+            let Some(bytes) = members.into_iter().next_back() else {
+                out.push(None);
+                continue;
+            };
+            stats.read_bytes(bytes.len());
+            match StampedRecord::open(&bytes, tenant, kind, name) {
+                Ok(r) => out.push(Some(r)),
+                Err(why) => {
+                    stats.bad_value();
+                    tracing::warn!("remote {kind} record of tenant {tenant:?}: {why}; ignored");
+                    out.push(None);
+                }
+            }
+        }
+        if out.iter().any(Option::is_some) {
+            stats.hit(0);
+        }
+        Some(out)
     }
 
     /// The names of `tenant`'s records of kind `kind` in the store (at most `most`, sorted);
@@ -201,6 +325,17 @@ impl RemoteTier {
             }
         }
     }
+}
+
+/// What the store says of a record a replica holds ([`RemoteTier::record_state`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordState {
+    /// The record, as last written (its JSON body).
+    Present(String),
+    /// Deleted on some replica since it was last written.
+    Deleted,
+    /// Nothing known: never written, evicted, unsound (counted), or the store unreachable.
+    Unknown,
 }
 
 /// The tier for one model's caches.
@@ -381,32 +516,48 @@ impl RemoteKv {
         let mut parts = Vec::new();
         let run_bytes = pool.bytes_for(run).max(1);
         let per_trip = (BYTES_PER_TRIP / run_bytes).max(1);
-        'trips: for (t, batch) in keys.chunks(per_trip).enumerate() {
-            let Some(values) =
-                self.read_bytes::<Vec<Option<Vec<u8>>>>(tenant, batch.len() * run_bytes, |c| redis::cmd("MGET").arg(batch).query(c))
-            else {
-                break;
-            };
-            for (j, value) in values.into_iter().enumerate() {
+        let timeout_for = |bytes: usize| self.tier.0.config.timeout + std::time::Duration::from_secs_f64(bytes as f64 / MIN_BYTES_PER_SEC);
+        // Set once a run is missing or unusable: the rest of its trip's reply is read (the
+        // connection stays in step) but not used, and no further trip is made.
+        let mut stopped = false;
+        for (t, batch) in keys.chunks(per_trip).enumerate() {
+            // Each value is checked and decoded as it arrives, while the next waits in the socket.
+            let mut each = |j: usize, value: Option<&[u8]>| {
+                if stopped {
+                    return;
+                }
                 let i = t * per_trip + j;
-                let Some(bytes) = value else { break 'trips };
+                let Some(bytes) = value else {
+                    stopped = true;
+                    return;
+                };
                 stats.read_bytes(bytes.len());
                 let want = &tokens[i * run..((i + 1) * run).min(end)];
-                match engram_kv::persist::decode_entry(&keys[i], &bytes, pool, &self.fingerprint, vocab) {
+                match engram_kv::persist::decode_entry(&keys[i], bytes, pool, &self.fingerprint, vocab) {
                     Ok((meta, kv)) if meta.kind == EntryKind::Prefix && meta.owner == owner && meta.tokens == want => parts.push(kv),
                     Ok(_) => {
                         stats.bad_value();
                         tracing::warn!("remote run {}: another owner's or other tokens; ignored", keys[i]);
-                        break 'trips;
+                        stopped = true;
                     }
                     // The RAM budget refused it: the value is sound, the restore is shorter.
-                    Err(engram_kv::PersistError::Kv { .. }) => break 'trips,
+                    Err(engram_kv::PersistError::Kv { .. }) => stopped = true,
                     Err(e) => {
                         stats.bad_value();
                         tracing::warn!("remote run: {e}; ignored");
-                        break 'trips;
+                        stopped = true;
                     }
                 }
+            };
+            let read =
+                self.tier.0.kv_reads.lock().expect("links lock").mget_each(tenant, batch, timeout_for(batch.len() * run_bytes), &mut each);
+            if let Err(e) = read {
+                stats.read_error();
+                tracing::debug!("remote read failed: {e}");
+                break;
+            }
+            if stopped {
+                break;
             }
         }
         let mut kv = SeqKv::concat(pool, parts)?;

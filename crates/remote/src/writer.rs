@@ -5,6 +5,7 @@
 //!  engine thread ── save (a fork of the cache: shares blocks, no copy) ──> queue ──> writer thread
 //!                                                                                   EXISTS runs (one trip)
 //!                                                                                   SET missing runs, manifest, SADD owner
+//!  server threads ── records (agents), stamped records (facts, state entries) ──> queue ──> SET / ZADD
 //! ```
 //! Invariant: jobs run in the order they were queued, and a newer save of a session replaces
 //! its queued older one; a queue past `max_queued` drops new saves (counted), and
@@ -43,10 +44,14 @@ pub(crate) enum Job {
     /// A session's KV (runs, under `runs`: the tenant's keys, or the shared ones for a chain
     /// shared across tenants) and manifest (under `space`, the tenant's).
     Session { space: KeySpace, tenant: Option<String>, runs: (KeySpace, Option<String>), manifest: Manifest, kv: SeqKv },
-    /// A record's sealed value, and its name added to its kind's index set.
-    Record { tenant: String, key: String, value: Vec<u8>, index: (String, String) },
-    /// Keys to delete, and names to take out of index sets.
-    Delete { tenant: Option<String>, keys: Vec<String>, unindex: Vec<(String, String)> },
+    /// A record's sealed value, and its name added to its kind's index set; its tombstone
+    /// (`unmark`) removed.
+    Record { tenant: String, key: String, value: Vec<u8>, index: (String, String), unmark: String },
+    /// Keys to delete, names to take out of index sets, and tombstones to set.
+    Delete { tenant: Option<String>, keys: Vec<String>, unindex: Vec<(String, String)>, mark: Vec<String> },
+    /// A stamped record's new version (`stamped.rs`): added under its stamp, every lower one
+    /// removed.
+    Stamped { tenant: String, key: String, stamp: u64, value: Vec<u8> },
     /// Every session of an owner (manifests for caches with `fingerprint`, the runs of their
     /// salted chains), and the owner's set.
     ForgetOwner { space: KeySpace, tenant: Option<String>, owner: String, fingerprint: String },
@@ -111,19 +116,32 @@ pub(crate) fn run(rx: Receiver<Msg>, queue: Arc<Mutex<Queue>>, mut links: Links,
                     Job::Session { space, tenant, runs, manifest, kv } => {
                         write_session(&mut links, &stats, (&space, tenant.as_deref()), (&runs.0, runs.1.as_deref()), &manifest, &kv)
                     }
-                    Job::Record { tenant, key, value, index } => {
+                    Job::Record { tenant, key, value, index, unmark } => {
                         let n = value.len();
                         let mut pipe = redis::pipe();
                         pipe.cmd("SET").arg(&key).arg(value).ignore().cmd("SADD").arg(&index.0).arg(&index.1).ignore();
+                        pipe.cmd("DEL").arg(&unmark).ignore();
                         links.run(Some(&tenant), |c| pipe.query::<()>(c)).map(|()| n)
                     }
-                    Job::Delete { tenant, keys, unindex } => {
+                    Job::Delete { tenant, keys, unindex, mark } => {
                         let mut pipe = redis::pipe();
                         pipe.cmd("DEL").arg(&keys).ignore();
                         for (set, name) in &unindex {
                             pipe.cmd("SREM").arg(set).arg(name).ignore();
                         }
+                        for key in &mark {
+                            pipe.cmd("SET").arg(key).arg(1).ignore();
+                        }
                         links.run(tenant.as_deref(), |c| pipe.query::<()>(c)).map(|()| 0)
+                    }
+                    Job::Stamped { tenant, key, stamp, value } => {
+                        let n = value.len();
+                        let mut pipe = redis::pipe();
+                        // Each write keeps the highest stamp: the order writes arrive in does
+                        // not matter.
+                        pipe.cmd("ZADD").arg(&key).arg(stamp).arg(value).ignore();
+                        pipe.cmd("ZREMRANGEBYRANK").arg(&key).arg(0).arg(-2).ignore();
+                        links.run(Some(&tenant), |c| pipe.query::<()>(c)).map(|()| n)
                     }
                     Job::ForgetOwner { space, tenant, owner, fingerprint } => {
                         forget_owner(&mut links, &space, tenant.as_deref(), &owner, &fingerprint)

@@ -76,9 +76,14 @@ pub struct Agents {
     /// Largest registry file a change may produce ([`MAX_FILE_BYTES`]; smaller in tests).
     max_bytes: u64,
     /// The tier a fleet shares: creates and deletes are written there; an agent not known
-    /// here is looked up there.
+    /// here is looked up there, and one known here is checked there when used.
     remote: Option<engram_remote::RemoteTier>,
+    /// Forgets the cache of `(tenant, id)`: run for an agent another replica deleted.
+    forget: Option<Forget>,
 }
+
+/// How the registry forgets a deleted agent's cache (the engine's `forget` of its owner key).
+pub type Forget = Box<dyn Fn(&str, &str) + Send + Sync>;
 
 /// The record kind of agents in the remote tier.
 const REMOTE_KIND: &str = "agent";
@@ -86,7 +91,7 @@ const REMOTE_KIND: &str = "agent";
 impl Agents {
     /// A registry kept in memory only (the server does not persist sessions).
     pub fn in_memory() -> Agents {
-        Agents { registry: Mutex::new(Registry::default()), file: None, max_bytes: MAX_FILE_BYTES, remote: None }
+        Agents { registry: Mutex::new(Registry::default()), file: None, max_bytes: MAX_FILE_BYTES, remote: None, forget: None }
     }
 
     /// The registry saved in `dir` (created on the first save), loaded if the
@@ -110,16 +115,19 @@ impl Agents {
                 Registry::default()
             }
         };
-        Agents { registry: Mutex::new(registry), file: Some(file), max_bytes: MAX_FILE_BYTES, remote: None }
+        Agents { registry: Mutex::new(registry), file: Some(file), max_bytes: MAX_FILE_BYTES, remote: None, forget: None }
     }
 
     /// Shares agents through the remote tier: every create and delete is also written there
-    /// (behind the caller), and [`Agents::get`] looks there for an agent it does not know
-    /// (created on another replica), keeping what it finds; [`Agents::list`] adds the agents the
-    /// tier's index names. An agent deleted on another replica stays known here until deleted
-    /// here too.
-    pub fn with_remote(mut self, remote: engram_remote::RemoteTier) -> Agents {
+    /// (behind the caller; a delete leaves a tombstone), and [`Agents::get`] looks there for an
+    /// agent it does not know (created on another replica), keeping what it finds, and checks
+    /// an agent it knows (one round trip): deleted on another replica, it is removed here too
+    /// and `forget` drops its cache; written anew there, the tier's definition is taken.
+    /// [`Agents::list`] adds the agents the tier's index names and drops the ones known here
+    /// that the tier has tombstones of.
+    pub fn with_remote(mut self, remote: engram_remote::RemoteTier, forget: Forget) -> Agents {
         self.remote = Some(remote);
+        self.forget = Some(forget);
         self
     }
 
@@ -219,46 +227,88 @@ impl Agents {
     /// replicas created, found in the tier's index and kept here.
     pub fn list(&self, tenant: &str) -> Vec<Agent> {
         if let Some(names) = self.remote.as_ref().and_then(|r| r.record_names(tenant, REMOTE_KIND, MAX_AGENTS_PER_TENANT)) {
-            let unknown: Vec<String> = {
+            let (unknown, unindexed): (Vec<String>, Vec<Agent>) = {
                 let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
                 let mine = r.by_tenant.get(tenant);
-                names.into_iter().filter(|n| !mine.is_some_and(|a| a.contains_key(n))).collect()
+                let unknown = names.iter().filter(|n| !mine.is_some_and(|a| a.contains_key(*n))).cloned().collect();
+                let unindexed = mine.map(|a| a.values().filter(|a| !names.contains(&a.id)).cloned().collect()).unwrap_or_default();
+                (unknown, unindexed)
             };
             for id in unknown {
                 self.adopt_remote(tenant, &id);
+            }
+            // Known here but not in the index: deleted elsewhere if the tier has a tombstone
+            // (one pipelined trip), else kept (the store may have lost its index).
+            let ids: Vec<&str> = unindexed.iter().map(|a| a.id.as_str()).collect();
+            let gone = self.remote.as_ref().and_then(|r| r.tombstoned(tenant, REMOTE_KIND, &ids)).unwrap_or_default();
+            for (agent, gone) in unindexed.iter().zip(gone) {
+                if gone {
+                    self.drop_deleted_elsewhere(tenant, agent);
+                }
             }
         }
         let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         r.by_tenant.get(tenant).map(|a| a.values().cloned().collect()).unwrap_or_default()
     }
 
-    /// One of `tenant`'s agents: known here, or (with a remote tier) found there and kept.
+    /// One of `tenant`'s agents: known here, or (with a remote tier) found there and kept. With
+    /// a remote tier an agent known here is checked there first (one round trip): deleted on
+    /// another replica, it is removed here (its cache forgotten) and this is `None`; written
+    /// anew, the tier's definition replaces this one; nothing known there, it is kept.
     pub fn get(&self, tenant: &str, id: &str) -> Option<Agent> {
         let known = {
             let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
             r.by_tenant.get(tenant).and_then(|a| a.get(id)).cloned()
         };
-        known.or_else(|| self.adopt_remote(tenant, id))
+        let Some(agent) = known else { return self.adopt_remote(tenant, id) };
+        let Some(remote) = &self.remote else { return Some(agent) };
+        match remote.record_state(tenant, REMOTE_KIND, id) {
+            engram_remote::RecordState::Deleted => {
+                self.drop_deleted_elsewhere(tenant, &agent);
+                None
+            }
+            engram_remote::RecordState::Present(body) => match parse_remote(tenant, id, &body) {
+                Some(there) if there != agent => {
+                    let replaced = self.update(|r| {
+                        let mine = r.by_tenant.entry(tenant.to_string()).or_default();
+                        mine.insert(id.to_string(), there.clone());
+                        Ok(there)
+                    });
+                    Some(replaced.unwrap_or(agent))
+                }
+                _ => Some(agent),
+            },
+            engram_remote::RecordState::Unknown => Some(agent),
+        }
+    }
+
+    /// Removes `agent` (deleted on another replica) here and forgets its cache, unless it
+    /// changed meanwhile. Nothing is written to the tier: the deletion is already there.
+    fn drop_deleted_elsewhere(&self, tenant: &str, agent: &Agent) {
+        let change = |r: &mut Registry| {
+            if r.by_tenant.get(tenant).and_then(|a| a.get(&agent.id)) != Some(agent) {
+                return Err(ApiError::conflict("changed meanwhile"));
+            }
+            if let Some(a) = r.by_tenant.get_mut(tenant) {
+                a.remove(&agent.id);
+            }
+            r.by_tenant.retain(|_, a| !a.is_empty());
+            Ok(())
+        };
+        let forget = || {
+            if let Some(f) = &self.forget {
+                f(tenant, &agent.id);
+            }
+        };
+        if self.update_then(change, forget).is_ok() {
+            tracing::info!("agent {:?} of tenant {tenant:?} was deleted on another replica; removed here", agent.id);
+        }
     }
 
     /// `tenant`'s agent `id` from the remote tier, added here (and to the file) if it is sound.
     fn adopt_remote(&self, tenant: &str, id: &str) -> Option<Agent> {
         let body = self.remote.as_ref()?.get_record(tenant, REMOTE_KIND, id)?;
-        let mut agent: Agent = match serde_json::from_str(&body) {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!("remote agent record of tenant {tenant:?}: {e}; ignored");
-                return None;
-            }
-        };
-        agent.object = "agent";
-        let bounded = agent.id == id
-            && agent.name.as_ref().is_none_or(|n| n.len() <= MAX_NAME_BYTES)
-            && agent.system.as_ref().is_none_or(|s| s.len() <= MAX_SYSTEM_BYTES);
-        if !bounded {
-            tracing::warn!("remote agent record {id:?} of tenant {tenant:?} is out of bounds; ignored");
-            return None;
-        }
+        let agent = parse_remote(tenant, id, &body)?;
         self.update(|r| {
             let mine = r.by_tenant.entry(tenant.to_string()).or_default();
             Ok(mine.entry(id.to_string()).or_insert(agent).clone())
@@ -287,6 +337,26 @@ impl Agents {
         }
         Ok(())
     }
+}
+
+/// The agent in a remote record's `body`, if it is `id` and within the bounds.
+fn parse_remote(tenant: &str, id: &str, body: &str) -> Option<Agent> {
+    let mut agent: Agent = match serde_json::from_str(body) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!("remote agent record of tenant {tenant:?}: {e}; ignored");
+            return None;
+        }
+    };
+    agent.object = "agent";
+    let bounded = agent.id == id
+        && agent.name.as_ref().is_none_or(|n| n.len() <= MAX_NAME_BYTES)
+        && agent.system.as_ref().is_none_or(|s| s.len() <= MAX_SYSTEM_BYTES);
+    if !bounded {
+        tracing::warn!("remote agent record {id:?} of tenant {tenant:?} is out of bounds; ignored");
+        return None;
+    }
+    Some(agent)
 }
 
 /// Reads and checks the registry at `file`; a missing file is an empty registry.

@@ -6,7 +6,8 @@
 //! scheduler runs its requests one at a time in arrival order (a named
 //! session is busy while a request uses it). Agents are kept by
 //! [`crate::agent_registry`] (on disk when sessions are). Deleting an agent
-//! drops its cached session, in RAM and on disk, and fails its queued requests.
+//! drops its cached session, in RAM and on disk, and fails its queued requests; with a remote
+//! tier, another replica that holds the agent does the same when it is next used or listed.
 //!
 //! A generate takes OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` beside its
 //! `messages` (`tools/`), and answers the calls in `message.tool_calls`: a tool loop sends the
@@ -53,26 +54,31 @@ pub(crate) async fn create(State(s): State<AppState>, headers: HeaderMap, body: 
     if let Some(id) = &req.id {
         api::check_id("id", id)?;
     }
-    let agent = s.agents.create(&tenant, req.id, req.name, req.system)?;
+    let st = s.clone();
+    let agent = api::off_runtime(move || st.agents.create(&tenant, req.id, req.name, req.system)).await?;
     Ok((StatusCode::CREATED, axum::Json(agent)).into_response())
 }
 
 /// `GET /v1/agents`.
 pub(crate) async fn list(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
-    let data: Vec<Agent> = s.agents.list(&tenant);
+    let st = s.clone();
+    let data: Vec<Agent> = api::off_runtime(move || Ok(st.agents.list(&tenant))).await?;
     Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
 }
 
-fn find(s: &AppState, tenant: &str, id: &str) -> Result<Agent, ApiError> {
+/// `tenant`'s agent `id` (with a remote tier, checked there: a round trip, off the async
+/// workers), or a 404.
+async fn find(s: &AppState, tenant: &str, id: &str) -> Result<Agent, ApiError> {
     api::check_id("id", id)?;
-    s.agents.get(tenant, id).ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))
+    let (st, tenant, id) = (s.clone(), tenant.to_string(), id.to_string());
+    api::off_runtime(move || st.agents.get(&tenant, &id).ok_or_else(|| ApiError::not_found(format!("no agent {id:?}")))).await
 }
 
 /// `GET /v1/agents/{id}`.
 pub(crate) async fn get(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
-    Ok(axum::Json(find(&s, &tenant, &id)?).into_response())
+    Ok(axum::Json(find(&s, &tenant, &id).await?).into_response())
 }
 
 /// `DELETE /v1/agents/{id}`.
@@ -106,7 +112,7 @@ pub(crate) async fn generate(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
-    let agent = find(&s, &tenant, &id)?;
+    let agent = find(&s, &tenant, &id).await?;
     let req: GenerateRequest = api::parse(&body)?;
     let mut chat: Vec<ChatMessage> = agent.system.iter().map(|t| ChatMessage::new("system", t.clone())).collect();
     match (req.messages, req.prompt) {

@@ -64,14 +64,25 @@ pub(crate) async fn job(
             None => None,
         };
         // One message: the anchors, then the facts, then the state entry computed on them.
-        let state = state.map(|tokens| (d.thread.clone(), tokens));
         match &s.facts {
-            Some(f) => f.send_turn(s, &d.owner, d.anchors, state)?,
+            Some(_) => {
+                // With a remote tier the user's facts and the thread's state entry are taken
+                // from there first when newer (one round trip, off the async workers).
+                let (st, owner, thread, anchors) = (s.clone(), d.owner.clone(), d.thread.clone(), d.anchors);
+                let text = context.state.map(str::to_string);
+                api::off_runtime(move || {
+                    let f = st.facts.as_ref().expect("dual-stream contexts keep facts");
+                    let given = text.as_deref().zip(state);
+                    let state = f.sync_turn(&st, &tenant, &owner, &thread, given)?.map(|tokens| (thread.clone(), tokens));
+                    f.send_turn(&st, &owner, anchors, state)
+                })
+                .await?
+            }
             None => s.engine.control(engram_engine::PolicyControl::new(engram_dual::DualControl::Turn {
                 user: d.owner.as_str().into(),
                 anchors: d.anchors,
                 facts: None,
-                state,
+                state: state.map(|tokens| (d.thread.clone(), tokens)),
             })),
         }
         return Ok(Job {

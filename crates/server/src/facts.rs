@@ -13,7 +13,9 @@
 //! chat template (`Fact about the user: <text>`), tokenized alone: its tokens are a segment
 //! of the stream (`engram_dual::PersistentStream`) that can be masked without touching the
 //! others. The log is kept by `engram_dual::FactStore` (under `<session dir>/facts/` when
-//! the server persists sessions).
+//! the server persists sessions). With `--kv-remote` every change is also queued to the tier
+//! and every request first takes the tier's newer version of the user's log
+//! (`dual_sync.rs`), so a user's facts follow them to any replica.
 //!
 //! Invariants: a change reaches the engine (`DualControl::Facts`) under the store's lock, in
 //! the order the changes were made, and a chat request sends the newest list it can see, so the
@@ -37,6 +39,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api;
+use crate::dual_sync::DualSync;
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -49,16 +52,84 @@ pub const SUMMARY_PREFIX: &str = "Facts about the user, summarized: ";
 pub(crate) struct Facts {
     store: FactStore,
     segments: Mutex<HashMap<String, Vec<FactSegment>>>,
+    /// With a remote tier: logs and state entries shared with the other replicas.
+    sync: Option<DualSync>,
 }
 
 impl Facts {
-    /// Facts under `dir` (or in memory), bounded by `limits`.
-    pub fn new(dir: Option<&std::path::Path>, limits: FactLimits) -> Facts {
+    /// Facts under `dir` (or in memory), bounded by `limits`, shared through `remote` if given.
+    pub fn new(dir: Option<&std::path::Path>, limits: FactLimits, remote: Option<engram_remote::RemoteTier>) -> Facts {
         let store = match dir {
             Some(d) => FactStore::open(d, limits),
             None => FactStore::in_memory(limits),
         };
-        Facts { store, segments: Mutex::new(HashMap::new()) }
+        Facts { store, segments: Mutex::new(HashMap::new()), sync: remote.map(DualSync::new) }
+    }
+
+    /// Before a turn of `owner`'s `thread`: with a remote tier, takes the tier's newer log of
+    /// `owner` (sent to the engine) and returns the thread's state entry to set — the
+    /// request's own `state` (queued to the tier as the newest), else the tier's if newer than
+    /// the one set here (its text and tokens; one that does not fit this replica is skipped).
+    pub fn sync_turn(
+        &self,
+        s: &AppState,
+        tenant: &str,
+        owner: &str,
+        thread: &str,
+        state: Option<(&str, Vec<u32>)>,
+    ) -> Result<Option<Vec<u32>>, ApiError> {
+        let Some(sync) = &self.sync else { return Ok(state.map(|(_, tokens)| tokens)) };
+        let pulled = sync.pull(tenant, owner, Some(thread));
+        if let Some(log) = pulled.facts {
+            self.import(s, owner, log)?;
+        }
+        let seen = pulled.state.as_ref().map(|(_, stamp)| *stamp);
+        if let Some((text, tokens)) = state {
+            sync.push_state(tenant, owner, thread, text, seen);
+            return Ok(Some(tokens));
+        }
+        let Some((text, stamp)) = pulled.state else { return Ok(None) };
+        let tokens = if text.is_empty() {
+            Vec::new()
+        } else {
+            match crate::dual::state_tokens(s, &text) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!("a thread's state entry from the remote tier does not fit here: {}; ignored", e.message);
+                    return Ok(None);
+                }
+            }
+        };
+        Ok(sync.take_newer_state(owner, thread, stamp).then_some(tokens))
+    }
+
+    /// With a remote tier: takes the tier's log of `owner` if newer than this replica's.
+    fn pull(&self, s: &AppState, tenant: &str, owner: &str) -> Result<(), ApiError> {
+        let Some(sync) = &self.sync else { return Ok(()) };
+        match sync.pull(tenant, owner, None).facts {
+            Some(log) => self.import(s, owner, log),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes `log` `owner`'s if newer, and sends its live facts to the engine.
+    fn import(&self, s: &AppState, owner: &str, log: engram_dual::FactLog) -> Result<(), ApiError> {
+        let mut published = Ok(());
+        let imported = self.store.import(owner, log, |live| match segments(&s.model, live) {
+            Ok(segs) => self.publish(s, owner, segs),
+            Err(e) => published = Err(e),
+        });
+        if let Err(e) = imported {
+            tracing::warn!("a fact log from the remote tier was not taken: {e}");
+        }
+        published
+    }
+
+    /// With a remote tier: queues `owner`'s log as it is now.
+    fn push(&self, tenant: &str, owner: &str) {
+        if let (Some(sync), Some(log)) = (&self.sync, self.store.export(owner)) {
+            sync.push_facts(tenant, owner, &log);
+        }
     }
 
     /// Sends a chat turn's setup to the engine before its job, as one message: `owner`'s
@@ -119,10 +190,12 @@ fn facts(s: &AppState) -> Result<&Facts, ApiError> {
     })
 }
 
-fn owner(s: &AppState, headers: &HeaderMap, user: &str) -> Result<String, ApiError> {
+/// The request's tenant and `user`'s owner key.
+fn owner(s: &AppState, headers: &HeaderMap, user: &str) -> Result<(String, String), ApiError> {
     let tenant = api::tenant(s, headers)?;
     api::check_id("user", user)?;
-    Ok(crate::dual::owner(&tenant, user))
+    let owner = crate::dual::owner(&tenant, user);
+    Ok((tenant, owner))
 }
 
 fn to_api(e: FactError) -> ApiError {
@@ -152,12 +225,13 @@ pub(crate) async fn add(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     facts(&s)?;
-    let owner = owner(&s, &headers, &user)?;
+    let (tenant, owner) = owner(&s, &headers, &user)?;
     let req: AddRequest = api::parse(&body)?;
     let state = s.clone();
     let fact = api::off_runtime(move || {
         let f = facts(&state)?;
         f.store.check_text(&req.text).map_err(to_api)?;
+        f.pull(&state, &tenant, &owner)?;
         let tokens = render_segment(&state.model, &format!("{FACT_PREFIX}{}", req.text))?;
         let cap = state.config.context.persistent_cap();
         if tokens.len() > cap {
@@ -175,6 +249,7 @@ pub(crate) async fn add(
             })
             .map_err(to_api)?;
         published?;
+        f.push(&tenant, &owner);
         Ok(fact)
     })
     .await?;
@@ -183,9 +258,16 @@ pub(crate) async fn add(
 
 /// `GET /v1/users/{id}/facts`.
 pub(crate) async fn list(State(s): State<AppState>, headers: HeaderMap, Path(user): Path<String>) -> Result<Response, ApiError> {
-    let f = facts(&s)?;
-    let owner = owner(&s, &headers, &user)?;
-    let data = f.store.list(&owner).ok_or_else(|| ApiError::not_found(format!("user {user:?} has no facts")))?;
+    facts(&s)?;
+    let (tenant, owner) = owner(&s, &headers, &user)?;
+    let state = s.clone();
+    let data = api::off_runtime(move || {
+        let f = facts(&state)?;
+        f.pull(&state, &tenant, &owner)?;
+        Ok(f.store.list(&owner))
+    })
+    .await?
+    .ok_or_else(|| ApiError::not_found(format!("user {user:?} has no facts")))?;
     let live = data.iter().filter(|f| !f.tombstoned).count();
     Ok(axum::Json(json!({"object": "list", "user": user, "live": live, "data": data})).into_response())
 }
@@ -197,11 +279,12 @@ pub(crate) async fn delete_one(
     Path((user, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     facts(&s)?;
-    let owner = owner(&s, &headers, &user)?;
+    let (tenant, owner) = owner(&s, &headers, &user)?;
     let id: u64 = id.parse().map_err(|_| ApiError::bad_param("fact_id", format!("fact ids are numbers, got {id:?}")))?;
     let state = s.clone();
     api::off_runtime(move || {
         let f = facts(&state)?;
+        f.pull(&state, &tenant, &owner)?;
         let mut published = Ok(());
         f.store
             .tombstone(&owner, id, |live| match segments(&state.model, live) {
@@ -209,6 +292,7 @@ pub(crate) async fn delete_one(
                 Err(e) => published = Err(e),
             })
             .map_err(to_api)?;
+        f.push(&tenant, &owner);
         published
     })
     .await?;
@@ -218,11 +302,14 @@ pub(crate) async fn delete_one(
 /// `DELETE /v1/users/{id}/facts`: forgets the user's whole log.
 pub(crate) async fn delete_all(State(s): State<AppState>, headers: HeaderMap, Path(user): Path<String>) -> Result<Response, ApiError> {
     facts(&s)?;
-    let owner = owner(&s, &headers, &user)?;
+    let (tenant, owner) = owner(&s, &headers, &user)?;
     let state = s.clone();
     api::off_runtime(move || {
         let f = facts(&state)?;
-        f.store.clear(&owner, |_| f.publish(&state, &owner, Vec::new())).map_err(to_api)
+        f.pull(&state, &tenant, &owner)?;
+        f.store.clear(&owner, |_| f.publish(&state, &owner, Vec::new())).map_err(to_api)?;
+        f.push(&tenant, &owner);
+        Ok(())
     })
     .await?;
     Ok(axum::Json(json!({"object": "list", "user": user, "deleted": true})).into_response())

@@ -31,6 +31,7 @@ mod api;
 mod catalog;
 mod chat_job;
 mod dual;
+mod dual_sync;
 mod embeddings;
 pub mod error;
 mod facts;
@@ -194,13 +195,16 @@ impl Server {
             None => agent_registry::Agents::in_memory(),
         };
         if let Some(r) = &config.sessions.remote {
-            agents = agents.with_remote(r.clone());
+            // An agent another replica deleted is forgotten here as a local delete forgets it.
+            let e = engine.clone();
+            agents = agents.with_remote(r.clone(), Box::new(move |tenant, id| e.forget(engram_engine::OwnerKey::agent(tenant, id))));
         }
         let facts = match config.context {
             ContextMode::Sessions => None,
             ContextMode::Dual { .. } => Some(facts::Facts::new(
                 config.sessions.disk.as_ref().map(|d| d.dir.join("facts")).as_deref(),
                 engram_dual::FactLimits::default(),
+                config.sessions.remote.clone(),
             )),
         };
         let state = Arc::new(Shared { model, config, engine, metrics, agents, rag, facts, grammars: Default::default() });

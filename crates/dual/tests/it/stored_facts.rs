@@ -109,3 +109,43 @@ fn untrusted_files_are_moved_aside() {
     let store = FactStore::open(dir.path(), small);
     assert_eq!(store.list("t\u{1f}user:bob"), None);
 }
+
+#[test]
+fn another_replicas_newer_log_is_imported_and_an_older_one_is_not() {
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (FactStore::open(da.path(), limits()), FactStore::open(db.path(), limits()));
+    let ann = "t\u{1f}user:ann";
+    assert_eq!(a.export(ann), None, "nothing known of a user without facts");
+    a.append(ann, "Ann keeps bees.", None, |_| {}).unwrap();
+    let v1 = a.export(ann).unwrap();
+    assert!(v1.stamp > 0 && v1.facts.len() == 1);
+    let mut seen = Vec::new();
+    assert!(b.import(ann, v1.clone(), |live| seen.push(live.len())).unwrap());
+    assert_eq!((b.list(ann).unwrap(), seen), (a.list(ann).unwrap(), vec![1]));
+    assert!(!b.import(ann, v1.clone(), |_| panic!("the same version changes nothing")).unwrap());
+    // A change on B after the import stamps past A's version: A takes it, and B ignores A's old one.
+    b.append(ann, "Ann keeps wasps.", Some(1), |_| {}).unwrap();
+    let v2 = b.export(ann).unwrap();
+    assert!(v2.stamp > v1.stamp);
+    assert!(!b.import(ann, v1.clone(), |_| {}).unwrap(), "an older version is not imported");
+    assert!(a.import(ann, v2.clone(), |live| assert_eq!(live.len(), 1)).unwrap());
+    assert_eq!(a.live(ann)[0].text, "Ann keeps wasps.");
+    // Imported logs are saved: a reopened store has them.
+    assert_eq!(FactStore::open(da.path(), limits()).export(ann), Some(v2.clone()));
+    // Forgetting is a version too: exported as no facts, imported as a clear, never undone by
+    // an older version.
+    a.clear(ann, |_| {}).unwrap();
+    let gone = a.export(ann).unwrap();
+    assert!(gone.facts.is_empty() && gone.stamp > v2.stamp);
+    assert!(!a.import(ann, v2.clone(), |_| {}).unwrap());
+    assert!(b.import(ann, gone, |live| assert!(live.is_empty())).unwrap());
+    assert_eq!(b.list(ann), None);
+    assert_eq!(FactStore::open(db.path(), limits()).list(ann), None, "cleared on disk too");
+    // A log that breaks the limits changes nothing.
+    let mut big = v2.clone();
+    big.stamp = u64::MAX;
+    big.facts = (1..=5).map(|i| engram_dual::Fact { id: i, ..v2.facts[0].clone() }).collect();
+    big.next_id = 5;
+    assert!(b.import(ann, big, |_| panic!("refused")).is_err());
+    assert_eq!(b.list(ann), None);
+}

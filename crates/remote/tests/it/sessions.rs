@@ -200,3 +200,42 @@ fn concurrent_writers_of_one_session_never_mix() {
         assert!(rows(&got, n) == rows(&versions[which].1, n), "round {round}: the KV is writer {which}'s exactly");
     }
 }
+
+#[test]
+fn runs_are_read_as_the_urls_user_on_its_database() {
+    if !redis_available() {
+        return;
+    }
+    let redis = Redis::start(&[]);
+    redis.cmd::<()>(&["ACL", "SETUSER", "eve", "on", ">pw", "~*", "+@all"]).unwrap();
+    redis.cmd::<()>(&["ACL", "SETUSER", "mallory", "on", ">pw", "~nothing:*", "+@all"]).unwrap();
+    let at = |user: &str, pass: &str, db: u8| {
+        let mut c = RemoteConfig::new(format!("redis://{user}:{pass}@127.0.0.1:{}/{db}", redis.port));
+        c.run_tokens = 2 * BLOCK_TOKENS;
+        RemoteTier::new(c).unwrap()
+    };
+    let fp = "0123456789abcdef-f16".to_string();
+    let p = pool(KvFormat::F16);
+    let n = 5 * BLOCK_TOKENS + 3;
+    let kv = make_kv(&p, n, 1);
+    let (tokens, text, ends) = conversation(n, 3);
+    let eve = at("eve", "pw", 3);
+    eve.for_model(fp.clone()).save_session(Some("t"), "t", "s", Some("t"), &text, &tokens, &ends, kv.fork(n));
+    eve.flush();
+    assert!(redis.keys().is_empty(), "written to database 3, not 0");
+    // Read back exactly, as eve on database 3 (the runs through the lean reader).
+    let got = eve.for_model(fp.clone()).fetch_kv(Some("t"), Some("t"), &tokens, n, &p, VOCAB).expect("the KV");
+    assert!(rows(&got, n) == rows(&kv, n));
+    // On database 0 nothing is found; a wrong password and a user the store refuses the keys to
+    // are read errors, counted, and the refused link stays usable.
+    assert!(at("eve", "pw", 0).for_model(fp.clone()).fetch_kv(Some("t"), Some("t"), &tokens, n, &p, VOCAB).is_none());
+    let wrong = at("eve", "nope", 3);
+    assert!(wrong.for_model(fp.clone()).fetch_kv(Some("t"), Some("t"), &tokens, n, &p, VOCAB).is_none());
+    assert!(wrong.stats().read_errors >= 1);
+    let refused = at("mallory", "pw", 3).for_model(fp);
+    for round in 1..=2 {
+        assert!(refused.fetch_kv(Some("t"), Some("t"), &tokens, n, &p, VOCAB).is_none());
+        assert_eq!(refused.tier().stats().read_errors, round, "NOPERM is a read error");
+        assert!(refused.tier().stats().connected, "a refusal keeps the connection");
+    }
+}

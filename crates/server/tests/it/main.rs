@@ -13,6 +13,7 @@ mod dual_persist;
 mod dual_routes;
 mod embeddings;
 mod facts;
+mod fleet;
 mod fuzz_bodies;
 mod limits;
 mod ollama;
