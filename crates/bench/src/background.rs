@@ -169,15 +169,7 @@ fn run_column(model: &Arc<Model>, pool: &KvPool, a: &Args, share: Option<f32>, r
     let sinks: Vec<Tokens> = (0..a.sessions).map(|_| Tokens(Arc::default(), metrics.clone())).collect();
     for (i, sink) in sinks.iter().enumerate() {
         let prompt = tokens_of(model, a.prompt_tokens, round * 100 + i as u64);
-        let job = Job {
-            owner: format!("user{i}").as_str().into(),
-            session: None,
-            text: None,
-            add_special: false,
-            prompt,
-            params: params.clone(),
-            pinned: false,
-        };
+        let job = Job::from_tokens(format!("user{i}").as_str().into(), prompt, params.clone());
         handle.submit(job, Box::new(sink.clone())).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
     loop {

@@ -63,15 +63,7 @@ pub fn run(mut a: Args) -> Result<()> {
             // Distinct prompts per session and round, so nothing is reused.
             let salt = round * 1000 + i;
             let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|k| ((k * 2_654_435_761 + salt * 97 + 12345) % vocab) as u32).collect();
-            let job = Job {
-                owner: format!("bench-{salt}").into(),
-                session: None,
-                text: None,
-                add_special: false,
-                prompt,
-                params: params.clone(),
-                pinned: false,
-            };
+            let job = Job::from_tokens(format!("bench-{salt}").into(), prompt, params.clone());
             rxs.push(engine.submit(job).map_err(|e| anyhow::anyhow!(e.message))?);
         }
         // Every receiver is drained concurrently, so the times are when events arrived.

@@ -111,31 +111,14 @@ impl Engine<'_> {
             let text_base = job.text.as_ref().map_or(0, |t| t.len());
             let out = Decoding::new(&self.model.tokenizer, &prompt, &job.params, text_base);
             self.next_id += 1;
+            let start = Seq::start(self.next_id, job.owner, c.session_id, tx, prompt, cached_len, kv, out, submitted);
             self.active.push(Seq {
-                id: self.next_id,
-                owner: job.owner,
-                session_id: c.session_id,
-                events: tx,
                 prompt_text: job.text,
                 prompt_ends: c.token_ends,
-                out,
-                tokens: prompt[..cached_len].to_vec(),
-                prompt,
-                kv,
-                input: Vec::new(),
-                next: None,
-                draft: None,
-                draft_cap: 4,
-                draft_cooldown: 0,
-                drafter: None,
-                submitted,
-                last_token: None,
                 restore: c.restore.zip(retry),
                 lookup: c.lookup,
-                cached: cached_len,
                 match_kind: c.kind.name(),
-                forgotten: false,
-                background: None,
+                ..start
             });
         }
     }

@@ -127,32 +127,8 @@ impl Engine<'_> {
         let params = SamplingParams { max_tokens, stop, ..SamplingParams::default() };
         let out = Decoding::new(&self.model.tokenizer, &prompt, &params, 0);
         self.next_id += 1;
-        self.active.push(Seq {
-            id: self.next_id,
-            owner,
-            session_id: start.session_id,
-            events: Box::new(NoClient),
-            prompt_text: None,
-            prompt_ends: Vec::new(),
-            out,
-            tokens: prompt[..cached].to_vec(),
-            prompt,
-            kv,
-            input: Vec::new(),
-            next: None,
-            draft: None,
-            draft_cap: 4,
-            draft_cooldown: 0,
-            drafter: None,
-            submitted: Instant::now(),
-            last_token: None,
-            restore: None,
-            lookup: Vec::new(),
-            cached,
-            match_kind: "miss",
-            forgotten: false,
-            background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0 }),
-        });
+        let start = Seq::start(self.next_id, owner, start.session_id, Box::new(NoClient), prompt, cached, kv, out, Instant::now());
+        self.active.push(Seq { background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0 }), ..start });
         Ok(())
     }
 

@@ -143,6 +143,14 @@ pub struct Job {
     pub pinned: bool,
 }
 
+impl Job {
+    /// A job for `owner` whose prompt is given as token ids (no text to match, no special
+    /// tokens added, no named session, not pinned).
+    pub fn from_tokens(owner: OwnerKey, prompt: Vec<u32>, params: SamplingParams) -> Job {
+        Job { owner, session: None, text: None, add_special: false, prompt, params, pinned: false }
+    }
+}
+
 /// What a request hears back, in order: `Started`, any number of `Text`,
 /// then `Finished` — or a single `Failed` before `Started`. `E` is how a failure is
 /// told: a [`JobError`] here, the caller's own error type after [`Event::map_err`].
@@ -331,7 +339,49 @@ struct Seq<'m> {
     background: Option<background::BackgroundSeq>,
 }
 
-impl Seq<'_> {
+impl<'m> Seq<'m> {
+    /// A sequence about to prefill `prompt` over `kv` (which holds `prompt[..cached]`), with no
+    /// text to match, no restore pending, nothing to look up and no drafts yet.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        id: u64,
+        owner: OwnerKey,
+        session_id: String,
+        events: Box<dyn EventSink>,
+        prompt: Vec<u32>,
+        cached: usize,
+        kv: KvView,
+        out: Decoding<'m>,
+        submitted: Instant,
+    ) -> Seq<'m> {
+        Seq {
+            id,
+            owner,
+            session_id,
+            events,
+            prompt_text: None,
+            prompt_ends: Vec::new(),
+            out,
+            tokens: prompt[..cached].to_vec(),
+            prompt,
+            kv,
+            input: Vec::new(),
+            next: None,
+            draft: None,
+            draft_cap: 4,
+            draft_cooldown: 0,
+            drafter: None,
+            submitted,
+            last_token: None,
+            restore: None,
+            lookup: Vec::new(),
+            cached,
+            match_kind: "miss",
+            forgotten: false,
+            background: None,
+        }
+    }
+
     fn prefilling(&self) -> bool {
         self.next.is_none() && self.tokens.len() < self.prompt.len()
     }

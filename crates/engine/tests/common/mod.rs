@@ -53,15 +53,7 @@ impl Collect {
 
 /// A job for `owner` given as token ids (no text, no special tokens added, no session).
 pub fn job(owner: &str, prompt: &[u32], params: &SamplingParams) -> Job {
-    Job {
-        owner: owner.into(),
-        session: None,
-        text: None,
-        add_special: false,
-        prompt: prompt.to_vec(),
-        params: params.clone(),
-        pinned: false,
-    }
+    Job::from_tokens(owner.into(), prompt.to_vec(), params.clone())
 }
 
 /// A test policy's `PolicyLayer` inner policy: its `inner` field (a `SessionStore` or a
