@@ -169,6 +169,7 @@ impl Options {
             speculate: None,
             logprobs: self.logprobs,
             grammar,
+            show_special_tokens: false,
         };
         p.validate().map_err(|e| value(e.to_string()))?;
         Ok(p)
