@@ -15,6 +15,7 @@
 //!   prefix chains found by the same run keys.
 //! - [`keys`]: the key scheme (per tenant, per model, per chain) and the ACL pattern of a
 //!   tenant.
+//! - [`testing`]: a throwaway `redis-server` for this crate's tests and its users'.
 //!
 //! Invariants: a value is used only after every check a disk entry passes (checksum,
 //! fingerprint, owner, tokens) — one that fails is a miss, counted, never a wrong answer;
@@ -30,6 +31,7 @@ mod links;
 mod manifest;
 mod stamped;
 mod stats;
+pub mod testing;
 mod tier;
 mod writer;
 

@@ -4,43 +4,15 @@
 //! every turn equals a cold run (the checks of `sessions::turn_on`). Skipped without
 //! `redis-server`, except under CI=true.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
 use crate::common::model;
 use crate::sessions::turn_on;
 use engram_context::{MatchKind, SessionStore};
 use engram_kv::{KvFormat, KvLayout, KvPool};
+use engram_remote::testing::TestRedis;
 use engram_remote::{RemoteConfig, RemoteTier};
 
-struct Redis(Child, u16);
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn redis() -> Option<Redis> {
-    let installed = Command::new("redis-server").arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success());
-    if !installed {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "redis-server is not installed (CI installs it: .ci/run)");
-        eprintln!("skipped: redis-server is not installed");
-        return None;
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(Redis(child, port))
+fn redis() -> Option<TestRedis> {
+    TestRedis::start_if_available()
 }
 
 /// A replica's store: its own pool, no disk, the shared tier (runs of one block, so short
@@ -59,7 +31,7 @@ fn another_replica_continues_a_conversation_exactly() {
     // Exact formats only, as the local reuse tests: q8/q4 reuse is approximate against a cold
     // run by design (the reused part is read quantized), locally and remotely alike.
     for format in [KvFormat::F32, KvFormat::F16] {
-        let mut config = RemoteConfig::new(format!("redis://127.0.0.1:{}/", r.1));
+        let mut config = RemoteConfig::new(format!("redis://127.0.0.1:{}/", r.port));
         config.run_tokens = engram_kv::BLOCK_TOKENS;
         let tier = RemoteTier::new(config).unwrap();
         let mut a = replica(&tier, format, false);
@@ -94,7 +66,7 @@ fn another_replica_continues_a_conversation_exactly() {
 fn a_shared_system_prompt_is_found_by_its_runs_on_another_replica() {
     let Some(r) = redis() else { return };
     let m = model();
-    let mut config = RemoteConfig::new(format!("redis://127.0.0.1:{}/", r.1));
+    let mut config = RemoteConfig::new(format!("redis://127.0.0.1:{}/", r.port));
     config.run_tokens = engram_kv::BLOCK_TOKENS;
     let tier = RemoteTier::new(config).unwrap();
     let system = "You are a careful assistant who keeps every fact about the user's week. ".repeat(3);

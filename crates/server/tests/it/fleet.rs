@@ -7,50 +7,17 @@
 //! - an agent deleted on A is gone on B, which held it (a 404 there, not listed), and one
 //!   created anew on A under that id is B's new definition.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common;
 use common::*;
+use engram_remote::testing::TestRedis;
 use engram_remote::{RemoteConfig, RemoteTier};
 use engram_server::{ContextMode, ServerConfig};
 use serde_json::{json, Value};
 
-struct Redis(Child, u16);
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Redis {
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli").args(["-p", &self.1.to_string()]).args(args).output().expect("redis-cli");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-fn redis() -> Option<Redis> {
-    let installed = Command::new("redis-server").arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success());
-    if !installed {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "redis-server is not installed (CI installs it: .ci/run)");
-        eprintln!("skipped: redis-server is not installed");
-        return None;
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(Redis(child, port))
+fn redis() -> Option<TestRedis> {
+    TestRedis::start_if_available()
 }
 
 /// A replica: its own data directory (`dir`), the tier at `url`, `context`.
@@ -123,7 +90,7 @@ fn facts_of(addr: std::net::SocketAddr, user: &str) -> Vec<String> {
 #[test]
 fn a_users_facts_and_thread_state_follow_them_to_another_replica() {
     let Some(r) = redis() else { return };
-    let url = format!("redis://127.0.0.1:{}/", r.1);
+    let url = format!("redis://127.0.0.1:{}/", r.port);
     let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
     let q1 = "What do you know about me?";
     let q2 = "And what should I do tomorrow?";
@@ -185,7 +152,7 @@ fn a_users_facts_and_thread_state_follow_them_to_another_replica() {
 #[test]
 fn an_agent_deleted_on_one_replica_is_gone_on_the_others() {
     let Some(r) = redis() else { return };
-    let url = format!("redis://127.0.0.1:{}/", r.1);
+    let url = format!("redis://127.0.0.1:{}/", r.port);
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = Replica::start(da.path(), &url, ContextMode::Sessions);
     let b = Replica::start(db.path(), &url, ContextMode::Sessions);
