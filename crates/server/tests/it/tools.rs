@@ -562,12 +562,18 @@ fn gpt_oss_harmony_calls_and_reasoning() {
 /// call as the grammar wrote it), each turn reusing the last one's cache.
 #[test]
 fn gpt_oss_tool_loop_extends_the_session_cache() {
-    let addr = gpt_oss();
+    tool_loop_extends_the_session_cache(gpt_oss(), "harmony");
+}
+
+/// Three turns on `addr` (two `required` calls answered with a tool message, then `none`):
+/// every call valid for `family`, each turn's cached tokens at least the last prompt's.
+fn tool_loop_extends_the_session_cache(addr: std::net::SocketAddr, family: &str) {
     let mut messages = vec![json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})];
     let mut last_prompt = 0;
     for turn in 0..3 {
         let choice = if turn < 2 { json!("required") } else { json!("none") };
-        let extra = json!({"tools": tools(), "tool_choice": choice, "max_tokens": 80, "temperature": 0, "session_id": "harmony-loop"});
+        let session = format!("{family}-loop");
+        let extra = json!({"tools": tools(), "tool_choice": choice, "max_tokens": 80, "temperature": 0, "session_id": session});
         let r = chat(addr, &Value::Array(messages.clone()), extra);
         assert_eq!(r.status, 200, "turn {turn}: {}", r.body);
         let v = r.json();
@@ -582,7 +588,7 @@ fn gpt_oss_tool_loop_extends_the_session_cache() {
             assert!(m["tool_calls"].is_null(), "{m}");
             break;
         }
-        assert_eq!(check_calls("harmony", &m).len(), 1, "{m}");
+        assert_eq!(check_calls(family, &m).len(), 1, "{m}");
         let call = m["tool_calls"][0].clone();
         messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call.clone()]}));
         messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"ok\": true}"}));
@@ -703,31 +709,7 @@ fn check_named_calls(what: &str, message: &Value, mistral_ids: bool) -> Vec<Stri
 /// result as an `ipython` turn; each turn reuses the last one's cache.
 #[test]
 fn llama3_tool_loop_extends_the_session_cache() {
-    let addr = llama31();
-    let mut messages = vec![json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})];
-    let mut last_prompt = 0;
-    for turn in 0..3 {
-        let choice = if turn < 2 { json!("required") } else { json!("none") };
-        let extra = json!({"tools": tools(), "tool_choice": choice, "max_tokens": 80, "temperature": 0, "session_id": "llama-loop"});
-        let r = chat(addr, &Value::Array(messages.clone()), extra);
-        assert_eq!(r.status, 200, "turn {turn}: {}", r.body);
-        let v = r.json();
-        let (prompt, cached) =
-            (v["usage"]["prompt_tokens"].as_u64().unwrap(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
-        if turn > 0 {
-            assert!(cached >= last_prompt, "turn {turn}: {cached} cached of {prompt}, the last prompt was {last_prompt}");
-        }
-        last_prompt = prompt;
-        let m = v["choices"][0]["message"].clone();
-        if turn == 2 {
-            assert!(m["tool_calls"].is_null(), "{m}");
-            break;
-        }
-        assert_eq!(check_calls("llama", &m).len(), 1, "{m}");
-        let call = m["tool_calls"][0].clone();
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call.clone()]}));
-        messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"ok\": true}"}));
-    }
+    tool_loop_extends_the_session_cache(llama31(), "llama");
 }
 
 /// Llama 3.1's built-in `brave_search`: after `<|python_tag|>` the grammar also allows its
