@@ -245,33 +245,9 @@ fn streamed_deltas_reassemble_to_the_whole_answer() {
 fn a_tool_loop_extends_the_session_cache_each_turn() {
     for (what, addr) in servers() {
         let session = format!("loop-{}", what.split(' ').next().unwrap());
-        let mut messages =
+        let messages =
             vec![json!({"role": "system", "content": "You call tools."}), json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})];
-        let mut last_prompt = 0;
-        for turn in 0..3 {
-            let choice = if turn < 2 { json!("required") } else { json!("none") };
-            let extra = json!({"tools": tools(), "tool_choice": choice, "parallel_tool_calls": false, "max_tokens": 80,
-                               "temperature": 0, "session_id": session});
-            let r = chat(addr, &Value::Array(messages.clone()), extra);
-            assert_eq!(r.status, 200, "{what} turn {turn}: {}", r.body);
-            let v = r.json();
-            let (prompt, cached) =
-                (v["usage"]["prompt_tokens"].as_u64().unwrap(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
-            if turn > 0 {
-                assert!(cached >= last_prompt, "{what} turn {turn}: {cached} cached of {prompt}, the last prompt was {last_prompt}");
-            }
-            last_prompt = prompt;
-            let m = v["choices"][0]["message"].clone();
-            if turn == 2 {
-                assert!(m["tool_calls"].is_null(), "{what}: {m}");
-                break;
-            }
-            let names = check_calls(what, &m);
-            assert_eq!(names.len(), 1, "{what}: {m}");
-            let call = m["tool_calls"][0].clone();
-            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call.clone()]}));
-            messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"ok\": true}"}));
-        }
+        tool_loop_extends_the_session_cache(addr, what, &session, messages, json!({"parallel_tool_calls": false}));
     }
 }
 
@@ -562,33 +538,41 @@ fn gpt_oss_harmony_calls_and_reasoning() {
 /// call as the grammar wrote it), each turn reusing the last one's cache.
 #[test]
 fn gpt_oss_tool_loop_extends_the_session_cache() {
-    tool_loop_extends_the_session_cache(gpt_oss(), "harmony");
+    tool_loop_extends_the_session_cache(
+        gpt_oss(),
+        "harmony",
+        "harmony-loop",
+        vec![json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})],
+        json!({}),
+    );
 }
 
-/// Three turns on `addr` (two `required` calls answered with a tool message, then `none`):
-/// every call valid for `family`, each turn's cached tokens at least the last prompt's.
-fn tool_loop_extends_the_session_cache(addr: std::net::SocketAddr, family: &str) {
-    let mut messages = vec![json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})];
+/// Three turns of `session` on `addr` from `messages` (two `required` calls, each answered with
+/// a tool message, then `none`), `more` request fields added: every call valid for `family`,
+/// each turn's cached tokens at least the last prompt's.
+fn tool_loop_extends_the_session_cache(addr: SocketAddr, family: &str, session: &str, mut messages: Vec<Value>, more: Value) {
     let mut last_prompt = 0;
     for turn in 0..3 {
         let choice = if turn < 2 { json!("required") } else { json!("none") };
-        let session = format!("{family}-loop");
-        let extra = json!({"tools": tools(), "tool_choice": choice, "max_tokens": 80, "temperature": 0, "session_id": session});
+        let mut extra = json!({"tools": tools(), "tool_choice": choice, "max_tokens": 80, "temperature": 0, "session_id": session});
+        for (k, v) in more.as_object().into_iter().flatten() {
+            extra[k] = v.clone();
+        }
         let r = chat(addr, &Value::Array(messages.clone()), extra);
-        assert_eq!(r.status, 200, "turn {turn}: {}", r.body);
+        assert_eq!(r.status, 200, "{family} turn {turn}: {}", r.body);
         let v = r.json();
         let (prompt, cached) =
             (v["usage"]["prompt_tokens"].as_u64().unwrap(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
         if turn > 0 {
-            assert!(cached >= last_prompt, "turn {turn}: {cached} cached of {prompt}, the last prompt was {last_prompt}");
+            assert!(cached >= last_prompt, "{family} turn {turn}: {cached} cached of {prompt}, the last prompt was {last_prompt}");
         }
         last_prompt = prompt;
         let m = v["choices"][0]["message"].clone();
         if turn == 2 {
-            assert!(m["tool_calls"].is_null(), "{m}");
+            assert!(m["tool_calls"].is_null(), "{family}: {m}");
             break;
         }
-        assert_eq!(check_calls(family, &m).len(), 1, "{m}");
+        assert_eq!(check_calls(family, &m).len(), 1, "{family}: {m}");
         let call = m["tool_calls"][0].clone();
         messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call.clone()]}));
         messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"ok\": true}"}));
@@ -709,7 +693,13 @@ fn check_named_calls(what: &str, message: &Value, mistral_ids: bool) -> Vec<Stri
 /// result as an `ipython` turn; each turn reuses the last one's cache.
 #[test]
 fn llama3_tool_loop_extends_the_session_cache() {
-    tool_loop_extends_the_session_cache(llama31(), "llama");
+    tool_loop_extends_the_session_cache(
+        llama31(),
+        "llama",
+        "llama-loop",
+        vec![json!({"role": "user", "content": "Weather in Oslo, then 2+3?"})],
+        json!({}),
+    );
 }
 
 /// Llama 3.1's built-in `brave_search`: after `<|python_tag|>` the grammar also allows its
