@@ -11,6 +11,7 @@
 //! call stays content.
 
 pub(crate) mod anthropic_io;
+mod call_block;
 pub(crate) mod format;
 pub(crate) mod job;
 pub(crate) mod openai_out;
