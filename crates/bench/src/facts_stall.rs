@@ -1,5 +1,5 @@
-//! `engram bench facts`, second part: the stall a request sees when it arrives while the idle
-//! hook summarizes its user's facts, through the real engine thread.
+//! `engram bench facts`, second part: the stall a request sees when it arrives while its user's
+//! facts are being summarized, through the real engine thread.
 //!
 //! Three engines per round, side by side, each with the same user (a system prompt, facts just
 //! under the cap) and thread (`--turns` turns); then a fact past the cap, and a one-token
@@ -10,7 +10,13 @@
 //! - `one slice`: the summary and the new stream's prefill in one uninterruptible slice (the
 //!   behaviour before the summary became a resumable job): the request waits for all of it;
 //! - `preemptible`: the summary's steps check the engine's interrupt, so the request waits for
-//!   at most one step; the summary resumes after it and is swapped in later.
+//!   at most one step; the summary resumes after it and is swapped in later;
+//! - `in the engine`: the summarizer is the engine's model, so the summary is the engine's
+//!   low-priority background jobs (`engram_dual`'s `summary_in_engine.rs`): the request is
+//!   admitted at the next step and the summary goes on beside it within the background share.
+//!
+//! The first three run a summarizer model of its own (a second copy of the model: the idle
+//! hook's loop), the last the engine's model.
 //!
 //! The stall is a mode's submission-to-first-token time less the baseline's, medians over
 //! `--stall-reps` rounds (the modes interleaved, so they see the same machine load).
@@ -28,22 +34,24 @@ use engram_model::Model;
 
 use crate::engine_thread::EngineThread;
 
-/// How the idle hook runs the summary.
+/// Where the summary runs: on the idle hook (a summarizer model of its own), or in the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     NoSummary,
     OneSlice,
     Preemptible,
+    InEngine,
 }
 
 impl Mode {
-    const ALL: [Mode; 3] = [Mode::NoSummary, Mode::OneSlice, Mode::Preemptible];
+    const ALL: [Mode; 4] = [Mode::NoSummary, Mode::OneSlice, Mode::Preemptible, Mode::InEngine];
 
     fn name(self) -> &'static str {
         match self {
             Mode::NoSummary => "no summary",
-            Mode::OneSlice => "one slice",
-            Mode::Preemptible => "preemptible",
+            Mode::OneSlice => "idle hook, one slice",
+            Mode::Preemptible => "idle hook, preemptible",
+            Mode::InEngine => "in the engine (background jobs)",
         }
     }
 }
@@ -63,9 +71,10 @@ impl Watched for DualStream {
     }
 }
 
-/// The policy as a mode runs it, publishing what the bench watches: that the summary's first
-/// slice began, and the policy's counters after each slice. Every other seam method reaches
-/// the wrapped policy unchanged (a [`PolicyLayer`]).
+/// The policy as a mode runs it, publishing what the bench watches: that the summary began (its
+/// first idle slice, or its first job taken by the engine), and the policy's counters after
+/// each slice and job. Every other seam method reaches the wrapped policy unchanged (a
+/// [`PolicyLayer`]).
 struct Probe<P: Watched = DualStream> {
     inner: P,
     mode: Mode,
@@ -87,10 +96,21 @@ impl<P: Watched> PolicyLayer for Probe<P> {
         }
         let more = match self.mode {
             Mode::OneSlice => self.inner.idle_slice(&IdleInterrupt::never()),
-            Mode::NoSummary | Mode::Preemptible => self.inner.idle_slice(interrupt),
+            Mode::NoSummary | Mode::Preemptible | Mode::InEngine => self.inner.idle_slice(interrupt),
         };
         *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = self.inner.dual_stats();
         more
+    }
+    fn next_background(&mut self) -> Option<engram_engine::BackgroundJob> {
+        let job = self.inner.next_background();
+        if job.is_some() && self.inner.summary_pending(&self.user) {
+            self.summary_began.store(true, Relaxed);
+        }
+        job
+    }
+    fn background_done(&mut self, done: engram_engine::BackgroundDone) {
+        self.inner.background_done(done);
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = self.inner.dual_stats();
     }
 }
 
@@ -118,7 +138,10 @@ pub struct Setup<'a> {
     pub delay: Duration,
     /// A fresh policy for a mode (with its summarizer or none).
     pub policy: &'a dyn Fn(Option<Summarizer>) -> DualStream,
-    pub summarizer: &'a dyn Fn() -> Summarizer,
+    /// A summarizer over a model of its own (the idle hook's modes), and one over the engine's
+    /// model (the summary as the engine's background jobs).
+    pub own_summarizer: &'a dyn Fn() -> Summarizer,
+    pub engine_summarizer: &'a dyn Fn() -> Summarizer,
 }
 
 /// Submits `prompt` on thread `a` of `user`; returns milliseconds from submission to its first
@@ -143,7 +166,11 @@ fn turn(engine: &EngineThread, user: &str, prompt: &[u32], max_tokens: usize) ->
 /// to its end, the first turn after the swap.
 pub fn round(s: &Setup, mode: Mode) -> Result<Round> {
     let user = "user";
-    let summarizer = (mode != Mode::NoSummary).then(|| (s.summarizer)());
+    let summarizer = match mode {
+        Mode::NoSummary => None,
+        Mode::OneSlice | Mode::Preemptible => Some((s.own_summarizer)()),
+        Mode::InEngine => Some((s.engine_summarizer)()),
+    };
     let mut dual = (s.policy)(summarizer);
     if mode == Mode::OneSlice {
         dual = dual.with_idle_steps(usize::MAX);
@@ -223,11 +250,11 @@ pub fn report(results: &[(Mode, Vec<Round>)], model: &str, delay: Duration, json
         return;
     }
     println!(
-        "\nthrough the engine: a request arriving {} ms into the summary's first idle slice (medians of {} rounds)\n",
+        "\nthrough the engine: a request arriving {} ms after the summary began (medians of {} rounds)\n",
         delay.as_millis(),
         results.first().map_or(0, |r| r.1.len())
     );
-    println!("| idle hook | submission → first token ms | stall ms | summary ms | new stream prefill ms | swap µs | slices (interrupted) | first turn after the swap ms |");
+    println!("| the summary | submission → first token ms | stall ms | summary ms | new stream prefill ms | swap µs | slices (interrupted) | first turn after the swap ms |");
     println!("|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(

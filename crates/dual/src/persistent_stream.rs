@@ -268,6 +268,23 @@ impl PersistentStream {
         Ok(todo.len())
     }
 
+    /// Takes the KV out (the stream then holds none, as before its first prefill): a staged
+    /// stream's start, handed to the engine to prefill the rest.
+    pub fn take_kv(&mut self) -> Option<SeqKv> {
+        self.kv.take()
+    }
+
+    /// Puts in a KV the engine prefilled for this stream: it must hold exactly
+    /// [`PersistentStream::tokens`] (the caller's job started from this stream's layout, so the
+    /// tokens agree); only its length can be checked here. Errors leave the stream as it was.
+    pub fn set_prefilled(&mut self, kv: SeqKv) -> Result<(), String> {
+        if kv.len() != self.len() {
+            return Err(format!("the prefilled stream holds {} tokens, not the stream's {}", kv.len(), self.len()));
+        }
+        self.kv = Some(kv);
+        Ok(())
+    }
+
     /// Tokens whose KV the stream holds (0: never prefilled nor restored, or rebuilt from its
     /// first token; below [`PersistentStream::len`]: appended segments not prefilled yet).
     pub fn prefilled_len(&self) -> usize {

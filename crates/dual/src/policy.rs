@@ -54,6 +54,7 @@ mod control;
 mod files;
 mod state;
 mod summary;
+mod summary_in_engine;
 
 pub use control::DualControl;
 
@@ -136,8 +137,12 @@ struct User {
     summary: Option<Summary>,
     /// Over the cap with a summarizer: summarize (at the session's start, or when idle).
     summary_due: bool,
-    /// The summary in flight (`policy/summary.rs`), dropped when the facts or anchors change.
+    /// The summary in flight on the idle hook (`policy/summary.rs`), dropped when the facts or
+    /// anchors change.
     job: Option<summary::InFlight>,
+    /// The tag of the engine's summary job in flight (`policy/summary_in_engine.rs`); a result
+    /// with another tag is dropped.
+    engine_summary: Option<u64>,
     stream: PersistentStream,
     /// The stream's generation its file holds (`None`: not written by this process).
     saved: Option<u64>,
@@ -227,6 +232,8 @@ pub struct DualStream {
     /// `next_background`, and what each job in flight is for (`policy/state.rs`).
     background: std::collections::VecDeque<engram_policy::BackgroundJob>,
     state_jobs: HashMap<u64, state::StateJob>,
+    /// What each summary job in flight is for (`policy/summary_in_engine.rs`).
+    summary_jobs: HashMap<u64, summary_in_engine::SummaryTicket>,
     next_job: u64,
 }
 
@@ -258,6 +265,7 @@ impl DualStream {
             ledger: None,
             background: std::collections::VecDeque::new(),
             state_jobs: HashMap::new(),
+            summary_jobs: HashMap::new(),
             next_job: 0,
         }
     }
@@ -340,6 +348,7 @@ impl DualStream {
             self.stats.compactions += 1;
         }
         u.summary_due = has_summarizer && u.stream.live_len() > cap && !u.facts.is_empty();
+        self.queue_summary(user);
     }
 
     /// An empty ring over `base` (a fork of the user's stream) with its `masked` slots.
@@ -509,6 +518,7 @@ impl ContextPolicy for DualStream {
         self.carry.retain(|(o, _), _| o != owner);
         self.background.retain(|j| j.owner.as_str() != owner);
         self.state_jobs.retain(|_, j| j.user != owner);
+        self.summary_jobs.retain(|_, j| j.user != owner);
     }
 
     fn stats(&self) -> PolicyStats {
@@ -534,12 +544,15 @@ impl ContextPolicy for DualStream {
         self.idle_summaries(interrupt)
     }
 
-    /// State entries to prefill (`policy/state.rs`), in the order they were set.
+    /// State entries to prefill (`policy/state.rs`) and summaries when the summarizer is the
+    /// engine's model (`policy/summary_in_engine.rs`), in the order they were asked for.
     fn next_background(&mut self) -> Option<engram_policy::BackgroundJob> {
         self.background.pop_front()
     }
 
     fn background_done(&mut self, done: engram_policy::BackgroundDone) {
-        self.state_done(done);
+        if let Err(done) = self.summary_done(done) {
+            self.state_done(done);
+        }
     }
 }

@@ -33,6 +33,9 @@ pub const SUMMARY_PREFILL_CHUNK: usize = 32;
 pub const SUMMARY_PROMPT: &str =
     "Condense the facts about the user below into a short list. Keep every name, number and preference; drop repetitions.\n\nFacts:\n";
 
+/// The text that ends a summary's generation (a blank line): the summary is the text before it.
+pub const SUMMARY_STOP: &str = "\n\n";
+
 /// Renders a summary's text as the main model's tokens of a persistent-stream segment.
 pub type RenderSegment = Arc<dyn Fn(&str) -> Result<Vec<u32>, String> + Send + Sync>;
 
@@ -96,6 +99,50 @@ impl Summarizer {
         self.target_tokens
     }
 
+    /// The model that writes the summaries.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Whether the engine runs this summarizer: it is the engine's own model `main` (the same
+    /// loaded model, not an equal one), so a summary is a sequence of the engine's batch; a
+    /// model of its own runs in [`Summarizer::advance`]'s loop instead.
+    pub fn runs_in_engine(&self, main: &Arc<Model>) -> bool {
+        Arc::ptr_eq(&self.model, main)
+    }
+
+    /// The summarizer's prompt for `facts`, as its tokens (with the tokenizer's special
+    /// prefix). Errors: a prompt that leaves no room for the summary in the summarizer's
+    /// context.
+    pub fn prompt_tokens(&self, facts: &[String]) -> Result<Vec<u32>, String> {
+        let tok = &self.model.tokenizer;
+        let ids = tok.encode(&Self::prompt(facts), true).map_err(|e| e.to_string())?.ids;
+        let room = self.model.config.max_positions.saturating_sub(self.target_tokens);
+        if ids.len() > room || ids.is_empty() {
+            return Err(format!(
+                "the summarizer's prompt is {} tokens; with a {}-token summary it passes the summarizer's {}-token context",
+                ids.len(),
+                self.target_tokens,
+                self.model.config.max_positions
+            ));
+        }
+        Ok(ids)
+    }
+
+    /// A generated summary's text (up to [`SUMMARY_STOP`]) as the summary kept: the text
+    /// trimmed (`"(no summary)"` when the model said nothing) and its segment's tokens (main
+    /// model), never empty. Errors: a render that fails or gives no tokens.
+    pub fn segment(&self, generated: &str) -> Result<(String, Vec<u32>), String> {
+        let text = generated.trim().to_string();
+        // A model that says nothing still leaves a summary that names the facts were condensed.
+        let text = if text.is_empty() { "(no summary)".to_string() } else { text };
+        let tokens = (self.render)(&text)?;
+        if tokens.is_empty() {
+            return Err("the summary renders to no tokens".into());
+        }
+        Ok((text, tokens))
+    }
+
     /// The summarizer's prompt for `facts`, as text.
     pub fn prompt(facts: &[String]) -> String {
         let mut p = SUMMARY_PROMPT.to_string();
@@ -123,17 +170,7 @@ impl Summarizer {
     /// A job that summarizes `facts` (nothing computed yet). Errors: a prompt that leaves no
     /// room for the summary in the summarizer's context.
     pub fn start(&self, facts: &[String]) -> Result<SummaryJob, String> {
-        let tok = &self.model.tokenizer;
-        let ids = tok.encode(&Self::prompt(facts), true).map_err(|e| e.to_string())?.ids;
-        let room = self.model.config.max_positions.saturating_sub(self.target_tokens);
-        if ids.len() > room || ids.is_empty() {
-            return Err(format!(
-                "the summarizer's prompt is {} tokens; with a {}-token summary it passes the summarizer's {}-token context",
-                ids.len(),
-                self.target_tokens,
-                self.model.config.max_positions
-            ));
-        }
+        let ids = self.prompt_tokens(facts)?;
         Ok(SummaryJob { prompt: ids, kv: SeqKv::new(&self.pool), generated: Vec::new(), text: String::new(), logits: None, steps: 0 })
     }
 
@@ -142,7 +179,7 @@ impl Summarizer {
     /// while it is not (it resumes exactly there at the next call). Errors (the job is then
     /// spent): a failed forward pass, a summary that renders to no tokens.
     pub fn advance(&self, job: &mut SummaryJob, max_steps: usize, interrupt: &IdleInterrupt) -> Result<Option<(String, Vec<u32>)>, String> {
-        let params = SamplingParams { max_tokens: self.target_tokens, stop: vec!["\n\n".into()], ..SamplingParams::default() };
+        let params = SamplingParams { max_tokens: self.target_tokens, stop: vec![SUMMARY_STOP.into()], ..SamplingParams::default() };
         // The decoder's state is rebuilt from the tokens accepted so far (greedy: nothing else
         // carries over), so the job holds no borrow of the tokenizer between calls.
         let mut out = Decoding::new(&self.model.tokenizer, &job.prompt, &params, 0);
@@ -191,13 +228,6 @@ impl Summarizer {
 
     /// The finished job's text and segment tokens.
     fn finish(&self, job: &SummaryJob) -> Result<(String, Vec<u32>), String> {
-        let text = job.text.trim().to_string();
-        // A model that says nothing still leaves a summary that names the facts were condensed.
-        let text = if text.is_empty() { "(no summary)".to_string() } else { text };
-        let tokens = (self.render)(&text)?;
-        if tokens.is_empty() {
-            return Err("the summary renders to no tokens".into());
-        }
-        Ok((text, tokens))
+        self.segment(&job.text)
     }
 }

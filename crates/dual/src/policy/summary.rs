@@ -1,6 +1,7 @@
-//! [`DualStream`]'s summaries on the idle hook ("generation continues from
-//! the old stream, then the new one is swapped in atomically"): a user whose live facts pass
-//! the cap gets a summary in flight, advanced a few steps per idle slice and stopped at the
+//! [`DualStream`]'s summaries on the idle hook, for a summarizer model of its own (the engine
+//! runs only its model; with the engine's model summaries are its background jobs,
+//! `policy/summary_in_engine.rs`) ("generation continues from the old stream, then the new one is
+//! swapped in atomically"): a user whose live facts pass the cap gets a summary in flight, advanced a few steps per idle slice and stopped at the
 //! first step boundary once a job is submitted ([`IdleInterrupt`]), keeping its progress.
 //!
 //! ```text
@@ -71,7 +72,9 @@ impl DualStream {
     /// Drops `user`'s summary in flight (its facts or anchors just changed); the refresh that
     /// follows makes a new one due if the stream is still over its cap.
     pub(super) fn restart_summary(&mut self, user: &str) {
-        if self.users.get_mut(user).and_then(|u| u.job.take()).is_some() {
+        let Some(u) = self.users.get_mut(user) else { return };
+        // An engine job's result is dropped when it arrives (its tag is no longer the user's).
+        if u.job.take().is_some() | u.engine_summary.take().is_some() {
             self.stats.summaries_restarted += 1;
         }
     }
@@ -79,6 +82,10 @@ impl DualStream {
     /// One idle slice of summaries: the one in flight, else the first due (by user name).
     /// Returns whether any summary is still due.
     pub(super) fn idle_summaries(&mut self, interrupt: &IdleInterrupt) -> bool {
+        if self.summaries_in_engine() {
+            // The engine runs them as background jobs: nothing for the idle hook.
+            return false;
+        }
         let mut due: Vec<(bool, &String)> = self.users.iter().filter(|(_, u)| u.summary_due).map(|(k, u)| (u.job.is_none(), k)).collect();
         due.sort();
         if let Some(user) = due.first().map(|(_, k)| (*k).clone()) {
@@ -91,6 +98,9 @@ impl DualStream {
     /// steps, stopping before a step once `interrupt` is requested; swaps the new stream in when
     /// it is ready. A failure is logged and leaves the stream as it was (no summary due).
     pub(super) fn advance_summary(&mut self, user: &str, max_steps: usize, interrupt: &IdleInterrupt) {
+        if self.summaries_in_engine() {
+            return;
+        }
         let (Some(summarizer), Some(u)) = (&self.summarizer, self.users.get_mut(user)) else { return };
         if !u.summary_due {
             return;

@@ -36,6 +36,16 @@ pub fn tiny() -> (tempfile::TempDir, Arc<Model>) {
     (dir, model)
 }
 
+/// [`tiny`] loaded twice: the second copy is a summarizer model of its own (an equal model the
+/// engine does not run, so its summaries run in their own loop on the idle hook).
+pub fn tiny_with_own_summarizer() -> (tempfile::TempDir, Arc<Model>, Arc<Model>) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    let model = Arc::new(Model::load(&files.hf_dir).unwrap());
+    let summarizer = Arc::new(Model::load(&files.hf_dir).unwrap());
+    (dir, model, summarizer)
+}
+
 /// `text`'s token ids, no special tokens.
 pub fn ids(m: &Model, text: &str) -> Vec<u32> {
     m.tokenizer.encode(text, false).unwrap().ids

@@ -77,7 +77,8 @@ fn stream_live(p: &DualStream) -> usize {
 
 #[test]
 fn past_the_cap_a_summary_is_attended_and_swapped_in_between_turns() {
-    let (_d, m) = tiny();
+    // A summarizer model of its own: summarized at the session's start and on the idle hook.
+    let (_d, m, sm) = common::tiny_with_own_summarizer();
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
     let tok = &m.tokenizer;
     let base = m.tokenizer.encode("System: answer in one line.", true).unwrap().ids;
@@ -87,7 +88,7 @@ fn past_the_cap_a_summary_is_attended_and_swapped_in_between_turns() {
         let m = m.clone();
         Arc::new(move |text: &str| Ok(ids(&m, &format!(" Summary: {text}."))))
     };
-    let summarizer = Summarizer::new(m.clone(), 8, render);
+    let summarizer = Summarizer::new(sm, 8, render);
     let mut p = DualStream::new(m.clone(), pool.clone(), 256).with_persistent_cap(cap, Some(summarizer));
     p.set_anchors("u", base.clone());
     p.set_facts("u", facts.clone());

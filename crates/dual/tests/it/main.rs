@@ -14,5 +14,6 @@ mod hybrid;
 mod ring_fuzz;
 mod ring_model;
 mod stored_facts;
+mod summary_in_engine;
 mod summary_job;
 mod summary_sched;

@@ -3,10 +3,11 @@
 //! run gives; the dual-stream policy's summary in flight keeps its progress between idle
 //! slices, leaves every turn admitted meanwhile on the old stream, swaps in the same stream an
 //! uninterrupted summary swaps in, and starts again over the new facts when they change
-//! mid-flight.
+//! mid-flight. The summarizer is a model of its own (the engine runs only its model; with the
+//! engine's model summaries are background jobs, `summary_in_engine.rs`).
 
 use crate::common;
-use common::{assert_close, cold, fact, ids, on_view, tiny};
+use common::{assert_close, cold, fact, ids, on_view, tiny_with_own_summarizer};
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -38,8 +39,8 @@ fn requested() -> IdleInterrupt {
 
 #[test]
 fn a_summary_stopped_after_every_step_equals_one_uninterrupted_run() {
-    let (_d, m) = tiny();
-    let s = summarizer(&m);
+    let (_d, m, sm) = tiny_with_own_summarizer();
+    let s = summarizer(&sm);
     let texts: Vec<String> = facts(&m, 4).into_iter().map(|f| f.text).collect();
     let whole = s.summarize(&texts).unwrap();
 
@@ -62,10 +63,10 @@ fn a_summary_stopped_after_every_step_equals_one_uninterrupted_run() {
 
 /// A policy with one user whose stream (base + 3 facts) is prefilled, then a fourth fact that
 /// passes the cap: a summary due.
-fn over_the_cap(m: &Arc<Model>, pool: &KvPool, idle_steps: usize) -> DualStream {
+fn over_the_cap(m: &Arc<Model>, sm: &Arc<Model>, pool: &KvPool, idle_steps: usize) -> DualStream {
     let base = ids(m, "System: answer in one line.");
     let cap = base.len() + facts(m, 3).iter().map(|f| f.tokens.len()).sum::<usize>();
-    let mut p = DualStream::new(m.clone(), pool.clone(), 256).with_persistent_cap(cap, Some(summarizer(m))).with_idle_steps(idle_steps);
+    let mut p = DualStream::new(m.clone(), pool.clone(), 256).with_persistent_cap(cap, Some(summarizer(sm))).with_idle_steps(idle_steps);
     p.set_anchors("u", base);
     p.set_facts("u", facts(m, 3));
     let warm = ids(m, " User: hello. Assistant:");
@@ -79,18 +80,18 @@ fn over_the_cap(m: &Arc<Model>, pool: &KvPool, idle_steps: usize) -> DualStream 
 
 #[test]
 fn the_policy_resumes_its_summary_across_slices_and_swaps_in_what_one_run_gives() {
-    let (_d, m) = tiny();
+    let (_d, m, sm) = tiny_with_own_summarizer();
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
     let prompt = ids(&m, " User: who am I? Assistant:");
 
     // Uninterrupted: one slice does it all.
-    let mut whole = over_the_cap(&m, &pool, usize::MAX);
+    let mut whole = over_the_cap(&m, &sm, &pool, usize::MAX);
     assert!(!whole.idle_slice(&IdleInterrupt::never()), "one summary, nothing left");
     assert_eq!(whole.dual_stats().summaries, 1);
 
     // One step per slice, a requested interrupt between slices; a turn admitted mid-flight
     // attends the old stream (base + 4 facts, the fourth appended), as a cold run over it.
-    let mut sliced = over_the_cap(&m, &pool, 1);
+    let mut sliced = over_the_cap(&m, &sm, &pool, 1);
     let old = sliced.persistent("u").unwrap().tokens();
     let mut slices = 0;
     while sliced.idle_slice(&IdleInterrupt::never()) {
@@ -107,7 +108,7 @@ fn the_policy_resumes_its_summary_across_slices_and_swaps_in_what_one_run_gives(
     let st = sliced.dual_stats();
     assert_eq!(st.summaries, 1);
     assert_eq!(whole.dual_stats().summary_slices, 1, "unbounded steps: one slice");
-    let mut default_steps = over_the_cap(&m, &pool, 8);
+    let mut default_steps = over_the_cap(&m, &sm, &pool, 8);
     let mut n = 1;
     while default_steps.idle_slice(&IdleInterrupt::never()) {
         n += 1;
@@ -131,9 +132,9 @@ fn the_policy_resumes_its_summary_across_slices_and_swaps_in_what_one_run_gives(
 
 #[test]
 fn facts_changing_mid_summary_start_it_again_over_the_new_facts() {
-    let (_d, m) = tiny();
+    let (_d, m, sm) = tiny_with_own_summarizer();
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
-    let mut p = over_the_cap(&m, &pool, 1);
+    let mut p = over_the_cap(&m, &sm, &pool, 1);
     for _ in 0..3 {
         assert!(p.idle_slice(&IdleInterrupt::never()));
     }
@@ -146,7 +147,7 @@ fn facts_changing_mid_summary_start_it_again_over_the_new_facts() {
 
     // What is swapped in summarizes the new facts: the base, then the summary of all five.
     let texts: Vec<String> = newer.iter().map(|f| f.text.clone()).collect();
-    let (_, tokens) = summarizer(&m).summarize(&texts).unwrap();
+    let (_, tokens) = summarizer(&sm).summarize(&texts).unwrap();
     let mut want = ids(&m, "System: answer in one line.");
     want.extend(tokens);
     assert_eq!(p.persistent("u").unwrap().tokens(), want);

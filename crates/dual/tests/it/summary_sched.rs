@@ -2,10 +2,11 @@
 //! a job submitted while the summary is in flight is answered over the old stream — what a
 //! cold run over the old stream's window answers — and the summary is not swapped in under it;
 //! the summary then completes, and a turn after it attends the new stream — what a cold run
-//! over the new window answers.
+//! over the new window answers. The summarizer is a model of its own (with the engine's model,
+//! summaries are the engine's background jobs: `summary_in_engine.rs`).
 
 use crate::common;
-use common::{fact, ids, tiny, Collect};
+use common::{fact, ids, tiny_with_own_summarizer, Collect};
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
@@ -82,11 +83,11 @@ fn wait_until(what: &str, f: impl Fn() -> bool) {
 
 #[test]
 fn a_job_mid_summary_answers_over_the_old_stream_and_the_next_turn_over_the_new_one() {
-    let (_d, m) = tiny();
+    let (_d, m, sm) = tiny_with_own_summarizer();
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
     let base = ids(&m, "System: answer in one line.");
     let cap = base.len() + facts(&m, 3).iter().map(|f| f.tokens.len()).sum::<usize>();
-    let mut dual = DualStream::new(m.clone(), pool.clone(), 256).with_persistent_cap(cap, Some(summarizer(&m))).with_idle_steps(1);
+    let mut dual = DualStream::new(m.clone(), pool.clone(), 256).with_persistent_cap(cap, Some(summarizer(&sm))).with_idle_steps(1);
     dual.set_anchors("u", base.clone());
     dual.set_facts("u", facts(&m, 3));
     let (allow, ran) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
@@ -130,7 +131,7 @@ fn a_job_mid_summary_answers_over_the_old_stream_and_the_next_turn_over_the_new_
     allow.store(usize::MAX / 2, SeqCst);
     wait_until("the summary's swap", || stats.lock().unwrap().0.summaries == 1);
     let texts: Vec<String> = facts(&m, 4).into_iter().map(|f| f.text).collect();
-    let (_, summary) = summarizer(&m).summarize(&texts).unwrap();
+    let (_, summary) = summarizer(&sm).summarize(&texts).unwrap();
     let new: Vec<u32> = base.iter().copied().chain(summary).collect();
     let after = turn("t2", &prompt);
     assert_eq!(after, cold_answer(&m, &new, &prompt), "the next turn answers over the new stream");

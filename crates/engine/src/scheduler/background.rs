@@ -6,7 +6,9 @@
 //! ```text
 //!  every pass: next_background() ─► a Seq with `background` set (no client, no `pending` count)
 //!  each step:  Blocking jobs run as requests do; Low jobs, while requests run, take rows
-//!              only from a credit of `background_share` × the requests' rows of each step
+//!              only from a credit of `background_share` × the requests' rows of each step,
+//!              and prefill at most `background_chunk` tokens a step even alone (a request
+//!              arriving then waits for that chunk, not a whole prompt)
 //!  end:        background_done(tokens + KV + text | error)
 //! ```
 //!

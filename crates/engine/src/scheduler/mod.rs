@@ -79,7 +79,16 @@ pub struct SchedulerConfig {
     /// summary) may add while requests run, in `[0, 1]` (0: it runs only when no request
     /// does); alone it takes whole steps (`scheduler/background.rs`).
     pub background_share: f32,
+    /// Most prompt tokens a low-priority background job prefills in one step, alone or beside
+    /// requests: a request that arrives while such a job runs alone waits at most this chunk
+    /// (default [`DEFAULT_BACKGROUND_CHUNK`]).
+    pub background_chunk: usize,
 }
+
+/// The default [`SchedulerConfig::background_chunk`]: a few decode steps' worth of work on the
+/// models this runs, so a summary or cache refresh running alone delays an arriving request
+/// by about that much.
+pub const DEFAULT_BACKGROUND_CHUNK: usize = 32;
 
 /// The default [`SchedulerConfig::background_share`]: a busy server still advances background
 /// work, at about a tenth of the rows.
@@ -117,6 +126,7 @@ impl Default for SchedulerConfig {
             max_active_per_tenant: None,
             max_pending_per_tenant: None,
             background_share: DEFAULT_BACKGROUND_SHARE,
+            background_chunk: DEFAULT_BACKGROUND_CHUNK,
         }
     }
 }

@@ -60,6 +60,9 @@ impl Engine<'_> {
             let s = &self.active[c];
             let mut n = (s.prompt.len() - s.tokens.len()).min(self.config.prefill_chunk.max(1));
             let low = s.is_low_background();
+            if low {
+                n = n.min(self.config.background_chunk.max(1));
+            }
             if let Some(cap) = self.background_chunk.filter(|_| low) {
                 n = n.min(cap.max(1));
             }
