@@ -90,6 +90,7 @@ impl PolicyLayer for Endless {
             max_tokens: self.max_tokens,
             stop: Vec::new(),
             priority: BackgroundPriority::Low,
+            hidden: Vec::new(),
         })
     }
     fn background_done(&mut self, done: BackgroundDone) {

@@ -268,6 +268,12 @@ impl PersistentStream {
         Ok(todo.len())
     }
 
+    /// The KV as far as it is computed (`None` before the first prefill or restore): the start
+    /// of a prefill that goes on elsewhere.
+    pub fn partial_kv(&self) -> Option<&SeqKv> {
+        self.kv.as_ref()
+    }
+
     /// Takes the KV out (the stream then holds none, as before its first prefill): a staged
     /// stream's start, handed to the engine to prefill the rest.
     pub fn take_kv(&mut self) -> Option<SeqKv> {

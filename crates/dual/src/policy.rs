@@ -53,6 +53,7 @@ mod budget;
 mod control;
 mod files;
 mod state;
+mod stream_job;
 mod summary;
 mod summary_in_engine;
 
@@ -143,6 +144,9 @@ struct User {
     /// The tag of the engine's summary job in flight (`policy/summary_in_engine.rs`); a result
     /// with another tag is dropped.
     engine_summary: Option<u64>,
+    /// The engine's prefill of the stream in flight: its job's tag and the generation it
+    /// prefills (`policy/stream_job.rs`).
+    stream_job: Option<(u64, u64)>,
     stream: PersistentStream,
     /// The stream's generation its file holds (`None`: not written by this process).
     saved: Option<u64>,
@@ -234,6 +238,14 @@ pub struct DualStream {
     state_jobs: HashMap<u64, state::StateJob>,
     /// What each summary job in flight is for (`policy/summary_in_engine.rs`).
     summary_jobs: HashMap<u64, summary_in_engine::SummaryTicket>,
+    /// What each stream prefill in flight is for, and per user the state entries set while it
+    /// ran (thread, tokens), set when it ends (`policy/stream_job.rs`).
+    stream_jobs: HashMap<u64, stream_job::StreamJob>,
+    deferred_states: HashMap<String, Vec<(String, Vec<u32>)>>,
+    /// Users whose stream changed since the engine last asked for work: their prefill is
+    /// queued then, once every message of the engine's pass is applied (a turn's anchors and
+    /// facts arrive together; the stream's file is read against both).
+    streams_changed: HashSet<String>,
     next_job: u64,
 }
 
@@ -266,6 +278,9 @@ impl DualStream {
             background: std::collections::VecDeque::new(),
             state_jobs: HashMap::new(),
             summary_jobs: HashMap::new(),
+            stream_jobs: HashMap::new(),
+            deferred_states: HashMap::new(),
+            streams_changed: HashSet::new(),
             next_job: 0,
         }
     }
@@ -349,6 +364,7 @@ impl DualStream {
         }
         u.summary_due = has_summarizer && u.stream.live_len() > cap && !u.facts.is_empty();
         self.queue_summary(user);
+        self.streams_changed.insert(user.to_string());
     }
 
     /// An empty ring over `base` (a fork of the user's stream) with its `masked` slots.
@@ -376,6 +392,7 @@ impl DualStream {
             self.stats.anchors_prefilled += 1;
         }
         self.save_stream(owner);
+        self.drop_stream_job(owner);
         let u = self.users.get_mut(owner).expect("inserted above");
         let kv = u.stream.kv().expect("prefilled above");
         let (generation, masked, base) = (u.stream.generation(), u.stream.masked_ranges(), kv.fork(kv.len()));
@@ -519,6 +536,9 @@ impl ContextPolicy for DualStream {
         self.background.retain(|j| j.owner.as_str() != owner);
         self.state_jobs.retain(|_, j| j.user != owner);
         self.summary_jobs.retain(|_, j| j.user != owner);
+        self.stream_jobs.retain(|_, j| j.user != owner);
+        self.deferred_states.remove(owner);
+        self.streams_changed.remove(owner);
     }
 
     fn stats(&self) -> PolicyStats {
@@ -544,13 +564,20 @@ impl ContextPolicy for DualStream {
         self.idle_summaries(interrupt)
     }
 
-    /// State entries to prefill (`policy/state.rs`) and summaries when the summarizer is the
-    /// engine's model (`policy/summary_in_engine.rs`), in the order they were asked for.
+    /// Persistent streams to prefill (`policy/stream_job.rs`), state entries
+    /// (`policy/state.rs`) and summaries when the summarizer is the engine's model
+    /// (`policy/summary_in_engine.rs`), in the order they were asked for.
     fn next_background(&mut self) -> Option<engram_policy::BackgroundJob> {
+        let mut changed: Vec<String> = self.streams_changed.drain().collect();
+        changed.sort();
+        for user in changed {
+            self.queue_stream_prefill(&user);
+        }
         self.background.pop_front()
     }
 
     fn background_done(&mut self, done: engram_policy::BackgroundDone) {
+        let Err(done) = self.stream_done(done) else { return };
         if let Err(done) = self.summary_done(done) {
             self.state_done(done);
         }

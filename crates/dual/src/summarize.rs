@@ -7,7 +7,10 @@
 //!  output: greedy, at most `target_tokens`, stopped at EOS or a blank line
 //!  segment (the main model's tokens): `render(summary text)`, e.g. a system message
 //! ```
-//! The work is a resumable [`SummaryJob`] (the idle hook's summary gives way
+//! With the engine's own model as summarizer ([`Summarizer::runs_in_engine`]) the policy asks the
+//! engine to generate it (a background job with [`Summarizer::prompt_tokens`], greedy, stopped
+//! at [`SUMMARY_STOP`], kept by [`Summarizer::segment`]). A summarizer model of its own runs
+//! here instead, as a resumable [`SummaryJob`] (the idle hook's summary gives way
 //! to requests): [`Summarizer::advance`] runs it a few steps at a time — one prefill chunk or
 //! one decode step each — checking an [`IdleInterrupt`] between steps, and the job keeps its
 //! scratch KV, tokens and last logits between calls. [`Summarizer::summarize`] is the same job

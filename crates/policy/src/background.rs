@@ -5,7 +5,7 @@
 //! the result to [`crate::ContextPolicy::background_done`].
 //!
 //! ```text
-//!  policy: next_background() ─► BackgroundJob { start: Checkout, max_tokens, priority }
+//!  policy: next_background() ─► BackgroundJob { start: Checkout, max_tokens, priority, hidden }
 //!  engine: a sequence in the batch (greedy; Low: within the background share of each step)
 //!  policy: background_done(BackgroundDone { tag, outcome: tokens + KV + text | error })
 //! ```
@@ -24,9 +24,19 @@ pub enum BackgroundPriority {
     /// A request waits on it (the owner's next job on the same session is held until it
     /// ends): it runs as a request does.
     Blocking,
+    /// Every request of its owner waits on it, whatever its session (what all of an owner's
+    /// sessions attend, e.g. a user's persistent stream): it runs as a request does.
+    BlockingOwner,
     /// Nothing waits on it (a summary, a cache refresh): while requests run it gets at most
     /// the engine's background share of each step's rows; alone, the whole step.
     Low,
+}
+
+impl BackgroundPriority {
+    /// Whether requests wait on it (it is taken into the batch before them and runs as they do).
+    pub fn blocks(self) -> bool {
+        self != BackgroundPriority::Low
+    }
 }
 
 /// A sequence a policy asks the engine to run for it. See the module doc.
@@ -46,6 +56,11 @@ pub struct BackgroundJob {
     /// Texts that end generation; the result's text stops before them.
     pub stop: Vec<String>,
     pub priority: BackgroundPriority,
+    /// Slots of the job's own sequence (`start.kv`'s numbering: slot 0 is its first token) that
+    /// its tokens do not attend, except a token inside such a range, which attends the range's
+    /// tokens before it: segments kept in a KV but left out of every view (a persistent
+    /// stream's tombstoned facts). Empty: every slot is attended.
+    pub hidden: Vec<std::ops::Range<usize>>,
 }
 
 /// What a finished background job computed.

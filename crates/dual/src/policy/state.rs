@@ -41,6 +41,14 @@ impl DualStream {
     /// context; a failure of the prefill itself is logged when the engine reports it, and the
     /// previous entry stays.
     pub fn set_state(&mut self, user: &str, thread: &str, tokens: Vec<u32>) -> Result<(), String> {
+        if self.stream_job_pending(user) {
+            // Computed over the stream the engine is prefilling: set once it is (an earlier
+            // entry for the same thread is replaced, as a newer set replaces an older one).
+            let deferred = self.deferred_states.entry(user.to_string()).or_default();
+            deferred.retain(|(t, _)| t != thread);
+            deferred.push((thread.to_string(), tokens));
+            return Ok(());
+        }
         let max_positions = self.model.config.max_positions;
         self.thread(user, thread)?;
         // A ring just restored from disk: its files are checked here, not beside a prefill.
@@ -79,6 +87,7 @@ impl DualStream {
             max_tokens: 0,
             stop: Vec::new(),
             priority: BackgroundPriority::Blocking,
+            hidden: Vec::new(),
         });
         let generation = t.generation;
         self.state_jobs.insert(tag, StateJob { user: user.to_string(), thread: thread.to_string(), generation, at, tokens });

@@ -90,6 +90,7 @@ impl DualStream {
             max_tokens: summarizer.target_tokens(),
             stop: vec![SUMMARY_STOP.into()],
             priority: BackgroundPriority::Low,
+            hidden: Vec::new(),
         });
         let covers = u.facts.iter().map(|f| f.id).collect();
         self.summary_jobs.insert(tag, SummaryTicket { user: user.to_string(), covers, queued: Instant::now(), phase: Phase::Generating });
@@ -143,6 +144,7 @@ impl DualStream {
                     max_tokens: 0,
                     stop: Vec::new(),
                     priority: BackgroundPriority::Low,
+                    hidden: Vec::new(),
                 });
                 let phase = Phase::Prefilling { summary, stream, from, generating_us };
                 self.summary_jobs.insert(tag, SummaryTicket { user, covers: ticket.covers, queued: Instant::now(), phase });

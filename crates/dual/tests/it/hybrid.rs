@@ -62,7 +62,8 @@ fn the_state_entry_is_first_replaced_in_place_never_evicted_never_masked() {
     let a = anchors.len();
     p.set_state("u", "t", (100..105).collect()).unwrap();
     assert_eq!(p.dual_stats().state_tokens_prefilled, 0, "prefilled by the engine, not by the call");
-    assert_eq!(engram_engine::drain_background(&m, pool.clone(), &mut p), 1);
+    // The user's stream first (the entry is computed over it), then the entry.
+    assert_eq!(engram_engine::drain_background(&m, pool.clone(), &mut p), 2);
     assert_eq!(p.dual_stats().state_tokens_prefilled, 5);
 
     let mut state_len = 5;

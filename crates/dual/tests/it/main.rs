@@ -14,6 +14,7 @@ mod hybrid;
 mod ring_fuzz;
 mod ring_model;
 mod stored_facts;
+mod stream_job;
 mod summary_in_engine;
 mod summary_job;
 mod summary_sched;

@@ -132,16 +132,29 @@ impl Engine<'_> {
         // Named sessions in use: by a running sequence, or by an earlier waiting job (which
         // goes first, so one session's requests run in order).
         let mut in_use: HashSet<(&str, &str)> = HashSet::new();
+        // Owners whose every request waits: on background work that all their sessions attend.
+        let mut held: HashSet<&str> = HashSet::new();
         for a in &self.active {
             // Low-priority background work holds no account's share of the batch.
             if !a.is_low_background() {
                 *running.entry(a.owner.tenant()).or_default() += 1;
             }
             in_use.insert((a.owner.as_str(), a.session_id.as_str()));
+            if a.holds_owner() {
+                held.insert(a.owner.as_str());
+            }
+        }
+        // Work a request waits on that is queued but not started yet holds as if it ran.
+        for j in self.background_queue.iter().filter(|j| j.priority.blocks()) {
+            in_use.insert((j.owner.as_str(), j.start.session_id.as_str()));
+            if j.priority == engram_policy::BackgroundPriority::BlockingOwner {
+                held.insert(j.owner.as_str());
+            }
         }
         let mut best: Option<(usize, usize)> = None;
         for (i, (job, _, _)) in self.waiting.iter().enumerate() {
-            let busy = job.session.as_deref().is_some_and(|sid| !in_use.insert((job.owner.as_str(), sid)));
+            let busy =
+                held.contains(job.owner.as_str()) || job.session.as_deref().is_some_and(|sid| !in_use.insert((job.owner.as_str(), sid)));
             let n = running.get(job.owner.tenant()).copied().unwrap_or(0);
             if busy || n >= cap {
                 continue;

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //!  every pass: next_background() ─► a Seq with `background` set (no client, no `pending` count)
-//!  each step:  Blocking jobs run as requests do; Low jobs, while requests run, take rows
+//!  each step:  Blocking jobs run as requests do (BlockingOwner: holding every request of
+//!              its owner, not only its session's; hidden slots masked for its tokens); Low jobs, while requests run, take rows
 //!              only from a credit of `background_share` × the requests' rows of each step,
 //!              and prefill at most `background_chunk` tokens a step even alone (a request
 //!              arriving then waits for that chunk, not a whole prompt)
@@ -21,6 +22,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use engram_kv::KvView;
+use engram_model::KeyMask;
 use engram_policy::{BackgroundDone, BackgroundJob, BackgroundOutput, BackgroundPriority};
 
 use super::{Engine, Event, EventSink, Seq};
@@ -40,6 +42,26 @@ pub(super) struct BackgroundSeq {
     pub priority: BackgroundPriority,
     /// Nothing is sampled: the sequence ends when its prompt is prefilled.
     pub prefill_only: bool,
+    /// Own slots its tokens do not attend ([`BackgroundJob::hidden`]).
+    pub hidden: Vec<std::ops::Range<usize>>,
+}
+
+/// The mask of a step of `n` tokens stored from own slot `first` on, over a view whose own
+/// slots follow `span_keys` keys, that hides `hidden` (own slots) from every row outside the
+/// range: what [`BackgroundJob::hidden`] says. Keys past the step's last are not covered
+/// (visible, as a [`KeyMask`] leaves them).
+pub(super) fn hidden_mask(hidden: &[std::ops::Range<usize>], span_keys: usize, first: usize, n: usize) -> KeyMask {
+    let end = first + n;
+    let mut mask = KeyMask::all(n, span_keys + end);
+    for r in hidden.iter().filter(|r| r.start < end) {
+        let r = r.start..r.end.min(end);
+        for row in 0..n {
+            if !r.contains(&(first + row)) {
+                mask.set_range(row, span_keys + r.start..span_keys + r.end, false);
+            }
+        }
+    }
+    mask
 }
 
 /// The event sink of a background sequence: nobody listens (the result goes to the policy).
@@ -59,6 +81,18 @@ impl Seq<'_> {
     pub(super) fn is_low_background(&self) -> bool {
         self.background.as_ref().is_some_and(|b| b.priority == BackgroundPriority::Low)
     }
+
+    /// Background work every request of its owner waits on.
+    pub(super) fn holds_owner(&self) -> bool {
+        self.background.as_ref().is_some_and(|b| b.priority == BackgroundPriority::BlockingOwner)
+    }
+
+    /// This step's mask for a background sequence with hidden slots (`None`: no such slots,
+    /// or no input this step).
+    pub(super) fn hidden_mask(&self) -> Option<KeyMask> {
+        let b = self.background.as_ref().filter(|b| !b.hidden.is_empty() && !self.input.is_empty())?;
+        Some(hidden_mask(&b.hidden, self.kv.span_keys(), self.tokens.len(), self.input.len()))
+    }
 }
 
 impl Engine<'_> {
@@ -77,7 +111,7 @@ impl Engine<'_> {
             let next = self
                 .background_queue
                 .iter()
-                .position(|j| j.priority == BackgroundPriority::Blocking)
+                .position(|j| j.priority.blocks())
                 .or_else(|| (low < MAX_LOW_BACKGROUND && !self.background_queue.is_empty()).then_some(0));
             let Some(i) = next else { break };
             let job = self.background_queue.remove(i).expect("index in range");
@@ -100,7 +134,7 @@ impl Engine<'_> {
     }
 
     fn start_background(&mut self, job: BackgroundJob) -> Result<(), String> {
-        let BackgroundJob { owner, tag, start, max_tokens, stop, priority } = job;
+        let BackgroundJob { owner, tag, start, max_tokens, stop, priority, hidden } = job;
         let fail = |policy: &mut Box<dyn engram_policy::ContextPolicy>, metrics: &crate::Metrics, e: String| {
             metrics.background_jobs.fetch_add(1, Relaxed);
             metrics.background_failed.fetch_add(1, Relaxed);
@@ -130,7 +164,7 @@ impl Engine<'_> {
         let out = Decoding::new(&self.model.tokenizer, &prompt, &params, 0);
         self.next_id += 1;
         let start = Seq::start(self.next_id, owner, start.session_id, Box::new(NoClient), prompt, cached, kv, out, Instant::now());
-        self.active.push(Seq { background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0 }), ..start });
+        self.active.push(Seq { background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0, hidden }), ..start });
         Ok(())
     }
 
@@ -188,5 +222,22 @@ impl Engine<'_> {
             }
         }
         hold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hidden_slots_are_masked_only_for_rows_outside_their_range() {
+        // One span key before the own slots; slots 2..4 hidden; a step of three rows at slots 3..6.
+        let m = super::hidden_mask(&[2..4], 1, 3, 3);
+        // Row 0 is slot 3, inside the range: it sees the range's keys (span offset 1).
+        assert!(m.sees(0, 3) && m.sees(0, 4));
+        // Rows 1 and 2 (slots 4, 5) do not; every other key stays visible.
+        assert!(!m.sees(1, 3) && !m.sees(1, 4) && !m.sees(2, 3) && !m.sees(2, 4));
+        assert!(m.sees(1, 0) && m.sees(1, 2) && m.sees(2, 5) && m.sees(2, 6));
+        // A range wholly after the step hides nothing.
+        let later = super::hidden_mask(&[7..9], 0, 3, 3);
+        assert!((0..3).all(|r| (0..6).all(|k| later.sees(r, k))));
     }
 }

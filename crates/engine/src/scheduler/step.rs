@@ -126,7 +126,15 @@ impl Engine<'_> {
                 None => s.kv.step_positions(s.tokens.len(), s.input.len()),
             })
             .collect();
-        let masks: Vec<Option<KeyMask>> = self.active.iter().map(|s| s.draft.as_ref().map(|t| t.key_mask(s.kv.num_keys()))).collect();
+        // A background job's hidden slots (it never drafts: greedy, no speculation).
+        let masks: Vec<Option<KeyMask>> = self
+            .active
+            .iter()
+            .map(|s| match &s.draft {
+                Some(tree) => Some(tree.key_mask(s.kv.num_keys())),
+                None => s.hidden_mask(),
+            })
+            .collect();
         for ((i, s), (positions, mask)) in self.active.iter_mut().enumerate().zip(positions.iter().zip(&masks)) {
             if s.input.is_empty() {
                 continue;

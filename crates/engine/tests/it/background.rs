@@ -56,6 +56,7 @@ fn job(pool: &KvPool, tag: u64, prompt: &[u32], max_tokens: usize, priority: Bac
         max_tokens,
         stop: Vec::new(),
         priority,
+        hidden: Vec::new(),
     }
 }
 
