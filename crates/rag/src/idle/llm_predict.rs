@@ -16,9 +16,10 @@
 //! examples ("What activities did the user mention doing on XXX day?" four times, greedy, in
 //! llama.cpp). Asking for "general questions about its main topic and detailed questions
 //! about the facts in it", or leaving e-mail addresses in the chunk, makes it continue the
-//! e-mail instead. The prompts below keep the paper's inputs (the chunk or the query history,
-//! the kind of data, the stride) and ask plainly, one question per line; the chunk goes through
-//! [`readable`] first.
+//! e-mail instead; without the topic named it writes generic questions ("What's the purpose of
+//! the event?"). The prompts below keep the paper's inputs (the chunk with its abstract's topic,
+//! or the query history; the kind of data; the stride) and ask plainly, one question per line;
+//! the chunk goes through [`readable`] first.
 //!
 //! Invariant: the questions are a pure function of the model, the prompt's inputs and the
 //! stride (greedy decoding, no sampling state); [`parse_questions`] is pure and never returns
@@ -42,8 +43,9 @@ pub const MAX_WORDS: usize = 25;
 /// What the model is asked about.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Basis {
-    /// A chunk's text and the kind of document it comes from (knowledge-based).
-    Chunk { kind: DocKind, text: String },
+    /// A chunk's text, the kind of document it comes from, and that document's topic from its
+    /// knowledge abstract if it has one (knowledge-based).
+    Chunk { kind: DocKind, text: String, topic: Option<String> },
     /// The user's recent questions, oldest first (history-based).
     History(Vec<String>),
 }
@@ -57,13 +59,17 @@ fn kind_name(kind: DocKind) -> (&'static str, &'static str) {
     }
 }
 
-/// The knowledge-based prompt (PerCache's Figure 27, shortened: see the module doc).
-pub fn knowledge_prompt(kind: DocKind, text: &str, stride: usize) -> String {
+/// The knowledge-based prompt (PerCache's Figure 27, shortened: see the module doc); with the
+/// document's `topic` the questions are asked about it by name.
+pub fn knowledge_prompt(kind: DocKind, text: &str, topic: Option<&str>, stride: usize) -> String {
     let (from, noun) = kind_name(kind);
-    format!(
-        "Here is {from}:\n\n{}\n\nWrite {stride} different questions I might ask my assistant about this {noun}, one per line.",
-        readable(text)
-    )
+    let text = readable(text);
+    match topic {
+        Some(t) => format!(
+            "Here is {from} about the {t}:\n\n{text}\n\nWrite {stride} different questions about the {t} that I might ask my assistant, one per line."
+        ),
+        None => format!("Here is {from}:\n\n{text}\n\nWrite {stride} different questions I might ask my assistant about this {noun}, one per line."),
+    }
 }
 
 /// `text` without what a small model stumbles on: `<…>` spans (e-mail addresses) and the
@@ -107,7 +113,7 @@ pub fn history_prompt(history: &[String], stride: usize) -> String {
 /// The prompt text for `basis`.
 pub fn prompt_text(basis: &Basis, stride: usize) -> String {
     match basis {
-        Basis::Chunk { kind, text } => knowledge_prompt(*kind, text, stride),
+        Basis::Chunk { kind, text, topic } => knowledge_prompt(*kind, text, topic.as_deref(), stride),
         Basis::History(h) => history_prompt(h, stride),
     }
 }
@@ -208,8 +214,10 @@ mod tests {
 
     #[test]
     fn prompts_carry_their_inputs() {
-        let k = knowledge_prompt(DocKind::Email, "  Budget review moved to Thursday. ", 5);
+        let k = knowledge_prompt(DocKind::Email, "  Budget review moved to Thursday. ", None, 5);
         assert!(k.contains("from my inbox") && k.contains("\n\nBudget review moved to Thursday.\n\n") && k.contains("Write 5 different"));
+        let t = knowledge_prompt(DocKind::Markdown, "Notes.", Some("budget review"), 3);
+        assert!(t.contains("a note from my notes about the budget review:") && t.contains("3 different questions about the budget review"));
         assert_eq!(
             readable("From: Alice Moreau <alice@example.com> To: Bob <b@x.org> Date: 2026-03-03T09:15:00Z Subject: Budget  review"),
             "From: Alice Moreau To: Bob Subject: Budget review"

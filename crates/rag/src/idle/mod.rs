@@ -497,7 +497,8 @@ impl PerCache {
                 // A chunk removed since it was queued is skipped.
                 let Some(e) = rag.bank.chunk(&c) else { continue };
                 let kind = rag.bank.docs().get(&e.doc).map_or(crate::parse::DocKind::Text, |d| d.kind);
-                break (Some(c), Basis::Chunk { kind, text: e.text.clone() }, Source::Knowledge);
+                let topic = self.abstracts.topics_of_docs(std::slice::from_ref(&e.doc)).into_iter().next();
+                break (Some(c), Basis::Chunk { kind, text: e.text.clone(), topic }, Source::Knowledge);
             }
             let recent = self.predictor.recent();
             if self.history_new == 0 || recent.is_empty() {
