@@ -277,7 +277,11 @@ pub fn run(mut a: Args) -> Result<()> {
         rag: (!a.no_rag).then(|| engram_server::RagServerConfig {
             tree_cap_bytes: a.rag_tree_mib << 20,
             idle: (a.rag_idle == OnOff::On).then(|| engram_rag::IdleConfig {
-                predictor: if a.rag_predictor == "llm" { engram_rag::idle::predict::By::Llm } else { engram_rag::idle::predict::By::Template },
+                predictor: if a.rag_predictor == "llm" {
+                    engram_rag::idle::predict::By::Llm
+                } else {
+                    engram_rag::idle::predict::By::Template
+                },
                 ..engram_rag::IdleConfig::default()
             }),
             chunk_reuse,

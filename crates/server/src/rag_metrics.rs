@@ -26,7 +26,12 @@ pub(crate) fn render_idle(c: &IdleCounters) -> String {
             "Share of wall time idle units may take now, from CPU load and battery (1: no adjustment).",
             c.budget_share(),
         ),
-        ("engram_rag_idle_rest_ms_total", "counter", "Milliseconds idle work rested to stay within its budget.", c.rest_us.load(Relaxed) as f64 / 1e3),
+        (
+            "engram_rag_idle_rest_ms_total",
+            "counter",
+            "Milliseconds idle work rested to stay within its budget.",
+            c.rest_us.load(Relaxed) as f64 / 1e3,
+        ),
         ("engram_rag_idle_predicted_queries_total", "counter", "Questions predicted in idle time.", c.predicted.load(Relaxed) as f64),
         ("engram_rag_idle_qa_populated_total", "counter", "QA bank entries stored by idle units.", c.qa_populated.load(Relaxed) as f64),
         (

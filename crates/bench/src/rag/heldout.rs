@@ -139,7 +139,9 @@ pub fn run(a: &Args, model: Arc<Model>, enc: Arc<dyn TextEncoder>, predictors: &
                 });
             }
             if let Some(pc) = pc {
-                examples.extend(pc.predictions().iter().take(12).map(|p| serde_json::json!({"query": p.query, "by": p.by, "source": p.source})));
+                examples.extend(
+                    pc.predictions().iter().take(12).map(|p| serde_json::json!({"query": p.query, "by": p.by, "source": p.source})),
+                );
                 stats.push(pc.stats().clone());
             }
         }
@@ -170,7 +172,9 @@ fn report(a: &Args, rows: &[Row], idle: serde_json::Map<String, serde_json::Valu
         let r: Vec<&Row> = rows.iter().filter(|r| r.variant == v).collect();
         let same = r
             .iter()
-            .filter(|x| rows.iter().find(|n| n.variant == "naive" && n.user == x.user && n.query == x.query).is_none_or(|n| n.tokens == x.tokens))
+            .filter(|x| {
+                rows.iter().find(|n| n.variant == "naive" && n.user == x.user && n.query == x.query).is_none_or(|n| n.tokens == x.tokens)
+            })
             .count();
         let lat: Vec<f64> = r.iter().map(|r| r.total_ms).collect();
         let i = idle.get(v).cloned().unwrap_or(serde_json::Value::Null);
@@ -232,7 +236,9 @@ mod tests {
         assert!(q.len() >= 12, "{q:?}");
         assert!(q[0].contains("budget review") && q[q.len() - 1].contains("team offsite"));
         // None is one of the template predictor's forms nor one of the timeline's.
-        for t in ["When is the", "What is the", "Where is the", "Who is leading", "What should I", "Who is attending", "Has the", "Who leads"] {
+        for t in
+            ["When is the", "What is the", "Where is the", "Who is leading", "What should I", "Who is attending", "Has the", "Who leads"]
+        {
             assert!(q.iter().all(|x| !x.starts_with(t)), "{t}");
         }
         assert!(questions("{\"forms\": [\"no slot\"]}", &["x".into()]).is_err());

