@@ -205,3 +205,33 @@ fn a_hit_on_a_predicted_answer_is_replaced_by_the_real_answer() {
     // Not served by a prediction any more: nothing else is queued for it.
     assert!(pc.idle_unit(&mut r).unwrap().is_none_or(|u| u.kind != UnitKind::RealAnswer));
 }
+
+#[test]
+fn smollm2_predicts_from_the_query_history_once_the_chunks_are_asked_about() {
+    let Some(path) = smollm2() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = KnowledgeBank::open(&tmp.path().join("bank"), common::words()).unwrap();
+    let report = b.ingest_text("mail", DocKind::Email, common::EMAIL).unwrap();
+    let mut r = rag_over(Model::load(&path).unwrap(), b, tmp.path());
+    // Prefill-only population (no answers) keeps the test short; prediction is the same.
+    let mut pc = PerCache::in_memory(IdleConfig { use_qa: false, ..llm(3) });
+    pc.after_ingest(&r, Some(&report)).unwrap();
+    let q = "When is the budget review?";
+    let ans = r.query(q, &QueryOptions { use_qa: false, ..QueryOptions::default() }).unwrap();
+    pc.after_query(&r, q, &ans).unwrap();
+    let mut labels = Vec::new();
+    for _ in 0..12 {
+        match pc.idle_unit(&mut r).unwrap() {
+            Some(u) if u.kind == UnitKind::Predict => labels.push(u.query),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert_eq!(labels.len(), 2, "the chunk, then the history: {labels:?}");
+    assert!(labels[0].contains("chunk") && labels[1].contains("history"), "{labels:?}");
+    let from_history: Vec<&str> =
+        pc.predictions().iter().filter(|p| p.source == engram_rag::idle::predict::Source::History).map(|p| p.query.as_str()).collect();
+    eprintln!("SmolLM2 from the history: {from_history:?}");
+    assert!(from_history.iter().all(|h| !h.eq_ignore_ascii_case(q)), "never a question asked before");
+    assert!(pc.idle_unit(&mut r).unwrap().is_none_or(|u| u.kind != UnitKind::Predict), "no new query: no new history prediction");
+}
