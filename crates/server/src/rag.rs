@@ -418,8 +418,8 @@ pub(crate) async fn delete_document(State(s): State<AppState>, headers: HeaderMa
 }
 
 /// `GET /v1/rag/predictions`: the questions idle-time population predicted for this tenant, in
-/// order, with what the scheduler did (`strategy`: `answer`, `prefill`, `skip`, or null while
-/// queued) and whether a predicted answer is in the QA bank now (`answered`). Empty when
+/// order, who wrote each (`by`: `llm` or `template`), what the scheduler did (`strategy`:
+/// `answer`, `prefill`, `skip`, or null while queued) and whether a predicted answer is in the QA bank now (`answered`). Empty when
 /// idle-time population is off.
 pub(crate) async fn list_predictions(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     let tenant = api::tenant(&s, &headers)?;
@@ -431,7 +431,7 @@ pub(crate) async fn list_predictions(State(s): State<AppState>, headers: HeaderM
             .iter()
             .map(|p| {
                 let answered = p.qa_id.is_some_and(|id| lib.qa.entry(id).is_some());
-                json!({"object": "rag.prediction", "query": p.query, "source": p.source, "strategy": p.strategy, "answered": answered})
+                json!({"object": "rag.prediction", "query": p.query, "source": p.source, "by": p.by, "strategy": p.strategy, "answered": answered})
             })
             .collect::<Vec<Value>>())
     })

@@ -1,6 +1,7 @@
 //! `/metrics` lines of the RAG routes' idle-time population (PerCache in the engine's idle
 //! hook): units by kind, predictions, what they stored, compute, and how fast they yield to
-//! requests (interruptions, the longest step, arrival-to-let-go times).
+//! requests (interruptions, the longest step, arrival-to-let-go times), and the idle budget
+//! that load and battery set.
 //!
 //! Invariant: every line is read from `engram_rag::IdleCounters` (relaxed loads); rendering
 //! changes nothing.
@@ -18,7 +19,19 @@ pub(crate) fn render_idle(c: &IdleCounters) -> String {
         let kind = serde_json::to_value(k).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         out.push_str(&format!("engram_rag_idle_units_total{{kind=\"{kind}\"}} {}\n", n.load(Relaxed)));
     }
-    let lines: [(&str, &str, &str, f64); 11] = [
+    let lines: [(&str, &str, &str, f64); 13] = [
+        (
+            "engram_rag_idle_budget",
+            "gauge",
+            "Share of wall time idle units may take now, from CPU load and battery (1: no adjustment).",
+            c.budget_share(),
+        ),
+        (
+            "engram_rag_idle_rest_ms_total",
+            "counter",
+            "Milliseconds idle work rested to stay within its budget.",
+            c.rest_us.load(Relaxed) as f64 / 1e3,
+        ),
         ("engram_rag_idle_predicted_queries_total", "counter", "Questions predicted in idle time.", c.predicted.load(Relaxed) as f64),
         ("engram_rag_idle_qa_populated_total", "counter", "QA bank entries stored by idle units.", c.qa_populated.load(Relaxed) as f64),
         (

@@ -12,7 +12,16 @@
 //!                   3. a QA→KV conversion (a predicted answer nobody asked for)
 //!                   4. the next predicted question: plan, decide (answer / prefill / skip), do it
 //!                      (an answer whose chunks the tree lacks runs as two units: prefill, answer)
+//!                   5. a prediction: with `predictor: By::Llm` and a model that has a chat
+//!                      template, the model is asked about the next new chunk, else (a real query
+//!                      came since) about the recent queries (`llm_predict.rs`) — one unit; its
+//!                      questions are queued for 4; no question parsed from its answer (or a
+//!                      failed generation): the templates' `stride` questions instead. Else the
+//!                      templates (`predict.rs`).
 //!                 None when there is nothing left to do
+//!  after a QA hit served from a predicted answer to a question worded differently: the real
+//!  question is queued (2) and answered through the pipeline (exact KV path); its answer replaces
+//!  the predicted one in the QA bank
 //! ```
 //! A unit asks its caller's `stop` before every model step ([`preempt::StepClock`]); told to
 //! stop, it drops its unfinished work whole, stores nothing and is put back (the stale query,
@@ -24,12 +33,14 @@
 //! in RAM (a restart starts them again).
 
 pub mod abstracts;
+pub mod budget;
 pub mod layer_choice;
+pub mod llm_predict;
 pub mod populate;
 pub mod predict;
 pub mod preempt;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
 use std::time::Instant;
 
@@ -39,8 +50,14 @@ use crate::pipeline::{Answer, CacheLevel, Rag};
 use crate::stores::Stores;
 use abstracts::AbstractStore;
 use layer_choice::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, LayerChoiceConfig, Rate, Strategy};
-use predict::{PredictConfig, Predicted, Predictor, Source};
+use llm_predict::Basis;
+use predict::{By, PredictConfig, Predicted, Predictor, Source};
 use preempt::StepClock;
+
+/// Consecutive predictions the model answers without a usable question before the LLM
+/// predictor gives up for good (a model that is not instruction-tuned, e.g. pycode-7m) —
+/// unless it wrote a usable question before.
+pub const LLM_GIVE_UP_AFTER: u32 = 3;
 
 /// [`IdleConfig::prefill_chunk`]'s default.
 pub const DEFAULT_IDLE_PREFILL_CHUNK: usize = 32;
@@ -66,6 +83,12 @@ pub struct IdleConfig {
     /// is a few ms on a small model; chunking changes no result beyond float tolerance
     /// (`crates/model/tests/it/chunking.rs`), as the tree's own reuse already re-chunks prompts.
     pub prefill_chunk: usize,
+    /// Who writes the predicted questions: the model (`By::Llm`; the templates stay the
+    /// fallback, and are used alone for a model with no chat template) or the templates.
+    pub predictor: By,
+    /// A QA hit served from a predicted answer queues the real answer to the user's question,
+    /// which replaces the predicted one.
+    pub real_answers: bool,
 }
 
 impl Default for IdleConfig {
@@ -79,6 +102,8 @@ impl Default for IdleConfig {
             regenerate: true,
             threshold: crate::qa::DEFAULT_THRESHOLD,
             prefill_chunk: DEFAULT_IDLE_PREFILL_CHUNK,
+            predictor: By::Template,
+            real_answers: true,
         }
     }
 }
@@ -93,6 +118,10 @@ pub enum UnitKind {
     Skip,
     KvToQa,
     QaToKv,
+    /// The model asked for questions (LLM prediction).
+    Predict,
+    /// The real answer to a question a predicted answer served.
+    RealAnswer,
 }
 
 /// One unit's report. An interrupted unit (`interrupted`) stored nothing and will run again;
@@ -134,6 +163,13 @@ pub struct IdleStats {
     pub matched_by_prediction: u64,
     /// QA hits served from a predicted question's answer.
     pub served_by_prediction: u64,
+    /// Predictions the model was asked for (finished), questions it wrote that were kept, and
+    /// predictions that fell back to the templates (no usable question, or a failed generation).
+    pub llm_predictions: u64,
+    pub llm_questions: u64,
+    pub template_fallbacks: u64,
+    /// Real answers that replaced a predicted answer after a hit.
+    pub real_answers: u64,
     pub hits: HitStats,
 }
 
@@ -142,6 +178,8 @@ pub struct IdleStats {
 pub struct PredictionRecord {
     pub query: String,
     pub source: Source,
+    /// Which predictor wrote it.
+    pub by: By,
     /// Empty until planned.
     pub vector: Vec<f32>,
     pub first_chunk: Option<ChunkId>,
@@ -156,11 +194,16 @@ pub struct PredictionRecord {
     kv_queued: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Work {
     Populate(usize),
     AnswerStage(usize),
     KvToQa(usize),
+    /// The user's question, and the predicted answer's QA entry it replaces.
+    RealAnswer {
+        query: String,
+        replaces: Option<u64>,
+    },
 }
 
 /// The idle-time half of PerCache over a [`Rag`]. See the module doc.
@@ -173,6 +216,16 @@ pub struct PerCache {
     prefill_rate: Rate,
     decode_rate: Rate,
     stats: IdleStats,
+    /// New chunks the model has not been asked about yet (LLM prediction), newest first.
+    llm_chunks: VecDeque<crate::bank::ChunkId>,
+    /// Chunks the model was asked about.
+    llm_asked: BTreeSet<crate::bank::ChunkId>,
+    /// Real queries since the last history-based LLM prediction.
+    history_new: usize,
+    /// Consecutive LLM predictions with no usable question; past [`LLM_GIVE_UP_AFTER`] (and none
+    /// ever usable) the LLM predictor is off.
+    llm_failures: u32,
+    llm_off: bool,
 }
 
 impl PerCache {
@@ -198,6 +251,11 @@ impl PerCache {
             prefill_rate: Rate::new(1.0),
             decode_rate: Rate::new(10.0),
             stats: IdleStats::default(),
+            llm_chunks: VecDeque::new(),
+            llm_asked: BTreeSet::new(),
+            history_new: 0,
+            llm_failures: 0,
+            llm_off: false,
         }
     }
 
@@ -239,7 +297,27 @@ impl PerCache {
             let fresh = self.abstracts.topics_of_docs(&r.docs);
             self.predictor.note_fresh(&fresh);
         }
+        if self.cfg.predictor == By::Llm {
+            self.note_chunks(bank, report);
+        }
         Ok(())
+    }
+
+    /// Queues the chunks the model has not been asked about: `report`'s new chunks first (in
+    /// order), or, without a report, every chunk of the bank (documents already there).
+    fn note_chunks(&mut self, bank: &KnowledgeBank, report: Option<&IngestReport>) {
+        let chunks: Vec<crate::bank::ChunkId> = match report {
+            Some(r) => r.chunks_added.clone(),
+            None => bank.docs().values().flat_map(|d| d.chunks.iter().cloned()).collect(),
+        };
+        let new: Vec<_> = chunks.into_iter().filter(|c| !self.llm_asked.contains(c) && !self.llm_chunks.contains(c)).collect();
+        if report.is_some() {
+            for c in new.into_iter().rev() {
+                self.llm_chunks.push_front(c);
+            }
+        } else {
+            self.llm_chunks.extend(new);
+        }
     }
 
     /// Records a real query and its answer (see the module doc). Its cost is counted as idle.
@@ -268,8 +346,20 @@ impl PerCache {
             }
         }
         self.stats.matched_by_prediction += matched as u64;
-        if answer.cache_level == CacheLevel::Qa && answer.matched_query.as_ref().is_some_and(|m| self.preds.iter().any(|p| &p.query == m)) {
+        let served = match (&answer.cache_level, &answer.matched_query) {
+            (CacheLevel::Qa, Some(m)) => self.preds.iter().find(|p| &p.query == m),
+            _ => None,
+        };
+        if let Some(p) = served {
             self.stats.served_by_prediction += 1;
+            // The predicted answer stands in for the user's own question; its real answer is
+            // generated in idle time and takes the predicted one's place.
+            let (replaces, differs) = (p.qa_id, !p.query.trim().eq_ignore_ascii_case(question.trim()));
+            let queued = self.queue.iter().any(|w| matches!(w, Work::RealAnswer { query, .. } if query == question));
+            if self.cfg.real_answers && self.cfg.use_qa && differs && !queued {
+                // First in line: a user asked it (a split answer's second stage re-plans after).
+                self.queue.push_front(Work::RealAnswer { query: question.to_string(), replaces });
+            }
         }
         if let Some(first) = answer.chunks.first() {
             for (i, p) in self.preds.iter_mut().enumerate() {
@@ -307,6 +397,7 @@ impl PerCache {
             }
         }
         self.predictor.observe(question);
+        self.history_new += 1;
         self.stats.idle_ms += t.elapsed().as_secs_f64() * 1e3;
     }
 
@@ -361,28 +452,121 @@ impl PerCache {
             if let Some(r) = self.convert_to_kv(rag, clock)? {
                 return Ok(Some(r));
             }
+            if self.llm_active(rag) {
+                return self.llm_unit(rag, clock);
+            }
             let fresh: Vec<Predicted> = self.predictor.predict(&self.abstracts);
             if fresh.is_empty() {
                 return Ok(None);
             }
-            for p in fresh {
-                self.stats.predicted += 1;
-                self.queue.push_back(Work::Populate(self.preds.len()));
-                self.preds.push(PredictionRecord {
-                    query: p.query,
-                    source: p.source,
-                    vector: Vec::new(),
-                    first_chunk: None,
-                    strategy: None,
-                    qa_id: None,
-                    answered_at: 0,
-                    planned_at: None,
-                    qa_judged: false,
-                    kv_judged: false,
-                    kv_queued: false,
-                });
+            self.push_predictions(fresh);
+        }
+    }
+
+    /// Whether predictions are asked of the model (see the module doc).
+    fn llm_active(&self, rag: &Stores<'_>) -> bool {
+        self.cfg.predictor == By::Llm && !self.llm_off && rag.model.tokenizer.chat_template().is_some()
+    }
+
+    /// Records `fresh` predictions and queues their population.
+    fn push_predictions(&mut self, fresh: Vec<Predicted>) {
+        for p in fresh {
+            self.stats.predicted += 1;
+            self.queue.push_back(Work::Populate(self.preds.len()));
+            self.preds.push(PredictionRecord {
+                query: p.query,
+                source: p.source,
+                by: p.by,
+                vector: Vec::new(),
+                first_chunk: None,
+                strategy: None,
+                qa_id: None,
+                answered_at: 0,
+                planned_at: None,
+                qa_judged: false,
+                kv_judged: false,
+                kv_queued: false,
+            });
+        }
+    }
+
+    /// One LLM prediction (see the module doc); `None` when no chunk is left to ask about and
+    /// no real query came since the last history-based one. Stopped, the chunk is put back
+    /// (the history stays due) and nothing is recorded.
+    fn llm_unit(&mut self, rag: &mut Stores<'_>, clock: &mut StepClock<'_>) -> Result<Option<UnitReport>> {
+        let stride = self.predictor.config().stride;
+        let (chunk, basis, source) = loop {
+            if let Some(c) = self.llm_chunks.pop_front() {
+                // A chunk removed since it was queued is skipped.
+                let Some(e) = rag.bank.chunk(&c) else { continue };
+                let kind = rag.bank.docs().get(&e.doc).map_or(crate::parse::DocKind::Text, |d| d.kind);
+                let topic = self.abstracts.topics_of_docs(std::slice::from_ref(&e.doc)).into_iter().next();
+                break (Some(c), Basis::Chunk { kind, text: e.text.clone(), topic }, Source::Knowledge);
+            }
+            let recent = self.predictor.recent();
+            if self.history_new == 0 || recent.is_empty() {
+                return Ok(None);
+            }
+            break (None, Basis::History(recent), Source::History);
+        };
+        let label = match &chunk {
+            Some(c) => format!("llm: chunk {}", c.0),
+            None => "llm: query history".to_string(),
+        };
+        let prompt = llm_predict::chat_tokens(rag.model, &llm_predict::prompt_text(&basis, stride))?.expect("checked by llm_active");
+        let g = match llm_predict::generate(rag.model, rag.pool, &prompt, stride, self.cfg.prefill_chunk, clock) {
+            Ok(Some(g)) => Some(g),
+            Ok(None) => {
+                if let Some(c) = chunk {
+                    self.llm_chunks.push_front(c);
+                }
+                return Ok(Some(stopped(UnitKind::Predict, label)));
+            }
+            Err(e) => {
+                eprintln!("warning: LLM query prediction failed, the templates predict instead: {e}");
+                None
+            }
+        };
+        match chunk {
+            Some(c) => {
+                self.llm_asked.insert(c);
+            }
+            None => self.history_new = 0,
+        }
+        self.stats.llm_predictions += 1;
+        let parsed = g.as_ref().map(|g| llm_predict::parse_questions(&g.text, 2 * stride)).unwrap_or_default();
+        let mut fresh = Vec::new();
+        for q in &parsed {
+            if fresh.len() < stride && self.predictor.claim(q) {
+                fresh.push(Predicted { query: q.clone(), source, by: By::Llm });
             }
         }
+        if parsed.is_empty() {
+            self.llm_failures += 1;
+            if self.llm_failures >= LLM_GIVE_UP_AFTER && self.stats.llm_questions == 0 {
+                eprintln!(
+                    "warning: the model wrote no usable question in {LLM_GIVE_UP_AFTER} predictions (not instruction-tuned?): \
+                     the templates predict from now on"
+                );
+                self.llm_off = true;
+            }
+        } else {
+            self.llm_failures = 0;
+        }
+        if fresh.is_empty() {
+            self.stats.template_fallbacks += 1;
+            fresh = self.predictor.predict(&self.abstracts);
+        }
+        self.stats.llm_questions += fresh.iter().filter(|p| p.by == By::Llm).count() as u64;
+        let mut w = populate::Work::default();
+        if let Some(g) = &g {
+            let t = &g.timings;
+            self.prefill_rate.add(t.prefill_ms, t.prompt_tokens - t.cached_tokens);
+            self.decode_rate.add(t.decode_ms, t.decode_tokens);
+            w = populate::Work { prefill_tokens: t.prompt_tokens - t.cached_tokens, decode_tokens: t.decode_tokens, ..w };
+        }
+        self.push_predictions(fresh);
+        Ok(Some(report(UnitKind::Predict, label, &w)))
     }
 
     /// An answer (`None`: stopped, nothing stored); the rates learn only from finished ones.
@@ -402,7 +586,7 @@ impl PerCache {
 
     /// Runs `work`; stopped, it goes back to the front of the queue (nothing stored).
     fn run(&mut self, rag: &mut Stores<'_>, work: Work, clock: &mut StepClock<'_>) -> Result<UnitReport> {
-        let r = self.run_inner(rag, work, clock)?;
+        let r = self.run_inner(rag, work.clone(), clock)?;
         if r.interrupted {
             self.queue.push_front(work);
         }
@@ -467,6 +651,21 @@ impl PerCache {
                     // Stopped, the unit is put back as it was: planning it again is the same.
                     Strategy::Answer => self.run_inner(rag, Work::AnswerStage(i), clock),
                 }
+            }
+            Work::RealAnswer { query, replaces } => {
+                // NOTE: no QA lookup: the predicted answer would match it again.
+                let plan = populate::plan(rag, &query)?;
+                let Some(w) = self.answer(rag, plan, clock)? else { return Ok(stopped(UnitKind::RealAnswer, query)) };
+                if let Some(id) = replaces {
+                    if rag.qa.remove(id).is_some() {
+                        rag.qa.save()?;
+                    }
+                    for p in self.preds.iter_mut().filter(|p| p.qa_id == Some(id)) {
+                        p.qa_id = None;
+                    }
+                }
+                self.stats.real_answers += 1;
+                Ok(report(UnitKind::RealAnswer, query, &w))
             }
             Work::AnswerStage(i) | Work::KvToQa(i) => {
                 let q = self.preds[i].query.clone();

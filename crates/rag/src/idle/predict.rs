@@ -11,8 +11,10 @@
 //!                    knowledge-based; never a query issued before (case-insensitive)
 //! ```
 //! NOTE: PerCache asks the LLM to write the questions from these same two prompts (its
-//! appendix B.3). The model here writes Python, so the templates stand in for it: the same
-//! inputs (abstracts, history, stride), questions in the same two styles (general, detailed).
+//! appendix B.3); `llm_predict.rs` does that with an instruction-tuned model
+//! (`IdleConfig::predictor`), and these templates are its fallback and the predictor for a
+//! model that writes no questions (pycode-7m writes Python): the same inputs (abstracts,
+//! history, stride), questions in the same two styles (general, detailed).
 //!
 //! Invariant: the questions are a pure function of the random seed, the abstracts and the queries
 //! observed, in order (`tests/it/idle.rs::prediction_is_deterministic`); no question is issued
@@ -62,11 +64,20 @@ pub enum Source {
     History,
 }
 
+/// Which predictor wrote a question: the model ([`super::llm_predict`]) or the templates here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum By {
+    Llm,
+    Template,
+}
+
 /// A predicted question.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Predicted {
     pub query: String,
     pub source: Source,
+    pub by: By,
 }
 
 /// The predictor. See the module doc.
@@ -116,6 +127,17 @@ impl Predictor {
             self.history.pop_front();
         }
         self.observed += 1;
+    }
+
+    /// Claims `query` for a prediction made elsewhere (the LLM's): `true` if no question
+    /// equal to it (case-insensitive) was issued or asked before, and then it never will be.
+    pub fn claim(&mut self, query: &str) -> bool {
+        self.issued.insert(query.trim().to_lowercase())
+    }
+
+    /// The recent real queries kept for history-based prediction, oldest first.
+    pub fn recent(&self) -> Vec<String> {
+        self.history.iter().cloned().collect()
     }
 
     /// Real queries observed so far.
@@ -168,7 +190,7 @@ impl Predictor {
                 break;
             }
             if let Some(q) = self.take(c) {
-                out.push(Predicted { query: q, source: Source::Knowledge });
+                out.push(Predicted { query: q, source: Source::Knowledge, by: By::Template });
             }
         }
         // A fresh topic stays fresh until its general questions are out.
@@ -208,7 +230,7 @@ impl Predictor {
                 }
                 let cand = format!("{}{}{}", &q[..at], t, &q[at + own.len()..]);
                 if let Some(c) = self.take(cand) {
-                    out.push(Predicted { query: c, source: Source::History });
+                    out.push(Predicted { query: c, source: Source::History, by: By::Template });
                 }
             }
         }

@@ -305,6 +305,14 @@ impl TreePolicy {
     /// is skipped (the request is served first).
     fn idle_unit(&mut self, interrupt: &IdleInterrupt) -> bool {
         let Some(idle) = self.idle.clone() else { return false };
+        if !idle.any_pending() {
+            return false;
+        }
+        if let Some(rest) = idle_budget(&idle) {
+            // Within the budget: rest in short naps (a job arriving waits at most one).
+            std::thread::sleep(rest.min(BUDGET_NAP));
+            return true;
+        }
         let Some(next) = idle.next() else { return false };
         let Some(mut lib) = try_library(&next.library) else {
             // A handler is planning or recording a query; its job comes next. Do not spin.
@@ -322,6 +330,8 @@ impl TreePolicy {
                 // An interrupted unit stored nothing (its predictions count: they are queued).
                 t.dirty |= !r.interrupted;
                 let c = idle.counters();
+                let rest = idle.throttle().ran(r.ms);
+                c.rest_us.fetch_add(rest.as_micros() as u64, Relaxed);
                 c.count(&r, predicted);
                 if let Some(since) = idle.waiting_since().filter(|_| r.interrupted) {
                     let us = since.elapsed().as_micros() as u64;
@@ -368,6 +378,34 @@ impl TreePolicy {
         }
         true
     }
+}
+
+/// The longest nap idle work takes at once while resting within its budget.
+const BUDGET_NAP: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Reads the idle budget (logging a change of at least 0.1 with its inputs, and publishing
+/// it in the counters); `Some(rest)` while idle work must still rest.
+fn idle_budget(idle: &IdleTenants) -> Option<std::time::Duration> {
+    let mut th = idle.throttle();
+    let (share, changed) = th.refresh();
+    idle.counters().budget_permille.store((share * 1e3).round() as u64, std::sync::atomic::Ordering::Relaxed);
+    if let Some(old) = changed {
+        let s = th.sample();
+        eprintln!(
+            "[rag idle] budget {:.0}% of wall time (was {:.0}%): load {} on {} cores, battery {}",
+            100.0 * share,
+            100.0 * old,
+            s.load1.map_or("unknown".into(), |l| format!("{l:.2}")),
+            s.cores.map_or("unknown".into(), |c| c.to_string()),
+            s.battery.map_or("none reported".into(), |b| format!(
+                "{}{}",
+                if b.discharging { "discharging" } else { "not discharging" },
+                b.capacity.map_or(String::new(), |c| format!(" at {c}%"))
+            )),
+        );
+    }
+    let rest = th.resting();
+    (!rest.is_zero()).then_some(rest)
 }
 
 /// A warning on stderr (this crate has no logger).

@@ -132,3 +132,16 @@ fn an_interrupted_conversion_keeps_its_answer() {
     let kinds = compare(cfg, 3, |_, _| {});
     assert!(kinds.contains(&UnitKind::QaToKv), "{kinds:?}");
 }
+
+#[test]
+fn an_interrupted_llm_prediction_runs_again_the_same() {
+    // pycode-7m has a chat template: the model is asked (it writes Python, so the templates
+    // fill in); a prediction stopped at any prefill chunk or decode step records nothing.
+    let cfg = IdleConfig {
+        predictor: engram_rag::idle::predict::By::Llm,
+        predict: PredictConfig { stride: 2, ..PredictConfig::default() },
+        ..IdleConfig::default()
+    };
+    let kinds = compare(cfg, 3, |_, _| {});
+    assert_eq!(kinds.first(), Some(&UnitKind::Predict), "{kinds:?}");
+}

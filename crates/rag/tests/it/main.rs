@@ -9,6 +9,8 @@ mod blend;
 mod chunk;
 mod chunk_files;
 mod idle;
+mod idle_budget;
+mod idle_llm;
 mod idle_preempt;
 mod parse;
 mod pipeline;
