@@ -419,7 +419,7 @@ fn print(rows: &[RowScore], json: bool) {
     for r in rows.iter().filter(|r| r.stats.turns_offloaded > 0) {
         let kib = r.stats.masked_bytes_restored as f64 / 1024.0;
         println!(
-            "{}: {} turn views masked, {} turns written to disk ({:.1} KiB), {} read back ({:.1} KiB, {:.3} ms per turn, {:.4} ms per KiB), {} failed",
+            "{}: {} turn views masked, {} turns written to disk ({:.1} KiB), {} read back ({:.1} KiB, {:.3} ms per turn, {:.3} µs per KiB), {} failed",
             r.name,
             r.stats.turns_masked,
             r.stats.turns_offloaded,
@@ -427,7 +427,7 @@ fn print(rows: &[RowScore], json: bool) {
             r.stats.masked_turns_restored,
             kib,
             r.stats.masked_restore_us as f64 / 1e3 / r.stats.masked_turns_restored.max(1) as f64,
-            if kib > 0.0 { r.stats.masked_restore_us as f64 / 1e3 / kib } else { 0.0 },
+            if kib > 0.0 { r.stats.masked_restore_us as f64 / kib } else { 0.0 },
             r.stats.masked_restore_failures
         );
     }
