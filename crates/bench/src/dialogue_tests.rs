@@ -48,7 +48,8 @@ fn the_rows_on_the_tiny_fixture() {
     let model = Arc::new(Model::load(&files.hf_dir).unwrap());
     let all = parse(DIALOGUES).unwrap();
     assert!(all.len() >= 3 && all.iter().all(|c| (20..=40).contains(&c.turns.len()) && c.probes.iter().all(|p| p.2 < c.turns.len())));
-    let o = Options { threshold: 0.5, keep_last: 1, ring_tokens: 1 << 14, evicted_ring_tokens: 200, answer_tokens: 6, format: KvFormat::F32 };
+    let o =
+        Options { threshold: 0.5, keep_last: 1, ring_tokens: 1 << 14, evicted_ring_tokens: 200, answer_tokens: 6, format: KvFormat::F32 };
     let rows = measure(&model, Some(Arc::new(Words)), &all[..1], &o).unwrap();
     let row = |name: &str| rows.iter().find(|r| r.name == name).unwrap();
     let (full, ring, masks, disk, evicted) = (row("full"), row("ring"), row("masks"), row("masks-disk"), row("evicted"));

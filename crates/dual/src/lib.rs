@@ -30,8 +30,8 @@ mod persistent_stream;
 mod policy;
 mod ring;
 mod ring_store;
-mod turn_kv;
 pub mod summarize;
+mod turn_kv;
 
 pub use dual_disk::DualDiskLedger;
 pub use facts::{Fact, FactError, FactLimits, FactLog, FactStore};

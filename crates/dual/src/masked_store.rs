@@ -69,7 +69,8 @@ impl MaskedStore {
                 match job {
                     Job::Write { ticket, path, meta, kv } => {
                         let owner = meta.owner.clone();
-                        let result = write_entry(&path, &meta, &kv).map(|bytes| MaskedFile { path, bytes, owner }).map_err(|e| e.to_string());
+                        let result =
+                            write_entry(&path, &meta, &kv).map(|bytes| MaskedFile { path, bytes, owner }).map_err(|e| e.to_string());
                         // Its blocks go back to the pool before the policy hears of the file.
                         drop(kv);
                         if done_tx.send(Written { ticket, result }).is_err() {

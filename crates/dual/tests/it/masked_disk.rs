@@ -75,11 +75,8 @@ struct Run {
 /// after turn `n / 2`.
 fn run(m: &Arc<Model>, format: KvFormat, n: usize, disk: Option<&Path>, flush: bool, damage: &dyn Fn(&Path)) -> Run {
     let pool = KvPool::new(KvLayout::of(&m.config), format, 64 << 20);
-    let mut p = DualStream::new(m.clone(), pool.clone(), 120).with_relevance(Relevance {
-        encoder: Arc::new(Topics),
-        threshold: 0.5,
-        keep_last: 1,
-    });
+    let mut p =
+        DualStream::new(m.clone(), pool.clone(), 120).with_relevance(Relevance { encoder: Arc::new(Topics), threshold: 0.5, keep_last: 1 });
     if let Some(d) = disk {
         p = p.with_masked_turns(d).unwrap();
     }
@@ -114,7 +111,11 @@ fn masked_turns_on_disk_answer_bit_for_bit_as_in_ram() {
     let (_d, m) = tiny();
     for format in [KvFormat::F32, KvFormat::F16, KvFormat::Q8, KvFormat::Q4] {
         let ram = run(&m, format, 30, None, false, &no_damage);
-        assert!(ram.stats.turns_masked > 20 && ram.stats.turns_evicted > 0, "{format:?}: the conversation masks and evicts: {:?}", ram.stats);
+        assert!(
+            ram.stats.turns_masked > 20 && ram.stats.turns_evicted > 0,
+            "{format:?}: the conversation masks and evicts: {:?}",
+            ram.stats
+        );
         for flush in [true, false] {
             let dir = tempfile::tempdir().unwrap();
             let disk = run(&m, format, 30, Some(dir.path()), flush, &no_damage);

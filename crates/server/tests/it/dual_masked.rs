@@ -43,16 +43,8 @@ impl TextEncoder for Topics {
     }
 }
 
-const TURNS: [&str; 8] = [
-    "apple and pear",
-    "red and blue",
-    "cat and dog",
-    "the fig and the apple",
-    "green or red",
-    "a bird and a cat",
-    "pear pie",
-    "blue sky",
-];
+const TURNS: [&str; 8] =
+    ["apple and pear", "red and blue", "cat and dog", "the fig and the apple", "green or red", "a bird and a cat", "pear pie", "blue sky"];
 
 /// The conversation on a persisting server with masked turns in `masked`: answers and metrics.
 fn run(masked: MaskedTurns) -> (Vec<String>, f64, f64, usize) {
