@@ -11,7 +11,8 @@ use engram_embed::{Embeddings, TextEncoder};
 use engram_server::{ContextMode, MaskedTurns};
 use serde_json::json;
 
-/// Topic words: a text's embedding counts its words of each topic.
+/// Topic words: a text's embedding counts its words of each topic (other words, the
+/// template's included, count for nothing: texts of different topics are dissimilar).
 const TOPICS: [&[&str]; 3] = [&["apple", "pear", "fig"], &["red", "blue", "green"], &["cat", "dog", "bird"]];
 
 #[derive(Debug)]
@@ -34,7 +35,9 @@ impl TextEncoder for Topics {
                 let mut v = vec![0f32; TOPICS.len() + 1];
                 v[TOPICS.len()] = 0.01;
                 for w in t.split(|c: char| !c.is_alphanumeric()) {
-                    v[TOPICS.iter().position(|ws| ws.contains(&w)).unwrap_or(TOPICS.len())] += 1.0;
+                    if let Some(i) = TOPICS.iter().position(|ws| ws.contains(&w)) {
+                        v[i] += 1.0;
+                    }
                 }
                 v
             })
