@@ -15,6 +15,7 @@ mod background;
 mod blend;
 mod cache;
 mod context;
+mod dialogue;
 mod dual_disk;
 mod dual_persist;
 mod engine_thread;
@@ -66,6 +67,8 @@ pub enum BenchCommand {
     Speculation(speculation::Args),
     /// Dual-stream contexts vs the full history: KV bytes and decode speed over a long conversation, threads.
     Context(context::Args),
+    /// Long multi-topic conversations: answers about early turns with the full history vs the dual-stream ring unmasked, masked (masked turns in RAM and on disk) and evicted.
+    Dialogue(dialogue::Args),
     /// A user's persistent stream shared by 8 threads (a copy each, forks in RAM, one mapped file): RSS, restore vs prefill.
     DualPersist(dual_persist::Args),
     /// A user's facts in the dual-stream contexts: a turn after a fact, the summary's swap and its stall.
@@ -102,6 +105,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Speculation(a) => speculation::run(a),
         BenchCommand::Grammar(a) => grammar::run(a),
         BenchCommand::Context(a) => context::run(a),
+        BenchCommand::Dialogue(a) => dialogue::run(a),
         BenchCommand::DualPersist(a) => dual_persist::run(a),
         BenchCommand::Facts(a) => facts::run(a),
         BenchCommand::Scenario(a) => scenario::run(a),

@@ -111,6 +111,11 @@ pub struct Args {
     /// With --context dual: the last turns always attended, whatever their similarity.
     #[arg(long, default_value_t = 1)]
     keep_last_turns: usize,
+    /// With --context dual and relevance masks: where a turn masked out of attention keeps its
+    /// KV: `ram`, or `disk` (a checksummed file under the cache directory, its RAM returned to
+    /// the pool, read back exactly when a later message wants it; needs the disk tier).
+    #[arg(long, default_value = "ram", value_name = "ram|disk")]
+    masked_turns: String,
     /// With --context dual: the most tokens a user's persistent stream (system prompt and
     /// facts, /v1/users/{id}/facts) holds; past it the facts are summarized.
     #[arg(long, default_value_t = 512)]
@@ -287,6 +292,7 @@ pub fn run(mut a: Args) -> Result<()> {
             chunk_reuse,
             ..engram_server::RagServerConfig::new(data_dir(&a.model.data_dir).join("rag").join("tenants"))
         }),
+        masked_turns: a.masked_turns.parse().map_err(anyhow::Error::msg)?,
         summarizer: match &a.summarizer {
             Some(p) => Some(engram_server::SummarizerModel(Arc::new(
                 engram_model::Model::load(p).with_context(|| format!("--summarizer {}", p.display()))?,

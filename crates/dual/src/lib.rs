@@ -16,6 +16,8 @@
 //! - [`RingStore`] (`ring_store.rs`) and [`DualDiskLedger`] (`dual_disk.rs`): rings saved as
 //!   turns retire, restored with their checksums settled; the files under the disk budget.
 //! - [`Summarizer`] (`summarize.rs`): condenses facts that pass the stream's cap.
+//! - Masked turns on disk (`turn_kv.rs`, `masked_store.rs`, `policy/masked.rs`): a turn masked
+//!   out of attention leaves RAM for a file and is read back, exactly, when a message wants it.
 //!
 //! Architecture invariant: the crate depends on the seam (`engram-policy`), the KV store, the
 //! model and the engine's sampling types; no other policy depends on it and it depends on no
@@ -23,11 +25,13 @@
 
 mod dual_disk;
 mod facts;
+mod masked_store;
 mod persistent_stream;
 mod policy;
 mod ring;
 mod ring_store;
 pub mod summarize;
+mod turn_kv;
 
 pub use dual_disk::DualDiskLedger;
 pub use facts::{Fact, FactError, FactLimits, FactLog, FactStore};

@@ -52,6 +52,7 @@ use crate::summarize::Summarizer;
 mod budget;
 mod control;
 mod files;
+mod masked;
 mod state;
 mod stream_job;
 mod summary;
@@ -112,6 +113,16 @@ pub struct DualStats {
     /// (least recently used; a stream is prefilled again from its anchors and facts).
     pub rings_evicted_for_disk: u64,
     pub streams_evicted_for_disk: u64,
+    /// Masked turns whose KV left RAM for a file, and the bytes written
+    /// (`DualStream::with_masked_turns`).
+    pub turns_offloaded: u64,
+    pub masked_bytes_written: u64,
+    /// Masked turns read back when a message wanted them: how many, their files' bytes, the
+    /// time it took (summed), and files that could not be read (the turn dropped).
+    pub masked_turns_restored: u64,
+    pub masked_bytes_restored: u64,
+    pub masked_restore_us: u64,
+    pub masked_restore_failures: u64,
 }
 
 /// A fact of a user's persistent stream: its id in the user's log, its text (what a
@@ -247,6 +258,8 @@ pub struct DualStream {
     /// facts arrive together; the stream's file is read against both).
     streams_changed: HashSet<String>,
     next_job: u64,
+    /// Masked turns' files (`policy/masked.rs`); `None`: masked turns stay in RAM.
+    masked: Option<masked::MaskedTurns>,
 }
 
 impl DualStream {
@@ -282,6 +295,7 @@ impl DualStream {
             deferred_states: HashMap::new(),
             streams_changed: HashSet::new(),
             next_job: 0,
+            masked: None,
         }
     }
 
@@ -340,7 +354,8 @@ impl DualStream {
     fn named_gauges(&self) -> Vec<PolicyGauge> {
         let counter = |name, help, value| PolicyGauge { name, help, kind: GaugeKind::Counter, value };
         let s = &self.stats;
-        vec![
+        let masked = if self.masked.is_some() { self.masked_gauges() } else { Vec::new() };
+        let mut out = vec![
             counter("engram_turns_evicted_total", "Whole turns evicted from dual-stream rings.", s.turns_evicted),
             counter("engram_turns_masked_total", "Turns masked out of a request's view as irrelevant (dual-stream).", s.turns_masked),
             counter("engram_summaries_total", "Persistent streams condensed by the summarizer (dual-stream).", s.summaries),
@@ -349,7 +364,9 @@ impl DualStream {
                 "Persistent streams compacted: tombstoned facts dropped from the KV (dual-stream).",
                 s.compactions,
             ),
-        ]
+        ];
+        out.extend(masked);
+        out
     }
 
     /// Brings `user`'s stream to what is wanted, then enforces the cap: compaction when
@@ -441,8 +458,10 @@ impl ContextPolicy for DualStream {
             (Some(r), Some(q)) => TurnMask::Relevant { query: q.clone(), threshold: r.threshold, keep_last: r.keep_last },
             _ => TurnMask::All,
         };
-        let ring = self.thread(owner, &thread)?;
-        let view = ring.view(&mask);
+        self.adopt_masked();
+        self.thread(owner, &thread)?;
+        self.restore_masked(owner, &thread, &mask);
+        let view = self.threads[&(owner.to_string(), thread.clone())].ring.view(&mask);
         // What the view holds as tokens, for a prompt-lookup drafter: the live anchors, then
         // the attended turns in order (a code file pasted turns ago can be copied from).
         let mut lookup: Vec<u32> = self
@@ -455,6 +474,7 @@ impl ContextPolicy for DualStream {
         }
         let restore = self.unsettled.take();
         self.stats.turns_masked += view.masked.len() as u64;
+        self.offload_masked(owner, &thread, &view.masked);
         self.touch_ring(owner, &thread);
         let key = (owner.to_string(), thread.clone());
         let tokens: Vec<u32> = self.carry.remove(&key).into_iter().chain(prompt.iter().copied()).collect();
@@ -496,6 +516,7 @@ impl ContextPolicy for DualStream {
         if r.tokens.is_empty() {
             return;
         }
+        self.adopt_masked();
         let Some(Thread { ring, .. }) = self.threads.get_mut(&key) else { return };
         if let Some(t) = r.unfed {
             self.carry.insert(key.clone(), t);
@@ -561,6 +582,7 @@ impl ContextPolicy for DualStream {
     /// new stream is swapped in and threads attend it from their next turn (`policy/summary.rs`).
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         self.adopt_written();
+        self.adopt_masked();
         self.idle_summaries(interrupt)
     }
 

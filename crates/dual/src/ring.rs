@@ -19,6 +19,12 @@
 //! `0..P` then packed from `P` in ring order (a masked turn, or a masked slot of the
 //! persistent stream — a tombstoned fact —, leaves a gap, nothing else moves); each token's key equals its key computed at that position, to float rounding.
 //! `crates/dual/tests/it/ring_fuzz.rs` checks it against a plain model of the policy.
+//!
+//! A masked turn's KV may leave RAM for a file (`turn_kv.rs`; the policy decides when, with
+//! `DualStream::with_masked_turns`): it keeps its place, tokens and positions, moves are
+//! recorded for it and replayed when it is read back, and a view never attends a turn on disk
+//! (the policy restores the turns a mask keeps, [`TurnRing::wanted_on_disk`], before it asks
+//! for the view).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -26,6 +32,12 @@ use std::sync::Arc;
 use engram_embed::cosine;
 use engram_kv::{KvError, SeqKv, Span};
 use engram_model::rope::LayerRopes;
+
+use crate::turn_kv::{MaskedFile, OnDisk, TurnKv, Writing};
+
+/// Reads a turn's file back: its KV at slot positions, every entry check passed (checksum,
+/// model and format, owner, the turn's tokens), or why not.
+pub(crate) type TurnReader = Arc<dyn Fn(&MaskedFile, &[u32]) -> Result<SeqKv, String> + Send + Sync>;
 
 /// A dialogue turn in the ring.
 pub struct Turn {
@@ -36,18 +48,29 @@ pub struct Turn {
     pub embedding: Option<Vec<f32>>,
     /// Never evicted (the hybrid mode's state entry); still counted in the capacity.
     pub pinned: bool,
-    kv: SeqKv,
+    kv: TurnKv,
 }
 
 impl Turn {
     /// Position of the turn's first token.
     pub fn first_position(&self) -> usize {
-        self.kv.position(0)
+        self.kv.first_position()
     }
 
-    /// The turn's KV (its tokens at positions [`Turn::first_position`] on), read-only.
-    pub fn kv(&self) -> &SeqKv {
-        &self.kv
+    /// The turn's KV (its tokens at positions [`Turn::first_position`] on), read-only, while it
+    /// is in RAM (`None`: a masked turn written to disk).
+    pub fn kv(&self) -> Option<&SeqKv> {
+        self.kv.resident()
+    }
+
+    /// Whether the turn's KV is in a file, not in RAM.
+    pub fn on_disk(&self) -> bool {
+        self.kv.resident().is_none()
+    }
+
+    /// The size of the turn's file while its KV is on disk.
+    pub fn kv_file_bytes(&self) -> Option<u64> {
+        self.kv.file().map(|f| f.bytes)
     }
 }
 
@@ -140,7 +163,7 @@ impl TurnRing {
     pub fn push(&mut self, tokens: Vec<u32>, kv: SeqKv, embedding: Option<Vec<f32>>, pinned: bool) -> Result<Vec<u64>, KvError> {
         Self::check_at(&tokens, &kv, self.next_position())?;
         self.next_id += 1;
-        self.turns.push_back(Turn { id: self.next_id, tokens, embedding, pinned, kv });
+        self.turns.push_back(Turn { id: self.next_id, tokens, embedding, pinned, kv: TurnKv::ram(kv) });
         let evicted = self.evict_over_capacity();
         self.pack()?;
         Ok(evicted)
@@ -151,7 +174,7 @@ impl TurnRing {
         let mut at = self.persistent.len();
         for t in self.turns.iter_mut() {
             if t.first_position() != at {
-                t.kv.move_slots(0..t.kv.len(), at, &*self.rope)?;
+                t.kv.move_to(at, &*self.rope)?;
             }
             at += t.tokens.len();
         }
@@ -167,7 +190,7 @@ impl TurnRing {
         Self::check_at(&tokens, &kv, self.persistent.len())?;
         self.next_id += 1;
         let id = self.next_id;
-        self.turns.push_front(Turn { id, tokens, embedding: None, pinned: true, kv });
+        self.turns.push_front(Turn { id, tokens, embedding: None, pinned: true, kv: TurnKv::ram(kv) });
         let evicted = self.evict_over_capacity();
         self.pack()?;
         Ok((id, evicted))
@@ -182,7 +205,7 @@ impl TurnRing {
         Self::check_at(&tokens, &kv, self.turns[i].first_position())?;
         let t = &mut self.turns[i];
         t.tokens = tokens;
-        t.kv = kv;
+        t.kv = TurnKv::ram(kv);
         let evicted = self.evict_over_capacity();
         self.pack()?;
         Ok(Some(evicted))
@@ -233,26 +256,105 @@ impl TurnRing {
         Ok(true)
     }
 
+    /// Whether `mask` keeps the `i`th of the ring's turns.
+    fn keeps(&self, mask: &TurnMask, i: usize) -> bool {
+        let t = &self.turns[i];
+        match mask {
+            TurnMask::All => true,
+            TurnMask::Relevant { query, threshold, keep_last } => {
+                i + keep_last >= self.turns.len() || t.embedding.as_ref().map_or(true, |e| cosine(e, query) >= *threshold)
+            }
+        }
+    }
+
     /// What a request attends under `mask`: the anchors (always: they are the attention
-    /// sinks), then the turns the mask keeps. Building it copies no KV.
+    /// sinks), then the turns the mask keeps. Building it copies no KV. Panics if the mask keeps
+    /// a turn on disk ([`TurnRing::wanted_on_disk`] names those to restore first).
     pub fn view(&self, mask: &TurnMask) -> RingView {
         let mut spans = self.anchor_spans();
         let (mut attended, mut masked) = (Vec::new(), Vec::new());
-        let n = self.turns.len();
         for (i, t) in self.turns.iter().enumerate() {
-            let keep = match mask {
-                TurnMask::All => true,
-                TurnMask::Relevant { query, threshold, keep_last } => {
-                    i + keep_last >= n || t.embedding.as_ref().map_or(true, |e| cosine(e, query) >= *threshold)
-                }
-            };
-            if keep {
-                spans.extend(t.kv.spans(0..t.kv.len()));
+            if self.keeps(mask, i) {
+                let kv = t.kv.resident().expect("TurnRing::view: a kept turn is on disk (restore it first)");
+                spans.extend(kv.spans(0..kv.len()));
                 attended.push(t.id);
             } else {
                 masked.push(t.id);
             }
         }
         RingView { spans, attended, masked, next_position: self.next_position() }
+    }
+}
+
+/// Turns whose KV leaves RAM (masked turns written to disk) and comes back. See the module doc
+/// and `turn_kv.rs`.
+impl TurnRing {
+    /// The turns `mask` keeps whose KV is on disk (to restore before [`TurnRing::view`]);
+    /// writes in flight of kept turns are dropped, so they stay in RAM.
+    pub fn wanted_on_disk(&mut self, mask: &TurnMask) -> Vec<u64> {
+        let keep: Vec<bool> = (0..self.turns.len()).map(|i| self.keeps(mask, i)).collect();
+        let mut out = Vec::new();
+        for (t, keep) in self.turns.iter_mut().zip(keep) {
+            match &mut t.kv {
+                TurnKv::Disk(_) if keep => out.push(t.id),
+                TurnKv::Ram { writing, .. } if keep => *writing = None,
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Marks turn `id` (in RAM, unpinned, no write in flight) as being written under `ticket`;
+    /// returns its tokens and its KV at slot positions to write, `None` if it is not such a turn.
+    pub(crate) fn begin_offload(&mut self, id: u64, ticket: u64) -> Option<(Vec<u32>, SeqKv)> {
+        let t = self.turns.iter_mut().find(|t| t.id == id && !t.pinned)?;
+        let TurnKv::Ram { kv, writing: writing @ None } = &mut t.kv else { return None };
+        *writing = Some(Writing { ticket, written_first: kv.position(0), moves: Vec::new() });
+        Some((t.tokens.clone(), kv.fork_at_slot_positions()))
+    }
+
+    /// Turn `id`'s write `ticket` landed in `file`: its RAM KV is dropped (the blocks go back to
+    /// the pool) and the turn is on disk. False (the file is deleted) when the turn is gone or
+    /// was wanted again meanwhile.
+    pub(crate) fn finish_offload(&mut self, id: u64, ticket: u64, file: MaskedFile, reader: TurnReader) -> bool {
+        let Some(t) = self.turns.iter_mut().find(|t| t.id == id) else { return false };
+        let TurnKv::Ram { kv, writing: Some(w) } = &mut t.kv else { return false };
+        if w.ticket != ticket {
+            return false;
+        }
+        let (written_first, moves, len) = (w.written_first, std::mem::take(&mut w.moves), kv.len());
+        t.kv = TurnKv::Disk(OnDisk { file: Arc::new(file), written_first, moves, len, reader });
+        true
+    }
+
+    /// Reads turn `id`'s KV back from its file (exactly what its RAM copy would hold, moves
+    /// replayed) and keeps it in RAM; a turn already in RAM is left as it is. Errors (a missing
+    /// or damaged file, the RAM budget): the turn is unchanged, still on disk.
+    pub fn restore(&mut self, id: u64) -> Result<(), String> {
+        let Some(t) = self.turns.iter_mut().find(|t| t.id == id) else { return Err(format!("no turn {id} in the ring")) };
+        let TurnKv::Disk(d) = &t.kv else { return Ok(()) };
+        let kv = TurnKv::restore(d, (d.reader)(&d.file, &t.tokens)?, &*self.rope)?;
+        t.kv = TurnKv::ram(kv);
+        Ok(())
+    }
+
+    /// Turn `t`'s KV as it would be in RAM: a fork of it, or for a turn on disk a copy read
+    /// back (the turn stays on disk). For writing the ring (`RingStore::save`).
+    pub fn kv_copy(&self, t: &Turn) -> Result<SeqKv, String> {
+        match &t.kv {
+            TurnKv::Ram { kv, .. } => Ok(kv.fork(kv.len())),
+            TurnKv::Disk(d) => TurnKv::restore(d, (d.reader)(&d.file, &t.tokens)?, &*self.rope),
+        }
+    }
+
+    /// Turns on disk and their files' bytes.
+    pub fn on_disk(&self) -> (usize, u64) {
+        self.turns.iter().filter_map(|t| t.kv.file()).fold((0, 0), |(n, b), f| (n + 1, b + f.bytes))
+    }
+
+    /// Bytes of the turns' KV in RAM (blocks of each turn in RAM; blocks shared with other
+    /// sequences counted once per turn).
+    pub fn resident_bytes(&self) -> usize {
+        self.turns.iter().filter_map(|t| t.kv.resident()).map(|kv| kv.num_bytes()).sum()
     }
 }

@@ -205,12 +205,14 @@ impl RingStore {
     /// Queues `ring` of `owner`'s `thread` (with `carry`, the last answer's unfed token) for
     /// writing: the files of turns new or moved since the last save, then the manifest, then
     /// the deletion of files no turn uses any more. Returns at once; the engine thread only
-    /// forks the turns' KV (blocks shared, not copied). Returns the bytes the ring's files take
-    /// once written (turn files and manifest).
-    pub fn save(&mut self, owner: &str, thread: &str, ring: &TurnRing, carry: Option<u32>) -> u64 {
+    /// forks the turns' KV (blocks shared, not copied); a turn whose KV is on disk (masked) and
+    /// needs a new file is read back for it. Returns the bytes the ring's files take once
+    /// written (turn files and manifest); an error (such a turn's file unreadable) queues
+    /// nothing and keeps the ring's last save.
+    pub fn save(&mut self, owner: &str, thread: &str, ring: &TurnRing, carry: Option<u32>) -> Result<u64, String> {
         let prefix = Self::thread_prefix(owner, thread);
         let key = (owner.to_string(), thread.to_string());
-        let old = self.saved.remove(&key).unwrap_or_default();
+        let old = self.saved.get(&key).cloned().unwrap_or_default();
         let mut now = HashMap::new();
         let (mut files, mut records) = (Vec::new(), Vec::new());
         for t in ring.turns() {
@@ -230,7 +232,7 @@ impl RingStore {
                         offsets: Vec::new(),
                         created_unix: now_unix(),
                     };
-                    let kv = t.kv().fork_at_slot_positions();
+                    let kv = ring.kv_copy(t)?.fork_at_slot_positions();
                     let bytes = engram_kv::persist::encoded_len(&meta, &kv).unwrap_or(0);
                     files.push((self.dir.join(&file), meta, kv));
                     (file, bytes)
@@ -255,7 +257,7 @@ impl RingStore {
         let total = turn_bytes + body.len() as u64;
         self.saved.insert(key, now);
         self.send(Job::Save { files, manifest: self.manifest_path(owner, thread), body, prefix, keep });
-        total
+        Ok(total)
     }
 
     /// Reads back `owner`'s `thread`: `Ok(None)` without a manifest; an error naming what is

@@ -87,13 +87,17 @@ struct Harness<'a> {
 }
 
 impl Harness<'_> {
-    fn policy(env: &Env, r: &Reference, dir: &std::path::Path) -> DualStream {
+    /// The policy under test; `masked_on_disk`: masked turns' KV leaves RAM for files.
+    fn policy(env: &Env, r: &Reference, dir: &std::path::Path, masked_on_disk: bool) -> DualStream {
         let encoder: Arc<dyn TextEncoder> = Arc::new(WordHash);
         let mut p = DualStream::new(env.m.clone(), env.pool.clone(), r.capacity)
             .with_relevance(Relevance { encoder, threshold: r.threshold, keep_last: r.keep_last })
             .with_persistent_cap(r.cap, None)
             .with_dir(dir)
             .unwrap();
+        if masked_on_disk {
+            p = p.with_masked_turns(dir.join("masked")).unwrap();
+        }
         p.set_anchors(USER, r.base.clone());
         p.set_facts(USER, r.facts.clone());
         p
@@ -106,6 +110,9 @@ impl Harness<'_> {
         self.stats.rebases += s.rebases;
         self.stats.compactions += s.compactions;
         self.stats.turns_restored += s.turns_restored;
+        self.stats.turns_offloaded += s.turns_offloaded;
+        self.stats.masked_turns_restored += s.masked_turns_restored;
+        self.stats.masked_restore_failures += s.masked_restore_failures;
     }
 
     fn check_stream(&self, what: &str) {
@@ -162,7 +169,7 @@ impl Harness<'_> {
         self.add_stats();
         self.reference.restart();
         self.policy.flush();
-        self.policy = Harness::policy(self.env, &self.reference, self.dir.path());
+        self.policy = Harness::policy(self.env, &self.reference, self.dir.path(), self.seed % 2 == 1);
         self.restarts += 1;
         self.check_stream("a restart");
     }
@@ -411,6 +418,7 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
     };
     let (mut cases, mut conversations, mut accepted, mut rejected, mut restarts) = (0, 0, 0, 0, 0);
     let (mut evicted, mut masked, mut rebases, mut compactions, mut states, mut restored) = (0, 0, 0, 0, 0, 0);
+    let (mut offloaded, mut read_back) = (0, 0);
     let mut seed = 0u64;
     while cases < CASES {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -431,7 +439,8 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
         // thousands of fsyncs on a shared disk would make it ten times slower.
         let shm = std::path::Path::new("/dev/shm");
         let dir = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
-        let policy = Harness::policy(&env, &reference, dir.path());
+        // Odd seeds keep masked turns on disk: the same checks hold with their KV read back.
+        let policy = Harness::policy(&env, &reference, dir.path(), seed % 2 == 1);
         let mut h = Harness {
             env: &env,
             rng,
@@ -457,6 +466,9 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
         rebases += h.stats.rebases;
         compactions += h.stats.compactions;
         restored += h.stats.turns_restored;
+        offloaded += h.stats.turns_offloaded;
+        read_back += h.stats.masked_turns_restored;
+        assert_eq!(h.stats.masked_restore_failures, 0, "seed {seed}: every masked turn's file reads back");
         cases += h.cases;
         accepted += h.accepted;
         rejected += h.rejected;
@@ -482,7 +494,7 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
     eprintln!(
         "{cases} cases in {conversations} conversations: {accepted} drafts accepted, {rejected} rejected, {restarts} restarts, \
          {evicted} turns evicted, {masked} turn views masked, {rebases} rings moved onto a new stream, {compactions} compactions, {states} state entries set, \
-         {restored} turns restored after restarts"
+         {restored} turns restored after restarts, {offloaded} masked turns written to disk, {read_back} read back"
     );
     assert!(
         accepted > 0
@@ -493,7 +505,9 @@ fn random_conversations_attend_the_expected_window_and_answer_as_the_reference()
             && rebases > 0
             && compactions > 0
             && states > 0
-            && restored > 0,
+            && restored > 0
+            && offloaded > 0
+            && read_back > 0,
         "every kind of step ran"
     );
 }

@@ -72,7 +72,7 @@ use engram_model::Model;
 pub use api::{check_id, new_id, now_s};
 pub use engine_handle::{EngineHandle, Event, Job, SchedulerConfig};
 pub use engram_context::{DiskConfig, SessionsConfig};
-pub use engram_stack::ContextMode;
+pub use engram_stack::{ContextMode, MaskedTurns};
 use engram_stack::{RagLayer, StackConfig};
 pub use error::ApiError;
 /// How facts and their summary are introduced in their system messages (`facts.rs`).
@@ -109,6 +109,9 @@ pub struct ServerConfig {
     /// With `--context dual`: the model that condenses a user's facts past the persistent
     /// cap (`None`: the served model).
     pub summarizer: Option<SummarizerModel>,
+    /// With `--context dual` and relevance masks: where a turn masked out of attention keeps
+    /// its KV (RAM, or a file under the disk tier read back when wanted).
+    pub masked_turns: MaskedTurns,
 }
 
 /// A summarizer model (`--summarizer PATH`), any model Engram loads.
@@ -134,6 +137,7 @@ impl ServerConfig {
             limits: HttpLimits::default(),
             rag: None,
             summarizer: None,
+            masked_turns: MaskedTurns::Ram,
         }
     }
 }
@@ -177,6 +181,7 @@ impl Server {
                 sessions: config.sessions.clone(),
                 encoder: config.embedder.clone(),
                 summarizer: config.summarizer.as_ref().map(|m| m.0.clone()),
+                masked_turns: config.masked_turns,
                 render_summary: Some(facts::summary_renderer(model.clone())),
                 rag: rag.as_ref().map(|r| RagLayer {
                     registry: r.registry.clone(),

@@ -50,6 +50,29 @@ impl ContextMode {
     }
 }
 
+/// Where a dual-stream turn masked out of attention keeps its KV.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MaskedTurns {
+    /// In RAM, as every kept turn (the default).
+    #[default]
+    Ram,
+    /// In a checksummed file under the disk tier's directory (`<dir>/dual/masked`), its RAM
+    /// blocks back in the pool, read back when a later message wants the turn (answers equal
+    /// `Ram`'s); without a disk tier, in RAM.
+    Disk,
+}
+
+impl std::str::FromStr for MaskedTurns {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MaskedTurns, String> {
+        match s {
+            "ram" => Ok(MaskedTurns::Ram),
+            "disk" => Ok(MaskedTurns::Disk),
+            other => Err(format!("--masked-turns wants ram or disk, got {other:?}")),
+        }
+    }
+}
+
 /// RAG's layer over the context policy: RAG jobs' owners go to per-tenant chunk KV trees.
 #[derive(Clone)]
 pub struct RagLayer {
@@ -75,6 +98,8 @@ pub struct StackConfig {
     pub encoder: Option<Arc<dyn TextEncoder>>,
     /// The model that writes dual-stream summaries (`None`: the served model).
     pub summarizer: Option<Arc<Model>>,
+    /// Where dual-stream turns masked out of attention keep their KV.
+    pub masked_turns: MaskedTurns,
     /// How a summary's text becomes a segment of the served model's persistent stream (`None`:
     /// the text tokenized as it is, no special tokens).
     pub render_summary: Option<RenderSegment>,
@@ -122,8 +147,17 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
                 if let Err(e) = policy.set_dir(d.dir.join("dual")) {
                     tracing::warn!("dual-stream contexts are not persisted: {e}");
                 }
+                if config.masked_turns == MaskedTurns::Disk && masks_by.is_some() {
+                    match policy.set_masked_turns(d.dir.join("dual").join("masked")) {
+                        Ok(()) => tracing::info!("dual-stream turns masked out of attention keep their KV on disk"),
+                        Err(e) => tracing::warn!("dual-stream masked turns stay in RAM: {e}"),
+                    }
+                }
                 // Its files count against the disk budget and each tenant's share.
                 policy.set_disk_budget(d.budget_bytes, d.tenant_share_bytes);
+            }
+            if config.masked_turns == MaskedTurns::Disk && (masks_by.is_none() || config.sessions.disk.is_none()) {
+                tracing::warn!("--masked-turns disk does nothing here: it needs relevance masks (a sentence encoder) and a disk tier");
             }
             Box::new(policy)
         }

@@ -94,9 +94,13 @@ impl DualStream {
         if t.pending.is_some() {
             return;
         }
-        let bytes = rings.save(owner, thread, &t.ring, self.carry.get(&key).copied());
-        self.stats.rings_saved += 1;
-        self.charge_ring(owner, thread, bytes);
+        match rings.save(owner, thread, &t.ring, self.carry.get(&key).copied()) {
+            Ok(bytes) => {
+                self.stats.rings_saved += 1;
+                self.charge_ring(owner, thread, bytes);
+            }
+            Err(e) => tracing::warn!("thread {thread:?} of {owner:?}: the ring is not saved (kept as last saved): {e}"),
+        }
     }
 
     /// Puts the turns `owner`'s `thread` had before a restart into `ring` (fresh, on the

@@ -11,6 +11,7 @@ mod dual_restore;
 mod dual_speculation;
 mod facts;
 mod hybrid;
+mod masked_disk;
 mod ring_fuzz;
 mod ring_model;
 mod stored_facts;

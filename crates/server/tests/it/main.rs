@@ -9,6 +9,7 @@ mod api_errors;
 mod count_tokens;
 mod discovery;
 mod dual;
+mod dual_masked;
 mod dual_persist;
 mod dual_routes;
 mod embeddings;
