@@ -211,13 +211,24 @@ pub(crate) fn block_term<const K: u8>(isum: i32, corr: i32, d: f32, dmin: f32, d
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn finish_block<const K: u8>(isum: __m256i, kb_corr_w: __m256i, d: f32, dmin: f32, a: &ActQ8K, ab: usize, acc: &mut f32) {
     let dx = *a.d.get_unchecked(ab);
-    let corr = if K != IQ4XS {
+    let (tot, corr) = if K != IQ4XS {
         let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
-        hsum_i32(_mm256_madd_epi16(bsv, kb_corr_w))
+        hsum_pair(isum, _mm256_madd_epi16(bsv, kb_corr_w))
     } else {
-        0
+        (hsum_i32(isum), 0)
     };
-    *acc += block_term::<K>(hsum_i32(isum), corr, d, dmin, dx);
+    *acc += block_term::<K>(tot, corr, d, dmin, dx);
+}
+
+/// The exact lane sums of `a` and of `b`, sharing one horizontal-add tree.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_pair(a: __m256i, b: __m256i) -> (i32, i32) {
+    // [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]
+    let h = _mm256_hadd_epi32(a, b);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let s = _mm_hadd_epi32(s, s);
+    (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -173,6 +173,8 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
             }
         }
         let mut res = [[0f32; LANES]; BAND];
+        let mut tr = [[0f32; BAND]; LANES];
+        let (out, ldo) = (c.out, c.ldo);
         for g in 0..n_tokens.div_ceil(LANES) {
             let nt = (n_tokens - g * LANES).min(LANES);
             for b in 0..bands {
@@ -186,11 +188,16 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
                     Q2K => band::<Q2K>(bc, bm, lanes, g, &mut res),
                     _ => band::<IQ4XS>(bc, bm, lanes, g, &mut res),
                 }
-                let live = (rows - b * BAND).min(BAND);
-                for (r, rv) in res.iter().enumerate().take(live) {
-                    for (t, v) in rv.iter().enumerate().take(nt) {
-                        *c.out.add((g * LANES + t) * c.ldo + r0 + b * BAND + r) = *v;
+                // Rows side by side per token, then one contiguous copy per token.
+                for r in 0..BAND {
+                    for t in 0..LANES {
+                        tr[t][r] = res[r][t];
                     }
+                }
+                let live = (rows - b * BAND).min(BAND);
+                let base = out.add(g * LANES * ldo + r0 + b * BAND);
+                for (t, v) in tr.iter().enumerate().take(nt) {
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), base.add(t * ldo), live);
                 }
             }
         }
