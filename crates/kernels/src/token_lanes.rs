@@ -55,7 +55,12 @@ impl TokenLanes {
             // SAFETY: Lane64 is repr(C), 64 bytes, align 64 ≥ 4; any bit pattern is a valid u32.
             unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u32, v.len() * 16) }
         };
-        let (xq, bs16, bs32, dx) = (words(&mut l.xq) as *mut [u32], words(&mut l.bs16) as *mut [u32], words(&mut l.bs32) as *mut [u32], words(&mut l.dx) as *mut [u32]);
+        let (xq, bs16, bs32, dx) = (
+            words(&mut l.xq) as *mut [u32],
+            words(&mut l.bs16) as *mut [u32],
+            words(&mut l.bs32) as *mut [u32],
+            words(&mut l.dx) as *mut [u32],
+        );
         // SAFETY: four distinct buffers, each borrowed once.
         let (xq, bs16, bs32, dx) = unsafe { (&mut *xq, &mut *bs16, &mut *bs32, &mut *dx) };
         let pair = |lo: i32, hi: i32| (lo as u32 & 0xFFFF) | ((hi as u32) << 16);

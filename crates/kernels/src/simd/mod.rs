@@ -41,9 +41,9 @@ pub(crate) mod avx512_q32;
 pub(crate) mod k_panel;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
+pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vnni_k;
-pub(crate) mod scalar;
 
 /// A kernel implementation family. `Isa::detect()` picks the best one the CPU supports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -430,8 +430,11 @@ unsafe fn band<const K: u8>(bc: *const u8, bm: *const Meta, lanes: &TokenLanes, 
                 s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(raw[r], _mm512_set1_epi32((*m.add(r)).sc[s])));
             }
         }
-        let (bsp, np) =
-            if ns == 16 { (lanes.bs16.as_ptr().add(lb * 8) as *const __m512i, 8) } else { (lanes.bs32.as_ptr().add(lb * 4) as *const __m512i, 4) };
+        let (bsp, np) = if ns == 16 {
+            (lanes.bs16.as_ptr().add(lb * 8) as *const __m512i, 8)
+        } else {
+            (lanes.bs32.as_ptr().add(lb * 4) as *const __m512i, 4)
+        };
         let dx = _mm512_load_ps(lanes.dx.as_ptr().add(lb) as *const f32);
         for r in 0..BAND {
             let mr = &*m.add(r);

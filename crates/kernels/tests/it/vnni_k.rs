@@ -59,7 +59,14 @@ fn check(wm: &WeightMatrix, x: &[f32], n: usize, what: &str) {
         matmul_with(isa, wm, x, n, &mut got);
         if bits(&got) != bits(&want) {
             let i = (0..n * rows).find(|&i| got[i].to_bits() != want[i].to_bits()).unwrap();
-            panic!("{d} {isa:?} {what} rows={rows} cols={} n={n}: element {i} (token {}, row {}) {} vs scalar {}", wm.cols, i / rows, i % rows, got[i], want[i]);
+            panic!(
+                "{d} {isa:?} {what} rows={rows} cols={} n={n}: element {i} (token {}, row {}) {} vs scalar {}",
+                wm.cols,
+                i / rows,
+                i % rows,
+                got[i],
+                want[i]
+            );
         }
     }
 }
@@ -94,7 +101,8 @@ fn k_formats_are_the_scalar_reference_bitwise_decode_and_prefill() {
 fn k_formats_in_matmul_multi_equal_separate_calls() {
     let cols = 512;
     let shapes = [(DType::Q5K, 40usize), (DType::Q6K, 64), (DType::Q4K, 24), (DType::IQ4XS, 19), (DType::Q3K, 8)];
-    let bytes: Vec<Vec<u8>> = shapes.iter().enumerate().map(|(i, &(d, r))| quantize(d, &data(r * cols, 80 + i as u64), cols).unwrap()).collect();
+    let bytes: Vec<Vec<u8>> =
+        shapes.iter().enumerate().map(|(i, &(d, r))| quantize(d, &data(r * cols, 80 + i as u64), cols).unwrap()).collect();
     let plain: Vec<WeightMatrix> = shapes.iter().zip(&bytes).map(|(&(d, r), b)| WeightMatrix::new(d, r, cols, b).unwrap()).collect();
     let packs: Vec<Option<Packed>> = plain.iter().map(Packed::new).collect();
     let ws: Vec<WeightMatrix> = plain.iter().zip(&packs).map(|(w, p)| p.as_ref().map_or(*w, |p| w.with_packed(p))).collect();
