@@ -17,8 +17,9 @@
 //! Module map: `dtype` (formats, errors), `blocks` (byte layouts), `quantize` (f32 → blocks,
 //! activation quantization; `quantize32` and `quantize_k` hold the ports of the newer formats'
 //! reference quantizers), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
-//! `simd::{scalar, avx2, avx2_q32, avx2_k, k_panel, avx512, amx, neon}` (kernels; `k_panel`: the
-//! multi-token path of Q5_K/Q3_K/Q2_K/IQ4_XS), `pool` (thread pool), `membw` (read-bandwidth
+//! `simd::{scalar, avx2, avx2_q32, avx2_k, k_panel, vnni_k, avx512, amx, neon}` (kernels;
+//! `k_panel`: the AVX2 multi-token path of Q5_K/Q3_K/Q2_K/IQ4_XS; `vnni_k`: the AVX-512 VNNI one
+//! of those and packed Q4_K/Q6_K, over `token_lanes`' transposed activations), `pool` (thread pool), `membw` (read-bandwidth
 //! probe for `engram bench membw`), `repack` (Q4_0/Q8_0/Q4_1/Q4_K/Q6_K in 8-row groups for the AVX2 GEMV).
 
 // Kernels index fixed-size register arrays by row/token on purpose (the loops unroll), keep
@@ -47,6 +48,8 @@ mod repack;
 mod repack_k;
 mod serial;
 mod simd;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+mod token_lanes;
 
 pub use dequant::dequantize_row;
 pub use dtype::{DType, KernelError, WeightMatrix};

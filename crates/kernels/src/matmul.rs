@@ -19,7 +19,11 @@
 //!   whole to `simd::avx2_packed::run_rows` (8 rows × ≤ 4 tokens per call, bitwise the scalar
 //!   reference's result).
 //!
-//! * Exception, `Isa::Avx2`/`Avx512`/`Amx` with Q5_K/Q3_K/Q2_K/IQ4_XS and ≥ 8 tokens
+//! * Exception, `Isa::Avx512`/`Amx` with Q5_K/Q3_K/Q2_K/IQ4_XS, or `Isa::Avx512` with packed
+//!   Q4_K/Q6_K, and ≥ 8 tokens (`simd::vnni_k::takes`): chunks of whole 8-row bands go to
+//!   `simd::vnni_k::run_rows`, which decodes them once into byte codes and sweeps 16-token
+//!   groups over them with VNNI (bitwise the scalar reference, as the decode kernels).
+//! * Exception, `Isa::Avx2` with Q5_K/Q3_K/Q2_K/IQ4_XS and ≥ 8 tokens
 //!   (`simd::k_panel::takes`): chunks (sized so their decoded panel stays in L2) go whole to
 //!   `simd::k_panel::run_rows`, which decodes the chunk's weights once and sweeps every token
 //!   over them (bitwise the decode tiles' result).
@@ -148,6 +152,9 @@ struct Job<'a> {
     /// Q5_K/Q3_K/Q2_K/IQ4_XS prefill: whole chunks go to `k_panel::run_rows`.
     #[cfg(target_arch = "x86_64")]
     panel: bool,
+    /// K-quant / IQ4_XS prefill on AVX-512 VNNI: whole chunks go to `vnni_k::run_rows`.
+    #[cfg(target_arch = "x86_64")]
+    vnni: bool,
 }
 
 impl<'a> Job<'a> {
@@ -173,7 +180,13 @@ impl<'a> Job<'a> {
             _ => None,
         };
         #[cfg(target_arch = "x86_64")]
-        let panel = packed.is_none() && amx_acts.is_none() && crate::simd::k_panel::takes(isa, w.dtype, n_tokens);
+        let vnni = amx_acts.is_none() && crate::simd::vnni_k::takes(isa, w.dtype, n_tokens, packed.is_some());
+        #[cfg(target_arch = "x86_64")]
+        if vnni {
+            nr_max = crate::simd::vnni_k::BAND;
+        }
+        #[cfg(target_arch = "x86_64")]
+        let panel = !vnni && packed.is_none() && amx_acts.is_none() && crate::simd::k_panel::takes(isa, w.dtype, n_tokens);
         let rows = w.rows;
         // ~8 chunks per thread for balance, rounded to the row tile, capped so a chunk's
         // weights fit in L2 while they are reused across token groups.
@@ -188,6 +201,7 @@ impl<'a> Job<'a> {
             // The decoded panel (~3× the weight bytes) is what must stay in L2.
             chunk = chunk.min(crate::simd::k_panel::chunk_rows(w.cols));
         }
+
         let nchunks = rows.div_ceil(chunk);
         let ctx = TileCtx { w, acts, out: out.as_mut_ptr(), ldo: rows };
         Job {
@@ -205,6 +219,8 @@ impl<'a> Job<'a> {
             packed,
             #[cfg(target_arch = "x86_64")]
             panel,
+            #[cfg(target_arch = "x86_64")]
+            vnni,
         }
     }
 
@@ -218,6 +234,14 @@ impl<'a> Job<'a> {
             return;
         }
         #[cfg(target_arch = "x86_64")]
+        if self.vnni {
+            // SAFETY: `vnni_k::takes` checked the isa (available, checked by the caller), format,
+            // token count and packing; chunks start at multiples of nr_max = BAND = GROUP_ROWS
+            // and own disjoint rows.
+            unsafe { crate::simd::vnni_k::run_rows(&self.ctx, self.packed, r0, r1, self.n_tokens) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
         if let Some(p) = self.packed {
             // SAFETY: isa (AVX2, or AVX-512, which implies it) checked by the caller; chunks start at multiples of
             // nr_max = GROUP_ROWS, rows are a whole number of groups, chunks own disjoint rows.
@@ -228,7 +252,7 @@ impl<'a> Job<'a> {
         if self.panel {
             // SAFETY: `k_panel::takes` checked the isa (available, checked by the caller), format
             // and token count; chunks own disjoint rows.
-            unsafe { crate::simd::k_panel::run_rows(self.isa, &self.ctx, r0, r1, self.n_tokens) };
+            unsafe { crate::simd::k_panel::run_rows(&self.ctx, r0, r1, self.n_tokens) };
             return;
         }
         let mut t0 = 0;

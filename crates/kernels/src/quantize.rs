@@ -431,6 +431,9 @@ pub struct ActQ8K {
     pub d: Vec<f32>,
     /// Per-block sums of each group of 16 values (16 per block).
     pub bsums: Vec<i16>,
+    /// The same values by 16-token groups, built on first use by the AVX-512 VNNI prefill
+    /// kernel (a rearrangement of the fields above, never different data).
+    pub(crate) lanes: std::sync::OnceLock<crate::token_lanes::TokenLanes>,
 }
 
 impl ActQ8K {
@@ -438,7 +441,13 @@ impl ActQ8K {
     pub fn new(x: &[f32], n: usize, cols: usize) -> ActQ8K {
         let bpr = cols / QK_K;
         let nb = n * bpr;
-        let mut a = ActQ8K { blocks_per_row: bpr, qs: vec![0; nb * QK_K], d: vec![0.0; nb], bsums: vec![0; nb * 16] };
+        let mut a = ActQ8K {
+            blocks_per_row: bpr,
+            qs: vec![0; nb * QK_K],
+            d: vec![0.0; nb],
+            bsums: vec![0; nb * 16],
+            lanes: std::sync::OnceLock::new(),
+        };
         let work = |((xb, qs), (d, bs)): ((&[f32], &mut [i8]), (&mut f32, &mut [i16]))| {
             let (mut amax, mut max) = (0f32, 0f32);
             for &v in xb {

@@ -10,10 +10,11 @@
 //! block sums: Q5_K / Q2_K mins (a float term, as the scalar reference), Q3_K's −4 shift
 //! (subtracted in integers, so the block's sum equals the reference's exactly).
 //!
-//! Invariant (see `simd/mod.rs`): each (row, token) accumulator sees the same operations
-//! whatever the tile's token count.
+//! Invariant (see `simd/mod.rs`): per super-block the 8 lanes are summed to the reference's
+//! exact integer and the float term is the scalar reference's ([`block_term`]), so each
+//! (row, token) is bitwise the scalar path's whatever the tile's token count.
 
-use super::avx2::{hsum, hsum_i32};
+use super::avx2::hsum_i32;
 use super::avx2_q32::{nibbles, table};
 use crate::blocks::*;
 use crate::dtype::DType;
@@ -182,7 +183,7 @@ macro_rules! decode_block_body {
     }};
 }
 
-/// Decodes the super-block at `b` (format `K`): the prefill panels (`k_panel`) store it, the
+/// Decodes the super-block at `b` (format `K`): the prefill panels (`k_panel`, `vnni_k`) store it, the
 /// decode tiles expand the same [`decode_block_body`], so both see the same integers.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -190,43 +191,51 @@ pub(crate) unsafe fn decode_block<const K: u8>(b: *const u8) -> KBlock {
     decode_block_body!(K, b)
 }
 
+/// A super-block's float term from its exact integers, as the scalar reference forms it:
+/// `(d·dx)·isum − (dmin·dx)·msum` (Q5_K, Q2_K; `corr` = msum), `(d·dx)·(isum − 4·corr)` (Q3_K;
+/// `corr` = Σ_j sc_j·bsum_j), `(d·dx)·isum` (IQ4_XS). The caller adds it to its accumulator.
+#[inline(always)]
+pub(crate) fn block_term<const K: u8>(isum: i32, corr: i32, d: f32, dmin: f32, dx: f32) -> f32 {
+    match K {
+        IQ4XS => d * dx * isum as f32,
+        Q3K => d * dx * (isum - 4 * corr) as f32,
+        _ => d * dx * isum as f32 - dmin * dx * corr as f32,
+    }
+}
+
 /// One token's epilogue of a super-block: `isum` the 8 lanes of Σ_g madd(maddubs(q[g], x), s[g])
-/// (lane l: bytes 4l..4l+4 of every group), `ab` the activation block. Applies the block-sum
-/// term (Q3_K's −4 shift in lane 0 of the integers, Q5_K / Q2_K mins into `macc`) and adds
-/// the block to the 8-lane float accumulator. Every path of these formats ends a block here,
-/// so a (row, token) sees the same float operations whatever the tile.
+/// (lane l: bytes 4l..4l+4 of every group), `ab` the activation block. Sums the lanes and the
+/// block-sum term exactly and adds [`block_term`] to the token's accumulator, so every path
+/// of these formats is bitwise the scalar reference.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn finish_block<const K: u8>(
-    mut isum: __m256i,
-    kb_corr_w: __m256i,
-    d: f32,
-    dmin: f32,
-    a: &ActQ8K,
-    ab: usize,
-    acc: &mut __m256,
-    macc: &mut f32,
-) {
+pub(crate) unsafe fn finish_block<const K: u8>(isum: __m256i, kb_corr_w: __m256i, d: f32, dmin: f32, a: &ActQ8K, ab: usize, acc: &mut f32) {
     let dx = *a.d.get_unchecked(ab);
-    if K != IQ4XS {
+    let (tot, corr) = if K != IQ4XS {
         let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
-        let corr = hsum_i32(_mm256_madd_epi16(bsv, kb_corr_w));
-        if K == Q3K {
-            // Σ_j sc_j·Σ(u − 4)·x = Σ_j sc_j·Σ u·x − 4·Σ_j sc_j·bsum_j, exactly.
-            isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(4 * corr, 0, 0, 0, 0, 0, 0, 0));
-        } else {
-            *macc += dmin * dx * corr as f32;
-        }
-    }
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), *acc);
+        hsum_pair(isum, _mm256_madd_epi16(bsv, kb_corr_w))
+    } else {
+        (hsum_i32(isum), 0)
+    };
+    *acc += block_term::<K>(tot, corr, d, dmin, dx);
+}
+
+/// The exact lane sums of `a` and of `b`, sharing one horizontal-add tree.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_pair(a: __m256i, b: __m256i) -> (i32, i32) {
+    // [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]
+    let h = _mm256_hadd_epi32(a, b);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let s = _mm_hadd_epi32(s, s);
+    (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const NT: usize>(w: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let bb = block_bytes(K);
     let nb = a.blocks_per_row;
-    let mut acc = [_mm256_setzero_ps(); NT];
-    let mut macc = [0f32; NT];
+    let mut acc = [0f32; NT];
     for i in 0..nb {
         let KBlock { q, s, corr_w, d, dmin } = decode_block_body!(K, w.add(i * bb));
         for t in 0..NT {
@@ -242,10 +251,10 @@ unsafe fn tile<const K: u8, const NT: usize>(w: *const u8, a: &ActQ8K, t0: usize
                 };
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s[g]));
             }
-            finish_block::<K>(isum, corr_w, d, dmin, a, ab, &mut acc[t], &mut macc[t]);
+            finish_block::<K>(isum, corr_w, d, dmin, a, ab, &mut acc[t]);
         }
     }
     for t in 0..NT {
-        *out.add(t * ldo) = hsum(acc[t]) - macc[t];
+        *out.add(t * ldo) = acc[t];
     }
 }

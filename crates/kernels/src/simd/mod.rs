@@ -10,8 +10,9 @@
 //! Paths: `scalar` (portable, any target, also the reference), `avx2` (AVX2+FMA+F16C,
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
 //! 16-lane float kernels; `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
-//! formats of `avx2_k` reuse the AVX2 kernels; calls of ≥ 8 tokens of those formats run
-//! `k_panel`'s decoded-once panels with 512-bit micro-kernels), `amx` (AMX-INT8 tiles for
+//! formats of `avx2_k` reuse the AVX2 kernels; calls of ≥ 8 tokens of Q5_K/Q3_K/Q2_K/IQ4_XS,
+//! and of packed Q4_K/Q6_K, run `vnni_k`'s token-lane VNNI kernel; on the AVX2 path
+//! Q5_K/Q3_K/Q2_K/IQ4_XS prefill runs `k_panel`'s decoded-once panels), `amx` (AMX-INT8 tiles for
 //! Q4_0/Q8_0, driven per row chunk by `amx::run_rows` instead of `run_tile`; other formats on
 //! that path use `avx512`), `neon` (aarch64: integer dots of the quantized formats with
 //! widening multiplies, bitwise the scalar reference; float formats and Q4_1, Q5_0, Q5_1,
@@ -41,6 +42,8 @@ pub(crate) mod k_panel;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
 pub(crate) mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod vnni_k;
 
 /// A kernel implementation family. `Isa::detect()` picks the best one the CPU supports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

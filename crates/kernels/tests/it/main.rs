@@ -13,3 +13,4 @@ mod matmul;
 mod prop;
 mod repack;
 mod repack_k;
+mod vnni_k;

@@ -1,0 +1,460 @@
+//! AVX-512 VNNI prefill of the 256-element formats — Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS —
+//! with the tokens in the register lanes.
+//!
+//! A chunk's rows are decoded **once per call** into a per-thread panel of unsigned byte codes
+//! (Q4_K 0..16, Q5_K 0..32, Q6_K `q + 32`, Q3_K `q + 4`, Q2_K 0..4, IQ4_XS table value + 128),
+//! 8 rows interleaved 4 bytes at a time, with each row's sub-block scales as i32 and its
+//! block-sum coefficients (mins, or the scales of the offset) as i16 pairs. The activations of
+//! the call are transposed once ([`TokenLanes`]: 16 tokens per register). Then an 8-row ×
+//! 16-token micro-kernel does, per 4 elements and row, one `vpbroadcastd` of the row's 4 codes
+//! and one `vpdpbusd` against the 16 tokens' 4 activation bytes; per sub-block one `vpmulld`
+//! applies the scale; per super-block one `vpdpwssd` per sub-block pair forms the block-sum
+//! term from the tokens' Q8_K block sums.
+//!
+//! Invariant: per (row, token, super-block) the integers are exactly the scalar reference's
+//! (`Σ_j sc_j·Σ q·x`, the mins' `Σ_j m_j·S_j`; an offset `o` enters as `Σ_j sc_j·Σ u·x −
+//! o·Σ_j sc_j·S_j` with `u = q + o`, the same integer), and the float operations are the
+//! reference's lane by lane — `acc += (d·dx)·isum − (dmin·dx)·msum` or `acc += (d·dx)·isum`,
+//! super-blocks in order, from +0.0, no fused multiply-add — so every token's output is bitwise
+//! the scalar path's, and thus the decode kernels' (which compute the same recipe), whatever
+//! the call's token count.
+
+use super::avx2_k::{block_bytes, decode_block, KBlock, IQ4XS, Q2K, Q3K, Q5K};
+use super::{Acts, Isa, TileCtx};
+use crate::blocks::*;
+use crate::dtype::DType;
+use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
+use crate::repack_k::{HALF_ROWS, Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC, Q6K_P_Q, Q6K_P_SC};
+use crate::token_lanes::{Lane64, TokenLanes, LANES};
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Q4_K's tag (the other tags are `avx2_k`'s).
+const Q4K: u8 = 4;
+/// Q6_K's tag.
+const Q6K: u8 = 5;
+
+/// Fewest tokens in a call for this path; smaller calls keep the decode kernels.
+pub(crate) const MIN_TOKENS: usize = 8;
+
+/// Rows of the micro-kernel (one register of 16 tokens each); a panel is a whole number of
+/// bands, the last padded with zero rows whose results are not stored.
+pub(crate) const BAND: usize = 8;
+
+/// Whether a call of `n_tokens` tokens of format `d` on `isa` runs here. `packed`: the matrix
+/// has a [`Packed`] copy (then Q4_K / Q6_K are read from it; their decode kernels on this path
+/// are the packed ones, bitwise the reference). Q4_K / Q6_K without a packing keep the tiles.
+pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize, packed: bool) -> bool {
+    n_tokens >= MIN_TOKENS
+        && match d {
+            DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS => matches!(isa, Isa::Avx512 | Isa::Amx) && !packed,
+            DType::Q4K | DType::Q6K => isa == Isa::Avx512 && packed,
+            _ => false,
+        }
+}
+
+/// Per (row, super-block) scales: `sc[j]` sub-block `j`'s scale, `cp[p]` the i16 pair of
+/// block-sum coefficients of sub-blocks `2p, 2p + 1` (low, high half), `d`, `dmin`.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Meta {
+    sc: [i32; 16],
+    cp: [i32; 8],
+    d: f32,
+    dmin: f32,
+}
+
+const META0: Meta = Meta { sc: [0; 16], cp: [0; 8], d: 0.0, dmin: 0.0 };
+
+/// Panel bytes of one weight row of `cols` columns.
+fn panel_row_bytes(cols: usize) -> usize {
+    cols + cols / QK_K * std::mem::size_of::<Meta>()
+}
+
+/// Rows a chunk's panel may hold to stay in L2 (≈ 384 KiB), a whole number of bands.
+pub(crate) fn chunk_rows(cols: usize) -> usize {
+    ((384 * 1024) / panel_row_bytes(cols).max(1)).max(BAND) / BAND * BAND
+}
+
+thread_local! {
+    /// This thread's panel: codes (band-major: band, super-block, 4-byte group, row) and metas
+    /// (band, super-block, row).
+    static PANEL: RefCell<(Vec<Lane64>, Vec<Meta>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Format tag of `d` for this module.
+fn tag(d: DType) -> u8 {
+    match d {
+        DType::Q4K => Q4K,
+        DType::Q6K => Q6K,
+        DType::Q5K => Q5K,
+        DType::Q3K => Q3K,
+        DType::Q2K => Q2K,
+        _ => IQ4XS,
+    }
+}
+
+/// Computes output rows `r0..r1` for all `n_tokens` tokens, in spans of at most
+/// [`chunk_rows`] rows (one panel each).
+///
+/// # Safety
+/// AVX-512 F/BW/VL + VNNI available; `c`'s matrix is of a format [`takes`] accepts, with Q8_K
+/// activations; `packed` is its packing when it is Q4_K / Q6_K (then `r0` and `r1` are
+/// multiples of 8); no other thread writes rows `r0..r1`.
+pub(crate) unsafe fn run_rows(c: &TileCtx, packed: Option<&Packed>, r0: usize, r1: usize, n_tokens: usize) {
+    let Acts::Q8K(a) = c.acts else { unreachable!("activations prepared for the wrong dtype") };
+    let lanes = a.lanes.get_or_init(|| TokenLanes::new(a));
+    let span = chunk_rows(c.w.cols);
+    let mut s0 = r0;
+    while s0 < r1 {
+        let s1 = (s0 + span).min(r1);
+        run_span(c, lanes, packed, s0, s1, n_tokens);
+        s0 = s1;
+    }
+}
+
+/// [`run_rows`] on one panel's rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0: usize, r1: usize, n_tokens: usize) {
+    let k = tag(c.w.dtype);
+    let nb = lanes.nb;
+    let rows = r1 - r0;
+    let bands = rows.div_ceil(BAND);
+    PANEL.with(|cell| {
+        let (codes, meta) = &mut *cell.borrow_mut();
+        // 256 codes × 8 rows per (band, super-block) = 32 registers.
+        let ncodes = bands * nb * 32;
+        if codes.len() < ncodes {
+            codes.resize(ncodes, Lane64([0; 64]));
+        }
+        if meta.len() < bands * nb * BAND {
+            meta.resize(bands * nb * BAND, META0);
+        }
+        let cp = codes.as_mut_ptr() as *mut u8;
+        match k {
+            Q4K | Q6K => {
+                let p = packed.expect("Q4_K / Q6_K run here only packed");
+                for b in 0..bands {
+                    let g = r0 / GROUP_ROWS + b;
+                    let gp = p.group(g).as_ptr();
+                    for i in 0..nb {
+                        let blk = gp.add(i * group_block_bytes(c.w.dtype));
+                        let dst = cp.add((b * nb + i) * 2048);
+                        let m = meta.as_mut_ptr().add((b * nb + i) * BAND);
+                        if k == Q4K {
+                            fill_q4k(blk, dst, m);
+                        } else {
+                            fill_q6k(blk, dst, m);
+                        }
+                    }
+                }
+            }
+            _ => {
+                let rb = c.w.row_bytes();
+                for r in 0..bands * BAND {
+                    let (b, rr) = (r / BAND, r % BAND);
+                    for i in 0..nb {
+                        let dst = cp.add((b * nb + i) * 2048);
+                        let m = &mut meta[(b * nb + i) * BAND + rr];
+                        if r >= rows {
+                            zero_row(dst, rr);
+                            *m = META0;
+                            continue;
+                        }
+                        let src = c.w.data.as_ptr().add((r0 + r) * rb + i * block_bytes(k));
+                        match k {
+                            Q5K => fill_row::<Q5K>(src, dst, rr, m),
+                            Q3K => fill_row::<Q3K>(src, dst, rr, m),
+                            Q2K => fill_row::<Q2K>(src, dst, rr, m),
+                            _ => fill_row::<IQ4XS>(src, dst, rr, m),
+                        }
+                    }
+                }
+            }
+        }
+        let mut res = [[0f32; LANES]; BAND];
+        let mut tr = [[0f32; BAND]; LANES];
+        let (out, ldo) = (c.out, c.ldo);
+        for g in 0..n_tokens.div_ceil(LANES) {
+            let nt = (n_tokens - g * LANES).min(LANES);
+            for b in 0..bands {
+                let bc = cp.add(b * nb * 2048) as *const u8;
+                let bm = meta.as_ptr().add(b * nb * BAND);
+                match k {
+                    Q4K => band::<Q4K>(bc, bm, lanes, g, &mut res),
+                    Q6K => band::<Q6K>(bc, bm, lanes, g, &mut res),
+                    Q5K => band::<Q5K>(bc, bm, lanes, g, &mut res),
+                    Q3K => band::<Q3K>(bc, bm, lanes, g, &mut res),
+                    Q2K => band::<Q2K>(bc, bm, lanes, g, &mut res),
+                    _ => band::<IQ4XS>(bc, bm, lanes, g, &mut res),
+                }
+                // Rows side by side per token, then one contiguous copy per token.
+                for r in 0..BAND {
+                    for t in 0..LANES {
+                        tr[t][r] = res[r][t];
+                    }
+                }
+                let live = (rows - b * BAND).min(BAND);
+                let base = out.add(g * LANES * ldo + r0 + b * BAND);
+                for (t, v) in tr.iter().enumerate().take(nt) {
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), base.add(t * ldo), live);
+                }
+            }
+        }
+    });
+}
+
+/// Byte offset of element `e` of band row `r` within a (band, super-block) code block.
+#[inline(always)]
+fn code_at(r: usize, e: usize) -> usize {
+    (e / 4 * BAND + r) * 4 + e % 4
+}
+
+/// Zero codes for padding row `r` of a (band, super-block) code block at `dst`.
+#[inline]
+unsafe fn zero_row(dst: *mut u8, r: usize) {
+    for kg in 0..64 {
+        (dst.add(code_at(r, 4 * kg)) as *mut u32).write_unaligned(0);
+    }
+}
+
+/// Writes register `v` (32 codes, elements `e0..e0 + 32` of row `r`) into a code block.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn put32(dst: *mut u8, r: usize, e0: usize, v: __m256i) {
+    let mut w = [0u32; 8];
+    _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, v);
+    for (j, x) in w.iter().enumerate() {
+        (dst.add(code_at(r, e0 + 4 * j)) as *mut u32).write_unaligned(*x);
+    }
+}
+
+/// Writes 8 codes (`u`, elements `e0..e0 + 8` of row `r`) into a code block.
+#[inline(always)]
+unsafe fn put8(dst: *mut u8, r: usize, e0: usize, u: u64) {
+    (dst.add(code_at(r, e0)) as *mut u32).write_unaligned(u as u32);
+    (dst.add(code_at(r, e0 + 4)) as *mut u32).write_unaligned((u >> 32) as u32);
+}
+
+/// i16 pair `(lo, hi)` as one i32 (low half `lo`).
+#[inline(always)]
+fn pair(lo: i32, hi: i32) -> i32 {
+    ((lo as u32 & 0xFFFF) | ((hi as u32) << 16)) as i32
+}
+
+/// One source super-block of Q5_K / Q3_K / Q2_K / IQ4_XS (at `src`) → row `r` of a code block
+/// and its [`Meta`], by the decode tiles' own decoding (`avx2_k::decode_block`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_row<const K: u8>(src: *const u8, dst: *mut u8, r: usize, m: &mut Meta) {
+    let KBlock { q, d, dmin, .. } = decode_block::<K>(src);
+    for (g, v) in q.iter().enumerate() {
+        // IQ4_XS: the signed table value + 128 (flipping the top bit), unsigned for vpdpbusd.
+        let v = if K == IQ4XS { _mm256_xor_si256(*v, _mm256_set1_epi8(-128)) } else { *v };
+        put32(dst, r, 32 * g, v);
+    }
+    let b = std::slice::from_raw_parts(src, block_bytes(K));
+    *m = META0;
+    m.d = d;
+    m.dmin = dmin;
+    match K {
+        Q5K => {
+            let (sc, mn) = scales_mins_k4(&b[Q4K_SCALES..]);
+            for j in 0..8 {
+                m.sc[j] = sc[j] as i32;
+            }
+            for p in 0..4 {
+                m.cp[p] = pair(mn[2 * p] as i32, mn[2 * p + 1] as i32);
+            }
+        }
+        Q3K => {
+            let sc = q3k_scales(b);
+            for j in 0..16 {
+                m.sc[j] = sc[j] as i32;
+            }
+            for p in 0..8 {
+                m.cp[p] = pair(sc[2 * p] as i32, sc[2 * p + 1] as i32);
+            }
+        }
+        Q2K => {
+            for j in 0..16 {
+                m.sc[j] = (b[j] & 0xF) as i32;
+            }
+            for p in 0..8 {
+                m.cp[p] = pair((b[2 * p] >> 4) as i32, (b[2 * p + 1] >> 4) as i32);
+            }
+        }
+        _ => {
+            let ls = iq4xs_scales(b);
+            m.sc[..8].copy_from_slice(&ls);
+            for p in 0..4 {
+                m.cp[p] = pair(ls[2 * p], ls[2 * p + 1]);
+            }
+        }
+    }
+}
+
+/// The 4 rows' 8-byte pieces of a packed register (`HALF_ROWS[h]` order).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn pieces(v: __m256i) -> [u64; 4] {
+    let mut w = [0u64; 4];
+    _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, v);
+    w
+}
+
+/// One packed Q4_K group-super-block (8 rows, `repack_k.rs`) → a code block and 8 metas.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_q4k(b: *const u8, dst: *mut u8, m: *mut Meta) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    for c in 0..4 {
+        for h in 0..2 {
+            for k in 0..4 {
+                let w = _mm256_loadu_si256(b.add(Q4K_P_QS + 32 * (8 * c + 4 * h + k)) as *const __m256i);
+                let lo = pieces(_mm256_and_si256(w, m4));
+                let hi = pieces(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4));
+                for j in 0..4 {
+                    let r = HALF_ROWS[h][j];
+                    put8(dst, r, 64 * c + 8 * k, lo[j]);
+                    put8(dst, r, 64 * c + 32 + 8 * k, hi[j]);
+                }
+            }
+        }
+    }
+    let bs = std::slice::from_raw_parts(b, Q4K_P_QS);
+    for r in 0..GROUP_ROWS {
+        let mr = &mut *m.add(r);
+        *mr = META0;
+        mr.d = f16_at(bs, 2 * r);
+        mr.dmin = f16_at(bs, 16 + 2 * r);
+        let at = |j: usize| 16 * (j / 2) + 2 * r + j % 2;
+        for j in 0..8 {
+            mr.sc[j] = bs[Q4K_P_SC + at(j)] as i32;
+        }
+        for p in 0..4 {
+            mr.cp[p] = pair(bs[Q4K_P_MIN + at(2 * p)] as i32, bs[Q4K_P_MIN + at(2 * p + 1)] as i32);
+        }
+    }
+}
+
+/// One packed Q6_K group-super-block (8 rows) → a code block (`u = q + 32`) and 8 metas.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_q6k(b: *const u8, dst: *mut u8, m: *mut Meta) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    for c in 0..4 {
+        for h in 0..2 {
+            let base = b.add(Q6K_P_Q + 192 * (2 * c + h));
+            for kk in 0..2 {
+                // qh_kk, ql_{2kk}, ql_{2kk+1}: pieces m = 2kk (qh bits 0..4) and 2kk + 1 (bits 4..8).
+                let qh = _mm256_loadu_si256(base.add(96 * kk) as *const __m256i);
+                let w0 = _mm256_loadu_si256(base.add(96 * kk + 32) as *const __m256i);
+                let w1 = _mm256_loadu_si256(base.add(96 * kk + 64) as *const __m256i);
+                let lo0 = _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                let hi0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                let lo1 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(qh, m30));
+                let hi1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+                let (lo0, hi0, lo1, hi1) = (pieces(lo0), pieces(hi0), pieces(lo1), pieces(hi1));
+                for j in 0..4 {
+                    let r = HALF_ROWS[h][j];
+                    let (ma, mb) = (2 * kk, 2 * kk + 1);
+                    put8(dst, r, 64 * c + 8 * ma, lo0[j]);
+                    put8(dst, r, 64 * c + 32 + 8 * ma, hi0[j]);
+                    put8(dst, r, 64 * c + 8 * mb, lo1[j]);
+                    put8(dst, r, 64 * c + 32 + 8 * mb, hi1[j]);
+                }
+            }
+        }
+    }
+    let bs = std::slice::from_raw_parts(b, Q6K_P_Q);
+    for r in 0..GROUP_ROWS {
+        let mr = &mut *m.add(r);
+        *mr = META0;
+        mr.d = f16_at(bs, 2 * r);
+        let sc = |j: usize| bs[Q6K_P_SC + 16 * (j / 2) + 2 * r + j % 2] as i8 as i32;
+        for j in 0..16 {
+            mr.sc[j] = sc(j);
+        }
+        for p in 0..8 {
+            mr.cp[p] = pair(sc(2 * p), sc(2 * p + 1));
+        }
+    }
+}
+
+/// Sub-blocks per super-block of format `K` (16 or 32 values each).
+const fn nsub(k: u8) -> usize {
+    match k {
+        Q6K | Q3K | Q2K => 16,
+        _ => 8,
+    }
+}
+
+/// Whether `K` has mins (`acc += (d·dx)·isum − (dmin·dx)·msum`); else it has an offset.
+const fn has_min(k: u8) -> bool {
+    matches!(k, Q4K | Q5K | Q2K)
+}
+
+/// log2 of the offset `u − q` of a format without mins (Q6_K 32, Q3_K 4, IQ4_XS 128).
+const fn offset_shift(k: u8) -> u32 {
+    match k {
+        Q6K => 5,
+        Q3K => 2,
+        _ => 7,
+    }
+}
+
+/// One band (8 rows; codes `bc`, metas `bm`) × token group `g`: `res[r][t]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn band<const K: u8>(bc: *const u8, bm: *const Meta, lanes: &TokenLanes, g: usize, res: &mut [[f32; LANES]; BAND]) {
+    let nb = lanes.nb;
+    let ns = nsub(K);
+    let kps = 64 / ns;
+    let zero = _mm512_setzero_si512();
+    let mut facc = [_mm512_setzero_ps(); BAND];
+    for i in 0..nb {
+        let lb = g * nb + i;
+        let xp = lanes.xq.as_ptr().add(lb * 64) as *const __m512i;
+        let wc = bc.add(i * 2048) as *const i32;
+        let m = bm.add(i * BAND);
+        let mut s1 = [zero; BAND];
+        for s in 0..ns {
+            let mut raw = [zero; BAND];
+            for kk in 0..kps {
+                let kg = s * kps + kk;
+                let x = _mm512_load_si512(xp.add(kg) as *const _);
+                for r in 0..BAND {
+                    let w = _mm512_set1_epi32(wc.add(kg * BAND + r).read());
+                    raw[r] = _mm512_dpbusd_epi32(raw[r], w, x);
+                }
+            }
+            for r in 0..BAND {
+                s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(raw[r], _mm512_set1_epi32((*m.add(r)).sc[s])));
+            }
+        }
+        let (bsp, np) = if ns == 16 {
+            (lanes.bs16.as_ptr().add(lb * 8) as *const __m512i, 8)
+        } else {
+            (lanes.bs32.as_ptr().add(lb * 4) as *const __m512i, 4)
+        };
+        let dx = _mm512_load_ps(lanes.dx.as_ptr().add(lb) as *const f32);
+        for r in 0..BAND {
+            let mr = &*m.add(r);
+            let mut corr = zero;
+            for p in 0..np {
+                corr = _mm512_dpwssd_epi32(corr, _mm512_set1_epi32(mr.cp[p]), _mm512_load_si512(bsp.add(p) as *const _));
+            }
+            let dd = _mm512_mul_ps(_mm512_set1_ps(mr.d), dx);
+            let term = if has_min(K) {
+                let t = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s1[r]));
+                let u = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(mr.dmin), dx), _mm512_cvtepi32_ps(corr));
+                _mm512_sub_ps(t, u)
+            } else {
+                let isum = _mm512_sub_epi32(s1[r], _mm512_sll_epi32(corr, _mm_cvtsi32_si128(offset_shift(K) as i32)));
+                _mm512_mul_ps(dd, _mm512_cvtepi32_ps(isum))
+            };
+            facc[r] = _mm512_add_ps(facc[r], term);
+        }
+    }
+    for r in 0..BAND {
+        _mm512_storeu_ps(res[r].as_mut_ptr(), facc[r]);
+    }
+}

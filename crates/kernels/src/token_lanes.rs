@@ -1,0 +1,90 @@
+//! Q8_K activations transposed so that one 64-byte register holds 16 tokens side by side
+//! ([`TokenLanes`]): the layout of the AVX-512 VNNI prefill kernel (`simd/vnni_k.rs`), which
+//! broadcasts 4 weight bytes and multiplies them against 16 tokens' 4 activation bytes at once.
+//!
+//! Invariant: a pure rearrangement of the [`ActQ8K`] it is built from (every value, block sum
+//! and scale of token `t` sits in lane `t % 16` of group `t / 16`); lanes past the last token
+//! hold zeros, which contribute nothing to any sum.
+
+use crate::blocks::QK_K;
+use crate::quantize::ActQ8K;
+
+/// Tokens per group (lanes of a 512-bit register of i32 or f32).
+pub(crate) const LANES: usize = 16;
+
+/// One 64-byte, 64-byte-aligned register image (16 × 4 bytes).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Lane64(pub [u8; 64]);
+
+/// The call's activations by 16-token groups: per (group `g`, super-block `i`), `xq` holds 64
+/// registers (register `kg`: bytes `4kg..4kg+4` of the block of each token, token `l` at bytes
+/// `4l..4l+4`), `bs16` 8 registers (pair `p`: i16 block sums `2p` and `2p + 1` of 16 values,
+/// low and high half of lane `l`), `bs32` 4 registers (pair `p`: the sums of the 32-value
+/// sub-blocks `2p` and `2p + 1`), `dx` one register of the 16 tokens' f32 scales.
+pub(crate) struct TokenLanes {
+    /// Super-blocks per token row.
+    pub nb: usize,
+    /// `(g·nb + i)·64 + kg`.
+    pub xq: Vec<Lane64>,
+    /// `(g·nb + i)·8 + p`.
+    pub bs16: Vec<Lane64>,
+    /// `(g·nb + i)·4 + p`.
+    pub bs32: Vec<Lane64>,
+    /// `g·nb + i`.
+    pub dx: Vec<Lane64>,
+}
+
+impl TokenLanes {
+    /// Transposes every token of `a`.
+    pub(crate) fn new(a: &ActQ8K) -> TokenLanes {
+        let nb = a.blocks_per_row;
+        let n = if nb == 0 { 0 } else { a.d.len() / nb };
+        let groups = n.div_ceil(LANES);
+        let z = Lane64([0; 64]);
+        let mut l = TokenLanes {
+            nb,
+            xq: vec![z; groups * nb * 64],
+            bs16: vec![z; groups * nb * 8],
+            bs32: vec![z; groups * nb * 4],
+            dx: vec![z; groups * nb],
+        };
+        // Lane64 is 64 plain bytes: view the buffers as 4-byte words (lane `t % 16` of register
+        // `j` is word `16j + t % 16`).
+        let words = |v: &mut Vec<Lane64>| -> &mut [u32] {
+            // SAFETY: Lane64 is repr(C), 64 bytes, align 64 ≥ 4; any bit pattern is a valid u32.
+            unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u32, v.len() * 16) }
+        };
+        let (xq, bs16, bs32, dx) = (
+            words(&mut l.xq) as *mut [u32],
+            words(&mut l.bs16) as *mut [u32],
+            words(&mut l.bs32) as *mut [u32],
+            words(&mut l.dx) as *mut [u32],
+        );
+        // SAFETY: four distinct buffers, each borrowed once.
+        let (xq, bs16, bs32, dx) = unsafe { (&mut *xq, &mut *bs16, &mut *bs32, &mut *dx) };
+        let pair = |lo: i32, hi: i32| (lo as u32 & 0xFFFF) | ((hi as u32) << 16);
+        for t in 0..n {
+            let (g, o) = (t / LANES, t % LANES);
+            for i in 0..nb {
+                let ab = t * nb + i;
+                let lb = g * nb + i;
+                let src = &a.qs[ab * QK_K..(ab + 1) * QK_K];
+                let dst = &mut xq[lb * 64 * 16..(lb + 1) * 64 * 16];
+                for (kg, q) in src.chunks_exact(4).enumerate() {
+                    dst[16 * kg + o] = u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+                }
+                let bs = &a.bsums[ab * 16..(ab + 1) * 16];
+                for p in 0..8 {
+                    bs16[(lb * 8 + p) * 16 + o] = pair(bs[2 * p] as i32, bs[2 * p + 1] as i32);
+                }
+                let s = |j: usize| bs[2 * j] as i32 + bs[2 * j + 1] as i32;
+                for p in 0..4 {
+                    bs32[(lb * 4 + p) * 16 + o] = pair(s(2 * p), s(2 * p + 1));
+                }
+                dx[lb * 16 + o] = a.d[ab].to_bits();
+            }
+        }
+        l
+    }
+}
