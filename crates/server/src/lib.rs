@@ -72,7 +72,7 @@ use engram_model::Model;
 pub use api::{check_id, new_id, now_s};
 pub use engine_handle::{EngineHandle, Event, Job, SchedulerConfig};
 pub use engram_context::{DiskConfig, SessionsConfig};
-pub use engram_stack::ContextMode;
+pub use engram_stack::{ContextMode, LongContextConfig};
 use engram_stack::{RagLayer, StackConfig};
 pub use error::ApiError;
 /// How facts and their summary are introduced in their system messages (`facts.rs`).
@@ -109,6 +109,9 @@ pub struct ServerConfig {
     /// With `--context dual`: the model that condenses a user's facts past the persistent
     /// cap (`None`: the served model).
     pub summarizer: Option<SummarizerModel>,
+    /// Conversations whose history and prompt pass a threshold served sparse (DynaKV) over KV
+    /// offloaded to disk (`None`: every sequence holds exact KV).
+    pub long_context: Option<LongContextConfig>,
 }
 
 /// A summarizer model (`--summarizer PATH`), any model Engram loads.
@@ -134,6 +137,7 @@ impl ServerConfig {
             limits: HttpLimits::default(),
             rag: None,
             summarizer: None,
+            long_context: None,
         }
     }
 }
@@ -183,6 +187,7 @@ impl Server {
                     tree_cap_bytes: r.tree_cap_bytes(),
                     idle: r.idle.clone(),
                 }),
+                long_context: config.long_context.clone(),
             },
         );
         if let (Some(r), Some(counters)) = (&rag, stack.rag_tree) {
