@@ -199,6 +199,7 @@ fn thread_switch_us(model: &Arc<Model>, pool: &KvPool, a: &Args, anchors: &[u32]
                 tokens: prompt.clone(),
                 token_ends: vec![0; prompt.len()],
                 kv,
+                cache: None,
                 unfed: None,
             });
             filled += prompt.len();

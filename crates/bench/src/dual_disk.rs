@@ -70,6 +70,7 @@ fn prefill_turn(p: &mut DualStream, model: &Model, pool: &KvPool, user: &str, th
         tokens: c.tokens,
         token_ends: vec![0; n],
         kv: kv.into_own(),
+        cache: None,
         unfed: None,
     });
     Ok(())

@@ -89,6 +89,7 @@ fn turn(model: &Arc<Model>, dual: &mut DualStream, prompt: &[u32], keep: bool) -
             tokens: c.tokens,
             token_ends: vec![0; n],
             kv,
+            cache: None,
             unfed: None,
         });
     }

@@ -10,6 +10,10 @@
 //! `engram_dual::FactStore` in `<data dir>/kv/facts`, under the owner a server without API
 //! keys gives the same `--user`, so they survive a restart and a local server sees them.
 //!
+//! With `--long-context-after TOKENS` the turns run through the engine and the policy stack
+//! (`chat_engine.rs`): a thread whose history passes the threshold goes sparse (DynaKV over KV
+//! offloaded to `<data dir>/long`) and keeps its sparse cache between turns.
+//!
 //! Invariant: a thread's prompt is the system prompt, then the live facts in order, then that
 //! thread's turns — whatever other threads hold.
 
@@ -38,6 +42,8 @@ pub struct Args {
     /// Whose facts `/fact` keeps (the OpenAI `user` of `engram serve --context dual`).
     #[arg(long, default_value = "default")]
     user: String,
+    #[command(flatten)]
+    long_context: crate::long_context::LongContextArgs,
 }
 
 const HELP: &str = "commands: /fact TEXT, /forget ID, /facts, /thread NAME";
@@ -48,7 +54,7 @@ pub fn run(a: Args) -> Result<()> {
     if model_args.model.is_none() {
         model_args.model = Some(crate::chat_model::default_chat_model(&crate::common::data_dir(&a.model.data_dir))?);
     }
-    let model = load_model(&model_args)?;
+    let model = std::sync::Arc::new(load_model(&model_args)?);
     let pool = kv_pool(&model, &model_args)?;
     let tok = &model.tokenizer;
     let tpl = tok.chat_template().ok_or_else(|| anyhow::anyhow!("the model has no chat template; use `engram generate`"))?;
@@ -59,6 +65,10 @@ pub fn run(a: Args) -> Result<()> {
     let owner = format!("default\u{1f}user:{}", a.user);
     let system: Vec<ChatMessage> =
         Some(&a.system).filter(|s| !s.is_empty()).map(|s| ChatMessage::new("system", s.clone())).into_iter().collect();
+    let engine = a
+        .long_context
+        .config(&crate::common::data_dir(&a.model.data_dir))?
+        .map(|long| crate::chat_engine::EngineChat::start(model.clone(), pool.clone(), long));
     let mut threads: HashMap<String, (Vec<ChatMessage>, Generator<'_>)> = HashMap::new();
     let mut current = "default".to_string();
     let params = a.sampling.params();
@@ -86,6 +96,16 @@ pub fn run(a: Args) -> Result<()> {
         messages.extend(history.iter().cloned());
         let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
         let ids = tok.encode(&text, false)?.ids;
+        if let Some(engine) = &engine {
+            let r = engine.turn(&engram_engine::OwnerKey::from(owner.as_str()), &current, &text, ids, &params, &mut stdout_sink)?;
+            println!();
+            eprintln!(
+                "[ttft {:.0} ms, {} of {} prompt tokens from cache, {} tokens at {:.1} tok/s]",
+                r.ttft_ms, r.cached_tokens, r.prompt_tokens, r.generated, r.decode_tok_s
+            );
+            history.push(ChatMessage::new("assistant", r.text));
+            continue;
+        }
         let out = gen.generate(&ids, &params, &mut stdout_sink)?;
         println!();
         let t = &out.timings;

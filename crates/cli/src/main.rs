@@ -5,10 +5,12 @@
 mod api_keys;
 mod cache_cmd;
 mod chat;
+mod chat_engine;
 mod convert_cmd;
 mod fixture_cmd;
 mod generate;
 mod generate_sparse;
+mod long_context;
 mod rag_cmd;
 mod remote_cmd;
 mod scenario_cmd;

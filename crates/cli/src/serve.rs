@@ -78,6 +78,8 @@ pub struct Args {
     /// store's certificate (default: the system's trusted roots).
     #[arg(long, value_name = "PEM", requires = "kv_remote")]
     kv_remote_ca: Option<PathBuf>,
+    #[command(flatten)]
+    long_context: crate::long_context::LongContextArgs,
     /// Speculative decoding for requests that do not choose (their `draft` field): `none`, or
     /// `prompt-lookup` (drafts copied from earlier in the context, verified in one step; the
     /// output is identical, only faster when the answer repeats its context, as code edits do),
@@ -293,6 +295,7 @@ pub fn run(mut a: Args) -> Result<()> {
             ..engram_server::RagServerConfig::new(data_dir(&a.model.data_dir).join("rag").join("tenants"))
         }),
         masked_turns: a.masked_turns.parse().map_err(anyhow::Error::msg)?,
+        long_context: a.long_context.config(&data_dir(&a.model.data_dir))?,
         summarizer: match &a.summarizer {
             Some(p) => Some(engram_server::SummarizerModel(Arc::new(
                 engram_model::Model::load(p).with_context(|| format!("--summarizer {}", p.display()))?,

@@ -22,6 +22,11 @@ impl ContextPolicy for SessionStore {
         }
     }
 
+    /// Sessions are paged KV: the pool's own count.
+    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize) -> Option<usize> {
+        None
+    }
+
     fn pin_owner(&mut self, owner: &OwnerKey) {
         SessionStore::pin_owner(self, owner.as_str())
     }

@@ -492,7 +492,13 @@ impl ContextPolicy for DualStream {
             // view's end: the turn still goes at the ring's next position.
             own_first: Some(view.next_position),
             lookup,
+            cache: None,
         })
+    }
+
+    /// Rings and streams are paged KV: the pool's own count.
+    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize) -> Option<usize> {
+        None
     }
 
     fn pin_owner(&mut self, _owner: &OwnerKey) {}

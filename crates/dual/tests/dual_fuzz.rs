@@ -367,6 +367,7 @@ impl Harness<'_> {
             tokens: o.tokens,
             token_ends: vec![0; n],
             kv: o.view.into_own(),
+            cache: None,
             unfed,
         });
         self.reference.push(&o.thread, RefTurn { rows, embedding: o.embedding, pinned: false }, unfed);

@@ -27,6 +27,7 @@
 //! requests, HTTP or tokenizers.
 
 mod block;
+mod charge;
 pub mod disk;
 pub mod disk_quota;
 pub mod envelope;
@@ -37,9 +38,11 @@ pub mod persist;
 mod pool;
 mod recent_window;
 mod seq;
+mod seq_cache;
 mod view;
 
 pub use block::{Block, BLOCK_TOKENS};
+pub use charge::PoolCharge;
 pub use disk::{DiskError, DiskStore, EntryStats, EvictionPolicy, GcReport, IndexWrite, StagedPut};
 pub use disk_quota::GroupQuota;
 pub use error::KvError;
@@ -51,4 +54,5 @@ pub use persist::{
 };
 pub use pool::{KvLayout, KvPool};
 pub use seq::SeqKv;
+pub use seq_cache::SeqCache;
 pub use view::{KvView, Span};

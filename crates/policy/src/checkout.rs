@@ -2,10 +2,11 @@
 //! the policy hands the scheduler ([`Checkout`], matched as a [`MatchKind`]) and what the
 //! scheduler hands back when the sequence ends ([`Retired`]).
 //!
-//! Invariant: a checkout's `kv` holds exactly `tokens[..reused]`, and a retired sequence's
-//! `kv` exactly its `tokens`.
+//! Invariant: a checkout's cache (`kv`, or `cache` when it carries one) holds exactly
+//! `tokens[..reused]`, and a retired sequence's exactly its `tokens`. A sequence runs on
+//! `cache` when it is set (then `kv` is empty and there are no spans) and on `kv` otherwise.
 
-use engram_kv::{SeqKv, Span};
+use engram_kv::{SeqCache, SeqKv, Span};
 use engram_tokenizer::Tokenizer;
 
 use crate::{OwnerKey, PendingRestore};
@@ -85,13 +86,17 @@ pub struct Checkout {
     /// here never change an answer. Empty from policies whose sequences hold their whole
     /// context.
     pub lookup: Vec<u32>,
+    /// A cache that is not paged KV (a sparse cache over KV offloaded to disk, built by the
+    /// policy): when set, the sequence runs on it instead of `kv` (which is then empty), with
+    /// no spans, `own_first` or restore. `None` from policies whose sequences hold paged KV.
+    pub cache: Option<Box<dyn SeqCache>>,
 }
 
 impl Checkout {
     /// A checkout whose view is `kv` alone, freshly checked (no restore pending, no spans,
     /// nothing to look up besides its tokens).
     pub fn own(session_id: String, kind: MatchKind, tokens: Vec<u32>, token_ends: Vec<usize>, reused: usize, kv: SeqKv) -> Checkout {
-        Checkout { session_id, kind, tokens, token_ends, reused, kv, restore: None, spans: Vec::new(), own_first: None, lookup: Vec::new() }
+        Checkout { session_id, kind, tokens, token_ends, reused, kv, restore: None, spans: Vec::new(), own_first: None, lookup: Vec::new(), cache: None }
     }
 }
 
@@ -106,6 +111,10 @@ pub struct Retired {
     /// Per token, where its text ends in `text` (zeros for id prompts).
     pub token_ends: Vec<usize>,
     pub kv: SeqKv,
+    /// The sequence's cache when its checkout carried one ([`Checkout::cache`]; then `kv` is
+    /// empty); it holds exactly `tokens`. `None` for paged sequences, and when the cache could
+    /// not be brought back to `tokens` (the policy then keeps nothing of the sequence's KV).
+    pub cache: Option<Box<dyn SeqCache>>,
     /// The last token sampled but never fed, when generation stopped at its length or was
     /// cancelled (not after a stop token or string): a policy that keeps the turn for a later
     /// request must put it first in that request's context (`text` already holds its text).

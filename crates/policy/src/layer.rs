@@ -29,6 +29,10 @@ pub trait PolicyLayer: Send {
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         self.inner_mut().admit(req)
     }
+    /// [`ContextPolicy::admission_bytes`]; forwards by default.
+    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize) -> Option<usize> {
+        self.inner().admission_bytes(owner, prompt_tokens)
+    }
     /// [`ContextPolicy::pin_owner`]; forwards by default.
     fn pin_owner(&mut self, owner: &OwnerKey) {
         self.inner_mut().pin_owner(owner)
@@ -75,6 +79,9 @@ pub trait PolicyLayer: Send {
 impl<L: PolicyLayer> ContextPolicy for L {
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         PolicyLayer::admit(self, req)
+    }
+    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize) -> Option<usize> {
+        PolicyLayer::admission_bytes(self, owner, prompt_tokens)
     }
     fn pin_owner(&mut self, owner: &OwnerKey) {
         PolicyLayer::pin_owner(self, owner)

@@ -25,6 +25,12 @@ pub trait ContextPolicy: Send {
     /// characters (`add_special` is how it tokenizes cold), one given as token ids by tokens.
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String>;
 
+    /// The most KV pool bytes admitting a prompt of `prompt_tokens` tokens for `owner` will
+    /// take when this policy holds such a sequence otherwise than in pool blocks (a sparse
+    /// cache charged by its RAM); `None`: the pool's `bytes_for(prompt_tokens)`. The scheduler
+    /// checks this against the budget before [`ContextPolicy::admit`].
+    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize) -> Option<usize>;
+
     /// `owner`'s saved state is pinned on disk (a named agent's).
     fn pin_owner(&mut self, owner: &OwnerKey);
 

@@ -19,8 +19,9 @@ use crate::{
 };
 
 /// Every seam method, in trait order.
-pub const METHODS: [&str; 11] = [
+pub const METHODS: [&str; 12] = [
     "admit",
+    "admission_bytes",
     "pin_owner",
     "make_room",
     "verify_restore",
@@ -62,6 +63,10 @@ impl ContextPolicy for Recording {
         self.note("admit");
         let n = req.tokens.len();
         Ok(Checkout::own("recorded".into(), MatchKind::Miss, req.tokens.to_vec(), vec![0; n], 0, SeqKv::new(&self.pool)))
+    }
+    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize) -> Option<usize> {
+        self.note("admission_bytes");
+        None
     }
     fn pin_owner(&mut self, _owner: &OwnerKey) {
         self.note("pin_owner");
@@ -129,6 +134,7 @@ pub fn exercise_every_method(wrap: impl FnOnce(Box<dyn ContextPolicy>) -> Box<dy
     let req = AdmitRequest { owner: &owner, session: None, text: None, add_special: false, tokens: &[0, 0], tok: &tok };
     let checkout = policy.admit(&req).expect("the recording policy admits everything");
     drop(checkout);
+    let _ = policy.admission_bytes(&owner, 2);
     policy.pin_owner(&owner);
     policy.make_room(1);
     policy.verify_restore(PendingRestore::new(Ping));
@@ -139,6 +145,7 @@ pub fn exercise_every_method(wrap: impl FnOnce(Box<dyn ContextPolicy>) -> Box<dy
         tokens: Vec::new(),
         token_ends: Vec::new(),
         kv: SeqKv::new(&pool),
+        cache: None,
         unfed: None,
     });
     policy.forget_owner(&owner);

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 /// The crates that decide what a sequence reuses and keeps.
-const POLICIES: [&str; 3] = ["engram-context", "engram-dual", "engram-rag"];
+const POLICIES: [&str; 4] = ["engram-context", "engram-dual", "engram-rag", "engram-sparse"];
 
 /// `crate_dir`'s normal `[dependencies]` that are workspace crates (`engram-*`).
 fn engram_deps(crate_dir: &str) -> Vec<String> {
@@ -38,7 +38,7 @@ fn the_engine_depends_on_no_policy_crate() {
 
 #[test]
 fn no_policy_depends_on_another_policy_or_the_server() {
-    for (dir, name) in [("context", "engram-context"), ("dual", "engram-dual"), ("rag", "engram-rag")] {
+    for (dir, name) in [("context", "engram-context"), ("dual", "engram-dual"), ("rag", "engram-rag"), ("sparse", "engram-sparse")] {
         let deps = engram_deps(dir);
         assert!(deps.contains(&"engram-policy".to_string()), "{name} implements the seam: {deps:?}");
         for other in POLICIES.iter().chain(&["engram-server", "engram-scenario", "engram-bench"]) {

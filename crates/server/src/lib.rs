@@ -72,7 +72,7 @@ use engram_model::Model;
 pub use api::{check_id, new_id, now_s};
 pub use engine_handle::{EngineHandle, Event, Job, SchedulerConfig};
 pub use engram_context::{DiskConfig, SessionsConfig};
-pub use engram_stack::{ContextMode, MaskedTurns};
+pub use engram_stack::{ContextMode, LongContextConfig, MaskedTurns};
 use engram_stack::{RagLayer, StackConfig};
 pub use error::ApiError;
 /// How facts and their summary are introduced in their system messages (`facts.rs`).
@@ -112,6 +112,9 @@ pub struct ServerConfig {
     /// With `--context dual` and relevance masks: where a turn masked out of attention keeps
     /// its KV (RAM, or a file under the disk tier read back when wanted).
     pub masked_turns: MaskedTurns,
+    /// Conversations whose history and prompt pass a threshold served sparse (DynaKV) over KV
+    /// offloaded to disk (`None`: every sequence holds exact KV).
+    pub long_context: Option<LongContextConfig>,
 }
 
 /// A summarizer model (`--summarizer PATH`), any model Engram loads.
@@ -138,6 +141,7 @@ impl ServerConfig {
             rag: None,
             summarizer: None,
             masked_turns: MaskedTurns::Ram,
+            long_context: None,
         }
     }
 }
@@ -188,6 +192,7 @@ impl Server {
                     tree_cap_bytes: r.tree_cap_bytes(),
                     idle: r.idle.clone(),
                 }),
+                long_context: config.long_context.clone(),
             },
         );
         if let (Some(r), Some(counters)) = (&rag, stack.rag_tree) {

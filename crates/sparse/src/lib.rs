@@ -1,5 +1,5 @@
-//! Sparse attention over clustered KV (DynaKV): the mechanism only — it knows
-//! nothing of requests or turns.
+//! Sparse attention over clustered KV (DynaKV): the mechanism, and ([`long`]) the policy
+//! layer that serves long conversations with it through the `engram-policy` seam.
 //!
 //! - [`kmeans`]: chunked k-means (bounded peak memory), the cluster count from the length.
 //! - [`method`]: the [`HeadIndex`] trait, one per (layer, KV head), and [`Method`], which makes
@@ -19,6 +19,9 @@
 //! - [`persist`]: a sequence's sparse state (RAM tail, sinks, index, the offload file) saved to a
 //!   folder and resumed by a later process without re-prefilling ([`SparseKv::save_state`],
 //!   [`SparseKv::resume_state`]).
+//! - [`long`]: the long-context policy — a layer over the context policy that serves a
+//!   conversation past a threshold from a [`LongKv`] (this crate's cache as the scheduler's
+//!   `engram_kv::SeqCache`, charged to the KV pool) and keeps it between turns.
 //! - [`probe`]: what a selection loses (attention mass, attention output error), measured in
 //!   f64 on the read itself.
 //!
@@ -29,6 +32,7 @@ pub mod cache;
 pub mod clusters;
 pub mod keys;
 pub mod kmeans;
+pub mod long;
 pub mod method;
 pub mod offload;
 pub mod persist;
@@ -37,6 +41,7 @@ pub mod probe;
 
 pub use cache::{SparseConfig, SparseKv};
 pub use keys::HeadKeys;
+pub use long::{LongContext, LongContextConfig, LongKv};
 pub use method::{HeadIndex, IndexStats, Method};
 pub use offload::{Backend, Layout, OffloadConfig, OffloadStats, Policy};
 pub use persist::{StateError, StateMeta};

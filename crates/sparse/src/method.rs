@@ -145,6 +145,8 @@ pub enum Method {
 impl Method {
     /// DynaKV's buffer budget `B_max` (buffered entries per head before a forced split).
     pub const B_MAX: usize = 64;
+    /// DynaKV with delayed splits and the paper's `B_max`: the method served for long conversations.
+    pub const DYNAKV: Method = Method::DynaKv { b_max: Method::B_MAX, eager: false };
 
     /// Every method with its default parameters, DynaKV first.
     pub fn all() -> Vec<Method> {

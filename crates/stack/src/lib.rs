@@ -3,15 +3,16 @@
 //! The one place a configuration becomes the [`ContextPolicy`] the engine runs:
 //!
 //! ```text
-//!  StackConfig ─ build ─► [ TreePolicy (RAG owners: the chunk KV tree) ]   when `rag` is set
-//!                              └─► SessionStore (ContextMode::Sessions)
-//!                                  or DualStream (ContextMode::Dual: rings, streams, summaries)
+//!  StackConfig ─ build ─► [ LongContext (conversations past a threshold: DynaKV) ]   when `long_context` is set
+//!                              └─► [ TreePolicy (RAG owners: the chunk KV tree) ]   when `rag` is set
+//!                                    └─► SessionStore (ContextMode::Sessions)
+//!                                        or DualStream (ContextMode::Dual: rings, streams, summaries)
 //! ```
 //! The server, the scenario backend and the benchmarks build their policies here, so a mode
 //! means the same stack wherever it runs.
 //!
 //! Architecture invariant: this crate only assembles; each policy's behaviour lives in its own
-//! crate (`engram-context`, `engram-dual`, `engram-rag`), and the engine receives the result
+//! crate (`engram-context`, `engram-dual`, `engram-rag`, `engram-sparse`), and the engine receives the result
 //! through the `engram-policy` seam.
 
 use std::sync::Arc;
@@ -24,7 +25,10 @@ use engram_embed::TextEncoder;
 use engram_kv::KvPool;
 use engram_model::Model;
 use engram_policy::ContextPolicy;
+use engram_sparse::LongContext;
 use engram_rag::{IdleTenants, SegmentRegistry, TreeCounters, TreePolicy};
+/// The long-context layer's settings, re-exported for whoever builds a stack.
+pub use engram_sparse::LongContextConfig;
 
 /// How the engine keeps context between chat requests.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -105,6 +109,9 @@ pub struct StackConfig {
     pub render_summary: Option<RenderSegment>,
     /// RAG's chunk tree over the policy (`None`: no RAG).
     pub rag: Option<RagLayer>,
+    /// Conversations past a threshold served sparse over KV offloaded to disk
+    /// (`engram_sparse::LongContext`, the outermost layer; `None`: every sequence exact).
+    pub long_context: Option<LongContextConfig>,
 }
 
 /// The built stack.
@@ -162,16 +169,28 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
             Box::new(policy)
         }
     };
-    let Some(rag) = &config.rag else { return PolicyStack { policy, rag_tree: None, masks_by } };
-    // RAG jobs go to the chunk KV tree; every other owner to the policy above, unchanged.
-    let tree = TreePolicy::new(policy, rag.registry.clone(), pool.clone(), model.clone(), rag.tree_cap_bytes);
-    let counters = tree.counters();
-    let policy: Box<dyn ContextPolicy> = match &rag.idle {
-        // Idle-time population runs in the engine's idle hook, one unit per slice.
-        Some(idle) => Box::new(tree.with_idle(idle.clone())),
-        None => Box::new(tree),
+    let (policy, rag_tree) = match &config.rag {
+        None => (policy, None),
+        Some(rag) => {
+            // RAG jobs go to the chunk KV tree; every other owner to the policy above, unchanged.
+            let tree = TreePolicy::new(policy, rag.registry.clone(), pool.clone(), model.clone(), rag.tree_cap_bytes);
+            let counters = tree.counters();
+            let policy: Box<dyn ContextPolicy> = match &rag.idle {
+                // Idle-time population runs in the engine's idle hook, one unit per slice.
+                Some(idle) => Box::new(tree.with_idle(idle.clone())),
+                None => Box::new(tree),
+            };
+            (policy, Some(counters))
+        }
     };
-    PolicyStack { policy, rag_tree: Some(counters), masks_by }
+    let policy = match &config.long_context {
+        None => policy,
+        Some(long) => {
+            tracing::info!("conversations past {} tokens are served sparse (DynaKV), offloaded under {}", long.after_tokens, long.dir.display());
+            Box::new(LongContext::new(policy, long.clone(), model.config.clone(), model.fingerprint.0, pool.clone()))
+        }
+    };
+    PolicyStack { policy, rag_tree, masks_by }
 }
 
 /// A summary's text as `model`'s tokens, no special tokens added.

@@ -152,6 +152,7 @@ pub fn dual_turn(
                 tokens,
                 token_ends: vec![0; n],
                 kv: kv.into_own(),
+                cache: None,
                 unfed: Some(t),
             });
             return (out, first_logits.unwrap());

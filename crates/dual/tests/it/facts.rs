@@ -25,6 +25,7 @@ fn retire(policy: &mut DualStream, thread: &str, tokens: Vec<u32>, kv: SeqKv) {
         tokens,
         token_ends: vec![0; n],
         kv,
+        cache: None,
         unfed: None,
     });
 }

@@ -88,6 +88,7 @@ fn the_state_entry_is_first_replaced_in_place_never_evicted_never_masked() {
             tokens: c.tokens,
             token_ends: vec![0; n],
             kv: view.into_own(),
+            cache: None,
             unfed: None,
         });
         if turn == 5 {

@@ -17,7 +17,7 @@ use std::time::Instant;
 use engram_kv::{KvView, BLOCK_TOKENS};
 use engram_policy::AdmitRequest;
 
-use super::{Engine, Event, JobError, JobErrorKind, Seq};
+use super::{Engine, Event, JobError, JobErrorKind, Seq, SeqCacheSlot};
 use crate::decoding::Decoding;
 
 impl Engine<'_> {
@@ -28,7 +28,9 @@ impl Engine<'_> {
         while self.active.len() < self.config.max_batch {
             let Some(i) = self.next_to_admit() else { break };
             let (job, _, _) = &self.waiting[i];
-            let need = self.pool.bytes_for(job.prompt.len());
+            // A policy that holds long prompts outside pool blocks (a sparse cache) says what
+            // it charges instead.
+            let need = self.policy.admission_bytes(&job.owner, job.prompt.len()).unwrap_or_else(|| self.pool.bytes_for(job.prompt.len()));
             if need > self.pool.budget() {
                 let (job, tx, _) = self.waiting.remove(i).expect("index in range");
                 self.pending.fetch_sub(1, Relaxed);
@@ -76,8 +78,26 @@ impl Engine<'_> {
             // recomputed, since its logits start generation.
             let prompt = c.tokens;
             let cached_len = c.reused.min(prompt.len().saturating_sub(1));
-            let mut kv = KvView::new(c.spans, c.kv).starting_at(c.own_first);
-            kv.own_mut().truncate(cached_len);
+            let mut kv = match c.cache {
+                Some(own) if c.spans.is_empty() && c.own_first.is_none() && c.restore.is_none() => SeqCacheSlot::Own(own),
+                Some(_) => {
+                    self.pending.fetch_sub(1, Relaxed);
+                    tx.send(Event::Failed(JobError::new(
+                        JobErrorKind::Internal,
+                        "the context policy handed a cache of its own together with spans or a restore",
+                    )));
+                    continue;
+                }
+                None => SeqCacheSlot::Paged(KvView::new(c.spans, c.kv).starting_at(c.own_first)),
+            };
+            if !kv.truncate(cached_len) {
+                self.pending.fetch_sub(1, Relaxed);
+                tx.send(Event::Failed(JobError::new(
+                    JobErrorKind::Internal,
+                    "the context policy handed a cache holding more tokens than it reuses, which it cannot drop",
+                )));
+                continue;
+            }
             let context = kv.own_first_position() + prompt.len();
             if prompt.is_empty() || context >= self.model.config.max_positions {
                 self.pending.fetch_sub(1, Relaxed);
@@ -89,7 +109,7 @@ impl Engine<'_> {
                 )));
                 continue;
             }
-            if kv.own_first_position() > 0 && (0..cached_len).any(|s| kv.own().position(s) != kv.own_first_position() + s) {
+            if kv.view().is_some_and(|v| v.own_first_position() > 0 && (0..cached_len).any(|s| v.own().position(s) != v.own_first_position() + s)) {
                 self.pending.fetch_sub(1, Relaxed);
                 tx.send(Event::Failed(JobError::new(
                     JobErrorKind::Internal,
@@ -175,8 +195,13 @@ impl Engine<'_> {
         if self.active.is_empty() {
             return true;
         }
-        let running: usize =
-            self.active.iter().map(|s| self.pool.bytes_for(s.prompt.len().saturating_sub(s.tokens.len()) + BLOCK_TOKENS)).sum();
+        // An own cache charges its RAM as it grows (its reservations make room for it).
+        let running: usize = self
+            .active
+            .iter()
+            .filter(|s| !s.kv.is_own())
+            .map(|s| self.pool.bytes_for(s.prompt.len().saturating_sub(s.tokens.len()) + BLOCK_TOKENS))
+            .sum();
         let want = running + need;
         self.pool.budget().saturating_sub(self.pool.used()) >= want || self.policy.make_room(want)
     }
@@ -206,14 +231,13 @@ impl Engine<'_> {
     /// (`SessionStore::make_room`: idle prefix blocks, then idle sessions, only as much as
     /// the reservation can take — its new blocks, a copied partial block, a recent window).
     pub(super) fn reserve(&mut self, at: usize, n: usize) -> bool {
-        let kv = self.active[at].kv.own_mut();
-        if kv.reserve(n).is_ok() {
-            return true;
+        match self.active[at].kv.try_reserve(n) {
+            Ok(()) => true,
+            Err(None) => false,
+            Err(Some(short)) => {
+                self.policy.make_room(short);
+                self.active[at].kv.try_reserve(n).is_ok()
+            }
         }
-        // Exactly what the reservation charges now (evicting can only lower it): a bound
-        // above it could refuse a reservation that fits once idle caches are gone.
-        let charge = kv.reserve_charge(n);
-        self.policy.make_room(charge);
-        self.active[at].kv.own_mut().reserve(n).is_ok()
     }
 }

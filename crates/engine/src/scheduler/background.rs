@@ -23,6 +23,8 @@ use std::time::Instant;
 
 use engram_kv::KvView;
 use engram_model::KeyMask;
+
+use super::SeqCacheSlot;
 use engram_policy::{BackgroundDone, BackgroundJob, BackgroundOutput, BackgroundPriority};
 
 use super::{Engine, Event, EventSink, Seq};
@@ -91,7 +93,9 @@ impl Seq<'_> {
     /// or no input this step).
     pub(super) fn hidden_mask(&self) -> Option<KeyMask> {
         let b = self.background.as_ref().filter(|b| !b.hidden.is_empty() && !self.input.is_empty())?;
-        Some(hidden_mask(&b.hidden, self.kv.span_keys(), self.tokens.len(), self.input.len()))
+        // Background jobs hold paged KV (their checkout's cache); an own cache has no spans.
+        let span_keys = self.kv.view().map_or(0, KvView::span_keys);
+        Some(hidden_mask(&b.hidden, span_keys, self.tokens.len(), self.input.len()))
     }
 }
 
@@ -144,10 +148,14 @@ impl Engine<'_> {
         if start.restore.is_some() {
             return fail(&mut self.policy, &self.metrics, "a background job cannot start from an unverified restore".into());
         }
+        if start.cache.is_some() {
+            return fail(&mut self.policy, &self.metrics, "a background job runs on paged KV, not on a policy's own cache".into());
+        }
         let prompt = start.tokens;
         let cached = start.reused.min(prompt.len().saturating_sub(1));
         let mut kv = KvView::new(start.spans, start.kv).starting_at(start.own_first);
         kv.own_mut().truncate(cached);
+        let kv = SeqCacheSlot::Paged(kv);
         if prompt.is_empty() || kv.own_first_position() + prompt.len() >= self.model.config.max_positions {
             return fail(
                 &mut self.policy,
@@ -176,8 +184,7 @@ impl Engine<'_> {
         let outcome = match outcome {
             Ok(()) if s.forgotten => Err("its owner was forgotten".to_string()),
             Ok(()) => {
-                let mut kv = s.kv.into_own();
-                kv.truncate(s.tokens.len());
+                let (kv, _) = s.kv.into_retired(&self.pool, s.tokens.len());
                 Ok(BackgroundOutput { text: s.out.decoded().to_string(), generated: s.out.generated().to_vec(), tokens: s.tokens, kv })
             }
             Err(e) => Err(e),

@@ -35,7 +35,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use engram_kv::{KvPool, KvView};
+use engram_kv::KvPool;
 use engram_model::Model;
 use engram_policy::{BackgroundJob, ContextPolicy, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, Retired};
 
@@ -48,7 +48,10 @@ use crate::speculate::{DraftTree, PromptLookup};
 
 mod admit;
 mod background;
+mod cache;
 mod step;
+
+use cache::SeqCacheSlot;
 
 /// Scheduler limits.
 #[derive(Clone, Debug)]
@@ -313,8 +316,9 @@ struct Seq<'m> {
     prompt: Vec<u32>,
     /// Exactly what `kv`'s own sequence holds.
     tokens: Vec<u32>,
-    /// The sequence's view: the policy's spans, then its own tokens.
-    kv: KvView,
+    /// The sequence's cache: the policy's spans then its own paged tokens, or a cache the
+    /// policy built (`cache.rs`).
+    kv: SeqCacheSlot,
     /// This step's input.
     input: Vec<u32>,
     /// The sampled token to feed next (decoding); `None` while prefilling.
@@ -360,7 +364,7 @@ impl<'m> Seq<'m> {
         events: Box<dyn EventSink>,
         prompt: Vec<u32>,
         cached: usize,
-        kv: KvView,
+        kv: SeqCacheSlot,
         out: Decoding<'m>,
         submitted: Instant,
     ) -> Seq<'m> {
@@ -592,10 +596,25 @@ impl<'m> Engine<'m> {
             Some(FinishReason::Length | FinishReason::Cancelled) => s.out.generated().last().copied(),
             _ => None,
         };
-        let mut kv = s.kv.into_own();
-        // Drop blocks reserved past the end (a failed or unused reservation).
-        kv.truncate(s.tokens.len());
         let n = s.tokens.len();
+        let own = s.kv.is_own();
+        let (kv, cache) = s.kv.into_retired(&self.pool, n);
+        if own && cache.is_none() {
+            // Its own cache could not be brought back to its tokens (a step failed half-way):
+            // nothing of the sequence's KV is handed back, so no tokens are claimed either.
+            self.policy.retire(Retired {
+                owner: s.owner.clone(),
+                session_id: s.session_id,
+                text: String::new(),
+                tokens: Vec::new(),
+                token_ends: Vec::new(),
+                kv,
+                cache: None,
+                unfed: None,
+            });
+            self.idle_work = true;
+            return;
+        }
         let (text, token_ends) = match s.prompt_text {
             Some(p) => {
                 let mut ends = s.prompt_ends;
@@ -605,7 +624,7 @@ impl<'m> Engine<'m> {
             }
             None => (String::new(), vec![0; n]),
         };
-        self.policy.retire(Retired { owner: s.owner.clone(), session_id: s.session_id, text, tokens: s.tokens, token_ends, kv, unfed });
+        self.policy.retire(Retired { owner: s.owner.clone(), session_id: s.session_id, text, tokens: s.tokens, token_ends, kv, cache, unfed });
         self.idle_work = true;
     }
 

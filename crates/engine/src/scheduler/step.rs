@@ -141,7 +141,7 @@ impl Engine<'_> {
             }
             let Seq { input, tokens, kv, .. } = s;
             let (tokens, first_pos, positions) = (input.as_slice(), tokens.len(), positions.as_deref());
-            steps.push(SeqStep { tokens, first_pos, positions, key_mask: mask.as_ref(), kv, logits: want[i] });
+            steps.push(SeqStep { tokens, first_pos, positions, key_mask: mask.as_ref(), kv: kv.as_kv_cache(), logits: want[i] });
             who.push(i);
         }
         if steps.is_empty() {
@@ -170,7 +170,7 @@ impl Engine<'_> {
                 for &i in who.iter().rev() {
                     let s = &mut self.active[i];
                     let keep = s.tokens.len();
-                    s.kv.own_mut().truncate(keep);
+                    s.kv.truncate(keep);
                     self.retire(i, Err(JobError::new(JobErrorKind::Internal, format!("model error: {e}"))));
                 }
                 return;
@@ -186,12 +186,17 @@ impl Engine<'_> {
             }
             let input = std::mem::take(&mut s.input);
             let draft = s.draft.take();
+            let was_prefill = s.next.is_none() && draft.is_none();
             match draft {
                 // The root is fed; its drafts join `tokens` as the walk accepts them.
                 Some(_) => s.tokens.push(input[0]),
                 None => s.tokens.extend_from_slice(&input),
             }
             s.input = input;
+            if was_prefill && s.tokens.len() == s.prompt.len() {
+                // The prompt is in: an own cache prepares for decoding (a sparse index).
+                s.kv.prefilled();
+            }
             if s.background.as_ref().is_some_and(|b| b.prefill_only) && s.tokens.len() == s.prompt.len() {
                 // A prefill asked for by the policy: done once its prompt is in.
                 self.retire(i, Ok(FinishReason::Stop));
@@ -312,7 +317,7 @@ impl Engine<'_> {
             Some(true) => self.config.speculation.unwrap_or_default(),
             None => self.config.speculation?,
         };
-        if s.draft_cooldown > 0 {
+        if s.draft_cooldown > 0 || !s.kv.allows_drafts() {
             return None;
         }
         let len = s.tokens.len();
@@ -359,7 +364,7 @@ impl Engine<'_> {
             s.next = None;
         };
         let s = &mut self.active[at];
-        s.kv.own_mut().keep_slots(base, &kept);
+        s.kv.paged_mut().expect("drafts run on paged KV only").keep_slots(base, &kept);
         // A tree costs more rows in the step than its accepted tokens save when most of it is
         // rejected: grow the next one while drafts are accepted, shrink it while they are not,
         // and after a tree of one draft is rejected decode plainly for a while.

@@ -11,6 +11,7 @@ mod draft_model;
 mod faults;
 mod grammar;
 mod idle;
+mod own_cache;
 mod pooled;
 mod reuse;
 mod scheduler;

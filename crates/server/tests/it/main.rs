@@ -17,6 +17,7 @@ mod facts;
 mod fleet;
 mod fuzz_bodies;
 mod limits;
+mod long_context;
 mod ollama;
 mod rag;
 mod rag_blend;

@@ -6,6 +6,7 @@ mod common;
 
 mod clusters;
 mod exact;
+mod long;
 mod offload;
 mod persist;
 mod stream;

@@ -1,0 +1,350 @@
+//! Long conversations served over DynaKV: [`LongContext`], a layer over the context policy
+//! (sessions, dual-stream) that moves a conversation whose history and prompt pass a threshold
+//! from exact paged KV to a sparse cache ([`LongKv`]: the sinks and recent window in RAM, the
+//! older KV offloaded to a file per sequence in the configured folder, clustered per (layer,
+//! KV head)), and keeps that cache between turns so the next turn extends it.
+//!
+//! ```text
+//!  admit ─► a kept sparse session this prompt extends?  yes ─► Checkout { cache: LongKv, reused: its tokens }
+//!             │ no
+//!             ▼
+//!           inner.admit ─► history + prompt > threshold?  no ─► the inner checkout, unchanged (exact)
+//!                              │ yes
+//!                              ▼
+//!                           switch: the exact rows copied into a LongKv (bounded prefill to its file)
+//!  retire ─► a LongKv comes back: kept (per owner and session, least recently used dropped first)
+//!            anything else: the inner policy
+//! ```
+//!
+//! Invariant: below the threshold the layer changes nothing (every call reaches the inner
+//! policy as it came); a kept sparse session is reused only by a prompt that extends it by at
+//! least one token: one whose cold tokenization starts with every token it holds, else (a
+//! text prompt) one whose text starts with the session's text, the rest tokenized after it;
+//! its RAM stays
+//! charged to the KV pool while it is kept, and [`LongContext::make_room`] drops kept sessions
+//! (least recently used first) once the inner policy cannot free enough.
+
+mod seq;
+mod switch;
+
+use std::any::Any;
+use std::path::PathBuf;
+
+use engram_kv::{KvPool, SeqKv};
+use engram_model::ModelConfig;
+use engram_policy::{
+    AdmitRequest, Checkout, ContextPolicy, GaugeKind, MatchKind, OwnerKey, OwnerKind, PolicyGauge, PolicyLayer, PolicyStats, Retired,
+};
+
+pub use seq::LongKv;
+
+use crate::offload::OffloadConfig;
+use crate::SparseConfig;
+
+/// How long conversations are served (module doc).
+#[derive(Clone, Debug)]
+pub struct LongContextConfig {
+    /// A conversation whose history and prompt hold more tokens than this goes sparse.
+    pub after_tokens: usize,
+    /// The method, retrieval budget, sinks and recent window of every sparse step.
+    pub sparse: SparseConfig,
+    /// Where each sparse sequence's offload file lives (the server's cache folder).
+    pub dir: PathBuf,
+    /// KV bytes (f16) a sparse sequence keeps in RAM before its older KV goes to its file.
+    pub ram_budget: usize,
+    /// Bytes of each sparse sequence's cluster cache.
+    pub cache_bytes: usize,
+    /// Sparse sessions kept between turns (least recently used dropped past it).
+    pub max_sessions: usize,
+}
+
+impl LongContextConfig {
+    /// DynaKV (retrieval budget 2,048, 4 sinks, a recent window of 64) past `after_tokens`,
+    /// files in `dir`, 64 MiB of KV in RAM and a 16 MiB cluster cache per sequence, 4
+    /// sessions kept.
+    pub fn new(after_tokens: usize, dir: PathBuf) -> LongContextConfig {
+        LongContextConfig {
+            after_tokens,
+            sparse: SparseConfig::new(crate::Method::DYNAKV),
+            dir,
+            ram_budget: 64 << 20,
+            cache_bytes: 16 << 20,
+            max_sessions: 4,
+        }
+    }
+
+    /// The most pool bytes a sparse sequence of `tokens` tokens charges (its RAM budget and
+    /// cluster cache, sinks, slot tables and index), for admission.
+    pub fn sequence_bytes(&self, model: &ModelConfig, tokens: usize) -> usize {
+        let heads = model.num_layers * model.num_kv_heads;
+        let token = heads * model.head_dim * 4;
+        // The RAM tail holds its budget plus one flush and a prefill chunk at most.
+        let tail = self.ram_budget.min(tokens * token) + 2 * 256 * token;
+        tail + self.cache_bytes + tokens * heads * (4 + 8) + self.sparse.sinks * token
+    }
+}
+
+/// A sparse session kept between turns.
+struct Kept {
+    owner: OwnerKey,
+    session_id: String,
+    /// The prompt and answer text (empty for token-id prompts), and where each token's ends.
+    text: String,
+    token_ends: Vec<usize>,
+    /// Exactly what `cache` holds.
+    tokens: Vec<u32>,
+    /// The last token sampled but never fed (its text ends `text`): the next turn's first.
+    unfed: Option<u32>,
+    cache: Box<LongKv>,
+    last_used: u64,
+}
+
+impl Kept {
+    /// The tokens (and text ends) of a prompt `req` that extends this session, if it does:
+    /// its cold tokenization when that starts with every token held; else, for a text that
+    /// starts with this session's text, the held tokens, the unfed one, then the rest of the
+    /// text tokenized alone. NOTE: the second keeps the tokens the model generated where a
+    /// cold tokenization of its text would split them otherwise (as a chat that never
+    /// re-tokenizes does): a long history is not prefilled again for a boundary.
+    fn extended_by(&self, req: &AdmitRequest<'_>, cold: &(Vec<u32>, Vec<usize>)) -> Option<(Vec<u32>, Vec<usize>)> {
+        let held = self.tokens.len();
+        if cold.0.len() > held && cold.0.starts_with(&self.tokens) {
+            return Some(cold.clone());
+        }
+        let text = req.text?;
+        if self.text.is_empty() || !text.starts_with(&self.text) {
+            return None;
+        }
+        let base = self.text.len();
+        let rest = req.tok.encode(&text[base..], false).ok()?;
+        let mut tokens = self.tokens.clone();
+        let mut ends = self.token_ends.clone();
+        tokens.extend(self.unfed);
+        ends.extend(self.unfed.map(|_| base));
+        tokens.extend_from_slice(&rest.ids);
+        ends.extend(rest.offsets.iter().map(|o| base + o.1));
+        monotonic(&mut ends);
+        (tokens.len() > held).then_some((tokens, ends))
+    }
+}
+
+/// Makes text ends non-decreasing (special tokens carry empty ranges).
+fn monotonic(ends: &mut [usize]) {
+    let mut m = 0;
+    for e in ends.iter_mut() {
+        m = m.max(*e);
+        *e = m;
+    }
+}
+
+/// The long-context layer (module doc).
+pub struct LongContext {
+    inner: Box<dyn ContextPolicy>,
+    cfg: LongContextConfig,
+    model: ModelConfig,
+    fingerprint: u64,
+    pool: KvPool,
+    kept: Vec<Kept>,
+    clock: u64,
+    switches: u64,
+    resumes: u64,
+}
+
+impl LongContext {
+    /// `inner` with conversations past `cfg.after_tokens` served sparse, for a model of
+    /// `model`'s shape and weights `fingerprint`, RAM charged to `pool`.
+    pub fn new(inner: Box<dyn ContextPolicy>, cfg: LongContextConfig, model: ModelConfig, fingerprint: u64, pool: KvPool) -> LongContext {
+        LongContext { inner, cfg, model, fingerprint, pool, kept: Vec::new(), clock: 0, switches: 0, resumes: 0 }
+    }
+
+    /// Sparse sessions kept now.
+    pub fn kept_sessions(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// Whether `owner`'s requests may go sparse (a RAG job's view is spans of chunks: never).
+    fn eligible(owner: &OwnerKey) -> bool {
+        *owner.kind() != OwnerKind::Rag
+    }
+
+    fn offload_config(&self) -> OffloadConfig {
+        OffloadConfig { ram_budget: self.cfg.ram_budget, cache_bytes: self.cfg.cache_bytes, ..OffloadConfig::new(self.cfg.dir.clone(), self.fingerprint) }
+    }
+
+    /// The kept session `req` extends, checked out; a named session it no longer extends is
+    /// dropped (its file with it).
+    fn resume(&mut self, req: &AdmitRequest<'_>) -> Result<Option<Checkout>, String> {
+        let candidates: Vec<usize> = (0..self.kept.len())
+            .filter(|&i| &self.kept[i].owner == req.owner && req.session.is_none_or(|s| s == self.kept[i].session_id))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        // The cold tokenization of the whole prompt, preferred where it agrees with a session.
+        let cold = match req.text {
+            Some(text) => {
+                let enc = req.tok.encode(text, req.add_special).map_err(|e| e.to_string())?;
+                let mut ends: Vec<usize> = enc.offsets.iter().map(|o| o.1).collect();
+                monotonic(&mut ends);
+                (enc.ids, ends)
+            }
+            None => (req.tokens.to_vec(), vec![0; req.tokens.len()]),
+        };
+        let found = candidates
+            .iter()
+            .filter_map(|&i| self.kept[i].extended_by(req, &cold).map(|t| (i, t)))
+            .max_by_key(|(i, _)| self.kept[*i].tokens.len());
+        let Some((i, (tokens, token_ends))) = found else {
+            if req.session.is_some() {
+                // The named conversation went another way: its sparse cache cannot be cut back.
+                for &i in candidates.iter().rev() {
+                    self.kept.remove(i);
+                }
+            }
+            return Ok(None);
+        };
+        let k = self.kept.remove(i);
+        self.resumes += 1;
+        let reused = k.tokens.len();
+        Ok(Some(Checkout {
+            cache: Some(k.cache),
+            ..Checkout::own(k.session_id, MatchKind::Extend, tokens, token_ends, reused, SeqKv::new(&self.pool))
+        }))
+    }
+
+    /// Drops the least recently used kept session; whether there was one.
+    fn drop_oldest(&mut self) -> bool {
+        let Some(i) = (0..self.kept.len()).min_by_key(|&i| self.kept[i].last_used) else { return false };
+        self.kept.remove(i);
+        true
+    }
+
+    fn free(&self) -> usize {
+        self.pool.budget().saturating_sub(self.pool.used())
+    }
+}
+
+impl PolicyLayer for LongContext {
+    fn inner(&self) -> &dyn ContextPolicy {
+        &*self.inner
+    }
+
+    fn inner_mut(&mut self) -> &mut dyn ContextPolicy {
+        &mut *self.inner
+    }
+
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        if Self::eligible(req.owner) {
+            if let Some(c) = self.resume(req)? {
+                return Ok(c);
+            }
+        }
+        let c = self.inner.admit(req)?;
+        let exact_only = c.tokens.len() <= self.cfg.after_tokens
+            || !Self::eligible(req.owner)
+            || !c.spans.is_empty()
+            || c.own_first.is_some()
+            || c.restore.is_some()
+            || c.cache.is_some();
+        if exact_only {
+            return Ok(c);
+        }
+        match switch::switch(&self.model, self.cfg.sparse, self.offload_config(), &self.pool, &c.kv, c.reused, c.tokens.len()) {
+            Ok((cache, copied)) => {
+                self.switches += 1;
+                Ok(Checkout { reused: copied, kv: SeqKv::new(&self.pool), cache: Some(Box::new(cache)), ..c })
+            }
+            Err(e) => {
+                tracing::warn!("a long conversation stays on exact KV: {e}");
+                Ok(c)
+            }
+        }
+    }
+
+    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize) -> Option<usize> {
+        if prompt_tokens > self.cfg.after_tokens && Self::eligible(owner) {
+            return Some(self.cfg.sequence_bytes(&self.model, prompt_tokens));
+        }
+        self.inner.admission_bytes(owner, prompt_tokens)
+    }
+
+    fn make_room(&mut self, bytes: usize) -> bool {
+        if self.inner.make_room(bytes) {
+            return true;
+        }
+        while self.free() < bytes && self.drop_oldest() {}
+        self.free() >= bytes
+    }
+
+    fn retire(&mut self, mut retired: Retired) {
+        let Some(cache) = retired.cache.take() else { return self.inner.retire(retired) };
+        if !(&*cache as &dyn Any).is::<LongKv>() {
+            // Not a cache of this layer: the policy that made it takes it back.
+            retired.cache = Some(cache);
+            return self.inner.retire(retired);
+        }
+        let cache = cache.into_any().downcast::<LongKv>().expect("checked above");
+        if cache.sparse().len() != retired.tokens.len() || cache.sparse().offload_failure().is_some() {
+            return; // not a sound cache of these tokens: nothing kept
+        }
+        self.kept.retain(|k| !(k.owner == retired.owner && k.session_id == retired.session_id));
+        self.clock += 1;
+        self.kept.push(Kept {
+            owner: retired.owner,
+            session_id: retired.session_id,
+            text: retired.text,
+            token_ends: retired.token_ends,
+            tokens: retired.tokens,
+            unfed: retired.unfed,
+            cache,
+            last_used: self.clock,
+        });
+        while self.kept.len() > self.cfg.max_sessions.max(1) {
+            self.drop_oldest();
+        }
+    }
+
+    fn forget_owner(&mut self, owner: &OwnerKey) {
+        self.kept.retain(|k| &k.owner != owner);
+        self.inner.forget_owner(owner)
+    }
+
+    fn stats(&self) -> PolicyStats {
+        let mut st = self.inner.stats();
+        let ram: usize = self.kept.iter().map(|k| k.cache.charged_bytes()).sum();
+        let disk: u64 = self.kept.iter().filter_map(|k| k.cache.sparse().offload_path()).filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+        st.named.extend([
+            PolicyGauge {
+                name: "engram_long_context_sessions",
+                help: "Sparse (DynaKV) sessions kept between turns",
+                kind: GaugeKind::Gauge,
+                value: self.kept.len() as u64,
+            },
+            PolicyGauge {
+                name: "engram_long_context_ram_bytes",
+                help: "KV pool bytes charged by kept sparse sessions (index, sinks, recent window, cluster cache)",
+                kind: GaugeKind::Gauge,
+                value: ram as u64,
+            },
+            PolicyGauge {
+                name: "engram_long_context_offload_bytes",
+                help: "Bytes of kept sparse sessions' offload files",
+                kind: GaugeKind::Gauge,
+                value: disk,
+            },
+            PolicyGauge {
+                name: "engram_long_context_switches_total",
+                help: "Conversations switched from exact KV to a sparse cache",
+                kind: GaugeKind::Counter,
+                value: self.switches,
+            },
+            PolicyGauge {
+                name: "engram_long_context_resumes_total",
+                help: "Turns that extended a kept sparse session without a re-prefill",
+                kind: GaugeKind::Counter,
+                value: self.resumes,
+            },
+        ]);
+        st
+    }
+}
