@@ -264,6 +264,7 @@ fn dual_row(
             tokens: c.tokens,
             token_ends: vec![0; n_tokens],
             kv: view.into_own(),
+            cache: None,
             unfed: None,
         });
     }
@@ -284,6 +285,7 @@ fn dual_row(
             tokens: Vec::new(),
             token_ends: Vec::new(),
             kv: SeqKv::new(pool),
+            cache: None,
             unfed: None,
         });
     }
