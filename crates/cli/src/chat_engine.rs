@@ -65,7 +65,15 @@ impl EngineChat {
 
     /// Runs one turn of thread `session` for `owner` (`text` rendered, `ids` its tokens),
     /// streaming the answer through `out`.
-    pub fn turn(&self, owner: &OwnerKey, session: &str, text: &str, ids: Vec<u32>, params: &SamplingParams, out: &mut dyn FnMut(&str) -> bool) -> Result<TurnReport> {
+    pub fn turn(
+        &self,
+        owner: &OwnerKey,
+        session: &str,
+        text: &str,
+        ids: Vec<u32>,
+        params: &SamplingParams,
+        out: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<TurnReport> {
         let (tx, rx) = mpsc::channel();
         let job = Job {
             session: Some(session.to_string()),

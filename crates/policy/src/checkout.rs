@@ -96,7 +96,19 @@ impl Checkout {
     /// A checkout whose view is `kv` alone, freshly checked (no restore pending, no spans,
     /// nothing to look up besides its tokens).
     pub fn own(session_id: String, kind: MatchKind, tokens: Vec<u32>, token_ends: Vec<usize>, reused: usize, kv: SeqKv) -> Checkout {
-        Checkout { session_id, kind, tokens, token_ends, reused, kv, restore: None, spans: Vec::new(), own_first: None, lookup: Vec::new(), cache: None }
+        Checkout {
+            session_id,
+            kind,
+            tokens,
+            token_ends,
+            reused,
+            kv,
+            restore: None,
+            spans: Vec::new(),
+            own_first: None,
+            lookup: Vec::new(),
+            cache: None,
+        }
     }
 }
 

@@ -25,8 +25,8 @@ use engram_embed::TextEncoder;
 use engram_kv::KvPool;
 use engram_model::Model;
 use engram_policy::ContextPolicy;
-use engram_sparse::LongContext;
 use engram_rag::{IdleTenants, SegmentRegistry, TreeCounters, TreePolicy};
+use engram_sparse::LongContext;
 /// The long-context layer's settings, re-exported for whoever builds a stack.
 pub use engram_sparse::LongContextConfig;
 
@@ -186,7 +186,11 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
     let policy = match &config.long_context {
         None => policy,
         Some(long) => {
-            tracing::info!("conversations past {} tokens are served sparse (DynaKV), offloaded under {}", long.after_tokens, long.dir.display());
+            tracing::info!(
+                "conversations past {} tokens are served sparse (DynaKV), offloaded under {}",
+                long.after_tokens,
+                long.dir.display()
+            );
             Box::new(LongContext::new(policy, long.clone(), model.config.clone(), model.fingerprint.0, pool.clone()))
         }
     };

@@ -109,7 +109,10 @@ impl Engine<'_> {
                 )));
                 continue;
             }
-            if kv.view().is_some_and(|v| v.own_first_position() > 0 && (0..cached_len).any(|s| v.own().position(s) != v.own_first_position() + s)) {
+            if kv
+                .view()
+                .is_some_and(|v| v.own_first_position() > 0 && (0..cached_len).any(|s| v.own().position(s) != v.own_first_position() + s))
+            {
                 self.pending.fetch_sub(1, Relaxed);
                 tx.send(Event::Failed(JobError::new(
                     JobErrorKind::Internal,

@@ -624,7 +624,16 @@ impl<'m> Engine<'m> {
             }
             None => (String::new(), vec![0; n]),
         };
-        self.policy.retire(Retired { owner: s.owner.clone(), session_id: s.session_id, text, tokens: s.tokens, token_ends, kv, cache, unfed });
+        self.policy.retire(Retired {
+            owner: s.owner.clone(),
+            session_id: s.session_id,
+            text,
+            tokens: s.tokens,
+            token_ends,
+            kv,
+            cache,
+            unfed,
+        });
         self.idle_work = true;
     }
 

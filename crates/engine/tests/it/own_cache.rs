@@ -12,7 +12,9 @@ use std::time::Instant;
 use crate::common;
 use common::Collect;
 use engram_context::{Checkout, SessionStore};
-use engram_engine::{run_engine, AdmitRequest, Command, ContextPolicy, Generator, Metrics, PolicyLayer, Retired, SamplingParams, SchedulerConfig};
+use engram_engine::{
+    run_engine, AdmitRequest, Command, ContextPolicy, Generator, Metrics, PolicyLayer, Retired, SamplingParams, SchedulerConfig,
+};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::Model;
 use engram_sparse::{LongKv, Method, OffloadConfig, SparseConfig, SparseKv};
@@ -51,7 +53,13 @@ impl PolicyLayer for SparseFor {
 }
 
 /// Runs `long` on a sparse cache beside `plain` on exact KV (one engine, submitted together).
-fn run_both(model: &Arc<Model>, sparse: SparseConfig, long: &[u32], plain: &[u32], params: &SamplingParams) -> (String, String, Vec<(usize, usize, bool)>) {
+fn run_both(
+    model: &Arc<Model>,
+    sparse: SparseConfig,
+    long: &[u32],
+    plain: &[u32],
+    params: &SamplingParams,
+) -> (String, String, Vec<(usize, usize, bool)>) {
     let dir = tempfile::tempdir().unwrap();
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20);
     let retired = Arc::new(Mutex::new(Vec::new()));

@@ -23,7 +23,10 @@ fn a_long_conversation_goes_sparse_and_its_next_turn_reuses_it() {
         let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
         assert!(prompt > 96, "past the threshold: {usage}");
         if turn > 0 {
-            assert!(cached >= prompt_before, "turn {turn} reuses the sparse cache: {cached} cached, the previous prompt was {prompt_before}");
+            assert!(
+                cached >= prompt_before,
+                "turn {turn} reuses the sparse cache: {cached} cached, the previous prompt was {prompt_before}"
+            );
         }
         prompt_before = prompt;
         messages.push(json!({"role": "assistant", "content": answer}));

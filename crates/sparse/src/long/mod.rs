@@ -168,7 +168,11 @@ impl LongContext {
     }
 
     fn offload_config(&self) -> OffloadConfig {
-        OffloadConfig { ram_budget: self.cfg.ram_budget, cache_bytes: self.cfg.cache_bytes, ..OffloadConfig::new(self.cfg.dir.clone(), self.fingerprint) }
+        OffloadConfig {
+            ram_budget: self.cfg.ram_budget,
+            cache_bytes: self.cfg.cache_bytes,
+            ..OffloadConfig::new(self.cfg.dir.clone(), self.fingerprint)
+        }
     }
 
     /// The kept session `req` extends, checked out; a named session it no longer extends is
@@ -312,7 +316,13 @@ impl PolicyLayer for LongContext {
     fn stats(&self) -> PolicyStats {
         let mut st = self.inner.stats();
         let ram: usize = self.kept.iter().map(|k| k.cache.charged_bytes()).sum();
-        let disk: u64 = self.kept.iter().filter_map(|k| k.cache.sparse().offload_path()).filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+        let disk: u64 = self
+            .kept
+            .iter()
+            .filter_map(|k| k.cache.sparse().offload_path())
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
         st.named.extend([
             PolicyGauge {
                 name: "engram_long_context_sessions",

@@ -71,7 +71,9 @@ impl Engine {
         let mut turn = Turn { text: String::new(), prompt_tokens: 0, cached_tokens: 0, computed: 0, generated: Vec::new() };
         for e in erx {
             match e {
-                Event::Started { prompt_tokens, cached_tokens, .. } => (turn.prompt_tokens, turn.cached_tokens) = (prompt_tokens, cached_tokens),
+                Event::Started { prompt_tokens, cached_tokens, .. } => {
+                    (turn.prompt_tokens, turn.cached_tokens) = (prompt_tokens, cached_tokens)
+                }
                 Event::Text(t) => turn.text.push_str(&t),
                 Event::Finished { .. } => break,
                 Event::Failed(e) => panic!("the turn failed: {e}"),
@@ -129,7 +131,8 @@ fn text_conversation(model: &Model, engine: &Engine) -> Vec<(Vec<u32>, Turn)> {
     for line in ["\nUser: what is kept?\n", "\nUser: and for how long?\n", "\nUser: thanks.\n"] {
         text.push_str(line);
         let prompt = model.tokenizer.encode(&text, true).unwrap().ids;
-        let job = Job { text: Some(text.clone()), add_special: true, ..Job::from_tokens(OwnerKey::tenant_own("t"), prompt.clone(), params()) };
+        let job =
+            Job { text: Some(text.clone()), add_special: true, ..Job::from_tokens(OwnerKey::tenant_own("t"), prompt.clone(), params()) };
         let t = engine.turn(job);
         text.push_str(&t.text);
         turns.push((prompt, t));
