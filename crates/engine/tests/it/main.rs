@@ -11,7 +11,6 @@ mod draft_model;
 mod faults;
 mod grammar;
 mod idle;
-mod own_cache;
 mod pooled;
 mod reuse;
 mod scheduler;

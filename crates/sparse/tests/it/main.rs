@@ -8,5 +8,6 @@ mod clusters;
 mod exact;
 mod long;
 mod offload;
+mod own_cache;
 mod persist;
 mod stream;

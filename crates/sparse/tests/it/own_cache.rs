@@ -9,11 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use crate::common;
-use common::Collect;
 use engram_context::{Checkout, SessionStore};
 use engram_engine::{
-    run_engine, AdmitRequest, Command, ContextPolicy, Generator, Metrics, PolicyLayer, Retired, SamplingParams, SchedulerConfig,
+    run_engine, AdmitRequest, Command, ContextPolicy, Event, EventSink, Generator, Job, Metrics, PolicyLayer, Retired, SamplingParams,
+    SchedulerConfig,
 };
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::Model;
@@ -31,7 +30,12 @@ struct SparseFor {
 }
 
 impl PolicyLayer for SparseFor {
-    common::inner_layer!();
+    fn inner(&self) -> &dyn ContextPolicy {
+        &self.inner
+    }
+    fn inner_mut(&mut self) -> &mut dyn ContextPolicy {
+        &mut self.inner
+    }
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         let c = self.inner.admit(req)?;
         if req.owner.as_str() != "long" {
@@ -81,7 +85,7 @@ fn run_both(
     let sinks = [Collect::default(), Collect::default()];
     for (owner, tokens, sink) in [("long", long, &sinks[0]), ("plain", plain, &sinks[1])] {
         pending.fetch_add(1, Relaxed);
-        tx.send(Command::Submit(common::job(owner, tokens, params), Box::new(sink.clone()), Instant::now())).unwrap();
+        tx.send(Command::Submit(Job::from_tokens(owner.into(), tokens.to_vec(), params.clone()), Box::new(sink.clone()), Instant::now())).unwrap();
     }
     drop(tx);
     engine.join().unwrap();
@@ -95,9 +99,9 @@ fn run_both(
 
 #[test]
 fn a_sparse_cache_decodes_beside_an_exact_sequence_which_is_unchanged() {
-    let (_dir, model) = common::tiny();
+    let (_dir, model) = tiny();
     let long: Vec<u32> = (0..300u32).map(|i| 5 + (i * 7919 + i * i * 31) % 200).collect();
-    let plain = common::ids(&model, "def parse_args(argv):");
+    let plain = ids(&model, "def parse_args(argv):");
     let params = SamplingParams { max_tokens: 12, ignore_eos: true, ..Default::default() };
     let exact_pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20);
     let want_plain = Generator::new(&model, &exact_pool).generate(&plain, &params, &mut |_| true).unwrap().text;
@@ -119,4 +123,41 @@ fn a_sparse_cache_decodes_beside_an_exact_sequence_which_is_unchanged() {
     let (got_long, got_plain, _) = run_both(&model, covering, &long, &plain, &params);
     assert_eq!(got_plain, want_plain);
     assert_eq!(got_long, want_long, "a covering budget over offloaded KV = exact attention");
+}
+
+/// The `tiny` fixture (random weights) from its HF folder; keep the folder alive.
+fn tiny() -> (tempfile::TempDir, Arc<Model>) {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = engram_fixture::Shape::Tiny;
+    let files = engram_fixture::generate(shape, engram_fixture::DEFAULT_SEED, dir.path(), &[engram_fixture::GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    (dir, Arc::new(Model::load(&files.hf_dir).unwrap()))
+}
+
+/// `text`'s token ids, no special tokens.
+fn ids(m: &Model, text: &str) -> Vec<u32> {
+    m.tokenizer.encode(text, false).unwrap().ids
+}
+
+/// Collects a job's events.
+#[derive(Clone, Default)]
+struct Collect(Arc<Mutex<Vec<Event>>>);
+
+impl EventSink for Collect {
+    fn send(&self, event: Event) -> bool {
+        self.0.lock().unwrap().push(event);
+        true
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+impl Collect {
+    /// The streamed text and how the job finished.
+    fn outcome(&self) -> (String, Option<engram_engine::FinishReason>) {
+        let events = self.0.lock().unwrap();
+        let text = events.iter().filter_map(|e| if let Event::Text(t) = e { Some(t.as_str()) } else { None }).collect();
+        let finish = events.iter().find_map(|e| if let Event::Finished { finish, .. } = e { Some(*finish) } else { None });
+        (text, finish)
+    }
 }
