@@ -85,7 +85,8 @@ fn run_both(
     let sinks = [Collect::default(), Collect::default()];
     for (owner, tokens, sink) in [("long", long, &sinks[0]), ("plain", plain, &sinks[1])] {
         pending.fetch_add(1, Relaxed);
-        tx.send(Command::Submit(Job::from_tokens(owner.into(), tokens.to_vec(), params.clone()), Box::new(sink.clone()), Instant::now())).unwrap();
+        tx.send(Command::Submit(Job::from_tokens(owner.into(), tokens.to_vec(), params.clone()), Box::new(sink.clone()), Instant::now()))
+            .unwrap();
     }
     drop(tx);
     engine.join().unwrap();
@@ -129,7 +130,8 @@ fn a_sparse_cache_decodes_beside_an_exact_sequence_which_is_unchanged() {
 fn tiny() -> (tempfile::TempDir, Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
     let shape = engram_fixture::Shape::Tiny;
-    let files = engram_fixture::generate(shape, engram_fixture::DEFAULT_SEED, dir.path(), &[engram_fixture::GgufFormat::Q8_0], &mut |_| {}).unwrap();
+    let files = engram_fixture::generate(shape, engram_fixture::DEFAULT_SEED, dir.path(), &[engram_fixture::GgufFormat::Q8_0], &mut |_| {})
+        .unwrap();
     (dir, Arc::new(Model::load(&files.hf_dir).unwrap()))
 }
 
