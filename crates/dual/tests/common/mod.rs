@@ -205,3 +205,17 @@ pub fn assert_close(a: &[f32], b: &[f32], what: &str) {
     let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst <= 1e-4, "{what}: logits differ by {worst}");
 }
+
+/// A `DualStream` that hands the engine a job taken from it earlier (to look at) before its own.
+pub struct Requeue {
+    pub inner: engram_dual::DualStream,
+    pub first: Option<engram_policy::BackgroundJob>,
+}
+
+impl engram_engine::PolicyLayer for Requeue {
+    inner_layer!();
+    fn next_background(&mut self) -> Option<engram_policy::BackgroundJob> {
+        use engram_engine::ContextPolicy;
+        self.first.take().or_else(|| self.inner.next_background())
+    }
+}

@@ -34,7 +34,7 @@ fn the_engine_prefills_the_stream_with_tombstones_hidden_as_a_cold_run_sees_it()
     assert_eq!(job.priority, BackgroundPriority::BlockingOwner);
     assert!(p.next_background().is_none(), "one job: the one for the stream as it now is");
     assert_eq!(p.persistent("u").unwrap().prefilled_len(), 0, "the policy computed nothing");
-    let mut requeue = Requeue { inner: p, first: Some(job) };
+    let mut requeue = common::Requeue { inner: p, first: Some(job) };
     assert_eq!(drain_background(&m, pool.clone(), &mut requeue), 1);
     let mut p = requeue.inner;
     let stream = p.persistent("u").unwrap();
@@ -50,7 +50,7 @@ fn the_engine_prefills_the_stream_with_tombstones_hidden_as_a_cold_run_sees_it()
     let job = p.next_background().expect("the appended fact's prefill");
     assert_eq!(job.hidden, p.persistent("u").unwrap().masked_ranges());
     assert!(!job.hidden.is_empty());
-    let mut requeue = Requeue { inner: p, first: Some(job) };
+    let mut requeue = common::Requeue { inner: p, first: Some(job) };
     drain_background(&m, pool.clone(), &mut requeue);
     let mut p = requeue.inner;
     let c = p.admit_tokens("u", Some("t"), &prompt, tok).unwrap();
@@ -69,19 +69,6 @@ fn the_engine_prefills_the_stream_with_tombstones_hidden_as_a_cold_run_sees_it()
     assert!(q.next_background().is_none(), "prefilled by the admission: its job dropped");
     let (same, _, _) = on_view(&m, &pool, &c);
     assert_close(&logits, &same, "engine-prefilled vs admission-prefilled stream");
-}
-
-/// Hands the engine a job taken from the policy earlier, before the policy's own.
-struct Requeue {
-    inner: DualStream,
-    first: Option<engram_policy::BackgroundJob>,
-}
-
-impl PolicyLayer for Requeue {
-    common::inner_layer!();
-    fn next_background(&mut self) -> Option<engram_policy::BackgroundJob> {
-        self.first.take().or_else(|| self.inner.next_background())
-    }
 }
 
 /// Records, in order, each admission (with whether the user's stream was complete then) and

@@ -164,7 +164,7 @@ fn facts_changing_mid_summary_drop_its_result_and_summarize_the_new_facts() {
     p.set_facts("u", newer.clone());
     assert_eq!(p.dual_stats().summaries_restarted, 1);
     // The dropped job still ends (the engine runs what it took): its result is not used.
-    let mut lent = Requeue { inner: p, first: Some(first) };
+    let mut lent = common::Requeue { inner: p, first: Some(first) };
     drain_background(&m, pool.clone(), &mut lent);
     let p = lent.inner;
     assert_eq!(p.dual_stats().summaries, 1, "one summary swapped in: the new facts'");
@@ -173,17 +173,4 @@ fn facts_changing_mid_summary_drop_its_result_and_summarize_the_new_facts() {
     let (_, tokens) = summarizer(&m).summarize(&texts).unwrap();
     let want: Vec<u32> = base.iter().copied().chain(tokens).collect();
     assert_eq!(p.persistent("u").unwrap().tokens(), want);
-}
-
-/// Hands the engine a job taken from the policy earlier, before the policy's own.
-struct Requeue {
-    inner: DualStream,
-    first: Option<engram_policy::BackgroundJob>,
-}
-
-impl PolicyLayer for Requeue {
-    common::inner_layer!();
-    fn next_background(&mut self) -> Option<engram_policy::BackgroundJob> {
-        self.first.take().or_else(|| self.inner.next_background())
-    }
 }
