@@ -246,19 +246,9 @@ impl PersistentStream {
         // among them (the KV may end inside or before a tombstoned segment: a restored or
         // truncated stream) —, so a live token's KV is what a cold prefill of the live
         // segments at these positions computes; a tombstoned token still sees its own segment.
-        let mut mask = KeyMask::all(todo.len(), end);
-        let mut masked_any = false;
-        for r in masked.into_iter().filter(|r| r.start < end) {
-            let r = r.start..r.end.min(end);
-            for row in 0..todo.len() {
-                if !r.contains(&(have + row)) {
-                    masked_any = true;
-                    mask.set_range(row, r.clone(), false);
-                }
-            }
-        }
+        let mask = KeyMask::hiding(&masked, 0, have, todo.len());
         let result = kv.reserve(todo.len()).map_err(|e| e.to_string()).and_then(|_| {
-            let step = SeqStep { key_mask: masked_any.then_some(&mask), ..SeqStep::new(todo, have, kv, Logits::None) };
+            let step = SeqStep { key_mask: mask.as_ref(), ..SeqStep::new(todo, have, kv, Logits::None) };
             model.forward(&mut [step]).map(|_| ()).map_err(|e| e.to_string())
         });
         if let Err(e) = result {

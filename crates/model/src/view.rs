@@ -89,4 +89,42 @@ impl KeyMask {
     pub fn sees(&self, row: usize, key: usize) -> bool {
         key >= self.keys || self.bits[row * self.words + key / 64] >> (key % 64) & 1 == 1
     }
+
+    /// The mask of a step of `n` tokens stored from slot `first` on, hiding the slots of
+    /// `hidden` (segments kept in a cache but left out of every view) from every row outside
+    /// the range; a row inside one still sees it. Slot `s` is key `key_offset + s`; keys past
+    /// the step's last are not covered (visible). `None` when no row has anything hidden.
+    pub fn hiding(hidden: &[std::ops::Range<usize>], key_offset: usize, first: usize, n: usize) -> Option<KeyMask> {
+        let end = first + n;
+        let mut mask = KeyMask::all(n, key_offset + end);
+        let mut any = false;
+        for r in hidden.iter().filter(|r| r.start < end) {
+            let r = r.start..r.end.min(end);
+            for row in 0..n {
+                if !r.contains(&(first + row)) {
+                    any = true;
+                    mask.set_range(row, key_offset + r.start..key_offset + r.end, false);
+                }
+            }
+        }
+        any.then_some(mask)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyMask;
+
+    #[test]
+    fn hidden_slots_are_masked_only_for_rows_outside_their_range() {
+        // One key before the slots; slots 2..4 hidden; a step of three rows at slots 3..6.
+        let m = KeyMask::hiding(&[2..4], 1, 3, 3).expect("rows 1 and 2 have keys hidden");
+        // Row 0 is slot 3, inside the range: it sees the range's keys (offset 1).
+        assert!(m.sees(0, 3) && m.sees(0, 4));
+        // Rows 1 and 2 (slots 4, 5) do not; every other key stays visible.
+        assert!(!m.sees(1, 3) && !m.sees(1, 4) && !m.sees(2, 3) && !m.sees(2, 4));
+        assert!(m.sees(1, 0) && m.sees(1, 2) && m.sees(2, 5) && m.sees(2, 6));
+        // A range wholly after the step hides nothing: no mask.
+        assert!(KeyMask::hiding(&[7..9], 0, 3, 3).is_none());
+    }
 }

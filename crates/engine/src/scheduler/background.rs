@@ -48,24 +48,6 @@ pub(super) struct BackgroundSeq {
     pub hidden: Vec<std::ops::Range<usize>>,
 }
 
-/// The mask of a step of `n` tokens stored from own slot `first` on, over a view whose own
-/// slots follow `span_keys` keys, that hides `hidden` (own slots) from every row outside the
-/// range: what [`BackgroundJob::hidden`] says. Keys past the step's last are not covered
-/// (visible, as a [`KeyMask`] leaves them).
-pub(super) fn hidden_mask(hidden: &[std::ops::Range<usize>], span_keys: usize, first: usize, n: usize) -> KeyMask {
-    let end = first + n;
-    let mut mask = KeyMask::all(n, span_keys + end);
-    for r in hidden.iter().filter(|r| r.start < end) {
-        let r = r.start..r.end.min(end);
-        for row in 0..n {
-            if !r.contains(&(first + row)) {
-                mask.set_range(row, span_keys + r.start..span_keys + r.end, false);
-            }
-        }
-    }
-    mask
-}
-
 /// The event sink of a background sequence: nobody listens (the result goes to the policy).
 struct NoClient;
 
@@ -90,12 +72,12 @@ impl Seq<'_> {
     }
 
     /// This step's mask for a background sequence with hidden slots (`None`: no such slots,
-    /// or no input this step).
+    /// no input this step, or none of them hidden from this step's rows).
     pub(super) fn hidden_mask(&self) -> Option<KeyMask> {
         let b = self.background.as_ref().filter(|b| !b.hidden.is_empty() && !self.input.is_empty())?;
         // Background jobs hold paged KV (their checkout's cache); an own cache has no spans.
         let span_keys = self.kv.view().map_or(0, KvView::span_keys);
-        Some(hidden_mask(&b.hidden, span_keys, self.tokens.len(), self.input.len()))
+        KeyMask::hiding(&b.hidden, span_keys, self.tokens.len(), self.input.len())
     }
 }
 
@@ -229,22 +211,5 @@ impl Engine<'_> {
             }
         }
         hold
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn hidden_slots_are_masked_only_for_rows_outside_their_range() {
-        // One span key before the own slots; slots 2..4 hidden; a step of three rows at slots 3..6.
-        let m = super::hidden_mask(&[2..4], 1, 3, 3);
-        // Row 0 is slot 3, inside the range: it sees the range's keys (span offset 1).
-        assert!(m.sees(0, 3) && m.sees(0, 4));
-        // Rows 1 and 2 (slots 4, 5) do not; every other key stays visible.
-        assert!(!m.sees(1, 3) && !m.sees(1, 4) && !m.sees(2, 3) && !m.sees(2, 4));
-        assert!(m.sees(1, 0) && m.sees(1, 2) && m.sees(2, 5) && m.sees(2, 6));
-        // A range wholly after the step hides nothing.
-        let later = super::hidden_mask(&[7..9], 0, 3, 3);
-        assert!((0..3).all(|r| (0..6).all(|k| later.sees(r, k))));
     }
 }
