@@ -50,11 +50,9 @@ impl DualStream {
             self.drop_stream_job(user);
             return;
         }
-        if let Some((old, _)) = u.stream_job.take() {
-            // Not taken by the engine yet: never run. Taken: its result is dropped on arrival.
-            self.background.retain(|j| j.tag != old);
-            self.stream_jobs.remove(&old);
-        }
+        // A job for an older generation: never run if still queued, else its result dropped.
+        self.cancel_stream_job(user);
+        let Some(u) = self.users.get_mut(user) else { return };
         let kv = u.stream.partial_kv().map_or_else(|| SeqKv::new(&self.pool), |kv| kv.fork(have));
         let tokens = u.stream.tokens();
         let n = tokens.len();
@@ -78,14 +76,20 @@ impl DualStream {
     /// dropped, and the state entries deferred for it are set now.
     pub(super) fn drop_stream_job(&mut self, user: &str) {
         self.streams_changed.remove(user);
-        if let Some((tag, _)) = self.users.get_mut(user).and_then(|u| u.stream_job.take()) {
-            self.background.retain(|j| j.tag != tag);
-            self.stream_jobs.remove(&tag);
-        }
+        self.cancel_stream_job(user);
         for (thread, tokens) in self.deferred_states.remove(user).unwrap_or_default() {
             if let Err(e) = self.set_state(user, &thread, tokens) {
                 tracing::warn!("the state entry of thread {thread:?} of {user:?} is not set: {e}");
             }
+        }
+    }
+
+    /// Forgets `user`'s stream job in flight, if any: a queued one is never run, a running
+    /// one's result is dropped when it arrives (its tag is no longer the user's).
+    fn cancel_stream_job(&mut self, user: &str) {
+        if let Some((tag, _)) = self.users.get_mut(user).and_then(|u| u.stream_job.take()) {
+            self.background.retain(|j| j.tag != tag);
+            self.stream_jobs.remove(&tag);
         }
     }
 
