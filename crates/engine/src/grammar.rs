@@ -14,6 +14,9 @@
 //! Lark). A lazy grammar may have a *quiet* section
 //! ([`Grammar::quiet_between`], a reasoning block `<think>…</think>`): a trigger inside one
 //! does not arm it, and a sequence whose prompt left such a section open starts inside it.
+//! A grammar bound from the first token may start differently by how the prompt left such
+//! a section ([`Grammar::after_prompt`]: a call that may follow reasoning starts inside the
+//! reasoning when the template opened it, and with the call when the template closed it).
 //!
 //! Invariant: a sequence under a grammar only ever samples tokens the grammar allows (or a
 //! stop token once the grammar can end), so its text is in the grammar's language whenever
@@ -114,13 +117,14 @@ impl GrammarCompiler {
         // mid-generation.
         let mut m = Matcher::new(Ok(parser.clone()));
         m.compute_mask().map_err(|e| e.to_string())?;
-        Ok(Arc::new(Grammar { parser, kind, vocab: self.vocab, trigger: None, trigger_tokens: Vec::new(), quiet: None }))
+        Ok(Arc::new(Grammar { parser, kind, vocab: self.vocab, trigger: None, trigger_tokens: Vec::new(), quiet: None, sections: None }))
     }
 }
 
 /// A compiled grammar, shared by every sequence that decodes under it (each runs its own
 /// [`GrammarState`] from it). Invariant: compiled by a [`GrammarCompiler`] for a model with
 /// `vocab` logits.
+#[derive(Clone)]
 pub struct Grammar {
     parser: TokenParser,
     kind: &'static str,
@@ -132,6 +136,17 @@ pub struct Grammar {
     trigger_tokens: Vec<u32>,
     /// The opening and closing text of a section the trigger is not watched in.
     quiet: Option<(String, String)>,
+    /// A bound grammar's other starts, by how the prompt leaves a section.
+    sections: Option<Arc<Sections>>,
+}
+
+/// The starts of a bound grammar for a prompt that leaves an `open` … `close` section open
+/// (`inside`) or ends with one closed (`closed`).
+struct Sections {
+    open: String,
+    close: String,
+    inside: TokenParser,
+    closed: TokenParser,
 }
 
 impl fmt::Debug for Grammar {
@@ -145,41 +160,31 @@ impl Grammar {
     /// contains `trigger`, and the grammar (whose language starts with `trigger`) binds
     /// from there. An empty trigger binds from the first token, as a plain grammar.
     pub fn lazy(&self, trigger: &str) -> Arc<Grammar> {
-        Arc::new(Grammar {
-            parser: self.parser.clone(),
-            kind: self.kind,
-            vocab: self.vocab,
-            trigger: Some(trigger.to_string()).filter(|t| !t.is_empty()),
-            trigger_tokens: self.trigger_tokens.clone(),
-            quiet: self.quiet.clone(),
-        })
+        Arc::new(Grammar { trigger: Some(trigger.to_string()).filter(|t| !t.is_empty()), ..self.clone() })
     }
 
     /// The same grammar made lazy on special tokens too: sampling one of `ids` arms it, the
     /// token consumed as the grammar's first (its language starts with it).
     pub fn lazy_on_tokens(&self, ids: &[u32]) -> Arc<Grammar> {
-        Arc::new(Grammar {
-            parser: self.parser.clone(),
-            kind: self.kind,
-            vocab: self.vocab,
-            trigger: self.trigger.clone(),
-            trigger_tokens: ids.to_vec(),
-            quiet: self.quiet.clone(),
-        })
+        Arc::new(Grammar { trigger_tokens: ids.to_vec(), ..self.clone() })
     }
 
     /// The same grammar with its trigger not watched between `open` and `close` (a reasoning
     /// section: a model thinking about a call does not make one). Only a lazy grammar
     /// watches; a sequence whose prompt ends inside such a section starts inside it.
     pub fn quiet_between(&self, open: &str, close: &str) -> Arc<Grammar> {
-        Arc::new(Grammar {
-            parser: self.parser.clone(),
-            kind: self.kind,
-            vocab: self.vocab,
-            trigger: self.trigger.clone(),
-            trigger_tokens: self.trigger_tokens.clone(),
-            quiet: Some((open.to_string(), close.to_string())).filter(|(o, c)| !o.is_empty() && !c.is_empty()),
-        })
+        let quiet = Some((open.to_string(), close.to_string())).filter(|(o, c)| !o.is_empty() && !c.is_empty());
+        Arc::new(Grammar { quiet, ..self.clone() })
+    }
+
+    /// The same grammar with two more starts, chosen by the prompt's end: a sequence whose
+    /// prompt ends inside an `open` … `close` section (the last `open` not closed after it)
+    /// decodes under `inside`, one whose prompt ends with such a section closed (only
+    /// whitespace after `close`) under `closed`, any other under this grammar. Only for a
+    /// grammar bound from the first token.
+    pub fn after_prompt(&self, open: &str, close: &str, inside: &Grammar, closed: &Grammar) -> Arc<Grammar> {
+        let sections = Sections { open: open.into(), close: close.into(), inside: inside.parser.clone(), closed: closed.parser.clone() };
+        Arc::new(Grammar { sections: Some(Arc::new(sections)).filter(|s| !s.open.is_empty() && !s.close.is_empty()), ..self.clone() })
     }
 
     /// The text that arms a lazy grammar (`None`: it binds from the first token).
@@ -196,12 +201,16 @@ impl Grammar {
     /// with a quiet section starts inside it when the tail's last opening is not closed.
     pub fn start_after(&self, prompt_tail: &str) -> GrammarState {
         let matcher = match (&self.trigger, self.trigger_tokens.is_empty()) {
-            (None, true) => Phase::Bound(Matcher::new(Ok(self.parser.clone()))),
+            (None, true) => {
+                let parser = match self.sections.as_deref() {
+                    Some(s) if leaves_open(prompt_tail, &s.open, &s.close) => &s.inside,
+                    Some(s) if prompt_tail.trim_end().ends_with(s.close.as_str()) => &s.closed,
+                    _ => &self.parser,
+                };
+                Phase::Bound(Matcher::new(Ok(parser.clone())))
+            }
             (t, _) => {
-                let inside = self.quiet.as_ref().is_some_and(|(open, close)| match prompt_tail.rfind(open.as_str()) {
-                    Some(at) => !prompt_tail[at..].contains(close.as_str()),
-                    None => false,
-                });
+                let inside = self.quiet.as_ref().is_some_and(|(open, close)| leaves_open(prompt_tail, open, close));
                 Phase::Waiting {
                     trigger: t.clone(),
                     tokens: self.trigger_tokens.clone(),
@@ -212,12 +221,12 @@ impl Grammar {
                 }
             }
         };
-        GrammarState { phase: matcher, vocab: self.vocab }
+        GrammarState { phase: matcher, vocab: self.vocab, ready: None }
     }
 
     /// Whether a sequence's start needs its prompt's tail ([`Grammar::start_after`]).
     pub fn wants_prompt_tail(&self) -> bool {
-        (self.trigger.is_some() || !self.trigger_tokens.is_empty()) && self.quiet.is_some()
+        ((self.trigger.is_some() || !self.trigger_tokens.is_empty()) && self.quiet.is_some()) || self.sections.is_some()
     }
 
     /// Whether `text` is a complete sentence of the grammar (its trigger and laziness
@@ -249,6 +258,11 @@ enum Phase {
     Off,
 }
 
+/// Whether `text`'s last `open` is not followed by a `close`.
+fn leaves_open(text: &str, open: &str, close: &str) -> bool {
+    text.rfind(open).is_some_and(|at| !text[at..].contains(close))
+}
+
 /// Drops all of `window` but what could begin a marker of `len` bytes.
 fn keep_tail(window: &mut String, len: usize) {
     let mut cut = window.len().saturating_sub(len.saturating_sub(1));
@@ -263,6 +277,9 @@ fn keep_tail(window: &mut String, len: usize) {
 pub struct GrammarState {
     phase: Phase,
     vocab: usize,
+    /// The mask for the matcher's present position, computed ahead of the draw
+    /// ([`GrammarState::prepare_mask`]); cleared whenever the position moves.
+    ready: Option<Result<SimpleVob, String>>,
 }
 
 impl GrammarState {
@@ -326,6 +343,7 @@ impl GrammarState {
         }
         let done = m.is_stopped();
         self.phase = Phase::Bound(m);
+        self.ready = None;
         done
     }
 
@@ -334,7 +352,11 @@ impl GrammarState {
     /// nothing.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), EngineError> {
         let Phase::Bound(matcher) = &mut self.phase else { return Ok(()) };
-        let mask: SimpleVob = matcher.compute_mask_or_eos().map_err(|e| EngineError::Grammar(e.to_string()))?;
+        let mask = match self.ready.take() {
+            Some(ready) => ready,
+            None => matcher.compute_mask_or_eos().map_err(|e| e.to_string()),
+        };
+        let mask: SimpleVob = mask.map_err(EngineError::Grammar)?;
         if mask.is_zero() {
             return Err(EngineError::Grammar("the grammar allows no token here".into()));
         }
@@ -356,9 +378,21 @@ impl GrammarState {
         Ok(())
     }
 
+    /// Computes the mask of the next draw now, for [`GrammarState::mask`] to use: the
+    /// scheduler calls it on another thread while the step's forward pass runs. Nothing
+    /// unless bound; the same mask `mask` would compute.
+    pub fn prepare_mask(&mut self) {
+        if self.ready.is_none() {
+            if let Phase::Bound(matcher) = &mut self.phase {
+                self.ready = Some(matcher.compute_mask_or_eos().map_err(|e| e.to_string()));
+            }
+        }
+    }
+
     /// Feeds accepted token `t` to a bound grammar; true when the grammar is complete
     /// (nothing may follow). A waiting or refused lazy grammar ignores it.
     pub fn consume(&mut self, t: u32) -> Result<bool, EngineError> {
+        self.ready = None;
         let Phase::Bound(matcher) = &mut self.phase else { return Ok(false) };
         matcher.consume_token(t).map_err(|e| EngineError::Grammar(e.to_string()))?;
         Ok(matcher.is_stopped())

@@ -135,11 +135,16 @@ impl Engine<'_> {
                 None => s.hidden_mask(),
             })
             .collect();
+        // The grammar masks of this step's single draws, computed beside the forward pass.
+        let mut ahead = Vec::new();
         for ((i, s), (positions, mask)) in self.active.iter_mut().enumerate().zip(positions.iter().zip(&masks)) {
             if s.input.is_empty() {
                 continue;
             }
-            let Seq { input, tokens, kv, .. } = s;
+            let Seq { input, tokens, kv, out, draft, .. } = s;
+            if draft.is_none() && want[i] == Logits::Last && out.masks_next_draw() {
+                ahead.push(out);
+            }
             let (tokens, first_pos, positions) = (input.as_slice(), tokens.len(), positions.as_deref());
             steps.push(SeqStep { tokens, first_pos, positions, key_mask: mask.as_ref(), kv: kv.as_kv_cache(), logits: want[i] });
             who.push(i);
@@ -152,7 +157,16 @@ impl Engine<'_> {
         // Span fields are evaluated only when the span is enabled: no cost on the hot path otherwise.
         let forward =
             tracing::debug_span!("forward", sequences = steps.len(), rows = steps.iter().map(|s| s.tokens.len()).sum::<usize>()).entered();
-        let result = catch_unwind(AssertUnwindSafe(|| self.model.forward(&mut steps)));
+        let model = self.model;
+        let result = std::thread::scope(|scope| {
+            // A mask that panics here is computed again (and its panic contained) at the draw.
+            let masks = (!ahead.is_empty()).then(|| scope.spawn(move || ahead.into_iter().for_each(|d| d.prepare_mask())));
+            let result = catch_unwind(AssertUnwindSafe(|| model.forward(&mut steps)));
+            if let Some(m) = masks {
+                let _ = m.join();
+            }
+            result
+        });
         drop(forward);
         drop(steps);
         self.metrics.steps.fetch_add(1, Relaxed);

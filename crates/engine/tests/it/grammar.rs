@@ -166,6 +166,45 @@ fn a_lazy_grammar_does_not_watch_inside_a_quiet_section() {
     assert!(feed(&mut st, &["<think>", "<tool_call>"]));
 }
 
+/// A bound grammar with starts chosen by how the prompt leaves a reasoning section: a
+/// sequence whose prompt ends inside `<think>` decodes under the inside grammar (reasoning,
+/// then the answer); one whose prompt ends with the section closed, under the answer's alone;
+/// any other under the main one (an optional `<think>..</think>`, then the answer).
+#[test]
+fn a_bound_grammar_starts_as_the_prompt_left_a_section() {
+    let (_dir, model) = common::tiny();
+    let tok = &model.tokenizer;
+    let compiler = GrammarCompiler::new(tok, model.config.vocab).unwrap();
+    let rules = "reasoning: text /[ \\t\\n]*/\ntext[suffix=\"</think>\"]: /(?s:.*)/\n";
+    let main = compiler.lark(&format!("start: (\"<think>\" reasoning)? \"ok\"\n{rules}")).unwrap();
+    let inside = compiler.lark(&format!("start: reasoning \"ok\"\n{rules}")).unwrap();
+    let closed = compiler.lark("start: \"ok\"").unwrap();
+    let g = main.after_prompt("<think>", "</think>", &inside, &closed);
+    assert!(g.wants_prompt_tail() && !main.wants_prompt_tail());
+    // Feeds `text`'s tokens; whether every one was allowed and the grammar then complete.
+    let run = |mut st: engram_engine::GrammarState, text: &str| {
+        let ids = tok.encode(text, false).unwrap().ids;
+        let mut done = false;
+        for &t in &ids {
+            let mut logits = vec![0.0f32; model.config.vocab];
+            st.mask(&mut logits).unwrap();
+            if !logits[t as usize].is_finite() {
+                return false;
+            }
+            done = st.consume(t).unwrap();
+        }
+        done
+    };
+    let opened = "<|im_start|>assistant\n<think>\n";
+    assert!(run(g.start_after(opened), "a plan</think>\n\nok"));
+    assert!(!run(g.start_after(opened), "ok"), "inside, the section closes before the answer");
+    assert!(run(g.start_after("<|im_start|>assistant\n"), "<think>a plan</think>\nok"));
+    assert!(run(g.start_after("<|im_start|>assistant\n"), "ok"));
+    assert!(!run(g.start_after("<|im_start|>assistant\n"), "a plan</think>ok"));
+    assert!(run(g.start_after("<think>\n\n</think>\n\n"), "ok"), "a closed section: the answer's start");
+    assert!(!run(g.start_after("<think>\n\n</think>\n\n"), "<think>a plan</think>ok"), "no second section");
+}
+
 /// A special token arms a lazy grammar by its id (the decoder hides its text), the grammar
 /// (`<[id]>` in Lark) consuming it as its first token; not inside a quiet section.
 #[test]

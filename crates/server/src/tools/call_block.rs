@@ -11,24 +11,34 @@ use serde_json::Value;
 
 use super::format::Family;
 
+/// One call as written: its tool's name, its arguments (an object) and the id written with
+/// it (Mistral's templates write one after the arguments).
+#[derive(Debug)]
+pub(super) struct Written {
+    pub name: String,
+    pub args: Value,
+    pub id: Option<String>,
+}
+
 /// What a call parser found at the start of the text.
 pub(super) enum Block {
     /// Calls, and the bytes they took.
-    Done(Vec<(String, Value)>, usize),
+    Done(Vec<Written>, usize),
     NeedMore,
     Invalid,
 }
 
-/// A call object's name and arguments (`arguments`, or Llama's `parameters`; an object, or
-/// a string holding one).
-fn name_args(v: &Value) -> Option<(String, Value)> {
+/// A call object's name, arguments (`arguments`, or Llama's `parameters`; an object, or
+/// a string holding one) and id, if it has one.
+fn name_args(v: &Value) -> Option<Written> {
     let name = v.get("name")?.as_str()?.to_string();
     let args = v.get("arguments").or_else(|| v.get("parameters"))?;
     let args = match args {
         Value::String(s) => serde_json::from_str(s).ok()?,
         a => a.clone(),
     };
-    args.is_object().then_some((name, args))
+    let id = v.get("id").and_then(Value::as_str).map(str::to_string);
+    args.is_object().then_some(Written { name, args, id })
 }
 
 /// The first JSON value of `text`: the value and its length, or whether more text could
@@ -119,7 +129,7 @@ fn builtin_call(text: &str) -> Block {
     loop {
         at += text[at..].len() - text[at..].trim_start().len();
         if text[at..].starts_with(')') {
-            return Block::Done(vec![(text[..name_len].to_string(), Value::Object(args))], at + 1);
+            return Block::Done(vec![Written { name: text[..name_len].to_string(), args: Value::Object(args), id: None }], at + 1);
         }
         let Some(eq) = text[at..].find('=') else { return Block::NeedMore };
         let key = text[at..at + eq].trim();
@@ -159,7 +169,7 @@ fn builtin_call(text: &str) -> Block {
 
 /// The generic family's answer: `Ok(text)` for `{"response": text}`, `Err(calls)` for
 /// `{"tool_call": ..}` / `{"tool_calls": [..]}`; `None` for anything else.
-pub(super) fn generic_answer(text: &str) -> Option<Result<String, Vec<(String, Value)>>> {
+pub(super) fn generic_answer(text: &str) -> Option<Result<String, Vec<Written>>> {
     let v: Value = serde_json::from_str(text.trim()).ok()?;
     let o = v.as_object()?;
     if o.len() != 1 {

@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 
 use super::format::{self, Family};
 use super::split::{Check, Splitter, Think};
-use super::{prompt, request, Choice, Tools};
+use super::{key_order, prompt, request, Choice, Tools};
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -29,7 +29,9 @@ pub(crate) struct Prepared {
     pub grammar: Option<Arc<Grammar>>,
     /// Whether the request has tools the answer may call (not `none`).
     pub calls: Option<Family>,
-    args: Vec<(String, Arc<Grammar>)>,
+    args: Vec<format::ArgsGrammar>,
+    /// Mistral's call ids, as the grammar writes them.
+    ids: Vec<String>,
 }
 
 /// Marker `m`'s id when it is one special token of `tok`.
@@ -72,13 +74,22 @@ pub(crate) async fn prepare(
         }
     }
     let family = family(s);
-    let think = s.model.tokenizer.chat_template().is_some_and(|t| t.source().contains("<think>"));
+    let think = format::Think {
+        section: s.model.tokenizer.chat_template().is_some_and(|t| t.source().contains("<think>")),
+        before_calls: kwargs.get("enable_thinking") == Some(&Value::Bool(true)),
+    };
     let compiled = match &tools {
         Some(t) => {
             let c = crate::structured::compiler(s).await?;
             let t = t.clone();
             let model = s.model.clone();
-            Some(crate::api::off_runtime(move || format::compile(&c, family, think, &t, &|m| special_id(&model.tokenizer, m))).await?)
+            let conversation = conversation_key(&messages, &t);
+            Some(
+                crate::api::off_runtime(move || {
+                    format::compile(&c, family, think, &t, &|m| special_id(&model.tokenizer, m), &conversation)
+                })
+                .await?,
+            )
         }
         None => None,
     };
@@ -95,8 +106,19 @@ pub(crate) async fn prepare(
     }
     // The generic family's answer is always JSON to split (with `none`, a text answer).
     let calls = tools.as_ref().filter(|t| t.choice != Choice::None || family == Family::Generic).map(|_| family);
-    let (grammar, args) = compiled.map(|c| (c.grammar, c.args)).unwrap_or_default();
-    Ok(Prepared { messages, kwargs, grammar, calls, args })
+    let (grammar, args, ids) = compiled.map(|c| (c.grammar, c.args, c.ids)).unwrap_or_default();
+    Ok(Prepared { messages, kwargs, grammar, calls, args, ids })
+}
+
+/// A hash of a request's conversation and tools, from which what the grammar writes of its
+/// own (Mistral's call ids) is drawn.
+fn conversation_key(messages: &[ChatMessage], tools: &Tools) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(&serde_json::to_vec(messages).unwrap_or_default());
+    for t in &tools.list {
+        h.update(t.openai_json().to_string().as_bytes());
+    }
+    *h.finalize().as_bytes()
 }
 
 impl Prepared {
@@ -119,22 +141,29 @@ impl Prepared {
             None => Think::No,
         };
         let check = ArgsCheck { args: self.args.clone(), model: s.model.clone() };
-        Splitter::new(think, self.calls, Box::new(check))
+        Splitter::new(think, self.calls, Box::new(check)).with_ids(self.ids.clone())
     }
 }
 
 /// Checks a call against its tool's arguments grammar.
 struct ArgsCheck {
-    args: Vec<(String, Arc<Grammar>)>,
+    args: Vec<format::ArgsGrammar>,
     model: Arc<engram_model::Model>,
 }
 
 impl Check for ArgsCheck {
     fn knows(&self, name: &str) -> bool {
-        self.args.iter().any(|(n, _)| n == name)
+        self.args.iter().any(|a| a.name == name)
     }
 
+    /// The arguments as written, or with their keys in the schema's order (the grammar
+    /// writes keys in that order; a model writing freely may not).
     fn accepts(&self, name: &str, arguments: &str) -> bool {
-        self.args.iter().find(|(n, _)| n == name).is_some_and(|(_, g)| g.accepts(&self.model.tokenizer, arguments))
+        let Some(a) = self.args.iter().find(|a| a.name == name) else { return false };
+        let tok = &self.model.tokenizer;
+        a.grammar.accepts(tok, arguments)
+            || serde_json::from_str::<Value>(arguments)
+                .map(|v| key_order::in_schema_order(&v, &a.schema).to_string())
+                .is_ok_and(|ordered| ordered != arguments && a.grammar.accepts(tok, &ordered))
     }
 }

@@ -14,6 +14,7 @@ pub(crate) mod anthropic_io;
 mod call_block;
 pub(crate) mod format;
 pub(crate) mod job;
+mod key_order;
 pub(crate) mod openai_out;
 pub(crate) mod prompt;
 pub(crate) mod request;
@@ -90,6 +91,11 @@ pub(crate) struct Call {
 /// A fresh call id: `call_` and 24 random hex digits.
 pub(crate) fn call_id() -> String {
     crate::api::new_id("call").replacen('-', "_", 1)
+}
+
+/// A fresh Mistral call id: the 9 alphanumerics its templates require.
+pub(crate) fn mistral_call_id() -> String {
+    call_id().chars().rev().take(9).collect()
 }
 
 /// A generated answer split apart.

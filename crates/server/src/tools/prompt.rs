@@ -112,6 +112,56 @@ mod tests {
     use super::*;
     use crate::tools::{Choice, Tool};
 
+    /// The text each family's grammar writes for a call of `add` with `{"a": 1, "b": "x"}`,
+    /// and the template (llama.cpp's copies, GPT-OSS's own) rendering that call back in the
+    /// next turn's history: the rendered history holds the call byte for byte.
+    #[test]
+    fn templates_render_a_call_back_as_the_grammar_wrote_it() {
+        let cases = [
+            (
+                Family::Llama3,
+                include_str!("../../tests/it/templates/llama-3.1.jinja"),
+                "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": \"x\"}}",
+            ),
+            (
+                Family::Mistral,
+                include_str!("../../tests/it/templates/mistral-nemo.jinja"),
+                "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": \"x\"}, \"id\": \"abcDEF123\"}]",
+            ),
+            (
+                Family::Harmony,
+                include_str!("../../../fixture/src/templates/gpt-oss.jinja"),
+                " to=functions.add<|channel|>commentary json<|message|>{\"a\": 1, \"b\": \"x\"}",
+            ),
+            (
+                Family::Hermes,
+                include_str!("../../../fixture/src/templates/qwen3.jinja"),
+                "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\":1,\"b\":\"x\"}}\n</tool_call>",
+            ),
+        ];
+        for (family, source, written) in cases {
+            assert_eq!(Family::detect(source), family);
+            let tools = Tools {
+                list: vec![Tool { name: "add".into(), description: Some("adds".into()), parameters: json!({"type": "object"}) }],
+                choice: Choice::Required,
+                parallel: false,
+                field: "tools",
+                schema_suffix: ".function.parameters",
+            };
+            let call = json!([{"id": "abcDEF123", "type": "function", "function": {"name": "add", "arguments": "{\"a\":1,\"b\":\"x\"}"}}]);
+            let history = vec![
+                ChatMessage::new("user", "q"),
+                ChatMessage::new("assistant", "").with("tool_calls", call),
+                ChatMessage::new("tool", "42").with("tool_call_id", json!("abcDEF123")),
+            ];
+            let mut kwargs = Map::new();
+            let messages = prepare(family, Some(&tools), history, &mut kwargs);
+            let template = engram_tokenizer::ChatTemplate::new(source).unwrap();
+            let text = template.render_with(&messages, true, "<s>", "</s>", &kwargs).unwrap();
+            assert!(text.contains(written), "{family:?}: {written:?} not in\n{text}");
+        }
+    }
+
     #[test]
     fn the_generic_family_describes_the_tools_and_writes_calls_as_json() {
         let tools = Tools {

@@ -20,7 +20,9 @@
 
 use serde_json::Value;
 
-use super::call_block::{generic_answer, parse_block, Block};
+use std::collections::VecDeque;
+
+use super::call_block::{generic_answer, parse_block, Block, Written};
 use super::format::Family;
 use super::stream_call::{self, Args, Match};
 use super::{call_id, Call, Reply};
@@ -101,8 +103,15 @@ enum State {
     Next,
     /// After a call that did not parse: all content.
     Rest,
-    /// The generic family's JSON answer, split at the end.
+    /// The generic family's JSON answer, before its shape is known.
     Json,
+    /// The generic family's text answer: the string of `{"response": "..."}`, decoded as it
+    /// comes.
+    JsonText,
+    /// After the generic answer's string or single call: its closing `}`.
+    JsonEnd,
+    /// A generic answer in a shape of its own: split whole at the end.
+    JsonWhole,
     /// Harmony: a message's header, up to `<|message|>`.
     HHeader,
     /// Harmony: a message's body, reasoning (the `analysis` channel) or content.
@@ -136,6 +145,12 @@ pub(crate) struct Splitter {
     whole: bool,
     /// With `whole`: the streamed call being put together.
     open: Option<Call>,
+    /// Mistral's call ids the grammar writes, in order, not yet given to a call.
+    ids: VecDeque<String>,
+    /// The streamed call's id.
+    id: String,
+    /// The generic answer holds a list of calls (`{"tool_calls": [..]}`).
+    generic_list: bool,
 }
 
 const THINK: &str = "<think>";
@@ -150,12 +165,30 @@ impl Splitter {
             Think::Inside => State::Think { fresh: true },
             Think::Harmony => State::HHeader,
         };
-        let mut s =
-            Splitter { calls, check, state, pending: String::new(), args: Args::default(), name: String::new(), whole: false, open: None };
+        let mut s = Splitter {
+            calls,
+            check,
+            state,
+            pending: String::new(),
+            args: Args::default(),
+            name: String::new(),
+            whole: false,
+            open: None,
+            ids: VecDeque::new(),
+            id: String::new(),
+            generic_list: false,
+        };
         if think == Think::No {
             s.state = s.body(false);
         }
         s
+    }
+
+    /// The same splitter with the call ids the grammar writes (Mistral's), in order: each
+    /// call takes the next.
+    pub fn with_ids(mut self, ids: Vec<String>) -> Splitter {
+        self.ids = ids.into();
+        self
     }
 
     /// The same splitter giving each call whole, once complete (a call cut short is left
@@ -330,12 +363,31 @@ impl Splitter {
             }
             State::Close => {
                 let family = self.calls.unwrap_or(Family::Generic);
-                match stream_call::literals(&self.pending, closing(family)) {
+                // Mistral's call ends with its id (`, "id": "<id>"}`) when the grammar wrote one.
+                let quoted = format!("\"{}\"", self.id);
+                let with_id = [",", "\"id\"", ":", quoted.as_str(), "}"];
+                let with_id = match family {
+                    Family::Mistral => stream_call::literals(&self.pending, &with_id),
+                    _ => Match::No,
+                };
+                let generic_one = ["}", "}"];
+                let plain = match family {
+                    Family::Generic if !self.generic_list => stream_call::literals(&self.pending, &generic_one),
+                    _ => stream_call::literals(&self.pending, closing(family)),
+                };
+                let closed = match (with_id, plain) {
+                    (Match::Yes((), n), _) | (_, Match::Yes((), n)) => Match::Yes((), n),
+                    (Match::More, _) | (_, Match::More) => Match::More,
+                    _ => Match::No,
+                };
+                match closed {
                     Match::Yes((), n) => {
                         self.pending.drain(..n);
                         out.push(Piece::CallEnd);
                         self.state = match family {
                             Family::Mistral => State::Next,
+                            Family::Generic if self.generic_list => State::Next,
+                            Family::Generic => State::Rest,
                             Family::Harmony => State::HNext,
                             _ => State::Calls,
                         };
@@ -349,12 +401,13 @@ impl Splitter {
                 }
             }
             State::Next => {
-                let close = stream_call::literals(&self.pending, &["]"]);
+                let generic = self.calls == Some(Family::Generic);
+                let close = stream_call::literals(&self.pending, if generic { &["]", "}"] } else { &["]"] });
                 let comma = stream_call::literals(&self.pending, &[","]);
                 match (close, comma) {
                     (Match::Yes((), n), _) => {
                         self.pending.drain(..n);
-                        self.state = State::Calls;
+                        self.state = if generic { State::Rest } else { State::Calls };
                         true
                     }
                     (_, Match::Yes((), n)) => match stream_call::head(&self.pending[n..], &[]) {
@@ -424,6 +477,63 @@ impl Splitter {
                 false
             }
             State::Json => {
+                // A call's arguments stream as they are written; a text answer's string as it
+                // is decoded; any other shape is split whole at the end.
+                let mut more = false;
+                for (opening, list) in [(&GENERIC_ONE[..], false), (&GENERIC_LIST[..], true)] {
+                    match stream_call::head(&self.pending, opening) {
+                        Match::Yes(name, n) if self.check.knows(&name) => {
+                            self.pending.drain(..n);
+                            self.generic_list = list;
+                            self.start_call(name, out);
+                            return true;
+                        }
+                        Match::More => more = true,
+                        _ => {}
+                    }
+                }
+                match stream_call::literals(&self.pending, &GENERIC_TEXT) {
+                    Match::Yes((), n) => {
+                        self.pending.drain(..n);
+                        self.state = State::JsonText;
+                        return true;
+                    }
+                    Match::More => more = true,
+                    Match::No => {}
+                }
+                if more && !end {
+                    return false;
+                }
+                self.state = State::JsonWhole;
+                true
+            }
+            State::JsonText => {
+                let (text, taken, closed) = string_prefix(&self.pending, end);
+                self.pending.drain(..taken);
+                emit(out, Piece::Content(text));
+                if closed {
+                    self.state = State::JsonEnd;
+                    return true;
+                }
+                if end {
+                    self.state = State::Rest;
+                    return true;
+                }
+                false
+            }
+            State::JsonEnd => match stream_call::literals(&self.pending, &["}"]) {
+                Match::More if !end => false,
+                Match::Yes((), n) => {
+                    self.pending.drain(..n);
+                    self.state = State::Rest;
+                    true
+                }
+                _ => {
+                    self.state = State::Rest;
+                    true
+                }
+            },
+            State::JsonWhole => {
                 if !end {
                     return false;
                 }
@@ -443,31 +553,105 @@ impl Splitter {
 
     /// Opens a streamed call of tool `name`.
     fn start_call(&mut self, name: String, out: &mut Vec<Piece>) {
-        out.push(Piece::CallStart { id: self.new_id(), name: name.clone() });
+        self.id = self.new_id();
+        out.push(Piece::CallStart { id: self.id.clone(), name: name.clone() });
         self.name = name;
         self.args = Args::default();
         self.state = State::Args;
     }
 
-    /// A fresh call id: `call_…`, or for Mistral the 9 alphanumerics its templates require.
-    fn new_id(&self) -> String {
-        let id = call_id();
+    /// The next call's id: `call_…`, or for Mistral the next id the grammar writes (else
+    /// fresh: the 9 alphanumerics its templates require).
+    fn new_id(&mut self) -> String {
         match self.calls {
-            Some(Family::Mistral) => id.chars().rev().take(9).collect(),
-            _ => id,
+            Some(Family::Mistral) => self.ids.pop_front().unwrap_or_else(super::mistral_call_id),
+            _ => call_id(),
         }
     }
 
-    /// The calls with their arguments checked (`None` if any fails).
-    fn checked(&self, calls: Vec<(String, Value)>) -> Option<Vec<Call>> {
-        calls
-            .into_iter()
-            .map(|(name, args)| {
-                let arguments = serde_json::to_string(&args).ok()?;
-                (self.check.knows(&name) && self.check.accepts(&name, &arguments)).then(|| Call { id: self.new_id(), name, arguments })
-            })
-            .collect()
+    /// The calls with their arguments checked (`None` if any fails); a Mistral call keeps
+    /// the id it was written with.
+    fn checked(&mut self, calls: Vec<Written>) -> Option<Vec<Call>> {
+        let mut out = Vec::new();
+        for Written { name, args, id } in calls {
+            let arguments = serde_json::to_string(&args).ok()?;
+            if !(self.check.knows(&name) && self.check.accepts(&name, &arguments)) {
+                return None;
+            }
+            let id = match id.filter(|id| self.calls == Some(Family::Mistral) && is_mistral_id(id)) {
+                Some(id) => {
+                    if self.ids.front() == Some(&id) {
+                        self.ids.pop_front();
+                    }
+                    id
+                }
+                None => self.new_id(),
+            };
+            out.push(Call { id, name, arguments });
+        }
+        Some(out)
     }
+}
+
+/// The generic answer's openings: one call, a list of calls, a text answer's string.
+const GENERIC_ONE: [&str; 3] = ["{", "\"tool_call\"", ":"];
+const GENERIC_LIST: [&str; 4] = ["{", "\"tool_calls\"", ":", "["];
+const GENERIC_TEXT: [&str; 4] = ["{", "\"response\"", ":", "\""];
+
+/// The decoded start of a JSON string's body (after its opening quote): the text, the bytes
+/// taken, and whether the closing quote was reached (and taken). An escape is decoded only
+/// when whole (a surrogate pair with both halves), unless at the `end` of the answer;
+/// an escape JSON does not have is kept as written.
+fn string_prefix(body: &str, end: bool) -> (String, usize, bool) {
+    let bytes = body.as_bytes();
+    let mut out = String::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'"' => return (out, at + 1, true),
+            b'\\' => {
+                let len = match bytes.get(at + 1) {
+                    None => break,
+                    Some(b'u') => {
+                        let high = body.get(at + 2..at + 6).and_then(|h| u16::from_str_radix(h, 16).ok());
+                        match high {
+                            None if at + 6 > bytes.len() => break,
+                            Some(h) if (0xD800..0xDC00).contains(&h) => {
+                                if at + 12 > bytes.len() && !end {
+                                    break;
+                                }
+                                if body.get(at + 6..at + 8) == Some("\\u") {
+                                    12
+                                } else {
+                                    6
+                                }
+                            }
+                            _ => 6,
+                        }
+                    }
+                    Some(_) => 2,
+                };
+                let len = len.min(bytes.len() - at);
+                let esc = &body[at..at + len];
+                match serde_json::from_str::<String>(&format!("\"{esc}\"")) {
+                    Ok(s) => out.push_str(&s),
+                    Err(_) => out.push_str(esc),
+                }
+                at += len;
+            }
+            _ => {
+                let next = body[at..].find(['"', '\\']).map_or(body.len(), |n| at + n);
+                out.push_str(&body[at..next]);
+                at = next;
+            }
+        }
+    }
+    (out, at, false)
+}
+
+/// Whether `id` is a Mistral call id: 9 ASCII letters and digits.
+fn is_mistral_id(id: &str) -> bool {
+    id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric())
 }
 
 /// The literals that may come before a streamed call's `{"name"`, tried in order (none:
@@ -625,6 +809,57 @@ mod tests {
         );
         assert_eq!(r.calls.len(), 2);
         assert_eq!(both(Think::No, Some(Family::Generic), "not json").content, "not json");
+    }
+
+    #[test]
+    fn the_generic_answer_streams_its_text_and_its_calls() {
+        // A text answer's string comes out decoded as it is written, escapes whole.
+        let text = "{\"response\":\"Ol\\u00e9 \\ud83d\\ude00 \\\"q\\\"\\nend\"}";
+        let pieces = streamed(Family::Generic, text);
+        let contents: Vec<&str> = pieces.iter().filter_map(|p| if let Piece::Content(t) = p { Some(t.as_str()) } else { None }).collect();
+        assert!(contents.len() > 5, "{contents:?}");
+        assert_eq!(contents.concat(), "Olé 😀 \"q\"\nend");
+        assert_eq!(both(Think::No, Some(Family::Generic), text).content, "Olé 😀 \"q\"\nend");
+        // One call: its arguments stream; a list of calls: call by call.
+        let one = "{\"tool_call\":{\"name\":\"f\",\"arguments\":{\"city\":\"Oslo\"}}}";
+        let pieces = streamed(Family::Generic, one);
+        let fragments = pieces.iter().filter(|p| matches!(p, Piece::CallArgs(_))).count();
+        assert!(fragments > 5 && pieces.last() == Some(&Piece::CallEnd), "{pieces:?}");
+        let r = both(Think::No, Some(Family::Generic), one);
+        assert_eq!((r.calls[0].arguments.as_str(), r.content.as_str(), r.incomplete), ("{\"city\":\"Oslo\"}", "", false));
+        let list = "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{}},{\"name\":\"g\",\"arguments\":{\"a\":1}}]}";
+        let p = streamed(Family::Generic, list);
+        assert_eq!(p.iter().filter(|p| matches!(p, Piece::CallStart { .. })).count(), 2, "{p:?}");
+        let r = both(Think::No, Some(Family::Generic), list);
+        assert_eq!(r.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect::<Vec<_>>(), [("f", "{}"), ("g", "{\"a\":1}")]);
+        // Cut short inside the string: what was written, decoded.
+        assert_eq!(both(Think::No, Some(Family::Generic), "{\"response\":\"half a sen").content, "half a sen");
+        // Another shape is split whole: a call of an unknown tool stays text.
+        let unknown = "{\"tool_call\":{\"name\":\"unknown\",\"arguments\":{}}}";
+        assert_eq!(both(Think::No, Some(Family::Generic), unknown).content, unknown);
+    }
+
+    #[test]
+    fn mistral_calls_take_the_ids_the_grammar_wrote() {
+        let text = "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"abcDEF123\"}, {\"name\": \"g\", \"arguments\": {}, \"id\": \"zzzzzzzz9\"}]";
+        let ids = vec!["abcDEF123".to_string(), "zzzzzzzz9".to_string(), "unused000".to_string()];
+        for whole in [false, true] {
+            let mut s = Splitter::new(Think::No, Some(Family::Mistral), any_tool()).with_ids(ids.clone());
+            if whole {
+                s = s.whole_calls();
+            }
+            let mut pieces: Vec<Piece> = text.chars().flat_map(|c| s.push(&c.to_string())).collect();
+            pieces.extend(s.finish());
+            let r = collect(pieces);
+            let got: Vec<(&str, &str, &str)> = r.calls.iter().map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str())).collect();
+            assert_eq!(got, [("abcDEF123", "f", "{\"a\":1}"), ("zzzzzzzz9", "g", "{}")]);
+            assert!(!r.incomplete && r.content.is_empty(), "{r:?}");
+        }
+        // Parsed whole (a shape the streaming head does not take), the written id is kept.
+        let r = Splitter::new(Think::No, Some(Family::Mistral), any_tool())
+            .with_ids(ids)
+            .split("[TOOL_CALLS][{\"arguments\": {}, \"name\": \"f\", \"id\": \"unused000\"}]");
+        assert_eq!(r.calls.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["unused000"]);
     }
 
     /// The pieces of `text` fed a character at a time.
