@@ -5,6 +5,8 @@ For each GGUF file, the same token ids (the held-out text tokenized by llama.cpp
 for that file, first --positions tokens) go through three implementations:
   * transformers: `AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`, which dequantizes
     the file's weights to float32 (the reference: the same weights, computed in full precision);
+    a Mixtral file (`llama` with expert tensors, which that loader reads as dense) goes to
+    `MixtralForCausalLM` on the `gguf` package's dequantization instead (scripts/gguf_mixtral_hf.py);
   * llama.cpp through llama-cpp-python (`logits_all`), on the file itself;
   * Engram: `target/release/examples/next_token_argmax` (crates/kv/examples), on the file itself,
     exact f32 KV.
@@ -50,9 +52,13 @@ def child_llama(gguf, ids_path):
 def child_hf(gguf, ids_path):
     import torch
     from transformers import AutoModelForCausalLM
+    import gguf_mixtral_hf
     ids = json.load(open(ids_path))
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(gguf)), gguf_file=os.path.basename(gguf),
-                                                 torch_dtype=torch.float32)
+    if gguf_mixtral_hf.is_mixtral(gguf):
+        model = gguf_mixtral_hf.load(gguf)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(gguf)), gguf_file=os.path.basename(gguf),
+                                                     torch_dtype=torch.float32)
     model.eval()
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0]
