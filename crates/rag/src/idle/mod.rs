@@ -52,7 +52,7 @@ use abstracts::AbstractStore;
 use layer_choice::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, LayerChoiceConfig, Rate, Strategy};
 use llm_predict::Basis;
 use predict::{By, PredictConfig, Predicted, Predictor, Source};
-use preempt::StepClock;
+use preempt::{EngineWork, StepClock, Via};
 
 /// Consecutive predictions the model answers without a usable question before the LLM
 /// predictor gives up for good (a model that is not instruction-tuned, e.g. pycode-7m) —
@@ -412,19 +412,35 @@ impl PerCache {
     /// step: when it says yes the unit stops there, stores nothing, is put back, and its report
     /// says `interrupted`.
     pub fn idle_unit_over(&mut self, rag: &mut Stores<'_>, stop: &mut dyn FnMut() -> bool) -> Result<Option<UnitReport>> {
+        let chunk = self.cfg.prefill_chunk;
+        self.unit_via(rag, StepClock::new(stop, chunk), true)
+    }
+
+    /// One unit whose model work runs as the engine thread's background job (see
+    /// [`preempt`]): the unit takes its work's result from `work.ready` and finishes (its
+    /// report), or leaves the work in `work.wanted` and is put back, storing nothing (its
+    /// report says `interrupted`; it is not counted as one), to run again once the engine has
+    /// computed it. `None` when there is nothing left to do.
+    pub fn idle_unit_in_engine(&mut self, rag: &mut Stores<'_>, work: &mut EngineWork) -> Result<Option<UnitReport>> {
+        work.wanted = None;
+        let mut never = || false;
+        self.unit_via(rag, StepClock::via(&mut never, Via::Engine(work)), false)
+    }
+
+    /// Runs the next unit with `clock`; a stopped one counts as interrupted if `count_stops`.
+    fn unit_via(&mut self, rag: &mut Stores<'_>, mut clock: StepClock<'_>, count_stops: bool) -> Result<Option<UnitReport>> {
         let t = Instant::now();
-        let mut clock = StepClock::new(stop);
         let r = self.next_unit(rag, &mut clock)?;
         let step = clock.finish();
         let ms = t.elapsed().as_secs_f64() * 1e3;
         Ok(r.map(|mut r| {
             r.ms = ms;
             r.longest_step_ms = step;
-            if r.interrupted {
-                self.stats.interrupted += 1;
-            } else {
+            if !r.interrupted {
                 self.stats.units += 1;
                 self.stats.longest_unit_ms = self.stats.longest_unit_ms.max(ms);
+            } else if count_stops {
+                self.stats.interrupted += 1;
             }
             self.stats.idle_ms += ms;
             self.stats.longest_step_ms = self.stats.longest_step_ms.max(step);
@@ -514,7 +530,7 @@ impl PerCache {
             None => "llm: query history".to_string(),
         };
         let prompt = llm_predict::chat_tokens(rag.model, &llm_predict::prompt_text(&basis, stride))?.expect("checked by llm_active");
-        let g = match llm_predict::generate(rag.model, rag.pool, &prompt, stride, self.cfg.prefill_chunk, clock) {
+        let g = match llm_predict::generate(rag.model, rag.pool, &prompt, stride, clock) {
             Ok(Some(g)) => Some(g),
             Ok(None) => {
                 if let Some(c) = chunk {
@@ -571,7 +587,7 @@ impl PerCache {
 
     /// An answer (`None`: stopped, nothing stored); the rates learn only from finished ones.
     fn answer(&mut self, rag: &mut Stores<'_>, plan: populate::Plan, clock: &mut StepClock<'_>) -> Result<Option<populate::Work>> {
-        let Some(w) = populate::answer(rag, plan, self.cfg.use_kv, self.cfg.prefill_chunk, clock)? else { return Ok(None) };
+        let Some(w) = populate::answer(rag, plan, self.cfg.use_kv, clock)? else { return Ok(None) };
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
         self.decode_rate.add(w.decode_ms, w.decode_tokens);
         Ok(Some(w))
@@ -579,7 +595,7 @@ impl PerCache {
 
     /// A prefill (`None`: stopped, nothing stored).
     fn prefill(&mut self, rag: &mut Stores<'_>, plan: &populate::Plan, clock: &mut StepClock<'_>) -> Result<Option<populate::Work>> {
-        let Some(w) = populate::prefill(rag, plan, self.cfg.prefill_chunk, clock)? else { return Ok(None) };
+        let Some(w) = populate::prefill(rag, plan, clock)? else { return Ok(None) };
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
         Ok(Some(w))
     }
