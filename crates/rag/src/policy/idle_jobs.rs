@@ -141,7 +141,7 @@ impl TreePolicy {
             let cost = run.prefill_tokens as f64 + DECODE_TO_PREFILL_COST * decoded as f64;
             let prefill_ms = if cost > 0.0 { job_ms * run.prefill_tokens as f64 / cost } else { job_ms };
             let timings = Timings {
-                prompt_tokens: out.tokens.len().min(run.key_prompt_len()),
+                prompt_tokens: run.key_prompt_len(),
                 cached_tokens: run.key_prompt_len() - run.prefill_tokens,
                 prefill_ms,
                 ttft_ms: prefill_ms,
