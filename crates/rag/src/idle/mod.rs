@@ -23,10 +23,12 @@
 //!  question is queued (2) and answered through the pipeline (exact KV path); its answer replaces
 //!  the predicted one in the QA bank
 //! ```
-//! A unit asks its caller's `stop` before every model step ([`preempt::StepClock`]); told to
-//! stop, it drops its unfinished work whole, stores nothing and is put back (the stale query,
-//! the queued work, the conversion victim), so a user request waits for at most one model step
-//! of it (`UnitReport::longest_step_ms`). Invariant: population stores only what [`Rag::query`]
+//! A unit hands its model work to a [`preempt::StepClock`]: run here through the engine's step,
+//! the caller's `stop` asked before every step ([`PerCache::idle_unit_over`]), or left for the
+//! engine thread as a background job, the unit put back until the result is ready
+//! ([`PerCache::idle_unit_in_engine`]). Told to stop, a unit drops its unfinished work whole,
+//! stores nothing and is put back (the stale query, the queued work, the conversion victim), so
+//! a user request waits for at most one model step of it (`UnitReport::longest_step_ms`). Invariant: population stores only what [`Rag::query`]
 //! would store for the same question, so answers afterwards equal the cold path's (exact KV)
 //! or are QA answers of a question at the threshold, and a refresh invalidates predicted
 //! answers like any other (`tests/it/idle.rs`). The abstracts persist (`abstracts.rs`); the history and hit counts live
