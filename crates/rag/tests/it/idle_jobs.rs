@@ -158,7 +158,9 @@ fn model_units(c: &IdleCounters) -> u64 {
 /// that finished and the model units counted at the end while the load still ran. The batch is
 /// never without a request: when one ends the other two still run.
 fn under_load(e: &Engine, limit: Duration, until: impl Fn() -> bool) -> (usize, u64) {
-    let lengths = [40, 53, 67];
+    // Long enough that the batch stays busy while this thread waits for a core on a loaded
+    // machine (all three ending before it replaces one would leave the engine idle).
+    let lengths = [200, 265, 335];
     let mut running: Vec<Sink> = lengths.iter().map(|&n| e.submit("user", n)).collect();
     let started = |s: &Sink| s.0.lock().unwrap().iter().any(|e| matches!(e, Event::Started { .. }));
     while !running.iter().all(started) {
