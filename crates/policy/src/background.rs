@@ -72,6 +72,9 @@ pub struct BackgroundOutput {
     pub generated: Vec<u32>,
     /// The generated text, up to a stop text (empty for a prefill).
     pub text: String,
+    /// Engine steps the job sat out because requests ran and the background share was spent
+    /// (0: it never yielded to a request).
+    pub held_steps: u64,
 }
 
 /// A background job's end, handed to the policy that asked for it.

@@ -31,6 +31,9 @@ pub enum RagError {
     /// Generation.
     #[error("generation: {0}")]
     Engine(#[from] engram_engine::EngineError),
+    /// A job of the engine that failed (a model error, an engine fault, no KV room).
+    #[error("generation: {0}")]
+    Model(String),
 }
 
 impl RagError {

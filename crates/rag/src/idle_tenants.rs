@@ -4,16 +4,19 @@
 //! ```text
 //!  handlers (blocking pool):  Library::ingest_text / remove / plan / record ─► after_ingest / after_query
 //!                             IdleTenants::wake(tenant) ─► engine Command::Wake
-//!  engine thread (idle hook): TreePolicy::idle_slice ─► IdleTenants::next (round robin over woken tenants)
-//!                             ─► try_lock(Library) ─► Library::idle_unit(pool, tenant's tree): ONE unit
+//!  engine thread:             TreePolicy::next_background ─► IdleTenants::next (round robin over woken
+//!                             tenants) ─► try_lock(Library) ─► Library::idle_unit_in_engine(pool, tenant's
+//!                             tree): ONE unit, its model work a Low background job of the engine
 //!                             (nothing left: the tenant sleeps until its next wake)
 //! ```
-//! A handler counts itself in [`IdleTenants::waiting`] while it waits for or uses a library;
-//! the engine's `IdleInterrupt` reads that count, so the unit running stops at its next model
-//! step (a prefill chunk or a decode step), puts itself back and lets go of the library.
+//! The library is held only while a unit plans or stores, never while the model runs, so a
+//! handler never waits for a unit's model work; the unit's job yields to requests step by step
+//! (the engine's background share). [`IdleTenants::waiting`] counts the handlers waiting for
+//! or using a library, for callers that run units on their own thread
+//! ([`crate::PerCache::idle_unit_over`] with an interrupt that reads it).
 //!
 //! Invariants: the engine thread never blocks on a library (a library a handler holds is
-//! skipped, so a request never waits for more than one model step of a unit); a unit's
+//! skipped until the next ask); a unit's
 //! KV goes into the same per-tenant chunk KV tree the tenant's RAG jobs start from, and its
 //! answers into the same QA bank they consult, so what idle time stores is what a query
 //! would have stored (`crates/server/tests/it/rag_idle.rs`).
@@ -247,6 +250,11 @@ impl IdleTenants {
         g.last = Some(pick.clone());
         let t = &g.tenants[&pick];
         Some(Next { tenant: pick.clone(), library: t.library.clone(), tree_dir: t.tree_dir.clone() })
+    }
+
+    /// `tenant`'s library, if registered.
+    pub(crate) fn library(&self, tenant: &str) -> Option<Arc<Mutex<Library>>> {
+        self.lock().tenants.get(tenant).map(|t| t.library.clone())
     }
 
     /// `tenant` has nothing left to do until its next wake.

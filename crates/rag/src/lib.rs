@@ -31,7 +31,10 @@
 //! like the tree ([`ChunkStore::save`], [`ChunkStore::load`]).
 //!
 //! Architecture invariant: this crate builds KV only through `engram-kv` and runs the model
-//! only through `engram-engine`'s [`engram_engine::Generator`]; it knows no HTTP. Every store
+//! for generation only through `engram-engine`'s step — a job alone on the caller's thread
+//! ([`engram_engine::run_alone`]: the pipeline, idle units driven by hand) or a low-priority
+//! background job of the engine thread ([`TreePolicy`]'s idle units) — never a loop of its
+//! own (`run.rs`); it knows no HTTP. Every store
 //! file is written whole (temp + fsync + rename) and checked (magic, version, length, blake3)
 //! before use.
 
@@ -51,6 +54,7 @@ mod pipeline;
 mod policy;
 pub mod qa;
 pub mod retrieve;
+mod run;
 mod stores;
 pub mod synth;
 

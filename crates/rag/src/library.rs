@@ -21,6 +21,7 @@ use engram_model::Model;
 
 use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
 use crate::error::{RagError, Result};
+use crate::idle::preempt::EngineWork;
 use crate::idle::{PerCache, UnitReport};
 use crate::kv_tree::KvTree;
 use crate::parse::DocKind;
@@ -107,6 +108,15 @@ impl Library {
         let Some(idle) = &mut self.idle else { return Ok(None) };
         let mut stores = Stores { model: &self.model, pool, bank: &self.bank, qa: &mut self.qa, tree, config: &self.config };
         idle.idle_unit_over(&mut stores, stop)
+    }
+
+    /// [`Library::idle_unit`] with the unit's model work run as the engine thread's background
+    /// job (see [`PerCache::idle_unit_in_engine`]): finished from `work.ready`, or stopped
+    /// with its work in `work.wanted`.
+    pub fn idle_unit_in_engine(&mut self, pool: &KvPool, tree: &mut KvTree, work: &mut EngineWork) -> Result<Option<UnitReport>> {
+        let Some(idle) = &mut self.idle else { return Ok(None) };
+        let mut stores = Stores { model: &self.model, pool, bank: &self.bank, qa: &mut self.qa, tree, config: &self.config };
+        idle.idle_unit_in_engine(&mut stores, work)
     }
 
     /// The QA bank's answer, or the prompt to generate with room for `max_tokens`.

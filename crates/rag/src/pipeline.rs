@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use engram_engine::{Generator, SamplingParams};
+use engram_engine::SamplingParams;
 use engram_kv::KvPool;
 use engram_model::Model;
 
@@ -24,6 +24,7 @@ use crate::error::{RagError, Result};
 use crate::kv_tree::{KvTree, SegKey};
 use crate::parse::DocKind;
 use crate::qa::{QaBank, DEFAULT_THRESHOLD};
+use crate::run::{self, Ran, Request};
 
 /// The default system prompt (the first segment of every prompt).
 pub const DEFAULT_SYSTEM_PROMPT: &str =
@@ -263,18 +264,29 @@ impl Rag {
         let retrieved = self.bank.search(q, &qv, self.config.top_k)?;
         let ids: Vec<ChunkId> = retrieved.into_iter().map(|r| r.chunk).collect();
         let prompt = self.build_prompt(q, &ids)?;
+        let (start, reused) = self.tree_start(&prompt);
+        let g = self.generate(Request { prompt: prompt.tokens.clone(), start, reused, params: self.config.params.clone() })?;
+        self.tree.insert(&prompt.path, &prompt.ends, &g.tokens, &g.kv);
+        let docs = self.documents_of(&prompt.chunks);
+        self.qa.insert(q, qv, &g.text, g.generated, prompt.chunks, docs, self.bank.generation());
+        Ok(())
+    }
+
+    /// Runs `req` through the engine's step on this thread (the pipeline's one way to run the
+    /// model: see `run.rs`).
+    fn generate(&self, req: Request) -> Result<Ran> {
+        Ok(run::alone(&self.model, &self.pool, req, engram_engine::DEFAULT_PREFILL_CHUNK, &mut || false)?.expect("never stopped"))
+    }
+
+    /// The tree's longest stored prefix of `prompt`: its KV and length (checked, not assumed:
+    /// its tokens are the prompt's first tokens), and the segments it holds.
+    fn tree_start(&mut self, prompt: &Prompt) -> (Option<engram_kv::SeqKv>, usize) {
         let (fp, fmt) = (self.model.fingerprint, self.pool.format());
         let m = self.tree.lookup(fp, fmt, &prompt.path);
-        let mut gen = match m.kv {
-            Some(kv) => Generator::from_parts(&self.model, kv, m.tokens),
-            None => Generator::new(&self.model, &self.pool),
-        };
-        let g = gen.generate(&prompt.tokens, &self.config.params, &mut |_| true)?;
-        let (kv, tokens) = gen.into_parts();
-        self.tree.insert(&prompt.path, &prompt.ends, &tokens, &kv);
-        let docs = self.documents_of(&prompt.chunks);
-        self.qa.insert(q, qv, &g.text, g.tokens, prompt.chunks, docs, self.bank.generation());
-        Ok(())
+        match m.kv {
+            Some(kv) if prompt.tokens.starts_with(&m.tokens) => (Some(kv), m.tokens.len()),
+            _ => (None, 0),
+        }
     }
 
     fn documents_of(&self, chunks: &[ChunkId]) -> Vec<String> {
@@ -323,20 +335,21 @@ impl Rag {
         let (fp, fmt) = (self.model.fingerprint, self.pool.format());
         let m = if opts.use_kv { Some(self.tree.lookup(fp, fmt, &prompt.path)) } else { None };
         let kv_segments = m.as_ref().map_or(0, |m| m.segments);
-        let mut gen = match m.and_then(|m| m.kv.map(|kv| (kv, m.tokens))) {
-            Some((kv, tokens)) => Generator::from_parts(&self.model, kv, tokens),
-            None => Generator::new(&self.model, &self.pool),
+        let (start, reused) = match m {
+            // Checked, not assumed: the entry's tokens are this prompt's first tokens.
+            Some(m) if prompt.tokens.starts_with(&m.tokens) => (m.kv, m.tokens.len()),
+            _ => (None, 0),
         };
         let before_gen = ms(t0);
-        let g = gen.generate(&prompt.tokens, &self.config.params, &mut |_| true)?;
+        let g = self.generate(Request { prompt: prompt.tokens.clone(), start, reused, params: self.config.params.clone() })?;
         timings.ttft_ms = before_gen + g.timings.ttft_ms;
         timings.prompt_tokens = g.timings.prompt_tokens;
         timings.cached_tokens = g.timings.cached_tokens;
-        timings.decode_tokens = g.tokens.len();
+        timings.decode_tokens = g.generated.len();
         if opts.use_kv {
-            let (kv, tokens) = gen.into_parts();
-            self.tree.insert(&prompt.path, &prompt.ends, &tokens, &kv);
+            self.tree.insert(&prompt.path, &prompt.ends, &g.tokens, &g.kv);
         }
+        let g = Generated { text: g.text, tokens: g.generated };
         let sources = self.documents_of(&prompt.chunks);
         if opts.use_qa {
             self.qa.insert(question, qv, &g.text, g.tokens.clone(), prompt.chunks.clone(), sources.clone(), self.bank.generation());
@@ -377,14 +390,17 @@ impl Rag {
             BlendFailure::Blend(e) => e.into(),
         })?;
         let tokens_computed = a.tokens_computed.min(a.tokens.len());
-        let mut gen = Generator::from_parts(&self.model, a.kv, a.tokens);
         let before_gen = ms(t0);
-        let g = gen.generate(&prompt.tokens, &self.config.params, &mut |_| true)?;
+        // The assembled KV holds `a.tokens`, the prompt's first tokens (the chunks, moved).
+        let reused = if prompt.tokens.starts_with(&a.tokens) { a.tokens.len() } else { 0 };
+        let req = Request { prompt: prompt.tokens.clone(), start: Some(a.kv), reused, params: self.config.params.clone() };
+        let g = self.generate(req)?;
         timings.ttft_ms = before_gen + g.timings.ttft_ms;
         timings.prompt_tokens = g.timings.prompt_tokens;
         // Tokens whose KV came from the store (those this call prefilled into it are not).
         timings.cached_tokens = g.timings.cached_tokens.saturating_sub(tokens_computed);
-        timings.decode_tokens = g.tokens.len();
+        timings.decode_tokens = g.generated.len();
+        let g = Generated { text: g.text, tokens: g.generated };
         let sources = self.documents_of(&prompt.chunks);
         if opts.use_qa {
             self.qa.insert(question, qv, &g.text, g.tokens.clone(), prompt.chunks.clone(), sources.clone(), self.bank.generation());
@@ -405,6 +421,12 @@ impl Rag {
             blend: Some(stats),
         })
     }
+}
+
+/// A generated answer: its text and tokens.
+struct Generated {
+    text: String,
+    tokens: Vec<u32>,
 }
 
 /// The documents `chunks` come from, each once, in the chunks' order (chunks no longer in

@@ -46,6 +46,8 @@ pub(super) struct BackgroundSeq {
     pub prefill_only: bool,
     /// Own slots its tokens do not attend ([`BackgroundJob::hidden`]).
     pub hidden: Vec<std::ops::Range<usize>>,
+    /// Steps it sat out while requests ran ([`BackgroundOutput::held_steps`]).
+    pub held_steps: u64,
 }
 
 /// The event sink of a background sequence: nobody listens (the result goes to the policy).
@@ -101,7 +103,8 @@ impl Engine<'_> {
                 .or_else(|| (low < MAX_LOW_BACKGROUND && !self.background_queue.is_empty()).then_some(0));
             let Some(i) = next else { break };
             let job = self.background_queue.remove(i).expect("index in range");
-            if let Err(e) = self.start_background(job) {
+            let params = SamplingParams { max_tokens: job.max_tokens, stop: job.stop.clone(), ..SamplingParams::default() };
+            if let Err(e) = self.start_background_with(job, params) {
                 tracing::warn!("background work not started: {e}");
             }
         }
@@ -119,8 +122,10 @@ impl Engine<'_> {
         }
     }
 
-    fn start_background(&mut self, job: BackgroundJob) -> Result<(), String> {
-        let BackgroundJob { owner, tag, start, max_tokens, stop, priority, hidden } = job;
+    /// Starts `job` as a sequence of the batch sampling with `params` (a policy's jobs: greedy,
+    /// the job's `max_tokens` and `stop`; `max_tokens` 0 prefills only).
+    pub(super) fn start_background_with(&mut self, job: BackgroundJob, params: SamplingParams) -> Result<(), String> {
+        let BackgroundJob { owner, tag, start, max_tokens, stop: _, priority, hidden } = job;
         let fail = |policy: &mut Box<dyn engram_policy::ContextPolicy>, metrics: &crate::Metrics, e: String| {
             metrics.background_jobs.fetch_add(1, Relaxed);
             metrics.background_failed.fetch_add(1, Relaxed);
@@ -150,11 +155,10 @@ impl Engine<'_> {
                 ),
             );
         }
-        let params = SamplingParams { max_tokens, stop, ..SamplingParams::default() };
         let out = Decoding::new(&self.model.tokenizer, &prompt, &params, 0);
         self.next_id += 1;
         let start = Seq::start(self.next_id, owner, start.session_id, Box::new(NoClient), prompt, cached, kv, out, Instant::now());
-        self.active.push(Seq { background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0, hidden }), ..start });
+        self.active.push(Seq { background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0, hidden, held_steps: 0 }), ..start });
         Ok(())
     }
 
@@ -166,8 +170,9 @@ impl Engine<'_> {
         let outcome = match outcome {
             Ok(()) if s.forgotten => Err("its owner was forgotten".to_string()),
             Ok(()) => {
+                let held_steps = b.held_steps;
                 let (kv, _) = s.kv.into_retired(&self.pool, s.tokens.len());
-                Ok(BackgroundOutput { text: s.out.decoded().to_string(), generated: s.out.generated().to_vec(), tokens: s.tokens, kv })
+                Ok(BackgroundOutput { text: s.out.decoded().to_string(), generated: s.out.generated().to_vec(), tokens: s.tokens, kv, held_steps })
             }
             Err(e) => Err(e),
         };
@@ -208,6 +213,11 @@ impl Engine<'_> {
                 self.background_chunk = Some(self.background_credit as usize);
             } else {
                 hold[i] = true;
+            }
+        }
+        for (s, _) in self.active.iter_mut().zip(&hold).filter(|(_, h)| **h) {
+            if let Some(b) = s.background.as_mut() {
+                b.held_steps += 1;
             }
         }
         hold

@@ -47,10 +47,12 @@ use crate::sampling::SamplingParams;
 use crate::speculate::{DraftTree, PromptLookup};
 
 mod admit;
+mod alone;
 mod background;
 mod cache;
 mod step;
 
+pub use alone::{run_alone, AloneRun};
 use cache::SeqCacheSlot;
 
 /// Scheduler limits.

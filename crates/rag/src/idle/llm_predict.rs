@@ -6,8 +6,8 @@
 //! ```text
 //!  basis:     a chunk of a new document (its readable text, its kind)  │  the recent real queries
 //!  prompt:    chat template( user: knowledge_prompt | history_prompt )   (add_generation_prompt)
-//!  generate:  Generator::generate_until, greedy, `max_tokens_for(stride)`, the unit's StepClock
-//!             asked before every model step (stopped: nothing parsed, the basis is put back)
+//!  generate:  through the unit's StepClock (the engine's step), greedy, `max_tokens_for(stride)`
+//!             (stopped: nothing parsed, the basis is put back)
 //!  parse:     one question per line, numbering/bullets/quotes stripped; kept if it is one
 //!             sentence ending in '?', 3..=MAX_WORDS words, ≤ MAX_CHARS; duplicates dropped
 //! ```
@@ -25,7 +25,7 @@
 //! stride (greedy decoding, no sampling state); [`parse_questions`] is pure and never returns
 //! an empty, duplicate or over-long question, nor more than it was asked for.
 
-use engram_engine::{Generation, Generator, SamplingParams};
+use engram_engine::SamplingParams;
 use engram_kv::KvPool;
 use engram_model::Model;
 use engram_tokenizer::ChatMessage;
@@ -34,6 +34,7 @@ use crate::error::{RagError, Result};
 use crate::parse::DocKind;
 
 use super::preempt::StepClock;
+use crate::run::{Ran, Request};
 
 /// Longest question kept, in characters.
 pub const MAX_CHARS: usize = 160;
@@ -136,19 +137,10 @@ pub fn chat_tokens(model: &Model, user: &str) -> Result<Option<Vec<u32>>> {
 }
 
 /// Generates the model's answer to `prompt` (greedy, [`max_tokens_for`] `stride`) with a fresh
-/// cache charged to `pool`, `chunk` prompt tokens per forward call, asking `clock` before every
-/// model step; `None` when it said stop (nothing kept).
-pub fn generate(
-    model: &Model,
-    pool: &KvPool,
-    prompt: &[u32],
-    stride: usize,
-    chunk: usize,
-    clock: &mut StepClock<'_>,
-) -> Result<Option<Generation>> {
+/// cache charged to `pool`, through `clock`; `None` when it said stop (nothing kept).
+pub fn generate(model: &Model, pool: &KvPool, prompt: &[u32], stride: usize, clock: &mut StepClock<'_>) -> Result<Option<Ran>> {
     let params = SamplingParams { max_tokens: max_tokens_for(stride), ..SamplingParams::default() };
-    let mut gen = Generator::new(model, pool).with_prefill_chunk(chunk);
-    Ok(gen.generate_until(prompt, &params, &mut |_| true, &mut || clock.should_stop())?)
+    clock.run(model, pool, Request { prompt: prompt.to_vec(), start: None, reused: 0, params })
 }
 
 /// At most `max` questions from a model's answer (see the module doc), in order, without

@@ -23,10 +23,12 @@
 //!  question is queued (2) and answered through the pipeline (exact KV path); its answer replaces
 //!  the predicted one in the QA bank
 //! ```
-//! A unit asks its caller's `stop` before every model step ([`preempt::StepClock`]); told to
-//! stop, it drops its unfinished work whole, stores nothing and is put back (the stale query,
-//! the queued work, the conversion victim), so a user request waits for at most one model step
-//! of it (`UnitReport::longest_step_ms`). Invariant: population stores only what [`Rag::query`]
+//! A unit hands its model work to a [`preempt::StepClock`]: run here through the engine's step,
+//! the caller's `stop` asked before every step ([`PerCache::idle_unit_over`]), or left for the
+//! engine thread as a background job, the unit put back until the result is ready
+//! ([`PerCache::idle_unit_in_engine`]). Told to stop, a unit drops its unfinished work whole,
+//! stores nothing and is put back (the stale query, the queued work, the conversion victim), so
+//! a user request waits for at most one model step of it (`UnitReport::longest_step_ms`). Invariant: population stores only what [`Rag::query`]
 //! would store for the same question, so answers afterwards equal the cold path's (exact KV)
 //! or are QA answers of a question at the threshold, and a refresh invalidates predicted
 //! answers like any other (`tests/it/idle.rs`). The abstracts persist (`abstracts.rs`); the history and hit counts live
@@ -52,7 +54,7 @@ use abstracts::AbstractStore;
 use layer_choice::{decide, kv_to_qa, qa_to_kv, Candidate, Estimates, HitStats, LayerChoiceConfig, Rate, Strategy};
 use llm_predict::Basis;
 use predict::{By, PredictConfig, Predicted, Predictor, Source};
-use preempt::StepClock;
+use preempt::{EngineWork, StepClock, Via};
 
 /// Consecutive predictions the model answers without a usable question before the LLM
 /// predictor gives up for good (a model that is not instruction-tuned, e.g. pycode-7m) —
@@ -412,19 +414,35 @@ impl PerCache {
     /// step: when it says yes the unit stops there, stores nothing, is put back, and its report
     /// says `interrupted`.
     pub fn idle_unit_over(&mut self, rag: &mut Stores<'_>, stop: &mut dyn FnMut() -> bool) -> Result<Option<UnitReport>> {
+        let chunk = self.cfg.prefill_chunk;
+        self.unit_via(rag, StepClock::new(stop, chunk), true)
+    }
+
+    /// One unit whose model work runs as the engine thread's background job (see
+    /// [`preempt`]): the unit takes its work's result from `work.ready` and finishes (its
+    /// report), or leaves the work in `work.wanted` and is put back, storing nothing (its
+    /// report says `interrupted`; it is not counted as one), to run again once the engine has
+    /// computed it. `None` when there is nothing left to do.
+    pub fn idle_unit_in_engine(&mut self, rag: &mut Stores<'_>, work: &mut EngineWork) -> Result<Option<UnitReport>> {
+        work.wanted = None;
+        let mut never = || false;
+        self.unit_via(rag, StepClock::via(&mut never, Via::Engine(work)), false)
+    }
+
+    /// Runs the next unit with `clock`; a stopped one counts as interrupted if `count_stops`.
+    fn unit_via(&mut self, rag: &mut Stores<'_>, mut clock: StepClock<'_>, count_stops: bool) -> Result<Option<UnitReport>> {
         let t = Instant::now();
-        let mut clock = StepClock::new(stop);
         let r = self.next_unit(rag, &mut clock)?;
         let step = clock.finish();
         let ms = t.elapsed().as_secs_f64() * 1e3;
         Ok(r.map(|mut r| {
             r.ms = ms;
             r.longest_step_ms = step;
-            if r.interrupted {
-                self.stats.interrupted += 1;
-            } else {
+            if !r.interrupted {
                 self.stats.units += 1;
                 self.stats.longest_unit_ms = self.stats.longest_unit_ms.max(ms);
+            } else if count_stops {
+                self.stats.interrupted += 1;
             }
             self.stats.idle_ms += ms;
             self.stats.longest_step_ms = self.stats.longest_step_ms.max(step);
@@ -514,7 +532,7 @@ impl PerCache {
             None => "llm: query history".to_string(),
         };
         let prompt = llm_predict::chat_tokens(rag.model, &llm_predict::prompt_text(&basis, stride))?.expect("checked by llm_active");
-        let g = match llm_predict::generate(rag.model, rag.pool, &prompt, stride, self.cfg.prefill_chunk, clock) {
+        let g = match llm_predict::generate(rag.model, rag.pool, &prompt, stride, clock) {
             Ok(Some(g)) => Some(g),
             Ok(None) => {
                 if let Some(c) = chunk {
@@ -571,7 +589,7 @@ impl PerCache {
 
     /// An answer (`None`: stopped, nothing stored); the rates learn only from finished ones.
     fn answer(&mut self, rag: &mut Stores<'_>, plan: populate::Plan, clock: &mut StepClock<'_>) -> Result<Option<populate::Work>> {
-        let Some(w) = populate::answer(rag, plan, self.cfg.use_kv, self.cfg.prefill_chunk, clock)? else { return Ok(None) };
+        let Some(w) = populate::answer(rag, plan, self.cfg.use_kv, clock)? else { return Ok(None) };
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
         self.decode_rate.add(w.decode_ms, w.decode_tokens);
         Ok(Some(w))
@@ -579,7 +597,7 @@ impl PerCache {
 
     /// A prefill (`None`: stopped, nothing stored).
     fn prefill(&mut self, rag: &mut Stores<'_>, plan: &populate::Plan, clock: &mut StepClock<'_>) -> Result<Option<populate::Work>> {
-        let Some(w) = populate::prefill(rag, plan, self.cfg.prefill_chunk, clock)? else { return Ok(None) };
+        let Some(w) = populate::prefill(rag, plan, clock)? else { return Ok(None) };
         self.prefill_rate.add(w.prefill_ms, w.prefill_tokens);
         Ok(Some(w))
     }

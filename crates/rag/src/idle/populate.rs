@@ -6,18 +6,20 @@
 //!  prefill:  longest tree prefix ─ feed the rest of the chunk segments ─ every prefix into the tree
 //!  answer:   longest tree prefix (if the tree is on) ─ generate ─ prefixes into the tree ─ QA insert
 //! ```
-//! Both ask a [`StepClock`] before every model step and return `None` when it says stop,
+//! Both hand their model work to a [`StepClock`] (alone on this thread, asked before every
+//! model step, or the engine thread's background job) and return `None` when it says stop,
 //! having stored nothing (the unfinished KV and answer are dropped whole).
 //!
 //! Invariant: what they store is what [`crate::Rag::query`] would store for the same question — the
 //! tree's entries are forks of a sequence that computed exactly their tokens, and the QA answer
 //! is the tokens a generation from a cold prefill gives (`tests/it/idle.rs`).
 
-use engram_engine::Generator;
+use engram_engine::SamplingParams;
 
 use super::preempt::StepClock;
 use crate::error::Result;
 use crate::pipeline::{documents_of, Prompt};
+use crate::run::Request;
 use crate::stores::Stores;
 
 /// A question's retrieval and prompt, and how much of it the tree holds.
@@ -58,54 +60,50 @@ pub fn plan(rag: &Stores<'_>, query: &str) -> Result<Plan> {
 
 /// Prefills the plan's chunk segments the tree lacks and stores every prefix (prefill only, no
 /// decode, nothing in the QA bank); `None` (nothing stored) when `clock` said stop.
-/// `chunk` is the prompt tokens per forward call (what a waiting request may wait for).
-pub fn prefill(rag: &mut Stores<'_>, plan: &Plan, chunk: usize, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
+pub fn prefill(rag: &mut Stores<'_>, plan: &Plan, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
     let end = plan.chunks_end();
     if rag.tree.cached_tokens(&plan.prompt.path) >= end {
         return Ok(Some(Work::default()));
     }
+    let (start, from) = tree_start(rag, plan);
+    let req = Request {
+        prompt: plan.prompt.tokens[..end].to_vec(),
+        start,
+        reused: from,
+        params: SamplingParams { max_tokens: 0, ..SamplingParams::default() },
+    };
+    let model = rag.model.clone();
+    let Some(r) = clock.run(&model, rag.pool, req)? else { return Ok(None) };
+    rag.tree.insert(&plan.prompt.path, &plan.prompt.ends, &r.tokens, &r.kv);
+    let ms = r.timings.prefill_ms + r.timings.decode_ms;
+    Ok(Some(Work { prefill_tokens: end - r.timings.cached_tokens, prefill_ms: ms, ..Work::default() }))
+}
+
+/// The tree's longest stored prefix of the plan's prompt: its KV and length (checked, not
+/// assumed: its tokens are the prompt's first tokens).
+fn tree_start(rag: &mut Stores<'_>, plan: &Plan) -> (Option<engram_kv::SeqKv>, usize) {
     let (fp, fmt) = (rag.model.fingerprint, rag.pool.format());
     let m = rag.tree.lookup(fp, fmt, &plan.prompt.path);
-    let model = rag.model.clone();
-    let mut gen = match m.kv {
-        Some(kv) => Generator::from_parts(&model, kv, m.tokens),
-        None => Generator::new(&model, rag.pool),
+    match m.kv {
+        Some(kv) if plan.prompt.tokens.starts_with(&m.tokens) => (Some(kv), m.tokens.len()),
+        _ => (None, 0),
     }
-    .with_prefill_chunk(chunk);
-    let from = gen.tokens().len();
-    let t = std::time::Instant::now();
-    if gen.feed_until(&plan.prompt.tokens[from..end], false, &mut || clock.should_stop())?.is_none() {
-        return Ok(None);
-    }
-    let ms = t.elapsed().as_secs_f64() * 1e3;
-    let (kv, tokens) = gen.into_parts();
-    rag.tree.insert(&plan.prompt.path, &plan.prompt.ends, &tokens, &kv);
-    Ok(Some(Work { prefill_tokens: end - from, prefill_ms: ms, ..Work::default() }))
 }
 
 /// Generates the plan's answer (from the tree's longest prefix if `use_kv`, whose prefixes it
 /// then stores) and stores it in the QA bank (saved); `None` (nothing stored: no tree entry,
 /// no QA entry) when `clock` said stop before the answer was whole.
-pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool, chunk: usize, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
+pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
+    let (start, reused) = if use_kv { tree_start(rag, &plan) } else { (None, 0) };
+    let req = Request { prompt: plan.prompt.tokens.clone(), start, reused, params: rag.config.params.clone() };
     let model = rag.model.clone();
-    let (fp, fmt) = (model.fingerprint, rag.pool.format());
-    let m = if use_kv { Some(rag.tree.lookup(fp, fmt, &plan.prompt.path)) } else { None };
-    let mut gen = match m.and_then(|m| m.kv.map(|kv| (kv, m.tokens))) {
-        Some((kv, tokens)) => Generator::from_parts(&model, kv, tokens),
-        None => Generator::new(&model, rag.pool),
-    }
-    .with_prefill_chunk(chunk);
-    let params = rag.config.params.clone();
-    let Some(g) = gen.generate_until(&plan.prompt.tokens, &params, &mut |_| true, &mut || clock.should_stop())? else {
-        return Ok(None);
-    };
+    let Some(g) = clock.run(&model, rag.pool, req)? else { return Ok(None) };
     if use_kv {
-        let (kv, tokens) = gen.into_parts();
-        rag.tree.insert(&plan.prompt.path, &plan.prompt.ends, &tokens, &kv);
+        rag.tree.insert(&plan.prompt.path, &plan.prompt.ends, &g.tokens, &g.kv);
     }
     let docs = documents_of(rag.bank, &plan.prompt.chunks);
     let generation = rag.bank.generation();
-    let id = rag.qa.insert(&plan.query, plan.vector, &g.text, g.tokens, plan.prompt.chunks, docs, generation);
+    let id = rag.qa.insert(&plan.query, plan.vector, &g.text, g.generated, plan.prompt.chunks, docs, generation);
     rag.qa.save()?;
     let t = g.timings;
     Ok(Some(Work {

@@ -11,24 +11,29 @@
 //! ```
 //! One tree per tenant: a tenant never starts from KV another tenant's documents made. A job
 //! registered with `ChunkReuse::Blend` starts from the tenant's chunk store instead
-//! (`blend.rs`), and the idle hook runs the woken tenants' idle-time population, one unit per
-//! slice ([`IdleTenants`]), after saving changed trees and chunk stores.
+//! (`blend.rs`). The woken tenants' idle-time population ([`IdleTenants`]) runs one unit at a
+//! time, its model work a low-priority background job of the engine (`idle_jobs.rs`), so it
+//! progresses within the engine's background share while requests run; the idle hook saves
+//! changed trees and chunk stores.
 //!
 //! Invariant: a checkout for a RAG owner holds exactly the KV of `prompt[..reused]` — the
 //! tree entry's tokens are checked against the prompt before use — so the scheduler's answer
 //! equals a cold prefill of the same tokens (`crates/server/tests/it/rag.rs`).
 
 mod blend;
+mod idle_jobs;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{Fingerprint, Model};
-use engram_policy::{AdmitRequest, Checkout, ContextPolicy, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PolicyLayer, Retired};
+use engram_policy::{
+    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PolicyLayer, Retired,
+};
 
 use crate::chunk_store::ChunkStore;
-use crate::idle_tenants::{try_library, IdleTenants};
+use crate::idle_tenants::IdleTenants;
 use crate::kv_tree::{KvTree, SegKey};
 use crate::pipeline::ChunkReuse;
 pub use blend::BlendOutcome;
@@ -186,8 +191,10 @@ pub struct TreePolicy {
     running: HashMap<String, PromptSegments>,
     next_session: u64,
     counters: Arc<TreeCounters>,
-    /// Tenants whose idle-time population runs in [`ContextPolicy::idle_slice`] (`None`: off).
+    /// Tenants whose idle-time population runs as background jobs (`None`: off).
     idle: Option<IdleTenants>,
+    /// The idle unit whose model work the engine runs, and results waiting for their units.
+    units: idle_jobs::Units,
 }
 
 impl TreePolicy {
@@ -208,11 +215,12 @@ impl TreePolicy {
             next_session: 0,
             counters: Arc::default(),
             idle: None,
+            units: idle_jobs::Units::default(),
         }
     }
 
-    /// Runs the idle-time population of `tenants` in [`ContextPolicy::idle_slice`], one unit
-    /// per slice (see [`IdleTenants`]).
+    /// Runs the idle-time population of `tenants`, one unit at a time, its model work as the
+    /// engine's low-priority background jobs (see [`IdleTenants`]).
     pub fn with_idle(mut self, tenants: IdleTenants) -> TreePolicy {
         self.idle = Some(tenants);
         self
@@ -298,57 +306,6 @@ impl TreePolicy {
         self.counters.blend_tokens_recomputed.fetch_add(outcome.stats.recomputed_tokens as u64, Relaxed);
         self.registry.report_blend(owner, outcome);
         Ok((kv, reused))
-    }
-
-    /// One unit of some woken tenant's idle population, stopped at its next model step once
-    /// `interrupt` is requested; whether any tenant may have more. A library a handler holds
-    /// is skipped (the request is served first).
-    fn idle_unit(&mut self, interrupt: &IdleInterrupt) -> bool {
-        let Some(idle) = self.idle.clone() else { return false };
-        if !idle.any_pending() {
-            return false;
-        }
-        if let Some(rest) = idle_budget(&idle) {
-            // Within the budget: rest in short naps (a job arriving waits at most one).
-            std::thread::sleep(rest.min(BUDGET_NAP));
-            return true;
-        }
-        let Some(next) = idle.next() else { return false };
-        let Some(mut lib) = try_library(&next.library) else {
-            // A handler is planning or recording a query; its job comes next. Do not spin.
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            return true;
-        };
-        let pool = self.pool.clone();
-        let before = lib.idle.as_ref().map_or(0, |p| p.stats().predicted);
-        let t = self.tree(&next.tenant, next.tree_dir.as_deref());
-        let r = lib.idle_unit(&pool, &mut t.tree, &mut || interrupt.requested());
-        let predicted = lib.idle.as_ref().map_or(0, |p| p.stats().predicted) - before;
-        use std::sync::atomic::Ordering::Relaxed;
-        match r {
-            Ok(Some(r)) => {
-                // An interrupted unit stored nothing (its predictions count: they are queued).
-                t.dirty |= !r.interrupted;
-                let c = idle.counters();
-                let rest = idle.throttle().ran(r.ms);
-                c.rest_us.fetch_add(rest.as_micros() as u64, Relaxed);
-                c.count(&r, predicted);
-                if let Some(since) = idle.waiting_since().filter(|_| r.interrupted) {
-                    let us = since.elapsed().as_micros() as u64;
-                    c.yield_us.fetch_add(us, Relaxed);
-                    c.longest_yield_us.fetch_max(us, Relaxed);
-                }
-            }
-            Ok(None) => idle.sleep(&next.tenant),
-            Err(e) => {
-                warn(&format!("idle-time RAG work for a tenant stopped until its next request: {e}"));
-                idle.counters().errors.fetch_add(1, Relaxed);
-                idle.sleep(&next.tenant);
-            }
-        }
-        // Slept while holding the library: a wake after this guard sees its change.
-        drop(lib);
-        idle.any_pending()
     }
 
     /// A RAG job's checkout: `kv` holds `prompt[..reused]`.
@@ -491,26 +448,38 @@ impl PolicyLayer for TreePolicy {
     }
 
     /// One slice: the inner policy's work first, then saving one changed tree (KV files are
-    /// written while nothing waits, never on a request's path), then one unit of idle-time
-    /// population ([`IdleTenants`]) that stops at its next model step when a job is submitted
-    /// or a RAG handler waits for a library ([`IdleTenants::waiting`]).
+    /// written while nothing waits, never on a request's path); then one idle unit whose job
+    /// runs alone until it ends or a job arrives, or a short nap while units cannot start
+    /// (`idle_jobs.rs`).
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         if self.inner.idle_slice(interrupt) {
             return true;
         }
         self.apply_forgets();
-        let interrupt = match &self.idle {
-            Some(idle) => interrupt.clone().or_while(idle.waiters()),
-            None => interrupt.clone(),
-        };
         if interrupt.requested() {
-            // A handler is on its way to the engine: give it the cores (and do not spin).
+            // A job is on its way: give it the cores (and do not spin).
             std::thread::sleep(std::time::Duration::from_millis(1));
             return true;
         }
         if self.save_one() {
             return true;
         }
-        self.idle_unit(&interrupt)
+        self.idle_wait(interrupt)
+    }
+
+    /// The inner policy's jobs first, then the next idle unit's model work (Low priority).
+    fn next_background(&mut self) -> Option<BackgroundJob> {
+        if let Some(j) = self.inner.next_background() {
+            return Some(j);
+        }
+        self.apply_forgets();
+        self.next_unit_job()
+    }
+
+    /// An idle unit's job ends its unit (`idle_jobs.rs`); any other goes to the inner policy.
+    fn background_done(&mut self, done: BackgroundDone) {
+        if let Err(done) = self.unit_done(done) {
+            self.inner.background_done(done);
+        }
     }
 }

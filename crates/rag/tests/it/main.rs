@@ -10,6 +10,7 @@ mod chunk;
 mod chunk_files;
 mod idle;
 mod idle_budget;
+mod idle_jobs;
 mod idle_llm;
 mod idle_preempt;
 mod parse;

@@ -1,0 +1,125 @@
+//! [`run_alone`]: one background job run through the engine's own step on the caller's thread,
+//! for callers that own their caches and have no engine thread (a RAG pipeline in one process,
+//! its idle units driven by hand). The job is started as the engine starts any background job,
+//! stepped by [`Engine::step`] — the one decode loop — and asked `stop` before every step.
+//!
+//! ```text
+//!  job (checkout + sampling) ─► Engine (no other sequence) ─► stop()? ─► step ─► … ─► done
+//!                                                               └ yes ─► dropped whole (None)
+//! ```
+//!
+//! Invariant: what it returns is what the same job computes as a background sequence of an
+//! engine thread, batched or not (same start, same step, same sampling); a stopped run hands
+//! back nothing and its KV goes back to the pool.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use engram_kv::KvPool;
+use engram_model::Model;
+use engram_policy::{
+    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, OwnerKey,
+    PendingRestore, PolicyControl, PolicyStats, Retired,
+};
+
+use super::{Engine, SchedulerConfig};
+use crate::generate::Timings;
+use crate::metrics::Metrics;
+use crate::sampling::SamplingParams;
+
+/// What [`run_alone`] computed: the job's end as a policy would hear it, and its timings.
+pub struct AloneRun {
+    pub done: BackgroundDone,
+    /// Prompt tokens, those the checkout held, prefill and decode times (the first sampled
+    /// token ends the prefill), generated tokens.
+    pub timings: Timings,
+}
+
+/// The policy of a lone run: it admits nothing and keeps nothing; it hears the job's end.
+struct Lone {
+    done: Arc<Mutex<Option<BackgroundDone>>>,
+}
+
+impl ContextPolicy for Lone {
+    fn admit(&mut self, _req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        Err("a lone run admits no requests".into())
+    }
+    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize) -> Option<usize> {
+        None
+    }
+    fn pin_owner(&mut self, _owner: &OwnerKey) {}
+    fn make_room(&mut self, _bytes: usize) -> bool {
+        false
+    }
+    fn verify_restore(&mut self, _restore: PendingRestore) -> bool {
+        false
+    }
+    fn retire(&mut self, _retired: Retired) {}
+    fn forget_owner(&mut self, _owner: &OwnerKey) {}
+    fn stats(&self) -> PolicyStats {
+        PolicyStats::default()
+    }
+    fn control(&mut self, msg: PolicyControl) -> Result<ControlReply, ControlError> {
+        Err(msg.refuse())
+    }
+    fn idle_slice(&mut self, _interrupt: &IdleInterrupt) -> bool {
+        false
+    }
+    fn next_background(&mut self) -> Option<BackgroundJob> {
+        None
+    }
+    fn background_done(&mut self, done: BackgroundDone) {
+        *self.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
+    }
+}
+
+/// Runs `job` alone through the engine's step with `params` (greedy with the job's
+/// `max_tokens` and `stop` when `None`), `config.prefill_chunk` prompt tokens a step, asking
+/// `stop` before every step; `None` when it said stop (nothing is kept).
+pub fn run_alone(
+    model: &Model,
+    pool: KvPool,
+    config: SchedulerConfig,
+    job: BackgroundJob,
+    params: Option<SamplingParams>,
+    stop: &mut dyn FnMut() -> bool,
+) -> Option<AloneRun> {
+    let done = Arc::new(Mutex::new(None));
+    let policy = Lone { done: done.clone() };
+    let mut engine = Engine::new(model, pool, config, Box::new(policy), Arc::new(Metrics::default()), Arc::new(AtomicUsize::new(0)));
+    let prompt_tokens = job.start.tokens.len();
+    let cached_tokens = job.start.reused.min(prompt_tokens.saturating_sub(1));
+    let params = params.unwrap_or_else(|| SamplingParams { max_tokens: job.max_tokens, stop: job.stop.clone(), ..SamplingParams::default() });
+    let t0 = Instant::now();
+    let mut first: Option<Instant> = None;
+    let mut generated = 0;
+    // A job that cannot start has already ended (its error is in `done`).
+    let _ = engine.start_background_with(job, params);
+    while let Some(s) = engine.active.first() {
+        generated = s.out.generated().len();
+        if first.is_none() && s.next.is_some() {
+            first = Some(Instant::now());
+        }
+        if stop() {
+            return None;
+        }
+        engine.step();
+    }
+    let end = Instant::now();
+    let first = first.unwrap_or(end);
+    let done = done.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+    if let Ok(out) = &done.outcome {
+        generated = out.generated.len();
+    }
+    let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+    let timings = Timings {
+        prompt_tokens,
+        cached_tokens,
+        prefill_ms: ms(t0, first),
+        ttft_ms: ms(t0, first),
+        decode_tokens: generated,
+        decode_ms: ms(first, end),
+    };
+    Some(AloneRun { done, timings })
+}
