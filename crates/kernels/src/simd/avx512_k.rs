@@ -3,16 +3,18 @@
 //! instructions (256-bit `vpmaddubsw` + `vpmaddwd` per 32 values, sign tricks, per-group scale
 //! broadcasts).
 //!
-//! Per super-block and row, 64 values per instruction, in unsigned byte codes `u` that
-//! `vpdpbusd` multiplies with the activation bytes into exact i32 sums of 4 products:
-//! * IQ4_XS: `u` = table value + 128 (one `vpshufb` of the nibbles in a biased table), four
+//! Per super-block and row, 64 values per instruction, in unsigned byte codes `u` multiplied
+//! with the activation bytes into exact integer sums:
+//! * IQ4_XS: `u` = table value + 128 (one `vpshufb` of the nibbles in a biased table; `vpdpbusd`
+//!   sums of 4 products, ≤ 4·241·127, in i32), four
 //!   32-value groups per register pair (low nibbles, high nibbles; one group per 128-bit
 //!   lane), the activations brought into that arrangement by one `vshufi64x2` per 64 values.
 //!   Per 4 groups one `vpmulld` applies the 6-bit scales; the bias comes back as
 //!   `−128·Σ_g ls_g·S_g` (`S_g` the group's activation sum from the Q8_K block sums).
 //! * Q3_K: `u = q + 4` (2 low bits, plus 4 where the `hmask` bit is set); each register holds
-//!   64 consecutive values (four 16-value groups, one per 128-bit lane), scaled by one
-//!   `vpmulld`; the offset is `−4·Σ_j sc_j·bsum_j`.
+//!   64 consecutive values (four 16-value groups, one per 128-bit lane): `vpmaddubsw` (exact
+//!   i16 pairs), then one `vpdpwssd` with the groups' scales; the offset is
+//!   `−4·Σ_j sc_j·bsum_j`.
 //!
 //! Per row the 16 lanes fold to 8 and the rows' sums are formed together (`avx2_k::hsum_rows`);
 //! the float term is `avx2_k::add_block_terms`, the scalar reference's operations lane by lane.
@@ -167,7 +169,8 @@ unsafe fn q3k_block(b: *const u8, xp: *const i8, bsv: __m256i) -> __m512i {
     let four = _mm512_set1_epi8(4);
     let c = q3k_scale_codes(b);
     let sc = _mm_sub_epi8(_mm_setr_epi32(c[0] as i32, c[1] as i32, c[2] as i32, c[3] as i32), _mm_set1_epi8(32));
-    let sc32 = _mm512_cvtepi8_epi32(sc);
+    let sc16 = _mm256_cvtepi8_epi16(sc);
+    let scz = _mm512_zextsi256_si512(sc16);
     let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(b as *const __m256i));
     let mut s = _mm512_setzero_si512();
     for n in 0..2 {
@@ -181,17 +184,16 @@ unsafe fn q3k_block(b: *const u8, xp: *const i8, bsv: __m256i) -> __m512i {
             let (b0, b1) = (1i8 << (4 * n as i64 + k0), 1i8 << (4 * n as i64 + k1));
             let sel = _mm512_inserti64x4::<1>(_mm512_set1_epi8(b0), _mm256_set1_epi8(b1));
             let u = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hm, sel), lo, four);
-            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(xp.add(64 * m) as *const __m512i));
-            let j = 4 * m as i32;
-            let scm = _mm512_permutexvar_epi32(
-                _mm512_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1, j + 2, j + 2, j + 2, j + 2, j + 3, j + 3, j + 3, j + 3),
-                sc32,
-            );
-            s = _mm512_add_epi32(s, _mm512_mullo_epi32(dot, scm));
+            // Exact i16 pair sums (|2·7·127| < 2^15), then the scales of the 4 groups (one per
+            // 128-bit lane, i16 words picked by one `vpermw`) in one `vpdpwssd`.
+            let p = _mm512_maddubs_epi16(u, _mm512_loadu_si512(xp.add(64 * m) as *const __m512i));
+            let w = |j: usize| ((4 * m + j) as i64) * 0x0001_0001_0001_0001;
+            let scm = _mm512_permutexvar_epi16(_mm512_set_epi64(w(3), w(3), w(2), w(2), w(1), w(1), w(0), w(0)), scz);
+            s = _mm512_dpwssd_epi32(s, p, scm);
         }
     }
     // The +4 offset: 4 · Σ_j sc_j · bsum_j.
-    let corr = _mm256_slli_epi32::<2>(_mm256_madd_epi16(bsv, _mm256_cvtepi8_epi16(sc)));
+    let corr = _mm256_slli_epi32::<2>(_mm256_madd_epi16(bsv, sc16));
     _mm512_sub_epi32(s, _mm512_zextsi256_si512(corr))
 }
 
