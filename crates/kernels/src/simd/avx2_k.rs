@@ -277,8 +277,16 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
         }
         for t in 0..NT {
             let dx = *a.d.get_unchecked((t0 + t) * nb + i);
-            let m = if K == Q5K || K == Q2K { hsum_rows(&msum[t]) } else { _mm_setzero_si128() };
-            acc[t] = add_block_terms::<K>(acc[t], &d, &dmin, dx, hsum_rows(&isum[t]), m);
+            let (iv, mv) = if K != Q5K && K != Q2K {
+                (hsum_rows(&isum[t]), _mm_setzero_si128())
+            } else if NR == 1 {
+                // One row: both sums in one tree (lane 0 the integer sum, lane 1 the mins').
+                let both = hsum_rows(&[isum[t][0], msum[t][0]]);
+                (both, _mm_shuffle_epi32::<1>(both))
+            } else {
+                (hsum_rows(&isum[t]), hsum_rows(&msum[t]))
+            };
+            acc[t] = add_block_terms::<K>(acc[t], &d, &dmin, dx, iv, mv);
         }
     }
     for t in 0..NT {
