@@ -231,63 +231,81 @@ pub(crate) unsafe fn hsum_rows<const NR: usize>(v: &[__m256i; NR]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
+/// Super-blocks a multi-row tile runs through one row after another before the next row.
+pub(crate) const RUN: usize = 8;
+
 /// `NR` rows × `NT` tokens. Per super-block and (row, token): the exact integer sums (lanes of
 /// `vpmaddwd` results, summed across lanes for all rows at once by [`hsum_rows`]), then
 /// [`block_term`]'s float operations on the 4-lane vector whose lane `r` is row `r` — the
 /// same IEEE operations in the same order as the scalar reference, so bitwise its result.
+///
+/// Memory order: each row is read sequentially through a run of [`RUN`] super-blocks, then the
+/// next row, and the run's float terms follow in block order. (Reading the rows' blocks in
+/// turn, block by block, is four interleaved streams that the hardware prefetchers did not
+/// follow: decode from DRAM ran at half speed on Zen 4.)
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: usize, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let bb = block_bytes(K);
     let nb = a.blocks_per_row;
+    // One row: a run of one block, its sums stay in registers.
+    let run = if NR == 1 { 1 } else { RUN };
     let mut acc = [_mm_setzero_ps(); NT];
-    for i in 0..nb {
-        // isum[t][r]: row r's lanes of the block's integer sum (Q3_K: with the −4 shift folded
-        // in, exact); msum[t][r]: Q5_K / Q2_K's block-sum term.
-        let mut isum = [[_mm256_setzero_si256(); NR]; NT];
-        let mut msum = [[_mm256_setzero_si256(); NR]; NT];
-        let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
+    let mut i0 = 0;
+    while i0 < nb {
+        let n = run.min(nb - i0);
+        // isum[k][t][r]: row r's lanes of block i0 + k's integer sum against token t (Q3_K:
+        // with the −4 shift folded in, exact); msum: Q5_K / Q2_K's block-sum term.
+        let mut isum = [[[_mm256_setzero_si256(); NR]; NT]; RUN];
+        let mut msum = [[[_mm256_setzero_si256(); NR]; NT]; RUN];
+        let (mut d, mut dmin) = ([[0f32; 4]; RUN], [[0f32; 4]; RUN]);
         for r in 0..NR {
-            let KBlock { q, s, corr_w, d: dr, dmin: mr } = decode_block_body!(K, w.add(r * rb + i * bb));
-            d[r] = dr;
-            dmin[r] = mr;
-            for t in 0..NT {
-                let ab = (t0 + t) * nb + i;
-                let xp = a.qs.as_ptr().add(ab * QK_K);
-                let mut v = _mm256_setzero_si256();
-                for g in 0..8 {
-                    let xv = _mm256_loadu_si256(xp.add(32 * g) as *const __m256i);
-                    let p = if K == IQ4XS {
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(q[g], q[g]), _mm256_sign_epi8(xv, q[g]))
-                    } else {
-                        _mm256_maddubs_epi16(q[g], xv)
-                    };
-                    v = _mm256_add_epi32(v, _mm256_madd_epi16(p, s[g]));
-                }
-                if K != IQ4XS {
-                    let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
-                    let c = _mm256_madd_epi16(bsv, corr_w);
-                    if K == Q3K {
-                        v = _mm256_sub_epi32(v, _mm256_slli_epi32::<2>(c));
-                    } else {
-                        msum[t][r] = c;
+            for k in 0..n {
+                let i = i0 + k;
+                let KBlock { q, s, corr_w, d: dr, dmin: mr } = decode_block_body!(K, w.add(r * rb + i * bb));
+                d[k][r] = dr;
+                dmin[k][r] = mr;
+                for t in 0..NT {
+                    let ab = (t0 + t) * nb + i;
+                    let xp = a.qs.as_ptr().add(ab * QK_K);
+                    let mut v = _mm256_setzero_si256();
+                    for g in 0..8 {
+                        let xv = _mm256_loadu_si256(xp.add(32 * g) as *const __m256i);
+                        let p = if K == IQ4XS {
+                            _mm256_maddubs_epi16(_mm256_sign_epi8(q[g], q[g]), _mm256_sign_epi8(xv, q[g]))
+                        } else {
+                            _mm256_maddubs_epi16(q[g], xv)
+                        };
+                        v = _mm256_add_epi32(v, _mm256_madd_epi16(p, s[g]));
                     }
+                    if K != IQ4XS {
+                        let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
+                        let c = _mm256_madd_epi16(bsv, corr_w);
+                        if K == Q3K {
+                            v = _mm256_sub_epi32(v, _mm256_slli_epi32::<2>(c));
+                        } else {
+                            msum[k][t][r] = c;
+                        }
+                    }
+                    isum[k][t][r] = v;
                 }
-                isum[t][r] = v;
             }
         }
-        for t in 0..NT {
-            let dx = *a.d.get_unchecked((t0 + t) * nb + i);
-            let (iv, mv) = if K != Q5K && K != Q2K {
-                (hsum_rows(&isum[t]), _mm_setzero_si128())
-            } else if NR == 1 {
-                // One row: both sums in one tree (lane 0 the integer sum, lane 1 the mins').
-                let both = hsum_rows(&[isum[t][0], msum[t][0]]);
-                (both, _mm_shuffle_epi32::<1>(both))
-            } else {
-                (hsum_rows(&isum[t]), hsum_rows(&msum[t]))
-            };
-            acc[t] = add_block_terms::<K>(acc[t], &d, &dmin, dx, iv, mv);
+        for k in 0..n {
+            for t in 0..NT {
+                let dx = *a.d.get_unchecked((t0 + t) * nb + i0 + k);
+                let (iv, mv) = if K != Q5K && K != Q2K {
+                    (hsum_rows(&isum[k][t]), _mm_setzero_si128())
+                } else if NR == 1 {
+                    // One row: both sums in one tree (lane 0 the integer sum, lane 1 the mins').
+                    let both = hsum_rows(&[isum[k][t][0], msum[k][t][0]]);
+                    (both, _mm_shuffle_epi32::<1>(both))
+                } else {
+                    (hsum_rows(&isum[k][t]), hsum_rows(&msum[k][t]))
+                };
+                acc[t] = add_block_terms::<K>(acc[t], &d[k], &dmin[k], dx, iv, mv);
+            }
         }
+        i0 += n;
     }
     for t in 0..NT {
         store_rows::<NR>(acc[t], out.add(t * ldo));

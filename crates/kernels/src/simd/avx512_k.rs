@@ -24,7 +24,7 @@
 //! operations are the reference's, so the result is bitwise the scalar path's (and the AVX2
 //! tiles', the prefill kernels') for any tile.
 
-use super::avx2_k::{add_block_terms, block_bytes, hsum_rows, store_rows, IQ4XS, Q3K};
+use super::avx2_k::{add_block_terms, block_bytes, hsum_rows, store_rows, IQ4XS, Q3K, RUN};
 use crate::blocks::*;
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
@@ -94,25 +94,35 @@ pub(crate) fn q3k_scale_codes(b: *const u8) -> [u32; 4] {
     ]
 }
 
-/// `NR` rows × 1 token; see the module doc.
+/// `NR` rows × 1 token; see the module doc. Rows are read one after another through runs of
+/// `avx2_k::RUN` super-blocks (sequential streams for the prefetchers, as `avx2_k`'s tiles).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const NR: usize>(w: *const u8, rb: usize, a: &ActQ8K, t0: usize, out: *mut f32) {
     let bb = block_bytes(K);
     let nb = a.blocks_per_row;
+    let run = if NR == 1 { 1 } else { RUN };
     let mut acc = _mm_setzero_ps();
-    for i in 0..nb {
-        let ab = t0 * nb + i;
-        let xp = a.qs.as_ptr().add(ab * QK_K);
-        let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
-        let mut isum = [_mm256_setzero_si256(); NR];
-        let mut d = [0f32; 4];
+    let mut i0 = 0;
+    while i0 < nb {
+        let n = run.min(nb - i0);
+        let mut isum = [[_mm256_setzero_si256(); NR]; RUN];
+        let mut d = [[0f32; 4]; RUN];
         for r in 0..NR {
-            let b = w.add(r * rb + i * bb);
-            let s = if K == Q3K { q3k_block(b, xp, bsv) } else { iq4xs_block(b, xp, bsv) };
-            isum[r] = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
-            d[r] = f16_scalar(b.add(if K == Q3K { Q3K_D } else { 0 }));
+            for k in 0..n {
+                let ab = t0 * nb + i0 + k;
+                let xp = a.qs.as_ptr().add(ab * QK_K);
+                let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
+                let b = w.add(r * rb + (i0 + k) * bb);
+                let s = if K == Q3K { q3k_block(b, xp, bsv) } else { iq4xs_block(b, xp, bsv) };
+                isum[k][r] = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+                d[k][r] = f16_scalar(b.add(if K == Q3K { Q3K_D } else { 0 }));
+            }
         }
-        acc = add_block_terms::<K>(acc, &d, &[0.0; 4], *a.d.get_unchecked(ab), hsum_rows(&isum), _mm_setzero_si128());
+        for k in 0..n {
+            let dx = *a.d.get_unchecked(t0 * nb + i0 + k);
+            acc = add_block_terms::<K>(acc, &d[k], &[0.0; 4], dx, hsum_rows(&isum[k]), _mm_setzero_si128());
+        }
+        i0 += n;
     }
     store_rows::<NR>(acc, out);
 }
