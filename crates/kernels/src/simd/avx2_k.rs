@@ -55,6 +55,12 @@ pub(crate) unsafe fn rows_tile(d: DType, nr: usize, nt: usize, w: *const u8, rb:
     macro_rules! shape {
         ($k:expr) => {
             match (nr, nt) {
+                // Rows longer than a run: one row at a time (sequential reads; see `tile`).
+                (_, 1) if a.blocks_per_row > RUN => {
+                    for r in 0..nr {
+                        tile::<$k, 1, 1>(w.add(r * rb), rb, a, t0, out.add(r), ldo)
+                    }
+                }
                 (1, 1) => tile::<$k, 1, 1>(w, rb, a, t0, out, ldo),
                 (1, 2) => tile::<$k, 1, 2>(w, rb, a, t0, out, ldo),
                 (1, 3) => tile::<$k, 1, 3>(w, rb, a, t0, out, ldo),
@@ -240,9 +246,10 @@ pub(crate) const RUN: usize = 8;
 /// same IEEE operations in the same order as the scalar reference, so bitwise its result.
 ///
 /// Memory order: each row is read sequentially through a run of [`RUN`] super-blocks, then the
-/// next row, and the run's float terms follow in block order. (Reading the rows' blocks in
-/// turn, block by block, is four interleaved streams that the hardware prefetchers did not
-/// follow: decode from DRAM ran at half speed on Zen 4.)
+/// next row, and the run's float terms follow in block order; rows longer than a run go one
+/// at a time ([`rows_tile`]). (Reading the rows' blocks in turn, block by block, or in runs
+/// shorter than the row, is interleaved streams that the hardware prefetchers did not follow:
+/// decode from DRAM ran at half speed on Zen 4.)
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: usize, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let bb = block_bytes(K);

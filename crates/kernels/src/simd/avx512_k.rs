@@ -47,6 +47,12 @@ pub(crate) unsafe fn rows_tile(d: DType, nr: usize, w: *const u8, rb: usize, a: 
     macro_rules! rows {
         ($k:expr) => {
             match nr {
+                // Rows longer than a run: one row at a time (sequential reads; see `tile`).
+                _ if a.blocks_per_row > RUN => {
+                    for r in 0..nr {
+                        tile::<$k, 1>(w.add(r * rb), rb, a, t0, out.add(r))
+                    }
+                }
                 1 => tile::<$k, 1>(w, rb, a, t0, out),
                 2 => tile::<$k, 2>(w, rb, a, t0, out),
                 3 => tile::<$k, 3>(w, rb, a, t0, out),
@@ -95,7 +101,8 @@ pub(crate) fn q3k_scale_codes(b: *const u8) -> [u32; 4] {
 }
 
 /// `NR` rows × 1 token; see the module doc. Rows are read one after another through runs of
-/// `avx2_k::RUN` super-blocks (sequential streams for the prefetchers, as `avx2_k`'s tiles).
+/// `avx2_k::RUN` super-blocks (sequential streams for the prefetchers, as `avx2_k`'s tiles;
+/// [`rows_tile`] sends rows longer than a run one at a time).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const NR: usize>(w: *const u8, rb: usize, a: &ActQ8K, t0: usize, out: *mut f32) {
     let bb = block_bytes(K);
