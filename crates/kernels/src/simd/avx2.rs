@@ -51,11 +51,7 @@ pub(crate) unsafe fn tile(c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usiz
             let k = super::avx2_q32::tag(d).unwrap_or_default();
             super::avx2_q32::tile_dispatch(k, nr, nt, wp, rb, a, t0, out, c.ldo)
         }
-        (d, Acts::Q8K(a)) if super::avx2_k::handles(d) => {
-            for r in 0..nr {
-                super::avx2_k::row_tile(d, nt, wp.add(r * rb), a, t0, out.add(r), c.ldo)
-            }
-        }
+        (d, Acts::Q8K(a)) if super::avx2_k::handles(d) => super::avx2_k::rows_tile(d, nr, nt, wp, rb, a, t0, out, c.ldo),
         _ => unreachable!("activations prepared for the wrong dtype"),
     }
 }

@@ -1,6 +1,7 @@
 //! AVX2 tile kernels of the 256-element formats beyond Q4_K/Q6_K: Q5_K, Q3_K, Q2_K and IQ4_XS,
-//! against Q8_K activations ([`ActQ8K`]) as llama.cpp's `ggml_vec_dot_*_q8_K` pair them. One
-//! weight row × up to 4 tokens per tile (a decoded super-block takes 8 registers).
+//! against Q8_K activations ([`ActQ8K`]) as llama.cpp's `ggml_vec_dot_*_q8_K` pair them. Up to 4
+//! weight rows × 1 token, or 1 row × up to 4 tokens, per tile (a decoded super-block takes 16
+//! registers); the rows of a one-token tile finish their super-block sums together.
 //!
 //! Per super-block, the weights are decoded once into 8 registers of 32 values in element
 //! order, then per token: `vpmaddubsw` with the activations (unsigned values: Q5_K 0..32, Q2_K
@@ -11,10 +12,10 @@
 //! (subtracted in integers, so the block's sum equals the reference's exactly).
 //!
 //! Invariant (see `simd/mod.rs`): per super-block the 8 lanes are summed to the reference's
-//! exact integer and the float term is the scalar reference's ([`block_term`]), so each
-//! (row, token) is bitwise the scalar path's whatever the tile's token count.
+//! exact integer and the float term is the scalar reference's ([`block_term`], done for the
+//! tile's rows lane by lane by [`add_block_terms`]), so each (row, token) is bitwise the scalar
+//! path's whatever the tile's shape.
 
-use super::avx2::hsum_i32;
 use super::avx2_q32::{nibbles, table};
 use crate::blocks::*;
 use crate::dtype::DType;
@@ -46,24 +47,46 @@ pub(crate) fn handles(d: DType) -> bool {
     tag(d).is_some()
 }
 
-/// Runs one row (`w` its first block) × `nt` tokens (1..=4) of format `d`.
+/// Runs rows `0..nr` (1..=4; `w` the first row's first block, rows `rb` bytes apart) ×
+/// `nt` tokens (1..=4) of format `d`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn row_tile(d: DType, nt: usize, w: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
-    macro_rules! nts {
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_tile(d: DType, nr: usize, nt: usize, w: *const u8, rb: usize, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    macro_rules! shape {
         ($k:expr) => {
-            match nt {
-                1 => tile::<$k, 1>(w, a, t0, out, ldo),
-                2 => tile::<$k, 2>(w, a, t0, out, ldo),
-                3 => tile::<$k, 3>(w, a, t0, out, ldo),
-                _ => tile::<$k, 4>(w, a, t0, out, ldo),
+            match (nr, nt) {
+                // Rows longer than a run: one row at a time (sequential reads; see `tile`).
+                (_, 1) if a.blocks_per_row > RUN => {
+                    for r in 0..nr {
+                        tile::<$k, 1, 1>(w.add(r * rb), rb, a, t0, out.add(r), ldo)
+                    }
+                }
+                (1, 1) => tile::<$k, 1, 1>(w, rb, a, t0, out, ldo),
+                (1, 2) => tile::<$k, 1, 2>(w, rb, a, t0, out, ldo),
+                (1, 3) => tile::<$k, 1, 3>(w, rb, a, t0, out, ldo),
+                (1, _) => tile::<$k, 1, 4>(w, rb, a, t0, out, ldo),
+                (2, 1) => tile::<$k, 2, 1>(w, rb, a, t0, out, ldo),
+                (3, 1) => tile::<$k, 3, 1>(w, rb, a, t0, out, ldo),
+                (_, 1) => tile::<$k, 4, 1>(w, rb, a, t0, out, ldo),
+                // Several tokens: one row at a time (a decoded super-block takes 16 registers,
+                // so several rows × tokens would spill); bitwise the same per (row, token).
+                _ => {
+                    for r in 0..nr {
+                        match nt {
+                            2 => tile::<$k, 1, 2>(w.add(r * rb), rb, a, t0, out.add(r), ldo),
+                            3 => tile::<$k, 1, 3>(w.add(r * rb), rb, a, t0, out.add(r), ldo),
+                            _ => tile::<$k, 1, 4>(w.add(r * rb), rb, a, t0, out.add(r), ldo),
+                        }
+                    }
+                }
             }
         };
     }
     match d {
-        DType::Q5K => nts!(Q5K),
-        DType::Q3K => nts!(Q3K),
-        DType::Q2K => nts!(Q2K),
-        _ => nts!(IQ4XS),
+        DType::Q5K => shape!(Q5K),
+        DType::Q3K => shape!(Q3K),
+        DType::Q2K => shape!(Q2K),
+        _ => shape!(IQ4XS),
     }
 }
 
@@ -203,58 +226,129 @@ pub(crate) fn block_term<const K: u8>(isum: i32, corr: i32, d: f32, dmin: f32, d
     }
 }
 
-/// One token's epilogue of a super-block: `isum` the 8 lanes of Σ_g madd(maddubs(q[g], x), s[g])
-/// (lane l: bytes 4l..4l+4 of every group), `ab` the activation block. Sums the lanes and the
-/// block-sum term exactly and adds [`block_term`] to the token's accumulator, so every path
-/// of these formats is bitwise the scalar reference.
+/// The exact lane sums of up to four vectors: lane `r` of the result = Σ lanes of `v[r]`
+/// (missing rows zero).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn finish_block<const K: u8>(isum: __m256i, kb_corr_w: __m256i, d: f32, dmin: f32, a: &ActQ8K, ab: usize, acc: &mut f32) {
-    let dx = *a.d.get_unchecked(ab);
-    let (tot, corr) = if K != IQ4XS {
-        let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
-        hsum_pair(isum, _mm256_madd_epi16(bsv, kb_corr_w))
-    } else {
-        (hsum_i32(isum), 0)
-    };
-    *acc += block_term::<K>(tot, corr, d, dmin, dx);
+pub(crate) unsafe fn hsum_rows<const NR: usize>(v: &[__m256i; NR]) -> __m128i {
+    let z = _mm256_setzero_si256();
+    let at = |r: usize| if r < NR { v[r] } else { z };
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(at(0), at(1)), _mm256_hadd_epi32(at(2), at(3)));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
-/// The exact lane sums of `a` and of `b`, sharing one horizontal-add tree.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_pair(a: __m256i, b: __m256i) -> (i32, i32) {
-    // [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]
-    let h = _mm256_hadd_epi32(a, b);
-    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-    let s = _mm_hadd_epi32(s, s);
-    (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
-}
+/// Super-blocks a multi-row tile runs through one row after another before the next row.
+pub(crate) const RUN: usize = 8;
 
+/// `NR` rows × `NT` tokens. Per super-block and (row, token): the exact integer sums (lanes of
+/// `vpmaddwd` results, summed across lanes for all rows at once by [`hsum_rows`]), then
+/// [`block_term`]'s float operations on the 4-lane vector whose lane `r` is row `r` — the
+/// same IEEE operations in the same order as the scalar reference, so bitwise its result.
+///
+/// Memory order: each row is read sequentially through a run of [`RUN`] super-blocks, then the
+/// next row, and the run's float terms follow in block order; rows longer than a run go one
+/// at a time ([`rows_tile`]). (Reading the rows' blocks in turn, block by block, or in runs
+/// shorter than the row, is interleaved streams that the hardware prefetchers did not follow:
+/// decode from DRAM ran at half speed on Zen 4.)
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const K: u8, const NT: usize>(w: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: usize, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let bb = block_bytes(K);
     let nb = a.blocks_per_row;
-    let mut acc = [0f32; NT];
-    for i in 0..nb {
-        let KBlock { q, s, corr_w, d, dmin } = decode_block_body!(K, w.add(i * bb));
-        for t in 0..NT {
-            let ab = (t0 + t) * nb + i;
-            let xp = a.qs.as_ptr().add(ab * QK_K);
-            let mut isum = _mm256_setzero_si256();
-            for g in 0..8 {
-                let xv = _mm256_loadu_si256(xp.add(32 * g) as *const __m256i);
-                let p = if K == IQ4XS {
-                    _mm256_maddubs_epi16(_mm256_sign_epi8(q[g], q[g]), _mm256_sign_epi8(xv, q[g]))
-                } else {
-                    _mm256_maddubs_epi16(q[g], xv)
-                };
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s[g]));
+    // One row: a run of one block, its sums stay in registers.
+    let run = if NR == 1 { 1 } else { RUN };
+    let mut acc = [_mm_setzero_ps(); NT];
+    let mut i0 = 0;
+    while i0 < nb {
+        let n = run.min(nb - i0);
+        // isum[k][t][r]: row r's lanes of block i0 + k's integer sum against token t (Q3_K:
+        // with the −4 shift folded in, exact); msum: Q5_K / Q2_K's block-sum term.
+        let mut isum = [[[_mm256_setzero_si256(); NR]; NT]; RUN];
+        let mut msum = [[[_mm256_setzero_si256(); NR]; NT]; RUN];
+        let (mut d, mut dmin) = ([[0f32; 4]; RUN], [[0f32; 4]; RUN]);
+        for r in 0..NR {
+            for k in 0..n {
+                let i = i0 + k;
+                let KBlock { q, s, corr_w, d: dr, dmin: mr } = decode_block_body!(K, w.add(r * rb + i * bb));
+                d[k][r] = dr;
+                dmin[k][r] = mr;
+                for t in 0..NT {
+                    let ab = (t0 + t) * nb + i;
+                    let xp = a.qs.as_ptr().add(ab * QK_K);
+                    let mut v = _mm256_setzero_si256();
+                    for g in 0..8 {
+                        let xv = _mm256_loadu_si256(xp.add(32 * g) as *const __m256i);
+                        let p = if K == IQ4XS {
+                            _mm256_maddubs_epi16(_mm256_sign_epi8(q[g], q[g]), _mm256_sign_epi8(xv, q[g]))
+                        } else {
+                            _mm256_maddubs_epi16(q[g], xv)
+                        };
+                        v = _mm256_add_epi32(v, _mm256_madd_epi16(p, s[g]));
+                    }
+                    if K != IQ4XS {
+                        let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
+                        let c = _mm256_madd_epi16(bsv, corr_w);
+                        if K == Q3K {
+                            v = _mm256_sub_epi32(v, _mm256_slli_epi32::<2>(c));
+                        } else {
+                            msum[k][t][r] = c;
+                        }
+                    }
+                    isum[k][t][r] = v;
+                }
             }
-            finish_block::<K>(isum, corr_w, d, dmin, a, ab, &mut acc[t]);
         }
+        for k in 0..n {
+            for t in 0..NT {
+                let dx = *a.d.get_unchecked((t0 + t) * nb + i0 + k);
+                let (iv, mv) = if K != Q5K && K != Q2K {
+                    (hsum_rows(&isum[k][t]), _mm_setzero_si128())
+                } else if NR == 1 {
+                    // One row: both sums in one tree (lane 0 the integer sum, lane 1 the mins').
+                    let both = hsum_rows(&[isum[k][t][0], msum[k][t][0]]);
+                    (both, _mm_shuffle_epi32::<1>(both))
+                } else {
+                    (hsum_rows(&isum[k][t]), hsum_rows(&msum[k][t]))
+                };
+                acc[t] = add_block_terms::<K>(acc[t], &d[k], &dmin[k], dx, iv, mv);
+            }
+        }
+        i0 += n;
     }
     for t in 0..NT {
-        *out.add(t * ldo) = acc[t];
+        store_rows::<NR>(acc[t], out.add(t * ldo));
+    }
+}
+
+/// `acc + block term` for up to 4 rows at once (lane `r` = row `r`; `isum`, `msum` the rows'
+/// exact integers): [`block_term`]'s operations in its order, lane by lane — `(d·dx)·isum`,
+/// minus `(dmin·dx)·msum` for Q5_K / Q2_K — so each lane is bitwise the scalar reference's.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn add_block_terms<const K: u8>(
+    acc: __m128,
+    d: &[f32; 4],
+    dmin: &[f32; 4],
+    dx: f32,
+    isum: __m128i,
+    msum: __m128i,
+) -> __m128 {
+    let dx = _mm_set1_ps(dx);
+    let term = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(d.as_ptr()), dx), _mm_cvtepi32_ps(isum));
+    let term = if K == Q5K || K == Q2K {
+        _mm_sub_ps(term, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dmin.as_ptr()), dx), _mm_cvtepi32_ps(msum)))
+    } else {
+        term
+    };
+    _mm_add_ps(acc, term)
+}
+
+/// Writes lanes `0..NR` of `v` to `out[0..NR]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn store_rows<const NR: usize>(v: __m128, out: *mut f32) {
+    let mut l = [0f32; 4];
+    _mm_storeu_ps(l.as_mut_ptr(), v);
+    for (r, x) in l.iter().take(NR).enumerate() {
+        *out.add(r) = *x;
     }
 }

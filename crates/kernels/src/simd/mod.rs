@@ -10,7 +10,8 @@
 //! Paths: `scalar` (portable, any target, also the reference), `avx2` (AVX2+FMA+F16C,
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
 //! 16-lane float kernels; `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
-//! formats of `avx2_k` reuse the AVX2 kernels; calls of ≥ 8 tokens of Q5_K/Q3_K/Q2_K/IQ4_XS,
+//! formats of `avx2_k` reuse the AVX2 kernels, except one-token Q3_K/IQ4_XS calls, which run
+//! `avx512_k`'s VNNI row tiles; calls of ≥ 8 tokens of Q5_K/Q3_K/Q2_K/IQ4_XS,
 //! and of packed Q4_K/Q6_K, run `vnni_k`'s token-lane VNNI kernel; on the AVX2 path
 //! Q5_K/Q3_K/Q2_K/IQ4_XS prefill runs `k_panel`'s decoded-once panels), `amx` (AMX-INT8 tiles for
 //! Q4_0/Q8_0, driven per row chunk by `amx::run_rows` instead of `run_tile`; other formats on
@@ -35,6 +36,8 @@ pub(crate) mod avx2_packed_k;
 pub(crate) mod avx2_q32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_k;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_q32;
 #[cfg(target_arch = "x86_64")]
@@ -210,7 +213,7 @@ unsafe impl Sync for TileCtx<'_> {}
 pub(crate) fn tile_limits(isa: Isa, dtype: DType) -> (usize, usize) {
     match (isa, dtype) {
         (Isa::Scalar | Isa::Neon, _) => (1, 1),
-        (_, DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS) => (1, 4),
+        (_, DType::Q4K | DType::Q6K) => (1, 4),
         _ => (4, 4),
     }
 }

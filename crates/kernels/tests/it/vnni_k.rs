@@ -2,8 +2,9 @@
 //! bitwise the scalar reference on every x86 path, for decode calls (1..7 tokens: the tiles or the packed
 //! kernels) and prefill calls (≥ 8 tokens: the AVX-512 VNNI token-lane kernel, or the AVX2
 //! panels): odd token counts (16-token groups with a ragged last one), row counts off the
-//! 8-row band, several panels and threads, spiky weights and activations that reach ±127, and
-//! random block bytes (every scale, min and quant bit pattern).
+//! 8-row band, rows longer than the decode tiles' 8-super-block run, several panels and
+//! threads, spiky weights and activations that reach ±127, and random block bytes (every
+//! scale, min and quant bit pattern).
 
 use crate::common;
 use common::packed::bits;
@@ -74,7 +75,7 @@ fn check(wm: &WeightMatrix, x: &[f32], n: usize, what: &str) {
 #[test]
 fn k_formats_are_the_scalar_reference_bitwise_decode_and_prefill() {
     for d in KF {
-        for &(rows, cols) in &[(301usize, 2048usize), (136, 768), (13, 256)] {
+        for &(rows, cols) in &[(301usize, 2048usize), (136, 768), (13, 256), (19, 2560)] {
             for (wi, bytes) in [quantize(d, &spiky(rows * cols, 21), cols).unwrap(), random_blocks(d, rows, cols, 5)].iter().enumerate() {
                 let wm = WeightMatrix::new(d, rows, cols, bytes).unwrap();
                 let p = Packed::new(&wm);
