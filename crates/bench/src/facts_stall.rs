@@ -156,6 +156,7 @@ fn turn(engine: &EngineThread, user: &str, prompt: &[u32], max_tokens: usize) ->
         prompt: prompt.to_vec(),
         params,
         pinned: false,
+        long_context_after: None,
     };
     let (submitted, t) = engine.run(job)?;
     let end = t.end.expect("run returns ended jobs");

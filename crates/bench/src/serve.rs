@@ -148,6 +148,7 @@ fn staggered(
         prompt: prompt(salt),
         params: params.clone(),
         pinned: false,
+        long_context_after: None,
     };
     // A job's first token by the engine's clock (its first-token count), not by text events,
     // which the detokenizer may hold back to the end (then the old wait never saw one).

@@ -23,7 +23,7 @@ impl ContextPolicy for SessionStore {
     }
 
     /// Sessions are paged KV: the pool's own count.
-    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize) -> Option<usize> {
+    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
         None
     }
 

@@ -157,6 +157,12 @@ impl SessionStore {
         self.disk.as_ref().map_or(0, |d| d.saves_shed())
     }
 
+    /// The disk tier's store, shared with policies that keep their own files in it under the
+    /// same budget and tenant shares (`None`: no disk tier).
+    pub fn disk_store(&self) -> Option<std::sync::Arc<std::sync::Mutex<engram_kv::DiskStore>>> {
+        self.disk.as_ref().map(PersistedSessions::shared_store)
+    }
+
     /// Bytes the disk tier holds (0 without one).
     pub fn disk_used_bytes(&self) -> u64 {
         self.disk.as_ref().map_or(0, |d| d.used_bytes())

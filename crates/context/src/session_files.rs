@@ -225,6 +225,12 @@ impl PersistedSessions {
         self.store.lock().unwrap_or_else(|e| e.into_inner()).set_group_quota(quota);
     }
 
+    /// The store itself, shared: other policies keep their files in it as folder entries
+    /// (`engram_kv::DiskStore::begin_folder`), under the same budget and tenant shares.
+    pub fn shared_store(&self) -> Arc<Mutex<DiskStore>> {
+        self.store.clone()
+    }
+
     /// Sessions on disk made by this model and KV format.
     pub fn catalog(&self) -> Vec<CatalogEntry> {
         let s = self.store.lock().unwrap_or_else(|e| e.into_inner());

@@ -4,6 +4,8 @@
 //!  <dir>/<id>.safetensors        one entry each (format: `persist.rs`)
 //!  <dir>/index.json              stats headers do not carry: hits, last use, pin
 //!  <dir>/.<name>.tmp-<pid>-<n>   an interrupted write; deleted by `open`
+//!  <dir>/<id>.folder/            a folder entry: files another crate writes, counted and
+//!                                evicted like the others (`disk/folder.rs`)
 //! ```
 //! Invariants:
 //! * `used_bytes() <= budget` after every `put` and `gc` (the project's
@@ -41,7 +43,9 @@
 //! deletes only those whose writer is gone (on Linux, no `/proc/<pid>`;
 //! elsewhere all of them), so listing never breaks a live write.
 
-use std::collections::BTreeMap;
+mod folder;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -236,6 +240,8 @@ pub struct DiskStore {
     now: Option<u64>,
     /// A cap per group of owners (a tenant), see `disk_quota.rs`.
     quota: Option<GroupQuota>,
+    /// The ids of folder entries (`disk/folder.rs`), a subset of `entries`' keys.
+    folders: BTreeSet<String>,
     /// The stats changed since `index.json` was last written or handed out to be written.
     index_dirty: bool,
     /// Bumped on every change of the stats; orders the writes of `index.json`.
@@ -318,6 +324,7 @@ impl DiskStore {
             entries: BTreeMap::new(),
             now: None,
             quota: None,
+            folders: BTreeSet::new(),
             index_dirty: false,
             index_generation: 0,
             index_written: Arc::new(Mutex::new(0)),
@@ -508,6 +515,10 @@ impl DiskStore {
         vocab_size: usize,
     ) -> Result<Option<(EntryMeta, SeqKv, ChecksumCheck)>> {
         let path = self.entry_path(id)?;
+        if self.folders.contains(id) {
+            // A folder entry's files are read by whoever wrote them, never as KV.
+            return Ok(None);
+        }
         match self.entries.get(id) {
             None => return Ok(None),
             Some(s) if s.owner != owner => {
@@ -667,6 +678,9 @@ impl DiskStore {
     /// Deletes the file and the stats of `id`.
     fn drop_entry(&mut self, id: &str) -> Result<()> {
         let path = self.entry_path(id)?;
+        if self.folders.remove(id) {
+            self.remove_folder(id)?;
+        }
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -688,10 +702,27 @@ impl DiskStore {
         let io = |e| DiskError::Io { path: self.dir.clone(), source: e };
         let mut found = BTreeMap::new();
         let mut dropped = Vec::new();
+        let mut folders = BTreeSet::new();
         for dirent in std::fs::read_dir(&self.dir).map_err(io)? {
             let dirent = dirent.map_err(io)?;
             let Ok(name) = dirent.file_name().into_string() else { continue };
             let path = dirent.path();
+            if let Some(id) = name.strip_suffix(&format!(".{}", folder::FOLDER_EXT)) {
+                if dirent.file_type().is_ok_and(|t| t.is_dir()) && validate_id(id).is_ok() {
+                    match folder::read_folder(id, &path) {
+                        Ok(stats) => {
+                            folders.insert(id.to_string());
+                            found.insert(id.to_string(), stats);
+                        }
+                        Err(why) => {
+                            tracing::warn!("dropping cache entry {id:?}: {why}");
+                            let _ = std::fs::remove_dir_all(&path);
+                            dropped.push(id.to_string());
+                        }
+                    }
+                }
+                continue;
+            }
             if persist::is_temp_name(&name) {
                 if !temp_writer_alive(&name) {
                     tracing::warn!("removing interrupted write {}", path.display());
@@ -730,6 +761,7 @@ impl DiskStore {
         }
         self.load_index(&mut found);
         self.entries = found;
+        self.folders = folders;
         Ok(dropped)
     }
 

@@ -27,6 +27,9 @@ pub struct AdmitRequest<'a> {
     pub tokens: &'a [u32],
     /// The model's tokenizer.
     pub tok: &'a Tokenizer,
+    /// This request's own threshold for serving its conversation sparse (a long-context
+    /// layer's `--long-context-after`); `None`: the policy's default.
+    pub long_context_after: Option<usize>,
 }
 
 /// How a request matched the cache.

@@ -30,8 +30,8 @@ pub trait PolicyLayer: Send {
         self.inner_mut().admit(req)
     }
     /// [`ContextPolicy::admission_bytes`]; forwards by default.
-    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize) -> Option<usize> {
-        self.inner().admission_bytes(owner, prompt_tokens)
+    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize, long_context_after: Option<usize>) -> Option<usize> {
+        self.inner().admission_bytes(owner, prompt_tokens, long_context_after)
     }
     /// [`ContextPolicy::pin_owner`]; forwards by default.
     fn pin_owner(&mut self, owner: &OwnerKey) {
@@ -80,8 +80,8 @@ impl<L: PolicyLayer> ContextPolicy for L {
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         PolicyLayer::admit(self, req)
     }
-    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize) -> Option<usize> {
-        PolicyLayer::admission_bytes(self, owner, prompt_tokens)
+    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize, long_context_after: Option<usize>) -> Option<usize> {
+        PolicyLayer::admission_bytes(self, owner, prompt_tokens, long_context_after)
     }
     fn pin_owner(&mut self, owner: &OwnerKey) {
         PolicyLayer::pin_owner(self, owner)

@@ -27,9 +27,10 @@ pub trait ContextPolicy: Send {
 
     /// The most KV pool bytes admitting a prompt of `prompt_tokens` tokens for `owner` will
     /// take when this policy holds such a sequence otherwise than in pool blocks (a sparse
-    /// cache charged by its RAM); `None`: the pool's `bytes_for(prompt_tokens)`. The scheduler
+    /// cache charged by its RAM); `None`: the pool's `bytes_for(prompt_tokens)`. `long_context_after`
+    /// is the request's own threshold for going sparse ([`AdmitRequest::long_context_after`]). The scheduler
     /// checks this against the budget before [`ContextPolicy::admit`].
-    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize) -> Option<usize>;
+    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize, long_context_after: Option<usize>) -> Option<usize>;
 
     /// `owner`'s saved state is pinned on disk (a named agent's).
     fn pin_owner(&mut self, owner: &OwnerKey);

@@ -64,7 +64,7 @@ impl ContextPolicy for Recording {
         let n = req.tokens.len();
         Ok(Checkout::own("recorded".into(), MatchKind::Miss, req.tokens.to_vec(), vec![0; n], 0, SeqKv::new(&self.pool)))
     }
-    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize) -> Option<usize> {
+    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
         self.note("admission_bytes");
         None
     }
@@ -131,10 +131,10 @@ pub fn exercise_every_method(wrap: impl FnOnce(Box<dyn ContextPolicy>) -> Box<dy
     let tok = tokenizer();
     let owner = OwnerKey::tenant_own("tenant");
     let pool = small_pool();
-    let req = AdmitRequest { owner: &owner, session: None, text: None, add_special: false, tokens: &[0, 0], tok: &tok };
+    let req = AdmitRequest { owner: &owner, session: None, text: None, add_special: false, tokens: &[0, 0], tok: &tok, long_context_after: None };
     let checkout = policy.admit(&req).expect("the recording policy admits everything");
     drop(checkout);
-    let _ = policy.admission_bytes(&owner, 2);
+    let _ = policy.admission_bytes(&owner, 2, None);
     policy.pin_owner(&owner);
     policy.make_room(1);
     policy.verify_restore(PendingRestore::new(Ping));

@@ -127,6 +127,7 @@ impl EngineBackend {
             prompt,
             params,
             pinned: turn.agent.permanent,
+            long_context_after: None,
         };
         let (tx, rx) = mpsc::channel();
         let (engine, _) = self.engine.as_ref().ok_or("the engine is stopped")?;

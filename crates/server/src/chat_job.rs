@@ -33,6 +33,8 @@ pub(crate) struct ChatContext<'a> {
     /// The agent the request runs as: its own owner key and its one session `main`, pinned on
     /// disk (with `--context dual`: the agent is the user, `main` its default thread).
     pub agent: Option<&'a str>,
+    /// This conversation's own threshold for going sparse (`long_context_after`, checked).
+    pub long_context_after: Option<usize>,
 }
 
 /// The job for `messages` (already validated) with `sampling`, for `tenant`.
@@ -93,6 +95,7 @@ pub(crate) async fn job(
             prompt: d.turn,
             params,
             pinned: context.agent.is_some(),
+            long_context_after: context.long_context_after,
         });
     }
     if context.state.is_some() {
@@ -105,5 +108,5 @@ pub(crate) async fn job(
     let (text, prompt) = api::render_chat_with(s, messages, context.template_kwargs.cloned().unwrap_or_default()).await?;
     let mut params = api::params(s, prompt.len(), sampling)?;
     params.show_special_tokens = crate::tools::job::shows_special_tokens(s, params.grammar.is_some());
-    Ok(Job { owner, session, text: Some(text), add_special: false, prompt, params, pinned: context.agent.is_some() })
+    Ok(Job { owner, session, text: Some(text), add_special: false, prompt, params, pinned: context.agent.is_some(), long_context_after: context.long_context_after })
 }

@@ -166,6 +166,7 @@ mod tests {
             prompt: vec![1],
             params: Default::default(),
             pinned: false,
+            long_context_after: None,
         };
         let e = handle.submit(job).unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);

@@ -42,6 +42,7 @@ mod health_tests;
 pub use engram_engine::metrics;
 pub mod engine_handle;
 mod listen;
+mod long_context;
 /// OpenAI's `logprobs` shapes, built from the engine's events (the Python package answers with them too).
 pub mod logprobs;
 mod ollama;

@@ -201,6 +201,8 @@ struct ChatRequest {
     state: Option<String>,
     /// Extra variables for the chat template (vLLM's field; Qwen3's `enable_thinking`).
     chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// This conversation's own threshold for going sparse (`long_context.rs`).
+    long_context_after: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -228,6 +230,8 @@ struct CompletionRequest {
     regex: Option<Value>,
     n: Option<i64>,
     session_id: Option<String>,
+    /// This conversation's own threshold for going sparse (`long_context.rs`).
+    long_context_after: Option<Value>,
 }
 
 fn check_n(n: Option<i64>) -> Result<(), ApiError> {
@@ -288,6 +292,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
     let logprobs = crate::logprobs::chat_request(lp.as_ref(), top.as_ref())?;
     req.unsupported.check()?;
     check_n(req.n)?;
+    let long_context_after = crate::long_context::request_threshold(&s, req.long_context_after.as_ref())?;
     let tools = crate::tools::request::openai(req.tools.take(), req.tool_choice.take(), req.parallel_tool_calls.take())?;
     let prepared = crate::tools::job::prepare(&s, tools, to_chat(req.messages)?, req.chat_template_kwargs.as_ref()).await?;
     let mut sampling = req.sampling.with_max_tokens(req.max_completion_tokens.or(req.max_tokens));
@@ -304,6 +309,7 @@ pub async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) ->
         thread_id: req.thread_id.as_deref(),
         state: req.state.as_deref(),
         template_kwargs: Some(&prepared.kwargs).filter(|k| !k.is_empty()),
+        long_context_after,
         ..Default::default()
     };
     let job = crate::chat_job::job(&s, tenant, &headers, prepared.messages.clone(), sampling, context).await?;
@@ -392,6 +398,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     let logprobs = crate::logprobs::completion_request(lp.as_ref())?;
     req.unsupported.check()?;
     check_n(req.n)?;
+    let long_context_after = crate::long_context::request_threshold(&s, req.long_context_after.as_ref())?;
     crate::dual::refuse_raw_prompt(&s, "prompt", "/v1/completions")?;
     let session = api::session(&headers, req.session_id.as_deref())?;
     let encode = |t: String| {
@@ -417,7 +424,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     sampling.grammar = crate::structured::request_grammar(&s, req.response_format.take(), req.grammar.take(), req.regex.take()).await?;
     let params = api::params(&s, prompt.len(), sampling)?;
     let (st, mut rx) =
-        api::start(&s, Job { owner: tenant.into(), session, text, add_special: true, prompt, params, pinned: false }).await?;
+        api::start(&s, Job { owner: tenant.into(), session, text, add_special: true, prompt, params, pinned: false, long_context_after }).await?;
     let id = api::new_id("cmpl");
     let created = api::now_s();
     let model = s.config.model_id.clone();

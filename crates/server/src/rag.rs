@@ -523,6 +523,7 @@ pub(crate) async fn query(State(s): State<AppState>, headers: HeaderMap, body: B
         prompt: pending.prompt.tokens.clone(),
         params,
         pinned: false,
+        long_context_after: None,
     };
     let mut rx = match s.engine.submit(job) {
         Ok(rx) => rx,

@@ -128,8 +128,14 @@ pub struct PolicyStack {
 /// Builds the stack `config` describes for `model`'s caches in `pool`.
 pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyStack {
     let mut masks_by = None;
+    // The session store's disk tier, which saved long conversations share.
+    let mut disk_store = None;
     let policy: Box<dyn ContextPolicy> = match config.context {
-        ContextMode::Sessions => Box::new(SessionStore::from_config(model, pool, &config.sessions)),
+        ContextMode::Sessions => {
+            let store = SessionStore::from_config(model, pool, &config.sessions);
+            disk_store = store.disk_store();
+            Box::new(store)
+        }
         ContextMode::Dual { ring_tokens, threshold, keep_last, persistent_cap, summary_target } => {
             let mut policy = DualStream::new(model.clone(), pool.clone(), ring_tokens);
             match config.encoder.clone() {
@@ -191,7 +197,13 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
                 long.after_tokens,
                 long.dir.display()
             );
-            Box::new(LongContext::new(policy, long.clone(), model.config.clone(), model.fingerprint.0, pool.clone()))
+            let mut layer = LongContext::new(policy, long.clone(), model.config.clone(), model.fingerprint.0, pool.clone());
+            match disk_store {
+                // Saved beside the sessions, counted against the same budget and tenant shares.
+                Some(store) => layer = layer.with_disk(store, &engram_kv::cache_fingerprint(model.fingerprint, engram_kv::KvFormat::F16)),
+                None => tracing::info!("long conversations are not saved for a restart (no disk tier, or dual-stream contexts)"),
+            }
+            Box::new(layer)
         }
     };
     PolicyStack { policy, rag_tree, masks_by }

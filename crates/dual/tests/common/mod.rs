@@ -90,6 +90,7 @@ pub fn job(owner: &str, prompt: &[u32], params: &SamplingParams) -> Job {
         prompt: prompt.to_vec(),
         params: params.clone(),
         pinned: false,
+        long_context_after: None,
     }
 }
 

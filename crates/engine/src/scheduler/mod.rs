@@ -156,13 +156,16 @@ pub struct Job {
     /// Pin the tenant's sessions on disk (a named agent's): never evicted by
     /// the disk policy, removed only when the agent is deleted.
     pub pinned: bool,
+    /// This request's own threshold for serving its conversation sparse (`None`: the
+    /// long-context layer's default, if there is one).
+    pub long_context_after: Option<usize>,
 }
 
 impl Job {
     /// A job for `owner` whose prompt is given as token ids (no text to match, no special
     /// tokens added, no named session, not pinned).
     pub fn from_tokens(owner: OwnerKey, prompt: Vec<u32>, params: SamplingParams) -> Job {
-        Job { owner, session: None, text: None, add_special: false, prompt, params, pinned: false }
+        Job { owner, session: None, text: None, add_special: false, prompt, params, pinned: false, long_context_after: None }
     }
 }
 

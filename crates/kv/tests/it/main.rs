@@ -3,6 +3,7 @@
 
 mod crash;
 mod disk;
+mod disk_folder;
 mod disk_full;
 mod keep_slots;
 mod persist;

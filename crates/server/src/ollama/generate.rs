@@ -218,7 +218,7 @@ pub async fn generate(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         })
         .await?;
         let params = api::params(&s, prompt.len(), sampling).map_err(|e| in_ollama_terms(e, "prompt"))?;
-        Job { owner: tenant.into(), session, text: Some(text), add_special: true, prompt, params, pinned: false }
+        Job { owner: tenant.into(), session, text: Some(text), add_special: true, prompt, params, pinned: false, long_context_after: None }
     } else {
         let mut messages = Vec::with_capacity(2);
         if let Some(system) = req.system.filter(|t| !t.is_empty()) {

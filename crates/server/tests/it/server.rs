@@ -327,6 +327,7 @@ fn decoding_sequences_share_steps() {
                     prompt: vec![1, 100 + i, 200 + i, 300 + i],
                     params: params.clone(),
                     pinned: false,
+                    long_context_after: None,
                 })
                 .unwrap()
         })

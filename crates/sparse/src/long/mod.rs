@@ -12,9 +12,20 @@
 //!                              │ yes
 //!                              ▼
 //!                           switch: the exact rows copied into a LongKv (bounded prefill to its file)
-//!  retire ─► a LongKv comes back: kept (per owner and session, least recently used dropped first)
+//!  retire ─► a LongKv comes back: kept (per owner and session, least recently used dropped first),
+//!            and saved to the disk store when there is one (`disk.rs`)
 //!            anything else: the inner policy
 //! ```
+//!
+//! With a disk store ([`LongContext::with_disk`]) a session kept at a turn's end is also saved
+//! there (its DynaKV state, offload file and history, one folder entry counted against the
+//! disk budget and its tenant's share), and a prompt that no session in RAM extends is matched
+//! against the saved ones before the inner policy: a restarted process resumes the next turn
+//! from the file, reusing the whole history. A saved state that fails a check (damaged,
+//! truncated, another model or configuration) is never used: the turn is recomputed.
+//!
+//! The threshold is the configuration's `after_tokens`, or the request's own
+//! ([`AdmitRequest::long_context_after`]) where it names one.
 //!
 //! Invariant: below the threshold the layer changes nothing (every call reaches the inner
 //! policy as it came); a kept sparse session is reused only by a prompt that extends it by at
@@ -24,19 +35,25 @@
 //! charged to the KV pool while it is kept, and [`LongContext::make_room`] drops kept sessions
 //! (least recently used first) once the inner policy cannot free enough.
 
+mod disk;
+mod history;
 mod seq;
 mod switch;
 
 use std::any::Any;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
-use engram_kv::{KvPool, SeqKv};
+use engram_kv::{DiskStore, KvPool, SeqCache, SeqKv};
 use engram_model::ModelConfig;
 use engram_policy::{
     AdmitRequest, Checkout, ContextPolicy, GaugeKind, MatchKind, OwnerKey, OwnerKind, PolicyGauge, PolicyLayer, PolicyStats, Retired,
 };
 
 pub use seq::LongKv;
+
+use disk::LongDisk;
+use history::{monotonic, History};
 
 use crate::offload::OffloadConfig;
 use crate::SparseConfig;
@@ -88,53 +105,10 @@ impl LongContextConfig {
 struct Kept {
     owner: OwnerKey,
     session_id: String,
-    /// The prompt and answer text (empty for token-id prompts), and where each token's ends.
-    text: String,
-    token_ends: Vec<usize>,
-    /// Exactly what `cache` holds.
-    tokens: Vec<u32>,
-    /// The last token sampled but never fed (its text ends `text`): the next turn's first.
-    unfed: Option<u32>,
+    /// What `cache` holds, as the next turn must extend it.
+    history: History,
     cache: Box<LongKv>,
     last_used: u64,
-}
-
-impl Kept {
-    /// The tokens (and text ends) of a prompt `req` that extends this session, if it does:
-    /// its cold tokenization when that starts with every token held; else, for a text that
-    /// starts with this session's text, the held tokens, the unfed one, then the rest of the
-    /// text tokenized alone. NOTE: the second keeps the tokens the model generated where a
-    /// cold tokenization of its text would split them otherwise (as a chat that never
-    /// re-tokenizes does): a long history is not prefilled again for a boundary.
-    fn extended_by(&self, req: &AdmitRequest<'_>, cold: &(Vec<u32>, Vec<usize>)) -> Option<(Vec<u32>, Vec<usize>)> {
-        let held = self.tokens.len();
-        if cold.0.len() > held && cold.0.starts_with(&self.tokens) {
-            return Some(cold.clone());
-        }
-        let text = req.text?;
-        if self.text.is_empty() || !text.starts_with(&self.text) {
-            return None;
-        }
-        let base = self.text.len();
-        let rest = req.tok.encode(&text[base..], false).ok()?;
-        let mut tokens = self.tokens.clone();
-        let mut ends = self.token_ends.clone();
-        tokens.extend(self.unfed);
-        ends.extend(self.unfed.map(|_| base));
-        tokens.extend_from_slice(&rest.ids);
-        ends.extend(rest.offsets.iter().map(|o| base + o.1));
-        monotonic(&mut ends);
-        (tokens.len() > held).then_some((tokens, ends))
-    }
-}
-
-/// Makes text ends non-decreasing (special tokens carry empty ranges).
-fn monotonic(ends: &mut [usize]) {
-    let mut m = 0;
-    for e in ends.iter_mut() {
-        m = m.max(*e);
-        *e = m;
-    }
 }
 
 /// The long-context layer (module doc).
@@ -148,13 +122,46 @@ pub struct LongContext {
     clock: u64,
     switches: u64,
     resumes: u64,
+    /// Where kept sessions are saved for a restart (`None`: RAM only).
+    disk: Option<LongDisk>,
+    /// Turns resumed from a saved session, and saves refused or failed.
+    disk_resumes: u64,
+    save_failures: u64,
 }
 
 impl LongContext {
     /// `inner` with conversations past `cfg.after_tokens` served sparse, for a model of
     /// `model`'s shape and weights `fingerprint`, RAM charged to `pool`.
     pub fn new(inner: Box<dyn ContextPolicy>, cfg: LongContextConfig, model: ModelConfig, fingerprint: u64, pool: KvPool) -> LongContext {
-        LongContext { inner, cfg, model, fingerprint, pool, kept: Vec::new(), clock: 0, switches: 0, resumes: 0 }
+        LongContext {
+            inner,
+            cfg,
+            model,
+            fingerprint,
+            pool,
+            kept: Vec::new(),
+            clock: 0,
+            switches: 0,
+            resumes: 0,
+            disk: None,
+            disk_resumes: 0,
+            save_failures: 0,
+        }
+    }
+
+    /// Saves every session kept at a turn's end to `store` (the session store's disk tier,
+    /// sharing its budget, tenant shares and eviction) and resumes saved ones there made for
+    /// `cache_fingerprint` (`engram_kv::cache_fingerprint` of the model and the f16 format).
+    pub fn with_disk(mut self, store: Arc<Mutex<DiskStore>>, cache_fingerprint: &str) -> LongContext {
+        let disk = LongDisk::open(store, format!("{cache_fingerprint}-dynakv"));
+        tracing::info!("{} saved long conversations found", disk.len());
+        self.disk = Some(disk);
+        self
+    }
+
+    /// Sessions saved on disk (0 without a disk store).
+    pub fn saved_sessions(&self) -> usize {
+        self.disk.as_ref().map_or(0, LongDisk::len)
     }
 
     /// Sparse sessions kept now.
@@ -181,7 +188,8 @@ impl LongContext {
         let candidates: Vec<usize> = (0..self.kept.len())
             .filter(|&i| &self.kept[i].owner == req.owner && req.session.is_none_or(|s| s == self.kept[i].session_id))
             .collect();
-        if candidates.is_empty() {
+        let saved = self.disk.as_ref().is_some_and(|d| d.of(req.owner, req.session).next().is_some());
+        if candidates.is_empty() && !saved {
             return Ok(None);
         }
         // The cold tokenization of the whole prompt, preferred where it agrees with a session.
@@ -196,24 +204,69 @@ impl LongContext {
         };
         let found = candidates
             .iter()
-            .filter_map(|&i| self.kept[i].extended_by(req, &cold).map(|t| (i, t)))
-            .max_by_key(|(i, _)| self.kept[*i].tokens.len());
+            .filter_map(|&i| self.kept[i].history.extended_by(req, &cold).map(|t| (i, t)))
+            .max_by_key(|(i, _)| self.kept[*i].history.tokens.len());
         let Some((i, (tokens, token_ends))) = found else {
-            if req.session.is_some() {
+            if let Some(c) = self.resume_saved(req, &cold) {
+                return Ok(Some(c));
+            }
+            if let Some(session) = req.session {
                 // The named conversation went another way: its sparse cache cannot be cut back.
                 for &i in candidates.iter().rev() {
                     self.kept.remove(i);
+                }
+                if let Some(d) = self.disk.as_mut() {
+                    d.remove(req.owner.as_str(), session);
                 }
             }
             return Ok(None);
         };
         let k = self.kept.remove(i);
         self.resumes += 1;
-        let reused = k.tokens.len();
+        let reused = k.history.tokens.len();
         Ok(Some(Checkout {
             cache: Some(k.cache),
             ..Checkout::own(k.session_id, MatchKind::Extend, tokens, token_ends, reused, SeqKv::new(&self.pool))
         }))
+    }
+
+    /// The saved session `req` extends, resumed from disk and checked out; `None` (the turn is
+    /// recomputed, the reason logged) when none does or its state fails a check.
+    fn resume_saved(&mut self, req: &AdmitRequest<'_>, cold: &(Vec<u32>, Vec<usize>)) -> Option<Checkout> {
+        let off = self.offload_config();
+        let disk = self.disk.as_mut()?;
+        let (id, session_id, (tokens, token_ends), held) = disk
+            .of(req.owner, req.session)
+            .filter_map(|(id, s)| s.history.extended_by(req, cold).map(|t| (id.clone(), s.session_id.clone(), t, s.history.tokens.len())))
+            .max_by_key(|c| c.3)?;
+        let kv = match disk.resume(&id, &self.model, self.cfg.sparse, off.clone()) {
+            Ok(kv) => kv,
+            Err(e) => {
+                tracing::warn!("a saved long conversation is not resumed, its turn is recomputed: {e}");
+                return None;
+            }
+        };
+        let charged = LongKv::resumed(kv, off, &self.pool).and_then(|mut c| {
+            let need = c.ram_bytes();
+            if self.free() < need {
+                PolicyLayer::make_room(self, need);
+            }
+            c.charge_held().map(|()| c)
+        });
+        let cache = match charged {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("a saved long conversation is not resumed, its turn is recomputed: its RAM does not fit the KV budget: {e}");
+                return None;
+            }
+        };
+        self.resumes += 1;
+        self.disk_resumes += 1;
+        tracing::info!("resumed a saved long conversation of {held} tokens from disk");
+        Some(Checkout {
+            cache: Some(Box::new(cache)),
+            ..Checkout::own(session_id, MatchKind::Extend, tokens, token_ends, held, SeqKv::new(&self.pool))
+        })
     }
 
     /// Drops the least recently used kept session; whether there was one.
@@ -244,7 +297,7 @@ impl PolicyLayer for LongContext {
             }
         }
         let c = self.inner.admit(req)?;
-        let exact_only = c.tokens.len() <= self.cfg.after_tokens
+        let exact_only = c.tokens.len() <= req.long_context_after.unwrap_or(self.cfg.after_tokens)
             || !Self::eligible(req.owner)
             || !c.spans.is_empty()
             || c.own_first.is_some()
@@ -265,11 +318,11 @@ impl PolicyLayer for LongContext {
         }
     }
 
-    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize) -> Option<usize> {
-        if prompt_tokens > self.cfg.after_tokens && Self::eligible(owner) {
+    fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize, long_context_after: Option<usize>) -> Option<usize> {
+        if prompt_tokens > long_context_after.unwrap_or(self.cfg.after_tokens) && Self::eligible(owner) {
             return Some(self.cfg.sequence_bytes(&self.model, prompt_tokens));
         }
-        self.inner.admission_bytes(owner, prompt_tokens)
+        self.inner.admission_bytes(owner, prompt_tokens, long_context_after)
     }
 
     fn make_room(&mut self, bytes: usize) -> bool {
@@ -293,16 +346,17 @@ impl PolicyLayer for LongContext {
         }
         self.kept.retain(|k| !(k.owner == retired.owner && k.session_id == retired.session_id));
         self.clock += 1;
-        self.kept.push(Kept {
-            owner: retired.owner,
-            session_id: retired.session_id,
-            text: retired.text,
-            token_ends: retired.token_ends,
-            tokens: retired.tokens,
-            unfed: retired.unfed,
-            cache,
-            last_used: self.clock,
-        });
+        let history = History { text: retired.text, token_ends: retired.token_ends, tokens: retired.tokens, unfed: retired.unfed };
+        if let Some(d) = self.disk.as_mut() {
+            match d.save(&retired.owner, &retired.session_id, &history, cache.sparse()) {
+                Ok(bytes) => tracing::debug!("saved a long conversation of {} tokens ({bytes} bytes on disk)", history.tokens.len()),
+                Err(e) => {
+                    self.save_failures += 1;
+                    tracing::warn!("a long conversation is not saved for a restart: {e}");
+                }
+            }
+        }
+        self.kept.push(Kept { owner: retired.owner, session_id: retired.session_id, history, cache, last_used: self.clock });
         while self.kept.len() > self.cfg.max_sessions.max(1) {
             self.drop_oldest();
         }
@@ -310,6 +364,9 @@ impl PolicyLayer for LongContext {
 
     fn forget_owner(&mut self, owner: &OwnerKey) {
         self.kept.retain(|k| &k.owner != owner);
+        if let Some(d) = self.disk.as_mut() {
+            d.remove_owner(owner.as_str());
+        }
         self.inner.forget_owner(owner)
     }
 
@@ -341,6 +398,30 @@ impl PolicyLayer for LongContext {
                 help: "Bytes of kept sparse sessions' offload files",
                 kind: GaugeKind::Gauge,
                 value: disk,
+            },
+            PolicyGauge {
+                name: "engram_long_context_saved_sessions",
+                help: "Sparse (DynaKV) sessions saved on disk for a restart",
+                kind: GaugeKind::Gauge,
+                value: self.saved_sessions() as u64,
+            },
+            PolicyGauge {
+                name: "engram_long_context_saved_bytes",
+                help: "Bytes of saved sparse sessions in the disk store (counted against the disk budget)",
+                kind: GaugeKind::Gauge,
+                value: self.disk.as_ref().map_or(0, LongDisk::bytes),
+            },
+            PolicyGauge {
+                name: "engram_long_context_disk_resumes_total",
+                help: "Turns resumed from a saved sparse session without a re-prefill",
+                kind: GaugeKind::Counter,
+                value: self.disk_resumes,
+            },
+            PolicyGauge {
+                name: "engram_long_context_save_failures_total",
+                help: "Sparse sessions not saved for a restart (disk budget, share or I/O)",
+                kind: GaugeKind::Counter,
+                value: self.save_failures,
             },
             PolicyGauge {
                 name: "engram_long_context_switches_total",

@@ -40,6 +40,23 @@ impl LongKv {
         Ok(LongKv { kv, charge, off, index_bytes: 0, index_at: 0 })
     }
 
+    /// A cache resumed from a saved state (`kv`: index built, its older KV in its own live
+    /// file, or all of it in RAM), nothing charged yet: [`LongKv::charge_held`] before it
+    /// is used.
+    pub fn resumed(kv: SparseKv, off: OffloadConfig, pool: &KvPool) -> Result<LongKv, KvError> {
+        let charge = pool.charge(0)?;
+        let mut long = LongKv { kv, charge, off, index_bytes: 0, index_at: 0 };
+        long.measure_index();
+        Ok(long)
+    }
+
+    /// Charges the pool for the RAM this cache holds ([`SeqCache::ram_bytes`]); where that does
+    /// not fit, the pool's error and the charge unchanged.
+    pub fn charge_held(&mut self) -> Result<(), KvError> {
+        let want = self.ram_bytes();
+        self.charge.resize(want)
+    }
+
     /// The sparse cache.
     pub fn sparse(&self) -> &SparseKv {
         &self.kv

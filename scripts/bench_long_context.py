@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""A long conversation over HTTP, served with DynaKV over KV offloaded to disk against exact
+attention at the same history: decode tok/s, peak RSS, and the turn after a restart.
+
+One N-token prefill serves both paths: the per-request threshold (`long_context_after`) moves
+the same conversation from exact KV to DynaKV by copying its rows, so the two decode rates are
+measured on the same history in the same server, minutes apart:
+
+  server A  --kv-budget-mib E (the whole KV fits), --long-context-after far above N (exact by
+            default), --long-context-ram-mib R, --disk-budget-mib D
+    turn 1  N tokens of text (this repository's Rust source, repeated), 1 token out: the
+            prefill (timed)
+    turn 2  turn 1 + its answer + a question, T tokens out, exact attention: decode tok/s at N
+    turn 3  turn 2 + its answer + a question with `long_context_after` A < N: the exact rows
+            are copied into DynaKV (the older KV to a file), T tokens out: decode tok/s at N
+  server B  the same data directory, --kv-budget-mib S far below the full KV at N
+    turn 4  turn 3 + its answer + a question (`long_context_after` A): resumed from the saved
+            state, cached tokens ~ the history (no re-prefill), T tokens out: decode tok/s;
+            B's peak RSS is the model, the KV budget and the sparse state's RAM
+
+Decode tok/s is (T - 1) / (arrival of the last streamed token - arrival of the first); peak
+RSS is the server's VmHWM (/proc/PID/status), read after the turn.
+
+Usage (from the repository root; the fixture from `engram fixture llama-1b --out DIR
+--formats q4_0`):
+
+    python3 scripts/bench_long_context.py --model /tmp/fix/llama-1b-q4_0.gguf --tokens 32768 \\
+        --threads 2 --json-out /tmp/long-context.json
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from _bench_common import DEFAULT_ENGRAM, REPO, machine, write_json_out
+
+CHARS_PER_TOKEN = 2.1  # Rust source under the llama-1b fixture's tokenizer (measured: 24,000 chars, 11,183 tokens)
+
+
+def source_text(chars):
+    """`chars` characters of this repository's Rust source, repeated as needed."""
+    parts = []
+    for root, _, files in sorted(os.walk(os.path.join(REPO, "crates"))):
+        for f in sorted(files):
+            if f.endswith(".rs"):
+                with open(os.path.join(root, f), encoding="utf-8", errors="replace") as h:
+                    parts.append(h.read())
+    text = "\n".join(parts)
+    while len(text) < chars:
+        text += text
+    return text[:chars]
+
+
+def free_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def vm_hwm_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def load_avg():
+    return os.getloadavg()
+
+
+class Server:
+    def __init__(self, args, data_dir, extra, label):
+        self.port = free_port()
+        self.cmd = [args.engram, "serve", "--model", args.model, "--port", str(self.port), "--data-dir", data_dir,
+                    "--threads", str(args.threads), "--no-rag"] + extra
+        self.log = open(os.path.join(args.log_dir, f"{label}.log"), "a")
+        print(" ".join(self.cmd), file=sys.stderr, flush=True)
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{self.port}"
+        t = time.time()
+        while time.time() - t < args.start_timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"engram serve exited {self.proc.returncode}; see {self.log.name}")
+            try:
+                with urllib.request.urlopen(self.base + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.5)
+        raise RuntimeError(f"engram serve did not come up; see {self.log.name}")
+
+    def complete(self, prompt, max_tokens, timeout, long_context_after=None):
+        """Streams one completion: (text, usage, token arrival times, seconds to the first token)."""
+        req = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+               "stream": True, "stream_options": {"include_usage": True}}
+        if long_context_after is not None:
+            req["long_context_after"] = long_context_after
+        body = json.dumps(req).encode()
+        req = urllib.request.Request(self.base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        text, usage, times = "", None, []
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                ev = json.loads(data)
+                if ev.get("usage"):
+                    usage = ev["usage"]
+                for c in ev.get("choices", []):
+                    if c.get("text") is not None:
+                        times.append(time.perf_counter())
+                        text += c["text"]
+        return text, usage, times, (times[0] - t0) if times else None
+
+    def metric(self, name):
+        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def decode_row(label, text, usage, times, ttft, hwm, load):
+    n = len(times)
+    tps = (n - 1) / (times[-1] - times[0]) if n > 1 and times[-1] > times[0] else None
+    return {"turn": label, "prompt_tokens": usage and usage.get("prompt_tokens"),
+            "cached_tokens": usage and usage.get("prompt_tokens_details", {}).get("cached_tokens"),
+            "completion_tokens": usage and usage.get("completion_tokens"), "chunks": n,
+            "decode_tok_s": tps, "first_token_s": ttft, "peak_rss_mib": hwm, "load_avg_1m": load[0], "answer": text}
+
+
+def run(args):
+    data_dir = tempfile.mkdtemp(prefix="engram-long-")
+    common = ["--long-context-ram-mib", str(args.ram_mib), "--disk-budget-mib", str(args.disk_mib)]
+    server_a = ["--kv-budget-mib", str(args.exact_kv_mib), "--long-context-after", str(10 * args.tokens + 1_000_000)] + common
+    server_b = ["--kv-budget-mib", str(args.sparse_kv_mib), "--long-context-after", str(10 * args.tokens + 1_000_000)] + common
+    rows, commands = [], []
+    prompt = source_text(int(args.tokens * CHARS_PER_TOKEN))
+    try:
+        s = Server(args, data_dir, server_a, "a")
+        commands.append(" ".join(s.cmd))
+        t = time.perf_counter()
+        a, u, _, _ = s.complete(prompt, 1, args.timeout)
+        rows.append({"turn": "1 prefill (exact)", "prompt_tokens": u and u.get("prompt_tokens"), "seconds": time.perf_counter() - t,
+                     "peak_rss_mib": vm_hwm_mib(s.proc.pid), "load_avg_1m": load_avg()[0]})
+        print(f"turn 1: {rows[-1]}", file=sys.stderr, flush=True)
+        for turn, label, after in [(2, "2 exact", None), (3, "3 DynaKV (switched)", args.after)]:
+            prompt = prompt + a + f"\n// Question {turn}: what does the code above do?\n"
+            a, u, times, ttft = s.complete(prompt, args.decode, args.timeout, after)
+            rows.append(decode_row(label, a, u, times, ttft, vm_hwm_mib(s.proc.pid), load_avg()))
+            rows[-1]["switches"] = s.metric("engram_long_context_switches_total")
+            rows[-1]["offload_bytes"] = s.metric("engram_long_context_offload_bytes")
+            rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
+            print(f"turn {turn}: {rows[-1]}", file=sys.stderr, flush=True)
+        rows[-1]["saved_bytes"] = s.metric("engram_long_context_saved_bytes")
+        s.stop()
+        if not args.no_restart:
+            s = Server(args, data_dir, server_b, "b")
+            commands.append(" ".join(s.cmd))
+            prompt = prompt + a + "\n// Question 4: and what does it return?\n"
+            a, u, times, ttft = s.complete(prompt, args.decode, args.timeout, args.after)
+            rows.append(decode_row("4 DynaKV after a restart", a, u, times, ttft, vm_hwm_mib(s.proc.pid), load_avg()))
+            rows[-1]["disk_resumes"] = s.metric("engram_long_context_disk_resumes_total")
+            rows[-1]["switches"] = s.metric("engram_long_context_switches_total")
+            rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
+            print(f"turn 4: {rows[-1]}", file=sys.stderr, flush=True)
+            s.stop()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return commands, rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engram", default=DEFAULT_ENGRAM)
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokens", type=int, default=32768, help="history length (approximate, from characters)")
+    p.add_argument("--decode", type=int, default=16, help="tokens decoded at the history's length")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--after", type=int, default=4096, help="the requests' long_context_after")
+    p.add_argument("--ram-mib", type=int, default=32, help="--long-context-ram-mib")
+    p.add_argument("--sparse-kv-mib", type=int, default=256, help="--kv-budget-mib after the restart")
+    p.add_argument("--exact-kv-mib", type=int, default=4096, help="--kv-budget-mib before it (the whole KV fits)")
+    p.add_argument("--disk-mib", type=int, default=8192, help="--disk-budget-mib")
+    p.add_argument("--no-restart", action="store_true")
+    p.add_argument("--timeout", type=float, default=7200)
+    p.add_argument("--start-timeout", type=float, default=300)
+    p.add_argument("--log-dir", default=tempfile.gettempdir())
+    p.add_argument("--json-out")
+    args = p.parse_args()
+    commands, rows = run(args)
+    result = {"cpu": machine(), "threads": args.threads, "tokens": args.tokens, "decode": args.decode, "commands": commands, "rows": rows}
+    exact, sparse = rows[1]["decode_tok_s"], rows[2]["decode_tok_s"]
+    result["dynakv_over_exact"] = sparse / exact if sparse and exact else None
+    print(json.dumps(result, indent=2))
+    if args.json_out:
+        write_json_out(args.json_out, result)
+
+
+if __name__ == "__main__":
+    main()
