@@ -71,6 +71,7 @@ impl Thread {
                     prompt,
                     params,
                     pinned: true,
+                    long_context_after: None,
                 };
                 // Submitted only while the agent is registered (a delete forgets its cache
                 // under the same lock: no session is saved for a deleted agent).
@@ -87,6 +88,7 @@ impl Thread {
                 prompt,
                 params,
                 pinned: false,
+                long_context_after: None,
             })?,
         };
         let done = pending.collect(py)?;

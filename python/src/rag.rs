@@ -220,6 +220,7 @@ impl Rag {
             prompt: pending.prompt.tokens.clone(),
             params,
             pinned: false,
+            long_context_after: None,
         };
         let submitted = self.core.submit(job).inspect_err(|_| self.core.rag.registry.cancel(&owner))?;
         let before_ms = pending.elapsed_ms();

@@ -86,7 +86,16 @@ fn params(a: &Args) -> SamplingParams {
 }
 
 fn job(owner: &str, thread: &str, prompt: Vec<u32>, params: &SamplingParams) -> Job {
-    Job { owner: owner.into(), session: Some(thread.into()), text: None, add_special: false, prompt, params: params.clone(), pinned: false, long_context_after: None }
+    Job {
+        owner: owner.into(),
+        session: Some(thread.into()),
+        text: None,
+        add_special: false,
+        prompt,
+        params: params.clone(),
+        pinned: false,
+        long_context_after: None,
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {

@@ -61,8 +61,16 @@ fn run_batch(model: &Arc<Model>, args: &ModelArgs, prompt: &[u32], params: Vec<S
     let sinks: Vec<TimedSink> = params.iter().map(|_| TimedSink::default()).collect();
     let start = Instant::now();
     for (p, sink) in params.into_iter().zip(&sinks) {
-        let job =
-            Job { owner: "bench".into(), session: None, text: None, add_special: true, prompt: prompt.to_vec(), params: p, pinned: false, long_context_after: None };
+        let job = Job {
+            owner: "bench".into(),
+            session: None,
+            text: None,
+            add_special: true,
+            prompt: prompt.to_vec(),
+            params: p,
+            pinned: false,
+            long_context_after: None,
+        };
         handle.submit(job, Box::new(sink.clone()))?;
     }
     drop(handle);

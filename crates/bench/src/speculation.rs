@@ -125,7 +125,16 @@ fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, mod
     });
     let ids = model.tokenizer.encode(prompt, true)?.ids;
     let params = SamplingParams { max_tokens, ignore_eos: true, ..Default::default() };
-    let job = Job { owner: "bench".into(), session: None, text: None, add_special: true, prompt: ids, params, pinned: false, long_context_after: None };
+    let job = Job {
+        owner: "bench".into(),
+        session: None,
+        text: None,
+        add_special: true,
+        prompt: ids,
+        params,
+        pinned: false,
+        long_context_after: None,
+    };
     let sink = TimedSink::default();
     let start = Instant::now();
     handle.submit(job, Box::new(sink.clone()))?;

@@ -173,7 +173,16 @@ mod tests {
     }
 
     fn job() -> Job {
-        Job { owner: "t".into(), session: None, text: None, add_special: false, prompt: vec![1], params: Default::default(), pinned: false, long_context_after: None }
+        Job {
+            owner: "t".into(),
+            session: None,
+            text: None,
+            add_special: false,
+            prompt: vec![1],
+            params: Default::default(),
+            pinned: false,
+            long_context_after: None,
+        }
     }
 
     #[test]

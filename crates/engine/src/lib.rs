@@ -44,6 +44,8 @@ pub use metrics::Metrics;
 pub use pooled::PooledEncoder;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
-pub use scheduler::{drain_background, run_alone, run_engine, AloneRun, Command, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig};
+pub use scheduler::{
+    drain_background, run_alone, run_engine, AloneRun, Command, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig,
+};
 pub use speculate::{DraftTree, PromptLookup};
 pub use stop::StopMatcher;

@@ -131,7 +131,8 @@ pub fn exercise_every_method(wrap: impl FnOnce(Box<dyn ContextPolicy>) -> Box<dy
     let tok = tokenizer();
     let owner = OwnerKey::tenant_own("tenant");
     let pool = small_pool();
-    let req = AdmitRequest { owner: &owner, session: None, text: None, add_special: false, tokens: &[0, 0], tok: &tok, long_context_after: None };
+    let req =
+        AdmitRequest { owner: &owner, session: None, text: None, add_special: false, tokens: &[0, 0], tok: &tok, long_context_after: None };
     let checkout = policy.admit(&req).expect("the recording policy admits everything");
     drop(checkout);
     let _ = policy.admission_bytes(&owner, 2, None);

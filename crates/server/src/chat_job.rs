@@ -108,5 +108,14 @@ pub(crate) async fn job(
     let (text, prompt) = api::render_chat_with(s, messages, context.template_kwargs.cloned().unwrap_or_default()).await?;
     let mut params = api::params(s, prompt.len(), sampling)?;
     params.show_special_tokens = crate::tools::job::shows_special_tokens(s, params.grammar.is_some());
-    Ok(Job { owner, session, text: Some(text), add_special: false, prompt, params, pinned: context.agent.is_some(), long_context_after: context.long_context_after })
+    Ok(Job {
+        owner,
+        session,
+        text: Some(text),
+        add_special: false,
+        prompt,
+        params,
+        pinned: context.agent.is_some(),
+        long_context_after: context.long_context_after,
+    })
 }

@@ -42,9 +42,9 @@ mod health_tests;
 pub use engram_engine::metrics;
 pub mod engine_handle;
 mod listen;
-mod long_context;
 /// OpenAI's `logprobs` shapes, built from the engine's events (the Python package answers with them too).
 pub mod logprobs;
+mod long_context;
 mod ollama;
 mod openai;
 mod quota;

@@ -15,7 +15,10 @@ use crate::AppState;
 pub(crate) fn request_threshold(s: &AppState, v: Option<&Value>) -> Result<Option<usize>, ApiError> {
     let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
     let Some(n) = v.as_u64().filter(|&n| n >= 1) else {
-        return Err(ApiError::bad_param("long_context_after", format!("long_context_after must be a whole number of tokens of at least 1, got {v}")));
+        return Err(ApiError::bad_param(
+            "long_context_after",
+            format!("long_context_after must be a whole number of tokens of at least 1, got {v}"),
+        ));
     };
     if s.config.long_context.is_none() {
         return Err(ApiError::bad_param(

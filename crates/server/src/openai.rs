@@ -424,7 +424,8 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: By
     sampling.grammar = crate::structured::request_grammar(&s, req.response_format.take(), req.grammar.take(), req.regex.take()).await?;
     let params = api::params(&s, prompt.len(), sampling)?;
     let (st, mut rx) =
-        api::start(&s, Job { owner: tenant.into(), session, text, add_special: true, prompt, params, pinned: false, long_context_after }).await?;
+        api::start(&s, Job { owner: tenant.into(), session, text, add_special: true, prompt, params, pinned: false, long_context_after })
+            .await?;
     let id = api::new_id("cmpl");
     let created = api::now_s();
     let model = s.config.model_id.clone();

@@ -29,7 +29,10 @@ impl DualStream {
     /// `"default"`), its new turn `prompt`.
     pub fn admit_tokens(&mut self, owner: &str, thread: Option<&str>, prompt: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
         let owner = OwnerKey::parse(owner);
-        ContextPolicy::admit(self, &AdmitRequest { owner: &owner, session: thread, text: None, add_special: false, tokens: prompt, tok, long_context_after: None })
+        ContextPolicy::admit(
+            self,
+            &AdmitRequest { owner: &owner, session: thread, text: None, add_special: false, tokens: prompt, tok, long_context_after: None },
+        )
     }
 
     /// Applies `msg`. Facts may leave a summary for the idle hook (the reply wakes it); a state

@@ -30,7 +30,10 @@ impl Engine<'_> {
             let (job, _, _) = &self.waiting[i];
             // A policy that holds long prompts outside pool blocks (a sparse cache) says what
             // it charges instead.
-            let need = self.policy.admission_bytes(&job.owner, job.prompt.len(), job.long_context_after).unwrap_or_else(|| self.pool.bytes_for(job.prompt.len()));
+            let need = self
+                .policy
+                .admission_bytes(&job.owner, job.prompt.len(), job.long_context_after)
+                .unwrap_or_else(|| self.pool.bytes_for(job.prompt.len()));
             if need > self.pool.budget() {
                 let (job, tx, _) = self.waiting.remove(i).expect("index in range");
                 self.pending.fetch_sub(1, Relaxed);

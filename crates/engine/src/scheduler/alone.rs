@@ -45,7 +45,7 @@ impl ContextPolicy for Lone {
     fn admit(&mut self, _req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         Err("a lone run admits no requests".into())
     }
-    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize) -> Option<usize> {
+    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
         None
     }
     fn pin_owner(&mut self, _owner: &OwnerKey) {}
@@ -90,7 +90,8 @@ pub fn run_alone(
     let mut engine = Engine::new(model, pool, config, Box::new(policy), Arc::new(Metrics::default()), Arc::new(AtomicUsize::new(0)));
     let prompt_tokens = job.start.tokens.len();
     let cached_tokens = job.start.reused.min(prompt_tokens.saturating_sub(1));
-    let params = params.unwrap_or_else(|| SamplingParams { max_tokens: job.max_tokens, stop: job.stop.clone(), ..SamplingParams::default() });
+    let params =
+        params.unwrap_or_else(|| SamplingParams { max_tokens: job.max_tokens, stop: job.stop.clone(), ..SamplingParams::default() });
     let t0 = Instant::now();
     let mut first: Option<Instant> = None;
     let mut generated = 0;

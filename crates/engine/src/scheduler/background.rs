@@ -158,7 +158,8 @@ impl Engine<'_> {
         let out = Decoding::new(&self.model.tokenizer, &prompt, &params, 0);
         self.next_id += 1;
         let start = Seq::start(self.next_id, owner, start.session_id, Box::new(NoClient), prompt, cached, kv, out, Instant::now());
-        self.active.push(Seq { background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0, hidden, held_steps: 0 }), ..start });
+        self.active
+            .push(Seq { background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0, hidden, held_steps: 0 }), ..start });
         Ok(())
     }
 
@@ -172,7 +173,13 @@ impl Engine<'_> {
             Ok(()) => {
                 let held_steps = b.held_steps;
                 let (kv, _) = s.kv.into_retired(&self.pool, s.tokens.len());
-                Ok(BackgroundOutput { text: s.out.decoded().to_string(), generated: s.out.generated().to_vec(), tokens: s.tokens, kv, held_steps })
+                Ok(BackgroundOutput {
+                    text: s.out.decoded().to_string(),
+                    generated: s.out.generated().to_vec(),
+                    tokens: s.tokens,
+                    kv,
+                    held_steps,
+                })
             }
             Err(e) => Err(e),
         };

@@ -101,7 +101,8 @@ impl DiskStore {
         let dir = self.folder_path(id)?;
         let io = |e| DiskError::Io { path: dir.clone(), source: e };
         let now = self.now();
-        let body = serde_json::to_vec(&json!({"owner": owner, "num_tokens": num_tokens, "created_unix": now})).expect("JSON values serialize");
+        let body =
+            serde_json::to_vec(&json!({"owner": owner, "num_tokens": num_tokens, "created_unix": now})).expect("JSON values serialize");
         let fits = folder_bytes(&dir)
             .map_err(io)
             .and_then(|files| {

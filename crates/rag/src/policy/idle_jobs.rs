@@ -232,7 +232,11 @@ impl TreePolicy {
 
     /// Runs an idle unit's job alone through the engine's step on this (the engine's) thread.
     fn run_unit_alone(&mut self, job: BackgroundJob, interrupt: &IdleInterrupt, idle: &IdleTenants) {
-        let config = SchedulerConfig { prefill_chunk: DEFAULT_IDLE_PREFILL_CHUNK, background_chunk: DEFAULT_IDLE_PREFILL_CHUNK, ..SchedulerConfig::default() };
+        let config = SchedulerConfig {
+            prefill_chunk: DEFAULT_IDLE_PREFILL_CHUNK,
+            background_chunk: DEFAULT_IDLE_PREFILL_CHUNK,
+            ..SchedulerConfig::default()
+        };
         let model = self.model.clone();
         match run_alone(&model, self.pool.clone(), config, job, None, &mut || interrupt.requested()) {
             Some(run) => {

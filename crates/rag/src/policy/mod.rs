@@ -29,7 +29,8 @@ use std::sync::{Arc, Mutex};
 use engram_kv::{KvPool, SeqKv};
 use engram_model::{Fingerprint, Model};
 use engram_policy::{
-    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PolicyLayer, Retired,
+    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PolicyLayer,
+    Retired,
 };
 
 use crate::chunk_store::ChunkStore;

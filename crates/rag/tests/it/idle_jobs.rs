@@ -30,7 +30,7 @@ impl ContextPolicy for Cold {
         let n = req.tokens.len();
         Ok(Checkout::own("cold".into(), MatchKind::Miss, req.tokens.to_vec(), vec![0; n], 0, SeqKv::new(&self.0)))
     }
-    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize) -> Option<usize> {
+    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
         None
     }
     fn pin_owner(&mut self, _owner: &OwnerKey) {}
@@ -132,7 +132,9 @@ impl Engine {
         let params = SamplingParams { max_tokens, ignore_eos: true, ..SamplingParams::default() };
         let sink = Sink::default();
         self.pending.fetch_add(1, Relaxed);
-        self.tx.send(Command::Submit(Job::from_tokens(OwnerKey::parse(owner), prompt, params), Box::new(sink.clone()), Instant::now())).unwrap();
+        self.tx
+            .send(Command::Submit(Job::from_tokens(OwnerKey::parse(owner), prompt, params), Box::new(sink.clone()), Instant::now()))
+            .unwrap();
         sink
     }
 

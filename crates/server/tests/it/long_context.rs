@@ -119,7 +119,10 @@ fn a_long_conversation_survives_a_restart_without_a_re_prefill() {
     let (a, usage) = ask_turn(addr, 2, &answers);
     assert_eq!(metric(addr, "engram_long_context_saved_sessions"), 1.0, "found again at start, saved again");
     let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-    assert!(cached > prompt_before, "the history comes from the saved state: {cached} cached, turn 2's prompt was {prompt_before}: {usage}");
+    assert!(
+        cached > prompt_before,
+        "the history comes from the saved state: {cached} cached, turn 2's prompt was {prompt_before}: {usage}"
+    );
     assert_eq!(metric(addr, "engram_long_context_disk_resumes_total"), 1.0);
     assert_eq!(metric(addr, "engram_long_context_switches_total"), 0.0, "no exact prefill switched again");
     assert_eq!(a, answers[2], "the restarted server answers as the unrestarted one");
@@ -127,7 +130,8 @@ fn a_long_conversation_survives_a_restart_without_a_re_prefill() {
 
     // The saved offload file truncated between two runs: recomputed, never used.
     let folder = &long_folders(dir.path())[0];
-    let kv = std::fs::read_dir(folder).unwrap().map(|e| e.unwrap().path()).find(|p| p.file_name().unwrap().to_string_lossy().starts_with("kv-"));
+    let kv =
+        std::fs::read_dir(folder).unwrap().map(|e| e.unwrap().path()).find(|p| p.file_name().unwrap().to_string_lossy().starts_with("kv-"));
     let kv = kv.expect("the saved offload file");
     let len = std::fs::metadata(&kv).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&kv).unwrap().set_len(len / 2).unwrap();

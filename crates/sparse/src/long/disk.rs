@@ -107,7 +107,9 @@ impl LongDisk {
         };
         for (id, owner, dir) in entries {
             match read_turn(&dir.join(TURN_FILE), &disk.fingerprint) {
-                Ok(saved) if entry_owner(&saved.owner, &saved.session_id) == owner && long_disk_id(&saved.owner, &saved.session_id) == id => {
+                Ok(saved)
+                    if entry_owner(&saved.owner, &saved.session_id) == owner && long_disk_id(&saved.owner, &saved.session_id) == id =>
+                {
                     disk.catalog.insert(id, saved);
                 }
                 Ok(_) => disk.drop_entry(&id, &owner, "its turn file names another owner or id"),
@@ -154,7 +156,10 @@ impl LongDisk {
             (s.begin_folder(&id, &meta_owner).map_err(|e| e.to_string())?, s.stats(&id).is_some())
         };
         let written = kv
-            .save_state(&dir, &StateMeta { fingerprint: self.fingerprint.clone(), owner: meta_owner.clone(), tokens: history.tokens.clone() })
+            .save_state(
+                &dir,
+                &StateMeta { fingerprint: self.fingerprint.clone(), owner: meta_owner.clone(), tokens: history.tokens.clone() },
+            )
             .map_err(|e| e.to_string())
             .and_then(|_| {
                 let mut body = Vec::new();
@@ -169,7 +174,8 @@ impl LongDisk {
                 if let Some(t) = history.unfed {
                     e.u32(t);
                 }
-                engram_kv::envelope::write_sealed(&dir.join(TURN_FILE), TURN_MAGIC, TURN_VERSION, &body).map_err(|e| format!("{}: {e}", dir.display()))
+                engram_kv::envelope::write_sealed(&dir.join(TURN_FILE), TURN_MAGIC, TURN_VERSION, &body)
+                    .map_err(|e| format!("{}: {e}", dir.display()))
             });
         if let Err(e) = written {
             if !existed {
@@ -213,7 +219,11 @@ impl LongDisk {
             if meta.tokens != saved.history.tokens {
                 return Err(StateError::Invalid {
                     path: dir.join(TURN_FILE),
-                    reason: format!("the state holds {} other tokens than its turn file's {}", meta.tokens.len(), saved.history.tokens.len()),
+                    reason: format!(
+                        "the state holds {} other tokens than its turn file's {}",
+                        meta.tokens.len(),
+                        saved.history.tokens.len()
+                    ),
                 });
             }
             Ok(kv)
