@@ -478,9 +478,11 @@ impl Splitter {
             }
             State::Json => {
                 // A call's arguments stream as they are written; a text answer's string as it
-                // is decoded; any other shape is split whole at the end.
+                // is decoded; any other shape is split whole at the end. With whole calls, the
+                // calls are read at the end too: an answer cut inside one stays its text.
                 let mut more = false;
-                for (opening, list) in [(&GENERIC_ONE[..], false), (&GENERIC_LIST[..], true)] {
+                let calls: &[(&[&str], bool)] = if self.whole { &[] } else { &[(&GENERIC_ONE, false), (&GENERIC_LIST, true)] };
+                for &(opening, list) in calls {
                     match stream_call::head(&self.pending, opening) {
                         Match::Yes(name, n) if self.check.knows(&name) => {
                             self.pending.drain(..n);
@@ -832,6 +834,12 @@ mod tests {
         assert_eq!(p.iter().filter(|p| matches!(p, Piece::CallStart { .. })).count(), 2, "{p:?}");
         let r = both(Think::No, Some(Family::Generic), list);
         assert_eq!(r.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect::<Vec<_>>(), [("f", "{}"), ("g", "{\"a\":1}")]);
+        // With whole calls (Ollama), a generic answer cut inside a call stays its text.
+        let cut = "{\"tool_call\":{\"name\":\"f\",\"arguments\":{\"ci";
+        let r = Splitter::new(Think::No, Some(Family::Generic), any_tool()).whole_calls().split(cut);
+        assert_eq!((r.content.as_str(), r.calls.len()), (cut, 0));
+        let r = Splitter::new(Think::No, Some(Family::Generic), any_tool()).whole_calls().split(one);
+        assert_eq!(r.calls.len(), 1);
         // Cut short inside the string: what was written, decoded.
         assert_eq!(both(Think::No, Some(Family::Generic), "{\"response\":\"half a sen").content, "half a sen");
         // Another shape is split whole: a call of an unknown tool stays text.
