@@ -17,7 +17,7 @@ use engram_engine::{drain_background, PolicyLayer};
 use engram_engine::{run_engine, Command, ContextPolicy, Generator, Job, Metrics, PolicyControl, Retired, SamplingParams, SchedulerConfig};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
-use engram_policy::BackgroundDone;
+use engram_policy::{AdmitRequest, BackgroundDone, BackgroundJob, BackgroundPriority, Checkout};
 
 /// What the test reads of the policy: its counters and stream after every retirement and
 /// background job, and the summaries counted when each thread's turn retired.
@@ -31,6 +31,12 @@ struct Seen {
 struct Watch {
     inner: DualStream,
     seen: Arc<Mutex<Seen>>,
+    /// Low-priority jobs (summaries) held back until a request of thread `busy` is admitted,
+    /// so the summary runs under that request's load whatever the order in which the engine
+    /// reads the test's messages (alone, the tiny model's summary can end, and swap the
+    /// stream, before the request arrives).
+    held: std::collections::VecDeque<BackgroundJob>,
+    released: bool,
 }
 
 impl Watch {
@@ -43,6 +49,23 @@ impl Watch {
 
 impl PolicyLayer for Watch {
     common::inner_layer!();
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        self.released |= req.session == Some("busy");
+        self.inner.admit(req)
+    }
+    fn next_background(&mut self) -> Option<BackgroundJob> {
+        while let Some(job) = self.inner.next_background() {
+            if self.released || job.priority != BackgroundPriority::Low {
+                return Some(job);
+            }
+            self.held.push_back(job);
+        }
+        if self.released {
+            self.held.pop_front()
+        } else {
+            None
+        }
+    }
     fn retire(&mut self, r: Retired) {
         let thread = r.session_id.clone();
         self.inner.retire(r);
@@ -100,7 +123,7 @@ fn a_summary_runs_under_load_and_the_next_turn_attends_it() {
     let config = SchedulerConfig { background_share: 1.0, ..SchedulerConfig::default() };
     let engine = {
         let (model, pending, pool) = (m.clone(), pending.clone(), pool.clone());
-        let watch = Watch { inner: dual, seen: seen.clone() };
+        let watch = Watch { inner: dual, seen: seen.clone(), held: Default::default(), released: false };
         std::thread::spawn(move || run_engine(&model, pool, config, Box::new(watch), Arc::new(Metrics::default()), pending, rx))
     };
     let submit = |thread: &str, prompt: &[u32], n: usize| -> Collect {
