@@ -510,7 +510,7 @@ impl Splitter {
                 true
             }
             State::JsonText => {
-                let (text, taken, closed) = string_prefix(&self.pending, end);
+                let (text, taken, closed) = stream_call::string_prefix(&self.pending, end);
                 self.pending.drain(..taken);
                 emit(out, Piece::Content(text));
                 if closed {
@@ -599,57 +599,6 @@ impl Splitter {
 const GENERIC_ONE: [&str; 3] = ["{", "\"tool_call\"", ":"];
 const GENERIC_LIST: [&str; 4] = ["{", "\"tool_calls\"", ":", "["];
 const GENERIC_TEXT: [&str; 4] = ["{", "\"response\"", ":", "\""];
-
-/// The decoded start of a JSON string's body (after its opening quote): the text, the bytes
-/// taken, and whether the closing quote was reached (and taken). An escape is decoded only
-/// when whole (a surrogate pair with both halves), unless at the `end` of the answer;
-/// an escape JSON does not have is kept as written.
-fn string_prefix(body: &str, end: bool) -> (String, usize, bool) {
-    let bytes = body.as_bytes();
-    let mut out = String::new();
-    let mut at = 0;
-    while at < bytes.len() {
-        match bytes[at] {
-            b'"' => return (out, at + 1, true),
-            b'\\' => {
-                let len = match bytes.get(at + 1) {
-                    None => break,
-                    Some(b'u') => {
-                        let high = body.get(at + 2..at + 6).and_then(|h| u16::from_str_radix(h, 16).ok());
-                        match high {
-                            None if at + 6 > bytes.len() => break,
-                            Some(h) if (0xD800..0xDC00).contains(&h) => {
-                                if at + 12 > bytes.len() && !end {
-                                    break;
-                                }
-                                if body.get(at + 6..at + 8) == Some("\\u") {
-                                    12
-                                } else {
-                                    6
-                                }
-                            }
-                            _ => 6,
-                        }
-                    }
-                    Some(_) => 2,
-                };
-                let len = len.min(bytes.len() - at);
-                let esc = &body[at..at + len];
-                match serde_json::from_str::<String>(&format!("\"{esc}\"")) {
-                    Ok(s) => out.push_str(&s),
-                    Err(_) => out.push_str(esc),
-                }
-                at += len;
-            }
-            _ => {
-                let next = body[at..].find(['"', '\\']).map_or(body.len(), |n| at + n);
-                out.push_str(&body[at..next]);
-                at = next;
-            }
-        }
-    }
-    (out, at, false)
-}
 
 /// Whether `id` is a Mistral call id: 9 ASCII letters and digits.
 fn is_mistral_id(id: &str) -> bool {

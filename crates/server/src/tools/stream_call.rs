@@ -1,7 +1,8 @@
 //! The pieces of a tool call's text that let its arguments stream as they are written: the
 //! call's head (the family's opening, then `{"name": "<tool>", "arguments": ` with any
 //! whitespace, up to the arguments' `{`), the arguments themselves scanned character by
-//! character until their object closes, and the literals after them.
+//! character until their object closes, the literals after them, and the body of a JSON
+//! string decoded as it comes (the generic family's text answer).
 //!
 //! A call in another shape (its keys in another order, its arguments a string) does not
 //! match [`head`]; the splitter then parses it whole.
@@ -198,6 +199,57 @@ impl Args {
         self.text.push_str(&fragment);
         Fed { taken: input.len(), fragment, done: false }
     }
+}
+
+/// The decoded start of a JSON string's body (after its opening quote): the text, the bytes
+/// taken, and whether the closing quote was reached (and taken). An escape is decoded only
+/// when whole (a surrogate pair with both halves), unless at the `end` of the answer;
+/// an escape JSON does not have is kept as written.
+pub(super) fn string_prefix(body: &str, end: bool) -> (String, usize, bool) {
+    let bytes = body.as_bytes();
+    let mut out = String::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'"' => return (out, at + 1, true),
+            b'\\' => {
+                let len = match bytes.get(at + 1) {
+                    None => break,
+                    Some(b'u') => {
+                        let high = body.get(at + 2..at + 6).and_then(|h| u16::from_str_radix(h, 16).ok());
+                        match high {
+                            None if at + 6 > bytes.len() => break,
+                            Some(h) if (0xD800..0xDC00).contains(&h) => {
+                                if at + 12 > bytes.len() && !end {
+                                    break;
+                                }
+                                if body.get(at + 6..at + 8) == Some("\\u") {
+                                    12
+                                } else {
+                                    6
+                                }
+                            }
+                            _ => 6,
+                        }
+                    }
+                    Some(_) => 2,
+                };
+                let len = len.min(bytes.len() - at);
+                let esc = &body[at..at + len];
+                match serde_json::from_str::<String>(&format!("\"{esc}\"")) {
+                    Ok(s) => out.push_str(&s),
+                    Err(_) => out.push_str(esc),
+                }
+                at += len;
+            }
+            _ => {
+                let next = body[at..].find(['"', '\\']).map_or(body.len(), |n| at + n);
+                out.push_str(&body[at..next]);
+                at = next;
+            }
+        }
+    }
+    (out, at, false)
 }
 
 #[cfg(test)]
