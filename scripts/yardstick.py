@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Engram against llama.cpp on the same GGUF files, alternating, best of N: the table in docs/benchmarks.md.
 
-Files (from --fixture-dir): the llama-1b fixture as Engram writes it
+Files (from --fixture-dir, or each --file LABEL=PATH given, e.g. a mixture-of-experts GGUF): the llama-1b fixture as Engram writes it
 (llama-1b-{q4_0,q8_0,q4_k_m,f16}.gguf) and as llama.cpp's own quantizer writes it from
 the F16 file (llama-1b-{q4_0,q8_0,q4_k_m,q4_1,q5_k_m,q3_k_m,iq4_xs}-lcpp.gguf; `scripts/yardstick.sh run`
 makes them; the last four are files Engram's fixture writer does not write).
@@ -97,6 +97,8 @@ def main():
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--engram", default=DEFAULT_ENGRAM)
     ap.add_argument("--only", default="", help="comma-separated formats to run (default: all)")
+    ap.add_argument("--file", action="append", default=[], metavar="LABEL=PATH",
+                    help="run this GGUF file (both runtimes on it) instead of the fixture's files; repeatable")
     ap.add_argument("--json-out")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -104,16 +106,17 @@ def main():
     if args.child:
         print(json.dumps(llamacpp_child(args.child, args.threads, args.prompt_tokens, args.decode_tokens)))
         return
-    if not args.fixture_dir:
-        ap.error("--fixture-dir is required")
+    if not args.fixture_dir and not args.file:
+        ap.error("--fixture-dir (or --file) is required")
     if not os.path.exists(args.engram):
         sys.exit(f"{args.engram} not found: cargo build --release -p engram-cli, or pass --engram")
     import llama_cpp
 
     only = {f.strip().upper() for f in args.only.split(",") if f.strip()}
     rows, loads = [], []
-    for fmt, name, writer in FILES:
-        path = os.path.join(args.fixture_dir, name)
+    files = [(label.upper(), path, "given") for label, _, path in (f.partition("=") for f in args.file)] if args.file else FILES
+    for fmt, name, writer in files:
+        path = os.path.join(args.fixture_dir or "", name)
         if (only and fmt not in only) or not os.path.exists(path):
             continue
         best = {"e_pp": 0.0, "e_tg": 0.0, "limit": 0.0, "l_pp": 0.0, "l_tg": 0.0}

@@ -1,5 +1,5 @@
 //! `engram convert --model HF_FOLDER --out FILE.gguf --format q8_0`: a
-//! Llama-family Hugging Face folder to a GGUF file that Engram and llama.cpp
+//! Hugging Face folder of a supported architecture to a GGUF file that Engram and llama.cpp
 //! both load (the work is `engram_fixture::convert_hf`; this module parses
 //! flags and reports). Progress goes to stderr, the written path to stdout.
 

@@ -7,7 +7,8 @@ use engram_fixture::{GgufFormat, Shape};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// tiny, llama-1b, qwen2-0.5b, tiny-qwen2, tiny-qwen3, tiny-phi3, tiny-gemma3 or tiny-gemma2.
+    /// tiny, llama-1b, qwen2-0.5b, tiny-qwen2, tiny-qwen3, tiny-phi3, tiny-gemma3, tiny-gemma2,
+    /// tiny-qwen3-moe, tiny-mixtral or tiny-gpt-oss.
     shape: String,
     /// Output directory.
     #[arg(long)]

@@ -62,6 +62,11 @@ impl GgufWriter {
         }
     }
 
+    /// Tensors added so far: the count the written file's header will hold.
+    pub fn num_tensors(&self) -> usize {
+        self.tensors.len()
+    }
+
     /// Adds a tensor.  `dims` is in ggml order (`dims[0]` is the row length).
     /// Fails if the name is taken or too long, the type is unknown, the shape
     /// is invalid for the type, or `data.len()` is not the size the shape
