@@ -1,15 +1,15 @@
-//! The disk budget of dual-stream files: every user's stream file and every thread's
-//! ring (manifest and turn files) charged to its owner's account, against the server's disk
+//! The disk budget of dual-stream files: every user's stream file, every thread's ring
+//! (manifest and turn files) and every masked turn's file charged to its owner's account, against the server's disk
 //! budget and each account's share of it (`--disk-budget-mib`, the tenant share), as the
 //! session store charges its entries.
 //!
 //! ```text
-//!  charge(key, account, bytes)   a ring saved (its files' bytes) or a stream written
+//!  charge(key, account, bytes)   a ring saved (its files' bytes), a stream or a masked turn written
 //!  over_budget(protect)          the rings to drop, least recently used first, until the total
 //!                                fits the budget and every account its share
 //! ```
 //! Invariant: `used` is the sum of the charged bytes; [`DualDiskLedger::over_budget`] names
-//! only evictable entries (rings and, when their user is idle, stream files: the caller says
+//! only evictable entries (rings, masked turns' files and, when their user is idle, stream files: the caller says
 //! which by `evictable` and `protect`) that `protect` does not keep, and once they
 //! are removed the total and each account fit as far as evictable entries allow
 //! (this file's tests; through the policy, `crates/dual/tests/it/dual_files.rs`).
