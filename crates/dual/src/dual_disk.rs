@@ -83,6 +83,19 @@ impl DualDiskLedger {
         self.budget
     }
 
+    /// Whether the total fits the budget and every account its share (nothing to evict).
+    pub fn within_limits(&self) -> bool {
+        if self.used() > self.budget {
+            return false;
+        }
+        let Some(share) = self.share else { return true };
+        let mut accounts: HashMap<&str, u64> = HashMap::new();
+        for c in self.charged.values() {
+            *accounts.entry(c.account.as_str()).or_default() += c.bytes;
+        }
+        accounts.values().all(|&b| b <= share)
+    }
+
     /// The entries to evict, least recently used first, so that every account fits its share
     /// and the total the budget — skipping those `protect` keeps (threads with a turn running).
     pub fn over_budget(&self, protect: &dyn Fn(&str) -> bool) -> Vec<String> {
@@ -133,8 +146,10 @@ mod tests {
         assert_eq!(l.used(), 120);
         assert_eq!(l.over_budget(&|_| false), vec!["ring-2".to_string()]);
         assert_eq!(l.over_budget(&|k| k == "ring-2"), vec!["ring-3".to_string()]);
+        assert!(!l.within_limits());
         l.remove("ring-2");
         assert!(l.over_budget(&|_| false).is_empty());
+        assert!(l.within_limits());
     }
 
     #[test]
@@ -145,5 +160,6 @@ mod tests {
         l.charge("ring-a2", "a", 30, true);
         assert_eq!(l.over_budget(&|_| false), vec!["ring-a1".to_string()], "b fits its share: untouched");
         assert_eq!(l.account_used("a"), 60);
+        assert!(!l.within_limits(), "a is over its share");
     }
 }

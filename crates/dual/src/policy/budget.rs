@@ -12,7 +12,8 @@
 //!
 //! Masked turns' files (`policy/masked.rs`) are charged too, each under its file name, to its
 //! owner's account, as it lands; it counts as used whenever its thread is (its thread's ring is
-//! marked used first, so within one thread the ring's restart files go before a masked turn).
+//! marked used first, at admission and when saved, so within one thread the ring's restart files
+//! go before a masked turn, and the masked files oldest first).
 //! A masked file deleted for the budget takes its turn out of the ring, as a whole-turn eviction
 //! does (the turns after it moved down, logged, `engram_masked_turns_evicted_for_disk_total`):
 //! the thread answers from then on as if the turn had been evicted, never with other bytes. The
@@ -69,6 +70,7 @@ impl DualStream {
     pub(super) fn charge_ring(&mut self, owner: &str, thread: &str, bytes: u64) {
         let Some(ledger) = self.ledger.as_mut() else { return };
         ledger.charge(&RingStore::ring_key(owner, thread), OwnerKey::tenant_of(owner), bytes, true);
+        self.touch_masked(owner, thread);
         self.enforce_disk_budget();
     }
 
@@ -84,14 +86,22 @@ impl DualStream {
     pub(super) fn touch_ring(&mut self, owner: &str, thread: &str) {
         if let Some(ledger) = self.ledger.as_mut() {
             ledger.touch(&RingStore::ring_key(owner, thread));
-            if let Some(m) = &self.masked {
-                let mut names: Vec<&String> = m.files.iter().filter(|(_, (o, t, _))| o == owner && t == thread).map(|(n, _)| n).collect();
-                names.sort();
-                for name in names {
-                    ledger.touch(name);
-                }
-            }
+        }
+        self.touch_masked(owner, thread);
+        if let Some(ledger) = self.ledger.as_mut() {
             ledger.touch(&stream_file_name(owner));
+        }
+    }
+
+    /// Marks the masked turns' files of `owner`'s `thread` used now (after its ring, so the
+    /// ring's restart files go first), oldest file first.
+    fn touch_masked(&mut self, owner: &str, thread: &str) {
+        let (Some(ledger), Some(m)) = (self.ledger.as_mut(), self.masked.as_ref()) else { return };
+        let mut names: Vec<&String> = m.files.iter().filter(|(_, (o, t, _))| o == owner && t == thread).map(|(n, _)| n).collect();
+        // Names carry their write's ticket: in the order written.
+        names.sort_by_key(|n| n.trim_start_matches(crate::masked_store::FILE_PREFIX).split('-').next().and_then(|t| t.parse::<u64>().ok()));
+        for name in names {
+            ledger.touch(name);
         }
     }
 
@@ -112,6 +122,10 @@ impl DualStream {
     pub(super) fn enforce_disk_budget(&mut self) {
         self.take_gone_masked();
         let (Some(ledger), Some(rings), Some(dir)) = (self.ledger.as_mut(), self.rings.as_mut(), self.dir.as_ref()) else { return };
+        // Asked at every admission and retirement: nothing to look at while the files fit.
+        if ledger.within_limits() {
+            return;
+        }
         let is_busy = |k: &(String, String), t: &super::Thread| t.pending.is_some() || self.running.contains_key(k);
         let busy_threads = self.threads.iter().filter(|(k, t)| is_busy(k, t));
         let mut busy: Vec<String> = busy_threads.flat_map(|((o, t), _)| [RingStore::ring_key(o, t), stream_file_name(o)]).collect();
