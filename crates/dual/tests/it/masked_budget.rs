@@ -106,9 +106,9 @@ fn masked_files_count_against_the_disk_budget_and_past_it_their_turns_leave_the_
         assert_eq!(p.disk_bytes_charged(), tree_bytes(dir.path()), "every file charged, masked turns' included, at its size");
     }
 
-    // Room for a third of the masked files at their peak beside the rest: the oldest go.
-    let rest = tree_bytes(free.path()) - tree_bytes(&free.path().join("masked"));
-    let budget = rest + unbudgeted.masked_peak / 3;
+    // Room for a third of the masked files at their peak, nothing beside: past the ring's
+    // restart files and the stream file, the oldest masked files go.
+    let budget = unbudgeted.masked_peak / 3;
     let dir = tempfile::tempdir().unwrap();
     let b = run(&m, dir.path(), Some(budget));
     let s = b.stats;
@@ -170,4 +170,63 @@ fn a_running_threads_masked_files_are_kept_past_the_budget_until_it_retires() {
     let gauges = p.stats().named;
     let evicted = gauges.iter().find(|g| g.name == "engram_masked_turns_evicted_for_disk_total").expect("in /metrics");
     assert!(evicted.value >= s.masked_turns_evicted_for_disk);
+}
+
+/// Bytes of `user`'s files under `dir`: its stream file, its thread `t`'s ring, and its masked
+/// turns' files (by the owner their entry names); and of the masked files alone.
+fn user_bytes(dir: &Path, user: &str) -> (u64, u64) {
+    let ring = engram_dual::RingStore::ring_key(user, "t");
+    let (mut bytes, mut masked) = (0, 0);
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with(&ring) || name == engram_dual::stream_file_name(user) {
+            bytes += e.metadata().unwrap().len();
+        }
+    }
+    for e in std::fs::read_dir(dir.join("masked")).unwrap().flatten() {
+        if engram_kv::read_meta(&e.path()).is_ok_and(|i| i.meta.owner == format!("{user}/t")) {
+            masked += e.metadata().unwrap().len();
+        }
+    }
+    (bytes + masked, masked)
+}
+
+#[test]
+fn a_tenant_over_its_share_loses_its_own_masked_turns_and_no_one_elses() {
+    let (_d, m) = tiny();
+    let pool = pool(&m);
+    // "u" talks every turn, "b" only at first: with a share between the two, only u is over it
+    // (b's files, the least recently used, stay: the budget itself is not reached).
+    let converse = |dir: &Path, share: Option<u64>| -> (Vec<Vec<u32>>, DualStats, u64, u64) {
+        let mut p = policy(&m, &pool, dir);
+        p.set_anchors("b", ids(&m, "Another system prompt."));
+        if let Some(s) = share {
+            p.set_disk_budget(1 << 30, Some(s));
+        }
+        let (mut b_answers, mut u_peak, mut b_peak) = (Vec::new(), 0, 0);
+        for i in 0..TURNS {
+            dual_turn(&m, &pool, &mut p, "u", "t", &ids(&m, &message(i)), 3);
+            if i < 2 {
+                b_answers.push(dual_turn(&m, &pool, &mut p, "b", "t", &ids(&m, &message(i + 1)), 3).0);
+            }
+            settle(&mut p);
+            (u_peak, b_peak) = (u_peak.max(user_bytes(dir, "u").1), b_peak.max(user_bytes(dir, "b").0));
+            if let Some(s) = share {
+                let u = user_bytes(dir, "u").0;
+                assert!(u <= s, "turn {i}: u holds {u} bytes past its {s}-byte share");
+            }
+        }
+        (b_answers, p.dual_stats(), u_peak, b_peak)
+    };
+    let free = tempfile::tempdir().unwrap();
+    let (b_want, _, u_masked_peak, b_peak) = converse(free.path(), None);
+    // Below what u's masked files alone reach: past its ring and stream, they go too.
+    let share = (b_peak + b_peak / 4).max(u_masked_peak / 3);
+    assert!(share < u_masked_peak, "u's masked files alone pass the share ({u_masked_peak} bytes at most, b's files {b_peak})");
+    let dir = tempfile::tempdir().unwrap();
+    let (b_answers, s, _, b_peak_shared) = converse(dir.path(), Some(share));
+    assert!(s.masked_turns_evicted_for_disk > 0, "{s:?}");
+    assert_eq!(s.masked_restore_failures, 0);
+    assert_eq!(b_answers, b_want, "b's thread answers as without a share");
+    assert_eq!(b_peak_shared, b_peak, "b's files are untouched");
 }
