@@ -114,8 +114,10 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     keep_last_turns: usize,
     /// With --context dual and relevance masks: where a turn masked out of attention keeps its
-    /// KV: `ram`, or `disk` (a checksummed file under the cache directory, its RAM returned to
-    /// the pool, read back exactly when a later message wants it; needs the disk tier).
+    /// KV: `ram` (with the disk tier, written to disk only when RAM runs short), or `disk` (a
+    /// checksummed file under the cache directory at once, its RAM returned to the pool, read
+    /// back exactly when a later message wants it; needs the disk tier). Either way the files
+    /// count against --disk-budget-mib.
     #[arg(long, default_value = "ram", value_name = "ram|disk")]
     masked_turns: String,
     /// With --context dual: the most tokens a user's persistent stream (system prompt and

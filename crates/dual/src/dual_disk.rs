@@ -1,15 +1,15 @@
-//! The disk budget of dual-stream files: every user's stream file and every thread's
-//! ring (manifest and turn files) charged to its owner's account, against the server's disk
+//! The disk budget of dual-stream files: every user's stream file, every thread's ring
+//! (manifest and turn files) and every masked turn's file charged to its owner's account, against the server's disk
 //! budget and each account's share of it (`--disk-budget-mib`, the tenant share), as the
 //! session store charges its entries.
 //!
 //! ```text
-//!  charge(key, account, bytes)   a ring saved (its files' bytes) or a stream written
+//!  charge(key, account, bytes)   a ring saved (its files' bytes), a stream or a masked turn written
 //!  over_budget(protect)          the rings to drop, least recently used first, until the total
 //!                                fits the budget and every account its share
 //! ```
 //! Invariant: `used` is the sum of the charged bytes; [`DualDiskLedger::over_budget`] names
-//! only evictable entries (rings and, when their user is idle, stream files: the caller says
+//! only evictable entries (rings, masked turns' files and, when their user is idle, stream files: the caller says
 //! which by `evictable` and `protect`) that `protect` does not keep, and once they
 //! are removed the total and each account fit as far as evictable entries allow
 //! (this file's tests; through the policy, `crates/dual/tests/it/dual_files.rs`).
@@ -83,6 +83,19 @@ impl DualDiskLedger {
         self.budget
     }
 
+    /// Whether the total fits the budget and every account its share (nothing to evict).
+    pub fn within_limits(&self) -> bool {
+        if self.used() > self.budget {
+            return false;
+        }
+        let Some(share) = self.share else { return true };
+        let mut accounts: HashMap<&str, u64> = HashMap::new();
+        for c in self.charged.values() {
+            *accounts.entry(c.account.as_str()).or_default() += c.bytes;
+        }
+        accounts.values().all(|&b| b <= share)
+    }
+
     /// The entries to evict, least recently used first, so that every account fits its share
     /// and the total the budget — skipping those `protect` keeps (threads with a turn running).
     pub fn over_budget(&self, protect: &dyn Fn(&str) -> bool) -> Vec<String> {
@@ -133,8 +146,10 @@ mod tests {
         assert_eq!(l.used(), 120);
         assert_eq!(l.over_budget(&|_| false), vec!["ring-2".to_string()]);
         assert_eq!(l.over_budget(&|k| k == "ring-2"), vec!["ring-3".to_string()]);
+        assert!(!l.within_limits());
         l.remove("ring-2");
         assert!(l.over_budget(&|_| false).is_empty());
+        assert!(l.within_limits());
     }
 
     #[test]
@@ -145,5 +160,6 @@ mod tests {
         l.charge("ring-a2", "a", 30, true);
         assert_eq!(l.over_budget(&|_| false), vec!["ring-a1".to_string()], "b fits its share: untouched");
         assert_eq!(l.account_used("a"), 60);
+        assert!(!l.within_limits(), "a is over its share");
     }
 }

@@ -16,8 +16,10 @@
 //! - [`RingStore`] (`ring_store.rs`) and [`DualDiskLedger`] (`dual_disk.rs`): rings saved as
 //!   turns retire, restored with their checksums settled; the files under the disk budget.
 //! - [`Summarizer`] (`summarize.rs`): condenses facts that pass the stream's cap.
-//! - Masked turns on disk (`turn_kv.rs`, `masked_store.rs`, `policy/masked.rs`): a turn masked
-//!   out of attention leaves RAM for a file and is read back, exactly, when a message wants it.
+//! - Masked turns on disk (`turn_kv.rs`, `masked_store.rs`, `policy/masked.rs`,
+//!   `policy/pressure.rs`): a turn masked out of attention leaves RAM for a file (at once, or when
+//!   the engine asks for room) and is read back, exactly, when a message wants it; its file counts
+//!   against the disk budget.
 //!
 //! Architecture invariant: the crate depends on the seam (`engram-policy`), the KV store, the
 //! model and the engine's sampling types; no other policy depends on it and it depends on no

@@ -10,7 +10,8 @@
 //! ```
 //! The files are a cache of RAM for this process only: [`MaskedStore::open`] deletes any a
 //! previous process left (its rings are restored from the ring files, `RingStore`), and a file
-//! is deleted when the turn that owns it is restored, evicted or forgotten.
+//! is deleted when the turn that owns it is restored, evicted or forgotten; its name then comes
+//! back from [`MaskedStore::take_gone`], so the disk budget stops charging it.
 //!
 //! Invariant: [`MaskedStore::read`] returns exactly the bytes written for that turn (same
 //! owner and tokens, checksum passed) or an error naming the file; never other bytes.
@@ -24,6 +25,9 @@ use engram_kv::{read_entry, write_entry, EntryKind, EntryMeta, KvPool, SeqKv};
 
 use crate::ring::TurnReader;
 use crate::turn_kv::MaskedFile;
+
+/// The start of every masked turn's file name (and of its temp file after a dot).
+pub(crate) const FILE_PREFIX: &str = "masked-";
 
 /// A write the writer thread finished: its ticket and the file (or why it failed).
 pub(crate) struct Written {
@@ -44,6 +48,8 @@ pub(crate) struct MaskedStore {
     vocab: usize,
     tx: Option<Sender<Job>>,
     done: Receiver<Written>,
+    /// Names of this store's files deleted since the last `take_gone`.
+    gone: Receiver<String>,
     writer: Option<JoinHandle<()>>,
     next: u64,
     /// Writes queued and not yet taken by `try_results`.
@@ -58,19 +64,21 @@ impl MaskedStore {
         std::fs::create_dir_all(&dir)?;
         for e in std::fs::read_dir(&dir)?.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if name.starts_with("masked-") || name.starts_with(".masked-") {
+            if name.starts_with(FILE_PREFIX) || name.strip_prefix('.').is_some_and(|n| n.starts_with(FILE_PREFIX)) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
         let (tx, rx) = channel::<Job>();
         let (done_tx, done) = channel();
+        let (gone_tx, gone) = channel();
         let writer = std::thread::Builder::new().name("engram-masked-writer".into()).spawn(move || {
             for job in rx {
                 match job {
                     Job::Write { ticket, path, meta, kv } => {
                         let owner = meta.owner.clone();
+                        let gone = Some(gone_tx.clone());
                         let result =
-                            write_entry(&path, &meta, &kv).map(|bytes| MaskedFile { path, bytes, owner }).map_err(|e| e.to_string());
+                            write_entry(&path, &meta, &kv).map(|bytes| MaskedFile { path, bytes, owner, gone }).map_err(|e| e.to_string());
                         // Its blocks go back to the pool before the policy hears of the file.
                         drop(kv);
                         if done_tx.send(Written { ticket, result }).is_err() {
@@ -90,10 +98,16 @@ impl MaskedStore {
             vocab,
             tx: Some(tx),
             done,
+            gone,
             writer: Some(writer),
             next: 0,
             in_flight: 0,
         })
+    }
+
+    /// The directory the files are in.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// A ticket for the next write (unique in this store).
@@ -106,7 +120,7 @@ impl MaskedStore {
     /// under `ticket` ([`MaskedStore::next_ticket`]). The engine thread only hands over the fork.
     pub(crate) fn queue(&mut self, ticket: u64, owner: &str, thread: &str, tokens: Vec<u32>, kv: SeqKv) {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let path = self.dir.join(format!("masked-{ticket}-{nanos:x}.safetensors"));
+        let path = self.dir.join(format!("{FILE_PREFIX}{ticket}-{nanos:x}.safetensors"));
         let meta = EntryMeta {
             fingerprint: self.fingerprint.clone(),
             kind: EntryKind::Session,
@@ -128,6 +142,11 @@ impl MaskedStore {
         let out: Vec<Written> = self.done.try_iter().collect();
         self.in_flight = self.in_flight.saturating_sub(out.len());
         out
+    }
+
+    /// Names of the files deleted since the last call (their turns restored, evicted or dropped).
+    pub(crate) fn take_gone(&self) -> Vec<String> {
+        self.gone.try_iter().collect()
     }
 
     /// Waits until every write queued so far is finished (its result then in `try_results`).

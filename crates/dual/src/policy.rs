@@ -25,7 +25,10 @@
 //!
 //! Files (with [`DualStream::with_dir`]): `policy/files.rs` — streams written by a background
 //! writer and mapped back, rings saved as turns retire and restored with their checksums settled
-//! by [`ContextPolicy::verify_restore`]; `policy/budget.rs` — the files under the disk budget.
+//! by [`ContextPolicy::verify_restore`]; `policy/budget.rs` — the files (masked turns' too) under
+//! the disk budget; `policy/masked.rs` — masked turns' KV on disk; `policy/pressure.rs` —
+//! [`ContextPolicy::make_room`]: masked-out turns of idle threads leave RAM before a request is
+//! refused.
 //!
 //! Invariant: a thread's RAM is its ring (at most `capacity` tokens plus the newest turn and
 //! pinned ones) plus a share of its user's anchors, however long the conversation; a request
@@ -53,6 +56,7 @@ mod budget;
 mod control;
 mod files;
 mod masked;
+mod pressure;
 mod state;
 mod stream_job;
 mod summary;
@@ -123,6 +127,13 @@ pub struct DualStats {
     pub masked_bytes_restored: u64,
     pub masked_restore_us: u64,
     pub masked_restore_failures: u64,
+    /// Masked turns dropped from their ring because their file was deleted to keep the files
+    /// within the disk budget (least recently used, as rings and streams are).
+    pub masked_turns_evicted_for_disk: u64,
+    /// Masked turns of idle threads written to disk to make room in RAM (`make_room`), and
+    /// the bytes of KV they held in RAM.
+    pub turns_offloaded_for_ram: u64,
+    pub ram_bytes_offloaded: u64,
 }
 
 /// A fact of a user's persistent stream: its id in the user's log, its text (what a
@@ -206,6 +217,11 @@ struct Thread {
     /// The state entry being prefilled by the engine (its job's tag): only the newest one's
     /// result is kept (`policy/state.rs`).
     state_job: Option<u64>,
+    /// The turns the last admission's mask left out (what RAM pressure may write to disk).
+    last_masked: Vec<u64>,
+    /// When the thread was last admitted (the policy's clock): pressure offloads the least
+    /// recently admitted threads first.
+    admitted: u64,
 }
 
 /// The dual-stream policy. See the module doc.
@@ -260,6 +276,8 @@ pub struct DualStream {
     next_job: u64,
     /// Masked turns' files (`policy/masked.rs`); `None`: masked turns stay in RAM.
     masked: Option<masked::MaskedTurns>,
+    /// Counts admissions (threads' `admitted`).
+    clock: u64,
 }
 
 impl DualStream {
@@ -296,6 +314,7 @@ impl DualStream {
             streams_changed: HashSet::new(),
             next_job: 0,
             masked: None,
+            clock: 0,
         }
     }
 
@@ -428,7 +447,17 @@ impl DualStream {
                     }));
                     (self.next_restore, n)
                 });
-                self.threads.insert(key.clone(), Thread { ring, generation, state, pending, state_while_pending: None, state_job: None });
+                let thread = Thread {
+                    ring,
+                    generation,
+                    state,
+                    pending,
+                    state_while_pending: None,
+                    state_job: None,
+                    last_masked: Vec::new(),
+                    admitted: 0,
+                };
+                self.threads.insert(key.clone(), thread);
             }
             Some(t) if t.generation != generation => {
                 t.ring.rebase(base, masked).map_err(|e| format!("moving the thread onto the new persistent stream: {e}"))?;
@@ -477,8 +506,14 @@ impl ContextPolicy for DualStream {
         self.offload_masked(owner, &thread, &view.masked);
         self.touch_ring(owner, &thread);
         let key = (owner.to_string(), thread.clone());
+        self.clock += 1;
+        if let Some(t) = self.threads.get_mut(&key) {
+            (t.last_masked, t.admitted) = (view.masked.clone(), self.clock);
+        }
         let tokens: Vec<u32> = self.carry.remove(&key).into_iter().chain(prompt.iter().copied()).collect();
         self.running.insert(key, query);
+        // Masked turns' files written meanwhile are charged; this thread's are kept while it runs.
+        self.enforce_disk_budget();
         Ok(Checkout {
             session_id: thread,
             kind: if view.spans.is_empty() { MatchKind::Miss } else { MatchKind::Prefix },
@@ -503,16 +538,21 @@ impl ContextPolicy for DualStream {
 
     fn pin_owner(&mut self, _owner: &OwnerKey) {}
 
-    /// Rings are bounded by their capacity; nothing idle to offload yet.
+    /// Masked-out turns of idle threads leave RAM for disk first (with a masked turns'
+    /// directory; `policy/pressure.rs`); rings are otherwise bounded by their capacity.
     fn make_room(&mut self, bytes: usize) -> bool {
-        self.pool.budget().saturating_sub(self.pool.used()) >= bytes
+        let fits = self.free_ram(bytes, None);
+        self.enforce_disk_budget();
+        fits
     }
 
     /// A thread's ring restored from disk at admission: its turn files' checksums, computed
     /// beside the turn's prefill. False (damaged): the thread starts empty and the scheduler
     /// admits the job again on it (see `policy/files.rs`).
     fn verify_restore(&mut self, restore: PendingRestore) -> bool {
-        self.settle_ring(restore)
+        let sound = self.settle_ring(restore);
+        self.enforce_disk_budget();
+        sound
     }
 
     fn retire(&mut self, r: Retired) {
@@ -542,6 +582,8 @@ impl ContextPolicy for DualStream {
             Err(e) => tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, owner),
         }
         self.save_ring(&owner, &r.session_id);
+        // Files of masked turns evicted with their turns are no longer charged.
+        self.enforce_disk_budget();
     }
 
     fn forget_owner(&mut self, owner: &OwnerKey) {
@@ -566,6 +608,7 @@ impl ContextPolicy for DualStream {
         self.stream_jobs.retain(|_, j| j.user != owner);
         self.deferred_states.remove(owner);
         self.streams_changed.remove(owner);
+        self.enforce_disk_budget();
     }
 
     fn stats(&self) -> PolicyStats {
@@ -589,6 +632,7 @@ impl ContextPolicy for DualStream {
     fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
         self.adopt_written();
         self.adopt_masked();
+        self.enforce_disk_budget();
         self.idle_summaries(interrupt)
     }
 
@@ -605,9 +649,12 @@ impl ContextPolicy for DualStream {
     }
 
     fn background_done(&mut self, done: engram_policy::BackgroundDone) {
-        let Err(done) = self.stream_done(done) else { return };
-        if let Err(done) = self.summary_done(done) {
-            self.state_done(done);
+        if let Err(done) = self.stream_done(done) {
+            if let Err(done) = self.summary_done(done) {
+                self.state_done(done);
+            }
         }
+        // A state entry put in the ring may have evicted masked turns (their files gone).
+        self.enforce_disk_budget();
     }
 }

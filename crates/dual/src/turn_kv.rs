@@ -17,13 +17,15 @@
 //! (`crates/dual/tests/it/masked_disk.rs`, `crates/dual/tests/dual_fuzz.rs`).
 
 use std::path::PathBuf;
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use engram_kv::{KvError, SeqKv};
 use engram_model::rope::LayerRopes;
 
 /// A turn's file on disk; deleted when the last handle goes (the turn restored, evicted or
-/// forgotten), so no file outlives the turn that owns it in this process.
+/// forgotten), so no file outlives the turn that owns it in this process. Its name is then sent
+/// on `gone`, so the disk budget stops charging it wherever the handle was dropped.
 #[derive(Debug)]
 pub(crate) struct MaskedFile {
     pub(crate) path: PathBuf,
@@ -31,11 +33,24 @@ pub(crate) struct MaskedFile {
     pub(crate) bytes: u64,
     /// The owner its entry names (`owner/thread`), checked when it is read back.
     pub(crate) owner: String,
+    /// Where its file name goes once the file is deleted (`MaskedStore::take_gone`).
+    pub(crate) gone: Option<Sender<String>>,
+}
+
+impl MaskedFile {
+    /// The file's name in its directory (its disk ledger's key).
+    pub(crate) fn name(&self) -> String {
+        self.path.file_name().map_or_else(String::new, |n| n.to_string_lossy().to_string())
+    }
 }
 
 impl Drop for MaskedFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+        if let Some(gone) = &self.gone {
+            // The store may be gone first (the policy dropped): nothing left to uncharge.
+            let _ = gone.send(self.name());
+        }
     }
 }
 

@@ -57,7 +57,9 @@ impl ContextMode {
 /// Where a dual-stream turn masked out of attention keeps its KV.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MaskedTurns {
-    /// In RAM, as every kept turn (the default).
+    /// In RAM, as every kept turn (the default) — until RAM runs short: with masks and a disk
+    /// tier, the masked-out turns of idle threads are then written to `<dir>/dual/masked` before
+    /// a request is refused or queued (read back, exactly, when wanted again).
     #[default]
     Ram,
     /// In a checksummed file under the disk tier's directory (`<dir>/dual/masked`), its RAM
@@ -160,11 +162,17 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
                 if let Err(e) = policy.set_dir(d.dir.join("dual")) {
                     tracing::warn!("dual-stream contexts are not persisted: {e}");
                 }
-                if config.masked_turns == MaskedTurns::Disk && masks_by.is_some() {
-                    match policy.set_masked_turns(d.dir.join("dual").join("masked")) {
+                let masked_dir = d.dir.join("dual").join("masked");
+                match (config.masked_turns, masks_by.is_some()) {
+                    (MaskedTurns::Disk, true) => match policy.set_masked_turns(masked_dir) {
                         Ok(()) => tracing::info!("dual-stream turns masked out of attention keep their KV on disk"),
                         Err(e) => tracing::warn!("dual-stream masked turns stay in RAM: {e}"),
-                    }
+                    },
+                    (MaskedTurns::Ram, true) => match policy.set_masked_turns_under_pressure(masked_dir) {
+                        Ok(()) => tracing::info!("dual-stream masked turns of idle threads go to disk when RAM runs short"),
+                        Err(e) => tracing::warn!("dual-stream masked turns stay in RAM even when it runs short: {e}"),
+                    },
+                    (_, false) => {}
                 }
                 // Its files count against the disk budget and each tenant's share.
                 policy.set_disk_budget(d.budget_bytes, d.tenant_share_bytes);

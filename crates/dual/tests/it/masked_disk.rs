@@ -18,11 +18,11 @@ use engram_model::Model;
 
 /// Topic words: a text's embedding counts its words of each topic (a turn is relevant to a
 /// message of the same topic and to nothing else).
-const TOPICS: [&[&str]; 3] = [&["apple", "pear", "fig"], &["red", "blue", "green"], &["cat", "dog", "bird"]];
+pub(crate) const TOPICS: [&[&str]; 3] = [&["apple", "pear", "fig"], &["red", "blue", "green"], &["cat", "dog", "bird"]];
 
 /// An encoder by topic words (see [`TOPICS`]), deterministic.
 #[derive(Debug)]
-struct Topics;
+pub(crate) struct Topics;
 
 impl TextEncoder for Topics {
     fn id(&self) -> &str {
@@ -56,7 +56,7 @@ impl TextEncoder for Topics {
 }
 
 /// The conversation: topic `i % 3` with a twist, coming back every third turn or so.
-fn message(i: usize) -> String {
+pub(crate) fn message(i: usize) -> String {
     let topic = [0, 1, 0, 2, 1, 2, 0, 0, 1, 2][i % 10];
     let w = TOPICS[topic];
     format!(" the {} and the {} with {} number {i}", w[i % 3], w[(i + 1) % 3], w[(i + 2) % 3])

@@ -59,6 +59,10 @@ fn run(masked: MaskedTurns) -> (Vec<String>, f64, f64, usize) {
     let addr = start(64 << 20, config);
     let mut answers = Vec::new();
     for t in TURNS {
+        // The masked turns' writes of the last turn land first (a write still in flight when
+        // the next mask keeps its turn again is dropped, and on a loaded machine a write's
+        // fsync can outlast a whole turn of the tiny model: then nothing would reach disk).
+        std::thread::sleep(std::time::Duration::from_millis(150));
         let messages = json!([{"role": "system", "content": "You answer in one line."}, {"role": "user", "content": t}]);
         let r = chat(addr, &messages, json!({"user": "ann", "thread_id": "t", "max_tokens": 4}));
         answers.push(content(&r));
