@@ -10,9 +10,11 @@
 //! `engram_dual::FactStore` in `<data dir>/kv/facts`, under the owner a server without API
 //! keys gives the same `--user`, so they survive a restart and a local server sees them.
 //!
-//! With `--long-context-after TOKENS` the turns run through the engine and the policy stack
-//! (`chat_engine.rs`): a thread whose history passes the threshold goes sparse (DynaKV over KV
-//! offloaded to `<data dir>/long`) and keeps its sparse cache between turns.
+//! The turns run through the engine and the policy stack (`engine_run.rs`), each thread a
+//! named session of the chat's user: a turn reuses the thread's cached KV exactly (its stats
+//! line says how many prompt tokens came from the cache). With `--long-context-after TOKENS` a
+//! thread whose history passes the threshold goes sparse (DynaKV over KV offloaded to
+//! `<data dir>/long`) and keeps its sparse cache between turns.
 //!
 //! Invariant: a thread's prompt is the system prompt, then the live facts in order, then that
 //! thread's turns — whatever other threads hold.
@@ -22,7 +24,7 @@ use std::io::BufRead;
 
 use anyhow::Result;
 use engram_dual::{FactLimits, FactStore};
-use engram_engine::Generator;
+use engram_engine::{Job, OwnerKey};
 use engram_tokenizer::ChatMessage;
 
 use crate::common::{kv_pool, load_model, stdout_sink, ModelArgs, SamplingArgs};
@@ -65,11 +67,9 @@ pub fn run(a: Args) -> Result<()> {
     let owner = format!("default\u{1f}user:{}", a.user);
     let system: Vec<ChatMessage> =
         Some(&a.system).filter(|s| !s.is_empty()).map(|s| ChatMessage::new("system", s.clone())).into_iter().collect();
-    let engine = a
-        .long_context
-        .config(&crate::common::data_dir(&a.model.data_dir))?
-        .map(|long| crate::chat_engine::EngineChat::start(model.clone(), pool.clone(), long));
-    let mut threads: HashMap<String, (Vec<ChatMessage>, Generator<'_>)> = HashMap::new();
+    let long = a.long_context.config(&crate::common::data_dir(&a.model.data_dir))?;
+    let engine = crate::engine_run::CliEngine::start(model.clone(), pool, long);
+    let mut threads: HashMap<String, Vec<ChatMessage>> = HashMap::new();
     let mut current = "default".to_string();
     let params = a.sampling.params();
     eprintln!("type a message and press enter; an empty line or Ctrl-D ends the chat; {HELP}");
@@ -87,7 +87,7 @@ pub fn run(a: Args) -> Result<()> {
             }
             continue;
         }
-        let (history, gen) = threads.entry(current.clone()).or_insert_with(|| (Vec::new(), Generator::new(&model, &pool)));
+        let history = threads.entry(current.clone()).or_default();
         history.push(ChatMessage::new("user", line));
         let mut messages = system.clone();
         for f in facts.live(&owner) {
@@ -96,28 +96,14 @@ pub fn run(a: Args) -> Result<()> {
         messages.extend(history.iter().cloned());
         let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
         let ids = tok.encode(&text, false)?.ids;
-        if let Some(engine) = &engine {
-            let r = engine.turn(&engram_engine::OwnerKey::from(owner.as_str()), &current, &text, ids, &params, &mut stdout_sink)?;
-            println!();
-            eprintln!(
-                "[ttft {:.0} ms, {} of {} prompt tokens from cache, {} tokens at {:.1} tok/s]",
-                r.ttft_ms, r.cached_tokens, r.prompt_tokens, r.generated, r.decode_tok_s
-            );
-            history.push(ChatMessage::new("assistant", r.text));
-            continue;
-        }
-        let out = gen.generate(&ids, &params, &mut stdout_sink)?;
+        let job = Job { session: Some(current.clone()), text: Some(text), ..Job::from_tokens(OwnerKey::from(owner.as_str()), ids, params.clone()) };
+        let r = engine.run(job, &mut stdout_sink)?;
         println!();
-        let t = &out.timings;
         eprintln!(
             "[ttft {:.0} ms, {} of {} prompt tokens from cache, {} tokens at {:.1} tok/s]",
-            t.ttft_ms,
-            t.cached_tokens,
-            t.prompt_tokens,
-            t.decode_tokens,
-            t.decode_tok_s()
+            r.ttft_ms, r.cached_tokens, r.prompt_tokens, r.generated, r.decode_tok_s
         );
-        history.push(ChatMessage::new("assistant", out.text));
+        history.push(ChatMessage::new("assistant", r.text));
     }
     Ok(())
 }

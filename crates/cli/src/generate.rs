@@ -1,8 +1,10 @@
 //! `engram generate`: one prompt in, the generated text out on stdout
-//! (streamed), statistics on stderr.
+//! (streamed), statistics on stderr. The exact path is one job on the CLI's engine
+//! (`engine_run.rs`: the engine's own step, as `engram serve` runs it); `--sparse` runs the
+//! sparse methods' own path (`generate_sparse.rs`).
 
 use anyhow::Result;
-use engram_engine::Generator;
+use engram_engine::{Job, OwnerKey};
 use engram_tokenizer::ChatMessage;
 
 use crate::common::{kv_pool, load_model, stdout_sink, ModelArgs, SamplingArgs};
@@ -52,17 +54,20 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let model = load_model(&a.model)?;
+    let model = std::sync::Arc::new(load_model(&a.model)?);
     let pool = kv_pool(&model, &a.model)?;
     let tok = &model.tokenizer;
-    let ids = if a.chat {
+    // The prompt's text as the engine matches it, whether special tokens are added cold, and
+    // its tokens.
+    let (text, add_special) = if a.chat {
         let tpl = tok.chat_template().ok_or_else(|| anyhow::anyhow!("the model has no chat template; drop --chat"))?;
         let text =
             tpl.render(&[ChatMessage::new("user", a.prompt.clone())], true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
-        tok.encode(&text, false)?.ids
+        (text, false)
     } else {
-        tok.encode(&a.prompt, true)?.ids
+        (a.prompt.clone(), true)
     };
+    let ids = tok.encode(&text, add_special)?.ids;
     if let Some(method) = &a.sparse {
         let cfg = crate::generate_sparse::config(method, a.sparse_budget.unwrap_or(2048), ids.len())?;
         let backend = engram_sparse::Backend::parse(&a.sparse_reader).map_err(|e| anyhow::anyhow!("--sparse-reader: {e}"))?;
@@ -78,18 +83,18 @@ pub fn run(a: Args) -> Result<()> {
     anyhow::ensure!(a.sparse_state.is_none(), "--sparse-state needs --sparse METHOD");
     anyhow::ensure!(a.sparse_budget.is_none(), "--sparse-budget needs --sparse METHOD");
     anyhow::ensure!(a.sparse_offload.is_none(), "--sparse-offload needs --sparse METHOD");
-    let mut gen = Generator::new(&model, &pool);
-    let out = gen.generate(&ids, &a.sampling.params(), &mut stdout_sink)?;
+    let engine = crate::engine_run::CliEngine::start(model.clone(), pool, None);
+    let job = Job { text: Some(text), add_special, ..Job::from_tokens(OwnerKey::from("default"), ids, a.sampling.params()) };
+    let r = engine.run(job, &mut stdout_sink)?;
     println!();
-    let t = &out.timings;
     eprintln!(
         "prompt {} tokens, prefill {:.1} tok/s, ttft {:.0} ms; generated {} tokens, decode {:.1} tok/s; finish: {}",
-        t.prompt_tokens,
-        t.prefill_tok_s(),
-        t.ttft_ms,
-        t.decode_tokens,
-        t.decode_tok_s(),
-        out.finish.as_str()
+        r.prompt_tokens,
+        r.prefill_tok_s(),
+        r.ttft_ms,
+        r.generated,
+        r.decode_tok_s,
+        r.finish.as_str()
     );
     Ok(())
 }

@@ -5,8 +5,8 @@
 mod api_keys;
 mod cache_cmd;
 mod chat;
-mod chat_engine;
 mod convert_cmd;
+mod engine_run;
 mod fixture_cmd;
 mod generate;
 mod generate_sparse;

@@ -45,6 +45,7 @@ pub mod chunk_store;
 mod entry_files;
 mod envelope;
 mod error;
+mod front;
 pub mod idle;
 mod idle_tenants;
 pub mod kv_tree;

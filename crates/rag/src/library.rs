@@ -20,12 +20,13 @@ use engram_kv::KvPool;
 use engram_model::Model;
 
 use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
-use crate::error::{RagError, Result};
+use crate::error::Result;
+use crate::front::{front_half, Front, QaLookup};
 use crate::idle::preempt::EngineWork;
 use crate::idle::{PerCache, UnitReport};
 use crate::kv_tree::KvTree;
 use crate::parse::DocKind;
-use crate::pipeline::{build_prompt, documents_of, refresh_qa, Answer, AnswerTimings, CacheLevel, Prompt, RagConfig};
+use crate::pipeline::{documents_of, refresh_qa, Answer, AnswerTimings, CacheLevel, Prompt, RagConfig};
 use crate::qa::QaBank;
 use crate::stores::Stores;
 
@@ -123,38 +124,27 @@ impl Library {
     /// Bad input (empty query, threshold outside (0, 1], a question over the context) is an
     /// error and stores nothing.
     pub fn plan(&mut self, question: &str, threshold: f32, max_tokens: usize, use_qa: bool) -> Result<Plan> {
-        if question.trim().is_empty() {
-            return Err(RagError::bad_input("query", "empty"));
-        }
-        if !(threshold > 0.0 && threshold <= 1.0) {
-            return Err(RagError::bad_input("qa_threshold", format!("{threshold} is not in (0, 1]")));
-        }
         let mut config = self.config.clone();
         config.params.max_tokens = max_tokens;
-        // A question over the context is refused before the encoder runs on it.
-        build_prompt(&self.model, &config, &self.bank, question, &[])?;
-        let t0 = Instant::now();
-        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-        let qv = self.bank.embed(question)?;
-        let mut timings = AnswerTimings { embed_ms: ms(t0), ..Default::default() };
-        if use_qa {
-            if let Some(hit) = self.qa.lookup(&qv, threshold) {
-                timings.ttft_ms = ms(t0);
-                timings.total_ms = timings.ttft_ms;
-                let answer = Answer::from_qa_hit(hit, timings);
+        let lookup = QaLookup { use_qa, threshold, field: "qa_threshold" };
+        let (front, t0) = front_half(&self.model, &config, &self.bank, &mut self.qa, question, &lookup)?;
+        match front {
+            Front::Hit { answer, qv } => {
                 if let Some(idle) = &mut self.idle {
                     idle.after_query_embedded(question, &qv, &answer);
                 }
-                return Ok(Plan::Hit(answer));
+                Ok(Plan::Hit(answer))
             }
+            Front::Miss { prompt, qv, timings } => Ok(Plan::Generate(Pending {
+                question: question.to_string(),
+                prompt,
+                timings,
+                qv,
+                generation: self.bank.generation(),
+                use_qa,
+                t0,
+            })),
         }
-        let t1 = Instant::now();
-        let retrieved = self.bank.search(question, &qv, self.config.top_k)?;
-        let ids: Vec<ChunkId> = retrieved.into_iter().map(|r| r.chunk).collect();
-        let prompt = build_prompt(&self.model, &config, &self.bank, question, &ids)?;
-        timings.retrieve_ms = ms(t1);
-        timings.prompt_tokens = prompt.tokens.len();
-        Ok(Plan::Generate(Pending { question: question.to_string(), prompt, timings, qv, generation: self.bank.generation(), use_qa, t0 }))
     }
 
     /// The answer `text` generated for `p` (its first token `ttft_ms` after the query

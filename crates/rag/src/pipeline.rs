@@ -21,6 +21,7 @@ use engram_model::Model;
 use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
 use crate::chunk_store::{BlendFailure, ChunkStore};
 use crate::error::{RagError, Result};
+use crate::front::{front_half, Front, QaLookup};
 use crate::kv_tree::{KvTree, SegKey};
 use crate::parse::DocKind;
 use crate::qa::{QaBank, DEFAULT_THRESHOLD};
@@ -260,10 +261,10 @@ impl Rag {
     }
 
     fn generate_and_store(&mut self, q: &str) -> Result<()> {
-        let qv = self.bank.embed(q)?;
-        let retrieved = self.bank.search(q, &qv, self.config.top_k)?;
-        let ids: Vec<ChunkId> = retrieved.into_iter().map(|r| r.chunk).collect();
-        let prompt = self.build_prompt(q, &ids)?;
+        let lookup = QaLookup { use_qa: false, threshold: DEFAULT_THRESHOLD, field: "threshold" };
+        let (Front::Miss { prompt, qv, .. }, _) = front_half(&self.model, &self.config, &self.bank, &mut self.qa, q, &lookup)? else {
+            unreachable!("the front half hits only when it looks up the QA bank");
+        };
         let (start, reused) = self.tree_start(&prompt);
         let g = self.generate(Request { prompt: prompt.tokens.clone(), start, reused, params: self.config.params.clone() })?;
         self.tree.insert(&prompt.path, &prompt.ends, &g.tokens, &g.kv);
@@ -307,28 +308,13 @@ impl Rag {
     }
     /// Answers `question`. See the module doc.
     pub fn query(&mut self, question: &str, opts: &QueryOptions) -> Result<Answer> {
-        if question.trim().is_empty() {
-            return Err(RagError::bad_input("query", "empty"));
-        }
-        if !(opts.threshold > 0.0 && opts.threshold <= 1.0) {
-            return Err(RagError::bad_input("threshold", format!("{} is not in (0, 1]", opts.threshold)));
-        }
-        let t0 = Instant::now();
+        let lookup = QaLookup { use_qa: opts.use_qa, threshold: opts.threshold, field: "threshold" };
+        let (front, t0) = front_half(&self.model, &self.config, &self.bank, &mut self.qa, question, &lookup)?;
+        let (prompt, qv, mut timings) = match front {
+            Front::Hit { answer, .. } => return Ok(answer),
+            Front::Miss { prompt, qv, timings } => (prompt, qv, timings),
+        };
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-        let qv = self.bank.embed(question)?;
-        let mut timings = AnswerTimings { embed_ms: ms(t0), ..Default::default() };
-        if opts.use_qa {
-            if let Some(hit) = self.qa.lookup(&qv, opts.threshold) {
-                timings.ttft_ms = ms(t0);
-                timings.total_ms = timings.ttft_ms;
-                return Ok(Answer::from_qa_hit(hit, timings));
-            }
-        }
-        let t1 = Instant::now();
-        let retrieved = self.bank.search(question, &qv, self.config.top_k)?;
-        let chunk_ids: Vec<ChunkId> = retrieved.iter().map(|r| r.chunk.clone()).collect();
-        let prompt = self.build_prompt(question, &chunk_ids)?;
-        timings.retrieve_ms = ms(t1);
         if let (true, ChunkReuse::Blend { ratio }) = (opts.use_kv, self.config.chunk_reuse) {
             return self.answer_blended(question, qv, prompt, ratio, opts, t0, timings);
         }

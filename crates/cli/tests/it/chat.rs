@@ -1,7 +1,9 @@
 //! `engram chat`'s dual-stream commands through the binary (the committed pycode-7m): `/fact`
 //! adds a fact every thread attends, `/facts` lists them with tombstones, `/forget` tombstones
 //! one, `/thread NAME` switches threads (a new thread with the same facts answers as the first
-//! did), bad commands are clear errors and the chat goes on; facts survive a restart.
+//! did), bad commands are clear errors and the chat goes on; facts survive a restart. A
+//! second turn reuses the first turn's cache (the stats line says so) and answers exactly as
+//! a cold run of the same rendered conversation.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -60,4 +62,48 @@ fn facts_and_threads_in_the_chat() {
     assert!(out.contains("   2  [tombstoned] The user prefers tabs."), "{out}");
     let (_, err) = chat(dir.path(), "/forget 2\n\n");
     assert!(err.contains("already tombstoned"), "{err}");
+}
+
+/// The `(cached, prompt)` token counts of every turn's stats line on stderr.
+fn cache_counts(err: &str) -> Vec<(usize, usize)> {
+    err.lines()
+        .filter_map(|l| {
+            let rest = l.split_once(" ms, ")?.1;
+            let (cached, rest) = rest.split_once(" of ")?;
+            let prompt = rest.split_once(" prompt tokens from cache")?.0;
+            Some((cached.parse().ok()?, prompt.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_second_turn_reuses_the_first_turns_cache_and_equals_a_cold_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, _) = chat(dir.path(), "def add(a, b):\n\n");
+    let (both, err) = chat(dir.path(), "def add(a, b):\nclass Stack:\n\n");
+    let answer1 = first.strip_suffix('\n').expect("an answer ends with a newline");
+    let answer2 = both.strip_prefix(first.as_str()).unwrap_or_else(|| panic!("turn 1 answers as before: {first:?} vs {both:?}"));
+    let answer2 = answer2.strip_suffix('\n').expect("an answer ends with a newline");
+    let counts = cache_counts(&err);
+    assert_eq!(counts.len(), 2, "{err}");
+    assert_eq!(counts[0].0, 0, "the first turn starts cold: {err}");
+    assert!(counts[1].0 >= counts[0].1, "turn 2 takes at least turn 1's prompt from the cache: {err}");
+    assert!(counts[1].0 < counts[1].1, "{err}");
+
+    // Cold: the same conversation rendered and generated from an empty cache.
+    let model = engram_model::Model::load(std::path::Path::new(&model())).unwrap();
+    let tok = &model.tokenizer;
+    let messages = [
+        engram_tokenizer::ChatMessage::new("system", "You write Python."),
+        engram_tokenizer::ChatMessage::new("user", "def add(a, b):"),
+        engram_tokenizer::ChatMessage::new("assistant", answer1),
+        engram_tokenizer::ChatMessage::new("user", "class Stack:"),
+    ];
+    let text = tok.chat_template().unwrap().render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or("")).unwrap();
+    let ids = tok.encode(&text, false).unwrap().ids;
+    assert_eq!(ids.len(), counts[1].1, "the chat's turn 2 prompt is this rendering");
+    let pool = engram_kv::KvPool::new(engram_kv::KvLayout::of(&model.config), engram_kv::KvFormat::F16, 64 << 20);
+    let params = engram_engine::SamplingParams { max_tokens: 8, ..Default::default() };
+    let cold = engram_engine::Generator::new(&model, &pool).generate(&ids, &params, &mut |_| true).unwrap();
+    assert_eq!(answer2, cold.text, "turn 2 on the reused cache vs a cold run");
 }

@@ -29,13 +29,14 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::time::Instant;
 
-use engram_engine::Generator;
+use engram_engine::SamplingParams;
 use engram_kv::{KvFormat, KvPool, SeqKv};
 use engram_model::{Fingerprint, Model};
 
 use crate::error::Result;
 use crate::kv_tree::SegKey;
 use crate::pipeline::{BlendStats, Prompt};
+use crate::run::{self, Request};
 
 /// A system prompt's KV and tokens.
 struct Sys {
@@ -165,9 +166,7 @@ impl ChunkStore {
             Some(e) => e.kv.fork(sys_end),
             None => {
                 tokens_computed += sys_end;
-                let mut g = Generator::new(model, pool);
-                g.feed(sys_tokens, false)?;
-                let (kv, _) = g.into_parts();
+                let kv = prefill(model, pool, sys_tokens.to_vec(), None)?;
                 if own {
                     self.sys.insert(sys_key.clone(), Sys { kv: kv.fork(sys_end), tokens: sys_tokens.to_vec() });
                 }
@@ -192,9 +191,7 @@ impl ChunkStore {
             if hit {
                 out.chunks_reused += 1;
             } else {
-                let mut g = Generator::from_parts(model, sys_kv.fork(sys_end), sys_tokens.to_vec());
-                g.feed(chunk_tokens, false)?;
-                let (kv, _) = g.into_parts();
+                let kv = prefill(model, pool, [sys_tokens, chunk_tokens].concat(), Some(sys_kv.fork(sys_end)))?;
                 self.entries.insert(key.clone(), Entry { kv, tokens: chunk_tokens.to_vec(), sys_len: sys_end, last_used: self.clock });
                 out.chunks_computed += 1;
                 out.tokens_computed += chunk_tokens.len();
@@ -260,4 +257,14 @@ impl ChunkStore {
     pub fn stats(&self) -> ChunkStoreStats {
         ChunkStoreStats { entries: self.entries.len(), bytes: self.bytes(), cap_bytes: self.cap_bytes, evicted: self.evicted }
     }
+}
+
+/// The KV of `tokens`, prefilled through the engine's step on this thread (`run::alone`, no
+/// token sampled) after `start`, which holds the system prompt's KV when given (its length the
+/// tokens it holds).
+fn prefill(model: &Model, pool: &KvPool, tokens: Vec<u32>, start: Option<SeqKv>) -> Result<SeqKv> {
+    let reused = start.as_ref().map_or(0, |kv| kv.len());
+    let req = Request { prompt: tokens, start, reused, params: SamplingParams { max_tokens: 0, ..SamplingParams::default() } };
+    let ran = run::alone(model, pool, req, engram_engine::DEFAULT_PREFILL_CHUNK, &mut || false)?.expect("never stopped");
+    Ok(ran.kv)
 }

@@ -52,8 +52,7 @@ pub struct Work {
 /// Embeds, retrieves and builds the prompt of `query`.
 pub fn plan(rag: &Stores<'_>, query: &str) -> Result<Plan> {
     let vector = rag.bank.embed(query)?;
-    let ids: Vec<_> = rag.bank.search(query, &vector, rag.config.top_k)?.into_iter().map(|r| r.chunk).collect();
-    let prompt = rag.build_prompt(query, &ids)?;
+    let prompt = crate::front::retrieve_prompt(rag.model, rag.config, rag.bank, query, &vector)?;
     let cached_tokens = rag.tree.cached_tokens(&prompt.path);
     Ok(Plan { query: query.to_string(), vector, prompt, cached_tokens })
 }
