@@ -54,7 +54,7 @@ pub use persist::{
     EntryInfo, EntryKind, EntryMeta, PersistError, UncheckedEntry,
 };
 pub use pool::{KvLayout, KvPool};
-pub use seq::{SeqKv, RESUME_SLACK};
+pub use seq::{SeqKv, MAX_RESUME_POINTS, RESUME_SLACK};
 pub use seq_cache::SeqCache;
 pub use sliding::SlidingLayers;
 pub use view::{KvView, Span};

@@ -657,7 +657,8 @@ fn prepare<'a>(
             return Err(unwritable("blocks released by different sliding geometries".into()));
         }
         let sliding: Vec<bool> = (0..g.num_layers()).map(|l| g.is_sliding(l)).collect();
-        let keep: Vec<usize> = kv.resume_points().iter().filter(|&&p| p >= range.start && p <= range.end).map(|p| p - range.start).collect();
+        let keep: Vec<usize> =
+            kv.resume_points().iter().filter(|&&p| p >= range.start && p <= range.end).map(|p| p - range.start).collect();
         let v = serde_json::json!({ "window": g.window(), "sliding": sliding, "blocks": released, "keep": keep });
         put("released", v.to_string());
     }

@@ -179,6 +179,11 @@ impl KvPool {
             )));
         }
         self.try_charge(self.block_bytes())?;
-        Ok(Block { storage: Storage::Mapped { map: map.clone(), offset, copy: Default::default() }, len, pool: self.clone(), released: None })
+        Ok(Block {
+            storage: Storage::Mapped { map: map.clone(), offset, copy: Default::default() },
+            len,
+            pool: self.clone(),
+            released: None,
+        })
     }
 }

@@ -26,7 +26,7 @@ use crate::recent_window::RecentWindow;
 use crate::sliding::SlidingLayers;
 
 mod release;
-pub use release::RESUME_SLACK;
+pub use release::{MAX_RESUME_POINTS, RESUME_SLACK};
 
 /// How many blocks ahead [`SeqKv`]'s chunks point attention for prefetching
 /// ([`KvChunk::ahead`]): 8 blocks of one head's keys and values are 64 KiB (f16, head dim
@@ -579,7 +579,8 @@ impl KvCache for SeqKv {
                 break;
             }
             // A full block PREFETCH_AHEAD further on (never the window: it is small and hot).
-            let ahead = if held(bi + PREFETCH_AHEAD) == BLOCK_TOKENS { self.blocks[bi + PREFETCH_AHEAD].layer_sections(layer, sec) } else { None };
+            let ahead =
+                if held(bi + PREFETCH_AHEAD) == BLOCK_TOKENS { self.blocks[bi + PREFETCH_AHEAD].layer_sections(layer, sec) } else { None };
             let window = self.window.as_ref().filter(|t| t.block == bi && len < BLOCK_TOKENS);
             let (elem, (k, v)) = match window {
                 Some(t) => (KvElem::F16, layer_sections(&t.bytes, layer, self.pool.window_section_bytes())),

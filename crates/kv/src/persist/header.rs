@@ -195,14 +195,32 @@ pub(super) fn parse_fields(
 /// least one position, some layer sliding), the released blocks (ascending, distinct, at least
 /// one, each full: below the last block unless that one is full) and resume points (ascending,
 /// `<= num_tokens`).
-fn parse_released(v: &str, num_layers: usize, num_blocks: usize, num_tokens: usize) -> Result<(crate::SlidingLayers, Vec<usize>, Vec<usize>), String> {
+fn parse_released(
+    v: &str,
+    num_layers: usize,
+    num_blocks: usize,
+    num_tokens: usize,
+) -> Result<(crate::SlidingLayers, Vec<usize>, Vec<usize>), String> {
     let v: serde_json::Value = serde_json::from_str(v).map_err(|e| format!("released: {e}"))?;
     let bad = || format!("released is {v}, expected {{\"window\", \"sliding\", \"blocks\", \"keep\"}}");
     let obj = v.as_object().filter(|o| o.len() == 4).ok_or_else(bad)?;
     let window = obj.get("window").and_then(|w| w.as_u64()).ok_or_else(bad)? as usize;
-    let sliding: Vec<bool> = obj.get("sliding").and_then(|s| s.as_array()).ok_or_else(bad)?.iter().map(|b| b.as_bool()).collect::<Option<_>>().ok_or_else(bad)?;
+    let sliding: Vec<bool> = obj
+        .get("sliding")
+        .and_then(|s| s.as_array())
+        .ok_or_else(bad)?
+        .iter()
+        .map(|b| b.as_bool())
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
     let nums = |k: &str| -> Result<Vec<usize>, String> {
-        obj.get(k).and_then(|s| s.as_array()).ok_or_else(bad)?.iter().map(|b| b.as_u64().map(|x| x as usize)).collect::<Option<_>>().ok_or_else(bad)
+        obj.get(k)
+            .and_then(|s| s.as_array())
+            .ok_or_else(bad)?
+            .iter()
+            .map(|b| b.as_u64().map(|x| x as usize))
+            .collect::<Option<_>>()
+            .ok_or_else(bad)
     };
     let (blocks, keep) = (nums("blocks")?, nums("keep")?);
     if sliding.len() != num_layers {

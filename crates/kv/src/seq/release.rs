@@ -5,9 +5,10 @@
 //!  slots = positions: 0 ................ p-W ..... p ........................ len-W ...... len
 //!  sliding rows:      [ released      ][ kept: window of resume point p ][ released ][ kept  ]
 //! ```
-//! Invariant: only blocks this sequence holds alone (not shared with a fork, the prefix index
-//! or a save in flight) and only while slots are positions are released; a released block's
-//! charge drops to its global layers' bytes at once.
+//! Invariant: only while slots are positions is anything released. A block this sequence
+//! holds alone is replaced by its released copy, so its charge drops to its global layers'
+//! bytes at once; a shared one (a fork, the prefix index, a save in flight) is replaced in this
+//! sequence only, the others keep the whole block, and its bytes return once they let go.
 
 use std::sync::Arc;
 
@@ -16,6 +17,12 @@ use crate::error::KvError;
 use crate::sliding::SlidingLayers;
 
 use super::SeqKv;
+
+/// Resume points a sequence keeps the window before: the newest ones (the starts of the last
+/// turns: where a regenerated answer or an edited last message resumes). Each costs up to a
+/// window and two blocks of the sliding layers' rows; a request that diverges before the
+/// oldest recomputes from an earlier point whose window is whole (at worst from the start).
+pub const MAX_RESUME_POINTS: usize = 2;
 
 /// Positions kept beyond the window before a sequence's end: a next request that resumes a few
 /// tokens short of the end (a token merged across the boundary is tokenized again) still finds
@@ -38,12 +45,16 @@ impl SeqKv {
     }
 
     /// Keeps the sliding layers' rows of the `window` positions before `pos` (`<= len`), so a
-    /// later request can resume at `pos` ([`SeqKv::resumable`]): a turn's end. Forks keep the
-    /// resume points up to their length.
+    /// later request can resume at `pos` ([`SeqKv::resumable`]): a turn's end. The newest
+    /// [`MAX_RESUME_POINTS`] are kept (older ones are forgotten: their windows may be released).
+    /// Forks keep the resume points up to their length.
     pub fn keep_window_at(&mut self, pos: usize) {
         let pos = pos.min(self.len);
         if let Err(i) = self.keep.binary_search(&pos) {
             self.keep.insert(i, pos);
+        }
+        if self.keep.len() > MAX_RESUME_POINTS {
+            self.keep.drain(..self.keep.len() - MAX_RESUME_POINTS);
         }
     }
 
@@ -53,9 +64,9 @@ impl SeqKv {
     }
 
     /// Releases the sliding layers of every block no query at a position `>= len -`
-    /// [`RESUME_SLACK`] sees and no resume point needs (module doc); returns the bytes given back to the pool. Shared
-    /// blocks stay whole (others may need them); a block whose smaller copy the budget
-    /// refuses stays whole too (releasing is only ever a saving).
+    /// [`RESUME_SLACK`] sees and no resume point needs (module doc); returns the bytes this
+    /// sequence stops holding (they return to the pool at once unless others share the whole
+    /// block). A block whose smaller copy the budget refuses stays whole.
     pub fn release_outside_window(&mut self) -> usize {
         let Some(g) = self.sliding.clone() else { return 0 };
         if self.positions.is_some() {
@@ -73,7 +84,7 @@ impl SeqKv {
             let b = &self.blocks[bi];
             // A resume point `p` reads positions `p - w .. p`.
             let needed = self.keep.iter().any(|&p| start < p && end + w > p);
-            if b.released.is_some() || needed || Arc::strong_count(b) > 1 {
+            if b.released.is_some() || needed {
                 continue;
             }
             if self.pool.try_charge(small).is_err() {

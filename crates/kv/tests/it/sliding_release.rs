@@ -94,13 +94,16 @@ fn a_divergence_resumes_where_the_window_is_whole_and_equals_a_cold_run() {
     let g = SlidingLayers::of(&model.config).unwrap();
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20);
     let history = tokens(&model, 300, 2);
-    // Turns end at 100 and 200: the window before each is kept.
+    // Turns end at 40, 100 and 200: the window before the newest two is kept.
     let mut kv = SeqKv::new(&pool);
     kv.release_sliding(g.clone());
-    for (from, to) in [(0, 100), (100, 200), (200, 300)] {
+    for (from, to) in [(0, 40), (40, 100), (100, 200), (200, 300)] {
         prefill(&model, &mut kv, &history[from..to], 37);
-        kv.keep_window_at(to);
+        if to < 300 {
+            kv.keep_window_at(to);
+        }
     }
+    assert_eq!(kv.resume_points(), [100, 200]);
     kv.release_outside_window();
     // Released: blocks whose end is 16 + 32 positions before the end and that no turn's
     // window needs (84..100 is in blocks 2 and 3, 184..200 in blocks 5 and 6): blocks 0, 1, 4.
