@@ -85,6 +85,22 @@ fn six_turns_reuse_the_last_turn_and_equal_cold(shape: Shape) {
             }
         }
     }
+    // An edited last question: the request diverges inside the last turn. It resumes where the
+    // sliding layers' window is whole (the last turn's start is kept) and answers as a cold run.
+    let kept_turn_start = messages.len() - 2;
+    let mut edited = messages[..kept_turn_start].to_vec();
+    edited.push(ChatMessage::new("user", "Instead: what does a restart cost?"));
+    let text = tpl.render(&edited, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or("")).unwrap();
+    let before = tpl.render(&messages[..kept_turn_start], false, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or("")).unwrap();
+    let (kind, reused, _) = turn_on(&m, &mut store, "alice", &text, 6);
+    let turn_start = tok.encode(&before, true).unwrap().ids.len();
+    eprintln!("{} edited last question: {kind:?}, reused {reused} (the last turn starts at {turn_start})", shape.name());
+    // (A template that renders history otherwise than it rendered the live turn, Qwen3 dropping
+    // the reasoning of earlier answers, diverges earlier by text: only the sliding families'
+    // resume point is checked here.)
+    if SlidingLayers::of(&m.config).is_some() {
+        assert!(reused + 2 >= turn_start, "{}: the edit resumes at the last turn's start or later ({reused} < {turn_start})", shape.name());
+    }
     let widest = (0..m.config.num_layers).filter_map(|l| m.config.layer_attention(l).window()).max();
     assert!(widest.is_none_or(|w| last_prompt_tokens > 4 * w), "{}: the chat crosses the window several times", shape.name());
 }
