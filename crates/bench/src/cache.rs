@@ -69,6 +69,11 @@ pub struct Args {
     /// (`ttft_cold_ms` is then null): for iterating on hot and warm.
     #[arg(long)]
     skip_cold: bool,
+    /// Histories of a model with sliding layers keep those layers' window only
+    /// (`SeqKv::release_sliding`, as sessions do), not their whole history: `kv_bytes_held`
+    /// against `kv_bytes_full_history` says what that saves.
+    #[arg(long)]
+    release_sliding: bool,
     /// Internal: run the warm measurement for `--entry` and print JSON.
     #[arg(long, hide = true)]
     warm_child: bool,
@@ -141,9 +146,14 @@ pub fn run(a: Args) -> Result<()> {
         let cold_ms = if a.skip_cold { None } else { Some(ttft(&mut Generator::new(&model, &pool), &prompt)?) };
         // The history is prefilled once; every hot turn runs on a fork of it, and the
         // persisted entry the warm starts restore is written from it.
-        let mut hist_gen = Generator::new(&model, &pool);
+        let mut hist_kv = engram_kv::SeqKv::new(&pool);
+        if let Some(g) = engram_kv::SlidingLayers::of(&model.config).filter(|_| a.release_sliding) {
+            hist_kv.release_sliding(g);
+        }
+        let mut hist_gen = Generator::from_parts(&model, hist_kv, Vec::new());
         hist_gen.feed(&history, false)?;
-        let (kv, ids) = hist_gen.into_parts();
+        let (mut kv, ids) = hist_gen.into_parts();
+        kv.release_outside_window();
         let path = dir.join(format!("history-{h}-{format}.safetensors"));
         let meta = EntryMeta {
             fingerprint: fp.clone(),
@@ -224,6 +234,8 @@ pub fn run(a: Args) -> Result<()> {
             "persist_write_ms": round(x.write_ms),
             "entry_bytes": x.entry_bytes,
             "bytes_per_token": pool.bytes_per_token(),
+            "kv_bytes_held": x.kv.num_bytes(),
+            "kv_bytes_full_history": pool.bytes_for(x.len),
             "decode_tok_s_at_depth": round(decode_tok_s),
             "threads": engram_kernels::num_threads(),
             "repeats": rounds,

@@ -53,7 +53,8 @@ impl SessionStore {
     pub fn from_config(model: &Model, pool: &KvPool, config: &SessionsConfig) -> SessionStore {
         let mut sessions = SessionStore::new(pool.clone(), model.fingerprint)
             .with_max_sessions(config.max_sessions)
-            .with_shared_prefixes_across_tenants(config.share_prefixes_across_tenants);
+            .with_shared_prefixes_across_tenants(config.share_prefixes_across_tenants)
+            .with_sliding(engram_kv::SlidingLayers::of(&model.config));
         if let Some(d) = &config.disk {
             let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
             match PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {

@@ -112,6 +112,12 @@ impl PrefixIndex {
                 block: block.clone(),
                 last_used: 0,
             });
+            // A sequence released this block's sliding layers (`engram_kv::SlidingLayers`) and
+            // nothing else holds the whole one: the index keeps the smaller copy (lookups
+            // resume only where the window is whole, `SeqKv::resumable`).
+            if block.released().is_some() && e.block.released().is_none() && Arc::strong_count(&e.block) == 1 {
+                e.block = block.clone();
+            }
             e.last_used = self.clock;
             parent = *h;
         }

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use engram_kv::{KvPool, SeqKv};
+use engram_kv::{KvPool, SeqKv, SlidingLayers};
 use engram_model::Fingerprint;
 use engram_tokenizer::{Tokenizer, TokenizerError};
 
@@ -66,6 +66,9 @@ pub struct SessionStore {
     /// The remote tier a fleet shares: sessions saved there behind the disk, looked up there
     /// on a local miss.
     remote: Option<RemoteKv>,
+    /// The model's sliding layers: caches release those layers' rows outside the window
+    /// (`engram_kv::SlidingLayers`), keeping the window before each resume point.
+    sliding: Option<SlidingLayers>,
 }
 
 /// Bytes of a request's text that the local tiers must leave uncovered before the remote tier
@@ -101,7 +104,29 @@ impl SessionStore {
             share_prefixes_across_tenants: false,
             pinned_owners: HashSet::new(),
             remote: None,
+            sliding: None,
         }
+    }
+
+    /// Caches of a model with sliding layers `sliding` hold only the window of those layers
+    /// (plus the window before every turn's start, where a later request may resume), instead
+    /// of their whole history; `None` (every layer global) changes nothing. Reuse stays exact:
+    /// a request resumes only where the window before it is whole ([`SeqKv::resumable`]).
+    pub fn with_sliding(mut self, sliding: Option<SlidingLayers>) -> SessionStore {
+        self.sliding = sliding;
+        self
+    }
+
+    /// A checkout's cache made ready for its request: cut back to where it can resume exactly
+    /// (the window before that point whole), releasing by the sliding geometry, with the
+    /// window before its end kept (a resume point: the next request may diverge there).
+    fn resume(&self, mut kv: SeqKv) -> SeqKv {
+        let Some(g) = &self.sliding else { return kv };
+        let n = kv.resumable(kv.len());
+        kv.truncate(n);
+        kv.release_sliding(g.clone());
+        kv.keep_window_at(n);
+        kv
     }
 
     /// `true`: every owner's lookups reuse every owner's prefix blocks (one unsalted chain
@@ -408,6 +433,10 @@ impl SessionStore {
             None => self.sessions.values().filter(|s| s.owner == owner).max_by_key(|s| (common(s), s.last_used)),
         };
         let found = candidate.map(|s| (s.id.clone(), common(s), s.tokens.len(), s.kv.fork(common(s))));
+        let found = found.map(|(id, _, len, kv)| {
+            let kv = self.resume(kv);
+            (id, kv.len(), len, kv)
+        });
         let (kind, id, k, kv) = match found {
             Some((id, k, len, kv)) if k > 0 => {
                 let kind = if k == prompt.len() && k == len {
@@ -423,6 +452,7 @@ impl SessionStore {
             _ => {
                 let salt = self.salt(owner);
                 let kv = self.index.lookup(&self.pool, salt, prompt);
+                let kv = self.resume(kv);
                 let k = kv.len();
                 let id = session_id.map(str::to_string).unwrap_or_else(|| self.fresh_id());
                 (if k > 0 { MatchKind::Prefix } else { MatchKind::Miss }, id, k, kv)
@@ -523,7 +553,8 @@ impl SessionStore {
                 } else {
                     MatchKind::Diverge
                 };
-                let kv = s.kv.fork(k);
+                let kv = self.resume(s.kv.fork(k));
+                let k = kv.len();
                 return Ok(Checkout { restore, ..Checkout::own(session_id, kind, enc.ids, token_ends, k, kv) });
             }
         }
@@ -539,6 +570,7 @@ impl SessionStore {
         if self.restore_remote_prefix(owner, &enc.ids, kv.len()) {
             kv = self.index.lookup(&self.pool, salt, &enc.ids);
         }
+        let kv = self.resume(kv);
         let reused = kv.len();
         self.persist_prefix(salt, &enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
@@ -605,6 +637,10 @@ impl SessionStore {
         tokens.truncate(keep);
         token_ends.truncate(keep);
         kv.truncate(keep);
+        // The session's previous version lets go of its blocks first, so the index can swap
+        // whole blocks for the released copies this one holds.
+        self.sessions.remove(&(owner.to_string(), session_id.to_string()));
+        kv.release_outside_window();
         let salt = self.salt(owner);
         self.index.insert(salt, &tokens, &kv);
         if tokens.is_empty() {

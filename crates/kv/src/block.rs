@@ -15,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 use memmap2::Mmap;
 
 use crate::pool::KvPool;
+use crate::sliding::SlidingLayers;
 
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 32;
@@ -88,6 +89,9 @@ pub struct Block {
     /// Tokens filled, `0..=BLOCK_TOKENS`.
     pub(crate) len: usize,
     pub(crate) pool: KvPool,
+    /// `Some`: the sliding layers' sections were released (`sliding.rs`); the bytes hold the
+    /// global layers' sections only, in layer order, and that is all that is charged.
+    pub(crate) released: Option<SlidingLayers>,
 }
 
 impl Block {
@@ -111,7 +115,8 @@ impl Block {
             Storage::Mapped { copy, .. } => copy.get().is_some(),
         }
     }
-    /// The block's bytes in the layout described in the module doc.
+    /// The block's bytes in the layout described in the module doc (the global layers'
+    /// sections only, for a released block: [`Block::released`]).
     pub fn bytes(&self) -> &[u8] {
         match &self.storage {
             Storage::Owned(v) => v.as_slice(),
@@ -120,6 +125,31 @@ impl Block {
                 None => &map[*offset..*offset + self.pool.block_bytes()],
             },
         }
+    }
+    /// The sliding layers whose sections this block no longer holds (`None`: it holds every layer).
+    pub fn released(&self) -> Option<&SlidingLayers> {
+        self.released.as_ref()
+    }
+    /// Bytes this block holds and is charged for.
+    pub fn held_bytes(&self) -> usize {
+        match &self.storage {
+            Storage::Owned(v) => v.len,
+            Storage::Mapped { .. } => self.pool.block_bytes(),
+        }
+    }
+    /// Where `layer`'s keys section starts in [`Block::bytes`] (its values section follows),
+    /// for sections of `sec` bytes; `None` for a layer this block released.
+    pub fn layer_offset(&self, layer: usize, sec: usize) -> Option<usize> {
+        match &self.released {
+            None => Some(2 * layer * sec),
+            Some(g) => g.held_index(layer).map(|i| 2 * i * sec),
+        }
+    }
+    /// `layer`'s keys and values sections (`sec` bytes each), or `None` where released.
+    pub(crate) fn layer_sections(&self, layer: usize, sec: usize) -> Option<(&[u8], &[u8])> {
+        let at = self.layer_offset(layer, sec)?;
+        let b = self.bytes();
+        Some((&b[at..at + sec], &b[at + sec..at + 2 * sec]))
     }
     /// A mapped block's private-copy slot and its offset in the map (`None` for owned blocks).
     pub(crate) fn copy_slot(&self) -> Option<(Arc<OnceLock<LineBytes>>, usize)> {
@@ -139,6 +169,6 @@ impl Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        self.pool.release(self.pool.block_bytes());
+        self.pool.release(self.held_bytes());
     }
 }

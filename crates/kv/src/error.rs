@@ -15,4 +15,8 @@ pub enum KvError {
     /// Bytes handed to the pool do not form whole blocks of its layout.
     #[error("mapped KV data: {0}")]
     BadMapping(String),
+    /// The rows asked for are in blocks whose sliding layers were released (`sliding.rs`):
+    /// they cannot be read, copied or moved; recompute them instead.
+    #[error("KV rows from slot {slot} on are in a block whose sliding layers were released")]
+    Released { slot: usize },
 }

@@ -39,6 +39,7 @@ mod pool;
 mod recent_window;
 mod seq;
 mod seq_cache;
+mod sliding;
 mod view;
 
 pub use block::{Block, BLOCK_TOKENS};
@@ -53,6 +54,7 @@ pub use persist::{
     EntryInfo, EntryKind, EntryMeta, PersistError, UncheckedEntry,
 };
 pub use pool::{KvLayout, KvPool};
-pub use seq::SeqKv;
+pub use seq::{SeqKv, MAX_RESUME_POINTS, RESUME_SLACK};
 pub use seq_cache::SeqCache;
+pub use sliding::SlidingLayers;
 pub use view::{KvView, Span};

@@ -21,6 +21,13 @@
 //! 16 lowercase hex digits, over every other key and value (sorted by key,
 //! each length-prefixed) followed by the tensor bytes (`kv`, then `window`).
 //!
+//! One optional key, `released`, is present only for a sequence whose sliding layers were
+//! released outside their window (`sliding.rs`): JSON `{"window": W, "sliding": [bool per
+//! layer], "blocks": [released block indices, ascending], "keep": [resume points]}`. Such a
+//! file stores only what is held: released blocks' rows are their global layers' sections,
+//! and the `kv` tensor is then one flat run of bytes (`U8 [n]`, rows in block order) instead of
+//! `[num_blocks, block_bytes]`.
+//!
 //! Invariants:
 //! * Nothing read is trusted (ARCHITECTURE.md invariant (3)): any byte string either
 //!   yields exactly an entry that was written or a [`PersistError`] naming the
@@ -108,6 +115,9 @@ pub const KEYS: [&str; 16] = [
     "checksum",
 ];
 
+/// Metadata keys a file may carry besides [`KEYS`].
+pub const OPTIONAL_KEYS: [&str; 1] = ["released"];
+
 /// Marks temp files: `.<final name>.tmp-<pid>-<n>`. Readers skip names that
 /// start with a dot; `DiskStore::open` deletes these.
 pub(crate) const TEMP_MARK: &str = ".tmp-";
@@ -179,6 +189,13 @@ pub struct EntryInfo {
     pub block_bytes: usize,
     /// Bytes of the recent window stored after the blocks (0: none).
     pub window_bytes: usize,
+    /// Bytes of the blocks' rows (`num_blocks * block_bytes` unless some are released).
+    pub kv_bytes: usize,
+    /// The sliding geometry of the released blocks, and which blocks those are (ascending;
+    /// empty: every block holds every layer).
+    pub released: Option<(crate::SlidingLayers, Vec<usize>)>,
+    /// Resume points of the sequence (`SeqKv::keep_window_at`), where it released anything.
+    pub keep: Vec<usize>,
     /// Size of the whole file.
     pub file_bytes: u64,
     pub checksum: u64,
@@ -431,23 +448,55 @@ fn open(path: &Path, pool: &KvPool, expect_fingerprint: &str, vocab_size: usize)
     let (map, n, info, hasher) = map_entry(path)?;
     check_identity(path, &info, pool, expect_fingerprint, vocab_size)?;
     let data_offset = 8 + n;
+    let kv_err = |e| PersistError::Kv { path: path.to_path_buf(), source: e };
     let mut blocks = Vec::with_capacity(info.num_blocks);
+    let mut at = data_offset;
     for b in 0..info.num_blocks {
         let len = (info.num_tokens - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-        let block = pool
-            .mapped_block(&map, data_offset + b * info.block_bytes, len)
-            .map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
+        // Released blocks are small (global layers only): copied into RAM now.
+        let block = match released_of(&info, b) {
+            Some(g) => {
+                let rb = g.released_block_bytes(pool);
+                let block = pool.released_block(&map[at..at + rb], len, g).map_err(kv_err)?;
+                at += rb;
+                block
+            }
+            None => {
+                let block = pool.mapped_block(&map, at, len).map_err(kv_err)?;
+                at += info.block_bytes;
+                block
+            }
+        };
         blocks.push(Arc::new(block));
     }
     let mut kv = SeqKv::from_blocks(pool, blocks, info.num_tokens);
     if info.window_bytes > 0 {
-        let at = data_offset + info.num_blocks * info.block_bytes;
-        kv.set_window(&map[at..at + info.window_bytes]).map_err(|e| PersistError::Kv { path: path.to_path_buf(), source: e })?;
+        let at = data_offset + info.kv_bytes;
+        kv.set_window(&map[at..at + info.window_bytes]).map_err(kv_err)?;
     }
+    restore_release(&mut kv, &info);
     let copies = kv.blocks().iter().filter_map(|b| b.copy_slot()).collect();
     let sum =
         PendingSum { path: path.to_path_buf(), map, data_offset, checksum: info.checksum, hasher, copies, block_bytes: pool.block_bytes() };
     Ok((info.meta, kv, sum))
+}
+
+/// The sliding geometry block `b` of the entry was released by, if it was.
+pub(crate) fn released_of(info: &EntryInfo, b: usize) -> Option<&crate::SlidingLayers> {
+    info.released.as_ref().filter(|(_, blocks)| blocks.binary_search(&b).is_ok()).map(|(g, _)| g)
+}
+
+/// Gives a restored sequence the geometry and resume points it released by, so it keeps
+/// releasing (and keeping) as the saved one did.
+pub(crate) fn restore_release(kv: &mut SeqKv, info: &EntryInfo) {
+    if let Some((g, _)) = &info.released {
+        if g.num_layers() == kv.pool().layout().num_layers {
+            kv.release_sliding(g.clone());
+            for &p in &info.keep {
+                kv.keep_window_at(p);
+            }
+        }
+    }
 }
 
 /// The checks of an entry's identity against what the caller expects (model and KV format,
@@ -601,6 +650,18 @@ fn prepare<'a>(
     put("kind", meta.kind.name().into());
     put("owner", meta.owner.clone());
     put("created_unix", meta.created_unix.to_string());
+    let released: Vec<usize> = blocks.iter().enumerate().filter(|(_, b)| b.released().is_some()).map(|(i, _)| i).collect();
+    if let Some(&first) = released.first() {
+        let g = blocks[first].released().expect("filtered above");
+        if released.iter().any(|&i| blocks[i].released() != Some(g)) {
+            return Err(unwritable("blocks released by different sliding geometries".into()));
+        }
+        let sliding: Vec<bool> = (0..g.num_layers()).map(|l| g.is_sliding(l)).collect();
+        let keep: Vec<usize> =
+            kv.resume_points().iter().filter(|&&p| p >= range.start && p <= range.end).map(|p| p - range.start).collect();
+        let v = serde_json::json!({ "window": g.window(), "sliding": sliding, "blocks": released, "keep": keep });
+        put("released", v.to_string());
+    }
     let sum = match checksum {
         Checksum::Placeholder => 0,
         Checksum::Computed => {
@@ -617,9 +678,10 @@ fn prepare<'a>(
     m.insert("checksum".into(), format!("{sum:016x}"));
 
     let bb = pool.block_bytes();
-    let kv_len = rows.len() * bb;
-    let mut tensors =
-        vec![(TENSOR_NAME.to_string(), TensorInfo { dtype: Dtype::U8, shape: vec![rows.len(), bb], data_offsets: (0, kv_len) })];
+    let kv_len: usize = rows.iter().map(|r| r.len()).sum();
+    // Rows of one size are a matrix; with released (smaller) blocks among them, one flat run.
+    let shape = if released.is_empty() { vec![rows.len(), bb] } else { vec![kv_len] };
+    let mut tensors = vec![(TENSOR_NAME.to_string(), TensorInfo { dtype: Dtype::U8, shape, data_offsets: (0, kv_len) })];
     if let Some(w) = &window {
         let info = TensorInfo { dtype: Dtype::U8, shape: vec![w.len()], data_offsets: (kv_len, kv_len + w.len()) };
         tensors.push((WINDOW_TENSOR.to_string(), info));

@@ -117,6 +117,13 @@ impl KvPool {
         tokens.div_ceil(BLOCK_TOKENS) * self.block_bytes() + window
     }
 
+    /// A released block (`sliding.rs`): `bytes` are the global layers' sections of `g`,
+    /// already charged by the caller.
+    pub(crate) fn charged_released_block(&self, bytes: crate::block::LineBytes, len: usize, g: &crate::SlidingLayers) -> Block {
+        debug_assert_eq!(bytes.as_slice().len(), g.released_block_bytes(self));
+        Block { storage: Storage::Owned(bytes), len, pool: self.clone(), released: Some(g.clone()) }
+    }
+
     /// Charges `bytes` or refuses without charging anything.
     pub(crate) fn try_charge(&self, bytes: usize) -> Result<(), KvError> {
         let budget = self.0.budget;
@@ -134,7 +141,7 @@ impl KvPool {
     /// An empty block whose bytes the caller has already charged with `try_charge`.
     pub(crate) fn charged_block(&self, bytes: crate::block::LineBytes, len: usize) -> Block {
         debug_assert_eq!(bytes.as_slice().len(), self.block_bytes());
-        Block { storage: Storage::Owned(bytes), len, pool: self.clone() }
+        Block { storage: Storage::Owned(bytes), len, pool: self.clone(), released: None }
     }
 
     /// A block holding a copy of `bytes` (one block's bytes in the block layout) with `len`
@@ -151,6 +158,16 @@ impl KvPool {
         Ok(self.charged_block(crate::block::LineBytes::copy_of(bytes), len))
     }
 
+    /// A released block (`sliding.rs`) holding a copy of `bytes`, `g`'s global layers'
+    /// sections, with `len` tokens, charged to this pool. The caller has validated the contents.
+    pub fn released_block(&self, bytes: &[u8], len: usize, g: &crate::SlidingLayers) -> Result<Block, KvError> {
+        if bytes.len() != g.released_block_bytes(self) || g.num_layers() != self.0.layout.num_layers || len == 0 || len > BLOCK_TOKENS {
+            return Err(KvError::BadMapping(format!("{} bytes with {len} tokens are not one released block", bytes.len())));
+        }
+        self.try_charge(bytes.len())?;
+        Ok(self.charged_released_block(crate::block::LineBytes::copy_of(bytes), len, g))
+    }
+
     /// Wraps `block_bytes()` bytes of `map` at `offset` holding `len` tokens as a
     /// read-only block, charging it. The caller has validated the contents.
     pub fn mapped_block(&self, map: &Arc<Mmap>, offset: usize, len: usize) -> Result<Block, KvError> {
@@ -162,6 +179,11 @@ impl KvPool {
             )));
         }
         self.try_charge(self.block_bytes())?;
-        Ok(Block { storage: Storage::Mapped { map: map.clone(), offset, copy: Default::default() }, len, pool: self.clone() })
+        Ok(Block {
+            storage: Storage::Mapped { map: map.clone(), offset, copy: Default::default() },
+            len,
+            pool: self.clone(),
+            released: None,
+        })
     }
 }

@@ -23,6 +23,10 @@ use crate::block::{Block, LineBytes, BLOCK_TOKENS};
 use crate::error::KvError;
 use crate::pool::KvPool;
 use crate::recent_window::RecentWindow;
+use crate::sliding::SlidingLayers;
+
+mod release;
+pub use release::{MAX_RESUME_POINTS, RESUME_SLACK};
 
 /// How many blocks ahead [`SeqKv`]'s chunks point attention for prefetching
 /// ([`KvChunk::ahead`]): 8 blocks of one head's keys and values are 64 KiB (f16, head dim
@@ -41,12 +45,18 @@ pub struct SeqKv {
     /// The position of each slot `0..len` when some differ from the slot (moved tokens,
     /// trees of drafts); `None`: slot = position.
     positions: Option<Vec<u32>>,
+    /// `Some`: blocks older than the sliding layers' window release those layers
+    /// (`sliding.rs`) when room is reserved; only while slots are positions.
+    sliding: Option<SlidingLayers>,
+    /// Resume points (ascending): positions whose preceding window of sliding-layer rows is
+    /// kept, so a later request can continue from there ([`SeqKv::keep_window_at`]).
+    keep: Vec<usize>,
 }
 
 impl SeqKv {
     /// An empty cache charged to `pool`.
     pub fn new(pool: &KvPool) -> SeqKv {
-        SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0, window: None, positions: None }
+        SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0, window: None, positions: None, sliding: None, keep: Vec::new() }
     }
 
     /// A cache over existing blocks (shared from an index or restored from
@@ -54,7 +64,7 @@ impl SeqKv {
     /// last must be full.
     pub fn from_blocks(pool: &KvPool, blocks: Vec<Arc<Block>>, len: usize) -> SeqKv {
         debug_assert_eq!(blocks.len(), len.div_ceil(BLOCK_TOKENS));
-        SeqKv { pool: pool.clone(), blocks, len, window: None, positions: None }
+        SeqKv { pool: pool.clone(), blocks, len, window: None, positions: None, sliding: None, keep: Vec::new() }
     }
 
     /// One sequence of `parts` in order, their blocks shared (no copy): the runs of an entry
@@ -130,6 +140,7 @@ impl SeqKv {
     /// also makes the recent window (the f16 copy of the block the new tokens
     /// end in, when they leave it partial) this sequence's own. All or nothing.
     pub fn reserve(&mut self, n: usize) -> Result<(), KvError> {
+        self.release_outside_window();
         let ReservePlan { new_blocks, cow, window_block, window_charge } = self.reserve_plan(n);
         let partial = self.len / BLOCK_TOKENS;
         let bb = self.pool.block_bytes();
@@ -189,7 +200,9 @@ impl SeqKv {
         let n = num_tokens.min(self.len);
         let win = self.window.clone().filter(|t| n % BLOCK_TOKENS != 0 && t.block == n / BLOCK_TOKENS);
         let positions = self.positions.as_ref().map(|p| p[..n].to_vec());
-        SeqKv { pool: self.pool.clone(), blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n, window: win, positions }
+        let keep = self.keep.iter().copied().filter(|&p| p <= n).collect();
+        let blocks = self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec();
+        SeqKv { pool: self.pool.clone(), blocks, len: n, window: win, positions, sliding: self.sliding.clone(), keep }
     }
 
     /// A fork of the whole sequence that describes its tokens as sitting at their slots: the
@@ -209,6 +222,7 @@ impl SeqKv {
         if let Some(p) = self.positions.as_mut() {
             p.truncate(num_tokens);
         }
+        self.keep.retain(|&p| p <= num_tokens);
         // A partial last block keeps stale tokens past `len`, which
         // `for_each_chunk` hides and the next write overwrites.
         self.blocks.truncate(num_tokens.div_ceil(BLOCK_TOKENS));
@@ -292,6 +306,7 @@ impl SeqKv {
             return Ok(());
         }
         assert!(range.end <= src.len(), "extend_shifted: range past the source's end");
+        src.check_held(range.clone())?;
         let layout = self.pool.layout();
         let (hd, w) = (layout.head_dim, layout.num_kv_heads * layout.head_dim);
         let first = self.len;
@@ -401,6 +416,7 @@ impl SeqKv {
         if slots.is_empty() {
             return Ok(());
         }
+        self.check_held(slots.clone())?;
         let (b0, b1) = (slots.start / BLOCK_TOKENS, (slots.end - 1) / BLOCK_TOKENS);
         // Which blocks to copy is decided once, and exactly those are copied: another thread
         // dropping its handle of a block between a count and a copy (a writer done with a
@@ -440,6 +456,7 @@ impl SeqKv {
         let (sec, tsec) = (self.pool.section_bytes(), self.pool.window_section_bytes());
         let (bi, slot) = (pos / BLOCK_TOKENS, pos % BLOCK_TOKENS);
         let block = Arc::get_mut(&mut self.blocks[bi]).expect("SeqKv::write: block not reserved or still shared");
+        assert!(block.released.is_none(), "SeqKv::write: slot {pos} is in a block whose sliding layers were released");
         let bytes = block.bytes_mut().expect("SeqKv::write: reserve() un-maps the block it writes");
         encode_token(bytes, elem, sec, layer, slot, ks, vs, hd);
         block.len = block.len.max(slot + 1);
@@ -513,9 +530,10 @@ impl SeqKv {
         Ok(())
     }
 
-    /// Bytes of blocks (and the recent window) this sequence references, shared ones counted in full.
+    /// Bytes of blocks (and the recent window) this sequence references, shared ones counted in
+    /// full, released blocks (`sliding.rs`) as the global layers they still hold.
     pub fn num_bytes(&self) -> usize {
-        self.blocks.len() * self.pool.block_bytes() + self.window.as_ref().map_or(0, |t| t.bytes.len())
+        self.blocks.iter().map(|b| b.held_bytes()).sum::<usize>() + self.window.as_ref().map_or(0, |t| t.bytes.len())
     }
 }
 
@@ -562,13 +580,17 @@ impl KvCache for SeqKv {
             }
             // A full block PREFETCH_AHEAD further on (never the window: it is small and hot).
             let ahead =
-                (held(bi + PREFETCH_AHEAD) == BLOCK_TOKENS).then(|| layer_sections(self.blocks[bi + PREFETCH_AHEAD].bytes(), layer, sec));
+                if held(bi + PREFETCH_AHEAD) == BLOCK_TOKENS { self.blocks[bi + PREFETCH_AHEAD].layer_sections(layer, sec) } else { None };
             let window = self.window.as_ref().filter(|t| t.block == bi && len < BLOCK_TOKENS);
-            let (elem, bytes, sec) = match window {
-                Some(t) => (KvElem::F16, &t.bytes[..], self.pool.window_section_bytes()),
-                None => (elem, b.bytes(), sec),
+            let (elem, (k, v)) = match window {
+                Some(t) => (KvElem::F16, layer_sections(&t.bytes, layer, self.pool.window_section_bytes())),
+                // A block whose sliding layers were released lies outside every window a
+                // query of this sequence can have (`sliding.rs`): nothing to attend.
+                None => match b.layer_sections(layer, sec) {
+                    Some(kv) => (elem, kv),
+                    None => continue,
+                },
             };
-            let (k, v) = layer_sections(bytes, layer, sec);
             let (keys, values) = (KvData { elem, bytes: k }, KvData { elem, bytes: v });
             let positions = self.positions.as_ref().map(|p| &p[bi * BLOCK_TOKENS..bi * BLOCK_TOKENS + len]);
             f(&KvChunk {

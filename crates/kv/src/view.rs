@@ -103,8 +103,14 @@ impl SeqKv {
     /// Read-only spans over `slots` (`<= len`), one per block touched, at the tokens' current
     /// positions, for every head. They share this sequence's blocks (and recent window, for a
     /// quantized partial block), so writing here later copies first.
+    ///
+    /// Panics if some of `slots` are in a block whose sliding layers were released
+    /// (`sliding.rs`): a span may be attended at other positions, where those rows matter.
     pub fn spans(&self, slots: Range<usize>) -> Vec<Span> {
         assert!(slots.end <= self.len(), "SeqKv::spans: slots past the end");
+        if let Err(e) = self.check_held(slots.clone()) {
+            panic!("SeqKv::spans: {e}");
+        }
         let mut out = Vec::new();
         let mut s = slots.start;
         while s < slots.end {
@@ -200,11 +206,7 @@ impl KvView {
     /// first), only where that span's rows are a block in RAM.
     fn ahead_of(&self, si: usize, layer: usize, sec: usize) -> Option<(&[u8], &[u8])> {
         match &self.spans.get(si + PREFETCH_AHEAD)?.rows {
-            SpanRows::Block(b) => {
-                let bytes = b.bytes();
-                let first = 2 * layer * sec;
-                Some((&bytes[first..first + sec], &bytes[first + sec..first + 2 * sec]))
-            }
+            SpanRows::Block(b) => b.layer_sections(layer, sec),
             _ => None,
         }
     }
@@ -221,7 +223,12 @@ impl KvView {
             }
             let fetched;
             let (elem, bytes, sec, first) = match &span.rows {
-                SpanRows::Block(b) => (self.own.pool().elem(), b.bytes(), sec, 2 * layer * sec),
+                // A block whose sliding layers were released (`sliding.rs`) has none of this
+                // layer's rows: outside every window of the sequence that released it.
+                SpanRows::Block(b) => match b.layer_offset(layer, sec) {
+                    Some(first) => (self.own.pool().elem(), b.bytes(), sec, first),
+                    None => continue,
+                },
                 SpanRows::Window(t) => (KvElem::F16, &t.bytes[..], tsec, 2 * layer * tsec),
                 SpanRows::Pending(p) => {
                     fetched = p.wait(layer);

@@ -57,14 +57,27 @@ pub fn decode_entry(
     let bb = info.block_bytes;
     let kv_err = |e| PersistError::Kv { path: path.to_path_buf(), source: e };
     let mut blocks = Vec::with_capacity(info.num_blocks);
+    let mut at = 0;
     for b in 0..info.num_blocks {
         let len = (info.num_tokens - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-        blocks.push(Arc::new(pool.owned_block(&data[b * bb..(b + 1) * bb], len).map_err(kv_err)?));
+        let block = match released_of(&info, b) {
+            Some(g) => {
+                let rb = g.released_block_bytes(pool);
+                at += rb;
+                pool.released_block(&data[at - rb..at], len, g).map_err(kv_err)?
+            }
+            None => {
+                at += bb;
+                pool.owned_block(&data[at - bb..at], len).map_err(kv_err)?
+            }
+        };
+        blocks.push(Arc::new(block));
     }
     let mut kv = SeqKv::from_blocks(pool, blocks, info.num_tokens);
     if info.window_bytes > 0 {
-        let at = info.num_blocks * bb;
+        let at = info.kv_bytes;
         kv.set_window(&data[at..at + info.window_bytes]).map_err(kv_err)?;
     }
+    restore_release(&mut kv, &info);
     Ok((info.meta, kv))
 }

@@ -91,7 +91,7 @@ pub(super) fn parse_fields(
         return Err(format!("expected the tensor \"{TENSOR_NAME}\" and optionally \"{WINDOW_TENSOR}\", found {names:?}"));
     };
     let get = |k: &str| m.get(k).map(String::as_str).ok_or_else(|| format!("metadata key \"{k}\" missing"));
-    if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str())) {
+    if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str()) && !OPTIONAL_KEYS.contains(&k.as_str())) {
         return Err(format!("unknown metadata key {k:?}"));
     }
     let num = |k: &str, lo: u64, hi: u64| -> Result<u64, String> {
@@ -114,12 +114,22 @@ pub(super) fn parse_fields(
     // The data cannot be longer than the file, which bounds num_tokens.
     let num_tokens = num("num_tokens", 1, file_len)? as usize;
     let num_blocks = num_tokens.div_ceil(BLOCK_TOKENS);
-    let data_len = num_blocks.checked_mul(block_bytes).ok_or("tensor size overflows")?;
-    if ti.dtype != Dtype::U8 || ti.shape != [num_blocks, block_bytes] || ti.data_offsets != (0, data_len) {
-        return Err(format!(
-            "tensor is {:?} {:?} at {:?}, expected U8 [{num_blocks}, {block_bytes}] at (0, {data_len})",
-            ti.dtype, ti.shape, ti.data_offsets
-        ));
+    let (released, keep) = match m.get("released") {
+        None => (None, Vec::new()),
+        Some(r) => {
+            let (g, blocks, keep) = parse_released(r, layout.num_layers, num_blocks, num_tokens)?;
+            (Some((g, blocks)), keep)
+        }
+    };
+    let num_released = released.as_ref().map_or(0, |(_, b)| b.len());
+    let small = released.as_ref().map_or(0, |(g, _)| g.released_block_bytes(&probe));
+    let data_len = (num_blocks - num_released)
+        .checked_mul(block_bytes)
+        .and_then(|f| num_released.checked_mul(small)?.checked_add(f))
+        .ok_or("tensor size overflows")?;
+    let shape = if released.is_some() { vec![data_len] } else { vec![num_blocks, block_bytes] };
+    if ti.dtype != Dtype::U8 || ti.shape != shape || ti.data_offsets != (0, data_len) {
+        return Err(format!("tensor is {:?} {:?} at {:?}, expected U8 {shape:?} at (0, {data_len})", ti.dtype, ti.shape, ti.data_offsets));
     }
     let window_bytes = match window_ti {
         None => 0,
@@ -164,8 +174,67 @@ pub(super) fn parse_fields(
         .ok_or_else(|| format!("checksum {cs:?} is not 16 lowercase hex digits"))?;
     let hasher = meta_hasher(m);
     let meta = EntryMeta { fingerprint, kind, owner: get("owner")?.to_string(), tokens, text, offsets, created_unix };
-    let info = EntryInfo { meta, format, layout, num_tokens, num_blocks, block_bytes, window_bytes, file_bytes: file_len, checksum };
+    let info = EntryInfo {
+        meta,
+        format,
+        layout,
+        num_tokens,
+        num_blocks,
+        block_bytes,
+        window_bytes,
+        kv_bytes: data_len,
+        released,
+        keep,
+        file_bytes: file_len,
+        checksum,
+    };
     Ok((info, hasher))
+}
+
+/// The `released` metadata value: the sliding geometry (one flag per layer, a window of at
+/// least one position, some layer sliding), the released blocks (ascending, distinct, at least
+/// one, each full: below the last block unless that one is full) and resume points (ascending,
+/// `<= num_tokens`).
+fn parse_released(
+    v: &str,
+    num_layers: usize,
+    num_blocks: usize,
+    num_tokens: usize,
+) -> Result<(crate::SlidingLayers, Vec<usize>, Vec<usize>), String> {
+    let v: serde_json::Value = serde_json::from_str(v).map_err(|e| format!("released: {e}"))?;
+    let bad = || format!("released is {v}, expected {{\"window\", \"sliding\", \"blocks\", \"keep\"}}");
+    let obj = v.as_object().filter(|o| o.len() == 4).ok_or_else(bad)?;
+    let window = obj.get("window").and_then(|w| w.as_u64()).ok_or_else(bad)? as usize;
+    let sliding: Vec<bool> = obj
+        .get("sliding")
+        .and_then(|s| s.as_array())
+        .ok_or_else(bad)?
+        .iter()
+        .map(|b| b.as_bool())
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
+    let nums = |k: &str| -> Result<Vec<usize>, String> {
+        obj.get(k)
+            .and_then(|s| s.as_array())
+            .ok_or_else(bad)?
+            .iter()
+            .map(|b| b.as_u64().map(|x| x as usize))
+            .collect::<Option<_>>()
+            .ok_or_else(bad)
+    };
+    let (blocks, keep) = (nums("blocks")?, nums("keep")?);
+    if sliding.len() != num_layers {
+        return Err(format!("released: {} layer flags for {num_layers} layers", sliding.len()));
+    }
+    let g = crate::SlidingLayers::new(window, sliding).ok_or("released: no sliding layer or a zero window")?;
+    let full_blocks = num_tokens / BLOCK_TOKENS;
+    if blocks.is_empty() || !blocks.windows(2).all(|w| w[0] < w[1]) || blocks.last().is_some_and(|&b| b >= full_blocks.min(num_blocks)) {
+        return Err(format!("released: blocks {blocks:?} are not ascending full blocks of {num_blocks}"));
+    }
+    if !keep.windows(2).all(|w| w[0] < w[1]) || keep.last().is_some_and(|&p| p > num_tokens) {
+        return Err(format!("released: resume points {keep:?} are not ascending positions up to {num_tokens}"));
+    }
+    Ok((g, blocks, keep))
 }
 
 pub(super) fn check_fingerprint(f: &str) -> Result<(), String> {

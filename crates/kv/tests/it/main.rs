@@ -10,6 +10,7 @@ mod persist;
 mod pool;
 mod shift;
 mod sliding;
+mod sliding_release;
 mod views;
 mod views_model;
 mod window;
