@@ -86,7 +86,8 @@ pub fn run(a: Args) -> Result<()> {
     let engine = crate::engine_run::CliEngine::start(model.clone(), pool, None);
     let job = Job { text: Some(text), add_special, ..Job::from_tokens(OwnerKey::from("default"), ids, a.sampling.params()) };
     let r = engine.run(job, &mut stdout_sink)?;
-    println!();
+    // A reader that went away (`| head`) already cancelled the job; nothing to end then.
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), b"\n");
     eprintln!(
         "prompt {} tokens, prefill {:.1} tok/s, ttft {:.0} ms; generated {} tokens, decode {:.1} tok/s; finish: {}",
         r.prompt_tokens,
