@@ -109,6 +109,12 @@ fn main() {
         }
         let us: Vec<String> = bestt.iter().map(|b| format!("{:.0}", b * 1e6)).collect();
         let gbs: Vec<String> = bestt.iter().map(|b| format!("{:.1}", bytes.len() as f64 / b / 1e9)).collect();
-        println!("| {} | {rows}x{cols} | {:.1} | {} | {} |", d.name(), bytes.len() as f64 / (1 << 20) as f64, us.join(" / "), gbs.join(" / "));
+        println!(
+            "| {} | {rows}x{cols} | {:.1} | {} | {} |",
+            d.name(),
+            bytes.len() as f64 / (1 << 20) as f64,
+            us.join(" / "),
+            gbs.join(" / ")
+        );
     }
 }

@@ -1,18 +1,19 @@
-//! AVX-512 VNNI kernels over Q4_K / Q6_K [`Packed`] weights (layout: `repack_k.rs`, the one
-//! `avx2_packed_k.rs` streams): 8 rows × up to 8 tokens per call.
+//! AVX-512 VNNI kernel over Q4_K [`Packed`] weights (layout: `repack_k.rs`, the one
+//! `avx2_packed_k.rs` streams): 8 rows × up to 8 tokens per call. (Q6_K stays on
+//! `avx2_packed_k`: a VNNI version — `vpdpbusd` on the 6-bit values, a `vpmulld` per sub-block
+//! for the scale, since 8 products pass i16 — measured 0.93× / 1.03× / 0.86× of it at 1 / 4 / 8
+//! tokens on Zen 4, `benches/packed.rs`, and was not kept.)
 //!
-//! A register's nibbles (Q6_K: 6-bit values `q + 32`) are unpacked once per group-super-block
+//! A register's nibbles are unpacked once per group-super-block
 //! and shared by the call's tokens; per token, one `vpdpbusd` per register against the
 //! activation's 8 bytes broadcast sums 4 products straight into i32 (2 dwords per row of the
 //! register's 4), replacing the AVX2 kernel's `vpmaddubsw` and i16 add. The sub-block scale is
-//! then applied per token and sub-block: Q4_K by one `vpmaddwd` (a dword sums 16 products,
+//! then applied per token and sub-block by one `vpmaddwd` (a dword sums 16 products,
 //! |Σ| ≤ 16·15·128 = 30,720, so it is exact as an i16 and the scale sits in the dword's low
-//! word, 0 in the high word), Q6_K by one `vpmulld` (8 products, up to 64,512, past i16).
-//! The mins / `−32` offsets and the float term are the AVX2 kernel's.
+//! word, 0 in the high word). The mins and the float term are the AVX2 kernel's.
 //!
 //! Invariant: per (row, token, super-block) the exact integers of the scalar reference, then
-//! its float term — Q4_K `acc += (d·d_x)·isum − (dmin·d_x)·msum`, Q6_K `acc += (d·d_x)·isum` —
-//! super-blocks in order, `acc` from +0.0, no fused multiply-add: bitwise the scalar path's and
+//! its float term `acc += (d·d_x)·isum − (dmin·d_x)·msum`, super-blocks in order, `acc` from +0.0, no fused multiply-add: bitwise the scalar path's and
 //! `avx2_packed_k`'s result, for any number of tokens in the call.
 
 use super::TileCtx;
@@ -20,7 +21,7 @@ use crate::blocks::QK_K;
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC, Q6K_P_Q, Q6K_P_SC};
+use crate::repack_k::{Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -34,6 +35,9 @@ pub(crate) const MAX_TOKENS: usize = 8;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
     debug_assert!(r0 % GROUP_ROWS == 0 && r1 % GROUP_ROWS == 0);
+    if p.dtype() == DType::Q6K {
+        return super::avx2_packed_k::run_rows(c, a, p, r0, r1, n_tokens);
+    }
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = MAX_TOKENS.min(n_tokens - t0);
@@ -56,8 +60,7 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
             }
             match p.dtype() {
                 DType::Q4K => by_nt!(q4k_group),
-                DType::Q6K => by_nt!(q6k_group),
-                _ => unreachable!("only Q4_K / Q6_K reach the K-quant packed kernels"),
+                _ => unreachable!("only Q4_K reaches this kernel (Q6_K runs avx2_packed_k)"),
             }
         }
         t0 += nt;
@@ -142,68 +145,6 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
             let x1 = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[t][0], isum[t][1])));
             let x2 = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[t]));
             acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(x1, x2));
-        }
-    }
-    for t in 0..NT {
-        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
-    }
-}
-
-/// Q6_K, one 8-row group, NT tokens.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
-    let nb = a.blocks_per_row;
-    let gbb = group_block_bytes(DType::Q6K);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m30 = _mm256_set1_epi8(0x30);
-    let ctrl = [[scale_ctrl(0, 0), scale_ctrl(0, 1)], [scale_ctrl(1, 0), scale_ctrl(1, 1)]];
-    let mut acc = [_mm256_setzero_ps(); NT];
-    for i in 0..nb {
-        let b = gp.add(i * gbb);
-        let mut isum = [[_mm256_setzero_si256(); 2]; NT];
-        // Σ_j sc_j · bsum_j per row (the −32 offset), j over the 16 sub-blocks.
-        let mut corr = [_mm256_setzero_si256(); NT];
-        for c in 0..4 {
-            // Pair 2c: sub-blocks 4c, 4c+1 (low nibbles); pair 2c+1: 4c+2, 4c+3 (high nibbles).
-            let pa = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(Q6K_P_SC + 32 * c) as *const __m128i));
-            let pb = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(Q6K_P_SC + 32 * c + 16) as *const __m128i));
-            for t in 0..NT {
-                let bs = a.bsums.as_ptr().add(((t0 + t) * nb + i) * 16 + 4 * c);
-                let ba = _mm256_set1_epi32((bs as *const i32).read_unaligned());
-                let bb = _mm256_set1_epi32((bs.add(2) as *const i32).read_unaligned());
-                corr[t] = _mm256_add_epi32(corr[t], _mm256_add_epi32(_mm256_madd_epi16(pa, ba), _mm256_madd_epi16(pb, bb)));
-            }
-            for h in 0..2 {
-                let base = b.add(Q6K_P_Q + 192 * (2 * c + h));
-                for k in 0..2 {
-                    let qh = _mm256_loadu_si256(base.add(96 * k) as *const __m256i);
-                    let w0 = _mm256_loadu_si256(base.add(96 * k + 32) as *const __m256i);
-                    let w1 = _mm256_loadu_si256(base.add(96 * k + 64) as *const __m256i);
-                    let lo0 = _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-                    let hi0 =
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-                    let lo1 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(qh, m30));
-                    let hi1 =
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-                    // Each row's (signed) scale sign-extended to both its dwords.
-                    let slo = _mm256_srai_epi32(_mm256_shuffle_epi8(pa, ctrl[h][k]), 16);
-                    let shi = _mm256_srai_epi32(_mm256_shuffle_epi8(pb, ctrl[h][k]), 16);
-                    for t in 0..NT {
-                        let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K + 64 * c + 16 * k);
-                        let plo = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo0, bcast8(xp)), lo1, bcast8(xp.add(8)));
-                        let phi =
-                            _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), hi0, bcast8(xp.add(32))), hi1, bcast8(xp.add(40)));
-                        let s = _mm256_add_epi32(_mm256_mullo_epi32(plo, slo), _mm256_mullo_epi32(phi, shi));
-                        isum[t][h] = _mm256_add_epi32(isum[t][h], s);
-                    }
-                }
-            }
-        }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
-        for t in 0..NT {
-            let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + i));
-            let isum = _mm256_sub_epi32(_mm256_hadd_epi32(isum[t][0], isum[t][1]), _mm256_slli_epi32(corr[t], 5));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum)));
         }
     }
     for t in 0..NT {
