@@ -4,8 +4,7 @@
 //! for the scale, since 8 products pass i16 — measured 0.93× / 1.03× / 0.86× of it at 1 / 4 / 8
 //! tokens on Zen 4, `benches/packed.rs`, and was not kept.)
 //!
-//! A register's nibbles are unpacked once per group-super-block
-//! and shared by the call's tokens; per token, one `vpdpbusd` per register against the
+//! A register's nibbles are unpacked once per group-super-block and shared by the call's tokens; per token, one `vpdpbusd` per register against the
 //! activation's 8 bytes broadcast sums 4 products straight into i32 (2 dwords per row of the
 //! register's 4), replacing the AVX2 kernel's `vpmaddubsw` and i16 add. The sub-block scale is
 //! then applied per token and sub-block by one `vpmaddwd` (a dword sums 16 products,
@@ -13,8 +12,9 @@
 //! word, 0 in the high word). The mins and the float term are the AVX2 kernel's.
 //!
 //! Invariant: per (row, token, super-block) the exact integers of the scalar reference, then
-//! its float term `acc += (d·d_x)·isum − (dmin·d_x)·msum`, super-blocks in order, `acc` from +0.0, no fused multiply-add: bitwise the scalar path's and
-//! `avx2_packed_k`'s result, for any number of tokens in the call.
+//! its float term `acc += (d·d_x)·isum − (dmin·d_x)·msum`, super-blocks in order, `acc` from
+//! +0.0, no fused multiply-add: bitwise the scalar path's and `avx2_packed_k`'s result, for any
+//! number of tokens in the call.
 
 use super::TileCtx;
 use crate::blocks::QK_K;
