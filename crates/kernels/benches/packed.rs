@@ -103,7 +103,7 @@ fn main() {
         for i in 0..40 {
             for (k, (b, &isa)) in bestt.iter_mut().zip(&paths).enumerate() {
                 let t = Instant::now();
-                matmul_with(isa, if (i * paths.len() + k) % 2 == 0 { &w } else { &w2 }, &x, 1, &mut out);
+                matmul_with(isa, if (i * paths.len() + k).is_multiple_of(2) { &w } else { &w2 }, &x, 1, &mut out);
                 *b = b.min(t.elapsed().as_secs_f64());
             }
         }
