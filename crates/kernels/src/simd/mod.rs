@@ -9,7 +9,8 @@
 //!
 //! Paths: `scalar` (portable, any target, also the reference), `avx2` (AVX2+FMA+F16C,
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
-//! 16-lane float kernels; `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
+//! 16-lane float kernels; packed Q4_0/Q8_0/Q4_1/Q4_K run `avx512_packed*`, the packed
+//! layout's VNNI kernels of up to 8 tokens (packed Q6_K: `avx2_packed_k`); `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
 //! formats of `avx2_k` reuse the AVX2 kernels, except one-token Q3_K/IQ4_XS calls, which run
 //! `avx512_k`'s VNNI row tiles; calls of ≥ 8 tokens of Q5_K/Q3_K/Q2_K/IQ4_XS,
 //! and of packed Q4_K/Q6_K, run `vnni_k`'s token-lane VNNI kernel; on the AVX2 path
@@ -38,6 +39,10 @@ pub(crate) mod avx2_q32;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_k;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_packed;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_packed_k;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_q32;
 #[cfg(target_arch = "x86_64")]
@@ -105,11 +110,12 @@ impl Isa {
     }
 
     /// The best path this CPU can run, ignoring `ENGRAM_SIMD`.
-    /// Whether matrices are repacked at load for this path, and their products run the AVX2
-    /// packed kernels (`avx2_packed.rs`, 8 rows per register lane) instead of this path's
-    /// tiles: AVX2, and AVX-512 without AMX — AVX-512 CPUs run AVX2 code, and measured on
-    /// Zen 4 the packed kernels beat the AVX-512 tiles (Q4_1 llama-1b, 2 threads: prefill
-    /// 3.3×, decode 2.1×; `docs/cpu-kernels.md`). AMX keeps its own tiles for Q4_0 / Q8_0.
+    /// Whether matrices are repacked at load for this path, and their products run the packed
+    /// kernels (8 rows per register lane) instead of this path's tiles: AVX2 (`avx2_packed*`),
+    /// and AVX-512 without AMX (`avx512_packed*`: the same layout with VNNI `vpdpbusd`, bitwise
+    /// the AVX2 kernels' results) — measured on Zen 4 the packed layout beats the AVX-512 tiles
+    /// (Q4_1 llama-1b, 2 threads: prefill 3.3×, decode 2.1×; `docs/cpu-kernels.md`). AMX keeps
+    /// its own tiles for Q4_0 / Q8_0.
     pub fn runs_packed(self) -> bool {
         matches!(self, Isa::Avx2 | Isa::Avx512)
     }

@@ -1,6 +1,7 @@
-//! The checks every packed format passes (`repack.rs`, `repack_k.rs`): on the AVX2 path a
-//! packed matrix gives bitwise the scalar reference's result, the scalar path ignores the
-//! packing, token by token = batched, and inside `matmul_multi` = its own call.
+//! The checks every packed format passes (`repack.rs`, `repack_k.rs`): on every path that runs
+//! packed kernels ([`packed_paths`]: AVX2, and AVX-512 with its VNNI kernels) a packed matrix
+//! gives bitwise the scalar reference's result, the scalar path ignores the packing, token by
+//! token = batched, and inside `matmul_multi` = its own call.
 
 use engram_kernels::internal::{matmul_multi_with, matmul_with, Isa};
 use engram_kernels::{quantize, DType, Packed, WeightMatrix};
@@ -12,22 +13,31 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// `wp` (`wm` with its packing) on the AVX2 path = the scalar reference over `wm`, bitwise, for
-/// the `n` tokens of `x`; the scalar path ignores the packing; each token alone = batched.
+/// The paths of this CPU that run packed kernels (`Isa::runs_packed`): AVX2 (`avx2_packed*`)
+/// and AVX-512 (`avx512_packed*`, VNNI).
+pub fn packed_paths() -> Vec<Isa> {
+    [Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.is_available()).collect()
+}
+
+/// `wp` (`wm` with its packing) on every packed path = the scalar reference over `wm`,
+/// bitwise, for the `n` tokens of `x`; the scalar path ignores the packing; each token alone =
+/// batched.
 pub fn assert_packed_equals_scalar(wm: &WeightMatrix, wp: &WeightMatrix, x: &[f32], n: usize) {
     let (d, rows, cols) = (wm.dtype, wm.rows, wm.cols);
     let mut want = vec![0f32; n * rows];
     matmul_with(Isa::Scalar, wm, x, n, &mut want);
-    let mut got = vec![f32::NAN; n * rows];
-    matmul_with(Isa::Avx2, wp, x, n, &mut got);
-    assert_eq!(bits(&got), bits(&want), "{d} {rows}x{cols} n={n}");
     let mut s = vec![f32::NAN; n * rows];
     matmul_with(Isa::Scalar, wp, x, n, &mut s);
     assert_eq!(bits(&s), bits(&want), "the scalar path ignores the packing");
-    for t in 0..n {
-        let mut one = vec![f32::NAN; rows];
-        matmul_with(Isa::Avx2, wp, &x[t * cols..(t + 1) * cols], 1, &mut one);
-        assert_eq!(bits(&one), bits(&got[t * rows..(t + 1) * rows]), "{d} n={n} token {t}");
+    for isa in packed_paths() {
+        let mut got = vec![f32::NAN; n * rows];
+        matmul_with(isa, wp, x, n, &mut got);
+        assert_eq!(bits(&got), bits(&want), "{isa:?} {d} {rows}x{cols} n={n}");
+        for t in 0..n {
+            let mut one = vec![f32::NAN; rows];
+            matmul_with(isa, wp, &x[t * cols..(t + 1) * cols], 1, &mut one);
+            assert_eq!(bits(&one), bits(&got[t * rows..(t + 1) * rows]), "{isa:?} {d} n={n} token {t}");
+        }
     }
 }
 
@@ -45,17 +55,19 @@ pub fn assert_multi_equals_separate(shapes: &[(DType, usize)], unpacked: usize) 
     let wr: Vec<&WeightMatrix> = ws.iter().collect();
     for n in [1usize, 4, 11] {
         let x = data(n * cols, 70 + n as u64);
-        let mut multi: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
-        let mut refs: Vec<&mut [f32]> = multi.iter_mut().map(|v| v.as_mut_slice()).collect();
-        matmul_multi_with(Isa::Avx2, &wr, &x, n, &mut refs);
-        for (i, w) in ws.iter().enumerate() {
-            let mut one = vec![0f32; n * w.rows];
-            matmul_with(Isa::Avx2, w, &x, n, &mut one);
-            assert_eq!(bits(&one), bits(&multi[i]), "matrix {i} n={n}");
-            if packs[i].is_some() {
-                let mut s = vec![0f32; n * w.rows];
-                matmul_with(Isa::Scalar, w, &x, n, &mut s);
-                assert_eq!(bits(&s), bits(&one), "matrix {i} n={n} vs scalar");
+        for isa in packed_paths() {
+            let mut multi: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+            let mut refs: Vec<&mut [f32]> = multi.iter_mut().map(|v| v.as_mut_slice()).collect();
+            matmul_multi_with(isa, &wr, &x, n, &mut refs);
+            for (i, w) in ws.iter().enumerate() {
+                let mut one = vec![0f32; n * w.rows];
+                matmul_with(isa, w, &x, n, &mut one);
+                assert_eq!(bits(&one), bits(&multi[i]), "{isa:?} matrix {i} n={n}");
+                if packs[i].is_some() {
+                    let mut s = vec![0f32; n * w.rows];
+                    matmul_with(Isa::Scalar, w, &x, n, &mut s);
+                    assert_eq!(bits(&s), bits(&one), "{isa:?} matrix {i} n={n} vs scalar");
+                }
             }
         }
     }

@@ -103,3 +103,29 @@ fn k_packed_in_matmul_multi_equal_separate_calls() {
     }
     assert_multi_equals_separate(&[(DType::Q4K, 256), (DType::Q6K, 64), (DType::Q4K, 36), (DType::Q4_0, 64)], 2);
 }
+
+/// Every packed path's Q4_K / Q6_K kernels (AVX2: ≤ 4 tokens per tile; AVX-512 VNNI: ≤ 8, then
+/// `vnni_k` from 8 tokens) = the scalar reference, bitwise, at each token count 1..=8 and past
+/// a tile, on odd numbers of 8-row groups, random block bytes (every scale and quant bit
+/// pattern) and quantized ones, activations at full scale; each token's bits are the same
+/// alone as in any N-token call.
+#[test]
+fn k_packed_paths_equal_scalar_bitwise_at_1_to_8_tokens() {
+    if common::packed::packed_paths().is_empty() {
+        eprintln!("no packed path on this CPU");
+        return;
+    }
+    for d in KQ {
+        for &(rows, cols, rand) in &[(8usize, 512usize, true), (24, 2048, false), (136, 256, true)] {
+            let bytes =
+                if rand { random_bytes(d, rows, cols, rows as u64 + 5, true) } else { quantize(d, &data(rows * cols, 9), cols).unwrap() };
+            let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+            let p = Packed::new(&wm).unwrap();
+            let wp = wm.with_packed(&p);
+            for n in (1usize..=8).chain([13, 16]) {
+                let x = acts(n, cols, 400 + n as u64);
+                assert_packed_equals_scalar(&wm, &wp, &x, n);
+            }
+        }
+    }
+}
