@@ -108,22 +108,24 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
+    // The threads the figures were measured with (the pool's own count is restored below).
+    let threads = engram_kernels::num_threads();
     engram_kernels::set_num_threads(before);
-    print(&a, &rows);
+    print(&a, &rows, threads);
     for r in &rows {
         ensure!(r.max_rel_diff < 1e-4, "{} {}: differs from the scalar path by {:.2e}", r.format.name(), r.variant, r.max_rel_diff);
     }
     Ok(())
 }
 
-fn print(a: &Args, rows: &[Row]) {
+fn print(a: &Args, rows: &[Row], threads: usize) {
     if a.json {
         for r in rows {
             let ns: serde_json::Map<String, serde_json::Value> =
                 a.tokens.iter().zip(&r.ns).map(|(n, v)| (format!("ns_per_row_token_n{n}"), serde_json::json!(round3(*v)))).collect();
             let mut row = serde_json::json!({
                 "format": r.format.name(), "variant": r.variant, "default": r.default,
-                "rows": a.rows, "cols": a.cols, "threads": engram_kernels::num_threads(), "reps": a.reps,
+                "rows": a.rows, "cols": a.cols, "threads": threads, "reps": a.reps,
                 "max_rel_diff_vs_scalar": r.max_rel_diff,
             });
             row.as_object_mut().expect("an object").extend(ns);
@@ -132,7 +134,7 @@ fn print(a: &Args, rows: &[Row]) {
         return;
     }
     let heads: Vec<String> = a.tokens.iter().map(|n| format!("n={n}")).collect();
-    println!("ns per row-token, {} × {} matrix, {} threads, median of {}:", a.rows, a.cols, engram_kernels::num_threads(), a.reps);
+    println!("ns per row-token, {} × {} matrix, {threads} threads, median of {}:", a.rows, a.cols, a.reps);
     println!("| format | variant | {} | vs scalar |", heads.join(" | "));
     println!("|---|---|{}---|", "---|".repeat(a.tokens.len()));
     for r in rows {
