@@ -96,7 +96,11 @@ pub fn run(a: Args) -> Result<()> {
         messages.extend(history.iter().cloned());
         let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
         let ids = tok.encode(&text, false)?.ids;
-        let job = Job { session: Some(current.clone()), text: Some(text), ..Job::from_tokens(OwnerKey::from(owner.as_str()), ids, params.clone()) };
+        let job = Job {
+            session: Some(current.clone()),
+            text: Some(text),
+            ..Job::from_tokens(OwnerKey::from(owner.as_str()), ids, params.clone())
+        };
         let r = engine.run(job, &mut stdout_sink)?;
         println!();
         eprintln!(

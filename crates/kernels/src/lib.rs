@@ -53,7 +53,7 @@ mod token_lanes;
 
 pub use dequant::dequantize_row;
 pub use dtype::{DType, KernelError, WeightMatrix};
-pub use matmul::{matmul, matmul_multi};
+pub use matmul::{matmul, matmul_grouped, matmul_multi, MatmulItem};
 pub use membw::stream_read;
 pub use mxfp4_hf::mxfp4_rows_from_hf;
 pub use pool::{num_threads, pool, set_num_threads};
@@ -63,7 +63,7 @@ pub use repack::{repack_enabled, Packed};
 /// Internals exposed for tests and benchmarks; not a stable API.
 #[doc(hidden)]
 pub mod internal {
-    pub use crate::matmul::{matmul_multi_with, matmul_with};
+    pub use crate::matmul::{matmul_grouped_with, matmul_multi_with, matmul_with};
     pub use crate::serial::matmul_serial_with;
     pub use crate::simd::Isa;
 }

@@ -31,6 +31,8 @@
 //!
 //! * [`matmul_multi`]: several matrices sharing the activations (q/k/v, gate/up) in one
 //!   parallel region, activations prepared once.
+//! * [`matmul_grouped`]: several matrices each over its own activations (a mixture's experts,
+//!   each over the tokens routed to it) in one parallel region.
 //!
 //! Invariant (relied upon by chunked prefill): for a given CPU path the result for token `t`
 //! is **bitwise identical** whatever `n_tokens` is and whichever other tokens share the call,
@@ -98,13 +100,7 @@ pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: us
         return;
     }
     // Activations once per distinct preparation (Q4_K and Q6_K share Q8_K blocks).
-    let key = |d: DType| match d {
-        DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => DType::Q4K,
-        DType::Q5_1 => DType::Q4_1,
-        DType::IQ4NL | DType::MXFP4 => DType::Q8_0,
-        DType::F16 | DType::BF16 => DType::F32,
-        d => d,
-    };
+    let key = acts_key;
     let mut prepared: Vec<(DType, Acts)> = Vec::new();
     for w in ws {
         if w.rows > 0 && !prepared.iter().any(|(k, _)| *k == key(w.dtype)) {
@@ -122,6 +118,86 @@ pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: us
         })
         .collect();
     let work: u64 = ws.iter().map(|w| w.rows as u64 * cols as u64 * n_tokens as u64).sum();
+    run_jobs(&jobs, work, threads);
+}
+
+/// One product of a [`matmul_grouped`] call: `out[t][r] = Σ_k x[t][k] · w[r][k]` for `t in
+/// 0..n_tokens`, shapes as in [`matmul`].
+pub struct MatmulItem<'a> {
+    pub w: &'a WeightMatrix<'a>,
+    pub x: &'a [f32],
+    pub n_tokens: usize,
+    pub out: &'a mut [f32],
+}
+
+/// Several products, each over its own activations, in one parallel region: the experts a
+/// mixture's tokens were routed to, each over its own rows, with one synchronisation instead
+/// of one per expert. Activations are prepared once per distinct slice and format.
+///
+/// Invariant: each item's `out` is bitwise equal to `matmul(w, x, n_tokens, out)` (the same
+/// tiles on the same prepared activations; only their scheduling differs).
+///
+/// # Panics
+/// If an item's shapes are inconsistent as in [`matmul`].
+pub fn matmul_grouped(items: &mut [MatmulItem<'_>]) {
+    matmul_grouped_with(Isa::detect(), items)
+}
+
+/// [`matmul_grouped`] on an explicit kernel path.
+///
+/// # Panics
+/// As [`matmul_grouped`], and if `isa` is not available on this CPU.
+pub fn matmul_grouped_with(isa: Isa, items: &mut [MatmulItem<'_>]) {
+    assert!(isa.is_available(), "kernel path {isa:?} not supported by this CPU");
+    for it in items.iter_mut() {
+        assert_eq!(it.x.len(), it.n_tokens * it.w.cols, "matmul: x must be n_tokens x cols");
+        assert_eq!(it.out.len(), it.n_tokens * it.w.rows, "matmul: out must be n_tokens x rows");
+        if it.w.cols == 0 {
+            it.out.fill(0.0);
+        }
+    }
+    let runs = |it: &MatmulItem<'_>| it.n_tokens > 0 && it.w.rows > 0 && it.w.cols > 0;
+    // Activations once per (slice, preparation): gate and up of one expert share theirs.
+    let mut prepared: Vec<(*const f32, usize, DType, Acts)> = Vec::new();
+    let mut which = Vec::with_capacity(items.len());
+    for it in items.iter() {
+        if !runs(it) {
+            which.push(usize::MAX);
+            continue;
+        }
+        let k = acts_key(it.w.dtype);
+        let at = prepared.iter().position(|(p, n, d, _)| std::ptr::eq(*p, it.x.as_ptr()) && *n == it.x.len() && *d == k);
+        which.push(at.unwrap_or_else(|| {
+            prepared.push((it.x.as_ptr(), it.x.len(), k, Acts::prepare(it.w.dtype, it.x, it.n_tokens, it.w.cols)));
+            prepared.len() - 1
+        }));
+    }
+    let threads = crate::pool::num_threads();
+    let work: u64 = items.iter().filter(|it| runs(it)).map(|it| it.w.rows as u64 * it.w.cols as u64 * it.n_tokens as u64).sum();
+    let jobs: Vec<Job> = items
+        .iter_mut()
+        .zip(&which)
+        .filter(|(_, &at)| at != usize::MAX)
+        .map(|(it, &at)| Job::new(isa, it.w, &prepared[at].3, it.out, it.n_tokens, threads))
+        .collect();
+    run_jobs(&jobs, work, threads);
+}
+
+/// Activations are prepared once per key: Q4_K and Q6_K (and the other K-quants) share Q8_K
+/// blocks, Q5_1 shares Q4_1's, IQ4_NL and MXFP4 share Q8_0's, F16 and BF16 share f32.
+fn acts_key(d: DType) -> DType {
+    match d {
+        DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => DType::Q4K,
+        DType::Q5_1 => DType::Q4_1,
+        DType::IQ4NL | DType::MXFP4 => DType::Q8_0,
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
+}
+
+/// Runs `jobs` (their row chunks spread over the pool together; alone on this thread when
+/// there is one thread or too little `work` to share).
+fn run_jobs(jobs: &[Job], work: u64, threads: usize) {
     if threads <= 1 || work < (1 << 18) {
         jobs.iter().for_each(|j| j.run_rows(0, j.rows));
         return;

@@ -12,8 +12,8 @@
 
 use crate::config::{FfnActivation, MoeConfig, MoeGating};
 use crate::ops::{add_bias, gated_activation};
-use crate::weights::MoeWeights;
-use engram_kernels::{matmul, matmul_multi};
+use crate::weights::{GatedMlp, MoeWeights};
+use engram_kernels::{matmul, matmul_grouped, MatmulItem};
 
 /// The top `k` experts of one token's router `logits` under `gating`: (expert, weight) by
 /// falling weight.
@@ -65,26 +65,45 @@ pub fn moe_ffn(moe: &MoeWeights, cfg: MoeConfig, act: FfnActivation, xn: &[f32],
     }
     out.fill(0.0);
     let f = cfg.expert_ffn;
-    for (expert, rows_of) in moe.experts.iter().zip(&routed) {
-        let n = rows_of.len();
-        if n == 0 {
-            continue;
-        }
-        let mut x = Vec::with_capacity(n * hidden);
-        for &(row, _) in rows_of {
-            x.extend_from_slice(&xn[row * hidden..(row + 1) * hidden]);
-        }
-        let (mut gate, mut up) = (vec![0.0f32; n * f], vec![0.0f32; n * f]);
-        matmul_multi(&[&expert.gate.matrix(), &expert.up.matrix()], &x, n, &mut [&mut gate, &mut up]);
+    // The chosen experts, each with the rows routed to it (in row order).
+    let chosen: Vec<(&GatedMlp, &[(usize, f32)])> =
+        moe.experts.iter().zip(&routed).filter(|(_, r)| !r.is_empty()).map(|(e, r)| (e, r.as_slice())).collect();
+    let xs: Vec<Vec<f32>> = chosen
+        .iter()
+        .map(|(_, rows_of)| rows_of.iter().flat_map(|&(row, _)| xn[row * hidden..(row + 1) * hidden].iter().copied()).collect())
+        .collect();
+    // Every chosen expert's gate and up, then every down, each as one parallel region (one
+    // synchronisation per step, not one per expert: a decoded token reads 8 or so small
+    // experts). Each product is bitwise what its own `matmul` gives (`matmul_grouped`).
+    let mut gates: Vec<Vec<f32>> = chosen.iter().map(|(_, r)| vec![0.0f32; r.len() * f]).collect();
+    let mut ups: Vec<Vec<f32>> = chosen.iter().map(|(_, r)| vec![0.0f32; r.len() * f]).collect();
+    let gate_w: Vec<_> = chosen.iter().map(|(e, _)| e.gate.matrix()).collect();
+    let up_w: Vec<_> = chosen.iter().map(|(e, _)| e.up.matrix()).collect();
+    let mut items = Vec::with_capacity(2 * chosen.len());
+    for (i, (g, u)) in gates.iter_mut().zip(ups.iter_mut()).enumerate() {
+        let n = chosen[i].1.len();
+        items.push(MatmulItem { w: &gate_w[i], x: &xs[i], n_tokens: n, out: g });
+        items.push(MatmulItem { w: &up_w[i], x: &xs[i], n_tokens: n, out: u });
+    }
+    matmul_grouped(&mut items);
+    drop(items);
+    for ((expert, _), (gate, up)) in chosen.iter().zip(gates.iter_mut().zip(ups.iter_mut())) {
         if let Some(b) = &expert.bias {
-            add_bias(&mut gate, &b.gate);
-            add_bias(&mut up, &b.up);
+            add_bias(gate, &b.gate);
+            add_bias(up, &b.up);
         }
-        gated_activation(act, &mut gate, &up);
-        let mut y = vec![0.0f32; n * hidden];
-        matmul(&expert.down.matrix(), &gate, n, &mut y);
+        gated_activation(act, gate, up);
+    }
+    let mut ys: Vec<Vec<f32>> = chosen.iter().map(|(_, r)| vec![0.0f32; r.len() * hidden]).collect();
+    let down_w: Vec<_> = chosen.iter().map(|(e, _)| e.down.matrix()).collect();
+    let mut items: Vec<MatmulItem> =
+        ys.iter_mut().enumerate().map(|(i, y)| MatmulItem { w: &down_w[i], x: &gates[i], n_tokens: chosen[i].1.len(), out: y }).collect();
+    matmul_grouped(&mut items);
+    drop(items);
+    // Summed into each row in expert index order, as before.
+    for ((expert, rows_of), y) in chosen.iter().zip(&mut ys) {
         if let Some(b) = &expert.bias {
-            add_bias(&mut y, &b.down);
+            add_bias(y, &b.down);
         }
         for (i, &(row, w)) in rows_of.iter().enumerate() {
             for (o, &v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(&y[i * hidden..(i + 1) * hidden]) {

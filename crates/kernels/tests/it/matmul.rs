@@ -188,6 +188,40 @@ fn matmul_multi_equals_separate_calls_bitwise() {
     }
 }
 
+/// `matmul_grouped` (each matrix over its own activations, one parallel region; a mixture's
+/// experts) gives every item bitwise what its own `matmul` call gives, on every path: mixed
+/// formats, items sharing one activation slice (an expert's gate and up), different token
+/// counts per item (0 included), an empty matrix, and calls that do and do not run threaded.
+#[test]
+fn matmul_grouped_equals_separate_calls_bitwise() {
+    use engram_kernels::internal::matmul_grouped_with;
+    let cols = 512;
+    let mix: [(DType, usize); 7] =
+        [(DType::Q4_0, 96), (DType::Q4_0, 96), (DType::Q4K, 64), (DType::Q6K, 40), (DType::Q8_0, 0), (DType::MXFP4, 72), (DType::F16, 33)];
+    let bytes: Vec<Vec<u8>> =
+        mix.iter().enumerate().map(|(i, &(d, r))| quantize(d, &data(r * cols, 60 + i as u64), cols).unwrap()).collect();
+    let ws: Vec<WeightMatrix> = mix.iter().zip(&bytes).map(|(&(d, r), b)| WeightMatrix::new(d, r, cols, b).unwrap()).collect();
+    // Tokens per item: one each (a decoded token: too little work to thread), and a prefill's
+    // uneven split (threaded); items 0 and 1 share one activation slice, as an expert's gate
+    // and up do.
+    for tokens in [[1usize, 1, 1, 1, 1, 1, 1], [3, 3, 1, 0, 2, 17, 5]] {
+        let slice = |i: usize| if i == 1 { 0 } else { i };
+        let xs: Vec<Vec<f32>> = tokens.iter().enumerate().map(|(i, &n)| data(n * cols, 70 + i as u64)).collect();
+        for isa in Isa::available() {
+            let mut outs: Vec<Vec<f32>> = (0..mix.len()).map(|i| vec![f32::NAN; tokens[i] * ws[i].rows]).collect();
+            let mut items: Vec<MatmulItem> =
+                outs.iter_mut().enumerate().map(|(i, o)| MatmulItem { w: &ws[i], x: &xs[slice(i)], n_tokens: tokens[i], out: o }).collect();
+            matmul_grouped_with(isa, &mut items);
+            drop(items);
+            for (i, w) in ws.iter().enumerate() {
+                let mut one = vec![0f32; tokens[i] * w.rows];
+                matmul_with(isa, w, &xs[slice(i)], tokens[i], &mut one);
+                assert!(one.iter().zip(&outs[i]).all(|(a, b)| a.to_bits() == b.to_bits()), "item {i} {isa:?} tokens {tokens:?}");
+            }
+        }
+    }
+}
+
 /// The multi-token path of Q5_K / Q3_K / Q2_K / IQ4_XS (a panel decoded once per call, wider
 /// micro-kernels) gives each token exactly the bits of a one-token call, on shapes that span
 /// several row chunks and threads, with row counts off the 4-row group, every token tail
