@@ -117,15 +117,18 @@ impl SessionStore {
         self
     }
 
-    /// A checkout's cache made ready for its request: cut back to where it can resume exactly
-    /// (the window before that point whole), releasing by the sliding geometry, with the
-    /// window before its end kept (a resume point: the next request may diverge there).
-    fn resume(&self, mut kv: SeqKv) -> SeqKv {
+    /// A checkout's cache made ready for a request of `prompt_len` tokens: cut back to where it
+    /// can resume exactly (the window before that point whole), releasing by the sliding
+    /// geometry, with the windows before its start and before the prompt's end kept (resume
+    /// points: the next request may edit this message, or render this answer otherwise than
+    /// it was sampled — templates often do — and diverge right after the prompt).
+    fn resume(&self, mut kv: SeqKv, prompt_len: usize) -> SeqKv {
         let Some(g) = &self.sliding else { return kv };
         let n = kv.resumable(kv.len());
         kv.truncate(n);
         kv.release_sliding(g.clone());
         kv.keep_window_at(n);
+        kv.keep_window_at(prompt_len.max(n));
         kv
     }
 
@@ -434,7 +437,7 @@ impl SessionStore {
         };
         let found = candidate.map(|s| (s.id.clone(), common(s), s.tokens.len(), s.kv.fork(common(s))));
         let found = found.map(|(id, _, len, kv)| {
-            let kv = self.resume(kv);
+            let kv = self.resume(kv, prompt.len());
             (id, kv.len(), len, kv)
         });
         let (kind, id, k, kv) = match found {
@@ -452,7 +455,7 @@ impl SessionStore {
             _ => {
                 let salt = self.salt(owner);
                 let kv = self.index.lookup(&self.pool, salt, prompt);
-                let kv = self.resume(kv);
+                let kv = self.resume(kv, prompt.len());
                 let k = kv.len();
                 let id = session_id.map(str::to_string).unwrap_or_else(|| self.fresh_id());
                 (if k > 0 { MatchKind::Prefix } else { MatchKind::Miss }, id, k, kv)
@@ -553,7 +556,7 @@ impl SessionStore {
                 } else {
                     MatchKind::Diverge
                 };
-                let kv = self.resume(s.kv.fork(k));
+                let kv = self.resume(s.kv.fork(k), enc.ids.len());
                 let k = kv.len();
                 return Ok(Checkout { restore, ..Checkout::own(session_id, kind, enc.ids, token_ends, k, kv) });
             }
@@ -570,7 +573,7 @@ impl SessionStore {
         if self.restore_remote_prefix(owner, &enc.ids, kv.len()) {
             kv = self.index.lookup(&self.pool, salt, &enc.ids);
         }
-        let kv = self.resume(kv);
+        let kv = self.resume(kv, enc.ids.len());
         let reused = kv.len();
         self.persist_prefix(salt, &enc.ids, &kv);
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };

@@ -200,7 +200,8 @@ impl SeqKv {
         let n = num_tokens.min(self.len);
         let win = self.window.clone().filter(|t| n % BLOCK_TOKENS != 0 && t.block == n / BLOCK_TOKENS);
         let positions = self.positions.as_ref().map(|p| p[..n].to_vec());
-        let keep = self.keep.iter().copied().filter(|&p| p <= n).collect();
+        // Resume points past `n` stay: a fork continues from there (a checkout's prompt end).
+        let keep = self.keep.clone();
         let blocks = self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec();
         SeqKv { pool: self.pool.clone(), blocks, len: n, window: win, positions, sliding: self.sliding.clone(), keep }
     }
@@ -222,7 +223,6 @@ impl SeqKv {
         if let Some(p) = self.positions.as_mut() {
             p.truncate(num_tokens);
         }
-        self.keep.retain(|&p| p <= num_tokens);
         // A partial last block keeps stale tokens past `len`, which
         // `for_each_chunk` hides and the next write overwrites.
         self.blocks.truncate(num_tokens.div_ceil(BLOCK_TOKENS));

@@ -44,12 +44,13 @@ impl SeqKv {
         self.sliding.as_ref()
     }
 
-    /// Keeps the sliding layers' rows of the `window` positions before `pos` (`<= len`), so a
-    /// later request can resume at `pos` ([`SeqKv::resumable`]): a turn's end. The newest
-    /// [`MAX_RESUME_POINTS`] are kept (older ones are forgotten: their windows may be released).
-    /// Forks keep the resume points up to their length.
+    /// Keeps the sliding layers' rows of the `window` positions before `pos`, so a later
+    /// request can resume at `pos` ([`SeqKv::resumable`]): a turn's start, or the end of a prompt still being prefilled
+    /// (`pos` may lie past `len`: a point the sequence will reach; the next request's template
+    /// may render the answer after it differently). The newest [`MAX_RESUME_POINTS`] are kept
+    /// (older ones are forgotten: their windows may be released). Forks and truncations keep
+    /// every resume point.
     pub fn keep_window_at(&mut self, pos: usize) {
-        let pos = pos.min(self.len);
         if let Err(i) = self.keep.binary_search(&pos) {
             self.keep.insert(i, pos);
         }
