@@ -64,14 +64,10 @@ impl Thread {
         let pending = match &self.owner {
             Owner::Agent(record) => {
                 let job = Job {
-                    owner: OwnerKey::agent(TENANT, &record.id),
                     session: Some("main".into()),
                     text: Some(text),
-                    add_special: false,
-                    prompt,
-                    params,
                     pinned: true,
-                    long_context_after: None,
+                    ..Job::from_tokens(OwnerKey::agent(TENANT, &record.id), prompt, params)
                 };
                 // Submitted only while the agent is registered (a delete forgets its cache
                 // under the same lock: no session is saved for a deleted agent).
@@ -80,16 +76,9 @@ impl Thread {
                     .while_current(TENANT, record, || self.core.submit(job))
                     .ok_or_else(|| EngramError::new_err(format!("no agent {:?} (it was deleted)", record.id)))??
             }
-            Owner::Session(id) => self.core.submit(Job {
-                owner: TENANT.into(),
-                session: Some(id.clone()),
-                text: Some(text),
-                add_special: false,
-                prompt,
-                params,
-                pinned: false,
-                long_context_after: None,
-            })?,
+            Owner::Session(id) => {
+                self.core.submit(Job { session: Some(id.clone()), text: Some(text), ..Job::from_tokens(TENANT.into(), prompt, params) })?
+            }
         };
         let done = pending.collect(py)?;
         let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());

@@ -89,16 +89,7 @@ impl Engine {
         let (text, prompt) = self.core.render(&msgs)?;
         let grammar = response_format(opts.response_format.clone(), || self.core.grammars())?;
         let params = opts.params(prompt.len(), self.core.context_length(), None, grammar)?;
-        let job = Job {
-            owner: TENANT.into(),
-            session: session_id,
-            text: Some(text),
-            add_special: false,
-            prompt,
-            params,
-            pinned: false,
-            long_context_after: None,
-        };
+        let job = Job { session: session_id, text: Some(text), ..Job::from_tokens(TENANT.into(), prompt, params) };
         self.run(py, job, Kind::Chat, stream)
     }
 
@@ -126,16 +117,7 @@ impl Engine {
         };
         let grammar = response_format(opts.response_format.clone(), || self.core.grammars())?;
         let params = opts.params(ids.len(), self.core.context_length(), Some(16), grammar)?;
-        let job = Job {
-            owner: TENANT.into(),
-            session: None,
-            text,
-            add_special: true,
-            prompt: ids,
-            params,
-            pinned: false,
-            long_context_after: None,
-        };
+        let job = Job { text, add_special: true, ..Job::from_tokens(TENANT.into(), ids, params) };
         self.run(py, job, Kind::Text, stream)
     }
 

@@ -212,16 +212,7 @@ impl Rag {
             reuse: ChunkReuse::Prefix,
             chunk_dir: Some(dir.join("chunks")),
         });
-        let job = Job {
-            owner: owner.clone(),
-            session: None,
-            text: None,
-            add_special: false,
-            prompt: pending.prompt.tokens.clone(),
-            params,
-            pinned: false,
-            long_context_after: None,
-        };
+        let job = Job::from_tokens(owner.clone(), pending.prompt.tokens.clone(), params);
         let submitted = self.core.submit(job).inspect_err(|_| self.core.rag.registry.cancel(&owner))?;
         let before_ms = pending.elapsed_ms();
         let done = submitted.collect(py)?;

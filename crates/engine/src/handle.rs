@@ -173,16 +173,7 @@ mod tests {
     }
 
     fn job() -> Job {
-        Job {
-            owner: "t".into(),
-            session: None,
-            text: None,
-            add_special: false,
-            prompt: vec![1],
-            params: Default::default(),
-            pinned: false,
-            long_context_after: None,
-        }
+        Job::from_tokens("t".into(), vec![1], Default::default())
     }
 
     #[test]

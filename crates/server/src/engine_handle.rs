@@ -158,16 +158,7 @@ mod tests {
         let (handle, thread) = EngineHandle::spawn(4, 4, Arc::new(Metrics::default()), |_, _rx| panic!("injected engine fault"));
         assert!(thread.join().is_err(), "the stand-in engine died");
         assert!(!handle.is_alive());
-        let job = Job {
-            owner: "t".into(),
-            session: None,
-            text: None,
-            add_special: false,
-            prompt: vec![1],
-            params: Default::default(),
-            pinned: false,
-            long_context_after: None,
-        };
+        let job = Job::from_tokens("t".into(), vec![1], Default::default());
         let e = handle.submit(job).unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.code, Some("engine_down"));
