@@ -92,33 +92,12 @@ pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: us
     for (w, out) in ws.iter().zip(outs.iter()) {
         assert_eq!(out.len(), n_tokens * w.rows, "matmul: out must be n_tokens x rows");
     }
-    if n_tokens == 0 {
-        return;
-    }
-    if cols == 0 {
-        outs.iter_mut().for_each(|o| o.iter_mut().for_each(|v| *v = 0.0));
-        return;
-    }
-    // Activations once per distinct preparation (Q4_K and Q6_K share Q8_K blocks).
-    let key = acts_key;
-    let mut prepared: Vec<(DType, Acts)> = Vec::new();
-    for w in ws {
-        if w.rows > 0 && !prepared.iter().any(|(k, _)| *k == key(w.dtype)) {
-            prepared.push((key(w.dtype), Acts::prepare(w.dtype, x, n_tokens, cols)));
-        }
-    }
-    let threads = crate::pool::num_threads();
-    let jobs: Vec<Job> = ws
-        .iter()
-        .zip(outs.iter_mut())
-        .filter(|(w, _)| w.rows > 0)
-        .map(|(w, out)| {
-            let acts = &prepared.iter().find(|(k, _)| *k == key(w.dtype)).expect("prepared above").1;
-            Job::new(isa, w, acts, out, n_tokens, threads)
-        })
-        .collect();
-    let work: u64 = ws.iter().map(|w| w.rows as u64 * cols as u64 * n_tokens as u64).sum();
-    run_jobs(&jobs, work, threads);
+    // The same products as a grouped call whose items share `x`: it prepares the activations
+    // once per format (Q4_K and Q6_K share Q8_K blocks) and runs every matrix's row chunks in
+    // one parallel region.
+    let mut items: Vec<MatmulItem> =
+        ws.iter().zip(outs.iter_mut()).map(|(w, out)| MatmulItem { w, x, n_tokens, out: &mut **out }).collect();
+    matmul_grouped_with(isa, &mut items);
 }
 
 /// One product of a [`matmul_grouped`] call: `out[t][r] = Σ_k x[t][k] · w[r][k]` for `t in
