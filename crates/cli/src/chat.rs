@@ -16,15 +16,26 @@
 //! thread whose history passes the threshold goes sparse (DynaKV over KV offloaded to
 //! `<data dir>/long`) and keeps its sparse cache between turns.
 //!
+//! With `--context dual` the chat runs on the dual-stream policy as `engram serve --context
+//! dual` does (the same flags): the system prompt and the facts are the user's persistent
+//! stream, computed once and shared by every thread; each thread is a ring of whole turns
+//! within `--ring-tokens`, its oldest turns evicted; a turn sends only its new message
+//! (`engram_dual::turn_tokens`), the facts as segments (`engram_dual::segment_tokens`).
+//!
 //! Invariant: a thread's prompt is the system prompt, then the live facts in order, then that
-//! thread's turns — whatever other threads hold.
+//! thread's turns — whatever other threads hold (in dual-stream contexts: the turns its ring
+//! still keeps).
 
 use std::collections::HashMap;
 use std::io::BufRead;
 
+use std::sync::Arc;
+
 use anyhow::Result;
-use engram_dual::{FactLimits, FactStore};
-use engram_engine::{Job, OwnerKey};
+use engram_dual::{DualControl, FactLimits, FactSegment, FactStore};
+use engram_engine::{Job, OwnerKey, PolicyControl};
+use engram_model::Model;
+use engram_stack::StackConfig;
 use engram_tokenizer::ChatMessage;
 
 use crate::common::{kv_pool, load_model, stdout_sink, ModelArgs, SamplingArgs};
@@ -45,6 +56,8 @@ pub struct Args {
     #[arg(long, default_value = "default")]
     user: String,
     #[command(flatten)]
+    context: crate::context_args::ContextArgs,
+    #[command(flatten)]
     long_context: crate::long_context::LongContextArgs,
 }
 
@@ -64,11 +77,21 @@ pub fn run(a: Args) -> Result<()> {
         anyhow::bail!("--user {:?}: letters, digits, '_', '-', '.', ':' only, at most 128", a.user);
     }
     let facts = FactStore::open(&crate::cache_cmd::store_dir(&a.model.data_dir).join("facts"), FactLimits::default());
-    let owner = format!("default\u{1f}user:{}", a.user);
+    let owner_key = OwnerKey::user("default", &a.user);
+    let owner = owner_key.to_string();
     let system: Vec<ChatMessage> =
         Some(&a.system).filter(|s| !s.is_empty()).map(|s| ChatMessage::new("system", s.clone())).into_iter().collect();
-    let long = a.long_context.config(&crate::common::data_dir(&a.model.data_dir))?;
-    let engine = crate::engine_run::CliEngine::start(model.clone(), pool, long);
+    let dual = a.context.is_dual();
+    let stack = StackConfig {
+        context: a.context.mode()?,
+        encoder: if dual { relevance_encoder()? } else { None },
+        summarizer: a.context.summarizer_model()?,
+        masked_turns: a.context.masked_turns()?,
+        render_summary: Some(summary_renderer(model.clone())),
+        long_context: a.long_context.config(&crate::common::data_dir(&a.model.data_dir))?,
+        ..StackConfig::default()
+    };
+    let engine = crate::engine_run::CliEngine::start_with(model.clone(), pool, stack);
     let mut threads: HashMap<String, Vec<ChatMessage>> = HashMap::new();
     let mut current = "default".to_string();
     let params = a.sampling.params();
@@ -89,27 +112,72 @@ pub fn run(a: Args) -> Result<()> {
         }
         let history = threads.entry(current.clone()).or_default();
         history.push(ChatMessage::new("user", line));
-        let mut messages = system.clone();
-        for f in facts.live(&owner) {
-            messages.push(ChatMessage::new("system", format!("{}{}", engram_server::FACT_PREFIX, f.text)));
-        }
-        messages.extend(history.iter().cloned());
-        let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
-        let ids = tok.encode(&text, false)?.ids;
-        let job = Job {
-            session: Some(current.clone()),
-            text: Some(text),
-            ..Job::from_tokens(OwnerKey::from(owner.as_str()), ids, params.clone())
+        let job = if dual {
+            // Only the new message is sent; the anchors and facts reach the policy first.
+            let messages: Vec<ChatMessage> = system.iter().chain(history.iter()).cloned().collect();
+            let t = engram_dual::turn_tokens(tok, tpl, &messages)?;
+            let facts = facts
+                .live(&owner)
+                .into_iter()
+                .map(|f| {
+                    let tokens = engram_dual::segment_tokens(tok, &format!("{}{}", engram_dual::FACT_PREFIX, f.text))?;
+                    Ok(FactSegment { id: f.id, text: f.text, tokens })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            engine.control(PolicyControl::new(DualControl::Turn {
+                user: owner_key.clone(),
+                anchors: t.anchors,
+                facts: Some(facts),
+                state: None,
+            }));
+            Job { session: Some(current.clone()), ..Job::from_tokens(owner_key.clone(), t.turn, params.clone()) }
+        } else {
+            let mut messages = system.clone();
+            for f in facts.live(&owner) {
+                messages.push(ChatMessage::new("system", format!("{}{}", engram_dual::FACT_PREFIX, f.text)));
+            }
+            messages.extend(history.iter().cloned());
+            let text = tpl.render(&messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
+            let ids = tok.encode(&text, false)?.ids;
+            Job { session: Some(current.clone()), text: Some(text), ..Job::from_tokens(owner_key.clone(), ids, params.clone()) }
         };
         let r = engine.run(job, &mut stdout_sink)?;
         println!();
-        eprintln!(
-            "[ttft {:.0} ms, {} of {} prompt tokens from cache, {} tokens at {:.1} tok/s]",
-            r.ttft_ms, r.cached_tokens, r.prompt_tokens, r.generated, r.decode_tok_s
-        );
+        let prompt = if dual {
+            // The prompt is the new turn alone: the stream and the ring's turns are kept KV.
+            format!("{} new prompt tokens over the kept stream and turns", r.prompt_tokens)
+        } else {
+            format!("{} of {} prompt tokens from cache", r.cached_tokens, r.prompt_tokens)
+        };
+        eprintln!("[ttft {:.0} ms, {prompt}, {} tokens at {:.1} tok/s]", r.ttft_ms, r.generated, r.decode_tok_s);
         history.push(ChatMessage::new("assistant", r.text));
     }
     Ok(())
+}
+
+/// The sentence encoder that ranks dual-stream turns for relevance masks: the one
+/// `$ENGRAM_EMBEDDER` names, else the installed one, if any (said on stderr either way).
+fn relevance_encoder() -> Result<Option<Arc<dyn engram_embed::TextEncoder>>> {
+    match engram_embed::Encoder::discover()? {
+        Some(e) => {
+            eprintln!("relevance masks: {}", e.describe());
+            Ok(Some(Arc::new(e)))
+        }
+        None => {
+            eprintln!(
+                "relevance masks: off (no sentence encoder installed, or ${}=none; every kept turn is attended)",
+                engram_embed::discover::ENV_VAR
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// A summary's text as the chat model's persistent-stream segment (as `engram serve` renders it).
+fn summary_renderer(model: Arc<Model>) -> engram_dual::RenderSegment {
+    Arc::new(move |text: &str| {
+        engram_dual::segment_tokens(&model.tokenizer, &format!("{}{text}", engram_dual::SUMMARY_PREFIX)).map_err(|e| e.to_string())
+    })
 }
 
 /// Runs one `/command`; an error is printed and the chat goes on.

@@ -1,6 +1,6 @@
 //! The engine `engram chat` and `engram generate` run on: an [`EngineHandle`] over the policy
-//! stack `engram_stack::build` assembles (the session store, with the long-context layer on top
-//! when `--long-context-after` asks), as `engram serve` builds its own. Every token of a chat
+//! stack `engram_stack::build` assembles (the session store or dual-stream contexts, with the
+//! long-context layer on top when `--long-context-after` asks), as `engram serve` builds its own. Every token of a chat
 //! or a generation is computed by the engine's step: there is no other decode loop here.
 //!
 //! ```text
@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use anyhow::{anyhow, Result};
-use engram_engine::{EngineHandle, Event, EventSink, FinishReason, Job, Metrics, SchedulerConfig};
+use engram_engine::{EngineHandle, Event, EventSink, FinishReason, Job, Metrics, PolicyControl, SchedulerConfig};
 use engram_kv::KvPool;
 use engram_model::Model;
 use engram_stack::{LongContextConfig, StackConfig};
@@ -76,12 +76,23 @@ impl CliEngine {
     /// Starts the engine on `model` with the session store (RAM only) under the long-context
     /// layer `long`, if given.
     pub fn start(model: Arc<Model>, pool: KvPool, long: Option<LongContextConfig>) -> CliEngine {
-        let stack = StackConfig { long_context: long, ..StackConfig::default() };
+        CliEngine::start_with(model, pool, StackConfig { long_context: long, ..StackConfig::default() })
+    }
+
+    /// Starts the engine on `model` with the stack `stack` describes (dual-stream contexts, the
+    /// long-context layer, a disk tier), as `engram serve` builds its own.
+    pub fn start_with(model: Arc<Model>, pool: KvPool, stack: StackConfig) -> CliEngine {
         let (handle, thread) =
             EngineHandle::start(model.clone(), pool, SchedulerConfig::default(), Arc::new(Metrics::default()), move |_m, p| {
                 engram_stack::build(&model, p, &stack).policy
             });
         CliEngine { handle: Some(handle), thread: Some(thread) }
+    }
+
+    /// Sends a policy's own message (dual-stream's anchors and facts before a turn); it reaches
+    /// the policy before any job submitted after it.
+    pub fn control(&self, msg: PolicyControl) {
+        self.handle.as_ref().expect("running until dropped").control(msg);
     }
 
     /// Runs `job` to its end, streaming its text through `out` (returning false cancels).

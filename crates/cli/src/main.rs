@@ -5,6 +5,7 @@
 mod api_keys;
 mod cache_cmd;
 mod chat;
+mod context_args;
 mod convert_cmd;
 mod engine_run;
 mod fixture_cmd;

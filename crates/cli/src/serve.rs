@@ -94,43 +94,8 @@ pub struct Args {
     /// 503 with Retry-After (a prompt larger than the whole budget is a 400 at once).
     #[arg(long, default_value_t = 60)]
     admission_wait_secs: u64,
-    /// How context is kept between chat requests: `sessions` (default: conversations matched
-    /// by their text, every turn kept) or `dual` (dual-stream: per `user` a persistent stream of
-    /// the system prompt, per `thread_id` / `X-Engram-Thread` a ring of whole turns within
-    /// --ring-tokens, the oldest evicted; only the last user message of a request is new).
-    #[arg(long, default_value = "sessions", value_name = "sessions|dual")]
-    context: String,
-    /// With --context dual: the ring's capacity in tokens per thread.
-    #[arg(long, default_value_t = 1536)]
-    ring_tokens: usize,
-    /// With --context dual and a sentence encoder: turns less similar than this (cosine) to the
-    /// new message are masked out of attention (kept for later). The default keeps recall high
-    /// (all-MiniLM-L6-v2 on the labelled pairs: recall 0.91, precision 0.80 at 0.25; docs/embeddings.md):
-    /// masking a turn that mattered costs answers, attending one that did not costs only time.
-    /// Without a sentence encoder (the LLM's pooled hidden states) masks are off.
-    #[arg(long, default_value_t = 0.25)]
-    relevance_threshold: f32,
-    /// With --context dual: the last turns always attended, whatever their similarity.
-    #[arg(long, default_value_t = 1)]
-    keep_last_turns: usize,
-    /// With --context dual and relevance masks: where a turn masked out of attention keeps its
-    /// KV: `ram` (with the disk tier, written to disk only when RAM runs short), or `disk` (a
-    /// checksummed file under the cache directory at once, its RAM returned to the pool, read
-    /// back exactly when a later message wants it; needs the disk tier). Either way the files
-    /// count against --disk-budget-mib.
-    #[arg(long, default_value = "ram", value_name = "ram|disk")]
-    masked_turns: String,
-    /// With --context dual: the most tokens a user's persistent stream (system prompt and
-    /// facts, /v1/users/{id}/facts) holds; past it the facts are summarized.
-    #[arg(long, default_value_t = 512)]
-    persistent_cap_tokens: usize,
-    /// With --context dual: the most tokens a summary of a user's facts has.
-    #[arg(long, default_value_t = 300)]
-    summary_target_tokens: usize,
-    /// With --context dual: the model that summarizes facts past the cap (any model Engram
-    /// loads: GGUF or a Hugging Face folder); default the served model.
-    #[arg(long, value_name = "PATH")]
-    summarizer: Option<PathBuf>,
+    #[command(flatten)]
+    context: crate::context_args::ContextArgs,
     /// Most of the batch one account (an API key's tenant, with its agents and users) holds
     /// at once; default: --max-batch less a quarter of it, so other accounts always find a slot
     /// (with one tenant or no keys: the whole batch).
@@ -258,20 +223,7 @@ pub fn run(mut a: Args) -> Result<()> {
     let pool = kv_pool(&model, &a.model)?;
     let api_keys = crate::api_keys::collect(&a.api_keys, a.api_key_file.as_deref())?;
     let one_tenant = api_keys.iter().map(|(_, t)| t).collect::<std::collections::HashSet<_>>().len() <= 1;
-    let context = match a.context.as_str() {
-        "sessions" => engram_server::ContextMode::Sessions,
-        "dual" => engram_server::ContextMode::Dual {
-            ring_tokens: a.ring_tokens.max(1),
-            threshold: a.relevance_threshold,
-            keep_last: a.keep_last_turns.max(1),
-            persistent_cap: a.persistent_cap_tokens.max(1),
-            summary_target: a.summary_target_tokens.max(1),
-        },
-        other => bail!("--context wants sessions or dual, got {other:?}"),
-    };
-    if a.context == "dual" && a.summary_target_tokens >= a.persistent_cap_tokens {
-        bail!("--summary-target-tokens ({}) must be below --persistent-cap-tokens ({})", a.summary_target_tokens, a.persistent_cap_tokens);
-    }
+    let context = a.context.mode()?;
     if a.max_connections == 0 || a.header_timeout_secs == 0 || a.body_timeout_secs == 0 {
         bail!("--max-connections, --header-timeout-secs and --body-timeout-secs must be at least 1");
     }
@@ -296,14 +248,9 @@ pub fn run(mut a: Args) -> Result<()> {
             chunk_reuse,
             ..engram_server::RagServerConfig::new(data_dir(&a.model.data_dir).join("rag").join("tenants"))
         }),
-        masked_turns: a.masked_turns.parse().map_err(anyhow::Error::msg)?,
+        masked_turns: a.context.masked_turns()?,
         long_context: a.long_context.config(&data_dir(&a.model.data_dir))?,
-        summarizer: match &a.summarizer {
-            Some(p) => Some(engram_server::SummarizerModel(Arc::new(
-                engram_model::Model::load(p).with_context(|| format!("--summarizer {}", p.display()))?,
-            ))),
-            None => None,
-        },
+        summarizer: a.context.summarizer_model()?.map(engram_server::SummarizerModel),
         embedder: embedder(&a, &model, &model_id)?,
         model_id,
         api_keys,
@@ -395,7 +342,7 @@ fn remote_tier(a: &Args) -> Result<Option<engram_remote::RemoteTier>> {
     }
     let tier = engram_remote::RemoteTier::new(config).map_err(anyhow::Error::msg)?;
     eprintln!("remote KV tier: {}", engram_remote::redact(url));
-    if a.context == "dual" {
+    if a.context.is_dual() {
         eprintln!("warning: with --context dual only agents' records go through the remote tier; users' streams, rings and facts stay on this replica");
     }
     Ok(Some(tier))

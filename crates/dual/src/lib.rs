@@ -16,6 +16,8 @@
 //! - [`RingStore`] (`ring_store.rs`) and [`DualDiskLedger`] (`dual_disk.rs`): rings saved as
 //!   turns retire, restored with their checksums settled; the files under the disk budget.
 //! - [`Summarizer`] (`summarize.rs`): condenses facts that pass the stream's cap.
+//! - [`turn_tokens`] and [`segment_tokens`] (`render.rs`): a conversation as the policy's
+//!   pieces (anchors, a turn rendered alone, a fact's segment), for every front end.
 //! - Masked turns on disk (`turn_kv.rs`, `masked_store.rs`, `policy/masked.rs`,
 //!   `policy/pressure.rs`): a turn masked out of attention leaves RAM for a file (at once, or when
 //!   the engine asks for room) and is read back, exactly, when a message wants it; its file counts
@@ -30,6 +32,7 @@ mod facts;
 mod masked_store;
 mod persistent_stream;
 mod policy;
+mod render;
 mod ring;
 mod ring_store;
 pub mod summarize;
@@ -42,6 +45,7 @@ pub use persistent_stream::{
     Update,
 };
 pub use policy::{DualControl, DualStats, DualStream, FactSegment, Relevance};
+pub use render::{segment_tokens, turn_tokens, TurnTokens, FACT_PREFIX, SUMMARY_PREFIX};
 pub use ring::{RingView, Turn, TurnMask, TurnRing};
 pub use ring_store::{RestoredRing, RestoredTurn, RingStore};
 pub use summarize::{RenderSegment, Summarizer, SUMMARY_PROMPT};

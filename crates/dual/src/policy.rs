@@ -578,7 +578,12 @@ impl ContextPolicy for DualStream {
             }
         }
         match ring.push(r.tokens, kv, embedding, false) {
-            Ok(evicted) => self.stats.turns_evicted += evicted.len() as u64,
+            Ok(evicted) => {
+                if !evicted.is_empty() {
+                    tracing::debug!("thread {:?} of {:?}: {} whole turn(s) evicted from the ring", r.session_id, owner, evicted.len());
+                }
+                self.stats.turns_evicted += evicted.len() as u64;
+            }
             Err(e) => tracing::warn!("thread {:?} of {:?}: the turn is not kept: {e}", r.session_id, owner),
         }
         self.save_ring(&owner, &r.session_id);

@@ -45,7 +45,8 @@ pub use pooled::PooledEncoder;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
 pub use scheduler::{
-    drain_background, run_alone, run_engine, AloneRun, Command, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig,
+    drain_background, run_alone, run_engine, AloneRun, Command, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig, Stepped,
+    SteppedJob,
 };
 pub use speculate::{DraftTree, PromptLookup};
 pub use stop::StopMatcher;

@@ -106,40 +106,10 @@ pub(crate) fn owner(tenant: &str, user: &str) -> String {
 
 /// The anchors and the new turn of `messages` (whose last message is the user's).
 fn render_turn(s: &AppState, owner: String, thread: String, messages: &[ChatMessage]) -> Result<DualTurn, ApiError> {
-    let last = &messages[messages.len() - 1];
     let tok = &s.model.tokenizer;
     let tpl = tok.chat_template().ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
-    let (bos, eos) = (tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""));
-    let system: Vec<ChatMessage> = messages.iter().take_while(|m| m.role == "system").cloned().collect();
-    // Without system messages the base is what the template writes before any (its BOS), so
-    // a user's facts (`facts.rs`) follow it as they would follow a system prompt.
-    let base = tpl.render(&system, false, bos, eos)?;
-    let mut with_turn = system.clone();
-    with_turn.push(last.clone());
-    let full = tpl.render(&with_turn, true, bos, eos)?;
-    // A template that does not render the system part as a prefix: no anchors, the turn whole.
-    let (base, rest) = match full.strip_prefix(base.as_str()) {
-        Some(rest) => (base.clone(), rest.to_string()),
-        None => (String::new(), full.clone()),
-    };
-    let earlier = &messages[system.len()..messages.len() - 1];
-    let text = if earlier.iter().any(|m| m.role == "assistant") { answer_closing(s)? + &rest } else { rest };
-    Ok(DualTurn {
-        owner,
-        thread,
-        anchors: if base.is_empty() { Vec::new() } else { tok.encode(&base, false)?.ids },
-        turn: tok.encode(&text, false)?.ids,
-    })
-}
-
-/// What the chat template writes after an assistant message's text (its end-of-turn marker),
-/// which the ring's previous turn lacks: the answer ended at its stop token, never fed.
-fn answer_closing(s: &AppState) -> Result<String, ApiError> {
-    let tok = &s.model.tokenizer;
-    let Some(tpl) = tok.chat_template() else { return Ok(String::new()) };
-    let probe = [ChatMessage::new("user", "x"), ChatMessage::new("assistant", "\u{1}")];
-    let text = tpl.render(&probe, false, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""))?;
-    Ok(text.rsplit_once('\u{1}').map(|(_, after)| after.to_string()).unwrap_or_default())
+    let t = engram_dual::turn_tokens(tok, tpl, messages)?;
+    Ok(DualTurn { owner, thread, anchors: t.anchors, turn: t.turn })
 }
 
 /// The tokens of a thread's state entry: `text` rendered as a system message on its own (as

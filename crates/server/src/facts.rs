@@ -34,7 +34,6 @@ use engram_dual::{DualControl, FactSegment};
 use engram_dual::{Fact, FactError, FactLimits, FactStore};
 use engram_engine::PolicyControl;
 use engram_model::Model;
-use engram_tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -43,10 +42,7 @@ use crate::dual_sync::DualSync;
 use crate::error::ApiError;
 use crate::AppState;
 
-/// How a fact's text is introduced in its system message.
-pub const FACT_PREFIX: &str = "Fact about the user: ";
-/// How a summary of the facts is introduced in its system message.
-pub const SUMMARY_PREFIX: &str = "Facts about the user, summarized: ";
+pub use engram_dual::{FACT_PREFIX, SUMMARY_PREFIX};
 
 /// The facts of every user, and each user's rendered segments as last sent to the engine.
 pub(crate) struct Facts {
@@ -155,22 +151,9 @@ impl Facts {
 }
 
 /// The system message a fact (or a summary) becomes, rendered after whatever precedes it: the
-/// template's text for that message alone, tokenized alone.
+/// template's text for that message alone, tokenized alone (`engram_dual::segment_tokens`).
 pub(crate) fn render_segment(model: &Model, content: &str) -> Result<Vec<u32>, ApiError> {
-    let tok = &model.tokenizer;
-    let text = match tok.chat_template() {
-        Some(tpl) => {
-            let (bos, eos) = (tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""));
-            let before = tpl.render(&[], false, bos, eos)?;
-            let with = tpl.render(&[ChatMessage::new("system", content)], false, bos, eos)?;
-            match with.strip_prefix(before.as_str()) {
-                Some(rest) => rest.to_string(),
-                None => format!("{content}\n"),
-            }
-        }
-        None => format!("{content}\n"),
-    };
-    Ok(tok.encode(&text, false)?.ids)
+    Ok(engram_dual::segment_tokens(&model.tokenizer, content)?)
 }
 
 /// The engine's segments for `live` facts.

@@ -3,6 +3,7 @@
 
 mod bench_speed_cli;
 mod chat;
+mod chat_dual;
 mod convert;
 mod generate_sparse;
 mod rag_rm;

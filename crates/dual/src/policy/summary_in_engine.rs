@@ -28,12 +28,8 @@ use engram_kv::SeqKv;
 use engram_policy::{BackgroundDone, BackgroundJob, BackgroundPriority, Checkout, MatchKind, OwnerKey};
 
 use super::{DualStream, Summary};
-use crate::summarize::SUMMARY_STOP;
+use crate::summarize::{summary_job, SUMMARY_SESSION};
 use crate::PersistentStream;
-
-/// The session a summary's jobs hold while they run (the owner's jobs on it wait): no thread
-/// a client names, since the routes name threads by non-empty ids.
-const SUMMARY_SESSION: &str = "";
 
 /// What a summary job in flight is for.
 pub(super) struct SummaryTicket {
@@ -82,16 +78,7 @@ impl DualStream {
         self.next_job += 1;
         let tag = self.next_job;
         u.engine_summary = Some(tag);
-        let n = prompt.len();
-        self.background.push_back(BackgroundJob {
-            owner: OwnerKey::parse(user),
-            tag,
-            start: Checkout::own(SUMMARY_SESSION.into(), MatchKind::Miss, prompt, vec![0; n], 0, SeqKv::new(&self.pool)),
-            max_tokens: summarizer.target_tokens(),
-            stop: vec![SUMMARY_STOP.into()],
-            priority: BackgroundPriority::Low,
-            hidden: Vec::new(),
-        });
+        self.background.push_back(summary_job(OwnerKey::parse(user), tag, prompt, summarizer.target_tokens(), &self.pool));
         let covers = u.facts.iter().map(|f| f.id).collect();
         self.summary_jobs.insert(tag, SummaryTicket { user: user.to_string(), covers, queued: Instant::now(), phase: Phase::Generating });
     }

@@ -37,8 +37,8 @@ pub struct AloneRun {
 }
 
 /// The policy of a lone run: it admits nothing and keeps nothing; it hears the job's end.
-struct Lone {
-    done: Arc<Mutex<Option<BackgroundDone>>>,
+pub(super) struct Lone {
+    pub(super) done: Arc<Mutex<Option<BackgroundDone>>>,
 }
 
 impl ContextPolicy for Lone {

@@ -51,9 +51,11 @@ mod alone;
 mod background;
 mod cache;
 mod step;
+mod stepped;
 
 pub use alone::{run_alone, AloneRun};
 use cache::SeqCacheSlot;
+pub use stepped::{Stepped, SteppedJob};
 
 /// Scheduler limits.
 #[derive(Clone, Debug)]
