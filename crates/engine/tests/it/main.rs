@@ -15,5 +15,6 @@ mod pooled;
 mod reuse;
 mod scheduler;
 mod speculation;
+mod stepped;
 mod stops;
 mod view_policy;
