@@ -125,7 +125,7 @@ impl SessionStore {
 
     /// `true` (the default): caches of a sliding model also keep the windows before spaced
     /// block boundaries ([`SeqKv::keep_spaced_windows`]), so a request that edits an earlier
-    /// turn resumes near the edit, for about `3·log2(len / window)` more windows of those
+    /// turn resumes near the edit, for at most `3·log2(len / spacing)` more windows of those
     /// layers' rows; `false`: only the windows before the last turns' points (an edit before
     /// them recomputes from further back, at worst from the start).
     pub fn with_spaced_windows(mut self, on: bool) -> SessionStore {

@@ -165,17 +165,25 @@ fn a_checkout_cut_back_by_a_resume_point_reports_the_reuse_it_keeps() {
     let own = tok.encode(&full, true).unwrap().ids;
     let matched = tokens.iter().zip(&own).take_while(|(x, y)| x == y).count();
     assert!(matched < tokens.len() && matched + 3 * BLOCK_TOKENS < tokens.len(), "the split changes the tokenization early");
-    // The session's cache, its sliding layers released (no resume point near the split).
-    let mut kv = SeqKv::new(&pool);
-    kv.release_sliding(g);
-    let mut gen = Generator::from_parts(&m, kv, Vec::new());
-    gen.feed(&tokens, false).unwrap();
-    let (kv, _) = gen.into_parts();
-    let mut store = SessionStore::new(pool.clone(), m.fingerprint).with_sliding(SlidingLayers::of(&m.config)).with_spaced_windows(false);
-    store.checkin("dave", "s1", full.clone(), tokens, ends, kv);
-    let (kind, reused, _) = turn(&m, &mut store, "dave", &full, 4, &cold_pool);
-    eprintln!("matched {matched} tokens, resumed at {reused}: {kind:?}");
-    assert!(reused < matched, "the window before the match's end was released: resumed at {reused} of {matched}");
-    assert_eq!(kind, if reused == 0 { MatchKind::Miss } else { MatchKind::Diverge }, "reused {reused} of the session's tokens");
-    assert!(store.sessions_of("dave").any(|s| s.id == "s1"), "the request continued the session it matched");
+    // The session's cache, its sliding layers released (no turn point near the split; with
+    // spaced windows, a spaced point before it).
+    for spaced in [false, true] {
+        let mut kv = SeqKv::new(&pool);
+        kv.release_sliding(g.clone());
+        if spaced {
+            kv.keep_spaced_windows();
+        }
+        let mut gen = Generator::from_parts(&m, kv, Vec::new());
+        gen.feed(&tokens, false).unwrap();
+        let (kv, _) = gen.into_parts();
+        let mut store =
+            SessionStore::new(pool.clone(), m.fingerprint).with_sliding(SlidingLayers::of(&m.config)).with_spaced_windows(spaced);
+        store.checkin("dave", "s1", full.clone(), tokens.clone(), ends.clone(), kv);
+        let (kind, reused, _) = turn(&m, &mut store, "dave", &full, 4, &cold_pool);
+        eprintln!("spaced windows {spaced}: matched {matched} tokens, resumed at {reused}: {kind:?}");
+        assert!(reused < matched, "the window before the match's end was released: resumed at {reused} of {matched}");
+        assert!(!spaced || 2 * reused > matched, "a spaced point after half of the match: resumed at {reused}");
+        assert_eq!(kind, if reused == 0 { MatchKind::Miss } else { MatchKind::Diverge }, "reused {reused} of the session's tokens");
+        assert!(store.sessions_of("dave").any(|s| s.id == "s1"), "the request continued the session it matched");
+    }
 }
