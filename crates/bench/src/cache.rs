@@ -74,6 +74,11 @@ pub struct Args {
     /// against `kv_bytes_full_history` says what that saves.
     #[arg(long)]
     release_sliding: bool,
+    /// With `--release-sliding`: also keep the window before the spaced points of the
+    /// history (`SeqKv::keep_spaced_windows`, as sessions do), where a later request that
+    /// diverges resumes.
+    #[arg(long)]
+    spaced_windows: bool,
     /// Internal: run the warm measurement for `--entry` and print JSON.
     #[arg(long, hide = true)]
     warm_child: bool,
@@ -149,6 +154,9 @@ pub fn run(a: Args) -> Result<()> {
         let mut hist_kv = engram_kv::SeqKv::new(&pool);
         if let Some(g) = engram_kv::SlidingLayers::of(&model.config).filter(|_| a.release_sliding) {
             hist_kv.release_sliding(g);
+            if a.spaced_windows {
+                hist_kv.keep_spaced_windows();
+            }
         }
         let mut hist_gen = Generator::from_parts(&model, hist_kv, Vec::new());
         hist_gen.feed(&history, false)?;
@@ -219,6 +227,8 @@ pub fn run(a: Args) -> Result<()> {
             "hot_vs_first_history": round(per_round(&x.hot_ms, &first_hot)),
             "ttft_hot_rounds_ms": x.hot_ms.iter().map(|&t| round(t)).collect::<Vec<_>>(),
             "ttft_warm_ms": warm["ttft_warm_ms"],
+            "ttft_warm_rounds_ms": warm_ms(&x.warm).iter().map(|&t| round(t)).collect::<Vec<_>>(),
+            "ttft_warm_disk_rounds_ms": warm_ms(&x.warm_disk).iter().map(|&t| round(t)).collect::<Vec<_>>(),
             "warm_vs_hot": round(per_round(&warm_ms(&x.warm), &x.hot_ms)),
             "restore_ms": warm["restore_ms"],
             "restore_gb_s": warm["restore_gb_s"],

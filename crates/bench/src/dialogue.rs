@@ -230,7 +230,7 @@ fn full_history(model: &Model, pool: &KvPool, r: &Rendered, n: usize, row: &mut 
     let kv = view.into_own();
     row.kv_bytes += pool.used();
     row.histories += 1;
-    let spans = kv.spans(0..kv.len());
+    let spans = kv.try_spans(0..kv.len())?;
     let mut answers = Vec::new();
     for p in &r.probes {
         let (answer, _) = ask(model, pool, &spans, history.len(), p, None, n)?;

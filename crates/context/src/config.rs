@@ -38,11 +38,24 @@ pub struct SessionsConfig {
     pub share_prefixes_across_tenants: bool,
     /// The remote tier under RAM and disk that a fleet of servers shares (`None`: none).
     pub remote: Option<engram_remote::RemoteTier>,
+    /// Most prompt tokens the engine writes in one step (its prefill chunk): a model with
+    /// sliding layers releases their rows between steps, so admission sizes a prompt by it
+    /// ([`SessionStore::bytes_for`]).
+    pub prefill_step: usize,
 }
+
+/// The engine's default prefill chunk (`engram_engine::SchedulerConfig::prefill_chunk`).
+pub const DEFAULT_PREFILL_STEP: usize = 256;
 
 impl Default for SessionsConfig {
     fn default() -> Self {
-        SessionsConfig { max_sessions: 256, disk: None, share_prefixes_across_tenants: false, remote: None }
+        SessionsConfig {
+            max_sessions: 256,
+            disk: None,
+            share_prefixes_across_tenants: false,
+            remote: None,
+            prefill_step: DEFAULT_PREFILL_STEP,
+        }
     }
 }
 
@@ -54,7 +67,8 @@ impl SessionStore {
         let mut sessions = SessionStore::new(pool.clone(), model.fingerprint)
             .with_max_sessions(config.max_sessions)
             .with_shared_prefixes_across_tenants(config.share_prefixes_across_tenants)
-            .with_sliding(engram_kv::SlidingLayers::of(&model.config));
+            .with_sliding(engram_kv::SlidingLayers::of(&model.config))
+            .with_prefill_step(config.prefill_step);
         if let Some(d) = &config.disk {
             let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
             match PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {

@@ -34,7 +34,7 @@ mod session;
 mod session_files;
 mod tenant;
 
-pub use config::{DiskConfig, SessionsConfig};
+pub use config::{DiskConfig, SessionsConfig, DEFAULT_PREFILL_STEP};
 pub use disk_id::{prefix_disk_id, session_disk_id};
 /// The seam's types, where the session store's callers have always found them.
 pub use engram_policy::{Checkout, MatchKind, PendingRestore};

@@ -22,9 +22,10 @@ impl ContextPolicy for SessionStore {
         }
     }
 
-    /// Sessions are paged KV: the pool's own count.
-    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
-        None
+    /// Sessions are paged KV: the pool's own count, or with sliding layers what a prompt's
+    /// cache holds once those layers release outside their window ([`SessionStore::admission_bytes`]).
+    fn admission_bytes(&self, _owner: &OwnerKey, prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
+        SessionStore::admission_bytes(self, prompt_tokens)
     }
 
     fn pin_owner(&mut self, owner: &OwnerKey) {

@@ -69,6 +69,10 @@ pub struct SessionStore {
     /// The model's sliding layers: caches release those layers' rows outside the window
     /// (`engram_kv::SlidingLayers`), keeping the window before each resume point.
     sliding: Option<SlidingLayers>,
+    /// Most prompt tokens the engine writes in one step (sizing a sliding model's prompts).
+    prefill_step: usize,
+    /// Whether caches of a sliding model keep the windows before the spaced points too.
+    spaced_windows: bool,
 }
 
 /// Bytes of a request's text that the local tiers must leave uncovered before the remote tier
@@ -105,6 +109,8 @@ impl SessionStore {
             pinned_owners: HashSet::new(),
             remote: None,
             sliding: None,
+            prefill_step: crate::DEFAULT_PREFILL_STEP,
+            spaced_windows: true,
         }
     }
 
@@ -117,6 +123,48 @@ impl SessionStore {
         self
     }
 
+    /// `true` (the default): caches of a sliding model also keep the windows before spaced
+    /// block boundaries ([`SeqKv::keep_spaced_windows`]), so a request that edits an earlier
+    /// turn resumes near the edit, for at most `3·log2(len / spacing)` more windows of those
+    /// layers' rows; `false`: only the windows before the last turns' points (an edit before
+    /// them recomputes from further back, at worst from the start).
+    pub fn with_spaced_windows(mut self, on: bool) -> SessionStore {
+        self.spaced_windows = on;
+        self
+    }
+
+    /// The engine writes at most `tokens` prompt tokens a step (its prefill chunk): what
+    /// [`SessionStore::bytes_for`] sizes a prompt of a sliding model by. Default
+    /// [`crate::DEFAULT_PREFILL_STEP`].
+    pub fn with_prefill_step(mut self, tokens: usize) -> SessionStore {
+        self.prefill_step = tokens.max(1);
+        self
+    }
+
+    /// The most pool bytes a cache of this store with `tokens` tokens takes while its last
+    /// `step` of them are written (0: at rest): every layer of every token
+    /// ([`KvPool::bytes_for`]), or with sliding layers what a checkout keeps
+    /// ([`SlidingLayers::bytes_held`] with the spaced windows, plus a resume window for each of
+    /// the [`engram_kv::MAX_RESUME_POINTS`] turn points, whose positions are not known here).
+    /// What admission, remote restores and budgets ask room for.
+    pub fn bytes_for(&self, tokens: usize, step: usize) -> usize {
+        match &self.sliding {
+            None => self.pool.bytes_for(tokens),
+            Some(g) => {
+                let turn_points = engram_kv::MAX_RESUME_POINTS * g.resume_window_bytes(&self.pool);
+                let held = g.bytes_held(&self.pool, tokens, step, &[], self.spaced_windows) + turn_points;
+                held.min(self.pool.bytes_for(tokens))
+            }
+        }
+    }
+
+    /// The most pool bytes admitting a prompt of `tokens` tokens takes, prefilled in the
+    /// engine's steps ([`SessionStore::with_prefill_step`]); `None` where that is the pool's
+    /// [`KvPool::bytes_for`] (every layer global).
+    pub fn admission_bytes(&self, tokens: usize) -> Option<usize> {
+        self.sliding.as_ref().map(|_| self.bytes_for(tokens, self.prefill_step))
+    }
+
     /// A checkout's cache made ready for a request of `prompt_len` tokens: cut back to where it
     /// can resume exactly (the window before that point whole), releasing by the sliding
     /// geometry, with the windows before its start and before the prompt's end kept (resume
@@ -127,6 +175,9 @@ impl SessionStore {
         let n = kv.resumable(kv.len());
         kv.truncate(n);
         kv.release_sliding(g.clone());
+        if self.spaced_windows {
+            kv.keep_spaced_windows();
+        }
         kv.keep_window_at(n);
         kv.keep_window_at(prompt_len.max(n));
         kv
@@ -228,7 +279,8 @@ impl SessionStore {
         }?;
         // Room first: idle prefix blocks and sessions go (offloaded) before a
         // restore is refused by the budget. What stays short is a refusal below, kept restorable.
-        self.make_room(self.pool.bytes_for(pick.tokens));
+        // What the entry holds, as its file says: a released block counts its global layers only.
+        self.make_room(pick.ram_bytes);
         let _span = tracing::debug_span!("restore", owner = %pick.owner, session = %pick.session_id, tokens = pick.tokens).entered();
         let disk = self.disk.as_ref().expect("checked above");
         let key = (pick.owner.clone(), pick.session_id.clone());
@@ -283,7 +335,7 @@ impl SessionStore {
         if upto == 0 {
             return;
         }
-        self.make_room(self.pool.bytes_for(upto));
+        self.make_room(self.bytes_for(upto, 0));
         let _span = tracing::debug_span!("restore_remote", owner, session = %m.session_id, tokens = upto).entered();
         let Some(kv) = remote.fetch_kv(tenant, m.salt.as_deref(), &m.tokens, upto, &self.pool, self.vocab) else { return };
         let n = kv.len();
@@ -318,7 +370,7 @@ impl SessionStore {
         if ids.len() / run * run <= reused {
             return false;
         }
-        self.make_room(self.pool.bytes_for(ids.len() / run * run));
+        self.make_room(self.bytes_for(ids.len() / run * run, 0));
         match remote.fetch_prefix(Some(account(owner)), salt, ids, reused, &self.pool, self.vocab) {
             Some(kv) => {
                 self.index.insert(salt, &ids[..kv.len()], &kv);
@@ -388,8 +440,8 @@ impl SessionStore {
         let s = self.sessions.remove(&key).expect("key from the map");
         if self.disk.is_some() {
             let disk_id = crate::disk_id::session_disk_id(&s.owner, &s.id);
-            let tokens = s.kv.len();
-            self.on_disk.insert(key, CatalogEntry { owner: s.owner, session_id: s.id, disk_id, text: s.text, tokens });
+            let (tokens, ram_bytes) = (s.kv.len(), s.kv.num_bytes());
+            self.on_disk.insert(key, CatalogEntry { owner: s.owner, session_id: s.id, disk_id, text: s.text, tokens, ram_bytes });
         }
         true
     }
@@ -436,21 +488,23 @@ impl SessionStore {
             None => self.sessions.values().filter(|s| s.owner == owner).max_by_key(|s| (common(s), s.last_used)),
         };
         let found = candidate.map(|s| (s.id.clone(), common(s), s.tokens.len(), s.kv.fork(common(s))));
-        let found = found.map(|(id, _, len, kv)| {
+        let found = found.map(|(id, c, len, kv)| {
             let kv = self.resume(kv, prompt.len());
-            (id, kv.len(), len, kv)
+            (id, c, len, kv)
         });
         let (kind, id, k, kv) = match found {
-            Some((id, k, len, kv)) if k > 0 => {
-                let kind = if k == prompt.len() && k == len {
+            Some((id, c, len, kv)) if kv.len() > 0 => {
+                // How the tokens relate (which session the request continues), then what the
+                // reuse is once a resume point cut it back.
+                let kind = if c == prompt.len() && c == len {
                     MatchKind::Exact
-                } else if k == len {
+                } else if c == len {
                     MatchKind::Extend
                 } else {
                     MatchKind::Diverge
                 };
                 let id = if session_id.is_none() && kind == MatchKind::Diverge { self.fresh_id() } else { id };
-                (kind, id, k, kv)
+                (cut_kind(kind, c, kv.len()), id, kv.len(), kv)
             }
             _ => {
                 let salt = self.salt(owner);
@@ -557,6 +611,7 @@ impl SessionStore {
                     MatchKind::Diverge
                 };
                 let kv = self.resume(s.kv.fork(k), enc.ids.len());
+                let kind = cut_kind(kind, k, kv.len());
                 let k = kv.len();
                 return Ok(Checkout { restore, ..Checkout::own(session_id, kind, enc.ids, token_ends, k, kv) });
             }
@@ -690,6 +745,19 @@ impl SessionStore {
                 return missing(&self.pool) == 0;
             }
         }
+    }
+}
+
+/// The kind of a match of `matched` tokens whose reuse a resume point cut back to `reused`
+/// (`SeqKv::resumable`: a sliding layer's window before the match's end was released): the
+/// same when nothing was cut; otherwise only part of the session is reused and the rest
+/// recomputed, which is a DIVERGE (a MISS when nothing is left; a PREFIX stays one).
+fn cut_kind(kind: MatchKind, matched: usize, reused: usize) -> MatchKind {
+    match kind {
+        _ if reused >= matched => kind,
+        _ if reused == 0 => MatchKind::Miss,
+        MatchKind::Prefix => MatchKind::Prefix,
+        _ => MatchKind::Diverge,
     }
 }
 

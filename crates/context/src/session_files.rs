@@ -62,8 +62,11 @@ pub struct CatalogEntry {
     pub session_id: String,
     pub disk_id: String,
     pub text: String,
-    /// Tokens of KV the entry holds (what a restore charges to the RAM pool).
+    /// Tokens of KV the entry holds.
     pub tokens: usize,
+    /// Bytes a restore charges to the RAM pool: the entry's blocks as they are held (a
+    /// released block's global layers only) and its recent window.
+    pub ram_bytes: usize,
 }
 
 enum Msg {
@@ -249,6 +252,7 @@ impl PersistedSessions {
                     disk_id: e.id.clone(),
                     text: info.meta.text,
                     tokens: e.num_tokens,
+                    ram_bytes: info.kv_bytes + info.window_bytes,
                 })
             })
             .collect()

@@ -56,5 +56,5 @@ pub use persist::{
 pub use pool::{KvLayout, KvPool};
 pub use seq::{SeqKv, MAX_RESUME_POINTS, RESUME_SLACK};
 pub use seq_cache::SeqCache;
-pub use sliding::SlidingLayers;
+pub use sliding::{SlidingLayers, SPACING_WINDOWS};
 pub use view::{KvView, Span};

@@ -109,9 +109,11 @@ impl KvPool {
         self.block_bytes() / BLOCK_TOKENS
     }
 
-    /// Bytes a fresh sequence of `tokens` tokens takes from this pool: its whole blocks, plus
-    /// the recent window a quantized format keeps beside them (at most one per sequence).
-    /// Invariant: `SeqKv::reserve(tokens)` on an empty sequence charges no more than this.
+    /// Bytes a fresh sequence of `tokens` tokens takes from this pool when it keeps every layer
+    /// of every token: its whole blocks, plus the recent window a quantized format keeps
+    /// beside them (at most one per sequence). Invariant: `SeqKv::reserve(tokens)` on an empty
+    /// sequence charges no more than this. A sequence that releases its sliding layers holds
+    /// less: [`crate::SlidingLayers::bytes_held`], [`crate::SeqKv::bytes_held_at`].
     pub fn bytes_for(&self, tokens: usize) -> usize {
         let window = if self.has_window() && tokens > 0 { self.window_bytes() } else { 0 };
         tokens.div_ceil(BLOCK_TOKENS) * self.block_bytes() + window

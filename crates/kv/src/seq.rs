@@ -51,12 +51,24 @@ pub struct SeqKv {
     /// Resume points (ascending): positions whose preceding window of sliding-layer rows is
     /// kept, so a later request can continue from there ([`SeqKv::keep_window_at`]).
     keep: Vec<usize>,
+    /// Whether the windows before the spaced points of the length are kept too
+    /// ([`SeqKv::keep_spaced_windows`]).
+    spaced: bool,
 }
 
 impl SeqKv {
     /// An empty cache charged to `pool`.
     pub fn new(pool: &KvPool) -> SeqKv {
-        SeqKv { pool: pool.clone(), blocks: Vec::new(), len: 0, window: None, positions: None, sliding: None, keep: Vec::new() }
+        SeqKv {
+            pool: pool.clone(),
+            blocks: Vec::new(),
+            len: 0,
+            window: None,
+            positions: None,
+            sliding: None,
+            keep: Vec::new(),
+            spaced: false,
+        }
     }
 
     /// A cache over existing blocks (shared from an index or restored from
@@ -64,7 +76,7 @@ impl SeqKv {
     /// last must be full.
     pub fn from_blocks(pool: &KvPool, blocks: Vec<Arc<Block>>, len: usize) -> SeqKv {
         debug_assert_eq!(blocks.len(), len.div_ceil(BLOCK_TOKENS));
-        SeqKv { pool: pool.clone(), blocks, len, window: None, positions: None, sliding: None, keep: Vec::new() }
+        SeqKv { pool: pool.clone(), blocks, len, window: None, positions: None, sliding: None, keep: Vec::new(), spaced: false }
     }
 
     /// One sequence of `parts` in order, their blocks shared (no copy): the runs of an entry
@@ -203,7 +215,7 @@ impl SeqKv {
         // Resume points past `n` stay: a fork continues from there (a checkout's prompt end).
         let keep = self.keep.clone();
         let blocks = self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec();
-        SeqKv { pool: self.pool.clone(), blocks, len: n, window: win, positions, sliding: self.sliding.clone(), keep }
+        SeqKv { pool: self.pool.clone(), blocks, len: n, window: win, positions, sliding: self.sliding.clone(), keep, spaced: self.spaced }
     }
 
     /// A fork of the whole sequence that describes its tokens as sitting at their slots: the

@@ -23,6 +23,11 @@ use std::sync::Arc;
 
 use crate::pool::KvPool;
 
+/// How many windows apart the nearest spaced points lie ([`SlidingLayers::spacing`]): the
+/// trade between the bytes their windows keep (about `3·log2(len / spacing)` windows) and the
+/// tokens a divergence recomputes (less than twice the spacing past the nearest point).
+pub const SPACING_WINDOWS: usize = 4;
+
 /// The sliding layers of a model and the widest of their windows (every sliding layer keeps
 /// that many positions, which is exact for narrower ones too).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +79,79 @@ impl SlidingLayers {
     /// Bytes of a released block of `pool`: its global layers' sections.
     pub fn released_block_bytes(&self, pool: &KvPool) -> usize {
         2 * self.num_global() * pool.section_bytes()
+    }
+
+    /// The spacing of the windows a sequence keeps at block boundaries
+    /// ([`crate::SeqKv::keep_spaced_windows`]): [`SPACING_WINDOWS`] windows, rounded up to
+    /// whole blocks. No two spaced points of one distance lie closer, so their windows keep at
+    /// most a quarter of the sliding layers' rows between them.
+    pub fn spacing(&self) -> usize {
+        (SPACING_WINDOWS * self.window).next_multiple_of(crate::BLOCK_TOKENS)
+    }
+
+    /// The positions a sequence of `len` tokens that keeps spaced windows
+    /// ([`crate::SeqKv::keep_spaced_windows`]) keeps the window before, ascending, `s` being
+    /// [`SlidingLayers::spacing`]: every `s·2^k <= len` (anchored: a request diverging at
+    /// `p >= s` resumes after `p / 2`), and for every `k` the last two multiples of `s·2^k`
+    /// at or below `len` (trailing: a request diverging `d` tokens before the end resumes
+    /// less than `max(2s, 3d)` tokens before the divergence). About `3·log2(len / s)` points.
+    ///
+    /// Invariant: a point that leaves the set as `len` grows never comes back (anchored points
+    /// never leave; a trailing one is a multiple of `s·2^k` that two later multiples passed),
+    /// so no window released is asked for again.
+    pub fn spaced_points(&self, len: usize) -> Vec<usize> {
+        let s = self.spacing();
+        let mut points = Vec::new();
+        let mut step = s;
+        while step <= len {
+            let last = len / step * step;
+            points.extend([step, last, last - step]);
+            step = match step.checked_mul(2) {
+                Some(x) => x,
+                None => break,
+            };
+        }
+        points.sort_unstable();
+        points.dedup();
+        points.retain(|&p| p > 0);
+        points
+    }
+
+    /// Whether block `bi` of a sequence of `len` tokens gives up its sliding layers' rows: no
+    /// query at a position `>= len -` [`crate::RESUME_SLACK`] sees it and no point of
+    /// `points` (resume points: each reads the window before it) needs it. The one rule
+    /// [`crate::SeqKv::release_outside_window`] releases by and [`SlidingLayers::bytes_held`]
+    /// counts by.
+    pub(crate) fn releases(&self, bi: usize, len: usize, points: &[usize]) -> bool {
+        let (start, end) = (bi * crate::BLOCK_TOKENS, (bi + 1) * crate::BLOCK_TOKENS);
+        end + self.window + crate::RESUME_SLACK <= len && !points.iter().any(|&p| start < p && end + self.window > p)
+    }
+
+    /// Bytes of the sliding layers' rows one resume point's window keeps in blocks that would
+    /// otherwise be released: the window in whole blocks, one more where it does not start on a
+    /// block boundary. What a resume point whose position is not known yet costs at most.
+    pub fn resume_window_bytes(&self, pool: &KvPool) -> usize {
+        (self.window.div_ceil(crate::BLOCK_TOKENS) + 1) * (pool.block_bytes() - self.released_block_bytes(pool))
+    }
+
+    /// The bytes a sequence of `tokens` tokens that releases by this geometry holds in `pool`
+    /// at most while its last `step` tokens are written (`step` 0: at rest after
+    /// [`crate::SeqKv::release_outside_window`]), with resume points `keep` and, if `spaced`,
+    /// the spaced windows ([`SlidingLayers::spaced_points`]): global layers for every token,
+    /// sliding layers for the blocks [`crate::SeqKv::reserve`] has not released by then (the
+    /// window, the slack, the step and the windows before the points), plus the recent window a
+    /// quantized format keeps. Exact at rest for a sequence that released with those points;
+    /// an upper bound of the pool's charge while it is prefilled in steps of at most `step`.
+    pub fn bytes_held(&self, pool: &KvPool, tokens: usize, step: usize, keep: &[usize], spaced: bool) -> usize {
+        let len = tokens.saturating_sub(step);
+        let mut points = keep.to_vec();
+        if spaced {
+            points.extend(self.spaced_points(len));
+        }
+        let blocks = tokens.div_ceil(crate::BLOCK_TOKENS);
+        let released = (0..blocks).filter(|&bi| self.releases(bi, len, &points)).count();
+        let recent = if pool.has_window() && tokens > 0 { pool.window_bytes() } else { 0 };
+        (blocks - released) * pool.block_bytes() + released * self.released_block_bytes(pool) + recent
     }
 
     /// Bytes a sequence of `tokens` tokens holds in `pool` once every block older than the

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use engram_model::{KvCache, KvChunk, KvData, KvElem, KvRead};
 
 use crate::block::{Block, BLOCK_TOKENS};
+use crate::error::KvError;
 use crate::pending::PendingRows;
 use crate::recent_window::RecentWindow;
 use crate::seq::{SeqKv, PREFETCH_AHEAD};
@@ -104,13 +105,26 @@ impl SeqKv {
     /// positions, for every head. They share this sequence's blocks (and recent window, for a
     /// quantized partial block), so writing here later copies first.
     ///
-    /// Panics if some of `slots` are in a block whose sliding layers were released
-    /// (`sliding.rs`): a span may be attended at other positions, where those rows matter.
+    /// `Err(KvError::Released)` if some of `slots` are in a block whose sliding layers were
+    /// released (`sliding.rs`): a span may be attended at other positions, where those rows
+    /// matter; the caller recomputes them instead. Panics if `slots` reach past the end.
+    pub fn try_spans(&self, slots: Range<usize>) -> Result<Vec<Span>, KvError> {
+        assert!(slots.end <= self.len(), "SeqKv::try_spans: slots past the end");
+        self.check_held(slots.clone())?;
+        Ok(self.spans_unchecked(slots))
+    }
+
+    /// [`SeqKv::try_spans`] for a sequence that never released anything (it does not
+    /// [`SeqKv::release_sliding`]: a RAG document, a dual-stream turn, a test's sequence).
+    /// Panics where `try_spans` errs.
     pub fn spans(&self, slots: Range<usize>) -> Vec<Span> {
-        assert!(slots.end <= self.len(), "SeqKv::spans: slots past the end");
-        if let Err(e) = self.check_held(slots.clone()) {
-            panic!("SeqKv::spans: {e}");
+        match self.try_spans(slots) {
+            Ok(spans) => spans,
+            Err(e) => panic!("SeqKv::spans: {e} (use try_spans for a sequence that releases)"),
         }
+    }
+
+    fn spans_unchecked(&self, slots: Range<usize>) -> Vec<Span> {
         let mut out = Vec::new();
         let mut s = slots.start;
         while s < slots.end {

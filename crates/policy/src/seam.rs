@@ -26,8 +26,9 @@ pub trait ContextPolicy: Send {
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String>;
 
     /// The most KV pool bytes admitting a prompt of `prompt_tokens` tokens for `owner` will
-    /// take when this policy holds such a sequence otherwise than in pool blocks (a sparse
-    /// cache charged by its RAM); `None`: the pool's `bytes_for(prompt_tokens)`. `long_context_after`
+    /// take when this policy holds such a sequence otherwise than in whole pool blocks (a sparse
+    /// cache charged by its RAM, blocks whose sliding layers are released outside their
+    /// window); `None`: the pool's `bytes_for(prompt_tokens)`. `long_context_after`
     /// is the request's own threshold for going sparse ([`AdmitRequest::long_context_after`]). The scheduler
     /// checks this against the budget before [`ContextPolicy::admit`].
     fn admission_bytes(&self, owner: &OwnerKey, prompt_tokens: usize, long_context_after: Option<usize>) -> Option<usize>;

@@ -183,7 +183,8 @@ impl Server {
             &pool,
             &StackConfig {
                 context: config.context,
-                sessions: config.sessions.clone(),
+                // Admission sizes a sliding model's prompt by the steps the engine prefills in.
+                sessions: SessionsConfig { prefill_step: config.scheduler.prefill_chunk, ..config.sessions.clone() },
                 encoder: config.embedder.clone(),
                 summarizer: config.summarizer.as_ref().map(|m| m.0.clone()),
                 masked_turns: config.masked_turns,

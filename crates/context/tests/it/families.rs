@@ -78,8 +78,12 @@ fn six_turns_reuse_the_last_turn_and_equal_cold(shape: Shape) {
         match SlidingLayers::of(&m.config) {
             None => assert_eq!(held, full, "{name}: every layer global keeps every token"),
             Some(g) => {
+                // Exactly what the release rule leaves: the live window, the windows before the
+                // last turns' points and before the spaced points (`SeqKv::keep_spaced_windows`).
+                assert_eq!(held, g.bytes_held(&pool, n, 0, s.kv.resume_points(), true), "{name} turn {i}: held bytes");
                 let per_turn = (g.window().div_ceil(BLOCK_TOKENS) + 1) * pool.block_bytes();
-                let bound = g.bytes_for(&pool, n, 0) + engram_kv::MAX_RESUME_POINTS * per_turn;
+                let points = engram_kv::MAX_RESUME_POINTS + g.spaced_points(n).len();
+                let bound = g.bytes_for(&pool, n, 0) + points * per_turn;
                 assert!(held <= bound.min(full), "{name} turn {i}: {held} bytes held, at most {bound} (full history {full})");
                 assert!(i < 2 || s.kv.num_released_blocks() > 0, "{name} turn {i}: history past the window is released");
             }
@@ -128,4 +132,71 @@ fn qwen3_moe_template_and_experts() {
 #[test]
 fn phi3_template_and_fused_weights() {
     six_turns_reuse_the_last_turn_and_equal_cold(Shape::TinyPhi3);
+}
+
+/// Edits of each turn of the six-turn chat: the request diverges inside turn `k`; it resumes
+/// where the sliding layers' window is whole and answers as a cold run. With spaced windows
+/// (the store's default) it resumes after half of the divergence point and less than
+/// `max(2·spacing, 3·(tokens after it))` before it; with the last turns' windows only, an edit
+/// before them recomputes from further back. Prints the tokens recomputed for each `k` both ways.
+fn an_edit_of_each_turn_resumes_near_it(shape: Shape) {
+    let files_dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(shape, engram_fixture::DEFAULT_SEED, files_dir.path(), &[], &mut |_| {}).unwrap();
+    let m = Model::load(&files.hf_dir).unwrap();
+    let g = SlidingLayers::of(&m.config).expect("a sliding family");
+    let s = g.spacing();
+    let tok = &m.tokenizer;
+    let tpl = tok.chat_template().unwrap();
+    let render =
+        |msgs: &[ChatMessage], gen: bool| tpl.render(msgs, gen, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or("")).unwrap();
+    let mut recomputed = Vec::new();
+    for spaced in [false, true] {
+        let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 256 << 20);
+        let mut store = SessionStore::new(pool.clone(), m.fingerprint).with_sliding(Some(g.clone())).with_spaced_windows(spaced);
+        let mut messages = vec![ChatMessage::new("system", "You answer questions about a KV cache for language models, briefly.")];
+        for q in QUESTIONS {
+            messages.push(ChatMessage::new("user", q));
+            let (_, _, answer) = turn_on(&m, &mut store, "alice", &render(&messages, true), 6);
+            messages.push(ChatMessage::new("assistant", answer));
+        }
+        let mut row = Vec::new();
+        for k in 0..QUESTIONS.len() {
+            let mut edited = messages[..1 + 2 * k].to_vec();
+            edited.push(ChatMessage::new("user", "Instead: what does a restart cost?"));
+            let text = render(&edited, true);
+            // Where the request diverges from the whole chat's session, as the store matches it.
+            let (n, d) = {
+                let s = store.sessions_of("alice").max_by_key(|s| s.kv.len()).unwrap();
+                let c = s.text.bytes().zip(text.bytes()).take_while(|(a, b)| a == b).count();
+                let by_text = s.token_ends.iter().take_while(|&&e| e <= c).count();
+                let ids = tok.encode(&text, true).unwrap().ids;
+                (s.kv.len(), s.tokens[..by_text].iter().zip(&ids).take_while(|(a, b)| a == b).count())
+            };
+            let (_, reused, _) = turn_on(&m, &mut store, "alice", &text, 4);
+            let prompt = tok.encode(&text, true).unwrap().ids.len();
+            assert!(reused <= d, "{} turn {k}: reused {reused} past the divergence {d}", shape.name());
+            if spaced {
+                assert!(d < s || 2 * reused > d, "{} turn {k}: diverging at {d}, resumed at {reused}", shape.name());
+                assert!(d - reused < (2 * s).max(3 * (n - d)), "{} turn {k}: diverging at {d} of {n}, resumed at {reused}", shape.name());
+            }
+            row.push((d, reused, prompt - reused, prompt - d));
+        }
+        recomputed.push(row);
+    }
+    eprintln!("{}: edit of turn k of 6 (divergence token, resumed at, tokens recomputed, of which the edit itself needs)", shape.name());
+    for k in 0..QUESTIONS.len() {
+        let ((d, r0, c0, need), (_, r1, c1, _)) = (recomputed[0][k], recomputed[1][k]);
+        eprintln!("  turn {k}: diverges at {d}; last turns' windows only: resumes at {r0}, recomputes {c0}; spaced: resumes at {r1}, recomputes {c1}; needed {need}");
+        assert!(c1 <= c0, "{} turn {k}: spaced windows recompute no more", shape.name());
+    }
+}
+
+#[test]
+fn gemma3_an_edit_of_each_turn_resumes_near_it() {
+    an_edit_of_each_turn_resumes_near_it(Shape::TinyGemma3);
+}
+
+#[test]
+fn gemma2_an_edit_of_each_turn_resumes_near_it() {
+    an_edit_of_each_turn_resumes_near_it(Shape::TinyGemma2);
 }

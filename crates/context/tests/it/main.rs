@@ -7,4 +7,5 @@ mod common;
 mod families;
 mod remote;
 mod sessions;
+mod sliding;
 mod tenants;

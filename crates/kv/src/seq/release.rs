@@ -21,7 +21,8 @@ use super::SeqKv;
 /// Resume points a sequence keeps the window before: the newest ones (the starts of the last
 /// turns: where a regenerated answer or an edited last message resumes). Each costs up to a
 /// window and two blocks of the sliding layers' rows; a request that diverges before the
-/// oldest recomputes from an earlier point whose window is whole (at worst from the start).
+/// oldest recomputes from an earlier point whose window is whole: a spaced point
+/// ([`SeqKv::keep_spaced_windows`]) near it, or without those at worst the start.
 pub const MAX_RESUME_POINTS: usize = 2;
 
 /// Positions kept beyond the window before a sequence's end: a next request that resumes a few
@@ -64,6 +65,43 @@ impl SeqKv {
         &self.keep
     }
 
+    /// From now on (and in forks of it), the sequence also keeps the window before the spaced
+    /// points of its length ([`SlidingLayers::spaced_points`]: block boundaries at
+    /// geometrically growing distances from its start and from its end), so a request that
+    /// diverges anywhere resumes near the divergence: after half of it, and less than
+    /// `max(2·spacing, 3·(tokens after it))` before it. Costs about `3·log2(len / spacing)`
+    /// windows of the sliding layers' rows.
+    pub fn keep_spaced_windows(&mut self) {
+        self.spaced = true;
+    }
+
+    /// Whether the sequence keeps spaced windows ([`SeqKv::keep_spaced_windows`]).
+    pub fn keeps_spaced_windows(&self) -> bool {
+        self.spaced
+    }
+
+    /// Every position whose window this sequence keeps now: its resume points and, if it keeps
+    /// spaced windows, the spaced points of its length; ascending.
+    pub fn kept_points(&self) -> Vec<usize> {
+        let mut points = self.keep.clone();
+        if let (true, Some(g)) = (self.spaced, &self.sliding) {
+            points.extend(g.spaced_points(self.len));
+            points.sort_unstable();
+            points.dedup();
+        }
+        points
+    }
+
+    /// The bytes this sequence would hold at rest with `tokens` tokens, releasing as it does now
+    /// ([`SlidingLayers::bytes_held`] with its resume points and spacing); the pool's
+    /// [`crate::KvPool::bytes_for`] (every layer, every token) when it releases nothing.
+    pub fn bytes_held_at(&self, tokens: usize) -> usize {
+        match (&self.sliding, self.positions.is_some()) {
+            (Some(g), false) => g.bytes_held(&self.pool, tokens, 0, &self.keep, self.spaced),
+            _ => self.pool.bytes_for(tokens),
+        }
+    }
+
     /// Releases the sliding layers of every block no query at a position `>= len -`
     /// [`RESUME_SLACK`] sees and no resume point needs (module doc); returns the bytes this
     /// sequence stops holding (they return to the pool at once unless others share the whole
@@ -76,16 +114,15 @@ impl SeqKv {
         let w = g.window();
         let sec = self.pool.section_bytes();
         let small = g.released_block_bytes(&self.pool);
+        let points = self.kept_points();
         let mut freed = 0;
         for bi in 0..self.blocks.len() {
-            let (start, end) = (bi * BLOCK_TOKENS, (bi + 1) * BLOCK_TOKENS);
-            if end + w + RESUME_SLACK > self.len {
+            if (bi + 1) * BLOCK_TOKENS + w + RESUME_SLACK > self.len {
                 break;
             }
             let b = &self.blocks[bi];
             // A resume point `p` reads positions `p - w .. p`.
-            let needed = self.keep.iter().any(|&p| start < p && end + w > p);
-            if b.released.is_some() || needed {
+            if b.released.is_some() || !g.releases(bi, self.len, &points) {
                 continue;
             }
             if self.pool.try_charge(small).is_err() {

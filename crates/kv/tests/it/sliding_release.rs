@@ -182,3 +182,135 @@ fn an_entry_stores_what_is_held_and_restores_exactly() {
         }
     }
 }
+
+#[test]
+fn spans_of_released_rows_are_an_error() {
+    let (_dir, model) = fixture();
+    let g = SlidingLayers::of(&model.config).unwrap();
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20);
+    let mut kv = SeqKv::new(&pool);
+    kv.release_sliding(g);
+    prefill(&model, &mut kv, &tokens(&model, 200, 6), 37);
+    kv.release_outside_window();
+    assert!(kv.blocks()[1].released().is_some() && kv.blocks()[5].released().is_none());
+    // Rows in a released block: refused, naming the first released slot asked for.
+    assert_eq!(kv.try_spans(0..200).err(), Some(engram_kv::KvError::Released { slot: 0 }));
+    assert_eq!(kv.try_spans(40..70).err(), Some(engram_kv::KvError::Released { slot: 40 }));
+    // Rows the sequence still holds whole: spans as before.
+    let spans = kv.try_spans(160..200).unwrap();
+    assert_eq!(spans.iter().map(|s| s.len()).sum::<usize>(), 40);
+    assert_eq!(spans[0].positions()[0], 160);
+}
+
+/// What `SlidingLayers::bytes_held` says a sequence holds is what it holds at rest, and bounds
+/// what the pool is charged while it is prefilled in steps; far below full history.
+#[test]
+fn bytes_held_is_what_a_released_sequence_holds() {
+    let (_dir, model) = fixture();
+    let g = SlidingLayers::of(&model.config).unwrap();
+    for format in [KvFormat::F32, KvFormat::Q4] {
+        for spaced in [false, true] {
+            let pool = KvPool::new(KvLayout::of(&model.config), format, 64 << 20);
+            let mut kv = SeqKv::new(&pool);
+            kv.release_sliding(g.clone());
+            if spaced {
+                kv.keep_spaced_windows();
+            }
+            let chunk = 45;
+            let prompt = tokens(&model, 900, 8);
+            kv.keep_window_at(130);
+            kv.keep_window_at(500);
+            let mut peak = 0;
+            for c in prompt.chunks(chunk) {
+                step(&model, &mut kv, c);
+                peak = peak.max(pool.used());
+            }
+            let n = kv.len();
+            let bound = g.bytes_held(&pool, n, chunk, kv.resume_points(), spaced);
+            assert!(peak <= bound, "{format:?} spaced {spaced}: charged {peak} while prefilling, bound {bound}");
+            kv.release_outside_window();
+            let at_rest = g.bytes_held(&pool, n, 0, kv.resume_points(), spaced);
+            assert_eq!(kv.num_bytes(), at_rest, "{format:?} spaced {spaced}: held at rest");
+            assert_eq!(kv.bytes_held_at(n), at_rest);
+            assert_eq!(pool.used(), at_rest);
+            // Without spaced windows (the two resume points only) well under half of full
+            // history; the spaced windows (about 3·log2(900 / 64) blocks here) keep more.
+            let cap = if spaced { pool.bytes_for(n) * 2 / 3 } else { pool.bytes_for(n) / 2 };
+            assert!(at_rest < cap, "{format:?} spaced {spaced}: {at_rest} of {} full history", pool.bytes_for(n));
+            eprintln!("{format:?} spaced {spaced}: {n} tokens hold {at_rest} bytes (full history {})", pool.bytes_for(n));
+        }
+    }
+}
+
+#[test]
+fn spaced_points_leave_for_good_and_stay_few() {
+    let (_dir, model) = fixture();
+    let g = SlidingLayers::of(&model.config).unwrap();
+    let s = g.spacing();
+    assert_eq!(s, 2 * BLOCK_TOKENS, "four windows of 16");
+    let mut prev = g.spaced_points(0);
+    assert!(prev.is_empty());
+    for len in 1..20_000 {
+        let now = g.spaced_points(len);
+        // A point at or below the old length is in the new set only if it was in the old one.
+        for p in now.iter().filter(|&&p| p <= len - 1) {
+            assert!(prev.contains(p), "len {len}: point {p} came back");
+        }
+        assert!(now.iter().all(|&p| p > 0 && p <= len && p % s == 0));
+        let levels = (len / s).max(1).ilog2() as usize + 1;
+        assert!(now.len() <= 3 * levels, "len {len}: {} points", now.len());
+        prev = now;
+    }
+}
+
+/// With spaced windows, a request diverging at `d` of `n` tokens resumes after `d / 2` and less
+/// than `max(2·spacing, 3·(n - d))` before `d`, and the answer after resuming equals a cold run.
+#[test]
+fn spaced_windows_resume_near_any_divergence_and_equal_cold() {
+    let (_dir, model) = fixture();
+    let g = SlidingLayers::of(&model.config).unwrap();
+    let s = g.spacing();
+    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20);
+    let history = tokens(&model, 700, 9);
+    let mut plain = SeqKv::new(&pool);
+    plain.release_sliding(g.clone());
+    let mut kv = SeqKv::new(&pool);
+    kv.release_sliding(g.clone());
+    kv.keep_spaced_windows();
+    for c in history.chunks(61) {
+        step(&model, &mut plain, c);
+        step(&model, &mut kv, c);
+    }
+    plain.release_outside_window();
+    kv.release_outside_window();
+    let n = kv.len();
+    assert!(kv.num_released_blocks() > 0);
+    let (mut spaced_recompute, mut plain_recompute) = (0, 0);
+    for d in 0..=n {
+        let r = kv.resumable(d);
+        assert!(r <= d);
+        if d >= s {
+            assert!(2 * r > d, "diverging at {d}: resumed at {r}, not after half");
+        }
+        assert!(d - r < (2 * s).max(3 * (n - d)), "diverging at {d} of {n}: resumed at {r}");
+        assert!(r >= plain.resumable(d), "diverging at {d}: spaced windows resume no earlier");
+        spaced_recompute += n - r;
+        plain_recompute += n - plain.resumable(d);
+    }
+    eprintln!(
+        "700 tokens, every divergence point: {spaced_recompute} tokens recomputed with spaced windows, {plain_recompute} without; \
+         {} vs {} bytes held",
+        kv.num_bytes(),
+        plain.num_bytes()
+    );
+    for d in [650, 400, 333, 130, 70] {
+        let r = kv.resumable(d);
+        let mut other = history[..d].to_vec();
+        other.extend(tokens(&model, 40, 10));
+        let mut warm = kv.fork(r);
+        let got = prefill(&model, &mut warm, &other[r..], 37);
+        let mut cold = SeqKv::new(&pool);
+        let want = prefill(&model, &mut cold, &other, 37);
+        assert_eq!(got, want, "diverging at {d}, resumed at {r}");
+    }
+}
