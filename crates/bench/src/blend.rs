@@ -5,11 +5,13 @@
 //! top-k chunks retrieved by BM25 + all-MiniLM-L6-v2).
 //!
 //! Per prompt (system + chunks + question, at least two chunks so some are moved): the cold
-//! path prefills the whole prompt and decodes `--answer-tokens` greedy tokens; then, for each
+//! path prefills the whole prompt and decodes `--answer-tokens` greedy tokens (one
+//! `LoneSequence`, the engine's step); then, for each
 //! ratio, the prompt's chunk KV comes from a warm chunk store (each chunk computed once after
 //! the system prompt), the chunks after the first are moved into place, the ratio of moved
-//! tokens is recomputed, the question is prefilled, and the cold answer's tokens are fed
-//! (teacher-forced) so the next-token distributions are compared at the same positions:
+//! tokens is recomputed, the question is prefilled, and the cold answer's tokens are scored
+//! (teacher-forced, on both caches alike) so the next-token distributions are compared at the
+//! same positions:
 //! mean KL(full ‖ blend) in nats and top-1 agreement (`fidelity::measure::Scores`), the share
 //! of prompts whose first answer token agrees, and the prefill time (store lookup, moves,
 //! recomputation and the question) against the cold prefill's, measured side by side per
@@ -23,12 +25,24 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use engram_embed::{Encoder, TextEncoder};
-use engram_engine::{argmax, blend, Generator};
+use engram_engine::{argmax, blend, LoneSequence, SamplingParams};
 use engram_rag::synth::{self, Step, SynthConfig};
 use engram_rag::{build_prompt, ChunkStore, KnowledgeBank, RagConfig};
 
 use crate::common::{kv_pool, load_model, ModelArgs};
 use crate::fidelity::measure::Scores;
+
+/// The next-token logits at the prompt's last token and after each answer token but the last
+/// (`answer.len()` rows), over `seq`'s cache of the prompt: the prompt's last token and the
+/// answer are scored in one forward pass after the cache is cut back to the prompt's first
+/// `len - 1` tokens, the same way for the cold and the blended cache.
+fn teacher_forced(seq: &mut LoneSequence<'_>, prompt: &[u32], answer: &[u32]) -> Result<Vec<f32>> {
+    let last = prompt.len() - 1;
+    ensure!(seq.tokens().len() >= last && seq.tokens()[..last] == prompt[..last], "the cache does not hold the prompt");
+    seq.truncate(last);
+    let input: Vec<u32> = std::iter::once(prompt[last]).chain(answer[..answer.len() - 1].iter().copied()).collect();
+    Ok(seq.score(&input)?)
+}
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -83,6 +97,9 @@ pub fn run(mut a: Args) -> Result<()> {
     );
     let config = RagConfig { top_k: a.top_k, ..RagConfig::default() };
     let vocab = model.config.vocab;
+    // Greedy: the cold answer, and the first token after a blended prefill.
+    let greedy = SamplingParams { max_tokens: a.answer_tokens.max(1), ignore_eos: true, ..SamplingParams::default() };
+    let first = SamplingParams { max_tokens: 1, ..greedy.clone() };
     let users = synth::generate(&SynthConfig { seed: a.seed, users: a.users, topics_per_user: a.topics, ..SynthConfig::default() });
     let mut acc: Vec<Acc> = ratios.iter().map(|_| Acc::default()).collect();
     let (mut prompts, mut cold_ms, mut prompt_tokens) = (0usize, 0f64, 0usize);
@@ -112,20 +129,14 @@ pub fn run(mut a: Args) -> Result<()> {
             }
             prompts += 1;
             prompt_tokens += prompt.tokens.len();
-            // The cold path: full prefill, then greedy answer tokens.
-            let t = Instant::now();
-            let mut g = Generator::new(&model, &pool);
-            let mut last = g.feed(&prompt.tokens, false)?;
-            cold_ms += t.elapsed().as_secs_f64() * 1e3;
-            let (mut exact, mut answer) = (Vec::with_capacity(a.answer_tokens * vocab), Vec::new());
-            for i in 0..a.answer_tokens {
-                exact.extend_from_slice(&last);
-                let tok = argmax(&last);
-                answer.push(tok);
-                if i + 1 < a.answer_tokens {
-                    last = g.feed(&[tok], false)?;
-                }
-            }
+            // The cold path: full prefill, then greedy answer tokens, through the engine's step
+            // (its time to the first token is the cold prefill's time).
+            let mut g = LoneSequence::new(&model, &pool);
+            let cold = g.generate(&prompt.tokens, &greedy, &mut |_| true)?;
+            cold_ms += cold.timings.ttft_ms;
+            let answer = cold.tokens;
+            ensure!(answer.len() == a.answer_tokens, "the cold answer ended after {} tokens", answer.len());
+            let exact = teacher_forced(&mut g, &prompt.tokens, &answer)?;
             drop(g);
             store.assemble(&model, &pool, &prompt)?; // warm: every chunk computed once, untimed
             for (r, acc) in ratios.iter().zip(acc.iter_mut()) {
@@ -133,17 +144,11 @@ pub fn run(mut a: Args) -> Result<()> {
                 let mut asm = store.assemble(&model, &pool, &prompt)?;
                 ensure!(asm.chunks_computed == 0, "the warm store missed a chunk");
                 let rep = blend(&model, &mut asm.kv, &asm.tokens, &asm.moved, *r)?;
-                let rest = prompt.tokens[asm.tokens.len()..].to_vec();
-                let mut g = Generator::from_parts(&model, asm.kv, asm.tokens);
-                let mut last = g.feed(&rest, false)?;
+                // The question prefilled on the blended cache, to the first token.
+                let mut g = LoneSequence::from_parts(&model, asm.kv, asm.tokens);
+                g.generate(&prompt.tokens, &first, &mut |_| true)?;
                 acc.prefill_ms += t.elapsed().as_secs_f64() * 1e3;
-                let mut approx = Vec::with_capacity(exact.len());
-                for i in 0..a.answer_tokens {
-                    approx.extend_from_slice(&last);
-                    if i + 1 < a.answer_tokens {
-                        last = g.feed(&[answer[i]], false)?;
-                    }
-                }
+                let approx = teacher_forced(&mut g, &prompt.tokens, &answer)?;
                 let next: Vec<Option<u32>> = (0..a.answer_tokens).map(|i| answer.get(i + 1).copied()).collect();
                 acc.scores.add(&Scores::compare(&exact, &approx, vocab, &next));
                 acc.first_agree += (argmax(&approx[..vocab]) == answer[0]) as usize;

@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use engram_context::PrefixIndex;
-use engram_engine::{Generator, SamplingParams};
+use engram_engine::{LoneSequence, SamplingParams};
 use engram_kv::persist::{cache_fingerprint, open_entry, read_entry, write_entry, EntryKind, EntryMeta};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::{Fingerprint, Model};
@@ -98,7 +98,7 @@ fn one_token() -> SamplingParams {
     SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() }
 }
 
-fn ttft(gen: &mut Generator<'_>, prompt: &[u32]) -> Result<f64> {
+fn ttft(gen: &mut LoneSequence<'_>, prompt: &[u32]) -> Result<f64> {
     let t = Instant::now();
     gen.generate(prompt, &one_token(), &mut |_| true)?;
     Ok(t.elapsed().as_secs_f64() * 1e3)
@@ -125,8 +125,8 @@ struct History {
 
 impl History {
     /// A generator on a fork of the prefilled history (the history itself stays untouched).
-    fn hot<'m>(&self, model: &'m Model) -> Generator<'m> {
-        Generator::from_parts(model, self.kv.fork(self.kv.len()), self.ids.clone())
+    fn hot<'m>(&self, model: &'m Model) -> LoneSequence<'m> {
+        LoneSequence::from_parts(model, self.kv.fork(self.kv.len()), self.ids.clone())
     }
 }
 
@@ -148,7 +148,7 @@ pub fn run(a: Args) -> Result<()> {
         let history = tokens(&model, h, 1);
         let mut prompt = history.clone();
         prompt.extend(tokens(&model, a.user_tokens, 7));
-        let cold_ms = if a.skip_cold { None } else { Some(ttft(&mut Generator::new(&model, &pool), &prompt)?) };
+        let cold_ms = if a.skip_cold { None } else { Some(ttft(&mut LoneSequence::new(&model, &pool), &prompt)?) };
         // The history is prefilled once; every hot turn runs on a fork of it, and the
         // persisted entry the warm starts restore is written from it.
         let mut hist_kv = engram_kv::SeqKv::new(&pool);
@@ -158,8 +158,8 @@ pub fn run(a: Args) -> Result<()> {
                 hist_kv.keep_spaced_windows();
             }
         }
-        let mut hist_gen = Generator::from_parts(&model, hist_kv, Vec::new());
-        hist_gen.feed(&history, false)?;
+        let mut hist_gen = LoneSequence::from_parts(&model, hist_kv, Vec::new());
+        hist_gen.prefill(&history)?;
         let (mut kv, ids) = hist_gen.into_parts();
         kv.release_outside_window();
         let path = dir.join(format!("history-{h}-{format}.safetensors"));
@@ -256,17 +256,17 @@ pub fn run(a: Args) -> Result<()> {
         let system = tokens(&model, s, 3);
         let mut prompt = system.clone();
         prompt.extend(tokens(&model, a.user_tokens, 11));
-        let cold = ttft(&mut Generator::new(&model, &pool), &prompt)?;
+        let cold = ttft(&mut LoneSequence::new(&model, &pool), &prompt)?;
         let mut index = PrefixIndex::new(Fingerprint(model.fingerprint.0 ^ 1));
-        let mut g = Generator::new(&model, &pool);
-        g.feed(&system, false)?;
+        let mut g = LoneSequence::new(&model, &pool);
+        g.prefill(&system)?;
         let (kv, toks) = g.into_parts();
         index.insert(None, &toks, &kv);
         drop(kv);
         let t = Instant::now();
         let shared = index.lookup(&pool, None, &prompt);
         let reused = shared.len();
-        let mut gen = Generator::from_parts(&model, shared, prompt[..reused].to_vec());
+        let mut gen = LoneSequence::from_parts(&model, shared, prompt[..reused].to_vec());
         gen.generate(&prompt, &one_token(), &mut |_| true)?;
         let hit = t.elapsed().as_secs_f64() * 1e3;
         rows.push(json!({
@@ -368,9 +368,9 @@ fn quality(model: &Model, format: KvFormat) -> Result<serde_json::Value> {
     let mut ids = model.tokenizer.encode(&text, true)?.ids;
     ids.truncate(512);
     let layout = KvLayout::of(&model.config);
-    let exact = Generator::new(model, &KvPool::new(layout, KvFormat::F32, 1 << 34)).feed(&ids, true)?;
+    let exact = LoneSequence::new(model, &KvPool::new(layout, KvFormat::F32, 1 << 34)).score(&ids)?;
     let pool = KvPool::new(layout, format, 1 << 34);
-    let approx = Generator::new(model, &pool).feed(&ids, true)?;
+    let approx = LoneSequence::new(model, &pool).score(&ids)?;
     let bytes_vs_f16 = pool.bytes_per_token() as f64 / KvPool::new(layout, KvFormat::F16, 1).bytes_per_token() as f64;
     let mut row = crate::fidelity::measure::Scores::compare(&exact, &approx, model.config.vocab, &[]).json();
     let obj = row.as_object_mut().expect("Scores::json is an object");
@@ -413,14 +413,14 @@ fn warm_child(a: &Args, model: &Model, pool: &KvPool, fp: &str) -> Result<()> {
     prompt.extend(tokens(model, a.user_tokens, 7));
     // A started server has run steps already: page the weights in and start
     // the thread pool before timing, as `bench speed` does.
-    Generator::new(model, pool).feed(&prompt[..4.min(prompt.len())], false)?;
+    LoneSequence::new(model, pool).prefill(&prompt[..4.min(prompt.len())])?;
     let resident = if a.evict { evict_from_page_cache(path)? } else { 1.0 };
     // As the server restores: the checksum runs beside the prefill, and the
     // first token counts only once the checksum has passed.
     let t = Instant::now();
     let (meta, kv, check) = open_entry(path, pool, fp, model.config.vocab)?;
     let open_ms = t.elapsed().as_secs_f64() * 1e3;
-    let mut gen = Generator::from_parts(model, kv, meta.tokens);
+    let mut gen = LoneSequence::from_parts(model, kv, meta.tokens);
     gen.generate(&prompt, &one_token(), &mut |_| true)?;
     let computed_ms = t.elapsed().as_secs_f64() * 1e3;
     check.wait()?;

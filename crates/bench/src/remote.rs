@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use engram_engine::{Generator, SamplingParams};
+use engram_engine::{LoneSequence, SamplingParams};
 use engram_kv::persist::{cache_fingerprint, read_entry, write_entry, EntryKind, EntryMeta};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
@@ -148,8 +148,8 @@ pub fn run(a: Args) -> Result<()> {
         let pool = KvPool::try_new(KvLayout::of(&model.config), format, 6 * (a.history + a.user_tokens) * per_token + (64 << 20))?;
         let fp = cache_fingerprint(model.fingerprint, format);
         eprintln!("{format}: prefilling {} tokens of history", a.history);
-        let mut gen = Generator::new(&model, &pool);
-        gen.feed(&history, false)?;
+        let mut gen = LoneSequence::new(&model, &pool);
+        gen.prefill(&history)?;
         let (kv, ids) = gen.into_parts();
         let n = kv.len().min(ids.len());
 
@@ -184,7 +184,7 @@ pub fn run(a: Args) -> Result<()> {
         for round in 0..a.repeat.max(1) {
             // Recomputed: the whole prompt.
             let t = Instant::now();
-            Generator::new(&model, &pool).generate(&prompt, &one_token(), &mut |_| true)?;
+            LoneSequence::new(&model, &pool).generate(&prompt, &one_token(), &mut |_| true)?;
             cold.push(t.elapsed().as_secs_f64() * 1e3);
             // Restored from the tier by a replica that never saw it.
             let other = RemoteTier::new(RemoteConfig::new(url.clone())).map_err(anyhow::Error::msg)?.for_model(fp.clone());
@@ -195,7 +195,7 @@ pub fn run(a: Args) -> Result<()> {
                 .context("the runs")?;
             let fetched = t.elapsed().as_secs_f64() * 1e3;
             anyhow::ensure!(got.len() == n, "restored {} of {n} tokens", got.len());
-            Generator::from_parts(&model, got, m.tokens.clone()).generate(&prompt, &one_token(), &mut |_| true)?;
+            LoneSequence::from_parts(&model, got, m.tokens.clone()).generate(&prompt, &one_token(), &mut |_| true)?;
             remote.push(t.elapsed().as_secs_f64() * 1e3);
             fetch.push(fetched);
             read_bytes = other.tier().stats().bytes_read;
@@ -203,7 +203,7 @@ pub fn run(a: Args) -> Result<()> {
             let resident = evict_from_page_cache(&path)?;
             let t = Instant::now();
             let (m2, got) = read_entry(&path, &pool, &fp, model.config.vocab)?;
-            Generator::from_parts(&model, got, m2.tokens).generate(&prompt, &one_token(), &mut |_| true)?;
+            LoneSequence::from_parts(&model, got, m2.tokens).generate(&prompt, &one_token(), &mut |_| true)?;
             disk.push(t.elapsed().as_secs_f64() * 1e3);
             eprintln!(
                 "{format} round {round}: cold {:.0} ms, remote {:.0} ms (fetch {:.0} ms), disk {:.0} ms (page cache {:.0}% resident before)",

@@ -1,6 +1,8 @@
 //! `engram bench speed`: prefill tokens/s over a 512-token prompt and decode
-//! tokens/s over 128 tokens, as llama-bench measures them (pp512 / tg128).
-//! The weights are paged in and one warm-up step runs before timing.
+//! tokens/s over 128 tokens, as llama-bench measures them (pp512 / tg128), each through the
+//! engine's own step (one [`LoneSequence`]: the prompt in one step; then greedy decoding
+//! from a one-token context, one token a step). The weights are paged in and one warm-up
+//! step runs before timing.
 //!
 //! Beside them, in the same run, the decode *limit*: the memory read bandwidth measured now
 //! with the same threads ([`crate::shared::read_gb_s`]) ÷ the bytes one decode token
@@ -10,7 +12,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use engram_engine::Generator;
+use engram_engine::{LoneSequence, SamplingParams};
 use engram_kv::KvPool;
 use engram_model::Model;
 
@@ -45,20 +47,17 @@ pub fn run(a: Args) -> Result<()> {
     let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|i| ((i * 2_654_435_761 + 12345) % vocab) as u32).collect();
     warm_up(&model, &pool)?;
     let (mut best_pp, mut best_tg) = (0.0f64, 0.0f64);
+    // Greedy, never stopped early: every run computes exactly the tokens it is asked for.
+    let greedy = |n: usize| SamplingParams { max_tokens: n, ignore_eos: true, ..SamplingParams::default() };
     for _ in 0..a.reps.max(1) {
-        let mut gen = Generator::new(&model, &pool).with_prefill_chunk(a.prompt_tokens.max(1));
-        let t = Instant::now();
-        let mut logits = gen.feed(&prompt, false)?;
-        best_pp = best_pp.max(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
-        // Decode continues from a fresh short context, like llama-bench's tg128.
-        let mut gen = Generator::new(&model, &pool);
-        logits = gen.feed(&prompt[..1], false).unwrap_or(logits);
-        let t = Instant::now();
-        for _ in 0..a.decode_tokens {
-            let next = engram_engine::argmax(&logits);
-            logits = gen.feed(&[next], false)?;
-        }
-        best_tg = best_tg.max(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
+        // The whole prompt in one engine step (its last token's logits, one token sampled).
+        let g = LoneSequence::new(&model, &pool).with_prefill_chunk(a.prompt_tokens.max(1)).generate(&prompt, &greedy(1), &mut |_| true)?;
+        best_pp = best_pp.max(a.prompt_tokens as f64 / (g.timings.ttft_ms / 1e3));
+        // Decode continues from a fresh short context, like llama-bench's tg128: the first
+        // token is sampled after one prompt token, then `decode_tokens` steps feed one each.
+        let g = LoneSequence::new(&model, &pool).generate(&prompt[..1], &greedy(a.decode_tokens + 1), &mut |_| true)?;
+        anyhow::ensure!(g.tokens.len() == a.decode_tokens + 1, "decode ended after {} of {} tokens", g.tokens.len(), a.decode_tokens + 1);
+        best_tg = best_tg.max(g.timings.decode_tok_s());
     }
     let threads = engram_kernels::num_threads();
     // The limit, measured after the timed runs with the same pool.
@@ -107,8 +106,7 @@ pub fn run(a: Args) -> Result<()> {
 
 /// Touches every weight page and runs a short step so timing excludes page faults and first-use costs.
 fn warm_up(model: &Model, pool: &KvPool) -> Result<()> {
-    let mut gen = Generator::new(model, pool);
-    gen.feed(&[1, 2, 3, 4], false)?;
+    LoneSequence::new(model, pool).prefill(&[1, 2, 3, 4])?;
     Ok(())
 }
 

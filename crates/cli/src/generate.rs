@@ -1,7 +1,7 @@
 //! `engram generate`: one prompt in, the generated text out on stdout
 //! (streamed), statistics on stderr. The exact path is one job on the CLI's engine
-//! (`engine_run.rs`: the engine's own step, as `engram serve` runs it); `--sparse` runs the
-//! sparse methods' own path (`generate_sparse.rs`).
+//! (`engine_run.rs`: the engine's own step, as `engram serve` runs it); `--sparse` runs one
+//! request through the same step on a sparse cache of its own (`generate_sparse.rs`).
 
 use anyhow::Result;
 use engram_engine::{Job, OwnerKey};
@@ -78,7 +78,7 @@ pub fn run(a: Args) -> Result<()> {
             prefetch: !a.sparse_no_prefetch,
             ..engram_sparse::OffloadConfig::new(dir, model.fingerprint.0)
         });
-        return crate::generate_sparse::generate(&model, &ids, &a.sampling.params(), cfg, off, a.sparse_state.as_deref());
+        return crate::generate_sparse::generate(&model, &pool, &ids, &a.sampling.params(), cfg, off, a.sparse_state.as_deref());
     }
     anyhow::ensure!(a.sparse_state.is_none(), "--sparse-state needs --sparse METHOD");
     anyhow::ensure!(a.sparse_budget.is_none(), "--sparse-budget needs --sparse METHOD");

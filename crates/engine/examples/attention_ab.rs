@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use engram_engine::{Generator, SamplingParams};
+use engram_engine::{LoneSequence, SamplingParams};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::{AttentionPrecision, Model};
 
@@ -35,8 +35,8 @@ fn main() {
         let hist = ids(h, 1);
         let mut prompt = hist.clone();
         prompt.extend(ids(64, 7));
-        let mut g = Generator::new(&model, &pool);
-        g.feed(&hist, false).expect("prefill");
+        let mut g = LoneSequence::new(&model, &pool);
+        g.prefill(&hist).expect("prefill");
         let (kv, toks) = g.into_parts();
         cases.push((h, prompt, kv, toks));
     }
@@ -48,7 +48,7 @@ fn main() {
         for (hi, (h, prompt, kv, toks)) in cases.iter().enumerate() {
             for (pi, &p) in precisions.iter().enumerate() {
                 model.set_attention(p);
-                let mut hot = Generator::from_parts(&model, kv.fork(kv.len()), toks.clone());
+                let mut hot = LoneSequence::from_parts(&model, kv.fork(kv.len()), toks.clone());
                 let t = Instant::now();
                 hot.generate(prompt, &one, &mut |_| true).expect("turn");
                 let ms = t.elapsed().as_secs_f64() * 1e3;

@@ -28,7 +28,7 @@ use engram_kv::SeqKv;
 use engram_model::{KvCache, KvChunk, KvRead, Logits, Model, SeqStep};
 
 use crate::error::EngineError;
-use crate::generate::DEFAULT_PREFILL_CHUNK;
+use crate::scheduler::DEFAULT_PREFILL_CHUNK;
 
 /// The default fraction of reused tokens recomputed (CacheBlend's 15%).
 pub const DEFAULT_BLEND_RATIO: f32 = 0.15;

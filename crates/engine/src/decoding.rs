@@ -1,7 +1,7 @@
 //! `Decoding`: the output side of one sequence — sampling, detokenizing, stop tokens and stop
-//! strings, the token limit — with one [`Decoding::accept`] per sampled token. The CLI's
-//! [`crate::Generator`] and the server's scheduler both decode through it, so they end a
-//! sequence the same way and stream the same text.
+//! strings, the token limit — with one [`Decoding::accept`] per sampled token. The engine's
+//! step decodes every sequence through it (requests, background work, a lone sequence), and
+//! the sparse CLI path does too, so they end a sequence the same way and stream the same text.
 //!
 //! A sequence under a grammar has its logits masked to the tokens the grammar allows before
 //! each draw, feeds each accepted token to its matcher, and ends (`stop`) when the grammar
@@ -14,7 +14,6 @@
 use engram_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::error::EngineError;
-use crate::generate::{push_token_end, FinishReason};
 use crate::grammar::GrammarState;
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampling::{Sampler, SamplingParams};
@@ -22,6 +21,41 @@ use crate::stop::StopMatcher;
 
 /// Tokens at the prompt's end read for a lazy grammar's quiet section.
 const PROMPT_TAIL: usize = 16;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token or stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    /// The caller asked to stop (a client went away, a callback said no).
+    Cancelled,
+}
+
+impl FinishReason {
+    /// OpenAI's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Records the text end of a token just decoded. A token that produced no
+/// text yet (it ends inside a UTF-8 character) is pending (`usize::MAX`)
+/// until a later token completes the text; `end` is where the decoded text
+/// ends after this token, and it becomes the end of every pending token.
+pub fn push_token_end(ends: &mut Vec<usize>, produced_text: bool, end: usize) {
+    ends.push(usize::MAX);
+    if produced_text {
+        for e in ends.iter_mut().rev().take_while(|e| **e == usize::MAX) {
+            *e = end;
+        }
+    }
+}
 
 /// What accepting one token produced.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -15,4 +15,8 @@ pub enum EngineError {
     /// A grammar failed to compile or its matcher failed mid-generation.
     #[error("grammar: {0}")]
     Grammar(String),
+    /// The engine could not run the sequence: no room in the KV budget, a model error, an
+    /// engine fault (the message says which).
+    #[error("{0}")]
+    Failed(String),
 }

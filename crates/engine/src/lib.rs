@@ -2,9 +2,11 @@
 //!
 //! Turns a model and a KV store into text: sampling ([`Sampler`]), stop
 //! strings that never leak a partial match into a stream ([`StopMatcher`]),
-//! chunked prefill with bounded peak memory, and a generation loop that
-//! streams UTF-8-safe text ([`Generator`]); [`Decoding`] is the one place a sampled
-//! token is accepted (stop tokens, stop strings, limits), for the CLI and the server alike;
+//! and the scheduler whose step is the one decode loop — batched, with chunked prefill of
+//! bounded peak memory — run on an engine thread ([`EngineHandle`]) or, for one sequence on
+//! the caller's thread, by [`LoneSequence`] (a cold generation is a fresh one);
+//! [`Decoding`] is the one place a sampled token is accepted (stop tokens, stop strings,
+//! limits), for the CLI and the server alike;
 //! [`PooledEncoder`] is the loaded LLM as an `engram_embed::TextEncoder` (mean of its
 //! final-normed hidden states), the fallback where no sentence encoder is installed.
 //!
@@ -15,7 +17,7 @@ pub mod blend;
 mod decoding;
 pub mod draft_model;
 mod error;
-mod generate;
+mod generation;
 pub mod grammar;
 mod handle;
 pub mod logprobs;
@@ -28,7 +30,7 @@ pub mod speculate;
 mod stop;
 
 pub use blend::{blend, BlendReport, DEFAULT_BLEND_RATIO};
-pub use decoding::{Accepted, Decoding};
+pub use decoding::{push_token_end, Accepted, Decoding, FinishReason};
 pub use draft_model::{DraftModel, DraftState};
 /// The context-policy seam (`engram-policy`), re-exported for the engine's callers.
 pub use engram_policy::{
@@ -36,7 +38,7 @@ pub use engram_policy::{
     IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PendingRestore, PolicyControl, PolicyGauge, PolicyLayer, PolicyStats, Retired,
 };
 pub use error::EngineError;
-pub use generate::{push_token_end, FinishReason, Generation, Generator, Timings, DEFAULT_PREFILL_CHUNK};
+pub use generation::{Generation, Timings};
 pub use grammar::{Grammar, GrammarCompiler, GrammarState};
 pub use handle::{EngineHandle, SubmitError};
 pub use logprobs::TokenLogprob;
@@ -45,8 +47,8 @@ pub use pooled::PooledEncoder;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
 pub use scheduler::{
-    drain_background, run_alone, run_engine, AloneRun, Command, Event, EventSink, Job, JobError, JobErrorKind, SchedulerConfig, Stepped,
-    SteppedJob,
+    drain_background, generate_on_cache, run_alone, run_engine, AloneRun, Command, Event, EventSink, Job, JobError, JobErrorKind,
+    LoneSequence, SchedulerConfig, Stepped, SteppedJob, DEFAULT_PREFILL_CHUNK,
 };
 pub use speculate::{DraftTree, PromptLookup};
 pub use stop::StopMatcher;

@@ -104,6 +104,6 @@ fn a_second_turn_reuses_the_first_turns_cache_and_equals_a_cold_run() {
     assert_eq!(ids.len(), counts[1].1, "the chat's turn 2 prompt is this rendering");
     let pool = engram_kv::KvPool::new(engram_kv::KvLayout::of(&model.config), engram_kv::KvFormat::F16, 64 << 20);
     let params = engram_engine::SamplingParams { max_tokens: 8, ..Default::default() };
-    let cold = engram_engine::Generator::new(&model, &pool).generate(&ids, &params, &mut |_| true).unwrap();
+    let cold = engram_engine::LoneSequence::new(&model, &pool).generate(&ids, &params, &mut |_| true).unwrap();
     assert_eq!(answer2, cold.text, "turn 2 on the reused cache vs a cold run");
 }

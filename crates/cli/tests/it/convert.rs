@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use engram_engine::Generator;
+use engram_engine::LoneSequence;
 use engram_fixture::{FixtureFiles, GgufFormat, Shape};
 use engram_gguf::{GgufFile, Value};
 use engram_kv::{KvFormat, KvLayout, KvPool};
@@ -58,7 +58,7 @@ fn convert(hf: &Path, format: &str, dir: &Path) -> PathBuf {
 
 fn logits(model: &Model, ids: &[u32]) -> Vec<f32> {
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 1 << 28);
-    Generator::new(model, &pool).feed(ids, true).unwrap()
+    LoneSequence::new(model, &pool).score(ids).unwrap()
 }
 
 /// max |a - b| / max |b|.

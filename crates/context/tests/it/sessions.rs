@@ -7,7 +7,7 @@
 use crate::common;
 use common::model;
 use engram_context::{MatchKind, SessionStore};
-use engram_engine::{Generator, SamplingParams};
+use engram_engine::{LoneSequence, SamplingParams};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 use proptest::prelude::*;
@@ -23,6 +23,11 @@ fn open_with_disk(pool: &KvPool, dir: &std::path::Path, policy: engram_kv::Evict
 
 fn greedy(n: usize) -> SamplingParams {
     SamplingParams { max_tokens: n, ignore_eos: true, ..Default::default() }
+}
+
+/// The last token's logits of a scored run.
+fn last_row(m: &Model, mut logits: Vec<f32>) -> Vec<f32> {
+    logits.split_off(logits.len() - m.config.vocab)
 }
 
 fn rel(a: &[f32], b: &[f32]) -> f32 {
@@ -53,18 +58,18 @@ pub(crate) fn turn_on(m: &Model, store: &mut SessionStore, owner: &str, text: &s
         );
     }
     // Hot: logits of the last prompt token from the reused cache.
-    let mut hot = Generator::from_parts(m, co.kv, co.tokens[..reused].to_vec());
+    let mut hot = LoneSequence::from_parts(m, co.kv, co.tokens[..reused].to_vec());
     let keep = reused.min(co.tokens.len() - 1);
     hot.truncate(keep);
-    let hot_logits = hot.feed(&co.tokens[keep..], false).unwrap();
-    let mut cold = Generator::new(m, store.pool());
-    let cold_logits = cold.feed(&co.tokens, false).unwrap();
+    let hot_logits = last_row(m, hot.score(&co.tokens[keep..]).unwrap());
+    let mut cold = LoneSequence::new(m, store.pool());
+    let cold_logits = last_row(m, cold.score(&co.tokens).unwrap());
     let err = rel(&hot_logits, &cold_logits);
     assert!(err < 1e-5, "{kind:?} reused {reused}: logits differ from cold by {err}");
     // Greedy continuation from both.
     hot.truncate(keep);
     let g = hot.generate(&co.tokens, &greedy(n), &mut |_| true).unwrap();
-    let c = Generator::new(m, store.pool()).generate(&co.tokens, &greedy(n), &mut |_| true).unwrap();
+    let c = LoneSequence::new(m, store.pool()).generate(&co.tokens, &greedy(n), &mut |_| true).unwrap();
     assert_eq!(g.tokens, c.tokens, "{kind:?}: hot and cold greedy tokens differ");
     let (kv, cached) = hot.into_parts();
     let mut tokens = co.tokens.clone();
@@ -329,8 +334,8 @@ fn making_room_sheds_queued_saves_and_what_survives_is_exact() {
         let co = store.checkout(o, None, &text, true, &m.tokenizer).unwrap();
         assert_eq!(co.kind, MatchKind::Miss);
         let before = pool.used();
-        let mut g = Generator::from_parts(m, co.kv, Vec::new());
-        g.feed(&co.tokens, false).unwrap();
+        let mut g = LoneSequence::from_parts(m, co.kv, Vec::new());
+        g.prefill(&co.tokens).unwrap();
         largest = largest.max(pool.used() - before);
         done.push((co.session_id, co.tokens, co.token_ends, g.into_parts().0));
         texts.push(text);

@@ -5,7 +5,7 @@
 //! run on a pool of its own.
 
 use engram_context::{MatchKind, PersistedSessions, SessionStore};
-use engram_engine::{Generator, SamplingParams};
+use engram_engine::{LoneSequence, SamplingParams};
 use engram_fixture::Shape;
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv, SlidingLayers, BLOCK_TOKENS};
 use engram_model::Model;
@@ -28,6 +28,11 @@ fn open(m: &Model, pool: &KvPool, dir: &std::path::Path) -> SessionStore {
     SessionStore::new(pool.clone(), m.fingerprint).with_disk(disk, m.config.vocab).with_sliding(SlidingLayers::of(&m.config))
 }
 
+/// The last token's logits of a scored run.
+fn last_row(m: &Model, mut logits: Vec<f32>) -> Vec<f32> {
+    logits.split_off(logits.len() - m.config.vocab)
+}
+
 fn greedy(n: usize) -> SamplingParams {
     SamplingParams { max_tokens: n, ignore_eos: true, ..Default::default() }
 }
@@ -46,17 +51,17 @@ fn turn(m: &Model, store: &mut SessionStore, owner: &str, text: &str, n: usize, 
     }
     let (kind, reused, sid) = (co.kind, co.reused, co.session_id.clone());
     assert_eq!(co.kv.len(), reused, "the checkout's cache holds what it reuses");
-    let mut hot = Generator::from_parts(m, co.kv, co.tokens[..reused].to_vec());
+    let mut hot = LoneSequence::from_parts(m, co.kv, co.tokens[..reused].to_vec());
     let keep = reused.min(co.tokens.len() - 1);
     hot.truncate(keep);
-    let hot_logits = hot.feed(&co.tokens[keep..], false).unwrap();
-    let cold_logits = Generator::new(m, cold_pool).feed(&co.tokens, false).unwrap();
+    let hot_logits = last_row(m, hot.score(&co.tokens[keep..]).unwrap());
+    let cold_logits = last_row(m, LoneSequence::new(m, cold_pool).score(&co.tokens).unwrap());
     let scale = cold_logits.iter().fold(0f32, |a, x| a.max(x.abs()));
     let err = hot_logits.iter().zip(&cold_logits).fold(0f32, |a, (x, y)| a.max((x - y).abs())) / scale;
     assert!(err < 1e-5, "{owner} {kind:?} reused {reused}: logits differ from cold by {err}");
     hot.truncate(keep);
     let g = hot.generate(&co.tokens, &greedy(n), &mut |_| true).unwrap();
-    let c = Generator::new(m, cold_pool).generate(&co.tokens, &greedy(n), &mut |_| true).unwrap();
+    let c = LoneSequence::new(m, cold_pool).generate(&co.tokens, &greedy(n), &mut |_| true).unwrap();
     assert_eq!(g.tokens, c.tokens, "{owner} {kind:?}: hot and cold greedy tokens differ");
     let (kv, _) = hot.into_parts();
     let mut tokens = co.tokens.clone();
@@ -122,10 +127,10 @@ fn admission_bytes_bound_a_prefill_in_steps() {
         let co = store.checkout("carol", None, &prompt, true, &m.tokenizer).unwrap();
         let n = co.tokens.len();
         let need = store.admission_bytes(n).expect("a sliding model sizes its prompts");
-        let mut gen = Generator::from_parts(&m, co.kv, Vec::new()).with_prefill_chunk(step);
+        let mut gen = LoneSequence::from_parts(&m, co.kv, Vec::new()).with_prefill_chunk(step);
         let mut peak = 0;
         for c in co.tokens.chunks(step) {
-            gen.feed(c, false).unwrap();
+            gen.score(c).unwrap();
             peak = peak.max(pool.used());
         }
         eprintln!("{format:?}: {n} prompt tokens charged at most {peak} bytes; admission asks {need}, full history {}", pool.bytes_for(n));
@@ -173,8 +178,8 @@ fn a_checkout_cut_back_by_a_resume_point_reports_the_reuse_it_keeps() {
         if spaced {
             kv.keep_spaced_windows();
         }
-        let mut gen = Generator::from_parts(&m, kv, Vec::new());
-        gen.feed(&tokens, false).unwrap();
+        let mut gen = LoneSequence::from_parts(&m, kv, Vec::new());
+        gen.prefill(&tokens).unwrap();
         let (kv, _) = gen.into_parts();
         let mut store =
             SessionStore::new(pool.clone(), m.fingerprint).with_sliding(SlidingLayers::of(&m.config)).with_spaced_windows(spaced);

@@ -6,7 +6,7 @@
 use crate::common;
 use common::model;
 use engram_context::{MatchKind, SessionStore};
-use engram_engine::Generator;
+use engram_engine::LoneSequence;
 use engram_kv::{KvFormat, KvLayout, KvPool};
 
 fn pool() -> KvPool {
@@ -35,8 +35,8 @@ fn prefill(store: &mut SessionStore, owner: &str, session: Option<&str>, text: &
     let co = store.checkout(owner, session, text, true, &m.tokenizer).unwrap();
     assert!(co.restore.is_none());
     let (kind, reused, sid) = (co.kind, co.reused, co.session_id.clone());
-    let mut g = Generator::from_parts(m, co.kv, co.tokens[..reused].to_vec());
-    g.feed(&co.tokens[reused..], false).unwrap();
+    let mut g = LoneSequence::from_parts(m, co.kv, co.tokens[..reused].to_vec());
+    g.prefill(&co.tokens[reused..]).unwrap();
     let (kv, _) = g.into_parts();
     store.checkin(owner, &sid, text.to_string(), co.tokens, co.token_ends, kv);
     (kind, reused)

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use engram_dual::{DualControl, DualStats, DualStream, FactSegment, Summarizer};
 use engram_engine::{drain_background, PolicyLayer};
-use engram_engine::{run_engine, Command, ContextPolicy, Generator, Job, Metrics, PolicyControl, Retired, SamplingParams, SchedulerConfig};
+use engram_engine::{
+    run_engine, Command, ContextPolicy, Job, LoneSequence, Metrics, PolicyControl, Retired, SamplingParams, SchedulerConfig,
+};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 use engram_policy::{AdmitRequest, BackgroundDone, BackgroundJob, BackgroundPriority, Checkout};
@@ -96,7 +98,7 @@ fn cold_answer(m: &Model, window: &[u32], prompt: &[u32], n: usize) -> String {
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
     let all: Vec<u32> = window.iter().chain(prompt).copied().collect();
     let params = SamplingParams { max_tokens: n, ignore_eos: true, ..Default::default() };
-    Generator::new(m, &pool).generate(&all, &params, &mut |_| true).unwrap().text
+    LoneSequence::new(m, &pool).generate(&all, &params, &mut |_| true).unwrap().text
 }
 
 fn wait_until(what: &str, f: impl Fn() -> bool) {

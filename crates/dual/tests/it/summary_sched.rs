@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use engram_dual::DualControl;
 use engram_dual::{DualStats, DualStream, FactSegment, Summarizer};
 use engram_engine::PolicyControl;
-use engram_engine::{run_engine, Command, ContextPolicy, Generator, IdleInterrupt, Job, Metrics, Retired, SamplingParams, SchedulerConfig};
+use engram_engine::{
+    run_engine, Command, ContextPolicy, IdleInterrupt, Job, LoneSequence, Metrics, Retired, SamplingParams, SchedulerConfig,
+};
 use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
@@ -70,7 +72,7 @@ fn cold_answer(m: &Model, window: &[u32], prompt: &[u32]) -> String {
     let pool = KvPool::new(KvLayout::of(&m.config), KvFormat::F32, 64 << 20);
     let all: Vec<u32> = window.iter().chain(prompt).copied().collect();
     let params = SamplingParams { max_tokens: ANSWER, ignore_eos: true, ..Default::default() };
-    Generator::new(m, &pool).generate(&all, &params, &mut |_| true).unwrap().text
+    LoneSequence::new(m, &pool).generate(&all, &params, &mut |_| true).unwrap().text
 }
 
 fn wait_until(what: &str, f: impl Fn() -> bool) {

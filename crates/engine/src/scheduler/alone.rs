@@ -24,7 +24,7 @@ use engram_policy::{
 };
 
 use super::{Engine, SchedulerConfig};
-use crate::generate::Timings;
+use crate::generation::Timings;
 use crate::metrics::Metrics;
 use crate::sampling::SamplingParams;
 
@@ -36,17 +36,24 @@ pub struct AloneRun {
     pub timings: Timings,
 }
 
-/// The policy of a lone run: it admits nothing and keeps nothing; it hears the job's end.
+/// The policy of a lone run (here, in `lone.rs` and in `stepped.rs`): it admits at most the
+/// one checkout it was given and keeps nothing; it hands what the sequence ends with (retired
+/// or done) to its caller.
 pub(super) struct Lone {
-    pub(super) done: Arc<Mutex<Option<BackgroundDone>>>,
+    /// The one request's checkout (`None`: it admits no request).
+    pub start: Option<Checkout>,
+    pub done: Arc<Mutex<Option<BackgroundDone>>>,
+    pub retired: Arc<Mutex<Option<Retired>>>,
 }
 
 impl ContextPolicy for Lone {
     fn admit(&mut self, _req: &AdmitRequest<'_>) -> Result<Checkout, String> {
-        Err("a lone run admits no requests".into())
+        self.start.take().ok_or_else(|| "a lone run admits one request only".into())
     }
     fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
-        None
+        // An own cache charges its RAM itself as it grows (its reservations); paged KV needs
+        // the prompt's blocks.
+        self.start.as_ref().filter(|c| c.cache.is_some()).map(|_| 0)
     }
     fn pin_owner(&mut self, _owner: &OwnerKey) {}
     fn make_room(&mut self, _bytes: usize) -> bool {
@@ -55,7 +62,9 @@ impl ContextPolicy for Lone {
     fn verify_restore(&mut self, _restore: PendingRestore) -> bool {
         false
     }
-    fn retire(&mut self, _retired: Retired) {}
+    fn retire(&mut self, retired: Retired) {
+        *self.retired.lock().unwrap_or_else(|e| e.into_inner()) = Some(retired);
+    }
     fn forget_owner(&mut self, _owner: &OwnerKey) {}
     fn stats(&self) -> PolicyStats {
         PolicyStats::default()
@@ -86,7 +95,7 @@ pub fn run_alone(
     stop: &mut dyn FnMut() -> bool,
 ) -> Option<AloneRun> {
     let done = Arc::new(Mutex::new(None));
-    let policy = Lone { done: done.clone() };
+    let policy = Lone { start: None, done: done.clone(), retired: Arc::default() };
     let mut engine = Engine::new(model, pool, config, Box::new(policy), Arc::new(Metrics::default()), Arc::new(AtomicUsize::new(0)));
     let prompt_tokens = job.start.tokens.len();
     let cached_tokens = job.start.reused.min(prompt_tokens.saturating_sub(1));

@@ -40,8 +40,8 @@ use engram_model::Model;
 use engram_policy::{BackgroundJob, ContextPolicy, IdleInterrupt, OwnerKey, PendingRestore, PolicyControl, Retired};
 
 use crate::decoding::Decoding;
+use crate::decoding::FinishReason;
 use crate::draft_model::{DraftModel, DraftState};
-use crate::generate::FinishReason;
 use crate::metrics::Metrics;
 use crate::sampling::SamplingParams;
 use crate::speculate::{DraftTree, PromptLookup};
@@ -50,11 +50,13 @@ mod admit;
 mod alone;
 mod background;
 mod cache;
+mod lone;
 mod step;
 mod stepped;
 
 pub use alone::{run_alone, AloneRun};
 use cache::SeqCacheSlot;
+pub use lone::{generate_on_cache, LoneSequence};
 pub use stepped::{Stepped, SteppedJob};
 
 /// Scheduler limits.
@@ -92,6 +94,11 @@ pub struct SchedulerConfig {
     pub background_chunk: usize,
 }
 
+/// The default [`SchedulerConfig::prefill_chunk`]: prompt tokens per forward call. Bounds peak
+/// activation memory (the FFN buffers are `chunk * ffn * 4` bytes each) while keeping matmuls
+/// wide enough to run at GEMM speed.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
 /// The default [`SchedulerConfig::background_chunk`]: a few decode steps' worth of work on the
 /// models this runs, so a summary or cache refresh running alone delays an arriving request
 /// by about that much.
@@ -124,7 +131,7 @@ pub fn account(owner: &str) -> &str {
 impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
-            prefill_chunk: 256,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
             max_batch: 16,
             max_pending: 256,
             speculation: None,
@@ -341,7 +348,7 @@ struct Seq<'m> {
     lookup: Vec<u32>,
     /// The draft model's KV for this sequence (with `SchedulerConfig::draft_model`).
     drafter: Option<DraftState>,
-    /// Sampling, detokenizing and stopping (shared with the CLI's `Generator`).
+    /// Sampling, detokenizing and stopping (`decoding.rs`).
     out: Decoding<'m>,
     submitted: Instant,
     last_token: Option<Instant>,
@@ -431,6 +438,10 @@ struct Engine<'m> {
     background_credit: f64,
     /// This step's cap on a low-priority background prefill chunk (`None`: none may run).
     background_chunk: Option<usize>,
+    /// Set by a lone sequence's run (`lone.rs`): each retiring request's generated tokens and
+    /// their text ends go to `decoded` (a request's events carry its text, not its tokens).
+    record_decoded: bool,
+    decoded: Option<lone::Decoded>,
 }
 
 impl<'m> Engine<'m> {
@@ -459,6 +470,8 @@ impl<'m> Engine<'m> {
             background_queue: VecDeque::new(),
             background_credit: 0.0,
             background_chunk: None,
+            record_decoded: false,
+            decoded: None,
         }
     }
 
@@ -575,6 +588,9 @@ impl<'m> Engine<'m> {
         let s = self.active.remove(at);
         if s.background.is_some() {
             return self.finish_background(s, outcome.map(|_| ()).map_err(|e| e.message));
+        }
+        if self.record_decoded {
+            self.decoded = Some(lone::Decoded { generated: s.out.generated().to_vec(), token_ends: s.out.finished_token_ends() });
         }
         self.pending.fetch_sub(1, Relaxed);
         let outcome_finish = outcome.as_ref().ok().copied();

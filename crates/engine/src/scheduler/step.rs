@@ -15,7 +15,7 @@ use engram_kv::BLOCK_TOKENS;
 use engram_model::{KeyMask, Logits, SeqStep};
 
 use super::{owner_gone, Engine, Event, JobError, JobErrorKind, Seq};
-use crate::generate::FinishReason;
+use crate::decoding::FinishReason;
 use crate::speculate::DraftTree;
 
 /// Plain decoding steps after a rejected one-draft tree, before drafting again.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::common;
 use common::{tiny, Collect};
 use engram_engine::{
-    run_engine, Command, Event, EventSink, FinishReason, Generator, JobErrorKind, Metrics, SamplingParams, SchedulerConfig,
+    run_engine, Command, Event, EventSink, FinishReason, JobErrorKind, LoneSequence, Metrics, SamplingParams, SchedulerConfig,
 };
 use engram_kv::{KvFormat, KvLayout, KvPool, BLOCK_TOKENS};
 use engram_model::Model;
@@ -99,7 +99,7 @@ fn requests_that_fit_alone_all_complete_when_submitted_together() {
     let alone = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 10 * block);
     for (i, (sink, prompt)) in sinks.iter().zip(&jobs).enumerate() {
         assert_eq!(failure(sink), None, "request {i} failed");
-        let want = Generator::new(&model, &alone).generate(prompt, &params, &mut |_| true).unwrap();
+        let want = LoneSequence::new(&model, &alone).generate(prompt, &params, &mut |_| true).unwrap();
         assert_eq!(sink.outcome(), (want.text, Some(FinishReason::Length)), "request {i}");
     }
     assert!(200usize.div_ceil(BLOCK_TOKENS) * 2 > 10, "the budget does not hold two prompts");
@@ -153,7 +153,7 @@ fn one_account_saturating_the_batch_does_not_delay_another() {
     assert!(b_at <= 3, "b started {}th of 9 ({order:?})", b_at + 1);
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
     for (i, (sink, (_, prompt))) in sinks.iter().zip(&jobs).enumerate() {
-        let want = Generator::new(&model, &pool).generate(prompt, &params, &mut |_| true).unwrap();
+        let want = LoneSequence::new(&model, &pool).generate(prompt, &params, &mut |_| true).unwrap();
         assert_eq!(sink.outcome(), (want.text, Some(FinishReason::Length)), "request {i}");
     }
 }

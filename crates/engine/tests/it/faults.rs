@@ -2,7 +2,7 @@
 //! cache from a pool laid out for fewer layers than the model has, so the forward pass panics
 //! writing its second layer. That job ends with an Internal "engine fault" error, nothing it
 //! computed is checked into the session store, and the engine goes on: a job submitted
-//! afterwards generates what a `Generator` run does.
+//! afterwards generates what a cold `LoneSequence` run does.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
@@ -14,7 +14,7 @@ use common::job;
 use common::Collect;
 use engram_context::{Checkout, SessionStore};
 use engram_engine::{
-    run_engine, Command, ContextPolicy, Event, Generator, JobErrorKind, Metrics, Retired, SamplingParams, SchedulerConfig,
+    run_engine, Command, ContextPolicy, Event, JobErrorKind, LoneSequence, Metrics, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_fixture::{GgufFormat, Shape};
@@ -65,7 +65,7 @@ fn a_panicking_step_fails_its_sequences_and_the_engine_goes_on() {
     let bad_pool = KvPool::new(KvLayout { num_layers: 1, ..layout }, KvFormat::F32, 64 << 20);
     let prompt = model.tokenizer.encode("def parse_args(argv):", true).unwrap().ids;
     let params = SamplingParams { max_tokens: 12, ignore_eos: true, ..Default::default() };
-    let want = Generator::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap().text;
+    let want = LoneSequence::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap().text;
 
     let retired = Arc::new(Mutex::new(Vec::new()));
     let policy = FaultyCache { inner: SessionStore::new(pool.clone(), model.fingerprint), bad_pool, retired: retired.clone() };
@@ -96,7 +96,7 @@ fn a_panicking_step_fails_its_sequences_and_the_engine_goes_on() {
     drop(tx);
     engine.join().expect("the engine thread survived the fault");
 
-    assert_eq!(plain.outcome(), (want, Some(engram_engine::FinishReason::Length)), "the job after the fault vs a Generator run");
+    assert_eq!(plain.outcome(), (want, Some(engram_engine::FinishReason::Length)), "the job after the fault vs a cold lone run");
     assert_eq!(*retired.lock().unwrap(), ["plain"], "the faulted sequence is never checked into the session store");
     assert_eq!(metrics.step_faults.load(Relaxed), 1);
     assert_eq!(pending.load(Relaxed), 0);

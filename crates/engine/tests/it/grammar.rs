@@ -1,6 +1,6 @@
 //! Constrained decoding (`grammar.rs`) on the tiny random-weight fixture: its free output is
-//! random text, so only the grammar makes it JSON. The `Generator` and the scheduler (batched,
-//! with prompt lookup on, whose drafts a grammar-bound sequence checks by masked draws) both end sequences
+//! random text, so only the grammar makes it JSON. A lone sequence and the batched scheduler
+//! (with prompt lookup on, whose drafts a grammar-bound sequence checks by masked draws) both end sequences
 //! under a grammar with JSON of the schema's shape and finish reason `stop`; sequences without
 //! a grammar decode as before.
 
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::common;
-use engram_engine::{FinishReason, Generator, GrammarCompiler, PromptLookup, SamplingParams, SchedulerConfig};
+use engram_engine::{FinishReason, GrammarCompiler, LoneSequence, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use serde_json::{json, Value};
 
@@ -35,7 +35,7 @@ fn schemas() -> Vec<(Value, fn(&Value) -> bool)> {
 }
 
 #[test]
-fn the_generator_answers_in_the_schemas_language() {
+fn a_lone_sequence_answers_in_the_schemas_language() {
     let (_dir, model) = common::tiny();
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
     let compiler = GrammarCompiler::new(&model.tokenizer, model.config.vocab).unwrap();
@@ -44,7 +44,7 @@ fn the_generator_answers_in_the_schemas_language() {
         for seed in 0..3 {
             let grammar = compiler.json_schema(schema.clone()).unwrap();
             let params = SamplingParams { max_tokens: 200, temperature: 1.0, seed, grammar: Some(grammar), ..Default::default() };
-            let g = Generator::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap();
+            let g = LoneSequence::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap();
             assert_eq!(g.finish, FinishReason::Stop, "{schema}, seed {seed}: {:?}", g.text);
             let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{schema}, seed {seed}: {e}: {:?}", g.text));
             assert!(ok(&v), "{schema}, seed {seed}: {v}");
@@ -52,7 +52,7 @@ fn the_generator_answers_in_the_schemas_language() {
     }
     // Without a grammar, the fixture's text is not JSON: the grammar did the work.
     let free = SamplingParams { max_tokens: 40, temperature: 1.0, ignore_eos: true, ..Default::default() };
-    let g = Generator::new(&model, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
+    let g = LoneSequence::new(&model, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
     assert!(serde_json::from_str::<Value>(&g.text).is_err(), "{:?}", g.text);
 }
 
@@ -101,7 +101,7 @@ fn a_lazy_grammar_is_free_until_its_trigger_then_binds() {
     let compiler = GrammarCompiler::new(&model.tokenizer, model.config.vocab).unwrap();
     let prompt = model.tokenizer.encode("Answer in JSON:", true).unwrap().ids;
     let free = SamplingParams { max_tokens: 24, ignore_eos: true, ..Default::default() };
-    let f = Generator::new(&model, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
+    let f = LoneSequence::new(&model, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
     // The trigger: the text of a generated token that first occurs where that token starts.
     let (mut start, mut trigger) = (None, String::new());
     for i in 2..f.tokens.len() {
@@ -122,7 +122,7 @@ fn a_lazy_grammar_is_free_until_its_trigger_then_binds() {
     let grammar = compiler.lark(&lark).unwrap().lazy(&trigger);
     assert_eq!(grammar.trigger(), Some(trigger.as_str()));
     let params = SamplingParams { max_tokens: 200, grammar: Some(grammar.clone()), ..Default::default() };
-    let g = Generator::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap();
+    let g = LoneSequence::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap();
     assert_eq!(g.finish, FinishReason::Stop, "{:?}", g.text);
     assert_eq!(&g.text[..start], &f.text[..start], "free until the trigger");
     let rest = g.text[start..].strip_prefix(trigger.as_str()).unwrap_or_else(|| panic!("{trigger:?} then JSON: {:?}", g.text));
@@ -269,10 +269,10 @@ fn mask_cost() {
     let mut n = 0;
     for round in 0..rounds {
         let bound = SamplingParams { max_tokens: 400, temperature: 1.0, seed: round, grammar: Some(grammar.clone()), ..Default::default() };
-        let b = Generator::new(&model, &pool).generate(&prompt, &bound, &mut |_| true).unwrap();
+        let b = LoneSequence::new(&model, &pool).generate(&prompt, &bound, &mut |_| true).unwrap();
         n = b.tokens.len();
         let free = SamplingParams { max_tokens: n, temperature: 1.0, seed: round, ignore_eos: true, ..Default::default() };
-        let f = Generator::new(&model, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
+        let f = LoneSequence::new(&model, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
         assert_eq!(f.tokens.len(), n);
         bound_tps = bound_tps.max(b.timings.decode_tok_s());
         free_tps = free_tps.max(f.timings.decode_tok_s());

@@ -196,7 +196,7 @@ fn a_long_slice_stops_at_its_next_step_when_a_job_is_submitted() {
     drop(engine);
 }
 
-/// `Generator::generate_until`: asked before every forward call (each prefill chunk, each
+/// `LoneSequence::generate_until`: asked before every engine step (each prefill chunk, each
 /// decode step); never stopped it is `generate`; stopped at the k-th ask it returns `None`
 /// with the cache holding exactly the whole steps before it.
 #[test]
@@ -205,9 +205,9 @@ fn a_generation_stops_at_the_step_its_hook_says() {
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
     let prompt = common::ids(&model, "def main(argv):\n    parser = build_parser()\n    args = parser.parse_args(argv)\n");
     let params = SamplingParams { max_tokens: 6, ..SamplingParams::default() };
-    let full = engram_engine::Generator::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap();
+    let full = engram_engine::LoneSequence::new(&model, &pool).generate(&prompt, &params, &mut |_| true).unwrap();
     let mut asks = 0;
-    let mut g = engram_engine::Generator::new(&model, &pool).with_prefill_chunk(8);
+    let mut g = engram_engine::LoneSequence::new(&model, &pool).with_prefill_chunk(8);
     let same = g
         .generate_until(&prompt, &params, &mut |_| true, &mut || {
             asks += 1;
@@ -220,7 +220,7 @@ fn a_generation_stops_at_the_step_its_hook_says() {
     assert_eq!(asks, chunks + full.tokens.len() - 1, "one ask per prefill chunk and per decode step after the first token");
     for k in 1..=asks {
         let mut n = 0;
-        let mut g = engram_engine::Generator::new(&model, &pool).with_prefill_chunk(8);
+        let mut g = engram_engine::LoneSequence::new(&model, &pool).with_prefill_chunk(8);
         let r = g
             .generate_until(&prompt, &params, &mut |_| true, &mut || {
                 n += 1;

@@ -3,7 +3,7 @@
 //! f32 and f16 KV and with the opt-in bf16 attention, and chunked prefill equals
 //! one-shot prefill; for q8/q4 KV, reuse adds no more error than the format itself.
 
-use engram_engine::{FinishReason, Generator, SamplingParams};
+use engram_engine::{FinishReason, LoneSequence, SamplingParams};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::{AttentionPrecision, Model};
@@ -38,7 +38,7 @@ fn multi_turn_reuse_equals_cold() {
         let m = &m;
         let pool = pool(m, format);
         let turn1 = m.tokenizer.encode("The ephemeral stream holds recent dialogue turns.", true).unwrap().ids;
-        let mut hot = Generator::new(m, &pool);
+        let mut hot = LoneSequence::new(m, &pool);
         let g1 = hot.generate(&turn1, &greedy(12), &mut |_| true).unwrap();
         // Turn 2 = turn 1 + what was generated + a new message (EXTEND by tokens).
         let mut turn2 = turn1.clone();
@@ -50,7 +50,7 @@ fn multi_turn_reuse_equals_cold() {
             turn1.len() + g1.tokens.len() - 1,
             "{format:?} {attention:?}: reused all but the last generated token"
         );
-        let mut cold = Generator::new(m, &pool);
+        let mut cold = LoneSequence::new(m, &pool);
         let c2 = cold.generate(&turn2, &greedy(12), &mut |_| true).unwrap();
         assert_eq!(g2.tokens, c2.tokens, "{format:?} {attention:?}: hot vs cold greedy tokens");
         assert_eq!(g2.text, c2.text);
@@ -60,7 +60,7 @@ fn multi_turn_reuse_equals_cold() {
         turn3.extend(m.tokenizer.encode(" something else entirely", false).unwrap().ids);
         let g3 = hot.generate(&turn3, &greedy(8), &mut |_| true).unwrap();
         assert_eq!(g3.timings.cached_tokens, turn1.len() / 2);
-        let c3 = Generator::new(m, &pool).generate(&turn3, &greedy(8), &mut |_| true).unwrap();
+        let c3 = LoneSequence::new(m, &pool).generate(&turn3, &greedy(8), &mut |_| true).unwrap();
         assert_eq!(g3.tokens, c3.tokens, "{format:?} {attention:?}: diverged reuse vs cold");
 
         // Exact repeat: everything but the last token comes from the cache.
@@ -79,17 +79,17 @@ fn chunked_prefill_logits_equal_one_shot() {
     // Exact last: the f16 comparison below runs exact.
     for attention in [AttentionPrecision::Bf16, AttentionPrecision::Exact] {
         m.set_attention(attention);
-        let whole = Generator::new(&m, &pool).with_prefill_chunk(ids.len()).feed(&ids, true).unwrap();
+        let whole = LoneSequence::new(&m, &pool).with_prefill_chunk(ids.len()).score(&ids).unwrap();
         for chunk in [1, 7, 32, 33] {
-            let got = Generator::new(&m, &pool).with_prefill_chunk(chunk).feed(&ids, true).unwrap();
+            let got = LoneSequence::new(&m, &pool).with_prefill_chunk(chunk).score(&ids).unwrap();
             let err = max_rel(&got, &whole);
             assert!(err < 1e-5, "{attention:?} chunk {chunk}: {err}");
         }
     }
-    let whole = Generator::new(&m, &pool).with_prefill_chunk(ids.len()).feed(&ids, true).unwrap();
+    let whole = LoneSequence::new(&m, &pool).with_prefill_chunk(ids.len()).score(&ids).unwrap();
     // f16 KV stays close to f32 KV.
     let p16 = KvPool::new(KvLayout::of(&m.config), KvFormat::F16, 64 << 20);
-    let got = Generator::new(&m, &p16).feed(&ids, true).unwrap();
+    let got = LoneSequence::new(&m, &p16).score(&ids).unwrap();
     assert!(max_rel(&got, &whole) < 5e-3);
 }
 
@@ -98,7 +98,7 @@ fn stop_strings_tokens_and_limits() {
     let (_d, m) = model();
     let pool = pool(&m, KvFormat::F16);
     let ids = m.tokenizer.encode("The cache", true).unwrap().ids;
-    let free = Generator::new(&m, &pool).generate(&ids, &greedy(20), &mut |_| true).unwrap();
+    let free = LoneSequence::new(&m, &pool).generate(&ids, &greedy(20), &mut |_| true).unwrap();
     assert_eq!(free.finish, FinishReason::Length);
     assert_eq!(free.tokens.len(), 20);
     // Stop at a string taken from the free-running output: the text ends right before it.
@@ -106,7 +106,7 @@ fn stop_strings_tokens_and_limits() {
     let stop: String = free.text[cut..].chars().take(3).collect();
     let params = SamplingParams { stop: vec![stop.clone()], ..greedy(20) };
     let mut streamed = String::new();
-    let g = Generator::new(&m, &pool)
+    let g = LoneSequence::new(&m, &pool)
         .generate(&ids, &params, &mut |s| {
             streamed.push_str(s);
             true
@@ -117,16 +117,16 @@ fn stop_strings_tokens_and_limits() {
     assert_eq!(streamed, g.text, "streamed text equals the result");
     // A stop token ends generation.
     let params = SamplingParams { stop_token_ids: vec![free.tokens[3]], ..greedy(20) };
-    let g = Generator::new(&m, &pool).generate(&ids, &params, &mut |_| true).unwrap();
+    let g = LoneSequence::new(&m, &pool).generate(&ids, &params, &mut |_| true).unwrap();
     assert_eq!(g.finish, FinishReason::Stop);
     assert_eq!(g.tokens.len(), 4);
     // Cancel from the callback.
-    let g = Generator::new(&m, &pool).generate(&ids, &greedy(20), &mut |_| false).unwrap();
+    let g = LoneSequence::new(&m, &pool).generate(&ids, &greedy(20), &mut |_| false).unwrap();
     assert_eq!(g.finish, FinishReason::Cancelled);
     // Empty prompt and bad params are errors.
-    assert!(Generator::new(&m, &pool).generate(&[], &greedy(3), &mut |_| true).is_err());
+    assert!(LoneSequence::new(&m, &pool).generate(&[], &greedy(3), &mut |_| true).is_err());
     let bad = SamplingParams { top_p: 2.0, ..greedy(3) };
-    assert!(Generator::new(&m, &pool).generate(&ids, &bad, &mut |_| true).is_err());
+    assert!(LoneSequence::new(&m, &pool).generate(&ids, &bad, &mut |_| true).is_err());
 }
 
 #[test]
@@ -136,10 +136,10 @@ fn budget_exhaustion_is_a_clear_error() {
     let one_block = KvPool::new(layout, KvFormat::F16, 1).block_bytes();
     let pool = KvPool::new(layout, KvFormat::F16, 2 * one_block);
     let ids: Vec<u32> = (0..100).map(|i| 10 + i % 50).collect();
-    let e = Generator::new(&m, &pool).generate(&ids, &greedy(2), &mut |_| true).unwrap_err();
+    let e = LoneSequence::new(&m, &pool).generate(&ids, &greedy(2), &mut |_| true).unwrap_err();
     assert!(e.to_string().contains("budget"), "{e}");
     assert_eq!(pool.used(), 0, "nothing stays charged after the failure");
-    let ok = Generator::new(&m, &pool).generate(&ids[..40], &greedy(2), &mut |_| true);
+    let ok = LoneSequence::new(&m, &pool).generate(&ids[..40], &greedy(2), &mut |_| true);
     assert!(ok.is_ok());
 }
 
@@ -152,7 +152,7 @@ fn quantized_reuse_stays_within_the_format_error() {
     let turn1 = m.tokenizer.encode("Quantized caches keep a recent window in full precision.", true).unwrap().ids;
     let reference = |format| {
         let pool = pool(&m, format);
-        let mut hot = Generator::new(&m, &pool);
+        let mut hot = LoneSequence::new(&m, &pool);
         let g1 = hot.generate(&turn1, &greedy(20), &mut |_| true).unwrap();
         let mut turn2 = turn1.clone();
         turn2.extend(&g1.tokens);
@@ -161,9 +161,9 @@ fn quantized_reuse_stays_within_the_format_error() {
         let cached = turn1.len() + g1.tokens.len() - 1;
         let (mut kv, toks) = hot.into_parts();
         kv.truncate(cached);
-        let mut hot = Generator::from_parts(&m, kv, toks[..cached].to_vec());
-        let hot_logits = hot.feed(&turn2[cached..], true).unwrap();
-        let cold_logits = Generator::new(&m, &pool).feed(&turn2, true).unwrap();
+        let mut hot = LoneSequence::from_parts(&m, kv, toks[..cached].to_vec());
+        let hot_logits = hot.score(&turn2[cached..]).unwrap();
+        let cold_logits = LoneSequence::new(&m, &pool).score(&turn2).unwrap();
         let tail = cold_logits.len() - hot_logits.len();
         (hot_logits, cold_logits[tail..].to_vec())
     };
@@ -191,8 +191,8 @@ fn a_restored_sequence_continues_as_the_live_one() {
     let next = m.tokenizer.encode(" And then?", false).unwrap().ids;
     for format in KvFormat::ALL {
         let pool = pool(&m, format);
-        let mut g = Generator::new(&m, &pool);
-        g.feed(&history, false).unwrap();
+        let mut g = LoneSequence::new(&m, &pool);
+        g.prefill(&history).unwrap();
         let (kv, toks) = g.into_parts();
         let fp = cache_fingerprint(m.fingerprint, format);
         let meta = EntryMeta {
@@ -208,8 +208,8 @@ fn a_restored_sequence_continues_as_the_live_one() {
         write_entry(&path, &meta, &kv).unwrap();
         let (_, restored) = read_entry(&path, &pool, &fp, m.config.vocab).unwrap();
         assert_eq!(restored.window().is_some(), pool.has_window(), "{format:?}");
-        let live = Generator::from_parts(&m, kv.fork(kv.len()), toks.clone()).feed(&next, true).unwrap();
-        let warm = Generator::from_parts(&m, restored, toks).feed(&next, true).unwrap();
+        let live = LoneSequence::from_parts(&m, kv.fork(kv.len()), toks.clone()).score(&next).unwrap();
+        let warm = LoneSequence::from_parts(&m, restored, toks).score(&next).unwrap();
         assert!(live == warm, "{format:?}: restored logits differ from the live sequence's by {}", max_rel(&warm, &live));
     }
 }

@@ -1,6 +1,6 @@
 //! The scheduler without HTTP: jobs submitted to `run_engine` through a plain `EventSink`
-//! stream the same text as the CLI's `Generator` on the same prompt — alone and batched
-//! with other jobs — and end the same way.
+//! stream the same text as a cold `LoneSequence` (one sequence through the same step) on the
+//! same prompt — alone and batched with other jobs — and end the same way.
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
@@ -9,13 +9,13 @@ use std::time::Instant;
 
 use crate::common;
 use common::Collect;
-use engram_engine::{run_engine, Command, FinishReason, Generator, Job, Metrics, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine, Command, FinishReason, Job, LoneSequence, Metrics, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 
 #[test]
-fn scheduled_jobs_equal_the_generator_alone_and_batched() {
+fn scheduled_jobs_equal_a_lone_sequence_alone_and_batched() {
     let dir = tempfile::tempdir().unwrap();
     let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
     let model = Arc::new(Model::load(&files.hf_dir).unwrap());
@@ -29,7 +29,7 @@ fn scheduled_jobs_equal_the_generator_alone_and_batched() {
         .iter()
         .map(|p| {
             let ids = model.tokenizer.encode(p, true).unwrap().ids;
-            let g = Generator::new(&model, &pool).generate(&ids, &params, &mut |_| true).unwrap();
+            let g = LoneSequence::new(&model, &pool).generate(&ids, &params, &mut |_| true).unwrap();
             (g.text, g.finish)
         })
         .collect();

@@ -1,9 +1,9 @@
 //! A sequence ended by a stop token releases the text held back as a possible stop-string
-//! prefix (it was not one): the streamed text and the result both end with it. The CLI's
-//! `Generator` and the server share `Decoding`, so both end sequences this way (the server
-//! side: `crates/server/tests/it/server.rs`).
+//! prefix (it was not one): the streamed text and the result both end with it. A
+//! `LoneSequence` and the server share the engine's step and `Decoding`, so both end sequences
+//! this way (the server side: `crates/server/tests/it/server.rs`).
 
-use engram_engine::{Decoding, FinishReason, Generator, SamplingParams};
+use engram_engine::{Decoding, FinishReason, LoneSequence, SamplingParams};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
@@ -18,7 +18,7 @@ fn a_stop_token_releases_text_held_for_a_stop_string() {
 
     // A free run tells which token comes when, and the text before it.
     let free = SamplingParams { max_tokens: 24, ignore_eos: true, ..Default::default() };
-    let run = Generator::new(&m, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
+    let run = LoneSequence::new(&m, &pool).generate(&prompt, &free, &mut |_| true).unwrap();
     // The first token whose id did not occur before, with text before it.
     let k = (4..run.tokens.len())
         .find(|&k| !run.tokens[..k].contains(&run.tokens[k]) && run.token_ends[k - 1] > 0 && run.token_ends[k - 1] < run.token_ends[k])
@@ -35,7 +35,7 @@ fn a_stop_token_releases_text_held_for_a_stop_string() {
         ..Default::default()
     };
     let mut streamed = String::new();
-    let g = Generator::new(&m, &pool)
+    let g = LoneSequence::new(&m, &pool)
         .generate(&prompt, &params, &mut |t| {
             streamed.push_str(t);
             true

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::common;
 use common::Collect;
 use engram_context::{Checkout, SessionStore};
-use engram_engine::{run_engine, Command, ContextPolicy, Generator, Metrics, Retired, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine, Command, ContextPolicy, LoneSequence, Metrics, Retired, SamplingParams, SchedulerConfig};
 use engram_engine::{AdmitRequest, PolicyLayer};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
@@ -62,8 +62,8 @@ fn a_policy_that_attaches_a_document_generates_what_a_cold_run_over_both_does() 
 
     // Cold: document + prompt in one sequence; and the plain prompt.
     let both: Vec<u32> = doc_ids.iter().chain(&prompt).copied().collect();
-    let want_reader = Generator::new(&model, &pool).generate(&both, &params, &mut |_| true).unwrap().text;
-    let want_plain = Generator::new(&model, &pool).generate(&plain, &params, &mut |_| true).unwrap().text;
+    let want_reader = LoneSequence::new(&model, &pool).generate(&both, &params, &mut |_| true).unwrap().text;
+    let want_plain = LoneSequence::new(&model, &pool).generate(&plain, &params, &mut |_| true).unwrap().text;
 
     let policy = AttachDoc { inner: SessionStore::new(pool.clone(), model.fingerprint), pool: pool.clone(), doc: doc.fork(doc.len()) };
     let (tx, rx) = mpsc::channel();

@@ -5,7 +5,7 @@
 use crate::common;
 use std::sync::Arc;
 
-use engram_engine::Generator;
+use engram_engine::LoneSequence;
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 use engram_rag::idle::abstracts::{extract, AbstractStore};
@@ -200,7 +200,7 @@ fn idle_population_leaves_answers_equal_to_the_cold_path() {
     // Every predicted answer is what a cold generation of its prompt gives.
     for e in r.qa.entries() {
         let p = r.build_prompt(&e.query, &e.sources).unwrap();
-        let g = Generator::new(r.model(), r.pool()).generate(&p.tokens, &r.config.params, &mut |_| true).unwrap();
+        let g = LoneSequence::new(r.model(), r.pool()).generate(&p.tokens, &r.config.params, &mut |_| true).unwrap();
         assert_eq!(g.tokens, e.answer_tokens, "{}", e.query);
     }
     // Real queries over the populated tree answer as a cold prefill does.
@@ -231,7 +231,7 @@ fn idle_population_leaves_answers_equal_to_the_cold_path() {
     assert_eq!((u.kind, &u.query), (UnitKind::Regenerate, &stale[0]));
     let e = r.qa.entries().iter().find(|e| e.query == stale[0]).unwrap();
     let p = r.build_prompt(&e.query, &e.sources).unwrap();
-    let g = Generator::new(r.model(), r.pool()).generate(&p.tokens, &r.config.params, &mut |_| true).unwrap();
+    let g = LoneSequence::new(r.model(), r.pool()).generate(&p.tokens, &r.config.params, &mut |_| true).unwrap();
     assert_eq!(g.tokens, e.answer_tokens);
     assert!(e.sources.iter().all(|c| r.bank.has_chunk(c)), "answered over the bank as it is now");
 }

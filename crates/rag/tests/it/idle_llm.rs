@@ -8,7 +8,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use engram_engine::Generator;
+use engram_engine::LoneSequence;
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 use engram_rag::idle::llm_predict::{parse_questions, MAX_CHARS};
@@ -191,7 +191,7 @@ fn a_hit_on_a_predicted_answer_is_replaced_by_the_real_answer() {
     assert!(r.qa.entry(predicted.id).is_none(), "the predicted answer left the bank");
     let stored = r.qa.entries().iter().find(|e| e.query == asked).expect("the real answer is stored").clone();
     let prompt = r.build_prompt(&asked, &stored.sources).unwrap();
-    let cold = Generator::new(r.model(), r.pool()).generate(&prompt.tokens, &r.config.params, &mut |_| true).unwrap();
+    let cold = LoneSequence::new(r.model(), r.pool()).generate(&prompt.tokens, &r.config.params, &mut |_| true).unwrap();
     assert_eq!(stored.answer_tokens, cold.tokens, "the stored answer is a cold generation of the user's question");
     let now = r.bank.embed(&asked).unwrap();
     let top: Vec<_> = r.bank.search(&asked, &now, r.config.top_k).unwrap().into_iter().map(|x| x.chunk).collect();

@@ -6,7 +6,7 @@
 use crate::common;
 use std::sync::Arc;
 
-use engram_engine::Generator;
+use engram_engine::LoneSequence;
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 use engram_rag::{CacheLevel, DocKind, KnowledgeBank, KvTree, QaBank, QueryOptions, Rag, RagConfig, RagError};
@@ -58,9 +58,9 @@ fn answers_from_the_kv_tree_equal_a_cold_prefill() {
             let cold = r.query(q, &NONE).unwrap();
             assert_eq!(warm.tokens, cold.tokens, "{q}: reuse changed the answer (cap {cap})");
             assert_eq!(warm.chunks, cold.chunks);
-            // The cold path is also what a plain Generator makes of the prompt's tokens.
+            // The cold path is also what a cold lone sequence makes of the prompt's tokens.
             let p = r.build_prompt(q, &cold.chunks).unwrap();
-            let g = Generator::new(r.model(), r.pool()).generate(&p.tokens, &r.config.params, &mut |_| true).unwrap();
+            let g = LoneSequence::new(r.model(), r.pool()).generate(&p.tokens, &r.config.params, &mut |_| true).unwrap();
             assert_eq!(g.tokens, cold.tokens);
             if warm.cache_level == CacheLevel::Kv {
                 kv_hits += 1;

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use engram_context::{Checkout, SessionStore};
 use engram_engine::{
-    run_engine, AdmitRequest, Command, ContextPolicy, Event, EventSink, Generator, Job, Metrics, PolicyLayer, Retired, SamplingParams,
+    run_engine, AdmitRequest, Command, ContextPolicy, Event, EventSink, Job, LoneSequence, Metrics, PolicyLayer, Retired, SamplingParams,
     SchedulerConfig,
 };
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
@@ -105,8 +105,8 @@ fn a_sparse_cache_decodes_beside_an_exact_sequence_which_is_unchanged() {
     let plain = ids(&model, "def parse_args(argv):");
     let params = SamplingParams { max_tokens: 12, ignore_eos: true, ..Default::default() };
     let exact_pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20);
-    let want_plain = Generator::new(&model, &exact_pool).generate(&plain, &params, &mut |_| true).unwrap().text;
-    let want_long = Generator::new(&model, &exact_pool).generate(&long, &params, &mut |_| true).unwrap().text;
+    let want_plain = LoneSequence::new(&model, &exact_pool).generate(&plain, &params, &mut |_| true).unwrap().text;
+    let want_long = LoneSequence::new(&model, &exact_pool).generate(&long, &params, &mut |_| true).unwrap().text;
 
     // Sparse for real: 8 keys retrieved of ~300, besides 4 sinks and 16 recent.
     let sparse = SparseConfig { budget: 8, sinks: 4, recent: 16, ..SparseConfig::new(Method::DYNAKV) };
