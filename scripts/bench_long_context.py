@@ -144,6 +144,16 @@ class Server:
                     return float(line.rsplit(" ", 1)[1])
         return None
 
+    def settle(self, saves, timeout=600):
+        """Waits until `/metrics` shows `saves` saves asked for and none pending: the engine
+        refreshes its gauges after the turn's end and once the writer is done, so the sparse
+        session's gauges read after this are the kept session's, not the running sequence's."""
+        t = time.time()
+        while time.time() - t < timeout:
+            if (self.metric("engram_long_context_saves_total") or 0) >= saves and not self.metric("engram_long_context_saves_pending"):
+                return
+            time.sleep(0.2)
+
     def inter_token(self):
         """The engine's inter-token histogram: (count, seconds)."""
         with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
@@ -212,6 +222,8 @@ def run(args):
             prompt = prompt + a + f"\n// Question {turn}: what does the code above do?\n"
             a, u, times, ttft, tps, wall = s.timed(prompt, args.decode, args.timeout, after)
             rows.append(decode_row(label, a, u, times, ttft, tps, wall, vm_hwm_mib(s.proc.pid), load_avg()))
+            if after is not None:
+                s.settle(turn if args.sparse_only else 1)
             rows[-1]["switches"] = s.metric("engram_long_context_switches_total")
             rows[-1]["offload_bytes"] = s.metric("engram_long_context_offload_bytes")
             rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
@@ -226,6 +238,7 @@ def run(args):
             prompt = prompt + a + "\n// Question 4: and what does it return?\n"
             a, u, times, ttft, tps, wall = s.timed(prompt, args.decode, args.timeout, args.after)
             rows.append(decode_row("DynaKV after a restart", a, u, times, ttft, tps, wall, vm_hwm_mib(s.proc.pid), load_avg()))
+            s.settle(1)
             rows[-1]["disk_resumes"] = s.metric("engram_long_context_disk_resumes_total")
             rows[-1]["switches"] = s.metric("engram_long_context_switches_total")
             rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
