@@ -18,8 +18,17 @@ measured on the same history in the same server, minutes apart:
             state, cached tokens ~ the history (no re-prefill), T tokens out: decode tok/s;
             B's peak RSS is the model, the KV budget and the sparse state's RAM
 
-Decode tok/s is (T - 1) / (arrival of the last streamed token - arrival of the first); peak
-RSS is the server's VmHWM (/proc/PID/status), read after the turn.
+`--sparse-only` skips the exact prefill (its cost grows with N squared; at 32K it takes most of
+an hour on 2 cores): server A runs with the small KV budget S, and turn 1 already carries
+`long_context_after` A, so the prompt streams into DynaKV chunk by chunk (the bounded prefill);
+turn 2 decodes sparse at N, then the restart and turn 3 as turn 4 above. Exact decode at N is
+then measured by `engram bench sparse --speed-model` (a KV of N rows filled without a prefill).
+
+Decode tok/s is the engine's own count: the tokens after the first over the seconds between
+them, from `/metrics` (`engram_inter_token_seconds_count` and `_sum`, before and after the
+turn), so a model whose tokens print nothing (the random-weight fixture) is timed too; the
+chunk arrivals' rate is reported beside it where the text has chunks. Peak RSS is the server's
+VmHWM (/proc/PID/status), read after the turn.
 
 Usage (from the repository root; the fixture from `engram fixture llama-1b --out DIR
 --formats q4_0`):
@@ -135,6 +144,38 @@ class Server:
                     return float(line.rsplit(" ", 1)[1])
         return None
 
+    def settle(self, saves, timeout=600):
+        """Waits until `/metrics` shows `saves` saves asked for and none pending: the engine
+        refreshes its gauges after the turn's end and once the writer is done, so the sparse
+        session's gauges read after this are the kept session's, not the running sequence's."""
+        t = time.time()
+        while time.time() - t < timeout:
+            if (self.metric("engram_long_context_saves_total") or 0) >= saves and not self.metric("engram_long_context_saves_pending"):
+                return
+            time.sleep(0.2)
+
+    def inter_token(self):
+        """The engine's inter-token histogram: (count, seconds)."""
+        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        n = s = 0.0
+        for line in text.splitlines():
+            if line.startswith("engram_inter_token_seconds_count "):
+                n = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("engram_inter_token_seconds_sum "):
+                s = float(line.rsplit(" ", 1)[1])
+        return n, s
+
+    def timed(self, prompt, max_tokens, timeout, long_context_after=None):
+        """`complete`, plus the engine's decode tok/s over the turn and the turn's wall seconds."""
+        n0, s0 = self.inter_token()
+        t = time.perf_counter()
+        out = self.complete(prompt, max_tokens, timeout, long_context_after)
+        wall = time.perf_counter() - t
+        n1, s1 = self.inter_token()
+        tps = (n1 - n0) / (s1 - s0) if n1 > n0 and s1 > s0 else None
+        return out + (tps, wall)
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
@@ -146,19 +187,21 @@ class Server:
         self.log.close()
 
 
-def decode_row(label, text, usage, times, ttft, hwm, load):
+def decode_row(label, text, usage, times, ttft, engine_tps, wall, hwm, load):
     n = len(times)
-    tps = (n - 1) / (times[-1] - times[0]) if n > 1 and times[-1] > times[0] else None
+    chunk_tps = (n - 1) / (times[-1] - times[0]) if n > 1 and times[-1] > times[0] else None
     return {"turn": label, "prompt_tokens": usage and usage.get("prompt_tokens"),
             "cached_tokens": usage and usage.get("prompt_tokens_details", {}).get("cached_tokens"),
             "completion_tokens": usage and usage.get("completion_tokens"), "chunks": n,
-            "decode_tok_s": tps, "first_token_s": ttft, "peak_rss_mib": hwm, "load_avg_1m": load[0], "answer": text}
+            "decode_tok_s": engine_tps, "chunk_tok_s": chunk_tps, "first_token_s": ttft, "turn_s": wall,
+            "peak_rss_mib": hwm, "load_avg_1m": load[0], "answer": text}
 
 
 def run(args):
     data_dir = tempfile.mkdtemp(prefix="engram-long-")
     common = ["--long-context-ram-mib", str(args.ram_mib), "--disk-budget-mib", str(args.disk_mib)]
-    server_a = ["--kv-budget-mib", str(args.exact_kv_mib), "--long-context-after", str(10 * args.tokens + 1_000_000)] + common
+    server_a = ["--kv-budget-mib", str(args.sparse_kv_mib if args.sparse_only else args.exact_kv_mib),
+                "--long-context-after", str(10 * args.tokens + 1_000_000)] + common
     server_b = ["--kv-budget-mib", str(args.sparse_kv_mib), "--long-context-after", str(10 * args.tokens + 1_000_000)] + common
     rows, commands = [], []
     prompt = source_text(int(args.tokens * CHARS_PER_TOKEN))
@@ -166,26 +209,36 @@ def run(args):
         s = Server(args, data_dir, server_a, "a")
         commands.append(" ".join(s.cmd))
         t = time.perf_counter()
-        a, u, _, _ = s.complete(prompt, 1, args.timeout)
-        rows.append({"turn": "1 prefill (exact)", "prompt_tokens": u and u.get("prompt_tokens"), "seconds": time.perf_counter() - t,
-                     "peak_rss_mib": vm_hwm_mib(s.proc.pid), "load_avg_1m": load_avg()[0]})
+        a, u, _, _ = s.complete(prompt, 1, args.timeout, args.after if args.sparse_only else None)
+        label = "1 prefill (bounded, DynaKV)" if args.sparse_only else "1 prefill (exact)"
+        rows.append({"turn": label, "prompt_tokens": u and u.get("prompt_tokens"), "seconds": time.perf_counter() - t,
+                     "peak_rss_mib": vm_hwm_mib(s.proc.pid), "load_avg_1m": load_avg()[0],
+                     "switches": s.metric("engram_long_context_switches_total")})
         print(f"turn 1: {rows[-1]}", file=sys.stderr, flush=True)
-        for turn, label, after in [(2, "2 exact", None), (3, "3 DynaKV (switched)", args.after)]:
+        turns = [(2, "2 exact", None), (3, "3 DynaKV (switched)", args.after)]
+        if args.sparse_only:
+            turns = [(2, "2 DynaKV", args.after)]
+        for turn, label, after in turns:
             prompt = prompt + a + f"\n// Question {turn}: what does the code above do?\n"
-            a, u, times, ttft = s.complete(prompt, args.decode, args.timeout, after)
-            rows.append(decode_row(label, a, u, times, ttft, vm_hwm_mib(s.proc.pid), load_avg()))
+            a, u, times, ttft, tps, wall = s.timed(prompt, args.decode, args.timeout, after)
+            rows.append(decode_row(label, a, u, times, ttft, tps, wall, vm_hwm_mib(s.proc.pid), load_avg()))
+            if after is not None:
+                s.settle(turn if args.sparse_only else 1)
             rows[-1]["switches"] = s.metric("engram_long_context_switches_total")
             rows[-1]["offload_bytes"] = s.metric("engram_long_context_offload_bytes")
             rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
             print(f"turn {turn}: {rows[-1]}", file=sys.stderr, flush=True)
         rows[-1]["saved_bytes"] = s.metric("engram_long_context_saved_bytes")
+        t = time.perf_counter()
         s.stop()
+        rows[-1]["stop_s"] = time.perf_counter() - t  # the writer finishes the turn's save first
         if not args.no_restart:
             s = Server(args, data_dir, server_b, "b")
             commands.append(" ".join(s.cmd))
             prompt = prompt + a + "\n// Question 4: and what does it return?\n"
-            a, u, times, ttft = s.complete(prompt, args.decode, args.timeout, args.after)
-            rows.append(decode_row("4 DynaKV after a restart", a, u, times, ttft, vm_hwm_mib(s.proc.pid), load_avg()))
+            a, u, times, ttft, tps, wall = s.timed(prompt, args.decode, args.timeout, args.after)
+            rows.append(decode_row("DynaKV after a restart", a, u, times, ttft, tps, wall, vm_hwm_mib(s.proc.pid), load_avg()))
+            s.settle(1)
             rows[-1]["disk_resumes"] = s.metric("engram_long_context_disk_resumes_total")
             rows[-1]["switches"] = s.metric("engram_long_context_switches_total")
             rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
@@ -209,6 +262,7 @@ def main():
     p.add_argument("--exact-kv-mib", type=int, default=4096, help="--kv-budget-mib before it (the whole KV fits)")
     p.add_argument("--disk-mib", type=int, default=8192, help="--disk-budget-mib")
     p.add_argument("--no-restart", action="store_true")
+    p.add_argument("--sparse-only", action="store_true", help="no exact prefill or exact decode: DynaKV from turn 1")
     p.add_argument("--timeout", type=float, default=7200)
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--log-dir", default=tempfile.gettempdir())
@@ -216,8 +270,9 @@ def main():
     args = p.parse_args()
     commands, rows = run(args)
     result = {"cpu": machine(), "threads": args.threads, "tokens": args.tokens, "decode": args.decode, "commands": commands, "rows": rows}
-    exact, sparse = rows[1]["decode_tok_s"], rows[2]["decode_tok_s"]
-    result["dynakv_over_exact"] = sparse / exact if sparse and exact else None
+    if not args.sparse_only:
+        exact, sparse = rows[1]["decode_tok_s"], rows[2]["decode_tok_s"]
+        result["dynakv_over_exact"] = sparse / exact if sparse and exact else None
     print(json.dumps(result, indent=2))
     if args.json_out:
         write_json_out(args.json_out, result)

@@ -5,7 +5,8 @@
 //!
 //! Invariant: without `--long-context-after` no sparse layer is built; with it, the offload
 //! folder exists and holds no file of an earlier run (a live offload file belongs to one
-//! running sequence, and a killed process leaves its files behind).
+//! running sequence, and a killed process leaves its files behind). `--context dual` with
+//! `--long-context-after` is refused at start ([`LongContextArgs::check_context`]).
 
 use std::path::Path;
 
@@ -30,6 +31,21 @@ pub struct LongContextArgs {
 }
 
 impl LongContextArgs {
+    /// Refuses `--long-context-after` beside `--context dual`: a dual-stream turn is a view of
+    /// spans (the persistent stream) and a ring placed after them, which the sparse cache
+    /// cannot hold, so no such conversation would ever go sparse (and none would be saved);
+    /// the ring already bounds a thread's KV (`--ring-tokens`).
+    pub fn check_context(&self, context: &str) -> Result<()> {
+        if context == "dual" && self.long_context_after.is_some() {
+            anyhow::bail!(
+                "--long-context-after does not work with --context dual: a dual-stream thread's KV is its persistent \
+                 stream's spans and a ring of turns (bounded by --ring-tokens), which DynaKV's sparse cache cannot hold; \
+                 use --context sessions for long conversations served sparse, or drop --long-context-after"
+            );
+        }
+        Ok(())
+    }
+
     /// The layer's configuration (`None` without `--long-context-after`), its folder under
     /// `data_dir` created empty.
     pub fn config(&self, data_dir: &Path) -> Result<Option<LongContextConfig>> {

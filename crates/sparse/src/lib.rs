@@ -41,7 +41,7 @@ pub mod probe;
 
 pub use cache::{SparseConfig, SparseKv};
 pub use keys::HeadKeys;
-pub use long::{LongContext, LongContextConfig, LongKv};
+pub use long::{LongContext, LongContextConfig, LongKv, SaveCounters, SaveHold, SaveMonitor};
 pub use method::{HeadIndex, IndexStats, Method};
 pub use offload::{Backend, Layout, OffloadConfig, OffloadStats, Policy};
 pub use persist::{StateError, StateMeta};

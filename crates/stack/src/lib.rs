@@ -113,6 +113,7 @@ pub struct StackConfig {
     pub rag: Option<RagLayer>,
     /// Conversations past a threshold served sparse over KV offloaded to disk
     /// (`engram_sparse::LongContext`, the outermost layer; `None`: every sequence exact).
+    /// Sessions only: with [`ContextMode::Dual`] the layer is not built (an error is logged).
     pub long_context: Option<LongContextConfig>,
 }
 
@@ -199,6 +200,12 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
     };
     let policy = match &config.long_context {
         None => policy,
+        Some(_) if matches!(config.context, ContextMode::Dual { .. }) => {
+            // Dual-stream views (spans, then a ring placed after them) never go sparse: the
+            // layer would do nothing but mis-estimate admissions. `engram serve` refuses this.
+            tracing::error!("the long-context layer is not built: it does not work with dual-stream contexts");
+            policy
+        }
         Some(long) => {
             tracing::info!(
                 "conversations past {} tokens are served sparse (DynaKV), offloaded under {}",
@@ -209,7 +216,7 @@ pub fn build(model: &Arc<Model>, pool: &KvPool, config: &StackConfig) -> PolicyS
             match disk_store {
                 // Saved beside the sessions, counted against the same budget and tenant shares.
                 Some(store) => layer = layer.with_disk(store, &engram_kv::cache_fingerprint(model.fingerprint, engram_kv::KvFormat::F16)),
-                None => tracing::info!("long conversations are not saved for a restart (no disk tier, or dual-stream contexts)"),
+                None => tracing::info!("long conversations are not saved for a restart (no disk tier)"),
             }
             Box::new(layer)
         }

@@ -8,3 +8,4 @@ mod convert;
 mod generate_sparse;
 mod rag_rm;
 mod scenario;
+mod serve_long_context;

@@ -494,6 +494,10 @@ impl<'m> Engine<'m> {
                         Ok(c) => self.command(c),
                         Err(TryRecvError::Empty) => {
                             self.idle_work = self.policy.idle_slice(&self.interrupt);
+                            if !self.idle_work {
+                                // What the background work changed (files written) shows.
+                                self.refresh_gauges();
+                            }
                             continue;
                         }
                         Err(TryRecvError::Disconnected) => open = false,

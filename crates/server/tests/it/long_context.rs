@@ -77,6 +77,16 @@ fn ask_turn(addr: std::net::SocketAddr, n: usize, answers: &[String]) -> (String
     (content(&r), r.json()["usage"].clone())
 }
 
+/// Waits until the metrics show the saves of `turns` turns asked for and none pending (the
+/// writer thread writes them after each turn's end), for up to 5 minutes.
+fn saves_settled(addr: std::net::SocketAddr, turns: f64) {
+    let t = std::time::Instant::now();
+    while metric(addr, "engram_long_context_saves_total") < turns || metric(addr, "engram_long_context_saves_pending") > 0.0 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(300), "the saves of {turns} turns never settled");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 fn stop(s: (tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>)) {
     s.0.send(()).unwrap();
     s.1.join().unwrap();
@@ -97,6 +107,7 @@ fn a_long_conversation_survives_a_restart_without_a_re_prefill() {
         answers.push(ask_turn(addr, n, &answers).0);
     }
     assert_eq!(metric(addr, "engram_long_context_switches_total"), 1.0);
+    saves_settled(addr, 4.0);
     assert_eq!(metric(addr, "engram_long_context_saved_sessions"), 1.0);
     stop((s, t));
 
@@ -109,6 +120,7 @@ fn a_long_conversation_survives_a_restart_without_a_re_prefill() {
         assert_eq!(a, answers[n]);
         prompt_before = usage["prompt_tokens"].as_u64().unwrap();
     }
+    saves_settled(addr, 2.0);
     let saved = metric(addr, "engram_long_context_saved_bytes");
     assert!(saved > 0.0, "the saved folder is counted in the disk store");
     stop((s, t));
@@ -117,6 +129,7 @@ fn a_long_conversation_survives_a_restart_without_a_re_prefill() {
 
     let (addr, s, t) = start_stoppable(long_persisting(dir.path(), 256 << 20));
     let (a, usage) = ask_turn(addr, 2, &answers);
+    saves_settled(addr, 1.0);
     assert_eq!(metric(addr, "engram_long_context_saved_sessions"), 1.0, "found again at start, saved again");
     let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert!(
@@ -155,6 +168,7 @@ fn a_long_conversation_survives_a_restart_without_a_re_prefill() {
     for n in 0..2 {
         assert_eq!(ask_turn(addr, n, &answers).0, answers[n]);
     }
+    saves_settled(addr, 2.0);
     assert_eq!(metric(addr, "engram_long_context_saved_sessions"), 0.0);
     assert!(metric(addr, "engram_long_context_save_failures_total") >= 1.0);
     stop((s, t));

@@ -13,16 +13,19 @@
 //!                              ▼
 //!                           switch: the exact rows copied into a LongKv (bounded prefill to its file)
 //!  retire ─► a LongKv comes back: kept (per owner and session, least recently used dropped first),
-//!            and saved to the disk store when there is one (`disk.rs`)
+//!            and its save queued when there is a disk store (`disk.rs`, written by `writer.rs`)
 //!            anything else: the inner policy
 //! ```
 //!
 //! With a disk store ([`LongContext::with_disk`]) a session kept at a turn's end is also saved
 //! there (its DynaKV state, offload file and history, one folder entry counted against the
-//! disk budget and its tenant's share), and a prompt that no session in RAM extends is matched
-//! against the saved ones before the inner policy: a restarted process resumes the next turn
-//! from the file, reusing the whole history. A saved state that fails a check (damaged,
-//! truncated, another model or configuration) is never used: the turn is recomputed.
+//! disk budget and its tenant's share) by the layer's writer thread: the engine thread only
+//! copies the state's RAM part. A prompt that no session in RAM extends is matched against the
+//! saved ones before the inner policy (after waiting for its owner's pending saves): a
+//! restarted process resumes the next turn from the file, reusing the whole history. A saved
+//! state that fails a check (damaged, truncated, another model or configuration) is never
+//! used: the turn is recomputed. The idle hook waits for pending saves (a job arriving
+//! meanwhile interrupts it), and dropping the layer writes every queued save first.
 //!
 //! The threshold is the configuration's `after_tokens`, or the request's own
 //! ([`AdmitRequest::long_context_after`]) where it names one.
@@ -39,6 +42,7 @@ mod disk;
 mod history;
 mod seq;
 mod switch;
+mod writer;
 
 use std::any::Any;
 use std::path::PathBuf;
@@ -47,10 +51,12 @@ use std::sync::{Arc, Mutex};
 use engram_kv::{DiskStore, KvPool, SeqCache, SeqKv};
 use engram_model::ModelConfig;
 use engram_policy::{
-    AdmitRequest, Checkout, ContextPolicy, GaugeKind, MatchKind, OwnerKey, OwnerKind, PolicyGauge, PolicyLayer, PolicyStats, Retired,
+    AdmitRequest, Checkout, ContextPolicy, GaugeKind, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PolicyGauge, PolicyLayer, PolicyStats,
+    Retired,
 };
 
 pub use seq::LongKv;
+pub use writer::{SaveCounters, SaveHold, SaveMonitor};
 
 use disk::LongDisk;
 use history::{monotonic, History};
@@ -118,15 +124,16 @@ pub struct LongContext {
     model: ModelConfig,
     fingerprint: u64,
     pool: KvPool,
+    /// Where kept sessions are saved for a restart (`None`: RAM only). Declared before `kept`
+    /// so that it drops first: its writer finishes the queued saves while their live offload
+    /// files still have their names (linked, not copied).
+    disk: Option<LongDisk>,
     kept: Vec<Kept>,
     clock: u64,
     switches: u64,
     resumes: u64,
-    /// Where kept sessions are saved for a restart (`None`: RAM only).
-    disk: Option<LongDisk>,
-    /// Turns resumed from a saved session, and saves refused or failed.
+    /// Turns resumed from a saved session.
     disk_resumes: u64,
-    save_failures: u64,
 }
 
 impl LongContext {
@@ -145,18 +152,27 @@ impl LongContext {
             resumes: 0,
             disk: None,
             disk_resumes: 0,
-            save_failures: 0,
         }
     }
 
     /// Saves every session kept at a turn's end to `store` (the session store's disk tier,
     /// sharing its budget, tenant shares and eviction) and resumes saved ones there made for
     /// `cache_fingerprint` (`engram_kv::cache_fingerprint` of the model and the f16 format).
+    /// Where the writer thread cannot start, nothing is saved (a warning says so).
     pub fn with_disk(mut self, store: Arc<Mutex<DiskStore>>, cache_fingerprint: &str) -> LongContext {
-        let disk = LongDisk::open(store, format!("{cache_fingerprint}-dynakv"));
-        tracing::info!("{} saved long conversations found", disk.len());
-        self.disk = Some(disk);
+        match LongDisk::open(store, format!("{cache_fingerprint}-dynakv")) {
+            Ok(disk) => {
+                tracing::info!("{} saved long conversations found", disk.len());
+                self.disk = Some(disk);
+            }
+            Err(e) => tracing::warn!("long conversations are not saved for a restart: the writer thread did not start: {e}"),
+        }
         self
+    }
+
+    /// The disk writer's monitor (`None` without a disk store).
+    pub fn save_monitor(&self) -> Option<SaveMonitor> {
+        self.disk.as_ref().map(LongDisk::monitor)
     }
 
     /// Sessions saved on disk (0 without a disk store).
@@ -188,7 +204,7 @@ impl LongContext {
         let candidates: Vec<usize> = (0..self.kept.len())
             .filter(|&i| &self.kept[i].owner == req.owner && req.session.is_none_or(|s| s == self.kept[i].session_id))
             .collect();
-        let saved = self.disk.as_ref().is_some_and(|d| d.of(req.owner, req.session).next().is_some());
+        let saved = self.disk.as_ref().is_some_and(|d| d.has(req.owner, req.session));
         if candidates.is_empty() && !saved {
             return Ok(None);
         }
@@ -215,7 +231,7 @@ impl LongContext {
                 for &i in candidates.iter().rev() {
                     self.kept.remove(i);
                 }
-                if let Some(d) = self.disk.as_mut() {
+                if let Some(d) = self.disk.as_ref() {
                     d.remove(req.owner.as_str(), session);
                 }
             }
@@ -234,11 +250,8 @@ impl LongContext {
     /// recomputed, the reason logged) when none does or its state fails a check.
     fn resume_saved(&mut self, req: &AdmitRequest<'_>, cold: &(Vec<u32>, Vec<usize>)) -> Option<Checkout> {
         let off = self.offload_config();
-        let disk = self.disk.as_mut()?;
-        let (id, session_id, (tokens, token_ends), held) = disk
-            .of(req.owner, req.session)
-            .filter_map(|(id, s)| s.history.extended_by(req, cold).map(|t| (id.clone(), s.session_id.clone(), t, s.history.tokens.len())))
-            .max_by_key(|c| c.3)?;
+        let disk = self.disk.as_ref()?;
+        let (id, session_id, (tokens, token_ends), held) = disk.extended_by(req.owner, req.session, req, cold)?;
         let kv = match disk.resume(&id, &self.model, self.cfg.sparse, off.clone()) {
             Ok(kv) => kv,
             Err(e) => {
@@ -347,13 +360,9 @@ impl PolicyLayer for LongContext {
         self.kept.retain(|k| !(k.owner == retired.owner && k.session_id == retired.session_id));
         self.clock += 1;
         let history = History { text: retired.text, token_ends: retired.token_ends, tokens: retired.tokens, unfed: retired.unfed };
-        if let Some(d) = self.disk.as_mut() {
-            match d.save(&retired.owner, &retired.session_id, &history, cache.sparse()) {
-                Ok(bytes) => tracing::debug!("saved a long conversation of {} tokens ({bytes} bytes on disk)", history.tokens.len()),
-                Err(e) => {
-                    self.save_failures += 1;
-                    tracing::warn!("a long conversation is not saved for a restart: {e}");
-                }
+        if let Some(d) = self.disk.as_ref() {
+            if let Err(e) = d.save(&retired.owner, &retired.session_id, &history, cache.sparse(), &self.pool) {
+                tracing::warn!("a long conversation is not saved for a restart: {e}");
             }
         }
         self.kept.push(Kept { owner: retired.owner, session_id: retired.session_id, history, cache, last_used: self.clock });
@@ -362,9 +371,23 @@ impl PolicyLayer for LongContext {
         }
     }
 
+    /// The inner policy's work first; then, while saves are pending, up to 20 ms of waiting
+    /// for the writer (none once a job waits), so the gauges refreshed after the idle hook
+    /// show them written.
+    fn idle_slice(&mut self, interrupt: &IdleInterrupt) -> bool {
+        if self.inner.idle_slice(interrupt) {
+            return true;
+        }
+        let Some(d) = self.disk.as_ref() else { return false };
+        if interrupt.requested() {
+            return d.pending() > 0;
+        }
+        d.wait_idle(std::time::Duration::from_millis(20))
+    }
+
     fn forget_owner(&mut self, owner: &OwnerKey) {
         self.kept.retain(|k| &k.owner != owner);
-        if let Some(d) = self.disk.as_mut() {
+        if let Some(d) = self.disk.as_ref() {
             d.remove_owner(owner.as_str());
         }
         self.inner.forget_owner(owner)
@@ -372,6 +395,7 @@ impl PolicyLayer for LongContext {
 
     fn stats(&self) -> PolicyStats {
         let mut st = self.inner.stats();
+        let saves = self.disk.as_ref().map(LongDisk::counters).unwrap_or_default();
         let ram: usize = self.kept.iter().map(|k| k.cache.charged_bytes()).sum();
         let disk: u64 = self
             .kept
@@ -421,7 +445,31 @@ impl PolicyLayer for LongContext {
                 name: "engram_long_context_save_failures_total",
                 help: "Sparse sessions not saved for a restart (disk budget, share or I/O)",
                 kind: GaugeKind::Counter,
-                value: self.save_failures,
+                value: saves.failed,
+            },
+            PolicyGauge {
+                name: "engram_long_context_saves_total",
+                help: "Saves of sparse sessions asked for at turn ends (written, skipped, failed or pending)",
+                kind: GaugeKind::Counter,
+                value: saves.asked,
+            },
+            PolicyGauge {
+                name: "engram_long_context_saves_pending",
+                help: "Saves and removals of saved sparse sessions queued or being written by the writer thread",
+                kind: GaugeKind::Gauge,
+                value: self.disk.as_ref().map_or(0, LongDisk::pending) as u64,
+            },
+            PolicyGauge {
+                name: "engram_long_context_saves_skipped_total",
+                help: "Saves of sparse sessions skipped unwritten because a newer save or a removal replaced them",
+                kind: GaugeKind::Counter,
+                value: saves.skipped,
+            },
+            PolicyGauge {
+                name: "engram_long_context_save_waits_total",
+                help: "Turns that waited for a save of their owner's sparse sessions to be written before resuming from disk",
+                kind: GaugeKind::Counter,
+                value: saves.waits,
             },
             PolicyGauge {
                 name: "engram_long_context_switches_total",

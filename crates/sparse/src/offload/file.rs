@@ -227,6 +227,22 @@ impl RowReader {
     pub fn raw_fd(&self) -> std::os::unix::io::RawFd {
         self.file.as_raw_fd()
     }
+
+    /// The file this handle reads (the same open file as its writer's: the file lives while
+    /// this handle does, even once its name is removed).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The file's path when the handle was made.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
 }
 
 fn read_rows(file: &File, path: &Path, rb: usize, first: u64, out: &mut [u8]) -> io::Result<()> {

@@ -15,6 +15,8 @@
 //!                 (a copy where the folder is on another file system)
 //! ```
 //!
+//! A save is two steps (`save.rs`): [`SparseKv::snapshot_state`] copies the RAM part on the
+//! caller's thread, [`StateSnapshot::write`] does the I/O wherever it runs.
 //! A save writes the KV file first, under a new name, then replaces `state` atomically
 //! (`engram_kv::persist::atomic_write`: temp file, fsync, rename, fsync of the folder), then
 //! removes the older KV files: a crash leaves the old pair or the new one. The live file is
@@ -30,8 +32,11 @@
 //! (the caller recomputes).
 
 pub(crate) mod codec;
+mod save;
 
-use std::io::{self, Read};
+pub use save::StateSnapshot;
+
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
@@ -40,7 +45,7 @@ use engram_kv::envelope::{self, EnvelopeError};
 use engram_model::ModelConfig;
 use half::f16;
 
-use crate::offload::{self, file::HEADER, FileSpec, Layout, OffloadConfig, OffloadFile, Offloaded};
+use crate::offload::{self, FileSpec, Layout, OffloadConfig, OffloadFile, Offloaded};
 use crate::{Method, SparseConfig, SparseKv};
 use codec::{Dec, Enc, Short};
 
@@ -112,18 +117,15 @@ fn mismatch(path: &Path, what: &'static str, found: impl ToString, expected: imp
     StateError::Mismatch { path: path.to_path_buf(), what, found: found.to_string(), expected: expected.to_string() }
 }
 
-/// A new KV file name (process, time and a counter: never one a folder already holds).
-fn kv_name() -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let h = blake3::hash(format!("{}-{t}-{n}", std::process::id()).as_bytes());
-    format!("kv-{}", &h.to_hex()[..16])
-}
-
 /// BLAKE3 of rows `0..rows` of `f`, read 4 MiB at a time.
 fn rows_hash(f: &OffloadFile, rows: u64) -> io::Result<[u8; 32]> {
-    let rb = f.spec().row_bytes() as u64;
+    rows_hash_with(f.spec().row_bytes(), rows, |at, buf| f.read_rows(at, buf))
+}
+
+/// BLAKE3 of rows `0..rows` of `row_bytes` bytes each, read through `read` (first row, buffer)
+/// 4 MiB at a time.
+fn rows_hash_with(row_bytes: usize, rows: u64, read: impl Fn(u64, &mut [u8]) -> io::Result<()>) -> io::Result<[u8; 32]> {
+    let rb = row_bytes as u64;
     let per = ((4 << 20) / rb).max(1);
     let mut h = blake3::Hasher::new();
     let mut buf = Vec::new();
@@ -131,35 +133,11 @@ fn rows_hash(f: &OffloadFile, rows: u64) -> io::Result<[u8; 32]> {
     while at < rows {
         let n = per.min(rows - at);
         buf.resize((n * rb) as usize, 0);
-        f.read_rows(at, &mut buf)?;
+        read(at, &mut buf)?;
         h.update(&buf);
         at += n;
     }
     Ok(*h.finalize().as_bytes())
-}
-
-/// `to` as a new name of `from` (a hard link), or a copy of its first `bytes` where the two
-/// are on different file systems; `to` appears whole or not at all.
-fn link_or_copy(from: &Path, to: &Path, bytes: u64) -> io::Result<()> {
-    let dir = to.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.link", to.file_name().and_then(|n| n.to_str()).unwrap_or("kv")));
-    let _ = std::fs::remove_file(&tmp);
-    match std::fs::hard_link(from, &tmp) {
-        Ok(()) => {
-            let r = std::fs::rename(&tmp, to).and_then(|()| std::fs::File::open(dir)?.sync_all());
-            if r.is_err() {
-                let _ = std::fs::remove_file(&tmp);
-            }
-            r
-        }
-        Err(_) => engram_kv::persist::atomic_write(to, |w| {
-            let copied = io::copy(&mut std::fs::File::open(from)?.take(bytes), w)?;
-            if copied != bytes {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{}: {copied} of {bytes} bytes", from.display())));
-            }
-            Ok(())
-        }),
-    }
 }
 
 fn save_method(e: &mut Enc<'_>, m: Method) {
@@ -186,96 +164,6 @@ fn load_method(d: &mut Dec<'_>) -> Result<Method, Short> {
 }
 
 impl SparseKv {
-    /// Saves this cache (index built, the prefill over) with `meta` to the folder `dir`
-    /// (created if missing; module doc), replacing a state saved there before. Returns the
-    /// bytes of the state file plus the offload file's saved rows. The cache is unchanged and
-    /// keeps decoding; a later save replaces this one.
-    pub fn save_state(&self, dir: &Path, meta: &StateMeta) -> Result<u64, StateError> {
-        let state = dir.join(STATE_FILE);
-        let unsavable = |reason: &str| StateError::Unsavable { path: state.clone(), reason: reason.to_string() };
-        let cfg = self.cfg.ok_or_else(|| unsavable("an exact cache has no sparse state (save its KV as a cache entry)"))?;
-        if !self.built || self.streaming() {
-            return Err(unsavable("the index is not built yet (save after the prefill)"));
-        }
-        if let Some(e) = self.offload_failure() {
-            return Err(unsavable(&e));
-        }
-        if meta.tokens.len() != self.len() {
-            return Err(unsavable(&format!("{} tokens named for {} stored", meta.tokens.len(), self.len())));
-        }
-        std::fs::create_dir_all(dir).map_err(|e| StateError::io(dir, e))?;
-        let mut body = Vec::new();
-        let mut e = Enc(&mut body);
-        e.str(&meta.fingerprint);
-        e.str(&meta.owner);
-        e.u32s(&meta.tokens);
-        for v in [self.layers, self.heads, self.dim] {
-            e.len(v);
-        }
-        save_method(&mut e, cfg.method);
-        for v in [cfg.budget, cfg.sinks, cfg.recent] {
-            e.len(v);
-        }
-        e.lens(&self.lens);
-        e.lens(&self.origin);
-        let d = self.dim;
-        for l in 0..self.layers {
-            let held = self.lens[l] - self.origin[l];
-            for h in 0..self.heads {
-                let at = h * self.cap * d;
-                e.f16s(&self.keys[l][at..at + held * d]);
-                e.f16s(&self.values[l][at..at + held * d]);
-            }
-        }
-        let mut kv = None;
-        e.bool(self.off.is_some());
-        if let Some(off) = self.off.as_deref() {
-            if off.cfg.layout != Layout::Append {
-                return Err(unsavable("the dual-head layout rewrites rows in place: only the append layout is saved"));
-            }
-            let live = off.file.path();
-            let rows = off.file.rows();
-            off.file.sync().map_err(|e| StateError::io(live, e))?;
-            let sum = rows_hash(&off.file, rows).map_err(|e| StateError::io(live, e))?;
-            let name = kv_name();
-            let to = dir.join(&name);
-            link_or_copy(live, &to, HEADER + rows * off.row_bytes as u64).map_err(|e| StateError::io(&to, e))?;
-            e.len(off.sinks);
-            for l in 0..self.layers {
-                e.f16s(&off.sink_k[l]);
-                e.f16s(&off.sink_v[l]);
-            }
-            off.slots.iter().for_each(|s| e.u32s(s));
-            e.u64(off.written);
-            e.u64(off.cfg.model_fingerprint);
-            e.str(&name);
-            e.u64(rows);
-            e.bytes(&sum);
-            kv = Some((name, rows * off.row_bytes as u64 + HEADER));
-        }
-        let mut blob = Vec::new();
-        for i in &self.index {
-            let i = i.lock().expect("index lock");
-            blob.clear();
-            i.0.save(&mut blob);
-            e.bytes(&blob);
-            e.u32s(&i.1);
-        }
-        envelope::write_sealed(&state, MAGIC, VERSION, &body).map_err(|e| StateError::io(&state, e))?;
-        // The new pair is in place: older KV files go (and any left by a crashed save).
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for entry in entries.flatten() {
-                let n = entry.file_name();
-                let n = n.to_string_lossy();
-                let ours = kv.as_ref().is_some_and(|(k, _)| *k == n);
-                if !ours && (n.starts_with("kv-") || (n.starts_with(".kv-") && n.ends_with(".link"))) {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
-        Ok(body.len() as u64 + kv.map_or(0, |(_, b)| b))
-    }
-
     /// Resumes the state saved in `dir` for `model` under `cfg`, checked against `expect`'s
     /// fingerprint and owner (its tokens are not compared: the saved ones come back). An
     /// offloaded state needs `off` (its `dir` holds the live file, its `model_fingerprint`

@@ -19,7 +19,7 @@ use engram_policy::OwnerKey;
 use engram_sparse::{LongContext, LongContextConfig, Method, SparseConfig};
 
 /// Sends a job's events to the test thread.
-struct ToTest(Sender<Event>);
+pub(crate) struct ToTest(Sender<Event>);
 
 impl EventSink for ToTest {
     fn send(&self, event: Event) -> bool {
@@ -32,18 +32,18 @@ impl EventSink for ToTest {
 
 /// One turn's answer, and its `Started` counts.
 #[derive(Debug, PartialEq)]
-struct Turn {
-    text: String,
-    prompt_tokens: usize,
-    cached_tokens: usize,
+pub(crate) struct Turn {
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
     /// Prompt tokens the engine computed for it.
-    computed: u64,
+    pub computed: u64,
     /// The generated token ids (with `logprobs` asked for).
-    generated: Vec<u32>,
+    pub generated: Vec<u32>,
 }
 
 /// An engine on its own thread running `policy`, and a way to run one turn at a time.
-struct Engine {
+pub(crate) struct Engine {
     tx: Option<Sender<Command>>,
     pending: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
@@ -51,7 +51,7 @@ struct Engine {
 }
 
 impl Engine {
-    fn start(model: &Arc<Model>, pool: &KvPool, policy: Box<dyn ContextPolicy>) -> Engine {
+    pub fn start(model: &Arc<Model>, pool: &KvPool, policy: Box<dyn ContextPolicy>) -> Engine {
         let (tx, rx) = mpsc::channel();
         let (pending, metrics) = (Arc::new(AtomicUsize::new(0)), Arc::new(Metrics::default()));
         let thread = {
@@ -63,7 +63,7 @@ impl Engine {
     }
 
     /// Runs `job` to its end.
-    fn turn(&self, job: Job) -> Turn {
+    pub fn turn(&self, job: Job) -> Turn {
         let (etx, erx) = mpsc::channel();
         let before = self.metrics.tokens_computed.load(Relaxed);
         self.pending.fetch_add(1, Relaxed);
@@ -94,17 +94,17 @@ impl Drop for Engine {
     }
 }
 
-fn tiny() -> (tempfile::TempDir, Arc<Model>) {
+pub(crate) fn tiny() -> (tempfile::TempDir, Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
     let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
     (dir, Arc::new(Model::load(&files.hf_dir).unwrap()))
 }
 
-fn pool(model: &Model) -> KvPool {
+pub(crate) fn pool(model: &Model) -> KvPool {
     KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 64 << 20)
 }
 
-fn sessions(model: &Model, pool: &KvPool) -> Box<dyn ContextPolicy> {
+pub(crate) fn sessions(model: &Model, pool: &KvPool) -> Box<dyn ContextPolicy> {
     Box::new(SessionStore::from_config(model, pool, &SessionsConfig::default()))
 }
 
@@ -119,7 +119,7 @@ fn long(model: &Model, pool: &KvPool, after: usize, budget: usize, dir: &std::pa
 }
 
 /// Eight greedy tokens, whatever they are, reported by id.
-fn params() -> SamplingParams {
+pub(crate) fn params() -> SamplingParams {
     SamplingParams { max_tokens: 8, ignore_eos: true, logprobs: Some(0), ..SamplingParams::default() }
 }
 

@@ -7,6 +7,7 @@ mod common;
 mod clusters;
 mod exact;
 mod long;
+mod long_saves;
 mod offload;
 mod own_cache;
 mod persist;
