@@ -81,6 +81,7 @@ pub fn run(a: Args) -> Result<()> {
     let owner = owner_key.to_string();
     let system: Vec<ChatMessage> =
         Some(&a.system).filter(|s| !s.is_empty()).map(|s| ChatMessage::new("system", s.clone())).into_iter().collect();
+    a.long_context.check_context(&a.context.context)?;
     let dual = a.context.is_dual();
     let stack = StackConfig {
         context: a.context.mode()?,

@@ -214,7 +214,7 @@ fn disk_config(a: &Args, one_tenant: bool) -> Result<Option<DiskConfig>> {
 }
 
 pub fn run(mut a: Args) -> Result<()> {
-    a.long_context.check_context(&a.context)?;
+    a.long_context.check_context(&a.context.context)?;
     let _lock = crate::data_lock::lock_data_dir(&data_dir(&a.model.data_dir), "serve")?;
     if a.model.model.is_none() {
         a.model.model = Some(crate::chat_model::default_chat_model(&data_dir(&a.model.data_dir))?);

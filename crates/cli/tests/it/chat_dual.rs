@@ -128,4 +128,9 @@ fn bad_context_flags_are_errors_at_start() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The long-context layer cannot hold a dual-stream thread: refused as `serve` refuses it.
+    let out = run_chat(dir.path(), &["--context", "dual", "--long-context-after", "64"], "hi\n\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--long-context-after does not work with --context dual"), "{err}");
 }
