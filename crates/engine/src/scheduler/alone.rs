@@ -44,16 +44,27 @@ pub(super) struct Lone {
     pub start: Option<Checkout>,
     pub done: Arc<Mutex<Option<BackgroundDone>>>,
     pub retired: Arc<Mutex<Option<Retired>>>,
+    /// Most prompt tokens the engine writes a step (its prefill chunk): what a start cache
+    /// that releases sliding layers holds at most while its prompt is written.
+    pub prefill_step: usize,
 }
 
 impl ContextPolicy for Lone {
     fn admit(&mut self, _req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         self.start.take().ok_or_else(|| "a lone run admits one request only".into())
     }
-    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
+    fn admission_bytes(&self, _owner: &OwnerKey, prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
         // An own cache charges its RAM itself as it grows (its reservations); paged KV needs
-        // the prompt's blocks.
-        self.start.as_ref().filter(|c| c.cache.is_some()).map(|_| 0)
+        // the prompt's blocks, or where the cache releases its sliding layers what it holds
+        // once the prompt is written in the engine's steps (the window, not the history).
+        let c = self.start.as_ref()?;
+        if c.cache.is_some() {
+            return Some(0);
+        }
+        let g = c.kv.sliding()?;
+        let pool = c.kv.pool();
+        let held = g.bytes_held(pool, prompt_tokens, self.prefill_step, c.kv.resume_points(), c.kv.keeps_spaced_windows());
+        Some(held.min(pool.bytes_for(prompt_tokens)))
     }
     fn pin_owner(&mut self, _owner: &OwnerKey) {}
     fn make_room(&mut self, _bytes: usize) -> bool {
@@ -95,7 +106,7 @@ pub fn run_alone(
     stop: &mut dyn FnMut() -> bool,
 ) -> Option<AloneRun> {
     let done = Arc::new(Mutex::new(None));
-    let policy = Lone { start: None, done: done.clone(), retired: Arc::default() };
+    let policy = Lone { start: None, done: done.clone(), retired: Arc::default(), prefill_step: config.prefill_chunk };
     let mut engine = Engine::new(model, pool, config, Box::new(policy), Arc::new(Metrics::default()), Arc::new(AtomicUsize::new(0)));
     let prompt_tokens = job.start.tokens.len();
     let cached_tokens = job.start.reused.min(prompt_tokens.saturating_sub(1));

@@ -241,7 +241,7 @@ impl<'m> LoneSequence<'m> {
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Option<Ran>, EngineError> {
         let done = Arc::new(Mutex::new(None));
-        let policy = Lone { start: None, done: Arc::clone(&done), retired: Arc::default() };
+        let policy = Lone { start: None, done: Arc::clone(&done), retired: Arc::default(), prefill_step: self.config.prefill_chunk };
         let mut engine =
             Engine::new(self.model, self.pool.clone(), self.config.clone(), Box::new(policy), Arc::new(Metrics::default()), Arc::default());
         let job = BackgroundJob {
@@ -360,7 +360,7 @@ fn run_request(
 ) -> Ended {
     let job = Job::from_tokens(OwnerKey::from("lone"), checkout.tokens.clone(), params.clone());
     let retired = Arc::new(Mutex::new(None));
-    let policy = Lone { start: Some(checkout), done: Arc::default(), retired: Arc::clone(&retired) };
+    let policy = Lone { start: Some(checkout), done: Arc::default(), retired: Arc::clone(&retired), prefill_step: config.prefill_chunk };
     let pending = Arc::new(AtomicUsize::new(1));
     let mut engine = Engine::new(model, pool.clone(), config.clone(), Box::new(policy), Arc::new(Metrics::default()), pending);
     engine.record_decoded = true;

@@ -62,7 +62,7 @@ impl SteppedJob {
             .name("engram-stepped-job".into())
             .spawn(move || {
                 let done = Arc::new(Mutex::new(None));
-                let policy = Lone { start: None, done: done.clone(), retired: Arc::default() };
+                let policy = Lone { start: None, done: done.clone(), retired: Arc::default(), prefill_step: config.prefill_chunk };
                 let mut engine =
                     Engine::new(&model, pool, config, Box::new(policy), Arc::new(Metrics::default()), Arc::new(AtomicUsize::new(0)));
                 let params = params.unwrap_or_else(|| SamplingParams {
