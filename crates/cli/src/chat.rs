@@ -28,7 +28,6 @@
 
 use std::collections::HashMap;
 use std::io::BufRead;
-
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -64,6 +63,7 @@ pub struct Args {
 const HELP: &str = "commands: /fact TEXT, /forget ID, /facts, /thread NAME";
 
 pub fn run(a: Args) -> Result<()> {
+    a.long_context.check_context(&a.context.context)?;
     let _lock = crate::data_lock::lock_data_dir(&crate::common::data_dir(&a.model.data_dir), "chat")?;
     let mut model_args = a.model.clone();
     if model_args.model.is_none() {
@@ -81,7 +81,6 @@ pub fn run(a: Args) -> Result<()> {
     let owner = owner_key.to_string();
     let system: Vec<ChatMessage> =
         Some(&a.system).filter(|s| !s.is_empty()).map(|s| ChatMessage::new("system", s.clone())).into_iter().collect();
-    a.long_context.check_context(&a.context.context)?;
     let dual = a.context.is_dual();
     let stack = StackConfig {
         context: a.context.mode()?,

@@ -19,7 +19,9 @@ pub struct ContextArgs {
     /// How context is kept between chat turns: `sessions` (default: conversations matched by
     /// their text, every turn kept) or `dual` (dual-stream: per user a persistent stream of the
     /// system prompt and facts, per thread a ring of whole turns within --ring-tokens, the
-    /// oldest evicted; only a turn's new message is computed).
+    /// oldest evicted; only a turn's new message is computed). Over HTTP the request's `user`
+    /// picks the stream and `thread_id` / `X-Engram-Thread` the ring; in `engram chat`, `--user`
+    /// and `/thread NAME`.
     #[arg(long, default_value = "sessions", value_name = "sessions|dual")]
     pub context: String,
     /// With --context dual: the ring's capacity in tokens per thread.
@@ -43,7 +45,7 @@ pub struct ContextArgs {
     #[arg(long, default_value = "ram", value_name = "ram|disk")]
     pub masked_turns: String,
     /// With --context dual: the most tokens a user's persistent stream (system prompt and
-    /// facts) holds; past it the facts are summarized.
+    /// facts: `/v1/users/{id}/facts`, chat's `/fact`) holds; past it the facts are summarized.
     #[arg(long, default_value_t = 512)]
     pub persistent_cap_tokens: usize,
     /// With --context dual: the most tokens a summary of a user's facts has.

@@ -1,7 +1,8 @@
 //! The engine `engram chat` and `engram generate` run on: an [`EngineHandle`] over the policy
 //! stack `engram_stack::build` assembles (the session store or dual-stream contexts, with the
-//! long-context layer on top when `--long-context-after` asks), as `engram serve` builds its own. Every token of a chat
-//! or a generation is computed by the engine's step: there is no other decode loop here.
+//! long-context layer on top when `--long-context-after` asks), as `engram serve` builds its
+//! own. Every token of a chat or a generation is computed by the engine's step: there is no
+//! other decode loop here.
 //!
 //! ```text
 //!  chat turn / generate ─► Job (owner, session, rendered text, tokens) ─► EngineHandle

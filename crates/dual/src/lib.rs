@@ -24,8 +24,8 @@
 //!   against the disk budget.
 //!
 //! Architecture invariant: the crate depends on the seam (`engram-policy`), the KV store, the
-//! model and the engine's sampling types; no other policy depends on it and it depends on no
-//! other policy.
+//! model and the engine (`SteppedJob`, which runs a summarizer model of its own through an
+//! engine's step); no other policy depends on it and it depends on no other policy.
 
 mod dual_disk;
 mod facts;

@@ -7,7 +7,7 @@
 //! ```text
 //!  start ─► thread: Engine (model, pool, lone policy) + the job started
 //!  advance(n, interrupt) ─► up to n steps, stopping before a step once interrupt is requested
-//!                        ◄─ Pending (steps made) | Done(AloneRun)
+//!                        ◄─ Pending (steps made, tokens so far) | Done (the job's end)
 //!  drop ─► the thread ends; the job's KV goes back to its pool
 //! ```
 //! Invariant: however the job was cut into calls, it makes the forward calls one uninterrupted
