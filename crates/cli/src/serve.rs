@@ -59,6 +59,14 @@ pub struct Args {
     /// that another tenant sent the same text.
     #[arg(long)]
     share_prefixes_across_tenants: bool,
+    /// Models with sliding-window layers (Gemma 2/3, GPT-OSS): where a session keeps those
+    /// layers' window so a later request can resume exactly. `spaced` (default): before the
+    /// last turns and before spaced points of the history, so an edit anywhere recomputes
+    /// little, for about 3·log2(history / 4 windows) more windows; `turns`: only before the
+    /// last turns, the least memory, an edit of an earlier turn recomputing from further back
+    /// (docs/kv-formats.md).
+    #[arg(long, default_value = "spaced", value_parser = ["spaced", "turns"])]
+    sliding_resume_windows: String,
     /// A remote KV tier that a fleet of servers shares, under RAM and disk:
     /// `redis://[user:password@]host:port[/db]` (Redis or Valkey; `rediss://` for TLS). Sessions, agents' caches
     /// and prefix chains are written there behind the local tiers and looked up there on a local
@@ -259,6 +267,7 @@ pub fn run(mut a: Args) -> Result<()> {
             disk: disk_config(&a, one_tenant)?,
             share_prefixes_across_tenants: a.share_prefixes_across_tenants,
             remote: remote_tier(&a)?,
+            spaced_windows: a.sliding_resume_windows == "spaced",
             ..Default::default()
         },
         scheduler: SchedulerConfig {

@@ -42,6 +42,12 @@ pub struct SessionsConfig {
     /// sliding layers releases their rows between steps, so admission sizes a prompt by it
     /// ([`SessionStore::bytes_for`]).
     pub prefill_step: usize,
+    /// Whether sessions of a model with sliding layers also keep those layers' window before
+    /// spaced points of their history (default true: an edit anywhere resumes near it, for at
+    /// most `3·log2(len / spacing)` more windows; false: only the windows before the last
+    /// turns, so an edit before them recomputes from further back). See
+    /// [`SessionStore::with_spaced_windows`].
+    pub spaced_windows: bool,
 }
 
 /// The engine's default prefill chunk (`engram_engine::SchedulerConfig::prefill_chunk`).
@@ -55,6 +61,7 @@ impl Default for SessionsConfig {
             share_prefixes_across_tenants: false,
             remote: None,
             prefill_step: DEFAULT_PREFILL_STEP,
+            spaced_windows: true,
         }
     }
 }
@@ -68,7 +75,8 @@ impl SessionStore {
             .with_max_sessions(config.max_sessions)
             .with_shared_prefixes_across_tenants(config.share_prefixes_across_tenants)
             .with_sliding(engram_kv::SlidingLayers::of(&model.config))
-            .with_prefill_step(config.prefill_step);
+            .with_prefill_step(config.prefill_step)
+            .with_spaced_windows(config.spaced_windows);
         if let Some(d) = &config.disk {
             let fp = engram_kv::cache_fingerprint(model.fingerprint, pool.format());
             match PersistedSessions::open(&d.dir, d.budget_bytes, d.policy, fp) {

@@ -192,3 +192,22 @@ fn a_checkout_cut_back_by_a_resume_point_reports_the_reuse_it_keeps() {
         assert!(store.sessions_of("dave").any(|s| s.id == "s1"), "the request continued the session it matched");
     }
 }
+
+/// `SessionsConfig::spaced_windows` (`engram serve --sliding-resume-windows`) reaches the
+/// store `from_config` builds: its checkouts keep spaced windows or not, and admission sizes a
+/// long prompt by what they will hold (turn windows only: less).
+#[test]
+fn the_sessions_config_chooses_spaced_windows() {
+    let (_d, m) = gemma3();
+    let pool = KvPool::new(layout(&m), KvFormat::F32, 256 << 20);
+    let prompt = text(200);
+    let mut asked = Vec::new();
+    for spaced in [true, false] {
+        let config = engram_context::SessionsConfig { spaced_windows: spaced, ..Default::default() };
+        let mut store = SessionStore::from_config(&m, &pool, &config);
+        let co = store.checkout("erin", None, &prompt, true, &m.tokenizer).unwrap();
+        assert_eq!(co.kv.keeps_spaced_windows(), spaced, "the checkout follows the config");
+        asked.push(store.admission_bytes(co.tokens.len()).expect("a sliding model sizes its prompts"));
+    }
+    assert!(asked[1] < asked[0], "turn windows only hold less than with spaced windows: {asked:?}");
+}
