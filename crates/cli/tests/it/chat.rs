@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-fn model() -> String {
+pub(crate) fn model() -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/pycode-7m/pycode-7m-q8_0.gguf").display().to_string()
 }
 
@@ -65,7 +65,7 @@ fn facts_and_threads_in_the_chat() {
 }
 
 /// The `(cached, prompt)` token counts of every turn's stats line on stderr.
-fn cache_counts(err: &str) -> Vec<(usize, usize)> {
+pub(crate) fn cache_counts(err: &str) -> Vec<(usize, usize)> {
     err.lines()
         .filter_map(|l| {
             let rest = l.split_once(" ms, ")?.1;

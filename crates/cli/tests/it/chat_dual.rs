@@ -6,12 +6,9 @@
 //! chat goes on; bad flag combinations are errors at start.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-fn model() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/pycode-7m/pycode-7m-q8_0.gguf").display().to_string()
-}
+use crate::chat::{cache_counts, model};
 
 /// Runs `engram chat` with `extra` flags over `input` lines.
 fn run_chat(data_dir: &std::path::Path, extra: &[&str], input: &str) -> Output {
@@ -36,18 +33,6 @@ fn chat(data_dir: &std::path::Path, extra: &[&str], input: &str) -> (String, Str
     let out = run_chat(data_dir, extra, input);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
-}
-
-/// The `(cached, prompt)` token counts of every turn's stats line of a sessions-mode chat.
-fn cache_counts(err: &str) -> Vec<(usize, usize)> {
-    err.lines()
-        .filter_map(|l| {
-            let rest = l.split_once(" ms, ")?.1;
-            let (cached, rest) = rest.split_once(" of ")?;
-            let prompt = rest.split_once(" prompt tokens from cache")?.0;
-            Some((cached.parse().ok()?, prompt.parse().ok()?))
-        })
-        .collect()
 }
 
 /// The prompt tokens of every turn's stats line of a dual-stream chat (the new turn alone).

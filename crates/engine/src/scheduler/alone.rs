@@ -94,6 +94,26 @@ impl ContextPolicy for Lone {
     }
 }
 
+/// An engine of its own over the lone policy with `job` started as its one sequence, `params`
+/// its sampling (greedy with the job's `max_tokens` and `stop` when `None`); the slot hears
+/// the job's end. What [`run_alone`], `SteppedJob` and a `LoneSequence` prefill step.
+pub(super) fn lone_engine(
+    model: &Model,
+    pool: KvPool,
+    config: SchedulerConfig,
+    job: BackgroundJob,
+    params: Option<SamplingParams>,
+) -> (Engine<'_>, Arc<Mutex<Option<BackgroundDone>>>) {
+    let done = Arc::new(Mutex::new(None));
+    let policy = Lone { start: None, done: done.clone(), retired: Arc::default(), prefill_step: config.prefill_chunk };
+    let mut engine = Engine::new(model, pool, config, Box::new(policy), Arc::new(Metrics::default()), Arc::new(AtomicUsize::new(0)));
+    let params =
+        params.unwrap_or_else(|| SamplingParams { max_tokens: job.max_tokens, stop: job.stop.clone(), ..SamplingParams::default() });
+    // A job that cannot start has already ended (its error is in the slot).
+    let _ = engine.start_background_with(job, params);
+    (engine, done)
+}
+
 /// Runs `job` alone through the engine's step with `params` (greedy with the job's
 /// `max_tokens` and `stop` when `None`), `config.prefill_chunk` prompt tokens a step, asking
 /// `stop` before every step; `None` when it said stop (nothing is kept).
@@ -105,18 +125,12 @@ pub fn run_alone(
     params: Option<SamplingParams>,
     stop: &mut dyn FnMut() -> bool,
 ) -> Option<AloneRun> {
-    let done = Arc::new(Mutex::new(None));
-    let policy = Lone { start: None, done: done.clone(), retired: Arc::default(), prefill_step: config.prefill_chunk };
-    let mut engine = Engine::new(model, pool, config, Box::new(policy), Arc::new(Metrics::default()), Arc::new(AtomicUsize::new(0)));
     let prompt_tokens = job.start.tokens.len();
     let cached_tokens = job.start.reused.min(prompt_tokens.saturating_sub(1));
-    let params =
-        params.unwrap_or_else(|| SamplingParams { max_tokens: job.max_tokens, stop: job.stop.clone(), ..SamplingParams::default() });
     let t0 = Instant::now();
+    let (mut engine, done) = lone_engine(model, pool, config, job, params);
     let mut first: Option<Instant> = None;
     let mut generated = 0;
-    // A job that cannot start has already ended (its error is in `done`).
-    let _ = engine.start_background_with(job, params);
     while let Some(s) = engine.active.first() {
         generated = s.out.generated().len();
         if first.is_none() && s.next.is_some() {

@@ -25,7 +25,7 @@ use engram_kv::{KvPool, SeqCache, SeqKv};
 use engram_model::{Logits, Model, SeqStep};
 use engram_policy::{BackgroundJob, BackgroundPriority, Checkout, MatchKind, OwnerKey, Retired};
 
-use super::alone::Lone;
+use super::alone::{lone_engine, Lone};
 use super::{Engine, Event, EventSink, Job, JobErrorKind, SchedulerConfig};
 use crate::decoding::FinishReason;
 use crate::error::EngineError;
@@ -240,10 +240,6 @@ impl<'m> LoneSequence<'m> {
         params: &SamplingParams,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Option<Ran>, EngineError> {
-        let done = Arc::new(Mutex::new(None));
-        let policy = Lone { start: None, done: Arc::clone(&done), retired: Arc::default(), prefill_step: self.config.prefill_chunk };
-        let mut engine =
-            Engine::new(self.model, self.pool.clone(), self.config.clone(), Box::new(policy), Arc::new(Metrics::default()), Arc::default());
         let job = BackgroundJob {
             owner: OwnerKey::from("lone"),
             tag: 0,
@@ -253,8 +249,7 @@ impl<'m> LoneSequence<'m> {
             priority: BackgroundPriority::Blocking,
             hidden: Vec::new(),
         };
-        // A job that cannot start has already ended (its error is in `done`).
-        let _ = engine.start_background_with(job, params.clone());
+        let (mut engine, done) = lone_engine(self.model, self.pool.clone(), self.config.clone(), job, Some(params.clone()));
         while !engine.active.is_empty() {
             if stop() {
                 (self.kv, self.tokens) = take_back(&mut engine, &self.pool);

@@ -14,18 +14,16 @@
 //! [`run_alone`](super::run_alone) of it makes, in the same order, so its result is the same
 //! bit for bit.
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use engram_kv::KvPool;
 use engram_model::Model;
 use engram_policy::{BackgroundDone, BackgroundJob, IdleInterrupt};
 
-use super::alone::Lone;
-use super::{Engine, SchedulerConfig};
-use crate::metrics::Metrics;
+use super::alone::lone_engine;
+use super::SchedulerConfig;
 use crate::sampling::SamplingParams;
 
 /// How far a call took the job.
@@ -61,17 +59,7 @@ impl SteppedJob {
         let thread = std::thread::Builder::new()
             .name("engram-stepped-job".into())
             .spawn(move || {
-                let done = Arc::new(Mutex::new(None));
-                let policy = Lone { start: None, done: done.clone(), retired: Arc::default(), prefill_step: config.prefill_chunk };
-                let mut engine =
-                    Engine::new(&model, pool, config, Box::new(policy), Arc::new(Metrics::default()), Arc::new(AtomicUsize::new(0)));
-                let params = params.unwrap_or_else(|| SamplingParams {
-                    max_tokens: job.max_tokens,
-                    stop: job.stop.clone(),
-                    ..SamplingParams::default()
-                });
-                // A job that cannot start has already ended (its error is in `done`).
-                let _ = engine.start_background_with(job, params);
+                let (mut engine, done) = lone_engine(&model, pool, config, job, params);
                 for (max_steps, interrupt) in commands {
                     let mut steps = 0;
                     while !engine.active.is_empty() && steps < max_steps && !interrupt.requested() {
