@@ -8,12 +8,15 @@
 
 use engram_policy::{
     AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, GaugeKind, IdleInterrupt, OwnerKey,
-    PendingRestore, PolicyControl, PolicyGauge, PolicyStats, Retired,
+    PendingRestore, PolicyControl, PolicyGauge, PolicyStats, Readiness, Retired,
 };
 
 use crate::SessionStore;
 
 impl ContextPolicy for SessionStore {
+    fn prepare(&mut self, _req: &AdmitRequest<'_>) -> Readiness {
+        Readiness::Now
+    }
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         let owner = req.owner.as_str();
         match req.text {

@@ -47,7 +47,7 @@ use engram_model::Model;
 
 use engram_policy::{
     AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, GaugeKind, IdleInterrupt, MatchKind, OwnerKey, PendingRestore,
-    PolicyControl, PolicyGauge, PolicyStats, Retired,
+    PolicyControl, PolicyGauge, PolicyStats, Readiness, Retired,
 };
 
 use crate::summarize::Summarizer;
@@ -471,6 +471,10 @@ impl DualStream {
 }
 
 impl ContextPolicy for DualStream {
+    fn prepare(&mut self, _req: &AdmitRequest<'_>) -> Readiness {
+        Readiness::Now
+    }
+
     /// The request's token ids are its new turn (its text, if any, is not matched).
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         let (owner, prompt, tok) = (req.owner.as_str(), req.tokens, req.tok);

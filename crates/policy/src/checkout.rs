@@ -32,6 +32,19 @@ pub struct AdmitRequest<'a> {
     pub long_context_after: Option<usize>,
 }
 
+/// Whether a request can be admitted now ([`crate::ContextPolicy::prepare`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Admit it now ([`crate::ContextPolicy::admit`] follows at once).
+    Now,
+    /// It needs forward work first, which the policy has queued as background jobs that the
+    /// request waits on (a [`crate::BackgroundPriority::BlockingOwner`] job of its owner, or a
+    /// `Blocking` one on its session), handed out by the next
+    /// [`crate::ContextPolicy::next_background`] calls: the request stays waiting behind them
+    /// and is prepared again once they end.
+    AfterBackground,
+}
+
 /// How a request matched the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatchKind {

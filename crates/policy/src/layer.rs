@@ -15,7 +15,7 @@
 
 use crate::{
     AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, OwnerKey,
-    PendingRestore, PolicyControl, PolicyStats, Retired,
+    PendingRestore, PolicyControl, PolicyStats, Readiness, Retired,
 };
 
 /// A policy that wraps another. See the module doc.
@@ -25,6 +25,10 @@ pub trait PolicyLayer: Send {
     /// The wrapped policy, mutably.
     fn inner_mut(&mut self) -> &mut dyn ContextPolicy;
 
+    /// [`ContextPolicy::prepare`]; forwards by default.
+    fn prepare(&mut self, req: &AdmitRequest<'_>) -> Readiness {
+        self.inner_mut().prepare(req)
+    }
     /// [`ContextPolicy::admit`]; forwards by default.
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         self.inner_mut().admit(req)
@@ -77,6 +81,9 @@ pub trait PolicyLayer: Send {
 }
 
 impl<L: PolicyLayer> ContextPolicy for L {
+    fn prepare(&mut self, req: &AdmitRequest<'_>) -> Readiness {
+        PolicyLayer::prepare(self, req)
+    }
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         PolicyLayer::admit(self, req)
     }

@@ -3,7 +3,7 @@
 //! What the engine asks of whatever decides what a sequence reuses, keeps, evicts and persists,
 //! in types that belong to no policy:
 //!
-//! - [`ContextPolicy`]: admission ([`AdmitRequest`] → [`Checkout`]), room in the KV budget,
+//! - [`ContextPolicy`]: admission ([`AdmitRequest`] → [`Readiness`], then [`Checkout`]), room in the KV budget,
 //!   restores to settle ([`PendingRestore`]), retirement ([`Retired`]), owners pinned and
 //!   forgotten ([`OwnerKey`]), gauges ([`PolicyStats`]), background work in slices
 //!   ([`IdleInterrupt`]), forward work run by the engine for the policy ([`BackgroundJob`],
@@ -31,7 +31,7 @@ mod stats;
 pub mod testing;
 
 pub use background::{BackgroundDone, BackgroundJob, BackgroundOutput, BackgroundPriority};
-pub use checkout::{AdmitRequest, Checkout, MatchKind, Retired};
+pub use checkout::{AdmitRequest, Checkout, MatchKind, Readiness, Retired};
 pub use control::{ControlError, ControlReply, PolicyControl};
 pub use idle::IdleInterrupt;
 pub use layer::PolicyLayer;

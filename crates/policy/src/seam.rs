@@ -1,5 +1,6 @@
 //! The [`ContextPolicy`] trait: what a job reuses, what is kept, evicted and persisted, decided
-//! outside the scheduler. The scheduler calls a policy at admission ([`ContextPolicy::admit`]),
+//! outside the scheduler. The scheduler calls a policy at admission ([`ContextPolicy::prepare`],
+//! then [`ContextPolicy::admit`]),
 //! before growing a sequence ([`ContextPolicy::make_room`]), at retirement
 //! ([`ContextPolicy::retire`]) and, when no job is waiting or running, for background work in
 //! slices ([`ContextPolicy::idle_slice`]); forward work a policy needs (a state entry, a
@@ -16,11 +17,19 @@
 
 use crate::{
     AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ControlError, ControlReply, IdleInterrupt, OwnerKey, PendingRestore,
-    PolicyControl, PolicyStats, Retired,
+    PolicyControl, PolicyStats, Readiness, Retired,
 };
 
 /// Decides what each sequence reuses and what is kept. See the module doc.
 pub trait ContextPolicy: Send {
+    /// Whether the request can be admitted now, asked just before [`ContextPolicy::admit`]:
+    /// a policy whose checkout needs KV it has not computed yet (a user's persistent stream,
+    /// a document chunk) queues that as background jobs the request waits on and answers
+    /// [`Readiness::AfterBackground`], so the engine computes it in its step instead of the
+    /// policy at admission. Asked again once those jobs end; a policy answers `Now` when the
+    /// work it waited on failed (its `admit` then says why).
+    fn prepare(&mut self, req: &AdmitRequest<'_>) -> Readiness;
+
     /// What the request's owner reuses for its prompt: a prompt given as text is matched by
     /// characters (`add_special` is how it tokenizes cold), one given as token ids by tokens.
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String>;

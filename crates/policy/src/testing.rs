@@ -15,11 +15,12 @@ use engram_tokenizer::Tokenizer;
 
 use crate::{
     AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey,
-    PendingRestore, PolicyControl, PolicyStats, Retired,
+    PendingRestore, PolicyControl, PolicyStats, Readiness, Retired,
 };
 
 /// Every seam method, in trait order.
-pub const METHODS: [&str; 12] = [
+pub const METHODS: [&str; 13] = [
+    "prepare",
     "admit",
     "admission_bytes",
     "pin_owner",
@@ -59,6 +60,10 @@ impl Recording {
 }
 
 impl ContextPolicy for Recording {
+    fn prepare(&mut self, _req: &AdmitRequest<'_>) -> Readiness {
+        self.note("prepare");
+        Readiness::Now
+    }
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         self.note("admit");
         let n = req.tokens.len();
@@ -133,6 +138,7 @@ pub fn exercise_every_method(wrap: impl FnOnce(Box<dyn ContextPolicy>) -> Box<dy
     let pool = small_pool();
     let req =
         AdmitRequest { owner: &owner, session: None, text: None, add_special: false, tokens: &[0, 0], tok: &tok, long_context_after: None };
+    assert_eq!(policy.prepare(&req), Readiness::Now, "the recording policy admits everything now");
     let checkout = policy.admit(&req).expect("the recording policy admits everything");
     drop(checkout);
     let _ = policy.admission_bytes(&owner, 2, None);

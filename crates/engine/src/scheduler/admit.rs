@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use engram_kv::{KvView, BLOCK_TOKENS};
-use engram_policy::AdmitRequest;
+use engram_policy::{AdmitRequest, Readiness};
 
 use super::{Engine, Event, JobError, JobErrorKind, Seq, SeqCacheSlot};
 use crate::decoding::Decoding;
@@ -52,6 +52,20 @@ impl Engine<'_> {
                 // for ever by smaller ones.
                 break;
             }
+            if self.prepare(i) == Readiness::AfterBackground {
+                // The policy queued the forward work the request needs: it waits behind it.
+                self.pull_background();
+                let (job, _, _) = &self.waiting[i];
+                if !self.waits_on_background(&job.owner, job.session.as_deref()) {
+                    let (_, tx, _) = self.waiting.remove(i).expect("index in range");
+                    self.pending.fetch_sub(1, Relaxed);
+                    tx.send(Event::Failed(JobError::new(
+                        JobErrorKind::Internal,
+                        "the context policy deferred the request to background work it did not queue",
+                    )));
+                }
+                continue;
+            }
             let (job, tx, submitted) = self.waiting.remove(i).expect("index in range");
             let _span = tracing::debug_span!("admit", owner = %job.owner, prompt_tokens = job.prompt.len()).entered();
             let owner = job.owner.clone();
@@ -70,8 +84,10 @@ impl Engine<'_> {
             let c = match self.policy.admit(&req) {
                 Ok(c) => c,
                 Err(e) => {
+                    // The policy's own words: a prompt it cannot tokenize or embed, a thread it
+                    // cannot open, a persistent stream whose prefill failed.
                     self.pending.fetch_sub(1, Relaxed);
-                    tx.send(Event::Failed(JobError::new(JobErrorKind::BadRequest, format!("tokenizing the prompt: {e}"))));
+                    tx.send(Event::Failed(JobError::new(JobErrorKind::BadRequest, format!("admitting the request: {e}"))));
                     continue;
                 }
             };
@@ -148,6 +164,34 @@ impl Engine<'_> {
                 ..start
             });
         }
+    }
+
+    /// The policy's [`engram_policy::ContextPolicy::prepare`] of the waiting job `i`.
+    fn prepare(&mut self, i: usize) -> Readiness {
+        let (job, _, _) = &self.waiting[i];
+        let req = AdmitRequest {
+            owner: &job.owner,
+            session: job.session.as_deref(),
+            text: job.text.as_deref(),
+            add_special: job.add_special,
+            tokens: &job.prompt,
+            tok: &self.model.tokenizer,
+            long_context_after: job.long_context_after,
+        };
+        self.policy.prepare(&req)
+    }
+
+    /// Whether background work holds `owner`'s requests (on `session`, or all of them), queued
+    /// or running.
+    fn waits_on_background(&self, owner: &engram_policy::OwnerKey, session: Option<&str>) -> bool {
+        let holds =
+            |o: &engram_policy::OwnerKey, sid: &str, whole_owner: bool| o == owner && (whole_owner || session.is_some_and(|s| s == sid));
+        self.active
+            .iter()
+            .any(|a| a.background.as_ref().is_some_and(|b| b.priority.blocks()) && holds(&a.owner, &a.session_id, a.holds_owner()))
+            || self.background_queue.iter().any(|j| {
+                j.priority.blocks() && holds(&j.owner, &j.start.session_id, j.priority == engram_policy::BackgroundPriority::BlockingOwner)
+            })
     }
 
     /// The waiting job to admit next: among those whose named session is not in use and whose

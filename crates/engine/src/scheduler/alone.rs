@@ -20,7 +20,7 @@ use engram_kv::KvPool;
 use engram_model::Model;
 use engram_policy::{
     AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, OwnerKey,
-    PendingRestore, PolicyControl, PolicyStats, Retired,
+    PendingRestore, PolicyControl, PolicyStats, Readiness, Retired,
 };
 
 use super::{Engine, SchedulerConfig};
@@ -50,6 +50,9 @@ pub(super) struct Lone {
 }
 
 impl ContextPolicy for Lone {
+    fn prepare(&mut self, _req: &AdmitRequest<'_>) -> Readiness {
+        Readiness::Now
+    }
     fn admit(&mut self, _req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         self.start.take().ok_or_else(|| "a lone run admits one request only".into())
     }

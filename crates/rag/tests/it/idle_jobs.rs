@@ -15,7 +15,7 @@ use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
 use engram_model::Model;
 use engram_policy::{
     AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey,
-    PendingRestore, PolicyControl, PolicyStats, Retired,
+    PendingRestore, PolicyControl, PolicyStats, Readiness, Retired,
 };
 use engram_rag::idle::budget::{FixedLoad, LoadSample};
 use engram_rag::idle::predict::PredictConfig;
@@ -26,6 +26,9 @@ use engram_rag::{IdleConfig, IdleCounters, IdleTenants, KnowledgeBank, Library, 
 struct Cold(KvPool);
 
 impl ContextPolicy for Cold {
+    fn prepare(&mut self, _req: &AdmitRequest<'_>) -> Readiness {
+        Readiness::Now
+    }
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         let n = req.tokens.len();
         Ok(Checkout::own("cold".into(), MatchKind::Miss, req.tokens.to_vec(), vec![0; n], 0, SeqKv::new(&self.0)))
