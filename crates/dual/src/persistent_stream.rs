@@ -15,7 +15,11 @@
 //! positions relative to what stays. [`PersistentStream::compact`] drops the masked segments
 //! (a rebuild); the policy calls it when the stream passes its cap.
 //!
-//! Invariant: the KV, once [`PersistentStream::prefill`] has run, holds exactly
+//! The stream never computes KV itself: the engine prefills the tokens past its KV (the
+//! dual-stream policy's `BlockingOwner` job, with the masked slots hidden from the new tokens)
+//! and hands the result to [`PersistentStream::set_prefilled`].
+//!
+//! Invariant: the KV, once prefilled, holds exactly
 //! [`PersistentStream::tokens`] at positions `0..len` (masked segments included), each token
 //! computed attending only the live tokens before it (an appended fact never sees a
 //! tombstoned one, so the live view equals a cold prefill of the live segments at their
@@ -31,8 +35,7 @@ mod writer;
 pub use file::{stream_file_name, StreamFileError, StreamSnapshot};
 pub use writer::{StreamWrite, StreamWriter, StreamWritten};
 
-use engram_kv::{KvPool, SeqKv};
-use engram_model::{KeyMask, Logits, Model, SeqStep};
+use engram_kv::SeqKv;
 
 /// What a segment of the persistent stream is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,7 +148,7 @@ impl PersistentStream {
     /// Makes `wanted` (in order) the live segments. When the segments already present are
     /// wanted with the same tokens in the same order and every new one comes after them, the
     /// others are masked and the new ones appended; otherwise the stream is rebuilt (masked
-    /// segments dropped). The KV is brought up to date by the next [`PersistentStream::prefill`].
+    /// segments dropped). The KV is brought up to date by the next prefill (the engine's).
     pub fn update(&mut self, wanted: Vec<(SegmentId, Vec<u32>)>) -> Update {
         if self.live() == wanted {
             return Update::Unchanged;
@@ -204,7 +207,7 @@ impl PersistentStream {
     }
 
     /// A new generation of this stream laid out as `wanted` (every segment live, nothing
-    /// masked), to be prefilled on the side ([`PersistentStream::prefill_some`]) while this one
+    /// masked), to be prefilled on the side (by the engine) while this one
     /// is still attended, then swapped in whole: its KV starts as a fork of this one's as far
     /// as their tokens agree and no slot of this one is masked (a masked slot changed what the
     /// tokens after it attended); its generation is this one's plus one.
@@ -216,46 +219,6 @@ impl PersistentStream {
         let common = old.iter().zip(&new).take_while(|(a, b)| a == b).count().min(first_masked);
         let kv = self.kv.as_ref().map(|kv| kv.fork(common.min(kv.len())));
         PersistentStream { segments, kv, generation: self.generation + 1 }
-    }
-
-    /// Computes the KV of the tokens it does not hold yet (at their slots' positions);
-    /// returns how many tokens were prefilled. Errors leave the KV as it was.
-    pub fn prefill(&mut self, model: &Model, pool: &KvPool) -> Result<usize, String> {
-        self.prefill_some(model, pool, usize::MAX)
-    }
-
-    /// [`PersistentStream::prefill`] of at most `max` tokens (at least 1): one step of a
-    /// prefill that can stop between steps; the KV after the last step is what one call to
-    /// `prefill` computes, to float rounding (the same tokens, masks and positions, in
-    /// chunks). Returns how many tokens were prefilled (0: the KV is complete).
-    pub fn prefill_some(&mut self, model: &Model, pool: &KvPool, max: usize) -> Result<usize, String> {
-        let have = self.kv.as_ref().map_or(0, |kv| kv.len());
-        if self.kv.is_some() && have == self.len() {
-            // Every admission asks: answered without collecting the tokens.
-            return Ok(0);
-        }
-        let tokens = self.tokens();
-        let masked = self.masked_ranges();
-        let kv = self.kv.get_or_insert_with(|| SeqKv::new(pool));
-        if have == tokens.len() {
-            return Ok(0);
-        }
-        let end = have + (tokens.len() - have).min(max.max(1));
-        let todo = &tokens[have..end];
-        // Tombstoned segments are masked for the new tokens — those before them and those
-        // among them (the KV may end inside or before a tombstoned segment: a restored or
-        // truncated stream) —, so a live token's KV is what a cold prefill of the live
-        // segments at these positions computes; a tombstoned token still sees its own segment.
-        let mask = KeyMask::hiding(&masked, 0, have, todo.len());
-        let result = kv.reserve(todo.len()).map_err(|e| e.to_string()).and_then(|_| {
-            let step = SeqStep { key_mask: mask.as_ref(), ..SeqStep::new(todo, have, kv, Logits::None) };
-            model.forward(&mut [step]).map(|_| ()).map_err(|e| e.to_string())
-        });
-        if let Err(e) = result {
-            kv.truncate(have);
-            return Err(format!("prefilling the persistent stream: {e}"));
-        }
-        Ok(todo.len())
     }
 
     /// The KV as far as it is computed (`None` before the first prefill or restore): the start
@@ -287,7 +250,7 @@ impl PersistentStream {
         self.kv.as_ref().map_or(0, |kv| kv.len())
     }
 
-    /// The KV, once prefilled (`None` before the first [`PersistentStream::prefill`]); a
+    /// The KV, once wholly prefilled (`None` before that, or with tokens not prefilled yet); a
     /// thread forks it.
     pub fn kv(&self) -> Option<&SeqKv> {
         self.kv.as_ref().filter(|kv| kv.len() == self.len())

@@ -172,6 +172,8 @@ struct User {
     stream: PersistentStream,
     /// The stream's generation its file holds (`None`: not written by this process).
     saved: Option<u64>,
+    /// Its file was read (restored or refused) by this process: it is read at most once.
+    file_read: bool,
     /// The write queued last (its id, the generation it writes), until its result is taken;
     /// kept after a failed write so that generation is not queued again.
     writing: Option<(u64, u64)>,
@@ -273,6 +275,9 @@ pub struct DualStream {
     /// queued then, once every message of the engine's pass is applied (a turn's anchors and
     /// facts arrive together; the stream's file is read against both).
     streams_changed: HashSet<String>,
+    /// Users whose stream prefill failed in the engine, with why: their next admission says so
+    /// (and queues the prefill again) instead of waiting on it for ever.
+    stream_failures: HashMap<String, String>,
     next_job: u64,
     /// Masked turns' files (`policy/masked.rs`); `None`: masked turns stay in RAM.
     masked: Option<masked::MaskedTurns>,
@@ -312,6 +317,7 @@ impl DualStream {
             stream_jobs: HashMap::new(),
             deferred_states: HashMap::new(),
             streams_changed: HashSet::new(),
+            stream_failures: HashMap::new(),
             next_job: 0,
             masked: None,
             clock: 0,
@@ -410,22 +416,31 @@ impl DualStream {
         Ok(ring)
     }
 
-    /// `owner`'s thread on the current generation of the user's stream (summarized first at
-    /// the session's start if due, prefilled as far as it is not, the ring moved onto it).
-    fn thread(&mut self, owner: &str, thread: &str) -> Result<&mut TurnRing, String> {
-        let key = (owner.to_string(), thread.to_string());
+    /// Whether `owner`'s stream holds the KV of all its tokens (after its file is restored):
+    /// what a thread needs before it opens on the stream. The session-start summary (a
+    /// summarizer model of its own) is written first, so the stream it leaves is the one
+    /// prefilled. An empty stream holds its empty KV from the start.
+    fn stream_ready(&mut self, owner: &str) -> bool {
         self.adopt_written();
-        let u = self.users.entry(owner.to_string()).or_default();
-        if u.summary_due && u.stream.prefilled_len() == 0 {
-            // The session's start (nothing of the stream computed yet): the summary first,
-            // resumed if the idle hook began it. Later (a fact appended to a stream already
-            // attended) the turn goes on over the old stream and the idle hook summarizes.
-            self.advance_summary(owner, usize::MAX, &IdleInterrupt::never());
-        }
+        self.users.entry(owner.to_string()).or_default();
+        self.summarize_at_start(owner);
         self.restore_stream(owner);
         let u = self.users.get_mut(owner).expect("inserted above");
-        if u.stream.prefill(&self.model, &self.pool)? > 0 {
-            self.stats.anchors_prefilled += 1;
+        if u.stream.len() == 0 && u.stream.kv().is_none() {
+            u.stream.set_prefilled(SeqKv::new(&self.pool)).expect("an empty KV for an empty stream");
+        }
+        u.stream.kv().is_some()
+    }
+
+    /// `owner`'s thread on the current generation of the user's stream (which the engine
+    /// prefilled: [`ContextPolicy::prepare`] waits for it), the ring moved onto it. Errors: the
+    /// stream's prefill failed (the next request queues it again).
+    fn thread(&mut self, owner: &str, thread: &str) -> Result<&mut TurnRing, String> {
+        let key = (owner.to_string(), thread.to_string());
+        if !self.stream_ready(owner) {
+            let why = self.stream_failures.remove(owner).unwrap_or_else(|| "it was not prefilled yet".into());
+            self.streams_changed.insert(owner.to_string());
+            return Err(format!("the persistent stream of {owner:?} has no KV ({why}); the next request prefills it again"));
         }
         self.save_stream(owner);
         self.drop_stream_job(owner);
@@ -471,8 +486,17 @@ impl DualStream {
 }
 
 impl ContextPolicy for DualStream {
-    fn prepare(&mut self, _req: &AdmitRequest<'_>) -> Readiness {
-        Readiness::Now
+    /// A user's persistent stream that does not hold its tokens' KV yet (new anchors or facts
+    /// not prefilled, no file to restore) is prefilled by the engine first: a `BlockingOwner`
+    /// job (`policy/stream_job.rs`) the request waits on. After a failed prefill: `Now`, and
+    /// [`ContextPolicy::admit`] says why.
+    fn prepare(&mut self, req: &AdmitRequest<'_>) -> Readiness {
+        let owner = req.owner.as_str();
+        if self.stream_ready(owner) || self.stream_failures.contains_key(owner) {
+            return Readiness::Now;
+        }
+        self.streams_changed.insert(owner.to_string());
+        Readiness::AfterBackground
     }
 
     /// The request's token ids are its new turn (its text, if any, is not matched).
@@ -617,6 +641,7 @@ impl ContextPolicy for DualStream {
         self.stream_jobs.retain(|_, j| j.user != owner);
         self.deferred_states.remove(owner);
         self.streams_changed.remove(owner);
+        self.stream_failures.remove(owner);
         self.enforce_disk_budget();
     }
 

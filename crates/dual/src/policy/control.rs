@@ -7,7 +7,7 @@
 //! Invariant: a message changes only its own user's stream and threads; the next job of that
 //! user sees all of it or (sent after the job) none of it.
 
-use engram_policy::{AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, OwnerKey};
+use engram_policy::{AdmitRequest, Checkout, ContextPolicy, ControlError, ControlReply, OwnerKey, Readiness};
 use engram_tokenizer::Tokenizer;
 
 use super::{DualStream, FactSegment};
@@ -25,14 +25,19 @@ pub enum DualControl {
 }
 
 impl DualStream {
-    /// [`ContextPolicy::admit`] for a turn given as token ids: `owner`'s `thread` (`None`:
-    /// `"default"`), its new turn `prompt`.
+    /// [`ContextPolicy::admit`] for a turn given as token ids (`owner`'s `thread`, `None`:
+    /// `"default"`; its new turn `prompt`), as the engine admits it, for a caller that drives
+    /// the policy on its own thread: when [`ContextPolicy::prepare`] asks for the user's stream
+    /// first, that one job runs here through the engine's step (the job an engine would run;
+    /// other background work stays queued for [`engram_engine::drain_background`]).
     pub fn admit_tokens(&mut self, owner: &str, thread: Option<&str>, prompt: &[u32], tok: &Tokenizer) -> Result<Checkout, String> {
         let owner = OwnerKey::parse(owner);
-        ContextPolicy::admit(
-            self,
-            &AdmitRequest { owner: &owner, session: thread, text: None, add_special: false, tokens: prompt, tok, long_context_after: None },
-        )
+        let req =
+            AdmitRequest { owner: &owner, session: thread, text: None, add_special: false, tokens: prompt, tok, long_context_after: None };
+        if self.prepare(&req) == Readiness::AfterBackground {
+            self.run_stream_job_here(owner.as_str());
+        }
+        ContextPolicy::admit(self, &req)
     }
 
     /// Applies `msg`. Facts may leave a summary for the idle hook (the reply wakes it); a state

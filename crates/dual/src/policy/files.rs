@@ -193,15 +193,17 @@ impl DualStream {
 
     /// Takes `user`'s stream KV from its file when the stream holds none (the first turn after
     /// a restart): the agreeing prefix mapped, the rest left to the prefill. A refused file is
-    /// a warning (deleted when damaged); the stream is then prefilled.
+    /// a warning (deleted when damaged); the stream is then prefilled. The file is read at most
+    /// once a process (an admission and the prefill it waits on both ask).
     pub(super) fn restore_stream(&mut self, user: &str) {
         let Some(dir) = &self.dir else { return };
         let path = dir.join(stream_file_name(user));
         let fingerprint = self.fingerprint();
         let Some(u) = self.users.get_mut(user) else { return };
-        if u.saved.is_some() || u.writing.is_some() || u.stream.kv().is_some() {
+        if u.file_read || u.saved.is_some() || u.writing.is_some() || u.stream.kv().is_some() {
             return;
         }
+        u.file_read = true;
         match u.stream.restore_from(&path, &self.pool, &fingerprint, user, self.model.config.vocab) {
             Ok(None) => {}
             Ok(Some(n)) => {

@@ -13,13 +13,16 @@
 //!  done  ─► the stream's KV replaced by the job's, the file written, deferred entries set
 //!  changed again meanwhile ─► the result dropped (the change queued a job of its own)
 //! ```
-//! An admission that still finds the stream short (no message came first — a caller driving
-//! the policy without the engine — or the job failed) prefills it there, as before.
+//! An admission that still finds the stream short (no message came first) asks for the same
+//! job through [`engram_policy::ContextPolicy::prepare`] and waits on it; after a failed job
+//! the admission fails with its error, and the next request queues the prefill again. The
+//! policy never runs the model itself.
 //!
 //! Invariant: a job's KV replaces the stream's only while the stream is still the generation
 //! the job started from and still short of it, so the stream's KV always holds its tokens at
 //! their positions, each attending only the live tokens before it (`crates/dual/tests/it/facts.rs`).
 
+use engram_engine::SchedulerConfig;
 use engram_kv::SeqKv;
 use engram_policy::{BackgroundDone, BackgroundJob, BackgroundPriority, Checkout, MatchKind, OwnerKey};
 
@@ -39,6 +42,9 @@ impl DualStream {
     /// Queues the prefill of `user`'s stream for the engine when it holds tokens its KV does not
     /// (after restoring what its file holds), replacing a queued job of an older generation.
     pub(super) fn queue_stream_prefill(&mut self, user: &str) {
+        // A summary due at the session's start changes the stream before anything of it is
+        // computed: written first, so the prefill is of the summarized stream.
+        self.summarize_at_start(user);
         self.restore_stream(user);
         let Some(u) = self.users.get_mut(user) else { return };
         let (have, len, generation) = (u.stream.prefilled_len(), u.stream.len(), u.stream.generation());
@@ -52,6 +58,7 @@ impl DualStream {
         }
         // A job for an older generation: never run if still queued, else its result dropped.
         self.cancel_stream_job(user);
+        self.stream_failures.remove(user);
         let Some(u) = self.users.get_mut(user) else { return };
         let kv = u.stream.partial_kv().map_or_else(|| SeqKv::new(&self.pool), |kv| kv.fork(have));
         let tokens = u.stream.tokens();
@@ -93,6 +100,24 @@ impl DualStream {
         }
     }
 
+    /// Queues `user`'s stream prefill and runs that job on this thread through the engine's
+    /// step, handing its end to [`DualStream::stream_done`] (a caller driving the policy without
+    /// an engine: [`DualStream::admit_tokens`]).
+    pub(super) fn run_stream_job_here(&mut self, user: &str) {
+        self.streams_changed.remove(user);
+        self.queue_stream_prefill(user);
+        let Some((tag, _)) = self.users.get(user).and_then(|u| u.stream_job) else { return };
+        let Some(i) = self.background.iter().position(|j| j.tag == tag) else { return };
+        let job = self.background.remove(i).expect("index in range");
+        let config = SchedulerConfig::default();
+        let run = engram_engine::run_alone(&self.model, self.pool.clone(), config, job, None, &mut || false);
+        let done =
+            run.map(|r| r.done).unwrap_or_else(|| BackgroundDone { owner: OwnerKey::parse(user), tag, outcome: Err("stopped".into()) });
+        if let Err(done) = self.stream_done(done) {
+            tracing::warn!("a stream job's end was not a stream job's (tag {})", done.tag);
+        }
+    }
+
     /// Whether `user`'s stream waits for the engine's prefill (queued, or to be queued when the
     /// engine next asks for work).
     pub(super) fn stream_job_pending(&self, user: &str) -> bool {
@@ -118,11 +143,17 @@ impl DualStream {
                         self.stats.anchors_prefilled += 1;
                         self.save_stream(&user);
                     }
-                    Err(e) => tracing::warn!("{user:?}: the persistent stream's prefill is not used (the next turn prefills it): {e}"),
+                    Err(e) => {
+                        tracing::warn!("{user:?}: the persistent stream's prefill is not used: {e}");
+                        self.stream_failures.insert(user.clone(), e);
+                    }
                 }
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!("{user:?}: the persistent stream was not prefilled (the next turn prefills it): {e}"),
+            Err(e) => {
+                tracing::warn!("{user:?}: the persistent stream was not prefilled: {e}");
+                self.stream_failures.insert(user.clone(), e);
+            }
         }
         let deferred: Vec<(String, Vec<u32>)> = self.deferred_states.remove(&user).unwrap_or_default();
         for (thread, tokens) in deferred {

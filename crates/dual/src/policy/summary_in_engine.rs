@@ -83,6 +83,47 @@ impl DualStream {
         self.summary_jobs.insert(tag, SummaryTicket { user: user.to_string(), covers, queued: Instant::now(), phase: Phase::Generating });
     }
 
+    /// A summary's text is written (`generating_us` spent on it, here or by a summarizer
+    /// model of its own on the idle hook): a stream nothing of which is computed yet takes it at
+    /// once (its prefill is then the stream's own, `policy/stream_job.rs`); otherwise the new
+    /// stream is prefilled by the engine beside the old one, a Low job, and swapped in when it
+    /// is done ([`DualStream::summary_done`]).
+    pub(super) fn summary_written(&mut self, user: &str, summary: Summary, generating_us: u64) {
+        let Some(u) = self.users.get_mut(user) else { return };
+        if u.stream.prefilled_len() == 0 {
+            let t = Instant::now();
+            u.stream = u.stream.staged(u.wanted_with(Some(&summary)));
+            u.summary = Some(summary);
+            u.summary_due = false;
+            self.stats.summaries += 1;
+            self.stats.last_summary_us = generating_us;
+            self.stats.last_summary_prefill_us = 0;
+            self.stats.last_swap_us = t.elapsed().as_micros() as u64;
+            self.streams_changed.insert(user.to_string());
+            return;
+        }
+        let covers = summary.covers.clone();
+        let mut stream = u.stream.staged(u.wanted_with(Some(&summary)));
+        let kv = stream.take_kv().unwrap_or_else(|| SeqKv::new(&self.pool));
+        let tokens = stream.tokens();
+        let (n, reused) = (tokens.len(), kv.len());
+        self.next_job += 1;
+        let tag = self.next_job;
+        u.engine_summary = Some(tag);
+        let from = u.stream.generation();
+        self.background.push_back(BackgroundJob {
+            owner: OwnerKey::parse(user),
+            tag,
+            start: Checkout::own(SUMMARY_SESSION.into(), MatchKind::Prefix, tokens, vec![0; n], reused, kv),
+            max_tokens: 0,
+            stop: Vec::new(),
+            priority: BackgroundPriority::Low,
+            hidden: Vec::new(),
+        });
+        let phase = Phase::Prefilling { summary, stream, from, generating_us };
+        self.summary_jobs.insert(tag, SummaryTicket { user: user.to_string(), covers, queued: Instant::now(), phase });
+    }
+
     /// A summary job ended: the next phase queued, or the new stream swapped in. `Err(done)`
     /// hands back a job that is not a summary's.
     pub(super) fn summary_done(&mut self, done: BackgroundDone) -> Result<(), BackgroundDone> {
@@ -116,25 +157,7 @@ impl DualStream {
                 };
                 self.next_summary += 1;
                 let summary = Summary { id: self.next_summary, covers: ticket.covers.clone(), tokens };
-                let mut stream = u.stream.staged(u.wanted_with(Some(&summary)));
-                let kv = stream.take_kv().unwrap_or_else(|| SeqKv::new(&self.pool));
-                let tokens = stream.tokens();
-                let (n, reused) = (tokens.len(), kv.len());
-                self.next_job += 1;
-                let tag = self.next_job;
-                u.engine_summary = Some(tag);
-                let from = u.stream.generation();
-                self.background.push_back(BackgroundJob {
-                    owner: done.owner,
-                    tag,
-                    start: Checkout::own(SUMMARY_SESSION.into(), MatchKind::Prefix, tokens, vec![0; n], reused, kv),
-                    max_tokens: 0,
-                    stop: Vec::new(),
-                    priority: BackgroundPriority::Low,
-                    hidden: Vec::new(),
-                });
-                let phase = Phase::Prefilling { summary, stream, from, generating_us };
-                self.summary_jobs.insert(tag, SummaryTicket { user, covers: ticket.covers, queued: Instant::now(), phase });
+                self.summary_written(&user, summary, generating_us);
             }
             Phase::Prefilling { summary, mut stream, from, generating_us } => {
                 if from != u.stream.generation() {

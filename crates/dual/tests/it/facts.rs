@@ -115,6 +115,8 @@ fn past_the_cap_a_summary_is_attended_and_swapped_in_between_turns() {
         slices += 1;
         assert!(slices < 1000, "the summary ends");
     }
+    // The summary's text is written; the new stream is the engine's work, run here.
+    engram_engine::drain_background(&m, pool.clone(), &mut p);
     assert_eq!(p.dual_stats().summaries, 2);
     let (again, _, first_again) = on_view(&m, &pool, &a);
     assert_eq!((again, first_again), (logits_a, first_a), "a running turn never sees the swap");

@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use engram_dual::{DualStream, FactSegment, Summarizer};
-use engram_engine::{ContextPolicy, IdleInterrupt};
+use engram_engine::{drain_background, ContextPolicy, IdleInterrupt};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 
@@ -87,6 +87,8 @@ fn the_policy_resumes_its_summary_across_slices_and_swaps_in_what_one_run_gives(
     // Uninterrupted: one slice does it all.
     let mut whole = over_the_cap(&m, &sm, &pool, usize::MAX);
     assert!(!whole.idle_slice(&IdleInterrupt::never()), "one summary, nothing left");
+    // The text is written; the new stream is the engine's work, run here.
+    drain_background(&m, pool.clone(), &mut whole);
     assert_eq!(whole.dual_stats().summaries, 1);
 
     // One step per slice, a requested interrupt between slices; a turn admitted mid-flight
@@ -105,6 +107,7 @@ fn the_policy_resumes_its_summary_across_slices_and_swaps_in_what_one_run_gives(
             assert_close(&logits, &cold(&m, &pool, stream, &prompt, first), "a turn mid-summary, on the old stream");
         }
     }
+    drain_background(&m, pool.clone(), &mut sliced);
     let st = sliced.dual_stats();
     assert_eq!(st.summaries, 1);
     assert_eq!(whole.dual_stats().summary_slices, 1, "unbounded steps: one slice");
@@ -143,6 +146,7 @@ fn facts_changing_mid_summary_start_it_again_over_the_new_facts() {
     p.set_facts("u", newer.clone());
     assert_eq!(p.dual_stats().summaries_restarted, 1);
     while p.idle_slice(&IdleInterrupt::never()) {}
+    drain_background(&m, pool.clone(), &mut p);
     assert_eq!(p.dual_stats().summaries, 1, "one summary swapped in: the restarted one");
 
     // What is swapped in summarizes the new facts: the base, then the summary of all five.
