@@ -19,7 +19,9 @@
 //! a new fact prefills only its tokens after the stream's last, a dropped one is masked at
 //! once — and compacted (tombstones dropped) when it passes its cap; when the live facts
 //! alone pass it, the [`Summarizer`] condenses them (at the session's start, else on the idle
-//! hook). A change makes a new generation of the stream; each thread moves its ring onto it
+//! hook or as the engine's job). The policy never runs the main model: a stream's KV is the
+//! engine's background job (`policy/stream_job.rs`), which a request whose stream lacks it waits
+//! on ([`ContextPolicy::prepare`]). A change makes a new generation of the stream; each thread moves its ring onto it
 //! at its next admission (turns moved, not recomputed), so a running turn keeps the view it
 //! started with and never sees a swap mid-turn.
 //!

@@ -57,6 +57,10 @@ impl Engine<'_> {
                 self.pull_background();
                 let (job, _, _) = &self.waiting[i];
                 if !self.waits_on_background(&job.owner, job.session.as_deref()) {
+                    if self.background_queue_full() {
+                        // The policy's job is not taken yet: the request waits for a later pass.
+                        break;
+                    }
                     let (_, tx, _) = self.waiting.remove(i).expect("index in range");
                     self.pending.fetch_sub(1, Relaxed);
                     tx.send(Event::Failed(JobError::new(

@@ -110,6 +110,11 @@ impl Engine<'_> {
         }
     }
 
+    /// Whether the engine's queue of background jobs takes no more from the policy this pass.
+    pub(super) fn background_queue_full(&self) -> bool {
+        self.background_queue.len() >= MAX_QUEUED
+    }
+
     /// Ends the queued (not started) background jobs of `owner` with an error.
     pub(super) fn drop_queued_background(&mut self, owner: &engram_policy::OwnerKey) {
         let (gone, keep): (std::collections::VecDeque<_>, _) =
