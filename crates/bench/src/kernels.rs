@@ -6,19 +6,27 @@
 //! on the matrix as stored, and, where the format repacks ([`Packed::supports`]), the same path
 //! on the repacked copy (`+packed`: the lane-per-row layout the x86 paths read). The default is
 //! what a loaded model runs (`engram_model::Weight::new` repacks with [`Packed::for_this_cpu`]
-//! and `matmul` runs [`Isa::detect`]): that path, on the repacked copy when that makes one. Every variant's output is checked against the scalar
+//! and `matmul` runs the format's `engram_kernels::dispatch::kernel_path`: the CPU's best path,
+//! or what the measured table's row for this CPU names): that path, on the repacked copy when
+//! that makes one. The table row in use (or that none matches this CPU) is printed first. Every
+//! variant's output is checked against the scalar
 //! path's first (the integer parts are bitwise equal by design; float accumulation order may
 //! differ, so the check allows 1e-4 relative) so a fast variant that computes something else
 //! cannot pass.
 //!
 //! The matrix is random `--rows × --cols` (default 2048 × 2048, the `llama-1b` width, 4 MiB in
 //! Q8_0: it lives in L2/L3 on most machines, so these are compute figures; `bench membw` gives
-//! the bandwidth ceiling). Each figure is the median of `--reps` calls.
-//! Reproduce: `engram bench kernels --threads 2`.
+//! the bandwidth ceiling). Each figure is the median (`--stat min`: the least) of `--reps` calls,
+//! timed by the wall clock, or with `--clock cpu` by the calling thread's CPU time (with
+//! `--threads 1`: the work is all on that thread), which time spent waiting for the core while
+//! other programs run does not inflate — the figure to compare variants by on a busy machine.
+//! Reproduce: `engram bench kernels --threads 2`; on a shared machine
+//! `engram bench kernels --threads 1 --clock cpu --stat min`.
 
 use std::time::Instant;
 
 use anyhow::{ensure, Result};
+use engram_kernels::dispatch::{kernel_path, table_row, CpuModel};
 use engram_kernels::internal::{matmul_with, Isa};
 use engram_kernels::{quantize, DType, Packed, WeightMatrix};
 
@@ -45,6 +53,13 @@ pub struct Args {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// What times a call: `wall` (elapsed) or `cpu` (the calling thread's CPU time; needs
+    /// `--threads 1`).
+    #[arg(long, default_value = "wall", value_parser = ["wall", "cpu"])]
+    clock: String,
+    /// Which of the `--reps` times is reported: `median` or `min`.
+    #[arg(long, default_value = "median", value_parser = ["median", "min"])]
+    stat: String,
 }
 
 /// One variant's figures for one format.
@@ -62,6 +77,7 @@ pub fn run(a: Args) -> Result<()> {
     ensure!(a.rows > 0 && a.cols > 0 && a.cols % 256 == 0, "--rows must be positive and --cols a positive multiple of 256");
     ensure!(!a.tokens.is_empty() && a.tokens.iter().all(|&n| n > 0), "--tokens must list positive counts");
     ensure!(a.reps > 0, "--reps must be positive");
+    ensure!(a.clock == "wall" || a.threads == Some(1), "--clock cpu times the calling thread only: give --threads 1");
     let before = engram_kernels::num_threads();
     if let Some(t) = a.threads {
         engram_kernels::set_num_threads(t.max(1));
@@ -84,8 +100,8 @@ pub fn run(a: Args) -> Result<()> {
         let data = quantize(dtype, &values, a.cols)?;
         let plain = WeightMatrix { dtype, rows: a.rows, cols: a.cols, data: &data, packed: None };
         let packed = Packed::new(&plain);
-        let default_packed = Packed::for_this_cpu(&plain).is_some();
-        let default_isa = Isa::detect();
+        let default_isa = kernel_path(dtype);
+        let default_packed = Packed::for_this_cpu(&plain).is_some() && default_isa.runs_packed();
         let reference = {
             let mut out = vec![0.0f32; max_n * a.rows];
             matmul_with(Isa::Scalar, &plain, &x, max_n, &mut out);
@@ -101,7 +117,7 @@ pub fn run(a: Args) -> Result<()> {
                 let mut out = vec![0.0f32; max_n * a.rows];
                 matmul_with(isa, &w, &x, max_n, &mut out);
                 let max_rel_diff = rel_diff(&out, &reference);
-                let ns = a.tokens.iter().map(|&n| ns_per_row_token(isa, &w, &x, n, a.reps)).collect();
+                let ns = a.tokens.iter().map(|&n| ns_per_row_token(isa, &w, &x, n, &a)).collect();
                 let variant = if with_packed { format!("{}+packed", isa.name()) } else { isa.name().to_string() };
                 let default = isa == default_isa && with_packed == default_packed;
                 rows.push(Row { format: dtype, variant, default, ns, max_rel_diff });
@@ -119,12 +135,22 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn print(a: &Args, rows: &[Row], threads: usize) {
+    let cpu = CpuModel::this().map_or_else(|| "not x86-64".to_string(), |c| format!("{} family {} model {}", c.vendor, c.family, c.model));
+    let table = table_row().map_or_else(
+        || "no measured table row for this CPU: every format runs the best path".to_string(),
+        |r| {
+            let picks: Vec<String> = r.choices.iter().map(|(d, i)| format!("{} → {}", d.name(), i.name())).collect();
+            let picks = if picks.is_empty() { "every format on the best path".to_string() } else { picks.join(", ") };
+            format!("table row \"{}\": {picks} ({})", r.name, r.measured)
+        },
+    );
     if a.json {
         for r in rows {
             let ns: serde_json::Map<String, serde_json::Value> =
                 a.tokens.iter().zip(&r.ns).map(|(n, v)| (format!("ns_per_row_token_n{n}"), serde_json::json!(round3(*v)))).collect();
             let mut row = serde_json::json!({
-                "format": r.format.name(), "variant": r.variant, "default": r.default,
+                "cpu": cpu, "format": r.format.name(), "variant": r.variant, "default": r.default,
+                "clock": a.clock, "stat": a.stat,
                 "rows": a.rows, "cols": a.cols, "threads": threads, "reps": a.reps,
                 "max_rel_diff_vs_scalar": r.max_rel_diff,
             });
@@ -134,7 +160,8 @@ fn print(a: &Args, rows: &[Row], threads: usize) {
         return;
     }
     let heads: Vec<String> = a.tokens.iter().map(|n| format!("n={n}")).collect();
-    println!("ns per row-token, {} × {} matrix, {threads} threads, median of {}:", a.rows, a.cols, a.reps);
+    println!("CPU: {cpu}; {table}");
+    println!("ns per row-token, {} × {} matrix, {threads} threads, {} of {} ({} clock):", a.rows, a.cols, a.stat, a.reps, a.clock);
     println!("| format | variant | {} | vs scalar |", heads.join(" | "));
     println!("|---|---|{}---|", "---|".repeat(a.tokens.len()));
     for r in rows {
@@ -144,20 +171,35 @@ fn print(a: &Args, rows: &[Row], threads: usize) {
     }
 }
 
-/// Median nanoseconds per (row × token) of `reps` calls with `n` tokens, after one warm-up.
-fn ns_per_row_token(isa: Isa, w: &WeightMatrix, x: &[f32], n: usize, reps: usize) -> f64 {
+/// Nanoseconds per (row × token) of `a.reps` calls with `n` tokens (their median or least, by
+/// the wall clock or the thread's CPU time), after one warm-up.
+fn ns_per_row_token(isa: Isa, w: &WeightMatrix, x: &[f32], n: usize, a: &Args) -> f64 {
     let mut out = vec![0.0f32; n * w.rows];
     let x = &x[..n * w.cols];
     matmul_with(isa, w, x, n, &mut out);
-    let mut t: Vec<f64> = (0..reps)
+    let cpu = a.clock == "cpu";
+    let mut t: Vec<f64> = (0..a.reps)
         .map(|_| {
-            let start = Instant::now();
+            let (start, cpu0) = (Instant::now(), thread_cpu_ns());
             matmul_with(isa, w, x, n, &mut out);
-            start.elapsed().as_nanos() as f64
+            if cpu {
+                (thread_cpu_ns() - cpu0) as f64
+            } else {
+                start.elapsed().as_nanos() as f64
+            }
         })
         .collect();
     t.sort_by(f64::total_cmp);
-    t[t.len() / 2] / (w.rows * n) as f64
+    let pick = if a.stat == "min" { t[0] } else { t[t.len() / 2] };
+    pick / (w.rows * n) as f64
+}
+
+/// The calling thread's CPU time in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux defines.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Largest |a − b| relative to b's largest magnitude.

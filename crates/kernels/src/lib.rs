@@ -35,6 +35,7 @@
 pub mod attn_rows;
 mod blocks;
 mod dequant;
+pub mod dispatch;
 mod dtype;
 pub mod flash;
 mod matmul;

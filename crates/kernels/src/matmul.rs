@@ -1,6 +1,8 @@
 //! [`matmul`]: dispatch, tiling and threading of `out[t][r] = Σ_k x[t][k] · W[r][k]`.
 //!
 //! Strategy:
+//! * The path for each weight format is `dispatch::kernel_path` (the CPU's best, or what its
+//!   measured table row names for that format); the `_with` entry points take one explicitly.
 //! * Activations are prepared once per call (quantized to Q8_0 / Q8_K blocks for the integer
 //!   kernels, see `quantize.rs` for why), in parallel for large batches.
 //! * Work is split over *output rows* into chunks run on [`crate::pool`]; every weight row is
@@ -21,7 +23,8 @@
 //!   unpacked once per call for all of them); both bitwise the scalar reference's result.
 //!
 //! * Exception, `Isa::Avx512`/`Amx` with Q5_K/Q3_K/Q2_K/IQ4_XS, or `Isa::Avx512` with packed
-//!   Q4_K/Q6_K, and ≥ 8 tokens (`simd::vnni_k::takes`): chunks of whole 8-row bands go to
+//!   Q4_K/Q6_K, and enough tokens (`simd::vnni_k::takes`: from `dispatch::token_lane_min`, or
+//!   16 for packed Q4_K/Q6_K): chunks of whole 8-row bands go to
 //!   `simd::vnni_k::run_rows`, which decodes them once into byte codes and sweeps 16-token
 //!   groups over them with VNNI (bitwise the scalar reference, as the decode kernels).
 //! * Exception, `Isa::Avx2` with Q5_K/Q3_K/Q2_K/IQ4_XS and ≥ 8 tokens
@@ -39,13 +42,14 @@
 //! because activation rows are quantized independently and each (row, token) accumulator sees
 //! the same operations in the same order in every tile shape.
 
+use crate::dispatch::kernel_path;
 use crate::dtype::{DType, WeightMatrix};
 use crate::simd::{run_tile, tile_limits, Acts, Isa, TileCtx};
 use rayon::prelude::*;
 
 /// `out[t][r] = Σ_k x[t][k] · W[r][k]` for `t in 0..n_tokens`; `x` is `[n_tokens, cols]`,
-/// `out` is `[n_tokens, rows]`, both row-major. Uses the best SIMD path of this CPU and the
-/// global pool.
+/// `out` is `[n_tokens, rows]`, both row-major. Uses the format's path on this CPU
+/// (`dispatch::kernel_path`) and the global pool.
 ///
 /// Accuracy: F32/F16/BF16 weights are exact up to f32 accumulation rounding. Q4_0/Q8_0/Q4_K/Q6_K
 /// quantize the activations to 8 bits per 32/256-element block first (like ggml), adding an
@@ -54,7 +58,7 @@ use rayon::prelude::*;
 /// # Panics
 /// If `x.len() != n_tokens * w.cols` or `out.len() != n_tokens * w.rows`.
 pub fn matmul(w: &WeightMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-    matmul_with(Isa::detect(), w, x, n_tokens, out)
+    matmul_with(kernel_path(w.dtype), w, x, n_tokens, out)
 }
 
 /// [`matmul`] on an explicit kernel path (tests use it to cover every path on one machine).
@@ -76,7 +80,10 @@ pub fn matmul_with(isa: Isa, w: &WeightMatrix, x: &[f32], n_tokens: usize, out: 
 /// # Panics
 /// If the matrices' `cols` differ, or any shape is inconsistent as in [`matmul`].
 pub fn matmul_multi(ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
-    matmul_multi_with(Isa::detect(), ws, x, n_tokens, outs)
+    check_multi(ws, x, n_tokens, outs);
+    let mut items: Vec<MatmulItem> =
+        ws.iter().zip(outs.iter_mut()).map(|(w, out)| MatmulItem { w, x, n_tokens, out: &mut **out }).collect();
+    grouped(&kernel_path, &mut items);
 }
 
 /// [`matmul_multi`] on an explicit kernel path.
@@ -85,6 +92,17 @@ pub fn matmul_multi(ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut
 /// As [`matmul_multi`], and if `isa` is not available on this CPU.
 pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
     assert!(isa.is_available(), "kernel path {isa:?} not supported by this CPU");
+    check_multi(ws, x, n_tokens, outs);
+    // The same products as a grouped call whose items share `x`: it prepares the activations
+    // once per format (Q4_K and Q6_K share Q8_K blocks) and runs every matrix's row chunks in
+    // one parallel region.
+    let mut items: Vec<MatmulItem> =
+        ws.iter().zip(outs.iter_mut()).map(|(w, out)| MatmulItem { w, x, n_tokens, out: &mut **out }).collect();
+    matmul_grouped_with(isa, &mut items);
+}
+
+/// The shapes of a [`matmul_multi`] call.
+fn check_multi(ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &[&mut [f32]]) {
     assert_eq!(ws.len(), outs.len(), "matmul_multi: one output per matrix");
     let Some(cols) = ws.first().map(|w| w.cols) else { return };
     assert!(ws.iter().all(|w| w.cols == cols), "matmul_multi: every matrix must have the same cols");
@@ -92,12 +110,6 @@ pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: us
     for (w, out) in ws.iter().zip(outs.iter()) {
         assert_eq!(out.len(), n_tokens * w.rows, "matmul: out must be n_tokens x rows");
     }
-    // The same products as a grouped call whose items share `x`: it prepares the activations
-    // once per format (Q4_K and Q6_K share Q8_K blocks) and runs every matrix's row chunks in
-    // one parallel region.
-    let mut items: Vec<MatmulItem> =
-        ws.iter().zip(outs.iter_mut()).map(|(w, out)| MatmulItem { w, x, n_tokens, out: &mut **out }).collect();
-    matmul_grouped_with(isa, &mut items);
 }
 
 /// One product of a [`matmul_grouped`] call: `out[t][r] = Σ_k x[t][k] · w[r][k]` for `t in
@@ -119,7 +131,7 @@ pub struct MatmulItem<'a> {
 /// # Panics
 /// If an item's shapes are inconsistent as in [`matmul`].
 pub fn matmul_grouped(items: &mut [MatmulItem<'_>]) {
-    matmul_grouped_with(Isa::detect(), items)
+    grouped(&kernel_path, items)
 }
 
 /// [`matmul_grouped`] on an explicit kernel path.
@@ -128,6 +140,11 @@ pub fn matmul_grouped(items: &mut [MatmulItem<'_>]) {
 /// As [`matmul_grouped`], and if `isa` is not available on this CPU.
 pub fn matmul_grouped_with(isa: Isa, items: &mut [MatmulItem<'_>]) {
     assert!(isa.is_available(), "kernel path {isa:?} not supported by this CPU");
+    grouped(&|_| isa, items)
+}
+
+/// [`matmul_grouped`] with each item's kernel path `pick(format)` (a path this CPU runs).
+fn grouped(pick: &dyn Fn(DType) -> Isa, items: &mut [MatmulItem<'_>]) {
     for it in items.iter_mut() {
         assert_eq!(it.x.len(), it.n_tokens * it.w.cols, "matmul: x must be n_tokens x cols");
         assert_eq!(it.out.len(), it.n_tokens * it.w.rows, "matmul: out must be n_tokens x rows");
@@ -157,7 +174,7 @@ pub fn matmul_grouped_with(isa: Isa, items: &mut [MatmulItem<'_>]) {
         .iter_mut()
         .zip(&which)
         .filter(|(_, &at)| at != usize::MAX)
-        .map(|(it, &at)| Job::new(isa, it.w, &prepared[at].3, it.out, it.n_tokens, threads))
+        .map(|(it, &at)| Job::new(pick(it.w.dtype), it.w, &prepared[at].3, it.out, it.n_tokens, threads))
         .collect();
     run_jobs(&jobs, work, threads);
 }

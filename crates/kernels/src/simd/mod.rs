@@ -12,8 +12,9 @@
 //! 16-lane float kernels; packed Q4_0/Q8_0/Q4_1/Q4_K run `avx512_packed*`, the packed
 //! layout's VNNI kernels of up to 8 tokens (packed Q6_K: `avx2_packed_k`); `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
 //! formats of `avx2_k` reuse the AVX2 kernels, except one-token Q3_K/IQ4_XS calls, which run
-//! `avx512_k`'s VNNI row tiles; calls of ≥ 8 tokens of Q5_K/Q3_K/Q2_K/IQ4_XS,
-//! and of packed Q4_K/Q6_K, run `vnni_k`'s token-lane VNNI kernel; on the AVX2 path
+//! `avx512_k`'s VNNI row tiles; calls of Q5_K/Q3_K/Q2_K/IQ4_XS from
+//! `dispatch::token_lane_min` tokens (8 unless the CPU's table row says otherwise), and of
+//! packed Q4_K/Q6_K from 16, run `vnni_k`'s token-lane VNNI kernel; on the AVX2 path
 //! Q5_K/Q3_K/Q2_K/IQ4_XS prefill runs `k_panel`'s decoded-once panels), `amx` (AMX-INT8 tiles for
 //! Q4_0/Q8_0, driven per row chunk by `amx::run_rows` instead of `run_tile`; other formats on
 //! that path use `avx512`), `neon` (aarch64: integer dots of the quantized formats with

@@ -34,9 +34,6 @@ const Q4K: u8 = 4;
 /// Q6_K's tag.
 const Q6K: u8 = 5;
 
-/// Fewest tokens in a call for this path; smaller calls keep the decode kernels.
-pub(crate) const MIN_TOKENS: usize = 8;
-
 /// Fewest tokens of a packed Q4_K / Q6_K call that run here (one full 16-token register; at 8
 /// tokens this kernel cost ~2× the packed VNNI kernels per row-token on Zen 4, `benches/packed.rs`).
 pub(crate) const MIN_TOKENS_PACKED: usize = 16;
@@ -49,14 +46,19 @@ pub(crate) const BAND: usize = 8;
 /// has a [`Packed`] copy (then Q4_K / Q6_K are read from it; their decode kernels on this path
 /// are the packed ones, bitwise the reference). Q4_K / Q6_K without a packing keep the tiles.
 pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize, packed: bool) -> bool {
-    n_tokens >= MIN_TOKENS
-        && match d {
-            DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS => matches!(isa, Isa::Avx512 | Isa::Amx) && !packed,
-            // Below a full 16-token register the packed VNNI kernels (`avx512_packed_k`, ≤ 8
-            // tokens per pass) cost less per token than half-empty token lanes.
-            DType::Q4K | DType::Q6K => isa == Isa::Avx512 && packed && n_tokens >= MIN_TOKENS_PACKED,
-            _ => false,
+    // The fewest tokens of Q5_K / Q3_K / Q2_K / IQ4_XS calls that run here are measured per CPU
+    // (`crate::dispatch::token_lane_min`): a call costs about the same up to 16 tokens (one
+    // register of token lanes), so the crossover with the decode tiles is where their per-token
+    // cost times the tokens reaches it.
+    match d {
+        DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS => {
+            matches!(isa, Isa::Avx512 | Isa::Amx) && !packed && n_tokens >= crate::dispatch::token_lane_min(d)
         }
+        // Below a full 16-token register the packed VNNI kernels (`avx512_packed_k`, ≤ 8
+        // tokens per pass) cost less per token than half-empty token lanes.
+        DType::Q4K | DType::Q6K => isa == Isa::Avx512 && packed && n_tokens >= MIN_TOKENS_PACKED,
+        _ => false,
+    }
 }
 
 /// Per (row, super-block) scales: `sc[j]` sub-block `j`'s scale, `cp[p]` the i16 pair of

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod dispatch;
 mod exact;
 mod flash;
 mod forced;

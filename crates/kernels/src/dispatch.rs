@@ -1,0 +1,123 @@
+//! Which kernel path multiplies each weight format on this CPU: the best path the CPU has
+//! ([`Isa::detect`]) unless a row of [`TABLE`] for this micro-architecture — chosen from
+//! `engram bench kernels` figures measured on it — names another for that format. `ENGRAM_SIMD`
+//! forces one path for every format, as before.
+//!
+//! ```text
+//!  matmul(w, x) ─► kernel_path(w.dtype) ─► ENGRAM_SIMD set?  ─► that path
+//!                                        └► a TABLE row for this CPU naming w.dtype (and the
+//!                                           CPU runs it) ─► the row's path
+//!                                        └► Isa::detect()
+//! ```
+//! The choice is made per format once per process, never per call, so a token's output stays
+//! bitwise independent of how many tokens share the call (each path keeps that invariant on
+//! its own), and the same CPU always makes the same choice (a cache written by one run equals
+//! what the next computes). Rows name only CPUs that were measured; any other CPU runs its best
+//! path.
+//!
+//! Invariant: [`kernel_path`] returns a path this CPU runs, and the same one for a format
+//! every time in a process (`crates/kernels/tests/it/dispatch.rs`).
+
+use std::ops::RangeInclusive;
+use std::sync::OnceLock;
+
+use crate::dtype::DType;
+use crate::simd::Isa;
+
+/// A CPU as `cpuid` names it: vendor string, family and model (extended fields folded in).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuModel {
+    pub vendor: String,
+    pub family: u32,
+    pub model: u32,
+}
+
+impl CpuModel {
+    /// This CPU (`None` off x86-64).
+    pub fn this() -> Option<CpuModel> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: leaves 0 (vendor) and 1 (family, model) exist on every x86-64 CPU (the
+            // intrinsic is safe from Rust 1.87; `rust-version` is older).
+            #[allow(unused_unsafe)]
+            let (l0, l1) = unsafe { (std::arch::x86_64::__cpuid(0), std::arch::x86_64::__cpuid(1)) };
+            let vendor: Vec<u8> = [l0.ebx, l0.edx, l0.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+            let base_family = (l1.eax >> 8) & 0xf;
+            let family = if base_family == 0xf { base_family + ((l1.eax >> 20) & 0xff) } else { base_family };
+            let base_model = (l1.eax >> 4) & 0xf;
+            let model = if base_family == 0x6 || base_family == 0xf { base_model | (((l1.eax >> 16) & 0xf) << 4) } else { base_model };
+            Some(CpuModel { vendor: String::from_utf8_lossy(&vendor).into_owned(), family, model })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        None
+    }
+}
+
+/// One micro-architecture's measured choices.
+pub struct TableRow {
+    /// What the row is, for people (`bench kernels` prints it).
+    pub name: &'static str,
+    vendor: &'static str,
+    family: u32,
+    models: &'static [RangeInclusive<u32>],
+    /// Formats whose path differs from [`Isa::detect`]'s on this CPU, and the path.
+    pub choices: &'static [(DType, Isa)],
+    /// Per format, the fewest tokens of a call that the AVX-512 token-lane kernel
+    /// (`simd::vnni_k`) takes instead of the decode tiles (formats not named:
+    /// [`TOKEN_LANE_MIN`]).
+    pub token_lane_min: &'static [(DType, usize)],
+    /// Where the figures behind the choices are (a section of `docs/cpu-kernels.md`).
+    pub measured: &'static str,
+}
+
+impl TableRow {
+    /// Whether the row describes `cpu`.
+    pub fn matches(&self, cpu: &CpuModel) -> bool {
+        cpu.vendor == self.vendor && cpu.family == self.family && self.models.iter().any(|m| m.contains(&cpu.model))
+    }
+}
+
+/// The measured rows. A format a row does not name runs [`Isa::detect`]'s path.
+pub const TABLE: &[TableRow] = &[TableRow {
+    name: "AMD Zen 4 (EPYC 9004, family 25 models 0x10-0x1f)",
+    vendor: "AuthenticAMD",
+    family: 0x19,
+    models: &[0x10..=0x1f],
+    // Every format measured runs fastest on the AVX-512 path (packed where it packs).
+    choices: &[],
+    // The decode tiles cost ~34–43 ns per row-token at 8–12 tokens; the token-lane kernel
+    // ~390 ns per row per call up to 16 tokens (1 thread, CPU time).
+    token_lane_min: &[(DType::Q5K, 10), (DType::Q3K, 10), (DType::Q2K, 12), (DType::IQ4XS, 8)],
+    measured: "docs/cpu-kernels.md, \"The measured dispatch table\"",
+}];
+
+/// The [`TABLE`] row for this CPU, if it was measured.
+pub fn table_row() -> Option<&'static TableRow> {
+    static ROW: OnceLock<Option<&'static TableRow>> = OnceLock::new();
+    *ROW.get_or_init(|| CpuModel::this().and_then(|cpu| TABLE.iter().find(|r| r.matches(&cpu))))
+}
+
+/// The fewest tokens of a Q5_K / Q3_K / Q2_K / IQ4_XS call the AVX-512 token-lane kernel takes
+/// where no table row says otherwise.
+pub const TOKEN_LANE_MIN: usize = 8;
+
+/// The fewest tokens of a `dtype` call that the AVX-512 token-lane kernel takes on this CPU:
+/// its [`TABLE`] row's figure, else [`TOKEN_LANE_MIN`]. Either kernel gives the same bits (both are the scalar
+/// reference's), so this moves only time.
+pub fn token_lane_min(dtype: DType) -> usize {
+    table_row().and_then(|row| row.token_lane_min.iter().find(|(d, _)| *d == dtype)).map_or(TOKEN_LANE_MIN, |&(_, n)| n)
+}
+
+/// The path that multiplies `dtype` on this CPU. See the module doc.
+pub fn kernel_path(dtype: DType) -> Isa {
+    static FORCED: OnceLock<bool> = OnceLock::new();
+    let best = Isa::detect();
+    if *FORCED.get_or_init(|| matches!(Isa::forced(), Ok(Some(_)))) {
+        return best;
+    }
+    table_row()
+        .and_then(|row| row.choices.iter().find(|(d, _)| *d == dtype))
+        .map(|&(_, isa)| isa)
+        .filter(|isa| isa.is_available())
+        .unwrap_or(best)
+}

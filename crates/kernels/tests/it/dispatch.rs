@@ -1,0 +1,70 @@
+//! The measured dispatch table: a row names only the CPU it was measured on; the path a format
+//! runs is one this CPU has and the same at every call; the public `matmul` gives bitwise what
+//! `matmul_with` gives on that path; and on the table's token-lane thresholds a token's output
+//! does not depend on how many tokens share its call (the two kernels meet at every threshold).
+
+use crate::common;
+use common::*;
+use engram_kernels::dispatch::{kernel_path, table_row, token_lane_min, CpuModel, TABLE, TOKEN_LANE_MIN};
+use engram_kernels::internal::{matmul_with, Isa};
+use engram_kernels::*;
+
+#[test]
+fn a_row_matches_only_the_cpus_it_names() {
+    let zen4 = CpuModel { vendor: "AuthenticAMD".into(), family: 25, model: 0x11 };
+    let zen3 = CpuModel { vendor: "AuthenticAMD".into(), family: 25, model: 0x01 };
+    let zen1 = CpuModel { vendor: "AuthenticAMD".into(), family: 23, model: 0x01 };
+    let intel = CpuModel { vendor: "GenuineIntel".into(), family: 6, model: 0x8f };
+    let rows = |cpu: &CpuModel| TABLE.iter().filter(|r| r.matches(cpu)).count();
+    assert_eq!(rows(&zen4), 1, "Zen 4 was measured");
+    for other in [&zen3, &zen1, &intel] {
+        assert_eq!(rows(other), 0, "{other:?} was not measured: it runs its best path");
+    }
+    for r in TABLE {
+        assert!(r.token_lane_min.iter().all(|&(_, n)| (2..=16).contains(&n)), "{}: a threshold within one register of lanes", r.name);
+    }
+}
+
+#[test]
+fn every_format_runs_a_path_this_cpu_has_the_same_every_time() {
+    let row = table_row();
+    for d in DType::ALL {
+        let isa = kernel_path(d);
+        assert!(isa.is_available(), "{d:?} → {isa:?}");
+        assert_eq!(kernel_path(d), isa, "{d:?}: chosen once");
+        if std::env::var("ENGRAM_SIMD").is_err() && row.map_or(true, |r| r.choices.iter().all(|(f, _)| *f != d)) {
+            assert_eq!(isa, Isa::detect(), "{d:?}: no table choice, the best path");
+        }
+        let want = row.and_then(|r| r.token_lane_min.iter().find(|(f, _)| *f == d)).map_or(TOKEN_LANE_MIN, |&(_, n)| n);
+        assert_eq!(token_lane_min(d), want);
+    }
+}
+
+#[test]
+fn matmul_is_the_chosen_path_and_independent_of_the_tokens_per_call_around_the_thresholds() {
+    let (rows, cols) = (40, 512);
+    let n = 16;
+    let x = data(n * cols, 5);
+    for d in DType::ALL.into_iter().filter(|&d| quantize(d, &[0.0; 256], 256).is_ok()) {
+        let bytes = quantize(d, &data(rows * cols, 9), cols).unwrap();
+        let plain = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+        let packed = Packed::for_this_cpu(&plain);
+        let w = packed.as_ref().map_or(plain, |p| plain.with_packed(p));
+        let mut all = vec![0.0f32; n * rows];
+        matmul(&w, &x, n, &mut all);
+        let mut via = vec![0.0f32; n * rows];
+        matmul_with(kernel_path(d), &w, &x, n, &mut via);
+        assert_eq!(bits(&all), bits(&via), "{d:?}: matmul runs kernel_path's path");
+        // Calls of every size from 1 to 16 tokens (each threshold's both sides): each token's
+        // row equals the 16-token call's.
+        for k in 1..=n {
+            let mut part = vec![0.0f32; k * rows];
+            matmul(&w, &x[..k * cols], k, &mut part);
+            assert_eq!(bits(&part), bits(&all[..k * rows]), "{d:?}: {k} tokens per call");
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
