@@ -193,12 +193,12 @@ impl ChunkStore {
     pub fn missing(&self, prompt: &Prompt) -> Missing {
         let sys_end = prompt.ends[0];
         let sys_key = &prompt.path[0];
-        let sys = !self.sys.get(sys_key).is_some_and(|e| e.tokens == prompt.tokens[..sys_end]);
+        let sys = self.sys.get(sys_key).is_none_or(|e| e.tokens != prompt.tokens[..sys_end]);
         let chunks = (1..prompt.path.len())
             .filter(|&d| {
                 let chunk_tokens = &prompt.tokens[prompt.ends[d - 1]..prompt.ends[d]];
                 let key = (sys_key.clone(), prompt.path[d].clone());
-                !self.entries.get(&key).is_some_and(|e| e.tokens == chunk_tokens && e.sys_len == sys_end)
+                self.entries.get(&key).is_none_or(|e| e.tokens != chunk_tokens || e.sys_len != sys_end)
             })
             .collect();
         Missing { sys, chunks }

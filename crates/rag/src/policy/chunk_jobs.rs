@@ -117,7 +117,7 @@ impl TreePolicy {
         let wait = self.chunk_jobs.waits.get_mut(owner).expect("begun above");
         if rounds >= MAX_ROUNDS {
             wait.failed = Some(format!(
-                "the chunk store dropped the prompt's chunk KV {rounds} times before the request could start (its cap or the KV budget is too small for one prompt's chunks)"
+                "the prompt's chunk KV was still missing after {rounds} rounds of prefill jobs: the chunk store dropped it before the request could start (its cap or the KV budget may be too small for one prompt's chunks)"
             ));
             return Readiness::Now;
         }

@@ -390,7 +390,7 @@ fn warn(msg: &str) {
 
 /// Whether a registration describes `prompt`: the same tokens, an end per segment, none past it.
 fn matches_prompt(seg: &PromptSegments, prompt: &[u32]) -> bool {
-    seg.tokens == prompt && seg.ends.len() == seg.path.len() && !seg.ends.last().is_some_and(|&e| e > prompt.len())
+    seg.tokens == prompt && seg.ends.len() == seg.path.len() && seg.ends.last().is_none_or(|&e| e <= prompt.len())
 }
 
 fn is_rag(owner: &OwnerKey) -> bool {

@@ -3,7 +3,9 @@
 //! them as background jobs (the policy's admission runs no model: every piece in the store
 //! came from a job's end), the engine's step repairs the moved chunks, and at ratio 1 the
 //! answer is the cold one; a request whose pieces are stored queues no job; a failing chunk
-//! job fails its request with an error naming the piece, once, and the engine goes on.
+//! job fails its request with an error naming the piece, once, and the engine goes on; pieces
+//! evicted before admission are prefilled again a bounded number of times, then the request
+//! fails saying so.
 
 use crate::common;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -74,6 +76,31 @@ impl PolicyLayer for FailingJobs {
     }
 }
 
+/// The tree policy emptying its stores after every background job's end (`make_room` of more
+/// than it holds): what a KV budget too small for one prompt's chunks does.
+struct EvictingStores(TreePolicy);
+
+impl PolicyLayer for EvictingStores {
+    fn inner(&self) -> &dyn ContextPolicy {
+        &self.0
+    }
+    fn inner_mut(&mut self) -> &mut dyn ContextPolicy {
+        &mut self.0
+    }
+    fn background_done(&mut self, done: BackgroundDone) {
+        ContextPolicy::background_done(&mut self.0, done);
+        ContextPolicy::make_room(&mut self.0, usize::MAX);
+    }
+}
+
+/// Which wrapper the test's engine runs the tree policy in.
+#[derive(Clone, Copy, PartialEq)]
+enum Wrap {
+    Plain,
+    Failing,
+    Evicting,
+}
+
 /// A request's events.
 #[derive(Clone, Default)]
 struct Sink(Arc<Mutex<Vec<Event>>>);
@@ -103,7 +130,7 @@ impl Sink {
     }
 }
 
-/// An engine thread over `TreePolicy` (wrapped in [`FailingJobs`] when `failing`).
+/// An engine thread over `TreePolicy`, wrapped as `wrap` says.
 struct Engine {
     tx: mpsc::Sender<Command>,
     pending: Arc<AtomicUsize>,
@@ -113,12 +140,16 @@ struct Engine {
     thread: std::thread::JoinHandle<()>,
 }
 
-fn engine(model: &Arc<Model>, failing: bool) -> Engine {
+fn engine(model: &Arc<Model>, wrap: Wrap) -> Engine {
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F16, 256 << 20);
     let registry = SegmentRegistry::default();
     let policy = TreePolicy::new(Box::new(Cold(pool.clone())), registry.clone(), pool.clone(), model.clone(), 64 << 20);
     let counters = policy.counters();
-    let policy: Box<dyn ContextPolicy> = if failing { Box::new(FailingJobs(policy)) } else { Box::new(policy) };
+    let policy: Box<dyn ContextPolicy> = match wrap {
+        Wrap::Plain => Box::new(policy),
+        Wrap::Failing => Box::new(FailingJobs(policy)),
+        Wrap::Evicting => Box::new(EvictingStores(policy)),
+    };
     let (tx, rx) = mpsc::channel();
     let pending = Arc::new(AtomicUsize::new(0));
     let metrics = Arc::new(Metrics::default());
@@ -179,7 +210,7 @@ impl Engine {
 #[test]
 fn missing_chunk_kv_is_prefilled_by_background_jobs_and_the_answer_stays_cold() {
     let model = Arc::new(Model::load(&common::pycode()).unwrap());
-    let e = engine(&model, false);
+    let e = engine(&model, Wrap::Plain);
     let seg = segments(&model, "When is the budget review?", [0, 1, 2]);
     let (_, cold) = e.ask(&seg, false);
     e.settle();
@@ -216,7 +247,7 @@ fn missing_chunk_kv_is_prefilled_by_background_jobs_and_the_answer_stays_cold() 
 #[test]
 fn a_failing_chunk_job_fails_its_request_with_an_error_naming_it() {
     let model = Arc::new(Model::load(&common::pycode()).unwrap());
-    let e = engine(&model, true);
+    let e = engine(&model, Wrap::Failing);
     let seg = segments(&model, "Who owns the disk format?", [1, 0, 2]);
     let (_, failed) = e.ask(&seg, true);
     e.settle();
@@ -230,5 +261,19 @@ fn a_failing_chunk_job_fails_its_request_with_an_error_naming_it() {
     let (_, plain) = e.ask(&seg, false);
     e.settle();
     assert!(plain.outcome().is_ok());
+    e.stop();
+}
+
+#[test]
+fn chunk_kv_evicted_before_admission_is_prefilled_again_a_bounded_number_of_times() {
+    let model = Arc::new(Model::load(&common::pycode()).unwrap());
+    let e = engine(&model, Wrap::Evicting);
+    let seg = segments(&model, "When is lunch with Carol?", [2, 1, 0]);
+    let (_, failed) = e.ask(&seg, true);
+    e.settle();
+    let err = failed.outcome().expect_err("the request fails rather than wait for ever");
+    assert!(err.contains("still missing after 4 rounds of prefill jobs"), "{err}");
+    // Each round's system prompt job ended and was dropped again; no fifth round.
+    assert_eq!(e.metrics.background_jobs.load(Relaxed), 4);
     e.stop();
 }
