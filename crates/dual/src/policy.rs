@@ -558,6 +558,7 @@ impl ContextPolicy for DualStream {
             own_first: Some(view.next_position),
             lookup,
             cache: None,
+            repair: None,
         })
     }
 

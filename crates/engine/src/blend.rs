@@ -17,6 +17,10 @@
 //! the first layers too). The probe's fresh rows of layers `0..=P` are kept for every moved
 //! token (they are what a full prefill writes).
 //!
+//! Who runs it: the engine's step, for a checkout that carries an [`engram_policy::Repair`]
+//! (`scheduler/repair.rs`: the server's blended RAG requests), and a caller that owns its caches
+//! and has no engine thread (`engram_rag::Rag::query` in blend mode).
+//!
 //! Invariants (`tests/it/blend.rs`): `ratio = 0` changes nothing (plain moved reuse: no probe,
 //! no recompute); `ratio = 1` recomputes every moved token in every layer, which is the full
 //! prefill's computation, so the next token's logits equal a cold prefill's; tokens not
@@ -48,6 +52,31 @@ pub struct BlendReport {
     pub probed_tokens: usize,
 }
 
+impl BlendReport {
+    /// What [`blend`] of `moved` with `ratio` on a model of `num_layers` layers does, known
+    /// before it runs (the counts depend only on these): the moved tokens (each slot once),
+    /// the `⌈ratio·n⌉` recomputed, and all of them probed unless every one is recomputed (or
+    /// the model has no layer past the probe's) or none is. `ratio` outside `[0, 1]` plans
+    /// nothing ([`blend`] refuses it).
+    pub fn planned(moved: &[Range<usize>], ratio: f32, num_layers: usize) -> BlendReport {
+        let n = moved_slots(moved).len();
+        if !(0.0..=1.0).contains(&ratio) {
+            return BlendReport { moved_tokens: n, ..Default::default() };
+        }
+        let take = ((ratio as f64 * n as f64).ceil() as usize).min(n);
+        let probed = if take == 0 || take == n || num_layers <= PROBE_LAYER { 0 } else { n };
+        BlendReport { moved_tokens: n, recomputed_tokens: take, probed_tokens: probed }
+    }
+}
+
+/// The slots of `moved`, sorted, each once.
+fn moved_slots(moved: &[Range<usize>]) -> Vec<usize> {
+    let mut slots: Vec<usize> = moved.iter().flat_map(|r| r.clone()).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    slots
+}
+
 /// Recomputes the `ratio` share of the tokens in `moved` (slot ranges of `kv`, which holds
 /// `tokens` at slots equal to positions) whose reused KV deviates most, in place. See the
 /// module doc for the method and its invariants. `ratio` must lie in `[0, 1]`.
@@ -58,26 +87,22 @@ pub fn blend(model: &Model, kv: &mut SeqKv, tokens: &[u32], moved: &[Range<usize
     if kv.len() != tokens.len() || kv.has_moved_positions() {
         return Err(EngineError::BadRequest("blend needs a cache holding exactly its tokens at slots equal to positions".into()));
     }
-    let mut slots: Vec<usize> = moved.iter().flat_map(|r| r.clone()).collect();
-    slots.sort_unstable();
-    slots.dedup();
+    let slots = moved_slots(moved);
     if slots.last().is_some_and(|&s| s >= tokens.len()) {
         return Err(EngineError::BadRequest("a moved slot lies past the cache's end".into()));
     }
-    let n = slots.len();
-    let take = ((ratio as f64 * n as f64).ceil() as usize).min(n);
-    let mut report = BlendReport { moved_tokens: n, ..Default::default() };
+    let report = BlendReport::planned(moved, ratio, model.config.num_layers);
+    let (n, take) = (report.moved_tokens, report.recomputed_tokens);
     if take == 0 {
         return Ok(report);
     }
     for r in moved {
         kv.unshare(r.clone()).map_err(EngineError::Kv)?;
     }
-    let selected = if take == n || model.config.num_layers <= PROBE_LAYER {
+    let selected = if report.probed_tokens == 0 {
         slots
     } else {
         let deviation = probe(model, kv, tokens, &slots)?;
-        report.probed_tokens = n;
         let mut order: Vec<usize> = (0..n).collect();
         // Largest deviation first; ties by slot so the choice is deterministic.
         order.sort_by(|&a, &b| deviation[b].total_cmp(&deviation[a]).then(a.cmp(&b)));
@@ -85,7 +110,7 @@ pub fn blend(model: &Model, kv: &mut SeqKv, tokens: &[u32], moved: &[Range<usize
         chosen.sort_unstable();
         chosen
     };
-    report.recomputed_tokens = selected.len();
+    debug_assert_eq!(selected.len(), report.recomputed_tokens);
     for part in selected.chunks(DEFAULT_PREFILL_CHUNK) {
         let toks: Vec<u32> = part.iter().map(|&s| tokens[s]).collect();
         let positions: Vec<u32> = part.iter().map(|&s| s as u32).collect();

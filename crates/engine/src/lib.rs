@@ -35,7 +35,7 @@ pub use draft_model::{DraftModel, DraftState};
 /// The context-policy seam (`engram-policy`), re-exported for the engine's callers.
 pub use engram_policy::{
     AdmitRequest, BackgroundDone, BackgroundJob, BackgroundOutput, BackgroundPriority, Checkout, ContextPolicy, ControlError, ControlReply,
-    IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PendingRestore, PolicyControl, PolicyGauge, PolicyLayer, PolicyStats, Readiness,
+    IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PendingRestore, PolicyControl, PolicyGauge, PolicyLayer, PolicyStats, Readiness, Repair,
     Retired,
 };
 pub use error::EngineError;

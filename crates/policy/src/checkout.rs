@@ -6,6 +6,8 @@
 //! `tokens[..reused]`, and a retired sequence's exactly its `tokens`. A sequence runs on
 //! `cache` when it is set (then `kv` is empty and there are no spans) and on `kv` otherwise.
 
+use std::ops::Range;
+
 use engram_kv::{SeqCache, SeqKv, Span};
 use engram_tokenizer::Tokenizer;
 
@@ -106,6 +108,30 @@ pub struct Checkout {
     /// policy): when set, the sequence runs on it instead of `kv` (which is then empty), with
     /// no spans, `own_first` or restore. `None` from policies whose sequences hold paged KV.
     pub cache: Option<Box<dyn SeqCache>>,
+    /// KV in `kv` that was computed in another context and moved into place (a document chunk
+    /// prefilled on its own), which the engine repairs as the sequence's first work in a step,
+    /// before it prefills the rest of `tokens`; see [`Repair`]. Only with paged `kv` holding
+    /// its tokens at slots equal to positions (no spans, `own_first`, restore or `cache`).
+    /// `None` from policies whose reused KV is exact.
+    pub repair: Option<Repair>,
+}
+
+/// What the engine recomputes in a checkout's reused KV before the rest of its prompt
+/// ([`Checkout::repair`]): selective recomputation of moved KV (CacheBlend). The engine runs
+/// a probe of the first layers over the `moved` slots and recomputes, in every layer, the
+/// `ratio` share of them whose KV deviates most, attending to the whole sequence.
+///
+/// Invariant: `ratio` 1 recomputes every moved token (the cold prefill's computation, so the
+/// answer is the cold one); `ratio` 0 changes nothing; slots outside `moved` are never
+/// rewritten. A repair that fails fails its sequence only, with its error. The sequence retires
+/// holding the repaired KV (approximate unless `ratio` is 1: a policy that asks for a repair
+/// keeps nothing of it as exact), or nothing when it ended before its repair ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Repair {
+    /// Slot ranges of the checkout's `kv` whose KV was computed elsewhere and moved there.
+    pub moved: Vec<Range<usize>>,
+    /// The share of the moved tokens recomputed, in `[0, 1]`.
+    pub ratio: f32,
 }
 
 impl Checkout {
@@ -124,6 +150,7 @@ impl Checkout {
             own_first: None,
             lookup: Vec::new(),
             cache: None,
+            repair: None,
         }
     }
 }

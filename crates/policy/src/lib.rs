@@ -31,7 +31,7 @@ mod stats;
 pub mod testing;
 
 pub use background::{BackgroundDone, BackgroundJob, BackgroundOutput, BackgroundPriority};
-pub use checkout::{AdmitRequest, Checkout, MatchKind, Readiness, Retired};
+pub use checkout::{AdmitRequest, Checkout, MatchKind, Readiness, Repair, Retired};
 pub use control::{ControlError, ControlReply, PolicyControl};
 pub use idle::IdleInterrupt;
 pub use layer::PolicyLayer;

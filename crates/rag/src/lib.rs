@@ -60,7 +60,7 @@ mod stores;
 pub mod synth;
 
 pub use bank::{BankStats, ChunkEntry, ChunkId, DocEntry, IngestReport, KnowledgeBank, MANIFEST_FILE};
-pub use chunk_store::{Assembled, BlendFailure, ChunkStore, ChunkStoreStats};
+pub use chunk_store::{Assembled, ChunkStore, ChunkStoreStats, Missing, Piece};
 pub use error::{RagError, Result};
 pub use idle::{IdleConfig, IdleStats, PerCache, UnitKind, UnitReport};
 pub use idle_tenants::{IdleCounters, IdleTenants, Waiting, UNIT_KINDS};

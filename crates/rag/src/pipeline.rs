@@ -19,7 +19,7 @@ use engram_kv::KvPool;
 use engram_model::Model;
 
 use crate::bank::{ChunkId, IngestReport, KnowledgeBank};
-use crate::chunk_store::{BlendFailure, ChunkStore};
+use crate::chunk_store::ChunkStore;
 use crate::error::{RagError, Result};
 use crate::front::{front_half, Front, QaLookup};
 use crate::kv_tree::{KvTree, SegKey};
@@ -77,9 +77,10 @@ pub struct BlendStats {
     pub moved_tokens: usize,
     pub recomputed_tokens: usize,
     pub probed_tokens: usize,
-    /// Assembly (store lookups, chunk prefills, moves) and recomputation, in milliseconds.
+    /// Assembly (store lookups, chunk prefills where this call ran them, moves), in
+    /// milliseconds. The recomputation runs in the engine's step as the sequence's first work,
+    /// so its time is part of the time to first token.
     pub assemble_ms: f64,
-    pub recompute_ms: f64,
 }
 
 impl Default for RagConfig {
@@ -266,7 +267,8 @@ impl Rag {
             unreachable!("the front half hits only when it looks up the QA bank");
         };
         let (start, reused) = self.tree_start(&prompt);
-        let g = self.generate(Request { prompt: prompt.tokens.clone(), start, reused, params: self.config.params.clone() })?;
+        let g =
+            self.generate(Request { prompt: prompt.tokens.clone(), start, reused, params: self.config.params.clone(), repair: None })?;
         self.tree.insert(&prompt.path, &prompt.ends, &g.tokens, &g.kv);
         let docs = self.documents_of(&prompt.chunks);
         self.qa.insert(q, qv, &g.text, g.generated, prompt.chunks, docs, self.bank.generation());
@@ -327,7 +329,8 @@ impl Rag {
             _ => (None, 0),
         };
         let before_gen = ms(t0);
-        let g = self.generate(Request { prompt: prompt.tokens.clone(), start, reused, params: self.config.params.clone() })?;
+        let g =
+            self.generate(Request { prompt: prompt.tokens.clone(), start, reused, params: self.config.params.clone(), repair: None })?;
         timings.ttft_ms = before_gen + g.timings.ttft_ms;
         timings.prompt_tokens = g.timings.prompt_tokens;
         timings.cached_tokens = g.timings.cached_tokens;
@@ -356,9 +359,10 @@ impl Rag {
         })
     }
 
-    /// The rest of [`Rag::query`] in blend mode: the prompt's chunk KV from the chunk store,
-    /// moved into place and partly recomputed, then the question prefilled and the answer
-    /// decoded. The exact KV tree is neither read nor filled (its entries must stay exact).
+    /// The rest of [`Rag::query`] in blend mode: the prompt's chunk KV from the chunk store
+    /// (missing pieces prefilled first), moved into place, then run through the engine's step
+    /// on this thread (`run::alone`): the moved chunks partly recomputed (the checkout's
+    /// repair), the question prefilled and the answer decoded. The exact KV tree is neither read nor filled (its entries must stay exact).
     #[allow(clippy::too_many_arguments)]
     fn answer_blended(
         &mut self,
@@ -371,15 +375,25 @@ impl Rag {
         mut timings: AnswerTimings,
     ) -> Result<Answer> {
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-        let (a, stats) = self.chunks.assemble_blended(&self.model, &self.pool, &prompt, ratio).map_err(|f| match f {
-            BlendFailure::Assemble(e) => e,
-            BlendFailure::Blend(e) => e.into(),
-        })?;
+        let t1 = Instant::now();
+        let a = self.chunks.assemble(&self.model, &self.pool, &prompt)?;
+        let plan = engram_engine::BlendReport::planned(&a.moved, ratio, self.model.config.num_layers);
+        let stats = BlendStats {
+            ratio,
+            chunks_reused: a.chunks_reused,
+            chunks_computed: a.chunks_computed,
+            moved_tokens: plan.moved_tokens,
+            recomputed_tokens: plan.recomputed_tokens,
+            probed_tokens: plan.probed_tokens,
+            assemble_ms: ms(t1),
+        };
         let tokens_computed = a.tokens_computed.min(a.tokens.len());
         let before_gen = ms(t0);
-        // The assembled KV holds `a.tokens`, the prompt's first tokens (the chunks, moved).
+        // The assembled KV holds `a.tokens`, the prompt's first tokens (the chunks, moved); the
+        // engine's step recomputes the moved ones first (the question's prefill follows).
         let reused = if prompt.tokens.starts_with(&a.tokens) { a.tokens.len() } else { 0 };
-        let req = Request { prompt: prompt.tokens.clone(), start: Some(a.kv), reused, params: self.config.params.clone() };
+        let repair = Some(engram_policy::Repair { moved: a.moved, ratio });
+        let req = Request { prompt: prompt.tokens.clone(), start: Some(a.kv), reused, params: self.config.params.clone(), repair };
         let g = self.generate(req)?;
         timings.ttft_ms = before_gen + g.timings.ttft_ms;
         timings.prompt_tokens = g.timings.prompt_tokens;

@@ -14,7 +14,7 @@
 use engram_engine::{run_alone, BackgroundJob, BackgroundOutput, BackgroundPriority, SamplingParams, SchedulerConfig, Timings};
 use engram_kv::{KvPool, SeqKv};
 use engram_model::Model;
-use engram_policy::{Checkout, MatchKind, OwnerKey};
+use engram_policy::{Checkout, MatchKind, OwnerKey, Repair};
 
 use crate::error::{RagError, Result};
 
@@ -27,6 +27,10 @@ pub struct Request {
     pub reused: usize,
     /// Sampling; `max_tokens` 0: the prompt is prefilled and nothing is sampled.
     pub params: SamplingParams,
+    /// Moved KV in `start` the engine's step recomputes before the rest of the prompt (a
+    /// blended prompt's chunks; `None`: `start` is exact). Not part of [`Request::key`]: only
+    /// exact requests (idle units') are matched by key.
+    pub repair: Option<Repair>,
 }
 
 /// What identifies a request's result: the same prompt, length and stop texts compute the
@@ -58,7 +62,8 @@ impl Request {
             _ => (SeqKv::new(pool), 0),
         };
         let kind = if reused > 0 { MatchKind::Prefix } else { MatchKind::Miss };
-        (Checkout::own(session_id, kind, self.prompt, vec![0; n], reused, kv), self.params)
+        let repair = self.repair.filter(|_| reused > 0);
+        (Checkout { repair, ..Checkout::own(session_id, kind, self.prompt, vec![0; n], reused, kv) }, self.params)
     }
 }
 

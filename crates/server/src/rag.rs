@@ -6,6 +6,8 @@
 //!  query ─► blocking pool: Library::plan (embed, QA bank, retrieval, prompt) ─┬─ QA hit ─► answer  cache_level qa
 //!                                                                            └─ prompt ─► SegmentRegistry
 //!        ─► engine thread: Job (owner OwnerKey::rag(tenant, n), token ids) ─ TreePolicy: chunk KV tree ─ batched decode
+//!                          (blend: missing chunk KV prefilled as background jobs first, the moved chunks
+//!                           recomputed in the step: engram_rag::TreePolicy)
 //!        ─► blocking pool: Library::record (QA insert) ─► answer  cache_level kv | none
 //! ```
 //! Each tenant (API key's account) has its own knowledge bank and QA bank under
@@ -63,7 +65,9 @@ pub struct RagServerConfig {
     pub idle: Option<IdleConfig>,
     /// How RAG jobs reuse chunk KV unless a request says otherwise (`--chunk-reuse`,
     /// `--blend-ratio`): the exact chunk KV tree, or each chunk's KV moved into place and
-    /// blended (CacheBlend, through `engram_rag::ChunkStore` and `engram_engine::blend`).
+    /// blended (CacheBlend: chunks the tenant's `engram_rag::ChunkStore` lacks are prefilled
+    /// by the engine as background jobs the request waits on, and the engine's step runs
+    /// `engram_engine::blend` on the moved chunks before the question's prefill).
     pub chunk_reuse: ChunkReuse,
 }
 
@@ -170,6 +174,11 @@ impl RagState {
                     &t.blend_chunks_reused,
                 ),
                 ("engram_rag_blend_tokens_recomputed_total", "Moved chunk tokens recomputed by blend.", &t.blend_tokens_recomputed),
+                (
+                    "engram_rag_blend_chunk_jobs_total",
+                    "System prompts and chunks the engine prefilled into a chunk store for blended jobs waiting on them.",
+                    &t.blend_chunk_jobs,
+                ),
             ] {
                 out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n", v.load(Relaxed)));
             }

@@ -58,7 +58,8 @@ impl Engine<'_> {
                 let (job, _, _) = &self.waiting[i];
                 if !self.waits_on_background(&job.owner, job.session.as_deref()) {
                     if self.background_queue_full() {
-                        // The policy's job is not taken yet: the request waits for a later pass.
+                        // Its work may still be in the policy's hands, behind a full queue:
+                        // it is prepared again at the next pass.
                         break;
                     }
                     let (_, tx, _) = self.waiting.remove(i).expect("index in range");
@@ -122,6 +123,14 @@ impl Engine<'_> {
                 )));
                 continue;
             }
+            let repair = match super::repair::checked(c.repair, &kv, c.restore.is_some(), cached_len) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.pending.fetch_sub(1, Relaxed);
+                    tx.send(Event::Failed(JobError::new(JobErrorKind::Internal, e)));
+                    continue;
+                }
+            };
             let context = kv.own_first_position() + prompt.len();
             if prompt.is_empty() || context >= self.model.config.max_positions {
                 self.pending.fetch_sub(1, Relaxed);
@@ -165,6 +174,7 @@ impl Engine<'_> {
                 restore: c.restore.zip(retry),
                 lookup: c.lookup,
                 match_kind: c.kind.name(),
+                repair,
                 ..start
             });
         }

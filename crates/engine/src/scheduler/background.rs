@@ -148,6 +148,10 @@ impl Engine<'_> {
         let mut kv = KvView::new(start.spans, start.kv).starting_at(start.own_first);
         kv.own_mut().truncate(cached);
         let kv = SeqCacheSlot::Paged(kv);
+        let repair = match super::repair::checked(start.repair, &kv, false, cached) {
+            Ok(r) => r,
+            Err(e) => return fail(&mut self.policy, &self.metrics, e.into()),
+        };
         if prompt.is_empty() || kv.own_first_position() + prompt.len() >= self.model.config.max_positions {
             return fail(
                 &mut self.policy,
@@ -163,8 +167,8 @@ impl Engine<'_> {
         let out = Decoding::new(&self.model.tokenizer, &prompt, &params, 0);
         self.next_id += 1;
         let start = Seq::start(self.next_id, owner, start.session_id, Box::new(NoClient), prompt, cached, kv, out, Instant::now());
-        self.active
-            .push(Seq { background: Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0, hidden, held_steps: 0 }), ..start });
+        let background = Some(BackgroundSeq { tag, priority, prefill_only: max_tokens == 0, hidden, held_steps: 0 });
+        self.active.push(Seq { background, repair, ..start });
         Ok(())
     }
 

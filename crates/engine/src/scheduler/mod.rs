@@ -51,6 +51,7 @@ mod alone;
 mod background;
 mod cache;
 mod lone;
+mod repair;
 mod step;
 mod stepped;
 
@@ -365,6 +366,9 @@ struct Seq<'m> {
     /// Set for forward work the policy asked for (`background.rs`): no client, no `pending`
     /// count, its end goes to `ContextPolicy::background_done`.
     background: Option<background::BackgroundSeq>,
+    /// Reused KV to recompute before anything else runs for it (`repair.rs`); `None` once done
+    /// or when its checkout had none.
+    repair: Option<engram_policy::Repair>,
 }
 
 impl<'m> Seq<'m> {
@@ -407,6 +411,7 @@ impl<'m> Seq<'m> {
             match_kind: "miss",
             forgotten: false,
             background: None,
+            repair: None,
         }
     }
 
@@ -581,6 +586,12 @@ impl<'m> Engine<'m> {
     /// Ends a sequence: reports, and returns its cache to the session store.
     fn retire(&mut self, at: usize, outcome: Result<FinishReason, JobError>) {
         let _span = tracing::debug_span!("retire", owner = %self.active[at].owner, tokens = self.active[at].tokens.len()).entered();
+        if self.active[at].repair.take().is_some() {
+            // Ended before its repair ran (cancelled): its KV is not what its tokens compute.
+            let s = &mut self.active[at];
+            s.tokens.clear();
+            s.kv.truncate(0);
+        }
         // Ended before its first token (cancelled, failed): what it computed on
         // an unverified restore is kept only if the file proves sound.
         if let Some((p, _)) = self.active[at].restore.take() {

@@ -1,6 +1,7 @@
-//! One step: every decoding sequence's next token (with its tree of drafts when it
-//! speculates) plus at most one prefill chunk (round-robin) in a single forward call; then
-//! sampling (walking the drafts, `speculate.rs`) and streaming per sequence.
+//! One step: at most one sequence's repair of reused KV first (`repair.rs`), then every
+//! decoding sequence's next token (with its tree of drafts when it speculates) plus at most one
+//! prefill chunk (round-robin) in a single forward call; then sampling (walking the drafts,
+//! `speculate.rs`) and streaming per sequence.
 //!
 //! Invariant: a panic in the forward pass or in a sequence's sampling is contained to the
 //! step: the sequences it computed fail with an Internal "engine fault" error and their
@@ -24,6 +25,8 @@ const DRAFT_COOLDOWN_STEPS: usize = 8;
 impl Engine<'_> {
     pub(super) fn step(&mut self) {
         let _span = tracing::debug_span!("step", sequences = self.active.len()).entered();
+        // A checkout's reused KV repaired first (one sequence a step): its prefill follows.
+        self.repair_next();
         // Decoders first: each needs room for one token, or for its tree of drafts.
         for s in self.active.iter_mut().filter(|s| s.next.is_some()) {
             s.draft_cooldown = s.draft_cooldown.saturating_sub(1);
@@ -51,7 +54,8 @@ impl Engine<'_> {
         let hold = self.plan_background();
         // One prefill chunk, round-robin by sequence id; requests' prefills (and work they
         // wait on) before low-priority background ones.
-        let mut cands: Vec<usize> = (0..self.active.len()).filter(|&i| self.active[i].prefilling() && !hold[i]).collect();
+        let mut cands: Vec<usize> =
+            (0..self.active.len()).filter(|&i| self.active[i].prefilling() && !hold[i] && self.active[i].repair.is_none()).collect();
         let split = cands.iter().position(|&i| self.active[i].id > self.last_prefill).unwrap_or(0);
         cands.rotate_left(split);
         cands.sort_by_key(|&i| self.active[i].is_low_background());
@@ -239,7 +243,7 @@ impl Engine<'_> {
     }
 
     /// Counts and logs a panic caught in `stage` of a step; returns its message.
-    fn fault(&self, panic: &(dyn Any + Send), stage: &str) -> String {
+    pub(super) fn fault(&self, panic: &(dyn Any + Send), stage: &str) -> String {
         let message = panic
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
@@ -254,7 +258,7 @@ impl Engine<'_> {
     /// error and its cache is dropped, never checked in. NOTE: the panic may have left the
     /// sequence half-updated (`kv` written for tokens not in `tokens`, a reservation unused,
     /// `out` mid-token), so nothing of it is trusted; its blocks go back to the pool on drop.
-    fn retire_faulted(&mut self, at: usize, message: &str) {
+    pub(super) fn retire_faulted(&mut self, at: usize, message: &str) {
         // A pending restore is still settled: the file's verdict does not depend on this step
         // (a sound file's session joins the store as read from disk; a corrupt one is deleted).
         if let Some((p, _)) = self.active[at].restore.take() {

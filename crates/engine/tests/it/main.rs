@@ -7,6 +7,7 @@ mod common;
 mod admission;
 mod background;
 mod blend;
+mod deferred;
 mod draft_model;
 mod faults;
 mod grammar;

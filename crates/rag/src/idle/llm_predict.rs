@@ -140,7 +140,7 @@ pub fn chat_tokens(model: &Model, user: &str) -> Result<Option<Vec<u32>>> {
 /// cache charged to `pool`, through `clock`; `None` when it said stop (nothing kept).
 pub fn generate(model: &Model, pool: &KvPool, prompt: &[u32], stride: usize, clock: &mut StepClock<'_>) -> Result<Option<Ran>> {
     let params = SamplingParams { max_tokens: max_tokens_for(stride), ..SamplingParams::default() };
-    clock.run(model, pool, Request { prompt: prompt.to_vec(), start: None, reused: 0, params })
+    clock.run(model, pool, Request { prompt: prompt.to_vec(), start: None, reused: 0, params, repair: None })
 }
 
 /// At most `max` questions from a model's answer (see the module doc), in order, without

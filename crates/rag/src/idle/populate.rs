@@ -70,6 +70,7 @@ pub fn prefill(rag: &mut Stores<'_>, plan: &Plan, clock: &mut StepClock<'_>) -> 
         start,
         reused: from,
         params: SamplingParams { max_tokens: 0, ..SamplingParams::default() },
+        repair: None,
     };
     let model = rag.model.clone();
     let Some(r) = clock.run(&model, rag.pool, req)? else { return Ok(None) };
@@ -94,7 +95,7 @@ fn tree_start(rag: &mut Stores<'_>, plan: &Plan) -> (Option<engram_kv::SeqKv>, u
 /// no QA entry) when `clock` said stop before the answer was whole.
 pub fn answer(rag: &mut Stores<'_>, plan: Plan, use_kv: bool, clock: &mut StepClock<'_>) -> Result<Option<Work>> {
     let (start, reused) = if use_kv { tree_start(rag, &plan) } else { (None, 0) };
-    let req = Request { prompt: plan.prompt.tokens.clone(), start, reused, params: rag.config.params.clone() };
+    let req = Request { prompt: plan.prompt.tokens.clone(), start, reused, params: rag.config.params.clone(), repair: None };
     let model = rag.model.clone();
     let Some(g) = clock.run(&model, rag.pool, req)? else { return Ok(None) };
     if use_kv {

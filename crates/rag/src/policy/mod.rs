@@ -5,22 +5,26 @@
 //! ```text
 //!  handler: Library::plan ─► Prompt { path, ends, tokens } ─► SegmentRegistry::register(owner)
 //!           Job { owner: OwnerKey::rag(tenant, n), prompt: tokens } ─► engine
-//!  engine:  TreePolicy::admit(owner)  ─ registry.take(owner) ─ tree[tenant].lookup(path) ─► Checkout
+//!  engine:  TreePolicy::prepare(owner) ─ blended: missing chunk KV as background jobs (chunk_jobs.rs)
+//!           TreePolicy::admit(owner)  ─ registry.take(owner) ─ tree[tenant].lookup(path) ─► Checkout
 //!           TreePolicy::retire(owner) ─ tree[tenant].insert(path, ends, tokens, kv)
 //!  any other owner ─► the inner policy (the session store), unchanged
 //! ```
 //! One tree per tenant: a tenant never starts from KV another tenant's documents made. A job
 //! registered with `ChunkReuse::Blend` starts from the tenant's chunk store instead
-//! (`blend.rs`). The woken tenants' idle-time population ([`IdleTenants`]) runs one unit at a
-//! time, its model work a low-priority background job of the engine (`idle_jobs.rs`), so it
-//! progresses within the engine's background share while requests run; the idle hook saves
-//! changed trees and chunk stores.
+//! (`blend.rs`), whose missing pieces the engine prefills as background jobs the request waits
+//! on (`chunk_jobs.rs`), and whose moved chunks the engine repairs in its step. The woken
+//! tenants' idle-time population ([`IdleTenants`]) runs one unit at a time, its model work a
+//! low-priority background job of the engine (`idle_jobs.rs`), so it progresses within the
+//! engine's background share while requests run; the idle hook saves changed trees and chunk
+//! stores.
 //!
 //! Invariant: a checkout for a RAG owner holds exactly the KV of `prompt[..reused]` — the
 //! tree entry's tokens are checked against the prompt before use — so the scheduler's answer
 //! equals a cold prefill of the same tokens (`crates/server/tests/it/rag.rs`).
 
 mod blend;
+mod chunk_jobs;
 mod idle_jobs;
 
 use std::collections::HashMap;
@@ -30,7 +34,7 @@ use engram_kv::{KvPool, SeqKv};
 use engram_model::{Fingerprint, Model};
 use engram_policy::{
     AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, IdleInterrupt, MatchKind, OwnerKey, OwnerKind, PolicyLayer,
-    Retired,
+    Readiness, Retired,
 };
 
 use crate::chunk_store::ChunkStore;
@@ -117,6 +121,11 @@ impl SegmentRegistry {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(owner);
     }
 
+    /// The registration of `owner` (a copy), left in place for its admission.
+    fn peek(&self, owner: &OwnerKey) -> Option<PromptSegments> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.get(owner).map(|(_, s)| s.clone())
+    }
+
     fn take(&self, owner: &OwnerKey) -> Option<PromptSegments> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(owner).map(|(_, s)| s)
     }
@@ -168,6 +177,9 @@ pub struct TreeCounters {
     pub blend_jobs: std::sync::atomic::AtomicU64,
     pub blend_chunks_reused: std::sync::atomic::AtomicU64,
     pub blend_tokens_recomputed: std::sync::atomic::AtomicU64,
+    /// System prompts and chunks the engine prefilled as background jobs into a chunk store
+    /// for blended jobs waiting on them.
+    pub blend_chunk_jobs: std::sync::atomic::AtomicU64,
 }
 
 /// One tenant's tree, where it persists, and whether it changed since it was saved.
@@ -196,6 +208,8 @@ pub struct TreePolicy {
     idle: Option<IdleTenants>,
     /// The idle unit whose model work the engine runs, and results waiting for their units.
     units: idle_jobs::Units,
+    /// Blended requests waiting on the engine's prefill of their missing chunk KV.
+    chunk_jobs: chunk_jobs::ChunkJobs,
 }
 
 impl TreePolicy {
@@ -217,6 +231,7 @@ impl TreePolicy {
             counters: Arc::default(),
             idle: None,
             units: idle_jobs::Units::default(),
+            chunk_jobs: chunk_jobs::ChunkJobs::default(),
         }
     }
 
@@ -295,18 +310,20 @@ impl TreePolicy {
         }
     }
 
-    /// A blended RAG job's checkout parts (see `blend.rs`).
-    fn admit_blended(&mut self, owner: &OwnerKey, seg: &PromptSegments, ratio: f32) -> Result<(SeqKv, usize), String> {
-        let (model, pool) = (self.model.clone(), self.pool.clone());
+    /// A blended RAG job's checkout (see `blend.rs`): assembled from the store, the engine asked
+    /// to repair its moved chunks.
+    fn admit_blended(&mut self, owner: &OwnerKey, seg: PromptSegments, prompt: &[u32], ratio: f32) -> Result<Checkout, String> {
+        let wait = self.take_wait(owner);
+        let model = self.model.clone();
         let c = self.chunk_store(&seg.tenant, seg.chunk_dir.as_deref());
-        let (kv, reused, outcome) = blend::assemble(&model, &pool, &mut c.store, seg, ratio)?;
-        c.dirty |= outcome.stats.chunks_computed > 0;
+        let (kv, reused, repair, outcome) = blend::assemble(&model, &mut c.store, &seg, ratio, wait)?;
         use std::sync::atomic::Ordering::Relaxed;
         self.counters.blend_jobs.fetch_add(1, Relaxed);
         self.counters.blend_chunks_reused.fetch_add(outcome.stats.chunks_reused as u64, Relaxed);
         self.counters.blend_tokens_recomputed.fetch_add(outcome.stats.recomputed_tokens as u64, Relaxed);
         self.registry.report_blend(owner, outcome);
-        Ok((kv, reused))
+        let c = self.checkout(seg, prompt, kv, reused);
+        Ok(Checkout { repair: Some(repair), ..c })
     }
 
     /// A RAG job's checkout: `kv` holds `prompt[..reused]`.
@@ -371,6 +388,11 @@ fn warn(msg: &str) {
     eprintln!("warning: {msg}");
 }
 
+/// Whether a registration describes `prompt`: the same tokens, an end per segment, none past it.
+fn matches_prompt(seg: &PromptSegments, prompt: &[u32]) -> bool {
+    seg.tokens == prompt && seg.ends.len() == seg.path.len() && seg.ends.last().is_none_or(|&e| e <= prompt.len())
+}
+
 fn is_rag(owner: &OwnerKey) -> bool {
     matches!(owner.kind(), OwnerKind::Rag)
 }
@@ -386,6 +408,22 @@ impl PolicyLayer for TreePolicy {
         &mut *self.inner
     }
 
+    /// A blended RAG request waits for the engine to prefill the chunk KV its tenant's store
+    /// lacks (`chunk_jobs.rs`); every other request is the inner policy's (a RAG request
+    /// without a usable registration is admitted at once, and its admission says what is wrong).
+    fn prepare(&mut self, req: &AdmitRequest<'_>) -> Readiness {
+        if !is_rag(req.owner) {
+            return self.inner.prepare(req);
+        }
+        self.apply_forgets();
+        match self.registry.peek(req.owner) {
+            Some(seg) if matches_prompt(&seg, req.tokens) && !seg.path.is_empty() && seg.reuse != ChunkReuse::Prefix => {
+                self.prepare_blended(req.owner, &seg)
+            }
+            _ => Readiness::Now,
+        }
+    }
+
     fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
         let (owner, prompt) = (req.owner, req.tokens);
         if !is_rag(owner) {
@@ -393,12 +431,12 @@ impl PolicyLayer for TreePolicy {
         }
         self.apply_forgets();
         let seg = self.registry.take(owner).ok_or_else(|| format!("RAG job {owner:?} has no registered segments"))?;
-        if seg.tokens != prompt || seg.ends.len() != seg.path.len() || seg.ends.last().is_some_and(|&e| e > prompt.len()) {
+        if !matches_prompt(&seg, prompt) {
+            self.take_wait(owner);
             return Err("RAG job's registered segments do not match its prompt".into());
         }
         if let ChunkReuse::Blend { ratio } = seg.reuse {
-            let (kv, reused) = self.admit_blended(owner, &seg, ratio)?;
-            return Ok(self.checkout(seg, prompt, kv, reused));
+            return self.admit_blended(owner, seg, prompt, ratio);
         }
         let fp = self.fingerprint;
         let fmt = self.pool.format();
@@ -468,17 +506,23 @@ impl PolicyLayer for TreePolicy {
         self.idle_wait(interrupt)
     }
 
-    /// The inner policy's jobs first, then the next idle unit's model work (Low priority).
+    /// The inner policy's jobs first, then chunk prefills a blended request waits on, then the
+    /// next idle unit's model work (Low priority).
     fn next_background(&mut self) -> Option<BackgroundJob> {
         if let Some(j) = self.inner.next_background() {
+            return Some(j);
+        }
+        if let Some(j) = self.next_chunk_job() {
             return Some(j);
         }
         self.apply_forgets();
         self.next_unit_job()
     }
 
-    /// An idle unit's job ends its unit (`idle_jobs.rs`); any other goes to the inner policy.
+    /// A chunk prefill goes to the chunk store (`chunk_jobs.rs`), an idle unit's job ends its
+    /// unit (`idle_jobs.rs`); any other goes to the inner policy.
     fn background_done(&mut self, done: BackgroundDone) {
+        let Err(done) = self.chunk_done(done) else { return };
         if let Err(done) = self.unit_done(done) {
             self.inner.background_done(done);
         }

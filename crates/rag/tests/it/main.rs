@@ -8,6 +8,7 @@ mod bank;
 mod blend;
 mod chunk;
 mod chunk_files;
+mod chunk_jobs;
 mod idle;
 mod idle_budget;
 mod idle_jobs;

@@ -1,7 +1,8 @@
 //! `engram serve --chunk-reuse blend` and the per-request `chunk_reuse` / `blend_ratio` fields
 //! of `/v1/rag/query` (chunk KV reuse), on a real loopback server with the tiny fixture model: the
-//! RAG job starts from the tenant's chunk store (chunks' KV computed once, moved into place)
-//! repaired by `engram_engine::blend`; with ratio 1 the answer is the cold one token for token
+//! RAG job starts from the tenant's chunk store (chunks' KV computed once, by the engine as
+//! background jobs the request waits on, moved into place) repaired by `engram_engine::blend`
+//! in the engine's step; with ratio 1 the answer is the cold one token for token
 //! whether the chunks were computed or reused; the response says which reuse happened; bad
 //! modes and ratios are a 400 that changes nothing stored.
 
@@ -31,7 +32,7 @@ fn blend_at_ratio_one_answers_as_cold_and_says_what_it_reused() {
     assert_eq!(post(cold_addr, "/v1/rag/documents", &rag_docs()).status, 201);
     let addr = server(&dir.path().join("blend"), ChunkReuse::Prefix);
     assert_eq!(post(addr, "/v1/rag/documents", &rag_docs()).status, 201);
-    let mut reused = 0;
+    let (mut reused, mut computed) = (0, 0);
     for round in 0..2 {
         for q in QUESTIONS {
             let cold = rag_query(cold_addr, json!({"query": q, "max_tokens": 12, "use_qa": false, "chunk_reuse": "prefix"}));
@@ -45,6 +46,7 @@ fn blend_at_ratio_one_answers_as_cold_and_says_what_it_reused() {
             assert_eq!(stats["recomputed_tokens"], stats["moved_tokens"], "{b}");
             let r = stats["chunks_reused"].as_u64().unwrap();
             reused += r;
+            computed += stats["chunks_computed"].as_u64().unwrap();
             // A chunk taken from the store makes it a KV answer; the tokens prefilled at
             // admission are not counted as cached.
             assert_eq!(b["cache_level"], if r > 0 { "kv" } else { "none" }, "{b}");
@@ -57,6 +59,11 @@ fn blend_at_ratio_one_answers_as_cold_and_says_what_it_reused() {
     assert!(reused >= QUESTIONS.len() as u64, "the second round reuses every chunk");
     assert_eq!(metric(addr, "engram_rag_blend_jobs_total"), 2.0 * QUESTIONS.len() as f64);
     assert_eq!(metric(addr, "engram_rag_blend_chunks_reused_total"), reused as f64);
+    // Every chunk computed (and the system prompt, once) was a background job of the engine
+    // that the request waited on, not work of its admission.
+    assert!(computed > 0);
+    assert_eq!(metric(addr, "engram_rag_blend_chunk_jobs_total"), (1 + computed) as f64);
+    assert!(metric(addr, "engram_background_jobs_total") >= (1 + computed) as f64);
     // Blended KV never enters the exact tree: a prefix ask afterwards starts cold.
     let p = rag_query(addr, json!({"query": QUESTIONS[0], "max_tokens": 12, "use_qa": false}));
     assert_eq!(p["chunk_reuse"], "prefix");
