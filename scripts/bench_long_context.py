@@ -28,7 +28,11 @@ Decode tok/s is the engine's own count: the tokens after the first over the seco
 them, from `/metrics` (`engram_inter_token_seconds_count` and `_sum`, before and after the
 turn), so a model whose tokens print nothing (the random-weight fixture) is timed too; the
 chunk arrivals' rate is reported beside it where the text has chunks. Peak RSS is the server's
-VmHWM (/proc/PID/status), read after the turn.
+VmHWM (/proc/PID/status), read after the turn. Beside it, a thread samples the server's
+/proc/PID/status and smaps_rollup every 0.25 s: each row's `mem` is the turn's maxima of VmRSS
+and its split (RssAnon: heap, stacks and the model's weights, which are copied out of the file;
+RssFile: file pages mapped; RssShmem), `mem_save` the same while the turn's save is written
+(`mem_idle`: the server before turn 1); `--mem-trace FILE` writes every sample as CSV.
 
 Usage (from the repository root; the fixture from `engram fixture llama-1b --out DIR
 --formats q4_0`):
