@@ -22,10 +22,6 @@ pub(crate) struct Scratch {
     len: usize,
 }
 
-// SAFETY: the mapping is owned by this value alone (no aliasing pointer escapes except through
-// `&mut self` borrows), as a `Vec<f16>` would be.
-unsafe impl Send for Scratch {}
-
 impl Scratch {
     /// A zeroed mapping of `len` elements (none resident yet); an error where the kernel
     /// refuses the mapping.
