@@ -28,7 +28,11 @@ Decode tok/s is the engine's own count: the tokens after the first over the seco
 them, from `/metrics` (`engram_inter_token_seconds_count` and `_sum`, before and after the
 turn), so a model whose tokens print nothing (the random-weight fixture) is timed too; the
 chunk arrivals' rate is reported beside it where the text has chunks. Peak RSS is the server's
-VmHWM (/proc/PID/status), read after the turn.
+VmHWM (/proc/PID/status), read after the turn. Beside it, a thread samples the server's
+/proc/PID/status and smaps_rollup every 0.25 s: each row's `mem` is the turn's maxima of VmRSS
+and its split (RssAnon: heap, stacks and the model's weights, which are copied out of the file;
+RssFile: file pages mapped; RssShmem), `mem_save` the same while the turn's save is written
+(`mem_idle`: the server before turn 1); `--mem-trace FILE` writes every sample as CSV.
 
 Usage (from the repository root; the fixture from `engram fixture llama-1b --out DIR
 --formats q4_0`):
@@ -87,6 +91,79 @@ def vm_hwm_mib(pid):
 
 def load_avg():
     return os.getloadavg()
+
+
+MEM_FIELDS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
+
+
+def mem_status(pid):
+    """The server's memory counters (MiB) from /proc/PID/status: peak and current RSS, and the
+    current RSS split into anonymous memory (heap, stacks), file-backed pages (the model's
+    mapping) and shared memory; `Private_Dirty` from smaps_rollup beside them."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k = line.split(":", 1)[0]
+                if k in MEM_FIELDS:
+                    out[k] = int(line.split()[1]) / 1024
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Private_Dirty:"):
+                    out["PrivateDirty"] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return out
+
+
+class MemTrace:
+    """Samples the server's `mem_status` every `period` seconds on a thread, labelled with the
+    phase the benchmark is in, into a CSV file; `peaks()` gives each phase's maxima."""
+
+    def __init__(self, path, period=0.25):
+        import threading
+
+        self.file = open(path, "w") if path else None
+        if self.file:
+            self.file.write("t,phase," + ",".join(MEM_FIELDS + ("PrivateDirty",)) + "\n")
+        self.period, self.pid, self.phase, self.max = period, None, "start", {}
+        self.t0 = time.time()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def watch(self, pid, phase):
+        with self.lock:
+            self.pid, self.phase = pid, phase
+
+    def loop(self):
+        while not self.stopped.wait(self.period):
+            with self.lock:
+                pid, phase = self.pid, self.phase
+            if pid is None:
+                continue
+            m = mem_status(pid)
+            if not m:
+                continue
+            with self.lock:
+                peak = self.max.setdefault(phase, {})
+                for k, v in m.items():
+                    peak[k] = max(peak.get(k, 0.0), v)
+            if self.file:
+                cols = [f"{m.get(k, 0):.1f}" for k in MEM_FIELDS + ("PrivateDirty",)]
+                self.file.write(f"{time.time() - self.t0:.2f},{phase}," + ",".join(cols) + "\n")
+                self.file.flush()
+
+    def peaks(self, phase):
+        with self.lock:
+            return {k: round(v, 1) for k, v in self.max.get(phase, {}).items()}
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join()
+        if self.file:
+            self.file.close()
 
 
 class Server:
@@ -205,25 +282,39 @@ def run(args):
     server_b = ["--kv-budget-mib", str(args.sparse_kv_mib), "--long-context-after", str(10 * args.tokens + 1_000_000)] + common
     rows, commands = [], []
     prompt = source_text(int(args.tokens * CHARS_PER_TOKEN))
+    trace = MemTrace(args.mem_trace)
     try:
         s = Server(args, data_dir, server_a, "a")
         commands.append(" ".join(s.cmd))
+        trace.watch(s.proc.pid, "a idle")
+        time.sleep(1)
+        idle = trace.peaks("a idle")
+        trace.watch(s.proc.pid, "turn 1")
         t = time.perf_counter()
         a, u, _, _ = s.complete(prompt, 1, args.timeout, args.after if args.sparse_only else None)
         label = "1 prefill (bounded, DynaKV)" if args.sparse_only else "1 prefill (exact)"
         rows.append({"turn": label, "prompt_tokens": u and u.get("prompt_tokens"), "seconds": time.perf_counter() - t,
                      "peak_rss_mib": vm_hwm_mib(s.proc.pid), "load_avg_1m": load_avg()[0],
-                     "switches": s.metric("engram_long_context_switches_total")})
+                     "switches": s.metric("engram_long_context_switches_total"), "mem_idle": idle})
+        trace.watch(s.proc.pid, "turn 1 save")
+        if args.sparse_only:
+            s.settle(1)
+        rows[-1]["mem"] = trace.peaks("turn 1")
+        rows[-1]["mem_save"] = trace.peaks("turn 1 save")
         print(f"turn 1: {rows[-1]}", file=sys.stderr, flush=True)
         turns = [(2, "2 exact", None), (3, "3 DynaKV (switched)", args.after)]
         if args.sparse_only:
             turns = [(2, "2 DynaKV", args.after)]
         for turn, label, after in turns:
             prompt = prompt + a + f"\n// Question {turn}: what does the code above do?\n"
+            trace.watch(s.proc.pid, f"turn {turn}")
             a, u, times, ttft, tps, wall = s.timed(prompt, args.decode, args.timeout, after)
             rows.append(decode_row(label, a, u, times, ttft, tps, wall, vm_hwm_mib(s.proc.pid), load_avg()))
+            trace.watch(s.proc.pid, f"turn {turn} save")
             if after is not None:
                 s.settle(turn if args.sparse_only else 1)
+            rows[-1]["mem"] = trace.peaks(f"turn {turn}")
+            rows[-1]["mem_save"] = trace.peaks(f"turn {turn} save")
             rows[-1]["switches"] = s.metric("engram_long_context_switches_total")
             rows[-1]["offload_bytes"] = s.metric("engram_long_context_offload_bytes")
             rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
@@ -236,15 +327,20 @@ def run(args):
             s = Server(args, data_dir, server_b, "b")
             commands.append(" ".join(s.cmd))
             prompt = prompt + a + "\n// Question 4: and what does it return?\n"
+            trace.watch(s.proc.pid, "restarted turn")
             a, u, times, ttft, tps, wall = s.timed(prompt, args.decode, args.timeout, args.after)
             rows.append(decode_row("DynaKV after a restart", a, u, times, ttft, tps, wall, vm_hwm_mib(s.proc.pid), load_avg()))
+            trace.watch(s.proc.pid, "restarted turn save")
             s.settle(1)
+            rows[-1]["mem"] = trace.peaks("restarted turn")
+            rows[-1]["mem_save"] = trace.peaks("restarted turn save")
             rows[-1]["disk_resumes"] = s.metric("engram_long_context_disk_resumes_total")
             rows[-1]["switches"] = s.metric("engram_long_context_switches_total")
             rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
             print(f"turn 4: {rows[-1]}", file=sys.stderr, flush=True)
             s.stop()
     finally:
+        trace.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
     return commands, rows
 
@@ -267,6 +363,7 @@ def main():
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--log-dir", default=tempfile.gettempdir())
     p.add_argument("--json-out")
+    p.add_argument("--mem-trace", help="CSV file: the server's RSS split (RssAnon, RssFile, ...) sampled every 0.25 s")
     args = p.parse_args()
     commands, rows = run(args)
     result = {"cpu": machine(), "threads": args.threads, "tokens": args.tokens, "decode": args.decode, "commands": commands, "rows": rows}

@@ -38,6 +38,7 @@ pub mod file;
 mod prefetch;
 pub mod reader;
 mod regions;
+mod scratch;
 mod source;
 mod stream;
 pub mod unit_cache;

@@ -47,11 +47,21 @@ impl Staging {
         self.at.get(&row).map(|&a| &self.bytes[a..a + rb])
     }
 
+    /// Empties the staging for the next step; storage past [`STAGING_KEEP`] bytes is released,
+    /// so the 128-odd heads' stagings do not each keep their largest step's rows (a retrieval
+    /// budget's worth) in RAM between steps, uncharged to the pool.
     fn clear(&mut self) {
-        self.at.clear();
-        self.bytes.clear();
+        if self.bytes.capacity() > STAGING_KEEP {
+            *self = Staging::default();
+        } else {
+            self.at.clear();
+            self.bytes.clear();
+        }
     }
 }
+
+/// Bytes of rows one head's [`Staging`] keeps allocated between steps (more is freed).
+pub(crate) const STAGING_KEEP: usize = 64 << 10;
 
 /// The view of one offloaded head for one step (module doc).
 pub(crate) struct HeadSource<'a> {

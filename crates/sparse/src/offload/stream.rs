@@ -10,7 +10,8 @@
 //! the region is rewritten in place cluster after cluster (in co-retrieval order of the
 //! calibration queries seen so far, `crate::placement`), so one cluster is one contiguous read,
 //! as after [`SparseKv::offload`]. The prefill's exact attention reads the history back one
-//! segment at a time (one read per region). [`SparseKv::build_index`] ends the prefill: the last
+//! segment at a time, into a mapping whose pages go back to the kernel once the segment is
+//! attended (`scratch.rs`), in requests of [`FULL_READ_ROWS`] rows. [`SparseKv::build_index`] ends the prefill: the last
 //! segment is clustered, the threshold and the calibration set, every token older than the
 //! recent window written and placed; a prompt that fits the budget whole stays in RAM (the file
 //! is dropped).
@@ -33,11 +34,15 @@ use std::sync::Mutex;
 use engram_model::{KvChunk, KvData, KvElem, KvRead};
 use half::f16;
 
+use super::scratch::Scratch;
 use super::{Layout, OffloadConfig, Offloaded, Purpose};
-use crate::cache::GATHER;
 use crate::keys::HeadKeys;
 use crate::kmeans::SEGMENT;
 use crate::SparseKv;
+
+/// Rows of one request of a full read ([`SparseKv::gather_block`]): 256 rows of a 64-dim head
+/// are 64 KiB.
+pub(crate) const FULL_READ_ROWS: usize = 256;
 
 /// The prefill's progress while the cache streams to its file (module doc).
 pub(crate) struct Stream {
@@ -377,14 +382,18 @@ impl SparseKv {
             return Ok(());
         }
         file.sort_unstable();
-        let rows: Vec<u64> = file.iter().map(|r| r.0).collect();
-        let bytes = off.read(&rows, Purpose::Full)?;
         let rb = off.row_bytes;
-        for (j, &(_, i)) in file.iter().enumerate() {
-            let (row, i) = (&bytes[j * rb..(j + 1) * rb], i as usize);
-            bytemuck::cast_slice_mut::<f16, u8>(&mut gk[i * d..(i + 1) * d]).copy_from_slice(&row[..2 * d]);
-            if let Some(gv) = gv.as_deref_mut() {
-                bytemuck::cast_slice_mut::<f16, u8>(&mut gv[i * d..(i + 1) * d]).copy_from_slice(&row[2 * d..]);
+        // A few hundred rows per request: the reply and its picked rows are small buffers the
+        // allocator reuses, not a segment's region twice over, freed into its heap.
+        for piece in file.chunks(FULL_READ_ROWS) {
+            let rows: Vec<u64> = piece.iter().map(|r| r.0).collect();
+            let bytes = off.read(&rows, Purpose::Full)?;
+            for (j, &(_, i)) in piece.iter().enumerate() {
+                let (row, i) = (&bytes[j * rb..(j + 1) * rb], i as usize);
+                bytemuck::cast_slice_mut::<f16, u8>(&mut gk[i * d..(i + 1) * d]).copy_from_slice(&row[..2 * d]);
+                if let Some(gv) = gv.as_deref_mut() {
+                    bytemuck::cast_slice_mut::<f16, u8>(&mut gv[i * d..(i + 1) * d]).copy_from_slice(&row[2 * d..]);
+                }
             }
         }
         Ok(())
@@ -392,43 +401,42 @@ impl SparseKv {
 
     /// A read that is not a retrieval (several query tokens, or exact reads asked for) on an
     /// offloaded cache: every stored key of the head, one chunk per [`SEGMENT`] of positions
-    /// (one read per segment's region), so the RAM it takes does not grow with the history.
+    /// (one segment's rows read at a time, [`FULL_READ_ROWS`] per request), so the RAM it takes
+    /// does not grow with the history: the chunks are gathered into a [`Scratch`] mapping whose
+    /// pages are handed back after each chunk is attended, and freed at the end.
     /// Chunks start at multiples of the segment, so attention runs the same tiles as over one
     /// chunk in RAM (bitwise equal).
     pub(crate) fn gathered_all(&self, read: &KvRead<'_>, f: &mut dyn FnMut(&KvChunk<'_>)) {
         let (n, h, d) = (self.lens[read.layer], read.kv_head, self.dim);
+        let off = self.off.as_deref().expect("offloaded");
+        // K rows then V rows, each `[kv_head][m]` for the widest chunk (head `h`'s at `h × m`).
+        let span = (h + 1) * SEGMENT.min(n) * d;
+        let mut scratch = match Scratch::zeroed(2 * span) {
+            Ok(s) => s,
+            Err(e) => return off.record_failure(&e),
+        };
         let mut a = 0;
         while a < n {
             let b = ((a / SEGMENT + 1) * SEGMENT).min(n);
             let m = b - a;
-            let ok = GATHER.with(|g| {
-                let (gk, gv, _) = &mut *g.borrow_mut();
-                for buf in [&mut *gk, &mut *gv] {
-                    if buf.len() < (h + 1) * m * d {
-                        buf.resize((h + 1) * m * d, f16::ZERO);
-                    }
-                }
-                let (k, v) = (&mut gk[h * m * d..(h + 1) * m * d], &mut gv[h * m * d..(h + 1) * m * d]);
-                if let Err(e) = self.gather_block(read.layer, h, a..b, k, Some(v)) {
-                    self.off.as_deref().expect("offloaded").record_failure(&e);
-                    return false;
-                }
-                f(&KvChunk {
-                    first_pos: a,
-                    positions: None,
-                    key_index: a,
-                    len: m,
-                    capacity: m,
-                    keys: KvData { elem: KvElem::F16, bytes: bytemuck::cast_slice(&gk[..(h + 1) * m * d]) },
-                    values: KvData { elem: KvElem::F16, bytes: bytemuck::cast_slice(&gv[..(h + 1) * m * d]) },
-                    mask: None,
-                    ahead: None,
-                });
-                true
-            });
-            if !ok {
-                return;
+            let (gk, gv) = scratch.as_mut_slice().split_at_mut(span);
+            let (k, v) = (&mut gk[h * m * d..(h + 1) * m * d], &mut gv[h * m * d..(h + 1) * m * d]);
+            if let Err(e) = self.gather_block(read.layer, h, a..b, k, Some(v)) {
+                return off.record_failure(&e);
             }
+            f(&KvChunk {
+                first_pos: a,
+                positions: None,
+                key_index: a,
+                len: m,
+                capacity: m,
+                keys: KvData { elem: KvElem::F16, bytes: bytemuck::cast_slice(&gk[..(h + 1) * m * d]) },
+                values: KvData { elem: KvElem::F16, bytes: bytemuck::cast_slice(&gv[..(h + 1) * m * d]) },
+                mask: None,
+                ahead: None,
+            });
+            scratch.release(h * m * d..(h + 1) * m * d);
+            scratch.release(span + h * m * d..span + (h + 1) * m * d);
             a = b;
         }
     }

@@ -6,6 +6,7 @@ mod common;
 
 mod clusters;
 mod exact;
+mod heap;
 mod long;
 mod long_saves;
 mod offload;

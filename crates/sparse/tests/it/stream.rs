@@ -12,7 +12,9 @@ use common::{decode, model, noise, prefill, tokens};
 
 use engram_model::{KvCache, KvChunk, KvRead, Logits, Model, SeqStep};
 use engram_sparse::kmeans::SEGMENT;
-use engram_sparse::{Method, OffloadConfig, SparseConfig, SparseKv};
+use engram_sparse::{Backend, Method, OffloadConfig, SparseConfig, SparseKv};
+
+use crate::heap;
 
 fn offload_cfg(dir: &Path, fingerprint: u64, ram_budget: usize) -> OffloadConfig {
     OffloadConfig { ram_budget, flush: 8, cache_bytes: 16 << 10, ..OffloadConfig::new(dir.to_path_buf(), fingerprint) }
@@ -178,4 +180,52 @@ fn past_several_segments_every_read_and_choice_equals_offloading_after() {
             }
         }
     }
+}
+
+/// The heap one read of every key (a prompt's exact attention over an offloaded history) takes
+/// while it runs, and what it leaves allocated after: measured on this thread (file reads
+/// inline) for the last KV head (whose rows sit furthest into a `[kv_head][rows]` chunk) over
+/// histories of 1 and 3 segments plus a part.
+fn full_read_heap(n: usize) -> (isize, isize) {
+    let (layers, heads, d) = (1, 4, 32);
+    let w = heads * d;
+    let cfg = SparseConfig { method: Method::DynaKv { b_max: 8, eager: false }, budget: 256, sinks: 4, recent: 32 };
+    let store = tempfile::tempdir().unwrap();
+    let mut kv = SparseKv::with_shape(layers, heads, d, Some(cfg));
+    let off = OffloadConfig { backend: Backend::Inline, prefetch: false, ..offload_cfg(store.path(), 7, 500 * layers * w * 4) };
+    kv.offload_streaming(off).unwrap();
+    let (keys, values) = (noise(11, 2048 * w), noise(12, 2048 * w));
+    let mut a = 0;
+    while a < n {
+        let m = (n - a).min(2048);
+        kv.reserve(m);
+        kv.write(0, a, &keys[..m * w], &values[..m * w], m);
+        a += m;
+    }
+    let q = noise(13, 2 * d);
+    let pos = [n as u32 - 2, n as u32 - 1];
+    let read = KvRead { layer: 0, kv_head: heads - 1, queries: &q, group: 1, positions: &pos };
+    let mut seen = 0;
+    // Once before measuring: the calibration set keeps a read's queries (bounded, warmed here).
+    kv.for_each_chunk_of(&read, &mut |c: &KvChunk<'_>| seen += c.len);
+    assert_eq!(seen, n);
+    let base = heap::live();
+    heap::reset_peak();
+    seen = 0;
+    kv.for_each_chunk_of(&read, &mut |c: &KvChunk<'_>| seen += c.len);
+    assert_eq!(seen, n, "every key read");
+    assert!(kv.read_failure().is_none());
+    (heap::peak() - base, heap::live() - base)
+}
+
+#[test]
+fn a_read_of_every_offloaded_key_takes_heap_independent_of_the_history_and_keeps_none() {
+    // One head's rows of one segment (keys and values, f16): what a read sized by the
+    // segment would hold; the chunk's layout for the last head would hold `heads` times more.
+    let segment_head = (SEGMENT * 32 * 2 * 2) as isize;
+    let (small, small_kept) = full_read_heap(SEGMENT + 700);
+    let (large, large_kept) = full_read_heap(3 * SEGMENT + 700);
+    assert!(small_kept <= 4096 && large_kept <= 4096, "left allocated after the read: {small_kept}, {large_kept} bytes");
+    assert!(large <= small + 4096, "a longer history took more heap: {large} vs {small} bytes");
+    assert!(large < segment_head / 2, "the read took {large} bytes of heap (one head's segment: {segment_head})");
 }
