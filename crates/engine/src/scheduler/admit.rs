@@ -17,7 +17,7 @@ use std::time::Instant;
 use engram_kv::{KvView, BLOCK_TOKENS};
 use engram_policy::{AdmitRequest, Readiness};
 
-use super::{Engine, Event, JobError, JobErrorKind, Seq, SeqCacheSlot};
+use super::{Engine, Event, Job, JobError, JobErrorKind, Seq, SeqCacheSlot};
 use crate::decoding::Decoding;
 
 impl Engine<'_> {
@@ -77,16 +77,7 @@ impl Engine<'_> {
             if job.pinned {
                 self.policy.pin_owner(&owner);
             }
-            let req = AdmitRequest {
-                owner: &owner,
-                session: job.session.as_deref(),
-                text: job.text.as_deref(),
-                add_special: job.add_special,
-                tokens: &job.prompt,
-                tok: &self.model.tokenizer,
-                long_context_after: job.long_context_after,
-            };
-            let c = match self.policy.admit(&req) {
+            let c = match self.policy.admit(&admit_request(&job, &self.model.tokenizer)) {
                 Ok(c) => c,
                 Err(e) => {
                     // The policy's own words: a prompt it cannot tokenize or embed, a thread it
@@ -183,16 +174,7 @@ impl Engine<'_> {
     /// The policy's [`engram_policy::ContextPolicy::prepare`] of the waiting job `i`.
     fn prepare(&mut self, i: usize) -> Readiness {
         let (job, _, _) = &self.waiting[i];
-        let req = AdmitRequest {
-            owner: &job.owner,
-            session: job.session.as_deref(),
-            text: job.text.as_deref(),
-            add_special: job.add_special,
-            tokens: &job.prompt,
-            tok: &self.model.tokenizer,
-            long_context_after: job.long_context_after,
-        };
-        self.policy.prepare(&req)
+        self.policy.prepare(&admit_request(job, &self.model.tokenizer))
     }
 
     /// Whether background work holds `owner`'s requests (on `session`, or all of them), queued
@@ -304,5 +286,18 @@ impl Engine<'_> {
                 self.active[at].kv.try_reserve(n).is_ok()
             }
         }
+    }
+}
+
+/// What the policy is asked about `job` (its `prepare` and `admit`).
+fn admit_request<'a>(job: &'a Job, tok: &'a engram_tokenizer::Tokenizer) -> AdmitRequest<'a> {
+    AdmitRequest {
+        owner: &job.owner,
+        session: job.session.as_deref(),
+        text: job.text.as_deref(),
+        add_special: job.add_special,
+        tokens: &job.prompt,
+        tok,
+        long_context_after: job.long_context_after,
     }
 }

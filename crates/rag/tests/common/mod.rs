@@ -7,6 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use engram_embed::{Embeddings, Encoder, TextEncoder};
+use engram_kv::{KvPool, SeqKv};
+use engram_policy::{
+    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey,
+    PendingRestore, PolicyControl, PolicyStats, Readiness, Retired,
+};
 
 /// Hashed bag of lowercase words, 64 dims, unit length: texts sharing words are similar.
 #[derive(Debug)]
@@ -98,3 +103,41 @@ pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 pub const EMAIL: &str = "From: Alice Moreau <alice@example.com>\r\nTo: Bob Chen <bob@example.com>\r\nSubject: Budget review moved\r\nDate: Tue, 3 Mar 2026 09:15:00 +0000\r\nMessage-ID: <1@example.com>\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\nHi Bob,\r\nThe budget review moved to Thursday at 3 pm in room Fjord. Please bring the =\r\nQ1 forecast.\r\nAlice\r\n";
 
 pub const ICS: &str = "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//test//EN\r\nBEGIN:VEVENT\r\nUID:e1@example.com\r\nDTSTAMP:20260301T090000Z\r\nDTSTART:20260305T150000Z\r\nDTEND:20260305T160000Z\r\nSUMMARY:Budget review\r\nLOCATION:Room Fjord\r\nATTENDEE;CN=Bob Chen:mailto:bob@example.com\r\nDESCRIPTION:Bring the Q1 forecast\\, and the hiring plan.\r\nEND:VEVENT\r\nBEGIN:VEVENT\r\nUID:e2@example.com\r\nDTSTAMP:20260301T090000Z\r\nDTSTART:20260306T120000Z\r\nSUMMARY:Lunch with Carol\r\nLOCATION:Green Cafe\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n";
+
+/// An inner policy for the RAG layers' tests: every request starts cold in the engine's pool and nothing is kept.
+pub struct Cold(pub KvPool);
+
+impl ContextPolicy for Cold {
+    fn prepare(&mut self, _req: &AdmitRequest<'_>) -> Readiness {
+        Readiness::Now
+    }
+    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
+        let n = req.tokens.len();
+        Ok(Checkout::own("cold".into(), MatchKind::Miss, req.tokens.to_vec(), vec![0; n], 0, SeqKv::new(&self.0)))
+    }
+    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
+        None
+    }
+    fn pin_owner(&mut self, _owner: &OwnerKey) {}
+    fn make_room(&mut self, _bytes: usize) -> bool {
+        false
+    }
+    fn verify_restore(&mut self, _restore: PendingRestore) -> bool {
+        false
+    }
+    fn retire(&mut self, _retired: Retired) {}
+    fn forget_owner(&mut self, _owner: &OwnerKey) {}
+    fn stats(&self) -> PolicyStats {
+        PolicyStats::default()
+    }
+    fn control(&mut self, msg: PolicyControl) -> Result<ControlReply, ControlError> {
+        Err(msg.refuse())
+    }
+    fn idle_slice(&mut self, _interrupt: &IdleInterrupt) -> bool {
+        false
+    }
+    fn next_background(&mut self) -> Option<BackgroundJob> {
+        None
+    }
+    fn background_done(&mut self, _done: BackgroundDone) {}
+}

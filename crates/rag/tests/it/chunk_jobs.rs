@@ -8,57 +8,17 @@
 //! fails saying so.
 
 use crate::common;
+use common::Cold;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use engram_engine::{run_engine, Command, Event, EventSink, Job, Metrics, SamplingParams, SchedulerConfig};
-use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
+use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
-use engram_policy::{
-    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey,
-    PendingRestore, PolicyControl, PolicyLayer, PolicyStats, Readiness, Retired,
-};
+use engram_policy::{BackgroundDone, ContextPolicy, OwnerKey, PolicyLayer};
 use engram_rag::{ChunkReuse, PromptSegments, SegmentRegistry, TreeCounters, TreePolicy, DEFAULT_SYSTEM_PROMPT};
-
-/// The inner policy: every request starts cold in the engine's pool and nothing is kept.
-struct Cold(KvPool);
-
-impl ContextPolicy for Cold {
-    fn prepare(&mut self, _req: &AdmitRequest<'_>) -> Readiness {
-        Readiness::Now
-    }
-    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
-        let n = req.tokens.len();
-        Ok(Checkout::own("cold".into(), MatchKind::Miss, req.tokens.to_vec(), vec![0; n], 0, SeqKv::new(&self.0)))
-    }
-    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
-        None
-    }
-    fn pin_owner(&mut self, _owner: &OwnerKey) {}
-    fn make_room(&mut self, _bytes: usize) -> bool {
-        false
-    }
-    fn verify_restore(&mut self, _restore: PendingRestore) -> bool {
-        false
-    }
-    fn retire(&mut self, _retired: Retired) {}
-    fn forget_owner(&mut self, _owner: &OwnerKey) {}
-    fn stats(&self) -> PolicyStats {
-        PolicyStats::default()
-    }
-    fn control(&mut self, msg: PolicyControl) -> Result<ControlReply, ControlError> {
-        Err(msg.refuse())
-    }
-    fn idle_slice(&mut self, _interrupt: &IdleInterrupt) -> bool {
-        false
-    }
-    fn next_background(&mut self) -> Option<BackgroundJob> {
-        None
-    }
-    fn background_done(&mut self, _done: BackgroundDone) {}
-}
 
 /// The tree policy with every background job's end turned into an error ("injected fault"):
 /// what a job that faults in the engine hands back.

@@ -5,60 +5,20 @@
 //! counted as the unit's error.
 
 use crate::common;
+use common::Cold;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use engram_engine::{run_engine, Command, Event, EventSink, Job, Metrics, SamplingParams, SchedulerConfig};
-use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
+use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
-use engram_policy::{
-    AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey,
-    PendingRestore, PolicyControl, PolicyStats, Readiness, Retired,
-};
+use engram_policy::OwnerKey;
 use engram_rag::idle::budget::{FixedLoad, LoadSample};
 use engram_rag::idle::predict::PredictConfig;
 use engram_rag::synth::{self, Step, SynthConfig};
 use engram_rag::{IdleConfig, IdleCounters, IdleTenants, KnowledgeBank, Library, PerCache, QaBank, RagConfig, SegmentRegistry, TreePolicy};
-
-/// The inner policy: every request starts cold in the engine's pool and nothing is kept.
-struct Cold(KvPool);
-
-impl ContextPolicy for Cold {
-    fn prepare(&mut self, _req: &AdmitRequest<'_>) -> Readiness {
-        Readiness::Now
-    }
-    fn admit(&mut self, req: &AdmitRequest<'_>) -> Result<Checkout, String> {
-        let n = req.tokens.len();
-        Ok(Checkout::own("cold".into(), MatchKind::Miss, req.tokens.to_vec(), vec![0; n], 0, SeqKv::new(&self.0)))
-    }
-    fn admission_bytes(&self, _owner: &OwnerKey, _prompt_tokens: usize, _long_context_after: Option<usize>) -> Option<usize> {
-        None
-    }
-    fn pin_owner(&mut self, _owner: &OwnerKey) {}
-    fn make_room(&mut self, _bytes: usize) -> bool {
-        false
-    }
-    fn verify_restore(&mut self, _restore: PendingRestore) -> bool {
-        false
-    }
-    fn retire(&mut self, _retired: Retired) {}
-    fn forget_owner(&mut self, _owner: &OwnerKey) {}
-    fn stats(&self) -> PolicyStats {
-        PolicyStats::default()
-    }
-    fn control(&mut self, msg: PolicyControl) -> Result<ControlReply, ControlError> {
-        Err(msg.refuse())
-    }
-    fn idle_slice(&mut self, _interrupt: &IdleInterrupt) -> bool {
-        false
-    }
-    fn next_background(&mut self) -> Option<BackgroundJob> {
-        None
-    }
-    fn background_done(&mut self, _done: BackgroundDone) {}
-}
 
 /// A request's events, and whether it has ended.
 #[derive(Clone, Default)]
