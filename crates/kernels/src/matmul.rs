@@ -27,8 +27,8 @@
 //!   16 for packed Q4_K/Q6_K): chunks of whole 8-row bands go to
 //!   `simd::vnni_k::run_rows`, which decodes them once into byte codes and sweeps 16-token
 //!   groups over them with VNNI (bitwise the scalar reference, as the decode kernels).
-//! * Exception, `Isa::Avx2` with Q5_K/Q3_K/Q2_K/IQ4_XS and ≥ 8 tokens
-//!   (`simd::k_panel::takes`): chunks (sized so their decoded panel stays in L2) go whole to
+//! * Exception, Q5_K/Q3_K/Q2_K/IQ4_XS and ≥ 8 tokens on `Isa::Avx2`, or on `Isa::Avx512`/`Amx`
+//!   below the token-lane threshold (`simd::k_panel::takes`): chunks (sized so their decoded panel stays in L2) go whole to
 //!   `simd::k_panel::run_rows`, which decodes the chunk's weights once and sweeps every token
 //!   over them (bitwise the decode tiles' result).
 //!

@@ -31,9 +31,12 @@ const GROUP: usize = 4;
 /// Panel registers per (row, super-block): `q[0..8]`, `s[0..8]`, `corr_w`.
 const VPB: usize = 17;
 
-/// Whether the multi-token path takes a call of `n_tokens` tokens of format `d` on `isa`.
+/// Whether the multi-token path takes a call of `n_tokens` tokens of format `d` on `isa`. On
+/// the AVX-512 and AMX paths it takes the calls the token-lane kernel (`vnni_k`) leaves below
+/// its threshold (the caller asks `vnni_k` first); the panels give the decode tiles' bits, as
+/// that kernel does, so which of them runs moves only time.
 pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize) -> bool {
-    isa == Isa::Avx2 && tag(d).is_some() && n_tokens >= MIN_TOKENS
+    matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) && tag(d).is_some() && n_tokens >= MIN_TOKENS
 }
 
 /// Panel bytes one weight row of `cols` columns takes (for chunk sizing).
