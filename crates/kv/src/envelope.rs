@@ -70,16 +70,39 @@ pub fn open<'a>(bytes: &'a [u8], magic: &str, version: u32) -> Result<&'a [u8], 
 
 /// Writes `body` sealed under `magic`/`version` to `path`, atomically (see the module doc).
 pub fn write_sealed(path: &Path, magic: &str, version: u32, body: &[u8]) -> std::io::Result<()> {
-    let header = format!("{magic} v{version} {} {}\n", body.len(), blake3::hash(body).to_hex());
+    write_sealed_parts(path, magic, version, &[body])
+}
+
+/// [`write_sealed`] of the body that is `parts` one after another, without building it (a
+/// large record kept in parts is written with no copy of it in RAM): the file is byte for byte
+/// what `write_sealed` of their concatenation writes.
+pub fn write_sealed_parts(path: &Path, magic: &str, version: u32, parts: &[&[u8]]) -> std::io::Result<()> {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut hash = blake3::Hasher::new();
+    for p in parts {
+        hash.update(p);
+    }
+    let header = format!("{magic} v{version} {len} {}\n", hash.finalize().to_hex());
     crate::persist::atomic_write(path, |w| {
         std::io::Write::write_all(w, header.as_bytes())?;
-        std::io::Write::write_all(w, body)
+        parts.iter().try_for_each(|p| std::io::Write::write_all(w, p))
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_written_in_parts_is_the_file_of_its_concatenation() {
+        let dir = tempfile::tempdir().unwrap();
+        let (whole, parts) = (dir.path().join("whole"), dir.path().join("parts"));
+        write_sealed(&whole, "engram-test", 3, b"head bytes|tail bytes").unwrap();
+        write_sealed_parts(&parts, "engram-test", 3, &[b"head bytes|", b"", b"tail bytes"]).unwrap();
+        let (a, b) = (std::fs::read(&whole).unwrap(), std::fs::read(&parts).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(open(&b, "engram-test", 3).unwrap(), b"head bytes|tail bytes");
+    }
 
     #[test]
     fn a_sealed_body_opens_and_every_kind_of_damage_is_named() {

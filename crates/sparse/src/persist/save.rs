@@ -133,9 +133,8 @@ impl StateSnapshot {
             e.bytes(&sum);
             linked = Some((name, bytes));
         }
-        let mut body = head;
-        body.extend_from_slice(&tail);
-        envelope::write_sealed(&state, MAGIC, VERSION, &body).map_err(|e| StateError::io(&state, e))?;
+        // Head and tail written as they are: no third copy of the state while it is saved.
+        envelope::write_sealed_parts(&state, MAGIC, VERSION, &[&head, &tail]).map_err(|e| StateError::io(&state, e))?;
         // The new pair is in place: older KV files go (and any left by a crashed save).
         if let Ok(entries) = std::fs::read_dir(&dir) {
             for entry in entries.flatten() {
@@ -147,7 +146,7 @@ impl StateSnapshot {
                 }
             }
         }
-        Ok(body.len() as u64 + linked.map_or(0, |(_, b)| b))
+        Ok((head.len() + tail.len()) as u64 + linked.map_or(0, |(_, b)| b))
     }
 }
 
