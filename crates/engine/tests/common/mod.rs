@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use engram_engine::{run_engine, Command, ContextPolicy, Event, EventSink, FinishReason, Job, Metrics, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
-use engram_kv::{KvFormat, KvLayout, KvPool};
-use engram_model::Model;
+use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
+use engram_model::{Logits, Model, SeqStep};
 
 /// The tiny random-weight fixture (Q8_0 GGUF written, loaded from its HF folder), with the
 /// directory that must outlive it.
@@ -108,4 +108,19 @@ pub fn run_jobs(model: &Arc<Model>, format: KvFormat, config: SchedulerConfig, j
 /// The session policy with its default configuration (RAM only), for `model`'s caches in `pool`.
 pub fn sessions(model: &Model, pool: &KvPool) -> Box<dyn ContextPolicy> {
     Box::new(engram_context::SessionStore::from_config(model, pool, &engram_context::SessionsConfig::default()))
+}
+
+/// Deterministic token runs: system prompt, chunk A, chunk B, question.
+pub fn parts(m: &Model) -> [Vec<u32>; 4] {
+    let v = m.config.vocab as u32;
+    let run = |seed: u32, n: u32| (0..n).map(|i| (seed * 7919 + i * 104_729) % (v - 3) + 3).collect::<Vec<u32>>();
+    [run(1, 9), run(2, 37), run(3, 29), run(4, 6)]
+}
+
+/// Prefills `tokens` into `kv` after what it holds, on the model's forward pass alone (the
+/// reference a repair is checked against).
+pub fn prefill(m: &Model, kv: &mut SeqKv, tokens: &[u32]) {
+    kv.reserve(tokens.len()).unwrap();
+    let first = kv.len();
+    m.forward(&mut [SeqStep::new(tokens, first, kv, Logits::None)]).unwrap();
 }

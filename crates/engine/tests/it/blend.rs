@@ -4,6 +4,7 @@
 //! moved reuse), tokens not named as moved are never touched, the probe layers of every moved
 //! token end up as a cold prefill writes them, and a bad ratio is an error that changes nothing.
 
+use crate::common::{parts, prefill};
 use engram_engine::{blend, BlendReport};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
@@ -14,19 +15,6 @@ fn model() -> (tempfile::TempDir, Model) {
     let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &[GgufFormat::Q8_0], &mut |_| {}).unwrap();
     let m = Model::load(&files.hf_dir).unwrap();
     (dir, m)
-}
-
-/// Deterministic token runs: system prompt, chunk A, chunk B, question.
-fn parts(m: &Model) -> [Vec<u32>; 4] {
-    let v = m.config.vocab as u32;
-    let run = |seed: u32, n: u32| (0..n).map(|i| (seed * 7919 + i * 104_729) % (v - 3) + 3).collect::<Vec<u32>>();
-    [run(1, 9), run(2, 37), run(3, 29), run(4, 6)]
-}
-
-fn prefill(m: &Model, kv: &mut SeqKv, tokens: &[u32]) {
-    kv.reserve(tokens.len()).unwrap();
-    let first = kv.len();
-    m.forward(&mut [SeqStep::new(tokens, first, kv, Logits::None)]).unwrap();
 }
 
 /// Logits of the last question token after `kv` (which `kv` then holds too).

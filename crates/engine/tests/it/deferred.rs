@@ -7,7 +7,7 @@
 //!   repaired in the engine's step (ratio 1: the cold answer, token for token); a repair that
 //!   fails fails its sequence alone, with its error, and the request beside it completes.
 
-use crate::common::{self, Collect};
+use crate::common::{self, parts, prefill, Collect};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex};
@@ -19,7 +19,7 @@ use engram_engine::{
     Metrics, PolicyLayer, Readiness, Repair, Retired, SamplingParams, SchedulerConfig,
 };
 use engram_kv::{KvFormat, KvLayout, KvPool, SeqKv};
-use engram_model::{Logits, Model, SeqStep};
+use engram_model::Model;
 
 /// The session store, with owner "waits" deferred once (queuing a prefill job of its own when
 /// `queue_job`), checkouts handed out as given for the owners in `checkouts`, and a log of
@@ -149,19 +149,6 @@ fn a_request_deferred_to_work_nobody_queued_fails_with_the_engines_error() {
     assert!(!log.iter().any(|l| l == "admit waits"), "{log:?}");
     assert_eq!(metrics.background_jobs.load(Relaxed), 0);
     assert!(sinks[1].outcome().1.is_some(), "the other owner's request is served: {:?}", failure(&sinks[1]));
-}
-
-/// Deterministic token runs: system prompt, chunk A, chunk B, question.
-fn parts(m: &Model) -> [Vec<u32>; 4] {
-    let v = m.config.vocab as u32;
-    let run = |seed: u32, n: u32| (0..n).map(|i| (seed * 7919 + i * 104_729) % (v - 3) + 3).collect::<Vec<u32>>();
-    [run(1, 9), run(2, 37), run(3, 29), run(4, 6)]
-}
-
-fn prefill(m: &Model, kv: &mut SeqKv, tokens: &[u32]) {
-    kv.reserve(tokens.len()).unwrap();
-    let first = kv.len();
-    m.forward(&mut [SeqStep::new(tokens, first, kv, Logits::None)]).unwrap();
 }
 
 /// A checkout of sys + A + B + question whose KV holds sys + A as computed together and B as

@@ -4,9 +4,10 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use engram_embed::{Embeddings, Encoder, TextEncoder};
+use engram_engine::{Event, EventSink};
 use engram_kv::{KvPool, SeqKv};
 use engram_policy::{
     AdmitRequest, BackgroundDone, BackgroundJob, Checkout, ContextPolicy, ControlError, ControlReply, IdleInterrupt, MatchKind, OwnerKey,
@@ -140,4 +141,41 @@ impl ContextPolicy for Cold {
         None
     }
     fn background_done(&mut self, _done: BackgroundDone) {}
+}
+
+/// A request's events, as the engine sends them.
+#[derive(Clone, Default)]
+pub struct Sink(pub Arc<Mutex<Vec<Event>>>);
+
+impl EventSink for Sink {
+    fn send(&self, event: Event) -> bool {
+        self.0.lock().unwrap().push(event);
+        true
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+impl Sink {
+    /// Whether the request has ended (finished or failed).
+    pub fn ended(&self) -> bool {
+        self.0.lock().unwrap().iter().any(|e| matches!(e, Event::Finished { .. } | Event::Failed(_)))
+    }
+    /// Whether it finished (not failed).
+    pub fn finished(&self) -> bool {
+        self.0.lock().unwrap().iter().any(|e| matches!(e, Event::Finished { .. }))
+    }
+    /// The answer's text, or the failure's message.
+    pub fn outcome(&self) -> Result<String, String> {
+        let mut text = String::new();
+        for e in self.0.lock().unwrap().iter() {
+            match e {
+                Event::Text(t) => text.push_str(t),
+                Event::Failed(e) => return Err(e.message.clone()),
+                _ => {}
+            }
+        }
+        Ok(text)
+    }
 }

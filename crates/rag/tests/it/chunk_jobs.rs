@@ -8,13 +8,13 @@
 //! fails saying so.
 
 use crate::common;
-use common::Cold;
+use common::{Cold, Sink};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
-use engram_engine::{run_engine, Command, Event, EventSink, Job, Metrics, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine, Command, Job, Metrics, SamplingParams, SchedulerConfig};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 use engram_policy::{BackgroundDone, ContextPolicy, OwnerKey, PolicyLayer};
@@ -59,35 +59,6 @@ enum Wrap {
     Plain,
     Failing,
     Evicting,
-}
-
-/// A request's events.
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<Event>>>);
-
-impl EventSink for Sink {
-    fn send(&self, event: Event) -> bool {
-        self.0.lock().unwrap().push(event);
-        true
-    }
-    fn is_closed(&self) -> bool {
-        false
-    }
-}
-
-impl Sink {
-    /// The answer's text, or the failure's message.
-    fn outcome(&self) -> Result<String, String> {
-        let mut text = String::new();
-        for e in self.0.lock().unwrap().iter() {
-            match e {
-                Event::Text(t) => text.push_str(t),
-                Event::Failed(e) => return Err(e.message.clone()),
-                _ => {}
-            }
-        }
-        Ok(text)
-    }
 }
 
 /// An engine thread over `TreePolicy`, wrapped as `wrap` says.

@@ -5,7 +5,7 @@
 //! counted as the unit's error.
 
 use crate::common;
-use common::Cold;
+use common::{Cold, Sink};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -19,29 +19,6 @@ use engram_rag::idle::budget::{FixedLoad, LoadSample};
 use engram_rag::idle::predict::PredictConfig;
 use engram_rag::synth::{self, Step, SynthConfig};
 use engram_rag::{IdleConfig, IdleCounters, IdleTenants, KnowledgeBank, Library, PerCache, QaBank, RagConfig, SegmentRegistry, TreePolicy};
-
-/// A request's events, and whether it has ended.
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<Event>>>);
-
-impl EventSink for Sink {
-    fn send(&self, event: Event) -> bool {
-        self.0.lock().unwrap().push(event);
-        true
-    }
-    fn is_closed(&self) -> bool {
-        false
-    }
-}
-
-impl Sink {
-    fn ended(&self) -> bool {
-        self.0.lock().unwrap().iter().any(|e| matches!(e, Event::Finished { .. } | Event::Failed(_)))
-    }
-    fn finished(&self) -> bool {
-        self.0.lock().unwrap().iter().any(|e| matches!(e, Event::Finished { .. }))
-    }
-}
 
 /// An engine thread running `TreePolicy` over a tenant with idle population on; `tree_pool` is
 /// the pool the tree policy (and so its idle jobs' KV) uses.
