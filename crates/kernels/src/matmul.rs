@@ -80,10 +80,7 @@ pub fn matmul_with(isa: Isa, w: &WeightMatrix, x: &[f32], n_tokens: usize, out: 
 /// # Panics
 /// If the matrices' `cols` differ, or any shape is inconsistent as in [`matmul`].
 pub fn matmul_multi(ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
-    check_multi(ws, x, n_tokens, outs);
-    let mut items: Vec<MatmulItem> =
-        ws.iter().zip(outs.iter_mut()).map(|(w, out)| MatmulItem { w, x, n_tokens, out: &mut **out }).collect();
-    grouped(&kernel_path, &mut items);
+    multi(&kernel_path, ws, x, n_tokens, outs)
 }
 
 /// [`matmul_multi`] on an explicit kernel path.
@@ -92,13 +89,17 @@ pub fn matmul_multi(ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut
 /// As [`matmul_multi`], and if `isa` is not available on this CPU.
 pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
     assert!(isa.is_available(), "kernel path {isa:?} not supported by this CPU");
+    multi(&|_| isa, ws, x, n_tokens, outs)
+}
+
+/// [`matmul_multi`] with each matrix's kernel path `pick(format)`: the same products as a
+/// grouped call whose items share `x`, which prepares the activations once per format (Q4_K
+/// and Q6_K share Q8_K blocks) and runs every matrix's row chunks in one parallel region.
+fn multi(pick: &dyn Fn(DType) -> Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
     check_multi(ws, x, n_tokens, outs);
-    // The same products as a grouped call whose items share `x`: it prepares the activations
-    // once per format (Q4_K and Q6_K share Q8_K blocks) and runs every matrix's row chunks in
-    // one parallel region.
     let mut items: Vec<MatmulItem> =
         ws.iter().zip(outs.iter_mut()).map(|(w, out)| MatmulItem { w, x, n_tokens, out: &mut **out }).collect();
-    matmul_grouped_with(isa, &mut items);
+    grouped(pick, &mut items);
 }
 
 /// The shapes of a [`matmul_multi`] call.
