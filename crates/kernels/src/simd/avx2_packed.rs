@@ -14,6 +14,7 @@
 //! `acc` from +0.0, no fused multiply-add — so the result is bitwise the scalar path's, for
 //! any tile.
 
+use super::prefetch::group_block_ahead;
 use super::{Acts, TileCtx};
 use crate::blocks::QK;
 use crate::dtype::DType;
@@ -70,23 +71,6 @@ unsafe fn accumulate(acc: __m256, dw: __m256, a: &ActQ8, ab: usize, isum: __m256
     _mm256_add_ps(acc, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum)))
 }
 
-/// Group-blocks ahead that a 1-token call prefetches.
-const PREFETCH_BLOCKS: usize = 16;
-
-/// Prefetches the group-block [`PREFETCH_BLOCKS`] ahead of `b` (decode streams its weights
-/// from DRAM; measured with `benches/packed.rs`: ~10–30% more GB/s on the 8192 × 2048 GEMV
-/// under load, ~1–2% slower when the matrix sits in L2, so multi-token calls skip it). A
-/// prefetch past the end of the packing is a hint, never a fault.
-#[inline(always)]
-unsafe fn prefetch_ahead(b: *const u8, gbb: usize) {
-    let ahead = b.wrapping_add(PREFETCH_BLOCKS * gbb);
-    let mut o = 0;
-    while o < gbb {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
-        o += 64;
-    }
-}
-
 /// The activation's bytes `at..at + 4` (as one i32) in all 8 lanes.
 #[inline(always)]
 unsafe fn bcast4(xp: *const i8, at: usize) -> __m256i {
@@ -108,8 +92,8 @@ unsafe fn q4_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *m
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if NT == 1 {
-            prefetch_ahead(b, gbb);
+        if t0 == 0 {
+            group_block_ahead(b, gbb);
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
         let mut s = [_mm256_setzero_si256(); NT];
@@ -146,8 +130,8 @@ unsafe fn q4_1_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: 
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if NT == 1 {
-            prefetch_ahead(b, gbb);
+        if t0 == 0 {
+            group_block_ahead(b, gbb);
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
         let mw = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i));
@@ -187,8 +171,8 @@ unsafe fn q8_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *m
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if NT == 1 {
-            prefetch_ahead(b, gbb);
+        if t0 == 0 {
+            group_block_ahead(b, gbb);
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
         let mut s = [_mm256_setzero_si256(); NT];

@@ -20,6 +20,7 @@
 //! — so the result is bitwise the scalar path's and the AVX2 packed kernels', for any number of
 //! tokens in the call.
 
+use super::prefetch::group_block_ahead;
 use super::{Acts, TileCtx};
 use crate::blocks::QK;
 use crate::dtype::DType;
@@ -104,21 +105,6 @@ const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 
-/// Group-blocks ahead that a 1-token call prefetches (as the AVX2 kernels: decode streams its
-/// weights from DRAM; multi-token calls work on L2-sized chunks and skip it).
-const PREFETCH_BLOCKS: usize = 16;
-
-/// Prefetches the group-block [`PREFETCH_BLOCKS`] ahead of `b` (a hint, never a fault).
-#[inline(always)]
-unsafe fn prefetch_ahead(b: *const u8, gbb: usize) {
-    let ahead = b.wrapping_add(PREFETCH_BLOCKS * gbb);
-    let mut o = 0;
-    while o < gbb {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
-        o += 64;
-    }
-}
-
 /// The activation's bytes `at..at + 4` (as one i32) in all 8 lanes.
 #[inline(always)]
 unsafe fn bcast4(xp: *const i8, at: usize) -> __m256i {
@@ -145,8 +131,8 @@ unsafe fn group<const K: u8, const NT: usize>(gp: *const u8, a: &ActQ8, t0: usiz
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if NT == 1 {
-            prefetch_ahead(b, gbb);
+        if t0 == 0 {
+            group_block_ahead(b, gbb);
         }
         let mut u = [_mm256_setzero_si256(); 8];
         if K == Q8_0 {
@@ -220,9 +206,9 @@ unsafe fn group2<const K: u8, const NT: usize>(gp: *const u8, gq: *const u8, a: 
     let mut acc = [_mm512_setzero_ps(); NT];
     for i in 0..nb {
         let (b, bq) = (gp.add(i * gbb), gq.add(i * gbb));
-        if NT == 1 {
-            prefetch_ahead(b, gbb);
-            prefetch_ahead(bq, gbb);
+        if t0 == 0 {
+            group_block_ahead(b, gbb);
+            group_block_ahead(bq, gbb);
         }
         let mut u = [_mm512_setzero_si512(); 8];
         if K == Q8_0 {

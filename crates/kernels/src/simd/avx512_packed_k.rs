@@ -16,6 +16,7 @@
 //! +0.0, no fused multiply-add: bitwise the scalar path's and `avx2_packed_k`'s result, for any
 //! number of tokens in the call.
 
+use super::prefetch::group_block_ahead;
 use super::TileCtx;
 use crate::blocks::QK_K;
 use crate::dtype::DType;
@@ -98,6 +99,9 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead(b, gbb);
+        }
         let mut isum = [[_mm256_setzero_si256(); 2]; NT];
         let mut msum = [_mm256_setzero_si256(); NT];
         let mut s16 = [_mm256_setzero_si256(); NT];

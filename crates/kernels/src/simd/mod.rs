@@ -51,6 +51,8 @@ pub(crate) mod avx512_q32;
 pub(crate) mod k_panel;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod prefetch;
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vnni_k;
