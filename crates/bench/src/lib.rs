@@ -35,6 +35,7 @@ mod shared;
 mod sparse;
 mod speculation;
 mod speed;
+mod step;
 mod timed_sink;
 
 // NOTE: the command line's shared options (`--model`, threads, KV format, the data
@@ -59,6 +60,8 @@ pub enum BenchCommand {
     Fidelity(fidelity::Args),
     /// Aggregate decode tokens/s with 1, 2, 4, 8 concurrent sessions through the server's scheduler.
     Serve(serve::Args),
+    /// What one model step costs by the rows it computes (N sessions' tokens, or N drafts of one), against a one-row step.
+    Step(step::Args),
     /// Relevance ranking (ROC AUC, precision/recall) of a sentence encoder or the LLM's pooled hidden states.
     Relevance(relevance::Args),
     /// Constrained decoding's cost: decode tokens/s under a JSON schema vs free, and the token mask alone per token, at 1 and 8 sequences.
@@ -100,6 +103,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Kernels(a) => kernels::run(a),
         BenchCommand::Attention(a) => attention::run(a),
         BenchCommand::Serve(a) => serve::run(a),
+        BenchCommand::Step(a) => step::run(a),
         BenchCommand::Relevance(a) => relevance::run(a),
         BenchCommand::Fidelity(a) => fidelity::run(a),
         BenchCommand::Speculation(a) => speculation::run(a),

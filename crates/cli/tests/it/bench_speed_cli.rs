@@ -1,7 +1,8 @@
 //! The speed benchmarks through the binary: `bench membw` prints its JSON rows, `bench speed`
 //! reports the decode limit beside the measurement with consistent figures, and `ENGRAM_SIMD`
 //! forces the kernel path (a path this CPU lacks, or an unknown one, is refused with a clear
-//! error and exit status 2 before anything runs).
+//! error and exit status 2 before anything runs); `bench step` measures both shapes of every
+//! row count against the one-row step.
 
 use std::process::{Command, Output};
 
@@ -70,4 +71,24 @@ fn speed_reports_the_limit_and_honours_a_forced_path() {
         assert_eq!(o.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&o.stderr).contains("cannot run the avx512 path"));
     }
+}
+
+#[test]
+fn step_measures_both_shapes_against_the_one_row_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = engram_fixture::generate(Shape::Tiny, engram_fixture::DEFAULT_SEED, dir.path(), &GgufFormat::DEFAULT, &mut |_| {}).unwrap();
+    let model = files.gguf(GgufFormat::Q4_0).expect("a q4_0 fixture").to_string_lossy().into_owned();
+    // The one-row step is measured even when not asked for; rows come back in order.
+    let rows = json_lines(&engram(&["bench", "step", "--model", &model, "--rows", "3,2", "--context", "5", "--reps", "1", "--json"], None));
+    let got: Vec<(String, u64)> = rows.iter().map(|r| (r["shape"].as_str().unwrap().to_string(), r["rows"].as_u64().unwrap())).collect();
+    let want: Vec<(String, u64)> =
+        [("batch", 1), ("batch", 2), ("batch", 3), ("tree", 2), ("tree", 3)].iter().map(|(s, n)| (s.to_string(), *n)).collect();
+    assert_eq!(got, want);
+    assert_eq!(rows[0]["wall_x_one_row"].as_f64(), Some(1.0));
+    assert_eq!(rows[0]["cpu_x_one_row"].as_f64(), Some(1.0));
+    for r in &rows {
+        assert!(r["wall_ms"].as_f64().unwrap() > 0.0 && r["cpu_ms"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let bad = engram(&["bench", "step", "--model", &model, "--rows", "0,2"], None);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--rows"), "{}", String::from_utf8_lossy(&bad.stderr));
 }
