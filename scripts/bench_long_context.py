@@ -274,8 +274,23 @@ def decode_row(label, text, usage, times, ttft, engine_tps, wall, hwm, load):
             "peak_rss_mib": hwm, "load_avg_1m": load[0], "answer": text}
 
 
+def keep_conversation(args, text):
+    """With `--keep-state DIR`: the conversation so far (every prompt and answer, as the next
+    turn's prompt starts) beside the server's data folder, so `--resume-state DIR` can ask the
+    next turn of the same conversation."""
+    if args.keep_state:
+        with open(os.path.join(args.keep_state, "conversation.json"), "w") as f:
+            json.dump({"tokens": args.tokens, "after": args.after, "text": text}, f)
+
+
 def run(args):
-    data_dir = tempfile.mkdtemp(prefix="engram-long-")
+    if args.resume_state:
+        return resume(args)
+    if args.keep_state:
+        data_dir = os.path.join(args.keep_state, "data")
+        os.makedirs(data_dir, exist_ok=False)
+    else:
+        data_dir = tempfile.mkdtemp(prefix="engram-long-")
     common = ["--long-context-ram-mib", str(args.ram_mib), "--disk-budget-mib", str(args.disk_mib)]
     server_a = ["--kv-budget-mib", str(args.sparse_kv_mib if args.sparse_only else args.exact_kv_mib),
                 "--long-context-after", str(10 * args.tokens + 1_000_000)] + common
@@ -302,6 +317,7 @@ def run(args):
         rows[-1]["mem"] = trace.peaks("turn 1")
         rows[-1]["mem_save"] = trace.peaks("turn 1 save")
         print(f"turn 1: {rows[-1]}", file=sys.stderr, flush=True)
+        keep_conversation(args, prompt + a)
         turns = [(2, "2 exact", None), (3, "3 DynaKV (switched)", args.after)]
         if args.sparse_only:
             turns = [(2, "2 DynaKV", args.after)]
@@ -319,6 +335,7 @@ def run(args):
             rows[-1]["offload_bytes"] = s.metric("engram_long_context_offload_bytes")
             rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
             print(f"turn {turn}: {rows[-1]}", file=sys.stderr, flush=True)
+            keep_conversation(args, prompt + a)
         rows[-1]["saved_bytes"] = s.metric("engram_long_context_saved_bytes")
         t = time.perf_counter()
         s.stop()
@@ -338,6 +355,51 @@ def run(args):
             rows[-1]["switches"] = s.metric("engram_long_context_switches_total")
             rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
             print(f"turn 4: {rows[-1]}", file=sys.stderr, flush=True)
+            keep_conversation(args, prompt + a)
+            s.stop()
+    finally:
+        trace.stop()
+        if not args.keep_state:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    return commands, rows
+
+
+def resume(args):
+    """`--resume-state DIR`: a copy of a kept conversation's data folder (the kept one stays as
+    it is, so it can be resumed again by another binary): server A (the small KV budget) resumes
+    it from disk and answers a turn, its save; then server B on the same copy, another turn and
+    its save. Each row is a restarted turn, measured as the full run's."""
+    with open(os.path.join(args.resume_state, "conversation.json")) as f:
+        text = json.load(f)["text"]
+    data_dir = tempfile.mkdtemp(prefix="engram-long-resume-", dir=args.resume_copy_dir)
+    os.rmdir(data_dir)
+    shutil.copytree(os.path.join(args.resume_state, "data"), data_dir)
+    server = ["--kv-budget-mib", str(args.sparse_kv_mib), "--long-context-after", str(10 * args.tokens + 1_000_000),
+              "--long-context-ram-mib", str(args.ram_mib), "--disk-budget-mib", str(args.disk_mib)]
+    rows, commands, prompt = [], [], text
+    trace = MemTrace(args.mem_trace)
+    try:
+        for label in ("a", "b"):
+            s = Server(args, data_dir, server, label)
+            commands.append(" ".join(s.cmd))
+            trace.watch(s.proc.pid, f"{label} idle")
+            time.sleep(1)
+            idle = trace.peaks(f"{label} idle")
+            prompt = prompt + f"\n// Question ({label}): what does the code above do?\n"
+            trace.watch(s.proc.pid, f"{label} restarted turn")
+            a, u, times, ttft, tps, wall = s.timed(prompt, args.decode, args.timeout, args.after)
+            rows.append(decode_row(f"DynaKV after a restart ({label})", a, u, times, ttft, tps, wall,
+                                   vm_hwm_mib(s.proc.pid), load_avg()))
+            trace.watch(s.proc.pid, f"{label} restarted turn save")
+            s.settle(1)
+            rows[-1]["mem_idle"] = idle
+            rows[-1]["mem"] = trace.peaks(f"{label} restarted turn")
+            rows[-1]["mem_save"] = trace.peaks(f"{label} restarted turn save")
+            rows[-1]["peak_rss_after_save_mib"] = vm_hwm_mib(s.proc.pid)
+            rows[-1]["disk_resumes"] = s.metric("engram_long_context_disk_resumes_total")
+            rows[-1]["long_context_ram_bytes"] = s.metric("engram_long_context_ram_bytes")
+            print(f"restarted turn ({label}): {rows[-1]}", file=sys.stderr, flush=True)
+            prompt = prompt + a
             s.stop()
     finally:
         trace.stop()
@@ -363,11 +425,16 @@ def main():
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--log-dir", default=tempfile.gettempdir())
     p.add_argument("--json-out")
+    p.add_argument("--keep-state", help="an absent folder: the server's data folder is kept in DIR/data and the "
+                   "conversation in DIR/conversation.json, for --resume-state")
+    p.add_argument("--resume-state", help="a folder --keep-state wrote: no prefill; two restarted turns (each "
+                   "with its save) on a copy of it")
+    p.add_argument("--resume-copy-dir", help="where --resume-state's copy goes (default: the temporary folder)")
     p.add_argument("--mem-trace", help="CSV file: the server's RSS split (RssAnon, RssFile, ...) sampled every 0.25 s")
     args = p.parse_args()
     commands, rows = run(args)
     result = {"cpu": machine(), "threads": args.threads, "tokens": args.tokens, "decode": args.decode, "commands": commands, "rows": rows}
-    if not args.sparse_only:
+    if not args.sparse_only and not args.resume_state:
         exact, sparse = rows[1]["decode_tok_s"], rows[2]["decode_tok_s"]
         result["dynakv_over_exact"] = sparse / exact if sparse and exact else None
     print(json.dumps(result, indent=2))

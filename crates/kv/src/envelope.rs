@@ -77,15 +77,39 @@ pub fn write_sealed(path: &Path, magic: &str, version: u32, body: &[u8]) -> std:
 /// large record kept in parts is written with no copy of it in RAM): the file is byte for byte
 /// what `write_sealed` of their concatenation writes.
 pub fn write_sealed_parts(path: &Path, magic: &str, version: u32, parts: &[&[u8]]) -> std::io::Result<()> {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    let mut hash = blake3::Hasher::new();
-    for p in parts {
-        hash.update(p);
-    }
-    let header = format!("{magic} v{version} {len} {}\n", hash.finalize().to_hex());
+    write_sealed_with(path, magic, version, |out| parts.iter().try_for_each(|p| out(p)))
+}
+
+/// [`write_sealed`] of the body that `body` emits piece by piece (it calls its argument with
+/// each piece, in order), never held whole in RAM: `body` runs twice, once for the header's
+/// length and checksum and once to write, and must emit the same bytes both times. Where the
+/// second run's bytes differ from the first's, nothing is written (`InvalidData`) and the file
+/// at `path` is left as it was. The file is byte for byte what `write_sealed` of the
+/// concatenated pieces writes.
+pub fn write_sealed_with(
+    path: &Path,
+    magic: &str,
+    version: u32,
+    body: impl Fn(&mut dyn FnMut(&[u8]) -> std::io::Result<()>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let sum = |write: &mut dyn FnMut(&[u8]) -> std::io::Result<()>| {
+        let (mut hash, mut len) = (blake3::Hasher::new(), 0usize);
+        body(&mut |p| {
+            hash.update(p);
+            len += p.len();
+            write(p)
+        })?;
+        Ok::<_, std::io::Error>((len, hash.finalize()))
+    };
+    let (len, hash) = sum(&mut |_| Ok(()))?;
+    let header = format!("{magic} v{version} {len} {}\n", hash.to_hex());
     crate::persist::atomic_write(path, |w| {
         std::io::Write::write_all(w, header.as_bytes())?;
-        parts.iter().try_for_each(|p| std::io::Write::write_all(w, p))
+        let written = sum(&mut |p| std::io::Write::write_all(w, p))?;
+        if written != (len, hash) {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "the body changed between its checksum and its write"));
+        }
+        Ok(())
     })
 }
 
@@ -102,6 +126,32 @@ mod tests {
         let (a, b) = (std::fs::read(&whole).unwrap(), std::fs::read(&parts).unwrap());
         assert_eq!(a, b);
         assert_eq!(open(&b, "engram-test", 3).unwrap(), b"head bytes|tail bytes");
+    }
+
+    #[test]
+    fn a_body_emitted_in_pieces_is_the_file_of_their_concatenation_and_a_changing_one_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (whole, pieces) = (dir.path().join("whole"), dir.path().join("pieces"));
+        write_sealed(&whole, "engram-test", 3, b"head bytes|tail bytes").unwrap();
+        write_sealed_with(&pieces, "engram-test", 3, |out| {
+            out(b"head ")?;
+            out(b"")?;
+            out(b"bytes|tail bytes")
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&whole).unwrap(), std::fs::read(&pieces).unwrap());
+        // A body that emits other bytes on its second run: an error, the old file kept, no
+        // temporary file left.
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let e = write_sealed_with(&pieces, "engram-test", 3, |out| {
+            let n = runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            out(if n == 0 { b"first" } else { b"other" })
+        })
+        .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(runs.into_inner(), 2);
+        assert_eq!(std::fs::read(&whole).unwrap(), std::fs::read(&pieces).unwrap());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use crate::method::{HeadIndex, IndexStats, Method};
 use crate::offload::{HeadSource, Offloaded, Purpose};
 use crate::placement::Calib;
 use crate::probe::Probe;
+use crate::shared::SharedIndex;
 
 /// How a sparse step chooses its keys. Invariant: `sinks + recent` tokens are always
 /// attended; `budget` bounds the others.
@@ -69,8 +70,9 @@ pub struct SparseKv {
     pub(crate) origin: Vec<usize>,
     /// The offloaded part (`None`: all KV in RAM).
     pub(crate) off: Option<Box<Offloaded>>,
-    /// `layer * heads + head`: the index and the last selection it made; empty until built.
-    pub(crate) index: Vec<Mutex<(Box<dyn HeadIndex>, Vec<u32>)>>,
+    /// `layer * heads + head`: the index (shared copy on write with pending saves'
+    /// snapshots) and the last selection it made; empty until built.
+    pub(crate) index: Vec<Mutex<(SharedIndex, Vec<u32>)>>,
     pub(crate) built: bool,
     /// Reads are exact for now (the index is kept up to date): for timing both paths on one
     /// cache, step by step.
@@ -142,7 +144,7 @@ impl SparseKv {
             .iter()
             .map(|i| {
                 let i = i.lock().expect("index lock");
-                Mutex::new((i.0.clone_box(), i.1.clone()))
+                Mutex::new((SharedIndex::new(i.0.clone_box()), i.1.clone()))
             })
             .collect();
         kv.built = self.built;
@@ -226,6 +228,13 @@ impl SparseKv {
         self.resize_slots(cap);
     }
 
+    /// The index's bytes as a save encodes it, every head ([`HeadIndex::saved_len`]): what
+    /// the KV pool charges for it. A clustered index (DynaKV's) is measured without
+    /// allocating.
+    pub fn index_bytes(&self) -> usize {
+        self.index.iter().map(|i| i.lock().expect("index lock").0.saved_len()).sum()
+    }
+
     /// Reallocates the RAM slots to `cap` per head (`cap` >= every layer's held tokens).
     pub(crate) fn resize_slots(&mut self, cap: usize) {
         let (d, old) = (self.dim, self.cap);
@@ -254,8 +263,8 @@ impl SparseKv {
         if self.streaming() {
             return self.finish_stream();
         }
-        let index: Vec<Mutex<(Box<dyn HeadIndex>, Vec<u32>)>> =
-            (0..self.layers * self.heads).map(|_| Mutex::new((cfg.method.index(self.dim), Vec::new()))).collect();
+        let index: Vec<Mutex<(SharedIndex, Vec<u32>)>> =
+            (0..self.layers * self.heads).map(|_| Mutex::new((SharedIndex::new(cfg.method.index(self.dim)), Vec::new()))).collect();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(index.len()).max(1);
         let next = AtomicUsize::new(0);
         std::thread::scope(|s| {
@@ -268,9 +277,10 @@ impl SparseKv {
                     let n = self.lens[i / self.heads];
                     let keys = self.head_keys(i / self.heads, i % self.heads, n);
                     let mut idx = index[i].lock().expect("index lock");
-                    idx.0.build(keys);
-                    self.calib[i].lock().expect("calib lock").apply(idx.0.as_mut(), n, &cfg);
-                    idx.0.drain_touched(&mut Vec::new());
+                    let head = idx.0.make_mut();
+                    head.build(keys);
+                    self.calib[i].lock().expect("calib lock").apply(head, n, &cfg);
+                    head.drain_touched(&mut Vec::new());
                 });
             }
         });
@@ -329,10 +339,16 @@ impl SparseKv {
         let len = self.lens[read.layer];
         match self.source(read.layer, read.kv_head, Purpose::Retrieval, read.positions[0] as u64) {
             Some(src) => {
-                idx.0.select(HeadKeys::from_source(&src, len, self.dim), read.queries, sinks..recent_from, cfg.budget, &mut sel);
-                self.mark_touched(read.layer, read.kv_head, &mut *idx.0, read.positions[0] as u64);
+                idx.0.make_mut().select(HeadKeys::from_source(&src, len, self.dim), read.queries, sinks..recent_from, cfg.budget, &mut sel);
+                self.mark_touched(read.layer, read.kv_head, idx.0.make_mut(), read.positions[0] as u64);
             }
-            None => idx.0.select(self.head_keys(read.layer, read.kv_head, len), read.queries, sinks..recent_from, cfg.budget, &mut sel),
+            None => idx.0.make_mut().select(
+                self.head_keys(read.layer, read.kv_head, len),
+                read.queries,
+                sinks..recent_from,
+                cfg.budget,
+                &mut sel,
+            ),
         }
         sel.extend(recent_from as u32..n as u32);
         sel.sort_unstable();
@@ -398,12 +414,12 @@ impl KvCache for SparseKv {
                     let mut idx = self.index[layer * self.heads + h].lock().expect("index lock");
                     match self.source(layer, h, Purpose::Split, now) {
                         Some(src) => {
-                            idx.0.append(HeadKeys::from_source(&src, len, d));
+                            idx.0.make_mut().append(HeadKeys::from_source(&src, len, d));
                             src.finish();
                         }
-                        None => idx.0.append(self.head_keys(layer, h, len)),
+                        None => idx.0.make_mut().append(self.head_keys(layer, h, len)),
                     }
-                    self.mark_touched(layer, h, &mut *idx.0, now);
+                    self.mark_touched(layer, h, idx.0.make_mut(), now);
                 }
             }
             if self.off.is_some() && !self.streaming() {

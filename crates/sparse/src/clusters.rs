@@ -456,6 +456,26 @@ impl HeadIndex for ClusterIndex {
         }
     }
 
+    fn saved_len(&self) -> usize {
+        // `save`'s fields: each list is its 8-byte length and its elements, then the counters.
+        let list = |n: usize, size: usize| 8 + n * size;
+        list(self.cent.len(), 4)
+            + list(self.half_norm.len(), 4)
+            + 8
+            + self.members.iter().map(|m| list(m.len(), 4)).sum::<usize>()
+            + list(self.m2.len(), 8)
+            + 8
+            + list(self.flagged.len(), 1)
+            + list(self.buffered.len(), 8)
+            + 8
+            + list(self.resident.len(), 1)
+            + list(self.pending.len(), 4)
+            + list(self.last_chosen.len(), 4)
+            + list(self.touched.len(), 4)
+            + list(self.coret.len(), 8)
+            + 6 * 8
+    }
+
     fn build_part(&mut self, keys: HeadKeys<'_>, range: Range<usize>) {
         // Segment by segment (k-means cost linear in the history, peak memory one segment's).
         if !range.is_empty() {

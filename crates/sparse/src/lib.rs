@@ -38,6 +38,7 @@ pub mod offload;
 pub mod persist;
 pub mod placement;
 pub mod probe;
+mod shared;
 
 pub use cache::{SparseConfig, SparseKv};
 pub use keys::HeadKeys;

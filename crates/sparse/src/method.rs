@@ -13,13 +13,25 @@ use crate::kmeans::SEGMENT;
 use crate::persist::codec::{Dec, Enc, Short};
 
 /// Per-head retrieval state of one method.
-pub trait HeadIndex: Send {
+///
+/// `Sync`: a pending save reads the index on its writer thread while the cache holds it
+/// (shared copy on write, `crate::shared`).
+pub trait HeadIndex: Send + Sync {
     /// A copy of this index's whole state (for forking a cache with its index).
     fn clone_box(&self) -> Box<dyn HeadIndex>;
 
     /// Appends this index's whole state to `out` (a saved sequence, `crate::persist`);
     /// [`Method::load_index`] reads it back into an index that selects exactly as this one.
     fn save(&self, out: &mut Vec<u8>);
+
+    /// The bytes [`HeadIndex::save`] appends, without writing them (the index's size as the
+    /// KV pool charges it). The default saves into a scratch buffer; an index whose state
+    /// grows with the history computes it instead.
+    fn saved_len(&self) -> usize {
+        let mut out = Vec::new();
+        self.save(&mut out);
+        out.len()
+    }
 
     /// Indexes the prefill's tokens `range` (their keys readable in `keys`): called for
     /// consecutive ranges from token 0, each [`SEGMENT`] tokens from a multiple of it but the

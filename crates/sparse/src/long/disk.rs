@@ -12,8 +12,8 @@
 //! ```
 //!
 //! A save is queued at a turn's end and written by the layer's writer thread (`writer.rs`):
-//! the engine thread copies the state's RAM part (charged to the KV pool until written) and
-//! goes on. A turn that would resume a session of its owner from disk while an operation on
+//! the engine thread takes a snapshot of the state (the RAM tail copied, the index and row
+//! tables shared copy on write; charged to the KV pool as a copy until written) and goes on. A turn that would resume a session of its owner from disk while an operation on
 //! the owner's saved sessions is still queued or running waits for it first, so it resumes
 //! what was last saved.
 //!
@@ -207,7 +207,7 @@ impl LongDisk {
     }
 
     /// Queues a save of `owner`'s session `session_id` (its `history` and sparse cache `kv`),
-    /// replacing its earlier save once written. The state's RAM part is copied now and charged
+    /// replacing its earlier save once written. The state's snapshot is taken now and charged
     /// to `pool` until written (where the pool has no room, once the pending saves are
     /// written); an error (counted as a failed save) when the cache cannot be saved or its
     /// copy does not fit. The write's own failures (disk budget, tenant share, I/O) are

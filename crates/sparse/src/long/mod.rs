@@ -20,7 +20,8 @@
 //! With a disk store ([`LongContext::with_disk`]) a session kept at a turn's end is also saved
 //! there (its DynaKV state, offload file and history, one folder entry counted against the
 //! disk budget and its tenant's share) by the layer's writer thread: the engine thread only
-//! copies the state's RAM part. A prompt that no session in RAM extends is matched against the
+//! takes a snapshot (`SparseKv::snapshot_state`: the RAM tail copied, the index and row tables
+//! shared copy on write). A prompt that no session in RAM extends is matched against the
 //! saved ones before the inner policy (after waiting for its owner's pending saves): a
 //! restarted process resumes the next turn from the file, reusing the whole history. A saved
 //! state that fails a check (damaged, truncated, another model or configuration) is never

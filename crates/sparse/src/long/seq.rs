@@ -96,13 +96,9 @@ impl LongKv {
         }
     }
 
-    /// Measures the index's bytes (its serialized size, every head).
+    /// Measures the index's bytes (its serialized size, every head), without serializing it.
     fn measure_index(&mut self) {
-        let mut out = Vec::new();
-        for i in &self.kv.index {
-            i.lock().expect("index lock").0.save(&mut out);
-        }
-        self.index_bytes = out.len();
+        self.index_bytes = self.kv.index_bytes();
         self.index_at = self.kv.len();
     }
 }

@@ -1,5 +1,5 @@
 //! The thread that writes saved long conversations, so that a turn's end costs the engine
-//! thread only a copy of the sparse state's RAM part (`SparseKv::snapshot_state`): the offload
+//! thread only a snapshot of the sparse state (`SparseKv::snapshot_state`): the offload
 //! file's sync, the BLAKE3 of its rows, the link, the state and turn files and their fsyncs,
 //! and the disk store's commit run here.
 //!

@@ -150,7 +150,7 @@ impl SparseKv {
             sinks,
             sink_k,
             sink_v,
-            slots,
+            slots: slots.into_iter().map(Arc::new).collect(),
             written,
             flush_failures: 0,
             regions,
@@ -284,7 +284,7 @@ impl SparseKv {
         }
         off.elsewhere_rows += (n * heads) as u64;
         for (h, first) in firsts.into_iter().enumerate() {
-            let s = &mut off.slots[layer * heads + h];
+            let s = Arc::make_mut(&mut off.slots[layer * heads + h]);
             s.resize(o + n, u32::MAX);
             for t in 0..n {
                 s[o + t] = (first + t as u64) as u32;
@@ -367,7 +367,7 @@ impl SparseKv {
             done.push((hi, regions, plan, tail_first));
         }
         for (hi, regions, plan, tail_first) in done {
-            let s = &mut off.slots[hi];
+            let s = Arc::make_mut(&mut off.slots[hi]);
             s.resize(o + n, u32::MAX);
             for (i, &t) in plan.tail.iter().enumerate().filter(|(_, &t)| t != SLACK) {
                 s[t as usize] = (tail_first + i as u64) as u32;

@@ -170,8 +170,9 @@ pub(crate) struct Offloaded {
     pub sink_k: Vec<Vec<f16>>,
     pub sink_v: Vec<Vec<f16>>,
     /// Per `layer * heads + head`: file row of each position `sinks..origin[layer]`
-    /// (index = position; entries below `sinks` unused).
-    pub slots: Vec<Vec<u32>>,
+    /// (index = position; entries below `sinks` unused). Shared copy on write with pending
+    /// saves' snapshots (`Arc::make_mut` before a change), as the index is.
+    pub slots: Vec<Arc<Vec<u32>>>,
     /// The cluster cache and the counters, shared with the loader thread.
     pub shared: Arc<Shared>,
     pub staging: Vec<Mutex<Staging>>,

@@ -29,7 +29,7 @@
 use std::io::{self, ErrorKind};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use engram_model::{KvChunk, KvData, KvElem, KvRead};
 use half::f16;
@@ -38,6 +38,7 @@ use super::scratch::Scratch;
 use super::{Layout, OffloadConfig, Offloaded, Purpose};
 use crate::keys::HeadKeys;
 use crate::kmeans::SEGMENT;
+use crate::shared::SharedIndex;
 use crate::SparseKv;
 
 /// Rows of one request of a full read ([`SparseKv::gather_block`]): 256 rows of a 64-dim head
@@ -90,7 +91,7 @@ impl SparseKv {
         let (file, shared, reader, prefetcher) = self.open_file(&cfg, &scfg, 0)?;
         // The recent window stays in RAM whatever the budget (as after `offload`).
         let budget_tokens = (cfg.ram_budget / (layers * heads * d * 4).max(1)).max(scfg.recent);
-        self.index = (0..layers * heads).map(|_| Mutex::new((scfg.method.index(d), Vec::new()))).collect();
+        self.index = (0..layers * heads).map(|_| Mutex::new((SharedIndex::new(scfg.method.index(d)), Vec::new()))).collect();
         let sinks = scfg.sinks;
         self.off = Some(Box::new(Offloaded {
             shared,
@@ -103,7 +104,7 @@ impl SparseKv {
             sinks,
             sink_k: vec![vec![f16::ZERO; heads * sinks * d]; layers],
             sink_v: vec![vec![f16::ZERO; heads * sinks * d]; layers],
-            slots: vec![Vec::new(); layers * heads],
+            slots: (0..layers * heads).map(|_| Arc::default()).collect(),
             written: 0,
             flush_failures: 0,
             regions: vec![Default::default(); layers * heads],
@@ -182,7 +183,7 @@ impl SparseKv {
                     }
                     let mut idx = this.index[layer * heads + h].lock().expect("index lock");
                     let before = idx.0.stats().units as u32;
-                    idx.0.build_part(HeadKeys::window(&k, range.start, d), range.clone());
+                    idx.0.make_mut().build_part(HeadKeys::window(&k, range.start, d), range.clone());
                     *units[h].lock().expect("units lock") = before..idx.0.stats().units as u32;
                 });
             }
@@ -226,7 +227,7 @@ impl SparseKv {
                     let first = region + (h * SEGMENT + t - s * SEGMENT) as u64;
                     file.write_rows(first, &bytes)?;
                     *written += bytes.len() as u64;
-                    let sl = &mut slots[layer * heads + h];
+                    let sl = Arc::make_mut(&mut slots[layer * heads + h]);
                     sl.resize(end, u32::MAX);
                     for (i, slot) in sl[t..end].iter_mut().enumerate() {
                         *slot = u32::try_from(first + i as u64).map_err(|_| invalid("offload file past 2^32 rows"))?;
@@ -283,7 +284,7 @@ impl SparseKv {
             let order = {
                 let mut idx = self.index[hx].lock().expect("index lock");
                 if off.cfg.co_retrieval {
-                    self.calib[hx].lock().expect("calib lock").apply(idx.0.as_mut(), n, &scfg);
+                    self.calib[hx].lock().expect("calib lock").apply(idx.0.make_mut(), n, &scfg);
                 }
                 let Some(units) = idx.0.placement_of(off.cfg.co_retrieval, st.units[hx][s].clone()) else { continue };
                 let mut seen = vec![false; hi - lo];
@@ -304,8 +305,9 @@ impl SparseKv {
             }
             off.file.write_rows(first, &new)?;
             off.written += new.len() as u64;
+            let slots = Arc::make_mut(&mut off.slots[hx]);
             for (i, &t) in order.iter().enumerate() {
-                off.slots[hx][t] = (first + i as u64) as u32;
+                slots[t] = (first + i as u64) as u32;
             }
         }
         Ok(())
@@ -326,10 +328,11 @@ impl SparseKv {
         }
         for (i, idx) in self.index.iter().enumerate() {
             let mut idx = idx.lock().expect("index lock");
-            idx.0.finish_build();
+            let head = idx.0.make_mut();
+            head.finish_build();
             let n = self.lens[i / self.heads];
-            self.calib[i].lock().expect("calib lock").apply(idx.0.as_mut(), n, &scfg);
-            idx.0.drain_touched(&mut Vec::new());
+            self.calib[i].lock().expect("calib lock").apply(head, n, &scfg);
+            head.drain_touched(&mut Vec::new());
         }
         self.built = true;
         let off = self.off.as_deref().expect("offloaded");

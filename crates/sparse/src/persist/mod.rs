@@ -15,7 +15,7 @@
 //!                 (a copy where the folder is on another file system)
 //! ```
 //!
-//! A save is two steps (`save.rs`): [`SparseKv::snapshot_state`] copies the RAM part on the
+//! A save is two steps (`save.rs`): [`SparseKv::snapshot_state`] takes the RAM part on the
 //! caller's thread, [`StateSnapshot::write`] does the I/O wherever it runs.
 //! A save writes the KV file first, under a new name, then replaces `state` atomically
 //! (`engram_kv::persist::atomic_write`: temp file, fsync, rename, fsync of the folder), then
@@ -39,13 +39,14 @@ pub use save::StateSnapshot;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use engram_kv::envelope::{self, EnvelopeError};
 use engram_model::ModelConfig;
 use half::f16;
 
 use crate::offload::{self, FileSpec, Layout, OffloadConfig, OffloadFile, Offloaded};
+use crate::shared::SharedIndex;
 use crate::{Method, SparseConfig, SparseKv};
 use codec::{Dec, Enc, Short};
 
@@ -271,7 +272,7 @@ impl SparseKv {
                 let mut bd = Dec::new(blob);
                 let idx = method.load_index(dim, kv.lens[i / heads], &mut bd).and_then(|x| bd.finish().map(|()| x)).map_err(&bad)?;
                 let sel = d.u32s("last selection").map_err(&bad)?;
-                index.push(Mutex::new((idx, sel)));
+                index.push(Mutex::new((SharedIndex::new(idx), sel)));
             }
             d.finish().map_err(&bad)?;
             kv.index = index;
@@ -371,7 +372,7 @@ impl SparseKv {
                 sinks,
                 sink_k,
                 sink_v,
-                slots,
+                slots: slots.into_iter().map(Arc::new).collect(),
                 written,
                 flush_failures: 0,
                 regions: vec![Default::default(); layers * heads],

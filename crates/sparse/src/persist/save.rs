@@ -1,23 +1,28 @@
 //! Saving a sparse state in two parts, so that the slow part runs off the thread that decodes:
-//! [`SparseKv::snapshot_state`] copies what the state holds in RAM (the RAM tail, sinks, row
-//! tables, index) and opens a second handle on the live offload file, and
+//! [`SparseKv::snapshot_state`] takes what the state holds in RAM — copies of the parts bounded
+//! by the RAM budget (the RAM tail, sinks, last selections) and shared references to the parts
+//! that grow with the history (the index and the position → file row tables, copy on write:
+//! `crate::shared`) — and opens a second handle on the live offload file, and
 //! [`StateSnapshot::write`] does the I/O (the offload file's data synced, its saved rows hashed
-//! and linked into the folder, the state file written and renamed into place, older KV files
+//! and linked into the folder, the state file streamed and renamed into place, older KV files
 //! removed). [`SparseKv::save_state`] is both at once.
 //!
 //! Invariant: a snapshot describes the cache exactly as it was when taken, whatever the cache
-//! does afterwards: the live file is append-only (the append layout; rows are never rewritten,
-//! a truncation never happens to a live file), so its first `rows` rows stay the snapshot's, and
-//! the snapshot's handle keeps the file readable even once the cache is dropped and its name
-//! removed. The file linked into the folder is checked to be that same file (device and inode)
-//! and copied from the handle otherwise; the state names the rows and their BLAKE3, so a resume
-//! never uses rows the state did not hash.
+//! does afterwards: the index and the row tables it shares are copied by the cache before the
+//! cache changes them; the live file is append-only (the append layout; rows are never
+//! rewritten, a truncation never happens to a live file), so its first `rows` rows stay the
+//! snapshot's, and the snapshot's handle keeps the file readable even once the cache is dropped
+//! and its name removed. The file linked into the folder is checked to be that same file
+//! (device and inode) and copied from the handle otherwise; the state names the rows and their
+//! BLAKE3, so a resume never uses rows the state did not hash.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 
 use engram_kv::envelope;
 
@@ -25,6 +30,7 @@ use super::codec::Enc;
 use super::{rows_hash_with, save_method, StateError, StateMeta, MAGIC, STATE_FILE, VERSION};
 use crate::offload::file::{RowReader, HEADER};
 use crate::offload::Layout;
+use crate::shared::SharedIndex;
 use crate::SparseKv;
 
 /// A new KV file name (process, time and a counter: never one a folder already holds).
@@ -80,16 +86,31 @@ struct KvPart {
     rows: u64,
 }
 
-/// A sparse state copied out of its cache, to be written to `dir` (module doc).
+/// Elements of a row table encoded per piece of the body (64 KiB).
+const TABLE_PIECE: usize = 16 << 10;
+
+/// A sparse state taken from its cache, to be written to `dir` (module doc). What it copies
+/// is bounded by the cache's RAM budget (identity, shape, the RAM tail, the sinks, each head's
+/// last selection); what grows with the history — the index and the position → file row
+/// tables — it shares with the cache copy on write (`crate::shared`), so taking a snapshot
+/// allocates nothing in proportion to the history, and neither does writing it (one head's
+/// index at a time, row tables in pieces).
 pub struct StateSnapshot {
     dir: PathBuf,
-    /// The state file's body up to the offload file's name (identity, shape, RAM tail, and
-    /// for an offloaded state its sinks, row tables, bytes written and model fingerprint).
+    /// The state file's body up to the row tables (identity, shape, RAM tail, and for an
+    /// offloaded state its sinks).
     head: Vec<u8>,
+    /// Offloaded: the position → file row tables, shared with the cache.
+    slots: Vec<Arc<Vec<u32>>>,
+    /// Offloaded: the body between the row tables and the offload file's name (bytes
+    /// written, the model fingerprint).
+    mid: Vec<u8>,
     /// The offload file's part (`None`: the state is all in RAM).
     kv: Option<KvPart>,
-    /// The body after the offload file's checksum: each head's index and last selection.
-    tail: Vec<u8>,
+    /// Per head: its index, shared with the cache, and its last selection (a copy).
+    index: Vec<(SharedIndex, Vec<u32>)>,
+    /// Bytes a copy of the shared parts would take: the index's and the tables' encodings.
+    shared_bytes: usize,
     tokens: usize,
 }
 
@@ -104,9 +125,50 @@ impl StateSnapshot {
         self.tokens
     }
 
-    /// Bytes of RAM the snapshot holds (its copies of the RAM tail, sinks, tables and index).
+    /// Bytes of RAM the snapshot may hold: its own copies (RAM tail, sinks, last selections)
+    /// plus the shared index and row tables, which cost nothing more unless the cache changes
+    /// them before the snapshot is written (then up to a copy of each). An upper bound, for
+    /// the KV pool's charge.
     pub fn ram_bytes(&self) -> usize {
-        self.head.len() + self.tail.len()
+        self.head.len() + self.mid.len() + self.index.iter().map(|(_, s)| s.len() * 4).sum::<usize>() + self.shared_bytes
+    }
+
+    /// Bytes the snapshot copied out of its cache (identity, shape, RAM tail, sinks, last
+    /// selections): bounded by the cache's RAM budget, whatever the history.
+    pub fn copied_bytes(&self) -> usize {
+        self.head.len() + self.mid.len() + self.index.iter().map(|(_, s)| s.len() * 4).sum::<usize>()
+    }
+
+    /// Emits the state file's body piece by piece (`kv_tail`: the offload file's name, rows
+    /// and checksum, empty when all in RAM), the same bytes every call.
+    fn emit(&self, kv_tail: &[u8], out: &mut dyn FnMut(&[u8]) -> io::Result<()>) -> io::Result<()> {
+        out(&self.head)?;
+        let mut piece = Vec::new();
+        for table in &self.slots {
+            piece.clear();
+            Enc(&mut piece).len(table.len());
+            out(&piece)?;
+            for part in table.chunks(TABLE_PIECE) {
+                piece.clear();
+                part.iter().for_each(|v| piece.extend_from_slice(&v.to_le_bytes()));
+                out(&piece)?;
+            }
+        }
+        out(&self.mid)?;
+        out(kv_tail)?;
+        let mut blob = Vec::new();
+        for (index, selection) in &self.index {
+            blob.clear();
+            index.save(&mut blob);
+            piece.clear();
+            Enc(&mut piece).len(blob.len());
+            out(&piece)?;
+            out(&blob)?;
+            piece.clear();
+            Enc(&mut piece).u32s(selection);
+            out(&piece)?;
+        }
+        Ok(())
     }
 
     /// Writes the state to its folder (created if missing), replacing a state saved there
@@ -114,29 +176,38 @@ impl StateSnapshot {
     /// file atomically, then older KV files removed). Returns the bytes of the state file
     /// plus the offload file's saved rows.
     pub fn write(self) -> Result<u64, StateError> {
-        let StateSnapshot { dir, mut head, kv, tail, .. } = self;
+        let dir = &self.dir;
         let state = dir.join(STATE_FILE);
-        std::fs::create_dir_all(&dir).map_err(|e| StateError::io(&dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| StateError::io(dir, e))?;
         let mut linked = None;
-        if let Some(KvPart { reader, rows }) = kv {
+        let mut kv_tail = Vec::new();
+        if let Some(KvPart { reader, rows }) = &self.kv {
             let live = reader.path().to_path_buf();
             reader.file().sync_data().map_err(|e| StateError::io(&live, e))?;
             let sum =
-                rows_hash_with(reader.row_bytes(), rows, |at, buf| reader.read_rows(at, buf)).map_err(|e| StateError::io(&live, e))?;
+                rows_hash_with(reader.row_bytes(), *rows, |at, buf| reader.read_rows(at, buf)).map_err(|e| StateError::io(&live, e))?;
             let name = kv_name();
             let to = dir.join(&name);
             let bytes = HEADER + rows * reader.row_bytes() as u64;
-            link_or_copy(&reader, &live, &to, bytes).map_err(|e| StateError::io(&to, e))?;
-            let mut e = Enc(&mut head);
+            link_or_copy(reader, &live, &to, bytes).map_err(|e| StateError::io(&to, e))?;
+            let mut e = Enc(&mut kv_tail);
             e.str(&name);
-            e.u64(rows);
+            e.u64(*rows);
             e.bytes(&sum);
             linked = Some((name, bytes));
         }
-        // Head and tail written as they are: no third copy of the state while it is saved.
-        envelope::write_sealed_parts(&state, MAGIC, VERSION, &[&head, &tail]).map_err(|e| StateError::io(&state, e))?;
+        // The body is emitted twice (checksum, then write), never built whole in RAM.
+        let body_bytes = Cell::new(0u64);
+        envelope::write_sealed_with(&state, MAGIC, VERSION, |out| {
+            body_bytes.set(0);
+            self.emit(&kv_tail, &mut |p| {
+                body_bytes.set(body_bytes.get() + p.len() as u64);
+                out(p)
+            })
+        })
+        .map_err(|e| StateError::io(&state, e))?;
         // The new pair is in place: older KV files go (and any left by a crashed save).
-        if let Ok(entries) = std::fs::read_dir(&dir) {
+        if let Ok(entries) = std::fs::read_dir(dir) {
             for entry in entries.flatten() {
                 let n = entry.file_name();
                 let n = n.to_string_lossy();
@@ -146,7 +217,7 @@ impl StateSnapshot {
                 }
             }
         }
-        Ok((head.len() + tail.len()) as u64 + linked.map_or(0, |(_, b)| b))
+        Ok(body_bytes.get() + linked.map_or(0, |(_, b)| b))
     }
 }
 
@@ -159,10 +230,11 @@ impl SparseKv {
         self.snapshot_state(dir, meta)?.write()
     }
 
-    /// What [`SparseKv::save_state`] would write to `dir`, copied now, to be written later
+    /// What [`SparseKv::save_state`] would write to `dir`, taken now, to be written later
     /// (by another thread) with [`StateSnapshot::write`]: no file is written or read here
-    /// (the live offload file gets a second handle). Errors as `save_state`'s for a cache
-    /// that cannot be saved.
+    /// (the live offload file gets a second handle), and what is copied is bounded by the RAM
+    /// budget (the index and row tables are shared copy on write; [`StateSnapshot`]). Errors
+    /// as `save_state`'s for a cache that cannot be saved.
     pub fn snapshot_state(&self, dir: &Path, meta: &StateMeta) -> Result<StateSnapshot, StateError> {
         let state = dir.join(STATE_FILE);
         let unsavable = |reason: &str| StateError::Unsavable { path: state.clone(), reason: reason.to_string() };
@@ -176,7 +248,17 @@ impl SparseKv {
         if meta.tokens.len() != self.len() {
             return Err(unsavable(&format!("{} tokens named for {} stored", meta.tokens.len(), self.len())));
         }
-        let mut head = Vec::new();
+        // Sized up front (identity, shape, the tokens, the RAM tail, the sinks, each list's
+        // length): one allocation, no transient of a growing buffer.
+        let (held, sinks) =
+            ((0..self.layers).map(|l| self.lens[l] - self.origin[l]).sum::<usize>(), self.off.as_deref().map_or(0, |o| o.sinks));
+        let mut head = Vec::with_capacity(
+            256 + meta.fingerprint.len()
+                + meta.owner.len()
+                + 4 * meta.tokens.len()
+                + 4 * (held + sinks * self.layers) * self.heads * self.dim
+                + 32 * self.layers * (self.heads + 1),
+        );
         let mut e = Enc(&mut head);
         e.str(&meta.fingerprint);
         e.str(&meta.owner);
@@ -200,6 +282,7 @@ impl SparseKv {
             }
         }
         let mut kv = None;
+        let (mut slots, mut mid) = (Vec::new(), Vec::new());
         e.bool(self.off.is_some());
         if let Some(off) = self.off.as_deref() {
             if off.cfg.layout != Layout::Append {
@@ -212,21 +295,22 @@ impl SparseKv {
                 e.f16s(&off.sink_k[l]);
                 e.f16s(&off.sink_v[l]);
             }
-            off.slots.iter().for_each(|s| e.u32s(s));
+            slots = off.slots.clone();
+            let mut e = Enc(&mut mid);
             e.u64(off.written);
             e.u64(off.cfg.model_fingerprint);
             kv = Some(KvPart { reader, rows: off.file.rows() });
         }
-        let mut tail = Vec::new();
-        let mut e = Enc(&mut tail);
-        let mut blob = Vec::new();
-        for i in &self.index {
-            let i = i.lock().expect("index lock");
-            blob.clear();
-            i.0.save(&mut blob);
-            e.bytes(&blob);
-            e.u32s(&i.1);
-        }
-        Ok(StateSnapshot { dir: dir.to_path_buf(), head, kv, tail, tokens: meta.tokens.len() })
+        let index: Vec<(SharedIndex, Vec<u32>)> = self
+            .index
+            .iter()
+            .map(|i| {
+                let i = i.lock().expect("index lock");
+                (i.0.clone(), i.1.clone())
+            })
+            .collect();
+        let shared_bytes =
+            slots.iter().map(|s| 8 + s.len() * 4).sum::<usize>() + index.iter().map(|(i, _)| 8 + i.saved_len()).sum::<usize>();
+        Ok(StateSnapshot { dir: dir.to_path_buf(), head, slots, mid, kv, index, shared_bytes, tokens: meta.tokens.len() })
     }
 }

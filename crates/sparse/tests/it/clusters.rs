@@ -109,3 +109,23 @@ fn co_retrieval_placement_puts_the_clusters_fetched_together_side_by_side() {
     assert_eq!(head, fetched, "the last token's clusters are the first run");
     assert_ne!(co, plain, "calibration changed the order");
 }
+
+#[test]
+fn an_index_s_saved_length_is_the_length_it_saves() {
+    // Built, grown with splits and delayed-split buffers, local windows part-filled: the
+    // computed length (what the KV pool charges, measured without serializing) equals the
+    // bytes `save` appends.
+    let (n, pre) = (2000, 1000);
+    for update in [
+        Update::Static,
+        Update::Adaptive { b_max: 16, eager: false },
+        Update::Adaptive { b_max: 16, eager: true },
+        Update::Local { window: 320, k: 8 },
+    ] {
+        for idx in [ClusterIndex::new(16, update), grow(update, pre, pre), grow(update, n, pre)] {
+            let mut out = vec![1, 2, 3];
+            idx.save(&mut out);
+            assert_eq!(idx.saved_len(), out.len() - 3, "{update:?}, {} clusters", idx.len());
+        }
+    }
+}

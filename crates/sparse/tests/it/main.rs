@@ -12,4 +12,5 @@ mod long_saves;
 mod offload;
 mod own_cache;
 mod persist;
+mod snapshot;
 mod stream;
