@@ -5,7 +5,8 @@
 #                                            SIMD flags picked from /proc/cpuinfo (~6-10 min on 2 cores)
 #   scripts/yardstick.sh run VENV FIXDIR [yardstick.py options]
 #                                            writes llama.cpp-quantized files from FIXDIR/llama-1b-f16.gguf
-#                                            (FIXDIR/llama-1b-<fmt>-lcpp.gguf), then runs scripts/yardstick.py
+#                                            (FIXDIR/llama-1b-<fmt>-lcpp.gguf; with --only, those formats'
+#                                            only), then runs scripts/yardstick.py
 #                                            with VENV's python: Engram and llama.cpp alternating, best of 3
 #
 # FIXDIR comes from `engram fixture llama-1b --out FIXDIR --formats f16,q8_0,q4_0,q4_k_m`.
@@ -13,7 +14,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; venv=${2:-}
-[ -n "$cmd" ] && [ -n "$venv" ] || { sed -n 2,13p "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$venv" ] || { sed -n 2,14p "$0"; exit 2; }
 
 # CMake flags for ggml's CPU backend from what this CPU has. AMX stays off everywhere: its
 # path stops with SIGILL on some machines that list the flags; AVX-512 only where present
@@ -40,9 +41,18 @@ case $cmd in
     fixdir=${3:?FIXDIR}; shift 3
     f16="$fixdir/llama-1b-f16.gguf"
     [ -f "$f16" ] || { echo "$f16 missing: engram fixture llama-1b --out $fixdir --formats f16,q8_0,q4_0,q4_k_m" >&2; exit 2; }
+    # With --only, write just the files of the formats asked for (F16 needs none).
+    only=""; prev=""
+    for a in "$@"; do
+      case $a in --only=*) only=${a#--only=} ;; esac
+      [ "$prev" = --only ] && only=$a
+      prev=$a
+    done
+    only=",$(echo "$only" | tr 'A-Z' 'a-z' | tr -d ' '),"
     for fmt in q4_0 q8_0 q4_k_m q4_1 q5_k_m q3_k_m iq4_xs; do
       out="$fixdir/llama-1b-$fmt-lcpp.gguf"
       [ -f "$out" ] && continue
+      [ "$only" != ",," ] && [[ $only != *",$fmt,"* ]] && continue
       echo "llama.cpp quantizer: $f16 -> $out" >&2
       "$venv/bin/python" - "$f16" "$out.tmp" "$fmt" <<'PY'
 import ctypes, sys, llama_cpp
@@ -56,5 +66,5 @@ PY
       mv "$out.tmp" "$out"
     done
     exec "$venv/bin/python" "$here/yardstick.py" --fixture-dir "$fixdir" "$@" ;;
-  *) sed -n 2,13p "$0"; exit 2 ;;
+  *) sed -n 2,14p "$0"; exit 2 ;;
 esac

@@ -66,6 +66,10 @@ pub struct TableRow {
     /// (`simd::vnni_k`) takes instead of the decode tiles (formats not named:
     /// [`TOKEN_LANE_MIN`]).
     pub token_lane_min: &'static [(DType, usize)],
+    /// The most weight bytes (KiB) of one chunk of a multi-token F16 call (`None`:
+    /// [`CHUNK_KIB`], as every format): more rows per chunk reuse each token's activations
+    /// more, while the chunk's weights must stay in this CPU's L2.
+    pub f16_chunk_kib: Option<usize>,
     /// Where the figures behind the choices are (a section of `docs/cpu-kernels.md`).
     pub measured: &'static str,
 }
@@ -89,6 +93,9 @@ pub const TABLE: &[TableRow] = &[TableRow {
     // ~31–44 ns per row-token at 8–12 tokens; the token-lane kernel ~400 ns per row per call
     // up to 16 tokens (1 thread, CPU time).
     token_lane_min: &[(DType::Q5K, 12), (DType::Q3K, 13), (DType::Q2K, 14), (DType::IQ4XS, 9)],
+    // 1 MiB of L2 per core: 768 KiB chunks ran the 2048 × 8192 F16 matrix at 512 tokens in
+    // 45 ns per 2048-column row-token against 60 with 256 KiB (1 thread, CPU time).
+    f16_chunk_kib: Some(768),
     measured: "docs/cpu-kernels.md, \"The measured dispatch table\"",
 }];
 
@@ -107,6 +114,18 @@ pub const TOKEN_LANE_MIN: usize = 8;
 /// reference's), so this moves only time.
 pub fn token_lane_min(dtype: DType) -> usize {
     table_row().and_then(|row| row.token_lane_min.iter().find(|(d, _)| *d == dtype)).map_or(TOKEN_LANE_MIN, |&(_, n)| n)
+}
+
+/// The most weight bytes (KiB) of one chunk of a multi-token call where no table row says
+/// otherwise (a chunk's weights stay in L2 while all the call's tokens pass over them).
+pub const CHUNK_KIB: usize = 256;
+
+/// The most weight bytes (KiB) of one chunk of a multi-token `dtype` call on this CPU: its
+/// [`TABLE`] row's figure for F16, else [`CHUNK_KIB`]. Chunks only split the rows, so this moves
+/// only time.
+pub fn chunk_kib(dtype: DType) -> usize {
+    let f16 = if dtype == DType::F16 { table_row().and_then(|row| row.f16_chunk_kib) } else { None };
+    f16.unwrap_or(CHUNK_KIB)
 }
 
 /// The path that multiplies `dtype` on this CPU. See the module doc.

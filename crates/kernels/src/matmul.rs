@@ -7,7 +7,9 @@
 //!   kernels, see `quantize.rs` for why), in parallel for large batches.
 //! * Work is split over *output rows* into chunks run on [`crate::pool`]; every weight row is
 //!   therefore read from memory once per call regardless of `n_tokens`. A chunk's weights are
-//!   kept ≲ 256 KiB so they stay in L2 while the chunk sweeps all tokens.
+//!   kept ≲ 256 KiB (`dispatch::chunk_kib`: F16 on a CPU whose table row says so, more) so
+//!   they stay in L2 while the chunk sweeps all tokens. With one thread (or too little work
+//!   to share) the chunks run in turn on the calling thread, the same way.
 //! * Inside a chunk: for each group of ≤ 4 tokens (their activations stay in L1), for each group
 //!   of ≤ 4 rows, one register-tiled kernel call (`simd::run_tile`), decoding each weight block
 //!   once per group and reusing it for all tokens in the group. `n_tokens = 1` is the same code
@@ -196,7 +198,10 @@ fn acts_key(d: DType) -> DType {
 /// there is one thread or too little `work` to share).
 fn run_jobs(jobs: &[Job], work: u64, threads: usize) {
     if threads <= 1 || work < (1 << 18) {
-        jobs.iter().for_each(|j| j.run_rows(0, j.rows));
+        // Chunk by chunk, as the pool would: a chunk's weights stay in L2 while all the
+        // call's tokens pass over them (one call over every row would stream the whole
+        // matrix once per token group).
+        jobs.iter().for_each(|j| (0..j.nchunks).for_each(|c| j.run_rows(c * j.chunk, ((c + 1) * j.chunk).min(j.rows))));
         return;
     }
     let pieces: Vec<(usize, usize)> = jobs.iter().enumerate().flat_map(|(i, j)| (0..j.nchunks).map(move |c| (i, c))).collect();
@@ -267,7 +272,7 @@ impl<'a> Job<'a> {
         let rb = w.row_bytes();
         let mut chunk = rows.div_ceil(threads.max(1) * 8).max(1);
         if n_tokens > 1 {
-            chunk = chunk.min((256 * 1024 / rb.max(1)).max(1));
+            chunk = chunk.min((crate::dispatch::chunk_kib(w.dtype) * 1024 / rb.max(1)).max(1));
         }
         chunk = chunk.div_ceil(nr_max) * nr_max;
         #[cfg(target_arch = "x86_64")]

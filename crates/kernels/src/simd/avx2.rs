@@ -1,7 +1,8 @@
 //! AVX2 + FMA + F16C kernels (8 f32 lanes, 16 registers).
 //!
 //! * Float weights: each step converts 8 weights per row once (`vcvtph2ps` for F16, a 16-bit
-//!   shift for BF16) and FMAs them into an `NR × NT` grid of accumulators.
+//!   shift for BF16) and FMAs them into an `NR × NT` grid of accumulators. One-token F16
+//!   tiles (decode) prefetch the next tile's rows.
 //! * Q4_0: nibbles are unsigned (0..15), so `vpmaddubsw(q, x)` gives exact i16 pair sums
 //!   (|15·127·2| < 2^15); the `−8·Σx` offset comes from the precomputed activation bias.
 //! * Q8_0: signed × signed via the sign trick `vpmaddubsw(|w|, sign(x, w))` (|128·127·2| < 2^15).
@@ -155,6 +156,13 @@ unsafe fn float_tile<const K: u8, const NR: usize, const NT: usize>(
         let mut wv = [_mm256_setzero_ps(); NR];
         for r in 0..NR {
             wv[r] = load8::<K>(w.add(r * rb), i);
+        }
+        // One-token F16 calls (decode): ask L2 for the next tile's rows at this column, as
+        // `avx512::float_tile` does (the hardware prefetchers start over on every 4 KiB page).
+        if K == 1 && NT == 1 && i % 32 == 0 {
+            for r in 0..NR {
+                _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add((NR + r) * rb + 2 * i) as *const i8);
+            }
         }
         for t in 0..NT {
             let xv = _mm256_loadu_ps(x.add(t * cols + i));

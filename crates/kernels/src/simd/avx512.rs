@@ -1,7 +1,7 @@
 //! AVX-512 (F/BW/VL) + VNNI kernels (16 f32 lanes, 32 registers).
 //!
 //! * Float weights: 16 columns per step, masked loads for the row tail (so any `cols` works
-//!   without a scalar epilogue).
+//!   without a scalar epilogue). One-token F16 tiles (decode) prefetch the next tile's rows.
 //! * Q4_0 / Q8_0: two 32-element blocks per 512-bit register; `vpdpbusd(bias, u, x)` computes
 //!   `Σ u·x − k·Σx` exactly, where `u` = weights made unsigned (Q4_0 nibbles as-is, k = 8;
 //!   Q8_0 `w ^ 0x80` = w + 128, k = 128) and `bias` comes precomputed with the activations.
@@ -91,6 +91,15 @@ unsafe fn float_tile<const K: u8, const NR: usize, const NT: usize>(
         let mut wv = [_mm512_setzero_ps(); NR];
         for r in 0..NR {
             wv[r] = load16::<K, false>(w.add(r * rb), i, 0);
+        }
+        // One-token F16 calls (decode) stream the weights from DRAM, `NR` rows (often one
+        // 4 KiB page each) at a time, and the hardware prefetchers start over on every page:
+        // ask L2 for the next tile's rows at this column, one line per row every 32 columns.
+        // Loads only; nothing computed changes.
+        if K == 1 && NT == 1 && i % 32 == 0 {
+            for r in 0..NR {
+                _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add((NR + r) * rb + 2 * i) as *const i8);
+            }
         }
         for t in 0..NT {
             let xv = _mm512_loadu_ps(x.add(t * cols + i));
