@@ -103,6 +103,23 @@ impl LongKv {
     }
 }
 
+/// Prompts at least this long end with the process's freed heap handed back to the system
+/// ([`release_freed_heap`]): their prefill's transient working memory (step buffers sized by
+/// the chunk and the history) is freed by then, but the allocator keeps it resident, and the
+/// conversation's next turn would run on top of it. Shorter prompts leave little, and a trim
+/// costs a walk of the heap's free lists, so they skip it.
+const TRIM_AFTER_TOKENS: usize = 2048;
+
+/// Hands the pages of freed heap memory back to the system (glibc's `malloc_trim`; a no-op
+/// elsewhere). Live allocations are untouched.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only releases memory the allocator holds free; any thread may call it.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 impl KvCache for LongKv {
     fn write(&mut self, layer: usize, first_pos: usize, keys: &[f32], values: &[f32], num_tokens: usize) {
         self.kv.write(layer, first_pos, keys, values, num_tokens)
@@ -147,6 +164,7 @@ impl SeqCache for LongKv {
     }
 
     fn prefilled(&mut self) {
+        let prompt_tokens = self.kv.len().saturating_sub(self.index_at);
         self.kv.build_index();
         // A prompt that fit the RAM budget stayed in RAM (the bounded prefill dropped its
         // file); once the conversation outgrows the budget its older KV goes to a file.
@@ -159,6 +177,9 @@ impl SeqCache for LongKv {
         // Shrinks (or, offloaded now, grows) the charge to what is held; a growth the budget
         // refuses is charged at the next reservation, which makes room or fails the step.
         let _ = self.charge.resize(self.ram_bytes());
+        if prompt_tokens >= TRIM_AFTER_TOKENS {
+            release_freed_heap();
+        }
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
