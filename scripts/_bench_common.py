@@ -97,3 +97,23 @@ def argmax_last(llm, n_vocab=None):
     # llama-cpp-python 0.3.x no longer copies logits into `llm.scores` unless
     # logits_all=True, so read the context's last-token logits directly.
     return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+
+
+def llamacpp_prefill_decode(llm, tokens, n_gen, clock, decode_context=1):
+    """One timed prefill of `tokens` from an empty cache, then `n_gen` timed greedy one-token
+    decode steps after the first `decode_context` tokens, by `clock` (`time.perf_counter`: the
+    wall clock; `time.process_time`: this process's CPU time). Returns (prefill, decode) tokens
+    per second of that clock."""
+    n_vocab = llm.n_vocab()
+    llm.reset()  # the next eval clears the whole KV cache (llama_memory_clear in llama-bench)
+    t = clock()
+    llm.eval(tokens)
+    pp = len(tokens) / (clock() - t)
+    llm.reset()
+    llm.eval(tokens[:decode_context])
+    nxt = argmax_last(llm, n_vocab)
+    t = clock()
+    for _ in range(n_gen):
+        llm.eval([nxt])
+        nxt = argmax_last(llm, n_vocab)
+    return pp, n_gen / (clock() - t)

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from _bench_common import DEFAULT_ENGRAM, argmax_last, import_llama_cpp_or_exit, load_llama, machine, run_json_child, write_json_out
+from _bench_common import DEFAULT_ENGRAM, import_llama_cpp_or_exit, llamacpp_prefill_decode, load_llama, machine, run_json_child, write_json_out
 
 SHAPE = "llama-1b"
 FORMATS = ["q4_0", "q8_0", "f16", "q4_k_m"]  # q4_k_m is optional
@@ -81,19 +81,8 @@ def bench_llamacpp(path, threads, reps, extra_bufts=True):
 
     best_pp = best_tg = 0.0
     for _ in range(reps):
-        llm.reset()  # the next eval clears the whole KV cache (llama_memory_clear in llama-bench)
-        t = time.perf_counter()
-        llm.eval(tokens)
-        best_pp = max(best_pp, N_PROMPT / (time.perf_counter() - t))
-
-        llm.reset()
-        llm.eval(tokens[:1])
-        nxt = argmax_last(llm, n_vocab)
-        t = time.perf_counter()
-        for _ in range(N_GEN):
-            llm.eval([nxt])
-            nxt = argmax_last(llm, n_vocab)
-        best_tg = max(best_tg, N_GEN / (time.perf_counter() - t))
+        pp, tg = llamacpp_prefill_decode(llm, tokens, N_GEN, time.perf_counter)
+        best_pp, best_tg = max(best_pp, pp), max(best_tg, tg)
     del llm
     return {"prefill_tok_s": round(best_pp, 2), "decode_tok_s": round(best_tg, 2)}
 

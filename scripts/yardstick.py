@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _bench_common import DEFAULT_ENGRAM, argmax_last, load_llama, machine, run_json_child, write_json_out  # noqa: E402
+from _bench_common import DEFAULT_ENGRAM, llamacpp_prefill_decode, load_llama, machine, run_json_child, write_json_out  # noqa: E402
 
 FILES = [
     ("Q4_0", "llama-1b-q4_0.gguf", "engram"),
@@ -60,18 +60,7 @@ def llamacpp_child(path, threads, n_prompt, n_gen):
     tokens = [(i * 2_654_435_761 + 12345) % n_vocab for i in range(n_prompt)]
     llm.reset()
     llm.eval(tokens)  # warm-up: pages the weights in, repacks its buffers
-    llm.reset()
-    t = time.perf_counter()
-    llm.eval(tokens)
-    pp = n_prompt / (time.perf_counter() - t)
-    llm.reset()
-    llm.eval(tokens[:1])
-    nxt = argmax_last(llm, n_vocab)
-    t = time.perf_counter()
-    for _ in range(n_gen):
-        llm.eval([nxt])
-        nxt = argmax_last(llm, n_vocab)
-    tg = n_gen / (time.perf_counter() - t)
+    pp, tg = llamacpp_prefill_decode(llm, tokens, n_gen, time.perf_counter)
     return {"prefill_tok_s": pp, "decode_tok_s": tg}
 
 

@@ -30,7 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _bench_common import DEFAULT_ENGRAM, argmax_last, load_llama, machine, run_json_child  # noqa: E402
+from _bench_common import DEFAULT_ENGRAM, llamacpp_prefill_decode, load_llama, machine, run_json_child  # noqa: E402
 
 
 def child_cpu(cmd):
@@ -63,18 +63,7 @@ def llamacpp_child(path, n_prompt, n_decode):
     tokens = [(i * 2_654_435_761 + 12345) % n_vocab for i in range(n_prompt)]
     llm.reset()
     llm.eval(tokens)  # warm-up: pages the weights in, repacks its buffers
-    llm.reset()
-    t = time.process_time()
-    llm.eval(tokens)
-    pp = n_prompt / (time.process_time() - t)
-    llm.reset()
-    llm.eval(tokens[:16])
-    nxt = argmax_last(llm, n_vocab)
-    t = time.process_time()
-    for _ in range(n_decode):
-        llm.eval([nxt])
-        nxt = argmax_last(llm, n_vocab)
-    tg = n_decode / (time.process_time() - t)
+    pp, tg = llamacpp_prefill_decode(llm, tokens, n_decode, time.process_time, decode_context=16)
     return {"prefill_tok_cpu_s": pp, "decode_tok_cpu_s": tg}
 
 
