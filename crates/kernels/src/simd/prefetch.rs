@@ -5,10 +5,10 @@
 //! tile's first of several. Later passes find the chunk in L2 and skip the prefetch.
 //!
 //! Measured on the Zen 4 EPYC (`engram bench kernels --rows 16384 --cols 4096 --threads 1
-//! --clock cpu --stat min`, a matrix that streams from DRAM; `docs/cpu-kernels.md`): without
-//! it, 4- and 8-token calls of the 32-element formats took ~1.4–1.7× the CPU time they take
-//! with it, and Q4_K's 1.3–1.5×; 1-token calls of Q4_0 / Q8_0 gain less, and those of Q4_K /
-//! Q6_K lose 20–60% (the hardware prefetchers keep up with their 1–2 KiB group-blocks alone),
+//! --clock cpu --stat min`, a 38 MB matrix, larger than the L3; `docs/cpu-kernels.md`):
+//! without it, 4- and 8-token calls of Q4_0 and Q8_0 took 1.2–1.6× the CPU time they take
+//! with it, and Q4_K's 1.1–1.4×; 1-token calls of Q4_0 / Q8_0 gain less, and those of Q4_K /
+//! Q6_K lose 15–70% (the hardware prefetchers keep up with their 1–2 KiB group-blocks alone),
 //! so the K kernels prefetch only in calls of several tokens. Distances of about 0.5 to 4 KiB
 //! were within the noise of each other; 8 KiB was slower.
 //!
