@@ -180,10 +180,10 @@ fn ns_per_row_token(isa: Isa, w: &WeightMatrix, x: &[f32], n: usize, a: &Args) -
     let cpu = a.clock == "cpu";
     let mut t: Vec<f64> = (0..a.reps)
         .map(|_| {
-            let (start, cpu0) = (Instant::now(), thread_cpu_ns());
+            let (start, cpu0) = (Instant::now(), crate::shared::cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID));
             matmul_with(isa, w, x, n, &mut out);
             if cpu {
-                (thread_cpu_ns() - cpu0) as f64
+                (crate::shared::cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID) - cpu0) as f64
             } else {
                 start.elapsed().as_nanos() as f64
             }
@@ -192,14 +192,6 @@ fn ns_per_row_token(isa: Isa, w: &WeightMatrix, x: &[f32], n: usize, a: &Args) -
     t.sort_by(f64::total_cmp);
     let pick = if a.stat == "min" { t[0] } else { t[t.len() / 2] };
     pick / (w.rows * n) as f64
-}
-
-/// The calling thread's CPU time in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux defines.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Largest |a − b| relative to b's largest magnitude.

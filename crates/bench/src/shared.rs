@@ -61,3 +61,13 @@ fn resident_fraction(file: &std::fs::File) -> Result<f64> {
 pub fn evict_from_page_cache(_path: &std::path::Path) -> Result<f64> {
     Ok(1.0)
 }
+
+/// The CPU time so far, in nanoseconds, of the clock `clock` names
+/// (`libc::CLOCK_THREAD_CPUTIME_ID`: the calling thread; `CLOCK_PROCESS_CPUTIME_ID`: every
+/// thread of the process).
+pub fn cpu_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; both clock ids are constants Linux defines.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -109,7 +109,7 @@ pub fn run(a: Args) -> Result<()> {
                 Shape::Tree => kvs[0].reserve(n),
             }
             .context("reserving the step's KV (raise --kv-budget-mib)")?;
-            let (wall0, cpu0) = (Instant::now(), process_cpu_ns());
+            let (wall0, cpu0) = (Instant::now(), crate::shared::cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID));
             {
                 let mut steps: Vec<SeqStep> = match shape {
                     Shape::Batch => kvs[..n]
@@ -121,7 +121,8 @@ pub fn run(a: Args) -> Result<()> {
                 };
                 model.forward(&mut steps)?;
             }
-            let (wall, cpu) = (wall0.elapsed().as_nanos() as u64, process_cpu_ns().saturating_sub(cpu0));
+            let (wall, cpu) =
+                (wall0.elapsed().as_nanos() as u64, crate::shared::cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(cpu0));
             for kv in &mut kvs[..n] {
                 kv.truncate(a.context);
             }
@@ -181,12 +182,4 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// The CPU time of every thread of this process so far, in nanoseconds (`CLOCK_PROCESS_CPUTIME_ID`).
-fn process_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux defines.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
