@@ -10,12 +10,15 @@
 //! * scales then mins, each 4 pairs × 8 rows × 2 `u8` (`[p][r][j - 2p]` for sub-blocks
 //!   `j = 2p, 2p + 1`; 128 bytes): the 6-bit values unpacked, so `vpmovzxbw` gives the i16
 //!   pairs `vpmaddwd` takes and no kernel decodes the 12-byte packed form;
-//! * nibbles: for chunk `c` (0..4), half `h`, piece `m` (0..4): rows' `qs[32c + 8m ..][..8]`
-//!   (the file's bytes; low nibbles are elements `64c + 8m + i`, high ones `64c + 32 + 8m + i`).
+//! * nibbles: for chunk `c` (0..4), piece `m` (0..4), half `h` ([`q4k_reg`]): rows'
+//!   `qs[32c + 8m ..][..8]` (the file's bytes; low nibbles are elements `64c + 8m + i`, high
+//!   ones `64c + 32 + 8m + i`). A piece's two halves are adjacent, so one 64-byte load holds
+//!   all 8 rows' bytes of the piece (the AVX-512 kernel's register).
 //!
 //! Q6_K group-super-block (1,680 bytes, the source's 8 × 210):
 //! * `d`: 8 f16 (16 bytes); scales: 8 pairs × 8 rows × 2 `i8` (128 bytes);
-//! * for chunk `c`, half `h`: `qh₀, ql₀, ql₁, qh₁, ql₂, ql₃` (6 registers). With `u` the
+//! * for chunk `c`: the 6 registers `qh₀, ql₀, ql₁, qh₁, ql₂, ql₃` (`j` = 0..6), each as its
+//!   two halves side by side ([`q6k_reg`]), so one 64-byte load holds all 8 rows. With `u` the
 //!   6-bit unsigned value `q + 32`: `ql_m` byte `i` of a row holds the low 4 bits of
 //!   `u[64c + 8m + i]` (low nibble) and `u[64c + 32 + 8m + i]` (high nibble); `qh_k` byte `i`
 //!   holds the top 2 bits of, in bit pairs 0..4: the low and high nibble's elements of
@@ -35,9 +38,23 @@ pub(crate) const HALF_ROWS: [[usize; 4]; 2] = [[0, 1, 4, 5], [2, 3, 6, 7]];
 pub(crate) const Q4K_P_SC: usize = 32;
 pub(crate) const Q4K_P_MIN: usize = 96;
 pub(crate) const Q4K_P_QS: usize = 160;
+
+/// Q4_K: offset in a group-super-block of the nibble register of chunk `c` (0..4), piece `m`
+/// (0..4) and half `h` (0..2).
+#[inline(always)]
+pub(crate) const fn q4k_reg(c: usize, m: usize, h: usize) -> usize {
+    Q4K_P_QS + 32 * (8 * c + 2 * m + h)
+}
 /// Q6_K: offset of the scale pairs and of the bit registers in a group-super-block.
 pub(crate) const Q6K_P_SC: usize = 16;
 pub(crate) const Q6K_P_Q: usize = 144;
+
+/// Q6_K: offset in a group-super-block of register `j` (0..6: `qh₀, ql₀, ql₁, qh₁, ql₂, ql₃`)
+/// of chunk `c` (0..4), half `h` (0..2).
+#[inline(always)]
+pub(crate) const fn q6k_reg(c: usize, j: usize, h: usize) -> usize {
+    Q6K_P_Q + 32 * (12 * c + 2 * j + h)
+}
 
 /// Bytes of one group-super-block of `dtype` (Q4_K or Q6_K).
 pub(crate) fn group_block_bytes_k(dtype: DType) -> usize {
@@ -69,7 +86,7 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
             }
             for c in 0..4 {
                 for m in 0..4 {
-                    let at = Q4K_P_QS + 32 * (8 * c + 4 * h + m) + off;
+                    let at = q4k_reg(c, m, h) + off;
                     let from = Q4K_QS + 32 * c + 8 * m;
                     dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
                 }
@@ -82,10 +99,9 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
             }
             let u = q6k_values(src);
             for c in 0..4 {
-                let base = Q6K_P_Q + 192 * (2 * c + h);
                 for m in 0..4 {
-                    let ql = base + 32 * ql_reg(m) + off;
-                    let qh = base + 32 * (3 * (m / 2)) + off;
+                    let ql = q6k_reg(c, ql_reg(m), h) + off;
+                    let qh = q6k_reg(c, 3 * (m / 2), h) + off;
                     for i in 0..8 {
                         let (lo, hi) = (u[64 * c + 8 * m + i], u[64 * c + 32 + 8 * m + i]);
                         dst[ql + i] = (lo & 0xF) | (hi << 4);
@@ -137,7 +153,7 @@ pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
             }
             for c in 0..4 {
                 for m in 0..4 {
-                    let at = Q4K_P_QS + 32 * (8 * c + 4 * h + m) + off;
+                    let at = q4k_reg(c, m, h) + off;
                     let to = Q4K_QS + 32 * c + 8 * m;
                     b[to..to + 8].copy_from_slice(&g[at..at + 8]);
                 }
@@ -152,9 +168,8 @@ pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
             }
             let mut u = [0u8; QK_K];
             for c in 0..4 {
-                let base = Q6K_P_Q + 192 * (2 * c + h);
                 for m in 0..4 {
-                    let (ql, qh) = (base + 32 * ql_reg(m) + off, base + 32 * (3 * (m / 2)) + off);
+                    let (ql, qh) = (q6k_reg(c, ql_reg(m), h) + off, q6k_reg(c, 3 * (m / 2), h) + off);
                     for i in 0..8 {
                         let s = 4 * (m % 2);
                         u[64 * c + 8 * m + i] = (g[ql + i] & 0xF) | (((g[qh + i] >> s) & 3) << 4);

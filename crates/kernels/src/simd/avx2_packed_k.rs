@@ -21,7 +21,7 @@ use crate::blocks::QK_K;
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC, Q6K_P_Q, Q6K_P_SC};
+use crate::repack_k::{q4k_reg, q6k_reg, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -116,7 +116,7 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
                 let mut plo = [_mm256_setzero_si256(); NT];
                 let mut phi = [_mm256_setzero_si256(); NT];
                 for m in 0..4 {
-                    let w = _mm256_loadu_si256(b.add(Q4K_P_QS + 32 * (8 * c + 4 * h + m)) as *const __m256i);
+                    let w = _mm256_loadu_si256(b.add(q4k_reg(c, m, h)) as *const __m256i);
                     let lo = _mm256_and_si256(w, m4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
                     for t in 0..NT {
@@ -174,11 +174,10 @@ unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
                 corr[t] = _mm256_add_epi32(corr[t], _mm256_add_epi32(_mm256_madd_epi16(pa, ba), _mm256_madd_epi16(pb, bb)));
             }
             for h in 0..2 {
-                let base = b.add(Q6K_P_Q + 192 * (2 * c + h));
                 for k in 0..2 {
-                    let qh = _mm256_loadu_si256(base.add(96 * k) as *const __m256i);
-                    let w0 = _mm256_loadu_si256(base.add(96 * k + 32) as *const __m256i);
-                    let w1 = _mm256_loadu_si256(base.add(96 * k + 64) as *const __m256i);
+                    let qh = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * k, h)) as *const __m256i);
+                    let w0 = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * k + 1, h)) as *const __m256i);
+                    let w1 = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * k + 2, h)) as *const __m256i);
                     let lo0 = _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
                     let hi0 =
                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));

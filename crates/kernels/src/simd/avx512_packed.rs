@@ -1,6 +1,6 @@
 //! AVX-512 VNNI kernels over Q4_0 / Q8_0 / Q4_1 [`Packed`] weights (the AVX2 kernels' layout,
 //! `repack.rs`): 8 rows × up to 8 tokens per call (Q4_K / Q6_K packings go on to
-//! `avx512_packed_k.rs`, which runs Q4_K and hands Q6_K to `avx2_packed_k.rs`).
+//! `avx512_packed_k.rs`).
 //! Two consecutive groups go through one pass as 16 rows in 512-bit registers, so one broadcast
 //! activation load and one float epilogue serve 16 rows.
 //!

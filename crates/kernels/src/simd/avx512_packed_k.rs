@@ -1,20 +1,25 @@
-//! AVX-512 VNNI kernel over Q4_K [`Packed`] weights (layout: `repack_k.rs`, the one
-//! `avx2_packed_k.rs` streams): 8 rows × up to 8 tokens per call. (Q6_K stays on
-//! `avx2_packed_k`: a VNNI version — `vpdpbusd` on the 6-bit values, a `vpmulld` per sub-block
-//! for the scale, since 8 products pass i16 — measured 0.93× / 1.03× / 0.86× of it at 1 / 4 / 8
-//! tokens on Zen 4, `benches/packed.rs`, and was not kept.)
+//! AVX-512 kernels over Q4_K and Q6_K [`Packed`] weights (layout: `repack_k.rs`, the one
+//! `avx2_packed_k.rs` streams): 8 rows × 2 to 8 tokens per call, in 512-bit registers (all 8
+//! rows of a piece in one register). One-token calls run `avx2_packed_k` (see [`run_rows`]).
 //!
-//! A register's nibbles are unpacked once per group-super-block and shared by the call's tokens; per token, one `vpdpbusd` per register against the
-//! activation's 8 bytes broadcast sums 4 products straight into i32 (2 dwords per row of the
-//! register's 4), replacing the AVX2 kernel's `vpmaddubsw` and i16 add. The sub-block scale is
-//! then applied per token and sub-block by one `vpmaddwd` (a dword sums 16 products,
-//! |Σ| ≤ 16·15·128 = 30,720, so it is exact as an i16 and the scale sits in the dword's low
-//! word, 0 in the high word). The mins and the float term are the AVX2 kernel's.
+//! Q4_K: a group-super-block's nibbles are unpacked once per call into 8 registers per 64-element
+//! chunk (all 8 rows' 8 bytes of a piece in one register) and shared by the call's tokens; per
+//! token, one `vpdpbusd` per register against the activation's 8 bytes broadcast sums 4
+//! products straight into i32 (2 dwords per row), and one `vpmaddwd` per sub-block applies
+//! the scale (a dword sums 16 products, |Σ| ≤ 16·15·128 = 30,720, so it is exact as an i16 and
+//! the scale sits in the dword's low word, 0 in the high word). Against the 256-bit version
+//! (4 rows per register) this halves the instructions per token: one broadcast, `vpdpbusd`
+//! and `vpmaddwd` serve 8 rows. The mins and the float term are the AVX2 kernel's.
+//!
+//! Q6_K: `vpmaddubsw` of the unsigned 6-bit values against the broadcast activation bytes, the
+//! two pieces of a 16-value sub-block added in i16, one `vpdpwssd` with the rows' scales (a
+//! `vpdpbusd` version, whose 4-product sums must be scaled one by one with `vpmaddwd` since 8
+//! products pass i16, measured 0.86–1.03× of the AVX2 kernel and was not kept).
 //!
 //! Invariant: per (row, token, super-block) the exact integers of the scalar reference, then
-//! its float term `acc += (d·d_x)·isum − (dmin·d_x)·msum`, super-blocks in order, `acc` from
-//! +0.0, no fused multiply-add: bitwise the scalar path's and `avx2_packed_k`'s result, for any
-//! number of tokens in the call.
+//! its float term (Q4_K `acc += (d·d_x)·isum − (dmin·d_x)·msum`, Q6_K `acc += (d·d_x)·isum`),
+//! super-blocks in order, `acc` from +0.0, no fused multiply-add: bitwise the scalar path's and
+//! `avx2_packed_k`'s result, for any number of tokens in the call.
 
 use super::prefetch::group_block_ahead;
 use super::TileCtx;
@@ -22,7 +27,7 @@ use crate::blocks::QK_K;
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC};
+use crate::repack_k::{q4k_reg, q6k_reg, HALF_ROWS, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -36,7 +41,12 @@ pub(crate) const MAX_TOKENS: usize = 8;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
     debug_assert!(r0 % GROUP_ROWS == 0 && r1 % GROUP_ROWS == 0);
-    if p.dtype() == DType::Q6K {
+    if n_tokens == 1 {
+        // A one-token call streams the weights from DRAM once; the AVX2 kernels read each
+        // group-super-block in address order and the hardware prefetchers keep up with them.
+        // Here the compiler may hoist a block's later loads ahead of its first, and a matrix
+        // larger than the L3 then ran 2-6x slower (`bench kernels --rows 32000 --cols 2048
+        // --tokens 1`, Zen 4; with software prefetch 1.6x slower).
         return super::avx2_packed_k::run_rows(c, a, p, r0, r1, n_tokens);
     }
     let mut t0 = 0;
@@ -61,97 +71,218 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
             }
             match p.dtype() {
                 DType::Q4K => by_nt!(q4k_group),
-                _ => unreachable!("only Q4_K reaches this kernel (Q6_K runs avx2_packed_k)"),
+                DType::Q6K => by_nt!(q6k_group),
+                _ => unreachable!("only Q4_K / Q6_K are packed as K-quants"),
             }
         }
         t0 += nt;
     }
 }
 
-/// `vpshufb` control turning a scale-pair vector (dword `r` = row `r`'s pair, rows 0..4 in the
-/// low lane, 4..8 in the high) into half `h`'s per-row scale of the pair's sub-block `s`:
-/// i16 words 0..4 = the lane's row `2h`, words 4..8 = row `2h + 1` (as `avx2_packed_k`).
-#[inline(always)]
-unsafe fn scale_ctrl(h: usize, s: usize) -> __m256i {
-    let b0 = (8 * h + 2 * s) as i8;
-    let b1 = b0 + 4;
-    let lane = _mm_setr_epi8(b0, b0 + 1, b0, b0 + 1, b0, b0 + 1, b0, b0 + 1, b1, b1 + 1, b1, b1 + 1, b1, b1 + 1, b1, b1 + 1);
-    _mm256_broadcastsi128_si256(lane)
+/// `vpshufb` control picking, for dword `d` of a 512-bit nibble register (qword `d / 2` =
+/// [`REG_ROWS`]`[d / 2]`), that row's scale of sub-block `2c + j` from the 16 scale bytes of
+/// pair `c` (`[r][j]`, `repack_k.rs`): widened by `vpmovzxbd`, each dword holds the scale in its
+/// low word and 0 in its high word, as `vpmaddwd` takes it.
+const fn scale_ctrl(j: usize) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    let mut d = 0;
+    while d < 16 {
+        c[d] = (2 * REG_ROWS[d / 2] + j) as u8;
+        d += 1;
+    }
+    c
 }
 
-/// 8 activation bytes at `p` in all four 64-bit lanes.
-#[inline(always)]
-unsafe fn bcast8(p: *const i8) -> __m256i {
-    _mm256_set1_epi64x((p as *const i64).read_unaligned())
-}
+/// Dword of `vpackssdw(S, S)` (S: the 8 sub-block sums as i32) holding the i16 pair of
+/// sub-blocks `2p, 2p + 1` (`vpackssdw` works per 128-bit lane).
+const PAIR_DWORD: [i32; 4] = [0, 1, 4, 5];
 
-/// Q4_K, one 8-row group, NT tokens.
+/// [`scale_ctrl`] of the pair's sub-blocks 0 and 1.
+const Q4K_CTRL: [[u8; 16]; 2] = [scale_ctrl(0), scale_ctrl(1)];
+
+/// Row of each 64-bit lane of a 512-bit nibble register: half 0 (`HALF_ROWS[0]`) in the low
+/// 256 bits, half 1 in the high.
+const REG_ROWS: [usize; 8] = [
+    HALF_ROWS[0][0],
+    HALF_ROWS[0][1],
+    HALF_ROWS[0][2],
+    HALF_ROWS[0][3],
+    HALF_ROWS[1][0],
+    HALF_ROWS[1][1],
+    HALF_ROWS[1][2],
+    HALF_ROWS[1][3],
+];
+
+/// Q4_K, one 8-row group, NT tokens. Per chunk `c` and piece `m` one 512-bit register holds
+/// all 8 rows' 8 bytes ([`q4k_reg`]`(c, m, 0..2)`, adjacent), so per token one `vpdpbusd`
+/// against the activation's 8 bytes broadcast to every 64-bit lane covers 8 rows × 8 values
+/// of a sub-block. A dword sums a row's 16 products of one sub-block over the 4 pieces
+/// (|Σ| ≤ 16·15·128 = 30,720, exact as an i16), so one `vpmaddwd` with the scales applies the
+/// sub-block scale. The mins' term is formed per token after the chunks, from the scale bytes'
+/// mins and the tokens' block sums, while the nibble registers are no longer live (8 tokens'
+/// sums and accumulators fit the 32 registers).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let nb = a.blocks_per_row;
     let gbb = group_block_bytes(DType::Q4K);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let lo16 = _mm256_set1_epi32(0xFFFF);
+    let m4 = _mm512_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let ctrl = [[scale_ctrl(0, 0), scale_ctrl(0, 1)], [scale_ctrl(1, 0), scale_ctrl(1, 1)]];
-    // The (S_2p, S_2p+1) dword of the packed block sums, for pair p.
-    let pair_idx = [0, 1, 4, 5];
+    let ctrl_lo = _mm_loadu_si128(Q4K_CTRL[0].as_ptr() as *const __m128i);
+    let ctrl_hi = _mm_loadu_si128(Q4K_CTRL[1].as_ptr() as *const __m128i);
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
         if NT > 1 && t0 == 0 {
             group_block_ahead(b, gbb);
         }
-        let mut isum = [[_mm256_setzero_si256(); 2]; NT];
-        let mut msum = [_mm256_setzero_si256(); NT];
-        let mut s16 = [_mm256_setzero_si256(); NT];
-        for t in 0..NT {
-            let ab = (t0 + t) * nb + i;
-            // S_j = bsum[2j] + bsum[2j+1] (sub-block j's 32 values, |S_j| ≤ 4064 fits i16).
-            let s32 = _mm256_madd_epi16(_mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i), ones);
-            s16[t] = _mm256_packs_epi32(s32, s32);
-        }
+        let mut isum = [_mm512_setzero_si512(); NT];
         for c in 0..4 {
-            let sc = _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(Q4K_P_SC + 16 * c) as *const __m128i));
-            let mn = _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(Q4K_P_MIN + 16 * c) as *const __m128i));
+            let sc = _mm_loadu_si128(b.add(Q4K_P_SC + 16 * c) as *const __m128i);
+            let slo = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(sc, ctrl_lo));
+            let shi = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(sc, ctrl_hi));
+            let mut lo = [_mm512_setzero_si512(); 4];
+            let mut hi = [_mm512_setzero_si512(); 4];
+            for m in 0..4 {
+                let w = _mm512_loadu_si512(b.add(q4k_reg(c, m, 0)) as *const __m512i);
+                lo[m] = _mm512_and_si512(w, m4);
+                hi[m] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            }
             for t in 0..NT {
-                let sp = _mm256_permutevar8x32_epi32(s16[t], _mm256_set1_epi32(pair_idx[c]));
-                msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(mn, sp));
-            }
-            for h in 0..2 {
-                let mut lo = [_mm256_setzero_si256(); 4];
-                let mut hi = [_mm256_setzero_si256(); 4];
+                let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K + 64 * c);
+                let mut plo = _mm512_setzero_si512();
+                let mut phi = _mm512_setzero_si512();
                 for m in 0..4 {
-                    let w = _mm256_loadu_si256(b.add(Q4K_P_QS + 32 * (8 * c + 4 * h + m)) as *const __m256i);
-                    lo[m] = _mm256_and_si256(w, m4);
-                    hi[m] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                    plo = _mm512_dpbusd_epi32(plo, lo[m], bcast8(xp.add(8 * m)));
+                    phi = _mm512_dpbusd_epi32(phi, hi[m], bcast8(xp.add(32 + 8 * m)));
                 }
-                // Each row's scale in the low word of both its dwords, 0 in the high word.
-                let slo = _mm256_and_si256(_mm256_shuffle_epi8(sc, ctrl[h][0]), lo16);
-                let shi = _mm256_and_si256(_mm256_shuffle_epi8(sc, ctrl[h][1]), lo16);
-                for t in 0..NT {
-                    let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K + 64 * c);
-                    let mut plo = _mm256_setzero_si256();
-                    let mut phi = _mm256_setzero_si256();
-                    for m in 0..4 {
-                        plo = _mm256_dpbusd_epi32(plo, lo[m], bcast8(xp.add(8 * m)));
-                        phi = _mm256_dpbusd_epi32(phi, hi[m], bcast8(xp.add(32 + 8 * m)));
-                    }
-                    let s = _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi));
-                    isum[t][h] = _mm256_add_epi32(isum[t][h], s);
-                }
+                let s = _mm512_add_epi32(_mm512_madd_epi16(plo, slo), _mm512_madd_epi16(phi, shi));
+                isum[t] = _mm512_add_epi32(isum[t], s);
             }
+        }
+        // (Plain loops, not closures: a closure does not inherit the target features, and an
+        // intrinsic outside them is a function call.)
+        let mut mn = [_mm256_setzero_si256(); 4];
+        for (c, mn) in mn.iter_mut().enumerate() {
+            *mn = _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(Q4K_P_MIN + 16 * c) as *const __m128i));
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
         let dmin = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i));
         for t in 0..NT {
-            let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + i));
-            let x1 = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[t][0], isum[t][1])));
-            let x2 = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[t]));
+            let ab = (t0 + t) * nb + i;
+            // S_j = bsum[2j] + bsum[2j+1] (sub-block j's 32 values, |S_j| ≤ 4064 fits i16);
+            // dword `PAIR_DWORD[p]` of `s16` is the i16 pair (S_2p, S_2p+1).
+            let s32 = _mm256_madd_epi16(_mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i), ones);
+            let s16 = _mm256_packs_epi32(s32, s32);
+            let mut msum = _mm256_setzero_si256();
+            for (c, mn) in mn.iter().enumerate() {
+                let sp = _mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(PAIR_DWORD[c]));
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(*mn, sp));
+            }
+            // The halves' row pairs summed: lane order rows 0..8 (as `avx2_packed_k`'s `vphaddd`).
+            let h0 = _mm512_castsi512_si256(isum[t]);
+            let h1 = _mm512_extracti64x4_epi64::<1>(isum[t]);
+            let dx = _mm256_set1_ps(*a.d.get_unchecked(ab));
+            let x1 = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_hadd_epi32(h0, h1)));
+            let x2 = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum));
             acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(x1, x2));
         }
     }
     for t in 0..NT {
         _mm256_storeu_ps(out.add(t * ldo), acc[t]);
     }
+}
+
+/// `vpshufb` control (per 128-bit lane, on a pair's 16 scale bytes `[r][j]` in both lanes)
+/// picking, for byte `w` of a 256-bit vector, the i8 scale of sub-block `j` of row
+/// [`REG_ROWS`]`[w / 4]`: widened by `vpmovsxbw`, i16 word `w` holds the scale of the row whose
+/// 64-bit lane holds word `w` of a `vpmaddubsw` product register.
+const fn q6k_scale_ctrl(j: usize) -> [u8; 32] {
+    let mut c = [0u8; 32];
+    let mut w = 0;
+    while w < 32 {
+        c[w] = (2 * REG_ROWS[w / 4] + j) as u8;
+        w += 1;
+    }
+    c
+}
+
+/// [`q6k_scale_ctrl`] of sub-blocks 0 and 1 of a pair.
+const Q6K_CTRL: [[u8; 32]; 2] = [q6k_scale_ctrl(0), q6k_scale_ctrl(1)];
+
+/// Q6_K, one 8-row group, NT tokens. Per chunk `c` the 6 bit registers of both halves load as
+/// three 512-bit registers per piece pair `k`, and build 4 registers of unsigned 6-bit values
+/// `u = q + 32` for all 8 rows (the AVX2 kernel's shifts and masks). Per token, `vpmaddubsw`
+/// against the activation's broadcast 8 bytes gives i16 sums of 2 products; a sub-block's two
+/// pieces add in i16 (|Σ| ≤ 4·63·128 = 32,256), and one `vpdpwssd` with the rows' i16 scales
+/// accumulates them into i32. The `−32` offset, `32·Σ_j sc_j·S_j`, is formed per token after
+/// the chunks from the scale pairs and the tokens' block sums.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    let nb = a.blocks_per_row;
+    let gbb = group_block_bytes(DType::Q6K);
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    let ctrl = [Q6K_CTRL[0].as_ptr(), Q6K_CTRL[1].as_ptr()];
+    let ctrl = [_mm256_loadu_si256(ctrl[0] as *const __m256i), _mm256_loadu_si256(ctrl[1] as *const __m256i)];
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for i in 0..nb {
+        let b = gp.add(i * gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead(b, gbb);
+        }
+        let mut isum = [_mm512_setzero_si512(); NT];
+        for c in 0..4 {
+            // Pair 2c: sub-blocks 4c, 4c+1 (low nibbles); pair 2c+1: 4c+2, 4c+3 (high nibbles).
+            let pa = _mm256_broadcastsi128_si256(_mm_loadu_si128(b.add(Q6K_P_SC + 32 * c) as *const __m128i));
+            let pb = _mm256_broadcastsi128_si256(_mm_loadu_si128(b.add(Q6K_P_SC + 32 * c + 16) as *const __m128i));
+            for k in 0..2 {
+                let qh = _mm512_loadu_si512(b.add(q6k_reg(c, 3 * k, 0)) as *const __m512i);
+                let w0 = _mm512_loadu_si512(b.add(q6k_reg(c, 3 * k + 1, 0)) as *const __m512i);
+                let w1 = _mm512_loadu_si512(b.add(q6k_reg(c, 3 * k + 2, 0)) as *const __m512i);
+                let lo0 = _mm512_or_si512(_mm512_and_si512(w0, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
+                let hi0 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
+                let lo1 = _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_and_si512(qh, m30));
+                let hi1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
+                let slo = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(pa, ctrl[k]));
+                let shi = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(pb, ctrl[k]));
+                for t in 0..NT {
+                    let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K + 64 * c + 16 * k);
+                    let plo = _mm512_add_epi16(_mm512_maddubs_epi16(lo0, bcast8(xp)), _mm512_maddubs_epi16(lo1, bcast8(xp.add(8))));
+                    let phi =
+                        _mm512_add_epi16(_mm512_maddubs_epi16(hi0, bcast8(xp.add(32))), _mm512_maddubs_epi16(hi1, bcast8(xp.add(40))));
+                    isum[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[t], plo, slo), phi, shi);
+                }
+            }
+        }
+        // Dword `r` of pair `p`: row r's i16 scales of sub-blocks 2p, 2p + 1.
+        let mut pairs = [_mm256_setzero_si256(); 8];
+        for (p, sp) in pairs.iter_mut().enumerate() {
+            *sp = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(Q6K_P_SC + 16 * p) as *const __m128i));
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        for t in 0..NT {
+            let ab = (t0 + t) * nb + i;
+            // Σ_j sc_j · bsum_j per row (the −32 offset), j over the 16 sub-blocks.
+            let bs = a.bsums.as_ptr().add(ab * 16);
+            let mut corr = _mm256_setzero_si256();
+            for (p, sp) in pairs.iter().enumerate() {
+                let bp = _mm256_set1_epi32((bs.add(2 * p) as *const i32).read_unaligned());
+                corr = _mm256_add_epi32(corr, _mm256_madd_epi16(*sp, bp));
+            }
+            let h0 = _mm512_castsi512_si256(isum[t]);
+            let h1 = _mm512_extracti64x4_epi64::<1>(isum[t]);
+            let isum = _mm256_sub_epi32(_mm256_hadd_epi32(h0, h1), _mm256_slli_epi32(corr, 5));
+            let dx = _mm256_set1_ps(*a.d.get_unchecked(ab));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum)));
+        }
+    }
+    for t in 0..NT {
+        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
+    }
+}
+
+/// 8 activation bytes at `p` in all eight 64-bit lanes.
+#[inline(always)]
+unsafe fn bcast8(p: *const i8) -> __m512i {
+    _mm512_set1_epi64((p as *const i64).read_unaligned())
 }

@@ -24,7 +24,7 @@ use super::{Acts, Isa, TileCtx};
 use crate::blocks::*;
 use crate::dtype::DType;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{HALF_ROWS, Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC, Q6K_P_Q, Q6K_P_SC};
+use crate::repack_k::{q4k_reg, q6k_reg, HALF_ROWS, Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC, Q6K_P_Q, Q6K_P_SC};
 use crate::token_lanes::{Lane64, TokenLanes, LANES};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -317,7 +317,7 @@ unsafe fn fill_q4k(b: *const u8, dst: *mut u8, m: *mut Meta) {
     for c in 0..4 {
         for h in 0..2 {
             for k in 0..4 {
-                let w = _mm256_loadu_si256(b.add(Q4K_P_QS + 32 * (8 * c + 4 * h + k)) as *const __m256i);
+                let w = _mm256_loadu_si256(b.add(q4k_reg(c, k, h)) as *const __m256i);
                 let lo = pieces(_mm256_and_si256(w, m4));
                 let hi = pieces(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4));
                 for j in 0..4 {
@@ -351,12 +351,11 @@ unsafe fn fill_q6k(b: *const u8, dst: *mut u8, m: *mut Meta) {
     let m30 = _mm256_set1_epi8(0x30);
     for c in 0..4 {
         for h in 0..2 {
-            let base = b.add(Q6K_P_Q + 192 * (2 * c + h));
             for kk in 0..2 {
                 // qh_kk, ql_{2kk}, ql_{2kk+1}: pieces m = 2kk (qh bits 0..4) and 2kk + 1 (bits 4..8).
-                let qh = _mm256_loadu_si256(base.add(96 * kk) as *const __m256i);
-                let w0 = _mm256_loadu_si256(base.add(96 * kk + 32) as *const __m256i);
-                let w1 = _mm256_loadu_si256(base.add(96 * kk + 64) as *const __m256i);
+                let qh = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * kk, h)) as *const __m256i);
+                let w0 = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * kk + 1, h)) as *const __m256i);
+                let w1 = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * kk + 2, h)) as *const __m256i);
                 let lo0 = _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
                 let hi0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
                 let lo1 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(qh, m30));
