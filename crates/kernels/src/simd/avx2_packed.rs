@@ -14,7 +14,7 @@
 //! `acc` from +0.0, no fused multiply-add — so the result is bitwise the scalar path's, for
 //! any tile.
 
-use super::prefetch::group_block_ahead;
+use super::prefetch::{group_block_ahead, AHEAD_Q};
 use super::{Acts, TileCtx};
 use crate::blocks::QK;
 use crate::dtype::DType;
@@ -92,8 +92,8 @@ unsafe fn q4_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *m
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if t0 == 0 {
-            group_block_ahead(b, gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead::<AHEAD_Q>(b, gbb);
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
         let mut s = [_mm256_setzero_si256(); NT];
@@ -130,8 +130,8 @@ unsafe fn q4_1_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: 
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if t0 == 0 {
-            group_block_ahead(b, gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead::<AHEAD_Q>(b, gbb);
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
         let mw = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i));
@@ -171,8 +171,8 @@ unsafe fn q8_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *m
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if t0 == 0 {
-            group_block_ahead(b, gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead::<AHEAD_Q>(b, gbb);
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
         let mut s = [_mm256_setzero_si256(); NT];

@@ -15,7 +15,7 @@
 //! `acc += (d·d_x)·isum` (isum including the `−32` offset), super-blocks in order, `acc`
 //! from +0.0, no fused multiply-add — so the result is bitwise the scalar path's, for any tile.
 
-use super::prefetch::group_block_ahead;
+use super::prefetch::{group_block_ahead, AHEAD_K};
 use super::TileCtx;
 use crate::blocks::QK_K;
 use crate::dtype::DType;
@@ -94,7 +94,7 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     for i in 0..nb {
         let b = gp.add(i * gbb);
         if NT > 1 && t0 == 0 {
-            group_block_ahead(b, gbb);
+            group_block_ahead::<AHEAD_K>(b, gbb);
         }
         let mut isum = [[_mm256_setzero_si256(); 2]; NT];
         let mut msum = [_mm256_setzero_si256(); NT];
@@ -158,7 +158,7 @@ unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     for i in 0..nb {
         let b = gp.add(i * gbb);
         if NT > 1 && t0 == 0 {
-            group_block_ahead(b, gbb);
+            group_block_ahead::<AHEAD_K>(b, gbb);
         }
         let mut isum = [[_mm256_setzero_si256(); 2]; NT];
         // Σ_j sc_j · bsum_j per row (the −32 offset), j over the 16 sub-blocks.

@@ -21,7 +21,7 @@
 //! super-blocks in order, `acc` from +0.0, no fused multiply-add: bitwise the scalar path's and
 //! `avx2_packed_k`'s result, for any number of tokens in the call.
 
-use super::prefetch::group_block_ahead;
+use super::prefetch::{group_block_ahead, AHEAD_K};
 use super::TileCtx;
 use crate::blocks::QK_K;
 use crate::dtype::DType;
@@ -133,7 +133,7 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     for i in 0..nb {
         let b = gp.add(i * gbb);
         if NT > 1 && t0 == 0 {
-            group_block_ahead(b, gbb);
+            group_block_ahead::<AHEAD_K>(b, gbb);
         }
         let mut isum = [_mm512_setzero_si512(); NT];
         for c in 0..4 {
@@ -228,7 +228,7 @@ unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     for i in 0..nb {
         let b = gp.add(i * gbb);
         if NT > 1 && t0 == 0 {
-            group_block_ahead(b, gbb);
+            group_block_ahead::<AHEAD_K>(b, gbb);
         }
         let mut isum = [_mm512_setzero_si512(); NT];
         for c in 0..4 {

@@ -2,33 +2,38 @@
 //!
 //! A matmul's first pass over a row chunk (its first token tile) reads the chunk's weights
 //! from DRAM: a decode step's only pass, for any number of batched sessions, and a prefill
-//! tile's first of several. Later passes find the chunk in L2 and skip the prefetch.
+//! tile's first of several. Calls of several tokens prefetch on that pass; later passes find
+//! the chunk in L2 and skip it, and one-token calls never prefetch.
 //!
-//! Measured on the Zen 4 EPYC (`engram bench kernels --rows 16384 --cols 4096 --threads 1
-//! --clock cpu --stat min`, a 38 MB matrix, larger than the L3; `docs/cpu-kernels.md`):
-//! without it, 4- and 8-token calls of Q4_0 and Q8_0 took 1.2–1.6× the CPU time they take
-//! with it, and Q4_K's 1.1–1.4×; 1-token calls of Q4_0 / Q8_0 gain less, and those of Q4_K /
-//! Q6_K lose 15–70% (the hardware prefetchers keep up with their 1–2 KiB group-blocks alone),
-//! so the K kernels prefetch only in calls of several tokens. Distances of about 0.5 to 4 KiB
-//! were within the noise of each other; 8 KiB was slower.
+//! Measured on the Zen 4 EPYC (`engram bench kernels --rows 32000 --cols 2048 --threads 1
+//! --clock cpu --stat min`, a matrix larger than the 32 MiB L3, and `engram bench step` on the
+//! llama-1b Q4_0 and Q4_K_M files; `docs/cpu-kernels.md`):
+//! - Into L2 (`prefetcht1`), [`AHEAD_K`] = 8 KiB ahead for the Q4_K / Q6_K streams and
+//!   [`AHEAD_Q`] = 4 KiB for Q4_0 / Q8_0 / Q4_1: a 4-row Q4_K_M step cost 1.18–1.20× a one-row
+//!   step against 1.60–1.62× with the earlier 1.5 KiB into L1, a Q4_0 one 1.36–1.37× against
+//!   1.53–1.62×. Into L1 at 4–8 KiB was slower (it evicts the activations).
+//! - One-token calls read faster with the hardware prefetchers alone: the AVX2 Q4_0 / Q8_0
+//!   kernels at 34–45 / 58–68 ns per row without, 48–54 / 83–92 with the 1.5 KiB prefetch.
 //!
 //! A prefetch is a hint: it never faults, even past the end of the packing, and changes no
 //! result.
 
 use std::arch::x86_64::*;
 
-/// How far ahead of the group-block being multiplied the prefetch reads, in bytes (rounded to
-/// whole group-blocks, at least one).
-const AHEAD_BYTES: usize = 1536;
+/// Prefetch distance of the Q4_K / Q6_K streams (1,184 / 1,680-byte group-blocks), in bytes.
+pub(crate) const AHEAD_K: usize = 8192;
 
-/// Prefetches, into L1, the group-block about [`AHEAD_BYTES`] past `b` (`gbb`: the bytes of
-/// one group-block of the stream).
+/// Prefetch distance of the Q4_0 / Q8_0 / Q4_1 streams (144–272-byte group-blocks), in bytes.
+pub(crate) const AHEAD_Q: usize = 4096;
+
+/// Prefetches, into L2, the group-block about `AHEAD` bytes past `b` (`gbb`: the bytes of one
+/// group-block of the stream; rounded to whole group-blocks, at least one).
 #[inline(always)]
-pub(crate) unsafe fn group_block_ahead(b: *const u8, gbb: usize) {
-    let ahead = b.wrapping_add((AHEAD_BYTES / gbb).max(1) * gbb);
+pub(crate) unsafe fn group_block_ahead<const AHEAD: usize>(b: *const u8, gbb: usize) {
+    let ahead = b.wrapping_add((AHEAD / gbb).max(1) * gbb);
     let mut o = 0;
     while o < gbb {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(o) as *const i8);
         o += 64;
     }
 }
