@@ -60,7 +60,7 @@ def last_json(stdout):
 def engram_cpu(engram, path, n_prompt, n_decode):
     """CPU seconds of one `bench speed` run at one thread, and its JSON report."""
     cpu, stdout = child_cpu([engram, "bench", "speed", "--model", path, "--threads", "1", "--json", "--reps", "1",
-                      "--membw-mib", "16", "--prompt-tokens", str(n_prompt), "--decode-tokens", str(n_decode)])
+                             "--membw-mib", "16", "--prompt-tokens", str(n_prompt), "--decode-tokens", str(n_decode)])
     return cpu, last_json(stdout)
 
 
