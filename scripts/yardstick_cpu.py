@@ -5,7 +5,7 @@ On a shared machine the wall clock measures the scheduler (llama.cpp's thread po
 under load); one thread's CPU seconds are its compute, little changed by other processes.
 This is the method of docs/cpu-kernels.md ("K-quant and IQ4_XS prefill on AVX-512 VNNI"):
 
-- Engram prefill: the user + system seconds of
+- Engram prefill (after one untimed run that pages the file in): the user + system seconds of
   `engram bench speed --threads 1 --prompt-tokens P --decode-tokens 1 --reps 1 --membw-mib 16`
   minus the same at 16 prompt tokens, per P - 16 tokens (loading and the rest cancel out).
 - Engram decode: the same with `--prompt-tokens 16 --decode-tokens D+1` minus `--decode-tokens 1`,
@@ -66,7 +66,10 @@ def engram_cpu(engram, path, n_prompt, n_decode):
 
 def engram_round(engram, path, n_prompt, n_decode):
     """Engram's prefill and decode tokens per CPU-second (differences of whole runs), and the bytes
-    one decode token reads (weights + KV at the mean decode context, from the decode run's report)."""
+    one decode token reads (weights + KV at the mean decode context, from the decode run's report).
+    An untimed run first pages the file in: a first run that read it from disk would inflate the
+    prefill baseline it is subtracted from, and so the prefill rate."""
+    engram_cpu(engram, path, 16, 1)
     base = engram_cpu(engram, path, 16, 1)[0]
     pp = (n_prompt - 16) / max(engram_cpu(engram, path, n_prompt, 1)[0] - base, 1e-9)
     cpu, rep = engram_cpu(engram, path, 16, n_decode + 1)
