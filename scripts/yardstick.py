@@ -3,8 +3,8 @@
 
 Files (from --fixture-dir, or each --file LABEL=PATH given, e.g. a mixture-of-experts GGUF): the llama-1b fixture as Engram writes it
 (llama-1b-{q4_0,q8_0,q4_k_m,f16}.gguf) and as llama.cpp's own quantizer writes it from
-the F16 file (llama-1b-{q4_0,q8_0,q4_k_m,q4_1,q5_k_m,q3_k_m,iq4_xs}-lcpp.gguf; `scripts/yardstick.sh run`
-makes them; the last four are files Engram's fixture writer does not write).
+the F16 file (llama-1b-{q4_0,q8_0,q4_k_m,q4_1,q5_k_m,q6_k,q3_k_m,iq4_xs}-lcpp.gguf; `scripts/yardstick.sh run`
+makes them; the last five are files Engram's fixture writer does not write).
 For each file and round: `engram bench speed --json --reps 1` (prefill, decode and the
 memory-bandwidth limit it measures: bandwidth / bytes one decode token reads), then
 llama.cpp through llama-cpp-python in a child process (same prompt length, same token
@@ -36,6 +36,7 @@ FILES = [
     ("F16", "llama-1b-f16.gguf", "engram"),
     ("Q4_1", "llama-1b-q4_1-lcpp.gguf", "llama.cpp"),
     ("Q5_K_M", "llama-1b-q5_k_m-lcpp.gguf", "llama.cpp"),
+    ("Q6_K", "llama-1b-q6_k-lcpp.gguf", "llama.cpp"),
     ("Q3_K_M", "llama-1b-q3_k_m-lcpp.gguf", "llama.cpp"),
     ("IQ4_XS", "llama-1b-iq4_xs-lcpp.gguf", "llama.cpp"),
 ]

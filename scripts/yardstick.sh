@@ -8,13 +8,15 @@
 #                                            (FIXDIR/llama-1b-<fmt>-lcpp.gguf; with --only, those formats'
 #                                            only), then runs scripts/yardstick.py
 #                                            with VENV's python: Engram and llama.cpp alternating, best of 3
+#   scripts/yardstick.sh files VENV FIXDIR [--only FMTS]
+#                                            writes those files only (e.g. for scripts/yardstick_cpu.py)
 #
 # FIXDIR comes from `engram fixture llama-1b --out FIXDIR --formats f16,q8_0,q4_0,q4_k_m`.
 # Never needed by tests or CI.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; venv=${2:-}
-[ -n "$cmd" ] && [ -n "$venv" ] || { sed -n 2,14p "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$venv" ] || { sed -n 2,16p "$0"; exit 2; }
 
 # CMake flags for ggml's CPU backend from what this CPU has. AMX stays off everywhere: its
 # path stops with SIGILL on some machines that list the flags; AVX-512 only where present
@@ -37,7 +39,7 @@ case $cmd in
     TMPDIR="$venv/tmp" CMAKE_ARGS="$(cpu_flags)" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) PATH="$venv/bin:$PATH" \
       nice -n 10 "$venv/bin/pip" install --no-build-isolation --no-cache-dir -q llama-cpp-python
     "$venv/bin/python" -c 'import llama_cpp; print("llama-cpp-python", llama_cpp.__version__, "ready")' ;;
-  run)
+  run|files)
     fixdir=${3:?FIXDIR}; shift 3
     f16="$fixdir/llama-1b-f16.gguf"
     [ -f "$f16" ] || { echo "$f16 missing: engram fixture llama-1b --out $fixdir --formats f16,q8_0,q4_0,q4_k_m" >&2; exit 2; }
@@ -49,7 +51,7 @@ case $cmd in
       prev=$a
     done
     only=",$(echo "$only" | tr 'A-Z' 'a-z' | tr -d ' '),"
-    for fmt in q4_0 q8_0 q4_k_m q4_1 q5_k_m q3_k_m iq4_xs; do
+    for fmt in q4_0 q8_0 q4_k_m q4_1 q5_k_m q6_k q3_k_m iq4_xs; do
       out="$fixdir/llama-1b-$fmt-lcpp.gguf"
       [ -f "$out" ] && continue
       [ "$only" != ",," ] && [[ $only != *",$fmt,"* ]] && continue
@@ -58,13 +60,14 @@ case $cmd in
 import ctypes, sys, llama_cpp
 ft = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
       "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1,
-      "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M, "q3_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M,
-      "iq4_xs": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS}[sys.argv[3]]
+      "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M, "q6_k": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K,
+      "q3_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M, "iq4_xs": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS}[sys.argv[3]]
 p = llama_cpp.llama_model_quantize_default_params(); p.ftype = ft; p.nthread = 2
 sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))
 PY
       mv "$out.tmp" "$out"
     done
+    [ "$cmd" = files ] && exit 0
     exec "$venv/bin/python" "$here/yardstick.py" --fixture-dir "$fixdir" "$@" ;;
-  *) sed -n 2,14p "$0"; exit 2 ;;
+  *) sed -n 2,16p "$0"; exit 2 ;;
 esac
