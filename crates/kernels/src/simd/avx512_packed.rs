@@ -1,6 +1,7 @@
 //! AVX-512 VNNI kernels over Q4_0 / Q8_0 / Q4_1 [`Packed`] weights (the AVX2 kernels' layout,
-//! `repack.rs`): 8 rows × 2 to 8 tokens per call (one-token calls run `avx2_packed.rs`, see
-//! [`run_rows`]; Q4_K / Q6_K packings go on to `avx512_packed_k.rs`).
+//! `repack.rs`): 8 rows × up to 8 tokens per call, taking calls of 2 or more tokens (the
+//! matmul sends one-token calls to `avx2_packed.rs`; Q4_K / Q6_K packings go on to
+//! `avx512_packed_k.rs`).
 //! Two consecutive groups go through one pass as 16 rows in 512-bit registers, so one broadcast
 //! activation load and one float epilogue serve 16 rows.
 //!
@@ -46,12 +47,6 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
         Acts::F32(_) => unreachable!("float weights are never packed"),
     };
     debug_assert!(r0 % GROUP_ROWS == 0 && r1 % GROUP_ROWS == 0);
-    if n_tokens == 1 {
-        // A one-token call streams the weights from DRAM once: the AVX2 kernel's one group
-        // at a time read 1.5-2x faster there than two groups per pass (`bench kernels --rows
-        // 32000 --cols 2048 --tokens 1`, Zen 4: Q4_0 34-45 against 69-84 ns per row).
-        return super::avx2_packed::run_rows(c, p, r0, r1, n_tokens);
-    }
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = MAX_TOKENS.min(n_tokens - t0);

@@ -1,6 +1,9 @@
 //! AVX-512 kernels over Q4_K and Q6_K [`Packed`] weights (layout: `repack_k.rs`, the one
 //! `avx2_packed_k.rs` streams): 8 rows × 2 to 8 tokens per call, in 512-bit registers (all 8
-//! rows of a piece in one register). One-token calls run `avx2_packed_k` (see [`run_rows`]).
+//! rows of a piece in one register). The matmul sends one-token calls to `avx2_packed_k`: here
+//! the compiler may hoist a block's later loads ahead of its first, and a one-token call on a
+//! matrix larger than the L3 then ran 2-6x slower (`bench kernels --rows 32000 --cols 2048
+//! --tokens 1`, Zen 4; with software prefetch 1.6x slower).
 //!
 //! Q4_K: a group-super-block's nibbles are unpacked once per call into 8 registers per 64-element
 //! chunk (all 8 rows' 8 bytes of a piece in one register) and shared by the call's tokens; per
@@ -41,14 +44,6 @@ pub(crate) const MAX_TOKENS: usize = 8;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
     debug_assert!(r0 % GROUP_ROWS == 0 && r1 % GROUP_ROWS == 0);
-    if n_tokens == 1 {
-        // A one-token call streams the weights from DRAM once; the AVX2 kernels read each
-        // group-super-block in address order and the hardware prefetchers keep up with them.
-        // Here the compiler may hoist a block's later loads ahead of its first, and a matrix
-        // larger than the L3 then ran 2-6x slower (`bench kernels --rows 32000 --cols 2048
-        // --tokens 1`, Zen 4; with software prefetch 1.6x slower).
-        return super::avx2_packed_k::run_rows(c, a, p, r0, r1, n_tokens);
-    }
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = MAX_TOKENS.min(n_tokens - t0);
@@ -79,16 +74,18 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
     }
 }
 
-/// `vpshufb` control picking, for dword `d` of a 512-bit nibble register (qword `d / 2` =
-/// [`REG_ROWS`]`[d / 2]`), that row's scale of sub-block `2c + j` from the 16 scale bytes of
-/// pair `c` (`[r][j]`, `repack_k.rs`): widened by `vpmovzxbd`, each dword holds the scale in its
-/// low word and 0 in its high word, as `vpmaddwd` takes it.
-const fn scale_ctrl(j: usize) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    let mut d = 0;
-    while d < 16 {
-        c[d] = (2 * REG_ROWS[d / 2] + j) as u8;
-        d += 1;
+/// `vpshufb` control picking, for byte `k` of an `N`-byte vector, the scale of sub-block `j`
+/// of row [`REG_ROWS`]`[k · 8 / N]` from a pair's 16 scale bytes (`[r][j]`, `repack_k.rs`;
+/// for `N` = 32, in both 128-bit lanes). Widened, element `k` then holds the scale of the row
+/// whose 64-bit lane holds element `k` of a 512-bit product register: Q4_K `vpmovzxbd` (16
+/// dwords, scale in the low word, 0 in the high word, as `vpmaddwd` takes it), Q6_K
+/// `vpmovsxbw` (32 i16 words, as `vpdpwssd` takes them).
+const fn scale_ctrl<const N: usize>(j: usize) -> [u8; N] {
+    let mut c = [0u8; N];
+    let mut k = 0;
+    while k < N {
+        c[k] = (2 * REG_ROWS[k * 8 / N] + j) as u8;
+        k += 1;
     }
     c
 }
@@ -97,7 +94,7 @@ const fn scale_ctrl(j: usize) -> [u8; 16] {
 /// sub-blocks `2p, 2p + 1` (`vpackssdw` works per 128-bit lane).
 const PAIR_DWORD: [i32; 4] = [0, 1, 4, 5];
 
-/// [`scale_ctrl`] of the pair's sub-blocks 0 and 1.
+/// [`scale_ctrl`] of the pair's sub-blocks 0 and 1, for Q4_K's dwords.
 const Q4K_CTRL: [[u8; 16]; 2] = [scale_ctrl(0), scale_ctrl(1)];
 
 /// Row of each 64-bit lane of a 512-bit nibble register: half 0 (`HALF_ROWS[0]`) in the low
@@ -192,22 +189,8 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     }
 }
 
-/// `vpshufb` control (per 128-bit lane, on a pair's 16 scale bytes `[r][j]` in both lanes)
-/// picking, for byte `w` of a 256-bit vector, the i8 scale of sub-block `j` of row
-/// [`REG_ROWS`]`[w / 4]`: widened by `vpmovsxbw`, i16 word `w` holds the scale of the row whose
-/// 64-bit lane holds word `w` of a `vpmaddubsw` product register.
-const fn q6k_scale_ctrl(j: usize) -> [u8; 32] {
-    let mut c = [0u8; 32];
-    let mut w = 0;
-    while w < 32 {
-        c[w] = (2 * REG_ROWS[w / 4] + j) as u8;
-        w += 1;
-    }
-    c
-}
-
-/// [`q6k_scale_ctrl`] of sub-blocks 0 and 1 of a pair.
-const Q6K_CTRL: [[u8; 32]; 2] = [q6k_scale_ctrl(0), q6k_scale_ctrl(1)];
+/// [`scale_ctrl`] of the pair's sub-blocks 0 and 1, for Q6_K's words.
+const Q6K_CTRL: [[u8; 32]; 2] = [scale_ctrl(0), scale_ctrl(1)];
 
 /// Q6_K, one 8-row group, NT tokens. Per chunk `c` the 6 bit registers of both halves load as
 /// three 512-bit registers per piece pair `k`, and build 4 registers of unsigned 6-bit values
@@ -222,8 +205,7 @@ unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     let gbb = group_block_bytes(DType::Q6K);
     let m4 = _mm512_set1_epi8(0x0F);
     let m30 = _mm512_set1_epi8(0x30);
-    let ctrl = [Q6K_CTRL[0].as_ptr(), Q6K_CTRL[1].as_ptr()];
-    let ctrl = [_mm256_loadu_si256(ctrl[0] as *const __m256i), _mm256_loadu_si256(ctrl[1] as *const __m256i)];
+    let ctrl = [_mm256_loadu_si256(Q6K_CTRL[0].as_ptr() as *const __m256i), _mm256_loadu_si256(Q6K_CTRL[1].as_ptr() as *const __m256i)];
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
