@@ -48,7 +48,6 @@
 use crate::dispatch::kernel_path;
 use crate::dtype::{DType, WeightMatrix};
 use crate::simd::{run_tile, tile_limits, Acts, Isa, TileCtx};
-use rayon::prelude::*;
 
 /// `out[t][r] = Σ_k x[t][k] · W[r][k]` for `t in 0..n_tokens`; `x` is `[n_tokens, cols]`,
 /// `out` is `[n_tokens, rows]`, both row-major. Uses the format's path on this CPU
@@ -195,8 +194,9 @@ fn acts_key(d: DType) -> DType {
     }
 }
 
-/// Runs `jobs` (their row chunks spread over the pool together; alone on this thread when
-/// there is one thread or too little `work` to share).
+/// Runs `jobs` (their row chunks spread over the kernel threads together by
+/// [`crate::parallel_for`]; alone on this thread when there is one thread or too little `work`
+/// to share).
 fn run_jobs(jobs: &[Job], work: u64, threads: usize) {
     if threads <= 1 || work < (1 << 18) {
         // Chunk by chunk, as the pool would: a chunk's weights stay in L2 while all the
@@ -206,11 +206,10 @@ fn run_jobs(jobs: &[Job], work: u64, threads: usize) {
         return;
     }
     let pieces: Vec<(usize, usize)> = jobs.iter().enumerate().flat_map(|(i, j)| (0..j.nchunks).map(move |c| (i, c))).collect();
-    crate::pool::pool().install(|| {
-        pieces.par_iter().for_each(|&(i, c)| {
-            let j = &jobs[i];
-            j.run_rows(c * j.chunk, ((c + 1) * j.chunk).min(j.rows));
-        })
+    crate::pool::parallel_for(pieces.len(), &|p| {
+        let (i, c) = pieces[p];
+        let j = &jobs[i];
+        j.run_rows(c * j.chunk, ((c + 1) * j.chunk).min(j.rows));
     });
 }
 

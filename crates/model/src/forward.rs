@@ -19,7 +19,7 @@
 //! GPT-OSS adds a bias after the output projection, a sink logit per head to each softmax
 //! (`attention.rs`) and routes its experts top-k first (`moe.rs`).
 
-use rayon::prelude::*;
+use std::sync::OnceLock;
 
 use crate::attention::{attend_layer, AttnTask, LayerScoring};
 use crate::error::{ModelError, Result};
@@ -225,8 +225,11 @@ impl Model {
                 }
                 row0 += n;
             }
-            let outs: Vec<Vec<f32>> = engram_kernels::pool().install(|| tasks.par_iter().map(|(_, t)| attend_layer(t, scoring)).collect());
-            for ((row0, t), out) in tasks.iter().zip(outs) {
+            let outs: Vec<OnceLock<Vec<f32>>> = tasks.iter().map(|_| OnceLock::new()).collect();
+            engram_kernels::parallel_for(tasks.len(), &|i| {
+                let _ = outs[i].set(attend_layer(&tasks[i].1, scoring));
+            });
+            for ((row0, t), out) in tasks.iter().zip(outs.into_iter().map(|o| o.into_inner().expect("every attention task ran"))) {
                 let span = t.group * t.head_dim;
                 for qi in 0..t.num_queries {
                     let dst = (row0 + qi) * qw + t.kv_head * span;
