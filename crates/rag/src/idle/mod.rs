@@ -431,7 +431,8 @@ impl PerCache {
 
     /// Runs the next unit with `clock`; a stopped one counts as interrupted if `count_stops`.
     fn unit_via(&mut self, rag: &mut Stores<'_>, mut clock: StepClock<'_>, count_stops: bool) -> Result<Option<UnitReport>> {
-        let t = Instant::now();
+        // The unit's time starts with its clock, so every step lies within it.
+        let t = clock.started();
         let r = self.next_unit(rag, &mut clock)?;
         let step = clock.finish();
         let ms = t.elapsed().as_secs_f64() * 1e3;

@@ -63,6 +63,7 @@ impl EngineWork {
 /// Asks `stop` between a unit's steps and times the steps. See the module doc.
 pub struct StepClock<'a> {
     stop: &'a mut dyn FnMut() -> bool,
+    started: Instant,
     last: Instant,
     longest_ms: f64,
     stopped: bool,
@@ -77,7 +78,13 @@ impl<'a> StepClock<'a> {
 
     /// A clock whose unit starts now and runs its work `via`.
     pub fn via(stop: &'a mut dyn FnMut() -> bool, via: Via<'a>) -> StepClock<'a> {
-        StepClock { stop, last: Instant::now(), longest_ms: 0.0, stopped: false, via }
+        let now = Instant::now();
+        StepClock { stop, started: now, last: now, longest_ms: 0.0, stopped: false, via }
+    }
+
+    /// When the unit started (the clock's creation): its steps all lie after it.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// Runs `req` (see the module doc); `None` when the unit must stop (told to, or waiting

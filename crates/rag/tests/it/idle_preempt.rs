@@ -82,6 +82,7 @@ fn compare(cfg: IdleConfig, units: usize, after: impl Fn(&mut Rag, &mut PerCache
     pc2.after_ingest(&stopped, None).unwrap();
     let mut stops = 0;
     let mut seen = Vec::new();
+    let mut longest_finished_step = 0.0f64;
     for phase in 0..2 {
         if phase == 1 {
             after(&mut plain, &mut pc1);
@@ -93,7 +94,9 @@ fn compare(cfg: IdleConfig, units: usize, after: impl Fn(&mut Rag, &mut PerCache
             stops += n;
             let key = |u: &Option<UnitReport>| u.as_ref().map(|u| (u.kind, u.query.clone(), u.prefill_tokens, u.decode_tokens));
             assert_eq!(key(&a), key(&b), "the unit after the stops is the uninterrupted run's");
-            assert!(b.as_ref().is_none_or(|u| !u.interrupted && u.longest_step_ms > 0.0));
+            // A step is part of its unit: a finished unit's longest step is within its time.
+            assert!(b.as_ref().is_none_or(|u| !u.interrupted && u.longest_step_ms > 0.0 && u.longest_step_ms <= u.ms + 1e-9));
+            longest_finished_step = b.as_ref().map_or(longest_finished_step, |u| longest_finished_step.max(u.longest_step_ms));
             seen.extend(b.map(|u| u.kind));
             assert_eq!(snapshot(&plain), snapshot(&stopped));
         }
@@ -101,7 +104,10 @@ fn compare(cfg: IdleConfig, units: usize, after: impl Fn(&mut Rag, &mut PerCache
     assert!(stops > 0, "units were stopped: {seen:?}");
     assert_eq!(pc2.stats().interrupted, stops);
     assert_eq!(pc2.stats().units, pc1.stats().units, "interrupted units are not counted as run");
-    assert!(pc2.stats().longest_step_ms > 0.0 && pc2.stats().longest_step_ms <= pc2.stats().longest_unit_ms + 1e-9);
+    // The stats' longest step also counts the interrupted runs' steps (each timed apart, so on
+    // a busy machine one can outlast a whole finished unit): it is at least every finished
+    // unit's, never bounded by the longest finished unit.
+    assert!(pc2.stats().longest_step_ms >= longest_finished_step && longest_finished_step > 0.0);
     seen
 }
 
