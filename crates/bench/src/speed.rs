@@ -34,8 +34,9 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Size of the bandwidth probe buffer (MiB) for the decode limit.
-    #[arg(long, default_value_t = 256)]
+    /// Size of the bandwidth probe buffer (MiB) for the decode limit; well above the
+    /// last-level cache, the host's included (a VM may report less cache than its host has).
+    #[arg(long, default_value_t = 512)]
     membw_mib: usize,
 }
 
