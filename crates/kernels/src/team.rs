@@ -14,7 +14,8 @@
 //!   outputs (results never depend on the assignment).
 //! * One region at a time: a caller that finds the team busy (another thread's region, or a
 //!   piece that itself calls `run`) gets `false` back and nothing is run, so it can take
-//!   another path ([`crate::parallel_for`] falls back to the rayon pool).
+//!   another path ([`crate::parallel_for`] falls back to the rayon pool). A team with more
+//!   threads than CPUs has no helpers and refuses every region the same way.
 //! * A panic in a piece is caught where it happens; the region still waits for every other
 //!   piece (they borrow the caller's stack), then the panic resumes on the caller.
 
@@ -116,7 +117,7 @@ impl Team {
                 let s = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("engram-team-{i}"))
-                    .spawn(move || helper(&s, SPIN))
+                    .spawn(move || helper(&s))
                     .expect("failed to start a kernel team thread");
             }
         }
@@ -199,29 +200,28 @@ fn work(s: &Shared, epoch: u32) {
     }
 }
 
-/// A helper: waits for each new epoch (spinning up to `spin`, then asleep), works on it,
-/// repeats.
-fn helper(s: &Shared, spin: Duration) {
+/// A helper: waits for each new epoch (spinning, then asleep), works on it, repeats.
+fn helper(s: &Shared) {
     let mut seen = 0u32;
     loop {
-        let epoch = wait_for_region(s, seen, spin);
+        let epoch = wait_for_region(s, seen);
         seen = epoch;
         work(s, epoch);
     }
 }
 
-/// The epoch of the next region after `seen`: spins for `spin`, then sleeps until woken.
-fn wait_for_region(s: &Shared, seen: u32, spin: Duration) -> u32 {
+/// The epoch of the next region after `seen`: spins for [`SPIN`], then sleeps until woken.
+fn wait_for_region(s: &Shared, seen: u32) -> u32 {
     let start = Instant::now();
     let mut spins = 0u32;
-    while !spin.is_zero() {
+    loop {
         let e = epoch_of(s.state.load(Ordering::Acquire));
         if e != seen {
             return e;
         }
         spins += 1;
         if spins % SPINS_PER_YIELD == 0 {
-            if start.elapsed() > spin {
+            if start.elapsed() > SPIN {
                 break;
             }
             std::thread::yield_now();
