@@ -88,6 +88,8 @@ pub fn run(a: Args) -> Result<()> {
                 // Weights repacked at load for the AVX2 GEMV (ENGRAM_REPACK=off: 0), and the
                 // load time that includes the repacking.
                 "repacked_bytes": model.weights.packed_bytes(),
+                // Weights copied verbatim into huge pages (unpacked formats; ENGRAM_HUGE_PAGES=off: 0).
+                "resident_bytes": model.weights.resident_bytes(),
                 "load_s": (load_s * 1000.0).round() / 1000.0,
             })
         );

@@ -19,7 +19,8 @@
 //! reference quantizers), `dequant` (blocks → f32), `matmul` (dispatch/tiling/threading),
 //! `simd::{scalar, avx2, avx2_q32, avx2_k, k_panel, vnni_k, avx512, amx, neon}` (kernels;
 //! `k_panel`: the AVX2 multi-token path of Q5_K/Q3_K/Q2_K/IQ4_XS; `vnni_k`: the AVX-512 VNNI one
-//! of those and packed Q4_K/Q6_K, over `token_lanes`' transposed activations), `pool` (thread pool and `team`, the fork-join team of the short parallel regions), `membw` (read-bandwidth
+//! of those and packed Q4_K/Q6_K, over `token_lanes`' transposed activations), `pool` (thread pool and `team`, the fork-join team of the short parallel regions), `huge` (huge-page buffers for
+//! weights), `membw` (read-bandwidth
 //! probe for `engram bench membw`), `repack` (Q4_0/Q8_0/Q4_1/Q4_K/Q6_K in 8-row groups for the AVX2 GEMV).
 
 // Kernels index fixed-size register arrays by row/token on purpose (the loops unroll), keep
@@ -37,6 +38,7 @@ mod blocks;
 mod dequant;
 pub mod dispatch;
 mod dtype;
+mod huge;
 pub mod flash;
 mod matmul;
 mod membw;
@@ -55,6 +57,7 @@ mod token_lanes;
 
 pub use dequant::dequantize_row;
 pub use dtype::{DType, KernelError, WeightMatrix};
+pub use huge::{huge_pages_enabled, HugeBytes};
 pub use matmul::{matmul, matmul_grouped, matmul_multi, MatmulItem};
 pub use membw::stream_read;
 pub use mxfp4_hf::mxfp4_rows_from_hf;

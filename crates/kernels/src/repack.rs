@@ -24,6 +24,7 @@
 //! 8 row-super-blocks for 1,152, the unpacked 6-bit scales and mins); the mapped file is only
 //! read, never written.
 
+use crate::huge::HugeBytes;
 use crate::dtype::{DType, WeightMatrix};
 use crate::repack_k::{group_block_bytes_k, pack_block, unpack_block};
 use rayon::prelude::*;
@@ -37,7 +38,8 @@ pub struct Packed {
     dtype: DType,
     rows: usize,
     cols: usize,
-    bytes: Vec<u8>,
+    /// In huge pages where the OS grants them: the GEMV streams every byte each step.
+    bytes: HugeBytes,
 }
 
 impl std::fmt::Debug for Packed {
@@ -61,7 +63,7 @@ impl Packed {
         let nb = w.cols / w.dtype.block_elems();
         let bb = w.dtype.block_bytes();
         let gbb = group_block_bytes(w.dtype);
-        let mut bytes = vec![0u8; w.rows / GROUP_ROWS * nb * gbb];
+        let mut bytes = HugeBytes::zeroed(w.rows / GROUP_ROWS * nb * gbb);
         let k = matches!(w.dtype, DType::Q4K | DType::Q6K);
         let pack_group = |(g, gdst): (usize, &mut [u8])| {
             for (i, dst) in gdst.chunks_exact_mut(gbb).enumerate() {

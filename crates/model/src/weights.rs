@@ -1,6 +1,9 @@
 //! Weight storage: every matrix is a byte range of a memory-mapped file (or an
 //! owned buffer) in its on-disk format, so F16 stays F16 and quantized
-//! weights are never expanded; the kernels read them in place.
+//! weights are never expanded. The kernels read a copy in anonymous huge-page
+//! memory where the machine grants huge pages: the CPU's packed layout where it
+//! has one (`Packed`), else the same bytes verbatim; the file's pages are then
+//! dropped from the process (they stay in the page cache).
 //!
 //! Invariant: a `Weight`'s byte length equals `rows * dtype.row_bytes(cols)`,
 //! checked when it is created.
@@ -8,7 +11,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use engram_kernels::{DType, Packed, WeightMatrix};
+use engram_kernels::{DType, HugeBytes, Packed, WeightMatrix};
 use memmap2::Mmap;
 
 use crate::error::{tensor_err, Result};
@@ -56,6 +59,10 @@ pub struct Weight {
     /// Repacked for the packed AVX2 kernels where this CPU runs them (`Packed::for_this_cpu`), in anonymous memory
     /// beside the untouched storage; `None` elsewhere.
     packed: Option<Arc<Packed>>,
+    /// A mapped weight the kernels read unpacked, copied verbatim into anonymous memory in
+    /// huge pages where the OS grants them ([`HugeBytes`]: a step streams every byte, and 4 KiB
+    /// pages of the file mapping cost a page walk each); `None` for packed or owned weights.
+    resident: Option<Arc<HugeBytes>>,
 }
 
 impl Weight {
@@ -69,9 +76,12 @@ impl Weight {
         if have != want {
             return Err(tensor_err(file, name, format!("holds {have} bytes, shape [{rows}, {cols}] {} needs {want}", dtype.name())));
         }
-        let mut w = Weight { dtype, rows, cols, storage, packed: None };
+        let mut w = Weight { dtype, rows, cols, storage, packed: None, resident: None };
         w.packed = Packed::for_this_cpu(&w.matrix()).map(Arc::new);
         if w.packed.is_some() {
+            w.storage.release_resident();
+        } else if matches!(w.storage, Storage::Mapped(..)) && engram_kernels::huge_pages_enabled() {
+            w.resident = Some(Arc::new(HugeBytes::copy_of(w.storage.bytes())));
             w.storage.release_resident();
         }
         Ok(w)
@@ -103,11 +113,12 @@ impl Weight {
         Ok(out)
     }
 
-    /// This weight without its repacked copy, for a matrix that is only read row by row (an
-    /// embedding not tied to the output): the GEMV never reads it, so the copy would be
+    /// This weight without its repacked or resident copy, for a matrix that is only read row by
+    /// row (an embedding not tied to the output): the GEMV never reads it, so the copy would be
     /// anonymous memory for nothing. Rows are read from the source bytes as before.
     pub fn for_row_lookup(mut self) -> Weight {
         self.packed = None;
+        self.resident = None;
         self
     }
 
@@ -116,9 +127,20 @@ impl Weight {
         self.packed.as_ref().map_or(0, |p| p.num_bytes())
     }
 
+    /// Bytes of the verbatim huge-page copy this weight holds (0 without one).
+    pub fn resident_bytes(&self) -> usize {
+        self.resident.as_ref().map_or(0, |r| r.len())
+    }
+
+    /// The bytes the kernels read in the source format: the resident copy if any, else the
+    /// storage (the same bytes either way).
+    fn source_bytes(&self) -> &[u8] {
+        self.resident.as_deref().map_or_else(|| self.storage.bytes(), |r| &r[..])
+    }
+
     /// A kernel view of the whole matrix.
     pub fn matrix(&self) -> WeightMatrix<'_> {
-        let m = WeightMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, data: self.storage.bytes(), packed: None };
+        let m = WeightMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, data: self.source_bytes(), packed: None };
         match &self.packed {
             Some(p) => m.with_packed(p),
             None => m,
@@ -128,7 +150,7 @@ impl Weight {
     /// Dequantizes row `r` into `out` (`cols` floats): used for embedding lookup.
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
         let rb = self.dtype.row_bytes(self.cols).expect("validated at construction");
-        engram_kernels::dequantize_row(self.dtype, &self.storage.bytes()[r * rb..(r + 1) * rb], out);
+        engram_kernels::dequantize_row(self.dtype, &self.source_bytes()[r * rb..(r + 1) * rb], out);
     }
 
     /// All elements as f32 (for small tensors such as norms and biases).
@@ -264,6 +286,11 @@ impl ModelWeights {
     /// output counted once).
     pub fn packed_bytes(&self) -> usize {
         self.sum_over_matrices(Weight::packed_bytes)
+    }
+
+    /// Bytes of verbatim huge-page copies over all matrices (tied output counted once).
+    pub fn resident_bytes(&self) -> usize {
+        self.sum_over_matrices(Weight::resident_bytes)
     }
 
     /// `f` summed over every matrix: embedding, each layer's projections, and the output

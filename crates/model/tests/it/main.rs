@@ -13,3 +13,4 @@ mod gpt_oss;
 mod hidden;
 mod moe;
 mod quant_types;
+mod resident;
