@@ -111,14 +111,14 @@ const C6: f32 = 0.001_393_3;
 /// Whether the AVX2 + FMA loops run: the kernel path ([`crate::internal::Isa::detect`]) is
 /// AVX2 or wider.
 #[cfg(target_arch = "x86_64")]
-fn avx2() -> bool {
+pub(crate) fn avx2() -> bool {
     use crate::simd::Isa;
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| matches!(Isa::detect(), Isa::Avx2 | Isa::Avx512 | Isa::Amx))
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     /// Sum of the 8 lanes of each of `a`, `b`, `c`, `d` → lanes 0..4, each from its own
@@ -214,7 +214,7 @@ mod x86 {
     /// `exp_approx` of 8 lanes (`x <= 0`, `-inf` allowed).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp8(x: __m256) -> __m256 {
+    pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
         use super::*;
         let xc = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
         let magic = _mm256_set1_ps(MAGIC);

@@ -9,6 +9,7 @@
 //!   for Q4_0/Q8_0, AVX-512 VNNI, AVX2, portable scalar) and parallelized over output rows on
 //!   [`pool`].
 //!
+//! * [`activation`]: the SwiGLU activation, vectorized.
 //! * [`attn_rows`]: the portable attention path's row-wise loops (scores, softmax step,
 //!   value accumulation), AVX2 + FMA where the CPU has them.
 //! * [`flash`]: attention of query rows over key/value chunks on AMX-BF16 tiles (where the CPU
@@ -33,6 +34,7 @@
     clippy::missing_safety_doc
 )]
 
+pub mod activation;
 pub mod attn_rows;
 mod blocks;
 mod dequant;

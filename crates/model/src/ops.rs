@@ -55,11 +55,9 @@ pub fn axpy(acc: &mut [f32], p: f32, v: &[f32]) {
     }
 }
 
-/// `gate = silu(gate) * up` in place (SwiGLU).
+/// `gate = silu(gate) * up` in place (SwiGLU; [`engram_kernels::activation::swiglu`]).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
+    engram_kernels::activation::swiglu(gate, up);
 }
 
 /// `gate = gelu_tanh(gate) * up` in place (Gemma's gated MLP; transformers'
