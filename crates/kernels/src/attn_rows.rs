@@ -118,7 +118,7 @@ pub(crate) fn avx2() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86 {
+mod x86 {
     use std::arch::x86_64::*;
 
     /// Sum of the 8 lanes of each of `a`, `b`, `c`, `d` → lanes 0..4, each from its own
@@ -214,7 +214,7 @@ pub(crate) mod x86 {
     /// `exp_approx` of 8 lanes (`x <= 0`, `-inf` allowed).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+    unsafe fn exp8(x: __m256) -> __m256 {
         use super::*;
         let xc = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
         let magic = _mm256_set1_ps(MAGIC);
