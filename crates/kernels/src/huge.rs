@@ -13,7 +13,8 @@
 //! [`HugeBytes`] only then.
 //!
 //! Invariant: the buffer is `len` bytes, starts zeroed, and is 2 MiB-aligned where it is a
-//! mapping (so every whole 2 MiB of it can be one page); where mapping or advice is not
+//! mapping (so every whole 2 MiB of it can be one page; the partial last one keeps 4 KiB
+//! pages, so no huge page extends past the end); where mapping or advice is not
 //! available it is a plain heap buffer with the same contents and behaviour.
 
 /// Alignment (and size) of a huge page on x86-64 and most aarch64 kernels.
@@ -55,18 +56,23 @@ impl HugeBytes {
         if len >= MIN_MAPPED && huge_pages_enabled() {
             if let Ok(map) = memmap2::MmapMut::map_anon(len + HUGE_PAGE) {
                 let offset = (map.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - map.as_ptr() as usize;
-                // Advice only: whether the kernel grants huge pages changes speed, not bytes.
-                let _ = map.advise(memmap2::Advice::HugePage);
+                // Only the buffer's whole 2 MiB pages are advised: a huge page over its tail
+                // would hold up to 2 MiB of bytes past the end (resident, never read), one per
+                // buffer. Advice only: whether the kernel grants huge pages changes speed, not
+                // bytes.
+                let _ = map.advise_range(memmap2::Advice::HugePage, offset, len / HUGE_PAGE * HUGE_PAGE);
                 return HugeBytes { store: Store::Mapped { map, offset }, len };
             }
         }
         HugeBytes { store: Store::Heap(vec![0; len]), len }
     }
 
-    /// A copy of `src`.
+    /// A copy of `src`, made in 1 MiB pieces on the kernel pool (a load copies gigabytes, and
+    /// each piece's page faults, on both sides, are then taken in parallel).
     pub fn copy_of(src: &[u8]) -> HugeBytes {
+        use rayon::prelude::*;
         let mut b = HugeBytes::zeroed(src.len());
-        b.copy_from_slice(src);
+        crate::pool::pool().install(|| b.par_chunks_mut(1 << 20).zip(src.par_chunks(1 << 20)).for_each(|(d, s)| d.copy_from_slice(s)));
         b
     }
 

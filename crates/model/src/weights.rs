@@ -66,17 +66,10 @@ pub struct Weight {
 }
 
 impl Weight {
-    /// Wraps storage after checking its length against shape and format.
+    /// Wraps storage after checking its length against shape and format, with the copy the
+    /// kernels read where this machine has one (a packing, or a verbatim huge-page copy).
     pub fn new(file: &str, name: &str, dtype: DType, rows: usize, cols: usize, storage: Storage) -> Result<Self> {
-        let row_bytes = dtype
-            .row_bytes(cols)
-            .ok_or_else(|| tensor_err(file, name, format!("{cols} columns are not a whole number of {} blocks", dtype.name())))?;
-        let want = rows.checked_mul(row_bytes).ok_or_else(|| tensor_err(file, name, "size overflows"))?;
-        let have = storage.bytes().len();
-        if have != want {
-            return Err(tensor_err(file, name, format!("holds {have} bytes, shape [{rows}, {cols}] {} needs {want}", dtype.name())));
-        }
-        let mut w = Weight { dtype, rows, cols, storage, packed: None, resident: None };
+        let mut w = Weight::for_rows(file, name, dtype, rows, cols, storage)?;
         w.packed = Packed::for_this_cpu(&w.matrix()).map(Arc::new);
         if w.packed.is_some() {
             w.storage.release_resident();
@@ -85,6 +78,21 @@ impl Weight {
             w.storage.release_resident();
         }
         Ok(w)
+    }
+
+    /// [`Weight::new`] without a packing or resident copy, for a matrix that is only read row
+    /// by row (an embedding not tied to the output): the GEMV never reads it, so a copy would
+    /// be load time and anonymous memory for nothing. Rows are read from the storage.
+    pub fn for_rows(file: &str, name: &str, dtype: DType, rows: usize, cols: usize, storage: Storage) -> Result<Self> {
+        let row_bytes = dtype
+            .row_bytes(cols)
+            .ok_or_else(|| tensor_err(file, name, format!("{cols} columns are not a whole number of {} blocks", dtype.name())))?;
+        let want = rows.checked_mul(row_bytes).ok_or_else(|| tensor_err(file, name, "size overflows"))?;
+        let have = storage.bytes().len();
+        if have != want {
+            return Err(tensor_err(file, name, format!("holds {have} bytes, shape [{rows}, {cols}] {} needs {want}", dtype.name())));
+        }
+        Ok(Weight { dtype, rows, cols, storage, packed: None, resident: None })
     }
 
     /// A fused matrix (`storage` holding `parts.iter().sum()` rows of `cols`) split into one
@@ -111,15 +119,6 @@ impl Weight {
             first += n;
         }
         Ok(out)
-    }
-
-    /// This weight without its repacked or resident copy, for a matrix that is only read row by
-    /// row (an embedding not tied to the output): the GEMV never reads it, so the copy would be
-    /// anonymous memory for nothing. Rows are read from the source bytes as before.
-    pub fn for_row_lookup(mut self) -> Weight {
-        self.packed = None;
-        self.resident = None;
-        self
     }
 
     /// Bytes of the repacked copy this weight holds (0 without one).

@@ -360,17 +360,22 @@ fn small_vector(f: &GgufFile, t: &TensorInfo, label: &str) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// A `Weight` constructor (`Weight::new` or `Weight::for_rows`).
+type WeightCtor = fn(&str, &str, DType, usize, usize, Storage) -> Result<Weight>;
+
 fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label: &str) -> Result<ModelWeights> {
     let base = f.header().data_offset as usize;
-    let matrix = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
+    // Through `make`: `Weight::new`, or `Weight::for_rows` for a matrix only read row by row.
+    let matrix_with = |name: &str, rows: usize, cols: usize, make: WeightCtor| -> Result<Weight> {
         let t = f.header().tensor(name).ok_or_else(|| tensor_err(label, name, "missing"))?;
         // GGUF lists dims innermost first: [cols, rows].
         if t.dims.as_slice() != [cols as u64, rows as u64] {
             return Err(tensor_err(label, name, format!("shape {:?}, expected [{cols}, {rows}]", t.dims)));
         }
         let start = base + t.offset as usize;
-        Weight::new(label, name, dtype_of(t, label)?, rows, cols, Storage::Mapped(map.clone(), start..start + t.n_bytes as usize))
+        make(label, name, dtype_of(t, label)?, rows, cols, Storage::Mapped(map.clone(), start..start + t.n_bytes as usize))
     };
+    let matrix = |name: &str, rows: usize, cols: usize| matrix_with(name, rows, cols, Weight::new);
     let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
         let t = f.header().tensor(name).ok_or_else(|| tensor_err(label, name, "missing"))?;
         if t.dims.as_slice() != [len as u64] {
@@ -395,7 +400,9 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
         let start = base + t.offset as usize;
         Weight::split_rows(label, name, dtype_of(t, label)?, parts, cols, Storage::Mapped(map.clone(), start..start + t.n_bytes as usize))
     };
-    let embed = matrix("token_embd.weight", c.vocab, c.hidden)?;
+    // An embedding not tied to the output is only read row by row: no copy for the kernels.
+    let untied = f.header().tensor("output.weight").is_some();
+    let embed = matrix_with("token_embd.weight", c.vocab, c.hidden, if untied { Weight::for_rows } else { Weight::new })?;
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
@@ -503,8 +510,8 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
         });
     }
     let final_norm = vector("output_norm.weight", c.hidden)?;
-    let (output, embed) = if f.header().tensor("output.weight").is_some() {
-        (matrix("output.weight", c.vocab, c.hidden)?, embed.for_row_lookup())
+    let (output, embed) = if untied {
+        (matrix("output.weight", c.vocab, c.hidden)?, embed)
     } else {
         (embed.clone(), embed)
     };

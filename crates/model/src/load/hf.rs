@@ -467,6 +467,9 @@ fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>,
 /// A tensor of a safetensors file: file label, mapping, shape, byte range.
 type Mapped = (String, Arc<Mmap>, Vec<usize>, std::ops::Range<usize>);
 
+/// A `Weight` constructor (`Weight::new` or `Weight::for_rows`).
+type WeightCtor = fn(&str, &str, DType, usize, usize, Storage) -> Result<Weight>;
+
 /// The union of the safetensors files of a folder, by tensor name.
 struct TensorSet {
     /// name -> (file label, mapping, dtype, shape, byte range)
@@ -539,6 +542,12 @@ impl TensorSet {
     }
 
     fn get(&self, name: &str, shape: &[usize]) -> Result<Weight> {
+        self.get_with(name, shape, Weight::new)
+    }
+
+    /// [`Self::get`] through constructor `make` (`Weight::new`, or `Weight::for_rows` for a
+    /// matrix only read row by row).
+    fn get_with(&self, name: &str, shape: &[usize], make: WeightCtor) -> Result<Weight> {
         let (file, map, dtype, have, range) = self.tensors.get(name).ok_or_else(|| tensor_err("model.safetensors", name, "missing"))?;
         if have.as_slice() != shape {
             return Err(tensor_err(file, name, format!("shape {have:?}, expected {shape:?}")));
@@ -548,7 +557,7 @@ impl TensorSet {
             [r, c] => (*r, *c),
             _ => return Err(tensor_err(file, name, "expected a 1-D or 2-D tensor")),
         };
-        Weight::new(file, name, *dtype, rows, cols, Storage::Mapped(map.clone(), range.clone()))
+        make(file, name, *dtype, rows, cols, Storage::Mapped(map.clone(), range.clone()))
     }
 
     /// A fused `[sum(parts), cols]` matrix split into one matrix per part (`Weight::split_rows`).
@@ -677,7 +686,9 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
         }
         w
     };
-    let embed = t.get("model.embed_tokens.weight", &[c.vocab, c.hidden])?;
+    // An embedding not tied to the output is only read row by row: no copy for the kernels.
+    let untied = t.has("lm_head.weight");
+    let embed = t.get_with("model.embed_tokens.weight", &[c.vocab, c.hidden], if untied { Weight::for_rows } else { Weight::new })?;
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         let p = format!("model.layers.{i}");
@@ -790,8 +801,8 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
         });
     }
     let final_norm = gemma_norm(t.vector("model.norm.weight", c.hidden)?);
-    let (output, embed) = if t.has("lm_head.weight") {
-        (t.get("lm_head.weight", &[c.vocab, c.hidden])?, embed.for_row_lookup())
+    let (output, embed) = if untied {
+        (t.get("lm_head.weight", &[c.vocab, c.hidden])?, embed)
     } else {
         (embed.clone(), embed)
     };

@@ -28,7 +28,11 @@ fn mapped_f16_weight_reads_the_same_bytes_from_its_resident_copy() {
     assert_eq!(row, want);
 
     // A matrix read only row by row keeps no copy and still reads the same rows.
-    let lookup = w.for_row_lookup();
-    assert_eq!(lookup.resident_bytes(), 0);
+    let map = Arc::new(unsafe { memmap2::Mmap::map(file.as_file()) }.unwrap());
+    let lookup = Weight::for_rows("t.gguf", "w", DType::F16, rows, cols, Storage::Mapped(map, 0..bytes.len())).unwrap();
+    assert_eq!((lookup.resident_bytes(), lookup.packed_bytes()), (0, 0));
     assert_eq!(lookup.matrix().data, &bytes[..]);
+    let mut again = vec![0f32; cols];
+    lookup.row_f32(rows - 1, &mut again);
+    assert_eq!(again, want);
 }
