@@ -43,7 +43,10 @@ pub struct HugeBytes {
 enum Store {
     /// An anonymous mapping of `len + HUGE_PAGE` bytes; the buffer starts at `offset`.
     #[cfg(unix)]
-    Mapped { map: memmap2::MmapMut, offset: usize },
+    Mapped {
+        map: memmap2::MmapMut,
+        offset: usize,
+    },
     Heap(Vec<u8>),
 }
 

@@ -24,8 +24,8 @@
 //! 8 row-super-blocks for 1,152, the unpacked 6-bit scales and mins); the mapped file is only
 //! read, never written.
 
-use crate::huge::HugeBytes;
 use crate::dtype::{DType, WeightMatrix};
+use crate::huge::HugeBytes;
 use crate::repack_k::{group_block_bytes_k, pack_block, unpack_block};
 use rayon::prelude::*;
 

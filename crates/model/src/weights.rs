@@ -49,6 +49,10 @@ impl Storage {
     }
 }
 
+/// A [`Weight`] constructor: [`Weight::new`], or [`Weight::for_rows`] for a matrix only read
+/// row by row (loaders pick one per tensor).
+pub type WeightCtor = fn(&str, &str, DType, usize, usize, Storage) -> Result<Weight>;
+
 /// A 2-D weight matrix `[rows = out features, cols = in features]`.
 #[derive(Clone)]
 pub struct Weight {

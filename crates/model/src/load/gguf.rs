@@ -33,7 +33,7 @@ use super::Loaded;
 use crate::config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, MoeGating, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
 use crate::rope::YarnScaling;
-use crate::weights::{FeedForward, GatedMlp, LayerWeights, MlpBias, ModelWeights, MoeWeights, Storage, Weight};
+use crate::weights::{FeedForward, GatedMlp, LayerWeights, MlpBias, ModelWeights, MoeWeights, Storage, Weight, WeightCtor};
 
 /// Loads a GGUF model file.
 pub fn load_gguf(path: &Path) -> Result<Loaded> {
@@ -360,9 +360,6 @@ fn small_vector(f: &GgufFile, t: &TensorInfo, label: &str) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// A `Weight` constructor (`Weight::new` or `Weight::for_rows`).
-type WeightCtor = fn(&str, &str, DType, usize, usize, Storage) -> Result<Weight>;
-
 fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label: &str) -> Result<ModelWeights> {
     let base = f.header().data_offset as usize;
     // Through `make`: `Weight::new`, or `Weight::for_rows` for a matrix only read row by row.
@@ -510,10 +507,6 @@ fn build_weights(c: &ModelConfig, f: &GgufFile, map: &Arc<memmap2::Mmap>, label:
         });
     }
     let final_norm = vector("output_norm.weight", c.hidden)?;
-    let (output, embed) = if untied {
-        (matrix("output.weight", c.vocab, c.hidden)?, embed)
-    } else {
-        (embed.clone(), embed)
-    };
+    let (output, embed) = if untied { (matrix("output.weight", c.vocab, c.hidden)?, embed) } else { (embed.clone(), embed) };
     Ok(ModelWeights { embed, layers, final_norm, output })
 }

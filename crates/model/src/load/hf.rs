@@ -16,7 +16,7 @@ use super::Loaded;
 use crate::config::{Arch, FfnActivation, LayerAttention, Llama3Scaling, ModelConfig, MoeConfig, MoeGating, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
 use crate::rope::YarnScaling;
-use crate::weights::{FeedForward, GatedMlp, LayerWeights, MlpBias, ModelWeights, MoeWeights, Storage, Weight};
+use crate::weights::{FeedForward, GatedMlp, LayerWeights, MlpBias, ModelWeights, MoeWeights, Storage, Weight, WeightCtor};
 
 /// Loads a Hugging Face model folder.
 pub fn load_hf(dir: &Path) -> Result<Loaded> {
@@ -467,9 +467,6 @@ fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>,
 /// A tensor of a safetensors file: file label, mapping, shape, byte range.
 type Mapped = (String, Arc<Mmap>, Vec<usize>, std::ops::Range<usize>);
 
-/// A `Weight` constructor (`Weight::new` or `Weight::for_rows`).
-type WeightCtor = fn(&str, &str, DType, usize, usize, Storage) -> Result<Weight>;
-
 /// The union of the safetensors files of a folder, by tensor name.
 struct TensorSet {
     /// name -> (file label, mapping, dtype, shape, byte range)
@@ -801,11 +798,7 @@ fn build_weights(c: &ModelConfig, t: &TensorSet) -> Result<ModelWeights> {
         });
     }
     let final_norm = gemma_norm(t.vector("model.norm.weight", c.hidden)?);
-    let (output, embed) = if untied {
-        (t.get("lm_head.weight", &[c.vocab, c.hidden])?, embed)
-    } else {
-        (embed.clone(), embed)
-    };
+    let (output, embed) = if untied { (t.get("lm_head.weight", &[c.vocab, c.hidden])?, embed) } else { (embed.clone(), embed) };
     Ok(ModelWeights { embed, layers, final_norm, output })
 }
 

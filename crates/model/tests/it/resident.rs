@@ -12,9 +12,8 @@ use engram_model::Weight;
 fn mapped_f16_weight_reads_the_same_bytes_from_its_resident_copy() {
     // 1,040 rows of 1,024 F16 columns: just over 2 MiB, so the copy is a mapping.
     let (rows, cols) = (1040, 1024);
-    let bytes: Vec<u8> = (0..rows * cols)
-        .flat_map(|i| half::f16::from_f32(((i * 37 % 1001) as f32 - 500.0) / 256.0).to_le_bytes())
-        .collect();
+    let bytes: Vec<u8> =
+        (0..rows * cols).flat_map(|i| half::f16::from_f32(((i * 37 % 1001) as f32 - 500.0) / 256.0).to_le_bytes()).collect();
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(&bytes).unwrap();
     let map = Arc::new(unsafe { memmap2::Mmap::map(file.as_file()) }.unwrap());
