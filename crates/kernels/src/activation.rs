@@ -142,7 +142,7 @@ unsafe fn lane(g: std::arch::x86_64::__m256, u: std::arch::x86_64::__m256) -> st
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn expf8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+unsafe fn expf8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     let lo = expf4_core(_mm256_castps256_ps128(x));
     let hi = expf4_core(_mm256_extractf128_ps::<1>(x));

@@ -162,18 +162,26 @@ impl Team {
         // Wait for the pieces helpers claimed; they borrow this frame.
         let mut spins = 0u32;
         while s.done.load(Ordering::Acquire) < pieces as u32 {
-            spins += 1;
-            if spins % SPINS_PER_YIELD == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            pause(&mut spins);
         }
         if s.panicked.swap(false, Ordering::Acquire) {
             let p = s.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
             resume_unwind(p.unwrap_or_else(|| Box::new("a kernel team piece panicked")));
         }
         true
+    }
+}
+
+/// One wait of a spin loop: a spin hint, or every [`SPINS_PER_YIELD`]th call a yield of the
+/// CPU (then `true`, the loop's moment to check a deadline).
+fn pause(spins: &mut u32) -> bool {
+    *spins = spins.wrapping_add(1);
+    if *spins % SPINS_PER_YIELD == 0 {
+        std::thread::yield_now();
+        true
+    } else {
+        std::hint::spin_loop();
+        false
     }
 }
 
@@ -219,14 +227,8 @@ fn wait_for_region(s: &Shared, seen: u32) -> u32 {
         if e != seen {
             return e;
         }
-        spins += 1;
-        if spins % SPINS_PER_YIELD == 0 {
-            if start.elapsed() > SPIN {
-                break;
-            }
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
+        if pause(&mut spins) && start.elapsed() > SPIN {
+            break;
         }
     }
     let mut g = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
