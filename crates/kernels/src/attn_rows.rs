@@ -3,6 +3,7 @@
 //! [`crate::flash`].
 //!
 //! * [`scores`]: one query row's dot products with `n` key rows;
+//! * [`max`]: the largest score (the online softmax's running maximum);
 //! * [`exp_shifted`]: `s[i] = e^(s[i] - max)` in place, returning the sum (the softmax step);
 //! * [`accumulate`]: `acc += Σ p[i] · values[i]`.
 //!
@@ -28,6 +29,21 @@ pub fn scores(q: &[f32], keys: &[f32], head_dim: usize, out: &mut [f32]) {
     for (o, k) in out.iter_mut().zip(keys.chunks_exact(head_dim)) {
         *o = q[..head_dim].iter().zip(k).map(|(a, b)| a * b).sum();
     }
+}
+
+/// The largest of `s` (`-inf` when `s` is empty); NaN entries are passed over, as by
+/// `f32::max`. Eight running maxima (vectorized), then the largest of them: the same value as
+/// a fold in order, since `max` is exact.
+pub fn max(s: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
+        }
+    }
+    let m = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    lanes.iter().fold(m, |a, &b| a.max(b))
 }
 
 /// `s[i] = e^(s[i] - max)` for every `i` (with `e^-inf = 0`, and 0 below `e^-87`), returning
@@ -298,6 +314,19 @@ mod tests {
                     assert!((acc[d] as f64 - want[d]).abs() < 1e-5, "hd {hd} dim {d}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn max_is_the_in_order_fold() {
+        for n in [0, 1, 7, 8, 9, 31, 32, 33] {
+            let mut s = data(n, 9);
+            if n > 3 {
+                s[2] = f32::NAN;
+                s[n - 1] = f32::NEG_INFINITY;
+            }
+            let want = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            assert_eq!(max(&s).to_bits(), want.to_bits(), "n {n}");
         }
     }
 

@@ -432,8 +432,9 @@ pub struct ActQ8K {
     /// Per-block sums of each group of 16 values (16 per block).
     pub bsums: Vec<i16>,
     /// The same values by 16-token groups, built on first use by the AVX-512 VNNI prefill
-    /// kernel (a rearrangement of the fields above, never different data).
-    pub(crate) lanes: std::sync::OnceLock<crate::token_lanes::TokenLanes>,
+    /// kernel (a rearrangement of the fields above, never different data): `[0]` the values as
+    /// they are, `[1]` each plus 128 (`TokenLanes::new`).
+    pub(crate) lanes: [std::sync::OnceLock<crate::token_lanes::TokenLanes>; 2],
 }
 
 impl ActQ8K {
@@ -446,22 +447,25 @@ impl ActQ8K {
             qs: vec![0; nb * QK_K],
             d: vec![0.0; nb],
             bsums: vec![0; nb * 16],
-            lanes: std::sync::OnceLock::new(),
+            lanes: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
         };
         let work = |((xb, qs), (d, bs)): ((&[f32], &mut [i8]), (&mut f32, &mut [i16]))| {
-            let (mut amax, mut max) = (0f32, 0f32);
-            for &v in xb {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
+            // The reference's `max` is the first value of the largest magnitude: the magnitude
+            // is found 8 lanes at a time (vectorized), then its first value.
+            let lanes = xb.chunks_exact(8).fold([0f32; 8], |mut m, c| {
+                for (m, v) in m.iter_mut().zip(c) {
+                    *m = m.max(v.abs());
                 }
-            }
+                m
+            });
+            let amax = lanes.iter().fold(0f32, |a, &b| a.max(b));
             if amax == 0.0 {
                 *d = 0.0;
                 qs.iter_mut().for_each(|q| *q = 0);
                 bs.iter_mut().for_each(|q| *q = 0);
                 return;
             }
+            let max = *xb.iter().find(|v| v.abs() == amax).expect("a value has the largest magnitude");
             let iscale = -127.0 / max;
             for (q, v) in qs.iter_mut().zip(xb) {
                 *q = nearest_int(iscale * v).min(127) as i8;

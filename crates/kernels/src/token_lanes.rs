@@ -2,9 +2,14 @@
 //! ([`TokenLanes`]): the layout of the AVX-512 VNNI prefill kernel (`simd/vnni_k.rs`), which
 //! broadcasts 4 weight bytes and multiplies them against 16 tokens' 4 activation bytes at once.
 //!
-//! Invariant: a pure rearrangement of the [`ActQ8K`] it is built from (every value, block sum
-//! and scale of token `t` sits in lane `t % 16` of group `t / 16`); lanes past the last token
-//! hold zeros, which contribute nothing to any sum.
+//! The values are stored as the signed bytes `x`, or as the unsigned bytes `x + 128`
+//! (`vpdpbusd` multiplies an unsigned byte by a signed one: with `x + 128` the weights' side
+//! can be signed, and the kernel removes the `128 · Σ w` this adds with one constant per row
+//! and super-block).
+//!
+//! Invariant: a rearrangement of the [`ActQ8K`] it is built from (every value, plus 128 if
+//! asked, and every block sum and scale of token `t` sits in lane `t % 16` of group `t / 16`);
+//! lanes past the last token hold zero bytes and scales, and their results are never stored.
 
 use crate::blocks::QK_K;
 use crate::quantize::ActQ8K;
@@ -18,8 +23,8 @@ pub(crate) const LANES: usize = 16;
 pub(crate) struct Lane64(pub [u8; 64]);
 
 /// The call's activations by 16-token groups: per (group `g`, super-block `i`), `xq` holds 64
-/// registers (register `kg`: bytes `4kg..4kg+4` of the block of each token, token `l` at bytes
-/// `4l..4l+4`), `bs16` 8 registers (pair `p`: i16 block sums `2p` and `2p + 1` of 16 values,
+/// registers (register `kg`: values `4kg..4kg+4` of the block of each token, as `x` or
+/// `x + 128`, token `l` at bytes `4l..4l+4`), `bs16` 8 registers (pair `p`: i16 block sums `2p` and `2p + 1` of 16 values,
 /// low and high half of lane `l`), `bs32` 4 registers (pair `p`: the sums of the 32-value
 /// sub-blocks `2p` and `2p + 1`), `dx` one register of the 16 tokens' f32 scales.
 pub(crate) struct TokenLanes {
@@ -36,8 +41,8 @@ pub(crate) struct TokenLanes {
 }
 
 impl TokenLanes {
-    /// Transposes every token of `a`.
-    pub(crate) fn new(a: &ActQ8K) -> TokenLanes {
+    /// Transposes every token of `a`; `plus128`: each value stored as `x + 128`.
+    pub(crate) fn new(a: &ActQ8K, plus128: bool) -> TokenLanes {
         let nb = a.blocks_per_row;
         let n = if nb == 0 { 0 } else { a.d.len() / nb };
         let groups = n.div_ceil(LANES);
@@ -64,6 +69,8 @@ impl TokenLanes {
         // SAFETY: four distinct buffers, each borrowed once.
         let (xq, bs16, bs32, dx) = unsafe { (&mut *xq, &mut *bs16, &mut *bs32, &mut *dx) };
         let pair = |lo: i32, hi: i32| (lo as u32 & 0xFFFF) | ((hi as u32) << 16);
+        // `x as u8 ^ 0x80` is `x + 128` for every i8 `x`.
+        let flip = if plus128 { 0x8080_8080 } else { 0 };
         for t in 0..n {
             let (g, o) = (t / LANES, t % LANES);
             for i in 0..nb {
@@ -72,7 +79,7 @@ impl TokenLanes {
                 let src = &a.qs[ab * QK_K..(ab + 1) * QK_K];
                 let dst = &mut xq[lb * 64 * 16..(lb + 1) * 64 * 16];
                 for (kg, q) in src.chunks_exact(4).enumerate() {
-                    dst[16 * kg + o] = u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+                    dst[16 * kg + o] = u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]) ^ flip;
                 }
                 let bs = &a.bsums[ab * 16..(ab + 1) * 16];
                 for p in 0..8 {

@@ -304,7 +304,7 @@ fn attend_portable(t: &AttnTask<'_>, scoring: LayerScoring<'_>) -> Vec<f32> {
                         }
                     }
                 }
-                let mx = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let mx = attn_rows::max(s);
                 if mx == f32::NEG_INFINITY {
                     continue;
                 }

@@ -1,20 +1,28 @@
 //! AVX-512 VNNI prefill of the 256-element formats — Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS —
 //! with the tokens in the register lanes.
 //!
-//! A chunk's rows are decoded **once per call** into a per-thread panel of unsigned byte codes
-//! (Q4_K 0..16, Q5_K 0..32, Q6_K `q + 32`, Q3_K `q + 4`, Q2_K 0..4, IQ4_XS table value + 128),
-//! 8 rows interleaved 4 bytes at a time, with each row's sub-block scales as i32 and its
-//! block-sum coefficients (mins, or the scales of the offset) as i16 pairs. The activations of
-//! the call are transposed once ([`TokenLanes`]: 16 tokens per register). Then an 8-row ×
-//! 16-token micro-kernel does, per 4 elements and row, one `vpbroadcastd` of the row's 4 codes
-//! and one `vpdpbusd` against the 16 tokens' 4 activation bytes; per sub-block one `vpmulld`
-//! applies the scale; per super-block one `vpdpwssd` per sub-block pair forms the block-sum
-//! term from the tokens' Q8_K block sums.
+//! A chunk's rows are decoded **once per call** into a per-thread panel of byte codes, 8 rows
+//! interleaved 4 bytes at a time, with each row's sub-block scales as i32:
 //!
-//! Invariant: per (row, token, super-block) the integers are exactly the scalar reference's
-//! (`Σ_j sc_j·Σ q·x`, the mins' `Σ_j m_j·S_j`; an offset `o` enters as `Σ_j sc_j·Σ u·x −
-//! o·Σ_j sc_j·S_j` with `u = q + o`, the same integer), and the float operations are the
-//! reference's lane by lane — `acc += (d·dx)·isum − (dmin·dx)·msum` or `acc += (d·dx)·isum`,
+//! * formats with mins (Q4_K 0..16, Q5_K 0..32, Q2_K 0..4): the codes as unsigned bytes, the
+//!   mins as i16 pairs; the activations as signed bytes;
+//! * formats whose reference codes carry an offset (Q6_K `q + 32`, Q3_K `q + 4`) and IQ4_XS
+//!   (the table value): the signed `q`, and one constant per super-block,
+//!   `C = 128·Σ_j sc_j·Σ_{e∈j} q_e`; the activations as unsigned bytes `x + 128`. No block-sum
+//!   term is needed for them: `C` is the whole correction, and it depends on the row alone.
+//!
+//! The activations of the call are transposed once ([`TokenLanes`]: 16 tokens per register).
+//! Then an 8-row × 16-token micro-kernel does, per 4 elements and row, one `vpbroadcastd` of
+//! the row's 4 codes and one `vpdpbusd` of them against the 16 tokens' 4 activation bytes; per
+//! sub-block one `vpmulld` applies the scale; per super-block either one `vpdpwssd` per
+//! sub-block pair forms the mins' term from the tokens' Q8_K block sums, or one subtraction of
+//! `C` removes what the `+ 128` added.
+//!
+//! Invariant: per (row, token, super-block) the integers are exactly the scalar reference's:
+//! `Σ_j sc_j·Σ u·x` and the mins' `Σ_j m_j·S_j`; with an offset, `Σ_j sc_j·Σ q·(x + 128) − C
+//! = Σ_j sc_j·Σ q·x`, the integer the reference's `Σ_j sc_j·Σ u·x − o·Σ_j sc_j·S_j` (`u = q +
+//! o`) comes to (every partial sum stays within i32: at most 2^28 in magnitude). The float
+//! operations are the reference's lane by lane — `acc += (d·dx)·isum − (dmin·dx)·msum` or `acc += (d·dx)·isum`,
 //! super-blocks in order, from +0.0, no fused multiply-add — so every token's output is bitwise
 //! the scalar path's, and thus the decode kernels' (which compute the same recipe), whatever
 //! the call's token count.
@@ -62,7 +70,8 @@ pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize, packed: bool) -> bool {
 }
 
 /// Per (row, super-block) scales: `sc[j]` sub-block `j`'s scale, `cp[p]` the i16 pair of
-/// block-sum coefficients of sub-blocks `2p, 2p + 1` (low, high half), `d`, `dmin`.
+/// mins of sub-blocks `2p, 2p + 1` (low, high half; formats with mins), `d`, `dmin`, and
+/// `c = 128·Σ_j sc_j·Σ_{e∈j} q_e` (formats without mins; [`row_constants`]).
 #[derive(Clone, Copy)]
 #[repr(C)]
 struct Meta {
@@ -70,9 +79,10 @@ struct Meta {
     cp: [i32; 8],
     d: f32,
     dmin: f32,
+    c: i32,
 }
 
-const META0: Meta = Meta { sc: [0; 16], cp: [0; 8], d: 0.0, dmin: 0.0 };
+const META0: Meta = Meta { sc: [0; 16], cp: [0; 8], d: 0.0, dmin: 0.0, c: 0 };
 
 /// Panel bytes of one weight row of `cols` columns.
 fn panel_row_bytes(cols: usize) -> usize {
@@ -111,7 +121,8 @@ fn tag(d: DType) -> u8 {
 /// multiples of 8); no other thread writes rows `r0..r1`.
 pub(crate) unsafe fn run_rows(c: &TileCtx, packed: Option<&Packed>, r0: usize, r1: usize, n_tokens: usize) {
     let Acts::Q8K(a) = c.acts else { unreachable!("activations prepared for the wrong dtype") };
-    let lanes = a.lanes.get_or_init(|| TokenLanes::new(a));
+    let plus128 = !has_min(tag(c.w.dtype));
+    let lanes = a.lanes[plus128 as usize].get_or_init(|| TokenLanes::new(a, plus128));
     let span = chunk_rows(c.w.cols);
     let mut s0 = r0;
     while s0 < r1 {
@@ -180,33 +191,27 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
                 }
             }
         }
-        let mut res = [[0f32; LANES]; BAND];
-        let mut tr = [[0f32; BAND]; LANES];
+        if !has_min(k) {
+            for blk in 0..bands * nb {
+                row_constants(cp.add(blk * 2048), meta.as_mut_ptr().add(blk * BAND), nsub(k));
+            }
+        }
         let (out, ldo) = (c.out, c.ldo);
         for g in 0..n_tokens.div_ceil(LANES) {
             let nt = (n_tokens - g * LANES).min(LANES);
             for b in 0..bands {
                 let bc = cp.add(b * nb * 2048) as *const u8;
                 let bm = meta.as_ptr().add(b * nb * BAND);
-                match k {
-                    Q4K => band::<Q4K>(bc, bm, lanes, g, &mut res),
-                    Q6K => band::<Q6K>(bc, bm, lanes, g, &mut res),
-                    Q5K => band::<Q5K>(bc, bm, lanes, g, &mut res),
-                    Q3K => band::<Q3K>(bc, bm, lanes, g, &mut res),
-                    Q2K => band::<Q2K>(bc, bm, lanes, g, &mut res),
-                    _ => band::<IQ4XS>(bc, bm, lanes, g, &mut res),
-                }
-                // Rows side by side per token, then one contiguous copy per token.
-                for r in 0..BAND {
-                    for t in 0..LANES {
-                        tr[t][r] = res[r][t];
-                    }
-                }
+                let res = match k {
+                    Q4K => band::<Q4K>(bc, bm, lanes, g),
+                    Q6K => band::<Q6K>(bc, bm, lanes, g),
+                    Q5K => band::<Q5K>(bc, bm, lanes, g),
+                    Q3K => band::<Q3K>(bc, bm, lanes, g),
+                    Q2K => band::<Q2K>(bc, bm, lanes, g),
+                    _ => band::<IQ4XS>(bc, bm, lanes, g),
+                };
                 let live = (rows - b * BAND).min(BAND);
-                let base = out.add(g * LANES * ldo + r0 + b * BAND);
-                for (t, v) in tr.iter().enumerate().take(nt) {
-                    std::ptr::copy_nonoverlapping(v.as_ptr(), base.add(t * ldo), live);
-                }
+                store_band(&res, out.add(g * LANES * ldo + r0 + b * BAND), ldo, nt, live);
             }
         }
     });
@@ -256,8 +261,8 @@ fn pair(lo: i32, hi: i32) -> i32 {
 unsafe fn fill_row<const K: u8>(src: *const u8, dst: *mut u8, r: usize, m: &mut Meta) {
     let KBlock { q, d, dmin, .. } = decode_block::<K>(src);
     for (g, v) in q.iter().enumerate() {
-        // IQ4_XS: the signed table value + 128 (flipping the top bit), unsigned for vpdpbusd.
-        let v = if K == IQ4XS { _mm256_xor_si256(*v, _mm256_set1_epi8(-128)) } else { *v };
+        // Q3_K decodes to `q + 4`: the signed `q` here (IQ4_XS decodes to the signed value).
+        let v = if K == Q3K { _mm256_sub_epi8(*v, _mm256_set1_epi8(4)) } else { *v };
         put32(dst, r, 32 * g, v);
     }
     let b = std::slice::from_raw_parts(src, block_bytes(K));
@@ -279,9 +284,6 @@ unsafe fn fill_row<const K: u8>(src: *const u8, dst: *mut u8, r: usize, m: &mut 
             for j in 0..16 {
                 m.sc[j] = sc[j] as i32;
             }
-            for p in 0..8 {
-                m.cp[p] = pair(sc[2 * p] as i32, sc[2 * p + 1] as i32);
-            }
         }
         Q2K => {
             for j in 0..16 {
@@ -291,13 +293,7 @@ unsafe fn fill_row<const K: u8>(src: *const u8, dst: *mut u8, r: usize, m: &mut 
                 m.cp[p] = pair((b[2 * p] >> 4) as i32, (b[2 * p + 1] >> 4) as i32);
             }
         }
-        _ => {
-            let ls = iq4xs_scales(b);
-            m.sc[..8].copy_from_slice(&ls);
-            for p in 0..4 {
-                m.cp[p] = pair(ls[2 * p], ls[2 * p + 1]);
-            }
-        }
+        _ => m.sc[..8].copy_from_slice(&iq4xs_scales(b)),
     }
 }
 
@@ -344,7 +340,7 @@ unsafe fn fill_q4k(b: *const u8, dst: *mut u8, m: *mut Meta) {
     }
 }
 
-/// One packed Q6_K group-super-block (8 rows) → a code block (`u = q + 32`) and 8 metas.
+/// One packed Q6_K group-super-block (8 rows; codes `u = q + 32`) → a code block of `q` and 8 metas.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill_q6k(b: *const u8, dst: *mut u8, m: *mut Meta) {
     let m4 = _mm256_set1_epi8(0x0F);
@@ -360,7 +356,8 @@ unsafe fn fill_q6k(b: *const u8, dst: *mut u8, m: *mut Meta) {
                 let hi0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
                 let lo1 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(qh, m30));
                 let hi1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-                let (lo0, hi0, lo1, hi1) = (pieces(lo0), pieces(hi0), pieces(lo1), pieces(hi1));
+                let q = |u: __m256i| pieces(_mm256_sub_epi8(u, _mm256_set1_epi8(32)));
+                let (lo0, hi0, lo1, hi1) = (q(lo0), q(hi0), q(lo1), q(hi1));
                 for j in 0..4 {
                     let r = HALF_ROWS[h][j];
                     let (ma, mb) = (2 * kk, 2 * kk + 1);
@@ -381,9 +378,6 @@ unsafe fn fill_q6k(b: *const u8, dst: *mut u8, m: *mut Meta) {
         for j in 0..16 {
             mr.sc[j] = sc(j);
         }
-        for p in 0..8 {
-            mr.cp[p] = pair(sc(2 * p), sc(2 * p + 1));
-        }
     }
 }
 
@@ -395,23 +389,78 @@ const fn nsub(k: u8) -> usize {
     }
 }
 
-/// Whether `K` has mins (`acc += (d·dx)·isum − (dmin·dx)·msum`); else it has an offset.
+/// Whether `K` has mins (`acc += (d·dx)·isum − (dmin·dx)·msum`); else `acc += (d·dx)·isum`.
 const fn has_min(k: u8) -> bool {
     matches!(k, Q4K | Q5K | Q2K)
 }
 
-/// log2 of the offset `u − q` of a format without mins (Q6_K 32, Q3_K 4, IQ4_XS 128).
-const fn offset_shift(k: u8) -> u32 {
-    match k {
-        Q6K => 5,
-        Q3K => 2,
-        _ => 7,
+/// Sets `c` of the 8 metas at `m` from the (band, super-block) code block at `codes`
+/// (`ns` sub-blocks): `128·Σ_j sc_j·Σ_{e∈j} q_e` per row, what the activations' `+ 128` adds to
+/// the kernel's sum. The rows' code sums come 8 at a time, one `vpdpbusd` against ones per
+/// 4-element group of the block.
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2")]
+unsafe fn row_constants(codes: *const u8, m: *mut Meta, ns: usize) {
+    let ones = _mm256_set1_epi8(1);
+    let per = 64 / ns;
+    let mut c = _mm256_setzero_si256();
+    for j in 0..ns {
+        let mut q = _mm256_setzero_si256();
+        for kg in j * per..(j + 1) * per {
+            q = _mm256_dpbusd_epi32(q, ones, _mm256_loadu_si256(codes.add(kg * 32) as *const __m256i));
+        }
+        let sc = |r: usize| (*m.add(r)).sc[j];
+        let scales = _mm256_setr_epi32(sc(0), sc(1), sc(2), sc(3), sc(4), sc(5), sc(6), sc(7));
+        c = _mm256_add_epi32(c, _mm256_mullo_epi32(q, scales));
+    }
+    let mut out = [0i32; BAND];
+    _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, _mm256_slli_epi32::<7>(c));
+    for (r, v) in out.into_iter().enumerate() {
+        (*m.add(r)).c = v;
     }
 }
 
-/// One band (8 rows; codes `bc`, metas `bm`) × token group `g`: `res[r][t]`.
+/// Writes a band's results (`res[r]`: row `r`'s 16 tokens) to the output, token `t` at
+/// `base + t · ldo`, rows side by side: tokens `0..nt`, rows `0..live`. An 8 × 16 transpose in
+/// registers (per 128-bit lane: pairs, then quads of rows; then each token's two quads joined),
+/// so each token's rows leave in one 256-bit store.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl")]
+unsafe fn store_band(res: &[__m512; BAND], base: *mut f32, ldo: usize, nt: usize, live: usize) {
+    // quads[h][k], per 128-bit lane `l`: rows `4h..4h + 4` of token `4l + k`.
+    let mut quads = [[_mm512_setzero_ps(); 4]; 2];
+    for (h, q) in quads.iter_mut().enumerate() {
+        let f = &res[4 * h..4 * h + 4];
+        let (t0, t1) = (_mm512_unpacklo_ps(f[0], f[1]), _mm512_unpackhi_ps(f[0], f[1]));
+        let (t2, t3) = (_mm512_unpacklo_ps(f[2], f[3]), _mm512_unpackhi_ps(f[2], f[3]));
+        *q = [
+            _mm512_shuffle_ps::<0x44>(t0, t2),
+            _mm512_shuffle_ps::<0xEE>(t0, t2),
+            _mm512_shuffle_ps::<0x44>(t1, t3),
+            _mm512_shuffle_ps::<0xEE>(t1, t3),
+        ];
+    }
+    // Lanes 0, 1 of each quad register joined: tokens k, 4 + k; lanes 2, 3: 8 + k, 12 + k.
+    let lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    let hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    let mask = ((1u32 << live) - 1) as __mmask8;
+    for k in 0..4 {
+        let (a, b) = (quads[0][k], quads[1][k]);
+        for (j, idx) in [lo, hi].into_iter().enumerate() {
+            let w = _mm512_permutex2var_ps(a, idx, b);
+            let halves = [_mm512_castps512_ps256(w), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(w)))];
+            for (i, v) in halves.into_iter().enumerate() {
+                let t = 8 * j + 4 * i + k;
+                if t < nt {
+                    _mm256_mask_storeu_ps(base.add(t * ldo), mask, v);
+                }
+            }
+        }
+    }
+}
+
+/// One band (8 rows; codes `bc`, metas `bm`) × token group `g`: row `r`'s 16 tokens in `[r]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn band<const K: u8>(bc: *const u8, bm: *const Meta, lanes: &TokenLanes, g: usize, res: &mut [[f32; LANES]; BAND]) {
+unsafe fn band<const K: u8>(bc: *const u8, bm: *const Meta, lanes: &TokenLanes, g: usize) -> [__m512; BAND] {
     let nb = lanes.nb;
     let ns = nsub(K);
     let kps = 64 / ns;
@@ -430,7 +479,8 @@ unsafe fn band<const K: u8>(bc: *const u8, bm: *const Meta, lanes: &TokenLanes, 
                 let x = _mm512_load_si512(xp.add(kg) as *const _);
                 for r in 0..BAND {
                     let w = _mm512_set1_epi32(wc.add(kg * BAND + r).read());
-                    raw[r] = _mm512_dpbusd_epi32(raw[r], w, x);
+                    // Unsigned codes × signed activations, or unsigned `x + 128` × signed codes.
+                    raw[r] = if has_min(K) { _mm512_dpbusd_epi32(raw[r], w, x) } else { _mm512_dpbusd_epi32(raw[r], x, w) };
                 }
             }
             for r in 0..BAND {
@@ -445,23 +495,21 @@ unsafe fn band<const K: u8>(bc: *const u8, bm: *const Meta, lanes: &TokenLanes, 
         let dx = _mm512_load_ps(lanes.dx.as_ptr().add(lb) as *const f32);
         for r in 0..BAND {
             let mr = &*m.add(r);
-            let mut corr = zero;
-            for p in 0..np {
-                corr = _mm512_dpwssd_epi32(corr, _mm512_set1_epi32(mr.cp[p]), _mm512_load_si512(bsp.add(p) as *const _));
-            }
             let dd = _mm512_mul_ps(_mm512_set1_ps(mr.d), dx);
             let term = if has_min(K) {
+                let mut msum = zero;
+                for p in 0..np {
+                    msum = _mm512_dpwssd_epi32(msum, _mm512_set1_epi32(mr.cp[p]), _mm512_load_si512(bsp.add(p) as *const _));
+                }
                 let t = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s1[r]));
-                let u = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(mr.dmin), dx), _mm512_cvtepi32_ps(corr));
+                let u = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(mr.dmin), dx), _mm512_cvtepi32_ps(msum));
                 _mm512_sub_ps(t, u)
             } else {
-                let isum = _mm512_sub_epi32(s1[r], _mm512_sll_epi32(corr, _mm_cvtsi32_si128(offset_shift(K) as i32)));
+                let isum = _mm512_sub_epi32(s1[r], _mm512_set1_epi32(mr.c));
                 _mm512_mul_ps(dd, _mm512_cvtepi32_ps(isum))
             };
             facc[r] = _mm512_add_ps(facc[r], term);
         }
     }
-    for r in 0..BAND {
-        _mm512_storeu_ps(res[r].as_mut_ptr(), facc[r]);
-    }
+    facc
 }
