@@ -170,22 +170,17 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
             }
             _ => {
                 let rb = c.w.row_bytes();
-                for r in 0..bands * BAND {
-                    let (b, rr) = (r / BAND, r % BAND);
+                for b in 0..bands {
+                    let live = (rows - b * BAND).min(BAND);
                     for i in 0..nb {
                         let dst = cp.add((b * nb + i) * 2048);
-                        let m = &mut meta[(b * nb + i) * BAND + rr];
-                        if r >= rows {
-                            zero_row(dst, rr);
-                            *m = META0;
-                            continue;
-                        }
-                        let src = c.w.data.as_ptr().add((r0 + r) * rb + i * block_bytes(k));
+                        let m = meta.as_mut_ptr().add((b * nb + i) * BAND);
+                        let src = c.w.data.as_ptr().add((r0 + b * BAND) * rb + i * block_bytes(k));
                         match k {
-                            Q5K => fill_row::<Q5K>(src, dst, rr, m),
-                            Q3K => fill_row::<Q3K>(src, dst, rr, m),
-                            Q2K => fill_row::<Q2K>(src, dst, rr, m),
-                            _ => fill_row::<IQ4XS>(src, dst, rr, m),
+                            Q5K => fill_band::<Q5K>(src, rb, live, dst, m),
+                            Q3K => fill_band::<Q3K>(src, rb, live, dst, m),
+                            Q2K => fill_band::<Q2K>(src, rb, live, dst, m),
+                            _ => fill_band::<IQ4XS>(src, rb, live, dst, m),
                         }
                     }
                 }
@@ -223,22 +218,59 @@ fn code_at(r: usize, e: usize) -> usize {
     (e / 4 * BAND + r) * 4 + e % 4
 }
 
-/// Zero codes for padding row `r` of a (band, super-block) code block at `dst`.
-#[inline]
-unsafe fn zero_row(dst: *mut u8, r: usize) {
-    for kg in 0..64 {
-        (dst.add(code_at(r, 4 * kg)) as *mut u32).write_unaligned(0);
-    }
-}
-
-/// Writes register `v` (32 codes, elements `e0..e0 + 32` of row `r`) into a code block.
+/// The 8 × 8 transpose of 32-bit words: word `j` of `out[i]` is word `i` of `v[j]`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn put32(dst: *mut u8, r: usize, e0: usize, v: __m256i) {
-    let mut w = [0u32; 8];
-    _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, v);
-    for (j, x) in w.iter().enumerate() {
-        (dst.add(code_at(r, e0 + 4 * j)) as *mut u32).write_unaligned(*x);
+unsafe fn transpose8(v: &[__m256i; 8]) -> [__m256i; 8] {
+    // Per 128-bit half: pairs of rows, then quads; then the halves exchanged.
+    let t: [__m256i; 8] = std::array::from_fn(|i| {
+        let (a, b) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_epi32(a, b)
+        } else {
+            _mm256_unpackhi_epi32(a, b)
+        }
+    });
+    // u[4h + k]: rows 4h..4h + 4 of words k (low half) and 4 + k (high half).
+    let u: [__m256i; 8] = std::array::from_fn(|i| {
+        let (h, k) = (i / 4, i % 4);
+        let (a, b) = (t[4 * h + k / 2], t[4 * h + 2 + k / 2]);
+        if k % 2 == 0 {
+            _mm256_unpacklo_epi64(a, b)
+        } else {
+            _mm256_unpackhi_epi64(a, b)
+        }
+    });
+    std::array::from_fn(|i| {
+        let k = i % 4;
+        if i < 4 {
+            _mm256_permute2x128_si256::<0x20>(u[k], u[4 + k])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(u[k], u[4 + k])
+        }
+    })
+}
+
+/// One band's super-block of Q5_K / Q3_K / Q2_K / IQ4_XS (row `r` at `src + r · rb`, rows
+/// `live..8` padding) → a code block at `dst` and the 8 metas at `m`: each row decoded to 8
+/// registers of 32 codes, then per register the 8 rows' words transposed, so that each
+/// 4-element group of the block leaves in one 32-byte store.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_band<const K: u8>(src: *const u8, rb: usize, live: usize, dst: *mut u8, m: *mut Meta) {
+    let mut regs = [[_mm256_setzero_si256(); 8]; BAND];
+    for (r, regs) in regs.iter_mut().enumerate() {
+        if r < live {
+            *regs = fill_row::<K>(src.add(r * rb), &mut *m.add(r));
+        } else {
+            *m.add(r) = META0;
+        }
+    }
+    for g in 0..8 {
+        let words = transpose8(&std::array::from_fn(|r| regs[r][g]));
+        for (j, w) in words.iter().enumerate() {
+            debug_assert_eq!(code_at(0, 32 * g + 4 * j), (8 * g + j) * 32);
+            _mm256_storeu_si256(dst.add((8 * g + j) * 32) as *mut __m256i, *w);
+        }
     }
 }
 
@@ -255,16 +287,15 @@ fn pair(lo: i32, hi: i32) -> i32 {
     ((lo as u32 & 0xFFFF) | ((hi as u32) << 16)) as i32
 }
 
-/// One source super-block of Q5_K / Q3_K / Q2_K / IQ4_XS (at `src`) → row `r` of a code block
-/// and its [`Meta`], by the decode tiles' own decoding (`avx2_k::decode_block`).
+/// One source super-block of Q5_K / Q3_K / Q2_K / IQ4_XS (at `src`) → its 8 registers of 32
+/// codes (register `g`: elements `32g..32g + 32`) and its [`Meta`], by the decode tiles' own
+/// decoding (`avx2_k::decode_block`).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fill_row<const K: u8>(src: *const u8, dst: *mut u8, r: usize, m: &mut Meta) {
+unsafe fn fill_row<const K: u8>(src: *const u8, m: &mut Meta) -> [__m256i; 8] {
     let KBlock { q, d, dmin, .. } = decode_block::<K>(src);
-    for (g, v) in q.iter().enumerate() {
-        // Q3_K decodes to `q + 4`: the signed `q` here (IQ4_XS decodes to the signed value).
-        let v = if K == Q3K { _mm256_sub_epi8(*v, _mm256_set1_epi8(4)) } else { *v };
-        put32(dst, r, 32 * g, v);
-    }
+    // Q3_K decodes to `q + 4`: the signed `q` here (IQ4_XS decodes to the signed value).
+    let q = if K == Q3K { q.map(|v| _mm256_sub_epi8(v, _mm256_set1_epi8(4))) } else { q };
     let b = std::slice::from_raw_parts(src, block_bytes(K));
     *m = META0;
     m.d = d;
@@ -295,6 +326,7 @@ unsafe fn fill_row<const K: u8>(src: *const u8, dst: *mut u8, r: usize, m: &mut 
         }
         _ => m.sc[..8].copy_from_slice(&iq4xs_scales(b)),
     }
+    q
 }
 
 /// The 4 rows' 8-byte pieces of a packed register (`HALF_ROWS[h]` order).
