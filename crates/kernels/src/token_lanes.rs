@@ -24,9 +24,11 @@ pub(crate) struct Lane64(pub [u8; 64]);
 
 /// The call's activations by 16-token groups: per (group `g`, super-block `i`), `xq` holds 64
 /// registers (register `kg`: values `4kg..4kg+4` of the block of each token, as `x` or
-/// `x + 128`, token `l` at bytes `4l..4l+4`), `bs16` 8 registers (pair `p`: i16 block sums `2p` and `2p + 1` of 16 values,
-/// low and high half of lane `l`), `bs32` 4 registers (pair `p`: the sums of the 32-value
-/// sub-blocks `2p` and `2p + 1`), `dx` one register of the 16 tokens' f32 scales.
+/// `x + 128`, token `l` at bytes `4l..4l+4`), `bs16` 8 registers (pair `p`: i16 block sums
+/// `2p` and `2p + 1` of 16 values, low and high half of lane `l`), `bs32` 4 registers (pair
+/// `p`: the sums of the 32-value sub-blocks `2p` and `2p + 1`), `dx` one register of the 16
+/// tokens' f32 scales. The `x + 128` lanes serve the formats without mins, which use no block
+/// sums: their `bs16` and `bs32` are empty.
 pub(crate) struct TokenLanes {
     /// Super-blocks per token row.
     pub nb: usize,
@@ -47,13 +49,9 @@ impl TokenLanes {
         let n = if nb == 0 { 0 } else { a.d.len() / nb };
         let groups = n.div_ceil(LANES);
         let z = Lane64([0; 64]);
-        let mut l = TokenLanes {
-            nb,
-            xq: vec![z; groups * nb * 64],
-            bs16: vec![z; groups * nb * 8],
-            bs32: vec![z; groups * nb * 4],
-            dx: vec![z; groups * nb],
-        };
+        let sums = if plus128 { 0 } else { groups * nb };
+        let mut l =
+            TokenLanes { nb, xq: vec![z; groups * nb * 64], bs16: vec![z; sums * 8], bs32: vec![z; sums * 4], dx: vec![z; groups * nb] };
         // Lane64 is 64 plain bytes: view the buffers as 4-byte words (lane `t % 16` of register
         // `j` is word `16j + t % 16`).
         let words = |v: &mut Vec<Lane64>| -> &mut [u32] {
@@ -81,6 +79,10 @@ impl TokenLanes {
                 for (kg, q) in src.chunks_exact(4).enumerate() {
                     dst[16 * kg + o] = u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]) ^ flip;
                 }
+                dx[lb * 16 + o] = a.d[ab].to_bits();
+                if plus128 {
+                    continue;
+                }
                 let bs = &a.bsums[ab * 16..(ab + 1) * 16];
                 for p in 0..8 {
                     bs16[(lb * 8 + p) * 16 + o] = pair(bs[2 * p] as i32, bs[2 * p + 1] as i32);
@@ -89,7 +91,6 @@ impl TokenLanes {
                 for p in 0..4 {
                     bs32[(lb * 4 + p) * 16 + o] = pair(s(2 * p), s(2 * p + 1));
                 }
-                dx[lb * 16 + o] = a.d[ab].to_bits();
             }
         }
         l

@@ -519,16 +519,17 @@ unsafe fn band<const K: u8>(bc: *const u8, bm: *const Meta, lanes: &TokenLanes, 
                 s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(raw[r], _mm512_set1_epi32((*m.add(r)).sc[s])));
             }
         }
-        let (bsp, np) = if ns == 16 {
-            (lanes.bs16.as_ptr().add(lb * 8) as *const __m512i, 8)
-        } else {
-            (lanes.bs32.as_ptr().add(lb * 4) as *const __m512i, 4)
-        };
         let dx = _mm512_load_ps(lanes.dx.as_ptr().add(lb) as *const f32);
         for r in 0..BAND {
             let mr = &*m.add(r);
             let dd = _mm512_mul_ps(_mm512_set1_ps(mr.d), dx);
             let term = if has_min(K) {
+                // The tokens' block sums (only the signed lanes of formats with mins hold them).
+                let (bsp, np) = if ns == 16 {
+                    (lanes.bs16.as_ptr().add(lb * 8) as *const __m512i, 8)
+                } else {
+                    (lanes.bs32.as_ptr().add(lb * 4) as *const __m512i, 4)
+                };
                 let mut msum = zero;
                 for p in 0..np {
                     msum = _mm512_dpwssd_epi32(msum, _mm512_set1_epi32(mr.cp[p]), _mm512_load_si512(bsp.add(p) as *const _));
