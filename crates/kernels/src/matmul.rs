@@ -346,7 +346,7 @@ impl<'a> Job<'a> {
         }
         let mut t0 = 0;
         while t0 < self.n_tokens {
-            let nt = self.nt_max.min(self.n_tokens - t0);
+            let nt = crate::simd::even_pass(self.n_tokens - t0, self.nt_max);
             let mut r = r0;
             while r < r1 {
                 let nr = self.nr_max.min(r1 - r);

@@ -49,7 +49,7 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
     debug_assert!(r0 % GROUP_ROWS == 0 && r1 % GROUP_ROWS == 0);
     let mut t0 = 0;
     while t0 < n_tokens {
-        let nt = MAX_TOKENS.min(n_tokens - t0);
+        let nt = super::even_pass(n_tokens - t0, MAX_TOKENS);
         let (g0, g1) = (r0 / GROUP_ROWS, r1 / GROUP_ROWS);
         let mut g = g0;
         while g < g1 {

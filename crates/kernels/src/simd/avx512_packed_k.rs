@@ -46,7 +46,7 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
     debug_assert!(r0 % GROUP_ROWS == 0 && r1 % GROUP_ROWS == 0);
     let mut t0 = 0;
     while t0 < n_tokens {
-        let nt = MAX_TOKENS.min(n_tokens - t0);
+        let nt = super::even_pass(n_tokens - t0, MAX_TOKENS);
         for g in r0 / GROUP_ROWS..r1 / GROUP_ROWS {
             let gp = p.group(g).as_ptr();
             let out = c.out.add(t0 * c.ldo + g * GROUP_ROWS);

@@ -219,6 +219,17 @@ pub(crate) struct TileCtx<'a> {
 unsafe impl Send for TileCtx<'_> {}
 unsafe impl Sync for TileCtx<'_> {}
 
+/// The next pass's tokens when `remaining` tokens of a call are left to sweep in passes of at
+/// most `max`: the fewest passes, as even as they go (`9, max 8`: 5 then 4, not 8 then 1;
+/// `13, max 4`: 4, 3, 3, 3). A short last pass costs about as much per row as a full one
+/// (the weights are unpacked once per pass, whatever its tokens), so an uneven split made a
+/// 9-row step (8 drafts) pay for nearly a tenth pass-row of unpacking. Every token's result is
+/// the same whatever its pass, so only time changes.
+pub(crate) fn even_pass(remaining: usize, max: usize) -> usize {
+    let passes = remaining.div_ceil(max.max(1)).max(1);
+    remaining.div_ceil(passes)
+}
+
 /// Largest (rows, tokens) tile the path handles in one kernel call for `dtype`.
 pub(crate) fn tile_limits(isa: Isa, dtype: DType) -> (usize, usize) {
     match (isa, dtype) {
@@ -274,3 +285,36 @@ macro_rules! tile_dispatch {
 }
 #[allow(unused_imports)]
 pub(crate) use tile_dispatch;
+
+#[cfg(test)]
+mod tests {
+    use super::even_pass;
+
+    /// The passes a call of `n` tokens is swept in.
+    fn passes(n: usize, max: usize) -> Vec<usize> {
+        let (mut t0, mut out) = (0, Vec::new());
+        while t0 < n {
+            let nt = even_pass(n - t0, max);
+            out.push(nt);
+            t0 += nt;
+        }
+        out
+    }
+
+    #[test]
+    fn passes_are_the_fewest_and_as_even_as_they_go() {
+        for max in 1..=16 {
+            for n in 1..=70 {
+                let p = passes(n, max);
+                assert_eq!(p.iter().sum::<usize>(), n);
+                assert_eq!(p.len(), n.div_ceil(max), "n {n} max {max}: {p:?} is not the fewest passes");
+                let (lo, hi) = (p.iter().min().unwrap(), p.iter().max().unwrap());
+                assert!(*hi <= max && hi - lo <= 1, "n {n} max {max}: {p:?}");
+            }
+        }
+        assert_eq!(passes(9, 8), [5, 4]);
+        assert_eq!(passes(17, 8), [6, 6, 5]);
+        assert_eq!(passes(13, 4), [4, 3, 3, 3]);
+        assert_eq!(passes(8, 8), [8]);
+    }
+}
