@@ -369,6 +369,35 @@ pub struct ActQ8 {
     pub sv: Vec<f32>,
 }
 
+/// One 32-value activation block to Q8_0 codes, the reference: the scale `amax / 127` (`amax`
+/// the largest magnitude, NaN values skipped), each code `round(v / scale)` (half away from
+/// zero, saturated to i8, NaN → 0); returns the scale and `Σ qs`.
+pub(crate) fn q8_block_scalar(xb: &[f32], qs: &mut [i8]) -> (f32, i32) {
+    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let dd = amax / 127.0;
+    let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
+    let mut s = 0i32;
+    for (q, v) in qs.iter_mut().zip(xb) {
+        *q = (v * id).round() as i8;
+        s += *q as i32;
+    }
+    (dd, s)
+}
+
+/// [`q8_block_scalar`] on this CPU: the AVX2 version where the CPU has AVX2 (bitwise the
+/// same, `simd/act_q8.rs`), else the reference itself.
+fn q8_block_fn() -> fn(&[f32], &mut [i8]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        return |xb, qs| {
+            assert!(xb.len() >= QK && qs.len() >= QK);
+            // SAFETY: returned only where AVX2 was detected; both slices hold a block.
+            unsafe { crate::simd::act_q8::block(xb.as_ptr(), qs.as_mut_ptr()) }
+        };
+    }
+    q8_block_scalar
+}
+
 impl ActQ8 {
     /// Quantizes `n` rows of `cols` f32 (cols % 32 == 0); `k` is the weight offset (8 or 128).
     pub fn new(x: &[f32], n: usize, cols: usize, k: i32) -> ActQ8 {
@@ -384,18 +413,12 @@ impl ActQ8 {
             s: vec![0.0; nb],
             sv: vec![0.0; nb * 8],
         };
+        let block = q8_block_fn();
         let work = |((((xb, qs), (d, dv)), (bias, sum)), (sd, sv)): (
             (((&[f32], &mut [i8]), (&mut f32, &mut [f32])), (&mut [i32], &mut i32)),
             (&mut f32, &mut [f32]),
         )| {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let dd = amax / 127.0;
-            let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
-            let mut s = 0i32;
-            for (q, v) in qs.iter_mut().zip(xb) {
-                *q = (v * id).round() as i8;
-                s += *q as i32;
-            }
+            let (dd, s) = block(xb, qs);
             *d = dd;
             dv.iter_mut().for_each(|v| *v = dd);
             bias[0] = -k * s;

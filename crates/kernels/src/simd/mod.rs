@@ -26,6 +26,8 @@ use crate::dtype::{DType, WeightMatrix};
 use crate::quantize::{ActQ8, ActQ8K};
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod act_q8;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
