@@ -27,6 +27,11 @@ pub struct Args {
     /// Concurrency levels, comma-separated.
     #[arg(long, default_value = "1,2,4,8")]
     concurrency: String,
+    /// Rounds of every level, run in turn (1, 4, 1, 4, …): the host's memory bandwidth drifts
+    /// between levels a few seconds apart, so the ratio to one session is taken within each
+    /// round and the median over rounds reported.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -48,10 +53,15 @@ pub fn run(mut a: Args) -> Result<()> {
     let metrics = server.metrics();
     let vocab = model.tokenizer.vocab_size().min(model.config.vocab).max(1) as u64;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    anyhow::ensure!(a.rounds >= 1, "--rounds must be at least 1");
     let mut round = 0u64;
-    // Concurrency 1's aggregate, the base of the scaling column (when 1 is among the levels).
+    // Concurrency 1's aggregate in the current round, the base of the scaling column (when 1
+    // is among the levels).
     let mut single: Option<f64> = None;
-    for &c in std::iter::once(&1).chain(&levels) {
+    // Per level: each round's aggregate and its ratio to the same round's one session.
+    let mut per_level: Vec<(usize, Vec<f64>, Vec<f64>)> = levels.iter().map(|&c| (c, Vec::new(), Vec::new())).collect();
+    let schedule = (0..a.rounds).flat_map(|r| levels.iter().enumerate().map(move |(i, &c)| (r, i, c)));
+    for (rep, level, c) in std::iter::once((0, usize::MAX, 1)).chain(schedule) {
         // The first pass (concurrency 1) warms the weights up and is not reported.
         let warm = round == 0;
         round += 1;
@@ -98,15 +108,24 @@ pub fn run(mut a: Args) -> Result<()> {
         let clock = EngineClock::read(&metrics.render()).since(&clock0);
         let st = ServeStats::new(&timings, clock, wall);
         anyhow::ensure!(st.adds_up(), "bench serve bookkeeping: the figures do not add up: {st:?}");
+        if level == 0 {
+            // A new round: its one-session figure comes first when 1 is a level.
+            single = None;
+        }
         if c == 1 {
             single = Some(st.aggregate_decode_tok_s);
         }
         let scaling = single.map(|s1| st.scaling_vs(s1));
+        per_level[level].1.push(st.aggregate_decode_tok_s);
+        if let Some(s1) = single.filter(|s| *s > 0.0) {
+            per_level[level].2.push(st.aggregate_decode_tok_s / s1);
+        }
         let ttft_ms = st.mean_ttft_ms;
+        let round_tag = if a.rounds > 1 { format!("round {} ", rep + 1) } else { String::new() };
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"concurrency": c, "aggregate_decode_tok_s": st.aggregate_decode_tok_s,
+                serde_json::json!({"round": rep + 1, "concurrency": c, "aggregate_decode_tok_s": st.aggregate_decode_tok_s,
                                    "mean_session_decode_tok_s": st.mean_session_decode_tok_s,
                                    "decode_s_sessions": st.clock.decode_s, "scaling_vs_one_session": scaling,
                                    "overall_tok_s": st.overall_tok_s, "adds_up": st.adds_up(),
@@ -118,12 +137,41 @@ pub fn run(mut a: Args) -> Result<()> {
         } else {
             let sc = scaling.map(|v| format!(", {:.2} of linear", v)).unwrap_or_default();
             println!(
-                "concurrency {c:>2}: {:>9.1} tok/s aggregate decode (per session {:.1}{sc}), {:>9.1} tok/s overall, mean TTFT {ttft_ms:.1} ms",
+                "{round_tag}concurrency {c:>2}: {:>9.1} tok/s aggregate decode (per session {:.1}{sc}), {:>9.1} tok/s overall, mean TTFT {ttft_ms:.1} ms",
                 st.aggregate_decode_tok_s, st.mean_session_decode_tok_s, st.overall_tok_s
             );
         }
     }
+    if a.rounds > 1 {
+        summarize(&per_level, a.json);
+    }
     staggered(&a, &engine, &metrics, &rt, vocab)
+}
+
+/// The median over rounds of every level's aggregate and of its ratio to the same round's one
+/// session (the ratio each round measured side by side, then its median: robust to the
+/// host's drift between rounds).
+fn summarize(per_level: &[(usize, Vec<f64>, Vec<f64>)], json: bool) {
+    for (c, aggs, ratios) in per_level {
+        let agg = stats::median(aggs);
+        let ratio = (!ratios.is_empty()).then(|| stats::median(ratios));
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"summary": true, "concurrency": c, "median_aggregate_decode_tok_s": agg,
+                                             "median_ratio_to_one_session": ratio, "ratios": ratios})
+            );
+        } else {
+            let r = match ratio {
+                Some(m) => {
+                    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+                    format!(", {m:.2}x one session (median of rounds: {})", each.join(", "))
+                }
+                None => String::new(),
+            };
+            println!("median over {} rounds, concurrency {c:>2}: {agg:>9.1} tok/s aggregate decode{r}", aggs.len());
+        }
+    }
 }
 
 /// Staggered arrivals (the multi-agent design's case): user B arrives when user A has its first

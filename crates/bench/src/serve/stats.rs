@@ -136,6 +136,17 @@ impl ServeStats {
     }
 }
 
+/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +207,12 @@ mod tests {
         let st = ServeStats::new(&[], EngineClock::default(), Duration::ZERO);
         assert_eq!((st.aggregate_decode_tok_s, st.overall_tok_s, st.mean_ttft_ms), (0.0, 0.0, 0.0));
         assert!(st.adds_up());
+    }
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
     }
 }
