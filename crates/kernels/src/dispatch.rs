@@ -63,8 +63,8 @@ pub struct TableRow {
     /// Formats whose path differs from [`Isa::detect`]'s on this CPU, and the path.
     pub choices: &'static [(DType, Isa)],
     /// Per format, the fewest tokens of a call that the AVX-512 token-lane kernel
-    /// (`simd::vnni_k`) takes instead of the decode tiles (formats not named:
-    /// [`TOKEN_LANE_MIN`]).
+    /// (`simd::vnni_k`) takes instead of the decode tiles or packed kernels (formats not
+    /// named: [`default_token_lane_min`]).
     pub token_lane_min: &'static [(DType, usize)],
     /// The most weight bytes (KiB) of one chunk of a multi-token F16 call (`None`:
     /// [`CHUNK_KIB`], as every format): more rows per chunk reuse each token's activations
@@ -91,8 +91,10 @@ pub const TABLE: &[TableRow] = &[TableRow {
     choices: &[],
     // Below the threshold the decoded-once panels (`k_panel`) take calls from 8 tokens:
     // ~31–44 ns per row-token at 8–12 tokens; the token-lane kernel ~400 ns per row per call
-    // up to 16 tokens (1 thread, CPU time).
-    token_lane_min: &[(DType::Q5K, 12), (DType::Q3K, 13), (DType::Q2K, 14), (DType::IQ4XS, 9)],
+    // up to 16 tokens (1 thread, CPU time). Packed Q4_K / Q6_K: the packed VNNI kernels ran
+    // 14.4–14.6 / 17.3–17.5 ns per row-token at 16–48 tokens, the token lanes 18.3 / 25.5 at
+    // 16, 15.0 / 18.7 at 32, 16.7 / 19.7 at 40 and 13.7–14.1 / 16.4 at 48 (1 thread, wall).
+    token_lane_min: &[(DType::Q5K, 12), (DType::Q3K, 13), (DType::Q2K, 14), (DType::IQ4XS, 9), (DType::Q4K, 48), (DType::Q6K, 48)],
     // 1 MiB of L2 per core: 768 KiB chunks ran the 2048 × 8192 F16 matrix at 512 tokens in
     // 45 ns per 2048-column row-token against 60 with 256 KiB (1 thread, CPU time).
     f16_chunk_kib: Some(768),
@@ -109,11 +111,27 @@ pub fn table_row() -> Option<&'static TableRow> {
 /// where no table row says otherwise.
 pub const TOKEN_LANE_MIN: usize = 8;
 
+/// The fewest tokens of a packed Q4_K / Q6_K call the AVX-512 token-lane kernel takes where no
+/// table row says otherwise (one full register of 16 token lanes; below it the packed VNNI
+/// kernels, ≤ 8 tokens a pass, cost less per token than half-empty lanes).
+pub const TOKEN_LANE_MIN_PACKED: usize = 16;
+
+/// The threshold of `dtype` where no table row names it: [`TOKEN_LANE_MIN_PACKED`] for the
+/// formats with packed decode kernels (Q4_K, Q6_K), else [`TOKEN_LANE_MIN`].
+pub fn default_token_lane_min(dtype: DType) -> usize {
+    match dtype {
+        DType::Q4K | DType::Q6K => TOKEN_LANE_MIN_PACKED,
+        _ => TOKEN_LANE_MIN,
+    }
+}
+
 /// The fewest tokens of a `dtype` call that the AVX-512 token-lane kernel takes on this CPU:
-/// its [`TABLE`] row's figure, else [`TOKEN_LANE_MIN`]. Either kernel gives the same bits (both are the scalar
-/// reference's), so this moves only time.
+/// its [`TABLE`] row's figure, else [`default_token_lane_min`]. Either kernel gives the same
+/// bits (both are the scalar reference's), so this moves only time.
 pub fn token_lane_min(dtype: DType) -> usize {
-    table_row().and_then(|row| row.token_lane_min.iter().find(|(d, _)| *d == dtype)).map_or(TOKEN_LANE_MIN, |&(_, n)| n)
+    table_row()
+        .and_then(|row| row.token_lane_min.iter().find(|(d, _)| *d == dtype))
+        .map_or_else(|| default_token_lane_min(dtype), |&(_, n)| n)
 }
 
 /// The most weight bytes (KiB) of one chunk of a multi-token call where no table row says

@@ -26,8 +26,8 @@
 //!   kernels, which stream from DRAM faster); both bitwise the scalar reference's result.
 //!
 //! * Exception, `Isa::Avx512`/`Amx` with Q5_K/Q3_K/Q2_K/IQ4_XS, or `Isa::Avx512` with packed
-//!   Q4_K/Q6_K, and enough tokens (`simd::vnni_k::takes`: from `dispatch::token_lane_min`, or
-//!   16 for packed Q4_K/Q6_K): chunks of whole 8-row bands go to
+//!   Q4_K/Q6_K, and enough tokens (`simd::vnni_k::takes`: from `dispatch::token_lane_min`,
+//!   measured per CPU): chunks of whole 8-row bands go to
 //!   `simd::vnni_k::run_rows`, which decodes them once into byte codes and sweeps 16-token
 //!   groups over them with VNNI (bitwise the scalar reference, as the decode kernels).
 //! * Exception, Q5_K/Q3_K/Q2_K/IQ4_XS and ≥ 8 tokens on `Isa::Avx2`, or on `Isa::Avx512`/`Amx`

@@ -42,10 +42,6 @@ const Q4K: u8 = 4;
 /// Q6_K's tag.
 const Q6K: u8 = 5;
 
-/// Fewest tokens of a packed Q4_K / Q6_K call that run here (one full 16-token register; at 8
-/// tokens this kernel cost ~2× the packed VNNI kernels per row-token on Zen 4, `benches/packed.rs`).
-pub(crate) const MIN_TOKENS_PACKED: usize = 16;
-
 /// Rows of the micro-kernel (one register of 16 tokens each); a panel is a whole number of
 /// bands, the last padded with zero rows whose results are not stored.
 pub(crate) const BAND: usize = 8;
@@ -62,9 +58,10 @@ pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize, packed: bool) -> bool {
         DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS => {
             matches!(isa, Isa::Avx512 | Isa::Amx) && !packed && n_tokens >= crate::dispatch::token_lane_min(d)
         }
-        // Below a full 16-token register the packed VNNI kernels (`avx512_packed_k`, ≤ 8
-        // tokens per pass) cost less per token than half-empty token lanes.
-        DType::Q4K | DType::Q6K => isa == Isa::Avx512 && packed && n_tokens >= MIN_TOKENS_PACKED,
+        // Below the threshold (`dispatch::token_lane_min`, measured per CPU) the packed VNNI
+        // kernels (`avx512_packed_k`, ≤ 8 tokens per pass) cost less per token than the
+        // token lanes, whose panel is decoded once per call.
+        DType::Q4K | DType::Q6K => isa == Isa::Avx512 && packed && n_tokens >= crate::dispatch::token_lane_min(d),
         _ => false,
     }
 }

@@ -5,7 +5,9 @@
 
 use crate::common;
 use common::*;
-use engram_kernels::dispatch::{kernel_path, table_row, token_lane_min, CpuModel, TABLE, TOKEN_LANE_MIN};
+use engram_kernels::dispatch::{
+    default_token_lane_min, kernel_path, table_row, token_lane_min, CpuModel, TABLE, TOKEN_LANE_MIN, TOKEN_LANE_MIN_PACKED,
+};
 use engram_kernels::internal::{matmul_with, Isa};
 use engram_kernels::*;
 
@@ -20,8 +22,11 @@ fn a_row_matches_only_the_cpus_it_names() {
     for other in [&zen3, &zen1, &intel] {
         assert_eq!(rows(other), 0, "{other:?} was not measured: it runs its best path");
     }
+    assert_eq!(default_token_lane_min(DType::Q4K), TOKEN_LANE_MIN_PACKED);
+    assert_eq!(default_token_lane_min(DType::Q6K), TOKEN_LANE_MIN_PACKED);
+    assert_eq!(default_token_lane_min(DType::Q5K), TOKEN_LANE_MIN);
     for r in TABLE {
-        assert!(r.token_lane_min.iter().all(|&(_, n)| (2..=16).contains(&n)), "{}: a threshold within one register of lanes", r.name);
+        assert!(r.token_lane_min.iter().all(|&(_, n)| (2..=64).contains(&n)), "{}: a threshold within four registers of lanes", r.name);
     }
 }
 
@@ -35,7 +40,7 @@ fn every_format_runs_a_path_this_cpu_has_the_same_every_time() {
         if std::env::var("ENGRAM_SIMD").is_err() && row.map_or(true, |r| r.choices.iter().all(|(f, _)| *f != d)) {
             assert_eq!(isa, Isa::detect(), "{d:?}: no table choice, the best path");
         }
-        let want = row.and_then(|r| r.token_lane_min.iter().find(|(f, _)| *f == d)).map_or(TOKEN_LANE_MIN, |&(_, n)| n);
+        let want = row.and_then(|r| r.token_lane_min.iter().find(|(f, _)| *f == d)).map_or(default_token_lane_min(d), |&(_, n)| n);
         assert_eq!(token_lane_min(d), want);
     }
 }
@@ -43,7 +48,8 @@ fn every_format_runs_a_path_this_cpu_has_the_same_every_time() {
 #[test]
 fn matmul_is_the_chosen_path_and_independent_of_the_tokens_per_call_around_the_thresholds() {
     let (rows, cols) = (40, 512);
-    let n = 16;
+    // One token past every threshold this CPU's row sets (and past one register of lanes).
+    let n = DType::ALL.into_iter().map(token_lane_min).max().unwrap_or(0).max(16) + 1;
     let x = data(n * cols, 5);
     for d in DType::ALL.into_iter().filter(|&d| quantize(d, &[0.0; 256], 256).is_ok()) {
         let bytes = quantize(d, &data(rows * cols, 9), cols).unwrap();
@@ -55,8 +61,8 @@ fn matmul_is_the_chosen_path_and_independent_of_the_tokens_per_call_around_the_t
         let mut via = vec![0.0f32; n * rows];
         matmul_with(kernel_path(d), &w, &x, n, &mut via);
         assert_eq!(bits(&all), bits(&via), "{d:?}: matmul runs kernel_path's path");
-        // Calls of every size from 1 to 16 tokens (each threshold's both sides): each token's
-        // row equals the 16-token call's.
+        // Calls of every size from 1 to n tokens (each threshold's both sides): each token's
+        // row equals the n-token call's.
         for k in 1..=n {
             let mut part = vec![0.0f32; k * rows];
             matmul(&w, &x[..k * cols], k, &mut part);
