@@ -21,7 +21,7 @@
 //! — so the result is bitwise the scalar path's and the AVX2 packed kernels', for any number of
 //! tokens in the call.
 
-use super::prefetch::{group_block_ahead, AHEAD_Q};
+use super::prefetch::{group_block_at, pair_ahead};
 use super::{Acts, TileCtx};
 use crate::blocks::QK;
 use crate::dtype::DType;
@@ -47,6 +47,7 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
         Acts::F32(_) => unreachable!("float weights are never packed"),
     };
     debug_assert!(r0 % GROUP_ROWS == 0 && r1 % GROUP_ROWS == 0);
+    let ahead = pair_ahead(a.blocks_per_row * group_block_bytes(p.dtype()));
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = super::even_pass(n_tokens - t0, MAX_TOKENS);
@@ -61,28 +62,28 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
             macro_rules! by_nt {
                 ($f:ident, $k:expr) => {
                     match nt {
-                        1 => $f::<$k, 1>(gp, gq, a, t0, out, c.ldo),
-                        2 => $f::<$k, 2>(gp, gq, a, t0, out, c.ldo),
-                        3 => $f::<$k, 3>(gp, gq, a, t0, out, c.ldo),
-                        4 => $f::<$k, 4>(gp, gq, a, t0, out, c.ldo),
-                        5 => $f::<$k, 5>(gp, gq, a, t0, out, c.ldo),
-                        6 => $f::<$k, 6>(gp, gq, a, t0, out, c.ldo),
-                        7 => $f::<$k, 7>(gp, gq, a, t0, out, c.ldo),
-                        _ => $f::<$k, 8>(gp, gq, a, t0, out, c.ldo),
+                        1 => $f::<$k, 1>(gp, gq, a, t0, out, c.ldo, ahead),
+                        2 => $f::<$k, 2>(gp, gq, a, t0, out, c.ldo, ahead),
+                        3 => $f::<$k, 3>(gp, gq, a, t0, out, c.ldo, ahead),
+                        4 => $f::<$k, 4>(gp, gq, a, t0, out, c.ldo, ahead),
+                        5 => $f::<$k, 5>(gp, gq, a, t0, out, c.ldo, ahead),
+                        6 => $f::<$k, 6>(gp, gq, a, t0, out, c.ldo, ahead),
+                        7 => $f::<$k, 7>(gp, gq, a, t0, out, c.ldo, ahead),
+                        _ => $f::<$k, 8>(gp, gq, a, t0, out, c.ldo, ahead),
                     }
                 };
             }
             macro_rules! one_nt {
                 ($f:ident, $k:expr) => {
                     match nt {
-                        1 => $f::<$k, 1>(gp, a, t0, out, c.ldo),
-                        2 => $f::<$k, 2>(gp, a, t0, out, c.ldo),
-                        3 => $f::<$k, 3>(gp, a, t0, out, c.ldo),
-                        4 => $f::<$k, 4>(gp, a, t0, out, c.ldo),
-                        5 => $f::<$k, 5>(gp, a, t0, out, c.ldo),
-                        6 => $f::<$k, 6>(gp, a, t0, out, c.ldo),
-                        7 => $f::<$k, 7>(gp, a, t0, out, c.ldo),
-                        _ => $f::<$k, 8>(gp, a, t0, out, c.ldo),
+                        1 => $f::<$k, 1>(gp, a, t0, out, c.ldo, ahead),
+                        2 => $f::<$k, 2>(gp, a, t0, out, c.ldo, ahead),
+                        3 => $f::<$k, 3>(gp, a, t0, out, c.ldo, ahead),
+                        4 => $f::<$k, 4>(gp, a, t0, out, c.ldo, ahead),
+                        5 => $f::<$k, 5>(gp, a, t0, out, c.ldo, ahead),
+                        6 => $f::<$k, 6>(gp, a, t0, out, c.ldo, ahead),
+                        7 => $f::<$k, 7>(gp, a, t0, out, c.ldo, ahead),
+                        _ => $f::<$k, 8>(gp, a, t0, out, c.ldo, ahead),
                     }
                 };
             }
@@ -117,7 +118,7 @@ unsafe fn bcast4(xp: *const i8, at: usize) -> __m256i {
 /// gives `k = j` (low nibbles, elements `4j..`) and `k = 4 + j` (high nibbles, `16 + 4j..`);
 /// Q8_0 register `k` holds elements `4k..`. Both equal `E(k) = 4k`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn group<const K: u8, const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+unsafe fn group<const K: u8, const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize, ahead: usize) {
     let nb = a.blocks_per_row;
     let dt = match K {
         Q4_0 => DType::Q4_0,
@@ -133,7 +134,7 @@ unsafe fn group<const K: u8, const NT: usize>(gp: *const u8, a: &ActQ8, t0: usiz
     for i in 0..nb {
         let b = gp.add(i * gbb);
         if NT > 1 && t0 == 0 {
-            group_block_ahead::<AHEAD_Q>(b, gbb);
+            group_block_at(b, ahead, gbb);
         }
         let mut u = [_mm256_setzero_si256(); 8];
         if K == Q8_0 {
@@ -193,7 +194,15 @@ unsafe fn pair256(p: *const u8, q: *const u8) -> __m512i {
 /// [`group`]'s (the same exact integers, then the same float multiplies and adds), so a row's
 /// result does not depend on whether it went through a pair or a lone group.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn group2<const K: u8, const NT: usize>(gp: *const u8, gq: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+unsafe fn group2<const K: u8, const NT: usize>(
+    gp: *const u8,
+    gq: *const u8,
+    a: &ActQ8,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+    ahead: usize,
+) {
     let nb = a.blocks_per_row;
     let dt = match K {
         Q4_0 => DType::Q4_0,
@@ -208,8 +217,8 @@ unsafe fn group2<const K: u8, const NT: usize>(gp: *const u8, gq: *const u8, a: 
     for i in 0..nb {
         let (b, bq) = (gp.add(i * gbb), gq.add(i * gbb));
         if NT > 1 && t0 == 0 {
-            group_block_ahead::<AHEAD_Q>(b, gbb);
-            group_block_ahead::<AHEAD_Q>(bq, gbb);
+            group_block_at(b, ahead, gbb);
+            group_block_at(bq, ahead, gbb);
         }
         let mut u = [_mm512_setzero_si512(); 8];
         if K == Q8_0 {
