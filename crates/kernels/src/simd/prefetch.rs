@@ -14,7 +14,7 @@
 //!   1.53–1.62×. Into L1 at 4–8 KiB was slower (it evicts the activations).
 //! - The 512-bit Q4_0 / Q8_0 / Q4_1 kernels, which read two 8-row groups side by side, now
 //!   prefetch the next pair of groups where a pair is small enough ([`pair_ahead`]): a 4-row
-//!   Q4_0 step 1.11–1.17× a one-row step against 1.24–1.28× with 4 KiB.
+//!   Q4_0 step 1.08–1.15× a one-row step against 1.22–1.58× with 4 KiB (`bench step`).
 //! - One-token calls read faster with the hardware prefetchers alone: the AVX2 Q4_0 / Q8_0
 //!   kernels at 34–45 / 58–68 ns per row without, 48–54 / 83–92 with the 1.5 KiB prefetch.
 //!
