@@ -109,7 +109,7 @@ unsafe fn q4_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *m
         }
         for t in 0..NT {
             let ab = (t0 + t) * nb + i;
-            let isum = _mm256_add_epi32(_mm256_madd_epi16(s[t], ones), _mm256_set1_epi32(*a.bias.get_unchecked(ab * 8)));
+            let isum = _mm256_add_epi32(_mm256_madd_epi16(s[t], ones), _mm256_set1_epi32(*a.bias1.get_unchecked(ab)));
             acc[t] = accumulate(acc[t], dw, a, ab, isum);
         }
     }

@@ -154,7 +154,7 @@ unsafe fn group<const K: u8, const NT: usize>(gp: *const u8, a: &ActQ8, t0: usiz
             let xp = a.qs.as_ptr().add(ab * QK);
             // Two independent chains (elements 0..16 and 16..32) for a 1-token call's latency;
             // the integer sum is exact in any order. Q4_1 has no offset (bias 0).
-            let mut s0 = _mm256_set1_epi32(*a.bias.get_unchecked(ab * 8));
+            let mut s0 = _mm256_set1_epi32(*a.bias1.get_unchecked(ab));
             let mut s1 = _mm256_setzero_si256();
             for k in 0..4 {
                 s0 = _mm256_dpbusd_epi32(s0, u[k], bcast4(xp, 4 * k));
@@ -236,7 +236,7 @@ unsafe fn group2<const K: u8, const NT: usize>(
         for t in 0..NT {
             let ab = (t0 + t) * nb + i;
             let xp = a.qs.as_ptr().add(ab * QK);
-            let mut s0 = _mm512_set1_epi32(*a.bias.get_unchecked(ab * 8));
+            let mut s0 = _mm512_set1_epi32(*a.bias1.get_unchecked(ab));
             let mut s1 = _mm512_setzero_si512();
             for k in 0..4 {
                 s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32((xp.add(4 * k) as *const i32).read_unaligned()));
