@@ -364,9 +364,9 @@ pub struct ActQ8 {
     /// Σ qs per block (used by the scalar kernel).
     pub sum: Vec<i32>,
     /// `-k·Σqs` per block, one i32 each (`bias`'s lane 0, compact): what the packed kernels
-    /// broadcast. Read from `bias`'s 8-lane rows (32 bytes a block), a call of 8 tokens of
-    /// 8192 columns touched 17 KiB of activation data per token instead of 10, more than the
-    /// L1 holds beside the weights.
+    /// broadcast. Read from `bias`'s 8-lane rows (32 bytes a block), a token's activation data
+    /// spanned 17 KiB at 8192 columns instead of 10, and 8-token calls of such a matrix cost
+    /// ~1.4× what they cost now (`docs/cpu-kernels.md`).
     pub bias1: Vec<i32>,
     /// `d · Σ qs` per block: ggml's Q8_1 `s`, the activation term of the min in Q4_1 / Q5_1.
     pub s: Vec<f32>,
