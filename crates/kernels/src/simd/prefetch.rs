@@ -38,7 +38,7 @@ pub(crate) const PAIR_AHEAD_MAX: usize = 40 * 1024;
 /// group_bytes` ahead) while a pair is at most [`PAIR_AHEAD_MAX`], else [`AHEAD_Q`]. Measured
 /// on the Zen 4 EPYC (`bench kernels --threads 2 --stat min`, matrices larger than the L3, ns
 /// per row-token at 2 / 4 / 8 tokens): Q4_0 2048 columns (18 KiB pairs) 15.2 / 9.2–9.7 /
-/// 7.9–8.3 with 4 KiB, 9.4–9.8 / 7.1 / 7.1 a pair ahead; Q4_0 4096 columns (36 KiB) 14.5–16.4
+/// 7.9–8.3 with 4 KiB, 9.4–9.8 / 7.1 / 7.1 a pair ahead; Q4_0 4096 columns (36 KiB) 16.3–16.4
 /// → 13.9–14.5 at 4 tokens; Q8_0 2048 columns (34 KiB) 8.6–8.7 → 7.2–7.5 at 8 tokens; but
 /// Q4_0 8192 columns (72 KiB pairs) 30.8–31.1 at 4 tokens with 4 KiB, 32.4–33.0 a pair ahead.
 pub(crate) fn pair_ahead(group_bytes: usize) -> usize {
