@@ -389,14 +389,14 @@ pub(crate) fn q8_block_scalar(xb: &[f32], qs: &mut [i8]) -> (f32, i32) {
     (dd, s)
 }
 
-/// [`q8_block_scalar`] on this CPU: the AVX2 version where the CPU has AVX2 (bitwise the
-/// same, `simd/act_q8.rs`), else the reference itself.
+/// [`q8_block_scalar`] on this CPU: the AVX2 version where the CPU runs the AVX2 path
+/// (bitwise the same, `simd/act_q8.rs`), else the reference itself.
 fn q8_block_fn() -> fn(&[f32], &mut [i8]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if crate::simd::Isa::Avx2.is_available() {
         return |xb, qs| {
             assert!(xb.len() >= QK && qs.len() >= QK);
-            // SAFETY: returned only where AVX2 was detected; both slices hold a block.
+            // SAFETY: returned only where the AVX2 path is available; both slices hold a block.
             unsafe { crate::simd::act_q8::block(xb.as_ptr(), qs.as_mut_ptr()) }
         };
     }

@@ -13,14 +13,16 @@
 //! * `as i8`'s saturation is a clamp of `y` to `[−128, 127]` first (rounding a clamped value
 //!   gives the saturated result), and its NaN → 0 a mask before the clamp.
 
+use super::avx2::hsum_i32;
 use std::arch::x86_64::*;
 
 /// Quantizes the 32 values at `xb` into `qs` (32 codes); returns the scale `amax / 127` and
 /// `Σ qs`.
 ///
 /// # Safety
-/// AVX2 available; `xb` and `qs` hold at least 32 values.
-#[target_feature(enable = "avx2")]
+/// The AVX2 path available (`Isa::Avx2`: AVX2, FMA, F16C); `xb` and `qs` hold at least 32
+/// values.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn block(xb: *const f32, qs: *mut i8) -> (f32, i32) {
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
     let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(xb.add(o)));
@@ -47,10 +49,7 @@ pub(crate) unsafe fn block(xb: *const f32, qs: *mut i8) -> (f32, i32) {
         let step = _mm256_or_ps(_mm256_and_ps(y, sign_mask), one);
         _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(away, step)))
     });
-    let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)));
+    let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
     // The packs interleave 128-bit lanes; the permute puts the 32 codes back in order.
     let w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -65,7 +64,7 @@ mod tests {
     /// Values that stress the rounding, saturation and NaN rules, then random blocks.
     #[test]
     fn block_is_bitwise_the_scalar_reference() {
-        if !std::arch::is_x86_feature_detected!("avx2") {
+        if !crate::simd::Isa::Avx2.is_available() {
             return;
         }
         let mut blocks: Vec<[f32; 32]> = vec![
@@ -96,7 +95,7 @@ mod tests {
         for b in &blocks {
             let (mut q_ref, mut q) = ([0i8; 32], [0i8; 32]);
             let r = q8_block_scalar(b, &mut q_ref);
-            // SAFETY: AVX2 checked above; both hold 32 values.
+            // SAFETY: the AVX2 path checked above; both hold 32 values.
             let got = unsafe { super::block(b.as_ptr(), q.as_mut_ptr()) };
             assert_eq!((r.0.to_bits(), r.1, q_ref), (got.0.to_bits(), got.1, q), "block {b:?}");
         }
