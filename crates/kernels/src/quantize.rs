@@ -75,14 +75,14 @@ pub(crate) fn quantize_row_into(dtype: DType, x: &[f32], y: &mut [u8]) {
     }
 }
 
-/// `quantize_row_q8_0_ref`: d = amax/127, q = round(x/d) (half away from zero).
+/// `quantize_row_q8_0_ref`: d = amax/127, q = round(x/d) (half away from zero) — the codes of
+/// [`q8_block_scalar`], the scale stored as f16.
 fn q8_0_block(x: &[f32], b: &mut [u8]) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0i8; QK];
+    let (d, _) = q8_block_scalar(x, &mut q);
     put_f16(b, 0, d);
-    for j in 0..QK {
-        b[2 + j] = ((x[j] * id).round() as i8) as u8;
+    for (o, q) in b[2..2 + QK].iter_mut().zip(q) {
+        *o = q as u8;
     }
 }
 
