@@ -36,7 +36,8 @@ pub struct Args {
     /// Most sequences decoded together.
     #[arg(long, default_value_t = 16)]
     max_batch: usize,
-    /// Prompt tokens per prefill chunk.
+    /// Most prompt tokens one step prefills, over all the prompts it carries (several short
+    /// prompts share a step; a long one is cut in chunks of at most this).
     #[arg(long, default_value_t = 256)]
     prefill_chunk: usize,
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.

@@ -208,15 +208,12 @@ impl Engine<'_> {
         if !self.active.iter().any(|s| s.is_low_background()) || !self.active.iter().any(foreground) {
             return vec![false; self.active.len()];
         }
-        // The requests' rows this step: a token per decoder, and the one prefill chunk.
+        // The requests' rows this step: a token per decoder, and their prefill chunks (at most
+        // `prefill_chunk` tokens in all).
         let decoders = self.active.iter().filter(|s| foreground(s) && s.next.is_some()).count();
-        let chunk = self
-            .active
-            .iter()
-            .filter(|s| foreground(s) && s.prefilling())
-            .map(|s| (s.prompt.len() - s.tokens.len()).min(self.config.prefill_chunk.max(1)))
-            .max()
-            .unwrap_or(0);
+        let prompt_left: usize =
+            self.active.iter().filter(|s| foreground(s) && s.prefilling()).map(|s| s.prompt.len() - s.tokens.len()).sum();
+        let chunk = prompt_left.min(self.config.prefill_chunk.max(1));
         let share = self.config.background_share.clamp(0.0, 1.0) as f64;
         let cap = self.config.prefill_chunk.max(1) as f64;
         self.background_credit = (self.background_credit + share * (decoders + chunk) as f64).min(cap);

@@ -6,14 +6,16 @@
 //! ```text
 //!  handlers --Job--> [waiting queue] --admit--> [active batch] --step--> Model::forward
 //!     ^                (session busy,             every decoding seq: 1 token
-//!     |                 batch full)               + at most ONE prefill chunk (round-robin)
+//!     |                 batch full)               + prompt chunks, ≤ prefill_chunk tokens in all
 //!     +---- Event (Started, Text, Finished | Failed) per request, over its own channel
 //! ```
-//! Each step runs every decoding sequence's next token and one prompt chunk
-//! (at most `prefill_chunk` tokens) of one prefilling sequence in a single
+//! Each step runs every decoding sequence's next token and prompt chunks of the
+//! prefilling sequences, at most `prefill_chunk` prompt tokens in all, in a single
 //! forward call, so weights are read once per step and a new request's first
-//! token never waits for another request's whole answer. Prefills take turns
-//! round-robin, so a long prompt cannot starve a short one.
+//! token never waits for another request's whole answer. Prompts share that budget
+//! round-robin: several short ones go in one step (they then decode together, with
+//! no later prefill inside their token gaps), a long one takes what is left, and it
+//! cannot starve a short one.
 //!
 //! Admission is by the KV budget: a request joins the batch only when its prompt's blocks fit
 //! beside what the running prefills still need (room is made first through the policy's
@@ -63,7 +65,7 @@ pub use stepped::{Stepped, SteppedJob};
 /// Scheduler limits.
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    /// Most prompt tokens prefilled per step.
+    /// Most prompt tokens prefilled per step, over all the prompts the step carries.
     pub prefill_chunk: usize,
     /// Most sequences in the batch at once.
     pub max_batch: usize,

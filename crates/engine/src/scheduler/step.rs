@@ -1,7 +1,7 @@
 //! One step: at most one sequence's repair of reused KV first (`repair.rs`), then every
-//! decoding sequence's next token (with its tree of drafts when it speculates) plus at most one
-//! prefill chunk (round-robin) in a single forward call; then sampling (walking the drafts,
-//! `speculate.rs`) and streaming per sequence.
+//! decoding sequence's next token (with its tree of drafts when it speculates) plus prefill
+//! chunks of at most `prefill_chunk` prompt tokens in all (round-robin), in a single forward
+//! call; then sampling (walking the drafts, `speculate.rs`) and streaming per sequence.
 //!
 //! Invariant: a panic in the forward pass or in a sequence's sampling is contained to the
 //! step: the sequences it computed fail with an Internal "engine fault" error and their
@@ -52,18 +52,24 @@ impl Engine<'_> {
         }
         // Low-priority background work sits out what the share does not cover.
         let hold = self.plan_background();
-        // One prefill chunk, round-robin by sequence id; requests' prefills (and work they
-        // wait on) before low-priority background ones.
+        // Prefill chunks within a budget of `prefill_chunk` prompt tokens a step, shared
+        // round-robin by sequence id: several short prompts go in one step, a long one takes
+        // what is left. Requests' prefills (and work they wait on) come before low-priority
+        // background ones, which prefill only in a step without a request's chunk, one at most.
         let mut cands: Vec<usize> =
             (0..self.active.len()).filter(|&i| self.active[i].prefilling() && !hold[i] && self.active[i].repair.is_none()).collect();
         let split = cands.iter().position(|&i| self.active[i].id > self.last_prefill).unwrap_or(0);
         cands.rotate_left(split);
         cands.sort_by_key(|&i| self.active[i].is_low_background());
-        let mut chosen = None;
+        let mut chosen: Vec<(usize, usize)> = Vec::new();
+        let mut budget = self.config.prefill_chunk.max(1);
         for &c in &cands {
             let s = &self.active[c];
-            let mut n = (s.prompt.len() - s.tokens.len()).min(self.config.prefill_chunk.max(1));
             let low = s.is_low_background();
+            if budget == 0 || (low && !chosen.is_empty()) {
+                break;
+            }
+            let mut n = (s.prompt.len() - s.tokens.len()).min(budget);
             if low {
                 n = n.min(self.config.background_chunk.max(1));
             }
@@ -74,12 +80,15 @@ impl Engine<'_> {
                 if low && self.background_chunk.is_some() {
                     self.background_credit -= n as f64;
                 }
-                chosen = Some((c, n));
-                break;
+                chosen.push((c, n));
+                budget -= n;
+                if low {
+                    break;
+                }
             }
         }
         let decoding = self.active.iter().any(|s| s.next.is_some());
-        if chosen.is_none() && !decoding {
+        if chosen.is_empty() && !decoding {
             if let Some(&c) = cands.first() {
                 // Nothing runs that could ever free memory: this one cannot fit now.
                 let e = JobError::new(
@@ -90,7 +99,8 @@ impl Engine<'_> {
             }
             return;
         }
-        let chunk_of = chosen.map(|(c, _)| self.active[c].id);
+        // The round-robin goes on after the last sequence served.
+        let chunk_of = chosen.last().map(|&(c, _)| self.active[c].id);
         let mut want = Vec::with_capacity(self.active.len());
         for (i, s) in self.active.iter_mut().enumerate() {
             s.input.clear();
@@ -102,12 +112,11 @@ impl Engine<'_> {
             } else if let Some(t) = s.next {
                 s.input.push(t);
                 want.push(Logits::Last);
-            } else if let Some((c, n)) = chosen.filter(|&(c, _)| c == i) {
+            } else if let Some(&(_, n)) = chosen.iter().find(|&&(c, _)| c == i) {
                 let at = s.tokens.len();
                 s.input.extend_from_slice(&s.prompt[at..at + n]);
                 let prefill_only = s.background.as_ref().is_some_and(|b| b.prefill_only);
                 want.push(if at + n == s.prompt.len() && !prefill_only { Logits::Last } else { Logits::None });
-                let _ = c;
             } else {
                 want.push(Logits::None);
             }
