@@ -1,11 +1,12 @@
 //! Loading a model from disk: a GGUF file (`gguf.rs`) or a Hugging Face
-//! folder (`hf.rs`). Both produce the same `ModelConfig` + `ModelWeights` +
+//! folder (`hf.rs`, its `config.json` in `hf_config.rs`). Both produce the same `ModelConfig` + `ModelWeights` +
 //! `Tokenizer`, so nothing above this module knows which format a model came
 //! from.
 
 mod experts;
 pub mod gguf;
 pub mod hf;
+mod hf_config;
 
 use std::path::Path;
 
