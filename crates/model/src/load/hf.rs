@@ -46,10 +46,12 @@ fn read(path: &Path) -> Result<String> {
 /// A tensor of a safetensors file: file label, mapping, shape, byte range.
 type Mapped = (String, Arc<Mmap>, Vec<usize>, std::ops::Range<usize>);
 
+/// A float tensor of a safetensors file: file label, mapping, dtype, shape, byte range.
+type MappedFloat = (String, Arc<Mmap>, DType, Vec<usize>, std::ops::Range<usize>);
+
 /// The union of the safetensors files of a folder, by tensor name.
 struct TensorSet {
-    /// name -> (file label, mapping, dtype, shape, byte range)
-    tensors: HashMap<String, (String, Arc<Mmap>, DType, Vec<usize>, std::ops::Range<usize>)>,
+    tensors: HashMap<String, MappedFloat>,
     /// GPT-OSS's MXFP4 experts as its checkpoints ship them: the u8 `*_blocks` and `*_scales`.
     packed: HashMap<String, Mapped>,
     identity: Vec<u8>,
