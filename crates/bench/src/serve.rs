@@ -32,6 +32,10 @@ pub struct Args {
     /// round and the median over rounds reported.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// One prompt's chunk a step (the server's `--one-prompt-per-step`) instead of the
+    /// sessions' prompts sharing it.
+    #[arg(long)]
+    one_prompt_per_step: bool,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -46,7 +50,10 @@ pub fn run(mut a: Args) -> Result<()> {
     let levels: Vec<usize> = a.concurrency.split(',').map(|s| s.trim().parse()).collect::<Result<_, _>>().context("--concurrency")?;
     // At least 2, so the staggered-arrival measurement can batch its two users.
     let max_c = levels.iter().copied().max().unwrap_or(1).max(2);
-    let config = ServerConfig { scheduler: SchedulerConfig { max_batch: max_c, ..Default::default() }, ..ServerConfig::new(model_id) };
+    let config = ServerConfig {
+        scheduler: SchedulerConfig { max_batch: max_c, pack_prompts: !a.one_prompt_per_step, ..Default::default() },
+        ..ServerConfig::new(model_id)
+    };
     let server = Server::start(model.clone(), pool, config);
     let engine = server.engine();
     // The engine's own token clock (see stats.rs): text events are no clock for tokens.

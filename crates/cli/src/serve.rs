@@ -40,6 +40,11 @@ pub struct Args {
     /// prompts share a step; a long one is cut in chunks of at most this).
     #[arg(long, default_value_t = 256)]
     prefill_chunk: usize,
+    /// One prompt's chunk a step instead of several prompts sharing it: of requests arriving
+    /// together the first answers sooner, while those already decoding stall for each later
+    /// prompt's step (docs/serving.md).
+    #[arg(long)]
+    one_prompt_per_step: bool,
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_s: u64,
@@ -274,6 +279,7 @@ pub fn run(mut a: Args) -> Result<()> {
         scheduler: SchedulerConfig {
             max_batch: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
+            pack_prompts: !a.one_prompt_per_step,
             speculation: (a.draft != "none").then(engram_engine::PromptLookup::default),
             draft_model: draft_model(&a, &model)?,
             admission_wait: std::time::Duration::from_secs(a.admission_wait_secs),

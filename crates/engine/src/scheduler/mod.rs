@@ -15,7 +15,7 @@
 //! token never waits for another request's whole answer. Prompts share that budget
 //! round-robin: several short ones go in one step (they then decode together, with
 //! no later prefill inside their token gaps), a long one takes what is left, and it
-//! cannot starve a short one.
+//! cannot starve a short one. With `pack_prompts` off a step carries one prompt's chunk.
 //!
 //! Admission is by the KV budget: a request joins the batch only when its prompt's blocks fit
 //! beside what the running prefills still need (room is made first through the policy's
@@ -67,6 +67,12 @@ pub use stepped::{Stepped, SteppedJob};
 pub struct SchedulerConfig {
     /// Most prompt tokens prefilled per step, over all the prompts the step carries.
     pub prefill_chunk: usize,
+    /// Whether several prompts share a step's `prefill_chunk` (true, the default: prompts that
+    /// arrive together are prefilled together and then decode together, without later prefill
+    /// steps inside their token gaps; each waits for the whole step) or one prompt's chunk a
+    /// step (false: the first of them answers sooner, the sessions already decoding stall for
+    /// each later prompt). `docs/benchmarks.md` measures both.
+    pub pack_prompts: bool,
     /// Most sequences in the batch at once.
     pub max_batch: usize,
     /// Most requests queued or running before new ones get 429.
@@ -135,6 +141,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            pack_prompts: true,
             max_batch: 16,
             max_pending: 256,
             speculation: None,

@@ -54,8 +54,9 @@ impl Engine<'_> {
         let hold = self.plan_background();
         // Prefill chunks within a budget of `prefill_chunk` prompt tokens a step, shared
         // round-robin by sequence id: several short prompts go in one step, a long one takes
-        // what is left. Requests' prefills (and work they wait on) come before low-priority
-        // background ones, which prefill only in a step without a request's chunk, one at most.
+        // what is left (one prompt's chunk only, without `pack_prompts`). Requests' prefills
+        // (and work they wait on) come before low-priority background ones, which prefill
+        // only in a step without a request's chunk, one at most.
         let mut cands: Vec<usize> =
             (0..self.active.len()).filter(|&i| self.active[i].prefilling() && !hold[i] && self.active[i].repair.is_none()).collect();
         let split = cands.iter().position(|&i| self.active[i].id > self.last_prefill).unwrap_or(0);
@@ -82,7 +83,7 @@ impl Engine<'_> {
                 }
                 chosen.push((c, n));
                 budget -= n;
-                if low {
+                if low || !self.config.pack_prompts {
                     break;
                 }
             }

@@ -64,7 +64,7 @@ fn scheduled_jobs_equal_a_lone_sequence_alone_and_batched() {
 
 /// Jobs submitted together before the engine starts (so its first step sees them all), each
 /// ending at its first token; the engine's step count and each job's text.
-fn first_tokens(model: &Arc<Model>, prefill_chunk: usize, prompts: &[Vec<u32>]) -> (u64, Vec<String>) {
+fn first_tokens(model: &Arc<Model>, config: SchedulerConfig, prompts: &[Vec<u32>]) -> (u64, Vec<String>) {
     let (tx, rx) = mpsc::channel();
     let (pending, metrics) = (Arc::new(AtomicUsize::new(0)), Arc::new(Metrics::default()));
     let params = SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() };
@@ -74,7 +74,6 @@ fn first_tokens(model: &Arc<Model>, prefill_chunk: usize, prompts: &[Vec<u32>]) 
         tx.send(Command::Submit(common::job(&format!("p{i}"), ids, &params), Box::new(sink.clone()), Instant::now())).unwrap();
     }
     drop(tx);
-    let config = SchedulerConfig { prefill_chunk, ..SchedulerConfig::default() };
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
     run_engine(model, pool.clone(), config, common::sessions(model, &pool), metrics.clone(), pending, rx);
     let texts = sinks.iter().map(|s| s.outcome().0).collect();
@@ -89,14 +88,19 @@ fn prompts_share_each_steps_prefill_budget() {
         .map(|p| common::ids(&model, p))
         .collect();
     let total: usize = prompts.iter().map(Vec::len).sum();
+    let budget = |prefill_chunk| SchedulerConfig { prefill_chunk, ..SchedulerConfig::default() };
     // Every prompt fits one step's budget: all three go in the first step.
-    let (steps, together) = first_tokens(&model, total, &prompts);
+    let (steps, together) = first_tokens(&model, budget(total), &prompts);
     assert_eq!(steps, 1, "three prompts within the budget take one step");
     // A budget of 7 tokens: the prompts are cut wherever it runs out, every step full but the
     // last, never more than 7 prompt tokens in one.
-    let (steps, cut) = first_tokens(&model, 7, &prompts);
+    let (steps, cut) = first_tokens(&model, budget(7), &prompts);
     assert_eq!(steps as usize, total.div_ceil(7), "{total} prompt tokens, 7 a step");
     assert_eq!(cut, together, "where the prompts were cut changed a first token");
+    // Without packing, one prompt a step.
+    let (steps, apart) = first_tokens(&model, SchedulerConfig { pack_prompts: false, ..budget(total) }, &prompts);
+    assert_eq!(steps, 3, "one prompt a step");
+    assert_eq!(apart, together);
     // And both equal each prompt alone.
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
     let params = SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() };
