@@ -41,9 +41,11 @@ pub struct PromptLookup {
 
 impl Default for PromptLookup {
     /// 3- down to 2-grams (a 1-gram match proposes too often to pay), 8 deep, 4 branches,
-    /// 16 drafts a step.
+    /// 8 drafts a step: past a few rows a step costs more per row (the matmuls leave the
+    /// memory bound), and 8 beat 16 on the real SmolLM2-135M and on pycode-long
+    /// (docs/speculative-decoding.md).
     fn default() -> Self {
-        PromptLookup { max_ngram: 3, min_ngram: 2, max_depth: 8, max_branches: 4, max_drafts: 16 }
+        PromptLookup { max_ngram: 3, min_ngram: 2, max_depth: 8, max_branches: 4, max_drafts: 8 }
     }
 }
 
