@@ -58,6 +58,15 @@ impl Arch {
         matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
 
+    /// The feed-forward activation the architecture uses, whichever file format it came in.
+    pub fn ffn_activation(self) -> FfnActivation {
+        match self {
+            _ if self.is_gemma() => FfnActivation::GeluTanh,
+            Arch::GptOss => FfnActivation::SwigluOai,
+            _ => FfnActivation::Silu,
+        }
+    }
+
     /// Parses a GGUF `general.architecture` or HF `model_type` value.
     pub fn parse(s: &str) -> Option<Arch> {
         match s {

@@ -30,7 +30,7 @@ use engram_kernels::DType;
 use engram_tokenizer::{GgufVocab, Tokenizer};
 
 use super::Loaded;
-use crate::config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, MoeGating, NoRope, RopeConfig, RopeStyle};
+use crate::config::{Arch, LayerAttention, ModelConfig, MoeConfig, MoeGating, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, tensor_err, ModelError, Result};
 use crate::rope::YarnScaling;
 use crate::weights::{FeedForward, GatedMlp, LayerWeights, MlpBias, ModelWeights, MoeWeights, Storage, Weight, WeightCtor};
@@ -255,11 +255,7 @@ fn parse_config(f: &GgufFile, arch: Arch, a: &str, label: &str) -> Result<ModelC
         sandwich_norms: gemma,
         // llama.cpp: `ggml_scale(inpL, sqrtf(n_embd))`.
         embed_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
-        ffn_act: match arch {
-            _ if gemma => FfnActivation::GeluTanh,
-            Arch::GptOss => FfnActivation::SwigluOai,
-            _ => FfnActivation::Silu,
-        },
+        ffn_act: arch.ffn_activation(),
         attn_scale,
         attn_softcap,
         final_softcap,

@@ -3,7 +3,7 @@
 
 use serde_json::Value as Json;
 
-use crate::config::{Arch, FfnActivation, LayerAttention, Llama3Scaling, ModelConfig, MoeConfig, MoeGating, NoRope, RopeConfig, RopeStyle};
+use crate::config::{Arch, LayerAttention, Llama3Scaling, ModelConfig, MoeConfig, MoeGating, NoRope, RopeConfig, RopeStyle};
 use crate::error::{config_err, ModelError, Result};
 use crate::rope::YarnScaling;
 
@@ -313,11 +313,7 @@ pub fn parse_config(j: &Json, file: &str) -> Result<ModelConfig> {
         // transformers: `hidden_size ** 0.5` as an f32 tensor (rounded to the embedding's
         // dtype at load, `load_hf`).
         embed_scale: if gemma { (hidden as f64).sqrt() as f32 } else { 1.0 },
-        ffn_act: match arch {
-            _ if gemma => FfnActivation::GeluTanh,
-            Arch::GptOss => FfnActivation::SwigluOai,
-            _ => FfnActivation::Silu,
-        },
+        ffn_act: arch.ffn_activation(),
         attn_scale,
         attn_softcap,
         final_softcap,
@@ -550,7 +546,7 @@ mod tests {
         assert_eq!(c.layer_attention(0), LayerAttention::Sliding { window: 512 });
         assert_eq!((c.rope.theta, c.layer_rope(0).theta, c.layer_rope(5).theta), (1e6, 1e4, 1e6));
         assert_eq!((c.attn_scale, c.embed_scale), (1.0 / 16.0, (1152f64).sqrt() as f32));
-        assert!(c.qk_norm && c.sandwich_norms && c.tied_embeddings && c.ffn_act == FfnActivation::GeluTanh);
+        assert!(c.qk_norm && c.sandwich_norms && c.tied_embeddings && c.ffn_act == crate::config::FfnActivation::GeluTanh);
         // transformers 5: `rope_parameters` per layer kind and `layer_types`.
         let mut j: Json = serde_json::from_str(text).unwrap();
         let o = j.as_object_mut().unwrap();
