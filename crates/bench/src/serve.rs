@@ -62,11 +62,10 @@ pub fn run(mut a: Args) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     anyhow::ensure!(a.rounds >= 1, "--rounds must be at least 1");
     let mut round = 0u64;
-    // Concurrency 1's aggregate in the current round, the base of the scaling column (when 1
-    // is among the levels).
-    let mut single: Option<f64> = None;
-    // Per level: each round's aggregate and its ratio to the same round's one session.
-    let mut per_level: Vec<(usize, Vec<f64>, Vec<f64>)> = levels.iter().map(|&c| (c, Vec::new(), Vec::new())).collect();
+    // Concurrency 1's aggregate decode and overall rates in the current round, the bases of
+    // the ratios (when 1 is among the levels).
+    let mut single: Option<(f64, f64)> = None;
+    let mut per_level: Vec<LevelRounds> = levels.iter().map(|&c| LevelRounds { concurrency: c, ..Default::default() }).collect();
     let schedule = (0..a.rounds).flat_map(|r| levels.iter().enumerate().map(move |(i, &c)| (r, i, c)));
     for (rep, level, c) in std::iter::once((0, usize::MAX, 1)).chain(schedule) {
         // The first pass (concurrency 1) warms the weights up and is not reported.
@@ -120,12 +119,16 @@ pub fn run(mut a: Args) -> Result<()> {
             single = None;
         }
         if c == 1 {
-            single = Some(st.aggregate_decode_tok_s);
+            single = Some((st.aggregate_decode_tok_s, st.overall_tok_s));
         }
-        let scaling = single.map(|s1| st.scaling_vs(s1));
-        per_level[level].1.push(st.aggregate_decode_tok_s);
-        if let Some(s1) = single.filter(|s| *s > 0.0) {
-            per_level[level].2.push(st.aggregate_decode_tok_s / s1);
+        let scaling = single.map(|(s1, _)| st.scaling_vs(s1));
+        let l = &mut per_level[level];
+        l.decode.push(st.aggregate_decode_tok_s);
+        l.overall.push(st.overall_tok_s);
+        l.ttft_ms.push(st.mean_ttft_ms);
+        if let Some((s1, o1)) = single.filter(|(s1, o1)| *s1 > 0.0 && *o1 > 0.0) {
+            l.decode_ratios.push(st.aggregate_decode_tok_s / s1);
+            l.overall_ratios.push(st.overall_tok_s / o1);
         }
         let ttft_ms = st.mean_ttft_ms;
         let round_tag = if a.rounds > 1 { format!("round {} ", rep + 1) } else { String::new() };
@@ -155,28 +158,47 @@ pub fn run(mut a: Args) -> Result<()> {
     staggered(&a, &engine, &metrics, &rt, vocab)
 }
 
-/// The median over rounds of every level's aggregate and of its ratio to the same round's one
-/// session (the ratio each round measured side by side, then its median: robust to the
-/// host's drift between rounds).
-fn summarize(per_level: &[(usize, Vec<f64>, Vec<f64>)], json: bool) {
-    for (c, aggs, ratios) in per_level {
-        let agg = stats::median(aggs);
-        let ratio = (!ratios.is_empty()).then(|| stats::median(ratios));
+/// One concurrency level's figures, a value per round; the ratios are to the same round's one
+/// session.
+#[derive(Default)]
+struct LevelRounds {
+    concurrency: usize,
+    decode: Vec<f64>,
+    decode_ratios: Vec<f64>,
+    overall: Vec<f64>,
+    overall_ratios: Vec<f64>,
+    ttft_ms: Vec<f64>,
+}
+
+/// The median over rounds of every level's aggregate decode and overall rates, of their ratios
+/// to the same round's one session (each ratio measured side by side, then its median: robust
+/// to the host's drift between rounds), and of the mean time to first token.
+fn summarize(per_level: &[LevelRounds], json: bool) {
+    for l in per_level {
+        let (c, agg, overall, ttft) = (l.concurrency, stats::median(&l.decode), stats::median(&l.overall), stats::median(&l.ttft_ms));
+        let ratio = (!l.decode_ratios.is_empty()).then(|| stats::median(&l.decode_ratios));
+        let overall_ratio = (!l.overall_ratios.is_empty()).then(|| stats::median(&l.overall_ratios));
         if json {
             println!(
                 "{}",
                 serde_json::json!({"summary": true, "concurrency": c, "median_aggregate_decode_tok_s": agg,
-                                             "median_ratio_to_one_session": ratio, "ratios": ratios})
+                                   "median_ratio_to_one_session": ratio, "ratios": l.decode_ratios,
+                                   "median_overall_tok_s": overall, "median_overall_ratio_to_one_session": overall_ratio,
+                                   "median_mean_ttft_ms": ttft})
             );
         } else {
             let r = match ratio {
                 Some(m) => {
-                    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+                    let each: Vec<String> = l.decode_ratios.iter().map(|r| format!("{r:.2}")).collect();
                     format!(", {m:.2}x one session (median of rounds: {})", each.join(", "))
                 }
                 None => String::new(),
             };
-            println!("median over {} rounds, concurrency {c:>2}: {agg:>9.1} tok/s aggregate decode{r}", aggs.len());
+            let o = overall_ratio.map(|m| format!(" ({m:.2}x one session)")).unwrap_or_default();
+            println!(
+                "median over {} rounds, concurrency {c:>2}: {agg:>9.1} tok/s aggregate decode{r}; {overall:.1} tok/s overall{o}; mean TTFT {ttft:.0} ms",
+                l.decode.len()
+            );
         }
     }
 }
