@@ -73,16 +73,12 @@ pub(crate) use inner_layer;
 /// Each job's text, completion tokens and finish, and the engine's metrics.
 pub type Run = (Vec<(String, usize, Option<FinishReason>)>, Arc<Metrics>);
 
-/// Runs `jobs` (prompt, params) submitted together to one engine with `config`, its KV in
-/// `format` (a 256 MiB pool), until all finish.
+/// Runs `jobs` (prompt, params) submitted together before the engine starts (so its first
+/// step sees them all) to one engine with `config`, its KV in `format` (a 256 MiB pool), on
+/// this thread until all finish.
 pub fn run_jobs(model: &Arc<Model>, format: KvFormat, config: SchedulerConfig, jobs: &[(String, SamplingParams)]) -> Run {
     let (tx, rx) = mpsc::channel();
     let (pending, metrics) = (Arc::new(AtomicUsize::new(0)), Arc::new(Metrics::default()));
-    let engine = {
-        let (model, pending, metrics) = (model.clone(), pending.clone(), metrics.clone());
-        let pool = KvPool::new(KvLayout::of(&model.config), format, 256 << 20);
-        std::thread::spawn(move || run_engine(&model, pool.clone(), config, sessions(&model, &pool), metrics, pending, rx))
-    };
     let sinks: Vec<Collect> = jobs.iter().map(|_| Collect::default()).collect();
     for (i, ((prompt, params), sink)) in jobs.iter().zip(&sinks).enumerate() {
         let ids = model.tokenizer.encode(prompt, true).unwrap().ids;
@@ -90,7 +86,8 @@ pub fn run_jobs(model: &Arc<Model>, format: KvFormat, config: SchedulerConfig, j
         tx.send(Command::Submit(job(&format!("t{i}"), &ids, params), Box::new(sink.clone()), Instant::now())).unwrap();
     }
     drop(tx);
-    engine.join().unwrap();
+    let pool = KvPool::new(KvLayout::of(&model.config), format, 256 << 20);
+    run_engine(model, pool.clone(), config, sessions(model, &pool), metrics.clone(), pending, rx);
     let outcomes = sinks
         .iter()
         .map(|s| {

@@ -62,50 +62,38 @@ fn scheduled_jobs_equal_a_lone_sequence_alone_and_batched() {
     }
 }
 
-/// Jobs submitted together before the engine starts (so its first step sees them all), each
-/// ending at its first token; the engine's step count and each job's text.
-fn first_tokens(model: &Arc<Model>, config: SchedulerConfig, prompts: &[Vec<u32>]) -> (u64, Vec<String>) {
-    let (tx, rx) = mpsc::channel();
-    let (pending, metrics) = (Arc::new(AtomicUsize::new(0)), Arc::new(Metrics::default()));
-    let params = SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() };
-    let sinks: Vec<Collect> = prompts.iter().map(|_| Collect::default()).collect();
-    for (i, (ids, sink)) in prompts.iter().zip(&sinks).enumerate() {
-        pending.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tx.send(Command::Submit(common::job(&format!("p{i}"), ids, &params), Box::new(sink.clone()), Instant::now())).unwrap();
-    }
-    drop(tx);
-    let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
-    run_engine(model, pool.clone(), config, common::sessions(model, &pool), metrics.clone(), pending, rx);
-    let texts = sinks.iter().map(|s| s.outcome().0).collect();
-    (metrics.steps.load(std::sync::atomic::Ordering::Relaxed), texts)
-}
-
 #[test]
 fn prompts_share_each_steps_prefill_budget() {
     let (_dir, model) = common::tiny();
-    let prompts: Vec<Vec<u32>> = ["def parse_args(argv):", "The cache keeps whole turns", "x = [i * i for i in range(10)]"]
+    let params = SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() };
+    let jobs: Vec<(String, SamplingParams)> = ["def parse_args(argv):", "The cache keeps whole turns", "x = [i * i for i in range(10)]"]
         .iter()
-        .map(|p| common::ids(&model, p))
+        .map(|p| (p.to_string(), params.clone()))
         .collect();
-    let total: usize = prompts.iter().map(Vec::len).sum();
+    let total: usize = jobs.iter().map(|(p, _)| model.tokenizer.encode(p, true).unwrap().ids.len()).sum();
+    // Each job ends at its first token: the engine's step count and every first token.
+    let first_tokens = |config| {
+        let (outcomes, metrics) = common::run_jobs(&model, KvFormat::F32, config, &jobs);
+        (metrics.steps.load(std::sync::atomic::Ordering::Relaxed), outcomes.into_iter().map(|(text, _, _)| text).collect::<Vec<_>>())
+    };
     let budget = |prefill_chunk| SchedulerConfig { prefill_chunk, ..SchedulerConfig::default() };
     // Every prompt fits one step's budget: all three go in the first step.
-    let (steps, together) = first_tokens(&model, budget(total), &prompts);
+    let (steps, together) = first_tokens(budget(total));
     assert_eq!(steps, 1, "three prompts within the budget take one step");
     // A budget of 7 tokens: the prompts are cut wherever it runs out, every step full but the
     // last, never more than 7 prompt tokens in one.
-    let (steps, cut) = first_tokens(&model, budget(7), &prompts);
+    let (steps, cut) = first_tokens(budget(7));
     assert_eq!(steps as usize, total.div_ceil(7), "{total} prompt tokens, 7 a step");
     assert_eq!(cut, together, "where the prompts were cut changed a first token");
     // Without packing, one prompt a step.
-    let (steps, apart) = first_tokens(&model, SchedulerConfig { pack_prompts: false, ..budget(total) }, &prompts);
+    let (steps, apart) = first_tokens(SchedulerConfig { pack_prompts: false, ..budget(total) });
     assert_eq!(steps, 3, "one prompt a step");
     assert_eq!(apart, together);
     // And both equal each prompt alone.
     let pool = KvPool::new(KvLayout::of(&model.config), KvFormat::F32, 64 << 20);
-    let params = SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() };
-    for (ids, got) in prompts.iter().zip(&together) {
-        let want = LoneSequence::new(&model, &pool).generate(ids, &params, &mut |_| true).unwrap();
+    for ((p, params), got) in jobs.iter().zip(&together) {
+        let ids = model.tokenizer.encode(p, true).unwrap().ids;
+        let want = LoneSequence::new(&model, &pool).generate(&ids, params, &mut |_| true).unwrap();
         assert_eq!(&want.text, got);
     }
 }

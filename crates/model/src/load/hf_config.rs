@@ -369,15 +369,22 @@ fn qwen3_moe(j: &Json, file: &str, num_layers: usize) -> Result<MoeConfig> {
     })
 }
 
+/// The per-layer list `key` where given (`None` when absent or null): an error unless it is a
+/// list of exactly `num_layers` entries.
+fn layer_list<'j>(j: &'j Json, file: &str, key: &str, num_layers: usize) -> Result<Option<&'j Vec<Json>>> {
+    let Some(list) = j.get(key).filter(|v| !v.is_null()) else { return Ok(None) };
+    let list = list.as_array().ok_or_else(|| config_err(file, key, "expected a list"))?;
+    if list.len() != num_layers {
+        return Err(config_err(file, key, format!("{} entries for {num_layers} layers", list.len())));
+    }
+    Ok(Some(list))
+}
+
 /// SmolLM3's NoPE layers (true: no RoPE): `no_rope_layers` where given (transformers: 1 uses
 /// RoPE, 0 does not), else every `no_rope_layer_interval`-th layer (default 4: layer `i` skips
 /// RoPE when `(i + 1) % 4 == 0`, as llama.cpp does for every SmolLM3 GGUF).
 fn smollm3_no_rope(j: &Json, file: &str, num_layers: usize) -> Result<Vec<bool>> {
-    if let Some(list) = j.get("no_rope_layers").filter(|v| !v.is_null()) {
-        let list = list.as_array().ok_or_else(|| config_err(file, "no_rope_layers", "expected a list"))?;
-        if list.len() != num_layers {
-            return Err(config_err(file, "no_rope_layers", format!("{} entries for {num_layers} layers", list.len())));
-        }
+    if let Some(list) = layer_list(j, file, "no_rope_layers", num_layers)? {
         return list
             .iter()
             .map(|v| match v.as_u64() {
@@ -400,11 +407,7 @@ fn smollm3_no_rope(j: &Json, file: &str, num_layers: usize) -> Result<Vec<bool>>
 fn gemma_layers(j: &Json, file: &str, num_layers: usize, sliding: Option<usize>, default_pattern: usize) -> Result<Vec<LayerAttention>> {
     let window = sliding.ok_or_else(|| config_err(file, "sliding_window", "missing (layers of this model slide)"))?;
     let slide = LayerAttention::Sliding { window };
-    if let Some(kinds) = j.get("layer_types").filter(|v| !v.is_null()) {
-        let kinds = kinds.as_array().ok_or_else(|| config_err(file, "layer_types", "expected a list"))?;
-        if kinds.len() != num_layers {
-            return Err(config_err(file, "layer_types", format!("{} entries for {num_layers} layers", kinds.len())));
-        }
+    if let Some(kinds) = layer_list(j, file, "layer_types", num_layers)? {
         return kinds
             .iter()
             .map(|k| match k.as_str() {
