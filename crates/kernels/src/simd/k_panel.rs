@@ -1,14 +1,23 @@
 //! Multi-token (prefill) path of the formats of `avx2_k` — Q5_K, Q3_K, Q2_K, IQ4_XS — on the
-//! AVX2 path (AVX-512 CPUs run `vnni_k` instead).
+//! AVX2 path (AVX-512 CPUs run `vnni_k` instead above its token threshold).
 //!
 //! The decode tiles (`avx2_k::tile`, one row × ≤ 4 tokens) decode every weight super-block
 //! again for each group of 4 tokens. Here a chunk's rows are decoded **once per call** into a
-//! per-thread panel ([`KBlock`]'s 8 value and 8 scale registers per (row, super-block)), and a
-//! 2-row × 4-token micro-kernel of `vpmaddubsw` + `vpmaddwd`, as the decode tile, sweeps all the
-//! call's tokens over it.
+//! per-thread panel and a 4-row × ≤ 4-token micro-kernel sweeps all the call's tokens over it.
+//!
+//! The panel keeps 4 rows in one register, as the packed Q4_K kernels do: for each (4-row
+//! group, super-block) and 32-element register `g` of [`KBlock`], register `(g, m)` holds, in
+//! 64-bit lane `r`, row `r`'s 8 values `32g + 8m .. 32g + 8m + 8`, so one `vpmaddubsw` against
+//! the activation's 8 bytes broadcast gives 4 rows' i16 pair sums. The pieces of a sub-block
+//! add in i16 before one `vpmaddwd` with the 4 rows' scales (Q5_K: 4 pieces, |4 · 2·31·128| =
+//! 31,744 < 2^15; Q3_K / Q2_K: 2 pieces of a 16-element sub-block, 2 · 2·7·128): per 256
+//! weights and token 8 multiplies and 2 (Q5_K) or 4 (Q3_K, Q2_K) widenings, where element
+//! order took 8 and 8. IQ4_XS's signed table values (|q| ≤ 127) leave no i16 room, so its
+//! pieces widen one by one, as before. On CPUs with one vector-multiply pipe (Zen 1: 2 µops
+//! per 256-bit multiply) the multiplies are the kernel's cost.
 //!
 //! Bitwise the scalar reference, as the decode tiles: each (row, token, super-block) gets the
-//! same exact integers (the 8 lanes of 4 tokens summed by one `vphaddd` tree), then
+//! same exact integers (integer sums in any order, none overflowing), then
 //! `avx2_k::block_term`'s float operations, so a token's output does not depend on whether it
 //! came in a prefill or a decode call.
 
@@ -24,12 +33,20 @@ use std::cell::RefCell;
 /// need no panel store.
 pub(crate) const MIN_TOKENS: usize = 8;
 
-/// Rows of a panel group (two 2-row micro-kernel calls). A chunk's last group is padded with
-/// zero rows whose results are not stored.
+/// Rows of a panel group (one micro-kernel call; one 64-bit register lane each). A chunk's
+/// last group is padded with zero rows whose results are not stored.
 const GROUP: usize = 4;
 
-/// Panel registers per (row, super-block): `q[0..8]`, `s[0..8]`, `corr_w`.
-const VPB: usize = 17;
+/// Panel registers per (group, super-block). Q5_K / Q3_K / Q2_K: 32 value pieces `(g, m)` at
+/// `4g + m`, then the scales of each register's two halves at `SCALES + 2g` (elements
+/// `32g..32g+16`) and `SCALES + 2g + 1` (`32g+16..32g+32`; Q5_K: the same), then each row's
+/// block-sum weights (`corr_w`) at `CORR + r`. IQ4_XS (no block-sum term): row `r`'s
+/// [`KBlock`] registers in element order, `q[g]` at `16r + g`, `s[g]` at `16r + 8 + g`.
+const VPG: usize = 16 * GROUP;
+/// Where a (group, super-block)'s scale registers start (interleaved formats).
+const SCALES: usize = 32;
+/// Where a (group, super-block)'s `corr_w` registers start (interleaved formats).
+const CORR: usize = 48;
 
 /// Whether the multi-token path takes a call of `n_tokens` tokens of format `d` on `isa`. On
 /// the AVX-512 and AMX paths it takes the calls the token-lane kernel (`vnni_k`) leaves below
@@ -41,7 +58,7 @@ pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize) -> bool {
 
 /// Panel bytes one weight row of `cols` columns takes (for chunk sizing).
 pub(crate) fn panel_row_bytes(cols: usize) -> usize {
-    cols / QK_K * (VPB * 32 + 8)
+    cols / QK_K * (VPG * 32 / GROUP + 8)
 }
 
 /// Rows a chunk may hold so its panel stays L2-resident (≈ 256 KiB), a multiple of [`GROUP`].
@@ -50,8 +67,28 @@ pub(crate) fn chunk_rows(cols: usize) -> usize {
 }
 
 thread_local! {
-    /// This thread's panel: registers and per (row, super-block) `[d, dmin]`.
+    /// This thread's panel: registers and per (group, super-block, row) `[d, dmin]`.
     static PANEL: RefCell<(Vec<__m256i>, Vec<[f32; 2]>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Expands a runtime (format tag Q5_K / Q3_K / Q2_K, token count 1..=4) into `f::<K, NT>(args)`.
+macro_rules! k_dispatch {
+    ($k:expr, $nt:expr, $f:ident($($arg:expr),*)) => {
+        match ($k, $nt) {
+            (Q5K, 1) => $f::<Q5K, 1>($($arg),*),
+            (Q5K, 2) => $f::<Q5K, 2>($($arg),*),
+            (Q5K, 3) => $f::<Q5K, 3>($($arg),*),
+            (Q5K, _) => $f::<Q5K, 4>($($arg),*),
+            (Q3K, 1) => $f::<Q3K, 1>($($arg),*),
+            (Q3K, 2) => $f::<Q3K, 2>($($arg),*),
+            (Q3K, 3) => $f::<Q3K, 3>($($arg),*),
+            (Q3K, _) => $f::<Q3K, 4>($($arg),*),
+            (Q2K, 1) => $f::<Q2K, 1>($($arg),*),
+            (Q2K, 2) => $f::<Q2K, 2>($($arg),*),
+            (Q2K, 3) => $f::<Q2K, 3>($($arg),*),
+            (_, _) => $f::<Q2K, 4>($($arg),*),
+        }
+    };
 }
 
 /// Computes output rows `r0..r1` for all `n_tokens` tokens, in spans of at most
@@ -78,30 +115,42 @@ unsafe fn run_span(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize) {
     let k = tag(c.w.dtype).expect("format checked by takes()");
     let nb = a.blocks_per_row;
     let rows = r1 - r0;
-    let padded = rows.div_ceil(GROUP) * GROUP;
+    let groups = rows.div_ceil(GROUP);
     PANEL.with(|cell| {
         let (regs, meta) = &mut *cell.borrow_mut();
-        // Grown, never cleared: every register the kernels read is written below (the padding
-        // rows zeroed), so reuse costs no memset.
-        grow(regs, padded * nb * VPB, _mm256_setzero_si256());
-        grow(meta, padded * nb, [0.0; 2]);
-        regs[rows * nb * VPB..padded * nb * VPB].fill(_mm256_setzero_si256());
-        meta[rows * nb..padded * nb].fill([0.0; 2]);
+        // Grown, never cleared: `fill` writes every register and scale pair the kernels read
+        // (a padding row's as zeros), so reuse costs no memset.
+        grow(regs, groups * nb * VPG, _mm256_setzero_si256());
+        grow(meta, groups * nb * GROUP, [0.0; 2]);
         let w = c.w.data.as_ptr().add(r0 * c.w.row_bytes());
         match k {
-            Q5K => fill::<Q5K>(w, rows * nb, regs, meta),
-            Q3K => fill::<Q3K>(w, rows * nb, regs, meta),
-            Q2K => fill::<Q2K>(w, rows * nb, regs, meta),
-            _ => fill::<IQ4XS>(w, rows * nb, regs, meta),
+            Q5K => fill::<Q5K>(w, c.w.row_bytes(), rows, nb, regs, meta),
+            Q3K => fill::<Q3K>(w, c.w.row_bytes(), rows, nb, regs, meta),
+            Q2K => fill::<Q2K>(w, c.w.row_bytes(), rows, nb, regs, meta),
+            _ => fill_rows(w, c.w.row_bytes(), rows, nb, regs, meta),
         }
         let mut t0 = 0;
         while t0 < n_tokens {
             let nt = (n_tokens - t0).min(4);
-            for g in (0..padded).step_by(GROUP) {
-                let p = Panel { regs: regs.as_ptr().add(g * nb * VPB), meta: meta.as_ptr().add(g * nb), nb };
-                let out = c.out.add(t0 * c.ldo + r0 + g);
-                let live = (rows - g).min(GROUP);
-                group_avx2(k, nt, &p, a, t0, out, c.ldo, live);
+            for g in 0..groups {
+                let p = Panel { regs: regs.as_ptr().add(g * nb * VPG), meta: meta.as_ptr().add(g * nb * GROUP), nb };
+                let out = c.out.add(t0 * c.ldo + r0 + g * GROUP);
+                let live = (rows - g * GROUP).min(GROUP);
+                if k == IQ4XS {
+                    for h in 0..GROUP / 2 {
+                        if 2 * h < live {
+                            let (o, l) = (out.add(2 * h), live - 2 * h);
+                            match nt {
+                                1 => micro_rows::<1>(&p, 2 * h, a, t0, o, c.ldo, l),
+                                2 => micro_rows::<2>(&p, 2 * h, a, t0, o, c.ldo, l),
+                                3 => micro_rows::<3>(&p, 2 * h, a, t0, o, c.ldo, l),
+                                _ => micro_rows::<4>(&p, 2 * h, a, t0, o, c.ldo, l),
+                            }
+                        }
+                    }
+                } else {
+                    k_dispatch!(k, nt, micro_avx2(&p, a, t0, out, c.ldo, live));
+                }
             }
             t0 += nt;
         }
@@ -115,59 +164,77 @@ fn grow<T: Copy>(v: &mut Vec<T>, n: usize, z: T) {
     }
 }
 
-/// Decodes `blocks` consecutive super-blocks of format `K` at `w` into the panel.
+/// Lane `r` (64 bits) of the result = 64-bit lane `m` of `v[r]`, for `m` = 0..4: the 4×4
+/// transpose of 64-bit pieces.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fill<const K: u8>(w: *const u8, blocks: usize, regs: &mut [__m256i], meta: &mut [[f32; 2]]) {
-    for j in 0..blocks {
-        let KBlock { q, s, corr_w, d, dmin } = decode_block::<K>(w.add(j * block_bytes(K)));
-        let r = &mut regs[j * VPB..(j + 1) * VPB];
-        r[..8].copy_from_slice(&q);
-        r[8..16].copy_from_slice(&s);
-        r[16] = corr_w;
-        meta[j] = [d, dmin];
+unsafe fn transpose_q(v: [__m256i; GROUP]) -> [__m256i; 4] {
+    let t0 = _mm256_unpacklo_epi64(v[0], v[1]); // r0m0 r1m0 | r0m2 r1m2
+    let t1 = _mm256_unpackhi_epi64(v[0], v[1]); // r0m1 r1m1 | r0m3 r1m3
+    let t2 = _mm256_unpacklo_epi64(v[2], v[3]);
+    let t3 = _mm256_unpackhi_epi64(v[2], v[3]);
+    [
+        _mm256_permute2x128_si256::<0x20>(t0, t2),
+        _mm256_permute2x128_si256::<0x20>(t1, t3),
+        _mm256_permute2x128_si256::<0x31>(t0, t2),
+        _mm256_permute2x128_si256::<0x31>(t1, t3),
+    ]
+}
+
+/// Decodes the `rows` rows (`rb` bytes apart) of format `K` at `w`, `nb` super-blocks each,
+/// into the panel: 4-row groups, rows past `rows` as zeros.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill<const K: u8>(w: *const u8, rb: usize, rows: usize, nb: usize, regs: &mut [__m256i], meta: &mut [[f32; 2]]) {
+    let zero = KBlock { q: [_mm256_setzero_si256(); 8], s: [_mm256_setzero_si256(); 8], corr_w: _mm256_setzero_si256(), d: 0.0, dmin: 0.0 };
+    for g0 in (0..rows).step_by(GROUP) {
+        for i in 0..nb {
+            let blocks: [KBlock; GROUP] =
+                std::array::from_fn(|r| if g0 + r < rows { decode_block::<K>(w.add((g0 + r) * rb + i * block_bytes(K))) } else { zero });
+            let at = (g0 / GROUP * nb + i) * VPG;
+            let dst = &mut regs[at..at + VPG];
+            for g in 0..8 {
+                dst[4 * g..4 * g + 4].copy_from_slice(&transpose_q(std::array::from_fn(|r| blocks[r].q[g])));
+                // The scales are constant over each 128-bit half of `s[g]`: its pieces 0 and 2.
+                let s = transpose_q(std::array::from_fn(|r| blocks[r].s[g]));
+                dst[SCALES + 2 * g] = s[0];
+                dst[SCALES + 2 * g + 1] = s[2];
+            }
+            for (r, b) in blocks.iter().enumerate() {
+                dst[CORR + r] = b.corr_w;
+                meta[(g0 / GROUP * nb + i) * GROUP + r] = [b.d, b.dmin];
+            }
+        }
     }
 }
 
-/// A group of [`GROUP`] decoded rows: row `r`, super-block `i` starts at register
-/// `(r·nb + i)·VPB`, its scales at `meta[r·nb + i]`.
+/// IQ4_XS's panel: each row's [`KBlock`] registers in element order (its signed values leave
+/// no i16 room to sum pieces across rows' registers, so they are multiplied as decoded).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_rows(w: *const u8, rb: usize, rows: usize, nb: usize, regs: &mut [__m256i], meta: &mut [[f32; 2]]) {
+    for r in 0..rows.div_ceil(GROUP) * GROUP {
+        for i in 0..nb {
+            let at = (r / GROUP * nb + i) * VPG + 16 * (r % GROUP);
+            let dst = &mut regs[at..at + 16];
+            let m = &mut meta[(r / GROUP * nb + i) * GROUP + r % GROUP];
+            if r < rows {
+                let KBlock { q, s, d, dmin, .. } = decode_block::<IQ4XS>(w.add(r * rb + i * block_bytes(IQ4XS)));
+                dst[..8].copy_from_slice(&q);
+                dst[8..].copy_from_slice(&s);
+                *m = [d, dmin];
+            } else {
+                dst.fill(_mm256_setzero_si256());
+                *m = [0.0; 2];
+            }
+        }
+    }
+}
+
+/// One [`GROUP`] of decoded rows: super-block `i`'s registers start at `i·VPG`, row `r`'s
+/// scales at `meta[i·GROUP + r]`.
 struct Panel {
     regs: *const __m256i,
     meta: *const [f32; 2],
     nb: usize,
-}
-
-/// Expands a runtime (format tag, token count 1..=4) into `f::<K, NT>(args)`.
-macro_rules! kt_dispatch {
-    ($k:expr, $nt:expr, $f:ident($($arg:expr),*)) => {
-        match ($k, $nt) {
-            (Q5K, 1) => $f::<Q5K, 1>($($arg),*),
-            (Q5K, 2) => $f::<Q5K, 2>($($arg),*),
-            (Q5K, 3) => $f::<Q5K, 3>($($arg),*),
-            (Q5K, _) => $f::<Q5K, 4>($($arg),*),
-            (Q3K, 1) => $f::<Q3K, 1>($($arg),*),
-            (Q3K, 2) => $f::<Q3K, 2>($($arg),*),
-            (Q3K, 3) => $f::<Q3K, 3>($($arg),*),
-            (Q3K, _) => $f::<Q3K, 4>($($arg),*),
-            (Q2K, 1) => $f::<Q2K, 1>($($arg),*),
-            (Q2K, 2) => $f::<Q2K, 2>($($arg),*),
-            (Q2K, 3) => $f::<Q2K, 3>($($arg),*),
-            (Q2K, _) => $f::<Q2K, 4>($($arg),*),
-            (_, 1) => $f::<IQ4XS, 1>($($arg),*),
-            (_, 2) => $f::<IQ4XS, 2>($($arg),*),
-            (_, 3) => $f::<IQ4XS, 3>($($arg),*),
-            (_, _) => $f::<IQ4XS, 4>($($arg),*),
-        }
-    };
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_avx2(k: u8, nt: usize, p: &Panel, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize, live: usize) {
-    for h in 0..GROUP / 2 {
-        if 2 * h < live {
-            let half = Panel { regs: p.regs.add(2 * h * p.nb * VPB), meta: p.meta.add(2 * h * p.nb), nb: p.nb };
-            kt_dispatch!(k, nt, micro_avx2(&half, a, t0, out.add(2 * h), ldo, live - 2 * h));
-        }
-    }
 }
 
 /// Writes `acc[r][t]` of the first `live` rows (of `R`) × `NT` tokens.
@@ -178,16 +245,6 @@ unsafe fn store<const R: usize, const NT: usize>(acc: &[[f32; NT]; R], out: *mut
             *out.add(t * ldo + r) = acc[r][t];
         }
     }
-}
-
-/// Lane t: the sum of `v[t]`'s 8 lanes, exactly (t < NT; the rest 0).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum4<const NT: usize>(v: &[__m256i; NT]) -> __m128i {
-    let mut w = [_mm256_setzero_si256(); 4];
-    w[..NT].copy_from_slice(v);
-    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(w[0], w[1]), _mm256_hadd_epi32(w[2], w[3]));
-    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
 /// The block-sum terms `Σ_k bsums[t][k]·corr_w[k]` of up to 4 tokens (lane t), exactly.
@@ -219,39 +276,100 @@ unsafe fn token_terms<const K: u8, const NT: usize>(a: &ActQ8K, nb: usize, i: us
     (dxs, bsv)
 }
 
-/// The end of super-block `i` for `R` rows × `NT` tokens: exact per-token integer sums (one
-/// `vphaddd` tree for the lanes, one for the block-sum terms), then
-/// [`block_term`] added to each (row, token) accumulator, as the decode tile does.
+/// The end of super-block `i` for the group's rows × `NT` tokens: exact per-(row, token)
+/// integer sums (row `r`'s two lanes of `isum[t]`; the block-sum terms by one `vphaddd`
+/// tree), then [`block_term`] added to each (row, token) accumulator, as the decode tile
+/// does.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn epilogue<const K: u8, const R: usize, const NT: usize>(
-    isum: &[[__m256i; NT]; R],
+unsafe fn epilogue<const K: u8, const NT: usize>(
+    isum: &[__m256i; NT],
     p: &Panel,
     i: usize,
     a: &ActQ8K,
     t0: usize,
-    acc: &mut [[f32; NT]; R],
+    acc: &mut [[f32; NT]; GROUP],
 ) {
-    let nb = p.nb;
-    let (dxs, bsv) = token_terms::<K, NT>(a, nb, i, t0);
-    for r in 0..R {
-        let [d, dmin] = *p.meta.add(r * nb + i);
-        let mut tot = [0i32; 4];
-        _mm_storeu_si128(tot.as_mut_ptr() as *mut __m128i, hsum4::<NT>(&isum[r]));
+    let (dxs, bsv) = token_terms::<K, NT>(a, p.nb, i, t0);
+    let mut lanes = [[0i32; 8]; NT];
+    for t in 0..NT {
+        _mm256_storeu_si256(lanes[t].as_mut_ptr() as *mut __m256i, isum[t]);
+    }
+    let blk = p.regs.add(i * VPG);
+    for r in 0..GROUP {
+        let [d, dmin] = *p.meta.add(i * GROUP + r);
         let mut corr = [0i32; 4];
         if K != IQ4XS {
-            _mm_storeu_si128(corr.as_mut_ptr() as *mut __m128i, corr4::<NT>(&bsv, *p.regs.add((r * nb + i) * VPB + 16)));
+            _mm_storeu_si128(corr.as_mut_ptr() as *mut __m128i, corr4::<NT>(&bsv, *blk.add(CORR + r)));
         }
         for t in 0..NT {
-            acc[r][t] += block_term::<K>(tot[t], corr[t], d, dmin, dxs[t]);
+            let tot = lanes[t][2 * r] + lanes[t][2 * r + 1];
+            acc[r][t] += block_term::<K>(tot, corr[t], d, dmin, dxs[t]);
         }
     }
 }
 
-/// 2 panel rows × `NT` tokens, 256-bit: per 32-byte group, `vpmaddubsw` then `vpmaddwd` with
-/// the group's scales, as the decode tile.
+/// The activation's bytes `p..p + 8` in all four 64-bit lanes.
+#[inline(always)]
+unsafe fn bcast8(p: *const i8) -> __m256i {
+    _mm256_set1_epi64x((p as *const i64).read_unaligned())
+}
+
+/// 4 panel rows (one [`GROUP`]) × `NT` tokens: per 32-element register, 4 `vpmaddubsw` of
+/// its row-interleaved pieces, the pieces of a sub-block summed in i16, one `vpmaddwd` per
+/// sub-block with the 4 rows' scales (Q5_K / Q3_K / Q2_K).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn micro_avx2<const K: u8, const NT: usize>(p: &Panel, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize, live: usize) {
+    let nb = p.nb;
+    let mut acc = [[0f32; NT]; GROUP];
+    for i in 0..nb {
+        let blk = p.regs.add(i * VPG);
+        let xb: [*const i8; NT] = std::array::from_fn(|t| a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K));
+        let mut isum = [_mm256_setzero_si256(); NT];
+        for g in 0..8 {
+            let (s_lo, s_hi) = (*blk.add(SCALES + 2 * g), *blk.add(SCALES + 2 * g + 1));
+            // Pieces 0, 1: the register's first 16 elements; 2, 3: the last 16.
+            let mut lo = [_mm256_setzero_si256(); NT];
+            let mut hi = [_mm256_setzero_si256(); NT];
+            for m in 0..4 {
+                let q = *blk.add(4 * g + m);
+                for t in 0..NT {
+                    let d = _mm256_maddubs_epi16(q, bcast8(xb[t].add(32 * g + 8 * m)));
+                    if m < 2 || K == Q5K {
+                        lo[t] = _mm256_add_epi16(lo[t], d);
+                    } else {
+                        hi[t] = _mm256_add_epi16(hi[t], d);
+                    }
+                }
+            }
+            for t in 0..NT {
+                let mut s = _mm256_madd_epi16(lo[t], s_lo);
+                if K != Q5K {
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(hi[t], s_hi));
+                }
+                isum[t] = _mm256_add_epi32(isum[t], s);
+            }
+        }
+        epilogue::<K, NT>(&isum, p, i, a, t0, &mut acc);
+    }
+    store(&acc, out, ldo, live);
+}
+
+/// Lane t: the sum of `v[t]`'s 8 lanes, exactly (t < NT; the rest 0).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum4<const NT: usize>(v: &[__m256i; NT]) -> __m128i {
+    let mut w = [_mm256_setzero_si256(); 4];
+    w[..NT].copy_from_slice(v);
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(w[0], w[1]), _mm256_hadd_epi32(w[2], w[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+}
+
+/// IQ4_XS: group rows `r0, r0 + 1` × `NT` tokens of a [`fill_rows`] panel, per 32-element
+/// register one sign trick, `vpmaddubsw` and `vpmaddwd` with its scale per (row, token), the
+/// activation register loaded once for both rows; then [`block_term`] per (row, token).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn micro_rows<const NT: usize>(p: &Panel, r0: usize, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize, live: usize) {
     const R: usize = 2;
     let nb = p.nb;
     let mut acc = [[0f32; NT]; R];
@@ -263,16 +381,26 @@ unsafe fn micro_avx2<const K: u8, const NT: usize>(p: &Panel, a: &ActQ8K, t0: us
                 xs[t] = _mm256_loadu_si256(a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K + 32 * g) as *const __m256i);
             }
             for r in 0..R {
-                let blk = p.regs.add((r * nb + i) * VPB);
+                let blk = p.regs.add(i * VPG + 16 * (r0 + r));
                 let (q, s) = (*blk.add(g), *blk.add(8 + g));
-                let qa = if K == IQ4XS { _mm256_sign_epi8(q, q) } else { q };
+                let qa = _mm256_sign_epi8(q, q);
                 for t in 0..NT {
-                    let xv = if K == IQ4XS { _mm256_sign_epi8(xs[t], q) } else { xs[t] };
-                    isum[r][t] = _mm256_add_epi32(isum[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, xv), s));
+                    isum[r][t] = _mm256_add_epi32(isum[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(xs[t], q)), s));
                 }
             }
         }
-        epilogue::<K, R, NT>(&isum, p, i, a, t0, &mut acc);
+        let mut dxs = [0f32; NT];
+        for t in 0..NT {
+            dxs[t] = *a.d.get_unchecked((t0 + t) * nb + i);
+        }
+        for r in 0..R {
+            let [d, dmin] = *p.meta.add(i * GROUP + r0 + r);
+            let mut tot = [0i32; 4];
+            _mm_storeu_si128(tot.as_mut_ptr() as *mut __m128i, hsum4::<NT>(&isum[r]));
+            for t in 0..NT {
+                acc[r][t] += block_term::<IQ4XS>(tot[t], 0, d, dmin, dxs[t]);
+            }
+        }
     }
     store(&acc, out, ldo, live);
 }

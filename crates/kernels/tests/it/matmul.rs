@@ -261,3 +261,34 @@ fn k_panel_prefill_matches_decode_bitwise() {
         }
     }
 }
+
+/// The multi-token path at its integer bounds: every weight value at its format's maximum
+/// (all code bits set: Q5_K 31, Q3_K 3 with no −4, Q2_K 3; the largest scales and mins) against
+/// activations quantized to −128 or +127 gives the scalar reference's bits, so the pieces of a
+/// sub-block summed in i16 before widening never overflow.
+#[test]
+fn k_panel_at_the_integer_bounds_is_the_scalar_reference() {
+    let cols = 512;
+    let rows = 9;
+    for (d, bytes, scale_at) in [(DType::Q5K, 176usize, &[0usize, 2][..]), (DType::Q3K, 110, &[108][..]), (DType::Q2K, 84, &[80, 82][..])] {
+        let mut block = vec![0xFFu8; bytes];
+        for &at in scale_at {
+            block[at..at + 2].copy_from_slice(&0x3C00u16.to_le_bytes()); // f16 1.0
+        }
+        let w: Vec<u8> = block.iter().copied().cycle().take(bytes * rows * cols / 256).collect();
+        let wm = WeightMatrix::new(d, rows, cols, &w).unwrap();
+        for sign in [-1.0f32, 1.0] {
+            let n = 9;
+            // Constant rows quantize to ±128/127 codes; one token alternates to reach both.
+            let x: Vec<f32> = (0..n * cols).map(|i| if i / cols == 4 && i % 2 == 1 { -sign } else { sign }).collect();
+            let mut want = vec![0f32; n * rows];
+            matmul_with(Isa::Scalar, &wm, &x, n, &mut want);
+            for isa in Isa::available() {
+                let mut got = vec![0f32; n * rows];
+                matmul_with(isa, &wm, &x, n, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&got), bits(&want), "{d} {isa:?} sign {sign}");
+            }
+        }
+    }
+}
