@@ -82,24 +82,39 @@ impl TableRow {
 }
 
 /// The measured rows. A format a row does not name runs [`Isa::detect`]'s path.
-pub const TABLE: &[TableRow] = &[TableRow {
-    name: "AMD Zen 4 (EPYC 9004, family 25 models 0x10-0x1f)",
-    vendor: "AuthenticAMD",
-    family: 0x19,
-    models: &[0x10..=0x1f],
-    // Every format measured runs fastest on the AVX-512 path (packed where it packs).
-    choices: &[],
-    // Below the threshold the decoded-once panels (`k_panel`) take calls from 8 tokens:
-    // ~31–44 ns per row-token at 8–12 tokens; the token-lane kernel ~400 ns per row per call
-    // up to 16 tokens (1 thread, CPU time). Packed Q4_K / Q6_K: the packed VNNI kernels ran
-    // 14.4–14.6 / 17.3–17.5 ns per row-token at 16–48 tokens, the token lanes 18.3 / 25.5 at
-    // 16, 15.0 / 18.7 at 32, 16.7 / 19.7 at 40 and 13.7–14.1 / 16.4 at 48 (1 thread, wall).
-    token_lane_min: &[(DType::Q5K, 12), (DType::Q3K, 13), (DType::Q2K, 14), (DType::IQ4XS, 9), (DType::Q4K, 48), (DType::Q6K, 48)],
-    // 1 MiB of L2 per core: 768 KiB chunks ran the 2048 × 8192 F16 matrix at 512 tokens in
-    // 45 ns per 2048-column row-token against 60 with 256 KiB (1 thread, CPU time).
-    f16_chunk_kib: Some(768),
-    measured: "docs/cpu-kernels.md, \"The measured dispatch table\"",
-}];
+pub const TABLE: &[TableRow] = &[
+    TableRow {
+        name: "AMD Zen 4 (EPYC 9004, family 25 models 0x10-0x1f)",
+        vendor: "AuthenticAMD",
+        family: 0x19,
+        models: &[0x10..=0x1f],
+        // Every format measured runs fastest on the AVX-512 path (packed where it packs).
+        choices: &[],
+        // Below the threshold the decoded-once panels (`k_panel`) take calls from 8 tokens:
+        // ~31–44 ns per row-token at 8–12 tokens; the token-lane kernel ~400 ns per row per call
+        // up to 16 tokens (1 thread, CPU time). Packed Q4_K / Q6_K: the packed VNNI kernels ran
+        // 14.4–14.6 / 17.3–17.5 ns per row-token at 16–48 tokens, the token lanes 18.3 / 25.5 at
+        // 16, 15.0 / 18.7 at 32, 16.7 / 19.7 at 40 and 13.7–14.1 / 16.4 at 48 (1 thread, wall).
+        token_lane_min: &[(DType::Q5K, 12), (DType::Q3K, 13), (DType::Q2K, 14), (DType::IQ4XS, 9), (DType::Q4K, 48), (DType::Q6K, 48)],
+        // 1 MiB of L2 per core: 768 KiB chunks ran the 2048 × 8192 F16 matrix at 512 tokens in
+        // 45 ns per 2048-column row-token against 60 with 256 KiB (1 thread, CPU time).
+        f16_chunk_kib: Some(768),
+        measured: "docs/cpu-kernels.md, \"The measured dispatch table\"",
+    },
+    TableRow {
+        name: "AMD Zen 1 (EPYC 7001, family 23 model 1)",
+        vendor: "AuthenticAMD",
+        family: 0x17,
+        models: &[0x01..=0x01],
+        // Measured: the AVX2 path (packed where the format repacks) beats every other variant of
+        // every format at 1-64 tokens a call, so it names no other path (no AVX-512: no token
+        // lanes; 512 KiB of L2: the default F16 chunks).
+        choices: &[],
+        token_lane_min: &[],
+        f16_chunk_kib: None,
+        measured: "docs/cpu-kernels.md, \"The measured dispatch table\" (Zen 1)",
+    },
+];
 
 /// The [`TABLE`] row for this CPU, if it was measured.
 pub fn table_row() -> Option<&'static TableRow> {

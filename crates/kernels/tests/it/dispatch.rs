@@ -19,7 +19,9 @@ fn a_row_matches_only_the_cpus_it_names() {
     let intel = CpuModel { vendor: "GenuineIntel".into(), family: 6, model: 0x8f };
     let rows = |cpu: &CpuModel| TABLE.iter().filter(|r| r.matches(cpu)).count();
     assert_eq!(rows(&zen4), 1, "Zen 4 was measured");
-    for other in [&zen3, &zen1, &intel] {
+    assert_eq!(rows(&zen1), 1, "Zen 1 (family 23 model 1) was measured");
+    let zen_plus = CpuModel { vendor: "AuthenticAMD".into(), family: 23, model: 0x08 };
+    for other in [&zen3, &zen_plus, &intel] {
         assert_eq!(rows(other), 0, "{other:?} was not measured: it runs its best path");
     }
     assert_eq!(default_token_lane_min(DType::Q4K), TOKEN_LANE_MIN_PACKED);
