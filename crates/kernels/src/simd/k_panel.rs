@@ -13,7 +13,7 @@
 //! 31,744 < 2^15; Q3_K / Q2_K: 2 pieces of a 16-element sub-block, 2 · 2·7·128): per 256
 //! weights and token 8 multiplies and 2 (Q5_K) or 4 (Q3_K, Q2_K) widenings, where element
 //! order took 8 and 8. IQ4_XS's signed table values (|q| ≤ 127) leave no i16 room, so its
-//! pieces widen one by one, as before. On CPUs with one vector-multiply pipe (Zen 1: 2 µops
+//! panel keeps each row's registers in element order, one widening per register. On CPUs with one vector-multiply pipe (Zen 1: 2 µops
 //! per 256-bit multiply) the multiplies are the kernel's cost.
 //!
 //! Bitwise the scalar reference, as the decode tiles: each (row, token, super-block) gets the
@@ -260,18 +260,17 @@ unsafe fn corr4<const NT: usize>(bsv: &[__m256i; 4], corr_w: __m256i) -> __m128i
     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
-/// The activation scales and bsums of tokens `t0..t0 + NT`, super-block `i`.
+/// The activation scales and block sums of tokens `t0..t0 + NT`, super-block `i` (Q5_K / Q3_K
+/// / Q2_K: the formats with a block-sum term).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn token_terms<const K: u8, const NT: usize>(a: &ActQ8K, nb: usize, i: usize, t0: usize) -> ([f32; 4], [__m256i; 4]) {
+unsafe fn token_terms<const NT: usize>(a: &ActQ8K, nb: usize, i: usize, t0: usize) -> ([f32; 4], [__m256i; 4]) {
     let mut dxs = [0f32; 4];
     let mut bsv = [_mm256_setzero_si256(); 4];
     for t in 0..NT {
         let ab = (t0 + t) * nb + i;
         dxs[t] = *a.d.get_unchecked(ab);
-        if K != IQ4XS {
-            bsv[t] = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
-        }
+        bsv[t] = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
     }
     (dxs, bsv)
 }
@@ -290,7 +289,7 @@ unsafe fn epilogue<const K: u8, const NT: usize>(
     t0: usize,
     acc: &mut [[f32; NT]; GROUP],
 ) {
-    let (dxs, bsv) = token_terms::<K, NT>(a, p.nb, i, t0);
+    let (dxs, bsv) = token_terms::<NT>(a, p.nb, i, t0);
     let mut lanes = [[0i32; 8]; NT];
     for t in 0..NT {
         _mm256_storeu_si256(lanes[t].as_mut_ptr() as *mut __m256i, isum[t]);
@@ -299,9 +298,7 @@ unsafe fn epilogue<const K: u8, const NT: usize>(
     for r in 0..GROUP {
         let [d, dmin] = *p.meta.add(i * GROUP + r);
         let mut corr = [0i32; 4];
-        if K != IQ4XS {
-            _mm_storeu_si128(corr.as_mut_ptr() as *mut __m128i, corr4::<NT>(&bsv, *blk.add(CORR + r)));
-        }
+        _mm_storeu_si128(corr.as_mut_ptr() as *mut __m128i, corr4::<NT>(&bsv, *blk.add(CORR + r)));
         for t in 0..NT {
             let tot = lanes[t][2 * r] + lanes[t][2 * r + 1];
             acc[r][t] += block_term::<K>(tot, corr[t], d, dmin, dxs[t]);
