@@ -70,7 +70,7 @@ unsafe fn scale_ctrl(h: usize, s: usize) -> __m256i {
 
 /// 8 activation bytes at `p` in all four 64-bit lanes.
 #[inline(always)]
-unsafe fn bcast8(p: *const i8) -> __m256i {
+pub(crate) unsafe fn bcast8(p: *const i8) -> __m256i {
     _mm256_set1_epi64x((p as *const i64).read_unaligned())
 }
 

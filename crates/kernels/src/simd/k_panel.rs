@@ -21,7 +21,8 @@
 //! `avx2_k::block_term`'s float operations, so a token's output does not depend on whether it
 //! came in a prefill or a decode call.
 
-use super::avx2_k::{block_bytes, block_term, decode_block, tag, KBlock, IQ4XS, Q2K, Q3K, Q5K};
+use super::avx2_k::{block_bytes, block_term, decode_block, hsum_rows, tag, KBlock, IQ4XS, Q2K, Q3K, Q5K};
+use super::avx2_packed_k::bcast8;
 use super::{Acts, Isa, TileCtx};
 use crate::blocks::QK_K;
 use crate::dtype::DType;
@@ -306,12 +307,6 @@ unsafe fn epilogue<const K: u8, const NT: usize>(
     }
 }
 
-/// The activation's bytes `p..p + 8` in all four 64-bit lanes.
-#[inline(always)]
-unsafe fn bcast8(p: *const i8) -> __m256i {
-    _mm256_set1_epi64x((p as *const i64).read_unaligned())
-}
-
 /// 4 panel rows (one [`GROUP`]) × `NT` tokens: per 32-element register, 4 `vpmaddubsw` of
 /// its row-interleaved pieces, the pieces of a sub-block summed in i16, one `vpmaddwd` per
 /// sub-block with the 4 rows' scales (Q5_K / Q3_K / Q2_K).
@@ -352,16 +347,6 @@ unsafe fn micro_avx2<const K: u8, const NT: usize>(p: &Panel, a: &ActQ8K, t0: us
     store(&acc, out, ldo, live);
 }
 
-/// Lane t: the sum of `v[t]`'s 8 lanes, exactly (t < NT; the rest 0).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum4<const NT: usize>(v: &[__m256i; NT]) -> __m128i {
-    let mut w = [_mm256_setzero_si256(); 4];
-    w[..NT].copy_from_slice(v);
-    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(w[0], w[1]), _mm256_hadd_epi32(w[2], w[3]));
-    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
-}
-
 /// IQ4_XS: group rows `r0, r0 + 1` × `NT` tokens of a [`fill_rows`] panel, per 32-element
 /// register one sign trick, `vpmaddubsw` and `vpmaddwd` with its scale per (row, token), the
 /// activation register loaded once for both rows; then [`block_term`] per (row, token).
@@ -393,7 +378,7 @@ unsafe fn micro_rows<const NT: usize>(p: &Panel, r0: usize, a: &ActQ8K, t0: usiz
         for r in 0..R {
             let [d, dmin] = *p.meta.add(i * GROUP + r0 + r);
             let mut tot = [0i32; 4];
-            _mm_storeu_si128(tot.as_mut_ptr() as *mut __m128i, hsum4::<NT>(&isum[r]));
+            _mm_storeu_si128(tot.as_mut_ptr() as *mut __m128i, hsum_rows::<NT>(&isum[r]));
             for t in 0..NT {
                 acc[r][t] += block_term::<IQ4XS>(tot[t], 0, d, dmin, dxs[t]);
             }
