@@ -6,7 +6,11 @@
 //! and without, the speed-up, the drafts' acceptance rate, and whether the text is identical
 //! (it must be: speculation never changes the tokens).
 //!
-//! With `--draft PATH` a third mode runs beside them: a draft model (`engram_engine::DraftModel`,
+//! With `--draft-budget both` a third mode runs beside them: prompt lookup with trees sized by
+//! acceptance alone (`DraftBudget::Acceptance`) against the default, sized by this machine's
+//! measured step costs (`DraftBudget::Measured`).
+//!
+//! With `--draft PATH` a third mode runs beside them instead: a draft model (`engram_engine::DraftModel`,
 //! sharing the target's vocabulary) drafting `--draft-k` tokens greedily per step, verified
 //! the same way; its speed-up and acceptance are reported in the same run.
 //!
@@ -22,7 +26,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use engram_engine::scheduler::Job;
 use engram_engine::EngineHandle;
-use engram_engine::{DraftModel, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
+use engram_engine::{DraftBudget, DraftModel, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_model::Model;
 
 use crate::common::{kv_pool, load_model, ModelArgs};
@@ -60,6 +64,11 @@ pub struct Args {
     /// Tokens the draft model drafts per step (at most).
     #[arg(long, default_value_t = 4)]
     draft_k: usize,
+    /// How many drafts a tree may hold: `measured` (by this machine's step costs and the
+    /// acceptance rate, the default), `acceptance` (by the acceptance rate alone), or `both`
+    /// (measured, with acceptance-only as a third mode beside it).
+    #[arg(long, default_value = "measured", value_parser = ["measured", "acceptance", "both"])]
+    draft_budget: String,
     /// One JSON line per prompt, then a summary line.
     #[arg(long)]
     json: bool,
@@ -105,7 +114,7 @@ struct Outcome {
 #[derive(Clone)]
 enum Mode {
     Plain,
-    Lookup(PromptLookup),
+    Lookup(PromptLookup, DraftBudget),
     Draft(Arc<DraftModel>),
 }
 
@@ -113,9 +122,15 @@ fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, mod
     let pool = kv_pool(model, &args.model)?;
     let config = match mode {
         Mode::Plain => SchedulerConfig::default(),
-        Mode::Lookup(l) => SchedulerConfig { speculation: Some(*l), ..SchedulerConfig::default() },
+        Mode::Lookup(l, b) => SchedulerConfig { speculation: Some(*l), draft_budget: *b, ..SchedulerConfig::default() },
         Mode::Draft(d) => {
-            SchedulerConfig { speculation: Some(PromptLookup::default()), draft_model: Some(d.clone()), ..SchedulerConfig::default() }
+            let draft_budget = if args.draft_budget == "acceptance" { DraftBudget::Acceptance } else { DraftBudget::Measured };
+            SchedulerConfig {
+                speculation: Some(PromptLookup::default()),
+                draft_model: Some(d.clone()),
+                draft_budget,
+                ..SchedulerConfig::default()
+            }
         }
     };
     let metrics = Arc::new(Metrics::default());
@@ -187,11 +202,26 @@ pub fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
-    let mut modes = vec![Mode::Plain, Mode::Lookup(lookup)];
+    if draft.is_some() && args.draft_budget == "both" {
+        bail!("--draft-budget both and --draft each add the third mode: pass one of them");
+    }
+    let budget = if args.draft_budget == "acceptance" { DraftBudget::Acceptance } else { DraftBudget::Measured };
+    let mut modes = vec![Mode::Plain, Mode::Lookup(lookup, budget)];
     modes.extend(draft.clone().map(Mode::Draft));
+    let third = if draft.is_some() { "draft-model" } else { "acceptance-budget" };
+    if args.draft_budget == "both" {
+        modes.push(Mode::Lookup(lookup, DraftBudget::Acceptance));
+    }
     if !args.json {
-        println!("speculative decoding (prompt lookup {lookup:?}), {} decode tokens, {} rounds, median", args.decode_tokens, args.rounds);
-        if let Some(p) = &args.draft {
+        println!(
+            "speculative decoding (prompt lookup {lookup:?}, draft budget {budget:?}), {} decode tokens, {} rounds, median",
+            args.decode_tokens, args.rounds
+        );
+        if args.draft_budget == "both" {
+            println!("beside it: prompt lookup with the acceptance-only draft budget");
+            println!("| prompt | plain tok/s | lookup tok/s | lookup speed-up | lookup accepted / drafted | acceptance-budget tok/s | acceptance-budget speed-up | acceptance-budget accepted / drafted | identical |");
+            println!("|---|---|---|---|---|---|---|---|---|");
+        } else if let Some(p) = &args.draft {
             println!(
                 "draft model {} ({}), {} drafts a step at most",
                 p.display(),
@@ -247,10 +277,11 @@ pub fn run(args: Args) -> Result<()> {
             let mut line = serde_json::json!({"prompt": name, "plain_tok_s": p, "speculative_tok_s": f, "speedup": f / p,
                 "drafts_accepted": a, "drafts": d, "identical": same});
             if let Some(&g) = med.get(2) {
-                line["draft_model_tok_s"] = serde_json::json!(g);
-                line["draft_model_speedup"] = serde_json::json!(g / p);
-                line["draft_model_accepted"] = serde_json::json!(counts[2].0);
-                line["draft_model_drafts"] = serde_json::json!(counts[2].1);
+                let key = third.replace('-', "_");
+                line[format!("{key}_tok_s")] = serde_json::json!(g);
+                line[format!("{key}_speedup")] = serde_json::json!(g / p);
+                line[format!("{key}_accepted")] = serde_json::json!(counts[2].0);
+                line[format!("{key}_drafts")] = serde_json::json!(counts[2].1);
             }
             println!("{line}");
         } else if let Some(&g) = med.get(2) {
@@ -269,9 +300,12 @@ pub fn run(args: Args) -> Result<()> {
     if !draft_ratios.is_empty() {
         let drate = dacc as f64 / ddrafted.max(1) as f64;
         if args.json {
-            println!("{}", serde_json::json!({"summary": "draft_model", "speedup_geomean": geo_of(&draft_ratios), "acceptance": drate}));
+            println!(
+                "{}",
+                serde_json::json!({"summary": third.replace('-', "_"), "speedup_geomean": geo_of(&draft_ratios), "acceptance": drate})
+            );
         } else {
-            println!("\ndraft model: speed-up (geometric mean) {:.2}x; drafts accepted {:.0}%", geo_of(&draft_ratios), drate * 100.0);
+            println!("\n{third}: speed-up (geometric mean) {:.2}x; drafts accepted {:.0}%", geo_of(&draft_ratios), drate * 100.0);
         }
     }
     let geo = ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len().max(1) as f64;
@@ -281,8 +315,9 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         println!("\nspeed-up (geometric mean) {:.2}x; drafts accepted {:.0}%; output identical: {}", geo.exp(), rate * 100.0, all_same);
         println!(
-            "reproduce: engram bench speculation{}{}",
+            "reproduce: engram bench speculation{}{}{}",
             args.model.model.as_ref().map_or(String::new(), |m| format!(" --model {}", m.display())),
+            if args.draft_budget == "measured" { String::new() } else { format!(" --draft-budget {}", args.draft_budget) },
             args.draft.as_ref().map_or(String::new(), |d| format!(" --draft {} --draft-k {}", d.display(), args.draft_k))
         );
     }

@@ -104,6 +104,12 @@ pub struct Args {
     /// Most tokens a draft model (`--draft PATH`) drafts per step.
     #[arg(long, default_value_t = 4)]
     draft_k: usize,
+    /// How many drafts a speculating request's step may verify: `measured` (the count that
+    /// yields the most tokens per second, from this machine's timed steps and the request's
+    /// acceptance rate) or `acceptance` (by the acceptance rate alone, the same trees on every
+    /// machine). Either way the answer is the same; docs/speculative-decoding.md.
+    #[arg(long, default_value = "measured", value_parser = ["measured", "acceptance"])]
+    draft_budget: String,
     /// Seconds a request may wait for KV memory or a batch slot while others run, before a
     /// 503 with Retry-After (a prompt larger than the whole budget is a 400 at once).
     #[arg(long, default_value_t = 60)]
@@ -282,6 +288,11 @@ pub fn run(mut a: Args) -> Result<()> {
             pack_prompts: !a.one_prompt_per_step,
             speculation: (a.draft != "none").then(engram_engine::PromptLookup::default),
             draft_model: draft_model(&a, &model)?,
+            draft_budget: if a.draft_budget == "acceptance" {
+                engram_engine::DraftBudget::Acceptance
+            } else {
+                engram_engine::DraftBudget::Measured
+            },
             admission_wait: std::time::Duration::from_secs(a.admission_wait_secs),
             // With at most one tenant there is nobody to keep slots for: the whole batch is its.
             max_active_per_tenant: a.max_batch_per_tenant.or(one_tenant.then_some(a.max_batch.max(1))),

@@ -48,8 +48,8 @@ pub use pooled::PooledEncoder;
 pub use rng::Rng;
 pub use sampling::{argmax, Sampler, SamplingParams};
 pub use scheduler::{
-    drain_background, generate_on_cache, run_alone, run_engine, AloneRun, Command, Event, EventSink, Job, JobError, JobErrorKind,
-    LoneSequence, SchedulerConfig, Stepped, SteppedJob, DEFAULT_PREFILL_CHUNK,
+    drain_background, generate_on_cache, run_alone, run_engine, AloneRun, Command, DraftBudget, Event, EventSink, Job, JobError,
+    JobErrorKind, LoneSequence, SchedulerConfig, Stepped, SteppedJob, DEFAULT_PREFILL_CHUNK,
 };
 pub use speculate::{DraftTree, PromptLookup};
 pub use stop::StopMatcher;

@@ -143,6 +143,11 @@ impl DraftTree {
         &self.depth
     }
 
+    /// Whether `node` has no children (a walk that reaches it has used the whole branch).
+    pub fn is_leaf(&self, node: usize) -> bool {
+        !self.parent[node + 1..].contains(&node)
+    }
+
     /// The child of `node` holding `token`.
     pub fn child(&self, node: usize, token: u32) -> Option<usize> {
         (node + 1..self.tokens.len()).find(|&c| self.parent[c] == node && self.tokens[c] == token)

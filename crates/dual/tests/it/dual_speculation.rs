@@ -13,7 +13,7 @@ use crate::common;
 use common::Collect;
 
 use engram_dual::DualStream;
-use engram_engine::{run_engine, Command, ContextPolicy, Job, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine, Command, ContextPolicy, DraftBudget, Job, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 
@@ -37,7 +37,7 @@ fn conversation(m: &Arc<Model>, speculation: Option<PromptLookup>) -> (String, A
     let (pending, metrics) = (Arc::new(AtomicUsize::new(0)), Arc::new(Metrics::default()));
     let engine = {
         let (m, pending, metrics) = (m.clone(), pending.clone(), metrics.clone());
-        let config = SchedulerConfig { speculation, ..SchedulerConfig::default() };
+        let config = SchedulerConfig { speculation, draft_budget: DraftBudget::Acceptance, ..SchedulerConfig::default() };
         std::thread::spawn(move || run_engine(&m, pool, config, Box::new(dual) as Box<dyn ContextPolicy>, metrics, pending, rx))
     };
     let turns = [(format!("{FILE}\n"), 2), (format!("\n# the same function, with `total` renamed to `acc`:\n{}", &FILE[..20]), 96)];

@@ -52,6 +52,7 @@ mod admit;
 mod alone;
 mod background;
 mod cache;
+mod draft_budget;
 mod lone;
 mod repair;
 mod step;
@@ -59,6 +60,7 @@ mod stepped;
 
 pub use alone::{run_alone, AloneRun};
 use cache::SeqCacheSlot;
+use draft_budget::{Acceptance, StepCosts};
 pub use lone::{generate_on_cache, LoneSequence};
 pub use stepped::{Stepped, SteppedJob};
 
@@ -83,6 +85,8 @@ pub struct SchedulerConfig {
     /// A draft model that drafts instead of prompt lookup wherever speculation is on
     /// (`draft_model.rs`); `None`: prompt lookup.
     pub draft_model: Option<Arc<DraftModel>>,
+    /// How many drafts a speculating sequence's tree may hold (`draft_budget.rs`).
+    pub draft_budget: DraftBudget,
     /// How long a request may wait for KV memory (or a batch slot) before it fails with
     /// [`JobErrorKind::Unavailable`] (the server's 503 with `Retry-After`).
     pub admission_wait: std::time::Duration,
@@ -146,6 +150,7 @@ impl Default for SchedulerConfig {
             max_pending: 256,
             speculation: None,
             draft_model: None,
+            draft_budget: DraftBudget::default(),
             admission_wait: std::time::Duration::from_secs(60),
             max_active_per_tenant: None,
             max_pending_per_tenant: None,
@@ -153,6 +158,22 @@ impl Default for SchedulerConfig {
             background_chunk: DEFAULT_BACKGROUND_CHUNK,
         }
     }
+}
+
+/// How many drafts a speculating sequence's next tree may hold. Either way the tokens kept are
+/// those decoding one by one produces; only the speed differs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftBudget {
+    /// As many as this machine's measured step costs and the sequence's acceptance rate make
+    /// worth it: the count that yields the most tokens per second of step (`draft_budget.rs`),
+    /// within the acceptance-driven cap. The trees depend on timings, so they differ between
+    /// machines and runs.
+    #[default]
+    Measured,
+    /// As many as the sequence's recent acceptance allows, up to the drafter's maximum (the cap
+    /// doubles while drafts are accepted and halves while they are not), whatever a step
+    /// costs: the same trees on every machine.
+    Acceptance,
 }
 
 /// One generation request.
@@ -351,6 +372,8 @@ struct Seq<'m> {
     draft: Option<DraftTree>,
     /// Most drafts its next tree may hold, adapted to how many were accepted (`step.rs`).
     draft_cap: usize,
+    /// How often its drafts were accepted lately, for the measured draft budget.
+    acceptance: Acceptance,
     /// Steps to decode without drafts after trees that were all rejected.
     draft_cooldown: usize,
     /// Tokens the policy's view holds before the sequence's own (`Checkout::lookup`): prompt
@@ -410,6 +433,7 @@ impl<'m> Seq<'m> {
             next: None,
             draft: None,
             draft_cap: 4,
+            acceptance: Acceptance::default(),
             draft_cooldown: 0,
             drafter: None,
             submitted,
@@ -446,6 +470,8 @@ struct Engine<'m> {
     next_id: u64,
     /// Id of the sequence that got the last prefill chunk (round-robin).
     last_prefill: u64,
+    /// Forward steps' seconds by row count, for the measured draft budget.
+    step_costs: StepCosts,
     /// Background jobs taken from the policy, not started yet (`background.rs`).
     background_queue: VecDeque<BackgroundJob>,
     /// Rows low-priority background work may still take while requests run.
@@ -481,6 +507,7 @@ impl<'m> Engine<'m> {
             active: Vec::new(),
             next_id: 0,
             last_prefill: 0,
+            step_costs: StepCosts::default(),
             background_queue: VecDeque::new(),
             background_credit: 0.0,
             background_chunk: None,

@@ -15,7 +15,7 @@ use std::time::Instant;
 use engram_kv::BLOCK_TOKENS;
 use engram_model::{KeyMask, Logits, SeqStep};
 
-use super::{owner_gone, Engine, Event, JobError, JobErrorKind, Seq};
+use super::{owner_gone, DraftBudget, Engine, Event, JobError, JobErrorKind, Seq};
 use crate::decoding::FinishReason;
 use crate::speculate::DraftTree;
 
@@ -28,12 +28,15 @@ impl Engine<'_> {
         // A checkout's reused KV repaired first (one sequence a step): its prefill follows.
         self.repair_next();
         // Decoders first: each needs room for one token, or for its tree of drafts.
+        let mut rows = 0;
         for s in self.active.iter_mut().filter(|s| s.next.is_some()) {
             s.draft_cooldown = s.draft_cooldown.saturating_sub(1);
+            rows += 1;
         }
         let mut i = 0;
         while i < self.active.len() {
-            if let Some(tree) = self.draft_for(i).filter(|t| self.reserve(i, t.len())) {
+            if let Some(tree) = self.draft_for(i, rows).filter(|t| self.reserve(i, t.len())) {
+                rows += tree.len() - 1;
                 self.active[i].draft = Some(tree);
                 i += 1;
                 continue;
@@ -169,19 +172,25 @@ impl Engine<'_> {
         // A panic in the forward pass (a kernel, a cache write) fails this step's sequences,
         // not the engine thread: every other request, queued or to come, goes on.
         // Span fields are evaluated only when the span is enabled: no cost on the hot path otherwise.
-        let forward =
-            tracing::debug_span!("forward", sequences = steps.len(), rows = steps.iter().map(|s| s.tokens.len()).sum::<usize>()).entered();
+        let rows = steps.iter().map(|s| s.tokens.len()).sum::<usize>();
+        let forward = tracing::debug_span!("forward", sequences = steps.len(), rows).entered();
         let model = self.model;
-        let result = std::thread::scope(|scope| {
+        let (result, secs) = std::thread::scope(|scope| {
             // A mask that panics here is computed again (and its panic contained) at the draw.
             let masks = (!ahead.is_empty()).then(|| scope.spawn(move || ahead.into_iter().for_each(|d| d.prepare_mask())));
+            let t0 = Instant::now();
             let result = catch_unwind(AssertUnwindSafe(|| model.forward(&mut steps)));
+            let secs = t0.elapsed().as_secs_f64();
             if let Some(m) = masks {
                 let _ = m.join();
             }
-            result
+            (result, secs)
         });
         drop(forward);
+        // Decode steps only: a prompt chunk's rows skip the output head that every tree row pays.
+        if matches!(result, Ok(Ok(_))) && chosen.is_empty() {
+            self.step_costs.observe(rows, secs);
+        }
         drop(steps);
         self.metrics.steps.fetch_add(1, Relaxed);
         let outs = match result {
@@ -329,9 +338,11 @@ impl Engine<'_> {
 
     /// This step's tree of drafts for sequence `at`, when it decodes, speculates (its request
     /// or the engine says so) and prompt lookup found any. The tree fits the context, the
-    /// tokens the request may still produce and, with a quantized format, the recent window's
-    /// block (so the kept path reads its f16 rows exactly as decoding one by one would).
-    fn draft_for(&mut self, at: usize) -> Option<DraftTree> {
+    /// tokens the request may still produce, with a quantized format the recent window's
+    /// block (so the kept path reads its f16 rows exactly as decoding one by one would), and
+    /// the draft budget for a step already holding `rows` rows (this sequence's next token
+    /// among them).
+    fn draft_for(&mut self, at: usize, rows: usize) -> Option<DraftTree> {
         let s = &self.active[at];
         let next = s.next?;
         if s.background.is_some() {
@@ -353,6 +364,12 @@ impl Engine<'_> {
         budget = budget.min(s.out.params().max_tokens.saturating_sub(s.out.generated().len()));
         if self.pool.has_window() {
             budget = budget.min((BLOCK_TOKENS - 2).saturating_sub(len % BLOCK_TOKENS));
+        }
+        if self.config.draft_budget == DraftBudget::Measured {
+            budget = self.step_costs.best_drafts(rows, s.acceptance.rate(), budget);
+        }
+        if budget == 0 {
+            return None;
         }
         let tree = match self.config.draft_model.clone() {
             Some(dm) => {
@@ -397,6 +414,8 @@ impl Engine<'_> {
         // rejected: grow the next one while drafts are accepted, shrink it while they are not,
         // and after a tree of one draft is rejected decode plainly for a while.
         let accepted = kept.len() - 1;
+        // Rejected: the walk stopped where the tree offered drafts (not at a leaf, not at the end).
+        s.acceptance.observe(accepted, outcome.is_none() && !tree.is_leaf(node));
         let max = match &self.config.draft_model {
             Some(dm) => dm.max_drafts,
             None => self.config.speculation.unwrap_or_default().max_drafts,

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use crate::common;
-use engram_engine::{DraftModel, PromptLookup, Sampler, SamplingParams, SchedulerConfig};
+use engram_engine::{DraftBudget, DraftModel, PromptLookup, Sampler, SamplingParams, SchedulerConfig};
 use engram_fixture::{GgufFormat, Shape};
 use engram_kv::KvFormat;
 use engram_model::Model;
@@ -30,8 +30,12 @@ fn pycode_7m() -> Arc<Model> {
 use common::Run;
 
 fn run(model: &Arc<Model>, draft: Option<Arc<DraftModel>>, jobs: &[(String, SamplingParams)]) -> Run {
-    let config =
-        SchedulerConfig { speculation: draft.is_some().then(PromptLookup::default), draft_model: draft, ..SchedulerConfig::default() };
+    let config = SchedulerConfig {
+        speculation: draft.is_some().then(PromptLookup::default),
+        draft_model: draft,
+        draft_budget: DraftBudget::Acceptance,
+        ..SchedulerConfig::default()
+    };
     common::run_jobs(model, KvFormat::F32, config, jobs)
 }
 

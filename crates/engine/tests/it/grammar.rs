@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::common;
-use engram_engine::{FinishReason, GrammarCompiler, LoneSequence, PromptLookup, SamplingParams, SchedulerConfig};
+use engram_engine::{DraftBudget, FinishReason, GrammarCompiler, LoneSequence, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use serde_json::{json, Value};
 
@@ -74,7 +74,11 @@ fn a_batch_under_grammars_with_prompt_lookup_drafts_and_decodes_the_same() {
     let repeat = SamplingParams { max_tokens: 300, grammar: Some(compiler.json_schema(list).unwrap()), ..Default::default() };
     let listed = serde_json::to_string(&vec!["red"; 24]).unwrap();
     jobs.push((format!("{listed}\n{listed}\n"), repeat));
-    let config = |lookup: bool| SchedulerConfig { speculation: lookup.then(PromptLookup::default), ..SchedulerConfig::default() };
+    let config = |lookup: bool| SchedulerConfig {
+        speculation: lookup.then(PromptLookup::default),
+        draft_budget: DraftBudget::Acceptance,
+        ..SchedulerConfig::default()
+    };
     let (plain, _) = common::run_jobs(&model, KvFormat::F32, config(false), &jobs);
     let (out, metrics) = common::run_jobs(&model, KvFormat::F32, config(true), &jobs);
     assert!(metrics.draft_tokens.load(Relaxed) > 0, "grammar-bound sequences draft");

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::common;
 use common::Collect;
-use engram_engine::{run_engine, Command, Event, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
+use engram_engine::{run_engine, Command, DraftBudget, Event, Metrics, PromptLookup, SamplingParams, SchedulerConfig};
 use engram_kv::{KvFormat, KvLayout, KvPool};
 use engram_model::Model;
 
@@ -26,7 +26,12 @@ use common::Run;
 
 /// Runs `jobs` (prompt, params) submitted together to one engine.
 fn run(model: &Arc<Model>, format: KvFormat, speculation: Option<PromptLookup>, jobs: &[(String, SamplingParams)]) -> Run {
-    common::run_jobs(model, format, SchedulerConfig { speculation, ..SchedulerConfig::default() }, jobs)
+    common::run_jobs(
+        model,
+        format,
+        SchedulerConfig { speculation, draft_budget: DraftBudget::Acceptance, ..SchedulerConfig::default() },
+        jobs,
+    )
 }
 
 fn jobs() -> Vec<(String, SamplingParams)> {
@@ -61,6 +66,26 @@ fn speculation_streams_exactly_what_decoding_one_by_one_does() {
     }
 }
 
+/// The default draft budget sizes trees by this machine's timed steps, so the trees differ
+/// from run to run and machine to machine; the streamed text never does.
+#[test]
+fn the_measured_draft_budget_streams_exactly_what_decoding_one_by_one_does() {
+    let model = Arc::new(pycode());
+    let jobs = jobs();
+    assert_eq!(SchedulerConfig::default().draft_budget, DraftBudget::Measured);
+    let (plain, _) = run(&model, KvFormat::F16, None, &jobs);
+    for round in 0..2 {
+        let config = SchedulerConfig { speculation: Some(PromptLookup::default()), ..SchedulerConfig::default() };
+        let (fast, metrics) = common::run_jobs(&model, KvFormat::F16, config, &jobs);
+        let (drafted, accepted) = (metrics.draft_tokens.load(Relaxed), metrics.draft_tokens_accepted.load(Relaxed));
+        eprintln!("round {round}: {accepted} of {drafted} drafts accepted");
+        assert!(accepted <= drafted);
+        for (i, (p, f)) in plain.iter().zip(&fast).enumerate() {
+            assert_eq!(p, f, "round {round}: job {i} differs with the measured draft budget");
+        }
+    }
+}
+
 #[test]
 fn a_request_can_turn_speculation_on_or_off() {
     let model = Arc::new(pycode());
@@ -85,7 +110,7 @@ fn logprobs_are_reported_per_token_with_or_without_speculation() {
     let mut runs = Vec::new();
     for speculation in [None, Some(PromptLookup::default())] {
         let (tx, rx) = mpsc::channel();
-        let config = SchedulerConfig { speculation, ..SchedulerConfig::default() };
+        let config = SchedulerConfig { speculation, draft_budget: DraftBudget::Acceptance, ..SchedulerConfig::default() };
         let (pending, metrics) = (Arc::new(AtomicUsize::new(1)), Arc::new(Metrics::default()));
         let sink = Collect::default();
         tx.send(Command::Submit(common::job("t", &ids, &params), Box::new(sink.clone()), Instant::now())).unwrap();

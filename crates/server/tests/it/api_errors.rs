@@ -168,7 +168,9 @@ fn logprobs_are_served_and_bad_values_are_400s() {
 /// never changes the answer, and a value the server does not know is a 400 naming it.
 #[test]
 fn the_draft_field_speeds_up_without_changing_the_answer() {
-    let addr = shared();
+    // Trees sized by acceptance alone, so drafts are offered whatever this machine's steps cost.
+    let scheduler = engram_engine::SchedulerConfig { draft_budget: engram_engine::DraftBudget::Acceptance, ..Default::default() };
+    let addr = start(256 << 20, engram_server::ServerConfig { scheduler, ..engram_server::ServerConfig::new("tiny") });
     // 64 greedy tokens of the random-weight fixture fall into a loop, which prompt lookup drafts.
     let user = json!([{"role": "user", "content": "a b c d a b c d a b c d a b c d a b"}]);
     let extra = |draft: &str| json!({"max_tokens": 64, "temperature": 0, "ignore_eos": true, "draft": draft});
