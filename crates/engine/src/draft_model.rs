@@ -33,6 +33,8 @@ pub struct DraftModel {
     pool: KvPool,
     /// Most tokens drafted per step.
     pub max_drafts: usize,
+    /// The draft model's weight bytes read per token over the target's.
+    cost_ratio: f64,
 }
 
 impl std::fmt::Debug for DraftModel {
@@ -41,10 +43,29 @@ impl std::fmt::Debug for DraftModel {
     }
 }
 
+/// Weight bytes one token reads: every layer's matrices (a mixture's `top_k` experts' worth) and
+/// the output matrix.
+fn bytes_per_token(m: &Model) -> usize {
+    let experts = m.config.moe.map_or(0, |e| e.top_k);
+    m.weights.layers.iter().map(|l| l.bytes_read_per_token(experts)).sum::<usize>() + m.weights.output.num_bytes()
+}
+
 /// What a sequence's draft model has computed: its KV and the tokens it holds.
 pub struct DraftState {
     kv: SeqKv,
     tokens: Vec<u32>,
+    /// Mean seconds of the last draft's forward calls of at most two tokens (the chain's
+    /// steps; a long catch-up, such as the prompt's, is not counted), if it made any.
+    step_secs: Option<f64>,
+}
+
+impl DraftState {
+    /// Mean seconds of one draft step in the last [`DraftModel::draft`] (its forward calls of
+    /// one or two tokens), `None` if it made none: what a draft costs besides its row in the
+    /// target's step.
+    pub fn step_secs(&self) -> Option<f64> {
+        self.step_secs
+    }
 }
 
 impl DraftModel {
@@ -72,7 +93,14 @@ impl DraftModel {
             ));
         }
         let pool = KvPool::new(KvLayout::of(&draft.config), KvFormat::F32, budget_bytes);
-        Ok(DraftModel { model: draft, pool, max_drafts })
+        let cost_ratio = bytes_per_token(&draft) as f64 / bytes_per_token(target).max(1) as f64;
+        Ok(DraftModel { model: draft, pool, max_drafts, cost_ratio })
+    }
+
+    /// The draft model's weight bytes read per token over the target's: what a draft step is
+    /// expected to cost, in target steps, before one is timed (the scheduler's draft budget).
+    pub fn cost_ratio(&self) -> f64 {
+        self.cost_ratio
     }
 
     /// The draft model.
@@ -90,7 +118,7 @@ impl DraftModel {
         if k == 0 || context.len() + 1 + k > self.model.config.max_positions {
             return tree;
         }
-        let s = state.get_or_insert_with(|| DraftState { kv: SeqKv::new(&self.pool), tokens: Vec::new() });
+        let s = state.get_or_insert_with(|| DraftState { kv: SeqKv::new(&self.pool), tokens: Vec::new(), step_secs: None });
         let wanted_len = context.len() + 1;
         let at = |i: usize| if i < context.len() { context[i] } else { next };
         // Keep what agrees, but recompute at least the last token: its logits start the chain.
@@ -100,8 +128,14 @@ impl DraftModel {
         let feed: Vec<u32> = (common..wanted_len).map(at).collect();
         let mut chain = Vec::with_capacity(k);
         let mut input = feed;
+        let (mut timed, mut secs) = (0, 0.0);
         for i in 0..k {
-            let logits = match self.step(s, &input) {
+            let t0 = std::time::Instant::now();
+            let step = self.step(s, &input);
+            if input.len() <= 2 {
+                (timed, secs) = (timed + 1, secs + t0.elapsed().as_secs_f64());
+            }
+            let logits = match step {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::debug!("the draft model stops drafting: {e}");
@@ -114,6 +148,7 @@ impl DraftModel {
                 input = vec![d];
             }
         }
+        s.step_secs = (timed > 0).then(|| secs / timed as f64);
         tree.insert(&chain, k);
         tree
     }

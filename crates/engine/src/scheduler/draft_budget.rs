@@ -29,6 +29,8 @@ pub(super) const STALE_STEPS: u64 = 256;
 pub(super) struct StepCosts {
     secs: Vec<Option<(f64, u64)>>,
     steps: u64,
+    /// A draft model's seconds per drafted token (its one-token steps), and when last timed.
+    drafting: Option<(f64, u64)>,
 }
 
 impl StepCosts {
@@ -47,6 +49,27 @@ impl StepCosts {
             _ => secs,
         };
         self.secs[rows] = Some((mean, self.steps));
+    }
+
+    /// Records a draft model's mean seconds per drafted token in one draft.
+    pub(super) fn observe_drafting(&mut self, secs: f64) {
+        if !secs.is_finite() || secs < 0.0 {
+            return;
+        }
+        let mean = match self.drafting {
+            Some((m, at)) if self.steps - at < STALE_STEPS => m + ALPHA * (secs - m),
+            _ => secs,
+        };
+        self.drafting = Some((mean, self.steps));
+    }
+
+    /// Seconds a draft model takes per drafted token, if timed within the last [`STALE_STEPS`]
+    /// steps; `prior` otherwise.
+    fn draft_secs(&self, prior: f64) -> f64 {
+        match self.drafting {
+            Some((m, at)) if self.steps - at < STALE_STEPS => m,
+            _ => prior,
+        }
     }
 
     /// The running mean for `rows`, if it was timed within the last [`STALE_STEPS`] steps.
@@ -77,18 +100,22 @@ impl StepCosts {
 
     /// The number of drafts, at most `cap`, that yields the most tokens per second for a
     /// sequence whose step already holds `rows` rows, its own next token among them, each
-    /// row counted as one token, when each draft is accepted with probability `p`. Zero when
+    /// row counted as one token, when each draft is accepted with probability `p`. Each draft
+    /// also costs a draft model's step: as timed, or before that `draft_ratio` of a row of
+    /// this step (the draft model's weight bytes over the target's; 0 for prompt lookup, which
+    /// runs no model). Zero when
     /// a step of `rows` rows has no fresh timing (that step times it) or is above
     /// [`MAX_ROWS`].
-    pub(super) fn best_drafts(&self, rows: usize, p: f64, cap: usize) -> usize {
+    pub(super) fn best_drafts(&self, rows: usize, p: f64, cap: usize, draft_ratio: f64) -> usize {
         let Some(base) = self.estimate(rows).filter(|_| rows <= MAX_ROWS) else { return 0 };
+        let per_draft = self.draft_secs(draft_ratio * base / rows as f64);
         let (mut best, mut best_rate) = (0, rows as f64 / base);
         let (mut tokens, mut term) = (rows as f64, 1.0);
         for k in 1..=cap.min(MAX_ROWS.saturating_sub(rows)) {
             term *= p;
             tokens += term;
             let Some(secs) = self.estimate(rows + k) else { break };
-            let rate = tokens / secs;
+            let rate = tokens / (secs + k as f64 * per_draft);
             if rate > best_rate {
                 (best, best_rate) = (k, rate);
             }
@@ -151,21 +178,21 @@ mod tests {
         // A 9-row step at 2.3 one-row steps (Zen 4's Q4_0): eight drafts pay at p = 0.95, four
         // at p = 0.8 (the fifth draft's expected 0.33 tokens cost more than the rate so far).
         let c = costs(1.0, 1.3 / 8.0, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
-        assert_eq!(c.best_drafts(1, 0.95, 8), 8);
-        assert_eq!(c.best_drafts(1, 0.8, 8), 4);
+        assert_eq!(c.best_drafts(1, 0.95, 8, 0.0), 8);
+        assert_eq!(c.best_drafts(1, 0.8, 8, 0.0), 4);
         // With no draft ever accepted none is worth a row.
-        assert_eq!(c.best_drafts(1, 0.0, 8), 0);
+        assert_eq!(c.best_drafts(1, 0.0, 8, 0.0), 0);
     }
 
     #[test]
     fn dear_extra_rows_take_few_drafts_or_none() {
         // Every extra row at 0.6 of the first (Zen 1): one draft pays at p = 0.8, not eight.
         let c = costs(1.0, 0.6, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
-        assert_eq!(c.best_drafts(1, 0.8, 8), 1);
-        assert_eq!(c.best_drafts(1, 0.5, 8), 0);
+        assert_eq!(c.best_drafts(1, 0.8, 8, 0.0), 1);
+        assert_eq!(c.best_drafts(1, 0.5, 8, 0.0), 0);
         // Rows that cost what the first does never pay: a draft yields less than a token.
         let linear = costs(1.0, 1.0, &[1, 2, 3, 4, 5]);
-        assert_eq!(linear.best_drafts(1, 0.95, 4), 0);
+        assert_eq!(linear.best_drafts(1, 0.95, 4, 0.0), 0);
     }
 
     #[test]
@@ -173,21 +200,21 @@ mod tests {
         // Four decoders already in the step, rows cost 0.6 each from there: drafts do not pay
         // even at p = 0.8, though alone one would.
         let c = costs(1.0, 0.6, &(1..=12).collect::<Vec<_>>());
-        assert_eq!(c.best_drafts(4, 0.8, 8), 0);
-        assert_eq!(c.best_drafts(1, 0.8, 8), 1);
+        assert_eq!(c.best_drafts(4, 0.8, 8, 0.0), 0);
+        assert_eq!(c.best_drafts(1, 0.8, 8, 0.0), 1);
     }
 
     #[test]
     fn an_untimed_base_step_is_timed_first_and_larger_sizes_are_tried() {
         let mut c = StepCosts::default();
-        assert_eq!(c.best_drafts(1, 0.9, 8), 0, "no timing at all: decode plainly, which times it");
+        assert_eq!(c.best_drafts(1, 0.9, 8, 0.0), 0, "no timing at all: decode plainly, which times it");
         c.observe(1, 1.0);
         // Nothing above one row timed: larger trees are assumed as cheap, so the cap is tried.
-        assert_eq!(c.best_drafts(1, 0.9, 8), 8);
+        assert_eq!(c.best_drafts(1, 0.9, 8, 0.0), 8);
         c.observe(9, 9.0);
         // Timed at last: linear between 1 and 9 rows, no draft pays.
         assert_eq!(c.estimate(5), Some(5.0));
-        assert_eq!(c.best_drafts(1, 0.9, 8), 0);
+        assert_eq!(c.best_drafts(1, 0.9, 8, 0.0), 0);
     }
 
     #[test]
@@ -200,11 +227,38 @@ mod tests {
         }
         // The 9-row timing is older than STALE_STEPS steps: that size is tried again.
         assert_eq!(c.estimate(9), Some(1.0));
-        assert_eq!(c.best_drafts(1, 0.9, 8), 8);
+        assert_eq!(c.best_drafts(1, 0.9, 8, 0.0), 8);
         // A step above MAX_ROWS counts as a step; its time is not kept.
         c.observe(MAX_ROWS + 1, 1.0);
         assert_eq!(c.estimate(MAX_ROWS + 1), Some(1.0), "estimated from the largest fresh size");
-        assert_eq!(c.best_drafts(MAX_ROWS + 1, 0.9, 8), 0);
+        assert_eq!(c.best_drafts(MAX_ROWS + 1, 0.9, 8, 0.0), 0);
+    }
+
+    #[test]
+    fn a_draft_model_as_dear_as_the_target_does_not_pay() {
+        // Rows nearly free (a small model's step is mostly overhead): prompt lookup takes all
+        // eight drafts at p = 0.9.
+        let mut c = costs(1.0, 0.02, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(c.best_drafts(1, 0.9, 8, 0.0), 8);
+        // Before a draft model is timed its weight bytes stand for its cost: a draft model
+        // of the target's size is not tried, one a twentieth of it is.
+        assert_eq!(c.best_drafts(1, 0.9, 8, 1.0), 0);
+        assert_eq!(c.best_drafts(1, 0.9, 8, 0.05), 8);
+        // Timed at what the target's step costs: each draft costs a step and yields less
+        // than a token.
+        c.observe_drafting(1.0);
+        assert_eq!(c.best_drafts(1, 0.9, 8, 0.05), 0);
+        // Ten times cheaper pays, and deep.
+        for _ in 0..40 {
+            c.observe_drafting(0.1);
+        }
+        assert!(c.best_drafts(1, 0.9, 8, 0.05) >= 4);
+        // Untimed for STALE_STEPS steps: the prior again.
+        c.observe_drafting(1.0);
+        for _ in 0..STALE_STEPS {
+            c.observe(1, 1.0);
+        }
+        assert_eq!(c.draft_secs(0.05), 0.05);
     }
 
     #[test]

@@ -366,7 +366,8 @@ impl Engine<'_> {
             budget = budget.min((BLOCK_TOKENS - 2).saturating_sub(len % BLOCK_TOKENS));
         }
         if self.config.draft_budget == DraftBudget::Measured {
-            budget = self.step_costs.best_drafts(rows, s.acceptance.rate(), budget);
+            let draft_ratio = self.config.draft_model.as_ref().map_or(0.0, |d| d.cost_ratio());
+            budget = self.step_costs.best_drafts(rows, s.acceptance.rate(), budget, draft_ratio);
         }
         if budget == 0 {
             return None;
@@ -374,7 +375,11 @@ impl Engine<'_> {
         let tree = match self.config.draft_model.clone() {
             Some(dm) => {
                 let s = &mut self.active[at];
-                dm.draft(&mut s.drafter, &s.tokens, next, budget)
+                let tree = dm.draft(&mut s.drafter, &s.tokens, next, budget);
+                if let Some(secs) = s.drafter.as_ref().and_then(|d| d.step_secs()) {
+                    self.step_costs.observe_drafting(secs);
+                }
+                tree
             }
             // The view's tokens before the sequence's own (a dual-stream thread's earlier
             // turns), searched as one context with them.
