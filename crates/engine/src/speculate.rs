@@ -195,6 +195,8 @@ mod tests {
         let tree = lookup.draft(&context, 8, 16);
         assert_eq!(tree.tokens(), [8, 1, 5, 6, 2, 3]);
         assert_eq!(tree.child(1, 2), Some(4), "the older branch shares the node of its first token");
+        // Nodes 3 (6) and 5 (3) end their branches; the root and the shared node 1 do not.
+        assert_eq!((0..6).filter(|&n| tree.is_leaf(n)).collect::<Vec<_>>(), [3, 5]);
         assert_eq!(lookup.draft(&context, 8, 2).tokens(), [8, 1, 5]);
         assert!(lookup.draft(&context, 8, 0).is_empty());
     }
