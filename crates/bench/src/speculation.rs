@@ -115,7 +115,7 @@ struct Outcome {
 enum Mode {
     Plain,
     Lookup(PromptLookup, DraftBudget),
-    Draft(Arc<DraftModel>),
+    Draft(Arc<DraftModel>, DraftBudget),
 }
 
 fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, mode: &Mode) -> Result<Outcome> {
@@ -123,15 +123,12 @@ fn run_one(model: &Arc<Model>, args: &Args, prompt: &str, max_tokens: usize, mod
     let config = match mode {
         Mode::Plain => SchedulerConfig::default(),
         Mode::Lookup(l, b) => SchedulerConfig { speculation: Some(*l), draft_budget: *b, ..SchedulerConfig::default() },
-        Mode::Draft(d) => {
-            let draft_budget = if args.draft_budget == "acceptance" { DraftBudget::Acceptance } else { DraftBudget::Measured };
-            SchedulerConfig {
-                speculation: Some(PromptLookup::default()),
-                draft_model: Some(d.clone()),
-                draft_budget,
-                ..SchedulerConfig::default()
-            }
-        }
+        Mode::Draft(d, b) => SchedulerConfig {
+            speculation: Some(PromptLookup::default()),
+            draft_model: Some(d.clone()),
+            draft_budget: *b,
+            ..SchedulerConfig::default()
+        },
     };
     let metrics = Arc::new(Metrics::default());
     let stack_model = model.clone();
@@ -205,9 +202,10 @@ pub fn run(args: Args) -> Result<()> {
     if draft.is_some() && args.draft_budget == "both" {
         bail!("--draft-budget both and --draft each add the third mode: pass one of them");
     }
-    let budget = if args.draft_budget == "acceptance" { DraftBudget::Acceptance } else { DraftBudget::Measured };
+    // `both`: the measured budget, the acceptance-only one added below.
+    let budget = if args.draft_budget == "both" { DraftBudget::Measured } else { args.draft_budget.parse().map_err(anyhow::Error::msg)? };
     let mut modes = vec![Mode::Plain, Mode::Lookup(lookup, budget)];
-    modes.extend(draft.clone().map(Mode::Draft));
+    modes.extend(draft.clone().map(|d| Mode::Draft(d, budget)));
     let third = if draft.is_some() { "draft-model" } else { "acceptance-budget" };
     if args.draft_budget == "both" {
         modes.push(Mode::Lookup(lookup, DraftBudget::Acceptance));

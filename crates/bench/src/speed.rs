@@ -129,10 +129,7 @@ struct DecodeLimit {
 
 impl DecodeLimit {
     fn new(model: &Model, pool: &KvPool, decode_tokens: usize, bw_gb_s: f64) -> DecodeLimit {
-        let w = &model.weights;
-        let experts_per_token = model.config.moe.map_or(0, |m| m.top_k);
-        let layers: usize = w.layers.iter().map(|l| l.bytes_read_per_token(experts_per_token)).sum();
-        let weight_bytes = layers + w.output.num_bytes();
+        let weight_bytes = model.weights.bytes_read_per_token(model.config.moe.map_or(0, |m| m.top_k));
         // Decode runs from context 1 to 1 + decode_tokens; the mean context is about half.
         let kv_bytes = pool.bytes_per_token() * (1 + decode_tokens / 2);
         let tok_s = bw_gb_s * 1e9 / (weight_bytes + kv_bytes).max(1) as f64;

@@ -288,11 +288,7 @@ pub fn run(mut a: Args) -> Result<()> {
             pack_prompts: !a.one_prompt_per_step,
             speculation: (a.draft != "none").then(engram_engine::PromptLookup::default),
             draft_model: draft_model(&a, &model)?,
-            draft_budget: if a.draft_budget == "acceptance" {
-                engram_engine::DraftBudget::Acceptance
-            } else {
-                engram_engine::DraftBudget::Measured
-            },
+            draft_budget: a.draft_budget.parse().map_err(|e: String| anyhow::anyhow!("--draft-budget: {e}"))?,
             admission_wait: std::time::Duration::from_secs(a.admission_wait_secs),
             // With at most one tenant there is nobody to keep slots for: the whole batch is its.
             max_active_per_tenant: a.max_batch_per_tenant.or(one_tenant.then_some(a.max_batch.max(1))),

@@ -43,13 +43,6 @@ impl std::fmt::Debug for DraftModel {
     }
 }
 
-/// Weight bytes one token reads: every layer's matrices (a mixture's `top_k` experts' worth) and
-/// the output matrix.
-fn bytes_per_token(m: &Model) -> usize {
-    let experts = m.config.moe.map_or(0, |e| e.top_k);
-    m.weights.layers.iter().map(|l| l.bytes_read_per_token(experts)).sum::<usize>() + m.weights.output.num_bytes()
-}
-
 /// What a sequence's draft model has computed: its KV and the tokens it holds.
 pub struct DraftState {
     kv: SeqKv,
@@ -93,6 +86,7 @@ impl DraftModel {
             ));
         }
         let pool = KvPool::new(KvLayout::of(&draft.config), KvFormat::F32, budget_bytes);
+        let bytes_per_token = |m: &Model| m.weights.bytes_read_per_token(m.config.moe.map_or(0, |e| e.top_k));
         let cost_ratio = bytes_per_token(&draft) as f64 / bytes_per_token(target).max(1) as f64;
         Ok(DraftModel { model: draft, pool, max_drafts, cost_ratio })
     }

@@ -304,6 +304,13 @@ impl ModelWeights {
         f(&self.embed) + layers + if tied { 0 } else { f(&self.output) }
     }
 
+    /// Weight bytes one token reads: every layer's matrices (in a mixture, the router and
+    /// `experts_per_token` experts' worth) and the output matrix; the embedding contributes
+    /// one row, neglected, and norms are tiny.
+    pub fn bytes_read_per_token(&self, experts_per_token: usize) -> usize {
+        self.layers.iter().map(|l| l.bytes_read_per_token(experts_per_token)).sum::<usize>() + self.output.num_bytes()
+    }
+
     /// The dominant weight format (that of the first layer's q projection), for display.
     pub fn main_dtype(&self) -> DType {
         self.layers.first().map(|l| l.q.dtype).unwrap_or(self.embed.dtype)

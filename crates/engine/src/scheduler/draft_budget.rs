@@ -21,16 +21,39 @@
 const MAX_ROWS: usize = 64;
 /// Weight of a new timing in a row count's running mean.
 const ALPHA: f64 = 0.25;
-/// Steps after which a row count's timing is forgotten (and that size is timed again).
-pub(super) const STALE_STEPS: u64 = 256;
+/// Steps after which a timing is forgotten (and what it timed is timed again).
+const STALE_STEPS: u64 = 256;
 
-/// Each row count's running mean of step seconds, and the step it was last timed at.
+/// A running mean of seconds and the step it was last updated at.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    mean: f64,
+    at: u64,
+}
+
+impl Timing {
+    /// `prev` with `secs` folded in at step `now`; a new mean if `prev` is absent or stale.
+    fn update(prev: Option<Timing>, secs: f64, now: u64) -> Timing {
+        let mean = match Timing::fresh(prev, now) {
+            Some(m) => m + ALPHA * (secs - m),
+            None => secs,
+        };
+        Timing { mean, at: now }
+    }
+
+    /// `t`'s mean if it was updated within the last [`STALE_STEPS`] steps before `now`.
+    fn fresh(t: Option<Timing>, now: u64) -> Option<f64> {
+        t.filter(|t| now - t.at < STALE_STEPS).map(|t| t.mean)
+    }
+}
+
+/// Each row count's running mean of step seconds, and a draft model's per drafted token.
 #[derive(Debug, Default)]
 pub(super) struct StepCosts {
-    secs: Vec<Option<(f64, u64)>>,
+    secs: Vec<Option<Timing>>,
     steps: u64,
-    /// A draft model's seconds per drafted token (its one-token steps), and when last timed.
-    drafting: Option<(f64, u64)>,
+    /// A draft model's seconds per drafted token (its one-token steps).
+    drafting: Option<Timing>,
 }
 
 impl StepCosts {
@@ -44,40 +67,25 @@ impl StepCosts {
         if self.secs.len() <= rows {
             self.secs.resize(rows + 1, None);
         }
-        let mean = match self.secs[rows] {
-            Some((m, at)) if self.steps - at < STALE_STEPS => m + ALPHA * (secs - m),
-            _ => secs,
-        };
-        self.secs[rows] = Some((mean, self.steps));
+        self.secs[rows] = Some(Timing::update(self.secs[rows], secs, self.steps));
     }
 
     /// Records a draft model's mean seconds per drafted token in one draft.
     pub(super) fn observe_drafting(&mut self, secs: f64) {
-        if !secs.is_finite() || secs < 0.0 {
-            return;
+        if secs.is_finite() && secs >= 0.0 {
+            self.drafting = Some(Timing::update(self.drafting, secs, self.steps));
         }
-        let mean = match self.drafting {
-            Some((m, at)) if self.steps - at < STALE_STEPS => m + ALPHA * (secs - m),
-            _ => secs,
-        };
-        self.drafting = Some((mean, self.steps));
     }
 
     /// Seconds a draft model takes per drafted token, if timed within the last [`STALE_STEPS`]
     /// steps; `prior` otherwise.
     fn draft_secs(&self, prior: f64) -> f64 {
-        match self.drafting {
-            Some((m, at)) if self.steps - at < STALE_STEPS => m,
-            _ => prior,
-        }
+        Timing::fresh(self.drafting, self.steps).unwrap_or(prior)
     }
 
     /// The running mean for `rows`, if it was timed within the last [`STALE_STEPS`] steps.
     fn fresh(&self, rows: usize) -> Option<f64> {
-        match self.secs.get(rows).copied().flatten() {
-            Some((m, at)) if self.steps - at < STALE_STEPS => Some(m),
-            _ => None,
-        }
+        Timing::fresh(self.secs.get(rows).copied().flatten(), self.steps)
     }
 
     /// Estimated seconds of a step of `rows` rows: its fresh mean; between two fresh row
@@ -103,9 +111,8 @@ impl StepCosts {
     /// row counted as one token, when each draft is accepted with probability `p`. Each draft
     /// also costs a draft model's step: as timed, or before that `draft_ratio` of a row of
     /// this step (the draft model's weight bytes over the target's; 0 for prompt lookup, which
-    /// runs no model). Zero when
-    /// a step of `rows` rows has no fresh timing (that step times it) or is above
-    /// [`MAX_ROWS`].
+    /// runs no model). Zero when a step of `rows` rows has no fresh timing (that step times
+    /// it) or is above [`MAX_ROWS`].
     pub(super) fn best_drafts(&self, rows: usize, p: f64, cap: usize, draft_ratio: f64) -> usize {
         let Some(base) = self.estimate(rows).filter(|_| rows <= MAX_ROWS) else { return 0 };
         let per_draft = self.draft_secs(draft_ratio * base / rows as f64);

@@ -176,6 +176,19 @@ pub enum DraftBudget {
     Acceptance,
 }
 
+impl std::str::FromStr for DraftBudget {
+    type Err = String;
+
+    /// `measured` or `acceptance`, as `serve --draft-budget` names them.
+    fn from_str(s: &str) -> Result<DraftBudget, String> {
+        match s {
+            "measured" => Ok(DraftBudget::Measured),
+            "acceptance" => Ok(DraftBudget::Acceptance),
+            _ => Err(format!("a draft budget is `measured` or `acceptance`, not {s:?}")),
+        }
+    }
+}
+
 /// One generation request.
 #[derive(Clone)]
 pub struct Job {

@@ -28,15 +28,16 @@ impl Engine<'_> {
         // A checkout's reused KV repaired first (one sequence a step): its prefill follows.
         self.repair_next();
         // Decoders first: each needs room for one token, or for its tree of drafts.
-        let mut rows = 0;
+        // Rows planned so far: one per decoder, then each tree's drafts as they are chosen.
+        let mut planned = 0;
         for s in self.active.iter_mut().filter(|s| s.next.is_some()) {
             s.draft_cooldown = s.draft_cooldown.saturating_sub(1);
-            rows += 1;
+            planned += 1;
         }
         let mut i = 0;
         while i < self.active.len() {
-            if let Some(tree) = self.draft_for(i, rows).filter(|t| self.reserve(i, t.len())) {
-                rows += tree.len() - 1;
+            if let Some(tree) = self.draft_for(i, planned).filter(|t| self.reserve(i, t.len())) {
+                planned += tree.len() - 1;
                 self.active[i].draft = Some(tree);
                 i += 1;
                 continue;
