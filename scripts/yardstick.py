@@ -3,8 +3,9 @@
 
 Files (from --fixture-dir, or each --file LABEL=PATH given, e.g. a mixture-of-experts GGUF): the llama-1b fixture as Engram writes it
 (llama-1b-{q4_0,q8_0,q4_k_m,f16}.gguf) and as llama.cpp's own quantizer writes it from
-the F16 file (llama-1b-{q4_0,q8_0,q4_k_m,q4_1,q5_k_m,q6_k,q3_k_m,iq4_xs}-lcpp.gguf; `scripts/yardstick.sh run`
-makes them; the last five are files Engram's fixture writer does not write).
+the F16 file (llama-1b-{q4_0,q8_0,q4_k_m,q4_1,q5_k_m,q6_k,q3_k_m,iq4_xs,q5_0,q5_1,q2_k,iq4_nl,bf16}-lcpp.gguf;
+`scripts/yardstick.sh run` makes them; all but the first three are formats Engram's fixture writer does not write;
+MXFP4 is left out: llama.cpp's quantizer writes it only for mixture-of-experts tensors, so a dense file would be Q8_0).
 For each file and round: `engram bench speed --json --reps 1` (prefill, decode and the
 memory-bandwidth limit it measures: bandwidth / bytes one decode token reads), then
 llama.cpp through llama-cpp-python in a child process (same prompt length, same token
@@ -39,6 +40,11 @@ FILES = [
     ("Q6_K", "llama-1b-q6_k-lcpp.gguf", "llama.cpp"),
     ("Q3_K_M", "llama-1b-q3_k_m-lcpp.gguf", "llama.cpp"),
     ("IQ4_XS", "llama-1b-iq4_xs-lcpp.gguf", "llama.cpp"),
+    ("Q5_0", "llama-1b-q5_0-lcpp.gguf", "llama.cpp"),
+    ("Q5_1", "llama-1b-q5_1-lcpp.gguf", "llama.cpp"),
+    ("Q2_K", "llama-1b-q2_k-lcpp.gguf", "llama.cpp"),
+    ("IQ4_NL", "llama-1b-iq4_nl-lcpp.gguf", "llama.cpp"),
+    ("BF16", "llama-1b-bf16-lcpp.gguf", "llama.cpp"),
 ]
 
 

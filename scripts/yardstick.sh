@@ -51,7 +51,7 @@ case $cmd in
       prev=$a
     done
     only=",$(echo "$only" | tr 'A-Z' 'a-z' | tr -d ' '),"
-    for fmt in q4_0 q8_0 q4_k_m q4_1 q5_k_m q6_k q3_k_m iq4_xs; do
+    for fmt in q4_0 q8_0 q4_k_m q4_1 q5_k_m q6_k q3_k_m iq4_xs q5_0 q5_1 q2_k iq4_nl bf16; do
       out="$fixdir/llama-1b-$fmt-lcpp.gguf"
       [ -f "$out" ] && continue
       [ "$only" != ",," ] && [[ $only != *",$fmt,"* ]] && continue
@@ -61,7 +61,10 @@ import ctypes, sys, llama_cpp
 ft = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
       "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1,
       "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M, "q6_k": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K,
-      "q3_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M, "iq4_xs": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS}[sys.argv[3]]
+      "q3_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M, "iq4_xs": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS,
+      "q5_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0, "q5_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_1,
+      "q2_k": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K, "iq4_nl": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_NL,
+      "bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16}[sys.argv[3]]
 p = llama_cpp.llama_model_quantize_default_params(); p.ftype = ft; p.nthread = 2
 sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))
 PY

@@ -19,9 +19,10 @@
 //!   sweeps 16-token groups over it (or, for ≤ 3 tokens, runs a VNNI kernel on the weights in
 //!   place).
 //! * Exception, `Isa::Avx2` or `Isa::Avx512` ([`Isa::runs_packed`]) with a [`crate::Packed`]
-//!   matrix (Q4_0/Q8_0/Q4_1/Q4_K/Q6_K repacked at load): chunks are multiples of 8 rows and go
-//!   whole to `simd::avx2_packed::run_rows` (8 rows × ≤ 4 tokens per call) or, on `Isa::Avx512`
-//!   with 2 or more tokens, to `simd::avx512_packed::run_rows` (VNNI, 8 rows × ≤ 8 tokens per
+//!   matrix (Q4_0/Q8_0/Q4_1/Q4_K/Q6_K repacked at load; Q5_0/Q5_1/IQ4_NL on AVX2 only): chunks
+//!   are multiples of 8 rows and go whole to `simd::avx2_packed::run_rows` (8 rows × ≤ 4 tokens
+//!   per call) or, on `Isa::Avx512` with 2 or more tokens of a format `simd::avx512_packed::takes`,
+//!   to `simd::avx512_packed::run_rows` (VNNI, 8 rows × ≤ 8 tokens per
 //!   call, the weights unpacked once per call for all of them; one-token calls stay on the AVX2
 //!   kernels, which stream from DRAM faster); both bitwise the scalar reference's result.
 //!
@@ -340,7 +341,7 @@ impl<'a> Job<'a> {
             // 512-bit kernels' one-token calls were 1.3-6x slower (`bench kernels --rows 32000
             // --cols 2048 --tokens 1`, Zen 4; docs/cpu-kernels.md).
             unsafe {
-                if self.isa == Isa::Avx512 && self.n_tokens > 1 {
+                if self.isa == Isa::Avx512 && self.n_tokens > 1 && crate::simd::avx512_packed::takes(p.dtype()) {
                     crate::simd::avx512_packed::run_rows(&self.ctx, p, r0, r1, self.n_tokens)
                 } else {
                     crate::simd::avx2_packed::run_rows(&self.ctx, p, r0, r1, self.n_tokens)

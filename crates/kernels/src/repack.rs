@@ -1,18 +1,22 @@
-//! [`Packed`]: Q4_0 / Q8_0 / Q4_1 / Q4_K / Q6_K weights repacked at load into 8-row interleaved
-//! groups, the layout the AVX2 GEMV streams (`simd/avx2_packed.rs`, `simd/avx2_packed_k.rs`).
-//! The K-quant layouts are documented in `repack_k.rs`.
+//! [`Packed`]: Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q6_K weights repacked at load
+//! into 8-row interleaved groups, the layout the AVX2 GEMV streams (`simd/avx2_packed.rs`,
+//! `simd/avx2_packed_k.rs`). The K-quant layouts are documented in `repack_k.rs`.
 //!
-//! Layout, per group of 8 consecutive rows `8g..8g+8`, then per block `i` of the row
-//! (groups are stored one after another, a group's blocks in column order):
-//! * the 8 rows' f16 scales `d` (16 bytes), row order (Q4_1: then their mins `m`, 16 bytes);
+//! Layout of the 32-element formats, per group of 8 consecutive rows `8g..8g+8`, then per block
+//! `i` of the row (groups are stored one after another, a group's blocks in column order):
+//! * the 8 rows' f16 scales `d` (16 bytes), row order (Q4_1 / Q5_1: then their mins `m`, 16 bytes);
+//! * Q5_0 / Q5_1: then the rows' fifth bits (32 bytes, row `r` at `4r`), rearranged so that one
+//!   shift per quant register brings each element's bit to bit 4 of its byte ([`spread_qh`]):
+//!   bit `2j` of byte `k` is element `4j+k`'s, bit `2j+1` element `16+4j+k`'s;
 //! * then the rows' quant bytes in 32-byte registers of 4 bytes × 8 rows: byte `b` of row `r`
-//!   at `16 + 32·(b / 4) + 4·r + b % 4` (Q4_0: 4 registers, 144 bytes per group-block, the same
-//!   18 bytes per row-block as the file; Q8_0: 8 registers, 272 bytes, 34 per row-block).
+//!   at `head + 32·(b / 4) + 4·r + b % 4` (Q4_0 / IQ4_NL: 4 registers, 144 bytes per
+//!   group-block, the same 18 bytes per row-block as the file; Q8_0: 8 registers, 272 bytes,
+//!   34 per row-block; every format the file's bytes per row-block).
 //!
 //! One pass over a group-block dots one activation block against 8 rows with no horizontal
 //! sum: 32-bit lane `r` of every register belongs to row `r`, the activation's matching 4
 //! bytes are broadcast to all lanes, and vertical adds leave the 8 rows' exact integer sums
-//! in lane order (Q4_0 register `j` holds elements `4j..4j+4` in its low nibbles and
+//! in lane order (a nibble register `j` holds elements `4j..4j+4` in its low nibbles and
 //! `16+4j..16+4j+4` in its high nibbles).
 //!
 //! Invariant: a packed matrix holds exactly the bytes of its source (`Packed::unpack_row`
@@ -32,7 +36,7 @@ use rayon::prelude::*;
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
 
-/// A Q4_0 / Q8_0 / Q4_1 / Q4_K / Q6_K matrix repacked into 8-row groups (see the module
+/// A matrix of a [`Packed::supports`] format repacked into 8-row groups (see the module
 /// documentation). Invariant: `bytes.len() == rows / 8 * blocks_per_row * group_block_bytes()`.
 pub struct Packed {
     dtype: DType,
@@ -49,10 +53,12 @@ impl std::fmt::Debug for Packed {
 }
 
 impl Packed {
-    /// Whether a matrix of this format and row count can be packed (Q4_0 / Q8_0 / Q4_1 / Q4_K / Q6_K
-    /// with a whole number of 8-row groups).
+    /// Whether a matrix of this format and row count can be packed (Q4_0 / Q8_0 / Q4_1 / Q5_0 /
+    /// Q5_1 / IQ4_NL / Q4_K / Q6_K with a whole number of 8-row groups).
     pub fn supports(dtype: DType, rows: usize) -> bool {
-        matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::Q4K | DType::Q6K) && rows % GROUP_ROWS == 0 && rows > 0
+        matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::Q4K | DType::Q6K)
+            && rows % GROUP_ROWS == 0
+            && rows > 0
     }
 
     /// Repacks `w`; `None` where [`Packed::supports`] says no. Reads every byte of `w` once (groups in parallel on [`crate::pool`]).
@@ -73,10 +79,15 @@ impl Packed {
                         pack_block(w.dtype, r, src, dst);
                         continue;
                     }
-                    let h = scale_bytes(w.dtype);
+                    let h = head_bytes(w.dtype);
                     dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
-                    if h == 4 {
+                    if has_min(w.dtype) {
                         dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+                    }
+                    if let Some(at) = qh_at(w.dtype) {
+                        let qh = u32::from_le_bytes(src[at..at + 4].try_into().unwrap());
+                        let hb = fifth_bits_at(w.dtype) + 4 * r;
+                        dst[hb..hb + 4].copy_from_slice(&spread_qh(qh));
                     }
                     for (b, &q) in src[h..].iter().enumerate() {
                         dst[quant_at(h, r, b)] = q;
@@ -91,11 +102,17 @@ impl Packed {
 
     /// What a loader should attach to `w` on this machine: its packing when the matmul path
     /// reads packings ([`crate::simd::Isa::runs_packed`]: AVX2, AVX-512 without AMX),
-    /// [`repack_enabled`] and the shape packs; else `None`.
+    /// [`repack_enabled`] and the shape packs; else `None`. Q5_0 / Q5_1 / IQ4_NL are packed on
+    /// the AVX2 path only: the AVX-512 path keeps its own tiles for them (where they were
+    /// not measured against the AVX2 packed kernels, which are the only ones for these formats).
     pub fn for_this_cpu(w: &WeightMatrix) -> Option<Packed> {
         #[cfg(target_arch = "x86_64")]
-        if repack_enabled() && crate::simd::Isa::detect().runs_packed() {
-            return Packed::new(w);
+        {
+            let isa = crate::simd::Isa::detect();
+            let avx2_only = matches!(w.dtype, DType::Q5_0 | DType::Q5_1 | DType::IQ4NL);
+            if repack_enabled() && isa.runs_packed() && (!avx2_only || isa == crate::simd::Isa::Avx2) {
+                return Packed::new(w);
+            }
         }
         let _ = w;
         None
@@ -135,28 +152,87 @@ impl Packed {
         if matches!(self.dtype, DType::Q4K | DType::Q6K) {
             return self.group(g).chunks_exact(gbb).flat_map(|b| unpack_block(self.dtype, k, b)).collect();
         }
-        let h = scale_bytes(self.dtype);
+        let h = head_bytes(self.dtype);
         self.group(g)
             .chunks_exact(gbb)
             .flat_map(|b| {
-                let m = if h == 4 { &b[16 + 2 * k..16 + 2 * k + 2] } else { &[][..] };
-                b[2 * k..2 * k + 2].iter().chain(m).copied().chain((0..bb - h).map(|q| b[quant_at(h, k, q)])).collect::<Vec<_>>()
+                let m = if has_min(self.dtype) { &b[16 + 2 * k..16 + 2 * k + 2] } else { &[][..] };
+                let qh = qh_at(self.dtype).map(|_| {
+                    let hb = fifth_bits_at(self.dtype) + 4 * k;
+                    gather_qh(b[hb..hb + 4].try_into().unwrap()).to_le_bytes()
+                });
+                let qh = qh.as_ref().map_or(&[][..], |q| &q[..]);
+                let quants = (0..bb - h).map(|q| b[quant_at(h, k, q)]);
+                b[2 * k..2 * k + 2].iter().chain(m).chain(qh).copied().chain(quants).collect::<Vec<_>>()
             })
             .collect()
     }
 }
 
-/// Bytes of scale fields at the head of a Q4_0 / Q8_0 (2: `d`) or Q4_1 (4: `d`, `m`) block.
-pub(crate) fn scale_bytes(dtype: DType) -> usize {
-    if dtype == DType::Q4_1 {
-        4
-    } else {
-        2
+/// Bytes of the fields ahead of the quants in a 32-element format's block: `d` (Q4_0 / Q8_0 /
+/// IQ4_NL: 2), `d`, `m` (Q4_1: 4), `d`, `qh` (Q5_0: 6), `d`, `m`, `qh` (Q5_1: 8). A group-block
+/// holds 8 times as many ahead of its quant registers.
+pub(crate) fn head_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::Q4_1 => 4,
+        DType::Q5_0 => 6,
+        DType::Q5_1 => 8,
+        _ => 2,
     }
 }
 
-/// Where quant byte `b` of row `r` sits in a Q4_0 / Q8_0 / Q4_1 group-block (`h` =
-/// [`scale_bytes`]): after the 8 rows' scale fields (`8h` bytes: the `d`s, then Q4_1's `m`s),
+/// Whether the format's blocks carry a min `m` after `d` (Q4_1, Q5_1).
+fn has_min(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_1 | DType::Q5_1)
+}
+
+/// Where a Q5_0 / Q5_1 source block holds its fifth bits `qh` (a little-endian u32).
+fn qh_at(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::Q5_0 => Some(2),
+        DType::Q5_1 => Some(4),
+        _ => None,
+    }
+}
+
+/// Where a Q5_0 / Q5_1 group-block holds its 8 rows' rearranged fifth bits (after the `d`s and
+/// Q5_1's `m`s).
+pub(crate) fn fifth_bits_at(dtype: DType) -> usize {
+    if dtype == DType::Q5_1 {
+        32
+    } else {
+        16
+    }
+}
+
+/// A block's fifth bits `qh` (bit `e` = element `e`'s) in the packed order: bit `2j` of byte `k`
+/// is element `4j+k`'s, bit `2j+1` element `16+4j+k`'s, so quant register `j`'s low and high
+/// nibbles find their bits at `2j` and `2j+1` of their own bytes.
+pub(crate) fn spread_qh(qh: u32) -> [u8; 4] {
+    let mut out = [0u8; 4];
+    for (k, o) in out.iter_mut().enumerate() {
+        for j in 0..4 {
+            *o |= (((qh >> (4 * j + k)) & 1) << (2 * j)) as u8;
+            *o |= (((qh >> (16 + 4 * j + k)) & 1) << (2 * j + 1)) as u8;
+        }
+    }
+    out
+}
+
+/// The inverse of [`spread_qh`].
+pub(crate) fn gather_qh(hb: [u8; 4]) -> u32 {
+    let mut qh = 0u32;
+    for (k, &o) in hb.iter().enumerate() {
+        for j in 0..4 {
+            qh |= ((o as u32 >> (2 * j)) & 1) << (4 * j + k);
+            qh |= ((o as u32 >> (2 * j + 1)) & 1) << (16 + 4 * j + k);
+        }
+    }
+    qh
+}
+
+/// Where quant byte `b` of row `r` sits in a 32-element format's group-block (`h` =
+/// [`head_bytes`]): after the 8 rows' fields (`8h` bytes: the `d`s, the `m`s, the fifth bits),
 /// 32-byte registers of 4 bytes × 8 rows (lane `r` of register `b / 4`).
 #[inline]
 pub(crate) fn quant_at(h: usize, r: usize, b: usize) -> usize {

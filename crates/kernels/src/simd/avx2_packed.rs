@@ -1,9 +1,12 @@
-//! AVX2 kernels over Q4_0 / Q8_0 / Q4_1 [`Packed`] weights: 8 rows × up to 4 tokens per call
-//! (Q4_K / Q6_K packings go on to `avx2_packed_k.rs`).
+//! AVX2 kernels over Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL [`Packed`] weights: 8 rows × up
+//! to 4 tokens per call (Q4_K / Q6_K packings go on to `avx2_packed_k.rs`). AVX-512 CPUs run
+//! these kernels for every packing the 512-bit ones do not take.
 //!
 //! Per group-block and token: the 8 rows' exact integer dot products end in one register with
 //! vertical adds only (lane `r` = row `r`, activation bytes broadcast; Q4_0: 8 `vpmaddubsw`,
-//! i16 adds, one `vpmaddwd`; Q8_0: 8 × (sign trick, `vpmaddubsw`, `vpmaddwd`)), then one
+//! i16 adds, one `vpmaddwd`; Q5_0 / Q5_1: the same with each register's fifth bits or-ed in by
+//! one shift, and two `vpmaddwd`; Q8_0 / IQ4_NL (table values): 8 × (sign trick,
+//! `vpmaddubsw`, `vpmaddwd`)), then one
 //! conversion, the scales `d_w · d_x` for all 8 rows in one multiply, one multiply and one
 //! add. Integer multiplies are what bound these kernels on AVX2 machines with one vector
 //! multiply port (Zen 1: 2 µops per 256-bit multiply); horizontal adds and lane swaps, which
@@ -19,7 +22,8 @@ use super::{Acts, TileCtx};
 use crate::blocks::QK;
 use crate::dtype::DType;
 use crate::quantize::ActQ8;
-use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
+use crate::blocks::KVALUES_IQ4NL;
+use crate::repack::{fifth_bits_at, group_block_bytes, head_bytes, Packed, GROUP_ROWS};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -57,7 +61,19 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
                 (DType::Q4_1, 2) => q4_1_group::<2>(gp, a, t0, out, c.ldo),
                 (DType::Q4_1, 3) => q4_1_group::<3>(gp, a, t0, out, c.ldo),
                 (DType::Q4_1, 4) => q4_1_group::<4>(gp, a, t0, out, c.ldo),
-                _ => unreachable!("only Q4_0 / Q8_0 / Q4_1 are packed here"),
+                (DType::Q5_0, 1) => q5_group::<1, false>(gp, a, t0, out, c.ldo),
+                (DType::Q5_0, 2) => q5_group::<2, false>(gp, a, t0, out, c.ldo),
+                (DType::Q5_0, 3) => q5_group::<3, false>(gp, a, t0, out, c.ldo),
+                (DType::Q5_0, 4) => q5_group::<4, false>(gp, a, t0, out, c.ldo),
+                (DType::Q5_1, 1) => q5_group::<1, true>(gp, a, t0, out, c.ldo),
+                (DType::Q5_1, 2) => q5_group::<2, true>(gp, a, t0, out, c.ldo),
+                (DType::Q5_1, 3) => q5_group::<3, true>(gp, a, t0, out, c.ldo),
+                (DType::Q5_1, 4) => q5_group::<4, true>(gp, a, t0, out, c.ldo),
+                (DType::IQ4NL, 1) => iq4nl_group::<1>(gp, a, t0, out, c.ldo),
+                (DType::IQ4NL, 2) => iq4nl_group::<2>(gp, a, t0, out, c.ldo),
+                (DType::IQ4NL, 3) => iq4nl_group::<3>(gp, a, t0, out, c.ldo),
+                (DType::IQ4NL, 4) => iq4nl_group::<4>(gp, a, t0, out, c.ldo),
+                _ => unreachable!("only the 32-element formats are packed here"),
             }
         }
         t0 += nt;
@@ -152,6 +168,121 @@ unsafe fn q4_1_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: 
             let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ab)));
             let min = _mm256_mul_ps(mw, _mm256_set1_ps(*a.s.get_unchecked(ab)));
             acc[t] = _mm256_add_ps(acc[t], _mm256_add_ps(_mm256_mul_ps(scale, isum), min));
+        }
+    }
+    for t in 0..NT {
+        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
+    }
+}
+
+/// Bit 4 of every byte of `hb` (a group-block's rearranged fifth bits, `repack::spread_qh`)
+/// set where quant register `j`'s low (`HI` false) or high nibble has its fifth bit: the bit
+/// sits at `2j` (+1 for the high nibble) of the same byte, and one 16-bit shift by at most 4
+/// brings it to bit 4 without carrying a neighbour byte's bit there.
+#[inline(always)]
+unsafe fn fifth_bit<const HI: bool>(hb: __m256i, j: usize) -> __m256i {
+    let moved = match (j, HI) {
+        (0, false) => _mm256_slli_epi16::<4>(hb),
+        (0, true) => _mm256_slli_epi16::<3>(hb),
+        (1, false) => _mm256_slli_epi16::<2>(hb),
+        (1, true) => _mm256_slli_epi16::<1>(hb),
+        (2, false) => hb,
+        (2, true) => _mm256_srli_epi16::<1>(hb),
+        (3, false) => _mm256_srli_epi16::<2>(hb),
+        _ => _mm256_srli_epi16::<3>(hb),
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
+}
+
+/// Q5_0 (`MIN` false) / Q5_1 (`MIN` true), one 8-row group, NT tokens: Q4_0's registers with
+/// each byte's fifth bit or-ed in ([`fifth_bit`]), values 0..32. Two registers' products stay
+/// in i16 (|31·127·2| · 4 = 31,496 < 2^15, exact) before a `vpmaddwd` widens them: 8 + 2
+/// multiplies per token and group-block. Q5_0 adds the activation's `−16·Σx` (`bias1`) to
+/// the integer sum; Q5_1 adds `m_w · s_x` per lane as the scalar reference does.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_group<const NT: usize, const MIN: bool>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+    let dtype = if MIN { DType::Q5_1 } else { DType::Q5_0 };
+    let nb = a.blocks_per_row;
+    let gbb = group_block_bytes(dtype);
+    let (quants, fifth) = (8 * head_bytes(dtype), fifth_bits_at(dtype));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for i in 0..nb {
+        let b = gp.add(i * gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead::<AHEAD_Q>(b, gbb);
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        let hb = _mm256_loadu_si256(b.add(fifth) as *const __m256i);
+        let mut s = [_mm256_setzero_si256(); NT];
+        for half in 0..2 {
+            let mut s16 = [_mm256_setzero_si256(); NT];
+            for j in 2 * half..2 * half + 2 {
+                let v = _mm256_loadu_si256(b.add(quants + 32 * j) as *const __m256i);
+                let lo = _mm256_or_si256(_mm256_and_si256(v, m4), fifth_bit::<false>(hb, j));
+                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), fifth_bit::<true>(hb, j));
+                for t in 0..NT {
+                    let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK);
+                    let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xp, 4 * j)), _mm256_maddubs_epi16(hi, bcast4(xp, 16 + 4 * j)));
+                    s16[t] = _mm256_add_epi16(s16[t], p);
+                }
+            }
+            for t in 0..NT {
+                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(s16[t], ones));
+            }
+        }
+        for t in 0..NT {
+            let ab = (t0 + t) * nb + i;
+            if MIN {
+                let mw = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i));
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ab)));
+                let min = _mm256_mul_ps(mw, _mm256_set1_ps(*a.s.get_unchecked(ab)));
+                acc[t] = _mm256_add_ps(acc[t], _mm256_add_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(s[t])), min));
+            } else {
+                let isum = _mm256_add_epi32(s[t], _mm256_set1_epi32(*a.bias1.get_unchecked(ab)));
+                acc[t] = accumulate(acc[t], dw, a, ab, isum);
+            }
+        }
+    }
+    for t in 0..NT {
+        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
+    }
+}
+
+/// IQ4_NL, one 8-row group, NT tokens: Q4_0's registers, each nibble looked up in the format's
+/// table by one `vpshufb` (signed values −127..113), then Q8_0's sign trick per register and
+/// token: |w| · sign(x, w) in `vpmaddubsw` (|127·127·2| < 2^15, exact) and a `vpmaddwd` each,
+/// since two such sums could pass i16.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4nl_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+    let nb = a.blocks_per_row;
+    let gbb = group_block_bytes(DType::IQ4NL);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for i in 0..nb {
+        let b = gp.add(i * gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead::<AHEAD_Q>(b, gbb);
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        let mut s = [_mm256_setzero_si256(); NT];
+        for j in 0..4 {
+            let v = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
+            let lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+            let hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            let (alo, ahi) = (_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(hi, hi));
+            for t in 0..NT {
+                let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK);
+                let plo = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast4(xp, 4 * j), lo));
+                let phi = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast4(xp, 16 + 4 * j), hi));
+                s[t] = _mm256_add_epi32(s[t], _mm256_add_epi32(_mm256_madd_epi16(plo, ones), _mm256_madd_epi16(phi, ones)));
+            }
+        }
+        for t in 0..NT {
+            acc[t] = accumulate(acc[t], dw, a, (t0 + t) * nb + i, s[t]);
         }
     }
     for t in 0..NT {

@@ -1,4 +1,4 @@
-//! Repacked Q4_0 / Q8_0 / Q4_1 weights (`Packed`, the AVX2 GEMV's 8-row groups; Q4_K / Q6_K in `repack_k.rs`): the packing keeps
+//! Repacked Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL weights (`Packed`, the AVX2 GEMV's 8-row groups; Q4_K / Q6_K in `repack_k.rs`): the packing keeps
 //! every byte; on the AVX2 path a packed matrix gives bitwise the scalar reference's result
 //! for any number of tokens, alone or batched, in `matmul` and `matmul_multi`; other paths
 //! ignore the packing; shapes it cannot pack are refused.
@@ -9,9 +9,12 @@ use common::*;
 use engram_kernels::internal::Isa;
 use engram_kernels::*;
 
+/// The 32-element formats `Packed` takes.
+const PACKED_32: [DType; 6] = [DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4NL];
+
 #[test]
 fn packing_keeps_every_byte_and_refuses_what_it_cannot_pack() {
-    for d in [DType::Q4_0, DType::Q8_0, DType::Q4_1] {
+    for d in PACKED_32 {
         let (rows, cols) = (24, 256);
         let bytes = quantize(d, &data(rows * cols, 1), cols).unwrap();
         let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
@@ -48,7 +51,7 @@ fn packed_avx2_equals_scalar_bitwise_for_any_token_count() {
         eprintln!("no AVX2: the packed kernel is not reachable here");
         return;
     }
-    for d in [DType::Q4_0, DType::Q8_0, DType::Q4_1] {
+    for d in PACKED_32 {
         for &(rows, cols) in &[(8usize, 32usize), (64, 256), (136, 512), (512, 1024)] {
             let bytes = quantize(d, &data(rows * cols, rows as u64 + 7), cols).unwrap();
             let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
@@ -70,26 +73,33 @@ fn packed_matrices_in_matmul_multi_equal_separate_calls() {
     }
     assert_multi_equals_separate(&[(DType::Q4_0, 256), (DType::Q4_0, 64), (DType::Q8_0, 128), (DType::Q4_0, 36)], 3);
     assert_multi_equals_separate(&[(DType::Q4_1, 64), (DType::Q5_1, 64), (DType::Q4_1, 20), (DType::Q4_0, 8)], 2);
+    assert_multi_equals_separate(&[(DType::Q5_0, 64), (DType::IQ4NL, 24), (DType::Q5_0, 12), (DType::MXFP4, 16)], 2);
 }
 
 /// The integer bounds the lane-per-row kernels rely on: Q4_0 nibbles all 15 (its four
-/// registers' i16 sums reach 4 · 2 · 15 · 127 · 2 = 30,480 of 32,767) or all 0, Q8_0 values at
-/// −128 / +127 (the sign trick's |w| = 128), against activations at ±full scale (±127) and
-/// mixed signs; random bytes elsewhere. Bitwise = the scalar reference for 1..9 tokens.
+/// registers' i16 sums reach 4 · 2 · 15 · 127 · 2 = 30,480 of 32,767) or all 0, Q5_0 / Q5_1
+/// values all 31 (two registers' i16 sums reach 31,496) or all 0, Q8_0 values at −128 / +127
+/// (the sign trick's |w| = 128), IQ4_NL at its table's ends (−127, 113), against activations
+/// at ±full scale (±127) and mixed signs; random bytes elsewhere. Bitwise = the scalar
+/// reference for 1..9 tokens.
 #[test]
 fn packed_avx2_is_exact_at_the_integer_bounds() {
     if !Isa::Avx2.is_available() {
         return;
     }
     let (rows, cols) = (16usize, 256usize);
-    for d in [DType::Q4_0, DType::Q8_0, DType::Q4_1] {
+    for d in PACKED_32 {
         let bb = d.block_bytes();
-        let h = if d == DType::Q4_1 { 4 } else { 2 };
+        // The bytes after `d` (and Q4_1 / Q5_1's `m`): Q5's fifth bits, then the quants.
+        let h = match d {
+            DType::Q4_1 | DType::Q5_1 => 4,
+            _ => 2,
+        };
         let mut bytes = quantize(d, &data(rows * cols, 11), cols).unwrap();
         for (k, b) in bytes.chunks_exact_mut(bb).enumerate() {
             let fill: u8 = match (d, k % 4) {
-                (DType::Q4_0 | DType::Q4_1, 0) => 0xFF,
-                (DType::Q4_0 | DType::Q4_1, 1) => 0x00,
+                (DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL, 0) => 0xFF,
+                (DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL, 1) => 0x00,
                 (DType::Q8_0, 0) => 0x80,
                 (DType::Q8_0, 1) => 0x7F,
                 _ => continue,
@@ -123,7 +133,7 @@ fn packed_paths_equal_scalar_bitwise_at_1_to_8_tokens() {
         eprintln!("no packed path on this CPU");
         return;
     }
-    for d in [DType::Q4_0, DType::Q8_0, DType::Q4_1] {
+    for d in PACKED_32 {
         for &(rows, cols) in &[(8usize, 64usize), (24, 2048), (136, 320)] {
             let bytes = quantize(d, &data(rows * cols, rows as u64 + 31), cols).unwrap();
             let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
