@@ -276,7 +276,13 @@ impl<'a> Job<'a> {
             nr_max = crate::simd::vnni_k::BAND;
         }
         #[cfg(target_arch = "x86_64")]
-        let panel = !vnni && packed.is_none() && amx_acts.is_none() && crate::simd::k_panel::takes(isa, w.dtype, n_tokens);
+        let panel = !vnni
+            && amx_acts.is_none()
+            && crate::simd::k_panel::takes(isa, w.dtype, n_tokens)
+            && packed.map_or(true, |p| crate::simd::k_panel::reads_packing(p.dtype()));
+        // A panel decoded from the packing (IQ4_XS) replaces the packed kernels for the call.
+        #[cfg(target_arch = "x86_64")]
+        let packed = if panel { None } else { packed };
         let rows = w.rows;
         // ~8 chunks per thread for balance (2 for one token), rounded to the row tile, capped
         // so a chunk's weights fit in L2 while they are reused across token groups.

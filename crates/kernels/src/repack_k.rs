@@ -1,4 +1,4 @@
-//! Q4_K / Q6_K layouts of [`crate::Packed`]: 8-row groups, one group-super-block (8 rows ×
+//! Q4_K / Q6_K / IQ4_XS layouts of [`crate::Packed`]: 8-row groups, one group-super-block (8 rows ×
 //! 256 elements) after another, the layout `simd/avx2_packed_k.rs` streams.
 //!
 //! Within a group, a 32-byte *register* holds 8 consecutive bytes of 4 rows: rows `0, 1, 4, 5`
@@ -15,6 +15,14 @@
 //!   ones `64c + 32 + 8m + i`). A piece's two halves are adjacent, so one 64-byte load holds
 //!   all 8 rows' bytes of the piece (the AVX-512 kernel's register).
 //!
+//! IQ4_XS group-super-block (1,104 bytes for the source's 1,088), in the 32-element formats'
+//! lane-per-row order (`repack.rs`) rather than the halves above:
+//! * `d`: 8 f16 (16 bytes); the sub-block scales `ls − 32` as `i8`, `[j][r]` (64 bytes), so 8
+//!   bytes give sub-block `j`'s scale of every row;
+//! * then the nibbles: register `b / 4` (32 registers) holds, in lane `r`, row `r`'s bytes
+//!   `qs[b..b + 4]` for `b % 4 = 0` (register `4j + k` of sub-block `j`: low nibbles elements
+//!   `32j + 4k..+4`, high nibbles `32j + 16 + 4k..+4`).
+//!
 //! Q6_K group-super-block (1,680 bytes, the source's 8 × 210):
 //! * `d`: 8 f16 (16 bytes); scales: 8 pairs × 8 rows × 2 `i8` (128 bytes);
 //! * for chunk `c`: the 6 registers `qh₀, ql₀, ql₁, qh₁, ql₂, ql₃` (`j` = 0..6), each as its
@@ -27,7 +35,7 @@
 //! Invariant: bijective with the source rows (`Packed::unpack_row` gives every row back byte
 //! for byte; the 6-bit scale/min packing and the ql/qh bit arrangement are both bijections).
 
-use crate::blocks::{scales_mins_k4, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES, QK_K};
+use crate::blocks::{iq4xs_scales, scales_mins_k4, IQ4XS_QS, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES, QK_K};
 use crate::dtype::DType;
 use crate::repack::GROUP_ROWS;
 
@@ -45,6 +53,10 @@ pub(crate) const Q4K_P_QS: usize = 160;
 pub(crate) const fn q4k_reg(c: usize, m: usize, h: usize) -> usize {
     Q4K_P_QS + 32 * (8 * c + 2 * m + h)
 }
+/// IQ4_XS: offset of the sub-block scales and of the nibble registers in a group-super-block.
+pub(crate) const IQ4XS_P_SC: usize = 16;
+pub(crate) const IQ4XS_P_QS: usize = 80;
+
 /// Q6_K: offset of the scale pairs and of the bit registers in a group-super-block.
 pub(crate) const Q6K_P_SC: usize = 16;
 pub(crate) const Q6K_P_Q: usize = 144;
@@ -56,10 +68,11 @@ pub(crate) const fn q6k_reg(c: usize, j: usize, h: usize) -> usize {
     Q6K_P_Q + 32 * (12 * c + 2 * j + h)
 }
 
-/// Bytes of one group-super-block of `dtype` (Q4_K or Q6_K).
+/// Bytes of one group-super-block of `dtype` (Q4_K, Q6_K or IQ4_XS).
 pub(crate) fn group_block_bytes_k(dtype: DType) -> usize {
     match dtype {
         DType::Q4K => Q4K_P_QS + GROUP_ROWS * 128,
+        DType::IQ4XS => IQ4XS_P_QS + GROUP_ROWS * 128,
         DType::Q6K => Q6K_P_Q + GROUP_ROWS * 192,
         _ => unreachable!("not a K-quant"),
     }
@@ -90,6 +103,15 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
                     let from = Q4K_QS + 32 * c + 8 * m;
                     dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
                 }
+            }
+        }
+        DType::IQ4XS => {
+            dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
+            for (j, ls) in iq4xs_scales(src).into_iter().enumerate() {
+                dst[IQ4XS_P_SC + 8 * j + r] = ls as i8 as u8;
+            }
+            for (b, &q) in src[IQ4XS_QS..].iter().enumerate() {
+                dst[IQ4XS_P_QS + 32 * (b / 4) + 4 * r + b % 4] = q;
             }
         }
         DType::Q6K => {
@@ -157,6 +179,21 @@ pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
                     let to = Q4K_QS + 32 * c + 8 * m;
                     b[to..to + 8].copy_from_slice(&g[at..at + 8]);
                 }
+            }
+            b
+        }
+        DType::IQ4XS => {
+            let mut b = vec![0u8; 136];
+            b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
+            let mut high = 0u16;
+            for j in 0..8 {
+                let ls = (g[IQ4XS_P_SC + 8 * j + r] as i8 as i32 + 32) as u16;
+                high |= (ls >> 4) << (2 * j);
+                b[4 + j / 2] |= ((ls & 0xF) as u8) << (4 * (j % 2));
+            }
+            b[2..4].copy_from_slice(&high.to_le_bytes());
+            for (q, v) in b[IQ4XS_QS..].iter_mut().enumerate() {
+                *v = g[IQ4XS_P_QS + 32 * (q / 4) + 4 * r + q % 4];
             }
             b
         }

@@ -89,7 +89,7 @@ unsafe fn accumulate(acc: __m256, dw: __m256, a: &ActQ8, ab: usize, isum: __m256
 
 /// The activation's bytes `at..at + 4` (as one i32) in all 8 lanes.
 #[inline(always)]
-unsafe fn bcast4(xp: *const i8, at: usize) -> __m256i {
+pub(crate) unsafe fn bcast4(xp: *const i8, at: usize) -> __m256i {
     _mm256_set1_epi32((xp.add(at) as *const i32).read_unaligned())
 }
 

@@ -1,5 +1,6 @@
-//! AVX2 kernels over Q4_K / Q6_K [`Packed`] weights (layout: `repack_k.rs`): 8 rows × up to
-//! 4 tokens per call.
+//! AVX2 kernels over Q4_K / Q6_K / IQ4_XS [`Packed`] weights (layout: `repack_k.rs`):
+//! 8 rows × up to 4 tokens per call. IQ4_XS keeps the 32-element formats' one row per 32-bit
+//! lane (`iq4xs_group`); the others are described here.
 //!
 //! Per 32-byte register (8 bytes of 4 rows): the nibbles split with one mask and one shift
 //! (Q6_K: the two high bits placed with one shift and mask per nibble), `vpmaddubsw` against
@@ -21,7 +22,9 @@ use crate::blocks::QK_K;
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{q4k_reg, q6k_reg, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
+use super::avx2_packed::bcast4;
+use crate::blocks::KVALUES_IQ4NL;
+use crate::repack_k::{q4k_reg, q6k_reg, IQ4XS_P_QS, IQ4XS_P_SC, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -30,7 +33,7 @@ pub(crate) const MAX_TOKENS: usize = 4;
 /// Computes output rows `r0..r1` (multiples of 8) for every token of the call.
 ///
 /// # Safety
-/// AVX2/FMA/F16C available; `p` is the (Q4_K or Q6_K) packing of `c.w`, `a` its prepared
+/// AVX2/FMA/F16C available; `p` is the (Q4_K, Q6_K or IQ4_XS) packing of `c.w`, `a` its prepared
 /// activations; no other thread writes those rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
@@ -50,7 +53,11 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
                 (DType::Q6K, 2) => q6k_group::<2>(gp, a, t0, out, c.ldo),
                 (DType::Q6K, 3) => q6k_group::<3>(gp, a, t0, out, c.ldo),
                 (DType::Q6K, 4) => q6k_group::<4>(gp, a, t0, out, c.ldo),
-                _ => unreachable!("only Q4_K / Q6_K reach the K-quant packed kernels"),
+                (DType::IQ4XS, 1) => iq4xs_group::<1>(gp, a, t0, out, c.ldo),
+                (DType::IQ4XS, 2) => iq4xs_group::<2>(gp, a, t0, out, c.ldo),
+                (DType::IQ4XS, 3) => iq4xs_group::<3>(gp, a, t0, out, c.ldo),
+                (DType::IQ4XS, 4) => iq4xs_group::<4>(gp, a, t0, out, c.ldo),
+                _ => unreachable!("only Q4_K / Q6_K / IQ4_XS reach the K-quant packed kernels"),
             }
         }
         t0 += nt;
@@ -139,6 +146,53 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
             let x1 = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(rows_sum(isum[t])));
             let x2 = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[t]));
             acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(x1, x2));
+        }
+    }
+    for t in 0..NT {
+        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
+    }
+}
+
+/// IQ4_XS, one 8-row group, NT tokens, one row per 32-bit lane: per sub-block `j`, its 4
+/// registers' nibbles looked up in the table (`vpshufb`, values −127..113), the sign trick's
+/// `vpmaddubsw` per nibble half and token (|127·127·2| < 2^15, exact), and each widened by a
+/// `vpmaddwd` with the 8 rows' sub-block scales (`ls − 32` in both words of the row's lane),
+/// so the scale costs no multiply of its own; the i32 sums stay exact (|Σ| ≤ 8 · 32 · 32 ·
+/// 127² < 2^31). Then `acc += (d·d_x)·isum`, as the scalar reference.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4xs_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    let nb = a.blocks_per_row;
+    let gbb = group_block_bytes(DType::IQ4XS);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for i in 0..nb {
+        let b = gp.add(i * gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead::<AHEAD_K>(b, gbb);
+        }
+        let mut isum = [_mm256_setzero_si256(); NT];
+        for j in 0..8 {
+            // Row r's scale in both i16 words of lane r.
+            let s32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(IQ4XS_P_SC + 8 * j) as *const __m128i));
+            let sc = _mm256_blend_epi16::<0xAA>(s32, _mm256_slli_epi32::<16>(s32));
+            for k in 0..4 {
+                let v = _mm256_loadu_si256(b.add(IQ4XS_P_QS + 32 * (4 * j + k)) as *const __m256i);
+                let lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+                let hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                let (alo, ahi) = (_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(hi, hi));
+                for t in 0..NT {
+                    let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K + 32 * j);
+                    let plo = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast4(xp, 4 * k), lo));
+                    let phi = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast4(xp, 16 + 4 * k), hi));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(plo, sc), _mm256_madd_epi16(phi, sc)));
+                }
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        for t in 0..NT {
+            let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + i));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t])));
         }
     }
     for t in 0..NT {

@@ -23,10 +23,14 @@
 
 use super::avx2_k::{block_bytes, block_term, decode_block, hsum_rows, tag, KBlock, IQ4XS, Q2K, Q3K, Q5K};
 use super::avx2_packed_k::bcast8;
+use super::avx2::f16_load;
+use super::avx2_q32::table;
 use super::{Acts, Isa, TileCtx};
-use crate::blocks::QK_K;
+use crate::blocks::{KVALUES_IQ4NL, QK_K};
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
+use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
+use crate::repack_k::{IQ4XS_P_QS, IQ4XS_P_SC};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -55,6 +59,12 @@ const CORR: usize = 48;
 /// that kernel does, so which of them runs moves only time.
 pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize) -> bool {
     matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) && tag(d).is_some() && n_tokens >= MIN_TOKENS
+}
+
+/// Whether the panel of `d` can be decoded from a packing of it (IQ4_XS: `fill_rows_packed`),
+/// so a packed matrix's multi-token calls take this path instead of the packed kernels.
+pub(crate) fn reads_packing(d: DType) -> bool {
+    d == DType::IQ4XS
 }
 
 /// Panel bytes one weight row of `cols` columns takes (for chunk sizing).
@@ -128,7 +138,10 @@ unsafe fn run_span(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize) {
             Q5K => fill::<Q5K>(w, c.w.row_bytes(), rows, nb, regs, meta),
             Q3K => fill::<Q3K>(w, c.w.row_bytes(), rows, nb, regs, meta),
             Q2K => fill::<Q2K>(w, c.w.row_bytes(), rows, nb, regs, meta),
-            _ => fill_rows(w, c.w.row_bytes(), rows, nb, regs, meta),
+            _ => match c.w.packed {
+                Some(p) => fill_rows_packed(p, r0, rows, nb, regs, meta),
+                None => fill_rows(w, c.w.row_bytes(), rows, nb, regs, meta),
+            },
         }
         let mut t0 = 0;
         while t0 < n_tokens {
@@ -226,6 +239,38 @@ unsafe fn fill_rows(w: *const u8, rb: usize, rows: usize, nb: usize, regs: &mut 
                 dst.fill(_mm256_setzero_si256());
                 *m = [0.0; 2];
             }
+        }
+    }
+}
+
+/// [`fill_rows`] from IQ4_XS's packing (`repack_k.rs`: row `r` in lane `r % 8` of its group's
+/// registers, the scales unpacked): the same registers and scales, read from the packing so
+/// that a packed matrix's prefill never touches the file's bytes. `r0` is the first row.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_rows_packed(p: &Packed, r0: usize, rows: usize, nb: usize, regs: &mut [__m256i], meta: &mut [[f32; 2]]) {
+    let gbb = group_block_bytes(DType::IQ4XS);
+    let lut = table(&KVALUES_IQ4NL);
+    let m4 = _mm256_set1_epi8(0x0F);
+    for r in 0..rows.div_ceil(GROUP) * GROUP {
+        for i in 0..nb {
+            let at = (r / GROUP * nb + i) * VPG + 16 * (r % GROUP);
+            let dst = &mut regs[at..at + 16];
+            let m = &mut meta[(r / GROUP * nb + i) * GROUP + r % GROUP];
+            if r >= rows {
+                dst.fill(_mm256_setzero_si256());
+                *m = [0.0; 2];
+                continue;
+            }
+            let (g, lane) = ((r0 + r) / GROUP_ROWS, (r0 + r) % GROUP_ROWS);
+            let gb = p.group(g).as_ptr().add(i * gbb);
+            for j in 0..8 {
+                // The row's 16 nibble bytes of sub-block j: 4 bytes from each of its 4 registers.
+                let d4 = |k: usize| (gb.add(IQ4XS_P_QS + 32 * (4 * j + k) + 4 * lane) as *const i32).read_unaligned();
+                let v = _mm_setr_epi32(d4(0), d4(1), d4(2), d4(3));
+                dst[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4));
+                dst[8 + j] = _mm256_set1_epi16(*gb.add(IQ4XS_P_SC + 8 * j + lane) as i8 as i16);
+            }
+            *m = [f16_load(gb.add(2 * lane)), 0.0];
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Repacked Q4_K / Q6_K weights (`Packed`, 8-row groups for the AVX2 GEMV): the packing
+//! Repacked Q4_K / Q6_K / IQ4_XS weights (`Packed`, 8-row groups for the AVX2 GEMV): the packing
 //! keeps every byte (any bytes, including every 6-bit scale/min and ql/qh bit pattern); on the
 //! AVX2 path a packed matrix gives bitwise the scalar reference's result for 1..17 tokens,
 //! alone or batched, in `matmul` and `matmul_multi`, including the extreme values that bound
@@ -10,7 +10,7 @@ use common::*;
 use engram_kernels::internal::Isa;
 use engram_kernels::*;
 
-const KQ: [DType; 2] = [DType::Q4K, DType::Q6K];
+const KQ: [DType; 3] = [DType::Q4K, DType::Q6K, DType::IQ4XS];
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -29,7 +29,11 @@ fn random_bytes(d: DType, rows: usize, cols: usize, seed: u64, finite: bool) -> 
     let mut b: Vec<u8> = (0..rows * d.row_bytes(cols).unwrap()).map(|_| next() as u8).collect();
     if finite {
         let bb = d.block_bytes();
-        let offs: &[usize] = if d == DType::Q4K { &[0, 2] } else { &[208] };
+        let offs: &[usize] = match d {
+            DType::Q6K => &[208],
+            DType::IQ4XS => &[0],
+            _ => &[0, 2],
+        };
         for blk in b.chunks_exact_mut(bb) {
             for &o in offs {
                 let v = half::f16::from_f32((next() % 1000) as f32 * 1e-5);
@@ -47,8 +51,12 @@ fn k_packing_keeps_every_byte_and_refuses_what_it_cannot_pack() {
         for (i, bytes) in [quantize(d, &data(rows * cols, 1), cols).unwrap(), random_bytes(d, rows, cols, 2, false)].iter().enumerate() {
             let wm = WeightMatrix::new(d, rows, cols, bytes).unwrap();
             let p = Packed::new(&wm).expect("24 rows pack");
-            let want = if d == DType::Q4K { bytes.len() / 1152 * 1184 } else { bytes.len() };
-            assert_eq!(p.num_bytes(), want, "{d}: the source's size (Q4_K: scales and mins unpacked)");
+            let want = match d {
+                DType::Q4K => bytes.len() / 1152 * 1184,
+                DType::IQ4XS => bytes.len() / 1088 * 1104,
+                _ => bytes.len(),
+            };
+            assert_eq!(p.num_bytes(), want, "{d}: the source's size (Q4_K / IQ4_XS: scales and mins unpacked)");
             for r in 0..rows {
                 assert_eq!(p.unpack_row(r), wm.row(r), "{d} input {i} row {r}");
             }
@@ -95,16 +103,17 @@ fn k_packed_avx2_equals_scalar_bitwise_for_any_token_count() {
     }
 }
 
-/// Packed Q4_K / Q6_K matrices in one `matmul_multi` with unpacked ones = their own calls.
+/// Packed Q4_K / Q6_K / IQ4_XS matrices in one `matmul_multi` with unpacked ones = their own calls.
 #[test]
 fn k_packed_in_matmul_multi_equal_separate_calls() {
     if !Isa::Avx2.is_available() {
         return;
     }
     assert_multi_equals_separate(&[(DType::Q4K, 256), (DType::Q6K, 64), (DType::Q4K, 36), (DType::Q4_0, 64)], 2);
+    assert_multi_equals_separate(&[(DType::IQ4XS, 64), (DType::Q5K, 16), (DType::IQ4XS, 20), (DType::Q2K, 8)], 2);
 }
 
-/// Every packed path's Q4_K / Q6_K kernels (AVX2: ≤ 4 tokens per tile; AVX-512 VNNI: ≤ 8, then
+/// Every packed path's Q4_K / Q6_K / IQ4_XS kernels (AVX2: ≤ 4 tokens per tile; AVX-512 VNNI: ≤ 8, then
 /// `vnni_k` from 8 tokens) = the scalar reference, bitwise, at each token count 1..=8 and past
 /// a tile, on odd numbers of 8-row groups, random block bytes (every scale and quant bit
 /// pattern) and quantized ones, activations at full scale; each token's bits are the same
