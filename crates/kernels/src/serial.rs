@@ -23,7 +23,7 @@ pub fn matmul_serial_with(isa: Isa, w: &WeightMatrix, x: &[f32], n_tokens: usize
     let unpacked = WeightMatrix { packed: None, ..*w };
     let acts = Acts::prepare(w.dtype, x, n_tokens, w.cols);
     let c = TileCtx { w: &unpacked, acts: &acts, out: out.as_mut_ptr(), ldo: w.rows };
-    let (mr, mt) = tile_limits(isa, w.dtype);
+    let (mr, mt) = tile_limits(isa, w.dtype, n_tokens);
     for t0 in (0..n_tokens).step_by(mt) {
         for r0 in (0..w.rows).step_by(mr) {
             // SAFETY: `isa` is available, the tile lies inside the shapes checked above, and
