@@ -1,4 +1,4 @@
-//! Q4_K / Q6_K / IQ4_XS layouts of [`crate::Packed`]: 8-row groups, one group-super-block (8 rows ×
+//! Q4_K / Q6_K / IQ4_XS / Q2_K layouts of [`crate::Packed`]: 8-row groups, one group-super-block (8 rows ×
 //! 256 elements) after another, the layout `simd/avx2_packed_k.rs` streams.
 //!
 //! Within a group, a 32-byte *register* holds 8 consecutive bytes of 4 rows: rows `0, 1, 4, 5`
@@ -23,6 +23,13 @@
 //!   `qs[b..b + 4]` for `b % 4 = 0` (register `4j + k` of sub-block `j`: low nibbles elements
 //!   `32j + 4k..+4`, high nibbles `32j + 16 + 4k..+4`).
 //!
+//! Q2_K group-super-block (672 bytes, the source's 8 × 84), one row per lane as IQ4_XS:
+//! * `d` then `dmin`: 8 f16 each (32 bytes);
+//! * the scale/min bytes in pairs, `[p][r][s − 2p]` for sub-blocks `s = 2p, 2p + 1` (the
+//!   file's bytes; 128 bytes), so one 16-byte load widens to each row's pair in its lane;
+//! * the crumbs: register `b / 4` (16 registers) holds, in lane `r`, row `r`'s `qs[b..b + 4]`
+//!   for `b % 4 = 0` (crumb `j` of `qs[32n + l]` is element `128n + 32j + l`).
+//!
 //! Q6_K group-super-block (1,680 bytes, the source's 8 × 210):
 //! * `d`: 8 f16 (16 bytes); scales: 8 pairs × 8 rows × 2 `i8` (128 bytes);
 //! * for chunk `c`: the 6 registers `qh₀, ql₀, ql₁, qh₁, ql₂, ql₃` (`j` = 0..6), each as its
@@ -35,7 +42,7 @@
 //! Invariant: bijective with the source rows (`Packed::unpack_row` gives every row back byte
 //! for byte; the 6-bit scale/min packing and the ql/qh bit arrangement are both bijections).
 
-use crate::blocks::{iq4xs_scales, scales_mins_k4, IQ4XS_QS, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES, QK_K};
+use crate::blocks::{iq4xs_scales, scales_mins_k4, IQ4XS_QS, Q2K_D, Q2K_QS, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES, QK_K};
 use crate::dtype::DType;
 use crate::repack::GROUP_ROWS;
 
@@ -57,6 +64,10 @@ pub(crate) const fn q4k_reg(c: usize, m: usize, h: usize) -> usize {
 pub(crate) const IQ4XS_P_SC: usize = 16;
 pub(crate) const IQ4XS_P_QS: usize = 80;
 
+/// Q2_K: offset of the scale/min pairs and of the crumb registers in a group-super-block.
+pub(crate) const Q2K_P_SC: usize = 32;
+pub(crate) const Q2K_P_QS: usize = 160;
+
 /// Q6_K: offset of the scale pairs and of the bit registers in a group-super-block.
 pub(crate) const Q6K_P_SC: usize = 16;
 pub(crate) const Q6K_P_Q: usize = 144;
@@ -68,11 +79,12 @@ pub(crate) const fn q6k_reg(c: usize, j: usize, h: usize) -> usize {
     Q6K_P_Q + 32 * (12 * c + 2 * j + h)
 }
 
-/// Bytes of one group-super-block of `dtype` (Q4_K, Q6_K or IQ4_XS).
+/// Bytes of one group-super-block of `dtype` (Q4_K, Q6_K, IQ4_XS or Q2_K).
 pub(crate) fn group_block_bytes_k(dtype: DType) -> usize {
     match dtype {
         DType::Q4K => Q4K_P_QS + GROUP_ROWS * 128,
         DType::IQ4XS => IQ4XS_P_QS + GROUP_ROWS * 128,
+        DType::Q2K => Q2K_P_QS + GROUP_ROWS * 64,
         DType::Q6K => Q6K_P_Q + GROUP_ROWS * 192,
         _ => unreachable!("not a K-quant"),
     }
@@ -103,6 +115,16 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
                     let from = Q4K_QS + 32 * c + 8 * m;
                     dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
                 }
+            }
+        }
+        DType::Q2K => {
+            dst[2 * r..2 * r + 2].copy_from_slice(&src[Q2K_D..Q2K_D + 2]);
+            dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[Q2K_D + 2..Q2K_D + 4]);
+            for p in 0..8 {
+                dst[Q2K_P_SC + 16 * p + 2 * r..Q2K_P_SC + 16 * p + 2 * r + 2].copy_from_slice(&src[2 * p..2 * p + 2]);
+            }
+            for (b, &q) in src[Q2K_QS..Q2K_D].iter().enumerate() {
+                dst[Q2K_P_QS + 32 * (b / 4) + 4 * r + b % 4] = q;
             }
         }
         DType::IQ4XS => {
@@ -152,6 +174,21 @@ fn q6k_values(b: &[u8]) -> [u8; QK_K] {
     u
 }
 
+/// Row `r`'s Q2_K source block back from its group-super-block `g` (a byte copy: the packing
+/// keeps the file's bytes, only moved).
+pub(crate) fn q2k_source_block(g: &[u8], r: usize) -> [u8; 84] {
+    let mut b = [0u8; 84];
+    b[Q2K_D..Q2K_D + 2].copy_from_slice(&g[2 * r..2 * r + 2]);
+    b[Q2K_D + 2..Q2K_D + 4].copy_from_slice(&g[16 + 2 * r..16 + 2 * r + 2]);
+    for p in 0..8 {
+        b[2 * p..2 * p + 2].copy_from_slice(&g[Q2K_P_SC + 16 * p + 2 * r..Q2K_P_SC + 16 * p + 2 * r + 2]);
+    }
+    for (q, v) in b[Q2K_QS..Q2K_D].iter_mut().enumerate() {
+        *v = g[Q2K_P_QS + 32 * (q / 4) + 4 * r + q % 4];
+    }
+    b
+}
+
 /// Register index (within a chunk-half's 6) of `ql_m`.
 pub(crate) fn ql_reg(m: usize) -> usize {
     3 * (m / 2) + 1 + m % 2
@@ -182,6 +219,7 @@ pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
             }
             b
         }
+        DType::Q2K => q2k_source_block(g, r).to_vec(),
         DType::IQ4XS => {
             let mut b = vec![0u8; 136];
             b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);

@@ -1,6 +1,6 @@
-//! AVX2 kernels over Q4_K / Q6_K / IQ4_XS [`Packed`] weights (layout: `repack_k.rs`):
-//! 8 rows × up to 4 tokens per call. IQ4_XS keeps the 32-element formats' one row per 32-bit
-//! lane (`iq4xs_group`); the others are described here.
+//! AVX2 kernels over Q4_K / Q6_K / IQ4_XS / Q2_K [`Packed`] weights (layout: `repack_k.rs`):
+//! 8 rows × up to 4 tokens per call. IQ4_XS and Q2_K keep the 32-element formats' one row per
+//! 32-bit lane (`iq4xs_group`, `q2k_group`); Q4_K / Q6_K are described here.
 //!
 //! Per 32-byte register (8 bytes of 4 rows): the nibbles split with one mask and one shift
 //! (Q6_K: the two high bits placed with one shift and mask per nibble), `vpmaddubsw` against
@@ -24,7 +24,7 @@ use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
 use super::avx2_packed::bcast4;
 use crate::blocks::KVALUES_IQ4NL;
-use crate::repack_k::{q4k_reg, q6k_reg, IQ4XS_P_QS, IQ4XS_P_SC, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
+use crate::repack_k::{q4k_reg, q6k_reg, IQ4XS_P_QS, IQ4XS_P_SC, Q2K_P_QS, Q2K_P_SC, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -33,7 +33,7 @@ pub(crate) const MAX_TOKENS: usize = 4;
 /// Computes output rows `r0..r1` (multiples of 8) for every token of the call.
 ///
 /// # Safety
-/// AVX2/FMA/F16C available; `p` is the (Q4_K, Q6_K or IQ4_XS) packing of `c.w`, `a` its prepared
+/// AVX2/FMA/F16C available; `p` is the (Q4_K, Q6_K, IQ4_XS or Q2_K) packing of `c.w`, `a` its prepared
 /// activations; no other thread writes those rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
@@ -57,7 +57,11 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
                 (DType::IQ4XS, 2) => iq4xs_group::<2>(gp, a, t0, out, c.ldo),
                 (DType::IQ4XS, 3) => iq4xs_group::<3>(gp, a, t0, out, c.ldo),
                 (DType::IQ4XS, 4) => iq4xs_group::<4>(gp, a, t0, out, c.ldo),
-                _ => unreachable!("only Q4_K / Q6_K / IQ4_XS reach the K-quant packed kernels"),
+                (DType::Q2K, 1) => q2k_group::<1>(gp, a, t0, out, c.ldo),
+                (DType::Q2K, 2) => q2k_group::<2>(gp, a, t0, out, c.ldo),
+                (DType::Q2K, 3) => q2k_group::<3>(gp, a, t0, out, c.ldo),
+                (DType::Q2K, 4) => q2k_group::<4>(gp, a, t0, out, c.ldo),
+                _ => unreachable!("only Q4_K / Q6_K / IQ4_XS / Q2_K reach the K-quant packed kernels"),
             }
         }
         t0 += nt;
@@ -193,6 +197,84 @@ unsafe fn iq4xs_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out
         for t in 0..NT {
             let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + i));
             acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t])));
+        }
+    }
+    for t in 0..NT {
+        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
+    }
+}
+
+/// Q2_K, one 8-row group, NT tokens, one row per 32-bit lane. Crumb `j` of a register comes
+/// out with one mask (`j` odd: left in place, 4× its value, so no shift) after at most one
+/// shift by 4; a 16-element sub-block's 4 registers sum in i16 (≤ 4 · 2·12·127 = 12,192,
+/// exact) before one `vpmaddwd` with the rows' scales (both words of the row's lane), and the
+/// odd crumbs' sums are divided by 4 at the end (exact: multiples of 4). The mins are one
+/// `vpmaddwd` per sub-block pair with the Q8_K block sums. Then `acc += (d·d_x)·isum −
+/// (dmin·d_x)·msum`, as the scalar reference: per 256 weights and token 8 `vpmaddubsw` and
+/// 2 + 1 `vpmaddwd`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    let nb = a.blocks_per_row;
+    let gbb = group_block_bytes(DType::Q2K);
+    let (m3, m12, m15) = (_mm256_set1_epi8(3), _mm256_set1_epi8(12), _mm256_set1_epi16(0x0F));
+    // Word 0 (h = 0) or 1 (h = 1) of every dword in both of its words.
+    let dup = |h: i8| {
+        let (w0, w1) = (2 * h, 2 * h + 1);
+        let lane = _mm_setr_epi8(w0, w1, w0, w1, w0 + 4, w1 + 4, w0 + 4, w1 + 4, w0 + 8, w1 + 8, w0 + 8, w1 + 8, w0 + 12, w1 + 12, w0 + 12, w1 + 12);
+        _mm256_broadcastsi128_si256(lane)
+    };
+    let dups = [dup(0), dup(1)];
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for i in 0..nb {
+        let b = gp.add(i * gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead::<AHEAD_K>(b, gbb);
+        }
+        let mut even = [_mm256_setzero_si256(); NT];
+        let mut odd = [_mm256_setzero_si256(); NT];
+        let mut msum = [_mm256_setzero_si256(); NT];
+        for n in 0..2 {
+            for j in 0..4 {
+                // Sub-blocks 8n + 2j (registers 8n..8n+4) and 8n + 2j + 1 (8n+4..8n+8): pair 4n + j.
+                let p = 4 * n + j;
+                let pr = _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(Q2K_P_SC + 16 * p) as *const __m128i));
+                let sc = _mm256_and_si256(pr, m15);
+                let mn = _mm256_srli_epi16(pr, 4);
+                for t in 0..NT {
+                    let bs = a.bsums.as_ptr().add(((t0 + t) * nb + i) * 16 + 2 * p);
+                    msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(mn, _mm256_set1_epi32((bs as *const i32).read_unaligned())));
+                }
+                for h in 0..2 {
+                    let sh = _mm256_shuffle_epi8(sc, dups[h]);
+                    let mut s16 = [_mm256_setzero_si256(); NT];
+                    for k in 4 * h..4 * h + 4 {
+                        let v = _mm256_loadu_si256(b.add(Q2K_P_QS + 32 * (8 * n + k)) as *const __m256i);
+                        let v = if j >= 2 { _mm256_srli_epi16(v, 4) } else { v };
+                        let q = _mm256_and_si256(v, if j % 2 == 0 { m3 } else { m12 });
+                        for t in 0..NT {
+                            let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K + 128 * n + 32 * j);
+                            s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(q, bcast4(xp, 4 * k)));
+                        }
+                    }
+                    for t in 0..NT {
+                        let s = _mm256_madd_epi16(s16[t], sh);
+                        if j % 2 == 0 {
+                            even[t] = _mm256_add_epi32(even[t], s);
+                        } else {
+                            odd[t] = _mm256_add_epi32(odd[t], s);
+                        }
+                    }
+                }
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i));
+        for t in 0..NT {
+            let isum = _mm256_add_epi32(even[t], _mm256_srai_epi32::<2>(odd[t]));
+            let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + i));
+            let x1 = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));
+            let x2 = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[t]));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(x1, x2));
         }
     }
     for t in 0..NT {

@@ -30,7 +30,7 @@ use crate::blocks::{KVALUES_IQ4NL, QK_K};
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{IQ4XS_P_QS, IQ4XS_P_SC};
+use crate::repack_k::{q2k_source_block, IQ4XS_P_QS, IQ4XS_P_SC};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -61,10 +61,11 @@ pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize) -> bool {
     matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) && tag(d).is_some() && n_tokens >= MIN_TOKENS
 }
 
-/// Whether the panel of `d` can be decoded from a packing of it (IQ4_XS: `fill_rows_packed`),
-/// so a packed matrix's multi-token calls take this path instead of the packed kernels.
+/// Whether the panel of `d` can be decoded from a packing of it (IQ4_XS: `fill_rows_packed`;
+/// Q2_K: `fill` from each row's block copied out of its group), so a packed matrix's
+/// multi-token calls take this path instead of the packed kernels.
 pub(crate) fn reads_packing(d: DType) -> bool {
-    d == DType::IQ4XS
+    matches!(d, DType::IQ4XS | DType::Q2K)
 }
 
 /// Panel bytes one weight row of `cols` columns takes (for chunk sizing).
@@ -135,9 +136,9 @@ unsafe fn run_span(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize) {
         grow(meta, groups * nb * GROUP, [0.0; 2]);
         let w = c.w.data.as_ptr().add(r0 * c.w.row_bytes());
         match k {
-            Q5K => fill::<Q5K>(w, c.w.row_bytes(), rows, nb, regs, meta),
-            Q3K => fill::<Q3K>(w, c.w.row_bytes(), rows, nb, regs, meta),
-            Q2K => fill::<Q2K>(w, c.w.row_bytes(), rows, nb, regs, meta),
+            Q5K => fill::<Q5K>(w, c.w.row_bytes(), rows, nb, regs, meta, None),
+            Q3K => fill::<Q3K>(w, c.w.row_bytes(), rows, nb, regs, meta, None),
+            Q2K => fill::<Q2K>(w, c.w.row_bytes(), rows, nb, regs, meta, c.w.packed.map(|p| (p, r0))),
             _ => match c.w.packed {
                 Some(p) => fill_rows_packed(p, r0, rows, nb, regs, meta),
                 None => fill_rows(w, c.w.row_bytes(), rows, nb, regs, meta),
@@ -196,14 +197,33 @@ unsafe fn transpose_q(v: [__m256i; GROUP]) -> [__m256i; 4] {
 }
 
 /// Decodes the `rows` rows (`rb` bytes apart) of format `K` at `w`, `nb` super-blocks each,
-/// into the panel: 4-row groups, rows past `rows` as zeros.
+/// into the panel: 4-row groups, rows past `rows` as zeros. With `packed` (Q2_K's packing and
+/// the first row), each row's block is copied out of its group instead (the same bytes), so a
+/// packed matrix's prefill never touches the file's bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fill<const K: u8>(w: *const u8, rb: usize, rows: usize, nb: usize, regs: &mut [__m256i], meta: &mut [[f32; 2]]) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn fill<const K: u8>(
+    w: *const u8,
+    rb: usize,
+    rows: usize,
+    nb: usize,
+    regs: &mut [__m256i],
+    meta: &mut [[f32; 2]],
+    packed: Option<(&Packed, usize)>,
+) {
     let zero = KBlock { q: [_mm256_setzero_si256(); 8], s: [_mm256_setzero_si256(); 8], corr_w: _mm256_setzero_si256(), d: 0.0, dmin: 0.0 };
+    let decode = |r: usize, i: usize| match packed {
+        Some((p, r0)) => {
+            let gbb = group_block_bytes(p.dtype());
+            let row = r0 + r;
+            let block = q2k_source_block(&p.group(row / GROUP_ROWS)[i * gbb..(i + 1) * gbb], row % GROUP_ROWS);
+            decode_block::<K>(block.as_ptr())
+        }
+        None => decode_block::<K>(w.add(r * rb + i * block_bytes(K))),
+    };
     for g0 in (0..rows).step_by(GROUP) {
         for i in 0..nb {
-            let blocks: [KBlock; GROUP] =
-                std::array::from_fn(|r| if g0 + r < rows { decode_block::<K>(w.add((g0 + r) * rb + i * block_bytes(K))) } else { zero });
+            let blocks: [KBlock; GROUP] = std::array::from_fn(|r| if g0 + r < rows { decode(g0 + r, i) } else { zero });
             let at = (g0 / GROUP * nb + i) * VPG;
             let dst = &mut regs[at..at + VPG];
             for g in 0..8 {

@@ -1,4 +1,4 @@
-//! Repacked Q4_K / Q6_K / IQ4_XS weights (`Packed`, 8-row groups for the AVX2 GEMV): the packing
+//! Repacked Q4_K / Q6_K / IQ4_XS / Q2_K weights (`Packed`, 8-row groups for the AVX2 GEMV): the packing
 //! keeps every byte (any bytes, including every 6-bit scale/min and ql/qh bit pattern); on the
 //! AVX2 path a packed matrix gives bitwise the scalar reference's result for 1..17 tokens,
 //! alone or batched, in `matmul` and `matmul_multi`, including the extreme values that bound
@@ -10,7 +10,7 @@ use common::*;
 use engram_kernels::internal::Isa;
 use engram_kernels::*;
 
-const KQ: [DType; 3] = [DType::Q4K, DType::Q6K, DType::IQ4XS];
+const KQ: [DType; 4] = [DType::Q4K, DType::Q6K, DType::IQ4XS, DType::Q2K];
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -32,6 +32,7 @@ fn random_bytes(d: DType, rows: usize, cols: usize, seed: u64, finite: bool) -> 
         let offs: &[usize] = match d {
             DType::Q6K => &[208],
             DType::IQ4XS => &[0],
+            DType::Q2K => &[80, 82],
             _ => &[0, 2],
         };
         for blk in b.chunks_exact_mut(bb) {
@@ -103,7 +104,7 @@ fn k_packed_avx2_equals_scalar_bitwise_for_any_token_count() {
     }
 }
 
-/// Packed Q4_K / Q6_K / IQ4_XS matrices in one `matmul_multi` with unpacked ones = their own calls.
+/// Packed Q4_K / Q6_K / IQ4_XS / Q2_K matrices in one `matmul_multi` with unpacked ones = their own calls.
 #[test]
 fn k_packed_in_matmul_multi_equal_separate_calls() {
     if !Isa::Avx2.is_available() {
@@ -111,9 +112,10 @@ fn k_packed_in_matmul_multi_equal_separate_calls() {
     }
     assert_multi_equals_separate(&[(DType::Q4K, 256), (DType::Q6K, 64), (DType::Q4K, 36), (DType::Q4_0, 64)], 2);
     assert_multi_equals_separate(&[(DType::IQ4XS, 64), (DType::Q5K, 16), (DType::IQ4XS, 20), (DType::Q2K, 8)], 2);
+    assert_multi_equals_separate(&[(DType::Q2K, 64), (DType::Q3K, 16), (DType::Q2K, 12), (DType::IQ4XS, 8)], 2);
 }
 
-/// Every packed path's Q4_K / Q6_K / IQ4_XS kernels (AVX2: ≤ 4 tokens per tile; AVX-512 VNNI: ≤ 8, then
+/// Every packed path's Q4_K / Q6_K / IQ4_XS / Q2_K kernels (AVX2: ≤ 4 tokens per tile; AVX-512 VNNI: ≤ 8, then
 /// `vnni_k` from 8 tokens) = the scalar reference, bitwise, at each token count 1..=8 and past
 /// a tile, on odd numbers of 8-row groups, random block bytes (every scale and quant bit
 /// pattern) and quantized ones, activations at full scale; each token's bits are the same
