@@ -183,8 +183,9 @@ pub(crate) fn q2k_source_block(g: &[u8], r: usize) -> [u8; 84] {
     for p in 0..8 {
         b[2 * p..2 * p + 2].copy_from_slice(&g[Q2K_P_SC + 16 * p + 2 * r..Q2K_P_SC + 16 * p + 2 * r + 2]);
     }
-    for (q, v) in b[Q2K_QS..Q2K_D].iter_mut().enumerate() {
-        *v = g[Q2K_P_QS + 32 * (q / 4) + 4 * r + q % 4];
+    // 4 bytes per register (the prefill panel copies every row's blocks out this way).
+    for (k, v) in b[Q2K_QS..Q2K_D].chunks_exact_mut(4).enumerate() {
+        v.copy_from_slice(&g[Q2K_P_QS + 32 * k + 4 * r..Q2K_P_QS + 32 * k + 4 * r + 4]);
     }
     b
 }

@@ -61,11 +61,18 @@ pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize) -> bool {
     matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) && tag(d).is_some() && n_tokens >= MIN_TOKENS
 }
 
-/// Whether the panel of `d` can be decoded from a packing of it (IQ4_XS: `fill_rows_packed`;
-/// Q2_K: `fill` from each row's block copied out of its group), so a packed matrix's
-/// multi-token calls take this path instead of the packed kernels.
-pub(crate) fn reads_packing(d: DType) -> bool {
-    matches!(d, DType::IQ4XS | DType::Q2K)
+/// Fewest tokens of a call on a packed matrix that this path takes, decoding its panel from
+/// the packing: below it the packed kernels (4 tokens a pass) cost less per row-token than
+/// the panel's decoding per call (Zen 1, `bench kernels --rows 4096 --threads 1 --clock cpu`:
+/// Q2_K at 8 / 16 tokens 198 / 150 ns per row-token from the packing against ~119 for the
+/// packed kernel, at 64 tokens 112 against ~119).
+pub(crate) const PACKED_MIN_TOKENS: usize = 64;
+
+/// Whether a call of `n_tokens` tokens on a packing of `d` runs here, its panel decoded from
+/// the packing (IQ4_XS: `fill_rows_packed`; Q2_K: `fill` from each row's block copied out of
+/// its group) instead of the packed kernels.
+pub(crate) fn reads_packing(d: DType, n_tokens: usize) -> bool {
+    matches!(d, DType::IQ4XS | DType::Q2K) && n_tokens >= PACKED_MIN_TOKENS
 }
 
 /// Panel bytes one weight row of `cols` columns takes (for chunk sizing).

@@ -140,3 +140,24 @@ fn k_packed_paths_equal_scalar_bitwise_at_1_to_8_tokens() {
         }
     }
 }
+
+/// Calls of many tokens on packed IQ4_XS / Q2_K decode their prefill panel from the packing
+/// (`k_panel`, from 64 tokens): bitwise the scalar reference, and each token's bits the same
+/// as in a one-token call (the packed kernels').
+#[test]
+fn k_packed_prefill_panels_read_from_the_packing_equal_scalar() {
+    if !Isa::Avx2.is_available() {
+        return;
+    }
+    for d in [DType::IQ4XS, DType::Q2K] {
+        for &(rows, cols, rand) in &[(24usize, 512usize, true), (40, 256, false)] {
+            let bytes = if rand { random_bytes(d, rows, cols, 90, true) } else { quantize(d, &data(rows * cols, 91), cols).unwrap() };
+            let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+            let p = Packed::new(&wm).unwrap();
+            let wp = wm.with_packed(&p);
+            for n in [64usize, 70] {
+                assert_packed_equals_scalar(&wm, &wp, &acts(n, cols, 600 + n as u64), n);
+            }
+        }
+    }
+}
