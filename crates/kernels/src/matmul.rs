@@ -279,7 +279,10 @@ impl<'a> Job<'a> {
         let panel = !vnni
             && amx_acts.is_none()
             && crate::simd::k_panel::takes(isa, w.dtype, n_tokens)
-            && packed.map_or(true, |p| crate::simd::k_panel::reads_packing(p.dtype(), n_tokens));
+            && match packed {
+                None => true,
+                Some(p) => crate::simd::k_panel::reads_packing(p.dtype(), n_tokens),
+            };
         // A panel decoded from the packing (IQ4_XS, Q2_K) replaces the packed kernels for the call.
         #[cfg(target_arch = "x86_64")]
         let packed = if panel { None } else { packed };

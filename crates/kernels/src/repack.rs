@@ -68,8 +68,7 @@ impl Packed {
                 | DType::Q6K
                 | DType::IQ4XS
                 | DType::Q2K
-        )
-            && rows % GROUP_ROWS == 0
+        ) && rows % GROUP_ROWS == 0
             && rows > 0
     }
 

@@ -19,10 +19,10 @@
 
 use super::prefetch::{group_block_ahead, AHEAD_Q};
 use super::{Acts, TileCtx};
+use crate::blocks::KVALUES_IQ4NL;
 use crate::blocks::QK;
 use crate::dtype::DType;
 use crate::quantize::ActQ8;
-use crate::blocks::KVALUES_IQ4NL;
 use crate::repack::{fifth_bits_at, group_block_bytes, head_bytes, Packed, GROUP_ROWS};
 use std::arch::x86_64::*;
 

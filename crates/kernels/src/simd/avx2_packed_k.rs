@@ -16,14 +16,14 @@
 //! `acc += (d·d_x)·isum` (isum including the `−32` offset), super-blocks in order, `acc`
 //! from +0.0, no fused multiply-add — so the result is bitwise the scalar path's, for any tile.
 
+use super::avx2_packed::bcast4;
 use super::prefetch::{group_block_ahead, AHEAD_K};
 use super::TileCtx;
+use crate::blocks::KVALUES_IQ4NL;
 use crate::blocks::QK_K;
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use super::avx2_packed::bcast4;
-use crate::blocks::KVALUES_IQ4NL;
 use crate::repack_k::{q4k_reg, q6k_reg, IQ4XS_P_QS, IQ4XS_P_SC, Q2K_P_QS, Q2K_P_SC, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
 use std::arch::x86_64::*;
 
@@ -220,7 +220,24 @@ unsafe fn q2k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     // Word 0 (h = 0) or 1 (h = 1) of every dword in both of its words.
     let dup = |h: i8| {
         let (w0, w1) = (2 * h, 2 * h + 1);
-        let lane = _mm_setr_epi8(w0, w1, w0, w1, w0 + 4, w1 + 4, w0 + 4, w1 + 4, w0 + 8, w1 + 8, w0 + 8, w1 + 8, w0 + 12, w1 + 12, w0 + 12, w1 + 12);
+        let lane = _mm_setr_epi8(
+            w0,
+            w1,
+            w0,
+            w1,
+            w0 + 4,
+            w1 + 4,
+            w0 + 4,
+            w1 + 4,
+            w0 + 8,
+            w1 + 8,
+            w0 + 8,
+            w1 + 8,
+            w0 + 12,
+            w1 + 12,
+            w0 + 12,
+            w1 + 12,
+        );
         _mm256_broadcastsi128_si256(lane)
     };
     let dups = [dup(0), dup(1)];

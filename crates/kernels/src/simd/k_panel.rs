@@ -21,9 +21,9 @@
 //! `avx2_k::block_term`'s float operations, so a token's output does not depend on whether it
 //! came in a prefill or a decode call.
 
+use super::avx2::f16_load;
 use super::avx2_k::{block_bytes, block_term, decode_block, hsum_rows, tag, KBlock, IQ4XS, Q2K, Q3K, Q5K};
 use super::avx2_packed_k::bcast8;
-use super::avx2::f16_load;
 use super::avx2_q32::table;
 use super::{Acts, Isa, TileCtx};
 use crate::blocks::{KVALUES_IQ4NL, QK_K};
