@@ -108,7 +108,9 @@ pub const TABLE: &[TableRow] = &[
         models: &[0x01..=0x01],
         // Measured: the AVX2 path (packed where the format repacks) beats every other variant of
         // every format at 1-64 tokens a call, so it names no other path (no AVX-512: no token
-        // lanes; 512 KiB of L2: the default F16 chunks).
+        // lanes; 512 KiB of L2: the default F16 chunks). The one exception kept: packed Q2_K /
+        // IQ4_XS at 64 tokens, whose prefill panel decoded from the packing costs 1-5% more per
+        // row-token than from the file's bytes, which a packed matrix never reads.
         choices: &[],
         token_lane_min: &[],
         f16_chunk_kib: None,
