@@ -221,6 +221,7 @@ unsafe fn fill<const K: u8>(
     let zero = KBlock { q: [_mm256_setzero_si256(); 8], s: [_mm256_setzero_si256(); 8], corr_w: _mm256_setzero_si256(), d: 0.0, dmin: 0.0 };
     let decode = |r: usize, i: usize| match packed {
         Some((p, r0)) => {
+            debug_assert_eq!(p.dtype(), DType::Q2K, "only Q2_K's panel is copied out of its packing");
             let gbb = group_block_bytes(p.dtype());
             let row = r0 + r;
             let block = q2k_source_block(&p.group(row / GROUP_ROWS)[i * gbb..(i + 1) * gbb], row % GROUP_ROWS);
