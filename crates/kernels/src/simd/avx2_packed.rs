@@ -17,6 +17,7 @@
 //! `acc` from +0.0, no fused multiply-add — so the result is bitwise the scalar path's, for
 //! any tile.
 
+use super::avx2_q32::table;
 use super::prefetch::{group_block_ahead, AHEAD_Q};
 use super::{Acts, TileCtx};
 use crate::blocks::KVALUES_IQ4NL;
@@ -260,7 +261,7 @@ unsafe fn iq4nl_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out:
     let gbb = group_block_bytes(DType::IQ4NL);
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let lut = table(&KVALUES_IQ4NL);
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
