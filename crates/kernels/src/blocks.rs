@@ -127,16 +127,31 @@ pub fn q3k_value(b: &[u8], i: usize) -> i32 {
     lo - if hi != 0 { 0 } else { 4 }
 }
 
-/// The 16 scales of a Q3_K block minus 32 (−32..32): scale `j` has low 4 bits from nibble
-/// `j / 8` of `scales[j % 8]` and high 2 bits from bits `2(j / 4)..` of `scales[8 + j % 4]`.
+/// The 16 scales of a Q3_K block plus 32 (0..64, the stored 6 bits), four per u32: scale
+/// `4w + i` in byte `i` of word `w`. Scale `j` has low 4 bits from nibble `j / 8` of
+/// `scales[j % 8]` (word `w % 2`, shifted by 4 for `w ≥ 2`) and high 2 bits from bits
+/// `2(j / 4)..` of `scales[8 + j % 4]` (word 2's bits `2w..2w + 2` per byte).
+#[inline(always)]
+pub fn q3k_scale_words(b: &[u8]) -> [u32; 4] {
+    const LOW: u32 = 0x0f0f_0f0f;
+    const HIGH: u32 = 0x0303_0303;
+    let s = &b[Q3K_SCALES..Q3K_SCALES + 12];
+    let u = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    [
+        (u0 & LOW) | ((u2 & HIGH) << 4),
+        (u1 & LOW) | (((u2 >> 2) & HIGH) << 4),
+        ((u0 >> 4) & LOW) | (((u2 >> 4) & HIGH) << 4),
+        ((u1 >> 4) & LOW) | (((u2 >> 6) & HIGH) << 4),
+    ]
+}
+
+/// The 16 scales of a Q3_K block minus 32 (−32..32), in order ([`q3k_scale_words`]'s bytes).
 #[inline(always)]
 pub fn q3k_scales(b: &[u8]) -> [i8; 16] {
-    let s = &b[Q3K_SCALES..Q3K_SCALES + 12];
     let mut out = [0i8; 16];
-    for (j, o) in out.iter_mut().enumerate() {
-        let lo = (s[j % 8] >> (4 * (j / 8))) & 0xF;
-        let hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        *o = (lo | (hi << 4)) as i8 - 32;
+    for (o, byte) in out.iter_mut().zip(q3k_scale_words(b).iter().flat_map(|w| w.to_le_bytes())) {
+        *o = (byte as i8).wrapping_sub(32);
     }
     out
 }
@@ -221,6 +236,27 @@ pub fn scales_mins_k4(q: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn q3k_scales_match_per_index() {
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..1000 {
+            let mut b = vec![0u8; Q3K_SCALES + 12];
+            for v in b.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *v = x as u8;
+            }
+            let s = &b[Q3K_SCALES..];
+            let got = q3k_scales(&b);
+            for (j, g) in got.iter().enumerate() {
+                let lo = (s[j % 8] >> (4 * (j / 8))) & 0xF;
+                let hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+                assert_eq!(*g, (lo | (hi << 4)) as i8 - 32, "j={j} s={s:?}");
+            }
+        }
+    }
 
     #[test]
     fn scales_mins_k4_matches_per_index() {

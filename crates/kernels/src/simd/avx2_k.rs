@@ -90,21 +90,38 @@ pub(crate) unsafe fn rows_tile(d: DType, nr: usize, nt: usize, w: *const u8, rb:
     }
 }
 
-/// `(x >> s) & 1` of every byte of `v`, moved to bit `to`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bit_to(v: __m256i, s: i32, to: i32) -> __m256i {
-    let b = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
-    _mm256_sll_epi16(b, _mm_cvtsi32_si128(to))
+/// Bit `b` of every byte of `v` as the value `VAL` (a power of two) or 0, with no shift per
+/// bit (a shift is two µops on Zen 1's one vector-shift pipe, and the decode ran out of that
+/// pipe first): bits at or above `VAL`'s are masked and clamped to `VAL` by `vpminub`; lower
+/// bits are taken from `up`, which is `v` shifted left (16-bit lanes) by `VAL`'s bit index,
+/// so each byte's bit `b` sits at bit `b + log2(VAL)` of the same byte (what crosses in from
+/// the neighbour byte lands below that and is masked off).
+#[inline(always)]
+unsafe fn bit_value<const VAL: u8>(v: __m256i, up: __m256i, b: u32) -> __m256i {
+    let shift = VAL.trailing_zeros();
+    let (src, mask) = if b >= shift { (v, 1u32 << b) } else { (up, 1u32 << (b + shift)) };
+    let x = _mm256_and_si256(src, _mm256_set1_epi8(mask as u8 as i8));
+    if mask == VAL as u32 {
+        x
+    } else {
+        _mm256_min_epu8(x, _mm256_set1_epi8(VAL as i8))
+    }
 }
 
-/// i16 lanes: `sc[2g]` in the low 128-bit lane, `sc[2g + 1]` in the high one (sign-extended
-/// bytes of `sc16`, both lanes holding all 16).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pair_scales(sc16: __m256i, g: usize) -> __m256i {
-    let ctrl = _mm256_set_m128i(_mm_set1_epi8(2 * g as i8 + 1), _mm_set1_epi8(2 * g as i8));
-    _mm256_srai_epi16(_mm256_shuffle_epi8(sc16, ctrl), 8)
+/// The 8 registers of i16 scales for `vpmaddwd`, from 16 i16 sub-block scales `sc` (scales
+/// 0..8 in the low 128-bit lane, 8..16 in the high one): register `g` holds `sc[2g]` in its
+/// low lane and `sc[2g + 1]` in its high one (one shuffle each, no shift).
+#[inline(always)]
+unsafe fn scale_pairs(sc: __m256i) -> [__m256i; 8] {
+    let halves = [_mm256_permute4x64_epi64::<0x44>(sc), _mm256_permute4x64_epi64::<0xEE>(sc)];
+    let mut s = [_mm256_setzero_si256(); 8];
+    for (g, sg) in s.iter_mut().enumerate() {
+        // Bytes of i16 lane 2·(g % 4) (low 128-bit lane) and 2·(g % 4) + 1 (high one).
+        let lo = (4 * (g % 4)) as i16;
+        let ctrl = _mm256_set_m128i(_mm_set1_epi16(((lo + 3) << 8) | (lo + 2)), _mm_set1_epi16(((lo + 1) << 8) | lo));
+        *sg = _mm256_shuffle_epi8(halves[g / 4], ctrl);
+    }
+    s
 }
 
 /// Bytes of one super-block of format `K`.
@@ -150,12 +167,13 @@ macro_rules! decode_block_body {
                 let m8 = _mm_loadl_epi64(m.as_ptr() as *const __m128i);
                 corr_w = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
                 let qh = _mm256_loadu_si256(b.add(Q5K_QH) as *const __m256i);
+                let qh_up = _mm256_slli_epi16::<4>(qh);
                 for c in 0..4 {
                     let v = _mm256_loadu_si256(b.add(Q5K_QS + 32 * c) as *const __m256i);
                     let lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
                     let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
-                    q[2 * c] = _mm256_or_si256(lo, bit_to(qh, 2 * c as i32, 4));
-                    q[2 * c + 1] = _mm256_or_si256(hi, bit_to(qh, 2 * c as i32 + 1, 4));
+                    q[2 * c] = _mm256_or_si256(lo, bit_value::<16>(qh, qh_up, 2 * c as u32));
+                    q[2 * c + 1] = _mm256_or_si256(hi, bit_value::<16>(qh, qh_up, 2 * c as u32 + 1));
                     s[2 * c] = _mm256_set1_epi16(sc[2 * c] as i16);
                     s[2 * c + 1] = _mm256_set1_epi16(sc[2 * c + 1] as i16);
                 }
@@ -164,31 +182,32 @@ macro_rules! decode_block_body {
                 d = f16_at(bs, Q2K_D);
                 dmin = f16_at(bs, Q2K_D + 2);
                 let sm = _mm_loadu_si128(b as *const __m128i);
-                let sc16 = _mm256_broadcastsi128_si256(_mm_and_si128(sm, _mm_set1_epi8(0x0F)));
+                s = scale_pairs(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0F))));
                 corr_w = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
                 for n in 0..2 {
                     let v = _mm256_loadu_si256(b.add(Q2K_QS + 32 * n) as *const __m256i);
                     for k in 0..4 {
                         q[4 * n + k] = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), m3);
-                        s[4 * n + k] = pair_scales(sc16, 4 * n + k);
                     }
                 }
             }
             Q3K => {
                 d = f16_at(bs, Q3K_D);
                 dmin = 0.0;
-                let sc = q3k_scales(bs);
-                let sc8 = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+                // The scales as 16 bytes in one register (a byte array would be built byte
+                // by byte), minus 32.
+                let sc = q3k_scale_words(bs);
+                let sc8 = _mm_sub_epi8(_mm_loadu_si128(sc.as_ptr() as *const __m128i), _mm_set1_epi8(32));
                 corr_w = _mm256_cvtepi8_epi16(sc8);
-                let sc16 = _mm256_broadcastsi128_si256(sc8);
+                s = scale_pairs(corr_w);
                 let hm = _mm256_loadu_si256(b as *const __m256i);
+                let hm_up = _mm256_slli_epi16::<2>(hm);
                 for n in 0..2 {
                     let v = _mm256_loadu_si256(b.add(Q3K_QS + 32 * n) as *const __m256i);
                     for k in 0..4 {
                         let g = 4 * n + k;
                         let lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), m3);
-                        q[g] = _mm256_or_si256(lo, bit_to(hm, g as i32, 2));
-                        s[g] = pair_scales(sc16, g);
+                        q[g] = _mm256_or_si256(lo, bit_value::<4>(hm, hm_up, g as u32));
                     }
                 }
             }
