@@ -3,11 +3,10 @@
 //! these kernels for every packing the 512-bit ones do not take.
 //!
 //! Per group-block and token: the 8 rows' exact integer dot products end in one register with
-//! vertical adds only (lane `r` = row `r`, activation bytes broadcast; Q4_0: 8 `vpmaddubsw`,
-//! i16 adds, one `vpmaddwd`; Q5_0 / Q5_1: the same with each register's fifth bits or-ed in by
-//! one shift, and two `vpmaddwd`; Q8_0 / IQ4_NL (table values): 8 × (sign trick,
-//! `vpmaddubsw`, `vpmaddwd`)), then one
-//! conversion, the scales `d_w · d_x` for all 8 rows in one multiply, one multiply and one
+//! vertical adds only (lane `r` = row `r`, activation bytes broadcast; Q4_0 / Q4_1: 8
+//! `vpmaddubsw`, i16 adds, one `vpmaddwd`; Q5_0 / Q5_1: the same with each register's fifth
+//! bits or-ed in by one shift, and two `vpmaddwd` — one kernel, [`nibble_group`]; Q8_0 /
+//! IQ4_NL (table values): 8 × (sign trick, `vpmaddubsw`, `vpmaddwd`)), then one conversion, the scales `d_w · d_x` for all 8 rows in one multiply, one multiply and one
 //! add. Integer multiplies are what bound these kernels on AVX2 machines with one vector
 //! multiply port (Zen 1: 2 µops per 256-bit multiply); horizontal adds and lane swaps, which
 //! the older pair layout needed per token, are gone.
@@ -46,34 +45,28 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = super::even_pass(n_tokens - t0, MAX_TOKENS);
+        debug_assert!((1..=MAX_TOKENS).contains(&nt));
         for g in r0 / GROUP_ROWS..r1 / GROUP_ROWS {
             let gp = p.group(g).as_ptr();
             let out = c.out.add(t0 * c.ldo + g * GROUP_ROWS);
-            match (p.dtype(), nt) {
-                (DType::Q4_0, 1) => q4_group::<1>(gp, a, t0, out, c.ldo),
-                (DType::Q4_0, 2) => q4_group::<2>(gp, a, t0, out, c.ldo),
-                (DType::Q4_0, 3) => q4_group::<3>(gp, a, t0, out, c.ldo),
-                (DType::Q4_0, 4) => q4_group::<4>(gp, a, t0, out, c.ldo),
-                (DType::Q8_0, 1) => q8_group::<1>(gp, a, t0, out, c.ldo),
-                (DType::Q8_0, 2) => q8_group::<2>(gp, a, t0, out, c.ldo),
-                (DType::Q8_0, 3) => q8_group::<3>(gp, a, t0, out, c.ldo),
-                (DType::Q8_0, 4) => q8_group::<4>(gp, a, t0, out, c.ldo),
-                (DType::Q4_1, 1) => q4_1_group::<1>(gp, a, t0, out, c.ldo),
-                (DType::Q4_1, 2) => q4_1_group::<2>(gp, a, t0, out, c.ldo),
-                (DType::Q4_1, 3) => q4_1_group::<3>(gp, a, t0, out, c.ldo),
-                (DType::Q4_1, 4) => q4_1_group::<4>(gp, a, t0, out, c.ldo),
-                (DType::Q5_0, 1) => q5_group::<1, false>(gp, a, t0, out, c.ldo),
-                (DType::Q5_0, 2) => q5_group::<2, false>(gp, a, t0, out, c.ldo),
-                (DType::Q5_0, 3) => q5_group::<3, false>(gp, a, t0, out, c.ldo),
-                (DType::Q5_0, 4) => q5_group::<4, false>(gp, a, t0, out, c.ldo),
-                (DType::Q5_1, 1) => q5_group::<1, true>(gp, a, t0, out, c.ldo),
-                (DType::Q5_1, 2) => q5_group::<2, true>(gp, a, t0, out, c.ldo),
-                (DType::Q5_1, 3) => q5_group::<3, true>(gp, a, t0, out, c.ldo),
-                (DType::Q5_1, 4) => q5_group::<4, true>(gp, a, t0, out, c.ldo),
-                (DType::IQ4NL, 1) => iq4nl_group::<1>(gp, a, t0, out, c.ldo),
-                (DType::IQ4NL, 2) => iq4nl_group::<2>(gp, a, t0, out, c.ldo),
-                (DType::IQ4NL, 3) => iq4nl_group::<3>(gp, a, t0, out, c.ldo),
-                (DType::IQ4NL, 4) => iq4nl_group::<4>(gp, a, t0, out, c.ldo),
+            // The kernel `$f` of this format, for this pass's token count (1..=MAX_TOKENS).
+            macro_rules! by_tokens {
+                ($f:ident $(, $c:expr)*) => {
+                    match nt {
+                        1 => $f::<1 $(, $c)*>(gp, a, t0, out, c.ldo),
+                        2 => $f::<2 $(, $c)*>(gp, a, t0, out, c.ldo),
+                        3 => $f::<3 $(, $c)*>(gp, a, t0, out, c.ldo),
+                        _ => $f::<4 $(, $c)*>(gp, a, t0, out, c.ldo),
+                    }
+                };
+            }
+            match p.dtype() {
+                DType::Q4_0 => by_tokens!(nibble_group, false, false),
+                DType::Q4_1 => by_tokens!(nibble_group, false, true),
+                DType::Q5_0 => by_tokens!(nibble_group, true, false),
+                DType::Q5_1 => by_tokens!(nibble_group, true, true),
+                DType::Q8_0 => by_tokens!(q8_group),
+                DType::IQ4NL => by_tokens!(iq4nl_group),
                 _ => unreachable!("only the 32-element formats are packed here"),
             }
         }
@@ -94,118 +87,31 @@ pub(crate) unsafe fn bcast4(xp: *const i8, at: usize) -> __m256i {
     _mm256_set1_epi32((xp.add(at) as *const i32).read_unaligned())
 }
 
-/// Q4_0, one 8-row group, NT tokens. Register `j` of a group-block holds, in lane `r`, row
-/// `r`'s nibble bytes `4j..4j+4` (elements `4j..4j+4` low, `16+4j..16+4j+4` high), so one
-/// `vpmaddubsw` per nibble half and broadcast activation gives 8 rows' i16 pair sums; the
-/// 4 registers' sums stay in i16 (|15·127·2| · 2 · 4 = 30,480 < 2^15, exact) and one
-/// `vpmaddwd` per token widens them: 8 + 1 multiplies per token and group-block, no
-/// horizontal sum.
+/// The nibble formats, one 8-row group, NT tokens: Q4_0 (`FIFTH`, `MIN` false), Q4_1 (`MIN`),
+/// Q5_0 (`FIFTH`), Q5_1 (both). Register `j` of a group-block holds, in lane `r`, row `r`'s
+/// nibble bytes `4j..4j+4` (elements `4j..4j+4` low, `16+4j..16+4j+4` high), so one
+/// `vpmaddubsw` per nibble half and broadcast activation gives 8 rows' i16 pair sums, with no
+/// horizontal sum. Five-bit formats or each byte's fifth bit in ([`fifth_bit`]; values 0..32).
+///
+/// The registers' sums stay in i16 until one `vpmaddwd` widens them: all 4 registers for the
+/// four-bit formats (|15·127·2| · 2 · 4 = 30,480 < 2^15), 2 for the five-bit ones (|31·127·2|
+/// · 4 = 31,496), exact either way — 8 + 1 (or 8 + 2) multiplies per token and group-block.
+/// Q4_0 / Q5_0 add the activation's `−8·Σx` / `−16·Σx` (`bias1`) to the integer sum, as the
+/// scalar reference's `isum`; Q4_1 / Q5_1 add `m_w · s_x` per lane as it does (the min's 8 rows'
+/// f16s follow the `d`s).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
-    let nb = a.blocks_per_row;
-    let gbb = group_block_bytes(DType::Q4_0);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); NT];
-    for i in 0..nb {
-        let b = gp.add(i * gbb);
-        if NT > 1 && t0 == 0 {
-            group_block_ahead::<AHEAD_Q>(b, gbb);
-        }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
-        let mut s = [_mm256_setzero_si256(); NT];
-        for j in 0..4 {
-            let v = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
-            let lo = _mm256_and_si256(v, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            for t in 0..NT {
-                let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK);
-                let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xp, 4 * j)), _mm256_maddubs_epi16(hi, bcast4(xp, 16 + 4 * j)));
-                s[t] = _mm256_add_epi16(s[t], p);
-            }
-        }
-        for t in 0..NT {
-            let ab = (t0 + t) * nb + i;
-            let isum = _mm256_add_epi32(_mm256_madd_epi16(s[t], ones), _mm256_set1_epi32(*a.bias1.get_unchecked(ab)));
-            acc[t] = accumulate(acc[t], dw, a, ab, isum);
-        }
-    }
-    for t in 0..NT {
-        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
-    }
-}
-
-/// Q4_1, one 8-row group, NT tokens: Q4_0's integer sums (no offset: the nibbles are the
-/// values) and, per lane, the scalar reference's `acc + ((d_w · d_x) · isum + m_w · s_x)`
-/// (the min's 8 rows' f16s follow the `d`s; the quant registers start at byte 32).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
-    let nb = a.blocks_per_row;
-    let gbb = group_block_bytes(DType::Q4_1);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); NT];
-    for i in 0..nb {
-        let b = gp.add(i * gbb);
-        if NT > 1 && t0 == 0 {
-            group_block_ahead::<AHEAD_Q>(b, gbb);
-        }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
-        let mw = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i));
-        let mut s = [_mm256_setzero_si256(); NT];
-        for j in 0..4 {
-            let v = _mm256_loadu_si256(b.add(32 + 32 * j) as *const __m256i);
-            let lo = _mm256_and_si256(v, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            for t in 0..NT {
-                let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK);
-                let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xp, 4 * j)), _mm256_maddubs_epi16(hi, bcast4(xp, 16 + 4 * j)));
-                s[t] = _mm256_add_epi16(s[t], p);
-            }
-        }
-        for t in 0..NT {
-            let ab = (t0 + t) * nb + i;
-            let isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], ones));
-            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ab)));
-            let min = _mm256_mul_ps(mw, _mm256_set1_ps(*a.s.get_unchecked(ab)));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_add_ps(_mm256_mul_ps(scale, isum), min));
-        }
-    }
-    for t in 0..NT {
-        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
-    }
-}
-
-/// Bit 4 of every byte of `hb` (a group-block's rearranged fifth bits, `repack::spread_qh`)
-/// set where quant register `j`'s low (`HI` false) or high nibble has its fifth bit: the bit
-/// sits at `2j` (+1 for the high nibble) of the same byte, and one 16-bit shift by at most 4
-/// brings it to bit 4 without carrying a neighbour byte's bit there.
-#[inline(always)]
-unsafe fn fifth_bit<const HI: bool>(hb: __m256i, j: usize) -> __m256i {
-    let moved = match (j, HI) {
-        (0, false) => _mm256_slli_epi16::<4>(hb),
-        (0, true) => _mm256_slli_epi16::<3>(hb),
-        (1, false) => _mm256_slli_epi16::<2>(hb),
-        (1, true) => _mm256_slli_epi16::<1>(hb),
-        (2, false) => hb,
-        (2, true) => _mm256_srli_epi16::<1>(hb),
-        (3, false) => _mm256_srli_epi16::<2>(hb),
-        _ => _mm256_srli_epi16::<3>(hb),
+unsafe fn nibble_group<const NT: usize, const FIFTH: bool, const MIN: bool>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+    let dtype = match (FIFTH, MIN) {
+        (false, false) => DType::Q4_0,
+        (false, true) => DType::Q4_1,
+        (true, false) => DType::Q5_0,
+        (true, true) => DType::Q5_1,
     };
-    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
-}
-
-/// Q5_0 (`MIN` false) / Q5_1 (`MIN` true), one 8-row group, NT tokens: Q4_0's registers with
-/// each byte's fifth bit or-ed in ([`fifth_bit`]), values 0..32. Two registers' products stay
-/// in i16 (|31·127·2| · 4 = 31,496 < 2^15, exact) before a `vpmaddwd` widens them: 8 + 2
-/// multiplies per token and group-block. Q5_0 adds the activation's `−16·Σx` (`bias1`) to
-/// the integer sum; Q5_1 adds `m_w · s_x` per lane as the scalar reference does.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_group<const NT: usize, const MIN: bool>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
-    let dtype = if MIN { DType::Q5_1 } else { DType::Q5_0 };
+    // Registers whose products share one i16 sum.
+    let per_sum = if FIFTH { 2 } else { 4 };
     let nb = a.blocks_per_row;
     let gbb = group_block_bytes(dtype);
-    let (quants, fifth) = (8 * head_bytes(dtype), fifth_bits_at(dtype));
+    let quants = 8 * head_bytes(dtype);
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); NT];
@@ -215,14 +121,18 @@ unsafe fn q5_group<const NT: usize, const MIN: bool>(gp: *const u8, a: &ActQ8, t
             group_block_ahead::<AHEAD_Q>(b, gbb);
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
-        let hb = _mm256_loadu_si256(b.add(fifth) as *const __m256i);
+        let hb = if FIFTH { _mm256_loadu_si256(b.add(fifth_bits_at(dtype)) as *const __m256i) } else { _mm256_setzero_si256() };
         let mut s = [_mm256_setzero_si256(); NT];
-        for half in 0..2 {
+        for part in 0..4 / per_sum {
             let mut s16 = [_mm256_setzero_si256(); NT];
-            for j in 2 * half..2 * half + 2 {
+            for j in part * per_sum..(part + 1) * per_sum {
                 let v = _mm256_loadu_si256(b.add(quants + 32 * j) as *const __m256i);
-                let lo = _mm256_or_si256(_mm256_and_si256(v, m4), fifth_bit::<false>(hb, j));
-                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), fifth_bit::<true>(hb, j));
+                let mut lo = _mm256_and_si256(v, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if FIFTH {
+                    lo = _mm256_or_si256(lo, fifth_bit::<false>(hb, j));
+                    hi = _mm256_or_si256(hi, fifth_bit::<true>(hb, j));
+                }
                 for t in 0..NT {
                     let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK);
                     let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xp, 4 * j)), _mm256_maddubs_epi16(hi, bcast4(xp, 16 + 4 * j)));
@@ -249,6 +159,25 @@ unsafe fn q5_group<const NT: usize, const MIN: bool>(gp: *const u8, a: &ActQ8, t
     for t in 0..NT {
         _mm256_storeu_ps(out.add(t * ldo), acc[t]);
     }
+}
+
+/// Bit 4 of every byte of `hb` (a group-block's rearranged fifth bits, `repack::spread_qh`)
+/// set where quant register `j`'s low (`HI` false) or high nibble has its fifth bit: the bit
+/// sits at `2j` (+1 for the high nibble) of the same byte, and one 16-bit shift by at most 4
+/// brings it to bit 4 without carrying a neighbour byte's bit there.
+#[inline(always)]
+unsafe fn fifth_bit<const HI: bool>(hb: __m256i, j: usize) -> __m256i {
+    let moved = match (j, HI) {
+        (0, false) => _mm256_slli_epi16::<4>(hb),
+        (0, true) => _mm256_slli_epi16::<3>(hb),
+        (1, false) => _mm256_slli_epi16::<2>(hb),
+        (1, true) => _mm256_slli_epi16::<1>(hb),
+        (2, false) => hb,
+        (2, true) => _mm256_srli_epi16::<1>(hb),
+        (3, false) => _mm256_srli_epi16::<2>(hb),
+        _ => _mm256_srli_epi16::<3>(hb),
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
 }
 
 /// IQ4_NL, one 8-row group, NT tokens: Q4_0's registers, each nibble looked up in the format's
