@@ -100,7 +100,13 @@ pub(crate) unsafe fn bcast4(xp: *const i8, at: usize) -> __m256i {
 /// scalar reference's `isum`; Q4_1 / Q5_1 add `m_w · s_x` per lane as it does (the min's 8 rows'
 /// f16s follow the `d`s).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibble_group<const NT: usize, const FIFTH: bool, const MIN: bool>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+unsafe fn nibble_group<const NT: usize, const FIFTH: bool, const MIN: bool>(
+    gp: *const u8,
+    a: &ActQ8,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
     let dtype = match (FIFTH, MIN) {
         (false, false) => DType::Q4_0,
         (false, true) => DType::Q4_1,
