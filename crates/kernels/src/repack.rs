@@ -1,10 +1,11 @@
-//! [`Packed`]: Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q6_K / IQ4_XS / Q2_K weights repacked at load
+//! [`Packed`]: Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 / Q4_K / Q6_K / IQ4_XS / Q2_K weights repacked at load
 //! into 8-row interleaved groups, the layout the AVX2 GEMV streams (`simd/avx2_packed.rs`,
 //! `simd/avx2_packed_k.rs`). The K-quant layouts are documented in `repack_k.rs`.
 //!
 //! Layout of the 32-element formats, per group of 8 consecutive rows `8g..8g+8`, then per block
 //! `i` of the row (groups are stored one after another, a group's blocks in column order):
-//! * the 8 rows' f16 scales `d` (16 bytes), row order (Q4_1 / Q5_1: then their mins `m`, 16 bytes);
+//! * the 8 rows' f16 scales `d` (16 bytes), row order (Q4_1 / Q5_1: then their mins `m`, 16 bytes;
+//!   MXFP4: the 8 rows' E8M0 exponent bytes, 8 bytes);
 //! * Q5_0 / Q5_1: then the rows' fifth bits (32 bytes, row `r` at `4r`), rearranged so that one
 //!   shift per quant register brings each element's bit to bit 4 of its byte ([`spread_qh`]):
 //!   bit `2j` of byte `k` is element `4j+k`'s, bit `2j+1` element `16+4j+k`'s;
@@ -54,7 +55,7 @@ impl std::fmt::Debug for Packed {
 
 impl Packed {
     /// Whether a matrix of this format and row count can be packed (Q4_0 / Q8_0 / Q4_1 / Q5_0 /
-    /// Q5_1 / IQ4_NL / Q4_K / Q6_K / IQ4_XS / Q2_K with a whole number of 8-row groups).
+    /// Q5_1 / IQ4_NL / MXFP4 / Q4_K / Q6_K / IQ4_XS / Q2_K with a whole number of 8-row groups).
     pub fn supports(dtype: DType, rows: usize) -> bool {
         matches!(
             dtype,
@@ -64,6 +65,7 @@ impl Packed {
                 | DType::Q5_0
                 | DType::Q5_1
                 | DType::IQ4NL
+                | DType::MXFP4
                 | DType::Q4K
                 | DType::Q6K
                 | DType::IQ4XS
@@ -90,8 +92,8 @@ impl Packed {
                         pack_block(w.dtype, r, src, dst);
                         continue;
                     }
-                    let h = head_bytes(w.dtype);
-                    dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
+                    let (h, sb) = (head_bytes(w.dtype), scale_bytes(w.dtype));
+                    dst[sb * r..sb * r + sb].copy_from_slice(&src[..sb]);
                     if has_min(w.dtype) {
                         dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
                     }
@@ -113,14 +115,14 @@ impl Packed {
 
     /// What a loader should attach to `w` on this machine: its packing when the matmul path
     /// reads packings ([`crate::simd::Isa::runs_packed`]: AVX2, AVX-512 without AMX),
-    /// [`repack_enabled`] and the shape packs; else `None`. Q5_0 / Q5_1 / IQ4_NL / IQ4_XS / Q2_K are packed on
+    /// [`repack_enabled`] and the shape packs; else `None`. Q5_0 / Q5_1 / IQ4_NL / MXFP4 / IQ4_XS / Q2_K are packed on
     /// the AVX2 path only: the AVX-512 path keeps its own tiles for them (where they were
     /// not measured against the AVX2 packed kernels, which are the only ones for these formats).
     pub fn for_this_cpu(w: &WeightMatrix) -> Option<Packed> {
         #[cfg(target_arch = "x86_64")]
         {
             let isa = crate::simd::Isa::detect();
-            let avx2_only = matches!(w.dtype, DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::IQ4XS | DType::Q2K);
+            let avx2_only = matches!(w.dtype, DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 | DType::IQ4XS | DType::Q2K);
             if repack_enabled() && isa.runs_packed() && (!avx2_only || isa == crate::simd::Isa::Avx2) {
                 return Packed::new(w);
             }
@@ -163,7 +165,7 @@ impl Packed {
         if is_k(self.dtype) {
             return self.group(g).chunks_exact(gbb).flat_map(|b| unpack_block(self.dtype, k, b)).collect();
         }
-        let h = head_bytes(self.dtype);
+        let (h, sb) = (head_bytes(self.dtype), scale_bytes(self.dtype));
         self.group(g)
             .chunks_exact(gbb)
             .flat_map(|b| {
@@ -174,21 +176,32 @@ impl Packed {
                 });
                 let qh = qh.as_ref().map_or(&[][..], |q| &q[..]);
                 let quants = (0..bb - h).map(|q| b[quant_at(h, k, q)]);
-                b[2 * k..2 * k + 2].iter().chain(m).chain(qh).copied().chain(quants).collect::<Vec<_>>()
+                b[sb * k..sb * k + sb].iter().chain(m).chain(qh).copied().chain(quants).collect::<Vec<_>>()
             })
             .collect()
     }
 }
 
 /// Bytes of the fields ahead of the quants in a 32-element format's block: `d` (Q4_0 / Q8_0 /
-/// IQ4_NL: 2), `d`, `m` (Q4_1: 4), `d`, `qh` (Q5_0: 6), `d`, `m`, `qh` (Q5_1: 8). A group-block
-/// holds 8 times as many ahead of its quant registers.
+/// IQ4_NL: 2), `d`, `m` (Q4_1: 4), `d`, `qh` (Q5_0: 6), `d`, `m`, `qh` (Q5_1: 8), the E8M0
+/// exponent (MXFP4: 1). A group-block holds 8 times as many ahead of its quant registers.
 pub(crate) fn head_bytes(dtype: DType) -> usize {
     match dtype {
+        DType::MXFP4 => 1,
         DType::Q4_1 => 4,
         DType::Q5_0 => 6,
         DType::Q5_1 => 8,
         _ => 2,
+    }
+}
+
+/// Bytes of a 32-element format's block scale, the first field: the f16 `d` (2), or MXFP4's
+/// E8M0 exponent (1). A group-block holds the 8 rows' scales first, in row order.
+pub(crate) fn scale_bytes(dtype: DType) -> usize {
+    if dtype == DType::MXFP4 {
+        1
+    } else {
+        2
     }
 }
 

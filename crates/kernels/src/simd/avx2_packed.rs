@@ -1,4 +1,4 @@
-//! AVX2 kernels over Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL [`Packed`] weights: 8 rows × up
+//! AVX2 kernels over Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 [`Packed`] weights: 8 rows × up
 //! to 4 tokens per call (Q4_K / Q6_K packings go on to `avx2_packed_k.rs`). AVX-512 CPUs run
 //! these kernels for every packing the 512-bit ones do not take.
 //!
@@ -6,7 +6,8 @@
 //! vertical adds only (lane `r` = row `r`, activation bytes broadcast; Q4_0 / Q4_1: 8
 //! `vpmaddubsw`, i16 adds, one `vpmaddwd`; Q5_0 / Q5_1: the same with each register's fifth
 //! bits or-ed in by one shift, and two `vpmaddwd` — one kernel, [`nibble_group`]; Q8_0 /
-//! IQ4_NL (table values): 8 × (sign trick, `vpmaddubsw`, `vpmaddwd`)), then one conversion, the scales `d_w · d_x` for all 8 rows in one multiply, one multiply and one
+//! IQ4_NL (table values): 8 × (sign trick, `vpmaddubsw`, `vpmaddwd`); MXFP4: its table plus 12,
+//! unsigned, as Q5_0's values), then one conversion, the scales `d_w · d_x` for all 8 rows in one multiply, one multiply and one
 //! add. Integer multiplies are what bound these kernels on AVX2 machines with one vector
 //! multiply port (Zen 1: 2 µops per 256-bit multiply); horizontal adds and lane swaps, which
 //! the older pair layout needed per token, are gone.
@@ -19,8 +20,8 @@
 use super::avx2_q32::table;
 use super::prefetch::{group_block_ahead, AHEAD_Q};
 use super::{Acts, TileCtx};
-use crate::blocks::KVALUES_IQ4NL;
 use crate::blocks::QK;
+use crate::blocks::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::dtype::DType;
 use crate::quantize::ActQ8;
 use crate::repack::{fifth_bits_at, group_block_bytes, head_bytes, Packed, GROUP_ROWS};
@@ -67,6 +68,7 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
                 DType::Q5_1 => by_tokens!(nibble_group, true, true),
                 DType::Q8_0 => by_tokens!(q8_group),
                 DType::IQ4NL => by_tokens!(iq4nl_group),
+                DType::MXFP4 => by_tokens!(mxfp4_group),
                 _ => unreachable!("only the 32-element formats are packed here"),
             }
         }
@@ -219,6 +221,76 @@ unsafe fn iq4nl_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out:
         }
         for t in 0..NT {
             acc[t] = accumulate(acc[t], dw, a, (t0 + t) * nb + i, s[t]);
+        }
+    }
+    for t in 0..NT {
+        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
+    }
+}
+
+/// MXFP4's table values plus 12: 0..=24, unsigned for `vpmaddubsw`.
+const MXFP4_PLUS_12: [i8; 16] = {
+    let mut t = [0i8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = KVALUES_MXFP4[i] + 12;
+        i += 1;
+    }
+    t
+};
+
+/// The 8 rows' E8M0 exponent bytes at `b` as f32 scales, [`crate::blocks::e8m0_half`] per
+/// lane: `(e − 1) << 23` as float bits, or the subnormal `0x0020_0000 << e` for `e < 2`.
+#[inline(always)]
+unsafe fn e8m0_half8(b: *const u8) -> __m256 {
+    let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b as *const __m128i));
+    let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+    let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small))
+}
+
+/// MXFP4, one 8-row group, NT tokens: Q4_0's registers, each nibble looked up in the table
+/// plus 12 by one `vpshufb` (values 0..=24, shared by the tokens), then Q5_0's arithmetic: two
+/// registers' `vpmaddubsw` sums stay in i16 (|24·127·2| · 4 = 24,384 < 2^15, exact) before a
+/// `vpmaddwd`, and `−12·Σx` brings the block's sum back to the reference's `Σ table[q]·x`.
+/// The scale is the row's E8M0 exponent as the scalar reference reads it ([`e8m0_half8`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mxfp4_group<const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+    let nb = a.blocks_per_row;
+    let gbb = group_block_bytes(DType::MXFP4);
+    let quants = 8 * head_bytes(DType::MXFP4);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let lut = table(&MXFP4_PLUS_12);
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for i in 0..nb {
+        let b = gp.add(i * gbb);
+        if NT > 1 && t0 == 0 {
+            group_block_ahead::<AHEAD_Q>(b, gbb);
+        }
+        let dw = e8m0_half8(b);
+        let mut s = [_mm256_setzero_si256(); NT];
+        for half in 0..2 {
+            let mut s16 = [_mm256_setzero_si256(); NT];
+            for j in 2 * half..2 * half + 2 {
+                let v = _mm256_loadu_si256(b.add(quants + 32 * j) as *const __m256i);
+                let lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+                let hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                for t in 0..NT {
+                    let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK);
+                    let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xp, 4 * j)), _mm256_maddubs_epi16(hi, bcast4(xp, 16 + 4 * j)));
+                    s16[t] = _mm256_add_epi16(s16[t], p);
+                }
+            }
+            for t in 0..NT {
+                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(s16[t], ones));
+            }
+        }
+        for t in 0..NT {
+            let ab = (t0 + t) * nb + i;
+            let isum = _mm256_add_epi32(s[t], _mm256_set1_epi32(-12 * *a.sum.get_unchecked(ab)));
+            acc[t] = accumulate(acc[t], dw, a, ab, isum);
         }
     }
     for t in 0..NT {

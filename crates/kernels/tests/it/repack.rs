@@ -1,4 +1,4 @@
-//! Repacked Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL weights (`Packed`, the AVX2 GEMV's 8-row groups; Q4_K / Q6_K in `repack_k.rs`): the packing keeps
+//! Repacked Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 weights (`Packed`, the AVX2 GEMV's 8-row groups; Q4_K / Q6_K in `repack_k.rs`): the packing keeps
 //! every byte; on the AVX2 path a packed matrix gives bitwise the scalar reference's result
 //! for any number of tokens, alone or batched, in `matmul` and `matmul_multi`; other paths
 //! ignore the packing; shapes it cannot pack are refused.
@@ -10,7 +10,7 @@ use engram_kernels::internal::Isa;
 use engram_kernels::*;
 
 /// The 32-element formats `Packed` takes.
-const PACKED_32: [DType; 6] = [DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4NL];
+const PACKED_32: [DType; 7] = [DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4NL, DType::MXFP4];
 
 #[test]
 fn packing_keeps_every_byte_and_refuses_what_it_cannot_pack() {
@@ -79,7 +79,8 @@ fn packed_matrices_in_matmul_multi_equal_separate_calls() {
 /// The integer bounds the lane-per-row kernels rely on: Q4_0 nibbles all 15 (its four
 /// registers' i16 sums reach 4 · 2 · 15 · 127 · 2 = 30,480 of 32,767) or all 0, Q5_0 / Q5_1
 /// values all 31 (two registers' i16 sums reach 31,496) or all 0, Q8_0 values at −128 / +127
-/// (the sign trick's |w| = 128), IQ4_NL at its table's ends (−127, 113), against activations
+/// (the sign trick's |w| = 128), IQ4_NL at its table's ends (−127, 113), MXFP4 at ±12 (its
+/// table plus 12 at 24 and 0) with subnormal, small and large E8M0 exponents, against activations
 /// at ±full scale (±127) and mixed signs; random bytes elsewhere. Bitwise = the scalar
 /// reference for 1..9 tokens.
 #[test]
@@ -93,15 +94,23 @@ fn packed_avx2_is_exact_at_the_integer_bounds() {
         // The bytes after `d` (and Q4_1 / Q5_1's `m`): Q5's fifth bits, then the quants.
         let h = match d {
             DType::Q4_1 | DType::Q5_1 => 4,
+            DType::MXFP4 => 1,
             _ => 2,
         };
         let mut bytes = quantize(d, &data(rows * cols, 11), cols).unwrap();
         for (k, b) in bytes.chunks_exact_mut(bb).enumerate() {
+            if d == DType::MXFP4 {
+                // One exponent per row, so that a row of subnormal scales is not lost in
+                // rounding against larger blocks.
+                b[0] = [0, 1, 2, 127, 140][(k / (cols / 32)) % 5];
+            }
             let fill: u8 = match (d, k % 4) {
                 (DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL, 0) => 0xFF,
                 (DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL, 1) => 0x00,
                 (DType::Q8_0, 0) => 0x80,
                 (DType::Q8_0, 1) => 0x7F,
+                (DType::MXFP4, 0) => 0x77,
+                (DType::MXFP4, 1) => 0xFF,
                 _ => continue,
             };
             b[h..].iter_mut().for_each(|q| *q = fill);
