@@ -176,38 +176,28 @@ mod probe {
             let (wp, xp, dp, bp) = (w.as_ptr(), x.as_ptr(), d.as_ptr(), bias.as_ptr());
             let per = |units: usize, s: f64| s * 1e9 * g / (10 * units) as f64;
             println!("lane-per-row inner loops, L1-resident, cycles per 8 rows x 32 columns x token (floor: Q4_0 18, Q8_0 32):");
-            println!(
-                "  Q8_0 1 token: {:.1}",
-                per(nb, best(|| (0..10).map(|_| q8::<1, 0>(std::hint::black_box(wp), xp, nb, dp)).last(), 3000))
-            );
-            println!(
-                "  Q8_0 4 tokens: {:.1}",
-                per(4 * nb, best(|| (0..10).map(|_| q8::<4, 0>(std::hint::black_box(wp), xp, nb, dp)).last(), 3000))
-            );
-            println!(
-                "  Q8_0 4 tokens without vpmaddwd (wrong sums, pipe test): {:.1}",
-                per(4 * nb, best(|| (0..10).map(|_| q8::<4, 2>(std::hint::black_box(wp), xp, nb, dp)).last(), 3000))
-            );
-            println!(
-                "  Q4_0 1 token: {:.1}",
-                per(nb, best(|| (0..10).map(|_| q4::<1, 0>(std::hint::black_box(wp), xp, nb, dp, bp)).last(), 3000))
-            );
-            println!(
-                "  Q4_0 4 tokens: {:.1}",
-                per(4 * nb, best(|| (0..10).map(|_| q4::<4, 0>(std::hint::black_box(wp), xp, nb, dp, bp)).last(), 3000))
-            );
-            println!(
-                "  Q4_0 8 tokens: {:.1}",
-                per(8 * nb, best(|| (0..10).map(|_| q4::<8, 0>(std::hint::black_box(wp), xp, nb, dp, bp)).last(), 3000))
-            );
-            println!(
-                "  Q4_0 1 token, activations pre-broadcast: {:.1}",
-                per(nb, best(|| (0..10).map(|_| q4::<1, 1>(std::hint::black_box(wp), xp, nb, dp, bp)).last(), 3000))
-            );
-            println!(
-                "  Q4_0 4 tokens, activations pre-broadcast: {:.1}",
-                per(4 * nb, best(|| (0..10).map(|_| q4::<4, 1>(std::hint::black_box(wp), xp, nb, dp, bp)).last(), 3000))
-            );
+            // One call of a loop; every token's sums go to `black_box`.
+            macro_rules! call {
+                ($e:expr) => {
+                    Box::new(|| {
+                        std::hint::black_box($e);
+                    }) as Box<dyn Fn()>
+                };
+            }
+            let w = || std::hint::black_box(wp);
+            let loops = [
+                ("Q8_0 1 token", 1, call!(q8::<1, 0>(w(), xp, nb, dp))),
+                ("Q8_0 4 tokens", 4, call!(q8::<4, 0>(w(), xp, nb, dp))),
+                ("Q8_0 4 tokens without vpmaddwd (wrong sums, pipe test)", 4, call!(q8::<4, 2>(w(), xp, nb, dp))),
+                ("Q4_0 1 token", 1, call!(q4::<1, 0>(w(), xp, nb, dp, bp))),
+                ("Q4_0 4 tokens", 4, call!(q4::<4, 0>(w(), xp, nb, dp, bp))),
+                ("Q4_0 8 tokens", 8, call!(q4::<8, 0>(w(), xp, nb, dp, bp))),
+                ("Q4_0 1 token, activations pre-broadcast", 1, call!(q4::<1, 1>(w(), xp, nb, dp, bp))),
+                ("Q4_0 4 tokens, activations pre-broadcast", 4, call!(q4::<4, 1>(w(), xp, nb, dp, bp))),
+            ];
+            for (name, tokens, call) in &loops {
+                println!("  {name}: {:.1}", per(tokens * nb, best(|| (0..10).for_each(|_| call()), 3000)));
+            }
         }
     }
 }
