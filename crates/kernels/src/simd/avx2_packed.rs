@@ -3,14 +3,15 @@
 //! these kernels for every packing the 512-bit ones do not take.
 //!
 //! Per group-block and token: the 8 rows' exact integer dot products end in one register with
-//! vertical adds only (lane `r` = row `r`, activation bytes broadcast; Q4_0 / Q4_1: 8
+//! vertical adds only (lane `r` = row `r`, activation bytes broadcast). Q4_0 / Q4_1: 8
 //! `vpmaddubsw`, i16 adds, one `vpmaddwd`; Q5_0 / Q5_1: the same with each register's fifth
-//! bits or-ed in by one shift, and two `vpmaddwd` — one kernel, [`nibble_group`]; Q8_0 /
-//! IQ4_NL (table values): 8 × (sign trick, `vpmaddubsw`, `vpmaddwd`); MXFP4: its table plus 12,
-//! unsigned, as Q5_0's values), then one conversion, the scales `d_w · d_x` for all 8 rows in one multiply, one multiply and one
-//! add. Integer multiplies are what bound these kernels on AVX2 machines with one vector
-//! multiply port (Zen 1: 2 µops per 256-bit multiply); horizontal adds and lane swaps, which
-//! the older pair layout needed per token, are gone.
+//! bits or-ed in by one shift, and two `vpmaddwd` (the four share one kernel, [`nibble_group`]);
+//! MXFP4: its table plus 12 (unsigned) looked up, then as Q5_0's values; Q8_0 / IQ4_NL (signed
+//! values): 8 × (sign trick, `vpmaddubsw`, `vpmaddwd`). Then one conversion, the scales
+//! `d_w · d_x` for all 8 rows in one multiply, one multiply and one add. Integer multiplies are
+//! what bound these kernels on AVX2 machines with one vector multiply port (Zen 1: 2 µops per
+//! 256-bit multiply); horizontal adds and lane swaps, which the older pair layout needed per
+//! token, are gone.
 //!
 //! Invariant: per (row, token) the arithmetic is the scalar reference's — `acc += (d_w · d_x)
 //! · isum` with `isum` the block's exact integer sum (Q4_0: `Σ q·x − 8·Σx`), blocks in order,
