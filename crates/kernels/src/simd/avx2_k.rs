@@ -261,8 +261,9 @@ pub(crate) const RUN: usize = 8;
 
 /// `NR` rows × `NT` tokens. Per super-block and (row, token): the exact integer sums (lanes of
 /// `vpmaddwd` results, summed across lanes for all rows at once by [`hsum_rows`]), then
-/// [`block_term`]'s float operations on the 4-lane vector whose lane `r` is row `r` — the
-/// same IEEE operations in the same order as the scalar reference, so bitwise its result.
+/// [`block_term`]'s float operations on the 4-lane vector whose lane `r` is row `r` (one row
+/// × several tokens: lane `t` is token `t`, all tokens' sums in one tree) — the same IEEE
+/// operations in the same order as the scalar reference, so bitwise its result.
 ///
 /// Memory order: each row is read sequentially through a run of [`RUN`] super-blocks, then the
 /// next row, and the run's float terms follow in block order; rows longer than a run go one
@@ -276,6 +277,8 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
     // One row: a run of one block, its sums stay in registers.
     let run = if NR == 1 { 1 } else { RUN };
     let mut acc = [_mm_setzero_ps(); NT];
+    // One row × several tokens: lane t is token t's accumulator.
+    let mut acc_tokens = _mm_setzero_ps();
     let mut i0 = 0;
     while i0 < nb {
         let n = run.min(nb - i0);
@@ -316,6 +319,23 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
                 }
             }
         }
+        if NR == 1 && NT > 1 {
+            // One row, several tokens (a run of one block): the tokens' sums in the lanes of
+            // one tree, and the block term for all of them at once, lane t = token t (the
+            // same IEEE operations per lane as `add_block_terms`'s per row).
+            let sums = |v: &[[__m256i; NR]; NT]| hsum_rows::<NT>(&std::array::from_fn(|t| v[t][0]));
+            let dx: [f32; 4] = std::array::from_fn(|t| if t < NT { *a.d.get_unchecked((t0 + t) * nb + i0) } else { 0.0 });
+            let dx = _mm_loadu_ps(dx.as_ptr());
+            let term = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(d[0][0]), dx), _mm_cvtepi32_ps(sums(&isum[0])));
+            let term = if K == Q5K || K == Q2K {
+                _mm_sub_ps(term, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dmin[0][0]), dx), _mm_cvtepi32_ps(sums(&msum[0]))))
+            } else {
+                term
+            };
+            acc_tokens = _mm_add_ps(acc_tokens, term);
+            i0 += n;
+            continue;
+        }
         for k in 0..n {
             for t in 0..NT {
                 let dx = *a.d.get_unchecked((t0 + t) * nb + i0 + k);
@@ -332,6 +352,14 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
             }
         }
         i0 += n;
+    }
+    if NR == 1 && NT > 1 {
+        let mut l = [0f32; 4];
+        _mm_storeu_ps(l.as_mut_ptr(), acc_tokens);
+        for (t, x) in l.iter().take(NT).enumerate() {
+            *out.add(t * ldo) = *x;
+        }
+        return;
     }
     for t in 0..NT {
         store_rows::<NR>(acc[t], out.add(t * ldo));
