@@ -321,18 +321,12 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
         }
         if NR == 1 && NT > 1 {
             // One row, several tokens (a run of one block): the tokens' sums in the lanes of
-            // one tree, and the block term for all of them at once, lane t = token t (the
-            // same IEEE operations per lane as `add_block_terms`'s per row).
+            // one tree, and the block term for all of them at once, lane t = token t.
             let sums = |v: &[[__m256i; NR]; NT]| hsum_rows::<NT>(&std::array::from_fn(|t| v[t][0]));
             let dx: [f32; 4] = std::array::from_fn(|t| if t < NT { *a.d.get_unchecked((t0 + t) * nb + i0) } else { 0.0 });
-            let dx = _mm_loadu_ps(dx.as_ptr());
-            let term = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(d[0][0]), dx), _mm_cvtepi32_ps(sums(&isum[0])));
-            let term = if K == Q5K || K == Q2K {
-                _mm_sub_ps(term, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dmin[0][0]), dx), _mm_cvtepi32_ps(sums(&msum[0]))))
-            } else {
-                term
-            };
-            acc_tokens = _mm_add_ps(acc_tokens, term);
+            let (d, dmin) = (_mm_set1_ps(d[0][0]), _mm_set1_ps(dmin[0][0]));
+            let mv = if K == Q5K || K == Q2K { sums(&msum[0]) } else { _mm_setzero_si128() };
+            acc_tokens = add_block_terms::<K>(acc_tokens, d, dmin, _mm_loadu_ps(dx.as_ptr()), sums(&isum[0]), mv);
             i0 += n;
             continue;
         }
@@ -348,7 +342,7 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
                 } else {
                     (hsum_rows(&isum[k][t]), hsum_rows(&msum[k][t]))
                 };
-                acc[t] = add_block_terms::<K>(acc[t], &d[k], &dmin[k], dx, iv, mv);
+                acc[t] = add_block_terms::<K>(acc[t], _mm_loadu_ps(d[k].as_ptr()), _mm_loadu_ps(dmin[k].as_ptr()), _mm_set1_ps(dx), iv, mv);
             }
         }
         i0 += n;
@@ -366,26 +360,22 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
     }
 }
 
-/// `acc + block term` for up to 4 rows at once (lane `r` = row `r`; `isum`, `msum` the rows'
-/// exact integers): [`block_term`]'s operations in its order, lane by lane — `(d·dx)·isum`,
+/// `acc + block term` for 4 lanes at once — rows of one token (`d`, `dmin` per lane, `dx`
+/// broadcast) or tokens of one row (`d`, `dmin` broadcast, `dx` per lane); `isum`, `msum` the
+/// lanes' exact integers: [`block_term`]'s operations in its order, lane by lane — `(d·dx)·isum`,
 /// minus `(dmin·dx)·msum` for Q5_K / Q2_K — so each lane is bitwise the scalar reference's.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn add_block_terms<const K: u8>(
     acc: __m128,
-    d: &[f32; 4],
-    dmin: &[f32; 4],
-    dx: f32,
+    d: __m128,
+    dmin: __m128,
+    dx: __m128,
     isum: __m128i,
     msum: __m128i,
 ) -> __m128 {
-    let dx = _mm_set1_ps(dx);
-    let term = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(d.as_ptr()), dx), _mm_cvtepi32_ps(isum));
-    let term = if K == Q5K || K == Q2K {
-        _mm_sub_ps(term, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dmin.as_ptr()), dx), _mm_cvtepi32_ps(msum)))
-    } else {
-        term
-    };
+    let term = _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(isum));
+    let term = if K == Q5K || K == Q2K { _mm_sub_ps(term, _mm_mul_ps(_mm_mul_ps(dmin, dx), _mm_cvtepi32_ps(msum))) } else { term };
     _mm_add_ps(acc, term)
 }
 

@@ -127,7 +127,14 @@ unsafe fn tile<const K: u8, const NR: usize>(w: *const u8, rb: usize, a: &ActQ8K
         }
         for k in 0..n {
             let dx = *a.d.get_unchecked(t0 * nb + i0 + k);
-            acc = add_block_terms::<K>(acc, &d[k], &[0.0; 4], dx, hsum_rows(&isum[k]), _mm_setzero_si128());
+            acc = add_block_terms::<K>(
+                acc,
+                _mm_loadu_ps(d[k].as_ptr()),
+                _mm_setzero_ps(),
+                _mm_set1_ps(dx),
+                hsum_rows(&isum[k]),
+                _mm_setzero_si128(),
+            );
         }
         i0 += n;
     }
