@@ -28,8 +28,11 @@ fn membw_reports_every_thread_count() {
     assert_eq!(rows.len(), 2);
     for (i, r) in rows.iter().enumerate() {
         assert_eq!(r["threads"], i + 1);
-        for k in ["read_gb_s", "gemv_q4_0_gb_s", "gemv_q8_0_gb_s", "gemv_f16_gb_s"] {
-            assert!(r[k].as_f64().unwrap() > 0.0, "{k} in {r}");
+        assert!(r["read_gb_s"].as_f64().unwrap() > 0.0, "{r}");
+        for f in ["q4_0", "q8_0", "q4_k", "q6_k", "f16"] {
+            for k in [format!("gemv_{f}_gb_s"), format!("gemv_{f}_cached_gb_s")] {
+                assert!(r[&k].as_f64().unwrap() > 0.0, "{k} in {r}");
+            }
         }
     }
     let bad = engram(&["bench", "membw", "--mib", "1"], None);
