@@ -85,9 +85,10 @@ impl Packed {
         let mut bytes = HugeBytes::zeroed(w.rows / GROUP_ROWS * nb * gbb);
         let k = is_k(w.dtype);
         let pack_group = |(g, gdst): (usize, &mut [u8])| {
+            let rows: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| w.row(GROUP_ROWS * g + r));
             for (i, dst) in gdst.chunks_exact_mut(gbb).enumerate() {
-                for r in 0..GROUP_ROWS {
-                    let src = &w.row(GROUP_ROWS * g + r)[i * bb..(i + 1) * bb];
+                for (r, row) in rows.iter().enumerate() {
+                    let src = &row[i * bb..(i + 1) * bb];
                     if k {
                         pack_block(w.dtype, r, src, dst);
                         continue;
@@ -102,8 +103,10 @@ impl Packed {
                         let hb = fifth_bits_at(w.dtype) + 4 * r;
                         dst[hb..hb + 4].copy_from_slice(&spread_qh(qh));
                     }
-                    for (b, &q) in src[h..].iter().enumerate() {
-                        dst[quant_at(h, r, b)] = q;
+                    // 4-byte pieces (every format's quant bytes are a multiple of 4).
+                    for (j, q) in src[h..].chunks_exact(4).enumerate() {
+                        let at = quant_at(h, r, 4 * j);
+                        dst[at..at + 4].copy_from_slice(q);
                     }
                 }
             }

@@ -123,8 +123,9 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
             for p in 0..8 {
                 dst[Q2K_P_SC + 16 * p + 2 * r..Q2K_P_SC + 16 * p + 2 * r + 2].copy_from_slice(&src[2 * p..2 * p + 2]);
             }
-            for (b, &q) in src[Q2K_QS..Q2K_D].iter().enumerate() {
-                dst[Q2K_P_QS + 32 * (b / 4) + 4 * r + b % 4] = q;
+            for (k, q) in src[Q2K_QS..Q2K_D].chunks_exact(4).enumerate() {
+                let at = Q2K_P_QS + 32 * k + 4 * r;
+                dst[at..at + 4].copy_from_slice(q);
             }
         }
         DType::IQ4XS => {
@@ -132,8 +133,9 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
             for (j, ls) in iq4xs_scales(src).into_iter().enumerate() {
                 dst[IQ4XS_P_SC + 8 * j + r] = ls as i8 as u8;
             }
-            for (b, &q) in src[IQ4XS_QS..].iter().enumerate() {
-                dst[IQ4XS_P_QS + 32 * (b / 4) + 4 * r + b % 4] = q;
+            for (k, q) in src[IQ4XS_QS..].chunks_exact(4).enumerate() {
+                let at = IQ4XS_P_QS + 32 * k + 4 * r;
+                dst[at..at + 4].copy_from_slice(q);
             }
         }
         DType::Q6K => {
@@ -146,11 +148,15 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
                 for m in 0..4 {
                     let ql = q6k_reg(c, ql_reg(m), h) + off;
                     let qh = q6k_reg(c, 3 * (m / 2), h) + off;
+                    let (lo, hi) = (&u[64 * c + 8 * m..][..8], &u[64 * c + 32 + 8 * m..][..8]);
+                    let s = 4 * (m % 2);
+                    let (dl, dh) = (&mut dst[ql..ql + 8], &mut [0u8; 8]);
                     for i in 0..8 {
-                        let (lo, hi) = (u[64 * c + 8 * m + i], u[64 * c + 32 + 8 * m + i]);
-                        dst[ql + i] = (lo & 0xF) | (hi << 4);
-                        let s = 4 * (m % 2);
-                        dst[qh + i] |= ((lo >> 4) << s) | ((hi >> 4) << (s + 2));
+                        dl[i] = (lo[i] & 0xF) | (hi[i] << 4);
+                        dh[i] = ((lo[i] >> 4) << s) | ((hi[i] >> 4) << (s + 2));
+                    }
+                    for (d, v) in dst[qh..qh + 8].iter_mut().zip(dh.iter()) {
+                        *d |= *v;
                     }
                 }
             }
