@@ -3,7 +3,8 @@
 //! 32-bit lane (`iq4xs_group`, `q2k_group`); Q4_K / Q6_K are described here.
 //!
 //! Per 32-byte register (8 bytes of 4 rows): the nibbles split with one mask and one shift
-//! (Q6_K: the two high bits placed with one shift and mask per nibble), `vpmaddubsw` against
+//! (Q6_K: the two high bits placed by a mask and, for two of the four bit pairs, a table
+//! lookup of the high-bit byte's low nibble, for the other two a shift), `vpmaddubsw` against
 //! the activation's 8 bytes broadcast, i16 sums of a sub-block's pieces added (exact: Q4_K
 //! 4 · 2·15·127, Q6_K 2 · 2·63·127, both < 2^15), then one `vpmaddwd` with the sub-block's
 //! scales for the 4 rows — built by one `vpshufb` from the unpacked scale pairs, no per-block
@@ -340,6 +341,9 @@ unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     let gbb = group_block_bytes(DType::Q6K);
     let m4 = _mm256_set1_epi8(0x0F);
     let m30 = _mm256_set1_epi8(0x30);
+    // Nibble i → (i & 3) << 4 and ((i >> 2) & 3) << 4.
+    let pair01 = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 16, 32, 48, 0, 16, 32, 48, 0, 16, 32, 48, 0, 16, 32, 48));
+    let pair23 = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 16, 16, 16, 16, 32, 32, 32, 32, 48, 48, 48, 48));
     let ctrl = [[scale_ctrl(0, 0), scale_ctrl(0, 1)], [scale_ctrl(1, 0), scale_ctrl(1, 1)]];
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
@@ -365,9 +369,11 @@ unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
                     let qh = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * k, h)) as *const __m256i);
                     let w0 = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * k + 1, h)) as *const __m256i);
                     let w1 = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * k + 2, h)) as *const __m256i);
-                    let lo0 = _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-                    let hi0 =
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                    // Bit pairs 0-1 and 2-3 of qh placed at bits 4-5 by two table lookups of its low
+                    // nibble (no shift: Zen 1 runs shifts on one pipe, `vpshufb` on two).
+                    let q0f = _mm256_and_si256(qh, m4);
+                    let lo0 = _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_shuffle_epi8(pair01, q0f));
+                    let hi0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4), _mm256_shuffle_epi8(pair23, q0f));
                     let lo1 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(qh, m30));
                     let hi1 =
                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
