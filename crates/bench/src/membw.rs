@@ -99,7 +99,8 @@ pub fn run(a: Args) -> Result<()> {
     for (i, read) in read.iter().enumerate() {
         let t = i + 1;
         if a.json {
-            let mut row = serde_json::json!({"threads": t, "read_gb_s": round2(*read), "mib": a.mib, "reps": a.reps, "cached_kib": CACHED_KIB});
+            let mut row =
+                serde_json::json!({"threads": t, "read_gb_s": round2(*read), "mib": a.mib, "reps": a.reps, "cached_kib": CACHED_KIB});
             for g in &gemv {
                 let name = g.dtype.name().to_lowercase();
                 row[format!("gemv_{name}_gb_s")] = serde_json::json!(round2(g.dram[i]));
