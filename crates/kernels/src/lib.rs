@@ -22,7 +22,7 @@
 //! `k_panel`: the AVX2 multi-token path of Q5_K/Q3_K/Q2_K/IQ4_XS; `vnni_k`: the AVX-512 VNNI one
 //! of those and packed Q4_K/Q6_K, over `token_lanes`' transposed activations), `pool` (thread pool and `team`, the fork-join team of the short parallel regions), `huge` (huge-page buffers for
 //! weights), `membw` (read-bandwidth
-//! probe for `engram bench membw`), `repack` (Q4_0/Q8_0/Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4/Q4_K/Q6_K/IQ4_XS/Q2_K in 8-row groups for the AVX2 GEMV).
+//! probe for `engram bench membw`), `repack` (Q4_0/Q8_0/Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4/Q4_K/Q5_K/Q6_K/IQ4_XS/Q2_K in 8-row groups for the AVX2 GEMV).
 
 // Kernels index fixed-size register arrays by row/token on purpose (the loops unroll), keep
 // explicit `%` checks (MSRV), and pass many raw tile parameters.

@@ -1,4 +1,4 @@
-//! Q4_K / Q6_K / IQ4_XS / Q2_K layouts of [`crate::Packed`]: 8-row groups, one group-super-block (8 rows ×
+//! Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K layouts of [`crate::Packed`]: 8-row groups, one group-super-block (8 rows ×
 //! 256 elements) after another, the layout `simd/avx2_packed_k.rs` streams.
 //!
 //! Within a group, a 32-byte *register* holds 8 consecutive bytes of 4 rows: rows `0, 1, 4, 5`
@@ -14,6 +14,12 @@
 //!   `qs[32c + 8m ..][..8]` (the file's bytes; low nibbles are elements `64c + 8m + i`, high
 //!   ones `64c + 32 + 8m + i`). A piece's two halves are adjacent, so one 64-byte load holds
 //!   all 8 rows' bytes of the piece (the AVX-512 kernel's register).
+//!
+//! Q5_K group-super-block (1,440 bytes for the source's 1,408): Q4_K's `d`, `dmin`, scales and
+//! mins (160 bytes), then the fifth bits: for piece `m`, half `h`, the rows' `qh[8m ..][..8]`
+//! (the file's bytes: bit `2c` of byte `i` is the fifth bit of element `64c + 8m + i`, bit
+//! `2c + 1` of element `64c + 32 + 8m + i`; 256 bytes), then the nibbles in Q4_K's order
+//! ([`q5k_reg`]). One fifth-bit register serves its piece's four chunks.
 //!
 //! IQ4_XS group-super-block (1,104 bytes for the source's 1,088), in the 32-element formats'
 //! lane-per-row order (`repack.rs`) rather than the halves above:
@@ -42,7 +48,9 @@
 //! Invariant: bijective with the source rows (`Packed::unpack_row` gives every row back byte
 //! for byte; the 6-bit scale/min packing and the ql/qh bit arrangement are both bijections).
 
-use crate::blocks::{iq4xs_scales, scales_mins_k4, IQ4XS_QS, Q2K_D, Q2K_QS, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES, QK_K};
+use crate::blocks::{
+    iq4xs_scales, scales_mins_k4, IQ4XS_QS, Q2K_D, Q2K_QS, Q4K_QS, Q4K_SCALES, Q5K_QH, Q5K_QS, Q6K_D, Q6K_QH, Q6K_SCALES, QK_K,
+};
 use crate::dtype::DType;
 use crate::repack::GROUP_ROWS;
 
@@ -60,6 +68,23 @@ pub(crate) const Q4K_P_QS: usize = 160;
 pub(crate) const fn q4k_reg(c: usize, m: usize, h: usize) -> usize {
     Q4K_P_QS + 32 * (8 * c + 2 * m + h)
 }
+/// Q5_K: offset of the fifth-bit registers and of the nibbles in a group-super-block (the
+/// scales and mins sit where Q4_K's do).
+pub(crate) const Q5K_P_QH: usize = 160;
+pub(crate) const Q5K_P_QS: usize = 416;
+
+/// Q5_K: offset in a group-super-block of the nibble register of chunk `c`, piece `m`, half `h`.
+#[inline(always)]
+pub(crate) const fn q5k_reg(c: usize, m: usize, h: usize) -> usize {
+    Q5K_P_QS + 32 * (8 * c + 2 * m + h)
+}
+
+/// Q5_K: offset in a group-super-block of the fifth-bit register of piece `m`, half `h`.
+#[inline(always)]
+pub(crate) const fn q5k_qh_reg(m: usize, h: usize) -> usize {
+    Q5K_P_QH + 32 * (2 * m + h)
+}
+
 /// IQ4_XS: offset of the sub-block scales and of the nibble registers in a group-super-block.
 pub(crate) const IQ4XS_P_SC: usize = 16;
 pub(crate) const IQ4XS_P_QS: usize = 80;
@@ -79,10 +104,11 @@ pub(crate) const fn q6k_reg(c: usize, j: usize, h: usize) -> usize {
     Q6K_P_Q + 32 * (12 * c + 2 * j + h)
 }
 
-/// Bytes of one group-super-block of `dtype` (Q4_K, Q6_K, IQ4_XS or Q2_K).
+/// Bytes of one group-super-block of `dtype` (Q4_K, Q5_K, Q6_K, IQ4_XS or Q2_K).
 pub(crate) fn group_block_bytes_k(dtype: DType) -> usize {
     match dtype {
         DType::Q4K => Q4K_P_QS + GROUP_ROWS * 128,
+        DType::Q5K => Q5K_P_QS + GROUP_ROWS * 128,
         DType::IQ4XS => IQ4XS_P_QS + GROUP_ROWS * 128,
         DType::Q2K => Q2K_P_QS + GROUP_ROWS * 64,
         DType::Q6K => Q6K_P_Q + GROUP_ROWS * 192,
@@ -101,18 +127,22 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
     let (h, off) = slot(r);
     match dtype {
         DType::Q4K => {
-            dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
-            dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
-            let (sc, m) = scales_mins_k4(&src[Q4K_SCALES..Q4K_SCALES + 12]);
-            for j in 0..8 {
-                let at = 16 * (j / 2) + 2 * r + j % 2;
-                dst[Q4K_P_SC + at] = sc[j];
-                dst[Q4K_P_MIN + at] = m[j];
-            }
+            pack_q4k_head(r, src, dst);
             for c in 0..4 {
                 for m in 0..4 {
                     let at = q4k_reg(c, m, h) + off;
                     let from = Q4K_QS + 32 * c + 8 * m;
+                    dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
+                }
+            }
+        }
+        DType::Q5K => {
+            pack_q4k_head(r, src, dst);
+            for m in 0..4 {
+                let (at, from) = (q5k_qh_reg(m, h) + off, Q5K_QH + 8 * m);
+                dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
+                for c in 0..4 {
+                    let (at, from) = (q5k_reg(c, m, h) + off, Q5K_QS + 32 * c + 8 * m);
                     dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
                 }
             }
@@ -165,6 +195,52 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
     }
 }
 
+/// Q4_K / Q5_K: row `r`'s `d`, `dmin` and its 6-bit scales and mins, unpacked, into their
+/// places in the group-super-block `dst`.
+fn pack_q4k_head(r: usize, src: &[u8], dst: &mut [u8]) {
+    dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
+    dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+    let (sc, m) = scales_mins_k4(&src[Q4K_SCALES..Q4K_SCALES + 12]);
+    for j in 0..8 {
+        let at = 16 * (j / 2) + 2 * r + j % 2;
+        dst[Q4K_P_SC + at] = sc[j];
+        dst[Q4K_P_MIN + at] = m[j];
+    }
+}
+
+/// Q4_K / Q5_K: the inverse of [`pack_q4k_head`] — row `r`'s `d`, `dmin` and 12 packed scale
+/// bytes (the file's bytes `0..16` of its block) from the group-super-block `g`.
+fn unpack_q4k_head(r: usize, g: &[u8], b: &mut [u8]) {
+    b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
+    b[2..4].copy_from_slice(&g[16 + 2 * r..16 + 2 * r + 2]);
+    let at = |j: usize| 16 * (j / 2) + 2 * r + j % 2;
+    let sc: [u8; 8] = std::array::from_fn(|j| g[Q4K_P_SC + at(j)]);
+    let mn: [u8; 8] = std::array::from_fn(|j| g[Q4K_P_MIN + at(j)]);
+    let q = &mut b[Q4K_SCALES..Q4K_SCALES + 12];
+    for j in 0..4 {
+        q[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        q[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+        q[j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+    }
+}
+
+/// Row `r`'s Q5_K source block back from its group-super-block `g` (the prefill panel copies
+/// every row's blocks out this way; [`unpack_block`] too).
+pub(crate) fn q5k_source_block(g: &[u8], r: usize) -> [u8; 176] {
+    let (h, off) = slot(r);
+    let mut b = [0u8; 176];
+    unpack_q4k_head(r, g, &mut b);
+    for m in 0..4 {
+        let (at, to) = (q5k_qh_reg(m, h) + off, Q5K_QH + 8 * m);
+        b[to..to + 8].copy_from_slice(&g[at..at + 8]);
+        for c in 0..4 {
+            let (at, to) = (q5k_reg(c, m, h) + off, Q5K_QS + 32 * c + 8 * m);
+            b[to..to + 8].copy_from_slice(&g[at..at + 8]);
+        }
+    }
+    b
+}
+
 /// The 256 unsigned 6-bit values `q + 32` of a Q6_K block (as `dequant::q6k_value`, all at once).
 fn q6k_values(b: &[u8]) -> [u8; QK_K] {
     let mut u = [0u8; QK_K];
@@ -207,16 +283,7 @@ pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
     match dtype {
         DType::Q4K => {
             let mut b = vec![0u8; 144];
-            b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
-            b[2..4].copy_from_slice(&g[16 + 2 * r..16 + 2 * r + 2]);
-            let at = |j: usize| 16 * (j / 2) + 2 * r + j % 2;
-            let (sc, mn): (Vec<u8>, Vec<u8>) = (0..8).map(|j| (g[Q4K_P_SC + at(j)], g[Q4K_P_MIN + at(j)])).unzip();
-            let q = &mut b[Q4K_SCALES..Q4K_SCALES + 12];
-            for j in 0..4 {
-                q[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
-                q[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
-                q[j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
-            }
+            unpack_q4k_head(r, g, &mut b);
             for c in 0..4 {
                 for m in 0..4 {
                     let at = q4k_reg(c, m, h) + off;
@@ -226,6 +293,7 @@ pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
             }
             b
         }
+        DType::Q5K => q5k_source_block(g, r).to_vec(),
         DType::Q2K => q2k_source_block(g, r).to_vec(),
         DType::IQ4XS => {
             let mut b = vec![0u8; 136];

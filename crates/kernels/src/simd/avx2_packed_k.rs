@@ -1,19 +1,20 @@
-//! AVX2 kernels over Q4_K / Q6_K / IQ4_XS / Q2_K [`Packed`] weights (layout: `repack_k.rs`):
+//! AVX2 kernels over Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K [`Packed`] weights (layout: `repack_k.rs`):
 //! 8 rows × up to 4 tokens per call. IQ4_XS and Q2_K keep the 32-element formats' one row per
-//! 32-bit lane (`iq4xs_group`, `q2k_group`); Q4_K / Q6_K are described here.
+//! 32-bit lane (`iq4xs_group`, `q2k_group`); Q4_K / Q5_K / Q6_K are described here.
 //!
 //! Per 32-byte register (8 bytes of 4 rows): the nibbles split with one mask and one shift
-//! (Q6_K: the two high bits placed by a mask and, for two of the four bit pairs, a table
+//! (Q5_K: each nibble's fifth bit placed at bit 4 by a shift and a table lookup, [`k_values`];
+//! Q6_K: the two high bits placed by a mask and, for two of the four bit pairs, a table
 //! lookup of the high-bit byte's low nibble, for the other two a shift), `vpmaddubsw` against
 //! the activation's 8 bytes broadcast, i16 sums of a sub-block's pieces added (exact: Q4_K
-//! 4 · 2·15·127, Q6_K 2 · 2·63·127, both < 2^15), then one `vpmaddwd` with the sub-block's
+//! 4 · 2·15·127, Q5_K 4 · 2·31·128, Q6_K 2 · 2·63·127, all < 2^15), then one `vpmaddwd` with the sub-block's
 //! scales for the 4 rows — built by one `vpshufb` from the unpacked scale pairs, no per-block
 //! scale decoding. After a super-block, one `vphaddd` of the two halves gives the 8 rows'
 //! integer sums in lane order; the Q4_K mins (Q6_K `−32` offsets) are `vpmaddwd`s of the
 //! pairs with the Q8_K block sums, already in row lanes.
 //!
 //! Invariant: per (row, token) the arithmetic is the scalar reference's — per super-block
-//! the exact integer sums, then Q4_K `acc += (d·d_x)·isum − (dmin·d_x)·msum`, Q6_K
+//! the exact integer sums, then Q4_K / Q5_K `acc += (d·d_x)·isum − (dmin·d_x)·msum`, Q6_K
 //! `acc += (d·d_x)·isum` (isum including the `−32` offset), super-blocks in order, `acc`
 //! from +0.0, no fused multiply-add — so the result is bitwise the scalar path's, for any tile.
 
@@ -26,7 +27,7 @@ use crate::blocks::QK_K;
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{q4k_reg, q6k_reg, IQ4XS_P_QS, IQ4XS_P_SC, Q2K_P_QS, Q2K_P_SC, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
+use crate::repack_k::{q4k_reg, q5k_qh_reg, q5k_reg, q6k_reg, IQ4XS_P_QS, IQ4XS_P_SC, Q2K_P_QS, Q2K_P_SC, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -35,7 +36,7 @@ pub(crate) const MAX_TOKENS: usize = 4;
 /// Computes output rows `r0..r1` (multiples of 8) for every token of the call.
 ///
 /// # Safety
-/// AVX2/FMA/F16C available; `p` is the (Q4_K, Q6_K, IQ4_XS or Q2_K) packing of `c.w`, `a` its prepared
+/// AVX2/FMA/F16C available; `p` is the (Q4_K, Q5_K, Q6_K, IQ4_XS or Q2_K) packing of `c.w`, `a` its prepared
 /// activations; no other thread writes those rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
@@ -47,10 +48,14 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
             let gp = p.group(g).as_ptr();
             let out = c.out.add(t0 * c.ldo + g * GROUP_ROWS);
             match (p.dtype(), nt) {
-                (DType::Q4K, 1) => q4k_group::<1>(gp, a, t0, out, c.ldo),
-                (DType::Q4K, 2) => q4k_group::<2>(gp, a, t0, out, c.ldo),
-                (DType::Q4K, 3) => q4k_group::<3>(gp, a, t0, out, c.ldo),
-                (DType::Q4K, 4) => q4k_group::<4>(gp, a, t0, out, c.ldo),
+                (DType::Q4K, 1) => q4k_group::<1, false>(gp, a, t0, out, c.ldo),
+                (DType::Q4K, 2) => q4k_group::<2, false>(gp, a, t0, out, c.ldo),
+                (DType::Q4K, 3) => q4k_group::<3, false>(gp, a, t0, out, c.ldo),
+                (DType::Q4K, 4) => q4k_group::<4, false>(gp, a, t0, out, c.ldo),
+                (DType::Q5K, 1) => q4k_group::<1, true>(gp, a, t0, out, c.ldo),
+                (DType::Q5K, 2) => q4k_group::<2, true>(gp, a, t0, out, c.ldo),
+                (DType::Q5K, 3) => q4k_group::<3, true>(gp, a, t0, out, c.ldo),
+                (DType::Q5K, 4) => q4k_group::<4, true>(gp, a, t0, out, c.ldo),
                 (DType::Q6K, 1) => q6k_group::<1>(gp, a, t0, out, c.ldo),
                 (DType::Q6K, 2) => q6k_group::<2>(gp, a, t0, out, c.ldo),
                 (DType::Q6K, 3) => q6k_group::<3>(gp, a, t0, out, c.ldo),
@@ -63,7 +68,7 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
                 (DType::Q2K, 2) => q2k_group::<2>(gp, a, t0, out, c.ldo),
                 (DType::Q2K, 3) => q2k_group::<3>(gp, a, t0, out, c.ldo),
                 (DType::Q2K, 4) => q2k_group::<4>(gp, a, t0, out, c.ldo),
-                _ => unreachable!("only Q4_K / Q6_K / IQ4_XS / Q2_K reach the K-quant packed kernels"),
+                _ => unreachable!("only Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K reach the K-quant packed kernels"),
             }
         }
         t0 += nt;
@@ -93,12 +98,47 @@ unsafe fn rows_sum(s: [__m256i; 2]) -> __m256i {
     _mm256_hadd_epi32(s[0], s[1])
 }
 
-/// Q4_K, one 8-row group, NT tokens.
+/// `vpshufb` tables of 16 × bit 0 and 16 × bit 1 of a nibble.
+struct FifthBits {
+    bit0: __m256i,
+    bit1: __m256i,
+}
+
+impl FifthBits {
+    #[inline(always)]
+    unsafe fn new() -> FifthBits {
+        let table = |b: u8| {
+            let v: [u8; 16] = std::array::from_fn(|i| ((i as u8 >> b) & 1) << 4);
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(v.as_ptr() as *const __m128i))
+        };
+        FifthBits { bit0: table(0), bit1: table(1) }
+    }
+}
+
+/// A piece register's two 4-row value registers (low and high nibbles; with `FIFTH`, Q5_K's
+/// fifth bits or-ed in from the piece's fifth-bit register at `qh`: bits `2c`, `2c + 1` of
+/// each byte, brought to bits 0-1 by one shift and placed at bit 4 by two table lookups).
+#[inline(always)]
+unsafe fn k_values<const FIFTH: bool>(w: __m256i, qh: *const u8, c: usize, m4: __m256i, k: &FifthBits) -> (__m256i, __m256i) {
+    let lo = _mm256_and_si256(w, m4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+    if !FIFTH {
+        return (lo, hi);
+    }
+    let qh = _mm256_loadu_si256(qh as *const __m256i);
+    let bits = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), m4);
+    (_mm256_or_si256(lo, _mm256_shuffle_epi8(k.bit0, bits)), _mm256_or_si256(hi, _mm256_shuffle_epi8(k.bit1, bits)))
+}
+
+/// Q4_K (`FIFTH = false`) or Q5_K (`FIFTH = true`: the same scales, mins and nibbles, plus a
+/// fifth bit per value), one 8-row group, NT tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+unsafe fn q4k_group<const NT: usize, const FIFTH: bool>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let nb = a.blocks_per_row;
-    let gbb = group_block_bytes(DType::Q4K);
+    let gbb = group_block_bytes(if FIFTH { DType::Q5K } else { DType::Q4K });
+    let reg = |c: usize, m: usize, h: usize| if FIFTH { q5k_reg(c, m, h) } else { q4k_reg(c, m, h) };
     let m4 = _mm256_set1_epi8(0x0F);
+    let fifth = FifthBits::new();
     let ones = _mm256_set1_epi16(1);
     let ctrl = [[scale_ctrl(0, 0), scale_ctrl(0, 1)], [scale_ctrl(1, 0), scale_ctrl(1, 1)]];
     // The (S_2p, S_2p+1) dword of the packed block sums, for pair p.
@@ -140,9 +180,8 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
                         xhi[t] = bcast8(xp.add(32));
                     }
                     for h in 0..2 {
-                        let w = _mm256_loadu_si256(b.add(q4k_reg(c, m, h)) as *const __m256i);
-                        let lo = _mm256_and_si256(w, m4);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                        let w = _mm256_loadu_si256(b.add(reg(c, m, h)) as *const __m256i);
+                        let (lo, hi) = k_values::<FIFTH>(w, b.add(q5k_qh_reg(m, h)), c, m4, &fifth);
                         for t in 0..NT {
                             plo[h][t] = _mm256_add_epi16(plo[h][t], _mm256_maddubs_epi16(lo, xlo[t]));
                             phi[h][t] = _mm256_add_epi16(phi[h][t], _mm256_maddubs_epi16(hi, xhi[t]));
@@ -161,9 +200,8 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
                     let mut plo = [_mm256_setzero_si256(); NT];
                     let mut phi = [_mm256_setzero_si256(); NT];
                     for m in 0..4 {
-                        let w = _mm256_loadu_si256(b.add(q4k_reg(c, m, h)) as *const __m256i);
-                        let lo = _mm256_and_si256(w, m4);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                        let w = _mm256_loadu_si256(b.add(reg(c, m, h)) as *const __m256i);
+                        let (lo, hi) = k_values::<FIFTH>(w, b.add(q5k_qh_reg(m, h)), c, m4, &fifth);
                         for t in 0..NT {
                             let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K + 64 * c + 8 * m);
                             plo[t] = _mm256_add_epi16(plo[t], _mm256_maddubs_epi16(lo, bcast8(xp)));

@@ -30,7 +30,7 @@ use crate::blocks::{KVALUES_IQ4NL, QK_K};
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{q2k_source_block, IQ4XS_P_QS, IQ4XS_P_SC};
+use crate::repack_k::{q2k_source_block, q5k_source_block, IQ4XS_P_QS, IQ4XS_P_SC};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -65,14 +65,15 @@ pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize) -> bool {
 /// the packing: below it the packed kernels (4 tokens a pass) cost less per row-token than
 /// the panel's decoding per call (Zen 1, `bench kernels --rows 4096 --threads 1 --clock cpu`:
 /// Q2_K at 8 / 16 tokens 198 / 150 ns per row-token from the packing against ~119 for the
-/// packed kernel, at 64 tokens 112 against ~119).
+/// packed kernel, at 64 tokens 112 against ~119; Q5_K at 8 / 16 / 32 / 64 / 128 tokens
+/// 197–201 / 141–143 / 114–116 / 96–100 / 93 against 98–109).
 pub(crate) const PACKED_MIN_TOKENS: usize = 64;
 
 /// Whether a call of `n_tokens` tokens on a packing of `d` runs here, its panel decoded from
-/// the packing (IQ4_XS: `fill_rows_packed`; Q2_K: `fill` from each row's block copied out of
-/// its group) instead of the packed kernels.
+/// the packing (IQ4_XS: `fill_rows_packed`; Q2_K, Q5_K: `fill` from each row's block copied
+/// out of its group) instead of the packed kernels.
 pub(crate) fn reads_packing(d: DType, n_tokens: usize) -> bool {
-    matches!(d, DType::IQ4XS | DType::Q2K) && n_tokens >= PACKED_MIN_TOKENS
+    matches!(d, DType::IQ4XS | DType::Q2K | DType::Q5K) && n_tokens >= PACKED_MIN_TOKENS
 }
 
 /// Panel bytes one weight row of `cols` columns takes (for chunk sizing).
@@ -143,7 +144,7 @@ unsafe fn run_span(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize) {
         grow(meta, groups * nb * GROUP, [0.0; 2]);
         let w = c.w.data.as_ptr().add(r0 * c.w.row_bytes());
         match k {
-            Q5K => fill::<Q5K>(w, c.w.row_bytes(), rows, nb, regs, meta, None),
+            Q5K => fill::<Q5K>(w, c.w.row_bytes(), rows, nb, regs, meta, c.w.packed.map(|p| (p, r0))),
             Q3K => fill::<Q3K>(w, c.w.row_bytes(), rows, nb, regs, meta, None),
             Q2K => fill::<Q2K>(w, c.w.row_bytes(), rows, nb, regs, meta, c.w.packed.map(|p| (p, r0))),
             _ => match c.w.packed {
@@ -204,9 +205,9 @@ unsafe fn transpose_q(v: [__m256i; GROUP]) -> [__m256i; 4] {
 }
 
 /// Decodes the `rows` rows (`rb` bytes apart) of format `K` at `w`, `nb` super-blocks each,
-/// into the panel: 4-row groups, rows past `rows` as zeros. With `packed` (Q2_K's packing and
-/// the first row), each row's block is copied out of its group instead (the same bytes), so a
-/// packed matrix's prefill never touches the file's bytes.
+/// into the panel: 4-row groups, rows past `rows` as zeros. With `packed` (Q2_K's or Q5_K's
+/// packing and the first row), each row's block is copied out of its group instead (the same
+/// bytes), so a packed matrix's prefill never touches the file's bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn fill<const K: u8>(
@@ -221,11 +222,16 @@ unsafe fn fill<const K: u8>(
     let zero = KBlock { q: [_mm256_setzero_si256(); 8], s: [_mm256_setzero_si256(); 8], corr_w: _mm256_setzero_si256(), d: 0.0, dmin: 0.0 };
     let decode = |r: usize, i: usize| match packed {
         Some((p, r0)) => {
-            debug_assert_eq!(p.dtype(), DType::Q2K, "only Q2_K's panel is copied out of its packing");
             let gbb = group_block_bytes(p.dtype());
             let row = r0 + r;
-            let block = q2k_source_block(&p.group(row / GROUP_ROWS)[i * gbb..(i + 1) * gbb], row % GROUP_ROWS);
-            decode_block::<K>(block.as_ptr())
+            let gb = &p.group(row / GROUP_ROWS)[i * gbb..(i + 1) * gbb];
+            match p.dtype() {
+                DType::Q2K => decode_block::<K>(q2k_source_block(gb, row % GROUP_ROWS).as_ptr()),
+                d => {
+                    debug_assert_eq!(d, DType::Q5K, "only Q2_K's and Q5_K's panels are copied out of their packings");
+                    decode_block::<K>(q5k_source_block(gb, row % GROUP_ROWS).as_ptr())
+                }
+            }
         }
         None => decode_block::<K>(w.add(r * rb + i * block_bytes(K))),
     };
