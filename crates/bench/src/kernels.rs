@@ -141,7 +141,9 @@ fn print(a: &Args, rows: &[Row], threads: usize) {
         |r| {
             let picks: Vec<String> = r.choices.iter().map(|(d, i)| format!("{} → {}", d.name(), i.name())).collect();
             let picks = if picks.is_empty() { "every format on the best path".to_string() } else { picks.join(", ") };
-            format!("table row \"{}\": {picks} ({})", r.name, r.measured)
+            let packs: Vec<&str> = r.packs.iter().map(|d| d.name()).collect();
+            let packs = if packs.is_empty() { String::new() } else { format!("; packed here only: {}", packs.join(", ")) };
+            format!("table row \"{}\": {picks}{packs} ({})", r.name, r.measured)
         },
     );
     if a.json {

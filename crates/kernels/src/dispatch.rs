@@ -70,6 +70,9 @@ pub struct TableRow {
     /// [`CHUNK_KIB`], as every format): more rows per chunk reuse each token's activations
     /// more, while the chunk's weights must stay in this CPU's L2.
     pub f16_chunk_kib: Option<usize>,
+    /// Formats packed at load on this CPU only ([`MEASURED_PACKINGS`]): their packed kernels
+    /// were measured faster than the unpacked tiles here, and on other CPUs were not.
+    pub packs: &'static [DType],
     /// Where the figures behind the choices are (a section of `docs/cpu-kernels.md`).
     pub measured: &'static str,
 }
@@ -99,6 +102,9 @@ pub const TABLE: &[TableRow] = &[
         // 1 MiB of L2 per core: 768 KiB chunks ran the 2048 × 8192 F16 matrix at 512 tokens in
         // 45 ns per 2048-column row-token against 60 with 256 KiB (1 thread, CPU time).
         f16_chunk_kib: Some(768),
+        // Q5_K packed (AVX2 kernels) decoded the Q5_K_M file at 28-33 tok/s against 37-38 for
+        // its unpacked tile (docs/cpu-kernels.md, "AVX-512 CPUs run the packed AVX2 kernels").
+        packs: &[],
         measured: "docs/cpu-kernels.md, \"The measured dispatch table\"",
     },
     TableRow {
@@ -114,9 +120,22 @@ pub const TABLE: &[TableRow] = &[
         choices: &[],
         token_lane_min: &[],
         f16_chunk_kib: None,
+        // Packed Q5_K: one-token calls 109-125 -> 77-91 ns per 2048-column row from L3 / DRAM
+        // (2 threads), the Q5_K_M file's decode 1.14-1.18x the unpacked tile's.
+        packs: &[DType::Q5K],
         measured: "docs/cpu-kernels.md, \"The measured dispatch table\" (Zen 1)",
     },
 ];
+
+/// Formats whose packing ([`crate::Packed`]) is attached at load only on CPUs whose [`TABLE`]
+/// row names them in `packs`: the packed kernel pays on some CPUs and loses on others.
+pub const MEASURED_PACKINGS: &[DType] = &[DType::Q5K];
+
+/// Whether a loader packs `dtype` on this CPU as far as the table goes: formats outside
+/// [`MEASURED_PACKINGS`] always, those inside only where this CPU's row names them.
+pub fn packs(dtype: DType) -> bool {
+    !MEASURED_PACKINGS.contains(&dtype) || table_row().is_some_and(|row| row.packs.contains(&dtype))
+}
 
 /// The [`TABLE`] row for this CPU, if it was measured.
 pub fn table_row() -> Option<&'static TableRow> {

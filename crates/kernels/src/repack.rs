@@ -122,13 +122,15 @@ impl Packed {
     /// [`repack_enabled`] and the shape packs; else `None`. Q5_0 / Q5_1 / IQ4_NL / MXFP4 / IQ4_XS / Q2_K / Q5_K are packed on
     /// the AVX2 path only: the AVX-512 path keeps its own tiles for them (where they were
     /// not measured against the AVX2 packed kernels, which are the only ones for these formats).
+    /// Q5_K only on CPUs whose dispatch table row names it ([`crate::dispatch::packs`]).
     pub fn for_this_cpu(w: &WeightMatrix) -> Option<Packed> {
         #[cfg(target_arch = "x86_64")]
         {
             let isa = crate::simd::Isa::detect();
             let avx2_only =
                 matches!(w.dtype, DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 | DType::IQ4XS | DType::Q2K | DType::Q5K);
-            if repack_enabled() && isa.runs_packed() && (!avx2_only || isa == crate::simd::Isa::Avx2) {
+            let measured = crate::dispatch::packs(w.dtype);
+            if repack_enabled() && isa.runs_packed() && (!avx2_only || isa == crate::simd::Isa::Avx2) && measured {
                 return Packed::new(w);
             }
         }

@@ -6,7 +6,8 @@
 use crate::common;
 use common::*;
 use engram_kernels::dispatch::{
-    default_token_lane_min, kernel_path, table_row, token_lane_min, CpuModel, TABLE, TOKEN_LANE_MIN, TOKEN_LANE_MIN_PACKED,
+    default_token_lane_min, kernel_path, packs, table_row, token_lane_min, CpuModel, MEASURED_PACKINGS, TABLE, TOKEN_LANE_MIN,
+    TOKEN_LANE_MIN_PACKED,
 };
 use engram_kernels::internal::{matmul_with, Isa};
 use engram_kernels::*;
@@ -20,6 +21,7 @@ fn a_row_matches_only_the_cpus_it_names() {
     let rows = |cpu: &CpuModel| TABLE.iter().filter(|r| r.matches(cpu)).count();
     assert_eq!(rows(&zen4), 1, "Zen 4 was measured");
     assert_eq!(rows(&zen1), 1, "Zen 1 (family 23 model 1) was measured");
+    assert!(TABLE.iter().any(|r| r.matches(&zen1) && r.packs.contains(&DType::Q5K)), "Q5_K packed on Zen 1, where it was measured");
     let zen_plus = CpuModel { vendor: "AuthenticAMD".into(), family: 23, model: 0x08 };
     for other in [&zen3, &zen_plus, &intel] {
         assert_eq!(rows(other), 0, "{other:?} was not measured: it runs its best path");
@@ -29,6 +31,28 @@ fn a_row_matches_only_the_cpus_it_names() {
     assert_eq!(default_token_lane_min(DType::Q5K), TOKEN_LANE_MIN);
     for r in TABLE {
         assert!(r.token_lane_min.iter().all(|&(_, n)| (2..=64).contains(&n)), "{}: a threshold within four registers of lanes", r.name);
+        for d in r.packs {
+            assert!(MEASURED_PACKINGS.contains(d) && Packed::supports(*d, 8), "{}: {d} is a packing chosen per CPU", r.name);
+        }
+    }
+}
+
+/// A packing measured per CPU (Q5_K) is attached only where this CPU's row names it; every other
+/// packable format as before.
+#[test]
+fn measured_packings_follow_the_table_row() {
+    let named = |d: DType| table_row().is_some_and(|r| r.packs.contains(&d));
+    for d in DType::ALL {
+        assert_eq!(packs(d), !MEASURED_PACKINGS.contains(&d) || named(d), "{d}");
+    }
+    let cols = 256;
+    let bytes = quantize(DType::Q5K, &data(8 * cols, 5), cols).unwrap();
+    let w = WeightMatrix::new(DType::Q5K, 8, cols, &bytes).unwrap();
+    if std::env::var("ENGRAM_REPACK").is_err() && Isa::detect() == Isa::Avx2 {
+        assert_eq!(Packed::for_this_cpu(&w).is_some(), named(DType::Q5K), "Q5_K packs where the row says so");
+    }
+    if !named(DType::Q5K) {
+        assert!(Packed::for_this_cpu(&w).is_none(), "no row names Q5_K here: it stays unpacked");
     }
 }
 
