@@ -9,6 +9,9 @@
 //!                                           CPU runs it) ─► the row's path
 //!                                        └► Isa::detect()
 //! ```
+//! A row may also name packings that pay on its CPU only (`TableRow::packs`, [`packs`]): the
+//! loader attaches those formats' [`crate::Packed`] copies there and nowhere else.
+//!
 //! The choice is made per format once per process, never per call, so a token's output stays
 //! bitwise independent of how many tokens share the call (each path keeps that invariant on
 //! its own), and the same CPU always makes the same choice (a cache written by one run equals

@@ -228,16 +228,31 @@ pub fn rag_docs() -> Value {
 }
 
 /// Every file under `dir` with its bytes (to check that a refused request changed nothing).
+/// A file or folder removed while the walk runs (a server saving or deleting in the background,
+/// which tests polling for that work race with) is left out, as if the walk had come after.
 pub fn snapshot(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let mut out = std::collections::BTreeMap::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
+        let entries = match std::fs::read_dir(&d) {
+            Err(e) if gone(&e) && d != dir => continue,
+            r => r.unwrap(),
+        };
+        for e in entries {
+            let p = match e {
+                Err(e) if gone(&e) => continue,
+                r => r.unwrap().path(),
+            };
             if p.is_dir() {
                 stack.push(p);
             } else {
-                out.insert(p.display().to_string(), std::fs::read(&p).unwrap());
+                match std::fs::read(&p) {
+                    Err(e) if gone(&e) => {}
+                    r => {
+                        out.insert(p.display().to_string(), r.unwrap());
+                    }
+                }
             }
         }
     }
