@@ -124,7 +124,7 @@ pub const TABLE: &[TableRow] = &[
         token_lane_min: &[],
         f16_chunk_kib: None,
         // Packed Q5_K: one-token calls 109-125 -> 77-91 ns per 2048-column row from L3 / DRAM
-        // (2 threads), the Q5_K_M file's decode 1.14-1.18x the unpacked tile's.
+        // (2 threads); the Q5_K_M file's decode 1.09-1.15x the unpacked tile's (builds alternating).
         packs: &[DType::Q5K],
         measured: "docs/cpu-kernels.md, \"The measured dispatch table\" (Zen 1)",
     },
