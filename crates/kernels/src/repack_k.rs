@@ -126,26 +126,9 @@ fn slot(r: usize) -> (usize, usize) {
 pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
     let (h, off) = slot(r);
     match dtype {
-        DType::Q4K => {
+        DType::Q4K | DType::Q5K => {
             pack_q4k_head(r, src, dst);
-            for c in 0..4 {
-                for m in 0..4 {
-                    let at = q4k_reg(c, m, h) + off;
-                    let from = Q4K_QS + 32 * c + 8 * m;
-                    dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
-                }
-            }
-        }
-        DType::Q5K => {
-            pack_q4k_head(r, src, dst);
-            for m in 0..4 {
-                let (at, from) = (q5k_qh_reg(m, h) + off, Q5K_QH + 8 * m);
-                dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
-                for c in 0..4 {
-                    let (at, from) = (q5k_reg(c, m, h) + off, Q5K_QS + 32 * c + 8 * m);
-                    dst[at..at + 8].copy_from_slice(&src[from..from + 8]);
-                }
-            }
+            for_each_q4k_piece(dtype, r, |at, from| dst[at..at + 8].copy_from_slice(&src[from..from + 8]));
         }
         DType::Q2K => {
             dst[2 * r..2 * r + 2].copy_from_slice(&src[Q2K_D..Q2K_D + 2]);
@@ -224,20 +207,42 @@ fn unpack_q4k_head(r: usize, g: &[u8], b: &mut [u8]) {
     }
 }
 
-/// Row `r`'s Q5_K source block back from its group-super-block `g` (the prefill panel copies
-/// every row's blocks out this way; [`unpack_block`] too).
-pub(crate) fn q5k_source_block(g: &[u8], r: usize) -> [u8; 176] {
+/// Q4_K / Q5_K: calls `f(packed, source)` for every 8-byte piece of row `r`'s block that the
+/// packing moves whole (offsets in the group-super-block and in the source block): Q5_K's
+/// fifth-bit bytes of piece `m`, then the nibbles of chunk `c`, piece `m`. Packing and
+/// unpacking both walk it.
+#[inline(always)]
+fn for_each_q4k_piece(dtype: DType, r: usize, mut f: impl FnMut(usize, usize)) {
     let (h, off) = slot(r);
-    let mut b = [0u8; 176];
-    unpack_q4k_head(r, g, &mut b);
-    for m in 0..4 {
-        let (at, to) = (q5k_qh_reg(m, h) + off, Q5K_QH + 8 * m);
-        b[to..to + 8].copy_from_slice(&g[at..at + 8]);
-        for c in 0..4 {
-            let (at, to) = (q5k_reg(c, m, h) + off, Q5K_QS + 32 * c + 8 * m);
-            b[to..to + 8].copy_from_slice(&g[at..at + 8]);
+    let q5 = dtype == DType::Q5K;
+    if q5 {
+        for m in 0..4 {
+            f(q5k_qh_reg(m, h) + off, Q5K_QH + 8 * m);
         }
     }
+    for c in 0..4 {
+        for m in 0..4 {
+            if q5 {
+                f(q5k_reg(c, m, h) + off, Q5K_QS + 32 * c + 8 * m);
+            } else {
+                f(q4k_reg(c, m, h) + off, Q4K_QS + 32 * c + 8 * m);
+            }
+        }
+    }
+}
+
+/// Q4_K / Q5_K: row `r`'s source block (`b`, the format's block size, zeroed) back from its
+/// group-super-block `g` — the inverse of [`pack_block`].
+fn q4k_source_block_into(dtype: DType, g: &[u8], r: usize, b: &mut [u8]) {
+    unpack_q4k_head(r, g, b);
+    for_each_q4k_piece(dtype, r, |at, to| b[to..to + 8].copy_from_slice(&g[at..at + 8]));
+}
+
+/// Row `r`'s Q5_K source block back from its group-super-block `g` (the prefill panel copies
+/// every row's blocks out this way).
+pub(crate) fn q5k_source_block(g: &[u8], r: usize) -> [u8; 176] {
+    let mut b = [0u8; 176];
+    q4k_source_block_into(DType::Q5K, g, r, &mut b);
     b
 }
 
@@ -281,19 +286,11 @@ pub(crate) fn ql_reg(m: usize) -> usize {
 pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
     let (h, off) = slot(r);
     match dtype {
-        DType::Q4K => {
-            let mut b = vec![0u8; 144];
-            unpack_q4k_head(r, g, &mut b);
-            for c in 0..4 {
-                for m in 0..4 {
-                    let at = q4k_reg(c, m, h) + off;
-                    let to = Q4K_QS + 32 * c + 8 * m;
-                    b[to..to + 8].copy_from_slice(&g[at..at + 8]);
-                }
-            }
+        DType::Q4K | DType::Q5K => {
+            let mut b = vec![0u8; dtype.block_bytes()];
+            q4k_source_block_into(dtype, g, r, &mut b);
             b
         }
-        DType::Q5K => q5k_source_block(g, r).to_vec(),
         DType::Q2K => q2k_source_block(g, r).to_vec(),
         DType::IQ4XS => {
             let mut b = vec![0u8; 136];
