@@ -5,7 +5,8 @@
 //! decode rate.
 //!
 //! Run: `cargo bench --release -p engram-kernels --bench packed` (or the built binary
-//! `target/release/deps/packed-* --bench`). Filters: `ENGRAM_DTYPES=q8_0,q4_0`,
+//! `target/release/deps/packed-* --bench`). Filters: `ENGRAM_DTYPES=q8_0,q4_0` (any packable
+//! format; default Q4_0, Q8_0, Q4_K, Q6_K),
 //! `ENGRAM_TOKENS=1,4,64`, `ENGRAM_KIB=16` (the resident matrix's size; default 256). Each figure is the best of repeated calls over ~0.3 s; the
 //! `×1` column is the cost of one call over the 1-token call's (4 tokens at 4.0× = no reuse).
 //! To compare two kernels, build this bench from each tree and run the binaries alternately.
@@ -50,7 +51,7 @@ fn main() {
         return;
     }
     let dtypes: Vec<DType> = match std::env::var("ENGRAM_DTYPES") {
-        Ok(v) => [DType::Q4_0, DType::Q8_0, DType::Q4K, DType::Q6K].into_iter().filter(|d| v.split(',').any(|n| n == d.name())).collect(),
+        Ok(v) => DType::ALL.into_iter().filter(|d| Packed::supports(*d, 8) && v.split(',').any(|n| n == d.name())).collect(),
         Err(_) => vec![DType::Q4_0, DType::Q8_0, DType::Q4K, DType::Q6K],
     };
     let tokens: Vec<usize> = match std::env::var("ENGRAM_TOKENS") {

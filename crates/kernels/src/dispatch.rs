@@ -125,14 +125,16 @@ pub const TABLE: &[TableRow] = &[
         f16_chunk_kib: None,
         // Packed Q5_K: one-token calls 109-125 -> 77-91 ns per 2048-column row from L3 / DRAM
         // (2 threads); the Q5_K_M file's decode 1.09-1.15x the unpacked tile's (builds alternating).
-        packs: &[DType::Q5K],
+        // Packed Q3_K: 100-103 -> 69 / 105-107 -> 72-75 ns; the Q3_K_M file's decode 1.11-1.13x.
+        packs: &[DType::Q5K, DType::Q3K],
         measured: "docs/cpu-kernels.md, \"The measured dispatch table\" (Zen 1)",
     },
 ];
 
 /// Formats whose packing ([`crate::Packed`]) is attached at load only on CPUs whose [`TABLE`]
-/// row names them in `packs`: the packed kernel pays on some CPUs and loses on others.
-pub const MEASURED_PACKINGS: &[DType] = &[DType::Q5K];
+/// row names them in `packs`: the packed kernel pays on some CPUs and loses on others, or was
+/// measured on one CPU only.
+pub const MEASURED_PACKINGS: &[DType] = &[DType::Q5K, DType::Q3K];
 
 /// Whether a loader packs `dtype` on this CPU as far as the table goes: formats outside
 /// [`MEASURED_PACKINGS`] always, those inside only where this CPU's row names them.

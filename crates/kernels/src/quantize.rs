@@ -465,6 +465,9 @@ pub struct ActQ8K {
     /// kernel (a rearrangement of the fields above, never different data): `[0]` the values as
     /// they are, `[1]` each plus 128 (`TokenLanes::new`).
     pub(crate) lanes: [std::sync::OnceLock<crate::token_lanes::TokenLanes>; 2],
+    /// `qs` in packed Q3_K's piece order, built on first use by its kernel (the same values,
+    /// moved): [`ActQ8K::q3k_pieces`].
+    q3k_pieces: std::sync::OnceLock<Vec<i8>>,
 }
 
 impl ActQ8K {
@@ -478,6 +481,7 @@ impl ActQ8K {
             d: vec![0.0; nb],
             bsums: vec![0; nb * 16],
             lanes: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
+            q3k_pieces: std::sync::OnceLock::new(),
         };
         let work = |((xb, qs), (d, bs)): ((&[f32], &mut [i8]), (&mut f32, &mut [i16]))| {
             // The reference's `max` is the first value of the largest magnitude: the magnitude
@@ -514,5 +518,21 @@ impl ActQ8K {
             it.for_each(work);
         }
         a
+    }
+
+    /// `qs` with each 32-value run's 4-byte words in the order 0, 4, 1, 5, 2, 6, 3, 7, so 8
+    /// bytes at `8m` are values `4m..4m + 4` and `16 + 4m..16 + 4m + 4`: the columns of packed
+    /// Q3_K's piece `m` (`repack_k.rs`), one broadcast each. Built once per call, on first use.
+    pub(crate) fn q3k_pieces(&self) -> &[i8] {
+        self.q3k_pieces.get_or_init(|| {
+            let mut out = vec![0i8; self.qs.len()];
+            for (o, q) in out.chunks_exact_mut(32).zip(self.qs.chunks_exact(32)) {
+                for m in 0..4 {
+                    o[8 * m..8 * m + 4].copy_from_slice(&q[4 * m..4 * m + 4]);
+                    o[8 * m + 4..8 * m + 8].copy_from_slice(&q[16 + 4 * m..16 + 4 * m + 4]);
+                }
+            }
+            out
+        })
     }
 }

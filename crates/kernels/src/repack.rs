@@ -1,4 +1,4 @@
-//! [`Packed`]: Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 / Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K weights repacked at load
+//! [`Packed`]: Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 / Q4_K / Q5_K / Q6_K / Q3_K / IQ4_XS / Q2_K weights repacked at load
 //! into 8-row interleaved groups, the layout the AVX2 GEMV streams (`simd/avx2_packed.rs`,
 //! `simd/avx2_packed_k.rs`). The K-quant layouts are documented in `repack_k.rs`.
 //!
@@ -26,7 +26,7 @@
 //! `d_w · d_x`, accumulated block by block in f32), whatever the number of tokens.
 //!
 //! Cost: a copy the size of the source's bytes in anonymous memory (Q4_K: 1,184 bytes per
-//! 8 row-super-blocks for 1,152, Q5_K 1,440 for 1,408: the unpacked 6-bit scales and mins); the mapped file is only
+//! 8 row-super-blocks for 1,152, Q5_K 1,440 for 1,408, Q3_K 912 for 880: the unpacked 6-bit scales and mins); the mapped file is only
 //! read, never written.
 
 use crate::dtype::{DType, WeightMatrix};
@@ -55,7 +55,7 @@ impl std::fmt::Debug for Packed {
 
 impl Packed {
     /// Whether a matrix of this format and row count can be packed (Q4_0 / Q8_0 / Q4_1 / Q5_0 /
-    /// Q5_1 / IQ4_NL / MXFP4 / Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K with a whole number of 8-row groups).
+    /// Q5_1 / IQ4_NL / MXFP4 / Q4_K / Q5_K / Q6_K / Q3_K / IQ4_XS / Q2_K with a whole number of 8-row groups).
     pub fn supports(dtype: DType, rows: usize) -> bool {
         matches!(
             dtype,
@@ -69,6 +69,7 @@ impl Packed {
                 | DType::Q4K
                 | DType::Q5K
                 | DType::Q6K
+                | DType::Q3K
                 | DType::IQ4XS
                 | DType::Q2K
         ) && rows % GROUP_ROWS == 0
@@ -119,16 +120,18 @@ impl Packed {
 
     /// What a loader should attach to `w` on this machine: its packing when the matmul path
     /// reads packings ([`crate::simd::Isa::runs_packed`]: AVX2, AVX-512 without AMX),
-    /// [`repack_enabled`] and the shape packs; else `None`. Q5_0 / Q5_1 / IQ4_NL / MXFP4 / IQ4_XS / Q2_K / Q5_K are packed on
+    /// [`repack_enabled`] and the shape packs; else `None`. Q5_0 / Q5_1 / IQ4_NL / MXFP4 / IQ4_XS / Q2_K / Q5_K / Q3_K are packed on
     /// the AVX2 path only: the AVX-512 path keeps its own tiles for them (where they were
     /// not measured against the AVX2 packed kernels, which are the only ones for these formats).
-    /// Q5_K only on CPUs whose dispatch table row names it ([`crate::dispatch::packs`]).
+    /// Q5_K and Q3_K only on CPUs whose dispatch table row names them ([`crate::dispatch::packs`]).
     pub fn for_this_cpu(w: &WeightMatrix) -> Option<Packed> {
         #[cfg(target_arch = "x86_64")]
         {
             let isa = crate::simd::Isa::detect();
-            let avx2_only =
-                matches!(w.dtype, DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 | DType::IQ4XS | DType::Q2K | DType::Q5K);
+            let avx2_only = matches!(
+                w.dtype,
+                DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 | DType::IQ4XS | DType::Q2K | DType::Q5K | DType::Q3K
+            );
             let measured = crate::dispatch::packs(w.dtype);
             if repack_enabled() && isa.runs_packed() && (!avx2_only || isa == crate::simd::Isa::Avx2) && measured {
                 return Packed::new(w);
@@ -214,7 +217,7 @@ pub(crate) fn scale_bytes(dtype: DType) -> usize {
 
 /// Whether the format packs by 256-element super-blocks (`repack_k.rs`).
 fn is_k(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4K | DType::Q5K | DType::Q6K | DType::IQ4XS | DType::Q2K)
+    matches!(dtype, DType::Q4K | DType::Q5K | DType::Q6K | DType::Q3K | DType::IQ4XS | DType::Q2K)
 }
 
 /// Whether the format's blocks carry a min `m` after `d` (Q4_1, Q5_1).
@@ -278,7 +281,7 @@ pub(crate) fn quant_at(h: usize, r: usize, b: usize) -> usize {
 /// Bytes of one 8-row group-block: 8 scales and 8 rows of quants (K-quants: `repack_k.rs`).
 pub(crate) fn group_block_bytes(dtype: DType) -> usize {
     match dtype {
-        DType::Q4K | DType::Q5K | DType::Q6K | DType::IQ4XS | DType::Q2K => group_block_bytes_k(dtype),
+        DType::Q4K | DType::Q5K | DType::Q6K | DType::Q3K | DType::IQ4XS | DType::Q2K => group_block_bytes_k(dtype),
         _ => GROUP_ROWS * dtype.block_bytes(),
     }
 }

@@ -1,4 +1,4 @@
-//! Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K layouts of [`crate::Packed`]: 8-row groups, one group-super-block (8 rows ×
+//! Q4_K / Q5_K / Q6_K / Q3_K / IQ4_XS / Q2_K layouts of [`crate::Packed`]: 8-row groups, one group-super-block (8 rows ×
 //! 256 elements) after another, the layout `simd/avx2_packed_k.rs` streams.
 //!
 //! Within a group, a 32-byte *register* holds 8 consecutive bytes of 4 rows: rows `0, 1, 4, 5`
@@ -20,6 +20,16 @@
 //! (the file's bytes: bit `2c` of byte `i` is the fifth bit of element `64c + 8m + i`, bit
 //! `2c + 1` of element `64c + 32 + 8m + i`; 256 bytes), then the nibbles in Q4_K's order
 //! ([`q5k_reg`]). One fifth-bit register serves its piece's four chunks.
+//!
+//! Q3_K group-super-block (912 bytes for the source's 880), in Q4_K's halves:
+//! * `d`: 8 f16 (16 bytes); the 16 scales `sc − 32` as `i8` in pairs, `[p][r][j − 2p]` for
+//!   sub-blocks `j = 2p, 2p + 1` (128 bytes, as Q6_K's), so `vpmovsxbw` gives each row's pair;
+//! * the high bits: for piece `m` (0..4), half `h`, the rows' `hmask[8m ..][..8]` ([`q3k_hm_reg`];
+//!   the file's bytes: bit `4n + j` of byte `i` is the high bit of element `128n + 32j + 8m + i`;
+//!   256 bytes). One register serves the piece's eight value registers;
+//! * the crumbs: for half-block `n` (0..2), piece `m`, half `h`, the rows' `qs[32n + 8m ..][..8]`
+//!   ([`q3k_reg`]; crumb `j` of byte `i` is the low 2 bits of element `128n + 32j + 8m + i`;
+//!   512 bytes).
 //!
 //! IQ4_XS group-super-block (1,104 bytes for the source's 1,088), in the 32-element formats'
 //! lane-per-row order (`repack.rs`) rather than the halves above:
@@ -49,7 +59,8 @@
 //! for byte; the 6-bit scale/min packing and the ql/qh bit arrangement are both bijections).
 
 use crate::blocks::{
-    iq4xs_scales, scales_mins_k4, IQ4XS_QS, Q2K_D, Q2K_QS, Q4K_QS, Q4K_SCALES, Q5K_QH, Q5K_QS, Q6K_D, Q6K_QH, Q6K_SCALES, QK_K,
+    iq4xs_scales, q3k_scales, scales_mins_k4, IQ4XS_QS, Q2K_D, Q2K_QS, Q3K_D, Q3K_QS, Q3K_SCALES, Q4K_QS, Q4K_SCALES, Q5K_QH, Q5K_QS,
+    Q6K_D, Q6K_QH, Q6K_SCALES, QK_K,
 };
 use crate::dtype::DType;
 use crate::repack::GROUP_ROWS;
@@ -85,6 +96,25 @@ pub(crate) const fn q5k_qh_reg(m: usize, h: usize) -> usize {
     Q5K_P_QH + 32 * (2 * m + h)
 }
 
+/// Q3_K: offset of the scale pairs, the high-bit registers and the crumb registers in a
+/// group-super-block.
+pub(crate) const Q3K_P_SC: usize = 16;
+pub(crate) const Q3K_P_HM: usize = 144;
+pub(crate) const Q3K_P_QS: usize = 400;
+
+/// Q3_K: offset in a group-super-block of the high-bit register of piece `m` (0..4), half `h`.
+#[inline(always)]
+pub(crate) const fn q3k_hm_reg(m: usize, h: usize) -> usize {
+    Q3K_P_HM + 32 * (2 * m + h)
+}
+
+/// Q3_K: offset in a group-super-block of the crumb register of half-block `n` (0..2), piece
+/// `m` (0..4), half `h` (0..2).
+#[inline(always)]
+pub(crate) const fn q3k_reg(n: usize, m: usize, h: usize) -> usize {
+    Q3K_P_QS + 32 * (8 * n + 2 * m + h)
+}
+
 /// IQ4_XS: offset of the sub-block scales and of the nibble registers in a group-super-block.
 pub(crate) const IQ4XS_P_SC: usize = 16;
 pub(crate) const IQ4XS_P_QS: usize = 80;
@@ -104,13 +134,14 @@ pub(crate) const fn q6k_reg(c: usize, j: usize, h: usize) -> usize {
     Q6K_P_Q + 32 * (12 * c + 2 * j + h)
 }
 
-/// Bytes of one group-super-block of `dtype` (Q4_K, Q5_K, Q6_K, IQ4_XS or Q2_K).
+/// Bytes of one group-super-block of `dtype` (Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS or Q2_K).
 pub(crate) fn group_block_bytes_k(dtype: DType) -> usize {
     match dtype {
         DType::Q4K => Q4K_P_QS + GROUP_ROWS * 128,
         DType::Q5K => Q5K_P_QS + GROUP_ROWS * 128,
         DType::IQ4XS => IQ4XS_P_QS + GROUP_ROWS * 128,
         DType::Q2K => Q2K_P_QS + GROUP_ROWS * 64,
+        DType::Q3K => Q3K_P_QS + GROUP_ROWS * 64,
         DType::Q6K => Q6K_P_Q + GROUP_ROWS * 192,
         _ => unreachable!("not a K-quant"),
     }
@@ -129,6 +160,13 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
         DType::Q4K | DType::Q5K => {
             pack_q4k_head(r, src, dst);
             for_each_q4k_piece(dtype, r, |at, from| dst[at..at + 8].copy_from_slice(&src[from..from + 8]));
+        }
+        DType::Q3K => {
+            dst[2 * r..2 * r + 2].copy_from_slice(&src[Q3K_D..Q3K_D + 2]);
+            for (j, sc) in q3k_scales(src).into_iter().enumerate() {
+                dst[Q3K_P_SC + 16 * (j / 2) + 2 * r + j % 2] = sc as u8;
+            }
+            for_each_q3k_piece(r, |at, from| dst[at..at + 4].copy_from_slice(&src[from..from + 4]));
         }
         DType::Q2K => {
             dst[2 * r..2 * r + 2].copy_from_slice(&src[Q2K_D..Q2K_D + 2]);
@@ -246,6 +284,41 @@ pub(crate) fn q5k_source_block(g: &[u8], r: usize) -> [u8; 176] {
     b
 }
 
+/// Q3_K: calls `f(packed, source)` for every 8-byte piece of row `r`'s block (offsets in the
+/// group-super-block and in the source block): the `hmask` bytes of piece `m`, then the crumbs
+/// of half-block `n`, piece `m`. Packing and unpacking both walk it.
+#[inline(always)]
+fn for_each_q3k_piece(r: usize, mut f: impl FnMut(usize, usize)) {
+    let (h, off) = slot(r);
+    for m in 0..4 {
+        f(q3k_hm_reg(m, h) + off, 4 * m);
+        f(q3k_hm_reg(m, h) + off + 4, 16 + 4 * m);
+    }
+    for n in 0..2 {
+        for m in 0..4 {
+            f(q3k_reg(n, m, h) + off, Q3K_QS + 32 * n + 4 * m);
+            f(q3k_reg(n, m, h) + off + 4, Q3K_QS + 32 * n + 16 + 4 * m);
+        }
+    }
+}
+
+/// Row `r`'s Q3_K source block back from its group-super-block `g` — the inverse of
+/// [`pack_block`] (the prefill panel copies every row's blocks out this way). The 16 stored
+/// scales `sc + 32` go back into the file's 12 bytes: low 4 bits in nibble `j / 8` of byte
+/// `j % 8`, high 2 bits at bits `2(j / 4)` of byte `8 + j % 4` (as `blocks::q3k_scale_words`
+/// reads them).
+pub(crate) fn q3k_source_block(g: &[u8], r: usize) -> [u8; 110] {
+    let mut b = [0u8; 110];
+    b[Q3K_D..Q3K_D + 2].copy_from_slice(&g[2 * r..2 * r + 2]);
+    for j in 0..16 {
+        let u = (g[Q3K_P_SC + 16 * (j / 2) + 2 * r + j % 2] as i8 as i32 + 32) as u8;
+        b[Q3K_SCALES + j % 8] |= (u & 0xF) << (4 * (j / 8));
+        b[Q3K_SCALES + 8 + j % 4] |= (u >> 4) << (2 * (j / 4));
+    }
+    for_each_q3k_piece(r, |at, to| b[to..to + 4].copy_from_slice(&g[at..at + 4]));
+    b
+}
+
 /// The 256 unsigned 6-bit values `q + 32` of a Q6_K block (as `dequant::q6k_value`, all at once).
 fn q6k_values(b: &[u8]) -> [u8; QK_K] {
     let mut u = [0u8; QK_K];
@@ -292,6 +365,7 @@ pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
             b
         }
         DType::Q2K => q2k_source_block(g, r).to_vec(),
+        DType::Q3K => q3k_source_block(g, r).to_vec(),
         DType::IQ4XS => {
             let mut b = vec![0u8; 136];
             b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);

@@ -1,6 +1,7 @@
-//! AVX2 kernels over Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K [`Packed`] weights (layout: `repack_k.rs`):
+//! AVX2 kernels over Q4_K / Q5_K / Q6_K / Q3_K / IQ4_XS / Q2_K [`Packed`] weights (layout: `repack_k.rs`):
 //! 8 rows × up to 4 tokens per call. IQ4_XS and Q2_K keep the 32-element formats' one row per
-//! 32-bit lane (`iq4xs_group`, `q2k_group`); Q4_K / Q5_K / Q6_K are described here.
+//! 32-bit lane (`iq4xs_group`, `q2k_group`); Q3_K ([`q3k_group`]) runs in Q4_K's halves; Q4_K /
+//! Q5_K / Q6_K are described here.
 //!
 //! Per 32-byte register (8 bytes of 4 rows): the nibbles split with one mask and one shift
 //! (Q5_K: each nibble's fifth bit placed at bit 4 by a shift and a table lookup, [`k_values`];
@@ -27,7 +28,10 @@ use crate::blocks::QK_K;
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{q4k_reg, q5k_qh_reg, q5k_reg, q6k_reg, IQ4XS_P_QS, IQ4XS_P_SC, Q2K_P_QS, Q2K_P_SC, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
+use crate::repack_k::{
+    q3k_hm_reg, q3k_reg, q4k_reg, q5k_qh_reg, q5k_reg, q6k_reg, IQ4XS_P_QS, IQ4XS_P_SC, Q2K_P_QS, Q2K_P_SC, Q3K_P_SC, Q4K_P_MIN, Q4K_P_SC,
+    Q6K_P_SC,
+};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -36,7 +40,7 @@ pub(crate) const MAX_TOKENS: usize = 4;
 /// Computes output rows `r0..r1` (multiples of 8) for every token of the call.
 ///
 /// # Safety
-/// AVX2/FMA/F16C available; `p` is the (Q4_K, Q5_K, Q6_K, IQ4_XS or Q2_K) packing of `c.w`, `a` its prepared
+/// AVX2/FMA/F16C available; `p` is the (Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS or Q2_K) packing of `c.w`, `a` its prepared
 /// activations; no other thread writes those rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
@@ -60,6 +64,10 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
                 (DType::Q6K, 2) => q6k_group::<2>(gp, a, t0, out, c.ldo),
                 (DType::Q6K, 3) => q6k_group::<3>(gp, a, t0, out, c.ldo),
                 (DType::Q6K, 4) => q6k_group::<4>(gp, a, t0, out, c.ldo),
+                (DType::Q3K, 1) => q3k_group::<1>(gp, a, t0, out, c.ldo),
+                (DType::Q3K, 2) => q3k_group::<2>(gp, a, t0, out, c.ldo),
+                (DType::Q3K, 3) => q3k_group::<3>(gp, a, t0, out, c.ldo),
+                (DType::Q3K, 4) => q3k_group::<4>(gp, a, t0, out, c.ldo),
                 (DType::IQ4XS, 1) => iq4xs_group::<1>(gp, a, t0, out, c.ldo),
                 (DType::IQ4XS, 2) => iq4xs_group::<2>(gp, a, t0, out, c.ldo),
                 (DType::IQ4XS, 3) => iq4xs_group::<3>(gp, a, t0, out, c.ldo),
@@ -68,7 +76,7 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
                 (DType::Q2K, 2) => q2k_group::<2>(gp, a, t0, out, c.ldo),
                 (DType::Q2K, 3) => q2k_group::<3>(gp, a, t0, out, c.ldo),
                 (DType::Q2K, 4) => q2k_group::<4>(gp, a, t0, out, c.ldo),
-                _ => unreachable!("only Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K reach the K-quant packed kernels"),
+                _ => unreachable!("only Q4_K / Q5_K / Q6_K / Q3_K / IQ4_XS / Q2_K reach the K-quant packed kernels"),
             }
         }
         t0 += nt;
@@ -230,6 +238,139 @@ unsafe fn q4k_group<const NT: usize, const FIFTH: bool>(gp: *const u8, a: &ActQ8
     }
 }
 
+/// `vpshufb` control turning a Q3_K scale-pair vector (dword `r` = row `r`'s pair, rows 0..4
+/// in the low lane, 4..8 in the high) into half `h`'s per-word scales: each row's 4 words
+/// `[s₀, s₀, s₁, s₁]` (its piece bytes 0..4 are the pair's first sub-block, 4..8 the second),
+/// the lane's row `2h` then row `2h + 1`.
+#[inline(always)]
+unsafe fn q3k_scale_ctrl(h: usize) -> __m256i {
+    let row = |r: usize| {
+        let b = (4 * r) as i8;
+        [b, b + 1, b, b + 1, b + 2, b + 3, b + 2, b + 3]
+    };
+    let (r0, r1) = (row(2 * h), row(2 * h + 1));
+    let lane: [i8; 16] = std::array::from_fn(|i| if i < 8 { r0[i] } else { r1[i - 8] });
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(lane.as_ptr() as *const __m128i))
+}
+
+/// Q3_K, one 8-row group, NT tokens, in Q4_K's halves. Value register (`n`, `j`, `m`, `h`)
+/// holds, per row, elements `128n + 32j + 4m..+4` and `128n + 32j + 16 + 4m..+4` (sub-blocks
+/// `8n + 2j` and `8n + 2j + 1`): crumb `j` of the crumb register by one mask (`j ≥ 2` after
+/// one shift by 4; odd `j` left in place, 4× its value, as Q2_K's), the high bit or-ed in at
+/// bit 2 (odd `j`: bit 4) by one table lookup of the high-bit register's nibble `n`, so the
+/// unsigned value `u = q + 4` (0..7) costs no shift per bit. The activation's matching 8
+/// bytes are one broadcast from [`ActQ8K::q3k_pieces`]. A crumb's four pieces sum in i16 (≤ 4 · 2·28·128 =
+/// 28,672, exact) before one `vpmaddwd` with per-word scales (each row's two sub-blocks);
+/// odd crumbs' sums are divided by 4 at the end (exact: multiples of 4), and the offset is
+/// `−4·Σ_j sc_j·S_j` from the Q8_K block sums. Then `acc += (d·d_x)·isum`, as the scalar
+/// reference.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    let nb = a.blocks_per_row;
+    let gbb = group_block_bytes(DType::Q3K);
+    let (m3, m12, m15) = (_mm256_set1_epi8(3), _mm256_set1_epi8(12), _mm256_set1_epi8(0x0F));
+    // Nibble → bit j of it, at bit 2 (j even) or 4 (j odd: the crumb's place).
+    let high: [__m256i; 4] = std::array::from_fn(|j| {
+        let v: [u8; 16] = std::array::from_fn(|i| (((i >> j) & 1) as u8) << (if j % 2 == 0 { 2 } else { 4 }));
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(v.as_ptr() as *const __m128i))
+    });
+    let ctrl = [q3k_scale_ctrl(0), q3k_scale_ctrl(1)];
+    let xq = a.q3k_pieces().as_ptr();
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for i in 0..nb {
+        let b = gp.add(i * gbb);
+        // One-token calls prefetch too: this kernel's many operations per byte leave the
+        // hardware prefetchers behind (`prefetch.rs`).
+        if t0 == 0 {
+            group_block_ahead::<AHEAD_K>(b, gbb);
+        }
+        // [t][h]: even crumbs' sums, odd crumbs' (4×) sums.
+        let mut even = [[_mm256_setzero_si256(); 2]; NT];
+        let mut odd = [[_mm256_setzero_si256(); 2]; NT];
+        let mut corr = [_mm256_setzero_si256(); NT];
+        // Pair p = 4n + j: sub-blocks 8n + 2j and 8n + 2j + 1.
+        let pair_scales = |p: usize| _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(Q3K_P_SC + 16 * p) as *const __m128i));
+        let x_at = |t: usize, n: usize, j: usize, m: usize| bcast8(xq.add(((t0 + t) * nb + i) * QK_K + 128 * n + 32 * j + 8 * m));
+        for p in 0..8 {
+            let sc = pair_scales(p);
+            for t in 0..NT {
+                let bs = a.bsums.as_ptr().add(((t0 + t) * nb + i) * 16 + 2 * p);
+                corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(sc, _mm256_set1_epi32((bs as *const i32).read_unaligned())));
+            }
+        }
+        let mut flush = |j: usize, ps: &[[__m256i; NT]; 2], sc: __m256i| {
+            for h in 0..2 {
+                let scl = _mm256_shuffle_epi8(sc, ctrl[h]);
+                for t in 0..NT {
+                    let prod = _mm256_madd_epi16(ps[h][t], scl);
+                    if j % 2 == 0 {
+                        even[t][h] = _mm256_add_epi32(even[t][h], prod);
+                    } else {
+                        odd[t][h] = _mm256_add_epi32(odd[t][h], prod);
+                    }
+                }
+            }
+        };
+        if NT == 1 {
+            // A piece's crumb and high-bit registers serve its four crumbs in turn (one shift and
+            // mask each, not one per value register).
+            for n in 0..2 {
+                let mut ps = [[[_mm256_setzero_si256(); NT]; 2]; 4];
+                for m in 0..4 {
+                    let xm: [__m256i; 4] = std::array::from_fn(|j| x_at(0, n, j, m));
+                    for h in 0..2 {
+                        let q = _mm256_loadu_si256(b.add(q3k_reg(n, m, h)) as *const __m256i);
+                        let q4 = _mm256_srli_epi16(q, 4);
+                        let hm = _mm256_loadu_si256(b.add(q3k_hm_reg(m, h)) as *const __m256i);
+                        let nib = _mm256_and_si256(if n == 1 { _mm256_srli_epi16(hm, 4) } else { hm }, m15);
+                        for j in 0..4 {
+                            let crumb = _mm256_and_si256(if j >= 2 { q4 } else { q }, if j % 2 == 0 { m3 } else { m12 });
+                            let v = _mm256_or_si256(crumb, _mm256_shuffle_epi8(high[j], nib));
+                            ps[j][h][0] = _mm256_add_epi16(ps[j][h][0], _mm256_maddubs_epi16(v, xm[j]));
+                        }
+                    }
+                }
+                for j in 0..4 {
+                    flush(j, &ps[j], pair_scales(4 * n + j));
+                }
+            }
+        } else {
+            for n in 0..2 {
+                for j in 0..4 {
+                    let mut ps = [[_mm256_setzero_si256(); NT]; 2];
+                    for m in 0..4 {
+                        let xm: [__m256i; NT] = std::array::from_fn(|t| x_at(t, n, j, m));
+                        for h in 0..2 {
+                            let q = _mm256_loadu_si256(b.add(q3k_reg(n, m, h)) as *const __m256i);
+                            let q = if j >= 2 { _mm256_srli_epi16(q, 4) } else { q };
+                            let hm = _mm256_loadu_si256(b.add(q3k_hm_reg(m, h)) as *const __m256i);
+                            let hm = if n == 1 { _mm256_srli_epi16(hm, 4) } else { hm };
+                            let v = _mm256_or_si256(
+                                _mm256_and_si256(q, if j % 2 == 0 { m3 } else { m12 }),
+                                _mm256_shuffle_epi8(high[j], _mm256_and_si256(hm, m15)),
+                            );
+                            for t in 0..NT {
+                                ps[h][t] = _mm256_add_epi16(ps[h][t], _mm256_maddubs_epi16(v, xm[t]));
+                            }
+                        }
+                    }
+                    flush(j, &ps, pair_scales(4 * n + j));
+                }
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        for t in 0..NT {
+            let isum = _mm256_add_epi32(rows_sum(even[t]), _mm256_srai_epi32::<2>(rows_sum(odd[t])));
+            let isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<2>(corr[t]));
+            let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + i));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum)));
+        }
+    }
+    for t in 0..NT {
+        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
+    }
+}
+
 /// IQ4_XS, one 8-row group, NT tokens, one row per 32-bit lane: per sub-block `j`, its 4
 /// registers' nibbles looked up in the table (`vpshufb`, values −127..113), the sign trick's
 /// `vpmaddubsw` per nibble half and token (|127·127·2| < 2^15, exact), and each widened by a
@@ -317,7 +458,9 @@ unsafe fn q2k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if NT > 1 && t0 == 0 {
+        // One-token calls prefetch too: this kernel's many operations per byte leave the
+        // hardware prefetchers behind (`prefetch.rs`).
+        if t0 == 0 {
             group_block_ahead::<AHEAD_K>(b, gbb);
         }
         let mut even = [_mm256_setzero_si256(); NT];

@@ -3,7 +3,8 @@
 //! A matmul's first pass over a row chunk (its first token tile) reads the chunk's weights
 //! from DRAM: a decode step's only pass, for any number of batched sessions, and a prefill
 //! tile's first of several. Calls of several tokens prefetch on that pass; later passes find
-//! the chunk in L2 and skip it, and one-token calls never prefetch.
+//! the chunk in L2 and skip it, and one-token calls prefetch only on the packed Q2_K / Q3_K
+//! streams.
 //!
 //! Measured on the Zen 4 EPYC (`engram bench kernels --rows 32000 --cols 2048 --threads 1
 //! --clock cpu --stat min`, a matrix larger than the 32 MiB L3, and `engram bench step` on the
@@ -17,6 +18,10 @@
 //!   Q4_0 step 1.08–1.15× a one-row step against 1.22–1.58× with 4 KiB (`bench step`).
 //! - One-token calls read faster with the hardware prefetchers alone: the AVX2 Q4_0 / Q8_0
 //!   kernels at 34–45 / 58–68 ns per row without, 48–54 / 83–92 with the 1.5 KiB prefetch.
+//!   Except packed Q2_K and Q3_K, whose kernels spend the most operations per weight byte: on
+//!   Zen 1 (`cargo bench -p engram-kernels --bench packed`, 8192 × 2048, 2 threads) one-token
+//!   Q3_K ran 787–922 µs without and 575–600 with [`AHEAD_K`] (Q4_K, Q5_K, Q6_K and IQ4_XS
+//!   did not gain: 2–5% slower from L2, within the noise from DRAM).
 //!
 //! A prefetch is a hint: it never faults, even past the end of the packing, and changes no
 //! result.

@@ -21,7 +21,9 @@ fn a_row_matches_only_the_cpus_it_names() {
     let rows = |cpu: &CpuModel| TABLE.iter().filter(|r| r.matches(cpu)).count();
     assert_eq!(rows(&zen4), 1, "Zen 4 was measured");
     assert_eq!(rows(&zen1), 1, "Zen 1 (family 23 model 1) was measured");
-    assert!(TABLE.iter().any(|r| r.matches(&zen1) && r.packs.contains(&DType::Q5K)), "Q5_K packed on Zen 1, where it was measured");
+    for d in [DType::Q5K, DType::Q3K] {
+        assert!(TABLE.iter().any(|r| r.matches(&zen1) && r.packs.contains(&d)), "{d} packed on Zen 1, where it was measured");
+    }
     let zen_plus = CpuModel { vendor: "AuthenticAMD".into(), family: 23, model: 0x08 };
     for other in [&zen3, &zen_plus, &intel] {
         assert_eq!(rows(other), 0, "{other:?} was not measured: it runs its best path");
@@ -37,8 +39,8 @@ fn a_row_matches_only_the_cpus_it_names() {
     }
 }
 
-/// A packing measured per CPU (Q5_K) is attached only where this CPU's row names it; every other
-/// packable format as before.
+/// A packing measured per CPU (Q5_K, Q3_K) is attached only where this CPU's row names it;
+/// every other packable format as before.
 #[test]
 fn measured_packings_follow_the_table_row() {
     let named = |d: DType| table_row().is_some_and(|r| r.packs.contains(&d));
@@ -46,13 +48,15 @@ fn measured_packings_follow_the_table_row() {
         assert_eq!(packs(d), !MEASURED_PACKINGS.contains(&d) || named(d), "{d}");
     }
     let cols = 256;
-    let bytes = quantize(DType::Q5K, &data(8 * cols, 5), cols).unwrap();
-    let w = WeightMatrix::new(DType::Q5K, 8, cols, &bytes).unwrap();
-    if std::env::var("ENGRAM_REPACK").is_err() && Isa::detect() == Isa::Avx2 {
-        assert_eq!(Packed::for_this_cpu(&w).is_some(), named(DType::Q5K), "Q5_K packs where the row says so");
-    }
-    if !named(DType::Q5K) {
-        assert!(Packed::for_this_cpu(&w).is_none(), "no row names Q5_K here: it stays unpacked");
+    for &d in MEASURED_PACKINGS {
+        let bytes = quantize(d, &data(8 * cols, 5), cols).unwrap();
+        let w = WeightMatrix::new(d, 8, cols, &bytes).unwrap();
+        if std::env::var("ENGRAM_REPACK").is_err() && Isa::detect() == Isa::Avx2 {
+            assert_eq!(Packed::for_this_cpu(&w).is_some(), named(d), "{d} packs where the row says so");
+        }
+        if !named(d) {
+            assert!(Packed::for_this_cpu(&w).is_none(), "no row names {d} here: it stays unpacked");
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! Repacked Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K weights (`Packed`, 8-row groups for the AVX2 GEMV): the packing
+//! Repacked Q4_K / Q5_K / Q6_K / Q3_K / IQ4_XS / Q2_K weights (`Packed`, 8-row groups for the AVX2 GEMV): the packing
 //! keeps every byte (any bytes, including every 6-bit scale/min and ql/qh bit pattern); on the
 //! AVX2 path a packed matrix gives bitwise the scalar reference's result for 1..17 tokens,
 //! alone or batched, in `matmul` and `matmul_multi`, including the extreme values that bound
@@ -10,7 +10,7 @@ use common::*;
 use engram_kernels::internal::Isa;
 use engram_kernels::*;
 
-const KQ: [DType; 5] = [DType::Q4K, DType::Q5K, DType::Q6K, DType::IQ4XS, DType::Q2K];
+const KQ: [DType; 6] = [DType::Q4K, DType::Q5K, DType::Q6K, DType::Q3K, DType::IQ4XS, DType::Q2K];
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -33,6 +33,7 @@ fn random_bytes(d: DType, rows: usize, cols: usize, seed: u64, finite: bool) -> 
             DType::Q6K => &[208],
             DType::IQ4XS => &[0],
             DType::Q2K => &[80, 82],
+            DType::Q3K => &[108],
             _ => &[0, 2],
         };
         for blk in b.chunks_exact_mut(bb) {
@@ -55,10 +56,11 @@ fn k_packing_keeps_every_byte_and_refuses_what_it_cannot_pack() {
             let want = match d {
                 DType::Q4K => bytes.len() / 1152 * 1184,
                 DType::Q5K => bytes.len() / 1408 * 1440,
+                DType::Q3K => bytes.len() / 880 * 912,
                 DType::IQ4XS => bytes.len() / 1088 * 1104,
                 _ => bytes.len(),
             };
-            assert_eq!(p.num_bytes(), want, "{d}: the source's size (Q4_K / Q5_K / IQ4_XS: scales and mins unpacked)");
+            assert_eq!(p.num_bytes(), want, "{d}: the source's size (Q4_K / Q5_K / Q3_K / IQ4_XS: scales and mins unpacked)");
             for r in 0..rows {
                 assert_eq!(p.unpack_row(r), wm.row(r), "{d} input {i} row {r}");
             }
@@ -105,7 +107,7 @@ fn k_packed_avx2_equals_scalar_bitwise_for_any_token_count() {
     }
 }
 
-/// Packed Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K matrices in one `matmul_multi` with unpacked ones = their own calls.
+/// Packed Q4_K / Q5_K / Q6_K / Q3_K / IQ4_XS / Q2_K matrices in one `matmul_multi` with unpacked ones = their own calls.
 #[test]
 fn k_packed_in_matmul_multi_equal_separate_calls() {
     if !Isa::Avx2.is_available() {
@@ -117,7 +119,7 @@ fn k_packed_in_matmul_multi_equal_separate_calls() {
     assert_multi_equals_separate(&[(DType::Q5K, 64), (DType::Q4K, 16), (DType::Q5K, 12), (DType::Q3K, 8)], 2);
 }
 
-/// Every packed path's Q4_K / Q5_K / Q6_K / IQ4_XS / Q2_K kernels (AVX2: ≤ 4 tokens per tile; AVX-512 VNNI: ≤ 8, then
+/// Every packed path's Q4_K / Q5_K / Q6_K / Q3_K / IQ4_XS / Q2_K kernels (AVX2: ≤ 4 tokens per tile; AVX-512 VNNI: ≤ 8, then
 /// `vnni_k` from 8 tokens) = the scalar reference, bitwise, at each token count 1..=8 and past
 /// a tile, on odd numbers of 8-row groups, random block bytes (every scale and quant bit
 /// pattern) and quantized ones, activations at full scale; each token's bits are the same
@@ -143,7 +145,7 @@ fn k_packed_paths_equal_scalar_bitwise_at_1_to_8_tokens() {
     }
 }
 
-/// Calls of many tokens on packed IQ4_XS / Q2_K / Q5_K decode their prefill panel from the packing
+/// Calls of many tokens on packed IQ4_XS / Q2_K / Q5_K / Q3_K decode their prefill panel from the packing
 /// (`k_panel`, from 64 tokens): bitwise the scalar reference, and each token's bits the same
 /// as in a one-token call (the packed kernels').
 #[test]
@@ -151,7 +153,7 @@ fn k_packed_prefill_panels_read_from_the_packing_equal_scalar() {
     if !Isa::Avx2.is_available() {
         return;
     }
-    for d in [DType::IQ4XS, DType::Q2K, DType::Q5K] {
+    for d in [DType::IQ4XS, DType::Q2K, DType::Q5K, DType::Q3K] {
         for &(rows, cols, rand) in &[(24usize, 512usize, true), (40, 256, false)] {
             let bytes = if rand { random_bytes(d, rows, cols, 90, true) } else { quantize(d, &data(rows * cols, 91), cols).unwrap() };
             let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
@@ -164,20 +166,24 @@ fn k_packed_prefill_panels_read_from_the_packing_equal_scalar() {
     }
 }
 
-/// Q4_K / Q5_K blocks at the packed kernels' i16 bound (every value 15 / 31, every scale and
-/// min 63) against activations all at +127 or all at −127: the i16 sums of a sub-block's
-/// pieces reach 4 · 2·31·127 without saturating, bitwise the scalar reference.
+/// Q4_K / Q5_K / Q3_K blocks at the packed kernels' i16 bound (every value 15 / 31 / 7 before
+/// its offset, every scale and min 63) against activations all at +127 or all at −127: the
+/// i16 sums of a sub-block's pieces reach 4 · 2·31·127 (Q3_K: 2 · 2·28·127 in its odd crumbs)
+/// without saturating, bitwise the scalar reference.
 #[test]
 fn k_packed_sums_at_their_bound_are_exact() {
     if common::packed::packed_paths().is_empty() {
         return;
     }
     let (rows, cols) = (16, 512);
-    for d in [DType::Q4K, DType::Q5K] {
+    for d in [DType::Q4K, DType::Q5K, DType::Q3K] {
         let mut bytes = vec![0xFFu8; rows * d.row_bytes(cols).unwrap()];
+        let (at_d, at_dmin) = if d == DType::Q3K { (108, None) } else { (0, Some(2)) };
         for b in bytes.chunks_exact_mut(d.block_bytes()) {
-            b[0..2].copy_from_slice(&half::f16::from_f32(0.25).to_bits().to_le_bytes());
-            b[2..4].copy_from_slice(&half::f16::from_f32(0.125).to_bits().to_le_bytes());
+            b[at_d..at_d + 2].copy_from_slice(&half::f16::from_f32(0.25).to_bits().to_le_bytes());
+            if let Some(o) = at_dmin {
+                b[o..o + 2].copy_from_slice(&half::f16::from_f32(0.125).to_bits().to_le_bytes());
+            }
         }
         let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
         let p = Packed::new(&wm).unwrap();
