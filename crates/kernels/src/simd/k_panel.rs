@@ -30,7 +30,7 @@ use crate::blocks::{KVALUES_IQ4NL, QK_K};
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{q2k_source_block, q3k_source_block, q5k_source_block, IQ4XS_P_QS, IQ4XS_P_SC};
+use crate::repack_k::{q2k_source_block, q5k_source_block, IQ4XS_P_QS, IQ4XS_P_SC};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -66,14 +66,16 @@ pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize) -> bool {
 /// the panel's decoding per call (Zen 1, `bench kernels --rows 4096 --threads 1 --clock cpu`:
 /// Q2_K at 8 / 16 tokens 198 / 150 ns per row-token from the packing against ~119 for the
 /// packed kernel, at 64 tokens 112 against ~119; Q5_K at 8 / 16 / 32 / 64 / 128 tokens
-/// 197–201 / 141–143 / 114–116 / 96–100 / 93 against 98–109).
+/// 197–201 / 141–143 / 114–116 / 96–100 / 93 against 98–109). Packed Q3_K never comes here:
+/// its packed kernel ran 106 ns per row-token at 64 / 128 / 256 tokens against 118 / 109 / 108
+/// for the panel from its packing and 113 / 108 / 107 from the file's bytes.
 pub(crate) const PACKED_MIN_TOKENS: usize = 64;
 
 /// Whether a call of `n_tokens` tokens on a packing of `d` runs here, its panel decoded from
-/// the packing (IQ4_XS: `fill_rows_packed`; Q2_K, Q5_K, Q3_K: `fill` from each row's block copied
+/// the packing (IQ4_XS: `fill_rows_packed`; Q2_K, Q5_K: `fill` from each row's block copied
 /// out of its group) instead of the packed kernels.
 pub(crate) fn reads_packing(d: DType, n_tokens: usize) -> bool {
-    matches!(d, DType::IQ4XS | DType::Q2K | DType::Q5K | DType::Q3K) && n_tokens >= PACKED_MIN_TOKENS
+    matches!(d, DType::IQ4XS | DType::Q2K | DType::Q5K) && n_tokens >= PACKED_MIN_TOKENS
 }
 
 /// Panel bytes one weight row of `cols` columns takes (for chunk sizing).
@@ -145,7 +147,7 @@ unsafe fn run_span(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize) {
         let w = c.w.data.as_ptr().add(r0 * c.w.row_bytes());
         match k {
             Q5K => fill::<Q5K>(w, c.w.row_bytes(), rows, nb, regs, meta, c.w.packed.map(|p| (p, r0))),
-            Q3K => fill::<Q3K>(w, c.w.row_bytes(), rows, nb, regs, meta, c.w.packed.map(|p| (p, r0))),
+            Q3K => fill::<Q3K>(w, c.w.row_bytes(), rows, nb, regs, meta, None),
             Q2K => fill::<Q2K>(w, c.w.row_bytes(), rows, nb, regs, meta, c.w.packed.map(|p| (p, r0))),
             _ => match c.w.packed {
                 Some(p) => fill_rows_packed(p, r0, rows, nb, regs, meta),
@@ -205,7 +207,7 @@ unsafe fn transpose_q(v: [__m256i; GROUP]) -> [__m256i; 4] {
 }
 
 /// Decodes the `rows` rows (`rb` bytes apart) of format `K` at `w`, `nb` super-blocks each,
-/// into the panel: 4-row groups, rows past `rows` as zeros. With `packed` (Q2_K's, Q5_K's or Q3_K's
+/// into the panel: 4-row groups, rows past `rows` as zeros. With `packed` (Q2_K's or Q5_K's
 /// packing and the first row), each row's block is copied out of its group instead (the same
 /// bytes), so a packed matrix's prefill never touches the file's bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -227,9 +229,8 @@ unsafe fn fill<const K: u8>(
             let gb = &p.group(row / GROUP_ROWS)[i * gbb..(i + 1) * gbb];
             match p.dtype() {
                 DType::Q2K => decode_block::<K>(q2k_source_block(gb, row % GROUP_ROWS).as_ptr()),
-                DType::Q3K => decode_block::<K>(q3k_source_block(gb, row % GROUP_ROWS).as_ptr()),
                 d => {
-                    debug_assert_eq!(d, DType::Q5K, "only Q2_K's, Q3_K's and Q5_K's panels are copied out of their packings");
+                    debug_assert_eq!(d, DType::Q5K, "only Q2_K's and Q5_K's panels are copied out of their packings");
                     decode_block::<K>(q5k_source_block(gb, row % GROUP_ROWS).as_ptr())
                 }
             }

@@ -145,9 +145,9 @@ fn k_packed_paths_equal_scalar_bitwise_at_1_to_8_tokens() {
     }
 }
 
-/// Calls of many tokens on packed IQ4_XS / Q2_K / Q5_K / Q3_K decode their prefill panel from the packing
-/// (`k_panel`, from 64 tokens): bitwise the scalar reference, and each token's bits the same
-/// as in a one-token call (the packed kernels').
+/// Calls of many tokens on packed IQ4_XS / Q2_K / Q5_K decode their prefill panel from the
+/// packing (`k_panel`, from 64 tokens; packed Q3_K keeps its packed kernel): bitwise the scalar
+/// reference, and each token's bits the same as in a one-token call (the packed kernels').
 #[test]
 fn k_packed_prefill_panels_read_from_the_packing_equal_scalar() {
     if !Isa::Avx2.is_available() {
