@@ -101,8 +101,7 @@ pub fn matmul_multi_with(isa: Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: us
 /// and Q6_K share Q8_K blocks) and runs every matrix's row chunks in one parallel region.
 fn multi(pick: &dyn Fn(DType) -> Isa, ws: &[&WeightMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
     check_multi(ws, x, n_tokens, outs);
-    let mut items: Vec<MatmulItem> =
-        ws.iter().zip(outs.iter_mut()).map(|(w, out)| MatmulItem { w, x, n_tokens, out: &mut **out }).collect();
+    let mut items: Vec<MatmulItem> = ws.iter().zip(outs.iter_mut()).map(|(w, out)| MatmulItem { w, x, n_tokens, out }).collect();
     grouped(pick, &mut items);
 }
 

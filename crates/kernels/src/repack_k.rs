@@ -24,12 +24,14 @@
 //! Q3_K group-super-block (912 bytes for the source's 880), in Q4_K's halves:
 //! * `d`: 8 f16 (16 bytes); the 16 scales `sc − 32` as `i8` in pairs, `[p][r][j − 2p]` for
 //!   sub-blocks `j = 2p, 2p + 1` (128 bytes, as Q6_K's), so `vpmovsxbw` gives each row's pair;
-//! * the high bits: for piece `m` (0..4), half `h`, the rows' `hmask[8m ..][..8]` ([`q3k_hm_reg`];
-//!   the file's bytes: bit `4n + j` of byte `i` is the high bit of element `128n + 32j + 8m + i`;
-//!   256 bytes). One register serves the piece's eight value registers;
-//! * the crumbs: for half-block `n` (0..2), piece `m`, half `h`, the rows' `qs[32n + 8m ..][..8]`
-//!   ([`q3k_reg`]; crumb `j` of byte `i` is the low 2 bits of element `128n + 32j + 8m + i`;
-//!   512 bytes).
+//! * a piece `m` (0..4) of a row is its bytes `4m..4m + 4` and `16 + 4m..16 + 4m + 4` of a 32-byte
+//!   run, so each of its crumbs holds 4 values of each of two sub-blocks;
+//! * the high bits: for piece `m`, half `h`, the rows' `hmask` piece ([`q3k_hm_reg`]; the file's
+//!   bytes: bit `4n + j` of `hmask[l]` is the high bit of element `128n + 32j + l`; 256 bytes).
+//!   One register serves the piece's eight value registers;
+//! * the crumbs: for half-block `n` (0..2), piece `m`, half `h`, the rows' piece of
+//!   `qs[32n..32n + 32]` ([`q3k_reg`]; crumb `j` of `qs[32n + l]` is the low 2 bits of element
+//!   `128n + 32j + l`; 512 bytes).
 //!
 //! IQ4_XS group-super-block (1,104 bytes for the source's 1,088), in the 32-element formats'
 //! lane-per-row order (`repack.rs`) rather than the halves above:
@@ -284,9 +286,9 @@ pub(crate) fn q5k_source_block(g: &[u8], r: usize) -> [u8; 176] {
     b
 }
 
-/// Q3_K: calls `f(packed, source)` for every 8-byte piece of row `r`'s block (offsets in the
-/// group-super-block and in the source block): the `hmask` bytes of piece `m`, then the crumbs
-/// of half-block `n`, piece `m`. Packing and unpacking both walk it.
+/// Q3_K: calls `f(packed, source)` for every 4-byte half of a piece of row `r`'s block (offsets
+/// in the group-super-block and in the source block): the `hmask` bytes of piece `m`, then the
+/// crumbs of half-block `n`, piece `m`. Packing and unpacking both walk it.
 #[inline(always)]
 fn for_each_q3k_piece(r: usize, mut f: impl FnMut(usize, usize)) {
     let (h, off) = slot(r);
@@ -303,11 +305,10 @@ fn for_each_q3k_piece(r: usize, mut f: impl FnMut(usize, usize)) {
 }
 
 /// Row `r`'s Q3_K source block back from its group-super-block `g` — the inverse of
-/// [`pack_block`] (the prefill panel copies every row's blocks out this way). The 16 stored
-/// scales `sc + 32` go back into the file's 12 bytes: low 4 bits in nibble `j / 8` of byte
-/// `j % 8`, high 2 bits at bits `2(j / 4)` of byte `8 + j % 4` (as `blocks::q3k_scale_words`
-/// reads them).
-pub(crate) fn q3k_source_block(g: &[u8], r: usize) -> [u8; 110] {
+/// [`pack_block`]. The 16 stored scales `sc + 32` go back into the file's 12 bytes: low 4 bits
+/// in nibble `j / 8` of byte `j % 8`, high 2 bits at bits `2(j / 4)` of byte `8 + j % 4` (as
+/// `blocks::q3k_scale_words` reads them).
+fn q3k_source_block(g: &[u8], r: usize) -> [u8; 110] {
     let mut b = [0u8; 110];
     b[Q3K_D..Q3K_D + 2].copy_from_slice(&g[2 * r..2 * r + 2]);
     for j in 0..16 {

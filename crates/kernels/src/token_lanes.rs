@@ -46,7 +46,7 @@ impl TokenLanes {
     /// Transposes every token of `a`; `plus128`: each value stored as `x + 128`.
     pub(crate) fn new(a: &ActQ8K, plus128: bool) -> TokenLanes {
         let nb = a.blocks_per_row;
-        let n = if nb == 0 { 0 } else { a.d.len() / nb };
+        let n = a.d.len().checked_div(nb).unwrap_or(0);
         let groups = n.div_ceil(LANES);
         let z = Lane64([0; 64]);
         let sums = if plus128 { 0 } else { groups * nb };

@@ -10,7 +10,7 @@ fn switching_sizes_reuses_pools() {
     assert_eq!(engram_kernels::num_threads(), 1, "0 means 1");
     engram_kernels::set_num_threads(3);
     assert_eq!(engram_kernels::pool() as *const _, three, "the 3-thread pool is reused, not made again");
-    assert_eq!(engram_kernels::pool().install(|| rayon::current_num_threads()), 3);
+    assert_eq!(engram_kernels::pool().install(rayon::current_num_threads), 3);
 }
 
 /// `parallel_for` from several threads at once, and from inside its own pieces: the team takes

@@ -67,7 +67,7 @@ fn every_format_runs_a_path_this_cpu_has_the_same_every_time() {
         let isa = kernel_path(d);
         assert!(isa.is_available(), "{d:?} → {isa:?}");
         assert_eq!(kernel_path(d), isa, "{d:?}: chosen once");
-        if std::env::var("ENGRAM_SIMD").is_err() && row.map_or(true, |r| r.choices.iter().all(|(f, _)| *f != d)) {
+        if std::env::var("ENGRAM_SIMD").is_err() && row.is_none_or(|r| r.choices.iter().all(|(f, _)| *f != d)) {
             assert_eq!(isa, Isa::detect(), "{d:?}: no table choice, the best path");
         }
         let want = row.and_then(|r| r.token_lane_min.iter().find(|(f, _)| *f == d)).map_or(default_token_lane_min(d), |&(_, n)| n);

@@ -77,7 +77,7 @@ fn acts(n: usize, cols: usize, seed: u64) -> Vec<f32> {
     for (t, row) in x.chunks_exact_mut(cols).enumerate() {
         match t % 3 {
             0 => row.iter_mut().for_each(|v| *v = 1.5),
-            1 => row.iter_mut().for_each(|v| *v = if next() % 2 == 0 { -2.0 } else { 2.0 }),
+            1 => row.iter_mut().for_each(|v| *v = if next().is_multiple_of(2) { -2.0 } else { 2.0 }),
             _ => {}
         }
     }

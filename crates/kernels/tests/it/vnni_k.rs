@@ -15,7 +15,7 @@ use engram_kernels::*;
 fn spiky(n: usize, seed: u64) -> Vec<f32> {
     let mut v = data(n, seed);
     for (i, x) in v.iter_mut().enumerate() {
-        if (i * 7 + seed as usize) % 61 == 0 {
+        if (i * 7 + seed as usize).is_multiple_of(61) {
             *x *= 40.0;
         }
     }

@@ -173,10 +173,10 @@ impl Flash {
     pub fn add_visible(&mut self, keys: Rows<'_>, values: Rows<'_>, n: usize, vis: &KeyVisibility<'_>) {
         assert!(n <= CHUNK && keys.holds(n, self.hd) && values.holds(n, self.hd), "add_rows: short or unsupported rows");
         assert!(
-            vis.positions.map_or(true, |p| p.len() >= n) && vis.mask.map_or(true, |m| m.len() >= n),
+            vis.positions.is_none_or(|p| p.len() >= n) && vis.mask.is_none_or(|m| m.len() >= n),
             "add_visible: short positions or mask"
         );
-        assert!(vis.row_mask.map_or(true, |m| m.len() >= self.blocks * CHUNK), "add_visible: short row mask");
+        assert!(vis.row_mask.is_none_or(|m| m.len() >= self.blocks * CHUNK), "add_visible: short row mask");
         if n == 0 {
             return;
         }
