@@ -16,7 +16,7 @@
 //! `dispatch::token_lane_min` tokens (8 unless the CPU's table row says otherwise), and of
 //! packed Q4_K/Q6_K from 16, run `vnni_k`'s token-lane VNNI kernel, and calls of 8 tokens up to
 //! that threshold `k_panel`'s decoded-once panels; on the AVX2 path Q5_K/Q3_K/Q2_K/IQ4_XS calls
-//! of ≥ 8 tokens run the panels), `amx` (AMX-INT8 tiles for
+//! of ≥ 8 tokens run the panels, packed ones as `k_panel::reads_packing` says), `amx` (AMX-INT8 tiles for
 //! Q4_0/Q8_0, driven per row chunk by `amx::run_rows` instead of `run_tile`; other formats on
 //! that path use `avx512`), `neon` (aarch64: integer dots of the quantized formats with
 //! widening multiplies, bitwise the scalar reference; float formats and Q4_1, Q5_0, Q5_1,
