@@ -156,6 +156,18 @@ pub fn q3k_scales(b: &[u8]) -> [i8; 16] {
     out
 }
 
+/// Writes the 16 scales of a Q3_K block (each plus 32: 0..64, the stored 6 bits) into its 12
+/// scale bytes — the inverse of [`q3k_scale_words`]: low 4 bits in nibble `j / 8` of byte
+/// `j % 8`, high 2 bits at bits `2(j / 4)` of byte `8 + j % 4`.
+pub fn put_q3k_scales(b: &mut [u8], scales: &[u8; 16]) {
+    let s = &mut b[Q3K_SCALES..Q3K_SCALES + 12];
+    s.fill(0);
+    for (j, &u) in scales.iter().enumerate() {
+        s[j % 8] |= (u & 0xF) << (4 * (j / 8));
+        s[8 + j % 4] |= (u >> 4) << (2 * (j / 4));
+    }
+}
+
 /// The 5-bit value (0..32) of element `i` of a Q5_K block: for chunk `c = i / 64`, `k = (i %
 /// 64) / 32`, `l = i % 32`, nibble `k` of `qs[32c + l]` plus bit `2c + k` of `qh[l]` as the
 /// fifth bit. Its scale/min are those of sub-block `i / 32` ([`scale_min_k4`]).
@@ -255,6 +267,10 @@ mod tests {
                 let hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
                 assert_eq!(*g, (lo | (hi << 4)) as i8 - 32, "j={j} s={s:?}");
             }
+            // Writing the scales back gives the same 12 bytes (a bijection).
+            let mut back = b.clone();
+            put_q3k_scales(&mut back, &got.map(|v| (v + 32) as u8));
+            assert_eq!(back, b, "put_q3k_scales inverts q3k_scales");
         }
     }
 

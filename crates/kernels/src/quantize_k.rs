@@ -140,22 +140,13 @@ pub(crate) fn q3k_block(x: &[f32], b: &mut [u8]) {
             max_scale = scales[j];
         }
     }
-    let sc = &mut b[Q3K_SCALES..Q3K_SCALES + 12];
-    sc.iter_mut().for_each(|v| *v = 0);
     if max_scale != 0.0 {
         let iscale = -32.0 / max_scale;
-        for j in 0..16 {
-            let li = (nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32;
-            let li = li as u8;
-            if j < 8 {
-                sc[j] = li & 0xF;
-            } else {
-                sc[j - 8] |= (li & 0xF) << 4;
-            }
-            sc[j % 4 + 8] |= (li >> 4) << (2 * (j / 4));
-        }
+        let li: [u8; 16] = std::array::from_fn(|j| ((nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32) as u8);
+        put_q3k_scales(b, &li);
         put_f16(b, Q3K_D, 1.0 / iscale);
     } else {
+        put_q3k_scales(b, &[0; 16]);
         put_f16(b, Q3K_D, 0.0);
     }
     let d = f16_at(b, Q3K_D);

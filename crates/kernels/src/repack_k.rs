@@ -61,7 +61,7 @@
 //! for byte; the 6-bit scale/min packing and the ql/qh bit arrangement are both bijections).
 
 use crate::blocks::{
-    iq4xs_scales, q3k_scales, scales_mins_k4, IQ4XS_QS, Q2K_D, Q2K_QS, Q3K_D, Q3K_QS, Q3K_SCALES, Q4K_QS, Q4K_SCALES, Q5K_QH, Q5K_QS,
+    iq4xs_scales, put_q3k_scales, q3k_scales, scales_mins_k4, IQ4XS_QS, Q2K_D, Q2K_QS, Q3K_D, Q3K_QS, Q4K_QS, Q4K_SCALES, Q5K_QH, Q5K_QS,
     Q6K_D, Q6K_QH, Q6K_SCALES, QK_K,
 };
 use crate::dtype::DType;
@@ -149,6 +149,12 @@ pub(crate) fn group_block_bytes_k(dtype: DType) -> usize {
     }
 }
 
+/// Where sub-block `j`'s scale (or min) of row `r` sits in a block of scale pairs
+/// (`[p][r][j − 2p]`, 16 bytes per pair `p`): one 16-byte load widens to each row's pair.
+fn pair_at(r: usize, j: usize) -> usize {
+    16 * (j / 2) + 2 * r + j % 2
+}
+
 /// Position of row `r`'s 8 bytes in a register: (half, byte offset).
 fn slot(r: usize) -> (usize, usize) {
     let h = usize::from(HALF_ROWS[1].contains(&r));
@@ -166,7 +172,7 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
         DType::Q3K => {
             dst[2 * r..2 * r + 2].copy_from_slice(&src[Q3K_D..Q3K_D + 2]);
             for (j, sc) in q3k_scales(src).into_iter().enumerate() {
-                dst[Q3K_P_SC + 16 * (j / 2) + 2 * r + j % 2] = sc as u8;
+                dst[Q3K_P_SC + pair_at(r, j)] = sc as u8;
             }
             for_each_q3k_piece(r, |at, from| dst[at..at + 4].copy_from_slice(&src[from..from + 4]));
         }
@@ -194,7 +200,7 @@ pub(crate) fn pack_block(dtype: DType, r: usize, src: &[u8], dst: &mut [u8]) {
         DType::Q6K => {
             dst[2 * r..2 * r + 2].copy_from_slice(&src[Q6K_D..Q6K_D + 2]);
             for j in 0..16 {
-                dst[Q6K_P_SC + 16 * (j / 2) + 2 * r + j % 2] = src[Q6K_SCALES + j];
+                dst[Q6K_P_SC + pair_at(r, j)] = src[Q6K_SCALES + j];
             }
             let u = q6k_values(src);
             for c in 0..4 {
@@ -225,9 +231,8 @@ fn pack_q4k_head(r: usize, src: &[u8], dst: &mut [u8]) {
     dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
     let (sc, m) = scales_mins_k4(&src[Q4K_SCALES..Q4K_SCALES + 12]);
     for j in 0..8 {
-        let at = 16 * (j / 2) + 2 * r + j % 2;
-        dst[Q4K_P_SC + at] = sc[j];
-        dst[Q4K_P_MIN + at] = m[j];
+        dst[Q4K_P_SC + pair_at(r, j)] = sc[j];
+        dst[Q4K_P_MIN + pair_at(r, j)] = m[j];
     }
 }
 
@@ -236,9 +241,8 @@ fn pack_q4k_head(r: usize, src: &[u8], dst: &mut [u8]) {
 fn unpack_q4k_head(r: usize, g: &[u8], b: &mut [u8]) {
     b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
     b[2..4].copy_from_slice(&g[16 + 2 * r..16 + 2 * r + 2]);
-    let at = |j: usize| 16 * (j / 2) + 2 * r + j % 2;
-    let sc: [u8; 8] = std::array::from_fn(|j| g[Q4K_P_SC + at(j)]);
-    let mn: [u8; 8] = std::array::from_fn(|j| g[Q4K_P_MIN + at(j)]);
+    let sc: [u8; 8] = std::array::from_fn(|j| g[Q4K_P_SC + pair_at(r, j)]);
+    let mn: [u8; 8] = std::array::from_fn(|j| g[Q4K_P_MIN + pair_at(r, j)]);
     let q = &mut b[Q4K_SCALES..Q4K_SCALES + 12];
     for j in 0..4 {
         q[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
@@ -305,17 +309,12 @@ fn for_each_q3k_piece(r: usize, mut f: impl FnMut(usize, usize)) {
 }
 
 /// Row `r`'s Q3_K source block back from its group-super-block `g` — the inverse of
-/// [`pack_block`]. The 16 stored scales `sc + 32` go back into the file's 12 bytes: low 4 bits
-/// in nibble `j / 8` of byte `j % 8`, high 2 bits at bits `2(j / 4)` of byte `8 + j % 4` (as
-/// `blocks::q3k_scale_words` reads them).
+/// [`pack_block`] (the stored scales `sc − 32` back into the file's 12 bytes by
+/// `blocks::put_q3k_scales`).
 fn q3k_source_block(g: &[u8], r: usize) -> [u8; 110] {
     let mut b = [0u8; 110];
     b[Q3K_D..Q3K_D + 2].copy_from_slice(&g[2 * r..2 * r + 2]);
-    for j in 0..16 {
-        let u = (g[Q3K_P_SC + 16 * (j / 2) + 2 * r + j % 2] as i8 as i32 + 32) as u8;
-        b[Q3K_SCALES + j % 8] |= (u & 0xF) << (4 * (j / 8));
-        b[Q3K_SCALES + 8 + j % 4] |= (u >> 4) << (2 * (j / 4));
-    }
+    put_q3k_scales(&mut b, &std::array::from_fn(|j| (g[Q3K_P_SC + pair_at(r, j)] as i8).wrapping_add(32) as u8));
     for_each_q3k_piece(r, |at, to| b[to..to + 4].copy_from_slice(&g[at..at + 4]));
     b
 }
@@ -386,7 +385,7 @@ pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
             let mut b = vec![0u8; 210];
             b[Q6K_D..Q6K_D + 2].copy_from_slice(&g[2 * r..2 * r + 2]);
             for j in 0..16 {
-                b[Q6K_SCALES + j] = g[Q6K_P_SC + 16 * (j / 2) + 2 * r + j % 2];
+                b[Q6K_SCALES + j] = g[Q6K_P_SC + pair_at(r, j)];
             }
             let mut u = [0u8; QK_K];
             for c in 0..4 {
