@@ -311,6 +311,15 @@ unsafe fn q3k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
                 }
             }
         };
+        // Piece (m, h)'s high-bit nibble of half-block n, and value register j from the crumb
+        // register `src` (already shifted by 4 for j ≥ 2) and that nibble.
+        let nibble = |n: usize, m: usize, h: usize| {
+            let hm = _mm256_loadu_si256(b.add(q3k_hm_reg(m, h)) as *const __m256i);
+            _mm256_and_si256(if n == 1 { _mm256_srli_epi16(hm, 4) } else { hm }, m15)
+        };
+        let value = |src: __m256i, nib: __m256i, j: usize| {
+            _mm256_or_si256(_mm256_and_si256(src, if j % 2 == 0 { m3 } else { m12 }), _mm256_shuffle_epi8(high[j], nib))
+        };
         if NT == 1 {
             // A piece's crumb and high-bit registers serve its four crumbs in turn (one shift and
             // mask each, not one per value register).
@@ -321,11 +330,9 @@ unsafe fn q3k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
                     for h in 0..2 {
                         let q = _mm256_loadu_si256(b.add(q3k_reg(n, m, h)) as *const __m256i);
                         let q4 = _mm256_srli_epi16(q, 4);
-                        let hm = _mm256_loadu_si256(b.add(q3k_hm_reg(m, h)) as *const __m256i);
-                        let nib = _mm256_and_si256(if n == 1 { _mm256_srli_epi16(hm, 4) } else { hm }, m15);
+                        let nib = nibble(n, m, h);
                         for j in 0..4 {
-                            let crumb = _mm256_and_si256(if j >= 2 { q4 } else { q }, if j % 2 == 0 { m3 } else { m12 });
-                            let v = _mm256_or_si256(crumb, _mm256_shuffle_epi8(high[j], nib));
+                            let v = value(if j >= 2 { q4 } else { q }, nib, j);
                             ps[j][h][0] = _mm256_add_epi16(ps[j][h][0], _mm256_maddubs_epi16(v, xm[j]));
                         }
                     }
@@ -342,13 +349,7 @@ unsafe fn q3k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
                         let xm: [__m256i; NT] = std::array::from_fn(|t| x_at(t, n, j, m));
                         for h in 0..2 {
                             let q = _mm256_loadu_si256(b.add(q3k_reg(n, m, h)) as *const __m256i);
-                            let q = if j >= 2 { _mm256_srli_epi16(q, 4) } else { q };
-                            let hm = _mm256_loadu_si256(b.add(q3k_hm_reg(m, h)) as *const __m256i);
-                            let hm = if n == 1 { _mm256_srli_epi16(hm, 4) } else { hm };
-                            let v = _mm256_or_si256(
-                                _mm256_and_si256(q, if j % 2 == 0 { m3 } else { m12 }),
-                                _mm256_shuffle_epi8(high[j], _mm256_and_si256(hm, m15)),
-                            );
+                            let v = value(if j >= 2 { _mm256_srli_epi16(q, 4) } else { q }, nibble(n, m, h), j);
                             for t in 0..NT {
                                 ps[h][t] = _mm256_add_epi16(ps[h][t], _mm256_maddubs_epi16(v, xm[t]));
                             }
