@@ -52,6 +52,8 @@ FORMATS = [
     ("q5_k", T.Q5_K, 2, [0, 2], None),
     ("q6_k", T.Q6_K, 2, [208], None),
     ("iq4_xs", T.IQ4_XS, 2, [0], None),
+    ("iq3_xxs", T.IQ3_XXS, 2, [0], None),
+    ("iq3_s", T.IQ3_S, 2, [0], None),
 ]
 
 

@@ -3,7 +3,7 @@
 
 Files (from --fixture-dir, or each --file LABEL=PATH given, e.g. a mixture-of-experts GGUF): the llama-1b fixture as Engram writes it
 (llama-1b-{q4_0,q8_0,q4_k_m,f16}.gguf) and as llama.cpp's own quantizer writes it from
-the F16 file (llama-1b-{q4_0,q8_0,q4_k_m,q4_1,q5_k_m,q6_k,q3_k_m,iq4_xs,q5_0,q5_1,q2_k,iq4_nl,bf16}-lcpp.gguf;
+the F16 file (llama-1b-{q4_0,q8_0,q4_k_m,q4_1,q5_k_m,q6_k,q3_k_m,iq4_xs,q5_0,q5_1,q2_k,iq4_nl,bf16,iq3_xxs,iq3_s,iq3_m}-lcpp.gguf;
 `scripts/yardstick.sh run` makes them; all but the first three are formats Engram's fixture writer does not write;
 MXFP4 is left out: llama.cpp's quantizer writes it only for mixture-of-experts tensors, so a dense file would be Q8_0).
 For each file and round: `engram bench speed --json --reps 1` (prefill, decode and the
@@ -45,6 +45,9 @@ FILES = [
     ("Q2_K", "llama-1b-q2_k-lcpp.gguf", "llama.cpp"),
     ("IQ4_NL", "llama-1b-iq4_nl-lcpp.gguf", "llama.cpp"),
     ("BF16", "llama-1b-bf16-lcpp.gguf", "llama.cpp"),
+    ("IQ3_XXS", "llama-1b-iq3_xxs-lcpp.gguf", "llama.cpp"),
+    ("IQ3_S", "llama-1b-iq3_s-lcpp.gguf", "llama.cpp"),
+    ("IQ3_M", "llama-1b-iq3_m-lcpp.gguf", "llama.cpp"),
 ]
 
 

@@ -51,7 +51,7 @@ case $cmd in
       prev=$a
     done
     only=",$(echo "$only" | tr 'A-Z' 'a-z' | tr -d ' '),"
-    for fmt in q4_0 q8_0 q4_k_m q4_1 q5_k_m q6_k q3_k_m iq4_xs q5_0 q5_1 q2_k iq4_nl bf16; do
+    for fmt in q4_0 q8_0 q4_k_m q4_1 q5_k_m q6_k q3_k_m iq4_xs q5_0 q5_1 q2_k iq4_nl bf16 iq3_xxs iq3_s iq3_m; do
       out="$fixdir/llama-1b-$fmt-lcpp.gguf"
       [ -f "$out" ] && continue
       [ "$only" != ",," ] && [[ $only != *",$fmt,"* ]] && continue
@@ -64,8 +64,11 @@ ft = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_M
       "q3_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M, "iq4_xs": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS,
       "q5_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0, "q5_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_1,
       "q2_k": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K, "iq4_nl": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_NL,
-      "bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16}[sys.argv[3]]
+      "bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16, "iq3_xxs": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ3_XXS,
+      "iq3_s": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ3_S, "iq3_m": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ3_M}[sys.argv[3]]
 p = llama_cpp.llama_model_quantize_default_params(); p.ftype = ft; p.nthread = 2
+# IQ3_XXS's default mix puts IQ2_S (which needs an importance matrix) on attn_k: every tensor IQ3_XXS instead.
+p.pure = sys.argv[3] == "iq3_xxs"
 sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))
 PY
       mv "$out.tmp" "$out"

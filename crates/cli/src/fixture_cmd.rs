@@ -13,7 +13,7 @@ pub struct Args {
     /// Output directory.
     #[arg(long)]
     out: PathBuf,
-    /// GGUF formats, comma-separated: f16, q8_0, q4_0, q4_k_m.
+    /// GGUF formats, comma-separated: f32, f16, bf16, q8_0, q4_0, q4_k_m, mxfp4_moe (mixtures only), iq3_xxs.
     #[arg(long, default_value = "f16,q8_0,q4_0")]
     formats: String,
     #[arg(long, default_value_t = engram_fixture::DEFAULT_SEED)]
@@ -29,7 +29,10 @@ pub fn run(a: Args) -> Result<()> {
     for f in a.formats.split(',').filter(|s| !s.is_empty()) {
         match GgufFormat::from_name(f.trim()) {
             Some(g) => formats.push(g),
-            None => bail!("unknown GGUF format \"{f}\" (expected f16, q8_0, q4_0, q4_k_m)"),
+            None => {
+                let names: Vec<_> = GgufFormat::ALL.iter().map(|g| g.name()).collect();
+                bail!("unknown GGUF format \"{f}\" (expected one of: {})", names.join(", "))
+            }
         }
     }
     let t = std::time::Instant::now();

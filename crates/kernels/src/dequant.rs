@@ -101,6 +101,15 @@ pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
                 *v = dl * KVALUES_IQ4NL[nibble32(&b[IQ4XS_QS + 16 * (i / 32)..], i % 32) as usize] as f32;
             }
         }),
+        DType::IQ3XXS | DType::IQ3S => blocks.for_each(|(b, o)| {
+            let d = crate::iq3::d_of(dtype, b);
+            let q = crate::iq3::values(dtype, b);
+            for (i, v) in o.iter_mut().enumerate() {
+                // ggml: `db = d·(2s + 1)` (IQ3_XXS: `d·(0.5 + s)·0.5`, the same float), then `db·grid·sign`.
+                let db = d * crate::iq3::scale(dtype, b, i / 32) as f32;
+                *v = db * q[i] as f32;
+            }
+        }),
     }
 }
 

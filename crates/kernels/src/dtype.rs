@@ -44,11 +44,17 @@ pub enum DType {
     /// 32 elements: an E8M0 exponent byte + 16 bytes of FP4 (E2M1) codes; value =
     /// 2^(e−128)·table[q] (the table holds E2M1 values doubled).
     MXFP4,
+    /// 256 elements: `f16 d`, 64 grid indices (4 magnitudes each), 8 words of 7-bit sign
+    /// indices and a 4-bit scale per 32 elements; value = d·(2s+1)/4·±grid (`iq3.rs`).
+    IQ3XXS,
+    /// 256 elements: `f16 d`, 64 9-bit grid indices, one sign bit per element, 4-bit scales per
+    /// 32 elements; value = d·(2s+1)·±grid (`iq3.rs`).
+    IQ3S,
 }
 
 impl DType {
     /// All formats, in a fixed order (handy for tests and benches).
-    pub const ALL: [DType; 16] = [
+    pub const ALL: [DType; 18] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -65,6 +71,8 @@ impl DType {
         DType::IQ4NL,
         DType::IQ4XS,
         DType::MXFP4,
+        DType::IQ3XXS,
+        DType::IQ3S,
     ];
 
     /// The `ggml_type` enum value used in GGUF tensor infos.
@@ -86,6 +94,8 @@ impl DType {
             DType::IQ4NL => 20,
             DType::IQ4XS => 23,
             DType::MXFP4 => 39,
+            DType::IQ3XXS => 18,
+            DType::IQ3S => 21,
         }
     }
 
@@ -108,6 +118,8 @@ impl DType {
             20 => DType::IQ4NL,
             23 => DType::IQ4XS,
             39 => DType::MXFP4,
+            18 => DType::IQ3XXS,
+            21 => DType::IQ3S,
             _ => return None,
         })
     }
@@ -131,6 +143,8 @@ impl DType {
             DType::IQ4NL => "iq4_nl",
             DType::IQ4XS => "iq4_xs",
             DType::MXFP4 => "mxfp4",
+            DType::IQ3XXS => "iq3_xxs",
+            DType::IQ3S => "iq3_s",
         }
     }
 
@@ -139,7 +153,7 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 => 32,
-            DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => 256,
+            DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S => 256,
         }
     }
 
@@ -161,6 +175,8 @@ impl DType {
             DType::IQ4NL => 18,
             DType::IQ4XS => 136,
             DType::MXFP4 => 17,
+            DType::IQ3XXS => 98,
+            DType::IQ3S => 110,
         }
     }
 

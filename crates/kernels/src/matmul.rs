@@ -187,7 +187,7 @@ fn grouped(pick: &dyn Fn(DType) -> Isa, items: &mut [MatmulItem<'_>]) {
 /// blocks, Q5_1 shares Q4_1's, IQ4_NL and MXFP4 share Q8_0's, F16 and BF16 share f32.
 fn acts_key(d: DType) -> DType {
     match d {
-        DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => DType::Q4K,
+        DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S => DType::Q4K,
         DType::Q5_1 => DType::Q4_1,
         DType::IQ4NL | DType::MXFP4 => DType::Q8_0,
         DType::F16 | DType::BF16 => DType::F32,

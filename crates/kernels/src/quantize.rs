@@ -72,6 +72,9 @@ pub(crate) fn quantize_row_into(dtype: DType, x: &[f32], y: &mut [u8]) {
         DType::Q3K => x.chunks_exact(QK_K).zip(y.chunks_exact_mut(110)).for_each(|(x, b)| q3k_block(x, b)),
         DType::Q5K => x.chunks_exact(QK_K).zip(y.chunks_exact_mut(176)).for_each(|(x, b)| q5k_block(x, b)),
         DType::IQ4XS => x.chunks_exact(QK_K).zip(y.chunks_exact_mut(136)).for_each(|(x, b)| iq4xs_block(x, b)),
+        DType::IQ3XXS | DType::IQ3S => {
+            x.chunks_exact(QK_K).zip(y.chunks_exact_mut(dtype.block_bytes())).for_each(|(x, b)| crate::quantize_iq3::iq3_block(dtype, x, b))
+        }
     }
 }
 

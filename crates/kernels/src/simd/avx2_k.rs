@@ -30,6 +30,16 @@ pub(crate) const Q3K: u8 = 1;
 pub(crate) const Q2K: u8 = 2;
 /// IQ4_XS's tag.
 pub(crate) const IQ4XS: u8 = 3;
+/// IQ3_XXS's tag.
+pub(crate) const IQ3XXS: u8 = 4;
+/// IQ3_S's tag.
+pub(crate) const IQ3S: u8 = 5;
+
+/// Whether format `K`'s decoded values are signed (IQ4_XS's table values, the IQ3 formats'
+/// signed grid values): multiplied by the sign trick, with no block-sum term.
+pub(crate) const fn signed(k: u8) -> bool {
+    matches!(k, IQ4XS | IQ3XXS | IQ3S)
+}
 
 /// The tag of a format this module handles.
 pub(crate) fn tag(d: DType) -> Option<u8> {
@@ -38,6 +48,8 @@ pub(crate) fn tag(d: DType) -> Option<u8> {
         DType::Q3K => Some(Q3K),
         DType::Q2K => Some(Q2K),
         DType::IQ4XS => Some(IQ4XS),
+        DType::IQ3XXS => Some(IQ3XXS),
+        DType::IQ3S => Some(IQ3S),
         _ => None,
     }
 }
@@ -86,6 +98,8 @@ pub(crate) unsafe fn rows_tile(d: DType, nr: usize, nt: usize, w: *const u8, rb:
         DType::Q5K => shape!(Q5K),
         DType::Q3K => shape!(Q3K),
         DType::Q2K => shape!(Q2K),
+        DType::IQ3XXS => shape!(IQ3XXS),
+        DType::IQ3S => shape!(IQ3S),
         _ => shape!(IQ4XS),
     }
 }
@@ -130,14 +144,17 @@ pub(crate) const fn block_bytes(k: u8) -> usize {
         Q5K => 176,
         Q3K => 110,
         Q2K => 84,
+        IQ3XXS => 98,
+        IQ3S => 110,
         _ => 136,
     }
 }
 
 /// One super-block decoded for the `vpmaddubsw` dots: `q[g]` the values of elements
-/// 32g..32g+32 (unsigned, or IQ4_XS's signed table values), `s[g]` the i16 scales of `q[g]`'s
-/// byte pairs, `corr_w` the 16 i16 weights of the block-sum term (mins, or Q3_K's scales;
-/// zero for IQ4_XS), `d` / `dmin` the super-block scales.
+/// 32g..32g+32 (unsigned, or the signed values of IQ4_XS's table and the IQ3 formats' grids),
+/// `s[g]` the i16 scales of `q[g]`'s byte pairs, `corr_w` the 16 i16 weights of the block-sum
+/// term (mins, or Q3_K's scales; zero for the signed formats), `d` / `dmin` the super-block
+/// scales.
 #[derive(Clone, Copy)]
 pub(crate) struct KBlock {
     pub q: [__m256i; 8],
@@ -211,6 +228,15 @@ macro_rules! decode_block_body {
                     }
                 }
             }
+            IQ3XXS | IQ3S => {
+                let dt = if $k == IQ3XXS { DType::IQ3XXS } else { DType::IQ3S };
+                d = crate::iq3::d_of(dt, bs);
+                dmin = 0.0;
+                for j in 0..8 {
+                    q[j] = iq3_register(dt, bs, j);
+                    s[j] = _mm256_set1_epi16(crate::iq3::scale(dt, bs, j) as i16);
+                }
+            }
             _ => {
                 d = f16_at(bs, 0);
                 dmin = 0.0;
@@ -233,13 +259,39 @@ pub(crate) unsafe fn decode_block<const K: u8>(b: *const u8) -> KBlock {
     decode_block_body!(K, b)
 }
 
+/// The 32 signed grid values of IQ3 sub-block `j` (elements `32j..32j + 32`) in one register:
+/// its 8 grid entries gathered by scalar loads, their signs applied by one `vpsignb` with a
+/// ±1 register (IQ3_XXS: the 4 sign indices' [`crate::iq3::KSIGNS_PM1`] patterns; IQ3_S: its
+/// 4 sign bytes spread to bytes by a shuffle, a bit mask and a compare). (Keeping magnitudes
+/// and signs apart, to sign the activations as ggml's kernels do, ran one-token calls 12–25%
+/// slower: 8 more registers per decoded super-block.)
+#[inline(always)]
+unsafe fn iq3_register(dt: DType, bs: &[u8], j: usize) -> __m256i {
+    use crate::iq3::{grid, grid_index, IQ3S_SIGNS, IQ3XXS_SS, KSIGNS_PM1};
+    let e = |k: usize| grid(dt, grid_index(dt, bs, 8 * j + k)) as i32;
+    let mag = _mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
+    let pm1 = if dt == DType::IQ3XXS {
+        let w = u32_at(bs, IQ3XXS_SS + 4 * j);
+        let p = |l: u32| KSIGNS_PM1[((w >> (7 * l)) & 127) as usize] as i64;
+        _mm256_setr_epi64x(p(0), p(1), p(2), p(3))
+    } else {
+        // Byte i of the result takes sign byte i / 8, then keeps bit i % 8 of it.
+        let sb = _mm256_set1_epi32(u32_at(bs, IQ3S_SIGNS + 4 * j) as i32);
+        let spread = _mm256_shuffle_epi8(sb, _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303));
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        _mm256_or_si256(neg, _mm256_set1_epi8(1))
+    };
+    _mm256_sign_epi8(mag, pm1)
+}
+
 /// A super-block's float term from its exact integers, as the scalar reference forms it:
 /// `(d·dx)·isum − (dmin·dx)·msum` (Q5_K, Q2_K; `corr` = msum), `(d·dx)·(isum − 4·corr)` (Q3_K;
 /// `corr` = Σ_j sc_j·bsum_j), `(d·dx)·isum` (IQ4_XS). The caller adds it to its accumulator.
 #[inline(always)]
 pub(crate) fn block_term<const K: u8>(isum: i32, corr: i32, d: f32, dmin: f32, dx: f32) -> f32 {
     match K {
-        IQ4XS => d * dx * isum as f32,
+        IQ4XS | IQ3XXS | IQ3S => d * dx * isum as f32,
         Q3K => d * dx * (isum - 4 * corr) as f32,
         _ => d * dx * isum as f32 - dmin * dx * corr as f32,
     }
@@ -299,14 +351,14 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
                     let mut v = _mm256_setzero_si256();
                     for g in 0..8 {
                         let xv = _mm256_loadu_si256(xp.add(32 * g) as *const __m256i);
-                        let p = if K == IQ4XS {
+                        let p = if signed(K) {
                             _mm256_maddubs_epi16(_mm256_sign_epi8(q[g], q[g]), _mm256_sign_epi8(xv, q[g]))
                         } else {
                             _mm256_maddubs_epi16(q[g], xv)
                         };
                         v = _mm256_add_epi32(v, _mm256_madd_epi16(p, s[g]));
                     }
-                    if K != IQ4XS {
+                    if !signed(K) {
                         let bsv = _mm256_loadu_si256(a.bsums.as_ptr().add(ab * 16) as *const __m256i);
                         let c = _mm256_madd_epi16(bsv, corr_w);
                         if K == Q3K {

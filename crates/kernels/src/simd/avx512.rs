@@ -45,7 +45,9 @@ pub(crate) unsafe fn tile(c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usiz
         // One-token calls (decode) of Q3_K / IQ4_XS: the VNNI row tiles (bitwise the AVX2 ones).
         (d, Acts::Q8K(a)) if nt == 1 && super::avx512_k::handles(d) => super::avx512_k::rows_tile(d, nr, wp, rb, a, t0, out),
         // Not yet widened to 512 bits: the AVX2 kernels (bitwise the same results on both paths).
-        (DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS, _) => super::avx2::tile(c, r0, nr, t0, nt),
+        (DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S, _) => {
+            super::avx2::tile(c, r0, nr, t0, nt)
+        }
         _ => unreachable!("activations prepared for the wrong dtype"),
     }
 }

@@ -22,7 +22,7 @@
 //! came in a prefill or a decode call.
 
 use super::avx2::f16_load;
-use super::avx2_k::{block_bytes, block_term, decode_block, hsum_rows, tag, KBlock, IQ4XS, Q2K, Q3K, Q5K};
+use super::avx2_k::{block_bytes, block_term, decode_block, hsum_rows, signed, tag, KBlock, IQ3S, IQ3XXS, IQ4XS, Q2K, Q3K, Q5K};
 use super::avx2_packed_k::bcast8;
 use super::avx2_q32::table;
 use super::{Acts, Isa, TileCtx};
@@ -149,9 +149,11 @@ unsafe fn run_span(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize) {
             Q5K => fill::<Q5K>(w, c.w.row_bytes(), rows, nb, regs, meta, c.w.packed.map(|p| (p, r0))),
             Q3K => fill::<Q3K>(w, c.w.row_bytes(), rows, nb, regs, meta, None),
             Q2K => fill::<Q2K>(w, c.w.row_bytes(), rows, nb, regs, meta, c.w.packed.map(|p| (p, r0))),
+            IQ3XXS => fill_rows::<IQ3XXS>(w, c.w.row_bytes(), rows, nb, regs, meta),
+            IQ3S => fill_rows::<IQ3S>(w, c.w.row_bytes(), rows, nb, regs, meta),
             _ => match c.w.packed {
                 Some(p) => fill_rows_packed(p, r0, rows, nb, regs, meta),
-                None => fill_rows(w, c.w.row_bytes(), rows, nb, regs, meta),
+                None => fill_rows::<IQ4XS>(w, c.w.row_bytes(), rows, nb, regs, meta),
             },
         }
         let mut t0 = 0;
@@ -161,7 +163,7 @@ unsafe fn run_span(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize) {
                 let p = Panel { regs: regs.as_ptr().add(g * nb * VPG), meta: meta.as_ptr().add(g * nb * GROUP), nb };
                 let out = c.out.add(t0 * c.ldo + r0 + g * GROUP);
                 let live = (rows - g * GROUP).min(GROUP);
-                if k == IQ4XS {
+                if signed(k) {
                     for h in 0..GROUP / 2 {
                         if 2 * h < live {
                             let (o, l) = (out.add(2 * h), live - 2 * h);
@@ -257,17 +259,18 @@ unsafe fn fill<const K: u8>(
     }
 }
 
-/// IQ4_XS's panel: each row's [`KBlock`] registers in element order (its signed values leave
-/// no i16 room to sum pieces across rows' registers, so they are multiplied as decoded).
+/// The panel of the signed-value formats (IQ4_XS, IQ3_XXS, IQ3_S): each row's [`KBlock`]
+/// registers in element order (signed values leave no i16 room to sum pieces across rows'
+/// registers, so they are multiplied as decoded).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fill_rows(w: *const u8, rb: usize, rows: usize, nb: usize, regs: &mut [__m256i], meta: &mut [[f32; 2]]) {
+unsafe fn fill_rows<const K: u8>(w: *const u8, rb: usize, rows: usize, nb: usize, regs: &mut [__m256i], meta: &mut [[f32; 2]]) {
     for r in 0..rows.div_ceil(GROUP) * GROUP {
         for i in 0..nb {
             let at = (r / GROUP * nb + i) * VPG + 16 * (r % GROUP);
             let dst = &mut regs[at..at + 16];
             let m = &mut meta[(r / GROUP * nb + i) * GROUP + r % GROUP];
             if r < rows {
-                let KBlock { q, s, d, dmin, .. } = decode_block::<IQ4XS>(w.add(r * rb + i * block_bytes(IQ4XS)));
+                let KBlock { q, s, d, dmin, .. } = decode_block::<K>(w.add(r * rb + i * block_bytes(K)));
                 dst[..8].copy_from_slice(&q);
                 dst[8..].copy_from_slice(&s);
                 *m = [d, dmin];

@@ -200,7 +200,9 @@ impl<'a> Acts<'a> {
             DType::Q4_1 | DType::Q5_1 => Acts::Q8(ActQ8::new(x, n, cols, 0)),
             // Table values made unsigned by +128 on the VNNI path, as Q8_0's.
             DType::IQ4NL | DType::MXFP4 => Acts::Q8(ActQ8::new(x, n, cols, 128)),
-            DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => Acts::Q8K(ActQ8K::new(x, n, cols)),
+            DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S => {
+                Acts::Q8K(ActQ8K::new(x, n, cols))
+            }
         }
     }
 }

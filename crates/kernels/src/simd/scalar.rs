@@ -230,6 +230,20 @@ pub(crate) fn dot_with<D: BlockDots>(c: &TileCtx, r: usize, t: usize) -> f32 {
             }
             acc
         }
+        (DType::IQ3XXS | DType::IQ3S, Acts::Q8K(a)) => {
+            let d = c.w.dtype;
+            let mut acc = 0f32;
+            for (i, b) in w.chunks_exact(d.block_bytes()).enumerate() {
+                let ab = t * a.blocks_per_row + i;
+                let xq = &a.qs[ab * QK_K..ab * QK_K + QK_K];
+                let v = crate::iq3::values(d, b);
+                let isum: i32 = (0..8)
+                    .map(|j| crate::iq3::scale(d, b, j) * (32 * j..32 * j + 32).map(|e| v[e] as i32 * xq[e] as i32).sum::<i32>())
+                    .sum();
+                acc += crate::iq3::d_of(d, b) * a.d[ab] * isum as f32;
+            }
+            acc
+        }
         _ => unreachable!("activations prepared for the wrong dtype"),
     }
 }

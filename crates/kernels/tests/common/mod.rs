@@ -43,7 +43,7 @@ pub fn act_block(dtype: DType) -> usize {
         // Q8_0-style activations (ggml's Q8_0 / Q8_1 pairing).
         DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 => 32,
         // Q8_K activations.
-        DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => 256,
+        DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S => 256,
     }
 }
 

@@ -30,7 +30,7 @@ fn weights(d: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let half_ = half::f16::from_f32(0.5).to_bits().to_le_bytes();
     // (offset, value) of the scale fields per block.
     let fields: &[(usize, [u8; 2])] = match d {
-        DType::Q4_0 | DType::Q8_0 | DType::Q5_0 | DType::IQ4NL | DType::IQ4XS => &[(0, one)],
+        DType::Q4_0 | DType::Q8_0 | DType::Q5_0 | DType::IQ4NL | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S => &[(0, one)],
         DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[(0, one), (2, half_)],
         DType::Q2K => &[(80, one), (82, half_)],
         DType::Q3K => &[(108, one)],

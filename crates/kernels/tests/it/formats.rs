@@ -25,6 +25,8 @@ fn dtype_metadata() {
         (DType::IQ4NL, 20, "iq4_nl", 32, 18),
         (DType::IQ4XS, 23, "iq4_xs", 256, 136),
         (DType::MXFP4, 39, "mxfp4", 32, 17),
+        (DType::IQ3XXS, 18, "iq3_xxs", 256, 98),
+        (DType::IQ3S, 21, "iq3_s", 256, 110),
     ];
     assert_eq!(expect.len(), DType::ALL.len());
     for (d, id, name, be, bb) in expect {
@@ -177,6 +179,10 @@ fn quantize_round_trip_bounds() {
         (DType::IQ4NL, 0.2, 0.1),
         (DType::IQ4XS, 0.2, 0.1),
         (DType::MXFP4, 0.25, 0.15),
+        // IQ3_XXS stores only even sign counts per 8 elements: one element of an odd group
+        // takes the wrong sign (the smallest, at most twice its magnitude off).
+        (DType::IQ3XXS, 1.0, 0.25),
+        (DType::IQ3S, 0.35, 0.17),
     ];
     for (d, max_rel, rms_rel) in limits {
         let q = quantize(d, &x, cols).unwrap();

@@ -129,7 +129,7 @@ fn odd_shapes_and_tails() {
     for d in [DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4NL, DType::MXFP4] {
         check_against_reference(d, 9, 96, 5);
     }
-    for d in [DType::Q4K, DType::Q6K, DType::Q2K, DType::Q3K, DType::Q5K, DType::IQ4XS] {
+    for d in [DType::Q4K, DType::Q6K, DType::Q2K, DType::Q3K, DType::Q5K, DType::IQ4XS, DType::IQ3XXS, DType::IQ3S] {
         check_against_reference(d, 3, 768, 6);
     }
 }
@@ -161,7 +161,7 @@ fn matmul_multi_equals_separate_calls_bitwise() {
     let cols = 512;
     let mixes: [&[(DType, usize)]; 6] = [
         &[(DType::Q4_1, 64), (DType::Q5_0, 32), (DType::Q5_1, 16), (DType::IQ4NL, 8), (DType::MXFP4, 40), (DType::Q4_0, 24)],
-        &[(DType::Q5K, 32), (DType::Q3K, 16), (DType::Q2K, 8), (DType::IQ4XS, 24), (DType::Q4K, 8)],
+        &[(DType::Q5K, 32), (DType::Q3K, 16), (DType::Q2K, 8), (DType::IQ4XS, 24), (DType::Q4K, 8), (DType::IQ3XXS, 12), (DType::IQ3S, 20)],
         &[(DType::Q4_0, 300), (DType::Q4_0, 76), (DType::Q4_0, 76)],
         &[(DType::Q4K, 160), (DType::Q6K, 48), (DType::Q4K, 0)],
         &[(DType::Q8_0, 96), (DType::F16, 130), (DType::BF16, 17), (DType::F32, 33)],
@@ -239,7 +239,7 @@ fn k_panel_prefill_matches_decode_bitwise() {
         }
         v
     };
-    for d in [DType::Q5K, DType::Q3K, DType::Q2K, DType::IQ4XS] {
+    for d in [DType::Q5K, DType::Q3K, DType::Q2K, DType::IQ4XS, DType::IQ3XXS, DType::IQ3S] {
         for &(rows, cols) in &[(301usize, 2048usize), (6, 768)] {
             let w = spiky(rows * cols, 21);
             let bytes = quantize(d, &w, cols).unwrap();
