@@ -18,7 +18,8 @@ pub struct Args {
     /// The GGUF file to write (atomically: a temporary file renamed into place).
     #[arg(long)]
     out: PathBuf,
-    /// Weight format: f32, f16, bf16, q8_0, q4_0 or q4_k_m (norms stay f32).
+    /// Weight format: f32, f16, bf16, q8_0, q4_0, q4_k_m or iq3_xxs (norms stay f32; iq3_xxs
+    /// searches its grid exhaustively, so it is the slowest to write).
     #[arg(long, default_value = "f16")]
     format: String,
 }

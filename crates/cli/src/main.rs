@@ -49,7 +49,7 @@ enum Command {
     Serve(serve::Args),
     /// Write a deterministic random-weight model (HF folder + GGUF files).
     Fixture(fixture_cmd::Args),
-    /// Convert a Hugging Face folder (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Phi-3, Gemma 2/3, GPT-OSS) to a GGUF file (f32, f16, bf16, q8_0, q4_0, q4_k_m).
+    /// Convert a Hugging Face folder (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Phi-3, Gemma 2/3, GPT-OSS) to a GGUF file (f32, f16, bf16, q8_0, q4_0, q4_k_m, iq3_xxs).
     Convert(convert_cmd::Args),
     /// Persisted KV cache entries: ls, inspect, rm, pin, unpin, gc.
     Cache(cache_cmd::Args),

@@ -67,8 +67,9 @@ pub(crate) unsafe fn rows_tile(d: DType, nr: usize, nt: usize, w: *const u8, rb:
     macro_rules! shape {
         ($k:expr) => {
             match (nr, nt) {
-                // Rows longer than a run: one row at a time (sequential reads; see `tile`).
-                (_, 1) if a.blocks_per_row > RUN => {
+                // Rows longer than a run: one row at a time (sequential reads; see `tile`); the
+                // IQ3 formats always (their one-row tile builds each register as it multiplies).
+                (_, 1) if a.blocks_per_row > RUN || $k == IQ3XXS || $k == IQ3S => {
                     for r in 0..nr {
                         tile::<$k, 1, 1>(w.add(r * rb), rb, a, t0, out.add(r), ldo)
                     }
@@ -263,10 +264,17 @@ pub(crate) unsafe fn decode_block<const K: u8>(b: *const u8) -> KBlock {
 /// its 8 grid entries gathered by scalar loads, their signs applied by one `vpsignb` with a
 /// ±1 register (IQ3_XXS: the 4 sign indices' [`crate::iq3::KSIGNS_PM1`] patterns; IQ3_S: its
 /// 4 sign bytes spread to bytes by a shuffle, a bit mask and a compare). (Keeping magnitudes
-/// and signs apart, to sign the activations as ggml's kernels do, ran one-token calls 12–25%
-/// slower: 8 more registers per decoded super-block.)
+/// and signs apart in the decoded super-block, to sign the activations as ggml's kernels do,
+/// ran the tiles 12–25% slower: 8 more registers; only the one-row tile [`iq3_row`] does.)
 #[inline(always)]
 unsafe fn iq3_register(dt: DType, bs: &[u8], j: usize) -> __m256i {
+    let (mag, pm1) = iq3_parts(dt, bs, j);
+    _mm256_sign_epi8(mag, pm1)
+}
+
+/// [`iq3_register`]'s two parts: the magnitudes and the ±1 signs.
+#[inline(always)]
+unsafe fn iq3_parts(dt: DType, bs: &[u8], j: usize) -> (__m256i, __m256i) {
     use crate::iq3::{grid, grid_index, IQ3S_SIGNS, IQ3XXS_SS, KSIGNS_PM1};
     let e = |k: usize| grid(dt, grid_index(dt, bs, 8 * j + k)) as i32;
     let mag = _mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
@@ -282,7 +290,7 @@ unsafe fn iq3_register(dt: DType, bs: &[u8], j: usize) -> __m256i {
         let neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
         _mm256_or_si256(neg, _mm256_set1_epi8(1))
     };
-    _mm256_sign_epi8(mag, pm1)
+    (mag, pm1)
 }
 
 /// A super-block's float term from its exact integers, as the scalar reference forms it:
@@ -324,6 +332,10 @@ pub(crate) const RUN: usize = 8;
 /// decode from DRAM ran at half speed on Zen 4.)
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: usize, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    if (K == IQ3XXS || K == IQ3S) && NR == 1 && NT == 1 {
+        *out = iq3_row::<K>(w, a, t0);
+        return;
+    }
     let bb = block_bytes(K);
     let nb = a.blocks_per_row;
     // One row: a run of one block, its sums stay in registers.
@@ -410,6 +422,32 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
     for t in 0..NT {
         store_rows::<NR>(acc[t], out.add(t * ldo));
     }
+}
+
+/// One row × one token of an IQ3 format (decode): each sub-block's register is built and
+/// multiplied at once, instead of the whole super-block decoded first (16 registers, which
+/// spilled); the same integers and [`block_term`] as the tile, so the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq3_row<const K: u8>(w: *const u8, a: &ActQ8K, t0: usize) -> f32 {
+    let dt = if K == IQ3XXS { DType::IQ3XXS } else { DType::IQ3S };
+    let (nb, bb) = (a.blocks_per_row, block_bytes(K));
+    let mut acc = _mm_setzero_ps();
+    for i in 0..nb {
+        let bs = std::slice::from_raw_parts(w.add(i * bb), bb);
+        let ab = t0 * nb + i;
+        let xp = a.qs.as_ptr().add(ab * QK_K);
+        let mut v = _mm256_setzero_si256();
+        for j in 0..8 {
+            // The activations take the weights' signs (as ggml's kernels do): |w|·(x·sign w).
+            let (mag, pm1) = iq3_parts(dt, bs, j);
+            let xv = _mm256_loadu_si256(xp.add(32 * j) as *const __m256i);
+            let p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(xv, pm1));
+            v = _mm256_add_epi32(v, _mm256_madd_epi16(p, _mm256_set1_epi16(crate::iq3::scale(dt, bs, j) as i16)));
+        }
+        let (d, dx) = (_mm_set1_ps(crate::iq3::d_of(dt, bs)), _mm_set1_ps(*a.d.get_unchecked(ab)));
+        acc = add_block_terms::<K>(acc, d, d, dx, hsum_rows::<1>(&[v]), _mm_setzero_si128());
+    }
+    _mm_cvtss_f32(acc)
 }
 
 /// `acc + block term` for 4 lanes at once — rows of one token (`d`, `dmin` per lane, `dx`
