@@ -1,15 +1,17 @@
-//! AVX2 tile kernels of the 256-element formats beyond Q4_K/Q6_K: Q5_K, Q3_K, Q2_K and IQ4_XS,
-//! against Q8_K activations ([`ActQ8K`]) as llama.cpp's `ggml_vec_dot_*_q8_K` pair them. Up to 4
+//! AVX2 tile kernels of the 256-element formats beyond Q4_K/Q6_K: Q5_K, Q3_K, Q2_K, IQ4_XS,
+//! IQ3_XXS and IQ3_S, against Q8_K activations ([`ActQ8K`]) as llama.cpp's `ggml_vec_dot_*_q8_K` pair them. Up to 4
 //! weight rows × 1 token, or 1 row × up to 4 tokens, per tile (a decoded super-block takes 16
 //! registers); the rows of a one-token tile finish their super-block sums together.
 //!
 //! Per super-block, the weights are decoded once into 8 registers of 32 values in element
 //! order, then per token: `vpmaddubsw` with the activations (unsigned values: Q5_K 0..32, Q2_K
-//! 0..4, Q3_K shifted to 0..8; IQ4_XS table values by the sign trick), `vpmaddwd` with the
+//! 0..4, Q3_K shifted to 0..8; IQ4_XS table values and IQ3 grid values by the sign trick),
+//! `vpmaddwd` with the
 //! sub-block scales (one per 32 or per 16 elements: the low and high 128-bit lanes then carry
 //! different scales), integer adds over the super-block. Constant terms come from the Q8_K
 //! block sums: Q5_K / Q2_K mins (a float term, as the scalar reference), Q3_K's −4 shift
-//! (subtracted in integers, so the block's sum equals the reference's exactly).
+//! (subtracted in integers, so the block's sum equals the reference's exactly). One-token calls
+//! of the IQ3 formats take their own one-row tile ([`iq3_row`]).
 //!
 //! Invariant (see `simd/mod.rs`): per super-block the 8 lanes are summed to the reference's
 //! exact integer and the float term is the scalar reference's ([`block_term`], done for the
@@ -295,7 +297,8 @@ unsafe fn iq3_parts(dt: DType, bs: &[u8], j: usize) -> (__m256i, __m256i) {
 
 /// A super-block's float term from its exact integers, as the scalar reference forms it:
 /// `(d·dx)·isum − (dmin·dx)·msum` (Q5_K, Q2_K; `corr` = msum), `(d·dx)·(isum − 4·corr)` (Q3_K;
-/// `corr` = Σ_j sc_j·bsum_j), `(d·dx)·isum` (IQ4_XS). The caller adds it to its accumulator.
+/// `corr` = Σ_j sc_j·bsum_j), `(d·dx)·isum` (IQ4_XS, IQ3_XXS, IQ3_S). The caller adds it to its
+/// accumulator.
 #[inline(always)]
 pub(crate) fn block_term<const K: u8>(isum: i32, corr: i32, d: f32, dmin: f32, dx: f32) -> f32 {
     match K {

@@ -1,5 +1,6 @@
-//! Multi-token (prefill) path of the formats of `avx2_k` — Q5_K, Q3_K, Q2_K, IQ4_XS — on the
-//! AVX2 path (AVX-512 CPUs run `vnni_k` instead above its token threshold).
+//! Multi-token (prefill) path of the formats of `avx2_k` — Q5_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS,
+//! IQ3_S — on the AVX2 path (AVX-512 CPUs run `vnni_k` instead above its token threshold, which
+//! the IQ3 formats never take).
 //!
 //! The decode tiles (`avx2_k::tile`, one row × ≤ 4 tokens) decode every weight super-block
 //! again for each group of 4 tokens. Here a chunk's rows are decoded **once per call** into a
@@ -13,7 +14,8 @@
 //! 31,744 < 2^15; Q3_K / Q2_K: 2 pieces of a 16-element sub-block, 2 · 2·7·128): per 256
 //! weights and token 8 multiplies and 2 (Q5_K) or 4 (Q3_K, Q2_K) widenings, where element
 //! order took 8 and 8. IQ4_XS's signed table values (|q| ≤ 127) leave no i16 room, so its
-//! panel keeps each row's registers in element order, one widening per register. On CPUs with one vector-multiply pipe (Zen 1: 2 µops
+//! panel — and the IQ3 formats', multiplied the same way — keeps each row's registers in element
+//! order, one widening per register. On CPUs with one vector-multiply pipe (Zen 1: 2 µops
 //! per 256-bit multiply) the multiplies are the kernel's cost.
 //!
 //! Bitwise the scalar reference, as the decode tiles: each (row, token, super-block) gets the
