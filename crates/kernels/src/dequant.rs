@@ -104,10 +104,12 @@ pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
         DType::IQ3XXS | DType::IQ3S => blocks.for_each(|(b, o)| {
             let d = crate::iq3::d_of(dtype, b);
             let q = crate::iq3::values(dtype, b);
-            for (i, v) in o.iter_mut().enumerate() {
+            for (j, (os, qs)) in o.chunks_exact_mut(32).zip(q.chunks_exact(32)).enumerate() {
                 // ggml: `db = d·(2s + 1)` (IQ3_XXS: `d·(0.5 + s)·0.5`, the same float), then `db·grid·sign`.
-                let db = d * crate::iq3::scale(dtype, b, i / 32) as f32;
-                *v = db * q[i] as f32;
+                let db = d * crate::iq3::scale(dtype, b, j) as f32;
+                for (v, q) in os.iter_mut().zip(qs) {
+                    *v = db * *q as f32;
+                }
             }
         }),
     }

@@ -37,6 +37,15 @@ pub(crate) const IQ3XXS: u8 = 4;
 /// IQ3_S's tag.
 pub(crate) const IQ3S: u8 = 5;
 
+/// The format of IQ3 tag `k` (IQ3XXS or IQ3S).
+const fn iq3_dtype(k: u8) -> DType {
+    if k == IQ3XXS {
+        DType::IQ3XXS
+    } else {
+        DType::IQ3S
+    }
+}
+
 /// Whether format `K`'s decoded values are signed (IQ4_XS's table values, the IQ3 formats'
 /// signed grid values): multiplied by the sign trick, with no block-sum term.
 pub(crate) const fn signed(k: u8) -> bool {
@@ -69,9 +78,8 @@ pub(crate) unsafe fn rows_tile(d: DType, nr: usize, nt: usize, w: *const u8, rb:
     macro_rules! shape {
         ($k:expr) => {
             match (nr, nt) {
-                // Rows longer than a run: one row at a time (sequential reads; see `tile`); the
-                // IQ3 formats always (their one-row tile builds each register as it multiplies).
-                (_, 1) if a.blocks_per_row > RUN || $k == IQ3XXS || $k == IQ3S => {
+                // Rows longer than a run: one row at a time (sequential reads; see `tile`).
+                (_, 1) if a.blocks_per_row > RUN => {
                     for r in 0..nr {
                         tile::<$k, 1, 1>(w.add(r * rb), rb, a, t0, out.add(r), ldo)
                     }
@@ -97,10 +105,20 @@ pub(crate) unsafe fn rows_tile(d: DType, nr: usize, nt: usize, w: *const u8, rb:
             }
         };
     }
+    // One token of an IQ3 format: its own one-row tile, row by row.
+    macro_rules! iq3_rows {
+        ($k:expr) => {
+            for r in 0..nr {
+                *out.add(r) = iq3_row::<$k>(w.add(r * rb), a, t0);
+            }
+        };
+    }
     match d {
         DType::Q5K => shape!(Q5K),
         DType::Q3K => shape!(Q3K),
         DType::Q2K => shape!(Q2K),
+        DType::IQ3XXS if nt == 1 => iq3_rows!(IQ3XXS),
+        DType::IQ3S if nt == 1 => iq3_rows!(IQ3S),
         DType::IQ3XXS => shape!(IQ3XXS),
         DType::IQ3S => shape!(IQ3S),
         _ => shape!(IQ4XS),
@@ -232,7 +250,7 @@ macro_rules! decode_block_body {
                 }
             }
             IQ3XXS | IQ3S => {
-                let dt = if $k == IQ3XXS { DType::IQ3XXS } else { DType::IQ3S };
+                let dt = iq3_dtype($k);
                 d = crate::iq3::d_of(dt, bs);
                 dmin = 0.0;
                 for j in 0..8 {
@@ -335,10 +353,6 @@ pub(crate) const RUN: usize = 8;
 /// decode from DRAM ran at half speed on Zen 4.)
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: usize, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
-    if (K == IQ3XXS || K == IQ3S) && NR == 1 && NT == 1 {
-        *out = iq3_row::<K>(w, a, t0);
-        return;
-    }
     let bb = block_bytes(K);
     let nb = a.blocks_per_row;
     // One row: a run of one block, its sums stay in registers.
@@ -427,12 +441,13 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
     }
 }
 
-/// One row × one token of an IQ3 format (decode): each sub-block's register is built and
-/// multiplied at once, instead of the whole super-block decoded first (16 registers, which
-/// spilled); the same integers and [`block_term`] as the tile, so the same bits.
+/// One row × one token of an IQ3 format (decode; [`rows_tile`] sends every one-token IQ3 call
+/// here, row by row): each sub-block's register is built and multiplied at once, instead of the
+/// whole super-block decoded first (16 registers, which spilled); the same integers and
+/// [`block_term`] as the tile, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq3_row<const K: u8>(w: *const u8, a: &ActQ8K, t0: usize) -> f32 {
-    let dt = if K == IQ3XXS { DType::IQ3XXS } else { DType::IQ3S };
+    let dt = iq3_dtype(K);
     let (nb, bb) = (a.blocks_per_row, block_bytes(K));
     let mut acc = _mm_setzero_ps();
     for i in 0..nb {
