@@ -38,7 +38,7 @@ pub(crate) const IQ3XXS: u8 = 4;
 pub(crate) const IQ3S: u8 = 5;
 
 /// The format of IQ3 tag `k` (IQ3XXS or IQ3S).
-const fn iq3_dtype(k: u8) -> DType {
+pub(crate) const fn iq3_dtype(k: u8) -> DType {
     if k == IQ3XXS {
         DType::IQ3XXS
     } else {

@@ -8,7 +8,8 @@
 //!   Lanes 0–7 belong to the first block, 8–15 to the second, so the per-block scales are two
 //!   broadcast halves. An odd last block is zero-padded via masked loads.
 //! * Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4: the same scheme in `avx512_q32`.
-//! * Q3_K / IQ4_XS one-token tiles: `avx512_k` (VNNI, up to 4 rows per call).
+//! * Q3_K / IQ4_XS one-token tiles: `avx512_k` (VNNI, up to 4 rows per call); IQ3_XXS / IQ3_S
+//!   tiles of 1–4 tokens: `avx512_iq3` (gathered grid entries).
 //! * Q4_K / Q6_K and the formats of `avx2_k` (Q5_K, Q3_K, Q2_K, IQ4_XS) otherwise reuse the
 //!   AVX2 kernels (not yet widened to 512 bits).
 //!
@@ -42,7 +43,10 @@ pub(crate) unsafe fn tile(c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usiz
             let k = super::avx2_q32::tag(d).unwrap_or_default();
             super::avx512_q32::tile_dispatch(k, nr, nt, wp, rb, a, t0, out, c.ldo)
         }
-        // One-token calls (decode) of Q3_K / IQ4_XS: the VNNI row tiles (bitwise the AVX2 ones).
+        // IQ3_XXS / IQ3_S below the token-lane kernel's threshold: rows with gathered grid
+        // entries; one-token calls (decode) of Q3_K / IQ4_XS: the VNNI row tiles (all bitwise
+        // the AVX2 ones).
+        (d, Acts::Q8K(a)) if super::avx512_iq3::handles(d) => super::avx512_iq3::rows_tile(d, nr, nt, wp, rb, a, t0, out, c.ldo),
         (d, Acts::Q8K(a)) if nt == 1 && super::avx512_k::handles(d) => super::avx512_k::rows_tile(d, nr, wp, rb, a, t0, out),
         // Not yet widened to 512 bits: the AVX2 kernels (bitwise the same results on both paths).
         (DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S, _) => {

@@ -42,6 +42,8 @@ pub(crate) mod avx2_q32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_iq3;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_k;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_packed;

@@ -1,14 +1,14 @@
-//! AVX-512 VNNI prefill of the 256-element formats — Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS —
-//! with the tokens in the register lanes.
+//! AVX-512 VNNI prefill of the 256-element formats — Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS,
+//! IQ3_XXS, IQ3_S — with the tokens in the register lanes.
 //!
 //! A chunk's rows are decoded **once per call** into a per-thread panel of byte codes, 8 rows
 //! interleaved 4 bytes at a time, with each row's sub-block scales as i32:
 //!
 //! * formats with mins (Q4_K 0..16, Q5_K 0..32, Q2_K 0..4): the codes as unsigned bytes, the
 //!   mins as i16 pairs; the activations as signed bytes;
-//! * formats whose reference codes carry an offset (Q6_K `q + 32`, Q3_K `q + 4`) and IQ4_XS
-//!   (the table value): the signed `q`, and one constant per super-block,
-//!   `C = 128·Σ_j sc_j·Σ_{e∈j} q_e`; the activations as unsigned bytes `x + 128`. No block-sum
+//! * formats whose reference codes carry an offset (Q6_K `q + 32`, Q3_K `q + 4`), IQ4_XS
+//!   (the table value) and IQ3_XXS / IQ3_S (the signed grid value): the signed `q`, and one
+//!   constant per super-block, `C = 128·Σ_j sc_j·Σ_{e∈j} q_e`; the activations as unsigned bytes `x + 128`. No block-sum
 //!   term is needed for them: `C` is the whole correction, and it depends on the row alone.
 //!
 //! The activations of the call are transposed once ([`TokenLanes`]: 16 tokens per register).
@@ -27,7 +27,7 @@
 //! the scalar path's, and thus the decode kernels' (which compute the same recipe), whatever
 //! the call's token count.
 
-use super::avx2_k::{block_bytes, decode_block, KBlock, IQ4XS, Q2K, Q3K, Q5K};
+use super::avx2_k::{block_bytes, decode_block, iq3_dtype, KBlock, IQ3S, IQ3XXS, IQ4XS, Q2K, Q3K, Q5K};
 use super::{Acts, Isa, TileCtx};
 use crate::blocks::*;
 use crate::dtype::DType;
@@ -37,10 +37,10 @@ use crate::token_lanes::{Lane64, TokenLanes, LANES};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-/// Q4_K's tag (the other tags are `avx2_k`'s).
-const Q4K: u8 = 4;
+/// Q4_K's tag (the other tags are `avx2_k`'s, 0..=5).
+const Q4K: u8 = 6;
 /// Q6_K's tag.
-const Q6K: u8 = 5;
+const Q6K: u8 = 7;
 
 /// Rows of the micro-kernel (one register of 16 tokens each); a panel is a whole number of
 /// bands, the last padded with zero rows whose results are not stored.
@@ -50,12 +50,12 @@ pub(crate) const BAND: usize = 8;
 /// has a [`Packed`] copy (then Q4_K / Q6_K are read from it; their decode kernels on this path
 /// are the packed ones, bitwise the reference). Q4_K / Q6_K without a packing keep the tiles.
 pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize, packed: bool) -> bool {
-    // The fewest tokens of Q5_K / Q3_K / Q2_K / IQ4_XS calls that run here are measured per CPU
+    // The fewest tokens of Q5_K / Q3_K / Q2_K / IQ4_XS / IQ3 calls that run here are measured per CPU
     // (`crate::dispatch::token_lane_min`): a call costs about the same up to 16 tokens (one
     // register of token lanes), so the crossover with the decode tiles is where their per-token
     // cost times the tokens reaches it.
     match d {
-        DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS => {
+        DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S => {
             matches!(isa, Isa::Avx512 | Isa::Amx) && !packed && n_tokens >= crate::dispatch::token_lane_min(d)
         }
         // Below the threshold (`dispatch::token_lane_min`, measured per CPU) the packed VNNI
@@ -105,6 +105,8 @@ fn tag(d: DType) -> u8 {
         DType::Q5K => Q5K,
         DType::Q3K => Q3K,
         DType::Q2K => Q2K,
+        DType::IQ3XXS => IQ3XXS,
+        DType::IQ3S => IQ3S,
         _ => IQ4XS,
     }
 }
@@ -177,6 +179,8 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
                             Q5K => fill_band::<Q5K>(src, rb, live, dst, m),
                             Q3K => fill_band::<Q3K>(src, rb, live, dst, m),
                             Q2K => fill_band::<Q2K>(src, rb, live, dst, m),
+                            IQ3XXS => fill_band::<IQ3XXS>(src, rb, live, dst, m),
+                            IQ3S => fill_band::<IQ3S>(src, rb, live, dst, m),
                             _ => fill_band::<IQ4XS>(src, rb, live, dst, m),
                         }
                     }
@@ -200,6 +204,8 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
                     Q5K => band::<Q5K>(bc, bm, lanes, g),
                     Q3K => band::<Q3K>(bc, bm, lanes, g),
                     Q2K => band::<Q2K>(bc, bm, lanes, g),
+                    IQ3XXS => band::<IQ3XXS>(bc, bm, lanes, g),
+                    IQ3S => band::<IQ3S>(bc, bm, lanes, g),
                     _ => band::<IQ4XS>(bc, bm, lanes, g),
                 };
                 let live = (rows - b * BAND).min(BAND);
@@ -248,7 +254,7 @@ unsafe fn transpose8(v: &[__m256i; 8]) -> [__m256i; 8] {
     })
 }
 
-/// One band's super-block of Q5_K / Q3_K / Q2_K / IQ4_XS (row `r` at `src + r · rb`, rows
+/// One band's super-block of Q5_K / Q3_K / Q2_K / IQ4_XS / IQ3 (row `r` at `src + r · rb`, rows
 /// `live..8` padding) → a code block at `dst` and the 8 metas at `m`: each row decoded to 8
 /// registers of 32 codes, then per register the 8 rows' words transposed, so that each
 /// 4-element group of the block leaves in one 32-byte store.
@@ -284,14 +290,14 @@ fn pair(lo: i32, hi: i32) -> i32 {
     ((lo as u32 & 0xFFFF) | ((hi as u32) << 16)) as i32
 }
 
-/// One source super-block of Q5_K / Q3_K / Q2_K / IQ4_XS (at `src`) → its 8 registers of 32
+/// One source super-block of Q5_K / Q3_K / Q2_K / IQ4_XS / IQ3 (at `src`) → its 8 registers of 32
 /// codes (register `g`: elements `32g..32g + 32`) and its [`Meta`], by the decode tiles' own
 /// decoding (`avx2_k::decode_block`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill_row<const K: u8>(src: *const u8, m: &mut Meta) -> [__m256i; 8] {
     let KBlock { q, d, dmin, .. } = decode_block::<K>(src);
-    // Q3_K decodes to `q + 4`: the signed `q` here (IQ4_XS decodes to the signed value).
+    // Q3_K decodes to `q + 4`: the signed `q` here (IQ4_XS and the IQ3 formats decode to the signed value).
     let q = if K == Q3K { q.map(|v| _mm256_sub_epi8(v, _mm256_set1_epi8(4))) } else { q };
     let b = std::slice::from_raw_parts(src, block_bytes(K));
     *m = META0;
@@ -319,6 +325,11 @@ unsafe fn fill_row<const K: u8>(src: *const u8, m: &mut Meta) -> [__m256i; 8] {
             }
             for p in 0..8 {
                 m.cp[p] = pair((b[2 * p] >> 4) as i32, (b[2 * p + 1] >> 4) as i32);
+            }
+        }
+        IQ3XXS | IQ3S => {
+            for j in 0..8 {
+                m.sc[j] = crate::iq3::scale(iq3_dtype(K), b, j);
             }
         }
         _ => m.sc[..8].copy_from_slice(&iq4xs_scales(b)),

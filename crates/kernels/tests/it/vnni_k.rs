@@ -1,6 +1,6 @@
-//! The 256-element formats (Q4_K and Q6_K packed; Q5_K, Q3_K, Q2_K, IQ4_XS as stored) are
-//! bitwise the scalar reference on every x86 path, for decode calls (1..7 tokens: the tiles or the packed
-//! kernels) and prefill calls (≥ 8 tokens: the AVX-512 VNNI token-lane kernel, or the AVX2
+//! The 256-element formats (Q4_K and Q6_K packed; Q5_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S as
+//! stored) are bitwise the scalar reference on every x86 path, for decode calls (1..7 tokens:
+//! the tiles, the packed kernels or the IQ3 rows) and prefill calls (≥ 8 tokens: the AVX-512 VNNI token-lane kernel, or the AVX2
 //! panels): odd token counts (16-token groups with a ragged last one), row counts off the
 //! 8-row band, rows longer than the decode tiles' 8-super-block run, several panels and
 //! threads, spiky weights and activations that reach ±127, and random block bytes (every
@@ -34,7 +34,7 @@ fn random_blocks(d: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let mut b: Vec<u8> = (0..rows * d.row_bytes(cols).unwrap()).map(|_| next() as u8).collect();
     let offs: &[usize] = match d {
         DType::Q4K | DType::Q5K => &[0, 2],
-        DType::IQ4XS => &[0],
+        DType::IQ4XS | DType::IQ3XXS | DType::IQ3S => &[0],
         DType::Q6K => &[208],
         DType::Q3K => &[108],
         DType::Q2K => &[80, 82],
@@ -49,7 +49,7 @@ fn random_blocks(d: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     b
 }
 
-const KF: [DType; 6] = [DType::Q4K, DType::Q5K, DType::Q6K, DType::Q3K, DType::Q2K, DType::IQ4XS];
+const KF: [DType; 8] = [DType::Q4K, DType::Q5K, DType::Q6K, DType::Q3K, DType::Q2K, DType::IQ4XS, DType::IQ3XXS, DType::IQ3S];
 
 fn check(wm: &WeightMatrix, x: &[f32], n: usize, what: &str) {
     let (d, rows) = (wm.dtype, wm.rows);
@@ -101,7 +101,15 @@ fn k_formats_are_the_scalar_reference_bitwise_decode_and_prefill() {
 #[test]
 fn k_formats_in_matmul_multi_equal_separate_calls() {
     let cols = 512;
-    let shapes = [(DType::Q5K, 40usize), (DType::Q6K, 64), (DType::Q4K, 24), (DType::IQ4XS, 19), (DType::Q3K, 8)];
+    let shapes = [
+        (DType::Q5K, 40usize),
+        (DType::Q6K, 64),
+        (DType::Q4K, 24),
+        (DType::IQ4XS, 19),
+        (DType::Q3K, 8),
+        (DType::IQ3S, 11),
+        (DType::IQ3XXS, 16),
+    ];
     let bytes: Vec<Vec<u8>> =
         shapes.iter().enumerate().map(|(i, &(d, r))| quantize(d, &data(r * cols, 80 + i as u64), cols).unwrap()).collect();
     let plain: Vec<WeightMatrix> = shapes.iter().zip(&bytes).map(|(&(d, r), b)| WeightMatrix::new(d, r, cols, b).unwrap()).collect();
