@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernels over Q4_0 / Q8_0 / Q4_1 [`Packed`] weights (the AVX2 kernels' layout,
+//! AVX-512 VNNI kernels over Q4_0 / Q8_0 / Q4_1 / IQ4_NL [`Packed`] weights (the AVX2 kernels' layout,
 //! `repack.rs`): 8 rows × up to 8 tokens per call, taking calls of 2 or more tokens (the
 //! matmul sends one-token calls to `avx2_packed.rs`; Q4_K / Q6_K packings go on to
 //! `avx512_packed_k.rs`).
@@ -7,15 +7,16 @@
 //!
 //! The weights of a group-block are unpacked **once per call** into byte registers kept across
 //! the call's tokens (Q4_0 / Q4_1: the nibbles as unsigned bytes 0..15, 8 registers; Q8_0:
-//! `w ^ 0x80` = `w + 128`, 8 registers), and each token then costs one `vpdpbusd` per register
+//! `w ^ 0x80` = `w + 128`, 8 registers; IQ4_NL: each nibble's table value + 128, one `vpshufb`
+//! per register), and each token then costs one `vpdpbusd` per register
 //! (its 4 activation bytes broadcast from memory, 32 multiply-adds straight into the rows' i32
 //! lanes) and the float epilogue: against the AVX2 kernels' `vpmaddubsw` + i16 add per register
 //! and `vpmaddwd` per block (Q8_0: sign trick, `vpmaddubsw`, `vpmaddwd`, add) that is about half
 //! the instructions per extra token, and with 32 registers 8 tokens' accumulators stay live.
 //!
 //! Invariant: the same integers as the AVX2 kernels and the scalar reference (`vpdpbusd` adds
-//! exact products into i32 without saturation; Q4_0 `Σ q·x − 8·Σx`, Q8_0 `Σ (w+128)·x −
-//! 128·Σx` = `Σ w·x`, the offsets being the prepared activations' `bias`), then per (row, token)
+//! exact products into i32 without saturation; Q4_0 `Σ q·x − 8·Σx`, Q8_0 and IQ4_NL
+//! `Σ (w+128)·x − 128·Σx` = `Σ w·x`, the offsets being the prepared activations' `bias`), then per (row, token)
 //! the reference's float operations in its order — `acc += (d_w · d_x) · isum` (Q4_1: `acc +
 //! ((d_w · d_x) · isum + m_w · s_x)`), blocks in order, `acc` from +0.0, no fused multiply-add
 //! — so the result is bitwise the scalar path's and the AVX2 packed kernels', for any number of
@@ -23,16 +24,16 @@
 
 use super::prefetch::{group_block_at, pair_ahead};
 use super::{Acts, TileCtx};
-use crate::blocks::QK;
+use crate::blocks::{KVALUES_IQ4NL, QK};
 use crate::dtype::DType;
 use crate::quantize::ActQ8;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
 use std::arch::x86_64::*;
 
-/// Whether these kernels take packed matrices of `dtype` (Q4_0 / Q8_0 / Q4_1, and the K-quants
-/// through `avx512_packed_k`); other packings run the AVX2 kernels on AVX-512 CPUs.
+/// Whether these kernels take packed matrices of `dtype` (Q4_0 / Q8_0 / Q4_1 / IQ4_NL, and the
+/// K-quants through `avx512_packed_k`); other packings run the AVX2 kernels on AVX-512 CPUs.
 pub(crate) fn takes(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::Q4K | DType::Q6K)
+    matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::IQ4NL | DType::Q4K | DType::Q6K)
 }
 
 /// Largest token tile of one call (8 tokens' integer and float accumulators + the 8 unpacked
@@ -97,10 +98,12 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
                 (DType::Q4_0, true) => by_nt!(group2, Q4_0),
                 (DType::Q4_1, true) => by_nt!(group2, Q4_1),
                 (DType::Q8_0, true) => by_nt!(group2, Q8_0),
+                (DType::IQ4NL, true) => by_nt!(group2, IQ4NL),
                 (DType::Q4_0, false) => one_nt!(group, Q4_0),
                 (DType::Q4_1, false) => one_nt!(group, Q4_1),
                 (DType::Q8_0, false) => one_nt!(group, Q8_0),
-                _ => unreachable!("only Q4_0 / Q8_0 / Q4_1 are packed here"),
+                (DType::IQ4NL, false) => one_nt!(group, IQ4NL),
+                _ => unreachable!("only Q4_0 / Q8_0 / Q4_1 / IQ4_NL are packed here"),
             }
             g += if two { 2 } else { 1 };
         }
@@ -112,6 +115,29 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
+const IQ4NL: u8 = 3;
+
+/// The format of tag `k`.
+const fn dtype_of(k: u8) -> DType {
+    match k {
+        Q4_0 => DType::Q4_0,
+        Q4_1 => DType::Q4_1,
+        IQ4NL => DType::IQ4NL,
+        _ => DType::Q8_0,
+    }
+}
+
+/// IQ4_NL's table values plus 128 (1..=241), unsigned bytes for `vpdpbusd`; the activations'
+/// bias (`−128·Σx`, prepared as for Q8_0) takes the 128 back.
+const IQ4NL_PLUS_128: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_IQ4NL[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
 
 /// The activation's bytes `at..at + 4` (as one i32) in all 8 lanes.
 #[inline(always)]
@@ -126,12 +152,7 @@ unsafe fn bcast4(xp: *const i8, at: usize) -> __m256i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn group<const K: u8, const NT: usize>(gp: *const u8, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize, ahead: usize) {
     let nb = a.blocks_per_row;
-    let dt = match K {
-        Q4_0 => DType::Q4_0,
-        Q4_1 => DType::Q4_1,
-        _ => DType::Q8_0,
-    };
-    let gbb = group_block_bytes(dt);
+    let gbb = group_block_bytes(dtype_of(K));
     // Quant registers start after the 8 rows' f16 `d`s (Q4_1: and their `m`s).
     let q0 = if K == Q4_1 { 32 } else { 16 };
     let m4 = _mm256_set1_epi8(0x0F);
@@ -152,6 +173,10 @@ unsafe fn group<const K: u8, const NT: usize>(gp: *const u8, a: &ActQ8, t0: usiz
                 let v = _mm256_loadu_si256(b.add(q0 + 32 * j) as *const __m256i);
                 u[j] = _mm256_and_si256(v, m4);
                 u[4 + j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            if K == IQ4NL {
+                let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_PLUS_128.as_ptr() as *const __m128i));
+                u = u.map(|n| _mm256_shuffle_epi8(lut, n));
             }
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
@@ -210,12 +235,7 @@ unsafe fn group2<const K: u8, const NT: usize>(
     ahead: usize,
 ) {
     let nb = a.blocks_per_row;
-    let dt = match K {
-        Q4_0 => DType::Q4_0,
-        Q4_1 => DType::Q4_1,
-        _ => DType::Q8_0,
-    };
-    let gbb = group_block_bytes(dt);
+    let gbb = group_block_bytes(dtype_of(K));
     let q0 = if K == Q4_1 { 32 } else { 16 };
     let m4 = _mm512_set1_epi8(0x0F);
     let flip = _mm512_set1_epi8(-128);
@@ -236,6 +256,10 @@ unsafe fn group2<const K: u8, const NT: usize>(
                 let v = pair256(b.add(q0 + 32 * j), bq.add(q0 + 32 * j));
                 u[j] = _mm512_and_si512(v, m4);
                 u[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            if K == IQ4NL {
+                let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_PLUS_128.as_ptr() as *const __m128i));
+                u = u.map(|n| _mm512_shuffle_epi8(lut, n));
             }
         }
         let dw = _mm512_cvtph_ps(pair128(b, bq));
