@@ -19,7 +19,7 @@
 //!   sweeps 16-token groups over it (or, for ≤ 3 tokens, runs a VNNI kernel on the weights in
 //!   place).
 //! * Exception, `Isa::Avx2` or `Isa::Avx512` ([`Isa::runs_packed`]) with a [`crate::Packed`]
-//!   matrix (Q4_0/Q8_0/Q4_1/Q4_K/Q6_K repacked at load; Q5_0/Q5_1/IQ4_NL/MXFP4/IQ4_XS/Q2_K/Q5_K/Q3_K
+//!   matrix (Q4_0/Q8_0/Q4_1/IQ4_NL/Q4_K/Q6_K repacked at load; Q5_0/Q5_1/MXFP4/IQ4_XS/Q2_K/Q5_K/Q3_K
 //!   on AVX2 only, Q5_K/Q3_K where the dispatch table says; IQ4_XS / Q2_K / Q5_K calls of ≥ 64
 //!   tokens take the panel below, from the packing): chunks are multiples of 8 rows and go whole to `simd::avx2_packed::run_rows` (8 rows × ≤ 4 tokens
 //!   per call) or, on `Isa::Avx512` with 2 or more tokens of a format `simd::avx512_packed::takes`,
