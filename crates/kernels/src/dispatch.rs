@@ -111,6 +111,23 @@ pub const TABLE: &[TableRow] = &[
         measured: "docs/cpu-kernels.md, \"The measured dispatch table\"",
     },
     TableRow {
+        name: "Intel Xeon (family 6 model 207)",
+        vendor: "GenuineIntel",
+        family: 0x6,
+        models: &[0xcf..=0xcf],
+        // Measured for the IQ3 formats only: every other format runs the best path, as on a CPU
+        // without a row.
+        choices: &[],
+        // IQ3_S: the gathered-row tiles (`avx512_iq3`, 4-token passes) ran 8 / 9 / 10 / 11
+        // tokens at 54.7-57.1 / 68.5-69.0 / 62.8-63.0 / 59.7-59.9 ns per 2048-column row-token,
+        // the token lanes at 80.5 / 71.5 / 64.6 / 58.5 (1 thread, CPU time). IQ3_XXS keeps the
+        // default 8: tiles 64.4 against lanes 62.5 at 8 tokens.
+        token_lane_min: &[(DType::IQ3S, 11)],
+        f16_chunk_kib: None,
+        packs: &[],
+        measured: "docs/cpu-kernels.md, \"IQ3 and IQ4_NL on AVX-512\" (Intel Xeon)",
+    },
+    TableRow {
         name: "AMD Zen 1 (EPYC 7001, family 23 model 1)",
         vendor: "AuthenticAMD",
         family: 0x17,

@@ -58,9 +58,13 @@ const CORR: usize = 48;
 /// Whether the multi-token path takes a call of `n_tokens` tokens of format `d` on `isa`. On
 /// the AVX-512 and AMX paths it takes the calls the token-lane kernel (`vnni_k`) leaves below
 /// its threshold (the caller asks `vnni_k` first); the panels give the decode tiles' bits, as
-/// that kernel does, so which of them runs moves only time.
+/// that kernel does, so which of them runs moves only time. The IQ3 formats there keep their
+/// gathered-row tiles (`avx512_iq3`) below the threshold instead: 4-token passes of IQ3_S cost
+/// 57 ns per 2048-column row-token against the panels' 96 at 8 tokens (Intel Xeon family 6
+/// model 207, `bench kernels --threads 1 --clock cpu`).
 pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize) -> bool {
-    matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) && tag(d).is_some() && n_tokens >= MIN_TOKENS
+    let iq3_gathered = matches!(isa, Isa::Avx512 | Isa::Amx) && matches!(d, DType::IQ3XXS | DType::IQ3S);
+    matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) && tag(d).is_some() && n_tokens >= MIN_TOKENS && !iq3_gathered
 }
 
 /// Fewest tokens of a call on a packed matrix that this path takes, decoding its panel from
