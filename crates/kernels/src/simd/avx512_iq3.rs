@@ -8,9 +8,9 @@
 //! (IQ3_S: bit 8 set under a mask made of the 16 `qh` bits as stored), one gather of their
 //! 4-byte magnitudes; the 64 activation bytes negated where the weight's sign bit is set
 //! (IQ3_S: the 64 stored sign bits are the mask; IQ3_XXS: 8 `ksigns` bytes, the block's 32
-//! made at once by a few vector operations); `vpmaddubsw` of the
-//! magnitudes (unsigned, ≤ 62) and the signed activations into exact i16 pairs
-//! (|·| ≤ 2·62·127), then one `vpdpwssd` with the two sub-blocks' odd scales.
+//! made at once by a few vector operations); `vpmaddubsw` of the magnitudes (unsigned, ≤ 62)
+//! and the signed activations into exact i16 pairs (|·| ≤ 2·62·127), then one `vpdpwssd` with
+//! the two sub-blocks' odd scales.
 //!
 //! Invariant: Q8_K activations lie in −127..=127 (`quantize::ActQ8K`), so negating one never
 //! wraps; each (row, super-block) integer is exactly the scalar reference's
@@ -29,7 +29,7 @@ static GRID_XXS: [u32; 256] = IQ3XXS_GRID;
 /// IQ3_S's grid.
 static GRID_S: [u32; 512] = IQ3S_GRID;
 
-/// Whether this module has a one-token row for `d`.
+/// Whether this module has rows for `d` (the IQ3 formats).
 pub(crate) fn handles(d: DType) -> bool {
     matches!(d, DType::IQ3XXS | DType::IQ3S)
 }
@@ -65,9 +65,9 @@ pub(crate) unsafe fn rows_tile(d: DType, nr: usize, nt: usize, w: *const u8, rb:
 }
 
 /// The 256 sign bits of an IQ3_XXS block (bit `e` of the result's bit string: element `e`;
-/// `[u64; 4]`, 64 elements each): [`crate::iq3::ksigns`] of its 32 seven-bit indices, all at once — index
-/// `l` of sub-block `j`'s word (bits `7l..7l + 7`) moved to byte `4j + l`, its parity (one
-/// `vpshufb` per nibble) put in bit 7.
+/// `[u64; 4]`, 64 elements each): [`crate::iq3::ksigns`] of its 32 seven-bit indices, all at
+/// once — index `l` of sub-block `j`'s word (bits `7l..7l + 7`) moved to byte `4j + l`, its
+/// parity (one `vpshufb` per nibble) put in bit 7.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn xxs_signs(b: *const u8) -> [u64; 4] {
