@@ -117,8 +117,9 @@ pub fn values(dtype: DType, b: &[u8]) -> [i8; 256] {
     v
 }
 
-/// ggml-common.h `iq3xxs_grid`: 256 entries of 4 magnitudes from {4, 12, …, 62}, the first in the low byte.
-pub(crate) const IQ3XXS_GRID: [u32; 256] = [
+/// ggml-common.h `iq3xxs_grid`: 256 entries of 4 magnitudes from {4, 12, …, 62}, the first in the low byte
+/// (a `static`: the AVX-512 rows gather from it by address).
+pub(crate) static IQ3XXS_GRID: [u32; 256] = [
     0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e, 0x04041404, 0x04041414, 0x04041c0c, 0x04042414, 0x04043e1c,
     0x04043e2c, 0x040c040c, 0x040c041c, 0x040c0c04, 0x040c0c14, 0x040c140c, 0x040c142c, 0x040c1c04, 0x040c1c14, 0x040c240c, 0x040c2c24,
     0x040c3e04, 0x04140404, 0x04140414, 0x04140424, 0x04140c0c, 0x04141404, 0x04141414, 0x04141c0c, 0x04141c1c, 0x04141c3e, 0x04142c0c,
@@ -145,7 +146,7 @@ pub(crate) const IQ3XXS_GRID: [u32; 256] = [
     0x3e2c0414, 0x3e2c1424, 0x3e341c04,
 ];
 /// ggml-common.h `iq3s_grid`: 512 entries of 4 odd magnitudes 1..=15, the first in the low byte.
-pub(crate) const IQ3S_GRID: [u32; 512] = [
+pub(crate) static IQ3S_GRID: [u32; 512] = [
     0x01010101, 0x01010103, 0x01010105, 0x0101010b, 0x0101010f, 0x01010301, 0x01010303, 0x01010305, 0x01010309, 0x0101030d, 0x01010501,
     0x01010503, 0x0101050b, 0x01010707, 0x01010901, 0x01010905, 0x0101090b, 0x0101090f, 0x01010b03, 0x01010b07, 0x01010d01, 0x01010d05,
     0x01010f03, 0x01010f09, 0x01010f0f, 0x01030101, 0x01030103, 0x01030105, 0x01030109, 0x01030301, 0x01030303, 0x0103030b, 0x01030501,

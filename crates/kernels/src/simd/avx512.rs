@@ -49,9 +49,7 @@ pub(crate) unsafe fn tile(c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usiz
         (d, Acts::Q8K(a)) if super::avx512_iq3::handles(d) => super::avx512_iq3::rows_tile(d, nr, nt, wp, rb, a, t0, out, c.ldo),
         (d, Acts::Q8K(a)) if nt == 1 && super::avx512_k::handles(d) => super::avx512_k::rows_tile(d, nr, wp, rb, a, t0, out),
         // Not yet widened to 512 bits: the AVX2 kernels (bitwise the same results on both paths).
-        (DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S, _) => {
-            super::avx2::tile(c, r0, nr, t0, nt)
-        }
+        (DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS, _) => super::avx2::tile(c, r0, nr, t0, nt),
         _ => unreachable!("activations prepared for the wrong dtype"),
     }
 }
@@ -133,6 +131,14 @@ unsafe fn float_tile<const K: u8, const NR: usize, const NT: usize>(
             *out.add(t * ldo + r) = _mm512_reduce_add_ps(acc[r][t]);
         }
     }
+}
+
+/// A 16-entry signed table plus 128 (`t ^ 0x80`: each value as an unsigned byte) in every 128-bit
+/// lane, for one `vpshufb` lookup of nibbles into `vpdpbusd`'s unsigned operand.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn table_plus_128(t: &[i8; 16]) -> __m512i {
+    _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i)), _mm512_set1_epi8(-128))
 }
 
 /// Two 8-lane halves `[a; 8] ++ [b; 8]` (AVX-512F only, no DQ needed).

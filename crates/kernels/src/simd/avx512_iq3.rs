@@ -24,11 +24,6 @@ use crate::iq3::{d_of, scale, IQ3S_GRID, IQ3S_QH, IQ3S_SIGNS, IQ3XXS_GRID, IQ3XX
 use crate::quantize::ActQ8K;
 use std::arch::x86_64::*;
 
-/// The grids in static memory (the gathers read them by address; a `const` array has none).
-static GRID_XXS: [u32; 256] = IQ3XXS_GRID;
-/// IQ3_S's grid.
-static GRID_S: [u32; 512] = IQ3S_GRID;
-
 /// Whether this module has rows for `d` (the IQ3 formats).
 pub(crate) fn handles(d: DType) -> bool {
     matches!(d, DType::IQ3XXS | DType::IQ3S)
@@ -91,7 +86,7 @@ unsafe fn xxs_signs(b: *const u8) -> [u64; 4] {
 unsafe fn row<const K: u8, const NT: usize>(w: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let dt = iq3_dtype(K);
     let (nb, bb) = (a.blocks_per_row, block_bytes(K));
-    let grid = if K == IQ3XXS { GRID_XXS.as_ptr() } else { GRID_S.as_ptr() } as *const i32;
+    let grid = if K == IQ3XXS { IQ3XXS_GRID.as_ptr() } else { IQ3S_GRID.as_ptr() } as *const i32;
     let zero = _mm512_setzero_si512();
     let mut acc = [0.0f32; NT];
     for i in 0..nb {

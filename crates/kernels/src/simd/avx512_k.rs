@@ -154,9 +154,7 @@ unsafe fn f16_scalar(p: *const u8) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn iq4xs_block(b: *const u8, xp: *const i8, bsv: __m256i) -> __m512i {
     let m4 = _mm512_set1_epi8(0x0F);
-    // The table + 128 as unsigned bytes, in every 128-bit lane.
-    let tab = _mm512_broadcast_i32x4(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
-    let tabu = _mm512_xor_si512(tab, _mm512_set1_epi8(-128));
+    let tabu = super::avx512::table_plus_128(&KVALUES_IQ4NL);
     let ls = _mm_sub_epi8(_mm_cvtsi64_si128(iq4xs_scale_codes(b) as i64), _mm_set1_epi8(32));
     // Scales per 128-bit lane: groups 4h..4h+4 of half h, one group per lane.
     let sc = [

@@ -127,18 +127,6 @@ const fn dtype_of(k: u8) -> DType {
     }
 }
 
-/// IQ4_NL's table values plus 128 (1..=241), unsigned bytes for `vpdpbusd`; the activations'
-/// bias (`−128·Σx`, prepared as for Q8_0) takes the 128 back.
-const IQ4NL_PLUS_128: [u8; 16] = {
-    let mut t = [0u8; 16];
-    let mut i = 0;
-    while i < 16 {
-        t[i] = (KVALUES_IQ4NL[i] as i16 + 128) as u8;
-        i += 1;
-    }
-    t
-};
-
 /// The activation's bytes `at..at + 4` (as one i32) in all 8 lanes.
 #[inline(always)]
 unsafe fn bcast4(xp: *const i8, at: usize) -> __m256i {
@@ -175,7 +163,9 @@ unsafe fn group<const K: u8, const NT: usize>(gp: *const u8, a: &ActQ8, t0: usiz
                 u[4 + j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             }
             if K == IQ4NL {
-                let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_PLUS_128.as_ptr() as *const __m128i));
+                // Each nibble's table value + 128; the activations' bias (−128·Σx, prepared as
+                // for Q8_0) takes the 128 back.
+                let lut = _mm512_castsi512_si256(super::avx512::table_plus_128(&KVALUES_IQ4NL));
                 u = u.map(|n| _mm256_shuffle_epi8(lut, n));
             }
         }
@@ -258,7 +248,7 @@ unsafe fn group2<const K: u8, const NT: usize>(
                 u[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
             if K == IQ4NL {
-                let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_PLUS_128.as_ptr() as *const __m128i));
+                let lut = super::avx512::table_plus_128(&KVALUES_IQ4NL);
                 u = u.map(|n| _mm512_shuffle_epi8(lut, n));
             }
         }

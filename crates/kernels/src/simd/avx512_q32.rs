@@ -103,8 +103,7 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
     };
     let has_min = K == Q4_1 || K == Q5_1;
     let lut = if K == IQ4NL { table(&KVALUES_IQ4NL) } else { table(&KVALUES_MXFP4) };
-    // The table in all four 128-bit lanes, + 128 (so a lookup gives the unsigned value).
-    let lut2 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm256_castsi256_si128(lut)), _mm512_set1_epi8(-128));
+    let lut2 = super::avx512::table_plus_128(if K == IQ4NL { &KVALUES_IQ4NL } else { &KVALUES_MXFP4 });
     let nb = a.blocks_per_row;
     let zero8 = _mm256_setzero_ps();
     let mut acc = [[_mm512_setzero_ps(); NT]; NR];
