@@ -73,6 +73,10 @@ pub struct TableRow {
     /// [`CHUNK_KIB`], as every format): more rows per chunk reuse each token's activations
     /// more, while the chunk's weights must stay in this CPU's L2.
     pub f16_chunk_kib: Option<usize>,
+    /// Packed formats whose one-token calls run the 512-bit VNNI kernels (`simd::avx512_packed`,
+    /// `simd::avx512_packed_k`) on this CPU instead of the AVX2 packed kernels ([`wide_one_token`];
+    /// formats not named, and CPUs without a row: the AVX2 kernels).
+    pub wide_one_token: &'static [DType],
     /// Formats packed at load on this CPU only ([`MEASURED_PACKINGS`]): their packed kernels
     /// were measured faster than the unpacked tiles here, and on other CPUs were not.
     pub packs: &'static [DType],
@@ -105,6 +109,9 @@ pub const TABLE: &[TableRow] = &[
         // 1 MiB of L2 per core: 768 KiB chunks ran the 2048 × 8192 F16 matrix at 512 tokens in
         // 45 ns per 2048-column row-token against 60 with 256 KiB (1 thread, CPU time).
         f16_chunk_kib: Some(768),
+        // One-token calls from DRAM ran 1.3-6x slower on the 512-bit kernels than on the AVX2
+        // ones (docs/cpu-kernels.md, "AVX-512 CPUs run the packed AVX2 kernels").
+        wide_one_token: &[],
         // Q5_K packed (AVX2 kernels) decoded the Q5_K_M file at 28-33 tok/s against 37-38 for
         // its unpacked tile (docs/cpu-kernels.md, "AVX-512 CPUs run the packed AVX2 kernels").
         packs: &[],
@@ -124,6 +131,12 @@ pub const TABLE: &[TableRow] = &[
         // default 8: tiles 64.4 against lanes 62.5 at 8 tokens.
         token_lane_min: &[(DType::IQ3S, 11)],
         f16_chunk_kib: None,
+        // One token from DRAM (32768 × 16384 matrices, 2 threads, least of 5, three rounds), ns
+        // per row, AVX2 kernels → 512-bit: Q4_0 685-807 → 488-560, Q4_1 762-982 → 549-586,
+        // Q8_0 1243-1601 → 911-946, IQ4_NL 780-815 → 516-533, Q4_K 695-869 → 659-846, Q6_K
+        // 937-1201 → 874-1061; the model's one-row step 49 → 34-43 ms (Q4_0), 77-89 → 64-69
+        // (Q8_0).
+        wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q6K],
         packs: &[],
         measured: "docs/cpu-kernels.md, \"IQ3 and IQ4_NL on AVX-512\" (Intel Xeon)",
     },
@@ -140,6 +153,7 @@ pub const TABLE: &[TableRow] = &[
         choices: &[],
         token_lane_min: &[],
         f16_chunk_kib: None,
+        wide_one_token: &[],
         // Packed Q5_K: one-token calls 109-125 -> 77-91 ns per 2048-column row from L3 / DRAM
         // (2 threads); the Q5_K_M file's decode 1.09-1.15x the unpacked tile's (builds alternating).
         // Packed Q3_K: 100-103 -> 69 / 105-107 -> 72-75 ns; the Q3_K_M file's decode 1.11-1.13x.
@@ -190,6 +204,15 @@ pub fn token_lane_min(dtype: DType) -> usize {
     table_row()
         .and_then(|row| row.token_lane_min.iter().find(|(d, _)| *d == dtype))
         .map_or_else(|| default_token_lane_min(dtype), |&(_, n)| n)
+}
+
+/// Whether one-token calls of packed `dtype` matrices run the 512-bit VNNI kernels on this
+/// AVX-512 CPU: where its [`TABLE`] row names the format in `wide_one_token`. Elsewhere the AVX2
+/// packed kernels take them (they read a group-block at a time in address order, which the
+/// hardware prefetchers follow; on Zen 4 the 512-bit kernels' one-token calls were slower from
+/// DRAM). Both give the scalar reference's bits, so this moves only time.
+pub fn wide_one_token(dtype: DType) -> bool {
+    table_row().is_some_and(|row| row.wide_one_token.contains(&dtype))
 }
 
 /// The most weight bytes (KiB) of one chunk of a multi-token call where no table row says

@@ -25,7 +25,8 @@
 //!   per call) or, on `Isa::Avx512` with 2 or more tokens of a format `simd::avx512_packed::takes`,
 //!   to `simd::avx512_packed::run_rows` (VNNI, 8 rows × ≤ 8 tokens per
 //!   call, the weights unpacked once per call for all of them; one-token calls stay on the AVX2
-//!   kernels, which stream from DRAM faster); both bitwise the scalar reference's result.
+//!   kernels, which stream from DRAM faster on Zen 4, unless the CPU's table row names the
+//!   format in `dispatch::wide_one_token`); both bitwise the scalar reference's result.
 //!
 //! * Exception, `Isa::Avx512`/`Amx` with Q5_K/Q3_K/Q2_K/IQ4_XS, or `Isa::Avx512` with packed
 //!   Q4_K/Q6_K, and enough tokens (`simd::vnni_k::takes`: from `dispatch::token_lane_min`,
@@ -345,12 +346,14 @@ impl<'a> Job<'a> {
         if let Some(p) = self.packed {
             // SAFETY: isa (AVX2, or AVX-512, which implies it) checked by the caller; chunks start at multiples of
             // nr_max = GROUP_ROWS, rows are a whole number of groups, chunks own disjoint rows.
-            // One-token calls run the AVX2 kernels on AVX-512 CPUs too: they read a group-block
-            // at a time in address order, which the hardware prefetchers follow; from DRAM the
-            // 512-bit kernels' one-token calls were 1.3-6x slower (`bench kernels --rows 32000
-            // --cols 2048 --tokens 1`, Zen 4; docs/cpu-kernels.md).
+            // One-token calls run the AVX2 kernels on AVX-512 CPUs unless the CPU's table row
+            // says otherwise (`dispatch::wide_one_token`): they read a group-block at a time in
+            // address order, which the hardware prefetchers follow; from DRAM the 512-bit
+            // kernels' one-token calls were 1.3-6x slower on Zen 4 and 1.1-1.7x faster on the
+            // Intel Xeon measured (`bench kernels --tokens 1`; docs/cpu-kernels.md).
             unsafe {
-                if self.isa == Isa::Avx512 && self.n_tokens > 1 && crate::simd::avx512_packed::takes(p.dtype()) {
+                let wide = self.n_tokens > 1 || crate::dispatch::wide_one_token(p.dtype());
+                if self.isa == Isa::Avx512 && wide && crate::simd::avx512_packed::takes(p.dtype()) {
                     crate::simd::avx512_packed::run_rows(&self.ctx, p, r0, r1, self.n_tokens)
                 } else {
                     crate::simd::avx2_packed::run_rows(&self.ctx, p, r0, r1, self.n_tokens)

@@ -1,7 +1,7 @@
 //! AVX-512 VNNI kernels over Q4_0 / Q8_0 / Q4_1 / IQ4_NL [`Packed`] weights (the AVX2 kernels' layout,
-//! `repack.rs`): 8 rows × up to 8 tokens per call, taking calls of 2 or more tokens (the
-//! matmul sends one-token calls to `avx2_packed.rs`; Q4_K / Q6_K packings go on to
-//! `avx512_packed_k.rs`).
+//! `repack.rs`): 8 rows × up to 8 tokens per call, taking calls of 2 or more tokens, and one-token
+//! calls where the CPU's table row says so (`dispatch::wide_one_token`; elsewhere the matmul
+//! sends them to `avx2_packed.rs`); Q4_K / Q6_K packings go on to `avx512_packed_k.rs`.
 //! Two consecutive groups go through one pass as 16 rows in 512-bit registers, so one broadcast
 //! activation load and one float epilogue serve 16 rows.
 //!

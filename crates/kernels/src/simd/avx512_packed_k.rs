@@ -1,9 +1,10 @@
 //! AVX-512 kernels over Q4_K and Q6_K [`Packed`] weights (layout: `repack_k.rs`, the one
 //! `avx2_packed_k.rs` streams): 8 rows × 2 to 8 tokens per call, in 512-bit registers (all 8
-//! rows of a piece in one register). The matmul sends one-token calls to `avx2_packed_k`: here
-//! the compiler may hoist a block's later loads ahead of its first, and a one-token call on a
-//! matrix larger than the L3 then ran 2-6x slower (`bench kernels --rows 32000 --cols 2048
-//! --tokens 1`, Zen 4; with software prefetch 1.6x slower).
+//! rows of a piece in one register). The matmul sends one-token calls to `avx2_packed_k` unless
+//! the CPU's table row names the format in `dispatch::wide_one_token`: here the compiler may
+//! hoist a block's later loads ahead of its first, and on Zen 4 a one-token call on a matrix
+//! larger than the L3 then ran 2-6x slower (`bench kernels --rows 32000 --cols 2048 --tokens 1`;
+//! with software prefetch 1.6x slower); on the Intel Xeon measured it ran 1.03-1.17x faster.
 //!
 //! Q4_K: a group-super-block's nibbles are unpacked once per call into 8 registers per 64-element
 //! chunk (all 8 rows' 8 bytes of a piece in one register) and shared by the call's tokens; per

@@ -10,7 +10,7 @@
 //! Paths: `scalar` (portable, any target, also the reference), `avx2` (AVX2+FMA+F16C,
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
 //! 16-lane float kernels; packed Q4_0/Q8_0/Q4_1/Q4_K run `avx512_packed*`, the packed
-//! layout's 512-bit kernels of up to 8 tokens (packed Q6_K too; one-token packed Q4_K / Q6_K calls: `avx2_packed_k`); `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
+//! layout's 512-bit kernels of up to 8 tokens (packed Q6_K too; one-token packed calls: the AVX2 kernels, unless `dispatch::wide_one_token`); `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
 //! formats of `avx2_k` reuse the AVX2 kernels, except one-token Q3_K/IQ4_XS calls, which run
 //! `avx512_k`'s VNNI row tiles; calls of Q5_K/Q3_K/Q2_K/IQ4_XS from
 //! `dispatch::token_lane_min` tokens (8 unless the CPU's table row says otherwise), and of

@@ -6,8 +6,8 @@
 use crate::common;
 use common::*;
 use engram_kernels::dispatch::{
-    default_token_lane_min, kernel_path, packs, table_row, token_lane_min, CpuModel, MEASURED_PACKINGS, TABLE, TOKEN_LANE_MIN,
-    TOKEN_LANE_MIN_PACKED,
+    default_token_lane_min, kernel_path, packs, table_row, token_lane_min, wide_one_token, CpuModel, MEASURED_PACKINGS, TABLE,
+    TOKEN_LANE_MIN, TOKEN_LANE_MIN_PACKED,
 };
 use engram_kernels::internal::{matmul_with, Isa};
 use engram_kernels::*;
@@ -37,6 +37,11 @@ fn a_row_matches_only_the_cpus_it_names() {
         assert!(r.token_lane_min.iter().all(|&(_, n)| (2..=64).contains(&n)), "{}: a threshold within four registers of lanes", r.name);
         for d in r.packs {
             assert!(MEASURED_PACKINGS.contains(d) && Packed::supports(*d, 8), "{}: {d} is a packing chosen per CPU", r.name);
+        }
+        // Only formats the 512-bit packed kernels take (always packed where AVX-512 runs).
+        for d in r.wide_one_token {
+            let wide = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q6K];
+            assert!(wide.contains(d), "{}: {d} has no 512-bit one-token packed kernel", r.name);
         }
     }
 }
@@ -74,6 +79,7 @@ fn every_format_runs_a_path_this_cpu_has_the_same_every_time() {
         }
         let want = row.and_then(|r| r.token_lane_min.iter().find(|(f, _)| *f == d)).map_or(default_token_lane_min(d), |&(_, n)| n);
         assert_eq!(token_lane_min(d), want);
+        assert_eq!(wide_one_token(d), row.is_some_and(|r| r.wide_one_token.contains(&d)), "{d:?}");
     }
 }
 
