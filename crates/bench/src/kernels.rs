@@ -143,7 +143,15 @@ fn print(a: &Args, rows: &[Row], threads: usize) {
             let picks = if picks.is_empty() { "every format on the best path".to_string() } else { picks.join(", ") };
             let packs: Vec<&str> = r.packs.iter().map(|d| d.name()).collect();
             let packs = if packs.is_empty() { String::new() } else { format!("; packed here only: {}", packs.join(", ")) };
-            format!("table row \"{}\": {picks}{packs} ({})", r.name, r.measured)
+            let lanes: Vec<String> = r.token_lane_min.iter().map(|(d, n)| format!("{} {n}", d.name())).collect();
+            let lanes = if lanes.is_empty() { String::new() } else { format!("; token lanes from: {}", lanes.join(", ")) };
+            let wide: Vec<&str> = r.wide_one_token.iter().map(|d| d.name()).collect();
+            let wide = if wide.is_empty() {
+                String::new()
+            } else {
+                format!("; one-token packed calls on the 512-bit kernels: {}", wide.join(", "))
+            };
+            format!("table row \"{}\": {picks}{packs}{lanes}{wide} ({})", r.name, r.measured)
         },
     );
     if a.json {

@@ -122,8 +122,8 @@ pub const TABLE: &[TableRow] = &[
         vendor: "GenuineIntel",
         family: 0x6,
         models: &[0xcf..=0xcf],
-        // Measured for the IQ3 formats only: every other format runs the best path, as on a CPU
-        // without a row.
+        // Every format runs the best path (`avx512`); the row sets IQ3_S's token-lane threshold
+        // and which one-token packed calls take the 512-bit kernels.
         choices: &[],
         // IQ3_S: the gathered-row tiles (`avx512_iq3`, 4-token passes) ran 8 / 9 / 10 / 11
         // tokens at 54.7-57.1 / 68.5-69.0 / 62.8-63.0 / 59.7-59.9 ns per 2048-column row-token,
@@ -138,7 +138,7 @@ pub const TABLE: &[TableRow] = &[
         // (Q8_0).
         wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q6K],
         packs: &[],
-        measured: "docs/cpu-kernels.md, \"IQ3 and IQ4_NL on AVX-512\" (Intel Xeon)",
+        measured: "docs/cpu-kernels.md, \"IQ3 and IQ4_NL on AVX-512\" and \"One-token packed calls on the 512-bit kernels\" (Intel Xeon)",
     },
     TableRow {
         name: "AMD Zen 1 (EPYC 7001, family 23 model 1)",
