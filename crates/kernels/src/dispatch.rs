@@ -128,8 +128,11 @@ pub const TABLE: &[TableRow] = &[
         // IQ3_S: the gathered-row tiles (`avx512_iq3`, 4-token passes) ran 8 / 9 / 10 / 11
         // tokens at 54.7-57.1 / 68.5-69.0 / 62.8-63.0 / 59.7-59.9 ns per 2048-column row-token,
         // the token lanes at 80.5 / 71.5 / 64.6 / 58.5 (1 thread, CPU time). IQ3_XXS keeps the
-        // default 8: tiles 64.4 against lanes 62.5 at 8 tokens.
-        token_lane_min: &[(DType::IQ3S, 11)],
+        // default 8: tiles 64.4 against lanes 62.5 at 8 tokens. Packed Q4_K / Q6_K: the packed
+        // VNNI kernels ran 15.8-17.0 / 23.1-25.3 ns per row-token at 16-48 tokens, the token
+        // lanes 22.3-27.8 / 29.4-29.6 at 16, 31.4-31.8 / 37.9-38.6 at 17, 22.4 / 27.0-27.4 at 24,
+        // 17.0-17.4 / 20.7-21.0 at 32 and 15.5-15.8 / 17.9-18.0 at 48 (1 thread, CPU time).
+        token_lane_min: &[(DType::IQ3S, 11), (DType::Q4K, 48), (DType::Q6K, 32)],
         f16_chunk_kib: None,
         // One token from DRAM (32768 × 16384 matrices, 2 threads, least of 5, three rounds), ns
         // per row, AVX2 kernels → 512-bit: Q4_0 685-807 → 488-560, Q4_1 762-982 → 549-586,
