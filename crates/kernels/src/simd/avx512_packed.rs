@@ -148,7 +148,7 @@ unsafe fn group<const K: u8, const NT: usize>(gp: *const u8, a: &ActQ8, t0: usiz
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if NT > 1 && t0 == 0 {
+        if t0 == 0 {
             group_block_at(b, ahead, gbb);
         }
         let mut u = [_mm256_setzero_si256(); 8];
@@ -232,7 +232,7 @@ unsafe fn group2<const K: u8, const NT: usize>(
     let mut acc = [_mm512_setzero_ps(); NT];
     for i in 0..nb {
         let (b, bq) = (gp.add(i * gbb), gq.add(i * gbb));
-        if NT > 1 && t0 == 0 {
+        if t0 == 0 {
             group_block_at(b, ahead, gbb);
             group_block_at(bq, ahead, gbb);
         }

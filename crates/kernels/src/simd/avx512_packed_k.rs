@@ -4,7 +4,8 @@
 //! the CPU's table row names the format in `dispatch::wide_one_token`: here the compiler may
 //! hoist a block's later loads ahead of its first, and on Zen 4 a one-token call on a matrix
 //! larger than the L3 then ran 2-6x slower (`bench kernels --rows 32000 --cols 2048 --tokens 1`;
-//! with software prefetch 1.6x slower); on the Intel Xeon measured it ran 1.03-1.17x faster.
+//! with software prefetch 1.6x slower); on the Intel Xeon measured it ran 1.03-1.17x faster, and
+//! faster again with the prefetch every first pass makes (`prefetch.rs`).
 //!
 //! Q4_K: a group-super-block's nibbles are unpacked once per call into 8 registers per 64-element
 //! chunk (all 8 rows' 8 bytes of a piece in one register) and shared by the call's tokens; per
@@ -130,7 +131,7 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if NT > 1 && t0 == 0 {
+        if t0 == 0 {
             group_block_ahead::<AHEAD_K>(b, gbb);
         }
         let mut isum = [_mm512_setzero_si512(); NT];
@@ -210,7 +211,7 @@ unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     let mut acc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = gp.add(i * gbb);
-        if NT > 1 && t0 == 0 {
+        if t0 == 0 {
             group_block_ahead::<AHEAD_K>(b, gbb);
         }
         let mut isum = [_mm512_setzero_si512(); NT];

@@ -3,8 +3,9 @@
 //! A matmul's first pass over a row chunk (its first token tile) reads the chunk's weights
 //! from DRAM: a decode step's only pass, for any number of batched sessions, and a prefill
 //! tile's first of several. Calls of several tokens prefetch on that pass; later passes find
-//! the chunk in L2 and skip it, and one-token calls prefetch only on the packed Q2_K / Q3_K
-//! streams.
+//! the chunk in L2 and skip it. One-token calls prefetch on the packed Q2_K / Q3_K streams and
+//! in the 512-bit kernels (which take one-token calls only where a CPU's table row says so,
+//! `dispatch::wide_one_token`), not in the AVX2 Q4_0 / Q8_0 / Q4_1 / Q4_K / Q6_K kernels.
 //!
 //! Measured on the Zen 4 EPYC (`engram bench kernels --rows 32000 --cols 2048 --threads 1
 //! --clock cpu --stat min`, a matrix larger than the 32 MiB L3, and `engram bench step` on the
@@ -22,6 +23,11 @@
 //!   Zen 1 (`cargo bench -p engram-kernels --bench packed`, 8192 × 2048, 2 threads) one-token
 //!   Q3_K ran 787–922 µs without and 575–600 with [`AHEAD_K`] (Q4_K, Q5_K, Q6_K and IQ4_XS
 //!   did not gain: 2–5% slower from L2, within the noise from DRAM).
+//! - The 512-bit kernels' one-token calls, on the Intel Xeon family 6 model 207 (`bench
+//!   kernels --rows 32768 --cols 16384 --tokens 1 --threads 2 --stat min`, ns per row, three
+//!   rounds each): Q4_0 384–403 → 358–398, Q8_0 705–801 → 559–684, Q4_K 454–480 → 389–442, Q6_K
+//!   668–1050 → 510–568 with the prefetch; `bench step`'s one-row step 1.03–1.31× faster on
+//!   the Q4_0 / Q8_0 / Q4_K_M / Q6_K files.
 //!
 //! A prefetch is a hint: it never faults, even past the end of the packing, and changes no
 //! result.
