@@ -122,8 +122,8 @@ pub const TABLE: &[TableRow] = &[
         vendor: "GenuineIntel",
         family: 0x6,
         models: &[0xcf..=0xcf],
-        // Every format runs the best path (`avx512`); the row sets IQ3_S's token-lane threshold
-        // and which one-token packed calls take the 512-bit kernels.
+        // Every format runs the best path (`avx512`); the row sets the token-lane thresholds of
+        // IQ3_S and packed Q4_K / Q6_K and which one-token packed calls take the 512-bit kernels.
         choices: &[],
         // IQ3_S: the gathered-row tiles (`avx512_iq3`, 4-token passes) ran 8 / 9 / 10 / 11
         // tokens at 54.7-57.1 / 68.5-69.0 / 62.8-63.0 / 59.7-59.9 ns per 2048-column row-token,
@@ -138,7 +138,8 @@ pub const TABLE: &[TableRow] = &[
         // per row, AVX2 kernels → 512-bit: Q4_0 685-807 → 488-560, Q4_1 762-982 → 549-586,
         // Q8_0 1243-1601 → 911-946, IQ4_NL 780-815 → 516-533, Q4_K 695-869 → 659-846, Q6_K
         // 937-1201 → 874-1061; the model's one-row step 49 → 34-43 ms (Q4_0), 77-89 → 64-69
-        // (Q8_0).
+        // (Q8_0); and 1.03-1.31x faster again with the prefetch on their one-token passes
+        // (`simd/prefetch.rs`).
         wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q6K],
         packs: &[],
         measured: "docs/cpu-kernels.md, \"IQ3 and IQ4_NL on AVX-512\" and \"One-token packed calls on the 512-bit kernels\" (Intel Xeon)",

@@ -21,7 +21,7 @@ fn a_row_matches_only_the_cpus_it_names() {
     let intel_207 = CpuModel { vendor: "GenuineIntel".into(), family: 6, model: 0xcf };
     let rows = |cpu: &CpuModel| TABLE.iter().filter(|r| r.matches(cpu)).count();
     assert_eq!(rows(&zen4), 1, "Zen 4 was measured");
-    assert_eq!(rows(&intel_207), 1, "Intel family 6 model 207 was measured (its IQ3 thresholds)");
+    assert_eq!(rows(&intel_207), 1, "Intel family 6 model 207 was measured (thresholds, one-token kernels)");
     assert_eq!(rows(&zen1), 1, "Zen 1 (family 23 model 1) was measured");
     for d in [DType::Q5K, DType::Q3K] {
         assert!(TABLE.iter().any(|r| r.matches(&zen1) && r.packs.contains(&d)), "{d} packed on Zen 1, where it was measured");
