@@ -141,16 +141,13 @@ fn print(a: &Args, rows: &[Row], threads: usize) {
         |r| {
             let picks: Vec<String> = r.choices.iter().map(|(d, i)| format!("{} → {}", d.name(), i.name())).collect();
             let picks = if picks.is_empty() { "every format on the best path".to_string() } else { picks.join(", ") };
-            let packs: Vec<&str> = r.packs.iter().map(|d| d.name()).collect();
-            let packs = if packs.is_empty() { String::new() } else { format!("; packed here only: {}", packs.join(", ")) };
-            let lanes: Vec<String> = r.token_lane_min.iter().map(|(d, n)| format!("{} {n}", d.name())).collect();
-            let lanes = if lanes.is_empty() { String::new() } else { format!("; token lanes from: {}", lanes.join(", ")) };
-            let wide: Vec<&str> = r.wide_one_token.iter().map(|d| d.name()).collect();
-            let wide = if wide.is_empty() {
-                String::new()
-            } else {
-                format!("; one-token packed calls on the 512-bit kernels: {}", wide.join(", "))
-            };
+            // One "; label: a, b" part per list the row sets; nothing for an empty one.
+            let part =
+                |label: &str, items: Vec<String>| if items.is_empty() { String::new() } else { format!("; {label}: {}", items.join(", ")) };
+            let packs = part("packed here only", r.packs.iter().map(|d| d.name().to_string()).collect());
+            let lanes = part("token lanes from", r.token_lane_min.iter().map(|(d, n)| format!("{} {n}", d.name())).collect());
+            let wide =
+                part("one-token packed calls on the 512-bit kernels", r.wide_one_token.iter().map(|d| d.name().to_string()).collect());
             format!("table row \"{}\": {picks}{packs}{lanes}{wide} ({})", r.name, r.measured)
         },
     );

@@ -102,8 +102,8 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
         _ => 17,
     };
     let has_min = K == Q4_1 || K == Q5_1;
-    let lut = if K == IQ4NL { table(&KVALUES_IQ4NL) } else { table(&KVALUES_MXFP4) };
-    let lut2 = super::avx512::table_plus_128(if K == IQ4NL { &KVALUES_IQ4NL } else { &KVALUES_MXFP4 });
+    let values = if K == IQ4NL { &KVALUES_IQ4NL } else { &KVALUES_MXFP4 };
+    let (lut, lut2) = (table(values), super::avx512::table_plus_128(values));
     let nb = a.blocks_per_row;
     let zero8 = _mm256_setzero_ps();
     let mut acc = [[_mm512_setzero_ps(); NT]; NR];
