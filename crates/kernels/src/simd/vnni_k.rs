@@ -13,10 +13,12 @@
 //!
 //! The activations of the call are transposed once ([`TokenLanes`]: 16 tokens per register).
 //! Then an 8-row × 16-token micro-kernel does, per 4 elements and row, one `vpbroadcastd` of
-//! the row's 4 codes and one `vpdpbusd` of them against the 16 tokens' 4 activation bytes; per
-//! sub-block one `vpmulld` applies the scale; per super-block either one `vpdpwssd` per
-//! sub-block pair forms the mins' term from the tokens' Q8_K block sums, or one subtraction of
-//! `C` removes what the `+ 128` added.
+//! the row's 4 codes and one `vpdpbusd` of them against the 16 tokens' 4 activation bytes, two
+//! sub-blocks at a time (16 independent accumulators, enough to hide the instruction's latency);
+//! per sub-block one `vpmulld` applies the scale (one `vpdpwssd` where the sub-block's sum fits
+//! in i16: Q3_K, Q2_K); per super-block either one `vpdpwssd` per sub-block pair forms the mins'
+//! term from the tokens' Q8_K block sums, or one subtraction of `C` removes what the `+ 128`
+//! added.
 //!
 //! Invariant: per (row, token, super-block) the integers are exactly the scalar reference's:
 //! `Σ_j sc_j·Σ u·x` and the mins' `Σ_j m_j·S_j`; with an offset, `Σ_j sc_j·Σ q·(x + 128) − C
@@ -66,9 +68,10 @@ pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize, packed: bool) -> bool {
     }
 }
 
-/// Per (row, super-block) scales: `sc[j]` sub-block `j`'s scale, `cp[p]` the i16 pair of
-/// mins of sub-blocks `2p, 2p + 1` (low, high half; formats with mins), `d`, `dmin`, and
-/// `c = 128·Σ_j sc_j·Σ_{e∈j} q_e` (formats without mins; [`row_constants`]).
+/// Per (row, super-block) scales: `sc[j]` sub-block `j`'s scale (an i16 pair `(sc_j, 0)` where
+/// [`i16_sums`]), `cp[p]` the i16 pair of mins of sub-blocks `2p, 2p + 1` (low, high half;
+/// formats with mins), `d`, `dmin`, and `c = 128·Σ_j sc_j·Σ_{e∈j} q_e` (formats without mins;
+/// [`row_constants`]).
 #[derive(Clone, Copy)]
 #[repr(C)]
 struct Meta {
@@ -314,9 +317,10 @@ unsafe fn fill_row<const K: u8>(src: *const u8, m: &mut Meta) -> [__m256i; 8] {
             }
         }
         Q3K => {
+            // As the i16 pair `(sc, 0)` ([`i16_sums`]).
             let sc = q3k_scales(b);
             for j in 0..16 {
-                m.sc[j] = sc[j] as i32;
+                m.sc[j] = pair(sc[j] as i32, 0);
             }
         }
         Q2K => {
@@ -429,6 +433,14 @@ const fn nsub(k: u8) -> usize {
     }
 }
 
+/// Whether a sub-block's integer sum of format `K` fits in i16 (then `sc[j]` is stored as the
+/// i16 pair `(sc_j, 0)` and one `vpdpwssd` applies it): Q3_K's 16 codes `q ∈ [-4, 3]` against
+/// `x + 128 ≤ 255` reach at most 16·4·255 = 16,320 in magnitude, Q2_K's `u ≤ 3` against `|x| ≤
+/// 128` at most 6,144. The other formats' sums need up to 21 bits and a `vpmulld`.
+const fn i16_sums(k: u8) -> bool {
+    matches!(k, Q3K | Q2K)
+}
+
 /// Whether `K` has mins (`acc += (d·dx)·isum − (dmin·dx)·msum`); else `acc += (d·dx)·isum`.
 const fn has_min(k: u8) -> bool {
     matches!(k, Q4K | Q5K | Q2K)
@@ -448,7 +460,8 @@ unsafe fn row_constants(codes: *const u8, m: *mut Meta, ns: usize) {
         for kg in j * per..(j + 1) * per {
             q = _mm256_dpbusd_epi32(q, ones, _mm256_loadu_si256(codes.add(kg * 32) as *const __m256i));
         }
-        let sc = |r: usize| (*m.add(r)).sc[j];
+        // `as i16`: Q3_K's scales are stored as i16 pairs `(sc, 0)` ([`i16_sums`]).
+        let sc = |r: usize| (*m.add(r)).sc[j] as i16 as i32;
         let scales = _mm256_setr_epi32(sc(0), sc(1), sc(2), sc(3), sc(4), sc(5), sc(6), sc(7));
         c = _mm256_add_epi32(c, _mm256_mullo_epi32(q, scales));
     }
@@ -512,19 +525,33 @@ unsafe fn band<const K: u8>(bc: *const u8, bm: *const Meta, lanes: &TokenLanes, 
         let wc = bc.add(i * 2048) as *const i32;
         let m = bm.add(i * BAND);
         let mut s1 = [zero; BAND];
-        for s in 0..ns {
-            let mut raw = [zero; BAND];
+        // Two sub-blocks at a time: 16 independent `vpdpbusd` chains of `kps` steps, enough
+        // to cover the instruction's latency at two per cycle (8 chains, one sub-block, are not).
+        for sp in 0..ns / 2 {
+            let mut raw = [[zero; BAND]; 2];
             for kk in 0..kps {
-                let kg = s * kps + kk;
-                let x = _mm512_load_si512(xp.add(kg) as *const _);
+                let kg = [2 * sp * kps + kk, (2 * sp + 1) * kps + kk];
+                let x = kg.map(|kg| _mm512_load_si512(xp.add(kg) as *const _));
                 for r in 0..BAND {
-                    let w = _mm512_set1_epi32(wc.add(kg * BAND + r).read());
-                    // Unsigned codes × signed activations, or unsigned `x + 128` × signed codes.
-                    raw[r] = if has_min(K) { _mm512_dpbusd_epi32(raw[r], w, x) } else { _mm512_dpbusd_epi32(raw[r], x, w) };
+                    for h in 0..2 {
+                        let w = _mm512_set1_epi32(wc.add(kg[h] * BAND + r).read());
+                        // Unsigned codes × signed activations, or unsigned `x + 128` × signed codes.
+                        raw[h][r] =
+                            if has_min(K) { _mm512_dpbusd_epi32(raw[h][r], w, x[h]) } else { _mm512_dpbusd_epi32(raw[h][r], x[h], w) };
+                    }
                 }
             }
             for r in 0..BAND {
-                s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(raw[r], _mm512_set1_epi32((*m.add(r)).sc[s])));
+                for (h, raw) in raw.iter().enumerate() {
+                    let sc = _mm512_set1_epi32((*m.add(r)).sc[2 * sp + h]);
+                    s1[r] = if i16_sums(K) {
+                        // The sub-block's sum fits in the low i16 of each lane, and the scale is
+                        // stored as the pair `(sc, 0)`: one `vpdpwssd` multiplies and adds.
+                        _mm512_dpwssd_epi32(s1[r], raw[r], sc)
+                    } else {
+                        _mm512_add_epi32(s1[r], _mm512_mullo_epi32(raw[r], sc))
+                    };
+                }
             }
         }
         let dx = _mm512_load_ps(lanes.dx.as_ptr().add(lb) as *const f32);

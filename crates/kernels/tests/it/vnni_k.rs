@@ -130,3 +130,41 @@ fn k_formats_in_matmul_multi_equal_separate_calls() {
         }
     }
 }
+
+/// Q3_K and Q2_K at the extremes of their codes and scales, against activations that quantize
+/// to ±127 (Q8_K gives the first largest-magnitude element −127, the others down to −127 or up
+/// to +127): the sub-block sums reach the bound the token lanes rely on to apply the scale in
+/// i16 (Q3_K 16·4·255, Q2_K 16·3·127), and stay the scalar reference's bits.
+#[test]
+fn k_token_lane_sums_at_their_bound_are_exact() {
+    let (rows, cols) = (16usize, 512usize);
+    let d1 = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+    // (format, bytes of one block): codes all −4 or all 3 with scales all −32 or 31 (Q3_K);
+    // codes all 3 with scale and min 15, or codes 0 with scale 15 (Q2_K).
+    let mut blocks: Vec<(DType, Vec<u8>)> = Vec::new();
+    for (code, scale) in [(0x00u8, 0x00u8), (0xFF, 0xFF), (0x00, 0xFF), (0xFF, 0x00)] {
+        let mut b = vec![code; 110];
+        b[96..108].fill(scale);
+        b[108..110].copy_from_slice(&d1);
+        blocks.push((DType::Q3K, b));
+    }
+    for (code, scale) in [(0xFFu8, 0xFFu8), (0x00, 0x0F), (0xFF, 0x0F)] {
+        let mut b = vec![code; 84];
+        b[..16].fill(scale);
+        b[80..82].copy_from_slice(&d1);
+        b[82..84].copy_from_slice(&d1);
+        blocks.push((DType::Q2K, b));
+    }
+    for (d, block) in blocks {
+        let bytes: Vec<u8> = block.iter().copied().cycle().take(rows * d.row_bytes(cols).unwrap()).collect();
+        let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+        for n in [16usize, 33] {
+            // Every element of one magnitude: all of one sign quantize to −127; with the first
+            // of each 256 of the other sign (the reference's `max`), the others to +127.
+            for first in [1.0f32, -1.0] {
+                let x: Vec<f32> = (0..n * cols).map(|i| if i % 256 == 0 { first } else { 1.0 }).collect();
+                check(&wm, &x, n, &format!("extreme codes {:#04x} scales {:#04x}, first {first}", block[40], block[0]));
+            }
+        }
+    }
+}
