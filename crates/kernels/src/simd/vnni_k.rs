@@ -436,7 +436,7 @@ const fn nsub(k: u8) -> usize {
 /// Whether a sub-block's integer sum of format `K` fits in i16 (then `sc[j]` is stored as the
 /// i16 pair `(sc_j, 0)` and one `vpdpwssd` applies it): Q3_K's 16 codes `q ∈ [-4, 3]` against
 /// `x + 128 ≤ 255` reach at most 16·4·255 = 16,320 in magnitude, Q2_K's `u ≤ 3` against `|x| ≤
-/// 128` at most 6,144. The other formats' sums need up to 21 bits and a `vpmulld`.
+/// 127` (Q8_K's codes) at most 6,096. The other formats' sums need up to 21 bits and a `vpmulld`.
 const fn i16_sums(k: u8) -> bool {
     matches!(k, Q3K | Q2K)
 }

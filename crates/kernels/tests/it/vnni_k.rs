@@ -140,16 +140,16 @@ fn k_token_lane_sums_at_their_bound_are_exact() {
     let (rows, cols) = (16usize, 512usize);
     let d1 = half::f16::from_f32(0.01).to_bits().to_le_bytes();
     // (format, bytes of one block): codes all −4 or all 3 with scales all −32 or 31 (Q3_K);
-    // codes all 3 with scale and min 15, or codes 0 with scale 15 (Q2_K).
+    // codes all 3 or all 0 with scales 15 and mins 15 or 0 (Q2_K).
     let mut blocks: Vec<(DType, Vec<u8>)> = Vec::new();
     for (code, scale) in [(0x00u8, 0x00u8), (0xFF, 0xFF), (0x00, 0xFF), (0xFF, 0x00)] {
-        let mut b = vec![code; 110];
+        let mut b = vec![code; DType::Q3K.block_bytes()];
         b[96..108].fill(scale);
         b[108..110].copy_from_slice(&d1);
         blocks.push((DType::Q3K, b));
     }
     for (code, scale) in [(0xFFu8, 0xFFu8), (0x00, 0x0F), (0xFF, 0x0F)] {
-        let mut b = vec![code; 84];
+        let mut b = vec![code; DType::Q2K.block_bytes()];
         b[..16].fill(scale);
         b[80..82].copy_from_slice(&d1);
         b[82..84].copy_from_slice(&d1);
