@@ -77,8 +77,9 @@ pub struct TableRow {
     /// `simd::avx512_packed_k`) on this CPU instead of the AVX2 packed kernels ([`wide_one_token`];
     /// formats not named, and CPUs without a row: the AVX2 kernels).
     pub wide_one_token: &'static [DType],
-    /// Formats packed at load on this CPU only ([`MEASURED_PACKINGS`]): their packed kernels
-    /// were measured faster than the unpacked tiles here, and on other CPUs were not.
+    /// Formats packed at load on this CPU only ([`MEASURED_PACKINGS`], and on AVX-512 CPUs
+    /// [`AVX2_KERNEL_PACKINGS`]; [`packs`]): their packed kernels were measured faster than the
+    /// unpacked tiles here, and on other CPUs were not.
     pub packs: &'static [DType],
     /// Where the figures behind the choices are (a section of `docs/cpu-kernels.md`).
     pub measured: &'static str,
@@ -141,8 +142,13 @@ pub const TABLE: &[TableRow] = &[
         // (Q8_0); and 1.03-1.31x faster again with the prefetch on their one-token passes
         // (`simd/prefetch.rs`).
         wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q6K],
-        packs: &[],
-        measured: "docs/cpu-kernels.md, \"IQ3 and IQ4_NL on AVX-512\" and \"One-token packed calls on the 512-bit kernels\" (Intel Xeon)",
+        // One token from DRAM (32768 × 16384, 2 threads, least of 5), ns per row, the 512-bit
+        // tiles on the file's bytes → the AVX2 packed kernels: Q3_K 599 → 311, Q2_K 609 → 274,
+        // IQ4_XS 778 → 641, Q5_K 824 → 684; at 2 / 4 / 7 tokens (8192 × 4096) 1.0-2.0x faster
+        // too. Q5_0 / Q5_1 / MXFP4 stay unpacked: one token 586 / 617 / 521 against 784 / 890 /
+        // 618 packed.
+        packs: &[DType::Q5K, DType::Q3K, DType::Q2K, DType::IQ4XS],
+        measured: "docs/cpu-kernels.md, \"IQ3 and IQ4_NL on AVX-512\", \"One-token packed calls on the 512-bit kernels\" and \"Packed K-quants on AVX-512\" (Intel Xeon)",
     },
     TableRow {
         name: "AMD Zen 1 (EPYC 7001, family 23 model 1)",
@@ -171,10 +177,24 @@ pub const TABLE: &[TableRow] = &[
 /// measured on one CPU only.
 pub const MEASURED_PACKINGS: &[DType] = &[DType::Q5K, DType::Q3K];
 
-/// Whether a loader packs `dtype` on this CPU as far as the table goes: formats outside
-/// [`MEASURED_PACKINGS`] always, those inside only where this CPU's row names them.
-pub fn packs(dtype: DType) -> bool {
-    !MEASURED_PACKINGS.contains(&dtype) || table_row().is_some_and(|row| row.packs.contains(&dtype))
+/// Formats whose only packed kernels are the AVX2 ones: the AVX-512 path packs them only where
+/// this CPU's row names them in `packs` (their calls below the token lanes then run the AVX2
+/// packed kernels, and the token lanes decode their panels from the packing); elsewhere it
+/// keeps its own tiles on the file's bytes.
+pub const AVX2_KERNEL_PACKINGS: &[DType] =
+    &[DType::Q5_0, DType::Q5_1, DType::MXFP4, DType::IQ4XS, DType::Q2K, DType::Q5K, DType::Q3K];
+
+/// Whether a loader packs `dtype` for the kernel path `isa` on this CPU as far as the table goes:
+/// on AVX2 every packable format but [`MEASURED_PACKINGS`] (those where this CPU's row names
+/// them); on AVX-512 every packable format but [`AVX2_KERNEL_PACKINGS`] (likewise); on other
+/// paths none (they read no packing).
+pub fn packs(isa: Isa, dtype: DType) -> bool {
+    let named = table_row().is_some_and(|row| row.packs.contains(&dtype));
+    match isa {
+        Isa::Avx2 => !MEASURED_PACKINGS.contains(&dtype) || named,
+        Isa::Avx512 => !AVX2_KERNEL_PACKINGS.contains(&dtype) || named,
+        _ => false,
+    }
 }
 
 /// The [`TABLE`] row for this CPU, if it was measured.

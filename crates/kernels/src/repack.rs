@@ -120,18 +120,15 @@ impl Packed {
 
     /// What a loader should attach to `w` on this machine: its packing when the matmul path
     /// reads packings ([`crate::simd::Isa::runs_packed`]: AVX2, AVX-512 without AMX),
-    /// [`repack_enabled`] and the shape packs; else `None`. Q5_0 / Q5_1 / MXFP4 / IQ4_XS / Q2_K / Q5_K / Q3_K are packed on
-    /// the AVX2 path only: the AVX-512 path keeps its own tiles for them (where they were
-    /// not measured against the AVX2 packed kernels, which are the only ones for these formats).
-    /// Q5_K and Q3_K only on CPUs whose dispatch table row names them ([`crate::dispatch::packs`]).
+    /// [`repack_enabled`], the shape packs and the dispatch table packs the format on this path
+    /// ([`crate::dispatch::packs`]: Q5_K / Q3_K only where this CPU's row names them; on AVX-512,
+    /// whose own packed kernels cover Q4_0 / Q8_0 / Q4_1 / IQ4_NL / Q4_K / Q6_K, the formats with
+    /// AVX2 packed kernels only likewise); else `None`.
     pub fn for_this_cpu(w: &WeightMatrix) -> Option<Packed> {
         #[cfg(target_arch = "x86_64")]
         {
             let isa = crate::simd::Isa::detect();
-            let avx2_only =
-                matches!(w.dtype, DType::Q5_0 | DType::Q5_1 | DType::MXFP4 | DType::IQ4XS | DType::Q2K | DType::Q5K | DType::Q3K);
-            let measured = crate::dispatch::packs(w.dtype);
-            if repack_enabled() && isa.runs_packed() && (!avx2_only || isa == crate::simd::Isa::Avx2) && measured {
+            if repack_enabled() && isa.runs_packed() && crate::dispatch::packs(isa, w.dtype) {
                 return Packed::new(w);
             }
         }

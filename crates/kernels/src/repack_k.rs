@@ -310,8 +310,8 @@ fn for_each_q3k_piece(r: usize, mut f: impl FnMut(usize, usize)) {
 
 /// Row `r`'s Q3_K source block back from its group-super-block `g` — the inverse of
 /// [`pack_block`] (the stored scales `sc − 32` back into the file's 12 bytes by
-/// `blocks::put_q3k_scales`).
-fn q3k_source_block(g: &[u8], r: usize) -> [u8; 110] {
+/// `blocks::put_q3k_scales`). The token lanes copy every row's blocks out this way.
+pub(crate) fn q3k_source_block(g: &[u8], r: usize) -> [u8; 110] {
     let mut b = [0u8; 110];
     b[Q3K_D..Q3K_D + 2].copy_from_slice(&g[2 * r..2 * r + 2]);
     put_q3k_scales(&mut b, &std::array::from_fn(|j| (g[Q3K_P_SC + pair_at(r, j)] as i8).wrapping_add(32) as u8));
@@ -355,6 +355,26 @@ pub(crate) fn ql_reg(m: usize) -> usize {
     3 * (m / 2) + 1 + m % 2
 }
 
+/// Row `r`'s IQ4_XS source block back from its group-super-block `g` — the inverse of
+/// [`pack_block`] (the stored scales `ls − 32` back into the file's 6-bit fields). The token
+/// lanes copy every row's blocks out this way.
+pub(crate) fn iq4xs_source_block(g: &[u8], r: usize) -> [u8; 136] {
+    let mut b = [0u8; 136];
+    b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
+    let mut high = 0u16;
+    for j in 0..8 {
+        let ls = (g[IQ4XS_P_SC + 8 * j + r] as i8 as i32 + 32) as u16;
+        high |= (ls >> 4) << (2 * j);
+        b[4 + j / 2] |= ((ls & 0xF) as u8) << (4 * (j % 2));
+    }
+    b[2..4].copy_from_slice(&high.to_le_bytes());
+    // 4 bytes per register.
+    for (k, v) in b[IQ4XS_QS..].chunks_exact_mut(4).enumerate() {
+        v.copy_from_slice(&g[IQ4XS_P_QS + 32 * k + 4 * r..IQ4XS_P_QS + 32 * k + 4 * r + 4]);
+    }
+    b
+}
+
 /// Row `r`'s source super-block back from its group-super-block `g` (inverse of [`pack_block`]).
 pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
     let (h, off) = slot(r);
@@ -366,21 +386,7 @@ pub(crate) fn unpack_block(dtype: DType, r: usize, g: &[u8]) -> Vec<u8> {
         }
         DType::Q2K => q2k_source_block(g, r).to_vec(),
         DType::Q3K => q3k_source_block(g, r).to_vec(),
-        DType::IQ4XS => {
-            let mut b = vec![0u8; 136];
-            b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
-            let mut high = 0u16;
-            for j in 0..8 {
-                let ls = (g[IQ4XS_P_SC + 8 * j + r] as i8 as i32 + 32) as u16;
-                high |= (ls >> 4) << (2 * j);
-                b[4 + j / 2] |= ((ls & 0xF) as u8) << (4 * (j % 2));
-            }
-            b[2..4].copy_from_slice(&high.to_le_bytes());
-            for (q, v) in b[IQ4XS_QS..].iter_mut().enumerate() {
-                *v = g[IQ4XS_P_QS + 32 * (q / 4) + 4 * r + q % 4];
-            }
-            b
-        }
+        DType::IQ4XS => iq4xs_source_block(g, r).to_vec(),
         DType::Q6K => {
             let mut b = vec![0u8; 210];
             b[Q6K_D..Q6K_D + 2].copy_from_slice(&g[2 * r..2 * r + 2]);

@@ -2,7 +2,10 @@
 //! IQ3_XXS, IQ3_S — with the tokens in the register lanes.
 //!
 //! A chunk's rows are decoded **once per call** into a per-thread panel of byte codes, 8 rows
-//! interleaved 4 bytes at a time, with each row's sub-block scales as i32:
+//! interleaved 4 bytes at a time, with each row's sub-block scales as i32 — from the file's
+//! bytes, or from the matrix's packing where it has one (Q4_K / Q6_K always; Q5_K / Q3_K / Q2_K
+//! / IQ4_XS where the CPU's table row packs them, each row's block copied out of its group), so
+//! that a packed matrix's prefill never touches the file's bytes:
 //!
 //! * formats with mins (Q4_K 0..16, Q5_K 0..32, Q2_K 0..4): the codes as unsigned bytes, the
 //!   mins as i16 pairs; the activations as signed bytes;
@@ -34,7 +37,10 @@ use super::{Acts, Isa, TileCtx};
 use crate::blocks::*;
 use crate::dtype::DType;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{q4k_reg, q6k_reg, HALF_ROWS, Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC, Q6K_P_Q, Q6K_P_SC};
+use crate::repack_k::{
+    iq4xs_source_block, q2k_source_block, q3k_source_block, q4k_reg, q5k_source_block, q6k_reg, HALF_ROWS, Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC,
+    Q6K_P_Q, Q6K_P_SC,
+};
 use crate::token_lanes::{Lane64, TokenLanes, LANES};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -49,8 +55,9 @@ const Q6K: u8 = 7;
 pub(crate) const BAND: usize = 8;
 
 /// Whether a call of `n_tokens` tokens of format `d` on `isa` runs here. `packed`: the matrix
-/// has a [`Packed`] copy (then Q4_K / Q6_K are read from it; their decode kernels on this path
-/// are the packed ones, bitwise the reference). Q4_K / Q6_K without a packing keep the tiles.
+/// has a [`Packed`] copy (then the panel is decoded from it; Q4_K / Q6_K's decode kernels on
+/// this path are the packed ones, bitwise the reference). Q4_K / Q6_K without a packing keep
+/// the tiles; the other formats run here packed or not.
 pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize, packed: bool) -> bool {
     // The fewest tokens of Q5_K / Q3_K / Q2_K / IQ4_XS / IQ3 calls that run here are measured per CPU
     // (`crate::dispatch::token_lane_min`): a call costs about the same up to 16 tokens (one
@@ -58,7 +65,7 @@ pub(crate) fn takes(isa: Isa, d: DType, n_tokens: usize, packed: bool) -> bool {
     // cost times the tokens reaches it.
     match d {
         DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS | DType::IQ3XXS | DType::IQ3S => {
-            matches!(isa, Isa::Avx512 | Isa::Amx) && !packed && n_tokens >= crate::dispatch::token_lane_min(d)
+            matches!(isa, Isa::Avx512 | Isa::Amx) && n_tokens >= crate::dispatch::token_lane_min(d)
         }
         // Below the threshold (`dispatch::token_lane_min`, measured per CPU) the packed VNNI
         // kernels (`avx512_packed_k`, ≤ 8 tokens per pass) cost less per token than the
@@ -119,8 +126,8 @@ fn tag(d: DType) -> u8 {
 ///
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI available; `c`'s matrix is of a format [`takes`] accepts, with Q8_K
-/// activations; `packed` is its packing when it is Q4_K / Q6_K (then `r0` and `r1` are
-/// multiples of 8); no other thread writes rows `r0..r1`.
+/// activations; `packed` is its packing if it has one (always for Q4_K / Q6_K; then `r0` and
+/// `r1` are multiples of 8); no other thread writes rows `r0..r1`.
 pub(crate) unsafe fn run_rows(c: &TileCtx, packed: Option<&Packed>, r0: usize, r1: usize, n_tokens: usize) {
     let Acts::Q8K(a) = c.acts else { unreachable!("activations prepared for the wrong dtype") };
     let plus128 = !has_min(tag(c.w.dtype));
@@ -166,6 +173,23 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
                             fill_q4k(blk, dst, m);
                         } else {
                             fill_q6k(blk, dst, m);
+                        }
+                    }
+                }
+            }
+            _ if packed.is_some() => {
+                let p = packed.expect("checked");
+                let gbb = group_block_bytes(c.w.dtype);
+                for b in 0..bands {
+                    let group = p.group(r0 / GROUP_ROWS + b);
+                    for i in 0..nb {
+                        let (blk, dst) = (&group[i * gbb..(i + 1) * gbb], cp.add((b * nb + i) * 2048));
+                        let m = meta.as_mut_ptr().add((b * nb + i) * BAND);
+                        match k {
+                            Q5K => fill_band_packed::<Q5K>(blk, dst, m),
+                            Q3K => fill_band_packed::<Q3K>(blk, dst, m),
+                            Q2K => fill_band_packed::<Q2K>(blk, dst, m),
+                            _ => fill_band_packed::<IQ4XS>(blk, dst, m),
                         }
                     }
                 }
@@ -271,6 +295,32 @@ unsafe fn fill_band<const K: u8>(src: *const u8, rb: usize, live: usize, dst: *m
             *m.add(r) = META0;
         }
     }
+    put_band(&regs, dst);
+}
+
+/// [`fill_band`] from a packing (`repack_k.rs`): the band is the 8 rows of one group, each
+/// row's source block copied out of the group-super-block `g` (the same bytes), so that a
+/// packed matrix's prefill never touches the file's bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_band_packed<const K: u8>(g: &[u8], dst: *mut u8, m: *mut Meta) {
+    let regs: [[__m256i; 8]; BAND] = std::array::from_fn(|r| {
+        let m = &mut *m.add(r);
+        match K {
+            Q5K => fill_row::<K>(q5k_source_block(g, r).as_ptr(), m),
+            Q3K => fill_row::<K>(q3k_source_block(g, r).as_ptr(), m),
+            Q2K => fill_row::<K>(q2k_source_block(g, r).as_ptr(), m),
+            _ => fill_row::<K>(iq4xs_source_block(g, r).as_ptr(), m),
+        }
+    });
+    put_band(&regs, dst);
+}
+
+/// Stores a band's decoded rows (`regs[r]`: row `r`'s 8 registers of 32 codes) as a code
+/// block: per register the 8 rows' words transposed, so that each 4-element group of the block
+/// leaves in one 32-byte store.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn put_band(regs: &[[__m256i; 8]; BAND], dst: *mut u8) {
     for g in 0..8 {
         let words = transpose8(&std::array::from_fn(|r| regs[r][g]));
         for (j, w) in words.iter().enumerate() {

@@ -6,7 +6,8 @@
 use crate::common;
 use common::*;
 use engram_kernels::dispatch::{
-    default_token_lane_min, kernel_path, packs, table_row, token_lane_min, wide_one_token, CpuModel, MEASURED_PACKINGS, TABLE,
+    default_token_lane_min, kernel_path, packs, table_row, token_lane_min, wide_one_token, CpuModel, AVX2_KERNEL_PACKINGS, MEASURED_PACKINGS,
+    TABLE,
     TOKEN_LANE_MIN, TOKEN_LANE_MIN_PACKED,
 };
 use engram_kernels::internal::{matmul_with, Isa};
@@ -36,7 +37,8 @@ fn a_row_matches_only_the_cpus_it_names() {
     for r in TABLE {
         assert!(r.token_lane_min.iter().all(|&(_, n)| (2..=64).contains(&n)), "{}: a threshold within four registers of lanes", r.name);
         for d in r.packs {
-            assert!(MEASURED_PACKINGS.contains(d) && Packed::supports(*d, 8), "{}: {d} is a packing chosen per CPU", r.name);
+            let per_cpu = MEASURED_PACKINGS.contains(d) || AVX2_KERNEL_PACKINGS.contains(d);
+            assert!(per_cpu && Packed::supports(*d, 8), "{}: {d} is a packing chosen per CPU", r.name);
         }
         // Only formats the 512-bit packed kernels take (always packed where AVX-512 runs).
         for d in r.wide_one_token {
@@ -46,19 +48,24 @@ fn a_row_matches_only_the_cpus_it_names() {
     }
 }
 
-/// A packing measured per CPU (Q5_K, Q3_K) is attached only where this CPU's row names it;
-/// every other packable format as before.
+/// A packing measured per CPU (Q5_K, Q3_K; on AVX-512 the formats with AVX2 packed kernels
+/// only) is attached only where this CPU's row names it; every other packable format as before.
 #[test]
 fn measured_packings_follow_the_table_row() {
     let named = |d: DType| table_row().is_some_and(|r| r.packs.contains(&d));
     for d in DType::ALL {
-        assert_eq!(packs(d), !MEASURED_PACKINGS.contains(&d) || named(d), "{d}");
+        assert_eq!(packs(Isa::Avx2, d), !MEASURED_PACKINGS.contains(&d) || named(d), "{d} on AVX2");
+        assert_eq!(packs(Isa::Avx512, d), !AVX2_KERNEL_PACKINGS.contains(&d) || named(d), "{d} on AVX-512");
+        assert!(!packs(Isa::Scalar, d) && !packs(Isa::Amx, d), "{d}: those paths read no packing");
     }
+    assert!(MEASURED_PACKINGS.iter().all(|d| AVX2_KERNEL_PACKINGS.contains(d)));
     let cols = 256;
-    for &d in MEASURED_PACKINGS {
+    let isa = Isa::detect();
+    let per_cpu = if isa == Isa::Avx512 { AVX2_KERNEL_PACKINGS } else { MEASURED_PACKINGS };
+    for &d in per_cpu {
         let bytes = quantize(d, &data(8 * cols, 5), cols).unwrap();
         let w = WeightMatrix::new(d, 8, cols, &bytes).unwrap();
-        if std::env::var("ENGRAM_REPACK").is_err() && Isa::detect() == Isa::Avx2 {
+        if std::env::var("ENGRAM_REPACK").is_err() && matches!(isa, Isa::Avx2 | Isa::Avx512) {
             assert_eq!(Packed::for_this_cpu(&w).is_some(), named(d), "{d} packs where the row says so");
         }
         if !named(d) {
