@@ -181,8 +181,7 @@ pub const MEASURED_PACKINGS: &[DType] = &[DType::Q5K, DType::Q3K];
 /// this CPU's row names them in `packs` (their calls below the token lanes then run the AVX2
 /// packed kernels, and the token lanes decode their panels from the packing); elsewhere it
 /// keeps its own tiles on the file's bytes.
-pub const AVX2_KERNEL_PACKINGS: &[DType] =
-    &[DType::Q5_0, DType::Q5_1, DType::MXFP4, DType::IQ4XS, DType::Q2K, DType::Q5K, DType::Q3K];
+pub const AVX2_KERNEL_PACKINGS: &[DType] = &[DType::Q5_0, DType::Q5_1, DType::MXFP4, DType::IQ4XS, DType::Q2K, DType::Q5K, DType::Q3K];
 
 /// Whether a loader packs `dtype` for the kernel path `isa` on this CPU as far as the table goes:
 /// on AVX2 every packable format but [`MEASURED_PACKINGS`] (those where this CPU's row names

@@ -310,8 +310,8 @@ fn for_each_q3k_piece(r: usize, mut f: impl FnMut(usize, usize)) {
 
 /// Row `r`'s Q3_K source block back from its group-super-block `g` — the inverse of
 /// [`pack_block`] (the stored scales `sc − 32` back into the file's 12 bytes by
-/// `blocks::put_q3k_scales`). The token lanes copy every row's blocks out this way.
-pub(crate) fn q3k_source_block(g: &[u8], r: usize) -> [u8; 110] {
+/// `blocks::put_q3k_scales`).
+fn q3k_source_block(g: &[u8], r: usize) -> [u8; 110] {
     let mut b = [0u8; 110];
     b[Q3K_D..Q3K_D + 2].copy_from_slice(&g[2 * r..2 * r + 2]);
     put_q3k_scales(&mut b, &std::array::from_fn(|j| (g[Q3K_P_SC + pair_at(r, j)] as i8).wrapping_add(32) as u8));
@@ -356,9 +356,8 @@ pub(crate) fn ql_reg(m: usize) -> usize {
 }
 
 /// Row `r`'s IQ4_XS source block back from its group-super-block `g` — the inverse of
-/// [`pack_block`] (the stored scales `ls − 32` back into the file's 6-bit fields). The token
-/// lanes copy every row's blocks out this way.
-pub(crate) fn iq4xs_source_block(g: &[u8], r: usize) -> [u8; 136] {
+/// [`pack_block`] (the stored scales `ls − 32` back into the file's 6-bit fields).
+fn iq4xs_source_block(g: &[u8], r: usize) -> [u8; 136] {
     let mut b = [0u8; 136];
     b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
     let mut high = 0u16;

@@ -38,8 +38,8 @@ use crate::blocks::*;
 use crate::dtype::DType;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
 use crate::repack_k::{
-    iq4xs_source_block, q2k_source_block, q3k_source_block, q4k_reg, q5k_source_block, q6k_reg, HALF_ROWS, Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC,
-    Q6K_P_Q, Q6K_P_SC,
+    q3k_hm_reg, q3k_reg, q4k_reg, q5k_qh_reg, q5k_reg, q6k_reg, HALF_ROWS, IQ4XS_P_QS, IQ4XS_P_SC, Q2K_P_QS, Q2K_P_SC, Q3K_P_SC, Q4K_P_MIN,
+    Q4K_P_QS, Q4K_P_SC, Q5K_P_QH, Q6K_P_Q, Q6K_P_SC,
 };
 use crate::token_lanes::{Lane64, TokenLanes, LANES};
 use std::arch::x86_64::*;
@@ -183,13 +183,13 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
                 for b in 0..bands {
                     let group = p.group(r0 / GROUP_ROWS + b);
                     for i in 0..nb {
-                        let (blk, dst) = (&group[i * gbb..(i + 1) * gbb], cp.add((b * nb + i) * 2048));
+                        let (blk, dst) = (group[i * gbb..(i + 1) * gbb].as_ptr(), cp.add((b * nb + i) * 2048));
                         let m = meta.as_mut_ptr().add((b * nb + i) * BAND);
                         match k {
-                            Q5K => fill_band_packed::<Q5K>(blk, dst, m),
-                            Q3K => fill_band_packed::<Q3K>(blk, dst, m),
-                            Q2K => fill_band_packed::<Q2K>(blk, dst, m),
-                            _ => fill_band_packed::<IQ4XS>(blk, dst, m),
+                            Q5K => fill_q5k(blk, dst, m),
+                            Q3K => fill_q3k(blk, dst, m),
+                            Q2K => fill_q2k(blk, dst, m),
+                            _ => fill_iq4xs(blk, dst, m),
                         }
                     }
                 }
@@ -298,23 +298,6 @@ unsafe fn fill_band<const K: u8>(src: *const u8, rb: usize, live: usize, dst: *m
     put_band(&regs, dst);
 }
 
-/// [`fill_band`] from a packing (`repack_k.rs`): the band is the 8 rows of one group, each
-/// row's source block copied out of the group-super-block `g` (the same bytes), so that a
-/// packed matrix's prefill never touches the file's bytes.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fill_band_packed<const K: u8>(g: &[u8], dst: *mut u8, m: *mut Meta) {
-    let regs: [[__m256i; 8]; BAND] = std::array::from_fn(|r| {
-        let m = &mut *m.add(r);
-        match K {
-            Q5K => fill_row::<K>(q5k_source_block(g, r).as_ptr(), m),
-            Q3K => fill_row::<K>(q3k_source_block(g, r).as_ptr(), m),
-            Q2K => fill_row::<K>(q2k_source_block(g, r).as_ptr(), m),
-            _ => fill_row::<K>(iq4xs_source_block(g, r).as_ptr(), m),
-        }
-    });
-    put_band(&regs, dst);
-}
-
 /// Stores a band's decoded rows (`regs[r]`: row `r`'s 8 registers of 32 codes) as a code
 /// block: per register the 8 rows' words transposed, so that each 4-element group of the block
 /// leaves in one 32-byte store.
@@ -328,13 +311,6 @@ unsafe fn put_band(regs: &[[__m256i; 8]; BAND], dst: *mut u8) {
             _mm256_storeu_si256(dst.add((8 * g + j) * 32) as *mut __m256i, *w);
         }
     }
-}
-
-/// Writes 8 codes (`u`, elements `e0..e0 + 8` of row `r`) into a code block.
-#[inline(always)]
-unsafe fn put8(dst: *mut u8, r: usize, e0: usize, u: u64) {
-    (dst.add(code_at(r, e0)) as *mut u32).write_unaligned(u as u32);
-    (dst.add(code_at(r, e0 + 4)) as *mut u32).write_unaligned((u >> 32) as u32);
 }
 
 /// i16 pair `(lo, hi)` as one i32 (low half `lo`).
@@ -391,33 +367,25 @@ unsafe fn fill_row<const K: u8>(src: *const u8, m: &mut Meta) -> [__m256i; 8] {
     q
 }
 
-/// The 4 rows' 8-byte pieces of a packed register (`HALF_ROWS[h]` order).
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn pieces(v: __m256i) -> [u64; 4] {
-    let mut w = [0u64; 4];
-    _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, v);
-    w
-}
-
 /// One packed Q4_K group-super-block (8 rows, `repack_k.rs`) → a code block and 8 metas.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill_q4k(b: *const u8, dst: *mut u8, m: *mut Meta) {
     let m4 = _mm256_set1_epi8(0x0F);
     for c in 0..4 {
-        for h in 0..2 {
-            for k in 0..4 {
-                let w = _mm256_loadu_si256(b.add(q4k_reg(c, k, h)) as *const __m256i);
-                let lo = pieces(_mm256_and_si256(w, m4));
-                let hi = pieces(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4));
-                for j in 0..4 {
-                    let r = HALF_ROWS[h][j];
-                    put8(dst, r, 64 * c + 8 * k, lo[j]);
-                    put8(dst, r, 64 * c + 32 + 8 * k, hi[j]);
-                }
-            }
+        for k in 0..4 {
+            let w: [__m256i; 2] = std::array::from_fn(|h| _mm256_loadu_si256(b.add(q4k_reg(c, k, h)) as *const __m256i));
+            // A row's 8 bytes are elements 64c + 8k..+8 (low nibbles), 64c + 32 + 8k..+8 (high).
+            put_halves(dst, w.map(|w| _mm256_and_si256(w, m4)), 16 * c + 2 * k, 16 * c + 2 * k + 1);
+            put_halves(dst, w.map(|w| _mm256_and_si256(_mm256_srli_epi16(w, 4), m4)), 16 * c + 8 + 2 * k, 16 * c + 8 + 2 * k + 1);
         }
     }
+    q4k_metas(b, m);
+}
+
+/// The 8 metas of a packed Q4_K / Q5_K group-super-block (`d`, `dmin`, the unpacked scales and
+/// mins, where both formats keep them).
+#[inline]
+unsafe fn q4k_metas(b: *const u8, m: *mut Meta) {
     let bs = std::slice::from_raw_parts(b, Q4K_P_QS);
     for r in 0..GROUP_ROWS {
         let mr = &mut *m.add(r);
@@ -434,33 +402,185 @@ unsafe fn fill_q4k(b: *const u8, dst: *mut u8, m: *mut Meta) {
     }
 }
 
+/// One packed Q5_K group-super-block (8 rows, `repack_k.rs`) → a code block of `u = nibble +
+/// 16·fifth bit` and 8 metas: each piece's two half registers, with the fifth bits from the
+/// piece's register, leave by [`put_halves`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_q5k(b: *const u8, dst: *mut u8, m: *mut Meta) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ld = |at: usize| _mm256_loadu_si256(b.add(at) as *const __m256i);
+    for k in 0..4 {
+        // Bit 2c of byte i: the fifth bit of element 64c + 8k + i; bit 2c + 1 of 64c + 32 + 8k + i.
+        let qh = [ld(q5k_qh_reg(k, 0)), ld(q5k_qh_reg(k, 1))];
+        for c in 0..4 {
+            let w = [ld(q5k_reg(c, k, 0)), ld(q5k_reg(c, k, 1))];
+            let lo: [__m256i; 2] = std::array::from_fn(|h| _mm256_or_si256(_mm256_and_si256(w[h], m4), bit_to(qh[h], 2 * c, 4)));
+            let hi: [__m256i; 2] =
+                std::array::from_fn(|h| _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w[h], 4), m4), bit_to(qh[h], 2 * c + 1, 4)));
+            // A row's 8 bytes are elements 64c + 8k..+8 (low nibbles), 64c + 32 + 8k..+8 (high).
+            put_halves(dst, lo, 16 * c + 2 * k, 16 * c + 2 * k + 1);
+            put_halves(dst, hi, 16 * c + 8 + 2 * k, 16 * c + 8 + 2 * k + 1);
+        }
+    }
+    debug_assert_eq!(Q5K_P_QH, Q4K_P_QS, "Q5_K keeps Q4_K's head");
+    q4k_metas(b, m);
+}
+
+/// Two registers of codes in the packing's halves (`v[h]`: rows `HALF_ROWS[h]`, 8 bytes each,
+/// whose first 4 are the code block's 4-element group `ga`, the last 4 of group `gb`) → groups
+/// `ga` and `gb` of the code block (8 rows' 4 bytes in row order), one 32-byte store each: per
+/// 128-bit lane, words 0 and 2 (1 and 3) of both halves are rows `0, 1, 2, 3` (lane 1: `4..8`)
+/// of `ga` (`gb`).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn put_halves(dst: *mut u8, v: [__m256i; 2], ga: usize, gb: usize) {
+    debug_assert_eq!(HALF_ROWS, [[0, 1, 4, 5], [2, 3, 6, 7]]);
+    let (x, y) = (_mm256_castsi256_ps(v[0]), _mm256_castsi256_ps(v[1]));
+    debug_assert!(code_at(0, 4 * ga) == 32 * ga && code_at(0, 4 * gb) == 32 * gb);
+    _mm256_storeu_si256(dst.add(32 * ga) as *mut __m256i, _mm256_castps_si256(_mm256_shuffle_ps::<0b10_00_10_00>(x, y)));
+    _mm256_storeu_si256(dst.add(32 * gb) as *mut __m256i, _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(x, y)));
+}
+
+/// Bit `from` of every byte of `v` moved to bit `to`, the other bits cleared.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn bit_to(v: __m256i, from: usize, to: usize) -> __m256i {
+    let moved = if from >= to {
+        _mm256_srl_epi16(v, _mm_cvtsi32_si128((from - to) as i32))
+    } else {
+        _mm256_sll_epi16(v, _mm_cvtsi32_si128((to - from) as i32))
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(1 << to))
+}
+
+/// One packed Q3_K group-super-block (8 rows, `repack_k.rs`) → a code block of the signed `q =
+/// crumb + 4·high bit − 4` and 8 metas (scales as the i16 pair `(sc, 0)`, [`i16_sums`]): each
+/// piece's two half registers leave by [`put_halves`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_q3k(b: *const u8, dst: *mut u8, m: *mut Meta) {
+    let m3 = _mm256_set1_epi8(3);
+    let b4 = _mm256_set1_epi8(4);
+    let ld = |at: usize| _mm256_loadu_si256(b.add(at) as *const __m256i);
+    for k in 0..4 {
+        // Bit 4n + j of an `hmask` byte: the high bit of element 128n + 32j + l.
+        let hm = [ld(q3k_hm_reg(k, 0)), ld(q3k_hm_reg(k, 1))];
+        for n in 0..2 {
+            let w = [ld(q3k_reg(n, k, 0)), ld(q3k_reg(n, k, 1))];
+            for j in 0..4 {
+                let q: [__m256i; 2] = std::array::from_fn(|h| {
+                    let crumb = _mm256_and_si256(_mm256_srl_epi16(w[h], _mm_cvtsi32_si128(2 * j as i32)), m3);
+                    _mm256_sub_epi8(_mm256_or_si256(crumb, bit_to(hm[h], 4 * n + j, 2)), b4)
+                });
+                // A row's piece: its bytes l = 4k..4k + 4, then l = 16 + 4k..16 + 4k + 4.
+                put_halves(dst, q, 32 * n + 8 * j + k, 32 * n + 8 * j + 4 + k);
+            }
+        }
+    }
+    let bs = std::slice::from_raw_parts(b, Q3K_P_SC + 128);
+    for r in 0..GROUP_ROWS {
+        let mr = &mut *m.add(r);
+        *mr = META0;
+        mr.d = f16_at(bs, 2 * r);
+        for j in 0..16 {
+            mr.sc[j] = pair(bs[Q3K_P_SC + 16 * (j / 2) + 2 * r + j % 2] as i8 as i32, 0);
+        }
+    }
+}
+
+/// One packed Q2_K group-super-block (8 rows, one per 4-byte lane) → a code block of the crumbs
+/// and 8 metas. Register `k` holds the rows' `qs[4k..4k + 4]`; its crumb `j` is, lane by lane,
+/// the code block's 4-element group of elements `128n + 32j + 4(k mod 8)..+4` (`n = k / 8`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_q2k(b: *const u8, dst: *mut u8, m: *mut Meta) {
+    let m3 = _mm256_set1_epi8(3);
+    for k in 0..16 {
+        let w = _mm256_loadu_si256(b.add(Q2K_P_QS + 32 * k) as *const __m256i);
+        for j in 0..4 {
+            let e = 128 * (k / 8) + 32 * j + 4 * (k % 8);
+            debug_assert_eq!(code_at(0, e), e / 4 * 32);
+            let crumb = _mm256_and_si256(_mm256_srl_epi16(w, _mm_cvtsi32_si128(2 * j as i32)), m3);
+            _mm256_storeu_si256(dst.add(e / 4 * 32) as *mut __m256i, crumb);
+        }
+    }
+    let bs = std::slice::from_raw_parts(b, Q2K_P_QS);
+    for r in 0..GROUP_ROWS {
+        let mr = &mut *m.add(r);
+        *mr = META0;
+        mr.d = f16_at(bs, 2 * r);
+        mr.dmin = f16_at(bs, 16 + 2 * r);
+        let byte = |j: usize| bs[Q2K_P_SC + 16 * (j / 2) + 2 * r + j % 2];
+        for j in 0..16 {
+            mr.sc[j] = (byte(j) & 0xF) as i32;
+        }
+        for p in 0..8 {
+            mr.cp[p] = pair((byte(2 * p) >> 4) as i32, (byte(2 * p + 1) >> 4) as i32);
+        }
+    }
+}
+
+/// One packed IQ4_XS group-super-block (8 rows, one per 4-byte lane) → a code block of the
+/// table values and 8 metas. Register `4j + k` holds the rows' `qs[16j + 4k..+4]`: its low
+/// nibbles are, lane by lane, the code block's group of elements `32j + 4k..+4`, its high
+/// ones of `32j + 16 + 4k..+4`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_iq4xs(b: *const u8, dst: *mut u8, m: *mut Meta) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    for j in 0..8 {
+        for k in 0..4 {
+            let w = _mm256_loadu_si256(b.add(IQ4XS_P_QS + 32 * (4 * j + k)) as *const __m256i);
+            let (lo, hi) = (32 * j + 4 * k, 32 * j + 16 + 4 * k);
+            debug_assert_eq!(code_at(0, hi), hi / 4 * 32);
+            _mm256_storeu_si256(dst.add(lo / 4 * 32) as *mut __m256i, _mm256_shuffle_epi8(lut, _mm256_and_si256(w, m4)));
+            let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+            _mm256_storeu_si256(dst.add(hi / 4 * 32) as *mut __m256i, _mm256_shuffle_epi8(lut, high));
+        }
+    }
+    let bs = std::slice::from_raw_parts(b, IQ4XS_P_QS);
+    for r in 0..GROUP_ROWS {
+        let mr = &mut *m.add(r);
+        *mr = META0;
+        mr.d = f16_at(bs, 2 * r);
+        for j in 0..8 {
+            mr.sc[j] = bs[IQ4XS_P_SC + 8 * j + r] as i8 as i32;
+        }
+    }
+}
+
 /// One packed Q6_K group-super-block (8 rows; codes `u = q + 32`) → a code block of `q` and 8 metas.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill_q6k(b: *const u8, dst: *mut u8, m: *mut Meta) {
     let m4 = _mm256_set1_epi8(0x0F);
     let m30 = _mm256_set1_epi8(0x30);
     for c in 0..4 {
-        for h in 0..2 {
-            for kk in 0..2 {
-                // qh_kk, ql_{2kk}, ql_{2kk+1}: pieces m = 2kk (qh bits 0..4) and 2kk + 1 (bits 4..8).
-                let qh = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * kk, h)) as *const __m256i);
-                let w0 = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * kk + 1, h)) as *const __m256i);
-                let w1 = _mm256_loadu_si256(b.add(q6k_reg(c, 3 * kk + 2, h)) as *const __m256i);
-                let lo0 = _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-                let hi0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-                let lo1 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(qh, m30));
-                let hi1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-                let q = |u: __m256i| pieces(_mm256_sub_epi8(u, _mm256_set1_epi8(32)));
-                let (lo0, hi0, lo1, hi1) = (q(lo0), q(hi0), q(lo1), q(hi1));
-                for j in 0..4 {
-                    let r = HALF_ROWS[h][j];
-                    let (ma, mb) = (2 * kk, 2 * kk + 1);
-                    put8(dst, r, 64 * c + 8 * ma, lo0[j]);
-                    put8(dst, r, 64 * c + 32 + 8 * ma, hi0[j]);
-                    put8(dst, r, 64 * c + 8 * mb, lo1[j]);
-                    put8(dst, r, 64 * c + 32 + 8 * mb, hi1[j]);
-                }
-            }
+        for kk in 0..2 {
+            // qh_kk, ql_{2kk}, ql_{2kk+1}: pieces m = 2kk (qh bits 0..4) and 2kk + 1 (bits 4..8).
+            let ld = |j: usize| -> [__m256i; 2] { std::array::from_fn(|h| _mm256_loadu_si256(b.add(q6k_reg(c, j, h)) as *const __m256i)) };
+            let (qh, w0, w1) = (ld(3 * kk), ld(3 * kk + 1), ld(3 * kk + 2));
+            let k32 = _mm256_set1_epi8(32);
+            let lo0: [__m256i; 2] = std::array::from_fn(|h| {
+                _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(w0[h], m4), _mm256_and_si256(_mm256_slli_epi16(qh[h], 4), m30)), k32)
+            });
+            let hi0: [__m256i; 2] = std::array::from_fn(|h| {
+                _mm256_sub_epi8(
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0[h], 4), m4), _mm256_and_si256(_mm256_slli_epi16(qh[h], 2), m30)),
+                    k32,
+                )
+            });
+            let lo1: [__m256i; 2] =
+                std::array::from_fn(|h| _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(w1[h], m4), _mm256_and_si256(qh[h], m30)), k32));
+            let hi1: [__m256i; 2] = std::array::from_fn(|h| {
+                _mm256_sub_epi8(
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1[h], 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh[h], 2), m30)),
+                    k32,
+                )
+            });
+            // Piece m's 8 bytes are elements 64c + 8m..+8 (low nibbles), 64c + 32 + 8m..+8 (high).
+            let (ma, mb) = (2 * kk, 2 * kk + 1);
+            put_halves(dst, lo0, 16 * c + 2 * ma, 16 * c + 2 * ma + 1);
+            put_halves(dst, hi0, 16 * c + 8 + 2 * ma, 16 * c + 8 + 2 * ma + 1);
+            put_halves(dst, lo1, 16 * c + 2 * mb, 16 * c + 2 * mb + 1);
+            put_halves(dst, hi1, 16 * c + 8 + 2 * mb, 16 * c + 8 + 2 * mb + 1);
         }
     }
     let bs = std::slice::from_raw_parts(b, Q6K_P_Q);

@@ -6,9 +6,8 @@
 use crate::common;
 use common::*;
 use engram_kernels::dispatch::{
-    default_token_lane_min, kernel_path, packs, table_row, token_lane_min, wide_one_token, CpuModel, AVX2_KERNEL_PACKINGS, MEASURED_PACKINGS,
-    TABLE,
-    TOKEN_LANE_MIN, TOKEN_LANE_MIN_PACKED,
+    default_token_lane_min, kernel_path, packs, table_row, token_lane_min, wide_one_token, CpuModel, AVX2_KERNEL_PACKINGS,
+    MEASURED_PACKINGS, TABLE, TOKEN_LANE_MIN, TOKEN_LANE_MIN_PACKED,
 };
 use engram_kernels::internal::{matmul_with, Isa};
 use engram_kernels::*;
