@@ -124,7 +124,8 @@ pub const TABLE: &[TableRow] = &[
         family: 0x6,
         models: &[0xcf..=0xcf],
         // Every format runs the best path (`avx512`); the row sets the token-lane thresholds of
-        // IQ3_S and packed Q4_K / Q6_K and which one-token packed calls take the 512-bit kernels.
+        // IQ3_S and the packed K formats, which one-token packed calls take the 512-bit kernels
+        // and which formats with AVX2 packed kernels only are packed.
         choices: &[],
         // IQ3_S: the gathered-row tiles (`avx512_iq3`, 4-token passes) ran 8 / 9 / 10 / 11
         // tokens at 54.7-57.1 / 68.5-69.0 / 62.8-63.0 / 59.7-59.9 ns per 2048-column row-token,
@@ -133,7 +134,20 @@ pub const TABLE: &[TableRow] = &[
         // VNNI kernels ran 15.8-17.0 / 23.1-25.3 ns per row-token at 16-48 tokens, the token
         // lanes 22.3-27.8 / 29.4-29.6 at 16, 31.4-31.8 / 37.9-38.6 at 17, 22.4 / 27.0-27.4 at 24,
         // 17.0-17.4 / 20.7-21.0 at 32 and 15.5-15.8 / 17.9-18.0 at 48 (1 thread, CPU time).
-        token_lane_min: &[(DType::IQ3S, 11), (DType::Q4K, 48), (DType::Q6K, 32)],
+        // Packed Q5_K / Q3_K / Q2_K / IQ4_XS (this row packs them): the AVX2 packed kernels ran
+        // 30.6-33.4 / 36.3-37.8 / 27.1-28.3 / 39.5-40.7 ns per row-token at 8-48 tokens, the
+        // token lanes from the packing 34.9 / 41.6 / 41.2 / 43.6 at 8, 28.1 / 33.6 / 33.6 / 35.3
+        // at 10, 23.9 / 28.3 / 28.2 / 29.8 at 12 and 20.9 / 24.6 / 24.6 / 25.8 at 14 (1 thread,
+        // CPU time, least of two rounds).
+        token_lane_min: &[
+            (DType::IQ3S, 11),
+            (DType::Q4K, 48),
+            (DType::Q6K, 32),
+            (DType::Q5K, 10),
+            (DType::Q3K, 10),
+            (DType::Q2K, 13),
+            (DType::IQ4XS, 10),
+        ],
         f16_chunk_kib: None,
         // One token from DRAM (32768 × 16384 matrices, 2 threads, least of 5, three rounds), ns
         // per row, AVX2 kernels → 512-bit: Q4_0 685-807 → 488-560, Q4_1 762-982 → 549-586,
