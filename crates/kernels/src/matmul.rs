@@ -20,21 +20,23 @@
 //!   place).
 //! * Exception, `Isa::Avx2` or `Isa::Avx512` ([`Isa::runs_packed`]) with a [`crate::Packed`]
 //!   matrix (Q4_0/Q8_0/Q4_1/IQ4_NL/Q4_K/Q6_K repacked at load; Q5_0/Q5_1/MXFP4/IQ4_XS/Q2_K/Q5_K/Q3_K
-//!   on AVX2 only, Q5_K/Q3_K where the dispatch table says; IQ4_XS / Q2_K / Q5_K calls of ≥ 64
-//!   tokens take the panel below, from the packing): chunks are multiples of 8 rows and go whole to `simd::avx2_packed::run_rows` (8 rows × ≤ 4 tokens
+//!   on AVX2, Q5_K/Q3_K where the dispatch table says, and on AVX-512 where the table's row
+//!   names them, `dispatch::packs`; on AVX2 IQ4_XS / Q2_K / Q5_K calls of ≥ 64 tokens take the
+//!   panel below, from the packing): chunks are multiples of 8 rows and go whole to `simd::avx2_packed::run_rows` (8 rows × ≤ 4 tokens
 //!   per call) or, on `Isa::Avx512` with 2 or more tokens of a format `simd::avx512_packed::takes`,
 //!   to `simd::avx512_packed::run_rows` (VNNI, 8 rows × ≤ 8 tokens per
 //!   call, the weights unpacked once per call for all of them; one-token calls stay on the AVX2
 //!   kernels, which stream from DRAM faster on Zen 4, unless the CPU's table row names the
 //!   format in `dispatch::wide_one_token`); both bitwise the scalar reference's result.
 //!
-//! * Exception, `Isa::Avx512`/`Amx` with Q5_K/Q3_K/Q2_K/IQ4_XS, or `Isa::Avx512` with packed
-//!   Q4_K/Q6_K, and enough tokens (`simd::vnni_k::takes`: from `dispatch::token_lane_min`,
+//! * Exception, `Isa::Avx512`/`Amx` with Q5_K/Q3_K/Q2_K/IQ4_XS (packed or not), or `Isa::Avx512`
+//!   with packed Q4_K/Q6_K, and enough tokens (`simd::vnni_k::takes`: from `dispatch::token_lane_min`,
 //!   measured per CPU): chunks of whole 8-row bands go to
-//!   `simd::vnni_k::run_rows`, which decodes them once into byte codes and sweeps 16-token
+//!   `simd::vnni_k::run_rows`, which decodes them once (from the packing if there is one)
+//!   into byte codes and sweeps 16-token
 //!   groups over them with VNNI (bitwise the scalar reference, as the decode kernels).
 //! * Exception, Q5_K/Q3_K/Q2_K/IQ4_XS and ≥ 8 tokens on `Isa::Avx2`, or on `Isa::Avx512`/`Amx`
-//!   below the token-lane threshold (`simd::k_panel::takes`): chunks (sized so their decoded panel stays in L2) go whole to
+//!   below the token-lane threshold, unpacked (`simd::k_panel::takes`): chunks (sized so their decoded panel stays in L2) go whole to
 //!   `simd::k_panel::run_rows`, which decodes the chunk's weights once and sweeps every token
 //!   over them (bitwise the decode tiles' result).
 //!
