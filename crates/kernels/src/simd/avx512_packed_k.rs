@@ -1,4 +1,4 @@
-//! AVX-512 kernels over Q4_K and Q6_K [`Packed`] weights (layout: `repack_k.rs`, the one
+//! AVX-512 kernels over Q4_K, Q5_K and Q6_K [`Packed`] weights (layout: `repack_k.rs`, the one
 //! `avx2_packed_k.rs` streams): 8 rows × 2 to 8 tokens per call, in 512-bit registers (all 8
 //! rows of a piece in one register). The matmul sends one-token calls to `avx2_packed_k` unless
 //! the CPU's table row names the format in `dispatch::wide_one_token`: here the compiler may
@@ -32,7 +32,7 @@ use crate::blocks::QK_K;
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{q4k_reg, q6k_reg, HALF_ROWS, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
+use crate::repack_k::{q4k_reg, q5k_qh_reg, q5k_reg, q6k_reg, HALF_ROWS, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -41,7 +41,7 @@ pub(crate) const MAX_TOKENS: usize = 8;
 /// Computes output rows `r0..r1` (multiples of 8) for every token of the call.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C available; `p` is the (Q4_K or Q6_K) packing of
+/// AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C available; `p` is the (Q4_K, Q5_K or Q6_K) packing of
 /// `c.w`, `a` its prepared activations; no other thread writes those rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
@@ -53,23 +53,24 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
             let gp = p.group(g).as_ptr();
             let out = c.out.add(t0 * c.ldo + g * GROUP_ROWS);
             macro_rules! by_nt {
-                ($f:ident) => {
+                ($f:ident $(, $x:expr)?) => {
                     match nt {
-                        1 => $f::<1>(gp, a, t0, out, c.ldo),
-                        2 => $f::<2>(gp, a, t0, out, c.ldo),
-                        3 => $f::<3>(gp, a, t0, out, c.ldo),
-                        4 => $f::<4>(gp, a, t0, out, c.ldo),
-                        5 => $f::<5>(gp, a, t0, out, c.ldo),
-                        6 => $f::<6>(gp, a, t0, out, c.ldo),
-                        7 => $f::<7>(gp, a, t0, out, c.ldo),
-                        _ => $f::<8>(gp, a, t0, out, c.ldo),
+                        1 => $f::<1 $(, $x)?>(gp, a, t0, out, c.ldo),
+                        2 => $f::<2 $(, $x)?>(gp, a, t0, out, c.ldo),
+                        3 => $f::<3 $(, $x)?>(gp, a, t0, out, c.ldo),
+                        4 => $f::<4 $(, $x)?>(gp, a, t0, out, c.ldo),
+                        5 => $f::<5 $(, $x)?>(gp, a, t0, out, c.ldo),
+                        6 => $f::<6 $(, $x)?>(gp, a, t0, out, c.ldo),
+                        7 => $f::<7 $(, $x)?>(gp, a, t0, out, c.ldo),
+                        _ => $f::<8 $(, $x)?>(gp, a, t0, out, c.ldo),
                     }
                 };
             }
             match p.dtype() {
-                DType::Q4K => by_nt!(q4k_group),
+                DType::Q4K => by_nt!(q4k_group, false),
+                DType::Q5K => by_nt!(q4k_group, true),
                 DType::Q6K => by_nt!(q6k_group),
-                _ => unreachable!("only Q4_K / Q6_K are packed as K-quants"),
+                _ => unreachable!("only Q4_K / Q5_K / Q6_K take these kernels"),
             }
         }
         t0 += nt;
@@ -112,19 +113,23 @@ const REG_ROWS: [usize; 8] = [
     HALF_ROWS[1][3],
 ];
 
-/// Q4_K, one 8-row group, NT tokens. Per chunk `c` and piece `m` one 512-bit register holds
-/// all 8 rows' 8 bytes ([`q4k_reg`]`(c, m, 0..2)`, adjacent), so per token one `vpdpbusd`
-/// against the activation's 8 bytes broadcast to every 64-bit lane covers 8 rows × 8 values
-/// of a sub-block. A dword sums a row's 16 products of one sub-block over the 4 pieces
+/// Q4_K (`FIFTH`: Q5_K), one 8-row group, NT tokens. Per chunk `c` and piece `m` one 512-bit
+/// register holds all 8 rows' 8 bytes ([`q4k_reg`]`(c, m, 0..2)`, adjacent), so per token one
+/// `vpdpbusd` against the activation's 8 bytes broadcast to every 64-bit lane covers 8 rows × 8
+/// values of a sub-block. A dword sums a row's 16 products of one sub-block over the 4 pieces
 /// (|Σ| ≤ 16·15·128 = 30,720, exact as an i16), so one `vpmaddwd` with the scales applies the
-/// sub-block scale. The mins' term is formed per token after the chunks, from the scale bytes'
-/// mins and the tokens' block sums, while the nibble registers are no longer live (8 tokens'
-/// sums and accumulators fit the 32 registers).
+/// sub-block scale. Q5_K ORs each piece's fifth bits (its register of the rows' `qh` bytes,
+/// [`q5k_qh_reg`], bit `2c` / `2c + 1` to bit 4) into the nibbles; its values reach 31, so a
+/// dword sums 2 pieces (|Σ| ≤ 8·31·128 = 31,744) and each sub-block takes two `vpmaddwd`. The
+/// mins' term is formed per token after the chunks, from the scale bytes' mins and the tokens'
+/// block sums, while the nibble registers are no longer live (8 tokens' sums and accumulators
+/// fit the 32 registers).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+unsafe fn q4k_group<const NT: usize, const FIFTH: bool>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
     let nb = a.blocks_per_row;
-    let gbb = group_block_bytes(DType::Q4K);
+    let gbb = group_block_bytes(if FIFTH { DType::Q5K } else { DType::Q4K });
     let m4 = _mm512_set1_epi8(0x0F);
+    let b16 = _mm512_set1_epi8(0x10);
     let ones = _mm256_set1_epi16(1);
     let ctrl_lo = _mm_loadu_si128(Q4K_CTRL[0].as_ptr() as *const __m128i);
     let ctrl_hi = _mm_loadu_si128(Q4K_CTRL[1].as_ptr() as *const __m128i);
@@ -135,6 +140,12 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
             group_block_ahead::<AHEAD_K>(b, gbb);
         }
         let mut isum = [_mm512_setzero_si512(); NT];
+        let mut qh = [_mm512_setzero_si512(); 4];
+        if FIFTH {
+            for (m, qh) in qh.iter_mut().enumerate() {
+                *qh = _mm512_loadu_si512(b.add(q5k_qh_reg(m, 0)) as *const __m512i);
+            }
+        }
         for c in 0..4 {
             let sc = _mm_loadu_si128(b.add(Q4K_P_SC + 16 * c) as *const __m128i);
             let slo = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(sc, ctrl_lo));
@@ -142,19 +153,38 @@ unsafe fn q4k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
             let mut lo = [_mm512_setzero_si512(); 4];
             let mut hi = [_mm512_setzero_si512(); 4];
             for m in 0..4 {
-                let w = _mm512_loadu_si512(b.add(q4k_reg(c, m, 0)) as *const __m512i);
+                let at = if FIFTH { q5k_reg(c, m, 0) } else { q4k_reg(c, m, 0) };
+                let w = _mm512_loadu_si512(b.add(at) as *const __m512i);
                 lo[m] = _mm512_and_si512(w, m4);
                 hi[m] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                if FIFTH {
+                    // Bit 2c of a `qh` byte is the fifth bit of its low-nibble element, bit 2c + 1
+                    // of its high-nibble one: both moved to bit 4.
+                    let q = _mm512_srl_epi16(qh[m], _mm_cvtsi32_si128(2 * c as i32));
+                    lo[m] = _mm512_or_si512(lo[m], _mm512_and_si512(_mm512_slli_epi16(q, 4), b16));
+                    hi[m] = _mm512_or_si512(hi[m], _mm512_and_si512(_mm512_slli_epi16(q, 3), b16));
+                }
             }
             for t in 0..NT {
                 let xp = a.qs.as_ptr().add(((t0 + t) * nb + i) * QK_K + 64 * c);
-                let mut plo = _mm512_setzero_si512();
-                let mut phi = _mm512_setzero_si512();
-                for m in 0..4 {
-                    plo = _mm512_dpbusd_epi32(plo, lo[m], bcast8(xp.add(8 * m)));
-                    phi = _mm512_dpbusd_epi32(phi, hi[m], bcast8(xp.add(32 + 8 * m)));
-                }
-                let s = _mm512_add_epi32(_mm512_madd_epi16(plo, slo), _mm512_madd_epi16(phi, shi));
+                let s = if FIFTH {
+                    // Two pieces per dword (values up to 31).
+                    let mut p = [_mm512_setzero_si512(); 4];
+                    for m in 0..4 {
+                        p[m / 2] = _mm512_dpbusd_epi32(p[m / 2], lo[m], bcast8(xp.add(8 * m)));
+                        p[2 + m / 2] = _mm512_dpbusd_epi32(p[2 + m / 2], hi[m], bcast8(xp.add(32 + 8 * m)));
+                    }
+                    let slo2 = _mm512_add_epi32(_mm512_madd_epi16(p[0], slo), _mm512_madd_epi16(p[1], slo));
+                    _mm512_add_epi32(slo2, _mm512_add_epi32(_mm512_madd_epi16(p[2], shi), _mm512_madd_epi16(p[3], shi)))
+                } else {
+                    let mut plo = _mm512_setzero_si512();
+                    let mut phi = _mm512_setzero_si512();
+                    for m in 0..4 {
+                        plo = _mm512_dpbusd_epi32(plo, lo[m], bcast8(xp.add(8 * m)));
+                        phi = _mm512_dpbusd_epi32(phi, hi[m], bcast8(xp.add(32 + 8 * m)));
+                    }
+                    _mm512_add_epi32(_mm512_madd_epi16(plo, slo), _mm512_madd_epi16(phi, shi))
+                };
                 isum[t] = _mm512_add_epi32(isum[t], s);
             }
         }
