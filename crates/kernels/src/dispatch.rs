@@ -134,12 +134,12 @@ pub const TABLE: &[TableRow] = &[
         // VNNI kernels ran 15.8-17.0 / 23.1-25.3 ns per row-token at 16-48 tokens, the token
         // lanes 22.3-27.8 / 29.4-29.6 at 16, 31.4-31.8 / 37.9-38.6 at 17, 22.4 / 27.0-27.4 at 24,
         // 17.0-17.4 / 20.7-21.0 at 32 and 15.5-15.8 / 17.9-18.0 at 48 (1 thread, CPU time).
-        // Packed Q3_K / Q2_K / IQ4_XS (this row packs them): the AVX2 packed kernels ran 36.3-37.8
-        // / 27.1-28.3 / 39.5-40.7 ns per row-token at 8-48 tokens, the token lanes from the
-        // packing 41.6 / 41.2 / 43.6 at 8, 33.6 / 33.6 / 35.3 at 10, 28.3 / 28.2 / 29.8 at 12 and
-        // 24.6 / 24.6 / 25.8 at 14. Packed Q5_K: the 512-bit packed kernel 33.1 / 25.6 / 22.0 /
-        // 24.5 at 2 / 4 / 8 / 9 tokens, the token lanes 28.4 / 24.0 / 20.9 / 18.6 at 10 / 12 / 14
-        // / 16 (1 thread, CPU time, least of two rounds).
+        // Packed Q3_K / Q2_K (this row packs them): the AVX2 packed kernels ran 36.3-37.8 /
+        // 27.1-28.3 ns per row-token at 8-48 tokens, the token lanes from the packing 41.6 / 41.2
+        // at 8, 33.6 / 33.6 at 10, 28.3 / 28.2 at 12 and 24.6 / 24.6 at 14. Packed Q5_K / IQ4_XS:
+        // the 512-bit packed kernels 33.1 / 29.0 at 2 tokens, 25.6 / 23.5 at 4, 22.0 / 23.4 at 8,
+        // 24.5 / 23.0 at 9; the token lanes 28.4 / 35.7 at 10, 24.0 / 29.7 at 12, 20.9 / 25.8 at
+        // 14, 18.6 / 22.9 at 16 (1 thread, CPU time, least of two rounds).
         token_lane_min: &[
             (DType::IQ3S, 11),
             (DType::Q4K, 48),
@@ -147,7 +147,7 @@ pub const TABLE: &[TableRow] = &[
             (DType::Q5K, 14),
             (DType::Q3K, 10),
             (DType::Q2K, 13),
-            (DType::IQ4XS, 10),
+            (DType::IQ4XS, 16),
         ],
         f16_chunk_kib: None,
         // One token from DRAM (32768 × 16384 matrices, 2 threads, least of 5, three rounds), ns
@@ -155,9 +155,9 @@ pub const TABLE: &[TableRow] = &[
         // Q8_0 1243-1601 → 911-946, IQ4_NL 780-815 → 516-533, Q4_K 695-869 → 659-846, Q6_K
         // 937-1201 → 874-1061; the model's one-row step 49 → 34-43 ms (Q4_0), 77-89 → 64-69
         // (Q8_0); and 1.03-1.31x faster again with the prefetch on their one-token passes
-        // (`simd/prefetch.rs`). Q5_K (packed on this row): 681-741 → 518-557 (32768 × 16384),
-        // 95-99 → 62-63 (131072 × 2048).
-        wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q5K, DType::Q6K],
+        // (`simd/prefetch.rs`). Q5_K / IQ4_XS (packed on this row): 681-741 → 518-557 / 648-691
+        // → 364-413 (32768 × 16384), 95-99 → 62-63 / 90-91 → 50-56 (131072 × 2048).
+        wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q5K, DType::Q6K, DType::IQ4XS],
         // One token from DRAM (32768 × 16384, 2 threads, least of 5), ns per row, the 512-bit
         // tiles on the file's bytes → the AVX2 packed kernels: Q3_K 599 → 311, Q2_K 609 → 274,
         // IQ4_XS 778 → 641, Q5_K 824 → 684; at 2 / 4 / 7 tokens (8192 × 4096) 1.0-2.0x faster

@@ -33,7 +33,7 @@ use std::arch::x86_64::*;
 /// Whether these kernels take packed matrices of `dtype` (Q4_0 / Q8_0 / Q4_1 / IQ4_NL, and the
 /// K-quants through `avx512_packed_k`); other packings run the AVX2 kernels on AVX-512 CPUs.
 pub(crate) fn takes(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::IQ4NL | DType::Q4K | DType::Q5K | DType::Q6K)
+    matches!(dtype, DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::IQ4NL | DType::Q4K | DType::Q5K | DType::Q6K | DType::IQ4XS)
 }
 
 /// Largest token tile of one call (8 tokens' integer and float accumulators + the 8 unpacked

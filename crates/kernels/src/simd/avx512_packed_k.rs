@@ -1,4 +1,4 @@
-//! AVX-512 kernels over Q4_K, Q5_K and Q6_K [`Packed`] weights (layout: `repack_k.rs`, the one
+//! AVX-512 kernels over Q4_K, Q5_K, Q6_K and IQ4_XS [`Packed`] weights (layout: `repack_k.rs`, the one
 //! `avx2_packed_k.rs` streams): 8 rows × 2 to 8 tokens per call, in 512-bit registers (all 8
 //! rows of a piece in one register). The matmul sends one-token calls to `avx2_packed_k` unless
 //! the CPU's table row names the format in `dispatch::wide_one_token`: here the compiler may
@@ -28,11 +28,11 @@
 
 use super::prefetch::{group_block_ahead, AHEAD_K};
 use super::TileCtx;
-use crate::blocks::QK_K;
+use crate::blocks::{KVALUES_IQ4NL, QK_K};
 use crate::dtype::DType;
 use crate::quantize::ActQ8K;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
-use crate::repack_k::{q4k_reg, q5k_qh_reg, q5k_reg, q6k_reg, HALF_ROWS, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
+use crate::repack_k::{q4k_reg, q5k_qh_reg, q5k_reg, q6k_reg, HALF_ROWS, IQ4XS_P_QS, IQ4XS_P_SC, Q4K_P_MIN, Q4K_P_SC, Q6K_P_SC};
 use std::arch::x86_64::*;
 
 /// Largest token tile of one call.
@@ -41,7 +41,7 @@ pub(crate) const MAX_TOKENS: usize = 8;
 /// Computes output rows `r0..r1` (multiples of 8) for every token of the call.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C available; `p` is the (Q4_K, Q5_K or Q6_K) packing of
+/// AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C available; `p` is the (Q4_K, Q5_K, Q6_K or IQ4_XS) packing of
 /// `c.w`, `a` its prepared activations; no other thread writes those rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1: usize, n_tokens: usize) {
@@ -70,7 +70,8 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8K, p: &Packed, r0: usize, r1
                 DType::Q4K => by_nt!(q4k_group, false),
                 DType::Q5K => by_nt!(q4k_group, true),
                 DType::Q6K => by_nt!(q6k_group),
-                _ => unreachable!("only Q4_K / Q5_K / Q6_K take these kernels"),
+                DType::IQ4XS => by_nt!(iq4xs_group),
+                _ => unreachable!("only Q4_K / Q5_K / Q6_K / IQ4_XS take these kernels"),
             }
         }
         t0 += nt;
@@ -293,6 +294,65 @@ unsafe fn q6k_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: 
     for t in 0..NT {
         _mm256_storeu_ps(out.add(t * ldo), acc[t]);
     }
+}
+
+/// IQ4_XS, one 8-row group, NT tokens, one row per 32-bit lane (the AVX2 kernel's registers,
+/// `repack_k.rs`): per sub-block `j` its 4 registers' nibbles looked up as table value + 128
+/// (unsigned, one `vpshufb` each), per token 8 `vpdpbusd` against the activation's 4 bytes
+/// broadcast, in two chains; `Σ (w + 128)·x − 128·S_j = Σ w·x` (`S_j` the sub-block's
+/// activation sum, from the Q8_K block sums), then one `vpmulld` by the rows' scales
+/// `ls − 32`. Every partial sum is exact in i32: |Σ w·x| ≤ 32·127·128 < 2^19, times |ls − 32|
+/// ≤ 32, over 8 sub-blocks < 2^27. Then `acc += (d·d_x)·isum`, as the scalar reference.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4xs_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out: *mut f32, ldo: usize) {
+    let nb = a.blocks_per_row;
+    let gbb = group_block_bytes(DType::IQ4XS);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let lut = _mm512_castsi512_si256(super::avx512::table_plus_128(&KVALUES_IQ4NL));
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for i in 0..nb {
+        let b = gp.add(i * gbb);
+        if t0 == 0 {
+            group_block_ahead::<AHEAD_K>(b, gbb);
+        }
+        let mut isum = [_mm256_setzero_si256(); NT];
+        for j in 0..8 {
+            let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(IQ4XS_P_SC + 8 * j) as *const __m128i));
+            // u[k]: elements 32j + 4k..+4 (low nibbles); u[4 + k]: 32j + 16 + 4k..+4 (high).
+            let mut u = [_mm256_setzero_si256(); 8];
+            for k in 0..4 {
+                let v = _mm256_loadu_si256(b.add(IQ4XS_P_QS + 32 * (4 * j + k)) as *const __m256i);
+                u[k] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+                u[4 + k] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+            for t in 0..NT {
+                let ab = (t0 + t) * nb + i;
+                let xp = a.qs.as_ptr().add(ab * QK_K + 32 * j);
+                let bs = a.bsums.as_ptr().add(ab * 16 + 2 * j);
+                let mut s0 = _mm256_set1_epi32(-128 * (*bs as i32 + *bs.add(1) as i32));
+                let mut s1 = _mm256_setzero_si256();
+                for k in 0..4 {
+                    s0 = _mm256_dpbusd_epi32(s0, u[k], bcast4(xp.add(4 * k)));
+                    s1 = _mm256_dpbusd_epi32(s1, u[4 + k], bcast4(xp.add(16 + 4 * k)));
+                }
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc));
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        for t in 0..NT {
+            let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + i));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t])));
+        }
+    }
+    for t in 0..NT {
+        _mm256_storeu_ps(out.add(t * ldo), acc[t]);
+    }
+}
+
+/// 4 activation bytes at `p` (as one i32) in all 8 lanes.
+#[inline(always)]
+unsafe fn bcast4(p: *const i8) -> __m256i {
+    _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
 /// 8 activation bytes at `p` in all eight 64-bit lanes.

@@ -41,7 +41,7 @@ fn a_row_matches_only_the_cpus_it_names() {
         }
         // Only formats the 512-bit packed kernels take (always packed where AVX-512 runs).
         for d in r.wide_one_token {
-            let wide = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q5K, DType::Q6K];
+            let wide = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q5K, DType::Q6K, DType::IQ4XS];
             assert!(wide.contains(d), "{}: {d} has no 512-bit one-token packed kernel", r.name);
         }
     }
