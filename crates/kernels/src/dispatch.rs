@@ -193,10 +193,11 @@ pub const TABLE: &[TableRow] = &[
 /// measured on one CPU only.
 pub const MEASURED_PACKINGS: &[DType] = &[DType::Q5K, DType::Q3K];
 
-/// Formats whose only packed kernels are the AVX2 ones: the AVX-512 path packs them only where
-/// this CPU's row names them in `packs` (their calls below the token lanes then run the AVX2
-/// packed kernels, and the token lanes decode their panels from the packing); elsewhere it
-/// keeps its own tiles on the file's bytes.
+/// Formats the AVX-512 path packs only where this CPU's row names them in `packs`: their packed
+/// kernels there (the AVX2 ones; for Q5_K and IQ4_XS the 512-bit ones of `simd::avx512_packed_k`)
+/// were measured against the AVX-512 tiles on that row's CPU only. Packed, their calls below the
+/// token lanes run those kernels and the token lanes decode their panels from the packing;
+/// elsewhere the AVX-512 path keeps its own tiles on the file's bytes.
 pub const AVX2_KERNEL_PACKINGS: &[DType] = &[DType::Q5_0, DType::Q5_1, DType::MXFP4, DType::IQ4XS, DType::Q2K, DType::Q5K, DType::Q3K];
 
 /// Whether a loader packs `dtype` for the kernel path `isa` on this CPU as far as the table goes:

@@ -121,9 +121,8 @@ impl Packed {
     /// What a loader should attach to `w` on this machine: its packing when the matmul path
     /// reads packings ([`crate::simd::Isa::runs_packed`]: AVX2, AVX-512 without AMX),
     /// [`repack_enabled`], the shape packs and the dispatch table packs the format on this path
-    /// ([`crate::dispatch::packs`]: Q5_K / Q3_K only where this CPU's row names them; on AVX-512,
-    /// whose own packed kernels cover Q4_0 / Q8_0 / Q4_1 / IQ4_NL / Q4_K / Q6_K, the formats with
-    /// AVX2 packed kernels only likewise); else `None`.
+    /// ([`crate::dispatch::packs`]: Q5_K / Q3_K only where this CPU's row names them; on AVX-512
+    /// every format of [`crate::dispatch::AVX2_KERNEL_PACKINGS`] likewise); else `None`.
     pub fn for_this_cpu(w: &WeightMatrix) -> Option<Packed> {
         #[cfg(target_arch = "x86_64")]
         {
