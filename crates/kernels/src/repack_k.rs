@@ -151,7 +151,7 @@ pub(crate) fn group_block_bytes_k(dtype: DType) -> usize {
 
 /// Where sub-block `j`'s scale (or min) of row `r` sits in a block of scale pairs
 /// (`[p][r][j − 2p]`, 16 bytes per pair `p`): one 16-byte load widens to each row's pair.
-fn pair_at(r: usize, j: usize) -> usize {
+pub(crate) fn pair_at(r: usize, j: usize) -> usize {
     16 * (j / 2) + 2 * r + j % 2
 }
 

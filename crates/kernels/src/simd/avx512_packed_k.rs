@@ -26,6 +26,7 @@
 //! super-blocks in order, `acc` from +0.0, no fused multiply-add: bitwise the scalar path's and
 //! `avx2_packed_k`'s result, for any number of tokens in the call.
 
+use super::avx2_packed::bcast4;
 use super::prefetch::{group_block_ahead, AHEAD_K};
 use super::TileCtx;
 use crate::blocks::{KVALUES_IQ4NL, QK_K};
@@ -332,8 +333,8 @@ unsafe fn iq4xs_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out
                 let mut s0 = _mm256_set1_epi32(-128 * (*bs as i32 + *bs.add(1) as i32));
                 let mut s1 = _mm256_setzero_si256();
                 for k in 0..4 {
-                    s0 = _mm256_dpbusd_epi32(s0, u[k], bcast4(xp.add(4 * k)));
-                    s1 = _mm256_dpbusd_epi32(s1, u[4 + k], bcast4(xp.add(16 + 4 * k)));
+                    s0 = _mm256_dpbusd_epi32(s0, u[k], bcast4(xp, 4 * k));
+                    s1 = _mm256_dpbusd_epi32(s1, u[4 + k], bcast4(xp, 16 + 4 * k));
                 }
                 isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc));
             }
@@ -347,12 +348,6 @@ unsafe fn iq4xs_group<const NT: usize>(gp: *const u8, a: &ActQ8K, t0: usize, out
     for t in 0..NT {
         _mm256_storeu_ps(out.add(t * ldo), acc[t]);
     }
-}
-
-/// 4 activation bytes at `p` (as one i32) in all 8 lanes.
-#[inline(always)]
-unsafe fn bcast4(p: *const i8) -> __m256i {
-    _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
 /// 8 activation bytes at `p` in all eight 64-bit lanes.

@@ -3,9 +3,9 @@
 //!
 //! A chunk's rows are decoded **once per call** into a per-thread panel of byte codes, 8 rows
 //! interleaved 4 bytes at a time, with each row's sub-block scales as i32 — from the file's
-//! bytes, or from the matrix's packing where it has one (Q4_K / Q6_K always; Q5_K / Q3_K / Q2_K
-//! / IQ4_XS where the CPU's table row packs them, each row's block copied out of its group), so
-//! that a packed matrix's prefill never touches the file's bytes:
+//! bytes, or straight from the matrix's packing where it has one (Q4_K / Q6_K always; Q5_K /
+//! Q3_K / Q2_K / IQ4_XS where the CPU's table row packs them), so that a packed matrix's prefill
+//! never touches the file's bytes:
 //!
 //! * formats with mins (Q4_K 0..16, Q5_K 0..32, Q2_K 0..4): the codes as unsigned bytes, the
 //!   mins as i16 pairs; the activations as signed bytes;
@@ -33,13 +33,14 @@
 //! the call's token count.
 
 use super::avx2_k::{block_bytes, decode_block, iq3_dtype, KBlock, IQ3S, IQ3XXS, IQ4XS, Q2K, Q3K, Q5K};
+use super::avx2_q32::table;
 use super::{Acts, Isa, TileCtx};
 use crate::blocks::*;
 use crate::dtype::DType;
 use crate::repack::{group_block_bytes, Packed, GROUP_ROWS};
 use crate::repack_k::{
-    q3k_hm_reg, q3k_reg, q4k_reg, q5k_qh_reg, q5k_reg, q6k_reg, HALF_ROWS, IQ4XS_P_QS, IQ4XS_P_SC, Q2K_P_QS, Q2K_P_SC, Q3K_P_SC, Q4K_P_MIN,
-    Q4K_P_QS, Q4K_P_SC, Q5K_P_QH, Q6K_P_Q, Q6K_P_SC,
+    pair_at, q3k_hm_reg, q3k_reg, q4k_reg, q5k_qh_reg, q5k_reg, q6k_reg, HALF_ROWS, IQ4XS_P_QS, IQ4XS_P_SC, Q2K_P_QS, Q2K_P_SC, Q3K_P_SC,
+    Q4K_P_MIN, Q4K_P_QS, Q4K_P_SC, Q5K_P_QH, Q6K_P_Q, Q6K_P_SC,
 };
 use crate::token_lanes::{Lane64, TokenLanes, LANES};
 use std::arch::x86_64::*;
@@ -159,26 +160,8 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
             meta.resize(bands * nb * BAND, META0);
         }
         let cp = codes.as_mut_ptr() as *mut u8;
-        match k {
-            Q4K | Q6K => {
-                let p = packed.expect("Q4_K / Q6_K run here only packed");
-                for b in 0..bands {
-                    let g = r0 / GROUP_ROWS + b;
-                    let gp = p.group(g).as_ptr();
-                    for i in 0..nb {
-                        let blk = gp.add(i * group_block_bytes(c.w.dtype));
-                        let dst = cp.add((b * nb + i) * 2048);
-                        let m = meta.as_mut_ptr().add((b * nb + i) * BAND);
-                        if k == Q4K {
-                            fill_q4k(blk, dst, m);
-                        } else {
-                            fill_q6k(blk, dst, m);
-                        }
-                    }
-                }
-            }
-            _ if packed.is_some() => {
-                let p = packed.expect("checked");
+        match packed {
+            Some(p) => {
                 let gbb = group_block_bytes(c.w.dtype);
                 for b in 0..bands {
                     let group = p.group(r0 / GROUP_ROWS + b);
@@ -186,6 +169,8 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
                         let (blk, dst) = (group[i * gbb..(i + 1) * gbb].as_ptr(), cp.add((b * nb + i) * 2048));
                         let m = meta.as_mut_ptr().add((b * nb + i) * BAND);
                         match k {
+                            Q4K => fill_q4k(blk, dst, m),
+                            Q6K => fill_q6k(blk, dst, m),
                             Q5K => fill_q5k(blk, dst, m),
                             Q3K => fill_q3k(blk, dst, m),
                             Q2K => fill_q2k(blk, dst, m),
@@ -194,7 +179,8 @@ unsafe fn run_span(c: &TileCtx, lanes: &TokenLanes, packed: Option<&Packed>, r0:
                     }
                 }
             }
-            _ => {
+            None => {
+                assert!(!matches!(k, Q4K | Q6K), "Q4_K / Q6_K run here only packed");
                 let rb = c.w.row_bytes();
                 for b in 0..bands {
                     let live = (rows - b * BAND).min(BAND);
@@ -392,12 +378,11 @@ unsafe fn q4k_metas(b: *const u8, m: *mut Meta) {
         *mr = META0;
         mr.d = f16_at(bs, 2 * r);
         mr.dmin = f16_at(bs, 16 + 2 * r);
-        let at = |j: usize| 16 * (j / 2) + 2 * r + j % 2;
         for j in 0..8 {
-            mr.sc[j] = bs[Q4K_P_SC + at(j)] as i32;
+            mr.sc[j] = bs[Q4K_P_SC + pair_at(r, j)] as i32;
         }
         for p in 0..4 {
-            mr.cp[p] = pair(bs[Q4K_P_MIN + at(2 * p)] as i32, bs[Q4K_P_MIN + at(2 * p + 1)] as i32);
+            mr.cp[p] = pair(bs[Q4K_P_MIN + pair_at(r, 2 * p)] as i32, bs[Q4K_P_MIN + pair_at(r, 2 * p + 1)] as i32);
         }
     }
 }
@@ -482,7 +467,7 @@ unsafe fn fill_q3k(b: *const u8, dst: *mut u8, m: *mut Meta) {
         *mr = META0;
         mr.d = f16_at(bs, 2 * r);
         for j in 0..16 {
-            mr.sc[j] = pair(bs[Q3K_P_SC + 16 * (j / 2) + 2 * r + j % 2] as i8 as i32, 0);
+            mr.sc[j] = pair(bs[Q3K_P_SC + pair_at(r, j)] as i8 as i32, 0);
         }
     }
 }
@@ -508,7 +493,7 @@ unsafe fn fill_q2k(b: *const u8, dst: *mut u8, m: *mut Meta) {
         *mr = META0;
         mr.d = f16_at(bs, 2 * r);
         mr.dmin = f16_at(bs, 16 + 2 * r);
-        let byte = |j: usize| bs[Q2K_P_SC + 16 * (j / 2) + 2 * r + j % 2];
+        let byte = |j: usize| bs[Q2K_P_SC + pair_at(r, j)];
         for j in 0..16 {
             mr.sc[j] = (byte(j) & 0xF) as i32;
         }
@@ -525,7 +510,7 @@ unsafe fn fill_q2k(b: *const u8, dst: *mut u8, m: *mut Meta) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill_iq4xs(b: *const u8, dst: *mut u8, m: *mut Meta) {
     let m4 = _mm256_set1_epi8(0x0F);
-    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let lut = table(&KVALUES_IQ4NL);
     for j in 0..8 {
         for k in 0..4 {
             let w = _mm256_loadu_si256(b.add(IQ4XS_P_QS + 32 * (4 * j + k)) as *const __m256i);
@@ -588,7 +573,7 @@ unsafe fn fill_q6k(b: *const u8, dst: *mut u8, m: *mut Meta) {
         let mr = &mut *m.add(r);
         *mr = META0;
         mr.d = f16_at(bs, 2 * r);
-        let sc = |j: usize| bs[Q6K_P_SC + 16 * (j / 2) + 2 * r + j % 2] as i8 as i32;
+        let sc = |j: usize| bs[Q6K_P_SC + pair_at(r, j)] as i8 as i32;
         for j in 0..16 {
             mr.sc[j] = sc(j);
         }
