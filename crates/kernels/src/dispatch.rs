@@ -206,7 +206,7 @@ pub const AVX2_KERNEL_PACKINGS: &[DType] = &[DType::Q5_0, DType::Q5_1, DType::MX
 /// paths none (they read no packing).
 pub fn packs(isa: Isa, dtype: DType) -> bool {
     let named = table_row().is_some_and(|row| row.packs.contains(&dtype));
-    match isa {
+    match isa.for_format(dtype) {
         Isa::Avx2 => !MEASURED_PACKINGS.contains(&dtype) || named,
         Isa::Avx512 => !AVX2_KERNEL_PACKINGS.contains(&dtype) || named,
         _ => false,
@@ -272,11 +272,12 @@ pub fn kernel_path(dtype: DType) -> Isa {
     static FORCED: OnceLock<bool> = OnceLock::new();
     let best = Isa::detect();
     if *FORCED.get_or_init(|| matches!(Isa::forced(), Ok(Some(_)))) {
-        return best;
+        return best.for_format(dtype);
     }
     table_row()
         .and_then(|row| row.choices.iter().find(|(d, _)| *d == dtype))
         .map(|&(_, isa)| isa)
         .filter(|isa| isa.is_available())
         .unwrap_or(best)
+        .for_format(dtype)
 }

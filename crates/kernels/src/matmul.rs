@@ -252,6 +252,7 @@ struct Job<'a> {
 
 impl<'a> Job<'a> {
     fn new(isa: Isa, w: &'a WeightMatrix<'a>, acts: &'a Acts<'a>, out: &mut [f32], n_tokens: usize, threads: usize) -> Job<'a> {
+        let isa = isa.for_format(w.dtype);
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let (mut nr_max, nt_max) = tile_limits(isa, w.dtype, n_tokens);
         #[cfg(target_arch = "x86_64")]

@@ -118,15 +118,16 @@ impl Packed {
         Some(Packed { dtype: w.dtype, rows: w.rows, cols: w.cols, bytes })
     }
 
-    /// What a loader should attach to `w` on this machine: its packing when the matmul path
-    /// reads packings ([`crate::simd::Isa::runs_packed`]: AVX2, AVX-512 without AMX),
+    /// What a loader should attach to `w` on this machine: its packing when the format's matmul
+    /// path ([`crate::dispatch::kernel_path`]) reads packings ([`crate::simd::Isa::runs_packed`]:
+    /// AVX2, AVX-512, and on AMX CPUs every format but Q4_0 / Q8_0),
     /// [`repack_enabled`], the shape packs and the dispatch table packs the format on this path
     /// ([`crate::dispatch::packs`]: Q5_K / Q3_K only where this CPU's row names them; on AVX-512
     /// every format of [`crate::dispatch::AVX2_KERNEL_PACKINGS`] likewise); else `None`.
     pub fn for_this_cpu(w: &WeightMatrix) -> Option<Packed> {
         #[cfg(target_arch = "x86_64")]
         {
-            let isa = crate::simd::Isa::detect();
+            let isa = crate::dispatch::kernel_path(w.dtype);
             if repack_enabled() && isa.runs_packed() && crate::dispatch::packs(isa, w.dtype) {
                 return Packed::new(w);
             }

@@ -117,17 +117,30 @@ impl Isa {
         })
     }
 
-    /// The best path this CPU can run, ignoring `ENGRAM_SIMD`.
     /// Whether matrices are repacked at load for this path, and their products run the packed
     /// kernels (8 rows per register lane) instead of this path's tiles: AVX2 (`avx2_packed*`),
-    /// and AVX-512 without AMX (`avx512_packed*`: the same layout with VNNI `vpdpbusd`, bitwise
-    /// the AVX2 kernels' results) — measured on Zen 4 the packed layout beats the AVX-512 tiles
-    /// (Q4_1 llama-1b, 2 threads: prefill 3.3×, decode 2.1×; `docs/cpu-kernels.md`). AMX keeps
-    /// its own tiles for Q4_0 / Q8_0.
+    /// and AVX-512 (`avx512_packed*`: the same layout with VNNI `vpdpbusd`, bitwise the AVX2
+    /// kernels' results) — measured on Zen 4 the packed layout beats the AVX-512 tiles (Q4_1
+    /// llama-1b, 2 threads: prefill 3.3×, decode 2.1×; `docs/cpu-kernels.md`). AMX keeps its
+    /// own tiles for Q4_0 / Q8_0; its other formats are the AVX-512 path's ([`Isa::for_format`]).
     pub fn runs_packed(self) -> bool {
         matches!(self, Isa::Avx2 | Isa::Avx512)
     }
 
+    /// The path whose kernels multiply `dtype` when `self` is asked for: `self`, except that the
+    /// AMX path has tiles for Q4_0 / Q8_0 only and runs every other format as the AVX-512 path
+    /// does (its packings, packed and token-lane kernels included). Every caller that chooses
+    /// kernels or packings for a format goes through this, so the AMX path's other formats are
+    /// bitwise the AVX-512 path's.
+    pub fn for_format(self, dtype: DType) -> Isa {
+        if self == Isa::Amx && !matches!(dtype, DType::Q4_0 | DType::Q8_0) {
+            Isa::Avx512
+        } else {
+            self
+        }
+    }
+
+    /// The best path this CPU can run, ignoring `ENGRAM_SIMD`.
     pub fn best() -> Isa {
         [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Neon].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
     }

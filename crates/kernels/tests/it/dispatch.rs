@@ -55,16 +55,20 @@ fn measured_packings_follow_the_table_row() {
     for d in DType::ALL {
         assert_eq!(packs(Isa::Avx2, d), !MEASURED_PACKINGS.contains(&d) || named(d), "{d} on AVX2");
         assert_eq!(packs(Isa::Avx512, d), !AVX2_KERNEL_PACKINGS.contains(&d) || named(d), "{d} on AVX-512");
-        assert!(!packs(Isa::Scalar, d) && !packs(Isa::Amx, d), "{d}: those paths read no packing");
+        assert!(!packs(Isa::Scalar, d), "{d}: the scalar path reads no packing");
+        // The AMX path's tiles (Q4_0 / Q8_0) read no packing; its other formats are AVX-512's.
+        let amx_tiles = matches!(d, DType::Q4_0 | DType::Q8_0);
+        assert_eq!(packs(Isa::Amx, d), !amx_tiles && packs(Isa::Avx512, d), "{d} on AMX");
     }
     assert!(MEASURED_PACKINGS.iter().all(|d| AVX2_KERNEL_PACKINGS.contains(d)));
     let cols = 256;
-    let isa = Isa::detect();
-    let per_cpu = if isa == Isa::Avx512 { AVX2_KERNEL_PACKINGS } else { MEASURED_PACKINGS };
+    // The AMX path runs these formats as the AVX-512 path does (`Isa::for_format`).
+    let avx512 = matches!(Isa::detect(), Isa::Avx512 | Isa::Amx);
+    let per_cpu = if avx512 { AVX2_KERNEL_PACKINGS } else { MEASURED_PACKINGS };
     for &d in per_cpu {
         let bytes = quantize(d, &data(8 * cols, 5), cols).unwrap();
         let w = WeightMatrix::new(d, 8, cols, &bytes).unwrap();
-        if std::env::var("ENGRAM_REPACK").is_err() && matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        if std::env::var("ENGRAM_REPACK").is_err() && kernel_path(d).runs_packed() {
             assert_eq!(Packed::for_this_cpu(&w).is_some(), named(d), "{d} packs where the row says so");
         }
         if !named(d) {
@@ -81,7 +85,7 @@ fn every_format_runs_a_path_this_cpu_has_the_same_every_time() {
         assert!(isa.is_available(), "{d:?} → {isa:?}");
         assert_eq!(kernel_path(d), isa, "{d:?}: chosen once");
         if std::env::var("ENGRAM_SIMD").is_err() && row.is_none_or(|r| r.choices.iter().all(|(f, _)| *f != d)) {
-            assert_eq!(isa, Isa::detect(), "{d:?}: no table choice, the best path");
+            assert_eq!(isa, Isa::detect().for_format(d), "{d:?}: no table choice, the best path");
         }
         let want = row.and_then(|r| r.token_lane_min.iter().find(|(f, _)| *f == d)).map_or(default_token_lane_min(d), |&(_, n)| n);
         assert_eq!(token_lane_min(d), want);
