@@ -69,6 +69,9 @@ pub struct TableRow {
     /// (`simd::vnni_k`) takes instead of the decode tiles or packed kernels (formats not
     /// named: [`default_token_lane_min`]).
     pub token_lane_min: &'static [(DType, usize)],
+    /// Per format (Q4_0, Q8_0), the fewest tokens of a packed call the AMX tiles take (formats
+    /// not named: [`AMX_TOKEN_MIN`]; [`amx_token_min`]).
+    pub amx_token_min: &'static [(DType, usize)],
     /// The most weight bytes (KiB) of one chunk of a multi-token F16 call (`None`:
     /// [`CHUNK_KIB`], as every format): more rows per chunk reuse each token's activations
     /// more, while the chunk's weights must stay in this CPU's L2.
@@ -109,6 +112,7 @@ pub const TABLE: &[TableRow] = &[
         token_lane_min: &[(DType::Q5K, 12), (DType::Q3K, 13), (DType::Q2K, 14), (DType::IQ4XS, 9), (DType::Q4K, 48), (DType::Q6K, 48)],
         // 1 MiB of L2 per core: 768 KiB chunks ran the 2048 × 8192 F16 matrix at 512 tokens in
         // 45 ns per 2048-column row-token against 60 with 256 KiB (1 thread, CPU time).
+        amx_token_min: &[],
         f16_chunk_kib: Some(768),
         // One-token calls from DRAM ran 1.3-6x slower on the 512-bit kernels than on the AVX2
         // ones (docs/cpu-kernels.md, "AVX-512 CPUs run the packed AVX2 kernels").
@@ -149,6 +153,7 @@ pub const TABLE: &[TableRow] = &[
             (DType::Q2K, 13),
             (DType::IQ4XS, 16),
         ],
+        amx_token_min: &[],
         f16_chunk_kib: None,
         // One token from DRAM (32768 × 16384 matrices, 2 threads, least of 5, three rounds), ns
         // per row, AVX2 kernels → 512-bit: Q4_0 685-807 → 488-560, Q4_1 762-982 → 549-586,
@@ -167,6 +172,40 @@ pub const TABLE: &[TableRow] = &[
         measured: "docs/cpu-kernels.md, \"IQ3 and IQ4_NL on AVX-512\", \"One-token packed calls on the 512-bit kernels\" and \"Packed K-quants on AVX-512\" (Intel Xeon)",
     },
     TableRow {
+        name: "Intel Xeon with AMX (family 6 model 167)",
+        vendor: "GenuineIntel",
+        family: 0x6,
+        models: &[0xa7..=0xa7],
+        // Every format runs the best path: AMX tiles for Q4_0 / Q8_0 calls from `amx_token_min`
+        // tokens (fewer: the AVX-512 packed kernels, the same bits), every other format the
+        // AVX-512 path (`Isa::for_format`). The token-lane thresholds are the model-207 Xeon's
+        // (the same kernels and core family; not measured again here).
+        choices: &[],
+        token_lane_min: &[
+            (DType::IQ3S, 11),
+            (DType::Q4K, 48),
+            (DType::Q6K, 32),
+            (DType::Q5K, 14),
+            (DType::Q3K, 10),
+            (DType::Q2K, 13),
+            (DType::IQ4XS, 16),
+        ],
+        // Packed Q4_0 / Q8_0, ns per 2048-column row-token (1 thread, CPU time, least of 7): the
+        // AVX-512 packed kernels 12.3 / 13.4 at 16 tokens, 12.2 / 13.0 at 32, 14.6 / 15.3 at 256;
+        // the AMX tiles from the packing 11.3 / 13.2, 10.1 / 10.5 and 8.8 / 12.3 (at 8 tokens
+        // 20.4 / 23.8 against 12.7 / 14.1).
+        amx_token_min: &[],
+        f16_chunk_kib: None,
+        // One token from DRAM (131072 × 2048, 2 threads, least of 5, two rounds), ns per row,
+        // AVX2 packed kernels (Q5_K / IQ4_XS: AVX-512 tiles, unpacked) → the 512-bit packed
+        // kernels (packed): Q4_0 81-92 → 77-80, Q4_1 123-152 → 89-91, Q8_0 123-163 → 140-145,
+        // IQ4_NL 90-112 → 68-72, Q4_K 75 → 72-74, Q6_K 111-144 → 65-129, Q5_K 189-191 → 55-122,
+        // IQ4_XS 151-177 → 45-79.
+        wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q5K, DType::Q6K, DType::IQ4XS],
+        packs: &[DType::Q5K, DType::Q3K, DType::Q2K, DType::IQ4XS],
+        measured: "docs/cpu-kernels.md, \"AMX CPUs: packed kernels below the tiles' threshold\" (Intel Xeon with AMX)",
+    },
+    TableRow {
         name: "AMD Zen 1 (EPYC 7001, family 23 model 1)",
         vendor: "AuthenticAMD",
         family: 0x17,
@@ -178,6 +217,7 @@ pub const TABLE: &[TableRow] = &[
         // row-token than from the file's bytes, which a packed matrix never reads.
         choices: &[],
         token_lane_min: &[],
+        amx_token_min: &[],
         f16_chunk_kib: None,
         wide_one_token: &[],
         // Packed Q5_K: one-token calls 109-125 -> 77-91 ns per 2048-column row from L3 / DRAM
@@ -202,13 +242,13 @@ pub const AVX2_KERNEL_PACKINGS: &[DType] = &[DType::Q5_0, DType::Q5_1, DType::MX
 
 /// Whether a loader packs `dtype` for the kernel path `isa` on this CPU as far as the table goes:
 /// on AVX2 every packable format but [`MEASURED_PACKINGS`] (those where this CPU's row names
-/// them); on AVX-512 every packable format but [`AVX2_KERNEL_PACKINGS`] (likewise); on other
-/// paths none (they read no packing).
+/// them); on AVX-512 and AMX every packable format but [`AVX2_KERNEL_PACKINGS`] (likewise); on
+/// other paths none (they read no packing).
 pub fn packs(isa: Isa, dtype: DType) -> bool {
     let named = table_row().is_some_and(|row| row.packs.contains(&dtype));
     match isa.for_format(dtype) {
         Isa::Avx2 => !MEASURED_PACKINGS.contains(&dtype) || named,
-        Isa::Avx512 => !AVX2_KERNEL_PACKINGS.contains(&dtype) || named,
+        Isa::Avx512 | Isa::Amx => !AVX2_KERNEL_PACKINGS.contains(&dtype) || named,
         _ => false,
     }
 }
@@ -217,6 +257,17 @@ pub fn packs(isa: Isa, dtype: DType) -> bool {
 pub fn table_row() -> Option<&'static TableRow> {
     static ROW: OnceLock<Option<&'static TableRow>> = OnceLock::new();
     *ROW.get_or_init(|| CpuModel::this().and_then(|cpu| TABLE.iter().find(|r| r.matches(&cpu))))
+}
+
+/// The fewest tokens of a packed Q4_0 / Q8_0 call the AMX tiles take where no table row says
+/// otherwise; fewer run the AVX-512 packed kernels (the same bits: both are the scalar
+/// reference's). A tile pass holds up to 16 tokens and its per-call repack is paid once.
+pub const AMX_TOKEN_MIN: usize = 16;
+
+/// The fewest tokens of a packed `dtype` (Q4_0 / Q8_0) call that the AMX tiles take on this
+/// CPU: its [`TABLE`] row's figure, else [`AMX_TOKEN_MIN`]. Moves only time.
+pub fn amx_token_min(dtype: DType) -> usize {
+    table_row().and_then(|row| row.amx_token_min.iter().find(|(d, _)| *d == dtype)).map_or(AMX_TOKEN_MIN, |&(_, n)| n)
 }
 
 /// The fewest tokens of a Q5_K / Q3_K / Q2_K / IQ4_XS call the AVX-512 token-lane kernel takes

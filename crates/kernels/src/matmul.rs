@@ -15,9 +15,12 @@
 //!   once per group and reusing it for all tokens in the group. `n_tokens = 1` is the same code
 //!   with a 1-token tile (GEMV), so it streams weights at memory bandwidth.
 //! * Exception, `Isa::Amx` with Q4_0/Q8_0: chunks are multiples of 16 rows and go whole to
-//!   `simd::amx::run_rows`, which repacks the chunk's weights once into AMX tile layout and
-//!   sweeps 16-token groups over it (or, for ≤ 3 tokens, runs a VNNI kernel on the weights in
-//!   place).
+//!   `simd::amx::run_rows`, which repacks the chunk's weights once into AMX tile layout (from
+//!   the matrix's packing when it has one) and sweeps 16-token groups over it (or, for ≤ 3
+//!   tokens of an unpacked matrix, runs a VNNI kernel on the weights in place). A packed matrix's
+//!   calls below `dispatch::amx_token_min` tokens run the AVX-512 packed kernels instead (the
+//!   same bits: both are the scalar reference's); the AMX path's other formats are the AVX-512
+//!   path's (`Isa::for_format`).
 //! * Exception, `Isa::Avx2` or `Isa::Avx512` ([`Isa::runs_packed`]) with a [`crate::Packed`]
 //!   matrix (Q4_0/Q8_0/Q4_1/IQ4_NL/Q4_K/Q6_K repacked at load; Q5_0/Q5_1/MXFP4/IQ4_XS/Q2_K/Q5_K/Q3_K
 //!   on AVX2, Q5_K/Q3_K where the dispatch table says, and on AVX-512 where the table's row
@@ -253,6 +256,10 @@ struct Job<'a> {
 impl<'a> Job<'a> {
     fn new(isa: Isa, w: &'a WeightMatrix<'a>, acts: &'a Acts<'a>, out: &mut [f32], n_tokens: usize, threads: usize) -> Job<'a> {
         let isa = isa.for_format(w.dtype);
+        // AMX with a packed Q4_0 / Q8_0 matrix: calls of fewer tokens than the tiles pay for run
+        // the AVX-512 packed kernels; both give the scalar reference's bits.
+        let isa =
+            if isa == Isa::Amx && w.packed.is_some() && n_tokens < crate::dispatch::amx_token_min(w.dtype) { Isa::Avx512 } else { isa };
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let (mut nr_max, nt_max) = tile_limits(isa, w.dtype, n_tokens);
         #[cfg(target_arch = "x86_64")]
@@ -268,7 +275,10 @@ impl<'a> Job<'a> {
         #[cfg(target_arch = "x86_64")]
         let packed = match (isa, w.packed) {
             (isa, Some(p)) if isa.runs_packed() => {
-                nr_max = crate::repack::GROUP_ROWS;
+                // The AMX tiles read the packing 16 rows (two groups) at a time.
+                if amx_acts.is_none() {
+                    nr_max = crate::repack::GROUP_ROWS;
+                }
                 Some(p)
             }
             _ => None,
@@ -334,7 +344,7 @@ impl<'a> Job<'a> {
         if let Some(a) = self.amx_acts {
             // SAFETY: isa checked by the caller; chunks start at multiples of nr_max = GROUP
             // and own disjoint rows.
-            unsafe { crate::simd::amx::run_rows(&self.ctx, a, r0, r1, self.n_tokens) };
+            unsafe { crate::simd::amx::run_rows(&self.ctx, a, self.packed, r0, r1, self.n_tokens) };
             return;
         }
         #[cfg(target_arch = "x86_64")]

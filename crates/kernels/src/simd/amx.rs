@@ -11,14 +11,16 @@
 //!
 //! `K = 32` per `tdpbssd` (half a tile's depth) on purpose: each product tile is then the
 //! *exact* integer dot product of one weight block with one activation block, which is scaled
-//! and accumulated in f32 as `acc[t] = fma(f32(C[t]), dw·dx[t], acc[t])` (a 16-lane vector over
-//! the 16 weight rows). That per-(row, token) sequence does not depend on how many tokens share
-//! the tile. For 1–3 tokens (decode) [`vnni_group`] computes the same exact block sums with
-//! `vpdpbusd` straight from the weights (no repack) and applies the identical f32 sequence, so
-//! the `n_tokens` independence invariant of `simd/mod.rs` holds bitwise on this path too (but
-//! results differ in the last bits from the `avx512` path, which converts partial sums). The
-//! f32 scaling (≈3 vector µops per block × token) rather than the tile unit bounds the GEMM
-//! speed; it is still several times the VNNI kernels' throughput.
+//! and accumulated in f32 as `acc[t] += f32(C[t]) · (dw·dx[t])` — a multiply, then an add, no
+//! FMA (a 16-lane vector over the 16 weight rows): the scalar reference's float sequence, so
+//! this path's results are bitwise the reference's and the packed kernels' (`avx2_packed`,
+//! `avx512_packed`). For 1–3 tokens [`vnni_group`] computes the same exact block sums with
+//! `vpdpbusd` straight from the weights (no repack) and applies the same f32 sequence; with a
+//! packed matrix, calls below `dispatch::amx_token_min` tokens run the AVX-512 packed kernels
+//! instead (`matmul.rs`) and the tiles read their blocks from the packing ([`repack_packed`]).
+//! Either way a token's result does not depend on the tokens per call (the invariant of
+//! `simd/mod.rs`). The f32 scaling (≈4 vector µops per block × token) rather than the tile unit
+//! bounds the GEMM speed; it is still several times the VNNI kernels' throughput.
 //!
 //! OS support: Linux must grant the process the AMX tile state (`arch_prctl`), done once in
 //! [`available`]; elsewhere this path reports unavailable.
@@ -26,6 +28,7 @@
 use super::TileCtx;
 use crate::dtype::DType;
 use crate::quantize::ActQ8;
+use crate::repack::GROUP_ROWS;
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -95,13 +98,15 @@ thread_local! {
     static REPACK: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Computes rows `r0..r1` (`r0` a multiple of [`GROUP`]) for all tokens of a Q8_0/Q4_0 matmul.
+/// Computes rows `r0..r1` (`r0` a multiple of [`GROUP`]) for all tokens of a Q8_0/Q4_0 matmul;
+/// the tiles take their blocks from `packed` (the matrix's packing) when given, else from the
+/// matrix's own bytes. Bitwise the scalar reference's result either way.
 ///
 /// # Safety
-/// [`available`] and AVX-512 must hold; the rows must be in bounds; no other thread may write
-/// these output rows concurrently.
+/// [`available`] and AVX-512 must hold; the rows must be in bounds; `packed` must be `c.w`'s
+/// packing; no other thread may write these output rows concurrently.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8, r0: usize, r1: usize, n_tokens: usize) {
+pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8, packed: Option<&crate::Packed>, r0: usize, r1: usize, n_tokens: usize) {
     let w = c.w;
     let nb = a.blocks_per_row;
     let rb = w.row_bytes();
@@ -133,10 +138,17 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, a: &ActQ8, r0: usize, r1: usize, n_to
         for g in 0..groups {
             let rows = GROUP.min(r1 - r0 - g * GROUP);
             let gp = base.add(g * lines_per_group * 64);
-            let wp = w.data.as_ptr().add((r0 + g * GROUP) * rb);
-            match w.dtype {
-                DType::Q8_0 => repack::<false>(wp, rb, rows, nb, gp, gp.add(nb * 512) as *mut f32),
-                _ => repack::<true>(wp, rb, rows, nb, gp, gp.add(nb * 512) as *mut f32),
+            let dw = gp.add(nb * 512) as *mut f32;
+            match (packed, w.dtype) {
+                (Some(p), DType::Q8_0) => repack_packed::<false>(p, (r0 + g * GROUP) / GROUP_ROWS, rows, nb, gp, dw),
+                (Some(p), _) => repack_packed::<true>(p, (r0 + g * GROUP) / GROUP_ROWS, rows, nb, gp, dw),
+                (None, d) => {
+                    let wp = w.data.as_ptr().add((r0 + g * GROUP) * rb);
+                    match d {
+                        DType::Q8_0 => repack::<false>(wp, rb, rows, nb, gp, dw),
+                        _ => repack::<true>(wp, rb, rows, nb, gp, dw),
+                    }
+                }
             }
         }
         let mut t0 = 0;
@@ -254,7 +266,7 @@ unsafe fn kernel<const NT: usize>(
             for t in 0..NT {
                 let v = _mm512_cvtepi32_ps(_mm512_load_si512(cj.add(t * 64) as *const __m512i));
                 let s = _mm512_mul_ps(d, _mm512_set1_ps(*xd.add(t * nb + i + j)));
-                acc[t] = _mm512_fmadd_ps(v, s, acc[t]);
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(v, s));
             }
         }
         i += 2;
@@ -296,7 +308,7 @@ const fn reduce_idx() -> [[i32; 16]; 6] {
 
 /// VNNI version of the AMX path's arithmetic for few tokens, bitwise identical to [`kernel`]:
 /// for 16 rows (`rows` valid, masked by `mask`) × `NT` tokens it computes each exact per-block
-/// integer dot product and applies the same `fma(f32(isum), dw·dx, acc)` per (row, token).
+/// integer dot product and applies the same `acc += f32(isum) · (dw·dx)` per (row, token).
 ///
 /// `vpdpbusd` with unsigned weights `w + k` (offset removed by the activation bias, as in
 /// `avx512.rs`) leaves several partial sums per row; butterfly stages of `permutex2var` + add
@@ -384,7 +396,7 @@ unsafe fn vnni_group<const Q4: bool, const NT: usize>(
                 }
             }
             let sc = _mm512_mul_ps(dwv, _mm512_set1_ps(*a.d.get_unchecked(ab)));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[0]), sc, acc[t]);
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(p[0]), sc));
         }
     }
     for t in 0..NT {
@@ -440,6 +452,44 @@ unsafe fn repack<const Q4: bool>(w: *const u8, rb: usize, rows: usize, nb: usize
             *h = (w.add(m * rb + i * bb) as *const u16).read_unaligned();
         }
         _mm512_store_ps(dw.add(16 * i), _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr() as *const __m256i)));
+    }
+}
+
+/// [`repack`] from the matrix's packing (`repack.rs`): rows `8·g0 ..` (≤ 16, two 8-row groups;
+/// a missing second group is zero). A group-block holds the 8 rows' f16 scales, then 32-byte
+/// registers whose dword `r` is row `r`'s: register `k` is B-tile line `k`'s half for Q8_0; for
+/// Q4_0 line `k` is register `k`'s low nibbles (`k < 4`) or register `k − 4`'s high ones, less 8.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn repack_packed<const Q4: bool>(p: &crate::Packed, g0: usize, rows: usize, nb: usize, dst: *mut u8, dw: *mut f32) {
+    let gbb = crate::repack::group_block_bytes(p.dtype());
+    let halves = rows.div_ceil(GROUP_ROWS);
+    let gp: [*const u8; 2] = std::array::from_fn(|h| if h < halves { p.group(g0 + h).as_ptr() } else { std::ptr::null() });
+    for i in 0..nb {
+        let reg = |h: usize, k: usize| -> __m256i {
+            if h >= halves {
+                return _mm256_setzero_si256();
+            }
+            _mm256_loadu_si256(gp[h].add(i * gbb + 16 + 32 * k) as *const __m256i)
+        };
+        for k in 0..8 {
+            let line = |h: usize| -> __m256i {
+                if Q4 {
+                    if h >= halves {
+                        return _mm256_setzero_si256();
+                    }
+                    let v = reg(h, k % 4);
+                    let v = if k < 4 { v } else { _mm256_srli_epi16(v, 4) };
+                    _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8))
+                } else {
+                    reg(h, k)
+                }
+            };
+            let z = _mm512_inserti64x4(_mm512_castsi256_si512(line(0)), line(1), 1);
+            _mm512_store_si512(dst.add(i * 512 + k * 64) as *mut __m512i, z);
+        }
+        let h = |g: usize| if g < halves { _mm_loadu_si128(gp[g].add(i * gbb) as *const __m128i) } else { _mm_setzero_si128() };
+        let scales = _mm256_set_m128i(h(1), h(0));
+        _mm512_store_ps(dw.add(16 * i), _mm512_cvtph_ps(scales));
     }
 }
 

@@ -121,10 +121,12 @@ impl Isa {
     /// kernels (8 rows per register lane) instead of this path's tiles: AVX2 (`avx2_packed*`),
     /// and AVX-512 (`avx512_packed*`: the same layout with VNNI `vpdpbusd`, bitwise the AVX2
     /// kernels' results) — measured on Zen 4 the packed layout beats the AVX-512 tiles (Q4_1
-    /// llama-1b, 2 threads: prefill 3.3×, decode 2.1×; `docs/cpu-kernels.md`). AMX keeps its
-    /// own tiles for Q4_0 / Q8_0; its other formats are the AVX-512 path's ([`Isa::for_format`]).
+    /// llama-1b, 2 threads: prefill 3.3×, decode 2.1×; `docs/cpu-kernels.md`). AMX: packed
+    /// Q4_0 / Q8_0 calls of few tokens run the AVX-512 packed kernels and larger ones its tiles,
+    /// which read their blocks from the packing (`simd/amx.rs`); its other formats are the
+    /// AVX-512 path's ([`Isa::for_format`]).
     pub fn runs_packed(self) -> bool {
-        matches!(self, Isa::Avx2 | Isa::Avx512)
+        matches!(self, Isa::Avx2 | Isa::Avx512 | Isa::Amx)
     }
 
     /// The path whose kernels multiply `dtype` when `self` is asked for: `self`, except that the

@@ -1,5 +1,5 @@
 //! The checks every packed format passes (`repack.rs`, `repack_k.rs`): on every path that runs
-//! packed kernels ([`packed_paths`]: AVX2, and AVX-512 with its VNNI kernels) a packed matrix
+//! packed kernels ([`packed_paths`]: AVX2, AVX-512 with its VNNI kernels, AMX) a packed matrix
 //! gives bitwise the scalar reference's result, the scalar path ignores the packing, token by
 //! token = batched, and inside `matmul_multi` = its own call.
 
@@ -13,10 +13,11 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// The paths of this CPU that run packed kernels (`Isa::runs_packed`): AVX2 (`avx2_packed*`)
-/// and AVX-512 (`avx512_packed*`, VNNI).
+/// The paths of this CPU that run packed kernels (`Isa::runs_packed`): AVX2 (`avx2_packed*`),
+/// AVX-512 (`avx512_packed*`, VNNI) and AMX (its tiles read packed Q4_0 / Q8_0 from
+/// `dispatch::amx_token_min` tokens; fewer, and other formats, run the AVX-512 path).
 pub fn packed_paths() -> Vec<Isa> {
-    [Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.is_available()).collect()
+    [Isa::Avx2, Isa::Avx512, Isa::Amx].into_iter().filter(|i| i.is_available()).collect()
 }
 
 /// `wp` (`wm` with its packing) on every packed path = the scalar reference over `wm`,

@@ -6,7 +6,7 @@
 use crate::common;
 use common::*;
 use engram_kernels::dispatch::{
-    default_token_lane_min, kernel_path, packs, table_row, token_lane_min, wide_one_token, CpuModel, AVX2_KERNEL_PACKINGS,
+    amx_token_min, default_token_lane_min, kernel_path, packs, table_row, token_lane_min, wide_one_token, CpuModel, AVX2_KERNEL_PACKINGS,
     MEASURED_PACKINGS, TABLE, TOKEN_LANE_MIN, TOKEN_LANE_MIN_PACKED,
 };
 use engram_kernels::internal::{matmul_with, Isa};
@@ -56,9 +56,9 @@ fn measured_packings_follow_the_table_row() {
         assert_eq!(packs(Isa::Avx2, d), !MEASURED_PACKINGS.contains(&d) || named(d), "{d} on AVX2");
         assert_eq!(packs(Isa::Avx512, d), !AVX2_KERNEL_PACKINGS.contains(&d) || named(d), "{d} on AVX-512");
         assert!(!packs(Isa::Scalar, d), "{d}: the scalar path reads no packing");
-        // The AMX path's tiles (Q4_0 / Q8_0) read no packing; its other formats are AVX-512's.
-        let amx_tiles = matches!(d, DType::Q4_0 | DType::Q8_0);
-        assert_eq!(packs(Isa::Amx, d), !amx_tiles && packs(Isa::Avx512, d), "{d} on AMX");
+        // The AMX path packs as the AVX-512 path: its tiles read packed Q4_0 / Q8_0, its other
+        // formats are AVX-512's.
+        assert_eq!(packs(Isa::Amx, d), packs(Isa::Avx512, d), "{d} on AMX");
     }
     assert!(MEASURED_PACKINGS.iter().all(|d| AVX2_KERNEL_PACKINGS.contains(d)));
     let cols = 256;
@@ -97,7 +97,7 @@ fn every_format_runs_a_path_this_cpu_has_the_same_every_time() {
 fn matmul_is_the_chosen_path_and_independent_of_the_tokens_per_call_around_the_thresholds() {
     let (rows, cols) = (40, 512);
     // One token past every threshold this CPU's row sets (and past one register of lanes).
-    let n = DType::ALL.into_iter().map(token_lane_min).max().unwrap_or(0).max(16) + 1;
+    let n = DType::ALL.into_iter().map(|d| token_lane_min(d).max(amx_token_min(d))).max().unwrap_or(0).max(16) + 1;
     let x = data(n * cols, 5);
     for d in DType::ALL.into_iter().filter(|&d| quantize(d, &[0.0; 256], 256).is_ok()) {
         let bytes = quantize(d, &data(rows * cols, 9), cols).unwrap();

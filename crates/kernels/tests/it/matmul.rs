@@ -85,6 +85,29 @@ fn simd_paths_match_scalar() {
     }
 }
 
+/// The AMX path sums each Q4_0 / Q8_0 block exactly and scales it as the scalar reference
+/// does (a multiply, then an add), so on the matrix's own bytes (the VNNI kernel below 4 tokens,
+/// the tiles from 4) it is bitwise the reference; with a packing, see `common::packed`.
+#[test]
+fn amx_tiles_are_bitwise_the_scalar_reference() {
+    if !Isa::Amx.is_available() {
+        eprintln!("no AMX on this CPU: nothing to check");
+        return;
+    }
+    let (rows, cols) = (40, 512);
+    for d in [DType::Q4_0, DType::Q8_0] {
+        let bytes = quantize(d, &data(rows * cols, 21), cols).unwrap();
+        let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+        for n in [1usize, 2, 3, 4, 5, 16, 17, 35] {
+            let x = data(n * cols, 22 + n as u64);
+            let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
+            matmul_with(Isa::Scalar, &wm, &x, n, &mut want);
+            matmul_with(Isa::Amx, &wm, &x, n, &mut got);
+            assert_eq!(packed::bits(&got), packed::bits(&want), "{d} n={n}");
+        }
+    }
+}
+
 #[test]
 fn result_independent_of_n_tokens_bitwise() {
     for d in DType::ALL {
