@@ -193,8 +193,11 @@ pub const TABLE: &[TableRow] = &[
         // Packed Q4_0 / Q8_0, ns per 2048-column row-token (1 thread, CPU time, least of 7): the
         // AVX-512 packed kernels 12.3 / 13.4 at 16 tokens, 12.2 / 13.0 at 32, 14.6 / 15.3 at 256;
         // the AMX tiles from the packing 11.3 / 13.2, 10.1 / 10.5 and 8.8 / 12.3 (at 8 tokens
-        // 20.4 / 23.8 against 12.7 / 14.1).
-        amx_token_min: &[],
+        // 20.4 / 23.8 against 12.7 / 14.1). In the model the tiles from 16 tokens lost: `bench
+        // step` on the llama-1b Q4_0 file (2 threads, two rounds, builds alternating) ran a
+        // 16 / 17-row step in 77-79 / 83-84 ms with the tiles from 32 tokens against 81-83 /
+        // 91-96 from 16; 24 / 33 rows 113 / 140 either way.
+        amx_token_min: &[(DType::Q4_0, 32), (DType::Q8_0, 32)],
         f16_chunk_kib: None,
         // One token from DRAM (131072 × 2048, 2 threads, least of 5, two rounds), ns per row,
         // AVX2 packed kernels (Q5_K / IQ4_XS: AVX-512 tiles, unpacked) → the 512-bit packed
