@@ -203,7 +203,10 @@ pub const TABLE: &[TableRow] = &[
         // AVX2 packed kernels (Q5_K / IQ4_XS: AVX-512 tiles, unpacked) → the 512-bit packed
         // kernels (packed): Q4_0 81-92 → 77-80, Q4_1 123-152 → 89-91, Q8_0 123-163 → 140-145,
         // IQ4_NL 90-112 → 68-72, Q4_K 75 → 72-74, Q6_K 111-144 → 65-129, Q5_K 189-191 → 55-122,
-        // IQ4_XS 151-177 → 45-79.
+        // IQ4_XS 151-177 → 45-79. Q8_0 and Q6_K, unclear there, end to end (`bench speed`
+        // decode on the llama.cpp-written files, two rounds, builds alternating): 24.42-25.17 /
+        // 25.85-25.94 tok/s on the 512-bit kernels against 20.14-20.41 / 24.09-24.36 on the AVX2
+        // ones.
         wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q5K, DType::Q6K, DType::IQ4XS],
         packs: &[DType::Q5K, DType::Q3K, DType::Q2K, DType::IQ4XS],
         measured: "docs/cpu-kernels.md, \"AMX CPUs: packed kernels below the tiles' threshold\" (Intel Xeon with AMX)",
