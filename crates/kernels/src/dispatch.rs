@@ -208,7 +208,11 @@ pub const TABLE: &[TableRow] = &[
         // 25.85-25.94 tok/s on the 512-bit kernels against 20.14-20.41 / 24.09-24.36 on the AVX2
         // ones.
         wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q5K, DType::Q6K, DType::IQ4XS],
-        packs: &[DType::Q5K, DType::Q3K, DType::Q2K, DType::IQ4XS],
+        // Packed (the AVX2 packed kernels) against the AVX-512 tiles on the file's bytes, ns per
+        // row (131072 × 2048, 2 threads, least of 5, two rounds) at 1 / 8 tokens: Q5_0 105-107 /
+        // 31-32 → 54-57 / 14-15, Q5_1 110-112 / 36-39 → 78-80 / 15-17, MXFP4 88-89 / 27-28 →
+        // 48-49 / 14 (on the model-207 Xeon the tiles won one-token calls of these three).
+        packs: &[DType::Q5K, DType::Q3K, DType::Q2K, DType::IQ4XS, DType::Q5_0, DType::Q5_1, DType::MXFP4],
         measured: "docs/cpu-kernels.md, \"AMX CPUs: packed kernels below the tiles' threshold\" (Intel Xeon with AMX)",
     },
     TableRow {
