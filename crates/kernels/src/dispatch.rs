@@ -206,7 +206,7 @@ pub const TABLE: &[TableRow] = &[
         // IQ4_XS 151-177 → 45-79. Q8_0 and Q6_K, unclear there, end to end (`bench speed`
         // decode on the llama.cpp-written files, two rounds, builds alternating): 24.42-25.17 /
         // 25.85-25.94 tok/s on the 512-bit kernels against 20.14-20.41 / 24.09-24.36 on the AVX2
-        // ones.
+        // ones; Q4_K (the Q4_K_M file, three rounds) 35.62-36.24 against 31.61-33.27.
         wide_one_token: &[DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4NL, DType::Q4K, DType::Q5K, DType::Q6K, DType::IQ4XS],
         // Packed (the AVX2 packed kernels) against the AVX-512 tiles on the file's bytes, ns per
         // row (131072 × 2048, 2 threads, least of 5, two rounds) at 1 / 8 tokens: Q5_0 105-107 /
