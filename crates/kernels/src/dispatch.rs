@@ -72,10 +72,10 @@ pub struct TableRow {
     /// Per format (Q4_0, Q8_0), the fewest tokens of a packed call the AMX tiles take (formats
     /// not named: [`AMX_TOKEN_MIN`]; [`amx_token_min`]).
     pub amx_token_min: &'static [(DType, usize)],
-    /// The most weight bytes (KiB) of one chunk of a multi-token F16 call (`None`:
+    /// The most weight bytes (KiB) of one chunk of a multi-token F16 or BF16 call (`None`:
     /// [`CHUNK_KIB`], as every format): more rows per chunk reuse each token's activations
     /// more, while the chunk's weights must stay in this CPU's L2.
-    pub f16_chunk_kib: Option<usize>,
+    pub half_float_chunk_kib: Option<usize>,
     /// Packed formats whose one-token calls run the 512-bit VNNI kernels (`simd::avx512_packed`,
     /// `simd::avx512_packed_k`) on this CPU instead of the AVX2 packed kernels ([`wide_one_token`];
     /// formats not named, and CPUs without a row: the AVX2 kernels).
@@ -113,7 +113,7 @@ pub const TABLE: &[TableRow] = &[
         // 1 MiB of L2 per core: 768 KiB chunks ran the 2048 × 8192 F16 matrix at 512 tokens in
         // 45 ns per 2048-column row-token against 60 with 256 KiB (1 thread, CPU time).
         amx_token_min: &[],
-        f16_chunk_kib: Some(768),
+        half_float_chunk_kib: Some(768),
         // One-token calls from DRAM ran 1.3-6x slower on the 512-bit kernels than on the AVX2
         // ones (docs/cpu-kernels.md, "AVX-512 CPUs run the packed AVX2 kernels").
         wide_one_token: &[],
@@ -131,30 +131,9 @@ pub const TABLE: &[TableRow] = &[
         // IQ3_S and the packed K formats, which one-token packed calls take the 512-bit kernels
         // and which formats with AVX2 packed kernels only are packed.
         choices: &[],
-        // IQ3_S: the gathered-row tiles (`avx512_iq3`, 4-token passes) ran 8 / 9 / 10 / 11
-        // tokens at 54.7-57.1 / 68.5-69.0 / 62.8-63.0 / 59.7-59.9 ns per 2048-column row-token,
-        // the token lanes at 80.5 / 71.5 / 64.6 / 58.5 (1 thread, CPU time). IQ3_XXS keeps the
-        // default 8: tiles 64.4 against lanes 62.5 at 8 tokens. Packed Q4_K / Q6_K: the packed
-        // VNNI kernels ran 15.8-17.0 / 23.1-25.3 ns per row-token at 16-48 tokens, the token
-        // lanes 22.3-27.8 / 29.4-29.6 at 16, 31.4-31.8 / 37.9-38.6 at 17, 22.4 / 27.0-27.4 at 24,
-        // 17.0-17.4 / 20.7-21.0 at 32 and 15.5-15.8 / 17.9-18.0 at 48 (1 thread, CPU time).
-        // Packed Q3_K / Q2_K (this row packs them): the AVX2 packed kernels ran 36.3-37.8 /
-        // 27.1-28.3 ns per row-token at 8-48 tokens, the token lanes from the packing 41.6 / 41.2
-        // at 8, 33.6 / 33.6 at 10, 28.3 / 28.2 at 12 and 24.6 / 24.6 at 14. Packed Q5_K / IQ4_XS:
-        // the 512-bit packed kernels 33.1 / 29.0 at 2 tokens, 25.6 / 23.5 at 4, 22.0 / 23.4 at 8,
-        // 24.5 / 23.0 at 9; the token lanes 28.4 / 35.7 at 10, 24.0 / 29.7 at 12, 20.9 / 25.8 at
-        // 14, 18.6 / 22.9 at 16 (1 thread, CPU time, least of two rounds).
-        token_lane_min: &[
-            (DType::IQ3S, 11),
-            (DType::Q4K, 48),
-            (DType::Q6K, 32),
-            (DType::Q5K, 14),
-            (DType::Q3K, 10),
-            (DType::Q2K, 13),
-            (DType::IQ4XS, 16),
-        ],
+        token_lane_min: XEON_TOKEN_LANE_MIN,
         amx_token_min: &[],
-        f16_chunk_kib: None,
+        half_float_chunk_kib: None,
         // One token from DRAM (32768 × 16384 matrices, 2 threads, least of 5, three rounds), ns
         // per row, AVX2 kernels → 512-bit: Q4_0 685-807 → 488-560, Q4_1 762-982 → 549-586,
         // Q8_0 1243-1601 → 911-946, IQ4_NL 780-815 → 516-533, Q4_K 695-869 → 659-846, Q6_K
@@ -181,15 +160,7 @@ pub const TABLE: &[TableRow] = &[
         // AVX-512 path (`Isa::for_format`). The token-lane thresholds are the model-207 Xeon's
         // (the same kernels and core family; not measured again here).
         choices: &[],
-        token_lane_min: &[
-            (DType::IQ3S, 11),
-            (DType::Q4K, 48),
-            (DType::Q6K, 32),
-            (DType::Q5K, 14),
-            (DType::Q3K, 10),
-            (DType::Q2K, 13),
-            (DType::IQ4XS, 16),
-        ],
+        token_lane_min: XEON_TOKEN_LANE_MIN,
         // Packed Q4_0 / Q8_0, ns per 2048-column row-token (1 thread, CPU time, least of 7): the
         // AVX-512 packed kernels 12.3 / 13.4 at 16 tokens, 12.2 / 13.0 at 32, 14.6 / 15.3 at 256;
         // the AMX tiles from the packing 11.3 / 13.2, 10.1 / 10.5 and 8.8 / 12.3 (at 8 tokens
@@ -198,7 +169,9 @@ pub const TABLE: &[TableRow] = &[
         // 16 / 17-row step in 77-79 / 83-84 ms with the tiles from 32 tokens against 81-83 /
         // 91-96 from 16; 24 / 33 rows 113 / 140 either way.
         amx_token_min: &[(DType::Q4_0, 32), (DType::Q8_0, 32)],
-        f16_chunk_kib: None,
+        // 2 MiB of L2 per core: 1 MiB chunks (64 rows of the 8192-column `ffn_down`) reuse each
+        // token's activations 4x more than 256 KiB (see `docs/cpu-kernels.md`).
+        half_float_chunk_kib: Some(1024),
         // One token from DRAM (131072 × 2048, 2 threads, least of 5, two rounds), ns per row,
         // AVX2 packed kernels (Q5_K / IQ4_XS: AVX-512 tiles, unpacked) → the 512-bit packed
         // kernels (packed): Q4_0 81-92 → 77-80, Q4_1 123-152 → 89-91, Q8_0 123-163 → 140-145,
@@ -228,7 +201,7 @@ pub const TABLE: &[TableRow] = &[
         choices: &[],
         token_lane_min: &[],
         amx_token_min: &[],
-        f16_chunk_kib: None,
+        half_float_chunk_kib: None,
         wide_one_token: &[],
         // Packed Q5_K: one-token calls 109-125 -> 77-91 ns per 2048-column row from L3 / DRAM
         // (2 threads); the Q5_K_M file's decode 1.09-1.15x the unpacked tile's (builds alternating).
@@ -280,6 +253,25 @@ pub fn amx_token_min(dtype: DType) -> usize {
     table_row().and_then(|row| row.amx_token_min.iter().find(|(d, _)| *d == dtype)).map_or(AMX_TOKEN_MIN, |&(_, n)| n)
 }
 
+/// The token-lane thresholds of the Intel Xeon rows: measured on the model-207 Xeon and taken
+/// by the AMX Xeon (the same kernels and core family).
+///
+/// IQ3_S: the gathered-row tiles (`avx512_iq3`, 4-token passes) ran 8 / 9 / 10 / 11
+/// tokens at 54.7-57.1 / 68.5-69.0 / 62.8-63.0 / 59.7-59.9 ns per 2048-column row-token,
+/// the token lanes at 80.5 / 71.5 / 64.6 / 58.5 (1 thread, CPU time). IQ3_XXS keeps the
+/// default 8: tiles 64.4 against lanes 62.5 at 8 tokens. Packed Q4_K / Q6_K: the packed
+/// VNNI kernels ran 15.8-17.0 / 23.1-25.3 ns per row-token at 16-48 tokens, the token
+/// lanes 22.3-27.8 / 29.4-29.6 at 16, 31.4-31.8 / 37.9-38.6 at 17, 22.4 / 27.0-27.4 at 24,
+/// 17.0-17.4 / 20.7-21.0 at 32 and 15.5-15.8 / 17.9-18.0 at 48 (1 thread, CPU time).
+/// Packed Q3_K / Q2_K (both rows pack them): the AVX2 packed kernels ran 36.3-37.8 /
+/// 27.1-28.3 ns per row-token at 8-48 tokens, the token lanes from the packing 41.6 / 41.2
+/// at 8, 33.6 / 33.6 at 10, 28.3 / 28.2 at 12 and 24.6 / 24.6 at 14. Packed Q5_K / IQ4_XS:
+/// the 512-bit packed kernels 33.1 / 29.0 at 2 tokens, 25.6 / 23.5 at 4, 22.0 / 23.4 at 8,
+/// 24.5 / 23.0 at 9; the token lanes 28.4 / 35.7 at 10, 24.0 / 29.7 at 12, 20.9 / 25.8 at
+/// 14, 18.6 / 22.9 at 16 (1 thread, CPU time, least of two rounds).
+const XEON_TOKEN_LANE_MIN: &[(DType, usize)] =
+    &[(DType::IQ3S, 11), (DType::Q4K, 48), (DType::Q6K, 32), (DType::Q5K, 14), (DType::Q3K, 10), (DType::Q2K, 13), (DType::IQ4XS, 16)];
+
 /// The fewest tokens of a Q5_K / Q3_K / Q2_K / IQ4_XS call the AVX-512 token-lane kernel takes
 /// where no table row says otherwise.
 pub const TOKEN_LANE_MIN: usize = 8;
@@ -321,11 +313,11 @@ pub fn wide_one_token(dtype: DType) -> bool {
 pub const CHUNK_KIB: usize = 256;
 
 /// The most weight bytes (KiB) of one chunk of a multi-token `dtype` call on this CPU: its
-/// [`TABLE`] row's figure for F16, else [`CHUNK_KIB`]. Chunks only split the rows, so this moves
+/// [`TABLE`] row's figure for F16 and BF16, else [`CHUNK_KIB`]. Chunks only split the rows, so this moves
 /// only time.
 pub fn chunk_kib(dtype: DType) -> usize {
-    let f16 = if dtype == DType::F16 { table_row().and_then(|row| row.f16_chunk_kib) } else { None };
-    f16.unwrap_or(CHUNK_KIB)
+    let half = if matches!(dtype, DType::F16 | DType::BF16) { table_row().and_then(|row| row.half_float_chunk_kib) } else { None };
+    half.unwrap_or(CHUNK_KIB)
 }
 
 /// The path that multiplies `dtype` on this CPU. See the module doc.

@@ -7,7 +7,7 @@
 //!   kernels, see `quantize.rs` for why), in parallel for large batches.
 //! * Work is split over *output rows* into chunks run on [`crate::pool`]; every weight row is
 //!   therefore read from memory once per call regardless of `n_tokens`. A chunk's weights are
-//!   kept ≲ 256 KiB (`dispatch::chunk_kib`: F16 on a CPU whose table row says so, more) so
+//!   kept ≲ 256 KiB (`dispatch::chunk_kib`: F16 / BF16 on a CPU whose table row says so, more) so
 //!   they stay in L2 while the chunk sweeps all tokens. With one thread (or too little work
 //!   to share) the chunks run in turn on the calling thread, the same way.
 //! * Inside a chunk: for each group of ≤ 4 tokens (their activations stay in L1), for each group
@@ -42,6 +42,11 @@
 //!   below the token-lane threshold, unpacked (`simd::k_panel::takes`): chunks (sized so their decoded panel stays in L2) go whole to
 //!   `simd::k_panel::run_rows`, which decodes the chunk's weights once and sweeps every token
 //!   over them (bitwise the decode tiles' result).
+//!
+//! * Exception, `Isa::Avx512`/`Amx` with F16/BF16 weights, ≥ 6 tokens and `cols` a multiple
+//!   of 16 (`simd::avx512_float_wide::takes`): chunks go whole to
+//!   `simd::avx512_float_wide::run_rows`, tiles of 4 rows × 6 tokens over activations
+//!   interleaved per 16 columns (bitwise the 4 × 4 tiles' result).
 //!
 //! * [`matmul_multi`]: several matrices sharing the activations (q/k/v, gate/up) in one
 //!   parallel region, activations prepared once.
@@ -251,6 +256,9 @@ struct Job<'a> {
     /// K-quant / IQ4_XS prefill on AVX-512 VNNI: whole chunks go to `vnni_k::run_rows`.
     #[cfg(target_arch = "x86_64")]
     vnni: bool,
+    /// F16 / BF16 weights and ≥ 6 tokens on AVX-512: whole chunks go to `avx512_float_wide::run_rows`.
+    #[cfg(target_arch = "x86_64")]
+    float_wide: bool,
 }
 
 impl<'a> Job<'a> {
@@ -297,6 +305,8 @@ impl<'a> Job<'a> {
                 None => true,
                 Some(p) => crate::simd::k_panel::reads_packing(p.dtype(), n_tokens),
             };
+        #[cfg(target_arch = "x86_64")]
+        let float_wide = crate::simd::avx512_float_wide::takes(isa, w.dtype, n_tokens, w.cols);
         // A panel decoded from the packing (IQ4_XS, Q2_K, Q5_K) replaces the packed kernels for the call.
         #[cfg(target_arch = "x86_64")]
         let packed = if panel { None } else { packed };
@@ -335,6 +345,8 @@ impl<'a> Job<'a> {
             panel,
             #[cfg(target_arch = "x86_64")]
             vnni,
+            #[cfg(target_arch = "x86_64")]
+            float_wide,
         }
     }
 
@@ -372,6 +384,13 @@ impl<'a> Job<'a> {
                     crate::simd::avx2_packed::run_rows(&self.ctx, p, r0, r1, self.n_tokens)
                 }
             };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.float_wide {
+            // SAFETY: `avx512_float_wide::takes` checked the isa (available, checked by the
+            // caller), format, token count and columns; chunks own disjoint rows.
+            unsafe { crate::simd::avx512_float_wide::run_rows(&self.ctx, r0, r1, self.n_tokens) };
             return;
         }
         #[cfg(target_arch = "x86_64")]

@@ -57,7 +57,7 @@ pub(crate) unsafe fn tile(c: &TileCtx, r0: usize, nr: usize, t0: usize, nt: usiz
 /// Up to 16 weights (mask `m`) at element `i` of a row of kind K (0 = f32, 1 = f16, 2 = bf16).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn load16<const K: u8, const MASKED: bool>(p: *const u8, i: usize, m: u16) -> __m512 {
+pub(crate) unsafe fn load16<const K: u8, const MASKED: bool>(p: *const u8, i: usize, m: u16) -> __m512 {
     match K {
         0 => {
             let q = p.add(4 * i) as *const f32;

@@ -9,7 +9,8 @@
 //!
 //! Paths: `scalar` (portable, any target, also the reference), `avx2` (AVX2+FMA+F16C,
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
-//! 16-lane float kernels; packed Q4_0/Q8_0/Q4_1/Q4_K run `avx512_packed*`, the packed
+//! 16-lane float kernels, F16/BF16 calls of ≥ 6 tokens `avx512_float_wide`'s 4 × 6 tiles over
+//! interleaved activations; packed Q4_0/Q8_0/Q4_1/Q4_K run `avx512_packed*`, the packed
 //! layout's 512-bit kernels of up to 8 tokens (packed Q6_K too; one-token packed calls: the AVX2 kernels, unless `dispatch::wide_one_token`); `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
 //! formats of `avx2_k` reuse the AVX2 kernels, except one-token Q3_K/IQ4_XS calls, which run
 //! `avx512_k`'s VNNI row tiles; calls of Q5_K/Q3_K/Q2_K/IQ4_XS from
@@ -41,6 +42,8 @@ pub(crate) mod avx2_packed_k;
 pub(crate) mod avx2_q32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_float_wide;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_iq3;
 #[cfg(target_arch = "x86_64")]

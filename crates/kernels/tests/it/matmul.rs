@@ -143,6 +143,37 @@ fn result_independent_of_n_tokens_bitwise() {
     }
 }
 
+/// Float weights in calls of 6 or more tokens (AVX-512 F16 / BF16: tiles of 4 rows × 6 tokens
+/// over interleaved activations, the rest in 4 × 4 tiles) give each token the bits of its own
+/// one-token call, for row counts that leave 1–3 rows and columns that are and are not a
+/// multiple of 16.
+#[test]
+fn float_calls_of_six_or_more_tokens_match_one_token_calls_bitwise() {
+    for d in [DType::F32, DType::F16, DType::BF16] {
+        for (rows, cols) in [(9usize, 48usize), (10, 40), (11, 1024), (6, 2048)] {
+            let w = data(rows * cols, 31);
+            let bytes = quantize(d, &w, cols).unwrap();
+            let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
+            for n in [6usize, 7, 12, 13, 20] {
+                let x = data(n * cols, 32 + n as u64);
+                for isa in Isa::available() {
+                    let mut batch = vec![f32::NAN; n * rows];
+                    matmul_with(isa, &wm, &x, n, &mut batch);
+                    for t in 0..n {
+                        let mut one = vec![f32::NAN; rows];
+                        matmul_with(isa, &wm, &x[t * cols..(t + 1) * cols], 1, &mut one);
+                        assert_eq!(
+                            packed::bits(&one),
+                            packed::bits(&batch[t * rows..(t + 1) * rows]),
+                            "{d} {isa:?} {rows}x{cols} n={n} token {t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn odd_shapes_and_tails() {
     // Odd block counts (AVX-512 pairs blocks) and float rows that are not a multiple of 8/16.
