@@ -170,7 +170,10 @@ pub const TABLE: &[TableRow] = &[
         // 91-96 from 16; 24 / 33 rows 113 / 140 either way.
         amx_token_min: &[(DType::Q4_0, 32), (DType::Q8_0, 32)],
         // 2 MiB of L2 per core: 1 MiB chunks (64 rows of the 8192-column `ffn_down`) reuse each
-        // token's activations 4x more than 256 KiB (see `docs/cpu-kernels.md`).
+        // token's activations 4x more than 256 KiB. A C model of the 4 x 4 tiles, 2048 x 8192
+        // at 256 tokens (1 thread, CPU time): 41.5 ns per 2048-column row-token with 256 KiB,
+        // 35.5 with 512 KiB, 32.5-33.1 with 1 MiB, 33.3-33.8 with 1.5 MiB; the 4 x 6 tiles
+        // (`simd::avx512_float_wide`) 30.4-30.7 with 1 MiB (docs/cpu-kernels.md).
         half_float_chunk_kib: Some(1024),
         // One token from DRAM (131072 × 2048, 2 threads, least of 5, two rounds), ns per row,
         // AVX2 packed kernels (Q5_K / IQ4_XS: AVX-512 tiles, unpacked) → the 512-bit packed
