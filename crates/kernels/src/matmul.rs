@@ -27,7 +27,7 @@
 //!   names them, `dispatch::packs`; on AVX2 IQ4_XS / Q2_K / Q5_K calls of ≥ 64 tokens take the
 //!   panel below, from the packing): chunks are multiples of 8 rows and go whole to `simd::avx2_packed::run_rows` (8 rows × ≤ 4 tokens
 //!   per call) or, on `Isa::Avx512` with 2 or more tokens of a format `simd::avx512_packed::takes`,
-//!   to `simd::avx512_packed::run_rows` (VNNI, 8 rows × ≤ 8 tokens per
+//!   to `simd::avx512_packed::run_rows` (VNNI, 8 rows × ≤ 16 tokens (K-quants ≤ 8) per
 //!   call, the weights unpacked once per call for all of them; one-token calls stay on the AVX2
 //!   kernels, which stream from DRAM faster on Zen 4, unless the CPU's table row names the
 //!   format in `dispatch::wide_one_token`); both bitwise the scalar reference's result.

@@ -11,7 +11,7 @@
 //! `vpmaddubsw` integer dots), `avx512` (AVX-512F/BW/VL + VNNI `vpdpbusd` for Q4_0/Q8_0 and
 //! 16-lane float kernels, F16/BF16 calls of ≥ 6 tokens `avx512_float_wide`'s 4 × 6 tiles over
 //! interleaved activations; packed Q4_0/Q8_0/Q4_1/Q4_K run `avx512_packed*`, the packed
-//! layout's 512-bit kernels of up to 8 tokens (packed Q6_K too; one-token packed calls: the AVX2 kernels, unless `dispatch::wide_one_token`); `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
+//! layout's 512-bit kernels of up to 16 tokens a pass (K-quants 8; packed Q6_K too; one-token packed calls: the AVX2 kernels, unless `dispatch::wide_one_token`); `avx512_q32` for Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4; K-quants and the
 //! formats of `avx2_k` reuse the AVX2 kernels, except one-token Q3_K/IQ4_XS calls, which run
 //! `avx512_k`'s VNNI row tiles; calls of Q5_K/Q3_K/Q2_K/IQ4_XS from
 //! `dispatch::token_lane_min` tokens (8 unless the CPU's table row says otherwise), and of

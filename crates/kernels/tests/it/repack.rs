@@ -132,12 +132,13 @@ fn packed_avx2_is_exact_at_the_integer_bounds() {
     }
 }
 
-/// Every packed path's multi-token kernels (AVX2: tiles of ≤ 4 tokens; AVX-512 VNNI: ≤ 8) =
-/// the scalar reference, bitwise, at each token count 1..=8 and past a tile (13, 16), on an
+/// Every packed path's multi-token kernels (AVX2: tiles of ≤ 4 tokens; AVX-512 VNNI: ≤ 16,
+/// K-quants ≤ 8) = the scalar reference, bitwise, at each token count 1..=16 and past a pass
+/// (17, 33), on an
 /// odd number of 8-row groups (8, 24 and 136 rows) and several widths; and each token's bits
 /// are the same in a 1-token call as in any N-token call (`assert_packed_equals_scalar`).
 #[test]
-fn packed_paths_equal_scalar_bitwise_at_1_to_8_tokens() {
+fn packed_paths_equal_scalar_bitwise_at_1_to_16_tokens() {
     if common::packed::packed_paths().is_empty() {
         eprintln!("no packed path on this CPU");
         return;
@@ -148,7 +149,7 @@ fn packed_paths_equal_scalar_bitwise_at_1_to_8_tokens() {
             let wm = WeightMatrix::new(d, rows, cols, &bytes).unwrap();
             let p = Packed::new(&wm).unwrap();
             let wp = wm.with_packed(&p);
-            for n in (1usize..=8).chain([13, 16]) {
+            for n in (1usize..=16).chain([17, 33]) {
                 let x = data(n * cols, 300 + n as u64);
                 assert_packed_equals_scalar(&wm, &wp, &x, n);
             }
