@@ -5,6 +5,11 @@
 //! pre-broadcast, 32 bytes per 4, which saves the broadcasts). Every token's result is returned,
 //! so the compiler cannot drop a token's work. Standalone: it does not call the crate.
 //!
+//! On AVX-512 machines a second section gives absolute rates (G instructions per second of
+//! wall clock, one thread, no clock assumed): 512-bit FMAs alone (the float kernels' peak),
+//! the F16 float tiles' loop bodies on L1-resident data (4 rows × 4 tokens, and 4 × 6 over
+//! interleaved activations, in FMAs per second) and `vpdpbusd` alone.
+//!
 //! Run: `cargo bench -p engram-kernels --bench isa_probe` (AVX2/FMA/F16C machines). Times are
 //! best-of; the clock is calibrated in the same run by assuming a 256-bit `vpmaddubsw` takes
 //! 2 cycles of throughput (Zen 1's documented figure: two 128-bit µops on its one vector
@@ -79,7 +84,7 @@ mod probe {
             for j in 0..8 {
                 let wv = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
                 let aw = _mm256_sign_epi8(wv, wv);
-                for t in 0..NT {
+                for (t, st) in s.iter_mut().enumerate() {
                     let xp = x.add((t * nb + i) * 32);
                     let xb = if V == 0 {
                         _mm256_set1_epi32((xp.add(4 * j) as *const i32).read_unaligned())
@@ -88,9 +93,9 @@ mod probe {
                     };
                     let m = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv));
                     if V == 2 {
-                        s[t] = _mm256_add_epi16(s[t], m); // wrong math, port test only
+                        *st = _mm256_add_epi16(*st, m); // wrong math, port test only
                     } else {
-                        s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(m, ones));
+                        *st = _mm256_add_epi32(*st, _mm256_madd_epi16(m, ones));
                     }
                 }
             }
@@ -114,7 +119,7 @@ mod probe {
                 let v = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
                 let lo = _mm256_and_si256(v, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                for t in 0..NT {
+                for (t, st) in s.iter_mut().enumerate() {
                     let (xl, xh) = if V == 0 {
                         let xp = x.add((t * nb + i) * 32);
                         (
@@ -125,7 +130,7 @@ mod probe {
                         let xp = x.add((t * nb + i) * 256);
                         (_mm256_loadu_si256(xp.add(32 * j) as *const __m256i), _mm256_loadu_si256(xp.add(128 + 32 * j) as *const __m256i))
                     };
-                    s[t] = _mm256_add_epi16(s[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)));
+                    *st = _mm256_add_epi16(*st, _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)));
                 }
             }
             for t in 0..NT {
@@ -144,6 +149,84 @@ mod probe {
             best = best.min(s.elapsed().as_secs_f64());
         }
         best
+    }
+
+    /// `CHAINS` independent 512-bit FMA chains, `n` rounds.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn fma512(n: usize) -> f32 {
+        const CHAINS: usize = 24;
+        let (b, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        let mut a = [_mm512_set1_ps(1.0); CHAINS];
+        for _ in 0..n {
+            for v in a.iter_mut() {
+                *v = _mm512_fmadd_ps(*v, b, c);
+            }
+        }
+        a.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+    }
+
+    /// 16 independent 512-bit `vpdpbusd` chains, `n` rounds.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn dpbusd512(n: usize) -> i32 {
+        let (u, x) = (_mm512_set1_epi8(3), _mm512_set1_epi8(5));
+        let mut a = [_mm512_setzero_si512(); 16];
+        for _ in 0..n {
+            for v in a.iter_mut() {
+                *v = _mm512_dpbusd_epi32(*v, u, x);
+            }
+        }
+        a.iter().map(|v| _mm512_reduce_add_epi32(*v)).fold(0, i32::wrapping_add)
+    }
+
+    /// The F16 float tile's loop body (as `simd::avx512::float_tile`): `NR` f16 rows converted
+    /// per 16 columns, `NT` tokens' activations (row-major, or interleaved per 16 columns when
+    /// `INTERLEAVED`), `NR × NT` FMAs; `cols` columns, all L1-resident.
+    #[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
+    unsafe fn f16_tile<const NR: usize, const NT: usize, const INTERLEAVED: bool>(w: *const u16, x: *const f32, cols: usize) -> f32 {
+        let mut acc = [[_mm512_setzero_ps(); NT]; NR];
+        for i in (0..cols).step_by(16) {
+            let mut wv = [_mm512_setzero_ps(); NR];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_cvtph_ps(_mm256_loadu_si256(w.add(r * cols + i) as *const __m256i));
+            }
+            for t in 0..NT {
+                let at = if INTERLEAVED { i * NT + 16 * t } else { t * cols + i };
+                let xv = _mm512_loadu_ps(x.add(at));
+                for (r, row) in acc.iter_mut().enumerate() {
+                    row[t] = _mm512_fmadd_ps(wv[r], xv, row[t]);
+                }
+            }
+        }
+        acc.iter().flatten().map(|v| _mm512_reduce_add_ps(*v)).sum()
+    }
+
+    /// The 512-bit section (AVX-512 F/BW + VNNI machines only).
+    fn wide() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni")) {
+            println!("no AVX-512 F/BW/VNNI: no 512-bit section");
+            return;
+        }
+        let n = 2_000_000;
+        // SAFETY: AVX-512 F/BW/VNNI (and AVX2/FMA/F16C, checked by the caller) detected above.
+        unsafe {
+            let fma = (n * 24) as f64 / best(|| fma512(n), 5) / 1e9;
+            println!("512-bit ops alone, one thread, G per second of wall clock:");
+            println!("  vfmadd (24 chains): {fma:.2} G ({:.0} G multiply-adds)", fma * 16.0);
+            println!("  vpdpbusd (16 chains): {:.2} G", (n * 16) as f64 / best(|| dpbusd512(n), 5) / 1e9);
+            let cols = 1024;
+            let w: Vec<u16> = (0..4 * cols).map(|i| 0x3c00 + (i % 1000) as u16).collect();
+            let x: Vec<f32> = (0..6 * cols).map(|i| (i % 97) as f32 * 0.01).collect();
+            let reps = 10_000;
+            let rate = |fmas: usize, f: &dyn Fn() -> f32| {
+                let s = best(|| (0..reps).map(|_| f()).sum::<f32>(), 5);
+                let g = (reps * fmas) as f64 / s / 1e9;
+                format!("{g:.2} G FMAs ({:.0}% of the FMAs alone)", 100.0 * g / fma)
+            };
+            let (wp, xp) = (w.as_ptr(), x.as_ptr());
+            println!("F16 float tile bodies, {cols} L1-resident columns:");
+            println!("  4 rows x 4 tokens, row-major activations: {}", rate(4 * 4 * cols / 16, &|| f16_tile::<4, 4, false>(wp, xp, cols)));
+            println!("  4 rows x 6 tokens, interleaved activations: {}", rate(4 * 6 * cols / 16, &|| f16_tile::<4, 6, true>(wp, xp, cols)));
+        }
     }
 
     pub fn main() {
@@ -199,6 +282,7 @@ mod probe {
                 println!("  {name}: {:.1}", per(tokens * nb, best(|| (0..10).for_each(|_| call()), 3000)));
             }
         }
+        wide();
     }
 }
 
