@@ -46,7 +46,8 @@
 //! * Exception, `Isa::Avx512`/`Amx` with F16/BF16 weights, ≥ 6 tokens and `cols` a multiple
 //!   of 16 (`simd::avx512_float_wide::takes`): chunks go whole to
 //!   `simd::avx512_float_wide::run_rows`, tiles of 4 rows × 6 tokens over activations
-//!   interleaved per 16 columns (bitwise the 4 × 4 tiles' result).
+//!   interleaved per 16 columns (bitwise the 4 × 4 tiles' result); the 0–5 tokens left run
+//!   the 4 × 4 tiles.
 //!
 //! * [`matmul_multi`]: several matrices sharing the activations (q/k/v, gate/up) in one
 //!   parallel region, activations prepared once.
@@ -390,7 +391,8 @@ impl<'a> Job<'a> {
         if self.float_wide {
             // SAFETY: `avx512_float_wide::takes` checked the isa (available, checked by the
             // caller), format, token count and columns; chunks own disjoint rows.
-            unsafe { crate::simd::avx512_float_wide::run_rows(&self.ctx, r0, r1, self.n_tokens) };
+            let done = unsafe { crate::simd::avx512_float_wide::run_rows(&self.ctx, r0, r1, self.n_tokens) };
+            self.run_tiles(r0, r1, done);
             return;
         }
         #[cfg(target_arch = "x86_64")]
@@ -400,7 +402,11 @@ impl<'a> Job<'a> {
             unsafe { crate::simd::k_panel::run_rows(&self.ctx, r0, r1, self.n_tokens) };
             return;
         }
-        let mut t0 = 0;
+        self.run_tiles(r0, r1, 0);
+    }
+
+    /// Computes output rows `r0..r1` for tokens `t0..` with the path's register tiles.
+    fn run_tiles(&self, r0: usize, r1: usize, mut t0: usize) {
         while t0 < self.n_tokens {
             let nt = crate::simd::even_pass(self.n_tokens - t0, self.nt_max);
             let mut r = r0;

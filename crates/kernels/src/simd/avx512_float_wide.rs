@@ -15,7 +15,7 @@
 //! zero, one FMA per 16 columns in column order, `_mm512_reduce_add_ps` — so every output is
 //! bitwise what the 4 × 4 tiles (and the one-token tiles of decode) give. Calls take this
 //! path only when `cols` is a multiple of 16, so no masked tail is needed; the tokens left
-//! over after the last group of 6 run the 4 × 4 tiles.
+//! over after the last group of 6 the matmul runs in its 4 × 4 tiles.
 
 use super::{Acts, TileCtx};
 use crate::dtype::DType;
@@ -44,13 +44,14 @@ pub(crate) fn takes(isa: super::Isa, dtype: DType, n_tokens: usize, cols: usize)
         && cols % 16 == 0
 }
 
-/// Computes output rows `r0..r1` for every token of the call.
+/// Computes output rows `r0..r1` for the call's whole groups of [`TOKENS`] tokens and returns
+/// how many tokens that was (the rest, fewer than [`TOKENS`], are the caller's).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL must be available; [`takes`] must hold for the call; rows `r0..r1` are in
 /// bounds and no other thread writes them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn run_rows(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize) {
+pub(crate) unsafe fn run_rows(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize) -> usize {
     let Acts::F32(x) = c.acts else { unreachable!("activations prepared for the wrong dtype") };
     let cols = c.w.cols;
     let steps = cols / 16;
@@ -83,18 +84,8 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, r0: usize, r1: usize, n_tokens: usize
             }
             t0 += TOKENS;
         }
-        // The last 0-5 tokens: the 4 × 4 tiles (the same operations per accumulator).
-        while t0 < n_tokens {
-            let nt = super::even_pass(n_tokens - t0, 4);
-            let mut r = r0;
-            while r < r1 {
-                let nr = ROWS.min(r1 - r);
-                super::avx512::tile(c, r, nr, t0, nt);
-                r += nr;
-            }
-            t0 += nt;
-        }
-    });
+        t0
+    })
 }
 
 /// Copies `TOKENS` rows of `cols` activations (row-major at `x`) to `buf` as `cols / 16`

@@ -68,59 +68,38 @@ pub(crate) unsafe fn run_rows(c: &TileCtx, p: &Packed, r0: usize, r1: usize, n_t
             let gp = p.group(g).as_ptr();
             let gq = if two { p.group(g + 1).as_ptr() } else { gp };
             let out = c.out.add(t0 * c.ldo + g * GROUP_ROWS);
+            // One kernel instance per token count of a pass (1..=MAX_TOKENS).
             macro_rules! by_nt {
-                ($f:ident, $k:expr) => {
+                ($f:ident, $k:expr, ($($arg:expr),*)) => {
                     match nt {
-                        1 => $f::<$k, 1>(gp, gq, a, t0, out, c.ldo, ahead),
-                        2 => $f::<$k, 2>(gp, gq, a, t0, out, c.ldo, ahead),
-                        3 => $f::<$k, 3>(gp, gq, a, t0, out, c.ldo, ahead),
-                        4 => $f::<$k, 4>(gp, gq, a, t0, out, c.ldo, ahead),
-                        5 => $f::<$k, 5>(gp, gq, a, t0, out, c.ldo, ahead),
-                        6 => $f::<$k, 6>(gp, gq, a, t0, out, c.ldo, ahead),
-                        7 => $f::<$k, 7>(gp, gq, a, t0, out, c.ldo, ahead),
-                        8 => $f::<$k, 8>(gp, gq, a, t0, out, c.ldo, ahead),
-                        9 => $f::<$k, 9>(gp, gq, a, t0, out, c.ldo, ahead),
-                        10 => $f::<$k, 10>(gp, gq, a, t0, out, c.ldo, ahead),
-                        11 => $f::<$k, 11>(gp, gq, a, t0, out, c.ldo, ahead),
-                        12 => $f::<$k, 12>(gp, gq, a, t0, out, c.ldo, ahead),
-                        13 => $f::<$k, 13>(gp, gq, a, t0, out, c.ldo, ahead),
-                        14 => $f::<$k, 14>(gp, gq, a, t0, out, c.ldo, ahead),
-                        15 => $f::<$k, 15>(gp, gq, a, t0, out, c.ldo, ahead),
-                        _ => $f::<$k, 16>(gp, gq, a, t0, out, c.ldo, ahead),
-                    }
-                };
-            }
-            macro_rules! one_nt {
-                ($f:ident, $k:expr) => {
-                    match nt {
-                        1 => $f::<$k, 1>(gp, a, t0, out, c.ldo, ahead),
-                        2 => $f::<$k, 2>(gp, a, t0, out, c.ldo, ahead),
-                        3 => $f::<$k, 3>(gp, a, t0, out, c.ldo, ahead),
-                        4 => $f::<$k, 4>(gp, a, t0, out, c.ldo, ahead),
-                        5 => $f::<$k, 5>(gp, a, t0, out, c.ldo, ahead),
-                        6 => $f::<$k, 6>(gp, a, t0, out, c.ldo, ahead),
-                        7 => $f::<$k, 7>(gp, a, t0, out, c.ldo, ahead),
-                        8 => $f::<$k, 8>(gp, a, t0, out, c.ldo, ahead),
-                        9 => $f::<$k, 9>(gp, a, t0, out, c.ldo, ahead),
-                        10 => $f::<$k, 10>(gp, a, t0, out, c.ldo, ahead),
-                        11 => $f::<$k, 11>(gp, a, t0, out, c.ldo, ahead),
-                        12 => $f::<$k, 12>(gp, a, t0, out, c.ldo, ahead),
-                        13 => $f::<$k, 13>(gp, a, t0, out, c.ldo, ahead),
-                        14 => $f::<$k, 14>(gp, a, t0, out, c.ldo, ahead),
-                        15 => $f::<$k, 15>(gp, a, t0, out, c.ldo, ahead),
-                        _ => $f::<$k, 16>(gp, a, t0, out, c.ldo, ahead),
+                        1 => $f::<$k, 1>($($arg),*),
+                        2 => $f::<$k, 2>($($arg),*),
+                        3 => $f::<$k, 3>($($arg),*),
+                        4 => $f::<$k, 4>($($arg),*),
+                        5 => $f::<$k, 5>($($arg),*),
+                        6 => $f::<$k, 6>($($arg),*),
+                        7 => $f::<$k, 7>($($arg),*),
+                        8 => $f::<$k, 8>($($arg),*),
+                        9 => $f::<$k, 9>($($arg),*),
+                        10 => $f::<$k, 10>($($arg),*),
+                        11 => $f::<$k, 11>($($arg),*),
+                        12 => $f::<$k, 12>($($arg),*),
+                        13 => $f::<$k, 13>($($arg),*),
+                        14 => $f::<$k, 14>($($arg),*),
+                        15 => $f::<$k, 15>($($arg),*),
+                        _ => $f::<$k, 16>($($arg),*),
                     }
                 };
             }
             match (p.dtype(), two) {
-                (DType::Q4_0, true) => by_nt!(group2, Q4_0),
-                (DType::Q4_1, true) => by_nt!(group2, Q4_1),
-                (DType::Q8_0, true) => by_nt!(group2, Q8_0),
-                (DType::IQ4NL, true) => by_nt!(group2, IQ4NL),
-                (DType::Q4_0, false) => one_nt!(group, Q4_0),
-                (DType::Q4_1, false) => one_nt!(group, Q4_1),
-                (DType::Q8_0, false) => one_nt!(group, Q8_0),
-                (DType::IQ4NL, false) => one_nt!(group, IQ4NL),
+                (DType::Q4_0, true) => by_nt!(group2, Q4_0, (gp, gq, a, t0, out, c.ldo, ahead)),
+                (DType::Q4_1, true) => by_nt!(group2, Q4_1, (gp, gq, a, t0, out, c.ldo, ahead)),
+                (DType::Q8_0, true) => by_nt!(group2, Q8_0, (gp, gq, a, t0, out, c.ldo, ahead)),
+                (DType::IQ4NL, true) => by_nt!(group2, IQ4NL, (gp, gq, a, t0, out, c.ldo, ahead)),
+                (DType::Q4_0, false) => by_nt!(group, Q4_0, (gp, a, t0, out, c.ldo, ahead)),
+                (DType::Q4_1, false) => by_nt!(group, Q4_1, (gp, a, t0, out, c.ldo, ahead)),
+                (DType::Q8_0, false) => by_nt!(group, Q8_0, (gp, a, t0, out, c.ldo, ahead)),
+                (DType::IQ4NL, false) => by_nt!(group, IQ4NL, (gp, a, t0, out, c.ldo, ahead)),
                 _ => unreachable!("only Q4_0 / Q8_0 / Q4_1 / IQ4_NL are packed here"),
             }
             g += if two { 2 } else { 1 };
