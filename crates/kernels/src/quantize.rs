@@ -347,12 +347,11 @@ fn q6k_block(x: &[f32], b: &mut [u8]) {
 /// integer kernels of Q4_0 / Q8_0 weights.
 ///
 /// Per block `b` (global index `t * blocks_per_row + i`): `qs[32b..32b+32]` are the i8 values,
-/// `d[b]` the f32 scale (kept f32, more precise than ggml's f16, free for us), and two
-/// 8-lane vectors the SIMD kernels load directly so they need no shuffles:
-/// * `dv[8b..8b+8]`  = `d[b]` broadcast (an AVX2 register, or half an AVX-512 one);
-/// * `bias[8b..8b+8]` = `[-k·Σqs, 0, …, 0]`: the VNNI kernels compute `Σ u·x` with *unsigned*
-///   weights `u = w + k` (k = 8 for Q4_0 nibbles, 128 for Q8_0 via `w ^ 0x80`) and start the
-///   `vpdpbusd` accumulator at this bias, which removes the offset exactly in integers.
+/// `d[b]` the f32 scale (kept f32, more precise than ggml's f16, free for us), `sum[b]` = `Σ
+/// qs`, `bias1[b]` = `-k·Σ qs` and `s[b]` = `d·Σ qs`. The VNNI kernels compute `Σ u·x` with
+/// *unsigned* weights `u = w + k` (k = 8 for Q4_0 nibbles, 128 for Q8_0 via `w ^ 0x80`) and
+/// start the `vpdpbusd` accumulator at the bias, which removes the offset exactly in integers.
+/// The unpacked kernels load 8-lane rows of these ([`ActQ8::lanes8`]), built on first use.
 pub struct ActQ8 {
     /// Blocks per token row.
     pub blocks_per_row: usize,
@@ -360,22 +359,35 @@ pub struct ActQ8 {
     pub qs: Vec<i8>,
     /// Per-block scale.
     pub d: Vec<f32>,
-    /// Per-block scale broadcast to 8 lanes.
-    pub dv: Vec<f32>,
-    /// Per-block integer offset correction (lane 0 only).
-    pub bias: Vec<i32>,
     /// Σ qs per block (used by the scalar kernel).
     pub sum: Vec<i32>,
-    /// `-k·Σqs` per block, one i32 each (`bias`'s lane 0, compact): what the packed kernels
-    /// broadcast. Read from `bias`'s 8-lane rows (32 bytes a block), a token's activation data
-    /// spanned 17 KiB at 8192 columns instead of 10, and 8-token calls of such a matrix cost
-    /// ~1.4× what they cost now (`docs/cpu-kernels.md`).
+    /// `-k·Σqs` per block, one i32 each: what the packed kernels broadcast. Compact on
+    /// purpose: read from 8-lane rows (32 bytes a block), a token's activation data spanned
+    /// 17 KiB at 8192 columns instead of 10, and 8-token calls of such a matrix cost ~1.4×
+    /// (`docs/cpu-kernels.md`).
     pub bias1: Vec<i32>,
     /// `d · Σ qs` per block: ggml's Q8_1 `s`, the activation term of the min in Q4_1 / Q5_1.
     pub s: Vec<f32>,
-    /// `[s, 0, …, 0]` per block (8 lanes), so a SIMD kernel adds `m · s` to lane 0 with one load.
+    /// The weight offset `k` the biases remove.
+    k: i32,
+    /// The 8-lane rows of the unpacked kernels, built on first use ([`ActQ8::lanes8`]).
+    lanes8: std::sync::OnceLock<Lanes8>,
+}
+
+/// Per block of an [`ActQ8`], three 8-lane rows an AVX2 register (or half an AVX-512 one) loads
+/// with no shuffle: a rearrangement of its `d`, `bias1` and `s`, never different data.
+pub(crate) struct Lanes8 {
+    /// `d[b]` in all 8 lanes.
+    pub dv: Vec<f32>,
+    /// `[bias1[b], 0, …, 0]`.
+    pub bias: Vec<i32>,
+    /// `[s[b], 0, …, 0]`, so a SIMD kernel adds `m · s` to lane 0 with one load.
     pub sv: Vec<f32>,
 }
+
+/// Blocks one piece of an activation quantization takes: pieces run on the kernel threads
+/// (`crate::parallel_for`) once a call has two of them.
+const ACT_PIECE_BLOCKS: usize = 256;
 
 /// One 32-value activation block to Q8_0 codes, the reference: the scale `amax / 127` (`amax`
 /// the largest magnitude, NaN values skipped), each code `round(v / scale)` (half away from
@@ -408,6 +420,8 @@ fn q8_block_fn() -> fn(&[f32], &mut [i8]) -> (f32, i32) {
 
 impl ActQ8 {
     /// Quantizes `n` rows of `cols` f32 (cols % 32 == 0); `k` is the weight offset (8 or 128).
+    /// Calls of at least two [`ACT_PIECE_BLOCKS`] pieces run on the kernel threads; every
+    /// block's result is the same either way.
     pub fn new(x: &[f32], n: usize, cols: usize, k: i32) -> ActQ8 {
         let bpr = cols / QK;
         let nb = n * bpr;
@@ -415,41 +429,70 @@ impl ActQ8 {
             blocks_per_row: bpr,
             qs: vec![0; nb * QK],
             d: vec![0.0; nb],
-            dv: vec![0.0; nb * 8],
-            bias: vec![0; nb * 8],
             sum: vec![0; nb],
+            bias1: vec![0; nb],
             s: vec![0.0; nb],
-            sv: vec![0.0; nb * 8],
-            bias1: Vec::new(),
+            k,
+            lanes8: std::sync::OnceLock::new(),
         };
         let block = q8_block_fn();
-        let work = |((((xb, qs), (d, dv)), (bias, sum)), (sd, sv)): (
-            (((&[f32], &mut [i8]), (&mut f32, &mut [f32])), (&mut [i32], &mut i32)),
-            (&mut f32, &mut [f32]),
-        )| {
-            let (dd, s) = block(xb, qs);
-            *d = dd;
-            dv.iter_mut().for_each(|v| *v = dd);
-            bias[0] = -k * s;
-            *sum = s;
-            *sd = dd * s as f32;
-            sv[0] = *sd;
+        let piece = |(((xb, qs), (d, sum)), (bias1, s)): PieceQ8<'_>| {
+            let blocks = xb.chunks_exact(QK).zip(qs.chunks_exact_mut(QK));
+            for ((((xb, qs), d), sum), (bias1, sd)) in blocks.zip(d.iter_mut()).zip(sum.iter_mut()).zip(bias1.iter_mut().zip(s.iter_mut()))
+            {
+                let (dd, total) = block(xb, qs);
+                *d = dd;
+                *sum = total;
+                *bias1 = -k * total;
+                *sd = dd * total as f32;
+            }
         };
-        let it = x[..nb * QK]
-            .chunks_exact(QK)
-            .zip(a.qs.chunks_exact_mut(QK))
-            .zip(a.d.iter_mut().zip(a.dv.chunks_exact_mut(8)))
-            .zip(a.bias.chunks_exact_mut(8).zip(a.sum.iter_mut()))
-            .zip(a.s.iter_mut().zip(a.sv.chunks_exact_mut(8)));
-        if nb >= 4096 {
-            use rayon::prelude::*;
-            let items: Vec<_> = it.collect();
-            crate::pool::pool().install(|| items.into_par_iter().with_min_len(512).for_each(work));
-        } else {
-            it.for_each(work);
-        }
-        a.bias1 = a.sum.iter().map(|s| -k * s).collect();
+        let pb = ACT_PIECE_BLOCKS;
+        let pieces = x[..nb * QK]
+            .chunks(pb * QK)
+            .zip(a.qs.chunks_mut(pb * QK))
+            .zip(a.d.chunks_mut(pb).zip(a.sum.chunks_mut(pb)))
+            .zip(a.bias1.chunks_mut(pb).zip(a.s.chunks_mut(pb)));
+        in_pieces(pieces, &piece);
         a
+    }
+
+    /// The 8-lane rows of the unpacked kernels (`dv`, `bias`, `sv`), built on first use.
+    pub(crate) fn lanes8(&self) -> &Lanes8 {
+        self.lanes8.get_or_init(|| {
+            let nb = self.d.len();
+            let mut l = Lanes8 { dv: vec![0.0; nb * 8], bias: vec![0; nb * 8], sv: vec![0.0; nb * 8] };
+            for (b, ((dv, bias), sv)) in l.dv.chunks_exact_mut(8).zip(l.bias.chunks_exact_mut(8)).zip(l.sv.chunks_exact_mut(8)).enumerate()
+            {
+                dv.fill(self.d[b]);
+                bias[0] = -self.k * self.sum[b];
+                sv[0] = self.s[b];
+            }
+            l
+        })
+    }
+}
+
+/// One piece of [`ActQ8::new`]: its input floats, then its blocks' codes, scales, sums, biases
+/// and `s`.
+type PieceQ8<'a> = (((&'a [f32], &'a mut [i8]), (&'a mut [f32], &'a mut [i32])), (&'a mut [i32], &'a mut [f32]));
+
+/// Runs `work` on every piece: on the kernel threads' team when there are at least two, else
+/// here. Each piece owns disjoint outputs, so the result does not depend on which thread ran
+/// it. (The rayon pool, with every block's slices collected first, took 7× as long for 256
+/// tokens × 2,048 columns: `docs/cpu-kernels.md`.)
+fn in_pieces<P: Send>(pieces: impl Iterator<Item = P>, work: &(dyn Fn(P) + Sync)) {
+    let pieces: Vec<std::sync::Mutex<Option<P>>> = pieces.map(|p| std::sync::Mutex::new(Some(p))).collect();
+    let run = |i: usize| {
+        let p = pieces[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = p {
+            work(p);
+        }
+    };
+    if pieces.len() >= 2 {
+        crate::parallel_for(pieces.len(), &run);
+    } else {
+        (0..pieces.len()).for_each(run);
     }
 }
 
@@ -512,14 +555,13 @@ impl ActQ8K {
             }
             *d = 1.0 / iscale;
         };
-        let it = x[..nb * QK_K].chunks_exact(QK_K).zip(a.qs.chunks_exact_mut(QK_K)).zip(a.d.iter_mut().zip(a.bsums.chunks_exact_mut(16)));
-        if nb >= 512 {
-            use rayon::prelude::*;
-            let items: Vec<_> = it.collect();
-            crate::pool::pool().install(|| items.into_par_iter().with_min_len(64).for_each(work));
-        } else {
-            it.for_each(work);
-        }
+        // Pieces of 32 super-blocks (8,192 values, as many as an ActQ8 piece).
+        const PB: usize = ACT_PIECE_BLOCKS * QK / QK_K;
+        let pieces =
+            x[..nb * QK_K].chunks(PB * QK_K).zip(a.qs.chunks_mut(PB * QK_K)).zip(a.d.chunks_mut(PB).zip(a.bsums.chunks_mut(PB * 16)));
+        in_pieces(pieces, &|((xs, qs), (d, bs)): ((&[f32], &mut [i8]), (&mut [f32], &mut [i16]))| {
+            xs.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)).zip(d.iter_mut().zip(bs.chunks_exact_mut(16))).for_each(work)
+        });
         a
     }
 
@@ -537,5 +579,57 @@ impl ActQ8K {
             }
             out
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Activations with a spread of magnitudes, zero blocks and a NaN.
+    fn acts(n: usize, cols: usize) -> Vec<f32> {
+        let mut x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919 % 2001) as f32 - 1000.0) / (1.0 + (i % 97) as f32)).collect();
+        x[..64].fill(0.0);
+        x[100] = f32::NAN;
+        x
+    }
+
+    #[test]
+    fn act_q8_blocks_are_the_reference_in_one_piece_or_many() {
+        // 64 blocks (one piece, quantized here) and 1,088 (five pieces, on the kernel threads).
+        for (n, cols) in [(1, 2048), (17, 2048), (3, 4096)] {
+            let x = acts(n, cols);
+            for k in [0, 8, 128] {
+                let a = ActQ8::new(&x, n, cols, k);
+                let l = a.lanes8();
+                for (b, xb) in x.chunks_exact(QK).enumerate() {
+                    let mut qs = [0i8; QK];
+                    let (d, sum) = q8_block_scalar(xb, &mut qs);
+                    assert_eq!(&a.qs[QK * b..QK * b + QK], &qs, "n {n} cols {cols} block {b}");
+                    assert_eq!((a.d[b].to_bits(), a.sum[b], a.bias1[b]), (d.to_bits(), sum, -k * sum), "block {b}");
+                    assert_eq!(a.s[b].to_bits(), (d * sum as f32).to_bits(), "block {b}");
+                    assert!(l.dv[8 * b..8 * b + 8].iter().all(|v| v.to_bits() == d.to_bits()));
+                    assert_eq!(&l.bias[8 * b..8 * b + 8], &[-k * sum, 0, 0, 0, 0, 0, 0, 0]);
+                    assert_eq!(l.sv[8 * b].to_bits(), a.s[b].to_bits());
+                    assert!(l.sv[8 * b + 1..8 * b + 8].iter().all(|&v| v == 0.0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn act_q8k_is_the_same_row_by_row_or_in_pieces() {
+        // 40 rows of 8 super-blocks: ten pieces on the kernel threads; each row alone is one.
+        let (n, cols) = (40, 2048);
+        let x = acts(n, cols);
+        let all = ActQ8K::new(&x, n, cols);
+        let bpr = cols / QK_K;
+        for r in 0..n {
+            let one = ActQ8K::new(&x[r * cols..(r + 1) * cols], 1, cols);
+            assert_eq!(&all.qs[r * cols..(r + 1) * cols], &one.qs[..], "row {r}");
+            assert_eq!(&all.bsums[r * bpr * 16..(r + 1) * bpr * 16], &one.bsums[..], "row {r}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&all.d[r * bpr..(r + 1) * bpr]), bits(&one.d), "row {r}");
+        }
     }
 }

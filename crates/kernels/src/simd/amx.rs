@@ -324,6 +324,7 @@ unsafe fn vnni_group<const Q4: bool, const NT: usize>(
     ldo: usize,
     mask: u16,
 ) {
+    let l8 = a.lanes8();
     let bb = if Q4 { 18 } else { 34 };
     let nb = a.blocks_per_row;
     // Rows past the end read row 0 again (valid memory); their outputs are masked off.
@@ -366,7 +367,7 @@ unsafe fn vnni_group<const Q4: bool, const NT: usize>(
         for t in 0..NT {
             let ab = (t0 + t) * nb + i;
             let xp = a.qs.as_ptr().add(ab * 32);
-            let bp = a.bias.as_ptr().add(ab * 8);
+            let bp = l8.bias.as_ptr().add(ab * 8);
             let mut p = [_mm512_setzero_si512(); 8];
             let first_stage = if Q4 {
                 let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(xp as *const __m128i));

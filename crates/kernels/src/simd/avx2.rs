@@ -193,6 +193,7 @@ unsafe fn q8_tile<const Q4: bool, const NR: usize, const NT: usize>(
     out: *mut f32,
     ldo: usize,
 ) {
+    let l8 = a.lanes8();
     let bb = if Q4 { 18 } else { 34 };
     let nb = a.blocks_per_row;
     let m4 = _mm256_set1_epi8(0x0F);
@@ -217,8 +218,8 @@ unsafe fn q8_tile<const Q4: bool, const NR: usize, const NT: usize>(
         for t in 0..NT {
             let ab = (t0 + t) * nb + i;
             let xv = _mm256_loadu_si256(a.qs.as_ptr().add(ab * QK) as *const __m256i);
-            let dx = _mm256_loadu_ps(a.dv.as_ptr().add(ab * 8));
-            let bias = _mm256_loadu_si256(a.bias.as_ptr().add(ab * 8) as *const __m256i);
+            let dx = _mm256_loadu_ps(l8.dv.as_ptr().add(ab * 8));
+            let bias = _mm256_loadu_si256(l8.bias.as_ptr().add(ab * 8) as *const __m256i);
             for r in 0..NR {
                 let dot = if Q4 {
                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], xv), ones);

@@ -117,6 +117,7 @@ pub(crate) unsafe fn tile_dispatch(k: u8, nr: usize, nt: usize, w: *const u8, rb
 /// `NR` rows × `NT` tokens of format `K` against Q8 activations.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: usize, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+    let l8 = a.lanes8();
     let bb = match K {
         Q4_1 => 20,
         Q5_0 => 22,
@@ -145,10 +146,10 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
         for t in 0..NT {
             let ab = (t0 + t) * nb + i;
             let xv = _mm256_loadu_si256(a.qs.as_ptr().add(ab * QK) as *const __m256i);
-            let dx = _mm256_loadu_ps(a.dv.as_ptr().add(ab * 8));
+            let dx = _mm256_loadu_ps(l8.dv.as_ptr().add(ab * 8));
             // Lane 0 = s (the activation block's d·Σq), other lanes 0.
             let sx = if has_min { _mm256_blend_ps::<1>(zero, _mm256_set1_ps(*a.s.get_unchecked(ab))) } else { zero };
-            let bias = if K == Q5_0 { _mm256_loadu_si256(a.bias.as_ptr().add(ab * 8) as *const __m256i) } else { _mm256_setzero_si256() };
+            let bias = if K == Q5_0 { _mm256_loadu_si256(l8.bias.as_ptr().add(ab * 8) as *const __m256i) } else { _mm256_setzero_si256() };
             for r in 0..NR {
                 let mut dot = if signed { dot32::<true>(wv[r], xv) } else { dot32::<false>(wv[r], xv) };
                 if K == Q5_0 {

@@ -171,6 +171,7 @@ unsafe fn q8_tile<const Q4: bool, const NR: usize, const NT: usize>(
     out: *mut f32,
     ldo: usize,
 ) {
+    let l8 = a.lanes8();
     let bb = if Q4 { 18 } else { 34 };
     let nb = a.blocks_per_row;
     let mut acc = [[_mm512_setzero_ps(); NT]; NR];
@@ -194,7 +195,7 @@ unsafe fn q8_tile<const Q4: bool, const NR: usize, const NT: usize>(
         }
         for t in 0..NT {
             let ab = (t0 + t) * nb + i;
-            let (xq, xb, xd) = (a.qs.as_ptr().add(ab * QK), a.bias.as_ptr().add(ab * 8), a.dv.as_ptr().add(ab * 8));
+            let (xq, xb, xd) = (a.qs.as_ptr().add(ab * QK), l8.bias.as_ptr().add(ab * 8), l8.dv.as_ptr().add(ab * 8));
             let (xv, bias, dx) = if two {
                 (_mm512_loadu_si512(xq as *const __m512i), _mm512_loadu_si512(xb as *const __m512i), _mm512_loadu_ps(xd))
             } else {

@@ -94,6 +94,7 @@ unsafe fn pair<const K: u8>(b0: *const u8, bb: usize, lut: __m512i) -> (__m512i,
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: usize, a: &ActQ8, t0: usize, out: *mut f32, ldo: usize) {
+    let l8 = a.lanes8();
     let bb = match K {
         Q4_1 => 20,
         Q5_0 => 22,
@@ -128,7 +129,7 @@ unsafe fn tile<const K: u8, const NR: usize, const NT: usize>(w: *const u8, rb: 
         for t in 0..NT {
             let ab = (t0 + t) * nb + i;
             let (xq, xb, xd, xs) =
-                (a.qs.as_ptr().add(ab * QK), a.bias.as_ptr().add(ab * 8), a.dv.as_ptr().add(ab * 8), a.sv.as_ptr().add(ab * 8));
+                (a.qs.as_ptr().add(ab * QK), l8.bias.as_ptr().add(ab * 8), l8.dv.as_ptr().add(ab * 8), l8.sv.as_ptr().add(ab * 8));
             let (xv, bias, dx, sx) = if two {
                 (
                     _mm512_loadu_si512(xq as *const __m512i),
