@@ -20,7 +20,7 @@
 const PIECE: usize = 16 * 1024;
 
 /// `gate[i] = silu(gate[i]) · up[i]` for every `i` (`up` at least as long as `gate`). Calls of
-/// at least two [`PIECE`]s run in pieces on the kernel threads ([`crate::parallel_for`]); each
+/// at least two [`PIECE`]s run in pieces on the kernel threads (`pool::in_pieces`); each
 /// element's operations are the same either way.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     assert!(up.len() >= gate.len(), "swiglu: {} up values for {} gate values", up.len(), gate.len());
@@ -28,23 +28,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     if n < 2 * PIECE {
         return swiglu_here(gate, up);
     }
-    /// The output's base pointer, shared by the pieces (each writes its own range).
-    struct Out(*mut f32);
-    // SAFETY: pieces write disjoint ranges (below).
-    unsafe impl Sync for Out {}
-    impl Out {
-        fn at(&self, i: usize) -> *mut f32 {
-            self.0.wrapping_add(i)
-        }
-    }
-    let out = Out(gate.as_mut_ptr());
-    crate::parallel_for(n.div_ceil(PIECE), &|p| {
-        let (a, b) = (p * PIECE, ((p + 1) * PIECE).min(n));
-        // SAFETY: piece `p` owns `gate[a..b]`; the pieces' ranges are disjoint, and `gate` is
-        // borrowed mutably until `parallel_for` returns, after every piece.
-        let g = unsafe { std::slice::from_raw_parts_mut(out.at(a), b - a) };
-        swiglu_here(g, &up[a..b]);
-    });
+    crate::pool::in_pieces(gate.chunks_mut(PIECE).zip(up.chunks(PIECE)), &|(g, u)| swiglu_here(g, u));
 }
 
 /// [`swiglu`] on the calling thread.

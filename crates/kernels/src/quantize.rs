@@ -386,7 +386,7 @@ pub(crate) struct Lanes8 {
 }
 
 /// Blocks one piece of an activation quantization takes: pieces run on the kernel threads
-/// (`crate::parallel_for`) once a call has two of them.
+/// (`pool::in_pieces`) once a call has two of them.
 const ACT_PIECE_BLOCKS: usize = 256;
 
 /// One 32-value activation block to Q8_0 codes, the reference: the scale `amax / 127` (`amax`
@@ -453,7 +453,7 @@ impl ActQ8 {
             .zip(a.qs.chunks_mut(pb * QK))
             .zip(a.d.chunks_mut(pb).zip(a.sum.chunks_mut(pb)))
             .zip(a.bias1.chunks_mut(pb).zip(a.s.chunks_mut(pb)));
-        in_pieces(pieces, &piece);
+        crate::pool::in_pieces(pieces, &piece);
         a
     }
 
@@ -476,25 +476,6 @@ impl ActQ8 {
 /// One piece of [`ActQ8::new`]: its input floats, then its blocks' codes, scales, sums, biases
 /// and `s`.
 type PieceQ8<'a> = (((&'a [f32], &'a mut [i8]), (&'a mut [f32], &'a mut [i32])), (&'a mut [i32], &'a mut [f32]));
-
-/// Runs `work` on every piece: on the kernel threads' team when there are at least two, else
-/// here. Each piece owns disjoint outputs, so the result does not depend on which thread ran
-/// it. (The rayon pool, with every block's slices collected first, took 7× as long for 256
-/// tokens × 2,048 columns: `docs/cpu-kernels.md`.)
-fn in_pieces<P: Send>(pieces: impl Iterator<Item = P>, work: &(dyn Fn(P) + Sync)) {
-    let pieces: Vec<std::sync::Mutex<Option<P>>> = pieces.map(|p| std::sync::Mutex::new(Some(p))).collect();
-    let run = |i: usize| {
-        let p = pieces[i].lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(p) = p {
-            work(p);
-        }
-    };
-    if pieces.len() >= 2 {
-        crate::parallel_for(pieces.len(), &run);
-    } else {
-        (0..pieces.len()).for_each(run);
-    }
-}
 
 /// Activations of `n` tokens quantized to ggml's Q8_K (256-element blocks, f32 scale, i8
 /// values, i16 sums of each 16 values) for the K-quant kernels.
@@ -559,7 +540,7 @@ impl ActQ8K {
         const PB: usize = ACT_PIECE_BLOCKS * QK / QK_K;
         let pieces =
             x[..nb * QK_K].chunks(PB * QK_K).zip(a.qs.chunks_mut(PB * QK_K)).zip(a.d.chunks_mut(PB).zip(a.bsums.chunks_mut(PB * 16)));
-        in_pieces(pieces, &|((xs, qs), (d, bs)): ((&[f32], &mut [i8]), (&mut [f32], &mut [i16]))| {
+        crate::pool::in_pieces(pieces, &|((xs, qs), (d, bs)): ((&[f32], &mut [i8]), (&mut [f32], &mut [i16]))| {
             xs.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)).zip(d.iter_mut().zip(bs.chunks_exact_mut(16))).for_each(work)
         });
         a
